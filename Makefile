@@ -1,0 +1,27 @@
+# Two commands that work on a fresh machine: `make train` and `make test`.
+# Each creates .venv when it is missing and (re)installs the project only
+# when setup.py changed since the last install.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+export TF_CPP_MIN_LOG_LEVEL := 3
+
+.PHONY: train test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(VENV)/bin/policy-service train ppo --env CartPole-v1 --num-gpus 2 --fake-gpus \
+		--stop-reward 450 --output-dir runs/cartpole-ppo
+
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

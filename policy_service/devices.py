@@ -1,0 +1,135 @@
+"""Which devices the towers go on: real GPUs, fake GPUs (logical CPUs) or one CPU.
+
+TensorFlow fixes its device list and thread pools when it initializes, so
+`prepare_process` must run before the first op in a process. Fake GPUs are
+separate *logical CPU devices*, so N towers really are N devices that run in
+parallel, which is what the multi-GPU path needs to be tested honestly.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+GPU = "gpu"
+FAKE_GPU = "fake_gpu"
+CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """The tower devices and what kind they are.
+
+    devices: TensorFlow device names, one per tower, e.g. ("/GPU:0", "/GPU:1").
+    kind: GPU, FAKE_GPU or CPU.
+    """
+
+    devices: tuple[str, ...]
+    kind: str
+
+    @property
+    def num_towers(self) -> int:
+        return len(self.devices)
+
+    @property
+    def variable_device(self) -> str:
+        """Where the single copy of the variables lives and gradients are summed."""
+        return self.devices[0]
+
+    @property
+    def gradient_reduction(self) -> str:
+        """How tower gradients meet: NCCL only between real GPUs, else a sum on one device."""
+        return "nccl" if self.kind == GPU and self.num_towers > 1 else "sum_on_variable_device"
+
+
+def plan_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
+                 ray_gpu_ids: list | None = None) -> DevicePlan:
+    """Turn the `num_gpus`/`_fake_gpus` config and what is visible into tower devices.
+
+    visible_gpus: GPUs TensorFlow sees in this process. Inside a Ray actor Ray
+    sets CUDA_VISIBLE_DEVICES to the GPUs it assigned (`ray_gpu_ids`), so
+    TensorFlow numbers them 0..k-1.
+    """
+    if num_gpus < 0:
+        raise ValueError(f"num_gpus must be >= 0, got {num_gpus}")
+    if num_gpus > 1 and num_gpus != int(num_gpus):
+        raise ValueError(f"num_gpus above 1 must be a whole number, got {num_gpus}")
+    if ray_gpu_ids is not None and len(ray_gpu_ids) > 0:
+        visible_gpus = min(visible_gpus, len(ray_gpu_ids)) if visible_gpus else 0
+    if num_gpus == 0:
+        return DevicePlan(("/CPU:0",), CPU)
+    wanted = max(1, math.ceil(num_gpus))  # a fractional GPU is one tower sharing it
+    if visible_gpus > 0:
+        if wanted > visible_gpus:
+            raise ValueError(
+                f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
+        return DevicePlan(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
+    if fake_gpus:
+        return DevicePlan(tuple(f"/CPU:{i}" for i in range(wanted)), FAKE_GPU)
+    if ray_gpu_ids:
+        raise ValueError(
+            f"Ray assigned GPUs {list(ray_gpu_ids)} but TensorFlow sees none; "
+            "is the CUDA build of TensorFlow installed (extra 'gpu')?")
+    return DevicePlan(("/CPU:0",), CPU)
+
+
+def _ray_gpu_ids() -> list | None:
+    """GPU ids Ray assigned to this worker, or None outside a Ray worker."""
+    try:
+        import ray
+        if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
+            return list(ray.get_gpu_ids())
+    except Exception:  # Ray missing or not in a worker: no assignment
+        return None
+    return None
+
+
+def _tf_initialized() -> bool:
+    """True once TF created its devices (after which they cannot change)."""
+    from tensorflow.python.eager import context  # no public query exists
+    return context.context()._initialized  # pylint: disable=protected-access
+
+
+def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = None,
+                    inter_op_threads: int | None = None) -> None:
+    """Configure TF for this process before it initializes.
+
+    Creates `num_fake_devices` logical CPU devices (fake GPUs), turns on
+    memory growth on every GPU (TF otherwise takes all GPU memory), and sets
+    thread pools. The pools default to one intra-op thread per core shared
+    out over the fake devices, since towers run in parallel on the cores.
+    Calling it again after TF initialized is fine when enough devices exist.
+    """
+    cpus = tf.config.list_physical_devices("CPU")
+    existing = tf.config.get_logical_device_configuration(cpus[0]) or [None]
+    if _tf_initialized():
+        have = len(tf.config.list_logical_devices("CPU"))
+        if have < num_fake_devices:
+            raise RuntimeError(
+                f"{num_fake_devices} fake GPUs requested but TensorFlow already "
+                f"initialized with {have} CPU device(s); call "
+                "policy_service.devices.prepare_process before any TensorFlow op "
+                "(or run in a fresh process)")
+        return
+    for gpu in tf.config.list_physical_devices("GPU"):
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if num_fake_devices > len(existing):
+        tf.config.set_logical_device_configuration(
+            cpus[0], [tf.config.LogicalDeviceConfiguration()
+                      for _ in range(num_fake_devices)])
+    cores = os.cpu_count() or 1
+    tf.config.threading.set_intra_op_parallelism_threads(
+        intra_op_threads or max(1, cores // max(1, num_fake_devices)))
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or cores)
+
+
+def resolve_devices(num_gpus: float, fake_gpus: bool) -> DevicePlan:
+    """The tower devices for this process, configuring fake GPUs when needed."""
+    plan = plan_devices(num_gpus, fake_gpus,
+                        visible_gpus=len(tf.config.list_physical_devices("GPU")),
+                        ray_gpu_ids=_ray_gpu_ids())
+    if plan.kind == FAKE_GPU:
+        prepare_process(plan.num_towers)
+    return plan

@@ -1,0 +1,29 @@
+"""Packaging for policy-service: a TF2 RL policy library and service on Ray."""
+from setuptools import find_packages, setup
+
+setup(
+    name="policy-service",
+    version="0.1.0",
+    description="TensorFlow 2 reinforcement-learning policies: multi-GPU towers, "
+    "batched remote inference and training jobs on Ray.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["policy_service*", "algorithms*", "scripts*"]),
+    install_requires=[
+        "tensorflow>=2.16",
+        "keras>=3.0",
+        "ray[default]>=2.40",
+        "numpy>=1.26",
+        "gymnasium>=1.0",
+        "dm-tree>=0.1.8",
+        "pyyaml>=6.0",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "dev": ["pytest>=8", "pytest-timeout>=2.3"],
+        "onnx": ["tf2onnx>=1.16", "onnxruntime>=1.17"],
+        "bench": ["matplotlib>=3.8"],
+        "gpu": ["tensorflow[and-cuda]>=2.16"],
+        "compare": ["ray[rllib]>=2.40"],
+    },
+    entry_points={"console_scripts": ["policy-service=scripts.cli:main"]},
+)

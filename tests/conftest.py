@@ -1,0 +1,15 @@
+"""Shared test setup: quiet TF, four fake GPUs for the whole pytest process.
+
+TensorFlow fixes its devices when it initializes, so they are created here,
+before any test imports TensorFlow ops. A test that needs a different device
+count runs in a subprocess or a Ray actor.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+
+from policy_service import devices  # noqa: E402
+
+NUM_FAKE_GPUS = 4
+devices.prepare_process(NUM_FAKE_GPUS)
