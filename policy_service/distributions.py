@@ -1,0 +1,334 @@
+"""Action distributions over a model's "action_dist_inputs" (TensorFlow, graph-friendly).
+
+A policy picks its distribution class once, sizes the model's output with it,
+and builds a distribution inside its compiled action and loss functions:
+
+    dist_class = dist_class_for(action_space)
+    num_outputs = dist_class.required_input_dim(action_space)
+    ...
+    dist = dist_class(model_out["action_dist_inputs"])  # <float32>[B, num_outputs]
+    actions = dist.sample() if explore else dist.deterministic_sample()
+    logp = dist.logp(actions)                           # <float32>[B]
+
+Every method is a handful of batched TF ops (no Python per sample), so it
+traces once under `tf.function` for any batch size. All floats are float32.
+
+Discrete spaces with a nonzero `start` get a bound subclass that shifts
+actions by `start`, so sampled actions lie in the space and `logp` takes
+actions as the environment saw them.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Sequence
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+# log_std is clipped to this range: exp(-20) ~ 2e-9 keeps the density finite,
+# exp(2) ~ 7.4 stops one bad update from turning exploration into noise.
+LOG_STD_MIN = -20.0
+LOG_STD_MAX = 2.0
+
+_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+_HALF_LOG_2PI_E = 0.5 * math.log(2.0 * math.pi * math.e)
+
+
+class ActionDistribution:
+    """A batch of action distributions, one per row of `inputs`.
+
+    inputs: <float32>[B, num_outputs], the model's "action_dist_inputs";
+    other float dtypes are cast to float32.
+    """
+
+    def __init__(self, inputs):
+        self.inputs = tf.cast(tf.convert_to_tensor(inputs), tf.float32)
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        """num_outputs the model must produce for this action space."""
+        raise NotImplementedError
+
+    def sample(self, seed=None) -> tf.Tensor:
+        """A random action per row.
+
+        seed: None draws from TF's global/op seeds; a <int32|int64>[2] tensor
+        draws with stateless ops, so equal seeds give equal actions (e.g. from
+        a policy-owned tf.random.Generator, reproducible after a restore).
+        """
+        raise NotImplementedError
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """The most likely action per row (argmax or mean)."""
+        raise NotImplementedError
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] log-probability (density) of actions x."""
+        raise NotImplementedError
+
+    def entropy(self) -> tf.Tensor:
+        """<float32>[B] entropy."""
+        raise NotImplementedError
+
+    def kl(self, other: "ActionDistribution") -> tf.Tensor:
+        """<float32>[B] KL(self || other); other is of the same class."""
+        raise NotImplementedError
+
+
+def _require_space(cls: type, action_space: gym.Space, space_type: type) -> None:
+    if not isinstance(action_space, space_type):
+        raise ValueError(f"{cls.__name__} needs a {space_type.__name__} action space, "
+                         f"got {type(action_space).__name__}: {action_space}")
+
+
+class Categorical(ActionDistribution):
+    """Categorical over n actions for a Discrete(n, start) space.
+
+    inputs: <float32>[B, n] unnormalized logits.
+    actions: <int64>[B] in [action_offset, action_offset + n).
+
+    For masked actions use a large negative logit (tf.float32.min) rather than
+    -inf: values stay exact and gradients stay finite.
+    """
+
+    action_offset: int = 0  # the space's `start`; bound by dist_class_for
+
+    def __init__(self, inputs):
+        super().__init__(inputs)
+        self.logits = self.inputs
+        self.log_probs = tf.nn.log_softmax(self.logits, axis=-1)  # <float32>[B, n]
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        _require_space(cls, action_space, gym.spaces.Discrete)
+        return int(action_space.n)
+
+    def sample(self, seed=None) -> tf.Tensor:
+        """<int64>[B] drawn from softmax(logits)."""
+        if seed is None:
+            index = tf.random.categorical(self.logits, 1, dtype=tf.int64)
+        else:
+            index = tf.random.stateless_categorical(self.logits, 1, seed, dtype=tf.int64)
+        return index[:, 0] + self.action_offset
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """<int64>[B] argmax of the logits."""
+        return tf.argmax(self.logits, axis=-1, output_type=tf.int64) + self.action_offset
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] log softmax(logits)[x]; x: <int>[B] actions."""
+        index = tf.cast(x, tf.int64) - self.action_offset
+        return tf.gather(self.log_probs, index, axis=1, batch_dims=1)
+
+    def entropy(self) -> tf.Tensor:
+        """<float32>[B] -sum_a p(a) log p(a)."""
+        probs = tf.exp(self.log_probs)
+        # 0 * log 0 counts as 0 even where a logit is -inf.
+        return -tf.reduce_sum(tf.math.multiply_no_nan(self.log_probs, probs), axis=-1)
+
+    def kl(self, other: "Categorical") -> tf.Tensor:
+        """<float32>[B] sum_a p(a) (log p(a) - log q(a))."""
+        probs = tf.exp(self.log_probs)
+        return tf.reduce_sum(
+            tf.math.multiply_no_nan(self.log_probs - other.log_probs, probs), axis=-1)
+
+
+class MultiCategorical(ActionDistribution):
+    """Independent categoricals, one per component of a MultiDiscrete space.
+
+    inputs: <float32>[B, sum(input_lens)], the components' logits concatenated.
+    actions: <int64>[B, k], k = len(input_lens); component i lies in
+    [action_offsets[i], action_offsets[i] + input_lens[i]).
+    logp, entropy and kl are sums over the components.
+
+    The class itself has no `input_lens`; `dist_class_for(space)` or
+    `MultiCategorical.with_input_lens(...)` returns a subclass with them bound,
+    so instances are built as `dist_class(inputs)` like every other class.
+    """
+
+    input_lens: tuple[int, ...] = ()
+    action_offsets: tuple[int, ...] = ()
+
+    def __init__(self, inputs):
+        if not self.input_lens:
+            raise TypeError("MultiCategorical has no input_lens bound; build the class with "
+                            "dist_class_for(space) or MultiCategorical.with_input_lens(...)")
+        super().__init__(inputs)
+        offsets = self.action_offsets or (0,) * len(self.input_lens)
+        self.components = [
+            _categorical_class(offset)(logits)
+            for offset, logits in zip(offsets, tf.split(self.inputs, self.input_lens, axis=1))
+        ]
+
+    @classmethod
+    def with_input_lens(cls, input_lens: Sequence[int],
+                        action_offsets: Sequence[int] | None = None) -> type:
+        """A subclass bound to these component sizes (and starts); cached, so equal
+        arguments give the same class."""
+        offsets = tuple(int(o) for o in action_offsets) if action_offsets is not None else ()
+        if offsets and len(offsets) != len(input_lens):
+            raise ValueError(f"MultiCategorical got {len(offsets)} action_offsets for "
+                             f"{len(input_lens)} input_lens")
+        if not any(offsets):
+            offsets = ()  # all-zero starts are the unshifted class
+        return _bound_multi_categorical(tuple(int(n) for n in input_lens), offsets)
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        _require_space(cls, action_space, gym.spaces.MultiDiscrete)
+        return int(np.sum(action_space.nvec))
+
+    def sample(self, seed=None) -> tf.Tensor:
+        """<int64>[B, k]."""
+        if seed is None:
+            seeds = [None] * len(self.components)
+        else:
+            seeds = tf.unstack(tf.random.experimental.stateless_split(seed, len(self.components)))
+        return tf.stack([c.sample(s) for c, s in zip(self.components, seeds)], axis=1)
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """<int64>[B, k] per-component argmax."""
+        return tf.stack([c.deterministic_sample() for c in self.components], axis=1)
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] sum of component log-probabilities; x: <int>[B, k]."""
+        parts = tf.unstack(tf.convert_to_tensor(x), num=len(self.components), axis=1)
+        return tf.add_n([c.logp(part) for c, part in zip(self.components, parts)])
+
+    def entropy(self) -> tf.Tensor:
+        """<float32>[B] sum of component entropies."""
+        return tf.add_n([c.entropy() for c in self.components])
+
+    def kl(self, other: "MultiCategorical") -> tf.Tensor:
+        """<float32>[B] sum of component KLs."""
+        return tf.add_n([c.kl(o) for c, o in zip(self.components, other.components)])
+
+
+class DiagGaussian(ActionDistribution):
+    """Gaussian with diagonal covariance for a 1-D Box(d) space.
+
+    inputs: <float32>[B, 2d] = concat(mean, log_std); log_std is clipped to
+    [LOG_STD_MIN, LOG_STD_MAX] = [-20, 2].
+    actions: <float32>[B, d], not clipped to the Box bounds (see
+    spaces.clip_actions). logp and entropy sum over the d dimensions.
+    """
+
+    def __init__(self, inputs):
+        super().__init__(inputs)
+        mean, log_std = tf.split(self.inputs, 2, axis=1)
+        self.mean = mean                                                # <float32>[B, d]
+        self.log_std = tf.clip_by_value(log_std, LOG_STD_MIN, LOG_STD_MAX)
+        self.std = tf.exp(self.log_std)
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        _require_space(cls, action_space, gym.spaces.Box)
+        return 2 * int(np.prod(action_space.shape))
+
+    def sample(self, seed=None) -> tf.Tensor:
+        """<float32>[B, d] mean + std * N(0, 1)."""
+        if seed is None:
+            noise = tf.random.normal(tf.shape(self.mean))
+        else:
+            noise = tf.random.stateless_normal(tf.shape(self.mean), seed)
+        return self.mean + self.std * noise
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """<float32>[B, d] the mean."""
+        return self.mean
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] log density of x: <float32>[B, d]."""
+        z = (tf.cast(x, tf.float32) - self.mean) / self.std
+        return -tf.reduce_sum(0.5 * tf.square(z) + self.log_std + _HALF_LOG_2PI, axis=-1)
+
+    def entropy(self) -> tf.Tensor:
+        """<float32>[B] sum(log_std + 0.5 log(2 pi e))."""
+        return tf.reduce_sum(self.log_std + _HALF_LOG_2PI_E, axis=-1)
+
+    def kl(self, other: "DiagGaussian") -> tf.Tensor:
+        """<float32>[B] closed-form KL between diagonal Gaussians."""
+        return tf.reduce_sum(
+            other.log_std - self.log_std
+            + (tf.square(self.std) + tf.square(self.mean - other.mean))
+            / (2.0 * tf.square(other.std))
+            - 0.5,
+            axis=-1)
+
+
+class Deterministic(ActionDistribution):
+    """A point mass: the inputs are the action itself (for a 1-D Box(d)).
+
+    inputs: <float32>[B, d]; sample() == deterministic_sample() == inputs.
+    logp, entropy and kl are <float32>[B] zeros.
+    """
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        _require_space(cls, action_space, gym.spaces.Box)
+        return int(np.prod(action_space.shape))
+
+    def _zeros(self) -> tf.Tensor:
+        return tf.zeros(tf.shape(self.inputs)[:1], tf.float32)
+
+    def sample(self, seed=None) -> tf.Tensor:
+        """<float32>[B, d] the inputs (seed is ignored)."""
+        return self.inputs
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """<float32>[B, d] the inputs."""
+        return self.inputs
+
+    def logp(self, x) -> tf.Tensor:
+        return self._zeros()
+
+    def entropy(self) -> tf.Tensor:
+        return self._zeros()
+
+    def kl(self, other: "Deterministic") -> tf.Tensor:
+        return self._zeros()
+
+
+@functools.lru_cache(maxsize=None)
+def _categorical_class(action_offset: int) -> type:
+    """Categorical, or a subclass whose actions start at action_offset."""
+    if action_offset == 0:
+        return Categorical
+    return type(f"Categorical_start{action_offset}", (Categorical,),
+                {"action_offset": action_offset, "__module__": __name__})
+
+
+@functools.lru_cache(maxsize=None)
+def _bound_multi_categorical(input_lens: tuple[int, ...], action_offsets: tuple[int, ...]) -> type:
+    if not input_lens or min(input_lens) < 1:
+        raise ValueError(f"MultiCategorical input_lens must be positive, got {input_lens}")
+    name = "MultiCategorical_" + "_".join(map(str, input_lens)) + (
+        "_start" + "_".join(map(str, action_offsets)) if action_offsets else "")
+    return type(name, (MultiCategorical,), {
+        "input_lens": input_lens, "action_offsets": action_offsets, "__module__": __name__})
+
+
+def dist_class_for(action_space: gym.Space, deterministic: bool = False) -> type:
+    """The distribution class for an action space.
+
+    Discrete -> Categorical, MultiDiscrete (1-D nvec) -> MultiCategorical bound
+    to its nvec, 1-D float Box -> DiagGaussian, or Deterministic when
+    `deterministic` is True (Box only). Anything else: NotImplementedError
+    naming the space.
+    """
+    if deterministic and not isinstance(action_space, gym.spaces.Box):
+        raise ValueError(f"deterministic=True is for Box action spaces only, "
+                         f"got {type(action_space).__name__}: {action_space}")
+    if isinstance(action_space, gym.spaces.Discrete):
+        return _categorical_class(int(action_space.start))
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
+        return MultiCategorical.with_input_lens(action_space.nvec.tolist(),
+                                                action_space.start.tolist())
+    if (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+            and np.issubdtype(action_space.dtype, np.floating)):
+        return Deterministic if deterministic else DiagGaussian
+    raise NotImplementedError(
+        f"no action distribution for space type {type(action_space).__name__} "
+        f"({action_space}); supported: Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)")

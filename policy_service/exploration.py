@@ -1,0 +1,94 @@
+"""Exploration: how an action is chosen from the action distribution.
+
+Runs inside the compiled action function: `explore` and `timestep` are
+tensors, so switching exploration on or off or advancing the schedule never
+retraces. Random draws use stateless ops seeded from a `tf.random.Generator`
+owned by the policy, so a restored policy draws the same actions.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+class StochasticSampling:
+    """Sample from the distribution when exploring, else take its mode."""
+
+    def __init__(self, action_space):
+        self.action_space = action_space
+
+    def get_state(self) -> dict:
+        return {"type": "StochasticSampling"}
+
+    def choose(self, dist, explore, timestep, seed):
+        """-> (actions, logp <float32>[B]) of the behaviour policy."""
+        del timestep
+        sampled = dist.sample(seed=seed)
+        greedy = dist.deterministic_sample()
+        actions = tf.where(_broadcastable(explore, greedy), sampled, greedy)
+        logp = tf.where(explore, dist.logp(actions), tf.zeros_like(dist.logp(actions)))
+        return actions, logp
+
+
+class EpsilonGreedy:
+    """With probability epsilon a uniform random action, else the greedy one.
+
+    Epsilon falls linearly from `initial_epsilon` to `final_epsilon` over
+    `epsilon_timesteps`. The returned logp is that of the epsilon-greedy
+    policy itself (log((1-eps)*[a=greedy] + eps/n)), not a placeholder.
+    """
+
+    def __init__(self, action_space, initial_epsilon: float = 1.0,
+                 final_epsilon: float = 0.05, epsilon_timesteps: int = 10000):
+        import gymnasium as gym
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"EpsilonGreedy needs a Discrete action space, got {action_space}")
+        self.action_space = action_space
+        self.initial_epsilon = float(initial_epsilon)
+        self.final_epsilon = float(final_epsilon)
+        self.epsilon_timesteps = int(epsilon_timesteps)
+
+    def get_state(self) -> dict:
+        return {"type": "EpsilonGreedy", "initial_epsilon": self.initial_epsilon,
+                "final_epsilon": self.final_epsilon,
+                "epsilon_timesteps": self.epsilon_timesteps}
+
+    def epsilon(self, timestep):
+        frac = tf.minimum(tf.cast(timestep, tf.float32) / max(1, self.epsilon_timesteps), 1.0)
+        return self.initial_epsilon + frac * (self.final_epsilon - self.initial_epsilon)
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = dist.deterministic_sample()
+        n = int(self.action_space.n)
+        batch = tf.shape(greedy)[0]
+        seeds = tf.random.experimental.stateless_split(seed, 2)
+        start = int(self.action_space.start)
+        random_actions = tf.random.stateless_uniform(
+            [batch], seeds[0], minval=start, maxval=start + n, dtype=tf.int64)
+        coin = tf.random.stateless_uniform([batch], seeds[1])
+        eps = tf.where(explore, self.epsilon(timestep), 0.0)
+        actions = tf.where(coin < eps, random_actions, tf.cast(greedy, tf.int64))
+        prob = (1.0 - eps) * tf.cast(tf.equal(actions, tf.cast(greedy, tf.int64)),
+                                     tf.float32) + eps / n
+        return tf.cast(actions, greedy.dtype), tf.math.log(prob)
+
+
+_EXPLORATIONS = {"StochasticSampling": StochasticSampling, "EpsilonGreedy": EpsilonGreedy}
+
+
+def make_exploration(action_space, exploration_config: dict):
+    """Build the exploration named by `exploration_config["type"]`."""
+    options = dict(exploration_config)
+    kind = options.pop("type", "StochasticSampling")
+    if kind not in _EXPLORATIONS:
+        raise ValueError(f"exploration_config.type must be one of {sorted(_EXPLORATIONS)}, "
+                         f"got {kind!r}")
+    try:
+        return _EXPLORATIONS[kind](action_space, **options)
+    except TypeError as err:
+        raise ValueError(f"bad exploration_config for {kind}: {err}") from None
+
+
+def _broadcastable(flag, like):
+    """A scalar bool shaped to select whole rows of `like`."""
+    return tf.fill(tf.shape(like), flag) if like.shape.rank else flag
+

@@ -1,0 +1,534 @@
+"""TFPolicy: the public policy API (RLlib's method names) on top of a TowerStack.
+
+A concrete policy overrides `loss(model, dist_class, train_batch)` and
+optionally `stats`, `postprocess_trajectory`, `extra_action_out`,
+`make_model` and `optimizer`. The loss gets one tower's shard as a dict of
+tensors with a boolean "loss_mask" column (False on padding), calls
+`model(train_batch, training=True)`, and reduces with `masked_mean`.
+
+Acting runs on the first tower device with training=False; learning runs
+on all towers. Both are compiled once per column signature: batch sizes
+never retrace.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from pathlib import Path
+
+import gymnasium as gym
+import keras
+import numpy as np
+import tensorflow as tf
+import tree
+
+from policy_service import checkpoint_io, devices, distributions, exploration, models, spaces
+from policy_service.config import PolicyConfig, check_choice, from_dict
+from policy_service.sample_batch import SampleBatch
+from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
+from policy_service.space_codec import space_from_json, space_to_json
+from policy_service.towers import LOSS_MASK, TowerStack, is_sequence_column
+
+_OPTIMIZERS = ("adam", "sgd", "rmsprop")
+
+
+class TFPolicy:
+    """A TF2/Keras policy that acts on one device and learns on a tower stack."""
+
+    config_class = PolicyConfig
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
+                 config: dict | PolicyConfig | None = None):
+        self.config = from_dict(self.config_class, config)
+        check_choice(self.config.optimizer, _OPTIMIZERS, "optimizer")
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.preprocessor = spaces.make_preprocessor(observation_space)
+        self.plan = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
+        if self.config.seed is not None:
+            keras.utils.set_random_seed(self.config.seed)
+        self.dist_class = distributions.dist_class_for(action_space)
+        self.num_outputs = self.dist_class.required_input_dim(action_space)
+        self.exploration = exploration.make_exploration(
+            action_space, self.config.exploration_config)
+        self.global_timestep = 0
+        self.num_grad_updates = 0
+        with tf.device(self.plan.variable_device):
+            self.model = self.make_model()
+            self._action_rng = tf.random.Generator.from_seed(
+                self.config.seed if self.config.seed is not None else np.random.randint(2**31))
+            optimizers = self.optimizer()
+        self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
+        self._weight_names = _unique_paths(self.model.variables)
+        self._initial_state = models.initial_state(self.model)
+        self.towers = TowerStack(
+            self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
+            grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
+            l2_coeff=self.config.l2_coeff, seed=self.config.seed)
+        self._action_fn = self._compile_action_fn()
+        self._logp_fn = self._compile_logp_fn()
+
+    # ----- what a concrete policy overrides -------------------------------------------
+
+    def loss(self, model: keras.Model, dist_class, train_batch: dict):
+        """A scalar loss tensor, or a list with one loss per optimizer."""
+        raise NotImplementedError(f"{type(self).__name__} must implement loss()")
+
+    def stats(self, train_batch: dict) -> dict:
+        """Scalar statistics of the last loss call, combined over towers by valid rows."""
+        return {}
+
+    def extra_action_out(self, input_dict: dict, model_out: dict, dist) -> dict:
+        """Extra per-row tensors returned by compute_actions."""
+        return {}
+
+    def postprocess_trajectory(self, batch: SampleBatch, other_agent_batches=None,
+                               episode=None) -> SampleBatch:
+        """Add columns (advantages, targets) to one trajectory chunk; default: none."""
+        return batch
+
+    def make_model(self) -> keras.Model:
+        obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
+        return models.build_model(obs_space, self.action_space, self.num_outputs,
+                                  self.config.model)
+
+    def optimizer(self):
+        """One Keras optimizer, or a list with one per loss."""
+        kind, lr = self.config.optimizer, self.config.lr
+        if kind == "adam":
+            return keras.optimizers.Adam(lr, epsilon=self.config.adam_epsilon)
+        if kind == "rmsprop":
+            return keras.optimizers.RMSprop(lr)
+        return keras.optimizers.SGD(lr)
+
+    # ----- acting -------------------------------------------------------------------
+
+    @property
+    def devices(self) -> list[str]:
+        return list(self.plan.devices)
+
+    def is_recurrent(self) -> bool:
+        return self.num_state_tensors() > 0
+
+    def num_state_tensors(self) -> int:
+        return len(self._initial_state)
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        return [s.copy() for s in self._initial_state]
+
+    def compute_actions(self, obs_batch, state_batches=None, prev_action_batch=None,
+                        prev_reward_batch=None, explore=None, timestep=None, **kwargs):
+        """-> (actions [B, ...], state_outs [num_state_tensors x [B, cell]], extra dict)."""
+        obs = self.preprocessor.transform(obs_batch)
+        batch_size = obs.shape[0]
+        inputs = self._acting_inputs(obs, state_batches, prev_action_batch,
+                                     prev_reward_batch, batch_size)
+        explore = self.config.explore if explore is None else bool(explore)
+        timestep = self.global_timestep if timestep is None else int(timestep)
+        with tf.device(self.plan.devices[0]):
+            seed = self._action_rng.make_seeds(1)[:, 0]
+            actions, state_outs, extra = self._action_fn(
+                *inputs, tf.constant(explore), tf.constant(timestep, tf.int64), seed)
+        self.global_timestep += batch_size
+        actions = tree.map_structure(lambda a: a.numpy(), actions)
+        dtype, _ = spaces.action_dtype_and_shape(self.action_space)
+        actions = np.asarray(actions).astype(dtype, copy=False)
+        return (actions, [s.numpy() for s in state_outs],
+                {k: v.numpy() for k, v in extra.items()})
+
+    def compute_actions_from_input_dict(self, input_dict: dict, explore=None, timestep=None,
+                                        **kwargs):
+        states = [input_dict[f"state_in_{i}"] for i in range(self.num_state_tensors())
+                  if f"state_in_{i}" in input_dict] or None
+        return self.compute_actions(
+            input_dict[SampleBatch.OBS], states, input_dict.get(SampleBatch.PREV_ACTIONS),
+            input_dict.get(SampleBatch.PREV_REWARDS), explore=explore, timestep=timestep)
+
+    def compute_single_action(self, obs, state=None, explore=None, prev_action=None,
+                              prev_reward=None, timestep=None):
+        """One unbatched observation -> (action, state_out list, extra), unbatched."""
+        obs_batch = tree.map_structure(lambda o: np.asarray(o)[None], obs)
+        states = None if state is None else [np.asarray(s)[None] for s in state]
+        prev_a = None if prev_action is None else np.asarray(prev_action)[None]
+        prev_r = None if prev_reward is None else np.asarray([prev_reward], np.float32)
+        actions, state_outs, extra = self.compute_actions(
+            obs_batch, states, prev_a, prev_r, explore=explore, timestep=timestep)
+        return actions[0], [s[0] for s in state_outs], {k: v[0] for k, v in extra.items()}
+
+    def compute_log_likelihoods(self, actions, obs_batch, state_batches=None,
+                                prev_action_batch=None, prev_reward_batch=None, **kwargs):
+        """log pi(a|s) <float32>[B] of the given actions under the current weights."""
+        obs = self.preprocessor.transform(obs_batch)
+        spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
+        inputs = self._acting_inputs(obs, state_batches, prev_action_batch,
+                                     prev_reward_batch, obs.shape[0])
+        with tf.device(self.plan.devices[0]):
+            return self._logp_fn(*inputs, tf.convert_to_tensor(
+                np.asarray(actions).astype(self._action_tensor_dtype()))).numpy()
+
+    def _acting_inputs(self, obs, state_batches, prev_actions, prev_rewards, batch_size):
+        n = self.num_state_tensors()
+        if state_batches is None or len(state_batches) == 0:
+            states = [np.tile(s[None], (batch_size, 1)) for s in self._initial_state]
+        else:
+            if len(state_batches) != n:
+                raise ValueError(f"expected {n} state tensors, got {len(state_batches)}")
+            states = [np.asarray(s, np.float32) for s in state_batches]
+            for i, (s, init) in enumerate(zip(states, self._initial_state)):
+                if s.shape != (batch_size,) + init.shape:
+                    raise ValueError(f"state_in_{i} has shape {s.shape}, expected "
+                                     f"{(batch_size,) + init.shape}")
+        act_shape = self._action_tensor_shape()
+        if prev_actions is None:
+            prev_actions = np.zeros((batch_size,) + act_shape, self._action_tensor_dtype())
+        prev_rewards = (np.zeros(batch_size, np.float32) if prev_rewards is None
+                        else np.asarray(prev_rewards, np.float32).reshape(batch_size))
+        return (obs, tuple(states),
+                np.asarray(prev_actions).astype(self._action_tensor_dtype()), prev_rewards)
+
+    def _action_tensor_dtype(self):
+        return np.float32 if isinstance(self.action_space, gym.spaces.Box) else np.int64
+
+    def _action_tensor_shape(self) -> tuple:
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            return ()
+        return tuple(self.action_space.shape)
+
+    def _acting_signature(self):
+        return [tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
+                tuple(tf.TensorSpec((None,) + s.shape, tf.float32) for s in self._initial_state),
+                tf.TensorSpec((None,) + self._action_tensor_shape(),
+                              tf.as_dtype(self._action_tensor_dtype())),
+                tf.TensorSpec((None,), tf.float32)]
+
+    def _acting_input_dict(self, obs, states, prev_actions, prev_rewards):
+        input_dict = {SampleBatch.OBS: obs, SampleBatch.PREV_ACTIONS: prev_actions,
+                      SampleBatch.PREV_REWARDS: prev_rewards}
+        if states:
+            input_dict[SampleBatch.SEQ_LENS] = tf.ones(tf.shape(obs)[:1], tf.int32)
+            input_dict.update({f"state_in_{i}": s for i, s in enumerate(states)})
+        return input_dict
+
+    def _compile_action_fn(self):
+        def act(obs, states, prev_actions, prev_rewards, explore, timestep, seed):
+            input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+            out = self.model(input_dict, training=False)
+            dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+            actions, logp = self.exploration.choose(dist, explore, timestep, seed)
+            extra = {SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS],
+                     SampleBatch.ACTION_LOGP: logp, SampleBatch.ACTION_PROB: tf.exp(logp)}
+            if SampleBatch.VF_PREDS in out:
+                extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
+            extra.update(self.extra_action_out(input_dict, out, dist))
+            return actions, list(out["state_out"]), extra
+
+        signature = self._acting_signature() + [
+            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64), tf.TensorSpec([2], tf.int64)]
+        return tf.function(act, input_signature=signature)
+
+    def _compile_logp_fn(self):
+        def logp(obs, states, prev_actions, prev_rewards, actions):
+            input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+            out = self.model(input_dict, training=False)
+            return self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(actions)
+
+        signature = self._acting_signature() + [tf.TensorSpec(
+            (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype()))]
+        return tf.function(logp, input_signature=signature)
+
+    def action_trace_count(self) -> int:
+        return self._action_fn.experimental_get_tracing_count()
+
+    # ----- learning -----------------------------------------------------------------
+
+    def _tower_loss(self, batch) -> list:
+        losses = self.loss(self.model, self.dist_class, batch)
+        return list(losses) if isinstance(losses, (list, tuple)) else [losses]
+
+    def _tower_stats(self, batch, losses) -> dict:
+        stats = dict(self.stats(batch))
+        stats.setdefault("total_loss", tf.add_n(losses))
+        return stats
+
+    def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False):
+        """Batch -> (padded numpy columns with "loss_mask", units, rows per unit).
+
+        Observations are preprocessed; recurrent batches are chopped into padded
+        sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
+        """
+        if not isinstance(batch, SampleBatch):
+            batch = SampleBatch(batch)
+        if batch.count == 0:
+            raise ValueError("train batch is empty")
+        batch = batch.copy(shallow=True)
+        for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
+            if column in batch:
+                self.preprocessor.check(batch[column], column=column)
+                batch[column] = self.preprocessor.transform(batch[column])
+        if SampleBatch.ACTIONS in batch:
+            spaces.check_actions(self.action_space, np.asarray(batch[SampleBatch.ACTIONS]),
+                                 check_bounds=False)
+        for key in [k for k in batch if _drop_for_training(k, batch[k])]:
+            del batch[key]
+        check_finite_columns(batch)
+        if self.is_recurrent():
+            return self._sequence_columns(batch, fixed_seq_len)
+        columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
+        columns[LOSS_MASK] = np.ones(batch.count, bool)
+        return columns, batch.count, 1
+
+    def _sequence_columns(self, batch: SampleBatch, fixed_seq_len: bool):
+        for i in range(self.num_state_tensors()):
+            if f"state_in_{i}" not in batch:
+                raise ValueError(f"recurrent train batch is missing column 'state_in_{i}' "
+                                 f"(initial state of each sequence); columns: {sorted(batch)}")
+        if SampleBatch.SEQ_LENS not in batch and SampleBatch.EPS_ID not in batch:
+            raise ValueError("recurrent train batch needs 'seq_lens' or 'eps_id' to form "
+                             f"sequences; columns: {sorted(batch)}")
+        max_seq_len = self.config.model.max_seq_len
+        if not batch.zero_padded:
+            pad_batch_to_sequences_of_same_size(batch, max_seq_len)
+        seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], np.int32)
+        num_seqs = len(seq_lens)
+        length = batch.max_seq_len
+        columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
+        if fixed_seq_len and length != max_seq_len:
+            columns = {k: v if is_sequence_column(k) else _pad_time(v, num_seqs, length, max_seq_len)
+                       for k, v in columns.items()}
+            length = max_seq_len
+        columns[SampleBatch.SEQ_LENS] = seq_lens
+        columns[LOSS_MASK] = loss_mask(seq_lens, length)
+        return columns, num_seqs, length
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict:
+        """One SGD step on the whole batch, over all towers -> statistics."""
+        columns, units, _ = self.train_columns(batch)
+        stats = self.towers.learn(self.towers.place(self.towers.shard(columns, units)))
+        self.num_grad_updates += 1
+        return stats
+
+    def compute_gradients(self, batch: SampleBatch):
+        """-> (combined, clipped gradients aligned with model.trainable_variables, stats)."""
+        columns, units, _ = self.train_columns(batch)
+        return self.towers.compute_gradients(
+            self.towers.place(self.towers.shard(columns, units)))
+
+    def apply_gradients(self, gradients) -> None:
+        self.towers.apply_gradients(gradients)
+        self.num_grad_updates += 1
+
+    def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
+        """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
+        columns, units, rows_per_unit = self.train_columns(batch, fixed_seq_len=True)
+        return self.towers.load(columns, units, rows_per_unit, self.config.minibatch_size,
+                                buffer_index)
+
+    def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
+        buffer = self.towers.buffers.get(buffer_index)
+        return 0 if buffer is None else buffer.num_rows
+
+    def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
+        stats = self.towers.learn_loaded(offset, buffer_index)
+        self.num_grad_updates += 1
+        return stats
+
+    def learn_on_loaded_epochs(self, num_epochs: int | None = None, buffer_index: int = 0,
+                               shuffle: bool = True) -> dict:
+        """All epochs of minibatch SGD over a loaded buffer in one compiled call."""
+        stats = self.towers.learn_loaded_epochs(
+            num_epochs or self.config.num_epochs, buffer_index, shuffle)
+        self.num_grad_updates += stats["num_sgd_steps"]
+        return stats
+
+    # ----- weights and state ----------------------------------------------------------
+
+    def get_weights(self) -> dict[str, np.ndarray]:
+        """Every model variable (batch-norm statistics included) by its unique path."""
+        return {name: v.numpy() for name, v in zip(self._weight_names, self.model.variables)}
+
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """Replace all model variables; checks everything before changing anything."""
+        _assign_checked(dict(zip(self._weight_names, self.model.variables)), weights, "weights")
+
+    def _optimizer_variables(self) -> dict:
+        return {f"optimizer_{i}/{j}:{v.path}": v for i, opt in enumerate(self._optimizers)
+                for j, v in enumerate(opt.variables)}
+
+    def get_state(self) -> dict:
+        """Weights, optimizer variables, exploration and RNG state, global timestep."""
+        return {
+            "weights": self.get_weights(),
+            "optimizer_variables": {k: v.numpy() for k, v in self._optimizer_variables().items()},
+            "rng": {"action": self._action_rng.state.numpy(),
+                    "shuffle": self.towers._shuffle_rng.state.numpy()},  # pylint: disable=protected-access
+            "exploration": self.exploration.get_state(),
+            "global_timestep": int(self.global_timestep),
+            "num_grad_updates": int(self.num_grad_updates),
+            "config": _config_to_json(self.config),
+            "observation_space": space_to_json(self.observation_space),
+            "action_space": space_to_json(self.action_space),
+            "policy_class": f"{type(self).__module__}:{type(self).__qualname__}",
+        }
+
+    def set_state(self, state: dict) -> None:
+        missing = [k for k in ("weights", "optimizer_variables", "global_timestep") if k not in state]
+        if missing:
+            raise ValueError(f"policy state is missing {missing}")
+        targets = {**{f"weights/{k}": v for k, v in
+                      zip(self._weight_names, self.model.variables)},
+                   **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
+        values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
+                  **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
+        rngs = state.get("rng", {})
+        for name, rng in (("action", self._action_rng), ("shuffle", self.towers._shuffle_rng)):  # pylint: disable=protected-access
+            if name in rngs:
+                targets[f"rng/{name}"] = rng.state
+                values[f"rng/{name}"] = np.asarray(rngs[name], np.int64)
+        _assign_checked(targets, values, "policy state")
+        if "exploration" in state:
+            self.exploration = exploration.make_exploration(self.action_space, state["exploration"])
+            self._action_fn = self._compile_action_fn()
+        self.global_timestep = int(state["global_timestep"])
+        self.num_grad_updates = int(state.get("num_grad_updates", 0))
+
+    @classmethod
+    def from_state(cls, state: dict) -> "TFPolicy":
+        """A new policy (of the class named in the state) with that exact state."""
+        policy_cls = _resolve_policy_class(state.get("policy_class"), cls)
+        policy = policy_cls(space_from_json(state["observation_space"]),
+                            space_from_json(state["action_space"]), state["config"])
+        policy.set_state(state)
+        return policy
+
+    def export_checkpoint(self, export_dir: str) -> None:
+        """Write the policy state atomically: arrays in npz, the rest in JSON."""
+        state = self.get_state()
+        arrays = {}
+        for group in ("weights", "optimizer_variables"):
+            arrays.update({f"{group}/{k}": v for k, v in state.pop(group).items()})
+        arrays.update({f"rng/{k}": v for k, v in state.pop("rng").items()})
+        with checkpoint_io.atomic_directory(export_dir) as tmp:
+            checkpoint_io.save_arrays(tmp / "policy_arrays.npz", arrays)
+            checkpoint_io.save_json(tmp / "policy_state.json", state)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_dir: str) -> "TFPolicy":
+        return cls.from_state(load_policy_state(checkpoint_dir))
+
+    def export_model(self, export_dir: str, onnx: int | None = None) -> None:
+        """A SavedModel serving deterministic actions (and ONNX with `onnx=OPSET`)."""
+        from policy_service.export import export_saved_model
+        export_saved_model(self, export_dir, onnx)
+
+    def import_model_from_h5(self, path: str) -> None:
+        """Load model weights saved by Keras (`model.save_weights("x.weights.h5")`)."""
+        before = self.get_weights()
+        try:
+            self.model.load_weights(path)
+        except Exception:
+            self.set_weights(before)
+            raise
+
+
+def load_policy_state(checkpoint_dir: str) -> dict:
+    """Read a checkpoint written by export_checkpoint (no pickle involved)."""
+    directory = Path(checkpoint_dir)
+    if not (directory / "policy_state.json").exists():
+        raise FileNotFoundError(f"{directory} holds no policy checkpoint "
+                                "(policy_state.json missing)")
+    state = checkpoint_io.load_json(directory / "policy_state.json")
+    arrays = checkpoint_io.load_arrays(directory / "policy_arrays.npz")
+    for group in ("weights", "optimizer_variables", "rng"):
+        prefix = group + "/"
+        state[group] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+    return state
+
+
+def check_finite_columns(batch: dict) -> None:
+    """NaN/inf anywhere in a float column is an error naming the column and row."""
+    for name, values in batch.items():
+        for leaf in tree.flatten(values):
+            arr = np.asarray(leaf)
+            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
+                row = int(np.argwhere(~np.isfinite(arr))[0][0])
+                raise ValueError(f"column {name!r} has NaN or inf (first at row {row}, "
+                                 f"shape {arr.shape}); weights unchanged")
+
+
+def _drop_for_training(name: str, values) -> bool:
+    """Columns the learner cannot use: infos, object arrays, next-step states."""
+    if name == SampleBatch.INFOS or name.startswith("state_out_"):
+        return True
+    leaves = tree.flatten(values)
+    return any(np.asarray(leaf).dtype.kind in "OUS" for leaf in leaves) or (
+        len(leaves) != 1 and name not in (SampleBatch.OBS, SampleBatch.NEXT_OBS))
+
+
+def _as_tensor_array(name: str, values) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.dtype == np.float64:
+        return arr.astype(np.float32)
+    if arr.dtype.kind in "iub" or arr.dtype == np.float32:
+        return arr
+    raise ValueError(f"column {name!r} has dtype {arr.dtype}, which cannot be trained on")
+
+
+def _pad_time(values: np.ndarray, num_seqs: int, length: int, target: int) -> np.ndarray:
+    shaped = values.reshape((num_seqs, length) + values.shape[1:])
+    pad = np.zeros((num_seqs, target - length) + values.shape[1:], values.dtype)
+    return np.concatenate([shaped, pad], axis=1).reshape((num_seqs * target,) + values.shape[1:])
+
+
+def _unique_paths(variables) -> list[str]:
+    """Variable paths as weight names; Keras 3 paths are unique within a model,
+    unlike bare names ("kernel") that collapsed RLlib's weight sync."""
+    names = [v.path for v in variables]
+    seen = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            names[i] = f"{name}#{i}"
+        seen[name] = i
+    return names
+
+
+def _assign_checked(targets: dict, values: dict, what: str) -> None:
+    """Assign values to variables only after every name, shape and dtype checks out."""
+    missing = sorted(set(targets) - set(values))
+    unexpected = sorted(set(values) - set(targets))
+    if missing or unexpected:
+        raise ValueError(f"{what} do not match the policy: missing {missing}, "
+                         f"unexpected {unexpected}")
+    arrays = {}
+    for name, var in targets.items():
+        value = np.asarray(values[name])
+        if value.shape != tuple(var.shape):
+            raise ValueError(f"{what} entry {name!r} has shape {value.shape}, "
+                             f"expected {tuple(var.shape)}")
+        expected = np.dtype(var.dtype.name if hasattr(var.dtype, "name") else var.dtype)
+        if not np.can_cast(value.dtype, expected, casting="same_kind"):
+            raise ValueError(f"{what} entry {name!r} has dtype {value.dtype}, "
+                             f"expected {expected}")
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            raise ValueError(f"{what} entry {name!r} contains NaN or inf")
+        arrays[name] = value.astype(expected)
+    for name, var in targets.items():
+        var.assign(arrays[name])
+
+
+def _config_to_json(config) -> dict:
+    return dataclasses.asdict(config)
+
+
+def _resolve_policy_class(path: str | None, default: type) -> type:
+    """Import the saved policy class by name; only TFPolicy subclasses are accepted."""
+    if not path:
+        return default
+    module_name, _, qualname = path.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not (isinstance(obj, type) and issubclass(obj, TFPolicy)):
+        raise TypeError(f"checkpoint names {path!r}, which is not a TFPolicy subclass")
+    if issubclass(obj, default):
+        return obj
+    return default if default is not TFPolicy else obj

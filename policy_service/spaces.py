@@ -1,0 +1,393 @@
+"""Observation preprocessing and action checks for gymnasium spaces (numpy, host side).
+
+A policy builds one preprocessor for its observation space and runs every
+observation batch through it before the model sees it:
+
+    prep = make_preprocessor(observation_space)
+    model_input = prep.transform(obs_batch)     # <float32>[B, *prep.shape]
+
+`transform` checks the batch first, so a wrong shape, dtype or value is a
+ValueError that names the column, the expected and the actual shape/dtype,
+instead of a broadcasting surprise deep inside the model. What each space
+becomes:
+
+    Box            float32 cast; rank-3 [H, W, C] (image) kept as is, other
+                   ranks flattened to one vector (values are not rescaled)
+    Discrete(n)    one-hot of size n (value `start` -> index 0)
+    MultiDiscrete  one one-hot per component, concatenated
+    MultiBinary    float32 0/1, flattened
+    Dict / Tuple   every sub-observation preprocessed and flattened, then
+                   concatenated in dm-tree's flatten order (Dict keys sorted)
+
+Nested batches come in dm-tree structure: a dict (or tuple) of arrays, each
+with the leading batch dimension.
+
+Action helpers (`check_actions`, `action_dtype_and_shape`, `clip_actions`)
+support the action spaces the distributions do: Discrete, MultiDiscrete
+(1-D nvec) and 1-D float Box.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+_OBSERVATION_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple"
+_ACTION_SPACES = "Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
+
+_INT_KINDS = "iu"
+_REAL_KINDS = "fiub"
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """True for a Box of rank 3, read as [height, width, channels]."""
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+
+
+# --------------------------------------------------------------------------
+# Error messages
+
+
+def _batch_shape(trailing: tuple) -> str:
+    """'(B, 84, 84, 3)' for trailing shape (84, 84, 3); '(B,)' for ()."""
+    return "(" + ", ".join(["B", *map(str, trailing)]) + ("," if not trailing else "") + ")"
+
+
+def _mismatch(column: str, expected: str, actual: np.ndarray, detail: str = "") -> ValueError:
+    """A ValueError naming the column, what was expected and what came."""
+    message = f"{column}: expected {expected}, got shape {actual.shape} dtype {actual.dtype}"
+    return ValueError(message + (f"; {detail}" if detail else ""))
+
+
+def _first_bad_row(bad: np.ndarray) -> int:
+    """Index of the first row of a [B, ...] boolean array with any True."""
+    return int(np.argmax(bad.reshape(bad.shape[0], -1).any(axis=1)))
+
+
+def _as_array(value: Any, column: str) -> np.ndarray:
+    try:
+        array = np.asarray(value)
+    except ValueError as error:  # ragged lists
+        raise ValueError(f"{column}: cannot be read as one array ({error})") from None
+    if array.dtype.kind not in _REAL_KINDS:
+        raise ValueError(
+            f"{column}: expected a numeric array, got dtype {array.dtype} "
+            f"(shape {array.shape})")
+    return array
+
+
+def _check_rank_and_kind(array: np.ndarray, trailing: tuple, kinds: str,
+                         column: str, expected: str) -> None:
+    if array.ndim != len(trailing) + 1 or tuple(array.shape[1:]) != tuple(trailing):
+        raise _mismatch(column, expected, array)
+    if array.dtype.kind not in kinds:
+        raise _mismatch(column, expected, array, f"dtype kind '{array.dtype.kind}' does not fit")
+
+
+def _check_index_range(array: np.ndarray, start: np.ndarray, size: np.ndarray,
+                       column: str, expected: str) -> None:
+    """Values must lie in [start, start + size) elementwise (broadcast over rows)."""
+    bad = (array < start) | (array >= start + size)
+    if bad.any():
+        row = _first_bad_row(bad)
+        raise _mismatch(column, expected, array, f"row {row} has value {array[row].tolist()}")
+
+
+# --------------------------------------------------------------------------
+# Observation preprocessors
+
+
+class ObservationPreprocessor:
+    """Turns batches of observations of one space into one float32 model input.
+
+    Build one with `make_preprocessor(space)`.
+
+    Attributes:
+      space: the gymnasium observation space.
+      shape: shape of one preprocessed observation (no batch dimension).
+      dtype: np.float32, the dtype of every output.
+    """
+
+    dtype = np.float32
+
+    def __init__(self, space: gym.Space, shape: tuple[int, ...]):
+        self.space = space
+        self.shape = tuple(int(d) for d in shape)
+
+    @property
+    def size(self) -> int:
+        """Number of floats in one preprocessed observation."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def transform(self, obs_batch: Any, column: str = "obs") -> np.ndarray:
+        """Checks a batch and returns it preprocessed as <float32>[B, *shape]."""
+        arrays, _ = self._validate(obs_batch, column)
+        return self._encode(arrays)
+
+    def transform_single(self, obs: Any, column: str = "obs") -> np.ndarray:
+        """Preprocesses one unbatched observation: <float32>[*shape]."""
+        return self.transform(self._batch_of_one(obs, column), column)[0]
+
+    def check(self, obs_batch: Any, column: str = "obs") -> None:
+        """Raises ValueError (naming column, expected and actual) if the batch misfits."""
+        self._validate(obs_batch, column)
+
+    def _batch_of_one(self, obs: Any, column: str) -> Any:
+        """One observation as a batch of one, in the space's structure."""
+        return _as_array(obs, column)[None]
+
+    def _validate(self, obs_batch: Any, column: str) -> tuple[Any, int]:
+        """Returns the batch as numpy array(s) in the space's structure, and B."""
+        raise NotImplementedError
+
+    def _encode(self, arrays: Any) -> np.ndarray:
+        """Preprocesses an already validated batch."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(space={self.space!r}, shape={self.shape})"
+
+
+class _BoxPreprocessor(ObservationPreprocessor):
+    """Box: float32 cast; images kept [H, W, C], other ranks flattened."""
+
+    def __init__(self, space: gym.spaces.Box):
+        size = int(np.prod(space.shape, dtype=np.int64))
+        super().__init__(space, space.shape if is_image_space(space) else (size,))
+        floating = np.issubdtype(space.dtype, np.floating)
+        self._kinds = _REAL_KINDS if floating else _INT_KINDS + "b"
+        self._expected = (f"shape {_batch_shape(space.shape)} dtype {space.dtype}"
+                          + (" (or another real dtype)" if floating
+                             else " (or another integer dtype)"))
+
+    def _validate(self, obs_batch, column):
+        array = _as_array(obs_batch, column)
+        _check_rank_and_kind(array, self.space.shape, self._kinds, column, self._expected)
+        if array.dtype.kind == "f":
+            bad = ~np.isfinite(array)
+            if bad.any():
+                row = _first_bad_row(bad)
+                raise _mismatch(column, self._expected + " with finite values", array,
+                                f"row {row} has a NaN or inf value")
+        return array, array.shape[0]
+
+    def _encode(self, array):
+        return array.astype(np.float32, copy=False).reshape((array.shape[0], *self.shape))
+
+
+class _IndexPreprocessor(ObservationPreprocessor):
+    """Discrete and MultiDiscrete: one one-hot per component, concatenated."""
+
+    def __init__(self, space: gym.spaces.Discrete | gym.spaces.MultiDiscrete):
+        if isinstance(space, gym.spaces.Discrete):
+            self._trailing: tuple = ()
+            sizes, starts = np.array([space.n]), np.array([space.start])
+            expected_range = f"[{int(space.start)}, {int(space.start + space.n)})"
+        else:
+            self._trailing = tuple(space.nvec.shape)
+            sizes, starts = space.nvec.reshape(-1), space.start.reshape(-1)
+            expected_range = f"[{space.start.tolist()}, {(space.start + space.nvec).tolist()})"
+        self._sizes = sizes.astype(np.int64)
+        self._starts = starts.astype(np.int64)
+        # Column of each component's first one-hot slot in the output row.
+        self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+        super().__init__(space, (int(self._sizes.sum()),))
+        self._expected = (f"shape {_batch_shape(self._trailing)} integer dtype "
+                          f"(like {space.dtype}) with values in {expected_range}")
+
+    def _validate(self, obs_batch, column):
+        array = _as_array(obs_batch, column)
+        _check_rank_and_kind(array, self._trailing, _INT_KINDS, column, self._expected)
+        _check_index_range(array, self._starts.reshape(self._trailing),
+                           self._sizes.reshape(self._trailing), column, self._expected)
+        return array, array.shape[0]
+
+    def _encode(self, array):
+        batch = array.shape[0]
+        slots = array.reshape(batch, len(self._sizes)).astype(np.int64) - self._starts + self._offsets
+        out = np.zeros((batch, self.shape[0]), np.float32)
+        out[np.arange(batch)[:, None], slots] = 1.0
+        return out
+
+
+class _MultiBinaryPreprocessor(ObservationPreprocessor):
+    """MultiBinary: 0/1 values as float32, flattened."""
+
+    def __init__(self, space: gym.spaces.MultiBinary):
+        super().__init__(space, (int(np.prod(space.shape, dtype=np.int64)),))
+        self._expected = (f"shape {_batch_shape(space.shape)} integer or bool dtype "
+                          "with values in {0, 1}")
+
+    def _validate(self, obs_batch, column):
+        array = _as_array(obs_batch, column)
+        _check_rank_and_kind(array, self.space.shape, _INT_KINDS + "b", column, self._expected)
+        _check_index_range(array, np.int64(0), np.int64(2), column, self._expected)
+        return array, array.shape[0]
+
+    def _encode(self, array):
+        return array.astype(np.float32).reshape((array.shape[0], *self.shape))
+
+
+class _NestedPreprocessor(ObservationPreprocessor):
+    """Dict and Tuple: children flattened and concatenated in dm-tree order."""
+
+    def __init__(self, space: gym.spaces.Dict | gym.spaces.Tuple):
+        if isinstance(space, gym.spaces.Dict):
+            self._keys: list = sorted(space.spaces.keys())  # dm-tree flattens dicts sorted
+        else:
+            self._keys = list(range(len(space.spaces)))
+        self._children = [make_preprocessor(space[key]) for key in self._keys]
+        super().__init__(space, (sum(child.size for child in self._children),))
+
+    def _validate(self, obs_batch, column):
+        items = self._items(obs_batch, column)
+        arrays, batch_sizes = [], {}
+        for key, child, value in zip(self._keys, self._children, items):
+            array, batch_sizes[key] = child._validate(value, f"{column}[{key!r}]")
+            arrays.append(array)
+        if len(set(batch_sizes.values())) > 1:
+            raise ValueError(
+                f"{column}: expected every sub-observation to have the same batch size, "
+                f"got batch sizes {batch_sizes}")
+        return arrays, next(iter(batch_sizes.values()), 0)
+
+    def _batch_of_one(self, obs, column):
+        # Walk the space, not the value: a list leaf (a Box row) is not a structure.
+        items = [child._batch_of_one(value, f"{column}[{key!r}]")
+                 for key, child, value in zip(self._keys, self._children, self._items(obs, column))]
+        if isinstance(self.space, gym.spaces.Dict):
+            return dict(zip(self._keys, items))
+        return tuple(items)
+
+    def _items(self, obs_batch, column) -> list:
+        """The batch's sub-batches in self._keys order, after a structure check."""
+        if isinstance(self.space, gym.spaces.Dict):
+            if not isinstance(obs_batch, Mapping):
+                raise ValueError(f"{column}: expected a dict with keys {self._keys} for "
+                                 f"{self.space}, got {type(obs_batch).__name__}")
+            if set(obs_batch.keys()) != set(self._keys):
+                missing = [k for k in self._keys if k not in obs_batch]
+                extra = sorted(map(str, set(obs_batch.keys()) - set(self._keys)))
+                what = ([f"missing {missing}"] if missing else []) + (
+                    [f"unexpected {extra}"] if extra else [])
+                raise ValueError(f"{column}: expected a dict with keys {self._keys}, got keys "
+                                 f"{sorted(map(str, obs_batch.keys()))} ({', '.join(what)})")
+            return [obs_batch[key] for key in self._keys]
+        if (not isinstance(obs_batch, Sequence) or isinstance(obs_batch, str)
+                or len(obs_batch) != len(self._keys)):
+            got = (f"a {type(obs_batch).__name__} of length {len(obs_batch)}"
+                   if isinstance(obs_batch, Sequence) else type(obs_batch).__name__)
+            raise ValueError(f"{column}: expected a tuple of {len(self._keys)} sub-batches "
+                             f"for {self.space}, got {got}")
+        return list(obs_batch)
+
+    def _encode(self, arrays):
+        parts = [child._encode(array) for child, array in zip(self._children, arrays)]
+        return np.concatenate(
+            [part.reshape(part.shape[0], child.size) for part, child in zip(parts, self._children)],
+            axis=1)
+
+
+def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
+    """The preprocessor for an observation space.
+
+    Raises TypeError for something that is not a gymnasium space, and
+    NotImplementedError for a space type without a fixed-size encoding (Text,
+    Graph, Sequence, OneOf, ...), naming it.
+    """
+    if isinstance(space, gym.spaces.Box):
+        return _BoxPreprocessor(space)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return _IndexPreprocessor(space)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return _MultiBinaryPreprocessor(space)
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        return _NestedPreprocessor(space)
+    if isinstance(space, gym.Space):
+        raise NotImplementedError(
+            f"no observation preprocessor for space type {type(space).__name__} ({space}); "
+            f"supported: {_OBSERVATION_SPACES}")
+    raise TypeError(f"expected a gymnasium.spaces.Space, got {type(space).__name__}: {space!r}")
+
+
+# --------------------------------------------------------------------------
+# Actions
+
+
+def _supported_action_space(space: gym.Space) -> gym.Space:
+    """Returns the space if actions of it are supported, else NotImplementedError."""
+    if isinstance(space, gym.spaces.Discrete):
+        return space
+    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
+        return space
+    if (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
+            and np.issubdtype(space.dtype, np.floating)):
+        return space
+    raise NotImplementedError(
+        f"unsupported action space type {type(space).__name__} ({space}); "
+        f"supported: {_ACTION_SPACES}")
+
+
+def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int, ...]]:
+    """dtype and per-row shape to allocate actions with.
+
+    Discrete -> (int64, ()), MultiDiscrete -> (int64, (k,)), Box -> (float32, (d,)).
+    """
+    space = _supported_action_space(action_space)
+    if isinstance(space, gym.spaces.Discrete):
+        return np.dtype(np.int64), ()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return np.dtype(np.int64), tuple(space.nvec.shape)
+    return np.dtype(np.float32), tuple(space.shape)
+
+
+def check_actions(action_space: gym.Space, actions: Any, column: str = "actions",
+                  check_bounds: bool = True) -> None:
+    """Raises ValueError if a batch of actions does not fit the action space.
+
+    The message names the column, the expected and actual shape/dtype and,
+    for a bad value, the first offending row and its value. Discrete and
+    MultiDiscrete actions must be integers in [start, start + n). Box actions
+    must be <float>[B, d] without NaN and, when `check_bounds` is True, within
+    [low, high]; pass False where clipping them is the caller's job.
+    """
+    space = _supported_action_space(action_space)
+    array = _as_array(actions, column)
+    if isinstance(space, gym.spaces.Box):
+        expected = f"shape {_batch_shape(space.shape)} float dtype (like {space.dtype})"
+        _check_rank_and_kind(array, space.shape, "fiu", column, expected)
+        nan = np.isnan(array) if array.dtype.kind == "f" else np.zeros(array.shape, bool)
+        if nan.any():
+            row = _first_bad_row(nan)
+            raise _mismatch(column, expected, array, f"row {row} has value {array[row].tolist()}")
+        if check_bounds:
+            outside = (array < space.low) | (array > space.high)
+            if outside.any():
+                row = _first_bad_row(outside)
+                raise _mismatch(
+                    column, expected + f" within [{space.low.tolist()}, {space.high.tolist()}]",
+                    array, f"row {row} has value {array[row].tolist()} out of bounds")
+        return
+    if isinstance(space, gym.spaces.Discrete):
+        trailing, start, size = (), np.int64(space.start), np.int64(space.n)
+        value_range = f"[{int(start)}, {int(start + size)})"
+    else:
+        trailing, start, size = tuple(space.nvec.shape), space.start, space.nvec
+        value_range = f"[{space.start.tolist()}, {(space.start + space.nvec).tolist()})"
+    expected = f"shape {_batch_shape(trailing)} integer dtype with values in {value_range}"
+    _check_rank_and_kind(array, trailing, _INT_KINDS, column, expected)
+    _check_index_range(array, start, size, column, expected)
+
+
+def clip_actions(action_space: gym.Space, actions: Any) -> np.ndarray:
+    """A copy of the actions clipped to a Box's [low, high] (float32).
+
+    Discrete and MultiDiscrete actions have nothing to clip; they come back
+    as an unchanged copy.
+    """
+    space = _supported_action_space(action_space)
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(np.asarray(actions, np.float32), space.low, space.high).astype(np.float32)
+    return np.array(actions, copy=True)
