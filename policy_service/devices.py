@@ -92,18 +92,21 @@ def _tf_initialized() -> bool:
     return context.context()._initialized  # pylint: disable=protected-access
 
 
+_prepared_devices = 0  # logical CPU devices this process was prepared with
+
+
 def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = None,
                     inter_op_threads: int | None = None) -> None:
     """Configure TF for this process before it initializes.
 
     Creates `num_fake_devices` logical CPU devices (fake GPUs), turns on
     memory growth on every GPU (TF otherwise takes all GPU memory), and sets
-    thread pools. The pools default to one intra-op thread per core shared
-    out over the fake devices, since towers run in parallel on the cores.
-    Calling it again after TF initialized is fine when enough devices exist.
+    thread pools: by default one intra-op thread per core shared out over
+    the devices (towers run in parallel on the cores) and one inter-op
+    thread per core. A later call may only add devices; it keeps the first
+    call's thread choice.
     """
-    cpus = tf.config.list_physical_devices("CPU")
-    existing = tf.config.get_logical_device_configuration(cpus[0]) or [None]
+    global _prepared_devices
     if _tf_initialized():
         have = len(tf.config.list_logical_devices("CPU"))
         if have < num_fake_devices:
@@ -113,16 +116,20 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
                 "policy_service.devices.prepare_process before any TensorFlow op "
                 "(or run in a fresh process)")
         return
-    for gpu in tf.config.list_physical_devices("GPU"):
-        tf.config.experimental.set_memory_growth(gpu, True)
-    if num_fake_devices > len(existing):
+    first_call = _prepared_devices == 0
+    if num_fake_devices > max(1, _prepared_devices):
+        cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration()
                       for _ in range(num_fake_devices)])
-    cores = os.cpu_count() or 1
-    tf.config.threading.set_intra_op_parallelism_threads(
-        intra_op_threads or max(1, cores // max(1, num_fake_devices)))
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or cores)
+    _prepared_devices = max(_prepared_devices, num_fake_devices)
+    if first_call:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+        cores = os.cpu_count() or 1
+        tf.config.threading.set_intra_op_parallelism_threads(
+            intra_op_threads or max(1, cores // max(1, num_fake_devices)))
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or cores)
 
 
 def resolve_devices(num_gpus: float, fake_gpus: bool) -> DevicePlan:

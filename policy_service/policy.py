@@ -59,7 +59,8 @@ class TFPolicy:
                 self.config.seed if self.config.seed is not None else np.random.randint(2**31))
             optimizers = self.optimizer()
         self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
-        self._weight_names = _unique_paths(self.model.variables)
+        self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
+        self._weight_names = _unique_paths(self._weight_variables)
         self._initial_state = models.initial_state(self.model)
         self.towers = TowerStack(
             self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
@@ -344,11 +345,11 @@ class TFPolicy:
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Every model variable (batch-norm statistics included) by its unique path."""
-        return {name: v.numpy() for name, v in zip(self._weight_names, self.model.variables)}
+        return {name: v.numpy() for name, v in zip(self._weight_names, self._weight_variables)}
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Replace all model variables; checks everything before changing anything."""
-        _assign_checked(dict(zip(self._weight_names, self.model.variables)), weights, "weights")
+        _assign_checked(dict(zip(self._weight_names, self._weight_variables)), weights, "weights")
 
     def _optimizer_variables(self) -> dict:
         return {f"optimizer_{i}/{j}:{v.path}": v for i, opt in enumerate(self._optimizers)
@@ -375,7 +376,7 @@ class TFPolicy:
         if missing:
             raise ValueError(f"policy state is missing {missing}")
         targets = {**{f"weights/{k}": v for k, v in
-                      zip(self._weight_names, self.model.variables)},
+                      zip(self._weight_names, self._weight_variables)},
                    **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
         values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
                   **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
@@ -479,10 +480,19 @@ def _pad_time(values: np.ndarray, num_seqs: int, length: int, target: int) -> np
     return np.concatenate([shaped, pad], axis=1).reshape((num_seqs * target,) + values.shape[1:])
 
 
+def _is_rng_state(variable) -> bool:
+    """Keras seed-generator state: RNG bookkeeping, not a weight, and named by a
+    process-global counter, so it must not enter weight sync."""
+    return variable.path.endswith("seed_generator_state")
+
+
 def _unique_paths(variables) -> list[str]:
-    """Variable paths as weight names; Keras 3 paths are unique within a model,
-    unlike bare names ("kernel") that collapsed RLlib's weight sync."""
-    names = [v.path for v in variables]
+    """Weight names: variable paths without the model's own name. Keras 3 paths
+    are unique within a model (unlike the bare "kernel"/"bias" names that
+    collapsed RLlib's weight sync); dropping the model name keeps them equal
+    across processes. Custom models should name their layers, since Keras
+    numbers unnamed layers with a process-global counter."""
+    names = [v.path.split("/", 1)[-1] for v in variables]
     seen = {}
     for i, name in enumerate(names):
         if name in seen:
