@@ -137,6 +137,6 @@ def resolve_devices(num_gpus: float, fake_gpus: bool) -> DevicePlan:
     plan = plan_devices(num_gpus, fake_gpus,
                         visible_gpus=len(tf.config.list_physical_devices("GPU")),
                         ray_gpu_ids=_ray_gpu_ids())
-    if plan.kind == FAKE_GPU:
-        prepare_process(plan.num_towers)
+    # memory growth and thread pools are set here too, if TF is not running yet
+    prepare_process(plan.num_towers if plan.kind == FAKE_GPU else 1)
     return plan
