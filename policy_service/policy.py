@@ -127,9 +127,8 @@ class TFPolicy:
         explore = self.config.explore if explore is None else bool(explore)
         timestep = self.global_timestep if timestep is None else int(timestep)
         with tf.device(self.plan.devices[0]):
-            seed = self._action_rng.make_seeds(1)[:, 0]
             actions, state_outs, extra = self._action_fn(
-                *inputs, tf.constant(explore), tf.constant(timestep, tf.int64), seed)
+                *inputs, tf.constant(explore), tf.constant(timestep, tf.int64))
         self.global_timestep += batch_size
         actions = tree.map_structure(lambda a: a.numpy(), actions)
         dtype, _ = spaces.action_dtype_and_shape(self.action_space)
@@ -211,7 +210,8 @@ class TFPolicy:
         return input_dict
 
     def _compile_action_fn(self):
-        def act(obs, states, prev_actions, prev_rewards, explore, timestep, seed):
+        def act(obs, states, prev_actions, prev_rewards, explore, timestep):
+            seed = self._action_rng.make_seeds(1)[:, 0]  # in-graph: no extra eager op per call
             input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
             out = self.model(input_dict, training=False)
             dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
@@ -224,7 +224,7 @@ class TFPolicy:
             return actions, list(out["state_out"]), extra
 
         signature = self._acting_signature() + [
-            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64), tf.TensorSpec([2], tf.int64)]
+            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
         return tf.function(act, input_signature=signature)
 
     def _compile_logp_fn(self):
