@@ -18,18 +18,21 @@ def atomic_directory(path: str | os.PathLike):
     path = Path(path).absolute()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    old = None
     try:
         yield tmp
-        old = None
         if path.exists():
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.rename(path, old)
         os.rename(tmp, path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
+        if old is not None and not path.exists():
+            os.rename(old, path)  # put the previous checkpoint back
+            old = None
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:

@@ -16,12 +16,12 @@ class _ServingModule(tf.Module):
         dist_class = policy.dist_class
         build_inputs = policy._acting_input_dict  # pylint: disable=protected-access
 
+        action_shape = tf.constant(list(signature[2].shape[1:]), tf.int32)
+
         @tf.function(input_signature=signature[:2])
         def serve(obs, states):
             batch = tf.shape(obs)[0]
-            prev_actions = tf.zeros(tf.concat([[batch], tf.constant(signature[2].shape[1:],
-                                                                     tf.int32)], 0),
-                                    signature[2].dtype)
+            prev_actions = tf.zeros(tf.concat([[batch], action_shape], 0), signature[2].dtype)
             input_dict = build_inputs(obs, states, prev_actions, tf.zeros([batch]))
             out = self.model(input_dict, training=False)
             dist = dist_class(out["action_dist_inputs"])

@@ -141,7 +141,8 @@ class LSTMModel(keras.Model):
         dummy = {"obs": tf.zeros((1,) + tuple(obs_space.shape)),
                  "state_in_0": zero_state, "state_in_1": zero_state,
                  "seq_lens": tf.ones((1,), tf.int32),
-                 "prev_actions": tf.zeros((1,) + action_feature_shape(action_space)),
+                 "prev_actions": tf.zeros((1,) + raw_action_shape(action_space),
+                                          raw_action_dtype(action_space)),
                  "prev_rewards": tf.zeros((1,))}
         self(dummy)
 
@@ -171,6 +172,16 @@ class LSTMModel(keras.Model):
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
+
+
+def raw_action_shape(action_space) -> tuple:
+    """Shape of one action as the env takes it (a scalar for Discrete)."""
+    return () if isinstance(action_space, gym.spaces.Discrete) else tuple(action_space.shape)
+
+
+def raw_action_dtype(action_space):
+    """Actions travel as int64 for (Multi)Discrete spaces, float32 otherwise."""
+    return tf.float32 if isinstance(action_space, gym.spaces.Box) else tf.int64
 
 
 def action_feature_shape(action_space) -> tuple:

@@ -187,12 +187,10 @@ class TFPolicy:
                 np.asarray(prev_actions).astype(self._action_tensor_dtype()), prev_rewards)
 
     def _action_tensor_dtype(self):
-        return np.float32 if isinstance(self.action_space, gym.spaces.Box) else np.int64
+        return models.raw_action_dtype(self.action_space).as_numpy_dtype
 
     def _action_tensor_shape(self) -> tuple:
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            return ()
-        return tuple(self.action_space.shape)
+        return models.raw_action_shape(self.action_space)
 
     def _acting_signature(self):
         return [tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
@@ -352,8 +350,10 @@ class TFPolicy:
         _assign_checked(dict(zip(self._weight_names, self._weight_variables)), weights, "weights")
 
     def _optimizer_variables(self) -> dict:
-        return {f"optimizer_{i}/{j}:{v.path}": v for i, opt in enumerate(self._optimizers)
-                for j, v in enumerate(opt.variables)}
+        # without the optimizer's own auto-numbered name ("adam_12/..."), so the
+        # names match in any other process or policy of the same shape
+        return {f"optimizer_{i}/{j}:{v.path.split('/', 1)[-1]}": v
+                for i, opt in enumerate(self._optimizers) for j, v in enumerate(opt.variables)}
 
     def get_state(self) -> dict:
         """Weights, optimizer variables, exploration and RNG state, global timestep."""

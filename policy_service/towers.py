@@ -326,7 +326,10 @@ class TowerStack:
             extra = {"loaded": [tf.TensorSpec([self.num_towers, None], tf.int32)],
                      "epochs": [tf.TensorSpec([None, self.num_towers, None], tf.int32),
                                 tf.TensorSpec([], tf.int32)]}.get(kind, [])
-            self._functions[key] = tf.function(graph_fn, input_signature=[signature] + extra)
+            # No AutoGraph: the stack's control flow is explicit (tf.cond, tf.while_loop),
+            # and errors raised while tracing (a missing column) keep their type.
+            self._functions[key] = tf.function(graph_fn, input_signature=[signature] + extra,
+                                               autograph=False)
         return self._functions[key]
 
     def trace_count(self) -> int:

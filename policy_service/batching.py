@@ -1,0 +1,170 @@
+"""RequestBatcher: coalesce concurrent requests into one call per batch.
+
+The loop it lives in (one asyncio event loop, e.g. a Ray async actor's):
+
+    batcher = RequestBatcher(run_batch, max_batch_size=32, batch_wait_timeout_s=0.005,
+                             executor=ThreadPoolExecutor(1))
+    result = await batcher.submit(key, payload, num_rows)   # from many coroutines
+
+`run_batch(key, payloads) -> results` is a plain function run in `executor`
+(so the event loop keeps accepting requests while it computes); it gets the
+payloads of one batch, all submitted under the same `key`, and returns one
+result per payload, in order.
+
+When a batch runs (the semantics of Ray Serve's `@serve.batch`): as soon as
+`max_batch_size` rows of one key are waiting, or `batch_wait_timeout_s` after
+the oldest waiting request of that key arrived, whichever comes first. A batch
+takes requests oldest first while their rows fit `max_batch_size` (a single
+larger request runs alone). Requests of different keys never share a batch.
+Batches run one at a time; requests arriving meanwhile wait for the next one.
+
+`max_batch_size <= 1` or `batch_wait_timeout_s <= 0` turns batching off:
+every request runs alone (still one at a time in the executor).
+
+Faults stay with their caller: when a batch of several requests raises, each
+of its requests is run again alone, so only the request that fails gets the
+exception.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+RunBatch = Callable[[Hashable, list], list]
+
+
+@dataclass
+class _Request:
+    payload: Any
+    num_rows: int
+    future: asyncio.Future
+    arrived: float = field(default_factory=time.monotonic)
+
+
+class RequestBatcher:
+    """Groups concurrent `submit` calls by key into batches for `run_batch`."""
+
+    def __init__(self, run_batch: RunBatch, *, max_batch_size: int,
+                 batch_wait_timeout_s: float, executor: Executor):
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if batch_wait_timeout_s < 0:
+            raise ValueError(f"batch_wait_timeout_s must be >= 0, got {batch_wait_timeout_s}")
+        self._run_batch = run_batch
+        self.max_batch_size = int(max_batch_size)
+        self.batch_wait_timeout_s = float(batch_wait_timeout_s)
+        self._executor = executor
+        self._queues: dict[Hashable, collections.deque[_Request]] = {}
+        self._rows_waiting: dict[Hashable, int] = collections.defaultdict(int)
+        self._wakeup: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_batch_size > 1 and self.batch_wait_timeout_s > 0
+
+    async def submit(self, key: Hashable, payload: Any, num_rows: int) -> Any:
+        """Queue one request and wait for its own result (or exception)."""
+        if not self.enabled:
+            return await self._run_alone(key, payload)
+        future = asyncio.get_running_loop().create_future()
+        self._queues.setdefault(key, collections.deque()).append(
+            _Request(payload, int(num_rows), future))
+        self._rows_waiting[key] += int(num_rows)
+        self._ensure_loop()
+        self._wakeup.set()
+        return await future
+
+    def num_waiting(self) -> int:
+        return sum(len(q) for q in self._queues.values())
+
+    # ----- the batching loop ----------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._wakeup = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self._wakeup.clear()  # cleared before looking, so no submit is missed
+            key, wait_s = self._next_ready_key()
+            if key is None:
+                # A timer, not asyncio.wait_for: that creates a task per wait, on the hot path.
+                timer = None if wait_s is None else loop.call_later(wait_s, self._wakeup.set)
+                await self._wakeup.wait()
+                if timer is not None:
+                    timer.cancel()
+                continue
+            await self._run(key, self._take_batch(key))
+
+    def _next_ready_key(self) -> tuple[Hashable | None, float | None]:
+        """The ready key whose oldest request waited longest, else (None, seconds to wait)."""
+        now = time.monotonic()
+        ready, soonest = [], None
+        for key, queue in self._queues.items():
+            if not queue:
+                continue
+            deadline = queue[0].arrived + self.batch_wait_timeout_s
+            if self._rows_waiting[key] >= self.max_batch_size or deadline <= now:
+                ready.append((queue[0].arrived, key))
+            else:
+                soonest = deadline if soonest is None else min(soonest, deadline)
+        if ready:
+            return min(ready, key=lambda item: item[0])[1], None
+        return None, (None if soonest is None else max(0.0, soonest - now))
+
+    def _take_batch(self, key: Hashable) -> list[_Request]:
+        queue, batch, rows = self._queues[key], [], 0
+        while queue and (not batch or rows + queue[0].num_rows <= self.max_batch_size):
+            request = queue.popleft()
+            batch.append(request)
+            rows += request.num_rows
+        self._rows_waiting[key] -= rows
+        if not queue:
+            del self._queues[key]
+            del self._rows_waiting[key]
+        return batch
+
+    async def _run(self, key: Hashable, batch: list[_Request]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            results = await loop.run_in_executor(
+                self._executor, self._run_batch, key, [r.payload for r in batch])
+            if len(results) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(results)} results "
+                                   f"for {len(batch)} requests")
+        except Exception as error:  # noqa: BLE001 - handed to the callers below
+            if len(batch) == 1:
+                _resolve(batch[0].future, error=error)
+                return
+            for request in batch:  # isolate the failing request(s)
+                try:
+                    result = await loop.run_in_executor(
+                        self._executor, self._run_batch, key, [request.payload])
+                    _resolve(request.future, result=result[0])
+                except Exception as single_error:  # noqa: BLE001
+                    _resolve(request.future, error=single_error)
+            return
+        for request, result in zip(batch, results):
+            _resolve(request.future, result=result)
+
+    async def _run_alone(self, key: Hashable, payload: Any) -> Any:
+        results = await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._run_batch, key, [payload])
+        return results[0]
+
+
+def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None):
+    if future.done():  # the caller went away (cancelled)
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -1,0 +1,243 @@
+"""EnvRunnerGroup: N rollout workers sampling in parallel, kept alive and in sync.
+
+The loop it lives in:
+
+    group = EnvRunnerGroup("CartPole-v1", MyPolicy, config, num_env_runners=2,
+                           num_envs_per_env_runner=4, rollout_fragment_length=64)
+    group.sync_weights(learner.get_weights(), version=0)
+    for version in itertools.count(1):
+        batch, metrics = group.sample()        # one fragment from every worker, concatenated
+        learner.learn_on_batch(batch)
+        group.sync_weights(learner.get_weights(), version)   # one ray.put for all workers
+    group.stop()
+
+`num_env_runners=0` runs one `RolloutWorker` in this process (no Ray actors);
+otherwise there are N `RolloutWorker` Ray actors with worker indices 1..N.
+With `remote_inference=True` the group also starts one `PolicyActor`; the
+workers send it their observations (central inference) and weights go to
+that actor only.
+
+Faults: a worker that dies (its actor is gone: `RayActorError`) is recreated
+with the same index, given the latest weights, and asked for its fragment
+again; `num_restarts` counts this and `sample()` reports it as
+"num_worker_restarts". An error raised *by* a worker's code (a bad env, a bad
+observation) is not a death and is raised to the caller.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from policy_service.rollout import RolloutWorker
+from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.service import PolicyActor, broadcast_weights
+
+_SUMMED_METRICS = ("env_steps", "num_episodes", "inference_time_s", "env_time_s",
+                   "postprocess_time_s")
+
+
+class EnvRunnerGroup:
+    """Creates, syncs, samples from and replaces rollout workers.
+
+    num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
+      workers and a policy actor share two cores).
+    policy_actor_options: Ray options of the PolicyActor (remote_inference),
+      e.g. {"num_gpus": 1}; policy_actor_kwargs: its max_batch_size and
+      batch_wait_timeout_s (defaults: one row per sub-env of all workers, 2 ms).
+    max_restarts_per_sample: restarts of one worker within one `sample()`
+      before giving up and raising.
+    """
+
+    def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
+                 policy_config: dict | Any = None, *, num_env_runners: int = 0,
+                 num_envs_per_env_runner: int = 1, rollout_fragment_length: int = 200,
+                 vectorize_mode: str = "sync", seed: int | None = None,
+                 env_config: dict | None = None, remote_inference: bool = False,
+                 num_cpus_per_env_runner: float = 0.5, policy_actor_options: dict | None = None,
+                 policy_actor_kwargs: dict | None = None, max_restarts_per_sample: int = 3):
+        if num_env_runners < 0:
+            raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
+        self.num_env_runners = int(num_env_runners)
+        self.num_restarts = 0
+        self.max_restarts_per_sample = int(max_restarts_per_sample)
+        self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
+        self._worker_kwargs = dict(num_envs=num_envs_per_env_runner,
+                                   rollout_fragment_length=rollout_fragment_length,
+                                   vectorize_mode=vectorize_mode, seed=seed, env_config=env_config)
+        self._num_cpus_per_env_runner = num_cpus_per_env_runner
+        self._weights_ref = None  # latest weights in the object store, for restarted workers
+        self._weights_version: int | None = None
+        self.policy_actor = None
+        if remote_inference:
+            self.policy_actor = self._start_policy_actor(
+                env, env_config, policy_cls, policy_config, policy_actor_options,
+                policy_actor_kwargs, total_envs=max(1, num_env_runners) * num_envs_per_env_runner)
+        self.local_worker: RolloutWorker | None = None
+        self.workers: list = []
+        if self.num_env_runners == 0:
+            self.local_worker = RolloutWorker(env, policy_cls, policy_config, worker_index=0,
+                                              policy_actor=self.policy_actor, **self._worker_kwargs)
+            self.observation_space, self.action_space = self.local_worker.get_spaces()
+        else:
+            self._worker_cls = ray.remote(RolloutWorker)
+            self.workers = [self._make_worker(index) for index in self._worker_indices()]
+            self.observation_space, self.action_space = ray.get(self.workers[0].get_spaces.remote())
+            self._share_initial_weights()
+
+    # ----- sampling ----------------------------------------------------------------
+
+    def sample(self) -> tuple[SampleBatch, dict]:
+        """One fragment from every worker, in parallel -> (concatenated batch, merged metrics)."""
+        start = time.perf_counter()
+        if self.local_worker is not None:
+            batch, metrics = self.local_worker.sample()
+            results = [(batch, metrics)]
+        else:
+            results = self._sample_remote()
+        batch = concat_samples([b for b, _ in results])
+        metrics = merge_metrics([m for _, m in results])
+        metrics["num_worker_restarts"] = self.num_restarts
+        metrics["num_env_runners"] = self.num_env_runners
+        metrics["sample_time_s"] = time.perf_counter() - start
+        return batch, metrics
+
+    def _sample_remote(self) -> list[tuple[SampleBatch, dict]]:
+        pending = {worker.sample.remote(): slot for slot, worker in enumerate(self.workers)}
+        results: dict[int, tuple] = {}
+        restarts = [0] * len(self.workers)
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            slot = pending.pop(ready[0])
+            try:
+                results[slot] = ray.get(ready[0])
+            except RayActorError as error:
+                if isinstance(error, RayTaskError):  # the worker's own code raised
+                    raise
+                restarts[slot] += 1
+                if restarts[slot] > self.max_restarts_per_sample:
+                    raise RuntimeError(f"env runner {slot + 1} died {restarts[slot]} times in "
+                                       "one sample(); giving up") from error
+                self._restart(slot)
+                pending[self.workers[slot].sample.remote()] = slot
+        return [results[slot] for slot in range(len(self.workers))]
+
+    # ----- weights -----------------------------------------------------------------
+
+    def sync_weights(self, weights: dict, version: int | None = None) -> int:
+        """Give every worker (or the policy actor) these weights: one ray.put in all.
+
+        `version` defaults to the last one + 1. -> the version now in use.
+        """
+        version = (self._weights_version or 0) + 1 if version is None else int(version)
+        self._weights_version = version
+        if self.policy_actor is None and self.local_worker is not None:
+            self.local_worker.set_weights(weights, version)
+            return version
+        self._weights_ref = ray.put(weights)
+        if self.policy_actor is not None:
+            broadcast_weights([self.policy_actor], self._weights_ref, version)
+            return version
+        _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        for slot, ref in enumerate(pending):
+            try:
+                ray.get(ref)
+            except RayActorError as error:
+                if isinstance(error, RayTaskError):
+                    raise
+                self._restart(slot)  # the new worker gets the weights just put
+        return version
+
+    def weights_versions(self) -> list[int]:
+        """The weights version each worker acts with (the policy actor's when remote)."""
+        if self.local_worker is not None:
+            return [self.local_worker.weights_version()]
+        return ray.get([w.weights_version.remote() for w in self.workers])
+
+    def _share_initial_weights(self) -> None:
+        """Start every worker on worker 1's initial weights (version 0)."""
+        if self.policy_actor is not None:
+            return
+        self._weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
+        self._weights_version = 0
+        broadcast_weights(self.workers[1:], self._weights_ref, 0)
+
+    # ----- workers -----------------------------------------------------------------
+
+    def _worker_indices(self) -> range:
+        return range(1, self.num_env_runners + 1)
+
+    def _make_worker(self, index: int):
+        return self._worker_cls.options(num_cpus=self._num_cpus_per_env_runner).remote(
+            self._env, self._policy_cls, self._policy_config, worker_index=index,
+            policy_actor=self.policy_actor, **self._worker_kwargs)
+
+    def _restart(self, slot: int) -> None:
+        """Replace the dead worker in `slot` by a new one with the same index and weights."""
+        try:
+            ray.kill(self.workers[slot], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        worker = self._make_worker(slot + 1)
+        if self.policy_actor is None and self._weights_ref is not None:
+            ray.get(worker.set_weights.remote(self._weights_ref, self._weights_version))
+        self.workers[slot] = worker
+        self.num_restarts += 1
+
+    def _start_policy_actor(self, env, env_config, policy_cls, policy_config, options, kwargs,
+                            total_envs: int):
+        obs_space, action_space = probe_spaces(env, env_config)
+        options = dict(options or {})
+        options.setdefault("num_cpus", 1)
+        if "num_gpus" not in options:
+            wanted = _config_value(policy_config, "num_gpus", 0)
+            options["num_gpus"] = wanted if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002, **(kwargs or {})}
+        return PolicyActor.options(**options).remote(
+            policy_cls, obs_space, action_space, policy_config, **kwargs)
+
+    def stop(self) -> None:
+        """Close every env and end the actors this group started."""
+        if self.local_worker is not None:
+            self.local_worker.stop()
+        if self.workers:
+            try:
+                ray.get([w.stop.remote() for w in self.workers], timeout=10)
+            except Exception:  # noqa: BLE001 - a dead worker has nothing to close
+                pass
+            for worker in self.workers:
+                ray.kill(worker, no_restart=True)
+            self.workers = []
+        if self.policy_actor is not None:
+            ray.kill(self.policy_actor, no_restart=True)
+            self.policy_actor = None
+
+
+def merge_metrics(all_metrics: list[dict]) -> dict:
+    """Workers' sample() metrics -> one dict: counts and times summed, episodes joined."""
+    merged = {key: sum(m.get(key, 0) for m in all_metrics) for key in _SUMMED_METRICS}
+    merged["episode_returns"] = [r for m in all_metrics for r in m["episode_returns"]]
+    merged["episode_lengths"] = [n for m in all_metrics for n in m["episode_lengths"]]
+    versions = [m["weights_version"] for m in all_metrics if m.get("weights_version") is not None]
+    merged["weights_version"] = min(versions) if versions else None  # the oldest acting
+    merged["worker_sample_time_s"] = max(m.get("sample_time_s", 0.0) for m in all_metrics)
+    return merged
+
+
+def probe_spaces(env, env_config: dict | None) -> tuple[gym.Space, gym.Space]:
+    """Observation and action space of one copy of the env (made, then closed)."""
+    one = gym.make(env, **(env_config or {})) if isinstance(env, str) else env(dict(env_config or {}))
+    try:
+        return one.observation_space, one.action_space
+    finally:
+        one.close()
+
+
+def _config_value(config, key: str, default):
+    if isinstance(config, dict):
+        return config.get(key, default)
+    return getattr(config, key, default)

@@ -1,0 +1,161 @@
+"""Run a command as a Ray job on a cluster: submit it, stream its logs, return its status.
+
+    exit_code = run_job("http://127.0.0.1:8265", ["python", "train.py"])
+
+Token authentication: Ray's job client only sends a token when this process
+itself runs with RAY_AUTH_MODE=token, so a laptop submitting to a cluster
+with authentication on would be refused. We therefore always send the token
+Ray's own loader finds -- RAY_AUTH_TOKEN, else the file named by
+RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token -- as the Authorization header.
+A cluster with authentication off ignores it; nothing here turns it off.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import sys
+import time
+from typing import Iterator, Optional, TextIO
+
+# The address given on the command line wins over these (Ray's client would
+# otherwise silently prefer them, e.g. inside another job's driver).
+_ADDRESS_ENV_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+_STATUS_POLL_S = 0.5
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1  # the job FAILED or was STOPPED
+EXIT_INTERRUPTED = 130  # Ctrl-C while following; the job keeps running
+
+
+class JobSubmissionError(Exception):
+    """The job could not be submitted or followed (unreachable, refused, unknown)."""
+
+
+def default_address() -> Optional[str]:
+    """The job server address from the environment, as Ray's own CLI reads it."""
+    for name in _ADDRESS_ENV_VARS:
+        if os.environ.get(name):
+            return os.environ[name]
+    return None
+
+
+def auth_headers() -> dict[str, str]:
+    """{"authorization": "Bearer <token>"} from where Ray keeps its token; {} if none.
+
+    Reads the token regardless of this process's RAY_AUTH_MODE: the mode that
+    matters is the cluster's.
+    """
+    from ray._raylet import AuthenticationTokenLoader  # Ray's loader: same sources, same order
+    loader = AuthenticationTokenLoader.instance()
+    try:
+        return dict(loader.get_token_for_http_header(ignore_auth_mode=True))
+    except Exception as err:  # e.g. RAY_AUTH_TOKEN_PATH names an unreadable file
+        raise JobSubmissionError(f"cannot read the Ray auth token: {err}") from None
+
+
+@contextlib.contextmanager
+def _without_address_env() -> Iterator[None]:
+    saved = {name: os.environ.pop(name) for name in _ADDRESS_ENV_VARS if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def connect(address: str):
+    """A JobSubmissionClient for `address` (http://host:dashboard_port) with the token."""
+    from ray.exceptions import AuthenticationError
+    from ray.job_submission import JobSubmissionClient
+    # The SDK logs routine INFO lines (websocket closed, ...) on stderr; keep stderr for problems.
+    logging.getLogger("ray.dashboard").setLevel(logging.WARNING)
+    try:
+        with _without_address_env():
+            return JobSubmissionClient(address, headers=auth_headers())
+    except AuthenticationError as err:
+        raise JobSubmissionError(_auth_message(address, err)) from None
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise JobSubmissionError(f"cannot reach the Ray job server at {address}: "
+                                 f"{_first_line(err)}") from None
+
+
+def submit(client, command: list[str], working_dir: Optional[str] = None) -> str:
+    """Submit `command` (argv list) as a job's entrypoint; returns the submission id."""
+    from ray.exceptions import AuthenticationError
+    _check_command(command)
+    runtime_env = {"working_dir": working_dir} if working_dir else None
+    try:
+        return client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env)
+    except AuthenticationError as err:
+        raise JobSubmissionError(_auth_message(client.get_address(), err)) from None
+    except (ConnectionError, RuntimeError, ValueError) as err:
+        raise JobSubmissionError(f"the job was not submitted: {_first_line(err)}") from None
+
+
+def stream_logs(client, job_id: str, out: TextIO) -> None:
+    """Copy the job's log to `out` as it is written, until the job ends."""
+    async def follow() -> None:
+        async for chunk in client.tail_job_logs(job_id):
+            out.write(chunk)
+            out.flush()
+    try:
+        asyncio.run(follow())
+    except RuntimeError as err:  # the log socket broke; the status still tells the outcome
+        print(f"policy-service: lost the job's log stream ({_first_line(err)}); "
+              "waiting for its status", file=sys.stderr)
+
+
+def wait_for_status(client, job_id: str):
+    """Poll until the job reaches a terminal status; returns its JobDetails."""
+    while True:
+        info = client.get_job_info(job_id)
+        if info.status.is_terminal():
+            return info
+        time.sleep(_STATUS_POLL_S)
+
+
+def run_job(address: str, command: list[str], *, wait: bool = True,
+            working_dir: Optional[str] = None, out: TextIO = sys.stdout) -> int:
+    """Submit `command` to the cluster at `address`; with `wait`, stream its log and
+    return 0 if it SUCCEEDED, 1 if it FAILED or was STOPPED. Without `wait`, print
+    the job id and return 0."""
+    _check_command(command)
+    client = connect(address)
+    job_id = submit(client, command, working_dir)
+    if not wait:
+        print(job_id, file=out, flush=True)
+        return EXIT_SUCCEEDED
+    print(f"policy-service: submitted job {job_id}", file=sys.stderr, flush=True)
+    try:
+        stream_logs(client, job_id, out)
+        info = wait_for_status(client, job_id)
+    except KeyboardInterrupt:
+        print(f"\npolicy-service: stopped following job {job_id}; it keeps running "
+              f"(stop it with: ray job stop --address {address} {job_id})", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    status = str(info.status)
+    if status == "SUCCEEDED":
+        print(f"policy-service: job {job_id} SUCCEEDED", file=sys.stderr)
+        return EXIT_SUCCEEDED
+    detail = f": {_first_line(info.message)}" if info.message else ""
+    print(f"policy-service: job {job_id} {status}{detail}", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _check_command(command: list[str]) -> None:
+    if not command:
+        raise JobSubmissionError("no command to run: give it after '--', "
+                                 "e.g. submit --address URL -- python train.py")
+
+
+def _auth_message(address: str, err: Exception) -> str:
+    return (f"the Ray cluster at {address} refused the request ({_first_line(err)}); "
+            "give its token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, "
+            "or in ~/.ray/auth_token")
+
+
+def _first_line(err) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,404 @@
+"""RolloutWorker: steps a gymnasium vector env with a policy, returns postprocessed fragments.
+
+The loop it lives in:
+
+    worker = RolloutWorker("CartPole-v1", MyPolicy, config, num_envs=4,
+                           rollout_fragment_length=128)        # or ray.remote(RolloutWorker)
+    for version in itertools.count(1):
+        batch, metrics = worker.sample()       # SampleBatch, {"env_steps", "episode_returns", ...}
+        learner.learn_on_batch(batch)
+        worker.set_weights(learner.get_weights(), version)
+
+Inference runs on a local copy of the policy (CPU, `num_gpus` forced to 0),
+or, with `policy_actor=` a `PolicyActor` handle, on that remote actor
+(central inference, as in SEED RL), which batches the requests of many
+workers into one forward pass.
+
+Autoreset. Gymnasium >= 1.0 vector envs reset a finished sub-env on the
+*next* `step()` (AutoresetMode.NEXT_STEP): that step ignores the action and
+returns the first observation of the new episode with reward 0. Such a reset
+step is never recorded as a transition; it only starts the new episode
+(new `eps_id`, `t` = 0, recurrent state and prev action/reward reset).
+
+Fragments. `sample()` steps the vector env until at least
+`rollout_fragment_length * num_envs` transitions are recorded (exactly
+`rollout_fragment_length` for one env; with several, the last vector step
+may add up to `num_envs - 1` more). Reset steps are not counted. Episodes
+carry over between fragments: `eps_id` and `t` continue, `unroll_id` is new
+for every (fragment, sub-env), so no recurrent sequence spans two fragments.
+
+Columns, one row per transition: obs, new_obs, actions (as the policy gave
+them; Box actions are clipped to the space only for `env.step`), rewards,
+terminateds, truncateds, eps_id, t (index of `obs` in its episode),
+unroll_id, agent_index (0), prev_actions, prev_rewards, the policy's extra
+fetches (action_logp, action_prob, action_dist_inputs, vf_preds, ...), and
+for recurrent policies state_in_{i} (state before the step) and
+state_out_{i} (state after it).
+
+Postprocessing contract. Each trajectory chunk (the rows of one sub-env and
+one episode within one fragment) goes through
+`policy.postprocess_trajectory(chunk)` before the chunks are concatenated.
+A chunk ends because its episode terminated (last row terminateds=True:
+nothing to bootstrap), was truncated (truncateds=True, e.g. a time limit) or
+the fragment ended (both False). In the last two cases the policy must
+bootstrap from the value of the last row's `new_obs`: the chunk includes the
+new_obs column (and, for recurrent policies, state_out_{i} of the last row,
+the state that goes with it), and the policy computes that value itself.
+With a `policy_actor`, postprocessing runs in that actor, with its weights.
+
+Observations are checked against the observation space on every step and
+reset; one outside it is a ValueError naming the env and the observation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import ray
+import tree
+
+from policy_service import devices, spaces
+from policy_service.config import from_dict
+from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.service import WEIGHTS_VERSION, assigned_cpu_threads, in_ray_worker
+
+VECTORIZE_MODES = ("sync", "async")
+_ENV_INDEX = "env_index"  # bookkeeping column, dropped before returning a batch
+_UNROLL_IDS_PER_WORKER = 2**32
+
+
+class RolloutWorker:
+    """Samples fragments of experience from `num_envs` copies of an env.
+
+    env: a gymnasium id ("CartPole-v1", made with `gym.make(id, **env_config)`)
+      or a callable `env_config -> gymnasium.Env`.
+    policy_cls, policy_config: the TFPolicy class and config acting here (or
+      describing the remote policy when `policy_actor` is given).
+    seed: seeds the sub-envs (seed + worker_index * num_envs + i) and the
+      policy's action sampling (seed + worker_index).
+    async_context: multiprocessing start method for vectorize_mode="async".
+    """
+
+    def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
+                 policy_config: dict | Any = None, *, worker_index: int = 0, num_envs: int = 1,
+                 rollout_fragment_length: int = 200, vectorize_mode: str = "sync",
+                 seed: int | None = None, policy_actor=None, env_config: dict | None = None,
+                 async_context: str = "spawn"):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if rollout_fragment_length < 1:
+            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        self.worker_index = int(worker_index)
+        self.num_envs = int(num_envs)
+        self.rollout_fragment_length = int(rollout_fragment_length)
+        self.env_name = env_name(env)
+        self._seed = seed
+        self._venv = make_vector_env(env, env_config or {}, num_envs, vectorize_mode,
+                                     async_context)
+        self.observation_space = self._venv.single_observation_space
+        self.action_space = self._venv.single_action_space
+        self._policy_actor = policy_actor
+        if policy_actor is None:
+            if in_ray_worker():
+                threads = assigned_cpu_threads()
+                devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
+            self.policy = policy_cls(self.observation_space, self.action_space,
+                                     rollout_policy_config(policy_cls, policy_config, seed,
+                                                           self.worker_index))
+            self._initial_state = self.policy.get_initial_state()
+        else:
+            self.policy = None
+            self._check_remote_spaces(ray.get(policy_actor.get_spaces.remote()))
+            self._initial_state = ray.get(policy_actor.get_initial_state.remote())
+        self._weights_version = 0
+        self._action_dtype, self._action_shape = spaces.action_dtype_and_shape(self.action_space)
+        self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
+        self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
+        self._started = False
+
+    # ----- public API --------------------------------------------------------------
+
+    def sample(self) -> tuple[SampleBatch, dict]:
+        """One fragment: every chunk postprocessed, then concatenated -> (batch, metrics)."""
+        start = time.perf_counter()
+        if not self._started:
+            self._reset_all()
+        self._unroll_ids = self._next_unroll_id + np.arange(self.num_envs, dtype=np.int64)
+        self._next_unroll_id += self.num_envs
+        self._timers = {"inference_time_s": 0.0, "env_time_s": 0.0}
+        self._episode_returns, self._episode_lengths, self._versions = [], [], set()
+        records, recorded = [], 0
+        while recorded < self.rollout_fragment_length * self.num_envs:
+            record = self._step()
+            if record is not None:
+                records.append(record)
+                recorded += len(record[_ENV_INDEX])
+        postprocess_start = time.perf_counter()
+        batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
+        metrics = {
+            "env_steps": batch.count,
+            "episode_returns": self._episode_returns,
+            "episode_lengths": self._episode_lengths,
+            "num_episodes": len(self._episode_returns),
+            "weights_version": self.weights_version() if self._policy_actor is None
+            else max(self._versions, default=None),
+            "worker_index": self.worker_index,
+            "sample_time_s": time.perf_counter() - start,
+            "postprocess_time_s": time.perf_counter() - postprocess_start,
+            **self._timers,
+        }
+        if self._policy_actor is not None:
+            metrics["weights_versions"] = sorted(self._versions)
+        return batch, metrics
+
+    def set_weights(self, weights: dict, version: int | None = None) -> int:
+        """New weights for the local policy (or the remote one) -> the version now in use."""
+        if self._policy_actor is not None:
+            self._weights_version = ray.get(self._policy_actor.set_weights.remote(weights, version))
+            return self._weights_version
+        self.policy.set_weights(weights)
+        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        return self._weights_version
+
+    def get_weights(self) -> dict:
+        if self._policy_actor is not None:
+            return ray.get(self._policy_actor.get_weights.remote())
+        return self.policy.get_weights()
+
+    def weights_version(self) -> int:
+        if self._policy_actor is not None:
+            return ray.get(self._policy_actor.weights_version.remote())
+        return self._weights_version
+
+    def get_spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.observation_space, self.action_space
+
+    def ping(self) -> int:
+        return self.worker_index
+
+    def stop(self) -> None:
+        self._venv.close()
+
+    # ----- stepping ----------------------------------------------------------------
+
+    def _reset_all(self) -> None:
+        n = self.num_envs
+        seed = None if self._seed is None else self._seed + self.worker_index * n
+        if seed is not None:
+            self._venv.action_space.seed(seed)
+        obs, _ = self._venv.reset(seed=seed)
+        self._check_observations(obs)
+        self._obs = obs
+        self._needs_reset = np.zeros(n, bool)
+        self._eps_id = self._new_episode_ids(n)
+        self._t = np.zeros(n, np.int64)
+        self._episode_return = np.zeros(n, np.float64)
+        self._episode_length = np.zeros(n, np.int64)
+        self._states = [np.repeat(s[None], n, axis=0) for s in self._initial_state]
+        self._prev_actions = np.zeros((n,) + self._action_shape, self._action_dtype)
+        self._prev_rewards = np.zeros(n, np.float32)
+        # Action given to sub-envs in their reset step (ignored by them).
+        self._env_actions = np.asarray(self._venv.action_space.sample())
+        self._started = True
+
+    def _step(self) -> dict | None:
+        """One vector step -> the recorded transitions (None if every sub-env was resetting)."""
+        acting = np.flatnonzero(~self._needs_reset)
+        resetting = np.flatnonzero(self._needs_reset)
+        record = None
+        env_actions = self._env_actions
+        if len(acting):
+            obs = _take(self._obs, acting)
+            states = [s[acting] for s in self._states]
+            prev_actions, prev_rewards = self._prev_actions[acting], self._prev_rewards[acting]
+            actions, state_outs, extra = self._compute_actions(obs, states, prev_actions,
+                                                               prev_rewards)
+            env_actions = env_actions.copy()
+            env_actions[acting] = (spaces.clip_actions(self.action_space, actions)
+                                   if isinstance(self.action_space, gym.spaces.Box) else actions)
+        start = time.perf_counter()
+        new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
+        self._timers["env_time_s"] += time.perf_counter() - start
+        self._check_observations(new_obs)
+        self._env_actions = env_actions
+        if len(acting):
+            record = self._record(acting, obs, new_obs, actions, rewards, terminateds, truncateds,
+                                  states, state_outs, prev_actions, prev_rewards, extra)
+        if len(resetting):
+            self._start_episodes(resetting)
+        self._obs = new_obs
+        return record
+
+    def _compute_actions(self, obs, states, prev_actions, prev_rewards):
+        start = time.perf_counter()
+        if self._policy_actor is None:
+            result = self.policy.compute_actions(obs, states or None, prev_actions, prev_rewards)
+        else:
+            result = ray.get(self._policy_actor.compute_actions.remote(
+                obs, states or None, prev_action_batch=prev_actions,
+                prev_reward_batch=prev_rewards))
+        self._timers["inference_time_s"] += time.perf_counter() - start
+        actions, state_outs, extra = result
+        extra = dict(extra)
+        version = extra.pop(WEIGHTS_VERSION, None)
+        if version is not None:
+            self._versions.add(int(version))
+        return np.asarray(actions), [np.asarray(s) for s in state_outs], extra
+
+    def _record(self, acting, obs, new_obs, actions, rewards, terminateds, truncateds,
+                states, state_outs, prev_actions, prev_rewards, extra) -> dict:
+        """The acting sub-envs' transitions as columns; advances their episodes."""
+        rewards = np.asarray(rewards, np.float32)[acting]
+        terminateds = np.asarray(terminateds, bool)[acting]
+        truncateds = np.asarray(truncateds, bool)[acting]
+        record = {
+            SampleBatch.OBS: obs, SampleBatch.NEXT_OBS: _take(new_obs, acting),
+            SampleBatch.ACTIONS: actions, SampleBatch.REWARDS: rewards,
+            SampleBatch.TERMINATEDS: terminateds, SampleBatch.TRUNCATEDS: truncateds,
+            SampleBatch.EPS_ID: self._eps_id[acting], SampleBatch.T: self._t[acting],
+            SampleBatch.UNROLL_ID: self._unroll_ids[acting],
+            SampleBatch.AGENT_INDEX: np.zeros(len(acting), np.int64),
+            SampleBatch.PREV_ACTIONS: prev_actions, SampleBatch.PREV_REWARDS: prev_rewards,
+            _ENV_INDEX: acting, **extra,
+        }
+        for i, (state_in, state_out) in enumerate(zip(states, state_outs)):
+            record[f"state_in_{i}"] = state_in
+            record[f"state_out_{i}"] = state_out
+        # New arrays, never in-place updates: recorded arrays must not change later.
+        self._t = _with_rows(self._t, acting, self._t[acting] + 1)
+        self._episode_return = _with_rows(self._episode_return, acting,
+                                          self._episode_return[acting] + rewards)
+        self._episode_length = _with_rows(self._episode_length, acting,
+                                          self._episode_length[acting] + 1)
+        self._states = [_with_rows(s, acting, out) for s, out in zip(self._states, state_outs)]
+        self._prev_actions = _with_rows(self._prev_actions, acting, actions)
+        self._prev_rewards = _with_rows(self._prev_rewards, acting, rewards)
+        finished = acting[terminateds | truncateds]
+        self._episode_returns.extend(self._episode_return[finished].tolist())
+        self._episode_lengths.extend(self._episode_length[finished].tolist())
+        self._needs_reset = _with_rows(self._needs_reset, finished, True)
+        return record
+
+    def _start_episodes(self, envs: np.ndarray) -> None:
+        """Sub-envs whose reset step just ran begin a new episode."""
+        self._eps_id = _with_rows(self._eps_id, envs, self._new_episode_ids(len(envs)))
+        self._t = _with_rows(self._t, envs, 0)
+        self._episode_return = _with_rows(self._episode_return, envs, 0.0)
+        self._episode_length = _with_rows(self._episode_length, envs, 0)
+        self._states = [_with_rows(s, envs, init[None]) for s, init in
+                        zip(self._states, self._initial_state)]
+        self._prev_actions = _with_rows(self._prev_actions, envs, 0)
+        self._prev_rewards = _with_rows(self._prev_rewards, envs, 0.0)
+        self._needs_reset = _with_rows(self._needs_reset, envs, False)
+
+    def _new_episode_ids(self, count: int) -> np.ndarray:
+        return self._id_rng.integers(0, 2**62, size=count, dtype=np.int64)
+
+    # ----- chunks and postprocessing ------------------------------------------------
+
+    def _split_into_chunks(self, records: list[dict]) -> list[SampleBatch]:
+        """Rows of one sub-env and one episode each, in time order."""
+        columns = {key: tree.map_structure(lambda *parts: np.concatenate(parts, axis=0),
+                                           *[r[key] for r in records])
+                   for key in records[0]}
+        env_index = columns.pop(_ENV_INDEX)
+        chunks = []
+        for i in range(self.num_envs):
+            rows = np.flatnonzero(env_index == i)
+            if len(rows):
+                env_rows = SampleBatch({k: _take(v, rows) for k, v in columns.items()})
+                chunks.extend(env_rows.split_by_episode(SampleBatch.EPS_ID))
+        return chunks
+
+    def _postprocess(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
+        if self._policy_actor is not None:
+            return ray.get(self._policy_actor.postprocess_trajectories.remote(chunks))
+        return [self.policy.postprocess_trajectory(chunk) for chunk in chunks]
+
+    # ----- checks ------------------------------------------------------------------
+
+    def _check_observations(self, obs) -> None:
+        if self._venv.observation_space.contains(obs):
+            return
+        for i in range(self.num_envs):
+            one = _take(obs, i)
+            if not self.observation_space.contains(one):
+                raise ValueError(
+                    f"env {self.env_name!r} (worker {self.worker_index}, sub-env {i}) returned "
+                    f"an observation outside its observation space {self.observation_space}: "
+                    f"{_short_repr(one)}")
+        raise ValueError(f"env {self.env_name!r} (worker {self.worker_index}) returned "
+                         f"observations outside {self._venv.observation_space}: "
+                         f"{_short_repr(obs)}")
+
+    def _check_remote_spaces(self, remote_spaces) -> None:
+        obs_space, action_space = remote_spaces
+        if obs_space != self.observation_space or action_space != self.action_space:
+            raise ValueError(
+                f"env {self.env_name!r} has spaces ({self.observation_space}, "
+                f"{self.action_space}) but the policy actor serves ({obs_space}, {action_space})")
+
+
+# ----- helpers ----------------------------------------------------------------------
+
+
+def make_vector_env(env, env_config: dict, num_envs: int, vectorize_mode: str,
+                    async_context: str = "spawn") -> gym.vector.VectorEnv:
+    """A gymnasium vector env of `num_envs` copies (NEXT_STEP autoreset)."""
+    if isinstance(env, str):
+        env_fns = [functools.partial(gym.make, env, **env_config) for _ in range(num_envs)]
+    elif callable(env):
+        env_fns = [functools.partial(env, dict(env_config)) for _ in range(num_envs)]
+    else:
+        raise TypeError(f"env must be a gymnasium id or a callable env_config -> Env, "
+                        f"got {type(env).__name__}: {env!r}")
+    mode = gym.vector.AutoresetMode.NEXT_STEP
+    if vectorize_mode == "sync":
+        return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=mode)
+    if vectorize_mode == "async":
+        return gym.vector.AsyncVectorEnv(env_fns, context=async_context, autoreset_mode=mode)
+    raise ValueError(f"vectorize_mode must be one of {list(VECTORIZE_MODES)}, "
+                     f"got {vectorize_mode!r}")
+
+
+def env_name(env) -> str:
+    if isinstance(env, str):
+        return env
+    return getattr(env, "__qualname__", None) or getattr(env, "__name__", None) or repr(env)
+
+
+def rollout_policy_config(policy_cls: type, config: dict | Any, seed: int | None,
+                          worker_index: int):
+    """The acting copy's config: CPU only, its own sampling seed per worker."""
+    config_class = getattr(policy_cls, "config_class", None)
+    typed = from_dict(config_class, config) if config_class is not None else config
+    if not dataclasses.is_dataclass(typed):
+        return typed
+    changes = {"num_gpus": 0, "_fake_gpus": False}
+    base_seed = seed if seed is not None else typed.seed
+    if base_seed is not None:
+        changes["seed"] = int(base_seed) + worker_index
+    return dataclasses.replace(typed, **changes)
+
+
+def _take(value, index):
+    """Rows `index` (an int or an index array) of a possibly nested batch."""
+    return tree.map_structure(lambda x: np.asarray(x)[index], value)
+
+
+def _with_rows(array: np.ndarray, rows: np.ndarray, values) -> np.ndarray:
+    """A copy of `array` with `rows` replaced by `values`."""
+    out = array.copy()
+    out[rows] = values
+    return out
+
+
+def _short_repr(value) -> str:
+    text = str(tree.map_structure(
+        lambda x: np.array2string(np.asarray(x), threshold=20, precision=4), value))
+    return text if len(text) <= 400 else text[:400] + "..."

@@ -1,0 +1,349 @@
+"""PolicyActor: one TFPolicy in a Ray actor, serving batched `compute_actions`.
+
+The loop it lives in (central inference, as in SEED RL):
+
+    actor = PolicyActor.options(num_gpus=0.5).remote(
+        MyPolicy, obs_space, act_space, config, max_batch_size=32, batch_wait_timeout_s=0.001)
+    # many rollout workers, concurrently:
+    actions, state_outs, extra = ray.get(actor.compute_actions.remote(obs, states))
+    extra["weights_version"]                      # version of the weights that acted
+    # the learner, once per update (one object-store copy for every receiver):
+    broadcast_weights([actor, *workers], learner.get_weights(), version=k)
+
+Concurrent `compute_actions` calls with the same (explore, timestep) are
+coalesced by a `RequestBatcher` into one forward pass: a pass runs when
+`max_batch_size` rows wait or `batch_wait_timeout_s` after the first of them
+arrived (`max_batch_size=1` or a timeout of 0 turns batching off). Every
+caller gets back exactly its own rows, recurrent state included. A malformed
+request is rejected before it joins a batch, and a batch that fails anyway is
+rerun request by request, so an error reaches only the caller that caused it.
+
+All policy work (forward passes, weight updates, learning) runs in one
+executor thread, so a forward pass never sees half-assigned weights and the
+actor's event loop stays free to take requests while TensorFlow computes.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+import ray
+import tree
+
+from policy_service import devices, spaces
+from policy_service.batching import RequestBatcher
+from policy_service.config import from_dict
+from policy_service.sample_batch import SampleBatch
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_VERSION = "weights_version"
+_LATENCY_WINDOW = 100_000  # latencies kept for the percentiles
+
+
+class _ActionRequest(NamedTuple):
+    """One caller's checked inputs: obs <B rows>, states [k x <float32>[B, ...]] or None."""
+
+    obs: Any
+    states: list | None
+    prev_actions: np.ndarray | None
+    prev_rewards: np.ndarray | None
+    num_rows: int
+
+
+class PolicyHost:
+    """Hosts one TFPolicy and serves batched inference; `PolicyActor` is its Ray actor.
+
+    max_batch_size: rows that make a forward pass run at once (1: batching off).
+    batch_wait_timeout_s: longest wait after a request arrives for others to
+      join its pass (0: batching off). 1 ms measured best on two cores.
+    intra_op_threads: TensorFlow threads per op inside a Ray actor; defaults
+      to the CPUs Ray assigned the actor.
+
+    Usable in-process too (its methods are coroutines), which is how its
+    batching is unit-tested without Ray.
+    """
+
+    def __init__(self, policy_cls: type, observation_space: gym.Space,
+                 action_space: gym.Space, config: dict | Any = None, *,
+                 max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001,
+                 intra_op_threads: int | None = None):
+        ray_gpu_ids = _ray_gpu_ids()
+        policy_config = hosted_policy_config(
+            policy_cls, config, visible_gpus=_visible_gpus(), ray_gpu_ids=ray_gpu_ids)
+        _prepare_tensorflow(policy_config, intra_op_threads)
+        self.policy = policy_cls(observation_space, action_space, policy_config)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
+        self._batcher = RequestBatcher(self._forward, max_batch_size=max_batch_size,
+                                       batch_wait_timeout_s=batch_wait_timeout_s,
+                                       executor=self._executor)
+        self._weights_version = 0
+        self._reset_counters()
+
+    # ----- inference ---------------------------------------------------------------
+
+    async def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None,
+                              *, prev_action_batch=None, prev_reward_batch=None):
+        """-> (actions [B, ...], state_outs [k x [B, ...]], extra {column: [B, ...],
+        "weights_version": int}) for this caller's B rows only."""
+        arrived = time.perf_counter()
+        self._num_requests += 1
+        try:
+            request = self._check_request(obs_batch, state_batches, prev_action_batch,
+                                          prev_reward_batch)
+            explore = self.policy.config.explore if explore is None else bool(explore)
+            timestep = None if timestep is None else int(timestep)
+            result = await self._batcher.submit((explore, timestep), request, request.num_rows)
+        except Exception:
+            self._num_failed_requests += 1
+            raise
+        self._latencies_s.append(time.perf_counter() - arrived)
+        return result
+
+    def _check_request(self, obs_batch, state_batches, prev_actions, prev_rewards
+                       ) -> _ActionRequest:
+        """Reject a malformed request here, before it can spoil a batch."""
+        self.policy.preprocessor.check(obs_batch, column="obs_batch")
+        num_rows = int(np.shape(tree.flatten(obs_batch)[0])[0])
+        if num_rows == 0:
+            raise ValueError("obs_batch has no rows")
+        states = None
+        initial = self.policy.get_initial_state()
+        if state_batches is not None and len(state_batches) > 0:
+            if len(state_batches) != len(initial):
+                raise ValueError(f"state_batches: expected {len(initial)} state tensors, "
+                                 f"got {len(state_batches)}")
+            states = []
+            for i, (state, init) in enumerate(zip(state_batches, initial)):
+                state = np.asarray(state, np.float32)
+                if state.shape != (num_rows,) + init.shape:
+                    raise ValueError(f"state_batches[{i}]: expected shape "
+                                     f"{(num_rows,) + init.shape}, got {state.shape}")
+                if not np.all(np.isfinite(state)):
+                    raise ValueError(f"state_batches[{i}] has NaN or inf")
+                states.append(state)
+        if prev_actions is not None:
+            prev_actions = np.asarray(prev_actions)
+            _, shape = spaces.action_dtype_and_shape(self.policy.action_space)
+            if prev_actions.shape != (num_rows,) + shape:
+                raise ValueError(f"prev_action_batch: expected shape {(num_rows,) + shape}, "
+                                 f"got {prev_actions.shape}")
+        if prev_rewards is not None:
+            prev_rewards = np.asarray(prev_rewards, np.float32)
+            if prev_rewards.shape != (num_rows,):
+                raise ValueError(f"prev_reward_batch: expected shape {(num_rows,)}, "
+                                 f"got {prev_rewards.shape}")
+        return _ActionRequest(obs_batch, states, prev_actions, prev_rewards, num_rows)
+
+    def _forward(self, key: tuple, requests: list[_ActionRequest]) -> list[tuple]:
+        """One forward pass over the requests' rows (executor thread) -> per-request results."""
+        explore, timestep = key
+        obs = tree.map_structure(lambda *leaves: np.concatenate(leaves, axis=0),
+                                 *[r.obs for r in requests])
+        states = self._concat_states(requests)
+        prev_actions = self._concat_optional(
+            requests, "prev_actions", *spaces.action_dtype_and_shape(self.policy.action_space))
+        prev_rewards = self._concat_optional(requests, "prev_rewards", np.float32, ())
+        actions, state_outs, extra = self.policy.compute_actions(
+            obs, states, prev_actions, prev_rewards, explore=explore, timestep=timestep)
+        version = self._weights_version
+        self._num_forward_passes += 1
+        self._num_rows += sum(r.num_rows for r in requests)
+        results, start = [], 0
+        for request in requests:
+            end = start + request.num_rows
+            own_extra = {k: v[start:end] for k, v in extra.items()}
+            own_extra[WEIGHTS_VERSION] = version
+            results.append((actions[start:end], [s[start:end] for s in state_outs], own_extra))
+            start = end
+        return results
+
+    def _concat_states(self, requests: list[_ActionRequest]) -> list | None:
+        if not self.policy.is_recurrent():
+            return None
+        initial = self.policy.get_initial_state()
+        per_request = [r.states if r.states is not None else
+                       [np.tile(s[None], (r.num_rows,) + (1,) * s.ndim) for s in initial]
+                       for r in requests]
+        return [np.concatenate(parts, axis=0) for parts in zip(*per_request)]
+
+    @staticmethod
+    def _concat_optional(requests, field: str, dtype, shape: tuple):
+        """Concatenate an optional input; callers that left it out get zeros."""
+        values = [getattr(r, field) for r in requests]
+        if all(v is None for v in values):
+            return None
+        return np.concatenate([np.zeros((r.num_rows,) + shape, dtype) if v is None
+                               else np.asarray(v, dtype) for r, v in zip(requests, values)])
+
+    # ----- weights, learning, state --------------------------------------------------
+
+    async def set_weights(self, weights: dict, version: int | None = None) -> int:
+        """Replace the weights; `version` defaults to the current one + 1. -> the version."""
+        def assign():
+            self.policy.set_weights(weights)
+            self._weights_version = (self._weights_version + 1 if version is None
+                                     else int(version))
+            return self._weights_version
+        return await self._in_executor(assign)
+
+    async def get_weights(self) -> dict:
+        return await self._in_executor(self.policy.get_weights)
+
+    async def weights_version(self) -> int:
+        return self._weights_version
+
+    async def learn_on_batch(self, batch: SampleBatch) -> dict:
+        """One SGD step; the weights change, so the version goes up by one."""
+        def learn():
+            stats = self.policy.learn_on_batch(batch)
+            self._weights_version += 1
+            return stats
+        return await self._in_executor(learn)
+
+    async def postprocess_trajectories(self, batches: list) -> list[SampleBatch]:
+        """`policy.postprocess_trajectory` on each trajectory chunk, with this actor's weights."""
+        def postprocess():
+            return [self.policy.postprocess_trajectory(SampleBatch(b)) for b in batches]
+        return await self._in_executor(postprocess)
+
+    async def get_state(self) -> dict:
+        def state():
+            return {**self.policy.get_state(), WEIGHTS_VERSION: self._weights_version}
+        return await self._in_executor(state)
+
+    async def set_state(self, state: dict) -> None:
+        def assign():
+            self.policy.set_state(state)
+            self._weights_version = int(state.get(WEIGHTS_VERSION, self._weights_version + 1))
+        await self._in_executor(assign)
+
+    async def get_initial_state(self) -> list[np.ndarray]:
+        return self.policy.get_initial_state()
+
+    async def get_spaces(self) -> tuple[gym.Space, gym.Space]:
+        return self.policy.observation_space, self.policy.action_space
+
+    async def _in_executor(self, fn):
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    # ----- statistics ----------------------------------------------------------------
+
+    async def stats(self) -> dict:
+        """Requests, forward passes, rows, mean batch size and latency percentiles.
+
+        Latency is measured inside the actor, from a request's arrival to its
+        result: queueing, batching wait and the forward pass.
+        """
+        latencies_ms = np.asarray(self._latencies_s, np.float64) * 1e3
+        passes = self._num_forward_passes
+        return {
+            "num_requests": self._num_requests,
+            "num_failed_requests": self._num_failed_requests,
+            "num_forward_passes": passes,
+            "num_rows": self._num_rows,
+            "mean_batch_size": self._num_rows / passes if passes else 0.0,
+            "p50_latency_ms": float(np.percentile(latencies_ms, 50)) if len(latencies_ms) else None,
+            "p99_latency_ms": float(np.percentile(latencies_ms, 99)) if len(latencies_ms) else None,
+            "weights_version": self._weights_version,
+            "batching": self._batcher.enabled,
+            "max_batch_size": self._batcher.max_batch_size,
+            "batch_wait_timeout_s": self._batcher.batch_wait_timeout_s,
+            "devices": self.policy.devices,
+        }
+
+    async def reset_stats(self) -> None:
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
+        self._num_requests = 0
+        self._num_failed_requests = 0
+        self._num_forward_passes = 0
+        self._num_rows = 0
+        self._latencies_s = collections.deque(maxlen=_LATENCY_WINDOW)
+
+
+PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)
+PolicyActor.__doc__ = PolicyHost.__doc__
+
+
+def broadcast_weights(receivers: list, weights: dict | ray.ObjectRef, version: int | None = None,
+                      wait: bool = True):
+    """Send one set of weights to many actors through a single object-store copy.
+
+    `weights` is put once (unless it already is an ObjectRef); each receiver's
+    `set_weights(ref, version)` reads that same copy. -> (weights_ref, the
+    set_weights refs), after they finished when `wait`.
+    """
+    weights_ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+    pending = [receiver.set_weights.remote(weights_ref, version) for receiver in receivers]
+    if wait:
+        ray.get(pending)
+    return weights_ref, pending
+
+
+# ----- devices and threads in the hosting process ---------------------------------------
+
+
+def hosted_policy_config(policy_cls: type, config: dict | Any, visible_gpus: int,
+                         ray_gpu_ids: list | None):
+    """The policy config adjusted to the devices this process was given.
+
+    With no GPU visible the policy runs on the CPU (num_gpus=0) unless fake GPUs
+    are asked for; with GPUs assigned by Ray and num_gpus=0 in the config, it
+    uses them (Ray numbers them from 0 inside the actor).
+    """
+    config_class = getattr(policy_cls, "config_class", None)
+    typed = from_dict(config_class, config) if config_class is not None else config
+    if not dataclasses.is_dataclass(typed):
+        return typed
+    if visible_gpus == 0 and not typed._fake_gpus:
+        if ray_gpu_ids:
+            logger.warning("Ray assigned GPUs %s but TensorFlow sees none; the policy runs "
+                           "on the CPU", list(ray_gpu_ids))
+        return dataclasses.replace(typed, num_gpus=0)
+    if ray_gpu_ids and typed.num_gpus == 0 and visible_gpus > 0:
+        return dataclasses.replace(typed, num_gpus=min(len(ray_gpu_ids), visible_gpus))
+    return typed
+
+
+def in_ray_worker() -> bool:
+    """True inside a Ray worker process (an actor or task), False in a driver."""
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+def _ray_gpu_ids() -> list | None:
+    return list(ray.get_gpu_ids()) if in_ray_worker() else None
+
+
+def _visible_gpus() -> int:
+    import tensorflow as tf
+    return len(tf.config.list_physical_devices("GPU"))
+
+
+def assigned_cpu_threads() -> int:
+    """Thread count matching the CPUs Ray gave this worker (at least 1)."""
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return max(1, int(math.ceil(cpus)))
+
+
+def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
+    """Inside a Ray worker, size TF's thread pools to the CPUs Ray assigned.
+
+    In a driver process TensorFlow is left as the caller configured it.
+    """
+    if not in_ray_worker():
+        return
+    fake = (dataclasses.is_dataclass(config) and config._fake_gpus and config.num_gpus > 0
+            and _visible_gpus() == 0)
+    num_devices = max(1, math.ceil(config.num_gpus)) if fake else 1
+    threads = intra_op_threads or assigned_cpu_threads()
+    devices.prepare_process(num_devices, intra_op_threads=None if fake else threads)
