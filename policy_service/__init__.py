@@ -1,14 +1,22 @@
-"""policy_service: TF2 RL policies on towers of devices, served and trained on Ray."""
-from policy_service.reductions import masked_mean
-from policy_service.sample_batch import SampleBatch, concat_samples
-from policy_service.policy import TFPolicy
+"""policy_service: TF2 RL policies on towers of devices, served and trained on Ray.
 
-__all__ = ["masked_mean", "SampleBatch", "concat_samples", "TFPolicy", "PolicyActor"]
+Names load on first use, so a process that only holds a PolicyActor handle
+or a SampleBatch does not pay for importing TensorFlow.
+"""
+import importlib
+
+_EXPORTS = {
+    "SampleBatch": "policy_service.sample_batch",
+    "concat_samples": "policy_service.sample_batch",
+    "masked_mean": "policy_service.reductions",
+    "TFPolicy": "policy_service.policy",
+    "PolicyActor": "policy_service.service",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name):
-    # The Ray service imports Ray; load it only when asked for.
-    if name == "PolicyActor":
-        from policy_service.service import PolicyActor
-        return PolicyActor
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'policy_service' has no attribute {name!r}")

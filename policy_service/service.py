@@ -81,6 +81,7 @@ class PolicyHost:
             policy_cls, config, visible_gpus=_visible_gpus(), ray_gpu_ids=ray_gpu_ids)
         _prepare_tensorflow(policy_config, intra_op_threads)
         self.policy = policy_cls(observation_space, action_space, policy_config)
+        self._initial_state = self.policy.get_initial_state()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
         self._batcher = RequestBatcher(self._forward, max_batch_size=max_batch_size,
                                        batch_wait_timeout_s=batch_wait_timeout_s,
@@ -116,7 +117,7 @@ class PolicyHost:
         if num_rows == 0:
             raise ValueError("obs_batch has no rows")
         states = None
-        initial = self.policy.get_initial_state()
+        initial = self._initial_state
         if state_batches is not None and len(state_batches) > 0:
             if len(state_batches) != len(initial):
                 raise ValueError(f"state_batches: expected {len(initial)} state tensors, "
@@ -169,9 +170,8 @@ class PolicyHost:
     def _concat_states(self, requests: list[_ActionRequest]) -> list | None:
         if not self.policy.is_recurrent():
             return None
-        initial = self.policy.get_initial_state()
         per_request = [r.states if r.states is not None else
-                       [np.tile(s[None], (r.num_rows,) + (1,) * s.ndim) for s in initial]
+                       [np.repeat(s[None], r.num_rows, axis=0) for s in self._initial_state]
                        for r in requests]
         return [np.concatenate(parts, axis=0) for parts in zip(*per_request)]
 
@@ -227,7 +227,7 @@ class PolicyHost:
         await self._in_executor(assign)
 
     async def get_initial_state(self) -> list[np.ndarray]:
-        return self.policy.get_initial_state()
+        return [s.copy() for s in self._initial_state]
 
     async def get_spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.policy.observation_space, self.policy.action_space
@@ -332,7 +332,7 @@ def _visible_gpus() -> int:
 def assigned_cpu_threads() -> int:
     """Thread count matching the CPUs Ray gave this worker (at least 1)."""
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    return max(1, int(math.ceil(cpus)))
+    return max(1, math.ceil(cpus))
 
 
 def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:

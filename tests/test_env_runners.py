@@ -1,0 +1,139 @@
+"""EnvRunnerGroup: parallel sampling, one-put weight sync, replacing dead workers."""
+import threading
+
+import numpy as np
+import pytest
+import ray
+
+import envs
+from policy_service.env_runners import EnvRunnerGroup
+from policy_service.sample_batch import SampleBatch
+
+CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
+SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
+SLOW_SCRIPT = {**SCRIPT, "step_sleep_s": 0.02}  # a fragment of 20 steps takes ~0.4 s
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.cloudpickle.register_pickle_by_value(envs)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(envs)
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def group(ray_local):
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, envs.PGPolicy, CONFIG, num_env_runners=2,
+                           num_envs_per_env_runner=2, rollout_fragment_length=20,
+                           env_config=SLOW_SCRIPT, seed=0)
+    yield group
+    group.stop()
+
+
+def _learner(group):
+    return envs.PGPolicy(group.observation_space, group.action_space, CONFIG)
+
+
+def test_local_group_needs_no_ray_actors():
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, envs.PGPolicy, CONFIG,
+                           num_envs_per_env_runner=2, rollout_fragment_length=5,
+                           env_config=SCRIPT, seed=0)
+    batch, metrics = group.sample()
+    assert group.workers == [] and group.local_worker is not None
+    assert batch.count == metrics["env_steps"] >= 10
+    assert metrics["num_worker_restarts"] == 0 and metrics["num_env_runners"] == 0
+    weights = {k: v + 1.0 for k, v in group.local_worker.get_weights().items()}
+    assert group.sync_weights(weights, 4) == 4
+    assert group.weights_versions() == [4]
+    np.testing.assert_array_equal(
+        next(iter(group.local_worker.get_weights().values())), next(iter(weights.values())))
+    group.stop()
+
+
+def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
+    first, second = ray.get([w.get_weights.remote() for w in group.workers])
+    for name in first:
+        np.testing.assert_array_equal(first[name], second[name])
+    batch, metrics = group.sample()
+    assert batch.count == metrics["env_steps"] and 80 <= batch.count <= 82
+    assert set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32) == {1, 2}  # both workers
+    # Each worker spends ~0.4 s stepping its envs; in parallel the group takes about that.
+    assert metrics["sample_time_s"] < 1.8 * metrics["worker_sample_time_s"]
+    assert len(metrics["episode_returns"]) == len(metrics["episode_lengths"]) > 0
+
+
+def test_sync_weights_puts_the_weights_in_the_object_store_once(group, monkeypatch):
+    learner = _learner(group)
+    weights = {k: v * 0.5 for k, v in learner.get_weights().items()}
+    puts = []
+    real_put = ray.put
+    monkeypatch.setattr(ray, "put", lambda value, **kw: puts.append(1) or real_put(value, **kw))
+    assert group.sync_weights(weights, 11) == 11
+    assert len(puts) == 1
+    assert group.weights_versions() == [11, 11]
+    for got in ray.get([w.get_weights.remote() for w in group.workers]):
+        for name, value in weights.items():
+            np.testing.assert_array_equal(got[name], value)
+    _, metrics = group.sample()
+    assert metrics["weights_version"] == 11
+
+
+def test_a_killed_worker_is_replaced_and_training_goes_on(group):
+    learner = _learner(group)
+    version = 20
+    group.sync_weights(learner.get_weights(), version)
+    restarts_before = group.num_restarts
+    victim = group.workers[0]
+    for iteration in range(3):
+        if iteration == 1:  # kill worker 1 while it is sampling
+            threading.Timer(0.15, ray.kill, args=(victim,)).start()
+        batch, metrics = group.sample()
+        assert 80 <= batch.count <= 82
+        assert set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32) == {1, 2}
+        assert metrics["weights_version"] == version  # the replacement got the latest weights
+        stats = learner.learn_on_batch(batch)
+        assert np.isfinite(stats["total_loss"])
+        if iteration >= 1:
+            assert metrics["num_worker_restarts"] == restarts_before + 1
+        version += 1
+        group.sync_weights(learner.get_weights(), version)
+    assert group.num_restarts == restarts_before + 1
+    assert group.workers[0] != victim
+    assert group.weights_versions() == [version, version]
+    replaced = ray.get(group.workers[0].get_weights.remote())
+    for name, value in learner.get_weights().items():
+        np.testing.assert_array_equal(replaced[name], value)
+
+
+def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
+    healthy = group.workers[1]
+    group.workers[1] = ray.remote(envs.BrokenEnvWorker).options(num_cpus=0).remote()
+    restarts_before = group.num_restarts
+    try:
+        with pytest.raises(ValueError, match="outside its observation space"):
+            group.sample()
+        assert group.num_restarts == restarts_before
+    finally:
+        ray.kill(group.workers[1])
+        group.workers[1] = healthy
+
+
+def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local):
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, envs.PGPolicy, CONFIG, num_env_runners=2,
+                           num_envs_per_env_runner=2, rollout_fragment_length=10,
+                           env_config=SCRIPT, seed=0, remote_inference=True,
+                           num_cpus_per_env_runner=0.25, policy_actor_options={"num_cpus": 0.5})
+    try:
+        learner = _learner(group)
+        group.sync_weights(learner.get_weights(), 3)
+        batch, metrics = group.sample()
+        assert 40 <= batch.count <= 42 and metrics["weights_version"] == 3
+        assert group.weights_versions() == [3, 3]
+        stats = ray.get(group.policy_actor.stats.remote())
+        assert stats["max_batch_size"] == 4  # one row per sub-env of all workers
+        assert stats["num_requests"] >= 20 and stats["num_forward_passes"] < stats["num_requests"]
+        assert "advantages" in batch  # postprocessed by the policy in the actor
+    finally:
+        group.stop()
