@@ -23,6 +23,7 @@ import tensorflow as tf
 import tree
 
 from policy_service import checkpoint_io, devices, distributions, exploration, models, spaces
+from policy_service.compiled import FlatCall
 from policy_service.config import PolicyConfig, check_choice, from_dict
 from policy_service.sample_batch import SampleBatch
 from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
@@ -128,7 +129,7 @@ class TFPolicy:
         timestep = self.global_timestep if timestep is None else int(timestep)
         with tf.device(self.plan.devices[0]):
             actions, state_outs, extra = self._action_fn(
-                *inputs, tf.constant(explore), tf.constant(timestep, tf.int64))
+                *inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
         actions = tree.map_structure(lambda a: a.numpy(), actions)
         dtype, _ = spaces.action_dtype_and_shape(self.action_space)
@@ -223,7 +224,7 @@ class TFPolicy:
 
         signature = self._acting_signature() + [
             tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
-        return tf.function(act, input_signature=signature)
+        return FlatCall(tf.function(act, input_signature=signature))
 
     def _compile_logp_fn(self):
         def logp(obs, states, prev_actions, prev_rewards, actions):
@@ -236,7 +237,7 @@ class TFPolicy:
         return tf.function(logp, input_signature=signature)
 
     def action_trace_count(self) -> int:
-        return self._action_fn.experimental_get_tracing_count()
+        return self._action_fn.trace_count()
 
     # ----- learning -----------------------------------------------------------------
 
