@@ -31,6 +31,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from policy_service.compiled import FlatCall
 from policy_service.devices import DevicePlan
 
 LOSS_MASK = "loss_mask"
@@ -328,12 +329,12 @@ class TowerStack:
                                 tf.TensorSpec([], tf.int32)]}.get(kind, [])
             # No AutoGraph: the stack's control flow is explicit (tf.cond, tf.while_loop),
             # and errors raised while tracing (a missing column) keep their type.
-            self._functions[key] = tf.function(graph_fn, input_signature=[signature] + extra,
-                                               autograph=False)
+            self._functions[key] = FlatCall(tf.function(
+                graph_fn, input_signature=[signature] + extra, autograph=False))
         return self._functions[key]
 
     def trace_count(self) -> int:
-        return sum(f.experimental_get_tracing_count() for f in self._functions.values())
+        return sum(f.trace_count() for f in self._functions.values())
 
     def _tower_pass(self, shards):
         """Per tower: losses, gradients, stats and BN moments; then combined."""
@@ -468,12 +469,8 @@ class TowerStack:
 
     def _loaded_stats_template(self, buffers):
         """The statistic names, learnt by tracing one loaded step symbolically."""
-        fn = self._function("loaded", buffers, self._loaded_graph)
-        concrete = fn.get_concrete_function(
-            tuple({n: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype)
-                   for n, t in b.items()} for b in buffers),
-            tf.TensorSpec([self.num_towers, None], tf.int32))
-        return list(concrete.structured_outputs)
+        return list(self._function("loaded", buffers, self._loaded_graph)
+                    .concrete.structured_outputs)
 
     # ----- results ------------------------------------------------------------------
 
