@@ -351,9 +351,10 @@ class TFPolicy:
         _assign_checked(dict(zip(self._weight_names, self._weight_variables)), weights, "weights")
 
     def _optimizer_variables(self) -> dict:
-        # without the optimizer's own auto-numbered name ("adam_12/..."), so the
-        # names match in any other process or policy of the same shape
-        return {f"optimizer_{i}/{j}:{v.path.split('/', 1)[-1]}": v
+        # by position only: Keras names optimizer slots after the optimizer's and the
+        # model's auto-numbered names, which differ between processes and policies;
+        # shapes are still checked on restore
+        return {f"optimizer_{i}/{j}": v
                 for i, opt in enumerate(self._optimizers) for j, v in enumerate(opt.variables)}
 
     def get_state(self) -> dict:

@@ -515,12 +515,19 @@ def _rows_per_unit(columns: dict, num_units: int) -> int:
 
 
 def pad_units(columns: dict, num_units: int, target_units: int) -> dict:
-    """Append zero units (loss_mask False, seq_lens 0) up to `target_units`."""
+    """Append units up to `target_units` that count for nothing (loss_mask False,
+    seq_lens 0). They repeat real units rather than zeros, so a loss that is
+    finite on real data (say log of a positive column) is finite there too:
+    masking drops padding in the forward pass, but 0 * inf is NaN backwards."""
     if target_units == num_units:
         return columns
     rows_per_unit = _rows_per_unit(columns, num_units)
+    source_units = np.arange(target_units - num_units) % num_units
+    source_rows = (source_units[:, None] * rows_per_unit + np.arange(rows_per_unit)).ravel()
     out = {}
     for name, values in columns.items():
-        extra = (target_units - num_units) * (1 if is_sequence_column(name) else rows_per_unit)
-        out[name] = np.concatenate([values, np.zeros((extra,) + values.shape[1:], values.dtype)])
+        extra = values[source_units if is_sequence_column(name) else source_rows]
+        if name in (LOSS_MASK, SEQ_LENS):
+            extra = np.zeros_like(extra)
+        out[name] = np.concatenate([values, extra])
     return out

@@ -1,0 +1,161 @@
+"""Small concrete TFPolicy subclasses and batch builders shared by the tests.
+
+Every policy here follows the loss convention of DESIGN.md: the loss gets one
+tower's shard, calls `model(batch, training=True)` and reduces with
+`policy_service.masked_mean(x, batch["loss_mask"])`.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import keras
+import numpy as np
+import tensorflow as tf
+
+from policy_service import TFPolicy, masked_mean
+from policy_service.sample_batch import SampleBatch
+
+OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
+ACTION_SPACE = gym.spaces.Discrete(3)
+CELL = 8
+
+
+def small_config(**overrides) -> dict:
+    """A fast config: [16, 16] MLP (8-unit LSTM when asked), a fixed seed."""
+    model = {"fcnet_hiddens": [16, 16], "lstm_cell_size": CELL}
+    model.update(overrides.pop("model", {}))
+    config = {"seed": 0, "lr": 1e-2, "model": model}
+    config.update(overrides)
+    return config
+
+
+def fake_gpus(n: int) -> dict:
+    """Config keys for `n` towers on fake GPUs (0 -> one plain CPU device)."""
+    return {"num_gpus": n, "_fake_gpus": True} if n else {"num_gpus": 0}
+
+
+class PGPolicy(TFPolicy):
+    """Policy gradient plus value regression: the shape of an actor-critic loss."""
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        mask = train_batch["loss_mask"]
+        dist = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        logp = dist.logp(train_batch[SampleBatch.ACTIONS])
+        self._pg_loss = -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], mask)
+        self._vf_loss = masked_mean(
+            tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask)
+        return self._pg_loss + 0.5 * self._vf_loss
+
+    def stats(self, train_batch):
+        return {"pg_loss": self._pg_loss, "vf_loss": self._vf_loss}
+
+
+class SGDPGPolicy(PGPolicy):
+    """PGPolicy with plain SGD, so one step is exactly w - lr * grad."""
+
+    def optimizer(self):
+        return keras.optimizers.SGD(self.config.lr)
+
+
+class LogColumnPolicy(PGPolicy):
+    """Weights the policy gradient by log(train_batch["weights"]): a negative
+    entry makes the loss, and so the gradient, NaN while the batch is finite."""
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        mask = train_batch["loss_mask"]
+        dist = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        logp = dist.logp(train_batch[SampleBatch.ACTIONS])
+        # where, so that zero padding (log 0 = -inf) never reaches the gradient
+        log_w = tf.math.log(tf.where(mask, train_batch["weights"], 1.0))
+        self._pg_loss = -masked_mean(logp * log_w, mask)
+        self._vf_loss = tf.constant(0.0)
+        return self._pg_loss
+
+
+class TwoOptimizerPolicy(PGPolicy):
+    """Separate policy and value losses, one Adam optimizer each."""
+
+    def loss(self, model, dist_class, train_batch):
+        super().loss(model, dist_class, train_batch)
+        return [self._pg_loss, self._vf_loss]
+
+    def optimizer(self):
+        return [keras.optimizers.Adam(self.config.lr), keras.optimizers.Adam(self.config.lr)]
+
+
+def mlp_batch(n: int, seed: int = 0, obs_dim: int = 4, num_actions: int = 3) -> SampleBatch:
+    """n random rows with the columns PGPolicy's loss reads."""
+    rng = np.random.default_rng(seed)
+    return SampleBatch({
+        SampleBatch.OBS: rng.uniform(-1, 1, (n, obs_dim)).astype(np.float32),
+        SampleBatch.ACTIONS: rng.integers(0, num_actions, n),
+        SampleBatch.ADVANTAGES: rng.normal(size=n).astype(np.float32),
+        SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
+    })
+
+
+def episode_batch(episode_lengths, seed: int = 0, cell: int = CELL) -> SampleBatch:
+    """Unpadded recurrent rows of several episodes (eps_id), with a recorded
+    state_in per row (as a rollout writes it); the policy chops and pads."""
+    rng = np.random.default_rng(seed)
+    n = int(sum(episode_lengths))
+    batch = mlp_batch(n, seed)
+    batch[SampleBatch.EPS_ID] = np.repeat(np.arange(len(episode_lengths)), episode_lengths)
+    batch["state_in_0"] = rng.normal(size=(n, cell)).astype(np.float32)
+    batch["state_in_1"] = rng.normal(size=(n, cell)).astype(np.float32)
+    return SampleBatch(batch)
+
+
+def sequence_columns(seq_lens, seed: int = 0, cell: int = CELL) -> dict:
+    """Unpadded recurrent rows already cut into sequences: row columns, seq_lens
+    and one initial state per sequence (plain numpy, see `sequence_batch`)."""
+    rng = np.random.default_rng(seed)
+    columns = dict(mlp_batch(int(sum(seq_lens)), seed))
+    columns[SampleBatch.SEQ_LENS] = np.asarray(seq_lens, np.int32)
+    columns["state_in_0"] = rng.normal(size=(len(seq_lens), cell)).astype(np.float32)
+    columns["state_in_1"] = rng.normal(size=(len(seq_lens), cell)).astype(np.float32)
+    return columns
+
+
+def sequence_batch(columns: dict, first: int = 0, last: int | None = None) -> SampleBatch:
+    """The sequences [first, last) of `sequence_columns` output as a SampleBatch."""
+    seq_lens = np.asarray(columns[SampleBatch.SEQ_LENS])
+    last = len(seq_lens) if last is None else last
+    starts = np.concatenate([[0], np.cumsum(seq_lens)])
+    rows = slice(int(starts[first]), int(starts[last]))
+    out = {}
+    for key, value in columns.items():
+        if key == SampleBatch.SEQ_LENS or key.startswith("state_in_"):
+            out[key] = np.asarray(value)[first:last]
+        else:
+            out[key] = np.asarray(value)[rows]
+    return SampleBatch(out)
+
+
+def assert_weights_close(a: dict, b: dict, atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_allclose(a[name], b[name], atol=atol, rtol=rtol, err_msg=name)
+
+
+def assert_grads_close(a: list, b: list, atol: float = 1e-6, rtol: float = 1e-5) -> None:
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert (x is None) == (y is None), i
+        if x is not None:
+            np.testing.assert_allclose(x, y, atol=atol, rtol=rtol, err_msg=f"gradient {i}")
+
+
+def weights_differ(a: dict, b: dict) -> bool:
+    return any(not np.array_equal(a[k], b[k]) for k in a)
+
+
+def iterations(policy) -> list[int]:
+    """Steps each of the policy's optimizers has applied."""
+    return [int(opt.iterations.numpy()) for opt in policy._optimizers]  # noqa: SLF001
+
+
+def optimizer_state(policy) -> dict:
+    """A copy of every optimizer variable, by its state name."""
+    return {k: v.numpy().copy() for k, v in policy._optimizer_variables().items()}  # noqa: SLF001

@@ -1,0 +1,196 @@
+"""devices.py: which devices the towers go on (real, fake and no GPUs)."""
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from policy_service import devices
+from policy_service.devices import CPU, FAKE_GPU, GPU, DevicePlan, plan_devices
+
+from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, fake_gpus, mlp_batch, small_config
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+
+
+@pytest.mark.parametrize("fake", [False, True])
+@pytest.mark.parametrize("visible", [0, 1, 2, 4])
+def test_zero_gpus_is_one_cpu_tower_whatever_is_visible(fake, visible):
+    plan = plan_devices(0, fake, visible_gpus=visible)
+    assert plan == DevicePlan(("/CPU:0",), CPU)
+    assert plan.num_towers == 1 and plan.variable_device == "/CPU:0"
+    assert plan.gradient_reduction == "sum_on_variable_device"
+
+
+@pytest.mark.parametrize("num_gpus, visible, expected", [
+    (0.5, 1, ("/GPU:0",)),  # a fraction shares one GPU: one tower
+    (0.5, 4, ("/GPU:0",)),
+    (1, 1, ("/GPU:0",)),
+    (1, 4, ("/GPU:0",)),
+    (2, 2, ("/GPU:0", "/GPU:1")),
+    (2, 4, ("/GPU:0", "/GPU:1")),
+    (2.0, 3, ("/GPU:0", "/GPU:1")),
+])
+@pytest.mark.parametrize("fake", [False, True])
+def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expected, fake):
+    plan = plan_devices(num_gpus, fake, visible_gpus=visible)
+    assert plan.devices == expected and plan.kind == GPU
+    assert plan.variable_device == "/GPU:0"
+
+
+@pytest.mark.parametrize("num_gpus, expected", [
+    (0.5, ("/CPU:0",)),
+    (1, ("/CPU:0",)),
+    (2, ("/CPU:0", "/CPU:1")),
+    (4, ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3")),
+])
+def test_fake_gpus_without_gpus_are_separate_logical_cpus(num_gpus, expected):
+    plan = plan_devices(num_gpus, True, visible_gpus=0)
+    assert plan.devices == expected and plan.kind == FAKE_GPU
+    assert plan.num_towers == len(expected)
+
+
+@pytest.mark.parametrize("num_gpus", [0.5, 1, 2, 4])
+def test_no_gpus_and_no_fake_gpus_falls_back_to_one_cpu_tower(num_gpus):
+    assert plan_devices(num_gpus, False, visible_gpus=0) == DevicePlan(("/CPU:0",), CPU)
+
+
+@pytest.mark.parametrize("num_gpus, visible", [(2, 1), (4, 2), (3, 2), (2.0, 1)])
+@pytest.mark.parametrize("fake", [False, True])
+def test_more_gpus_requested_than_found_names_both_numbers(num_gpus, visible, fake):
+    with pytest.raises(ValueError) as err:
+        plan_devices(num_gpus, fake, visible_gpus=visible)
+    assert f"num_gpus={num_gpus}" in str(err.value)
+    assert f"only {visible} GPU(s) found" in str(err.value)
+
+
+def test_ray_assigned_gpus_are_renumbered_from_zero():
+    # Inside a Ray actor CUDA_VISIBLE_DEVICES holds Ray's ids, TF numbers them 0..k-1.
+    plan = plan_devices(2, False, visible_gpus=2, ray_gpu_ids=[3, 5])
+    assert plan.devices == ("/GPU:0", "/GPU:1") and plan.kind == GPU
+    plan = plan_devices(0.5, False, visible_gpus=1, ray_gpu_ids=[7])
+    assert plan.devices == ("/GPU:0",) and plan.kind == GPU
+
+
+def test_ray_assignment_bounds_the_gpus_used():
+    # TF may list more GPUs than Ray gave this actor; only Ray's count is usable.
+    with pytest.raises(ValueError, match=r"only 1 GPU\(s\) found"):
+        plan_devices(2, False, visible_gpus=4, ray_gpu_ids=[2])
+    assert plan_devices(1, False, visible_gpus=4, ray_gpu_ids=[2]).devices == ("/GPU:0",)
+
+
+def test_ray_gpus_that_tensorflow_cannot_see_is_an_error_naming_them():
+    with pytest.raises(ValueError) as err:
+        plan_devices(1, False, visible_gpus=0, ray_gpu_ids=[0, 1])
+    assert "[0, 1]" in str(err.value) and "TensorFlow sees none" in str(err.value)
+
+
+def test_ray_gpus_invisible_to_tensorflow_with_fake_gpus_uses_fake_gpus():
+    plan = plan_devices(2, True, visible_gpus=0, ray_gpu_ids=[0, 1])
+    assert plan.devices == ("/CPU:0", "/CPU:1") and plan.kind == FAKE_GPU
+
+
+def test_an_empty_ray_assignment_is_like_none():
+    assert plan_devices(1, False, visible_gpus=0, ray_gpu_ids=[]).kind == CPU
+    assert plan_devices(1, False, visible_gpus=1, ray_gpu_ids=[]).devices == ("/GPU:0",)
+
+
+@pytest.mark.parametrize("num_gpus, message", [
+    (-1, "num_gpus must be >= 0, got -1"),
+    (-0.5, "num_gpus must be >= 0"),
+    (1.5, "num_gpus above 1 must be a whole number, got 1.5"),
+    (2.25, "whole number"),
+])
+def test_invalid_num_gpus_is_an_error_naming_the_value(num_gpus, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        plan_devices(num_gpus, True, visible_gpus=0)
+
+
+@pytest.mark.parametrize("plan, reduction", [
+    (DevicePlan(("/GPU:0", "/GPU:1"), GPU), "nccl"),
+    (DevicePlan(("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"), GPU), "nccl"),
+    (DevicePlan(("/GPU:0",), GPU), "sum_on_variable_device"),
+    (DevicePlan(("/CPU:0", "/CPU:1"), FAKE_GPU), "sum_on_variable_device"),
+    (DevicePlan(("/CPU:0",), FAKE_GPU), "sum_on_variable_device"),
+    (DevicePlan(("/CPU:0",), CPU), "sum_on_variable_device"),
+])
+def test_nccl_only_between_more_than_one_real_gpu(plan, reduction):
+    assert plan.gradient_reduction == reduction
+
+
+def test_resolve_devices_in_this_process_uses_the_fake_gpus():
+    # conftest made 4 logical CPU devices; this machine has no GPU.
+    assert len(tf.config.list_logical_devices("CPU")) >= 4
+    plan = devices.resolve_devices(4, True)
+    assert plan.devices == ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3") and plan.kind == FAKE_GPU
+    assert devices.resolve_devices(2, False) == DevicePlan(("/CPU:0",), CPU)
+
+
+def test_prepare_process_after_init_asking_for_more_devices_is_an_error():
+    devices.prepare_process(2)  # fewer than exist: fine
+    with pytest.raises(RuntimeError) as err:
+        devices.prepare_process(16)
+    assert "16 fake GPUs requested" in str(err.value)
+    assert "prepare_process" in str(err.value)
+
+
+def test_policy_devices_match_the_config():
+    assert PGPolicy(OBS_SPACE, ACTION_SPACE, small_config()).devices == ["/CPU:0"]
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(4)))
+    assert policy.devices == ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
+    # no GPU and no fake GPUs: one CPU tower
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(num_gpus=2))
+    assert policy.devices == ["/CPU:0"]
+
+
+def test_loaded_data_sits_on_each_towers_own_device():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
+    policy.load_batch_into_buffer(mlp_batch(16))
+    placed = policy.towers.buffers[0].towers
+    assert len(placed) == 4
+    for t, shard in enumerate(placed):
+        for name, tensor in shard.items():
+            assert tensor.device.endswith(f"/device:CPU:{t}"), (name, tensor.device)
+
+
+_SUBPROCESS = textwrap.dedent("""
+    import os, sys
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    sys.path.insert(0, {tests!r})
+    from policy_service import devices
+    devices.prepare_process(3)
+    import tensorflow as tf
+    cpus = [d.name for d in tf.config.list_logical_devices("CPU")]
+    assert cpus == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"], cpus
+    cores = os.cpu_count() or 1
+    assert tf.config.threading.get_intra_op_parallelism_threads() == max(1, cores // 3)
+    from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, mlp_batch, small_config
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE,
+                      small_config(num_gpus=3, _fake_gpus=True, minibatch_size=6))
+    assert policy.devices == ["/CPU:0", "/CPU:1", "/CPU:2"], policy.devices
+    policy.load_batch_into_buffer(mlp_batch(12))
+    for t, shard in enumerate(policy.towers.buffers[0].towers):
+        for tensor in shard.values():
+            assert tensor.device.endswith("/device:CPU:%d" % t), tensor.device
+    policy.learn_on_loaded_batch(0)
+    policy.learn_on_batch(mlp_batch(7))
+    try:
+        devices.prepare_process(4)
+    except RuntimeError as err:
+        assert "4 fake GPUs requested" in str(err)
+    else:
+        raise AssertionError("prepare_process(4) after init with 3 devices did not fail")
+    print("OK")
+""")
+
+
+def test_prepare_process_in_a_fresh_process_gives_three_fake_gpus_with_towers_on_them():
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-c", _SUBPROCESS.format(tests=str(TESTS_DIR))],
+                            cwd=REPO_DIR, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("OK")
