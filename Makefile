@@ -16,9 +16,12 @@ $(STAMP): setup.py
 	$(VENV)/bin/pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
+RUN_DIR ?= runs/cartpole-ppo-$(shell date +%Y%m%d-%H%M%S)
+
 train: $(STAMP)
-	$(VENV)/bin/policy-service train ppo --env CartPole-v1 --num-gpus 2 --fake-gpus \
-		--stop-reward 450 --output-dir runs/cartpole-ppo
+	$(VENV)/bin/policy-service train ppo --env CartPole-v1 \
+		--config algorithms/tuned/cartpole_ppo.yaml --num-gpus 2 --fake-gpus \
+		--stop-reward 450 --stop-timesteps 300000 --output-dir $(RUN_DIR)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q

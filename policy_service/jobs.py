@@ -65,18 +65,27 @@ def _without_address_env() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def job_server_url(address: str) -> str:
+    """`address` as a URL; "host:port" means the job server (dashboard) over HTTP.
+
+    Ray's client would read a bare host:port as a GCS address and wait on it.
+    """
+    return address if "://" in address else f"http://{address}"
+
+
 def connect(address: str):
     """A JobSubmissionClient for `address` (http://host:dashboard_port) with the token."""
-    from ray.exceptions import AuthenticationError
+    from ray.exceptions import AuthenticationError, RpcError
     from ray.job_submission import JobSubmissionClient
+    address = job_server_url(address)
     # The SDK logs routine INFO lines (websocket closed, ...) on stderr; keep stderr for problems.
-    logging.getLogger("ray.dashboard").setLevel(logging.WARNING)
+    logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
     try:
         with _without_address_env():
             return JobSubmissionClient(address, headers=auth_headers())
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(address, err)) from None
-    except (ConnectionError, RuntimeError, ValueError) as err:
+    except (ConnectionError, RuntimeError, ValueError, RpcError) as err:
         raise JobSubmissionError(f"cannot reach the Ray job server at {address}: "
                                  f"{_first_line(err)}") from None
 

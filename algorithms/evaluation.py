@@ -1,0 +1,173 @@
+"""Evaluate or export the policy of a training checkpoint, in this process.
+
+    evaluate("runs/ppo-CartPole-v1-.../", episodes=10)   # prints one JSON line
+    export("runs/.../checkpoints/checkpoint_000020", "exported/")  # a SavedModel
+
+CHECKPOINT may be a run directory (its latest checkpoint is used), its
+checkpoints/ directory, one checkpoint (what Algorithm.save writes:
+algorithm_state.json and the policy/ sub-dir), or a policy directory written
+by TFPolicy.export_checkpoint. The policy is rebuilt on one CPU tower: acting
+needs no towers, and a checkpoint trained on GPUs must load where there are none.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+ALGORITHM_STATE = "algorithm_state.json"
+POLICY_STATE = "policy_state.json"
+POLICY_SUBDIR = "policy"
+
+
+class CheckpointError(Exception):
+    """The checkpoint cannot be found or read, or the request does not fit it."""
+
+
+@dataclass
+class LoadedCheckpoint:
+    """Where a policy was found, and the training config it came with (if any)."""
+
+    policy_dir: Path
+    algorithm_config: Optional[dict]  # from algorithm_state.json; None for a bare policy
+
+
+def locate(path: str) -> LoadedCheckpoint:
+    """Find the policy directory (and the algorithm config) that `path` points to."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise CheckpointError(f"no checkpoint at {path}: not a directory")
+    if (directory / POLICY_STATE).exists():
+        parent_state = directory.parent / ALGORITHM_STATE
+        return LoadedCheckpoint(directory, _read_config(parent_state)
+                                if parent_state.exists() else None)
+    if (directory / ALGORITHM_STATE).exists():
+        return LoadedCheckpoint(directory / POLICY_SUBDIR,
+                                _read_config(directory / ALGORITHM_STATE))
+    for checkpoints in (directory / "checkpoints", directory):
+        latest = _latest_checkpoint(checkpoints)
+        if latest is not None:
+            return locate(str(latest))
+    raise CheckpointError(f"no checkpoint at {path}: expected a run directory, a checkpoint "
+                          f"({ALGORITHM_STATE}) or a policy directory ({POLICY_STATE})")
+
+
+def load_policy(checkpoint: LoadedCheckpoint):
+    """The saved policy, weights and all, on one CPU tower."""
+    from policy_service.policy import TFPolicy, load_policy_state
+    try:
+        state = load_policy_state(str(checkpoint.policy_dir))
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"cannot read the policy in {checkpoint.policy_dir}: "
+                              f"{_one_line(err)}") from None
+    state["config"] = {**state["config"], "num_gpus": 0, "_fake_gpus": False}
+    return TFPolicy.from_state(state)
+
+
+def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
+    """Play `episodes` episodes (env seeded seed, seed+1, ...) -> returns and lengths."""
+    returns, lengths = [], []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        state = policy.get_initial_state() if policy.is_recurrent() else None
+        prev_action, prev_reward = None, 0.0
+        total, steps, done = 0.0, 0, False
+        while not done:
+            if policy.is_recurrent():
+                if prev_action is None:
+                    prev_action = np.zeros_like(np.asarray(env.action_space.sample()))
+                action, state, _ = policy.compute_single_action(
+                    obs, state, explore=explore, prev_action=prev_action,
+                    prev_reward=prev_reward)
+            else:
+                action, _, _ = policy.compute_single_action(obs, explore=explore)
+            obs, reward, terminated, truncated, _ = env.step(action)
+            total += float(reward)
+            steps += 1
+            prev_action, prev_reward = action, float(reward)
+            done = terminated or truncated
+        returns.append(total)
+        lengths.append(steps)
+    return {"episode_returns": returns, "episode_lengths": lengths}
+
+
+def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: bool = False,
+             seed: int = 0) -> int:
+    """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
+    if episodes < 1:
+        raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
+    checkpoint = locate(path)
+    env_id, env_config = _environment(checkpoint, env)
+    policy = load_policy(checkpoint)
+    environment = _make_env(env_id, env_config)
+    try:
+        played = run_episodes(policy, environment, episodes, explore, seed)
+    finally:
+        environment.close()
+    returns = np.asarray(played["episode_returns"])
+    lengths = np.asarray(played["episode_lengths"])
+    print(json.dumps({
+        "checkpoint": str(checkpoint.policy_dir.parent if checkpoint.algorithm_config
+                          else checkpoint.policy_dir),
+        "env": env_id, "episodes": episodes, "explore": explore,
+        "episode_return_mean": float(returns.mean()),
+        "episode_return_min": float(returns.min()),
+        "episode_return_max": float(returns.max()),
+        "episode_len_mean": float(lengths.mean()),
+        "episode_lengths": [int(n) for n in lengths],
+        "episode_returns": [float(r) for r in returns],
+    }), flush=True)
+    return 0
+
+
+def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
+    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
+    if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
+        raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
+    checkpoint = locate(path)
+    policy = load_policy(checkpoint)
+    policy.export_model(out, onnx=onnx_opset)
+    print(f"SavedModel: {Path(out).absolute()}" +
+          (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else ""))
+    return 0
+
+
+def _environment(checkpoint: LoadedCheckpoint, env: Optional[str]) -> tuple[str, dict]:
+    config = checkpoint.algorithm_config or {}
+    env_id = env or config.get("env")
+    if not env_id:
+        raise CheckpointError(f"{checkpoint.policy_dir} does not say which environment it was "
+                              "trained on: pass --env")
+    env_config = (config.get("env_config") or {}) if env_id == config.get("env") else {}
+    return env_id, env_config
+
+
+def _make_env(env_id: str, env_config: dict):
+    import gymnasium as gym
+    try:
+        return gym.make(env_id, **env_config)
+    except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
+        raise CheckpointError(f"unknown environment {env_id!r}: {_one_line(err)}") from None
+
+
+def _latest_checkpoint(directory: Path) -> Optional[Path]:
+    if not directory.is_dir():
+        return None
+    found = sorted(p for p in directory.iterdir()
+                   if p.name.startswith("checkpoint_") and (p / ALGORITHM_STATE).exists())
+    return found[-1] if found else None
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())["config"]
+    except (OSError, ValueError, KeyError) as err:
+        raise CheckpointError(f"cannot read {path}: {_one_line(err)}") from None
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__

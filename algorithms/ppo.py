@@ -1,0 +1,237 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, https://arxiv.org/abs/1707.06347).
+
+Read top to bottom: the config, GAE postprocessing (on the rollout workers),
+the clipped-surrogate loss (on every tower, masked for padded sequences), and
+the training step (on the learner): standardize advantages, load the batch
+onto the towers once, run `num_epochs` of minibatch SGD in one compiled call,
+then adapt the KL coefficient. The sampling/broadcast loop around it is the
+common `Algorithm` loop.
+
+    algo = PPO({"env": "CartPole-v1", "lr": 3e-4, "seed": 0})
+    for _ in range(20):
+        print(algo.train()["episode_return_mean"])
+    algo.save("ckpt"); algo.stop()
+
+Semantics follow RLlib's TF PPO (names and defaults included): the KL term
+is KL(old || new) weighted by an adaptive coefficient, and `vf_clip_param`
+clips the *squared* value error, as RLlib does (not the value change).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import tensorflow as tf
+import tree
+
+from algorithms.algorithm import Algorithm, AlgorithmConfig
+from policy_service import TFPolicy, masked_mean
+from policy_service.sample_batch import SampleBatch
+
+
+# ----- config -----------------------------------------------------------------------------
+
+
+@dataclass
+class PPOConfig(AlgorithmConfig):
+    """PPO's keys (RLlib's names and defaults) on top of the policy and loop keys."""
+
+    lr: float = 5e-5  # Adam learning rate
+    gamma: float = 0.99  # discount factor
+    lambda_: float = 1.0  # GAE lambda (1.0: Monte Carlo returns minus the value baseline)
+    use_gae: bool = True  # GAE advantages; False: discounted returns minus V(s)
+    clip_param: float = 0.3  # PPO ratio clip epsilon: ratio kept in [1 - eps, 1 + eps]
+    vf_clip_param: float = 10.0  # clip on the squared value error (RLlib's semantics)
+    vf_loss_coeff: float = 1.0  # weight of the value loss in the total loss
+    entropy_coeff: float = 0.0  # weight of the entropy bonus
+    kl_coeff: float = 0.2  # initial KL penalty coefficient; 0 turns the KL term off
+    kl_target: float = 0.01  # KL per step the adaptive coefficient steers towards
+    train_batch_size: int = 4000  # env steps sampled per training iteration
+    minibatch_size: int = 128  # rows per SGD step (LSTMs: a multiple of max_seq_len x towers)
+    num_epochs: int = 30  # passes of minibatch SGD over each train batch
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("clip_param", "vf_clip_param", "kl_target"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("vf_loss_coeff", "entropy_coeff", "kl_coeff"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0.0 <= self.lambda_ <= 1.0:
+            raise ValueError(f"lambda_ must be in [0, 1], got {self.lambda_}")
+        if self.minibatch_size > self.train_batch_size:
+            raise ValueError(f"minibatch_size ({self.minibatch_size}) must be <= "
+                             f"train_batch_size ({self.train_batch_size})")
+
+
+# ----- postprocessing: GAE ---------------------------------------------------------------
+
+
+def discount_cumsum(x: np.ndarray, discount: float) -> np.ndarray:
+    """y[t] = sum_k discount^k x[t+k]; x, y: <float32>[T]."""
+    out = np.zeros(len(x), np.float32)
+    running = 0.0
+    for t in range(len(x) - 1, -1, -1):
+        running = x[t] + discount * running
+        out[t] = running
+    return out
+
+
+def compute_advantages(batch: SampleBatch, last_r: float, gamma: float, lambda_: float,
+                       use_gae: bool = True) -> SampleBatch:
+    """Add "advantages" and "value_targets" <float32>[T] to one trajectory chunk.
+
+    last_r: V(s_T) after the chunk's last row, 0.0 when the episode terminated.
+    GAE: delta_t = r_t + gamma V(s_t+1) - V(s_t), A = discount_cumsum(delta, gamma
+    lambda), targets = A + V. Without GAE: targets = discounted returns, A =
+    targets - V.
+    """
+    rewards = np.asarray(batch[SampleBatch.REWARDS], np.float32)
+    values = np.asarray(batch[SampleBatch.VF_PREDS], np.float32)
+    if use_gae:
+        next_values = np.append(values[1:], np.float32(last_r))
+        deltas = rewards + gamma * next_values - values
+        advantages = discount_cumsum(deltas, gamma * lambda_)
+        targets = advantages + values
+    else:
+        targets = discount_cumsum(np.append(rewards, np.float32(last_r)), gamma)[:-1]
+        advantages = targets - values
+    batch[SampleBatch.ADVANTAGES] = advantages.astype(np.float32)
+    batch[SampleBatch.VALUE_TARGETS] = targets.astype(np.float32)
+    return batch
+
+
+# ----- the policy: bootstrap value, loss, statistics, KL coefficient ---------------------
+
+
+class PPOPolicy(TFPolicy):
+    """Actor-critic policy with PPO's clipped surrogate loss.
+
+    The KL coefficient lives in a tf.Variable read by the compiled loss, so
+    adapting it never retraces; it is part of get_state/set_state.
+    """
+
+    config_class = PPOConfig
+
+    def __init__(self, observation_space, action_space, config=None):
+        super().__init__(observation_space, action_space, config)
+        with tf.device(self.plan.variable_device):
+            self.kl_coeff = tf.Variable(self.config.kl_coeff, dtype=tf.float32,
+                                        trainable=False, name="kl_coeff")
+        self._value_fn = tf.function(self._value, input_signature=self._acting_signature())
+
+    def _value(self, obs, states, prev_actions, prev_rewards):
+        """<float32>[B] V(obs) with training=False, for bootstrapping."""
+        input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+        return self.model(input_dict, training=False)[SampleBatch.VF_PREDS]
+
+    def bootstrap_value(self, batch: SampleBatch) -> float:
+        """V(new_obs of the last row), continuing the last row's recurrent state."""
+        obs = self.preprocessor.transform(
+            tree.map_structure(lambda x: np.asarray(x)[-1:], batch[SampleBatch.NEXT_OBS]))
+        states = [np.asarray(batch[f"state_out_{i}"])[-1:]
+                  for i in range(self.num_state_tensors())]
+        inputs = self._acting_inputs(
+            obs, states, np.asarray(batch[SampleBatch.ACTIONS])[-1:],
+            np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:], 1)
+        with tf.device(self.plan.devices[0]):
+            return float(self._value_fn(*inputs)[0])
+
+    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
+        """GAE over one trajectory chunk; bootstraps unless the episode terminated."""
+        terminated = bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1])
+        last_r = 0.0 if terminated else self.bootstrap_value(batch)
+        return compute_advantages(batch, last_r, self.config.gamma, self.config.lambda_,
+                                  self.config.use_gae)
+
+    def loss(self, model, dist_class, train_batch):
+        """Clipped surrogate + vf_loss_coeff * clipped value error - entropy bonus
+        + kl_coeff * KL(old || new), each a mean over valid (unpadded) rows."""
+        cfg, mask = self.config, train_batch["loss_mask"]
+        out = model(train_batch, training=True)
+        curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        prev = dist_class(train_batch[SampleBatch.ACTION_DIST_INPUTS])
+        advantages = train_batch[SampleBatch.ADVANTAGES]
+
+        ratio = tf.exp(curr.logp(train_batch[SampleBatch.ACTIONS])
+                       - train_batch[SampleBatch.ACTION_LOGP])
+        surrogate = tf.minimum(
+            advantages * ratio,
+            advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param))
+        self._policy_loss = masked_mean(-surrogate, mask)
+
+        vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
+        self._vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, cfg.vf_clip_param), mask)
+        self._entropy = masked_mean(curr.entropy(), mask)
+        self._kl = masked_mean(prev.kl(curr), mask)
+
+        total = (self._policy_loss + cfg.vf_loss_coeff * self._vf_loss
+                 - cfg.entropy_coeff * self._entropy)
+        if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
+            total += self.kl_coeff * self._kl
+        self._vf_explained_var = _explained_variance(
+            train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask)
+        return total
+
+    def stats(self, train_batch):
+        return {"policy_loss": self._policy_loss, "vf_loss": self._vf_loss,
+                "entropy": self._entropy, "kl": self._kl, "kl_coeff": self.kl_coeff.value(),
+                "vf_explained_var": self._vf_explained_var}
+
+    def update_kl(self, sampled_kl: float) -> float:
+        """x1.5 when the KL overshoots 2 * kl_target, x0.5 below kl_target / 2."""
+        coeff = float(self.kl_coeff.numpy())
+        if sampled_kl > 2.0 * self.config.kl_target:
+            coeff *= 1.5
+        elif sampled_kl < 0.5 * self.config.kl_target:
+            coeff *= 0.5
+        self.kl_coeff.assign(coeff)
+        return coeff
+
+    def get_state(self) -> dict:
+        return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)
+        if "kl_coeff" in state:
+            self.kl_coeff.assign(float(state["kl_coeff"]))
+
+
+def _explained_variance(targets, preds, mask):
+    """1 - Var[targets - preds] / Var[targets] over valid rows (-1 when Var[targets] = 0)."""
+    def var(x):
+        mean = masked_mean(x, mask)
+        return masked_mean(tf.square(x - mean), mask)
+    target_var = var(targets)
+    return tf.where(target_var > 0,
+                    1.0 - tf.math.divide_no_nan(var(targets - preds), target_var), -1.0)
+
+
+# ----- the training step (runs where the learner policy lives) --------------------------
+
+
+def standardize_advantages(batch: SampleBatch) -> SampleBatch:
+    """Advantages to zero mean and unit std over the whole train batch."""
+    adv = np.asarray(batch[SampleBatch.ADVANTAGES], np.float32)
+    batch[SampleBatch.ADVANTAGES] = (adv - adv.mean()) / max(float(adv.std()), 1e-4)
+    return batch
+
+
+def ppo_training_step(policy: PPOPolicy, train_batch: SampleBatch) -> dict:
+    """One PPO update: num_epochs of minibatch SGD on the batch, then KL adaptation."""
+    train_batch = standardize_advantages(train_batch.copy(shallow=True))
+    train_batch.pop(SampleBatch.NEXT_OBS, None)  # the loss never reads it: skip the copy
+    policy.load_batch_into_buffer(train_batch, buffer_index=0)
+    stats = policy.learn_on_loaded_epochs(policy.config.num_epochs, buffer_index=0)
+    if policy.config.kl_coeff > 0:  # stats keep the coefficient this update used
+        policy.update_kl(stats["kl"])
+    return stats
+
+
+class PPO(Algorithm):
+    """PPO on the common loop: sample -> ppo_training_step -> broadcast weights."""
+
+    config_class = PPOConfig
+    policy_class = PPOPolicy
+    training_step = staticmethod(ppo_training_step)

@@ -1,0 +1,182 @@
+"""The `policy-service` command line: train, evaluate, export, submit.
+
+Only argument parsing lives here; each subcommand calls one module:
+train -> algorithms.runner, evaluate/export -> algorithms.evaluation,
+submit -> policy_service.jobs. Bad input ends in one line on stderr and exit
+status 2; modules are imported lazily so `submit` never loads TensorFlow.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+PROG = "policy-service"
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow with its native start-up lines kept off stderr.
+
+    TF 2.21 prints absl INFO lines ("oneDNN custom operations are on", "Could
+    not find cuda drivers") before it reads TF_CPP_MIN_LOG_LEVEL; they would
+    bury a one-line error. They are shown after all if the import fails, and
+    with TF_CPP_MIN_LOG_LEVEL=0.
+    """
+    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
+        return
+    sys.stderr.flush()
+    saved_fd = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        except BaseException:
+            os.dup2(saved_fd, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved_fd, 2)
+            os.close(saved_fd)
+
+
+def _train(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from algorithms import runner
+    options = runner.RunOptions(
+        algorithm=args.algorithm, env=args.env, config_file=args.config,
+        overrides=args.set or [], num_gpus=args.num_gpus, fake_gpus=args.fake_gpus,
+        num_env_runners=args.num_env_runners, seed=args.seed,
+        stop=runner.StopCriteria(reward=args.stop_reward, timesteps=args.stop_timesteps,
+                                 iters=args.stop_iters),
+        output_dir=args.output_dir, resume=args.resume, address=args.address,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+    return runner.train(options)
+
+
+def _evaluate(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from algorithms import evaluation
+    return evaluation.evaluate(args.checkpoint, episodes=args.episodes, env=args.env,
+                               explore=args.explore, seed=args.seed)
+
+
+def _export(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from algorithms import evaluation
+    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()  # importing policy_service imports TensorFlow
+    from policy_service import jobs
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    address = args.address or jobs.default_address()
+    if not address:
+        raise jobs.JobSubmissionError(
+            "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)")
+    return jobs.run_job(address, command, wait=not args.no_wait,
+                        working_dir=args.working_dir)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray.")
+    sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
+
+    train = sub.add_parser("train", help="train an algorithm on an environment",
+                           description="Train ALGO on ENV; writes progress.jsonl, result.json, "
+                           "config.json, checkpoints/ and tensorboard/ under --output-dir.")
+    train.add_argument("algorithm", nargs="?", metavar="ALGO",
+                       help="algorithm name, e.g. ppo (optional with --resume)")
+    train.add_argument("--env", help="gymnasium environment id, e.g. CartPole-v1")
+    train.add_argument("--config", metavar="FILE", help="YAML or JSON file of config keys")
+    train.add_argument("--set", action="append", metavar="KEY=VALUE",
+                       help="override one config key (YAML value; dotted keys nest, "
+                       "e.g. model.fcnet_hiddens=[64,64]); repeatable")
+    train.add_argument("--num-gpus", type=float, help="towers: GPUs for the learner")
+    train.add_argument("--fake-gpus", action="store_true", default=None,
+                       help="with no GPU, put the towers on separate logical CPU devices")
+    train.add_argument("--num-env-runners", type=int, help="rollout worker actors")
+    train.add_argument("--stop-reward", type=float, help="stop at this episode_return_mean")
+    train.add_argument("--stop-timesteps", type=int, help="stop after this many env steps")
+    train.add_argument("--stop-iters", type=int, help="stop after this many iterations")
+    train.add_argument("--output-dir", metavar="D", help="run directory (default runs/ALGO-ENV-TIME)")
+    train.add_argument("--resume", metavar="D",
+                       help="continue the run in D from its latest checkpoint, same config")
+    train.add_argument("--address", metavar="A",
+                       help="join this Ray cluster (default: $RAY_ADDRESS, set inside Ray "
+                       "jobs); without one, a local Ray is started if the run has actors")
+    train.add_argument("--seed", type=int, help="random seed")
+    train.add_argument("--checkpoint-every", type=int, metavar="N",
+                       help="checkpoint every N iterations (default 10; always at the end)")
+    train.add_argument("--keep-checkpoints", type=int, metavar="K",
+                       help="keep the latest K checkpoints (default 3)")
+    train.set_defaults(handler=_train)
+
+    evaluate = sub.add_parser("evaluate", help="run episodes with a checkpoint's policy",
+                              description="Run episodes with the policy in CHECKPOINT (a run "
+                              "directory, a checkpoint or a policy directory) and print one "
+                              "JSON line of episode statistics.")
+    evaluate.add_argument("checkpoint", metavar="CHECKPOINT")
+    evaluate.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
+    evaluate.add_argument("--env", help="environment id (default: the one trained on)")
+    evaluate.add_argument("--explore", action="store_true",
+                          help="sample actions instead of acting deterministically")
+    evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
+    evaluate.set_defaults(handler=_evaluate)
+
+    export = sub.add_parser("export", help="export a checkpoint's policy as a SavedModel")
+    export.add_argument("checkpoint", metavar="CHECKPOINT")
+    export.add_argument("--out", required=True, metavar="DIR", help="SavedModel directory")
+    export.add_argument("--onnx", type=int, metavar="OPSET", help="also write model.onnx")
+    export.set_defaults(handler=_export)
+
+    submit = sub.add_parser("submit", help="run a command as a Ray job on a cluster",
+                            description="Run COMMAND as a Ray job, stream its log and exit "
+                            "with its status (0 SUCCEEDED, 1 FAILED or STOPPED).")
+    submit.add_argument("--address", metavar="URL",
+                        help="job server, e.g. http://127.0.0.1:8265 (default: $RAY_ADDRESS)")
+    submit.add_argument("--no-wait", action="store_true",
+                        help="print the job id and return without following the job")
+    submit.add_argument("--working-dir", metavar="DIR",
+                        help="upload DIR as the job's working directory")
+    submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
+    submit.set_defaults(handler=_submit)
+    return parser
+
+
+def _user_errors() -> tuple:
+    """The modules' bad-input exceptions, for those modules already imported."""
+    errors = []
+    for module_name, class_name in (("algorithms.runner", "TrainingSetupError"),
+                                    ("algorithms.evaluation", "CheckpointError"),
+                                    ("policy_service.jobs", "JobSubmissionError")):
+        module = sys.modules.get(module_name)
+        if module is not None:
+            errors.append(getattr(module, class_name))
+    return tuple(errors)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # only the modules' bad-input errors are one line
+        if isinstance(err, _user_errors()):
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
