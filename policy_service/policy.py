@@ -6,6 +6,8 @@ optionally `stats`, `postprocess_trajectory`, `extra_action_out`,
 tensors with a boolean "loss_mask" column (False on padding), calls
 `model(train_batch, training=True)`, and reduces with `masked_mean`.
 
+The loss is traced without AutoGraph (so an error such as a missing column
+keeps its type): branch on tensors with tf.cond/tf.where, not Python `if`.
 Acting runs on the first tower device with training=False; learning runs
 on all towers. Both are compiled once per column signature: batch sizes
 never retrace.
