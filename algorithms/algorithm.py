@@ -232,7 +232,7 @@ class Algorithm:
             "time_this_iter_s": sample_s + learn_s + sync_s,
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
-            "num_learner_towers": self.policy.towers.num_towers,
+            "num_learner_towers": self.learner.policy.towers.num_towers,
         }
         metrics.update({k: float(v) for k, v in stats.items()})
         return metrics
