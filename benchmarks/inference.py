@@ -1,0 +1,271 @@
+"""Remote compute_actions: actions/s and latency for 1..64 Ray callers, beside Ray's ceiling.
+
+Targets, each in its own child process with its own local Ray:
+  policy/on   a PolicyActor (PPO-shaped MLP 4 -> 256x256, CartPole spaces)
+              batching concurrent calls (--max-batch-size, --wait-ms)
+  policy/off  the same with batching off (max_batch_size=1)
+  noop        the Ray ceiling: an async actor like PolicyActor (num_cpus=1,
+              max_concurrency=1000) whose compute_actions returns a
+              same-sized result without computing anything
+  in_process  policy.compute_actions in the calling process, batch 1, 32, 256
+
+Each caller is its own Ray actor (num_cpus=0) in a closed loop: send one
+observation, wait for its action, send again, for --duration seconds, all
+callers starting together after a warm-up. Latency is the round trip a
+caller sees; actions/s counts every caller's completed calls.
+
+    python -m benchmarks.inference                       # ~4 min
+    python -m benchmarks.inference --smoke
+    python -m benchmarks.inference --callers 1,4,16 --duration 5
+
+The caller and no-op actors import neither TensorFlow nor policy_service,
+so compare_rllib.py runs them against an RLlib policy in RLlib's venv.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import numpy as np
+
+from benchmarks import common
+
+NAME = "inference"
+VALUE = "actions_per_s"
+KEYS = ("target", "batching", "callers", "batch_size")
+
+
+# ----- Ray actors (no TensorFlow needed) ------------------------------------------------------
+
+def caller_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Caller:
+        """Sends one observation per call to `server.compute_actions`, back to back."""
+
+        def __init__(self, seed: int, obs_dim: int = 4):
+            self.obs = np.random.default_rng(seed).uniform(-1, 1, (1, obs_dim)).astype(np.float32)
+
+        def ready(self) -> bool:
+            return True
+
+        def warm_up(self, server, calls: int) -> None:
+            for _ in range(calls):
+                ray.get(server.compute_actions.remote(self.obs))
+
+        def run(self, server, start_at: float, end_at: float) -> list[float]:
+            """Round-trip latencies (s) of the calls made between start_at and end_at."""
+            while time.time() < start_at:
+                time.sleep(0.0005)
+            latencies = []
+            while time.time() < end_at:
+                sent = time.perf_counter()
+                ray.get(server.compute_actions.remote(self.obs))
+                latencies.append(time.perf_counter() - sent)
+            return latencies
+
+    return Caller
+
+
+def noop_class():
+    import ray
+
+    @ray.remote(num_cpus=1, max_concurrency=1000)
+    class NoopServer:
+        """PolicyActor's shape (async, same options, same result) doing no work."""
+
+        async def compute_actions(self, obs_batch, state_batches=None, explore=None,
+                                  timestep=None):
+            rows = len(obs_batch)
+            return (np.zeros(rows, np.int64), [],
+                    {"action_logp": np.zeros(rows, np.float32), "weights_version": 0})
+
+        async def ready(self) -> bool:
+            await asyncio.sleep(0)
+            return True
+
+    return NoopServer
+
+
+def drive(server, callers: list, duration_s: float, warmup_calls: int = 20) -> dict:
+    """All callers in a closed loop against `server` -> throughput and latency."""
+    import ray
+    ray.get([c.warm_up.remote(server, warmup_calls) for c in callers])
+    start_at = time.time() + 0.5
+    end_at = start_at + duration_s
+    per_caller = ray.get([c.run.remote(server, start_at, end_at) for c in callers])
+    latencies_ms = np.concatenate([np.asarray(x) for x in per_caller]) * 1e3
+    return {"calls": int(len(latencies_ms)), VALUE: len(latencies_ms) / duration_s,
+            "p50_ms": common.percentile(latencies_ms, 50),
+            "p99_ms": common.percentile(latencies_ms, 99),
+            "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None}
+
+
+def start_callers(count: int) -> list:
+    import ray
+    Caller = caller_class()
+    callers = [Caller.remote(i) for i in range(count)]
+    ray.get([c.ready.remote() for c in callers], timeout=900)
+    return callers
+
+
+def drive_counts(server, callers: list, counts: list[int], duration_s: float, base: dict,
+                 server_stats=None):
+    """Measure each caller count in turn against one server."""
+    for count in counts:
+        if server_stats:
+            server_stats(server, reset=True)
+        result = drive(server, callers[:count], duration_s)
+        extra = server_stats(server, reset=False) if server_stats else {}
+        yield dict(base, callers=count, **result, **extra)
+
+
+# ----- child ---------------------------------------------------------------------------------
+
+def measure(spec: dict):
+    """in_process: forward passes here. remote: one Ray session, callers started once,
+    then each server in spec["servers"] (noop, policy/on, policy/off) in turn."""
+    base = {"bench": NAME, "round": spec["round"], "duration_s": spec["duration"]}
+    if spec["target"] == "in_process":
+        yield from _in_process(spec, dict(base, target="in_process", batching=None))
+        return
+    import ray
+    ray.init(**common.RAY_INIT)
+    try:
+        callers = start_callers(max(spec["callers"]))
+        for server in spec["servers"]:
+            actor, server_base, stats = _start_server(server, spec, base)
+            yield from drive_counts(actor, callers, spec["callers"], spec["duration"],
+                                    server_base, stats)
+            ray.kill(actor)
+    finally:
+        ray.shutdown()
+
+
+def _start_server(server: str, spec: dict, base: dict):
+    """-> (actor, record fields, server-statistics function or None)."""
+    import ray
+    if server == "noop":
+        actor = noop_class().remote()
+        ray.get(actor.ready.remote())
+        return actor, dict(base, target="noop", batching=None), None
+    from benchmarks import ppo_shaped
+    from policy_service.service import PolicyActor
+    obs_space, act_space = ppo_shaped.spaces_for("mlp")
+    policy_cls = ppo_shaped.learner_policy_class()
+    config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
+    batching = server.split("/")[1]
+    options = (dict(max_batch_size=spec["max_batch_size"],
+                    batch_wait_timeout_s=spec["wait_ms"] / 1e3) if batching == "on"
+               else dict(max_batch_size=1, batch_wait_timeout_s=0.0))
+    actor = PolicyActor.options(num_gpus=spec.get("num_gpus", 0)).remote(
+        policy_cls, obs_space, act_space, config, **options)
+    ray.get(actor.stats.remote())
+
+    def stats(actor, reset):
+        if reset:
+            ray.get(actor.reset_stats.remote())
+            return {}
+        s = ray.get(actor.stats.remote())
+        return {"mean_batch_size": s["mean_batch_size"],
+                "num_forward_passes": s["num_forward_passes"],
+                "server_p50_ms": s["p50_latency_ms"], "server_p99_ms": s["p99_latency_ms"]}
+
+    return actor, dict(base, target="policy", batching=batching,
+                       policy_class=policy_cls.__name__, **options), stats
+
+
+def _in_process(spec, base):
+    from benchmarks import ppo_shaped
+    policy = ppo_shaped.make_policy("mlp", 1, policy_cls=ppo_shaped.learner_policy_class())
+    policy_name = type(policy).__name__
+    rng = np.random.default_rng(0)
+    for batch_size in spec["batch_sizes"]:
+        obs = rng.uniform(-1, 1, (batch_size, 4)).astype(np.float32)
+        for _ in range(20):
+            policy.compute_actions(obs)
+        latencies = []
+        end = time.perf_counter() + spec["duration"]
+        while time.perf_counter() < end:
+            start = time.perf_counter()
+            policy.compute_actions(obs)
+            latencies.append(time.perf_counter() - start)
+        ms = np.asarray(latencies) * 1e3
+        yield dict(base, policy_class=policy_name, batch_size=batch_size, calls=len(ms),
+                   actions_per_s=batch_size * len(ms) / float(np.sum(latencies)),
+                   p50_ms=common.percentile(ms, 50), p99_ms=common.percentile(ms, 99),
+                   threads_actual=common.tf_threads())
+
+
+# ----- parent --------------------------------------------------------------------------------
+
+def configurations(args) -> list[dict]:
+    callers = [int(c) for c in (args.callers or ("1,2" if args.smoke else "1,4,16,64")).split(",")]
+    duration = 0.5 if args.smoke else args.duration
+    remote = dict(target="remote", callers=callers, duration=duration,
+                  servers=["noop", "policy/on", "policy/off"],
+                  max_batch_size=args.max_batch_size, wait_ms=args.wait_ms,
+                  num_gpus=args.num_gpus, prepare_tf=False)
+    return [remote, dict(target="in_process", batch_sizes=[1, 32, 256], devices=1,
+                         duration=0.5 if args.smoke else 2.0)]
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    summary = []
+    for value in (VALUE, "p50_ms", "p99_ms"):
+        rows = common.summarize(records, KEYS, value)
+        for row in rows:
+            match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
+            if match is None:
+                summary.append(row)
+            else:
+                match.update({k: v for k, v in row.items() if k not in KEYS})
+    for row in summary:
+        if row["target"] == "policy":
+            row["vs_noop"] = common.ratio(row[VALUE], common.find(
+                summary, VALUE, target="noop", callers=row["callers"]))
+    return summary
+
+
+def plot(summary: list[dict], out_dir: str) -> str | None:
+    counts = sorted({r["callers"] for r in summary if r.get("callers")})
+    series = {label: [common.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
+              for label, t, b in (("Ray no-op ceiling", "noop", None),
+                                  ("PolicyActor, batching on", "policy", "on"),
+                                  ("PolicyActor, batching off", "policy", "off"))}
+    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+                            "Remote compute_actions, one observation per call",
+                            "actions/s", [f"{n} callers" for n in counts], series)
+    return str(path) if path else None
+
+
+def main(argv=None):
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--wait-ms", type=float, default=1.0)
+    parser.add_argument("--num-gpus", type=float, default=0,
+                        help="GPUs for the PolicyActor (real GPUs only)")
+    args = parser.parse_args(argv)
+    if args.child:
+        return common.child_main(args, measure)
+    meta = common.start_meta(args, workload="PPO MLP 4 -> 256x256, one observation per call")
+    records = []
+    for r in range(common.rounds_of(args)):
+        for spec in configurations(args):
+            for record in common.run_child("benchmarks.inference", dict(spec, round=r),
+                                           timeout=1800):
+                records.append(common.emit(record))
+    summary = summarize(records)
+    meta["plots"] = [plot(summary, args.out)]
+    path = common.write_results(NAME, args.out, records, summary, meta)
+    for row in summary:
+        common.emit(dict(row, bench=NAME, summary=True))
+    print(f"# wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

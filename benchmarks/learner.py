@@ -1,0 +1,217 @@
+"""PPO learner SGD throughput: our TFPolicy on 1, 2, 4 towers beside the bare-Keras ceiling.
+
+Workload: 10 epochs over 4,000 samples in minibatches of 128 (RLlib's PPO
+learner loop), the PPO loss of benchmarks/ppo_shaped.py, on CartPole shapes
+with an MLP 256x256 tanh (separate value branch), an LSTM variant
+(256x256 -> LSTM 256, sequences of 16) and optionally a CNN on 84x84x4.
+
+Per (model, towers, threads), in a fresh process:
+  ours/minibatch  load_batch_into_buffer + one learn_on_loaded_batch(offset)
+                  call per minibatch (offsets permuted per epoch, as RLlib does)
+  ours/epoch      load_batch_into_buffer + learn_on_loaded_epochs(10): all
+                  epochs in one compiled call
+  ceiling/minibatch, ceiling/fused
+                  the same model and loss as plain Keras layers + Adam in a
+                  tf.function, data already on the device: one call per
+                  minibatch, or all epochs in one call (1 device)
+
+samples/s counts valid rows trained on (ours: 10 x 4,000, padding excluded;
+the ceiling drops the last partial minibatch like RLlib: 10 x 31 x 128).
+Ours includes the load (host -> device copy) in its time; the ceiling does
+not, so the comparison is conservative for us.
+
+    python -m benchmarks.learner                       # full run, ~5 min
+    python -m benchmarks.learner --smoke               # CI size
+    python -m benchmarks.learner --models mlp --towers 1,2 --threads "1,2;2,2"
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from benchmarks import common
+
+NAME = "learner"
+VALUE = "samples_per_s"
+KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads")
+
+
+# ----- child: one process per (engine, model, towers, threads) -------------------------------
+
+def measure(spec: dict):
+    from benchmarks import ppo_shaped
+    engine, model, towers = spec["engine"], spec["model"], spec["towers"]
+    epochs, minibatch = spec["epochs"], spec["minibatch"]
+    batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
+    base = {"bench": NAME, "engine": engine, "model": model, "towers": towers,
+            "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
+            "threads": spec["threads"], "threads_actual": common.tf_threads(),
+            "round": spec["round"], "epochs": epochs, "minibatch": minibatch,
+            "num_samples": batch.count}
+    if engine == "ours":
+        yield from _measure_ours(spec, batch, base, ppo_shaped)
+    else:
+        yield from _measure_ceiling(spec, batch, base, ppo_shaped)
+
+
+def _measure_ours(spec, batch, base, ppo_shaped):
+    epochs, minibatch, repeats = spec["epochs"], spec["minibatch"], spec["repeats"]
+    policy = ppo_shaped.make_policy(base["model"], base["towers"], minibatch_size=minibatch,
+                                    num_epochs=epochs, real_gpus=spec["real_gpus"])
+    base = dict(base, policy_class=type(policy).__name__, devices=policy.devices)
+    rng = np.random.default_rng(0)
+    valid = batch.count * epochs
+
+    def load():
+        return policy.load_batch_into_buffer(batch)
+
+    num_steps = load() // minibatch
+
+    def per_minibatch():
+        load()
+        for _ in range(epochs):
+            for k in rng.permutation(num_steps):
+                policy.learn_on_loaded_batch(int(k) * minibatch)
+
+    def whole_epochs():
+        load()
+        policy.learn_on_loaded_epochs(epochs)
+
+    load_s = common.median(common.timed(load, repeats, warmup=1))
+    for mode, fn in (("minibatch", per_minibatch), ("epoch", whole_epochs)):
+        walls, cpus = common.timed_with_cpu(fn, repeats, warmup=1)
+        seconds = common.median(walls)
+        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=common.median(cpus),
+                   samples=valid, load_ms=load_s * 1e3,
+                   sgd_steps=epochs * num_steps, samples_per_s=valid / seconds,
+                   sgd_samples_per_s=valid / max(seconds - load_s, 1e-9))
+
+
+def _measure_ceiling(spec, batch, base, ppo_shaped):
+    epochs, minibatch, repeats = spec["epochs"], spec["minibatch"], spec["repeats"]
+    # the library only pads and chops the synthetic batch into columns here
+    helper = ppo_shaped.make_policy(base["model"], 1, minibatch_size=minibatch,
+                                    policy_cls=ppo_shaped.BenchPPOPolicy)
+    columns, units, rows_per_unit = helper.train_columns(batch, fixed_seq_len=True)
+    columns = ppo_shaped.bare_columns(columns)
+    if rows_per_unit == 1:
+        columns.pop("loss_mask")  # nothing is padded: a plain mean, no mask
+        mask_rows = np.ones(units, bool)
+    else:
+        mask_rows = None
+    device = "/GPU:0" if spec["real_gpus"] else "/CPU:0"
+    learner = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
+                                     minibatch // rows_per_unit, device)
+    valid_per_epoch = ppo_shaped.valid_rows_per_epoch(
+        learner, {"loss_mask": mask_rows if mask_rows is not None else columns["loss_mask"]})
+    valid = valid_per_epoch * epochs
+    base = dict(base, policy_class="bare keras", devices=[device])
+    for mode, fn in (("minibatch", lambda: learner.run_minibatches(epochs)),
+                     ("fused", lambda: learner.run_fused(epochs))):
+        walls, cpus = common.timed_with_cpu(fn, repeats, warmup=1)
+        seconds = common.median(walls)
+        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=common.median(cpus),
+                   samples=valid, load_ms=0.0,
+                   sgd_steps=epochs * learner.num_minibatches, samples_per_s=valid / seconds,
+                   sgd_samples_per_s=valid / seconds)
+
+
+# ----- parent ------------------------------------------------------------------------------
+
+def configurations(args) -> list[dict]:
+    """Every child to run in one round, ceiling first within each model."""
+    size = {"epochs": 2, "num_samples": 512, "repeats": 1} if args.smoke else {
+        "epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats}
+    towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
+    models = args.models or ("mlp" if args.smoke else "mlp,lstm")
+    configs = []
+    for model in models.split(","):
+        for threads in common.parse_threads(args.threads):
+            common_spec = dict(size, model=model, minibatch=args.minibatch, threads=threads,
+                               real_gpus=args.real_gpus)
+            configs.append(dict(common_spec, engine="ceiling", towers=1, devices=1))
+            for n in towers:
+                configs.append(dict(common_spec, engine="ours", towers=n,
+                                    devices=1 if args.real_gpus else n))
+    return configs
+
+
+def run(args) -> list[dict]:
+    records = []
+    for r in range(common.rounds_of(args)):
+        for spec in configurations(args):
+            for record in common.run_child("benchmarks.learner", dict(spec, round=r)):
+                records.append(common.emit(record))
+    return records
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    for record in records:  # CPU time: the steadier measure on a busy machine
+        if record.get("cpu_seconds"):
+            record["samples_per_cpu_s"] = record["samples"] / record["cpu_seconds"]
+    summary = common.summarize(records, KEYS, VALUE)
+    cpu = common.summarize(records, KEYS, "samples_per_cpu_s")
+    for row in summary:
+        row["samples_per_cpu_s"] = common.find(cpu, "samples_per_cpu_s",
+                                               **{k: row[k] for k in KEYS})
+        if row["engine"] != "ours":
+            continue
+        match = dict(model=row["model"], threads=row["threads"], device_kind=row["device_kind"])
+        row["vs_ceiling_fused"] = common.ratio(row[VALUE], common.find(
+            summary, VALUE, engine="ceiling", mode="fused", **match))
+        row["vs_ceiling_minibatch"] = common.ratio(row[VALUE], common.find(
+            summary, VALUE, engine="ceiling", mode="minibatch", **match))
+        row["vs_own_1_tower"] = common.ratio(row[VALUE], common.find(
+            summary, VALUE, engine="ours", mode=row["mode"], towers=1, **match))
+    return summary
+
+
+def plot(summary: list[dict], out_dir: str) -> list:
+    paths = []
+    for model in sorted({r["model"] for r in summary}):
+        for threads in {tuple(r["threads"] or ()) for r in summary if r["model"] == model}:
+            rows = [r for r in summary if r["model"] == model and tuple(r["threads"] or ()) == threads]
+            towers = sorted({r["towers"] for r in rows if r["engine"] == "ours"})
+            series = {f"ours, {mode}": [common.find(rows, VALUE, engine="ours", mode=mode, towers=n)
+                                        for n in towers] for mode in ("minibatch", "epoch")}
+            hlines = {f"bare Keras, {mode}": common.find(rows, VALUE, engine="ceiling", mode=mode)
+                      for mode in ("minibatch", "fused")}
+            suffix = "" if not threads else "_t" + "-".join(map(str, threads))
+            paths.append(common.bar_chart(
+                f"{out_dir}/{NAME}_{model}{suffix}.png",
+                f"PPO learner, {model}, 10 epochs x 4000 samples / 128 "
+                f"(threads {threads or 'default'})",
+                "samples/s", [f"{n} tower{'s' if n > 1 else ''}" for n in towers], series,
+                hlines=hlines))
+    return [str(p) for p in paths if p]
+
+
+def main(argv=None):
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--models", default=None,
+                        help="comma-separated: mlp, lstm, cnn (default mlp,lstm; smoke mlp)")
+    parser.add_argument("--towers", default=None, help="default 1,2,4 (smoke 1,2)")
+    parser.add_argument("--threads", default="default",
+                        help="'default' (the library's prepare_process defaults) or "
+                             "'intra,inter;intra,inter'")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--num-samples", type=int, default=4000)
+    parser.add_argument("--minibatch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per child")
+    parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
+    args = parser.parse_args(argv)
+    if args.child:
+        return common.child_main(args, measure)
+    meta = common.start_meta(args, workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")
+    records = run(args)
+    summary = summarize(records)
+    meta["plots"] = plot(summary, args.out)
+    path = common.write_results(NAME, args.out, records, summary, meta)
+    for row in summary:
+        common.emit(dict(row, bench=NAME, summary=True))
+    print(f"# wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,381 @@
+"""Replica engine: MirroredStrategy vs our TowerStack vs bare Keras, one fused PPO loop.
+
+All three run the identical model (ppo_shaped.BareModel, MLP 4 -> 256x256
+tanh with a separate value branch) and loss (ppo_shaped.bare_ppo_loss) over
+the identical data (31 x 128 = 3,968 rows), 10 epochs of 31 shuffled
+minibatches of 128 inside ONE tf.function call, so only the replica
+engine differs:
+
+  bare      one device, keras.optimizers.Adam, no replicas
+  mirrored  tf.distribute.MirroredStrategy over N logical CPU devices with
+            ReductionToOneDevice, mirrored variables, the Keras optimizer's
+            own all-reduce; each replica trains on its 1/N of the minibatch
+  towers    policy_service.towers.TowerStack over N logical CPU devices
+            (load + learn_loaded_epochs): tf.device per tower, one copy of
+            the variables, valid-row-weighted gradient sum
+
+Each (engine, N, intra/inter threads) runs in its own process; every
+configuration is visited once per round and the median over rounds is
+reported (each child itself takes the median of --repeats timed calls).
+
+    python -m benchmarks.replica_engine                 # full sweep, ~15 min
+    python -m benchmarks.replica_engine --smoke
+    python -m benchmarks.replica_engine --breakdown     # where multi-tower time goes
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from benchmarks import common
+
+NAME = "replica_engine"
+VALUE = "samples_per_s"
+KEYS = ("engine", "replicas", "threads")
+DEFAULT_THREADS = "1,2;2,2;1,4;2,4"
+
+
+# ----- child ------------------------------------------------------------------------------------
+
+def measure(spec: dict):
+    from benchmarks import ppo_shaped
+    n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
+    rows = spec["minibatches"] * minibatch
+    columns = _columns(ppo_shaped, rows)
+    base = {"bench": NAME, "engine": spec["engine"], "replicas": n, "threads": spec["threads"],
+            "threads_actual": common.tf_threads(), "round": spec["round"], "epochs": epochs,
+            "minibatch": minibatch, "rows": rows}
+    if spec["engine"] == "bare":
+        learner = ppo_shaped.BareLearner("mlp", columns, rows, 1, minibatch,
+                                         "/GPU:0" if spec.get("real_gpus") else "/CPU:0")
+        fn = lambda: learner.run_fused(epochs)  # noqa: E731
+    elif spec["engine"] == "mirrored":
+        learner = MirroredLearner(columns, n, minibatch, ppo_shaped, spec.get("real_gpus"))
+        fn = lambda: learner.run_fused(epochs)  # noqa: E731
+    else:
+        learner = TowersLearner(columns, n, minibatch, ppo_shaped, spec.get("real_gpus"))
+        fn = lambda: learner.run(epochs)  # noqa: E731
+    walls, cpus = common.timed_with_cpu(fn, spec["repeats"], warmup=1)
+    seconds, cpu = common.median(walls), common.median(cpus)
+    samples = epochs * rows
+    yield dict(base, seconds=seconds, cpu_seconds=cpu, samples=samples,
+               samples_per_s=samples / seconds, samples_per_cpu_s=samples / cpu)
+
+
+def _columns(ppo_shaped, rows: int) -> dict:
+    batch = ppo_shaped.synthetic_batch("mlp", rows)
+    keep = ppo_shaped.bare_columns(dict(batch))
+    return {k: np.asarray(v) for k, v in keep.items()}
+
+
+class TowersLearner:
+    """TowerStack over n logical CPUs with the bare model and loss."""
+
+    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped,
+                 real_gpus: bool = False):
+        import keras
+        import tensorflow as tf
+        from policy_service.devices import FAKE_GPU, GPU, DevicePlan
+        from policy_service.towers import TowerStack
+        kind = "GPU" if real_gpus else "CPU"
+        plan = DevicePlan(tuple(f"/{kind}:{i}" for i in range(n)), GPU if real_gpus else FAKE_GPU)
+        with tf.device(plan.variable_device):
+            model = ppo_shaped.BareModel("mlp")
+            optimizer = keras.optimizers.Adam(ppo_shaped.LR)
+        self.stack = TowerStack(
+            plan, model, lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
+            lambda batch, losses: {"total_loss": losses[0]}, [optimizer], seed=0)
+        self.rows = len(columns["obs"])
+        self.columns = dict(columns, loss_mask=np.ones(self.rows, bool))
+        self.minibatch = minibatch
+
+    def load(self):
+        self.stack.load(self.columns, self.rows, 1, self.minibatch, buffer_index=0)
+
+    def run(self, epochs: int):
+        """load + all epochs in one compiled call."""
+        self.load()
+        return self.stack.learn_loaded_epochs(epochs, 0, shuffle=True)
+
+    def run_minibatches(self, epochs: int, load: bool = True):
+        """[load +] one learn_loaded call per minibatch, shuffled order per epoch."""
+        if load:
+            self.load()
+        for _ in range(epochs):
+            for k in np.random.permutation(self.rows // self.minibatch):
+                self.stack.learn_loaded(int(k) * self.minibatch, 0)
+
+
+class MirroredLearner:
+    """The fused loop under MirroredStrategy (ReductionToOneDevice) over n CPU devices.
+
+    Each replica holds its own contiguous 1/n of the rows and trains on its
+    1/n of every minibatch; the loss is divided by n because the optimizer
+    sums the replicas' gradients.
+    """
+
+    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped,
+                 real_gpus: bool = False):
+        import keras
+        import tensorflow as tf
+        self.tf = tf
+        self.n = n
+        devices = [f"/{'GPU' if real_gpus else 'CPU'}:{i}" for i in range(n)]
+        # real GPUs: the strategy's default (NCCL all-reduce); logical CPUs: one device
+        cross_device_ops = (None if real_gpus else
+                            tf.distribute.ReductionToOneDevice(reduce_to_device="/CPU:0"))
+        self.strategy = tf.distribute.MirroredStrategy(devices=devices,
+                                                       cross_device_ops=cross_device_ops)
+        with self.strategy.scope():
+            self.model = ppo_shaped.BareModel("mlp")
+            self.optimizer = keras.optimizers.Adam(ppo_shaped.LR)
+            self.optimizer.build(self.model.trainable_variables)
+        rows = len(columns["obs"])
+        if rows % minibatch or minibatch % n:
+            raise ValueError(f"{rows} rows must be whole minibatches of {minibatch} rows, "
+                             f"each split evenly over {n} replicas")
+        self.rows_per_replica = rows // n
+        self.mb_per_replica = minibatch // n
+        self.num_minibatches = rows // minibatch
+        shards = [{k: v[i * self.rows_per_replica:(i + 1) * self.rows_per_replica]
+                   for k, v in columns.items()} for i in range(n)]
+
+        def shard_for(ctx):
+            with tf.device(devices[ctx.replica_id_in_sync_group]):
+                return {k: tf.constant(v) for k, v in shards[ctx.replica_id_in_sync_group].items()}
+
+        self.data = self.strategy.experimental_distribute_values_from_function(shard_for)
+        self.loss_fn = ppo_shaped.bare_ppo_loss
+        self.rng = tf.random.Generator.from_seed(0)
+        self._fused = tf.function(self._epochs)
+
+    def _replica_step(self, data, order, i):
+        tf = self.tf
+        rid = tf.distribute.get_replica_context().replica_id_in_sync_group
+        epoch, k = i // self.num_minibatches, i % self.num_minibatches
+        m = self.mb_per_replica
+        idx = order[epoch, rid, k * m:(k + 1) * m]
+        batch = {key: tf.gather(v, idx) for key, v in data.items()}
+        with tf.GradientTape() as tape:
+            loss = self.loss_fn(self.model, batch) / self.n
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        return loss
+
+    def _epochs(self, data, order):
+        tf = self.tf
+        total = tf.shape(order)[0] * self.num_minibatches
+        loss = tf.constant(0.0)
+        for i in tf.range(total):
+            per_replica = self.strategy.run(self._replica_step, args=(data, order, i))
+            loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+        return loss
+
+    def run_fused(self, num_epochs: int) -> float:
+        tf = self.tf
+        keys = self.rng.uniform([num_epochs, self.n, self.rows_per_replica])
+        order = tf.cast(tf.argsort(keys, axis=-1), tf.int32)
+        return float(self._fused(self.data, order))
+
+
+# ----- breakdown: where the multi-tower time goes -----------------------------------------------
+
+def breakdown(spec: dict):
+    """Time TowerStack steps with parts switched off (monkeypatched in this child only).
+
+      full       the library as it is
+      no_cond    apply unconditionally: no tf.cond around the optimizer
+      plain_sum  tf.add_n(grad * weight) instead of the tf.where-guarded weighted sum
+      minimal    no_cond + plain_sum, and no finiteness check (nothing reads it, so
+                 tf.function prunes it)
+      captured   per-minibatch calls only: the loaded buffers are captured by the
+                 compiled function instead of passed as its arguments on every
+                 call, so a call binds one index tensor instead of towers x columns
+    Each variant: fused epochs (learn_loaded_epochs) and one call per minibatch
+    (learn_loaded), ms per SGD step.
+    """
+    import tensorflow as tf
+    from benchmarks import ppo_shaped
+    from policy_service import towers as towers_mod
+    n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
+    rows = spec["minibatches"] * minibatch
+    columns = _columns(ppo_shaped, rows)
+    original_sum, original_step = towers_mod._weighted_sum, towers_mod.TowerStack._step
+
+    def plain_sum(values, weights):
+        return tf.add_n([v * tf.cast(w, v.dtype) for v, w in zip(values, weights)])
+
+    def step_no_cond(self, shards):
+        combined, stats, assignments, finite = self._tower_pass(shards)
+        with tf.device(self.plan.variable_device):
+            self._apply(combined, assignments)
+        stats["_finite"] = finite
+        return stats
+
+    def step_unchecked(self, shards):
+        combined, stats, assignments, _ = self._tower_pass(shards)
+        with tf.device(self.plan.variable_device):
+            self._apply(combined, assignments)
+        stats["_finite"] = tf.constant([True])
+        return stats
+
+    original_learn_loaded = towers_mod.TowerStack.learn_loaded
+
+    def learn_loaded_captured(self, offset, buffer_index):
+        buffer = self._buffer(buffer_index)
+        key = ("captured", buffer_index, id(buffer.towers))
+        if key not in self._functions:
+            placed = buffer.towers
+            self._functions[key] = tf.function(
+                lambda idx: self._loaded_graph(placed, idx),
+                input_signature=[tf.TensorSpec([self.num_towers, None], tf.int32)])
+        k, u = offset // buffer.minibatch_rows, buffer.units_per_minibatch
+        idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None], [self.num_towers, 1])
+        return self._finish(self._functions[key](idx))
+
+    variants = {"full": (original_sum, original_step, original_learn_loaded),
+                "no_cond": (original_sum, step_no_cond, original_learn_loaded),
+                "plain_sum": (plain_sum, original_step, original_learn_loaded),
+                "minimal": (plain_sum, step_unchecked, original_learn_loaded),
+                "captured": (original_sum, original_step, learn_loaded_captured)}
+    steps = epochs * (rows // minibatch)
+    for name in spec.get("variants") or list(variants):
+        (towers_mod._weighted_sum, towers_mod.TowerStack._step,
+         towers_mod.TowerStack.learn_loaded) = variants[name]
+        learner = TowersLearner(columns, n, minibatch, ppo_shaped)
+        walls, cpus = common.timed_with_cpu(lambda: learner.run(epochs), spec["repeats"])
+        fused, fused_cpu = common.median(walls), common.median(cpus)
+        learner.load()  # once, untimed: "captured" compiles one function per loaded buffer
+        walls, cpus = common.timed_with_cpu(lambda: learner.run_minibatches(epochs, load=False),
+                                            spec["repeats"])
+        per_call, per_call_cpu = common.median(walls), common.median(cpus)
+        yield {"bench": NAME, "kind": "breakdown", "variant": name, "replicas": n,
+               "threads": spec["threads"], "threads_actual": common.tf_threads(),
+               "round": spec["round"],
+               "fused_samples_per_s": epochs * rows / fused,
+               "minibatch_samples_per_s": epochs * rows / per_call,
+               "fused_ms_per_step": 1e3 * fused / steps,
+               "minibatch_ms_per_step": 1e3 * per_call / steps,
+               "fused_cpu_ms_per_step": 1e3 * fused_cpu / steps,
+               "minibatch_cpu_ms_per_step": 1e3 * per_call_cpu / steps}
+
+
+# ----- parent -----------------------------------------------------------------------------------
+
+def configurations(args) -> list[dict]:
+    size = ({"epochs": 2, "minibatches": 4, "repeats": 1} if args.smoke else
+            {"epochs": args.epochs, "minibatches": args.minibatches, "repeats": args.repeats})
+    replicas = [int(x) for x in (args.replicas or ("2" if args.smoke else "1,2,4")).split(",")]
+    threads = common.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
+    engines = (args.engines or "bare,mirrored,towers").split(",")
+    configs = []
+    for t in threads:
+        for engine in engines:
+            for n in ([1] if engine == "bare" else replicas):
+                configs.append(dict(size, engine=engine, replicas=n, threads=t,
+                                    devices=1 if args.real_gpus else n,
+                                    real_gpus=args.real_gpus, minibatch=args.minibatch))
+    return configs
+
+
+def recommend_threads(summary: list[dict]) -> dict:
+    """Fastest (intra, inter) for our TowerStack at each tower count."""
+    best = {}
+    for row in summary:
+        if row["engine"] != "towers" or row.get(VALUE) is None:
+            continue
+        n = row["replicas"]
+        if n not in best or row[VALUE] > best[n][VALUE]:
+            best[n] = row
+    return {str(n): {"threads": r["threads"], VALUE: r[VALUE]} for n, r in sorted(best.items())}
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    measured = [r for r in records if r.get("kind") != "breakdown"]
+    summary = common.summarize(measured, KEYS, VALUE)
+    cpu = common.summarize(measured, KEYS, "samples_per_cpu_s")
+    for row in summary:
+        row["samples_per_cpu_s"] = common.find(cpu, "samples_per_cpu_s",
+                                               **{k: row[k] for k in KEYS})
+        bare = common.find(summary, VALUE, engine="bare", threads=row["threads"])
+        own_one = common.find(summary, VALUE, engine=row["engine"], replicas=1,
+                              threads=row["threads"])
+        row["vs_bare_same_threads"] = common.ratio(row[VALUE], bare)
+        row["vs_own_1_replica"] = common.ratio(row[VALUE], own_one)
+    return summary
+
+
+def plot(summary: list[dict], out_dir: str) -> list[str]:
+    """Two charts: wall samples/s, and samples per CPU-second (steadier on a busy machine)."""
+    threads = sorted({tuple(r["threads"]) for r in summary if r["threads"]})
+    groups = [f"{t[0]}/{t[1]}" for t in threads]
+    paths = []
+    for value, suffix, label in ((VALUE, "", "samples/s (wall)"),
+                                 ("samples_per_cpu_s", "_cpu", "samples per CPU-second")):
+        series = {}
+        for engine, ns in (("bare", [1]), ("mirrored", [1, 2, 4]), ("towers", [1, 2, 4])):
+            for n in ns:
+                values = [common.find(summary, value, engine=engine, replicas=n, threads=list(t))
+                          for t in threads]
+                if any(v is not None for v in values):
+                    series[engine if engine == "bare" else f"{engine} x{n}"] = values
+        path = common.bar_chart(
+            f"{out_dir}/{NAME}{suffix}.png",
+            f"Fused PPO loop (10 epochs x 31 x 128): {label}, by intra/inter-op threads",
+            label, groups, series)
+        if path:
+            paths.append(str(path))
+    return paths
+
+
+def main(argv=None):
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--engines", default=None, help="bare,mirrored,towers")
+    parser.add_argument("--replicas", default=None, help="default 1,2,4")
+    parser.add_argument("--threads", default=None, help=f"default {DEFAULT_THREADS!r}")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--minibatches", type=int, default=31)
+    parser.add_argument("--minibatch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--real-gpus", action="store_true", help="replicas on real GPUs")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="time TowerStack with parts switched off instead")
+    args = parser.parse_args(argv)
+    if args.child:
+        spec = json.loads(args.child)
+        return common.child_main(args, breakdown if spec.get("breakdown") else measure)
+    meta = common.start_meta(args, workload="fused PPO loop, 10 epochs x 31 minibatches x 128")
+    records = []
+    rounds = common.rounds_of(args)
+    for r in range(rounds):
+        for spec in configurations(args):
+            if args.breakdown:
+                if spec["engine"] != "towers":
+                    continue
+                spec = dict(spec, breakdown=True)
+            for record in common.run_child("benchmarks.replica_engine", dict(spec, round=r)):
+                records.append(common.emit(record))
+    name = NAME + ("_breakdown" if args.breakdown else "")
+    if args.breakdown:
+        summary = []
+        for value in ("fused_samples_per_s", "minibatch_samples_per_s"):
+            summary += [dict(row, metric=value) for row in common.summarize(
+                records, ("variant", "replicas", "threads"), value)]
+        meta["plots"] = []
+    else:
+        summary = summarize(records)
+        meta["recommended_threads"] = recommend_threads(summary)
+        meta["plots"] = plot(summary, args.out)
+    path = common.write_results(name, args.out, records, summary, meta)
+    for row in summary:
+        common.emit(dict(row, bench=name, summary=True))
+    if not args.breakdown:
+        common.emit({"bench": NAME, "summary": True,
+                     "recommended_threads": meta["recommended_threads"]})
+    print(f"# wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""Env steps/s of one RolloutWorker on CartPole-v1: 1, 8, 32 vector envs, local and remote inference.
+
+The worker runs in the child process itself (as a worker process would);
+its policy is PPO's (MLP 256x256 tanh, the default PPO model) and every
+fragment goes through PPO's postprocessing (GAE), so a step costs what it
+costs in training: env step, forward pass, recording, postprocessing.
+
+  local    the policy is a copy inside the worker (TF threads as the library
+           sets them in that process)
+  remote   the worker sends observations to a PolicyActor (Ray actor; batching
+           sized as EnvRunnerGroup does: max_batch_size = the worker's envs,
+           2 ms window) and gets actions back: central inference
+
+Each measurement samples fragments of --fragment steps per sub-env for
+--duration seconds after one warm-up fragment; env steps/s = recorded
+transitions / wall time of the sample() calls.
+
+    python -m benchmarks.sampler            # ~2 min
+    python -m benchmarks.sampler --smoke
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from benchmarks import common
+
+NAME = "sampler"
+VALUE = "env_steps_per_s"
+KEYS = ("inference", "num_envs")
+
+
+def measure(spec: dict):
+    from benchmarks import ppo_shaped
+    from policy_service.rollout import RolloutWorker
+    policy_cls = ppo_shaped.learner_policy_class()
+    config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
+    remote = spec["inference"] == "remote"
+    if remote:
+        import gymnasium as gym
+        import ray
+        from policy_service.service import PolicyActor
+        ray.init(**common.RAY_INIT)
+        env = gym.make("CartPole-v1")
+        obs_space, act_space = env.observation_space, env.action_space
+        env.close()
+    try:
+        for num_envs in spec["num_envs_list"]:
+            actor = None
+            if remote:
+                # as EnvRunnerGroup sizes it: one row per sub-env of all (here: one) workers
+                actor = PolicyActor.remote(policy_cls, obs_space, act_space, config,
+                                           max_batch_size=num_envs, batch_wait_timeout_s=0.002)
+                ray.get(actor.stats.remote())
+            worker = RolloutWorker("CartPole-v1", policy_cls, config, num_envs=num_envs,
+                                   rollout_fragment_length=spec["fragment"], seed=0,
+                                   policy_actor=actor)
+            worker.sample()  # warm-up: traces the action function, resets the envs
+            steps, seconds, timers = 0, 0.0, {"inference_time_s": 0.0, "env_time_s": 0.0,
+                                              "postprocess_time_s": 0.0}
+            end = time.perf_counter() + spec["duration"]
+            while time.perf_counter() < end:
+                start = time.perf_counter()
+                _, metrics = worker.sample()
+                seconds += time.perf_counter() - start
+                steps += metrics["env_steps"]
+                for key in timers:
+                    timers[key] += metrics.get(key, 0.0)
+            worker.stop()
+            if actor is not None:
+                ray.kill(actor)
+            yield {"bench": NAME, "inference": spec["inference"], "num_envs": num_envs,
+                   "round": spec["round"], "policy_class": policy_cls.__name__,
+                   "fragment": spec["fragment"], "env_steps": steps, "seconds": seconds,
+                   VALUE: steps / seconds,
+                   **{k.replace("_time_s", "_share"): v / seconds for k, v in timers.items()},
+                   "threads_actual": common.tf_threads()}
+    finally:
+        if remote:
+            ray.shutdown()
+
+
+def configurations(args) -> list[dict]:
+    num_envs = [int(n) for n in (args.num_envs or ("1,8" if args.smoke else "1,8,32")).split(",")]
+    size = dict(num_envs_list=num_envs, fragment=50 if args.smoke else args.fragment,
+                duration=1.0 if args.smoke else args.duration, devices=1)
+    return [dict(size, inference=kind) for kind in args.inference.split(",")]
+
+
+def plot(summary: list[dict], out_dir: str) -> str | None:
+    counts = sorted({r["num_envs"] for r in summary})
+    series = {f"{kind} inference": [common.find(summary, VALUE, inference=kind, num_envs=n)
+                                    for n in counts]
+              for kind in sorted({r["inference"] for r in summary})}
+    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+                            "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
+                            "env steps/s", [f"{n} envs" for n in counts], series)
+    return str(path) if path else None
+
+
+def main(argv=None):
+    parser = common.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--num-envs", default=None, help="default 1,8,32 (smoke 1,8)")
+    parser.add_argument("--inference", default="local,remote")
+    parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
+    parser.add_argument("--duration", type=float, default=5.0)
+    args = parser.parse_args(argv)
+    if args.child:
+        return common.child_main(args, measure)
+    meta = common.start_meta(args, workload="CartPole-v1, PPO MLP 256x256 policy")
+    records = []
+    for r in range(common.rounds_of(args)):
+        for spec in configurations(args):
+            for record in common.run_child("benchmarks.sampler", dict(spec, round=r)):
+                records.append(common.emit(record))
+    summary = common.summarize(records, KEYS, VALUE)
+    meta["plots"] = [plot(summary, args.out)]
+    path = common.write_results(NAME, args.out, records, summary, meta)
+    for row in summary:
+        common.emit(dict(row, bench=NAME, summary=True))
+    print(f"# wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Every benchmark script runs at its --smoke size and prints valid JSON records.
+
+Each script runs as `python -m benchmarks.<name> --smoke --out TMP` in a
+subprocess (its children prepare their own devices), so this only proves
+that the scripts still run against the current library and write their
+results; the figures themselves are meaningless at this size.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_smoke(name: str, tmp_path: Path, *extra: str, timeout: float = 900,
+              result: str | None = None) -> list[dict]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke",
+                           "--out", str(tmp_path), *extra],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert records, f"{name} printed no records; stderr: {proc.stderr[-2000:]}"
+    errors = [r for r in records if "error" in r]
+    assert not errors, json.dumps(errors, indent=1)[-4000:]
+    saved = json.loads((tmp_path / f"{result or name}.json").read_text())
+    assert saved["meta"]["smoke"] is True
+    assert len(saved["records"]) == len([r for r in records if not r.get("summary")])
+    for plot in saved["meta"]["plots"]:
+        assert (tmp_path / plot).stat().st_size > 0
+    return records
+
+
+def measurements(records: list[dict]) -> list[dict]:
+    return [r for r in records if not r.get("summary")]
+
+
+def test_learner_smoke(tmp_path):
+    records = measurements(run_smoke("learner", tmp_path))
+    seen = {(r["engine"], r["mode"], r["towers"]) for r in records}
+    assert {("ours", "minibatch", 1), ("ours", "epoch", 1), ("ours", "epoch", 2),
+            ("ceiling", "minibatch", 1), ("ceiling", "fused", 1)} <= seen
+    assert all(r["samples_per_s"] > 0 for r in records)
+    assert (tmp_path / "learner_mlp.png").exists()
+
+
+def test_replica_engine_smoke(tmp_path):
+    records = measurements(run_smoke("replica_engine", tmp_path))
+    engines = {(r["engine"], r["replicas"]) for r in records}
+    assert engines == {("bare", 1), ("mirrored", 2), ("towers", 2)}
+    assert all(r["samples_per_s"] > 0 and r["samples_per_cpu_s"] > 0 for r in records)
+    saved = json.loads((tmp_path / "replica_engine.json").read_text())
+    assert set(saved["meta"]["recommended_threads"]) == {"2"}
+
+
+def test_replica_engine_breakdown_smoke(tmp_path):
+    records = measurements(run_smoke("replica_engine", tmp_path, "--breakdown",
+                                     "--replicas", "2", result="replica_engine_breakdown"))
+    assert {r["variant"] for r in records} == {"full", "no_cond", "plain_sum", "minimal",
+                                                "captured"}
+
+
+def test_inference_smoke(tmp_path):
+    records = measurements(run_smoke("inference", tmp_path))
+    targets = {(r["target"], r.get("batching")) for r in records}
+    assert {("noop", None), ("policy", "on"), ("policy", "off"), ("in_process", None)} <= targets
+    remote = [r for r in records if r["target"] == "policy"]
+    assert all(r["calls"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in remote)
+
+
+def test_sampler_smoke(tmp_path):
+    records = measurements(run_smoke("sampler", tmp_path))
+    assert {(r["inference"], r["num_envs"]) for r in records} == {
+        ("local", 1), ("local", 8), ("remote", 1), ("remote", 8)}
+    assert all(r["env_steps"] > 0 for r in records)
+
+
+def test_e2e_smoke(tmp_path):
+    records = measurements(run_smoke("e2e", tmp_path))
+    assert records[0]["env_steps"] > 0 and records[0]["iterations"] >= 1
+
+
+@pytest.mark.slow
+def test_compare_rllib_smoke(tmp_path):
+    """Needs RLlib's own venv; the script creates it (pip) when missing."""
+    records = run_smoke("compare_rllib", tmp_path, "--workloads", "learner,sampler,inference",
+                        timeout=1800)
+    ratios = [r for r in records if r.get("summary")]
+    assert {r["workload"] for r in ratios} == {"learner", "sampler", "inference"}
