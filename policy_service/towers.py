@@ -110,7 +110,11 @@ def _moments_as_moving_stats(layers):
 
 
 def _weighted_sum(values, weights):
-    """sum_t w_t * v_t where a tower of weight 0 adds exact zeros (even if NaN)."""
+    """sum_t w_t * v_t where a tower of weight 0 adds exact zeros (even if NaN).
+
+    One tower always holds valid rows (weight 1), so its value passes as is."""
+    if len(values) == 1:
+        return values[0]
     terms = [tf.where(w > 0, v * tf.cast(w, v.dtype), tf.zeros_like(v))
              for v, w in zip(values, weights)]
     return tf.add_n(terms)
