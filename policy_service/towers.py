@@ -14,10 +14,10 @@ Batch norm runs in training mode on each shard; its moving statistics are
 updated once per step from the towers' moments combined over all valid rows
 (not from one tower, and not N times).
 
-Why hand-built towers rather than MirroredStrategy: the same loop measured
-0.8-1.0x of one device with 2 towers here against 0.6-0.8x for 2 replicas
-(see docs/replica_engine.md and benchmarks/replica_engine.py), and exact
-weighting and batch-norm combination are explicit code rather than
+Why hand-built towers rather than MirroredStrategy: measured per CPU-second
+against bare Keras (docs/replica_engine.md), both engines give 0.64x with 2
+devices and the tower stack is ahead with 4 (0.44x vs 0.35x); exact
+weighting and batch-norm combination are then explicit code rather than
 strategy internals. The variables live on the first tower's device, where
 tower gradients are summed.
 """
