@@ -13,3 +13,20 @@ from policy_service import devices  # noqa: E402
 
 NUM_FAKE_GPUS = 4
 devices.prepare_process(NUM_FAKE_GPUS)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A real local Ray for one test module, with the shared test envs and
+    policies pickled by value so Ray workers need not import them."""
+    import ray
+
+    import envs
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.cloudpickle.register_pickle_by_value(envs)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(envs)
+    ray.shutdown()

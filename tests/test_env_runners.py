@@ -15,15 +15,6 @@ SLOW_SCRIPT = {**SCRIPT, "step_sleep_s": 0.02}  # a fragment of 20 steps takes ~
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(envs)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(envs)
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def group(ray_local):
     group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, envs.PGPolicy, CONFIG, num_env_runners=2,
                            num_envs_per_env_runner=2, rollout_fragment_length=20,

@@ -179,15 +179,6 @@ def test_gymnasium_id_env_and_prev_columns():
     assert worker.set_weights(worker.get_weights(), 5) == 5 and worker.weights_version() == 5
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(envs)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(envs)
-    ray.shutdown()
-
-
 def test_remote_inference_matches_local_inference(ray_local):
     config = {**LSTM_CONFIG, "explore": False}
     local_worker = _worker(config, rollout_fragment_length=5)

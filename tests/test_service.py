@@ -26,15 +26,6 @@ WAIT_S = 1.0  # batch window of the served MLP: long, so a burst of requests sha
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(envs)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(envs)
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def served_mlp(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
         envs.FaultyPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG,
