@@ -259,6 +259,16 @@ def write_results(name: str, out_dir: str, records: list[dict], summary: list[di
     return path
 
 
+def finish(name: str, out_dir: str, records: list[dict], summary: list[dict],
+           meta: dict) -> Path:
+    """Write the results file, print the summary rows as JSON and say where it went."""
+    path = write_results(name, out_dir, records, summary, meta)
+    for row in summary:
+        emit(dict(row, bench=name, summary=True))
+    print(f"# wrote {path}", file=sys.stderr)
+    return path
+
+
 def start_meta(args, **extra) -> dict:
     return dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
                 smoke=bool(args.smoke), machine=machine_info(), versions=versions(), **extra)

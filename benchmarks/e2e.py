@@ -17,7 +17,6 @@ worker), shared with compare_rllib.py so RLlib runs exactly the same.
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 from benchmarks import common
@@ -134,10 +133,7 @@ def main(argv=None):
                 records.append(common.emit(record))
     summary = summarize(records)
     meta["plots"] = [plot(summary, args.out)]
-    path = common.write_results(NAME, args.out, records, summary, meta)
-    for row in summary:
-        common.emit(dict(row, bench=NAME, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    common.finish(NAME, args.out, records, summary, meta)
 
 
 if __name__ == "__main__":

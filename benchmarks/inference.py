@@ -24,7 +24,6 @@ so compare_rllib.py runs them against an RLlib policy in RLlib's venv.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 
 import numpy as np
@@ -261,10 +260,7 @@ def main(argv=None):
                 records.append(common.emit(record))
     summary = summarize(records)
     meta["plots"] = [plot(summary, args.out)]
-    path = common.write_results(NAME, args.out, records, summary, meta)
-    for row in summary:
-        common.emit(dict(row, bench=NAME, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    common.finish(NAME, args.out, records, summary, meta)
 
 
 if __name__ == "__main__":

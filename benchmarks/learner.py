@@ -26,7 +26,6 @@ not, so the comparison is conservative for us.
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 
@@ -207,10 +206,7 @@ def main(argv=None):
     records = run(args)
     summary = summarize(records)
     meta["plots"] = plot(summary, args.out)
-    path = common.write_results(NAME, args.out, records, summary, meta)
-    for row in summary:
-        common.emit(dict(row, bench=NAME, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    common.finish(NAME, args.out, records, summary, meta)
 
 
 if __name__ == "__main__":

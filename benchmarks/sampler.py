@@ -20,7 +20,6 @@ transitions / wall time of the sample() calls.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 from benchmarks import common
@@ -115,10 +114,7 @@ def main(argv=None):
                 records.append(common.emit(record))
     summary = common.summarize(records, KEYS, VALUE)
     meta["plots"] = [plot(summary, args.out)]
-    path = common.write_results(NAME, args.out, records, summary, meta)
-    for row in summary:
-        common.emit(dict(row, bench=NAME, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    common.finish(NAME, args.out, records, summary, meta)
 
 
 if __name__ == "__main__":
