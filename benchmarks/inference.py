@@ -153,7 +153,7 @@ def _start_server(server: str, spec: dict, base: dict):
     from benchmarks import ppo_shaped
     from policy_service.service import PolicyActor
     obs_space, act_space = ppo_shaped.spaces_for("mlp")
-    policy_cls = ppo_shaped.learner_policy_class()
+    from algorithms.ppo import PPOPolicy as policy_cls
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     batching = server.split("/")[1]
     options = (dict(max_batch_size=spec["max_batch_size"],
@@ -178,7 +178,7 @@ def _start_server(server: str, spec: dict, base: dict):
 
 def _in_process(spec, base):
     from benchmarks import ppo_shaped
-    policy = ppo_shaped.make_policy("mlp", 1, policy_cls=ppo_shaped.learner_policy_class())
+    policy = ppo_shaped.make_policy("mlp", 1)
     policy_name = type(policy).__name__
     rng = np.random.default_rng(0)
     for batch_size in spec["batch_sizes"]:

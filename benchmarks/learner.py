@@ -90,8 +90,7 @@ def _measure_ours(spec, batch, base, ppo_shaped):
 def _measure_ceiling(spec, batch, base, ppo_shaped):
     epochs, minibatch, repeats = spec["epochs"], spec["minibatch"], spec["repeats"]
     # the library only pads and chops the synthetic batch into columns here
-    helper = ppo_shaped.make_policy(base["model"], 1, minibatch_size=minibatch,
-                                    policy_cls=ppo_shaped.BenchPPOPolicy)
+    helper = ppo_shaped.make_policy(base["model"], 1, minibatch_size=minibatch)
     columns, units, rows_per_unit = helper.train_columns(batch, fixed_seq_len=True)
     columns = ppo_shaped.bare_columns(columns)
     if rows_per_unit == 1:

@@ -1,9 +1,6 @@
 """The PPO-shaped workload every learner benchmark runs, three ways:
 
-- `learner_policy_class()`: `algorithms.ppo.PPOPolicy` when it imports, else
-  `BenchPPOPolicy`, a stand-in TFPolicy with the same loss (clipped
-  surrogate + clipped squared value error + KL(old || new) * 0.2, RLlib's
-  defaults), used only until the real one exists.
+- `make_policy()`: our library's `algorithms.ppo.PPOPolicy` on 1..N towers.
 - `BareLearner`: the ceiling. The same model shapes and loss as plain Keras 3
   layers and one Adam optimizer in a `tf.function`, no framework around it:
   one call per minibatch, or all epochs in one compiled call.
@@ -89,45 +86,14 @@ def episode_lengths(num_rows: int, rng) -> np.ndarray:
 
 # ----- our library ---------------------------------------------------------------------------
 
-class BenchPPOPolicy(TFPolicy):
-    """Stand-in for algorithms.ppo.PPOPolicy: the same loss, fixed KL coefficient."""
-
-    def loss(self, model, dist_class, train_batch):
-        mask = train_batch["loss_mask"]
-        out = model(train_batch, training=True)
-        curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
-        prev = dist_class(train_batch[SampleBatch.ACTION_DIST_INPUTS])
-        adv = train_batch[SampleBatch.ADVANTAGES]
-        ratio = tf.exp(curr.logp(train_batch[SampleBatch.ACTIONS])
-                       - train_batch[SampleBatch.ACTION_LOGP])
-        surrogate = tf.minimum(adv * ratio,
-                               adv * tf.clip_by_value(ratio, 1 - CLIP_PARAM, 1 + CLIP_PARAM))
-        vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
-        self._policy_loss = masked_mean(-surrogate, mask)
-        self._vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, VF_CLIP_PARAM), mask)
-        self._kl = masked_mean(prev.kl(curr), mask)
-        return self._policy_loss + VF_LOSS_COEFF * self._vf_loss + KL_COEFF * self._kl
-
-    def stats(self, train_batch):
-        return {"policy_loss": self._policy_loss, "vf_loss": self._vf_loss, "kl": self._kl}
-
-
-def learner_policy_class() -> type:
-    """algorithms.ppo.PPOPolicy once it imports; the stand-in until then."""
-    try:
-        from algorithms.ppo import PPOPolicy
-        return PPOPolicy
-    except Exception:  # not written yet, or broken: measure the stand-in
-        return BenchPPOPolicy
-
-
 def make_policy(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
-                real_gpus: bool = False, policy_cls: type | None = None) -> TFPolicy:
+                real_gpus: bool = False) -> TFPolicy:
+    from algorithms.ppo import PPOPolicy
     obs_space, act_space = spaces_for(model)
     config = {"num_gpus": towers, "_fake_gpus": not real_gpus, "lr": LR, "seed": 0,
               "minibatch_size": minibatch_size, "num_epochs": num_epochs,
               "model": dict(MODELS[model][2])}
-    return (policy_cls or learner_policy_class())(obs_space, act_space, config)
+    return PPOPolicy(obs_space, act_space, config)
 
 
 # ----- the ceiling: bare Keras ----------------------------------------------------------------

@@ -32,7 +32,7 @@ KEYS = ("inference", "num_envs")
 def measure(spec: dict):
     from benchmarks import ppo_shaped
     from policy_service.rollout import RolloutWorker
-    policy_cls = ppo_shaped.learner_policy_class()
+    from algorithms.ppo import PPOPolicy as policy_cls
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     remote = spec["inference"] == "remote"
     if remote:
