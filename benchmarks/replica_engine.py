@@ -185,27 +185,26 @@ class MirroredLearner:
 def breakdown(spec: dict):
     """Time TowerStack steps with parts switched off (monkeypatched in this child only).
 
-      full       the library as it is
-      no_cond    apply unconditionally: no tf.cond around the optimizer
-      plain_sum  tf.add_n(grad * weight) instead of the tf.where-guarded weighted sum
-      minimal    no_cond + plain_sum, and no finiteness check (nothing reads it, so
-                 tf.function prunes it)
-      captured   per-minibatch calls only: the loaded buffers are captured by the
-                 compiled function instead of passed as its arguments on every
-                 call, so a call binds one index tensor instead of towers x columns
+      full         the library as it is
+      no_cond      apply unconditionally: no tf.cond around the optimizer
+      minimal      no_cond, and no finiteness check (nothing reads it, so
+                   tf.function prunes it)
+      one_device   every tower on the variable device: what crossing devices
+                   costs (the towers still run side by side on the inter-op pool)
+      captured     per-minibatch calls only: the loaded buffers are captured by the
+                   compiled function instead of passed as its arguments on every
+                   call, so a call binds one index tensor instead of towers x columns
     Each variant: fused epochs (learn_loaded_epochs) and one call per minibatch
     (learn_loaded), ms per SGD step.
     """
     import tensorflow as tf
     from benchmarks import ppo_shaped
     from policy_service import towers as towers_mod
+    from policy_service.devices import DevicePlan
     n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)
-    original_sum, original_step = towers_mod._weighted_sum, towers_mod.TowerStack._step
-
-    def plain_sum(values, weights):
-        return tf.add_n([v * tf.cast(w, v.dtype) for v, w in zip(values, weights)])
+    original_step = towers_mod.TowerStack._step
 
     def step_no_cond(self, shards):
         combined, stats, assignments, finite = self._tower_pass(shards)
@@ -235,16 +234,20 @@ def breakdown(spec: dict):
         idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None], [self.num_towers, 1])
         return self._finish(self._functions[key](idx))
 
-    variants = {"full": (original_sum, original_step, original_learn_loaded),
-                "no_cond": (original_sum, step_no_cond, original_learn_loaded),
-                "plain_sum": (plain_sum, original_step, original_learn_loaded),
-                "minimal": (plain_sum, step_unchecked, original_learn_loaded),
-                "captured": (original_sum, original_step, learn_loaded_captured)}
+    # name -> (step, learn_loaded, all towers on the variable device)
+    variants = {"full": (original_step, original_learn_loaded, False),
+                "no_cond": (step_no_cond, original_learn_loaded, False),
+                "minimal": (step_unchecked, original_learn_loaded, False),
+                "one_device": (original_step, original_learn_loaded, True),
+                "captured": (original_step, learn_loaded_captured, False)}
     steps = epochs * (rows // minibatch)
     for name in spec.get("variants") or list(variants):
-        (towers_mod._weighted_sum, towers_mod.TowerStack._step,
-         towers_mod.TowerStack.learn_loaded) = variants[name]
+        towers_mod.TowerStack._step, towers_mod.TowerStack.learn_loaded, one_device = \
+            variants[name]
         learner = TowersLearner(columns, n, minibatch, ppo_shaped)
+        if one_device:
+            plan = learner.stack.plan
+            learner.stack.plan = DevicePlan((plan.variable_device,) * n, plan.kind)
         walls, cpus = common.timed_with_cpu(lambda: learner.run(epochs), spec["repeats"])
         fused, fused_cpu = common.median(walls), common.median(cpus)
         learner.load()  # once, untimed: "captured" compiles one function per loaded buffer

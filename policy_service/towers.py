@@ -109,15 +109,33 @@ def _moments_as_moving_stats(layers):
             layer.momentum = momentum
 
 
+def _scale(value, weight):
+    """weight * value, exactly zero when the weight is 0 even if value is NaN or inf:
+    a tower holding only padding must add nothing."""
+    value = tf.convert_to_tensor(value)
+    return tf.math.multiply_no_nan(value, tf.cast(weight, value.dtype))
+
+
 def _weighted_sum(values, weights):
     """sum_t w_t * v_t where a tower of weight 0 adds exact zeros (even if NaN).
 
-    One tower always holds valid rows (weight 1), so its value passes as is."""
+    A lone tower holds all valid rows (weight 1), so its value passes as is."""
     if len(values) == 1:
         return values[0]
-    terms = [tf.where(w > 0, v * tf.cast(w, v.dtype), tf.zeros_like(v))
-             for v, w in zip(values, weights)]
-    return tf.add_n(terms)
+    return tf.add_n([_scale(v, w) for v, w in zip(values, weights)])
+
+
+def _pack_stats(stats: dict) -> tuple[list, tf.Tensor]:
+    """(names, <float32>[len(names)]): one tensor to move between devices, not one
+    per statistic."""
+    names = list(stats)
+    for name in names:
+        if tf.convert_to_tensor(stats[name]).shape.rank != 0:
+            raise ValueError(f"statistic {name!r} must be a scalar, got shape "
+                             f"{tf.convert_to_tensor(stats[name]).shape}")
+    packed = tf.stack([tf.cast(stats[n], tf.float32) for n in names]) if names \
+        else tf.zeros([0], tf.float32)
+    return names, packed
 
 
 def clip_gradients(grads: list, clip: float | None, method: str) -> list:
@@ -341,7 +359,12 @@ class TowerStack:
         return sum(f.trace_count() for f in self._functions.values())
 
     def _tower_pass(self, shards):
-        """Per tower: losses, gradients, stats and BN moments; then combined."""
+        """Per tower: losses, gradients, stats and BN moments; then combined.
+
+        Each tower weights its own gradients (valid rows / all valid rows) on its
+        device, so the variable device only sums them, and ships its statistics
+        as one packed tensor: on fake GPUs the tensors crossing devices, not the
+        arithmetic, are much of what N towers add over one."""
         towers = []
         with _moments_as_moving_stats(self._bn_layers) as momenta:
             for device, shard in zip(self.plan.devices, shards):
@@ -355,7 +378,7 @@ class TowerStack:
                             raise ValueError(f"loss returned {len(losses)} losses for "
                                              f"{len(self.optimizers)} optimizer(s)")
                         grads = [tape.gradient(loss, self.variables) for loss in losses]
-                        stats = dict(self.stats_fn(batch, losses))
+                        stats = _pack_stats(self.stats_fn(batch, losses))
                         updates = {id(v): scope.get_current_value(v)
                                    for v in self.model.non_trainable_variables
                                    if scope.get_current_value(v) is not None}
@@ -365,27 +388,44 @@ class TowerStack:
             valid = [t[0] for t in towers]
             total = tf.add_n(valid)
             weights = [tf.math.divide_no_nan(v, total) for v in valid]
+        # per tower, per loss, per variable: weight * gradient, on the tower's device
+        weighted = [towers[0][1]]  # a lone tower's weight is 1
+        if self.num_towers > 1:
+            weighted = []
+            for device, (_, grads, _, _), weight in zip(self.plan.devices, towers, weights):
+                with tf.device(device):
+                    weighted.append([[None if g is None else _scale(g, weight)
+                                      for g in per_loss] for per_loss in grads])
+        with tf.device(self.plan.variable_device):
             combined = []
             for i in range(len(self.optimizers)):
                 per_var = []
                 for j, var in enumerate(self.variables):
-                    tower_grads = [t[1][i][j] for t in towers]
-                    if tower_grads[0] is None:
+                    if weighted[0][i][j] is None:
                         per_var.append(None)
                         continue
-                    g = _weighted_sum([tf.convert_to_tensor(g) for g in tower_grads], weights)
+                    g = self._reduce([w[i][j] for w in weighted])
                     if self.l2_coeff and len(var.shape) > 1:  # kernels only, not biases
                         g = g + self.l2_coeff * var
                     per_var.append(g)
                 combined.append(clip_gradients(per_var, self.grad_clip, self.grad_clip_method))
-            stats = {k: _weighted_sum([tf.cast(t[2][k], tf.float32) for t in towers], weights)
-                     for k in towers[0][2]}
+            names, _ = towers[0][2]
+            packed = _weighted_sum([t[2][1] for t in towers], weights)
+            stats = dict(zip(names, tf.unstack(packed, num=len(names))))
             stats["valid_rows"] = total
             assignments = self._state_assignments(towers, weights, momenta)
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
                                for per_var in combined for g in per_var if g is not None]
                               or [tf.constant(True)])
         return combined, stats, assignments, finite
+
+    def _reduce(self, terms: list) -> tf.Tensor:
+        """Sum per-tower tensors onto the variable device: NCCL between real GPUs,
+        else an add on the variable device (the tensors are copied there)."""
+        if len(terms) > 1 and self.plan.gradient_reduction == "nccl":
+            from tensorflow.python.ops import nccl_ops  # no public API for a reduce to one GPU
+            return nccl_ops.reduce_sum(terms)
+        return tf.add_n(terms)
 
     def _state_assignments(self, towers, weights, momenta):
         """(variable, new value) for non-trainable state: BN statistics combined over

@@ -62,7 +62,7 @@ def test_replica_engine_smoke(tmp_path):
 def test_replica_engine_breakdown_smoke(tmp_path):
     records = measurements(run_smoke("replica_engine", tmp_path, "--breakdown",
                                      "--replicas", "2", result="replica_engine_breakdown"))
-    assert {r["variant"] for r in records} == {"full", "no_cond", "plain_sum", "minimal",
+    assert {r["variant"] for r in records} == {"full", "no_cond", "minimal", "one_device",
                                                 "captured"}
 
 

@@ -4,14 +4,17 @@ Every comparison builds two policies with the same seed (so the same initial
 weights), one on a single CPU device and one on fake GPUs, and feeds both the
 same batch.
 """
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from policy_service import masked_mean
 from policy_service.sample_batch import SampleBatch
+from policy_service.devices import FAKE_GPU, GPU, DevicePlan
 from policy_service.towers import (LOSS_MASK, MissingColumnError, NonFiniteGradientError,
-                                   clip_gradients, gather_units, pad_units)
+                                   TowerStack, clip_gradients, gather_units, pad_units)
 
 from policies import (ACTION_SPACE, OBS_SPACE, LogColumnPolicy, PGPolicy, SGDPGPolicy,
                       TwoOptimizerPolicy, assert_grads_close, assert_weights_close,
@@ -590,6 +593,54 @@ def test_a_loss_finite_on_every_valid_row_also_trains_on_padded_towers():
     one.learn_on_batch(batch)
     four.learn_on_batch(batch)
     assert_weights_close(one.get_weights(), four.get_weights())
+
+
+class PlainMeanPolicy(PGPolicy):
+    """Divides by its own count of valid rows: 0/0 = NaN on a tower of padding only."""
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(train_batch["actions"])
+        mask = tf.cast(train_batch["loss_mask"], tf.float32)
+        self._pg_loss = -tf.reduce_sum(logp * train_batch[SampleBatch.ADVANTAGES] * mask) \
+            / tf.reduce_sum(mask)
+        self._vf_loss = tf.constant(0.0)
+        return self._pg_loss
+
+
+def test_a_tower_holding_only_padding_adds_nothing_even_when_its_loss_is_nan():
+    one, four = pair(4, cls=PlainMeanPolicy)
+    batch = mlp_batch(3, seed=3)  # the fourth tower gets padding only: its loss is 0/0
+    s1, s4 = one.learn_on_batch(batch), four.learn_on_batch(batch)
+    assert np.isfinite(s1["pg_loss"]) and s4["pg_loss"] == pytest.approx(s1["pg_loss"], rel=1e-5)
+    assert_weights_close(one.get_weights(), four.get_weights())
+
+
+def test_statistics_must_be_scalars():
+    class VectorStatPolicy(PGPolicy):
+        def stats(self, train_batch):
+            return {"per_row": train_batch[SampleBatch.ADVANTAGES]}
+
+    policy = VectorStatPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    with pytest.raises(ValueError, match="statistic 'per_row' must be a scalar"):
+        policy.learn_on_batch(mlp_batch(8))
+
+
+@pytest.mark.parametrize("plan, op_type", [
+    (DevicePlan(("/GPU:0", "/GPU:1"), GPU), "NcclReduce"),
+    (DevicePlan(("/CPU:0", "/CPU:1"), FAKE_GPU), "AddN"),
+])
+def test_tower_gradients_meet_by_nccl_only_between_real_gpus(plan, op_type):
+    # Built in a graph, never run: this machine has no GPU (and NCCL no CPU kernel).
+    with tf.Graph().as_default():
+        terms = []
+        for device in plan.devices:
+            with tf.device(device):
+                terms.append(tf.ones([3]))
+        with tf.device(plan.variable_device):
+            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)  # noqa: SLF001
+    assert total.op.type == op_type
+    assert total.device.endswith(plan.variable_device.lstrip("/"))  # e.g. /device:GPU:0
 
 
 def _without_value_targets(n):
