@@ -32,6 +32,10 @@ from typing import Callable, Iterable
 REPO = Path(__file__).resolve().parent.parent
 RESULTS_DIR = REPO / "benchmarks" / "results"
 RLLIB_VENV = REPO / ".venv-rllib"
+# RLlib's old TF stack is written against Keras 2: under Keras 3 its remote rollout
+# workers fail at the first weight sync (a Keras 3 Variable is not a session fetch).
+# For TF >= 2.16 that means tf_keras and TF_USE_LEGACY_KERAS=1 in RLlib's processes.
+RLLIB_ENV = {"TF_USE_LEGACY_KERAS": "1"}
 CHILD_MARK = "@@record "  # prefix of a child's result lines; anything else is noise
 
 # A local Ray sized to this 2-core machine (BENCH_RAY_NUM_CPUS overrides it on a
@@ -332,8 +336,11 @@ def ensure_rllib_venv(path: Path = RLLIB_VENV) -> str:
     if python.exists() and _rllib_importable(str(python)):
         return str(python)
     ours = versions()
+    tf_version = ours.get("tensorflow")
     pins = [f"ray[rllib]=={ours['ray']}" if ours.get("ray") else "ray[rllib]",
-            f"tensorflow=={ours['tensorflow']}" if ours.get("tensorflow") else "tensorflow"]
+            f"tensorflow=={tf_version}" if tf_version else "tensorflow",
+            # tf_keras releases follow TF's minor versions
+            f"tf_keras~={'.'.join(tf_version.split('.')[:2])}.0" if tf_version else "tf_keras"]
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
@@ -344,8 +351,8 @@ def ensure_rllib_venv(path: Path = RLLIB_VENV) -> str:
 
 
 def _rllib_importable(python: str) -> bool:
-    proc = subprocess.run([python, "-c", "import ray.rllib"], capture_output=True,
-                          env=child_env(), timeout=300)
+    proc = subprocess.run([python, "-c", "import ray.rllib, tf_keras"], capture_output=True,
+                          env=child_env(RLLIB_ENV), timeout=300)
     return proc.returncode == 0
 
 

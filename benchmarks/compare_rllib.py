@@ -19,8 +19,10 @@ graph, its fastest TF mode).
              holding RLlib's policy (RLlib has no batching server) vs our
              PolicyActor with batching; the Ray no-op ceiling beside both
   e2e        PPO to return 450 on CartPole-v1 (e2e.py's hyperparameters), 0, 1, 2
-             rollout workers (0: sampling in the learner process, the only
-             setting in which RLlib's old TF stack trains here) x 0, 2 fake GPUs
+             rollout workers (0: sampling in the learner process) x 0, 2 fake GPUs
+
+RLlib's processes run Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), as its old TF
+stack requires on TF >= 2.16; ours run Keras 3.
 
     python -m benchmarks.compare_rllib                      # ~20 min
     python -m benchmarks.compare_rllib --workloads learner,sampler --rounds 3
@@ -430,8 +432,8 @@ def main(argv=None):
     parser.add_argument("--towers", default=None, help="learner towers (default 1,2,4)")
     parser.add_argument("--e2e-gpus", default=None, help="fake GPUs for e2e, default 0,2")
     parser.add_argument("--e2e-runners", default=None,
-                        help="rollout workers for e2e, default 0,1,2 (RLlib's old stack "
-                             "crashes at the first weight sync with >= 1; 0 samples locally)")
+                        help="rollout workers for e2e, default 0,1,2 (0 samples in the "
+                             "learner process)")
     parser.add_argument("--e2e-max-seconds", type=float, default=400)
     args = parser.parse_args(argv)
     if args.child:
@@ -444,8 +446,10 @@ def main(argv=None):
         for side, module, spec in schedule(args):
             spec = dict(spec, round=r, seed=r)
             timeout = spec.get("max_seconds", 600) + 600
+            rllib = side == "rllib"
             for record in common.run_child(module, spec, timeout=timeout,
-                                           python=rllib_python if side == "rllib" else None):
+                                           python=rllib_python if rllib else None,
+                                           env=common.RLLIB_ENV if rllib else None):
                 record.setdefault("framework", side)
                 records.append(common.emit(record))
     rows = ratios(records)
