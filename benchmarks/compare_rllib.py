@@ -306,7 +306,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
         duration = 1.0 if smoke else 5.0
         out.append(("ours", "benchmarks.inference", dict(
             target="remote", callers=callers, duration=duration,
-            servers=["noop", "policy/on"], max_batch_size=32, wait_ms=1.0, prepare_tf=False)))
+            servers=["noop", "noop_serial", "policy/on"], max_batch_size=32, wait_ms=1.0, prepare_tf=False)))
         out.append(("rllib", NAME_MODULE, dict(workload="inference", callers=callers,
                                                duration=duration, prepare_tf=False)))
     if "e2e" in workloads:
@@ -371,6 +371,7 @@ def ratios(records: list[dict]) -> list[dict]:
         rows = [r for r in ok if r["bench"] == "inference" and r.get("callers") == callers]
         pick = {"ours": [r for r in rows if r.get("target") == "policy"],
                 "noop": [r for r in rows if r.get("target") == "noop"],
+                "noop_serial": [r for r in rows if r.get("target") == "noop_serial"],
                 "rllib": [r for r in rows if r.get("target") == "rllib_policy"]}
         row = {"bench": NAME, "workload": "inference", "callers": callers}
         for side, picked in pick.items():
@@ -378,6 +379,9 @@ def ratios(records: list[dict]) -> list[dict]:
                 row[f"{side}_{key}"] = med(picked, key)
         row["ratio"] = common.ratio(row["ours_actions_per_s"], row["rllib_actions_per_s"])
         row["ours_vs_noop"] = common.ratio(row["ours_actions_per_s"], row["noop_actions_per_s"])
+        # the most any one-observation-per-call server could reach, against RLlib
+        row["noop_serial_vs_rllib"] = common.ratio(row["noop_serial_actions_per_s"],
+                                                   row["rllib_actions_per_s"])
         out.append(row)
     e2e_rows = [r for r in records if r.get("bench") == "e2e"]
     for g, n in sorted({(r["num_gpus"], r["num_env_runners"]) for r in e2e_rows}):

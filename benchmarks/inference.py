@@ -7,6 +7,9 @@ Targets, each in its own child process with its own local Ray:
   noop        the Ray ceiling: an async actor like PolicyActor (num_cpus=1,
               max_concurrency=1000) whose compute_actions returns a
               same-sized result without computing anything
+  noop_serial the same no-op on a plain one-call-at-a-time actor (RLlib's
+              server shape): the cheapest Ray round trip there is, and the
+              bound on any server that takes one observation per Ray call
   in_process  policy.compute_actions in the calling process, batch 1, 32, 256
 
 Each caller is its own Ray actor (num_cpus=0) in a closed loop: send one
@@ -68,6 +71,12 @@ def caller_class():
     return Caller
 
 
+def _noop_result(obs_batch):
+    rows = len(obs_batch)
+    return (np.zeros(rows, np.int64), [],
+            {"action_logp": np.zeros(rows, np.float32), "weights_version": 0})
+
+
 def noop_class():
     import ray
 
@@ -77,15 +86,29 @@ def noop_class():
 
         async def compute_actions(self, obs_batch, state_batches=None, explore=None,
                                   timestep=None):
-            rows = len(obs_batch)
-            return (np.zeros(rows, np.int64), [],
-                    {"action_logp": np.zeros(rows, np.float32), "weights_version": 0})
+            return _noop_result(obs_batch)
 
         async def ready(self) -> bool:
             await asyncio.sleep(0)
             return True
 
     return NoopServer
+
+
+def serial_noop_class():
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class SerialNoopServer:
+        """A plain actor (one call at a time) doing no work."""
+
+        def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None):
+            return _noop_result(obs_batch)
+
+        def ready(self) -> bool:
+            return True
+
+    return SerialNoopServer
 
 
 def drive(server, callers: list, duration_s: float, warmup_calls: int = 20) -> dict:
@@ -146,10 +169,10 @@ def measure(spec: dict):
 def _start_server(server: str, spec: dict, base: dict):
     """-> (actor, record fields, server-statistics function or None)."""
     import ray
-    if server == "noop":
-        actor = noop_class().remote()
+    if server in ("noop", "noop_serial"):
+        actor = (noop_class() if server == "noop" else serial_noop_class()).remote()
         ray.get(actor.ready.remote())
-        return actor, dict(base, target="noop", batching=None), None
+        return actor, dict(base, target=server, batching=None), None
     from benchmarks import ppo_shaped
     from policy_service.service import PolicyActor
     obs_space, act_space = ppo_shaped.spaces_for("mlp")
@@ -204,7 +227,7 @@ def configurations(args) -> list[dict]:
     callers = [int(c) for c in (args.callers or ("1,2" if args.smoke else "1,4,16,64")).split(",")]
     duration = 0.5 if args.smoke else args.duration
     remote = dict(target="remote", callers=callers, duration=duration,
-                  servers=["noop", "policy/on", "policy/off"],
+                  servers=["noop", "noop_serial", "policy/on", "policy/off"],
                   max_batch_size=args.max_batch_size, wait_ms=args.wait_ms,
                   num_gpus=args.num_gpus, prepare_tf=False)
     return [remote, dict(target="in_process", batch_sizes=[1, 32, 256], devices=1,
@@ -231,7 +254,8 @@ def summarize(records: list[dict]) -> list[dict]:
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["callers"] for r in summary if r.get("callers")})
     series = {label: [common.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
-              for label, t, b in (("Ray no-op ceiling", "noop", None),
+              for label, t, b in (("Ray no-op ceiling (async actor)", "noop", None),
+                                  ("Ray no-op, plain serial actor", "noop_serial", None),
                                   ("PolicyActor, batching on", "policy", "on"),
                                   ("PolicyActor, batching off", "policy", "off"))}
     path = common.bar_chart(f"{out_dir}/{NAME}.png",

@@ -69,7 +69,8 @@ def test_replica_engine_breakdown_smoke(tmp_path):
 def test_inference_smoke(tmp_path):
     records = measurements(run_smoke("inference", tmp_path))
     targets = {(r["target"], r.get("batching")) for r in records}
-    assert {("noop", None), ("policy", "on"), ("policy", "off"), ("in_process", None)} <= targets
+    assert {("noop", None), ("noop_serial", None), ("policy", "on"), ("policy", "off"),
+            ("in_process", None)} <= targets
     remote = [r for r in records if r["target"] == "policy"]
     assert all(r["calls"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in remote)
 
