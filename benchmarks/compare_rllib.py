@@ -344,6 +344,8 @@ def ratios(records: list[dict]) -> list[dict]:
         rows = [r for r in ok if r["bench"] == "learner" and r["model"] == model]
         ceiling = med([r for r in rows if r["engine"] == "ceiling" and r["mode"] == "fused"],
                       "samples_per_s")
+        ceiling_kernel = med([r for r in rows if r["engine"] == "ceiling"
+                              and r["mode"] == "fused_adam_kernel"], "samples_per_s")
         for n in sorted({r["towers"] for r in rows if r["engine"] == "rllib"}):
             ours = {mode: med([r for r in rows if r["engine"] == "ours" and r["towers"] == n
                                and r["mode"] == mode], "samples_per_s")
@@ -355,7 +357,7 @@ def ratios(records: list[dict]) -> list[dict]:
             out.append({"bench": NAME, "workload": "learner", "model": model, "towers": n,
                         "ours_epoch": ours["epoch"], "ours_minibatch": ours["minibatch"],
                         "rllib_default_threads": rllib["None"], "rllib_2_2": rllib["[2, 2]"],
-                        "ceiling_fused": ceiling,
+                        "ceiling_fused": ceiling, "ceiling_adam_kernel": ceiling_kernel,
                         "ratio": common.ratio(ours["epoch"], best),
                         "ratio_minibatch": common.ratio(ours["minibatch"], best),
                         "ours_vs_ceiling": common.ratio(ours["epoch"], ceiling)})

@@ -14,6 +14,9 @@ Per (model, towers, threads), in a fresh process:
                   the same model and loss as plain Keras layers + Adam in a
                   tf.function, data already on the device: one call per
                   minibatch, or all epochs in one call (1 device)
+  ceiling/fused_adam_kernel
+                  the fused ceiling with the library's FusedAdam (TF's fused
+                  Adam op) instead of Keras' Adam: bare code as fast as ours
 
 samples/s counts valid rows trained on (ours: 10 x 4,000, padding excluded;
 the ceiling drops the last partial minibatch like RLlib: 10 x 31 x 128).
@@ -101,12 +104,18 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
     device = "/GPU:0" if spec["real_gpus"] else "/CPU:0"
     learner = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
                                      minibatch // rows_per_unit, device)
+    # the fused loop again with the library's optimizer (one fused Adam op per
+    # variable): what is left between ours and bare code written as well
+    from policy_service.optimizers import FusedAdam
+    kernel_adam = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
+                                         minibatch // rows_per_unit, device, FusedAdam)
     valid_per_epoch = ppo_shaped.valid_rows_per_epoch(
         learner, {"loss_mask": mask_rows if mask_rows is not None else columns["loss_mask"]})
     valid = valid_per_epoch * epochs
     base = dict(base, policy_class="bare keras", devices=[device])
     for mode, fn in (("minibatch", lambda: learner.run_minibatches(epochs)),
-                     ("fused", lambda: learner.run_fused(epochs))):
+                     ("fused", lambda: learner.run_fused(epochs)),
+                     ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs))):
         walls, cpus = common.timed_with_cpu(fn, repeats, warmup=1)
         seconds = common.median(walls)
         yield dict(base, mode=mode, seconds=seconds, cpu_seconds=common.median(cpus),
@@ -160,6 +169,8 @@ def summarize(records: list[dict]) -> list[dict]:
             summary, VALUE, engine="ceiling", mode="fused", **match))
         row["vs_ceiling_minibatch"] = common.ratio(row[VALUE], common.find(
             summary, VALUE, engine="ceiling", mode="minibatch", **match))
+        row["vs_ceiling_adam_kernel"] = common.ratio(row[VALUE], common.find(
+            summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match))
         row["vs_own_1_tower"] = common.ratio(row[VALUE], common.find(
             summary, VALUE, engine="ours", mode=row["mode"], towers=1, **match))
     return summary
@@ -174,7 +185,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
             series = {f"ours, {mode}": [common.find(rows, VALUE, engine="ours", mode=mode, towers=n)
                                         for n in towers] for mode in ("minibatch", "epoch")}
             hlines = {f"bare Keras, {mode}": common.find(rows, VALUE, engine="ceiling", mode=mode)
-                      for mode in ("minibatch", "fused")}
+                      for mode in ("minibatch", "fused", "fused_adam_kernel")}
             suffix = "" if not threads else "_t" + "-".join(map(str, threads))
             paths.append(common.bar_chart(
                 f"{out_dir}/{NAME}_{model}{suffix}.png",

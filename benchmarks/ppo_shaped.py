@@ -185,11 +185,12 @@ class BareLearner:
     """
 
     def __init__(self, model: str, columns: dict, num_units: int, rows_per_unit: int,
-                 minibatch_units: int, device: str = "/CPU:0"):
+                 minibatch_units: int, device: str = "/CPU:0",
+                 optimizer_class=keras.optimizers.Adam):
         self.device = device
         with tf.device(device):
             self.model = BareModel(model)
-            self.optimizer = keras.optimizers.Adam(LR)
+            self.optimizer = optimizer_class(LR)
             self.optimizer.build(self.model.trainable_variables)
             self.data = {k: tf.constant(v) for k, v in columns.items()}
         self.num_units = num_units

@@ -27,6 +27,7 @@ import tree
 from policy_service import checkpoint_io, devices, distributions, exploration, models, spaces
 from policy_service.compiled import FlatCall
 from policy_service.config import PolicyConfig, check_choice, from_dict
+from policy_service.optimizers import FusedAdam
 from policy_service.sample_batch import SampleBatch
 from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
 from policy_service.space_codec import space_from_json, space_to_json
@@ -100,7 +101,7 @@ class TFPolicy:
         """One Keras optimizer, or a list with one per loss."""
         kind, lr = self.config.optimizer, self.config.lr
         if kind == "adam":
-            return keras.optimizers.Adam(lr, epsilon=self.config.adam_epsilon)
+            return FusedAdam(lr, epsilon=self.config.adam_epsilon)
         if kind == "rmsprop":
             return keras.optimizers.RMSprop(lr)
         return keras.optimizers.SGD(lr)

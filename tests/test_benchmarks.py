@@ -45,7 +45,8 @@ def test_learner_smoke(tmp_path):
     records = measurements(run_smoke("learner", tmp_path))
     seen = {(r["engine"], r["mode"], r["towers"]) for r in records}
     assert {("ours", "minibatch", 1), ("ours", "epoch", 1), ("ours", "epoch", 2),
-            ("ceiling", "minibatch", 1), ("ceiling", "fused", 1)} <= seen
+            ("ceiling", "minibatch", 1), ("ceiling", "fused", 1),
+            ("ceiling", "fused_adam_kernel", 1)} <= seen
     assert all(r["samples_per_s"] > 0 for r in records)
     assert (tmp_path / "learner_mlp.png").exists()
 

@@ -123,8 +123,9 @@ def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local
         assert 40 <= batch.count <= 42 and metrics["weights_version"] == 3
         assert group.weights_versions() == [3, 3]
         stats = ray.get(group.policy_actor.stats.remote())
-        assert stats["max_batch_size"] == 4  # one row per sub-env of all workers
-        assert stats["num_requests"] >= 20 and stats["num_forward_passes"] < stats["num_requests"]
+        # one forward pass held a row per sub-env of both workers: requests were merged
+        # (how often depends on timing, so only that it happened is asserted)
+        assert stats["max_batch_size"] == 4 and stats["num_requests"] >= 20
         assert "advantages" in batch  # postprocessed by the policy in the actor
     finally:
         group.stop()
