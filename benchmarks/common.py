@@ -64,6 +64,20 @@ def rounds_of(args) -> int:
     return args.rounds or (1 if args.smoke else 3)
 
 
+def run_rounds(args, module: str, specs: list[dict], *, seeded: bool = False,
+               timeout=lambda spec: 900) -> list[dict]:
+    """Every spec once per round, each in a fresh child of `module`, rounds one
+    after another (so every configuration meets each stretch of machine load);
+    the records, emitted as they arrive. seeded: the round is also the seed."""
+    records = []
+    for r in range(rounds_of(args)):
+        for spec in specs:
+            spec = dict(spec, round=r, **({"seed": r} if seeded else {}))
+            records += [emit(record) for record in run_child(module, spec,
+                                                             timeout=timeout(spec))]
+    return records
+
+
 def parse_threads(text: str) -> list:
     """'default' or 'I,J;I,J' -> [None] or [(intra, inter), ...]."""
     if text in ("default", ""):

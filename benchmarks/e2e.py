@@ -125,12 +125,8 @@ def main(argv=None):
     if args.child:
         return common.child_main(args, measure)
     meta = common.start_meta(args, workload="PPO CartPole-v1 to 450", ppo_config=PPO_CONFIG)
-    records = []
-    for r in range(common.rounds_of(args)):
-        for spec in configurations(args):
-            for record in common.run_child("benchmarks.e2e", dict(spec, round=r, seed=r),
-                                           timeout=spec["max_seconds"] + 300):
-                records.append(common.emit(record))
+    records = common.run_rounds(args, "benchmarks.e2e", configurations(args), seeded=True,
+                                timeout=lambda spec: spec["max_seconds"] + 300)
     summary = summarize(records)
     meta["plots"] = [plot(summary, args.out)]
     common.finish(NAME, args.out, records, summary, meta)

@@ -276,12 +276,8 @@ def main(argv=None):
     if args.child:
         return common.child_main(args, measure)
     meta = common.start_meta(args, workload="PPO MLP 4 -> 256x256, one observation per call")
-    records = []
-    for r in range(common.rounds_of(args)):
-        for spec in configurations(args):
-            for record in common.run_child("benchmarks.inference", dict(spec, round=r),
-                                           timeout=1800):
-                records.append(common.emit(record))
+    records = common.run_rounds(args, "benchmarks.inference", configurations(args),
+                                timeout=lambda spec: 1800)
     summary = summarize(records)
     meta["plots"] = [plot(summary, args.out)]
     common.finish(NAME, args.out, records, summary, meta)

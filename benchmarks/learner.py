@@ -145,12 +145,7 @@ def configurations(args) -> list[dict]:
 
 
 def run(args) -> list[dict]:
-    records = []
-    for r in range(common.rounds_of(args)):
-        for spec in configurations(args):
-            for record in common.run_child("benchmarks.learner", dict(spec, round=r)):
-                records.append(common.emit(record))
-    return records
+    return common.run_rounds(args, "benchmarks.learner", configurations(args))
 
 
 def summarize(records: list[dict]) -> list[dict]:

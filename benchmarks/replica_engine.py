@@ -350,16 +350,10 @@ def main(argv=None):
         spec = json.loads(args.child)
         return common.child_main(args, breakdown if spec.get("breakdown") else measure)
     meta = common.start_meta(args, workload="fused PPO loop, 10 epochs x 31 minibatches x 128")
-    records = []
-    rounds = common.rounds_of(args)
-    for r in range(rounds):
-        for spec in configurations(args):
-            if args.breakdown:
-                if spec["engine"] != "towers":
-                    continue
-                spec = dict(spec, breakdown=True)
-            for record in common.run_child("benchmarks.replica_engine", dict(spec, round=r)):
-                records.append(common.emit(record))
+    specs = configurations(args)
+    if args.breakdown:
+        specs = [dict(spec, breakdown=True) for spec in specs if spec["engine"] == "towers"]
+    records = common.run_rounds(args, "benchmarks.replica_engine", specs)
     name = NAME + ("_breakdown" if args.breakdown else "")
     if args.breakdown:
         summary = []

@@ -107,11 +107,7 @@ def main(argv=None):
     if args.child:
         return common.child_main(args, measure)
     meta = common.start_meta(args, workload="CartPole-v1, PPO MLP 256x256 policy")
-    records = []
-    for r in range(common.rounds_of(args)):
-        for spec in configurations(args):
-            for record in common.run_child("benchmarks.sampler", dict(spec, round=r)):
-                records.append(common.emit(record))
+    records = common.run_rounds(args, "benchmarks.sampler", configurations(args))
     summary = common.summarize(records, KEYS, VALUE)
     meta["plots"] = [plot(summary, args.out)]
     common.finish(NAME, args.out, records, summary, meta)

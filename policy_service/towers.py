@@ -128,14 +128,13 @@ def _weighted_sum(values, weights):
 def _pack_stats(stats: dict) -> tuple[list, tf.Tensor]:
     """(names, <float32>[len(names)]): one tensor to move between devices, not one
     per statistic."""
-    names = list(stats)
-    for name in names:
-        if tf.convert_to_tensor(stats[name]).shape.rank != 0:
-            raise ValueError(f"statistic {name!r} must be a scalar, got shape "
-                             f"{tf.convert_to_tensor(stats[name]).shape}")
-    packed = tf.stack([tf.cast(stats[n], tf.float32) for n in names]) if names \
+    values = {name: tf.convert_to_tensor(value) for name, value in stats.items()}
+    for name, value in values.items():
+        if value.shape.rank != 0:
+            raise ValueError(f"statistic {name!r} must be a scalar, got shape {value.shape}")
+    packed = tf.stack([tf.cast(v, tf.float32) for v in values.values()]) if values \
         else tf.zeros([0], tf.float32)
-    return names, packed
+    return list(values), packed
 
 
 def clip_gradients(grads: list, clip: float | None, method: str) -> list:

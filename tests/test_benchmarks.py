@@ -110,11 +110,10 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no GPU found" in proc.stderr
+    printed = {}
     for name in ("learner", "replica_engine", "inference", "sampler", "e2e"):
         lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
-        records = [json.loads(line) for line in lines if line.strip()]
-        assert records and not [r for r in records if "error" in r], name
+        printed[name] = [json.loads(line) for line in lines if line.strip()]
+        assert printed[name] and not [r for r in printed[name] if "error" in r], name
         assert json.loads((tmp_path / f"{name}.json").read_text())["meta"]["smoke"] is True
-    models = {r.get("model") for r in
-              (json.loads(line) for line in (tmp_path / "learner.jsonl").read_text().splitlines())}
-    assert {"mlp", "lstm", "cnn"} <= models
+    assert {"mlp", "lstm", "cnn"} <= {r.get("model") for r in printed["learner"]}
