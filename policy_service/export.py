@@ -29,7 +29,7 @@ class _ServingModule(tf.Module):
                       "action_dist_inputs": out["action_dist_inputs"]}
             if "vf_preds" in out:
                 result["vf_preds"] = out["vf_preds"]
-            result.update({f"state_out_{i}": s for i, s in enumerate(out["state_out"])})
+            result.update({f"state_out_{i}": s for i, s in enumerate(out.get("state_out", []))})
             return result
 
         self.serve = serve

@@ -58,14 +58,17 @@ class TFPolicy:
         self.global_timestep = 0
         self.num_grad_updates = 0
         with tf.device(self.plan.variable_device):
-            self.model = self.make_model()
+            self.model = models.follow_call_convention(self.make_model())
+            self._initial_state = models.initial_state(self.model)
+            # a lazily built model creates its variables here, before any list of them is taken
+            models.check_model(self.model, self._example_input_dict(rows=2),
+                               self.num_outputs, self._initial_state)
             self._action_rng = tf.random.Generator.from_seed(
                 self.config.seed if self.config.seed is not None else np.random.randint(2**31))
             optimizers = self.optimizer()
         self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
-        self._weight_names = _unique_paths(self._weight_variables)
-        self._initial_state = models.initial_state(self.model)
+        self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
         self.towers = TowerStack(
             self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
@@ -190,6 +193,12 @@ class TFPolicy:
         return (obs, tuple(states),
                 np.asarray(prev_actions).astype(self._action_tensor_dtype()), prev_rewards)
 
+    def _example_input_dict(self, rows: int) -> dict:
+        """An acting input dict of `rows` zero observations (initial states)."""
+        obs = np.zeros((rows,) + tuple(self.preprocessor.shape), np.float32)
+        inputs = self._acting_inputs(obs, None, None, None, rows)
+        return self._acting_input_dict(*tree.map_structure(tf.convert_to_tensor, inputs))
+
     def _action_tensor_dtype(self):
         return models.raw_action_dtype(self.action_space).as_numpy_dtype
 
@@ -223,7 +232,7 @@ class TFPolicy:
             if SampleBatch.VF_PREDS in out:
                 extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
             extra.update(self.extra_action_out(input_dict, out, dist))
-            return actions, list(out["state_out"]), extra
+            return actions, list(out.get("state_out", [])), extra
 
         signature = self._acting_signature() + [
             tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
@@ -491,18 +500,14 @@ def _is_rng_state(variable) -> bool:
     return variable.path.endswith("seed_generator_state")
 
 
-def _unique_paths(variables) -> list[str]:
-    """Weight names: variable paths without the model's own name. Keras 3 paths
-    are unique within a model (unlike the bare "kernel"/"bias" names that
-    collapsed RLlib's weight sync); dropping the model name keeps them equal
-    across processes. Custom models should name their layers, since Keras
-    numbers unnamed layers with a process-global counter."""
-    names = [v.path.split("/", 1)[-1] for v in variables]
-    seen = {}
+def _unique(names: list[str]) -> list[str]:
+    """Names made unique by suffixing a repeat with its position."""
+    names = list(names)
+    seen = set()
     for i, name in enumerate(names):
         if name in seen:
             names[i] = f"{name}#{i}"
-        seen[name] = i
+        seen.add(names[i])
     return names
 
 
