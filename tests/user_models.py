@@ -31,20 +31,21 @@ class LazyBatchNormModel(keras.Model):
 
 
 class LazyMLP(keras.Model):
-    """Two unnamed tanh layers, shared by the policy and value heads."""
+    """Policy and value branches of two unnamed tanh layers each."""
 
     def __init__(self, obs_space, action_space, num_outputs, model_config):
         super().__init__()
         units = model_config["custom_model_config"].get("units", 64)
-        self.hidden = [keras.layers.Dense(units, activation="tanh") for _ in range(2)]
+        self.policy_branch = [keras.layers.Dense(units, activation="tanh") for _ in range(2)]
+        self.value_branch = [keras.layers.Dense(units, activation="tanh") for _ in range(2)]
         self.pi = keras.layers.Dense(num_outputs)
         self.vf = keras.layers.Dense(1)
 
     def call(self, input_dict, training=None):
-        x = input_dict["obs"]
-        for layer in self.hidden:
-            x = layer(x)
-        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.squeeze(self.vf(x), -1),
+        x = v = input_dict["obs"]
+        for policy_layer, value_layer in zip(self.policy_branch, self.value_branch):
+            x, v = policy_layer(x), value_layer(v)
+        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.squeeze(self.vf(v), -1),
                 "state_out": []}
 
 
