@@ -1,0 +1,251 @@
+"""ColumnStore: transitions kept as preallocated numpy columns, written as a ring.
+
+Each stored column is one array of `capacity` rows, allocated from the dtype
+and row shape of the first batch added (nested columns, dicts/tuples of
+arrays walked with dm-tree, get one array per leaf). Adding n rows copies
+each column with at most two slice assignments (two when the ring wraps);
+taking rows is one `np.take` per leaf. Nothing loops over transitions.
+
+Slots fill from 0; once `size == capacity` the oldest slot is overwritten
+first, so slot order is insertion order modulo the capacity.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tree
+
+LEAF_SEPARATOR = "/"
+
+
+def _skeleton(value: Any) -> Any:
+    """The column's nesting with None for every leaf (JSON-able: tuples become lists)."""
+    if isinstance(value, np.ndarray):
+        return None
+    return tree.map_structure(lambda _: None, value)
+
+
+def _skeleton_from_json(skeleton: Any) -> Any:
+    if isinstance(skeleton, list):
+        return tuple(_skeleton_from_json(s) for s in skeleton)
+    if isinstance(skeleton, dict):
+        return {k: _skeleton_from_json(v) for k, v in skeleton.items()}
+    return skeleton
+
+
+def _skeleton_to_json(skeleton: Any) -> Any:
+    if isinstance(skeleton, tuple):
+        return [_skeleton_to_json(s) for s in skeleton]
+    if isinstance(skeleton, Mapping):
+        return {str(k): _skeleton_to_json(v) for k, v in skeleton.items()}
+    return skeleton
+
+
+def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
+    """(leaf name, leaf) pairs of one column: "obs" for a flat array, "obs/pos" nested."""
+    if isinstance(value, np.ndarray):
+        return [(name, value)]
+    if isinstance(value, list):  # SampleBatch keeps lists (infos) as leaves
+        return [(name, value)]
+    return [(LEAF_SEPARATOR.join([name, *map(str, path)]), leaf)
+            for path, leaf in tree.flatten_with_path(value)]
+
+
+class ColumnStore:
+    """Rows of named columns in preallocated ring arrays.
+
+    capacity: rows held; adding beyond it overwrites the oldest rows.
+    columns: names to store (others in an added batch are ignored); None
+      stores exactly the columns of the first batch, and later batches must
+      have the same ones.
+    """
+
+    def __init__(self, capacity: int, columns: Sequence[str] | None = None) -> None:
+        if not isinstance(capacity, (int, np.integer)) or capacity < 1:
+            raise ValueError(f"replay buffer: capacity must be an int >= 1, got {capacity!r}")
+        self.capacity = int(capacity)
+        self.wanted_columns = None if columns is None else list(columns)
+        self.size = 0
+        self.next_index = 0
+        self.num_added = 0  # rows ever added, overwritten ones included
+        self._skeletons: dict[str, Any] = {}   # column -> nesting (None = flat)
+        self._arrays: dict[str, np.ndarray] = {}  # leaf name -> [capacity, ...] array
+        self._leaf_names: dict[str, list[str]] = {}  # column -> its leaf names, flatten order
+
+    # ---- layout ---------------------------------------------------------
+
+    @property
+    def columns(self) -> list[str]:
+        """The stored column names (empty until the first add)."""
+        return list(self._skeletons)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the preallocated column arrays."""
+        return sum(a.nbytes for a in self._arrays.values())
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one stored row, all columns."""
+        return sum(a.itemsize * int(np.prod(a.shape[1:])) for a in self._arrays.values())
+
+    def _allocate(self, batch: Mapping[str, Any]) -> None:
+        names = list(batch) if self.wanted_columns is None else self.wanted_columns
+        missing = [c for c in names if c not in batch]
+        if missing:
+            raise KeyError(f"replay buffer: column {missing[0]!r} missing from the first batch "
+                           f"(batch has {sorted(batch)})")
+        arrays, skeletons, leaf_names = {}, {}, {}
+        for column in names:
+            value = batch[column]
+            skeletons[column] = _skeleton(value)
+            leaf_names[column] = []
+            for leaf_name, leaf in _leaves(column, value):
+                leaf = np.asarray(leaf)
+                if leaf.dtype == object or leaf.ndim == 0:
+                    raise TypeError(f"replay buffer: column {leaf_name!r} must be a numeric "
+                                    f"array with a row axis, got dtype {leaf.dtype} shape "
+                                    f"{leaf.shape}; leave it out with columns=[...]")
+                arrays[leaf_name] = np.empty((self.capacity, *leaf.shape[1:]), leaf.dtype)
+                leaf_names[column].append(leaf_name)
+        self._arrays, self._skeletons, self._leaf_names = arrays, skeletons, leaf_names
+
+    def _checked_leaves(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        """The batch's stored leaves, checked against the layout; and the row count."""
+        if self.wanted_columns is None:
+            extra = [c for c in batch if c not in self._skeletons]
+            if extra:
+                raise KeyError(f"replay buffer: column {extra[0]!r} is not stored in this "
+                               f"buffer (stored: {self.columns})")
+        leaves: dict[str, np.ndarray] = {}
+        for column, skeleton in self._skeletons.items():
+            if column not in batch:
+                raise KeyError(f"replay buffer: column {column!r} missing from the batch "
+                               f"(stored: {self.columns}; batch has {sorted(batch)})")
+            value = batch[column]
+            pairs = _leaves(column, value)
+            if [n for n, _ in pairs] != self._leaf_names[column]:
+                raise ValueError(f"replay buffer: column {column!r} has leaves "
+                                 f"{[n for n, _ in pairs]}, the buffer stores "
+                                 f"{self._leaf_names[column]}")
+            for leaf_name, leaf in pairs:
+                leaf = np.asarray(leaf)
+                stored = self._arrays[leaf_name]
+                if leaf.dtype != stored.dtype or leaf.shape[1:] != stored.shape[1:] \
+                        or leaf.ndim == 0:
+                    raise ValueError(
+                        f"replay buffer: column {leaf_name!r} has rows of shape "
+                        f"{leaf.shape[1:]} dtype {leaf.dtype}, the buffer stores rows of "
+                        f"shape {stored.shape[1:]} dtype {stored.dtype}")
+                leaves[leaf_name] = leaf
+        lengths = {name: len(leaf) for name, leaf in leaves.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"replay buffer: columns have different row counts {lengths}")
+        return leaves, next(iter(lengths.values()), 0)
+
+    # ---- rows -----------------------------------------------------------
+
+    def rows_in(self, batch: Mapping[str, Any]) -> int:
+        """Rows of the batch's first stored column (the count `add` would check)."""
+        names = self.columns or self.wanted_columns or list(batch)
+        if not names or names[0] not in batch:
+            return 0
+        return len(np.asarray(_leaves(names[0], batch[names[0]])[0][1]))
+
+    def add(self, batch: Mapping[str, Any]) -> tuple[int, int]:
+        """Copies the batch's rows into the ring; returns (first slot, rows written).
+
+        The rows written occupy slots first, first+1, ... modulo capacity. A
+        batch longer than the capacity keeps only its last `capacity` rows
+        (the earlier ones would be overwritten by them anyway).
+        """
+        if not self._arrays:
+            self._allocate(batch)
+        leaves, n = self._checked_leaves(batch)
+        skip = max(0, n - self.capacity)
+        start = (self.next_index + skip) % self.capacity
+        written = n - skip
+        head = min(written, self.capacity - start)
+        for leaf_name, leaf in leaves.items():
+            stored = self._arrays[leaf_name]
+            stored[start:start + head] = leaf[skip:skip + head]
+            if head < written:
+                stored[:written - head] = leaf[skip + head:]
+        self.next_index = (self.next_index + n) % self.capacity
+        self.size = min(self.capacity, self.size + n)
+        self.num_added += n
+        return start, written
+
+    def take(self, indexes: np.ndarray) -> dict[str, Any]:
+        """Column -> the rows at `indexes` (copies), nested columns rebuilt."""
+        out = {}
+        for column, skeleton in self._skeletons.items():
+            leaves = [np.take(self._arrays[name], indexes, axis=0)
+                      for name in self._leaf_names[column]]
+            out[column] = leaves[0] if skeleton is None else tree.unflatten_as(skeleton, leaves)
+        return out
+
+    # ---- state ----------------------------------------------------------
+
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """(arrays, meta): the filled rows of every leaf (views, not copies: save
+        them before the next add) and a JSON-able description of the layout."""
+        arrays = {f"columns/{name}": a[:self.size] for name, a in self._arrays.items()}
+        meta = {"capacity": self.capacity, "size": self.size, "next_index": self.next_index,
+                "num_added": self.num_added, "wanted_columns": self.wanted_columns,
+                "columns": {c: {"skeleton": _skeleton_to_json(s),
+                                "leaves": self._leaf_names[c]}
+                            for c, s in self._skeletons.items()},
+                "leaf_layout": {name: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
+                                for name, a in self._arrays.items()}}
+        return arrays, meta
+
+    def check_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+        """Raises ValueError naming the first thing in (arrays, meta) that cannot be
+        restored into this store; assigns nothing."""
+        for key in ("capacity", "size", "next_index", "num_added", "columns", "leaf_layout"):
+            if key not in meta:
+                raise ValueError(f"replay buffer state: missing {key!r}")
+        if meta["capacity"] != self.capacity:
+            raise ValueError(f"replay buffer state: capacity {meta['capacity']}, this buffer "
+                             f"has {self.capacity}")
+        size, next_index = meta["size"], meta["next_index"]
+        if not 0 <= size <= self.capacity or not 0 <= next_index < self.capacity or \
+                (size < self.capacity and next_index != size):
+            raise ValueError(f"replay buffer state: size {size} and next_index {next_index} "
+                             f"do not fit capacity {self.capacity}")
+        for name, layout in meta["leaf_layout"].items():
+            key = f"columns/{name}"
+            if key not in arrays:
+                raise ValueError(f"replay buffer state: array {key!r} missing")
+            array = arrays[key]
+            want = (size, *layout["row_shape"])
+            if array.shape != want or array.dtype != np.dtype(layout["dtype"]):
+                raise ValueError(f"replay buffer state: array {key!r} has shape {array.shape} "
+                                 f"dtype {array.dtype}, expected {want} "
+                                 f"{np.dtype(layout['dtype'])}")
+        if self._arrays:
+            ours = {n: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
+                    for n, a in self._arrays.items()}
+            if ours != dict(meta["leaf_layout"]):
+                raise ValueError(f"replay buffer state: columns {meta['leaf_layout']} differ "
+                                 f"from this buffer's {ours}")
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+        """Restores get_state()'s content exactly (checked first, see check_state)."""
+        self.check_state(arrays, meta)
+        if not self._arrays:
+            self._arrays = {name: np.empty((self.capacity, *layout["row_shape"]),
+                                           np.dtype(layout["dtype"]))
+                            for name, layout in meta["leaf_layout"].items()}
+        self._skeletons = {c: _skeleton_from_json(d["skeleton"])
+                           for c, d in meta["columns"].items()}
+        self._leaf_names = {c: list(d["leaves"]) for c, d in meta["columns"].items()}
+        self.wanted_columns = meta.get("wanted_columns")
+        size = int(meta["size"])
+        for name, stored in self._arrays.items():
+            stored[:size] = arrays[f"columns/{name}"]
+        self.size, self.next_index = size, int(meta["next_index"])
+        self.num_added = int(meta["num_added"])
