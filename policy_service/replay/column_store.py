@@ -195,6 +195,7 @@ class ColumnStore:
         arrays = {f"columns/{name}": a[:self.size] for name, a in self._arrays.items()}
         meta = {"capacity": self.capacity, "size": self.size, "next_index": self.next_index,
                 "num_added": self.num_added, "wanted_columns": self.wanted_columns,
+                "column_order": self.columns,  # JSON writers may sort the "columns" keys
                 "columns": {c: {"skeleton": _skeleton_to_json(s),
                                 "leaves": self._leaf_names[c]}
                             for c, s in self._skeletons.items()},
@@ -216,6 +217,14 @@ class ColumnStore:
                 (size < self.capacity and next_index != size):
             raise ValueError(f"replay buffer state: size {size} and next_index {next_index} "
                              f"do not fit capacity {self.capacity}")
+        order = meta.get("column_order") or list(meta["columns"])
+        if sorted(order) != sorted(meta["columns"]):
+            raise ValueError(f"replay buffer state: column_order {order} does not list the "
+                             f"columns {sorted(meta['columns'])}")
+        leaves = [name for c in order for name in meta["columns"][c]["leaves"]]
+        if sorted(leaves) != sorted(meta["leaf_layout"]):
+            raise ValueError(f"replay buffer state: the columns' leaves {leaves} differ from "
+                             f"leaf_layout {sorted(meta['leaf_layout'])}")
         for name, layout in meta["leaf_layout"].items():
             key = f"columns/{name}"
             if key not in arrays:
@@ -240,9 +249,9 @@ class ColumnStore:
             self._arrays = {name: np.empty((self.capacity, *layout["row_shape"]),
                                            np.dtype(layout["dtype"]))
                             for name, layout in meta["leaf_layout"].items()}
-        self._skeletons = {c: _skeleton_from_json(d["skeleton"])
-                           for c, d in meta["columns"].items()}
-        self._leaf_names = {c: list(d["leaves"]) for c, d in meta["columns"].items()}
+        order = meta.get("column_order") or list(meta["columns"])
+        self._skeletons = {c: _skeleton_from_json(meta["columns"][c]["skeleton"]) for c in order}
+        self._leaf_names = {c: list(meta["columns"][c]["leaves"]) for c in order}
         self.wanted_columns = meta.get("wanted_columns")
         size = int(meta["size"])
         for name, stored in self._arrays.items():

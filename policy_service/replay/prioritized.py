@@ -44,7 +44,7 @@ def _check_priorities(name: str, values: Any, rows: int) -> np.ndarray:
         first = int(np.flatnonzero(bad)[0])
         want = "finite and > 0" if name == "priorities" else "finite"
         raise ValueError(f"replay buffer: {name} must be {want}; row {first} is "
-                         f"{values[first]!r}")
+                         f"{float(values[first])!r}")
     return values
 
 
