@@ -81,6 +81,21 @@ def test_tree_find_total_min_match_definition(capacity, fanout):
     assert (leaves[got] > 0).all(), "an empty slot was found"
 
 
+@pytest.mark.parametrize("start,count", [(0, 5), (30, 20), (45, 50), (7, 50)])
+def test_tree_set_range_wraps_like_slot_updates(start, count):
+    """set_range (slices, what add uses) equals update with the wrapped slots."""
+    rng = np.random.default_rng(start)
+    by_range, by_slots = PriorityTree(50, 4), PriorityTree(50, 4)
+    initial = rng.random(50).astype(np.float32)
+    by_range.update(np.arange(50), initial)
+    by_slots.update(np.arange(50), initial)
+    values = rng.random(count).astype(np.float32)
+    by_range.set_range(start, values)
+    by_slots.update((start + np.arange(count)) % 50, values)
+    for level_a, level_b in zip(by_range.sums + by_range.mins, by_slots.sums + by_slots.mins):
+        np.testing.assert_array_equal(level_a, level_b)
+
+
 def test_tree_rebuild_equals_incremental_updates():
     rng = np.random.default_rng(1)
     a, b = PriorityTree(500, 16), PriorityTree(500, 16)

@@ -4,7 +4,7 @@ Each stored column is one array of `capacity` rows, allocated from the dtype
 and row shape of the first batch added (nested columns, dicts/tuples of
 arrays walked with dm-tree, get one array per leaf). Adding n rows copies
 each column with at most two slice assignments (two when the ring wraps);
-taking rows is one `np.take` per leaf. Nothing loops over transitions.
+taking rows is one `ndarray.take` per leaf. Nothing loops over transitions.
 
 Slots fill from 0; once `size == capacity` the oldest slot is overwritten
 first, so slot order is insertion order modulo the capacity.
@@ -73,6 +73,7 @@ class ColumnStore:
         self._skeletons: dict[str, Any] = {}   # column -> nesting (None = flat)
         self._arrays: dict[str, np.ndarray] = {}  # leaf name -> [capacity, ...] array
         self._leaf_names: dict[str, list[str]] = {}  # column -> its leaf names, flatten order
+        self._layout: list[tuple] = []
 
     # ---- layout ---------------------------------------------------------
 
@@ -111,39 +112,66 @@ class ColumnStore:
                 arrays[leaf_name] = np.empty((self.capacity, *leaf.shape[1:]), leaf.dtype)
                 leaf_names[column].append(leaf_name)
         self._arrays, self._skeletons, self._leaf_names = arrays, skeletons, leaf_names
+        self._index_layout()
 
-    def _checked_leaves(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
-        """The batch's stored leaves, checked against the layout; and the row count."""
-        if self.wanted_columns is None:
+    def _index_layout(self) -> None:
+        """(column, array, dtype, row shape) in column order, for add; the last three
+        are None for a nested column."""
+        self._layout = [(c, *((self._arrays[c], self._arrays[c].dtype, self._arrays[c].shape[1:])
+                              if s is None else (None, None, None)))
+                        for c, s in self._skeletons.items()]
+
+    def _checked_leaves(self, batch: Mapping[str, Any]) -> tuple[list[tuple], int]:
+        """[(stored array, batch leaf)] for every stored leaf, checked against the
+        layout, and the row count. A flat array column costs one lookup and a
+        type, dtype and shape comparison (at 32 rows this check costs more than
+        the copy, hence the short path)."""
+        if self.wanted_columns is None and len(batch.keys()) != len(self._skeletons):
             extra = [c for c in batch if c not in self._skeletons]
             if extra:
                 raise KeyError(f"replay buffer: column {extra[0]!r} is not stored in this "
                                f"buffer (stored: {self.columns})")
-        leaves: dict[str, np.ndarray] = {}
-        for column, skeleton in self._skeletons.items():
-            if column not in batch:
+        get = dict.get if isinstance(batch, dict) else type(batch).get  # skip __getitem__
+        pairs: list[tuple] = []
+        shapes = []
+        for column, stored, dtype, row_shape in self._layout:
+            value = get(batch, column)
+            if stored is not None and value.__class__ is np.ndarray:
+                shape = value.shape
+                if (value.dtype is not dtype and value.dtype != dtype) \
+                        or shape[1:] != row_shape or not shape:
+                    raise self._mismatch(column, value)
+                pairs.append((stored, value))
+                shapes.append(shape[0])
+                continue
+            if value is None and column not in batch:
                 raise KeyError(f"replay buffer: column {column!r} missing from the batch "
                                f"(stored: {self.columns}; batch has {sorted(batch)})")
-            value = batch[column]
-            pairs = _leaves(column, value)
-            if [n for n, _ in pairs] != self._leaf_names[column]:
+            leaves = _leaves(column, value)
+            if [n for n, _ in leaves] != self._leaf_names[column]:
                 raise ValueError(f"replay buffer: column {column!r} has leaves "
-                                 f"{[n for n, _ in pairs]}, the buffer stores "
+                                 f"{[n for n, _ in leaves]}, the buffer stores "
                                  f"{self._leaf_names[column]}")
-            for leaf_name, leaf in pairs:
+            for leaf_name, leaf in leaves:
                 leaf = np.asarray(leaf)
                 stored = self._arrays[leaf_name]
                 if leaf.dtype != stored.dtype or leaf.shape[1:] != stored.shape[1:] \
                         or leaf.ndim == 0:
-                    raise ValueError(
-                        f"replay buffer: column {leaf_name!r} has rows of shape "
-                        f"{leaf.shape[1:]} dtype {leaf.dtype}, the buffer stores rows of "
-                        f"shape {stored.shape[1:]} dtype {stored.dtype}")
-                leaves[leaf_name] = leaf
-        lengths = {name: len(leaf) for name, leaf in leaves.items()}
-        if len(set(lengths.values())) > 1:
+                    raise self._mismatch(leaf_name, leaf)
+                pairs.append((stored, leaf))
+                shapes.append(leaf.shape[0])
+        rows = shapes[0] if shapes else 0
+        if shapes.count(rows) != len(shapes):
+            lengths = {name: len(np.asarray(x)) for c in self._skeletons
+                       for name, x in _leaves(c, batch[c])}
             raise ValueError(f"replay buffer: columns have different row counts {lengths}")
-        return leaves, next(iter(lengths.values()), 0)
+        return pairs, rows
+
+    def _mismatch(self, leaf_name: str, leaf: np.ndarray) -> ValueError:
+        stored = self._arrays[leaf_name]
+        return ValueError(f"replay buffer: column {leaf_name!r} has rows of shape "
+                          f"{leaf.shape[1:]} dtype {leaf.dtype}, the buffer stores rows of "
+                          f"shape {stored.shape[1:]} dtype {stored.dtype}")
 
     # ---- rows -----------------------------------------------------------
 
@@ -163,13 +191,12 @@ class ColumnStore:
         """
         if not self._arrays:
             self._allocate(batch)
-        leaves, n = self._checked_leaves(batch)
+        pairs, n = self._checked_leaves(batch)
         skip = max(0, n - self.capacity)
         start = (self.next_index + skip) % self.capacity
         written = n - skip
         head = min(written, self.capacity - start)
-        for leaf_name, leaf in leaves.items():
-            stored = self._arrays[leaf_name]
+        for stored, leaf in pairs:
             stored[start:start + head] = leaf[skip:skip + head]
             if head < written:
                 stored[:written - head] = leaf[skip + head:]
@@ -182,9 +209,12 @@ class ColumnStore:
         """Column -> the rows at `indexes` (copies), nested columns rebuilt."""
         out = {}
         for column, skeleton in self._skeletons.items():
-            leaves = [np.take(self._arrays[name], indexes, axis=0)
-                      for name in self._leaf_names[column]]
-            out[column] = leaves[0] if skeleton is None else tree.unflatten_as(skeleton, leaves)
+            if skeleton is None:
+                out[column] = self._arrays[column].take(indexes, axis=0)
+            else:
+                leaves = [self._arrays[name].take(indexes, axis=0)
+                          for name in self._leaf_names[column]]
+                out[column] = tree.unflatten_as(skeleton, leaves)
         return out
 
     # ---- state ----------------------------------------------------------
@@ -252,6 +282,7 @@ class ColumnStore:
         order = meta.get("column_order") or list(meta["columns"])
         self._skeletons = {c: _skeleton_from_json(meta["columns"][c]["skeleton"]) for c in order}
         self._leaf_names = {c: list(meta["columns"][c]["leaves"]) for c in order}
+        self._index_layout()
         self.wanted_columns = meta.get("wanted_columns")
         size = int(meta["size"])
         for name, stored in self._arrays.items():

@@ -80,13 +80,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if priorities is not None:
             priorities = _check_priorities("priorities", priorities, self.store.rows_in(batch))
         start, written = self.store.add(batch)
-        slots = (start + np.arange(written)) % self.capacity
         if priorities is None:
-            values = np.full(written, self.max_priority ** self.alpha)
+            values = np.full(written, self.max_priority ** self.alpha, np.float32)
         else:
-            values = priorities[len(priorities) - written:] ** self.alpha
+            values = (priorities[len(priorities) - written:] ** self.alpha).astype(np.float32)
             self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(slots, values.astype(np.float32))
+        self.tree.set_range(start, values)
 
     def sample(self, num_items: int, beta: float | None = None) -> SampleBatch:
         """`num_items` rows drawn with P(i) proportional to p_i^alpha, with

@@ -52,8 +52,9 @@ class PriorityTree:
     def nbytes(self) -> int:
         return self.leaves.nbytes + sum(a.nbytes for a in self.sums[1:] + self.mins[1:])
 
-    def _children(self, level: int, nodes: np.ndarray | None):
-        """Sums and minima of the children of `nodes` of `level` (all nodes: None)."""
+    def _children(self, level: int, nodes: np.ndarray | slice | None):
+        """Sums and minima of the children of `nodes` (indexes or a slice) of
+        `level` (all nodes: None)."""
         sums = self.sums[level - 1].reshape(-1, self.fanout)
         mins = self.mins[level - 1].reshape(-1, self.fanout)
         if nodes is not None:
@@ -74,6 +75,25 @@ class PriorityTree:
                 nodes = np.arange(len(self.sums[level - 1]) // self.fanout, dtype=np.int64)
             else:
                 self.sums[level][nodes], self.mins[level][nodes] = self._children(level, nodes)
+
+    def set_range(self, start: int, values: np.ndarray) -> None:
+        """leaves[start:start + len(values)] = values, wrapping at the capacity: the
+        slots `add` writes. Slices instead of gathers, so an insert is cheap."""
+        values = np.asarray(values, np.float32)
+        if values.ndim == 0:
+            raise ValueError("PriorityTree.set_range: values must be a 1-D array")
+        head = min(len(values), self.capacity - start)
+        self._set_slice(start, values[:head])
+        if head < len(values):
+            self._set_slice(0, values[head:])
+
+    def _set_slice(self, start: int, values: np.ndarray) -> None:
+        low, high = start, start + len(values)
+        self.leaves[low:high] = values
+        for level in range(1, len(self.sums)):
+            low, high = low // self.fanout, (high - 1) // self.fanout + 1
+            sums, mins = self._children(level, slice(low, high))
+            self.sums[level][low:high], self.mins[level][low:high] = sums, mins
 
     def rebuild(self) -> None:
         """Recomputes every inner level from the leaves."""
