@@ -328,3 +328,23 @@ def test_columns_argument_keeps_only_those():
     batch = buffer.sample(3)
     assert set(batch) == {"obs", "actions", BATCH_INDEXES}
     assert batch["obs"].shape == (3, 4) and batch.count == 3
+
+
+def test_row_count_and_nesting_mismatches_are_refused():
+    buffer = ReplayBuffer(10, seed=0)
+    buffer.add({"obs": {"a": np.zeros((2, 3)), "b": np.zeros(2)}, "actions": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"different row counts \{'obs/a': 3, 'obs/b': 3, "
+                                         r"'actions': 2\}"):
+        buffer.add({"obs": {"a": np.zeros((3, 3)), "b": np.zeros(3)}, "actions": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"column 'obs' has leaves \['obs/a'\], the buffer "
+                                         r"stores \['obs/a', 'obs/b'\]"):
+        buffer.add({"obs": {"a": np.zeros((2, 3))}, "actions": np.zeros(2)})
+    with pytest.raises(ValueError, match=r"column 'obs/b' has rows of shape \(2,\)"):
+        buffer.add({"obs": {"a": np.zeros((2, 3)), "b": np.zeros((2, 2))},
+                    "actions": np.zeros(2)})
+    assert len(buffer) == 2
+    fresh = ReplayBuffer(10)
+    with pytest.raises(ValueError, match="different row counts"):
+        fresh.add({"obs": np.zeros((3, 2)), "actions": np.zeros(2)})
+    fresh.add({"obs": np.zeros((2, 5), np.float32)})  # the refused batch fixed no layout
+    assert fresh.store.columns == ["obs"] and fresh.sample(2)["obs"].shape == (2, 5)

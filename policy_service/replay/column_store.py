@@ -189,9 +189,15 @@ class ColumnStore:
         batch longer than the capacity keeps only its last `capacity` rows
         (the earlier ones would be overwritten by them anyway).
         """
-        if not self._arrays:
+        first = not self._arrays
+        if first:
             self._allocate(batch)
-        pairs, n = self._checked_leaves(batch)
+        try:
+            pairs, n = self._checked_leaves(batch)
+        except (KeyError, ValueError):
+            if first:  # a refused first batch must not fix the layout
+                self._arrays, self._skeletons, self._leaf_names, self._layout = {}, {}, {}, []
+            raise
         skip = max(0, n - self.capacity)
         start = (self.next_index + skip) % self.capacity
         written = n - skip
