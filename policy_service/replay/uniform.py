@@ -83,6 +83,8 @@ class ReplayBuffer:
     # ---- state ----------------------------------------------------------
 
     def get_state(self) -> dict:
+        """{"arrays": name -> ndarray, "meta": JSON-able dict}. The arrays are views of
+        the filled rows (a 1M-row buffer is not copied): write them before the next add."""
         arrays, meta = self.store.get_state()
         meta = dict(meta, kind=type(self).__name__, rng=self.rng.bit_generator.state)
         return {"arrays": arrays, "meta": meta}
