@@ -17,7 +17,7 @@ A subclass sets `config_class`, `policy_class` and `training_step`; nothing
 else of an algorithm lives here.
 
 Where the learner lives: in the driver process, as a `Learner` object, with
-`policy_service.devices.prepare_process` called before TensorFlow
+`policy_service.engine.devices.prepare_process` called before TensorFlow
 initializes so that fake GPUs are real logical CPU devices. Both candidates
 were built and timed here (2 cores, no GPU, PPO on CartPole-v1,
 train_batch_size 4000, minibatch 128, 10 epochs, [256, 256] MLP, 8 envs in
@@ -50,7 +50,6 @@ only.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -59,8 +58,9 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
-from policy_service import checkpoint_io, devices
-from policy_service.config import PolicyConfig, check_choice, from_dict
+from policy_service.config import PolicyConfig, check_choice, from_dict, on_cpu
+from policy_service.engine import devices
+from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 _ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
@@ -250,9 +250,9 @@ class Algorithm:
         return _ENV_CREATORS.get(self.config.env, self.config.env)
 
     def _make_env_runners(self, seed: int | None):
-        from policy_service.env_runners import EnvRunnerGroup
+        from policy_service.distributed.env_runner_group import EnvRunnerGroup
         cfg = self.config
-        worker_config = dataclasses.replace(cfg, num_gpus=0, _fake_gpus=False)
+        worker_config = on_cpu(cfg)
         return EnvRunnerGroup(
             self._env(), self.policy_class, worker_config,
             num_env_runners=cfg.num_env_runners,
@@ -280,10 +280,10 @@ class Algorithm:
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
         state = self.learner.get_state()
-        with checkpoint_io.atomic_directory(checkpoint_dir) as tmp:
-            write_policy_state(tmp / "policy", state)
-            checkpoint_io.save_json(tmp / "algorithm_state.json", {
-                "algorithm_class": f"{type(self).__module__}:{type(self).__qualname__}",
+        with checkpoints.atomic_directory(checkpoint_dir) as tmp:
+            checkpoints.write_policy_state(tmp / checkpoints.POLICY_SUBDIR, state)
+            checkpoints.save_json(tmp / checkpoints.ALGORITHM_STATE, {
+                "algorithm_class": checkpoints.class_path(type(self)),
                 "config": self.config.to_dict(),
                 "iteration": self.iteration,
                 "timesteps_total": self.timesteps_total,
@@ -297,14 +297,13 @@ class Algorithm:
 
     def restore(self, checkpoint_dir: str) -> None:
         """Continue from a save: learner state, counters, metrics window, sampling seed."""
-        from policy_service.policy import load_policy_state
         directory = Path(checkpoint_dir)
-        saved = checkpoint_io.load_json(directory / "algorithm_state.json")
-        expected = f"{type(self).__module__}:{type(self).__qualname__}"
+        saved = checkpoints.load_json(directory / checkpoints.ALGORITHM_STATE)
+        expected = checkpoints.class_path(type(self))
         if saved["algorithm_class"] != expected:
             raise ValueError(f"checkpoint {directory} was written by "
                              f"{saved['algorithm_class']}, not {expected}")
-        self.learner.set_state(load_policy_state(directory / "policy"))
+        self.learner.set_state(checkpoints.read_policy_state(directory / checkpoints.POLICY_SUBDIR))
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.time_total_s = float(saved["time_total_s"])
@@ -319,7 +318,7 @@ class Algorithm:
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> "Algorithm":
         """A new algorithm with the saved config, restored from the checkpoint."""
-        saved = checkpoint_io.load_json(Path(checkpoint_dir) / "algorithm_state.json")
+        saved = checkpoints.load_json(Path(checkpoint_dir) / checkpoints.ALGORITHM_STATE)
         algo = cls(saved["config"])
         algo.restore(checkpoint_dir)
         return algo
@@ -344,14 +343,3 @@ def iteration_seed(seed: int | None, iteration: int) -> int | None:
     if seed is None or iteration == 0:
         return seed
     return int(np.random.SeedSequence([int(seed), int(iteration)]).generate_state(1)[0] >> 1)
-
-
-def write_policy_state(directory: Path, state: dict) -> None:
-    """A policy state as TFPolicy.export_checkpoint writes it (readable by from_checkpoint)."""
-    state = dict(state)
-    arrays = {}
-    for group in ("weights", "optimizer_variables", "rng"):
-        arrays.update({f"{group}/{k}": v for k, v in state.pop(group).items()})
-    directory.mkdir(parents=True)
-    checkpoint_io.save_arrays(directory / "policy_arrays.npz", arrays)
-    checkpoint_io.save_json(directory / "policy_state.json", state)

@@ -19,9 +19,8 @@ from typing import Optional
 
 import numpy as np
 
-ALGORITHM_STATE = "algorithm_state.json"
-POLICY_STATE = "policy_state.json"
-POLICY_SUBDIR = "policy"
+from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
+                                           latest_checkpoint, read_policy_state)
 
 
 class CheckpointError(Exception):
@@ -49,7 +48,7 @@ def locate(path: str) -> LoadedCheckpoint:
         return LoadedCheckpoint(directory / POLICY_SUBDIR,
                                 _read_config(directory / ALGORITHM_STATE))
     for checkpoints in (directory / "checkpoints", directory):
-        latest = _latest_checkpoint(checkpoints)
+        latest = latest_checkpoint(checkpoints)
         if latest is not None:
             return locate(str(latest))
     raise CheckpointError(f"no checkpoint at {path}: expected a run directory, a checkpoint "
@@ -58,13 +57,14 @@ def locate(path: str) -> LoadedCheckpoint:
 
 def load_policy(checkpoint: LoadedCheckpoint):
     """The saved policy, weights and all, on one CPU tower."""
-    from policy_service.policy import TFPolicy, load_policy_state
+    from policy_service.config import on_cpu
+    from policy_service.policy import TFPolicy
     try:
-        state = load_policy_state(str(checkpoint.policy_dir))
+        state = read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"cannot read the policy in {checkpoint.policy_dir}: "
                               f"{_one_line(err)}") from None
-    state["config"] = {**state["config"], "num_gpus": 0, "_fake_gpus": False}
+    state["config"] = on_cpu(state["config"])
     return TFPolicy.from_state(state)
 
 
@@ -152,14 +152,6 @@ def _make_env(env_id: str, env_config: dict):
         return gym.make(env_id, **env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {_one_line(err)}") from None
-
-
-def _latest_checkpoint(directory: Path) -> Optional[Path]:
-    if not directory.is_dir():
-        return None
-    found = sorted(p for p in directory.iterdir()
-                   if p.name.startswith("checkpoint_") and (p / ALGORITHM_STATE).exists())
-    return found[-1] if found else None
 
 
 def _read_config(path: Path) -> dict:

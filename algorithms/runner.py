@@ -41,9 +41,10 @@ from typing import Any, Optional
 
 import yaml
 
+from policy_service.io import checkpoints
+
 DEFAULT_CHECKPOINT_EVERY = 10
 DEFAULT_KEEP_CHECKPOINTS = 3
-_CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED = (
@@ -291,20 +292,14 @@ class RunDirectory:
                                        "checkpoint": str(checkpoint) if checkpoint else None})
 
     def checkpoint_path(self, iteration: int) -> Path:
-        return self.checkpoints / f"checkpoint_{iteration:06d}"
+        return checkpoints.checkpoint_dir(self.checkpoints, iteration)
 
     def checkpoint_list(self) -> list[Path]:
-        """Complete checkpoints, oldest first (a half-written one is a hidden temp dir)."""
-        if not self.checkpoints.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.checkpoints.iterdir()
-                 if (m := _CHECKPOINT_NAME.match(p.name))
-                 and (p / "algorithm_state.json").exists()]
-        return [p for _, p in sorted(found)]
+        """Complete checkpoints, oldest first."""
+        return checkpoints.list_checkpoints(self.checkpoints)
 
     def latest_checkpoint(self) -> Optional[Path]:
-        found = self.checkpoint_list()
-        return found[-1] if found else None
+        return checkpoints.latest_checkpoint(self.checkpoints)
 
     def prune_checkpoints(self, keep: int) -> None:
         for old in self.checkpoint_list()[:-keep]:

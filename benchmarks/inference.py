@@ -174,7 +174,7 @@ def _start_server(server: str, spec: dict, base: dict):
         ray.get(actor.ready.remote())
         return actor, dict(base, target=server, batching=None), None
     from benchmarks import ppo_shaped
-    from policy_service.service import PolicyActor
+    from policy_service.distributed.policy_actor import PolicyActor
     obs_space, act_space = ppo_shaped.spaces_for("mlp")
     from algorithms.ppo import PPOPolicy as policy_cls
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}

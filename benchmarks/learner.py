@@ -29,7 +29,6 @@ not, so the comparison is conservative for us.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from benchmarks import common
@@ -106,7 +105,7 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
                                      minibatch // rows_per_unit, device)
     # the fused loop again with the library's optimizer (one fused Adam op per
     # variable): what is left between ours and bare code written as well
-    from policy_service.optimizers import FusedAdam
+    from policy_service.engine.optimizers import FusedAdam
     kernel_adam = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
                                          minibatch // rows_per_unit, device, FusedAdam)
     valid_per_epoch = ppo_shaped.valid_rows_per_epoch(

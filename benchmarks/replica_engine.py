@@ -10,7 +10,7 @@ engine differs:
   mirrored  tf.distribute.MirroredStrategy over N logical CPU devices with
             ReductionToOneDevice, mirrored variables, the Keras optimizer's
             own all-reduce; each replica trains on its 1/N of the minibatch
-  towers    policy_service.towers.TowerStack over N logical CPU devices
+  towers    policy_service.engine.towers.TowerStack over N logical CPU devices
             (load + learn_loaded_epochs): tf.device per tower, one copy of
             the variables, valid-row-weighted gradient sum
 
@@ -77,8 +77,9 @@ class TowersLearner:
                  real_gpus: bool = False):
         import keras
         import tensorflow as tf
-        from policy_service.devices import FAKE_GPU, GPU, DevicePlan
-        from policy_service.towers import TowerStack
+
+        from policy_service.engine.devices import FAKE_GPU, GPU, DevicePlan
+        from policy_service.engine.towers import TowerStack
         kind = "GPU" if real_gpus else "CPU"
         plan = DevicePlan(tuple(f"/{kind}:{i}" for i in range(n)), GPU if real_gpus else FAKE_GPU)
         with tf.device(plan.variable_device):
@@ -198,9 +199,10 @@ def breakdown(spec: dict):
     (learn_loaded), ms per SGD step.
     """
     import tensorflow as tf
+
     from benchmarks import ppo_shaped
-    from policy_service import towers as towers_mod
-    from policy_service.devices import DevicePlan
+    from policy_service.engine import towers as towers_mod
+    from policy_service.engine.devices import DevicePlan
     n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)

@@ -30,15 +30,16 @@ KEYS = ("inference", "num_envs")
 
 
 def measure(spec: dict):
-    from benchmarks import ppo_shaped
-    from policy_service.rollout import RolloutWorker
     from algorithms.ppo import PPOPolicy as policy_cls
+    from benchmarks import ppo_shaped
+    from policy_service.distributed.rollout_worker import RolloutWorker
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     remote = spec["inference"] == "remote"
     if remote:
         import gymnasium as gym
         import ray
-        from policy_service.service import PolicyActor
+
+        from policy_service.distributed.policy_actor import PolicyActor
         ray.init(**common.RAY_INIT)
         env = gym.make("CartPole-v1")
         obs_space, act_space = env.observation_space, env.action_space

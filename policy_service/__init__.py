@@ -10,7 +10,7 @@ _EXPORTS = {
     "concat_samples": "policy_service.sample_batch",
     "masked_mean": "policy_service.reductions",
     "TFPolicy": "policy_service.policy",
-    "PolicyActor": "policy_service.service",
+    "PolicyActor": "policy_service.distributed.policy_actor",
 }
 
 __all__ = sorted(_EXPORTS)

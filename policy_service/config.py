@@ -114,3 +114,22 @@ def _describe(annotation: Any) -> str:
 def check_choice(value: str, choices: tuple, name: str) -> None:
     if value not in choices:
         raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
+
+
+# The device keys of a policy config, and their values for acting on one CPU device.
+CPU_ONLY = {"num_gpus": 0, "_fake_gpus": False}
+
+
+def config_for(policy_cls: type, config: Any):
+    """`config` (a dict or a dataclass) as `policy_cls.config_class`; as given
+    when the class declares no config class."""
+    config_class = getattr(policy_cls, "config_class", None)
+    return from_dict(config_class, config) if config_class is not None else config
+
+
+def on_cpu(config: Any, **changes):
+    """A copy of a policy config (dataclass or dict) that acts on one CPU device:
+    rollout workers, evaluation and hosts without GPUs."""
+    if isinstance(config, dict):
+        return {**config, **CPU_ONLY, **changes}
+    return dataclasses.replace(config, **CPU_ONLY, **changes)

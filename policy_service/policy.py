@@ -15,8 +15,6 @@ never retrace.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-from pathlib import Path
 
 import gymnasium as gym
 import keras
@@ -24,14 +22,16 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import checkpoint_io, devices, distributions, exploration, models, spaces
-from policy_service.compiled import FlatCall
+from policy_service import distributions, exploration, models, spaces
 from policy_service.config import PolicyConfig, check_choice, from_dict
-from policy_service.optimizers import FusedAdam
+from policy_service.engine import devices
+from policy_service.engine.compiled import FlatCall
+from policy_service.engine.optimizers import FusedAdam
+from policy_service.engine.towers import TowerStack
+from policy_service.io import checkpoints
+from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.sample_batch import SampleBatch
-from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
-from policy_service.space_codec import space_from_json, space_to_json
-from policy_service.towers import LOSS_MASK, TowerStack, is_sequence_column
+from policy_service.train_batches import TrainColumns, prepare_train_columns
 
 _OPTIMIZERS = ("adam", "sgd", "rmsprop")
 
@@ -269,55 +269,13 @@ class TFPolicy:
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 
-    def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False):
-        """Batch -> (padded numpy columns with "loss_mask", units, rows per unit).
-
-        Observations are preprocessed; recurrent batches are chopped into padded
-        sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
-        """
-        if not isinstance(batch, SampleBatch):
-            batch = SampleBatch(batch)
-        if batch.count == 0:
-            raise ValueError("train batch is empty")
-        batch = batch.copy(shallow=True)
-        for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
-            if column in batch:
-                self.preprocessor.check(batch[column], column=column)
-                batch[column] = self.preprocessor.transform(batch[column])
-        if SampleBatch.ACTIONS in batch:
-            spaces.check_actions(self.action_space, np.asarray(batch[SampleBatch.ACTIONS]),
-                                 check_bounds=False)
-        for key in [k for k in batch if _drop_for_training(k, batch[k])]:
-            del batch[key]
-        check_finite_columns(batch)
-        if self.is_recurrent():
-            return self._sequence_columns(batch, fixed_seq_len)
-        columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
-        columns[LOSS_MASK] = np.ones(batch.count, bool)
-        return columns, batch.count, 1
-
-    def _sequence_columns(self, batch: SampleBatch, fixed_seq_len: bool):
-        for i in range(self.num_state_tensors()):
-            if f"state_in_{i}" not in batch:
-                raise ValueError(f"recurrent train batch is missing column 'state_in_{i}' "
-                                 f"(initial state of each sequence); columns: {sorted(batch)}")
-        if SampleBatch.SEQ_LENS not in batch and SampleBatch.EPS_ID not in batch:
-            raise ValueError("recurrent train batch needs 'seq_lens' or 'eps_id' to form "
-                             f"sequences; columns: {sorted(batch)}")
-        max_seq_len = self.config.model.max_seq_len
-        if not batch.zero_padded:
-            pad_batch_to_sequences_of_same_size(batch, max_seq_len)
-        seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], np.int32)
-        num_seqs = len(seq_lens)
-        length = batch.max_seq_len
-        columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
-        if fixed_seq_len and length != max_seq_len:
-            columns = {k: v if is_sequence_column(k) else _pad_time(v, num_seqs, length, max_seq_len)
-                       for k, v in columns.items()}
-            length = max_seq_len
-        columns[SampleBatch.SEQ_LENS] = seq_lens
-        columns[LOSS_MASK] = loss_mask(seq_lens, length)
-        return columns, num_seqs, length
+    def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False) -> TrainColumns:
+        """The batch as the tower stack takes it: checked, preprocessed, padded
+        columns with "loss_mask" (sequences of max_seq_len steps when `fixed_seq_len`)."""
+        return prepare_train_columns(
+            batch, preprocessor=self.preprocessor, action_space=self.action_space,
+            num_state_tensors=self.num_state_tensors(),
+            max_seq_len=self.config.model.max_seq_len, fixed_seq_len=fixed_seq_len)
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers -> statistics."""
@@ -389,7 +347,7 @@ class TFPolicy:
             "config": _config_to_json(self.config),
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
-            "policy_class": f"{type(self).__module__}:{type(self).__qualname__}",
+            "policy_class": checkpoints.class_path(type(self)),
         }
 
     def set_state(self, state: dict) -> None:
@@ -416,7 +374,10 @@ class TFPolicy:
     @classmethod
     def from_state(cls, state: dict) -> "TFPolicy":
         """A new policy (of the class named in the state) with that exact state."""
-        policy_cls = _resolve_policy_class(state.get("policy_class"), cls)
+        named = checkpoints.resolve_class(state.get("policy_class") or checkpoints.class_path(cls),
+                                          TFPolicy)
+        # a subclass of the class asked for is kept; anything else loads as that class
+        policy_cls = named if issubclass(named, cls) or cls is TFPolicy else cls
         policy = policy_cls(space_from_json(state["observation_space"]),
                             space_from_json(state["action_space"]), state["config"])
         policy.set_state(state)
@@ -424,22 +385,16 @@ class TFPolicy:
 
     def export_checkpoint(self, export_dir: str) -> None:
         """Write the policy state atomically: arrays in npz, the rest in JSON."""
-        state = self.get_state()
-        arrays = {}
-        for group in ("weights", "optimizer_variables"):
-            arrays.update({f"{group}/{k}": v for k, v in state.pop(group).items()})
-        arrays.update({f"rng/{k}": v for k, v in state.pop("rng").items()})
-        with checkpoint_io.atomic_directory(export_dir) as tmp:
-            checkpoint_io.save_arrays(tmp / "policy_arrays.npz", arrays)
-            checkpoint_io.save_json(tmp / "policy_state.json", state)
+        with checkpoints.atomic_directory(export_dir) as tmp:
+            checkpoints.write_policy_state(tmp, self.get_state())
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> "TFPolicy":
-        return cls.from_state(load_policy_state(checkpoint_dir))
+        return cls.from_state(checkpoints.read_policy_state(checkpoint_dir))
 
     def export_model(self, export_dir: str, onnx: int | None = None) -> None:
         """A SavedModel serving deterministic actions (and ONNX with `onnx=OPSET`)."""
-        from policy_service.export import export_saved_model
+        from policy_service.io.export import export_saved_model
         export_saved_model(self, export_dir, onnx)
 
     def import_model_from_h5(self, path: str) -> None:
@@ -450,55 +405,6 @@ class TFPolicy:
         except Exception:
             self.set_weights(before)
             raise
-
-
-def load_policy_state(checkpoint_dir: str) -> dict:
-    """Read a checkpoint written by export_checkpoint (no pickle involved)."""
-    directory = Path(checkpoint_dir)
-    if not (directory / "policy_state.json").exists():
-        raise FileNotFoundError(f"{directory} holds no policy checkpoint "
-                                "(policy_state.json missing)")
-    state = checkpoint_io.load_json(directory / "policy_state.json")
-    arrays = checkpoint_io.load_arrays(directory / "policy_arrays.npz")
-    for group in ("weights", "optimizer_variables", "rng"):
-        prefix = group + "/"
-        state[group] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-    return state
-
-
-def check_finite_columns(batch: dict) -> None:
-    """NaN/inf anywhere in a float column is an error naming the column and row."""
-    for name, values in batch.items():
-        for leaf in tree.flatten(values):
-            arr = np.asarray(leaf)
-            if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-                row = int(np.argwhere(~np.isfinite(arr))[0][0])
-                raise ValueError(f"column {name!r} has NaN or inf (first at row {row}, "
-                                 f"shape {arr.shape}); weights unchanged")
-
-
-def _drop_for_training(name: str, values) -> bool:
-    """Columns the learner cannot use: infos, object arrays, next-step states."""
-    if name == SampleBatch.INFOS or name.startswith("state_out_"):
-        return True
-    leaves = tree.flatten(values)
-    return any(np.asarray(leaf).dtype.kind in "OUS" for leaf in leaves) or (
-        len(leaves) != 1 and name not in (SampleBatch.OBS, SampleBatch.NEXT_OBS))
-
-
-def _as_tensor_array(name: str, values) -> np.ndarray:
-    arr = np.asarray(values)
-    if arr.dtype == np.float64:
-        return arr.astype(np.float32)
-    if arr.dtype.kind in "iub" or arr.dtype == np.float32:
-        return arr
-    raise ValueError(f"column {name!r} has dtype {arr.dtype}, which cannot be trained on")
-
-
-def _pad_time(values: np.ndarray, num_seqs: int, length: int, target: int) -> np.ndarray:
-    shaped = values.reshape((num_seqs, length) + values.shape[1:])
-    pad = np.zeros((num_seqs, target - length) + values.shape[1:], values.dtype)
-    return np.concatenate([shaped, pad], axis=1).reshape((num_seqs * target,) + values.shape[1:])
 
 
 def _is_rng_state(variable) -> bool:
@@ -544,18 +450,3 @@ def _assign_checked(targets: dict, values: dict, what: str) -> None:
 
 def _config_to_json(config) -> dict:
     return dataclasses.asdict(config)
-
-
-def _resolve_policy_class(path: str | None, default: type) -> type:
-    """Import the saved policy class by name; only TFPolicy subclasses are accepted."""
-    if not path:
-        return default
-    module_name, _, qualname = path.partition(":")
-    obj = importlib.import_module(module_name)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    if not (isinstance(obj, type) and issubclass(obj, TFPolicy)):
-        raise TypeError(f"checkpoint names {path!r}, which is not a TFPolicy subclass")
-    if issubclass(obj, default):
-        return obj
-    return default if default is not TFPolicy else obj

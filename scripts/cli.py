@@ -2,7 +2,7 @@
 
 Only argument parsing lives here; each subcommand calls one module:
 train -> algorithms.runner, evaluate/export -> algorithms.evaluation,
-submit -> policy_service.jobs. Bad input ends in one line on stderr and exit
+submit -> policy_service.distributed.jobs. Bad input ends in one line on stderr and exit
 status 2; modules are imported lazily so `submit` never loads TensorFlow.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _export(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()  # importing policy_service imports TensorFlow
-    from policy_service import jobs
+    from policy_service.distributed import jobs
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
@@ -156,7 +156,7 @@ def _user_errors() -> tuple:
     errors = []
     for module_name, class_name in (("algorithms.runner", "TrainingSetupError"),
                                     ("algorithms.evaluation", "CheckpointError"),
-                                    ("policy_service.jobs", "JobSubmissionError")):
+                                    ("policy_service.distributed.jobs", "JobSubmissionError")):
         module = sys.modules.get(module_name)
         if module is not None:
             errors.append(getattr(module, class_name))

@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from policy_service import devices  # noqa: E402
+from policy_service.engine import devices  # noqa: E402
 
 NUM_FAKE_GPUS = 4
 devices.prepare_process(NUM_FAKE_GPUS)
@@ -22,9 +22,8 @@ import pytest  # noqa: E402
 def ray_local():
     """A real local Ray for one test module, with the shared test envs and
     policies pickled by value so Ray workers need not import them."""
-    import ray
-
     import envs
+    import ray
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     ray.cloudpickle.register_pickle_by_value(envs)
     yield

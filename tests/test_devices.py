@@ -7,11 +7,17 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
+from policies import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    PGPolicy,
+    fake_gpus,
+    mlp_batch,
+    small_config,
+)
 
-from policy_service import devices
-from policy_service.devices import CPU, FAKE_GPU, GPU, DevicePlan, plan_devices
-
-from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, fake_gpus, mlp_batch, small_config
+from policy_service.engine import devices
+from policy_service.engine.devices import CPU, FAKE_GPU, GPU, DevicePlan, plan_devices
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
@@ -161,7 +167,7 @@ _SUBPROCESS = textwrap.dedent("""
     import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     sys.path.insert(0, {tests!r})
-    from policy_service import devices
+    from policy_service.engine import devices
     devices.prepare_process(3)
     import tensorflow as tf
     cpus = [d.name for d in tf.config.list_logical_devices("CPU")]

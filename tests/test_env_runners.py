@@ -1,12 +1,12 @@
 """EnvRunnerGroup: parallel sampling, one-put weight sync, replacing dead workers."""
 import threading
 
+import envs
 import numpy as np
 import pytest
 import ray
 
-import envs
-from policy_service.env_runners import EnvRunnerGroup
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.sample_batch import SampleBatch
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}

@@ -4,12 +4,19 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from policies import (
+    ACTION_SPACE,
+    CELL,
+    OBS_SPACE,
+    PGPolicy,
+    fake_gpus,
+    mlp_batch,
+    small_config,
+    weights_differ,
+)
 
 from policy_service import models
 from policy_service.config import ModelConfig
-
-from policies import (ACTION_SPACE, CELL, OBS_SPACE, PGPolicy, fake_gpus, mlp_batch,
-                      small_config, weights_differ)
 
 
 def shapes(policy):

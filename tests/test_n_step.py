@@ -1,13 +1,13 @@
 """n_step_returns against a hand-written per-row loop, on CartPole episodes that
 terminate and truncate, cut into fragments, and on RolloutWorker fragments whose
 observations say which episode step they are."""
+import envs
 import gymnasium as gym
 import numpy as np
 import pytest
 
-import envs
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, N_STEP, n_step_returns
-from policy_service.rollout import RolloutWorker
 from policy_service.sample_batch import SampleBatch
 
 

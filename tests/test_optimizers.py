@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service.optimizers import FusedAdam
+from policy_service.engine.optimizers import FusedAdam
 
 
 def _variables(seed):

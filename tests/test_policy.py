@@ -8,13 +8,24 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from policies import (
+    ACTION_SPACE,
+    CELL,
+    OBS_SPACE,
+    PGPolicy,
+    SGDPGPolicy,
+    assert_weights_close,
+    episode_batch,
+    fake_gpus,
+    iterations,
+    mlp_batch,
+    small_config,
+    weights_differ,
+)
 
-from policy_service import TFPolicy, checkpoint_io
-from policy_service.policy import load_policy_state
-
-from policies import (ACTION_SPACE, CELL, OBS_SPACE, PGPolicy, SGDPGPolicy,
-                      assert_weights_close, episode_batch, fake_gpus, iterations, mlp_batch,
-                      small_config, weights_differ)
+from policy_service import TFPolicy
+from policy_service.io import checkpoints
+from policy_service.io.checkpoints import read_policy_state as load_policy_state
 
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
@@ -394,7 +405,7 @@ def test_failure_while_writing_a_checkpoint_leaves_the_old_one(tmp_path, monkeyp
     def broken_save_json(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(checkpoint_io, "save_json", broken_save_json)
+    monkeypatch.setattr(checkpoints, "save_json", broken_save_json)
     with pytest.raises(OSError, match="disk full"):
         policy.export_checkpoint(str(path))
     assert _file_bytes(path) == old
@@ -417,7 +428,7 @@ def test_failure_while_swapping_in_a_checkpoint_leaves_the_old_one(tmp_path, mon
             raise OSError("interrupted")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(checkpoint_io.os, "rename", rename_failing_on_the_swap)
+    monkeypatch.setattr(checkpoints.os, "rename", rename_failing_on_the_swap)
     with pytest.raises(OSError, match="interrupted"):
         policy.export_checkpoint(str(path))
     monkeypatch.undo()
@@ -443,8 +454,27 @@ def test_checkpoint_naming_a_non_policy_class_is_refused(tmp_path):
     state = json.loads((path / "policy_state.json").read_text())
     state["policy_class"] = "os:system"
     (path / "policy_state.json").write_text(json.dumps(state))
-    with pytest.raises(TypeError, match="not a TFPolicy subclass"):
+    with pytest.raises(ValueError, match="'os:system', which is not TFPolicy or a subclass"):
         TFPolicy.from_checkpoint(str(path))
+
+
+def test_a_checkpoint_never_imports_the_module_it_names(tmp_path, monkeypatch):
+    """Only classes already defined, or this package's, are resolved: a module a
+    file names is not imported (its top-level code would run)."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from policy_service import TFPolicy\nclass Zen(TFPolicy): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    policy = policy_on()
+    path = tmp_path / "ckpt"
+    policy.export_checkpoint(str(path))
+    state = json.loads((path / "policy_state.json").read_text())
+    state["policy_class"] = "planted:Zen"
+    (path / "policy_state.json").write_text(json.dumps(state))
+    with pytest.raises(ValueError, match="'planted:Zen'"):
+        TFPolicy.from_checkpoint(str(path))
+    assert not marker.exists()
 
 
 def test_missing_checkpoint_is_a_clear_error(tmp_path):

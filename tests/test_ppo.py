@@ -1,8 +1,8 @@
 """algorithms/ppo.py and algorithms/algorithm.py: GAE, the loss, KL adaptation,
 config validation, the training loop and exact save/restore."""
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -11,7 +11,13 @@ import tensorflow as tf
 
 import algorithms
 from algorithms.algorithm import iteration_seed
-from algorithms.ppo import PPO, PPOConfig, PPOPolicy, compute_advantages, discount_cumsum
+from algorithms.ppo import (
+    PPO,
+    PPOConfig,
+    PPOPolicy,
+    compute_advantages,
+    discount_cumsum,
+)
 from policy_service.sample_batch import SampleBatch
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from memory_envs import RecallEnv
 
 from algorithms import register_env
 from algorithms.ppo import PPO
-from memory_envs import RecallEnv
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +94,7 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     """The custom model is registered in this process only: it reaches the rollout
     worker and PolicyActor processes with them, and trains to 450 there."""
     import user_models
+
     from policy_service import models
     models.register_custom_model("lazy_mlp", user_models.LazyMLP)
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())

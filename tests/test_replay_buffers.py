@@ -8,9 +8,14 @@ import numpy as np
 import pytest
 import tree
 
-from policy_service import checkpoint_io
-from policy_service.replay import (BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer,
-                                   PriorityTree, ReplayBuffer)
+from policy_service.io import checkpoints
+from policy_service.replay import (
+    BATCH_INDEXES,
+    PRIO_WEIGHTS,
+    PrioritizedReplayBuffer,
+    PriorityTree,
+    ReplayBuffer,
+)
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 
@@ -229,10 +234,10 @@ def nested_batch(rows, start=0):
 
 
 def save_and_load(state, tmp_path):
-    checkpoint_io.save_arrays(tmp_path / "replay.npz", state["arrays"])
-    checkpoint_io.save_json(tmp_path / "replay.json", state["meta"])
-    return {"arrays": checkpoint_io.load_arrays(tmp_path / "replay.npz"),
-            "meta": checkpoint_io.load_json(tmp_path / "replay.json")}
+    checkpoints.save_arrays(tmp_path / "replay.npz", state["arrays"])
+    checkpoints.save_json(tmp_path / "replay.json", state["meta"])
+    return {"arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
+            "meta": checkpoints.load_json(tmp_path / "replay.json")}
 
 
 def assert_same_batch(a, b):

@@ -2,14 +2,14 @@
 recurrent state, action clipping, observation checks, local and remote inference."""
 import collections
 
+import envs
 import numpy as np
 import pytest
 import ray
 
-import envs
-from policy_service.rollout import RolloutWorker
+from policy_service.distributed.policy_actor import PolicyActor
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.sample_batch import SampleBatch
-from policy_service.service import PolicyActor
 
 MLP_CONFIG = {"model": {"fcnet_hiddens": [16]}, "seed": 3, "gamma": 0.9}
 LSTM_CONFIG = {"model": {"use_lstm": True, "lstm_cell_size": 16, "fcnet_hiddens": [16],

@@ -7,15 +7,19 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import envs
 import gymnasium as gym
 import numpy as np
 import pytest
 import ray
 
-import envs
-from policy_service.batching import RequestBatcher
 from policy_service.config import PolicyConfig
-from policy_service.service import PolicyActor, PolicyHost, hosted_policy_config
+from policy_service.distributed.batching import RequestBatcher
+from policy_service.distributed.policy_actor import (
+    PolicyActor,
+    PolicyHost,
+    hosted_policy_config,
+)
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

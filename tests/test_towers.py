@@ -9,17 +9,38 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
+from policies import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    LogColumnPolicy,
+    PGPolicy,
+    SGDPGPolicy,
+    TwoOptimizerPolicy,
+    assert_grads_close,
+    assert_weights_close,
+    episode_batch,
+    fake_gpus,
+    iterations,
+    mlp_batch,
+    optimizer_state,
+    sequence_batch,
+    sequence_columns,
+    small_config,
+    weights_differ,
+)
 
 from policy_service import masked_mean
+from policy_service.engine.devices import FAKE_GPU, GPU, DevicePlan
+from policy_service.engine.towers import (
+    LOSS_MASK,
+    MissingColumnError,
+    NonFiniteGradientError,
+    TowerStack,
+    clip_gradients,
+    gather_units,
+    pad_units,
+)
 from policy_service.sample_batch import SampleBatch
-from policy_service.devices import FAKE_GPU, GPU, DevicePlan
-from policy_service.towers import (LOSS_MASK, MissingColumnError, NonFiniteGradientError,
-                                   TowerStack, clip_gradients, gather_units, pad_units)
-
-from policies import (ACTION_SPACE, OBS_SPACE, LogColumnPolicy, PGPolicy, SGDPGPolicy,
-                      TwoOptimizerPolicy, assert_grads_close, assert_weights_close,
-                      episode_batch, fake_gpus, iterations, mlp_batch, optimizer_state,
-                      sequence_batch, sequence_columns, small_config, weights_differ)
 
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 

@@ -13,28 +13,22 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-
 import user_models
-from policies import (ACTION_SPACE, OBS_SPACE, PGPolicy, episode_batch, fake_gpus, mlp_batch,
-                      small_config)
-from policy_service import masked_mean, models
+from user_models import ValueOptionalPolicy
+from policies import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    PGPolicy,
+    episode_batch,
+    fake_gpus,
+    mlp_batch,
+    small_config,
+)
+
+from policy_service import models
 from policy_service.sample_batch import SampleBatch
 
 TESTS = Path(__file__).resolve().parent
-
-
-class ValueOptionalPolicy(PGPolicy):
-    """PGPolicy that regresses the value head only where the model has one."""
-
-    def loss(self, model, dist_class, train_batch):
-        out = model(train_batch, training=True)
-        mask = train_batch["loss_mask"]
-        logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(train_batch[SampleBatch.ACTIONS])
-        self._pg_loss = -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], mask)
-        self._vf_loss = (masked_mean(tf.square(out[SampleBatch.VF_PREDS]
-                                               - train_batch[SampleBatch.VALUE_TARGETS]), mask)
-                         if SampleBatch.VF_PREDS in out else tf.constant(0.0))
-        return self._pg_loss + 0.5 * self._vf_loss
 
 
 @pytest.fixture(autouse=True)
@@ -101,6 +95,7 @@ import json, sys
 import numpy as np
 sys.path.insert(0, {tests!r})
 import user_models
+from user_models import ValueOptionalPolicy
 from policy_service import TFPolicy
 user_models.register_all()
 out = {{}}

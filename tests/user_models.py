@@ -11,7 +11,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service import models
+from policy_service import TFPolicy, masked_mean, models
+from policy_service.sample_batch import SampleBatch
 
 
 class LazyBatchNormModel(keras.Model):
@@ -132,3 +133,19 @@ STYLES = {
 def register_all() -> None:
     for name, model_cls in STYLES.items():
         models.register_custom_model(name, model_cls)
+
+
+class ValueOptionalPolicy(TFPolicy):
+    """Policy gradient plus value regression where the model has a value head
+    (a bare Sequential has none)."""
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        mask = train_batch["loss_mask"]
+        logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
+            train_batch[SampleBatch.ACTIONS])
+        loss = -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], mask)
+        if SampleBatch.VF_PREDS in out:
+            loss += 0.5 * masked_mean(tf.square(out[SampleBatch.VF_PREDS]
+                                                - train_batch[SampleBatch.VALUE_TARGETS]), mask)
+        return loss

@@ -28,8 +28,12 @@ from typing import Any
 import numpy as np
 
 from policy_service.replay.priority_tree import PriorityTree
-from policy_service.replay.uniform import (BATCH_INDEXES, ReplayBuffer, as_sample_batch,
-                                           check_sample_size)
+from policy_service.replay.uniform import (
+    BATCH_INDEXES,
+    ReplayBuffer,
+    as_sample_batch,
+    check_sample_size,
+)
 from policy_service.sample_batch import SampleBatch
 
 PRIO_WEIGHTS = "weights"  # RLlib's column name for the importance weights

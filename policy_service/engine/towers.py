@@ -24,14 +24,14 @@ where tower gradients are summed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service.compiled import FlatCall
-from policy_service.devices import DevicePlan
+from policy_service.engine.compiled import FlatCall
+from policy_service.engine.devices import DevicePlan
 
 LOSS_MASK = "loss_mask"
 SEQ_LENS = "seq_lens"
@@ -163,25 +163,40 @@ def _scale(value, weight):
     return tf.math.multiply_no_nan(value, tf.cast(weight, value.dtype))
 
 
-def _weighted_sum(values, weights):
-    """sum_t w_t * v_t where a tower of weight 0 adds exact zeros (even if NaN).
-
-    A lone tower holds all valid rows (weight 1), so its value passes as is."""
-    if len(values) == 1:
-        return values[0]
-    return tf.add_n([_scale(v, w) for v, w in zip(values, weights)])
-
-
-def _pack_stats(stats: dict) -> tuple[list, tf.Tensor]:
-    """(names, <float32>[len(names)]): one tensor to move between devices, not one
+class PackedStats(NamedTuple):
+    """A tower's scalar statistics as one tensor to move between devices, not one
     per statistic."""
+
+    names: list
+    values: tf.Tensor  # <float32>[len(names)]
+
+
+def _pack_stats(stats: dict) -> PackedStats:
     values = {name: tf.convert_to_tensor(value) for name, value in stats.items()}
     for name, value in values.items():
         if value.shape.rank != 0:
             raise ValueError(f"statistic {name!r} must be a scalar, got shape {value.shape}")
     packed = tf.stack([tf.cast(v, tf.float32) for v in values.values()]) if values \
         else tf.zeros([0], tf.float32)
-    return list(values), packed
+    return PackedStats(list(values), packed)
+
+
+class TowerResult(NamedTuple):
+    """What one tower computed on its shard."""
+
+    valid_rows: tf.Tensor  # <float32>[] rows where loss_mask is True
+    grads: list  # per loss, per trainable variable (None where a loss does not reach it)
+    stats: PackedStats
+    state_updates: dict  # id(variable) -> the value the forward pass wrote (BN moments, RNG)
+
+
+class StepResult(NamedTuple):
+    """The towers' results combined into one step."""
+
+    grads: list  # per optimizer, per trainable variable: combined and clipped
+    stats: dict  # name -> scalar, weighted by valid rows, plus "valid_rows"
+    assignments: list  # (variable, new value) for non-trainable state
+    finite: tf.Tensor  # <bool>[variables with a gradient]: which gradients are finite
 
 
 def clip_gradients(grads: list, clip: float | None, method: str) -> list:
@@ -303,9 +318,7 @@ class TowerStack:
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
         with tf.device(self.plan.variable_device):
-            for optimizer, row in zip(self.optimizers, tensors):
-                pairs = [(g, v) for g, v in zip(row, self.variables) if g is not None]
-                optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+            self._apply_gradients(tensors)
 
     # ----- loaded buffers -----------------------------------------------------------
 
@@ -404,45 +417,61 @@ class TowerStack:
     def trace_count(self) -> int:
         return sum(f.trace_count() for f in self._functions.values())
 
-    def _tower_pass(self, shards):
-        """Per tower: losses, gradients, stats and BN moments; then combined.
+    def _tower_pass(self, shards) -> StepResult:
+        """Per tower: losses, gradients, stats and BN moments; then weighted by each
+        tower's valid rows and combined on the variable device.
 
-        Each tower weights its own gradients (valid rows / all valid rows) on its
-        device, so the variable device only sums them, and ships its statistics
-        as one packed tensor: on fake GPUs the tensors crossing devices, not the
-        arithmetic, are much of what N towers add over one."""
-        towers = []
+        Each tower weights its own gradients and statistics on its device, so the
+        variable device only sums them: on fake GPUs the tensors crossing devices,
+        not the arithmetic, are much of what N towers add over one."""
         with BatchNormCapture(self._bn_layers) as capture:
-            for device, shard in zip(self.plan.devices, shards):
-                with tf.device(device):
-                    batch = dict(shard)
-                    capture.row_mask = shard[LOSS_MASK]
-                    valid = tf.reduce_sum(tf.cast(shard[LOSS_MASK], tf.float32))
-                    with keras.StatelessScope() as scope:
-                        with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
-                            losses = _run_loss(self.loss_fn, batch)
-                        if len(losses) != len(self.optimizers):
-                            raise ValueError(f"loss returned {len(losses)} losses for "
-                                             f"{len(self.optimizers)} optimizer(s)")
-                        grads = [tape.gradient(loss, self.variables) for loss in losses]
-                        stats = _pack_stats(self.stats_fn(batch, losses))
-                        updates = {id(v): scope.get_current_value(v)
-                                   for v in self.model.non_trainable_variables
-                                   if scope.get_current_value(v) is not None}
-                    del tape
-                    towers.append((valid, grads, stats, updates))
+            results = [self._run_tower(device, shard, capture)
+                       for device, shard in zip(self.plan.devices, shards)]
         with tf.device(self.plan.variable_device):
-            valid = [t[0] for t in towers]
-            total = tf.add_n(valid)
-            weights = [tf.math.divide_no_nan(v, total) for v in valid]
-        # per tower, per loss, per variable: weight * gradient, on the tower's device
-        weighted = [towers[0][1]]  # a lone tower's weight is 1
-        if self.num_towers > 1:
-            weighted = []
-            for device, (_, grads, _, _), weight in zip(self.plan.devices, towers, weights):
-                with tf.device(device):
-                    weighted.append([[None if g is None else _scale(g, weight)
-                                      for g in per_loss] for per_loss in grads])
+            total = tf.add_n([r.valid_rows for r in results])
+            weights = [tf.math.divide_no_nan(r.valid_rows, total) for r in results]
+        return self._combine(results, weights, total, capture.momenta)
+
+    def _run_tower(self, device: str, shard: dict, capture: BatchNormCapture) -> TowerResult:
+        with tf.device(device):
+            batch = dict(shard)
+            capture.row_mask = shard[LOSS_MASK]
+            valid = tf.reduce_sum(tf.cast(shard[LOSS_MASK], tf.float32))
+            with keras.StatelessScope() as scope:
+                with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
+                    losses = _run_loss(self.loss_fn, batch)
+                if len(losses) != len(self.optimizers):
+                    raise ValueError(f"loss returned {len(losses)} losses for "
+                                     f"{len(self.optimizers)} optimizer(s)")
+                grads = [tape.gradient(loss, self.variables) for loss in losses]
+                stats = _pack_stats(self.stats_fn(batch, losses))
+                updates = {id(v): scope.get_current_value(v)
+                           for v in self.model.non_trainable_variables
+                           if scope.get_current_value(v) is not None}
+            del tape
+            return TowerResult(valid, grads, stats, updates)
+
+    def _weighted_terms(self, per_tower: list, weights: list) -> list:
+        """weight_t * value for every tensor of each tower's nested list, on the
+        tower's own device (None stays None). A lone tower holds every valid row
+        (weight 1), so its values pass as they are."""
+        if len(per_tower) == 1:
+            return list(per_tower)
+
+        def scale(value, weight):
+            if isinstance(value, (list, tuple)):
+                return [scale(v, weight) for v in value]
+            return None if value is None else _scale(value, weight)
+
+        terms = []
+        for device, value, weight in zip(self.plan.devices, per_tower, weights):
+            with tf.device(device):
+                terms.append(scale(value, weight))
+        return terms
+
+    def _combine(self, results: list, weights: list, total, momenta: list) -> StepResult:
+        weighted = self._weighted_terms([r.grads for r in results], weights)
+        packed = self._weighted_terms([r.stats.values for r in results], weights)
         with tf.device(self.plan.variable_device):
             combined = []
             for i in range(len(self.optimizers)):
@@ -456,15 +485,14 @@ class TowerStack:
                         g = g + self.l2_coeff * var
                     per_var.append(g)
                 combined.append(clip_gradients(per_var, self.grad_clip, self.grad_clip_method))
-            names, _ = towers[0][2]
-            packed = _weighted_sum([t[2][1] for t in towers], weights)
-            stats = dict(zip(names, tf.unstack(packed, num=len(names))))
+            names = results[0].stats.names
+            stats = dict(zip(names, tf.unstack(tf.add_n(packed), num=len(names))))
             stats["valid_rows"] = total
-            assignments = self._state_assignments(towers, weights, capture.momenta)
+            assignments = self._state_assignments(results, weights, momenta)
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
                                for per_var in combined for g in per_var if g is not None]
                               or [tf.constant(True)])
-        return combined, stats, assignments, finite
+        return StepResult(combined, stats, assignments, finite)
 
     def _reduce(self, terms: list) -> tf.Tensor:
         """Sum per-tower tensors onto the variable device: NCCL between real GPUs,
@@ -474,55 +502,57 @@ class TowerStack:
             return nccl_ops.reduce_sum(terms)
         return tf.add_n(terms)
 
-    def _state_assignments(self, towers, weights, momenta):
+    def _state_assignments(self, results: list, weights: list, momenta: list) -> list:
         """(variable, new value) for non-trainable state: BN statistics combined over
         all towers' valid rows; any other state (e.g. RNG) from the last tower."""
         assignments = []
         for layer, momentum in zip(self._bn_layers, momenta):
-            if id(layer.moving_mean) not in towers[0][3]:
+            if id(layer.moving_mean) not in results[0].state_updates:
                 continue  # layer not run in training mode
-            means = [t[3][id(layer.moving_mean)] for t in towers]
-            variances = [t[3][id(layer.moving_variance)] for t in towers]
-            mean = _weighted_sum(means, weights)
-            variance = _weighted_sum(
-                [v + tf.square(m - mean) for m, v in zip(means, variances)], weights)
+            means = [r.state_updates[id(layer.moving_mean)] for r in results]
+            variances = [r.state_updates[id(layer.moving_variance)] for r in results]
+            mean = tf.add_n(self._weighted_terms(means, weights))
+            variance = tf.add_n(self._weighted_terms(
+                [v + tf.square(m - mean) for m, v in zip(means, variances)], weights))
             assignments.append((layer.moving_mean,
                                 momentum * layer.moving_mean + (1 - momentum) * mean))
             assignments.append((layer.moving_variance,
                                 momentum * layer.moving_variance + (1 - momentum) * variance))
+        last = results[-1].state_updates
         for var in self.model.non_trainable_variables:
-            if id(var) not in self._bn_variables and id(var) in towers[-1][3]:
-                assignments.append((var, towers[-1][3][id(var)]))
+            if id(var) not in self._bn_variables and id(var) in last:
+                assignments.append((var, last[id(var)]))
         return assignments
 
-    def _apply(self, combined, assignments):
-        for optimizer, grads in zip(self.optimizers, combined):
+    def _apply_gradients(self, per_optimizer: list) -> None:
+        """Each optimizer's gradients onto the trainable variables (None: untouched)."""
+        for optimizer, grads in zip(self.optimizers, per_optimizer):
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
             optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
-        for var, value in assignments:
+
+    def _apply(self, step: StepResult) -> None:
+        self._apply_gradients(step.grads)
+        for var, value in step.assignments:
             var.assign(value)
 
     def _step(self, shards):
         """Forward/backward on all towers, then apply only if every gradient is finite."""
-        combined, stats, assignments, finite = self._tower_pass(shards)
-        ok = tf.reduce_all(finite)
+        step = self._tower_pass(shards)
 
         def apply():
-            self._apply(combined, assignments)
+            self._apply(step)
             return tf.constant(True)
 
         with tf.device(self.plan.variable_device):
-            tf.cond(ok, apply, lambda: tf.constant(False))
-        stats["_finite"] = finite
-        return stats
+            tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
+        return {**step.stats, "_finite": step.finite}
 
     def _learn_graph(self, shards):
         return self._step(shards)
 
     def _gradients_graph(self, shards):
-        combined, stats, _, finite = self._tower_pass(shards)
-        stats["_finite"] = finite
-        return combined, stats
+        step = self._tower_pass(shards)
+        return step.grads, {**step.stats, "_finite": step.finite}
 
     def _loaded_graph(self, buffers, unit_idx):
         return self._step(self._gather(buffers, unit_idx))

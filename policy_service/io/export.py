@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from policy_service import checkpoint_io
+from policy_service.io import checkpoints
 
 
 class _ServingModule(tf.Module):
@@ -38,7 +38,7 @@ class _ServingModule(tf.Module):
 def export_saved_model(policy, export_dir: str, onnx_opset: int | None = None) -> None:
     """Write a SavedModel (signature "serving_default") atomically to export_dir."""
     module = _ServingModule(policy)
-    with checkpoint_io.atomic_directory(export_dir) as tmp:
+    with checkpoints.atomic_directory(export_dir) as tmp:
         tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
         if onnx_opset is not None:
             try:

@@ -34,9 +34,9 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
-from policy_service.rollout import RolloutWorker
+from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.sample_batch import SampleBatch, concat_samples
-from policy_service.service import PolicyActor, broadcast_weights
 
 _SUMMED_METRICS = ("env_steps", "num_episodes", "inference_time_s", "env_time_s",
                    "postprocess_time_s")

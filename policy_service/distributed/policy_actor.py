@@ -38,9 +38,10 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import devices, models, spaces
-from policy_service.batching import RequestBatcher
-from policy_service.config import from_dict
+from policy_service import models, spaces
+from policy_service.config import config_for, on_cpu
+from policy_service.distributed.batching import RequestBatcher
+from policy_service.engine import devices
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -79,9 +80,9 @@ class PolicyHost:
                  max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001,
                  intra_op_threads: int | None = None, custom_models: dict | None = None):
         models.register_custom_models(custom_models)
-        ray_gpu_ids = _ray_gpu_ids()
+        ray_gpu_ids = devices.ray_gpu_ids()
         policy_config = hosted_policy_config(
-            policy_cls, config, visible_gpus=_visible_gpus(), ray_gpu_ids=ray_gpu_ids)
+            policy_cls, config, visible_gpus=devices.visible_gpus(), ray_gpu_ids=ray_gpu_ids)
         _prepare_tensorflow(policy_config, intra_op_threads)
         self.policy = policy_cls(observation_space, action_space, policy_config)
         self._initial_state = self.policy.get_initial_state()
@@ -304,38 +305,17 @@ def hosted_policy_config(policy_cls: type, config: dict | Any, visible_gpus: int
     are asked for; with GPUs assigned by Ray and num_gpus=0 in the config, it
     uses them (Ray numbers them from 0 inside the actor).
     """
-    config_class = getattr(policy_cls, "config_class", None)
-    typed = from_dict(config_class, config) if config_class is not None else config
+    typed = config_for(policy_cls, config)
     if not dataclasses.is_dataclass(typed):
         return typed
     if visible_gpus == 0 and not typed._fake_gpus:
         if ray_gpu_ids:
             logger.warning("Ray assigned GPUs %s but TensorFlow sees none; the policy runs "
                            "on the CPU", list(ray_gpu_ids))
-        return dataclasses.replace(typed, num_gpus=0)
+        return on_cpu(typed)
     if ray_gpu_ids and typed.num_gpus == 0 and visible_gpus > 0:
         return dataclasses.replace(typed, num_gpus=min(len(ray_gpu_ids), visible_gpus))
     return typed
-
-
-def in_ray_worker() -> bool:
-    """True inside a Ray worker process (an actor or task), False in a driver."""
-    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
-
-
-def _ray_gpu_ids() -> list | None:
-    return list(ray.get_gpu_ids()) if in_ray_worker() else None
-
-
-def _visible_gpus() -> int:
-    import tensorflow as tf
-    return len(tf.config.list_physical_devices("GPU"))
-
-
-def assigned_cpu_threads() -> int:
-    """Thread count matching the CPUs Ray gave this worker (at least 1)."""
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
-    return max(1, math.ceil(cpus))
 
 
 def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
@@ -343,10 +323,10 @@ def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
 
     In a driver process TensorFlow is left as the caller configured it.
     """
-    if not in_ray_worker():
+    if not devices.in_ray_worker():
         return
     fake = (dataclasses.is_dataclass(config) and config._fake_gpus and config.num_gpus > 0
-            and _visible_gpus() == 0)
+            and devices.visible_gpus() == 0)
     num_devices = max(1, math.ceil(config.num_gpus)) if fake else 1
-    threads = intra_op_threads or assigned_cpu_threads()
+    threads = intra_op_threads or devices.assigned_cpu_threads()
     devices.prepare_process(num_devices, intra_op_threads=None if fake else threads)

@@ -62,10 +62,11 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import devices, models, spaces
-from policy_service.config import from_dict
+from policy_service import models, spaces
+from policy_service.config import config_for, on_cpu
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.engine import devices
 from policy_service.sample_batch import SampleBatch, concat_samples
-from policy_service.service import WEIGHTS_VERSION, assigned_cpu_threads, in_ray_worker
 
 VECTORIZE_MODES = ("sync", "async")
 _ENV_INDEX = "env_index"  # bookkeeping column, dropped before returning a batch
@@ -107,8 +108,8 @@ class RolloutWorker:
         self.action_space = self._venv.single_action_space
         self._policy_actor = policy_actor
         if policy_actor is None:
-            if in_ray_worker():
-                threads = assigned_cpu_threads()
+            if devices.in_ray_worker():
+                threads = devices.assigned_cpu_threads()
                 devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
             self.policy = policy_cls(self.observation_space, self.action_space,
                                      rollout_policy_config(policy_cls, policy_config, seed,
@@ -378,15 +379,11 @@ def env_name(env) -> str:
 def rollout_policy_config(policy_cls: type, config: dict | Any, seed: int | None,
                           worker_index: int):
     """The acting copy's config: CPU only, its own sampling seed per worker."""
-    config_class = getattr(policy_cls, "config_class", None)
-    typed = from_dict(config_class, config) if config_class is not None else config
+    typed = config_for(policy_cls, config)
     if not dataclasses.is_dataclass(typed):
         return typed
-    changes = {"num_gpus": 0, "_fake_gpus": False}
     base_seed = seed if seed is not None else typed.seed
-    if base_seed is not None:
-        changes["seed"] = int(base_seed) + worker_index
-    return dataclasses.replace(typed, **changes)
+    return on_cpu(typed, seed=typed.seed if base_seed is None else int(base_seed) + worker_index)
 
 
 def _take(value, index):

@@ -75,15 +75,29 @@ def plan_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
     return DevicePlan(("/CPU:0",), CPU)
 
 
-def _ray_gpu_ids() -> list | None:
+def in_ray_worker() -> bool:
+    """True inside a Ray worker process (an actor or task), False in a driver
+    or where Ray is not running."""
+    import ray  # here, not at import: engine modules load without Ray
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
+def ray_gpu_ids() -> list | None:
     """GPU ids Ray assigned to this worker, or None outside a Ray worker."""
-    try:
-        import ray
-        if ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE:
-            return list(ray.get_gpu_ids())
-    except Exception:  # Ray missing or not in a worker: no assignment
-        return None
-    return None
+    import ray
+    return list(ray.get_gpu_ids()) if in_ray_worker() else None
+
+
+def assigned_cpu_threads() -> int:
+    """Thread count matching the CPUs Ray gave this worker (at least 1)."""
+    import ray
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
+    return max(1, math.ceil(cpus))
+
+
+def visible_gpus() -> int:
+    """GPUs TensorFlow sees in this process (Ray's assignment, inside an actor)."""
+    return len(tf.config.list_physical_devices("GPU"))
 
 
 def _tf_initialized() -> bool:
@@ -112,7 +126,7 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
             raise RuntimeError(
                 f"{num_fake_devices} fake GPUs requested but TensorFlow already "
                 f"initialized with {have} CPU device(s); call "
-                "policy_service.devices.prepare_process before any TensorFlow op "
+                "policy_service.engine.devices.prepare_process before any TensorFlow op "
                 "(or run in a fresh process)")
         return
     first_call = _prepared_devices == 0
@@ -136,9 +150,8 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
 
 def resolve_devices(num_gpus: float, fake_gpus: bool) -> DevicePlan:
     """The tower devices for this process, configuring fake GPUs when needed."""
-    plan = plan_devices(num_gpus, fake_gpus,
-                        visible_gpus=len(tf.config.list_physical_devices("GPU")),
-                        ray_gpu_ids=_ray_gpu_ids())
+    plan = plan_devices(num_gpus, fake_gpus, visible_gpus=visible_gpus(),
+                        ray_gpu_ids=ray_gpu_ids())
     # memory growth and thread pools are set here too, if TF is not running yet
     prepare_process(plan.num_towers if plan.kind == FAKE_GPU else 1)
     return plan

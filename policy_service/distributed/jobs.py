@@ -48,7 +48,9 @@ def auth_headers() -> dict[str, str]:
     Reads the token regardless of this process's RAY_AUTH_MODE: the mode that
     matters is the cluster's.
     """
-    from ray._raylet import AuthenticationTokenLoader  # Ray's loader: same sources, same order
+    from ray._raylet import (
+        AuthenticationTokenLoader,  # Ray's loader: same sources, same order
+    )
     loader = AuthenticationTokenLoader.instance()
     try:
         return dict(loader.get_token_for_http_header(ignore_auth_mode=True))

@@ -1,0 +1,2 @@
+"""The engine: which devices towers go on, the tower stack that takes one SGD
+step over them, compiled-call plumbing and fused optimizers."""
