@@ -27,8 +27,9 @@ False): tf2onnx has no converter for TF's stateless sampling ops
 prev_rewards; its outputs actions, action_dist_inputs, vf_preds and
 state_out_{i}. (The deterministic action's logp is 0, as `compute_actions`
 reports with explore=False.) It is converted from the same traced function
-the SavedModel holds, not from the Keras model: tf2onnx's Keras entry point
-does not support Keras 3.
+the SavedModel holds, not from the Keras model: tf2onnx 1.17's `from_keras`
+fails on Keras 3 models (KeyError on Keras 3's output names "keras_tensor_N"),
+and acting (distribution, exploration) lies outside the model anyway.
 """
 from __future__ import annotations
 
