@@ -1,6 +1,10 @@
 """Packaging for policy-service: a TF2 RL policy library and service on Ray."""
 from setuptools import find_packages, setup
 
+# exporting to ONNX (tf2onnx, onnx) and running the result (onnxruntime); the tests
+# check every export in onnxruntime, so "dev" includes them
+ONNX = ["tf2onnx>=1.17", "onnx>=1.16", "onnxruntime>=1.17"]
+
 setup(
     name="policy-service",
     version="0.1.0",
@@ -19,8 +23,8 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3"],
-        "onnx": ["tf2onnx>=1.16", "onnxruntime>=1.17"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", *ONNX],
+        "onnx": ONNX,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

@@ -1,4 +1,4 @@
-"""policy.py: the public TFPolicy API, bad input, state, checkpoints and export."""
+"""policy.py: the public TFPolicy API, bad input, state and checkpoints (export: test_export.py)."""
 import json
 import os
 import re
@@ -7,7 +7,6 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-import tensorflow as tf
 from policies import (
     ACTION_SPACE,
     CELL,
@@ -480,62 +479,6 @@ def test_a_checkpoint_never_imports_the_module_it_names(tmp_path, monkeypatch):
 def test_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="policy_state.json"):
         TFPolicy.from_checkpoint(str(tmp_path / "nothing"))
-
-
-# ----- export ------------------------------------------------------------------------------
-
-
-def test_export_model_serves_the_deterministic_actions(tmp_path):
-    policy = _trained(policy_on(2))
-    policy.export_model(str(tmp_path / "saved"))
-    serve = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
-    obs = observations(11, seed=4)
-    out = serve(obs=tf.constant(obs))
-    actions, _, extra = policy.compute_actions(obs, explore=False)
-    np.testing.assert_array_equal(out["actions"].numpy(), actions)
-    np.testing.assert_allclose(out["action_dist_inputs"].numpy(), extra["action_dist_inputs"],
-                               rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(out["vf_preds"].numpy(), extra["vf_preds"], rtol=1e-6, atol=1e-7)
-
-
-def test_export_model_of_a_recurrent_policy_carries_state(tmp_path):
-    policy = _trained(policy_on(model=LSTM))
-    policy.export_model(str(tmp_path / "saved"))
-    loaded = tf.saved_model.load(str(tmp_path / "saved"))
-    serve = loaded.signatures["serving_default"]
-    obs = observations(3, seed=5)
-    state = [np.full((3, CELL), 0.3, np.float32), np.full((3, CELL), -0.2, np.float32)]
-    inputs = serve.structured_input_signature[1]
-    state_names = sorted(k for k in inputs if k != "obs")
-    assert len(state_names) == 2
-    out = serve(obs=tf.constant(obs), **{k: tf.constant(s) for k, s in zip(state_names, state)})
-    actions, state_out, _ = policy.compute_actions(obs, state, explore=False)
-    np.testing.assert_array_equal(out["actions"].numpy(), actions)
-    np.testing.assert_allclose(out["state_out_0"].numpy(), state_out[0], rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(out["state_out_1"].numpy(), state_out[1], rtol=1e-6, atol=1e-7)
-
-
-def test_export_model_with_a_box_action_space(tmp_path):
-    space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
-    policy = PGPolicy(OBS_SPACE, space, small_config())
-    policy.export_model(str(tmp_path / "saved"))
-    serve = tf.saved_model.load(str(tmp_path / "saved")).signatures["serving_default"]
-    obs = observations(4)
-    actions, _, _ = policy.compute_actions(obs, explore=False)
-    np.testing.assert_allclose(serve(obs=tf.constant(obs))["actions"].numpy(), actions,
-                               rtol=1e-6, atol=1e-7)
-
-
-def test_onnx_export_without_tf2onnx_is_a_clear_error_and_writes_nothing(tmp_path):
-    try:
-        import tf2onnx  # noqa: F401
-        pytest.skip("tf2onnx is installed")
-    except ImportError:
-        pass
-    policy = policy_on()
-    with pytest.raises(RuntimeError, match=r"policy-service\[onnx\]"):
-        policy.export_model(str(tmp_path / "saved"), onnx=13)
-    assert list(tmp_path.iterdir()) == []  # neither the target nor a temp dir
 
 
 # ----- batches the learner is given --------------------------------------------------------

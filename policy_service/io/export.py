@@ -1,51 +1,143 @@
-"""Export a policy's model for serving: a SavedModel, optionally ONNX."""
+"""Export a policy for serving without this package: a SavedModel, and ONNX.
+
+The SavedModel's signature "serving_default" acts as `compute_actions` does
+(one row per environment, B rows; every input is required):
+
+    inputs   obs           <float32>[B, *obs]  preprocessed, as
+                           `policy.preprocessor.transform(obs_batch)` gives it
+                           (Box: float32, images [H, W, C], other ranks flat)
+             state_in_{i}  <float32>[B, *state]  recurrent models only
+             prev_actions  [B, *action]  (<int64> discrete, <float32> Box)
+             prev_rewards  <float32>[B]
+             explore       <bool>[]   sample with the policy's exploration
+             timestep      <int64>[]  drives exploration schedules (epsilon)
+             seed          <int64>[2] stateless seed of the draws: equal seeds
+                           give equal actions; pass a new one per call
+    outputs  actions, action_logp, action_prob, action_dist_inputs,
+             vf_preds (models with a value head), state_out_{i}, and the
+             policy's `extra_action_out` columns
+
+    serve = tf.saved_model.load(dir).signatures["serving_default"]
+    out = serve(obs=..., prev_actions=..., prev_rewards=..., explore=tf.constant(False),
+                timestep=tf.constant(0, tf.int64), seed=tf.constant([0, 0], tf.int64))
+
+`model.onnx` (with an opset) holds the deterministic path only (explore is
+False): tf2onnx has no converter for TF's stateless sampling ops
+(StatelessMultinomial). Its inputs are obs, state_in_{i}, prev_actions and
+prev_rewards; its outputs actions, action_dist_inputs, vf_preds and
+state_out_{i}. (The deterministic action's logp is 0, as `compute_actions`
+reports with explore=False.) It is converted from the same traced function
+the SavedModel holds, not from the Keras model: tf2onnx 1.17's `from_keras`
+fails on Keras 3 models (KeyError on Keras 3's output names "keras_tensor_N"),
+and acting (distribution, exploration) lies outside the model anyway.
+"""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from policy_service.io import checkpoints
+from policy_service.sample_batch import SampleBatch
+
+SIGNATURE_NAME = "serving_default"
+ONNX_FILE = "model.onnx"
+# inputs that choose how to act, beyond what the model reads
+EXPLORATION_INPUTS = {"explore": tf.TensorSpec([], tf.bool, name="explore"),
+                      "timestep": tf.TensorSpec([], tf.int64, name="timestep"),
+                      "seed": tf.TensorSpec([2], tf.int64, name="seed")}
 
 
-class _ServingModule(tf.Module):
-    """Deterministic actions from observations (and recurrent state)."""
+def model_input_specs(policy) -> dict[str, tf.TensorSpec]:
+    """Named specs of what the model reads: obs, state_in_{i}, prev_actions, prev_rewards."""
+    obs, states, prev_actions, prev_rewards = policy.acting_signature()
+    specs = {SampleBatch.OBS: obs}
+    specs.update({f"state_in_{i}": s for i, s in enumerate(states)})
+    specs[SampleBatch.PREV_ACTIONS] = prev_actions
+    specs[SampleBatch.PREV_REWARDS] = prev_rewards
+    return {name: tf.TensorSpec(s.shape, s.dtype, name=name) for name, s in specs.items()}
+
+
+class ActingModule(tf.Module):
+    """The policy's model and two compiled acting functions over named flat inputs.
+
+    `act` takes model_input_specs + EXPLORATION_INPUTS (the serving signature);
+    `act_deterministic` takes model_input_specs only (what ONNX holds). Inputs are
+    positional in the order of their specs, so the signature names are the spec names.
+    """
 
     def __init__(self, policy):
         super().__init__()
         self.model = policy.model
-        signature = policy.acting_signature()
-        dist_class = policy.dist_class
-        build_inputs = policy.acting_input_dict
+        self._policy = policy
+        self.model_specs = model_input_specs(policy)
+        self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
+        self.act = tf.function(self._act, input_signature=list(self.act_specs.values()))
+        self.act_deterministic = tf.function(
+            self._act_deterministic, input_signature=list(self.model_specs.values()))
 
-        action_shape = tf.constant(list(signature[2].shape[1:]), tf.int32)
+    def _model_pass(self, named: dict):
+        policy = self._policy
+        states = tuple(named[f"state_in_{i}"] for i in range(policy.num_state_tensors()))
+        input_dict = policy.acting_input_dict(
+            named[SampleBatch.OBS], states, named[SampleBatch.PREV_ACTIONS],
+            named[SampleBatch.PREV_REWARDS])
+        out = self.model(input_dict, training=False)
+        dist = policy.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        result = {SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS]}
+        if SampleBatch.VF_PREDS in out:
+            result[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
+        result.update({f"state_out_{i}": s for i, s in enumerate(out.get("state_out", []))})
+        return input_dict, out, dist, result
 
-        @tf.function(input_signature=signature[:2])
-        def serve(obs, states):
-            batch = tf.shape(obs)[0]
-            prev_actions = tf.zeros(tf.concat([[batch], action_shape], 0), signature[2].dtype)
-            input_dict = build_inputs(obs, states, prev_actions, tf.zeros([batch]))
-            out = self.model(input_dict, training=False)
-            dist = dist_class(out["action_dist_inputs"])
-            result = {"actions": dist.deterministic_sample(),
-                      "action_dist_inputs": out["action_dist_inputs"]}
-            if "vf_preds" in out:
-                result["vf_preds"] = out["vf_preds"]
-            result.update({f"state_out_{i}": s for i, s in enumerate(out.get("state_out", []))})
-            return result
+    def _act(self, *flat):
+        named = dict(zip(self.act_specs, flat))
+        input_dict, out, dist, result = self._model_pass(named)
+        actions, logp = self._policy.exploration.choose(
+            dist, named["explore"], named["timestep"], named["seed"])
+        result.update({SampleBatch.ACTIONS: actions, SampleBatch.ACTION_LOGP: logp,
+                       SampleBatch.ACTION_PROB: tf.exp(logp)})
+        result.update(self._policy.extra_action_out(input_dict, out, dist))
+        return result
 
-        self.serve = serve
+    def _act_deterministic(self, *flat):
+        _, _, dist, result = self._model_pass(dict(zip(self.model_specs, flat)))
+        result[SampleBatch.ACTIONS] = dist.deterministic_sample()
+        return result
 
 
 def export_saved_model(policy, export_dir: str, onnx_opset: int | None = None) -> None:
-    """Write a SavedModel (signature "serving_default") atomically to export_dir."""
-    module = _ServingModule(policy)
+    """Write a SavedModel (signature "serving_default") atomically to export_dir,
+    and `model.onnx` beside it when `onnx_opset` is given."""
+    module = ActingModule(policy)
     with checkpoints.atomic_directory(export_dir) as tmp:
-        tf.saved_model.save(module, str(tmp), signatures={"serving_default": module.serve})
+        tf.saved_model.save(module, str(tmp), signatures={
+            SIGNATURE_NAME: module.act.get_concrete_function()})
         if onnx_opset is not None:
-            try:
-                import tf2onnx
-            except ImportError:
-                raise RuntimeError("ONNX export needs the 'onnx' extra: "
-                                   "pip install 'policy-service[onnx]'") from None
-            tf2onnx.convert.from_function(
-                module.serve, input_signature=module.serve.input_signature,
-                opset=onnx_opset, output_path=str(tmp / "model.onnx"))
+            convert_to_onnx(module.act_deterministic, tmp / ONNX_FILE, onnx_opset)
+
+
+def convert_to_onnx(function, path, opset: int) -> None:
+    """Convert a tf.function with a named input_signature to a checked ONNX file."""
+    try:
+        import onnx
+        import tf2onnx
+    except ImportError:
+        raise RuntimeError("ONNX export needs the 'onnx' extra: "
+                           "pip install 'policy-service[onnx]'") from None
+    # tf2onnx keeps going past ops it cannot convert; the checker rejects such a model
+    model_proto, _ = tf2onnx.convert.from_function(
+        function, input_signature=function.input_signature, opset=opset)
+    unconverted = sorted({node.op_type for node in model_proto.graph.node
+                          if not node.domain and not _is_onnx_op(onnx, node.op_type, opset)})
+    if unconverted:
+        raise RuntimeError(f"tf2onnx could not convert the ops {unconverted} to ONNX opset "
+                           f"{opset}; export without onnx= or with another opset")
+    onnx.checker.check_model(model_proto)
+    onnx.save(model_proto, str(path))
+
+
+def _is_onnx_op(onnx, op_type: str, opset: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, opset)
+    except onnx.defs.SchemaError:
+        return False
+    return True
