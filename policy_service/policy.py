@@ -393,7 +393,8 @@ class TFPolicy:
         return cls.from_state(checkpoints.read_policy_state(checkpoint_dir))
 
     def export_model(self, export_dir: str, onnx: int | None = None) -> None:
-        """A SavedModel serving deterministic actions (and ONNX with `onnx=OPSET`)."""
+        """A SavedModel acting like compute_actions (explore, timestep, state), and
+        model.onnx of the deterministic path with `onnx=OPSET` (see io/export.py)."""
         from policy_service.io.export import export_saved_model
         export_saved_model(self, export_dir, onnx)
 

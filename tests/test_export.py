@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
+from policy_service.io.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
 
 from policies import CELL, PGPolicy, fake_gpus, small_config
 
