@@ -19,7 +19,7 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3"],
+        "dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
         "onnx": ["tf2onnx>=1.16", "onnxruntime>=1.17"],
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],

@@ -78,7 +78,8 @@ def _to_column(key: str, value: Any) -> Any:
     if key == SampleBatch.INFOS and isinstance(value, list):
         return value  # a list of dicts stays a list; arrays of dicts work too
     if key == SampleBatch.SEQ_LENS and value is not None:
-        return np.asarray(value, dtype=np.int32)
+        return np.asarray(value, dtype=np.int32).reshape(-1) if len(value) == 0 else \
+            np.asarray(value, dtype=np.int32)
     return _arrayify(key, value)
 
 
@@ -216,9 +217,8 @@ class SampleBatch(dict):
         super().__init__()
         for key, value in data.items():
             dict.__setitem__(self, key, _to_column(key, value))
-        seq_lens = dict.get(self, self.SEQ_LENS)
-        if seq_lens is None or len(seq_lens) == 0:
-            self.pop(self.SEQ_LENS, None)
+        if self.SEQ_LENS in self and dict.get(self, self.SEQ_LENS) is None:
+            self.pop(self.SEQ_LENS)  # an empty seq_lens array stays, as in RLlib
         self._is_training = None if _is_training is None else bool(_is_training)
         self.zero_padded, self.max_seq_len = self._resolve_padding(_zero_padded,
                                                                    _max_seq_len)
@@ -385,8 +385,10 @@ class SampleBatch(dict):
                 data[key] = _map_leaves(gather_leaf, value)
         if seq_lens is not None:
             data[self.SEQ_LENS] = np.asarray(seq_lens, dtype=np.int32)
+        # Unpadded, max_seq_len is recomputed from the new seq_lens (RLlib's rule).
         return SampleBatch(data, _is_training=self._is_training,
-                           _zero_padded=self.zero_padded, _max_seq_len=self.max_seq_len)
+                           _zero_padded=self.zero_padded,
+                           _max_seq_len=self.max_seq_len if self.zero_padded else None)
 
     def _whole_sequences(self, start: int, stop: int) -> "SampleBatch":
         """batch[start:stop], RLlib's rule: from the sequence holding timestep
