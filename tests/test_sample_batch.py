@@ -196,6 +196,10 @@ def test_padded_columns_with_seq_lens_make_a_zero_padded_batch():
      r"or 12 \(4 sequences padded to max_seq_len=3\)"),
     ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_max_seq_len": 4},
      r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\)"),
+    ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
+                                                       "_max_seq_len": 4},
+     r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) or 16 "
+     r"\(4 sequences padded to max_seq_len=4\); give it sum\(seq_lens\) rows"),
     ({"obs": np.zeros(8), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
                                                       "_max_seq_len": 2},
      r"column 'seq_lens' has a sequence of 3 rows, longer than max_seq_len=2; pass "
