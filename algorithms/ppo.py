@@ -119,11 +119,11 @@ class PPOPolicy(TFPolicy):
         with tf.device(self.plan.variable_device):
             self.kl_coeff = tf.Variable(self.config.kl_coeff, dtype=tf.float32,
                                         trainable=False, name="kl_coeff")
-        self._value_fn = tf.function(self._value, input_signature=self._acting_signature())
+        self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
 
     def _value(self, obs, states, prev_actions, prev_rewards):
         """<float32>[B] V(obs) with training=False, for bootstrapping."""
-        input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+        input_dict = self.acting_input_dict(obs, states, prev_actions, prev_rewards)
         return self.model(input_dict, training=False)[SampleBatch.VF_PREDS]
 
     def bootstrap_value(self, batch: SampleBatch) -> float:
@@ -132,7 +132,7 @@ class PPOPolicy(TFPolicy):
             tree.map_structure(lambda x: np.asarray(x)[-1:], batch[SampleBatch.NEXT_OBS]))
         states = [np.asarray(batch[f"state_out_{i}"])[-1:]
                   for i in range(self.num_state_tensors())]
-        inputs = self._acting_inputs(
+        inputs = self.acting_inputs(
             obs, states, np.asarray(batch[SampleBatch.ACTIONS])[-1:],
             np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:], 1)
         with tf.device(self.plan.devices[0]):

@@ -33,6 +33,7 @@ import gymnasium as gym
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from policy_service import models
 from policy_service.rollout import RolloutWorker
 from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.service import PolicyActor, broadcast_weights
@@ -68,7 +69,8 @@ class EnvRunnerGroup:
         self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
         self._worker_kwargs = dict(num_envs=num_envs_per_env_runner,
                                    rollout_fragment_length=rollout_fragment_length,
-                                   vectorize_mode=vectorize_mode, seed=seed, env_config=env_config)
+                                   vectorize_mode=vectorize_mode, seed=seed, env_config=env_config,
+                                   custom_models=models.custom_model_registry())
         self._num_cpus_per_env_runner = num_cpus_per_env_runner
         self._weights_ref = None  # latest weights in the object store, for restarted workers
         self._weights_version: int | None = None
@@ -196,7 +198,8 @@ class EnvRunnerGroup:
         if "num_gpus" not in options:
             wanted = _config_value(policy_config, "num_gpus", 0)
             options["num_gpus"] = wanted if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002, **(kwargs or {})}
+        kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002,
+                  "custom_models": models.custom_model_registry(), **(kwargs or {})}
         return PolicyActor.options(**options).remote(
             policy_cls, obs_space, action_space, policy_config, **kwargs)
 

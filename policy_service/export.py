@@ -12,9 +12,9 @@ class _ServingModule(tf.Module):
     def __init__(self, policy):
         super().__init__()
         self.model = policy.model
-        signature = policy._acting_signature()  # pylint: disable=protected-access
+        signature = policy.acting_signature()
         dist_class = policy.dist_class
-        build_inputs = policy._acting_input_dict  # pylint: disable=protected-access
+        build_inputs = policy.acting_input_dict
 
         action_shape = tf.constant(list(signature[2].shape[1:]), tf.int32)
 
@@ -29,7 +29,7 @@ class _ServingModule(tf.Module):
                       "action_dist_inputs": out["action_dist_inputs"]}
             if "vf_preds" in out:
                 result["vf_preds"] = out["vf_preds"]
-            result.update({f"state_out_{i}": s for i, s in enumerate(out["state_out"])})
+            result.update({f"state_out_{i}": s for i, s in enumerate(out.get("state_out", []))})
             return result
 
         self.serve = serve

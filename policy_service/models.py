@@ -12,6 +12,9 @@ Recurrent rows arrive time-major within each sequence: rows = num_seqs * T.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping
 from typing import Callable
 
 import gymnasium as gym
@@ -34,6 +37,18 @@ def register_custom_model(name: str, model_cls: Callable) -> None:
     if not callable(model_cls):
         raise TypeError(f"custom model {name!r} must be callable, got {model_cls!r}")
     _CUSTOM_MODELS[name] = model_cls
+
+
+def custom_model_registry() -> dict[str, Callable]:
+    """A copy of the registered custom models. A Ray actor starts in a fresh
+    process with an empty registry: actors take this copy and register it."""
+    return dict(_CUSTOM_MODELS)
+
+
+def register_custom_models(registry: Mapping[str, Callable] | None) -> None:
+    """Register every entry of a `custom_model_registry()` copy (None: nothing)."""
+    for name, model_cls in (registry or {}).items():
+        register_custom_model(name, model_cls)
 
 
 def _dense_stack(hiddens, activation, use_batch_norm, prefix):
@@ -212,7 +227,6 @@ def build_model(obs_space: gym.spaces.Box, action_space, num_outputs: int,
         if config.custom_model not in _CUSTOM_MODELS:
             raise ValueError(f"custom_model {config.custom_model!r} is not registered; "
                              f"registered: {sorted(_CUSTOM_MODELS)}")
-        import dataclasses
         return _CUSTOM_MODELS[config.custom_model](
             obs_space, action_space, num_outputs, dataclasses.asdict(config))
     if config.use_lstm:
@@ -224,3 +238,133 @@ def initial_state(model: keras.Model) -> list[np.ndarray]:
     """Unbatched initial recurrent state of any model (empty when not recurrent)."""
     getter = getattr(model, "get_initial_state", None)
     return [np.asarray(s, np.float32) for s in getter()] if getter else []
+
+
+class GraphModelAdapter(keras.Model):
+    """Gives a functional or Sequential model the policy call convention.
+
+    Keras maps a dict onto a functional model's inputs by position when keys
+    beyond its inputs are present (a train batch has many), so the adapter
+    hands over exactly the entries its inputs are named after ("obs" alone for
+    a single-input model); a tensor output becomes "action_dist_inputs", and a
+    model without recurrent state gets "state_out": [].
+    """
+
+    def __init__(self, inner: keras.Model, **kwargs):
+        super().__init__(name=f"{inner.name}_adapter", **kwargs)
+        self.inner = inner
+
+    def call(self, input_dict, training=False):
+        names = _graph_input_names(self.inner)
+        inputs = ({n: input_dict[n] for n in names} if names
+                  else input_dict["obs"])
+        out = self.inner(inputs, training=training)
+        out = dict(out) if isinstance(out, Mapping) else {"action_dist_inputs": out}
+        out.setdefault("state_out", [])
+        return out
+
+    def get_initial_state(self) -> list:
+        getter = getattr(self.inner, "get_initial_state", None)
+        return getter() if getter else []
+
+
+def follow_call_convention(model) -> keras.Model:
+    """A model as the policy calls it: subclassed models as they are,
+    functional and Sequential ones through GraphModelAdapter."""
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"the policy's model must be a keras.Model, got {model!r} "
+                        f"({type(model).__name__})")
+    if isinstance(model, keras.Sequential) or _graph_input_names(model) is not None:
+        return GraphModelAdapter(model)
+    return model
+
+
+def _graph_input_names(model) -> list[str] | None:
+    """Input names of a functional model with named dict inputs; [] for one
+    unnamed input or a Sequential; None for a subclassed model."""
+    if isinstance(model, keras.Sequential):
+        return []
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):
+        return None  # a subclassed model: it has no graph of inputs
+    return list(structure) if isinstance(structure, Mapping) else []
+
+
+def check_model(model: keras.Model, example: dict, num_outputs: int,
+                initial_state: list) -> None:
+    """Run one forward pass on `example` (an acting input dict of a few rows),
+    which builds a lazily built model, and check the call convention.
+
+    Every error names the model and what is wrong, so a model that would
+    silently never train (no variables) or act on wrong shapes is refused here.
+    """
+    what = f"model {model.name!r} ({type(model).__name__})"
+    rows = int(example["obs"].shape[0])
+    out = model(example, training=False)
+    if not isinstance(out, Mapping):
+        raise ValueError(f"{what} must return a dict with 'action_dist_inputs' "
+                         f"(and 'vf_preds', 'state_out'), got {type(out).__name__}")
+    if "action_dist_inputs" not in out:
+        raise ValueError(f"{what} returned no 'action_dist_inputs'; keys: {sorted(out)}")
+    _check_shape(what, "action_dist_inputs", out["action_dist_inputs"], (rows, num_outputs),
+                 "the action distribution needs num_outputs inputs per row")
+    if "vf_preds" in out:
+        _check_shape(what, "vf_preds", out["vf_preds"], (rows,),
+                     "one value per row; squeeze the last axis")
+    state_out = list(out.get("state_out", []))
+    if len(state_out) != len(initial_state):
+        raise ValueError(f"{what} returns {len(state_out)} state_out tensor(s) but its "
+                         f"get_initial_state() gives {len(initial_state)} state_in")
+    for i, (state, init) in enumerate(zip(state_out, initial_state)):
+        _check_shape(what, f"state_out[{i}]", state, (rows,) + tuple(init.shape),
+                     f"it must match state_in_{i}")
+    if not model.trainable_variables:
+        raise ValueError(f"{what} has no trainable variables after a forward pass; "
+                         "create its layers in __init__ and call them in call()")
+
+
+def _check_shape(what: str, key: str, value, expected: tuple, why: str) -> None:
+    actual = tuple(value.shape)
+    if actual != expected:
+        raise ValueError(f"{what} returns {key} of shape {actual}, expected {expected} "
+                         f"for {expected[0]} example rows ({why})")
+
+
+_NUMBERED = re.compile(r"(.*?)(?:_(\d+))?")
+
+
+def weight_names(model: keras.Model, variables: list) -> list[str]:
+    """Names of `variables` that are the same in every process.
+
+    Keras numbers unnamed layers and variables with a process-global counter
+    ("dense_7"), so the same model built in a Ray actor or a later process has
+    other paths. Here names Keras made up are renumbered by order of appearance
+    under their parent, as a fresh process would number them ("dense",
+    "dense_1", ...); names the user gave stay, and the model's own name is dropped.
+    """
+    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+            if _NUMBERED.fullmatch(layer.name).group(1) == _snake_case(type(layer).__name__)}
+    ranks: dict[tuple, dict] = {}
+    names = []
+    for variable in variables:
+        segments = variable.path.split("/")
+        if len(segments) > 1 and segments[0] == model.name:
+            segments = segments[1:]
+        canonical = []
+        for position, segment in enumerate(segments):
+            base = _NUMBERED.fullmatch(segment).group(1)
+            is_variable = position == len(segments) - 1
+            if segment in auto or (is_variable and base == "variable"):
+                seen = ranks.setdefault((tuple(canonical), base), {})
+                rank = seen.setdefault(segment, len(seen))
+                segment = base if rank == 0 else f"{base}_{rank}"
+            canonical.append(segment)
+        names.append("/".join(canonical))
+    return names
+
+
+def _snake_case(class_name: str) -> str:
+    """How Keras turns a class name into a default layer name ("LSTMCell" -> "lstm_cell")."""
+    name = re.sub(r"(.)([A-Z][a-z]+)", r"\1_\2", class_name)
+    return re.sub(r"([a-z])([A-Z])", r"\1_\2", name).lower()

@@ -58,14 +58,17 @@ class TFPolicy:
         self.global_timestep = 0
         self.num_grad_updates = 0
         with tf.device(self.plan.variable_device):
-            self.model = self.make_model()
+            self.model = models.follow_call_convention(self.make_model())
+            self._initial_state = models.initial_state(self.model)
+            # a lazily built model creates its variables here, before any list of them is taken
+            models.check_model(self.model, self._example_input_dict(rows=2),
+                               self.num_outputs, self._initial_state)
             self._action_rng = tf.random.Generator.from_seed(
                 self.config.seed if self.config.seed is not None else np.random.randint(2**31))
             optimizers = self.optimizer()
         self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
-        self._weight_names = _unique_paths(self._weight_variables)
-        self._initial_state = models.initial_state(self.model)
+        self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
         self.towers = TowerStack(
             self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
@@ -126,7 +129,7 @@ class TFPolicy:
         """-> (actions [B, ...], state_outs [num_state_tensors x [B, cell]], extra dict)."""
         obs = self.preprocessor.transform(obs_batch)
         batch_size = obs.shape[0]
-        inputs = self._acting_inputs(obs, state_batches, prev_action_batch,
+        inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
                                      prev_reward_batch, batch_size)
         explore = self.config.explore if explore is None else bool(explore)
         timestep = self.global_timestep if timestep is None else int(timestep)
@@ -164,13 +167,17 @@ class TFPolicy:
         """log pi(a|s) <float32>[B] of the given actions under the current weights."""
         obs = self.preprocessor.transform(obs_batch)
         spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
-        inputs = self._acting_inputs(obs, state_batches, prev_action_batch,
+        inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
                                      prev_reward_batch, obs.shape[0])
         with tf.device(self.plan.devices[0]):
             return self._logp_fn(*inputs, tf.convert_to_tensor(
                 np.asarray(actions).astype(self._action_tensor_dtype()))).numpy()
 
-    def _acting_inputs(self, obs, state_batches, prev_actions, prev_rewards, batch_size):
+    def acting_inputs(self, obs, state_batches, prev_actions, prev_rewards,
+                      batch_size: int) -> tuple:
+        """Preprocessed observations and optional acting inputs -> the numpy tuple
+        (obs, states, prev_actions, prev_rewards) matching `acting_signature()`:
+        missing states are the initial state, missing previous actions and rewards zeros."""
         n = self.num_state_tensors()
         if state_batches is None or len(state_batches) == 0:
             states = [np.tile(s[None], (batch_size, 1)) for s in self._initial_state]
@@ -190,20 +197,29 @@ class TFPolicy:
         return (obs, tuple(states),
                 np.asarray(prev_actions).astype(self._action_tensor_dtype()), prev_rewards)
 
+    def _example_input_dict(self, rows: int) -> dict:
+        """An acting input dict of `rows` zero observations (initial states)."""
+        obs = np.zeros((rows,) + tuple(self.preprocessor.shape), np.float32)
+        inputs = self.acting_inputs(obs, None, None, None, rows)
+        return self.acting_input_dict(*tree.map_structure(tf.convert_to_tensor, inputs))
+
     def _action_tensor_dtype(self):
         return models.raw_action_dtype(self.action_space).as_numpy_dtype
 
     def _action_tensor_shape(self) -> tuple:
         return models.raw_action_shape(self.action_space)
 
-    def _acting_signature(self):
+    def acting_signature(self) -> list:
+        """TensorSpecs of the acting inputs: obs <float32>[B, *obs], states (tuple of
+        <float32>[B, *state]), prev_actions [B, *action] and prev_rewards <float32>[B]."""
         return [tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
                 tuple(tf.TensorSpec((None,) + s.shape, tf.float32) for s in self._initial_state),
                 tf.TensorSpec((None,) + self._action_tensor_shape(),
                               tf.as_dtype(self._action_tensor_dtype())),
                 tf.TensorSpec((None,), tf.float32)]
 
-    def _acting_input_dict(self, obs, states, prev_actions, prev_rewards):
+    def acting_input_dict(self, obs, states, prev_actions, prev_rewards) -> dict:
+        """The model's input dict for acting: one-step sequences when recurrent."""
         input_dict = {SampleBatch.OBS: obs, SampleBatch.PREV_ACTIONS: prev_actions,
                       SampleBatch.PREV_REWARDS: prev_rewards}
         if states:
@@ -214,7 +230,7 @@ class TFPolicy:
     def _compile_action_fn(self):
         def act(obs, states, prev_actions, prev_rewards, explore, timestep):
             seed = self._action_rng.make_seeds(1)[:, 0]  # in-graph: no extra eager op per call
-            input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+            input_dict = self.acting_input_dict(obs, states, prev_actions, prev_rewards)
             out = self.model(input_dict, training=False)
             dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
             actions, logp = self.exploration.choose(dist, explore, timestep, seed)
@@ -223,19 +239,19 @@ class TFPolicy:
             if SampleBatch.VF_PREDS in out:
                 extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
             extra.update(self.extra_action_out(input_dict, out, dist))
-            return actions, list(out["state_out"]), extra
+            return actions, list(out.get("state_out", [])), extra
 
-        signature = self._acting_signature() + [
+        signature = self.acting_signature() + [
             tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
         return FlatCall(tf.function(act, input_signature=signature))
 
     def _compile_logp_fn(self):
         def logp(obs, states, prev_actions, prev_rewards, actions):
-            input_dict = self._acting_input_dict(obs, states, prev_actions, prev_rewards)
+            input_dict = self.acting_input_dict(obs, states, prev_actions, prev_rewards)
             out = self.model(input_dict, training=False)
             return self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(actions)
 
-        signature = self._acting_signature() + [tf.TensorSpec(
+        signature = self.acting_signature() + [tf.TensorSpec(
             (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype()))]
         return tf.function(logp, input_signature=signature)
 
@@ -491,18 +507,14 @@ def _is_rng_state(variable) -> bool:
     return variable.path.endswith("seed_generator_state")
 
 
-def _unique_paths(variables) -> list[str]:
-    """Weight names: variable paths without the model's own name. Keras 3 paths
-    are unique within a model (unlike the bare "kernel"/"bias" names that
-    collapsed RLlib's weight sync); dropping the model name keeps them equal
-    across processes. Custom models should name their layers, since Keras
-    numbers unnamed layers with a process-global counter."""
-    names = [v.path.split("/", 1)[-1] for v in variables]
-    seen = {}
+def _unique(names: list[str]) -> list[str]:
+    """Names made unique by suffixing a repeat with its position."""
+    names = list(names)
+    seen = set()
     for i, name in enumerate(names):
         if name in seen:
             names[i] = f"{name}#{i}"
-        seen[name] = i
+        seen.add(names[i])
     return names
 
 

@@ -62,7 +62,7 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import devices, spaces
+from policy_service import devices, models, spaces
 from policy_service.config import from_dict
 from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.service import WEIGHTS_VERSION, assigned_cpu_threads, in_ray_worker
@@ -82,13 +82,16 @@ class RolloutWorker:
     seed: seeds the sub-envs (seed + worker_index * num_envs + i) and the
       policy's action sampling (seed + worker_index).
     async_context: multiprocessing start method for vectorize_mode="async".
+    custom_models: `models.custom_model_registry()` of the process that starts
+      the worker, since an actor's process starts with an empty registry.
     """
 
     def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
                  policy_config: dict | Any = None, *, worker_index: int = 0, num_envs: int = 1,
                  rollout_fragment_length: int = 200, vectorize_mode: str = "sync",
                  seed: int | None = None, policy_actor=None, env_config: dict | None = None,
-                 async_context: str = "spawn"):
+                 async_context: str = "spawn", custom_models: dict | None = None):
+        models.register_custom_models(custom_models)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         if rollout_fragment_length < 1:

@@ -38,7 +38,7 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import devices, spaces
+from policy_service import devices, models, spaces
 from policy_service.batching import RequestBatcher
 from policy_service.config import from_dict
 from policy_service.sample_batch import SampleBatch
@@ -67,6 +67,8 @@ class PolicyHost:
       join its pass (0: batching off). 1 ms measured best on two cores.
     intra_op_threads: TensorFlow threads per op inside a Ray actor; defaults
       to the CPUs Ray assigned the actor.
+    custom_models: `models.custom_model_registry()` of the process that starts
+      the actor, since an actor's process starts with an empty registry.
 
     Usable in-process too (its methods are coroutines), which is how its
     batching is unit-tested without Ray.
@@ -75,7 +77,8 @@ class PolicyHost:
     def __init__(self, policy_cls: type, observation_space: gym.Space,
                  action_space: gym.Space, config: dict | Any = None, *,
                  max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001,
-                 intra_op_threads: int | None = None):
+                 intra_op_threads: int | None = None, custom_models: dict | None = None):
+        models.register_custom_models(custom_models)
         ray_gpu_ids = _ray_gpu_ids()
         policy_config = hosted_policy_config(
             policy_cls, config, visible_gpus=_visible_gpus(), ray_gpu_ids=ray_gpu_ids)

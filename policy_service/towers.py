@@ -23,7 +23,6 @@ where tower gradients are summed.
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -95,18 +94,66 @@ def batch_norm_layers(model: keras.Model) -> list:
     return layers
 
 
-@contextlib.contextmanager
-def _moments_as_moving_stats(layers):
-    """While tracing tower forwards, make each BN layer write its batch moments
-    (momentum 0) so the stack can read them back and combine them."""
-    saved = [layer.momentum for layer in layers]
-    try:
-        for layer in layers:
+class BatchNormCapture:
+    """While tower forwards are traced, each BN layer writes its batch moments
+    (momentum 0), which the stack reads back and combines over all towers'
+    valid rows, then applies with the layer's own momentum.
+
+    A model that calls batch norm without a mask (most user models) gets the
+    tower's row mask put in, so padding never enters the moments; `row_mask`
+    is set to each tower's mask in turn.
+    """
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.momenta = [layer.momentum for layer in layers]
+        self.row_mask = None
+
+    def __enter__(self) -> "BatchNormCapture":
+        for layer in self.layers:
             layer.momentum = 0.0
-        yield saved
-    finally:
-        for layer, momentum in zip(layers, saved):
+            # an instance attribute, set past Keras's attribute tracking; Layer.__call__ calls self.call
+            layer.__dict__["call"] = self._masked_call(layer.call)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for layer, momentum in zip(self.layers, self.momenta):
             layer.momentum = momentum
+            del layer.__dict__["call"]
+
+    def _masked_call(self, call):
+        def masked(inputs, training=None, mask=None):
+            if mask is None and training and self.row_mask is not None:
+                mask = row_mask_like(self.row_mask, inputs)
+            return call(inputs, training=training, mask=mask)
+        return masked
+
+
+def row_mask_like(row_mask: tf.Tensor, inputs: tf.Tensor) -> tf.Tensor:
+    """The tower's row mask <bool>[rows] as a mask of inputs.shape[:-1].
+
+    Inputs laid out by row ([rows, ...]) or by sequence ([num_seqs, T, ...]) get
+    the mask broadcast over their inner axes; any other layout (say one row per
+    sequence) has no padded rows to drop and is left unmasked.
+    """
+    shape = tf.shape(inputs)[:-1]
+    rows = tf.size(row_mask)
+    inner = inputs.shape.rank - 2
+
+    def by_row():
+        return tf.broadcast_to(tf.reshape(row_mask, tf.concat([shape[:1], tf.ones([inner], tf.int32)], 0)), shape)
+
+    def by_sequence():
+        return tf.broadcast_to(
+            tf.reshape(row_mask, tf.concat([shape[:2], tf.ones([inner - 1], tf.int32)], 0)), shape)
+
+    def unmasked():
+        return tf.ones(shape, tf.bool)
+
+    if inner == 0:
+        return tf.cond(tf.equal(rows, shape[0]), by_row, unmasked)
+    return tf.cond(tf.equal(rows, shape[0]), by_row, lambda: tf.cond(
+        tf.equal(rows, shape[0] * shape[1]), by_sequence, unmasked))
 
 
 def _scale(value, weight):
@@ -365,10 +412,11 @@ class TowerStack:
         as one packed tensor: on fake GPUs the tensors crossing devices, not the
         arithmetic, are much of what N towers add over one."""
         towers = []
-        with _moments_as_moving_stats(self._bn_layers) as momenta:
+        with BatchNormCapture(self._bn_layers) as capture:
             for device, shard in zip(self.plan.devices, shards):
                 with tf.device(device):
                     batch = dict(shard)
+                    capture.row_mask = shard[LOSS_MASK]
                     valid = tf.reduce_sum(tf.cast(shard[LOSS_MASK], tf.float32))
                     with keras.StatelessScope() as scope:
                         with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
@@ -412,7 +460,7 @@ class TowerStack:
             packed = _weighted_sum([t[2][1] for t in towers], weights)
             stats = dict(zip(names, tf.unstack(packed, num=len(names))))
             stats["valid_rows"] = total
-            assignments = self._state_assignments(towers, weights, momenta)
+            assignments = self._state_assignments(towers, weights, capture.momenta)
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
                                for per_var in combined for g in per_var if g is not None]
                               or [tf.constant(True)])

@@ -86,3 +86,22 @@ def test_pendulum_improves_clearly():
     assert first < -1000  # a random policy
     assert last >= -600 and last - first >= 400
     assert np.isfinite(history[-1]["total_loss"])
+
+
+@pytest.mark.parametrize("actors", [{"num_env_runners": 2}, {"remote_inference": True}],
+                         ids=["two_remote_workers", "remote_inference"])
+def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
+    """The custom model is registered in this process only: it reaches the rollout
+    worker and PolicyActor processes with them, and trains to 450 there."""
+    import user_models
+    from policy_service import models
+    models.register_custom_model("lazy_mlp", user_models.LazyMLP)
+    config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
+    config.update(seed=0, ray_num_cpus=2, num_envs_per_env_runner=4, **actors,
+                  model={"custom_model": "lazy_mlp", "custom_model_config": {"units": 64}})
+    history, seconds = train_until(config, stop_return=450, max_steps=200_000)
+    last = history[-1]
+    print(f"\nCartPole-v1, lazy custom model, {actors}: return "
+          f"{last['episode_return_mean']:.1f} after {last['timesteps_total']} env steps, "
+          f"{seconds:.1f} s")
+    assert last["episode_return_mean"] >= 450

@@ -1,0 +1,30 @@
+"""benchmarks/replay.py runs at its --smoke size and writes its JSON and PNG.
+
+The figures at this size mean nothing; this proves the script still runs
+against the current replay buffers and reports every configuration, with
+the ceiling beside ours and the memory ratios.
+"""
+import json
+
+from test_benchmarks import measurements, run_smoke
+
+
+def test_replay_smoke(tmp_path):
+    records = run_smoke("replay", tmp_path, timeout=300)
+    rows = [r for r in measurements(records) if r["op"] != "memory"]
+    seen = {(r["shape"], r["kind"], r["op"], r["batch"], r["impl"]) for r in rows}
+    for shape in ("cartpole", "frames"):
+        for batch in (32, 512):
+            for impl in ("ours", "ceiling"):
+                for op in ("insert", "sample"):
+                    assert (shape, "uniform", op, batch, impl) in seen
+                for op in ("insert", "sample", "update"):
+                    assert (shape, "prioritized", op, batch, impl) in seen
+    assert all(r["transitions_per_s"] > 0 for r in rows)
+    summary = json.loads((tmp_path / "replay.json").read_text())["summary"]
+    ours = [r for r in summary if r["impl"] == "ours" and r["op"] != "memory"]
+    assert ours and all(r["vs_ceiling"] > 0 for r in ours)
+    memory = {(r["shape"], r["kind"]): r for r in summary if r["op"] == "memory"}
+    assert memory[("cartpole", "uniform")]["memory_ratio"] == 1.0  # columns only, no padding
+    assert 1.0 < memory[("cartpole", "prioritized")]["memory_ratio"] < 1.2  # + priority tree
+    assert memory[("frames", "uniform")]["raw_row_bytes"] == 2 * 84 * 84 * 4 + 22
