@@ -7,22 +7,25 @@ RLlib so that code moving over keeps working.
 
 Row columns and sequence columns
 --------------------------------
-Every column is a *row column* (leading dim = `count`) except:
+Every column is a *row column* except:
   * `seq_lens`  <int32>[num_seqs]: present when rows are grouped into RNN
     sequences (see `policy_service.sequencing`);
-  * `state_in_*`: per row when there is no `seq_lens` (or when they have
-    `count` rows); per sequence, [num_seqs, ...], once reduced to the state
-    at each sequence start.
-`state_out_*` and `infos` are row columns like any other.
+  * `state_in_*`: per sequence, [num_seqs, ...] (the state at each sequence
+    start), or per row like a row column.
+A row column has one row per timestep, or, in a zero-padded batch, is laid
+out as num_seqs blocks of `max_seq_len` rows (padding at each block's end).
+Both layouts may meet in one batch (RLlib's `feature_keys` leaves unlisted
+columns unpadded); each operation handles each column in its own layout.
+A batch built from padded columns and `seq_lens` is recognised as
+zero-padded (RLlib builds padded batches that way).
 
-Counting (`count`, `len()`)
----------------------------
-  * no `seq_lens`: the row count (first non-state, non-infos column);
-  * `seq_lens`, not zero-padded: sum(seq_lens), as in RLlib;
-  * zero-padded: num_seqs * max_seq_len, i.e. padding *included*, so that
-    `count` always equals the length of the row columns and slicing,
-    shuffling and `rows()` work in one unit. RLlib reports sum(seq_lens)
-    here; use `num_valid_rows` for that.
+Counting and slicing (RLlib's units)
+------------------------------------
+  * `count`/`len()`: timesteps, i.e. sum(seq_lens) when there are sequences
+    (padding excluded), else the rows; `padded_count` includes padding.
+  * `batch[a:b]`: bounds in timesteps; whole sequences, from the one holding
+    timestep a up to, excluding, the one holding b.
+  * `.slice(a, b)`: exactly timesteps a..b-1; cut sequences are shortened.
 
 `count` is computed from the data, so it never goes stale when columns are
 replaced in place (e.g. by `pad_batch_to_sequences_of_same_size`).
@@ -75,7 +78,8 @@ def _to_column(key: str, value: Any) -> Any:
     if key == SampleBatch.INFOS and isinstance(value, list):
         return value  # a list of dicts stays a list; arrays of dicts work too
     if key == SampleBatch.SEQ_LENS and value is not None:
-        return np.asarray(value, dtype=np.int32)
+        return np.asarray(value, dtype=np.int32).reshape(-1) if len(value) == 0 else \
+            np.asarray(value, dtype=np.int32)
     return _arrayify(key, value)
 
 
@@ -141,12 +145,38 @@ def _exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
     return out
 
 
+def _padded_positions(seq_lens: np.ndarray, max_seq_len: int) -> np.ndarray:
+    """<int64>[sum(seq_lens)]: the padded row of each timestep."""
+    seq_lens = np.asarray(seq_lens, dtype=np.int64)
+    starts = _exclusive_cumsum(seq_lens)
+    return (np.repeat(np.arange(len(seq_lens), dtype=np.int64) * max_seq_len - starts,
+                      seq_lens) + np.arange(int(seq_lens.sum()), dtype=np.int64))
+
+
+def _scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
+    """Rows `values` placed at `positions` of `length` rows; the rest is padding
+    (0, or None in object columns and lists)."""
+    if isinstance(values, list):
+        out = [None] * length
+        for pos, item in zip(positions.tolist(), values):
+            out[pos] = item
+        return out
+    values = np.asarray(values)
+    if values.dtype == object:
+        out = np.empty((length,) + values.shape[1:], dtype=object)
+    else:
+        out = np.zeros((length,) + values.shape[1:], dtype=values.dtype)
+    out[positions] = values
+    return out
+
+
 class SampleBatch(dict):
     """Column name -> array of rows (nested via dm-tree).
 
     Attributes:
       zero_padded: True once sequences are right-padded to `max_seq_len` rows
-        each (row columns then have num_seqs * max_seq_len rows).
+        each; row columns then have num_seqs * max_seq_len rows (a column may
+        also keep sum(seq_lens) rows, e.g. one left out by `feature_keys`).
       max_seq_len: the padded sequence length T when zero-padded; otherwise
         the sequence length bound (defaults to max(seq_lens)), or None.
     """
@@ -173,8 +203,11 @@ class SampleBatch(dict):
     VALUE_TARGETS = "value_targets"
 
     def __init__(self, *args: Any, _is_training: bool | None = None,
-                 _zero_padded: bool = False, _max_seq_len: int | None = None,
+                 _zero_padded: bool | None = None, _max_seq_len: int | None = None,
                  **kwargs: Any) -> None:
+        """`_zero_padded=None` (the default) infers the layout from the data: row
+        columns of sum(seq_lens) rows are unpadded, of num_seqs * T rows padded
+        to T (RLlib's way of building a padded batch). `_max_seq_len` fixes T."""
         data = dict(*args, **kwargs)
         # RLlib's old input dicts carried the training flag as a column.
         if "is_training" in data:
@@ -184,26 +217,33 @@ class SampleBatch(dict):
         super().__init__()
         for key, value in data.items():
             dict.__setitem__(self, key, _to_column(key, value))
-        seq_lens = dict.get(self, self.SEQ_LENS)
-        if seq_lens is None or len(seq_lens) == 0:
-            self.pop(self.SEQ_LENS, None)
-            seq_lens = None
+        if self.SEQ_LENS in self and dict.get(self, self.SEQ_LENS) is None:
+            self.pop(self.SEQ_LENS)  # an empty seq_lens array stays, as in RLlib
         self._is_training = None if _is_training is None else bool(_is_training)
-        self.zero_padded = bool(_zero_padded)
-        self.max_seq_len = None if _max_seq_len is None else int(_max_seq_len)
-        if self.max_seq_len is None and seq_lens is not None:
-            self.max_seq_len = self._infer_max_seq_len(seq_lens)
+        self.zero_padded, self.max_seq_len = self._resolve_padding(_zero_padded,
+                                                                   _max_seq_len)
         self.validate()
 
-    def _infer_max_seq_len(self, seq_lens: np.ndarray) -> int:
-        if not self.zero_padded:
-            return int(np.max(seq_lens))
-        rows = self._first_row_length()
-        if rows is None or rows % len(seq_lens):
-            raise ValueError(
-                f"zero-padded batch: cannot infer max_seq_len from {rows} rows and "
-                f"{len(seq_lens)} sequences; pass _max_seq_len")
-        return rows // len(seq_lens)
+    def _resolve_padding(self, zero_padded: bool | None,
+                         max_seq_len: int | None) -> tuple[bool, int | None]:
+        """(zero_padded, max_seq_len) from the flags given and the data."""
+        max_seq_len = None if max_seq_len is None else int(max_seq_len)
+        if not self._has_sequences():
+            return bool(zero_padded), max_seq_len
+        seq_lens = self[self.SEQ_LENS]
+        num_rows, num_seqs = int(np.sum(seq_lens)), len(seq_lens)
+        longest = int(np.max(seq_lens))
+        if zero_padded is False:
+            return False, max_seq_len if max_seq_len is not None else longest
+        padded_dims = [n for _, n in self._row_leaf_lengths() if n != num_rows]
+        if max_seq_len is None and padded_dims and padded_dims[0] % num_seqs == 0:
+            max_seq_len = padded_dims[0] // num_seqs
+        if max_seq_len is None:
+            max_seq_len = longest
+        if zero_padded is None:  # padded when the first odd-length column fits T
+            zero_padded = (bool(padded_dims) and max_seq_len >= longest
+                           and padded_dims[0] == num_seqs * max_seq_len)
+        return bool(zero_padded), max_seq_len
 
     # ---- dict access --------------------------------------------------
 
@@ -212,7 +252,7 @@ class SampleBatch(dict):
             if key.step not in (None, 1):
                 raise ValueError(f"SampleBatch slices need step 1, got {key.step}")
             start, stop, _ = key.indices(self.count)
-            return self.slice(start, max(start, stop))
+            return self._whole_sequences(start, max(start, stop))
         return dict.__getitem__(self, key)
 
     def __setitem__(self, key: str, value: Any) -> None:
@@ -243,24 +283,24 @@ class SampleBatch(dict):
         others = [k for k in keys if k not in plain and not is_state_in(k)]
         return plain + others + [k for k in keys if is_state_in(k)]
 
-    def _first_row_length(self) -> int | None:
+    def _row_leaf_lengths(self) -> list[tuple[str, int]]:
+        """(path, rows) of every leaf of the row columns (not seq_lens, state_in)."""
+        out = []
         for key in self._counting_keys():
             if is_state_in(key):
-                break
-            for _, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
+                continue
+            for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
                 dim = _leading_dim(leaf)
                 if dim is not None:
-                    return dim
-        return None
+                    out.append((path, dim))
+        return out
 
     @property
     def count(self) -> int:
-        """Rows in the row columns (padding included when zero-padded)."""
-        seq_lens = dict.get(self, self.SEQ_LENS)
-        if seq_lens is not None and len(seq_lens) > 0:
-            if self.zero_padded and self.max_seq_len is not None:
-                return len(seq_lens) * self.max_seq_len
-            return int(np.sum(seq_lens))
+        """Timesteps in the batch: sum(seq_lens) when there are sequences (padding
+        excluded, as RLlib), else the rows of the first row column."""
+        if self._has_sequences():
+            return int(np.sum(self[self.SEQ_LENS]))
         for key in self._counting_keys():
             for _, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
                 dim = _leading_dim(leaf)
@@ -270,10 +310,15 @@ class SampleBatch(dict):
 
     @property
     def num_valid_rows(self) -> int:
-        """Rows holding data, padding excluded (sum(seq_lens) when present)."""
-        seq_lens = dict.get(self, self.SEQ_LENS)
-        if seq_lens is not None and len(seq_lens) > 0:
-            return int(np.sum(seq_lens))
+        """Rows holding data, padding excluded (the same as `count`)."""
+        return self.count
+
+    @property
+    def padded_count(self) -> int:
+        """Rows of a padded row column: num_seqs * max_seq_len when zero-padded,
+        else `count`."""
+        if self.zero_padded and self._has_sequences():
+            return len(self[self.SEQ_LENS]) * self.max_seq_len
         return self.count
 
     def __len__(self) -> int:
@@ -296,47 +341,126 @@ class SampleBatch(dict):
         leaves = _leaves_with_paths(key, dict.__getitem__(self, key))
         return bool(leaves) and _leading_dim(leaves[0][1]) == len(self[self.SEQ_LENS])
 
-    def _sequence_starts(self) -> np.ndarray:
-        """Row where each sequence starts <int64>[num_seqs]."""
-        seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
-        if self.zero_padded:
-            return np.arange(len(seq_lens), dtype=np.int64) * self.max_seq_len
-        return _exclusive_cumsum(seq_lens)
+    def _leaf_is_padded(self, leaf: Any) -> bool:
+        """Whether a row leaf is in the padded layout (else one row per timestep)."""
+        return (self.zero_padded and self._has_sequences()
+                and _leading_dim(leaf) == self.padded_count)
 
-    def _sequence_rows(self) -> np.ndarray:
-        """Rows each sequence occupies (padded length when zero-padded)."""
-        seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
-        if self.zero_padded:
-            return np.full(len(seq_lens), self.max_seq_len, dtype=np.int64)
-        return seq_lens
+    def _timestep_rows(self) -> np.ndarray:
+        """<int64>[count]: the padded row of each timestep (identity if unpadded)."""
+        if self.zero_padded and self._has_sequences():
+            return _padded_positions(self[self.SEQ_LENS], self.max_seq_len)
+        return np.arange(self.count, dtype=np.int64)
 
-    def _sequence_at(self, row: int, starts: np.ndarray) -> int:
-        """Index of the sequence holding `row` (num_seqs for the end)."""
-        if row <= 0:
-            return 0
-        if row >= self.count:
+    def _sequence_at(self, timestep: int, starts: np.ndarray) -> int:
+        """Index of the sequence holding `timestep` (num_seqs at the end)."""
+        if timestep >= self.count:
             return len(starts)
-        return int(np.searchsorted(starts, row, side="right")) - 1
+        return int(np.searchsorted(starts, timestep, side="right")) - 1
+
+    def _gather(self, timesteps: np.ndarray, seq_lens: np.ndarray | None,
+                sequences: np.ndarray | None) -> "SampleBatch":
+        """A new batch of the given timesteps of self, cut into `seq_lens`.
+
+        Row leaves in the padded layout are re-padded to max_seq_len; others
+        take `timesteps` directly; per-sequence state_in takes `sequences`.
+        """
+        padded = self.zero_padded and seq_lens is not None
+        positions = self._timestep_rows()
+        dest = _padded_positions(seq_lens, self.max_seq_len) if padded else None
+        length = len(seq_lens) * self.max_seq_len if padded else 0
+
+        def gather_leaf(leaf: Any) -> Any:
+            if self._leaf_is_padded(leaf):
+                return _scatter_padded(_take(leaf, positions[timesteps]), dest, length)
+            return _take(leaf, timesteps)
+
+        data = {}
+        for key, value in self.items():
+            if key == self.SEQ_LENS:
+                continue
+            if self._state_is_per_sequence(key):
+                data[key] = _map_leaves(lambda x: _take(x, sequences), value)
+            else:
+                data[key] = _map_leaves(gather_leaf, value)
+        if seq_lens is not None:
+            data[self.SEQ_LENS] = np.asarray(seq_lens, dtype=np.int32)
+        # Unpadded, max_seq_len is recomputed from the new seq_lens (RLlib's rule).
+        return SampleBatch(data, _is_training=self._is_training,
+                           _zero_padded=self.zero_padded,
+                           _max_seq_len=self.max_seq_len if self.zero_padded else None)
+
+    def _whole_sequences(self, start: int, stop: int) -> "SampleBatch":
+        """batch[start:stop], RLlib's rule: from the sequence holding timestep
+        `start` up to, excluding, the one holding `stop`; bounds are timesteps."""
+        if not self._has_sequences():
+            return self.slice(start, stop)
+        seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
+        starts = _exclusive_cumsum(seq_lens)
+        first = self._sequence_at(start, starts)
+        last = max(first, self._sequence_at(stop, starts))
+        t0 = int(starts[first]) if first < len(starts) else self.count
+        t1 = int(starts[last]) if last < len(starts) else self.count
+        return self._gather(np.arange(t0, t1), seq_lens[first:last],
+                            np.arange(first, last))
 
     # ---- validation ---------------------------------------------------
 
     def validate(self) -> None:
-        """Raises ValueError unless every row column has `count` rows.
+        """Raises ValueError unless every column fits the batch's layout.
 
-        The message names every column and its length. State inputs must have
-        one row per sequence (or per row); seq_lens must fit max_seq_len.
+        Without seq_lens all row columns have one length. With seq_lens a row
+        column has sum(seq_lens) rows, or num_seqs * max_seq_len when
+        zero-padded; state_in_* have one row per sequence or a row layout.
+        The message names the column, the expected and the actual lengths.
         """
-        has_seqs = self._has_sequences()
-        if has_seqs:
-            seq_lens = self[self.SEQ_LENS]
-            if np.ndim(seq_lens) != 1 or np.any(np.asarray(seq_lens) < 0):
-                raise ValueError(f"column 'seq_lens' must be a 1-D array of lengths "
-                                 f">= 0, got {np.asarray(seq_lens)!r}")
-            if self.zero_padded and self.max_seq_len is not None and \
-                    int(np.max(seq_lens)) > self.max_seq_len:
-                raise ValueError(
-                    f"column 'seq_lens' has a sequence of {int(np.max(seq_lens))} "
-                    f"rows, longer than max_seq_len={self.max_seq_len}")
+        if not self._has_sequences():
+            self._validate_plain_rows()
+            return
+        seq_lens = np.asarray(self[self.SEQ_LENS])
+        if seq_lens.ndim != 1 or np.any(seq_lens < 0):
+            raise ValueError(f"column 'seq_lens' must be a 1-D array of lengths "
+                             f">= 0, got {seq_lens!r}")
+        longest = int(seq_lens.max())
+        if self.zero_padded and longest > self.max_seq_len:
+            raise ValueError(
+                f"column 'seq_lens' has a sequence of {longest} rows, longer than "
+                f"max_seq_len={self.max_seq_len}; pass _max_seq_len >= {longest}")
+        num_rows, num_seqs = int(seq_lens.sum()), len(seq_lens)
+        for path, dim in self._row_leaf_lengths():
+            if dim != num_rows and not (self.zero_padded and dim == self.padded_count):
+                raise ValueError(f"column '{path}' has {dim} rows, expected "
+                                 f"{self._layouts_text()}; {self._fix_hint(dim)}")
+        for key in self:
+            if not is_state_in(key):
+                continue
+            for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
+                dim = _leading_dim(leaf)
+                if dim is not None and dim != num_seqs and dim != num_rows and not (
+                        self.zero_padded and dim == self.padded_count):
+                    raise ValueError(
+                        f"column '{path}' has {dim} rows, expected {num_seqs} (one per "
+                        f"sequence) or {self._layouts_text()} (one per row)")
+
+    def _layouts_text(self) -> str:
+        seq_lens = self[self.SEQ_LENS]
+        text = f"{int(np.sum(seq_lens))} (sum of seq_lens {np.asarray(seq_lens).tolist()})"
+        if self.zero_padded:
+            text += (f" or {self.padded_count} ({len(seq_lens)} sequences padded to "
+                     f"max_seq_len={self.max_seq_len})")
+        return text
+
+    def _fix_hint(self, dim: int) -> str:
+        num_seqs = len(self[self.SEQ_LENS])
+        longest = int(np.max(self[self.SEQ_LENS]))
+        if not self.zero_padded and dim % num_seqs == 0 and dim // num_seqs >= longest:
+            return (f"{dim} rows fit {num_seqs} sequences zero-padded to "
+                    f"{dim // num_seqs}: pass _zero_padded=True, _max_seq_len="
+                    f"{dim // num_seqs} (or leave both unset)")
+        return (f"give it sum(seq_lens) rows, or {num_seqs} x T rows for one padding "
+                f"length T >= {longest} shared by every padded column")
+
+    def _validate_plain_rows(self) -> None:
         lengths: dict[str, int] = {}
         for key in self:
             if key == self.SEQ_LENS or is_state_in(key):
@@ -351,21 +475,17 @@ class SampleBatch(dict):
         expected = self.count
         if any(n != expected for n in lengths.values()):
             listing = ", ".join(f"'{p}': {n}" for p, n in lengths.items())
-            why = ("sum of seq_lens" if has_seqs and not self.zero_padded else
-                   "num_seqs * max_seq_len" if has_seqs else "rows")
-            raise ValueError(f"SampleBatch row columns must all have {expected} rows "
-                             f"({why}); got lengths {listing}")
-        num_seqs = len(self[self.SEQ_LENS]) if has_seqs else None
+            raise ValueError(f"SampleBatch row columns must all have {expected} rows; "
+                             f"got lengths {listing}")
         for key in self:
             if not is_state_in(key):
                 continue
             for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
                 dim = _leading_dim(leaf)
-                allowed = {expected} if num_seqs is None else {num_seqs, expected}
-                if dim is not None and dim not in allowed:
-                    want = (f"{expected} (one per row)" if num_seqs is None else
-                            f"{num_seqs} (one per sequence) or {expected} (one per row)")
-                    raise ValueError(f"column '{path}' has {dim} rows, expected {want}")
+                if dim is not None and dim != expected:
+                    raise ValueError(f"column '{path}' has {dim} rows, expected "
+                                     f"{expected} (one per row; add seq_lens for one "
+                                     f"per sequence)")
 
     # ---- row operations -----------------------------------------------
 
@@ -375,53 +495,48 @@ class SampleBatch(dict):
                            _max_seq_len=self.max_seq_len)
 
     def slice(self, start: int, end: int) -> "SampleBatch":
-        """Rows [start, end) as a new batch sharing this batch's arrays.
-
-        With `seq_lens`, sequences are never cut: the result holds the
-        sequence containing row `start` up to, but excluding, the sequence
-        containing row `end` (RLlib's rule), so consecutive slices partition
-        the sequences. For a zero-padded batch rows are padded rows, so
-        multiples of max_seq_len cut exactly between sequences.
+        """Timesteps [start, end) exactly, as RLlib: sequences cut by the bounds
+        are shortened (seq_lens adjusted); each kept sequence keeps its
+        state_in (the state at its original start, all a batch knows). A
+        zero-padded batch stays zero-padded with the same max_seq_len; a
+        state_in with one row per timestep is sliced like the rows.
         """
         start, end, _ = slice(start, end).indices(self.count)
         end = max(start, end)
         if not self._has_sequences():
-            data = {k: _map_leaves(lambda x: x[start:end], v) for k, v in self.items()}
-            return self._with_data(data)
-        starts = self._sequence_starts()
-        first, last = self._sequence_at(start, starts), self._sequence_at(end, starts)
-        row_end = lambda s: int(starts[s]) if s < len(starts) else self.count  # noqa: E731
-        r0, r1 = row_end(first), row_end(last)
-        data = {}
-        for key, value in self.items():
-            if key == self.SEQ_LENS or self._state_is_per_sequence(key):
-                data[key] = _map_leaves(lambda x: x[first:last], value)
-            else:
-                data[key] = _map_leaves(lambda x: x[r0:r1], value)
-        return self._with_data(data)
+            return self._with_data(
+                {k: _map_leaves(lambda x: x[start:end], v) for k, v in self.items()})
+        seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
+        starts = _exclusive_cumsum(seq_lens)
+        if start == end:
+            return self._gather(np.arange(0), None, np.arange(0))
+        first = self._sequence_at(start, starts)
+        last = self._sequence_at(end - 1, starts)
+        kept = np.arange(first, last + 1)
+        cut = (np.minimum(starts[kept] + seq_lens[kept], end)
+               - np.maximum(starts[kept], start))
+        return self._gather(np.arange(start, end), cut, kept)
 
     def shuffle(self) -> "SampleBatch":
         """Permutes the rows in place, every row column alike (infos too).
 
         With `seq_lens`, whole sequences are permuted (padding moves with its
         sequence), together with `seq_lens` and per-sequence `state_in_*`.
-        Uses numpy's global RNG. Returns self.
+        Uses numpy's global RNG, one `permutation` call as RLlib. Returns self.
         """
         if not self._has_sequences():
             permutation = np.random.permutation(self.count)
             for key, value in list(self.items()):
                 self[key] = _map_leaves(lambda x: _take(x, permutation), value)
             return self
-        seq_perm = np.random.permutation(len(self[self.SEQ_LENS]))
-        rows = self._sequence_rows()[seq_perm]
-        starts = self._sequence_starts()[seq_perm]
-        # Row r of the output is row (its sequence's old start + offset) of self.
-        row_perm = (np.repeat(starts - _exclusive_cumsum(rows), rows)
-                    + np.arange(int(rows.sum())))
-        for key, value in list(self.items()):
-            per_seq = key == self.SEQ_LENS or self._state_is_per_sequence(key)
-            index = seq_perm if per_seq else row_perm
-            self[key] = _map_leaves(lambda x: _take(x, index), value)
+        seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
+        seq_perm = np.random.permutation(len(seq_lens))
+        starts = _exclusive_cumsum(seq_lens)
+        timesteps = (np.repeat(starts[seq_perm] - _exclusive_cumsum(seq_lens[seq_perm]),
+                               seq_lens[seq_perm]) + np.arange(int(seq_lens.sum())))
+        shuffled = self._gather(timesteps, seq_lens[seq_perm], seq_perm)
+        for key, value in shuffled.items():
+            dict.__setitem__(self, key, value)
         return self
 
     def split_by_episode(self, key: str | None = None) -> list["SampleBatch"]:
@@ -430,22 +545,21 @@ class SampleBatch(dict):
         Splits where `eps_id` changes when that column exists (or key="eps_id"),
         else after each row that is terminated or truncated (key="terminateds";
         RLlib's "dones" is accepted too). A trailing unfinished episode is kept.
+        A batch with sequences (zero-padded too) splits between sequences; a
+        sequence holding two episodes is an error.
         """
         if key not in (None, self.EPS_ID, self.TERMINATEDS, "dones"):
             raise ValueError(f"split_by_episode: key must be None, 'eps_id' or "
                              f"'terminateds', got {key!r}")
-        if self.zero_padded:
-            raise ValueError("split_by_episode needs an unpadded batch; split "
-                             "before pad_batch_to_sequences_of_same_size")
         n = self.count
         if key == self.EPS_ID or (key is None and self.EPS_ID in self):
-            eps = np.asarray(self[self.EPS_ID])
+            eps = self._per_timestep(self.EPS_ID)
             cuts = np.flatnonzero(eps[1:] != eps[:-1]) + 1
         elif self.TERMINATEDS in self or self.TRUNCATEDS in self:
             done = np.zeros(n, dtype=bool)
             for col in (self.TERMINATEDS, self.TRUNCATEDS):
                 if col in self:
-                    done |= np.asarray(self[col], dtype=bool)
+                    done |= self._per_timestep(col).astype(bool)
             cuts = np.flatnonzero(done[:-1]) + 1
         else:
             raise KeyError(f"split_by_episode needs column 'eps_id' or "
@@ -453,11 +567,20 @@ class SampleBatch(dict):
         if n == 0:
             return []
         bounds = [0, *cuts.tolist(), n]
-        slices = [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-        if [s.count for s in slices] != [b - a for a, b in zip(bounds[:-1], bounds[1:])]:
-            raise ValueError("split_by_episode: a sequence (seq_lens) crosses an "
-                             "episode boundary")
-        return slices
+        if self._has_sequences():
+            starts = set(_exclusive_cumsum(np.asarray(self[self.SEQ_LENS])).tolist())
+            inside = [b for b in bounds[1:-1] if b not in starts]
+            if inside:
+                raise ValueError(f"split_by_episode: an episode ends at timestep "
+                                 f"{inside[0]}, inside a sequence (seq_lens "
+                                 f"{np.asarray(self[self.SEQ_LENS]).tolist()})")
+            return [self._whole_sequences(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _per_timestep(self, key: str) -> np.ndarray:
+        """A flat column with one value per timestep (padding dropped)."""
+        values = np.asarray(self[key])
+        return values[self._timestep_rows()] if self._leaf_is_padded(values) else values
 
     def copy(self, shallow: bool = False) -> "SampleBatch":
         """A new batch with the same flags; deep copies the data unless `shallow`."""
@@ -479,16 +602,18 @@ class SampleBatch(dict):
         return out
 
     def rows(self) -> Iterator[dict[str, Any]]:
-        """Yields one dict per row (padding rows included when zero-padded).
+        """Yields one dict per timestep (`count` of them; padding skipped).
 
         `seq_lens` is 1 in each row (RLlib's convention); per-sequence
         `state_in_*` columns are left out, as they have no per-row value.
         """
         per_seq = {k for k in self if self._state_is_per_sequence(k)}
         items = [(k, v) for k, v in self.items() if k not in per_seq]
+        positions = self._timestep_rows()
         for i in range(self.count):
-            yield {k: 1 if k == self.SEQ_LENS else _map_leaves(lambda x: x[i], v)
-                   for k, v in items}
+            yield {k: 1 if k == self.SEQ_LENS else _map_leaves(
+                lambda x: x[positions[i] if self._leaf_is_padded(x) else i], v)
+                for k, v in items}
 
 
 def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:

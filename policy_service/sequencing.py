@@ -284,8 +284,9 @@ def pad_batch_to_sequences_of_same_size(
     Does nothing if the batch is already zero-padded. Cases (RLlib's):
       * recurrent (state_in_*/state_out_* present, or a state input that a
         view requirement reads): cut into sequences of <= max_seq_len; T is
-        the longest sequence (dynamic max) unless a state view requirement
-        has a `shift_from` range (attention), then T = max_seq_len.
+        max_seq_len, or the longest sequence (dynamic max) when
+        `view_requirements` has an entry for the first state input and no
+        state input reads a `shift_from` range (attention).
       * not recurrent, batch_divisibility_req > 1 and the row count is not a
         multiple of it (or agent_index > 0 occurs): cut into sequences of
         batch_divisibility_req rows each padded to that length, so the row
@@ -295,13 +296,13 @@ def pad_batch_to_sequences_of_same_size(
     After padding: every feature column has num_seqs * T rows (zeros, None in
     object columns such as infos); state_in_* hold the state at each
     sequence start [num_seqs, ...]; `seq_lens` is set; zero_padded is True;
-    max_seq_len is T; `count` is num_seqs * T and `num_valid_rows` the rows
-    with data.
+    max_seq_len is T; `count` stays the number of timesteps (padding
+    excluded) and `padded_count` is num_seqs * T.
 
     feature_keys: columns to pad. Default: every row column, so `infos` and
       state_out_* are padded like features (state_out_* stay per row). When
-      given, row columns not listed are *dropped*, since they could no
-      longer line up with the padded rows.
+      given, the columns not listed are left as they are, one row per
+      timestep (RLlib's rule); the batch accepts both layouts.
     view_requirements: col -> object with `data_col`, `shift_from`,
       `shift_to`, `shift` (RLlib's ViewRequirement). A state_in_i that is
       missing from the batch is read from its `data_col` (usually
@@ -316,8 +317,11 @@ def pad_batch_to_sequences_of_same_size(
     state_keys = _state_keys(batch, view_requirements)
     recurrent = bool(state_keys) or any(is_state_out(k) for k in batch)
     if recurrent:
-        dynamic_max = all(_state_window(view_requirements.get(k)) is None
-                          for k in state_keys)
+        # RLlib: the longest sequence sets T only when a view requirement says
+        # the first state input is one step; otherwise T = max_seq_len.
+        first_state = state_keys[0] if state_keys else "state_in_0"
+        dynamic_max = view_requirements.get(first_state) is not None and all(
+            _state_window(view_requirements.get(k)) is None for k in state_keys)
     elif not _meets_divisibility(batch, batch_divisibility_req):
         max_seq_len, dynamic_max = batch_divisibility_req, False
     else:
@@ -359,8 +363,6 @@ def pad_batch_to_sequences_of_same_size(
         handle_nested_data=True,
     )
 
-    for key in [k for k in batch if k not in columns and not is_state_in(k)]:
-        del batch[key]  # row columns not listed in feature_keys (see docstring)
     for (key, column), leaves in zip(columns.items(), feature_sequences):
         batch[key] = tree.unflatten_as(column, leaves) if tree.is_nested(column) \
             else leaves[0]

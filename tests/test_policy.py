@@ -503,7 +503,7 @@ def test_an_already_padded_sequence_batch_gives_the_same_gradient():
     batch = episode_batch([5, 3, 7])
     padded = batch.copy()
     pad_batch_to_sequences_of_same_size(padded, 4)
-    assert padded.zero_padded and padded.count == 20
+    assert padded.zero_padded and padded.count == 15 and padded.padded_count == 20
     raw, _ = policy.compute_gradients(batch)
     again, stats = policy.compute_gradients(padded)
     assert stats["valid_rows"] == 15

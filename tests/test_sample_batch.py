@@ -72,16 +72,16 @@ def test_count_unpadded_sequences_is_sum_of_seq_lens():
     assert b.max_seq_len == 3  # defaults to the longest sequence
 
 
-def test_count_zero_padded_includes_padding():
+def test_count_zero_padded_excludes_padding():
     b = padded_batch()
-    assert b.count == len(b) == 9
-    assert b.num_valid_rows == 6
+    assert b.count == len(b) == 6 == b.num_valid_rows
+    assert b.padded_count == 9
     assert b.zero_padded and b.max_seq_len == 3
 
 
 def test_zero_padded_max_seq_len_is_inferred_from_rows():
     b = SB({"obs": np.zeros(8), "seq_lens": [1, 3]}, _zero_padded=True)
-    assert b.max_seq_len == 4 and b.count == 8
+    assert b.max_seq_len == 4 and b.count == 4 and b.padded_count == 8
 
 
 def test_count_ignores_state_in_and_is_never_stale():
@@ -125,14 +125,90 @@ def test_sequence_slicing_never_cuts_a_sequence():
     assert b[:0].count == 0
 
 
-def test_zero_padded_slicing_at_multiples_of_t():
-    b = padded_batch()
-    s = b[3:9]
+def test_zero_padded_slicing_counts_bounds_in_timesteps():
+    b = padded_batch()  # timesteps: seq 0 = 0-1, seq 1 = 2-4, seq 2 = 5
+    s = b[2:6]
     assert s["obs"].tolist() == [20, 30, 40, 50, 0, 0]
     assert s["seq_lens"].tolist() == [3, 1]
     assert s["state_in_0"].tolist() == [2.5, 5.5]
-    assert s["infos"][0] == {"r": 2}
-    assert s.zero_padded and s.max_seq_len == 3 and s.count == 6
+    assert s["infos"][0] == {"r": 2} and s["infos"][4:] == [None, None]
+    assert s.zero_padded and s.max_seq_len == 3 and s.count == 4 and s.padded_count == 6
+
+
+def test_zero_padded_count_and_slices_as_rllib():
+    # Issue 12, repro 3: episodes of 2 and 3 steps padded to 3.
+    b = SB({"obs": np.array([1, 2, 0, 3, 4, 5]), "seq_lens": [2, 3]},
+           _zero_padded=True, _max_seq_len=3)
+    assert b.count == len(b) == 5
+    assert b[0:2]["obs"].tolist() == [1, 2, 0]
+    assert b[2:5]["obs"].tolist() == [3, 4, 5]
+
+
+def test_slice_cuts_sequences_exactly():
+    # Issue 12, repro 4.
+    b = SB({"a": [10, 11, 20, 21, 22, 30], "seq_lens": [2, 3, 1],
+            "state_in_0": [1., 2., 3.]})
+    s = b.slice(0, 3)
+    assert s["a"].tolist() == [10, 11, 20] and s["seq_lens"].tolist() == [2, 1]
+    assert s["state_in_0"].tolist() == [1., 2.] and s.count == 3
+    s = b.slice(1, 5)
+    assert s["a"].tolist() == [11, 20, 21, 22] and s["seq_lens"].tolist() == [1, 3]
+    assert s["state_in_0"].tolist() == [1., 2.]
+    parts = [b.slice(0, 1), b.slice(1, 4), b.slice(4, 6)]
+    assert [p["seq_lens"].tolist() for p in parts] == [[1], [1, 2], [1, 1]]
+    assert sum(p.count for p in parts) == 6
+
+
+def test_slice_of_a_zero_padded_batch_stays_padded():
+    s = padded_batch().slice(1, 4)  # timesteps 1 | 2 3 of sequences 0 and 1
+    assert s.zero_padded and s.max_seq_len == 3 and s.count == 3
+    assert s["seq_lens"].tolist() == [1, 2]
+    assert s["obs"].tolist() == [10, 0, 0, 20, 30, 0]
+    assert s["infos"] == [{"r": 1}, None, None, {"r": 2}, {"r": 3}, None]
+    assert s["state_in_0"].tolist() == [0.5, 2.5]
+
+
+def test_slice_of_per_row_state_slices_rows():
+    b = SB({"a": np.arange(5), "state_in_0": np.arange(5) * 10., "seq_lens": [2, 3]})
+    s = b.slice(1, 4)
+    assert s["state_in_0"].tolist() == [10., 20., 30.]
+    assert s["seq_lens"].tolist() == [1, 2]
+
+
+def test_padded_columns_with_seq_lens_make_a_zero_padded_batch():
+    # Issue 12, repro 5: RLlib's way of building a padded batch.
+    obs = np.array([1, 2, 3, 4, 5, 0, 6, 0, 0, 7, 8, 9])
+    b = SB({"obs": obs, "seq_lens": [3, 2, 1, 3]})
+    assert b.count == 9 and b.zero_padded and b.max_seq_len == 3
+    assert b.padded_count == 12 and b[3:6]["obs"].tolist() == [4, 5, 0, 6, 0, 0]
+    with pytest.raises(ValueError, match=r"^column 'obs' has 12 rows, expected 9 \(sum "
+                       r"of seq_lens \[3, 2, 1, 3\]\); 12 rows fit 4 sequences zero-padded "
+                       r"to 3: pass _zero_padded=True"):
+        SB({"obs": obs, "seq_lens": [3, 2, 1, 3]}, _zero_padded=False)
+
+
+@pytest.mark.parametrize("data, flags, expected", [
+    ({"obs": np.zeros(10), "seq_lens": [3, 2, 1, 3]}, {},
+     r"column 'obs' has 10 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\); give "
+     r"it sum\(seq_lens\) rows, or 4 x T rows for one padding length T >= 3"),
+    ({"obs": np.zeros(12), "rewards": np.zeros(16), "seq_lens": [3, 2, 1, 3]}, {},
+     r"column 'rewards' has 16 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) "
+     r"or 12 \(4 sequences padded to max_seq_len=3\)"),
+    ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_max_seq_len": 4},
+     r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\)"),
+    ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
+                                                       "_max_seq_len": 4},
+     r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) or 16 "
+     r"\(4 sequences padded to max_seq_len=4\); give it sum\(seq_lens\) rows"),
+    ({"obs": np.zeros(8), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
+                                                      "_max_seq_len": 2},
+     r"column 'seq_lens' has a sequence of 3 rows, longer than max_seq_len=2; pass "
+     r"_max_seq_len >= 3"),
+])
+def test_malformed_sequence_batches_name_column_and_lengths(data, flags, expected):
+    with pytest.raises(ValueError, match=expected) as err:
+        SB(data, **flags)
+    assert "\n" not in str(err.value)
 
 
 def test_shuffle_keeps_rows_aligned_including_infos_list():
@@ -154,7 +230,7 @@ def test_shuffle_zero_padded_moves_whole_sequences_and_keeps_length():
     orders = set()
     for _ in range(10):
         b.shuffle()
-        assert b.count == 9 and len(b["obs"]) == 9 and len(b["infos"]) == 9
+        assert b.count == 6 and len(b["obs"]) == 9 and len(b["infos"]) == 9
         orders.add(tuple(b["seq_lens"].tolist()))
         for i, (n, state) in enumerate(zip(b["seq_lens"], b["state_in_0"])):
             block = b["obs"][3 * i:3 * i + 3]
@@ -268,7 +344,8 @@ def test_concat_samples_checks_padding_settings():
                                             "state_in_0": [1.0], "seq_lens": [2]},
                                            _zero_padded=True, _max_seq_len=4)])
     out = concat_samples([padded_batch(), padded_batch()])
-    assert out.zero_padded and out.max_seq_len == 3 and out.count == 18
+    assert out.zero_padded and out.max_seq_len == 3 and out.count == 12
+    assert out.padded_count == 18
 
 
 def test_pickle_round_trip_keeps_flags():
@@ -276,11 +353,12 @@ def test_pickle_round_trip_keeps_flags():
     b.set_training(True)
     c = pickle.loads(pickle.dumps(b))
     assert isinstance(c, SB) and c.zero_padded and c.max_seq_len == 3 and c.is_training
-    assert c["obs"].tolist() == b["obs"].tolist() and c.count == 9
+    assert c["obs"].tolist() == b["obs"].tolist() and c.count == 6
 
 
 def test_zero_padded_rows_must_fill_every_sequence():
-    with pytest.raises(ValueError, match=r"9 rows \(num_seqs \* max_seq_len\).*'obs': 8"):
+    with pytest.raises(ValueError, match=r"column 'obs' has 8 rows, expected 6 \(sum of "
+                       r"seq_lens \[2, 3, 1\]\) or 9 \(3 sequences padded to max_seq_len=3\)"):
         SB({"obs": np.zeros(8), "seq_lens": [2, 3, 1]}, _zero_padded=True, _max_seq_len=3)
 
 

@@ -154,15 +154,31 @@ def test_pad_recurrent_batch():
                                          [50, 51], [99, 99]]
     assert [i and i["r"] for i in b["infos"]] == [0, 1, 2, None, 3, 4]
     assert b.zero_padded and b.max_seq_len == 2
-    assert b.count == len(b) == 6 and b.num_valid_rows == 5
+    assert b.count == len(b) == 5 and b.padded_count == 6
 
 
-def test_pad_dynamic_max_is_longest_sequence():
+def test_pad_without_view_requirements_pads_every_sequence_to_max_seq_len():
+    # Issue 12, repro 1: RLlib pads to the fixed max_seq_len here.
+    z = np.zeros(8, int)
+    b = SampleBatch({"obs": np.arange(1, 9), "eps_id": np.repeat([0, 1, 2, 3], 2),
+                     "unroll_id": z, "agent_index": z, "state_in_0": np.zeros(8)})
+    pad_batch_to_sequences_of_same_size(b, max_seq_len=4)
+    assert b["obs"].reshape(-1, 4).tolist() == [[1, 2, 0, 0], [3, 4, 0, 0],
+                                                [5, 6, 0, 0], [7, 8, 0, 0]]
+    assert b.max_seq_len == 4 and b.count == 8 and b.padded_count == 16
+
+
+def test_pad_dynamic_max_is_longest_sequence_when_a_view_requirement_says_one_step():
+    one_step = SimpleNamespace(data_col="state_out_0", shift=-1, shift_from=None)
     b = rnn_batch()
-    pad_batch_to_sequences_of_same_size(b, max_seq_len=20)
+    pad_batch_to_sequences_of_same_size(b, max_seq_len=20,
+                                        view_requirements={"state_in_0": one_step})
     assert b["seq_lens"].tolist() == [3, 2]
-    assert b.max_seq_len == 3 and b.count == 6
+    assert b.max_seq_len == 3 and b.count == 5
     assert b["obs"].tolist() == [1, 2, 3, 4, 5, 0]
+    b = rnn_batch()
+    pad_batch_to_sequences_of_same_size(b, max_seq_len=4)
+    assert b.max_seq_len == 4 and b["obs"].tolist() == [1, 2, 3, 0, 4, 5, 0, 0]
 
 
 def test_pad_is_a_no_op_on_a_padded_batch():
@@ -170,16 +186,16 @@ def test_pad_is_a_no_op_on_a_padded_batch():
     pad_batch_to_sequences_of_same_size(b, max_seq_len=2)
     before = {k: np.array(v, dtype=object).copy() for k, v in b.items()}
     pad_batch_to_sequences_of_same_size(b, max_seq_len=5)
-    assert b.max_seq_len == 2 and b.count == 6
+    assert b.max_seq_len == 2 and b.count == 5
     assert all((np.array(b[k], dtype=object) == v).all() for k, v in before.items())
 
 
 def test_pad_honours_seq_lens_and_reduced_states():
     b = SampleBatch({"obs": [1, 2, 3], "state_in_0": [7.0, 8.0], "seq_lens": [1, 2]})
     pad_batch_to_sequences_of_same_size(b, max_seq_len=4)
-    assert b["obs"].tolist() == [1, 0, 2, 3]
+    assert b["obs"].tolist() == [1, 0, 0, 0, 2, 3, 0, 0]
     assert b["state_in_0"].tolist() == [7.0, 8.0]
-    assert b.max_seq_len == 2 and b.count == 4 and b.num_valid_rows == 3
+    assert b.max_seq_len == 4 and b.count == 3 and b.padded_count == 8
 
 
 def test_pad_non_recurrent_without_requirement_does_nothing():
@@ -196,8 +212,8 @@ def test_pad_non_recurrent_to_batch_divisibility():
     pad_batch_to_sequences_of_same_size(b, max_seq_len=20, batch_divisibility_req=4)
     assert b["seq_lens"].tolist() == [4, 2]
     assert b["obs"].tolist() == [1, 2, 3, 4, 5, 6, 0, 0]
-    assert b.zero_padded and b.max_seq_len == 4 and b.count == 8
-    assert b.count % 4 == 0 and b.num_valid_rows == 6
+    assert b.zero_padded and b.max_seq_len == 4 and b.padded_count == 8
+    assert b.padded_count % 4 == 0 and b.count == 6
 
 
 def test_pad_multi_agent_to_batch_divisibility():
@@ -207,11 +223,19 @@ def test_pad_multi_agent_to_batch_divisibility():
     assert b["obs"].tolist() == [1, 0, 2, 3, 4, 0]
 
 
-def test_pad_with_feature_keys_drops_other_row_columns():
-    b = rnn_batch()
-    pad_batch_to_sequences_of_same_size(b, max_seq_len=2, feature_keys=["obs"])
-    assert set(b) == {"obs", "state_in_0", "seq_lens"}
-    assert b["obs"].tolist() == [1, 2, 3, 0, 4, 5] and b.count == 6
+def test_pad_with_feature_keys_leaves_other_columns_untouched():
+    # Issue 12, repro 2: RLlib pads only the listed columns and keeps the rest.
+    b = SampleBatch({"obs": np.arange(1, 6), "eps_id": np.array([0, 0, 1, 1, 1]),
+                     "rewards": np.arange(5.0), "state_in_0": np.arange(1, 6) * 100})
+    pad_batch_to_sequences_of_same_size(b, max_seq_len=3, feature_keys=["obs"])
+    assert sorted(b) == ["eps_id", "obs", "rewards", "seq_lens", "state_in_0"]
+    assert b["obs"].tolist() == [1, 2, 0, 3, 4, 5] and b.count == 5
+    assert b["eps_id"].tolist() == [0, 0, 1, 1, 1]
+    assert b["rewards"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert b["state_in_0"].tolist() == [100, 300]
+    # Either layout slices in timesteps: the second sequence is timesteps 2-4.
+    tail = b[2:5]
+    assert tail["obs"].tolist() == [3, 4, 5] and tail["rewards"].tolist() == [2.0, 3.0, 4.0]
 
 
 def test_pad_shuffle_keeps_sequences_together():
@@ -220,7 +244,7 @@ def test_pad_shuffle_keeps_sequences_together():
                      "state_in_0": np.array([1, 2, 3, 4, 5, 6])})
     pad_batch_to_sequences_of_same_size(b, max_seq_len=3, shuffle=True)
     _check_shuffled(b["obs"], b["state_in_0"], b["seq_lens"], 3)
-    assert b.count == 9 and b.max_seq_len == 3
+    assert b.count == 6 and b.padded_count == 9 and b.max_seq_len == 3
 
 
 def state_batch():
@@ -246,7 +270,7 @@ def test_view_requirement_window_for_attention_uses_static_max():
     pad_batch_to_sequences_of_same_size(b, max_seq_len=4,
                                         view_requirements={"state_in_0": req})
     assert b["seq_lens"].tolist() == [4, 2]
-    assert b.max_seq_len == 4 and b.count == 8  # no dynamic max with a window
+    assert b.max_seq_len == 4 and b.padded_count == 8  # no dynamic max with a window
     assert b["state_in_0"].shape == (2, 2, 1)
     assert b["state_in_0"][:, :, 0].tolist() == [[0.0, 0.0], [0.0, 0.0]]
 
@@ -260,7 +284,7 @@ def test_view_requirement_window_for_attention_uses_static_max():
 def test_padded_batch_shards_at_sequence_boundaries():
     b = rnn_batch()
     pad_batch_to_sequences_of_same_size(b, max_seq_len=2)
-    first, rest = b[0:4], b[4:6]
+    first, rest = b[0:3], b[3:5]  # timesteps: sequences start at 0, 2, 3
     assert first["seq_lens"].tolist() == [2, 1] and rest["seq_lens"].tolist() == [2]
     assert first["state_in_0"].tolist() == [[10, 11], [30, 31]]
     assert loss_mask(first["seq_lens"], b.max_seq_len).tolist() == [True, True, True,
