@@ -123,7 +123,8 @@ def _take(leaf: Any, index: np.ndarray) -> Any:
     return np.asarray(leaf)[index]
 
 
-def _object_array(items: list) -> np.ndarray:
+def object_array(items: list) -> np.ndarray:
+    """A 1-D object array of `items` (np.array would try to stack equal-shaped items)."""
     out = np.empty(len(items), dtype=object)
     for i, item in enumerate(items):
         out[i] = item
@@ -133,12 +134,13 @@ def _object_array(items: list) -> np.ndarray:
 def _concat_leaves(leaves: list) -> Any:
     if all(isinstance(leaf, list) for leaf in leaves):
         return [item for leaf in leaves for item in leaf]
-    arrays = [_object_array(leaf) if isinstance(leaf, list) else np.asarray(leaf)
+    arrays = [object_array(leaf) if isinstance(leaf, list) else np.asarray(leaf)
               for leaf in leaves]
     return np.concatenate(arrays, axis=0)
 
 
-def _exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
+def exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
+    """Start offsets of consecutive runs of the given lengths: [0, l0, l0+l1, ...]."""
     out = np.zeros(len(lengths), dtype=np.int64)
     if len(lengths) > 1:
         np.cumsum(lengths[:-1], out=out[1:])
@@ -148,7 +150,7 @@ def _exclusive_cumsum(lengths: np.ndarray) -> np.ndarray:
 def _padded_positions(seq_lens: np.ndarray, max_seq_len: int) -> np.ndarray:
     """<int64>[sum(seq_lens)]: the padded row of each timestep."""
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
-    starts = _exclusive_cumsum(seq_lens)
+    starts = exclusive_cumsum(seq_lens)
     return (np.repeat(np.arange(len(seq_lens), dtype=np.int64) * max_seq_len - starts,
                       seq_lens) + np.arange(int(seq_lens.sum()), dtype=np.int64))
 
@@ -396,7 +398,7 @@ class SampleBatch(dict):
         if not self._has_sequences():
             return self.slice(start, stop)
         seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
-        starts = _exclusive_cumsum(seq_lens)
+        starts = exclusive_cumsum(seq_lens)
         first = self._sequence_at(start, starts)
         last = max(first, self._sequence_at(stop, starts))
         t0 = int(starts[first]) if first < len(starts) else self.count
@@ -507,7 +509,7 @@ class SampleBatch(dict):
             return self._with_data(
                 {k: _map_leaves(lambda x: x[start:end], v) for k, v in self.items()})
         seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
-        starts = _exclusive_cumsum(seq_lens)
+        starts = exclusive_cumsum(seq_lens)
         if start == end:
             return self._gather(np.arange(0), None, np.arange(0))
         first = self._sequence_at(start, starts)
@@ -531,8 +533,8 @@ class SampleBatch(dict):
             return self
         seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
         seq_perm = np.random.permutation(len(seq_lens))
-        starts = _exclusive_cumsum(seq_lens)
-        timesteps = (np.repeat(starts[seq_perm] - _exclusive_cumsum(seq_lens[seq_perm]),
+        starts = exclusive_cumsum(seq_lens)
+        timesteps = (np.repeat(starts[seq_perm] - exclusive_cumsum(seq_lens[seq_perm]),
                                seq_lens[seq_perm]) + np.arange(int(seq_lens.sum())))
         shuffled = self._gather(timesteps, seq_lens[seq_perm], seq_perm)
         for key, value in shuffled.items():
@@ -568,7 +570,7 @@ class SampleBatch(dict):
             return []
         bounds = [0, *cuts.tolist(), n]
         if self._has_sequences():
-            starts = set(_exclusive_cumsum(np.asarray(self[self.SEQ_LENS])).tolist())
+            starts = set(exclusive_cumsum(np.asarray(self[self.SEQ_LENS])).tolist())
             inside = [b for b in bounds[1:-1] if b not in starts]
             if inside:
                 raise ValueError(f"split_by_episode: an episode ends at timestep "

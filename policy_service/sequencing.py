@@ -20,8 +20,8 @@ import tree
 
 from policy_service.sample_batch import (
     SampleBatch,
-    _exclusive_cumsum,
-    _object_array,
+    exclusive_cumsum,
+    object_array,
     is_state_in,
     is_state_out,
 )
@@ -40,7 +40,7 @@ def _as_rows(value: Any) -> Any:
     """Lists become arrays; a list of dicts (infos) becomes an object array."""
     if isinstance(value, list):
         if any(isinstance(item, Mapping) or item is None for item in value):
-            return _object_array(value)
+            return object_array(value)
         return np.asarray(value)
     return value
 
@@ -162,7 +162,7 @@ def chop_into_sequences(
         raise ValueError(f"seq_lens has a sequence of {longest} rows, longer than "
                          f"max_seq_len={max_seq_len} (dynamic_max=False)")
 
-    starts = _exclusive_cumsum(seq_lens)
+    starts = exclusive_cumsum(seq_lens)
     dest = np.repeat(np.arange(num_seqs) * padded_len - starts, seq_lens) + np.arange(
         num_rows)
     length = num_seqs * padded_len
@@ -335,7 +335,7 @@ def pad_batch_to_sequences_of_same_size(
     seq_lens = batch.get(SampleBatch.SEQ_LENS)
     if seq_lens is None or len(seq_lens) == 0:
         seq_lens = _seq_lens_from_ids(num_rows, id_columns, int(max_seq_len))
-    starts = _exclusive_cumsum(np.asarray(seq_lens))
+    starts = exclusive_cumsum(np.asarray(seq_lens))
     initial_states = [_initial_state(batch, key, view_requirements, starts, seq_lens,
                                      num_rows, id_columns) for key in state_keys]
 
