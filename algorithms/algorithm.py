@@ -78,6 +78,11 @@ def register_env(name: str, creator: Callable[[dict], object]) -> None:
     _ENV_CREATORS[name] = creator
 
 
+def is_registered_env(name: str) -> bool:
+    """Whether `name` was given to register_env in this process."""
+    return name in _ENV_CREATORS
+
+
 @dataclass
 class AlgorithmConfig(PolicyConfig):
     """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""

@@ -212,8 +212,8 @@ def check_env_id(env: str) -> None:
 
     import gymnasium as gym
 
-    from algorithms import algorithm
-    if env in algorithm._ENV_CREATORS:  # pylint: disable=protected-access
+    from algorithms.algorithm import is_registered_env
+    if is_registered_env(env):
         return
     module, sep, env_id = env.rpartition(":")
     if sep:

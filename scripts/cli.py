@@ -71,8 +71,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
-    import_tensorflow_quietly()  # importing policy_service imports TensorFlow
-    from policy_service.distributed import jobs
+    from policy_service.distributed import jobs  # no TensorFlow on this path
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]

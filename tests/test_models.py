@@ -246,7 +246,7 @@ class TinyCustomModel(keras.Model):
 
 @pytest.fixture
 def clean_registry(monkeypatch):
-    monkeypatch.setattr(models, "_CUSTOM_MODELS", dict(models._CUSTOM_MODELS))  # pylint: disable=protected-access
+    monkeypatch.setattr(models, "_CUSTOM_MODELS", models.custom_model_registry())
 
 
 def test_registered_custom_model_is_built_and_trains_on_towers(clean_registry):

@@ -33,7 +33,7 @@ TESTS = Path(__file__).resolve().parent
 
 @pytest.fixture(autouse=True)
 def registered(monkeypatch):
-    monkeypatch.setattr(models, "_CUSTOM_MODELS", dict(models._CUSTOM_MODELS))  # pylint: disable=protected-access
+    monkeypatch.setattr(models, "_CUSTOM_MODELS", models.custom_model_registry())
     user_models.register_all()
 
 

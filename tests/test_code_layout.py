@@ -1,0 +1,108 @@
+"""The code keeps its layers and its modules' privacy (read from the source).
+
+- No module imports another module's private name (`from m import _x`, `m._x`).
+- Imports point down: policy_service never imports algorithms, scripts or
+  benchmarks; the engine and I/O never import the Ray side or the policy.
+- `policy-service submit` does not import TensorFlow.
+"""
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("policy_service", "algorithms", "scripts", "benchmarks")
+
+
+def modules(*roots: str) -> list[Path]:
+    return sorted(p for root in roots for p in (REPO / root).rglob("*.py"))
+
+
+def project_imports(path: Path) -> list[tuple[int, str, str | None]]:
+    """(line, module, imported name or None) for every import of a project module."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in PACKAGES:
+                found += [(node.lineno, node.module, a.name) for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, None) for a in node.names
+                      if a.name.split(".")[0] in PACKAGES]
+    return found
+
+
+def private_uses(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    aliases, uses = set(), []
+    for line, module, name in project_imports(path):
+        if name is not None and name.startswith("_") and not name.startswith("__"):
+            uses.append(f"{line}: from {module} import {name}")
+        if name is None:
+            aliases.add(module.split(".")[0])
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            aliases.update(a.asname or a.name for a in node.names)
+        if isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.asname)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            uses.append(f"{node.lineno}: {node.value.id}.{node.attr}")
+    return uses
+
+
+@pytest.mark.parametrize("path", modules(*PACKAGES), ids=lambda p: str(p.relative_to(REPO)))
+def test_no_module_uses_another_modules_private_names(path):
+    assert private_uses(path) == []
+
+
+# (modules under this prefix, module prefixes they must not import)
+LAYERS = [
+    ("policy_service", ("algorithms", "scripts", "benchmarks")),
+    ("algorithms", ("scripts", "benchmarks")),
+    ("policy_service.engine", ("policy_service.distributed", "policy_service.policy",
+                               "policy_service.io", "policy_service.train_batches")),
+    ("policy_service.io", ("policy_service.distributed", "policy_service.policy")),
+]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("layer, forbidden", LAYERS, ids=[layer for layer, _ in LAYERS])
+def test_imports_point_down(layer, forbidden):
+    wrong = []
+    for path in modules(layer.replace(".", "/")):
+        for line, module, name in project_imports(path):
+            target = module if name is None else f"{module}.{name}"
+            if any(target == f or target.startswith(f + ".") for f in forbidden):
+                wrong.append(f"{module_name(path)}:{line} imports {target}")
+    assert wrong == []
+
+
+def test_the_checks_catch_a_private_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("from policy_service.sample_batch import _take\n"
+                      "from policy_service import models\nmodels._CUSTOM_MODELS\n")
+    assert private_uses(sample) == [
+        "1: from policy_service.sample_batch import _take", "3: models._CUSTOM_MODELS"]
+
+
+SUBMIT_WITHOUT_TENSORFLOW = """
+import sys
+import scripts.cli as cli
+from policy_service.distributed import jobs
+jobs.run_job = lambda *args, **kwargs: 0  # the path up to the cluster, not the cluster
+assert cli.main(["submit", "--address", "http://127.0.0.1:9", "--", "true"]) == 0
+print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
+"""
+
+
+def test_submit_does_not_import_tensorflow():
+    out = subprocess.run([sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"
