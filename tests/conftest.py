@@ -23,9 +23,12 @@ def ray_local():
     """A real local Ray for one test module, with the shared test envs and
     policies pickled by value so Ray workers need not import them."""
     import envs
+    import fakes
     import ray
     ray.init(address="local", num_cpus=2, include_dashboard=False)
-    ray.cloudpickle.register_pickle_by_value(envs)
+    for module in (envs, fakes):
+        ray.cloudpickle.register_pickle_by_value(module)
     yield
-    ray.cloudpickle.unregister_pickle_by_value(envs)
+    for module in (envs, fakes):
+        ray.cloudpickle.unregister_pickle_by_value(module)
     ray.shutdown()

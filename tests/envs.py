@@ -1,12 +1,11 @@
-"""Tiny environments and a tiny policy shared by the service and rollout tests.
+"""Tiny environments shared by the service and rollout tests.
 
 `ScriptedEpisodesEnv` has episode boundaries the test controls, and its
 observations say where they come from, so a test can check every recorded
 transition against the episode it belongs to.
 
-This module imports no TensorFlow at the top: async vector envs import it in
-fresh subprocesses to build envs. The test policies (`PGPolicy`,
-`FaultyPolicy`) are built on first access.
+This module imports no TensorFlow: async vector envs import it in fresh
+subprocesses to build envs. The test policies live in fakes.py.
 
 Ray workers cannot import this module by name (pytest puts tests/ on the
 path only in its own process), so tests register it with
@@ -105,73 +104,3 @@ class BrokenEnvWorker:
 
     def stop(self):
         pass
-
-
-# ----- tiny policies (TensorFlow loaded on first use) ----------------------------------
-
-_POLICIES: dict = {}
-
-
-def __getattr__(name):
-    if name in ("PGPolicy", "FaultyPolicy", "POISON"):
-        if not _POLICIES:
-            _POLICIES.update(_build_policies())
-        return _POLICIES[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _build_policies() -> dict:
-    from policy_service import TFPolicy, masked_mean
-    from policy_service.sample_batch import SampleBatch
-
-    class PGPolicy(TFPolicy):
-        """Policy gradient on discounted returns; postprocessing bootstraps unfinished chunks.
-
-        Adds "value_targets" (discounted return-to-go, plus gamma^k * V(last new_obs)
-        unless the chunk's last row is terminated), "advantages" and, for tests,
-        "bootstrap_value" (the V used, 0 when terminated).
-        """
-
-        def loss(self, model, dist_class, train_batch):
-            out = model(train_batch, training=True)
-            logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
-                train_batch[SampleBatch.ACTIONS])
-            return -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES],
-                                train_batch["loss_mask"])
-
-        def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
-            batch = batch.copy(shallow=True)
-            gamma = self.config.gamma
-            bootstrap = 0.0
-            if not bool(batch[SampleBatch.TERMINATEDS][-1]):
-                states = [batch[f"state_out_{i}"][-1:] for i in range(self.num_state_tensors())]
-                _, _, extra = self.compute_actions(
-                    batch[SampleBatch.NEXT_OBS][-1:], states or None,
-                    batch[SampleBatch.ACTIONS][-1:], batch[SampleBatch.REWARDS][-1:],
-                    explore=False)
-                bootstrap = float(extra[SampleBatch.VF_PREDS][0])
-            rewards = np.asarray(batch[SampleBatch.REWARDS], np.float64)
-            targets = np.zeros(len(rewards), np.float32)
-            running = bootstrap
-            for i in reversed(range(len(rewards))):
-                running = rewards[i] + gamma * running
-                targets[i] = running
-            batch[SampleBatch.VALUE_TARGETS] = targets
-            batch[SampleBatch.ADVANTAGES] = targets - batch[SampleBatch.VF_PREDS]
-            batch["bootstrap_value"] = np.full(len(rewards), bootstrap, np.float32)
-            return batch
-
-    poison = 666.0
-
-    class FaultyPolicy(PGPolicy):
-        """Fails a whole forward pass when any observation holds POISON (a bug that
-        request validation cannot catch)."""
-
-        def compute_actions(self, obs_batch, *args, **kwargs):
-            if np.any(np.asarray(obs_batch) == poison):
-                raise RuntimeError("poisoned observation in this forward pass")
-            return super().compute_actions(obs_batch, *args, **kwargs)
-
-    for cls in (PGPolicy, FaultyPolicy):
-        cls.__module__, cls.__qualname__ = __name__, cls.__name__
-    return {"PGPolicy": PGPolicy, "FaultyPolicy": FaultyPolicy, "POISON": poison}

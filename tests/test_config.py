@@ -3,7 +3,7 @@ import pytest
 
 from policy_service.config import ModelConfig, PolicyConfig, check_choice, from_dict
 
-from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 
 def test_empty_and_none_give_the_defaults():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from policies import (
+from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     PGPolicy,
@@ -174,7 +174,7 @@ _SUBPROCESS = textwrap.dedent("""
     assert cpus == ["/device:CPU:0", "/device:CPU:1", "/device:CPU:2"], cpus
     cores = os.cpu_count() or 1
     assert tf.config.threading.get_intra_op_parallelism_threads() == max(1, cores // 3)
-    from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, mlp_batch, small_config
+    from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, mlp_batch, small_config
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE,
                       small_config(num_gpus=3, _fake_gpus=True, minibatch_size=6))
     assert policy.devices == ["/CPU:0", "/CPU:1", "/CPU:2"], policy.devices

@@ -7,7 +7,7 @@ import tensorflow as tf
 from policy_service import exploration
 from policy_service.exploration import EpsilonGreedy, StochasticSampling
 
-from policies import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 
 def epsilon_greedy_policy(initial, final, timesteps=100, action_space=ACTION_SPACE, **config):

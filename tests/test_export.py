@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from policy_service.io.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
 
-from policies import CELL, PGPolicy, fake_gpus, small_config
+from fakes import CELL, PGPolicy, fake_gpus, small_config
 
 OPSET = 17
 ROWS = 7

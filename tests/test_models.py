@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from policies import (
+from fakes import (
     ACTION_SPACE,
     CELL,
     OBS_SPACE,

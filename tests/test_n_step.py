@@ -2,6 +2,7 @@
 terminate and truncate, cut into fragments, and on RolloutWorker fragments whose
 observations say which episode step they are."""
 import envs
+import fakes
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -110,7 +111,7 @@ def test_rollout_fragments_with_several_sub_envs():
     """RolloutWorker fragments of 2 sub-envs: obs = [episode, t, tag], reward of the
     step from t is t + 1, so every n-step value has a closed form."""
     script = {"lengths": [3, 5, 2, 7], "endings": ["terminated", "truncated"]}
-    worker = RolloutWorker(envs.ScriptedEpisodesEnv, envs.PGPolicy,
+    worker = RolloutWorker(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy,
                            {"model": {"fcnet_hiddens": [8]}, "seed": 1},
                            env_config=script, num_envs=2, rollout_fragment_length=6, seed=0)
     gamma, n = 0.8, 3

@@ -7,7 +7,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from policies import (
+from fakes import (
     ACTION_SPACE,
     CELL,
     OBS_SPACE,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tree
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policy_service.sample_batch import SampleBatch, concat_samples

@@ -3,6 +3,7 @@ recurrent state, action clipping, observation checks, local and remote inference
 import collections
 
 import envs
+import fakes
 import numpy as np
 import pytest
 import ray
@@ -21,7 +22,7 @@ SCRIPT = {"lengths": [3, 5, 2], "endings": ["terminated", "truncated", "terminat
 def _worker(config=MLP_CONFIG, env_config=SCRIPT, **kwargs):
     kwargs.setdefault("num_envs", 2)
     kwargs.setdefault("rollout_fragment_length", 4)
-    return RolloutWorker(envs.ScriptedEpisodesEnv, envs.PGPolicy, config,
+    return RolloutWorker(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, config,
                          env_config=env_config, seed=0, **kwargs)
 
 
@@ -145,7 +146,7 @@ def test_sync_and_async_vector_envs_give_the_same_transitions():
 
 
 def test_box_actions_are_clipped_for_the_env_but_recorded_as_computed():
-    worker = RolloutWorker(envs.ContinuousEnv, envs.PGPolicy, MLP_CONFIG, num_envs=2,
+    worker = RolloutWorker(envs.ContinuousEnv, fakes.ReturnsPGPolicy, MLP_CONFIG, num_envs=2,
                            rollout_fragment_length=50, seed=1)
     batch, _ = worker.sample()
     actions = batch[SampleBatch.ACTIONS]
@@ -161,7 +162,7 @@ def test_an_observation_outside_the_space_names_the_env_and_the_observation():
 
 
 def test_gymnasium_id_env_and_prev_columns():
-    worker = RolloutWorker("CartPole-v1", envs.PGPolicy, MLP_CONFIG, num_envs=2,
+    worker = RolloutWorker("CartPole-v1", fakes.ReturnsPGPolicy, MLP_CONFIG, num_envs=2,
                            rollout_fragment_length=30, seed=0)
     batch, metrics = worker.sample()
     assert metrics["env_steps"] == batch.count and 60 <= batch.count <= 61  # 30 per env, +1
@@ -183,7 +184,7 @@ def test_remote_inference_matches_local_inference(ray_local):
     config = {**LSTM_CONFIG, "explore": False}
     local_worker = _worker(config, rollout_fragment_length=5)
     actor = PolicyActor.options(num_cpus=0).remote(
-        envs.PGPolicy, local_worker.observation_space, local_worker.action_space, config,
+        fakes.ReturnsPGPolicy, local_worker.observation_space, local_worker.action_space, config,
         max_batch_size=4, batch_wait_timeout_s=0.002)
     try:
         ray.get(actor.set_weights.remote(local_worker.get_weights(), 3))
@@ -208,7 +209,7 @@ def test_remote_inference_matches_local_inference(ray_local):
 
 def test_rollout_worker_as_a_ray_actor(ray_local):
     worker = ray.remote(RolloutWorker).options(num_cpus=0.5).remote(
-        envs.ScriptedEpisodesEnv, envs.PGPolicy, MLP_CONFIG, worker_index=3, num_envs=2,
+        envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, MLP_CONFIG, worker_index=3, num_envs=2,
         rollout_fragment_length=4, env_config=SCRIPT, seed=0)
     try:
         obs_space, _ = ray.get(worker.get_spaces.remote())

@@ -7,7 +7,7 @@ import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import envs
+import fakes
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -32,7 +32,7 @@ WAIT_S = 1.0  # batch window of the served MLP: long, so a burst of requests sha
 @pytest.fixture(scope="module")
 def served_mlp(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
-        envs.FaultyPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG,
+        fakes.FaultyPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG,
         max_batch_size=16, batch_wait_timeout_s=WAIT_S)
     yield actor
     ray.kill(actor)
@@ -40,7 +40,7 @@ def served_mlp(ray_local):
 
 @pytest.fixture(scope="module")
 def local_mlp(served_mlp):
-    policy = envs.PGPolicy(OBS_SPACE, ACTION_SPACE, MLP_CONFIG)
+    policy = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, MLP_CONFIG)
     policy.set_weights(ray.get(served_mlp.get_weights.remote()))
     return policy
 
@@ -118,14 +118,14 @@ def test_batching_off_runs_every_request_alone(max_batch_size, timeout_s):
 
 
 def test_hosted_policy_runs_on_the_devices_it_was_given():
-    no_gpu = hosted_policy_config(envs.PGPolicy, {"num_gpus": 2}, visible_gpus=0, ray_gpu_ids=[])
+    no_gpu = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2}, visible_gpus=0, ray_gpu_ids=[])
     assert no_gpu.num_gpus == 0
-    fake = hosted_policy_config(envs.PGPolicy, {"num_gpus": 2, "_fake_gpus": True},
+    fake = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2, "_fake_gpus": True},
                                 visible_gpus=0, ray_gpu_ids=[])
     assert (fake.num_gpus, fake._fake_gpus) == (2, True)
-    assigned = hosted_policy_config(envs.PGPolicy, {}, visible_gpus=1, ray_gpu_ids=["3"])
+    assigned = hosted_policy_config(fakes.ReturnsPGPolicy, {}, visible_gpus=1, ray_gpu_ids=["3"])
     assert assigned.num_gpus == 1
-    fraction = hosted_policy_config(envs.PGPolicy, {"num_gpus": 0.5}, visible_gpus=1,
+    fraction = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 0.5}, visible_gpus=1,
                                     ray_gpu_ids=["0"])
     assert fraction.num_gpus == 0.5 and isinstance(fraction, PolicyConfig)
 
@@ -134,7 +134,7 @@ def test_hosted_policy_runs_on_the_devices_it_was_given():
 
 
 def test_host_without_batching_runs_one_pass_per_request():
-    host = PolicyHost(envs.PGPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG, max_batch_size=1)
+    host = PolicyHost(fakes.ReturnsPGPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG, max_batch_size=1)
     rng = np.random.default_rng(0)
     observations = [_obs(rng, 2) for _ in range(5)]
 
@@ -225,7 +225,7 @@ def test_a_malformed_request_fails_for_its_caller_alone(served_mlp, local_mlp):
 def test_a_request_that_breaks_the_forward_pass_fails_alone(served_mlp, local_mlp):
     rng = np.random.default_rng(5)
     good = [_obs(rng, 1) for _ in range(6)]
-    poisoned = np.full((1, 4), envs.POISON, np.float32)  # valid shape, but kills the pass
+    poisoned = np.full((1, 4), fakes.POISON, np.float32)  # valid shape, but kills the pass
     poisoned[0, 1:] = 0.0
     before = ray.get(served_mlp.stats.remote())
     refs = [served_mlp.compute_actions.remote(o, explore=False) for o in good[:3]]
@@ -270,9 +270,9 @@ def test_learn_on_batch_changes_weights_and_version(served_mlp):
 
 def test_served_recurrent_policy_reproduces_a_local_rollout(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
-        envs.PGPolicy, OBS_SPACE, ACTION_SPACE, LSTM_CONFIG,
+        fakes.ReturnsPGPolicy, OBS_SPACE, ACTION_SPACE, LSTM_CONFIG,
         max_batch_size=64, batch_wait_timeout_s=0.05)
-    local = envs.PGPolicy(OBS_SPACE, ACTION_SPACE, LSTM_CONFIG)
+    local = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, LSTM_CONFIG)
     local.set_weights(ray.get(actor.get_weights.remote()))
     rng = np.random.default_rng(8)
     rows = [1, 2, 1, 3]  # four callers, each its own rows and recurrent state

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
-from policies import (
+from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     LogColumnPolicy,

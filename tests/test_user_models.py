@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 import user_models
 from user_models import ValueOptionalPolicy
-from policies import (
+from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     PGPolicy,

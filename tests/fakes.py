@@ -1,4 +1,6 @@
-"""Small concrete TFPolicy subclasses and batch builders shared by the tests.
+"""Small concrete TFPolicy subclasses and batch builders shared by the tests: the
+one place for test fakes (environments, which must not import TensorFlow,
+are in envs.py).
 
 Every policy here follows the loss convention of DESIGN.md: the loss gets one
 tower's shard, calls `model(batch, training=True)` and reduces with
@@ -159,3 +161,53 @@ def iterations(policy) -> list[int]:
 def optimizer_state(policy) -> dict:
     """A copy of every optimizer variable, by its state name."""
     return {k: v.numpy().copy() for k, v in policy._optimizer_variables().items()}  # noqa: SLF001
+
+
+class ReturnsPGPolicy(TFPolicy):
+    """Policy gradient on discounted returns (no value loss); postprocessing bootstraps
+    unfinished chunks. The policy the rollout and service tests act with.
+
+    Adds "value_targets" (discounted return-to-go, plus gamma^k * V(last new_obs)
+    unless the chunk's last row is terminated), "advantages" and, for tests,
+    "bootstrap_value" (the V used, 0 when terminated).
+    """
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
+            train_batch[SampleBatch.ACTIONS])
+        return -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES],
+                            train_batch["loss_mask"])
+
+    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
+        batch = batch.copy(shallow=True)
+        gamma = self.config.gamma
+        bootstrap = 0.0
+        if not bool(batch[SampleBatch.TERMINATEDS][-1]):
+            states = [batch[f"state_out_{i}"][-1:] for i in range(self.num_state_tensors())]
+            _, _, extra = self.compute_actions(
+                batch[SampleBatch.NEXT_OBS][-1:], states or None,
+                batch[SampleBatch.ACTIONS][-1:], batch[SampleBatch.REWARDS][-1:],
+                explore=False)
+            bootstrap = float(extra[SampleBatch.VF_PREDS][0])
+        rewards = np.asarray(batch[SampleBatch.REWARDS], np.float64)
+        targets = np.zeros(len(rewards), np.float32)
+        running = bootstrap
+        for i in reversed(range(len(rewards))):
+            running = rewards[i] + gamma * running
+            targets[i] = running
+        batch[SampleBatch.VALUE_TARGETS] = targets
+        batch[SampleBatch.ADVANTAGES] = targets - batch[SampleBatch.VF_PREDS]
+        batch["bootstrap_value"] = np.full(len(rewards), bootstrap, np.float32)
+        return batch
+
+POISON = 666.0
+
+class FaultyPolicy(ReturnsPGPolicy):
+    """Fails a whole forward pass when any observation holds POISON (a bug that
+    request validation cannot catch)."""
+
+    def compute_actions(self, obs_batch, *args, **kwargs):
+        if np.any(np.asarray(obs_batch) == POISON):
+            raise RuntimeError("poisoned observation in this forward pass")
+        return super().compute_actions(obs_batch, *args, **kwargs)
