@@ -1,0 +1,91 @@
+"""policy_service/io/checkpoints.py: atomic directories, policy state files,
+the run's checkpoint listing and allow-listed class names."""
+import os
+
+import numpy as np
+import pytest
+
+from policy_service import TFPolicy
+from policy_service.io import checkpoints
+
+
+def test_atomic_directory_replaces_the_old_one_only_on_success(tmp_path):
+    target = tmp_path / "ckpt"
+    with checkpoints.atomic_directory(target) as tmp:
+        (tmp / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError):
+        with checkpoints.atomic_directory(target) as tmp:
+            (tmp / "a.txt").write_text("second")
+            raise RuntimeError("killed mid-write")
+    assert (target / "a.txt").read_text() == "first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temp dir left
+
+
+def test_policy_state_round_trips_arrays_and_json(tmp_path):
+    state = {"weights": {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
+             "optimizer_variables": {"optimizer_0/0": np.array(3, np.int64)},
+             "rng": {"action": np.array([1, 2, 3], np.int64)},
+             "global_timestep": 7, "config": {"lr": 0.1}}
+    checkpoints.write_policy_state(tmp_path / "p", dict(state))
+    read = checkpoints.read_policy_state(tmp_path / "p")
+    assert read["global_timestep"] == 7 and read["config"] == {"lr": 0.1}
+    for group in checkpoints.ARRAY_GROUPS:
+        assert list(read[group]) == list(state[group])
+        for name, value in state[group].items():
+            np.testing.assert_array_equal(read[group][name], value)
+            assert read[group][name].dtype == value.dtype
+
+
+def test_reading_never_unpickles(tmp_path):
+    directory = tmp_path / "p"
+    checkpoints.write_policy_state(directory, {"weights": {}, "optimizer_variables": {},
+                                               "rng": {}, "global_timestep": 0})
+    np.savez(directory / checkpoints.POLICY_ARRAYS, **{"weights/x": np.array([object()])})
+    with pytest.raises(ValueError, match="allow_pickle=False"):
+        checkpoints.read_policy_state(directory)
+
+
+def test_a_directory_without_a_policy_is_a_clear_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match="policy_state.json missing"):
+        checkpoints.read_policy_state(tmp_path)
+
+
+def make_checkpoint(checkpoints_dir, iteration, complete=True):
+    path = checkpoints.checkpoint_dir(checkpoints_dir, iteration)
+    path.mkdir(parents=True)
+    if complete:
+        (path / checkpoints.ALGORITHM_STATE).write_text("{}")
+    return path
+
+
+def test_checkpoints_are_listed_by_iteration_and_only_when_complete(tmp_path):
+    for iteration in (999_999, 1_000_000, 20):  # a name sort would put 1000000 first
+        make_checkpoint(tmp_path, iteration)
+    make_checkpoint(tmp_path, 2_000_000, complete=False)  # written halfway
+    (tmp_path / ".checkpoint_000030.tmp-1").mkdir()  # a killed save's temp dir
+    (tmp_path / "notes").mkdir()
+    names = [p.name for p in checkpoints.list_checkpoints(tmp_path)]
+    assert names == ["checkpoint_000020", "checkpoint_999999", "checkpoint_1000000"]
+    assert checkpoints.latest_checkpoint(tmp_path).name == "checkpoint_1000000"
+    assert checkpoints.latest_checkpoint(tmp_path / "missing") is None
+
+
+class Saved(TFPolicy):
+    """A policy class defined in this process."""
+
+
+def test_class_paths_resolve_only_against_the_allow_list():
+    assert checkpoints.class_path(Saved) == "test_checkpoints:Saved"
+    assert checkpoints.resolve_class("test_checkpoints:Saved", TFPolicy) is Saved
+    assert checkpoints.resolve_class("policy_service.policy:TFPolicy", TFPolicy) is TFPolicy
+    # this package's classes load even when their module was not imported yet
+    ppo_policy = checkpoints.resolve_class("algorithms.ppo:PPOPolicy", TFPolicy)
+    assert issubclass(ppo_policy, TFPolicy) and ppo_policy.__name__ == "PPOPolicy"
+    for bad in ("os:system", "json:JSONDecoder", "no_colon", 42):
+        with pytest.raises(ValueError):
+            checkpoints.resolve_class(bad, TFPolicy)
+
+
+def test_file_names_come_from_one_place(tmp_path):
+    assert checkpoints.checkpoint_dir(tmp_path, 7) == tmp_path / "checkpoint_000007"
+    assert os.path.basename(checkpoints.POLICY_STATE) == "policy_state.json"
