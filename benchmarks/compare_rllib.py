@@ -1,7 +1,7 @@
 """Ours vs RLlib's old-API-stack TF PPO: learner, sampling, inference and end to end, alternating.
 
 RLlib runs in its own virtualenv (.venv-rllib, created on first use by
-common.ensure_rllib_venv with ray[rllib] at our Ray and TF versions), so its
+rllib_env.ensure_rllib_venv with ray[rllib] at our Ray and TF versions), so its
 pins never touch ours. Every measurement is a child process; each round
 runs ours then RLlib's for every workload, so both see the same machine
 load. RLlib is configured with
@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness, plots, rllib_env, stats
 
 NAME = "compare_rllib"
 WORKLOADS = ("learner", "sampler", "inference", "e2e")
@@ -53,19 +53,28 @@ WORKLOAD_MODELS = {
     "lstm": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh", "use_lstm": True,
              "lstm_cell_size": 256, "max_seq_len": 16},
 }
-WORKLOAD_HYPER = {"train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10,
-                  "lr": 5e-5, "clip_param": 0.3, "vf_clip_param": 10.0, "vf_loss_coeff": 1.0,
-                  "kl_coeff": 0.2, "entropy_coeff": 0.0}
+WORKLOAD_SIZES = {"train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10}
+PPO_LOSS_KEYS = ("lr", "clip_param", "vf_clip_param", "vf_loss_coeff", "kl_coeff",
+                 "entropy_coeff")
 
 
-def rllib_config(*, num_gpus: int = 0, threads=None, num_env_runners: int = 0,
-                 envs_per_runner: int = 1, fragment=None, model: str = "mlp",
-                 hyper: dict | None = None):
-    """An old-API-stack TF PPOConfig. Without `hyper`: the learner workload's PPO
-    (ppo_shaped's loss constants) and `model`; with it: those hyperparameters
-    (e2e's tuned config, "model" included)."""
+def ppo_loss_defaults() -> dict:
+    """Our PPOConfig's loss defaults (RLlib's own), read in the parent process and
+    sent to RLlib's children in the spec, which cannot import our package."""
+    from algorithms.ppo import PPOConfig
+    defaults = PPOConfig()
+    return {key: getattr(defaults, key) for key in PPO_LOSS_KEYS}
+
+
+def workload_hyper(spec: dict, model: str, **changes) -> dict:
+    """The learner, sampler and inference workloads' PPO hyperparameters."""
+    return dict(WORKLOAD_SIZES, **spec["ppo"], model=WORKLOAD_MODELS[model], **changes)
+
+
+def rllib_config(hyper: dict, *, num_gpus: int = 0, threads=None, num_env_runners: int = 0,
+                 envs_per_runner: int = 1, fragment=None):
+    """An old-API-stack TF PPOConfig with the given hyperparameters ("model" included)."""
     from ray.rllib.algorithms.ppo import PPOConfig
-    hyper = dict(hyper) if hyper else dict(WORKLOAD_HYPER, model=WORKLOAD_MODELS[model])
     framework_kwargs = {}
     if threads:
         framework_kwargs["local_tf_session_args"] = {
@@ -120,8 +129,8 @@ def rllib_batch(model: str, num_rows: int):
 def rllib_learner(spec: dict):
     """RLlib's multi_gpu_train_one_step loop on the policy, timed like ours."""
     from benchmarks.learner import NAME as LEARNER
-    algo = rllib_config(num_gpus=spec["towers"], threads=spec["threads"],
-                        model=spec["model"]).build_algo()
+    algo = rllib_config(workload_hyper(spec, spec["model"]), num_gpus=spec["towers"],
+                        threads=spec["threads"]).build_algo()
     policy = algo.get_policy()
     batch = rllib_batch(spec["model"], spec["num_samples"])
     epochs, minibatch = spec["epochs"], spec["minibatch"]
@@ -138,7 +147,7 @@ def rllib_learner(spec: dict):
         trained["samples"] = epochs * num_batches * minibatch
         trained["steps"] = epochs * num_batches
 
-    seconds = common.median(common.timed(run, spec["repeats"], warmup=1))
+    seconds = stats.median(stats.timed(run, spec["repeats"], warmup=1))
     algo.stop()
     samples = trained["samples"]
     if spec["model"] == "lstm":  # padded rows are trained on but are not samples
@@ -152,13 +161,14 @@ def rllib_learner(spec: dict):
 def rllib_sampler(spec: dict):
     """One local RLlib rollout worker (local inference): env steps/s of sample()."""
     import ray
-    ray.init(**common.RAY_INIT)
+    ray.init(**harness.RAY_INIT)
     try:
         for num_envs in spec["num_envs_list"]:
             rows = spec["fragment"] * num_envs  # RLlib checks the batch against the fragments
-            algo = rllib_config(envs_per_runner=num_envs, fragment=spec["fragment"], hyper=dict(
-                WORKLOAD_HYPER, model=WORKLOAD_MODELS["mlp"], train_batch_size=rows,
-                minibatch_size=min(128, rows))).build_algo()
+            hyper = workload_hyper(spec, "mlp", train_batch_size=rows,
+                                   minibatch_size=min(128, rows))
+            algo = rllib_config(hyper, envs_per_runner=num_envs,
+                                fragment=spec["fragment"]).build_algo()
             worker = algo.env_runner_group.local_env_runner
             worker.sample()
             steps, seconds = 0, 0.0
@@ -183,8 +193,8 @@ def rllib_server_class():
     class RLlibPolicyServer:
         """RLlib's TF policy in an actor; calls are served one at a time (no batching)."""
 
-        def __init__(self, threads=None):
-            self.algo = rllib_config(threads=threads).build_algo()
+        def __init__(self, hyper: dict, threads=None):
+            self.algo = rllib_config(hyper, threads=threads).build_algo()
             self.policy = self.algo.get_policy()
 
         def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None):
@@ -199,10 +209,10 @@ def rllib_server_class():
 def rllib_inference(spec: dict):
     import ray
     from benchmarks import inference
-    ray.init(**common.RAY_INIT)
+    ray.init(**harness.RAY_INIT)
     try:
         callers = inference.start_callers(max(spec["callers"]))
-        server = rllib_server_class().remote(spec.get("threads"))
+        server = rllib_server_class().remote(workload_hyper(spec, "mlp"), spec.get("threads"))
         ray.get(server.ready.remote(), timeout=600)
         yield from inference.drive_counts(
             server, callers, spec["callers"], spec["duration"],
@@ -215,17 +225,16 @@ def rllib_inference(spec: dict):
 def rllib_e2e(spec: dict):
     import ray
     start = time.perf_counter()
-    ray.init(**common.RAY_INIT, log_to_driver=False)
+    ray.init(**harness.RAY_INIT, log_to_driver=False)
     record = {"bench": "e2e", "framework": "rllib", "num_gpus": spec["num_gpus"],
               "num_env_runners": spec["num_env_runners"], "seed": spec["seed"],
               "round": spec["round"], "target": spec["target"]}
     history, result, done = [], {}, False
     try:
         from benchmarks.e2e import PPO_CONFIG
-        config = rllib_config(num_gpus=spec["num_gpus"], num_env_runners=spec["num_env_runners"],
-                              envs_per_runner=spec["envs_per_runner"],
-                              hyper=dict(PPO_CONFIG, **spec.get("overrides", {}))
-                              ).debugging(seed=spec["seed"])
+        config = rllib_config(dict(PPO_CONFIG, **spec.get("overrides", {})),
+                              num_gpus=spec["num_gpus"], num_env_runners=spec["num_env_runners"],
+                              envs_per_runner=spec["envs_per_runner"]).debugging(seed=spec["seed"])
         algo = config.build_algo()
         built = time.perf_counter()
         while True:
@@ -256,7 +265,7 @@ def rllib_e2e(spec: dict):
     sample_s = sum((h["sample_time_ms"] or 0) for h in history) / 1e3
     # RLlib's learn_throughput is batch rows per learn second; ours counts every epoch
     epochs = dict(PPO_CONFIG, **spec.get("overrides", {}))["num_epochs"]
-    trained = common.median([h["learn_throughput"] * epochs for h in history
+    trained = stats.median([h["learn_throughput"] * epochs for h in history
                              if h.get("learn_throughput")])
     yield dict(record, reached=done, wall_s=end - start, build_s=built - start,
                env_steps=steps, iterations=len(history),
@@ -279,6 +288,7 @@ def measure(spec: dict):
 def schedule(args) -> list[tuple[str, str, dict]]:
     """[(side, module, spec)] for one round: for every workload ours, then RLlib's."""
     smoke = args.smoke
+    ppo = ppo_loss_defaults()
     out = []
     workloads = (args.workloads or ("learner,sampler,inference,e2e")).split(",")
     if "learner" in workloads:
@@ -295,12 +305,14 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                             dict(base, engine="ours", towers=n, devices=n, threads=None)))
                 for threads in ([None] if smoke else [None, [2, 2]]):
                     out.append(("rllib", NAME_MODULE, dict(
-                        base, workload="learner", towers=n, threads=threads, prepare_tf=False)))
+                        base, workload="learner", towers=n, threads=threads, prepare_tf=False,
+                        ppo=ppo)))
     if "sampler" in workloads:
         size = dict(num_envs_list=[1] if smoke else [1, 8, 32], fragment=50 if smoke else 200,
                     duration=1.0 if smoke else 5.0)
         out.append(("ours", "benchmarks.sampler", dict(size, inference="local", devices=1)))
-        out.append(("rllib", NAME_MODULE, dict(size, workload="sampler", prepare_tf=False)))
+        out.append(("rllib", NAME_MODULE, dict(size, workload="sampler", prepare_tf=False,
+                                               ppo=ppo)))
     if "inference" in workloads:
         callers = [2] if smoke else [16]
         duration = 1.0 if smoke else 5.0
@@ -308,7 +320,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
             target="remote", callers=callers, duration=duration,
             servers=["noop", "noop_serial", "policy/on"], max_batch_size=32, wait_ms=1.0, prepare_tf=False)))
         out.append(("rllib", NAME_MODULE, dict(workload="inference", callers=callers,
-                                               duration=duration, prepare_tf=False)))
+                                               duration=duration, prepare_tf=False, ppo=ppo)))
     if "e2e" in workloads:
         from benchmarks import e2e
         gpus = [int(g) for g in (args.e2e_gpus or ("0" if smoke else "0,2")).split(",")]
@@ -337,7 +349,7 @@ def ratios(records: list[dict]) -> list[dict]:
     out = []
 
     def med(rows, key):
-        return common.median([r.get(key) for r in rows])
+        return stats.median([r.get(key) for r in rows])
 
     # learner: ours (library defaults) vs RLlib at each thread setting, same tower count
     for model in sorted({r["model"] for r in ok if r["bench"] == "learner"}):
@@ -358,16 +370,16 @@ def ratios(records: list[dict]) -> list[dict]:
                         "ours_epoch": ours["epoch"], "ours_minibatch": ours["minibatch"],
                         "rllib_default_threads": rllib["None"], "rllib_2_2": rllib["[2, 2]"],
                         "ceiling_fused": ceiling, "ceiling_adam_kernel": ceiling_kernel,
-                        "ratio": common.ratio(ours["epoch"], best),
-                        "ratio_minibatch": common.ratio(ours["minibatch"], best),
-                        "ours_vs_ceiling": common.ratio(ours["epoch"], ceiling)})
+                        "ratio": stats.ratio(ours["epoch"], best),
+                        "ratio_minibatch": stats.ratio(ours["minibatch"], best),
+                        "ours_vs_ceiling": stats.ratio(ours["epoch"], ceiling)})
     for num_envs in sorted({r["num_envs"] for r in ok if r["bench"] == "sampler"}):
         rows = [r for r in ok if r["bench"] == "sampler" and r["num_envs"] == num_envs
                 and r.get("inference", "local") == "local"]
         ours = med([r for r in rows if r.get("framework", "ours") == "ours"], "env_steps_per_s")
         rllib = med([r for r in rows if r.get("framework") == "rllib"], "env_steps_per_s")
         out.append({"bench": NAME, "workload": "sampler", "num_envs": num_envs,
-                    "ours": ours, "rllib": rllib, "ratio": common.ratio(ours, rllib)})
+                    "ours": ours, "rllib": rllib, "ratio": stats.ratio(ours, rllib)})
     for callers in sorted({r["callers"] for r in ok if r["bench"] == "inference"
                            and r.get("callers")}):
         rows = [r for r in ok if r["bench"] == "inference" and r.get("callers") == callers]
@@ -379,10 +391,10 @@ def ratios(records: list[dict]) -> list[dict]:
         for side, picked in pick.items():
             for key in ("actions_per_s", "p50_ms", "p99_ms"):
                 row[f"{side}_{key}"] = med(picked, key)
-        row["ratio"] = common.ratio(row["ours_actions_per_s"], row["rllib_actions_per_s"])
-        row["ours_vs_noop"] = common.ratio(row["ours_actions_per_s"], row["noop_actions_per_s"])
+        row["ratio"] = stats.ratio(row["ours_actions_per_s"], row["rllib_actions_per_s"])
+        row["ours_vs_noop"] = stats.ratio(row["ours_actions_per_s"], row["noop_actions_per_s"])
         # the most any one-observation-per-call server could reach, against RLlib
-        row["noop_serial_vs_rllib"] = common.ratio(row["noop_serial_actions_per_s"],
+        row["noop_serial_vs_rllib"] = stats.ratio(row["noop_serial_actions_per_s"],
                                                    row["rllib_actions_per_s"])
         out.append(row)
     e2e_rows = [r for r in records if r.get("bench") == "e2e"]
@@ -397,8 +409,8 @@ def ratios(records: list[dict]) -> list[dict]:
                            "errors": sorted({_why(r) for r in picked if "error" in r})}
         out.append({"bench": NAME, "workload": "e2e", "num_gpus": g, "num_env_runners": n,
                     **{f"{s}_{k}": v for s, d in sides.items() for k, v in d.items()},
-                    "ratio_wall": common.ratio(sides["ours"]["wall_s"], sides["rllib"]["wall_s"]),
-                    "ratio_env_steps": common.ratio(sides["ours"]["env_steps"],
+                    "ratio_wall": stats.ratio(sides["ours"]["wall_s"], sides["rllib"]["wall_s"]),
+                    "ratio_env_steps": stats.ratio(sides["ours"]["env_steps"],
                                                     sides["rllib"]["env_steps"])})
     return out
 
@@ -425,14 +437,14 @@ def plot(rows: list[dict], out_dir: str) -> str | None:
             groups.append(f"inference {row['callers']} callers\n(actions/s)")
             ours.append(row["ours_actions_per_s"])
             rllib.append(row["rllib_actions_per_s"])
-    path = common.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
+    path = plots.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
                             "per second", groups, {"ours": ours, "RLlib (best threads)": rllib},
                             log=True)
     return str(path) if path else None
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--workloads", default=None, help="learner,sampler,inference,e2e")
     parser.add_argument("--models", default=None, help="learner models (default mlp)")
     parser.add_argument("--towers", default=None, help="learner towers (default 1,2,4)")
@@ -443,26 +455,21 @@ def main(argv=None):
     parser.add_argument("--e2e-max-seconds", type=float, default=400)
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    rllib_python = common.ensure_rllib_venv()
-    meta = common.start_meta(args, rllib_python=rllib_python,
-                             rllib_versions=common.versions(rllib_python))
-    records = []
-    for r in range(common.rounds_of(args)):
-        for side, module, spec in schedule(args):
-            spec = dict(spec, round=r, seed=r)
-            timeout = spec.get("max_seconds", 600) + 600
-            rllib = side == "rllib"
-            for record in common.run_child(module, spec, timeout=timeout,
-                                           python=rllib_python if rllib else None,
-                                           env=common.RLLIB_ENV if rllib else None):
-                record.setdefault("framework", side)
-                records.append(common.emit(record))
+        return harness.child_main(args, measure)
+    rllib_python = rllib_env.ensure_rllib_venv()
+    meta = harness.start_meta(args, rllib_python=rllib_python,
+                             rllib_versions=harness.versions(rllib_python))
+    planned = [harness.Run(module, spec, python=rllib_python if side == "rllib" else None,
+                           env=rllib_env.RLLIB_ENV if side == "rllib" else None,
+                           tags={"framework": side})
+               for side, module, spec in schedule(args)]
+    records = harness.run_rounds(args, planned, seeded=True,
+                                 timeout=lambda spec: spec.get("max_seconds", 600) + 600)
     rows = ratios(records)
     meta["plots"] = [plot(rows, args.out)]
-    path = common.write_results(NAME, args.out, records, rows, meta)
+    path = harness.write_results(NAME, args.out, records, rows, meta)
     for row in rows:
-        common.emit(dict(row, summary=True))
+        harness.emit(dict(row, summary=True))
     print(f"# wrote {path}", file=sys.stderr)
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 import math
 import time
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "e2e"
 KEYS = ("num_gpus", "num_env_runners")
 TARGET_RETURN = 450.0
 
-TUNED = common.REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml"
+TUNED = harness.REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml"
 _LOOP_KEYS = ("env", "num_env_runners", "num_envs_per_env_runner")
 
 
@@ -43,7 +43,7 @@ PPO_CONFIG, ENVS_PER_RUNNER = load_ppo_config()
 def measure(spec: dict):
     import ray
     start = time.perf_counter()
-    ray.init(**common.RAY_INIT, log_to_driver=False)
+    ray.init(**harness.RAY_INIT, log_to_driver=False)
     from algorithms.ppo import PPO
     config = dict(PPO_CONFIG, **spec.get("overrides", {}))
     config.update(env="CartPole-v1", seed=spec["seed"], num_gpus=spec["num_gpus"],
@@ -78,8 +78,8 @@ def measure(spec: dict):
            "train_s": result.get("time_total_s"), "env_steps": result.get("timesteps_total"),
            "iterations": result.get("iteration"),
            "final_return": result.get("episode_return_mean"),
-           "env_steps_sampled_per_s": common.median(sampled),
-           "samples_trained_per_s": common.median(trained), "history": history}
+           "env_steps_sampled_per_s": stats.median(sampled),
+           "samples_trained_per_s": stats.median(trained), "history": history}
 
 
 def configurations(args) -> list[dict]:
@@ -96,7 +96,7 @@ def configurations(args) -> list[dict]:
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     groups = [f"{r['num_gpus']} GPU, {r['num_env_runners']} runner(s)" for r in summary]
-    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
                             f"PPO CartPole-v1 to return {TARGET_RETURN:.0f}: wall seconds",
                             "seconds", groups, {"ours": [r.get("wall_s") for r in summary]})
     return str(path) if path else None
@@ -104,17 +104,17 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
 
 def summarize(records: list[dict]) -> list[dict]:
     reached = [r for r in records if r.get("reached")]
-    summary = common.summarize(reached, KEYS, "wall_s")
+    summary = stats.summarize(reached, KEYS, "wall_s")
     for row in summary:
         match = [r for r in reached if all(r[k] == row[k] for k in KEYS)]
         for value in ("env_steps", "train_s", "env_steps_sampled_per_s", "samples_trained_per_s"):
-            row[value] = common.median([r[value] for r in match])
+            row[value] = stats.median([r[value] for r in match])
         row["runs"] = len([r for r in records if all(r.get(k) == row[k] for k in KEYS)])
     return summary
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--num-gpus", default=None, help="fake GPUs, default 0,2")
     parser.add_argument("--runners", default=None, help="rollout workers, default 1,2")
     parser.add_argument("--envs-per-runner", type=int, default=ENVS_PER_RUNNER)
@@ -123,13 +123,11 @@ def main(argv=None):
     parser.add_argument("--real-gpus", action="store_true", help="--num-gpus are real GPUs")
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="PPO CartPole-v1 to 450", ppo_config=PPO_CONFIG)
-    records = common.run_rounds(args, "benchmarks.e2e", configurations(args), seeded=True,
-                                timeout=lambda spec: spec["max_seconds"] + 300)
-    summary = summarize(records)
-    meta["plots"] = [plot(summary, args.out)]
-    common.finish(NAME, args.out, records, summary, meta)
+        return harness.child_main(args, measure)
+    harness.run_benchmark(args, NAME, "benchmarks.e2e", configurations(args),
+                          summarize=summarize, plot=plot, seeded=True,
+                          timeout=lambda spec: spec["max_seconds"] + 300,
+                          workload="PPO CartPole-v1 to 450", ppo_config=PPO_CONFIG)
 
 
 if __name__ == "__main__":

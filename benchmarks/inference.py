@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "inference"
 VALUE = "actions_per_s"
@@ -120,8 +120,8 @@ def drive(server, callers: list, duration_s: float, warmup_calls: int = 20) -> d
     per_caller = ray.get([c.run.remote(server, start_at, end_at) for c in callers])
     latencies_ms = np.concatenate([np.asarray(x) for x in per_caller]) * 1e3
     return {"calls": int(len(latencies_ms)), VALUE: len(latencies_ms) / duration_s,
-            "p50_ms": common.percentile(latencies_ms, 50),
-            "p99_ms": common.percentile(latencies_ms, 99),
+            "p50_ms": stats.percentile(latencies_ms, 50),
+            "p99_ms": stats.percentile(latencies_ms, 99),
             "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None}
 
 
@@ -154,7 +154,7 @@ def measure(spec: dict):
         yield from _in_process(spec, dict(base, target="in_process", batching=None))
         return
     import ray
-    ray.init(**common.RAY_INIT)
+    ray.init(**harness.RAY_INIT)
     try:
         callers = start_callers(max(spec["callers"]))
         for server in spec["servers"]:
@@ -217,8 +217,8 @@ def _in_process(spec, base):
         ms = np.asarray(latencies) * 1e3
         yield dict(base, policy_class=policy_name, batch_size=batch_size, calls=len(ms),
                    actions_per_s=batch_size * len(ms) / float(np.sum(latencies)),
-                   p50_ms=common.percentile(ms, 50), p99_ms=common.percentile(ms, 99),
-                   threads_actual=common.tf_threads())
+                   p50_ms=stats.percentile(ms, 50), p99_ms=stats.percentile(ms, 99),
+                   threads_actual=harness.tf_threads())
 
 
 # ----- parent --------------------------------------------------------------------------------
@@ -237,7 +237,7 @@ def configurations(args) -> list[dict]:
 def summarize(records: list[dict]) -> list[dict]:
     summary = []
     for value in (VALUE, "p50_ms", "p99_ms"):
-        rows = common.summarize(records, KEYS, value)
+        rows = stats.summarize(records, KEYS, value)
         for row in rows:
             match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
             if match is None:
@@ -246,26 +246,26 @@ def summarize(records: list[dict]) -> list[dict]:
                 match.update({k: v for k, v in row.items() if k not in KEYS})
     for row in summary:
         if row["target"] == "policy":
-            row["vs_noop"] = common.ratio(row[VALUE], common.find(
+            row["vs_noop"] = stats.ratio(row[VALUE], stats.find(
                 summary, VALUE, target="noop", callers=row["callers"]))
     return summary
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["callers"] for r in summary if r.get("callers")})
-    series = {label: [common.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
+    series = {label: [stats.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
               for label, t, b in (("Ray no-op ceiling (async actor)", "noop", None),
                                   ("Ray no-op, plain serial actor", "noop_serial", None),
                                   ("PolicyActor, batching on", "policy", "on"),
                                   ("PolicyActor, batching off", "policy", "off"))}
-    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "Remote compute_actions, one observation per call",
                             "actions/s", [f"{n} callers" for n in counts], series)
     return str(path) if path else None
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
@@ -274,13 +274,10 @@ def main(argv=None):
                         help="GPUs for the PolicyActor (real GPUs only)")
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="PPO MLP 4 -> 256x256, one observation per call")
-    records = common.run_rounds(args, "benchmarks.inference", configurations(args),
-                                timeout=lambda spec: 1800)
-    summary = summarize(records)
-    meta["plots"] = [plot(summary, args.out)]
-    common.finish(NAME, args.out, records, summary, meta)
+        return harness.child_main(args, measure)
+    harness.run_benchmark(args, NAME, "benchmarks.inference", configurations(args),
+                          summarize=summarize, plot=plot, timeout=lambda spec: 1800,
+                          workload="PPO MLP 4 -> 256x256, one observation per call")
 
 
 if __name__ == "__main__":

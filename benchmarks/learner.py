@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "learner"
 VALUE = "samples_per_s"
@@ -47,7 +47,7 @@ def measure(spec: dict):
     batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
     base = {"bench": NAME, "engine": engine, "model": model, "towers": towers,
             "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
-            "threads": spec["threads"], "threads_actual": common.tf_threads(),
+            "threads": spec["threads"], "threads_actual": harness.tf_threads(),
             "round": spec["round"], "epochs": epochs, "minibatch": minibatch,
             "num_samples": batch.count}
     if engine == "ours":
@@ -79,11 +79,11 @@ def _measure_ours(spec, batch, base, ppo_shaped):
         load()
         policy.learn_on_loaded_epochs(epochs)
 
-    load_s = common.median(common.timed(load, repeats, warmup=1))
+    load_s = stats.median(stats.timed(load, repeats, warmup=1))
     for mode, fn in (("minibatch", per_minibatch), ("epoch", whole_epochs)):
-        walls, cpus = common.timed_with_cpu(fn, repeats, warmup=1)
-        seconds = common.median(walls)
-        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=common.median(cpus),
+        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
+        seconds = stats.median(walls)
+        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=stats.median(cpus),
                    samples=valid, load_ms=load_s * 1e3,
                    sgd_steps=epochs * num_steps, samples_per_s=valid / seconds,
                    sgd_samples_per_s=valid / max(seconds - load_s, 1e-9))
@@ -115,9 +115,9 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
     for mode, fn in (("minibatch", lambda: learner.run_minibatches(epochs)),
                      ("fused", lambda: learner.run_fused(epochs)),
                      ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs))):
-        walls, cpus = common.timed_with_cpu(fn, repeats, warmup=1)
-        seconds = common.median(walls)
-        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=common.median(cpus),
+        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
+        seconds = stats.median(walls)
+        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=stats.median(cpus),
                    samples=valid, load_ms=0.0,
                    sgd_steps=epochs * learner.num_minibatches, samples_per_s=valid / seconds,
                    sgd_samples_per_s=valid / seconds)
@@ -133,7 +133,7 @@ def configurations(args) -> list[dict]:
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
     configs = []
     for model in models.split(","):
-        for threads in common.parse_threads(args.threads):
+        for threads in harness.parse_threads(args.threads):
             common_spec = dict(size, model=model, minibatch=args.minibatch, threads=threads,
                                real_gpus=args.real_gpus)
             configs.append(dict(common_spec, engine="ceiling", towers=1, devices=1))
@@ -143,29 +143,26 @@ def configurations(args) -> list[dict]:
     return configs
 
 
-def run(args) -> list[dict]:
-    return common.run_rounds(args, "benchmarks.learner", configurations(args))
-
 
 def summarize(records: list[dict]) -> list[dict]:
     for record in records:  # CPU time: the steadier measure on a busy machine
         if record.get("cpu_seconds"):
             record["samples_per_cpu_s"] = record["samples"] / record["cpu_seconds"]
-    summary = common.summarize(records, KEYS, VALUE)
-    cpu = common.summarize(records, KEYS, "samples_per_cpu_s")
+    summary = stats.summarize(records, KEYS, VALUE)
+    cpu = stats.summarize(records, KEYS, "samples_per_cpu_s")
     for row in summary:
-        row["samples_per_cpu_s"] = common.find(cpu, "samples_per_cpu_s",
+        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s",
                                                **{k: row[k] for k in KEYS})
         if row["engine"] != "ours":
             continue
         match = dict(model=row["model"], threads=row["threads"], device_kind=row["device_kind"])
-        row["vs_ceiling_fused"] = common.ratio(row[VALUE], common.find(
+        row["vs_ceiling_fused"] = stats.ratio(row[VALUE], stats.find(
             summary, VALUE, engine="ceiling", mode="fused", **match))
-        row["vs_ceiling_minibatch"] = common.ratio(row[VALUE], common.find(
+        row["vs_ceiling_minibatch"] = stats.ratio(row[VALUE], stats.find(
             summary, VALUE, engine="ceiling", mode="minibatch", **match))
-        row["vs_ceiling_adam_kernel"] = common.ratio(row[VALUE], common.find(
+        row["vs_ceiling_adam_kernel"] = stats.ratio(row[VALUE], stats.find(
             summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match))
-        row["vs_own_1_tower"] = common.ratio(row[VALUE], common.find(
+        row["vs_own_1_tower"] = stats.ratio(row[VALUE], stats.find(
             summary, VALUE, engine="ours", mode=row["mode"], towers=1, **match))
     return summary
 
@@ -176,12 +173,12 @@ def plot(summary: list[dict], out_dir: str) -> list:
         for threads in {tuple(r["threads"] or ()) for r in summary if r["model"] == model}:
             rows = [r for r in summary if r["model"] == model and tuple(r["threads"] or ()) == threads]
             towers = sorted({r["towers"] for r in rows if r["engine"] == "ours"})
-            series = {f"ours, {mode}": [common.find(rows, VALUE, engine="ours", mode=mode, towers=n)
+            series = {f"ours, {mode}": [stats.find(rows, VALUE, engine="ours", mode=mode, towers=n)
                                         for n in towers] for mode in ("minibatch", "epoch")}
-            hlines = {f"bare Keras, {mode}": common.find(rows, VALUE, engine="ceiling", mode=mode)
+            hlines = {f"bare Keras, {mode}": stats.find(rows, VALUE, engine="ceiling", mode=mode)
                       for mode in ("minibatch", "fused", "fused_adam_kernel")}
             suffix = "" if not threads else "_t" + "-".join(map(str, threads))
-            paths.append(common.bar_chart(
+            paths.append(plots.bar_chart(
                 f"{out_dir}/{NAME}_{model}{suffix}.png",
                 f"PPO learner, {model}, 10 epochs x 4000 samples / 128 "
                 f"(threads {threads or 'default'})",
@@ -191,7 +188,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--models", default=None,
                         help="comma-separated: mlp, lstm, cnn (default mlp,lstm; smoke mlp)")
     parser.add_argument("--towers", default=None, help="default 1,2,4 (smoke 1,2)")
@@ -205,12 +202,10 @@ def main(argv=None):
     parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")
-    records = run(args)
-    summary = summarize(records)
-    meta["plots"] = plot(summary, args.out)
-    common.finish(NAME, args.out, records, summary, meta)
+        return harness.child_main(args, measure)
+    harness.run_benchmark(args, NAME, "benchmarks.learner", configurations(args),
+                          summarize=summarize, plot=plot,
+                          workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")
 
 
 if __name__ == "__main__":

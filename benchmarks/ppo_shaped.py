@@ -17,14 +17,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from algorithms.ppo import PPOConfig
 from policy_service import TFPolicy, masked_mean
 from policy_service.sample_batch import SampleBatch
 
-CLIP_PARAM = 0.3
-VF_CLIP_PARAM = 10.0
-VF_LOSS_COEFF = 1.0
-KL_COEFF = 0.2
-LR = 5e-5
+# the loss constants are PPOConfig's defaults (RLlib's), read from it, not copied
+PPO_DEFAULTS = PPOConfig()
+CLIP_PARAM = PPO_DEFAULTS.clip_param
+VF_CLIP_PARAM = PPO_DEFAULTS.vf_clip_param
+VF_LOSS_COEFF = PPO_DEFAULTS.vf_loss_coeff
+KL_COEFF = PPO_DEFAULTS.kl_coeff
+LR = PPO_DEFAULTS.lr
 
 # model name -> (observation shape, number of actions, model config)
 MODELS = {

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "replay"
 VALUE = "transitions_per_s"
@@ -245,19 +245,19 @@ def configurations(args) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    summary = common.summarize(records, KEYS, VALUE)
+    summary = stats.summarize(records, KEYS, VALUE)
     for row in summary:
         if row["impl"] == "ours":
-            ceiling = common.find(summary, VALUE, **{k: row[k] for k in KEYS if k != "impl"},
+            ceiling = stats.find(summary, VALUE, **{k: row[k] for k in KEYS if k != "impl"},
                                   impl="ceiling")
-            row["vs_ceiling"] = common.ratio(row[VALUE], ceiling)
+            row["vs_ceiling"] = stats.ratio(row[VALUE], ceiling)
     memory = [r for r in records if r.get("op") == "memory" and "error" not in r]
     for (shape, kind) in sorted({(r["shape"], r["kind"]) for r in memory}):
         rows = [r for r in memory if (r["shape"], r["kind"]) == (shape, kind)]
         summary.append({"shape": shape, "kind": kind, "op": "memory", "impl": "ours",
                         "capacity": rows[0]["capacity"], "raw_row_bytes": rows[0]["raw_row_bytes"],
                         "memory_ratio": round(rows[0]["memory_ratio"], 4),
-                        "rss_growth_ratio": round(common.median(
+                        "rss_growth_ratio": round(stats.median(
                             [r["rss_growth_ratio"] for r in rows]), 4)})
     return summary
 
@@ -266,10 +266,10 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     rows = [r for r in summary if r["op"] != "memory" and r["impl"] == "ours"]
     groups = sorted({(r["shape"], r["kind"], r["op"]) for r in rows})
     batches = sorted({r["batch"] for r in rows})
-    series = {f"batch {b}": [common.find(summary, "vs_ceiling", shape=s, kind=k, op=o,
+    series = {f"batch {b}": [stats.find(summary, "vs_ceiling", shape=s, kind=k, op=o,
                                          batch=b, impl="ours") for s, k, o in groups]
               for b in batches}
-    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "Replay buffer throughput / plain-numpy ceiling (goal >= 0.8)",
                             "x ceiling", [f"{s}\n{k}\n{o}" for s, k, o in groups], series,
                             hlines={"goal 0.8": 0.8})
@@ -277,7 +277,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="cartpole,frames")
     parser.add_argument("--batches", default="32,512")
     parser.add_argument("--cartpole-capacity", type=int, default=1_000_000)
@@ -286,12 +286,10 @@ def main(argv=None):
     parser.add_argument("--burst-s", type=float, default=0.25)
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="replay buffers: CartPole and 84x84x4 frame rows")
-    records = common.run_rounds(args, "benchmarks.replay", configurations(args))
-    summary = summarize(records)
-    meta["plots"] = [plot(summary, args.out)]
-    common.finish(NAME, args.out, records, summary, meta)
+        return harness.child_main(args, measure)
+    harness.run_benchmark(args, NAME, "benchmarks.replay", configurations(args),
+                          summarize=summarize, plot=plot,
+                          workload="replay buffers: CartPole and 84x84x4 frame rows")
 
 
 if __name__ == "__main__":

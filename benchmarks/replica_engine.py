@@ -29,7 +29,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "replica_engine"
 VALUE = "samples_per_s"
@@ -45,7 +45,7 @@ def measure(spec: dict):
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)
     base = {"bench": NAME, "engine": spec["engine"], "replicas": n, "threads": spec["threads"],
-            "threads_actual": common.tf_threads(), "round": spec["round"], "epochs": epochs,
+            "threads_actual": harness.tf_threads(), "round": spec["round"], "epochs": epochs,
             "minibatch": minibatch, "rows": rows}
     if spec["engine"] == "bare":
         learner = ppo_shaped.BareLearner("mlp", columns, rows, 1, minibatch,
@@ -57,8 +57,8 @@ def measure(spec: dict):
     else:
         learner = TowersLearner(columns, n, minibatch, ppo_shaped, spec.get("real_gpus"))
         fn = lambda: learner.run(epochs)  # noqa: E731
-    walls, cpus = common.timed_with_cpu(fn, spec["repeats"], warmup=1)
-    seconds, cpu = common.median(walls), common.median(cpus)
+    walls, cpus = stats.timed_with_cpu(fn, spec["repeats"], warmup=1)
+    seconds, cpu = stats.median(walls), stats.median(cpus)
     samples = epochs * rows
     yield dict(base, seconds=seconds, cpu_seconds=cpu, samples=samples,
                samples_per_s=samples / seconds, samples_per_cpu_s=samples / cpu)
@@ -250,14 +250,14 @@ def breakdown(spec: dict):
         if one_device:
             plan = learner.stack.plan
             learner.stack.plan = DevicePlan((plan.variable_device,) * n, plan.kind)
-        walls, cpus = common.timed_with_cpu(lambda: learner.run(epochs), spec["repeats"])
-        fused, fused_cpu = common.median(walls), common.median(cpus)
+        walls, cpus = stats.timed_with_cpu(lambda: learner.run(epochs), spec["repeats"])
+        fused, fused_cpu = stats.median(walls), stats.median(cpus)
         learner.load()  # once, untimed: "captured" compiles one function per loaded buffer
-        walls, cpus = common.timed_with_cpu(lambda: learner.run_minibatches(epochs, load=False),
+        walls, cpus = stats.timed_with_cpu(lambda: learner.run_minibatches(epochs, load=False),
                                             spec["repeats"])
-        per_call, per_call_cpu = common.median(walls), common.median(cpus)
+        per_call, per_call_cpu = stats.median(walls), stats.median(cpus)
         yield {"bench": NAME, "kind": "breakdown", "variant": name, "replicas": n,
-               "threads": spec["threads"], "threads_actual": common.tf_threads(),
+               "threads": spec["threads"], "threads_actual": harness.tf_threads(),
                "round": spec["round"],
                "fused_samples_per_s": epochs * rows / fused,
                "minibatch_samples_per_s": epochs * rows / per_call,
@@ -273,7 +273,7 @@ def configurations(args) -> list[dict]:
     size = ({"epochs": 2, "minibatches": 4, "repeats": 1} if args.smoke else
             {"epochs": args.epochs, "minibatches": args.minibatches, "repeats": args.repeats})
     replicas = [int(x) for x in (args.replicas or ("2" if args.smoke else "1,2,4")).split(",")]
-    threads = common.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
+    threads = harness.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
     engines = (args.engines or "bare,mirrored,towers").split(",")
     configs = []
     for t in threads:
@@ -299,16 +299,16 @@ def recommend_threads(summary: list[dict]) -> dict:
 
 def summarize(records: list[dict]) -> list[dict]:
     measured = [r for r in records if r.get("kind") != "breakdown"]
-    summary = common.summarize(measured, KEYS, VALUE)
-    cpu = common.summarize(measured, KEYS, "samples_per_cpu_s")
+    summary = stats.summarize(measured, KEYS, VALUE)
+    cpu = stats.summarize(measured, KEYS, "samples_per_cpu_s")
     for row in summary:
-        row["samples_per_cpu_s"] = common.find(cpu, "samples_per_cpu_s",
+        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s",
                                                **{k: row[k] for k in KEYS})
-        bare = common.find(summary, VALUE, engine="bare", threads=row["threads"])
-        own_one = common.find(summary, VALUE, engine=row["engine"], replicas=1,
+        bare = stats.find(summary, VALUE, engine="bare", threads=row["threads"])
+        own_one = stats.find(summary, VALUE, engine=row["engine"], replicas=1,
                               threads=row["threads"])
-        row["vs_bare_same_threads"] = common.ratio(row[VALUE], bare)
-        row["vs_own_1_replica"] = common.ratio(row[VALUE], own_one)
+        row["vs_bare_same_threads"] = stats.ratio(row[VALUE], bare)
+        row["vs_own_1_replica"] = stats.ratio(row[VALUE], own_one)
     return summary
 
 
@@ -322,11 +322,11 @@ def plot(summary: list[dict], out_dir: str) -> list[str]:
         series = {}
         for engine, ns in (("bare", [1]), ("mirrored", [1, 2, 4]), ("towers", [1, 2, 4])):
             for n in ns:
-                values = [common.find(summary, value, engine=engine, replicas=n, threads=list(t))
+                values = [stats.find(summary, value, engine=engine, replicas=n, threads=list(t))
                           for t in threads]
                 if any(v is not None for v in values):
                     series[engine if engine == "bare" else f"{engine} x{n}"] = values
-        path = common.bar_chart(
+        path = plots.bar_chart(
             f"{out_dir}/{NAME}{suffix}.png",
             f"Fused PPO loop (10 epochs x 31 x 128): {label}, by intra/inter-op threads",
             label, groups, series)
@@ -336,7 +336,7 @@ def plot(summary: list[dict], out_dir: str) -> list[str]:
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--engines", default=None, help="bare,mirrored,towers")
     parser.add_argument("--replicas", default=None, help="default 1,2,4")
     parser.add_argument("--threads", default=None, help=f"default {DEFAULT_THREADS!r}")
@@ -350,28 +350,28 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
-        return common.child_main(args, breakdown if spec.get("breakdown") else measure)
-    meta = common.start_meta(args, workload="fused PPO loop, 10 epochs x 31 minibatches x 128")
+        return harness.child_main(args, breakdown if spec.get("breakdown") else measure)
+    meta = harness.start_meta(args, workload="fused PPO loop, 10 epochs x 31 minibatches x 128")
     specs = configurations(args)
     if args.breakdown:
         specs = [dict(spec, breakdown=True) for spec in specs if spec["engine"] == "towers"]
-    records = common.run_rounds(args, "benchmarks.replica_engine", specs)
+    records = harness.run_rounds(args, harness.runs("benchmarks.replica_engine", specs))
     name = NAME + ("_breakdown" if args.breakdown else "")
     if args.breakdown:
         summary = []
         for value in ("fused_samples_per_s", "minibatch_samples_per_s"):
-            summary += [dict(row, metric=value) for row in common.summarize(
+            summary += [dict(row, metric=value) for row in stats.summarize(
                 records, ("variant", "replicas", "threads"), value)]
         meta["plots"] = []
     else:
         summary = summarize(records)
         meta["recommended_threads"] = recommend_threads(summary)
         meta["plots"] = plot(summary, args.out)
-    path = common.write_results(name, args.out, records, summary, meta)
+    path = harness.write_results(name, args.out, records, summary, meta)
     for row in summary:
-        common.emit(dict(row, bench=name, summary=True))
+        harness.emit(dict(row, bench=name, summary=True))
     if not args.breakdown:
-        common.emit({"bench": NAME, "summary": True,
+        harness.emit({"bench": NAME, "summary": True,
                      "recommended_threads": meta["recommended_threads"]})
     print(f"# wrote {path}", file=sys.stderr)
 

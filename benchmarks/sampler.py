@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "sampler"
 VALUE = "env_steps_per_s"
@@ -40,7 +40,7 @@ def measure(spec: dict):
         import ray
 
         from policy_service.distributed.policy_actor import PolicyActor
-        ray.init(**common.RAY_INIT)
+        ray.init(**harness.RAY_INIT)
         env = gym.make("CartPole-v1")
         obs_space, act_space = env.observation_space, env.action_space
         env.close()
@@ -74,7 +74,7 @@ def measure(spec: dict):
                    "fragment": spec["fragment"], "env_steps": steps, "seconds": seconds,
                    VALUE: steps / seconds,
                    **{k.replace("_time_s", "_share"): v / seconds for k, v in timers.items()},
-                   "threads_actual": common.tf_threads()}
+                   "threads_actual": harness.tf_threads()}
     finally:
         if remote:
             ray.shutdown()
@@ -89,29 +89,27 @@ def configurations(args) -> list[dict]:
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["num_envs"] for r in summary})
-    series = {f"{kind} inference": [common.find(summary, VALUE, inference=kind, num_envs=n)
+    series = {f"{kind} inference": [stats.find(summary, VALUE, inference=kind, num_envs=n)
                                     for n in counts]
               for kind in sorted({r["inference"] for r in summary})}
-    path = common.bar_chart(f"{out_dir}/{NAME}.png",
+    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
                             "env steps/s", [f"{n} envs" for n in counts], series)
     return str(path) if path else None
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--num-envs", default=None, help="default 1,8,32 (smoke 1,8)")
     parser.add_argument("--inference", default="local,remote")
     parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
     parser.add_argument("--duration", type=float, default=5.0)
     args = parser.parse_args(argv)
     if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="CartPole-v1, PPO MLP 256x256 policy")
-    records = common.run_rounds(args, "benchmarks.sampler", configurations(args))
-    summary = common.summarize(records, KEYS, VALUE)
-    meta["plots"] = [plot(summary, args.out)]
-    common.finish(NAME, args.out, records, summary, meta)
+        return harness.child_main(args, measure)
+    harness.run_benchmark(args, NAME, "benchmarks.sampler", configurations(args),
+                          summarize=lambda records: stats.summarize(records, KEYS, VALUE),
+                          plot=plot, workload="CartPole-v1, PPO MLP 256x256 policy")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # minutes of child processes; CI runs them (make test-slow)
+
 REPO = Path(__file__).resolve().parent.parent
 
 

@@ -2,7 +2,7 @@
 
 Hypothesis generates each case here; RLlib answers in ONE long-lived process
 (tests/rllib_oracle.py, started in RLlib's own virtualenv, which
-benchmarks.common.ensure_rllib_venv builds when missing), so RLlib never
+benchmarks.rllib_env.ensure_rllib_venv builds when missing), so RLlib never
 enters our environment. Each case is compared column by column.
 
 Where RLlib is defective (docs/migrating.md, "Where we differ from RLlib on
@@ -32,7 +32,7 @@ from policy_service.sequencing import chop_into_sequences, pad_batch_to_sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import rllib_wire  # noqa: E402
 
-pytestmark = pytest.mark.rllib
+pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("RLLIB_DIFF_EXAMPLES", "500"))
@@ -74,7 +74,8 @@ class Oracle:
 
 @pytest.fixture(scope="module")
 def rllib():
-    from benchmarks.common import RLLIB_ENV, RLLIB_VENV, child_env, ensure_rllib_venv
+    from benchmarks.harness import child_env
+    from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
     python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
     oracle = Oracle(python, child_env(RLLIB_ENV))
     yield oracle
