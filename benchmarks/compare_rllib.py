@@ -437,10 +437,9 @@ def plot(rows: list[dict], out_dir: str) -> str | None:
             groups.append(f"inference {row['callers']} callers\n(actions/s)")
             ours.append(row["ours_actions_per_s"])
             rllib.append(row["rllib_actions_per_s"])
-    path = plots.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
+    return plots.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
                             "per second", groups, {"ours": ours, "RLlib (best threads)": rllib},
                             log=True)
-    return str(path) if path else None
 
 
 def main(argv=None):

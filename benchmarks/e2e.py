@@ -96,10 +96,9 @@ def configurations(args) -> list[dict]:
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     groups = [f"{r['num_gpus']} GPU, {r['num_env_runners']} runner(s)" for r in summary]
-    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
+    return plots.bar_chart(f"{out_dir}/{NAME}.png",
                             f"PPO CartPole-v1 to return {TARGET_RETURN:.0f}: wall seconds",
                             "seconds", groups, {"ours": [r.get("wall_s") for r in summary]})
-    return str(path) if path else None
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -122,9 +121,7 @@ def main(argv=None):
     parser.add_argument("--max-seconds", type=float, default=600)
     parser.add_argument("--real-gpus", action="store_true", help="--num-gpus are real GPUs")
     args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
-    harness.run_benchmark(args, NAME, "benchmarks.e2e", configurations(args),
+    harness.run_benchmark(args, NAME, measure, "benchmarks.e2e", configurations(args),
                           summarize=summarize, plot=plot, seeded=True,
                           timeout=lambda spec: spec["max_seconds"] + 300,
                           workload="PPO CartPole-v1 to 450", ppo_config=PPO_CONFIG)

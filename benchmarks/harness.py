@@ -89,12 +89,15 @@ def run_rounds(args, planned: list[Run], *, seeded: bool = False,
     return records
 
 
-def run_benchmark(args, name: str, module: str, specs: list[dict], *,
-                  summarize: Callable[[list[dict]], list[dict]],
+def run_benchmark(args, name: str, measure: Callable[[dict], Iterable[dict]], module: str,
+                  specs: list[dict], *, summarize: Callable[[list[dict]], list[dict]],
                   plot: Callable[[list[dict], str], object], seeded: bool = False,
-                  timeout=lambda spec: 900, **meta) -> Path:
-    """What a benchmark's main does after parsing its flags: every spec in rounds of
-    children, a summary, its plots (a path or a list), and the results file."""
+                  timeout=lambda spec: 900, **meta) -> Path | None:
+    """What a benchmark's main does after parsing its flags. In a child: measure its
+    spec. In the parent: every spec in rounds of children, a summary, its plots (a
+    path or a list), and the results file."""
+    if args.child:
+        return child_main(args, measure)
     meta = start_meta(args, **meta)
     records = run_rounds(args, runs(module, specs), seeded=seeded, timeout=timeout)
     summary = summarize(records)

@@ -258,10 +258,9 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
                                   ("Ray no-op, plain serial actor", "noop_serial", None),
                                   ("PolicyActor, batching on", "policy", "on"),
                                   ("PolicyActor, batching off", "policy", "off"))}
-    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
+    return plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "Remote compute_actions, one observation per call",
                             "actions/s", [f"{n} callers" for n in counts], series)
-    return str(path) if path else None
 
 
 def main(argv=None):
@@ -273,9 +272,7 @@ def main(argv=None):
     parser.add_argument("--num-gpus", type=float, default=0,
                         help="GPUs for the PolicyActor (real GPUs only)")
     args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
-    harness.run_benchmark(args, NAME, "benchmarks.inference", configurations(args),
+    harness.run_benchmark(args, NAME, measure, "benchmarks.inference", configurations(args),
                           summarize=summarize, plot=plot, timeout=lambda spec: 1800,
                           workload="PPO MLP 4 -> 256x256, one observation per call")
 

@@ -184,7 +184,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
                 f"(threads {threads or 'default'})",
                 "samples/s", [f"{n} tower{'s' if n > 1 else ''}" for n in towers], series,
                 hlines=hlines))
-    return [str(p) for p in paths if p]
+    return [p for p in paths if p]
 
 
 def main(argv=None):
@@ -201,9 +201,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per child")
     parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
     args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
-    harness.run_benchmark(args, NAME, "benchmarks.learner", configurations(args),
+    harness.run_benchmark(args, NAME, measure, "benchmarks.learner", configurations(args),
                           summarize=summarize, plot=plot,
                           workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")
 

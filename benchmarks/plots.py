@@ -5,7 +5,7 @@ from pathlib import Path
 
 def bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
               series: dict[str, list], *, log: bool = False,
-              hlines: dict[str, float] | None = None) -> Path | None:
+              hlines: dict[str, float] | None = None) -> str | None:
     """Grouped bars: one group per x label, one bar per series (None = missing).
     `hlines` draws labelled reference lines (ceilings)."""
     try:
@@ -39,7 +39,7 @@ def bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return path
+    return str(path)
 
 
 def _short(v: float) -> str:

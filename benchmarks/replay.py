@@ -269,11 +269,10 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     series = {f"batch {b}": [stats.find(summary, "vs_ceiling", shape=s, kind=k, op=o,
                                          batch=b, impl="ours") for s, k, o in groups]
               for b in batches}
-    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
+    return plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "Replay buffer throughput / plain-numpy ceiling (goal >= 0.8)",
                             "x ceiling", [f"{s}\n{k}\n{o}" for s, k, o in groups], series,
                             hlines={"goal 0.8": 0.8})
-    return str(path) if path else None
 
 
 def main(argv=None):
@@ -285,9 +284,7 @@ def main(argv=None):
     parser.add_argument("--bursts", type=int, default=4, help="alternating bursts per impl")
     parser.add_argument("--burst-s", type=float, default=0.25)
     args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
-    harness.run_benchmark(args, NAME, "benchmarks.replay", configurations(args),
+    harness.run_benchmark(args, NAME, measure, "benchmarks.replay", configurations(args),
                           summarize=summarize, plot=plot,
                           workload="replay buffers: CartPole and 84x84x4 frame rows")
 

@@ -326,13 +326,11 @@ def plot(summary: list[dict], out_dir: str) -> list[str]:
                           for t in threads]
                 if any(v is not None for v in values):
                     series[engine if engine == "bare" else f"{engine} x{n}"] = values
-        path = plots.bar_chart(
+        paths.append(plots.bar_chart(
             f"{out_dir}/{NAME}{suffix}.png",
             f"Fused PPO loop (10 epochs x 31 x 128): {label}, by intra/inter-op threads",
-            label, groups, series)
-        if path:
-            paths.append(str(path))
-    return paths
+            label, groups, series))
+    return [p for p in paths if p]
 
 
 def main(argv=None):

@@ -92,10 +92,9 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     series = {f"{kind} inference": [stats.find(summary, VALUE, inference=kind, num_envs=n)
                                     for n in counts]
               for kind in sorted({r["inference"] for r in summary})}
-    path = plots.bar_chart(f"{out_dir}/{NAME}.png",
+    return plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
                             "env steps/s", [f"{n} envs" for n in counts], series)
-    return str(path) if path else None
 
 
 def main(argv=None):
@@ -105,9 +104,7 @@ def main(argv=None):
     parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
     parser.add_argument("--duration", type=float, default=5.0)
     args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
-    harness.run_benchmark(args, NAME, "benchmarks.sampler", configurations(args),
+    harness.run_benchmark(args, NAME, measure, "benchmarks.sampler", configurations(args),
                           summarize=lambda records: stats.summarize(records, KEYS, VALUE),
                           plot=plot, workload="CartPole-v1, PPO MLP 256x256 policy")
 

@@ -155,7 +155,7 @@ def _padded_positions(seq_lens: np.ndarray, max_seq_len: int) -> np.ndarray:
                       seq_lens) + np.arange(int(seq_lens.sum()), dtype=np.int64))
 
 
-def _scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
+def scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
     """Rows `values` placed at `positions` of `length` rows; the rest is padding
     (0, or None in object columns and lists)."""
     if isinstance(values, list):
@@ -374,7 +374,7 @@ class SampleBatch(dict):
 
         def gather_leaf(leaf: Any) -> Any:
             if self._leaf_is_padded(leaf):
-                return _scatter_padded(_take(leaf, positions[timesteps]), dest, length)
+                return scatter_padded(_take(leaf, positions[timesteps]), dest, length)
             return _take(leaf, timesteps)
 
         data = {}

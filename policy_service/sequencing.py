@@ -18,13 +18,8 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service.sample_batch import (
-    SampleBatch,
-    exclusive_cumsum,
-    object_array,
-    is_state_in,
-    is_state_out,
-)
+from policy_service.sample_batch import (SampleBatch, exclusive_cumsum, is_state_in, is_state_out,
+                                         object_array, scatter_padded)
 
 
 def loss_mask(seq_lens: Sequence[int] | np.ndarray, max_seq_len: int) -> np.ndarray:
@@ -81,12 +76,7 @@ def _pad_leaf(leaf: Any, dest: np.ndarray, length: int, name: str) -> np.ndarray
         actual = "a scalar" if rows.ndim == 0 else f"{len(rows)} rows"
         raise ValueError(f"{name} has {actual}, expected {len(dest)} rows "
                          f"(the sum of seq_lens)")
-    if rows.dtype == object:
-        padded = np.empty((length,) + rows.shape[1:], dtype=object)
-    else:
-        padded = np.zeros((length,) + rows.shape[1:], dtype=rows.dtype)
-    padded[dest] = rows
-    return padded
+    return scatter_padded(rows, dest, length)
 
 
 def _count_rows(feature_columns, state_columns, id_columns, seq_lens,
