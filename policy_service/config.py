@@ -70,15 +70,15 @@ def finite(*, gt: float | None = None, ge: float | None = None,
            le: float | None = None) -> Rule:
     """A finite number within the bounds given (NaN and inf never pass)."""
     def accepts(value):
-        return (math.isfinite(value) and (gt is None or value > gt)
+        return (_is_number(value) and math.isfinite(value) and (gt is None or value > gt)
                 and (ge is None or value >= ge) and (le is None or value <= le))
     return Rule(f"a finite number {_bounds(gt, ge, le)}".rstrip(), accepts)
 
 
 def integer(*, ge: int, le: int | None = None) -> Rule:
-    """An integer within the bounds given (the field's type already says int)."""
+    """An integer within the bounds given."""
     return Rule(f"an integer {_bounds(None, ge, le)}",
-                lambda value: value >= ge and (le is None or value <= le))
+                lambda value: _is_int(value) and value >= ge and (le is None or value <= le))
 
 
 def one_of(*choices: str) -> Rule:
@@ -96,8 +96,16 @@ def _bounds(gt, ge, le) -> str:
     return f"<= {le}" if le is not None else ""
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return _is_int(value) and value >= 1
 
 
 def _is_conv_filter(entry: Any) -> bool:
@@ -299,9 +307,9 @@ def _type_matches(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return _is_number(value)
     if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return _is_int(value)
     if origin is not None:
         annotation = origin
     return isinstance(value, annotation)

@@ -11,6 +11,8 @@ import inspect
 
 import tensorflow as tf
 
+from policy_service.config import finite, integer
+
 
 class StochasticSampling:
     """Sample from the distribution when exploring, else take its mode."""
@@ -38,6 +40,9 @@ class EpsilonGreedy:
     `epsilon_timesteps`. The returned logp is that of the epsilon-greedy
     policy itself (log((1-eps)*[a=greedy] + eps/n)), not a placeholder.
     """
+
+    option_rules = {"initial_epsilon": finite(ge=0, le=1), "final_epsilon": finite(ge=0, le=1),
+                    "epsilon_timesteps": integer(ge=0)}
 
     def __init__(self, action_space, initial_epsilon: float = 1.0,
                  final_epsilon: float = 0.05, epsilon_timesteps: int = 10000):
@@ -87,6 +92,11 @@ def exploration_config_error(exploration_config: dict) -> str | None:
     unknown = sorted(map(str, set(exploration_config) - {"type"} - set(takes)))
     if unknown:
         return f"'type' plus options from {takes} for {kind} (unknown: {unknown})"
+    rules = getattr(_EXPLORATIONS[kind], "option_rules", {})
+    for name in sorted(set(exploration_config) & set(rules)):
+        expected = rules[name](exploration_config[name])
+        if expected is not None:
+            return f"{kind} options with {name} {expected}"
     return None
 
 

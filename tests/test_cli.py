@@ -437,6 +437,20 @@ def test_env_config_of_an_env_taking_any_keyword_is_not_checked():
         gym.registry.pop("TestCliAnyOptions-v0")
 
 
+def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
+    import tensorflow as tf
+
+    from algorithms.runner import TrainingSetupError, check_gpus
+    check_gpus(2, fake_gpus=True)  # no GPU here: two fake ones are fine
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
+    check_gpus(1, fake_gpus=False)
+    with pytest.raises(TrainingSetupError, match=r"^config.num_gpus: num_gpus=2 requested but "
+                       r"only 1 GPU\(s\) found$"):
+        check_gpus(2, fake_gpus=False)
+
+
 def test_spaces_are_checked_before_the_policy_is_built():
     import gymnasium as gym
 
