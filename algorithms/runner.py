@@ -203,19 +203,27 @@ def validate_config(algo_cls: type, config: dict) -> dict:
                                  "or set 'env' in the config file")
     check_env_id(typed.env)
     check_env_config(typed.env, typed.env_config)
-    check_gpus(typed.num_gpus, typed._fake_gpus)  # pylint: disable=protected-access
+    check_devices(typed)
     return _json_safe(typed.to_dict())
 
 
-def check_gpus(num_gpus: float, fake_gpus: bool) -> None:
-    """The learner's towers fit the GPUs this process sees (the learner lives here)."""
+def check_devices(config) -> None:
+    """The learner's towers fit the GPUs this process sees (the learner lives here), and
+    a minibatch splits evenly over them, whole sequences for the built-in LSTM."""
     import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
 
     from policy_service import devices
     try:
-        devices.plan_devices(num_gpus, fake_gpus, len(tf.config.list_physical_devices("GPU")))
+        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
+                                    len(tf.config.list_physical_devices("GPU")))
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None
+    rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
+    quantum = plan.num_towers * rows_per_sequence
+    if config.minibatch_size % quantum:
+        raise TrainingSetupError(
+            f"config.minibatch_size must be a multiple of {plan.num_towers} tower(s) x "
+            f"{rows_per_sequence} row(s) per sequence = {quantum}, got {config.minibatch_size}")
 
 
 def check_env_id(env: str) -> None:

@@ -387,6 +387,13 @@ MORE_BAD_VALUES = {
     "vectorize_mode_unknown": (["--set", "vectorize_mode=threads"], "config.vectorize_mode"),
     "env_config_two_unknown_keys": (["--set", "env_config={size: 3, max_episode_steps: 5, "
                                      "color: red}"], "['color', 'size']"),
+    "minibatch_uneven_over_towers": (["--num-gpus", "3", "--fake-gpus"],
+                                     "config.minibatch_size must be a multiple of 3 tower(s) x "
+                                     "1 row(s) per sequence = 3, got 64"),
+    "minibatch_cuts_lstm_sequences": (["--set", "model.use_lstm=true",
+                                       "--set", "model.max_seq_len=20"],
+                                      "config.minibatch_size must be a multiple of 1 tower(s) x "
+                                      "20 row(s) per sequence = 20, got 64"),
     "stop_iters_zero": (["--stop-iters", "0"], "--stop-iters must be >= 1, got 0"),
     "stop_timesteps_negative": (["--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
     "stop_reward_nan": (["--stop-reward", "nan"], "--stop-reward must be a finite number"),
@@ -440,15 +447,16 @@ def test_env_config_of_an_env_taking_any_keyword_is_not_checked():
 def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
     import tensorflow as tf
 
-    from algorithms.runner import TrainingSetupError, check_gpus
-    check_gpus(2, fake_gpus=True)  # no GPU here: two fake ones are fine
+    from algorithms.ppo import PPOConfig
+    from algorithms.runner import TrainingSetupError, check_devices
+    check_devices(PPOConfig(num_gpus=2, _fake_gpus=True))  # no GPU here: two fake ones are fine
     real = tf.config.list_physical_devices
     monkeypatch.setattr(tf.config, "list_physical_devices",
                         lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
-    check_gpus(1, fake_gpus=False)
-    with pytest.raises(TrainingSetupError, match=r"^config.num_gpus: num_gpus=2 requested but "
+    check_devices(PPOConfig(num_gpus=1))
+    with pytest.raises(TrainingSetupError, match=r"^config.num_gpus: num_gpus=2.0 requested but "
                        r"only 1 GPU\(s\) found$"):
-        check_gpus(2, fake_gpus=False)
+        check_devices(PPOConfig(num_gpus=2))
 
 
 def test_spaces_are_checked_before_the_policy_is_built():
