@@ -82,6 +82,7 @@ def integer(*, ge: int, le: int | None = None) -> Rule:
 
 
 def one_of(*choices: str) -> Rule:
+    """One of the choices given; the error lists them."""
     return Rule(f"one of {list(choices)}", lambda value: value in choices)
 
 
