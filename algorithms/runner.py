@@ -212,7 +212,7 @@ def check_devices(config) -> None:
     a minibatch splits evenly over them, whole sequences for the built-in LSTM."""
     import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
 
-    from policy_service import devices
+    from policy_service.engine import devices
     try:
         plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
                                     len(tf.config.list_physical_devices("GPU")))

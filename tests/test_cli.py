@@ -463,7 +463,7 @@ def test_spaces_are_checked_before_the_policy_is_built():
     import gymnasium as gym
 
     from algorithms.evaluation import CheckpointError, check_spaces_fit
-    from policy_service.space_codec import space_to_json
+    from policy_service.io.space_codec import space_to_json
     cartpole = gym.make("CartPole-v1")
     state = {"observation_space": space_to_json(cartpole.observation_space),
              "action_space": space_to_json(cartpole.action_space)}
