@@ -52,18 +52,21 @@ from __future__ import annotations
 import collections
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Union
 
 import numpy as np
 
-from policy_service.config import PolicyConfig, check_choice, from_dict, on_cpu
+from policy_service.config import (PolicyConfig, Rule, finite, from_dict, integer, on_cpu,
+                                   one_of, setting)
 from policy_service.engine import devices
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 _ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
+FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
+                       else v >= 1)
 
 
 def register_env(name: str, creator: Callable[[dict], object]) -> None:
@@ -87,31 +90,29 @@ def is_registered_env(name: str) -> bool:
 class AlgorithmConfig(PolicyConfig):
     """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""
 
-    env: Optional[str] = None  # gymnasium id, "module:EnvId", or a name given to register_env
-    env_config: dict = field(default_factory=dict)  # keyword arguments of the env
-    num_env_runners: int = 0  # rollout worker actors; 0 samples in this process
-    num_envs_per_env_runner: int = 1  # sub-envs stepped as one vector env per worker
-    num_cpus_per_env_runner: float = 0.5  # Ray CPUs reserved per worker actor
-    rollout_fragment_length: Union[int, str] = "auto"  # steps per sub-env per sample();
-    # "auto": train_batch_size / (workers * envs), so one sample() makes a train batch
-    vectorize_mode: str = "sync"  # "sync" or "async" (a subprocess per sub-env)
-    remote_inference: bool = False  # workers act through one PolicyActor (central inference)
-    train_batch_size: int = 4000  # env steps sampled per training iteration
-    metrics_num_episodes_for_smoothing: int = 100  # episodes in the return/length window
-    ray_num_cpus: Optional[int] = None  # CPUs of the Ray started here when none runs
-
-    def __post_init__(self):
-        for name in ("num_env_runners", "num_envs_per_env_runner", "train_batch_size",
-                     "metrics_num_episodes_for_smoothing", "minibatch_size", "num_epochs"):
-            low = 0 if name == "num_env_runners" else 1
-            if getattr(self, name) < low:
-                raise ValueError(f"{name} must be >= {low}, got {getattr(self, name)}")
-        if isinstance(self.rollout_fragment_length, str):
-            check_choice(self.rollout_fragment_length, ("auto",), "rollout_fragment_length")
-        elif self.rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1 or 'auto', "
-                             f"got {self.rollout_fragment_length}")
-        check_choice(self.vectorize_mode, ("sync", "async"), "vectorize_mode")
+    env: Optional[str] = setting(
+        None, doc="Gymnasium id, \"module:EnvId\", or a name given to register_env.")
+    env_config: dict = setting(doc="Keyword arguments of the env.", factory=dict)
+    num_env_runners: int = setting(
+        0, doc="Rollout worker actors; 0 samples in this process.", check=integer(ge=0))
+    num_envs_per_env_runner: int = setting(
+        1, doc="Sub-envs stepped as one vector env per worker.", check=integer(ge=1))
+    num_cpus_per_env_runner: float = setting(
+        0.5, doc="Ray CPUs reserved per worker actor.", check=finite(ge=0))
+    rollout_fragment_length: Union[int, str] = setting(
+        "auto", doc="Steps per sub-env per sample(); \"auto\": train_batch_size / "
+        "(workers * envs), so one sample() makes a train batch.", check=FRAGMENT_LENGTH)
+    vectorize_mode: str = setting(
+        "sync", doc="\"sync\", or \"async\" (a subprocess per sub-env).",
+        check=one_of("sync", "async"))
+    remote_inference: bool = setting(
+        False, doc="Workers act through one PolicyActor (central inference).")
+    train_batch_size: int = setting(4000, doc="Env steps sampled per training iteration.",
+                                    check=integer(ge=1))
+    metrics_num_episodes_for_smoothing: int = setting(
+        100, doc="Episodes in the return/length window.", check=integer(ge=1))
+    ray_num_cpus: Optional[int] = setting(
+        None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1))
 
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""

@@ -57,15 +57,42 @@ def locate(path: str) -> LoadedCheckpoint:
 
 def load_policy(checkpoint: LoadedCheckpoint):
     """The saved policy, weights and all, on one CPU tower."""
-    from policy_service.config import on_cpu
-    from policy_service.policy import TFPolicy
+    return policy_from_state(saved_policy_state(checkpoint))
+
+
+def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
+    """The saved policy state (config, spaces, arrays), nothing built yet."""
     try:
-        state = read_policy_state(checkpoint.policy_dir)
+        return read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
         raise CheckpointError(f"cannot read the policy in {checkpoint.policy_dir}: "
                               f"{_one_line(err)}") from None
-    state["config"] = on_cpu(state["config"])
+
+
+def policy_from_state(state: dict):
+    """A policy state rebuilt on one CPU tower."""
+    from policy_service.config import on_cpu
+    from policy_service.policy import TFPolicy
+    state = {**state, "config": on_cpu(state["config"])}
     return TFPolicy.from_state(state)
+
+
+def check_spaces_fit(state: dict, environment, env_id: str) -> None:
+    """The env's observation and action spaces are the ones the policy was built for."""
+    from policy_service.io.space_codec import space_from_json
+    mismatches = []
+    for name, env_space in (("observation_space", environment.observation_space),
+                            ("action_space", environment.action_space)):
+        try:
+            policy_space = space_from_json(state[name])
+        except (KeyError, ValueError, TypeError) as err:
+            raise CheckpointError(f"cannot read {name} of the saved policy: "
+                                  f"{_one_line(err)}") from None
+        if env_space != policy_space:
+            mismatches.append(f"{name} {env_space} (the policy's: {policy_space})")
+    if mismatches:
+        raise CheckpointError(_one_line(f"environment {env_id!r} does not fit the saved "
+                                        f"policy: {'; '.join(mismatches)}"))
 
 
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
@@ -102,9 +129,11 @@ def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: 
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     checkpoint = locate(path)
     env_id, env_config = _environment(checkpoint, env)
-    policy = load_policy(checkpoint)
+    state = saved_policy_state(checkpoint)
     environment = _make_env(env_id, env_config)
     try:
+        check_spaces_fit(state, environment, env_id)  # before the policy is built
+        policy = policy_from_state(state)
         played = run_episodes(policy, environment, episodes, explore, seed)
     finally:
         environment.close()

@@ -26,6 +26,7 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import TFPolicy, masked_mean
+from policy_service.config import ConfigError, finite, setting
 from policy_service.sample_batch import SampleBatch
 
 
@@ -36,33 +37,38 @@ from policy_service.sample_batch import SampleBatch
 class PPOConfig(AlgorithmConfig):
     """PPO's keys (RLlib's names and defaults) on top of the policy and loop keys."""
 
-    lr: float = 5e-5  # Adam learning rate
-    gamma: float = 0.99  # discount factor
-    lambda_: float = 1.0  # GAE lambda (1.0: Monte Carlo returns minus the value baseline)
-    use_gae: bool = True  # GAE advantages; False: discounted returns minus V(s)
-    clip_param: float = 0.3  # PPO ratio clip epsilon: ratio kept in [1 - eps, 1 + eps]
-    vf_clip_param: float = 10.0  # clip on the squared value error (RLlib's semantics)
-    vf_loss_coeff: float = 1.0  # weight of the value loss in the total loss
-    entropy_coeff: float = 0.0  # weight of the entropy bonus
-    kl_coeff: float = 0.2  # initial KL penalty coefficient; 0 turns the KL term off
-    kl_target: float = 0.01  # KL per step the adaptive coefficient steers towards
-    train_batch_size: int = 4000  # env steps sampled per training iteration
-    minibatch_size: int = 128  # rows per SGD step (LSTMs: a multiple of max_seq_len x towers)
-    num_epochs: int = 30  # passes of minibatch SGD over each train batch
+    lr: float = setting(5e-5, doc="Adam learning rate.")
+    gamma: float = setting(0.99, doc="Discount factor.")
+    lambda_: float = setting(
+        1.0, doc="GAE lambda (1.0: Monte Carlo returns minus the value baseline).",
+        check=finite(ge=0, le=1))
+    use_gae: bool = setting(True, doc="GAE advantages; False: discounted returns minus V(s).")
+    clip_param: float = setting(
+        0.3, doc="PPO ratio clip epsilon: the ratio is kept in [1 - eps, 1 + eps].",
+        check=finite(gt=0))
+    vf_clip_param: float = setting(
+        10.0, doc="Clip on the squared value error (RLlib's semantics).", check=finite(gt=0))
+    vf_loss_coeff: float = setting(1.0, doc="Weight of the value loss in the total loss.",
+                                   check=finite(ge=0))
+    entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.",
+                                   check=finite(ge=0))
+    kl_coeff: float = setting(
+        0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.",
+        check=finite(ge=0))
+    kl_target: float = setting(
+        0.01, doc="KL per step the adaptive coefficient steers towards.", check=finite(gt=0))
+    train_batch_size: int = setting(4000, doc="Env steps sampled per training iteration.")
+    minibatch_size: int = setting(
+        128, doc="Rows per SGD step (LSTMs: a multiple of max_seq_len x towers); "
+        "at most train_batch_size.")
+    num_epochs: int = setting(30, doc="Passes of minibatch SGD over each train batch.")
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("clip_param", "vf_clip_param", "kl_target"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("vf_loss_coeff", "entropy_coeff", "kl_coeff"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda_ must be in [0, 1], got {self.lambda_}")
         if self.minibatch_size > self.train_batch_size:
-            raise ValueError(f"minibatch_size ({self.minibatch_size}) must be <= "
-                             f"train_batch_size ({self.train_batch_size})")
+            raise ConfigError(f"{self.key_prefix}.minibatch_size must be <= "
+                              f"train_batch_size ({self.train_batch_size}), "
+                              f"got {self.minibatch_size}")
 
 
 # ----- postprocessing: GAE ---------------------------------------------------------------

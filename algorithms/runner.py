@@ -202,7 +202,28 @@ def validate_config(algo_cls: type, config: dict) -> dict:
         raise TrainingSetupError("no environment given: pass --env ENV (e.g. CartPole-v1) "
                                  "or set 'env' in the config file")
     check_env_id(typed.env)
+    check_env_config(typed.env, typed.env_config)
+    check_devices(typed)
     return _json_safe(typed.to_dict())
+
+
+def check_devices(config) -> None:
+    """The learner's towers fit the GPUs this process sees (the learner lives here), and
+    a minibatch splits evenly over them, whole sequences for the built-in LSTM."""
+    import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
+
+    from policy_service.engine import devices
+    try:
+        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
+                                    len(tf.config.list_physical_devices("GPU")))
+    except ValueError as err:
+        raise TrainingSetupError(f"config.num_gpus: {err}") from None
+    rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
+    quantum = plan.num_towers * rows_per_sequence
+    if config.minibatch_size % quantum:
+        raise TrainingSetupError(
+            f"config.minibatch_size must be a multiple of {plan.num_towers} tower(s) x "
+            f"{rows_per_sequence} row(s) per sequence = {quantum}, got {config.minibatch_size}")
 
 
 def check_env_id(env: str) -> None:
@@ -226,6 +247,38 @@ def check_env_id(env: str) -> None:
         gym.spec(env_id)
     except gym.error.Error as err:
         raise TrainingSetupError(f"unknown environment {env!r}: {_one_line(err)}") from None
+
+
+def check_env_config(env: str, env_config: dict) -> None:
+    """Every env_config key is a keyword that gym.make or the env's constructor takes;
+    else an error naming the keys. Envs whose constructor takes **kwargs, and names
+    given to register_env (their creator takes the whole dict), are not checked."""
+    import inspect
+
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    from algorithms.algorithm import is_registered_env
+    if not env_config or is_registered_env(env):
+        return
+    spec = gym.spec(env.rpartition(":")[2])  # check_env_id imported "module:" already
+    try:
+        creator = (spec.entry_point if callable(spec.entry_point)
+                   else load_env_creator(spec.entry_point))
+    except (ImportError, AttributeError, ValueError) as err:
+        raise TrainingSetupError(f"cannot load environment {env!r} "
+                                 f"({spec.entry_point}): {_one_line(err)}") from None
+    takes = set()
+    for function in (gym.make, creator):
+        parameters = inspect.signature(function).parameters.values()
+        if function is creator and any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return
+        takes |= {p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "id"}
+    unknown = sorted(map(str, set(env_config) - takes))
+    if unknown:
+        raise TrainingSetupError(f"config.env_config key(s) {unknown} are not options of "
+                                 f"{env}; it takes {sorted(takes)}")
 
 
 # ----- the run directory -------------------------------------------------------------------
@@ -473,6 +526,11 @@ def plan_run(options: RunOptions) -> _Plan:
     """Check everything that can be checked before Ray starts."""
     checkpoint_every = _at_least(options.checkpoint_every, 0, "--checkpoint-every")
     keep = _at_least(options.keep_checkpoints, 1, "--keep-checkpoints")
+    _at_least(options.stop.iters, 1, "--stop-iters")
+    _at_least(options.stop.timesteps, 1, "--stop-timesteps")
+    if options.stop.reward is not None and not math.isfinite(options.stop.reward):
+        raise TrainingSetupError(f"--stop-reward must be a finite number, "
+                                 f"got {options.stop.reward}")
     if options.resume:
         return _plan_resume(options, checkpoint_every, keep)
     algo_cls = algorithm_class(options.algorithm)

@@ -1,62 +1,301 @@
 """Typed configuration: a plain dict with RLlib's key names, validated into dataclasses.
 
-An unknown or mistyped key is an error that names it, so a typo never silently
-falls back to a default.
+Every rule a config value must follow is written here or beside its field,
+in the field's metadata, together with the field's doc:
+
+    lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
+
+Tools read the docs and rules back with `field_docs(cls)` and `field_check(cls,
+name)`; an algorithm's config subclass declares its own keys the same way (a
+field it redeclares only to change the default keeps the parent's check). A
+config is checked whenever one is built, from a dict (`from_dict`) or
+directly: unknown keys, then each field's type, then its range. Every error
+is one line naming the key, what it must be and what it was, e.g.
+"config.lr must be a finite number > 0, got nan".
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Optional
+
+Check = Callable[[Any], Optional[str]]
+"""A value's rule: None when the value passes, else what it must be ("an integer >= 1").
+Runs only on a value of the field's type, never on None."""
+
+OPTIMIZERS = ("adam", "sgd", "rmsprop")
+GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
+_DOC, _CHECK = "doc", "check"
 
 
-@dataclass
-class ModelConfig:
-    """How the built-in models are shaped (RLlib's `model` sub-dict)."""
-
-    fcnet_hiddens: list = field(default_factory=lambda: [256, 256])  # hidden layer sizes
-    fcnet_activation: str = "tanh"  # activation of the hidden layers
-    vf_share_layers: bool = False  # value head on the policy trunk instead of its own branch
-    conv_filters: Optional[list] = None  # [[out_channels, [kh, kw], stride], ...] for images
-    conv_activation: str = "relu"  # activation of the conv layers
-    use_lstm: bool = False  # wrap the trunk in an LSTM
-    lstm_cell_size: int = 256  # LSTM units
-    max_seq_len: int = 20  # longest training sequence for recurrent models
-    lstm_use_prev_action: bool = False  # feed the previous action to the LSTM
-    lstm_use_prev_reward: bool = False  # feed the previous reward to the LSTM
-    use_batch_norm: bool = False  # batch normalization after each hidden dense layer
-    custom_model: Optional[str] = None  # name given to register_custom_model
-    custom_model_config: dict = field(default_factory=dict)  # passed to the custom model
+class ConfigError(ValueError):
+    """An unknown config key, or a value out of its range: one line naming the key."""
 
 
-@dataclass
-class PolicyConfig:
-    """What every TFPolicy needs; algorithms subclass it to add their own keys."""
+class ConfigTypeError(ConfigError, TypeError):
+    """A config value of the wrong type."""
 
-    num_gpus: float = 0  # towers: 0 -> one CPU tower, fraction -> one shared GPU, N -> N
-    _fake_gpus: bool = False  # with no GPU, N towers on N logical CPU devices
-    lr: float = 1e-3  # learning rate
-    optimizer: str = "adam"  # "adam", "sgd" or "rmsprop"
-    adam_epsilon: float = 1e-7  # Adam's epsilon
-    grad_clip: Optional[float] = None  # clip threshold; None turns clipping off
-    grad_clip_method: str = "global_norm"  # "global_norm", "value" or "norm" (per tensor)
-    l2_coeff: float = 0.0  # L2 regularization on trainable weights
-    gamma: float = 0.99  # discount factor
-    seed: Optional[int] = None  # seed for weights and action sampling
-    explore: bool = True  # sample (True) or act deterministically (False) by default
-    exploration_config: dict = field(
-        default_factory=lambda: {"type": "StochasticSampling"})  # see exploration.py
-    minibatch_size: int = 128  # rows per SGD step on a loaded buffer
-    num_epochs: int = 1  # passes over a loaded buffer per training step
-    model: ModelConfig = field(default_factory=ModelConfig)  # model shape
+
+def setting(default: Any = dataclasses.MISSING, *, doc: str, check: Check | None = None,
+            factory: Callable[[], Any] | None = None) -> Any:
+    """A config dataclass field with its doc and its rule in the field metadata.
+
+    `factory` makes a fresh default per instance (for lists and dicts).
+    """
+    metadata = {_DOC: doc, _CHECK: check}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+# ----- rules --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check described by a fixed phrase: the value passes when `accepts(value)`."""
+
+    expected: str
+    accepts: Callable[[Any], bool]
+
+    def __call__(self, value: Any) -> Optional[str]:
+        return None if self.accepts(value) else self.expected
+
+
+def finite(*, gt: float | None = None, ge: float | None = None,
+           le: float | None = None) -> Rule:
+    """A finite number within the bounds given (NaN and inf never pass)."""
+    def accepts(value):
+        return (_is_number(value) and math.isfinite(value) and (gt is None or value > gt)
+                and (ge is None or value >= ge) and (le is None or value <= le))
+    return Rule(f"a finite number {_bounds(gt, ge, le)}".rstrip(), accepts)
+
+
+def integer(*, ge: int, le: int | None = None) -> Rule:
+    """An integer within the bounds given."""
+    return Rule(f"an integer {_bounds(None, ge, le)}",
+                lambda value: _is_int(value) and value >= ge and (le is None or value <= le))
+
+
+def one_of(*choices: str) -> Rule:
+    """One of the choices given; the error lists them."""
+    return Rule(f"one of {list(choices)}", lambda value: value in choices)
+
+
+def _bounds(gt, ge, le) -> str:
+    low = f"({gt}" if gt is not None else f"[{ge}" if ge is not None else None
+    if low is not None and le is not None:
+        return f"in {low}, {le}]"
+    if gt is not None:
+        return f"> {gt}"
+    if ge is not None:
+        return f">= {ge}"
+    return f"<= {le}" if le is not None else ""
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_count(value: Any) -> bool:
+    return _is_int(value) and value >= 1
+
+
+def _is_conv_filter(entry: Any) -> bool:
+    """[out_channels, kernel, stride]; kernel and stride an int or [h, w]."""
+    def size(x):
+        return _is_count(x) or (isinstance(x, list) and len(x) == 2 and all(map(_is_count, x)))
+    return (isinstance(entry, list) and len(entry) == 3 and _is_count(entry[0])
+            and size(entry[1]) and size(entry[2]))
+
+
+def _is_keras_activation(name: str) -> bool:
+    import keras  # only when a config is checked: every user of one builds a Keras model
+    try:
+        keras.activations.get(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _exploration_config_error(exploration_config: dict) -> Optional[str]:
+    from policy_service.exploration import exploration_config_error
+    return exploration_config_error(exploration_config)
+
+
+GPU_COUNT = Rule("a finite number >= 0, and a whole number when above 1",
+                 lambda v: math.isfinite(v) and v >= 0 and (v <= 1 or v == int(v)))
+LAYER_SIZES = Rule("a list of integers >= 1", lambda v: all(map(_is_count, v)))
+CONV_FILTERS = Rule("a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
+                    "(kernel and stride: an int or [h, w])",
+                    lambda v: len(v) > 0 and all(map(_is_conv_filter, v)))
+KERAS_ACTIVATION = Rule("the name of a Keras activation (e.g. 'tanh', 'relu', 'linear')",
+                        _is_keras_activation)
+SEED = integer(ge=0, le=2**32 - 1)  # numpy's seed range
+
+
+# ----- the configs --------------------------------------------------------------------------
+
+
+class Config:
+    """Base of the config dataclasses: every field is checked when one is built.
+
+    `key_prefix` is how errors name this config's keys ("config.model.max_seq_len").
+    A subclass with a rule across fields checks it in `__post_init__` after super's.
+    """
+
+    key_prefix: ClassVar[str] = "config"
+
+    def __post_init__(self) -> None:
+        check_fields(self)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
+@dataclass
+class ModelConfig(Config):
+    """How the built-in models are shaped (RLlib's `model` sub-dict)."""
+
+    key_prefix: ClassVar[str] = "config.model"
+
+    fcnet_hiddens: list = setting(doc="Hidden layer sizes of the dense stack.",
+                                  check=LAYER_SIZES, factory=lambda: [256, 256])
+    fcnet_activation: str = setting("tanh", doc="Activation of the hidden dense layers.",
+                                    check=KERAS_ACTIVATION)
+    vf_share_layers: bool = setting(
+        False, doc="Value head on the policy trunk instead of its own branch.")
+    conv_filters: Optional[list] = setting(
+        None, doc="[[out_channels, [kh, kw], stride], ...] for image observations; "
+        "None: sized to the image.", check=CONV_FILTERS)
+    conv_activation: str = setting("relu", doc="Activation of the conv layers.",
+                                   check=KERAS_ACTIVATION)
+    use_lstm: bool = setting(False, doc="Wrap the trunk in an LSTM.")
+    lstm_cell_size: int = setting(256, doc="LSTM units.", check=integer(ge=1))
+    max_seq_len: int = setting(20, doc="Longest training sequence for recurrent models.",
+                               check=integer(ge=1))
+    lstm_use_prev_action: bool = setting(False, doc="Feed the previous action to the LSTM.")
+    lstm_use_prev_reward: bool = setting(False, doc="Feed the previous reward to the LSTM.")
+    use_batch_norm: bool = setting(
+        False, doc="Batch normalization after each hidden dense layer.")
+    custom_model: Optional[str] = setting(None, doc="Name given to register_custom_model.")
+    custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
+
+
+@dataclass
+class PolicyConfig(Config):
+    """What every TFPolicy needs; algorithms subclass it to add their own keys."""
+
+    num_gpus: float = setting(
+        0, doc="Towers: 0 -> one CPU tower, a fraction -> one tower sharing a GPU, N -> N.",
+        check=GPU_COUNT)
+    _fake_gpus: bool = setting(False, doc="With no GPU, N towers on N logical CPU devices.")
+    lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
+    optimizer: str = setting("adam", doc="The optimizer.", check=one_of(*OPTIMIZERS))
+    adam_epsilon: float = setting(1e-7, doc="Adam's epsilon.", check=finite(gt=0))
+    grad_clip: Optional[float] = setting(
+        None, doc="Gradient clip threshold; None turns clipping off.", check=finite(gt=0))
+    grad_clip_method: str = setting(
+        "global_norm", doc="Clip by global norm, by value, or by each tensor's norm.",
+        check=one_of(*GRAD_CLIP_METHODS))
+    l2_coeff: float = setting(0.0, doc="L2 regularization on the trainable weights.",
+                              check=finite(ge=0))
+    gamma: float = setting(0.99, doc="Discount factor.", check=finite(ge=0, le=1))
+    seed: Optional[int] = setting(None, doc="Seed for weights and action sampling.",
+                                  check=SEED)
+    explore: bool = setting(
+        True, doc="Sample (True) or act deterministically (False) by default.")
+    exploration_config: dict = setting(
+        doc="How actions are chosen: {'type': ..., options}; see exploration.py.",
+        check=_exploration_config_error, factory=lambda: {"type": "StochasticSampling"})
+    minibatch_size: int = setting(128, doc="Rows per SGD step on a loaded buffer.",
+                                  check=integer(ge=1))
+    num_epochs: int = setting(1, doc="Passes over a loaded buffer per training step.",
+                              check=integer(ge=1))
+    model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
+
+
+# ----- building and checking ----------------------------------------------------------------
+
+
 T = typing.TypeVar("T")
+
+
+def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -> T:
+    """Build config dataclass `cls` from a dict, naming any unknown or bad key."""
+    where = where or getattr(cls, "key_prefix", "config")
+    if values is None:
+        return cls()
+    if isinstance(values, cls):
+        return values
+    if dataclasses.is_dataclass(values) and not isinstance(values, type):
+        values = dataclasses.asdict(values)
+    if not isinstance(values, dict):
+        raise ConfigTypeError(f"{where} must be a dict, got {type(values).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(map(str, set(values) - known))
+    if unknown:
+        raise ConfigError(f"unknown {where} key(s) {unknown}; known keys: {sorted(known)}")
+    return cls(**values)
+
+
+def check_fields(config: Config) -> None:
+    """Check every field's type, then its rule; ints given for floats become floats;
+    a dict given for a nested config is built into one."""
+    cls = type(config)
+    hints = _type_hints(cls)
+    for f in dataclasses.fields(cls):
+        name, annotation = f.name, hints[f.name]
+        value = getattr(config, name)
+        key = f"{cls.key_prefix}.{name}"
+        if dataclasses.is_dataclass(annotation):
+            if not isinstance(value, annotation):
+                setattr(config, name, from_dict(annotation, value, where=key))
+            continue
+        if not _type_matches(value, annotation):
+            raise ConfigTypeError(f"{key} must be {_describe(annotation)}, "
+                            f"got {value!r} ({type(value).__name__})")
+        if value is None:
+            continue
+        check = field_check(cls, name)
+        expected = check(value) if check is not None else None
+        if expected is not None:
+            if _type_matches(None, annotation):
+                expected = f"None or {expected}"
+            raise ConfigError(f"{key} must be {expected}, got {value!r}")
+        if annotation is float:
+            setattr(config, name, float(value))
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's doc (inherited when a subclass only changes the default)."""
+    return {f.name: _inherited_metadata(cls, f.name, _DOC) or "" for f in dataclasses.fields(cls)}
+
+
+def field_check(cls: type, name: str) -> Optional[Check]:
+    """The rule of field `name` (inherited when a subclass only changes the default)."""
+    return _inherited_metadata(cls, name, _CHECK)
+
+
+def _inherited_metadata(cls: type, name: str, key: str) -> Any:
+    for klass in cls.__mro__:
+        declared = getattr(klass, "__dataclass_fields__", {}).get(name)
+        if declared is not None and declared.metadata.get(key) is not None:
+            return declared.metadata[key]
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
 
 
 def _type_matches(value: Any, annotation: Any) -> bool:
@@ -69,40 +308,12 @@ def _type_matches(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     if annotation is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return _is_number(value)
     if annotation is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return _is_int(value)
     if origin is not None:
         annotation = origin
     return isinstance(value, annotation)
-
-
-def from_dict(cls: type[T], values: dict | T | None, where: str = "config") -> T:
-    """Build dataclass `cls` from a dict, naming any unknown or mistyped key."""
-    if values is None:
-        return cls()
-    if isinstance(values, cls):
-        return values
-    if dataclasses.is_dataclass(values):
-        values = dataclasses.asdict(values)
-    if not isinstance(values, dict):
-        raise TypeError(f"{where} must be a dict, got {type(values).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown {where} key(s) {unknown}; known keys: {sorted(known)}")
-    kwargs = {}
-    for name, value in values.items():
-        annotation = hints[name]
-        if dataclasses.is_dataclass(annotation):
-            kwargs[name] = from_dict(annotation, value, where=f"{where}.{name}")
-            continue
-        if not _type_matches(value, annotation):
-            raise TypeError(f"{where}.{name} must be {_describe(annotation)}, "
-                            f"got {value!r} ({type(value).__name__})")
-        kwargs[name] = float(value) if annotation is float else value
-    return cls(**kwargs)
 
 
 def _describe(annotation: Any) -> str:

@@ -7,7 +7,11 @@ owned by the policy, so a restored policy draws the same actions.
 """
 from __future__ import annotations
 
+import inspect
+
 import tensorflow as tf
+
+from policy_service.config import finite, integer
 
 
 class StochasticSampling:
@@ -36,6 +40,9 @@ class EpsilonGreedy:
     `epsilon_timesteps`. The returned logp is that of the epsilon-greedy
     policy itself (log((1-eps)*[a=greedy] + eps/n)), not a placeholder.
     """
+
+    option_rules = {"initial_epsilon": finite(ge=0, le=1), "final_epsilon": finite(ge=0, le=1),
+                    "epsilon_timesteps": integer(ge=0)}
 
     def __init__(self, action_space, initial_epsilon: float = 1.0,
                  final_epsilon: float = 0.05, epsilon_timesteps: int = 10000):
@@ -75,17 +82,38 @@ class EpsilonGreedy:
 _EXPLORATIONS = {"StochasticSampling": StochasticSampling, "EpsilonGreedy": EpsilonGreedy}
 
 
+def exploration_config_error(exploration_config: dict) -> str | None:
+    """None when the config names a known type and only options that type takes;
+    else what the config must be (config.py turns it into a one-line error)."""
+    kind = exploration_config.get("type", "StochasticSampling")
+    if not isinstance(kind, str) or kind not in _EXPLORATIONS:
+        return f"a dict whose 'type' is one of {sorted(_EXPLORATIONS)}"
+    takes = _options(_EXPLORATIONS[kind])
+    unknown = sorted(map(str, set(exploration_config) - {"type"} - set(takes)))
+    if unknown:
+        return f"'type' plus options from {takes} for {kind} (unknown: {unknown})"
+    rules = getattr(_EXPLORATIONS[kind], "option_rules", {})
+    for name in sorted(set(exploration_config) & set(rules)):
+        expected = rules[name](exploration_config[name])
+        if expected is not None:
+            return f"{kind} options with {name} {expected}"
+    return None
+
+
 def make_exploration(action_space, exploration_config: dict):
     """Build the exploration named by `exploration_config["type"]`."""
+    error = exploration_config_error(exploration_config)
+    if error is not None:
+        raise ValueError(f"exploration_config must be {error}, got {exploration_config!r}")
     options = dict(exploration_config)
     kind = options.pop("type", "StochasticSampling")
-    if kind not in _EXPLORATIONS:
-        raise ValueError(f"exploration_config.type must be one of {sorted(_EXPLORATIONS)}, "
-                         f"got {kind!r}")
-    try:
-        return _EXPLORATIONS[kind](action_space, **options)
-    except TypeError as err:
-        raise ValueError(f"bad exploration_config for {kind}: {err}") from None
+    return _EXPLORATIONS[kind](action_space, **options)
+
+
+def _options(exploration_class: type) -> list[str]:
+    """The keyword options an exploration class takes besides the action space."""
+    parameters = inspect.signature(exploration_class).parameters
+    return sorted(name for name in parameters if name != "action_space")
 
 
 def _broadcastable(flag, like):

@@ -153,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _user_errors() -> tuple:
     """The modules' bad-input exceptions, for those modules already imported."""
     errors = []
-    for module_name, class_name in (("algorithms.runner", "TrainingSetupError"),
+    for module_name, class_name in (("policy_service.config", "ConfigError"),
+                                    ("algorithms.runner", "TrainingSetupError"),
                                     ("algorithms.evaluation", "CheckpointError"),
                                     ("policy_service.distributed.jobs", "JobSubmissionError")):
         module = sys.modules.get(module_name)

@@ -272,6 +272,210 @@ def test_more_bad_input_is_one_clear_line(case, tmp_path, capsys):
     assert expected in lines[0]
 
 
+# ----- config errors that used to surface late: one line, exit 2, as real commands -------------
+
+
+LATE_CONFIG_ERRORS = {
+    "optimizer_adamw": (["--set", "optimizer=adamw"],
+                        "config.optimizer must be one of ['adam', 'sgd', 'rmsprop'], got 'adamw'"),
+    "num_gpus_flag_negative": (["--num-gpus", "-1"], "config.num_gpus must be a finite number "
+                               ">= 0, and a whole number when above 1, got -1.0"),
+    "num_gpus_fraction_above_one": (["--set", "num_gpus=1.5"], "config.num_gpus must be"),
+    "grad_clip_method_bogus": (["--set", "grad_clip_method=bogus"],
+                               "config.grad_clip_method must be one of"),
+    "fcnet_hiddens_zero": (["--set", "model.fcnet_hiddens=[0]"],
+                           "config.model.fcnet_hiddens must be a list of integers >= 1, got [0]"),
+    "fcnet_activation_unknown": (["--set", "model.fcnet_activation=nope"],
+                                 "config.model.fcnet_activation must be the name of a Keras"),
+    "exploration_type_unknown": (["--set", "exploration_config={type: Bogus}"],
+                                 "config.exploration_config must be a dict whose 'type'"),
+    "env_config_unknown_key": (["--set", "env_config={nope: 1}"],
+                               "config.env_config key(s) ['nope'] are not options of CartPole-v1"),
+    "lr_nan": (["--set", "lr=.nan"], "config.lr must be a finite number > 0, got nan"),
+    "lr_negative": (["--set", "lr=-1"], "config.lr must be a finite number > 0, got -1"),
+    "lr_zero": (["--set", "lr=0"], "config.lr must be a finite number > 0, got 0"),
+    "grad_clip_zero": (["--set", "grad_clip=0"], "config.grad_clip must be None or a finite "
+                       "number > 0, got 0"),
+    "grad_clip_negative": (["--set", "grad_clip=-1"], "config.grad_clip must be None or"),
+    "gamma_above_one": (["--set", "gamma=1.5"],
+                        "config.gamma must be a finite number in [0, 1], got 1.5"),
+    "gamma_negative": (["--set", "gamma=-0.1"], "config.gamma must be a finite number in [0, 1]"),
+    "adam_epsilon_negative": (["--set", "adam_epsilon=-1"],
+                              "config.adam_epsilon must be a finite number > 0, got -1"),
+}
+AT_ONCE = 3  # subprocesses at a time: each is mostly TensorFlow's import, on 2 shared cores
+
+
+@pytest.fixture(scope="module")
+def cartpole_policy_dir(tmp_path_factory) -> Path:
+    """A PPO policy for CartPole-v1 spaces, as TFPolicy.export_checkpoint writes it."""
+    import gymnasium as gym
+
+    from algorithms.ppo import PPOPolicy
+    env = gym.make("CartPole-v1")
+    policy = PPOPolicy(env.observation_space, env.action_space,
+                       {"model": {"fcnet_hiddens": [8]}, "seed": 0})
+    directory = tmp_path_factory.mktemp("policy") / "cartpole_policy"
+    policy.export_checkpoint(str(directory))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def late_config_results(tmp_path_factory, cartpole_policy_dir):
+    """Every case as a real `policy-service` command -> (exit code, stdout, stderr, seconds,
+    output dir). A case that is not caught would train one tiny iteration and exit 0."""
+    out_dir = tmp_path_factory.mktemp("late")
+    commands = {name: ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
+                       "--output-dir", str(out_dir / name), *TINY, *args]
+                for name, (args, _) in LATE_CONFIG_ERRORS.items()}
+    commands["evaluate_on_other_spaces"] = ["evaluate", str(cartpole_policy_dir),
+                                            "--env", "MountainCar-v0", "--episodes", "1"]
+    results, names = {}, sorted(commands)
+    for first in range(0, len(names), AT_ONCE):
+        started = {name: (_start(*commands[name]), time.monotonic())
+                   for name in names[first:first + AT_ONCE]}
+        for name, (process, start) in started.items():
+            code, out, err = _finish(process)
+            results[name] = (code, out, err, time.monotonic() - start, out_dir / name)
+    return results
+
+
+@pytest.mark.parametrize("case", sorted(LATE_CONFIG_ERRORS))
+def test_a_bad_config_value_is_one_line_and_exit_2_before_any_work(late_config_results, case):
+    code, out, err, _, run_dir = late_config_results[case]
+    lines = err.strip().splitlines()
+    assert code == 2, err[-3000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0].startswith("policy-service: error:")
+    assert LATE_CONFIG_ERRORS[case][1] in lines[0]
+    assert out == ""
+    assert not run_dir.exists()  # rejected before the run directory, Ray or a model
+
+
+def test_evaluate_in_an_env_with_other_spaces_names_both_spaces(late_config_results):
+    code, out, err, _, _ = late_config_results["evaluate_on_other_spaces"]
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0].startswith("policy-service: error: environment 'MountainCar-v0' does not "
+                               "fit the saved policy: observation_space Box(")
+    assert "(2,), float32) (the policy's: Box(" in lines[0]
+    assert "action_space Discrete(3) (the policy's: Discrete(2))" in lines[0]
+    assert out == ""
+
+
+# More bad values, through cli.main in this process (nothing is built: they fail first).
+MORE_BAD_VALUES = {
+    "clip_param_zero": (["--set", "clip_param=0"], "config.clip_param must be"),
+    "lambda_above_one": (["--set", "lambda_=1.5"], "config.lambda_ must be"),
+    "kl_coeff_negative": (["--set", "kl_coeff=-1"], "config.kl_coeff must be"),
+    "entropy_coeff_negative": (["--set", "entropy_coeff=-0.01"], "config.entropy_coeff must be"),
+    "vf_clip_param_zero": (["--set", "vf_clip_param=0"], "config.vf_clip_param must be"),
+    "num_epochs_zero": (["--set", "num_epochs=0"], "config.num_epochs must be an integer >= 1"),
+    "minibatch_size_zero": (["--set", "minibatch_size=0"], "config.minibatch_size must be"),
+    "minibatch_above_train_batch": (["--set", "minibatch_size=512"],
+                                    "config.minibatch_size must be <= train_batch_size (256)"),
+    "lstm_cell_size_zero": (["--set", "model.lstm_cell_size=0"], "config.model.lstm_cell_size"),
+    "max_seq_len_zero": (["--set", "model.max_seq_len=0"], "config.model.max_seq_len"),
+    "conv_filters_malformed": (["--set", "model.conv_filters=[[16, 3]]"],
+                               "config.model.conv_filters must be None or a non-empty list"),
+    "conv_activation_unknown": (["--set", "model.conv_activation=sigmoidal"],
+                                "config.model.conv_activation"),
+    "exploration_option_unknown": (["--set", "exploration_config={type: EpsilonGreedy, "
+                                    "epsilon: 0.1}"], "(unknown: ['epsilon'])"),
+    "seed_negative": (["--seed", "-1"], "config.seed must be None or an integer in [0, "),
+    "num_env_runners_negative": (["--num-env-runners", "-1"], "config.num_env_runners"),
+    "vectorize_mode_unknown": (["--set", "vectorize_mode=threads"], "config.vectorize_mode"),
+    "env_config_two_unknown_keys": (["--set", "env_config={size: 3, max_episode_steps: 5, "
+                                     "color: red}"], "['color', 'size']"),
+    "minibatch_uneven_over_towers": (["--num-gpus", "3", "--fake-gpus"],
+                                     "config.minibatch_size must be a multiple of 3 tower(s) x "
+                                     "1 row(s) per sequence = 3, got 64"),
+    "minibatch_cuts_lstm_sequences": (["--set", "model.use_lstm=true",
+                                       "--set", "model.max_seq_len=20"],
+                                      "config.minibatch_size must be a multiple of 1 tower(s) x "
+                                      "20 row(s) per sequence = 20, got 64"),
+    "stop_iters_zero": (["--stop-iters", "0"], "--stop-iters must be >= 1, got 0"),
+    "stop_timesteps_negative": (["--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
+    "stop_reward_nan": (["--stop-reward", "nan"], "--stop-reward must be a finite number"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MORE_BAD_VALUES))
+def test_more_bad_values_are_one_clear_line(case, tmp_path, capsys):
+    from scripts import cli
+    args, expected = MORE_BAD_VALUES[case]
+    run_dir = tmp_path / "run"
+    code = cli.main(["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", *TINY, *args,
+                     "--output-dir", str(run_dir)])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2
+    assert len(lines) == 1 and lines[0].startswith("policy-service: error:"), err
+    assert expected in lines[0]
+    assert not run_dir.exists()
+
+
+def test_env_config_keys_are_checked_against_the_env_constructor():
+    from algorithms import register_env
+    from algorithms.runner import TrainingSetupError, check_env_config
+    check_env_config("CartPole-v1", {})
+    check_env_config("CartPole-v1", {"render_mode": None, "sutton_barto_reward": True,
+                                     "max_episode_steps": 5, "disable_env_checker": True})
+    with pytest.raises(TrainingSetupError) as err:
+        check_env_config("CartPole-v1", {"nope": 1})
+    assert str(err.value) == (
+        "config.env_config key(s) ['nope'] are not options of CartPole-v1; it takes "
+        "['disable_env_checker', 'max_episode_steps', 'render_mode', 'sutton_barto_reward']")
+    register_env("test_cli_dict_env", lambda env_config: None)  # takes the whole dict
+    check_env_config("test_cli_dict_env", {"anything": 1})
+
+
+def test_env_config_of_an_env_taking_any_keyword_is_not_checked():
+    import gymnasium as gym
+
+    from algorithms.runner import check_env_config
+
+    def any_options(**kwargs):
+        return gym.make("CartPole-v1")
+    gym.register("TestCliAnyOptions-v0", entry_point=any_options)
+    try:
+        check_env_config("TestCliAnyOptions-v0", {"anything": 1})
+    finally:
+        gym.registry.pop("TestCliAnyOptions-v0")
+
+
+def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
+    import tensorflow as tf
+
+    from algorithms.ppo import PPOConfig
+    from algorithms.runner import TrainingSetupError, check_devices
+    check_devices(PPOConfig(num_gpus=2, _fake_gpus=True))  # no GPU here: two fake ones are fine
+    real = tf.config.list_physical_devices
+    monkeypatch.setattr(tf.config, "list_physical_devices",
+                        lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
+    check_devices(PPOConfig(num_gpus=1))
+    with pytest.raises(TrainingSetupError, match=r"^config.num_gpus: num_gpus=2.0 requested but "
+                       r"only 1 GPU\(s\) found$"):
+        check_devices(PPOConfig(num_gpus=2))
+
+
+def test_spaces_are_checked_before_the_policy_is_built():
+    import gymnasium as gym
+
+    from algorithms.evaluation import CheckpointError, check_spaces_fit
+    from policy_service.io.space_codec import space_to_json
+    cartpole = gym.make("CartPole-v1")
+    state = {"observation_space": space_to_json(cartpole.observation_space),
+             "action_space": space_to_json(cartpole.action_space)}
+    check_spaces_fit(state, gym.make("CartPole-v0"), "CartPole-v0")  # same spaces
+    with pytest.raises(CheckpointError) as err:
+        check_spaces_fit(state, gym.make("Acrobot-v1"), "Acrobot-v1")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("environment 'Acrobot-v1' does not fit")
+    assert "observation_space Box(" in message and "(6,), float32)" in message
+    assert "action_space Discrete(3) (the policy's: Discrete(2))" in message
+
+
 def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(trained, capsys):
     from scripts import cli
     assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--output-dir", str(trained)]) == 2

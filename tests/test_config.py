@@ -1,7 +1,19 @@
-"""config.py: a plain dict validated into dataclasses; bad keys are named."""
+"""config.py: a plain dict validated into dataclasses; bad keys and values are named.
+
+Every range a config value must keep is tested here, for the policy, the
+algorithm loop, PPO and the model, with the exact one-line message.
+"""
+import dataclasses
+import math
+from dataclasses import dataclass
+
 import pytest
 
-from policy_service.config import ModelConfig, PolicyConfig, check_choice, from_dict
+from algorithms.algorithm import AlgorithmConfig
+from algorithms.ppo import PPOConfig
+from policy_service.config import (ConfigError, ConfigTypeError, ModelConfig, PolicyConfig,
+                                   check_choice, field_check, field_docs, from_dict, integer,
+                                   setting)
 
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
@@ -119,7 +131,7 @@ def test_policy_rejects_unknown_choices():
     with pytest.raises(ValueError, match="'Boltzmann'"):
         PGPolicy(OBS_SPACE, ACTION_SPACE,
                  small_config(exploration_config={"type": "Boltzmann"}))
-    with pytest.raises(ValueError, match="bad exploration_config for EpsilonGreedy"):
+    with pytest.raises(ValueError, match=r"for EpsilonGreedy \(unknown: \['epsilon'\]\)"):
         PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
             exploration_config={"type": "EpsilonGreedy", "epsilon": 0.1}))
 
@@ -128,3 +140,226 @@ def test_policy_keeps_the_validated_config():
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(lr=1))
     assert isinstance(policy.config, PolicyConfig)
     assert policy.config.lr == 1.0 and policy.config.model.fcnet_hiddens == [16, 16]
+
+
+# ----- ranges: one line naming the key, what it must be and what it was ---------------------
+
+POSITIVE = "a finite number > 0"
+NON_NEGATIVE = "a finite number >= 0"
+UNIT_INTERVAL = "a finite number in [0, 1]"
+GPU_COUNT = "a finite number >= 0, and a whole number when above 1"
+ACTIVATION = "the name of a Keras activation (e.g. 'tanh', 'relu', 'linear')"
+CONV = ("None or a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
+        "(kernel and stride: an int or [h, w])")
+
+# (config class, key, bad value, what the message says it must be)
+OUT_OF_RANGE = [
+    (PolicyConfig, "lr", math.nan, POSITIVE),
+    (PolicyConfig, "lr", math.inf, POSITIVE),
+    (PolicyConfig, "lr", -1, POSITIVE),
+    (PolicyConfig, "lr", 0, POSITIVE),
+    (PolicyConfig, "lr", 0.0, POSITIVE),
+    (PolicyConfig, "adam_epsilon", -1, POSITIVE),
+    (PolicyConfig, "adam_epsilon", 0.0, POSITIVE),
+    (PolicyConfig, "grad_clip", 0, "None or " + POSITIVE),
+    (PolicyConfig, "grad_clip", -1.0, "None or " + POSITIVE),
+    (PolicyConfig, "grad_clip", math.nan, "None or " + POSITIVE),
+    (PolicyConfig, "grad_clip_method", "bogus", "one of ['global_norm', 'value', 'norm']"),
+    (PolicyConfig, "optimizer", "adamw", "one of ['adam', 'sgd', 'rmsprop']"),
+    (PolicyConfig, "gamma", 1.5, UNIT_INTERVAL),
+    (PolicyConfig, "gamma", -0.1, UNIT_INTERVAL),
+    (PolicyConfig, "gamma", math.nan, UNIT_INTERVAL),
+    (PolicyConfig, "l2_coeff", -0.01, NON_NEGATIVE),
+    (PolicyConfig, "num_gpus", -1, GPU_COUNT),
+    (PolicyConfig, "num_gpus", 1.5, GPU_COUNT),
+    (PolicyConfig, "num_gpus", math.inf, GPU_COUNT),
+    (PolicyConfig, "seed", -1, "None or an integer in [0, 4294967295]"),
+    (PolicyConfig, "seed", 2**32, "None or an integer in [0, 4294967295]"),
+    (PolicyConfig, "minibatch_size", 0, "an integer >= 1"),
+    (PolicyConfig, "num_epochs", 0, "an integer >= 1"),
+    (PolicyConfig, "exploration_config", {"type": "Bogus"},
+     "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']"),
+    (PolicyConfig, "exploration_config", {"type": ["EpsilonGreedy"]},
+     "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']"),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "epsilon": 0.1},
+     "'type' plus options from ['epsilon_timesteps', 'final_epsilon', 'initial_epsilon'] "
+     "for EpsilonGreedy (unknown: ['epsilon'])"),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 1.5},
+     "EpsilonGreedy options with initial_epsilon a finite number in [0, 1]"),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "final_epsilon": "low"},
+     "EpsilonGreedy options with final_epsilon a finite number in [0, 1]"),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "epsilon_timesteps": 1e4},
+     "EpsilonGreedy options with epsilon_timesteps an integer >= 0"),
+    (PolicyConfig, "exploration_config", {"scale": 2.0},
+     "'type' plus options from [] for StochasticSampling (unknown: ['scale'])"),
+    (ModelConfig, "fcnet_hiddens", [0], "a list of integers >= 1"),
+    (ModelConfig, "fcnet_hiddens", [64, -1], "a list of integers >= 1"),
+    (ModelConfig, "fcnet_hiddens", [64.0], "a list of integers >= 1"),
+    (ModelConfig, "fcnet_hiddens", [True], "a list of integers >= 1"),
+    (ModelConfig, "fcnet_activation", "nope", ACTIVATION),
+    (ModelConfig, "conv_activation", "Dense", ACTIVATION),
+    (ModelConfig, "conv_filters", [], CONV),
+    (ModelConfig, "conv_filters", [[16, [3, 3]]], CONV),
+    (ModelConfig, "conv_filters", [[16, [3, 3], 0]], CONV),
+    (ModelConfig, "conv_filters", [[0, 3, 1]], CONV),
+    (ModelConfig, "conv_filters", [[16, [3], 1]], CONV),
+    (ModelConfig, "conv_filters", [16, [3, 3], 1], CONV),
+    (ModelConfig, "lstm_cell_size", 0, "an integer >= 1"),
+    (ModelConfig, "max_seq_len", 0, "an integer >= 1"),
+    (AlgorithmConfig, "num_env_runners", -1, "an integer >= 0"),
+    (AlgorithmConfig, "num_envs_per_env_runner", 0, "an integer >= 1"),
+    (AlgorithmConfig, "num_cpus_per_env_runner", -0.5, NON_NEGATIVE),
+    (AlgorithmConfig, "rollout_fragment_length", 0, "'auto' or an integer >= 1"),
+    (AlgorithmConfig, "rollout_fragment_length", "full", "'auto' or an integer >= 1"),
+    (AlgorithmConfig, "vectorize_mode", "threads", "one of ['sync', 'async']"),
+    (AlgorithmConfig, "train_batch_size", 0, "an integer >= 1"),
+    (AlgorithmConfig, "metrics_num_episodes_for_smoothing", 0, "an integer >= 1"),
+    (AlgorithmConfig, "ray_num_cpus", 0, "None or an integer >= 1"),
+    (PPOConfig, "lr", -1, POSITIVE),  # redeclared with PPO's default, the check kept
+    (PPOConfig, "gamma", 1.01, UNIT_INTERVAL),
+    (PPOConfig, "num_epochs", 0, "an integer >= 1"),
+    (PPOConfig, "lambda_", 1.5, UNIT_INTERVAL),
+    (PPOConfig, "lambda_", -0.5, UNIT_INTERVAL),
+    (PPOConfig, "clip_param", 0, POSITIVE),
+    (PPOConfig, "vf_clip_param", -1, POSITIVE),
+    (PPOConfig, "kl_target", 0, POSITIVE),
+    (PPOConfig, "kl_coeff", -0.2, NON_NEGATIVE),
+    (PPOConfig, "kl_coeff", math.nan, NON_NEGATIVE),
+    (PPOConfig, "entropy_coeff", -0.01, NON_NEGATIVE),
+    (PPOConfig, "vf_loss_coeff", -1, NON_NEGATIVE),
+]
+
+
+def _built(cls, key, value):
+    return from_dict(cls, {key: value})
+
+
+@pytest.mark.parametrize("cls, key, value, expected", OUT_OF_RANGE,
+                         ids=[f"{c.__name__}.{k}={v!r}" for c, k, v, _ in OUT_OF_RANGE])
+def test_out_of_range_value_is_one_line_naming_key_range_and_value(cls, key, value, expected):
+    with pytest.raises(ConfigError) as err:
+        _built(cls, key, value)
+    assert str(err.value) == f"{cls.key_prefix}.{key} must be {expected}, got {value!r}"
+    assert "\n" not in str(err.value)
+
+
+def test_the_nan_learning_rate_of_the_issue_says_what_lr_must_be():
+    with pytest.raises(ValueError) as err:
+        from_dict(PPOConfig, {"lr": float("nan")})
+    assert str(err.value) == "config.lr must be a finite number > 0, got nan"
+
+
+def test_nested_model_values_are_named_with_their_path():
+    with pytest.raises(ConfigError, match=r"^config\.model\.fcnet_hiddens must be a list of "
+                       r"integers >= 1, got \[0\]$"):
+        from_dict(PPOConfig, {"model": {"fcnet_hiddens": [0]}})
+
+
+# (config class, key, a value at or inside the edge of its range)
+IN_RANGE = [
+    (PolicyConfig, "lr", 1e-12), (PolicyConfig, "gamma", 0), (PolicyConfig, "gamma", 1),
+    (PolicyConfig, "grad_clip", None), (PolicyConfig, "grad_clip", 1e-6),
+    (PolicyConfig, "adam_epsilon", 1e-12), (PolicyConfig, "l2_coeff", 0),
+    (PolicyConfig, "num_gpus", 0), (PolicyConfig, "num_gpus", 0.25),
+    (PolicyConfig, "num_gpus", 1), (PolicyConfig, "num_gpus", 4.0),
+    (PolicyConfig, "seed", 0), (PolicyConfig, "seed", 2**32 - 1),
+    (PolicyConfig, "optimizer", "sgd"), (PolicyConfig, "optimizer", "rmsprop"),
+    (PolicyConfig, "grad_clip_method", "value"), (PolicyConfig, "grad_clip_method", "norm"),
+    (PolicyConfig, "minibatch_size", 1), (PolicyConfig, "num_epochs", 1),
+    (PolicyConfig, "exploration_config", {}),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 0.5}),
+    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 1,
+                                          "final_epsilon": 0, "epsilon_timesteps": 0}),
+    (ModelConfig, "fcnet_hiddens", []), (ModelConfig, "fcnet_hiddens", [1, 512]),
+    (ModelConfig, "fcnet_activation", "relu"), (ModelConfig, "fcnet_activation", "linear"),
+    (ModelConfig, "fcnet_activation", "swish"), (ModelConfig, "conv_activation", "elu"),
+    (ModelConfig, "conv_filters", None), (ModelConfig, "conv_filters", [[16, 3, 2]]),
+    (ModelConfig, "conv_filters", [[16, [8, 8], 4], [32, [4, 4], [2, 1]]]),
+    (ModelConfig, "lstm_cell_size", 1), (ModelConfig, "max_seq_len", 1),
+    (AlgorithmConfig, "num_env_runners", 0), (AlgorithmConfig, "rollout_fragment_length", 1),
+    (AlgorithmConfig, "num_cpus_per_env_runner", 0), (AlgorithmConfig, "ray_num_cpus", None),
+    (PPOConfig, "lambda_", 0), (PPOConfig, "lambda_", 1), (PPOConfig, "kl_coeff", 0),
+    (PPOConfig, "entropy_coeff", 0), (PPOConfig, "minibatch_size", 4000),
+]
+
+
+@pytest.mark.parametrize("cls, key, value", IN_RANGE,
+                         ids=[f"{c.__name__}.{k}={v!r}" for c, k, v in IN_RANGE])
+def test_values_at_the_edge_of_their_range_are_taken(cls, key, value):
+    assert getattr(_built(cls, key, value), key) == value
+
+
+def test_an_int_for_a_float_is_reported_as_given_and_stored_as_a_float():
+    with pytest.raises(ConfigError, match=r"got -1$"):
+        from_dict(PolicyConfig, {"lr": -1})
+    assert isinstance(from_dict(PolicyConfig, {"gamma": 1}).gamma, float)
+
+
+def test_ppo_minibatch_larger_than_the_train_batch_names_both():
+    with pytest.raises(ConfigError) as err:
+        from_dict(PPOConfig, {"train_batch_size": 256, "minibatch_size": 512})
+    assert str(err.value) == ("config.minibatch_size must be <= train_batch_size (256), "
+                              "got 512")
+
+
+def test_a_config_built_directly_is_checked_too():
+    with pytest.raises(ConfigError, match="config.lr"):
+        PolicyConfig(lr=-1.0)
+    with pytest.raises(ConfigError, match="config.clip_param"):
+        PPOConfig(clip_param=0.0)
+    with pytest.raises(ConfigError, match="config.model.lstm_cell_size"):
+        ModelConfig(lstm_cell_size=0)
+    with pytest.raises(ConfigTypeError, match="config.num_epochs must be int"):
+        PPOConfig(num_epochs=2.5)
+    with pytest.raises(ConfigError, match="config.model.max_seq_len"):
+        PolicyConfig(model={"max_seq_len": 0})  # a dict for the model is built and checked
+    assert PolicyConfig(model={"max_seq_len": 4}).model == ModelConfig(max_seq_len=4)
+
+
+def test_replace_checks_the_new_values():
+    config = PPOConfig()
+    assert dataclasses.replace(config, num_gpus=0.5).num_gpus == 0.5
+    with pytest.raises(ConfigError, match="config.num_gpus"):
+        dataclasses.replace(config, num_gpus=-2)
+
+
+def test_config_errors_are_value_and_type_errors():
+    assert issubclass(ConfigError, ValueError)
+    assert issubclass(ConfigTypeError, ConfigError) and issubclass(ConfigTypeError, TypeError)
+    with pytest.raises(ConfigError):
+        from_dict(PolicyConfig, {"nope": 1})
+
+
+# ----- docs and rules beside the fields, readable by tools -----------------------------------
+
+
+@pytest.mark.parametrize("cls", [ModelConfig, PolicyConfig, AlgorithmConfig, PPOConfig])
+def test_every_field_of_every_config_has_a_doc(cls):
+    docs = field_docs(cls)
+    assert set(docs) == {f.name for f in dataclasses.fields(cls)}
+    missing = sorted(name for name, doc in docs.items() if not doc.strip())
+    assert not missing, f"{cls.__name__} fields without a doc: {missing}"
+
+
+def test_a_redeclared_field_keeps_its_parents_rule_and_adds_its_own_doc():
+    assert field_check(PPOConfig, "lr") is field_check(PolicyConfig, "lr")
+    assert field_check(PPOConfig, "lr")(-1.0) == "a finite number > 0"
+    assert field_check(PPOConfig, "lr")(1e-3) is None
+    assert field_docs(PPOConfig)["lr"] == "Adam learning rate."
+    assert field_docs(PolicyConfig)["lr"] == "Learning rate."
+    assert field_check(PolicyConfig, "explore") is None  # a bool needs no range
+
+
+@dataclass
+class _HalvingConfig(PolicyConfig):
+    """An algorithm's own key, declared the way the built-in algorithms declare theirs."""
+
+    halvings: int = setting(2, doc="Times the step is halved.", check=integer(ge=2, le=8))
+
+
+def test_a_subclass_declares_its_own_key_with_a_range():
+    assert from_dict(_HalvingConfig, {"halvings": 8, "lr": 0.5}).halvings == 8
+    with pytest.raises(ConfigError) as err:
+        from_dict(_HalvingConfig, {"halvings": 1})
+    assert str(err.value) == "config.halvings must be an integer in [2, 8], got 1"
+    assert field_docs(_HalvingConfig)["halvings"] == "Times the step is halved."
