@@ -322,11 +322,6 @@ def _describe(annotation: Any) -> str:
     return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
 
 
-def check_choice(value: str, choices: tuple, name: str) -> None:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
-
-
 # The device keys of a policy config, and their values for acting on one CPU device.
 CPU_ONLY = {"num_gpus": 0, "_fake_gpus": False}
 

@@ -23,7 +23,7 @@ import tensorflow as tf
 import tree
 
 from policy_service import distributions, exploration, models, spaces
-from policy_service.config import PolicyConfig, check_choice, from_dict
+from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.optimizers import FusedAdam
@@ -32,8 +32,6 @@ from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainColumns, prepare_train_columns
-
-_OPTIMIZERS = ("adam", "sgd", "rmsprop")
 
 
 class TFPolicy:
@@ -44,7 +42,6 @@ class TFPolicy:
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: dict | PolicyConfig | None = None):
         self.config = from_dict(self.config_class, config)
-        check_choice(self.config.optimizer, _OPTIMIZERS, "optimizer")
         self.observation_space = observation_space
         self.action_space = action_space
         self.preprocessor = spaces.make_preprocessor(observation_space)

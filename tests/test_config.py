@@ -12,7 +12,7 @@ import pytest
 from algorithms.algorithm import AlgorithmConfig
 from algorithms.ppo import PPOConfig
 from policy_service.config import (ConfigError, ConfigTypeError, ModelConfig, PolicyConfig,
-                                   check_choice, field_check, field_docs, from_dict, integer,
+                                   field_check, field_docs, from_dict, integer,
                                    setting)
 
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
@@ -106,14 +106,6 @@ def test_model_that_is_not_a_dict_is_an_error_naming_it():
 def test_config_that_is_not_a_dict_is_an_error():
     with pytest.raises(TypeError, match="config must be a dict, got str"):
         from_dict(PolicyConfig, "lr=0.1")
-
-
-def test_check_choice_names_the_setting_and_choices():
-    check_choice("adam", ("adam", "sgd"), "optimizer")
-    with pytest.raises(ValueError) as err:
-        check_choice("adamw", ("adam", "sgd"), "optimizer")
-    assert "optimizer" in str(err.value) and "'adamw'" in str(err.value)
-    assert "['adam', 'sgd']" in str(err.value)
 
 
 def test_policy_rejects_unknown_keys_before_building_anything():
