@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import importlib
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig, register_env
+from algorithms.algorithm import Algorithm, AlgorithmConfig
+from algorithms.environments import register_env
 
 # name -> "module:Class"; imported on first use, so `import algorithms` stays light
 _ALGORITHMS = {"ppo": "algorithms.ppo:PPO"}

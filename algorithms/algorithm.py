@@ -58,32 +58,16 @@ from typing import Callable, Optional, Union
 
 import numpy as np
 
+from algorithms.environments import env_maker
 from policy_service.config import (PolicyConfig, Rule, finite, from_dict, integer, on_cpu,
                                    one_of, setting)
+from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
-_ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
-
-
-def register_env(name: str, creator: Callable[[dict], object]) -> None:
-    """Make `config["env"] = name` build envs with `creator(env_config)`.
-
-    The creator travels to remote env runners with the worker (cloudpickle),
-    so it works there too. Any other name is a gymnasium id (`gym.make`);
-    "module:EnvId" imports module first, so its own registrations apply.
-    """
-    if not callable(creator):
-        raise TypeError(f"env creator for {name!r} must be callable, got {creator!r}")
-    _ENV_CREATORS[name] = creator
-
-
-def is_registered_env(name: str) -> bool:
-    """Whether `name` was given to register_env in this process."""
-    return name in _ENV_CREATORS
 
 
 @dataclass
@@ -248,12 +232,11 @@ class Algorithm:
     def _init_ray(self) -> None:
         import ray
         if not ray.is_initialized():
-            ray.init(address="local", num_cpus=self.config.ray_num_cpus,
-                     include_dashboard=False)
+            start_ray(num_cpus=self.config.ray_num_cpus)
             self._ray_started = True
 
     def _env(self):
-        return _ENV_CREATORS.get(self.config.env, self.config.env)
+        return env_maker(self.config.env)
 
     def _make_env_runners(self, seed: int | None):
         from policy_service.distributed.env_runner_group import EnvRunnerGroup

@@ -1,7 +1,7 @@
 """The `policy-service` command line: train, evaluate, export, submit.
 
 Only argument parsing lives here; each subcommand calls one module:
-train -> algorithms.runner, evaluate/export -> algorithms.evaluation,
+train -> scripts.training, evaluate/export -> algorithms.evaluation,
 submit -> policy_service.distributed.jobs. Bad input ends in one line on stderr and exit
 status 2; modules are imported lazily so `submit` never loads TensorFlow.
 """
@@ -45,16 +45,17 @@ def import_tensorflow_quietly() -> None:
 
 def _train(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
-    from algorithms import runner
-    options = runner.RunOptions(
+    from scripts import training
+    from scripts.run_options import RunOptions, StopCriteria
+    options = RunOptions(
         algorithm=args.algorithm, env=args.env, config_file=args.config,
         overrides=args.set or [], num_gpus=args.num_gpus, fake_gpus=args.fake_gpus,
         num_env_runners=args.num_env_runners, seed=args.seed,
-        stop=runner.StopCriteria(reward=args.stop_reward, timesteps=args.stop_timesteps,
-                                 iters=args.stop_iters),
+        stop=StopCriteria(reward=args.stop_reward, timesteps=args.stop_timesteps,
+                          iters=args.stop_iters),
         output_dir=args.output_dir, resume=args.resume, address=args.address,
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
-    return runner.train(options)
+    return training.train(options)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
@@ -154,7 +155,8 @@ def _user_errors() -> tuple:
     """The modules' bad-input exceptions, for those modules already imported."""
     errors = []
     for module_name, class_name in (("policy_service.config", "ConfigError"),
-                                    ("algorithms.runner", "TrainingSetupError"),
+                                    ("scripts.run_options", "TrainingSetupError"),
+                                    ("algorithms.environments", "EnvironmentSetupError"),
                                     ("algorithms.evaluation", "CheckpointError"),
                                     ("policy_service.distributed.jobs", "JobSubmissionError")):
         module = sys.modules.get(module_name)

@@ -417,11 +417,11 @@ def test_more_bad_values_are_one_clear_line(case, tmp_path, capsys):
 
 def test_env_config_keys_are_checked_against_the_env_constructor():
     from algorithms import register_env
-    from algorithms.runner import TrainingSetupError, check_env_config
+    from algorithms.environments import EnvironmentSetupError, check_env_config
     check_env_config("CartPole-v1", {})
     check_env_config("CartPole-v1", {"render_mode": None, "sutton_barto_reward": True,
                                      "max_episode_steps": 5, "disable_env_checker": True})
-    with pytest.raises(TrainingSetupError) as err:
+    with pytest.raises(EnvironmentSetupError) as err:
         check_env_config("CartPole-v1", {"nope": 1})
     assert str(err.value) == (
         "config.env_config key(s) ['nope'] are not options of CartPole-v1; it takes "
@@ -433,7 +433,7 @@ def test_env_config_keys_are_checked_against_the_env_constructor():
 def test_env_config_of_an_env_taking_any_keyword_is_not_checked():
     import gymnasium as gym
 
-    from algorithms.runner import check_env_config
+    from algorithms.environments import check_env_config
 
     def any_options(**kwargs):
         return gym.make("CartPole-v1")
@@ -448,7 +448,8 @@ def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
     import tensorflow as tf
 
     from algorithms.ppo import PPOConfig
-    from algorithms.runner import TrainingSetupError, check_devices
+    from scripts.run_config import check_devices
+    from scripts.run_options import TrainingSetupError
     check_devices(PPOConfig(num_gpus=2, _fake_gpus=True))  # no GPU here: two fake ones are fine
     real = tf.config.list_physical_devices
     monkeypatch.setattr(tf.config, "list_physical_devices",
@@ -490,7 +491,7 @@ def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(traine
 
 
 def test_stop_criteria_name_the_first_limit_reached():
-    from algorithms.runner import StopCriteria
+    from scripts.run_options import StopCriteria
     stop = StopCriteria(reward=100.0, timesteps=1000, iters=5)
     assert stop.reason({"iteration": 1, "timesteps_total": 10, "episode_return_mean": 20.0}) is None
     assert stop.reason({"iteration": 1, "timesteps_total": 10,
@@ -503,7 +504,7 @@ def test_stop_criteria_name_the_first_limit_reached():
 
 
 def test_overrides_parse_yaml_values_and_nest_dotted_keys():
-    from algorithms.runner import apply_override
+    from scripts.run_config import apply_override
     config = {"model": {"fcnet_activation": "tanh"}}
     for assignment in ("lr=3e-4", "model.fcnet_hiddens=[64, 64]", "env_config.size=3",
                        "seed=null", "explore=false", "env=ALE/Pong-v5"):
@@ -515,6 +516,6 @@ def test_overrides_parse_yaml_values_and_nest_dotted_keys():
 
 def test_metrics_become_plain_json():
     import numpy as np
-    from algorithms.runner import _json_safe
-    assert _json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
+    from scripts.run_config import json_safe
+    assert json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
                        "d": (1, float("inf"))}) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}

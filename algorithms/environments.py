@@ -1,0 +1,88 @@
+"""Environments by name: gymnasium ids, "module:EnvId", and names given to
+register_env; and the checks that a name and its env_config fit, before a run starts."""
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Callable
+
+import gymnasium as gym
+from gymnasium.envs.registration import load_env_creator
+
+_ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
+
+
+class EnvironmentSetupError(ValueError):
+    """An environment name or env_config that cannot work."""
+
+
+def register_env(name: str, creator: Callable[[dict], object]) -> None:
+    """Make `config["env"] = name` build envs with `creator(env_config)`.
+
+    The creator travels to remote env runners with the worker (cloudpickle),
+    so it works there too. Any other name is a gymnasium id (`gym.make`);
+    "module:EnvId" imports module first, so its own registrations apply.
+    """
+    if not callable(creator):
+        raise TypeError(f"env creator for {name!r} must be callable, got {creator!r}")
+    _ENV_CREATORS[name] = creator
+
+
+def is_registered_env(name: str) -> bool:
+    """Whether `name` was given to register_env in this process."""
+    return name in _ENV_CREATORS
+
+
+def env_maker(name: str):
+    """What env runners build envs from: the registered creator, else the name itself."""
+    return _ENV_CREATORS.get(name, name)
+
+
+def check_env_id(env: str) -> None:
+    """A gymnasium id (or "module:EnvId") that gymnasium knows, or a name given to
+    algorithms.register_env in this process; else an error naming it."""
+
+    if is_registered_env(env):
+        return
+    module, sep, env_id = env.rpartition(":")
+    if sep:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise EnvironmentSetupError(f"unknown environment {env!r}: cannot import "
+                                     f"{module!r} ({err})") from None
+    try:
+        gym.spec(env_id)
+    except gym.error.Error as err:
+        raise EnvironmentSetupError(f"unknown environment {env!r}: {_one_line(err)}") from None
+
+
+def check_env_config(env: str, env_config: dict) -> None:
+    """Every env_config key is a keyword that gym.make or the env's constructor takes;
+    else an error naming the keys. Envs whose constructor takes **kwargs, and names
+    given to register_env (their creator takes the whole dict), are not checked."""
+
+    if not env_config or is_registered_env(env):
+        return
+    spec = gym.spec(env.rpartition(":")[2])  # check_env_id imported "module:" already
+    try:
+        creator = (spec.entry_point if callable(spec.entry_point)
+                   else load_env_creator(spec.entry_point))
+    except (ImportError, AttributeError, ValueError) as err:
+        raise EnvironmentSetupError(f"cannot load environment {env!r} "
+                                 f"({spec.entry_point}): {_one_line(err)}") from None
+    takes = set()
+    for function in (gym.make, creator):
+        parameters = inspect.signature(function).parameters.values()
+        if function is creator and any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return
+        takes |= {p.name for p in parameters
+                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "id"}
+    unknown = sorted(map(str, set(env_config) - takes))
+    if unknown:
+        raise EnvironmentSetupError(f"config.env_config key(s) {unknown} are not options of "
+                                 f"{env}; it takes {sorted(takes)}")
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__

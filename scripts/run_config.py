@@ -1,0 +1,155 @@
+"""A run's config: file < --set key=value < flags, validated by the algorithm's
+config class, the environment and the devices before anything starts."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from algorithms import environments
+from scripts.run_options import RunOptions, TrainingSetupError, one_line
+
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def load_config_file(path: str) -> dict:
+    """A mapping of config keys from a YAML or JSON file."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise TrainingSetupError(f"cannot read config file {path}: "
+                                 f"{err.strerror or err}") from None
+    try:
+        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
+        raise TrainingSetupError(f"config file {path} is not valid "
+                                 f"{'JSON' if path.endswith('.json') else 'YAML'}: "
+                                 f"{one_line(err)}") from None
+    if values is None:
+        return {}
+    values = exponent_floats(values)
+    if not isinstance(values, dict):
+        raise TrainingSetupError(f"config file {path} must hold a mapping of config keys, "
+                                 f"got {type(values).__name__}")
+    return values
+
+
+def apply_override(config: dict, assignment: str) -> None:
+    """Set one "key=value" (value parsed as YAML; "a.b=1" sets config["a"]["b"])."""
+    key, sep, text = assignment.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise TrainingSetupError(f"--set expects key=value, got {assignment!r}")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise TrainingSetupError(f"--set {key}: cannot parse value {text!r}: "
+                                 f"{one_line(err)}") from None
+    value = exponent_floats(value)
+    *parents, leaf = key.split(".")
+    target = config
+    for depth, part in enumerate(parents):
+        child = target.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise TrainingSetupError(f"--set {key}: {'.'.join(parents[:depth + 1])} "
+                                     f"is {child!r}, not a mapping")
+        target = child
+    target[leaf] = value
+
+
+def build_config(options: RunOptions, base: Optional[dict] = None) -> dict:
+    """`base` (a saved run's config, or nothing) updated by --config, each --set, the flags."""
+    config = json.loads(json.dumps(base or {}))  # a deep copy
+    if options.config_file:
+        _merge(config, load_config_file(options.config_file))
+    for assignment in options.overrides:
+        apply_override(config, assignment)
+    config.update(options.config_flags())
+    return config
+
+
+def _merge(target: dict, updates: dict) -> None:
+    """Nested dicts are merged key by key; any other value replaces."""
+    for key, value in updates.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+def algorithm_class(name: Optional[str]) -> type:
+    from algorithms import get_algorithm_class
+    if not name:
+        raise TrainingSetupError("no algorithm given: train ALGO --env ENV, e.g. train ppo "
+                                 "--env CartPole-v1")
+    try:
+        return get_algorithm_class(name)
+    except ValueError as err:
+        raise TrainingSetupError(str(err)) from None
+
+
+def validate_config(algo_cls: type, config: dict) -> dict:
+    """The full config (every key, defaults filled in) or an error naming the bad key."""
+    from policy_service.config import from_dict
+    try:
+        typed = from_dict(algo_cls.config_class, config)
+    except (ValueError, TypeError) as err:
+        raise TrainingSetupError(f"invalid config: {err}") from None
+    if not typed.env:
+        raise TrainingSetupError("no environment given: pass --env ENV (e.g. CartPole-v1) "
+                                 "or set 'env' in the config file")
+    try:
+        environments.check_env_id(typed.env)
+        environments.check_env_config(typed.env, typed.env_config)
+    except environments.EnvironmentSetupError as err:
+        raise TrainingSetupError(str(err)) from None
+    check_devices(typed)
+    return json_safe(typed.to_dict())
+
+
+def check_devices(config) -> None:
+    """The learner's towers fit the GPUs this process sees (the learner lives here), and
+    a minibatch splits evenly over them, whole sequences for the built-in LSTM."""
+    import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
+
+    from policy_service.engine import devices
+    try:
+        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
+                                    len(tf.config.list_physical_devices("GPU")))
+    except ValueError as err:
+        raise TrainingSetupError(f"config.num_gpus: {err}") from None
+    rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
+    quantum = plan.num_towers * rows_per_sequence
+    if config.minibatch_size % quantum:
+        raise TrainingSetupError(
+            f"config.minibatch_size must be a multiple of {plan.num_towers} tower(s) x "
+            f"{rows_per_sequence} row(s) per sequence = {quantum}, got {config.minibatch_size}")
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON values: numpy scalars unwrapped, NaN/inf -> None, tuples -> lists."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def exponent_floats(value: Any) -> Any:
+    """Strings like "3e-4" as floats: YAML 1.1 reads an exponent without a dot as text."""
+    if isinstance(value, dict):
+        return {k: exponent_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [exponent_floats(v) for v in value]
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value.strip()):
+        return float(value)
+    return value
+

@@ -1,0 +1,73 @@
+"""What `policy-service train` was asked to do: the options, the stop criteria, and
+the error that ends a run before it starts."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED = (
+    "stop_reward", "stop_timesteps", "stop_iters", "interrupted")
+
+
+class TrainingSetupError(Exception):
+    """The run cannot start: a bad flag, config key or value, file or run directory."""
+
+
+@dataclass
+class StopCriteria:
+    """When a run ends; None means no such limit (no limit at all: until Ctrl-C)."""
+
+    reward: Optional[float] = None  # episode_return_mean at which to stop
+    timesteps: Optional[int] = None  # env steps (timesteps_total) after which to stop
+    iters: Optional[int] = None  # iterations after which to stop
+
+    def reason(self, metrics: dict) -> Optional[str]:
+        """The first criterion `metrics` meets, or None."""
+        ret = metrics.get("episode_return_mean")
+        if self.reward is not None and ret is not None and ret >= self.reward:
+            return STOP_REWARD
+        if self.timesteps is not None and metrics.get("timesteps_total", 0) >= self.timesteps:
+            return STOP_TIMESTEPS
+        if self.iters is not None and metrics.get("iteration", 0) >= self.iters:
+            return STOP_ITERS
+        return None
+
+    def updated(self, other: "StopCriteria") -> "StopCriteria":
+        """These criteria with every limit `other` sets replaced by its value."""
+        return StopCriteria(**{k: v if v is not None else getattr(self, k)
+                               for k, v in dataclasses.asdict(other).items()})
+
+
+@dataclass
+class RunOptions:
+    """Everything `policy-service train` takes; None means "not given"."""
+
+    algorithm: Optional[str] = None  # registered algorithm name, e.g. "ppo"
+    env: Optional[str] = None  # gymnasium id or "module:EnvId"
+    config_file: Optional[str] = None  # YAML or JSON mapping of config keys
+    overrides: list = field(default_factory=list)  # "key=value" strings; dotted keys nest
+    num_gpus: Optional[float] = None  # -> config "num_gpus"
+    fake_gpus: Optional[bool] = None  # -> config "_fake_gpus"
+    num_env_runners: Optional[int] = None  # -> config "num_env_runners"
+    seed: Optional[int] = None  # -> config "seed"
+    stop: StopCriteria = field(default_factory=StopCriteria)
+    output_dir: Optional[str] = None  # run directory (default runs/ALGO-ENV-TIME)
+    resume: Optional[str] = None  # run directory to continue from its latest checkpoint
+    address: Optional[str] = None  # Ray cluster to join (default: $RAY_ADDRESS, else local)
+    checkpoint_every: Optional[int] = None  # iterations between checkpoints; 0: at the end only
+    keep_checkpoints: Optional[int] = None  # latest checkpoints kept
+
+    def config_flags(self) -> dict:
+        """The config keys set by their own flags (they win over the file and --set)."""
+        flags = {"env": self.env, "num_gpus": self.num_gpus, "_fake_gpus": self.fake_gpus,
+                 "num_env_runners": self.num_env_runners, "seed": self.seed}
+        return {k: v for k, v in flags.items() if v is not None}
+
+    def sets_config(self) -> bool:
+        return bool(self.config_file or self.overrides or self.config_flags())
+
+
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (or its type when it has none)."""
+    return " ".join(str(err).split()) or type(err).__name__

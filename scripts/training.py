@@ -1,0 +1,211 @@
+"""A training run: config in, iterations out, into a run directory you can resume.
+
+    options = RunOptions(algorithm="ppo", env="CartPole-v1", stop=StopCriteria(iters=20))
+    train(options)          # what `policy-service train ppo --env CartPole-v1 --stop-iters 20` does
+
+The loop around the algorithm:
+
+    config = file < --set key=value < flags      -> validated by the algorithm's config class
+    ray.init(local, or join --address)          if the run has actors or names a cluster
+    algo = ALGO(config); algo.restore(latest checkpoint) when resuming
+    while True:
+        metrics = algo.train()                   -> progress.jsonl, tensorboard/, progress bar
+        stop criterion met, or SIGINT/SIGTERM?   -> checkpoint, result.json, done
+        every N iterations                       -> checkpoint (atomic; the latest K kept)
+
+The run directory (run_directory.py) holds config.json (the full algorithm
+config; it can be given back as --config), run.json (algorithm name, stop
+criteria, checkpoint settings), progress.jsonl, result.json (the last
+iteration plus "stop_reason"), checkpoints/ and tensorboard/.
+
+Resuming restarts from the latest checkpoint: iterations after it (done but
+not checkpointed when the run died) are dropped from progress.jsonl and run
+again, so iteration numbers continue with no gap and no duplicate.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from scripts.run_config import algorithm_class, build_config, json_safe, validate_config
+from scripts.run_directory import RunDirectory, default_output_dir
+from scripts.run_display import ProgressDisplay, ScalarWriter
+from scripts.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError)
+from scripts.stop_request import StopRequest
+
+DEFAULT_CHECKPOINT_EVERY = 10
+
+
+DEFAULT_KEEP_CHECKPOINTS = 3
+
+
+@dataclass
+class RunPlan:
+    """A validated run, ready to start."""
+
+    algo_cls: type
+    algorithm: str
+    config: dict
+    run_dir: RunDirectory
+    stop: StopCriteria
+    checkpoint_every: int
+    keep_checkpoints: int
+    resume_from: Optional[Path]
+    resumed: bool
+
+
+def plan_run(options: RunOptions) -> RunPlan:
+    """Check everything that can be checked before Ray starts."""
+    checkpoint_every = _at_least(options.checkpoint_every, 0, "--checkpoint-every")
+    keep = _at_least(options.keep_checkpoints, 1, "--keep-checkpoints")
+    _at_least(options.stop.iters, 1, "--stop-iters")
+    _at_least(options.stop.timesteps, 1, "--stop-timesteps")
+    if options.stop.reward is not None and not math.isfinite(options.stop.reward):
+        raise TrainingSetupError(f"--stop-reward must be a finite number, "
+                                 f"got {options.stop.reward}")
+    if options.resume:
+        return _plan_resume(options, checkpoint_every, keep)
+    algo_cls = algorithm_class(options.algorithm)
+    config = validate_config(algo_cls, build_config(options))
+    run_dir = RunDirectory(options.output_dir or default_output_dir(
+        options.algorithm.lower(), config["env"]))
+    if run_dir.exists() or run_dir.progress_file.exists():
+        raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
+                                 f"--resume {run_dir.path}, or choose another --output-dir")
+    return RunPlan(algo_cls, options.algorithm.lower(), config, run_dir, options.stop,
+                 DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
+                 DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
+
+
+def _plan_resume(options: RunOptions, checkpoint_every, keep) -> RunPlan:
+    run_dir = RunDirectory(options.resume)
+    if not run_dir.exists():
+        raise TrainingSetupError(f"--resume {options.resume}: no run there "
+                                 f"({run_dir.run_file.name} missing)")
+    if options.output_dir and Path(options.output_dir).absolute() != run_dir.path:
+        raise TrainingSetupError("--resume continues in the run's own directory; "
+                                 "drop --output-dir or make it the same")
+    saved_config, run = run_dir.read()
+    name = run["algorithm"]
+    if options.algorithm and options.algorithm.lower() != name:
+        raise TrainingSetupError(f"--resume: the run in {run_dir.path} trains {name!r}, "
+                                 f"not {options.algorithm!r}")
+    algo_cls = algorithm_class(name)
+    config = validate_config(algo_cls, saved_config)
+    if options.sets_config():  # the same command again plus --resume is fine; a change is not
+        wanted = validate_config(algo_cls, build_config(options, base=config))
+        changed = sorted(k for k in set(wanted) | set(config) if wanted.get(k) != config.get(k))
+        if changed:
+            key = changed[0]
+            raise TrainingSetupError(
+                f"--resume keeps the run's config, but {key!r} would change from "
+                f"{config.get(key)!r} to {wanted.get(key)!r}; start a new run instead")
+    stop = StopCriteria(**run.get("stop", {})).updated(options.stop)
+    return RunPlan(algo_cls, name, config, run_dir, stop,
+                 run.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
+                 if checkpoint_every is None else checkpoint_every,
+                 run.get("keep_checkpoints", DEFAULT_KEEP_CHECKPOINTS) if keep is None else keep,
+                 run_dir.latest_checkpoint(), True)
+
+
+def train(options: RunOptions) -> int:
+    """Run (or resume) training until a stop criterion or a signal -> exit status 0."""
+    plan = plan_run(options)
+    run_dir = plan.run_dir
+    run_settings = {"algorithm": plan.algorithm, "stop": dataclasses.asdict(plan.stop),
+                    "checkpoint_every": plan.checkpoint_every,
+                    "keep_checkpoints": plan.keep_checkpoints}
+    address = options.address or os.environ.get("RAY_ADDRESS") or None
+    ray_started = uses_ray(plan.config, address)
+    if ray_started:
+        start_ray(address, quiet=True)
+    algo = None
+    try:
+        algo = plan.algo_cls(plan.config)
+        if plan.resumed:
+            history = _restore(algo, plan)
+        else:
+            history = []
+        run_dir.create(plan.config, run_settings)
+        return _loop(algo, plan, history)
+    finally:
+        if algo is not None:
+            algo.stop()
+        if ray_started:
+            import ray
+            ray.shutdown()
+
+
+def _restore(algo, plan: RunPlan) -> list[dict]:
+    run_dir = plan.run_dir
+    run_dir.remove_partial_checkpoints()
+    if plan.resume_from is None:
+        print(f"policy-service: {run_dir.path} has no checkpoint yet; starting it over",
+              file=sys.stderr)
+        return run_dir.truncate_progress(0)
+    algo.restore(str(plan.resume_from))
+    print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
+          f"(iteration {algo.iteration})", file=sys.stderr)
+    return run_dir.truncate_progress(algo.iteration)
+
+
+def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
+    run_dir = plan.run_dir
+    display = ProgressDisplay(plan.stop.iters, initial=algo.iteration)
+    scalars = ScalarWriter(run_dir.tensorboard)
+    last = history[-1] if history else None
+    checkpoint = plan.resume_from if last else None
+    reason = plan.stop.reason(last) if last else None  # already met before resuming
+    stop = StopRequest(on_first=lambda name: display.note(
+        f"policy-service: {name}: finishing this iteration, then checkpointing "
+        "(again to abort)"))
+    try:
+        with stop:
+            while reason is None:
+                metrics = json_safe(algo.train())
+                run_dir.append_progress(metrics)
+                scalars.write(metrics)
+                display.update(metrics)
+                last = metrics
+                reason = plan.stop.reason(metrics) or (INTERRUPTED if stop.requested else None)
+                due = plan.checkpoint_every and algo.iteration % plan.checkpoint_every == 0
+                if reason is None and due:
+                    checkpoint = _save(algo, plan)
+                    reason = INTERRUPTED if stop.requested else None  # a signal mid-save
+            if checkpoint is None or checkpoint != run_dir.checkpoint_path(algo.iteration):
+                checkpoint = _save(algo, plan)
+    finally:
+        display.close()
+        scalars.close()
+    run_dir.write_result(last, reason, checkpoint)
+    _report(last, reason, checkpoint, run_dir)
+    return 0
+
+
+def _save(algo, plan: RunPlan) -> Path:
+    path = plan.run_dir.checkpoint_path(algo.iteration)
+    algo.save(str(path))
+    plan.run_dir.prune_checkpoints(plan.keep_checkpoints)
+    return path
+
+
+def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory) -> None:
+    ret = metrics.get("episode_return_mean")
+    print(f"stopped ({reason}) after iteration {metrics['iteration']}: "
+          f"{metrics.get('timesteps_total')} env steps, episode_return_mean "
+          f"{'n/a' if ret is None else f'{ret:.2f}'}")
+    print(f"checkpoint:  {checkpoint}")
+    print(f"tensorboard: tensorboard --logdir {run_dir.tensorboard}")
+    print(f"results:     {run_dir.result_file}")
+
+
+def _at_least(value: Optional[int], low: int, flag: str) -> Optional[int]:
+    if value is not None and value < low:
+        raise TrainingSetupError(f"{flag} must be >= {low}, got {value}")
+    return value
