@@ -25,22 +25,31 @@ executor, start a gRPC server and a coordination service, and wait until every
 member is up. The strategy object is only used for that setup; the all-reduce
 itself is a raw `CollectiveReduceV2`, which costs what the transport costs.
 
-What the ops rely on (read from TF 2.21's kernels and measured in the tests):
+What the ops rely on (read in TF's sources, checked by tests/test_collectives.py):
 - `(group_key, instance_key)` names one collective; the runtime caches its
-  shape and dtype on first use ("Shape mismatch in the collective instance"
-  otherwise), so a key stands for one (dtype, element count, merge op). Keys
-  are a hash of that signature and of the call's position in its traced
-  function, so every member derives the same keys whatever order it traced
+  shape and dtype on first use (a later call with another shape fails with
+  "Shape mismatch in the collective instance"), so a key stands for one
+  (dtype, element count, merge op). Keys are a hash of that signature and of
+  the call's position in its traced function (loop bodies count in their
+  function), so every member derives the same keys whatever order it traced
   its functions in, and two calls in one function never share a key.
-- The same key may run again in a later function call or a later while-loop
-  iteration: the runtime's execution key includes the frame and iteration,
-  and a while body's outputs wait for its stateful ops, so iterations do not
-  overlap. Calls in one function are ordered by an ordering token (a
-  resource on the op's device), as `MultiWorkerMirroredStrategy` orders its own.
+- The same key may run again in a later call or a later while-loop
+  iteration: the kernel's execution key is "instance:frame:iteration"
+  (collective_ops.cc GetCollectiveKey), and iterations do not overlap (a
+  while body's outputs wait for its stateful ops; exact sums over 50
+  iterations in the tests). Calls in one function are ordered by an ordering
+  token, a resource variable on the op's device, as MultiWorkerMirroredStrategy
+  orders its own collectives.
 - Every member must make the same calls, with the same shapes, in the same
   order, from one thread.
 - After a failed collective (timeout, dead peer) TF aborts all collectives in
   the process: the group must be rebuilt in fresh processes.
+- `connect` waits for every member without a deadline of its own: the caller
+  bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
+
+Security: TF's gRPC server listens on all interfaces ("0.0.0.0:port" is fixed
+in grpc_server_lib.cc; `host` only sets the address peers dial) and has no
+authentication. Run members only on hosts whose network is trusted.
 
 A group of one starts no server and runs no collective: `all_reduce_sum` is
 the identity, so a single learner takes the same code path.
@@ -48,6 +57,7 @@ the identity, so a single learner takes the same code path.
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import weakref
 import zlib
@@ -62,7 +72,7 @@ DEFAULT_TIMEOUT_S = 120.0
 JOB = "worker"
 SUM_GROUP_KEY = 4201  # the all-reduce of tensors (on the GPU with NCCL)
 CHECK_GROUP_KEY = 4202  # the weight check, always on the CPU (a group has one device type)
-SUMMABLE_DTYPES = (tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32, tf.int64)
+SUMMABLE_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)  # the ones tested
 
 
 class CollectivePeerError(RuntimeError):
@@ -118,19 +128,27 @@ class CollectiveGroup:
         member has connected. With one address it only records the rank."""
         addresses = list(addresses)
         self._check_membership(rank, addresses)
-        self.rank, self.world_size = rank, len(addresses)
-        self.implementation = choose_implementation(tf.config.list_physical_devices())
-        if self.world_size == 1:
-            return
+        implementation = choose_implementation(tf.config.list_physical_devices())
+        if len(addresses) > 1:
+            self._strategy = self._start_executor(rank, addresses, implementation)
+        self.rank, self.world_size, self.implementation = rank, len(addresses), implementation
+        if self.world_size > 1:
+            for device in {self.sum_device, self.check_device}:
+                with tf.device(device):
+                    self._tokens[device] = tf.Variable(0.0, trainable=False,
+                                                       name="collective_ordering_token")
+
+    def _start_executor(self, rank: int, addresses: list[str], implementation: str):
+        """MultiWorkerMirroredStrategy's setup from a cluster spec of `addresses`."""
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec({JOB: addresses}), task_type=JOB, task_id=rank,
             rpc_layer="grpc")
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
-                                   self.implementation),
+                                   implementation),
             timeout_seconds=self.timeout_s)
         try:
-            self._strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            return tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=resolver, communication_options=options)
         except RuntimeError as err:
             if "program startup" not in str(err):
@@ -138,10 +156,6 @@ class CollectiveGroup:
             raise RuntimeError(
                 "CollectiveGroup.connect must run before any TensorFlow op in this "
                 "process (TensorFlow is already initialized)") from err
-        for device in {self.sum_device, self.check_device}:
-            with tf.device(device):
-                self._tokens[device] = tf.Variable(0.0, trainable=False,
-                                                   name="collective_ordering_token")
 
     def _check_membership(self, rank: int, addresses: list[str]) -> None:
         if self.rank is not None:
@@ -220,13 +234,15 @@ class CollectiveGroup:
                 tf.errors.CancelledError, tf.errors.AbortedError,
                 tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
             message = str(err)
-            if "ollective" not in message:
+            if "Collective" not in message:
                 raise
-            first = next((line for line in message.splitlines()
-                          if "ollective" in line), message.splitlines()[0])
+            lines = [line.strip() for line in message.splitlines()]
+            cause = next((line for line in lines if line.startswith("Collective")), lines[0])
+            node = re.search(r"\{\{node ([^}]+)\}\}", message)
             raise CollectivePeerError(
-                f"collective over {self.world_size} members (this is rank {self.rank}, "
-                f"timeout {self.timeout_s:g}s) failed: {first.strip()}; "
+                f"{node.group(1) if node else 'CollectiveReduceV2'} failed in a group of "
+                f"{self.world_size} members (this is rank {self.rank}, timeout "
+                f"{self.timeout_s:g}s): {cause}; "
                 "collectives in this process are now aborted, rebuild the group"
             ) from err
 

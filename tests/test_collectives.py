@@ -36,6 +36,7 @@ class Member:
         devices.prepare_process(1)
         from policy_service.collectives import CollectiveGroup
         self.group = CollectiveGroup(timeout_s=timeout_s)
+        self.reduce_in_function = tf.function(self.group.all_reduce_sum)
 
     def address(self) -> str:
         return self.group.address
@@ -60,6 +61,16 @@ class Member:
             first = self.group.all_reduce_sum([x])[0]
             return first, self.group.all_reduce_sum([first * 2.0])[0]
         return [t.numpy() for t in twice(tf.fill([1000], float(rank + 1)))]
+
+    def sum_after_tracing_in_rank_order(self, rank: int) -> list:
+        """Members trace two functions in opposite orders, then run them alike:
+        keys must not depend on the order of tracing."""
+        small = tf.function(lambda x: self.group.all_reduce_sum([x])[0])
+        large = tf.function(lambda x: self.group.all_reduce_sum([x, x])[1])
+        specs = [(small, tf.TensorSpec([10])), (large, tf.TensorSpec([20]))]
+        for fn, spec in (specs if rank == 0 else specs[::-1]):
+            fn.get_concrete_function(spec)
+        return [small(tf.fill([10], rank + 1.0)).numpy(), large(tf.fill([20], rank + 1.0)).numpy()]
 
     def sum_in_while_loop(self, rank: int) -> list:
         """acc += all_reduce(x * i) for i in 0..N-1, inside one compiled loop."""
@@ -88,7 +99,7 @@ class Member:
         start = time.perf_counter()
         try:
             with self.group.peer_errors():
-                self.group.all_reduce_sum([tf.ones([135_000])])[0].numpy()
+                self.reduce_in_function([tf.ones([135_000])])[0].numpy()
         except collectives.CollectivePeerError as err:
             return str(err), time.perf_counter() - start
         return "no error", time.perf_counter() - start
@@ -144,6 +155,13 @@ def test_eager_sums_and_two_sums_in_one_function(pair):
         np.testing.assert_array_equal(second, np.full(1000, 12.0, np.float32))
 
 
+def test_keys_do_not_depend_on_the_order_functions_were_traced(pair):
+    for small, large in ray.get([m.sum_after_tracing_in_rank_order.remote(r)
+                                 for r, m in enumerate(pair)]):
+        np.testing.assert_array_equal(small, np.full(10, 3.0, np.float32))
+        np.testing.assert_array_equal(large, np.full(20, 3.0, np.float32))
+
+
 def test_sums_inside_a_while_loop_accumulate_exactly(pair):
     steps = sum(range(LOOP_ITERATIONS))
     expected = [(s * steps).astype(s.dtype) for s in expected_sums(2)]
@@ -189,13 +207,21 @@ def test_bad_membership_and_bad_tensors_are_one_line_errors():
         group.all_reduce_sum([tf.ones([2]), tf.constant(["a"])])
 
 
+def test_connecting_after_tensorflow_initialized_says_so():
+    group = CollectiveGroup()
+    tf.constant(1.0)  # this process's TF is running (conftest made its fake GPUs)
+    with pytest.raises(RuntimeError, match="connect must run before any TensorFlow op"):
+        group.connect(0, [group.address, "127.0.0.1:1"])
+
+
 def test_a_killed_peer_is_an_error_within_the_timeout(remote_member):
     survivor, victim = start_group(remote_member, 2, timeout_s=SHORT_TIMEOUT_S)
     ray.get([m.timed_sum.remote() for m in (survivor, victim)])  # both healthy first
     ray.kill(victim)
     message, seconds = ray.get(survivor.timed_sum.remote(), timeout=60)
     ray.kill(survivor)
-    assert "collective over 2 members" in message and "rebuild the group" in message
+    assert "all_reduce_sum_over_2_members failed in a group of 2 members" in message, message
+    assert "rebuild the group" in message
     assert seconds < SHORT_TIMEOUT_S + 2.0
 
 
@@ -204,5 +230,6 @@ def test_a_peer_that_never_joins_the_collective_times_out(remote_member):
     message, seconds = ray.get(waiting.timed_sum.remote(), timeout=60)
     for m in (waiting, idle):
         ray.kill(m)
-    assert "collective over 2 members" in message and "timeout 3s" in message
+    assert "all_reduce_sum_over_2_members failed in a group of 2 members" in message, message
+    assert "timeout 3s" in message and "timed out" in message
     assert SHORT_TIMEOUT_S - 0.5 < seconds < SHORT_TIMEOUT_S + 5.0
