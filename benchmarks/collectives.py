@@ -51,25 +51,33 @@ class CollectiveMember:
                 "threads": common.tf_threads()}
 
     def measure(self, sizes: list[int], calls: int, iterations: int, loop_calls: int) -> dict:
-        """{(size, mode): [milliseconds per all-reduce, one per timed call]}."""
-        import tensorflow as tf
+        """{"size/mode": [milliseconds per all-reduce, one per timed call]}."""
         out = {}
         for size in sizes:
-            x = tf.fill([size], float(self.group.rank + 1))
-            acc = tf.Variable(tf.zeros([size]))
-            reduce_once = tf.function(lambda t: self.group.all_reduce_sum([t])[0])
-            out[(size, "function")] = [1e3 * s for s in common.timed(
-                lambda: reduce_once(x), calls, warmup=3)]
-            for mode, summed in (("while_loop", lambda t: self.group.all_reduce_sum([t])[0]),
-                                 ("while_loop_local", lambda t: t)):
-                loop = self._loop(acc, summed, iterations)
-                out[(size, mode)] = [1e3 * s / iterations for s in common.timed(
-                    lambda: loop(x), loop_calls, warmup=1)]
-            expected = sum(range(1, self.group.world_size + 1))
-            if float(reduce_once(x)[0]) != expected:  # a wrong sum is not a measurement
-                raise AssertionError(f"all_reduce_sum gave {float(reduce_once(x)[0])}, "
-                                     f"expected {expected}")
-        return {f"{size}/{mode}": times for (size, mode), times in out.items()}
+            out.update({f"{size}/{mode}": times
+                        for mode, times in self._measure_size(size, calls, iterations,
+                                                              loop_calls).items()})
+        return out
+
+    def _measure_size(self, size: int, calls: int, iterations: int, loop_calls: int) -> dict:
+        import tensorflow as tf
+        x = tf.fill([size], float(self.group.rank + 1))
+        acc = tf.Variable(tf.zeros([size]))
+        reduce_once = tf.function(lambda t: self.group.all_reduce_sum([t])[0])
+        expected = sum(range(1, self.group.world_size + 1))
+        got = float(reduce_once(x)[0])
+        if got != expected:  # a wrong sum is not a measurement
+            raise AssertionError(f"all_reduce_sum gave {got}, expected {expected}")
+        times = {"function": [1e3 * s for s in common.timed(lambda: reduce_once(x), calls,
+                                                            warmup=3)]}
+        with_collective = self._loop(acc, lambda t: self.group.all_reduce_sum([t])[0],
+                                     iterations)
+        local_only = self._loop(acc, lambda t: t, iterations)
+        for mode, loop in (("while_loop", with_collective), ("while_loop_local", local_only)):
+            times[mode] = [1e3 * s / iterations
+                           for s in common.timed(lambda loop=loop: loop(x), loop_calls,
+                                                 warmup=1)]
+        return times
 
     @staticmethod
     def _loop(acc, summed, iterations: int):

@@ -62,7 +62,7 @@ import socket
 import weakref
 import zlib
 from collections import Counter
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import tensorflow as tf
 
@@ -197,7 +197,7 @@ class CollectiveGroup:
         by_dtype: dict = {}
         for i, t in enumerate(tensors):
             by_dtype.setdefault(t.dtype, []).append(i)
-        for dtype, indices in by_dtype.items():
+        for indices in by_dtype.values():
             parts = [tensors[i] for i in indices]
             with tf.device(self.sum_device):
                 flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
