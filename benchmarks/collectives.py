@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from benchmarks import common
+from benchmarks import harness, plots, stats
 
 NAME = "collectives"
 VALUE = "ms_per_all_reduce"
@@ -37,9 +37,9 @@ class CollectiveMember:
     """One benchmark member in its own process (a Ray actor)."""
 
     def __init__(self):
-        from policy_service import devices
+        from policy_service.engine import devices
         devices.prepare_process(1)  # before TF initializes
-        from policy_service.collectives import CollectiveGroup
+        from policy_service.engine.collectives import CollectiveGroup
         self.group = CollectiveGroup()
 
     def address(self) -> str:
@@ -48,7 +48,7 @@ class CollectiveMember:
     def connect(self, rank: int, addresses: list[str]) -> dict:
         self.group.connect(rank, addresses)
         return {"implementation": self.group.implementation,
-                "threads": common.tf_threads()}
+                "threads": harness.tf_threads()}
 
     def measure(self, sizes: list[int], calls: int, iterations: int, loop_calls: int) -> dict:
         """{"size/mode": [milliseconds per all-reduce, one per timed call]}."""
@@ -68,14 +68,14 @@ class CollectiveMember:
         got = float(reduce_once(x)[0])
         if got != expected:  # a wrong sum is not a measurement
             raise AssertionError(f"all_reduce_sum gave {got}, expected {expected}")
-        times = {"function": [1e3 * s for s in common.timed(lambda: reduce_once(x), calls,
+        times = {"function": [1e3 * s for s in stats.timed(lambda: reduce_once(x), calls,
                                                             warmup=3)]}
         with_collective = self._loop(acc, lambda t: self.group.all_reduce_sum([t])[0],
                                      iterations)
         local_only = self._loop(acc, lambda t: t, iterations)
         for mode, loop in (("while_loop", with_collective), ("while_loop_local", local_only)):
             times[mode] = [1e3 * s / iterations
-                           for s in common.timed(lambda loop=loop: loop(x), loop_calls,
+                           for s in stats.timed(lambda loop=loop: loop(x), loop_calls,
                                                  warmup=1)]
         return times
 
@@ -95,7 +95,7 @@ class CollectiveMember:
 
 def measure(spec: dict):
     import ray
-    ray.init(**common.RAY_INIT)
+    ray.init(**harness.RAY_INIT)
     try:
         member = ray.remote(CollectiveMember).options(num_cpus=spec["cpus_per_member"])
         members = [member.remote() for _ in range(spec["members"])]
@@ -136,18 +136,17 @@ def configurations(args) -> list[dict]:
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     sizes = sorted({r["size"] for r in summary})
-    series = {f"{n} members, {mode}": [common.find(summary, VALUE, members=n, size=s, mode=mode)
+    series = {f"{n} members, {mode}": [stats.find(summary, VALUE, members=n, size=s, mode=mode)
                                        for s in sizes]
               for n in sorted({r["members"] for r in summary}) for mode in MODES}
-    path = common.bar_chart(f"{out_dir}/{NAME}.png",
-                            "all_reduce_sum of float32 between Ray actor processes (RING, loopback)",
-                            "ms per all-reduce (log)", [f"{s:,} floats" for s in sizes],
-                            series, log=True)
-    return str(path) if path else None
+    return plots.bar_chart(f"{out_dir}/{NAME}.png",
+                           "all_reduce_sum of float32 between Ray actor processes (RING, loopback)",
+                           "ms per all-reduce (log)", [f"{s:,} floats" for s in sizes],
+                           series, log=True)
 
 
 def main(argv=None):
-    parser = common.base_parser(__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--members", default=None, help="group sizes, default 2,3 (smoke 2)")
     parser.add_argument("--sizes", default=None,
                         help="float32 elements, default 1000,135000,1000000")
@@ -156,14 +155,9 @@ def main(argv=None):
     parser.add_argument("--loop-calls", type=int, default=5, help="timed calls of the loop")
     parser.add_argument("--cpus-per-member", type=float, default=0.5)
     args = parser.parse_args(argv)
-    if args.child:
-        return common.child_main(args, measure)
-    meta = common.start_meta(args, workload="all_reduce_sum of float32, no model")
-    records = common.run_rounds(args, "benchmarks.collectives", configurations(args),
-                                timeout=lambda spec: 900)
-    summary = common.summarize(records, KEYS, VALUE)
-    meta["plots"] = [plot(summary, args.out)]
-    common.finish(NAME, args.out, records, summary, meta)
+    harness.run_benchmark(args, NAME, measure, "benchmarks.collectives", configurations(args),
+                          summarize=lambda records: stats.summarize(records, KEYS, VALUE),
+                          plot=plot, workload="all_reduce_sum of float32, no model")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service import collectives
-from policy_service.collectives import CollectiveGroup
+from policy_service.engine import collectives
+from policy_service.engine.collectives import CollectiveGroup
 
 ray = pytest.importorskip("ray")
 
@@ -32,9 +32,9 @@ class Member:
     """One group member in its own process, configured before TF initializes."""
 
     def __init__(self, timeout_s: float):
-        from policy_service import devices
+        from policy_service.engine import devices
         devices.prepare_process(1)
-        from policy_service.collectives import CollectiveGroup
+        from policy_service.engine.collectives import CollectiveGroup
         self.group = CollectiveGroup(timeout_s=timeout_s)
         self.reduce_in_function = tf.function(self.group.all_reduce_sum)
 
