@@ -281,9 +281,8 @@ class CollectiveGroup:
 
     @staticmethod
     def _fingerprint(t: tf.Tensor) -> tf.Tensor:
-        """<int64>[1]: a hash of the tensor's bytes (and shape)."""
-        rows = tf.reshape(t, [1, -1]) if t.shape.rank else tf.reshape(t, [1, 1])
-        return tf.bitcast(tf.fingerprint(rows), tf.int64)
+        """<int64>[1]: a 64-bit hash of the tensor's bytes."""
+        return tf.bitcast(tf.fingerprint(tf.reshape(t, [1, -1])), tf.int64)
 
     @staticmethod
     def _check_summable(tensors: list[tf.Tensor]) -> None:
