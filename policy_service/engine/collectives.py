@@ -1,0 +1,294 @@
+"""Sum tensors across processes with TensorFlow's collective ops, inside compiled code.
+
+One `CollectiveGroup` lives in each member process (a learner Ray actor). It is
+the groundwork for the LearnerGroup: learners all-reduce their gradient sums
+inside the compiled SGD step, never through the object store. The loop it
+lives in:
+
+    # in every member, before any TensorFlow op (devices.prepare_process first):
+    group = CollectiveGroup()                    # picks a free port: group.address
+    # the driver gathers every member's address, in rank order, and sends them out
+    group.connect(rank, addresses)               # starts TF's server; a barrier
+    @tf.function
+    def epoch(...):
+        def step(i):
+            grads = ...
+            summed = group.all_reduce_sum(grads)  # one collective per dtype
+            ...
+        tf.while_loop(...)
+    with group.peer_errors():                    # a dead peer -> CollectivePeerError
+        epoch(...)
+
+Setup is `MultiWorkerMirroredStrategy`'s: a cluster spec of the members'
+"host:port" (job "worker", task = rank) makes TF configure its collective
+executor, start a gRPC server and a coordination service, and wait until every
+member is up. The strategy object is only used for that setup; the all-reduce
+itself is a raw `CollectiveReduceV2`, which costs what the transport costs.
+
+What the ops rely on (read in TF's sources, checked by tests/test_collectives.py):
+- `(group_key, instance_key)` names one collective; the runtime caches its
+  shape and dtype on first use (a later call with another shape fails with
+  "Shape mismatch in the collective instance"), so a key stands for one
+  (dtype, element count, merge op). Keys are a hash of that signature and of
+  the call's position in its traced function (loop bodies count in their
+  function), so every member derives the same keys whatever order it traced
+  its functions in, and two calls in one function never share a key.
+- The same key may run again in a later call or a later while-loop
+  iteration: the kernel's execution key is "instance:frame:iteration"
+  (collective_ops.cc GetCollectiveKey), and iterations do not overlap (a
+  while body's outputs wait for its stateful ops; exact sums over 50
+  iterations in the tests). Calls in one function are ordered by an ordering
+  token, a resource variable on the op's device, as MultiWorkerMirroredStrategy
+  orders its own collectives.
+- Every member must make the same calls, with the same shapes, in the same
+  order, from one thread.
+- After a failed collective (timeout, dead peer) TF aborts all collectives in
+  the process: the group must be rebuilt in fresh processes.
+- `connect` waits for every member without a deadline of its own: the caller
+  bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
+
+Security: TF's gRPC server listens on all interfaces ("0.0.0.0:port" is fixed
+in grpc_server_lib.cc; `host` only sets the address peers dial) and has no
+authentication. Run members only on hosts whose network is trusted.
+
+A group of one starts no server and runs no collective: `all_reduce_sum` is
+the identity, so a single learner takes the same code path.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import weakref
+import zlib
+from collections import Counter
+from collections.abc import Iterator, Sequence
+
+import tensorflow as tf
+
+RING = "RING"
+NCCL = "NCCL"
+DEFAULT_TIMEOUT_S = 120.0
+JOB = "worker"
+SUM_GROUP_KEY = 4201  # the all-reduce of tensors (on the GPU with NCCL)
+CHECK_GROUP_KEY = 4202  # the weight check, always on the CPU (a group has one device type)
+SUMMABLE_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)  # the ones tested
+
+
+class CollectivePeerError(RuntimeError):
+    """A collective failed because a member is dead, hung or out of step."""
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now. The OS may hand it out again before TF binds
+    it in `connect`; that window is short and an error, not a hang."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def choose_implementation(physical_devices: Sequence) -> str:
+    """NCCL when the process has a real GPU, RING (gRPC) otherwise.
+
+    physical_devices: `tf.config.list_physical_devices()` (listing does not
+    initialize TF). Fake GPUs are logical CPU devices, so they give RING."""
+    return NCCL if any(d.device_type == "GPU" for d in physical_devices) else RING
+
+
+class CollectiveGroup:
+    """This process's membership in a group that sums tensors with TF collectives.
+
+    address: "host:port" this member's TF server will listen on (picked now).
+    rank, world_size: set by `connect`.
+    implementation: RING or NCCL, chosen by `connect` from this process's GPUs.
+    timeout_s: a collective not finished in this time fails (a hung peer); a
+      dead peer usually fails sooner (connection refused).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", timeout_s: float = DEFAULT_TIMEOUT_S):
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.address = f"{host}:{pick_free_port(host)}"
+        self.timeout_s = float(timeout_s)
+        self.rank: int | None = None
+        self.world_size: int | None = None
+        self.implementation: str | None = None
+        self._strategy = None  # keeps the strategy (and its server) alive
+        self._tokens: dict[str, tf.Variable] = {}
+        self._calls_per_graph: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._signature_of_key: dict[tuple[int, int], str] = {}
+
+    # ----- setup -----------------------------------------------------------------
+
+    def connect(self, rank: int, addresses: Sequence[str]) -> None:
+        """Join the group of all `addresses` (in rank order) as member `rank`.
+
+        Must run before any TensorFlow op in this process (TF fixes its
+        collective configuration when it initializes). Blocks until every
+        member has connected. With one address it only records the rank."""
+        addresses = list(addresses)
+        self._check_membership(rank, addresses)
+        implementation = choose_implementation(tf.config.list_physical_devices())
+        if len(addresses) > 1:
+            self._strategy = self._start_executor(rank, addresses, implementation)
+        self.rank, self.world_size, self.implementation = rank, len(addresses), implementation
+        if self.world_size > 1:
+            for device in {self.sum_device, self.check_device}:
+                with tf.device(device):
+                    self._tokens[device] = tf.Variable(0.0, trainable=False,
+                                                       name="collective_ordering_token")
+
+    def _start_executor(self, rank: int, addresses: list[str], implementation: str):
+        """MultiWorkerMirroredStrategy's setup from a cluster spec of `addresses`."""
+        resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec({JOB: addresses}), task_type=JOB, task_id=rank,
+            rpc_layer="grpc")
+        options = tf.distribute.experimental.CommunicationOptions(
+            implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
+                                   implementation),
+            timeout_seconds=self.timeout_s)
+        try:
+            return tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver, communication_options=options)
+        except RuntimeError as err:
+            if "program startup" not in str(err):
+                raise
+            raise RuntimeError(
+                "CollectiveGroup.connect must run before any TensorFlow op in this "
+                "process (TensorFlow is already initialized)") from err
+
+    def _check_membership(self, rank: int, addresses: list[str]) -> None:
+        if self.rank is not None:
+            raise RuntimeError(f"this CollectiveGroup is already connected as rank {self.rank}")
+        if not addresses:
+            raise ValueError("addresses must list every member, got none")
+        if not 0 <= rank < len(addresses):
+            raise ValueError(f"rank must be in [0, {len(addresses)}), got {rank}")
+        if addresses[rank] != self.address:
+            raise ValueError(f"addresses[{rank}] must be this member's address "
+                             f"{self.address!r}, got {addresses[rank]!r}")
+        if len(set(addresses)) != len(addresses):
+            raise ValueError(f"addresses must be distinct, got {addresses}")
+
+    @property
+    def sum_device(self) -> str:
+        """Where the all-reduce runs: this member's first GPU with NCCL, else its CPU."""
+        kind = "GPU" if self.implementation == NCCL else "CPU"
+        return f"/job:{JOB}/replica:0/task:{self.rank}/device:{kind}:0"
+
+    @property
+    def check_device(self) -> str:
+        return f"/job:{JOB}/replica:0/task:{self.rank}/device:CPU:0"
+
+    # ----- collectives --------------------------------------------------------------
+
+    def all_reduce_sum(self, tensors: Sequence[tf.Tensor]) -> list[tf.Tensor]:
+        """The element-wise sum of `tensors` over all members, same shapes and dtypes.
+
+        Works eagerly, in a tf.function and in a tf.while_loop body. Tensors
+        are packed into one flat tensor per dtype, so a call runs one
+        collective per dtype. Shapes must be static (the collective's size is
+        part of its key)."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        self._check_summable(tensors)
+        if self.world_size == 1:
+            return list(tensors)
+        out: list = [None] * len(tensors)
+        by_dtype: dict = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        for indices in by_dtype.values():
+            parts = [tensors[i] for i in indices]
+            with tf.device(self.sum_device):
+                flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
+                summed = self._collective(flat, "Add", SUM_GROUP_KEY, self.sum_device,
+                                          self.implementation, "all_reduce_sum")
+            sizes = [t.shape.num_elements() for t in parts]
+            for i, piece in zip(indices, tf.split(summed, sizes)):
+                out[i] = tf.reshape(piece, tensors[i].shape)
+        return out
+
+    def all_identical(self, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+        """<bool>[]: True when every member holds bit-identical `tensors`.
+
+        Compares a 64-bit fingerprint per tensor (two small collectives: the
+        max and the min over members), so it costs nothing like a broadcast."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        if self.world_size == 1 or not tensors:
+            return tf.constant(True)
+        with tf.device(self.check_device):
+            prints = tf.concat([self._fingerprint(t) for t in tensors], axis=0)
+            high = self._collective(prints, "Max", CHECK_GROUP_KEY, self.check_device, RING,
+                                    "all_identical_max")
+            low = self._collective(prints, "Min", CHECK_GROUP_KEY, self.check_device, RING,
+                                   "all_identical_min")
+            return tf.reduce_all(tf.equal(high, low))
+
+    @contextlib.contextmanager
+    def peer_errors(self) -> Iterator[None]:
+        """Turn TF's errors from a dead or hung peer into one CollectivePeerError
+        that names the group size and the timeout."""
+        try:
+            yield
+        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
+                tf.errors.CancelledError, tf.errors.AbortedError,
+                tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
+            message = str(err)
+            if "Collective" not in message:
+                raise
+            lines = [line.strip() for line in message.splitlines()]
+            cause = next((line for line in lines if line.startswith("Collective")), lines[0])
+            node = re.search(r"\{\{node ([^}]+)\}\}", message)
+            raise CollectivePeerError(
+                f"{node.group(1) if node else 'CollectiveReduceV2'} failed in a group of "
+                f"{self.world_size} members (this is rank {self.rank}, timeout "
+                f"{self.timeout_s:g}s): {cause}; "
+                "collectives in this process are now aborted, rebuild the group"
+            ) from err
+
+    # ----- internals -----------------------------------------------------------------
+
+    def _collective(self, flat: tf.Tensor, merge_op: str, group_key: int, device: str,
+                    implementation: str, what: str) -> tf.Tensor:
+        if self.world_size is None:
+            raise RuntimeError(f"{what}: CollectiveGroup.connect has not run")
+        signature = f"{what}:{flat.dtype.name}:{flat.shape.num_elements()}:{merge_op}"
+        instance_key = self._instance_key(flat, group_key, signature)
+        from tensorflow.python.ops import collective_ops  # the raw op has no public alias
+        return collective_ops.all_reduce_v2(
+            flat, group_size=self.world_size, group_key=group_key,
+            instance_key=instance_key, merge_op=merge_op, final_op="Id",
+            communication_hint=implementation.lower(), timeout=self.timeout_s,
+            ordering_token=self._tokens[device].handle,
+            name=f"{what}_over_{self.world_size}_members")
+
+    def _instance_key(self, flat: tf.Tensor, group_key: int, signature: str) -> int:
+        """The same key in every member for the n-th call with this signature in
+        one traced function (n = 0 eagerly), different for different signatures."""
+        graph = getattr(flat, "graph", None)
+        while getattr(graph, "outer_graph", None) is not None:  # a loop body: its function
+            graph = graph.outer_graph
+        nth = 0
+        if graph is not None:
+            counts = self._calls_per_graph.setdefault(graph, Counter())
+            nth = counts[signature]
+            counts[signature] += 1
+        key = 1 + zlib.crc32(f"{signature}#{nth}".encode()) % (2**31 - 2)
+        seen = self._signature_of_key.setdefault((group_key, key), f"{signature}#{nth}")
+        if seen != f"{signature}#{nth}":
+            raise RuntimeError(f"instance key {key} collides: {seen} and {signature}#{nth}")
+        return key
+
+    @staticmethod
+    def _fingerprint(t: tf.Tensor) -> tf.Tensor:
+        """<int64>[1]: a 64-bit hash of the tensor's bytes."""
+        return tf.bitcast(tf.fingerprint(tf.reshape(t, [1, -1])), tf.int64)
+
+    @staticmethod
+    def _check_summable(tensors: list[tf.Tensor]) -> None:
+        for i, t in enumerate(tensors):
+            if t.dtype not in SUMMABLE_DTYPES:
+                raise TypeError(f"tensors[{i}]: dtype must be one of "
+                                f"{[d.name for d in SUMMABLE_DTYPES]}, got {t.dtype.name}")
+            if not t.shape.is_fully_defined():
+                raise ValueError(f"tensors[{i}]: shape must be static, got {t.shape}")

@@ -1,0 +1,235 @@
+"""CollectiveGroup: exact sums across two Ray actor processes, in a tf.function and
+in a while loop; a group of one is the identity; RING without GPUs; a dead or
+hung peer is an error within the timeout, not a hang."""
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from policy_service.engine import collectives
+from policy_service.engine.collectives import CollectiveGroup
+
+ray = pytest.importorskip("ray")
+
+LOOP_ITERATIONS = 50
+SHORT_TIMEOUT_S = 3.0
+
+
+def rank_values(rank: int) -> list[np.ndarray]:
+    """Different values per rank, in several shapes and dtypes."""
+    r = rank + 1
+    return [np.arange(12, dtype=np.float32).reshape(3, 4) * r + r,
+            np.linspace(-1.0, 1.0, 5) * r ** 2,                      # float64
+            np.array([[r, -r], [7 * r, 100]], dtype=np.int32),
+            np.array(0.25 * r, dtype=np.float32)]                     # a scalar
+
+
+class Member:
+    """One group member in its own process, configured before TF initializes."""
+
+    def __init__(self, timeout_s: float):
+        from policy_service.engine import devices
+        devices.prepare_process(1)
+        from policy_service.engine.collectives import CollectiveGroup
+        self.group = CollectiveGroup(timeout_s=timeout_s)
+        self.reduce_in_function = tf.function(self.group.all_reduce_sum)
+
+    def address(self) -> str:
+        return self.group.address
+
+    def connect(self, rank: int, addresses: list[str]) -> str:
+        self.group.connect(rank, addresses)
+        return self.group.implementation
+
+    def sum_in_function(self, rank: int) -> list:
+        values = [tf.constant(v) for v in rank_values(rank)]
+        summed = tf.function(self.group.all_reduce_sum)(values)
+        return [t.numpy() for t in summed] + [summed[0].device]
+
+    def sum_eagerly(self, rank: int) -> list:
+        return [t.numpy() for t in self.group.all_reduce_sum(
+            [tf.constant(v) for v in rank_values(rank)])]
+
+    def sum_twice_in_one_function(self, rank: int) -> list:
+        """Two calls with the same shapes in one function need distinct keys."""
+        @tf.function
+        def twice(x):
+            first = self.group.all_reduce_sum([x])[0]
+            return first, self.group.all_reduce_sum([first * 2.0])[0]
+        return [t.numpy() for t in twice(tf.fill([1000], float(rank + 1)))]
+
+    def sum_after_tracing_in_rank_order(self, rank: int) -> list:
+        """Members trace two functions in opposite orders, then run them alike:
+        keys must not depend on the order of tracing."""
+        small = tf.function(lambda x: self.group.all_reduce_sum([x])[0])
+        large = tf.function(lambda x: self.group.all_reduce_sum([x, x])[1])
+        specs = [(small, tf.TensorSpec([10])), (large, tf.TensorSpec([20]))]
+        for fn, spec in (specs if rank == 0 else specs[::-1]):
+            fn.get_concrete_function(spec)
+        return [small(tf.fill([10], rank + 1.0)).numpy(), large(tf.fill([20], rank + 1.0)).numpy()]
+
+    def sum_in_while_loop(self, rank: int) -> list:
+        """acc += all_reduce(x * i) for i in 0..N-1, inside one compiled loop."""
+        values = [tf.constant(v) for v in rank_values(rank)]
+        accumulators = [tf.Variable(tf.zeros_like(v)) for v in values]
+
+        @tf.function
+        def loop():
+            def body(i):
+                scaled = [v * tf.cast(i, v.dtype) for v in values]
+                for acc, s in zip(accumulators, self.group.all_reduce_sum(scaled)):
+                    acc.assign_add(s)
+                return i + 1
+            tf.while_loop(lambda i: i < LOOP_ITERATIONS, body, [tf.constant(0)])
+            return [acc.read_value() for acc in accumulators]
+        return [t.numpy() for t in loop()]
+
+    def all_identical(self, rank: int) -> tuple[bool, bool]:
+        same = [tf.constant(v) for v in rank_values(0)]
+        different = same[:-1] + [tf.constant(np.float32(rank))]
+        check = tf.function(self.group.all_identical)
+        return bool(check(same)), bool(check(different))
+
+    def timed_sum(self) -> tuple[str, float]:
+        """Seconds until an all-reduce returns or fails, and how it failed."""
+        start = time.perf_counter()
+        try:
+            with self.group.peer_errors():
+                self.reduce_in_function([tf.ones([135_000])])[0].numpy()
+        except collectives.CollectivePeerError as err:
+            return str(err), time.perf_counter() - start
+        return "no error", time.perf_counter() - start
+
+
+@pytest.fixture(scope="module")
+def remote_member(ray_local):
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield ray.remote(Member).options(num_cpus=0.5)
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def start_group(remote_member, size: int, timeout_s: float = 60.0) -> list:
+    members = [remote_member.remote(timeout_s) for _ in range(size)]
+    addresses = ray.get([m.address.remote() for m in members])
+    implementations = ray.get([m.connect.remote(rank, addresses)
+                               for rank, m in enumerate(members)], timeout=120)
+    assert implementations == [collectives.RING] * size  # no GPU on this machine
+    return members
+
+
+@pytest.fixture(scope="module")
+def pair(remote_member):
+    members = start_group(remote_member, 2)
+    yield members
+    for m in members:
+        ray.kill(m)
+
+
+def expected_sums(size: int) -> list[np.ndarray]:
+    return [sum(rank_values(r)[i] for r in range(size)) for i in range(len(rank_values(0)))]
+
+
+def assert_exact(results: list, expected: list[np.ndarray]) -> None:
+    for got, want in zip(results, expected):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)  # small integers and halves: exact
+
+
+def test_sums_in_a_function_are_exact_in_every_member(pair):
+    results = ray.get([m.sum_in_function.remote(r) for r, m in enumerate(pair)])
+    for rank, result in enumerate(results):
+        assert_exact(result[:-1], expected_sums(2))
+        assert f"/task:{rank}/" in result[-1]  # the result stays in its own process
+
+
+def test_eager_sums_and_two_sums_in_one_function(pair):
+    for result in ray.get([m.sum_eagerly.remote(r) for r, m in enumerate(pair)]):
+        assert_exact(result, expected_sums(2))
+    for first, second in ray.get([m.sum_twice_in_one_function.remote(r)
+                                  for r, m in enumerate(pair)]):
+        np.testing.assert_array_equal(first, np.full(1000, 3.0, np.float32))
+        np.testing.assert_array_equal(second, np.full(1000, 12.0, np.float32))
+
+
+def test_keys_do_not_depend_on_the_order_functions_were_traced(pair):
+    for small, large in ray.get([m.sum_after_tracing_in_rank_order.remote(r)
+                                 for r, m in enumerate(pair)]):
+        np.testing.assert_array_equal(small, np.full(10, 3.0, np.float32))
+        np.testing.assert_array_equal(large, np.full(20, 3.0, np.float32))
+
+
+def test_sums_inside_a_while_loop_accumulate_exactly(pair):
+    steps = sum(range(LOOP_ITERATIONS))
+    expected = [(s * steps).astype(s.dtype) for s in expected_sums(2)]
+    for result in ray.get([m.sum_in_while_loop.remote(r) for r, m in enumerate(pair)],
+                          timeout=120):
+        for got, want in zip(result, expected):
+            np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_all_identical_tells_equal_from_different_tensors(pair):
+    assert ray.get([m.all_identical.remote(r) for r, m in enumerate(pair)]) == \
+        [(True, False), (True, False)]
+
+
+def test_a_group_of_one_is_the_identity_and_starts_no_server():
+    group = CollectiveGroup()
+    group.connect(0, [group.address])
+    values = [tf.constant(v) for v in rank_values(0)]
+    summed = tf.function(group.all_reduce_sum)(values)
+    assert_exact([t.numpy() for t in summed], rank_values(0))
+    assert bool(group.all_identical(values))
+    assert not any("/job:worker" in d.name for d in tf.config.list_logical_devices())
+
+
+def test_ring_without_gpus_and_nccl_only_with_a_real_gpu():
+    cpu = tf.config.PhysicalDevice("/physical_device:CPU:0", "CPU")
+    gpu = tf.config.PhysicalDevice("/physical_device:GPU:0", "GPU")
+    assert collectives.choose_implementation([cpu]) == collectives.RING
+    assert collectives.choose_implementation([cpu, gpu]) == collectives.NCCL
+    # fake GPUs are logical CPU devices: this process has four and no physical GPU
+    assert collectives.choose_implementation(tf.config.list_physical_devices()) == \
+        collectives.RING
+
+
+def test_bad_membership_and_bad_tensors_are_one_line_errors():
+    group = CollectiveGroup()
+    with pytest.raises(ValueError, match=r"addresses\[1\] must be this member's address"):
+        group.connect(1, ["127.0.0.1:1", "127.0.0.1:2"])
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 1\), got 3"):
+        group.connect(3, [group.address])
+    group.connect(0, [group.address])
+    with pytest.raises(TypeError, match=r"tensors\[1\]: dtype must be one of .* got string"):
+        group.all_reduce_sum([tf.ones([2]), tf.constant(["a"])])
+
+
+def test_connecting_after_tensorflow_initialized_says_so():
+    group = CollectiveGroup()
+    tf.constant(1.0)  # this process's TF is running (conftest made its fake GPUs)
+    with pytest.raises(RuntimeError, match="connect must run before any TensorFlow op"):
+        group.connect(0, [group.address, "127.0.0.1:1"])
+
+
+def test_a_killed_peer_is_an_error_within_the_timeout(remote_member):
+    survivor, victim = start_group(remote_member, 2, timeout_s=SHORT_TIMEOUT_S)
+    ray.get([m.timed_sum.remote() for m in (survivor, victim)])  # both healthy first
+    ray.kill(victim)
+    message, seconds = ray.get(survivor.timed_sum.remote(), timeout=60)
+    ray.kill(survivor)
+    assert "all_reduce_sum_over_2_members failed in a group of 2 members" in message, message
+    assert "rebuild the group" in message
+    assert seconds < SHORT_TIMEOUT_S + 2.0
+
+
+def test_a_peer_that_never_joins_the_collective_times_out(remote_member):
+    waiting, idle = start_group(remote_member, 2, timeout_s=SHORT_TIMEOUT_S)
+    message, seconds = ray.get(waiting.timed_sum.remote(), timeout=60)
+    for m in (waiting, idle):
+        ray.kill(m)
+    assert "all_reduce_sum_over_2_members failed in a group of 2 members" in message, message
+    assert "timeout 3s" in message and "timed out" in message
+    assert SHORT_TIMEOUT_S - 0.5 < seconds < SHORT_TIMEOUT_S + 5.0
