@@ -123,7 +123,7 @@ class PPOPolicy(TFPolicy):
 
     config_class = PPOConfig
     loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
-                    SampleBatch.ACTION_LOGP: LossColumn(), SampleBatch.VF_PREDS: LossColumn(),
+                    SampleBatch.ACTION_LOGP: LossColumn(),
                     SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
                     SampleBatch.ACTIONS: LossColumn("number", None)}
 

@@ -39,7 +39,7 @@ class TFPolicy:
 
     config_class = PolicyConfig
     # the train-batch columns the loss reads (name -> LossColumn), checked before any
-    # tensor work so a bad batch is an error naming the column; "obs" always is
+    # tensor work so a bad batch is an error naming the column ("obs" always is)
     loss_columns: dict = {}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
