@@ -217,3 +217,21 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
     finally:
         ray.kill(holder)
     assert time.perf_counter() - start < 10
+
+
+@pytest.mark.slow
+def test_ppo_with_two_learner_actors_reaches_450_on_cartpole(ray_with_user_models):
+    """The tuned CartPole config, its learner split over two actors: each step's
+    gradient is the whole minibatch's, so it learns as one learner does."""
+    import yaml
+    from test_ppo_learning import TUNED, train_until
+    config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
+    config.update(seed=0, num_learners=2, num_cpus_per_learner=0.5)
+    history, seconds = train_until(config, stop_return=450, max_steps=150_000)
+    last = history[-1]
+    print(f"\nCartPole-v1, 2 learner actors: return {last['episode_return_mean']:.1f} after "
+          f"{last['timesteps_total']} env steps, {seconds:.1f} s, "
+          f"learn {np.mean([m['learn_time_s'] for m in history]):.2f} s/iteration")
+    assert last["num_learners"] == 2
+    assert last["episode_return_mean"] >= 450
+    assert last["timesteps_total"] <= 150_000
