@@ -74,6 +74,8 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.learner_group import LearnerGroup
 
+MAX_LEARNER_RESTARTS_PER_ITERATION = 2
+
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
 
@@ -147,11 +149,13 @@ class Algorithm:
             self._init_ray()
         self.workers = None
         self.learner = None
+        self._learner_state = None  # the driver's last full copy, for replacing learners
         try:
             self.workers = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
             self.learner = LearnerGroup(self.policy_class, self.workers.observation_space,
                                         self.workers.action_space, self.config)
+            self._keep_learner_state()
             self.workers.sync_weights(self.learner.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -164,7 +168,7 @@ class Algorithm:
         start = time.perf_counter()
         batch, sample_metrics = self._sample()
         sampled = time.perf_counter()
-        stats = self.training_step(self.learner, batch)
+        stats = self._learn(batch)
         learned = time.perf_counter()
         self.iteration += 1
         self.workers.sync_weights(self.learner.get_weights(), version=self.iteration)
@@ -173,6 +177,28 @@ class Algorithm:
         return self._metrics(batch, sample_metrics, stats,
                              sample_s=sampled - start, learn_s=learned - sampled,
                              sync_s=synced - learned)
+
+    def _learn(self, batch: SampleBatch) -> dict:
+        """The training step; a learner actor that dies is replaced (the whole group,
+        from the driver's last copy of the learner state) and the step retried."""
+        from policy_service.distributed.learner_group import LearnerDiedError
+        for attempt in range(MAX_LEARNER_RESTARTS_PER_ITERATION + 1):
+            try:
+                stats = self.training_step(self.learner, batch)
+                break
+            except LearnerDiedError:
+                if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
+                    raise
+                self.learner.restart(self._learner_state)
+        self._keep_learner_state()
+        return stats
+
+    def _keep_learner_state(self) -> None:
+        """Learner actors can die apart from the driver: keep a full copy of their
+        state (weights and optimizer) after every step. A learner in the driver
+        needs none."""
+        if self.learner.local_policy is None:
+            self._learner_state = self.learner.get_state()
 
     def _sample(self) -> tuple[SampleBatch, dict]:
         """Fragments from every worker until there are >= train_batch_size env steps."""
@@ -212,6 +238,7 @@ class Algorithm:
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
             "num_learners": self.learner.num_learners,
+            "num_learner_restarts": self.learner.num_restarts,
             "num_learner_towers": self.learner.num_towers,
         }
         metrics.update({k: float(v) for k, v in stats.items()})
@@ -283,6 +310,7 @@ class Algorithm:
             raise ValueError(f"checkpoint {directory} was written by "
                              f"{saved['algorithm_class']}, not {expected}")
         self.learner.set_state(checkpoints.read_policy_state(directory / checkpoints.POLICY_SUBDIR))
+        self._keep_learner_state()
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.time_total_s = float(saved["time_total_s"])

@@ -25,7 +25,7 @@ from fakes import (
 )
 
 from policy_service import LearnerGroup, models
-from policy_service.distributed.learner_group import LearnerResourcesError
+from policy_service.distributed.learner_group import LearnerDiedError, LearnerResourcesError
 
 ray = pytest.importorskip("ray")
 
@@ -220,18 +220,54 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
 
 
 @pytest.mark.slow
-def test_ppo_with_two_learner_actors_reaches_450_on_cartpole(ray_with_user_models):
+def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one(
+        ray_with_user_models):
     """The tuned CartPole config, its learner split over two actors: each step's
-    gradient is the whole minibatch's, so it learns as one learner does."""
+    gradient is the whole minibatch's, so it learns as one learner does; a
+    learner killed mid-run is replaced from the driver's copy and the iteration
+    retried."""
     import yaml
-    from test_ppo_learning import TUNED, train_until
+    from test_ppo_learning import TUNED
+
+    from algorithms.ppo import PPO
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config.update(seed=0, num_learners=2, num_cpus_per_learner=0.5)
-    history, seconds = train_until(config, stop_return=450, max_steps=150_000)
+    algo = PPO(config)
+    start, history = time.perf_counter(), []
+    try:
+        while not history or (history[-1]["episode_return_mean"] < 450
+                              and history[-1]["timesteps_total"] < 150_000):
+            if len(history) == 5:
+                ray.kill(algo.learner.actors[1])
+            history.append(algo.train())
+    finally:
+        algo.stop()
     last = history[-1]
     print(f"\nCartPole-v1, 2 learner actors: return {last['episode_return_mean']:.1f} after "
-          f"{last['timesteps_total']} env steps, {seconds:.1f} s, "
-          f"learn {np.mean([m['learn_time_s'] for m in history]):.2f} s/iteration")
+          f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s, "
+          f"learn {np.median([m['learn_time_s'] for m in history]):.2f} s/iteration (median), "
+          f"{last['num_learner_restarts']} learner restart(s)")
     assert last["num_learners"] == 2
+    assert history[4]["num_learner_restarts"] == 0 and last["num_learner_restarts"] == 1
     assert last["episode_return_mean"] >= 450
     assert last["timesteps_total"] <= 150_000
+
+
+def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_group):
+    group = start_group(**TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20))
+    state = group.get_state()  # weights and Adam moments after one step
+    ray.kill(group.actors[1])
+    start = time.perf_counter()
+    with pytest.raises(LearnerDiedError, match=r"learner 1 of 2 died"):
+        group.learn_on_batch(mlp_batch(20, seed=1))  # learner 0 waits in the collective
+    assert time.perf_counter() - start < 20
+    group.restart(state)
+    assert group.num_restarts == 1
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20, seed=1))  # the same Adam step as without a death
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()

@@ -20,6 +20,12 @@ step (engine/towers.py), so the group applies the step of the whole batch
 on one device and every learner keeps identical weights. Statistics are the
 group's (every learner returns the same; learner 0's are returned).
 
+A learner actor that dies fails the call at once with `LearnerDiedError`
+(not after the survivors' collective timeout). Collectives are then aborted in
+every learner process, so `restart(state)` replaces the whole group from the
+caller's last full copy of the learner state (weights and optimizer); the
+caller retries its step (algorithms/algorithm.py does).
+
 A policy subclass that overrides `train_columns` is not followed here: the
 driver prepares batches with `policy_service.train_batches`.
 """
@@ -29,6 +35,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import ray
+from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -36,6 +43,7 @@ from policy_service import models, spaces
 from policy_service.config import config_for
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_shards import split_minibatches, split_units
+from policy_service.engine.collectives import CollectivePeerError
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainColumns, prepare_train_columns
 
@@ -45,6 +53,11 @@ CONNECT_TIMEOUT_S = 180.0
 
 class LearnerResourcesError(RuntimeError):
     """The cluster cannot hold the learners asked for."""
+
+
+class LearnerDiedError(RuntimeError):
+    """A learner actor died, or a collective with a dead one failed: the group
+    must be restarted (`LearnerGroup.restart`)."""
 
 
 class LearnerGroup:
@@ -62,6 +75,8 @@ class LearnerGroup:
         self._learners: list = []
         self._placement_group = None
         self._loaded_rows: dict[int, int] = {}
+        self._ready_timeout_s = ready_timeout_s
+        self.num_restarts = 0
         if self.num_learners == 0:
             self.local_policy = policy_cls(observation_space, action_space, self.config)
             self.num_towers = self.local_policy.towers.num_towers
@@ -103,6 +118,26 @@ class LearnerGroup:
         if self.num_learners > 1:  # a seedless config initializes each learner differently
             weights = ray.put(ray.get(self._learners[0].get_weights.remote()))
             ray.get([learner.set_weights.remote(weights) for learner in self._learners[1:]])
+
+    @property
+    def actors(self) -> list:
+        """The learner actors' handles, by rank (empty with num_learners=0)."""
+        return list(self._learners)
+
+    def restart(self, state: dict) -> None:
+        """Replace every learner with a fresh one holding `state` (a `get_state()`
+        copy: weights, optimizer variables, RNG, counters); loaded buffers are gone."""
+        if self.local_policy is not None:
+            raise RuntimeError("a learner in the driver (num_learners=0) is never restarted")
+        self.stop()
+        self._loaded_rows.clear()
+        try:
+            self._start_learners(self._ready_timeout_s)
+            self.set_state(state)
+        except BaseException:
+            self.stop()
+            raise
+        self.num_restarts += 1
 
     def stop(self) -> None:
         """End the learner actors and free their reservation (idempotent)."""
@@ -180,7 +215,7 @@ class LearnerGroup:
     def get_weights(self) -> dict:
         if self.local_policy is not None:
             return self.local_policy.get_weights()
-        return ray.get(self._learners[0].get_weights.remote())
+        return self._results([self._learners[0].get_weights.remote()])[0]
 
     def set_weights(self, weights: dict) -> None:
         if self.local_policy is not None:
@@ -191,7 +226,7 @@ class LearnerGroup:
         """Weights, optimizer variables, RNG and counters (learner 0's: all are equal)."""
         if self.local_policy is not None:
             return self.local_policy.get_state()
-        return ray.get(self._learners[0].get_state.remote())
+        return self._results([self._learners[0].get_state.remote()])[0]
 
     def set_state(self, state: dict) -> None:
         if self.local_policy is not None:
@@ -224,11 +259,33 @@ class LearnerGroup:
     def _on_all(self, method: str, *args) -> list:
         """The same call on every learner (arguments put in the object store once)."""
         args = [ray.put(a) if isinstance(a, dict) else a for a in args]
-        return ray.get([getattr(learner, method).remote(*args) for learner in self._learners])
+        return self._results([getattr(learner, method).remote(*args)
+                              for learner in self._learners])
 
     def _on_each(self, method: str, args_per_learner: list) -> list:
-        return ray.get([getattr(learner, method).remote(*args)
-                        for learner, args in zip(self._learners, args_per_learner)])
+        return self._results([getattr(learner, method).remote(*args)
+                              for learner, args in zip(self._learners, args_per_learner)])
+
+    def _results(self, refs: list) -> list:
+        """Every learner's result, by rank; the first death seen ends the wait (the
+        others may be blocked in a collective with the dead one)."""
+        if not self._learners:
+            raise RuntimeError("this LearnerGroup is stopped")
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results, pending = {}, list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                results[ready[0]] = ray.get(ready[0])
+            except RayActorError as err:
+                raise LearnerDiedError(f"learner {rank_of[ready[0]]} of {self.num_learners} "
+                                       f"died: {type(err).__name__}") from err
+            except RayTaskError as err:
+                if isinstance(err.cause, CollectivePeerError):
+                    raise LearnerDiedError(f"learner {rank_of[ready[0]]} of "
+                                           f"{self.num_learners}: {err.cause}") from err
+                raise
+        return [results[ref] for ref in refs]
 
 
 # ----- reserving the learners' resources -------------------------------------------------
