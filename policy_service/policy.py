@@ -316,6 +316,8 @@ class TFPolicy:
         return 0 if buffer is None else buffer.num_rows
 
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
+        """One SGD step on the minibatch at row `offset` of the loaded buffer (with
+        num_grad_accumulation_steps K: on the K minibatches from there)."""
         stats = self.towers.learn_loaded(offset, buffer_index)
         self.num_grad_updates += 1
         return stats
