@@ -254,7 +254,9 @@ class LearnerGroup:
         return prepare_train_columns(
             batch, preprocessor=self._preprocessor, action_space=self.action_space,
             num_state_tensors=self._num_state_tensors,
-            max_seq_len=self.config.model.max_seq_len, fixed_seq_len=fixed_seq_len)
+            max_seq_len=self.config.model.max_seq_len,
+            loss_columns=getattr(self.policy_cls, "loss_columns", None),
+            fixed_seq_len=fixed_seq_len)
 
     def _on_all(self, method: str, *args) -> list:
         """The same call on every learner (arguments put in the object store once)."""
