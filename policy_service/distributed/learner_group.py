@@ -92,6 +92,9 @@ class LearnerGroup:
     # ----- starting and stopping ----------------------------------------------------
 
     def _start_learners(self, ready_timeout_s: float) -> None:
+        if not ray.is_initialized():
+            raise RuntimeError(f"num_learners={self.num_learners} needs Ray: call ray.init() "
+                               "(or distributed.ray_runtime.start_ray) before the LearnerGroup")
         bundle = learner_bundle(self.config)
         if bundle:
             self._placement_group = reserve_placement_group(
