@@ -2,11 +2,16 @@
 the run's checkpoint listing and allow-listed class names."""
 import os
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from policy_service import TFPolicy
 from policy_service.io import checkpoints
+from policy_service.io.space_codec import space_to_json
+
+SPACES = {"observation_space": space_to_json(gym.spaces.Box(-1.0, 1.0, (3,))),
+          "action_space": space_to_json(gym.spaces.Discrete(2))}
 
 
 def test_atomic_directory_replaces_the_old_one_only_on_success(tmp_path):
@@ -25,7 +30,7 @@ def test_policy_state_round_trips_arrays_and_json(tmp_path):
     state = {"weights": {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
              "optimizer_variables": {"optimizer_0/0": np.array(3, np.int64)},
              "rng": {"action": np.array([1, 2, 3], np.int64)},
-             "global_timestep": 7, "config": {"lr": 0.1}}
+             "global_timestep": 7, "config": {"lr": 0.1}, **SPACES}
     checkpoints.write_policy_state(tmp_path / "p", dict(state))
     read = checkpoints.read_policy_state(tmp_path / "p")
     assert read["global_timestep"] == 7 and read["config"] == {"lr": 0.1}
@@ -39,14 +44,15 @@ def test_policy_state_round_trips_arrays_and_json(tmp_path):
 def test_reading_never_unpickles(tmp_path):
     directory = tmp_path / "p"
     checkpoints.write_policy_state(directory, {"weights": {}, "optimizer_variables": {},
-                                               "rng": {}, "global_timestep": 0})
+                                               "rng": {}, "global_timestep": 0, "config": {},
+                                               **SPACES})
     np.savez(directory / checkpoints.POLICY_ARRAYS, **{"weights/x": np.array([object()])})
     with pytest.raises(ValueError, match="allow_pickle=False"):
         checkpoints.read_policy_state(directory)
 
 
 def test_a_directory_without_a_policy_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="policy_state.json missing"):
+    with pytest.raises(checkpoints.CheckpointFileError, match="policy_state.json: missing"):
         checkpoints.read_policy_state(tmp_path)
 
 
