@@ -264,6 +264,9 @@ def run_ppo(args) -> dict:
             if metrics["timesteps_total"] >= args.max_steps:
                 reason = "max_steps"
                 break
+            if args.stop_iters and metrics["iteration"] >= args.stop_iters:
+                reason = "iters"
+                break
             if time.monotonic() - start >= args.max_seconds:
                 reason = "max_seconds"
                 break
@@ -292,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     ppo = sub.add_parser("ppo", help="PPO on CartPole with workers and the PolicyActor killed")
     ppo.add_argument("--stop-reward", type=float, default=450.0)
     ppo.add_argument("--max-steps", type=int, default=400_000)
+    ppo.add_argument("--stop-iters", type=int, help="stop after this many iterations")
     ppo.add_argument("--max-seconds", type=float, default=1200.0)
     ppo.add_argument("--workers", type=int, default=2)
     ppo.add_argument("--kill-worker-every", type=float, default=20.0)
@@ -315,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     emit(result)
     if args.kind == "callers":
         return 0 if result["errors"] == 0 and result["wrong_rows"] == 0 else 1
-    return 0 if result["reached"] else 1
+    return 0 if result["reached"] or result["stop_reason"] == "iters" else 1
 
 
 if __name__ == "__main__":
