@@ -198,6 +198,10 @@ def restore_checked(algo, checkpoint: Path) -> None:
             raise CheckpointFileError(f"{policy_file}: {name} is {saved}, but this run's "
                                       f"env has {getattr(policy, name)}")
     try:
+        policy.check_state(policy_state)  # names the entry; nothing is assigned yet
+    except (ValueError, TypeError) as err:
+        raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
+    try:
         algo.restore(str(checkpoint))
     except (ValueError, KeyError, TypeError) as err:
         raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(err)}") from None
