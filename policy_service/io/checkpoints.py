@@ -62,6 +62,10 @@ class CheckpointFileError(ValueError):
     that names the file, what was expected and what was found."""
 
 
+class MissingCheckpointFile(CheckpointFileError, FileNotFoundError):
+    """A checkpoint file (or its directory) is not there."""
+
+
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **arrays)
@@ -70,7 +74,7 @@ def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
     """Every array of an npz archive (never unpickled), or CheckpointFileError."""
     if not path.is_file():
-        raise CheckpointFileError(f"{path}: missing")
+        raise MissingCheckpointFile(f"{path}: missing")
     if path.stat().st_size == 0:
         raise CheckpointFileError(f"{path}: empty file, expected an npz archive")
     try:
@@ -96,7 +100,7 @@ def load_json(path: Path):
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise CheckpointFileError(f"{path}: missing") from None
+        raise MissingCheckpointFile(f"{path}: missing") from None
     except (OSError, UnicodeDecodeError) as err:
         raise CheckpointFileError(f"{path}: unreadable ({_one_line(err)})") from None
     try:
@@ -143,7 +147,7 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
     finite. Whether the arrays fit a policy is for `TFPolicy.set_state` to say."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise CheckpointFileError(f"{directory}: not a directory")
+        raise MissingCheckpointFile(f"{directory}: no such directory, so no {POLICY_STATE}")
     state = load_json_object(directory / POLICY_STATE, _POLICY_STATE_KEYS)
     where = directory / POLICY_STATE
     if state["global_timestep"] < 0:
