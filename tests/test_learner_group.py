@@ -5,7 +5,6 @@ the same weights and feeds both the same batch: gradients, SGD steps,
 batch-norm moving statistics and loaded-buffer epochs must match to float
 tolerance, and the learners' weights must stay bit-identical.
 """
-import sys
 import time
 
 import numpy as np
