@@ -50,7 +50,8 @@ def _train(args: argparse.Namespace) -> int:
     options = RunOptions(
         algorithm=args.algorithm, env=args.env, config_file=args.config,
         overrides=args.set or [], num_gpus=args.num_gpus, fake_gpus=args.fake_gpus,
-        num_env_runners=args.num_env_runners, seed=args.seed,
+        num_env_runners=args.num_env_runners, num_learners=args.num_learners,
+        gpus_per_learner=args.gpus_per_learner, seed=args.seed,
         stop=StopCriteria(reward=args.stop_reward, timesteps=args.stop_timesteps,
                           iters=args.stop_iters),
         output_dir=args.output_dir, resume=args.resume, address=args.address,
@@ -81,7 +82,8 @@ def _submit(args: argparse.Namespace) -> int:
         raise jobs.JobSubmissionError(
             "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)")
     return jobs.run_job(address, command, wait=not args.no_wait,
-                        working_dir=args.working_dir)
+                        working_dir=args.working_dir,
+                        resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -103,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--fake-gpus", action="store_true", default=None,
                        help="with no GPU, put the towers on separate logical CPU devices")
     train.add_argument("--num-env-runners", type=int, help="rollout worker actors")
+    train.add_argument("--num-learners", type=int,
+                       help="learner actors training one policy (0: the learner runs here)")
+    train.add_argument("--gpus-per-learner", type=float,
+                       help="GPUs Ray reserves for each learner actor (its towers)")
     train.add_argument("--stop-reward", type=float, help="stop at this episode_return_mean")
     train.add_argument("--stop-timesteps", type=int, help="stop after this many env steps")
     train.add_argument("--stop-iters", type=int, help="stop after this many iterations")
@@ -144,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="job server, e.g. http://127.0.0.1:8265 (default: $RAY_ADDRESS)")
     submit.add_argument("--no-wait", action="store_true",
                         help="print the job id and return without following the job")
+    submit.add_argument("--num-gpus", type=float, default=None,
+                        help="GPUs Ray reserves for the job's driver (its learner's towers)")
+    submit.add_argument("--num-cpus", type=float, default=None,
+                        help="CPUs Ray reserves for the job's driver")
     submit.add_argument("--working-dir", metavar="DIR",
                         help="upload DIR as the job's working directory")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
@@ -157,6 +167,8 @@ def _user_errors() -> tuple:
     for module_name, class_name in (("policy_service.config", "ConfigError"),
                                     ("scripts.run_options", "TrainingSetupError"),
                                     ("algorithms.environments", "EnvironmentSetupError"),
+                                    ("policy_service.distributed.learner_group",
+                                     "LearnerResourcesError"),
                                     ("algorithms.evaluation", "CheckpointError"),
                                     ("policy_service.io.checkpoints", "CheckpointFileError"),
                                     ("policy_service.distributed.env_runner_group",

@@ -50,6 +50,8 @@ class RunOptions:
     num_gpus: Optional[float] = None  # -> config "num_gpus"
     fake_gpus: Optional[bool] = None  # -> config "_fake_gpus"
     num_env_runners: Optional[int] = None  # -> config "num_env_runners"
+    num_learners: Optional[int] = None  # -> config "num_learners"
+    gpus_per_learner: Optional[float] = None  # -> config "num_gpus_per_learner"
     seed: Optional[int] = None  # -> config "seed"
     stop: StopCriteria = field(default_factory=StopCriteria)
     output_dir: Optional[str] = None  # run directory (default runs/ALGO-ENV-TIME)
@@ -61,7 +63,8 @@ class RunOptions:
     def config_flags(self) -> dict:
         """The config keys set by their own flags (they win over the file and --set)."""
         flags = {"env": self.env, "num_gpus": self.num_gpus, "_fake_gpus": self.fake_gpus,
-                 "num_env_runners": self.num_env_runners, "seed": self.seed}
+                 "num_env_runners": self.num_env_runners, "num_learners": self.num_learners,
+                 "num_gpus_per_learner": self.gpus_per_learner, "seed": self.seed}
         return {k: v for k, v in flags.items() if v is not None}
 
     def sets_config(self) -> bool:

@@ -92,7 +92,8 @@ def _wait_for_http(url: str, head: subprocess.Popen, log: Path, timeout_s: float
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """(job server URL, env with the token path) of a one-CPU head with token auth."""
+    """(job server URL, env with the token path) of a head with token auth, one CPU
+    and one GPU (Ray advertises it; no device is needed to reserve it)."""
     root = Path(tempfile.mkdtemp(prefix="ps-head-", dir="/tmp"))  # short: socket paths
     token_file = root / "token"
     token_file.write_text(secrets.token_hex(32))
@@ -108,7 +109,7 @@ def ray_head():
     env.pop("RAY_ADDRESS", None)
     command = [RAY, "start", "--head", "--block", "--dashboard-host", "127.0.0.1",
                "--node-ip-address", "127.0.0.1", "--temp-dir", str(root / "ray"),
-               "--num-cpus", "1", "--disable-usage-stats"]
+               "--num-cpus", "1", "--num-gpus", "1", "--disable-usage-stats"]
     for flag, port in ports.items():
         command += [flag, str(port)]
     log = root / "head.log"
@@ -147,6 +148,11 @@ def submissions(ray_head, tmp_path_factory):
         "fails": ([python, "-c", "import sys; print('failing now'); sys.exit(3)"], token_file, []),
         "no_wait": ([python, "-c", "print('later')"], token_file, ["--no-wait"]),
         "no_token": ([python, "-c", "print('never runs')"], None, []),
+        "one_gpu": ([python, "-c", "import os; print('visible GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'))"],
+                    token_file, ["--num-gpus", "1"]),
+        "too_many_gpus": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
+                           "--num-learners", "1", "--gpus-per-learner", "2",
+                           "--output-dir", str(job_run_dir.parent / "gpus")], token_file, []),
         # A training run as a job joins the cluster ($RAY_ADDRESS, the head's token).
         "train": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--set", "train_batch_size=128",
                    "--set", "minibatch_size=64", "--set", "num_epochs=1",
@@ -208,3 +214,19 @@ def test_a_training_run_submitted_as_a_job_joins_the_cluster(submissions):
     assert result["stop_reason"] == "stop_iters" and result["iteration"] == 1
     assert "iteration 1:" in out  # the run's progress, streamed from the job's log
     assert "checkpoint_000001" in out
+
+
+def test_a_job_reserving_a_gpu_sees_exactly_that_gpu(submissions):
+    """Ray gives the job's driver the GPU it reserved as CUDA_VISIBLE_DEVICES, which is
+    what TensorFlow (and so a learner in the driver) sees; ray.get_gpu_ids() is a
+    worker's API and gives [] in a driver."""
+    code, out, err = submissions["one_gpu"]
+    assert code == 0, out + err
+    assert "visible GPUs 0\n" in out
+
+
+def test_learners_asking_for_more_gpus_than_the_cluster_has_fail_fast(submissions):
+    code, out, err = submissions["too_many_gpus"]
+    assert code == 1, out + err
+    assert "need GPU 2 in total (num_gpus_per_learner=2 each); the cluster has GPU 1" in out
+    assert "Traceback" not in out

@@ -14,11 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import shlex
 import sys
 import time
-from typing import Iterator, Optional, TextIO
+from typing import Iterator, NamedTuple, Optional, TextIO
 
 # The address given on the command line wins over these (Ray's client would
 # otherwise silently prefer them, e.g. inside another job's driver).
@@ -92,13 +93,35 @@ def connect(address: str):
                                  f"{_first_line(err)}") from None
 
 
-def submit(client, command: list[str], working_dir: Optional[str] = None) -> str:
-    """Submit `command` (argv list) as a job's entrypoint; returns the submission id."""
+class EntrypointResources(NamedTuple):
+    """What Ray reserves for the job's driver process (None: Ray's default)."""
+
+    num_gpus: Optional[float] = None
+    num_cpus: Optional[float] = None
+
+    def check(self) -> None:
+        for name, value in self._asdict().items():
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise JobSubmissionError(f"--{name.replace('_', '-')} must be a number >= 0, "
+                                         f"got {value}")
+
+    def submit_args(self) -> dict:
+        return {f"entrypoint_{name}": value for name, value in self._asdict().items()
+                if value is not None}
+
+
+def submit(client, command: list[str], working_dir: Optional[str] = None,
+           resources: EntrypointResources = EntrypointResources()) -> str:
+    """Submit `command` (argv list) as a job's entrypoint, its driver holding
+    `resources` (a learner in the driver then gets exactly those GPUs);
+    returns the submission id."""
     from ray.exceptions import AuthenticationError
     _check_command(command)
+    resources.check()
     runtime_env = {"working_dir": working_dir} if working_dir else None
     try:
-        return client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env)
+        return client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env,
+                                 **resources.submit_args())
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(client.get_address(), err)) from None
     except (ConnectionError, RuntimeError, ValueError) as err:
@@ -128,13 +151,16 @@ def wait_for_status(client, job_id: str):
 
 
 def run_job(address: str, command: list[str], *, wait: bool = True,
-            working_dir: Optional[str] = None, out: TextIO = sys.stdout) -> int:
+            working_dir: Optional[str] = None,
+            resources: EntrypointResources = EntrypointResources(),
+            out: TextIO = sys.stdout) -> int:
     """Submit `command` to the cluster at `address`; with `wait`, stream its log and
     return 0 if it SUCCEEDED, 1 if it FAILED or was STOPPED. Without `wait`, print
     the job id and return 0."""
     _check_command(command)
+    resources.check()
     client = connect(address)
-    job_id = submit(client, command, working_dir)
+    job_id = submit(client, command, working_dir, resources)
     if not wait:
         print(job_id, file=out, flush=True)
         return EXIT_SUCCEEDED
