@@ -12,6 +12,7 @@ Variants of ours (ablations, --variants):
   keras_init    the model re-initialized as before RLlib's initializers were adopted
                 (Keras glorot-uniform hidden layers, orthogonal(0.01) logits,
                 orthogonal(1.0) value head)
+  adam_eps_1e-8 Adam's epsilon as RLlib's tf1 AdamOptimizer has it (ours: Keras' 1e-7)
 
     python -m benchmarks.ppo_parity --rounds 3                 # ~30-60 min on 2 cores
     python -m benchmarks.ppo_parity --variants defaults,keras_init --rounds 1
@@ -34,7 +35,8 @@ RLLIB_DEFAULTS = {
 }
 SMOKE = {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2}
 
-VARIANTS = {"defaults": {}, "keras_init": {"init": "keras"}}
+VARIANTS = {"defaults": {}, "keras_init": {"init": "keras"},
+            "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}}}
 
 
 # ----- ours: the e2e workload with a re-initialized model where a variant asks ------------
@@ -63,6 +65,7 @@ def keras_init_model_class():
 
 def measure(spec: dict):
     """Ours through e2e.measure, with the variant's model registered first."""
+    spec = dict(spec, overrides=dict(spec["overrides"], **spec.get("config", {})))
     if spec.get("init") == "keras":
         from policy_service.models import register_custom_model
         register_custom_model("keras_init_ff", keras_init_model_class())
