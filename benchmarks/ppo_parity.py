@@ -13,6 +13,11 @@ Variants of ours (ablations, --variants):
                 (Keras glorot-uniform hidden layers, orthogonal(0.01) logits,
                 orthogonal(1.0) value head)
   adam_eps_1e-8 Adam's epsilon as RLlib's tf1 AdamOptimizer has it (ours: Keras' 1e-7)
+  rllib_minibatches  minibatches as RLlib's multi_gpu_train_one_step makes them: the
+                train batch unshuffled, train_batch_size // minibatch_size contiguous
+                blocks visited in a fresh order each epoch, the remainder never
+                trained on (ours: rows permuted every epoch, the last minibatch
+                padded); this child process swaps PPO's training step for it
 
     python -m benchmarks.ppo_parity --rounds 3                 # ~30-60 min on 2 cores
     python -m benchmarks.ppo_parity --variants defaults,keras_init --rounds 1
@@ -36,7 +41,8 @@ RLLIB_DEFAULTS = {
 SMOKE = {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2}
 
 VARIANTS = {"defaults": {}, "keras_init": {"init": "keras"},
-            "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}}}
+            "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}},
+            "rllib_minibatches": {"minibatches": "rllib"}}
 
 
 # ----- ours: the e2e workload with a re-initialized model where a variant asks ------------
@@ -63,6 +69,27 @@ def keras_init_model_class():
     return KerasInitModel
 
 
+def rllib_minibatch_training_step(policy, train_batch) -> dict:
+    """PPO's update with RLlib's minibatching (see rllib_minibatches above)."""
+    import numpy as np
+
+    from algorithms.ppo import standardize_advantages
+    from policy_service.sample_batch import SampleBatch
+    train_batch = standardize_advantages(train_batch.copy(shallow=True))
+    train_batch.pop(SampleBatch.NEXT_OBS, None)
+    policy.load_batch_into_buffer(train_batch, buffer_index=0)
+    size = policy.config.minibatch_size
+    num_blocks = max(1, train_batch.count // size)
+    steps = []
+    for _ in range(policy.config.num_epochs):
+        for k in np.random.permutation(num_blocks):
+            steps.append(policy.learn_on_loaded_batch(int(k) * size, buffer_index=0))
+    stats = {key: float(np.mean([s[key] for s in steps])) for key in steps[0]}
+    if policy.config.kl_coeff > 0:
+        policy.update_kl(stats["kl"])
+    return stats
+
+
 def measure(spec: dict):
     """Ours through e2e.measure, with the variant's model registered first."""
     spec = dict(spec, overrides=dict(spec["overrides"], **spec.get("config", {})))
@@ -71,6 +98,12 @@ def measure(spec: dict):
         register_custom_model("keras_init_ff", keras_init_model_class())
         spec = dict(spec, overrides=dict(spec["overrides"], model=dict(
             spec["overrides"]["model"], custom_model="keras_init_ff")))
+    if spec.get("minibatches") == "rllib":
+        import numpy as np
+
+        from algorithms.ppo import PPO
+        np.random.seed(spec["seed"])
+        PPO.training_step = staticmethod(rllib_minibatch_training_step)
     for record in e2e.measure(spec):
         yield dict(record, bench=NAME, variant=spec["variant"])
 
