@@ -18,6 +18,8 @@ clips the *squared* value error, as RLlib does (not the value change).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +30,7 @@ from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import TFPolicy, masked_mean
 from policy_service.config import ConfigError, finite, setting
 from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn
 
 
 # ----- config -----------------------------------------------------------------------------
@@ -119,6 +122,10 @@ class PPOPolicy(TFPolicy):
     """
 
     config_class = PPOConfig
+    loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
+                    SampleBatch.ACTION_LOGP: LossColumn(), SampleBatch.VF_PREDS: LossColumn(),
+                    SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
+                    SampleBatch.ACTIONS: LossColumn("number", None)}
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
@@ -198,8 +205,15 @@ class PPOPolicy(TFPolicy):
     def get_state(self) -> dict:
         return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
 
+    def check_extra_state(self, state: dict) -> None:
+        value = state.get("kl_coeff", 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value) or value < 0:
+            raise ValueError(f"policy state entry 'kl_coeff' must be a finite number >= 0, "
+                             f"got {value!r}")
+
     def set_state(self, state: dict) -> None:
-        super().set_state(state)
+        super().set_state(state)  # checks kl_coeff too, before changing anything
         if "kl_coeff" in state:
             self.kl_coeff.assign(float(state["kl_coeff"]))
 

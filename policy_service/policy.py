@@ -38,6 +38,9 @@ class TFPolicy:
     """A TF2/Keras policy that acts on one device and learns on a tower stack."""
 
     config_class = PolicyConfig
+    # the train-batch columns the loss reads (name -> LossColumn), checked before any
+    # tensor work so a bad batch is an error naming the column; "obs" always is
+    loss_columns: dict = {}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
                  config: dict | PolicyConfig | None = None):
@@ -128,8 +131,8 @@ class TFPolicy:
         batch_size = obs.shape[0]
         inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
                                      prev_reward_batch, batch_size)
-        explore = self.config.explore if explore is None else bool(explore)
-        timestep = self.global_timestep if timestep is None else int(timestep)
+        explore = self.config.explore if explore is None else _flag(explore, "explore")
+        timestep = self.global_timestep if timestep is None else _count(timestep, "timestep")
         with tf.device(self.plan.devices[0]):
             actions, state_outs, extra = self._action_fn(
                 *inputs, explore, np.int64(timestep))
@@ -189,10 +192,25 @@ class TFPolicy:
         act_shape = self._action_tensor_shape()
         if prev_actions is None:
             prev_actions = np.zeros((batch_size,) + act_shape, self._action_tensor_dtype())
-        prev_rewards = (np.zeros(batch_size, np.float32) if prev_rewards is None
-                        else np.asarray(prev_rewards, np.float32).reshape(batch_size))
-        return (obs, tuple(states),
-                np.asarray(prev_actions).astype(self._action_tensor_dtype()), prev_rewards)
+        prev_actions = np.asarray(prev_actions)
+        if prev_actions.shape != (batch_size,) + act_shape:
+            raise ValueError(f"prev_action_batch has shape {prev_actions.shape}, expected "
+                             f"{(batch_size,) + act_shape} (one action per observation)")
+        if prev_actions.dtype.kind not in "iuf" or (
+                prev_actions.dtype.kind == "f" and not np.all(np.isfinite(prev_actions))):
+            raise ValueError(f"prev_action_batch must hold finite numbers, got dtype "
+                             f"{prev_actions.dtype}")
+        if prev_rewards is None:
+            prev_rewards = np.zeros(batch_size, np.float32)
+        prev_rewards = np.asarray(prev_rewards)
+        if prev_rewards.shape not in ((batch_size,), (batch_size, 1)):
+            raise ValueError(f"prev_reward_batch has shape {prev_rewards.shape}, expected "
+                             f"({batch_size},) (one reward per observation)")
+        if prev_rewards.dtype.kind not in "iuf" or not np.all(np.isfinite(prev_rewards)):
+            raise ValueError("prev_reward_batch must hold finite numbers, got "
+                             f"{prev_rewards.dtype} values {prev_rewards.ravel()[:4]}")
+        return (obs, tuple(states), prev_actions.astype(self._action_tensor_dtype()),
+                prev_rewards.astype(np.float32).reshape(batch_size))
 
     def _example_input_dict(self, rows: int) -> dict:
         """An acting input dict of `rows` zero observations (initial states)."""
@@ -272,7 +290,8 @@ class TFPolicy:
         return prepare_train_columns(
             batch, preprocessor=self.preprocessor, action_space=self.action_space,
             num_state_tensors=self.num_state_tensors(),
-            max_seq_len=self.config.model.max_seq_len, fixed_seq_len=fixed_seq_len)
+            max_seq_len=self.config.model.max_seq_len, loss_columns=self.loss_columns,
+            fixed_seq_len=fixed_seq_len)
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers -> statistics."""
@@ -322,7 +341,8 @@ class TFPolicy:
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """Replace all model variables; checks everything before changing anything."""
-        _assign_checked(dict(zip(self._weight_names, self._weight_variables)), weights, "weights")
+        targets = dict(zip(self._weight_names, self._weight_variables))
+        _assign(targets, _checked_arrays(targets, weights, "weights"))
 
     def _optimizer_variables(self) -> dict:
         # by position only: Keras names optimizer slots after the optimizer's and the
@@ -347,10 +367,45 @@ class TFPolicy:
             "policy_class": checkpoints.class_path(type(self)),
         }
 
+    def check_state(self, state: dict) -> None:
+        """Raise, naming the entry, if `state` cannot be set on this policy."""
+        self._state_plan(state)
+        self.check_extra_state(state)
+
+    def check_extra_state(self, state: dict) -> None:
+        """Check the entries a subclass adds to get_state(); set_state calls it before
+        it changes anything, so an override keeps set_state all-or-nothing."""
+
     def set_state(self, state: dict) -> None:
+        """Set a get_state() result: all of it, or (on any bad entry) nothing."""
+        targets, arrays, new_exploration = self._state_plan(state)
+        self.check_extra_state(state)
+        _assign(targets, arrays)
+        if new_exploration is not None:
+            self.exploration = new_exploration
+            self._action_fn = self._compile_action_fn()
+        self.global_timestep = int(state["global_timestep"])
+        self.num_grad_updates = int(state.get("num_grad_updates", 0))
+
+    def _state_plan(self, state: dict) -> tuple[dict, dict, object]:
+        """(variables, their checked new values, the new exploration or None)."""
+        if not isinstance(state, dict):
+            raise TypeError(f"policy state must be a dict, got {type(state).__name__}")
         missing = [k for k in ("weights", "optimizer_variables", "global_timestep") if k not in state]
         if missing:
             raise ValueError(f"policy state is missing {missing}")
+        named, own = state.get("policy_class"), checkpoints.class_path(type(self))
+        if named is not None and named != own:
+            raise ValueError(f"policy state is of {named}, not of this policy's class {own}")
+        for key in ("global_timestep", "num_grad_updates"):
+            value = state.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"policy state entry {key!r} must be an integer >= 0, "
+                                 f"got {value!r}")
+        for group in ("weights", "optimizer_variables", "rng"):
+            if not isinstance(state.get(group, {}), dict):
+                raise TypeError(f"policy state entry {group!r} must be a dict of arrays, "
+                                f"got {type(state[group]).__name__}")
         targets = {**{f"weights/{k}": v for k, v in
                       zip(self._weight_names, self._weight_variables)},
                    **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
@@ -361,21 +416,25 @@ class TFPolicy:
             if name in rngs:
                 targets[f"rng/{name}"] = rng.state
                 values[f"rng/{name}"] = np.asarray(rngs[name], np.int64)
-        _assign_checked(targets, values, "policy state")
+        arrays = _checked_arrays(targets, values, "policy state")
+        new_exploration = None
         if "exploration" in state:
-            self.exploration = exploration.make_exploration(self.action_space, state["exploration"])
-            self._action_fn = self._compile_action_fn()
-        self.global_timestep = int(state["global_timestep"])
-        self.num_grad_updates = int(state.get("num_grad_updates", 0))
+            try:
+                new_exploration = exploration.make_exploration(self.action_space,
+                                                               state["exploration"])
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"policy state entry 'exploration': {err}") from None
+        return targets, arrays, new_exploration
 
     @classmethod
     def from_state(cls, state: dict) -> "TFPolicy":
         """A new policy (of the class named in the state) with that exact state."""
         named = checkpoints.resolve_class(state.get("policy_class") or checkpoints.class_path(cls),
                                           TFPolicy)
-        # a subclass of the class asked for is kept; anything else loads as that class
-        policy_cls = named if issubclass(named, cls) or cls is TFPolicy else cls
-        policy = policy_cls(space_from_json(state["observation_space"]),
+        if not issubclass(named, cls):
+            raise ValueError(f"the state is of {checkpoints.class_path(named)}, which is not "
+                             f"{checkpoints.class_path(cls)} or a subclass of it")
+        policy = named(space_from_json(state["observation_space"]),
                             space_from_json(state["action_space"]), state["config"])
         policy.set_state(state)
         return policy
@@ -405,6 +464,20 @@ class TFPolicy:
             raise
 
 
+def _flag(value, name: str) -> bool:
+    """A bool argument; anything else (the string "no" is truthy) is an error."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be True, False or None, got {value!r}")
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < 0:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    return int(value)
+
+
 def _is_rng_state(variable) -> bool:
     """Keras seed-generator state: RNG bookkeeping, not a weight, and named by a
     process-global counter, so it must not enter weight sync."""
@@ -422,8 +495,11 @@ def _unique(names: list[str]) -> list[str]:
     return names
 
 
-def _assign_checked(targets: dict, values: dict, what: str) -> None:
-    """Assign values to variables only after every name, shape and dtype checks out."""
+def _checked_arrays(targets: dict, values, what: str) -> dict:
+    """The values as arrays of their variables' dtypes, once every name, shape,
+    dtype and value checks out; else an error naming the entry."""
+    if not isinstance(values, dict):
+        raise TypeError(f"{what} must be a dict of name -> array, got {type(values).__name__}")
     missing = sorted(set(targets) - set(values))
     unexpected = sorted(set(values) - set(targets))
     if missing or unexpected:
@@ -442,6 +518,10 @@ def _assign_checked(targets: dict, values: dict, what: str) -> None:
         if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
             raise ValueError(f"{what} entry {name!r} contains NaN or inf")
         arrays[name] = value.astype(expected)
+    return arrays
+
+
+def _assign(targets: dict, arrays: dict) -> None:
     for name, var in targets.items():
         var.assign(arrays[name])
 

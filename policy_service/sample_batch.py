@@ -433,16 +433,21 @@ class SampleBatch(dict):
             if dim != num_rows and not (self.zero_padded and dim == self.padded_count):
                 raise ValueError(f"column '{path}' has {dim} rows, expected "
                                  f"{self._layouts_text()}; {self._fix_hint(dim)}")
+        for path, dim in self._state_in_leaf_lengths():
+            if dim != num_seqs and dim != num_rows and not (
+                    self.zero_padded and dim == self.padded_count):
+                raise ValueError(
+                    f"column '{path}' has {dim} rows, expected {num_seqs} (one per "
+                    f"sequence) or {self._layouts_text()} (one per row)")
+
+    def _state_in_leaf_lengths(self):
+        """(column path, leading dimension) of every state_in_* leaf that has one."""
         for key in self:
-            if not is_state_in(key):
-                continue
-            for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
-                dim = _leading_dim(leaf)
-                if dim is not None and dim != num_seqs and dim != num_rows and not (
-                        self.zero_padded and dim == self.padded_count):
-                    raise ValueError(
-                        f"column '{path}' has {dim} rows, expected {num_seqs} (one per "
-                        f"sequence) or {self._layouts_text()} (one per row)")
+            if is_state_in(key):
+                for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
+                    dim = _leading_dim(leaf)
+                    if dim is not None:
+                        yield path, dim
 
     def _layouts_text(self) -> str:
         seq_lens = self[self.SEQ_LENS]
@@ -479,15 +484,11 @@ class SampleBatch(dict):
             listing = ", ".join(f"'{p}': {n}" for p, n in lengths.items())
             raise ValueError(f"SampleBatch row columns must all have {expected} rows; "
                              f"got lengths {listing}")
-        for key in self:
-            if not is_state_in(key):
-                continue
-            for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
-                dim = _leading_dim(leaf)
-                if dim is not None and dim != expected:
-                    raise ValueError(f"column '{path}' has {dim} rows, expected "
-                                     f"{expected} (one per row; add seq_lens for one "
-                                     f"per sequence)")
+        for path, dim in self._state_in_leaf_lengths():
+            if dim != expected:
+                raise ValueError(f"column '{path}' has {dim} rows, expected "
+                                 f"{expected} (one per row; add seq_lens for one "
+                                 f"per sequence)")
 
     # ---- row operations -----------------------------------------------
 

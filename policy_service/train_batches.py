@@ -18,6 +18,13 @@ from policy_service.sample_batch import SampleBatch
 from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
 
 
+class LossColumn(NamedTuple):
+    """What a loss reads from one train-batch column, checked before any tensor work."""
+
+    kind: str = "float"  # "float": any float dtype; "number": any int or float dtype
+    shape: tuple | None = ()  # per-row shape (() for one number per row); None: any
+
+
 class TrainColumns(NamedTuple):
     """A prepared train batch."""
 
@@ -28,13 +35,17 @@ class TrainColumns(NamedTuple):
 
 def prepare_train_columns(batch, *, preprocessor, action_space: gym.Space,
                           num_state_tensors: int, max_seq_len: int,
+                          loss_columns: dict | None = None,
                           fixed_seq_len: bool = False) -> TrainColumns:
     """Check and preprocess a train batch; recurrent batches are chopped into padded
-    sequences (T = max_seq_len when `fixed_seq_len`, else the longest one)."""
+    sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
+    `loss_columns` (name -> LossColumn) are the columns the loss reads."""
     if not isinstance(batch, SampleBatch):
         batch = SampleBatch(batch)
     if batch.count == 0:
         raise ValueError("train batch is empty")
+    check_loss_columns(batch, {SampleBatch.OBS: LossColumn("number", None),
+                               **(loss_columns or {})})
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
@@ -75,6 +86,25 @@ def _sequence_columns(batch: SampleBatch, num_state_tensors: int, max_seq_len: i
     columns[SampleBatch.SEQ_LENS] = seq_lens
     columns[LOSS_MASK] = loss_mask(seq_lens, length)
     return TrainColumns(columns, num_seqs, length)
+
+
+def check_loss_columns(batch: SampleBatch, loss_columns: dict) -> None:
+    """Each column the loss reads is present, of its kind of dtype and per-row shape;
+    else an error naming the column, what was expected and what is there."""
+    for name, want in loss_columns.items():
+        if name not in batch:
+            raise ValueError(f"train batch is missing column {name!r}, which the loss reads; "
+                             f"columns: {sorted(batch)}")
+        for leaf in tree.flatten(batch[name]):
+            values = np.asarray(leaf)
+            kinds = "f" if want.kind == "float" else "iuf"
+            if values.dtype.kind not in kinds:
+                raise ValueError(f"column {name!r} has dtype {values.dtype}, expected "
+                                 f"{'a float' if want.kind == 'float' else 'a numeric'} dtype")
+            if want.shape is not None and values.shape[1:] != tuple(want.shape):
+                expected = ("rows",) + tuple(want.shape)
+                raise ValueError(f"column {name!r} has shape {values.shape}, expected "
+                                 f"({', '.join(map(str, expected))})")
 
 
 def check_finite_columns(batch: dict) -> None:
