@@ -66,6 +66,7 @@ from policy_service import TFPolicy, masked_mean
 from policy_service.config import finite, setting
 from policy_service.models import register_custom_model
 from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn
 
 
 # ----- an environment that needs memory ---------------------------------------------------
@@ -142,6 +143,9 @@ class RecurrentA2CPolicy(TFPolicy):
     """Advantage actor-critic on GAE, one SGD step per train batch."""
 
     config_class = RecurrentA2CConfig
+    # RLlib's view requirements for the loss, checked before any tensor work
+    loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
+                    SampleBatch.ACTIONS: LossColumn("number", None)}
 
     def loss(self, model, dist_class, train_batch):
         """RLlib's boolean_mask over seq_lens becomes masked_mean over "loss_mask"."""
