@@ -25,14 +25,16 @@ train: $(STAMP)
 
 # pytest exits 5 when it collected nothing; make would report that as a plain 2,
 # so it is turned into a failure with a reason here: a suite that runs nothing checks nothing.
-PYTEST = $(VENV)/bin/python -m pytest -q -m
-RUN_TESTS = rc=0; $(PYTEST) "$(1)" || rc=$$?; \
+PYTEST = $(VENV)/bin/python -m pytest -q
+RUN_TESTS = rc=0; $(PYTEST) -m "$(1)" $(2) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest -m '$(1)' collected no tests" >&2; exit 1; fi; exit $$rc
 
 # The suite without the slow group (learning runs, benchmark smoke runs, the
-# RLlib differential test); CI runs both (.ci/run).
+# RLlib differential test), in two worker processes, a test file per worker at a
+# time (so a module's Ray and built policies are made once); CI runs both groups.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	@$(call RUN_TESTS,not slow)
+	@$(call RUN_TESTS,not slow,-n $(TEST_WORKERS) --dist loadfile)
 
 test-slow: $(STAMP)
 	@$(call RUN_TESTS,slow)
