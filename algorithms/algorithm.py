@@ -7,18 +7,23 @@ The loop (`train()` is one iteration):
         metrics = algo.train()
         #  1. sample: EnvRunnerGroup.sample() until >= train_batch_size env steps
         #     (each fragment already postprocessed by the workers' policies)
-        #  2. learn: the algorithm's `training_step(policy, batch)` on the learner
-        #     (PPO: load the towers' buffers once, num_epochs of minibatch SGD on
-        #     device in one compiled call, adapt the KL coefficient)
+        #  2. learn: the algorithm's `training_step(learners, batch)` on the
+        #     LearnerGroup (PPO: load the batch into the learners' buffers once,
+        #     num_epochs of minibatch SGD on device in one compiled call per
+        #     learner, adapt the KL coefficient on every learner)
         #  3. broadcast: the new weights to every worker with one ray.put
     algo.save(path); algo.restore(path); algo.stop()
 
 A subclass sets `config_class`, `policy_class` and `training_step`; nothing
 else of an algorithm lives here.
 
-Where the learner lives: in the driver process, as a `Learner` object, with
+Where the learner lives: a `policy_service.LearnerGroup`. With
+`num_learners: 0` (the default) it is a policy in the driver process, with
 `policy_service.engine.devices.prepare_process` called before TensorFlow
-initializes so that fake GPUs are real logical CPU devices. Both candidates
+initializes so that fake GPUs are real logical CPU devices; with N, N learner
+actors reserved as one placement group, training data-parallel with their
+gradients all-reduced inside the compiled step. For one machine the driver
+stays the default, as measured here. Both candidates
 were built and timed here (2 cores, no GPU, PPO on CartPole-v1,
 train_batch_size 4000, minibatch 128, 10 epochs, [256, 256] MLP, 8 envs in
 one local worker). Per iteration they do the same work: 0.45 s of learner
@@ -31,7 +36,7 @@ noisy, medians of 2-5 runs): 12 iterations 33 vs 33, 20 iterations 38 vs
 46, 12 iterations with 2 remote env runners 42 vs 52, driver vs actor. The
 actor's phases ran faster under heavy load from other processes (two
 processes get more of a contended CPU), not on equal CPU time. So the
-learner stays in the driver, and tests with num_env_runners=0 need no Ray.
+learner stays in the driver by default, and tests with num_env_runners=0 need no Ray.
 GPUs: the driver uses the GPUs its process sees; on a cluster submit it as a
 job that reserves them (Ray Jobs' entrypoint_num_gpus) so Ray counts them.
 
@@ -54,7 +59,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
@@ -65,6 +70,11 @@ from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
+
+if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
+    from policy_service.distributed.learner_group import LearnerGroup
+
+MAX_LEARNER_RESTARTS_PER_ITERATION = 2
 
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
@@ -106,28 +116,6 @@ class AlgorithmConfig(PolicyConfig):
         return max(1, math.ceil(self.train_batch_size / envs))
 
 
-class Learner:
-    """Hosts the learning policy and runs an algorithm's training step on it."""
-
-    def __init__(self, policy_cls: type, observation_space, action_space, config,
-                 training_step: Callable):
-        self.policy = policy_cls(observation_space, action_space, config)
-        self.training_step = training_step
-
-    def learn(self, batch: SampleBatch) -> dict:
-        """One training step on the batch -> learner statistics."""
-        return self.training_step(self.policy, batch)
-
-    def get_weights(self) -> dict:
-        return self.policy.get_weights()
-
-    def get_state(self) -> dict:
-        return self.policy.get_state()
-
-    def set_state(self, state: dict) -> None:
-        self.policy.set_state(state)
-
-
 class Algorithm:
     """Sampling, learning and weight broadcast, iteration by iteration."""
 
@@ -135,8 +123,8 @@ class Algorithm:
     policy_class: type | None = None
 
     @staticmethod
-    def training_step(policy, train_batch: SampleBatch) -> dict:
-        """The algorithm's update on the learner policy -> statistics; subclasses set it."""
+    def training_step(learners: "LearnerGroup", train_batch: SampleBatch) -> dict:
+        """The algorithm's update on the learner group -> statistics; subclasses set it."""
         raise NotImplementedError
 
     def __init__(self, config: dict | AlgorithmConfig):
@@ -154,15 +142,20 @@ class Algorithm:
         self._episode_lengths = collections.deque(maxlen=window)
         # Fake GPUs must exist before TensorFlow initializes (the local worker's
         # policy initializes it), so the learner's devices are prepared first.
-        if self.config._fake_gpus and self.config.num_gpus > 0:
-            devices.prepare_process(max(1, math.ceil(self.config.num_gpus)))
-        if self.config.num_env_runners > 0 or self.config.remote_inference:
+        cfg = self.config
+        if cfg._fake_gpus and cfg.num_gpus > 0 and cfg.num_learners == 0:
+            devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
+        if cfg.num_env_runners > 0 or cfg.remote_inference or cfg.num_learners > 0:
             self._init_ray()
         self.workers = None
+        self.learner = None
+        self._learner_state = None  # the driver's last full copy, for replacing learners
         try:
             self.workers = self._make_env_runners(self.config.seed)
-            self.learner = Learner(self.policy_class, self.workers.observation_space,
-                                   self.workers.action_space, self.config, self.training_step)
+            from policy_service.distributed.learner_group import LearnerGroup
+            self.learner = LearnerGroup(self.policy_class, self.workers.observation_space,
+                                        self.workers.action_space, self.config)
+            self._keep_learner_state()
             self.workers.sync_weights(self.learner.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -175,7 +168,7 @@ class Algorithm:
         start = time.perf_counter()
         batch, sample_metrics = self._sample()
         sampled = time.perf_counter()
-        stats = self.learner.learn(batch)
+        stats = self._learn(batch)
         learned = time.perf_counter()
         self.iteration += 1
         self.workers.sync_weights(self.learner.get_weights(), version=self.iteration)
@@ -184,6 +177,28 @@ class Algorithm:
         return self._metrics(batch, sample_metrics, stats,
                              sample_s=sampled - start, learn_s=learned - sampled,
                              sync_s=synced - learned)
+
+    def _learn(self, batch: SampleBatch) -> dict:
+        """The training step; a learner actor that dies is replaced (the whole group,
+        from the driver's last copy of the learner state) and the step retried."""
+        from policy_service.distributed.learner_group import LearnerDiedError
+        for attempt in range(MAX_LEARNER_RESTARTS_PER_ITERATION + 1):
+            try:
+                stats = self.training_step(self.learner, batch)
+                break
+            except LearnerDiedError:
+                if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
+                    raise
+                self.learner.restart(self._learner_state)
+        self._keep_learner_state()
+        return stats
+
+    def _keep_learner_state(self) -> None:
+        """Learner actors can die apart from the driver: keep a full copy of their
+        state (weights and optimizer) after every step. A learner in the driver
+        needs none."""
+        if self.learner.local_policy is None:
+            self._learner_state = self.learner.get_state()
 
     def _sample(self) -> tuple[SampleBatch, dict]:
         """Fragments from every worker until there are >= train_batch_size env steps."""
@@ -222,7 +237,9 @@ class Algorithm:
             "time_this_iter_s": sample_s + learn_s + sync_s,
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
-            "num_learner_towers": self.learner.policy.towers.num_towers,
+            "num_learners": self.learner.num_learners,
+            "num_learner_restarts": self.learner.num_restarts,
+            "num_learner_towers": self.learner.num_towers,
         }
         metrics.update({k: float(v) for k, v in stats.items()})
         return metrics
@@ -293,6 +310,7 @@ class Algorithm:
             raise ValueError(f"checkpoint {directory} was written by "
                              f"{saved['algorithm_class']}, not {expected}")
         self.learner.set_state(checkpoints.read_policy_state(directory / checkpoints.POLICY_SUBDIR))
+        self._keep_learner_state()
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.time_total_s = float(saved["time_total_s"])
@@ -313,11 +331,19 @@ class Algorithm:
         return algo
 
     def get_policy(self):
-        """The learner policy."""
-        return self.learner.policy
+        """The learner policy, when it lives in this process (num_learners: 0)."""
+        if self.learner.local_policy is None:
+            raise RuntimeError(
+                f"the learner policy lives in {self.learner.num_learners} learner actors "
+                "(num_learners > 0); use algo.learner (a LearnerGroup) instead")
+        return self.learner.local_policy
 
     def stop(self) -> None:
-        """End the env runners, and Ray if this algorithm started it (idempotent)."""
+        """End the env runners and learners, and Ray if this algorithm started it
+        (idempotent)."""
+        if getattr(self, "learner", None) is not None:
+            self.learner.stop()
+            self.learner = None
         if self.workers is not None:
             self.workers.stop()
             self.workers = None

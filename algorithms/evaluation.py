@@ -3,7 +3,8 @@
     evaluate("runs/ppo-CartPole-v1-.../", episodes=10)   # prints one JSON line
     export("runs/.../checkpoints/checkpoint_000020", "exported/")  # a SavedModel
 
-CHECKPOINT may be a run directory (its latest checkpoint is used), its
+CHECKPOINT may be a run directory (its newest checkpoint that loads is used:
+each newer one that does not is named on stderr with the reason), its
 checkpoints/ directory, one checkpoint (what Algorithm.save writes:
 algorithm_state.json and the policy/ sub-dir), or a policy directory written
 by TFPolicy.export_checkpoint. The policy is rebuilt on one CPU tower: acting
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -20,11 +22,16 @@ from typing import Optional
 import numpy as np
 
 from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
-                                           latest_checkpoint, read_policy_state)
+                                           CheckpointFileError, list_checkpoints,
+                                           read_algorithm_state, read_policy_state)
 
 
 class CheckpointError(Exception):
     """The checkpoint cannot be found or read, or the request does not fit it."""
+
+
+class EnvironmentMismatch(CheckpointError):
+    """The environment asked for does not fit the policy (not the checkpoint's fault)."""
 
 
 @dataclass
@@ -35,50 +42,119 @@ class LoadedCheckpoint:
     algorithm_config: Optional[dict]  # from algorithm_state.json; None for a bare policy
 
 
-def locate(path: str) -> LoadedCheckpoint:
-    """Find the policy directory (and the algorithm config) that `path` points to."""
+def checkpoint_candidates(path: str) -> list[Path]:
+    """The checkpoints `path` points to, newest first: one for a checkpoint or policy
+    directory, every complete one for a run directory or its checkpoints/."""
     directory = Path(path)
     if not directory.is_dir():
         raise CheckpointError(f"no checkpoint at {path}: not a directory")
-    if (directory / POLICY_STATE).exists():
-        parent_state = directory.parent / ALGORITHM_STATE
-        return LoadedCheckpoint(directory, _read_config(parent_state)
-                                if parent_state.exists() else None)
-    if (directory / ALGORITHM_STATE).exists():
-        return LoadedCheckpoint(directory / POLICY_SUBDIR,
-                                _read_config(directory / ALGORITHM_STATE))
+    if (directory / POLICY_STATE).exists() or (directory / ALGORITHM_STATE).exists():
+        return [directory]
     for checkpoints in (directory / "checkpoints", directory):
-        latest = latest_checkpoint(checkpoints)
-        if latest is not None:
-            return locate(str(latest))
+        found = list_checkpoints(checkpoints)
+        if found:
+            return found[::-1]
     raise CheckpointError(f"no checkpoint at {path}: expected a run directory, a checkpoint "
                           f"({ALGORITHM_STATE}) or a policy directory ({POLICY_STATE})")
 
 
+def locate(path: str) -> LoadedCheckpoint:
+    """Find the policy directory (and the algorithm config) of the newest checkpoint."""
+    return locate_one(checkpoint_candidates(path)[0])
+
+
+def locate_one(directory: Path) -> LoadedCheckpoint:
+    """The policy directory and algorithm config of one checkpoint or policy directory."""
+    if (directory / ALGORITHM_STATE).exists():
+        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory))
+    parent_state = directory.parent / ALGORITHM_STATE
+    return LoadedCheckpoint(directory, _read_config(directory.parent)
+                            if parent_state.exists() else None)
+
+
+@dataclass
+class ReadyPolicy:
+    """A checkpoint's policy, rebuilt, with the environment it will act in (if any)."""
+
+    checkpoint: LoadedCheckpoint
+    policy: object
+    environment: object = None
+    env_id: Optional[str] = None
+
+
+def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = True,
+                      ) -> ReadyPolicy:
+    """The newest checkpoint under `path` that loads; each one skipped is named on
+    stderr with the reason. A request that fits none (--env) is not a reason to skip."""
+    candidates = checkpoint_candidates(path)
+    for index, directory in enumerate(candidates):
+        try:
+            return _load(directory, env, with_env)
+        except EnvironmentMismatch:
+            raise
+        except CheckpointError as err:
+            if index == len(candidates) - 1:
+                if len(candidates) == 1:
+                    raise
+                raise CheckpointError(f"no valid checkpoint in {path} (the others were "
+                                      f"skipped above); {directory.name}: {err}") from None
+            print(f"policy-service: skipped {directory.name}: {err}; trying "
+                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable: candidates is never empty")
+
+
+def _load(directory: Path, env: Optional[str], with_env: bool) -> ReadyPolicy:
+    checkpoint = locate_one(directory)
+    state = saved_policy_state(checkpoint)
+    if not with_env:
+        return ReadyPolicy(checkpoint, policy_from_state(state, checkpoint.policy_dir))
+    env_id, env_config = _environment(checkpoint, env)
+    environment = _make_env(env_id, env_config)
+    try:
+        trained_on = (checkpoint.algorithm_config or {}).get("env")
+        check_spaces_fit(state, environment, env_id,
+                         asked_for=env is not None and env != trained_on)
+        policy = policy_from_state(state, checkpoint.policy_dir)
+    except BaseException:
+        environment.close()
+        raise
+    return ReadyPolicy(checkpoint, policy, environment, env_id)
+
+
 def load_policy(checkpoint: LoadedCheckpoint):
     """The saved policy, weights and all, on one CPU tower."""
-    return policy_from_state(saved_policy_state(checkpoint))
+    return policy_from_state(saved_policy_state(checkpoint), checkpoint.policy_dir)
 
 
 def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
-    """The saved policy state (config, spaces, arrays), nothing built yet."""
+    """The saved policy state (config, spaces, arrays), every file checked, nothing built."""
     try:
         return read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"cannot read the policy in {checkpoint.policy_dir}: "
+        raise CheckpointError(_one_line(err) if isinstance(err, CheckpointFileError) else
+                              f"cannot read the policy in {checkpoint.policy_dir}: "
                               f"{_one_line(err)}") from None
 
 
-def policy_from_state(state: dict):
-    """A policy state rebuilt on one CPU tower."""
+def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
+    """A policy state rebuilt on one CPU tower; a state that does not fit its own
+    config or spaces (an unknown config key, arrays of another shape) is a
+    CheckpointError naming the policy directory."""
     from policy_service.config import on_cpu
     from policy_service.policy import TFPolicy
-    state = {**state, "config": on_cpu(state["config"])}
-    return TFPolicy.from_state(state)
+    try:
+        state = {**state, "config": on_cpu(state["config"])}
+        return TFPolicy.from_state(state)
+    except (ValueError, KeyError, TypeError) as err:
+        where = policy_dir or "the saved policy"
+        raise CheckpointError(f"{where} ({POLICY_STATE}, policy_arrays.npz) does not load: "
+                              f"{_one_line(err)}") from None
 
 
-def check_spaces_fit(state: dict, environment, env_id: str) -> None:
-    """The env's observation and action spaces are the ones the policy was built for."""
+def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = True) -> None:
+    """The env's observation and action spaces are the ones the policy was built for.
+    A mismatch is EnvironmentMismatch when the env was `asked_for` (--env), else the
+    checkpoint's own spaces changed: a CheckpointError."""
     from policy_service.io.space_codec import space_from_json
     mismatches = []
     for name, env_space in (("observation_space", environment.observation_space),
@@ -91,8 +167,9 @@ def check_spaces_fit(state: dict, environment, env_id: str) -> None:
         if env_space != policy_space:
             mismatches.append(f"{name} {env_space} (the policy's: {policy_space})")
     if mismatches:
-        raise CheckpointError(_one_line(f"environment {env_id!r} does not fit the saved "
-                                        f"policy: {'; '.join(mismatches)}"))
+        error = EnvironmentMismatch if asked_for else CheckpointError
+        raise error(_one_line(f"environment {env_id!r} does not fit the saved "
+                              f"policy: {'; '.join(mismatches)}"))
 
 
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
@@ -127,16 +204,12 @@ def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: 
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
-    checkpoint = locate(path)
-    env_id, env_config = _environment(checkpoint, env)
-    state = saved_policy_state(checkpoint)
-    environment = _make_env(env_id, env_config)
+    ready = load_newest_valid(path, env)
+    checkpoint, env_id = ready.checkpoint, ready.env_id
     try:
-        check_spaces_fit(state, environment, env_id)  # before the policy is built
-        policy = policy_from_state(state)
-        played = run_episodes(policy, environment, episodes, explore, seed)
+        played = run_episodes(ready.policy, ready.environment, episodes, explore, seed)
     finally:
-        environment.close()
+        ready.environment.close()
     returns = np.asarray(played["episode_returns"])
     lengths = np.asarray(played["episode_lengths"])
     print(json.dumps({
@@ -157,8 +230,7 @@ def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
     """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
-    checkpoint = locate(path)
-    policy = load_policy(checkpoint)
+    policy = load_newest_valid(path, with_env=False).policy
     policy.export_model(out, onnx=onnx_opset)
     print(f"SavedModel: {Path(out).absolute()}" +
           (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else ""))
@@ -183,11 +255,11 @@ def _make_env(env_id: str, env_config: dict):
         raise CheckpointError(f"unknown environment {env_id!r}: {_one_line(err)}") from None
 
 
-def _read_config(path: Path) -> dict:
+def _read_config(checkpoint: Path) -> dict:
     try:
-        return json.loads(path.read_text())["config"]
-    except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(f"cannot read {path}: {_one_line(err)}") from None
+        return read_algorithm_state(checkpoint)["config"]
+    except CheckpointFileError as err:
+        raise CheckpointError(_one_line(err)) from None
 
 
 def _one_line(err: BaseException) -> str:

@@ -239,15 +239,25 @@ def standardize_advantages(batch: SampleBatch) -> SampleBatch:
     return batch
 
 
-def ppo_training_step(policy: PPOPolicy, train_batch: SampleBatch) -> dict:
-    """One PPO update: num_epochs of minibatch SGD on the batch, then KL adaptation."""
+def ppo_training_step(learners, train_batch: SampleBatch) -> dict:
+    """One PPO update on a LearnerGroup (or a PPOPolicy): num_epochs of minibatch
+    SGD on the batch, then KL adaptation on every learner alike. Advantages are
+    standardized here, over the whole batch, before it is sharded."""
     train_batch = standardize_advantages(train_batch.copy(shallow=True))
     train_batch.pop(SampleBatch.NEXT_OBS, None)  # the loss never reads it: skip the copy
-    policy.load_batch_into_buffer(train_batch, buffer_index=0)
-    stats = policy.learn_on_loaded_epochs(policy.config.num_epochs, buffer_index=0)
-    if policy.config.kl_coeff > 0:  # stats keep the coefficient this update used
-        policy.update_kl(stats["kl"])
+    learners.load_batch_into_buffer(train_batch, buffer_index=0)
+    stats = learners.learn_on_loaded_epochs(learners.config.num_epochs, buffer_index=0)
+    if learners.config.kl_coeff > 0:  # stats keep the coefficient this update used
+        update_kl_coefficient(learners, stats["kl"])
     return stats
+
+
+def update_kl_coefficient(learners, sampled_kl: float) -> None:
+    """PPOPolicy.update_kl on every learner (the group's KL is the same on each)."""
+    if isinstance(learners, PPOPolicy):
+        learners.update_kl(sampled_kl)
+    else:
+        learners.foreach_policy(PPOPolicy.update_kl, sampled_kl)
 
 
 class PPO(Algorithm):

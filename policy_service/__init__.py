@@ -11,6 +11,7 @@ _EXPORTS = {
     "masked_mean": "policy_service.reductions",
     "TFPolicy": "policy_service.policy",
     "PolicyActor": "policy_service.distributed.policy_actor",
+    "LearnerGroup": "policy_service.distributed.learner_group",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,6 +29,7 @@ Runs only on a value of the field's type, never on None."""
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 _DOC, _CHECK = "doc", "check"
 
 
@@ -221,6 +222,23 @@ class PolicyConfig(Config):
     num_epochs: int = setting(1, doc="Passes over a loaded buffer per training step.",
                               check=integer(ge=1))
     model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
+    num_grad_accumulation_steps: int = setting(
+        1, doc="Minibatches of a loaded buffer whose gradients are summed before one "
+        "all-reduce and one optimizer step (= one step on them concatenated).",
+        check=integer(ge=1))
+    # The learner group's keys live here, not in the algorithm's config: a
+    # policy_service.LearnerGroup reads them from the config of the policy it hosts.
+    num_learners: int = setting(
+        0, doc="Learner actors training data-parallel; 0: the learner lives in the driver.",
+        check=integer(ge=0))
+    num_gpus_per_learner: float = setting(
+        0, doc="Towers per learner actor, as num_gpus (with _fake_gpus: N logical CPU "
+        "devices in the actor, and no GPU asked of Ray).", check=GPU_COUNT)
+    num_cpus_per_learner: float = setting(1, doc="Ray CPUs reserved per learner actor.",
+                                          check=finite(ge=0))
+    learner_placement_strategy: str = setting(
+        "PACK", doc="How the learners' placement group spreads over nodes.",
+        check=one_of(*PLACEMENT_STRATEGIES))
 
 
 # ----- building and checking ----------------------------------------------------------------

@@ -39,7 +39,7 @@ class TFPolicy:
 
     config_class = PolicyConfig
     # the train-batch columns the loss reads (name -> LossColumn), checked before any
-    # tensor work so a bad batch is an error naming the column; "obs" always is
+    # tensor work so a bad batch is an error naming the column ("obs" always is)
     loss_columns: dict = {}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space,
@@ -72,7 +72,8 @@ class TFPolicy:
         self.towers = TowerStack(
             self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
-            l2_coeff=self.config.l2_coeff, seed=self.config.seed)
+            l2_coeff=self.config.l2_coeff, seed=self.config.seed,
+            accumulation_steps=self.config.num_grad_accumulation_steps)
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 
@@ -295,16 +296,11 @@ class TFPolicy:
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers -> statistics."""
-        columns, units, _ = self.train_columns(batch)
-        stats = self.towers.learn(self.towers.place(self.towers.shard(columns, units)))
-        self.num_grad_updates += 1
-        return stats
+        return self.learn_on_train_columns(self.train_columns(batch))
 
     def compute_gradients(self, batch: SampleBatch):
         """-> (combined, clipped gradients aligned with model.trainable_variables, stats)."""
-        columns, units, _ = self.train_columns(batch)
-        return self.towers.compute_gradients(
-            self.towers.place(self.towers.shard(columns, units)))
+        return self.compute_gradients_on_train_columns(self.train_columns(batch))
 
     def apply_gradients(self, gradients) -> None:
         self.towers.apply_gradients(gradients)
@@ -312,15 +308,35 @@ class TFPolicy:
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
-        columns, units, rows_per_unit = self.train_columns(batch, fixed_seq_len=True)
-        return self.towers.load(columns, units, rows_per_unit, self.config.minibatch_size,
-                                buffer_index)
+        return self.load_train_columns_into_buffer(
+            self.train_columns(batch, fixed_seq_len=True), buffer_index)
+
+    # The same three on a batch already prepared by `train_columns` (a LearnerGroup
+    # prepares the whole batch once in the driver and sends each learner its shard).
+
+    def learn_on_train_columns(self, train: TrainColumns) -> dict:
+        stats = self.towers.learn(self.towers.place(self.towers.shard(train.columns, train.units)))
+        self.num_grad_updates += 1
+        return stats
+
+    def compute_gradients_on_train_columns(self, train: TrainColumns):
+        return self.towers.compute_gradients(
+            self.towers.place(self.towers.shard(train.columns, train.units)))
+
+    def load_train_columns_into_buffer(self, train: TrainColumns, buffer_index: int = 0,
+                                       minibatch_size: int | None = None) -> int:
+        """minibatch_size: rows per minibatch on this policy's towers (default: the
+        config's; a learner of N takes 1/N of the group's)."""
+        return self.towers.load(train.columns, train.units, train.rows_per_unit,
+                                minibatch_size or self.config.minibatch_size, buffer_index)
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
         buffer = self.towers.buffers.get(buffer_index)
         return 0 if buffer is None else buffer.num_rows
 
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
+        """One SGD step on the minibatch at row `offset` of the loaded buffer (with
+        num_grad_accumulation_steps K: on the K minibatches from there)."""
         stats = self.towers.learn_loaded(offset, buffer_index)
         self.num_grad_updates += 1
         return stats

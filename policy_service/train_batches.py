@@ -44,8 +44,10 @@ def prepare_train_columns(batch, *, preprocessor, action_space: gym.Space,
         batch = SampleBatch(batch)
     if batch.count == 0:
         raise ValueError("train batch is empty")
-    check_loss_columns(batch, {SampleBatch.OBS: LossColumn("number", None),
-                               **(loss_columns or {})})
+    if SampleBatch.OBS not in batch:
+        raise ValueError(f"train batch is missing column 'obs', which every model reads; "
+                         f"columns: {sorted(batch)}")
+    check_loss_columns(batch, loss_columns or {})
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:

@@ -158,6 +158,9 @@ def _user_errors() -> tuple:
                                     ("scripts.run_options", "TrainingSetupError"),
                                     ("algorithms.environments", "EnvironmentSetupError"),
                                     ("algorithms.evaluation", "CheckpointError"),
+                                    ("policy_service.io.checkpoints", "CheckpointFileError"),
+                                    ("policy_service.distributed.env_runner_group",
+                                     "EnvRunnerFailure"),
                                     ("policy_service.distributed.jobs", "JobSubmissionError")):
         module = sys.modules.get(module_name)
         if module is not None:

@@ -20,7 +20,9 @@ iteration plus "stop_reason"), checkpoints/ and tensorboard/.
 
 Resuming restarts from the latest checkpoint: iterations after it (done but
 not checkpointed when the run died) are dropped from progress.jsonl and run
-again, so iteration numbers continue with no gap and no duplicate.
+again, so iteration numbers continue with no gap and no duplicate. A
+checkpoint whose files do not load (truncated, edited, from another env) is
+skipped with a line on stderr saying why, and the next older one is used.
 """
 from __future__ import annotations
 
@@ -32,11 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from policy_service.config import config_for
 from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from policy_service.io import checkpoints
+from policy_service.io.checkpoints import CheckpointFileError
+from policy_service.io.space_codec import space_from_json
 from scripts.run_config import algorithm_class, build_config, json_safe, validate_config
 from scripts.run_directory import RunDirectory, default_output_dir
 from scripts.run_display import ProgressDisplay, ScalarWriter
-from scripts.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError)
+from scripts.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
+                                 one_line)
 from scripts.stop_request import StopRequest
 
 DEFAULT_CHECKPOINT_EVERY = 10
@@ -143,16 +150,61 @@ def train(options: RunOptions) -> int:
 
 
 def _restore(algo, plan: RunPlan) -> list[dict]:
+    """Restore the newest checkpoint that loads; each newer one is named on stderr
+    with the reason it was skipped. None loads: TrainingSetupError."""
     run_dir = plan.run_dir
     run_dir.remove_partial_checkpoints()
-    if plan.resume_from is None:
+    candidates = run_dir.checkpoint_list()[::-1]
+    if not candidates:
         print(f"policy-service: {run_dir.path} has no checkpoint yet; starting it over",
               file=sys.stderr)
+        plan.resume_from = None
         return run_dir.truncate_progress(0)
-    algo.restore(str(plan.resume_from))
-    print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
-          f"(iteration {algo.iteration})", file=sys.stderr)
-    return run_dir.truncate_progress(algo.iteration)
+    for index, checkpoint in enumerate(candidates):
+        try:
+            restore_checked(algo, checkpoint)
+        except CheckpointFileError as err:
+            if index == len(candidates) - 1:
+                raise TrainingSetupError(f"--resume {run_dir.path}: no checkpoint loads; "
+                                         f"{checkpoint.name}: {err}") from None
+            print(f"policy-service: skipped {checkpoint.name}: {err}; trying "
+                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
+            continue
+        plan.resume_from = checkpoint
+        print(f"policy-service: resuming {run_dir.path} from {checkpoint.name} "
+              f"(iteration {algo.iteration})", file=sys.stderr)
+        return run_dir.truncate_progress(algo.iteration)
+    raise AssertionError("unreachable: candidates is never empty")
+
+
+def restore_checked(algo, checkpoint: Path) -> None:
+    """algo.restore(checkpoint) after every file was checked against this algorithm;
+    any failure is a one-line CheckpointFileError naming the file. A restore that
+    fails part-way is overwritten whole by the next checkpoint tried."""
+    algorithm_state, policy_state = checkpoints.read_checkpoint(checkpoint)
+    expected = checkpoints.class_path(type(algo))
+    if algorithm_state["algorithm_class"] != expected:
+        raise CheckpointFileError(f"{checkpoint / checkpoints.ALGORITHM_STATE}: written by "
+                                  f"{algorithm_state['algorithm_class']}, not {expected}")
+    policy = algo.get_policy()
+    policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
+    try:
+        config_for(type(policy), policy_state["config"])
+    except ValueError as err:
+        raise CheckpointFileError(f"{policy_file}: {one_line(err)}") from None
+    for name in ("observation_space", "action_space"):
+        saved = space_from_json(policy_state[name])
+        if saved != getattr(policy, name):
+            raise CheckpointFileError(f"{policy_file}: {name} is {saved}, but this run's "
+                                      f"env has {getattr(policy, name)}")
+    try:
+        policy.check_state(policy_state)  # names the entry; nothing is assigned yet
+    except (ValueError, TypeError) as err:
+        raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
+    try:
+        algo.restore(str(checkpoint))
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(err)}") from None
 
 
 def _loop(algo, plan: RunPlan, history: list[dict]) -> int:

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, mlp_batch, small_config
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 from algorithms.ppo import PPOPolicy
 from policy_service.sample_batch import SampleBatch

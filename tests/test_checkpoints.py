@@ -1,12 +1,18 @@
 """policy_service/io/checkpoints.py: atomic directories, policy state files,
 the run's checkpoint listing and allow-listed class names."""
+import json
 import os
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 from policy_service import TFPolicy
 from policy_service.io import checkpoints
+from policy_service.io.space_codec import space_to_json
+
+SPACES = {"observation_space": space_to_json(gym.spaces.Box(-1.0, 1.0, (3,))),
+          "action_space": space_to_json(gym.spaces.Discrete(2))}
 
 
 def test_atomic_directory_replaces_the_old_one_only_on_success(tmp_path):
@@ -25,7 +31,7 @@ def test_policy_state_round_trips_arrays_and_json(tmp_path):
     state = {"weights": {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
              "optimizer_variables": {"optimizer_0/0": np.array(3, np.int64)},
              "rng": {"action": np.array([1, 2, 3], np.int64)},
-             "global_timestep": 7, "config": {"lr": 0.1}}
+             "global_timestep": 7, "config": {"lr": 0.1}, **SPACES}
     checkpoints.write_policy_state(tmp_path / "p", dict(state))
     read = checkpoints.read_policy_state(tmp_path / "p")
     assert read["global_timestep"] == 7 and read["config"] == {"lr": 0.1}
@@ -39,14 +45,15 @@ def test_policy_state_round_trips_arrays_and_json(tmp_path):
 def test_reading_never_unpickles(tmp_path):
     directory = tmp_path / "p"
     checkpoints.write_policy_state(directory, {"weights": {}, "optimizer_variables": {},
-                                               "rng": {}, "global_timestep": 0})
+                                               "rng": {}, "global_timestep": 0, "config": {},
+                                               **SPACES})
     np.savez(directory / checkpoints.POLICY_ARRAYS, **{"weights/x": np.array([object()])})
     with pytest.raises(ValueError, match="allow_pickle=False"):
         checkpoints.read_policy_state(directory)
 
 
 def test_a_directory_without_a_policy_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="policy_state.json missing"):
+    with pytest.raises(checkpoints.CheckpointFileError, match="policy_state.json: missing"):
         checkpoints.read_policy_state(tmp_path)
 
 
@@ -89,3 +96,55 @@ def test_class_paths_resolve_only_against_the_allow_list():
 def test_file_names_come_from_one_place(tmp_path):
     assert checkpoints.checkpoint_dir(tmp_path, 7) == tmp_path / "checkpoint_000007"
     assert os.path.basename(checkpoints.POLICY_STATE) == "policy_state.json"
+
+
+def _algorithm_state(**changes) -> dict:
+    state = {"algorithm_class": "algorithms.ppo:PPO", "config": {}, "iteration": 2,
+             "timesteps_total": 10, "time_total_s": 1.5, "num_worker_restarts": 0,
+             "episode_returns": [1.0, 2.5], "episode_lengths": [3, 4]}
+    state.update(changes)
+    return {k: v for k, v in state.items() if v is not None}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "algorithm_state.json: not valid JSON"),
+    ("[1]", "algorithm_state.json: expected a JSON object, got a JSON list"),
+    (json.dumps(_algorithm_state(iteration=None)), "key 'iteration' missing"),
+    (json.dumps(_algorithm_state(iteration="2")), "'iteration' must be a JSON number, got "
+                                                   'string "2"'),
+    (json.dumps(_algorithm_state(iteration=True)), "'iteration' must be a JSON number"),
+    (json.dumps(_algorithm_state(iteration=-1)), "'iteration' must be >= 0, got -1"),
+    (json.dumps(_algorithm_state(time_total_s=float("inf"))), "'time_total_s' must be a finite"),
+    (json.dumps(_algorithm_state(episode_lengths=[3, "x"])), "'episode_lengths' must hold"),
+])
+def test_a_broken_algorithm_state_is_one_line_naming_the_file(tmp_path, text, message):
+    (tmp_path / checkpoints.ALGORITHM_STATE).write_text(text)
+    with pytest.raises(checkpoints.CheckpointFileError) as err:
+        checkpoints.read_algorithm_state(tmp_path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).startswith(str(tmp_path / checkpoints.ALGORITHM_STATE))
+
+
+def test_a_well_formed_algorithm_state_reads_back(tmp_path):
+    (tmp_path / checkpoints.ALGORITHM_STATE).write_text(json.dumps(_algorithm_state()))
+    assert checkpoints.read_algorithm_state(tmp_path) == _algorithm_state()
+
+
+def test_policy_arrays_are_checked_as_they_are_read(tmp_path):
+    directory = tmp_path / "p"
+    state = {"weights": {"w": np.ones(2, np.float32)}, "optimizer_variables": {}, "rng": {},
+             "global_timestep": 0, "config": {}, **SPACES}
+    checkpoints.write_policy_state(directory, dict(state))
+    arrays = directory / checkpoints.POLICY_ARRAYS
+    np.savez(arrays, **{"weights/w": np.array([1.0, np.inf], np.float32)})
+    with pytest.raises(checkpoints.CheckpointFileError, match="'weights/w' contains NaN or inf"):
+        checkpoints.read_policy_state(directory)
+    np.savez(arrays, **{"weights/w": np.ones(2), "stray": np.ones(1)})
+    with pytest.raises(checkpoints.CheckpointFileError, match="array 'stray' is in no group"):
+        checkpoints.read_policy_state(directory)
+    arrays.write_bytes(arrays.read_bytes()[:40])
+    with pytest.raises(checkpoints.CheckpointFileError, match="not a readable npz archive"):
+        checkpoints.read_policy_state(directory)
+    (directory / checkpoints.POLICY_STATE).unlink()
+    with pytest.raises(FileNotFoundError, match="policy_state.json: missing"):
+        checkpoints.read_policy_state(directory)  # still a FileNotFoundError, as before

@@ -6,8 +6,10 @@ import fakes
 import numpy as np
 import pytest
 import ray
+from ray.exceptions import ActorDiedError, RayTaskError
 
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.restarts import backoff_delays, died_of_actor_death, is_actor_death
 from policy_service.sample_batch import SampleBatch
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
@@ -130,3 +132,24 @@ def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local
         assert "advantages" in batch  # postprocessed by the policy in the actor
     finally:
         group.stop()
+
+
+def test_restart_budgets_are_checked_before_any_actor_starts():
+    for key in ("max_restarts_per_sample", "max_restarts", "max_policy_actor_restarts"):
+        with pytest.raises(ValueError, match=f"^{key} must be >= 0, got -1$"):
+            EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
+                           num_env_runners=2, **{key: -1})
+
+
+def test_restart_attempts_back_off_exponentially_up_to_a_cap():
+    assert backoff_delays(1) == [0.0]
+    assert backoff_delays(7) == [0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 4.0]
+
+
+def test_a_death_is_told_apart_from_an_error_the_actors_code_raised():
+    died = ActorDiedError()
+    assert is_actor_death(died)
+    raised = RayTaskError("sample", "Traceback ...", ValueError("bad observation"))
+    assert not is_actor_death(raised) and not died_of_actor_death(raised)
+    # a worker whose call to the (dead for good) PolicyActor failed
+    assert died_of_actor_death(RayTaskError("sample", "Traceback ...", died))

@@ -688,3 +688,48 @@ def test_missing_loss_column_raises_missing_column_error():
     with pytest.raises(MissingColumnError) as err:
         policy.learn_on_batch(_without_value_targets(12))
     assert isinstance(err.value, KeyError) and "'value_targets'" in str(err.value)
+
+
+# ----- gradient accumulation and learner groups -------------------------------------------
+
+
+@pytest.mark.parametrize("towers", [0, 4])
+@pytest.mark.parametrize("n", [30, 20])  # 20: the last of 4 minibatches is all padding
+def test_accumulated_minibatches_equal_one_step_on_them_concatenated(towers, n):
+    config = small_config(minibatch_size=8, num_grad_accumulation_steps=2, **fake_gpus(towers))
+    accumulating, fused = [PGPolicy(OBS_SPACE, ACTION_SPACE, config) for _ in range(2)]
+    one = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    batch = mlp_batch(n, seed=n)
+    assert accumulating.load_batch_into_buffer(batch) == 32  # minibatches rounded up to 2 x 2
+    for offset in (0, 16):
+        s_acc = accumulating.learn_on_loaded_batch(offset)
+        s_one = one.learn_on_batch(batch[offset:offset + 16])
+        assert s_acc["valid_rows"] == s_one["valid_rows"] == min(16, n - offset)
+        assert s_acc["total_loss"] == pytest.approx(s_one["total_loss"], rel=1e-5, abs=1e-6)
+        assert_weights_close(one.get_weights(), accumulating.get_weights())
+    assert iterations(accumulating) == [2]
+    with pytest.raises(ValueError, match=r"multiple of minibatch_size 8 x 2 accumulation steps"):
+        accumulating.learn_on_loaded_batch(8)
+    fused.load_batch_into_buffer(batch)
+    stats = fused.learn_on_loaded_epochs(1, shuffle=False)  # the same two steps, compiled
+    assert stats["num_sgd_steps"] == 2 and iterations(fused) == [2]
+    assert_weights_close(one.get_weights(), fused.get_weights())
+
+
+def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing():
+    from policy_service.engine.collectives import CollectiveGroup
+    plain, grouped = [PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
+        minibatch_size=8, model={"use_batch_norm": True}, **fake_gpus(2))) for _ in range(2)]
+    group = CollectiveGroup()
+    group.connect(0, [group.address])
+    grouped.towers.set_collective_group(group)
+    assert grouped.towers.num_learners == 1
+    batch = mlp_batch(21)
+    for policy in (plain, grouped):
+        policy.learn_on_batch(batch)
+        policy.load_batch_into_buffer(batch)
+        policy.learn_on_loaded_epochs(2)
+    assert_weights_close(plain.get_weights(), grouped.get_weights(), atol=0, rtol=0)
+    op_types = {op.type for f in grouped.towers._functions.values()  # pylint: disable=protected-access
+                for op in f.concrete.graph.get_operations()}
+    assert "AddN" in op_types and not any("Collective" in t for t in op_types)

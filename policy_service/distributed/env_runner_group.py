@@ -19,9 +19,17 @@ that actor only.
 
 Faults: a worker that dies (its actor is gone: `RayActorError`) is recreated
 with the same index, given the latest weights, and asked for its fragment
-again; `num_restarts` counts this and `sample()` reports it as
-"num_worker_restarts". An error raised *by* a worker's code (a bad env, a bad
-observation) is not a death and is raised to the caller.
+again. A replacement that dies while starting is tried again after a backoff
+(0.25 s, doubling, at most 4 s). Every replacement made counts in
+`num_restarts` ("num_worker_restarts" in `sample()`'s metrics). Budgets: one
+worker restarted more than `max_restarts_per_sample` times within one
+`sample()` (or one weight sync), or more than `max_restarts` times in all,
+ends the run with `EnvRunnerFailure`, one line saying which worker and why.
+The PolicyActor (remote_inference) is restarted by Ray up to
+`max_policy_actor_restarts` times with the latest weights (restarts.py); its
+callers retry once; "num_policy_actor_restarts" counts it. An error raised
+*by* a worker's code (a bad env, a bad observation) is not a death and is
+raised to the caller.
 """
 from __future__ import annotations
 
@@ -34,9 +42,19 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
-from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
+from policy_service.distributed.policy_actor import broadcast_weights
+from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
+                                                 RestartablePolicyActor, backoff_delays,
+                                                 died_of_actor_death, is_actor_death)
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.sample_batch import SampleBatch, concat_samples
+
+DEFAULT_MAX_RESTARTS = 100
+
+
+class EnvRunnerFailure(RuntimeError):
+    """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
+
 
 _SUMMED_METRICS = ("env_steps", "num_episodes", "inference_time_s", "env_time_s",
                    "postprocess_time_s")
@@ -50,8 +68,11 @@ class EnvRunnerGroup:
     policy_actor_options: Ray options of the PolicyActor (remote_inference),
       e.g. {"num_gpus": 1}; policy_actor_kwargs: its max_batch_size and
       batch_wait_timeout_s (defaults: one row per sub-env of all workers, 2 ms).
-    max_restarts_per_sample: restarts of one worker within one `sample()`
-      before giving up and raising.
+    max_restarts_per_sample: replacements of one worker within one `sample()`
+      (or one `sync_weights`), those that died while starting included, before
+      the run ends with EnvRunnerFailure.
+    max_restarts: replacements of all workers over the group's life, likewise.
+    max_policy_actor_restarts: how often Ray restarts the PolicyActor.
     """
 
     def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
@@ -60,12 +81,21 @@ class EnvRunnerGroup:
                  vectorize_mode: str = "sync", seed: int | None = None,
                  env_config: dict | None = None, remote_inference: bool = False,
                  num_cpus_per_env_runner: float = 0.5, policy_actor_options: dict | None = None,
-                 policy_actor_kwargs: dict | None = None, max_restarts_per_sample: int = 3):
+                 policy_actor_kwargs: dict | None = None, max_restarts_per_sample: int = 3,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS,
+                 max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS):
         if num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
+        for name, value in (("max_restarts_per_sample", max_restarts_per_sample),
+                            ("max_restarts", max_restarts),
+                            ("max_policy_actor_restarts", max_policy_actor_restarts)):
+            if value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
         self.num_env_runners = int(num_env_runners)
         self.num_restarts = 0
         self.max_restarts_per_sample = int(max_restarts_per_sample)
+        self.max_restarts = int(max_restarts)
+        self.max_policy_actor_restarts = int(max_policy_actor_restarts)
         self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
         self._worker_kwargs = dict(num_envs=num_envs_per_env_runner,
                                    rollout_fragment_length=rollout_fragment_length,
@@ -75,10 +105,12 @@ class EnvRunnerGroup:
         self._weights_ref = None  # latest weights in the object store, for restarted workers
         self._weights_version: int | None = None
         self.policy_actor = None
+        self._served_policy: RestartablePolicyActor | None = None
         if remote_inference:
-            self.policy_actor = self._start_policy_actor(
+            self._served_policy = self._start_policy_actor(
                 env, env_config, policy_cls, policy_config, policy_actor_options,
                 policy_actor_kwargs, total_envs=max(1, num_env_runners) * num_envs_per_env_runner)
+            self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
         if self.num_env_runners == 0:
@@ -104,6 +136,7 @@ class EnvRunnerGroup:
         batch = concat_samples([b for b, _ in results])
         metrics = merge_metrics([m for _, m in results])
         metrics["num_worker_restarts"] = self.num_restarts
+        metrics["num_policy_actor_restarts"] = self.num_policy_actor_restarts()
         metrics["num_env_runners"] = self.num_env_runners
         metrics["sample_time_s"] = time.perf_counter() - start
         return batch, metrics
@@ -117,16 +150,21 @@ class EnvRunnerGroup:
             slot = pending.pop(ready[0])
             try:
                 results[slot] = ray.get(ready[0])
-            except RayActorError as error:
-                if isinstance(error, RayTaskError):  # the worker's own code raised
-                    raise
-                restarts[slot] += 1
-                if restarts[slot] > self.max_restarts_per_sample:
-                    raise RuntimeError(f"env runner {slot + 1} died {restarts[slot]} times in "
-                                       "one sample(); giving up") from error
-                self._restart(slot)
+            except (RayActorError, RayTaskError) as error:
+                if not is_actor_death(error):
+                    self._raise_policy_actor_failure(error)
+                    raise  # the worker's own code raised
+                self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
         return [results[slot] for slot in range(len(self.workers))]
+
+    def _raise_policy_actor_failure(self, error: BaseException) -> None:
+        """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
+        if self._served_policy is not None and died_of_actor_death(error):
+            raise EnvRunnerFailure(
+                f"the PolicyActor died and its restart budget is spent "
+                f"(max_policy_actor_restarts={self.max_policy_actor_restarts}, "
+                f"{self.num_policy_actor_restarts()} restarts made)") from None
 
     # ----- weights -----------------------------------------------------------------
 
@@ -141,18 +179,29 @@ class EnvRunnerGroup:
             self.local_worker.set_weights(weights, version)
             return version
         self._weights_ref = ray.put(weights)
-        if self.policy_actor is not None:
-            broadcast_weights([self.policy_actor], self._weights_ref, version)
+        if self._served_policy is not None:
+            try:
+                self._served_policy.set_weights(self._weights_ref, version)
+            except RayActorError as error:
+                raise EnvRunnerFailure(
+                    f"the PolicyActor died and its restart budget is spent "
+                    f"(max_policy_actor_restarts={self.max_policy_actor_restarts}): "
+                    f"{type(error).__name__}") from None
             return version
         _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        restarts = [0] * len(self.workers)
         for slot, ref in enumerate(pending):
             try:
                 ray.get(ref)
             except RayActorError as error:
-                if isinstance(error, RayTaskError):
+                if not is_actor_death(error):
                     raise
-                self._restart(slot)  # the new worker gets the weights just put
+                self._restart(slot, restarts, "sync_weights()", error)  # gets the weights just put
         return version
+
+    def num_policy_actor_restarts(self) -> int:
+        """Restarts of the PolicyActor so far (0 without remote inference)."""
+        return 0 if self._served_policy is None else self._served_policy.num_restarts()
 
     def weights_versions(self) -> list[int]:
         """The weights version each worker acts with (the policy actor's when remote)."""
@@ -178,17 +227,41 @@ class EnvRunnerGroup:
             self._env, self._policy_cls, self._policy_config, worker_index=index,
             policy_actor=self.policy_actor, **self._worker_kwargs)
 
-    def _restart(self, slot: int) -> None:
-        """Replace the dead worker in `slot` by a new one with the same index and weights."""
-        try:
-            ray.kill(self.workers[slot], no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        worker = self._make_worker(slot + 1)
+    def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
+        """Replace the dead worker in `slot` by a new one with the same index and weights,
+        trying again with backoff while replacements die starting; `restarts[slot]`
+        counts them within the current call. Budgets spent -> EnvRunnerFailure."""
+        _kill_quietly(self.workers[slot])
+        for delay in backoff_delays(self.max_restarts_per_sample + 1):
+            if restarts[slot] >= self.max_restarts_per_sample or \
+                    self.num_restarts >= self.max_restarts:
+                break
+            time.sleep(delay)
+            restarts[slot] += 1
+            self.num_restarts += 1
+            worker = self._make_worker(slot + 1)
+            try:
+                self._ready(worker)
+            except RayActorError as start_error:
+                if not is_actor_death(start_error):
+                    raise
+                _kill_quietly(worker)
+                error = start_error
+                continue
+            self.workers[slot] = worker
+            return
+        raise EnvRunnerFailure(
+            f"env runner {slot + 1} died {restarts[slot] + 1} times during one {during} "
+            f"({self.num_restarts} restarts in all; budgets: max_restarts_per_sample="
+            f"{self.max_restarts_per_sample}, max_restarts={self.max_restarts}); last: "
+            f"{_first_line(error)}") from None
+
+    def _ready(self, worker) -> None:
+        """Wait until a new worker is up and acting with the latest weights."""
         if self.policy_actor is None and self._weights_ref is not None:
             ray.get(worker.set_weights.remote(self._weights_ref, self._weights_version))
-        self.workers[slot] = worker
-        self.num_restarts += 1
+        else:
+            ray.get(worker.ping.remote())
 
     def _start_policy_actor(self, env, env_config, policy_cls, policy_config, options, kwargs,
                             total_envs: int):
@@ -200,8 +273,9 @@ class EnvRunnerGroup:
             options["num_gpus"] = wanted if ray.cluster_resources().get("GPU", 0) > 0 else 0
         kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002,
                   "custom_models": models.custom_model_registry(), **(kwargs or {})}
-        return PolicyActor.options(**options).remote(
-            policy_cls, obs_space, action_space, policy_config, **kwargs)
+        return RestartablePolicyActor(policy_cls, obs_space, action_space, policy_config,
+                                      max_restarts=self.max_policy_actor_restarts,
+                                      actor_options=options, **kwargs)
 
     def stop(self) -> None:
         """Close every env and end the actors this group started."""
@@ -215,8 +289,9 @@ class EnvRunnerGroup:
             for worker in self.workers:
                 ray.kill(worker, no_restart=True)
             self.workers = []
-        if self.policy_actor is not None:
-            ray.kill(self.policy_actor, no_restart=True)
+        if self._served_policy is not None:
+            self._served_policy.kill()
+            self._served_policy = None
             self.policy_actor = None
 
 
@@ -238,6 +313,18 @@ def probe_spaces(env, env_config: dict | None) -> tuple[gym.Space, gym.Space]:
         return one.observation_space, one.action_space
     finally:
         one.close()
+
+
+def _kill_quietly(actor) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        pass
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _config_value(config, key: str, default):

@@ -29,6 +29,7 @@ import collections
 import dataclasses
 import logging
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -70,6 +71,9 @@ class PolicyHost:
       to the CPUs Ray assigned the actor.
     custom_models: `models.custom_model_registry()` of the process that starts
       the actor, since an actor's process starts with an empty registry.
+    weights_source: a `restarts.LatestWeights` handle; when Ray restarts this
+      actor (`max_restarts`), the latest weights and version are read from it
+      before anything is served (see restarts.RestartablePolicyActor).
 
     Usable in-process too (its methods are coroutines), which is how its
     batching is unit-tested without Ray.
@@ -78,7 +82,8 @@ class PolicyHost:
     def __init__(self, policy_cls: type, observation_space: gym.Space,
                  action_space: gym.Space, config: dict | Any = None, *,
                  max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001,
-                 intra_op_threads: int | None = None, custom_models: dict | None = None):
+                 intra_op_threads: int | None = None, custom_models: dict | None = None,
+                 weights_source=None):
         models.register_custom_models(custom_models)
         ray_gpu_ids = devices.ray_gpu_ids()
         policy_config = hosted_policy_config(
@@ -91,7 +96,17 @@ class PolicyHost:
                                        batch_wait_timeout_s=batch_wait_timeout_s,
                                        executor=self._executor)
         self._weights_version = 0
+        if weights_source is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            self._restore_weights(weights_source)
         self._reset_counters()
+
+    def _restore_weights(self, weights_source) -> None:
+        """After a restart by Ray: the weights and version published last, if any."""
+        boxed_ref, version = ray.get(weights_source.restore.remote())
+        if boxed_ref is not None:
+            self.policy.set_weights(ray.get(boxed_ref[0]))
+            self._weights_version = int(version)
+            logger.warning("PolicyActor restarted; acting with weights version %d", version)
 
     # ----- inference ---------------------------------------------------------------
 
@@ -262,6 +277,7 @@ class PolicyHost:
             "max_batch_size": self._batcher.max_batch_size,
             "batch_wait_timeout_s": self._batcher.batch_wait_timeout_s,
             "devices": self.policy.devices,
+            "pid": os.getpid(),
         }
 
     async def reset_stats(self) -> None:
@@ -280,14 +296,20 @@ PolicyActor.__doc__ = PolicyHost.__doc__
 
 
 def broadcast_weights(receivers: list, weights: dict | ray.ObjectRef, version: int | None = None,
-                      wait: bool = True):
+                      wait: bool = True, weights_source=None):
     """Send one set of weights to many actors through a single object-store copy.
 
     `weights` is put once (unless it already is an ObjectRef); each receiver's
-    `set_weights(ref, version)` reads that same copy. -> (weights_ref, the
-    set_weights refs), after they finished when `wait`.
+    `set_weights(ref, version)` reads that same copy. With `weights_source` (a
+    restarts.LatestWeights handle) the copy is first published there, for a
+    PolicyActor that Ray restarts. -> (weights_ref, the set_weights refs), after
+    they finished when `wait`.
     """
     weights_ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
+    if weights_source is not None:
+        if version is None:
+            raise ValueError("broadcast_weights with a weights_source needs an explicit version")
+        ray.get(weights_source.publish.remote([weights_ref], version))
     pending = [receiver.set_weights.remote(weights_ref, version) for receiver in receivers]
     if wait:
         ray.get(pending)

@@ -45,6 +45,9 @@ bootstrap from the value of the last row's `new_obs`: the chunk includes the
 new_obs column (and, for recurrent policies, state_out_{i} of the last row,
 the state that goes with it), and the policy computes that value itself.
 With a `policy_actor`, postprocessing runs in that actor, with its weights.
+A call to it that is lost because the actor died is sent once more: a
+restartable actor (restarts.py) serves it after its restart, with the latest
+weights; otherwise the error ends this `sample()`.
 
 Observations are checked against the observation space on every step and
 reset; one outside it is a ValueError naming the env and the observation.
@@ -59,12 +62,12 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-import ray
 import tree
 
 from policy_service import models, spaces
 from policy_service.config import config_for, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
 from policy_service.sample_batch import SampleBatch, concat_samples
 
@@ -117,8 +120,8 @@ class RolloutWorker:
             self._initial_state = self.policy.get_initial_state()
         else:
             self.policy = None
-            self._check_remote_spaces(ray.get(policy_actor.get_spaces.remote()))
-            self._initial_state = ray.get(policy_actor.get_initial_state.remote())
+            self._check_remote_spaces(call_retrying_once(policy_actor.get_spaces))
+            self._initial_state = call_retrying_once(policy_actor.get_initial_state)
         self._weights_version = 0
         self._action_dtype, self._action_shape = spaces.action_dtype_and_shape(self.action_space)
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
@@ -163,7 +166,8 @@ class RolloutWorker:
     def set_weights(self, weights: dict, version: int | None = None) -> int:
         """New weights for the local policy (or the remote one) -> the version now in use."""
         if self._policy_actor is not None:
-            self._weights_version = ray.get(self._policy_actor.set_weights.remote(weights, version))
+            self._weights_version = call_retrying_once(self._policy_actor.set_weights, weights,
+                                                       version)
             return self._weights_version
         self.policy.set_weights(weights)
         self._weights_version = self._weights_version + 1 if version is None else int(version)
@@ -171,12 +175,12 @@ class RolloutWorker:
 
     def get_weights(self) -> dict:
         if self._policy_actor is not None:
-            return ray.get(self._policy_actor.get_weights.remote())
+            return call_retrying_once(self._policy_actor.get_weights)
         return self.policy.get_weights()
 
     def weights_version(self) -> int:
         if self._policy_actor is not None:
-            return ray.get(self._policy_actor.weights_version.remote())
+            return call_retrying_once(self._policy_actor.weights_version)
         return self._weights_version
 
     def get_spaces(self) -> tuple[gym.Space, gym.Space]:
@@ -243,9 +247,9 @@ class RolloutWorker:
         if self._policy_actor is None:
             result = self.policy.compute_actions(obs, states or None, prev_actions, prev_rewards)
         else:
-            result = ray.get(self._policy_actor.compute_actions.remote(
-                obs, states or None, prev_action_batch=prev_actions,
-                prev_reward_batch=prev_rewards))
+            result = call_retrying_once(  # once more if the actor died and was restarted
+                self._policy_actor.compute_actions, obs, states or None,
+                prev_action_batch=prev_actions, prev_reward_batch=prev_rewards)
         self._timers["inference_time_s"] += time.perf_counter() - start
         actions, state_outs, extra = result
         extra = dict(extra)
@@ -321,7 +325,7 @@ class RolloutWorker:
 
     def _postprocess(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
         if self._policy_actor is not None:
-            return ray.get(self._policy_actor.postprocess_trajectories.remote(chunks))
+            return call_retrying_once(self._policy_actor.postprocess_trajectories, chunks)
         return [self.policy.postprocess_trajectory(chunk) for chunk in chunks]
 
     # ----- checks ------------------------------------------------------------------

@@ -14,6 +14,17 @@ Batch norm runs in training mode on each shard; its moving statistics are
 updated once per step from the towers' moments combined over all valid rows
 (not from one tower, and not N times).
 
+Across learner processes (a `CollectiveGroup` of N members, each with its own
+stack): each learner combines its towers as above, then one all-reduce inside
+the compiled step sums its valid-row count and its count-weighted gradients,
+statistics and batch-norm moments, and every learner divides by the total, so
+N learners x M towers give the step of the whole batch on one device. A group
+of one (or none) runs no collective.
+
+Gradient accumulation (`accumulation_steps` K) on loaded buffers: a step runs
+the towers on K minibatches in turn and combines all of them as one, so it is
+one step on the K minibatches concatenated, with one all-reduce.
+
 Why hand-built towers rather than MirroredStrategy: on the same model, loss
 and fused loop, the tower stack is ahead at 1, 2 and 4 logical devices
 (226k / 194k / 137k vs 195k / 179k / 103k samples/s, docs/replica_engine.md),
@@ -190,6 +201,15 @@ class TowerResult(NamedTuple):
     state_updates: dict  # id(variable) -> the value the forward pass wrote (BN moments, RNG)
 
 
+class BatchNormMoments(NamedTuple):
+    """One BN layer's batch moments for a step, over every valid row combined."""
+
+    layer: keras.layers.BatchNormalization
+    momentum: float  # the layer's own (set to 0 while towers are traced)
+    mean: tf.Tensor
+    variance: tf.Tensor  # population variance
+
+
 class StepResult(NamedTuple):
     """The towers' results combined into one step."""
 
@@ -227,8 +247,13 @@ class TowerStack:
     def __init__(self, plan: DevicePlan, model: keras.Model, loss_fn: LossFn,
                  stats_fn: StatsFn, optimizers: list, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
-                 seed: int | None = None):
+                 seed: int | None = None, accumulation_steps: int = 1,
+                 collective_group=None):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
+        if accumulation_steps < 1:
+            raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
+        self.accumulation_steps = int(accumulation_steps)
+        self.collective_group = collective_group
         self.plan = plan
         self.model = model
         self.loss_fn = loss_fn
@@ -251,6 +276,17 @@ class TowerStack:
     @property
     def num_towers(self) -> int:
         return self.plan.num_towers
+
+    def set_collective_group(self, group) -> None:
+        """Combine every later step with the other members of `group` (a connected
+        `CollectiveGroup`; None: this stack alone). Compiled steps are rebuilt."""
+        self.collective_group = group
+        self._functions.clear()
+
+    @property
+    def num_learners(self) -> int:
+        group = self.collective_group
+        return 1 if group is None or group.world_size is None else int(group.world_size)
 
     # ----- host side: sharding and placement -------------------------------------
 
@@ -334,7 +370,7 @@ class TowerStack:
                 f"{self.num_towers} tower(s) x {rows_per_unit} row(s) per sequence "
                 f"= {unit_quantum}")
         units_per_mb = minibatch_size // rows_per_unit
-        num_mb = max(1, -(-num_units // units_per_mb))
+        num_mb = round_up(max(1, -(-num_units // units_per_mb)), self.accumulation_steps)
         columns = pad_units(columns, num_units, num_mb * units_per_mb)
         per_tower_mb = units_per_mb // self.num_towers
         shards = [{} for _ in range(self.num_towers)]
@@ -351,15 +387,22 @@ class TowerStack:
         return self.buffers[buffer_index].num_rows
 
     def learn_loaded(self, offset: int, buffer_index: int) -> dict:
-        """One SGD step on the minibatch starting at row `offset` of a loaded buffer."""
+        """One SGD step on the minibatch starting at row `offset` of a loaded buffer
+        (with accumulation: on the K minibatches from there, offset a multiple of
+        K x minibatch_size)."""
         buffer = self._buffer(buffer_index)
-        if offset % buffer.minibatch_rows or not 0 <= offset < buffer.num_rows:
+        step_rows = buffer.minibatch_rows * self.accumulation_steps
+        if offset % step_rows or not 0 <= offset < buffer.num_rows:
+            accumulated = (f" x {self.accumulation_steps} accumulation steps"
+                           if self.accumulation_steps > 1 else "")
             raise ValueError(
                 f"offset {offset} must be a multiple of minibatch_size "
-                f"{buffer.minibatch_rows} below {buffer.num_rows} loaded rows")
-        k = offset // buffer.minibatch_rows
+                f"{buffer.minibatch_rows}{accumulated} below {buffer.num_rows} loaded rows")
         u = buffer.units_per_minibatch
-        idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None], [self.num_towers, 1])
+        first = offset // buffer.minibatch_rows * u
+        idx = tf.tile(tf.reshape(tf.range(first, first + self.accumulation_steps * u,
+                                          dtype=tf.int32), [-1, 1, u]),
+                      [1, self.num_towers, 1])  # [K, towers, u]
         fn = self._function("loaded", buffer.towers, self._loaded_graph)
         return self._finish(fn(buffer.towers, idx))
 
@@ -381,6 +424,8 @@ class TowerStack:
         else:
             order = tf.tile(tf.range(units, dtype=tf.int32)[None, None],
                             [num_epochs, self.num_towers, 1])
+        # traced here, not inside the epoch loop's trace: collective keys follow trace order
+        self._function("loaded", buffer.towers, self._loaded_graph)
         fn = self._function("epochs", buffer.towers, self._epochs_graph)
         out = fn(buffer.towers, order, tf.constant(buffer.units_per_minibatch, tf.int32))
         out = dict(out)
@@ -405,7 +450,8 @@ class TowerStack:
              for name, t in shard.items()} for shard in shards)
         key = (kind, tuple((n, s.dtype, tuple(s.shape)) for n, s in sorted(signature[0].items())))
         if key not in self._functions:
-            extra = {"loaded": [tf.TensorSpec([self.num_towers, None], tf.int32)],
+            extra = {"loaded": [tf.TensorSpec([self.accumulation_steps, self.num_towers, None],
+                                              tf.int32)],
                      "epochs": [tf.TensorSpec([None, self.num_towers, None], tf.int32),
                                 tf.TensorSpec([], tf.int32)]}.get(kind, [])
             # No AutoGraph: the stack's control flow is explicit (tf.cond, tf.while_loop),
@@ -417,20 +463,24 @@ class TowerStack:
     def trace_count(self) -> int:
         return sum(f.trace_count() for f in self._functions.values())
 
-    def _tower_pass(self, shards) -> StepResult:
-        """Per tower: losses, gradients, stats and BN moments; then weighted by each
-        tower's valid rows and combined on the variable device.
+    def _tower_pass(self, shard_sets: list) -> StepResult:
+        """Per tower and per minibatch (K of them with accumulation): losses,
+        gradients, stats and BN moments; then weighted by each tower's valid rows,
+        combined on the variable device, and combined across learners.
 
         Each tower weights its own gradients and statistics on its device, so the
         variable device only sums them: on fake GPUs the tensors crossing devices,
         not the arithmetic, are much of what N towers add over one."""
+        devices, results = [], []
         with BatchNormCapture(self._bn_layers) as capture:
-            results = [self._run_tower(device, shard, capture)
-                       for device, shard in zip(self.plan.devices, shards)]
+            for shards in shard_sets:
+                for device, shard in zip(self.plan.devices, shards):
+                    devices.append(device)
+                    results.append(self._run_tower(device, shard, capture))
         with tf.device(self.plan.variable_device):
             total = tf.add_n([r.valid_rows for r in results])
             weights = [tf.math.divide_no_nan(r.valid_rows, total) for r in results]
-        return self._combine(results, weights, total, capture.momenta)
+        return self._combine(results, devices, weights, total, capture.momenta)
 
     def _run_tower(self, device: str, shard: dict, capture: BatchNormCapture) -> TowerResult:
         with tf.device(device):
@@ -451,7 +501,7 @@ class TowerStack:
             del tape
             return TowerResult(valid, grads, stats, updates)
 
-    def _weighted_terms(self, per_tower: list, weights: list) -> list:
+    def _weighted_terms(self, per_tower: list, weights: list, devices: list) -> list:
         """weight_t * value for every tensor of each tower's nested list, on the
         tower's own device (None stays None). A lone tower holds every valid row
         (weight 1), so its values pass as they are."""
@@ -464,60 +514,118 @@ class TowerStack:
             return None if value is None else _scale(value, weight)
 
         terms = []
-        for device, value, weight in zip(self.plan.devices, per_tower, weights):
+        for device, value, weight in zip(devices, per_tower, weights):
             with tf.device(device):
                 terms.append(scale(value, weight))
         return terms
 
-    def _combine(self, results: list, weights: list, total, momenta: list) -> StepResult:
-        weighted = self._weighted_terms([r.grads for r in results], weights)
-        packed = self._weighted_terms([r.stats.values for r in results], weights)
+    def _combine(self, results: list, devices: list, weights: list, total,
+                 momenta: list) -> StepResult:
+        weighted = self._weighted_terms([r.grads for r in results], weights, devices)
+        packed = self._weighted_terms([r.stats.values for r in results], weights, devices)
         with tf.device(self.plan.variable_device):
-            combined = []
-            for i in range(len(self.optimizers)):
-                per_var = []
-                for j, var in enumerate(self.variables):
-                    if weighted[0][i][j] is None:
-                        per_var.append(None)
-                        continue
-                    g = self._reduce([w[i][j] for w in weighted])
-                    if self.l2_coeff and len(var.shape) > 1:  # kernels only, not biases
-                        g = g + self.l2_coeff * var
-                    per_var.append(g)
-                combined.append(clip_gradients(per_var, self.grad_clip, self.grad_clip_method))
+            grads = [[None if weighted[0][i][j] is None
+                      else self._reduce([w[i][j] for w in weighted], devices)
+                      for j in range(len(self.variables))]
+                     for i in range(len(self.optimizers))]
+            stats = tf.add_n(packed)
+            moments = self._batch_norm_moments(results, weights, devices, momenta)
+            grads, stats, moments, total = self._across_learners(grads, stats, moments, total)
+            combined = [clip_gradients(self._with_l2(per_var), self.grad_clip,
+                                       self.grad_clip_method) for per_var in grads]
             names = results[0].stats.names
-            stats = dict(zip(names, tf.unstack(tf.add_n(packed), num=len(names))))
+            stats = dict(zip(names, tf.unstack(stats, num=len(names))))
             stats["valid_rows"] = total
-            assignments = self._state_assignments(results, weights, momenta)
+            assignments = self._state_assignments(moments, results)
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
                                for per_var in combined for g in per_var if g is not None]
                               or [tf.constant(True)])
         return StepResult(combined, stats, assignments, finite)
 
-    def _reduce(self, terms: list) -> tf.Tensor:
-        """Sum per-tower tensors onto the variable device: NCCL between real GPUs,
-        else an add on the variable device (the tensors are copied there)."""
+    def _with_l2(self, grads: list) -> list:
+        """l2_coeff * weight added to kernel gradients (not biases), before clipping."""
+        if not self.l2_coeff:
+            return grads
+        return [g if g is None or len(var.shape) <= 1 else g + self.l2_coeff * var
+                for g, var in zip(grads, self.variables)]
+
+    def _reduce(self, terms: list, devices: list | None = None) -> tf.Tensor:
+        """Sum per-tower tensors onto the variable device: accumulated minibatches
+        first on their own tower's device, then NCCL between real GPUs, else an add
+        on the variable device (the tensors are copied there)."""
+        if devices is not None and len(terms) > self.plan.num_towers:
+            by_device: dict = {}
+            for device, term in zip(devices, terms):
+                by_device.setdefault(device, []).append(term)
+            terms = []
+            for device, same_device in by_device.items():
+                with tf.device(device):
+                    terms.append(tf.add_n(same_device))
         if len(terms) > 1 and self.plan.gradient_reduction == "nccl":
             from tensorflow.python.ops import nccl_ops  # no public API for a reduce to one GPU
             return nccl_ops.reduce_sum(terms)
         return tf.add_n(terms)
 
-    def _state_assignments(self, results: list, weights: list, momenta: list) -> list:
-        """(variable, new value) for non-trainable state: BN statistics combined over
-        all towers' valid rows; any other state (e.g. RNG) from the last tower."""
-        assignments = []
+    def _batch_norm_moments(self, results: list, weights: list, devices: list,
+                            momenta: list) -> list:
+        """Each BN layer's batch mean and (population) variance over all towers'
+        valid rows, from the towers' own moments."""
+        moments = []
         for layer, momentum in zip(self._bn_layers, momenta):
             if id(layer.moving_mean) not in results[0].state_updates:
                 continue  # layer not run in training mode
             means = [r.state_updates[id(layer.moving_mean)] for r in results]
             variances = [r.state_updates[id(layer.moving_variance)] for r in results]
-            mean = tf.add_n(self._weighted_terms(means, weights))
+            mean = tf.add_n(self._weighted_terms(means, weights, devices))
             variance = tf.add_n(self._weighted_terms(
-                [v + tf.square(m - mean) for m, v in zip(means, variances)], weights))
+                [v + tf.square(m - mean) for m, v in zip(means, variances)], weights, devices))
+            moments.append(BatchNormMoments(layer, momentum, mean, variance))
+        return moments
+
+    def _across_learners(self, grads: list, stats, moments: list, total):
+        """This learner's valid-row count and count-weighted gradients, statistics
+        and BN moments summed over every learner in one all-reduce, then divided
+        by the total count: what one device computes on the whole batch.
+
+        BN variances travel as count * (var + (mean - c)^2) around a shift c every
+        learner shares (the layer's moving mean: weights are identical on every
+        learner), so var = E[(x - c)^2] - (mean - c)^2 needs no second collective
+        and does not lose the variance to cancellation when the mean is large."""
+        if self.num_learners == 1:
+            return grads, stats, moments, total
+        shifts = [tf.convert_to_tensor(m.layer.moving_mean) for m in moments]
+        local = [tf.reshape(total, [1])]
+        local += [_scale(g, total) for per_var in grads for g in per_var if g is not None]
+        local.append(_scale(stats, total))
+        for m, shift in zip(moments, shifts):
+            local += [_scale(m.mean, total), _scale(m.variance + tf.square(m.mean - shift), total)]
+        summed = iter(self.collective_group.all_reduce_sum(local))
+        total = next(summed)[0]
+
+        def mean(x):
+            return tf.math.divide_no_nan(x, tf.cast(total, x.dtype))
+
+        grads = [[None if g is None else mean(next(summed)) for g in per_var]
+                 for per_var in grads]
+        stats = mean(next(summed))
+        combined = []
+        for m, shift in zip(moments, shifts):
+            batch_mean, second = mean(next(summed)), mean(next(summed))
+            combined.append(m._replace(mean=batch_mean, variance=tf.maximum(
+                second - tf.square(batch_mean - shift), 0.0)))
+        return grads, stats, combined, total
+
+    def _state_assignments(self, moments: list, results: list) -> list:
+        """(variable, new value) for non-trainable state: BN statistics from the
+        combined moments with the layer's momentum; any other state (e.g. RNG)
+        from the last tower."""
+        assignments = []
+        for m in moments:
+            layer, momentum = m.layer, m.momentum
             assignments.append((layer.moving_mean,
-                                momentum * layer.moving_mean + (1 - momentum) * mean))
+                                momentum * layer.moving_mean + (1 - momentum) * m.mean))
             assignments.append((layer.moving_variance,
-                                momentum * layer.moving_variance + (1 - momentum) * variance))
+                                momentum * layer.moving_variance + (1 - momentum) * m.variance))
         last = results[-1].state_updates
         for var in self.model.non_trainable_variables:
             if id(var) not in self._bn_variables and id(var) in last:
@@ -535,9 +643,10 @@ class TowerStack:
         for var, value in step.assignments:
             var.assign(value)
 
-    def _step(self, shards):
-        """Forward/backward on all towers, then apply only if every gradient is finite."""
-        step = self._tower_pass(shards)
+    def _step(self, shard_sets: list):
+        """Forward/backward on all towers, then apply only if every gradient is finite
+        (the same decision on every learner: the gradients are the combined ones)."""
+        step = self._tower_pass(shard_sets)
 
         def apply():
             self._apply(step)
@@ -548,14 +657,16 @@ class TowerStack:
         return {**step.stats, "_finite": step.finite}
 
     def _learn_graph(self, shards):
-        return self._step(shards)
+        return self._step([shards])
 
     def _gradients_graph(self, shards):
-        step = self._tower_pass(shards)
+        step = self._tower_pass([shards])
         return step.grads, {**step.stats, "_finite": step.finite}
 
     def _loaded_graph(self, buffers, unit_idx):
-        return self._step(self._gather(buffers, unit_idx))
+        """unit_idx <int32>[K, towers, units per tower minibatch]."""
+        return self._step([self._gather(buffers, unit_idx[s])
+                           for s in range(self.accumulation_steps)])
 
     def _gather(self, buffers, unit_idx):
         shards = []
@@ -565,16 +676,20 @@ class TowerStack:
         return tuple(shards)
 
     def _epochs_graph(self, buffers, order, units_per_mb):
+        accumulate = self.accumulation_steps
         num_epochs = tf.shape(order)[0]
-        num_mb = tf.shape(order)[2] // units_per_mb
-        total = num_epochs * num_mb
+        steps_per_epoch = tf.shape(order)[2] // (units_per_mb * accumulate)
+        total = num_epochs * steps_per_epoch
         template = self._loaded_stats_template(buffers)
         sums = {k: tf.zeros([], tf.float32) for k in template if k != "_finite"}
 
         def body(i, ok, sums):
-            epoch, k = i // num_mb, i % num_mb
-            idx = order[epoch, :, k * units_per_mb:(k + 1) * units_per_mb]
-            stats = self._step(self._gather(buffers, idx))
+            epoch, k = i // steps_per_epoch, i % steps_per_epoch
+            shard_sets = []
+            for s in range(accumulate):
+                start = (k * accumulate + s) * units_per_mb
+                shard_sets.append(self._gather(buffers, order[epoch, :, start:start + units_per_mb]))
+            stats = self._step(shard_sets)
             finite = tf.reduce_all(stats.pop("_finite"))
             sums = {key: sums[key] + tf.cast(stats[key], tf.float32) for key in sums}
             return i + 1, finite, sums

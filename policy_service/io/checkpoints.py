@@ -11,13 +11,18 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import math
 import os
 import re
 import shutil
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
+
+from policy_service.io.space_codec import space_from_json
 
 POLICY_STATE = "policy_state.json"
 POLICY_ARRAYS = "policy_arrays.npz"
@@ -52,14 +57,37 @@ def atomic_directory(path: str | os.PathLike):
         shutil.rmtree(old, ignore_errors=True)
 
 
+class CheckpointFileError(ValueError):
+    """A checkpoint file is missing, unreadable, or holds the wrong thing: one line
+    that names the file, what was expected and what was found."""
+
+
+class MissingCheckpointFile(CheckpointFileError, FileNotFoundError):
+    """A checkpoint file (or its directory) is not there."""
+
+
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+    """Every array of an npz archive (never unpickled), or CheckpointFileError."""
+    if not path.is_file():
+        raise MissingCheckpointFile(f"{path}: missing")
+    if path.stat().st_size == 0:
+        raise CheckpointFileError(f"{path}: empty file, expected an npz archive")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise CheckpointFileError(f"{path}: holds a single array, expected an npz "
+                                          "archive of named arrays")
+            return {k: data[k] for k in data.files}
+    except CheckpointFileError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+        raise CheckpointFileError(f"{path}: not a readable npz archive "
+                                  f"({type(err).__name__}: {_one_line(err)})") from None
 
 
 def save_json(path: Path, value) -> None:
@@ -68,11 +96,40 @@ def save_json(path: Path, value) -> None:
 
 
 def load_json(path: Path):
-    with open(path) as f:
-        return json.load(f)
+    """The JSON value in `path`, or CheckpointFileError naming the file."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise MissingCheckpointFile(f"{path}: missing") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise CheckpointFileError(f"{path}: unreadable ({_one_line(err)})") from None
+    try:
+        return json.loads(text)
+    except ValueError as err:
+        raise CheckpointFileError(f"{path}: not valid JSON ({_one_line(err)})") from None
+
+
+def load_json_object(path: Path, required: dict[str, type | tuple]) -> dict:
+    """A JSON object holding at least the `required` keys with those types."""
+    value = load_json(path)
+    if not isinstance(value, dict):
+        raise CheckpointFileError(f"{path}: expected a JSON object, got a JSON "
+                                  f"{_json_kind(value)}")
+    for key, types in required.items():
+        if key not in value:
+            raise CheckpointFileError(f"{path}: key {key!r} missing")
+        types = types if isinstance(types, tuple) else (types,)
+        if not isinstance(value[key], types) or (isinstance(value[key], bool)
+                                                 and bool not in types):
+            raise CheckpointFileError(f"{path}: {key!r} must be {_type_names(types)}, got "
+                                      f"{_json_kind(value[key])} {_short(value[key])}")
+    return value
 
 
 # ----- policy state ---------------------------------------------------------------------
+
+_POLICY_STATE_KEYS = {"config": dict, "observation_space": dict, "action_space": dict,
+                      "global_timestep": int}
 
 
 def write_policy_state(directory: Path, state: dict) -> None:
@@ -85,17 +142,50 @@ def write_policy_state(directory: Path, state: dict) -> None:
 
 
 def read_policy_state(directory: str | os.PathLike) -> dict:
-    """A policy state as write_policy_state wrote it (no pickle involved)."""
+    """A policy state as write_policy_state wrote it (no pickle involved), every file
+    checked: JSON object with its keys, spaces that decode, arrays that load and are
+    finite. Whether the arrays fit a policy is for `TFPolicy.set_state` to say."""
     directory = Path(directory)
-    if not (directory / POLICY_STATE).exists():
-        raise FileNotFoundError(f"{directory} holds no policy checkpoint "
-                                f"({POLICY_STATE} missing)")
-    state = load_json(directory / POLICY_STATE)
+    if not directory.is_dir():
+        raise MissingCheckpointFile(f"{directory}: no such directory, so no {POLICY_STATE}")
+    state = load_json_object(directory / POLICY_STATE, _POLICY_STATE_KEYS)
+    where = directory / POLICY_STATE
+    if state["global_timestep"] < 0:
+        raise CheckpointFileError(f"{where}: 'global_timestep' must be >= 0, "
+                                  f"got {state['global_timestep']}")
+    if "policy_class" in state and not isinstance(state["policy_class"], str):
+        raise CheckpointFileError(f"{where}: 'policy_class' must be a string, "
+                                  f"got {_short(state['policy_class'])}")
+    for name in ("observation_space", "action_space"):
+        try:
+            space_from_json(state[name])
+        except (KeyError, ValueError, TypeError, AttributeError) as err:
+            raise CheckpointFileError(f"{where}: {name} is not a readable space "
+                                      f"({type(err).__name__}: {_one_line(err)})") from None
+    clashing = sorted(set(state) & set(ARRAY_GROUPS))
+    if clashing:
+        raise CheckpointFileError(f"{where}: keys {clashing} belong in {POLICY_ARRAYS}")
     arrays = load_arrays(directory / POLICY_ARRAYS)
+    _check_arrays(directory / POLICY_ARRAYS, arrays)
     for group in ARRAY_GROUPS:
         prefix = group + "/"
         state[group] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
     return state
+
+
+def _check_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    for name, value in arrays.items():
+        group = name.partition("/")[0]
+        if "/" not in name or group not in ARRAY_GROUPS:
+            raise CheckpointFileError(f"{path}: array {name!r} is in no group of "
+                                      f"{list(ARRAY_GROUPS)}")
+        if value.dtype.kind not in "biuf":
+            raise CheckpointFileError(f"{path}: array {name!r} has dtype {value.dtype}, "
+                                      "expected a number type")
+        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+            raise CheckpointFileError(f"{path}: array {name!r} contains NaN or inf")
+    if not any(name.startswith("weights/") for name in arrays):
+        raise CheckpointFileError(f"{path}: holds no weights/ arrays")
 
 
 # ----- algorithm checkpoints in a run ---------------------------------------------------
@@ -119,6 +209,37 @@ def list_checkpoints(checkpoints: Path) -> list[Path]:
 def latest_checkpoint(checkpoints: Path) -> Path | None:
     found = list_checkpoints(checkpoints)
     return found[-1] if found else None
+
+
+_ALGORITHM_STATE_KEYS = {"algorithm_class": str, "config": dict, "iteration": int,
+                         "timesteps_total": int, "time_total_s": (int, float),
+                         "num_worker_restarts": int, "episode_returns": list,
+                         "episode_lengths": list}
+
+
+def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
+    """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked."""
+    path = Path(checkpoint) / ALGORITHM_STATE
+    state = load_json_object(path, _ALGORITHM_STATE_KEYS)
+    for key in ("iteration", "timesteps_total", "num_worker_restarts"):
+        if state[key] < 0:
+            raise CheckpointFileError(f"{path}: {key!r} must be >= 0, got {state[key]}")
+    if not (math.isfinite(state["time_total_s"]) and state["time_total_s"] >= 0):
+        raise CheckpointFileError(f"{path}: 'time_total_s' must be a finite number >= 0, "
+                                  f"got {state['time_total_s']}")
+    for key, kind in (("episode_returns", (int, float)), ("episode_lengths", int)):
+        bad = [v for v in state[key] if not isinstance(v, kind) or isinstance(v, bool)
+               or not math.isfinite(v)]
+        if bad:
+            raise CheckpointFileError(f"{path}: {key!r} must hold finite numbers, "
+                                      f"got {_short(bad[0])}")
+    return state
+
+
+def read_checkpoint(checkpoint: str | os.PathLike) -> tuple[dict, dict]:
+    """(algorithm state, policy state) of an algorithm checkpoint, both fully checked."""
+    checkpoint = Path(checkpoint)
+    return read_algorithm_state(checkpoint), read_policy_state(checkpoint / POLICY_SUBDIR)
 
 
 # ----- class names ----------------------------------------------------------------------
@@ -149,6 +270,24 @@ def resolve_class(path: str, base: type) -> type:
             f"of it defined in this process or in {list(TRUSTED_PACKAGES)}; import the "
             "module that defines it before loading")
     return found
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())[:300] or type(err).__name__
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, np.ndarray) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_kind(value) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+
+
+def _type_names(types: tuple) -> str:
+    return "a JSON " + " or ".join(dict.fromkeys(_json_kind(t()) for t in types))
 
 
 def _known_classes(base: type) -> dict[str, type]:

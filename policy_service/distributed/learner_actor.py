@@ -1,0 +1,132 @@
+"""LearnerHost: one learner of a LearnerGroup, a TFPolicy in its own process.
+
+Its tower stack combines every step with the other learners' through a
+`CollectiveGroup` (TF collective ops inside the compiled step), so all
+learners apply the same update and their weights stay identical. The driver
+(`LearnerGroup`) runs it as a Ray actor:
+
+    hosts = [LearnerActor.options(num_cpus=1, num_gpus=1, ...).remote(
+        policy_cls, obs_space, act_space, config, custom_models) for _ in range(n)]
+    addresses = ray.get([h.address.remote() for h in hosts])
+    ray.get([h.connect.remote(rank, addresses) for rank, h in enumerate(hosts)])  # builds the policy
+    ray.get([h.learn_on_train_columns.remote(shard) for h, shard in zip(hosts, shards)])
+
+TensorFlow must not run before `connect`: the collective setup, and the fake
+GPUs made in `__init__`, have to be fixed before TF initializes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import gymnasium as gym
+import ray
+
+from policy_service import models
+from policy_service.config import config_for
+from policy_service.engine import devices
+from policy_service.engine.collectives import DEFAULT_TIMEOUT_S, CollectiveGroup
+
+
+def learner_policy_config(policy_cls: type, config: Any):
+    """The policy config a learner actor builds its policy with: its towers are
+    `num_gpus_per_learner` (the driver's `num_gpus` is for a learner in the driver)."""
+    typed = config_for(policy_cls, config)
+    return dataclasses.replace(typed, num_gpus=typed.num_gpus_per_learner)
+
+
+def prepare_learner_process(config) -> None:
+    """Fake GPUs as logical CPU devices, and thread pools sized to the CPUs Ray
+    gave this actor; before TensorFlow initializes."""
+    fake = config._fake_gpus and config.num_gpus > 0 and devices.visible_gpus() == 0
+    if fake:
+        devices.prepare_process(max(1, math.ceil(config.num_gpus)))
+    else:
+        devices.prepare_process(1, intra_op_threads=devices.assigned_cpu_threads()
+                                if devices.in_ray_worker() else None)
+
+
+class LearnerHost:
+    """A TFPolicy learning in step with the other members of its collective group.
+
+    Learning methods take train columns the driver already prepared and
+    sharded (see learner_shards.py); the rest mirror TFPolicy.
+    """
+
+    def __init__(self, policy_cls: type, observation_space: gym.Space,
+                 action_space: gym.Space, config: Any, custom_models: dict | None = None,
+                 collective_timeout_s: float = DEFAULT_TIMEOUT_S):
+        models.register_custom_models(custom_models)
+        self._policy_args = (policy_cls, observation_space, action_space)
+        self.config = learner_policy_config(policy_cls, config)
+        prepare_learner_process(self.config)
+        host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+        self.group = CollectiveGroup(host=host, timeout_s=collective_timeout_s)
+        self.policy = None
+
+    def address(self) -> str:
+        return self.group.address
+
+    def connect(self, rank: int, addresses: list[str]) -> dict:
+        """Join the group (blocks until every learner has), then build the policy.
+        -> what the driver needs to shard batches for this learner."""
+        self.group.connect(rank, addresses)
+        policy_cls, observation_space, action_space = self._policy_args
+        self.policy = policy_cls(observation_space, action_space, self.config)
+        self.policy.towers.set_collective_group(self.group)
+        return {"num_towers": self.policy.towers.num_towers, "devices": self.policy.devices,
+                "num_state_tensors": self.policy.num_state_tensors(),
+                "collective": self.group.implementation}
+
+    # ----- learning (every learner must make the same calls, in the same order) -----
+
+    def learn_on_train_columns(self, train) -> dict:
+        with self.group.peer_errors():
+            return self.policy.learn_on_train_columns(train)
+
+    def compute_gradients_on_train_columns(self, train):
+        with self.group.peer_errors():
+            return self.policy.compute_gradients_on_train_columns(train)
+
+    def apply_gradients(self, gradients) -> None:
+        self.policy.apply_gradients(gradients)
+
+    def load_train_columns_into_buffer(self, train, buffer_index: int,
+                                       minibatch_size: int) -> int:
+        return self.policy.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
+
+    def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
+        return self.policy.get_num_samples_loaded_into_buffer(buffer_index)
+
+    def learn_on_loaded_batch(self, offset: int, buffer_index: int) -> dict:
+        with self.group.peer_errors():
+            return self.policy.learn_on_loaded_batch(offset, buffer_index)
+
+    def learn_on_loaded_epochs(self, num_epochs: int | None, buffer_index: int,
+                               shuffle: bool) -> dict:
+        with self.group.peer_errors():
+            return self.policy.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
+
+    # ----- weights and state ---------------------------------------------------------
+
+    def get_weights(self) -> dict:
+        return self.policy.get_weights()
+
+    def set_weights(self, weights: dict) -> None:
+        self.policy.set_weights(weights)
+
+    def get_state(self) -> dict:
+        return self.policy.get_state()
+
+    def set_state(self, state: dict) -> None:
+        self.policy.set_state(state)
+
+    def weights_identical(self) -> bool:
+        """True when every learner holds bit-identical weights (a collective: all
+        learners must call it together)."""
+        with self.group.peer_errors():
+            return bool(self.group.all_identical(list(self.policy.get_weights().values())))
+
+    def foreach_policy(self, fn: Callable, *args) -> Any:
+        return fn(self.policy, *args)

@@ -1,0 +1,145 @@
+"""Surviving dead actors: telling a death from an error, retrying a call once,
+backing off between restarts, and a PolicyActor that comes back with its weights.
+
+    served = RestartablePolicyActor(MyPolicy, obs_space, act_space, config, max_restarts=3)
+    served.set_weights(learner.get_weights(), version=7)   # also kept for a restart
+    actions, states, extra = served.compute_actions(obs)    # retried once if the actor died
+    served.num_restarts()                                   # restarts so far
+
+Ray restarts a PolicyActor made with `max_restarts` by running its `__init__`
+again, which builds a fresh policy with initial weights. So every weight update
+is also published, as an object-store reference the owner keeps alive, to a
+small `LatestWeights` actor; a restarted PolicyActor reads it in `__init__`,
+before it serves anything, and acts with the latest weights and version.
+Callers holding the handle (rollout workers) send a call that was lost with the
+dead process once more (`call_retrying_once`); Ray queues it until the restarted
+actor is up. When the restarts are spent the actor stays dead and the call's
+error reaches the caller.
+"""
+from __future__ import annotations
+
+import time
+
+import ray
+from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+
+from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
+
+DEFAULT_POLICY_ACTOR_RESTARTS = 3
+RESTART_WAIT_S = 120.0  # longest wait for a restarting actor (it rebuilds its policy)
+
+
+def is_actor_death(error: BaseException) -> bool:
+    """True when the actor's process is gone; False for an error its own code raised."""
+    return isinstance(error, RayActorError) and not isinstance(error, RayTaskError)
+
+
+def died_of_actor_death(error: BaseException) -> bool:
+    """True when a task's code failed because an actor *it* called died."""
+    cause = getattr(error, "cause", None) if isinstance(error, RayTaskError) else None
+    return cause is not None and (is_actor_death(cause) or died_of_actor_death(cause))
+
+
+def call_retrying_once(method, *args, **kwargs):
+    """ray.get(method.remote(*args, **kwargs)), sent once more if the actor died meanwhile
+    (a restartable actor serves the second call after its restart).
+
+    While Ray restarts the actor, calls fail at once with ActorUnavailableError
+    without running; the second call is re-sent, with backoff, until the actor is
+    up or RESTART_WAIT_S passed. An actor dead for good raises ActorDiedError.
+    """
+    try:
+        return ray.get(method.remote(*args, **kwargs))
+    except RayActorError as error:
+        if not is_actor_death(error):
+            raise
+    deadline = time.monotonic() + RESTART_WAIT_S
+    delay = 0.05
+    while True:
+        try:
+            return ray.get(method.remote(*args, **kwargs))
+        except ActorUnavailableError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+
+def backoff_delays(attempts: int, first_s: float = 0.25, longest_s: float = 4.0) -> list[float]:
+    """Waits before each of `attempts` restart attempts: none, then doubling, capped."""
+    return [0.0] + [min(longest_s, first_s * 2 ** k) for k in range(attempts - 1)]
+
+
+@ray.remote(num_cpus=0)
+class LatestWeights:
+    """The newest weights (a reference the owner keeps alive) and their version,
+    read by a PolicyActor after Ray restarted it; it also counts those restarts."""
+
+    def __init__(self):
+        self._boxed_ref: list | None = None  # [ObjectRef], boxed so Ray passes the ref itself
+        self._version = 0
+        self._restores = 0
+
+    def publish(self, boxed_ref: list, version: int) -> None:
+        self._boxed_ref, self._version = boxed_ref, int(version)
+
+    def restore(self) -> tuple[list | None, int]:
+        """-> ([weights ref] or None, version); called once per actor restart."""
+        self._restores += 1
+        return self._boxed_ref, self._version
+
+    def num_restores(self) -> int:
+        return self._restores
+
+
+class RestartablePolicyActor:
+    """A PolicyActor that Ray restarts up to `max_restarts` times, with its weights.
+
+    `actor` is the handle to give callers (e.g. rollout workers); weights must go
+    through `set_weights` here (or `broadcast_weights(..., weights_source=
+    self.weights_source)`) so a restart can find them. Learning done inside the
+    actor since the last published weights is lost with it.
+    """
+
+    def __init__(self, policy_cls: type, observation_space, action_space, config=None, *,
+                 max_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
+                 actor_options: dict | None = None, **host_kwargs):
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+        self.max_restarts = int(max_restarts)
+        self.weights_source = LatestWeights.remote()
+        options = {**(actor_options or {}), "max_restarts": self.max_restarts,
+                   "max_task_retries": 0}
+        self.actor = PolicyActor.options(**options).remote(
+            policy_cls, observation_space, action_space, config,
+            weights_source=self.weights_source, **host_kwargs)
+
+    def set_weights(self, weights, version: int | None = None) -> int:
+        """Publish, then assign: one object-store copy. -> the version in use."""
+        if version is None:
+            version = call_retrying_once(self.actor.weights_version) + 1
+        _, pending = broadcast_weights([self.actor], weights, version, wait=False,
+                                       weights_source=self.weights_source)
+        try:
+            return ray.get(pending[0])
+        except RayActorError as error:
+            if not is_actor_death(error):
+                raise
+            return call_retrying_once(self.actor.weights_version)  # restored from the source
+
+    def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None,
+                        **kwargs):
+        return call_retrying_once(self.actor.compute_actions, obs_batch, state_batches,
+                                  explore, timestep, **kwargs)
+
+    def num_restarts(self) -> int:
+        return ray.get(self.weights_source.num_restores.remote())
+
+    def kill(self) -> None:
+        """End the actor for good (no restart) and its weights source."""
+        for handle in (self.actor, self.weights_source):
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+

@@ -1,0 +1,326 @@
+"""Soak and fault runs, printing JSON lines as they go and a summary at the end.
+
+    python -m scripts.soak callers --callers 16 --seconds 60 --kill-actor-at 30
+    python -m scripts.soak ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
+
+`callers`: N threads call one restartable PolicyActor's `compute_actions` for
+T seconds. Each caller sends its own observations (explore off) and checks
+every row it gets back against actions and values computed beforehand by a
+local policy with the same weights, so a row swapped between callers or
+computed with other weights is a "wrong row". Optionally the actor is
+SIGKILLed once mid-run; Ray restarts it with the latest weights and the
+callers' calls are retried once. Every `--report-every` seconds one JSON line:
+calls and rows per second, errors, wrong rows, restarts, resident memory of
+the actor and of this process. The summary gives RSS growth after the warm-up.
+
+`ppo`: PPO on CartPole-v1 (algorithms/tuned/cartpole_ppo.yaml) with rollout
+worker actors and central inference; a worker is SIGKILLed every K seconds
+and the PolicyActor once, until the return or a step/time budget is reached.
+One JSON line per iteration.
+
+Everything runs on this machine's local Ray; the loops end by themselves.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TUNED_CARTPOLE = REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml"
+
+
+def rss_mb(pid: int) -> float | None:
+    """Resident memory of a process on this machine (None once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+# ----- N callers against one PolicyActor ---------------------------------------------------
+
+
+@dataclass
+class CallerTally:
+    """Counts shared by the caller threads (updated under `lock`)."""
+
+    calls: int = 0
+    rows: int = 0
+    errors: int = 0
+    wrong_rows: int = 0
+    first_errors: list = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, rows: int = 0, wrong: int = 0, error: BaseException | None = None) -> None:
+        with self.lock:
+            self.calls += 1
+            self.rows += rows
+            self.wrong_rows += wrong
+            if error is not None:
+                self.errors += 1
+                if len(self.first_errors) < 5:
+                    self.first_errors.append(f"{type(error).__name__}: {error}"[:300])
+
+
+def expected_results(policy, rng: np.random.Generator, callers: int, batches: int,
+                     rows: int) -> list[list[tuple]]:
+    """Per caller, `batches` (obs, actions, vf_preds) computed by the local policy."""
+    space = policy.observation_space
+    out = []
+    for _ in range(callers):
+        own = []
+        for _ in range(batches):
+            obs = rng.uniform(-1, 1, (rows,) + space.shape).astype(np.float32)
+            actions, _, extra = policy.compute_actions(obs, explore=False)
+            own.append((obs, np.asarray(actions), np.asarray(extra["vf_preds"])))
+        out.append(own)
+    return out
+
+
+def run_callers(args) -> dict:
+    import gymnasium as gym
+    import ray
+
+    from algorithms.ppo import PPOPolicy
+    from policy_service.distributed.restarts import RestartablePolicyActor
+    env = gym.make("CartPole-v1")
+    config = {"model": {"fcnet_hiddens": [64, 64]}, "seed": 0}
+    local = PPOPolicy(env.observation_space, env.action_space, config)
+    rng = np.random.default_rng(0)
+    weights = {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype)
+               for k, v in local.get_weights().items()}
+    local.set_weights(weights)
+    expected = expected_results(local, rng, args.callers, batches=8, rows=args.rows)
+    served = RestartablePolicyActor(PPOPolicy, env.observation_space, env.action_space, config,
+                                    max_restarts=args.actor_restarts,
+                                    actor_options={"num_cpus": 1},
+                                    max_batch_size=args.callers * args.rows,
+                                    batch_wait_timeout_s=0.001)
+    served.set_weights(weights, version=1)
+    tally = CallerTally()
+    stop = threading.Event()
+
+    def caller(index: int) -> None:
+        own, pick = expected[index], random.Random(index)
+        while not stop.is_set():
+            obs, actions, values = own[pick.randrange(len(own))]
+            try:
+                got, _, extra = served.compute_actions(obs, explore=False)
+            except Exception as error:  # noqa: BLE001 - counted and reported
+                tally.add(error=error)
+                continue
+            wrong = (np.asarray(got) != actions) | ~np.isclose(
+                np.asarray(extra["vf_preds"]), values, rtol=1e-4, atol=1e-5)
+            wrong_version = extra["weights_version"] != 1
+            tally.add(rows=len(obs), wrong=len(obs) if wrong_version else int(wrong.sum()))
+
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True)
+               for i in range(args.callers)]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    killed, samples, last = False, [], (0, 0, start)
+    try:
+        while (now := time.monotonic()) - start < args.seconds:
+            time.sleep(min(args.report_every, max(0.0, args.seconds - (now - start))))
+            now = time.monotonic()
+            if args.kill_actor_at is not None and not killed and now - start >= args.kill_actor_at:
+                os.kill(_actor_pid(served.actor), signal.SIGKILL)
+                killed = True
+            with tally.lock:
+                calls, rows = tally.calls, tally.rows
+                record = {"t_s": round(now - start, 1), "calls": calls, "rows": rows,
+                          "calls_per_s": round((calls - last[0]) / (now - last[2]), 1),
+                          "rows_per_s": round((rows - last[1]) / (now - last[2]), 1),
+                          "errors": tally.errors, "wrong_rows": tally.wrong_rows}
+            record["restarts"] = served.num_restarts()
+            record["actor_rss_mb"] = _actor_rss(served.actor)
+            record["driver_rss_mb"] = rss_mb(os.getpid())
+            samples.append(record)
+            emit(record)
+            last = (calls, rows, now)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    stats = ray.get(served.actor.stats.remote())
+    served.kill()
+    return summary(samples, args.seconds, tally, {"kind": "callers", "callers": args.callers,
+                                                  "rows_per_call": args.rows,
+                                                  "seconds": args.seconds,
+                                                  "mean_batch_size": stats["mean_batch_size"],
+                                                  "actor_killed": killed})
+
+
+def _actor_pid(actor) -> int:
+    import ray
+    return int(ray.get(actor.stats.remote(), timeout=60)["pid"])
+
+
+def _actor_rss(actor) -> float | None:
+    try:
+        return rss_mb(_actor_pid(actor))
+    except Exception:  # noqa: BLE001 - restarting right now
+        return None
+
+
+def summary(samples: list[dict], seconds: float, tally: CallerTally, extra: dict) -> dict:
+    """Totals, and RSS growth from the end of the warm-up (a quarter of the run, at
+    most a minute) to the end."""
+    warmup = min(60.0, seconds / 4)
+    after = [s for s in samples if s["t_s"] >= warmup and s.get("actor_rss_mb")]
+    growth = None
+    if len(after) >= 2:
+        growth = round((after[-1]["actor_rss_mb"] - after[0]["actor_rss_mb"])
+                       / after[0]["actor_rss_mb"] * 100, 2)
+    return {"summary": True, **extra, "calls": tally.calls, "rows": tally.rows,
+            "rows_per_s": round(tally.rows / seconds, 1), "errors": tally.errors,
+            "wrong_rows": tally.wrong_rows, "first_errors": tally.first_errors,
+            "restarts": samples[-1]["restarts"] if samples else 0,
+            "warmup_s": warmup, "actor_rss_growth_after_warmup_pct": growth,
+            "actor_rss_mb_last": samples[-1]["actor_rss_mb"] if samples else None}
+
+
+# ----- PPO with workers and the PolicyActor killed ---------------------------------------
+
+
+def run_ppo(args) -> dict:
+    import ray
+    import yaml
+
+    from algorithms.ppo import PPO
+    config = yaml.safe_load(TUNED_CARTPOLE.read_text())
+    config.update(seed=args.seed, num_env_runners=args.workers, num_envs_per_env_runner=4,
+                  remote_inference=True, num_cpus_per_env_runner=0.5, ray_num_cpus=2)
+    algo = PPO(config)
+    rng = random.Random(args.seed)
+    stop = threading.Event()
+    kills = {"workers": 0, "policy_actor": 0}
+
+    def killer() -> None:
+        start = time.monotonic()
+        next_worker_kill = args.kill_worker_every
+        while not stop.wait(0.5):
+            elapsed = time.monotonic() - start
+            group = algo.workers
+            if group is None:
+                continue
+            if args.kill_actor_at is not None and not kills["policy_actor"] \
+                    and elapsed >= args.kill_actor_at:
+                try:
+                    os.kill(_actor_pid(group.policy_actor), signal.SIGKILL)
+                    kills["policy_actor"] += 1
+                except Exception:  # noqa: BLE001 - try again on the next tick
+                    pass
+            if args.kill_worker_every and elapsed >= next_worker_kill and group.workers:
+                try:
+                    ray.kill(rng.choice(list(group.workers)))
+                    kills["workers"] += 1
+                except Exception:  # noqa: BLE001 - a worker being replaced right now
+                    pass
+                next_worker_kill += args.kill_worker_every
+
+    thread = threading.Thread(target=killer, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    history = []
+    try:
+        while True:
+            metrics = algo.train()
+            record = {"iteration": metrics["iteration"],
+                      "timesteps_total": metrics["timesteps_total"],
+                      "episode_return_mean": round(metrics["episode_return_mean"], 1),
+                      "time_s": round(time.monotonic() - start, 1),
+                      "num_worker_restarts": metrics["num_worker_restarts"],
+                      "num_policy_actor_restarts":
+                          algo.workers.num_policy_actor_restarts(),
+                      "workers_killed": kills["workers"],
+                      "policy_actor_killed": kills["policy_actor"],
+                      "driver_rss_mb": rss_mb(os.getpid()),
+                      "actor_rss_mb": _actor_rss(algo.workers.policy_actor)}
+            history.append(record)
+            emit(record)
+            if metrics["episode_return_mean"] >= args.stop_reward:
+                reason = "reward"
+                break
+            if metrics["timesteps_total"] >= args.max_steps:
+                reason = "max_steps"
+                break
+            if args.stop_iters and metrics["iteration"] >= args.stop_iters:
+                reason = "iters"
+                break
+            if time.monotonic() - start >= args.max_seconds:
+                reason = "max_seconds"
+                break
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        algo.stop()
+    last = history[-1]
+    return {"summary": True, "kind": "ppo", "stop_reason": reason, **last,
+            "reached": last["episode_return_mean"] >= args.stop_reward}
+
+
+# ----- command line ------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="kind", required=True)
+    callers = sub.add_parser("callers", help="N callers for T seconds against a PolicyActor")
+    callers.add_argument("--callers", type=int, default=16)
+    callers.add_argument("--seconds", type=float, default=60.0)
+    callers.add_argument("--rows", type=int, default=4, help="rows per call")
+    callers.add_argument("--report-every", type=float, default=5.0)
+    callers.add_argument("--kill-actor-at", type=float, help="SIGKILL the actor once, at S s")
+    callers.add_argument("--actor-restarts", type=int, default=3)
+    ppo = sub.add_parser("ppo", help="PPO on CartPole with workers and the PolicyActor killed")
+    ppo.add_argument("--stop-reward", type=float, default=450.0)
+    ppo.add_argument("--max-steps", type=int, default=400_000)
+    ppo.add_argument("--stop-iters", type=int, help="stop after this many iterations")
+    ppo.add_argument("--max-seconds", type=float, default=1200.0)
+    ppo.add_argument("--workers", type=int, default=2)
+    ppo.add_argument("--kill-worker-every", type=float, default=20.0)
+    ppo.add_argument("--kill-actor-at", type=float, default=40.0)
+    ppo.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    args = build_parser().parse_args(argv)
+    from policy_service.distributed.ray_runtime import start_ray
+    import ray
+    if not ray.is_initialized():
+        start_ray(num_cpus=2, quiet=True)
+    try:
+        result = run_callers(args) if args.kind == "callers" else run_ppo(args)
+    finally:
+        ray.shutdown()
+    emit(result)
+    if args.kind == "callers":
+        return 0 if result["errors"] == 0 and result["wrong_rows"] == 0 else 1
+    return 0 if result["reached"] or result["stop_reason"] == "iters" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

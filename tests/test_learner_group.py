@@ -1,0 +1,272 @@
+"""LearnerGroup: 2 learner actors x 2 fake GPUs each train exactly like one device.
+
+Every comparison starts the group and a one-device policy in this process from
+the same weights and feeds both the same batch: gradients, SGD steps,
+batch-norm moving statistics and loaded-buffer epochs must match to float
+tolerance, and the learners' weights must stay bit-identical.
+"""
+import time
+
+import numpy as np
+import pytest
+import user_models
+from fakes import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    PGPolicy,
+    assert_grads_close,
+    assert_weights_close,
+    episode_batch,
+    fake_gpus,
+    mlp_batch,
+    small_config,
+    weights_differ,
+)
+
+from policy_service import LearnerGroup, models
+from policy_service.distributed.learner_group import LearnerDiedError, LearnerResourcesError
+
+ray = pytest.importorskip("ray")
+
+TWO_BY_TWO = {"num_learners": 2, "num_gpus_per_learner": 2, "_fake_gpus": True,
+              "num_cpus_per_learner": 0.5}
+LSTM = {"use_lstm": True, "max_seq_len": 4}
+
+
+@pytest.fixture(scope="module")
+def ray_with_user_models(ray_local):
+    ray.cloudpickle.register_pickle_by_value(user_models)
+    models.register_custom_model("lazy_bn", user_models.LazyBatchNormModel)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(user_models)
+
+
+@pytest.fixture
+def start_group(ray_with_user_models):
+    """start_group(**config) -> a LearnerGroup of PGPolicy, stopped after the test."""
+    groups = []
+
+    def start(**config):
+        group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**config))
+        groups.append(group)
+        return group
+    yield start
+    for group in groups:
+        group.stop()
+
+
+def one_device(**config) -> PGPolicy:
+    return PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**config))
+
+
+def same_start(group, *policies):
+    """Every policy and the group from the first policy's weights."""
+    weights = policies[0].get_weights()
+    for policy in policies[1:]:
+        policy.set_weights(weights)
+    group.set_weights(weights)
+
+
+def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device(start_group):
+    group = start_group(**TWO_BY_TWO)
+    assert group.devices == [["/CPU:0", "/CPU:1"]] * 2 and group.num_towers == 2
+    one = one_device()
+    same_start(group, one)
+    batch = mlp_batch(37)  # 38 rows after padding to 2 learners, 40 over 4 towers
+    g1, s1 = one.compute_gradients(batch)
+    g4, s4 = group.compute_gradients(batch)
+    assert_grads_close(g1, g4)
+    assert s4["valid_rows"] == s1["valid_rows"] == 37
+    for key in ("total_loss", "pg_loss", "vf_loss"):
+        assert s4[key] == pytest.approx(s1[key], rel=1e-5, abs=1e-6)
+    before = one.get_weights()
+    for seed in (1, 2):  # the second step from the combined Adam state
+        batch = mlp_batch(37, seed=seed)
+        stats1, stats4 = one.learn_on_batch(batch), group.learn_on_batch(batch)
+        assert stats4["total_loss"] == pytest.approx(stats1["total_loss"], rel=1e-5)
+        assert_weights_close(one.get_weights(), group.get_weights())
+    assert weights_differ(before, group.get_weights())
+    assert group.weights_identical()
+
+
+def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(start_group):
+    group = start_group(model=LSTM, **TWO_BY_TWO)
+    one = one_device(model=LSTM)
+    same_start(group, one)
+    # 10 sequences of at most 4 steps: 5 per learner, padded to 6 over 2 towers
+    batch = episode_batch([5, 3, 7, 2, 4, 6, 1])
+    g1, s1 = one.compute_gradients(batch)
+    g4, s4 = group.compute_gradients(batch)
+    assert s1["valid_rows"] == s4["valid_rows"] == 28
+    assert_grads_close(g1, g4)
+    one.learn_on_batch(batch)
+    group.learn_on_batch(batch)
+    assert_weights_close(one.get_weights(), group.get_weights())
+    short = episode_batch([3], seed=6)  # one sequence: learner 1 holds only padding
+    one.learn_on_batch(short)
+    stats = group.learn_on_batch(short)
+    assert stats["valid_rows"] == 3
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()
+
+
+def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
+    """LazyBatchNormModel (momentum 0.5), registered in this process only: the
+    moving statistics equal one device's; the gradient equals 4 towers' in this
+    process (towers normalise by their own shard, so the same 4 shards)."""
+    model = {"custom_model": "lazy_bn"}
+    group = start_group(model=model, **TWO_BY_TWO)
+    one, four = one_device(model=model), one_device(model=model, **fake_gpus(4))
+    same_start(group, one, four)
+    batch = mlp_batch(36, seed=3)
+    batch["obs"] = batch["obs"] * 3 + 1  # a clearly nonzero mean
+    assert_grads_close(four.compute_gradients(batch)[0], group.compute_gradients(batch)[0])
+    for policy in (one, four, group):
+        policy.learn_on_batch(batch)
+    after = group.get_weights()
+    mean_key, var_key = (next(k for k in after if k.endswith(suffix))
+                         for suffix in ("moving_mean", "moving_variance"))
+    obs = batch["obs"].astype(np.float64)  # population moments of all 36 rows
+    np.testing.assert_allclose(after[mean_key], 0.5 * obs.mean(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(after[var_key], 0.5 + 0.5 * obs.var(0), rtol=1e-5, atol=1e-6)
+    for name in (mean_key, var_key):
+        np.testing.assert_allclose(after[name], one.get_weights()[name], rtol=1e-5, atol=1e-6)
+    assert_weights_close(four.get_weights(), after)
+    assert group.weights_identical()
+
+
+def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(start_group):
+    group = start_group(minibatch_size=16, **TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    batch = mlp_batch(60)
+    assert group.load_batch_into_buffer(batch) == 64  # 4 minibatches of 16, 8 per learner
+    assert group.get_num_samples_loaded_into_buffer() == 64
+    stats = group.learn_on_loaded_epochs(1, shuffle=False)
+    losses = [one.learn_on_batch(batch[k:k + 16])["total_loss"] for k in (0, 16, 32, 48)]
+    assert stats["num_sgd_steps"] == 4
+    assert stats["total_loss"] == pytest.approx(np.mean(losses), rel=1e-5)
+    assert_weights_close(one.get_weights(), group.get_weights())
+    group.learn_on_loaded_batch(32)
+    one.learn_on_batch(batch[32:48])
+    assert_weights_close(one.get_weights(), group.get_weights())
+    with pytest.raises(ValueError, match="offset 8 must be a multiple of minibatch_size"):
+        group.learn_on_loaded_batch(8)
+    stats = group.learn_on_loaded_epochs(3)  # shuffled, the all-reduce in the loop
+    assert stats["num_sgd_steps"] == 12
+    assert group.weights_identical()
+    state = group.get_state()
+    assert state["num_grad_updates"] == 17
+
+
+def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group):
+    group = start_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    batch = mlp_batch(30, seed=4)
+    assert group.load_batch_into_buffer(batch) == 32  # 4 minibatches of 8: 2 steps
+    for offset in (0, 16):
+        s_group = group.learn_on_loaded_batch(offset)
+        s_one = one.learn_on_batch(batch[offset:offset + 16])
+        assert s_group["valid_rows"] == s_one["valid_rows"]
+        assert_weights_close(one.get_weights(), group.get_weights())
+    stats = group.learn_on_loaded_epochs(1, shuffle=False)
+    assert stats["num_sgd_steps"] == 2
+    for offset in (0, 16):
+        one.learn_on_batch(batch[offset:offset + 16])
+    assert_weights_close(one.get_weights(), group.get_weights())
+
+
+def test_no_learner_actors_is_a_local_policy(ray_with_user_models):
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    one = one_device()
+    same_start(group, one)
+    assert group.local_policy is not None and group.num_towers == 2
+    batch = mlp_batch(20)
+    group.learn_on_batch(batch)
+    one.learn_on_batch(batch)
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.foreach_policy(lambda policy, x: policy.num_grad_updates + x, 10) == [11]
+
+
+def test_gpus_the_cluster_lacks_fail_at_once_naming_them(ray_with_user_models):
+    start = time.perf_counter()
+    with pytest.raises(LearnerResourcesError, match=(
+            r"2 learner\(s\) need GPU 2 in total \(num_gpus_per_learner=1 each\); "
+            r"the cluster has GPU 0 \(0 available\)")):
+        LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(
+            num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=0.5))
+    assert time.perf_counter() - start < 5
+
+
+def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
+    @ray.remote(num_cpus=2)
+    class Holder:
+        def ready(self):
+            return True
+    holder = Holder.remote()
+    ray.get(holder.ready.remote())
+    start = time.perf_counter()
+    try:
+        with pytest.raises(LearnerResourcesError,
+                           match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
+                                 r"\(num_cpus_per_learner=0.5 each\); available now CPU 0"):
+            LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(
+                num_learners=2, num_cpus_per_learner=0.5), ready_timeout_s=3)
+    finally:
+        ray.kill(holder)
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.slow
+def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one(
+        ray_with_user_models):
+    """The tuned CartPole config, its learner split over two actors: each step's
+    gradient is the whole minibatch's, so it learns as one learner does; a
+    learner killed mid-run is replaced from the driver's copy and the iteration
+    retried."""
+    import yaml
+    from test_ppo_learning import TUNED
+
+    from algorithms.ppo import PPO
+    config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
+    config.update(seed=0, num_learners=2, num_cpus_per_learner=0.5)
+    algo = PPO(config)
+    start, history = time.perf_counter(), []
+    try:
+        while not history or (history[-1]["episode_return_mean"] < 450
+                              and history[-1]["timesteps_total"] < 150_000):
+            if len(history) == 5:
+                ray.kill(algo.learner.actors[1])
+            history.append(algo.train())
+    finally:
+        algo.stop()
+    last = history[-1]
+    print(f"\nCartPole-v1, 2 learner actors: return {last['episode_return_mean']:.1f} after "
+          f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s, "
+          f"learn {np.median([m['learn_time_s'] for m in history]):.2f} s/iteration (median), "
+          f"{last['num_learner_restarts']} learner restart(s)")
+    assert last["num_learners"] == 2
+    assert history[4]["num_learner_restarts"] == 0 and last["num_learner_restarts"] == 1
+    assert last["episode_return_mean"] >= 450
+    assert last["timesteps_total"] <= 150_000
+
+
+def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_group):
+    group = start_group(**TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20))
+    state = group.get_state()  # weights and Adam moments after one step
+    ray.kill(group.actors[1])
+    start = time.perf_counter()
+    with pytest.raises(LearnerDiedError, match=r"learner 1 of 2 died"):
+        group.learn_on_batch(mlp_batch(20, seed=1))  # learner 0 waits in the collective
+    assert time.perf_counter() - start < 20
+    group.restart(state)
+    assert group.num_restarts == 1
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20, seed=1))  # the same Adam step as without a death
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()
