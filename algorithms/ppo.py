@@ -122,7 +122,6 @@ class PPOPolicy(TFPolicy):
     """
 
     config_class = PPOConfig
-    # the columns the loss reads (the value error uses the model's vf_preds, not the batch's)
     loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
                     SampleBatch.ACTION_LOGP: LossColumn(),
                     SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
