@@ -103,6 +103,16 @@ def test_compare_rllib_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_ppo_parity_smoke(tmp_path):
+    """Ours (and an ablation) beside RLlib's PPO at its defaults; needs RLlib's venv."""
+    records = run_smoke("ppo_parity", tmp_path, "--variants", "defaults,keras_init",
+                        timeout=1800)
+    rows = {r["variant"]: r for r in records if r.get("summary")}
+    assert set(rows) == {"defaults", "keras_init", "rllib"}
+    assert all(r["reached"] == "1/1" and r["env_steps"] > 0 for r in rows.values())
+
+
+@pytest.mark.slow
 def test_gpu_benchmarks_script_smoke(tmp_path):
     """scripts/gpu_benchmarks.sh end to end at smoke size; with no GPU here it
     measures fake GPUs and says so. Every step must leave its results."""

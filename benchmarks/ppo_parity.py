@@ -1,0 +1,176 @@
+"""PPO at RLlib's defaults, ours vs RLlib's old-stack TF PPO: env steps to a 100-episode
+mean return of 450 on CartPole-v1, side by side in one run.
+
+Both sides get the same hyperparameters (RLlib's PPO defaults, with 10 epochs as in
+issue 12): lr 5e-5, lambda 1.0, clip 0.3, vf_clip 10, vf_loss_coeff 1, kl_coeff 0.2,
+kl_target 0.01, entropy 0; train batch 4000, minibatch 128, 10 epochs, [256, 256]
+tanh, 1 env, no remote workers. Each round runs every variant of ours, then RLlib,
+with the round as the seed, so all sides meet the same machine load.
+
+Variants of ours (ablations, --variants):
+  defaults      the library as it is
+  keras_init    the model re-initialized as before RLlib's initializers were adopted
+                (Keras glorot-uniform hidden layers, orthogonal(0.01) logits,
+                orthogonal(1.0) value head)
+  adam_eps_1e-8 Adam's epsilon as RLlib's tf1 AdamOptimizer has it (ours: Keras' 1e-7)
+  rllib_minibatches  minibatches as RLlib's multi_gpu_train_one_step makes them: the
+                train batch unshuffled, train_batch_size // minibatch_size contiguous
+                blocks visited in a fresh order each epoch, the remainder never
+                trained on (ours: rows permuted every epoch, the last minibatch
+                padded); this child process swaps PPO's training step for it
+
+    python -m benchmarks.ppo_parity --rounds 3                 # ~30-60 min on 2 cores
+    python -m benchmarks.ppo_parity --variants defaults,keras_init --rounds 1
+    python -m benchmarks.ppo_parity --smoke
+"""
+from __future__ import annotations
+
+import sys
+
+from benchmarks import compare_rllib, e2e, harness, rllib_env, stats
+
+NAME = "ppo_parity"
+
+# RLlib's PPOConfig defaults (ray 2.60, old API stack), num_epochs 10 as in issue 12.
+RLLIB_DEFAULTS = {
+    "lr": 5e-5, "gamma": 0.99, "lambda_": 1.0, "clip_param": 0.3, "vf_clip_param": 10.0,
+    "vf_loss_coeff": 1.0, "kl_coeff": 0.2, "kl_target": 0.01, "entropy_coeff": 0.0,
+    "train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10,
+    "model": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
+}
+SMOKE = {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2}
+
+VARIANTS = {"defaults": {}, "keras_init": {"init": "keras"},
+            "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}},
+            "rllib_minibatches": {"minibatches": "rllib"}}
+
+
+# ----- ours: the e2e workload with a re-initialized model where a variant asks ------------
+
+def keras_init_model_class():
+    """FeedForwardModel re-initialized with the initializers it had before RLlib's."""
+    import keras
+
+    from policy_service.config import ModelConfig
+    from policy_service.models import FeedForwardModel
+
+    class KerasInitModel(FeedForwardModel):
+        def __init__(self, obs_space, action_space, num_outputs, model_config: dict):
+            fields = {k: v for k, v in model_config.items() if k != "custom_model"}
+            super().__init__(obs_space, action_space, num_outputs, ModelConfig(**fields))
+            for layer in self._flatten_layers():
+                if not isinstance(layer, keras.layers.Dense):
+                    continue
+                init = {"action_dist_inputs": keras.initializers.Orthogonal(0.01),
+                        "vf": keras.initializers.Orthogonal(1.0)}.get(
+                            layer.name, keras.initializers.GlorotUniform())
+                layer.kernel.assign(init(layer.kernel.shape))
+
+    return KerasInitModel
+
+
+def rllib_minibatch_training_step(policy, train_batch) -> dict:
+    """PPO's update with RLlib's minibatching (see rllib_minibatches above)."""
+    import numpy as np
+
+    from algorithms.ppo import standardize_advantages
+    from policy_service.sample_batch import SampleBatch
+    train_batch = standardize_advantages(train_batch.copy(shallow=True))
+    train_batch.pop(SampleBatch.NEXT_OBS, None)
+    policy.load_batch_into_buffer(train_batch, buffer_index=0)
+    size = policy.config.minibatch_size
+    num_blocks = max(1, train_batch.count // size)
+    steps = []
+    for _ in range(policy.config.num_epochs):
+        for k in np.random.permutation(num_blocks):
+            steps.append(policy.learn_on_loaded_batch(int(k) * size, buffer_index=0))
+    stats = {key: float(np.mean([s[key] for s in steps])) for key in steps[0]}
+    if policy.config.kl_coeff > 0:
+        policy.update_kl(stats["kl"])
+    return stats
+
+
+def measure(spec: dict):
+    """Ours through e2e.measure, with the variant's model registered first."""
+    spec = dict(spec, overrides=dict(spec["overrides"], **spec.get("config", {})))
+    if spec.get("init") == "keras":
+        from policy_service.models import register_custom_model
+        register_custom_model("keras_init_ff", keras_init_model_class())
+        spec = dict(spec, overrides=dict(spec["overrides"], model=dict(
+            spec["overrides"]["model"], custom_model="keras_init_ff")))
+    if spec.get("minibatches") == "rllib":
+        import numpy as np
+
+        from algorithms.ppo import PPO
+        np.random.seed(spec["seed"])
+        PPO.training_step = staticmethod(rllib_minibatch_training_step)
+    for record in e2e.measure(spec):
+        yield dict(record, bench=NAME, variant=spec["variant"])
+
+
+# ----- the side-by-side schedule ------------------------------------------------------------
+
+def schedule(args) -> list[harness.Run]:
+    rllib_python = rllib_env.ensure_rllib_venv()
+    overrides = dict(RLLIB_DEFAULTS, **(SMOKE if args.smoke else {}))
+    base = dict(num_gpus=0, num_env_runners=0, envs_per_runner=1, prepare_tf=False,
+                overrides=overrides, target=15.0 if args.smoke else args.target,
+                max_iterations=2 if args.smoke else 10_000,
+                max_seconds=300 if args.smoke else args.max_seconds)
+    runs = [harness.Run("benchmarks.ppo_parity", dict(base, variant=name, **VARIANTS[name]),
+                        tags={"framework": "ours"})
+            for name in args.variants.split(",")]
+    runs.append(harness.Run(compare_rllib.NAME_MODULE, dict(base, workload="e2e"),
+                            python=rllib_python, env=rllib_env.RLLIB_ENV,
+                            tags={"framework": "rllib", "bench": NAME, "variant": "rllib"}))
+    return runs
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """Per side: median env steps (and wall seconds) to the target over the seeds that
+    reached it, and each variant's ratio to RLlib's median."""
+    rows = []
+    for variant in dict.fromkeys(r.get("variant") for r in records):
+        picked = [r for r in records if r.get("variant") == variant]
+        reached = [r for r in picked if r.get("reached")]
+        rows.append({"bench": NAME, "variant": variant,
+                     "reached": f"{len(reached)}/{len(picked)}",
+                     "env_steps_by_seed": {r["seed"]: r.get("env_steps") if r.get("reached")
+                                           else None for r in picked},
+                     "env_steps": stats.median([r["env_steps"] for r in reached]),
+                     "wall_s": stats.median([r["wall_s"] for r in reached]),
+                     "errors": sorted({r["error"][:200] for r in picked if "error" in r})})
+    rllib = next((r for r in rows if r["variant"] == "rllib"), None)
+    for row in rows:
+        row["ratio_env_steps"] = stats.ratio(row["env_steps"], rllib and rllib["env_steps"])
+    return rows
+
+
+def main(argv=None):
+    parser = harness.base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--variants", default="defaults",
+                        help=f"variants of ours, comma-separated: {','.join(VARIANTS)}")
+    parser.add_argument("--target", type=float, default=e2e.TARGET_RETURN)
+    parser.add_argument("--max-seconds", type=float, default=900)
+    args = parser.parse_args(argv)
+    if args.child:
+        return harness.child_main(args, measure)
+    unknown = set(args.variants.split(",")) - set(VARIANTS)
+    if unknown:
+        parser.error(f"--variants: unknown {sorted(unknown)}; expected some of {list(VARIANTS)}")
+    rllib_python = rllib_env.ensure_rllib_venv()
+    meta = harness.start_meta(args, rllib_python=rllib_python,
+                              rllib_versions=harness.versions(rllib_python),
+                              hyperparameters=RLLIB_DEFAULTS)
+    records = harness.run_rounds(args, schedule(args), seeded=True,
+                                 timeout=lambda spec: spec["max_seconds"] + 300)
+    rows = summarize(records)
+    meta["plots"] = []  # the table is the result: BENCHMARKS.md, "PPO at RLlib's defaults"
+    path = harness.write_results(NAME, args.out, records, rows, meta)
+    for row in rows:
+        harness.emit(dict(row, summary=True))
+    print(f"# wrote {path}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
