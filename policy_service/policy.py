@@ -373,7 +373,7 @@ class TFPolicy:
             "weights": self.get_weights(),
             "optimizer_variables": {k: v.numpy() for k, v in self._optimizer_variables().items()},
             "rng": {"action": self._action_rng.state.numpy(),
-                    "shuffle": self.towers._shuffle_rng.state.numpy()},  # pylint: disable=protected-access
+                    "shuffle": self.towers.shuffle_rng.state.numpy()},
             "exploration": self.exploration.get_state(),
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
@@ -428,7 +428,7 @@ class TFPolicy:
         values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
                   **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
         rngs = state.get("rng", {})
-        for name, rng in (("action", self._action_rng), ("shuffle", self.towers._shuffle_rng)):  # pylint: disable=protected-access
+        for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
             if name in rngs:
                 targets[f"rng/{name}"] = rng.state
                 values[f"rng/{name}"] = np.asarray(rngs[name], np.int64)

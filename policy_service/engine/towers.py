@@ -269,7 +269,8 @@ class TowerStack:
         with tf.device(plan.variable_device):
             for optimizer in self.optimizers:
                 optimizer.build(self.variables)
-            self._shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
+            # the loaded epochs' shuffle; its state is part of the policy state
+            self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
 
@@ -416,7 +417,7 @@ class TowerStack:
         buffer = self._buffer(buffer_index)
         units = buffer.units_per_minibatch * buffer.num_minibatches
         if shuffle:
-            seeds = self._shuffle_rng.make_seeds(num_epochs * self.num_towers)
+            seeds = self.shuffle_rng.make_seeds(num_epochs * self.num_towers)
             keys = tf.transpose(seeds)  # [epochs*towers, 2]
             perms = tf.stack([tf.argsort(tf.random.stateless_uniform([units], keys[i]))
                               for i in range(num_epochs * self.num_towers)])
