@@ -209,18 +209,16 @@ def breakdown(spec: dict):
     original_step = towers_mod.TowerStack._step
 
     def step_no_cond(self, shards):
-        combined, stats, assignments, finite = self._tower_pass(shards)
+        step = self._tower_pass(shards)
         with tf.device(self.plan.variable_device):
-            self._apply(combined, assignments)
-        stats["_finite"] = finite
-        return stats
+            self._apply(step)
+        return {**step.stats, "_finite": step.finite}
 
     def step_unchecked(self, shards):
-        combined, stats, assignments, _ = self._tower_pass(shards)
+        step = self._tower_pass(shards)
         with tf.device(self.plan.variable_device):
-            self._apply(combined, assignments)
-        stats["_finite"] = tf.constant([True])
-        return stats
+            self._apply(step)
+        return {**step.stats, "_finite": tf.constant([True])}
 
     original_learn_loaded = towers_mod.TowerStack.learn_loaded
 
@@ -231,9 +229,10 @@ def breakdown(spec: dict):
             placed = buffer.towers
             self._functions[key] = tf.function(
                 lambda idx: self._loaded_graph(placed, idx),
-                input_signature=[tf.TensorSpec([self.num_towers, None], tf.int32)])
+                input_signature=[tf.TensorSpec([1, self.num_towers, None], tf.int32)])
         k, u = offset // buffer.minibatch_rows, buffer.units_per_minibatch
-        idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None], [self.num_towers, 1])
+        idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None, None],
+                      [1, self.num_towers, 1])  # [K=1, towers, units]
         return self._finish(self._functions[key](idx))
 
     # name -> (step, learn_loaded, all towers on the variable device)
