@@ -93,6 +93,7 @@ def test_pendulum_improves_clearly():
 def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     """The custom model is registered in this process only: it reaches the rollout
     worker and PolicyActor processes with them, and trains to 450 there."""
+    import ray
     import user_models
 
     from policy_service import models
@@ -100,7 +101,13 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config.update(seed=0, ray_num_cpus=2, num_envs_per_env_runner=4, **actors,
                   model={"custom_model": "lazy_mlp", "custom_model_config": {"units": 64}})
-    history, seconds = train_until(config, stop_return=450, max_steps=200_000)
+    # the model's module is not importable in Ray's workers (tests/ is on the path of
+    # pytest's process only), so it travels by value, as a __main__ script's would
+    ray.cloudpickle.register_pickle_by_value(user_models)
+    try:
+        history, seconds = train_until(config, stop_return=450, max_steps=200_000)
+    finally:
+        ray.cloudpickle.unregister_pickle_by_value(user_models)
     last = history[-1]
     print(f"\nCartPole-v1, lazy custom model, {actors}: return "
           f"{last['episode_return_mean']:.1f} after {last['timesteps_total']} env steps, "
