@@ -13,10 +13,8 @@ global RNG carry a "seed" set right before the call.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import sys
-import traceback
 
 # Only the numpy parts of RLlib are exercised; skip importing TF and torch.
 os.environ.setdefault("RLLIB_TEST_NO_TF_IMPORT", "1")
@@ -114,22 +112,7 @@ OPS = {"chop": op_chop, "pad": op_pad, "batch": op_batch, "concat": op_concat}
 
 
 def main() -> None:
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = rllib_wire.loads(line)
-            answer = {"ok": OPS[request["op"]](request)}
-        except Exception as err:
-            answer = {"error": f"{type(err).__name__}: {err}",
-                      "trace": traceback.format_exc(limit=3)}
-        try:
-            text = rllib_wire.dumps(answer)
-        except Exception as err:  # an unencodable RLlib result is reported, not fatal
-            text = json.dumps({"error": f"unencodable answer: {err}"})
-        sys.stdout.write(text + "\n")
-        sys.stdout.flush()
+    rllib_wire.serve(OPS)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,8 @@ One policy lives at a time; "build" replaces it.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
-import traceback
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -97,18 +95,7 @@ OPS = {"build": op_build, "set_weights": op_set_weights, "loss": op_loss,
 
 
 def main() -> None:
-    print(json.dumps({"ready": True}), flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        try:
-            request = rllib_wire.loads(line)
-            answer = {"ok": OPS[request["op"]](request)}
-        except Exception as err:
-            answer = {"error": f"{type(err).__name__}: {err}",
-                      "trace": traceback.format_exc(limit=4)}
-        sys.stdout.write(rllib_wire.dumps(answer) + "\n")
-        sys.stdout.flush()
+    rllib_wire.serve(OPS)
 
 
 if __name__ == "__main__":

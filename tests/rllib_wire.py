@@ -1,6 +1,7 @@
-"""JSON lines between the differential test and the RLlib oracle process.
+"""JSON lines between a test and an RLlib oracle process: the encoding, the
+oracle's serving loop and the test's client.
 
-Both sides import this file (the oracle runs in RLlib's own virtualenv, which
+Both sides import this file (an oracle runs in RLlib's own virtualenv, which
 has numpy but not this package), so it needs nothing beyond numpy. Arrays
 travel as nested lists with their dtype and shape; Python floats print
 exactly, so a round trip is lossless for the int, float and bool dtypes used.
@@ -8,7 +9,11 @@ exactly, so a round trip is lossless for the int, float and bool dtypes used.
 from __future__ import annotations
 
 import json
-from typing import Any
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,3 +62,56 @@ def dumps(value: Any) -> str:
 
 def loads(line: str) -> Any:
     return decode(json.loads(line))
+
+
+def serve(ops: dict[str, Callable[[dict], Any]]) -> None:
+    """An oracle's main loop: say ready, then answer each request line
+    {"op": name, ...} with {"ok": ops[name](request)} or {"error", "trace"}."""
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        try:
+            request = loads(line)
+            answer = {"ok": ops[request["op"]](request)}
+        except Exception as err:  # RLlib's error is the answer, not the end of the oracle
+            answer = {"error": f"{type(err).__name__}: {err}",
+                      "trace": traceback.format_exc(limit=4)}
+        try:
+            text = dumps(answer)
+        except Exception as err:  # an unencodable RLlib result is reported, not fatal
+            text = json.dumps({"error": f"unencodable answer: {err}"})
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+class RLlibError(Exception):
+    """RLlib raised; the message is RLlib's (the trace is in .trace)."""
+
+    def __init__(self, message: str, trace: str | None = None):
+        super().__init__(message)
+        self.trace = trace
+
+
+class Oracle:
+    """A test's client of an oracle script run by RLlib's python."""
+
+    def __init__(self, python: str, script: Path, env: dict):
+        self.proc = subprocess.Popen([python, str(script)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)
+        ready = self.proc.stdout.readline()
+        if '"ready"' not in ready:
+            raise RuntimeError(f"RLlib oracle {script.name} did not start: {ready!r}")
+
+    def ask(self, request: dict):
+        self.proc.stdin.write(dumps(request) + "\n")
+        self.proc.stdin.flush()
+        answer = loads(self.proc.stdout.readline())
+        if "error" in answer:
+            raise RLlibError(answer["error"], answer.get("trace"))
+        return answer["ok"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)

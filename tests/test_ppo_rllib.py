@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from policy_service.models import weight_names
 from policy_service.sample_batch import SampleBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rllib_wire  # noqa: E402
+from rllib_wire import Oracle  # noqa: E402
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 
@@ -35,28 +34,14 @@ OBS_SHAPE, NUM_ACTIONS = (4,), 2
 RTOL, ATOL = 1e-4, 1e-6
 
 
-class PPOOracle:
-    """Requests to tests/rllib_ppo_oracle.py over its stdin/stdout."""
+class PPOOracle(Oracle):
+    """tests/rllib_ppo_oracle.py: RLlib's TF PPO policy, asked op by op."""
 
     def __init__(self, python: str, env: dict):
-        self.proc = subprocess.Popen(
-            [python, str(REPO / "tests" / "rllib_ppo_oracle.py")], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        ready = self.proc.stdout.readline()
-        if '"ready"' not in ready:
-            raise RuntimeError(f"RLlib PPO oracle did not start: {ready!r}")
+        super().__init__(python, REPO / "tests" / "rllib_ppo_oracle.py", env)
 
-    def ask(self, op: str, **request):
-        self.proc.stdin.write(rllib_wire.dumps({"op": op, **request}) + "\n")
-        self.proc.stdin.flush()
-        answer = rllib_wire.loads(self.proc.stdout.readline())
-        if "error" in answer:
-            raise AssertionError(f"RLlib failed: {answer['error']}\n{answer.get('trace')}")
-        return answer["ok"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+    def call(self, op: str, **request):
+        return self.ask({"op": op, **request})
 
 
 def rllib_name(our_name: str) -> str:
@@ -92,11 +77,11 @@ def pair(rllib):
 
 def build_rllib_like(ours: PPOPolicy, rllib: PPOOracle) -> None:
     """A fresh RLlib policy (KL coefficient at its default) holding our weights."""
-    shapes = rllib.ask("build", model=MODEL, obs_shape=list(OBS_SHAPE),
+    shapes = rllib.call("build", model=MODEL, obs_shape=list(OBS_SHAPE),
                        num_actions=NUM_ACTIONS)
     weights = {rllib_name(k): v for k, v in ours.get_weights().items()}
     assert {k: list(v.shape) for k, v in weights.items()} == shapes
-    rllib.ask("set_weights", weights=weights)
+    rllib.call("set_weights", weights=weights)
 
 
 def loss_batch(rng: np.random.Generator, rows: int) -> dict:
@@ -114,7 +99,7 @@ def loss_batch(rng: np.random.Generator, rows: int) -> dict:
 
 def assert_losses_match(ours: PPOPolicy, rllib: PPOOracle, batch: dict) -> dict:
     grads, info = ours.compute_gradients(SampleBatch({k: v.copy() for k, v in batch.items()}))
-    theirs = rllib.ask("loss", batch=batch)
+    theirs = rllib.call("loss", batch=batch)
     for ours_key, rllib_key in (("policy_loss", "policy_loss"), ("vf_loss", "vf_loss"),
                                 ("kl", "kl"), ("entropy", "entropy"),
                                 ("kl_coeff", "cur_kl_coeff"),
@@ -138,18 +123,18 @@ def test_loss_terms_and_gradients_match_rllib(pair):
     # a changed KL coefficient weighs the KL term the same way on both sides
     for sampled_kl in (0.05, 0.05):
         assert ours.update_kl(sampled_kl) == pytest.approx(
-            rllib.ask("update_kl", kls=[sampled_kl])[0], rel=1e-6)
+            rllib.call("update_kl", kls=[sampled_kl])[0], rel=1e-6)
     assert_losses_match(ours, rllib, loss_batch(rng, 200))
     for sampled_kl in (0.001, 0.001):  # back to 0.2 on both sides
         ours.update_kl(sampled_kl)
-        rllib.ask("update_kl", kls=[sampled_kl])
+        rllib.call("update_kl", kls=[sampled_kl])
 
 
 def test_kl_coefficient_schedule_matches_rllib(pair):
     ours, rllib = pair
     kls = [0.03, 0.021, 0.019, 0.004, 0.0049, 0.006, 0.5, 0.0]
     start = ours.get_state()["kl_coeff"]
-    expected = rllib.ask("update_kl", kls=kls)
+    expected = rllib.call("update_kl", kls=kls)
     np.testing.assert_allclose([ours.update_kl(kl) for kl in kls], expected, rtol=1e-6)
     assert len(set(np.round(expected, 6))) > 3  # it rose, held and fell
     ours.set_state({**ours.get_state(), "kl_coeff": start})  # both back at the default
@@ -181,7 +166,7 @@ def trajectory(rng: np.random.Generator, steps: int, terminated: bool) -> dict:
 def test_advantages_and_value_targets_match_rllib(pair, terminated):
     ours, rllib = pair
     batch = trajectory(np.random.default_rng(1), 57, terminated)
-    theirs = rllib.ask("postprocess", batch=batch)
+    theirs = rllib.call("postprocess", batch=batch)
     mine = ours.postprocess_trajectory(SampleBatch({k: v.copy() for k, v in batch.items()}))
     for key in ("advantages", "value_targets"):
         np.testing.assert_allclose(mine[key], theirs[key], rtol=RTOL, atol=1e-5, err_msg=key)
@@ -192,5 +177,5 @@ def test_standardized_advantages_match_rllib(rllib):
     for adv in (rng.normal(3, 5, 4000), np.full(10, 2.5), rng.normal(0, 1e-6, 33)):
         batch = {"advantages": adv.astype(np.float32)}
         mine = standardize_advantages(SampleBatch({"advantages": adv.astype(np.float32)}))
-        np.testing.assert_allclose(mine["advantages"], rllib.ask("standardize", batch=batch),
+        np.testing.assert_allclose(mine["advantages"], rllib.call("standardize", batch=batch),
                                    rtol=RTOL, atol=1e-5)

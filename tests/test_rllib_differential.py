@@ -16,7 +16,6 @@ points at an existing RLlib virtualenv.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.sequencing import chop_into_sequences, pad_batch_to_sequences_of_same_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import rllib_wire  # noqa: E402
+from rllib_wire import Oracle, RLlibError  # noqa: E402
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 
@@ -44,40 +43,12 @@ CASES = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob
 # ----- the RLlib process ------------------------------------------------------------
 
 
-class RLlibError(Exception):
-    """RLlib raised; the message is RLlib's."""
-
-
-class Oracle:
-    """Requests to tests/rllib_oracle.py over its stdin/stdout."""
-
-    def __init__(self, python: str, env: dict):
-        self.proc = subprocess.Popen(
-            [python, str(REPO / "tests" / "rllib_oracle.py")], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
-        ready = self.proc.stdout.readline()
-        if '"ready"' not in ready:
-            raise RuntimeError(f"RLlib oracle did not start: {ready!r}")
-
-    def ask(self, request: dict):
-        self.proc.stdin.write(rllib_wire.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        answer = rllib_wire.loads(self.proc.stdout.readline())
-        if "error" in answer:
-            raise RLlibError(answer["error"])
-        return answer["ok"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def rllib():
     from benchmarks.harness import child_env
     from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
     python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
-    oracle = Oracle(python, child_env(RLLIB_ENV))
+    oracle = Oracle(python, REPO / "tests" / "rllib_oracle.py", child_env(RLLIB_ENV))
     yield oracle
     oracle.close()
 
