@@ -33,7 +33,6 @@ with "ratio" and written to results/compare_rllib.json.
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
@@ -466,10 +465,7 @@ def main(argv=None):
                                  timeout=lambda spec: spec.get("max_seconds", 600) + 600)
     rows = ratios(records)
     meta["plots"] = [plot(rows, args.out)]
-    path = harness.write_results(NAME, args.out, records, rows, meta)
-    for row in rows:
-        harness.emit(dict(row, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    harness.finish(NAME, args.out, records, rows, meta)
 
 
 if __name__ == "__main__":

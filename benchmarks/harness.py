@@ -230,7 +230,7 @@ def finish(name: str, out_dir: str, records: list[dict], summary: list[dict],
     """Write the results file, print the summary rows as JSON and say where it went."""
     path = write_results(name, out_dir, records, summary, meta)
     for row in summary:
-        emit(dict(row, bench=name, summary=True))
+        emit({"bench": name, **row, "summary": True})  # a row naming its bench keeps it
     print(f"# wrote {path}", file=sys.stderr)
     return path
 

@@ -25,7 +25,6 @@ Variants of ours (ablations, --variants):
 """
 from __future__ import annotations
 
-import sys
 
 from benchmarks import compare_rllib, e2e, harness, rllib_env, stats
 
@@ -166,10 +165,7 @@ def main(argv=None):
                                  timeout=lambda spec: spec["max_seconds"] + 300)
     rows = summarize(records)
     meta["plots"] = []  # the table is the result: BENCHMARKS.md, "PPO at RLlib's defaults"
-    path = harness.write_results(NAME, args.out, records, rows, meta)
-    for row in rows:
-        harness.emit(dict(row, summary=True))
-    print(f"# wrote {path}", file=sys.stderr)
+    harness.finish(NAME, args.out, records, rows, meta)
 
 
 if __name__ == "__main__":
