@@ -216,25 +216,30 @@ class LearnerGroup:
     # ----- weights and state ----------------------------------------------------------
 
     def get_weights(self) -> dict:
-        if self.local_policy is not None:
-            return self.local_policy.get_weights()
-        return self._results([self._learners[0].get_weights.remote()])[0]
+        return self._from_one("get_weights")
 
     def set_weights(self, weights: dict) -> None:
-        if self.local_policy is not None:
-            return self.local_policy.set_weights(weights)
-        self._on_all("set_weights", weights)
+        self._on_every("set_weights", weights)
 
     def get_state(self) -> dict:
         """Weights, optimizer variables, RNG and counters (learner 0's: all are equal)."""
-        if self.local_policy is not None:
-            return self.local_policy.get_state()
-        return self._results([self._learners[0].get_state.remote()])[0]
+        return self._from_one("get_state")
 
     def set_state(self, state: dict) -> None:
+        self._on_every("set_state", state)
+
+    def _from_one(self, method: str):
+        """`method` of the local policy, or of learner 0 (every learner holds the same)."""
         if self.local_policy is not None:
-            return self.local_policy.set_state(state)
-        self._on_all("set_state", state)
+            return getattr(self.local_policy, method)()
+        return self._results([getattr(self._learners[0], method).remote()])[0]
+
+    def _on_every(self, method: str, *args) -> None:
+        """`method` on the local policy, or on every learner."""
+        if self.local_policy is not None:
+            getattr(self.local_policy, method)(*args)
+        else:
+            self._on_all(method, *args)
 
     def weights_identical(self) -> bool:
         """Whether every learner holds bit-identical weights (checked by fingerprints
