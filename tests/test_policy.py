@@ -446,15 +446,20 @@ def test_loading_a_checkpoint_never_unpickles(tmp_path):
         load_policy_state(str(path))
 
 
-def test_checkpoint_naming_a_non_policy_class_is_refused(tmp_path):
-    policy = policy_on()
+def checkpoint_naming(tmp_path, policy_class: str) -> str:
+    """A policy checkpoint whose policy_state.json names `policy_class`."""
     path = tmp_path / "ckpt"
-    policy.export_checkpoint(str(path))
+    policy_on().export_checkpoint(str(path))
     state = json.loads((path / "policy_state.json").read_text())
-    state["policy_class"] = "os:system"
+    state["policy_class"] = policy_class
     (path / "policy_state.json").write_text(json.dumps(state))
+    return str(path)
+
+
+def test_checkpoint_naming_a_non_policy_class_is_refused(tmp_path):
+    path = checkpoint_naming(tmp_path, "os:system")
     with pytest.raises(ValueError, match="'os:system', which is not TFPolicy or a subclass"):
-        TFPolicy.from_checkpoint(str(path))
+        TFPolicy.from_checkpoint(path)
 
 
 def test_a_checkpoint_never_imports_the_module_it_names(tmp_path, monkeypatch):
@@ -465,14 +470,9 @@ def test_a_checkpoint_never_imports_the_module_it_names(tmp_path, monkeypatch):
         f"open({str(marker)!r}, 'w').close()\n"
         "from policy_service import TFPolicy\nclass Zen(TFPolicy): pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    policy = policy_on()
-    path = tmp_path / "ckpt"
-    policy.export_checkpoint(str(path))
-    state = json.loads((path / "policy_state.json").read_text())
-    state["policy_class"] = "planted:Zen"
-    (path / "policy_state.json").write_text(json.dumps(state))
+    path = checkpoint_naming(tmp_path, "planted:Zen")
     with pytest.raises(ValueError, match="'planted:Zen'"):
-        TFPolicy.from_checkpoint(str(path))
+        TFPolicy.from_checkpoint(path)
     assert not marker.exists()
 
 
