@@ -11,6 +11,14 @@ The loop it lives in:
         group.sync_weights(learner.get_weights(), version)   # one ray.put for all workers
     group.stop()
 
+Off-policy and asynchronous algorithms sample without waiting for every worker:
+
+    for _ in range(iterations):
+        for batch, metrics in group.sample_async():   # fragments of the workers done so far
+            replay.add(batch)                          # each worker already samples its next
+        ...learn from replay...
+        group.sync_weights(learner.get_weights())
+
 `num_env_runners=0` runs one `RolloutWorker` in this process (no Ray actors);
 otherwise there are N `RolloutWorker` Ray actors with worker indices 1..N.
 With `remote_inference=True` the group also starts one `PolicyActor`; the
@@ -19,7 +27,8 @@ that actor only.
 
 Faults: a worker that dies (its actor is gone: `RayActorError`) is recreated
 with the same index, given the latest weights, and asked for its fragment
-again. A replacement that dies while starting is tried again after a backoff
+again (by `sample_async()` too, with the same budgets). A replacement that dies
+while starting is tried again after a backoff
 (0.25 s, doubling, at most 4 s). Every replacement made counts in
 `num_restarts` ("num_worker_restarts" in `sample()`'s metrics). Budgets: one
 worker restarted more than `max_restarts_per_sample` times within one
@@ -113,6 +122,7 @@ class EnvRunnerGroup:
             self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
+        self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
         if self.num_env_runners == 0:
             self.local_worker = RolloutWorker(env, policy_cls, policy_config, worker_index=0,
                                               policy_actor=self.policy_actor, **self._worker_kwargs)
@@ -157,6 +167,61 @@ class EnvRunnerGroup:
                 self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
         return [results[slot] for slot in range(len(self.workers))]
+
+    def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
+        """The fragments of the workers that finished since the last call, as they
+        finished (ray.wait) -> [(batch, metrics)], one per fragment, each metrics
+        as a worker's sample() gives it ("worker_index" included).
+
+        Waits for the first one, at most `timeout_s` (None: until one is ready;
+        a timeout gives []). Every worker that returned is asked for its next
+        fragment at once, so each keeps one request in flight and samples on
+        with the weights it has while the caller learns. A dead worker is
+        replaced and asked again, within the budgets of `sample()`.
+        num_env_runners=0: one fragment, sampled here."""
+        if self.local_worker is not None:
+            return [self.local_worker.sample()]
+        self._request_missing_fragments()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        restarts = [0] * len(self.workers)
+        results: list[tuple[SampleBatch, dict]] = []
+        while not results:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=remaining)
+            if not ready:
+                break
+            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight),
+                                timeout=0)
+            for ref in ready:
+                results += self._collect_fragment(ref, restarts)
+        return results
+
+    def _collect_fragment(self, ref, restarts: list[int]) -> list[tuple[SampleBatch, dict]]:
+        """The finished request `ref` -> [its result], or [] when its worker died (the
+        worker replaced unless that was done already); the slot is asked again."""
+        slot, asked = self._in_flight.pop(ref)
+        try:
+            result = [ray.get(ref)]
+        except (RayActorError, RayTaskError) as error:
+            if not is_actor_death(error):
+                self._raise_policy_actor_failure(error)
+                raise  # the worker's own code raised; its slot is asked again next call
+            if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
+                self._restart(slot, restarts, "sample_async()", error)
+            result = []
+        self._ask_for_fragment(slot)
+        return result
+
+    def _request_missing_fragments(self) -> None:
+        """One sample request in flight for every worker."""
+        asked = {slot for slot, _ in self._in_flight.values()}
+        for slot in range(len(self.workers)):
+            if slot not in asked:
+                self._ask_for_fragment(slot)
+
+    def _ask_for_fragment(self, slot: int) -> None:
+        worker = self.workers[slot]
+        self._in_flight[worker.sample.remote()] = (slot, worker)
 
     def _raise_policy_actor_failure(self, error: BaseException) -> None:
         """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
@@ -281,6 +346,7 @@ class EnvRunnerGroup:
         """Close every env and end the actors this group started."""
         if self.local_worker is not None:
             self.local_worker.stop()
+        self._in_flight.clear()
         if self.workers:
             try:
                 ray.get([w.stop.remote() for w in self.workers], timeout=10)
