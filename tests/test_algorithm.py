@@ -6,6 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
+import ray
 
 import algorithms
 from algorithms.algorithm import AlgorithmState
@@ -339,3 +340,27 @@ def test_an_algorithm_without_an_update_count_is_told_what_to_report():
             algo.train()
     finally:
         algo.stop()
+
+
+def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_retried(
+        ray_local):
+    """learner_update restarts the group from the driver's last copy and calls the
+    update again: the run goes on exactly as one whose learner lives in the driver."""
+    config = dict(PPO_RUN, train_batch_size=128)
+    local = PPO(config)
+    remote = PPO(dict(config, num_learners=1, num_cpus_per_learner=0.5))
+    try:
+        expected = [local.train() for _ in range(2)]
+        first = remote.train()
+        ray.kill(remote.learner.actors[0])
+        second = remote.train()
+        assert (first["num_learner_restarts"], second["num_learner_restarts"]) == (0, 1)
+        for want, have in zip(expected, (first, second)):
+            assert have["env_steps_this_iter"] == want["env_steps_this_iter"]
+            assert have["total_loss"] == pytest.approx(want["total_loss"], rel=1e-5, abs=1e-6)
+        learner_weights = remote.learner.get_weights()
+        for name, value in local.get_policy().get_weights().items():
+            np.testing.assert_allclose(learner_weights[name], value, rtol=1e-5, atol=1e-6)
+    finally:
+        local.stop()
+        remote.stop()
