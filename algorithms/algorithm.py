@@ -14,6 +14,8 @@ The loop (`train()` is one iteration):
         #                                trained on; a dead learner actor is replaced
         #                                from the driver's last copy and fn called again
         #     self.broadcast_weights()   the learner's weights to every worker, one ray.put
+        #                                (wait=False: busy workers take them after
+        #                                their current fragment)
     algo.save(path); algo.restore(path); algo.stop()
 
 The default `training_step` is the on-policy iteration: sample >=
@@ -27,7 +29,7 @@ per learner: `LearnerGroup.update`), broadcast. PPO overrides only
     def training_step(self):
         self.replay.add(self.sample_ready())
         stats = self.learner_update(lambda learners: learners.update(self.replay.sample(32)))
-        self.broadcast_weights()
+        self.broadcast_weights(wait=False)
         return stats
 
 and keeps what it owns (a replay buffer, a target network's age, counters)
@@ -288,11 +290,13 @@ class Algorithm:
         self._counts.learn_time_s += time.perf_counter() - start
         return stats
 
-    def broadcast_weights(self) -> None:
+    def broadcast_weights(self, wait: bool = True) -> None:
         """The learner's weights to every worker (or the policy actor), one ray.put;
-        their version counts broadcasts (the iteration, in the default loop)."""
+        their version counts broadcasts (the iteration, in the default loop).
+        wait=False: workers busy with a `sample_ready` request set them after it,
+        without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
-        self.workers.sync_weights(self.learner.get_weights())
+        self.workers.sync_weights(self.learner.get_weights(), wait=wait)
         self._counts.sync_time_s += time.perf_counter() - start
 
     def _count_sampled(self, metrics: dict) -> int:

@@ -228,6 +228,21 @@ def test_a_worker_sample_replaced_is_not_replaced_again_by_its_old_async_request
     assert group.num_restarts == before + 1
 
 
+def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_current_one(group):
+    group.sync_weights(_learner(group).get_weights(), 79)
+    collect_until(group, lambda r: {m["worker_index"] for _, m in r} == {1, 2})
+    group.sample_async(timeout_s=0.0)  # each worker has just started a fragment (~0.4 s)
+    start = time.perf_counter()
+    assert group.sync_weights(_learner(group).get_weights(), 80, wait=False) == 80
+    assert time.perf_counter() - start < 0.2  # not waiting for the fragments in flight
+    results = collect_until(group, lambda r: {m["worker_index"] for _, m in r
+                                              if m["weights_version"] == 80} == {1, 2})
+    for index in (1, 2):
+        versions = [m["weights_version"] for _, m in results if m["worker_index"] == index]
+        assert versions == sorted(versions) and set(versions) <= {79, 80}
+    assert group.weights_versions() == [80, 80]
+
+
 def test_async_sampling_ends_in_one_line_when_the_restart_budget_is_spent(ray_local):
     group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
                            num_env_runners=1, rollout_fragment_length=20,

@@ -17,7 +17,7 @@ Off-policy and asynchronous algorithms sample without waiting for every worker:
         for batch, metrics in group.sample_async():   # fragments of the workers done so far
             replay.add(batch)                          # each worker already samples its next
         ...learn from replay...
-        group.sync_weights(learner.get_weights())
+        group.sync_weights(learner.get_weights(), wait=False)  # set after their fragment
 
 `num_env_runners=0` runs one `RolloutWorker` in this process (no Ray actors);
 otherwise there are N `RolloutWorker` Ray actors with worker indices 1..N.
@@ -123,6 +123,7 @@ class EnvRunnerGroup:
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
+        self._unacked_weights: list = []  # set_weights refs of sync_weights(wait=False)
         if self.num_env_runners == 0:
             self.local_worker = RolloutWorker(env, policy_cls, policy_config, worker_index=0,
                                               policy_actor=self.policy_actor, **self._worker_kwargs)
@@ -152,6 +153,7 @@ class EnvRunnerGroup:
         return batch, metrics
 
     def _sample_remote(self) -> list[tuple[SampleBatch, dict]]:
+        self._check_weight_acks()
         pending = {worker.sample.remote(): slot for slot, worker in enumerate(self.workers)}
         results: dict[int, tuple] = {}
         restarts = [0] * len(self.workers)
@@ -181,6 +183,7 @@ class EnvRunnerGroup:
         num_env_runners=0: one fragment, sampled here."""
         if self.local_worker is not None:
             return [self.local_worker.sample()]
+        self._check_weight_acks()
         self._request_missing_fragments()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         restarts = [0] * len(self.workers)
@@ -233,11 +236,16 @@ class EnvRunnerGroup:
 
     # ----- weights -----------------------------------------------------------------
 
-    def sync_weights(self, weights: dict, version: int | None = None) -> int:
+    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
         """Give every worker (or the policy actor) these weights: one ray.put in all.
 
         `version` defaults to the last one + 1. -> the version now in use.
+        wait=False (remote workers): return once the weights are sent; a worker
+        busy with a `sample_async` request sets them after it, rather than the
+        caller waiting for it. An error a worker's code raised on them is raised
+        by the next call here; a worker that died is replaced by the next sample.
         """
+        self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
         if self.policy_actor is None and self.local_worker is not None:
@@ -254,6 +262,9 @@ class EnvRunnerGroup:
                     f"{type(error).__name__}") from None
             return version
         _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        if not wait:
+            self._unacked_weights.extend(pending)
+            return version
         restarts = [0] * len(self.workers)
         for slot, ref in enumerate(pending):
             try:
@@ -263,6 +274,20 @@ class EnvRunnerGroup:
                     raise
                 self._restart(slot, restarts, "sync_weights()", error)  # gets the weights just put
         return version
+
+    def _check_weight_acks(self) -> None:
+        """Weights sent without waiting: raise what a worker's code raised on them (a
+        death is left to the next sample, which replaces the worker)."""
+        if not self._unacked_weights:
+            return
+        ready, self._unacked_weights = ray.wait(
+            self._unacked_weights, num_returns=len(self._unacked_weights), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as error:
+                if not is_actor_death(error):
+                    raise
 
     def num_policy_actor_restarts(self) -> int:
         """Restarts of the PolicyActor so far (0 without remote inference)."""
@@ -347,6 +372,7 @@ class EnvRunnerGroup:
         if self.local_worker is not None:
             self.local_worker.stop()
         self._in_flight.clear()
+        self._unacked_weights = []
         if self.workers:
             try:
                 ray.get([w.stop.remote() for w in self.workers], timeout=10)
