@@ -88,7 +88,15 @@ class LoadedBuffer:
 
 
 class NonFiniteGradientError(FloatingPointError):
-    pass
+    """A step's gradients held NaN or inf: it was not applied. `steps_applied`:
+    the good steps of the same call that stand (loaded epochs stop at the bad one)."""
+
+    steps_applied = 0
+
+
+class NonFiniteUpdateError(NonFiniteGradientError):
+    """Finite gradients whose update made weights or optimizer state non-finite
+    (say Adam's second moment overflowing on huge advantages): rolled back."""
 
 
 def batch_norm_layers(model: keras.Model) -> list:
@@ -271,6 +279,10 @@ class TowerStack:
                 optimizer.build(self.variables)
             # the loaded epochs' shuffle; its state is part of the policy state
             self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
+        # what a step writes, put back when the step's result is not finite
+        self._updated = _unique_variables(
+            self.variables + list(model.non_trainable_variables)
+            + [v for optimizer in self.optimizers for v in optimizer.variables])
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
 
@@ -325,7 +337,7 @@ class TowerStack:
         fn = self._function("grads", shards, self._gradients_graph)
         grads, out = fn(shards)
         out = dict(out)
-        self._check_finite(out.pop("_finite"))
+        self._check_finite(out.pop("_finite"), out.pop("_kept"))
         stats = {k: float(v) for k, v in out.items()}
         grads = [[None if g is None else g.numpy() for g in per_loss] for per_loss in grads]
         return (grads[0] if len(grads) == 1 else grads), stats
@@ -355,7 +367,8 @@ class TowerStack:
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
         with tf.device(self.plan.variable_device):
-            self._apply_gradients(tensors)
+            kept = self._apply(tensors, [])
+        self._check_finite(np.ones(1, bool), kept)
 
     # ----- loaded buffers -----------------------------------------------------------
 
@@ -431,7 +444,11 @@ class TowerStack:
         out = fn(buffer.towers, order, tf.constant(buffer.units_per_minibatch, tf.int32))
         out = dict(out)
         steps = int(out.pop("_steps"))
-        result = self._finish(out)
+        try:
+            result = self._finish(out)
+        except NonFiniteGradientError as err:
+            err.steps_applied = steps
+            raise
         result["num_sgd_steps"] = steps
         return result
 
@@ -639,30 +656,42 @@ class TowerStack:
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
             optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-    def _apply(self, step: StepResult) -> None:
-        self._apply_gradients(step.grads)
-        for var, value in step.assignments:
+    def _apply(self, grads: list, assignments: list) -> tf.Tensor:
+        """Apply gradients and state assignments -> <bool>[updated variables] which
+        ended finite; if any did not, every variable the step wrote is put back (the
+        same decision on every learner: they hold the same weights and gradients)."""
+        before = [tf.convert_to_tensor(v) for v in self._updated]  # copy-on-write reads
+        self._apply_gradients(grads)
+        for var, value in assignments:
             var.assign(value)
+        finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
+                           if tf.as_dtype(v.dtype).is_floating else tf.constant(True)
+                           for v in self._updated])
+
+        def roll_back():
+            for var, value in zip(self._updated, before):
+                var.assign(value)
+            return finite
+
+        return tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
 
     def _step(self, shard_sets: list):
         """Forward/backward on all towers, then apply only if every gradient is finite
-        (the same decision on every learner: the gradients are the combined ones)."""
+        and keep the update only if its result is finite too."""
         step = self._tower_pass(shard_sets)
-
-        def apply():
-            self._apply(step)
-            return tf.constant(True)
-
+        unchanged = tf.ones([len(self._updated)], tf.bool)
         with tf.device(self.plan.variable_device):
-            tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
-        return {**step.stats, "_finite": step.finite}
+            kept = tf.cond(tf.reduce_all(step.finite),
+                           lambda: self._apply(step.grads, step.assignments), lambda: unchanged)
+        return {**step.stats, "_finite": step.finite, "_kept": kept}
 
     def _learn_graph(self, shards):
         return self._step([shards])
 
     def _gradients_graph(self, shards):
         step = self._tower_pass([shards])
-        return step.grads, {**step.stats, "_finite": step.finite}
+        return step.grads, {**step.stats, "_finite": step.finite,
+                            "_kept": tf.ones([len(self._updated)], tf.bool)}
 
     def _loaded_graph(self, buffers, unit_idx):
         """unit_idx <int32>[K, towers, units per tower minibatch]."""
@@ -682,25 +711,28 @@ class TowerStack:
         steps_per_epoch = tf.shape(order)[2] // (units_per_mb * accumulate)
         total = num_epochs * steps_per_epoch
         template = self._loaded_stats_template(buffers)
-        sums = {k: tf.zeros([], tf.float32) for k in template if k != "_finite"}
+        sums = {k: tf.zeros([], tf.float32) for k in template if not k.startswith("_")}
+        flags = {"_finite": tf.ones([1], tf.bool), "_kept": tf.ones([len(self._updated)], tf.bool)}
 
-        def body(i, ok, sums):
+        def body(i, ok, flags, sums):
             epoch, k = i // steps_per_epoch, i % steps_per_epoch
             shard_sets = []
             for s in range(accumulate):
                 start = (k * accumulate + s) * units_per_mb
                 shard_sets.append(self._gather(buffers, order[epoch, :, start:start + units_per_mb]))
             stats = self._step(shard_sets)
-            finite = tf.reduce_all(stats.pop("_finite"))
+            flags = {"_finite": tf.reshape(tf.reduce_all(stats.pop("_finite")), [1]),
+                     "_kept": stats.pop("_kept")}
+            ok = tf.logical_and(flags["_finite"][0], tf.reduce_all(flags["_kept"]))
             sums = {key: sums[key] + tf.cast(stats[key], tf.float32) for key in sums}
-            return i + 1, finite, sums
+            return i + 1, ok, flags, sums
 
-        steps, ok, sums = tf.while_loop(
-            lambda i, ok, _: tf.logical_and(i < total, ok), body,
-            [tf.constant(0), tf.constant(True), sums])
+        steps, ok, flags, sums = tf.while_loop(
+            lambda i, ok, *_: tf.logical_and(i < total, ok), body,
+            [tf.constant(0), tf.constant(True), flags, sums])
         out = {k: v / tf.cast(tf.maximum(steps, 1), tf.float32) for k, v in sums.items()}
-        # the last step's flags decide the error; a failed step was not applied
-        out["_finite"] = tf.reshape(ok, [1])
+        # the last step's flags decide the error; a failed step was not kept
+        out.update(flags)
         out["_steps"] = tf.where(ok, steps, steps - 1)
         return out
 
@@ -713,10 +745,10 @@ class TowerStack:
 
     def _finish(self, out) -> dict:
         out = dict(out)
-        self._check_finite(out.pop("_finite"))
+        self._check_finite(out.pop("_finite"), out.pop("_kept"))
         return {k: float(v) for k, v in out.items()}
 
-    def _check_finite(self, finite) -> None:
+    def _check_finite(self, finite, kept) -> None:
         finite = np.asarray(finite)
         if not finite.all():
             names = [v.path for v in self.variables]
@@ -724,6 +756,13 @@ class TowerStack:
             raise NonFiniteGradientError(
                 "non-finite gradient" + (f" for {bad}" if bad else "")
                 + "; the step was not applied, weights unchanged")
+        kept = np.asarray(kept)
+        if not kept.all():
+            bad = [self._updated[i].path for i in np.flatnonzero(~kept)]
+            raise NonFiniteUpdateError(
+                f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
+                "optimizer moment overflowing on huge advantages or rewards?); the step "
+                "was rolled back, weights unchanged")
 
 
 def gather_units(buffer: dict, unit_idx: tf.Tensor) -> dict:
@@ -768,3 +807,13 @@ def pad_units(columns: dict, num_units: int, target_units: int) -> dict:
             extra = np.zeros_like(extra)
         out[name] = np.concatenate([values, extra])
     return out
+
+
+def _unique_variables(variables: list) -> list:
+    """The variables in order, each once."""
+    seen, unique = set(), []
+    for var in variables:
+        if id(var) not in seen:
+            seen.add(id(var))
+            unique.append(var)
+    return unique
