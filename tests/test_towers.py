@@ -629,17 +629,27 @@ def test_huge_finite_gradients_given_to_apply_gradients_are_rolled_back():
     _assert_unchanged(policy, weights, opt, steps=0)
 
 
-def test_an_overflowing_update_stops_loaded_epochs_after_the_good_steps():
-    config = small_config(minibatch_size=8, **fake_gpus(4))
-    reference = PGPolicy(OBS_SPACE, ACTION_SPACE, config)
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, config)
-    batch = _huge_advantage_batch(24, rows=[13])  # in minibatch 1
-    reference.load_batch_into_buffer(batch)
-    policy.load_batch_into_buffer(batch)
-    reference.learn_on_loaded_batch(0)
-    with pytest.raises(NonFiniteUpdateError):
+def test_an_overflowing_update_rolls_back_the_whole_loaded_epochs_call():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
+    policy.load_batch_into_buffer(mlp_batch(24))
+    policy.learn_on_loaded_epochs(1)
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    policy.load_batch_into_buffer(_huge_advantage_batch(24, rows=[13]))  # in minibatch 1
+    with pytest.raises(NonFiniteUpdateError, match="call was rolled back"):
         policy.learn_on_loaded_epochs(2, shuffle=False)
-    _assert_unchanged(policy, reference.get_weights(), optimizer_state(reference), steps=1)
+    _assert_unchanged(policy, weights, opt, steps=3)
+
+
+def test_an_overflowing_loaded_minibatch_is_rolled_back():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(2)))
+    policy.load_batch_into_buffer(_huge_advantage_batch(24, rows=[13]))
+    policy.learn_on_loaded_batch(0)
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    with pytest.raises(NonFiniteUpdateError):
+        policy.learn_on_loaded_batch(8)
+    _assert_unchanged(policy, weights, opt, steps=1)
+    policy.learn_on_loaded_batch(16)  # the buffer is still usable
+    assert iterations(policy) == [2]
 
 
 def test_padding_zeros_never_reach_a_masked_loss():

@@ -337,7 +337,7 @@ class TowerStack:
         fn = self._function("grads", shards, self._gradients_graph)
         grads, out = fn(shards)
         out = dict(out)
-        self._check_finite(out.pop("_finite"), out.pop("_kept"))
+        self._check_finite(out.pop("_finite"))
         stats = {k: float(v) for k, v in out.items()}
         grads = [[None if g is None else g.numpy() for g in per_loss] for per_loss in grads]
         return (grads[0] if len(grads) == 1 else grads), stats
@@ -366,8 +366,7 @@ class TowerStack:
                         f"gradient for {v.path} contains NaN or inf; weights unchanged")
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
-        with tf.device(self.plan.variable_device):
-            kept = self._apply(tensors, [])
+        _, kept = self._kept_if_finite(lambda: self._apply(tensors, []))
         self._check_finite(np.ones(1, bool), kept)
 
     # ----- loaded buffers -----------------------------------------------------------
@@ -426,7 +425,8 @@ class TowerStack:
         call; each epoch visits the minibatches of each tower's shard in a fresh
         on-device permutation (or in order when shuffle=False). Returns statistics
         averaged over the steps. Stops at the first non-finite gradient (the steps
-        before it stand) and raises."""
+        before it stand) and raises; an update that left any variable non-finite
+        rolls the whole call back and raises."""
         buffer = self._buffer(buffer_index)
         units = buffer.units_per_minibatch * buffer.num_minibatches
         if shuffle:
@@ -446,6 +446,8 @@ class TowerStack:
         steps = int(out.pop("_steps"))
         try:
             result = self._finish(out)
+        except NonFiniteUpdateError:
+            raise  # the whole call was rolled back: no step stands
         except NonFiniteGradientError as err:
             err.steps_applied = steps
             raise
@@ -656,45 +658,60 @@ class TowerStack:
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
             optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-    def _apply(self, grads: list, assignments: list) -> tf.Tensor:
-        """Apply gradients and state assignments -> <bool>[updated variables] which
-        ended finite; if any did not, every variable the step wrote is put back (the
-        same decision on every learner: they hold the same weights and gradients)."""
-        before = [tf.convert_to_tensor(v) for v in self._updated]  # copy-on-write reads
+    def _apply(self, grads: list, assignments: list) -> None:
         self._apply_gradients(grads)
         for var, value in assignments:
             var.assign(value)
-        finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
-                           if tf.as_dtype(v.dtype).is_floating else tf.constant(True)
-                           for v in self._updated])
-
-        def roll_back():
-            for var, value in zip(self._updated, before):
-                var.assign(value)
-            return finite
-
-        return tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
 
     def _step(self, shard_sets: list):
         """Forward/backward on all towers, then apply only if every gradient is finite
-        and keep the update only if its result is finite too."""
+        (the same decision on every learner: the gradients are the combined ones)."""
         step = self._tower_pass(shard_sets)
-        unchanged = tf.ones([len(self._updated)], tf.bool)
+
+        def apply():
+            self._apply(step.grads, step.assignments)
+            return tf.constant(True)
+
         with tf.device(self.plan.variable_device):
-            kept = tf.cond(tf.reduce_all(step.finite),
-                           lambda: self._apply(step.grads, step.assignments), lambda: unchanged)
-        return {**step.stats, "_finite": step.finite, "_kept": kept}
+            tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
+        return {**step.stats, "_finite": step.finite}
+
+    def _kept_if_finite(self, run) -> tuple:
+        """run() -> (its outputs, <bool>[updated variables] which ended finite). If any
+        did not, every variable the call may write is put back as it was before the
+        call: one read of the state before (TF copies a variable on write only while
+        such a read is alive) and one check after, per compiled call, not per step.
+        Every learner decides alike: same weights, same all-reduced gradients."""
+        with tf.device(self.plan.variable_device):
+            before = [tf.convert_to_tensor(v) for v in self._updated]
+        out = run()
+        with tf.device(self.plan.variable_device):
+            finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
+                               if tf.as_dtype(v.dtype).is_floating else tf.constant(True)
+                               for v in self._updated])
+
+            def roll_back():
+                for var, value in zip(self._updated, before):
+                    var.assign(value)
+                return finite
+
+            kept = tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
+        return out, kept
 
     def _learn_graph(self, shards):
-        return self._step([shards])
+        out, kept = self._kept_if_finite(lambda: self._step([shards]))
+        return {**out, "_kept": kept}
 
     def _gradients_graph(self, shards):
         step = self._tower_pass([shards])
-        return step.grads, {**step.stats, "_finite": step.finite,
-                            "_kept": tf.ones([len(self._updated)], tf.bool)}
+        return step.grads, {**step.stats, "_finite": step.finite}
 
     def _loaded_graph(self, buffers, unit_idx):
         """unit_idx <int32>[K, towers, units per tower minibatch]."""
+        out, kept = self._kept_if_finite(lambda: self._loaded_step(buffers, unit_idx))
+        return {**out, "_kept": kept}
+
+    def _loaded_step(self, buffers, unit_idx):
         return self._step([self._gather(buffers, unit_idx[s])
                            for s in range(self.accumulation_steps)])
 
@@ -706,33 +723,34 @@ class TowerStack:
         return tuple(shards)
 
     def _epochs_graph(self, buffers, order, units_per_mb):
+        out, kept = self._kept_if_finite(lambda: self._epochs(buffers, order, units_per_mb))
+        return {**out, "_kept": kept}
+
+    def _epochs(self, buffers, order, units_per_mb):
         accumulate = self.accumulation_steps
         num_epochs = tf.shape(order)[0]
         steps_per_epoch = tf.shape(order)[2] // (units_per_mb * accumulate)
         total = num_epochs * steps_per_epoch
         template = self._loaded_stats_template(buffers)
         sums = {k: tf.zeros([], tf.float32) for k in template if not k.startswith("_")}
-        flags = {"_finite": tf.ones([1], tf.bool), "_kept": tf.ones([len(self._updated)], tf.bool)}
 
-        def body(i, ok, flags, sums):
+        def body(i, ok, sums):
             epoch, k = i // steps_per_epoch, i % steps_per_epoch
             shard_sets = []
             for s in range(accumulate):
                 start = (k * accumulate + s) * units_per_mb
                 shard_sets.append(self._gather(buffers, order[epoch, :, start:start + units_per_mb]))
             stats = self._step(shard_sets)
-            flags = {"_finite": tf.reshape(tf.reduce_all(stats.pop("_finite")), [1]),
-                     "_kept": stats.pop("_kept")}
-            ok = tf.logical_and(flags["_finite"][0], tf.reduce_all(flags["_kept"]))
+            finite = tf.reduce_all(stats.pop("_finite"))
             sums = {key: sums[key] + tf.cast(stats[key], tf.float32) for key in sums}
-            return i + 1, ok, flags, sums
+            return i + 1, finite, sums
 
-        steps, ok, flags, sums = tf.while_loop(
-            lambda i, ok, *_: tf.logical_and(i < total, ok), body,
-            [tf.constant(0), tf.constant(True), flags, sums])
+        steps, ok, sums = tf.while_loop(
+            lambda i, ok, _: tf.logical_and(i < total, ok), body,
+            [tf.constant(0), tf.constant(True), sums])
         out = {k: v / tf.cast(tf.maximum(steps, 1), tf.float32) for k, v in sums.items()}
-        # the last step's flags decide the error; a failed step was not kept
-        out.update(flags)
+        # the last step's flags decide the error; a failed step was not applied
+        out["_finite"] = tf.reshape(ok, [1])
         out["_steps"] = tf.where(ok, steps, steps - 1)
         return out
 
@@ -748,7 +766,15 @@ class TowerStack:
         self._check_finite(out.pop("_finite"), out.pop("_kept"))
         return {k: float(v) for k, v in out.items()}
 
-    def _check_finite(self, finite, kept) -> None:
+    def _check_finite(self, finite, kept=None) -> None:
+        """Raise for a call whose update was rolled back (kept: which updated
+        variables ended finite) or whose last step had a non-finite gradient."""
+        if kept is not None and not np.asarray(kept).all():
+            bad = [self._updated[i].path for i in np.flatnonzero(~np.asarray(kept))]
+            raise NonFiniteUpdateError(
+                f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
+                "optimizer moment overflowing on huge advantages or rewards?); the call "
+                "was rolled back, weights unchanged")
         finite = np.asarray(finite)
         if not finite.all():
             names = [v.path for v in self.variables]
@@ -756,13 +782,6 @@ class TowerStack:
             raise NonFiniteGradientError(
                 "non-finite gradient" + (f" for {bad}" if bad else "")
                 + "; the step was not applied, weights unchanged")
-        kept = np.asarray(kept)
-        if not kept.all():
-            bad = [self._updated[i].path for i in np.flatnonzero(~kept)]
-            raise NonFiniteUpdateError(
-                f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
-                "optimizer moment overflowing on huge advantages or rewards?); the step "
-                "was rolled back, weights unchanged")
 
 
 def gather_units(buffer: dict, unit_idx: tf.Tensor) -> dict:
