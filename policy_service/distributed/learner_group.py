@@ -344,7 +344,7 @@ def samples_trained(stats: dict) -> int:
     SGD step (the mean over the steps of a loaded-epochs call, "num_sgd_steps")."""
     if "valid_rows" not in stats:
         raise KeyError(f"learning statistics lack 'valid_rows' (have {sorted(stats)})")
-    return int(round(float(stats["valid_rows"]) * float(stats.get("num_sgd_steps", 1))))
+    return round(float(stats["valid_rows"]) * float(stats.get("num_sgd_steps", 1)))
 
 
 # ----- reserving the learners' resources -------------------------------------------------
