@@ -28,7 +28,8 @@ POLICY_STATE = "policy_state.json"
 POLICY_ARRAYS = "policy_arrays.npz"
 ALGORITHM_STATE = "algorithm_state.json"
 POLICY_SUBDIR = "policy"
-ARRAY_GROUPS = ("weights", "optimizer_variables", "rng")  # policy state parts kept in npz
+# policy state parts kept in npz ("target_weights": only policies with a target network)
+ARRAY_GROUPS = ("weights", "optimizer_variables", "rng", "target_weights")
 TRUSTED_PACKAGES = ("policy_service", "algorithms")  # may be imported to resolve a class
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 
@@ -135,7 +136,7 @@ _POLICY_STATE_KEYS = {"config": dict, "observation_space": dict, "action_space":
 def write_policy_state(directory: Path, state: dict) -> None:
     """Write a policy state (TFPolicy.get_state) into a new directory."""
     state = dict(state)
-    arrays = {f"{group}/{k}": v for group in ARRAY_GROUPS for k, v in state.pop(group).items()}
+    arrays = {f"{group}/{k}": v for group in ARRAY_GROUPS for k, v in state.pop(group, {}).items()}
     directory.mkdir(parents=True, exist_ok=True)
     save_arrays(directory / POLICY_ARRAYS, arrays)
     save_json(directory / POLICY_STATE, state)
