@@ -7,6 +7,7 @@ from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     LogColumnPolicy,
+    PGPolicy,
     SGDPGPolicy,
     TargetPGPolicy,
     assert_weights_close,
@@ -175,6 +176,23 @@ def test_a_skipped_step_neither_moves_nor_ages_the_target():
         policy.learn_on_batch(batch)
     assert policy.target_age == 0
     assert_weights_close(policy.get_target_weights(), initial, atol=0, rtol=0)
+
+
+def test_a_rolled_back_update_rolls_the_target_and_its_age_back_too():
+    """Adam's second moment overflows on ~1e30 gradients: the whole loaded-epochs call
+    is rolled back, and the target moved (every step) inside it with the weights."""
+    policy = target_policy(2, 0.5, 2, cls=PGPolicy, minibatch_size=8)
+    policy.load_batch_into_buffer(mlp_batch(24))
+    policy.learn_on_loaded_epochs(1)  # 3 steps: the target moved once, age 1
+    target, age = policy.get_target_weights(), policy.target_age
+    assert age == 1
+    huge = mlp_batch(24)
+    huge[SampleBatch.ADVANTAGES][13] = 1e30  # in minibatch 1: after a good step
+    policy.load_batch_into_buffer(huge)
+    with pytest.raises(FloatingPointError, match="rolled back"):
+        policy.learn_on_loaded_epochs(2, shuffle=False)
+    assert policy.target_age == age
+    assert_weights_close(policy.get_target_weights(), target, atol=0, rtol=0)
 
 
 def test_the_loss_reads_the_target_model_on_any_input():

@@ -49,10 +49,13 @@ class TargetNetwork:
         self.model = model
         self.online = list(online)
         self.update = check_target_update(update)
+        # Keras variables (not tf.Variable) for their `.path`, which errors name; each from
+        # a copied tensor (given a variable, keras.Variable would share its storage)
         with tf.device(device):
-            self.variables = [tf.Variable(v.value, trainable=False, name="target")
-                              for v in self.online]
-            self.age = tf.Variable(0, dtype=tf.int64, trainable=False, name="target_age")
+            self.variables = [keras.Variable(tf.identity(tf.convert_to_tensor(v)),
+                                             trainable=False, name=f"target_{i}")
+                              for i, v in enumerate(self.online)]
+            self.age = keras.Variable(0, dtype="int64", trainable=False, name="target_age")
 
     def after_step(self) -> tf.Tensor:
         """Count one applied step and move the target when it is due -> moved <bool>[].
