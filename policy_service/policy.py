@@ -2,7 +2,9 @@
 
 A concrete policy overrides `loss(model, dist_class, train_batch)` and
 optionally `stats`, `postprocess_trajectory`, `extra_action_out`,
-`make_model` and `optimizer`. The loss gets one tower's shard as a dict of
+`make_model`, `optimizer` and `target_network_update` (a target copy of the
+model, moved inside the compiled step, that the loss reads with
+`target_model_out`). The loss gets one tower's shard as a dict of
 tensors with a boolean "loss_mask" column (False on padding), calls
 `model(train_batch, training=True)`, and reduces with `masked_mean`.
 
