@@ -42,7 +42,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
-from policy_service.distributed.policy_actor import broadcast_weights
+from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
 from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
                                                  RestartablePolicyActor, backoff_delays,
                                                  died_of_actor_death, is_actor_death)
@@ -269,8 +269,8 @@ class EnvRunnerGroup:
         options = dict(options or {})
         options.setdefault("num_cpus", 1)
         if "num_gpus" not in options:
-            wanted = _config_value(policy_config, "num_gpus", 0)
-            options["num_gpus"] = wanted if ray.cluster_resources().get("GPU", 0) > 0 else 0
+            options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
+        check_policy_actor_resources(options)
         kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002,
                   "custom_models": models.custom_model_registry(), **(kwargs or {})}
         return RestartablePolicyActor(policy_cls, obs_space, action_space, policy_config,
