@@ -13,8 +13,6 @@ from typing import Any, Callable
 
 import ray
 
-from policy_service.engine import devices
-
 
 def process_resources(tower_devices: list | tuple | None = None) -> dict:
     """This process's resources.
@@ -23,6 +21,7 @@ def process_resources(tower_devices: list | tuple | None = None) -> dict:
     Ray reserves nothing for; a job's driver sees its reserved GPUs through
     cuda_visible_devices). devices: where its towers run (None: no policy).
     """
+    from policy_service.engine import devices  # here: `policy-service submit` loads no TF
     in_worker = devices.in_ray_worker()
     assigned = ray.get_runtime_context().get_assigned_resources() if in_worker else {}
     return {
@@ -36,10 +35,11 @@ def process_resources(tower_devices: list | tuple | None = None) -> dict:
     }
 
 
-def actor_resources(actor, policy_of: Callable[[Any], Any] = lambda instance: None) -> dict:
+def actor_resources(actor, policy_of: Callable[[Any], Any] = lambda instance: None,
+                    timeout_s: float | None = None) -> dict:
     """`process_resources` read inside a Ray actor (any class): `policy_of(instance)`
-    is the policy whose devices to record, or None. Blocks until the actor answers."""
+    is the policy whose devices to record, or None."""
     def read(instance):
         policy = policy_of(instance)
         return process_resources(policy.devices if policy is not None else None)
-    return ray.get(actor.__ray_call__.remote(read))
+    return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)
