@@ -178,6 +178,35 @@ def test_all_identical_tells_equal_from_different_tensors(pair):
         [(True, False), (True, False)]
 
 
+def listening_hosts(port: int) -> set[str]:
+    """The local addresses with a TCP socket listening on `port` (Linux /proc/net)."""
+    hosts = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            host, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                hosts.add("0.0.0.0" if host == "0" * width and width == 8 else
+                          "::" if host == "0" * width else host)
+    return hosts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_tensorflows_server_listens_on_every_interface_not_the_host_given(pair):
+    """What collectives.py's security note says: the members were given 127.0.0.1,
+    yet TF's gRPC server listens on all interfaces (grpc_server_lib.cc binds
+    "0.0.0.0:port"); if TF ever honours the host, the note must change."""
+    for member in pair:
+        host, port = ray.get(member.address.remote()).rsplit(":", 1)
+        assert host == "127.0.0.1"
+        hosts = listening_hosts(int(port))
+        assert hosts and hosts <= {"0.0.0.0", "::"}, hosts
+
+
 def test_a_group_of_one_is_the_identity_and_starts_no_server():
     group = CollectiveGroup()
     group.connect(0, [group.address])

@@ -47,9 +47,16 @@ What the ops rely on (read in TF's sources, checked by tests/test_collectives.py
 - `connect` waits for every member without a deadline of its own: the caller
   bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
 
-Security: TF's gRPC server listens on all interfaces ("0.0.0.0:port" is fixed
-in grpc_server_lib.cc; `host` only sets the address peers dial) and has no
-authentication. Run members only on hosts whose network is trusted.
+Security: TF's gRPC server listens on every interface, not on `host` ("0.0.0.0:port"
+is fixed in grpc_server_lib.cc, with insecure credentials; `host` only sets the
+address peers dial; tests/test_collectives.py checks the listening socket). It
+has no authentication and no encryption, and its master and eager services run
+graphs sent to it, so whoever reaches the port can run code in the learner. TF
+offers no option to bind one interface. On a shared network: run learner actors
+(num_learners >= 2) only on a private cluster network (VPC, isolated subnet),
+and let a host firewall admit the learners' ephemeral ports only from the
+cluster's own nodes (e.g. accept from the cluster subnet, drop the rest); where
+that is not possible, train with one learner (no server starts).
 
 A group of one starts no server and runs no collective: `all_reduce_sum` is
 the identity, so a single learner takes the same code path.
