@@ -1,0 +1,150 @@
+"""The LearnerGroup's part of `benchmarks/learner.py --learners 1,2 --accumulate 1,4`.
+
+Per (model, learners N, accumulation K), in a fresh child with its own local Ray:
+
+  epoch       samples/s of the group: load_batch_into_buffer + learn_on_loaded_epochs
+              (10 epochs x 4,000 samples / 128, one compiled call per learner), timed
+              from the driver, with the resources each role held (driver, learners)
+  all_reduce  (N >= 2) inside every learner, in the same processes, alternating per
+              round (A/B on a busy machine):
+                step_ms        a step of the whole-epoch loop with the all-reduce
+                local_step_ms  the same step with the learner alone (no collective)
+                group_ms       step_ms - local_step_ms: what the group adds per all-reduce
+                bare_flat_ms   the bare ceiling: all_reduce_sum of one flat float32 tensor
+                               of the step's element count, in a while loop, no model
+                bare_packed_ms the same with the step's own list of tensors (packing
+                               into one buffer and unpacking included)
+              each the slowest learner's (every learner waits for the others), the
+              median over rounds; vs_bare = group_ms / bare_flat_ms (goal <= 1.2).
+
+With K-step accumulation one all-reduce serves K minibatches: per-all-reduce
+figures divide by the number of all-reduces, not of minibatches.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from benchmarks import harness, stats
+from benchmarks.collectives import summing_loop
+
+ENGINE = "group"
+PROBE_MS = ("step_ms", "local_step_ms", "bare_flat_ms", "bare_packed_ms")
+
+
+def measure(spec: dict, base: dict):
+    """The child of one (model, learners, accumulate) configuration."""
+    import ray
+
+    from algorithms.ppo import PPOPolicy
+    from benchmarks import ppo_shaped
+    from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.distributed.resources import actor_resources, process_resources
+
+    model, epochs, repeats = base["model"], spec["epochs"], spec["repeats"]
+    batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
+    config = ppo_shaped.policy_config(
+        model, 0, minibatch_size=spec["minibatch"], num_epochs=epochs,
+        real_gpus=spec["real_gpus"], num_learners=spec["learners"],
+        num_gpus_per_learner=spec["towers"], num_cpus_per_learner=spec["cpus_per_learner"],
+        num_grad_accumulation_steps=spec["accumulate"])
+    ray.init(**harness.RAY_INIT)
+    group = LearnerGroup(PPOPolicy, *ppo_shaped.spaces_for(model), config)
+    try:
+        resources = {"driver": process_resources(),
+                     "learners": [actor_resources(a, lambda host: host.policy)
+                                  for a in group.actors]}
+        base = dict(base, engine=ENGINE, learners=spec["learners"],
+                    accumulate=spec["accumulate"], policy_class="PPOPolicy in LearnerGroup",
+                    devices=group.devices, resources=resources,
+                    cpus_per_learner=spec["cpus_per_learner"])
+        valid = batch.count * epochs
+        last = {}
+
+        def whole_epochs():
+            group.load_batch_into_buffer(batch)
+            last.update(group.learn_on_loaded_epochs(epochs))
+
+        walls, cpus = stats.timed_with_cpu(whole_epochs, repeats, warmup=1)
+        seconds = stats.median(walls)
+        yield dict(base, mode="epoch", seconds=seconds, cpu_seconds=stats.median(cpus),
+                   samples=valid, sgd_steps=int(last["num_sgd_steps"]),
+                   samples_per_s=valid / seconds)
+        if spec["learners"] > 1:
+            per_learner = ray.get([a.foreach_policy.remote(probe_all_reduce, epochs,
+                                                           spec["probe_rounds"])
+                                   for a in group.actors], timeout=1800)
+            yield dict(base, mode="all_reduce", **combine_probes(per_learner))
+    finally:
+        group.stop()
+        ray.shutdown()
+
+
+def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
+    """Inside one learner (every learner runs it at once, in step): per round, ms per
+    all-reduce of the whole-epoch loop with and without the collective, and of the
+    bare collective on the step's tensors, flat and as the step's list."""
+    towers = policy.towers
+    group = towers.collective_group
+    summed: list = []
+
+    def recording(tensors):  # at trace time: the tensors the step sums across learners
+        summed[:] = list(tensors)
+        return type(group).all_reduce_sum(group, tensors)
+
+    group.all_reduce_sum = recording  # this instance only, for the next trace
+    towers.set_collective_group(group)
+    steps = policy.learn_on_loaded_epochs(num_epochs)["num_sgd_steps"]
+    del group.all_reduce_sum
+    import tensorflow as tf
+    packed = [tf.ones(t.shape, t.dtype) for t in summed]
+    elements = sum(t.shape.num_elements() for t in summed)
+    flat_loop = summing_loop([tf.ones([elements], tf.float32)], group.all_reduce_sum, steps)
+    packed_loop = summing_loop(packed, group.all_reduce_sum, steps)
+    flat_loop(), packed_loop()  # traced and warm
+    out = {name: [] for name in PROBE_MS}
+    for _ in range(rounds):
+        out["step_ms"].append(_epochs_ms(policy, num_epochs, steps, warm=False))
+        weights = policy.get_weights()
+        towers.set_collective_group(None)  # alone: the learners' weights part here...
+        out["local_step_ms"].append(_epochs_ms(policy, num_epochs, steps, warm=True))
+        towers.set_collective_group(group)
+        policy.set_weights(weights)  # ...and meet again
+        _epochs_ms(policy, num_epochs, steps, warm=False)  # retrace with the collective
+        out["bare_flat_ms"].append(_loop_ms(flat_loop, steps))
+        out["bare_packed_ms"].append(_loop_ms(packed_loop, steps))
+    return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
+                dtypes=sorted({t.dtype.name for t in summed}))
+
+
+def _epochs_ms(policy, num_epochs: int, steps: int, warm: bool) -> float:
+    if warm:
+        policy.learn_on_loaded_epochs(num_epochs)
+    start = time.perf_counter()
+    policy.learn_on_loaded_epochs(num_epochs)
+    return 1e3 * (time.perf_counter() - start) / steps
+
+
+def _loop_ms(loop, iterations: int) -> float:
+    start = time.perf_counter()
+    loop()
+    return 1e3 * (time.perf_counter() - start) / iterations
+
+
+def combine_probes(per_learner: list[dict]) -> dict:
+    """Per round the slowest learner's figure, then the median over rounds."""
+    rounds = len(per_learner[0]["step_ms"])
+    slowest = {name: [max(p[name][r] for p in per_learner) for r in range(rounds)]
+               for name in PROBE_MS}
+    group_ms = [s - loc for s, loc in zip(slowest["step_ms"], slowest["local_step_ms"])]
+    out = {name: statistics.median(values) for name, values in slowest.items()}
+    out["group_ms"] = statistics.median(group_ms)
+    out["vs_bare"] = stats.ratio(out["group_ms"], out["bare_flat_ms"])
+    out["packing_ms"] = out["bare_packed_ms"] - out["bare_flat_ms"]
+    out["per_round"] = dict(slowest, group_ms=group_ms)
+    out["per_learner"] = per_learner
+    first = per_learner[0]
+    out.update(elements=first["elements"], bytes=4 * first["elements"],
+               tensors=first["tensors"], all_reduces_per_call=first["steps"],
+               dtypes=first["dtypes"])
+    return out
