@@ -277,7 +277,7 @@ def main(argv=None):
     parser.add_argument("--accumulate", default=None,
                         help="with --learners: num_grad_accumulation_steps values, default 1")
     parser.add_argument("--cpus-per-learner", type=float, default=1.0)
-    parser.add_argument("--probe-rounds", type=int, default=3,
+    parser.add_argument("--probe-rounds", type=int, default=7,
                         help="with --learners: alternating A/B rounds inside the learners")
     args = parser.parse_args(argv)
     if args.learners and not args.child:

@@ -8,7 +8,8 @@ Per (model, learners N, accumulation K), in a fresh child with its own local Ray
   all_reduce  (N >= 2) inside every learner, in the same processes, alternating per
               round (A/B on a busy machine):
                 step_ms        a step of the whole-epoch loop with the all-reduce
-                local_step_ms  the same step with the learner alone (no collective)
+                local_step_ms  the same step on a solo copy of the learner's policy
+                               (same loaded buffer, no collective)
                 group_ms       step_ms - local_step_ms: what the group adds per all-reduce
                 bare_flat_ms   the bare ceiling: all_reduce_sum of one flat float32 tensor
                                of the step's element count, in a while loop, no model
@@ -82,8 +83,10 @@ def measure(spec: dict, base: dict):
 
 def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     """Inside one learner (every learner runs it at once, in step): per round, ms per
-    all-reduce of the whole-epoch loop with and without the collective, and of the
-    bare collective on the step's tensors, flat and as the step's list."""
+    all-reduce of the whole-epoch loop with the collective, of the same loop on a
+    solo copy of the policy (no collective; the same loaded buffer), and of the bare
+    collective on the step's tensors, flat and as the step's list; in turn, A/B."""
+    import tensorflow as tf
     towers = policy.towers
     group = towers.collective_group
     summed: list = []
@@ -96,30 +99,25 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     towers.set_collective_group(group)
     steps = policy.learn_on_loaded_epochs(num_epochs)["num_sgd_steps"]
     del group.all_reduce_sum
-    import tensorflow as tf
-    packed = [tf.ones(t.shape, t.dtype) for t in summed]
+    solo = type(policy)(policy.observation_space, policy.action_space, policy.config)
+    solo.towers.buffers = dict(towers.buffers)  # the same loaded tensors, no copy
+    solo.learn_on_loaded_epochs(num_epochs)  # traced and warm
     elements = sum(t.shape.num_elements() for t in summed)
     flat_loop = summing_loop([tf.ones([elements], tf.float32)], group.all_reduce_sum, steps)
-    packed_loop = summing_loop(packed, group.all_reduce_sum, steps)
+    packed_loop = summing_loop([tf.ones(t.shape, t.dtype) for t in summed],
+                               group.all_reduce_sum, steps)
     flat_loop(), packed_loop()  # traced and warm
     out = {name: [] for name in PROBE_MS}
     for _ in range(rounds):
-        out["step_ms"].append(_epochs_ms(policy, num_epochs, steps, warm=False))
-        weights = policy.get_weights()
-        towers.set_collective_group(None)  # alone: the learners' weights part here...
-        out["local_step_ms"].append(_epochs_ms(policy, num_epochs, steps, warm=True))
-        towers.set_collective_group(group)
-        policy.set_weights(weights)  # ...and meet again
-        _epochs_ms(policy, num_epochs, steps, warm=False)  # retrace with the collective
+        out["step_ms"].append(_epochs_ms(policy, num_epochs, steps))
+        out["local_step_ms"].append(_epochs_ms(solo, num_epochs, steps))
         out["bare_flat_ms"].append(_loop_ms(flat_loop, steps))
         out["bare_packed_ms"].append(_loop_ms(packed_loop, steps))
     return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
                 dtypes=sorted({t.dtype.name for t in summed}))
 
 
-def _epochs_ms(policy, num_epochs: int, steps: int, warm: bool) -> float:
-    if warm:
-        policy.learn_on_loaded_epochs(num_epochs)
+def _epochs_ms(policy, num_epochs: int, steps: int) -> float:
     start = time.perf_counter()
     policy.learn_on_loaded_epochs(num_epochs)
     return 1e3 * (time.perf_counter() - start) / steps
