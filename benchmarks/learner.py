@@ -154,9 +154,10 @@ def configurations(args) -> list[dict]:
 
 def group_configurations(args) -> list[dict]:
     """One child per (model, learners, accumulate): the LearnerGroup sweep."""
-    size = {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1} if args.smoke \
-        else {"epochs": args.epochs, "num_samples": args.num_samples,
-              "repeats": args.repeats, "probe_rounds": args.probe_rounds}
+    size = {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1,
+            "probe_epochs": 1} if args.smoke \
+        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
+              "probe_rounds": args.probe_rounds, "probe_epochs": args.probe_epochs}
     towers = int((args.towers or "1").split(",")[0])
     return [dict(size, bench=GROUP_NAME, engine=learner_group.ENGINE, model=model,
                  learners=int(n), accumulate=int(k), towers=towers,
@@ -279,6 +280,10 @@ def main(argv=None):
     parser.add_argument("--cpus-per-learner", type=float, default=1.0)
     parser.add_argument("--probe-rounds", type=int, default=7,
                         help="with --learners: alternating A/B rounds inside the learners")
+    parser.add_argument("--probe-epochs", type=int, default=2,
+                        help="with --learners: epochs per timed call inside the learners "
+                             "(few: each all-reduce holds two TF timer threads for the "
+                             "collective timeout, see policy_service/engine/collectives.py)")
     args = parser.parse_args(argv)
     if args.learners and not args.child:
         harness.run_benchmark(args, GROUP_NAME, measure, "benchmarks.learner",

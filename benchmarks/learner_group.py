@@ -72,7 +72,8 @@ def measure(spec: dict, base: dict):
                    samples=valid, sgd_steps=int(last["num_sgd_steps"]),
                    samples_per_s=valid / seconds)
         if spec["learners"] > 1:
-            per_learner = ray.get([a.foreach_policy.remote(probe_all_reduce, epochs,
+            per_learner = ray.get([a.foreach_policy.remote(probe_all_reduce,
+                                                           spec["probe_epochs"],
                                                            spec["probe_rounds"])
                                    for a in group.actors], timeout=1800)
             yield dict(base, mode="all_reduce", **combine_probes(per_learner))
