@@ -215,6 +215,46 @@ class CollectiveGroup:
                 out[i] = tf.reshape(piece, tensors[i].shape)
         return out
 
+    def all_reduce_weighted_mean(self, tensors: Sequence[tf.Tensor], weight: tf.Tensor
+                                 ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """(sum over members of weight * t) / (sum of the weights) for each tensor,
+        and that total weight <dtype>[], in one collective.
+
+        A member of weight 0 adds exactly nothing (even NaN or inf); a total of 0
+        gives zeros. A group of one returns the tensors and the weight as given.
+        When every tensor has the weight's dtype, the weight and the tensors
+        travel as one flat buffer [1, t...] that is scaled, and after the sum
+        divided, as a whole: three ops where one per tensor cost measurably more
+        (BENCHMARKS.md); per element the same products, sums and quotients as
+        scaling each tensor, so the results are bit-identical. Mixed dtypes take
+        one collective per dtype."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        weight = tf.convert_to_tensor(weight)
+        self._check_summable(tensors + [weight])
+        if self.world_size == 1:
+            return list(tensors), weight
+        if any(t.dtype != weight.dtype for t in tensors):
+            return self._weighted_mean_by_dtype(tensors, weight)
+        sizes = [1] + [t.shape.num_elements() for t in tensors]
+        with tf.device(self.sum_device):
+            packed = tf.concat([tf.ones([1], weight.dtype)]
+                               + [tf.reshape(t, [-1]) for t in tensors], axis=0)
+            # the leading 1 becomes this member's weight, exactly (1 * w == w)
+            summed = self._collective(tf.math.multiply_no_nan(packed, weight), "Add",
+                                      SUM_GROUP_KEY, self.sum_device, self.implementation,
+                                      "all_reduce_sum")
+            total = summed[0]
+            means = tf.split(tf.math.divide_no_nan(summed, total), sizes)[1:]
+        return [tf.reshape(m, t.shape) for m, t in zip(means, tensors)], total
+
+    def _weighted_mean_by_dtype(self, tensors: list, weight: tf.Tensor) -> tuple:
+        """all_reduce_weighted_mean with each tensor scaled and divided on its own."""
+        summed = self.all_reduce_sum(
+            [tf.reshape(weight, [1])]
+            + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors])
+        total = summed[0][0]
+        return [tf.math.divide_no_nan(s, tf.cast(total, s.dtype)) for s in summed[1:]], total
+
     def all_identical(self, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
         """<bool>[]: True when every member holds bit-identical `tensors`.
 
