@@ -90,16 +90,24 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     import tensorflow as tf
     towers = policy.towers
     group = towers.collective_group
-    summed: list = []
+    summed: list = []  # at trace time: the tensors the step sums across learners
 
-    def recording(tensors):  # at trace time: the tensors the step sums across learners
+    def sum_recorded(tensors):
         summed[:] = list(tensors)
         return type(group).all_reduce_sum(group, tensors)
 
-    group.all_reduce_sum = recording  # this instance only, for the next trace
+    def weighted_mean_recorded(tensors, weight):
+        summed[:] = [tf.reshape(weight, [1])] + list(tensors)  # the buffer it packs
+        return type(group).all_reduce_weighted_mean(group, tensors, weight)
+
+    # on this instance only, for the next trace (the step calls one or the other)
+    group.all_reduce_sum = sum_recorded
+    group.all_reduce_weighted_mean = weighted_mean_recorded
     towers.set_collective_group(group)
     steps = policy.learn_on_loaded_epochs(num_epochs)["num_sgd_steps"]
-    del group.all_reduce_sum
+    del group.all_reduce_sum, group.all_reduce_weighted_mean
+    if not summed:
+        raise RuntimeError("the step ran no all-reduce this probe could see")
     solo = type(policy)(policy.observation_space, policy.action_space, policy.config)
     solo.towers.buffers = dict(towers.buffers)  # the same loaded tensors, no copy
     solo.learn_on_loaded_epochs(num_epochs)  # traced and warm
