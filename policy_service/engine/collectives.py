@@ -44,6 +44,17 @@ What the ops rely on (read in TF's sources, checked by tests/test_collectives.py
   order, from one thread.
 - After a failed collective (timeout, dead peer) TF aborts all collectives in
   the process: the group must be rebuilt in fresh processes.
+- A timeout costs threads: for each collective run with one, TF schedules its
+  timeout check with `SchedNonBlockingClosureAfter`, which on POSIX starts a
+  thread that sleeps for the whole timeout (stack seen in an abort:
+  BaseCollectiveExecutor::CompleteParamsAsync -> PosixEnv::SchedClosureAfter ->
+  std::thread). Measured: 300 all-reduces leave 600 more threads for timeout_s;
+  the time per all-reduce did not change (A/B, noise +-40% on a busy machine).
+  So a learner holds about 2 x all-reduces/s x timeout_s threads: a benchmark
+  probe of ~8,000 all-reduces within 120 s aborted a learner when a thread could
+  not be created. PPO here runs a few hundred all-reduces per iteration, far
+  below that; a fast GPU learner at 300/s would need ~72k threads at 120 s.
+  Still open: no per-op timeout in the SGD loop, with the hang guard elsewhere.
 - `connect` waits for every member without a deadline of its own: the caller
   bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
 
