@@ -27,7 +27,7 @@ from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.optimizers import FusedAdam
-from policy_service.engine.towers import TowerStack
+from policy_service.engine.towers import NonFiniteGradientError, TowerStack
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.sample_batch import SampleBatch
@@ -344,8 +344,12 @@ class TFPolicy:
     def learn_on_loaded_epochs(self, num_epochs: int | None = None, buffer_index: int = 0,
                                shuffle: bool = True) -> dict:
         """All epochs of minibatch SGD over a loaded buffer in one compiled call."""
-        stats = self.towers.learn_loaded_epochs(
-            num_epochs or self.config.num_epochs, buffer_index, shuffle)
+        try:
+            stats = self.towers.learn_loaded_epochs(
+                num_epochs or self.config.num_epochs, buffer_index, shuffle)
+        except NonFiniteGradientError as err:
+            self.num_grad_updates += err.steps_applied
+            raise
         self.num_grad_updates += stats["num_sgd_steps"]
         return stats
 

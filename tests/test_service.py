@@ -85,7 +85,8 @@ def test_batcher_runs_a_full_batch_at_once_and_the_rest_after_the_timeout():
                                              max_batch_size=4, timeout_s=0.3)
     assert results == [("k", i) for i in range(6)]
     assert [b[1] for b in batches] == [[0, 1, 2, 3], [4, 5]]
-    assert 0.3 <= elapsed < 2.0  # the 2 left over waited for the window
+    assert elapsed >= 0.3  # the 2 left over waited for the window
+    assert elapsed < 60.0  # and were then run: a bound for a hang, not a timing
 
 
 def test_batcher_never_mixes_keys_and_runs_oversized_requests_alone():
@@ -105,13 +106,14 @@ def test_batcher_gives_a_failure_only_to_its_request():
     assert [b[1] for b in batches[1:]] == [[0], [1], [2], [3]]
 
 
-@pytest.mark.parametrize("max_batch_size, timeout_s", [(1, 5.0), (8, 0.0)])
+@pytest.mark.parametrize("max_batch_size, timeout_s", [(1, 60.0), (8, 0.0)])
 def test_batching_off_runs_every_request_alone(max_batch_size, timeout_s):
     results, batches, elapsed = _run_batcher([("k", i, 1) for i in range(5)],
                                              max_batch_size, timeout_s)
     assert results == [("k", i) for i in range(5)]
     assert [b[1] for b in batches] == [[0], [1], [2], [3], [4]]
-    assert elapsed < 2.5  # nobody waited for a window
+    if timeout_s:
+        assert elapsed < timeout_s  # nobody waited for the (minute-long) window
 
 
 # ----- devices --------------------------------------------------------------------------

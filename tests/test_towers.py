@@ -35,6 +35,7 @@ from policy_service.engine.towers import (
     LOSS_MASK,
     MissingColumnError,
     NonFiniteGradientError,
+    NonFiniteUpdateError,
     TowerStack,
     clip_gradients,
     gather_units,
@@ -569,7 +570,7 @@ def test_nan_gradient_stops_loaded_epochs_after_the_good_steps():
     with pytest.raises(NonFiniteGradientError):
         policy.learn_on_loaded_epochs(2, shuffle=False)
     assert_weights_close(reference.get_weights(), policy.get_weights(), atol=0, rtol=0)
-    assert iterations(policy) == [1]
+    assert iterations(policy) == [1] and policy.num_grad_updates == 1
 
 
 def test_nan_or_inf_gradient_given_to_apply_gradients_is_refused():
@@ -583,6 +584,72 @@ def test_nan_or_inf_gradient_given_to_apply_gradients_is_refused():
             policy.apply_gradients(bad)
     assert_weights_close(weights, policy.get_weights(), atol=0, rtol=0)
     assert iterations(policy) == [0] and policy.num_grad_updates == 0
+
+
+# ----- finite gradients whose update is not finite ------------------------------------------
+
+
+def _huge_advantage_batch(n, rows=None):
+    """Finite data whose gradients (~1e30) are finite but overflow Adam's second
+    moment: the update, not the gradient, turns non-finite."""
+    batch = mlp_batch(n)
+    rows = range(n) if rows is None else rows
+    batch[SampleBatch.ADVANTAGES][list(rows)] = 1e30
+    return batch
+
+
+def _assert_unchanged(policy, weights, opt, steps):
+    assert_weights_close(weights, policy.get_weights(), atol=0, rtol=0)
+    for name, value in optimizer_state(policy).items():
+        np.testing.assert_array_equal(value, opt[name], err_msg=name)
+    assert iterations(policy) == [steps] and policy.num_grad_updates == steps
+
+
+@pytest.mark.parametrize("towers", [0, 4])
+def test_an_update_that_overflows_the_optimizer_is_rolled_back(towers):
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(towers)))
+    policy.learn_on_batch(mlp_batch(16))  # a finite step first: Adam has state
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    with pytest.raises(NonFiniteUpdateError, match="rolled back, weights unchanged") as err:
+        policy.learn_on_batch(_huge_advantage_batch(16))
+    assert "velocity" in str(err.value) and "\n" not in str(err.value)
+    _assert_unchanged(policy, weights, opt, steps=1)
+    policy.learn_on_batch(mlp_batch(16))  # still trains, and acts with finite weights
+    assert iterations(policy) == [2]
+    assert all(np.isfinite(w).all() for w in policy.get_weights().values())
+    policy.compute_actions(np.zeros((3, 4), np.float32))
+
+
+def test_huge_finite_gradients_given_to_apply_gradients_are_rolled_back():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    grads, _ = policy.compute_gradients(mlp_batch(8))
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    with pytest.raises(NonFiniteUpdateError):
+        policy.apply_gradients([np.full_like(g, 1e30) for g in grads])
+    _assert_unchanged(policy, weights, opt, steps=0)
+
+
+def test_an_overflowing_update_rolls_back_the_whole_loaded_epochs_call():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
+    policy.load_batch_into_buffer(mlp_batch(24))
+    policy.learn_on_loaded_epochs(1)
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    policy.load_batch_into_buffer(_huge_advantage_batch(24, rows=[13]))  # in minibatch 1
+    with pytest.raises(NonFiniteUpdateError, match="call was rolled back"):
+        policy.learn_on_loaded_epochs(2, shuffle=False)
+    _assert_unchanged(policy, weights, opt, steps=3)
+
+
+def test_an_overflowing_loaded_minibatch_is_rolled_back():
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(2)))
+    policy.load_batch_into_buffer(_huge_advantage_batch(24, rows=[13]))
+    policy.learn_on_loaded_batch(0)
+    weights, opt = policy.get_weights(), optimizer_state(policy)
+    with pytest.raises(NonFiniteUpdateError):
+        policy.learn_on_loaded_batch(8)
+    _assert_unchanged(policy, weights, opt, steps=1)
+    policy.learn_on_loaded_batch(16)  # the buffer is still usable
+    assert iterations(policy) == [2]
 
 
 def test_padding_zeros_never_reach_a_masked_loss():

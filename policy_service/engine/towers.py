@@ -88,7 +88,15 @@ class LoadedBuffer:
 
 
 class NonFiniteGradientError(FloatingPointError):
-    pass
+    """A step's gradients held NaN or inf: it was not applied. `steps_applied`:
+    the good steps of the same call that stand (loaded epochs stop at the bad one)."""
+
+    steps_applied = 0
+
+
+class NonFiniteUpdateError(NonFiniteGradientError):
+    """Finite gradients whose update made weights or optimizer state non-finite
+    (say Adam's second moment overflowing on huge advantages): rolled back."""
 
 
 def batch_norm_layers(model: keras.Model) -> list:
@@ -271,6 +279,10 @@ class TowerStack:
                 optimizer.build(self.variables)
             # the loaded epochs' shuffle; its state is part of the policy state
             self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
+        # what a step writes, put back when the step's result is not finite
+        self._updated = _unique_variables(
+            self.variables + list(model.non_trainable_variables)
+            + [v for optimizer in self.optimizers for v in optimizer.variables])
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
 
@@ -354,8 +366,8 @@ class TowerStack:
                         f"gradient for {v.path} contains NaN or inf; weights unchanged")
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
-        with tf.device(self.plan.variable_device):
-            self._apply_gradients(tensors)
+        _, kept = self._kept_if_finite(lambda: self._apply(tensors, []))
+        self._check_finite(np.ones(1, bool), kept)
 
     # ----- loaded buffers -----------------------------------------------------------
 
@@ -413,7 +425,8 @@ class TowerStack:
         call; each epoch visits the minibatches of each tower's shard in a fresh
         on-device permutation (or in order when shuffle=False). Returns statistics
         averaged over the steps. Stops at the first non-finite gradient (the steps
-        before it stand) and raises."""
+        before it stand) and raises; an update that left any variable non-finite
+        rolls the whole call back and raises."""
         buffer = self._buffer(buffer_index)
         units = buffer.units_per_minibatch * buffer.num_minibatches
         if shuffle:
@@ -431,7 +444,13 @@ class TowerStack:
         out = fn(buffer.towers, order, tf.constant(buffer.units_per_minibatch, tf.int32))
         out = dict(out)
         steps = int(out.pop("_steps"))
-        result = self._finish(out)
+        try:
+            result = self._finish(out)
+        except NonFiniteUpdateError:
+            raise  # the whole call was rolled back: no step stands
+        except NonFiniteGradientError as err:
+            err.steps_applied = steps
+            raise
         result["num_sgd_steps"] = steps
         return result
 
@@ -632,9 +651,9 @@ class TowerStack:
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
             optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
 
-    def _apply(self, step: StepResult) -> None:
-        self._apply_gradients(step.grads)
-        for var, value in step.assignments:
+    def _apply(self, grads: list, assignments: list) -> None:
+        self._apply_gradients(grads)
+        for var, value in assignments:
             var.assign(value)
 
     def _step(self, shard_sets: list):
@@ -643,15 +662,38 @@ class TowerStack:
         step = self._tower_pass(shard_sets)
 
         def apply():
-            self._apply(step)
+            self._apply(step.grads, step.assignments)
             return tf.constant(True)
 
         with tf.device(self.plan.variable_device):
             tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
         return {**step.stats, "_finite": step.finite}
 
+    def _kept_if_finite(self, run) -> tuple:
+        """run() -> (its outputs, <bool>[updated variables] which ended finite). If any
+        did not, every variable the call may write is put back as it was before the
+        call: one read of the state before (TF copies a variable on write only while
+        such a read is alive) and one check after, per compiled call, not per step.
+        Every learner decides alike: same weights, same all-reduced gradients."""
+        with tf.device(self.plan.variable_device):
+            before = [tf.convert_to_tensor(v) for v in self._updated]
+        out = run()
+        with tf.device(self.plan.variable_device):
+            finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
+                               if tf.as_dtype(v.dtype).is_floating else tf.constant(True)
+                               for v in self._updated])
+
+            def roll_back():
+                for var, value in zip(self._updated, before):
+                    var.assign(value)
+                return finite
+
+            kept = tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
+        return out, kept
+
     def _learn_graph(self, shards):
-        return self._step([shards])
+        out, kept = self._kept_if_finite(lambda: self._step([shards]))
+        return {**out, "_kept": kept}
 
     def _gradients_graph(self, shards):
         step = self._tower_pass([shards])
@@ -659,6 +701,10 @@ class TowerStack:
 
     def _loaded_graph(self, buffers, unit_idx):
         """unit_idx <int32>[K, towers, units per tower minibatch]."""
+        out, kept = self._kept_if_finite(lambda: self._loaded_step(buffers, unit_idx))
+        return {**out, "_kept": kept}
+
+    def _loaded_step(self, buffers, unit_idx):
         return self._step([self._gather(buffers, unit_idx[s])
                            for s in range(self.accumulation_steps)])
 
@@ -670,12 +716,16 @@ class TowerStack:
         return tuple(shards)
 
     def _epochs_graph(self, buffers, order, units_per_mb):
+        out, kept = self._kept_if_finite(lambda: self._epochs(buffers, order, units_per_mb))
+        return {**out, "_kept": kept}
+
+    def _epochs(self, buffers, order, units_per_mb):
         accumulate = self.accumulation_steps
         num_epochs = tf.shape(order)[0]
         steps_per_epoch = tf.shape(order)[2] // (units_per_mb * accumulate)
         total = num_epochs * steps_per_epoch
         template = self._loaded_stats_template(buffers)
-        sums = {k: tf.zeros([], tf.float32) for k in template if k != "_finite"}
+        sums = {k: tf.zeros([], tf.float32) for k in template if not k.startswith("_")}
 
         def body(i, ok, sums):
             epoch, k = i // steps_per_epoch, i % steps_per_epoch
@@ -706,10 +756,18 @@ class TowerStack:
 
     def _finish(self, out) -> dict:
         out = dict(out)
-        self._check_finite(out.pop("_finite"))
+        self._check_finite(out.pop("_finite"), out.pop("_kept"))
         return {k: float(v) for k, v in out.items()}
 
-    def _check_finite(self, finite) -> None:
+    def _check_finite(self, finite, kept=None) -> None:
+        """Raise for a call whose update was rolled back (kept: which updated
+        variables ended finite) or whose last step had a non-finite gradient."""
+        if kept is not None and not np.asarray(kept).all():
+            bad = [self._updated[i].path for i in np.flatnonzero(~np.asarray(kept))]
+            raise NonFiniteUpdateError(
+                f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
+                "optimizer moment overflowing on huge advantages or rewards?); the call "
+                "was rolled back, weights unchanged")
         finite = np.asarray(finite)
         if not finite.all():
             names = [v.path for v in self.variables]
@@ -761,3 +819,13 @@ def pad_units(columns: dict, num_units: int, target_units: int) -> dict:
             extra = np.zeros_like(extra)
         out[name] = np.concatenate([values, extra])
     return out
+
+
+def _unique_variables(variables: list) -> list:
+    """The variables in order, each once."""
+    seen, unique = set(), []
+    for var in variables:
+        if id(var) not in seen:
+            seen.add(id(var))
+            unique.append(var)
+    return unique
