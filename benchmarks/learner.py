@@ -172,7 +172,8 @@ def summarize_group(records: list[dict]) -> list[dict]:
     summary = stats.summarize([r for r in records if r.get("mode") != "all_reduce"], keys,
                               VALUE)
     probes = [r for r in records if r.get("mode") == "all_reduce"]
-    for name in ("group_ms", "bare_flat_ms", "bare_packed_ms", "step_ms", "local_step_ms"):
+    for name in ("group_ms", "bare_flat_ms", "bare_packed_ms", "step_ms", "local_step_ms",
+                 "group_cpu_ms", "bare_flat_cpu_ms", "bare_packed_cpu_ms"):
         for row in stats.summarize(probes, keys, name):
             match = next((s for s in summary if all(s.get(k) == row.get(k) for k in keys)),
                          None)
@@ -183,6 +184,8 @@ def summarize_group(records: list[dict]) -> list[dict]:
     for row in summary:
         if row.get("mode") == "all_reduce" and row.get("group_ms") is not None:
             row["vs_bare"] = stats.ratio(row["group_ms"], row["bare_flat_ms"])
+            row["vs_bare_cpu"] = stats.ratio(row.get("group_cpu_ms"),
+                                             row.get("bare_flat_cpu_ms"))
         if row.get("mode") == "epoch":
             row["vs_1_learner"] = stats.ratio(row.get(VALUE), stats.find(
                 summary, VALUE, mode="epoch", learners=1, model=row["model"],

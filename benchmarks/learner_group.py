@@ -17,6 +17,8 @@ Per (model, learners N, accumulation K), in a fresh child with its own local Ray
                                into one buffer and unpacking included)
               each the slowest learner's (every learner waits for the others), the
               median over rounds; vs_bare = group_ms / bare_flat_ms (goal <= 1.2).
+              The same in CPU ms of the learner process (*_cpu_ms, group_cpu_ms,
+              vs_bare_cpu: work done, not time spent waiting for a core).
 
 With K-step accumulation one all-reduce serves K minibatches: per-all-reduce
 figures divide by the number of all-reduces, not of minibatches.
@@ -31,6 +33,7 @@ from benchmarks.collectives import summing_loop
 
 ENGINE = "group"
 PROBE_MS = ("step_ms", "local_step_ms", "bare_flat_ms", "bare_packed_ms")
+PROBE_CPU_MS = tuple(name.replace("_ms", "_cpu_ms") for name in PROBE_MS)
 
 
 def measure(spec: dict, base: dict):
@@ -116,26 +119,31 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     packed_loop = summing_loop([tf.ones(t.shape, t.dtype) for t in summed],
                                group.all_reduce_sum, steps)
     flat_loop(), packed_loop()  # traced and warm
-    out = {name: [] for name in PROBE_MS}
-    for _ in range(rounds):
-        out["step_ms"].append(_epochs_ms(policy, num_epochs, steps))
-        out["local_step_ms"].append(_epochs_ms(solo, num_epochs, steps))
-        out["bare_flat_ms"].append(_loop_ms(flat_loop, steps))
-        out["bare_packed_ms"].append(_loop_ms(packed_loop, steps))
+    barrier = tf.zeros([1])
+    out = {name: [] for name in PROBE_MS + PROBE_CPU_MS}
+    for timed in [False] + [True] * rounds:  # an untimed round first: the first call
+        # with the collective after tracing costs ~1 s once (seen: 895 ms/step, then ~10)
+        for name, run in (("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
+                          ("local_step_ms", lambda: solo.learn_on_loaded_epochs(num_epochs)),
+                          ("bare_flat_ms", flat_loop), ("bare_packed_ms", packed_loop)):
+            # every learner starts each timing together: else the first collective of
+            # a timing would also hold the wait for a peer still in the previous one
+            group.all_reduce_sum([barrier])[0].numpy()
+            wall, cpu = _timed_ms(run, steps)
+            if timed:
+                out[name].append(wall)
+                out[name.replace("_ms", "_cpu_ms")].append(cpu)
     return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
                 dtypes=sorted({t.dtype.name for t in summed}))
 
 
-def _epochs_ms(policy, num_epochs: int, steps: int) -> float:
-    start = time.perf_counter()
-    policy.learn_on_loaded_epochs(num_epochs)
-    return 1e3 * (time.perf_counter() - start) / steps
-
-
-def _loop_ms(loop, iterations: int) -> float:
-    start = time.perf_counter()
-    loop()
-    return 1e3 * (time.perf_counter() - start) / iterations
+def _timed_ms(run, per: int) -> tuple[float, float]:
+    """(wall ms, this process's CPU ms, all threads) of one call, per all-reduce.
+    CPU time counts work, not waiting for a core: the steadier figure when the
+    machine is busy with other work."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return (1e3 * (time.perf_counter() - wall) / per, 1e3 * (time.process_time() - cpu) / per)
 
 
 def combine_probes(per_learner: list[dict]) -> dict:
@@ -148,6 +156,14 @@ def combine_probes(per_learner: list[dict]) -> dict:
     out["group_ms"] = statistics.median(group_ms)
     out["vs_bare"] = stats.ratio(out["group_ms"], out["bare_flat_ms"])
     out["packing_ms"] = out["bare_packed_ms"] - out["bare_flat_ms"]
+    # CPU work per all-reduce, each learner's own (no waiting), then the mean of learners
+    cpu = {name: statistics.median(statistics.mean(p[name][r] for p in per_learner)
+                                   for r in range(rounds)) for name in PROBE_CPU_MS}
+    out.update(cpu)
+    out["group_cpu_ms"] = statistics.median(
+        statistics.mean(p["step_cpu_ms"][r] - p["local_step_cpu_ms"][r] for p in per_learner)
+        for r in range(rounds))
+    out["vs_bare_cpu"] = stats.ratio(out["group_cpu_ms"], out["bare_flat_cpu_ms"])
     out["per_round"] = dict(slowest, group_ms=group_ms)
     out["per_learner"] = per_learner
     first = per_learner[0]
