@@ -66,7 +66,9 @@ class EnvRunnerGroup:
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
     policy_actor_options: Ray options of the PolicyActor (remote_inference),
-      e.g. {"num_gpus": 1}; policy_actor_kwargs: its max_batch_size and
+      e.g. {"num_cpus": 1}; its GPUs are the policy config's
+      num_gpus_per_policy_actor unless "num_gpus" is given here (more than the
+      cluster has: PolicyActorResourcesError at once); policy_actor_kwargs: its max_batch_size and
       batch_wait_timeout_s (defaults: one row per sub-env of all workers, 2 ms).
     max_restarts_per_sample: replacements of one worker within one `sample()`
       (or one `sync_weights`), those that died while starting included, before
