@@ -206,8 +206,8 @@ def plot_group(summary: list[dict], out_dir: str) -> list:
     rows = [r for r in summary if r.get("mode") == "all_reduce"]
     labels = [f"{r['learners']} learners, K={r['accumulate']}" for r in rows]
     ms = plots.bar_chart(
-        f"{out_dir}/{GROUP_NAME}.png", "ms per all-reduce: the LearnerGroup's step vs the "
-        "bare collective (same processes)", "ms", labels,
+        f"{out_dir}/{GROUP_NAME}.png", "ms per all-reduce: LearnerGroup vs bare collective",
+        "ms", labels,
         {"group (step - local step)": [r.get("group_ms") for r in rows],
          "bare, flat tensor": [r.get("bare_flat_ms") for r in rows],
          "bare, the step's tensors": [r.get("bare_packed_ms") for r in rows]})
