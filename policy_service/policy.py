@@ -2,7 +2,9 @@
 
 A concrete policy overrides `loss(model, dist_class, train_batch)` and
 optionally `stats`, `postprocess_trajectory`, `extra_action_out`,
-`make_model` and `optimizer`. The loss gets one tower's shard as a dict of
+`make_model`, `optimizer` and `target_network_update` (a target copy of the
+model, moved inside the compiled step, that the loss reads with
+`target_model_out`). The loss gets one tower's shard as a dict of
 tensors with a boolean "loss_mask" column (False on padding), calls
 `model(train_batch, training=True)`, and reduces with `masked_mean`.
 
@@ -27,6 +29,7 @@ from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.optimizers import FusedAdam
+from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import NonFiniteGradientError, TowerStack
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
@@ -69,11 +72,15 @@ class TFPolicy:
         self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
+        update = self.target_network_update()
+        self.target_network = None if update is None else TargetNetwork(
+            self.model, self._weight_variables, update, self.plan.variable_device)
         self.towers = TowerStack(
             self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
             l2_coeff=self.config.l2_coeff, seed=self.config.seed,
-            accumulation_steps=self.config.num_grad_accumulation_steps)
+            accumulation_steps=self.config.num_grad_accumulation_steps,
+            target=self.target_network)
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 
@@ -100,6 +107,11 @@ class TFPolicy:
         obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
         return models.build_model(obs_space, self.action_space, self.num_outputs,
                                   self.config.model)
+
+    def target_network_update(self) -> TargetUpdate | None:
+        """Opt in to a target copy of the model (read in the loss with
+        `target_model_out`): TargetUpdate(every_steps, tau). None (default): no target."""
+        return None
 
     def optimizer(self):
         """One Keras optimizer, or a list with one per loss."""
@@ -353,16 +365,45 @@ class TFPolicy:
         self.num_grad_updates += stats["num_sgd_steps"]
         return stats
 
+    # ----- the target network (when the policy opts in) --------------------------------
+
+    def target_model_out(self, input_dict: dict) -> dict:
+        """The model's outputs under the target weights (training=False, no gradient);
+        for the loss, which may call it on any tower, e.g. on {"obs": new_obs}."""
+        return self._target().outputs(input_dict)
+
+    def get_target_weights(self) -> dict[str, np.ndarray]:
+        """The target's values, named as get_weights() names the model's."""
+        return {name: v.numpy() for name, v in zip(self._weight_names, self._target().variables)}
+
+    @property
+    def target_age(self) -> int:
+        """Applied SGD steps since the target last moved."""
+        return int(self._target().age.numpy())
+
+    def _target(self) -> TargetNetwork:
+        if self.target_network is None:
+            raise ValueError(f"{type(self).__name__} keeps no target network "
+                             "(its target_network_update() returns None)")
+        return self.target_network
+
     # ----- weights and state ----------------------------------------------------------
 
     def get_weights(self) -> dict[str, np.ndarray]:
         """Every model variable (batch-norm statistics included) by its unique path."""
         return {name: v.numpy() for name, v in zip(self._weight_names, self._weight_variables)}
 
-    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
-        """Replace all model variables; checks everything before changing anything."""
+    def set_weights(self, weights: dict[str, np.ndarray], new_rate: float = 1.0) -> None:
+        """Set all model variables to new_rate * given + (1 - new_rate) * current
+        (Coach's soft update; 1.0 replaces them); checks everything before changing
+        anything. Integer variables, if any, take the given value."""
+        new_rate = check_new_rate(new_rate)
         targets = dict(zip(self._weight_names, self._weight_variables))
-        _assign(targets, _checked_arrays(targets, weights, "weights"))
+        arrays = _checked_arrays(targets, weights, "weights")
+        if new_rate < 1.0:
+            arrays = {name: _blend(value, targets[name].numpy(), new_rate)
+                      for name, value in arrays.items()}
+        _assign(targets, arrays)
 
     def _optimizer_variables(self) -> dict:
         # by position only: Keras names optimizer slots after the optimizer's and the
@@ -381,11 +422,17 @@ class TFPolicy:
             "exploration": self.exploration.get_state(),
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
+            **self._target_state(),
             "config": _config_to_json(self.config),
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
             "policy_class": checkpoints.class_path(type(self)),
         }
+
+    def _target_state(self) -> dict:
+        if self.target_network is None:
+            return {}
+        return {"target_weights": self.get_target_weights(), "target_age": self.target_age}
 
     def check_state(self, state: dict) -> None:
         """Raise, naming the entry, if `state` cannot be set on this policy."""
@@ -417,12 +464,12 @@ class TFPolicy:
         named, own = state.get("policy_class"), checkpoints.class_path(type(self))
         if named is not None and named != own:
             raise ValueError(f"policy state is of {named}, not of this policy's class {own}")
-        for key in ("global_timestep", "num_grad_updates"):
+        for key in ("global_timestep", "num_grad_updates", "target_age"):
             value = state.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"policy state entry {key!r} must be an integer >= 0, "
                                  f"got {value!r}")
-        for group in ("weights", "optimizer_variables", "rng"):
+        for group in ("weights", "optimizer_variables", "rng", "target_weights"):
             if not isinstance(state.get(group, {}), dict):
                 raise TypeError(f"policy state entry {group!r} must be a dict of arrays, "
                                 f"got {type(state[group]).__name__}")
@@ -431,6 +478,7 @@ class TFPolicy:
                    **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
         values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
                   **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
+        self._plan_target_state(state, targets, values)
         rngs = state.get("rng", {})
         for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
             if name in rngs:
@@ -445,6 +493,23 @@ class TFPolicy:
             except (TypeError, ValueError) as err:
                 raise ValueError(f"policy state entry 'exploration': {err}") from None
         return targets, arrays, new_exploration
+
+    def _plan_target_state(self, state: dict, targets: dict, values: dict) -> None:
+        """Add the target's variables and new values (and its age) to a set_state plan."""
+        if self.target_network is None:
+            if state.get("target_weights"):
+                raise ValueError("policy state has 'target_weights' but this policy keeps "
+                                 "no target network")
+            return
+        missing = [k for k in ("target_weights", "target_age") if k not in state]
+        if missing:
+            raise ValueError(f"policy state is missing {missing} (this policy keeps a "
+                             "target network)")
+        targets.update({f"target_weights/{k}": v for k, v in
+                        zip(self._weight_names, self.target_network.variables)})
+        values.update({f"target_weights/{k}": v for k, v in state["target_weights"].items()})
+        targets["target_age"] = self.target_network.age
+        values["target_age"] = np.int64(state["target_age"])
 
     @classmethod
     def from_state(cls, state: dict) -> "TFPolicy":
@@ -496,6 +561,22 @@ def _count(value, name: str) -> int:
             or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)
+
+
+def check_new_rate(new_rate) -> float:
+    """set_weights' new_rate: a finite number in (0, 1]."""
+    if isinstance(new_rate, (bool, np.bool_)) or not isinstance(
+            new_rate, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(new_rate) or not 0.0 < new_rate <= 1.0:
+        raise ValueError(f"new_rate must be a finite number in (0, 1], got {new_rate!r}")
+    return float(new_rate)
+
+
+def _blend(given: np.ndarray, current: np.ndarray, rate: float) -> np.ndarray:
+    """rate * given + (1 - rate) * current in the variable's float dtype."""
+    if given.dtype.kind != "f":
+        return given
+    return (rate * given + (1.0 - rate) * current).astype(given.dtype)
 
 
 def _is_rng_state(variable) -> bool:

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import TFPolicy, masked_mean
+from policy_service.engine.target_network import TargetUpdate
 from policy_service.sample_batch import SampleBatch
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -57,6 +58,16 @@ class SGDPGPolicy(PGPolicy):
 
     def optimizer(self):
         return keras.optimizers.SGD(self.config.lr)
+
+
+class TargetPGPolicy(SGDPGPolicy):
+    """SGDPGPolicy keeping a target network moved by `target_update` (a class
+    attribute, so a test subclass picks its own); its loss ignores the target."""
+
+    target_update = TargetUpdate(every_steps=3, tau=1.0)
+
+    def target_network_update(self):
+        return self.target_update
 
 
 class LogColumnPolicy(PGPolicy):

@@ -14,6 +14,7 @@ from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     PGPolicy,
+    TargetPGPolicy,
     assert_grads_close,
     assert_weights_close,
     episode_batch,
@@ -175,6 +176,38 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group
     for offset in (0, 16):
         one.learn_on_batch(batch[offset:offset + 16])
     assert_weights_close(one.get_weights(), group.get_weights())
+
+
+def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_models):
+    """Seedless learners start from learner 0's state (target included); the target
+    moves inside every learner's compiled epoch loop and stays bit-identical."""
+    group = LearnerGroup(TargetPGPolicy, OBS_SPACE, ACTION_SPACE,
+                         small_config(seed=None, minibatch_size=16, **TWO_BY_TWO))
+    try:
+        targets = group.foreach_policy(lambda policy: policy.get_target_weights())
+        assert_weights_close(targets[0], targets[1], atol=0, rtol=0)
+        one = TargetPGPolicy(OBS_SPACE, ACTION_SPACE, small_config(seed=None, minibatch_size=16))
+        one.set_state(group.get_state())
+        batch = mlp_batch(64, seed=2)
+        group.load_batch_into_buffer(batch)
+        group.learn_on_loaded_epochs(2, shuffle=False)  # 8 steps: moved after 3 and 6
+        for _ in range(2):
+            for k in (0, 16, 32, 48):
+                one.learn_on_batch(batch[k:k + 16])
+        ages = group.foreach_policy(lambda policy: policy.target_age)
+        targets = group.foreach_policy(lambda policy: policy.get_target_weights())
+        assert ages == [one.target_age] * 2 == [2, 2]
+        assert_weights_close(targets[0], targets[1], atol=0, rtol=0)
+        assert_weights_close(targets[0], one.get_target_weights())
+        assert_weights_close(group.get_weights(), one.get_weights())
+
+        given = {k: v + 1.0 for k, v in one.get_weights().items()}
+        group.set_weights(given, new_rate=0.25)
+        one.set_weights(given, new_rate=0.25)
+        assert_weights_close(group.get_weights(), one.get_weights())
+        assert group.weights_identical()
+    finally:
+        group.stop()
 
 
 def test_no_learner_actors_is_a_local_policy(ray_with_user_models):

@@ -113,8 +113,8 @@ class LearnerHost:
     def get_weights(self) -> dict:
         return self.policy.get_weights()
 
-    def set_weights(self, weights: dict) -> None:
-        self.policy.set_weights(weights)
+    def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
+        self.policy.set_weights(weights, new_rate)
 
     def get_state(self) -> dict:
         return self.policy.get_state()

@@ -119,8 +119,9 @@ class LearnerGroup:
         self.devices = [info["devices"] for info in infos]
         self._num_state_tensors = infos[0]["num_state_tensors"]
         if self.num_learners > 1:  # a seedless config initializes each learner differently
-            weights = ray.put(ray.get(self._learners[0].get_weights.remote()))
-            ray.get([learner.set_weights.remote(weights) for learner in self._learners[1:]])
+            # the whole state, not only the weights: a target network starts as a copy too
+            state = ray.put(ray.get(self._learners[0].get_state.remote()))
+            ray.get([learner.set_state.remote(state) for learner in self._learners[1:]])
 
     @property
     def actors(self) -> list:
@@ -218,8 +219,9 @@ class LearnerGroup:
     def get_weights(self) -> dict:
         return self._from_one("get_weights")
 
-    def set_weights(self, weights: dict) -> None:
-        self._on_every("set_weights", weights)
+    def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
+        """new_rate * weights + (1 - new_rate) * current on every learner (TFPolicy's)."""
+        self._on_every("set_weights", weights, new_rate)
 
     def get_state(self) -> dict:
         """Weights, optimizer variables, RNG and counters (learner 0's: all are equal)."""

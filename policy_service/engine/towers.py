@@ -256,7 +256,7 @@ class TowerStack:
                  stats_fn: StatsFn, optimizers: list, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
                  seed: int | None = None, accumulation_steps: int = 1,
-                 collective_group=None):
+                 collective_group=None, target=None):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
@@ -270,6 +270,8 @@ class TowerStack:
         self.grad_clip = grad_clip
         self.grad_clip_method = grad_clip_method
         self.l2_coeff = float(l2_coeff)
+        # a TargetNetwork (engine/target_network.py) moved after each applied step, or None
+        self.target = target
         self.variables = list(model.trainable_variables)
         self._bn_layers = batch_norm_layers(model)
         self._bn_variables = {id(v) for layer in self._bn_layers
@@ -282,7 +284,8 @@ class TowerStack:
         # what a step writes, put back when the step's result is not finite
         self._updated = _unique_variables(
             self.variables + list(model.non_trainable_variables)
-            + [v for optimizer in self.optimizers for v in optimizer.variables])
+            + [v for optimizer in self.optimizers for v in optimizer.variables]
+            + ([] if target is None else target.variables + [target.age]))
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
 
@@ -366,7 +369,12 @@ class TowerStack:
                         f"gradient for {v.path} contains NaN or inf; weights unchanged")
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
-        _, kept = self._kept_if_finite(lambda: self._apply(tensors, []))
+
+        def apply():
+            self._apply(tensors, [])
+            self._after_applied_step()
+
+        _, kept = self._kept_if_finite(apply)
         self._check_finite(np.ones(1, bool), kept)
 
     # ----- loaded buffers -----------------------------------------------------------
@@ -656,6 +664,12 @@ class TowerStack:
         for var, value in assignments:
             var.assign(value)
 
+    def _after_applied_step(self) -> None:
+        """What follows a step only once it was applied: the target network's update
+        (so a skipped or rolled-back step never moves the target)."""
+        if self.target is not None:
+            self.target.after_step()
+
     def _step(self, shard_sets: list):
         """Forward/backward on all towers, then apply only if every gradient is finite
         (the same decision on every learner: the gradients are the combined ones)."""
@@ -663,6 +677,7 @@ class TowerStack:
 
         def apply():
             self._apply(step.grads, step.assignments)
+            self._after_applied_step()
             return tf.constant(True)
 
         with tf.device(self.plan.variable_device):

@@ -29,6 +29,7 @@ POLICY_ARRAYS = "policy_arrays.npz"
 ALGORITHM_STATE = "algorithm_state.json"
 POLICY_SUBDIR = "policy"
 ARRAY_GROUPS = ("weights", "optimizer_variables", "rng")  # policy state parts kept in npz
+OPTIONAL_ARRAY_GROUPS = ("target_weights",)  # in npz too, only for policies that have them
 TRUSTED_PACKAGES = ("policy_service", "algorithms")  # may be imported to resolve a class
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
 
@@ -136,6 +137,8 @@ def write_policy_state(directory: Path, state: dict) -> None:
     """Write a policy state (TFPolicy.get_state) into a new directory."""
     state = dict(state)
     arrays = {f"{group}/{k}": v for group in ARRAY_GROUPS for k, v in state.pop(group).items()}
+    arrays.update({f"{group}/{k}": v for group in OPTIONAL_ARRAY_GROUPS
+                   for k, v in state.pop(group, {}).items()})
     directory.mkdir(parents=True, exist_ok=True)
     save_arrays(directory / POLICY_ARRAYS, arrays)
     save_json(directory / POLICY_STATE, state)
@@ -162,23 +165,25 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
         except (KeyError, ValueError, TypeError, AttributeError) as err:
             raise CheckpointFileError(f"{where}: {name} is not a readable space "
                                       f"({type(err).__name__}: {_one_line(err)})") from None
-    clashing = sorted(set(state) & set(ARRAY_GROUPS))
+    clashing = sorted(set(state) & set(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS))
     if clashing:
         raise CheckpointFileError(f"{where}: keys {clashing} belong in {POLICY_ARRAYS}")
     arrays = load_arrays(directory / POLICY_ARRAYS)
     _check_arrays(directory / POLICY_ARRAYS, arrays)
-    for group in ARRAY_GROUPS:
+    for group in ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS:
         prefix = group + "/"
-        state[group] = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        values = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        if values or group in ARRAY_GROUPS:
+            state[group] = values
     return state
 
 
 def _check_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     for name, value in arrays.items():
         group = name.partition("/")[0]
-        if "/" not in name or group not in ARRAY_GROUPS:
+        if "/" not in name or group not in ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS:
             raise CheckpointFileError(f"{path}: array {name!r} is in no group of "
-                                      f"{list(ARRAY_GROUPS)}")
+                                      f"{list(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS)}")
         if value.dtype.kind not in "biuf":
             raise CheckpointFileError(f"{path}: array {name!r} has dtype {value.dtype}, "
                                       "expected a number type")

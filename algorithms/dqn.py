@@ -1,0 +1,286 @@
+"""Deep Q-Networks (Mnih et al. 2015) with double Q (van Hasselt et al. 2016), dueling
+heads (Wang et al. 2016), n-step returns and prioritized replay's importance weights
+(Schaul et al. 2016): the config and the policy.
+
+Read top to bottom: the config, the Q model (features of the default or the user's
+model, then a Q head or dueling value/advantage heads), n-step postprocessing (on the
+rollout workers), the TD targets and Huber loss (on every tower), and the TD errors a
+prioritized replay buffer takes as new priorities.
+
+The target network is TFPolicy's (`target_network_update()`): kept on the learner's
+variable device and moved inside the compiled step, after every
+`target_network_update_freq`-th applied SGD step, by `tau` (1.0: a hard copy).
+
+The training loop (replay, training_intensity, checkpoint_replay_buffer) is not here
+yet; its keys are, so that a DQN config is whole. One training step is:
+
+    batch = buffer.sample(config.train_batch_size)      # with "weights" when prioritized
+    stats = learners.learn_on_batch(batch)              # target moves inside the step
+    buffer.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+
+Semantics follow RLlib's old-stack TF DQN (names and defaults included), with two
+differences: n-step targets bootstrap with gamma^k for the k rewards actually summed
+(policy_service/n_step.py), and target_network_update_freq counts SGD steps, not
+sampled env steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
+
+import gymnasium as gym
+import keras
+import numpy as np
+import tensorflow as tf
+
+from algorithms.algorithm import AlgorithmConfig
+from policy_service import TFPolicy, masked_mean, models
+from policy_service.config import (
+    LAYER_SIZES,
+    ConfigError,
+    finite,
+    from_dict,
+    integer,
+    setting,
+)
+from policy_service.engine.target_network import TargetUpdate
+from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
+from policy_service.replay import PRIO_WEIGHTS
+from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn, check_loss_columns
+
+Q_VALUES = "q_values"  # RLlib's name for the Q-values compute_actions returns
+
+
+# ----- config -----------------------------------------------------------------------------
+
+
+@dataclass
+class DQNConfig(AlgorithmConfig):
+    """DQN's keys (RLlib's old-stack names and defaults) on top of the policy and loop keys."""
+
+    lr: float = setting(5e-4, doc="Adam learning rate.")
+    adam_epsilon: float = setting(1e-8, doc="Adam's epsilon.")
+    grad_clip: Optional[float] = setting(40.0, doc="Gradient clip by global norm; None: off.")
+    gamma: float = setting(0.99, doc="Discount factor.")
+    exploration_config: dict = setting(
+        doc="Epsilon-greedy acting: epsilon falls linearly from initial_epsilon to "
+        "final_epsilon over epsilon_timesteps sampled steps.",
+        factory=lambda: {"type": "EpsilonGreedy", "initial_epsilon": 1.0,
+                         "final_epsilon": 0.02, "epsilon_timesteps": 10000})
+    n_step: int = setting(1, doc="Rewards summed into each TD target (n-step returns).",
+                          check=integer(ge=1))
+    double_q: bool = setting(True, doc="Pick the next action with the online network, "
+                             "value it with the target network.")
+    dueling: bool = setting(True, doc="Q = V(s) + A(s, a) - mean_a A(s, a) from two heads.")
+    hiddens: list = setting(doc="Dense ReLU layers of each Q head, on the model's features.",
+                            check=LAYER_SIZES, factory=lambda: [256])
+    target_network_update_freq: int = setting(
+        500, doc="Applied SGD steps between target network updates.", check=integer(ge=1))
+    tau: float = setting(
+        1.0, doc="Each target update: target = tau * online + (1 - tau) * target "
+        "(1.0: a hard copy).", check=finite(gt=0, le=1))
+    train_batch_size: int = setting(32, doc="Transitions sampled from replay per SGD step.")
+    training_intensity: Optional[float] = setting(
+        None, doc="Transitions trained on per transition sampled from the envs; None: "
+        "one SGD step per sample() call.", check=finite(gt=0))
+    replay_buffer_capacity: int = setting(
+        50000, doc="Transitions the replay buffer holds (RLlib's "
+        "replay_buffer_config['capacity']).", check=integer(ge=1))
+    prioritized_replay: bool = setting(
+        True, doc="Proportional prioritized replay; False: uniform.")
+    prioritized_replay_alpha: float = setting(
+        0.6, doc="Priority exponent: P(i) ~ priority_i ^ alpha (0: uniform).",
+        check=finite(ge=0))
+    prioritized_replay_beta: float = setting(
+        0.4, doc="Importance-weight exponent: w_i = (N * P(i)) ^ -beta, over max w.",
+        check=finite(ge=0, le=1))
+    prioritized_replay_eps: float = setting(
+        1e-6, doc="Added to |TD error| so that no priority is 0.", check=finite(gt=0))
+    num_steps_sampled_before_learning_starts: int = setting(
+        1000, doc="Env steps sampled into the buffer before the first SGD step.",
+        check=integer(ge=0))
+    checkpoint_replay_buffer: bool = setting(
+        False, doc="Save the replay buffer's content with the algorithm, so that a "
+        "restored run continues exactly.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.train_batch_size > self.replay_buffer_capacity:
+            raise ConfigError(f"{self.key_prefix}.train_batch_size must be <= "
+                              f"replay_buffer_capacity ({self.replay_buffer_capacity}), "
+                              f"got {self.train_batch_size}")
+        if self.model.use_lstm:
+            raise ConfigError(f"{self.key_prefix}.model.use_lstm must be False: DQN "
+                              "does not support recurrent models, got True")
+
+
+# ----- the Q model ----------------------------------------------------------------------
+
+
+class QModel(keras.Model):
+    """Features -> Q-values <float32>[B, num_actions] as "action_dist_inputs", so the
+    greedy action is the Categorical's mode; with `dueling`, from a state-value head
+    and an advantage head: Q = V + A - mean_a A.
+
+    The features are the default encoder's (conv + `fcnet_hiddens`) on "obs", or the
+    "action_dist_inputs" of a user's model built with `feature_size` outputs.
+    """
+
+    def __init__(self, features, num_actions: int, hiddens: list, dueling: bool):
+        super().__init__(name="q_model")
+        self.features = features
+        self.dueling = dueling
+        self.advantage_hidden = [keras.layers.Dense(size, activation="relu",
+                                                    name=f"advantage_hidden_{i}")
+                                 for i, size in enumerate(hiddens)]
+        self.advantage = keras.layers.Dense(num_actions, name="advantage")
+        self.value_hidden = [keras.layers.Dense(size, activation="relu",
+                                                name=f"state_value_hidden_{i}")
+                             for i, size in enumerate(hiddens)] if dueling else []
+        self.state_value = keras.layers.Dense(1, name="state_value") if dueling else None
+
+    def call(self, input_dict, training=False):
+        if isinstance(self.features, models.Encoder):
+            x = self.features(input_dict[SampleBatch.OBS], training=training,
+                              row_mask=input_dict.get("loss_mask"))
+        else:
+            x = self.features(input_dict, training=training)[SampleBatch.ACTION_DIST_INPUTS]
+        advantages = _run(self.advantage_hidden + [self.advantage], x)
+        if not self.dueling:
+            return {SampleBatch.ACTION_DIST_INPUTS: advantages, "state_out": []}
+        value = _run(self.value_hidden + [self.state_value], x)
+        q = value + advantages - tf.reduce_mean(advantages, axis=1, keepdims=True)
+        return {SampleBatch.ACTION_DIST_INPUTS: q, "state_out": []}
+
+
+def _run(layers, x):
+    for layer in layers:
+        x = layer(x)
+    return x
+
+
+# ----- TD targets and the Huber loss -----------------------------------------------------
+
+
+def huber_loss(x: tf.Tensor, delta: float = 1.0) -> tf.Tensor:
+    """0.5 x^2 where |x| < delta, else delta (|x| - 0.5 delta); elementwise."""
+    abs_x = tf.abs(x)
+    return tf.where(abs_x < delta, 0.5 * tf.square(x), delta * (abs_x - 0.5 * delta))
+
+
+def q_targets(rewards, bootstrap_discount, q_next_target, q_next_online=None) -> tf.Tensor:
+    """<float32>[B] rewards + bootstrap_discount * Q_target(s', a'), with a' the argmax
+    of the online Q on s' (double Q) when `q_next_online` is given, else of Q_target.
+    bootstrap_discount is gamma^k for the k rewards summed, 0 after a termination."""
+    chooser = q_next_target if q_next_online is None else q_next_online
+    best = tf.argmax(chooser, axis=1, output_type=tf.int32)
+    q_best = tf.gather(q_next_target, best, axis=1, batch_dims=1)
+    return tf.cast(rewards, tf.float32) + bootstrap_discount * q_best
+
+
+class TDResult(NamedTuple):
+    """TD errors of a batch, and the Q-values they came from."""
+
+    td_error: tf.Tensor  # <float32>[B] Q(s, a) - target
+    q_selected: tf.Tensor  # <float32>[B] Q(s, a)
+    q_t: tf.Tensor  # <float32>[B, num_actions] Q(s, .)
+
+
+# ----- the policy -------------------------------------------------------------------------
+
+
+class DQNPolicy(TFPolicy):
+    """Q-learning policy: epsilon-greedy acting on Q-values, Huber TD loss against a
+    target network (double Q optional), n-step returns from postprocessing."""
+
+    config_class = DQNConfig
+    loss_columns = {SampleBatch.ACTIONS: LossColumn("number"),
+                    SampleBatch.REWARDS: LossColumn("number"),
+                    SampleBatch.NEXT_OBS: LossColumn("number", None),
+                    BOOTSTRAP_DISCOUNT: LossColumn()}
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ValueError(f"DQNPolicy needs a Discrete action space, got {action_space}")
+        super().__init__(observation_space, action_space, from_dict(DQNConfig, config))
+        if self.is_recurrent():
+            raise ValueError(f"DQNPolicy does not support recurrent models; the model "
+                             f"{self.config.model.custom_model!r} has "
+                             f"{self.num_state_tensors()} state tensors")
+        self._td_error_fns: dict = {}
+
+    def make_model(self) -> keras.Model:
+        cfg = self.config
+        obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
+        if cfg.model.custom_model is None:
+            features = models.Encoder(obs_space.shape, cfg.model, "q_encoder")
+        else:
+            feature_size = ([256] + list(cfg.model.fcnet_hiddens))[-1]  # RLlib's choice
+            features = models.follow_call_convention(models.build_model(
+                obs_space, self.action_space, feature_size, cfg.model))
+            if models.initial_state(features):
+                raise ValueError(f"DQNPolicy does not support recurrent models; custom "
+                                 f"model {cfg.model.custom_model!r} has a recurrent state")
+        return QModel(features, self.num_outputs, cfg.hiddens, cfg.dueling)
+
+    def target_network_update(self) -> TargetUpdate:
+        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
+
+    def extra_action_out(self, input_dict, model_out, dist) -> dict:
+        return {Q_VALUES: model_out[SampleBatch.ACTION_DIST_INPUTS]}
+
+    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
+        """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
+        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
+
+    def train_columns(self, batch, fixed_seq_len: bool = False):
+        if PRIO_WEIGHTS in batch:  # optional: uniform replay may leave it out
+            check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
+        return super().train_columns(batch, fixed_seq_len)
+
+    def td_error(self, model, batch: dict, training: bool) -> TDResult:
+        """TD errors Q(s, a) - target of every row of `batch` (tensors)."""
+        out = model(batch, training=training)
+        q_t = out[SampleBatch.ACTION_DIST_INPUTS]
+        actions = tf.cast(batch[SampleBatch.ACTIONS], tf.int32) - int(self.action_space.start)
+        q_selected = tf.gather(q_t, actions, axis=1, batch_dims=1)
+        next_input = {SampleBatch.OBS: batch[SampleBatch.NEXT_OBS]}
+        q_next_target = self.target_model_out(next_input)[SampleBatch.ACTION_DIST_INPUTS]
+        q_next_online = None
+        if self.config.double_q:
+            q_next_online = tf.stop_gradient(
+                model(next_input, training=False)[SampleBatch.ACTION_DIST_INPUTS])
+        target = q_targets(batch[SampleBatch.REWARDS], batch[BOOTSTRAP_DISCOUNT],
+                           q_next_target, q_next_online)
+        return TDResult(q_selected - tf.stop_gradient(target), q_selected, q_t)
+
+    def loss(self, model, dist_class, train_batch):
+        """Mean over valid rows of importance weight * Huber(TD error)."""
+        mask = train_batch["loss_mask"]
+        td, q_selected, q_t = self.td_error(model, train_batch, training=True)
+        weights = (tf.cast(train_batch[PRIO_WEIGHTS], tf.float32) if PRIO_WEIGHTS in train_batch
+                   else tf.ones_like(td))
+        self._stats = {"mean_q": masked_mean(q_selected, mask),
+                       "mean_td_error": masked_mean(td, mask),
+                       "mean_abs_td_error": masked_mean(tf.abs(td), mask)}
+        return masked_mean(weights * huber_loss(td), mask)
+
+    def stats(self, train_batch):
+        return dict(self._stats)
+
+    def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
+        """|TD error| <float32>[B] of each row under the current weights (training=False),
+        in one compiled call on the first tower device: a prioritized buffer's new
+        priorities (before or after learning on the batch, as the caller chooses)."""
+        columns = self.train_columns(batch).columns
+        signature = {name: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
+                     for name, v in columns.items()}
+        key = tuple((n, s.dtype, tuple(s.shape)) for n, s in sorted(signature.items()))
+        if key not in self._td_error_fns:
+            def abs_td(batch):
+                return tf.abs(self.td_error(self.model, batch, training=False).td_error)
+            self._td_error_fns[key] = tf.function(abs_td, input_signature=[signature],
+                                                  autograph=False)
+        with tf.device(self.plan.devices[0]):
+            return self._td_error_fns[key](columns).numpy()
