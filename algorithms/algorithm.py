@@ -1,21 +1,46 @@
-"""Algorithm: the common training loop every algorithm in `algorithms/` runs on.
+"""Algorithm: the common training loop; an algorithm overrides `training_step(self)`.
 
 The loop (`train()` is one iteration):
 
     algo = PPO({"env": "CartPole-v1", "seed": 0})   # rollout workers + the learner
     while True:
-        metrics = algo.train()
-        #  1. sample: EnvRunnerGroup.sample() until >= train_batch_size env steps
-        #     (each fragment already postprocessed by the workers' policies)
-        #  2. learn: the algorithm's `training_step(learners, batch)` on the
-        #     LearnerGroup (PPO: load the batch into the learners' buffers once,
-        #     num_epochs of minibatch SGD on device in one compiled call per
-        #     learner, adapt the KL coefficient on every learner)
-        #  3. broadcast: the new weights to every worker with one ray.put
+        metrics = algo.train()   # times and counts the iteration, keeps the return
+        #                          window, and calls the algorithm's iteration:
+        #   stats = self.training_step(), made of these steps:
+        #     self.sample_env_steps(n)   EnvRunnerGroup.sample() until >= n env steps
+        #     self.sample_ready()        EnvRunnerGroup.sample_async(): the fragments of
+        #                                the workers done so far (off-policy, async)
+        #     self.learner_update(fn)    fn(self.learner) -> stats with the samples it
+        #                                trained on; a dead learner actor is replaced
+        #                                from the driver's last copy and fn called again
+        #     self.broadcast_weights()   the learner's weights to every worker, one ray.put
+        #                                (wait=False: busy workers take them after
+        #                                their current fragment)
     algo.save(path); algo.restore(path); algo.stop()
 
-A subclass sets `config_class`, `policy_class` and `training_step`; nothing
-else of an algorithm lives here.
+The default `training_step` is the on-policy iteration: sample >=
+train_batch_size env steps (each fragment already postprocessed by the
+workers' policies), `update_on_batch(learners, batch)` (load the batch onto
+the learners' towers once, num_epochs of minibatch SGD in one compiled call
+per learner: `LearnerGroup.update`), broadcast. PPO overrides only
+`update_on_batch` with its own ideas. An off-policy algorithm overrides
+`training_step` itself, e.g.
+
+    def training_step(self):
+        self.replay.add(self.sample_ready())
+        stats = self.learner_update(lambda learners: learners.update(self.replay.sample(32)))
+        self.broadcast_weights(wait=False)
+        return stats
+
+and keeps what it owns (a replay buffer, a target network's age, counters)
+in `get_algorithm_state()` -> `AlgorithmState(values, arrays)`: JSON values
+and named numpy arrays that `save` writes beside the learner state (JSON and
+npz, atomically, no pickle) and `restore` gives back, exactly, to
+`set_algorithm_state` after `check_algorithm_state` accepted them.
+
+Adding an algorithm: a module in `algorithms/` with its config class, policy
+class and Algorithm subclass, and one line in the registry of
+`algorithms/__init__.py`; `policy-service train NAME` then finds it.
 
 Where the learner lives: a `policy_service.LearnerGroup`. With
 `num_learners: 0` (the default) it is a policy in the driver process, with
@@ -45,19 +70,23 @@ a known state: the env runners are rebuilt with a seed derived from (seed,
 iteration), so an uninterrupted run that saved after iteration k and a
 fresh algorithm restored from that save sample the same episodes in
 iteration k+1; the learner (weights, Adam moments, KL coefficient, shuffle
-RNG) is restored exactly. Env and simulator state cannot be saved in
-general, which is why sampling restarts instead. Episodes in flight at a
-save are cut there: their steps were already trained on (bootstrapped like
-a fragment boundary); only their return never enters the metrics. Without
-a seed nothing is restarted at a save and resuming is exact for the learner
-only.
+RNG) and the algorithm's own state (`get_algorithm_state`) are restored
+exactly. Env and simulator state cannot be saved in general, which is why
+sampling restarts instead. Episodes in flight at a save are cut there: their
+steps were already trained on (bootstrapped like a fragment boundary); only
+their return never enters the metrics; fragments `sample_ready` had asked for
+and not yet received are dropped, never counted. Without a seed nothing is
+restarted at a save and resuming is exact for the learner and the
+algorithm's state only.
 """
 from __future__ import annotations
 
 import collections
+import json
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Union
 
@@ -116,16 +145,35 @@ class AlgorithmConfig(PolicyConfig):
         return max(1, math.ceil(self.train_batch_size / envs))
 
 
+@dataclass
+class AlgorithmState:
+    """What an algorithm keeps beside its learner, saved and restored exactly with
+    it: `values` JSON-able (numbers, strings, lists, dicts), `arrays` named numpy
+    arrays of number or bool dtypes (written as npz)."""
+
+    values: dict = field(default_factory=dict)
+    arrays: dict = field(default_factory=dict)
+
+
+@dataclass
+class IterationCounts:
+    """What one training_step did, counted by the sampling, learning and broadcast
+    steps it is made of; train() turns it into metrics."""
+
+    env_steps: int = 0
+    episodes: int = 0
+    samples_trained: int = 0
+    sample_time_s: float = 0.0
+    learn_time_s: float = 0.0
+    sync_time_s: float = 0.0
+
+
 class Algorithm:
-    """Sampling, learning and weight broadcast, iteration by iteration."""
+    """The training loop: a subclass sets `config_class`, `policy_class` and
+    overrides `training_step` (or only `update_on_batch`, for an on-policy one)."""
 
     config_class: type = AlgorithmConfig
     policy_class: type | None = None
-
-    @staticmethod
-    def training_step(learners: "LearnerGroup", train_batch: SampleBatch) -> dict:
-        """The algorithm's update on the learner group -> statistics; subclasses set it."""
-        raise NotImplementedError
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
@@ -135,7 +183,9 @@ class Algorithm:
         self._ray_started = False
         self.iteration = 0
         self.timesteps_total = 0
+        self.num_samples_trained_total = 0
         self.time_total_s = 0.0
+        self._counts = IterationCounts()
         self._past_worker_restarts = 0  # restarts counted by env runner groups since replaced
         window = self.config.metrics_num_episodes_for_smoothing
         self._episode_returns = collections.deque(maxlen=window)
@@ -164,34 +214,100 @@ class Algorithm:
     # ----- the loop -------------------------------------------------------------------
 
     def train(self) -> dict:
-        """One iteration: sample, learn, broadcast -> metrics."""
+        """One iteration (`training_step`) -> metrics: its statistics, counts,
+        times and the return window."""
+        self._counts = IterationCounts()
         start = time.perf_counter()
-        batch, sample_metrics = self._sample()
-        sampled = time.perf_counter()
-        stats = self._learn(batch)
-        learned = time.perf_counter()
+        stats = self.training_step()
+        elapsed = time.perf_counter() - start
         self.iteration += 1
-        self.workers.sync_weights(self.learner.get_weights(), version=self.iteration)
-        synced = time.perf_counter()
-        self.time_total_s += synced - start
-        return self._metrics(batch, sample_metrics, stats,
-                             sample_s=sampled - start, learn_s=learned - sampled,
-                             sync_s=synced - learned)
+        self.time_total_s += elapsed
+        return self._metrics(stats, elapsed)
 
-    def _learn(self, batch: SampleBatch) -> dict:
-        """The training step; a learner actor that dies is replaced (the whole group,
-        from the driver's last copy of the learner state) and the step retried."""
-        from policy_service.distributed.learner_group import LearnerDiedError
+    def training_step(self) -> dict:
+        """One iteration's work -> learner statistics. This default is the on-policy
+        iteration: >= train_batch_size env steps, `update_on_batch`, broadcast."""
+        train_batch = self.sample_env_steps(self.config.train_batch_size)
+        stats = self.learner_update(lambda learners: self.update_on_batch(learners, train_batch))
+        self.broadcast_weights()
+        return stats
+
+    def update_on_batch(self, learners: "LearnerGroup", train_batch: SampleBatch) -> dict:
+        """The default iteration's update: the batch loaded onto the learners once,
+        num_epochs of minibatch SGD (`LearnerGroup.update`). Called again with the
+        same batch after a dead learner was replaced."""
+        return learners.update(train_batch, num_epochs=self.config.num_epochs)
+
+    # ----- the steps a training_step is made of -----------------------------------------
+
+    def sample_env_steps(self, min_env_steps: int) -> SampleBatch:
+        """Fragments from every worker (EnvRunnerGroup.sample) until there are
+        >= min_env_steps env steps -> one batch; steps and episodes counted."""
+        start = time.perf_counter()
+        batches, steps = [], 0
+        while steps < min_env_steps:
+            batch, metrics = self.workers.sample()
+            batches.append(batch)
+            steps += self._count_sampled(metrics)
+        self._counts.sample_time_s += time.perf_counter() - start
+        return concat_samples(batches)
+
+    def sample_ready(self, timeout_s: float | None = None) -> SampleBatch:
+        """The fragments of the workers done so far (EnvRunnerGroup.sample_async:
+        waits for the first, each worker samples on) -> one batch, counted; an
+        empty batch only when `timeout_s` passed first."""
+        from policy_service.distributed.env_runner_group import merge_metrics
+        start = time.perf_counter()
+        results = self.workers.sample_async(timeout_s)
+        if results:
+            self._count_sampled(merge_metrics([m for _, m in results]))
+        self._counts.sample_time_s += time.perf_counter() - start
+        return concat_samples([b for b, _ in results]) if results else SampleBatch({})
+
+    def learner_update(self, update: Callable[["LearnerGroup"], dict]) -> dict:
+        """update(self.learner) -> its statistics, less "num_samples_trained" (the
+        samples it trained on, counted; `LearnerGroup.update` reports it).
+
+        A learner actor that dies is replaced, the whole group from the driver's
+        last copy of the learner state, and `update` called again: it must
+        depend on that state and its own inputs only (e.g. reload its batch)."""
+        from policy_service.distributed.learner_group import NUM_SAMPLES_TRAINED, LearnerDiedError
+        start = time.perf_counter()
         for attempt in range(MAX_LEARNER_RESTARTS_PER_ITERATION + 1):
             try:
-                stats = self.training_step(self.learner, batch)
+                stats = dict(update(self.learner))
                 break
             except LearnerDiedError:
                 if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
                     raise
                 self.learner.restart(self._learner_state)
         self._keep_learner_state()
+        if NUM_SAMPLES_TRAINED not in stats:
+            raise KeyError(f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
+                           f"{sorted(stats)}); LearnerGroup.update reports it")
+        trained = stats.pop(NUM_SAMPLES_TRAINED)
+        self._counts.samples_trained += int(trained)
+        self.num_samples_trained_total += int(trained)
+        self._counts.learn_time_s += time.perf_counter() - start
         return stats
+
+    def broadcast_weights(self, wait: bool = True) -> None:
+        """The learner's weights to every worker (or the policy actor), one ray.put;
+        their version counts broadcasts (the iteration, in the default loop).
+        wait=False: workers busy with a `sample_ready` request set them after it,
+        without the driver waiting (EnvRunnerGroup.sync_weights)."""
+        start = time.perf_counter()
+        self.workers.sync_weights(self.learner.get_weights(), wait=wait)
+        self._counts.sync_time_s += time.perf_counter() - start
+
+    def _count_sampled(self, metrics: dict) -> int:
+        steps = int(metrics["env_steps"])
+        self._episode_returns.extend(metrics["episode_returns"])
+        self._episode_lengths.extend(metrics["episode_lengths"])
+        self._counts.env_steps += steps
+        self._counts.episodes += len(metrics["episode_returns"])
+        self.timesteps_total += steps
+        return steps
 
     def _keep_learner_state(self) -> None:
         """Learner actors can die apart from the driver: keep a full copy of their
@@ -200,41 +316,29 @@ class Algorithm:
         if self.learner.local_policy is None:
             self._learner_state = self.learner.get_state()
 
-    def _sample(self) -> tuple[SampleBatch, dict]:
-        """Fragments from every worker until there are >= train_batch_size env steps."""
-        batches, steps, returns, lengths = [], 0, [], []
-        while steps < self.config.train_batch_size:
-            batch, metrics = self.workers.sample()
-            batches.append(batch)
-            steps += int(metrics["env_steps"])
-            returns += list(metrics["episode_returns"])
-            lengths += list(metrics["episode_lengths"])
-        self._episode_returns.extend(returns)
-        self._episode_lengths.extend(lengths)
-        self.timesteps_total += steps
-        return concat_samples(batches), {"env_steps": steps, "num_episodes": len(returns)}
-
-    def _metrics(self, batch, sample_metrics, stats, sample_s, learn_s, sync_s) -> dict:
-        steps = sample_metrics["env_steps"]
+    def _metrics(self, stats: dict, elapsed_s: float) -> dict:
+        counts = self._counts
         returns = np.asarray(self._episode_returns, np.float64)
         nan = float("nan")
-        trained = batch.count * self.config.num_epochs
         metrics = {
             "iteration": self.iteration,
             "timesteps_total": self.timesteps_total,
-            "env_steps_this_iter": steps,
-            "episodes_this_iter": sample_metrics["num_episodes"],
+            "env_steps_this_iter": counts.env_steps,
+            "episodes_this_iter": counts.episodes,
+            "num_samples_trained_this_iter": counts.samples_trained,
+            "num_samples_trained_total": self.num_samples_trained_total,
             "episode_return_mean": float(returns.mean()) if len(returns) else nan,
             "episode_return_min": float(returns.min()) if len(returns) else nan,
             "episode_return_max": float(returns.max()) if len(returns) else nan,
             "episode_len_mean": (float(np.mean(self._episode_lengths))
                                  if self._episode_lengths else nan),
-            "num_env_steps_sampled_per_s": steps / max(sample_s, 1e-9),
-            "num_samples_trained_per_s": trained / max(learn_s, 1e-9),
-            "sample_time_s": sample_s,
-            "learn_time_s": learn_s,
-            "sync_time_s": sync_s,
-            "time_this_iter_s": sample_s + learn_s + sync_s,
+            "num_env_steps_sampled_per_s": counts.env_steps / max(counts.sample_time_s, 1e-9),
+            "num_samples_trained_per_s": (counts.samples_trained
+                                          / max(counts.learn_time_s, 1e-9)),
+            "sample_time_s": counts.sample_time_s,
+            "learn_time_s": counts.learn_time_s,
+            "sync_time_s": counts.sync_time_s,
+            "time_this_iter_s": elapsed_s,
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
             "num_learners": self.learner.num_learners,
@@ -281,38 +385,68 @@ class Algorithm:
     def _num_worker_restarts(self) -> int:
         return self._past_worker_restarts + int(self.workers.num_restarts)
 
+    # ----- algorithm state ----------------------------------------------------------
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        """What this algorithm keeps beside the learner (none here); `save` writes it."""
+        return AlgorithmState()
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        """Raise, naming the entry, if `state` cannot be set; `restore` calls it before
+        it changes anything, so an override keeps restore all-or-nothing."""
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        """Set a state `get_algorithm_state` gave (checked already); `restore` calls it
+        after the learner state is set."""
+
     # ----- checkpoints ----------------------------------------------------------------
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
-        state = self.learner.get_state()
+        own = self.get_algorithm_state()
+        try:
+            json.dumps(own.values, allow_nan=False)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{type(self).__name__}.get_algorithm_state() values must be "
+                             f"JSON (numbers, strings, lists, dicts): {err}") from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
-            checkpoints.write_policy_state(tmp / checkpoints.POLICY_SUBDIR, state)
+            self.learner.save(str(tmp / checkpoints.POLICY_SUBDIR))
+            manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
             checkpoints.save_json(tmp / checkpoints.ALGORITHM_STATE, {
                 "algorithm_class": checkpoints.class_path(type(self)),
                 "config": self.config.to_dict(),
                 "iteration": self.iteration,
                 "timesteps_total": self.timesteps_total,
+                "num_samples_trained_total": self.num_samples_trained_total,
                 "time_total_s": self.time_total_s,
                 "num_worker_restarts": self._num_worker_restarts(),
                 "episode_returns": [float(r) for r in self._episode_returns],
                 "episode_lengths": [int(n) for n in self._episode_lengths],
+                "algorithm_values": own.values,
+                "algorithm_arrays": manifest,
             })
         self._restart_sampling()
         return str(Path(checkpoint_dir).absolute())
 
     def restore(self, checkpoint_dir: str) -> None:
-        """Continue from a save: learner state, counters, metrics window, sampling seed."""
+        """Continue from a save: learner state, algorithm state, counters, metrics
+        window, sampling seed. Every file is read and checked first
+        (CheckpointFileError, one line naming it); a bad checkpoint changes nothing."""
         directory = Path(checkpoint_dir)
-        saved = checkpoints.load_json(directory / checkpoints.ALGORITHM_STATE)
+        saved = checkpoints.read_algorithm_state(directory)
         expected = checkpoints.class_path(type(self))
         if saved["algorithm_class"] != expected:
             raise ValueError(f"checkpoint {directory} was written by "
                              f"{saved['algorithm_class']}, not {expected}")
-        self.learner.set_state(checkpoints.read_policy_state(directory / checkpoints.POLICY_SUBDIR))
+        own = AlgorithmState(saved.get("algorithm_values", {}), checkpoints.read_algorithm_arrays(
+            directory, saved.get("algorithm_arrays", {})))
+        self.check_algorithm_state(own)
+        self.learner.restore(str(directory / checkpoints.POLICY_SUBDIR))
+        self.set_algorithm_state(own)
         self._keep_learner_state()
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
+        self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))
         self.time_total_s = float(saved["time_total_s"])
         self._episode_returns.clear()
         self._episode_returns.extend(saved["episode_returns"])

@@ -2,10 +2,11 @@
 
 Read top to bottom: the config, GAE postprocessing (on the rollout workers),
 the clipped-surrogate loss (on every tower, masked for padded sequences), and
-the training step (on the learner): standardize advantages, load the batch
-onto the towers once, run `num_epochs` of minibatch SGD in one compiled call,
-then adapt the KL coefficient. The sampling/broadcast loop around it is the
-common `Algorithm` loop.
+the update (`PPO.update_on_batch`, on the learner): standardize advantages,
+the common update (load the batch onto the towers once, `num_epochs` of
+minibatch SGD in one compiled call), then adapt the KL coefficient. The
+iteration around it (sample, update, broadcast) is `Algorithm`'s default
+`training_step`.
 
     algo = PPO({"env": "CartPole-v1", "lr": 3e-4, "seed": 0})
     for _ in range(20):
@@ -228,7 +229,7 @@ def _explained_variance(targets, preds, mask):
                     1.0 - tf.math.divide_no_nan(var(targets - preds), target_var), -1.0)
 
 
-# ----- the training step (runs where the learner policy lives) --------------------------
+# ----- the update (runs where the learner policy lives) -----------------------------------
 
 
 def standardize_advantages(batch: SampleBatch) -> SampleBatch:
@@ -236,19 +237,6 @@ def standardize_advantages(batch: SampleBatch) -> SampleBatch:
     adv = np.asarray(batch[SampleBatch.ADVANTAGES], np.float32)
     batch[SampleBatch.ADVANTAGES] = (adv - adv.mean()) / max(float(adv.std()), 1e-4)
     return batch
-
-
-def ppo_training_step(learners, train_batch: SampleBatch) -> dict:
-    """One PPO update on a LearnerGroup (or a PPOPolicy): num_epochs of minibatch
-    SGD on the batch, then KL adaptation on every learner alike. Advantages are
-    standardized here, over the whole batch, before it is sharded."""
-    train_batch = standardize_advantages(train_batch.copy(shallow=True))
-    train_batch.pop(SampleBatch.NEXT_OBS, None)  # the loss never reads it: skip the copy
-    learners.load_batch_into_buffer(train_batch, buffer_index=0)
-    stats = learners.learn_on_loaded_epochs(learners.config.num_epochs, buffer_index=0)
-    if learners.config.kl_coeff > 0:  # stats keep the coefficient this update used
-        update_kl_coefficient(learners, stats["kl"])
-    return stats
 
 
 def update_kl_coefficient(learners, sampled_kl: float) -> None:
@@ -260,8 +248,19 @@ def update_kl_coefficient(learners, sampled_kl: float) -> None:
 
 
 class PPO(Algorithm):
-    """PPO on the common loop: sample -> ppo_training_step -> broadcast weights."""
+    """PPO on the common on-policy iteration (sample, update, broadcast); only its
+    update is its own."""
 
     config_class = PPOConfig
     policy_class = PPOPolicy
-    training_step = staticmethod(ppo_training_step)
+
+    def update_on_batch(self, learners, train_batch: SampleBatch) -> dict:
+        """Advantages standardized over the whole batch (before it is sharded), then
+        the common update (loaded once, num_epochs of minibatch SGD in one compiled
+        call per learner), then the KL coefficient adapted on every learner alike."""
+        train_batch = standardize_advantages(train_batch.copy(shallow=True))
+        train_batch.pop(SampleBatch.NEXT_OBS, None)  # the loss never reads it: skip the copy
+        stats = super().update_on_batch(learners, train_batch)
+        if self.config.kl_coeff > 0:  # stats keep the coefficient this update used
+            update_kl_coefficient(learners, stats["kl"])
+        return stats

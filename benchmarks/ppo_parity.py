@@ -68,24 +68,26 @@ def keras_init_model_class():
     return KerasInitModel
 
 
-def rllib_minibatch_training_step(policy, train_batch) -> dict:
-    """PPO's update with RLlib's minibatching (see rllib_minibatches above)."""
+def rllib_minibatch_update(algo, learners, train_batch) -> dict:
+    """PPO's update with RLlib's minibatching (see rllib_minibatches above), as
+    PPO.update_on_batch."""
     import numpy as np
 
-    from algorithms.ppo import standardize_advantages
+    from algorithms.ppo import standardize_advantages, update_kl_coefficient
     from policy_service.sample_batch import SampleBatch
     train_batch = standardize_advantages(train_batch.copy(shallow=True))
     train_batch.pop(SampleBatch.NEXT_OBS, None)
-    policy.load_batch_into_buffer(train_batch, buffer_index=0)
-    size = policy.config.minibatch_size
+    learners.load_batch_into_buffer(train_batch, buffer_index=0)
+    size = learners.config.minibatch_size
     num_blocks = max(1, train_batch.count // size)
     steps = []
-    for _ in range(policy.config.num_epochs):
+    for _ in range(learners.config.num_epochs):
         for k in np.random.permutation(num_blocks):
-            steps.append(policy.learn_on_loaded_batch(int(k) * size, buffer_index=0))
+            steps.append(learners.learn_on_loaded_batch(int(k) * size, buffer_index=0))
     stats = {key: float(np.mean([s[key] for s in steps])) for key in steps[0]}
-    if policy.config.kl_coeff > 0:
-        policy.update_kl(stats["kl"])
+    if learners.config.kl_coeff > 0:
+        update_kl_coefficient(learners, stats["kl"])
+    stats["num_samples_trained"] = int(sum(s["valid_rows"] for s in steps))
     return stats
 
 
@@ -102,7 +104,7 @@ def measure(spec: dict):
 
         from algorithms.ppo import PPO
         np.random.seed(spec["seed"])
-        PPO.training_step = staticmethod(rllib_minibatch_training_step)
+        PPO.update_on_batch = rllib_minibatch_update
     for record in e2e.measure(spec):
         yield dict(record, bench=NAME, variant=spec["variant"])
 

@@ -179,17 +179,15 @@ class RecurrentA2CPolicy(TFPolicy):
         return compute_advantages(batch, last_r, self.config.gamma, self.config.lambda_)
 
 
-def a2c_training_step(policy: RecurrentA2CPolicy, train_batch: SampleBatch) -> dict:
-    """Standardize advantages, then one SGD step on the whole (chopped, padded) batch."""
-    return policy.learn_on_batch(standardize_advantages(train_batch.copy(shallow=True)))
-
-
 class RecurrentA2C(Algorithm):
-    """The common sample -> learn -> broadcast loop with the ported policy."""
+    """The common sample -> update -> broadcast iteration with the ported policy."""
 
     config_class = RecurrentA2CConfig
     policy_class = RecurrentA2CPolicy
-    training_step = staticmethod(a2c_training_step)
+
+    def update_on_batch(self, learners, train_batch: SampleBatch) -> dict:
+        """Standardize advantages, then one SGD step on the whole (chopped, padded) batch."""
+        return learners.update(standardize_advantages(train_batch.copy(shallow=True)))
 
 
 # ----- training -----------------------------------------------------------------------------

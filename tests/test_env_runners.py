@@ -1,5 +1,7 @@
-"""EnvRunnerGroup: parallel sampling, one-put weight sync, replacing dead workers."""
+"""EnvRunnerGroup: parallel and asynchronous sampling, one-put weight sync, replacing
+dead workers."""
 import threading
+import time
 
 import envs
 import fakes
@@ -8,7 +10,7 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError, RayTaskError
 
-from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.restarts import backoff_delays, died_of_actor_death, is_actor_death
 from policy_service.sample_batch import SampleBatch
 
@@ -153,3 +155,104 @@ def test_a_death_is_told_apart_from_an_error_the_actors_code_raised():
     assert not is_actor_death(raised) and not died_of_actor_death(raised)
     # a worker whose call to the (dead for good) PolicyActor failed
     assert died_of_actor_death(RayTaskError("sample", "Traceback ...", died))
+
+
+# ----- asynchronous sampling (last: the module's group keeps requests in flight) ------------
+
+
+def test_local_async_sample_is_one_fragment_sampled_here():
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
+                           num_envs_per_env_runner=2, rollout_fragment_length=5,
+                           env_config=SCRIPT, seed=0)
+    try:
+        [(batch, metrics)] = group.sample_async()
+        assert metrics["worker_index"] == 0 and batch.count == metrics["env_steps"] >= 10
+        [(again, _)] = group.sample_async()
+        assert set(again[SampleBatch.UNROLL_ID]).isdisjoint(batch[SampleBatch.UNROLL_ID])
+    finally:
+        group.stop()
+
+
+def collect_until(group, done, timeout_s: float = 60.0) -> list:
+    """sample_async() until done(results so far)."""
+    results, deadline = [], time.monotonic() + timeout_s
+    while not done(results):
+        assert time.monotonic() < deadline, f"only {[m['worker_index'] for _, m in results]}"
+        results += group.sample_async(timeout_s=10)
+    return results
+
+
+def from_worker(index: int):
+    return lambda results: any(m["worker_index"] == index for _, m in results)
+
+
+def test_async_sample_returns_fragments_as_workers_finish_each_once(group):
+    """Worker 2 is busy with one more fragment first: worker 1's comes back alone, and
+    worker 1 was asked again at once (its next one comes while worker 2 still works)."""
+    group.sync_weights(_learner(group).get_weights(), 50)
+    busy = group.workers[1].sample.remote()  # ~0.4 s of stepping before its async request
+    first = group.sample_async()
+    assert [m["worker_index"] for _, m in first] == [1]
+    assert group.sample_async(timeout_s=0.0) == []  # nothing is ready yet; nothing is lost
+    results = first + collect_until(group, from_worker(2))
+    ray.get(busy)
+    assert all(batch.count == m["env_steps"] and 40 <= batch.count <= 41
+               for batch, m in results)
+    assert all(m["weights_version"] == 50 for _, m in results)
+    unroll_ids = [set(np.asarray(batch[SampleBatch.UNROLL_ID])) for batch, _ in results]
+    assert sum(len(ids) for ids in unroll_ids) == len(set().union(*unroll_ids))  # none twice
+
+
+def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weights(group):
+    learner = _learner(group)
+    group.sync_weights(learner.get_weights(), 60)
+    before, victim = group.num_restarts, group.workers[0]
+    group.sample_async(timeout_s=0.0)  # both workers have a request in flight
+    ray.kill(victim)
+    collect_until(group, lambda _: group.num_restarts > before)
+    assert group.num_restarts == before + 1 and group.workers[0] is not victim
+    results = collect_until(group, from_worker(1))
+    assert all(m["weights_version"] == 60 for _, m in results)
+    replaced = ray.get(group.workers[0].get_weights.remote())
+    for name, value in learner.get_weights().items():
+        np.testing.assert_array_equal(replaced[name], value)
+
+
+def test_a_worker_sample_replaced_is_not_replaced_again_by_its_old_async_request(group):
+    group.sample_async(timeout_s=0.0)
+    before, victim = group.num_restarts, group.workers[1]
+    ray.kill(victim)
+    group.sample()  # finds worker 2 dead and replaces it
+    assert group.num_restarts == before + 1
+    collect_until(group, from_worker(2))  # the old request fails; the new worker is asked
+    assert group.num_restarts == before + 1
+
+
+def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_current_one(group):
+    group.sync_weights(_learner(group).get_weights(), 79)
+    collect_until(group, lambda r: {m["worker_index"] for _, m in r} == {1, 2})
+    group.sample_async(timeout_s=0.0)  # each worker has just started a fragment (~0.4 s)
+    start = time.perf_counter()
+    assert group.sync_weights(_learner(group).get_weights(), 80, wait=False) == 80
+    assert time.perf_counter() - start < 0.2  # not waiting for the fragments in flight
+    results = collect_until(group, lambda r: {m["worker_index"] for _, m in r
+                                              if m["weights_version"] == 80} == {1, 2})
+    for index in (1, 2):
+        versions = [m["weights_version"] for _, m in results if m["worker_index"] == index]
+        assert versions == sorted(versions) and set(versions) <= {79, 80}
+    assert group.weights_versions() == [80, 80]
+
+
+def test_async_sampling_ends_in_one_line_when_the_restart_budget_is_spent(ray_local):
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
+                           num_env_runners=1, rollout_fragment_length=20,
+                           env_config=SLOW_SCRIPT, seed=0, max_restarts=0)
+    try:
+        group.sample_async(timeout_s=0.0)
+        ray.kill(group.workers[0])
+        with pytest.raises(EnvRunnerFailure, match=r"^env runner 1 died 1 times during one "
+                           r"sample_async\(\) .*max_restarts=0\)") as info:
+            collect_until(group, from_worker(1))
+        assert "\n" not in str(info.value)
+    finally:
+        group.stop()

@@ -26,6 +26,7 @@ from fakes import (
 
 from policy_service import LearnerGroup, models
 from policy_service.distributed.learner_group import LearnerDiedError, LearnerResourcesError
+from policy_service.io.checkpoints import CheckpointFileError
 
 ray = pytest.importorskip("ray")
 
@@ -176,6 +177,35 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group
     for offset in (0, 16):
         one.learn_on_batch(batch[offset:offset + 16])
     assert_weights_close(one.get_weights(), group.get_weights())
+
+
+def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
+        start_group, tmp_path):
+    group = start_group(minibatch_size=16, **TWO_BY_TWO)
+    one = one_device(minibatch_size=16)
+    same_start(group, one)
+    batch = mlp_batch(60)  # 64 rows loaded: 4 padded ones are stepped over, not counted
+    stats = group.update(batch)
+    assert stats["num_samples_trained"] == 60
+    one.learn_on_batch(batch)
+    stats = group.update(batch, num_epochs=3, shuffle=False)
+    assert (stats["num_samples_trained"], stats["num_sgd_steps"]) == (180, 12)
+    one.load_batch_into_buffer(batch)
+    one.learn_on_loaded_epochs(3, shuffle=False)
+    assert_weights_close(one.get_weights(), group.get_weights())
+    saved = group.get_weights()
+    group.save(str(tmp_path / "learner"))
+    group.update(batch)
+    assert weights_differ(saved, group.get_weights())
+    group.restore(str(tmp_path / "learner"))
+    assert not weights_differ(saved, group.get_weights()) and group.weights_identical()
+    assert not weights_differ(saved, PGPolicy.from_checkpoint(str(tmp_path / "learner"))
+                              .get_weights())
+    (tmp_path / "learner" / "policy_arrays.npz").write_bytes(b"")
+    with pytest.raises(CheckpointFileError, match=r"policy_arrays\.npz: empty file"):
+        group.restore(str(tmp_path / "learner"))
+    with pytest.raises(ValueError, match="num_epochs must be None or >= 1, got 0"):
+        group.update(batch, num_epochs=0)
 
 
 def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_models):

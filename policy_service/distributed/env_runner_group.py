@@ -11,6 +11,14 @@ The loop it lives in:
         group.sync_weights(learner.get_weights(), version)   # one ray.put for all workers
     group.stop()
 
+Off-policy and asynchronous algorithms sample without waiting for every worker:
+
+    for _ in range(iterations):
+        for batch, metrics in group.sample_async():   # fragments of the workers done so far
+            replay.add(batch)                          # each worker already samples its next
+        ...learn from replay...
+        group.sync_weights(learner.get_weights(), wait=False)  # set after their fragment
+
 `num_env_runners=0` runs one `RolloutWorker` in this process (no Ray actors);
 otherwise there are N `RolloutWorker` Ray actors with worker indices 1..N.
 With `remote_inference=True` the group also starts one `PolicyActor`; the
@@ -19,7 +27,8 @@ that actor only.
 
 Faults: a worker that dies (its actor is gone: `RayActorError`) is recreated
 with the same index, given the latest weights, and asked for its fragment
-again. A replacement that dies while starting is tried again after a backoff
+again (by `sample_async()` too, with the same budgets). A replacement that dies
+while starting is tried again after a backoff
 (0.25 s, doubling, at most 4 s). Every replacement made counts in
 `num_restarts` ("num_worker_restarts" in `sample()`'s metrics). Budgets: one
 worker restarted more than `max_restarts_per_sample` times within one
@@ -115,6 +124,8 @@ class EnvRunnerGroup:
             self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
+        self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
+        self._unacked_weights: list = []  # set_weights refs of sync_weights(wait=False)
         if self.num_env_runners == 0:
             self.local_worker = RolloutWorker(env, policy_cls, policy_config, worker_index=0,
                                               policy_actor=self.policy_actor, **self._worker_kwargs)
@@ -144,6 +155,7 @@ class EnvRunnerGroup:
         return batch, metrics
 
     def _sample_remote(self) -> list[tuple[SampleBatch, dict]]:
+        self._check_weight_acks()
         pending = {worker.sample.remote(): slot for slot, worker in enumerate(self.workers)}
         results: dict[int, tuple] = {}
         restarts = [0] * len(self.workers)
@@ -160,6 +172,62 @@ class EnvRunnerGroup:
                 pending[self.workers[slot].sample.remote()] = slot
         return [results[slot] for slot in range(len(self.workers))]
 
+    def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
+        """The fragments of the workers that finished since the last call, as they
+        finished (ray.wait) -> [(batch, metrics)], one per fragment, each metrics
+        as a worker's sample() gives it ("worker_index" included).
+
+        Waits for the first one, at most `timeout_s` (None: until one is ready;
+        a timeout gives []). Every worker that returned is asked for its next
+        fragment at once, so each keeps one request in flight and samples on
+        with the weights it has while the caller learns. A dead worker is
+        replaced and asked again, within the budgets of `sample()`.
+        num_env_runners=0: one fragment, sampled here."""
+        if self.local_worker is not None:
+            return [self.local_worker.sample()]
+        self._check_weight_acks()
+        self._request_missing_fragments()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        restarts = [0] * len(self.workers)
+        results: list[tuple[SampleBatch, dict]] = []
+        while not results:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=remaining)
+            if not ready:
+                break
+            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight),
+                                timeout=0)
+            for ref in ready:
+                results += self._collect_fragment(ref, restarts)
+        return results
+
+    def _collect_fragment(self, ref, restarts: list[int]) -> list[tuple[SampleBatch, dict]]:
+        """The finished request `ref` -> [its result], or [] when its worker died (the
+        worker replaced unless that was done already); the slot is asked again."""
+        slot, asked = self._in_flight.pop(ref)
+        try:
+            result = [ray.get(ref)]
+        except (RayActorError, RayTaskError) as error:
+            if not is_actor_death(error):
+                self._raise_policy_actor_failure(error)
+                raise  # the worker's own code raised; its slot is asked again next call
+            if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
+                self._restart(slot, restarts, "sample_async()", error)
+            result = []
+        self._ask_for_fragment(slot)
+        return result
+
+    def _request_missing_fragments(self) -> None:
+        """One sample request in flight for every worker."""
+        asked = {slot for slot, _ in self._in_flight.values()}
+        for slot in range(len(self.workers)):
+            if slot not in asked:
+                self._ask_for_fragment(slot)
+
+    def _ask_for_fragment(self, slot: int) -> None:
+        worker = self.workers[slot]
+        self._in_flight[worker.sample.remote()] = (slot, worker)
+
     def _raise_policy_actor_failure(self, error: BaseException) -> None:
         """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
         if self._served_policy is not None and died_of_actor_death(error):
@@ -170,11 +238,16 @@ class EnvRunnerGroup:
 
     # ----- weights -----------------------------------------------------------------
 
-    def sync_weights(self, weights: dict, version: int | None = None) -> int:
+    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
         """Give every worker (or the policy actor) these weights: one ray.put in all.
 
         `version` defaults to the last one + 1. -> the version now in use.
+        wait=False (remote workers): return once the weights are sent; a worker
+        busy with a `sample_async` request sets them after it, rather than the
+        caller waiting for it. An error a worker's code raised on them is raised
+        by the next call here; a worker that died is replaced by the next sample.
         """
+        self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
         if self.policy_actor is None and self.local_worker is not None:
@@ -191,6 +264,9 @@ class EnvRunnerGroup:
                     f"{type(error).__name__}") from None
             return version
         _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        if not wait:
+            self._unacked_weights.extend(pending)
+            return version
         restarts = [0] * len(self.workers)
         for slot, ref in enumerate(pending):
             try:
@@ -200,6 +276,20 @@ class EnvRunnerGroup:
                     raise
                 self._restart(slot, restarts, "sync_weights()", error)  # gets the weights just put
         return version
+
+    def _check_weight_acks(self) -> None:
+        """Weights sent without waiting: raise what a worker's code raised on them (a
+        death is left to the next sample, which replaces the worker)."""
+        if not self._unacked_weights:
+            return
+        ready, self._unacked_weights = ray.wait(
+            self._unacked_weights, num_returns=len(self._unacked_weights), timeout=0)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError as error:
+                if not is_actor_death(error):
+                    raise
 
     def num_policy_actor_restarts(self) -> int:
         """Restarts of the PolicyActor so far (0 without remote inference)."""
@@ -283,6 +373,8 @@ class EnvRunnerGroup:
         """Close every env and end the actors this group started."""
         if self.local_worker is not None:
             self.local_worker.stop()
+        self._in_flight.clear()
+        self._unacked_weights = []
         if self.workers:
             try:
                 ray.get([w.stop.remote() for w in self.workers], timeout=10)

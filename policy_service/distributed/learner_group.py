@@ -4,10 +4,15 @@ The loop it lives in (an algorithm's training step):
 
     learners = LearnerGroup(MyPolicy, obs_space, act_space, {"num_learners": 2,
                             "num_gpus_per_learner": 1, ...})
-    learners.load_batch_into_buffer(train_batch)      # sharded across learners, once
-    stats = learners.learn_on_loaded_epochs(10)       # every learner, in step
+    stats = learners.update(train_batch, num_epochs=10)  # loaded once, 10 epochs of SGD
+    stats["num_samples_trained"]                          # valid rows x passes over them
     env_runners.sync_weights(learners.get_weights())
+    learners.save("learner/"); learners.restore("learner/")
     learners.stop()
+
+`update` is the learner's one training call (Acme's `Learner.step`); the
+TFPolicy-like methods under it (`learn_on_batch`, `load_batch_into_buffer`,
+`learn_on_loaded_epochs`, ...) stay for finer control.
 
 `num_learners=0`: the learner is a TFPolicy in this process (a group of one;
 its towers are `num_gpus`). N: N `LearnerHost` Ray actors, reserved as one
@@ -31,6 +36,7 @@ driver prepares batches with `policy_service.train_batches`.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -44,11 +50,13 @@ from policy_service.config import config_for
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.engine.collectives import CollectivePeerError
+from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainColumns, prepare_train_columns
 
 READY_TIMEOUT_S = 60.0  # placement group and actors up, or an error naming the resource
 CONNECT_TIMEOUT_S = 180.0
+NUM_SAMPLES_TRAINED = "num_samples_trained"  # update()'s count of samples trained on
 
 
 class LearnerResourcesError(RuntimeError):
@@ -154,6 +162,26 @@ class LearnerGroup:
 
     # ----- learning -----------------------------------------------------------------
 
+    def update(self, batch: SampleBatch, *, num_epochs: int | None = None,
+               shuffle: bool = True, buffer_index: int = 0) -> dict:
+        """Train on `batch` -> statistics, with "num_samples_trained": the valid
+        (unpadded) rows trained on, counted once per pass over them.
+
+        num_epochs None: one SGD step on the whole batch (`learn_on_batch`).
+        N: the batch loaded onto every learner's towers once, then N epochs of
+        `minibatch_size` SGD steps in one compiled call per learner
+        (`load_batch_into_buffer` + `learn_on_loaded_epochs`)."""
+        if num_epochs is None:
+            stats = self.learn_on_batch(batch)
+        else:
+            if num_epochs < 1:
+                raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+            self.load_batch_into_buffer(batch, buffer_index)
+            stats = self.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
+        stats = dict(stats)
+        stats[NUM_SAMPLES_TRAINED] = samples_trained(stats)
+        return stats
+
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch over all learners -> statistics."""
         if self.local_policy is not None:
@@ -230,6 +258,19 @@ class LearnerGroup:
     def set_state(self, state: dict) -> None:
         self._on_every("set_state", state)
 
+    def save(self, directory: str) -> str:
+        """Write the learner state (get_state) atomically, npz + JSON -> the directory;
+        `TFPolicy.from_checkpoint` reads it too."""
+        state = self.get_state()
+        with checkpoints.atomic_directory(directory) as tmp:
+            checkpoints.write_policy_state(tmp, state)
+        return str(Path(directory).absolute())
+
+    def restore(self, directory: str) -> None:
+        """Set the state `save` wrote: every file checked first (CheckpointFileError, one
+        line naming it), then all of it or, on a state that does not fit, nothing."""
+        self.set_state(checkpoints.read_policy_state(directory))
+
     def _from_one(self, method: str):
         """`method` of the local policy, or of learner 0 (every learner holds the same)."""
         if self.local_policy is not None:
@@ -298,6 +339,14 @@ class LearnerGroup:
                                            f"{self.num_learners}: {err.cause}") from err
                 raise
         return [results[ref] for ref in refs]
+
+
+def samples_trained(stats: dict) -> int:
+    """Valid rows trained on, from a learning call's statistics: "valid_rows" is per
+    SGD step (the mean over the steps of a loaded-epochs call, "num_sgd_steps")."""
+    if "valid_rows" not in stats:
+        raise KeyError(f"learning statistics lack 'valid_rows' (have {sorted(stats)})")
+    return round(float(stats["valid_rows"]) * float(stats.get("num_sgd_steps", 1)))
 
 
 # ----- reserving the learners' resources -------------------------------------------------

@@ -2,7 +2,9 @@
 
 Arrays go in .npz, the rest in JSON. A policy directory holds
 policy_state.json and policy_arrays.npz; an algorithm checkpoint
-checkpoint_NNNNNN/ holds algorithm_state.json and a policy/ directory.
+checkpoint_NNNNNN/ holds algorithm_state.json, a policy/ directory and, when
+the algorithm keeps arrays of its own, algorithm_arrays.npz (listed with their
+dtypes and shapes in algorithm_state.json).
 Classes are named "module:QualName" and resolved only against an allow-list,
 so nothing is imported because a file said so.
 """
@@ -27,6 +29,7 @@ from policy_service.io.space_codec import space_from_json
 POLICY_STATE = "policy_state.json"
 POLICY_ARRAYS = "policy_arrays.npz"
 ALGORITHM_STATE = "algorithm_state.json"
+ALGORITHM_ARRAYS = "algorithm_arrays.npz"  # an algorithm's own arrays (replay buffer, ...)
 POLICY_SUBDIR = "policy"
 ARRAY_GROUPS = ("weights", "optimizer_variables", "rng")  # policy state parts kept in npz
 OPTIONAL_ARRAY_GROUPS = ("target_weights",)  # in npz too, only for policies that have them
@@ -223,7 +226,9 @@ _ALGORITHM_STATE_KEYS = {"algorithm_class": str, "config": dict, "iteration": in
 
 
 def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
-    """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked."""
+    """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked
+    (those added since, "num_samples_trained_total", "algorithm_values" and
+    "algorithm_arrays", are optional: older checkpoints have none)."""
     path = Path(checkpoint) / ALGORITHM_STATE
     state = load_json_object(path, _ALGORITHM_STATE_KEYS)
     for key in ("iteration", "timesteps_total", "num_worker_restarts"):
@@ -232,6 +237,14 @@ def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
     if not (math.isfinite(state["time_total_s"]) and state["time_total_s"] >= 0):
         raise CheckpointFileError(f"{path}: 'time_total_s' must be a finite number >= 0, "
                                   f"got {state['time_total_s']}")
+    for key, kind in (("num_samples_trained_total", int), ("algorithm_values", dict)):
+        if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
+            raise CheckpointFileError(f"{path}: {key!r} must be {_type_names((kind,))}, got "
+                                      f"{_json_kind(state[key])} {_short(state[key])}")
+    if state.get("num_samples_trained_total", 0) < 0:
+        raise CheckpointFileError(f"{path}: 'num_samples_trained_total' must be >= 0, "
+                                  f"got {state['num_samples_trained_total']}")
+    _check_array_manifest(path, state.get("algorithm_arrays", {}))
     for key, kind in (("episode_returns", (int, float)), ("episode_lengths", int)):
         bad = [v for v in state[key] if not isinstance(v, kind) or isinstance(v, bool)
                or not math.isfinite(v)]
@@ -241,8 +254,68 @@ def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
     return state
 
 
+def write_algorithm_arrays(checkpoint: Path, arrays: dict[str, np.ndarray]) -> dict:
+    """Write an algorithm's named arrays to algorithm_arrays.npz (nothing when there
+    are none) -> their manifest {name: {"dtype", "shape"}} for algorithm_state.json."""
+    manifest = {}
+    for name, value in arrays.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"algorithm array names must be non-empty strings, got {name!r}")
+        value = np.asarray(value)
+        if value.dtype.kind not in "biufc":
+            raise ValueError(f"algorithm array {name!r} has dtype {value.dtype}; expected a "
+                             "number or bool type (npz without pickle)")
+        manifest[name] = {"dtype": value.dtype.str, "shape": list(value.shape)}
+    if arrays:
+        save_arrays(checkpoint / ALGORITHM_ARRAYS, {k: np.asarray(v) for k, v in arrays.items()})
+    return manifest
+
+
+def read_algorithm_arrays(checkpoint: str | os.PathLike, manifest: dict) -> dict[str, np.ndarray]:
+    """The arrays `manifest` lists, from algorithm_arrays.npz, each of the dtype and
+    shape listed (CheckpointFileError naming the array when not); {} for none."""
+    path = Path(checkpoint) / ALGORITHM_ARRAYS
+    if not manifest:
+        return {}
+    arrays = load_arrays(path)
+    for name, spec in manifest.items():
+        if name not in arrays:
+            raise CheckpointFileError(f"{path}: array {name!r} missing")
+        expected = (np.dtype(spec["dtype"]), tuple(spec["shape"]))
+        found = (arrays[name].dtype, arrays[name].shape)
+        if found != expected:
+            raise CheckpointFileError(f"{path}: array {name!r} is {found[0]} {found[1]}, "
+                                      f"expected {expected[0]} {expected[1]}")
+    extra = sorted(set(arrays) - set(manifest))
+    if extra:
+        raise CheckpointFileError(f"{path}: arrays {extra} are not listed in {ALGORITHM_STATE}")
+    return arrays
+
+
+def _check_array_manifest(path: Path, manifest) -> None:
+    if not isinstance(manifest, dict):
+        raise CheckpointFileError(f"{path}: 'algorithm_arrays' must be a JSON object, got "
+                                  f"{_json_kind(manifest)}")
+    for name, spec in manifest.items():
+        ok = isinstance(spec, dict) and isinstance(spec.get("dtype"), str) \
+            and isinstance(spec.get("shape"), list) \
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                    for n in spec["shape"])
+        if ok:
+            try:
+                ok = np.dtype(spec["dtype"]).kind in "biufc"
+            except TypeError:
+                ok = False
+        if not ok:
+            raise CheckpointFileError(f"{path}: 'algorithm_arrays' entry {name!r} must be "
+                                      f"{{\"dtype\": a number dtype, \"shape\": [ints >= 0]}}, "
+                                      f"got {_short(spec)}")
+
+
 def read_checkpoint(checkpoint: str | os.PathLike) -> tuple[dict, dict]:
-    """(algorithm state, policy state) of an algorithm checkpoint, both fully checked."""
+    """(algorithm state, policy state) of an algorithm checkpoint, both fully checked.
+    algorithm_arrays.npz (maybe large: a replay buffer) is read, and checked against
+    its manifest, by Algorithm.restore before it assigns anything."""
     checkpoint = Path(checkpoint)
     return read_algorithm_state(checkpoint), read_policy_state(checkpoint / POLICY_SUBDIR)
 

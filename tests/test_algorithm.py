@@ -1,0 +1,366 @@
+"""algorithms/algorithm.py as an extension point: training_step(self), the steps
+it is made of, samples-trained metrics, algorithm state in checkpoints, and PPO
+unchanged by the loop it now runs on (against a hand-written loop)."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import ray
+
+import algorithms
+from algorithms.algorithm import AlgorithmState
+from algorithms.environments import env_maker
+from algorithms.ppo import PPO, PPOPolicy
+from policy_service.config import from_dict, on_cpu
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
+from policy_service.sample_batch import SampleBatch, concat_samples
+from scripts import cli
+
+PPO_RUN = {"env": "CartPole-v1", "seed": 3, "num_env_runners": 0, "num_envs_per_env_runner": 2,
+           "train_batch_size": 256, "minibatch_size": 64, "num_epochs": 3, "lr": 1e-3,
+           "model": {"fcnet_hiddens": [32, 32]}}
+LOSS_STATS = ("policy_loss", "vf_loss", "entropy", "kl", "kl_coeff", "total_loss",
+              "vf_explained_var", "num_sgd_steps", "valid_rows")
+
+
+# ----- PPO on the new loop == the old loop, written out by hand -------------------------
+
+
+def hand_written_ppo(config: dict, iterations: int) -> tuple[list[dict], dict]:
+    """The iteration PPO ran before training_step(self) existed, from the policy's and
+    the env runners' public methods: sample >= train_batch_size, standardize
+    advantages, load once, num_epochs of SGD, adapt the KL coefficient, broadcast.
+    -> (per iteration: returns window and loss stats, final weights)."""
+    cfg = from_dict(PPO.config_class, config)
+    workers = EnvRunnerGroup(env_maker(cfg.env), PPOPolicy, on_cpu(cfg), num_env_runners=0,
+                             num_envs_per_env_runner=cfg.num_envs_per_env_runner,
+                             rollout_fragment_length=cfg.fragment_length(), seed=cfg.seed)
+    policy = PPOPolicy(workers.observation_space, workers.action_space, cfg)
+    workers.sync_weights(policy.get_weights(), version=0)
+    returns, rows = [], []
+    for iteration in range(1, iterations + 1):
+        batches, steps = [], 0
+        while steps < cfg.train_batch_size:
+            batch, metrics = workers.sample()
+            batches.append(batch)
+            steps += metrics["env_steps"]
+            returns += metrics["episode_returns"]
+        batch = concat_samples(batches)
+        advantages = np.asarray(batch[SampleBatch.ADVANTAGES], np.float32)
+        batch[SampleBatch.ADVANTAGES] = ((advantages - advantages.mean())
+                                         / max(float(advantages.std()), 1e-4))
+        batch.pop(SampleBatch.NEXT_OBS)
+        policy.load_batch_into_buffer(batch)
+        stats = policy.learn_on_loaded_epochs(cfg.num_epochs)
+        policy.update_kl(stats["kl"])
+        workers.sync_weights(policy.get_weights(), version=iteration)
+        window = returns[-cfg.metrics_num_episodes_for_smoothing:]
+        rows.append({"episode_return_mean": float(np.mean(window)), "timesteps": steps,
+                     **{k: stats[k] for k in LOSS_STATS}})
+    workers.stop()
+    return rows, policy.get_weights()
+
+
+def test_ppo_on_training_step_is_bitwise_the_hand_written_iteration():
+    expected, expected_weights = hand_written_ppo(PPO_RUN, 3)
+    algo = PPO(PPO_RUN)
+    try:
+        got = [algo.train() for _ in range(3)]
+        weights = algo.get_policy().get_weights()
+    finally:
+        algo.stop()
+    for want, have in zip(expected, got):
+        assert have["episode_return_mean"] == want["episode_return_mean"]
+        assert have["env_steps_this_iter"] == want["timesteps"]
+        for key in LOSS_STATS:
+            assert have[key] == want[key], key
+    for name, value in expected_weights.items():
+        np.testing.assert_array_equal(weights[name], value, err_msg=name)
+
+
+def test_samples_trained_come_from_the_learner_not_from_epochs_times_rows():
+    """An LSTM batch is padded to whole sequences: the learner counts only valid rows,
+    once per epoch; the epochs' padding never counts."""
+    config = dict(PPO_RUN, train_batch_size=100, minibatch_size=40, num_epochs=2,
+                  model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8,
+                         "max_seq_len": 10})
+    algo = PPO(config)
+    try:
+        first, second = algo.train(), algo.train()
+    finally:
+        algo.stop()
+    for metrics in (first, second):
+        assert metrics["num_samples_trained_this_iter"] == 2 * metrics["env_steps_this_iter"]
+        # padded rows were stepped over too: more rows per step than valid ones
+        assert metrics["num_sgd_steps"] * 40 > metrics["num_samples_trained_this_iter"]
+    assert second["num_samples_trained_total"] == (first["num_samples_trained_this_iter"]
+                                                   + second["num_samples_trained_this_iter"])
+    assert second["num_samples_trained_per_s"] == pytest.approx(
+        second["num_samples_trained_this_iter"] / second["learn_time_s"])
+
+
+# ----- an off-policy-shaped algorithm with state of its own -----------------------------
+
+REPLAY_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.ADVANTAGES,
+                  SampleBatch.VALUE_TARGETS, SampleBatch.ACTION_LOGP,
+                  SampleBatch.ACTION_DIST_INPUTS, SampleBatch.VF_PREDS)
+
+
+class FifoReplayPPO(PPO):
+    """What a replay-based algorithm does with the loop, in miniature: fragments as
+    workers finish go into a FIFO of the last CAPACITY rows; each iteration is one
+    SGD step on BATCH rows its own RNG draws; weights go out every second update."""
+
+    CAPACITY, BATCH = 64, 32
+
+    def __init__(self, config):
+        self.replay: dict[str, np.ndarray] = {}
+        self.size = self.next_row = self.updates = 0
+        self.rng = np.random.default_rng(0)
+        super().__init__(config)
+
+    def training_step(self) -> dict:
+        self.add(self.sample_ready())
+        rows = self.rng.integers(0, self.size, self.BATCH)
+        minibatch = SampleBatch({k: v[rows] for k, v in self.replay.items()})
+        stats = self.learner_update(lambda learners: learners.update(minibatch))
+        self.updates += 1
+        if self.updates % 2 == 0:
+            self.broadcast_weights()
+        return stats
+
+    def add(self, batch: SampleBatch) -> None:
+        n = min(batch.count, self.CAPACITY)
+        index = (self.next_row + np.arange(n)) % self.CAPACITY
+        for name in REPLAY_COLUMNS:
+            values = np.asarray(batch[name])[-n:]
+            if name not in self.replay:
+                self.replay[name] = np.zeros((self.CAPACITY,) + values.shape[1:], values.dtype)
+            self.replay[name][index] = values
+        self.next_row = int((self.next_row + n) % self.CAPACITY)
+        self.size = min(self.size + n, self.CAPACITY)
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        return AlgorithmState(
+            {"size": self.size, "next_row": self.next_row, "updates": self.updates,
+             "rng": self.rng.bit_generator.state},
+            {f"replay/{k}": v for k, v in self.replay.items()})
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        for key in ("size", "next_row", "updates", "rng"):
+            if key not in state.values:
+                raise ValueError(f"algorithm state value {key!r} missing")
+        if not 0 <= state.values["size"] <= self.CAPACITY:
+            raise ValueError(f"algorithm state value 'size' must be in [0, {self.CAPACITY}], "
+                             f"got {state.values['size']}")
+        wanted = {f"replay/{k}" for k in REPLAY_COLUMNS} if state.values["size"] else set()
+        if set(state.arrays) != wanted:
+            raise ValueError(f"algorithm arrays must be {sorted(wanted)}, got "
+                             f"{sorted(state.arrays)}")
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.size, self.next_row, self.updates = (
+            state.values[k] for k in ("size", "next_row", "updates"))
+        self.rng = np.random.default_rng()
+        self.rng.bit_generator.state = state.values["rng"]
+        self.replay = {k.removeprefix("replay/"): v for k, v in state.arrays.items()}
+
+
+REPLAY_RUN = {"env": "CartPole-v1", "seed": 11, "num_envs_per_env_runner": 2,
+              "rollout_fragment_length": 10, "lr": 1e-3, "model": {"fcnet_hiddens": [16]}}
+
+
+@pytest.fixture(scope="module")
+def replay_run(tmp_path_factory):
+    """Two iterations, a save, a third: the saved checkpoint and what followed it."""
+    path = tmp_path_factory.mktemp("replay") / "ckpt"
+    algo = FifoReplayPPO(REPLAY_RUN)
+    try:
+        algo.train(), algo.train()
+        algo.save(str(path))
+        third = algo.train()
+        after = {"weights": algo.get_policy().get_weights(),
+                 "state": algo.get_algorithm_state(), "metrics": third}
+    finally:
+        algo.stop()
+    return path, after
+
+
+def test_a_replay_algorithm_resumes_exactly_its_state_saved_beside_the_learner(replay_run):
+    path, after = replay_run
+    algo = FifoReplayPPO(REPLAY_RUN)
+    try:
+        algo.restore(str(path))
+        assert (algo.iteration, algo.updates) == (2, 2) and 40 <= algo.size <= 42
+        third = algo.train()
+        weights, state = algo.get_policy().get_weights(), algo.get_algorithm_state()
+    finally:
+        algo.stop()
+    for key in ("total_loss", "policy_loss", "vf_loss", "kl", "valid_rows", "timesteps_total",
+                "env_steps_this_iter", "num_samples_trained_this_iter",
+                "num_samples_trained_total"):
+        assert third[key] == after["metrics"][key], key
+    assert third["num_samples_trained_total"] == 3 * FifoReplayPPO.BATCH
+    for name, value in after["weights"].items():
+        np.testing.assert_array_equal(weights[name], value, err_msg=name)
+    assert state.values == after["state"].values
+    assert sorted(state.arrays) == sorted(after["state"].arrays)
+    for name, value in after["state"].arrays.items():
+        np.testing.assert_array_equal(state.arrays[name], value, err_msg=name)
+
+
+def test_algorithm_arrays_are_an_npz_listed_in_the_json(replay_run):
+    path, _ = replay_run
+    files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+    assert files == [ALGORITHM_ARRAYS, ALGORITHM_STATE, "policy/policy_arrays.npz",
+                     "policy/policy_state.json"]
+    saved = json.loads((path / ALGORITHM_STATE).read_text())
+    assert saved["algorithm_values"]["updates"] == 2
+    assert saved["algorithm_arrays"]["replay/obs"] == {"dtype": "<f4", "shape": [64, 4]}
+    with np.load(path / ALGORITHM_ARRAYS, allow_pickle=False) as data:
+        assert sorted(data.files) == sorted(saved["algorithm_arrays"])
+
+
+def corrupt_missing(path):
+    (path / ALGORITHM_ARRAYS).unlink()
+
+
+def corrupt_truncated(path):
+    data = (path / ALGORITHM_ARRAYS).read_bytes()
+    (path / ALGORITHM_ARRAYS).write_bytes(data[:len(data) // 2])
+
+
+def corrupt_shape(path):
+    with np.load(path / ALGORITHM_ARRAYS, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    arrays["replay/obs"] = arrays["replay/obs"][:10]
+    np.savez(path / ALGORITHM_ARRAYS, **arrays)
+
+
+def corrupt_manifest(path):
+    saved = json.loads((path / ALGORITHM_STATE).read_text())
+    saved["algorithm_arrays"]["replay/obs"]["dtype"] = "object"
+    (path / ALGORITHM_STATE).write_text(json.dumps(saved))
+
+
+def corrupt_values(path):
+    saved = json.loads((path / ALGORITHM_STATE).read_text())
+    saved["algorithm_values"]["size"] = 1000
+    (path / ALGORITHM_STATE).write_text(json.dumps(saved))
+
+
+@pytest.mark.parametrize("corrupt, error, message", [
+    (corrupt_missing, CheckpointFileError, r"algorithm_arrays\.npz: missing"),
+    (corrupt_truncated, CheckpointFileError, r"algorithm_arrays\.npz: not a readable npz"),
+    (corrupt_shape, CheckpointFileError,
+     r"array 'replay/obs' is float32 \(10, 4\), expected float32 \(64, 4\)"),
+    (corrupt_manifest, CheckpointFileError, r"'algorithm_arrays' entry 'replay/obs' must be"),
+    (corrupt_values, ValueError, r"'size' must be in \[0, 64\], got 1000"),
+], ids=["missing", "truncated", "wrong_shape", "bad_manifest", "refused_by_the_algorithm"])
+def test_a_bad_algorithm_state_is_one_line_and_changes_nothing(replay_run, tmp_path, corrupt,
+                                                               error, message):
+    path = tmp_path / "ckpt"
+    shutil.copytree(replay_run[0], path)
+    corrupt(path)
+    algo = FifoReplayPPO(REPLAY_RUN)
+    try:
+        weights = algo.get_policy().get_weights()
+        with pytest.raises(error, match=message) as info:
+            algo.restore(str(path))
+        assert "\n" not in str(info.value)
+        assert (algo.iteration, algo.updates, algo.replay) == (0, 0, {})
+        for name, value in algo.get_policy().get_weights().items():
+            np.testing.assert_array_equal(value, weights[name])
+    finally:
+        algo.stop()
+
+
+def test_values_that_are_not_json_are_refused_at_save(tmp_path):
+    class NumpyValues(FifoReplayPPO):
+        def get_algorithm_state(self):
+            return AlgorithmState({"size": np.int64(3)}, {})
+    algo = NumpyValues(REPLAY_RUN)
+    try:
+        with pytest.raises(ValueError, match="NumpyValues.get_algorithm_state.*must be JSON"):
+            algo.save(str(tmp_path / "ckpt"))
+        assert not (tmp_path / "ckpt").exists()
+    finally:
+        algo.stop()
+
+
+def test_a_checkpoint_from_before_algorithm_state_restores(tmp_path):
+    """Older checkpoints have no samples-trained count and no algorithm state."""
+    algo = PPO(PPO_RUN)
+    try:
+        algo.train()
+        algo.save(str(tmp_path / "ckpt"))
+        saved = json.loads((tmp_path / "ckpt" / ALGORITHM_STATE).read_text())
+        for key in ("num_samples_trained_total", "algorithm_values", "algorithm_arrays"):
+            del saved[key]
+        (tmp_path / "ckpt" / ALGORITHM_STATE).write_text(json.dumps(saved))
+        fresh = PPO(PPO_RUN)
+        try:
+            fresh.restore(str(tmp_path / "ckpt"))
+            assert (fresh.iteration, fresh.num_samples_trained_total) == (1, 0)
+            assert fresh.train()["iteration"] == 2
+        finally:
+            fresh.stop()
+    finally:
+        algo.stop()
+
+
+def test_a_registered_algorithm_trains_and_resumes_through_the_command_line(
+        monkeypatch, tmp_path, capsys):
+    """A new algorithm is one registry entry away from `policy-service train NAME`."""
+    monkeypatch.setitem(algorithms.ALGORITHMS, "fifo_replay", f"{__name__}:FifoReplayPPO")
+    run = tmp_path / "run"
+    args = ["train", "fifo_replay", "--env", "CartPole-v1", "--seed", "11", "--output-dir",
+            str(run), "--set", "rollout_fragment_length=10", "--set", "lr=0.001",
+            "--set", "model.fcnet_hiddens=[16]", "--checkpoint-every", "2"]
+    assert cli.main(args + ["--stop-iters", "2"]) == 0
+    assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
+    assert "from checkpoint_000002" in capsys.readouterr().err
+    progress = [json.loads(line) for line in (run / "progress.jsonl").read_text().splitlines()]
+    assert [p["iteration"] for p in progress] == [1, 2, 3]
+    assert progress[-1]["num_samples_trained_total"] == 3 * FifoReplayPPO.BATCH
+    saved = json.loads((run / "checkpoints" / "checkpoint_000003" / ALGORITHM_STATE).read_text())
+    assert saved["algorithm_class"] == f"{__name__}:FifoReplayPPO"
+    assert saved["algorithm_values"]["updates"] == 3
+
+
+def test_an_algorithm_without_an_update_count_is_told_what_to_report():
+    class CountsNothing(PPO):
+        def update_on_batch(self, learners, train_batch):
+            return learners.learn_on_batch(train_batch)
+    algo = CountsNothing(dict(PPO_RUN, train_batch_size=64))
+    try:
+        with pytest.raises(KeyError, match="no 'num_samples_trained'.*LearnerGroup.update"):
+            algo.train()
+    finally:
+        algo.stop()
+
+
+def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_retried(
+        ray_local):
+    """learner_update restarts the group from the driver's last copy and calls the
+    update again: the run goes on exactly as one whose learner lives in the driver."""
+    config = dict(PPO_RUN, train_batch_size=128)
+    local = PPO(config)
+    remote = PPO(dict(config, num_learners=1, num_cpus_per_learner=0.5))
+    try:
+        expected = [local.train() for _ in range(2)]
+        first = remote.train()
+        ray.kill(remote.learner.actors[0])
+        second = remote.train()
+        assert (first["num_learner_restarts"], second["num_learner_restarts"]) == (0, 1)
+        for want, have in zip(expected, (first, second)):
+            assert have["env_steps_this_iter"] == want["env_steps_this_iter"]
+            assert have["total_loss"] == pytest.approx(want["total_loss"], rel=1e-5, abs=1e-6)
+        learner_weights = remote.learner.get_weights()
+        for name, value in local.get_policy().get_weights().items():
+            np.testing.assert_allclose(learner_weights[name], value, rtol=1e-5, atol=1e-6)
+    finally:
+        local.stop()
+        remote.stop()
