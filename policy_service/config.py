@@ -239,6 +239,11 @@ class PolicyConfig(Config):
     learner_placement_strategy: str = setting(
         "PACK", doc="How the learners' placement group spreads over nodes.",
         check=one_of(*PLACEMENT_STRATEGIES))
+    # Read by the EnvRunnerGroup, which starts the inference actor from this config.
+    num_gpus_per_policy_actor: float = setting(
+        0, doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "
+        "fraction (it shares the GPU) or N; the actor acts on the GPUs Ray assigned it.",
+        check=GPU_COUNT)
 
 
 # ----- building and checking ----------------------------------------------------------------
