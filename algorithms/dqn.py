@@ -362,7 +362,6 @@ class DQN(Algorithm):
             self.stop()
             raise
         self.replay = make_replay_buffer(cfg)
-        self.num_env_steps_for_learning = 0  # sampled since learning started
         self.num_sgd_steps_total = 0
         self._timestep_set_on = self.workers  # a new group starts its schedule at 0
 
@@ -378,13 +377,13 @@ class DQN(Algorithm):
             batch = self.sample_ready()
             if batch.count:
                 self.replay.add(batch)
-            if self.timesteps_total >= cfg.num_steps_sampled_before_learning_starts:
-                self.num_env_steps_for_learning += batch.count
             due = sgd_steps_due(self.num_env_steps_for_learning,
                                 self.num_sgd_steps_total * cfg.train_batch_size,
                                 cfg.train_batch_size, cfg.training_intensity,
                                 self.samples_per_round())
-            if due and len(self.replay) >= cfg.train_batch_size:
+            # at most as many rows as the buffer holds per draw; the rest carries over
+            due = min(due, len(self.replay) // cfg.train_batch_size)
+            if due:
                 stats = self.learn_on_replay(due)
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * due
@@ -408,6 +407,12 @@ class DQN(Algorithm):
             self.replay.update_priorities(batch[BATCH_INDEXES], td_errors)
         self.broadcast_weights(wait=False)
         return stats
+
+    @property
+    def num_env_steps_for_learning(self) -> int:
+        """Env steps sampled after the first num_steps_sampled_before_learning_starts:
+        what training_intensity counts against."""
+        return max(0, self.timesteps_total - self.config.num_steps_sampled_before_learning_starts)
 
     def samples_per_round(self) -> int:
         """Env steps one sampling round brings (all workers' fragments)."""
@@ -445,8 +450,7 @@ class DQN(Algorithm):
     # ----- state saved with the algorithm ------------------------------------------------
 
     def get_algorithm_state(self) -> AlgorithmState:
-        values = {"num_env_steps_for_learning": self.num_env_steps_for_learning,
-                  "num_sgd_steps_total": self.num_sgd_steps_total}
+        values = {"num_sgd_steps_total": self.num_sgd_steps_total}
         arrays = {}
         if self.config.checkpoint_replay_buffer:
             state = self.replay.get_state()
@@ -455,11 +459,10 @@ class DQN(Algorithm):
         return AlgorithmState(values, arrays)
 
     def check_algorithm_state(self, state: AlgorithmState) -> None:
-        for key in ("num_env_steps_for_learning", "num_sgd_steps_total"):
-            value = state.values.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"DQN algorithm state value {key!r} must be an int >= 0, "
-                                 f"got {value!r}")
+        value = state.values.get("num_sgd_steps_total")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"DQN algorithm state value 'num_sgd_steps_total' must be an "
+                             f"int >= 0, got {value!r}")
         if "replay_meta" in state.values:
             self.replay.check_state(replay_state(state))
         elif state.arrays:
@@ -467,7 +470,6 @@ class DQN(Algorithm):
                              "'replay_meta'")
 
     def set_algorithm_state(self, state: AlgorithmState) -> None:
-        self.num_env_steps_for_learning = int(state.values["num_env_steps_for_learning"])
         self.num_sgd_steps_total = int(state.values["num_sgd_steps_total"])
         self.replay = make_replay_buffer(self.config)
         if "replay_meta" in state.values:
