@@ -1,27 +1,37 @@
 """Deep Q-Networks (Mnih et al. 2015) with double Q (van Hasselt et al. 2016), dueling
-heads (Wang et al. 2016), n-step returns and prioritized replay's importance weights
-(Schaul et al. 2016): the config and the policy.
+heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016):
+the config, the policy and the training step.
 
 Read top to bottom: the config, the Q model (features of the default or the user's
 model, then a Q head or dueling value/advantage heads), n-step postprocessing (on the
-rollout workers), the TD targets and Huber loss (on every tower), and the TD errors a
-prioritized replay buffer takes as new priorities.
+rollout workers), the TD targets and Huber loss (on every tower), the TD errors a
+prioritized replay buffer takes as new priorities, and the training step.
 
 The target network is TFPolicy's (`target_network_update()`): kept on the learner's
 variable device and moved inside the compiled step, after every
 `target_network_update_freq`-th applied SGD step, by `tau` (1.0: a hard copy).
 
-The training loop (replay, training_intensity, checkpoint_replay_buffer) is not here
-yet; its keys are, so that a DQN config is whole. One training step is:
+The training step (`DQN.training_step`, on the driver) alternates, until
+min_sample_timesteps_per_iteration env steps are sampled:
 
-    batch = buffer.sample(config.train_batch_size)      # with "weights" when prioritized
-    stats = learners.learn_on_batch(batch)              # target moves inside the step
-    buffer.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+    replay.add(self.sample_ready())                  # fragments as workers finish
+    k = SGD steps due so that trained / sampled = training_intensity
+    batch = replay.sample(k * train_batch_size)      # + "weights" when prioritized
+    learners.update(batch, num_epochs=1, shuffle=False)   # k steps, one compiled call;
+                                                     # the target moves inside it
+    replay.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+    broadcast the weights (workers busy sampling take them after their fragment)
 
-Semantics follow RLlib's old-stack TF DQN (names and defaults included), with two
+with nothing trained before num_steps_sampled_before_learning_starts env steps.
+`checkpoint_replay_buffer` saves the buffer (content, priorities, its RNG) with the
+algorithm, so a restored seeded run takes the same next iteration.
+
+Semantics follow RLlib's old-stack TF DQN (names and defaults included), with three
 differences: n-step targets bootstrap with gamma^k for the k rewards actually summed
-(policy_service/n_step.py), and target_network_update_freq counts SGD steps, not
-sampled env steps.
+(policy_service/n_step.py); target_network_update_freq counts SGD steps, not sampled
+env steps; and the k batches of a round are drawn together, with the priorities from
+before the round (RLlib updates them between batches), and the new priorities are the
+TD errors after the round's steps, not those each step's loss saw.
 """
 from __future__ import annotations
 

@@ -258,7 +258,7 @@ def test_the_registry_and_the_tuned_config_name_dqn():
     DQN.config_class(**{k: v for k, v in tuned.items() if k != "model"})
 
 
-def test_train_dqn_on_the_command_line_with_the_tuned_config(tmp_path):
+def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert cli.main(["train", "dqn", "--config", str(TUNED), "--seed", "0",
                      "--output-dir", str(run_dir), "--stop-timesteps", "2000",
@@ -270,3 +270,7 @@ def test_train_dqn_on_the_command_line_with_the_tuned_config(tmp_path):
     assert np.isfinite(progress[-1]["mean_q"])
     result = json.loads((run_dir / "result.json").read_text())
     assert result["stop_reason"] == "stop_timesteps"
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "2"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["episodes"] == 2 and len(stats["episode_lengths"]) == 2
