@@ -135,10 +135,7 @@ class DQNConfig(AlgorithmConfig):
             raise ConfigError(f"{self.key_prefix}.num_grad_accumulation_steps must be 1 for "
                               f"DQN (one replayed batch per SGD step), got "
                               f"{self.num_grad_accumulation_steps}")
-        if self.train_batch_size > self.replay_buffer_capacity:
-            raise ConfigError(f"{self.key_prefix}.train_batch_size must be <= "
-                              f"replay_buffer_capacity ({self.replay_buffer_capacity}), "
-                              f"got {self.train_batch_size}")
+        self.check_at_most("train_batch_size", "replay_buffer_capacity")
         if self.model.use_lstm:
             raise ConfigError(f"{self.key_prefix}.model.use_lstm must be False: DQN "
                               "does not support recurrent models, got True")

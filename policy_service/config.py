@@ -161,6 +161,13 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def check_at_most(self, key: str, limit_key: str, why: str = "") -> None:
+        """A rule across fields: `key`'s value must not exceed `limit_key`'s."""
+        value, limit = getattr(self, key), getattr(self, limit_key)
+        if value > limit:
+            raise ConfigError(f"{self.key_prefix}.{key} must be <= {limit_key} ({limit})"
+                              f"{why}, got {value}")
+
 
 @dataclass
 class ModelConfig(Config):
