@@ -370,7 +370,6 @@ class DQN(Algorithm):
             raise
         self.replay = make_replay_buffer(cfg)
         self.num_sgd_steps_total = 0
-        self._timestep_set_on = self.workers  # a new group starts its schedule at 0
 
     # ----- one iteration ---------------------------------------------------------------
 
@@ -440,19 +439,16 @@ class DQN(Algorithm):
         return initial + frac * (final - initial)
 
     def set_exploration_timestep(self) -> None:
-        """Env runners rebuilt at a save or restore start their policies' timestep at
-        the run's env steps, so epsilon goes on falling from where it was. (Between
-        rebuilds each worker's policy counts the steps it acts; with several remote
-        workers each schedule runs on its own worker's steps.)"""
-        if self.workers is self._timestep_set_on:
-            return
-        self._timestep_set_on = self.workers
+        """Every round, each env runner's exploration schedule is set to the run's env
+        steps (RLlib's global timestep): epsilon falls with the steps of all workers
+        together, and a worker rebuilt at a save, a restore or a restart goes on from
+        there. Remote calls are not waited for: an actor runs its calls in order, so
+        the timestep is set before its next fragment; a dead worker is replaced by
+        sampling, as always."""
         if self.workers.local_worker is not None:
             self.workers.local_worker.set_global_timestep(self.timesteps_total)
-        else:
-            import ray
-            ray.get([w.set_global_timestep.remote(self.timesteps_total)
-                     for w in self.workers.workers])
+        for worker in self.workers.workers:
+            worker.set_global_timestep.remote(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------
 

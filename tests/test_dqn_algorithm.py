@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import ray
 import yaml
 from fakes import assert_weights_close, fake_gpus
 
@@ -235,6 +236,14 @@ def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
         assert last["replay_buffer_size"] == last["timesteps_total"] >= 128
         assert last["num_sgd_steps_total"] > 0
         assert last["num_samples_trained_total"] <= 4.0 * algo.num_env_steps_for_learning
+        # each worker's epsilon schedule stands at the run's env steps (set every
+        # round), not at the steps that worker acted alone
+        counts = ray.get([w.__ray_call__.remote(lambda worker: worker.policy.global_timestep)
+                          for w in algo.workers.workers])
+        # (its own steps would be about half of them; the last round's set may lag,
+        # and a fragment asked for after it may have run)
+        total, fragment = last["timesteps_total"], algo.samples_per_round() // 2
+        assert all(0.75 * total <= c <= total + fragment for c in counts), (counts, total)
     finally:
         algo.stop()
 
