@@ -386,7 +386,7 @@ def dqn_schedule(args) -> list[tuple[str, str, dict]]:
         out.append(("ours", "benchmarks.dqn_e2e", spec))
     if "rllib" in sides:
         rllib_spec = {k: v for k, v in spec.items() if k != "config"}
-        out.append(("rllib", NAME_MODULE, dict(rllib_spec, workload="dqn", settings=settings)))
+        out.append(("rllib", NAME_MODULE, dict(rllib_spec, settings=settings)))
     return out
 
 

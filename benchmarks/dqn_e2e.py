@@ -96,11 +96,11 @@ def measure(spec: dict):
 def spec_for(smoke: bool, config: dict, target: float, max_env_steps: int,
              max_seconds: float) -> dict:
     """A run's spec: `config` (tuned keys; the smoke overrides and budget at smoke)."""
+    base = {"workload": "dqn", "target": target, "prepare_tf": False}  # "workload" names errors
     if smoke:
-        return {"config": dict(config, **SMOKE_OVERRIDES), "target": target,
-                "max_env_steps": SMOKE_MAX_ENV_STEPS, "max_seconds": 300, "prepare_tf": False}
-    return {"config": config, "target": target, "max_env_steps": max_env_steps,
-            "max_seconds": max_seconds, "prepare_tf": False}
+        return dict(base, config=dict(config, **SMOKE_OVERRIDES),
+                    max_env_steps=SMOKE_MAX_ENV_STEPS, max_seconds=300)
+    return dict(base, config=config, max_env_steps=max_env_steps, max_seconds=max_seconds)
 
 
 def summarize(records: list[dict]) -> list[dict]:
