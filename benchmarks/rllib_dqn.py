@@ -6,7 +6,10 @@ RLlib's DQN from them with `run_to_target`. Where the two differ in meaning:
 
   target_network_update_freq  ours counts applied SGD steps, RLlib counts sampled env
                               steps: RLlib's = ours x the env steps RLlib samples per
-                              SGD step, so both targets move every N SGD steps
+                              SGD step, so both targets move every N SGD steps. The
+                              phase differs: RLlib compares env steps, which grow once
+                              per sampling round, so it copies at the first SGD step
+                              of a round; ours after the N-th SGD step
   training_intensity          both: transitions trained on per transition sampled.
                               RLlib realizes it as integer round-robin weights per
                               iteration round (sample k times, then train m times);
