@@ -466,7 +466,7 @@ def ratios(records: list[dict]) -> list[dict]:
     return out
 
 
-DQN_FIGURES = ("reached", "env_steps", "wall_s", "final_return", "best_return")
+DQN_FIGURES = ("reached", "stopped_by", "env_steps", "wall_s", "final_return", "best_return")
 
 
 def dqn_ratios(records: list[dict]) -> list[dict]:

@@ -54,7 +54,8 @@ def train_to_target(train: Callable[[], tuple[int, float | None]], target: float
                     max_env_steps: int, max_seconds: float, start: float) -> dict:
     """Call train() -> (env steps so far, mean return) until the return reaches
     `target`, `max_env_steps` are sampled or `max_seconds` have passed since `start`
-    (checked after each iteration) -> the outcome and its history. Both sides of
+    (checked after each iteration) -> the outcome, which rule stopped it and the
+    history. Both sides of
     compare_rllib's dqn workload stop by this rule."""
     history, reached, steps, ret = [], False, 0, None
     while True:
@@ -66,7 +67,10 @@ def train_to_target(train: Callable[[], tuple[int, float | None]], target: float
             break
     returns = [h["episode_return_mean"] for h in history if h["episode_return_mean"] is not None
                and not math.isnan(h["episode_return_mean"])]
-    return {"reached": bool(reached), "env_steps": steps, "wall_s": history[-1]["wall_s"],
+    stopped_by = ("target" if reached else "max_env_steps" if steps >= max_env_steps
+                  else "max_seconds")
+    return {"reached": bool(reached), "stopped_by": stopped_by, "env_steps": steps,
+            "wall_s": history[-1]["wall_s"],
             "iterations": len(history), "final_return": ret,
             "best_return": max(returns) if returns else None, "history": history}
 
