@@ -125,6 +125,25 @@ def test_rllib_dqn_settings_translation(intensity, rounds, env_steps_per_sgd_ste
     assert settings["env_runners"]["rollout_fragment_length"] == 4
 
 
+@pytest.mark.parametrize("returns, max_env_steps, started_s_ago, stopped_by, steps", [
+    ([10.0, 460.0, 470.0], 10_000, 0, "target", 2000),
+    ([10.0, 20.0, 30.0], 2000, 0, "max_env_steps", 2000),
+    ([10.0, 20.0, 30.0], 10_000, 1e4, "max_seconds", 1000),
+])
+def test_dqn_train_to_target_stops_by_each_rule(returns, max_env_steps, started_s_ago,
+                                                stopped_by, steps):
+    """Both sides of the dqn workload stop by this rule, checked after each iteration."""
+    import time
+    from benchmarks.dqn_e2e import train_to_target
+    results = iter([(1000 * (i + 1), r) for i, r in enumerate(returns)])
+    outcome = train_to_target(lambda: next(results), 450.0, max_env_steps, 600.0,
+                              time.perf_counter() - started_s_ago)
+    assert (outcome["stopped_by"], outcome["env_steps"]) == (stopped_by, steps)
+    assert outcome["reached"] == (stopped_by == "target")
+    assert outcome["iterations"] == steps // 1000 == len(outcome["history"])
+    assert outcome["best_return"] == max(returns[:steps // 1000])
+
+
 @pytest.mark.slow
 @pytest.mark.rllib
 def test_compare_rllib_dqn_smoke(tmp_path):
