@@ -9,7 +9,7 @@ from algorithms.environments import register_env
 # The registry: name -> "module:Class", imported on first use, so `import algorithms`
 # stays light. A new algorithm is a module in algorithms/ and one line here;
 # `policy-service train NAME` finds it through get_algorithm_class.
-ALGORITHMS = {"ppo": "algorithms.ppo:PPO"}
+ALGORITHMS = {"ppo": "algorithms.ppo:PPO", "dqn": "algorithms.dqn:DQN"}
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]
 

@@ -1,39 +1,50 @@
 """Deep Q-Networks (Mnih et al. 2015) with double Q (van Hasselt et al. 2016), dueling
-heads (Wang et al. 2016), n-step returns and prioritized replay's importance weights
-(Schaul et al. 2016): the config and the policy.
+heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016):
+the config, the policy and the training step.
 
 Read top to bottom: the config, the Q model (features of the default or the user's
 model, then a Q head or dueling value/advantage heads), n-step postprocessing (on the
-rollout workers), the TD targets and Huber loss (on every tower), and the TD errors a
-prioritized replay buffer takes as new priorities.
+rollout workers), the TD targets and Huber loss (on every tower), the TD errors a
+prioritized replay buffer takes as new priorities, and the training step.
 
 The target network is TFPolicy's (`target_network_update()`): kept on the learner's
 variable device and moved inside the compiled step, after every
 `target_network_update_freq`-th applied SGD step, by `tau` (1.0: a hard copy).
 
-The training loop (replay, training_intensity, checkpoint_replay_buffer) is not here
-yet; its keys are, so that a DQN config is whole. One training step is:
+The training step (`DQN.training_step`, on the driver) alternates, until
+min_sample_timesteps_per_iteration env steps are sampled:
 
-    batch = buffer.sample(config.train_batch_size)      # with "weights" when prioritized
-    stats = learners.learn_on_batch(batch)              # target moves inside the step
-    buffer.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+    replay.add(self.sample_ready())                  # fragments as workers finish
+    k = SGD steps due so that trained / sampled = training_intensity
+    batch = replay.sample(k * train_batch_size)      # + "weights" when prioritized
+    learners.update(batch, num_epochs=1, shuffle=False)   # k steps, one compiled call;
+                                                     # the target moves inside it
+    replay.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+    broadcast the weights (workers busy sampling take them after their fragment)
 
-Semantics follow RLlib's old-stack TF DQN (names and defaults included), with two
+with nothing trained before num_steps_sampled_before_learning_starts env steps.
+`checkpoint_replay_buffer` saves the buffer (content, priorities, its RNG) with the
+algorithm, so a restored seeded run takes the same next iteration.
+
+Semantics follow RLlib's old-stack TF DQN (names and defaults included), with three
 differences: n-step targets bootstrap with gamma^k for the k rewards actually summed
-(policy_service/n_step.py), and target_network_update_freq counts SGD steps, not
-sampled env steps.
+(policy_service/n_step.py); target_network_update_freq counts SGD steps, not sampled
+env steps; and the k batches of a round are drawn together, with the priorities from
+before the round (RLlib updates them between batches), and the new priorities are the
+TD errors after the round's steps, not those each step's loss saw.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Union
 
 import gymnasium as gym
 import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.algorithm import AlgorithmConfig
+from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
 from policy_service import TFPolicy, masked_mean, models
 from policy_service.config import (
     LAYER_SIZES,
@@ -45,7 +56,8 @@ from policy_service.config import (
 )
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-from policy_service.replay import PRIO_WEIGHTS
+from policy_service.replay import (BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer,
+                                   ReplayBuffer)
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn, check_loss_columns
 
@@ -81,6 +93,13 @@ class DQNConfig(AlgorithmConfig):
         1.0, doc="Each target update: target = tau * online + (1 - tau) * target "
         "(1.0: a hard copy).", check=finite(gt=0, le=1))
     train_batch_size: int = setting(32, doc="Transitions sampled from replay per SGD step.")
+    minibatch_size: Optional[int] = setting(
+        None, doc="Rows per SGD step on the learner: always train_batch_size (None sets it).")
+    rollout_fragment_length: Union[int, str] = setting(
+        4, doc="Steps per sub-env per sample() (RLlib's DQN default 4).")
+    min_sample_timesteps_per_iteration: int = setting(
+        1000, doc="Env steps one train() call samples at least (sampling and learning "
+        "alternate within it).", check=integer(ge=1))
     training_intensity: Optional[float] = setting(
         None, doc="Transitions trained on per transition sampled from the envs; None: "
         "one SGD step per sample() call.", check=finite(gt=0))
@@ -106,10 +125,17 @@ class DQNConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.train_batch_size > self.replay_buffer_capacity:
-            raise ConfigError(f"{self.key_prefix}.train_batch_size must be <= "
-                              f"replay_buffer_capacity ({self.replay_buffer_capacity}), "
-                              f"got {self.train_batch_size}")
+        if self.minibatch_size is None:
+            self.minibatch_size = self.train_batch_size
+        if self.minibatch_size != self.train_batch_size:
+            raise ConfigError(f"{self.key_prefix}.minibatch_size must be None or equal to "
+                              f"train_batch_size ({self.train_batch_size}): DQN takes one "
+                              f"replayed batch per SGD step, got {self.minibatch_size}")
+        if self.num_grad_accumulation_steps != 1:
+            raise ConfigError(f"{self.key_prefix}.num_grad_accumulation_steps must be 1 for "
+                              f"DQN (one replayed batch per SGD step), got "
+                              f"{self.num_grad_accumulation_steps}")
+        self.check_at_most("train_batch_size", "replay_buffer_capacity")
         if self.model.use_lstm:
             raise ConfigError(f"{self.key_prefix}.model.use_lstm must be False: DQN "
                               "does not support recurrent models, got True")
@@ -284,3 +310,182 @@ class DQNPolicy(TFPolicy):
                                                   autograph=False)
         with tf.device(self.plan.devices[0]):
             return self._td_error_fns[key](columns).numpy()
+
+
+# ----- the training step ----------------------------------------------------------------
+
+REPLAY_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS,
+                  SampleBatch.NEXT_OBS, BOOTSTRAP_DISCOUNT)  # what the loss reads
+
+
+def sgd_steps_due(sampled: int, trained: int, batch_size: int,
+                  training_intensity: float | None, samples_per_round: int) -> int:
+    """SGD steps of `batch_size` rows that bring trained / sampled up to the ratio:
+    `training_intensity`, or with None RLlib's native ratio, one step per round of
+    sampling (batch_size / samples_per_round). Never negative; the remainder carries
+    over, so the ratio holds over the run, not per call."""
+    ratio = (batch_size / samples_per_round if training_intensity is None
+             else training_intensity)
+    return max(0, math.floor((sampled * ratio - trained) / batch_size + 1e-9))
+
+
+def make_replay_buffer(cfg: DQNConfig):
+    """The config's replay buffer, seeded from the run's seed."""
+    seed = None if cfg.seed is None else int(cfg.seed)
+    if cfg.prioritized_replay:
+        return PrioritizedReplayBuffer(
+            cfg.replay_buffer_capacity, alpha=cfg.prioritized_replay_alpha,
+            beta=cfg.prioritized_replay_beta, epsilon=cfg.prioritized_replay_eps,
+            columns=REPLAY_COLUMNS, seed=seed)
+    return ReplayBuffer(cfg.replay_buffer_capacity, columns=REPLAY_COLUMNS, seed=seed)
+
+
+class DQN(Algorithm):
+    """DQN's iteration: sample into the replay buffer, then as many SGD steps on
+    replayed batches as training_intensity asks for, priorities from the TD errors,
+    weights out to the workers; repeated until min_sample_timesteps_per_iteration
+    env steps were sampled.
+
+    The SGD steps due after one round of sampling are drawn from the buffer at once
+    and run in one compiled call (`LearnerGroup.update(batch, num_epochs=1,
+    shuffle=False)`: minibatch k is rows [kB, (k+1)B)), so many small steps pay the
+    Python and Ray overhead once per round. Against drawing one batch per step, the
+    later batches of a round are drawn with the priorities from before the round,
+    not from after the earlier batches of it.
+    """
+
+    config_class = DQNConfig
+    policy_class = DQNPolicy
+
+    def __init__(self, config: dict | DQNConfig):
+        super().__init__(config)
+        cfg = self.config
+        try:
+            shards = self.learner.num_towers * max(1, cfg.num_learners)
+            if cfg.train_batch_size % shards:
+                raise ConfigError(f"{cfg.key_prefix}.train_batch_size must be a multiple of "
+                                  f"the {shards} learner towers, got {cfg.train_batch_size}")
+        except BaseException:
+            self.stop()
+            raise
+        self.replay = make_replay_buffer(cfg)
+        self.num_sgd_steps_total = 0
+        self._timestep_set_on = self.workers  # a new group starts its schedule at 0
+
+    # ----- one iteration ---------------------------------------------------------------
+
+    def training_step(self) -> dict:
+        cfg = self.config
+        steps_before = self.timesteps_total
+        totals: dict[str, float] = {}
+        num_steps = 0
+        while self.timesteps_total - steps_before < cfg.min_sample_timesteps_per_iteration:
+            self.set_exploration_timestep()
+            batch = self.sample_ready()
+            if batch.count:
+                self.replay.add(batch)
+            due = sgd_steps_due(self.num_env_steps_for_learning,
+                                self.num_sgd_steps_total * cfg.train_batch_size,
+                                cfg.train_batch_size, cfg.training_intensity,
+                                self.samples_per_round())
+            # at most as many rows as the buffer holds per draw; the rest carries over
+            due = min(due, len(self.replay) // cfg.train_batch_size)
+            if due:
+                stats = self.learn_on_replay(due)
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + float(value) * due
+                num_steps += due
+        stats = {key: value / num_steps for key, value in totals.items()}
+        stats.pop("num_sgd_steps", None)
+        stats.update(num_sgd_steps_this_iter=num_steps,
+                     num_sgd_steps_total=self.num_sgd_steps_total,
+                     replay_buffer_size=len(self.replay), cur_epsilon=self.epsilon())
+        return stats
+
+    def learn_on_replay(self, num_steps: int) -> dict:
+        """num_steps SGD steps on batches replayed now, in one compiled call; then the
+        replayed rows' priorities from their TD errors, and the weights broadcast."""
+        batch = self.replay.sample(num_steps * self.config.train_batch_size)
+        stats = self.learner_update(
+            lambda learners: learners.update(batch, num_epochs=1, shuffle=False))
+        self.num_sgd_steps_total += num_steps
+        if isinstance(self.replay, PrioritizedReplayBuffer):
+            td_errors = self.learner.foreach_policy(DQNPolicy.compute_td_error, batch)[0]
+            self.replay.update_priorities(batch[BATCH_INDEXES], td_errors)
+        self.broadcast_weights(wait=False)
+        return stats
+
+    @property
+    def num_env_steps_for_learning(self) -> int:
+        """Env steps sampled after the first num_steps_sampled_before_learning_starts:
+        what training_intensity counts against."""
+        return max(0, self.timesteps_total - self.config.num_steps_sampled_before_learning_starts)
+
+    def samples_per_round(self) -> int:
+        """Env steps one sampling round brings (all workers' fragments)."""
+        cfg = self.config
+        return cfg.fragment_length() * cfg.num_envs_per_env_runner * max(1, cfg.num_env_runners)
+
+    # ----- the exploration schedule ------------------------------------------------------
+
+    def epsilon(self) -> float:
+        """The schedule's epsilon at this run's env steps (what the workers act with)."""
+        explore = self.config.exploration_config
+        if explore.get("type") != "EpsilonGreedy":
+            return float("nan")
+        initial = float(explore.get("initial_epsilon", 1.0))
+        final = float(explore.get("final_epsilon", 0.05))
+        frac = min(1.0, self.timesteps_total / max(1, int(explore.get("epsilon_timesteps",
+                                                                      10000))))
+        return initial + frac * (final - initial)
+
+    def set_exploration_timestep(self) -> None:
+        """Env runners rebuilt at a save or restore start their policies' timestep at
+        the run's env steps, so epsilon goes on falling from where it was. (Between
+        rebuilds each worker's policy counts the steps it acts; with several remote
+        workers each schedule runs on its own worker's steps.)"""
+        if self.workers is self._timestep_set_on:
+            return
+        self._timestep_set_on = self.workers
+        if self.workers.local_worker is not None:
+            self.workers.local_worker.set_global_timestep(self.timesteps_total)
+        else:
+            import ray
+            ray.get([w.set_global_timestep.remote(self.timesteps_total)
+                     for w in self.workers.workers])
+
+    # ----- state saved with the algorithm ------------------------------------------------
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        values = {"num_sgd_steps_total": self.num_sgd_steps_total}
+        arrays = {}
+        if self.config.checkpoint_replay_buffer:
+            state = self.replay.get_state()
+            values["replay_meta"] = state["meta"]
+            arrays = {f"replay/{name}": value for name, value in state["arrays"].items()}
+        return AlgorithmState(values, arrays)
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        value = state.values.get("num_sgd_steps_total")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"DQN algorithm state value 'num_sgd_steps_total' must be an "
+                             f"int >= 0, got {value!r}")
+        if "replay_meta" in state.values:
+            self.replay.check_state(replay_state(state))
+        elif state.arrays:
+            raise ValueError(f"DQN algorithm state has arrays {sorted(state.arrays)} but no "
+                             "'replay_meta'")
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.num_sgd_steps_total = int(state.values["num_sgd_steps_total"])
+        self.replay = make_replay_buffer(self.config)
+        if "replay_meta" in state.values:
+            self.replay.set_state(replay_state(state))
+
+
+def replay_state(state: AlgorithmState) -> dict:
+    """The replay buffer's get_state() back from an AlgorithmState."""
+    prefix = "replay/"
+    return {"meta": state.values["replay_meta"],
+            "arrays": {name[len(prefix):]: value for name, value in state.arrays.items()
+                       if name.startswith(prefix)}}

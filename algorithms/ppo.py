@@ -29,7 +29,7 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import TFPolicy, masked_mean
-from policy_service.config import ConfigError, finite, setting
+from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
 
@@ -69,10 +69,7 @@ class PPOConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.minibatch_size > self.train_batch_size:
-            raise ConfigError(f"{self.key_prefix}.minibatch_size must be <= "
-                              f"train_batch_size ({self.train_batch_size}), "
-                              f"got {self.minibatch_size}")
+        self.check_at_most("minibatch_size", "train_batch_size")
 
 
 # ----- postprocessing: GAE ---------------------------------------------------------------

@@ -62,7 +62,6 @@ class CollectiveMember:
     def _measure_size(self, size: int, calls: int, iterations: int, loop_calls: int) -> dict:
         import tensorflow as tf
         x = tf.fill([size], float(self.group.rank + 1))
-        acc = tf.Variable(tf.zeros([size]))
         reduce_once = tf.function(lambda t: self.group.all_reduce_sum([t])[0])
         expected = sum(range(1, self.group.world_size + 1))
         got = float(reduce_once(x)[0])
@@ -70,27 +69,31 @@ class CollectiveMember:
             raise AssertionError(f"all_reduce_sum gave {got}, expected {expected}")
         times = {"function": [1e3 * s for s in stats.timed(lambda: reduce_once(x), calls,
                                                             warmup=3)]}
-        with_collective = self._loop(acc, lambda t: self.group.all_reduce_sum([t])[0],
-                                     iterations)
-        local_only = self._loop(acc, lambda t: t, iterations)
+        with_collective = summing_loop([x], self.group.all_reduce_sum, iterations)
+        local_only = summing_loop([x], lambda ts: ts, iterations)
         for mode, loop in (("while_loop", with_collective), ("while_loop_local", local_only)):
             times[mode] = [1e3 * s / iterations
-                           for s in stats.timed(lambda loop=loop: loop(x), loop_calls,
-                                                 warmup=1)]
+                           for s in stats.timed(loop, loop_calls, warmup=1)]
         return times
 
-    @staticmethod
-    def _loop(acc, summed, iterations: int):
-        import tensorflow as tf
 
-        @tf.function
-        def loop(x):
-            def body(i):
-                acc.assign_add(summed(x))
-                return i + 1
-            tf.while_loop(lambda i: i < iterations, body, [tf.constant(0)])
-            return acc.read_value()
-        return loop
+def summing_loop(tensors: list, summed, iterations: int):
+    """A tf.function running `summed(tensors)` (a CollectiveGroup's all_reduce_sum,
+    or the identity for the local baseline) `iterations` times in one tf.while_loop,
+    each result added to an accumulator so that nothing is pruned. Call it with no
+    arguments; it returns the accumulators."""
+    import tensorflow as tf
+    accumulators = [tf.Variable(tf.zeros_like(t)) for t in tensors]
+
+    @tf.function
+    def loop():
+        def body(i):
+            for acc, total in zip(accumulators, summed(tensors)):
+                acc.assign_add(total)
+            return i + 1
+        tf.while_loop(lambda i: i < iterations, body, [tf.constant(0)])
+        return [acc.read_value() for acc in accumulators]
+    return loop
 
 
 def measure(spec: dict):

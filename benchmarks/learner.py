@@ -26,14 +26,21 @@ not, so the comparison is conservative for us.
     python -m benchmarks.learner                       # full run, ~5 min
     python -m benchmarks.learner --smoke               # CI size
     python -m benchmarks.learner --models mlp --towers 1,2 --threads "1,2;2,2"
+    python -m benchmarks.learner --learners 1,2 --accumulate 1,4   # the LearnerGroup
+
+With --learners the script measures the LearnerGroup instead (N learner actors,
+each on --towers towers, gradients all-reduced inside the compiled step) beside the
+bare collective between the same processes: see benchmarks/learner_group.py.
+Its results go to learner_group.json / learner_group.png.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from benchmarks import harness, plots, stats
+from benchmarks import harness, learner_group, plots, stats
 
 NAME = "learner"
+GROUP_NAME = "learner_group"
 VALUE = "samples_per_s"
 KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads")
 
@@ -45,12 +52,14 @@ def measure(spec: dict):
     engine, model, towers = spec["engine"], spec["model"], spec["towers"]
     epochs, minibatch = spec["epochs"], spec["minibatch"]
     batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
-    base = {"bench": NAME, "engine": engine, "model": model, "towers": towers,
-            "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
+    base = {"bench": spec.get("bench", NAME), "engine": engine, "model": model,
+            "towers": towers, "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
             "threads": spec["threads"], "threads_actual": harness.tf_threads(),
             "round": spec["round"], "epochs": epochs, "minibatch": minibatch,
             "num_samples": batch.count}
-    if engine == "ours":
+    if engine == learner_group.ENGINE:
+        yield from learner_group.measure(spec, base)
+    elif engine == "ours":
         yield from _measure_ours(spec, batch, base, ppo_shaped)
     else:
         yield from _measure_ceiling(spec, batch, base, ppo_shaped)
@@ -143,6 +152,72 @@ def configurations(args) -> list[dict]:
     return configs
 
 
+def group_configurations(args) -> list[dict]:
+    """One child per (model, learners, accumulate): the LearnerGroup sweep."""
+    size = {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1,
+            "probe_epochs": 1} if args.smoke \
+        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
+              "probe_rounds": args.probe_rounds, "probe_epochs": args.probe_epochs}
+    towers = int((args.towers or "1").split(",")[0])
+    return [dict(size, bench=GROUP_NAME, engine=learner_group.ENGINE, model=model,
+                 learners=int(n), accumulate=int(k), towers=towers,
+                 minibatch=args.minibatch, threads=None, real_gpus=args.real_gpus,
+                 cpus_per_learner=args.cpus_per_learner, prepare_tf=False)
+            for model in (args.models or "mlp").split(",")
+            for n in args.learners.split(",") for k in (args.accumulate or "1").split(",")]
+
+
+def summarize_group(records: list[dict]) -> list[dict]:
+    keys = ("model", "mode", "learners", "accumulate", "towers", "device_kind")
+    summary = stats.summarize([r for r in records if r.get("mode") != "all_reduce"], keys,
+                              VALUE)
+    probes = [r for r in records if r.get("mode") == "all_reduce"]
+    for name in ("group_ms", "bare_flat_ms", "bare_packed_ms", "step_ms", "local_step_ms",
+                 "group_cpu_ms", "bare_flat_cpu_ms", "bare_packed_cpu_ms"):
+        for row in stats.summarize(probes, keys, name):
+            match = next((s for s in summary if all(s.get(k) == row.get(k) for k in keys)),
+                         None)
+            if match is None:
+                summary.append(row)
+            else:
+                match[name] = row[name]
+    for row in summary:
+        if row.get("mode") == "all_reduce" and row.get("group_ms") is not None:
+            row["vs_bare"] = stats.ratio(row["group_ms"], row["bare_flat_ms"])
+            row["vs_bare_cpu"] = stats.ratio(row.get("group_cpu_ms"),
+                                             row.get("bare_flat_cpu_ms"))
+        if row.get("mode") == "epoch":
+            row["vs_1_learner"] = stats.ratio(row.get(VALUE), stats.find(
+                summary, VALUE, mode="epoch", learners=1, model=row["model"],
+                accumulate=row["accumulate"]))
+    for probe in probes:  # the resources of the roles, from any round
+        for row in summary:
+            if all(row.get(k) == probe.get(k) for k in keys):
+                row.setdefault("resources", probe.get("resources"))
+    for record in records:
+        if record.get("mode") == "epoch":
+            for row in summary:
+                if all(row.get(k) == record.get(k) for k in keys):
+                    row.setdefault("resources", record.get("resources"))
+    return summary
+
+
+def plot_group(summary: list[dict], out_dir: str) -> list:
+    rows = [r for r in summary if r.get("mode") == "all_reduce"]
+    labels = [f"{r['learners']} learners, K={r['accumulate']}" for r in rows]
+    ms = plots.bar_chart(
+        f"{out_dir}/{GROUP_NAME}.png", "ms per all-reduce: LearnerGroup vs bare collective",
+        "ms", labels,
+        {"group (step - local step)": [r.get("group_ms") for r in rows],
+         "bare, flat tensor": [r.get("bare_flat_ms") for r in rows],
+         "bare, the step's tensors": [r.get("bare_packed_ms") for r in rows]})
+    epochs = [r for r in summary if r.get("mode") == "epoch"]
+    rate = plots.bar_chart(
+        f"{out_dir}/{GROUP_NAME}_samples.png", "LearnerGroup samples/s, 10 epochs x 4000 / 128",
+        "samples/s", [f"{r['learners']} learner(s), K={r['accumulate']}" for r in epochs],
+        {"samples/s": [r.get(VALUE) for r in epochs]})
+    return [p for p in (ms, rate) if p]
+
 
 def summarize(records: list[dict]) -> list[dict]:
     for record in records:  # CPU time: the steadier measure on a busy machine
@@ -200,7 +275,25 @@ def main(argv=None):
     parser.add_argument("--minibatch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per child")
     parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
+    parser.add_argument("--learners", default=None,
+                        help="comma-separated learner counts: measure the LearnerGroup "
+                             "(each learner on the first --towers value, default 1)")
+    parser.add_argument("--accumulate", default=None,
+                        help="with --learners: num_grad_accumulation_steps values, default 1")
+    parser.add_argument("--cpus-per-learner", type=float, default=1.0)
+    parser.add_argument("--probe-rounds", type=int, default=7,
+                        help="with --learners: alternating A/B rounds inside the learners")
+    parser.add_argument("--probe-epochs", type=int, default=2,
+                        help="with --learners: epochs per timed call inside the learners "
+                             "(few: each all-reduce holds two TF timer threads for the "
+                             "collective timeout, see policy_service/engine/collectives.py)")
     args = parser.parse_args(argv)
+    if args.learners and not args.child:
+        harness.run_benchmark(args, GROUP_NAME, measure, "benchmarks.learner",
+                              group_configurations(args), summarize=summarize_group,
+                              plot=plot_group, workload="LearnerGroup: PPO loss, 10 epochs "
+                              "x 4000 samples, minibatch 128, all-reduce inside the step")
+        return
     harness.run_benchmark(args, NAME, measure, "benchmarks.learner", configurations(args),
                           summarize=summarize, plot=plot,
                           workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")

@@ -89,14 +89,21 @@ def episode_lengths(num_rows: int, rng) -> np.ndarray:
 
 # ----- our library ---------------------------------------------------------------------------
 
+def policy_config(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
+                  real_gpus: bool = False, **more) -> dict:
+    """The PPOPolicy config of the workload on `towers` towers (plus `more` keys)."""
+    return {"num_gpus": towers, "_fake_gpus": not real_gpus, "lr": LR, "seed": 0,
+            "minibatch_size": minibatch_size, "num_epochs": num_epochs,
+            "model": dict(MODELS[model][2]), **more}
+
+
 def make_policy(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
                 real_gpus: bool = False) -> TFPolicy:
     from algorithms.ppo import PPOPolicy
     obs_space, act_space = spaces_for(model)
-    config = {"num_gpus": towers, "_fake_gpus": not real_gpus, "lr": LR, "seed": 0,
-              "minibatch_size": minibatch_size, "num_epochs": num_epochs,
-              "model": dict(MODELS[model][2])}
-    return PPOPolicy(obs_space, act_space, config)
+    return PPOPolicy(obs_space, act_space, policy_config(
+        model, towers, minibatch_size=minibatch_size, num_epochs=num_epochs,
+        real_gpus=real_gpus))
 
 
 # ----- the ceiling: bare Keras ----------------------------------------------------------------

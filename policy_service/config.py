@@ -161,6 +161,13 @@ class Config:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def check_at_most(self, key: str, limit_key: str, why: str = "") -> None:
+        """A rule across fields: `key`'s value must not exceed `limit_key`'s."""
+        value, limit = getattr(self, key), getattr(self, limit_key)
+        if value > limit:
+            raise ConfigError(f"{self.key_prefix}.{key} must be <= {limit_key} ({limit})"
+                              f"{why}, got {value}")
+
 
 @dataclass
 class ModelConfig(Config):
@@ -239,6 +246,11 @@ class PolicyConfig(Config):
     learner_placement_strategy: str = setting(
         "PACK", doc="How the learners' placement group spreads over nodes.",
         check=one_of(*PLACEMENT_STRATEGIES))
+    # Read by the EnvRunnerGroup, which starts the inference actor from this config.
+    num_gpus_per_policy_actor: float = setting(
+        0, doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "
+        "fraction (it shares the GPU) or N; the actor acts on the GPUs Ray assigned it.",
+        check=GPU_COUNT)
 
 
 # ----- building and checking ----------------------------------------------------------------

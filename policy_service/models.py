@@ -39,6 +39,11 @@ def register_custom_model(name: str, model_cls: Callable) -> None:
     _CUSTOM_MODELS[name] = model_cls
 
 
+def unregister_custom_model(name: str) -> None:
+    """Forget a registered custom model (unknown names are ignored)."""
+    _CUSTOM_MODELS.pop(name, None)
+
+
 def custom_model_registry() -> dict[str, Callable]:
     """A copy of the registered custom models. A Ray actor starts in a fresh
     process with an empty registry: actors take this copy and register it."""

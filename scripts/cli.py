@@ -169,6 +169,8 @@ def _user_errors() -> tuple:
                                     ("algorithms.environments", "EnvironmentSetupError"),
                                     ("policy_service.distributed.learner_group",
                                      "LearnerResourcesError"),
+                                    ("policy_service.distributed.policy_actor",
+                                     "PolicyActorResourcesError"),
                                     ("algorithms.evaluation", "CheckpointError"),
                                     ("policy_service.io.checkpoints", "CheckpointFileError"),
                                     ("policy_service.distributed.env_runner_group",

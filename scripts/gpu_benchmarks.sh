@@ -1,69 +1,108 @@
 #!/usr/bin/env bash
-# Every benchmark on the GPUs this machine has, sized to finish in about ten
-# minutes, all results (JSON + PNG) in one folder:
+# The learner benchmarks over the GPUs this machine has, all results (JSON + PNG)
+# in one folder:
 #
-#   scripts/gpu_benchmarks.sh [OUT_DIR]          # default benchmarks/results/gpu-<time>
-#   WITH_RLLIB=1 scripts/gpu_benchmarks.sh       # also compare_rllib.py (CPU, ~+10 min)
-#   SMOKE=1 scripts/gpu_benchmarks.sh OUT_DIR    # every step at its tiny CI size
+#   scripts/gpu_benchmarks.sh [OUT_DIR]              # default benchmarks/results/gpu-<time>
+#   scripts/gpu_benchmarks.sh --fake-gpus [OUT_DIR]  # the same sweep on fake GPUs (CPU)
+#   scripts/gpu_benchmarks.sh --all [OUT_DIR]        # plus inference, sampler, e2e, replica engine
+#   SMOKE=1 ...        every step at its tiny CI size
+#   WITH_RLLIB=1 ...   with --all: also compare_rllib.py (CPU, ~+10 min)
+#   DRY_RUN=1 ...      print the commands instead of running them
+#   NVIDIA_SMI=cmd     how GPUs are listed (default nvidia-smi; `-L` is passed)
 #
-# Towers/replicas are 1, 2, 4 real GPUs, capped at the GPUs found; with no GPU
-# it says so and measures fake GPUs (logical CPU devices) instead. Besides
-# the MLP and LSTM of benchmarks/learner.py, the learner runs a CNN policy on
-# 84x84x4 image observations (the Atari shape).
+# GPUs are counted with `nvidia-smi -L`. With N of them it runs
+#   1. benchmarks/learner.py --learners 1..N --accumulate 1,4: N learner actors, one
+#      GPU each, gradients all-reduced (NCCL) inside the step, beside the bare
+#      collective between the same processes (learner_group.json);
+#   2. benchmarks/learner.py --towers 1,2,4 (capped at N): towers in one process,
+#      beside the bare-Keras ceiling, MLP, LSTM and CNN (learner.json).
+# With no GPU it says so and exits 0 without measuring, unless --fake-gpus: then
+# the same sweep runs on fake GPUs (logical CPU devices), 2 learners unless
+# MAX_LEARNERS says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"
-OUT="${1:-benchmarks/results/gpu-$(date +%Y%m%d-%H%M%S)}"
+FAKE=0
+ALL=0
+OUT=""
+for arg in "$@"; do
+  case "$arg" in
+    --fake-gpus) FAKE=1 ;;
+    --all) ALL=1 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -*) echo "gpu_benchmarks.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+    *) OUT="$arg" ;;
+  esac
+done
+OUT="${OUT:-benchmarks/results/gpu-$(date +%Y%m%d-%H%M%S)}"
 export TF_CPP_MIN_LOG_LEVEL=3
 export BENCH_RAY_NUM_CPUS="${BENCH_RAY_NUM_CPUS:-$(nproc)}"
-mkdir -p "$OUT"
 
-NGPU=$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)
-TOWERS=""
-for n in 1 2 4; do
-  if [ "$n" -le "$NGPU" ]; then TOWERS="${TOWERS:+$TOWERS,}$n"; fi
-done
+NGPU=$( ("${NVIDIA_SMI:-nvidia-smi}" -L 2>/dev/null || true) | grep -c '^GPU' || true)
 if [ "$NGPU" -gt 0 ]; then
   GPU_FLAG="--real-gpus"
-  echo "# $NGPU GPU(s) found: towers $TOWERS" >&2
-else
+  MAX="${MAX_LEARNERS:-$NGPU}"
+  echo "# $NGPU GPU(s) found (nvidia-smi -L): learners 1..$MAX, one GPU each" >&2
+elif [ "$FAKE" = "1" ]; then
   GPU_FLAG=""
-  TOWERS="1,2,4"
-  echo "# no GPU found (nvidia-smi): measuring fake GPUs on the CPU instead" >&2
-fi
-# sizes: one round of the full workloads, or every script's --smoke size (CI)
-if [ "${SMOKE:-0}" = "1" ]; then
-  SIZE="--smoke"; REPEATS=""; DURATION=""; TOWERS="${TOWERS%%,4}"; CALLERS="1,4"
-  E2E_LIMIT=""  # e2e.py picks its own smoke target
+  MAX="${MAX_LEARNERS:-2}"
+  echo "# no GPU found (nvidia-smi -L lists none): --fake-gpus, so the same sweep runs" \
+       "on fake GPUs (logical CPU devices), learners 1..$MAX" >&2
 else
-  SIZE="--rounds 1"; REPEATS="--repeats 3"; DURATION="--duration 3"; CALLERS="1,4,16,64"
-  E2E_LIMIT="--max-seconds 150"
+  echo "gpu_benchmarks.sh: no GPU found (nvidia-smi -L lists none), so there is nothing" \
+       "to measure on GPUs here; pass --fake-gpus to run the same sweep on fake GPUs" >&2
+  exit 0
 fi
+LEARNERS=$(seq -s, 1 "$MAX")
+TOWERS=""
+for n in 1 2 4; do
+  if [ "$n" -le "$MAX" ]; then TOWERS="${TOWERS:+$TOWERS,}$n"; fi
+done
+# CPUs per learner actor: the cores shared by the most learners, at least 1
+CPUS_PER_LEARNER="${CPUS_PER_LEARNER:-$(( BENCH_RAY_NUM_CPUS / MAX > 0 ? BENCH_RAY_NUM_CPUS / MAX : 1 ))}"
+if [ "${SMOKE:-0}" = "1" ]; then
+  SIZE="--smoke"; REPEATS=""; DURATION=""; CALLERS="1,4"; E2E_LIMIT=""
+  TOWERS="${TOWERS%%,4}"; MODELS="mlp"; TOWER_MODELS="mlp,lstm,cnn"
+else
+  SIZE="--rounds 2"; REPEATS="--repeats 3"; DURATION="--duration 3"; CALLERS="1,4,16,64"
+  E2E_LIMIT="--max-seconds 150"; MODELS="mlp,lstm"; TOWER_MODELS="mlp,lstm,cnn"
+fi
+run() {
+  if [ "${DRY_RUN:-0}" = "1" ]; then echo "+ $*" >&2; else "$@"; fi
+}
+[ "${DRY_RUN:-0}" = "1" ] || mkdir -p "$OUT"
 START=$(date +%s)
 step() { echo "# [$(( $(date +%s) - START ))s] $*" >&2; }
 
-step "learner: mlp, lstm, cnn on towers $TOWERS"
-"$PY" -m benchmarks.learner --out "$OUT" $SIZE $REPEATS $GPU_FLAG \
-  --models mlp,lstm,cnn --towers "$TOWERS" | tee "$OUT/learner.jsonl"
+step "learner group: $MODELS, learners $LEARNERS x accumulate 1,4, $CPUS_PER_LEARNER CPU(s) each"
+run "$PY" -m benchmarks.learner --out "$OUT" $SIZE $REPEATS $GPU_FLAG --models "$MODELS" \
+  --learners "$LEARNERS" --accumulate 1,4 --cpus-per-learner "$CPUS_PER_LEARNER" \
+  | run tee "$OUT/learner_group.jsonl"
 
-step "replica engine: MirroredStrategy vs TowerStack vs bare Keras"
-"$PY" -m benchmarks.replica_engine --out "$OUT" $SIZE $REPEATS $GPU_FLAG \
-  --replicas "$TOWERS" --threads "2,2" | tee "$OUT/replica_engine.jsonl"
+step "learner towers: $TOWER_MODELS on towers $TOWERS in one process"
+run "$PY" -m benchmarks.learner --out "$OUT" $SIZE $REPEATS $GPU_FLAG \
+  --models "$TOWER_MODELS" --towers "$TOWERS" | run tee "$OUT/learner.jsonl"
 
-step "inference: remote compute_actions, 1..64 callers"
-"$PY" -m benchmarks.inference --out "$OUT" $SIZE $DURATION --callers "$CALLERS" \
-  --num-gpus "$([ "$NGPU" -gt 0 ] && echo 1 || echo 0)" | tee "$OUT/inference.jsonl"
+if [ "$ALL" = "1" ]; then
+  step "replica engine: MirroredStrategy vs TowerStack vs bare Keras"
+  run "$PY" -m benchmarks.replica_engine --out "$OUT" $SIZE $REPEATS $GPU_FLAG \
+    --replicas "$TOWERS" --threads "2,2" | run tee "$OUT/replica_engine.jsonl"
 
-step "sampler: one rollout worker, CartPole-v1"
-"$PY" -m benchmarks.sampler --out "$OUT" $SIZE $DURATION | tee "$OUT/sampler.jsonl"
+  step "inference: remote compute_actions, 1..64 callers"
+  run "$PY" -m benchmarks.inference --out "$OUT" $SIZE $DURATION --callers "$CALLERS" \
+    --num-gpus "$([ "$NGPU" -gt 0 ] && echo 1 || echo 0)" | run tee "$OUT/inference.jsonl"
 
-E2E_GPUS=$([ "$NGPU" -gt 0 ] && echo "0,1" || echo "0,2")
-step "e2e: PPO CartPole-v1 to 450, GPUs $E2E_GPUS"
-"$PY" -m benchmarks.e2e --out "$OUT" $SIZE --num-gpus "$E2E_GPUS" --runners 2 \
-  $E2E_LIMIT $GPU_FLAG | tee "$OUT/e2e.jsonl"
+  step "sampler: one rollout worker, CartPole-v1"
+  run "$PY" -m benchmarks.sampler --out "$OUT" $SIZE $DURATION | run tee "$OUT/sampler.jsonl"
 
-if [ "${WITH_RLLIB:-0}" = "1" ]; then
-  step "compare_rllib (RLlib's own venv)"
-  "$PY" -m benchmarks.compare_rllib --out "$OUT" $SIZE | tee "$OUT/compare_rllib.jsonl"
+  E2E_GPUS=$([ "$NGPU" -gt 0 ] && echo "0,1" || echo "0,2")
+  step "e2e: PPO CartPole-v1 to 450, GPUs $E2E_GPUS"
+  run "$PY" -m benchmarks.e2e --out "$OUT" $SIZE --num-gpus "$E2E_GPUS" --runners 2 \
+    $E2E_LIMIT $GPU_FLAG | run tee "$OUT/e2e.jsonl"
+
+  if [ "${WITH_RLLIB:-0}" = "1" ]; then
+    step "compare_rllib (RLlib's own venv)"
+    run "$PY" -m benchmarks.compare_rllib --out "$OUT" $SIZE | run tee "$OUT/compare_rllib.jsonl"
+  fi
 fi
 step "done: results in $OUT"

@@ -68,9 +68,13 @@ class RunDirectory:
         os.replace(tmp, self.progress_file)
         return rows
 
-    def write_result(self, metrics: dict, stop_reason: str, checkpoint: Optional[Path]) -> None:
+    def write_result(self, metrics: dict, stop_reason: str, checkpoint: Optional[Path],
+                     resources: Optional[dict] = None) -> None:
+        """The last metrics, why the run stopped, its checkpoint and the resources
+        each role held (scripts/run_resources.py)."""
         write_json(self.result_file, {**metrics, "stop_reason": stop_reason,
-                                       "checkpoint": str(checkpoint) if checkpoint else None})
+                                       "checkpoint": str(checkpoint) if checkpoint else None,
+                                       "resources": resources})
 
     def checkpoint_path(self, iteration: int) -> Path:
         return checkpoints.checkpoint_dir(self.checkpoints, iteration)

@@ -14,7 +14,8 @@ calls and rows per second, errors, wrong rows, restarts, resident memory of
 the actor and of this process. The summary gives RSS growth after the warm-up.
 
 `ppo`: PPO on CartPole-v1 (algorithms/tuned/cartpole_ppo.yaml) with rollout
-worker actors and central inference; a worker is SIGKILLed every K seconds
+worker actors and central inference; a worker is SIGKILLed every K seconds (at
+most once per iteration, so a slow machine never spends a sample's restart budget)
 and the PolicyActor once, until the return or a step/time budget is reached.
 One JSON line per iteration.
 
@@ -214,6 +215,7 @@ def run_ppo(args) -> dict:
     rng = random.Random(args.seed)
     stop = threading.Event()
     kills = {"workers": 0, "policy_actor": 0}
+    last_kill_iteration = [-1]
 
     def killer() -> None:
         start = time.monotonic()
@@ -230,13 +232,17 @@ def run_ppo(args) -> dict:
                     kills["policy_actor"] += 1
                 except Exception:  # noqa: BLE001 - try again on the next tick
                     pass
-            if args.kill_worker_every and elapsed >= next_worker_kill and group.workers:
+            # at most one worker kill per iteration: on a slow machine a fixed period
+            # would spend a sample's restart budget, which test_faults tests apart
+            if args.kill_worker_every and elapsed >= next_worker_kill and group.workers \
+                    and algo.iteration > last_kill_iteration[0]:
                 try:
                     ray.kill(rng.choice(list(group.workers)))
                     kills["workers"] += 1
+                    last_kill_iteration[0] = algo.iteration
                 except Exception:  # noqa: BLE001 - a worker being replaced right now
                     pass
-                next_worker_kill += args.kill_worker_every
+                next_worker_kill = elapsed + args.kill_worker_every
 
     thread = threading.Thread(target=killer, daemon=True)
     start = time.monotonic()

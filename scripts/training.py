@@ -42,6 +42,7 @@ from policy_service.io.space_codec import space_from_json
 from scripts.run_config import algorithm_class, build_config, json_safe, validate_config
 from scripts.run_directory import RunDirectory, default_output_dir
 from scripts.run_display import ProgressDisplay, ScalarWriter
+from scripts.run_resources import role_resources
 from scripts.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
                                  one_line)
 from scripts.stop_request import StopRequest
@@ -235,7 +236,7 @@ def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
     finally:
         display.close()
         scalars.close()
-    run_dir.write_result(last, reason, checkpoint)
+    run_dir.write_result(last, reason, checkpoint, role_resources(algo))
     _report(last, reason, checkpoint, run_dir)
     return 0
 

@@ -18,6 +18,19 @@ devices.prepare_process(NUM_FAKE_GPUS)
 import pytest  # noqa: E402
 
 
+@pytest.fixture(scope="module", autouse=True)
+def custom_models_restored():
+    """A test module's custom model registrations end with it: actors take a copy of
+    the registry, and a model class from tests/ left in it by another module would
+    have to be importable in every later module's Ray workers."""
+    from policy_service import models
+    before = models.custom_model_registry()
+    yield
+    for name in models.custom_model_registry():
+        models.unregister_custom_model(name)
+    models.register_custom_models(before)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A real local Ray for one test module, with the shared test envs and

@@ -116,6 +116,47 @@ def test_train_writes_progress_result_and_config(trained):
     assert config["train_batch_size"] == 256
 
 
+def test_result_records_the_resources_of_the_driver_learner_and_the_env_runner(trained):
+    resources = json.loads((trained / "result.json").read_text())["resources"]
+    driver = resources["driver"]
+    assert driver["holds_learner"] and driver["devices"] == ["/CPU:0", "/CPU:1"]
+    assert driver["CPU"] is None and driver["gpu_ids"] is None  # Ray reserves no driver
+    [runner] = resources["env_runners"]
+    assert (runner["CPU"], runner["GPU"], runner["gpu_ids"]) == (0.5, 0.0, [])
+    assert runner["devices"] == ["/CPU:0"] and runner["pid"] != driver["pid"]
+    assert resources["learners"] == [] and resources["inference_actor"] is None
+
+
+def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path):
+    """One learner actor on 2 fake GPUs, sampling in the driver through a PolicyActor;
+    beside it, a PolicyActor asking for a GPU this machine's Ray lacks fails at once."""
+    run_dir = tmp_path / "actors"
+    run = _start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--fake-gpus",
+                 "--set", "num_learners=1", "--set", "num_gpus_per_learner=2",
+                 "--set", "num_cpus_per_learner=0.5", "--set", "remote_inference=true",
+                 "--seed", "0", "--output-dir", str(run_dir), *TINY)
+    too_big = _start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
+                     "--set", "remote_inference=true", "--set", "num_gpus_per_policy_actor=1",
+                     "--output-dir", str(tmp_path / "too_big"), *TINY)
+    code, _, err = _finish(run)
+    assert code == 0, err
+    code_too_big, _, err_too_big = _finish(too_big)
+    assert code_too_big == 2, err_too_big
+    assert err_too_big.strip().splitlines()[-1] == (
+        "policy-service: error: the PolicyActor needs GPU 1 (num_gpus_per_policy_actor=1); "
+        "the cluster has GPU 0 (0 available)")
+    resources = json.loads((run_dir / "result.json").read_text())["resources"]
+    assert not resources["driver"]["holds_learner"] and resources["driver"]["devices"] is None
+    [learner] = resources["learners"]
+    assert (learner["CPU"], learner["GPU"], learner["gpu_ids"]) == (0.5, 0.0, [])
+    assert learner["devices"] == ["/CPU:0", "/CPU:1"]  # the actor's two fake-GPU towers
+    inference = resources["inference_actor"]
+    assert (inference["CPU"], inference["GPU"], inference["devices"]) == (1.0, 0.0, ["/CPU:0"])
+    [runner] = resources["env_runners"]  # the driver's own sampler, acting remotely
+    assert runner["in_driver"] and runner["devices"] is None
+    assert len({learner["pid"], inference["pid"], resources["driver"]["pid"]}) == 3
+
+
 def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
     checkpoint = trained / "checkpoints" / "checkpoint_000002"
     assert (checkpoint / "algorithm_state.json").exists()

@@ -96,6 +96,33 @@ class Member:
         check = tf.function(self.group.all_identical)
         return bool(check(same)), bool(check(different))
 
+    def weighted_means(self, rank: int, weights: list, poison: bool = False) -> dict:
+        """all_reduce_weighted_mean beside the same sums done tensor by tensor (scale,
+        all_reduce_sum, divide): float32 tensors (one packed buffer) and a float64 one
+        (one collective per dtype). poison: this member's tensors hold NaN and inf."""
+        values = [v for v in rank_values(rank) if v.dtype.kind == "f"]  # 3 x f32, 1 x f64
+        if poison:
+            values = [np.full_like(v, np.nan) if i % 2 else np.full_like(v, np.inf)
+                      for i, v in enumerate(values)]
+        weight = tf.constant(weights[rank], tf.float32)
+
+        @tf.function
+        def both(tensors):
+            f32 = [t for t in tensors if t.dtype == tf.float32]
+            fused, total = self.group.all_reduce_weighted_mean(f32, weight)
+            mixed, mixed_total = self.group.all_reduce_weighted_mean(tensors, weight)
+            summed = self.group.all_reduce_sum(
+                [tf.reshape(weight, [1])]
+                + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors])
+            by_hand = [tf.math.divide_no_nan(x, tf.cast(summed[0][0], x.dtype))
+                       for x in summed[1:]]
+            return fused, total, mixed, mixed_total, by_hand
+
+        fused, total, mixed, mixed_total, by_hand = both([tf.constant(v) for v in values])
+        return {"fused": [t.numpy() for t in fused], "total": float(total),
+                "mixed": [t.numpy() for t in mixed], "mixed_total": float(mixed_total),
+                "by_hand": [t.numpy() for t in by_hand]}
+
     def timed_sum(self) -> tuple[str, float]:
         """Seconds until an all-reduce returns or fails, and how it failed."""
         start = time.perf_counter()
@@ -173,9 +200,72 @@ def test_sums_inside_a_while_loop_accumulate_exactly(pair):
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_weighted_means_are_bit_identical_to_scaling_each_tensor(pair):
+    """The packed buffer [1, t...] scaled and divided whole gives the same bits as
+    each tensor scaled and divided on its own (the LearnerGroup's exactness rests
+    on it); mixed dtypes take one collective per dtype and agree too."""
+    results = ray.get([m.weighted_means.remote(rank, [3.0, 5.0])
+                       for rank, m in enumerate(pair)])
+    f32 = [v for v in rank_values(0) if v.dtype == np.float32]
+    for got in results:
+        assert got["total"] == got["mixed_total"] == 8.0
+        by_hand_f32 = [v for v in got["by_hand"] if v.dtype == np.float32]
+        assert len(got["fused"]) == len(f32) == len(by_hand_f32)
+        for fused, by_hand in zip(got["fused"], by_hand_f32):
+            np.testing.assert_array_equal(fused, by_hand)
+        assert [t.dtype for t in got["mixed"]] == [np.float32, np.float64, np.float32]
+        for mixed, by_hand in zip(got["mixed"], got["by_hand"]):
+            np.testing.assert_array_equal(mixed, by_hand)
+        expected = (3 * rank_values(0)[0] + 5 * rank_values(1)[0]) / 8
+        np.testing.assert_allclose(got["fused"][0], expected, rtol=1e-6)
+
+
+def test_a_member_of_weight_zero_adds_nothing_even_nan(pair):
+    results = ray.get([m.weighted_means.remote(rank, [2.0, 0.0], poison=rank == 1)
+                       for rank, m in enumerate(pair)])
+    own = [v for v in rank_values(0) if v.dtype.kind == "f"]
+    for got in results:
+        assert got["total"] == 2.0
+        for mean, value in zip(got["mixed"], own):
+            np.testing.assert_array_equal(mean, value.astype(mean.dtype))
+    zeros = ray.get([m.weighted_means.remote(rank, [0.0, 0.0])
+                     for rank, m in enumerate(pair)])
+    assert all(got["total"] == 0.0 and not any(np.any(t) for t in got["fused"])
+               for got in zeros)
+
+
 def test_all_identical_tells_equal_from_different_tensors(pair):
     assert ray.get([m.all_identical.remote(r) for r, m in enumerate(pair)]) == \
         [(True, False), (True, False)]
+
+
+def listening_hosts(port: int) -> set[str]:
+    """The local addresses with a TCP socket listening on `port` (Linux /proc/net)."""
+    hosts = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            host, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                hosts.add("0.0.0.0" if host == "0" * width and width == 8 else
+                          "::" if host == "0" * width else host)
+    return hosts
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/net/tcp")
+def test_tensorflows_server_listens_on_every_interface_not_the_host_given(pair):
+    """What collectives.py's security note says: the members were given 127.0.0.1,
+    yet TF's gRPC server listens on all interfaces (grpc_server_lib.cc binds
+    "0.0.0.0:port"); if TF ever honours the host, the note must change."""
+    for member in pair:
+        host, port = ray.get(member.address.remote()).rsplit(":", 1)
+        assert host == "127.0.0.1"
+        hosts = listening_hosts(int(port))
+        assert hosts and hosts <= {"0.0.0.0", "::"}, hosts
 
 
 def test_a_group_of_one_is_the_identity_and_starts_no_server():

@@ -419,11 +419,14 @@ def test_resume_with_no_checkpoint_that_loads_is_one_line(trained_run, tmp_path,
 # ----- scripts/soak.py at a tiny size ------------------------------------------------------
 
 
-def _soak(*args: str) -> tuple[int, list[dict]]:
+def _soak(*args: str) -> tuple[int, list]:
+    """(exit code, JSON records, then the last lines of stderr when it failed)."""
     done = subprocess.run([sys.executable, "-m", "scripts.soak", *args], cwd=REPO,
                           env=_subprocess_env(), capture_output=True, text=True, timeout=600)
-    return done.returncode, [json.loads(line) for line in done.stdout.splitlines()
-                             if line.startswith("{")]
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode:
+        records.append({"stderr": done.stderr.splitlines()[-5:]})
+    return done.returncode, records
 
 
 @pytest.mark.slow

@@ -51,7 +51,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
-from policy_service.distributed.policy_actor import broadcast_weights
+from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
 from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
                                                  RestartablePolicyActor, backoff_delays,
                                                  died_of_actor_death, is_actor_death)
@@ -75,7 +75,9 @@ class EnvRunnerGroup:
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
     policy_actor_options: Ray options of the PolicyActor (remote_inference),
-      e.g. {"num_gpus": 1}; policy_actor_kwargs: its max_batch_size and
+      e.g. {"num_cpus": 1}; its GPUs are the policy config's
+      num_gpus_per_policy_actor unless "num_gpus" is given here (more than the
+      cluster has: PolicyActorResourcesError at once); policy_actor_kwargs: its max_batch_size and
       batch_wait_timeout_s (defaults: one row per sub-env of all workers, 2 ms).
     max_restarts_per_sample: replacements of one worker within one `sample()`
       (or one `sync_weights`), those that died while starting included, before
@@ -359,8 +361,8 @@ class EnvRunnerGroup:
         options = dict(options or {})
         options.setdefault("num_cpus", 1)
         if "num_gpus" not in options:
-            wanted = _config_value(policy_config, "num_gpus", 0)
-            options["num_gpus"] = wanted if ray.cluster_resources().get("GPU", 0) > 0 else 0
+            options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
+        check_policy_actor_resources(options)
         kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002,
                   "custom_models": models.custom_model_registry(), **(kwargs or {})}
         return RestartablePolicyActor(policy_cls, obs_space, action_space, policy_config,

@@ -173,6 +173,13 @@ class RolloutWorker:
         self._weights_version = self._weights_version + 1 if version is None else int(version)
         return self._weights_version
 
+    def set_global_timestep(self, timestep: int) -> None:
+        """Where the local policy's exploration schedule stands (RLlib's
+        global_vars["timestep"]), e.g. the run's env steps for workers rebuilt at a
+        restore; a remote policy keeps its own count."""
+        if self.policy is not None:
+            self.policy.global_timestep = int(timestep)
+
     def get_weights(self) -> dict:
         if self._policy_actor is not None:
             return call_retrying_once(self._policy_actor.get_weights)

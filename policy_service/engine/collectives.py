@@ -44,12 +44,30 @@ What the ops rely on (read in TF's sources, checked by tests/test_collectives.py
   order, from one thread.
 - After a failed collective (timeout, dead peer) TF aborts all collectives in
   the process: the group must be rebuilt in fresh processes.
+- A timeout costs threads: for each collective run with one, TF schedules its
+  timeout check with `SchedNonBlockingClosureAfter`, which on POSIX starts a
+  thread that sleeps for the whole timeout (stack seen in an abort:
+  BaseCollectiveExecutor::CompleteParamsAsync -> PosixEnv::SchedClosureAfter ->
+  std::thread). Measured: 300 all-reduces leave 600 more threads for timeout_s;
+  the time per all-reduce did not change (A/B, noise +-40% on a busy machine).
+  So a learner holds about 2 x all-reduces/s x timeout_s threads: a benchmark
+  probe of ~8,000 all-reduces within 120 s aborted a learner when a thread could
+  not be created. PPO here runs a few hundred all-reduces per iteration, far
+  below that; a fast GPU learner at 300/s would need ~72k threads at 120 s.
+  Still open: no per-op timeout in the SGD loop, with the hang guard elsewhere.
 - `connect` waits for every member without a deadline of its own: the caller
   bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
 
-Security: TF's gRPC server listens on all interfaces ("0.0.0.0:port" is fixed
-in grpc_server_lib.cc; `host` only sets the address peers dial) and has no
-authentication. Run members only on hosts whose network is trusted.
+Security: TF's gRPC server listens on every interface, not on `host` ("0.0.0.0:port"
+is fixed in grpc_server_lib.cc, with insecure credentials; `host` only sets the
+address peers dial; tests/test_collectives.py checks the listening socket). It
+has no authentication and no encryption, and its master and eager services run
+graphs sent to it, so whoever reaches the port can run code in the learner. TF
+offers no option to bind one interface. On a shared network: run learner actors
+(num_learners >= 2) only on a private cluster network (VPC, isolated subnet),
+and let a host firewall admit the learners' ephemeral ports only from the
+cluster's own nodes (e.g. accept from the cluster subnet, drop the rest); where
+that is not possible, train with one learner (no server starts).
 
 A group of one starts no server and runs no collective: `all_reduce_sum` is
 the identity, so a single learner takes the same code path.
@@ -207,6 +225,46 @@ class CollectiveGroup:
             for i, piece in zip(indices, tf.split(summed, sizes)):
                 out[i] = tf.reshape(piece, tensors[i].shape)
         return out
+
+    def all_reduce_weighted_mean(self, tensors: Sequence[tf.Tensor], weight: tf.Tensor
+                                 ) -> tuple[list[tf.Tensor], tf.Tensor]:
+        """(sum over members of weight * t) / (sum of the weights) for each tensor,
+        and that total weight <dtype>[], in one collective.
+
+        A member of weight 0 adds exactly nothing (even NaN or inf); a total of 0
+        gives zeros. A group of one returns the tensors and the weight as given.
+        When every tensor has the weight's dtype, the weight and the tensors
+        travel as one flat buffer [1, t...] that is scaled, and after the sum
+        divided, as a whole: three ops where one per tensor cost measurably more
+        (BENCHMARKS.md); per element the same products, sums and quotients as
+        scaling each tensor, so the results are bit-identical. Mixed dtypes take
+        one collective per dtype."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]
+        weight = tf.convert_to_tensor(weight)
+        self._check_summable(tensors + [weight])
+        if self.world_size == 1:
+            return list(tensors), weight
+        if any(t.dtype != weight.dtype for t in tensors):
+            return self._weighted_mean_by_dtype(tensors, weight)
+        sizes = [1] + [t.shape.num_elements() for t in tensors]
+        with tf.device(self.sum_device):
+            packed = tf.concat([tf.ones([1], weight.dtype)]
+                               + [tf.reshape(t, [-1]) for t in tensors], axis=0)
+            # the leading 1 becomes this member's weight, exactly (1 * w == w)
+            summed = self._collective(tf.math.multiply_no_nan(packed, weight), "Add",
+                                      SUM_GROUP_KEY, self.sum_device, self.implementation,
+                                      "all_reduce_sum")
+            total = summed[0]
+            means = tf.split(tf.math.divide_no_nan(summed, total), sizes)[1:]
+        return [tf.reshape(m, t.shape) for m, t in zip(means, tensors)], total
+
+    def _weighted_mean_by_dtype(self, tensors: list, weight: tf.Tensor) -> tuple:
+        """all_reduce_weighted_mean with each tensor scaled and divided on its own."""
+        summed = self.all_reduce_sum(
+            [tf.reshape(weight, [1])]
+            + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors])
+        total = summed[0][0]
+        return [tf.math.divide_no_nan(s, tf.cast(total, s.dtype)) for s in summed[1:]], total
 
     def all_identical(self, tensors: Sequence[tf.Tensor]) -> tf.Tensor:
         """<bool>[]: True when every member holds bit-identical `tensors`.

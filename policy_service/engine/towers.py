@@ -622,23 +622,16 @@ class TowerStack:
         if self.num_learners == 1:
             return grads, stats, moments, total
         shifts = [tf.convert_to_tensor(m.layer.moving_mean) for m in moments]
-        local = [tf.reshape(total, [1])]
-        local += [_scale(g, total) for per_var in grads for g in per_var if g is not None]
-        local.append(_scale(stats, total))
+        local = [g for per_var in grads for g in per_var if g is not None] + [stats]
         for m, shift in zip(moments, shifts):
-            local += [_scale(m.mean, total), _scale(m.variance + tf.square(m.mean - shift), total)]
-        summed = iter(self.collective_group.all_reduce_sum(local))
-        total = next(summed)[0]
-
-        def mean(x):
-            return tf.math.divide_no_nan(x, tf.cast(total, x.dtype))
-
-        grads = [[None if g is None else mean(next(summed)) for g in per_var]
-                 for per_var in grads]
-        stats = mean(next(summed))
+            local += [m.mean, m.variance + tf.square(m.mean - shift)]
+        means, total = self.collective_group.all_reduce_weighted_mean(local, total)
+        summed = iter(means)
+        grads = [[None if g is None else next(summed) for g in per_var] for per_var in grads]
+        stats = next(summed)
         combined = []
         for m, shift in zip(moments, shifts):
-            batch_mean, second = mean(next(summed)), mean(next(summed))
+            batch_mean, second = next(summed), next(summed)
             combined.append(m._replace(mean=batch_mean, variance=tf.maximum(
                 second - tf.square(batch_mean - shift), 0.0)))
         return grads, stats, combined, total

@@ -1,0 +1,173 @@
+"""The LearnerGroup's part of `benchmarks/learner.py --learners 1,2 --accumulate 1,4`.
+
+Per (model, learners N, accumulation K), in a fresh child with its own local Ray:
+
+  epoch       samples/s of the group: load_batch_into_buffer + learn_on_loaded_epochs
+              (10 epochs x 4,000 samples / 128, one compiled call per learner), timed
+              from the driver, with the resources each role held (driver, learners)
+  all_reduce  (N >= 2) inside every learner, in the same processes, alternating per
+              round (A/B on a busy machine):
+                step_ms        a step of the whole-epoch loop with the all-reduce
+                local_step_ms  the same step on a solo copy of the learner's policy
+                               (same loaded buffer, no collective)
+                group_ms       step_ms - local_step_ms: what the group adds per all-reduce
+                bare_flat_ms   the bare ceiling: all_reduce_sum of one flat float32 tensor
+                               of the step's element count, in a while loop, no model
+                bare_packed_ms the same with the step's own list of tensors (packing
+                               into one buffer and unpacking included)
+              each the slowest learner's (every learner waits for the others), the
+              median over rounds; vs_bare = group_ms / bare_flat_ms (goal <= 1.2).
+              The same in CPU ms of the learner process (*_cpu_ms, group_cpu_ms,
+              vs_bare_cpu: work done, not time spent waiting for a core).
+
+With K-step accumulation one all-reduce serves K minibatches: per-all-reduce
+figures divide by the number of all-reduces, not of minibatches.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+from benchmarks import harness, stats
+from benchmarks.collectives import summing_loop
+
+ENGINE = "group"
+PROBE_MS = ("step_ms", "local_step_ms", "bare_flat_ms", "bare_packed_ms")
+PROBE_CPU_MS = tuple(name.replace("_ms", "_cpu_ms") for name in PROBE_MS)
+
+
+def measure(spec: dict, base: dict):
+    """The child of one (model, learners, accumulate) configuration."""
+    import ray
+
+    from algorithms.ppo import PPOPolicy
+    from benchmarks import ppo_shaped
+    from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.distributed.resources import actor_resources, process_resources
+
+    model, epochs, repeats = base["model"], spec["epochs"], spec["repeats"]
+    batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
+    config = ppo_shaped.policy_config(
+        model, 0, minibatch_size=spec["minibatch"], num_epochs=epochs,
+        real_gpus=spec["real_gpus"], num_learners=spec["learners"],
+        num_gpus_per_learner=spec["towers"], num_cpus_per_learner=spec["cpus_per_learner"],
+        num_grad_accumulation_steps=spec["accumulate"])
+    ray.init(**harness.RAY_INIT)
+    group = LearnerGroup(PPOPolicy, *ppo_shaped.spaces_for(model), config)
+    try:
+        resources = {"driver": process_resources(),
+                     "learners": [actor_resources(a, lambda host: host.policy)
+                                  for a in group.actors]}
+        base = dict(base, engine=ENGINE, learners=spec["learners"],
+                    accumulate=spec["accumulate"], policy_class="PPOPolicy in LearnerGroup",
+                    devices=group.devices, resources=resources,
+                    cpus_per_learner=spec["cpus_per_learner"])
+        valid = batch.count * epochs
+        last = {}
+
+        def whole_epochs():
+            group.load_batch_into_buffer(batch)
+            last.update(group.learn_on_loaded_epochs(epochs))
+
+        walls, cpus = stats.timed_with_cpu(whole_epochs, repeats, warmup=1)
+        seconds = stats.median(walls)
+        yield dict(base, mode="epoch", seconds=seconds, cpu_seconds=stats.median(cpus),
+                   samples=valid, sgd_steps=int(last["num_sgd_steps"]),
+                   samples_per_s=valid / seconds)
+        if spec["learners"] > 1:
+            per_learner = ray.get([a.foreach_policy.remote(probe_all_reduce,
+                                                           spec["probe_epochs"],
+                                                           spec["probe_rounds"])
+                                   for a in group.actors], timeout=1800)
+            yield dict(base, mode="all_reduce", **combine_probes(per_learner))
+    finally:
+        group.stop()
+        ray.shutdown()
+
+
+def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
+    """Inside one learner (every learner runs it at once, in step): per round, ms per
+    all-reduce of the whole-epoch loop with the collective, of the same loop on a
+    solo copy of the policy (no collective; the same loaded buffer), and of the bare
+    collective on the step's tensors, flat and as the step's list; in turn, A/B."""
+    import tensorflow as tf
+    towers = policy.towers
+    group = towers.collective_group
+    summed: list = []  # at trace time: the tensors the step sums across learners
+
+    def sum_recorded(tensors):
+        summed[:] = list(tensors)
+        return type(group).all_reduce_sum(group, tensors)
+
+    def weighted_mean_recorded(tensors, weight):
+        summed[:] = [tf.reshape(weight, [1])] + list(tensors)  # the buffer it packs
+        return type(group).all_reduce_weighted_mean(group, tensors, weight)
+
+    # on this instance only, for the next trace (the step calls one or the other)
+    group.all_reduce_sum = sum_recorded
+    group.all_reduce_weighted_mean = weighted_mean_recorded
+    towers.set_collective_group(group)
+    steps = policy.learn_on_loaded_epochs(num_epochs)["num_sgd_steps"]
+    del group.all_reduce_sum, group.all_reduce_weighted_mean
+    if not summed:
+        raise RuntimeError("the step ran no all-reduce this probe could see")
+    solo = type(policy)(policy.observation_space, policy.action_space, policy.config)
+    solo.towers.buffers = dict(towers.buffers)  # the same loaded tensors, no copy
+    solo.learn_on_loaded_epochs(num_epochs)  # traced and warm
+    elements = sum(t.shape.num_elements() for t in summed)
+    flat_loop = summing_loop([tf.ones([elements], tf.float32)], group.all_reduce_sum, steps)
+    packed_loop = summing_loop([tf.ones(t.shape, t.dtype) for t in summed],
+                               group.all_reduce_sum, steps)
+    flat_loop(), packed_loop()  # traced and warm
+    barrier = tf.zeros([1])
+    out = {name: [] for name in PROBE_MS + PROBE_CPU_MS}
+    for timed in [False] + [True] * rounds:  # an untimed round first: the first call
+        # with the collective after tracing costs ~1 s once (seen: 895 ms/step, then ~10)
+        for name, run in (("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
+                          ("local_step_ms", lambda: solo.learn_on_loaded_epochs(num_epochs)),
+                          ("bare_flat_ms", flat_loop), ("bare_packed_ms", packed_loop)):
+            # every learner starts each timing together: else the first collective of
+            # a timing would also hold the wait for a peer still in the previous one
+            group.all_reduce_sum([barrier])[0].numpy()
+            wall, cpu = _timed_ms(run, steps)
+            if timed:
+                out[name].append(wall)
+                out[name.replace("_ms", "_cpu_ms")].append(cpu)
+    return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
+                dtypes=sorted({t.dtype.name for t in summed}))
+
+
+def _timed_ms(run, per: int) -> tuple[float, float]:
+    """(wall ms, this process's CPU ms, all threads) of one call, per all-reduce.
+    CPU time counts work, not waiting for a core: the steadier figure when the
+    machine is busy with other work."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run()
+    return (1e3 * (time.perf_counter() - wall) / per, 1e3 * (time.process_time() - cpu) / per)
+
+
+def combine_probes(per_learner: list[dict]) -> dict:
+    """Per round the slowest learner's figure, then the median over rounds."""
+    rounds = len(per_learner[0]["step_ms"])
+    slowest = {name: [max(p[name][r] for p in per_learner) for r in range(rounds)]
+               for name in PROBE_MS}
+    group_ms = [s - loc for s, loc in zip(slowest["step_ms"], slowest["local_step_ms"])]
+    out = {name: statistics.median(values) for name, values in slowest.items()}
+    out["group_ms"] = statistics.median(group_ms)
+    out["vs_bare"] = stats.ratio(out["group_ms"], out["bare_flat_ms"])
+    out["packing_ms"] = out["bare_packed_ms"] - out["bare_flat_ms"]
+    # CPU work per all-reduce, each learner's own (no waiting), then the mean of learners
+    cpu = {name: statistics.median(statistics.mean(p[name][r] for p in per_learner)
+                                   for r in range(rounds)) for name in PROBE_CPU_MS}
+    out.update(cpu)
+    out["group_cpu_ms"] = statistics.median(
+        statistics.mean(p["step_cpu_ms"][r] - p["local_step_cpu_ms"][r] for p in per_learner)
+        for r in range(rounds))
+    out["vs_bare_cpu"] = stats.ratio(out["group_cpu_ms"], out["bare_flat_cpu_ms"])
+    out["per_round"] = dict(slowest, group_ms=group_ms)
+    out["per_learner"] = per_learner
+    first = per_learner[0]
+    out.update(elements=first["elements"], bytes=4 * first["elements"],
+               tensors=first["tensors"], all_reduces_per_call=first["steps"],
+               dtypes=first["dtypes"])
+    return out

@@ -1,0 +1,45 @@
+"""What each process of a run holds: Ray's reservation, GPU ids and tower devices.
+
+Read inside the process itself, since only there does Ray say which GPUs it
+assigned. `result.json` records it for every role of a training run:
+
+    process_resources(policy.devices)                  # in this process (e.g. the driver)
+    actor_resources(worker, lambda w: w.policy)        # inside a Ray actor, by its handle
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import ray
+
+
+def process_resources(tower_devices: list | tuple | None = None) -> dict:
+    """This process's resources.
+
+    CPU, GPU, gpu_ids: what Ray reserved and assigned (None in a driver, which
+    Ray reserves nothing for; a job's driver sees its reserved GPUs through
+    cuda_visible_devices). devices: where its towers run (None: no policy).
+    """
+    from policy_service.engine import devices  # here: `policy-service submit` loads no TF
+    in_worker = devices.in_ray_worker()
+    assigned = ray.get_runtime_context().get_assigned_resources() if in_worker else {}
+    return {
+        "CPU": float(assigned.get("CPU", 0.0)) if in_worker else None,
+        "GPU": float(assigned.get("GPU", 0.0)) if in_worker else None,
+        "gpu_ids": [str(i) for i in ray.get_gpu_ids()] if in_worker else None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "devices": list(tower_devices) if tower_devices is not None else None,
+        "node_ip": ray.util.get_node_ip_address() if ray.is_initialized() else None,
+        "pid": os.getpid(),
+    }
+
+
+def actor_resources(actor, policy_of: Callable[[Any], Any] = lambda instance: None,
+                    timeout_s: float | None = None) -> dict:
+    """`process_resources` read inside a Ray actor (any class): `policy_of(instance)`
+    is the policy whose devices to record, or None."""
+    def read(instance):
+        policy = policy_of(instance)
+        return process_resources(policy.devices if policy is not None else None)
+    return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)

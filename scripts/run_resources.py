@@ -1,0 +1,55 @@
+"""The resources each role of a training run held, for result.json.
+
+    {"driver": {...}, "learners": [{...}, ...], "env_runners": [{...}, ...],
+     "inference_actor": {...} or None}
+
+Each entry is `policy_service.distributed.resources.process_resources`, read
+inside that role's process: Ray's CPU/GPU reservation and the GPU ids it
+assigned (None for the driver, which Ray reserves nothing for), the GPUs
+CUDA lets it see, and its towers' devices. The driver's entry carries the
+learner's devices when the learner lives there (num_learners 0, holds_learner). A role that does not
+answer in time is recorded with the error, not left out.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from policy_service.distributed.resources import actor_resources, process_resources
+
+ANSWER_TIMEOUT_S = 30.0
+
+
+def role_resources(algo) -> dict:
+    """What the driver, each learner actor, each env runner and the inference actor held."""
+    learner, workers = algo.learner, algo.workers
+    local = learner.local_policy if learner is not None else None
+    driver = process_resources(local.devices if local is not None else None)
+    driver["holds_learner"] = local is not None
+    env_runners = []
+    if workers is not None and workers.local_worker is not None:
+        env_runners.append(process_resources(
+            _devices(workers.local_worker.policy)) | {"in_driver": True})
+    env_runners += [_answer(lambda w=w: actor_resources(w, lambda worker: worker.policy,
+                                                    ANSWER_TIMEOUT_S))
+                    for w in (workers.workers if workers is not None else [])]
+    inference = None
+    if workers is not None and workers.policy_actor is not None:
+        import ray
+        inference = _answer(lambda: ray.get(workers.policy_actor.resources.remote(),
+                                            timeout=ANSWER_TIMEOUT_S))
+    learners = [_answer(lambda a=a: actor_resources(a, lambda host: host.policy,
+                                                    ANSWER_TIMEOUT_S))
+                for a in (learner.actors if learner is not None else [])]
+    return {"driver": driver, "learners": learners, "env_runners": env_runners,
+            "inference_actor": inference}
+
+
+def _devices(policy) -> list | None:
+    return policy.devices if policy is not None else None
+
+
+def _answer(read: Callable[[], Any]) -> dict:
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - a dead actor is recorded, not fatal at the end
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}

@@ -1,0 +1,276 @@
+"""algorithms/dqn.py's DQN algorithm: trained/sampled follows training_intensity,
+priorities move with the TD errors, save -> restore in the middle of a run gives
+the same next iteration (replay buffer checkpointed), 1 and 2 fake-GPU towers
+take the same steps, remote rollout workers, the command line."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from fakes import assert_weights_close, fake_gpus
+
+from algorithms import get_algorithm_class
+from algorithms.dqn import DQN, sgd_steps_due
+from policy_service.config import ConfigError
+from policy_service.io.checkpoints import ALGORITHM_STATE
+from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
+from scripts import cli
+
+TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_dqn.yaml"
+
+SMALL = {"env": "CartPole-v1", "seed": 5, "model": {"fcnet_hiddens": [16]}, "hiddens": [8],
+         "lr": 1e-3, "train_batch_size": 16, "n_step": 3, "training_intensity": 4.0,
+         "rollout_fragment_length": 8, "num_envs_per_env_runner": 2,
+         "num_steps_sampled_before_learning_starts": 64, "min_sample_timesteps_per_iteration": 64,
+         "target_network_update_freq": 10, "replay_buffer_capacity": 400,
+         "checkpoint_replay_buffer": True}
+
+
+def run(config: dict, iterations: int) -> tuple[DQN, list[dict]]:
+    algo = DQN(config)
+    try:
+        return algo, [algo.train() for _ in range(iterations)]
+    except BaseException:
+        algo.stop()
+        raise
+
+
+# ----- how much is trained ------------------------------------------------------------------
+
+
+def test_sgd_steps_due_keeps_the_ratio_over_calls():
+    # intensity 4, batch 16: 8 sampled -> 32 rows due -> 2 steps; the remainder carries
+    assert sgd_steps_due(8, 0, 16, 4.0, 8) == 2
+    assert sgd_steps_due(10, 32, 16, 4.0, 8) == 0  # 40 due, 32 done: less than a batch
+    assert sgd_steps_due(12, 32, 16, 4.0, 8) == 1
+    assert sgd_steps_due(1000, 0, 32, 0.5, 8) == 15
+    # None: RLlib's native ratio, one step per sampling round of 8 steps
+    assert [sgd_steps_due(8 * k, 16 * (k - 1), 16, None, 8) for k in (1, 2, 3)] == [1, 1, 1]
+    assert sgd_steps_due(0, 0, 16, 4.0, 8) == 0
+    assert sgd_steps_due(8, 64, 16, 4.0, 8) == 0  # ahead of the ratio: never negative
+
+
+@pytest.mark.parametrize("intensity", [4.0, None])
+def test_trained_over_sampled_is_the_training_intensity(intensity):
+    algo, history = run(dict(SMALL, training_intensity=intensity), 3)
+    try:
+        last = history[-1]
+        learning = algo.num_env_steps_for_learning
+        assert learning == last["timesteps_total"] - 64  # steps before learning starts: none
+        ratio = 1.0 if intensity is None else intensity  # None: batch 16 per round of 16 steps
+        trained = last["num_samples_trained_total"]
+        assert learning * ratio - 16 < trained <= learning * ratio
+        assert trained == 16 * last["num_sgd_steps_total"]
+        assert sum(m["num_sgd_steps_this_iter"] for m in history) == last["num_sgd_steps_total"]
+        assert last["replay_buffer_size"] == min(400, last["timesteps_total"])
+        for key in ("mean_q", "mean_td_error", "total_loss"):
+            assert np.isfinite(last[key]), key
+        # the policy's target network moved every 10 SGD steps, inside the compiled step
+        assert algo.get_policy().target_age == last["num_sgd_steps_total"] % 10
+    finally:
+        algo.stop()
+
+
+def test_nothing_is_trained_before_learning_starts():
+    algo, history = run(dict(SMALL, num_steps_sampled_before_learning_starts=10_000), 2)
+    try:
+        assert history[-1]["num_samples_trained_total"] == 0
+        assert history[-1]["replay_buffer_size"] == history[-1]["timesteps_total"]
+        assert "mean_q" not in history[-1]
+    finally:
+        algo.stop()
+
+
+def test_priorities_follow_the_td_errors_of_the_replayed_rows():
+    algo, _ = run(SMALL, 2)
+    try:
+        replay = algo.replay
+        assert isinstance(replay, PrioritizedReplayBuffer)
+        batch = replay.sample(64)
+        td = algo.get_policy().compute_td_error(batch)
+        replay.update_priorities(batch["batch_indexes"], td)
+        leaves = replay.tree.leaves[batch["batch_indexes"]]
+        np.testing.assert_allclose(leaves, (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5)
+        # rows replayed by training no longer hold the priority of new rows
+        assert len(np.unique(replay.tree.leaves[:len(replay)])) > 10
+    finally:
+        algo.stop()
+
+
+def test_uniform_replay_trains_without_importance_weights():
+    algo, history = run(dict(SMALL, prioritized_replay=False), 2)
+    try:
+        assert type(algo.replay) is ReplayBuffer
+        assert history[-1]["num_samples_trained_total"] > 0
+        assert "weights" not in algo.replay.sample(4)
+    finally:
+        algo.stop()
+
+
+def test_epsilon_falls_with_the_runs_env_steps():
+    config = dict(SMALL, exploration_config={"type": "EpsilonGreedy", "initial_epsilon": 1.0,
+                                             "final_epsilon": 0.1, "epsilon_timesteps": 256})
+    algo, history = run(config, 2)
+    try:
+        steps = history[-1]["timesteps_total"]
+        assert history[-1]["cur_epsilon"] == pytest.approx(1.0 - 0.9 * min(1, steps / 256))
+        assert algo.workers.local_worker.policy.global_timestep == steps
+    finally:
+        algo.stop()
+
+
+# ----- save -> restore in the middle of a run ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mid_run(tmp_path_factory):
+    """Two iterations, a save, a third: the checkpoint and what followed it."""
+    path = tmp_path_factory.mktemp("dqn") / "ckpt"
+    algo, _ = run(SMALL, 2)
+    try:
+        algo.save(str(path))
+        third = algo.train()
+        after = {"weights": algo.get_policy().get_weights(),
+                 "target": algo.get_policy().get_target_weights(),
+                 "replay": algo.replay.get_state(), "metrics": third,
+                 "timestep": algo.workers.local_worker.policy.global_timestep}
+        after["replay"] = {"meta": after["replay"]["meta"],
+                           "arrays": {k: v.copy() for k, v in after["replay"]["arrays"].items()}}
+    finally:
+        algo.stop()
+    return path, after
+
+
+def test_a_restored_run_takes_the_same_next_iteration(mid_run):
+    path, after = mid_run
+    algo = DQN(SMALL)
+    try:
+        algo.restore(str(path))
+        third = algo.train()
+        policy = algo.get_policy()
+        for key in ("timesteps_total", "num_samples_trained_total", "num_sgd_steps_total",
+                    "total_loss", "mean_q", "mean_td_error", "episode_return_mean",
+                    "replay_buffer_size", "cur_epsilon"):
+            assert third[key] == after["metrics"][key], key
+        assert third["num_sgd_steps_this_iter"] > 0
+        for name, value in after["weights"].items():
+            np.testing.assert_array_equal(policy.get_weights()[name], value, err_msg=name)
+        for name, value in after["target"].items():
+            np.testing.assert_array_equal(policy.get_target_weights()[name], value,
+                                          err_msg=name)
+        replay = algo.replay.get_state()
+        assert replay["meta"] == after["replay"]["meta"]
+        for name, value in after["replay"]["arrays"].items():
+            np.testing.assert_array_equal(replay["arrays"][name], value, err_msg=name)
+        # the rebuilt worker's epsilon schedule went on from the run's env steps
+        assert algo.workers.local_worker.policy.global_timestep == after["timestep"]
+    finally:
+        algo.stop()
+
+
+def test_without_checkpoint_replay_buffer_only_counters_are_saved(tmp_path):
+    algo, _ = run(dict(SMALL, checkpoint_replay_buffer=False), 2)
+    try:
+        algo.save(str(tmp_path / "ckpt"))
+        counters = (algo.timesteps_total, algo.num_sgd_steps_total)
+    finally:
+        algo.stop()
+    saved = json.loads((tmp_path / "ckpt" / ALGORITHM_STATE).read_text())
+    assert saved["algorithm_arrays"] == {}
+    assert sorted(saved["algorithm_values"]) == ["num_sgd_steps_total"]
+    fresh = DQN(dict(SMALL, checkpoint_replay_buffer=False))
+    try:
+        fresh.restore(str(tmp_path / "ckpt"))
+        assert (fresh.timesteps_total, fresh.num_sgd_steps_total) == counters
+        assert len(fresh.replay) == 0
+        assert fresh.train()["replay_buffer_size"] > 0
+    finally:
+        fresh.stop()
+
+
+def test_a_replay_state_that_does_not_fit_is_one_line_and_changes_nothing(mid_run):
+    path, _ = mid_run
+    algo = DQN(dict(SMALL, replay_buffer_capacity=300))
+    try:
+        before = algo.get_policy().get_weights()
+        with pytest.raises(ValueError, match="capacity 400, this buffer has 300") as err:
+            algo.restore(str(path))
+        assert "\n" not in str(err.value)
+        assert algo.iteration == 0 and len(algo.replay) == 0
+        for name, value in before.items():
+            np.testing.assert_array_equal(algo.get_policy().get_weights()[name], value)
+    finally:
+        algo.stop()
+
+
+# ----- towers, workers, config --------------------------------------------------------------
+
+
+def test_two_fake_gpu_towers_take_the_steps_of_one_device():
+    one, _ = run(dict(SMALL, **fake_gpus(0)), 2)
+    try:
+        weights = one.get_policy().get_weights()
+    finally:
+        one.stop()
+    two, history = run(dict(SMALL, **fake_gpus(2)), 2)
+    try:
+        assert history[-1]["num_learner_towers"] == 2
+        assert history[-1]["num_sgd_steps_total"] > 0
+        assert_weights_close(two.get_policy().get_weights(), weights, atol=1e-5, rtol=1e-4)
+    finally:
+        two.stop()
+
+
+def test_a_batch_that_does_not_split_over_the_towers_is_one_line():
+    with pytest.raises(ConfigError, match="train_batch_size must be a multiple of the 3 "
+                                          "learner towers, got 16"):
+        DQN(dict(SMALL, **fake_gpus(3)))
+
+
+def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
+    algo, history = run(dict(SMALL, num_env_runners=2, num_cpus_per_env_runner=0.5), 2)
+    try:
+        last = history[-1]
+        assert last["replay_buffer_size"] == last["timesteps_total"] >= 128
+        assert last["num_sgd_steps_total"] > 0
+        assert last["num_samples_trained_total"] <= 4.0 * algo.num_env_steps_for_learning
+    finally:
+        algo.stop()
+
+
+def test_recurrent_models_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="use_lstm must be False") as err:
+        DQN(dict(SMALL, model={"use_lstm": True}))
+    assert "\n" not in str(err.value)
+
+
+def test_minibatch_size_is_the_train_batch_size():
+    with pytest.raises(ConfigError, match="minibatch_size must be None or equal to "
+                                          "train_batch_size"):
+        DQN(dict(SMALL, minibatch_size=8))
+
+
+def test_the_registry_and_the_tuned_config_name_dqn():
+    assert get_algorithm_class("dqn") is DQN
+    tuned = yaml.safe_load(TUNED.read_text())
+    assert tuned["env"] == "CartPole-v1"
+    DQN.config_class(**{k: v for k, v in tuned.items() if k != "model"})
+
+
+def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert cli.main(["train", "dqn", "--config", str(TUNED), "--seed", "0",
+                     "--output-dir", str(run_dir), "--stop-timesteps", "2000",
+                     "--set", "min_sample_timesteps_per_iteration=1000"]) == 0
+    progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    assert [p["iteration"] for p in progress] == [1, 2]
+    assert progress[-1]["timesteps_total"] >= 2000
+    assert progress[-1]["num_samples_trained_total"] > 0
+    assert np.isfinite(progress[-1]["mean_q"])
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["stop_reason"] == "stop_timesteps"
+    capsys.readouterr()
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "2"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["episodes"] == 2 and len(stats["episode_lengths"]) == 2

@@ -1,0 +1,78 @@
+"""The inference PolicyActor's own GPUs (`num_gpus_per_policy_actor`), on a real
+local Ray that advertises one GPU (`ray.init(num_gpus=1)`: no device behind it,
+so the policy acts on the CPU, but Ray reserves and assigns the GPU as on a GPU host)."""
+import time
+
+import envs
+import fakes
+import pytest
+import ray
+
+from policy_service.config import ConfigError, PolicyConfig
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.policy_actor import PolicyActorResourcesError
+
+CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
+SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
+
+
+@pytest.fixture(scope="module")
+def ray_with_one_gpu():
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
+    for module in (envs, fakes):
+        ray.cloudpickle.register_pickle_by_value(module)
+    yield
+    for module in (envs, fakes):
+        ray.cloudpickle.unregister_pickle_by_value(module)
+    ray.shutdown()
+
+
+def _group(num_gpus: float) -> EnvRunnerGroup:
+    return EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy,
+                          {**CONFIG, "num_gpus_per_policy_actor": num_gpus},
+                          rollout_fragment_length=10, env_config=SCRIPT, seed=0,
+                          remote_inference=True, policy_actor_options={"num_cpus": 0.5})
+
+
+def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_with_one_gpu):
+    group = _group(0.5)
+    try:
+        held = ray.get(group.policy_actor.resources.remote())
+        assert (held["GPU"], held["CPU"], held["gpu_ids"]) == (0.5, 0.5, ["0"])
+        assert held["cuda_visible_devices"] == "0"  # what TF in the actor would use
+        assert held["devices"] == ["/CPU:0"]  # no device behind the advertised GPU
+        assert ray.available_resources().get("GPU", 0.0) == pytest.approx(0.5)
+        batch, _ = group.sample()  # and it acts
+        assert batch.count >= 10
+    finally:
+        group.stop()
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0.0) < 1.0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("GPU", 0.0) == 1.0
+
+
+def test_without_the_key_the_policy_actor_holds_no_gpu(ray_with_one_gpu):
+    group = _group(0)
+    try:
+        held = ray.get(group.policy_actor.resources.remote())
+        assert (held["GPU"], held["gpu_ids"]) == (0.0, [])
+    finally:
+        group.stop()
+
+
+def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_with_one_gpu):
+    start = time.monotonic()
+    with pytest.raises(PolicyActorResourcesError) as info:
+        _group(2)
+    assert time.monotonic() - start < 10
+    assert str(info.value) == ("the PolicyActor needs GPU 2 (num_gpus_per_policy_actor=2); "
+                               "the cluster has GPU 1 (1 available)")
+
+
+def test_the_key_takes_fractions_up_to_one_and_whole_numbers_above():
+    assert PolicyConfig(num_gpus_per_policy_actor=0.25).num_gpus_per_policy_actor == 0.25
+    assert PolicyConfig(num_gpus_per_policy_actor=2).num_gpus_per_policy_actor == 2.0
+    with pytest.raises(ConfigError, match=r"^config.num_gpus_per_policy_actor must be a "
+                       r"finite number >= 0, and a whole number when above 1, got 1.5$"):
+        PolicyConfig(num_gpus_per_policy_actor=1.5)
