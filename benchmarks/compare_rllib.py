@@ -1,4 +1,4 @@
-"""Ours vs RLlib's old-API-stack TF PPO: learner, sampling, inference and end to end, alternating.
+"""Ours vs RLlib's old-API-stack TF PPO and DQN: learner, sampling, inference, end to end.
 
 RLlib runs in its own virtualenv (.venv-rllib, created on first use by
 rllib_env.ensure_rllib_venv with ray[rllib] at our Ray and TF versions), so its
@@ -20,6 +20,11 @@ graph, its fastest TF mode).
              PolicyActor with batching; the Ray no-op ceiling beside both
   e2e        PPO to return 450 on CartPole-v1 (e2e.py's hyperparameters), 0, 1, 2
              rollout workers (0: sampling in the learner process) x 0, 2 fake GPUs
+  dqn        DQN to return 450 on CartPole-v1 within a budget of env steps (150k), one
+             run per seed: ours (dqn_e2e.py, algorithms/tuned/cartpole_dqn.yaml) then
+             RLlib's old-stack TF DQN with the same hyperparameters translated
+             (rllib_dqn.py says how and where the meanings differ); not in the default
+             workloads (~10 min per seed and side here)
 
 RLlib's processes run Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), as its old TF
 stack requires on TF >= 2.16; ours run Keras 3.
@@ -27,6 +32,7 @@ stack requires on TF >= 2.16; ours run Keras 3.
     python -m benchmarks.compare_rllib                      # ~20 min
     python -m benchmarks.compare_rllib --workloads learner,sampler --rounds 3
     python -m benchmarks.compare_rllib --smoke
+    python -m benchmarks.compare_rllib --workloads dqn --seeds 0,1,2
 
 Ratios (ours / RLlib, or RLlib / ours for times) are printed as JSON lines
 with "ratio" and written to results/compare_rllib.json.
@@ -37,10 +43,11 @@ import time
 
 import numpy as np
 
-from benchmarks import harness, plots, rllib_env, stats
+from benchmarks import dqn_e2e, harness, plots, rllib_dqn, rllib_env, stats
 
 NAME = "compare_rllib"
-WORKLOADS = ("learner", "sampler", "inference", "e2e")
+WORKLOADS = ("learner", "sampler", "inference", "e2e", "dqn")
+DEFAULT_WORKLOADS = "learner,sampler,inference,e2e"
 
 
 # ----- RLlib side (runs in .venv-rllib) ------------------------------------------------------
@@ -274,8 +281,28 @@ def rllib_e2e(spec: dict):
                history=history)
 
 
+def rllib_dqn_run(spec: dict):
+    """RLlib's DQN to the target with spec["settings"] (rllib_dqn.rllib_settings)."""
+    import ray
+    record = {"bench": "dqn", "framework": "rllib", "seed": spec["seed"], "round": spec["round"],
+              "target": spec["target"], "max_env_steps": spec["max_env_steps"],
+              "settings": spec["settings"]}
+    ray.init(**harness.RAY_INIT, log_to_driver=False)
+    try:
+        outcome = rllib_dqn.run_to_target(spec["settings"], spec["seed"], spec["target"],
+                                          spec["max_env_steps"], spec["max_seconds"])
+    except Exception as err:  # RLlib's own failure is a result here: record what failed
+        import traceback
+        yield dict(record, error=f"{type(err).__name__}: {err}"[:2000],
+                   traceback=traceback.format_exc()[-4000:])
+        return
+    finally:
+        ray.shutdown()
+    yield dict(record, **outcome)
+
+
 RLLIB_MEASURES = {"learner": rllib_learner, "sampler": rllib_sampler,
-                  "inference": rllib_inference, "e2e": rllib_e2e}
+                  "inference": rllib_inference, "e2e": rllib_e2e, "dqn": rllib_dqn_run}
 
 
 def measure(spec: dict):
@@ -289,7 +316,10 @@ def schedule(args) -> list[tuple[str, str, dict]]:
     smoke = args.smoke
     ppo = ppo_loss_defaults()
     out = []
-    workloads = (args.workloads or ("learner,sampler,inference,e2e")).split(",")
+    workloads = (args.workloads or DEFAULT_WORKLOADS).split(",")
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        raise ValueError(f"--workloads must be among {list(WORKLOADS)}, got {unknown}")
     if "learner" in workloads:
         size = ({"epochs": 2, "num_samples": 512, "repeats": 1} if smoke else
                 {"epochs": 10, "num_samples": 4000, "repeats": 3})
@@ -336,6 +366,27 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                                 max_seconds=args.e2e_max_seconds)
                 out.append(("ours", "benchmarks.e2e", spec))
                 out.append(("rllib", NAME_MODULE, dict(spec, workload="e2e")))
+    if "dqn" in workloads:
+        out.extend(dqn_schedule(args))
+    return out
+
+
+def dqn_schedule(args) -> list[tuple[str, str, dict]]:
+    """The dqn workload's runs: ours (dqn_e2e.py) then RLlib's, same hyperparameters,
+    target and budget; RLlib's translated here, in our venv, from our resolved config."""
+    spec = dqn_e2e.spec_for(args.smoke, dqn_e2e.load_tuned(args.dqn_config), args.dqn_target,
+                            args.dqn_max_env_steps, args.dqn_max_seconds)
+    ours, fragment = dqn_e2e.resolved_config(spec["config"])
+    settings = rllib_dqn.rllib_settings(ours, fragment)
+    sides = args.dqn_sides.split(",")
+    if set(sides) - {"ours", "rllib"} or not sides:
+        raise ValueError(f"--dqn-sides must be ours, rllib or both, got {args.dqn_sides!r}")
+    out = []
+    if "ours" in sides:
+        out.append(("ours", "benchmarks.dqn_e2e", spec))
+    if "rllib" in sides:
+        rllib_spec = {k: v for k, v in spec.items() if k != "config"}
+        out.append(("rllib", NAME_MODULE, dict(rllib_spec, settings=settings)))
     return out
 
 
@@ -411,7 +462,41 @@ def ratios(records: list[dict]) -> list[dict]:
                     "ratio_wall": stats.ratio(sides["ours"]["wall_s"], sides["rllib"]["wall_s"]),
                     "ratio_env_steps": stats.ratio(sides["ours"]["env_steps"],
                                                     sides["rllib"]["env_steps"])})
+    out.extend(dqn_ratios([r for r in records if r.get("bench") == "dqn"]))
     return out
+
+
+DQN_FIGURES = ("reached", "stopped_by", "env_steps", "wall_s", "final_return", "best_return")
+
+
+def dqn_ratios(records: list[dict]) -> list[dict]:
+    """Per seed, each side's outcome (env steps and wall seconds to the target, or at
+    the budget when not reached) and ours / RLlib where both reached it; then the
+    medians over the seeds each side reached the target in."""
+    out = []
+    by_side = {side: [r for r in records if r.get("framework") == side]
+               for side in ("ours", "rllib")}
+    for seed in sorted({r["seed"] for r in records if r.get("seed") is not None}):
+        row = {"bench": NAME, "workload": "dqn", "seed": seed}
+        for side, rows in by_side.items():
+            run = next((r for r in rows if r.get("seed") == seed), {})
+            row.update({f"{side}_{k}": run.get(k) for k in DQN_FIGURES})
+            if "error" in run:
+                row[f"{side}_error"] = _why(run)
+        both = row["ours_reached"] and row["rllib_reached"]
+        row["ratio_env_steps"] = (stats.ratio(row["ours_env_steps"], row["rllib_env_steps"])
+                                  if both else None)
+        row["ratio_wall"] = stats.ratio(row["ours_wall_s"], row["rllib_wall_s"]) if both else None
+        out.append(row)
+    row = {"bench": NAME, "workload": "dqn", "seed": "median"}
+    for side, rows in by_side.items():
+        reached = [r for r in rows if r.get("reached")]
+        row[f"{side}_reached"] = f"{len(reached)}/{len(rows)}"
+        row[f"{side}_env_steps"] = stats.median([r["env_steps"] for r in reached])
+        row[f"{side}_wall_s"] = stats.median([r["wall_s"] for r in reached])
+    row["ratio_env_steps"] = stats.ratio(row["ours_env_steps"], row["rllib_env_steps"])
+    row["ratio_wall"] = stats.ratio(row["ours_wall_s"], row["rllib_wall_s"])
+    return out + [row] if records else out
 
 
 def _why(record: dict) -> str:
@@ -436,14 +521,35 @@ def plot(rows: list[dict], out_dir: str) -> str | None:
             groups.append(f"inference {row['callers']} callers\n(actions/s)")
             ours.append(row["ours_actions_per_s"])
             rllib.append(row["rllib_actions_per_s"])
+    if not groups:
+        return None
     return plots.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
                             "per second", groups, {"ours": ours, "RLlib (best threads)": rllib},
                             log=True)
 
 
+def plot_dqn(rows: list[dict], out_dir: str) -> list[str | None]:
+    """Env steps and wall seconds to the target per seed, ours beside RLlib's DQN
+    (no bar: not reached within the budget)."""
+    rows = [r for r in rows if r["workload"] == "dqn" and r["seed"] != "median"]
+    if not rows:
+        return []
+    groups = [f"seed {r['seed']}" for r in rows]
+    paths = []
+    for figure, label in (("env_steps", "env steps"), ("wall_s", "wall seconds")):
+        series = {name: [r[f"{side}_{figure}"] if r[f"{side}_reached"] else None for r in rows]
+                  for side, name in (("ours", "ours"), ("rllib", "RLlib old-stack TF DQN"))}
+        paths.append(plots.bar_chart(
+            f"{out_dir}/{NAME}_dqn_{figure}.png",
+            f"DQN CartPole-v1 to return 450: {label} (no bar: not reached)", label, groups,
+            series))
+    return paths
+
+
 def main(argv=None):
     parser = harness.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=None, help="learner,sampler,inference,e2e")
+    parser.add_argument("--workloads", default=None,
+                        help=f"among {','.join(WORKLOADS)}; default {DEFAULT_WORKLOADS}")
     parser.add_argument("--models", default=None, help="learner models (default mlp)")
     parser.add_argument("--towers", default=None, help="learner towers (default 1,2,4)")
     parser.add_argument("--e2e-gpus", default=None, help="fake GPUs for e2e, default 0,2")
@@ -451,6 +557,11 @@ def main(argv=None):
                         help="rollout workers for e2e, default 0,1,2 (0 samples in the "
                              "learner process)")
     parser.add_argument("--e2e-max-seconds", type=float, default=400)
+    dqn_e2e.add_flags(parser, prefix="dqn-")
+    parser.add_argument("--dqn-sides", default="ours,rllib",
+                        help="the dqn workload's sides: ours, rllib or both")
+    parser.add_argument("--seeds", default=None,
+                        help="one round per seed, e.g. 0,1,2 (default: the round is the seed)")
     args = parser.parse_args(argv)
     if args.child:
         return harness.child_main(args, measure)
@@ -461,10 +572,11 @@ def main(argv=None):
                            env=rllib_env.RLLIB_ENV if side == "rllib" else None,
                            tags={"framework": side})
                for side, module, spec in schedule(args)]
-    records = harness.run_rounds(args, planned, seeded=True,
+    seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    records = harness.run_rounds(args, planned, seeded=True, seeds=seeds,
                                  timeout=lambda spec: spec.get("max_seconds", 600) + 600)
     rows = ratios(records)
-    meta["plots"] = [plot(rows, args.out)]
+    meta["plots"] = [plot(rows, args.out), *plot_dqn(rows, args.out)]
     harness.finish(NAME, args.out, records, rows, meta)
 
 

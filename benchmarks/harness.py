@@ -75,14 +75,16 @@ def runs(module: str, specs: list[dict]) -> list[Run]:
 
 
 def run_rounds(args, planned: list[Run], *, seeded: bool = False,
-               timeout=lambda spec: 900) -> list[dict]:
+               timeout=lambda spec: 900, seeds: list[int] | None = None) -> list[dict]:
     """Every run once per round, each in a fresh child, rounds one after another
     (so every configuration meets each stretch of machine load); the records,
-    emitted as they arrive. seeded: the round is also the seed."""
+    emitted as they arrive. seeded: the round is also the seed; seeds: one
+    round per seed given, each run seeded with it."""
     records = []
-    for r in range(rounds_of(args)):
+    round_seeds = list(seeds) if seeds else (list(range(rounds_of(args))) if seeded else None)
+    for r in range(len(round_seeds) if round_seeds else rounds_of(args)):
         for run in planned:
-            spec = dict(run.spec, round=r, **({"seed": r} if seeded else {}))
+            spec = dict(run.spec, round=r, **({"seed": round_seeds[r]} if round_seeds else {}))
             for record in run_child(run.module, spec, timeout=timeout(spec),
                                     python=run.python, env=run.env):
                 records.append(emit({**(run.tags or {}), **record}))

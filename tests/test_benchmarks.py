@@ -102,6 +102,66 @@ def test_compare_rllib_smoke(tmp_path):
     assert all(r["env_steps"] > 0 for r in e2e)
 
 
+@pytest.mark.parametrize("intensity, rounds, env_steps_per_sgd_step", [
+    (None, [1, 1], 4.0),  # one SGD step per 4-step fragment
+    (16.0, [1, 2], 2.0),  # native ratio 32 / 4 = 8: train twice per fragment
+    (4.0, [2, 1], 8.0),  # sample two fragments per SGD step
+])
+def test_rllib_dqn_settings_translation(intensity, rounds, env_steps_per_sgd_step):
+    """Our target_network_update_freq counts SGD steps, RLlib's sampled env steps:
+    RLlib's is ours x the env steps RLlib samples per SGD step."""
+    from benchmarks import dqn_e2e, rllib_dqn
+    ours, fragment = dqn_e2e.resolved_config({
+        "rollout_fragment_length": 4, "train_batch_size": 32, "training_intensity": intensity,
+        "target_network_update_freq": 100, "prioritized_replay": False,
+        "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"}})
+    settings = rllib_dqn.rllib_settings(ours, fragment)
+    assert settings["notes"]["round_robin_weights"] == rounds
+    assert settings["training"]["target_network_update_freq"] == round(
+        100 * env_steps_per_sgd_step)
+    assert settings["training"]["replay_buffer_config"] == {"type": "MultiAgentReplayBuffer",
+                                                            "capacity": 50000}
+    assert settings["training"]["model"] == {"fcnet_hiddens": [64], "fcnet_activation": "relu"}
+    assert settings["env_runners"]["rollout_fragment_length"] == 4
+
+
+@pytest.mark.parametrize("returns, max_env_steps, started_s_ago, stopped_by, steps", [
+    ([10.0, 460.0, 470.0], 10_000, 0, "target", 2000),
+    ([10.0, 20.0, 30.0], 2000, 0, "max_env_steps", 2000),
+    ([10.0, 20.0, 30.0], 10_000, 1e4, "max_seconds", 1000),
+])
+def test_dqn_train_to_target_stops_by_each_rule(returns, max_env_steps, started_s_ago,
+                                                stopped_by, steps):
+    """Both sides of the dqn workload stop by this rule, checked after each iteration."""
+    import time
+    from benchmarks.dqn_e2e import train_to_target
+    results = iter([(1000 * (i + 1), r) for i, r in enumerate(returns)])
+    outcome = train_to_target(lambda: next(results), 450.0, max_env_steps, 600.0,
+                              time.perf_counter() - started_s_ago)
+    assert (outcome["stopped_by"], outcome["env_steps"]) == (stopped_by, steps)
+    assert outcome["reached"] == (stopped_by == "target")
+    assert outcome["iterations"] == steps // 1000 == len(outcome["history"])
+    assert outcome["best_return"] == max(returns[:steps // 1000])
+
+
+@pytest.mark.slow
+@pytest.mark.rllib
+def test_compare_rllib_dqn_smoke(tmp_path):
+    """Both sides of the dqn workload build (RLlib's through its replay buffer patch),
+    sample, learn and report; needs RLlib's venv and the tuned DQN config."""
+    records = run_smoke("compare_rllib", tmp_path, "--workloads", "dqn", timeout=1800)
+    runs = [r for r in measurements(records) if r["bench"] == "dqn"]
+    assert {r["framework"] for r in runs} == {"ours", "rllib"}
+    from benchmarks.dqn_e2e import SMOKE_MAX_ENV_STEPS
+    for run in runs:
+        assert run["env_steps"] >= SMOKE_MAX_ENV_STEPS and run["iterations"] >= 1
+        assert run["final_return"] > 0 and run["wall_s"] > 0
+    rows = [r for r in records if r.get("summary")]
+    assert [r["seed"] for r in rows] == [0, "median"]
+    assert rows[0]["ours_env_steps"] >= SMOKE_MAX_ENV_STEPS
+    assert rows[0]["rllib_env_steps"] >= SMOKE_MAX_ENV_STEPS
+
+
 @pytest.mark.slow
 def test_ppo_parity_smoke(tmp_path):
     """Ours (and an ablation) beside RLlib's PPO at its defaults; needs RLlib's venv."""
