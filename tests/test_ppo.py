@@ -336,8 +336,9 @@ def test_env_is_required():
 def test_registry_is_case_insensitive_and_names_known_algorithms():
     assert algorithms.get_algorithm_class("PPO") is PPO
     assert algorithms.get_algorithm_class("ppo") is PPO
-    with pytest.raises(ValueError, match="known algorithms: \\['ppo'\\]"):
-        algorithms.get_algorithm_class("dqnn")
+    with pytest.raises(ValueError, match="unknown algorithm 'ppoo'; known algorithms: "
+                                         "\\['dqn', 'ppo'\\]"):
+        algorithms.get_algorithm_class("ppoo")
 
 
 # ----- the training loop -----------------------------------------------------------------
