@@ -65,7 +65,7 @@ def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_with_one_gp
     start = time.monotonic()
     with pytest.raises(PolicyActorResourcesError) as info:
         _group(2)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # fails at once, no hang: a bound, not a timing
     assert str(info.value) == ("the PolicyActor needs GPU 2 (num_gpus_per_policy_actor=2); "
                                "the cluster has GPU 1 (1 available)")
 
