@@ -187,9 +187,12 @@ def breakdown(spec: dict):
     """Time TowerStack steps with parts switched off (monkeypatched in this child only).
 
       full         the library as it is
+      no_result_check
+                   no check of the update's result (no snapshot before the call,
+                   no finiteness check and rollback after it)
       no_cond      apply unconditionally: no tf.cond around the optimizer
-      minimal      no_cond, and no finiteness check (nothing reads it, so
-                   tf.function prunes it)
+      minimal      no_cond, and no finiteness check of gradients or results
+                   (nothing reads them, so tf.function prunes them)
       one_device   every tower on the variable device: what crossing devices
                    costs (the towers still run side by side on the inter-op pool)
       captured     per-minibatch calls only: the loaded buffers are captured by the
@@ -211,14 +214,19 @@ def breakdown(spec: dict):
     def step_no_cond(self, shards):
         step = self._tower_pass(shards)
         with tf.device(self.plan.variable_device):
-            self._apply(step)
+            self._apply(step.grads, step.assignments)
         return {**step.stats, "_finite": step.finite}
 
     def step_unchecked(self, shards):
         step = self._tower_pass(shards)
         with tf.device(self.plan.variable_device):
-            self._apply(step)
+            self._apply(step.grads, step.assignments)
         return {**step.stats, "_finite": tf.constant([True])}
+
+    original_kept = towers_mod.TowerStack._kept_if_finite
+
+    def kept_unchecked(self, run):
+        return run(), tf.ones([len(self._updated)], tf.bool)
 
     original_learn_loaded = towers_mod.TowerStack.learn_loaded
 
@@ -235,16 +243,17 @@ def breakdown(spec: dict):
                       [1, self.num_towers, 1])  # [K=1, towers, units]
         return self._finish(self._functions[key](idx))
 
-    # name -> (step, learn_loaded, all towers on the variable device)
-    variants = {"full": (original_step, original_learn_loaded, False),
-                "no_cond": (step_no_cond, original_learn_loaded, False),
-                "minimal": (step_unchecked, original_learn_loaded, False),
-                "one_device": (original_step, original_learn_loaded, True),
-                "captured": (original_step, learn_loaded_captured, False)}
+    # name -> (step, learn_loaded, result check, all towers on the variable device)
+    variants = {"full": (original_step, original_learn_loaded, original_kept, False),
+                "no_result_check": (original_step, original_learn_loaded, kept_unchecked, False),
+                "no_cond": (step_no_cond, original_learn_loaded, original_kept, False),
+                "minimal": (step_unchecked, original_learn_loaded, kept_unchecked, False),
+                "one_device": (original_step, original_learn_loaded, original_kept, True),
+                "captured": (original_step, learn_loaded_captured, original_kept, False)}
     steps = epochs * (rows // minibatch)
     for name in spec.get("variants") or list(variants):
-        towers_mod.TowerStack._step, towers_mod.TowerStack.learn_loaded, one_device = \
-            variants[name]
+        (towers_mod.TowerStack._step, towers_mod.TowerStack.learn_loaded,
+         towers_mod.TowerStack._kept_if_finite, one_device) = variants[name]
         learner = TowersLearner(columns, n, minibatch, ppo_shaped)
         if one_device:
             plan = learner.stack.plan

@@ -65,8 +65,8 @@ def test_replica_engine_smoke(tmp_path):
 def test_replica_engine_breakdown_smoke(tmp_path):
     records = measurements(run_smoke("replica_engine", tmp_path, "--breakdown",
                                      "--replicas", "2", result="replica_engine_breakdown"))
-    assert {r["variant"] for r in records} == {"full", "no_cond", "minimal", "one_device",
-                                                "captured"}
+    assert {r["variant"] for r in records} == {"full", "no_result_check", "no_cond", "minimal",
+                                                "one_device", "captured"}
 
 
 def test_inference_smoke(tmp_path):
