@@ -32,13 +32,16 @@ def custom_models_restored():
 
 
 @pytest.fixture(scope="module")
-def ray_local():
+def ray_local(request):
     """A real local Ray for one test module, with the shared test envs and
-    policies pickled by value so Ray workers need not import them."""
+    policies pickled by value so Ray workers need not import them. A module may
+    set RAY_RESOURCES, e.g. {"num_gpus": 1}: Ray then advertises a GPU that no
+    device backs."""
     import envs
     import fakes
     import ray
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             **getattr(request.module, "RAY_RESOURCES", {}))
     for module in (envs, fakes):
         ray.cloudpickle.register_pickle_by_value(module)
     yield

@@ -13,18 +13,8 @@ from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.policy_actor import PolicyActorResourcesError
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
+RAY_RESOURCES = {"num_gpus": 1}  # read by conftest.ray_local
 SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
-
-
-@pytest.fixture(scope="module")
-def ray_with_one_gpu():
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
-    for module in (envs, fakes):
-        ray.cloudpickle.register_pickle_by_value(module)
-    yield
-    for module in (envs, fakes):
-        ray.cloudpickle.unregister_pickle_by_value(module)
-    ray.shutdown()
 
 
 def _group(num_gpus: float) -> EnvRunnerGroup:
@@ -34,7 +24,7 @@ def _group(num_gpus: float) -> EnvRunnerGroup:
                           remote_inference=True, policy_actor_options={"num_cpus": 0.5})
 
 
-def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_with_one_gpu):
+def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_local):
     group = _group(0.5)
     try:
         held = ray.get(group.policy_actor.resources.remote())
@@ -52,7 +42,7 @@ def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_with_one_gpu
     assert ray.available_resources().get("GPU", 0.0) == 1.0
 
 
-def test_without_the_key_the_policy_actor_holds_no_gpu(ray_with_one_gpu):
+def test_without_the_key_the_policy_actor_holds_no_gpu(ray_local):
     group = _group(0)
     try:
         held = ray.get(group.policy_actor.resources.remote())
@@ -61,7 +51,7 @@ def test_without_the_key_the_policy_actor_holds_no_gpu(ray_with_one_gpu):
         group.stop()
 
 
-def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_with_one_gpu):
+def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_local):
     start = time.monotonic()
     with pytest.raises(PolicyActorResourcesError) as info:
         _group(2)
