@@ -281,11 +281,13 @@ class TowerStack:
                 optimizer.build(self.variables)
             # the loaded epochs' shuffle; its state is part of the policy state
             self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
-        # what a step writes, put back when the step's result is not finite
+        # what a step writes, put back when the step's result is not finite; the
+        # floating-point ones are those checked
         self._updated = _unique_variables(
             self.variables + list(model.non_trainable_variables)
             + [v for optimizer in self.optimizers for v in optimizer.variables]
             + ([] if target is None else target.variables + [target.age]))
+        self._checked = [v for v in self._updated if tf.as_dtype(v.dtype).is_floating]
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
 
@@ -374,8 +376,7 @@ class TowerStack:
             self._apply(tensors, [])
             self._after_applied_step()
 
-        _, kept = self._kept_if_finite(apply)
-        self._check_finite(np.ones(1, bool), kept)
+        self._check_finite(np.ones(1, bool), self._kept_if_finite(apply)["_kept"])
 
     # ----- loaded buffers -----------------------------------------------------------
 
@@ -684,19 +685,19 @@ class TowerStack:
             tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
         return {**step.stats, "_finite": step.finite}
 
-    def _kept_if_finite(self, run) -> tuple:
-        """run() -> (its outputs, <bool>[updated variables] which ended finite). If any
-        did not, every variable the call may write is put back as it was before the
-        call: one read of the state before (TF copies a variable on write only while
-        such a read is alive) and one check after, per compiled call, not per step.
-        Every learner decides alike: same weights, same all-reduced gradients."""
+    def _kept_if_finite(self, run) -> dict:
+        """run() -> its output dict plus "_kept": <bool>[checked variables] which ended
+        finite. If any did not, every variable the call may write is put back as it
+        was before the call: one read of the state before (TF copies a variable on
+        write only while such a read is alive) and one check after, per compiled
+        call, not per step. Every learner decides alike: same weights, same
+        all-reduced gradients."""
         with tf.device(self.plan.variable_device):
             before = [tf.convert_to_tensor(v) for v in self._updated]
-        out = run()
+        out = run() or {}
         with tf.device(self.plan.variable_device):
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
-                               if tf.as_dtype(v.dtype).is_floating else tf.constant(True)
-                               for v in self._updated])
+                               for v in self._checked] or [tf.constant(True)])
 
             def roll_back():
                 for var, value in zip(self._updated, before):
@@ -704,11 +705,10 @@ class TowerStack:
                 return finite
 
             kept = tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
-        return out, kept
+        return {**out, "_kept": kept}
 
     def _learn_graph(self, shards):
-        out, kept = self._kept_if_finite(lambda: self._step([shards]))
-        return {**out, "_kept": kept}
+        return self._kept_if_finite(lambda: self._step([shards]))
 
     def _gradients_graph(self, shards):
         step = self._tower_pass([shards])
@@ -716,8 +716,7 @@ class TowerStack:
 
     def _loaded_graph(self, buffers, unit_idx):
         """unit_idx <int32>[K, towers, units per tower minibatch]."""
-        out, kept = self._kept_if_finite(lambda: self._loaded_step(buffers, unit_idx))
-        return {**out, "_kept": kept}
+        return self._kept_if_finite(lambda: self._loaded_step(buffers, unit_idx))
 
     def _loaded_step(self, buffers, unit_idx):
         return self._step([self._gather(buffers, unit_idx[s])
@@ -731,8 +730,7 @@ class TowerStack:
         return tuple(shards)
 
     def _epochs_graph(self, buffers, order, units_per_mb):
-        out, kept = self._kept_if_finite(lambda: self._epochs(buffers, order, units_per_mb))
-        return {**out, "_kept": kept}
+        return self._kept_if_finite(lambda: self._epochs(buffers, order, units_per_mb))
 
     def _epochs(self, buffers, order, units_per_mb):
         accumulate = self.accumulation_steps
@@ -778,7 +776,7 @@ class TowerStack:
         """Raise for a call whose update was rolled back (kept: which updated
         variables ended finite) or whose last step had a non-finite gradient."""
         if kept is not None and not np.asarray(kept).all():
-            bad = [self._updated[i].path for i in np.flatnonzero(~np.asarray(kept))]
+            bad = [self._checked[i].path for i in np.flatnonzero(~np.asarray(kept))]
             raise NonFiniteUpdateError(
                 f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
                 "optimizer moment overflowing on huge advantages or rewards?); the call "
