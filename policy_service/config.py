@@ -246,6 +246,10 @@ class PolicyConfig(Config):
     learner_placement_strategy: str = setting(
         "PACK", doc="How the learners' placement group spreads over nodes.",
         check=one_of(*PLACEMENT_STRATEGIES))
+    learner_update_timeout_s: float = setting(
+        1800.0, doc="Longest wait for one call to the learner actors (e.g. an update's "
+        "epochs); past it the group counts as hung and is replaced like a dead learner.",
+        check=finite(gt=0))
     # Read by the EnvRunnerGroup, which starts the inference actor from this config.
     num_gpus_per_policy_actor: float = setting(
         0, doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "

@@ -1,6 +1,7 @@
 """CollectiveGroup: exact sums across two Ray actor processes, in a tf.function and
 in a while loop; a group of one is the identity; RING without GPUs; a dead or
-hung peer is an error within the timeout, not a hang."""
+hung peer is an error within the timeout, not a hang; without a per-op timeout
+(the default) thousands of all-reduces start no threads."""
 from __future__ import annotations
 
 import sys
@@ -33,7 +34,7 @@ def rank_values(rank: int) -> list[np.ndarray]:
 class Member:
     """One group member in its own process, configured before TF initializes."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float | None):
         from policy_service.engine import devices
         devices.prepare_process(1)
         from policy_service.engine.collectives import CollectiveGroup
@@ -123,6 +124,26 @@ class Member:
                 "mixed": [t.numpy() for t in mixed], "mixed_total": float(mixed_total),
                 "by_hand": [t.numpy() for t in by_hand]}
 
+    def threads_around_all_reduces(self, iterations: int) -> tuple[int, int]:
+        """This process's threads before and after `iterations` one-element
+        all-reduces in one compiled loop (traced and run once before)."""
+        from policy_service.distributed.learner_actor import thread_count
+        total = tf.Variable(0.0)
+
+        @tf.function
+        def loop(n):
+            def body(i):
+                total.assign_add(self.group.all_reduce_sum([tf.ones([1])])[0][0])
+                return i + 1
+            tf.while_loop(lambda i: i < n, body, [tf.constant(0)])
+            return total.read_value()
+        loop(tf.constant(10))  # traced, executors and gRPC channels up
+        before = thread_count()
+        expected = float(total.numpy()) + 2.0 * iterations
+        if float(loop(tf.constant(iterations))) != expected:  # every all-reduce ran
+            raise AssertionError(f"sum {float(total.numpy())}, expected {expected}")
+        return before, thread_count()
+
     def timed_sum(self) -> tuple[str, float]:
         """Seconds until an all-reduce returns or fails, and how it failed."""
         start = time.perf_counter()
@@ -141,7 +162,7 @@ def remote_member(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def start_group(remote_member, size: int, timeout_s: float = 60.0) -> list:
+def start_group(remote_member, size: int, timeout_s: float | None = 60.0) -> list:
     members = [remote_member.remote(timeout_s) for _ in range(size)]
     addresses = ray.get([m.address.remote() for m in members])
     implementations = ray.get([m.connect.remote(rank, addresses)
@@ -325,3 +346,24 @@ def test_a_peer_that_never_joins_the_collective_times_out(remote_member):
     assert "all_reduce_sum_over_2_members failed in a group of 2 members" in message, message
     assert "timeout 3s" in message and "timed out" in message
     assert SHORT_TIMEOUT_S - 0.5 < seconds < NOT_A_HANG_S  # it waited for the timeout
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote_member):
+    """The default group (no per-op timeout, as in the SGD loop): 3,000 all-reduces
+    leave the thread count where it was. With a timeout TF starts two threads per
+    collective that sleep for the whole timeout: the same count sees them."""
+    plain = start_group(remote_member, 2, timeout_s=None)
+    counts = ray.get([m.threads_around_all_reduces.remote(3000) for m in plain], timeout=120)
+    for m in plain:
+        ray.kill(m)
+    print(f"\nthreads (before, after) per member, 3,000 all-reduces, no timeout: {counts}")
+    for before, after in counts:
+        assert before > 0 and after - before < 50, counts  # a few pool threads at most
+    timed = start_group(remote_member, 2, timeout_s=NOT_A_HANG_S)
+    counts = ray.get([m.threads_around_all_reduces.remote(200) for m in timed], timeout=120)
+    for m in timed:
+        ray.kill(m)
+    print(f"threads (before, after) per member, 200 all-reduces, timeout 45 s: {counts}")
+    for before, after in counts:
+        assert after - before >= 200, counts  # ~2 per all-reduce, alive for the timeout

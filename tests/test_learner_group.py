@@ -5,6 +5,9 @@ the same weights and feeds both the same batch: gradients, SGD steps,
 batch-norm moving statistics and loaded-buffer epochs must match to float
 tolerance, and the learners' weights must stay bit-identical.
 """
+import os
+import signal
+import sys
 import time
 
 import numpy as np
@@ -25,13 +28,18 @@ from fakes import (
 )
 
 from policy_service import LearnerGroup, models
-from policy_service.distributed.learner_group import LearnerDiedError, LearnerResourcesError
+from policy_service.distributed.learner_group import (
+    LearnerDiedError,
+    LearnerResourcesError,
+    LearnerTimeoutError,
+)
 from policy_service.io.checkpoints import CheckpointFileError
 
 ray = pytest.importorskip("ray")
 
 TWO_BY_TWO = {"num_learners": 2, "num_gpus_per_learner": 2, "_fake_gpus": True,
               "num_cpus_per_learner": 0.5}
+ONE_EACH = {"num_learners": 2, "num_cpus_per_learner": 0.5}  # one CPU device per learner
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
 
@@ -331,5 +339,56 @@ def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_
     assert group.num_restarts == 1
     for policy in (one, group):
         policy.learn_on_batch(mlp_batch(20, seed=1))  # the same Adam step as without a death
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_thousand_all_reduces_in_an_epoch_call_start_no_threads(start_group):
+    """The SGD loop's all-reduces have no per-op timeout: with one, TF would hold
+    two threads per all-reduce for the timeout (here ~2,000 more)."""
+    group = start_group(minibatch_size=2, **ONE_EACH)
+    group.load_batch_into_buffer(mlp_batch(200))  # 100 minibatches of 2, 1 row per learner
+    assert group.learn_on_loaded_epochs(1)["num_sgd_steps"] == 100  # traced and warm
+    before = [ray.get(a.process_status.remote())["threads"] for a in group.actors]
+    stats = group.learn_on_loaded_epochs(10)
+    after = [ray.get(a.process_status.remote())["threads"] for a in group.actors]
+    assert stats["num_sgd_steps"] == 1000
+    print(f"\nthreads per learner before, after 1,000 all-reduces: {before}, {after}")
+    for b, a in zip(before, after):
+        assert b > 0 and a - b < 50, (before, after)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(start_group):
+    """Learner 1 stopped (SIGSTOP): learner 0 waits in the all-reduce, which has no
+    timeout of its own; the driver gives up at learner_update_timeout_s and the
+    group restarts from a state."""
+    group = start_group(learner_update_timeout_s=600, **ONE_EACH)
+    assert group.call_timeout_s == 600  # from the config key
+    one = one_device()
+    same_start(group, one)
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20))
+    state = group.get_state()
+    group.call_timeout_s = 4  # short only now: tracing under load may take longer
+    pid = ray.get(group.actors[1].process_status.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    start = time.perf_counter()
+    try:
+        with pytest.raises(LearnerTimeoutError, match=(
+                r"learner\(s\) (0, )?1 of 2 gave no result within "
+                r"learner_update_timeout_s=4 s: hung")):
+            group.learn_on_batch(mlp_batch(20, seed=1))
+        waited = time.perf_counter() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert 3 < waited < 60  # the deadline, not a hang
+    assert issubclass(LearnerTimeoutError, LearnerDiedError)  # algorithms restart on it
+    group.call_timeout_s = 600
+    group.restart(state)
+    assert group.num_restarts == 1
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20, seed=1))
     assert_weights_close(one.get_weights(), group.get_weights())
     assert group.weights_identical()

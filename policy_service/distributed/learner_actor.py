@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from typing import Any, Callable
 
 import gymnasium as gym
@@ -26,7 +27,7 @@ import ray
 from policy_service import models
 from policy_service.config import config_for
 from policy_service.engine import devices
-from policy_service.engine.collectives import DEFAULT_TIMEOUT_S, CollectiveGroup
+from policy_service.engine.collectives import CollectiveGroup
 
 
 def learner_policy_config(policy_cls: type, config: Any):
@@ -52,11 +53,14 @@ class LearnerHost:
 
     Learning methods take train columns the driver already prepared and
     sharded (see learner_shards.py); the rest mirror TFPolicy.
+    collective_timeout_s: None (default), the all-reduces inside the SGD loop
+    wait without a per-op deadline (a timeout would hold two TF threads per
+    all-reduce for its length); the driver bounds each call instead.
     """
 
     def __init__(self, policy_cls: type, observation_space: gym.Space,
                  action_space: gym.Space, config: Any, custom_models: dict | None = None,
-                 collective_timeout_s: float = DEFAULT_TIMEOUT_S):
+                 collective_timeout_s: float | None = None):
         models.register_custom_models(custom_models)
         self._policy_args = (policy_cls, observation_space, action_space)
         self.config = learner_policy_config(policy_cls, config)
@@ -130,3 +134,17 @@ class LearnerHost:
 
     def foreach_policy(self, fn: Callable, *args) -> Any:
         return fn(self.policy, *args)
+
+    def process_status(self) -> dict:
+        """This process's id and thread count (Linux /proc; -1 elsewhere): for
+        tests and benchmarks that watch a learner's threads or signal it."""
+        return {"pid": os.getpid(), "threads": thread_count()}
+
+
+def thread_count() -> int:
+    """Threads of this process, from /proc/self/status (-1 where there is none)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("Threads:"))
+    except (OSError, StopIteration):
+        return -1

@@ -26,16 +26,21 @@ on one device and every learner keeps identical weights. Statistics are the
 group's (every learner returns the same; learner 0's are returned).
 
 A learner actor that dies fails the call at once with `LearnerDiedError`
-(not after the survivors' collective timeout). Collectives are then aborted in
-every learner process, so `restart(state)` replaces the whole group from the
-caller's last full copy of the learner state (weights and optimizer); the
-caller retries its step (algorithms/algorithm.py does).
+(the survivors may wait in a collective with it: their all-reduces have no
+per-op timeout, which would hold two TF threads per all-reduce). A call that
+gives no result within `learner_update_timeout_s` (a learner hung, e.g. in a
+collective with a stopped peer) fails with `LearnerTimeoutError`, a
+LearnerDiedError. Either way the group's collectives are lost, so
+`restart(state)` replaces the whole group from the caller's last full copy
+of the learner state (weights and optimizer); the caller retries its step
+(algorithms/algorithm.py does, within its restart budget).
 
 A policy subclass that overrides `train_columns` is not followed here: the
 driver prepares batches with `policy_service.train_batches`.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -68,8 +73,15 @@ class LearnerDiedError(RuntimeError):
     must be restarted (`LearnerGroup.restart`)."""
 
 
+class LearnerTimeoutError(LearnerDiedError):
+    """A call to the learners gave no result within `learner_update_timeout_s`."""
+
+
 class LearnerGroup:
-    """TFPolicy's learning methods, with the same meaning, over all learners."""
+    """TFPolicy's learning methods, with the same meaning, over all learners.
+
+    call_timeout_s: the deadline of every call to the learner actors, from
+    `learner_update_timeout_s` (may be changed between calls)."""
 
     def __init__(self, policy_cls: type, observation_space: gym.Space,
                  action_space: gym.Space, config: Any = None, *,
@@ -84,6 +96,7 @@ class LearnerGroup:
         self._placement_group = None
         self._loaded_rows: dict[int, int] = {}
         self._ready_timeout_s = ready_timeout_s
+        self.call_timeout_s = float(self.config.learner_update_timeout_s)
         self.num_restarts = 0
         if self.num_learners == 0:
             self.local_policy = policy_cls(observation_space, action_space, self.config)
@@ -321,13 +334,22 @@ class LearnerGroup:
 
     def _results(self, refs: list) -> list:
         """Every learner's result, by rank; the first death seen ends the wait (the
-        others may be blocked in a collective with the dead one)."""
+        others may be blocked in a collective with the dead one), and so does
+        `call_timeout_s` without all results (LearnerTimeoutError)."""
         if not self._learners:
             raise RuntimeError("this LearnerGroup is stopped")
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results, pending = {}, list(refs)
+        deadline = time.monotonic() + self.call_timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                hung = ", ".join(str(rank_of[ref]) for ref in pending)
+                raise LearnerTimeoutError(
+                    f"learner(s) {hung} of {self.num_learners} gave no result within "
+                    f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
+                    "collective with a stopped peer); the group must be restarted")
             try:
                 results[ready[0]] = ray.get(ready[0])
             except RayActorError as err:

@@ -44,17 +44,19 @@ What the ops rely on (read in TF's sources, checked by tests/test_collectives.py
   order, from one thread.
 - After a failed collective (timeout, dead peer) TF aborts all collectives in
   the process: the group must be rebuilt in fresh processes.
-- A timeout costs threads: for each collective run with one, TF schedules its
-  timeout check with `SchedNonBlockingClosureAfter`, which on POSIX starts a
-  thread that sleeps for the whole timeout (stack seen in an abort:
-  BaseCollectiveExecutor::CompleteParamsAsync -> PosixEnv::SchedClosureAfter ->
-  std::thread). Measured: 300 all-reduces leave 600 more threads for timeout_s;
-  the time per all-reduce did not change (A/B, noise +-40% on a busy machine).
-  So a learner holds about 2 x all-reduces/s x timeout_s threads: a benchmark
-  probe of ~8,000 all-reduces within 120 s aborted a learner when a thread could
-  not be created. PPO here runs a few hundred all-reduces per iteration, far
-  below that; a fast GPU learner at 300/s would need ~72k threads at 120 s.
-  Still open: no per-op timeout in the SGD loop, with the hang guard elsewhere.
+- A per-op timeout costs threads: for each collective run with one, TF
+  schedules its timeout check with `SchedNonBlockingClosureAfter`, which on
+  POSIX starts a thread that sleeps for the whole timeout (stack seen in an
+  abort: BaseCollectiveExecutor::CompleteParamsAsync -> PosixEnv::SchedClosureAfter
+  -> std::thread). Measured: 300 all-reduces left 600 more threads for the
+  timeout; a probe of ~8,000 all-reduces within a 120 s timeout aborted a
+  learner when a thread could not be created. So the group's collectives run
+  with no per-op timeout by default (`timeout_s=None`: TF starts no timer,
+  tests/test_collectives.py counts the threads); only `connect`'s one-element
+  probe has one. A hung peer is bounded by the caller instead: the
+  LearnerGroup waits for each call with a deadline (`learner_update_timeout_s`)
+  and replaces the group, whose collectives a dead peer also fails sooner
+  (connection refused).
 - `connect` waits for every member without a deadline of its own: the caller
   bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
 
@@ -86,7 +88,7 @@ import tensorflow as tf
 
 RING = "RING"
 NCCL = "NCCL"
-DEFAULT_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 120.0  # connect's probe: one op, so its two timer threads are cheap
 JOB = "worker"
 SUM_GROUP_KEY = 4201  # the all-reduce of tensors (on the GPU with NCCL)
 CHECK_GROUP_KEY = 4202  # the weight check, always on the CPU (a group has one device type)
@@ -119,15 +121,23 @@ class CollectiveGroup:
     address: "host:port" this member's TF server will listen on (picked now).
     rank, world_size: set by `connect`.
     implementation: RING or NCCL, chosen by `connect` from this process's GPUs.
-    timeout_s: a collective not finished in this time fails (a hung peer); a
-      dead peer usually fails sooner (connection refused).
+    timeout_s: None (default): collectives wait for their peers without a
+      deadline, and cost no timer threads (see the module docstring); the
+      caller bounds a hang. A number: every collective not finished in that
+      time fails (two threads held per collective for that long: only for
+      groups that run few).
+    probe_timeout_s: how long `connect`'s probe waits for every member to
+      run its first collective.
     """
 
-    def __init__(self, host: str = "127.0.0.1", timeout_s: float = DEFAULT_TIMEOUT_S):
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    def __init__(self, host: str = "127.0.0.1", timeout_s: float | None = None,
+                 probe_timeout_s: float = PROBE_TIMEOUT_S):
+        for key, value in (("timeout_s", timeout_s), ("probe_timeout_s", probe_timeout_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{key} must be > 0, got {value}")
         self.address = f"{host}:{pick_free_port(host)}"
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.probe_timeout_s = float(probe_timeout_s)
         self.rank: int | None = None
         self.world_size: int | None = None
         self.implementation: str | None = None
@@ -143,7 +153,9 @@ class CollectiveGroup:
 
         Must run before any TensorFlow op in this process (TF fixes its
         collective configuration when it initializes). Blocks until every
-        member has connected. With one address it only records the rank."""
+        member has connected, then runs one collective with `probe_timeout_s`
+        (CollectivePeerError if a member does not take part in time). With one
+        address it only records the rank."""
         addresses = list(addresses)
         self._check_membership(rank, addresses)
         implementation = choose_implementation(tf.config.list_physical_devices())
@@ -155,6 +167,17 @@ class CollectiveGroup:
                 with tf.device(device):
                     self._tokens[device] = tf.Variable(0.0, trainable=False,
                                                        name="collective_ordering_token")
+            self.probe()
+
+    def probe(self) -> None:
+        """One one-element sum over all members with `probe_timeout_s`: every member
+        must call it; a member that does not -> CollectivePeerError in that time."""
+        with self.peer_errors(self.probe_timeout_s), tf.device(self.check_device):
+            one = tf.ones([1], tf.int32)
+            total = self._collective(one, "Add", CHECK_GROUP_KEY, self.check_device, RING,
+                                     "probe", timeout_s=self.probe_timeout_s)
+            if int(total[0]) != self.world_size:
+                raise RuntimeError(f"probe: {self.world_size} members summed to {int(total[0])}")
 
     def _start_executor(self, rank: int, addresses: list[str], implementation: str):
         """MultiWorkerMirroredStrategy's setup from a cluster spec of `addresses`."""
@@ -164,7 +187,7 @@ class CollectiveGroup:
         options = tf.distribute.experimental.CommunicationOptions(
             implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
                                    implementation),
-            timeout_seconds=self.timeout_s)
+            timeout_seconds=self.probe_timeout_s)
         try:
             return tf.distribute.MultiWorkerMirroredStrategy(
                 cluster_resolver=resolver, communication_options=options)
@@ -283,9 +306,11 @@ class CollectiveGroup:
             return tf.reduce_all(tf.equal(high, low))
 
     @contextlib.contextmanager
-    def peer_errors(self) -> Iterator[None]:
+    def peer_errors(self, timeout_s: float | None = None) -> Iterator[None]:
         """Turn TF's errors from a dead or hung peer into one CollectivePeerError
-        that names the group size and the timeout."""
+        that names the group size and the timeout (`timeout_s`, default the group's)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        timeout = "no timeout" if timeout_s is None else f"timeout {timeout_s:g}s"
         try:
             yield
         except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
@@ -299,24 +324,27 @@ class CollectiveGroup:
             node = re.search(r"\{\{node ([^}]+)\}\}", message)
             raise CollectivePeerError(
                 f"{node.group(1) if node else 'CollectiveReduceV2'} failed in a group of "
-                f"{self.world_size} members (this is rank {self.rank}, timeout "
-                f"{self.timeout_s:g}s): {cause}; "
+                f"{self.world_size} members (this is rank {self.rank}, {timeout}): {cause}; "
                 "collectives in this process are now aborted, rebuild the group"
             ) from err
 
     # ----- internals -----------------------------------------------------------------
 
     def _collective(self, flat: tf.Tensor, merge_op: str, group_key: int, device: str,
-                    implementation: str, what: str) -> tf.Tensor:
+                    implementation: str, what: str, timeout_s: float | None = None
+                    ) -> tf.Tensor:
+        """One CollectiveReduceV2; timeout_s (default the group's) None: none, so TF
+        starts no timer thread for it."""
         if self.world_size is None:
             raise RuntimeError(f"{what}: CollectiveGroup.connect has not run")
         signature = f"{what}:{flat.dtype.name}:{flat.shape.num_elements()}:{merge_op}"
         instance_key = self._instance_key(flat, group_key, signature)
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         from tensorflow.python.ops import collective_ops  # the raw op has no public alias
         return collective_ops.all_reduce_v2(
             flat, group_size=self.world_size, group_key=group_key,
             instance_key=instance_key, merge_op=merge_op, final_op="Id",
-            communication_hint=implementation.lower(), timeout=self.timeout_s,
+            communication_hint=implementation.lower(), timeout=timeout_s or 0,
             ordering_token=self._tokens[device].handle,
             name=f"{what}_over_{self.world_size}_members")
 
