@@ -10,7 +10,14 @@ Per (model, learners N, accumulation K), in a fresh child with its own local Ray
                 step_ms        a step of the whole-epoch loop with the all-reduce
                 local_step_ms  the same step on a solo copy of the learner's policy
                                (same loaded buffer, no collective)
-                group_ms       step_ms - local_step_ms: what the group adds per all-reduce
+                weighted_local_step_ms
+                               the solo copy's step with the group's own ops around
+                               the collective (pack, scale, divide, unpack) and the
+                               collective replaced by the identity
+                group_ms       step_ms - local_step_ms: what the group adds per all-reduce,
+                               split into around_ms (weighted_local - local: the ops
+                               around the collective) and in_step_ms (step -
+                               weighted_local: the collective inside the step)
                 bare_flat_ms   the bare ceiling: all_reduce_sum of one flat float32 tensor
                                of the step's element count, in a while loop, no model
                 bare_packed_ms the same with the step's own list of tensors (packing
@@ -25,14 +32,19 @@ figures divide by the number of all-reduces, not of minibatches.
 """
 from __future__ import annotations
 
+import copy
+import os
+import re
 import statistics
 import time
+from collections import Counter
 
 from benchmarks import harness, stats
 from benchmarks.collectives import summing_loop
 
 ENGINE = "group"
-PROBE_MS = ("step_ms", "local_step_ms", "bare_flat_ms", "bare_packed_ms")
+PROBE_MS = ("step_ms", "local_step_ms", "weighted_local_step_ms", "bare_flat_ms",
+            "bare_packed_ms")
 PROBE_CPU_MS = tuple(name.replace("_ms", "_cpu_ms") for name in PROBE_MS)
 
 
@@ -114,6 +126,10 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     solo = type(policy)(policy.observation_space, policy.action_space, policy.config)
     solo.towers.buffers = dict(towers.buffers)  # the same loaded tensors, no copy
     solo.learn_on_loaded_epochs(num_epochs)  # traced and warm
+    twin = type(policy)(policy.observation_space, policy.action_space, policy.config)
+    twin.towers.buffers = dict(towers.buffers)
+    twin.towers.set_collective_group(without_collective(group))
+    twin.learn_on_loaded_epochs(num_epochs)
     elements = sum(t.shape.num_elements() for t in summed)
     flat_loop = summing_loop([tf.ones([elements], tf.float32)], group.all_reduce_sum, steps)
     packed_loop = summing_loop([tf.ones(t.shape, t.dtype) for t in summed],
@@ -121,20 +137,60 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     flat_loop(), packed_loop()  # traced and warm
     barrier = tf.zeros([1])
     out = {name: [] for name in PROBE_MS + PROBE_CPU_MS}
+    by_thread = {name: Counter() for name in PROBE_MS}  # CPU ms by thread name, all rounds
     for timed in [False] + [True] * rounds:  # an untimed round first: the first call
         # with the collective after tracing costs ~1 s once (seen: 895 ms/step, then ~10)
         for name, run in (("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
                           ("local_step_ms", lambda: solo.learn_on_loaded_epochs(num_epochs)),
+                          ("weighted_local_step_ms",
+                           lambda: twin.learn_on_loaded_epochs(num_epochs)),
                           ("bare_flat_ms", flat_loop), ("bare_packed_ms", packed_loop)):
             # every learner starts each timing together: else the first collective of
             # a timing would also hold the wait for a peer still in the previous one
             group.all_reduce_sum([barrier])[0].numpy()
+            threads_before = thread_cpu_ns()
             wall, cpu = _timed_ms(run, steps)
             if timed:
                 out[name].append(wall)
                 out[name.replace("_ms", "_cpu_ms")].append(cpu)
+                by_thread[name].update(thread_cpu_ns() - threads_before)
+    per = 1e6 * rounds * steps  # ns -> ms per all-reduce
+    cpu_by_thread = {name: {thread: ns / per for thread, ns in counts.most_common()}
+                     for name, counts in by_thread.items()}
     return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
-                dtypes=sorted({t.dtype.name for t in summed}))
+                dtypes=sorted({t.dtype.name for t in summed}), cpu_by_thread=cpu_by_thread)
+
+
+def thread_cpu_ns() -> Counter:
+    """CPU ns run so far by this process's threads, summed by thread name with
+    digits dropped (Linux /proc/self/task/*/schedstat; empty elsewhere): which
+    threads (TF's compute pools, gRPC's, the collective executor's) do the work."""
+    totals: Counter = Counter()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return totals
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as comm, \
+                    open(f"/proc/self/task/{tid}/schedstat") as schedstat:
+                name = re.sub(r"\d+", "#", comm.read().strip())
+                totals[name] += int(schedstat.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile
+    return totals
+
+
+def without_collective(group):
+    """A copy of the connected `group` whose collective is the identity: the same
+    packing, scaling, dividing and unpacking around it, no communication."""
+    class NoCollective(type(group)):
+        def _collective(self, flat, *args, **kwargs):
+            import tensorflow as tf
+            return tf.identity(flat)
+    twin = copy.copy(group)
+    twin.__class__ = NoCollective
+    return twin
 
 
 def _timed_ms(run, per: int) -> tuple[float, float]:
@@ -154,6 +210,10 @@ def combine_probes(per_learner: list[dict]) -> dict:
     group_ms = [s - loc for s, loc in zip(slowest["step_ms"], slowest["local_step_ms"])]
     out = {name: statistics.median(values) for name, values in slowest.items()}
     out["group_ms"] = statistics.median(group_ms)
+    out["around_ms"] = statistics.median(
+        w - loc for w, loc in zip(slowest["weighted_local_step_ms"], slowest["local_step_ms"]))
+    out["in_step_ms"] = statistics.median(
+        s - w for s, w in zip(slowest["step_ms"], slowest["weighted_local_step_ms"]))
     out["vs_bare"] = stats.ratio(out["group_ms"], out["bare_flat_ms"])
     out["packing_ms"] = out["bare_packed_ms"] - out["bare_flat_ms"]
     # CPU work per all-reduce, each learner's own (no waiting), then the mean of learners
@@ -164,6 +224,13 @@ def combine_probes(per_learner: list[dict]) -> dict:
         statistics.mean(p["step_cpu_ms"][r] - p["local_step_cpu_ms"][r] for p in per_learner)
         for r in range(rounds))
     out["vs_bare_cpu"] = stats.ratio(out["group_cpu_ms"], out["bare_flat_cpu_ms"])
+    for name, (minuend, subtrahend) in {"around_cpu_ms": ("weighted_local_step_cpu_ms",
+                                                          "local_step_cpu_ms"),
+                                        "in_step_cpu_ms": ("step_cpu_ms",
+                                                           "weighted_local_step_cpu_ms")}.items():
+        out[name] = statistics.median(
+            statistics.mean(p[minuend][r] - p[subtrahend][r] for p in per_learner)
+            for r in range(rounds))
     out["per_round"] = dict(slowest, group_ms=group_ms)
     out["per_learner"] = per_learner
     first = per_learner[0]
