@@ -284,9 +284,7 @@ def main(argv=None):
     parser.add_argument("--probe-rounds", type=int, default=7,
                         help="with --learners: alternating A/B rounds inside the learners")
     parser.add_argument("--probe-epochs", type=int, default=2,
-                        help="with --learners: epochs per timed call inside the learners "
-                             "(few: each all-reduce holds two TF timer threads for the "
-                             "collective timeout, see policy_service/engine/collectives.py)")
+                        help="with --learners: epochs per timed call inside the learners")
     args = parser.parse_args(argv)
     if args.learners and not args.child:
         harness.run_benchmark(args, GROUP_NAME, measure, "benchmarks.learner",

@@ -34,11 +34,11 @@ def rank_values(rank: int) -> list[np.ndarray]:
 class Member:
     """One group member in its own process, configured before TF initializes."""
 
-    def __init__(self, timeout_s: float | None):
+    def __init__(self, timeout_s: float | None, probe_timeout_s: float = 120.0):
         from policy_service.engine import devices
         devices.prepare_process(1)
         from policy_service.engine.collectives import CollectiveGroup
-        self.group = CollectiveGroup(timeout_s=timeout_s)
+        self.group = CollectiveGroup(timeout_s=timeout_s, probe_timeout_s=probe_timeout_s)
         self.reduce_in_function = tf.function(self.group.all_reduce_sum)
 
     def address(self) -> str:
@@ -144,6 +144,15 @@ class Member:
             raise AssertionError(f"sum {float(total.numpy())}, expected {expected}")
         return before, thread_count()
 
+    def timed_probe(self) -> tuple[str, float]:
+        """Seconds until a probe returns or fails, and how it failed."""
+        start = time.perf_counter()
+        try:
+            self.group.probe()
+        except collectives.CollectivePeerError as err:
+            return str(err), time.perf_counter() - start
+        return "no error", time.perf_counter() - start
+
     def timed_sum(self) -> tuple[str, float]:
         """Seconds until an all-reduce returns or fails, and how it failed."""
         start = time.perf_counter()
@@ -162,8 +171,9 @@ def remote_member(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def start_group(remote_member, size: int, timeout_s: float | None = 60.0) -> list:
-    members = [remote_member.remote(timeout_s) for _ in range(size)]
+def start_group(remote_member, size: int, timeout_s: float | None = 60.0,
+                probe_timeout_s: float = 120.0) -> list:
+    members = [remote_member.remote(timeout_s, probe_timeout_s) for _ in range(size)]
     addresses = ray.get([m.address.remote() for m in members])
     implementations = ray.get([m.connect.remote(rank, addresses)
                                for rank, m in enumerate(members)], timeout=120)
@@ -367,3 +377,16 @@ def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote
     print(f"threads (before, after) per member, 200 all-reduces, timeout 45 s: {counts}")
     for before, after in counts:
         assert after - before >= 200, counts  # ~2 per all-reduce, alive for the timeout
+
+
+def test_the_probe_keeps_a_timeout_when_the_sums_have_none(remote_member):
+    """connect's probe ran in both members; run alone it fails at its own timeout,
+    although the group's all-reduces wait without one."""
+    waiting, idle = start_group(remote_member, 2, timeout_s=None,
+                                probe_timeout_s=SHORT_TIMEOUT_S)
+    message, seconds = ray.get(waiting.timed_probe.remote(), timeout=60)
+    for m in (waiting, idle):
+        ray.kill(m)
+    assert "probe_over_2_members failed in a group of 2 members" in message, message
+    assert "timeout 3s" in message
+    assert SHORT_TIMEOUT_S - 0.5 < seconds < NOT_A_HANG_S

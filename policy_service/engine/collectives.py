@@ -321,9 +321,11 @@ class CollectiveGroup:
                 raise
             lines = [line.strip() for line in message.splitlines()]
             cause = next((line for line in lines if line.startswith("Collective")), lines[0])
-            node = re.search(r"\{\{node ([^}]+)\}\}", message)
+            # the op's name: {{node NAME}} in a function, "[Op:...] name: NAME" eagerly
+            node = re.search(r"\{\{node ([^}]+)\}\}|\] name: (\S+)", message)
+            name = next((g for g in node.groups() if g), None) if node else None
             raise CollectivePeerError(
-                f"{node.group(1) if node else 'CollectiveReduceV2'} failed in a group of "
+                f"{name or 'CollectiveReduceV2'} failed in a group of "
                 f"{self.world_size} members (this is rank {self.rank}, {timeout}): {cause}; "
                 "collectives in this process are now aborted, rebuild the group"
             ) from err
