@@ -143,7 +143,7 @@ class Ceiling:
         np = self.np
         if not self.prioritized:
             idx = self.rng.integers(0, self.size, n)
-            out = {c: a.take(idx, axis=0) for c, a in self.columns.items()}
+            out = {c: a.take(idx, 0) for c, a in self.columns.items()}
             out["batch_indexes"] = idx
             return out
         prefix = self.rng.random(n) * self.sums[-1][0]
@@ -155,7 +155,7 @@ class Ceiling:
             prefix -= np.where(child > 0, cum[rows, child - 1], 0.0)
             node = node * self.k + child
         weights = (self.leaves[node].astype(np.float64) / self.mins[-1][0]) ** -self.beta
-        out = {c: a.take(node, axis=0) for c, a in self.columns.items()}
+        out = {c: a.take(node, 0) for c, a in self.columns.items()}
         out["batch_indexes"], out["weights"] = node, weights.astype(np.float32)
         return out
 
