@@ -379,6 +379,11 @@ def test_a_layout_added_before_still_refuses_bad_batches_before_writing():
     np.testing.assert_array_equal(held["obs"][:4, 0], [2, 3, 3, 1])
     buffer.add(dict(good, actions=[5, 5, 5, 5]))  # a list of ints: an int64 column
     np.testing.assert_array_equal(buffer.store.take(np.arange(3, 7))["actions"], [5] * 4)
+    import tensorflow as tf  # tensors of the stored dtype and shape copy as arrays do
+    buffer.add({"obs": tf.fill((2, 3), 6.0), "actions": tf.constant([6, 6], tf.int64)})
+    np.testing.assert_array_equal(buffer.store.take(np.arange(7, 9))["obs"], np.full((2, 3), 6))
+    with pytest.raises(ValueError, match="column 'obs' has rows of shape .* dtype float64"):
+        buffer.add({"obs": tf.ones((2, 3), tf.float64), "actions": tf.constant([6, 6], tf.int64)})
 
 
 def test_sampled_batch_has_the_flags_of_a_plain_sample_batch():

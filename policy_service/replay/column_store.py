@@ -156,34 +156,44 @@ class ColumnStore:
             self._expected_layouts[rows] = expected
         return expected
 
-    def _leaves_if_expected(self, batch: Mapping[str, Any]) -> tuple | None:
-        """The batch's stored columns, in store order, when all are flat arrays with
-        exactly the stored dtypes and row shapes and equal row counts (and no extra
-        column unless `columns` was given); None: check column by column."""
-        if self._get_flat is None or (self.wanted_columns is None
-                                      and len(batch.keys()) != len(self._column_arrays)):
+    def _pairs_if_expected(self, batch: Mapping[str, Any]) -> tuple[zip, int] | None:
+        """((stored array, batch column) pairs, rows) when the batch's stored columns
+        are all flat arrays with exactly the stored dtypes and row shapes and equal
+        row counts, and it has no other column unless `columns` was given; None:
+        check column by column (which names what does not fit)."""
+        if self._get_flat is None:
             return None
-        try:  # a plain dict's lookups skip SampleBatch.__getitem__
-            values = self._get_flat(batch if batch.__class__ is dict else dict(batch))
+        plain = batch if batch.__class__ is dict else dict(batch)  # skips __getitem__
+        if self.wanted_columns is None and len(plain) != len(self._flat_arrays):
+            return None
+        try:
+            values = self._get_flat(plain)
             rows = len(values[0])
             expected = self._expected_layouts.get(rows) or self._expected_layout(rows)
             if tuple(map(ARRAY_LAYOUT, values)) == expected:
-                return values
+                return zip(self._flat_arrays, values), rows
         except (KeyError, TypeError, AttributeError):  # missing, unsized, not an array
             pass
         return None
 
-    def _checked_leaves(self, batch: Mapping[str, Any]):
-        """(stored array, batch leaf) pairs for every stored leaf, checked against
-        the layout, and the row count."""
-        values = self._leaves_if_expected(batch)
-        if values is not None:
-            return zip(self._flat_arrays, values), len(values[0])
-        return self._checked_column_by_column(batch)
+    def _checked_leaves(self, batch: Mapping[str, Any]) -> tuple[list[tuple], int]:
+        """_checked_column_by_column; the first batch added fixes the layout, unless
+        it is refused."""
+        first = not self._arrays
+        if first:
+            self._allocate(batch)
+        try:
+            return self._checked_column_by_column(batch)
+        except (KeyError, ValueError):
+            if first:
+                self._arrays, self._skeletons, self._leaf_names = {}, {}, {}
+                self._index_layout()
+            raise
 
     def _checked_column_by_column(self, batch: Mapping[str, Any]) -> tuple[list[tuple], int]:
-        """_checked_leaves for any batch: raises naming the first column that does not
-        fit (missing, extra, leaves, dtype, row shape, row count)."""
+        """((stored array, batch leaf) pairs, rows) for any batch; raises naming the
+        first column that does not fit (missing, extra, leaves, dtype, row shape,
+        row count)."""
         if self.wanted_columns is None and len(batch.keys()) != len(self._skeletons):
             extra = [c for c in batch if c not in self._skeletons]
             if extra:
@@ -239,16 +249,7 @@ class ColumnStore:
         batch longer than the capacity keeps only its last `capacity` rows
         (the earlier ones would be overwritten by them anyway).
         """
-        first = not self._arrays
-        if first:
-            self._allocate(batch)
-        try:
-            pairs, n = self._checked_leaves(batch)
-        except (KeyError, ValueError):
-            if first:  # a refused first batch must not fix the layout
-                self._arrays, self._skeletons, self._leaf_names = {}, {}, {}
-                self._index_layout()
-            raise
+        pairs, n = self._pairs_if_expected(batch) or self._checked_leaves(batch)
         skip = max(0, n - self.capacity)
         start = (self.next_index + skip) % self.capacity
         written = n - skip
