@@ -54,6 +54,13 @@ REPORT_COLUMNS = {
     "sampler": [("inference", "inference"), ("num_envs", "envs"),
                 ("env_steps_per_s", "env steps/s"), ("env_steps_per_s_min", "min"),
                 ("env_steps_per_s_max", "max")],
+    "replay": [("shape", "shape"), ("kind", "kind"), ("op", "op"), ("batch", "batch"),
+               ("impl", "impl"), ("transitions_per_s", "transitions/s"),
+               ("transitions_per_s_min", "min"), ("transitions_per_s_max", "max"),
+               ("vs_ceiling", "x ceiling")],
+    "collectives": [("members", "members"), ("size", "float32s"), ("mode", "mode"),
+                    ("ms_per_all_reduce", "ms per all-reduce"),
+                    ("ms_per_all_reduce_min", "min"), ("ms_per_all_reduce_max", "max")],
     "e2e": [("num_gpus", "fake GPUs"), ("num_env_runners", "runners"), ("wall_s", "wall s"),
             ("env_steps", "env steps"), ("train_s", "train() s"),
             ("env_steps_sampled_per_s", "sampled/s"), ("samples_trained_per_s", "trained/s"),
@@ -61,7 +68,9 @@ REPORT_COLUMNS = {
 }
 
 
-WORKLOADS_ORDER = ("learner", "sampler", "inference", "e2e")
+WORKLOADS_ORDER = ("learner", "sampler", "inference", "e2e", "dqn")
+# compare_rllib writes the DQN workload (a long run per seed) to its own file
+COMPARE_FILES = ("compare_rllib.json", "compare_rllib_dqn.json")
 
 
 def report(results_dir: str = str(RESULTS_DIR)) -> str:
@@ -82,15 +91,17 @@ def report(results_dir: str = str(RESULTS_DIR)) -> str:
                      f"average {_fmt(meta['machine']['load_avg'][0])} at start, "
                      f"{_fmt(meta.get('load_avg_end', [None])[0])} at end\n\n"
                      + markdown_table(rows, columns))
-    compare = Path(results_dir) / "compare_rllib.json"
-    if compare.exists():
-        rows = json.loads(compare.read_text())["summary"]
-        for workload in WORKLOADS_ORDER:
-            picked = [r for r in rows if r["workload"] == workload]
-            if picked:
-                keys = [k for k in picked[0] if k not in ("bench", "workload", "summary")]
-                parts.append(f"### compare_rllib: {workload}\n\n"
-                             + markdown_table(picked, [(k, k) for k in keys]))
+    rows = []
+    for file_name in COMPARE_FILES:
+        compare = Path(results_dir) / file_name
+        if compare.exists():
+            rows += json.loads(compare.read_text())["summary"]
+    for workload in WORKLOADS_ORDER:
+        picked = [r for r in rows if r["workload"] == workload]
+        if picked:
+            keys = [k for k in picked[0] if k not in ("bench", "workload", "summary")]
+            parts.append(f"### compare_rllib: {workload}\n\n"
+                         + markdown_table(picked, [(k, k) for k in keys]))
     return "\n\n".join(parts)
 
 

@@ -187,25 +187,27 @@ def restore_checked(algo, checkpoint: Path) -> None:
     if algorithm_state["algorithm_class"] != expected:
         raise CheckpointFileError(f"{checkpoint / checkpoints.ALGORITHM_STATE}: written by "
                                   f"{algorithm_state['algorithm_class']}, not {expected}")
-    policy = algo.get_policy()
+    learner = algo.learner  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
     try:
-        config_for(type(policy), policy_state["config"])
+        config_for(learner.policy_cls, policy_state["config"])
     except ValueError as err:
         raise CheckpointFileError(f"{policy_file}: {one_line(err)}") from None
     for name in ("observation_space", "action_space"):
         saved = space_from_json(policy_state[name])
-        if saved != getattr(policy, name):
+        if saved != getattr(learner, name):
             raise CheckpointFileError(f"{policy_file}: {name} is {saved}, but this run's "
-                                      f"env has {getattr(policy, name)}")
-    try:
-        policy.check_state(policy_state)  # names the entry; nothing is assigned yet
+                                      f"env has {getattr(learner, name)}")
+    try:  # names the entry; nothing is assigned yet
+        learner.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
     except (ValueError, TypeError) as err:
-        raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
+        cause = getattr(err, "cause", None) or err  # a learner actor's error: its own
+        raise CheckpointFileError(f"{policy_file.parent}: {one_line(cause)}") from None
     try:
         algo.restore(str(checkpoint))
     except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(err)}") from None
+        cause = getattr(err, "cause", None) or err
+        raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(cause)}") from None
 
 
 def _loop(algo, plan: RunPlan, history: list[dict]) -> int:

@@ -12,7 +12,7 @@ import yaml
 from fakes import assert_weights_close, fake_gpus
 
 from algorithms import get_algorithm_class
-from algorithms.dqn import DQN, sgd_steps_due
+from algorithms.dqn import DQN, DQNPolicy, sgd_steps_due
 from policy_service.config import ConfigError
 from policy_service.io.checkpoints import ALGORITHM_STATE
 from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
@@ -244,6 +244,27 @@ def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
         # and a fragment asked for after it may have run)
         total, fragment = last["timesteps_total"], algo.samples_per_round() // 2
         assert all(0.75 * total <= c <= total + fragment for c in counts), (counts, total)
+    finally:
+        algo.stop()
+
+
+def test_a_learner_actor_trains_and_gives_the_td_errors_for_the_priorities(ray_local):
+    """num_learners=1: the SGD steps and the TD errors behind the new priorities run in
+    the learner actor; its weights reach the env runner and match the priorities."""
+    algo, history = run(dict(SMALL, num_learners=1, num_cpus_per_learner=0.5), 2)
+    try:
+        assert algo.learner.local_policy is None  # the policy lives in the actor only
+        assert history[-1]["num_sgd_steps_total"] > 0
+        replay = algo.replay
+        batch = replay.sample(64)
+        [td] = algo.learner.foreach_policy(DQNPolicy.compute_td_error, batch)
+        assert td.shape == (64,) and np.isfinite(td).all()
+        replay.update_priorities(batch["batch_indexes"], td)
+        np.testing.assert_allclose(replay.tree.leaves[batch["batch_indexes"]],
+                                   (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5)
+        assert len(np.unique(replay.tree.leaves[:len(replay)])) > 10  # trained rows re-prioritized
+        assert_weights_close(algo.workers.local_worker.policy.get_weights(),
+                             algo.learner.get_weights(), atol=0)
     finally:
         algo.stop()
 

@@ -422,9 +422,10 @@ class TowerStack:
                 f"{buffer.minibatch_rows}{accumulated} below {buffer.num_rows} loaded rows")
         u = buffer.units_per_minibatch
         first = offset // buffer.minibatch_rows * u
-        idx = tf.tile(tf.reshape(tf.range(first, first + self.accumulation_steps * u,
-                                          dtype=tf.int32), [-1, 1, u]),
-                      [1, self.num_towers, 1])  # [K, towers, u]
+        # numpy, not eager TF ops: this runs once per SGD step
+        idx = np.broadcast_to(
+            np.arange(first, first + self.accumulation_steps * u, dtype=np.int32)
+            .reshape(-1, 1, u), (self.accumulation_steps, self.num_towers, u))  # [K, towers, u]
         fn = self._function("loaded", buffer.towers, self._loaded_graph)
         return self._finish(fn(buffer.towers, idx))
 
@@ -474,11 +475,14 @@ class TowerStack:
     def _function(self, kind: str, shards: tuple, graph_fn):
         """A tf.function per (kind, column signature) with unknown leading dims, so
         a new batch size never retraces."""
-        signature = tuple(
-            {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype)
-             for name, t in shard.items()} for shard in shards)
-        key = (kind, tuple((n, s.dtype, tuple(s.shape)) for n, s in sorted(signature[0].items())))
+        # called once per SGD step in per-minibatch loops: a cheap key first, the
+        # TensorSpecs only for a new one
+        key = (kind, tuple((name, t.dtype, tuple(t.shape[1:]))
+                           for name, t in sorted(shards[0].items())))
         if key not in self._functions:
+            signature = tuple(
+                {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype)
+                 for name, t in shard.items()} for shard in shards)
             extra = {"loaded": [tf.TensorSpec([self.accumulation_steps, self.num_towers, None],
                                               tf.int32)],
                      "epochs": [tf.TensorSpec([None, self.num_towers, None], tf.int32),
