@@ -296,10 +296,20 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     series = {f"batch {b}": [stats.find(summary, "vs_ceiling", shape=s, kind=k, op=o,
                                          batch=b, impl="ours") for s, k, o in groups]
               for b in batches}
+    capacity = {r["shape"]: short_count(r.get("capacity") or 0) for r in rows}
     return plots.bar_chart(f"{out_dir}/{NAME}.png",
                             "Replay buffer throughput / plain-numpy ceiling (goal >= 0.8)",
-                            "x ceiling", [f"{s}\n{k}\n{o}" for s, k, o in groups], series,
+                            "x ceiling", [f"{s} {capacity[s]}\n{k}\n{o}"
+                                          for s, k, o in groups], series,
                             hlines={"goal 0.8": 0.8})
+
+
+def short_count(n: int) -> str:
+    """1000000 -> "1M", 50000 -> "50k": capacities in the plot's labels."""
+    for size, unit in ((1_000_000, "M"), (1_000, "k")):
+        if n >= size:
+            return f"{n / size:g}{unit}"
+    return str(n)
 
 
 def main(argv=None):
