@@ -318,13 +318,85 @@ def test_bad_input_errors_name_the_column():
         buffer.add(good, priorities=np.array([1.0, 1.0, -1.0, 1, 1, 1, 1, 1]))
     with pytest.raises(ValueError, match=r"priorities must have shape \(8,\), got \(3,\)"):
         buffer.add(good, priorities=np.ones(3))
+    with pytest.raises(ValueError, match="td_errors must be finite; row 0 is -inf"):
+        buffer.update_priorities(np.array([0, 1]), np.array([-np.inf, 1.0]))
+    with pytest.raises(ValueError, match="index -1 is outside the 8 rows held"):
+        buffer.update_priorities(np.array([0, -1]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match="indexes must be a 1-D integer array, got shape "
+                                         r"\(2,\) dtype float64"):
+        buffer.update_priorities(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
+    with pytest.raises(ValueError, match=r"td_errors must have shape \(2,\), got \(3,\)"):
+        buffer.update_priorities(np.array([0, 1]), np.ones(3))
     assert len(buffer) == 8  # nothing above was added
+    leaves = buffer.tree.leaves.copy()
+    buffer.update_priorities(np.array([3, 7], np.uint64), np.array([2.0, -1.0], np.float32))
+    assert buffer.tree.leaves[3] == pytest.approx((2.0 + buffer.epsilon) ** buffer.alpha)
+    assert buffer.tree.leaves[7] == pytest.approx((1.0 + buffer.epsilon) ** buffer.alpha)
+    np.testing.assert_array_equal(np.delete(buffer.tree.leaves, [3, 7]),
+                                  np.delete(leaves, [3, 7]))
     with pytest.raises(TypeError, match="column 'infos' must be a numeric array"):
         ReplayBuffer(10).add({"obs": np.zeros((2, 3)), "infos": [{}, {}]})
     with pytest.raises(ValueError, match="epsilon must be > 0"):
         PrioritizedReplayBuffer(10, epsilon=0.0)
     with pytest.raises(ValueError, match="capacity must be an int >= 1"):
         ReplayBuffer(0)
+
+
+def test_a_layout_added_before_still_refuses_bad_batches_before_writing():
+    """Batches of a layout the store has seen take one comparison of (dtype, shape)
+    per column; every mismatch still raises naming the column, nothing written."""
+    buffer = ReplayBuffer(16, seed=0)
+    good = {"obs": np.ones((4, 3), np.float32), "actions": np.arange(4)}
+    for _ in range(3):
+        buffer.add(good)
+    held = buffer.store.take(np.arange(12))
+    bad_batches = [
+        (dict(good, obs=np.ones((4, 3))), ValueError, r"column 'obs' has rows of shape "
+         r"\(3,\) dtype float64, the buffer stores rows of shape \(3,\) dtype float32"),
+        (dict(good, obs=np.ones((4, 1), np.float32)), ValueError,  # would broadcast
+         r"column 'obs' has rows of shape \(1,\) dtype float32"),
+        (dict(good, actions=np.arange(3)), ValueError, "different row counts"),
+        (dict(good, actions=np.int64(1)), ValueError, r"column 'actions' has rows of shape \(\)"),
+        ({"obs": good["obs"]}, KeyError, "column 'actions' missing from the batch"),
+        (dict(good, extra=np.zeros(4)), KeyError, "column 'extra' is not stored"),
+    ]
+    for batch, error, message in bad_batches:
+        with pytest.raises(error, match=message):
+            buffer.add(batch)
+    assert len(buffer) == 12 and buffer.store.next_index == 12
+    assert_same_batch(buffer.store.take(np.arange(12)), held)
+
+    class Tagged(np.ndarray):  # not an ndarray exactly: checked column by column
+        pass
+
+    buffer.add(SampleBatch(obs=np.full((5, 3), 2, np.float32), actions=np.arange(5)))
+    buffer.add({"obs": np.full((2, 3), 3, np.float32).view(Tagged),
+                "actions": np.array([7, 8])})
+    buffer.add({"obs": np.zeros((0, 3), np.float32), "actions": np.zeros(0, np.int64)})
+    assert len(buffer) == 16 and buffer.store.next_index == (12 + 5 + 2) % 16
+    held = buffer.store.take(np.arange(16))
+    np.testing.assert_array_equal(held["actions"], [4, 7, 8, 3] + [0, 1, 2, 3] * 3)
+    np.testing.assert_array_equal(held["obs"][:4, 0], [2, 3, 3, 1])
+    buffer.add(dict(good, actions=[5, 5, 5, 5]))  # a list of ints: an int64 column
+    np.testing.assert_array_equal(buffer.store.take(np.arange(3, 7))["actions"], [5] * 4)
+    import tensorflow as tf  # tensors of the stored dtype and shape copy as arrays do
+    buffer.add({"obs": tf.fill((2, 3), 6.0), "actions": tf.constant([6, 6], tf.int64)})
+    np.testing.assert_array_equal(buffer.store.take(np.arange(7, 9))["obs"], np.full((2, 3), 6))
+    with pytest.raises(ValueError, match="column 'obs' has rows of shape .* dtype float64"):
+        buffer.add({"obs": tf.ones((2, 3), tf.float64), "actions": tf.constant([6, 6], tf.int64)})
+
+
+def test_sampled_batch_has_the_flags_of_a_plain_sample_batch():
+    """sample builds its SampleBatch without the constructor's checks; it must be the
+    batch the constructor would have built."""
+    for buffer in (ReplayBuffer(10, seed=0), PrioritizedReplayBuffer(10, seed=0)):
+        buffer.add(cartpole_batch(6))
+        batch = buffer.sample(5)
+        built = SampleBatch(dict(batch))
+        assert (batch.count, batch.zero_padded, batch.max_seq_len, batch.is_training) == \
+            (built.count, built.zero_padded, built.max_seq_len, built.is_training)
+        batch.validate()
+        assert len(batch.slice(1, 3)) == 2 and len(concat_samples([batch, batch])) == 10
 
 
 def test_columns_argument_keeps_only_those():

@@ -6,18 +6,30 @@ arrays walked with dm-tree, get one array per leaf). Adding n rows copies
 each column with at most two slice assignments (two when the ring wraps);
 taking rows is one `ndarray.take` per leaf. Nothing loops over transitions.
 
+Every add is checked before anything is written (columns, dtypes, row
+shapes, equal row counts). A batch of flat columns whose (dtype, shape)
+per column equals the store's layout for its row count is accepted with one
+C-level tuple comparison; anything else (nested columns, lists, a mismatch)
+takes the column-by-column check, which names what is wrong. At 32
+CartPole rows, checks column by column in Python cost half as much as the copy.
+
 Slots fill from 0; once `size == capacity` the oldest slot is overwritten
 first, so slot order is insertion order modulo the capacity.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import tree
 
 LEAF_SEPARATOR = "/"
+# What the fast check compares per column. Anything with an equal dtype and shape
+# (an ndarray, or e.g. a tf.Tensor) copies correctly into the ring.
+ARRAY_LAYOUT = operator.attrgetter("dtype", "shape")
+MAX_LAYOUTS = 64  # expected layouts kept, one per row count seen
 
 
 def _skeleton(value: Any) -> Any:
@@ -53,6 +65,15 @@ def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
             for path, leaf in tree.flatten_with_path(value)]
 
 
+def _tuple_getter(names: Sequence[str]) -> Callable[[Mapping], tuple]:
+    """batch -> (batch[name] for name in names), always a tuple (itemgetter gives
+    a bare value for one name)."""
+    if len(names) == 1:
+        name = names[0]
+        return lambda batch: (batch[name],)
+    return operator.itemgetter(*names)
+
+
 class ColumnStore:
     """Rows of named columns in preallocated ring arrays.
 
@@ -73,7 +94,7 @@ class ColumnStore:
         self._skeletons: dict[str, Any] = {}   # column -> nesting (None = flat)
         self._arrays: dict[str, np.ndarray] = {}  # leaf name -> [capacity, ...] array
         self._leaf_names: dict[str, list[str]] = {}  # column -> its leaf names, flatten order
-        self._layout: list[tuple] = []
+        self._index_layout()
 
     # ---- layout ---------------------------------------------------------
 
@@ -115,17 +136,64 @@ class ColumnStore:
         self._index_layout()
 
     def _index_layout(self) -> None:
-        """(column, array, dtype, row shape) in column order, for add; the last three
-        are None for a nested column."""
-        self._layout = [(c, *((self._arrays[c], self._arrays[c].dtype, self._arrays[c].shape[1:])
-                              if s is None else (None, None, None)))
-                        for c, s in self._skeletons.items()]
+        """Derived from the stored arrays, for add and take: (column, array or None
+        when nested) in column order; when every column is flat, a getter of the
+        batch's columns as a tuple and the expected ARRAY_LAYOUT per row count."""
+        self._column_arrays = [(c, self._arrays[c] if s is None else None)
+                               for c, s in self._skeletons.items()]
+        flat = bool(self._skeletons) and all(a is not None for _, a in self._column_arrays)
+        self._flat_arrays = tuple(a for _, a in self._column_arrays) if flat else None
+        self._get_flat = _tuple_getter(self.columns) if flat else None
+        self._expected_layouts: dict[int, tuple] = {}
+
+    def _expected_layout(self, rows: int) -> tuple:
+        """ARRAY_LAYOUT of every flat column of a batch of `rows` rows that fits."""
+        expected = self._expected_layouts.get(rows)
+        if expected is None:
+            if len(self._expected_layouts) >= MAX_LAYOUTS:
+                self._expected_layouts.clear()
+            expected = tuple((a.dtype, (rows, *a.shape[1:])) for a in self._flat_arrays)
+            self._expected_layouts[rows] = expected
+        return expected
+
+    def _pairs_if_expected(self, batch: Mapping[str, Any]) -> tuple[zip, int] | None:
+        """((stored array, batch column) pairs, rows) when the batch's stored columns
+        are all flat arrays with exactly the stored dtypes and row shapes and equal
+        row counts, and it has no other column unless `columns` was given; None:
+        check column by column (which names what does not fit)."""
+        if self._get_flat is None:
+            return None
+        plain = batch if batch.__class__ is dict else dict(batch)  # skips __getitem__
+        if self.wanted_columns is None and len(plain) != len(self._flat_arrays):
+            return None
+        try:
+            values = self._get_flat(plain)
+            rows = len(values[0])
+            expected = self._expected_layouts.get(rows) or self._expected_layout(rows)
+            if tuple(map(ARRAY_LAYOUT, values)) == expected:
+                return zip(self._flat_arrays, values), rows
+        except (KeyError, TypeError, AttributeError):  # missing, unsized, not an array
+            pass
+        return None
 
     def _checked_leaves(self, batch: Mapping[str, Any]) -> tuple[list[tuple], int]:
-        """[(stored array, batch leaf)] for every stored leaf, checked against the
-        layout, and the row count. A flat array column costs one lookup and a
-        type, dtype and shape comparison (at 32 rows this check costs more than
-        the copy, hence the short path)."""
+        """_checked_column_by_column; the first batch added fixes the layout, unless
+        it is refused."""
+        first = not self._arrays
+        if first:
+            self._allocate(batch)
+        try:
+            return self._checked_column_by_column(batch)
+        except (KeyError, ValueError):
+            if first:
+                self._arrays, self._skeletons, self._leaf_names = {}, {}, {}
+                self._index_layout()
+            raise
+
+    def _checked_column_by_column(self, batch: Mapping[str, Any]) -> tuple[list[tuple], int]:
+        """((stored array, batch leaf) pairs, rows) for any batch; raises naming the
+        first column that does not fit (missing, extra, leaves, dtype, row shape,
+        row count)."""
         if self.wanted_columns is None and len(batch.keys()) != len(self._skeletons):
             extra = [c for c in batch if c not in self._skeletons]
             if extra:
@@ -134,16 +202,8 @@ class ColumnStore:
         get = dict.get if isinstance(batch, dict) else type(batch).get  # skip __getitem__
         pairs: list[tuple] = []
         shapes = []
-        for column, stored, dtype, row_shape in self._layout:
+        for column, _ in self._column_arrays:
             value = get(batch, column)
-            if stored is not None and value.__class__ is np.ndarray:
-                shape = value.shape
-                if (value.dtype is not dtype and value.dtype != dtype) \
-                        or shape[1:] != row_shape or not shape:
-                    raise self._mismatch(column, value)
-                pairs.append((stored, value))
-                shapes.append(shape[0])
-                continue
             if value is None and column not in batch:
                 raise KeyError(f"replay buffer: column {column!r} missing from the batch "
                                f"(stored: {self.columns}; batch has {sorted(batch)})")
@@ -189,15 +249,7 @@ class ColumnStore:
         batch longer than the capacity keeps only its last `capacity` rows
         (the earlier ones would be overwritten by them anyway).
         """
-        first = not self._arrays
-        if first:
-            self._allocate(batch)
-        try:
-            pairs, n = self._checked_leaves(batch)
-        except (KeyError, ValueError):
-            if first:  # a refused first batch must not fix the layout
-                self._arrays, self._skeletons, self._leaf_names, self._layout = {}, {}, {}, []
-            raise
+        pairs, n = self._pairs_if_expected(batch) or self._checked_leaves(batch)
         skip = max(0, n - self.capacity)
         start = (self.next_index + skip) % self.capacity
         written = n - skip
@@ -213,15 +265,13 @@ class ColumnStore:
 
     def take(self, indexes: np.ndarray) -> dict[str, Any]:
         """Column -> the rows at `indexes` (copies), nested columns rebuilt."""
-        out = {}
-        for column, skeleton in self._skeletons.items():
-            if skeleton is None:
-                out[column] = self._arrays[column].take(indexes, axis=0)
-            else:
-                leaves = [self._arrays[name].take(indexes, axis=0)
-                          for name in self._leaf_names[column]]
-                out[column] = tree.unflatten_as(skeleton, leaves)
-        return out
+        return {column: stored.take(indexes, 0) if stored is not None
+                else self._take_nested(column, indexes)
+                for column, stored in self._column_arrays}
+
+    def _take_nested(self, column: str, indexes: np.ndarray) -> Any:
+        leaves = [self._arrays[name].take(indexes, 0) for name in self._leaf_names[column]]
+        return tree.unflatten_as(self._skeletons[column], leaves)
 
     # ---- state ----------------------------------------------------------
 

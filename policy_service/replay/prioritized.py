@@ -22,33 +22,38 @@ train order this never happens within one training step.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from policy_service.replay.priority_tree import PriorityTree
-from policy_service.replay.uniform import (
-    BATCH_INDEXES,
-    ReplayBuffer,
-    as_sample_batch,
-    check_sample_size,
-)
+from policy_service.replay.uniform import BATCH_INDEXES, ReplayBuffer, check_sample_size
 from policy_service.sample_batch import SampleBatch
 
 PRIO_WEIGHTS = "weights"  # RLlib's column name for the importance weights
 
 
-def _check_priorities(name: str, values: Any, rows: int) -> np.ndarray:
+def _float_rows(name: str, values: Any, rows: int) -> np.ndarray:
     values = np.asarray(values, np.float64)
     if values.shape != (rows,):
         raise ValueError(f"replay buffer: {name} must have shape ({rows},), got {values.shape}")
-    bad = ~np.isfinite(values) | (values <= 0) if name == "priorities" else ~np.isfinite(values)
+    return values
+
+
+def _bad_row(name: str, want: str, values: np.ndarray, bad: np.ndarray) -> ValueError:
+    first = int(np.flatnonzero(bad)[0])
+    return ValueError(f"replay buffer: {name} must be {want}; row {first} is "
+                      f"{float(values[first])!r}")
+
+
+def _check_priorities(name: str, values: Any, rows: int) -> np.ndarray:
+    """values as <float64>[rows], each finite and > 0."""
+    values = _float_rows(name, values, rows)
+    bad = ~np.isfinite(values) | (values <= 0)
     if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        want = "finite and > 0" if name == "priorities" else "finite"
-        raise ValueError(f"replay buffer: {name} must be {want}; row {first} is "
-                         f"{float(values[first])!r}")
+        raise _bad_row(name, "finite and > 0", values, bad)
     return values
 
 
@@ -103,22 +108,27 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         columns = self.store.take(indexes)
         columns[BATCH_INDEXES] = indexes
         columns[PRIO_WEIGHTS] = weights.astype(np.float32)
-        return as_sample_batch(columns)
+        return SampleBatch.from_checked_rows(columns)
 
     def update_priorities(self, indexes: Any, td_errors: Any) -> None:
         """Priority of slot indexes[k] becomes |td_errors[k]| + epsilon."""
         indexes = np.asarray(indexes)
-        if indexes.ndim != 1 or not np.issubdtype(indexes.dtype, np.integer):
+        if indexes.ndim != 1 or indexes.dtype.kind not in "iu":
             raise ValueError(f"replay buffer: indexes must be a 1-D integer array, got "
                              f"shape {indexes.shape} dtype {indexes.dtype}")
-        outside = (indexes < 0) | (indexes >= self.store.size)
-        if outside.any():
-            raise ValueError(f"replay buffer: index {int(indexes[outside][0])} is outside "
+        slots = indexes.astype(np.int64, copy=False)
+        # a negative slot read as unsigned is huge: one comparison checks both ends
+        if np.count_nonzero(slots.view(np.uint64) >= self.store.size):
+            outside = indexes[(indexes < 0) | (indexes >= self.store.size)]
+            raise ValueError(f"replay buffer: index {int(outside[0])} is outside "
                              f"the {self.store.size} rows held")
-        priorities = np.abs(_check_priorities("td_errors", td_errors, len(indexes))) \
-            + self.epsilon
-        self.max_priority = max(self.max_priority, float(priorities.max(initial=0.0)))
-        self.tree.update(indexes, (priorities ** self.alpha).astype(np.float32))
+        td_errors = _float_rows("td_errors", td_errors, len(slots))
+        priorities = np.abs(td_errors) + self.epsilon  # > 0 unless NaN or inf
+        largest = float(priorities.max(initial=0.0))
+        if not math.isfinite(largest):  # NaN propagates to the max: one check for both
+            raise _bad_row("td_errors", "finite", td_errors, ~np.isfinite(td_errors))
+        self.max_priority = max(self.max_priority, largest)
+        self.tree.update(slots, (priorities ** self.alpha).astype(np.float32))
 
     # ---- state ----------------------------------------------------------
 

@@ -118,8 +118,8 @@ class PriorityTree:
             cumulative = np.cumsum(children, axis=1, dtype=np.float64)
             beyond = cumulative > prefixes[:, None]
             child = beyond.argmax(axis=1)
-            overflow = ~beyond[:, -1]
-            if overflow.any():
+            if np.count_nonzero(beyond[:, -1]) < len(child):  # a prefix past the children
+                overflow = ~beyond[:, -1]
                 positive = children[overflow] > 0
                 child[overflow] = self.fanout - 1 - positive[:, ::-1].argmax(axis=1)
             before = np.where(child > 0, cumulative[rows, child - 1], 0.0)
