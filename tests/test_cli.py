@@ -140,17 +140,12 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
                      "--output-dir", str(tmp_path / "too_big"), *TINY)
     code, _, err = _finish(run)
     assert code == 0, err
-    resources = json.loads((run_dir / "result.json").read_text())["resources"]
-    # resuming checks the checkpoint against the learner actor's policy, not a local one
-    resumed = _start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "2", "--fake-gpus",
-                     "--set", "num_learners=1", "--set", "num_gpus_per_learner=2",
-                     "--set", "num_cpus_per_learner=0.5", "--set", "remote_inference=true",
-                     "--seed", "0", *TINY, "--resume", str(run_dir))
     code_too_big, _, err_too_big = _finish(too_big)
     assert code_too_big == 2, err_too_big
     assert err_too_big.strip().splitlines()[-1] == (
         "policy-service: error: the PolicyActor needs GPU 1 (num_gpus_per_policy_actor=1); "
         "the cluster has GPU 0 (0 available)")
+    resources = json.loads((run_dir / "result.json").read_text())["resources"]
     assert not resources["driver"]["holds_learner"] and resources["driver"]["devices"] is None
     [learner] = resources["learners"]
     assert (learner["CPU"], learner["GPU"], learner["gpu_ids"]) == (0.5, 0.0, [])
@@ -160,7 +155,18 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
     [runner] = resources["env_runners"]  # the driver's own sampler, acting remotely
     assert runner["in_driver"] and runner["devices"] is None
     assert len({learner["pid"], inference["pid"], resources["driver"]["pid"]}) == 3
-    code, _, err = _finish(resumed)
+
+
+@pytest.mark.slow  # two runs with a learner actor, one after the other
+def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tmp_path):
+    """The checkpoint is checked against the learner actor's policy (there is no
+    local one) before the run goes on from it."""
+    run_dir = tmp_path / "run"
+    args = ("train", "ppo", "--env", "CartPole-v1", "--set", "num_learners=1",
+            "--set", "num_cpus_per_learner=0.5", "--seed", "0", *TINY)
+    code, _, err = _finish(_start(*args, "--stop-iters", "1", "--output-dir", str(run_dir)))
+    assert code == 0, err
+    code, _, err = _finish(_start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
     assert code == 0, err
     assert "from checkpoint_000001 (iteration 1)" in err
     assert [row["iteration"] for row in _progress(run_dir)] == [1, 2]
