@@ -170,6 +170,22 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     assert code == 0, err
     assert "from checkpoint_000001 (iteration 1)" in err
     assert [row["iteration"] for row in _progress(run_dir)] == [1, 2]
+    # a state only the policy can refuse (a weight of another shape): the learner actor's
+    # check names it in one line, and the resume falls back to the checkpoint before
+    import numpy as np
+    from policy_service.io import checkpoints
+    arrays_file = (run_dir / "checkpoints" / "checkpoint_000002" / checkpoints.POLICY_SUBDIR
+                   / checkpoints.POLICY_ARRAYS)
+    arrays = checkpoints.load_arrays(arrays_file)
+    weight = sorted(k for k in arrays if k.startswith("weights/"))[0]
+    checkpoints.save_arrays(arrays_file, {**arrays, weight: np.zeros((3, 3), np.float32)})
+    code, _, err = _finish(_start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
+    assert code == 0, err
+    [skipped] = [line for line in err.splitlines() if "skipped" in line]
+    assert skipped.startswith("policy-service: skipped checkpoint_000002: ") and \
+        "has shape (3, 3), expected" in skipped and "Traceback" not in err, err
+    assert "ray::" not in skipped and "pid=" not in skipped, skipped  # the actor's error itself
+    assert "from checkpoint_000001 (iteration 1)" in err
 
 
 def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
