@@ -72,5 +72,9 @@ class RunOptions:
 
 
 def one_line(err: BaseException) -> str:
-    """An exception's message on one line (or its type when it has none)."""
+    """An exception's message on one line (or its type when it has none). A Ray
+    task's error (RayTaskError) is told by the error its own code raised, not by
+    Ray's task text and the remote traceback."""
+    while isinstance(getattr(err, "cause", None), BaseException):
+        err = err.cause
     return " ".join(str(err).split()) or type(err).__name__

@@ -200,14 +200,12 @@ def restore_checked(algo, checkpoint: Path) -> None:
                                       f"env has {getattr(learner, name)}")
     try:  # names the entry; nothing is assigned yet
         learner.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
-    except (ValueError, TypeError) as err:
-        cause = getattr(err, "cause", None) or err  # a learner actor's error: its own
-        raise CheckpointFileError(f"{policy_file.parent}: {one_line(cause)}") from None
+    except (ValueError, TypeError) as err:  # a learner actor's too (a RayTaskError)
+        raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
     try:
         algo.restore(str(checkpoint))
     except (ValueError, KeyError, TypeError) as err:
-        cause = getattr(err, "cause", None) or err
-        raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(cause)}") from None
+        raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(err)}") from None
 
 
 def _loop(algo, plan: RunPlan, history: list[dict]) -> int:

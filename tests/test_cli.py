@@ -562,6 +562,16 @@ def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(traine
 # ----- the runner's small parts, in this process -----------------------------------------------
 
 
+def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
+    from ray.exceptions import RayTaskError
+
+    from scripts.run_options import one_line
+    remote = RayTaskError("LearnerHost.foreach_policy", "Traceback (most recent call last):\n"
+                          "  ...\nValueError: bad", ValueError("entry 'w'\n has shape (3, 3)"))
+    assert one_line(remote.as_instanceof_cause()) == "entry 'w' has shape (3, 3)"
+    assert one_line(KeyError()) == "KeyError"
+
+
 def test_stop_criteria_name_the_first_limit_reached():
     from scripts.run_options import StopCriteria
     stop = StopCriteria(reward=100.0, timesteps=1000, iters=5)

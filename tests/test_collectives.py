@@ -363,18 +363,20 @@ def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote
     """The default group (no per-op timeout, as in the SGD loop): 3,000 all-reduces
     leave the thread count where it was. With a timeout TF starts two threads per
     collective that sleep for the whole timeout: the same count sees them."""
-    plain = start_group(remote_member, 2, timeout_s=None)
-    counts = ray.get([m.threads_around_all_reduces.remote(3000) for m in plain], timeout=120)
-    for m in plain:
-        ray.kill(m)
-    print(f"\nthreads (before, after) per member, 3,000 all-reduces, no timeout: {counts}")
+    def thread_counts(timeout_s, all_reduces: int) -> list:
+        members = start_group(remote_member, 2, timeout_s=timeout_s)
+        counts = ray.get([m.threads_around_all_reduces.remote(all_reduces) for m in members],
+                         timeout=120)
+        for m in members:
+            ray.kill(m)
+        print(f"\nthreads (before, after) per member, {all_reduces:,} all-reduces, "
+              f"timeout {timeout_s}: {counts}")
+        return counts
+
+    counts = thread_counts(None, 3000)
     for before, after in counts:
         assert before > 0 and after - before < 50, counts  # a few pool threads at most
-    timed = start_group(remote_member, 2, timeout_s=NOT_A_HANG_S)
-    counts = ray.get([m.threads_around_all_reduces.remote(200) for m in timed], timeout=120)
-    for m in timed:
-        ray.kill(m)
-    print(f"threads (before, after) per member, 200 all-reduces, timeout 45 s: {counts}")
+    counts = thread_counts(NOT_A_HANG_S, 200)
     for before, after in counts:
         assert after - before >= 200, counts  # ~2 per all-reduce, alive for the timeout
 
