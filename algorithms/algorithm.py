@@ -199,13 +199,14 @@ class Algorithm:
             self._init_ray()
         self.workers = None
         self.learner = None
-        self._learner_state = None  # the driver's last full copy, for replacing learners
+        self._learner_state = None  # a LearnerStateCopy, for replacing dead learner actors
         try:
             self.workers = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
+            from policy_service.distributed.learner_state_copy import LearnerStateCopy
             self.learner = LearnerGroup(self.policy_class, self.workers.observation_space,
                                         self.workers.action_space, self.config)
-            self._keep_learner_state()
+            self._learner_state = LearnerStateCopy(self.learner)
             self.workers.sync_weights(self.learner.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -280,8 +281,8 @@ class Algorithm:
             except LearnerDiedError:
                 if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
                     raise
-                self.learner.restart(self._learner_state)
-        self._keep_learner_state()
+                self.learner.restart(self._learner_state.latest())
+        self._learner_state.refresh()
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
                            f"{sorted(stats)}); LearnerGroup.update reports it")
@@ -308,13 +309,6 @@ class Algorithm:
         self._counts.episodes += len(metrics["episode_returns"])
         self.timesteps_total += steps
         return steps
-
-    def _keep_learner_state(self) -> None:
-        """Learner actors can die apart from the driver: keep a full copy of their
-        state (weights and optimizer) after every step. A learner in the driver
-        needs none."""
-        if self.learner.local_policy is None:
-            self._learner_state = self.learner.get_state()
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
         counts = self._counts
@@ -443,7 +437,8 @@ class Algorithm:
         self.check_algorithm_state(own)
         self.learner.restore(str(directory / checkpoints.POLICY_SUBDIR))
         self.set_algorithm_state(own)
-        self._keep_learner_state()
+        from policy_service.distributed.learner_state_copy import LearnerStateCopy
+        self._learner_state = LearnerStateCopy(self.learner)  # none from before the restore
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))

@@ -268,6 +268,13 @@ class LearnerGroup:
         """Weights, optimizer variables, RNG and counters (learner 0's: all are equal)."""
         return self._from_one("get_state")
 
+    def get_state_ref(self):
+        """An ObjectRef to learner 0's get_state(), not waited for (learner actors only)."""
+        if not self._learners:
+            raise RuntimeError("this LearnerGroup has no learner actors (stopped, or "
+                               "num_learners=0)")
+        return self._learners[0].get_state.remote()
+
     def set_state(self, state: dict) -> None:
         self._on_every("set_state", state)
 
