@@ -131,27 +131,31 @@ class FramePool:
 
     # ---- adding and dropping references ------------------------------------------
 
-    def intern(self, frames: np.ndarray) -> np.ndarray:
+    def intern(self, frames: np.ndarray, released: np.ndarray | None = None) -> np.ndarray:
         """<int64>[M] the slot of each frame of `frames` [M, *frame_shape] (contiguous),
-        each counted as one more reference."""
+        each counted as one more reference; `released` (slots, one reference each) are
+        dropped after the frames found live are counted and before new ones are
+        stored, so the pool never holds more than the rows reference."""
         words = word_view(frames)
         hashes = frame_hashes(words)
         leader = batch_leaders(words, hashes)
         leaders = np.flatnonzero(leader == np.arange(len(frames)))
+        leader_of = np.searchsorted(leaders, leader)  # each frame's position in leaders
+        uses = np.bincount(leader_of, minlength=len(leaders))
         slots = _lookup(self.index, hashes[leaders].tolist())
         hit = np.flatnonzero(slots >= 0)
         if len(hit):
             same = (self.words[slots[hit]] == words[leaders[hit]]).all(axis=1)
             slots[hit[~same]] = -1
+            hit = hit[same]
+            np.add.at(self.refcounts, slots[hit], uses[hit])  # two leaders may share one
+        if released is not None and len(released):
+            self.release(released)
         new = np.flatnonzero(slots < 0)
         if len(new):
             slots[new] = self._store(frames[leaders[new]], hashes[leaders[new]])
-        slot_of = np.empty(len(frames), np.int64)
-        slot_of[leaders] = slots
-        slot_of = slot_of[leader]
-        used, counts = np.unique(slot_of, return_counts=True)
-        self.refcounts[used] += counts
-        return slot_of
+            self.refcounts[slots[new]] = uses[new]
+        return slots[leader_of]
 
     def _store(self, frames: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         if self.num_free < len(frames):

@@ -171,11 +171,9 @@ class FrameStackStore:
         skip = len(stacks[0]) - written
         # [written, columns, k, *frame] -> one frame per entry, in the row ids' order
         frames = np.stack([np.moveaxis(s[skip:], 1 + self.stack_axis, 1) for s in stacks], 1)
-        slots = self.pool.intern(frames.reshape(-1, *self.pool.frame_shape))
         positions = (start + np.arange(written)) % self.capacity
-        overwritten = positions[positions < size_before]
-        if len(overwritten):
-            self.pool.release(self.row_ids[overwritten].ravel())
+        overwritten = self.row_ids[positions[positions < size_before]].ravel()
+        slots = self.pool.intern(frames.reshape(-1, *self.pool.frame_shape), overwritten)
         self.row_ids[positions] = slots.reshape(written, -1)
         return start, written
 
