@@ -294,7 +294,8 @@ class FramePoolCeiling(Ceiling):
         import collections
         import itertools
 
-        from policy_service.replay.frame_pool import batch_leaders, frame_hashes, word_view
+        from policy_service.replay.frame_pool import (batch_leaders, frame_hashes, rows_equal,
+                                                      word_view)
         np = self.np
         n, start, size_before = len(batch["actions"]), self.pos, self.size
         super().add(batch)
@@ -311,7 +312,7 @@ class FramePoolCeiling(Ceiling):
                             len(keys))
         hit = np.flatnonzero(slots >= 0)
         if len(hit):
-            same = (self.words[slots[hit]] == words[leaders[hit]]).all(axis=1)
+            same = rows_equal(self.words, slots[hit], words, leaders[hit])
             slots[hit[~same]] = -1
             np.add.at(self.refs, slots[hit[same]], uses[hit[same]])
         positions = (start + np.arange(n)) % self.capacity
@@ -517,7 +518,9 @@ def summarize(records: list[dict]) -> list[dict]:
         if "unique_bytes" in first:  # frame pool: against the distinct frames' bytes too
             row.update({key: first[key] for key in ("distinct_frames", "unique_bytes")})
             row.update({key: round(first[key], 4) for key in (
-                "unique_ratio", "ceiling_unique_ratio", "rss_growth_unique_ratio")})
+                "unique_ratio", "ceiling_unique_ratio")})
+            row["rss_growth_unique_ratio"] = round(stats.median(
+                [r["rss_growth_unique_ratio"] for r in rows]), 4)
         summary.append(row)
     return summary
 
