@@ -370,3 +370,14 @@ def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env, axis, 
         DQN(dict(DQN_FRAMES, env="BoxOf", env_config={"shape": list(space)},
                  replay_frame_stack_axis=axis))
     assert "\n" not in str(err.value)
+
+
+def test_a_batch_longer_than_the_ring_keeps_its_last_rows():
+    plain, pooled = ReplayBuffer(30, seed=0), ReplayBuffer(30, seed=0, frame_stack_axis=-1)
+    stream = frame_stack_stream(ENVS, 8, stack=STACK, axis=-1, fragment=12)  # 48 rows each
+    for batch, _ in stream:
+        plain.add(batch)
+        pooled.add(batch)
+        assert_same_rows(plain.store.take(np.arange(30)), pooled.store.take(np.arange(30)))
+    assert plain.store.next_index == pooled.store.next_index
+    assert_counts_match_the_rows(pooled.store)

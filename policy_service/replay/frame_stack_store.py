@@ -92,15 +92,21 @@ class FrameStackStore:
         frames = 0 if self.pool is None else self.pool.nbytes + self.row_ids.nbytes
         return self.others.nbytes + frames
 
-    def _start(self, row_shape: tuple, dtype: np.dtype) -> None:
+    def _start(self, row_shape: tuple, dtype: np.dtype, pool: FramePool | None = None) -> None:
+        """Fixes the layout: a pool (a new one unless given) and the rows' frame ids."""
         self.row_shape, self.dtype = tuple(row_shape), np.dtype(dtype)
         k = self.row_shape[self.stack_axis]
         frame_shape = tuple(s for i, s in enumerate(self.row_shape) if i != self.stack_axis)
         ids_per_row = len(self.frame_columns) * k
         capacity = self.capacity
-        self.pool = FramePool(frame_shape, dtype, capacity + capacity // POOL_HEADROOM + 2 * k,
-                              capacity * ids_per_row)
+        self.pool = pool or FramePool(frame_shape, dtype,
+                                      capacity + capacity // POOL_HEADROOM + 2 * k,
+                                      self.max_frames(k))
         self.row_ids = np.zeros((capacity, ids_per_row), np.int32)
+
+    def max_frames(self, stack: int) -> int:
+        """The most distinct frames the rows can hold: every id of every row."""
+        return self.capacity * len(self.frame_columns) * stack
 
     # ---- checks ---------------------------------------------------------
 
@@ -223,8 +229,12 @@ class FrameStackStore:
         if layout.get("columns") != self.frame_columns:
             raise ValueError(f"replay buffer state: frame columns {layout.get('columns')}, "
                              f"this buffer stacks {self.frame_columns}")
+        missing = [key for key in ("column_order", "row_shape", "dtype", "num_frames",
+                                   "pool_capacity") if key not in layout]
+        if missing:
+            raise ValueError(f"replay buffer state: frame_stack misses {missing[0]!r}")
         size = meta["size"]
-        if layout.get("row_shape") is None:
+        if layout["row_shape"] is None:
             if size:
                 raise ValueError(f"replay buffer state: {size} rows but no frame layout")
             return
@@ -239,6 +249,9 @@ class FrameStackStore:
         frame_shape = row_shape[:self.axis % len(row_shape)] + \
             row_shape[self.axis % len(row_shape) + 1:]
         live = layout["num_frames"]
+        if not isinstance(live, int) or not isinstance(layout["pool_capacity"], int):
+            raise ValueError(f"replay buffer state: num_frames {live!r} and pool_capacity "
+                             f"{layout['pool_capacity']!r} must be ints")
         want = {"frames/pool": ((live, *frame_shape), dtype),
                 "frames/row_ids": ((size, len(self.frame_columns) * k), np.dtype(np.int32)),
                 "frames/indexed": ((live,), np.dtype(bool))}
@@ -258,7 +271,7 @@ class FrameStackStore:
         if len(unused):
             raise ValueError(f"replay buffer state: frame {int(unused[0])} of 'frames/pool' "
                              f"is used by no row")
-        if not live <= layout["pool_capacity"] <= self.capacity * ids.shape[1]:
+        if not live <= layout["pool_capacity"] <= self.max_frames(k):
             raise ValueError(f"replay buffer state: pool_capacity {layout['pool_capacity']} "
                              f"does not fit {live} frames and {self.capacity} rows")
 
@@ -270,10 +283,10 @@ class FrameStackStore:
         self.column_order = list(layout["column_order"])
         if layout["row_shape"] is None:
             return
-        self._start(tuple(layout["row_shape"]), np.dtype(layout["dtype"]))
         ids = np.asarray(arrays["frames/row_ids"])
         refcounts = np.bincount(ids.ravel(), minlength=layout["num_frames"])
-        self.pool = FramePool.from_frames(
+        pool = FramePool.from_frames(
             np.asarray(arrays["frames/pool"]), refcounts, np.asarray(arrays["frames/indexed"]),
-            layout["pool_capacity"], self.pool.max_capacity)
+            layout["pool_capacity"], self.max_frames(ids.shape[1] // len(self.frame_columns)))
+        self._start(tuple(layout["row_shape"]), np.dtype(layout["dtype"]), pool)
         self.row_ids[:len(ids)] = ids
