@@ -117,8 +117,9 @@ class FrameStream:
                     self.episode[env], self.next_episode = self.next_episode, self.next_episode + 1
                 m = min(self.fragment - done, self.left[env])
                 seq = np.concatenate([self.stacks[env], self.frames(m)])  # [k + m, 84, 84]
-                windows = np.lib.stride_tricks.sliding_window_view(seq, self.k, axis=0)
-                obs[row:row + m], new_obs[row:row + m] = windows[:m], windows[1:m + 1]
+                for j in range(self.k):  # frame j of each stack; new_obs: one step on
+                    obs[row:row + m, ..., j] = seq[j:j + m]
+                    new_obs[row:row + m, ..., j] = seq[j + 1:j + 1 + m]
                 self.stacks[env] = seq[m:]
                 self.left[env] -= m
                 terminateds[row + m - 1] = self.left[env] == 0
@@ -347,8 +348,11 @@ class FramePoolCeiling(Ceiling):
         out = super().sample(n)
         ids = self.ids[out["batch_indexes"]]
         k = self.stack
-        out["obs"] = np.ascontiguousarray(np.moveaxis(self.pool.take(ids[:, :k], 0), 1, -1))
-        out["new_obs"] = np.ascontiguousarray(np.moveaxis(self.pool.take(ids[:, k:], 0), 1, -1))
+        for column, first in (("obs", 0), ("new_obs", k)):
+            stacks = np.empty((n, *self.frame_shape, k), np.uint8)
+            for j in range(k):
+                stacks[..., j] = self.pool.take(ids[:, first + j], 0)
+            out[column] = stacks
         return out
 
     @property

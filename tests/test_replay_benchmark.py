@@ -69,3 +69,25 @@ def test_replay_rows_can_be_selected(tmp_path):
             for r in measurements(records) if r["op"] != "memory"}
     assert rows == {("cartpole", "prioritized", "update", 32, impl)
                     for impl in ("ours", "ceiling")}
+
+
+def test_the_frame_stream_and_the_pool_ceiling_hold_what_ours_holds():
+    """The benchmark's frames are real stacks (new_obs one step on, resets repeat the
+    first frame), and its ceiling samples the very rows ours samples."""
+    import numpy as np
+
+    from benchmarks.replay import FramePoolCeiling, FrameStream
+    from policy_service.replay import ReplayBuffer
+    stream = FrameStream(32, seed=0)
+    batches = [stream() for _ in range(40)]  # 8 sub-envs x 4 steps, 1280 rows
+    for batch in batches:
+        np.testing.assert_array_equal(batch["obs"][..., 1:], batch["new_obs"][..., :-1])
+    ours = ReplayBuffer(300, seed=0, frame_stack_axis=-1)
+    ceiling = FramePoolCeiling(300, batches[0], prioritized=False, seed=0)
+    for batch in batches:
+        ours.add(batch)
+        ceiling.add(batch)
+        mine, theirs = ours.sample(32), ceiling.sample(32)
+        for key in ("batch_indexes", "obs", "new_obs", "actions", "eps_id"):
+            np.testing.assert_array_equal(mine[key], theirs[key], err_msg=key)
+    assert ours.store.num_frames == ceiling.num_frames < 1.2 * 300
