@@ -23,8 +23,9 @@ outside the timing (each add brings new frames, as a real stream does).
 
 Frames storage (--frames-storage): "pool" (default) is frame_stack_axis=-1,
 each distinct frame stored once (policy_service/replay/frame_stack_store.py),
-about 7 KB per transition, so the frames run at the issue's 1M (~7.9 GB
-allocated, ours and the ceiling side by side ~16 GB); its ceiling keeps the
+about 7 KB per transition, so the frames run at the issue's 1M (~7.5 GB
+allocated, ~7.1 GB touched; ours and the ceiling side by side ~15 GB, check
+`free -g` first); its ceiling keeps the
 same pool/ids layout and does the same hash, in-batch matching, index lookups
 with full-content verification, reference counts and free list inline.
 "whole" stores obs and new_obs whole: 1M of those take 56.5 GB, more than
@@ -39,7 +40,7 @@ transition as added), goal <= 1.1; for the pool also over unique_bytes
 (distinct live frames x frame bytes + capacity x the scalars' bytes); and the
 process's resident memory growth from creating and filling our buffer.
 
-    python -m benchmarks.replay            # ~10 min (fills two 1M frame buffers)
+    python -m benchmarks.replay            # ~20 min (each child fills two 1M buffers)
     python -m benchmarks.replay --smoke
     python -m benchmarks.replay --shapes frames --frames-capacity 20000 --bursts 1
     python -m benchmarks.replay --shapes cartpole --kinds uniform --ops insert --batches 32
@@ -268,7 +269,7 @@ class FramePoolCeiling(Ceiling):
         self.frame_shape = first["obs"].shape[1:-1]
         self.ids = np.zeros((capacity, 2 * self.stack), np.int32)
         self.index = {}
-        self._allocate(capacity + capacity // 8 + 2 * self.stack)
+        self._allocate(capacity + capacity // 16 + 2 * self.stack)
 
     def _allocate(self, slots: int, keep: int = 0):
         from policy_service.replay.frame_pool import word_view
@@ -333,7 +334,7 @@ class FramePoolCeiling(Ceiling):
         if len(new):
             if self.num_free < len(new):
                 live = len(self.pool) - self.num_free
-                self._allocate(max(live + len(new), len(self.pool) * 3 // 2), len(self.pool))
+                self._allocate(max(live + len(new), len(self.pool) * 5 // 4), len(self.pool))
             got = self.free[self.num_free - len(new):self.num_free][::-1].copy()
             self.num_free -= len(new)
             self.pool[got] = frames[leaders[new]]

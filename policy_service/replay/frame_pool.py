@@ -35,7 +35,7 @@ import numpy as np
 HASH_WORDS = 128  # words sampled per frame for its hash (all of them if fewer)
 LEADER_ROUNDS = 4  # rounds of in-batch matching among hash collisions, then alone
 COMPARE_ROWS = 256  # frames compared per chunk (256 84x84 frames: 1.8 MB per side)
-GROWTH = 1.5  # pool capacity factor when no free slot is left
+GROWTH = 1.25  # pool capacity factor when no free slot is left
 _MULTIPLIERS = (np.random.default_rng(0x5EED).integers(1, 2 ** 63, HASH_WORDS, np.uint64)
                 | np.uint64(1))  # odd: a multiply by one is a bijection on words
 _SAMPLES: dict[int, np.ndarray] = {}  # words per frame -> sampled word positions

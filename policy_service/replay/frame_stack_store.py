@@ -28,7 +28,7 @@ from policy_service.replay.column_store import ColumnStore
 from policy_service.replay.frame_pool import FramePool
 
 FRAME_COLUMNS = ("obs", "new_obs")  # SampleBatch.OBS, SampleBatch.NEXT_OBS
-POOL_HEADROOM = 8  # the pool starts at capacity * (1 + 1/8) frames: one per row and spare
+POOL_HEADROOM = 16  # the pool starts at capacity * (1 + 1/16) frames: one per row, spare
 
 
 class FrameStackStore:
