@@ -220,9 +220,12 @@ class Ceiling:
         n = len(batch["actions"])
         start = self.pos
         head = min(n, self.capacity - start)
-        for c, stored in self.columns.items():
-            stored[start:start + head] = batch[c][:head]
-            if head < n:
+        if head == n:  # no wrap: whole columns, no slice views
+            for c, stored in self.columns.items():
+                stored[start:start + n] = batch[c]
+        else:
+            for c, stored in self.columns.items():
+                stored[start:start + head] = batch[c][:head]
                 stored[:n - head] = batch[c][head:]
         self.pos = (start + n) % self.capacity
         self.size = min(self.capacity, self.size + n)

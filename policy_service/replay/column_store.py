@@ -250,14 +250,19 @@ class ColumnStore:
         (the earlier ones would be overwritten by them anyway).
         """
         pairs, n = self._pairs_if_expected(batch) or self._checked_leaves(batch)
-        skip = max(0, n - self.capacity)
-        start = (self.next_index + skip) % self.capacity
-        written = n - skip
-        head = min(written, self.capacity - start)
-        for stored, leaf in pairs:
-            stored[start:start + head] = leaf[skip:skip + head]
-            if head < written:
-                stored[:written - head] = leaf[skip + head:]
+        start, written = self.next_index, n
+        if start + n <= self.capacity:  # no wrap: whole columns, no slice views (faster)
+            for stored, leaf in pairs:
+                stored[start:start + n] = leaf
+        else:
+            skip = max(0, n - self.capacity)
+            start = (self.next_index + skip) % self.capacity
+            written = n - skip
+            head = min(written, self.capacity - start)
+            for stored, leaf in pairs:
+                stored[start:start + head] = leaf[skip:skip + head]
+                if head < written:
+                    stored[:written - head] = leaf[skip + head:]
         self.next_index = (self.next_index + n) % self.capacity
         self.size = min(self.capacity, self.size + n)
         self.num_added += n
