@@ -119,6 +119,10 @@ class DQNConfig(AlgorithmConfig):
     num_steps_sampled_before_learning_starts: int = setting(
         1000, doc="Env steps sampled into the buffer before the first SGD step.",
         check=integer(ge=0))
+    replay_frame_stack_axis: Optional[int] = setting(
+        None, doc="None stores obs/new_obs whole; an axis: observations are stacks of "
+        "frames along it (-1 for [84, 84, 4], 0 for FrameStackObservation's [4, 84, 84]), "
+        "each frame stored once in the replay buffer (about 2k times less memory).")
     checkpoint_replay_buffer: bool = setting(
         False, doc="Save the replay buffer's content with the algorithm, so that a "
         "restored run continues exactly.")
@@ -332,12 +336,26 @@ def sgd_steps_due(sampled: int, trained: int, batch_size: int,
 def make_replay_buffer(cfg: DQNConfig):
     """The config's replay buffer, seeded from the run's seed."""
     seed = None if cfg.seed is None else int(cfg.seed)
+    axis = cfg.replay_frame_stack_axis
     if cfg.prioritized_replay:
         return PrioritizedReplayBuffer(
             cfg.replay_buffer_capacity, alpha=cfg.prioritized_replay_alpha,
             beta=cfg.prioritized_replay_beta, epsilon=cfg.prioritized_replay_eps,
-            columns=REPLAY_COLUMNS, seed=seed)
-    return ReplayBuffer(cfg.replay_buffer_capacity, columns=REPLAY_COLUMNS, seed=seed)
+            columns=REPLAY_COLUMNS, seed=seed, frame_stack_axis=axis)
+    return ReplayBuffer(cfg.replay_buffer_capacity, columns=REPLAY_COLUMNS, seed=seed,
+                        frame_stack_axis=axis)
+
+
+def check_frame_stack_axis(cfg: DQNConfig, observation_space: gym.Space) -> None:
+    """replay_frame_stack_axis needs an observation of 2+ dimensions with that axis."""
+    axis, shape = cfg.replay_frame_stack_axis, getattr(observation_space, "shape", None)
+    if axis is None:
+        return
+    if isinstance(axis, bool) or not isinstance(axis, int) or shape is None or \
+            len(shape) < 2 or not -len(shape) <= axis < len(shape):
+        raise ConfigError(f"{cfg.key_prefix}.replay_frame_stack_axis must be an axis of an "
+                          f"observation of at least 2 dimensions, got {axis!r} for the "
+                          f"observation space {observation_space}")
 
 
 class DQN(Algorithm):
@@ -361,6 +379,7 @@ class DQN(Algorithm):
         super().__init__(config)
         cfg = self.config
         try:
+            check_frame_stack_axis(cfg, self.workers.observation_space)
             shards = self.learner.num_towers * max(1, cfg.num_learners)
             if cfg.train_batch_size % shards:
                 raise ConfigError(f"{cfg.key_prefix}.train_batch_size must be a multiple of "

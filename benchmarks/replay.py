@@ -1,9 +1,9 @@
 """Replay buffer throughput and memory beside a plain-numpy ceiling.
 
 For CartPole-shaped transitions (obs/new_obs float32[4], actions int64,
-rewards float32, terminateds, truncateds, eps_id: 54 bytes) at capacity 1M,
-and Atari-shaped ones (obs/new_obs uint8[84, 84, 4] plus the same scalars:
-56,470 bytes) at capacity 50k, uniform and prioritized, batch 32 and 512:
+rewards float32, terminateds, truncateds, eps_id: 54 bytes) and Atari-shaped
+ones (obs/new_obs uint8[84, 84, 4] plus the same scalars: 56,470 bytes), both
+at capacity 1M, uniform and prioritized, batch 32 and 512:
 
   insert   add(batch) into a full ring (the oldest rows are overwritten)
   sample   sample(batch) -> SampleBatch (+ batch_indexes, weights)
@@ -15,19 +15,34 @@ no checks, no SampleBatch, no method layers; "vs_ceiling" = ours / ceiling
 (goal >= 0.8). Ours and the ceiling live in the same child and are timed in
 alternating bursts, so both see the same machine load.
 
-Frames capacity: the issue asks for 1M; 1M Atari transitions storing obs and
-new_obs take 56.5 GB, more than this 24 GiB machine, and the child holds ours
-and the ceiling side by side (interleaved timing), so 50k each (2 x 2.8 GB).
-Per-row costs of frames do not depend on the capacity (each row is 28 KB:
-no cache effects). The results' meta ("capacities", "capacity_note"), every
-summary row ("capacity") and the closing line on stderr say so.
+Frames are realistic frame-stacked streams: 8 sub-envs interleaved in each
+batch (fragments of batch/8 steps), episodes of 200-400 steps starting from a
+stack of the reset frame repeated, a new random 84x84 frame every step, and
+new_obs the next stack. Inserting times add() only; the next batch is made
+outside the timing (each add brings new frames, as a real stream does).
 
-Memory: bytes_held (the buffer's arrays, priority tree included) over
-raw_bytes (capacity x bytes of one stored transition), goal <= 1.1; and the
+Frames storage (--frames-storage): "pool" (default) is frame_stack_axis=-1,
+each distinct frame stored once (policy_service/replay/frame_stack_store.py),
+about 7 KB per transition, so the frames run at the issue's 1M (~7.5 GB
+allocated, ~7.1 GB touched; ours and the ceiling side by side ~15 GB, check
+`free -g` first); its ceiling keeps the
+same pool/ids layout and does the same hash, in-batch matching, index lookups
+with full-content verification, reference counts and free list inline.
+"whole" stores obs and new_obs whole: 1M of those take 56.5 GB, more than
+this 24 GiB machine, so it runs at 50k (2 x 2.8 GB; per-row costs of 56 KB
+rows do not depend on the capacity). The results' meta ("capacities",
+"capacity_note", "frames_storage"), every summary row ("capacity") and the
+closing line on stderr say which.
+
+Memory: bytes_held (the buffer's arrays: priority tree, frame pool with its
+refcounts and hash index included) over raw_bytes (capacity x bytes of one
+transition as added), goal <= 1.1; for the pool also over unique_bytes
+(distinct live frames x frame bytes + capacity x the scalars' bytes); and the
 process's resident memory growth from creating and filling our buffer.
 
-    python -m benchmarks.replay            # ~3 min
+    python -m benchmarks.replay            # ~20 min (each child fills two 1M buffers)
     python -m benchmarks.replay --smoke
+    python -m benchmarks.replay --shapes frames --frames-capacity 20000 --bursts 1
     python -m benchmarks.replay --shapes cartpole --kinds uniform --ops insert --batches 32
 """
 from __future__ import annotations
@@ -42,11 +57,16 @@ VALUE = "transitions_per_s"
 KEYS = ("shape", "kind", "op", "batch", "impl")
 FRAME_SHAPE = (84, 84, 4)
 ISSUE_CAPACITY = 1_000_000  # what the issue asks for, for both shapes
+WHOLE_FRAMES_CAPACITY = 50_000  # obs + new_obs stored whole: what fits twice in 24 GiB
+SUB_ENVS = 8  # sub-envs interleaved in each frames batch
+EPISODE_STEPS = (200, 400)  # frames episodes' lengths, drawn uniformly
+SCALARS = ("actions", "rewards", "terminateds", "truncateds", "eps_id")
 
 
 # ----- data ------------------------------------------------------------------------
 
 def make_batch(shape: str, rows: int, rng):
+    """Random columns of `rows` transitions (CartPole shape; frames: see FrameStream)."""
     import numpy as np
     if shape == "cartpole":
         obs = rng.normal(size=(rows, 4)).astype(np.float32)
@@ -58,6 +78,73 @@ def make_batch(shape: str, rows: int, rng):
             "rewards": rng.random(rows, dtype=np.float32),
             "terminateds": rng.random(rows) < 0.02, "truncateds": np.zeros(rows, bool),
             "eps_id": np.repeat(np.arange(rows // 20 + 1), 20)[:rows].astype(np.int64)}
+
+
+class FrameStream:
+    """Batches of `rows` frame-stacked transitions from SUB_ENVS sub-envs, each a
+    fragment of rows / SUB_ENVS consecutive steps (stack k = FRAME_SHAPE[-1] on the
+    last axis); episodes of EPISODE_STEPS steps start from the reset frame repeated
+    k times; every step draws a new random frame; new_obs is the next stack."""
+
+    def __init__(self, rows: int, seed: int):
+        import numpy as np
+        self.np, self.rng = np, np.random.default_rng(seed)
+        self.envs = min(SUB_ENVS, rows)
+        self.fragment = rows // self.envs
+        self.rows = self.envs * self.fragment
+        k = FRAME_SHAPE[-1]
+        self.stacks = [None] * self.envs  # each env's last k frames [k, 84, 84]
+        self.left = [0] * self.envs  # steps left in each env's episode
+        self.episode = list(range(self.envs))
+        self.next_episode = self.envs
+        self.k = k
+
+    def frames(self, n: int):
+        return self.rng.integers(0, 256, (n, *FRAME_SHAPE[:-1]), dtype=self.np.uint8)
+
+    def __call__(self) -> dict:
+        np = self.np
+        obs = np.empty((self.rows, *FRAME_SHAPE), np.uint8)
+        new_obs = np.empty_like(obs)
+        terminateds = np.zeros(self.rows, bool)
+        eps_id = np.empty(self.rows, np.int64)
+        row = 0
+        for env in range(self.envs):
+            done = 0
+            while done < self.fragment:
+                if self.left[env] == 0:  # reset: the stack is the first frame k times
+                    self.stacks[env] = np.repeat(self.frames(1), self.k, 0)
+                    self.left[env] = int(self.rng.integers(*EPISODE_STEPS))
+                    self.episode[env], self.next_episode = self.next_episode, self.next_episode + 1
+                m = min(self.fragment - done, self.left[env])
+                seq = np.concatenate([self.stacks[env], self.frames(m)])  # [k + m, 84, 84]
+                for j in range(self.k):  # frame j of each stack; new_obs: one step on
+                    obs[row:row + m, ..., j] = seq[j:j + m]
+                    new_obs[row:row + m, ..., j] = seq[j + 1:j + 1 + m]
+                self.stacks[env] = seq[m:]
+                self.left[env] -= m
+                terminateds[row + m - 1] = self.left[env] == 0
+                eps_id[row:row + m] = self.episode[env]
+                row, done = row + m, done + m
+        return {"obs": obs, "new_obs": new_obs,
+                "actions": self.rng.integers(0, 2, self.rows),
+                "rewards": self.rng.random(self.rows, dtype=np.float32),
+                "terminateds": terminateds, "truncateds": np.zeros(self.rows, bool),
+                "eps_id": eps_id}
+
+
+def batches(shape: str, rows: int, rng, seed: int):
+    """A callable giving the next batch: a new stretch of the frame stream for
+    frames, one of 4 random batches in turn for CartPole."""
+    if shape == "frames":
+        return FrameStream(rows, seed)
+    data = [make_batch(shape, rows, rng) for _ in range(4)]
+    turn = [0]
+
+    def next_batch():
+        turn[0] = (turn[0] + 1) % 4
+        return data[turn[0]]
+    return next_batch
 
 
 def row_bytes(batch: dict) -> int:
@@ -130,7 +217,7 @@ class Ceiling:
 
     def add(self, batch: dict):
         np = self.np
-        n = len(batch["obs"])
+        n = len(batch["actions"])
         start = self.pos
         head = min(n, self.capacity - start)
         if head == n:  # no wrap: whole columns, no slice views
@@ -171,103 +258,247 @@ class Ceiling:
         self._set(idx, ((self.np.abs(td) + 1e-6) ** self.alpha).astype(self.np.float32))
 
 
+class FramePoolCeiling(Ceiling):
+    """Ceiling's columns and tree for the scalars; obs/new_obs [n, 84, 84, k] as 2k
+    int32 frame ids per row into a pool of single frames, written inline: the
+    same word hash, in-batch leaders, dict lookups through map, full-content
+    verification, reference counts, free stack and geometric growth as FramePool
+    and FrameStackStore, without their checks and method layers."""
+
+    def __init__(self, capacity: int, first: dict, prioritized: bool, **kwargs):
+        import numpy as np
+        super().__init__(capacity, {c: first[c] for c in SCALARS}, prioritized, **kwargs)
+        self.stack = first["obs"].shape[-1]
+        self.frame_shape = first["obs"].shape[1:-1]
+        self.ids = np.zeros((capacity, 2 * self.stack), np.int32)
+        self.index = {}
+        self._allocate(capacity + capacity // 16 + 2 * self.stack)
+
+    def _allocate(self, slots: int, keep: int = 0):
+        from policy_service.replay.frame_pool import word_view
+        np = self.np
+        old = (self.pool[:keep], self.refs[:keep], self.hashes[:keep]) if keep else None
+        free = self.free[:self.num_free] if keep else np.zeros(0, np.int64)
+        self.pool = np.empty((slots, *self.frame_shape), np.uint8)
+        self.words = word_view(self.pool)
+        self.refs, self.hashes = np.zeros(slots, np.int64), np.zeros(slots, np.uint64)
+        self.free = np.empty(slots, np.int64)
+        fresh = np.arange(slots - 1, keep - 1, -1)
+        self.num_free = len(fresh) + len(free)
+        self.free[:len(fresh)], self.free[len(fresh):self.num_free] = fresh, free
+        if old:
+            self.pool[:keep], self.refs[:keep], self.hashes[:keep] = old
+
+    @property
+    def nbytes(self) -> int:
+        import sys
+        pool = sum(a.nbytes for a in (self.pool, self.refs, self.hashes, self.free, self.ids))
+        return super().nbytes + pool + sys.getsizeof(self.index) + 64 * len(self.index)
+
+    def add(self, batch: dict):
+        import collections
+        import itertools
+
+        from policy_service.replay.frame_pool import (batch_leaders, frame_hashes, rows_equal,
+                                                      word_view)
+        np = self.np
+        n, start, size_before = len(batch["actions"]), self.pos, self.size
+        super().add(batch)
+        frames = np.stack([np.moveaxis(batch["obs"], -1, 1), np.moveaxis(batch["new_obs"], -1, 1)],
+                          1).reshape(-1, *self.frame_shape)
+        words = word_view(frames)
+        hashes = frame_hashes(words)
+        leader = batch_leaders(words, hashes)
+        leaders = np.flatnonzero(leader == np.arange(len(frames)))
+        leader_of = np.searchsorted(leaders, leader)
+        uses = np.bincount(leader_of, minlength=len(leaders))
+        keys = hashes[leaders].tolist()
+        slots = np.fromiter(map(self.index.get, keys, itertools.repeat(-1)), np.int64,
+                            len(keys))
+        hit = np.flatnonzero(slots >= 0)
+        if len(hit):
+            same = rows_equal(self.words, slots[hit], words, leaders[hit])
+            slots[hit[~same]] = -1
+            np.add.at(self.refs, slots[hit[same]], uses[hit[same]])
+        positions = (start + np.arange(n)) % self.capacity
+        old = self.ids[positions[positions < size_before]].ravel()
+        if len(old):  # release the overwritten rows' frames
+            used, counts = np.unique(old, return_counts=True)
+            self.refs[used] -= counts
+            dead = used[self.refs[used] == 0]
+            keys = self.hashes[dead].tolist()
+            mine = np.fromiter(map(self.index.get, keys, itertools.repeat(-1)), np.int64,
+                               len(keys)) == dead
+            collections.deque(map(self.index.pop, itertools.compress(keys, mine.tolist())),
+                              maxlen=0)
+            self.free[self.num_free:self.num_free + len(dead)] = dead[::-1]
+            self.num_free += len(dead)
+        new = np.flatnonzero(slots < 0)
+        if len(new):
+            if self.num_free < len(new):
+                live = len(self.pool) - self.num_free
+                self._allocate(max(live + len(new), len(self.pool) * 5 // 4), len(self.pool))
+            got = self.free[self.num_free - len(new):self.num_free][::-1].copy()
+            self.num_free -= len(new)
+            self.pool[got] = frames[leaders[new]]
+            self.hashes[got] = hashes[leaders[new]]
+            self.index.update(zip(hashes[leaders[new]].tolist(), got.tolist()))
+            self.refs[got] = uses[new]
+            slots[new] = got
+        self.ids[positions] = slots[leader_of].reshape(n, -1)
+
+    def sample(self, n: int) -> dict:
+        np = self.np
+        out = super().sample(n)
+        ids = self.ids[out["batch_indexes"]]
+        k = self.stack
+        for column, first in (("obs", 0), ("new_obs", k)):
+            stacks = np.empty((n, *self.frame_shape, k), np.uint8)
+            for j in range(k):
+                stacks[..., j] = self.pool.take(ids[:, first + j], 0)
+            out[column] = stacks
+        return out
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.pool) - self.num_free
+
+
 # ----- measuring -------------------------------------------------------------------
 
-def burst(fn, seconds: float) -> tuple[int, float]:
-    """(calls, wall seconds) of calling fn for about `seconds`."""
-    calls, start = 0, time.perf_counter()
-    end = start + seconds
-    while True:
-        fn()
+def burst(fn, seconds: float, prepare=None) -> tuple[int, float]:
+    """(calls, seconds) of calling fn for about `seconds`; with `prepare`, fn takes
+    what prepare() returns, made before each call and outside the time counted."""
+    calls, timed = 0, 0.0
+    while timed < seconds:
+        arg = prepare() if prepare is not None else None
+        start = time.perf_counter()
+        fn(arg)
+        timed += time.perf_counter() - start
         calls += 1
-        now = time.perf_counter()
-        if now >= end:
-            return calls, now - start
+    return calls, timed
+
+
+def make_buffers(spec: dict, first: dict):
+    """(ours, the ceiling) for the spec, empty."""
+    from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
+    prioritized = spec["kind"] == "prioritized"
+    pool = spec["shape"] == "frames" and spec.get("storage") == "pool"
+    axis = -1 if pool else None
+    cls = PrioritizedReplayBuffer if prioritized else ReplayBuffer
+    ours = cls(spec["capacity"], seed=0, frame_stack_axis=axis)
+    ceiling = (FramePoolCeiling if pool else Ceiling)(spec["capacity"], first, prioritized)
+    return ours, ceiling
+
+
+def fill(buffer, next_batch, capacity: int) -> None:
+    added = 0
+    while added < capacity:
+        batch = next_batch()
+        buffer.add(batch)
+        added += len(batch["actions"])
+
+
+def memory_record(spec: dict, ours, ceiling, raw_row: int, rss_grown: int) -> dict:
+    capacity = spec["capacity"]
+    raw = capacity * raw_row
+    record = {"bench": NAME, "shape": spec["shape"], "kind": spec["kind"], "op": "memory",
+              "impl": "ours", "round": spec["round"], "capacity": capacity,
+              "storage": spec.get("storage"), "raw_row_bytes": raw_row,
+              "bytes_held": ours.nbytes, "raw_bytes": raw, "memory_ratio": ours.nbytes / raw,
+              "ceiling_memory_ratio": ceiling.nbytes / raw, "rss_growth_ratio": rss_grown / raw}
+    frames = getattr(ours.store, "num_frames", None)
+    if frames is not None:
+        frame_bytes = FRAME_SHAPE[0] * FRAME_SHAPE[1]
+        unique = frames * frame_bytes + capacity * (raw_row - 2 * frame_bytes * FRAME_SHAPE[2])
+        record.update(distinct_frames=frames, unique_bytes=unique,
+                      unique_ratio=ours.nbytes / unique,
+                      ceiling_unique_ratio=ceiling.nbytes / unique,
+                      rss_growth_unique_ratio=rss_grown / unique)
+    return record
 
 
 def measure(spec: dict):
     import numpy as np
-    from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
-    shape, kind, capacity = spec["shape"], spec["kind"], spec["capacity"]
-    prioritized = kind == "prioritized"
+    shape, capacity = spec["shape"], spec["capacity"]
     rng = np.random.default_rng(spec["round"])
-    fill = make_batch(shape, min(512, capacity), rng)
-    raw_row = row_bytes(fill)
+    fill_rows = min(512, capacity)
+    first = batches(shape, fill_rows, rng, spec["round"])()
+    raw_row = row_bytes(first)
 
     rss_before = rss_bytes()
-    ours = (PrioritizedReplayBuffer(capacity, seed=0) if prioritized
-            else ReplayBuffer(capacity, seed=0))
-    for _ in range(-(-capacity // len(fill["obs"]))):
-        ours.add(fill)
+    ours, ceiling = make_buffers(spec, first)
+    fill(ours, batches(shape, fill_rows, rng, spec["round"]), capacity)
     rss_grown = rss_bytes() - rss_before
-    ceiling = Ceiling(capacity, fill, prioritized)
-    for _ in range(-(-capacity // len(fill["obs"]))):
-        ceiling.add(fill)
-    yield {"bench": NAME, "shape": shape, "kind": kind, "op": "memory", "impl": "ours",
-           "round": spec["round"], "capacity": capacity, "raw_row_bytes": raw_row,
-           "bytes_held": ours.nbytes, "raw_bytes": capacity * raw_row,
-           "memory_ratio": ours.nbytes / (capacity * raw_row),
-           "ceiling_memory_ratio": ceiling.nbytes / (capacity * raw_row),
-           "rss_growth_ratio": rss_grown / (capacity * raw_row)}
+    fill(ceiling, batches(shape, fill_rows, rng, spec["round"]), capacity)
+    yield memory_record(spec, ours, ceiling, raw_row, rss_grown)
 
-    ops = [op for op in spec["ops"] if op != "update" or prioritized]
+    ops = [op for op in spec["ops"] if op != "update" or spec["kind"] == "prioritized"]
     for batch_size in spec["batches"]:
-        data = [make_batch(shape, batch_size, rng) for _ in range(4)]
+        # the same stream for both, each from its own generator: every add brings new rows
+        streams = {impl: batches(shape, batch_size, np.random.default_rng(batch_size),
+                                 spec["round"] + 1) for impl in ("ours", "ceiling")}
         indexes = [rng.integers(0, capacity, batch_size) for _ in range(4)]
         tds = [rng.normal(size=batch_size) for _ in range(4)]
         for op in ops:
             totals = {"ours": [0, 0.0], "ceiling": [0, 0.0]}
             for _ in range(spec["bursts"]):
                 for impl, target in (("ours", ours), ("ceiling", ceiling)):
-                    i = [0]
-
-                    def call():
-                        i[0] = (i[0] + 1) % 4
-                        if op == "insert":
-                            target.add(data[i[0]])
-                        elif op == "sample":
-                            target.sample(batch_size)
-                        else:
-                            target.update_priorities(indexes[i[0]], tds[i[0]])
-                    call()  # warm-up
-                    calls, seconds = burst(call, spec["burst_s"])
+                    turn = [0]
+                    if op == "insert":
+                        call, prepare = target.add, streams[impl]
+                    elif op == "sample":
+                        call, prepare = (lambda _: target.sample(batch_size)), None
+                    else:
+                        def call(_, target=target, turn=turn):
+                            turn[0] = (turn[0] + 1) % 4
+                            target.update_priorities(indexes[turn[0]], tds[turn[0]])
+                        prepare = None
+                    call(prepare() if prepare else None)  # warm-up
+                    calls, seconds = burst(call, spec["burst_s"], prepare)
                     totals[impl][0] += calls
                     totals[impl][1] += seconds
             for impl, (calls, seconds) in totals.items():
-                yield {"bench": NAME, "shape": shape, "kind": kind, "op": op,
+                yield {"bench": NAME, "shape": shape, "kind": spec["kind"], "op": op,
                        "batch": batch_size, "impl": impl, "round": spec["round"],
-                       "capacity": capacity, "calls": calls, "seconds": seconds,
-                       "calls_per_s": calls / seconds, VALUE: calls * batch_size / seconds}
+                       "capacity": capacity, "storage": spec.get("storage"), "calls": calls,
+                       "seconds": seconds, "calls_per_s": calls / seconds,
+                       VALUE: calls * batch_size / seconds}
 
 
 # ----- parent ----------------------------------------------------------------------
 
 def configurations(args) -> list[dict]:
     batches = [int(b) for b in args.batches.split(",")]
+    frames_default = ISSUE_CAPACITY if args.frames_storage == "pool" else WHOLE_FRAMES_CAPACITY
     capacities = {"cartpole": 2000 if args.smoke else args.cartpole_capacity,
-                  "frames": 600 if args.smoke else args.frames_capacity}
+                  "frames": 600 if args.smoke else args.frames_capacity or frames_default}
     return [dict(shape=shape, kind=kind, capacity=capacities[shape], batches=batches,
+                 storage=args.frames_storage if shape == "frames" else "whole",
                  ops=args.ops.split(","), bursts=1 if args.smoke else args.bursts,
                  burst_s=0.02 if args.smoke else args.burst_s, prepare_tf=False)
             for shape in args.shapes.split(",") for kind in args.kinds.split(",")]
 
 
-def capacity_reason(shape: str, capacity: int) -> str:
-    """"<shape> at capacity N", with why when it is below the issue's 1M."""
+def capacity_reason(shape: str, capacity: int, storage: str = "whole") -> str:
+    """"<shape> at capacity N", how frames are stored, and why when below the issue's 1M."""
     text = f"{shape} at capacity {capacity:,}"
-    if capacity < ISSUE_CAPACITY and shape == "frames":
-        raw = ISSUE_CAPACITY * (2 * FRAME_SHAPE[0] * FRAME_SHAPE[1] * FRAME_SHAPE[2] + 22)
-        text += (f" (not {ISSUE_CAPACITY:,}: that many obs + new_obs frames are "
-                 f"{raw / 1e9:.1f} GB, over this machine's 24 GiB; per-row costs of "
-                 f"28 KB rows do not depend on the capacity)")
+    whole_gb = ISSUE_CAPACITY * (2 * FRAME_SHAPE[0] * FRAME_SHAPE[1] * FRAME_SHAPE[2] + 22) / 1e9
+    if shape == "frames" and storage == "pool":
+        text += (f", frame pool (each distinct 84x84 frame once, ~7 KB per transition; "
+                 f"obs + new_obs whole would be {whole_gb:.1f} GB at {ISSUE_CAPACITY:,})")
+    if capacity < ISSUE_CAPACITY and shape == "frames" and storage == "whole":
+        text += (f" (not {ISSUE_CAPACITY:,}: that many obs + new_obs frames stored whole "
+                 f"are {whole_gb:.1f} GB, over this machine's 24 GiB; per-row costs of "
+                 f"28 KB rows do not depend on the capacity; --frames-storage pool runs 1M)")
     elif capacity < ISSUE_CAPACITY:
         text += f" (not {ISSUE_CAPACITY:,}: a smaller run was asked for)"
     return text
 
 
 def capacity_note(specs: list[dict]) -> str:
-    return "; ".join(capacity_reason(shape, capacity)
-                     for shape, capacity in sorted({(s["shape"], s["capacity"]) for s in specs}))
+    return "; ".join(capacity_reason(*key) for key in sorted(
+        {(s["shape"], s["capacity"], s["storage"]) for s in specs}))
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -282,13 +513,23 @@ def summarize(records: list[dict]) -> list[dict]:
     memory = [r for r in records if r.get("op") == "memory" and "error" not in r]
     for (shape, kind) in sorted({(r["shape"], r["kind"]) for r in memory}):
         rows = [r for r in memory if (r["shape"], r["kind"]) == (shape, kind)]
-        summary.append({"shape": shape, "kind": kind, "op": "memory", "impl": "ours",
-                        "capacity": rows[0]["capacity"], "raw_row_bytes": rows[0]["raw_row_bytes"],
-                        "bytes_held": rows[0]["bytes_held"], "raw_bytes": rows[0]["raw_bytes"],
-                        "capacity_note": capacity_reason(shape, rows[0]["capacity"]),
-                        "memory_ratio": round(rows[0]["memory_ratio"], 4),
-                        "rss_growth_ratio": round(stats.median(
-                            [r["rss_growth_ratio"] for r in rows]), 4)})
+        first = rows[0]
+        row = {"shape": shape, "kind": kind, "op": "memory", "impl": "ours",
+               "capacity": first["capacity"], "storage": first.get("storage", "whole"),
+               "raw_row_bytes": first["raw_row_bytes"], "bytes_held": first["bytes_held"],
+               "raw_bytes": first["raw_bytes"],
+               "capacity_note": capacity_reason(shape, first["capacity"],
+                                                first.get("storage") or "whole"),
+               "memory_ratio": round(first["memory_ratio"], 4),
+               "ceiling_memory_ratio": round(first["ceiling_memory_ratio"], 4),
+               "rss_growth_ratio": round(stats.median([r["rss_growth_ratio"] for r in rows]), 4)}
+        if "unique_bytes" in first:  # frame pool: against the distinct frames' bytes too
+            row.update({key: first[key] for key in ("distinct_frames", "unique_bytes")})
+            row.update({key: round(first[key], 4) for key in (
+                "unique_ratio", "ceiling_unique_ratio")})
+            row["rss_growth_unique_ratio"] = round(stats.median(
+                [r["rss_growth_unique_ratio"] for r in rows]), 4)
+        summary.append(row)
     return summary
 
 
@@ -323,7 +564,12 @@ def main(argv=None):
     parser.add_argument("--ops", default="insert,sample,update",
                         help="update runs for prioritized buffers only")
     parser.add_argument("--cartpole-capacity", type=int, default=1_000_000)
-    parser.add_argument("--frames-capacity", type=int, default=50_000)
+    parser.add_argument("--frames-capacity", type=int, default=None,
+                        help=f"default {ISSUE_CAPACITY:,} with the pool, "
+                             f"{WHOLE_FRAMES_CAPACITY:,} whole")
+    parser.add_argument("--frames-storage", choices=("pool", "whole"), default="pool",
+                        help="pool: frame_stack_axis=-1, each distinct frame once; whole: "
+                             "obs and new_obs as they are")
     parser.add_argument("--bursts", type=int, default=4, help="alternating bursts per impl")
     parser.add_argument("--burst-s", type=float, default=0.25)
     args = parser.parse_args(argv)
@@ -331,8 +577,10 @@ def main(argv=None):
     note = capacity_note(specs)
     path = harness.run_benchmark(
         args, NAME, measure, "benchmarks.replay", specs, summarize=summarize, plot=plot,
-        workload="replay buffers: CartPole and 84x84x4 frame rows",
-        capacities={s["shape"]: s["capacity"] for s in specs}, capacity_note=note)
+        timeout=lambda spec: 3600 if spec["capacity"] >= 200_000 else 900,
+        workload="replay buffers: CartPole and 84x84x4 frame-stacked streams",
+        capacities={s["shape"]: s["capacity"] for s in specs}, capacity_note=note,
+        frames_storage=args.frames_storage)
     if not args.child:
         print(f"# {note}", file=sys.stderr)
     return path

@@ -104,3 +104,43 @@ class BrokenEnvWorker:
 
     def stop(self):
         pass
+
+
+class FrameEnv(gym.Env):
+    """Tiny uint8 frames (`size` x `size`) drawn at random every step: an Atari-like
+    image stream for frame stacking (wrap it in FrameStackObservation).
+
+    config: size (6), lengths: episode lengths, cycled (default [9, 14]), and
+    endings: "terminated" / "truncated" per episode, cycled; seed: the frames'
+    random stream (reset(seed=...) reseeds it). Reward 1 per step; action 1 ends
+    nothing, it is only there for a Discrete(2) space.
+    """
+
+    metadata = {"render_modes": ()}
+
+    def __init__(self, config: dict | None = None):
+        config = dict(config or {})
+        self.size = int(config.get("size", 6))
+        self.lengths = list(config.get("lengths", [9, 14]))
+        self.endings = list(config.get("endings", ["terminated", "truncated"]))
+        self.observation_space = gym.spaces.Box(0, 255, (self.size, self.size), np.uint8)
+        self.action_space = gym.spaces.Discrete(2)
+        self.frames = np.random.default_rng(config.get("seed", 0))
+        self.episode, self.t = -1, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.frames = np.random.default_rng(seed)
+        self.episode, self.t = self.episode + 1, 0
+        return self._frame(), {}
+
+    def step(self, action):
+        self.t += 1
+        done = self.t >= self.lengths[self.episode % len(self.lengths)]
+        ending = self.endings[self.episode % len(self.endings)]
+        return (self._frame(), 1.0, done and ending == "terminated",
+                done and ending == "truncated", {})
+
+    def _frame(self):
+        return self.frames.integers(0, 256, (self.size, self.size), dtype=np.uint8)

@@ -222,3 +222,48 @@ class FaultyPolicy(ReturnsPGPolicy):
         if np.any(np.asarray(obs_batch) == POISON):
             raise RuntimeError("poisoned observation in this forward pass")
         return super().compute_actions(obs_batch, *args, **kwargs)
+
+
+def frame_stack_stream(num_envs: int, rounds: int, n_step: int = 1, stack: int = 4,
+                       fragment: int = 4, seed: int = 0, axis: int = 0):
+    """Batches as DQN's replay gets them from `num_envs` FrameStackObservation(FrameEnv)
+    sub-envs: each batch is every sub-env's fragment of `fragment` steps, one after
+    the other; new_obs is the stack n_step steps later, or the last one of the
+    episode or fragment (n-step postprocessing). Columns: obs, new_obs (stacks on
+    `axis` of one observation), actions, rewards, terminateds, truncateds, and
+    "id" counting rows. Yields (batch, episodes begun so far)."""
+    from gymnasium.wrappers import FrameStackObservation
+    from envs import FrameEnv
+    envs = [FrameStackObservation(FrameEnv({"seed": seed * 1000 + i,
+                                            "lengths": [9 + i, 14, 30 + 3 * i]}), stack)
+            for i in range(num_envs)]
+    current = [env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]
+    episodes, row_id = num_envs, 0
+    for _ in range(rounds):
+        parts = []
+        for i, env in enumerate(envs):
+            obs, nxt, ends = [], [], []
+            for _ in range(fragment):
+                new, _, terminated, truncated, _ = env.step(1)
+                obs.append(current[i])
+                nxt.append(new)
+                ends.append((terminated, truncated))
+                current[i] = new
+                if terminated or truncated:
+                    current[i] = env.reset()[0]
+                    episodes += 1
+            last = [j for j in range(fragment) if any(ends[j])] + [fragment - 1]
+            new_obs = [nxt[min(j + n_step - 1, next(e for e in last if e >= j))]
+                       for j in range(fragment)]
+            parts.append({"obs": np.stack(obs), "new_obs": np.stack(new_obs),
+                          "actions": np.ones(fragment, np.int64),
+                          "rewards": np.ones(fragment, np.float32),
+                          "terminateds": np.array([e[0] for e in ends]),
+                          "truncateds": np.array([e[1] for e in ends])})
+        batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        if axis != 0:
+            for key in ("obs", "new_obs"):
+                batch[key] = np.ascontiguousarray(np.moveaxis(batch[key], 1, 1 + axis % 3))
+        batch["id"] = np.arange(row_id, row_id + len(batch["actions"]), dtype=np.int64)
+        row_id += len(batch["actions"])
+        yield batch, episodes

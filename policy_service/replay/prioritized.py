@@ -64,17 +64,20 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     exponent (1 = full correction; anneal it by passing `beta=` to sample or
     setting `.beta`); epsilon: added to |td_error| so no row gets priority 0.
     fanout: branching of the priority tree (see PriorityTree).
+    frame_stack_axis: as ReplayBuffer's (each distinct frame of obs/new_obs once).
     """
 
     def __init__(self, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
                  epsilon: float = 1e-6, columns: Sequence[str] | None = None,
-                 seed: int | None = None, fanout: int = 16) -> None:
+                 seed: int | None = None, fanout: int = 16,
+                 frame_stack_axis: int | None = None) -> None:
         for name, value, ok in (("alpha", alpha, alpha >= 0), ("beta", beta, beta >= 0),
                                 ("epsilon", epsilon, epsilon > 0)):
             if not ok or not np.isfinite(value):
                 raise ValueError(f"replay buffer: {name} must be "
                                  f"{'> 0' if name == 'epsilon' else '>= 0'}, got {value!r}")
-        super().__init__(capacity, columns=columns, seed=seed)
+        super().__init__(capacity, columns=columns, seed=seed,
+                         frame_stack_axis=frame_stack_axis)
         self.alpha, self.beta, self.epsilon = float(alpha), float(beta), float(epsilon)
         self.tree = PriorityTree(capacity, fanout)
         self.max_priority = 1.0  # before alpha; new rows get it

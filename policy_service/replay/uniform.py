@@ -12,6 +12,10 @@ State for checkpoints: `get_state()` -> {"arrays": name -> ndarray (np.savez
 without pickle), "meta": JSON-able dict}; `set_state(state)` restores the
 content, the write position and the random generator, so a restored buffer
 samples exactly the batch the original would have sampled next.
+
+Frame-stacked observations (Atari's 84x84x4): `frame_stack_axis=-1` (or 0 for
+[4, 84, 84]) stores each distinct frame of obs/new_obs once (FrameStackStore),
+about 8x less memory, with the same rows sampled back byte for byte.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from policy_service.replay.column_store import ColumnStore
+from policy_service.replay.frame_stack_store import FrameStackStore
 from policy_service.sample_batch import SampleBatch
 
 BATCH_INDEXES = "batch_indexes"  # RLlib's name for the slots a sampled row came from
@@ -40,11 +45,15 @@ class ReplayBuffer:
     capacity: transitions (rows) held; adding more overwrites the oldest.
     columns: column names to store; None = those of the first batch added.
     seed: seeds the buffer's own numpy Generator (None: fresh entropy).
+    frame_stack_axis: None stores obs/new_obs whole; an int: they are stacks of
+      frames along that axis of one observation, each distinct frame stored once.
     """
 
     def __init__(self, capacity: int, *, columns: Sequence[str] | None = None,
-                 seed: int | None = None) -> None:
-        self.store = ColumnStore(capacity, columns)
+                 seed: int | None = None, frame_stack_axis: int | None = None) -> None:
+        self.frame_stack_axis = frame_stack_axis
+        self.store = (ColumnStore(capacity, columns) if frame_stack_axis is None
+                      else FrameStackStore(capacity, columns, frame_stack_axis))
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -91,6 +100,10 @@ class ReplayBuffer:
         if meta.get("kind") != type(self).__name__:
             raise ValueError(f"replay buffer state: written by {meta.get('kind')!r}, "
                              f"restoring into {type(self).__name__!r}")
+        axis = meta.get("frame_stack_axis")  # absent: written without frame stacking
+        if axis != self.frame_stack_axis:
+            raise ValueError(f"replay buffer state: written with frame_stack_axis {axis!r}, "
+                             f"this buffer has {self.frame_stack_axis!r}")
         rng_name = (meta.get("rng") or {}).get("bit_generator")
         if rng_name != self.rng.bit_generator.state["bit_generator"]:
             raise ValueError(f"replay buffer state: random generator {rng_name!r}, this "
