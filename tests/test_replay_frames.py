@@ -301,6 +301,35 @@ def test_bad_batches_are_refused_in_one_line_before_anything_is_written():
     assert_counts_match_the_rows(buffer.store)
 
 
+def test_a_pool_that_cannot_grow_fails_the_add_before_anything_is_written(monkeypatch):
+    """Growth happens before the columns are written: a MemoryError there leaves the
+    rows, frames, ids and ring position as they were, and the next add works."""
+    buffer = PrioritizedReplayBuffer(40, seed=0, frame_stack_axis=-1)
+    rng = np.random.default_rng(0)
+
+    def random_batch(rows):  # frames that never repeat: every one needs a new slot
+        return {"obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+                "new_obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+                "actions": rng.integers(0, 4, rows)}
+    buffer.add(random_batch(6))  # 36 of the pool's 48 slots
+    before = (buffer.store.take(np.arange(6)), len(buffer), buffer.store.next_index,
+              buffer.store.num_frames, buffer.tree.total)
+
+    def no_memory(pool, needed):
+        raise MemoryError(f"cannot grow the frame pool to {needed} frames")
+    monkeypatch.setattr(frame_pool.FramePool, "_grow", no_memory)
+    with pytest.raises(MemoryError):
+        buffer.add(random_batch(6))
+    rows, size, next_index, frames, total = before
+    assert_same_rows(rows, buffer.store.take(np.arange(6)))
+    assert (len(buffer), buffer.store.next_index, buffer.store.num_frames,
+            buffer.tree.total) == (size, next_index, frames, total)
+    assert_counts_match_the_rows(buffer.store)
+    monkeypatch.undo()
+    buffer.add(random_batch(6))
+    assert len(buffer) == 12 and buffer.store.num_frames == 72
+
+
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="frame_stack_axis must be an int or None, got 'x'"):
         ReplayBuffer(10, frame_stack_axis="x")

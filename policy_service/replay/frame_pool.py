@@ -5,7 +5,8 @@ k in new_obs, each frame sliding through k consecutive stacks). The pool keeps
 one copy per distinct live frame, `[pool_capacity, *frame_shape]`, with a
 reference count per slot; the rows hold slot ids instead of frames.
 
-`intern(frames)` finds each frame's slot without a Python loop per frame:
+`match(frames)` finds each frame's slot without a Python loop per frame, and
+changes nothing:
 
   1. a hash of a fixed sample of each frame's words (`frame_hashes`);
   2. duplicates within the batch: frames with equal hashes take the first one
@@ -13,12 +14,16 @@ reference count per slot; the rows hold slot ids instead of frames.
      content differs from its leader's (a hash collision) tries again among
      the other mismatches, for a few rounds, then stands alone;
   3. leaders against live frames: a dict hash -> slot read through C-level
-     `map`, each hit confirmed by comparing the whole content;
-  4. leaders that found no equal live frame get free slots (the pool grows
-     geometrically when none is left) and take the index entry for their hash.
+     `map`, each hit confirmed by comparing the whole content.
+
+`reserve(match, released)` grows the pool if the commit will need it, so a
+caller can do everything that may fail before it writes anything;
+`commit(match, released)` counts the references and stores the leaders that
+found no equal live frame in free slots, where they take the index entry for
+their hash.
 
 So a collision only costs memory (the frame is stored again): the content a
-slot id stands for is always exactly the frame that was interned. `release`
+slot id stands for is always exactly the frame that was committed. `release`
 drops references; a slot reaching 0 goes back to the free list and leaves the
 index. The index points at the newest frame of a hash: it is the one that
 comes back in the next stacks.
@@ -29,6 +34,7 @@ import collections
 import itertools
 import math
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -99,6 +105,17 @@ def batch_leaders(words: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     return leader
 
 
+class FrameMatch(NamedTuple):
+    """FramePool.match's answer: per distinct frame (leader) its slot (-1: new) and
+    how many of the frames it stands for."""
+    frames: np.ndarray  # [M, *frame_shape], as given
+    hashes: np.ndarray  # <uint64>[M]
+    leaders: np.ndarray  # <intp>[L] the first frame of each distinct content
+    leader_of: np.ndarray  # <intp>[M] each frame's position in leaders
+    uses: np.ndarray  # <int64>[L] frames per leader
+    slots: np.ndarray  # <int64>[L] the live slot holding it, -1 if new
+
+
 def _lookup(index: dict, keys: list) -> np.ndarray:
     """<int64>[len(keys)]: index[key], -1 where absent (C-level map, no Python loop)."""
     return np.fromiter(map(index.get, keys, itertools.repeat(-1)), np.int64, len(keys))
@@ -144,31 +161,55 @@ class FramePool:
 
     # ---- adding and dropping references ------------------------------------------
 
-    def intern(self, frames: np.ndarray, released: np.ndarray | None = None) -> np.ndarray:
-        """<int64>[M] the slot of each frame of `frames` [M, *frame_shape] (contiguous),
-        each counted as one more reference; `released` (slots, one reference each) are
-        dropped after the frames found live are counted and before new ones are
-        stored, so the pool never holds more than the rows reference."""
+    def match(self, frames: np.ndarray) -> FrameMatch:
+        """Which frames of `frames` [M, *frame_shape] (contiguous) are already live, and
+        which are new (one leader per distinct content); changes nothing, so a caller
+        can reserve room and write its other columns before `commit`."""
         words = word_view(frames)
         hashes = frame_hashes(words)
         leader = batch_leaders(words, hashes)
         leaders = np.flatnonzero(leader == np.arange(len(frames)))
         leader_of = np.searchsorted(leaders, leader)  # each frame's position in leaders
-        uses = np.bincount(leader_of, minlength=len(leaders))
         slots = _lookup(self.index, hashes[leaders].tolist())
         hit = np.flatnonzero(slots >= 0)
         if len(hit):
-            same = rows_equal(self.words, slots[hit], words, leaders[hit])
-            slots[hit[~same]] = -1
-            hit = hit[same]
-            np.add.at(self.refcounts, slots[hit], uses[hit])  # two leaders may share one
+            slots[hit[~rows_equal(self.words, slots[hit], words, leaders[hit])]] = -1
+        return FrameMatch(frames, hashes, leaders, leader_of,
+                          np.bincount(leader_of, minlength=len(leaders)), slots)
+
+    def reserve(self, match: FrameMatch, released: np.ndarray) -> None:
+        """Grows the pool now if `commit(match, released)` will need more free slots
+        than it has: new frames beyond those the released references free."""
+        new = int(np.count_nonzero(match.slots < 0))
+        if new <= self.num_free:
+            return
+        used, counts = np.unique(released, return_counts=True)
+        left = self.refcounts[used] - counts  # references after the commit, hits aside
+        hit = match.slots >= 0
+        at = np.searchsorted(used, match.slots[hit])
+        found = at < len(used)
+        found[found] = used[at[found]] == match.slots[hit][found]
+        np.add.at(left, at[found], match.uses[hit][found])
+        freed = int(np.count_nonzero(left == 0))
+        if new > self.num_free + freed:
+            self._grow(self.num_live - freed + new)
+
+    def commit(self, match: FrameMatch, released: np.ndarray | None = None) -> np.ndarray:
+        """<int64>[M] the slot of each matched frame, each counted as one more
+        reference; `released` (slots, one reference each) are dropped after the live
+        frames are counted and before new ones are stored, so the pool never holds
+        more than the rows reference."""
+        slots = match.slots.copy()
+        hit = np.flatnonzero(slots >= 0)
+        np.add.at(self.refcounts, slots[hit], match.uses[hit])  # two leaders may share one
         if released is not None and len(released):
             self.release(released)
         new = np.flatnonzero(slots < 0)
         if len(new):
-            slots[new] = self._store(frames[leaders[new]], hashes[leaders[new]])
-            self.refcounts[slots[new]] = uses[new]
-        return slots[leader_of]
+            leaders = match.leaders[new]
+            slots[new] = self._store(match.frames[leaders], match.hashes[leaders])
+            self.refcounts[slots[new]] = match.uses[new]
+        return slots[match.leader_of]
 
     def _store(self, frames: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         if self.num_free < len(frames):

@@ -157,7 +157,8 @@ class FrameStackStore:
 
     def add(self, batch: Mapping[str, Any]) -> tuple[int, int]:
         """Copies the batch's rows; returns (first slot, rows written) as ColumnStore.add.
-        Everything is checked before anything is written."""
+        Everything is checked, the pool grown and the frames gathered before anything
+        is written."""
         stacks = self._checked_stacks(batch)
         others = self._other_columns(batch)
         if not others:
@@ -168,19 +169,27 @@ class FrameStackStore:
             first = self.others.columns[0] if self.others.columns else next(iter(others))
             raise ValueError(f"replay buffer: column {self.frame_columns[0]!r} has "
                              f"{len(stacks[0])} rows, column {first!r} has {rows}")
-        size_before = self.size
-        start, written = self.others.add(others)  # checks its columns before writing
-        if self.pool is None:
+        size_before, starting = self.size, self.pool is None
+        if starting:
             self._start(stacks[0].shape[1:], stacks[0].dtype)
-            self.column_order = [c for c in (self.wanted_columns or list(batch))
-                                 if c in self.frame_columns or c in self.others.columns]
-        skip = len(stacks[0]) - written
+        n = len(stacks[0])
+        skip = max(0, n - self.capacity)  # rows a batch longer than the ring does not keep
         # [written, columns, k, *frame] -> one frame per entry, in the row ids' order
         frames = np.stack([np.moveaxis(s[skip:], 1 + self.stack_axis, 1) for s in stacks], 1)
-        positions = (start + np.arange(written)) % self.capacity
+        match = self.pool.match(frames.reshape(-1, *self.pool.frame_shape))
+        positions = (self.next_index + skip + np.arange(n - skip)) % self.capacity
         overwritten = self.row_ids[positions[positions < size_before]].ravel()
-        slots = self.pool.intern(frames.reshape(-1, *self.pool.frame_shape), overwritten)
-        self.row_ids[positions] = slots.reshape(written, -1)
+        self.pool.reserve(match, overwritten)  # grown now, not after the columns are written
+        try:
+            start, written = self.others.add(others)  # checks its columns before writing
+        except BaseException:
+            if starting:
+                self.pool = self.row_ids = self.row_shape = self.dtype = None
+            raise
+        if starting:
+            self.column_order = [c for c in (self.wanted_columns or list(batch))
+                                 if c in self.frame_columns or c in self.others.columns]
+        self.row_ids[positions] = self.pool.commit(match, overwritten).reshape(written, -1)
         return start, written
 
     def take(self, indexes: np.ndarray) -> dict[str, Any]:
