@@ -236,6 +236,8 @@ def test_states_that_do_not_fit_are_refused_in_one_line_and_change_nothing(tmp_p
     refused(ReplayBuffer(60), state, "written with frame_stack_axis -1, this buffer has None")
     refused(ReplayBuffer(60, frame_stack_axis=0), state,
             "written with frame_stack_axis -1, this buffer has 0")
+    refused(target, {"meta": {k: v for k, v in state["meta"].items() if k != "frame_stack"},
+                     "arrays": state["arrays"]}, "missing 'frame_stack'")
     ids = state["arrays"]["frames/row_ids"].copy()
     ids[3, 2] = len(state["arrays"]["frames/pool"])
     refused(target, {"meta": state["meta"], "arrays": dict(state["arrays"], **{

@@ -218,7 +218,7 @@ class FrameStackStore:
         and which frames the hash index holds ("frames/indexed"); views: save them
         before the next add."""
         arrays, meta = self.others.get_state()
-        layout = {"axis": self.axis, "columns": self.frame_columns,
+        layout = {"columns": self.frame_columns,
                   "column_order": self.column_order, "row_shape": None, "dtype": None,
                   "num_frames": 0, "pool_capacity": 0}
         if self.pool is not None:
@@ -235,11 +235,9 @@ class FrameStackStore:
     def check_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
         """Raises ValueError naming what does not fit: ColumnStore's checks, then the
         frames' layout, arrays, and ids (each in range, each frame used by a row)."""
-        layout = meta.get("frame_stack")
-        if not isinstance(layout, Mapping) or layout.get("axis") != self.axis:
-            axis = layout.get("axis") if isinstance(layout, Mapping) else None
-            raise ValueError(f"replay buffer state: written with frame_stack_axis {axis!r}, "
-                             f"this buffer has {self.axis!r}")
+        layout = meta.get("frame_stack")  # its axis is meta's "frame_stack_axis", which
+        if not isinstance(layout, Mapping):  # the buffer compares before this is called
+            raise ValueError("replay buffer state: missing 'frame_stack' (the frames' layout)")
         self.others.check_state(arrays, meta)
         if layout.get("columns") != self.frame_columns:
             raise ValueError(f"replay buffer state: frame columns {layout.get('columns')}, "
