@@ -11,7 +11,7 @@ setup(
     description="TensorFlow 2 reinforcement-learning policies: multi-GPU towers, "
     "batched remote inference and training jobs on Ray.",
     python_requires=">=3.10",
-    packages=find_packages(include=["policy_service*", "algorithms*", "scripts*"]),
+    packages=find_packages(include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
     install_requires=[
         "tensorflow>=2.16",
         "keras>=3.0",
@@ -29,5 +29,5 @@ setup(
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],
     },
-    entry_points={"console_scripts": ["policy-service=scripts.cli:main"]},
+    entry_points={"console_scripts": ["policy-service=policy_service.cli.commands:main"]},
 )

@@ -23,6 +23,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
+from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
+
 Check = Callable[[Any], Optional[str]]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
 Runs only on a value of the field's type, never on None."""
@@ -53,61 +55,8 @@ def setting(default: Any = dataclasses.MISSING, *, doc: str, check: Check | None
     return dataclasses.field(default=default, metadata=metadata)
 
 
-# ----- rules --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A check described by a fixed phrase: the value passes when `accepts(value)`."""
-
-    expected: str
-    accepts: Callable[[Any], bool]
-
-    def __call__(self, value: Any) -> Optional[str]:
-        return None if self.accepts(value) else self.expected
-
-
-def finite(*, gt: float | None = None, ge: float | None = None,
-           le: float | None = None) -> Rule:
-    """A finite number within the bounds given (NaN and inf never pass)."""
-    def accepts(value):
-        return (_is_number(value) and math.isfinite(value) and (gt is None or value > gt)
-                and (ge is None or value >= ge) and (le is None or value <= le))
-    return Rule(f"a finite number {_bounds(gt, ge, le)}".rstrip(), accepts)
-
-
-def integer(*, ge: int, le: int | None = None) -> Rule:
-    """An integer within the bounds given."""
-    return Rule(f"an integer {_bounds(None, ge, le)}",
-                lambda value: _is_int(value) and value >= ge and (le is None or value <= le))
-
-
-def one_of(*choices: str) -> Rule:
-    """One of the choices given; the error lists them."""
-    return Rule(f"one of {list(choices)}", lambda value: value in choices)
-
-
-def _bounds(gt, ge, le) -> str:
-    low = f"({gt}" if gt is not None else f"[{ge}" if ge is not None else None
-    if low is not None and le is not None:
-        return f"in {low}, {le}]"
-    if gt is not None:
-        return f"> {gt}"
-    if ge is not None:
-        return f">= {ge}"
-    return f"<= {le}" if le is not None else ""
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _is_count(value: Any) -> bool:
-    return _is_int(value) and value >= 1
+    return is_int(value) and value >= 1
 
 
 def _is_conv_filter(entry: Any) -> bool:
@@ -342,9 +291,9 @@ def _type_matches(value: Any, annotation: Any) -> bool:
     if annotation is type(None):
         return value is None
     if annotation is float:
-        return _is_number(value)
+        return is_number(value)
     if annotation is int:
-        return _is_int(value)
+        return is_int(value)
     if origin is not None:
         annotation = origin
     return isinstance(value, annotation)

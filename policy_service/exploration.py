@@ -11,7 +11,7 @@ import inspect
 
 import tensorflow as tf
 
-from policy_service.config import finite, integer
+from policy_service.config_rules import finite, integer
 
 
 class StochasticSampling:

@@ -1,7 +1,7 @@
 """Soak and fault runs, printing JSON lines as they go and a summary at the end.
 
-    python -m scripts.soak callers --callers 16 --seconds 60 --kill-actor-at 30
-    python -m scripts.soak ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
+    python scripts/soak.py callers --callers 16 --seconds 60 --kill-actor-at 30
+    python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
 
 `callers`: N threads call one restartable PolicyActor's `compute_actions` for
 T seconds. Each caller sends its own observations (explore off) and checks

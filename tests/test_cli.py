@@ -331,7 +331,7 @@ MORE_BAD_INPUT = {
 
 @pytest.mark.parametrize("case", sorted(MORE_BAD_INPUT))
 def test_more_bad_input_is_one_clear_line(case, tmp_path, capsys):
-    from scripts import cli
+    from policy_service.cli import commands as cli
     args, expected = MORE_BAD_INPUT[case]
     listing = tmp_path / "list.yaml"
     listing.write_text("- 1\n- 2\n")
@@ -474,7 +474,7 @@ MORE_BAD_VALUES = {
 
 @pytest.mark.parametrize("case", sorted(MORE_BAD_VALUES))
 def test_more_bad_values_are_one_clear_line(case, tmp_path, capsys):
-    from scripts import cli
+    from policy_service.cli import commands as cli
     args, expected = MORE_BAD_VALUES[case]
     run_dir = tmp_path / "run"
     code = cli.main(["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", *TINY, *args,
@@ -520,8 +520,8 @@ def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
     import tensorflow as tf
 
     from algorithms.ppo import PPOConfig
-    from scripts.run_config import check_devices
-    from scripts.run_options import TrainingSetupError
+    from policy_service.cli.run_config import check_devices
+    from policy_service.cli.run_options import TrainingSetupError
     check_devices(PPOConfig(num_gpus=2, _fake_gpus=True))  # no GPU here: two fake ones are fine
     real = tf.config.list_physical_devices
     monkeypatch.setattr(tf.config, "list_physical_devices",
@@ -550,7 +550,7 @@ def test_spaces_are_checked_before_the_policy_is_built():
 
 
 def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(trained, capsys):
-    from scripts import cli
+    from policy_service.cli import commands as cli
     assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--output-dir", str(trained)]) == 2
     assert "already holds a run" in capsys.readouterr().err
     assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--num-gpus", "2", "--fake-gpus",
@@ -565,7 +565,7 @@ def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(traine
 def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
     from ray.exceptions import RayTaskError
 
-    from scripts.run_options import one_line
+    from policy_service.cli.run_options import one_line
     remote = RayTaskError("LearnerHost.foreach_policy", "Traceback (most recent call last):\n"
                           "  ...\nValueError: bad", ValueError("entry 'w'\n has shape (3, 3)"))
     assert one_line(remote.as_instanceof_cause()) == "entry 'w' has shape (3, 3)"
@@ -573,7 +573,7 @@ def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
 
 
 def test_stop_criteria_name_the_first_limit_reached():
-    from scripts.run_options import StopCriteria
+    from policy_service.cli.run_options import StopCriteria
     stop = StopCriteria(reward=100.0, timesteps=1000, iters=5)
     assert stop.reason({"iteration": 1, "timesteps_total": 10, "episode_return_mean": 20.0}) is None
     assert stop.reason({"iteration": 1, "timesteps_total": 10,
@@ -586,7 +586,7 @@ def test_stop_criteria_name_the_first_limit_reached():
 
 
 def test_overrides_parse_yaml_values_and_nest_dotted_keys():
-    from scripts.run_config import apply_override
+    from policy_service.cli.run_config import apply_override
     config = {"model": {"fcnet_activation": "tanh"}}
     for assignment in ("lr=3e-4", "model.fcnet_hiddens=[64, 64]", "env_config.size=3",
                        "seed=null", "explore=false", "env=ALE/Pong-v5"):
@@ -598,6 +598,6 @@ def test_overrides_parse_yaml_values_and_nest_dotted_keys():
 
 def test_metrics_become_plain_json():
     import numpy as np
-    from scripts.run_config import json_safe
+    from policy_service.cli.run_config import json_safe
     assert json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
                        "d": (1, float("inf"))}) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}

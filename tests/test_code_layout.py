@@ -1,11 +1,16 @@
 """The code keeps its layers and its modules' privacy (read from the source).
 
 - No module imports another module's private name (`from m import _x`, `m._x`).
-- Imports point down: policy_service never imports algorithms, scripts or
-  benchmarks; the engine and I/O never import the Ray side or the policy.
+- Imports point down: policy_service never imports algorithms or benchmarks
+  (its command line, policy_service.cli, may import algorithms); the engine and
+  I/O never import the Ray side or the policy. No two modules import each other,
+  however indirectly.
+- An install adds exactly the packages `policy_service` and `algorithms`.
 - `policy-service submit` does not import TensorFlow.
 """
 import ast
+import shutil
+import zipfile
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("policy_service", "algorithms", "scripts", "benchmarks")
+INSTALLED = ("algorithms", "policy_service")
 
 
 def modules(*roots: str) -> list[Path]:
@@ -62,7 +68,8 @@ def test_no_module_uses_another_modules_private_names(path):
 # (modules under this prefix, module prefixes they must not import)
 LAYERS = [
     ("policy_service", ("algorithms", "scripts", "benchmarks")),
-    ("algorithms", ("scripts", "benchmarks")),
+    ("policy_service.cli", ("scripts", "benchmarks")),
+    ("algorithms", ("policy_service.cli", "scripts", "benchmarks")),
     ("policy_service.engine", ("policy_service.distributed", "policy_service.policy",
                                "policy_service.io", "policy_service.train_batches")),
     ("policy_service.io", ("policy_service.distributed", "policy_service.policy")),
@@ -77,6 +84,8 @@ def module_name(path: Path) -> str:
 def test_imports_point_down(layer, forbidden):
     wrong = []
     for path in modules(layer.replace(".", "/")):
+        if layer == "policy_service" and module_name(path).startswith("policy_service.cli"):
+            continue  # the command line sits above both packages (its own layer below)
         for line, module, name in project_imports(path):
             target = module if name is None else f"{module}.{name}"
             if any(target == f or target.startswith(f + ".") for f in forbidden):
@@ -94,7 +103,7 @@ def test_the_checks_catch_a_private_import(tmp_path):
 
 SUBMIT_WITHOUT_TENSORFLOW = """
 import sys
-import scripts.cli as cli
+from policy_service.cli import commands as cli
 from policy_service.distributed import jobs
 jobs.run_job = lambda *args, **kwargs: 0  # the path up to the cluster, not the cluster
 assert cli.main(["submit", "--address", "http://127.0.0.1:9", "--", "true"]) == 0
@@ -106,3 +115,77 @@ def test_submit_does_not_import_tensorflow():
     out = subprocess.run([sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW], cwd=REPO,
                          capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def import_graph(*roots: str) -> dict[str, set[str]]:
+    """module -> the project modules it imports (at module level or inside a function):
+    `from package import name` counts as importing the submodule when there is one."""
+    known = {module_name(path) for path in modules(*roots)}
+    graph = {}
+    for path in modules(*roots):
+        targets = set()
+        for _, module, name in project_imports(path):
+            submodule = f"{module}.{name}" if name else None
+            target = submodule if submodule in known else module
+            if target in known and target != module_name(path):
+                targets.add(target)
+        graph[module_name(path)] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of two or more modules that import each other (Tarjan's strongly
+    connected components), each sorted."""
+    index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return circles
+
+
+def test_no_import_circle():
+    assert import_circles(import_graph("policy_service", "algorithms")) == []
+
+
+def test_the_circle_check_finds_one():
+    assert import_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_an_install_adds_only_the_two_packages(tmp_path):
+    """The wheel `pip install .` would install: its top-level names, and the console
+    script's target. Built from a copy of the tree, so no build/ lands in the repo."""
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", "results"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(source)], check=True, capture_output=True,
+                   timeout=300)
+    (wheel,) = tmp_path.glob("*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info",))}
+    assert sorted(top) == list(INSTALLED)
+    (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "policy-service = policy_service.cli.commands:main" in text

@@ -25,7 +25,7 @@ from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRun
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch
-from scripts import cli
+from policy_service.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
@@ -116,7 +116,7 @@ def test_the_run_ends_in_one_line_when_the_restart_budget_is_spent(dying_group, 
     # the command line reports it as that one line, exit status non-zero
     def failing_train(options):
         raise failure.value
-    from scripts import training
+    from policy_service.cli import training
     monkeypatch.setattr(training, "train", failing_train)
     assert cli.main(["train", "ppo", "--env", "CartPole-v1"]) != 0
     assert _without_ray_worker_logs(capsys.readouterr().err) == [
@@ -199,7 +199,7 @@ def slow_save(path, arrays):
         Path(sys.argv[1]).touch()
         time.sleep(600)
 checkpoints.save_arrays = slow_save
-from scripts import cli
+from policy_service.cli import commands as cli
 sys.exit(cli.main(sys.argv[2:]))
 """
 
@@ -389,7 +389,7 @@ def test_every_corrupted_file_is_refused_before_resume_and_the_one_before_restor
     """What --resume does with each corruption, on one algorithm (the command line
     around it is tested above on a few)."""
     from algorithms.ppo import PPO
-    from scripts.training import restore_checked
+    from policy_service.cli.training import restore_checked
     saved = checkpoints.read_algorithm_state(trained_run / "checkpoints" / "checkpoint_000001")
     algo = PPO(saved["config"])
     try:
@@ -421,7 +421,7 @@ def test_resume_with_no_checkpoint_that_loads_is_one_line(trained_run, tmp_path,
 
 def _soak(*args: str) -> tuple[int, list]:
     """(exit code, JSON records, then the last lines of stderr when it failed)."""
-    done = subprocess.run([sys.executable, "-m", "scripts.soak", *args], cwd=REPO,
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "soak.py"), *args], cwd=REPO,
                           env=_subprocess_env(), capture_output=True, text=True, timeout=600)
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode:

@@ -1,7 +1,7 @@
 """The `policy-service` command line: train, evaluate, export, submit.
 
 Only argument parsing lives here; each subcommand calls one module:
-train -> scripts.training, evaluate/export -> algorithms.evaluation,
+train -> policy_service.cli.training, evaluate/export -> algorithms.evaluation,
 submit -> policy_service.distributed.jobs. Bad input ends in one line on stderr and exit
 status 2; modules are imported lazily so `submit` never loads TensorFlow.
 """
@@ -45,8 +45,8 @@ def import_tensorflow_quietly() -> None:
 
 def _train(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
-    from scripts import training
-    from scripts.run_options import RunOptions, StopCriteria
+    from policy_service.cli import training
+    from policy_service.cli.run_options import RunOptions, StopCriteria
     options = RunOptions(
         algorithm=args.algorithm, env=args.env, config_file=args.config,
         overrides=args.set or [], num_gpus=args.num_gpus, fake_gpus=args.fake_gpus,
@@ -165,7 +165,7 @@ def _user_errors() -> tuple:
     """The modules' bad-input exceptions, for those modules already imported."""
     errors = []
     for module_name, class_name in (("policy_service.config", "ConfigError"),
-                                    ("scripts.run_options", "TrainingSetupError"),
+                                    ("policy_service.cli.run_options", "TrainingSetupError"),
                                     ("algorithms.environments", "EnvironmentSetupError"),
                                     ("policy_service.distributed.learner_group",
                                      "LearnerResourcesError"),

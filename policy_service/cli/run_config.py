@@ -11,7 +11,7 @@ from typing import Any, Optional
 import yaml
 
 from algorithms import environments
-from scripts.run_options import RunOptions, TrainingSetupError, one_line
+from policy_service.cli.run_options import RunOptions, TrainingSetupError, one_line
 
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 

@@ -39,13 +39,13 @@ from policy_service.distributed.ray_runtime import start_ray, uses_ray
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
-from scripts.run_config import algorithm_class, build_config, json_safe, validate_config
-from scripts.run_directory import RunDirectory, default_output_dir
-from scripts.run_display import ProgressDisplay, ScalarWriter
-from scripts.run_resources import role_resources
-from scripts.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
+from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
+from policy_service.cli.run_directory import RunDirectory, default_output_dir
+from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
+from policy_service.cli.run_resources import role_resources
+from policy_service.cli.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
                                  one_line)
-from scripts.stop_request import StopRequest
+from policy_service.cli.stop_request import StopRequest
 
 DEFAULT_CHECKPOINT_EVERY = 10
 

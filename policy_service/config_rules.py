@@ -1,0 +1,61 @@
+"""Rules a config value must pass: a rule returns None when the value passes, else
+what the value must be ("an integer >= 1"), which the caller puts in a one-line
+error naming the key. Its own module so that config.py and the modules whose
+options it checks (exploration.py) both use it without importing each other."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A check described by a fixed phrase: the value passes when `accepts(value)`."""
+
+    expected: str
+    accepts: Callable[[Any], bool]
+
+    def __call__(self, value: Any) -> Optional[str]:
+        return None if self.accepts(value) else self.expected
+
+
+def finite(*, gt: float | None = None, ge: float | None = None,
+           le: float | None = None) -> Rule:
+    """A finite number within the bounds given (NaN and inf never pass)."""
+    def accepts(value):
+        return (is_number(value) and math.isfinite(value) and (gt is None or value > gt)
+                and (ge is None or value >= ge) and (le is None or value <= le))
+    return Rule(f"a finite number {bounds_phrase(gt, ge, le)}".rstrip(), accepts)
+
+
+def integer(*, ge: int, le: int | None = None) -> Rule:
+    """An integer within the bounds given."""
+    return Rule(f"an integer {bounds_phrase(None, ge, le)}",
+                lambda value: is_int(value) and value >= ge and (le is None or value <= le))
+
+
+def one_of(*choices: str) -> Rule:
+    """One of the choices given; the error lists them."""
+    return Rule(f"one of {list(choices)}", lambda value: value in choices)
+
+
+def bounds_phrase(gt, ge, le) -> str:
+    low = f"({gt}" if gt is not None else f"[{ge}" if ge is not None else None
+    if low is not None and le is not None:
+        return f"in {low}, {le}]"
+    if gt is not None:
+        return f"> {gt}"
+    if ge is not None:
+        return f">= {ge}"
+    return f"<= {le}" if le is not None else ""
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
