@@ -291,6 +291,115 @@ class Deterministic(ActionDistribution):
         return self._zeros()
 
 
+class SquashedGaussian(ActionDistribution):
+    """tanh of a diagonal Gaussian, scaled onto a bounded 1-D Box(d) (SAC's policy).
+
+    inputs: <float32>[B, 2d] = concat(mean, log_std) of the Gaussian u before the
+    squash; actions: <float32>[B, d] = low + (tanh(u) + 1) / 2 * (high - low),
+    within the bounds (on one where float32 rounds tanh to 1). Bound to a space's low and high by
+    `squashed_gaussian_for`. Samples are reparameterized (mean + std * noise), so
+    gradients flow from an action into the inputs. logp carries the change of
+    variables, log|da/du| = sum log((1 - tanh(u)^2) (high - low) / 2), with
+    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), exact where tanh
+    saturates. The entropy has no closed form: Gauss-Hermite quadrature of
+    E[log|da/du|] (deterministic, exact to float precision for these integrands).
+    """
+
+    low: np.ndarray = np.array([-1.0], np.float32)
+    high: np.ndarray = np.array([1.0], np.float32)
+    # an action's distance to a bound counts as at least this fraction of the range
+    BOUND_EPSILON = 1e-7
+
+    def __init__(self, inputs):
+        super().__init__(inputs)
+        mean, log_std = tf.split(self.inputs, 2, axis=1)
+        self.gaussian = DiagGaussian(tf.concat(
+            [mean, tf.clip_by_value(log_std, LOG_STD_MIN, LOG_STD_MAX)], axis=1))
+        self._half_range = tf.constant((self.high - self.low) / 2.0, tf.float32)
+        self._middle = tf.constant((self.high + self.low) / 2.0, tf.float32)
+        self._low = tf.constant(self.low, tf.float32)
+        self._high = tf.constant(self.high, tf.float32)
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        _require_bounded_box(cls, action_space)
+        return 2 * int(np.prod(action_space.shape))
+
+    def squash(self, u: tf.Tensor) -> tf.Tensor:
+        """<float32>[B, d] the action for pre-squash values u."""
+        return self._middle + self._half_range * tf.tanh(u)
+
+    def sample(self, seed=None) -> tf.Tensor:
+        return self.squash(self.gaussian.sample(seed))
+
+    def sample_with_logp(self, seed=None) -> tuple[tf.Tensor, tf.Tensor]:
+        """(actions, logp) of one reparameterized draw, logp from u itself (no atanh)."""
+        u = self.gaussian.sample(seed)
+        return self.squash(u), self.gaussian.logp(u) - self._log_det_jacobian(u)
+
+    def deterministic_sample(self) -> tf.Tensor:
+        """<float32>[B, d] the squashed mean (what export serves with explore=False)."""
+        return self.squash(self.gaussian.mean)
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] log density of actions x <float32>[B, d] in the bounds.
+
+        From the distances to the bounds, not from atanh of a rounded unit value:
+        u = (log(x - low) - log(high - x)) / 2 and (1 - tanh(u)^2) (high - low) / 2 =
+        (x - low)(high - x) / ((high - low) / 2), exact up to the bounds (each
+        distance at least BOUND_EPSILON of the range)."""
+        x = tf.cast(x, tf.float32)
+        floor = self.BOUND_EPSILON * 2.0 * self._half_range
+        above_low = tf.maximum(x - self._low, floor)
+        below_high = tf.maximum(self._high - x, floor)
+        log_above, log_below = tf.math.log(above_low), tf.math.log(below_high)
+        u = 0.5 * (log_above - log_below)
+        log_det = tf.reduce_sum(log_above + log_below - tf.math.log(self._half_range), axis=-1)
+        return self.gaussian.logp(u) - log_det
+
+    def _log_det_jacobian(self, u: tf.Tensor) -> tf.Tensor:
+        """<float32>[B] sum over d of log|da/du|."""
+        log_one_minus_tanh2 = 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
+        return tf.reduce_sum(log_one_minus_tanh2 + tf.math.log(self._half_range), axis=-1)
+
+    def entropy(self) -> tf.Tensor:
+        """<float32>[B] H(u) + E_u[log|da/du|], the expectation by quadrature."""
+        nodes, weights = np.polynomial.hermite.hermgauss(32)
+        u = (self.gaussian.mean[None] + math.sqrt(2.0) * self.gaussian.std[None]
+             * tf.constant(nodes, tf.float32)[:, None, None])  # [nodes, B, d]
+        log_det = 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
+        expected = tf.tensordot(tf.constant(weights / math.sqrt(math.pi), tf.float32),
+                                log_det, axes=1)  # [B, d]
+        return self.gaussian.entropy() + tf.reduce_sum(
+            expected + tf.math.log(self._half_range), axis=-1)
+
+    def kl(self, other: "SquashedGaussian") -> tf.Tensor:
+        """<float32>[B] KL of the Gaussians: a bijection (the same squash) keeps KL."""
+        return self.gaussian.kl(other.gaussian)
+
+
+def _require_bounded_box(cls: type, action_space: gym.Space) -> None:
+    _require_space(cls, action_space, gym.spaces.Box)
+    if (len(action_space.shape) != 1 or not np.all(np.isfinite(action_space.low))
+            or not np.all(np.isfinite(action_space.high))):
+        raise ValueError(f"{cls.__name__} needs a 1-D Box with finite bounds, got "
+                         f"{action_space}")
+
+
+def squashed_gaussian_for(action_space: gym.Space) -> type:
+    """SquashedGaussian bound to the low and high of a 1-D Box with finite bounds."""
+    _require_bounded_box(SquashedGaussian, action_space)
+    return _bound_squashed_gaussian(tuple(np.asarray(action_space.low, np.float32).tolist()),
+                                    tuple(np.asarray(action_space.high, np.float32).tolist()))
+
+
+@functools.lru_cache(maxsize=None)
+def _bound_squashed_gaussian(low: tuple, high: tuple) -> type:
+    return type("SquashedGaussian_bounded", (SquashedGaussian,), {
+        "low": np.array(low, np.float32), "high": np.array(high, np.float32),
+        "__module__": __name__})
+
+
 @functools.lru_cache(maxsize=None)
 def _categorical_class(action_offset: int) -> type:
     """Categorical, or a subclass whose actions start at action_offset."""

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from policy_service import distributions
 from policy_service.distributions import (
     LOG_STD_MAX,
     LOG_STD_MIN,
@@ -302,3 +303,101 @@ def test_compiled_once_for_any_batch_size_with_finite_gradients(space):
         assert actions.shape[0] == batch and greedy.shape == actions.shape
         assert np.isfinite(grad.numpy()).all()
     assert step.experimental_get_tracing_count() == 1
+
+
+# ----- SquashedGaussian ------------------------------------------------------------------
+
+
+def squashed(low, high, mean, log_std):
+    space = gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+    cls = distributions.squashed_gaussian_for(space)
+    return cls(np.concatenate([mean, log_std], axis=1).astype(np.float32))
+
+
+def squashed_logp_float64(x, low, high, mean, log_std):
+    """Change of variables against a plain Gaussian, written out in float64."""
+    low, high, x = (np.asarray(v, np.float64) for v in (low, high, x))
+    unit = 2.0 * (x - low) / (high - low) - 1.0
+    u = np.arctanh(unit)
+    std = np.exp(log_std)
+    gauss = -0.5 * ((u - mean) / std) ** 2 - log_std - 0.5 * np.log(2 * np.pi)
+    jacobian = np.log(1.0 - np.tanh(u) ** 2) + np.log((high - low) / 2.0)
+    return (gauss - jacobian).sum(axis=-1)
+
+
+def test_squashed_logp_is_the_change_of_variables_of_a_gaussian_near_the_bounds_too():
+    low, high = [-2.0, 0.0], [2.0, 1.0]
+    mean = np.array([[0.3, -1.0]] * 4)
+    log_std = np.array([[-0.5, 0.4]] * 4)
+    unit = np.array([[0.0, 0.5], [-0.9, 0.99], [0.999, -0.999], [-0.9995, 0.9995]])
+    x = np.array(low) + (unit + 1.0) / 2.0 * (np.array(high) - np.array(low))
+    dist = squashed(low, high, mean, log_std)
+    np.testing.assert_allclose(dist.logp(x.astype(np.float32)).numpy(),
+                               squashed_logp_float64(x, low, high, mean, log_std),
+                               atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mean, log_std", [(0.3, -0.3), (-1.5, 0.2), (2.5, -1.0)])
+def test_squashed_density_and_entropy_match_numerical_integration(mean, log_std):
+    low, high = -3.0, 1.0
+    dist = squashed([low], [high], np.array([[mean]]), np.array([[log_std]]))
+    # integrate over u = atanh(unit action): smooth there, dx = (da/du) du
+    u = np.linspace(-12.0, 12.0, 400_001)
+    x = low + (np.tanh(u) + 1.0) / 2.0 * (high - low)
+    keep = (x > low) & (x < high)
+    u, x = u[keep], x[keep]
+    dx_du = (1.0 - np.tanh(u) ** 2) * (high - low) / 2.0
+    logp = squashed_logp_float64(x[:, None], [low], [high], mean, log_std)
+    density = np.exp(logp) * dx_du  # the density of u, as seen through x
+    assert np.trapezoid(density, u) == pytest.approx(1.0, abs=1e-4)
+    entropy = -np.trapezoid(density * logp, u)
+    assert float(dist.entropy().numpy()[0]) == pytest.approx(entropy, abs=1e-4)
+    # and the TF logp is that density's on the same float32 points (away from the edge,
+    # where float32 holds no action between the last one and the bound)
+    inner = np.abs(np.tanh(u)) < 0.999
+    x32 = x[inner, None].astype(np.float32)
+    tf_dist = squashed([low], [high], np.full((len(x32), 1), mean), np.full((len(x32), 1), log_std))
+    np.testing.assert_allclose(tf_dist.logp(x32).numpy(),
+                               squashed_logp_float64(x32, [low], [high], mean, log_std), atol=1e-4)
+
+
+def test_squashed_samples_stay_inside_and_are_reparameterized():
+    low, high = [-1.0, 10.0], [1.0, 20.0]
+    inputs = tf.Variable(np.array([[0.0, 3.0, 0.5, 1.0]] * 256, np.float32))
+    cls = distributions.squashed_gaussian_for(gym.spaces.Box(np.array(low, np.float32),
+                                                             np.array(high, np.float32)))
+    with tf.GradientTape() as tape:
+        actions, logp = cls(inputs).sample_with_logp(seed=tf.constant([1, 2]))
+        total = tf.reduce_sum(actions) + tf.reduce_sum(logp)
+    a = actions.numpy()
+    assert np.all(a >= low) and np.all(a <= high)
+    grad = tape.gradient(total, inputs).numpy()
+    assert np.all(np.isfinite(grad)) and np.any(grad != 0)
+    # logp of the returned actions agrees where float32 did not round the action onto
+    # a bound; sample_with_logp stays right there too (it never inverts the squash)
+    unrounded = np.all(np.abs(np.tanh(np.arctanh(
+        np.clip(2 * (a - low) / (np.array(high) - low) - 1, -1, 1)))) < 0.999, axis=1)
+    assert unrounded.sum() > 100
+    np.testing.assert_allclose(cls(inputs).logp(actions).numpy()[unrounded],
+                               logp.numpy()[unrounded], atol=1e-3)
+    assert np.all(np.isfinite(logp.numpy()))
+    mean = np.tanh(np.array([0.0, 3.0]))
+    np.testing.assert_allclose(cls(inputs).deterministic_sample().numpy()[0],
+                               np.array(low) + (mean + 1) / 2 * (np.array(high) - np.array(low)),
+                               rtol=1e-6)
+
+
+def test_squashed_kl_is_the_gaussians_kl():
+    p = squashed([-1.0], [1.0], np.array([[0.2]]), np.array([[-0.3]]))
+    q = squashed([-1.0], [1.0], np.array([[-0.4]]), np.array([[0.1]]))
+    np.testing.assert_allclose(p.kl(q).numpy(), p.gaussian.kl(q.gaussian).numpy())
+    assert float(p.kl(p).numpy()[0]) == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize("space", [gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+                                   gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
+                                   gym.spaces.Discrete(3)])
+def test_squashed_gaussian_refuses_spaces_it_cannot_squash_onto(space):
+    with pytest.raises(ValueError) as err:
+        distributions.squashed_gaussian_for(space)
+    assert str(space) in str(err.value) and "\n" not in str(err.value)
