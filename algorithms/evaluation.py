@@ -21,12 +21,13 @@ from typing import Optional
 
 import numpy as np
 
+from policy_service.errors import UserError, one_line
 from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
                                            CheckpointFileError, list_checkpoints,
                                            read_algorithm_state, read_policy_state)
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """The checkpoint cannot be found or read, or the request does not fit it."""
 
 
@@ -131,9 +132,9 @@ def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
     try:
         return read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(_one_line(err) if isinstance(err, CheckpointFileError) else
+        raise CheckpointError(one_line(err) if isinstance(err, CheckpointFileError) else
                               f"cannot read the policy in {checkpoint.policy_dir}: "
-                              f"{_one_line(err)}") from None
+                              f"{one_line(err)}") from None
 
 
 def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
@@ -148,7 +149,7 @@ def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
     except (ValueError, KeyError, TypeError) as err:
         where = policy_dir or "the saved policy"
         raise CheckpointError(f"{where} ({POLICY_STATE}, policy_arrays.npz) does not load: "
-                              f"{_one_line(err)}") from None
+                              f"{one_line(err)}") from None
 
 
 def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = True) -> None:
@@ -163,12 +164,12 @@ def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = Tr
             policy_space = space_from_json(state[name])
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"cannot read {name} of the saved policy: "
-                                  f"{_one_line(err)}") from None
+                                  f"{one_line(err)}") from None
         if env_space != policy_space:
             mismatches.append(f"{name} {env_space} (the policy's: {policy_space})")
     if mismatches:
         error = EnvironmentMismatch if asked_for else CheckpointError
-        raise error(_one_line(f"environment {env_id!r} does not fit the saved "
+        raise error(one_line(f"environment {env_id!r} does not fit the saved "
                               f"policy: {'; '.join(mismatches)}"))
 
 
@@ -252,15 +253,11 @@ def _make_env(env_id: str, env_config: dict):
     try:
         return gym.make(env_id, **env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
-        raise CheckpointError(f"unknown environment {env_id!r}: {_one_line(err)}") from None
+        raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None
 
 
 def _read_config(checkpoint: Path) -> dict:
     try:
         return read_algorithm_state(checkpoint)["config"]
     except CheckpointFileError as err:
-        raise CheckpointError(_one_line(err)) from None
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointError(one_line(err)) from None

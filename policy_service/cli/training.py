@@ -36,6 +36,7 @@ from typing import Optional
 
 from policy_service.config import config_for
 from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
@@ -43,8 +44,7 @@ from policy_service.cli.run_config import algorithm_class, build_config, json_sa
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
 from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
 from policy_service.cli.run_resources import role_resources
-from policy_service.cli.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
-                                 one_line)
+from policy_service.cli.run_options import INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError
 from policy_service.cli.stop_request import StopRequest
 
 DEFAULT_CHECKPOINT_EVERY = 10

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from policy_service.errors import UserError, one_line
 from policy_service.io.space_codec import space_from_json
 
 POLICY_STATE = "policy_state.json"
@@ -61,7 +62,7 @@ def atomic_directory(path: str | os.PathLike):
         shutil.rmtree(old, ignore_errors=True)
 
 
-class CheckpointFileError(ValueError):
+class CheckpointFileError(UserError, ValueError):
     """A checkpoint file is missing, unreadable, or holds the wrong thing: one line
     that names the file, what was expected and what was found."""
 
@@ -91,7 +92,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise CheckpointFileError(f"{path}: not a readable npz archive "
-                                  f"({type(err).__name__}: {_one_line(err)})") from None
+                                  f"({type(err).__name__}: {one_line(err)})") from None
 
 
 def save_json(path: Path, value) -> None:
@@ -106,11 +107,11 @@ def load_json(path: Path):
     except FileNotFoundError:
         raise MissingCheckpointFile(f"{path}: missing") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointFileError(f"{path}: unreadable ({_one_line(err)})") from None
+        raise CheckpointFileError(f"{path}: unreadable ({one_line(err)})") from None
     try:
         return json.loads(text)
     except ValueError as err:
-        raise CheckpointFileError(f"{path}: not valid JSON ({_one_line(err)})") from None
+        raise CheckpointFileError(f"{path}: not valid JSON ({one_line(err)})") from None
 
 
 def load_json_object(path: Path, required: dict[str, type | tuple]) -> dict:
@@ -167,7 +168,7 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
             space_from_json(state[name])
         except (KeyError, ValueError, TypeError, AttributeError) as err:
             raise CheckpointFileError(f"{where}: {name} is not a readable space "
-                                      f"({type(err).__name__}: {_one_line(err)})") from None
+                                      f"({type(err).__name__}: {one_line(err)})") from None
     clashing = sorted(set(state) & set(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS))
     if clashing:
         raise CheckpointFileError(f"{where}: keys {clashing} belong in {POLICY_ARRAYS}")
@@ -348,10 +349,6 @@ def resolve_class(path: str, base: type) -> type:
             f"of it defined in this process or in {list(TRUSTED_PACKAGES)}; import the "
             "module that defines it before loading")
     return found
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())[:300] or type(err).__name__
 
 
 def _short(value) -> str:
