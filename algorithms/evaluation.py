@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -24,7 +23,8 @@ import numpy as np
 from policy_service.errors import UserError, one_line
 from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
                                            CheckpointFileError, list_checkpoints,
-                                           read_algorithm_state, read_policy_state)
+                                           newest_loadable, read_algorithm_state,
+                                           read_policy_state)
 
 
 class CheckpointError(UserError):
@@ -87,21 +87,9 @@ def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = Tru
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
-    candidates = checkpoint_candidates(path)
-    for index, directory in enumerate(candidates):
-        try:
-            return _load(directory, env, with_env)
-        except EnvironmentMismatch:
-            raise
-        except CheckpointError as err:
-            if index == len(candidates) - 1:
-                if len(candidates) == 1:
-                    raise
-                raise CheckpointError(f"no valid checkpoint in {path} (the others were "
-                                      f"skipped above); {directory.name}: {err}") from None
-            print(f"policy-service: skipped {directory.name}: {err}; trying "
-                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable: candidates is never empty")
+    return newest_loadable(checkpoint_candidates(path),
+                           lambda directory: _load(directory, env, with_env), path,
+                           skipped=(CheckpointError,), fatal=(EnvironmentMismatch,))[1]
 
 
 def _load(directory: Path, env: Optional[str], with_env: bool) -> ReadyPolicy:
