@@ -158,7 +158,7 @@ def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = Tr
     if mismatches:
         error = EnvironmentMismatch if asked_for else CheckpointError
         raise error(one_line(f"environment {env_id!r} does not fit the saved "
-                              f"policy: {'; '.join(mismatches)}"))
+                             f"policy: {'; '.join(mismatches)}"))
 
 
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:

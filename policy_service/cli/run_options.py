@@ -71,4 +71,3 @@ class RunOptions:
 
     def sets_config(self) -> bool:
         return bool(self.config_file or self.overrides or self.config_flags())
-
