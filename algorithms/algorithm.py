@@ -427,11 +427,7 @@ class Algorithm:
         window, sampling seed. Every file is read and checked first
         (CheckpointFileError, one line naming it); a bad checkpoint changes nothing."""
         directory = Path(checkpoint_dir)
-        saved = checkpoints.read_algorithm_state(directory)
-        expected = checkpoints.class_path(type(self))
-        if saved["algorithm_class"] != expected:
-            raise ValueError(f"checkpoint {directory} was written by "
-                             f"{saved['algorithm_class']}, not {expected}")
+        saved = checkpoints.read_algorithm_state(directory, type(self))
         own = AlgorithmState(saved.get("algorithm_values", {}), checkpoints.read_algorithm_arrays(
             directory, saved.get("algorithm_arrays", {})))
         self.check_algorithm_state(own)

@@ -55,6 +55,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.engine.target_network import TargetUpdate
+from policy_service.exploration import EpsilonGreedy, make_exploration
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
 from policy_service.replay import (BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer,
                                    ReplayBuffer)
@@ -389,6 +390,8 @@ class DQN(Algorithm):
             raise
         self.replay = make_replay_buffer(cfg)
         self.num_sgd_steps_total = 0
+        # the workers' exploration, for its schedule (their own copies act with it)
+        self.exploration = make_exploration(self.workers.action_space, cfg.exploration_config)
 
     # ----- one iteration ---------------------------------------------------------------
 
@@ -448,14 +451,9 @@ class DQN(Algorithm):
 
     def epsilon(self) -> float:
         """The schedule's epsilon at this run's env steps (what the workers act with)."""
-        explore = self.config.exploration_config
-        if explore.get("type") != "EpsilonGreedy":
+        if not isinstance(self.exploration, EpsilonGreedy):
             return float("nan")
-        initial = float(explore.get("initial_epsilon", 1.0))
-        final = float(explore.get("final_epsilon", 0.05))
-        frac = min(1.0, self.timesteps_total / max(1, int(explore.get("epsilon_timesteps",
-                                                                      10000))))
-        return initial + frac * (final - initial)
+        return self.exploration.epsilon(self.timesteps_total)
 
     def set_exploration_timestep(self) -> None:
         """Every round, each env runner's exploration schedule is set to the run's env

@@ -9,10 +9,12 @@ from typing import Callable
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
+from policy_service.errors import UserError, one_line
+
 _ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
 
 
-class EnvironmentSetupError(ValueError):
+class EnvironmentSetupError(UserError, ValueError):
     """An environment name or env_config that cannot work."""
 
 
@@ -54,7 +56,7 @@ def check_env_id(env: str) -> None:
     try:
         gym.spec(env_id)
     except gym.error.Error as err:
-        raise EnvironmentSetupError(f"unknown environment {env!r}: {_one_line(err)}") from None
+        raise EnvironmentSetupError(f"unknown environment {env!r}: {one_line(err)}") from None
 
 
 def check_env_config(env: str, env_config: dict) -> None:
@@ -70,7 +72,7 @@ def check_env_config(env: str, env_config: dict) -> None:
                    else load_env_creator(spec.entry_point))
     except (ImportError, AttributeError, ValueError) as err:
         raise EnvironmentSetupError(f"cannot load environment {env!r} "
-                                 f"({spec.entry_point}): {_one_line(err)}") from None
+                                 f"({spec.entry_point}): {one_line(err)}") from None
     takes = set()
     for function in (gym.make, creator):
         parameters = inspect.signature(function).parameters.values()
@@ -83,6 +85,3 @@ def check_env_config(env: str, env_config: dict) -> None:
         raise EnvironmentSetupError(f"config.env_config key(s) {unknown} are not options of "
                                  f"{env}; it takes {sorted(takes)}")
 
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__

@@ -14,19 +14,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from policy_service.errors import UserError, one_line
 from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
                                            CheckpointFileError, list_checkpoints,
-                                           read_algorithm_state, read_policy_state)
+                                           newest_loadable, read_algorithm_state,
+                                           read_policy_state)
 
 
-class CheckpointError(Exception):
+class CheckpointError(UserError):
     """The checkpoint cannot be found or read, or the request does not fit it."""
 
 
@@ -86,21 +87,9 @@ def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = Tru
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
-    candidates = checkpoint_candidates(path)
-    for index, directory in enumerate(candidates):
-        try:
-            return _load(directory, env, with_env)
-        except EnvironmentMismatch:
-            raise
-        except CheckpointError as err:
-            if index == len(candidates) - 1:
-                if len(candidates) == 1:
-                    raise
-                raise CheckpointError(f"no valid checkpoint in {path} (the others were "
-                                      f"skipped above); {directory.name}: {err}") from None
-            print(f"policy-service: skipped {directory.name}: {err}; trying "
-                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
-    raise AssertionError("unreachable: candidates is never empty")
+    return newest_loadable(checkpoint_candidates(path),
+                           lambda directory: _load(directory, env, with_env), path,
+                           skipped=(CheckpointError,), fatal=(EnvironmentMismatch,))[1]
 
 
 def _load(directory: Path, env: Optional[str], with_env: bool) -> ReadyPolicy:
@@ -131,9 +120,9 @@ def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
     try:
         return read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(_one_line(err) if isinstance(err, CheckpointFileError) else
+        raise CheckpointError(one_line(err) if isinstance(err, CheckpointFileError) else
                               f"cannot read the policy in {checkpoint.policy_dir}: "
-                              f"{_one_line(err)}") from None
+                              f"{one_line(err)}") from None
 
 
 def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
@@ -148,7 +137,7 @@ def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
     except (ValueError, KeyError, TypeError) as err:
         where = policy_dir or "the saved policy"
         raise CheckpointError(f"{where} ({POLICY_STATE}, policy_arrays.npz) does not load: "
-                              f"{_one_line(err)}") from None
+                              f"{one_line(err)}") from None
 
 
 def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = True) -> None:
@@ -163,13 +152,13 @@ def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = Tr
             policy_space = space_from_json(state[name])
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"cannot read {name} of the saved policy: "
-                                  f"{_one_line(err)}") from None
+                                  f"{one_line(err)}") from None
         if env_space != policy_space:
             mismatches.append(f"{name} {env_space} (the policy's: {policy_space})")
     if mismatches:
         error = EnvironmentMismatch if asked_for else CheckpointError
-        raise error(_one_line(f"environment {env_id!r} does not fit the saved "
-                              f"policy: {'; '.join(mismatches)}"))
+        raise error(one_line(f"environment {env_id!r} does not fit the saved "
+                             f"policy: {'; '.join(mismatches)}"))
 
 
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
@@ -252,15 +241,11 @@ def _make_env(env_id: str, env_config: dict):
     try:
         return gym.make(env_id, **env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
-        raise CheckpointError(f"unknown environment {env_id!r}: {_one_line(err)}") from None
+        raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None
 
 
 def _read_config(checkpoint: Path) -> dict:
     try:
         return read_algorithm_state(checkpoint)["config"]
     except CheckpointFileError as err:
-        raise CheckpointError(_one_line(err)) from None
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+        raise CheckpointError(one_line(err)) from None

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Optional
 
 from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
+from policy_service.errors import UserError
 
 Check = Callable[[Any], Optional[str]]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
@@ -35,7 +36,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 _DOC, _CHECK = "doc", "check"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """An unknown config key, or a value out of its range: one line naming the key."""
 
 

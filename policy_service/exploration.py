@@ -60,7 +60,14 @@ class EpsilonGreedy:
                 "epsilon_timesteps": self.epsilon_timesteps}
 
     def epsilon(self, timestep):
-        frac = tf.minimum(tf.cast(timestep, tf.float32) / max(1, self.epsilon_timesteps), 1.0)
+        """Epsilon at `timestep`: for a tensor a float32 tensor (the compiled action
+        function; the branch is taken when it is traced), for a number a Python float
+        (what an algorithm reports)."""
+        if tf.is_tensor(timestep):
+            frac = tf.minimum(tf.cast(timestep, tf.float32) / max(1, self.epsilon_timesteps),
+                              1.0)
+        else:
+            frac = min(1.0, timestep / max(1, self.epsilon_timesteps))
         return self.initial_epsilon + frac * (self.final_epsilon - self.initial_epsilon)
 
     def choose(self, dist, explore, timestep, seed):

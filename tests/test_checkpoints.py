@@ -148,3 +148,64 @@ def test_policy_arrays_are_checked_as_they_are_read(tmp_path):
     (directory / checkpoints.POLICY_STATE).unlink()
     with pytest.raises(FileNotFoundError, match="policy_state.json: missing"):
         checkpoints.read_policy_state(directory)  # still a FileNotFoundError, as before
+
+
+# ----- the newest checkpoint that loads, and whose it is ------------------------------------
+
+
+class _Mismatch(Exception):
+    """A request no checkpoint could fit (evaluate --env with other spaces)."""
+
+
+def _loader(errors: dict):
+    """load(checkpoint): raises errors[checkpoint.name] if there is one, else its name."""
+    def load(checkpoint):
+        if checkpoint.name in errors:
+            raise errors[checkpoint.name]
+        return checkpoint.name.upper()
+    return load
+
+
+def test_newest_loadable_names_each_checkpoint_it_skips_and_why(tmp_path, capsys):
+    found = [tmp_path / "checkpoint_000003", tmp_path / "checkpoint_000002",
+             tmp_path / "checkpoint_000001"]
+    load = _loader({"checkpoint_000003": checkpoints.CheckpointFileError("a.json: missing"),
+                    "checkpoint_000002": KeyError("other")})
+    assert checkpoints.newest_loadable(found, load, "run", skipped=(KeyError,)) == \
+        (found[2], "CHECKPOINT_000001")
+    assert capsys.readouterr().err.splitlines() == [
+        "policy-service: skipped checkpoint_000003: a.json: missing; trying checkpoint_000002",
+        "policy-service: skipped checkpoint_000002: 'other'; trying checkpoint_000001"]
+    with pytest.raises(KeyError):  # not skipped unless asked
+        checkpoints.newest_loadable(found[1:], load, "run")
+
+
+def test_newest_loadable_gives_up_in_one_line_or_at_a_fatal_error(tmp_path, capsys):
+    found = [tmp_path / "checkpoint_000002", tmp_path / "checkpoint_000001"]
+    broken = _loader({name: checkpoints.CheckpointFileError(f"{name}/x.npz: empty file")
+                      for name in ("checkpoint_000002", "checkpoint_000001")})
+    with pytest.raises(checkpoints.CheckpointFileError, match=(
+            r"^--resume run: no checkpoint loads; checkpoint_000001: "
+            r"checkpoint_000001/x.npz: empty file$")):
+        checkpoints.newest_loadable(found, broken, "--resume run")
+    with pytest.raises(checkpoints.CheckpointFileError, match=r"^checkpoint_000001/x.npz: empty"):
+        checkpoints.newest_loadable(found[1:], broken, "run")  # a lone one: its own error
+    with pytest.raises(checkpoints.MissingCheckpointFile, match=r"^run: no checkpoint$"):
+        checkpoints.newest_loadable([], broken, "run")
+    capsys.readouterr()
+    mismatch = _loader({"checkpoint_000002": _Mismatch("env 'X' does not fit")})
+    with pytest.raises(_Mismatch):
+        checkpoints.newest_loadable(found, mismatch, "run", skipped=(Exception,),
+                                    fatal=(_Mismatch,))
+    assert capsys.readouterr().err == ""
+
+
+def test_an_algorithm_state_written_by_another_class_is_refused_naming_both(tmp_path):
+    from algorithms.dqn import DQN
+    from algorithms.ppo import PPO
+    (tmp_path / checkpoints.ALGORITHM_STATE).write_text(json.dumps(_algorithm_state()))
+    assert checkpoints.read_algorithm_state(tmp_path, PPO) == _algorithm_state()
+    with pytest.raises(checkpoints.CheckpointFileError) as err:
+        checkpoints.read_algorithm_state(tmp_path, DQN)
+    assert str(err.value) == (f"{tmp_path / checkpoints.ALGORITHM_STATE}: written by "
+                              "algorithms.ppo:PPO, not algorithms.dqn:DQN")

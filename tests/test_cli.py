@@ -565,7 +565,7 @@ def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(traine
 def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
     from ray.exceptions import RayTaskError
 
-    from policy_service.cli.run_options import one_line
+    from policy_service.errors import one_line
     remote = RayTaskError("LearnerHost.foreach_policy", "Traceback (most recent call last):\n"
                           "  ...\nValueError: bad", ValueError("entry 'w'\n has shape (3, 3)"))
     assert one_line(remote.as_instanceof_cause()) == "entry 'w' has shape (3, 3)"

@@ -2,8 +2,9 @@
 
 Only argument parsing lives here; each subcommand calls one module:
 train -> policy_service.cli.training, evaluate/export -> algorithms.evaluation,
-submit -> policy_service.distributed.jobs. Bad input ends in one line on stderr and exit
-status 2; modules are imported lazily so `submit` never loads TensorFlow.
+submit -> policy_service.distributed.jobs. Bad input (a UserError) ends in one line on
+stderr and exit status 2, a run that cannot go on (a RunFailure) in one line and status 1;
+modules are imported lazily so `submit` never loads TensorFlow.
 """
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ import os
 import sys
 import tempfile
 
+from policy_service.errors import RunFailure, UserError
+
 PROG = "policy-service"
+EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
@@ -161,27 +165,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _user_errors() -> tuple:
-    """The modules' bad-input exceptions, for those modules already imported."""
-    errors = []
-    for module_name, class_name in (("policy_service.config", "ConfigError"),
-                                    ("policy_service.cli.run_options", "TrainingSetupError"),
-                                    ("algorithms.environments", "EnvironmentSetupError"),
-                                    ("policy_service.distributed.learner_group",
-                                     "LearnerResourcesError"),
-                                    ("policy_service.distributed.policy_actor",
-                                     "PolicyActorResourcesError"),
-                                    ("algorithms.evaluation", "CheckpointError"),
-                                    ("policy_service.io.checkpoints", "CheckpointFileError"),
-                                    ("policy_service.distributed.env_runner_group",
-                                     "EnvRunnerFailure"),
-                                    ("policy_service.distributed.jobs", "JobSubmissionError")):
-        module = sys.modules.get(module_name)
-        if module is not None:
-            errors.append(getattr(module, class_name))
-    return tuple(errors)
-
-
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = build_parser().parse_args(argv)
@@ -190,11 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as err:  # only the modules' bad-input errors are one line
-        if isinstance(err, _user_errors()):
-            print(f"{PROG}: error: {err}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        raise
+    except (UserError, RunFailure) as err:  # any other error keeps its traceback
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT if isinstance(err, UserError) else EXIT_FAILED
 
 
 if __name__ == "__main__":

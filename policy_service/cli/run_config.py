@@ -11,7 +11,8 @@ from typing import Any, Optional
 import yaml
 
 from algorithms import environments
-from policy_service.cli.run_options import RunOptions, TrainingSetupError, one_line
+from policy_service.cli.run_options import RunOptions, TrainingSetupError
+from policy_service.errors import one_line
 
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 

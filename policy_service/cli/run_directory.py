@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from policy_service.io import checkpoints
-from policy_service.cli.run_options import TrainingSetupError, one_line
+from policy_service.cli.run_options import TrainingSetupError
+from policy_service.errors import one_line
 
 class RunDirectory:
     """The files of one run; every write is whole (temp file or dir + rename)."""

@@ -6,11 +6,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from policy_service.errors import UserError
+
 STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED = (
     "stop_reward", "stop_timesteps", "stop_iters", "interrupted")
 
 
-class TrainingSetupError(Exception):
+class TrainingSetupError(UserError):
     """The run cannot start: a bad flag, config key or value, file or run directory."""
 
 
@@ -69,12 +71,3 @@ class RunOptions:
 
     def sets_config(self) -> bool:
         return bool(self.config_file or self.overrides or self.config_flags())
-
-
-def one_line(err: BaseException) -> str:
-    """An exception's message on one line (or its type when it has none). A Ray
-    task's error (RayTaskError) is told by the error its own code raised, not by
-    Ray's task text and the remote traceback."""
-    while isinstance(getattr(err, "cause", None), BaseException):
-        err = err.cause
-    return " ".join(str(err).split()) or type(err).__name__

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from policy_service.distributed.resources import actor_resources, process_resources
+from policy_service.errors import one_line
 
 ANSWER_TIMEOUT_S = 30.0
 
@@ -52,4 +53,4 @@ def _answer(read: Callable[[], Any]) -> dict:
     try:
         return read()
     except Exception as err:  # noqa: BLE001 - a dead actor is recorded, not fatal at the end
-        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"}
+        return {"error": f"{type(err).__name__}: {one_line(err, first_line=True)}"}

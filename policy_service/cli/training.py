@@ -36,6 +36,7 @@ from typing import Optional
 
 from policy_service.config import config_for
 from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
@@ -43,8 +44,7 @@ from policy_service.cli.run_config import algorithm_class, build_config, json_sa
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
 from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
 from policy_service.cli.run_resources import role_resources
-from policy_service.cli.run_options import (INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError,
-                                 one_line)
+from policy_service.cli.run_options import INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError
 from policy_service.cli.stop_request import StopRequest
 
 DEFAULT_CHECKPOINT_EVERY = 10
@@ -152,7 +152,7 @@ def train(options: RunOptions) -> int:
 
 def _restore(algo, plan: RunPlan) -> list[dict]:
     """Restore the newest checkpoint that loads; each newer one is named on stderr
-    with the reason it was skipped. None loads: TrainingSetupError."""
+    with the reason it was skipped (checkpoints.newest_loadable)."""
     run_dir = plan.run_dir
     run_dir.remove_partial_checkpoints()
     candidates = run_dir.checkpoint_list()[::-1]
@@ -161,32 +161,19 @@ def _restore(algo, plan: RunPlan) -> list[dict]:
               file=sys.stderr)
         plan.resume_from = None
         return run_dir.truncate_progress(0)
-    for index, checkpoint in enumerate(candidates):
-        try:
-            restore_checked(algo, checkpoint)
-        except CheckpointFileError as err:
-            if index == len(candidates) - 1:
-                raise TrainingSetupError(f"--resume {run_dir.path}: no checkpoint loads; "
-                                         f"{checkpoint.name}: {err}") from None
-            print(f"policy-service: skipped {checkpoint.name}: {err}; trying "
-                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
-            continue
-        plan.resume_from = checkpoint
-        print(f"policy-service: resuming {run_dir.path} from {checkpoint.name} "
-              f"(iteration {algo.iteration})", file=sys.stderr)
-        return run_dir.truncate_progress(algo.iteration)
-    raise AssertionError("unreachable: candidates is never empty")
+    plan.resume_from, _ = checkpoints.newest_loadable(
+        candidates, lambda checkpoint: restore_checked(algo, checkpoint),
+        f"--resume {run_dir.path}")
+    print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
+          f"(iteration {algo.iteration})", file=sys.stderr)
+    return run_dir.truncate_progress(algo.iteration)
 
 
 def restore_checked(algo, checkpoint: Path) -> None:
     """algo.restore(checkpoint) after every file was checked against this algorithm;
     any failure is a one-line CheckpointFileError naming the file. A restore that
     fails part-way is overwritten whole by the next checkpoint tried."""
-    algorithm_state, policy_state = checkpoints.read_checkpoint(checkpoint)
-    expected = checkpoints.class_path(type(algo))
-    if algorithm_state["algorithm_class"] != expected:
-        raise CheckpointFileError(f"{checkpoint / checkpoints.ALGORITHM_STATE}: written by "
-                                  f"{algorithm_state['algorithm_class']}, not {expected}")
+    _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
     learner = algo.learner  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
     try:

@@ -56,12 +56,13 @@ from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
                                                  RestartablePolicyActor, backoff_delays,
                                                  died_of_actor_death, is_actor_death)
 from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.errors import RunFailure, one_line
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 DEFAULT_MAX_RESTARTS = 100
 
 
-class EnvRunnerFailure(RuntimeError):
+class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
 
 
@@ -346,7 +347,7 @@ class EnvRunnerGroup:
             f"env runner {slot + 1} died {restarts[slot] + 1} times during one {during} "
             f"({self.num_restarts} restarts in all; budgets: max_restarts_per_sample="
             f"{self.max_restarts_per_sample}, max_restarts={self.max_restarts}); last: "
-            f"{_first_line(error)}") from None
+            f"{type(error).__name__}: {one_line(error, first_line=True)}") from None
 
     def _ready(self, worker) -> None:
         """Wait until a new worker is up and acting with the latest weights."""
@@ -414,11 +415,6 @@ def _kill_quietly(actor) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
         pass
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _config_value(config, key: str, default):

@@ -21,6 +21,8 @@ import sys
 import time
 from typing import Iterator, NamedTuple, Optional, TextIO
 
+from policy_service.errors import UserError, one_line
+
 # The address given on the command line wins over these (Ray's client would
 # otherwise silently prefer them, e.g. inside another job's driver).
 _ADDRESS_ENV_VARS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
@@ -31,7 +33,7 @@ EXIT_FAILED = 1  # the job FAILED or was STOPPED
 EXIT_INTERRUPTED = 130  # Ctrl-C while following; the job keeps running
 
 
-class JobSubmissionError(Exception):
+class JobSubmissionError(UserError):
     """The job could not be submitted or followed (unreachable, refused, unknown)."""
 
 
@@ -90,7 +92,7 @@ def connect(address: str):
         raise JobSubmissionError(_auth_message(address, err)) from None
     except (ConnectionError, RuntimeError, ValueError, RpcError) as err:
         raise JobSubmissionError(f"cannot reach the Ray job server at {address}: "
-                                 f"{_first_line(err)}") from None
+                                 f"{one_line(err, first_line=True)}") from None
 
 
 class EntrypointResources(NamedTuple):
@@ -125,7 +127,8 @@ def submit(client, command: list[str], working_dir: Optional[str] = None,
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(client.get_address(), err)) from None
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise JobSubmissionError(f"the job was not submitted: {_first_line(err)}") from None
+        raise JobSubmissionError("the job was not submitted: "
+                                 f"{one_line(err, first_line=True)}") from None
 
 
 def stream_logs(client, job_id: str, out: TextIO) -> None:
@@ -137,7 +140,7 @@ def stream_logs(client, job_id: str, out: TextIO) -> None:
     try:
         asyncio.run(follow())
     except RuntimeError as err:  # the log socket broke; the status still tells the outcome
-        print(f"policy-service: lost the job's log stream ({_first_line(err)}); "
+        print(f"policy-service: lost the job's log stream ({one_line(err, first_line=True)}); "
               "waiting for its status", file=sys.stderr)
 
 
@@ -176,7 +179,7 @@ def run_job(address: str, command: list[str], *, wait: bool = True,
     if status == "SUCCEEDED":
         print(f"policy-service: job {job_id} SUCCEEDED", file=sys.stderr)
         return EXIT_SUCCEEDED
-    detail = f": {_first_line(info.message)}" if info.message else ""
+    detail = f": {one_line(info.message, first_line=True)}" if info.message else ""
     print(f"policy-service: job {job_id} {status}{detail}", file=sys.stderr)
     return EXIT_FAILED
 
@@ -188,11 +191,6 @@ def _check_command(command: list[str]) -> None:
 
 
 def _auth_message(address: str, err: Exception) -> str:
-    return (f"the Ray cluster at {address} refused the request ({_first_line(err)}); "
+    return (f"the Ray cluster at {address} refused the request ({one_line(err, first_line=True)}); "
             "give its token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, "
             "or in ~/.ray/auth_token")
-
-
-def _first_line(err) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__

@@ -55,6 +55,7 @@ from policy_service.config import config_for
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.engine.collectives import CollectivePeerError
+from policy_service.errors import UserError
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainColumns, prepare_train_columns
@@ -64,7 +65,7 @@ CONNECT_TIMEOUT_S = 180.0
 NUM_SAMPLES_TRAINED = "num_samples_trained"  # update()'s count of samples trained on
 
 
-class LearnerResourcesError(RuntimeError):
+class LearnerResourcesError(UserError, RuntimeError):
     """The cluster cannot hold the learners asked for."""
 
 

@@ -44,6 +44,7 @@ from policy_service.config import config_for, on_cpu
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
+from policy_service.errors import UserError
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -325,7 +326,7 @@ def broadcast_weights(receivers: list, weights: dict | ray.ObjectRef, version: i
 # ----- resources asked of Ray ------------------------------------------------------------
 
 
-class PolicyActorResourcesError(RuntimeError):
+class PolicyActorResourcesError(UserError, RuntimeError):
     """The cluster cannot hold the PolicyActor asked for."""
 
 

@@ -17,13 +17,16 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 
+from policy_service.errors import UserError, one_line
 from policy_service.io.space_codec import space_from_json
 
 POLICY_STATE = "policy_state.json"
@@ -35,6 +38,7 @@ ARRAY_GROUPS = ("weights", "optimizer_variables", "rng")  # policy state parts k
 OPTIONAL_ARRAY_GROUPS = ("target_weights",)  # in npz too, only for policies that have them
 TRUSTED_PACKAGES = ("policy_service", "algorithms")  # may be imported to resolve a class
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+_Loaded = TypeVar("_Loaded")
 
 
 @contextlib.contextmanager
@@ -61,7 +65,7 @@ def atomic_directory(path: str | os.PathLike):
         shutil.rmtree(old, ignore_errors=True)
 
 
-class CheckpointFileError(ValueError):
+class CheckpointFileError(UserError, ValueError):
     """A checkpoint file is missing, unreadable, or holds the wrong thing: one line
     that names the file, what was expected and what was found."""
 
@@ -91,7 +95,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         raise
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
         raise CheckpointFileError(f"{path}: not a readable npz archive "
-                                  f"({type(err).__name__}: {_one_line(err)})") from None
+                                  f"({type(err).__name__}: {one_line(err)})") from None
 
 
 def save_json(path: Path, value) -> None:
@@ -106,11 +110,11 @@ def load_json(path: Path):
     except FileNotFoundError:
         raise MissingCheckpointFile(f"{path}: missing") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointFileError(f"{path}: unreadable ({_one_line(err)})") from None
+        raise CheckpointFileError(f"{path}: unreadable ({one_line(err)})") from None
     try:
         return json.loads(text)
     except ValueError as err:
-        raise CheckpointFileError(f"{path}: not valid JSON ({_one_line(err)})") from None
+        raise CheckpointFileError(f"{path}: not valid JSON ({one_line(err)})") from None
 
 
 def load_json_object(path: Path, required: dict[str, type | tuple]) -> dict:
@@ -167,7 +171,7 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
             space_from_json(state[name])
         except (KeyError, ValueError, TypeError, AttributeError) as err:
             raise CheckpointFileError(f"{where}: {name} is not a readable space "
-                                      f"({type(err).__name__}: {_one_line(err)})") from None
+                                      f"({type(err).__name__}: {one_line(err)})") from None
     clashing = sorted(set(state) & set(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS))
     if clashing:
         raise CheckpointFileError(f"{where}: keys {clashing} belong in {POLICY_ARRAYS}")
@@ -219,18 +223,47 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def newest_loadable(candidates: list[Path], load: Callable[[Path], _Loaded], where: str, *,
+                    skipped: tuple[type[BaseException], ...] = (),
+                    fatal: tuple[type[BaseException], ...] = ()) -> tuple[Path, _Loaded]:
+    """(checkpoint, load(checkpoint)) for the first of `candidates` (newest first)
+    that loads. One that fails with CheckpointFileError or a `skipped` error (but not
+    a `fatal` one: the request, not the checkpoint, is wrong) is named on stderr with
+    the reason, and the next one is tried. When none loads: a lone candidate's own
+    error, else CheckpointFileError naming `where` and the oldest one's reason."""
+    for index, checkpoint in enumerate(candidates):
+        try:
+            return checkpoint, load(checkpoint)
+        except fatal:
+            raise
+        except (CheckpointFileError, *skipped) as err:
+            if len(candidates) == 1:
+                raise
+            if index == len(candidates) - 1:
+                raise CheckpointFileError(f"{where}: no checkpoint loads; "
+                                          f"{checkpoint.name}: {err}") from None
+            print(f"policy-service: skipped {checkpoint.name}: {err}; trying "
+                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
+    raise MissingCheckpointFile(f"{where}: no checkpoint")
+
+
 _ALGORITHM_STATE_KEYS = {"algorithm_class": str, "config": dict, "iteration": int,
                          "timesteps_total": int, "time_total_s": (int, float),
                          "num_worker_restarts": int, "episode_returns": list,
                          "episode_lengths": list}
 
 
-def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
+def read_algorithm_state(checkpoint: str | os.PathLike,
+                         algorithm_class: type | None = None) -> dict:
     """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked
     (those added since, "num_samples_trained_total", "algorithm_values" and
-    "algorithm_arrays", are optional: older checkpoints have none)."""
+    "algorithm_arrays", are optional: older checkpoints have none); with
+    `algorithm_class`, the checkpoint must have been written by that class."""
     path = Path(checkpoint) / ALGORITHM_STATE
     state = load_json_object(path, _ALGORITHM_STATE_KEYS)
+    if algorithm_class is not None and state["algorithm_class"] != class_path(algorithm_class):
+        raise CheckpointFileError(f"{path}: written by {state['algorithm_class']}, "
+                                  f"not {class_path(algorithm_class)}")
     for key in ("iteration", "timesteps_total", "num_worker_restarts"):
         if state[key] < 0:
             raise CheckpointFileError(f"{path}: {key!r} must be >= 0, got {state[key]}")
@@ -312,12 +345,15 @@ def _check_array_manifest(path: Path, manifest) -> None:
                                       f"got {_short(spec)}")
 
 
-def read_checkpoint(checkpoint: str | os.PathLike) -> tuple[dict, dict]:
-    """(algorithm state, policy state) of an algorithm checkpoint, both fully checked.
-    algorithm_arrays.npz (maybe large: a replay buffer) is read, and checked against
-    its manifest, by Algorithm.restore before it assigns anything."""
+def read_checkpoint(checkpoint: str | os.PathLike,
+                    algorithm_class: type | None = None) -> tuple[dict, dict]:
+    """(algorithm state, policy state) of an algorithm checkpoint (written by
+    `algorithm_class`, when given), both fully checked. algorithm_arrays.npz (maybe
+    large: a replay buffer) is read, and checked against its manifest, by
+    Algorithm.restore before it assigns anything."""
     checkpoint = Path(checkpoint)
-    return read_algorithm_state(checkpoint), read_policy_state(checkpoint / POLICY_SUBDIR)
+    return (read_algorithm_state(checkpoint, algorithm_class),
+            read_policy_state(checkpoint / POLICY_SUBDIR))
 
 
 # ----- class names ----------------------------------------------------------------------
@@ -348,10 +384,6 @@ def resolve_class(path: str, base: type) -> type:
             f"of it defined in this process or in {list(TRUSTED_PACKAGES)}; import the "
             "module that defines it before loading")
     return found
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split())[:300] or type(err).__name__
 
 
 def _short(value) -> str:
