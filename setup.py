@@ -23,7 +23,10 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", *ONNX],
+        "dev": [
+            "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100",
+            "ruff>=0.17.6", "mypy>=2.4.1", *ONNX,
+        ],
         "onnx": ONNX,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
