@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator

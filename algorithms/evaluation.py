@@ -17,13 +17,18 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
-from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
-                                           CheckpointFileError, list_checkpoints,
-                                           read_algorithm_state, read_policy_state)
+from policy_service.io.checkpoints import (
+    ALGORITHM_STATE,
+    POLICY_STATE,
+    POLICY_SUBDIR,
+    CheckpointFileError,
+    list_checkpoints,
+    read_algorithm_state,
+    read_policy_state,
+)
 
 
 class CheckpointError(Exception):
@@ -39,7 +44,7 @@ class LoadedCheckpoint:
     """Where a policy was found, and the training config it came with (if any)."""
 
     policy_dir: Path
-    algorithm_config: Optional[dict]  # from algorithm_state.json; None for a bare policy
+    algorithm_config: dict | None  # from algorithm_state.json; None for a bare policy
 
 
 def checkpoint_candidates(path: str) -> list[Path]:
@@ -79,10 +84,10 @@ class ReadyPolicy:
     checkpoint: LoadedCheckpoint
     policy: object
     environment: object = None
-    env_id: Optional[str] = None
+    env_id: str | None = None
 
 
-def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = True,
+def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
@@ -103,7 +108,7 @@ def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = Tru
     raise AssertionError("unreachable: candidates is never empty")
 
 
-def _load(directory: Path, env: Optional[str], with_env: bool) -> ReadyPolicy:
+def _load(directory: Path, env: str | None, with_env: bool) -> ReadyPolicy:
     checkpoint = locate_one(directory)
     state = saved_policy_state(checkpoint)
     if not with_env:
@@ -136,7 +141,7 @@ def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
                               f"{_one_line(err)}") from None
 
 
-def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
+def policy_from_state(state: dict, policy_dir: Path | None = None):
     """A policy state rebuilt on one CPU tower; a state that does not fit its own
     config or spaces (an unknown config key, arrays of another shape) is a
     CheckpointError naming the policy directory."""
@@ -199,7 +204,7 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     return {"episode_returns": returns, "episode_lengths": lengths}
 
 
-def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: bool = False,
+def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: bool = False,
              seed: int = 0) -> int:
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
@@ -226,7 +231,7 @@ def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: 
     return 0
 
 
-def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
+def export(path: str, out: str, onnx_opset: int | None = None) -> int:
     """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
@@ -237,7 +242,7 @@ def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
     return 0
 
 
-def _environment(checkpoint: LoadedCheckpoint, env: Optional[str]) -> tuple[str, dict]:
+def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:
     config = checkpoint.algorithm_config or {}
     env_id = env or config.get("env")
     if not env_id:

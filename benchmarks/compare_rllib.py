@@ -214,6 +214,7 @@ def rllib_server_class():
 
 def rllib_inference(spec: dict):
     import ray
+
     from benchmarks import inference
     ray.init(**harness.RAY_INIT)
     try:

@@ -24,8 +24,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 

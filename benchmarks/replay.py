@@ -299,8 +299,12 @@ class FramePoolCeiling(Ceiling):
         import collections
         import itertools
 
-        from policy_service.replay.frame_pool import (batch_leaders, frame_hashes, rows_equal,
-                                                      word_view)
+        from policy_service.replay.frame_pool import (
+            batch_leaders,
+            frame_hashes,
+            rows_equal,
+            word_view,
+        )
         np = self.np
         n, start, size_before = len(batch["actions"]), self.pos, self.size
         super().add(batch)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -72,7 +72,7 @@ class ActionDistribution:
         """<float32>[B] entropy."""
         raise NotImplementedError
 
-    def kl(self, other: "ActionDistribution") -> tf.Tensor:
+    def kl(self, other: ActionDistribution) -> tf.Tensor:
         """<float32>[B] KL(self || other); other is of the same class."""
         raise NotImplementedError
 
@@ -128,7 +128,7 @@ class Categorical(ActionDistribution):
         # 0 * log 0 counts as 0 even where a logit is -inf.
         return -tf.reduce_sum(tf.math.multiply_no_nan(self.log_probs, probs), axis=-1)
 
-    def kl(self, other: "Categorical") -> tf.Tensor:
+    def kl(self, other: Categorical) -> tf.Tensor:
         """<float32>[B] sum_a p(a) (log p(a) - log q(a))."""
         probs = tf.exp(self.log_probs)
         return tf.reduce_sum(
@@ -201,7 +201,7 @@ class MultiCategorical(ActionDistribution):
         """<float32>[B] sum of component entropies."""
         return tf.add_n([c.entropy() for c in self.components])
 
-    def kl(self, other: "MultiCategorical") -> tf.Tensor:
+    def kl(self, other: MultiCategorical) -> tf.Tensor:
         """<float32>[B] sum of component KLs."""
         return tf.add_n([c.kl(o) for c, o in zip(self.components, other.components)])
 
@@ -248,7 +248,7 @@ class DiagGaussian(ActionDistribution):
         """<float32>[B] sum(log_std + 0.5 log(2 pi e))."""
         return tf.reduce_sum(self.log_std + _HALF_LOG_2PI_E, axis=-1)
 
-    def kl(self, other: "DiagGaussian") -> tf.Tensor:
+    def kl(self, other: DiagGaussian) -> tf.Tensor:
         """<float32>[B] closed-form KL between diagonal Gaussians."""
         return tf.reduce_sum(
             other.log_std - self.log_std
@@ -287,11 +287,11 @@ class Deterministic(ActionDistribution):
     def entropy(self) -> tf.Tensor:
         return self._zeros()
 
-    def kl(self, other: "Deterministic") -> tf.Tensor:
+    def kl(self, other: Deterministic) -> tf.Tensor:
         return self._zeros()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _categorical_class(action_offset: int) -> type:
     """Categorical, or a subclass whose actions start at action_offset."""
     if action_offset == 0:
@@ -300,7 +300,7 @@ def _categorical_class(action_offset: int) -> type:
                 {"action_offset": action_offset, "__module__": __name__})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bound_multi_categorical(input_lens: tuple[int, ...], action_offsets: tuple[int, ...]) -> type:
     if not input_lens or min(input_lens) < 1:
         raise ValueError(f"MultiCategorical input_lens must be positive, got {input_lens}")

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import gymnasium as gym
 import keras

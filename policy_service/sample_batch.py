@@ -227,7 +227,7 @@ class SampleBatch(dict):
         self.validate()
 
     @classmethod
-    def from_checked_rows(cls, columns: dict[str, Any]) -> "SampleBatch":
+    def from_checked_rows(cls, columns: dict[str, Any]) -> SampleBatch:
         """A batch of the caller's row columns (arrays of equal row counts, no
         seq_lens), taken as they are: no conversion, no validation. For a replay
         buffer's sample, whose columns its own store built: the constructor's
@@ -372,7 +372,7 @@ class SampleBatch(dict):
         return int(np.searchsorted(starts, timestep, side="right")) - 1
 
     def _gather(self, timesteps: np.ndarray, seq_lens: np.ndarray | None,
-                sequences: np.ndarray | None) -> "SampleBatch":
+                sequences: np.ndarray | None) -> SampleBatch:
         """A new batch of the given timesteps of self, cut into `seq_lens`.
 
         Row leaves in the padded layout are re-padded to max_seq_len; others
@@ -403,7 +403,7 @@ class SampleBatch(dict):
                            _zero_padded=self.zero_padded,
                            _max_seq_len=self.max_seq_len if self.zero_padded else None)
 
-    def _whole_sequences(self, start: int, stop: int) -> "SampleBatch":
+    def _whole_sequences(self, start: int, stop: int) -> SampleBatch:
         """batch[start:stop], RLlib's rule: from the sequence holding timestep
         `start` up to, excluding, the one holding `stop`; bounds are timesteps."""
         if not self._has_sequences():
@@ -503,12 +503,12 @@ class SampleBatch(dict):
 
     # ---- row operations -----------------------------------------------
 
-    def _with_data(self, data: dict) -> "SampleBatch":
+    def _with_data(self, data: dict) -> SampleBatch:
         return SampleBatch(data, _is_training=self._is_training,
                            _zero_padded=self.zero_padded,
                            _max_seq_len=self.max_seq_len)
 
-    def slice(self, start: int, end: int) -> "SampleBatch":
+    def slice(self, start: int, end: int) -> SampleBatch:
         """Timesteps [start, end) exactly, as RLlib: sequences cut by the bounds
         are shortened (seq_lens adjusted); each kept sequence keeps its
         state_in (the state at its original start, all a batch knows). A
@@ -531,7 +531,7 @@ class SampleBatch(dict):
                - np.maximum(starts[kept], start))
         return self._gather(np.arange(start, end), cut, kept)
 
-    def shuffle(self) -> "SampleBatch":
+    def shuffle(self) -> SampleBatch:
         """Permutes the rows in place, every row column alike (infos too).
 
         With `seq_lens`, whole sequences are permuted (padding moves with its
@@ -553,7 +553,7 @@ class SampleBatch(dict):
             dict.__setitem__(self, key, value)
         return self
 
-    def split_by_episode(self, key: str | None = None) -> list["SampleBatch"]:
+    def split_by_episode(self, key: str | None = None) -> list[SampleBatch]:
         """One batch per episode, in order.
 
         Splits where `eps_id` changes when that column exists (or key="eps_id"),
@@ -596,7 +596,7 @@ class SampleBatch(dict):
         values = np.asarray(self[key])
         return values[self._timestep_rows()] if self._leaf_is_padded(values) else values
 
-    def copy(self, shallow: bool = False) -> "SampleBatch":
+    def copy(self, shallow: bool = False) -> SampleBatch:
         """A new batch with the same flags; deep copies the data unless `shallow`."""
         if shallow:
             data = {k: list(v) if isinstance(v, list) else v for k, v in self.items()}

@@ -173,6 +173,7 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     # a state only the policy can refuse (a weight of another shape): the learner actor's
     # check names it in one line, and the resume falls back to the checkpoint before
     import numpy as np
+
     from policy_service.io import checkpoints
     arrays_file = (run_dir / "checkpoints" / "checkpoint_000002" / checkpoints.POLICY_SUBDIR
                    / checkpoints.POLICY_ARRAYS)
@@ -598,6 +599,7 @@ def test_overrides_parse_yaml_values_and_nest_dotted_keys():
 
 def test_metrics_become_plain_json():
     import numpy as np
+
     from policy_service.cli.run_config import json_safe
     assert json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
                        "d": (1, float("inf"))}) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}

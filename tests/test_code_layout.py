@@ -10,9 +10,9 @@
 """
 import ast
 import shutil
-import zipfile
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest

@@ -726,7 +726,7 @@ def test_tower_gradients_meet_by_nccl_only_between_real_gpus(plan, op_type):
             with tf.device(device):
                 terms.append(tf.ones([3]))
         with tf.device(plan.variable_device):
-            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)  # noqa: SLF001
+            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)
     assert total.op.type == op_type
     assert total.device.endswith(plan.variable_device.lstrip("/"))  # e.g. /device:GPU:0
 

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import user_models
-from user_models import ValueOptionalPolicy
 from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
@@ -24,6 +23,7 @@ from fakes import (
     mlp_batch,
     small_config,
 )
+from user_models import ValueOptionalPolicy
 
 from policy_service import models
 from policy_service.sample_batch import SampleBatch

@@ -52,9 +52,13 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
 from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
-from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
-                                                 RestartablePolicyActor, backoff_delays,
-                                                 died_of_actor_death, is_actor_death)
+from policy_service.distributed.restarts import (
+    DEFAULT_POLICY_ACTOR_RESTARTS,
+    RestartablePolicyActor,
+    backoff_delays,
+    died_of_actor_death,
+    is_actor_death,
+)
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.sample_batch import SampleBatch, concat_samples
 

@@ -19,7 +19,8 @@ import os
 import shlex
 import sys
 import time
-from typing import Iterator, NamedTuple, Optional, TextIO
+from collections.abc import Iterator
+from typing import NamedTuple, TextIO
 
 # The address given on the command line wins over these (Ray's client would
 # otherwise silently prefer them, e.g. inside another job's driver).
@@ -35,7 +36,7 @@ class JobSubmissionError(Exception):
     """The job could not be submitted or followed (unreachable, refused, unknown)."""
 
 
-def default_address() -> Optional[str]:
+def default_address() -> str | None:
     """The job server address from the environment, as Ray's own CLI reads it."""
     for name in _ADDRESS_ENV_VARS:
         if os.environ.get(name):
@@ -96,8 +97,8 @@ def connect(address: str):
 class EntrypointResources(NamedTuple):
     """What Ray reserves for the job's driver process (None: Ray's default)."""
 
-    num_gpus: Optional[float] = None
-    num_cpus: Optional[float] = None
+    num_gpus: float | None = None
+    num_cpus: float | None = None
 
     def check(self) -> None:
         for name, value in self._asdict().items():
@@ -110,7 +111,7 @@ class EntrypointResources(NamedTuple):
                 if value is not None}
 
 
-def submit(client, command: list[str], working_dir: Optional[str] = None,
+def submit(client, command: list[str], working_dir: str | None = None,
            resources: EntrypointResources = EntrypointResources()) -> str:
     """Submit `command` (argv list) as a job's entrypoint, its driver holding
     `resources` (a learner in the driver then gets exactly those GPUs);
@@ -151,7 +152,7 @@ def wait_for_status(client, job_id: str):
 
 
 def run_job(address: str, command: list[str], *, wait: bool = True,
-            working_dir: Optional[str] = None,
+            working_dir: str | None = None,
             resources: EntrypointResources = EntrypointResources(),
             out: TextIO = sys.stdout) -> int:
     """Submit `command` to the cluster at `address`; with `wait`, stream its log and

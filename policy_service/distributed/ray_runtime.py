@@ -6,9 +6,9 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
-def uses_ray(config: dict, address: Optional[str]) -> bool:
+
+def uses_ray(config: dict, address: str | None) -> bool:
     """Ray is started (or joined) for runs with actors, or when a cluster is named.
 
     A run that samples in this process (num_env_runners=0, no remote inference)
@@ -17,7 +17,7 @@ def uses_ray(config: dict, address: Optional[str]) -> bool:
     return bool(address or config.get("num_env_runners") or config.get("remote_inference"))
 
 
-def start_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None,
+def start_ray(address: str | None = None, *, num_cpus: int | None = None,
               quiet: bool = False) -> None:
     """Join the cluster at `address`, or start an embedded local Ray on loopback
     (`num_cpus`: None for all cores). `quiet`: warnings only, and workers' logs
