@@ -11,7 +11,8 @@ setup(
     description="TensorFlow 2 reinforcement-learning policies: multi-GPU towers, "
     "batched remote inference and training jobs on Ray.",
     python_requires=">=3.10",
-    packages=find_packages(include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
+    packages=find_packages(
+        include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
     install_requires=[
         "tensorflow>=2.16",
         "keras>=3.0",

@@ -209,7 +209,7 @@ def versions(python: str | None = None) -> dict:
         out = subprocess.run([python or sys.executable, "-c", code], capture_output=True,
                              text=True, timeout=60)
         return json.loads(out.stdout)
-    except Exception as err:  # a broken interpreter is recorded, not fatal
+    except Exception as err:  # noqa: BLE001 - a broken interpreter is recorded, not fatal
         return {"error": str(err)}
 
 

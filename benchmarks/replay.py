@@ -452,9 +452,9 @@ def measure(spec: dict):
                     if op == "insert":
                         call, prepare = target.add, streams[impl]
                     elif op == "sample":
-                        call, prepare = (lambda _: target.sample(batch_size)), None
+                        call, prepare = (lambda _, t=target, n=batch_size: t.sample(n)), None
                     else:
-                        def call(_, target=target, turn=turn):
+                        def call(_, target=target, turn=turn, indexes=indexes, tds=tds):
                             turn[0] = (turn[0] + 1) % 4
                             target.update_priorities(indexes[turn[0]], tds[turn[0]])
                         prepare = None

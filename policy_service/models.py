@@ -369,7 +369,7 @@ def weight_names(model: keras.Model, variables: list) -> list[str]:
     under their parent, as a fresh process would number them ("dense",
     "dense_1", ...); names the user gave stay, and the model's own name is dropped.
     """
-    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
             if _NUMBERED.fullmatch(layer.name).group(1) == _snake_case(type(layer).__name__)}
     ranks: dict[tuple, dict] = {}
     names = []

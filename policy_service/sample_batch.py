@@ -626,7 +626,7 @@ class SampleBatch(dict):
         positions = self._timestep_rows()
         for i in range(self.count):
             yield {k: 1 if k == self.SEQ_LENS else _map_leaves(
-                lambda x: x[positions[i] if self._leaf_is_padded(x) else i], v)
+                lambda x, i=i: x[positions[i] if self._leaf_is_padded(x) else i], v)
                 for k, v in items}
 
 

@@ -206,7 +206,8 @@ class _IndexPreprocessor(ObservationPreprocessor):
 
     def _encode(self, array):
         batch = array.shape[0]
-        slots = array.reshape(batch, len(self._sizes)).astype(np.int64) - self._starts + self._offsets
+        slots = array.reshape(batch, len(self._sizes)).astype(np.int64)
+        slots = slots - self._starts + self._offsets
         out = np.zeros((batch, self.shape[0]), np.float32)
         out[np.arange(batch)[:, None], slots] = 1.0
         return out

@@ -98,7 +98,7 @@ def op_batch(request: dict):
             else:
                 raise ValueError(f"unknown batch op {name!r}")
             results.append({"ok": out})
-        except Exception as err:  # RLlib's failure is a result to compare
+        except Exception as err:  # noqa: BLE001 - RLlib's failure is a result to compare
             results.append({"error": f"{type(err).__name__}: {err}"})
     return results
 

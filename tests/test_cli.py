@@ -213,8 +213,10 @@ def test_evaluate_and_export_the_checkpoint(trained, tmp_path):
     stats = json.loads(out.strip().splitlines()[-1])
     assert stats["episodes"] == 3 and stats["env"] == "CartPole-v1"
     assert len(stats["episode_lengths"]) == 3
-    assert stats["episode_return_min"] <= stats["episode_return_mean"] <= stats["episode_return_max"]
-    assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]  # CartPole: +1/step
+    assert (stats["episode_return_min"] <= stats["episode_return_mean"]
+            <= stats["episode_return_max"])
+    # CartPole: +1 a step
+    assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]
     code, out, err = _finish(export)
     assert code == 0, err
     assert (tmp_path / "saved" / "saved_model.pb").exists()

@@ -118,7 +118,7 @@ def check_devices(config) -> None:
 
     from policy_service.engine import devices
     try:
-        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
+        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,
                                     len(tf.config.list_physical_devices("GPU")))
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None

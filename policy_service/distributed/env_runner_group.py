@@ -406,7 +406,8 @@ def merge_metrics(all_metrics: list[dict]) -> dict:
 
 def probe_spaces(env, env_config: dict | None) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one copy of the env (made, then closed)."""
-    one = gym.make(env, **(env_config or {})) if isinstance(env, str) else env(dict(env_config or {}))
+    config = env_config or {}
+    one = gym.make(env, **config) if isinstance(env, str) else env(dict(config))
     try:
         return one.observation_space, one.action_space
     finally:

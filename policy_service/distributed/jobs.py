@@ -56,7 +56,7 @@ def auth_headers() -> dict[str, str]:
     loader = AuthenticationTokenLoader.instance()
     try:
         return dict(loader.get_token_for_http_header(ignore_auth_mode=True))
-    except Exception as err:  # e.g. RAY_AUTH_TOKEN_PATH names an unreadable file
+    except Exception as err:  # noqa: BLE001 - e.g. RAY_AUTH_TOKEN_PATH is unreadable
         raise JobSubmissionError(f"cannot read the Ray auth token: {err}") from None
 
 

@@ -102,7 +102,7 @@ class NonFiniteUpdateError(NonFiniteGradientError):
 
 def batch_norm_layers(model: keras.Model) -> list:
     """Every Keras BatchNormalization layer of the model whose statistics we combine."""
-    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
               if isinstance(layer, keras.layers.BatchNormalization)]
     for layer in layers:
         if layer.renorm:
