@@ -104,6 +104,9 @@ class Config:
     """
 
     key_prefix: ClassVar[str] = "config"
+    # what @dataclass adds to each subclass; declared so the type checker takes a
+    # Config for a dataclass (dataclasses.fields, asdict, replace)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -210,7 +213,7 @@ class PolicyConfig(Config):
 # ----- building and checking ----------------------------------------------------------------
 
 
-T = typing.TypeVar("T")
+T = typing.TypeVar("T", bound="Config")
 
 
 def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -> T:
@@ -240,7 +243,7 @@ def check_fields(config: Config) -> None:
         name, annotation = f.name, hints[f.name]
         value = getattr(config, name)
         key = f"{cls.key_prefix}.{name}"
-        if dataclasses.is_dataclass(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, Config):
             if not isinstance(value, annotation):
                 setattr(config, name, from_dict(annotation, value, where=key))
             continue
@@ -308,6 +311,11 @@ def _describe(annotation: Any) -> str:
 
 # The device keys of a policy config, and their values for acting on one CPU device.
 CPU_ONLY = {"num_gpus": 0, "_fake_gpus": False}
+
+
+def is_config(value: Any) -> bool:
+    """Whether `value` is a config dataclass instance (not a dict, not a class)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def config_for(policy_cls: type, config: Any):

@@ -331,7 +331,7 @@ class SampleBatch(dict):
         """Rows of a padded row column: num_seqs * max_seq_len when zero-padded,
         else `count`."""
         if self.zero_padded and self._has_sequences():
-            return len(self[self.SEQ_LENS]) * self.max_seq_len
+            return len(self[self.SEQ_LENS]) * self._seq_len_bound()
         return self.count
 
     def __len__(self) -> int:
@@ -343,6 +343,11 @@ class SampleBatch(dict):
         return f"SampleBatch({self.count}{seqs}: {list(self.keys())})"
 
     # ---- sequences ----------------------------------------------------
+
+    def _seq_len_bound(self) -> int:
+        """max_seq_len of a batch with sequences (where it is always set)."""
+        assert self.max_seq_len is not None, "a batch with seq_lens has a max_seq_len"
+        return self.max_seq_len
 
     def _has_sequences(self) -> bool:
         seq_lens = dict.get(self, self.SEQ_LENS)
@@ -362,7 +367,7 @@ class SampleBatch(dict):
     def _timestep_rows(self) -> np.ndarray:
         """<int64>[count]: the padded row of each timestep (identity if unpadded)."""
         if self.zero_padded and self._has_sequences():
-            return _padded_positions(self[self.SEQ_LENS], self.max_seq_len)
+            return _padded_positions(self[self.SEQ_LENS], self._seq_len_bound())
         return np.arange(self.count, dtype=np.int64)
 
     def _sequence_at(self, timestep: int, starts: np.ndarray) -> int:
@@ -378,13 +383,14 @@ class SampleBatch(dict):
         Row leaves in the padded layout are re-padded to max_seq_len; others
         take `timesteps` directly; per-sequence state_in takes `sequences`.
         """
-        padded = self.zero_padded and seq_lens is not None
         positions = self._timestep_rows()
-        dest = _padded_positions(seq_lens, self.max_seq_len) if padded else None
-        length = len(seq_lens) * self.max_seq_len if padded else 0
+        dest, length = None, 0
+        if self.zero_padded and seq_lens is not None:
+            dest = _padded_positions(seq_lens, self._seq_len_bound())
+            length = len(seq_lens) * self._seq_len_bound()
 
         def gather_leaf(leaf: Any) -> Any:
-            if self._leaf_is_padded(leaf):
+            if self._leaf_is_padded(leaf) and dest is not None:
                 return scatter_padded(_take(leaf, positions[timesteps]), dest, length)
             return _take(leaf, timesteps)
 
@@ -435,7 +441,7 @@ class SampleBatch(dict):
             raise ValueError(f"column 'seq_lens' must be a 1-D array of lengths "
                              f">= 0, got {seq_lens!r}")
         longest = int(seq_lens.max())
-        if self.zero_padded and longest > self.max_seq_len:
+        if self.zero_padded and longest > self._seq_len_bound():
             raise ValueError(
                 f"column 'seq_lens' has a sequence of {longest} rows, longer than "
                 f"max_seq_len={self.max_seq_len}; pass _max_seq_len >= {longest}")
@@ -638,12 +644,12 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
     `zero_padded` and `max_seq_len`. Raises ValueError, naming the column,
     when a column is in some batches but not others or structures differ.
     """
-    batches = [b if isinstance(b, SampleBatch) else SampleBatch(b) for b in batches]
-    training_flags = {b._is_training for b in batches if b._is_training is not None}
+    samples = [b if isinstance(b, SampleBatch) else SampleBatch(b) for b in batches]
+    training_flags = {b._is_training for b in samples if b._is_training is not None}
     if len(training_flags) > 1:
         raise ValueError("concat_samples: batches disagree on is_training")
     is_training = training_flags.pop() if training_flags else None
-    non_empty = [b for b in batches if b.count > 0]
+    non_empty = [b for b in samples if b.count > 0]
     if not non_empty:
         return SampleBatch(_is_training=is_training)
     keys = list(non_empty[0].keys())

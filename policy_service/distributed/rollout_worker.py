@@ -54,7 +54,6 @@ reset; one outside it is a ValueError naming the env and the observation.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -65,7 +64,7 @@ import numpy as np
 import tree
 
 from policy_service import models, spaces
-from policy_service.config import config_for, on_cpu
+from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
@@ -391,7 +390,7 @@ def rollout_policy_config(policy_cls: type, config: dict | Any, seed: int | None
                           worker_index: int):
     """The acting copy's config: CPU only, its own sampling seed per worker."""
     typed = config_for(policy_cls, config)
-    if not dataclasses.is_dataclass(typed):
+    if not is_config(typed):
         return typed
     base_seed = seed if seed is not None else typed.seed
     return on_cpu(typed, seed=typed.seed if base_seed is None else int(base_seed) + worker_index)
