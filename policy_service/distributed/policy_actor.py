@@ -294,10 +294,11 @@ class PolicyHost:
         self._num_failed_requests = 0
         self._num_forward_passes = 0
         self._num_rows = 0
-        self._latencies_s = collections.deque(maxlen=_LATENCY_WINDOW)
+        self._latencies_s: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
 
 
-PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)
+# Ray's stubs list only task options for ray.remote(...); max_concurrency is an actor's
+PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: ignore[call-overload]
 PolicyActor.__doc__ = PolicyHost.__doc__
 
 

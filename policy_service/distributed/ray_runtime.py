@@ -6,6 +6,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def uses_ray(config: dict, address: str | None) -> bool:
@@ -32,7 +33,8 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
         if address is None or _ray_token_available():
             os.environ["RAY_AUTH_MODE"] = "token"  # read by Ray when it is imported
     import ray
-    quiet_args = {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {}
+    quiet_args: dict[str, Any] = (
+        {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {})
     if address:
         ray.init(address=address, **quiet_args)
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)

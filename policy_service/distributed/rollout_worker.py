@@ -137,7 +137,9 @@ class RolloutWorker:
         self._unroll_ids = self._next_unroll_id + np.arange(self.num_envs, dtype=np.int64)
         self._next_unroll_id += self.num_envs
         self._timers = {"inference_time_s": 0.0, "env_time_s": 0.0}
-        self._episode_returns, self._episode_lengths, self._versions = [], [], set()
+        self._episode_returns: list[float] = []
+        self._episode_lengths: list[int] = []
+        self._versions: set[int] = set()
         records, recorded = [], 0
         while recorded < self.rollout_fragment_length * self.num_envs:
             record = self._step()
