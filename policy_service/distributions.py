@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
+from typing import Self, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -72,15 +73,20 @@ class ActionDistribution:
         """<float32>[B] entropy."""
         raise NotImplementedError
 
-    def kl(self, other: ActionDistribution) -> tf.Tensor:
+    def kl(self, other: Self) -> tf.Tensor:
         """<float32>[B] KL(self || other); other is of the same class."""
         raise NotImplementedError
 
 
-def _require_space(cls: type, action_space: gym.Space, space_type: type) -> None:
+SpaceT = TypeVar("SpaceT", bound=gym.Space)
+
+
+def _require_space(cls: type, action_space: gym.Space, space_type: type[SpaceT]) -> SpaceT:
+    """`action_space` if it is a `space_type`; else ValueError naming `cls`."""
     if not isinstance(action_space, space_type):
         raise ValueError(f"{cls.__name__} needs a {space_type.__name__} action space, "
                          f"got {type(action_space).__name__}: {action_space}")
+    return action_space
 
 
 class Categorical(ActionDistribution):
@@ -102,8 +108,7 @@ class Categorical(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Discrete)
-        return int(action_space.n)
+        return int(_require_space(cls, action_space, gym.spaces.Discrete).n)
 
     def sample(self, seed=None) -> tf.Tensor:
         """<int64>[B] drawn from softmax(logits)."""
@@ -177,8 +182,7 @@ class MultiCategorical(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.MultiDiscrete)
-        return int(np.sum(action_space.nvec))
+        return int(np.sum(_require_space(cls, action_space, gym.spaces.MultiDiscrete).nvec))
 
     def sample(self, seed=None) -> tf.Tensor:
         """<int64>[B, k]."""
@@ -224,8 +228,7 @@ class DiagGaussian(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Box)
-        return 2 * int(np.prod(action_space.shape))
+        return 2 * int(np.prod(_require_space(cls, action_space, gym.spaces.Box).shape))
 
     def sample(self, seed=None) -> tf.Tensor:
         """<float32>[B, d] mean + std * N(0, 1)."""
@@ -267,8 +270,7 @@ class Deterministic(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Box)
-        return int(np.prod(action_space.shape))
+        return int(np.prod(_require_space(cls, action_space, gym.spaces.Box).shape))
 
     def _zeros(self) -> tf.Tensor:
         return tf.zeros(tf.shape(self.inputs)[:1], tf.float32)

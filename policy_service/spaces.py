@@ -86,7 +86,8 @@ def _check_rank_and_kind(array: np.ndarray, trailing: tuple, kinds: str,
         raise _mismatch(column, expected, array, f"dtype kind '{array.dtype.kind}' does not fit")
 
 
-def _check_index_range(array: np.ndarray, start: np.ndarray, size: np.ndarray,
+def _check_index_range(array: np.ndarray, start: np.ndarray | np.integer,
+                       size: np.ndarray | np.integer,
                        column: str, expected: str) -> None:
     """Values must lie in [start, start + size) elementwise (broadcast over rows)."""
     bad = (array < start) | (array >= start + size)
@@ -317,7 +318,10 @@ def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
 # Actions
 
 
-def _supported_action_space(space: gym.Space) -> gym.Space:
+SupportedActionSpace = gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box
+
+
+def _supported_action_space(space: gym.Space) -> SupportedActionSpace:
     """Returns the space if actions of it are supported, else NotImplementedError."""
     if isinstance(space, gym.spaces.Discrete):
         return space
@@ -371,6 +375,8 @@ def check_actions(action_space: gym.Space, actions: Any, column: str = "actions"
                     column, expected + f" within [{space.low.tolist()}, {space.high.tolist()}]",
                     array, f"row {row} has value {array[row].tolist()} out of bounds")
         return
+    start: np.ndarray | np.integer
+    size: np.ndarray | np.integer
     if isinstance(space, gym.spaces.Discrete):
         trailing, start, size = (), np.int64(space.start), np.int64(space.n)
         value_range = f"[{int(start)}, {int(start + size)})"
