@@ -65,6 +65,8 @@ def check_env_config(env: str, env_config: dict) -> None:
     if not env_config or is_registered_env(env):
         return
     spec = gym.spec(env.rpartition(":")[2])  # check_env_id imported "module:" already
+    if spec.entry_point is None:  # a spec registered without one cannot be made either
+        return
     try:
         creator = (spec.entry_point if callable(spec.entry_point)
                    else load_env_creator(spec.entry_point))

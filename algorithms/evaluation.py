@@ -17,8 +17,14 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # imported where used: evaluating needs TensorFlow, checking does not
+    import gymnasium as gym
+
+    from policy_service.policy import TFPolicy
 
 from policy_service.io.checkpoints import (
     ALGORITHM_STATE,
@@ -82,8 +88,8 @@ class ReadyPolicy:
     """A checkpoint's policy, rebuilt, with the environment it will act in (if any)."""
 
     checkpoint: LoadedCheckpoint
-    policy: object
-    environment: object = None
+    policy: TFPolicy
+    environment: gym.Env | None = None
     env_id: str | None = None
 
 
@@ -210,11 +216,12 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     ready = load_newest_valid(path, env)
-    checkpoint, env_id = ready.checkpoint, ready.env_id
+    checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
+    assert environment is not None  # loaded with_env
     try:
-        played = run_episodes(ready.policy, ready.environment, episodes, explore, seed)
+        played = run_episodes(ready.policy, environment, episodes, explore, seed)
     finally:
-        ready.environment.close()
+        environment.close()
     returns = np.asarray(played["episode_returns"])
     lengths = np.asarray(played["episode_lengths"])
     print(json.dumps({
@@ -267,5 +274,5 @@ def _read_config(checkpoint: Path) -> dict:
         raise CheckpointError(_one_line(err)) from None
 
 
-def _one_line(err: BaseException) -> str:
+def _one_line(err: BaseException | str) -> str:
     return " ".join(str(err).split()) or type(err).__name__

@@ -238,7 +238,7 @@ def check_fields(config: Config) -> None:
     """Check every field's type, then its rule; ints given for floats become floats;
     a dict given for a nested config is built into one."""
     cls = type(config)
-    hints = _type_hints(cls)
+    hints = _type_hints(typing.cast(type, cls))  # mypy takes a class for unhashable
     for f in dataclasses.fields(cls):
         name, annotation = f.name, hints[f.name]
         value = getattr(config, name)

@@ -159,10 +159,10 @@ def scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
     """Rows `values` placed at `positions` of `length` rows; the rest is padding
     (0, or None in object columns and lists)."""
     if isinstance(values, list):
-        out = [None] * length
+        items: list[Any] = [None] * length
         for pos, item in zip(positions.tolist(), values):
-            out[pos] = item
-        return out
+            items[pos] = item
+        return items
     values = np.asarray(values)
     if values.dtype == object:
         out = np.empty((length,) + values.shape[1:], dtype=object)
@@ -377,7 +377,7 @@ class SampleBatch(dict):
         return int(np.searchsorted(starts, timestep, side="right")) - 1
 
     def _gather(self, timesteps: np.ndarray, seq_lens: np.ndarray | None,
-                sequences: np.ndarray | None) -> SampleBatch:
+                sequences: np.ndarray) -> SampleBatch:
         """A new batch of the given timesteps of self, cut into `seq_lens`.
 
         Row leaves in the padded layout are re-padded to max_seq_len; others

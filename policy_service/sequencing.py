@@ -162,7 +162,7 @@ def chop_into_sequences(
     dest = np.repeat(np.arange(num_seqs) * padded_len - starts, seq_lens) + np.arange(
         num_rows)
     length = num_seqs * padded_len
-    feature_sequences = []
+    feature_sequences: list[Any] = []  # an array per column, or a list of leaves (nested)
     for i, column in enumerate(feature_columns):
         column = _as_rows(column)
         if tree.is_nested(column) and not handle_nested_data:

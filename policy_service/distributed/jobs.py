@@ -50,7 +50,7 @@ def auth_headers() -> dict[str, str]:
     Reads the token regardless of this process's RAY_AUTH_MODE: the mode that
     matters is the cluster's.
     """
-    from ray._raylet import (
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled, not in Ray's stubs
         AuthenticationTokenLoader,  # Ray's loader: same sources, same order
     )
     loader = AuthenticationTokenLoader.instance()

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -72,7 +73,8 @@ class MissingCheckpointFile(CheckpointFileError, FileNotFoundError):
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        # numpy's stub reads a ** dict as possibly naming its allow_pickle flag
+        np.savez(f, **arrays)  # type: ignore[arg-type]
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -113,7 +115,7 @@ def load_json(path: Path):
         raise CheckpointFileError(f"{path}: not valid JSON ({_one_line(err)})") from None
 
 
-def load_json_object(path: Path, required: dict[str, type | tuple]) -> dict:
+def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
     """A JSON object holding at least the `required` keys with those types."""
     value = load_json(path)
     if not isinstance(value, dict):
@@ -219,7 +221,8 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
     return found[-1] if found else None
 
 
-_ALGORITHM_STATE_KEYS = {"algorithm_class": str, "config": dict, "iteration": int,
+_ALGORITHM_STATE_KEYS: dict[str, type | tuple] = {
+                         "algorithm_class": str, "config": dict, "iteration": int,
                          "timesteps_total": int, "time_total_s": (int, float),
                          "num_worker_restarts": int, "episode_returns": list,
                          "episode_lengths": list}
@@ -245,8 +248,8 @@ def read_algorithm_state(checkpoint: str | os.PathLike) -> dict:
         raise CheckpointFileError(f"{path}: 'num_samples_trained_total' must be >= 0, "
                                   f"got {state['num_samples_trained_total']}")
     _check_array_manifest(path, state.get("algorithm_arrays", {}))
-    for key, kind in (("episode_returns", (int, float)), ("episode_lengths", int)):
-        bad = [v for v in state[key] if not isinstance(v, kind) or isinstance(v, bool)
+    for key, numbers in (("episode_returns", (int, float)), ("episode_lengths", (int,))):
+        bad = [v for v in state[key] if not isinstance(v, numbers) or isinstance(v, bool)
                or not math.isfinite(v)]
         if bad:
             raise CheckpointFileError(f"{path}: {key!r} must hold finite numbers, "
@@ -369,7 +372,8 @@ def _type_names(types: tuple) -> str:
 
 
 def _known_classes(base: type) -> dict[str, type]:
-    found, stack = {}, [base]
+    found: dict[str, type] = {}
+    stack = [base]
     while stack:
         cls = stack.pop()
         found.setdefault(class_path(cls), cls)
