@@ -157,6 +157,7 @@ class _BoxPreprocessor(ObservationPreprocessor):
     def __init__(self, space: gym.spaces.Box):
         size = int(np.prod(space.shape, dtype=np.int64))
         super().__init__(space, space.shape if is_image_space(space) else (size,))
+        self._space_shape = space.shape
         floating = np.issubdtype(space.dtype, np.floating)
         self._kinds = _REAL_KINDS if floating else _INT_KINDS + "b"
         self._expected = (f"shape {_batch_shape(space.shape)} dtype {space.dtype}"
@@ -165,7 +166,7 @@ class _BoxPreprocessor(ObservationPreprocessor):
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
-        _check_rank_and_kind(array, self.space.shape, self._kinds, column, self._expected)
+        _check_rank_and_kind(array, self._space_shape, self._kinds, column, self._expected)
         if array.dtype.kind == "f":
             bad = ~np.isfinite(array)
             if bad.any():
@@ -219,12 +220,13 @@ class _MultiBinaryPreprocessor(ObservationPreprocessor):
 
     def __init__(self, space: gym.spaces.MultiBinary):
         super().__init__(space, (int(np.prod(space.shape, dtype=np.int64)),))
+        self._space_shape = space.shape
         self._expected = (f"shape {_batch_shape(space.shape)} integer or bool dtype "
                           "with values in {0, 1}")
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
-        _check_rank_and_kind(array, self.space.shape, _INT_KINDS + "b", column, self._expected)
+        _check_rank_and_kind(array, self._space_shape, _INT_KINDS + "b", column, self._expected)
         _check_index_range(array, np.int64(0), np.int64(2), column, self._expected)
         return array, array.shape[0]
 
