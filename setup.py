@@ -11,7 +11,8 @@ setup(
     description="TensorFlow 2 reinforcement-learning policies: multi-GPU towers, "
     "batched remote inference and training jobs on Ray.",
     python_requires=">=3.10",
-    packages=find_packages(include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
+    packages=find_packages(
+        include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
     install_requires=[
         "tensorflow>=2.16",
         "keras>=3.0",
@@ -23,7 +24,10 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "dev": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100", *ONNX],
+        "dev": [
+            "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100",
+            "ruff>=0.17.6", "mypy>=2.4.1", *ONNX,
+        ],
         "onnx": ONNX,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],

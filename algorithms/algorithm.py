@@ -88,13 +88,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from algorithms.environments import env_maker
-from policy_service.config import (PolicyConfig, Rule, finite, from_dict, integer, on_cpu,
-                                   one_of, setting)
+from policy_service.config import (
+    PolicyConfig,
+    Rule,
+    finite,
+    from_dict,
+    integer,
+    on_cpu,
+    one_of,
+    setting,
+)
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.io import checkpoints
@@ -113,7 +121,7 @@ FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isi
 class AlgorithmConfig(PolicyConfig):
     """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""
 
-    env: Optional[str] = setting(
+    env: str | None = setting(
         None, doc="Gymnasium id, \"module:EnvId\", or a name given to register_env.")
     env_config: dict = setting(doc="Keyword arguments of the env.", factory=dict)
     num_env_runners: int = setting(
@@ -122,7 +130,7 @@ class AlgorithmConfig(PolicyConfig):
         1, doc="Sub-envs stepped as one vector env per worker.", check=integer(ge=1))
     num_cpus_per_env_runner: float = setting(
         0.5, doc="Ray CPUs reserved per worker actor.", check=finite(ge=0))
-    rollout_fragment_length: Union[int, str] = setting(
+    rollout_fragment_length: int | str = setting(
         "auto", doc="Steps per sub-env per sample(); \"auto\": train_batch_size / "
         "(workers * envs), so one sample() makes a train batch.", check=FRAGMENT_LENGTH)
     vectorize_mode: str = setting(
@@ -134,7 +142,7 @@ class AlgorithmConfig(PolicyConfig):
                                     check=integer(ge=1))
     metrics_num_episodes_for_smoothing: int = setting(
         100, doc="Episodes in the return/length window.", check=integer(ge=1))
-    ray_num_cpus: Optional[int] = setting(
+    ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1))
 
     def fragment_length(self) -> int:
@@ -233,7 +241,7 @@ class Algorithm:
         self.broadcast_weights()
         return stats
 
-    def update_on_batch(self, learners: "LearnerGroup", train_batch: SampleBatch) -> dict:
+    def update_on_batch(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
         """The default iteration's update: the batch loaded onto the learners once,
         num_epochs of minibatch SGD (`LearnerGroup.update`). Called again with the
         same batch after a dead learner was replaced."""
@@ -265,7 +273,7 @@ class Algorithm:
         self._counts.sample_time_s += time.perf_counter() - start
         return concat_samples([b for b, _ in results]) if results else SampleBatch({})
 
-    def learner_update(self, update: Callable[["LearnerGroup"], dict]) -> dict:
+    def learner_update(self, update: Callable[[LearnerGroup], dict]) -> dict:
         """update(self.learner) -> its statistics, less "num_samples_trained" (the
         samples it trained on, counted; `LearnerGroup.update` reports it).
 
@@ -448,7 +456,7 @@ class Algorithm:
                                       - int(self.workers.num_restarts))
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir: str) -> "Algorithm":
+    def from_checkpoint(cls, checkpoint_dir: str) -> Algorithm:
         """A new algorithm with the saved config, restored from the checkpoint."""
         saved = checkpoints.load_json(Path(checkpoint_dir) / checkpoints.ALGORITHM_STATE)
         algo = cls(saved["config"])

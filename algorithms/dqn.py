@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 import gymnasium as gym
 import keras
@@ -57,8 +57,7 @@ from policy_service.config import (
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.exploration import EpsilonGreedy, make_exploration
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-from policy_service.replay import (BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer,
-                                   ReplayBuffer)
+from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn, check_loss_columns
 
@@ -74,7 +73,7 @@ class DQNConfig(AlgorithmConfig):
 
     lr: float = setting(5e-4, doc="Adam learning rate.")
     adam_epsilon: float = setting(1e-8, doc="Adam's epsilon.")
-    grad_clip: Optional[float] = setting(40.0, doc="Gradient clip by global norm; None: off.")
+    grad_clip: float | None = setting(40.0, doc="Gradient clip by global norm; None: off.")
     gamma: float = setting(0.99, doc="Discount factor.")
     exploration_config: dict = setting(
         doc="Epsilon-greedy acting: epsilon falls linearly from initial_epsilon to "
@@ -94,14 +93,14 @@ class DQNConfig(AlgorithmConfig):
         1.0, doc="Each target update: target = tau * online + (1 - tau) * target "
         "(1.0: a hard copy).", check=finite(gt=0, le=1))
     train_batch_size: int = setting(32, doc="Transitions sampled from replay per SGD step.")
-    minibatch_size: Optional[int] = setting(
+    minibatch_size: int | None = setting(
         None, doc="Rows per SGD step on the learner: always train_batch_size (None sets it).")
-    rollout_fragment_length: Union[int, str] = setting(
+    rollout_fragment_length: int | str = setting(
         4, doc="Steps per sub-env per sample() (RLlib's DQN default 4).")
     min_sample_timesteps_per_iteration: int = setting(
         1000, doc="Env steps one train() call samples at least (sampling and learning "
         "alternate within it).", check=integer(ge=1))
-    training_intensity: Optional[float] = setting(
+    training_intensity: float | None = setting(
         None, doc="Transitions trained on per transition sampled from the envs; None: "
         "one SGD step per sample() call.", check=finite(gt=0))
     replay_buffer_capacity: int = setting(
@@ -120,7 +119,7 @@ class DQNConfig(AlgorithmConfig):
     num_steps_sampled_before_learning_starts: int = setting(
         1000, doc="Env steps sampled into the buffer before the first SGD step.",
         check=integer(ge=0))
-    replay_frame_stack_axis: Optional[int] = setting(
+    replay_frame_stack_axis: int | None = setting(
         None, doc="None stores obs/new_obs whole; an axis: observations are stacks of "
         "frames along it (-1 for [84, 84, 4], 0 for FrameStackObservation's [4, 84, 84]), "
         "each frame stored once in the replay buffer (about 2k times less memory).")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
@@ -67,6 +67,8 @@ def check_env_config(env: str, env_config: dict) -> None:
     if not env_config or is_registered_env(env):
         return
     spec = gym.spec(env.rpartition(":")[2])  # check_env_id imported "module:" already
+    if spec.entry_point is None:  # a spec registered without one cannot be made either
+        return
     try:
         creator = (spec.entry_point if callable(spec.entry_point)
                    else load_env_creator(spec.entry_point))

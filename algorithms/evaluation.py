@@ -16,15 +16,26 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:  # imported where used: evaluating needs TensorFlow, checking does not
+    import gymnasium as gym
+
+    from policy_service.policy import TFPolicy
+
 from policy_service.errors import UserError, one_line
-from policy_service.io.checkpoints import (ALGORITHM_STATE, POLICY_STATE, POLICY_SUBDIR,
-                                           CheckpointFileError, list_checkpoints,
-                                           newest_loadable, read_algorithm_state,
-                                           read_policy_state)
+from policy_service.io.checkpoints import (
+    ALGORITHM_STATE,
+    POLICY_STATE,
+    POLICY_SUBDIR,
+    CheckpointFileError,
+    list_checkpoints,
+    newest_loadable,
+    read_algorithm_state,
+    read_policy_state,
+)
 
 
 class CheckpointError(UserError):
@@ -40,7 +51,7 @@ class LoadedCheckpoint:
     """Where a policy was found, and the training config it came with (if any)."""
 
     policy_dir: Path
-    algorithm_config: Optional[dict]  # from algorithm_state.json; None for a bare policy
+    algorithm_config: dict | None  # from algorithm_state.json; None for a bare policy
 
 
 def checkpoint_candidates(path: str) -> list[Path]:
@@ -78,12 +89,12 @@ class ReadyPolicy:
     """A checkpoint's policy, rebuilt, with the environment it will act in (if any)."""
 
     checkpoint: LoadedCheckpoint
-    policy: object
-    environment: object = None
-    env_id: Optional[str] = None
+    policy: TFPolicy
+    environment: gym.Env | None = None
+    env_id: str | None = None
 
 
-def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = True,
+def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
@@ -92,7 +103,7 @@ def load_newest_valid(path: str, env: Optional[str] = None, with_env: bool = Tru
                            skipped=(CheckpointError,), fatal=(EnvironmentMismatch,))[1]
 
 
-def _load(directory: Path, env: Optional[str], with_env: bool) -> ReadyPolicy:
+def _load(directory: Path, env: str | None, with_env: bool) -> ReadyPolicy:
     checkpoint = locate_one(directory)
     state = saved_policy_state(checkpoint)
     if not with_env:
@@ -125,7 +136,7 @@ def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
                               f"{one_line(err)}") from None
 
 
-def policy_from_state(state: dict, policy_dir: Optional[Path] = None):
+def policy_from_state(state: dict, policy_dir: Path | None = None):
     """A policy state rebuilt on one CPU tower; a state that does not fit its own
     config or spaces (an unknown config key, arrays of another shape) is a
     CheckpointError naming the policy directory."""
@@ -188,17 +199,18 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     return {"episode_returns": returns, "episode_lengths": lengths}
 
 
-def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: bool = False,
+def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: bool = False,
              seed: int = 0) -> int:
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     ready = load_newest_valid(path, env)
-    checkpoint, env_id = ready.checkpoint, ready.env_id
+    checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
+    assert environment is not None  # loaded with_env
     try:
-        played = run_episodes(ready.policy, ready.environment, episodes, explore, seed)
+        played = run_episodes(ready.policy, environment, episodes, explore, seed)
     finally:
-        ready.environment.close()
+        environment.close()
     returns = np.asarray(played["episode_returns"])
     lengths = np.asarray(played["episode_lengths"])
     print(json.dumps({
@@ -215,7 +227,7 @@ def evaluate(path: str, episodes: int = 10, env: Optional[str] = None, explore: 
     return 0
 
 
-def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
+def export(path: str, out: str, onnx_opset: int | None = None) -> int:
     """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
@@ -226,7 +238,7 @@ def export(path: str, out: str, onnx_opset: Optional[int] = None) -> int:
     return 0
 
 
-def _environment(checkpoint: LoadedCheckpoint, env: Optional[str]) -> tuple[str, dict]:
+def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:
     config = checkpoint.algorithm_config or {}
     env_id = env or config.get("env")
     if not env_id:

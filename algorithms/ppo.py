@@ -20,7 +20,6 @@ clips the *squared* value error, as RLlib does (not the value change).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +31,6 @@ from policy_service import TFPolicy, masked_mean
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
-
 
 # ----- config -----------------------------------------------------------------------------
 

@@ -214,6 +214,7 @@ def rllib_server_class():
 
 def rllib_inference(spec: dict):
     import ray
+
     from benchmarks import inference
     ray.init(**harness.RAY_INIT)
     try:
@@ -259,7 +260,7 @@ def rllib_e2e(spec: dict):
                     len(history) >= spec["max_iterations"]:
                 break
         algo.stop()
-    except Exception as err:  # RLlib's own failure is a result here: record what failed
+    except Exception as err:  # noqa: BLE001 - RLlib's own failure is a result: record what failed
         import traceback
         yield dict(record, error=f"{type(err).__name__}: {err}"[:2000],
                    traceback=traceback.format_exc()[-4000:], history=history)
@@ -291,7 +292,7 @@ def rllib_dqn_run(spec: dict):
     try:
         outcome = rllib_dqn.run_to_target(spec["settings"], spec["seed"], spec["target"],
                                           spec["max_env_steps"], spec["max_seconds"])
-    except Exception as err:  # RLlib's own failure is a result here: record what failed
+    except Exception as err:  # noqa: BLE001 - RLlib's own failure is a result: record what failed
         import traceback
         yield dict(record, error=f"{type(err).__name__}: {err}"[:2000],
                    traceback=traceback.format_exc()[-4000:])
@@ -347,7 +348,8 @@ def schedule(args) -> list[tuple[str, str, dict]]:
         duration = 1.0 if smoke else 5.0
         out.append(("ours", "benchmarks.inference", dict(
             target="remote", callers=callers, duration=duration,
-            servers=["noop", "noop_serial", "policy/on"], max_batch_size=32, wait_ms=1.0, prepare_tf=False)))
+            servers=["noop", "noop_serial", "policy/on"], max_batch_size=32, wait_ms=1.0,
+            prepare_tf=False)))
         out.append(("rllib", NAME_MODULE, dict(workload="inference", callers=callers,
                                                duration=duration, prepare_tf=False, ppo=ppo)))
     if "e2e" in workloads:

@@ -24,8 +24,9 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -208,7 +209,7 @@ def versions(python: str | None = None) -> dict:
         out = subprocess.run([python or sys.executable, "-c", code], capture_output=True,
                              text=True, timeout=60)
         return json.loads(out.stdout)
-    except Exception as err:  # a broken interpreter is recorded, not fatal
+    except Exception as err:  # noqa: BLE001 - a broken interpreter is recorded, not fatal
         return {"error": str(err)}
 
 

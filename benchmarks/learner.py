@@ -246,7 +246,8 @@ def plot(summary: list[dict], out_dir: str) -> list:
     paths = []
     for model in sorted({r["model"] for r in summary}):
         for threads in {tuple(r["threads"] or ()) for r in summary if r["model"] == model}:
-            rows = [r for r in summary if r["model"] == model and tuple(r["threads"] or ()) == threads]
+            rows = [r for r in summary
+                    if r["model"] == model and tuple(r["threads"] or ()) == threads]
             towers = sorted({r["towers"] for r in rows if r["engine"] == "ours"})
             series = {f"ours, {mode}": [stats.find(rows, VALUE, engine="ours", mode=mode, towers=n)
                                         for n in towers] for mode in ("minibatch", "epoch")}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+
 def bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
               series: dict[str, list], *, log: bool = False,
               hlines: dict[str, float] | None = None) -> str | None:

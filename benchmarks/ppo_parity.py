@@ -25,7 +25,6 @@ Variants of ours (ablations, --variants):
 """
 from __future__ import annotations
 
-
 from benchmarks import compare_rllib, e2e, harness, rllib_env, stats
 
 NAME = "ppo_parity"

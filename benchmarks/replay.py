@@ -299,8 +299,12 @@ class FramePoolCeiling(Ceiling):
         import collections
         import itertools
 
-        from policy_service.replay.frame_pool import (batch_leaders, frame_hashes, rows_equal,
-                                                      word_view)
+        from policy_service.replay.frame_pool import (
+            batch_leaders,
+            frame_hashes,
+            rows_equal,
+            word_view,
+        )
         np = self.np
         n, start, size_before = len(batch["actions"]), self.pos, self.size
         super().add(batch)
@@ -448,9 +452,9 @@ def measure(spec: dict):
                     if op == "insert":
                         call, prepare = target.add, streams[impl]
                     elif op == "sample":
-                        call, prepare = (lambda _: target.sample(batch_size)), None
+                        call, prepare = (lambda _, t=target, n=batch_size: t.sample(n)), None
                     else:
-                        def call(_, target=target, turn=turn):
+                        def call(_, target=target, turn=turn, indexes=indexes, tds=tds):
                             turn[0] = (turn[0] + 1) % 4
                             target.update_priorities(indexes[turn[0]], tds[turn[0]])
                         prepare = None

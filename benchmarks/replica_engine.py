@@ -258,11 +258,13 @@ def breakdown(spec: dict):
         if one_device:
             plan = learner.stack.plan
             learner.stack.plan = DevicePlan((plan.variable_device,) * n, plan.kind)
-        walls, cpus = stats.timed_with_cpu(lambda: learner.run(epochs), spec["repeats"])
+        walls, cpus = stats.timed_with_cpu(lambda learner=learner: learner.run(epochs),
+                                           spec["repeats"])
         fused, fused_cpu = stats.median(walls), stats.median(cpus)
         learner.load()  # once, untimed: "captured" compiles one function per loaded buffer
-        walls, cpus = stats.timed_with_cpu(lambda: learner.run_minibatches(epochs, load=False),
-                                            spec["repeats"])
+        def unfused(learner=learner):
+            return learner.run_minibatches(epochs, load=False)
+        walls, cpus = stats.timed_with_cpu(unfused, spec["repeats"])
         per_call, per_call_cpu = stats.median(walls), stats.median(cpus)
         yield {"bench": NAME, "kind": "breakdown", "variant": name, "replicas": n,
                "threads": spec["threads"], "threads_actual": harness.tf_threads(),

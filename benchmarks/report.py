@@ -10,6 +10,7 @@ from pathlib import Path
 
 from benchmarks.harness import RESULTS_DIR
 
+
 def _fmt(v) -> str:
     if v is None:
         return "–"

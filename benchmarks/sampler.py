@@ -1,4 +1,5 @@
-"""Env steps/s of one RolloutWorker on CartPole-v1: 1, 8, 32 vector envs, local and remote inference.
+"""Env steps/s of one RolloutWorker on CartPole-v1: 1, 8, 32 vector envs, local and remote
+inference.
 
 The worker runs in the child process itself (as a worker process would);
 its policy is PPO's (MLP 256x256 tanh, the default PPO model) and every

@@ -4,7 +4,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
+
 
 def median(values) -> float | None:
     values = [v for v in values if v is not None]

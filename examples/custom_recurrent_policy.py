@@ -68,7 +68,6 @@ from policy_service.models import register_custom_model
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
 
-
 # ----- an environment that needs memory ---------------------------------------------------
 
 

@@ -20,13 +20,14 @@ import functools
 import math
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, ClassVar
 
 from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
 from policy_service.errors import UserError
 
-Check = Callable[[Any], Optional[str]]
+Check = Callable[[Any], str | None]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
 Runs only on a value of the field's type, never on None."""
 
@@ -77,7 +78,7 @@ def _is_keras_activation(name: str) -> bool:
     return True
 
 
-def _exploration_config_error(exploration_config: dict) -> Optional[str]:
+def _exploration_config_error(exploration_config: dict) -> str | None:
     from policy_service.exploration import exploration_config_error
     return exploration_config_error(exploration_config)
 
@@ -104,6 +105,9 @@ class Config:
     """
 
     key_prefix: ClassVar[str] = "config"
+    # what @dataclass adds to each subclass; declared so the type checker takes a
+    # Config for a dataclass (dataclasses.fields, asdict, replace)
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -131,7 +135,7 @@ class ModelConfig(Config):
                                     check=KERAS_ACTIVATION)
     vf_share_layers: bool = setting(
         False, doc="Value head on the policy trunk instead of its own branch.")
-    conv_filters: Optional[list] = setting(
+    conv_filters: list | None = setting(
         None, doc="[[out_channels, [kh, kw], stride], ...] for image observations; "
         "None: sized to the image.", check=CONV_FILTERS)
     conv_activation: str = setting("relu", doc="Activation of the conv layers.",
@@ -144,7 +148,7 @@ class ModelConfig(Config):
     lstm_use_prev_reward: bool = setting(False, doc="Feed the previous reward to the LSTM.")
     use_batch_norm: bool = setting(
         False, doc="Batch normalization after each hidden dense layer.")
-    custom_model: Optional[str] = setting(None, doc="Name given to register_custom_model.")
+    custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
 
 
@@ -159,7 +163,7 @@ class PolicyConfig(Config):
     lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
     optimizer: str = setting("adam", doc="The optimizer.", check=one_of(*OPTIMIZERS))
     adam_epsilon: float = setting(1e-7, doc="Adam's epsilon.", check=finite(gt=0))
-    grad_clip: Optional[float] = setting(
+    grad_clip: float | None = setting(
         None, doc="Gradient clip threshold; None turns clipping off.", check=finite(gt=0))
     grad_clip_method: str = setting(
         "global_norm", doc="Clip by global norm, by value, or by each tensor's norm.",
@@ -167,7 +171,7 @@ class PolicyConfig(Config):
     l2_coeff: float = setting(0.0, doc="L2 regularization on the trainable weights.",
                               check=finite(ge=0))
     gamma: float = setting(0.99, doc="Discount factor.", check=finite(ge=0, le=1))
-    seed: Optional[int] = setting(None, doc="Seed for weights and action sampling.",
+    seed: int | None = setting(None, doc="Seed for weights and action sampling.",
                                   check=SEED)
     explore: bool = setting(
         True, doc="Sample (True) or act deterministically (False) by default.")
@@ -210,7 +214,7 @@ class PolicyConfig(Config):
 # ----- building and checking ----------------------------------------------------------------
 
 
-T = typing.TypeVar("T")
+T = typing.TypeVar("T", bound="Config")
 
 
 def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -> T:
@@ -235,12 +239,12 @@ def check_fields(config: Config) -> None:
     """Check every field's type, then its rule; ints given for floats become floats;
     a dict given for a nested config is built into one."""
     cls = type(config)
-    hints = _type_hints(cls)
+    hints = _type_hints(typing.cast(type, cls))  # mypy takes a class for unhashable
     for f in dataclasses.fields(cls):
         name, annotation = f.name, hints[f.name]
         value = getattr(config, name)
         key = f"{cls.key_prefix}.{name}"
-        if dataclasses.is_dataclass(annotation):
+        if isinstance(annotation, type) and issubclass(annotation, Config):
             if not isinstance(value, annotation):
                 setattr(config, name, from_dict(annotation, value, where=key))
             continue
@@ -264,7 +268,7 @@ def field_docs(cls: type) -> dict[str, str]:
     return {f.name: _inherited_metadata(cls, f.name, _DOC) or "" for f in dataclasses.fields(cls)}
 
 
-def field_check(cls: type, name: str) -> Optional[Check]:
+def field_check(cls: type, name: str) -> Check | None:
     """The rule of field `name` (inherited when a subclass only changes the default)."""
     return _inherited_metadata(cls, name, _CHECK)
 
@@ -277,7 +281,7 @@ def _inherited_metadata(cls: type, name: str, key: str) -> Any:
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _type_hints(cls: type) -> dict:
     return typing.get_type_hints(cls)
 
@@ -308,6 +312,11 @@ def _describe(annotation: Any) -> str:
 
 # The device keys of a policy config, and their values for acting on one CPU device.
 CPU_ONLY = {"num_gpus": 0, "_fake_gpus": False}
+
+
+def is_config(value: Any) -> bool:
+    """Whether `value` is a config dataclass instance (not a dict, not a class)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 def config_for(policy_cls: type, config: Any):

@@ -5,8 +5,9 @@ options it checks (exploration.py) both use it without importing each other."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,7 @@ class Rule:
     expected: str
     accepts: Callable[[Any], bool]
 
-    def __call__(self, value: Any) -> Optional[str]:
+    def __call__(self, value: Any) -> str | None:
         return None if self.accepts(value) else self.expected
 
 

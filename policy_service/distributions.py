@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Self, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -72,15 +73,20 @@ class ActionDistribution:
         """<float32>[B] entropy."""
         raise NotImplementedError
 
-    def kl(self, other: "ActionDistribution") -> tf.Tensor:
+    def kl(self, other: Self) -> tf.Tensor:
         """<float32>[B] KL(self || other); other is of the same class."""
         raise NotImplementedError
 
 
-def _require_space(cls: type, action_space: gym.Space, space_type: type) -> None:
+SpaceT = TypeVar("SpaceT", bound=gym.Space)
+
+
+def _require_space(cls: type, action_space: gym.Space, space_type: type[SpaceT]) -> SpaceT:
+    """`action_space` if it is a `space_type`; else ValueError naming `cls`."""
     if not isinstance(action_space, space_type):
         raise ValueError(f"{cls.__name__} needs a {space_type.__name__} action space, "
                          f"got {type(action_space).__name__}: {action_space}")
+    return action_space
 
 
 class Categorical(ActionDistribution):
@@ -102,8 +108,7 @@ class Categorical(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Discrete)
-        return int(action_space.n)
+        return int(_require_space(cls, action_space, gym.spaces.Discrete).n)
 
     def sample(self, seed=None) -> tf.Tensor:
         """<int64>[B] drawn from softmax(logits)."""
@@ -128,7 +133,7 @@ class Categorical(ActionDistribution):
         # 0 * log 0 counts as 0 even where a logit is -inf.
         return -tf.reduce_sum(tf.math.multiply_no_nan(self.log_probs, probs), axis=-1)
 
-    def kl(self, other: "Categorical") -> tf.Tensor:
+    def kl(self, other: Categorical) -> tf.Tensor:
         """<float32>[B] sum_a p(a) (log p(a) - log q(a))."""
         probs = tf.exp(self.log_probs)
         return tf.reduce_sum(
@@ -177,8 +182,7 @@ class MultiCategorical(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.MultiDiscrete)
-        return int(np.sum(action_space.nvec))
+        return int(np.sum(_require_space(cls, action_space, gym.spaces.MultiDiscrete).nvec))
 
     def sample(self, seed=None) -> tf.Tensor:
         """<int64>[B, k]."""
@@ -201,7 +205,7 @@ class MultiCategorical(ActionDistribution):
         """<float32>[B] sum of component entropies."""
         return tf.add_n([c.entropy() for c in self.components])
 
-    def kl(self, other: "MultiCategorical") -> tf.Tensor:
+    def kl(self, other: MultiCategorical) -> tf.Tensor:
         """<float32>[B] sum of component KLs."""
         return tf.add_n([c.kl(o) for c, o in zip(self.components, other.components)])
 
@@ -224,8 +228,7 @@ class DiagGaussian(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Box)
-        return 2 * int(np.prod(action_space.shape))
+        return 2 * int(np.prod(_require_space(cls, action_space, gym.spaces.Box).shape))
 
     def sample(self, seed=None) -> tf.Tensor:
         """<float32>[B, d] mean + std * N(0, 1)."""
@@ -248,7 +251,7 @@ class DiagGaussian(ActionDistribution):
         """<float32>[B] sum(log_std + 0.5 log(2 pi e))."""
         return tf.reduce_sum(self.log_std + _HALF_LOG_2PI_E, axis=-1)
 
-    def kl(self, other: "DiagGaussian") -> tf.Tensor:
+    def kl(self, other: DiagGaussian) -> tf.Tensor:
         """<float32>[B] closed-form KL between diagonal Gaussians."""
         return tf.reduce_sum(
             other.log_std - self.log_std
@@ -267,8 +270,7 @@ class Deterministic(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_space(cls, action_space, gym.spaces.Box)
-        return int(np.prod(action_space.shape))
+        return int(np.prod(_require_space(cls, action_space, gym.spaces.Box).shape))
 
     def _zeros(self) -> tf.Tensor:
         return tf.zeros(tf.shape(self.inputs)[:1], tf.float32)
@@ -287,7 +289,7 @@ class Deterministic(ActionDistribution):
     def entropy(self) -> tf.Tensor:
         return self._zeros()
 
-    def kl(self, other: "Deterministic") -> tf.Tensor:
+    def kl(self, other: Deterministic) -> tf.Tensor:
         return self._zeros()
 
 
@@ -322,8 +324,7 @@ class SquashedGaussian(ActionDistribution):
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:
-        _require_bounded_box(cls, action_space)
-        return 2 * int(np.prod(action_space.shape))
+        return 2 * int(np.prod(_require_bounded_box(cls, action_space).shape))
 
     def squash(self, u: tf.Tensor) -> tf.Tensor:
         """<float32>[B, d] the action for pre-squash values u."""
@@ -373,34 +374,34 @@ class SquashedGaussian(ActionDistribution):
         return self.gaussian.entropy() + tf.reduce_sum(
             expected + tf.math.log(self._half_range), axis=-1)
 
-    def kl(self, other: "SquashedGaussian") -> tf.Tensor:
+    def kl(self, other: SquashedGaussian) -> tf.Tensor:
         """<float32>[B] KL of the Gaussians: a bijection (the same squash) keeps KL."""
         return self.gaussian.kl(other.gaussian)
 
 
-def _require_bounded_box(cls: type, action_space: gym.Space) -> None:
-    _require_space(cls, action_space, gym.spaces.Box)
-    if (len(action_space.shape) != 1 or not np.all(np.isfinite(action_space.low))
-            or not np.all(np.isfinite(action_space.high))):
-        raise ValueError(f"{cls.__name__} needs a 1-D Box with finite bounds, got "
-                         f"{action_space}")
+def _require_bounded_box(cls: type, action_space: gym.Space) -> gym.spaces.Box:
+    box = _require_space(cls, action_space, gym.spaces.Box)
+    if len(box.shape) != 1 or not np.all(np.isfinite(box.low)) or not np.all(
+            np.isfinite(box.high)):
+        raise ValueError(f"{cls.__name__} needs a 1-D Box with finite bounds, got {box}")
+    return box
 
 
 def squashed_gaussian_for(action_space: gym.Space) -> type:
     """SquashedGaussian bound to the low and high of a 1-D Box with finite bounds."""
-    _require_bounded_box(SquashedGaussian, action_space)
-    return _bound_squashed_gaussian(tuple(np.asarray(action_space.low, np.float32).tolist()),
-                                    tuple(np.asarray(action_space.high, np.float32).tolist()))
+    box = _require_bounded_box(SquashedGaussian, action_space)
+    return _bound_squashed_gaussian(tuple(np.asarray(box.low, np.float32).tolist()),
+                                    tuple(np.asarray(box.high, np.float32).tolist()))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bound_squashed_gaussian(low: tuple, high: tuple) -> type:
     return type("SquashedGaussian_bounded", (SquashedGaussian,), {
         "low": np.array(low, np.float32), "high": np.array(high, np.float32),
         "__module__": __name__})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _categorical_class(action_offset: int) -> type:
     """Categorical, or a subclass whose actions start at action_offset."""
     if action_offset == 0:
@@ -409,7 +410,7 @@ def _categorical_class(action_offset: int) -> type:
                 {"action_offset": action_offset, "__module__": __name__})
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _bound_multi_categorical(input_lens: tuple[int, ...], action_offsets: tuple[int, ...]) -> type:
     if not input_lens or min(input_lens) < 1:
         raise ValueError(f"MultiCategorical input_lens must be positive, got {input_lens}")

@@ -22,8 +22,8 @@ def one_line(err: BaseException | str, *, first_line: bool = False) -> str:
     error its own code raised, not by Ray's task text and the remote traceback.
     `first_line`: only the first non-empty line, for texts whose later lines are a
     traceback or a log (a dead actor's, a failed job's)."""
-    while isinstance(getattr(err, "cause", None), BaseException):
-        err = err.cause
+    while isinstance(cause := getattr(err, "cause", None), BaseException):
+        err = cause
     text = str(err)
     if first_line:
         text = next((line for line in text.splitlines() if line.strip()), "")

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 import gymnasium as gym
 import keras
@@ -361,6 +360,13 @@ def _check_shape(what: str, key: str, value, expected: tuple, why: str) -> None:
 _NUMBERED = re.compile(r"(.*?)(?:_(\d+))?")
 
 
+def _unnumbered(name: str) -> str:
+    """`name` without Keras's "_<n>" suffix ("dense_7" -> "dense")."""
+    match = _NUMBERED.fullmatch(name)
+    assert match is not None  # the pattern matches any string
+    return match.group(1)
+
+
 def weight_names(model: keras.Model, variables: list) -> list[str]:
     """Names of `variables` that are the same in every process.
 
@@ -370,17 +376,17 @@ def weight_names(model: keras.Model, variables: list) -> list[str]:
     under their parent, as a fresh process would number them ("dense",
     "dense_1", ...); names the user gave stay, and the model's own name is dropped.
     """
-    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
-            if _NUMBERED.fullmatch(layer.name).group(1) == _snake_case(type(layer).__name__)}
+    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
+            if _unnumbered(layer.name) == _snake_case(type(layer).__name__)}
     ranks: dict[tuple, dict] = {}
     names = []
     for variable in variables:
         segments = variable.path.split("/")
         if len(segments) > 1 and segments[0] == model.name:
             segments = segments[1:]
-        canonical = []
+        canonical: list[str] = []
         for position, segment in enumerate(segments):
-            base = _NUMBERED.fullmatch(segment).group(1)
+            base = _unnumbered(segment)
             is_variable = position == len(segments) - 1
             if segment in auto or (is_variable and base == "variable"):
                 seen = ranks.setdefault((tuple(canonical), base), {})

@@ -512,7 +512,7 @@ class TFPolicy:
         values["target_age"] = np.int64(state["target_age"])
 
     @classmethod
-    def from_state(cls, state: dict) -> "TFPolicy":
+    def from_state(cls, state: dict) -> TFPolicy:
         """A new policy (of the class named in the state) with that exact state."""
         named = checkpoints.resolve_class(state.get("policy_class") or checkpoints.class_path(cls),
                                           TFPolicy)
@@ -530,7 +530,7 @@ class TFPolicy:
             checkpoints.write_policy_state(tmp, self.get_state())
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir: str) -> "TFPolicy":
+    def from_checkpoint(cls, checkpoint_dir: str) -> TFPolicy:
         return cls.from_state(checkpoints.read_policy_state(checkpoint_dir))
 
     def export_model(self, export_dir: str, onnx: int | None = None) -> None:

@@ -159,10 +159,10 @@ def scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
     """Rows `values` placed at `positions` of `length` rows; the rest is padding
     (0, or None in object columns and lists)."""
     if isinstance(values, list):
-        out = [None] * length
+        items: list[Any] = [None] * length
         for pos, item in zip(positions.tolist(), values):
-            out[pos] = item
-        return out
+            items[pos] = item
+        return items
     values = np.asarray(values)
     if values.dtype == object:
         out = np.empty((length,) + values.shape[1:], dtype=object)
@@ -227,7 +227,7 @@ class SampleBatch(dict):
         self.validate()
 
     @classmethod
-    def from_checked_rows(cls, columns: dict[str, Any]) -> "SampleBatch":
+    def from_checked_rows(cls, columns: dict[str, Any]) -> SampleBatch:
         """A batch of the caller's row columns (arrays of equal row counts, no
         seq_lens), taken as they are: no conversion, no validation. For a replay
         buffer's sample, whose columns its own store built: the constructor's
@@ -331,7 +331,7 @@ class SampleBatch(dict):
         """Rows of a padded row column: num_seqs * max_seq_len when zero-padded,
         else `count`."""
         if self.zero_padded and self._has_sequences():
-            return len(self[self.SEQ_LENS]) * self.max_seq_len
+            return len(self[self.SEQ_LENS]) * self._seq_len_bound()
         return self.count
 
     def __len__(self) -> int:
@@ -343,6 +343,11 @@ class SampleBatch(dict):
         return f"SampleBatch({self.count}{seqs}: {list(self.keys())})"
 
     # ---- sequences ----------------------------------------------------
+
+    def _seq_len_bound(self) -> int:
+        """max_seq_len of a batch with sequences (where it is always set)."""
+        assert self.max_seq_len is not None, "a batch with seq_lens has a max_seq_len"
+        return self.max_seq_len
 
     def _has_sequences(self) -> bool:
         seq_lens = dict.get(self, self.SEQ_LENS)
@@ -362,7 +367,7 @@ class SampleBatch(dict):
     def _timestep_rows(self) -> np.ndarray:
         """<int64>[count]: the padded row of each timestep (identity if unpadded)."""
         if self.zero_padded and self._has_sequences():
-            return _padded_positions(self[self.SEQ_LENS], self.max_seq_len)
+            return _padded_positions(self[self.SEQ_LENS], self._seq_len_bound())
         return np.arange(self.count, dtype=np.int64)
 
     def _sequence_at(self, timestep: int, starts: np.ndarray) -> int:
@@ -372,19 +377,20 @@ class SampleBatch(dict):
         return int(np.searchsorted(starts, timestep, side="right")) - 1
 
     def _gather(self, timesteps: np.ndarray, seq_lens: np.ndarray | None,
-                sequences: np.ndarray | None) -> "SampleBatch":
+                sequences: np.ndarray) -> SampleBatch:
         """A new batch of the given timesteps of self, cut into `seq_lens`.
 
         Row leaves in the padded layout are re-padded to max_seq_len; others
         take `timesteps` directly; per-sequence state_in takes `sequences`.
         """
-        padded = self.zero_padded and seq_lens is not None
         positions = self._timestep_rows()
-        dest = _padded_positions(seq_lens, self.max_seq_len) if padded else None
-        length = len(seq_lens) * self.max_seq_len if padded else 0
+        dest, length = None, 0
+        if self.zero_padded and seq_lens is not None:
+            dest = _padded_positions(seq_lens, self._seq_len_bound())
+            length = len(seq_lens) * self._seq_len_bound()
 
         def gather_leaf(leaf: Any) -> Any:
-            if self._leaf_is_padded(leaf):
+            if self._leaf_is_padded(leaf) and dest is not None:
                 return scatter_padded(_take(leaf, positions[timesteps]), dest, length)
             return _take(leaf, timesteps)
 
@@ -403,7 +409,7 @@ class SampleBatch(dict):
                            _zero_padded=self.zero_padded,
                            _max_seq_len=self.max_seq_len if self.zero_padded else None)
 
-    def _whole_sequences(self, start: int, stop: int) -> "SampleBatch":
+    def _whole_sequences(self, start: int, stop: int) -> SampleBatch:
         """batch[start:stop], RLlib's rule: from the sequence holding timestep
         `start` up to, excluding, the one holding `stop`; bounds are timesteps."""
         if not self._has_sequences():
@@ -435,7 +441,7 @@ class SampleBatch(dict):
             raise ValueError(f"column 'seq_lens' must be a 1-D array of lengths "
                              f">= 0, got {seq_lens!r}")
         longest = int(seq_lens.max())
-        if self.zero_padded and longest > self.max_seq_len:
+        if self.zero_padded and longest > self._seq_len_bound():
             raise ValueError(
                 f"column 'seq_lens' has a sequence of {longest} rows, longer than "
                 f"max_seq_len={self.max_seq_len}; pass _max_seq_len >= {longest}")
@@ -503,12 +509,12 @@ class SampleBatch(dict):
 
     # ---- row operations -----------------------------------------------
 
-    def _with_data(self, data: dict) -> "SampleBatch":
+    def _with_data(self, data: dict) -> SampleBatch:
         return SampleBatch(data, _is_training=self._is_training,
                            _zero_padded=self.zero_padded,
                            _max_seq_len=self.max_seq_len)
 
-    def slice(self, start: int, end: int) -> "SampleBatch":
+    def slice(self, start: int, end: int) -> SampleBatch:
         """Timesteps [start, end) exactly, as RLlib: sequences cut by the bounds
         are shortened (seq_lens adjusted); each kept sequence keeps its
         state_in (the state at its original start, all a batch knows). A
@@ -531,7 +537,7 @@ class SampleBatch(dict):
                - np.maximum(starts[kept], start))
         return self._gather(np.arange(start, end), cut, kept)
 
-    def shuffle(self) -> "SampleBatch":
+    def shuffle(self) -> SampleBatch:
         """Permutes the rows in place, every row column alike (infos too).
 
         With `seq_lens`, whole sequences are permuted (padding moves with its
@@ -553,7 +559,7 @@ class SampleBatch(dict):
             dict.__setitem__(self, key, value)
         return self
 
-    def split_by_episode(self, key: str | None = None) -> list["SampleBatch"]:
+    def split_by_episode(self, key: str | None = None) -> list[SampleBatch]:
         """One batch per episode, in order.
 
         Splits where `eps_id` changes when that column exists (or key="eps_id"),
@@ -596,7 +602,7 @@ class SampleBatch(dict):
         values = np.asarray(self[key])
         return values[self._timestep_rows()] if self._leaf_is_padded(values) else values
 
-    def copy(self, shallow: bool = False) -> "SampleBatch":
+    def copy(self, shallow: bool = False) -> SampleBatch:
         """A new batch with the same flags; deep copies the data unless `shallow`."""
         if shallow:
             data = {k: list(v) if isinstance(v, list) else v for k, v in self.items()}
@@ -626,7 +632,7 @@ class SampleBatch(dict):
         positions = self._timestep_rows()
         for i in range(self.count):
             yield {k: 1 if k == self.SEQ_LENS else _map_leaves(
-                lambda x: x[positions[i] if self._leaf_is_padded(x) else i], v)
+                lambda x, i=i: x[positions[i] if self._leaf_is_padded(x) else i], v)
                 for k, v in items}
 
 
@@ -638,12 +644,12 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
     `zero_padded` and `max_seq_len`. Raises ValueError, naming the column,
     when a column is in some batches but not others or structures differ.
     """
-    batches = [b if isinstance(b, SampleBatch) else SampleBatch(b) for b in batches]
-    training_flags = {b._is_training for b in batches if b._is_training is not None}
+    samples = [b if isinstance(b, SampleBatch) else SampleBatch(b) for b in batches]
+    training_flags = {b._is_training for b in samples if b._is_training is not None}
     if len(training_flags) > 1:
         raise ValueError("concat_samples: batches disagree on is_training")
     is_training = training_flags.pop() if training_flags else None
-    non_empty = [b for b in batches if b.count > 0]
+    non_empty = [b for b in samples if b.count > 0]
     if not non_empty:
         return SampleBatch(_is_training=is_training)
     keys = list(non_empty[0].keys())

@@ -18,8 +18,14 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service.sample_batch import (SampleBatch, exclusive_cumsum, is_state_in, is_state_out,
-                                         object_array, scatter_padded)
+from policy_service.sample_batch import (
+    SampleBatch,
+    exclusive_cumsum,
+    is_state_in,
+    is_state_out,
+    object_array,
+    scatter_padded,
+)
 
 
 def loss_mask(seq_lens: Sequence[int] | np.ndarray, max_seq_len: int) -> np.ndarray:
@@ -156,7 +162,7 @@ def chop_into_sequences(
     dest = np.repeat(np.arange(num_seqs) * padded_len - starts, seq_lens) + np.arange(
         num_rows)
     length = num_seqs * padded_len
-    feature_sequences = []
+    feature_sequences: list[Any] = []  # an array per column, or a list of leaves (nested)
     for i, column in enumerate(feature_columns):
         column = _as_rows(column)
         if tree.is_nested(column) and not handle_nested_data:
@@ -380,7 +386,7 @@ def _initial_state(batch: SampleBatch, key: str, view_requirements: Mapping,
                              f"(one per sequence) or {num_rows} (one per row)")
         return tree.map_structure(lambda s: s[starts], state)
     req = view_requirements[key]
-    data_col = getattr(req, "data_col")
+    data_col = req.data_col
     flags = _new_trajectory_flags(num_rows, id_columns)
     first_row = np.maximum.accumulate(np.where(flags, np.arange(num_rows), 0))
     return _read_shifted_state(batch[data_col], starts.astype(np.int64), first_row,

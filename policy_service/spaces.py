@@ -86,7 +86,8 @@ def _check_rank_and_kind(array: np.ndarray, trailing: tuple, kinds: str,
         raise _mismatch(column, expected, array, f"dtype kind '{array.dtype.kind}' does not fit")
 
 
-def _check_index_range(array: np.ndarray, start: np.ndarray, size: np.ndarray,
+def _check_index_range(array: np.ndarray, start: np.ndarray | np.integer,
+                       size: np.ndarray | np.integer,
                        column: str, expected: str) -> None:
     """Values must lie in [start, start + size) elementwise (broadcast over rows)."""
     bad = (array < start) | (array >= start + size)
@@ -156,6 +157,7 @@ class _BoxPreprocessor(ObservationPreprocessor):
     def __init__(self, space: gym.spaces.Box):
         size = int(np.prod(space.shape, dtype=np.int64))
         super().__init__(space, space.shape if is_image_space(space) else (size,))
+        self._space_shape = space.shape
         floating = np.issubdtype(space.dtype, np.floating)
         self._kinds = _REAL_KINDS if floating else _INT_KINDS + "b"
         self._expected = (f"shape {_batch_shape(space.shape)} dtype {space.dtype}"
@@ -164,7 +166,7 @@ class _BoxPreprocessor(ObservationPreprocessor):
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
-        _check_rank_and_kind(array, self.space.shape, self._kinds, column, self._expected)
+        _check_rank_and_kind(array, self._space_shape, self._kinds, column, self._expected)
         if array.dtype.kind == "f":
             bad = ~np.isfinite(array)
             if bad.any():
@@ -206,7 +208,8 @@ class _IndexPreprocessor(ObservationPreprocessor):
 
     def _encode(self, array):
         batch = array.shape[0]
-        slots = array.reshape(batch, len(self._sizes)).astype(np.int64) - self._starts + self._offsets
+        slots = array.reshape(batch, len(self._sizes)).astype(np.int64)
+        slots = slots - self._starts + self._offsets
         out = np.zeros((batch, self.shape[0]), np.float32)
         out[np.arange(batch)[:, None], slots] = 1.0
         return out
@@ -217,12 +220,13 @@ class _MultiBinaryPreprocessor(ObservationPreprocessor):
 
     def __init__(self, space: gym.spaces.MultiBinary):
         super().__init__(space, (int(np.prod(space.shape, dtype=np.int64)),))
+        self._space_shape = space.shape
         self._expected = (f"shape {_batch_shape(space.shape)} integer or bool dtype "
                           "with values in {0, 1}")
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
-        _check_rank_and_kind(array, self.space.shape, _INT_KINDS + "b", column, self._expected)
+        _check_rank_and_kind(array, self._space_shape, _INT_KINDS + "b", column, self._expected)
         _check_index_range(array, np.int64(0), np.int64(2), column, self._expected)
         return array, array.shape[0]
 
@@ -316,7 +320,10 @@ def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
 # Actions
 
 
-def _supported_action_space(space: gym.Space) -> gym.Space:
+SupportedActionSpace = gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box
+
+
+def _supported_action_space(space: gym.Space) -> SupportedActionSpace:
     """Returns the space if actions of it are supported, else NotImplementedError."""
     if isinstance(space, gym.spaces.Discrete):
         return space
@@ -370,6 +377,8 @@ def check_actions(action_space: gym.Space, actions: Any, column: str = "actions"
                     column, expected + f" within [{space.low.tolist()}, {space.high.tolist()}]",
                     array, f"row {row} has value {array[row].tolist()} out of bounds")
         return
+    start: np.ndarray | np.integer
+    size: np.ndarray | np.integer
     if isinstance(space, gym.spaces.Discrete):
         trailing, start, size = (), np.int64(space.start), np.int64(space.n)
         value_range = f"[{int(start)}, {int(start + size)})"

@@ -80,6 +80,7 @@ def _sequence_columns(batch: SampleBatch, num_state_tensors: int, max_seq_len: i
     seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], np.int32)
     num_seqs = len(seq_lens)
     length = batch.max_seq_len
+    assert length is not None  # set whenever a batch has seq_lens, as it has now
     columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
     if fixed_seq_len and length != max_seq_len:
         columns = {k: v if is_sequence_column(k) else _pad_time(v, num_seqs, length, max_seq_len)

@@ -314,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     args = build_parser().parse_args(argv)
-    from policy_service.distributed.ray_runtime import start_ray
     import ray
+
+    from policy_service.distributed.ray_runtime import start_ray
     if not ray.is_initialized():
         start_ray(num_cpus=2, quiet=True)
     try:

@@ -9,7 +9,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-from policy_service.engine import devices  # noqa: E402
+from policy_service.engine import devices
 
 NUM_FAKE_GPUS = 4
 devices.prepare_process(NUM_FAKE_GPUS)

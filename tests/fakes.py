@@ -166,12 +166,12 @@ def weights_differ(a: dict, b: dict) -> bool:
 
 def iterations(policy) -> list[int]:
     """Steps each of the policy's optimizers has applied."""
-    return [int(opt.iterations.numpy()) for opt in policy._optimizers]  # noqa: SLF001
+    return [int(opt.iterations.numpy()) for opt in policy._optimizers]
 
 
 def optimizer_state(policy) -> dict:
     """A copy of every optimizer variable, by its state name."""
-    return {k: v.numpy().copy() for k, v in policy._optimizer_variables().items()}  # noqa: SLF001
+    return {k: v.numpy().copy() for k, v in policy._optimizer_variables().items()}
 
 
 class ReturnsPGPolicy(TFPolicy):
@@ -232,8 +232,8 @@ def frame_stack_stream(num_envs: int, rounds: int, n_step: int = 1, stack: int =
     episode or fragment (n-step postprocessing). Columns: obs, new_obs (stacks on
     `axis` of one observation), actions, rewards, terminateds, truncateds, and
     "id" counting rows. Yields (batch, episodes begun so far)."""
-    from gymnasium.wrappers import FrameStackObservation
     from envs import FrameEnv
+    from gymnasium.wrappers import FrameStackObservation
     envs = [FrameStackObservation(FrameEnv({"seed": seed * 1000 + i,
                                             "lengths": [9 + i, 14, 30 + 3 * i]}), stack)
             for i in range(num_envs)]

@@ -21,15 +21,14 @@ os.environ.setdefault("RLLIB_TEST_NO_TF_IMPORT", "1")
 os.environ.setdefault("RLLIB_TEST_NO_TORCH_IMPORT", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-from ray.rllib.policy.rnn_sequencing import (  # noqa: E402
+import numpy as np
+import rllib_wire
+from ray.rllib.policy.rnn_sequencing import (
     chop_into_sequences,
     pad_batch_to_sequences_of_same_size,
 )
-from ray.rllib.policy.sample_batch import SampleBatch, concat_samples  # noqa: E402
-from ray.rllib.policy.view_requirement import ViewRequirement  # noqa: E402
-
-import rllib_wire  # noqa: E402
+from ray.rllib.policy.sample_batch import SampleBatch, concat_samples
+from ray.rllib.policy.view_requirement import ViewRequirement
 
 
 def describe(batch: SampleBatch) -> dict:
@@ -99,7 +98,7 @@ def op_batch(request: dict):
             else:
                 raise ValueError(f"unknown batch op {name!r}")
             results.append({"ok": out})
-        except Exception as err:  # RLlib's failure is a result to compare
+        except Exception as err:  # noqa: BLE001 - RLlib's failure is a result to compare
             results.append({"error": f"{type(err).__name__}: {err}"})
     return results
 

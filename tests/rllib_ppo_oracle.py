@@ -23,15 +23,14 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from ray.rllib.algorithms.ppo import PPOConfig  # noqa: E402
-from ray.rllib.algorithms.ppo.ppo_tf_policy import PPOTF1Policy  # noqa: E402
-from ray.rllib.policy.sample_batch import SampleBatch  # noqa: E402
-from ray.rllib.execution.rollout_ops import standardize_fields  # noqa: E402
-
-import rllib_wire  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import rllib_wire
+import tensorflow as tf
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.rllib.algorithms.ppo.ppo_tf_policy import PPOTF1Policy
+from ray.rllib.execution.rollout_ops import standardize_fields
+from ray.rllib.policy.sample_batch import SampleBatch
 
 tf.compat.v1.disable_eager_execution()  # RLlib's "tf" framework: static graphs
 

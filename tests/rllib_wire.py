@@ -12,8 +12,9 @@ import json
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -74,12 +75,12 @@ def serve(ops: dict[str, Callable[[dict], Any]]) -> None:
         try:
             request = loads(line)
             answer = {"ok": ops[request["op"]](request)}
-        except Exception as err:  # RLlib's error is the answer, not the end of the oracle
+        except Exception as err:  # noqa: BLE001 - RLlib's error is the answer, not the end
             answer = {"error": f"{type(err).__name__}: {err}",
                       "trace": traceback.format_exc(limit=4)}
         try:
             text = dumps(answer)
-        except Exception as err:  # an unencodable RLlib result is reported, not fatal
+        except Exception as err:  # noqa: BLE001 - an unencodable result is reported, not fatal
             text = json.dumps({"error": f"unencodable answer: {err}"})
         sys.stdout.write(text + "\n")
         sys.stdout.flush()

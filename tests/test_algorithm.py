@@ -12,11 +12,11 @@ import algorithms
 from algorithms.algorithm import AlgorithmState
 from algorithms.environments import env_maker
 from algorithms.ppo import PPO, PPOPolicy
+from policy_service.cli import commands as cli
 from policy_service.config import from_dict, on_cpu
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
 from policy_service.sample_batch import SampleBatch, concat_samples
-from policy_service.cli import commands as cli
 
 PPO_RUN = {"env": "CartPole-v1", "seed": 3, "num_env_runners": 0, "num_envs_per_env_runner": 2,
            "train_batch_size": 256, "minibatch_size": 64, "num_epochs": 3, "lr": 1e-3,

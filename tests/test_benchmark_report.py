@@ -26,5 +26,6 @@ def test_report_has_the_dqn_comparison_beside_the_other_workloads(tmp_path):
     e2e, dqn = text.index("### compare_rllib: e2e"), text.index("### compare_rllib: dqn")
     assert e2e < dqn
     assert "| 1 | 61756 | 65536 | 0.942 |" in text[dqn:]
-    assert "| cartpole | uniform | insert | 32 | ours | – | 2,842,774 | – | – | 0.54 | – | – |" in text
+    assert ("| cartpole | uniform | insert | 32 | ours | – | 2,842,774 | – | – | 0.54 | – | – |"
+            in text)
     assert "| cartpole | uniform | memory | – | ours | 1000000 | – | – | – | – | 1 | 1 |" in text

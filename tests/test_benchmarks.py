@@ -134,6 +134,7 @@ def test_dqn_train_to_target_stops_by_each_rule(returns, max_env_steps, started_
                                                 stopped_by, steps):
     """Both sides of the dqn workload stop by this rule, checked after each iteration."""
     import time
+
     from benchmarks.dqn_e2e import train_to_target
     results = iter([(1000 * (i + 1), r) for i, r in enumerate(returns)])
     outcome = train_to_target(lambda: next(results), 450.0, max_env_steps, 600.0,

@@ -173,6 +173,7 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     # a state only the policy can refuse (a weight of another shape): the learner actor's
     # check names it in one line, and the resume falls back to the checkpoint before
     import numpy as np
+
     from policy_service.io import checkpoints
     arrays_file = (run_dir / "checkpoints" / "checkpoint_000002" / checkpoints.POLICY_SUBDIR
                    / checkpoints.POLICY_ARRAYS)
@@ -212,8 +213,10 @@ def test_evaluate_and_export_the_checkpoint(trained, tmp_path):
     stats = json.loads(out.strip().splitlines()[-1])
     assert stats["episodes"] == 3 and stats["env"] == "CartPole-v1"
     assert len(stats["episode_lengths"]) == 3
-    assert stats["episode_return_min"] <= stats["episode_return_mean"] <= stats["episode_return_max"]
-    assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]  # CartPole: +1/step
+    assert (stats["episode_return_min"] <= stats["episode_return_mean"]
+            <= stats["episode_return_max"])
+    # CartPole: +1 a step
+    assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]
     code, out, err = _finish(export)
     assert code == 0, err
     assert (tmp_path / "saved" / "saved_model.pb").exists()
@@ -598,6 +601,7 @@ def test_overrides_parse_yaml_values_and_nest_dotted_keys():
 
 def test_metrics_become_plain_json():
     import numpy as np
+
     from policy_service.cli.run_config import json_safe
     assert json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
                        "d": (1, float("inf"))}) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}

@@ -10,9 +10,9 @@
 """
 import ast
 import shutil
-import zipfile
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -48,7 +48,8 @@ def private_uses(path: Path) -> list[str]:
         if name is None:
             aliases.add(module.split(".")[0])
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+        if (isinstance(node, ast.ImportFrom) and node.module
+                and node.module.split(".")[0] in PACKAGES):
             aliases.update(a.asname or a.name for a in node.names)
         if isinstance(node, ast.Import):
             aliases.update(a.asname for a in node.names if a.asname)

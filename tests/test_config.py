@@ -8,14 +8,21 @@ import math
 from dataclasses import dataclass
 
 import pytest
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 from algorithms.algorithm import AlgorithmConfig
 from algorithms.ppo import PPOConfig
-from policy_service.config import (ConfigError, ConfigTypeError, ModelConfig, PolicyConfig,
-                                   field_check, field_docs, from_dict, integer,
-                                   setting)
-
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+from policy_service.config import (
+    ConfigError,
+    ConfigTypeError,
+    ModelConfig,
+    PolicyConfig,
+    field_check,
+    field_docs,
+    from_dict,
+    integer,
+    setting,
+)
 
 
 def test_empty_and_none_give_the_defaults():

@@ -48,7 +48,8 @@ def test_categorical_logp_entropy_kl_match_closed_form():
     logits = RNG.normal(size=(5, 4)).astype(np.float32) * 3
     other = RNG.normal(size=(5, 4)).astype(np.float32)
     actions = np.array([0, 3, 1, 2, 3])
-    log_p, log_q = np_log_softmax(logits.astype(np.float64)), np_log_softmax(other.astype(np.float64))
+    log_p = np_log_softmax(logits.astype(np.float64))
+    log_q = np_log_softmax(other.astype(np.float64))
     p = np.exp(log_p)
     dist = Categorical(logits)
     logp = dist.logp(actions)
@@ -148,11 +149,13 @@ def test_multicategorical_binding_is_cached_and_respects_start():
     space = gym.spaces.MultiDiscrete([2, 3], start=[1, -1])
     assert dist_class_for(space) is dist_class_for(space)
     assert dist_class_for(space) is not dist_class_for(gym.spaces.MultiDiscrete([2, 3]))
-    assert MultiCategorical.with_input_lens([2, 3]) is dist_class_for(gym.spaces.MultiDiscrete([2, 3]))
+    multi_discrete = gym.spaces.MultiDiscrete([2, 3])
+    assert MultiCategorical.with_input_lens([2, 3]) is dist_class_for(multi_discrete)
     dist = dist_class_for(space)(np.array([[0.0, 5.0, 5.0, 0.0, 0.0]], np.float32))
     np.testing.assert_array_equal(dist.deterministic_sample(), [[2, -1]])
     close(dist.logp(np.array([[2, -1]])),
-          np_log_softmax(np.array([[0.0, 5.0]]))[0, 1] + np_log_softmax(np.array([[5.0, 0, 0]]))[0, 0])
+          np_log_softmax(np.array([[0.0, 5.0]]))[0, 1]
+          + np_log_softmax(np.array([[5.0, 0, 0]]))[0, 0])
     samples = dist_class_for(space)(np.zeros((300, 5), np.float32)).sample().numpy()
     assert all(space.contains(row) for row in samples)
 

@@ -13,10 +13,10 @@ from fakes import assert_weights_close, fake_gpus
 
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN, DQNPolicy, sgd_steps_due
+from policy_service.cli import commands as cli
 from policy_service.config import ConfigError
 from policy_service.io.checkpoints import ALGORITHM_STATE
 from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
-from policy_service.cli import commands as cli
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_dqn.yaml"
 

@@ -21,8 +21,8 @@ SLOW_SCRIPT = {**SCRIPT, "step_sleep_s": 0.02}  # a fragment of 20 steps takes ~
 
 @pytest.fixture(scope="module")
 def group(ray_local):
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, num_env_runners=2,
-                           num_envs_per_env_runner=2, rollout_fragment_length=20,
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
+                           num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=20,
                            env_config=SLOW_SCRIPT, seed=0)
     yield group
     group.stop()
@@ -117,8 +117,8 @@ def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
 
 
 def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local):
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, num_env_runners=2,
-                           num_envs_per_env_runner=2, rollout_fragment_length=10,
+    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
+                           num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=10,
                            env_config=SCRIPT, seed=0, remote_inference=True,
                            num_cpus_per_env_runner=0.25, policy_actor_options={"num_cpus": 0.5})
     try:

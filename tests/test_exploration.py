@@ -3,11 +3,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 from policy_service import exploration
 from policy_service.exploration import EpsilonGreedy, StochasticSampling
-
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 
 def epsilon_greedy_policy(initial, final, timesteps=100, action_space=ACTION_SPACE, **config):

@@ -12,10 +12,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from fakes import CELL, PGPolicy, fake_gpus, small_config
 
 from policy_service.io.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
-
-from fakes import CELL, PGPolicy, fake_gpus, small_config
 
 OPSET = 17
 ROWS = 7

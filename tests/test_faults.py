@@ -21,11 +21,11 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError
 
+from policy_service.cli import commands as cli
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch
-from policy_service.cli import commands as cli
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}

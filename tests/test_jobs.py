@@ -148,15 +148,16 @@ def submissions(ray_head, tmp_path_factory):
         "fails": ([python, "-c", "import sys; print('failing now'); sys.exit(3)"], token_file, []),
         "no_wait": ([python, "-c", "print('later')"], token_file, ["--no-wait"]),
         "no_token": ([python, "-c", "print('never runs')"], None, []),
-        "one_gpu": ([python, "-c", "import os; print('visible GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'))"],
+        "one_gpu": ([python, "-c",
+                     "import os; print('visible GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'))"],
                     token_file, ["--num-gpus", "1"]),
         "too_many_gpus": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
                            "--num-learners", "1", "--gpus-per-learner", "2",
                            "--output-dir", str(job_run_dir.parent / "gpus")], token_file, []),
         # A training run as a job joins the cluster ($RAY_ADDRESS, the head's token).
-        "train": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--set", "train_batch_size=128",
-                   "--set", "minibatch_size=64", "--set", "num_epochs=1",
-                   "--output-dir", str(job_run_dir)], token_file, []),
+        "train": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
+                   "--set", "train_batch_size=128", "--set", "minibatch_size=64",
+                   "--set", "num_epochs=1", "--output-dir", str(job_run_dir)], token_file, []),
     }
     running = {}
     for name, (job, token, flags) in cases.items():

@@ -200,7 +200,7 @@ def test_batch_norm_layers_follow_each_hidden_dense_layer():
             base = f"{trunk}/{trunk}_bn_{i}/"
             assert names[base + "moving_mean"].shape == (16,)
             assert names[base + "moving_variance"].shape == (16,)
-    assert len(policy.towers._bn_layers) == 4  # pylint: disable=protected-access
+    assert len(policy.towers._bn_layers) == 4
 
 
 def test_batch_norm_acting_uses_moving_statistics():

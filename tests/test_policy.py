@@ -263,7 +263,8 @@ def test_import_model_from_h5(tmp_path):
     assert_weights_close(source.get_weights(), target.get_weights(), atol=0, rtol=0)
     other = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(model={"fcnet_hiddens": [8]}))
     before = other.get_weights()
-    with pytest.raises(Exception):
+    # Keras documents no error type for a file of other shapes; the rollback is the test
+    with pytest.raises(Exception):  # noqa: B017
         other.import_model_from_h5(path)
     assert_weights_close(before, other.get_weights(), atol=0, rtol=0)
 

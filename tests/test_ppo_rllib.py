@@ -23,7 +23,7 @@ from policy_service.models import weight_names
 from policy_service.sample_batch import SampleBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rllib_wire import Oracle  # noqa: E402
+from rllib_wire import Oracle
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 

@@ -36,8 +36,8 @@ def feed_both(cls, axis, n_step, rounds, capacity=200, seed=3, check_every=1):
     pooled = cls(capacity, seed=seed, frame_stack_axis=axis)
     rng = np.random.default_rng(seed)
     episodes = 0
-    for i, (batch, episodes) in enumerate(frame_stack_stream(ENVS, rounds, n_step, STACK,
-                                                             axis=axis, seed=seed)):
+    stream = frame_stack_stream(ENVS, rounds, n_step, STACK, axis=axis, seed=seed)
+    for i, (batch, episodes) in enumerate(stream):  # noqa: B007 - the last count is returned
         plain.add(batch)
         pooled.add(batch)
         if i % check_every == 0:

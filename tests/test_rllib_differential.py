@@ -29,7 +29,7 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.sequencing import chop_into_sequences, pad_batch_to_sequences_of_same_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rllib_wire import Oracle, RLlibError  # noqa: E402
+from rllib_wire import Oracle, RLlibError
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 

@@ -120,7 +120,8 @@ def test_batching_off_runs_every_request_alone(max_batch_size, timeout_s):
 
 
 def test_hosted_policy_runs_on_the_devices_it_was_given():
-    no_gpu = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2}, visible_gpus=0, ray_gpu_ids=[])
+    no_gpu = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2}, visible_gpus=0,
+                                  ray_gpu_ids=[])
     assert no_gpu.num_gpus == 0
     fake = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2, "_fake_gpus": True},
                                 visible_gpus=0, ray_gpu_ids=[])
@@ -281,7 +282,7 @@ def test_served_recurrent_policy_reproduces_a_local_rollout(ray_local):
     remote_states = [None] * len(rows)
     local_states = [None] * len(rows)
     passes_before = ray.get(actor.stats.remote())["num_forward_passes"]
-    for step in range(6):
+    for _ in range(6):
         observations = [_obs(rng, n) for n in rows]
         refs = [actor.compute_actions.remote(o, s, explore=False)
                 for o, s in zip(observations, remote_states)]

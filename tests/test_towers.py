@@ -316,7 +316,7 @@ def _assert_bn(policy, expected, trunk):
 @pytest.mark.parametrize("n", [37, 5])  # padded; with one tower all padding
 def test_batch_norm_moving_statistics_come_from_the_whole_batch(n):
     one, four = pair(4, model={"use_batch_norm": True})
-    momentum = four.towers._bn_layers[0].momentum  # pylint: disable=protected-access
+    momentum = four.towers._bn_layers[0].momentum
     assert momentum == pytest.approx(0.99)
     for step in range(2):  # the second step starts from the first step's statistics
         batch = mlp_batch(n, seed=10 * n + step)
@@ -494,7 +494,7 @@ def test_new_batch_sizes_never_retrace():
         run(n)
     assert policy.towers.trace_count() == traces
     assert policy.action_trace_count() == action_traces == 1
-    assert policy._logp_fn.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+    assert policy._logp_fn.experimental_get_tracing_count() == 1
 
 
 def test_new_sequence_lengths_never_retrace():
@@ -726,7 +726,7 @@ def test_tower_gradients_meet_by_nccl_only_between_real_gpus(plan, op_type):
             with tf.device(device):
                 terms.append(tf.ones([3]))
         with tf.device(plan.variable_device):
-            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)  # noqa: SLF001
+            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)
     assert total.op.type == op_type
     assert total.device.endswith(plan.variable_device.lstrip("/"))  # e.g. /device:GPU:0
 
@@ -797,6 +797,6 @@ def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing():
         policy.load_batch_into_buffer(batch)
         policy.learn_on_loaded_epochs(2)
     assert_weights_close(plain.get_weights(), grouped.get_weights(), atol=0, rtol=0)
-    op_types = {op.type for f in grouped.towers._functions.values()  # pylint: disable=protected-access
+    op_types = {op.type for f in grouped.towers._functions.values()
                 for op in f.concrete.graph.get_operations()}
     assert "AddN" in op_types and not any("Collective" in t for t in op_types)

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import user_models
-from user_models import ValueOptionalPolicy
 from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
@@ -24,6 +23,7 @@ from fakes import (
     mlp_batch,
     small_config,
 )
+from user_models import ValueOptionalPolicy
 
 from policy_service import models
 from policy_service.sample_batch import SampleBatch
@@ -76,8 +76,9 @@ def test_weights_hold_every_variable_and_round_trip(style):
     for name, value in target.get_weights().items():
         np.testing.assert_array_equal(value, weights[name], err_msg=name)
     obs = np.random.default_rng(3).uniform(-1, 1, (5, 4)).astype(np.float32)
-    np.testing.assert_array_equal(source.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
-                                  target.compute_actions(obs, explore=False)[2]["action_dist_inputs"])
+    np.testing.assert_array_equal(
+        source.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
+        target.compute_actions(obs, explore=False)[2]["action_dist_inputs"])
 
 
 def test_weight_names_do_not_depend_on_what_the_process_built_before():

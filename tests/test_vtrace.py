@@ -34,9 +34,8 @@ def paper_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, pg_rh
 def random_inputs(seed, T=7, B=5):
     rng = np.random.default_rng(seed)
     discounts = np.where(rng.random((T, B)) < 0.2, 0.0, 0.9).astype(np.float32)  # terminations
-    return (rng.normal(0, 1, (T, B)).astype(np.float32), discounts,
-            rng.normal(0, 1, (T, B)).astype(np.float32), rng.normal(0, 1, (T, B)).astype(np.float32),
-            rng.normal(0, 1, B).astype(np.float32))
+    log_rhos, rewards, values = (rng.normal(0, 1, (T, B)).astype(np.float32) for _ in range(3))
+    return log_rhos, discounts, rewards, values, rng.normal(0, 1, B).astype(np.float32)
 
 
 @pytest.mark.parametrize("threshold", [None, 1.0, 0.5])

@@ -6,7 +6,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import yaml
 
@@ -62,7 +62,7 @@ def apply_override(config: dict, assignment: str) -> None:
     target[leaf] = value
 
 
-def build_config(options: RunOptions, base: Optional[dict] = None) -> dict:
+def build_config(options: RunOptions, base: dict | None = None) -> dict:
     """`base` (a saved run's config, or nothing) updated by --config, each --set, the flags."""
     config = json.loads(json.dumps(base or {}))  # a deep copy
     if options.config_file:
@@ -82,7 +82,7 @@ def _merge(target: dict, updates: dict) -> None:
             target[key] = value
 
 
-def algorithm_class(name: Optional[str]) -> type:
+def algorithm_class(name: str | None) -> type:
     from algorithms import get_algorithm_class
     if not name:
         raise TrainingSetupError("no algorithm given: train ALGO --env ENV, e.g. train ppo "
@@ -119,7 +119,7 @@ def check_devices(config) -> None:
 
     from policy_service.engine import devices
     try:
-        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,  # pylint: disable=W0212
+        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,
                                     len(tf.config.list_physical_devices("GPU")))
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None

@@ -7,11 +7,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
-from policy_service.io import checkpoints
 from policy_service.cli.run_options import TrainingSetupError
 from policy_service.errors import one_line
+from policy_service.io import checkpoints
+
 
 class RunDirectory:
     """The files of one run; every write is whole (temp file or dir + rename)."""
@@ -69,8 +70,8 @@ class RunDirectory:
         os.replace(tmp, self.progress_file)
         return rows
 
-    def write_result(self, metrics: dict, stop_reason: str, checkpoint: Optional[Path],
-                     resources: Optional[dict] = None) -> None:
+    def write_result(self, metrics: dict, stop_reason: str, checkpoint: Path | None,
+                     resources: dict | None = None) -> None:
         """The last metrics, why the run stopped, its checkpoint and the resources
         each role held (scripts/run_resources.py)."""
         write_json(self.result_file, {**metrics, "stop_reason": stop_reason,
@@ -84,7 +85,7 @@ class RunDirectory:
         """Complete checkpoints, oldest first."""
         return checkpoints.list_checkpoints(self.checkpoints)
 
-    def latest_checkpoint(self) -> Optional[Path]:
+    def latest_checkpoint(self) -> Path | None:
         return checkpoints.latest_checkpoint(self.checkpoints)
 
     def prune_checkpoints(self, keep: int) -> None:

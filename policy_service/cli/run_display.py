@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+
 
 class ProgressDisplay:
     """A tqdm bar on a terminal; one plain line per iteration when stderr is a file."""
 
-    def __init__(self, total_iters: Optional[int], initial: int):
+    def __init__(self, total_iters: int | None, initial: int):
         from tqdm import tqdm
         self.live = sys.stderr.isatty()
         self.bar = tqdm(total=total_iters, initial=initial, unit="iter", file=sys.stderr,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from policy_service.errors import UserError
 
@@ -20,11 +19,11 @@ class TrainingSetupError(UserError):
 class StopCriteria:
     """When a run ends; None means no such limit (no limit at all: until Ctrl-C)."""
 
-    reward: Optional[float] = None  # episode_return_mean at which to stop
-    timesteps: Optional[int] = None  # env steps (timesteps_total) after which to stop
-    iters: Optional[int] = None  # iterations after which to stop
+    reward: float | None = None  # episode_return_mean at which to stop
+    timesteps: int | None = None  # env steps (timesteps_total) after which to stop
+    iters: int | None = None  # iterations after which to stop
 
-    def reason(self, metrics: dict) -> Optional[str]:
+    def reason(self, metrics: dict) -> str | None:
         """The first criterion `metrics` meets, or None."""
         ret = metrics.get("episode_return_mean")
         if self.reward is not None and ret is not None and ret >= self.reward:
@@ -35,7 +34,7 @@ class StopCriteria:
             return STOP_ITERS
         return None
 
-    def updated(self, other: "StopCriteria") -> "StopCriteria":
+    def updated(self, other: StopCriteria) -> StopCriteria:
         """These criteria with every limit `other` sets replaced by its value."""
         return StopCriteria(**{k: v if v is not None else getattr(self, k)
                                for k, v in dataclasses.asdict(other).items()})
@@ -45,22 +44,22 @@ class StopCriteria:
 class RunOptions:
     """Everything `policy-service train` takes; None means "not given"."""
 
-    algorithm: Optional[str] = None  # registered algorithm name, e.g. "ppo"
-    env: Optional[str] = None  # gymnasium id or "module:EnvId"
-    config_file: Optional[str] = None  # YAML or JSON mapping of config keys
+    algorithm: str | None = None  # registered algorithm name, e.g. "ppo"
+    env: str | None = None  # gymnasium id or "module:EnvId"
+    config_file: str | None = None  # YAML or JSON mapping of config keys
     overrides: list = field(default_factory=list)  # "key=value" strings; dotted keys nest
-    num_gpus: Optional[float] = None  # -> config "num_gpus"
-    fake_gpus: Optional[bool] = None  # -> config "_fake_gpus"
-    num_env_runners: Optional[int] = None  # -> config "num_env_runners"
-    num_learners: Optional[int] = None  # -> config "num_learners"
-    gpus_per_learner: Optional[float] = None  # -> config "num_gpus_per_learner"
-    seed: Optional[int] = None  # -> config "seed"
+    num_gpus: float | None = None  # -> config "num_gpus"
+    fake_gpus: bool | None = None  # -> config "_fake_gpus"
+    num_env_runners: int | None = None  # -> config "num_env_runners"
+    num_learners: int | None = None  # -> config "num_learners"
+    gpus_per_learner: float | None = None  # -> config "num_gpus_per_learner"
+    seed: int | None = None  # -> config "seed"
     stop: StopCriteria = field(default_factory=StopCriteria)
-    output_dir: Optional[str] = None  # run directory (default runs/ALGO-ENV-TIME)
-    resume: Optional[str] = None  # run directory to continue from its latest checkpoint
-    address: Optional[str] = None  # Ray cluster to join (default: $RAY_ADDRESS, else local)
-    checkpoint_every: Optional[int] = None  # iterations between checkpoints; 0: at the end only
-    keep_checkpoints: Optional[int] = None  # latest checkpoints kept
+    output_dir: str | None = None  # run directory (default runs/ALGO-ENV-TIME)
+    resume: str | None = None  # run directory to continue from its latest checkpoint
+    address: str | None = None  # Ray cluster to join (default: $RAY_ADDRESS, else local)
+    checkpoint_every: int | None = None  # iterations between checkpoints; 0: at the end only
+    keep_checkpoints: int | None = None  # latest checkpoints kept
 
     def config_flags(self) -> dict:
         """The config keys set by their own flags (they win over the file and --set)."""

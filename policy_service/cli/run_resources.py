@@ -12,7 +12,8 @@ answer in time is recorded with the error, not left out.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from policy_service.distributed.resources import actor_resources, process_resources
 from policy_service.errors import one_line

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import signal
 
+
 class StopRequest:
     """SIGINT/SIGTERM ask the loop to checkpoint and stop after the current iteration;
     a second one aborts at once (KeyboardInterrupt)."""

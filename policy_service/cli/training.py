@@ -32,20 +32,24 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
+from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
+from policy_service.cli.run_directory import RunDirectory, default_output_dir
+from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
+from policy_service.cli.run_options import (
+    INTERRUPTED,
+    RunOptions,
+    StopCriteria,
+    TrainingSetupError,
+)
+from policy_service.cli.run_resources import role_resources
+from policy_service.cli.stop_request import StopRequest
 from policy_service.config import config_for
 from policy_service.distributed.ray_runtime import start_ray, uses_ray
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
-from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
-from policy_service.cli.run_directory import RunDirectory, default_output_dir
-from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
-from policy_service.cli.run_resources import role_resources
-from policy_service.cli.run_options import INTERRUPTED, RunOptions, StopCriteria, TrainingSetupError
-from policy_service.cli.stop_request import StopRequest
 
 DEFAULT_CHECKPOINT_EVERY = 10
 
@@ -64,7 +68,7 @@ class RunPlan:
     stop: StopCriteria
     checkpoint_every: int
     keep_checkpoints: int
-    resume_from: Optional[Path]
+    resume_from: Path | None
     resumed: bool
 
 
@@ -245,7 +249,7 @@ def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory)
     print(f"results:     {run_dir.result_file}")
 
 
-def _at_least(value: Optional[int], low: int, flag: str) -> Optional[int]:
+def _at_least(value: int | None, low: int, flag: str) -> int | None:
     if value is not None and value < low:
         raise TrainingSetupError(f"{flag} must be >= {low}, got {value}")
     return value

@@ -35,7 +35,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-RunBatch = Callable[[Hashable, list], list]
+RunBatch = Callable[[Any, list], list]  # (a key given to submit, its payloads) -> results
 
 
 @dataclass
@@ -76,8 +76,7 @@ class RequestBatcher:
         self._queues.setdefault(key, collections.deque()).append(
             _Request(payload, int(num_rows), future))
         self._rows_waiting[key] += int(num_rows)
-        self._ensure_loop()
-        self._wakeup.set()
+        self._ensure_loop().set()
         return await future
 
     def num_waiting(self) -> int:
@@ -85,20 +84,23 @@ class RequestBatcher:
 
     # ----- the batching loop ----------------------------------------------------------
 
-    def _ensure_loop(self) -> None:
-        if self._loop_task is None or self._loop_task.done():
+    def _ensure_loop(self) -> asyncio.Event:
+        """The running loop's wakeup event (a loop is started when none runs)."""
+        if self._wakeup is None or self._loop_task is None or self._loop_task.done():
             self._wakeup = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+            self._loop_task = asyncio.get_running_loop().create_task(
+                self._batch_loop(self._wakeup))
+        return self._wakeup
 
-    async def _batch_loop(self) -> None:
+    async def _batch_loop(self, wakeup: asyncio.Event) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            self._wakeup.clear()  # cleared before looking, so no submit is missed
+            wakeup.clear()  # cleared before looking, so no submit is missed
             key, wait_s = self._next_ready_key()
             if key is None:
                 # A timer, not asyncio.wait_for: that creates a task per wait, on the hot path.
-                timer = None if wait_s is None else loop.call_later(wait_s, self._wakeup.set)
-                await self._wakeup.wait()
+                timer = None if wait_s is None else loop.call_later(wait_s, wakeup.set)
+                await wakeup.wait()
                 if timer is not None:
                     timer.cancel()
                 continue
@@ -121,7 +123,8 @@ class RequestBatcher:
         return None, (None if soonest is None else max(0.0, soonest - now))
 
     def _take_batch(self, key: Hashable) -> list[_Request]:
-        queue, batch, rows = self._queues[key], [], 0
+        queue, rows = self._queues[key], 0
+        batch: list[_Request] = []
         while queue and (not batch or rows + queue[0].num_rows <= self.max_batch_size):
             request = queue.popleft()
             batch.append(request)

@@ -52,9 +52,13 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models
 from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
-from policy_service.distributed.restarts import (DEFAULT_POLICY_ACTOR_RESTARTS,
-                                                 RestartablePolicyActor, backoff_delays,
-                                                 died_of_actor_death, is_actor_death)
+from policy_service.distributed.restarts import (
+    DEFAULT_POLICY_ACTOR_RESTARTS,
+    RestartablePolicyActor,
+    backoff_delays,
+    died_of_actor_death,
+    is_actor_death,
+)
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.errors import RunFailure, one_line
 from policy_service.sample_batch import SampleBatch, concat_samples
@@ -109,12 +113,13 @@ class EnvRunnerGroup:
         self.max_restarts = int(max_restarts)
         self.max_policy_actor_restarts = int(max_policy_actor_restarts)
         self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
-        self._worker_kwargs = dict(num_envs=num_envs_per_env_runner,
+        self._worker_kwargs: dict[str, Any] = dict(num_envs=num_envs_per_env_runner,
                                    rollout_fragment_length=rollout_fragment_length,
                                    vectorize_mode=vectorize_mode, seed=seed, env_config=env_config,
                                    custom_models=models.custom_model_registry())
         self._num_cpus_per_env_runner = num_cpus_per_env_runner
-        self._weights_ref = None  # latest weights in the object store, for restarted workers
+        # latest weights in the object store, for restarted workers
+        self._weights_ref: ray.ObjectRef | None = None
         self._weights_version: int | None = None
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
@@ -254,17 +259,17 @@ class EnvRunnerGroup:
         if self.policy_actor is None and self.local_worker is not None:
             self.local_worker.set_weights(weights, version)
             return version
-        self._weights_ref = ray.put(weights)
+        self._weights_ref = weights_ref = ray.put(weights)
         if self._served_policy is not None:
             try:
-                self._served_policy.set_weights(self._weights_ref, version)
+                self._served_policy.set_weights(weights_ref, version)
             except RayActorError as error:
                 raise EnvRunnerFailure(
                     f"the PolicyActor died and its restart budget is spent "
                     f"(max_policy_actor_restarts={self.max_policy_actor_restarts}): "
                     f"{type(error).__name__}") from None
             return version
-        _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
         if not wait:
             self._unacked_weights.extend(pending)
             return version
@@ -306,9 +311,9 @@ class EnvRunnerGroup:
         """Start every worker on worker 1's initial weights (version 0)."""
         if self.policy_actor is not None:
             return
-        self._weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
+        self._weights_ref = weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
         self._weights_version = 0
-        broadcast_weights(self.workers[1:], self._weights_ref, 0)
+        broadcast_weights(self.workers[1:], weights_ref, 0)
 
     # ----- workers -----------------------------------------------------------------
 
@@ -403,7 +408,8 @@ def merge_metrics(all_metrics: list[dict]) -> dict:
 
 def probe_spaces(env, env_config: dict | None) -> tuple[gym.Space, gym.Space]:
     """Observation and action space of one copy of the env (made, then closed)."""
-    one = gym.make(env, **(env_config or {})) if isinstance(env, str) else env(dict(env_config or {}))
+    config = env_config or {}
+    one = gym.make(env, **config) if isinstance(env, str) else env(dict(config))
     try:
         return one.observation_space, one.action_space
     finally:

@@ -19,7 +19,8 @@ import os
 import shlex
 import sys
 import time
-from typing import Iterator, NamedTuple, Optional, TextIO
+from collections.abc import Iterator
+from typing import NamedTuple, TextIO
 
 from policy_service.errors import UserError, one_line
 
@@ -37,7 +38,7 @@ class JobSubmissionError(UserError):
     """The job could not be submitted or followed (unreachable, refused, unknown)."""
 
 
-def default_address() -> Optional[str]:
+def default_address() -> str | None:
     """The job server address from the environment, as Ray's own CLI reads it."""
     for name in _ADDRESS_ENV_VARS:
         if os.environ.get(name):
@@ -51,13 +52,13 @@ def auth_headers() -> dict[str, str]:
     Reads the token regardless of this process's RAY_AUTH_MODE: the mode that
     matters is the cluster's.
     """
-    from ray._raylet import (
+    from ray._raylet import (  # type: ignore[attr-defined]  # compiled, not in Ray's stubs
         AuthenticationTokenLoader,  # Ray's loader: same sources, same order
     )
     loader = AuthenticationTokenLoader.instance()
     try:
         return dict(loader.get_token_for_http_header(ignore_auth_mode=True))
-    except Exception as err:  # e.g. RAY_AUTH_TOKEN_PATH names an unreadable file
+    except Exception as err:  # noqa: BLE001 - e.g. RAY_AUTH_TOKEN_PATH is unreadable
         raise JobSubmissionError(f"cannot read the Ray auth token: {err}") from None
 
 
@@ -98,8 +99,8 @@ def connect(address: str):
 class EntrypointResources(NamedTuple):
     """What Ray reserves for the job's driver process (None: Ray's default)."""
 
-    num_gpus: Optional[float] = None
-    num_cpus: Optional[float] = None
+    num_gpus: float | None = None
+    num_cpus: float | None = None
 
     def check(self) -> None:
         for name, value in self._asdict().items():
@@ -112,7 +113,7 @@ class EntrypointResources(NamedTuple):
                 if value is not None}
 
 
-def submit(client, command: list[str], working_dir: Optional[str] = None,
+def submit(client, command: list[str], working_dir: str | None = None,
            resources: EntrypointResources = EntrypointResources()) -> str:
     """Submit `command` (argv list) as a job's entrypoint, its driver holding
     `resources` (a learner in the driver then gets exactly those GPUs);
@@ -154,7 +155,7 @@ def wait_for_status(client, job_id: str):
 
 
 def run_job(address: str, command: list[str], *, wait: bool = True,
-            working_dir: Optional[str] = None,
+            working_dir: str | None = None,
             resources: EntrypointResources = EntrypointResources(),
             out: TextIO = sys.stdout) -> int:
     """Submit `command` to the cluster at `address`; with `wait`, stream its log and

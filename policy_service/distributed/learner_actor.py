@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import gymnasium as gym
 import ray

@@ -41,8 +41,9 @@ driver prepares batches with `policy_service.train_batches`.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import gymnasium as gym
 import ray

@@ -25,7 +25,8 @@ class LearnerStateCopy:
 
     def __init__(self, group) -> None:
         self._group = group
-        self._asked = None  # ObjectRef of the newest get_state(), maybe not done yet
+        # the newest get_state(), maybe not done yet (None: the learner is in the driver)
+        self._asked: ray.ObjectRef | None = None
         self._fetched: dict | None = None  # an older state, already in the driver
         self.refresh()
 
@@ -43,7 +44,7 @@ class LearnerStateCopy:
 
     def latest(self) -> dict:
         """The newest state the learners served; the one before it if they died first."""
-        if self._group.local_policy is not None:
+        if self._group.local_policy is not None or self._asked is None:
             raise RuntimeError("a learner in the driver (num_learners=0) keeps no copy")
         try:
             return ray.get(self._asked, timeout=self._group.call_timeout_s)

@@ -40,7 +40,7 @@ import ray
 import tree
 
 from policy_service import models, spaces
-from policy_service.config import config_for, on_cpu
+from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
@@ -295,10 +295,11 @@ class PolicyHost:
         self._num_failed_requests = 0
         self._num_forward_passes = 0
         self._num_rows = 0
-        self._latencies_s = collections.deque(maxlen=_LATENCY_WINDOW)
+        self._latencies_s: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
 
 
-PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)
+# Ray's stubs list only task options for ray.remote(...); max_concurrency is an actor's
+PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: ignore[call-overload]
 PolicyActor.__doc__ = PolicyHost.__doc__
 
 
@@ -359,7 +360,7 @@ def hosted_policy_config(policy_cls: type, config: dict | Any, visible_gpus: int
     uses them (Ray numbers them from 0 inside the actor).
     """
     typed = config_for(policy_cls, config)
-    if not dataclasses.is_dataclass(typed):
+    if not is_config(typed):
         return typed
     if visible_gpus == 0 and not typed._fake_gpus:
         if ray_gpu_ids:
@@ -378,7 +379,7 @@ def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
     """
     if not devices.in_ray_worker():
         return
-    fake = (dataclasses.is_dataclass(config) and config._fake_gpus and config.num_gpus > 0
+    fake = (is_config(config) and config._fake_gpus and config.num_gpus > 0
             and devices.visible_gpus() == 0)
     num_devices = max(1, math.ceil(config.num_gpus)) if fake else 1
     threads = intra_op_threads or devices.assigned_cpu_threads()

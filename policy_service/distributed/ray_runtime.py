@@ -6,9 +6,10 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any
 
-def uses_ray(config: dict, address: Optional[str]) -> bool:
+
+def uses_ray(config: dict, address: str | None) -> bool:
     """Ray is started (or joined) for runs with actors, or when a cluster is named.
 
     A run that samples in this process (num_env_runners=0, no remote inference)
@@ -17,7 +18,7 @@ def uses_ray(config: dict, address: Optional[str]) -> bool:
     return bool(address or config.get("num_env_runners") or config.get("remote_inference"))
 
 
-def start_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None,
+def start_ray(address: str | None = None, *, num_cpus: int | None = None,
               quiet: bool = False) -> None:
     """Join the cluster at `address`, or start an embedded local Ray on loopback
     (`num_cpus`: None for all cores). `quiet`: warnings only, and workers' logs
@@ -32,7 +33,8 @@ def start_ray(address: Optional[str] = None, *, num_cpus: Optional[int] = None,
         if address is None or _ray_token_available():
             os.environ["RAY_AUTH_MODE"] = "token"  # read by Ray when it is imported
     import ray
-    quiet_args = {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {}
+    quiet_args: dict[str, Any] = (
+        {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {})
     if address:
         ray.init(address=address, **quiet_args)
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)

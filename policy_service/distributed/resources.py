@@ -9,7 +9,8 @@ assigned. `result.json` records it for every role of a training run:
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import ray
 

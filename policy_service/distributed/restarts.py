@@ -107,7 +107,8 @@ class RestartablePolicyActor:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_restarts = int(max_restarts)
-        self.weights_source = LatestWeights.remote()
+        # Ray types @ray.remote(options) on a class as the class itself, without .remote
+        self.weights_source = LatestWeights.remote()  # type: ignore[attr-defined]
         options = {**(actor_options or {}), "max_restarts": self.max_restarts,
                    "max_task_retries": 0}
         self.actor = PolicyActor.options(**options).remote(

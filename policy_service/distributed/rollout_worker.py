@@ -54,7 +54,6 @@ reset; one outside it is a ValueError naming the env and the observation.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -65,7 +64,7 @@ import numpy as np
 import tree
 
 from policy_service import models, spaces
-from policy_service.config import config_for, on_cpu
+from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
@@ -138,7 +137,9 @@ class RolloutWorker:
         self._unroll_ids = self._next_unroll_id + np.arange(self.num_envs, dtype=np.int64)
         self._next_unroll_id += self.num_envs
         self._timers = {"inference_time_s": 0.0, "env_time_s": 0.0}
-        self._episode_returns, self._episode_lengths, self._versions = [], [], set()
+        self._episode_returns: list[float] = []
+        self._episode_lengths: list[int] = []
+        self._versions: set[int] = set()
         records, recorded = [], 0
         while recorded < self.rollout_fragment_length * self.num_envs:
             record = self._step()
@@ -391,7 +392,7 @@ def rollout_policy_config(policy_cls: type, config: dict | Any, seed: int | None
                           worker_index: int):
     """The acting copy's config: CPU only, its own sampling seed per worker."""
     typed = config_for(policy_cls, config)
-    if not dataclasses.is_dataclass(typed):
+    if not is_config(typed):
         return typed
     base_seed = seed if seed is not None else typed.seed
     return on_cpu(typed, seed=typed.seed if base_seed is None else int(base_seed) + worker_index)

@@ -83,6 +83,7 @@ import weakref
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import tensorflow as tf
 
@@ -212,6 +213,13 @@ class CollectiveGroup:
             raise ValueError(f"addresses must be distinct, got {addresses}")
 
     @property
+    def _connected_implementation(self) -> str:
+        """RING or NCCL, as `connect` chose it (a collective needs `connect` first)."""
+        if self.implementation is None:
+            raise RuntimeError("CollectiveGroup: connect() before running a collective")
+        return self.implementation
+
+    @property
     def sum_device(self) -> str:
         """Where the all-reduce runs: this member's first GPU with NCCL, else its CPU."""
         kind = "GPU" if self.implementation == NCCL else "CPU"
@@ -243,7 +251,7 @@ class CollectiveGroup:
             with tf.device(self.sum_device):
                 flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
                 summed = self._collective(flat, "Add", SUM_GROUP_KEY, self.sum_device,
-                                          self.implementation, "all_reduce_sum")
+                                          self._connected_implementation, "all_reduce_sum")
             sizes = [t.shape.num_elements() for t in parts]
             for i, piece in zip(indices, tf.split(summed, sizes)):
                 out[i] = tf.reshape(piece, tensors[i].shape)
@@ -275,7 +283,8 @@ class CollectiveGroup:
                                + [tf.reshape(t, [-1]) for t in tensors], axis=0)
             # the leading 1 becomes this member's weight, exactly (1 * w == w)
             summed = self._collective(tf.math.multiply_no_nan(packed, weight), "Add",
-                                      SUM_GROUP_KEY, self.sum_device, self.implementation,
+                                      SUM_GROUP_KEY, self.sum_device,
+                                      self._connected_implementation,
                                       "all_reduce_sum")
             total = summed[0]
             means = tf.split(tf.math.divide_no_nan(summed, total), sizes)[1:]
@@ -353,7 +362,7 @@ class CollectiveGroup:
     def _instance_key(self, flat: tf.Tensor, group_key: int, signature: str) -> int:
         """The same key in every member for the n-th call with this signature in
         one traced function (n = 0 eagerly), different for different signatures."""
-        graph = getattr(flat, "graph", None)
+        graph: Any = getattr(flat, "graph", None)
         while getattr(graph, "outer_graph", None) is not None:  # a loop body: its function
             graph = graph.outer_graph
         nth = 0

@@ -26,7 +26,7 @@ class FlatCall:
         if not self._fast:
             return self.concrete(*args)
         # returns the structured outputs (TF >= 2.16)
-        return self.concrete._call_flat(flat, self.concrete.captured_inputs)  # pylint: disable=protected-access
+        return self.concrete._call_flat(flat, self.concrete.captured_inputs)
 
     def trace_count(self) -> int:
         return self.function.experimental_get_tracing_count()

@@ -103,7 +103,7 @@ def visible_gpus() -> int:
 def _tf_initialized() -> bool:
     """True once TF created its devices (after which they cannot change)."""
     from tensorflow.python.eager import context  # no public query exists
-    return context.context()._initialized  # pylint: disable=protected-access
+    return context.context()._initialized
 
 
 _prepared_devices = 0  # logical CPU devices this process was prepared with
@@ -116,8 +116,8 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
     Creates `num_fake_devices` logical CPU devices (fake GPUs), turns on
     memory growth on every GPU (TF otherwise takes all GPU memory), and sets
     thread pools: by default half a core's share of intra-op threads per
-    device (1 on 2 cores) and one inter-op thread per core. A later call may only add devices; it keeps the first
-    call's thread choice.
+    device (1 on 2 cores) and one inter-op thread per core. A later call may only
+    add devices; it keeps the first call's thread choice.
     """
     global _prepared_devices
     if _tf_initialized():

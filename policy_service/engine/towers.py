@@ -34,8 +34,9 @@ where tower gradients are summed.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import keras
 import numpy as np
@@ -101,7 +102,7 @@ class NonFiniteUpdateError(NonFiniteGradientError):
 
 def batch_norm_layers(model: keras.Model) -> list:
     """Every Keras BatchNormalization layer of the model whose statistics we combine."""
-    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)  # pylint: disable=protected-access
+    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
               if isinstance(layer, keras.layers.BatchNormalization)]
     for layer in layers:
         if layer.renorm:
@@ -128,7 +129,7 @@ class BatchNormCapture:
         self.momenta = [layer.momentum for layer in layers]
         self.row_mask = None
 
-    def __enter__(self) -> "BatchNormCapture":
+    def __enter__(self) -> BatchNormCapture:
         for layer in self.layers:
             layer.momentum = 0.0
             # an instance attribute, set past Keras's attribute tracking; Layer.__call__ calls self.call

@@ -21,8 +21,9 @@ import sys
 import tempfile
 import zipfile
 import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -76,7 +77,8 @@ class MissingCheckpointFile(CheckpointFileError, FileNotFoundError):
 
 def save_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        # numpy's stub reads a ** dict as possibly naming its allow_pickle flag
+        np.savez(f, **arrays)  # type: ignore[arg-type]
 
 
 def load_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -117,7 +119,7 @@ def load_json(path: Path):
         raise CheckpointFileError(f"{path}: not valid JSON ({one_line(err)})") from None
 
 
-def load_json_object(path: Path, required: dict[str, type | tuple]) -> dict:
+def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
     """A JSON object holding at least the `required` keys with those types."""
     value = load_json(path)
     if not isinstance(value, dict):
@@ -231,12 +233,13 @@ def newest_loadable(candidates: list[Path], load: Callable[[Path], _Loaded], whe
     a `fatal` one: the request, not the checkpoint, is wrong) is named on stderr with
     the reason, and the next one is tried. When none loads: a lone candidate's own
     error, else CheckpointFileError naming `where` and the oldest one's reason."""
+    caught: tuple[type[BaseException], ...] = (CheckpointFileError, *skipped)
     for index, checkpoint in enumerate(candidates):
         try:
             return checkpoint, load(checkpoint)
         except fatal:
             raise
-        except (CheckpointFileError, *skipped) as err:
+        except caught as err:
             if len(candidates) == 1:
                 raise
             if index == len(candidates) - 1:
@@ -247,7 +250,8 @@ def newest_loadable(candidates: list[Path], load: Callable[[Path], _Loaded], whe
     raise MissingCheckpointFile(f"{where}: no checkpoint")
 
 
-_ALGORITHM_STATE_KEYS = {"algorithm_class": str, "config": dict, "iteration": int,
+_ALGORITHM_STATE_KEYS: dict[str, type | tuple] = {
+                         "algorithm_class": str, "config": dict, "iteration": int,
                          "timesteps_total": int, "time_total_s": (int, float),
                          "num_worker_restarts": int, "episode_returns": list,
                          "episode_lengths": list}
@@ -278,8 +282,8 @@ def read_algorithm_state(checkpoint: str | os.PathLike,
         raise CheckpointFileError(f"{path}: 'num_samples_trained_total' must be >= 0, "
                                   f"got {state['num_samples_trained_total']}")
     _check_array_manifest(path, state.get("algorithm_arrays", {}))
-    for key, kind in (("episode_returns", (int, float)), ("episode_lengths", int)):
-        bad = [v for v in state[key] if not isinstance(v, kind) or isinstance(v, bool)
+    for key, numbers in (("episode_returns", (int, float)), ("episode_lengths", (int,))):
+        bad = [v for v in state[key] if not isinstance(v, numbers) or isinstance(v, bool)
                or not math.isfinite(v)]
         if bad:
             raise CheckpointFileError(f"{path}: {key!r} must hold finite numbers, "
@@ -401,7 +405,8 @@ def _type_names(types: tuple) -> str:
 
 
 def _known_classes(base: type) -> dict[str, type]:
-    found, stack = {}, [base]
+    found: dict[str, type] = {}
+    stack = [base]
     while stack:
         cls = stack.pop()
         found.setdefault(class_path(cls), cls)

@@ -119,7 +119,9 @@ class ColumnStore:
         if missing:
             raise KeyError(f"replay buffer: column {missing[0]!r} missing from the first batch "
                            f"(batch has {sorted(batch)})")
-        arrays, skeletons, leaf_names = {}, {}, {}
+        arrays: dict[str, np.ndarray] = {}
+        skeletons: dict[str, Any] = {}
+        leaf_names: dict[str, list[str]] = {}
         for column in names:
             value = batch[column]
             skeletons[column] = _skeleton(value)
@@ -141,8 +143,9 @@ class ColumnStore:
         batch's columns as a tuple and the expected ARRAY_LAYOUT per row count."""
         self._column_arrays = [(c, self._arrays[c] if s is None else None)
                                for c, s in self._skeletons.items()]
-        flat = bool(self._skeletons) and all(a is not None for _, a in self._column_arrays)
-        self._flat_arrays = tuple(a for _, a in self._column_arrays) if flat else None
+        flat_arrays = tuple(a for _, a in self._column_arrays if a is not None)
+        flat = bool(self._skeletons) and len(flat_arrays) == len(self._column_arrays)
+        self._flat_arrays: tuple[np.ndarray, ...] | None = flat_arrays if flat else None
         self._get_flat = _tuple_getter(self.columns) if flat else None
         self._expected_layouts: dict[int, tuple] = {}
 
@@ -152,7 +155,7 @@ class ColumnStore:
         if expected is None:
             if len(self._expected_layouts) >= MAX_LAYOUTS:
                 self._expected_layouts.clear()
-            expected = tuple((a.dtype, (rows, *a.shape[1:])) for a in self._flat_arrays)
+            expected = tuple((a.dtype, (rows, *a.shape[1:])) for a in self._flat_arrays or ())
             self._expected_layouts[rows] = expected
         return expected
 
@@ -161,17 +164,18 @@ class ColumnStore:
         are all flat arrays with exactly the stored dtypes and row shapes and equal
         row counts, and it has no other column unless `columns` was given; None:
         check column by column (which names what does not fit)."""
-        if self._get_flat is None:
+        get_flat, flat_arrays = self._get_flat, self._flat_arrays
+        if get_flat is None or flat_arrays is None:
             return None
         plain = batch if batch.__class__ is dict else dict(batch)  # skips __getitem__
-        if self.wanted_columns is None and len(plain) != len(self._flat_arrays):
+        if self.wanted_columns is None and len(plain) != len(flat_arrays):
             return None
         try:
-            values = self._get_flat(plain)
+            values = get_flat(plain)
             rows = len(values[0])
             expected = self._expected_layouts.get(rows) or self._expected_layout(rows)
             if tuple(map(ARRAY_LAYOUT, values)) == expected:
-                return zip(self._flat_arrays, values), rows
+                return zip(flat_arrays, values), rows
         except (KeyError, TypeError, AttributeError):  # missing, unsized, not an array
             pass
         return None
@@ -199,7 +203,8 @@ class ColumnStore:
             if extra:
                 raise KeyError(f"replay buffer: column {extra[0]!r} is not stored in this "
                                f"buffer (stored: {self.columns})")
-        get = dict.get if isinstance(batch, dict) else type(batch).get  # skip __getitem__
+        get: Callable[[Any, str], Any] = (  # skips __getitem__
+            dict.get if isinstance(batch, dict) else type(batch).get)
         pairs: list[tuple] = []
         shapes = []
         for column, _ in self._column_arrays:

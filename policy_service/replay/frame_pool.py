@@ -283,7 +283,7 @@ class FramePool:
 
     @classmethod
     def from_frames(cls, frames: np.ndarray, refcounts: np.ndarray, indexed: np.ndarray,
-                    capacity: int, max_capacity: int) -> "FramePool":
+                    capacity: int, max_capacity: int) -> FramePool:
         """A pool holding `frames` in slots [0, len) with these reference counts (all
         > 0), the slots marked `indexed` in the hash index: what compact() left."""
         pool = cls(frames.shape[1:], frames.dtype, max(capacity, len(frames)), max_capacity)

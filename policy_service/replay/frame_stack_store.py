@@ -50,12 +50,12 @@ class FrameStackStore:
         self.frame_columns = [c for c in FRAME_COLUMNS if columns is None or c in columns]
         if not self.frame_columns:
             raise ValueError(f"replay buffer: frame_stack_axis needs 'obs' or 'new_obs' "
-                             f"among the columns, got {list(columns)}")
+                             f"among the columns, got {list(columns or ())}")
         others = None if columns is None else [c for c in columns
                                                if c not in self.frame_columns]
         if others == []:
             raise ValueError(f"replay buffer: frame_stack_axis needs a column besides "
-                             f"{self.frame_columns}, got columns {list(columns)}")
+                             f"{self.frame_columns}, got columns {list(columns or ())}")
         self.wanted_columns = None if columns is None else list(columns)
         self.others = ColumnStore(capacity, others)
         self.row_shape: tuple | None = None  # of one observation, set by the first add
@@ -78,6 +78,7 @@ class FrameStackStore:
     @property
     def stack_axis(self) -> int:
         """The stack axis of one observation, counted from 0."""
+        assert self.row_shape is not None, "no frames added yet"
         return self.axis % len(self.row_shape)
 
     @property
@@ -89,8 +90,9 @@ class FrameStackStore:
     def nbytes(self) -> int:
         """The other columns, the row ids and the pool (allocated slots, refcounts,
         hash index)."""
-        frames = 0 if self.pool is None else self.pool.nbytes + self.row_ids.nbytes
-        return self.others.nbytes + frames
+        if self.pool is None or self.row_ids is None:
+            return self.others.nbytes
+        return self.others.nbytes + self.pool.nbytes + self.row_ids.nbytes
 
     def _start(self, row_shape: tuple, dtype: np.dtype, pool: FramePool | None = None) -> None:
         """Fixes the layout: a pool (a new one unless given) and the rows' frame ids."""
@@ -114,7 +116,7 @@ class FrameStackStore:
         """The frame columns as arrays [n, *row_shape]; raises naming the column when
         one is missing, not one array, without the stack axis, or unlike the other
         frame column or the stored rows."""
-        stacks = []
+        stacks: list[np.ndarray] = []
         for column in self.frame_columns:
             if column not in batch:
                 raise KeyError(f"replay buffer: column {column!r} missing from the batch "
@@ -130,7 +132,8 @@ class FrameStackStore:
                 raise ValueError(f"replay buffer: column {column!r} must have rows of at "
                                  f"least 2 dimensions with the stack on axis {self.axis}, "
                                  f"got rows of shape {value.shape[1:]} dtype {value.dtype}")
-            want = ((self.row_shape, self.dtype) if self.row_shape is not None else
+            want: tuple[tuple, Any] | None = (
+                    (self.row_shape, self.dtype) if self.row_shape is not None else
                     (stacks[0].shape[1:], stacks[0].dtype) if stacks else None)
             if want is not None and (value.shape[1:], value.dtype) != want:
                 than = "the buffer stores" if self.row_shape is not None else \
@@ -172,14 +175,16 @@ class FrameStackStore:
         size_before, starting = self.size, self.pool is None
         if starting:
             self._start(stacks[0].shape[1:], stacks[0].dtype)
+        pool, row_ids = self.pool, self.row_ids
+        assert pool is not None and row_ids is not None  # set by _start
         n = len(stacks[0])
         skip = max(0, n - self.capacity)  # rows a batch longer than the ring does not keep
         # [written, columns, k, *frame] -> one frame per entry, in the row ids' order
         frames = np.stack([np.moveaxis(s[skip:], 1 + self.stack_axis, 1) for s in stacks], 1)
-        match = self.pool.match(frames.reshape(-1, *self.pool.frame_shape))
+        match = pool.match(frames.reshape(-1, *pool.frame_shape))
         positions = (self.next_index + skip + np.arange(n - skip)) % self.capacity
-        overwritten = self.row_ids[positions[positions < size_before]].ravel()
-        self.pool.reserve(match, overwritten)  # grown now, not after the columns are written
+        overwritten = row_ids[positions[positions < size_before]].ravel()
+        pool.reserve(match, overwritten)  # grown now, not after the columns are written
         try:
             start, written = self.others.add(others)  # checks its columns before writing
         except BaseException:
@@ -189,24 +194,27 @@ class FrameStackStore:
         if starting:
             self.column_order = [c for c in (self.wanted_columns or list(batch))
                                  if c in self.frame_columns or c in self.others.columns]
-        self.row_ids[positions] = self.pool.commit(match, overwritten).reshape(written, -1)
+        row_ids[positions] = pool.commit(match, overwritten).reshape(written, -1)
         return start, written
 
     def take(self, indexes: np.ndarray) -> dict[str, Any]:
         """Column -> the rows at `indexes` (copies), obs/new_obs rebuilt from the pool."""
         columns = self.others.take(indexes)
-        ids = self.row_ids[indexes]
-        k = self.row_shape[self.stack_axis]
+        pool, row_ids, row_shape = self.pool, self.row_ids, self.row_shape
+        assert pool is not None and row_ids is not None and row_shape is not None, \
+            "take before any add"
+        ids = row_ids[indexes]
+        k = row_shape[self.stack_axis]
         for i, column in enumerate(self.frame_columns):
             column_ids = ids[:, i * k:(i + 1) * k]
             if self.stack_axis == 0:
-                columns[column] = self.pool.take(column_ids)  # [B, k, *frame]: the layout
+                columns[column] = pool.take(column_ids)  # [B, k, *frame]: the layout
                 continue
             # frame by frame into its place on the axis: 3x faster than moving the axis
-            stacks = np.empty((len(ids), *self.row_shape), self.dtype)
+            stacks = np.empty((len(ids), *row_shape), self.dtype)
             for j in range(k):
                 stacks[(slice(None),) * (1 + self.stack_axis) + (j,)] = \
-                    self.pool.take(column_ids[:, j])
+                    pool.take(column_ids[:, j])
             columns[column] = stacks
         return {c: columns[c] for c in self.column_order}
 
@@ -218,10 +226,12 @@ class FrameStackStore:
         and which frames the hash index holds ("frames/indexed"); views: save them
         before the next add."""
         arrays, meta = self.others.get_state()
-        layout = {"columns": self.frame_columns,
+        layout: dict[str, Any] = {"columns": self.frame_columns,
                   "column_order": self.column_order, "row_shape": None, "dtype": None,
                   "num_frames": 0, "pool_capacity": 0}
         if self.pool is not None:
+            assert self.row_ids is not None and self.row_shape is not None \
+                and self.dtype is not None  # set with the pool
             remap = self.pool.compact()
             self.row_ids[:self.size] = remap[self.row_ids[:self.size]]
             live = self.pool.num_live
@@ -302,4 +312,5 @@ class FrameStackStore:
             np.asarray(arrays["frames/pool"]), refcounts, np.asarray(arrays["frames/indexed"]),
             layout["pool_capacity"], self.max_frames(ids.shape[1] // len(self.frame_columns)))
         self._start(tuple(layout["row_shape"]), np.dtype(layout["dtype"]), pool)
+        assert self.row_ids is not None  # set by _start
         self.row_ids[:len(ids)] = ids
