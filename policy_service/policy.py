@@ -28,9 +28,10 @@ from policy_service import distributions, exploration, models, spaces
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
+from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
-from policy_service.engine.towers import NonFiniteGradientError, TowerStack
+from policy_service.engine.towers import TowerStack
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.sample_batch import SampleBatch
