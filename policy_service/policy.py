@@ -81,7 +81,7 @@ class TFPolicy:
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
             l2_coeff=self.config.l2_coeff, seed=self.config.seed,
             accumulation_steps=self.config.num_grad_accumulation_steps,
-            target=self.target_network)
+            target=self.target_network, batch_norm_sync=self.config.batch_norm_sync)
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 

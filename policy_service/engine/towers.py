@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from policy_service.engine import batch_norm, finite_guard
 from policy_service.engine.batch_norm import BatchNormCapture, batch_norm_layers
+from policy_service.engine.collectives import choose_implementation
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.devices import DevicePlan
 from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
@@ -150,12 +151,13 @@ class TowerStack:
                  stats_fn: StatsFn, optimizers: list, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
                  seed: int | None = None, accumulation_steps: int = 1,
-                 collective_group=None, target=None):
+                 collective_group=None, target=None, batch_norm_sync: bool = True):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
         self.accumulation_steps = int(accumulation_steps)
         self.collective_group = collective_group
+        self.batch_norm_sync = bool(batch_norm_sync)
         self.plan = plan
         self.model = model
         self.loss_fn = loss_fn
@@ -184,6 +186,7 @@ class TowerStack:
         self._checked = [v for v in self._updated if tf.as_dtype(v.dtype).is_floating]
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
+        self._moment_sum = self._make_moment_sum()
 
     @property
     def num_towers(self) -> int:
@@ -193,7 +196,18 @@ class TowerStack:
         """Combine every later step with the other members of `group` (a connected
         `CollectiveGroup`; None: this stack alone). Compiled steps are rebuilt."""
         self.collective_group = group
+        self._moment_sum = self._make_moment_sum()
         self._functions.clear()
+
+    def _make_moment_sum(self) -> batch_norm.MomentSum | None:
+        """What sums BN moments over all towers and learners (batch_norm_sync), or
+        None where there is nothing to sum: no BN layer, one tower of one learner."""
+        if not (self.batch_norm_sync and self._bn_layers
+                and self.num_towers * self.num_learners > 1):
+            return None
+        implementation = (choose_implementation(tf.config.list_physical_devices())
+                          if self.num_learners == 1 else self.collective_group.implementation)
+        return batch_norm.MomentSum(self.plan.devices, self.num_learners, implementation)
 
     @property
     def num_learners(self) -> int:
@@ -387,7 +401,7 @@ class TowerStack:
         variable device only sums them: on fake GPUs the tensors crossing devices,
         not the arithmetic, are much of what N towers add over one."""
         devices, results = [], []
-        with BatchNormCapture(self._bn_layers) as capture:
+        with BatchNormCapture(self._bn_layers, self._moment_sum) as capture:
             for shards in shard_sets:
                 for device, shard in zip(self.plan.devices, shards):
                     devices.append(device)
