@@ -182,7 +182,7 @@ class PolicyConfig(Config):
         True, doc="Batch norm in training normalizes every tower's rows with the moments "
         "of the whole batch (all towers' and learners' valid rows: one device's step); "
         "False: each tower with its own shard's (RLlib's and DDP's), an approximation. "
-        "The moving statistics are the whole batch's either way.")
+        "Moving statistics are combined over the whole batch either way.")
     num_grad_accumulation_steps: int = setting(
         1, doc="Minibatches of a loaded buffer whose gradients are summed before one "
         "all-reduce and one optimizer step (= one step on them concatenated).",

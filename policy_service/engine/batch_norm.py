@@ -5,7 +5,7 @@ batch moments into its moving statistics (momentum 0); the stack reads them
 back from each tower, combines them over all towers' and learners' valid rows
 (`combine_tower_moments`, then `shifted_for_sum` / `unshifted` around the
 all-reduce) and applies them once, with the layer's own momentum
-(`moving_statistics`). So the moving statistics are the whole batch's.
+(`moving_statistics`), once per step.
 
 With batch_norm_sync each tower also normalizes by the whole batch's moments:
 its layers' moments come from a `MomentSum` over every tower and learner, so
