@@ -136,3 +136,16 @@ def test_two_learners_of_two_towers_normalize_by_the_whole_batch(group_of_two_by
     group.set_weights(one.get_weights())
     assert_steps_like(one, group, model)
     assert group.weights_identical()
+
+
+def test_loaded_epochs_normalize_each_minibatch_by_all_its_rows():
+    """Two epochs of 3 minibatches in one compiled loop (a collective per BN call
+    in every iteration), the last minibatch padded: one device's weights."""
+    one = policy(TWO_BN, minibatch_size=16)
+    four = policy(TWO_BN, minibatch_size=16, **fake_gpus(4))
+    four.set_weights(one.get_weights())
+    batch = batch_for(TWO_BN)
+    for p in (one, four):
+        p.load_batch_into_buffer(batch)
+        assert p.learn_on_loaded_epochs(2, shuffle=False)["num_sgd_steps"] == 6
+    assert_weights_close(one.get_weights(), four.get_weights(), atol=1e-5, rtol=1e-4)
