@@ -55,6 +55,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.engine.target_network import TargetUpdate
+from policy_service.engine.units import check_minibatch_size
 from policy_service.exploration import EpsilonGreedy, make_exploration
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
 from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
@@ -380,10 +381,12 @@ class DQN(Algorithm):
         cfg = self.config
         try:
             check_frame_stack_axis(cfg, self.workers.observation_space)
-            shards = self.learner.num_towers * max(1, cfg.num_learners)
-            if cfg.train_batch_size % shards:
-                raise ConfigError(f"{cfg.key_prefix}.train_batch_size must be a multiple of "
-                                  f"the {shards} learner towers, got {cfg.train_batch_size}")
+            try:
+                check_minibatch_size(f"{cfg.key_prefix}.train_batch_size", cfg.train_batch_size,
+                                     learners=max(1, cfg.num_learners),
+                                     towers=self.learner.num_towers, unit_rows=1)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         except BaseException:
             self.stop()
             raise

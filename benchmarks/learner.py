@@ -3,7 +3,9 @@
 Workload: 10 epochs over 4,000 samples in minibatches of 128 (RLlib's PPO
 learner loop), the PPO loss of benchmarks/ppo_shaped.py, on CartPole shapes
 with an MLP 256x256 tanh (separate value branch), an LSTM variant
-(256x256 -> LSTM 256, sequences of 16) and optionally a CNN on 84x84x4.
+(256x256 -> LSTM 256, sequences of 16), optionally a CNN on 84x84x4 and the MLP
+with batch norm after each hidden layer (mlp_bn; --batch-norm-sync true,false
+measures whole-batch against per-shard normalization).
 
 Per (model, towers, threads), in a fresh process:
   ours/minibatch  load_batch_into_buffer + one learn_on_loaded_batch(offset)
@@ -27,6 +29,7 @@ not, so the comparison is conservative for us.
     python -m benchmarks.learner --smoke               # CI size
     python -m benchmarks.learner --models mlp --towers 1,2 --threads "1,2;2,2"
     python -m benchmarks.learner --learners 1,2 --accumulate 1,4   # the LearnerGroup
+    python -m benchmarks.learner --models mlp_bn --towers 2,4 --batch-norm-sync true,false
 
 With --learners the script measures the LearnerGroup instead (N learner actors,
 each on --towers towers, gradients all-reduced inside the compiled step) beside the
@@ -42,7 +45,7 @@ from benchmarks import harness, learner_group, plots, stats
 NAME = "learner"
 GROUP_NAME = "learner_group"
 VALUE = "samples_per_s"
-KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads")
+KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads", "batch_norm_sync")
 
 
 # ----- child: one process per (engine, model, towers, threads) -------------------------------
@@ -56,7 +59,7 @@ def measure(spec: dict):
             "towers": towers, "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
             "threads": spec["threads"], "threads_actual": harness.tf_threads(),
             "round": spec["round"], "epochs": epochs, "minibatch": minibatch,
-            "num_samples": batch.count}
+            "num_samples": batch.count, "batch_norm_sync": spec.get("batch_norm_sync")}
     if engine == learner_group.ENGINE:
         yield from learner_group.measure(spec, base)
     elif engine == "ours":
@@ -68,7 +71,8 @@ def measure(spec: dict):
 def _measure_ours(spec, batch, base, ppo_shaped):
     epochs, minibatch, repeats = spec["epochs"], spec["minibatch"], spec["repeats"]
     policy = ppo_shaped.make_policy(base["model"], base["towers"], minibatch_size=minibatch,
-                                    num_epochs=epochs, real_gpus=spec["real_gpus"])
+                                    num_epochs=epochs, real_gpus=spec["real_gpus"],
+                                    batch_norm_sync=spec.get("batch_norm_sync", True))
     base = dict(base, policy_class=type(policy).__name__, devices=policy.devices)
     rng = np.random.default_rng(0)
     valid = batch.count * epochs
@@ -147,8 +151,10 @@ def configurations(args) -> list[dict]:
                                real_gpus=args.real_gpus)
             configs.append(dict(common_spec, engine="ceiling", towers=1, devices=1))
             for n in towers:
-                configs.append(dict(common_spec, engine="ours", towers=n,
-                                    devices=1 if args.real_gpus else n))
+                for sync in args.batch_norm_sync.split(","):
+                    configs.append(dict(common_spec, engine="ours", towers=n,
+                                        devices=1 if args.real_gpus else n,
+                                        batch_norm_sync=sync == "true"))
     return configs
 
 
@@ -238,7 +244,12 @@ def summarize(records: list[dict]) -> list[dict]:
         row["vs_ceiling_adam_kernel"] = stats.ratio(row[VALUE], stats.find(
             summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match))
         row["vs_own_1_tower"] = stats.ratio(row[VALUE], stats.find(
-            summary, VALUE, engine="ours", mode=row["mode"], towers=1, **match))
+            summary, VALUE, engine="ours", mode=row["mode"], towers=1,
+            batch_norm_sync=row["batch_norm_sync"], **match))
+        if row["batch_norm_sync"]:
+            row["vs_per_shard_batch_norm"] = stats.ratio(row[VALUE], stats.find(
+                summary, VALUE, engine="ours", mode=row["mode"], towers=row["towers"],
+                batch_norm_sync=False, **match))
     return summary
 
 
@@ -276,6 +287,8 @@ def main(argv=None):
     parser.add_argument("--minibatch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per child")
     parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
+    parser.add_argument("--batch-norm-sync", default="true",
+                        help="comma-separated true/false: the policies' batch_norm_sync")
     parser.add_argument("--learners", default=None,
                         help="comma-separated learner counts: measure the LearnerGroup "
                              "(each learner on the first --towers value, default 1)")

@@ -36,6 +36,10 @@ MODELS = {
     # split evenly over 1, 2 and 4 towers (20, RLlib's default, does not divide 128)
     "lstm": ((4,), 2, {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh",
                        "use_lstm": True, "lstm_cell_size": 256, "max_seq_len": 16}),
+    # batch norm after each hidden layer: what batch_norm_sync costs (the bare
+    # ceiling has no batch norm, so it is the plain MLP's)
+    "mlp_bn": ((4,), 2, {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh",
+                         "use_batch_norm": True}),
     "cnn": ((84, 84, 4), 6, {"fcnet_hiddens": [256], "fcnet_activation": "relu",
                              "conv_filters": [[16, [8, 8], 4], [32, [4, 4], 2],
                                               [64, [3, 3], 1]],
@@ -98,12 +102,12 @@ def policy_config(model: str, towers: int, *, minibatch_size: int = 128, num_epo
 
 
 def make_policy(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
-                real_gpus: bool = False) -> TFPolicy:
+                real_gpus: bool = False, **more) -> TFPolicy:
     from algorithms.ppo import PPOPolicy
     obs_space, act_space = spaces_for(model)
     return PPOPolicy(obs_space, act_space, policy_config(
         model, towers, minibatch_size=minibatch_size, num_epochs=num_epochs,
-        real_gpus=real_gpus))
+        real_gpus=real_gpus, **more))
 
 
 # ----- the ceiling: bare Keras ----------------------------------------------------------------

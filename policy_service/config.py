@@ -183,6 +183,11 @@ class PolicyConfig(Config):
     num_epochs: int = setting(1, doc="Passes over a loaded buffer per training step.",
                               check=integer(ge=1))
     model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
+    batch_norm_sync: bool = setting(
+        True, doc="Batch norm in training normalizes every tower's rows with the moments "
+        "of the whole batch (all towers' and learners' valid rows: one device's step); "
+        "False: each tower with its own shard's (RLlib's and DDP's), an approximation. "
+        "Moving statistics are combined over the whole batch either way.")
     num_grad_accumulation_steps: int = setting(
         1, doc="Minibatches of a loaded buffer whose gradients are summed before one "
         "all-reduce and one optimizer step (= one step on them concatenated).",

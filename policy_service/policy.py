@@ -28,9 +28,10 @@ from policy_service import distributions, exploration, models, spaces
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
+from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
-from policy_service.engine.towers import NonFiniteGradientError, TowerStack
+from policy_service.engine.towers import TowerStack
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.sample_batch import SampleBatch
@@ -80,7 +81,7 @@ class TFPolicy:
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
             l2_coeff=self.config.l2_coeff, seed=self.config.seed,
             accumulation_steps=self.config.num_grad_accumulation_steps,
-            target=self.target_network)
+            target=self.target_network, batch_norm_sync=self.config.batch_norm_sync)
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 

@@ -13,7 +13,7 @@ import numpy as np
 import tree
 
 from policy_service import spaces
-from policy_service.engine.towers import LOSS_MASK, is_sequence_column
+from policy_service.engine.units import LOSS_MASK, is_sequence_column
 from policy_service.sample_batch import SampleBatch
 from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
 

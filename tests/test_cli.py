@@ -463,12 +463,12 @@ MORE_BAD_VALUES = {
     "env_config_two_unknown_keys": (["--set", "env_config={size: 3, max_episode_steps: 5, "
                                      "color: red}"], "['color', 'size']"),
     "minibatch_uneven_over_towers": (["--num-gpus", "3", "--fake-gpus"],
-                                     "config.minibatch_size must be a multiple of 3 tower(s) x "
-                                     "1 row(s) per sequence = 3, got 64"),
+                                     "config.minibatch_size=64 must be a multiple of 1 "
+                                     "learner(s) x 3 tower(s) x 1 row(s) per sequence = 3"),
     "minibatch_cuts_lstm_sequences": (["--set", "model.use_lstm=true",
                                        "--set", "model.max_seq_len=20"],
-                                      "config.minibatch_size must be a multiple of 1 tower(s) x "
-                                      "20 row(s) per sequence = 20, got 64"),
+                                      "config.minibatch_size=64 must be a multiple of 1 "
+                                      "learner(s) x 1 tower(s) x 20 row(s) per sequence = 20"),
     "stop_iters_zero": (["--stop-iters", "0"], "--stop-iters must be >= 1, got 0"),
     "stop_timesteps_negative": (["--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
     "stop_reward_nan": (["--stop-reward", "nan"], "--stop-reward must be a finite number"),

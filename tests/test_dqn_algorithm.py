@@ -224,8 +224,8 @@ def test_two_fake_gpu_towers_take_the_steps_of_one_device():
 
 
 def test_a_batch_that_does_not_split_over_the_towers_is_one_line():
-    with pytest.raises(ConfigError, match="train_batch_size must be a multiple of the 3 "
-                                          "learner towers, got 16"):
+    with pytest.raises(ConfigError, match=r"train_batch_size=16 must be a multiple of "
+                                          r"1 learner\(s\) x 3 tower\(s\)"):
         DQN(dict(SMALL, **fake_gpus(3)))
 
 

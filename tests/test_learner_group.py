@@ -123,15 +123,17 @@ def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(sta
 
 def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
     """LazyBatchNormModel (momentum 0.5), registered in this process only: the
-    moving statistics equal one device's; the gradient equals 4 towers' in this
-    process (towers normalise by their own shard, so the same 4 shards)."""
+    moving statistics, the gradient and the step equal one device's and 4
+    towers' in this process (batch_norm_sync; per shard: tests/test_batch_norm.py)."""
     model = {"custom_model": "lazy_bn"}
     group = start_group(model=model, **TWO_BY_TWO)
     one, four = one_device(model=model), one_device(model=model, **fake_gpus(4))
     same_start(group, one, four)
     batch = mlp_batch(36, seed=3)
     batch["obs"] = batch["obs"] * 3 + 1  # a clearly nonzero mean
-    assert_grads_close(four.compute_gradients(batch)[0], group.compute_gradients(batch)[0])
+    grads = group.compute_gradients(batch)[0]
+    assert_grads_close(four.compute_gradients(batch)[0], grads)
+    assert_grads_close(one.compute_gradients(batch)[0], grads)
     for policy in (one, four, group):
         policy.learn_on_batch(batch)
     after = group.get_weights()
@@ -143,6 +145,7 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
     for name in (mean_key, var_key):
         np.testing.assert_allclose(after[name], one.get_weights()[name], rtol=1e-5, atol=1e-6)
     assert_weights_close(four.get_weights(), after)
+    assert_weights_close(one.get_weights(), after)
     assert group.weights_identical()
 
 

@@ -31,16 +31,9 @@ from fakes import (
 
 from policy_service import masked_mean
 from policy_service.engine.devices import FAKE_GPU, GPU, DevicePlan
-from policy_service.engine.towers import (
-    LOSS_MASK,
-    MissingColumnError,
-    NonFiniteGradientError,
-    NonFiniteUpdateError,
-    TowerStack,
-    clip_gradients,
-    gather_units,
-    pad_units,
-)
+from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gradients
+from policy_service.engine.units import LOSS_MASK, gather_units, pad_units
 from policy_service.sample_batch import SampleBatch
 
 LSTM = {"use_lstm": True, "max_seq_len": 4}
@@ -453,7 +446,8 @@ def test_lstm_loaded_minibatches_equal_one_device_steps(towers):
 
 def test_loaded_buffer_errors_name_the_problem():
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=10, **fake_gpus(4)))
-    with pytest.raises(ValueError, match=r"minibatch_size=10 must be a multiple of 4 tower"):
+    with pytest.raises(ValueError,
+                       match=r"minibatch_size=10 must be a multiple of 1 learner\(s\) x 4 tower"):
         policy.load_batch_into_buffer(mlp_batch(20))
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
     with pytest.raises(ValueError, match="no batch loaded into buffer 0"):

@@ -120,6 +120,45 @@ class LazyLSTM(keras.Model):
                 "state_out": [h, c]}
 
 
+class TwoBatchNormModel(keras.Model):
+    """Batch norm on the observation and on a hidden layer (momentum 0.5 each),
+    built on first call: the batch-norm tests' model."""
+
+    def __init__(self, obs_space, action_space, num_outputs, model_config):
+        super().__init__()
+        self.obs_bn = keras.layers.BatchNormalization(momentum=0.5)
+        self.hidden = keras.layers.Dense(16, activation="tanh")
+        self.hidden_bn = keras.layers.BatchNormalization(momentum=0.5)
+        self.pi = keras.layers.Dense(num_outputs)
+        self.vf = keras.layers.Dense(1)
+
+    def call(self, input_dict, training=None):
+        x = self.obs_bn(tf.cast(input_dict["obs"], tf.float32), training=training)
+        x = self.hidden_bn(self.hidden(x), training=training)
+        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.squeeze(self.vf(x), -1),
+                "state_out": []}
+
+
+class BatchNormLSTM(LazyLSTM):
+    """LazyLSTM with batch norm (momentum 0.5) on the LSTM's output laid out by
+    sequence, [num_seqs, T, cell]: padded steps must stay out of its moments."""
+
+    def __init__(self, obs_space, action_space, num_outputs, model_config):
+        super().__init__(obs_space, action_space, num_outputs, model_config)
+        self.out_bn = keras.layers.BatchNormalization(momentum=0.5)
+
+    def call(self, input_dict, training=None):
+        seq_lens = tf.cast(input_dict["seq_lens"], tf.int32)
+        x = self.encoder(input_dict["obs"])
+        num_seqs = tf.shape(seq_lens)[0]
+        x = tf.reshape(x, [num_seqs, -1, x.shape[-1]])
+        out, h, c = self.lstm(x, mask=tf.sequence_mask(seq_lens, tf.shape(x)[1]),
+                              initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]])
+        out = tf.reshape(self.out_bn(out, training=training), [-1, self.cell_size])
+        return {"action_dist_inputs": self.pi(out), "vf_preds": tf.squeeze(self.vf(out), -1),
+                "state_out": [h, c]}
+
+
 STYLES = {
     "lazy_bn": LazyBatchNormModel,
     "lazy_mlp": LazyMLP,

@@ -123,12 +123,13 @@ def check_devices(config) -> None:
                                     len(tf.config.list_physical_devices("GPU")))
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None
+    from policy_service.engine.units import check_minibatch_size
     rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
-    quantum = plan.num_towers * rows_per_sequence
-    if config.minibatch_size % quantum:
-        raise TrainingSetupError(
-            f"config.minibatch_size must be a multiple of {plan.num_towers} tower(s) x "
-            f"{rows_per_sequence} row(s) per sequence = {quantum}, got {config.minibatch_size}")
+    try:
+        check_minibatch_size("config.minibatch_size", config.minibatch_size, learners=1,
+                             towers=plan.num_towers, unit_rows=rows_per_sequence)
+    except ValueError as err:
+        raise TrainingSetupError(str(err)) from None
 
 
 def json_safe(value: Any) -> Any:

@@ -8,9 +8,13 @@ times, and takes part in every collective.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from policy_service.engine.towers import is_sequence_column, pad_units, round_up
+from policy_service.engine.units import (
+    arrange_minibatches,
+    check_minibatch_size,
+    is_sequence_column,
+    pad_units,
+    round_up,
+)
 from policy_service.train_batches import TrainColumns
 
 
@@ -33,23 +37,11 @@ def split_minibatches(train: TrainColumns, num_shards: int, minibatch_size: int,
 
     minibatch_size: rows per minibatch over all shards; each shard then loads
     minibatches of minibatch_size / num_shards rows."""
-    quantum = train.rows_per_unit * num_shards * towers_per_shard
-    if minibatch_size % quantum:
-        raise ValueError(
-            f"minibatch_size={minibatch_size} must be a multiple of {num_shards} learner(s) "
-            f"x {towers_per_shard} tower(s) x {train.rows_per_unit} row(s) per sequence "
-            f"= {quantum}")
-    units_per_mb = minibatch_size // train.rows_per_unit
-    num_mb = round_up(max(1, -(-train.units // units_per_mb)), accumulation_steps)
-    columns = pad_units(train.columns, train.units, num_mb * units_per_mb)
-    per_shard = units_per_mb // num_shards
-    shards: list[dict] = [{} for _ in range(num_shards)]
-    for name, values in columns.items():
-        unit = 1 if is_sequence_column(name) else train.rows_per_unit
-        arranged = values.reshape((num_mb, num_shards, per_shard * unit) + values.shape[1:])
-        for i in range(num_shards):
-            shards[i][name] = np.ascontiguousarray(arranged[:, i]).reshape(
-                (-1,) + values.shape[1:])
+    check_minibatch_size("minibatch_size", minibatch_size, learners=num_shards,
+                         towers=towers_per_shard, unit_rows=train.rows_per_unit)
+    shards, num_mb = arrange_minibatches(train.columns, train.units, train.rows_per_unit,
+                                         minibatch_size, num_shards, accumulation_steps)
+    per_shard = minibatch_size // train.rows_per_unit // num_shards
     return [TrainColumns(shard, num_mb * per_shard, train.rows_per_unit) for shard in shards]
 
 

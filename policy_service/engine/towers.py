@@ -1,36 +1,22 @@
 """TowerStack: one SGD step over 1..N devices with one copy of the variables.
 
-A batch arrives as padded numpy columns made of *units*: a unit is one row,
-or one padded sequence of T rows for recurrent models. Row columns have
-units*T rows; sequence columns ("seq_lens", "state_in_*") one row per unit.
-The stack splits units evenly over the towers, runs the loss on every tower
-device in parallel, and combines what the towers computed weighted by each
-tower's count of valid (unmasked) rows, so N towers give exactly the step of
-the whole batch:
+The stack splits a batch's units (units.py) evenly over the towers, runs the
+loss on every tower device in parallel, and combines what the towers computed
+weighted by each tower's count of valid (unmasked) rows, so N towers give
+exactly the step of the whole batch:
 
     grad = sum_t (valid_t / valid) * grad(masked_mean loss on tower t)
 
-Batch norm runs in training mode on each shard; its moving statistics are
-updated once per step from the towers' moments combined over all valid rows
-(not from one tower, and not N times).
-
-Across learner processes (a `CollectiveGroup` of N members, each with its own
-stack): each learner combines its towers as above, then one all-reduce inside
-the compiled step sums its valid-row count and its count-weighted gradients,
-statistics and batch-norm moments, and every learner divides by the total, so
-N learners x M towers give the step of the whole batch on one device. A group
-of one (or none) runs no collective.
-
-Gradient accumulation (`accumulation_steps` K) on loaded buffers: a step runs
-the towers on K minibatches in turn and combines all of them as one, so it is
-one step on the K minibatches concatenated, with one all-reduce.
-
-Why hand-built towers rather than MirroredStrategy: on the same model, loss
-and fused loop, the tower stack is ahead at 1, 2 and 4 logical devices
-(226k / 194k / 137k vs 195k / 179k / 103k samples/s, docs/replica_engine.md),
-and exact weighting and batch-norm combination are then explicit code rather
-than strategy internals. The variables live on the first tower's device,
-where tower gradients are summed.
+Across learner processes (a `CollectiveGroup`, each member with its own stack)
+one all-reduce inside the compiled step sums the valid-row counts and the
+count-weighted gradients, statistics and batch-norm moments (batch_norm.py), so
+N learners x M towers give the step of the whole batch on one device; a group
+of one runs no collective. With `accumulation_steps` K a step runs the towers
+on K minibatches and combines them as one. Steps, loaded-buffer steps and whole
+loaded epochs are compiled graphs; a non-finite step is refused or rolled back
+(finite_guard.py). Why hand-built towers rather than MirroredStrategy, measured:
+docs/replica_engine.md. The variables live on the first tower's device, where
+tower gradients are summed.
 """
 from __future__ import annotations
 
@@ -42,19 +28,25 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from policy_service.engine import batch_norm, finite_guard
+from policy_service.engine.batch_norm import BatchNormCapture, batch_norm_layers
+from policy_service.engine.collectives import choose_implementation
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.devices import DevicePlan
-
-LOSS_MASK = "loss_mask"
-SEQ_LENS = "seq_lens"
+from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.units import (
+    LOSS_MASK,
+    arrange_minibatches,
+    check_minibatch_size,
+    gather_units,
+    is_sequence_column,
+    pad_units,
+    round_up,
+    rows_per_unit,
+)
 
 LossFn = Callable[[dict], list]
 StatsFn = Callable[[dict, list], dict]
-
-
-def is_sequence_column(name: str) -> bool:
-    """Columns with one row per sequence rather than per time step."""
-    return name == SEQ_LENS or name.startswith("state_in_")
 
 
 class MissingColumnError(KeyError):
@@ -86,94 +78,6 @@ class LoadedBuffer:
     units_per_minibatch: int  # per tower
     num_minibatches: int
     minibatch_rows: int  # over all towers
-
-
-class NonFiniteGradientError(FloatingPointError):
-    """A step's gradients held NaN or inf: it was not applied. `steps_applied`:
-    the good steps of the same call that stand (loaded epochs stop at the bad one)."""
-
-    steps_applied = 0
-
-
-class NonFiniteUpdateError(NonFiniteGradientError):
-    """Finite gradients whose update made weights or optimizer state non-finite
-    (say Adam's second moment overflowing on huge advantages): rolled back."""
-
-
-def batch_norm_layers(model: keras.Model) -> list:
-    """Every Keras BatchNormalization layer of the model whose statistics we combine."""
-    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-              if isinstance(layer, keras.layers.BatchNormalization)]
-    for layer in layers:
-        if layer.renorm:
-            raise ValueError(f"batch norm layer {layer.name!r} uses renorm, which the "
-                             "tower stack cannot combine across towers")
-        if layer.synchronized:
-            raise ValueError(f"batch norm layer {layer.name!r} has synchronized=True; "
-                             "the tower stack combines statistics itself, turn it off")
-    return layers
-
-
-class BatchNormCapture:
-    """While tower forwards are traced, each BN layer writes its batch moments
-    (momentum 0), which the stack reads back and combines over all towers'
-    valid rows, then applies with the layer's own momentum.
-
-    A model that calls batch norm without a mask (most user models) gets the
-    tower's row mask put in, so padding never enters the moments; `row_mask`
-    is set to each tower's mask in turn.
-    """
-
-    def __init__(self, layers: list):
-        self.layers = layers
-        self.momenta = [layer.momentum for layer in layers]
-        self.row_mask = None
-
-    def __enter__(self) -> BatchNormCapture:
-        for layer in self.layers:
-            layer.momentum = 0.0
-            # an instance attribute, set past Keras's attribute tracking; Layer.__call__ calls self.call
-            layer.__dict__["call"] = self._masked_call(layer.call)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for layer, momentum in zip(self.layers, self.momenta):
-            layer.momentum = momentum
-            del layer.__dict__["call"]
-
-    def _masked_call(self, call):
-        def masked(inputs, training=None, mask=None):
-            if mask is None and training and self.row_mask is not None:
-                mask = row_mask_like(self.row_mask, inputs)
-            return call(inputs, training=training, mask=mask)
-        return masked
-
-
-def row_mask_like(row_mask: tf.Tensor, inputs: tf.Tensor) -> tf.Tensor:
-    """The tower's row mask <bool>[rows] as a mask of inputs.shape[:-1].
-
-    Inputs laid out by row ([rows, ...]) or by sequence ([num_seqs, T, ...]) get
-    the mask broadcast over their inner axes; any other layout (say one row per
-    sequence) has no padded rows to drop and is left unmasked.
-    """
-    shape = tf.shape(inputs)[:-1]
-    rows = tf.size(row_mask)
-    inner = inputs.shape.rank - 2
-
-    def by_row():
-        return tf.broadcast_to(tf.reshape(row_mask, tf.concat([shape[:1], tf.ones([inner], tf.int32)], 0)), shape)
-
-    def by_sequence():
-        return tf.broadcast_to(
-            tf.reshape(row_mask, tf.concat([shape[:2], tf.ones([inner - 1], tf.int32)], 0)), shape)
-
-    def unmasked():
-        return tf.ones(shape, tf.bool)
-
-    if inner == 0:
-        return tf.cond(tf.equal(rows, shape[0]), by_row, unmasked)
-    return tf.cond(tf.equal(rows, shape[0]), by_row, lambda: tf.cond(
-        tf.equal(rows, shape[0] * shape[1]), by_sequence, unmasked))
 
 
 def _scale(value, weight):
@@ -208,15 +112,6 @@ class TowerResult(NamedTuple):
     grads: list  # per loss, per trainable variable (None where a loss does not reach it)
     stats: PackedStats
     state_updates: dict  # id(variable) -> the value the forward pass wrote (BN moments, RNG)
-
-
-class BatchNormMoments(NamedTuple):
-    """One BN layer's batch moments for a step, over every valid row combined."""
-
-    layer: keras.layers.BatchNormalization
-    momentum: float  # the layer's own (set to 0 while towers are traced)
-    mean: tf.Tensor
-    variance: tf.Tensor  # population variance
 
 
 class StepResult(NamedTuple):
@@ -257,12 +152,13 @@ class TowerStack:
                  stats_fn: StatsFn, optimizers: list, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
                  seed: int | None = None, accumulation_steps: int = 1,
-                 collective_group=None, target=None):
+                 collective_group=None, target=None, batch_norm_sync: bool = True):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
         self.accumulation_steps = int(accumulation_steps)
         self.collective_group = collective_group
+        self.batch_norm_sync = bool(batch_norm_sync)
         self.plan = plan
         self.model = model
         self.loss_fn = loss_fn
@@ -291,6 +187,7 @@ class TowerStack:
         self._checked = [v for v in self._updated if tf.as_dtype(v.dtype).is_floating]
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
+        self._moment_sum = self._make_moment_sum()
 
     @property
     def num_towers(self) -> int:
@@ -300,7 +197,18 @@ class TowerStack:
         """Combine every later step with the other members of `group` (a connected
         `CollectiveGroup`; None: this stack alone). Compiled steps are rebuilt."""
         self.collective_group = group
+        self._moment_sum = self._make_moment_sum()
         self._functions.clear()
+
+    def _make_moment_sum(self) -> batch_norm.MomentSum | None:
+        """What sums BN moments over all towers and learners (batch_norm_sync), or
+        None where there is nothing to sum: no BN layer, one tower of one learner."""
+        if not (self.batch_norm_sync and self._bn_layers
+                and self.num_towers * self.num_learners > 1):
+            return None
+        implementation = (choose_implementation(tf.config.list_physical_devices())
+                          if self.num_learners == 1 else self.collective_group.implementation)
+        return batch_norm.MomentSum(self.plan.devices, self.num_learners, implementation)
 
     @property
     def num_learners(self) -> int:
@@ -311,14 +219,14 @@ class TowerStack:
 
     def shard(self, columns: dict, num_units: int) -> list[dict]:
         """Split units evenly over the towers (units padded to a multiple of N)."""
-        rows_per_unit = _rows_per_unit(columns, num_units)
+        unit_rows = rows_per_unit(columns, num_units)
         columns = pad_units(columns, num_units, round_up(num_units, self.num_towers))
         per_tower = round_up(num_units, self.num_towers) // self.num_towers
         shards = []
         for t in range(self.num_towers):
             shards.append({
                 name: (values[t * per_tower:(t + 1) * per_tower] if is_sequence_column(name)
-                       else values[t * per_tower * rows_per_unit:(t + 1) * per_tower * rows_per_unit])
+                       else values[t * per_tower * unit_rows:(t + 1) * per_tower * unit_rows])
                 for name, values in columns.items()})
         return shards
 
@@ -386,26 +294,14 @@ class TowerStack:
         """Place a whole padded batch on the towers, arranged so that the minibatch
         at row offset k*minibatch_size is exactly rows [k*mb, (k+1)*mb) of the batch.
         Returns the rows loaded over all towers, padding included."""
-        unit_quantum = rows_per_unit * self.num_towers
-        if minibatch_size % unit_quantum:
-            raise ValueError(
-                f"minibatch_size={minibatch_size} must be a multiple of "
-                f"{self.num_towers} tower(s) x {rows_per_unit} row(s) per sequence "
-                f"= {unit_quantum}")
+        check_minibatch_size("minibatch_size", minibatch_size, learners=1,
+                             towers=self.num_towers, unit_rows=rows_per_unit)
+        shards, num_mb = arrange_minibatches(columns, num_units, rows_per_unit, minibatch_size,
+                                             self.num_towers, self.accumulation_steps)
         units_per_mb = minibatch_size // rows_per_unit
-        num_mb = round_up(max(1, -(-num_units // units_per_mb)), self.accumulation_steps)
-        columns = pad_units(columns, num_units, num_mb * units_per_mb)
-        per_tower_mb = units_per_mb // self.num_towers
-        shards = [{} for _ in range(self.num_towers)]
-        for name, values in columns.items():
-            unit = 1 if is_sequence_column(name) else rows_per_unit
-            arranged = values.reshape((num_mb, self.num_towers, per_tower_mb * unit)
-                                      + values.shape[1:])
-            for t in range(self.num_towers):
-                shards[t][name] = arranged[:, t].reshape((-1,) + values.shape[1:])
         self.buffers[buffer_index] = LoadedBuffer(
-            towers=self.place(shards), num_rows=num_mb * units_per_mb * rows_per_unit,
-            units_per_minibatch=per_tower_mb, num_minibatches=num_mb,
+            towers=self.place(shards), num_rows=num_mb * minibatch_size,
+            units_per_minibatch=units_per_mb // self.num_towers, num_minibatches=num_mb,
             minibatch_rows=minibatch_size)
         return self.buffers[buffer_index].num_rows
 
@@ -506,7 +402,7 @@ class TowerStack:
         variable device only sums them: on fake GPUs the tensors crossing devices,
         not the arithmetic, are much of what N towers add over one."""
         devices, results = [], []
-        with BatchNormCapture(self._bn_layers) as capture:
+        with BatchNormCapture(self._bn_layers, self._moment_sum) as capture:
             for shards in shard_sets:
                 for device, shard in zip(self.plan.devices, shards):
                     devices.append(device)
@@ -563,7 +459,9 @@ class TowerStack:
                       for j in range(len(self.variables))]
                      for i in range(len(self.optimizers))]
             stats = tf.add_n(packed)
-            moments = self._batch_norm_moments(results, weights, devices, momenta)
+            moments = batch_norm.combine_tower_moments(
+                self._bn_layers, momenta, [r.state_updates for r in results],
+                lambda per_tower: self._weighted_terms(per_tower, weights, devices))
             grads, stats, moments, total = self._across_learners(grads, stats, moments, total)
             combined = [clip_gradients(self._with_l2(per_var), self.grad_clip,
                                        self.grad_clip_method) for per_var in grads]
@@ -600,59 +498,26 @@ class TowerStack:
             return nccl_ops.reduce_sum(terms)
         return tf.add_n(terms)
 
-    def _batch_norm_moments(self, results: list, weights: list, devices: list,
-                            momenta: list) -> list:
-        """Each BN layer's batch mean and (population) variance over all towers'
-        valid rows, from the towers' own moments."""
-        moments = []
-        for layer, momentum in zip(self._bn_layers, momenta):
-            if id(layer.moving_mean) not in results[0].state_updates:
-                continue  # layer not run in training mode
-            means = [r.state_updates[id(layer.moving_mean)] for r in results]
-            variances = [r.state_updates[id(layer.moving_variance)] for r in results]
-            mean = tf.add_n(self._weighted_terms(means, weights, devices))
-            variance = tf.add_n(self._weighted_terms(
-                [v + tf.square(m - mean) for m, v in zip(means, variances)], weights, devices))
-            moments.append(BatchNormMoments(layer, momentum, mean, variance))
-        return moments
-
     def _across_learners(self, grads: list, stats, moments: list, total):
         """This learner's valid-row count and count-weighted gradients, statistics
-        and BN moments summed over every learner in one all-reduce, then divided
-        by the total count: what one device computes on the whole batch.
-
-        BN variances travel as count * (var + (mean - c)^2) around a shift c every
-        learner shares (the layer's moving mean: weights are identical on every
-        learner), so var = E[(x - c)^2] - (mean - c)^2 needs no second collective
-        and does not lose the variance to cancellation when the mean is large."""
+        and BN moments (around a shared shift: batch_norm.shifted_for_sum) summed over
+        every learner in one all-reduce, then divided by the total count: what one
+        device computes on the whole batch."""
         if self.num_learners == 1:
             return grads, stats, moments, total
-        shifts = [tf.convert_to_tensor(m.layer.moving_mean) for m in moments]
-        local = [g for per_var in grads for g in per_var if g is not None] + [stats]
-        for m, shift in zip(moments, shifts):
-            local += [m.mean, m.variance + tf.square(m.mean - shift)]
+        shifted, shifts = batch_norm.shifted_for_sum(moments)
+        local = [g for per_var in grads for g in per_var if g is not None] + [stats] + shifted
         means, total = self.collective_group.all_reduce_weighted_mean(local, total)
         summed = iter(means)
         grads = [[None if g is None else next(summed) for g in per_var] for per_var in grads]
         stats = next(summed)
-        combined = []
-        for m, shift in zip(moments, shifts):
-            batch_mean, second = next(summed), next(summed)
-            combined.append(m._replace(mean=batch_mean, variance=tf.maximum(
-                second - tf.square(batch_mean - shift), 0.0)))
-        return grads, stats, combined, total
+        return grads, stats, batch_norm.unshifted(moments, shifts, summed), total
 
     def _state_assignments(self, moments: list, results: list) -> list:
         """(variable, new value) for non-trainable state: BN statistics from the
         combined moments with the layer's momentum; any other state (e.g. RNG)
         from the last tower."""
-        assignments = []
-        for m in moments:
-            layer, momentum = m.layer, m.momentum
-            assignments.append((layer.moving_mean,
-                                momentum * layer.moving_mean + (1 - momentum) * m.mean))
-            assignments.append((layer.moving_variance,
-                                momentum * layer.moving_variance + (1 - momentum) * m.variance))
+        assignments = batch_norm.moving_statistics(moments)
         last = results[-1].state_updates
         for var in self.model.non_trainable_variables:
             if id(var) not in self._bn_variables and id(var) in last:
@@ -691,26 +556,9 @@ class TowerStack:
         return {**step.stats, "_finite": step.finite}
 
     def _kept_if_finite(self, run) -> dict:
-        """run() -> its output dict plus "_kept": <bool>[checked variables] which ended
-        finite. If any did not, every variable the call may write is put back as it
-        was before the call: one read of the state before (TF copies a variable on
-        write only while such a read is alive) and one check after, per compiled
-        call, not per step. Every learner decides alike: same weights, same
-        all-reduced gradients."""
-        with tf.device(self.plan.variable_device):
-            before = [tf.convert_to_tensor(v) for v in self._updated]
-        out = run() or {}
-        with tf.device(self.plan.variable_device):
-            finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
-                               for v in self._checked] or [tf.constant(True)])
-
-            def roll_back():
-                for var, value in zip(self._updated, before):
-                    var.assign(value)
-                return finite
-
-            kept = tf.cond(tf.reduce_all(finite), lambda: finite, roll_back)
-        return {**out, "_kept": kept}
+        """run()'s output, rolled back if it left state non-finite (finite_guard)."""
+        return finite_guard.kept_if_finite(run, self._updated, self._checked,
+                                           self.plan.variable_device)
 
     def _learn_graph(self, shards):
         return self._kept_if_finite(lambda: self._step([shards]))
@@ -778,65 +626,7 @@ class TowerStack:
         return {k: float(v) for k, v in out.items()}
 
     def _check_finite(self, finite, kept=None) -> None:
-        """Raise for a call whose update was rolled back (kept: which updated
-        variables ended finite) or whose last step had a non-finite gradient."""
-        if kept is not None and not np.asarray(kept).all():
-            bad = [self._checked[i].path for i in np.flatnonzero(~np.asarray(kept))]
-            raise NonFiniteUpdateError(
-                f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
-                "optimizer moment overflowing on huge advantages or rewards?); the call "
-                "was rolled back, weights unchanged")
-        finite = np.asarray(finite)
-        if not finite.all():
-            names = [v.path for v in self.variables]
-            bad = [names[i % len(names)] for i in np.flatnonzero(~finite)] if len(finite) > 1 else []
-            raise NonFiniteGradientError(
-                "non-finite gradient" + (f" for {bad}" if bad else "")
-                + "; the step was not applied, weights unchanged")
-
-
-def gather_units(buffer: dict, unit_idx: tf.Tensor) -> dict:
-    """Rows of the given units: sequence columns by unit, row columns by the
-    unit's T rows. unit_idx <int32>[units]."""
-    if SEQ_LENS in buffer:
-        units = tf.shape(buffer[SEQ_LENS])[0]
-        rows_per_unit = tf.shape(buffer[LOSS_MASK])[0] // units
-        row_idx = tf.reshape(unit_idx[:, None] * rows_per_unit
-                             + tf.range(rows_per_unit)[None, :], [-1])
-    else:
-        row_idx = unit_idx
-    return {name: tf.gather(values, unit_idx if is_sequence_column(name) else row_idx)
-            for name, values in buffer.items()}
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
-
-
-def _rows_per_unit(columns: dict, num_units: int) -> int:
-    rows = len(columns[LOSS_MASK])
-    if num_units == 0 or rows % num_units:
-        raise ValueError(f"{rows} rows do not split into {num_units} equal units")
-    return rows // num_units
-
-
-def pad_units(columns: dict, num_units: int, target_units: int) -> dict:
-    """Append units up to `target_units` that count for nothing (loss_mask False,
-    seq_lens 0). They repeat real units rather than zeros, so a loss that is
-    finite on real data (say log of a positive column) is finite there too:
-    masking drops padding in the forward pass, but 0 * inf is NaN backwards."""
-    if target_units == num_units:
-        return columns
-    rows_per_unit = _rows_per_unit(columns, num_units)
-    source_units = np.arange(target_units - num_units) % num_units
-    source_rows = (source_units[:, None] * rows_per_unit + np.arange(rows_per_unit)).ravel()
-    out = {}
-    for name, values in columns.items():
-        extra = values[source_units if is_sequence_column(name) else source_rows]
-        if name in (LOSS_MASK, SEQ_LENS):
-            extra = np.zeros_like(extra)
-        out[name] = np.concatenate([values, extra])
-    return out
+        finite_guard.check_finite(finite, kept, self._checked, self.variables)
 
 
 def _unique_variables(variables: list) -> list:
