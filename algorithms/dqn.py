@@ -379,8 +379,8 @@ class DQN(Algorithm):
         super().__init__(config)
         cfg = self.config
         try:
-            check_frame_stack_axis(cfg, self.workers.observation_space)
-            shards = self.learner.num_towers * max(1, cfg.num_learners)
+            check_frame_stack_axis(cfg, self.env_runners.observation_space)
+            shards = self.learners.num_towers * max(1, cfg.num_learners)
             if cfg.train_batch_size % shards:
                 raise ConfigError(f"{cfg.key_prefix}.train_batch_size must be a multiple of "
                                   f"the {shards} learner towers, got {cfg.train_batch_size}")
@@ -428,7 +428,7 @@ class DQN(Algorithm):
             lambda learners: learners.update(batch, num_epochs=1, shuffle=False))
         self.num_sgd_steps_total += num_steps
         if isinstance(self.replay, PrioritizedReplayBuffer):
-            td_errors = self.learner.foreach_policy(DQNPolicy.compute_td_error, batch)[0]
+            td_errors = self.learners.foreach_policy(DQNPolicy.compute_td_error, batch)[0]
             self.replay.update_priorities(batch[BATCH_INDEXES], td_errors)
         self.broadcast_weights(wait=False)
         return stats
@@ -464,9 +464,9 @@ class DQN(Algorithm):
         there. Remote calls are not waited for: an actor runs its calls in order, so
         the timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
-        if self.workers.local_worker is not None:
-            self.workers.local_worker.set_global_timestep(self.timesteps_total)
-        for worker in self.workers.workers:
+        if self.env_runners.local_worker is not None:
+            self.env_runners.local_worker.set_global_timestep(self.timesteps_total)
+        for worker in self.env_runners.workers:
             worker.set_global_timestep.remote(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------

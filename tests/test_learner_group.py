@@ -309,7 +309,7 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
         while not history or (history[-1]["episode_return_mean"] < 450
                               and history[-1]["timesteps_total"] < 150_000):
             if len(history) == 5:
-                ray.kill(algo.learner.actors[1])
+                ray.kill(algo.learners.actors[1])
             history.append(algo.train())
     finally:
         algo.stop()
