@@ -11,8 +11,8 @@ The loop (`train()` is one iteration):
         #     self.sample_ready()        EnvRunnerGroup.sample_async(): the fragments of
         #                                the workers done so far (off-policy, async)
         #     self.learner_update(fn)    fn(self.learners) -> stats with the samples it
-        #                                trained on; a dead learner actor is replaced
-        #                                from the driver's last copy and fn called again
+        #                                trained on, timed and counted (a dead learner
+        #                                actor is replaced inside LearnerGroup.update)
         #     self.broadcast_weights()   the learner's weights to every worker, one ray.put
         #                                (wait=False: busy workers take them after
         #                                their current fragment)
@@ -102,8 +102,6 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.learner_group import LearnerGroup
-
-MAX_LEARNER_RESTARTS_PER_ITERATION = 2
 
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
@@ -199,14 +197,11 @@ class Algorithm:
             self._init_ray()
         self.env_runners = None
         self.learners = None
-        self._learner_state = None  # a LearnerStateCopy, for replacing dead learner actors
         try:
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
-            from policy_service.distributed.learner_state_copy import LearnerStateCopy
             self.learners = LearnerGroup(self.policy_class, self.env_runners.observation_space,
                                         self.env_runners.action_space, self.config)
-            self._learner_state = LearnerStateCopy(self.learners)
             self.env_runners.sync_weights(self.learners.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -235,8 +230,8 @@ class Algorithm:
 
     def update_on_batch(self, learners: "LearnerGroup", train_batch: SampleBatch) -> dict:
         """The default iteration's update: the batch loaded onto the learners once,
-        num_epochs of minibatch SGD (`LearnerGroup.update`). Called again with the
-        same batch after a dead learner was replaced."""
+        num_epochs of minibatch SGD (`LearnerGroup.update`, which replaces dead
+        learners and runs again)."""
         return learners.update(train_batch, num_epochs=self.config.num_epochs)
 
     # ----- the steps a training_step is made of -----------------------------------------
@@ -267,22 +262,11 @@ class Algorithm:
 
     def learner_update(self, update: Callable[["LearnerGroup"], dict]) -> dict:
         """update(self.learners) -> its statistics, less "num_samples_trained" (the
-        samples it trained on, counted; `LearnerGroup.update` reports it).
-
-        A learner actor that dies is replaced, the whole group from the driver's
-        last copy of the learner state, and `update` called again: it must
-        depend on that state and its own inputs only (e.g. reload its batch)."""
-        from policy_service.distributed.learner_group import NUM_SAMPLES_TRAINED, LearnerDiedError
+        samples it trained on, counted; `LearnerGroup.update` reports it), timed.
+        Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
+        from policy_service.learning_results import NUM_SAMPLES_TRAINED
         start = time.perf_counter()
-        for attempt in range(MAX_LEARNER_RESTARTS_PER_ITERATION + 1):
-            try:
-                stats = dict(update(self.learners))
-                break
-            except LearnerDiedError:
-                if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
-                    raise
-                self.learners.restart(self._learner_state.latest())
-        self._learner_state.refresh()
+        stats = dict(update(self.learners))
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
                            f"{sorted(stats)}); LearnerGroup.update reports it")
@@ -437,8 +421,6 @@ class Algorithm:
         self.check_algorithm_state(own)
         self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
         self.set_algorithm_state(own)
-        from policy_service.distributed.learner_state_copy import LearnerStateCopy
-        self._learner_state = LearnerStateCopy(self.learners)  # none from before the restore
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))

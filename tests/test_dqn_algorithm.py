@@ -304,3 +304,28 @@ def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_pa
     assert cli.main(["evaluate", str(run_dir), "--episodes", "2"]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["episodes"] == 2 and len(stats["episode_lengths"]) == 2
+
+
+@pytest.mark.parametrize("num_learners", [0, 1])
+def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
+        ray_local, num_learners):
+    """DQNPolicy.prepare_train_batch checks the "weights" column; the LearnerGroup
+    prepares every batch with it, in the driver, for a learner there or in an actor."""
+    from test_dqn import ACTIONS, OBS, TINY, tiny_batch
+
+    from policy_service import LearnerGroup
+    from policy_service.n_step import n_step_returns
+    from policy_service.replay import PRIO_WEIGHTS
+    group = LearnerGroup(DQNPolicy, OBS, ACTIONS, dict(
+        TINY, train_batch_size=8, num_learners=num_learners, num_cpus_per_learner=0.5))
+    try:
+        batch = n_step_returns(tiny_batch(8), gamma=0.99, n=1)
+        batch[PRIO_WEIGHTS] = np.ones((8, 2), np.float32)
+        with pytest.raises(ValueError, match=r"^column 'weights' has shape \(8, 2\), "
+                                             r"expected \(rows\)$"):
+            group.update(batch, num_epochs=1, shuffle=False)
+        batch[PRIO_WEIGHTS] = np.ones(8, np.float32)
+        stats = group.update(batch, num_epochs=1, shuffle=False)
+        assert stats["per_row"]["td_error"].shape == (8,)
+    finally:
+        group.stop()
