@@ -48,8 +48,6 @@ class LocalLearners:
     """One learner, a policy in this process: it never dies, so its live state is
     the copy a restart would start from."""
 
-    actors: list = []
-
     def __init__(self, policy_cls: type, observation_space: gym.Space,
                  action_space: gym.Space, config: Any, call_timeout_s: float):
         self.learner = Learner(policy_cls(observation_space, action_space, config))
@@ -59,6 +57,10 @@ class LocalLearners:
     @property
     def local_policy(self):
         return self.learner.policy
+
+    @property
+    def actors(self) -> list:
+        return []
 
     def call_each(self, method: str, args_per_learner: list) -> list:
         [args] = args_per_learner
