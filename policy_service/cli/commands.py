@@ -167,7 +167,7 @@ def _user_errors() -> tuple:
     for module_name, class_name in (("policy_service.config", "ConfigError"),
                                     ("policy_service.cli.run_options", "TrainingSetupError"),
                                     ("algorithms.environments", "EnvironmentSetupError"),
-                                    ("policy_service.distributed.learner_group",
+                                    ("policy_service.distributed.learners",
                                      "LearnerResourcesError"),
                                     ("policy_service.distributed.policy_actor",
                                      "PolicyActorResourcesError"),
