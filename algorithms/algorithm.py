@@ -323,7 +323,9 @@ class Algorithm:
             "num_learner_restarts": self.learners.num_restarts,
             "num_learner_towers": self.learners.num_towers,
         }
-        metrics.update({k: float(v) for k, v in stats.items()})
+        from policy_service.engine.loss_output import PER_ROW
+        # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
+        metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
         return metrics
 
     # ----- building blocks ------------------------------------------------------------
