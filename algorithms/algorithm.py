@@ -97,6 +97,7 @@ from policy_service.config import (PolicyConfig, Rule, finite, from_dict, intege
                                    one_of, setting)
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
+from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
@@ -323,7 +324,6 @@ class Algorithm:
             "num_learner_restarts": self.learners.num_restarts,
             "num_learner_towers": self.learners.num_towers,
         }
-        from policy_service.engine.loss_output import PER_ROW
         # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
         metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
         return metrics
