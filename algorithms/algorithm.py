@@ -10,9 +10,9 @@ The loop (`train()` is one iteration):
         #     self.sample_env_steps(n)   EnvRunnerGroup.sample() until >= n env steps
         #     self.sample_ready()        EnvRunnerGroup.sample_async(): the fragments of
         #                                the workers done so far (off-policy, async)
-        #     self.learner_update(fn)    fn(self.learner) -> stats with the samples it
-        #                                trained on; a dead learner actor is replaced
-        #                                from the driver's last copy and fn called again
+        #     self.learner_update(fn)    fn(self.learners) -> stats with the samples it
+        #                                trained on, timed and counted (a dead learner
+        #                                actor is replaced inside LearnerGroup.update)
         #     self.broadcast_weights()   the learner's weights to every worker, one ray.put
         #                                (wait=False: busy workers take them after
         #                                their current fragment)
@@ -105,13 +105,12 @@ from policy_service.config import (
 )
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
+from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.learner_group import LearnerGroup
-
-MAX_LEARNER_RESTARTS_PER_ITERATION = 2
 
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
@@ -205,17 +204,14 @@ class Algorithm:
             devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
         if cfg.num_env_runners > 0 or cfg.remote_inference or cfg.num_learners > 0:
             self._init_ray()
-        self.workers = None
-        self.learner = None
-        self._learner_state = None  # a LearnerStateCopy, for replacing dead learner actors
+        self.env_runners = None
+        self.learners = None
         try:
-            self.workers = self._make_env_runners(self.config.seed)
+            self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
-            from policy_service.distributed.learner_state_copy import LearnerStateCopy
-            self.learner = LearnerGroup(self.policy_class, self.workers.observation_space,
-                                        self.workers.action_space, self.config)
-            self._learner_state = LearnerStateCopy(self.learner)
-            self.workers.sync_weights(self.learner.get_weights(), version=0)
+            self.learners = LearnerGroup(self.policy_class, self.env_runners.observation_space,
+                                        self.env_runners.action_space, self.config)
+            self.env_runners.sync_weights(self.learners.get_weights(), version=0)
         except BaseException:
             self.stop()
             raise
@@ -243,8 +239,8 @@ class Algorithm:
 
     def update_on_batch(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
         """The default iteration's update: the batch loaded onto the learners once,
-        num_epochs of minibatch SGD (`LearnerGroup.update`). Called again with the
-        same batch after a dead learner was replaced."""
+        num_epochs of minibatch SGD (`LearnerGroup.update`, which replaces dead
+        learners and runs again)."""
         return learners.update(train_batch, num_epochs=self.config.num_epochs)
 
     # ----- the steps a training_step is made of -----------------------------------------
@@ -255,7 +251,7 @@ class Algorithm:
         start = time.perf_counter()
         batches, steps = [], 0
         while steps < min_env_steps:
-            batch, metrics = self.workers.sample()
+            batch, metrics = self.env_runners.sample()
             batches.append(batch)
             steps += self._count_sampled(metrics)
         self._counts.sample_time_s += time.perf_counter() - start
@@ -267,30 +263,19 @@ class Algorithm:
         empty batch only when `timeout_s` passed first."""
         from policy_service.distributed.env_runner_group import merge_metrics
         start = time.perf_counter()
-        results = self.workers.sample_async(timeout_s)
+        results = self.env_runners.sample_async(timeout_s)
         if results:
             self._count_sampled(merge_metrics([m for _, m in results]))
         self._counts.sample_time_s += time.perf_counter() - start
         return concat_samples([b for b, _ in results]) if results else SampleBatch({})
 
     def learner_update(self, update: Callable[[LearnerGroup], dict]) -> dict:
-        """update(self.learner) -> its statistics, less "num_samples_trained" (the
-        samples it trained on, counted; `LearnerGroup.update` reports it).
-
-        A learner actor that dies is replaced, the whole group from the driver's
-        last copy of the learner state, and `update` called again: it must
-        depend on that state and its own inputs only (e.g. reload its batch)."""
-        from policy_service.distributed.learner_group import NUM_SAMPLES_TRAINED, LearnerDiedError
+        """update(self.learners) -> its statistics, less "num_samples_trained" (the
+        samples it trained on, counted; `LearnerGroup.update` reports it), timed.
+        Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
+        from policy_service.learning_results import NUM_SAMPLES_TRAINED
         start = time.perf_counter()
-        for attempt in range(MAX_LEARNER_RESTARTS_PER_ITERATION + 1):
-            try:
-                stats = dict(update(self.learner))
-                break
-            except LearnerDiedError:
-                if attempt == MAX_LEARNER_RESTARTS_PER_ITERATION:
-                    raise
-                self.learner.restart(self._learner_state.latest())
-        self._learner_state.refresh()
+        stats = dict(update(self.learners))
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
                            f"{sorted(stats)}); LearnerGroup.update reports it")
@@ -306,7 +291,7 @@ class Algorithm:
         wait=False: workers busy with a `sample_ready` request set them after it,
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
-        self.workers.sync_weights(self.learner.get_weights(), wait=wait)
+        self.env_runners.sync_weights(self.learners.get_weights(), wait=wait)
         self._counts.sync_time_s += time.perf_counter() - start
 
     def _count_sampled(self, metrics: dict) -> int:
@@ -343,11 +328,12 @@ class Algorithm:
             "time_this_iter_s": elapsed_s,
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
-            "num_learners": self.learner.num_learners,
-            "num_learner_restarts": self.learner.num_restarts,
-            "num_learner_towers": self.learner.num_towers,
+            "num_learners": self.learners.num_learners,
+            "num_learner_restarts": self.learners.num_restarts,
+            "num_learner_towers": self.learners.num_towers,
         }
-        metrics.update({k: float(v) for k, v in stats.items()})
+        # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
+        metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
         return metrics
 
     # ----- building blocks ------------------------------------------------------------
@@ -378,14 +364,14 @@ class Algorithm:
         """With a seed: rebuild the env runners seeded from (seed, iteration). Either
         way the runners then act with the learner's current weights."""
         if self.config.seed is not None:
-            self._past_worker_restarts += int(self.workers.num_restarts)
-            self.workers.stop()
-            self.workers = self._make_env_runners(
+            self._past_worker_restarts += int(self.env_runners.num_restarts)
+            self.env_runners.stop()
+            self.env_runners = self._make_env_runners(
                 iteration_seed(self.config.seed, self.iteration))
-        self.workers.sync_weights(self.learner.get_weights(), version=self.iteration)
+        self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
 
     def _num_worker_restarts(self) -> int:
-        return self._past_worker_restarts + int(self.workers.num_restarts)
+        return self._past_worker_restarts + int(self.env_runners.num_restarts)
 
     # ----- algorithm state ----------------------------------------------------------
 
@@ -412,7 +398,7 @@ class Algorithm:
             raise ValueError(f"{type(self).__name__}.get_algorithm_state() values must be "
                              f"JSON (numbers, strings, lists, dicts): {err}") from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
-            self.learner.save(str(tmp / checkpoints.POLICY_SUBDIR))
+            self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR))
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
             checkpoints.save_json(tmp / checkpoints.ALGORITHM_STATE, {
                 "algorithm_class": checkpoints.class_path(type(self)),
@@ -439,10 +425,8 @@ class Algorithm:
         own = AlgorithmState(saved.get("algorithm_values", {}), checkpoints.read_algorithm_arrays(
             directory, saved.get("algorithm_arrays", {})))
         self.check_algorithm_state(own)
-        self.learner.restore(str(directory / checkpoints.POLICY_SUBDIR))
+        self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
         self.set_algorithm_state(own)
-        from policy_service.distributed.learner_state_copy import LearnerStateCopy
-        self._learner_state = LearnerStateCopy(self.learner)  # none from before the restore
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))
@@ -453,7 +437,7 @@ class Algorithm:
         self._episode_lengths.extend(saved["episode_lengths"])
         self._restart_sampling()
         self._past_worker_restarts = (int(saved["num_worker_restarts"])
-                                      - int(self.workers.num_restarts))
+                                      - int(self.env_runners.num_restarts))
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> Algorithm:
@@ -465,21 +449,21 @@ class Algorithm:
 
     def get_policy(self):
         """The learner policy, when it lives in this process (num_learners: 0)."""
-        if self.learner.local_policy is None:
+        if self.learners.local_policy is None:
             raise RuntimeError(
-                f"the learner policy lives in {self.learner.num_learners} learner actors "
-                "(num_learners > 0); use algo.learner (a LearnerGroup) instead")
-        return self.learner.local_policy
+                f"the learner policy lives in {self.learners.num_learners} learner actors "
+                "(num_learners > 0); use algo.learners (a LearnerGroup) instead")
+        return self.learners.local_policy
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it
         (idempotent)."""
-        if getattr(self, "learner", None) is not None:
-            self.learner.stop()
-            self.learner = None
-        if self.workers is not None:
-            self.workers.stop()
-            self.workers = None
+        if getattr(self, "learners", None) is not None:
+            self.learners.stop()
+            self.learners = None
+        if self.env_runners is not None:
+            self.env_runners.stop()
+            self.env_runners = None
         if self._ray_started:
             import ray
             ray.shutdown()

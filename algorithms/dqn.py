@@ -4,8 +4,9 @@ the config, the policy and the training step.
 
 Read top to bottom: the config, the Q model (features of the default or the user's
 model, then a Q head or dueling value/advantage heads), n-step postprocessing (on the
-rollout workers), the TD targets and Huber loss (on every tower), the TD errors a
-prioritized replay buffer takes as new priorities, and the training step.
+rollout workers), the TD targets and Huber loss (on every tower), which also returns
+the per-row TD errors a prioritized replay buffer takes as new priorities, and the
+training step.
 
 The target network is TFPolicy's (`target_network_update()`): kept on the learner's
 variable device and moved inside the compiled step, after every
@@ -17,9 +18,9 @@ min_sample_timesteps_per_iteration env steps are sampled:
     replay.add(self.sample_ready())                  # fragments as workers finish
     k = SGD steps due so that trained / sampled = training_intensity
     batch = replay.sample(k * train_batch_size)      # + "weights" when prioritized
-    learners.update(batch, num_epochs=1, shuffle=False)   # k steps, one compiled call;
-                                                     # the target moves inside it
-    replay.update_priorities(batch["batch_indexes"], policy.compute_td_error(batch))
+    stats = learners.update(batch, num_epochs=1, shuffle=False)  # k steps, one compiled
+                                                     # call; the target moves inside it
+    replay.update_priorities(batch["batch_indexes"], stats["per_row"]["td_error"])
     broadcast the weights (workers busy sampling take them after their fragment)
 
 with nothing trained before num_steps_sampled_before_learning_starts env steps.
@@ -30,8 +31,8 @@ Semantics follow RLlib's old-stack TF DQN (names and defaults included), with th
 differences: n-step targets bootstrap with gamma^k for the k rewards actually summed
 (policy_service/n_step.py); target_network_update_freq counts SGD steps, not sampled
 env steps; and the k batches of a round are drawn together, with the priorities from
-before the round (RLlib updates them between batches), and the new priorities are the
-TD errors after the round's steps, not those each step's loss saw.
+before the round (RLlib updates them between batches); the new priorities are the
+TD errors each step's loss saw, as in RLlib, returned by the same compiled step.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ import numpy as np
 import tensorflow as tf
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
-from policy_service import TFPolicy, masked_mean, models
+from policy_service import LossExtras, TFPolicy, masked_mean, models
 from policy_service.config import (
     LAYER_SIZES,
     ConfigError,
@@ -54,6 +55,7 @@ from policy_service.config import (
     integer,
     setting,
 )
+from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import check_minibatch_size
 from policy_service.exploration import EpsilonGreedy, make_exploration
@@ -63,6 +65,7 @@ from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn, check_loss_columns
 
 Q_VALUES = "q_values"  # RLlib's name for the Q-values compute_actions returns
+TD_ERROR = "td_error"  # the loss's per-row |TD error| (result["per_row"]["td_error"])
 
 
 # ----- config -----------------------------------------------------------------------------
@@ -265,10 +268,11 @@ class DQNPolicy(TFPolicy):
         """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
         return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
 
-    def train_columns(self, batch, fixed_seq_len: bool = False):
+    @classmethod
+    def prepare_train_batch(cls, batch, layout, fixed_seq_len: bool = False):
         if PRIO_WEIGHTS in batch:  # optional: uniform replay may leave it out
             check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
-        return super().train_columns(batch, fixed_seq_len)
+        return super().prepare_train_batch(batch, layout, fixed_seq_len)
 
     def td_error(self, model, batch: dict, training: bool) -> TDResult:
         """TD errors Q(s, a) - target of every row of `batch` (tensors)."""
@@ -287,23 +291,22 @@ class DQNPolicy(TFPolicy):
         return TDResult(q_selected - tf.stop_gradient(target), q_selected, q_t)
 
     def loss(self, model, dist_class, train_batch):
-        """Mean over valid rows of importance weight * Huber(TD error)."""
+        """Mean over valid rows of importance weight * Huber(TD error); per row,
+        |TD error| (TD_ERROR), a prioritized buffer's new priorities."""
         mask = train_batch["loss_mask"]
         td, q_selected, q_t = self.td_error(model, train_batch, training=True)
         weights = (tf.cast(train_batch[PRIO_WEIGHTS], tf.float32) if PRIO_WEIGHTS in train_batch
                    else tf.ones_like(td))
-        self._stats = {"mean_q": masked_mean(q_selected, mask),
-                       "mean_td_error": masked_mean(td, mask),
-                       "mean_abs_td_error": masked_mean(tf.abs(td), mask)}
-        return masked_mean(weights * huber_loss(td), mask)
-
-    def stats(self, train_batch):
-        return dict(self._stats)
+        stats = {"mean_q": masked_mean(q_selected, mask),
+                 "mean_td_error": masked_mean(td, mask),
+                 "mean_abs_td_error": masked_mean(tf.abs(td), mask)}
+        return (masked_mean(weights * huber_loss(td), mask),
+                LossExtras(stats, per_row={TD_ERROR: tf.abs(td)}))
 
     def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
         """|TD error| <float32>[B] of each row under the current weights (training=False),
-        in one compiled call on the first tower device: a prioritized buffer's new
-        priorities (before or after learning on the batch, as the caller chooses)."""
+        in one compiled call on the first tower device (for inspection: training takes
+        its priorities from the loss's per-row TD errors)."""
         columns = self.train_columns(batch).columns
         signature = {name: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
                      for name, v in columns.items()}
@@ -380,11 +383,11 @@ class DQN(Algorithm):
         super().__init__(config)
         cfg = self.config
         try:
-            check_frame_stack_axis(cfg, self.workers.observation_space)
+            check_frame_stack_axis(cfg, self.env_runners.observation_space)
             try:
                 check_minibatch_size(f"{cfg.key_prefix}.train_batch_size", cfg.train_batch_size,
                                      learners=max(1, cfg.num_learners),
-                                     towers=self.learner.num_towers, unit_rows=1)
+                                     towers=self.learners.num_towers, unit_rows=1)
             except ValueError as err:
                 raise ConfigError(str(err)) from None
         except BaseException:
@@ -427,13 +430,14 @@ class DQN(Algorithm):
 
     def learn_on_replay(self, num_steps: int) -> dict:
         """num_steps SGD steps on batches replayed now, in one compiled call; then the
-        replayed rows' priorities from their TD errors, and the weights broadcast."""
+        replayed rows' priorities from the TD errors those steps computed, and the
+        weights broadcast."""
         batch = self.replay.sample(num_steps * self.config.train_batch_size)
         stats = self.learner_update(
             lambda learners: learners.update(batch, num_epochs=1, shuffle=False))
+        td_errors = stats.pop(PER_ROW)[TD_ERROR]  # from the steps themselves
         self.num_sgd_steps_total += num_steps
         if isinstance(self.replay, PrioritizedReplayBuffer):
-            td_errors = self.learner.foreach_policy(DQNPolicy.compute_td_error, batch)[0]
             self.replay.update_priorities(batch[BATCH_INDEXES], td_errors)
         self.broadcast_weights(wait=False)
         return stats
@@ -464,9 +468,9 @@ class DQN(Algorithm):
         there. Remote calls are not waited for: an actor runs its calls in order, so
         the timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
-        if self.workers.local_worker is not None:
-            self.workers.local_worker.set_global_timestep(self.timesteps_total)
-        for worker in self.workers.workers:
+        if self.env_runners.local_worker is not None:
+            self.env_runners.local_worker.set_global_timestep(self.timesteps_total)
+        for worker in self.env_runners.workers:
             worker.set_global_timestep.remote(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------

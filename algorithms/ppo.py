@@ -27,7 +27,7 @@ import tensorflow as tf
 import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
-from policy_service import TFPolicy, masked_mean
+from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
@@ -168,25 +168,21 @@ class PPOPolicy(TFPolicy):
         surrogate = tf.minimum(
             advantages * ratio,
             advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param))
-        self._policy_loss = masked_mean(-surrogate, mask)
+        policy_loss = masked_mean(-surrogate, mask)
 
         vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
-        self._vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, cfg.vf_clip_param), mask)
-        self._entropy = masked_mean(curr.entropy(), mask)
-        self._kl = masked_mean(prev.kl(curr), mask)
+        vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, cfg.vf_clip_param), mask)
+        entropy = masked_mean(curr.entropy(), mask)
+        kl = masked_mean(prev.kl(curr), mask)
 
-        total = (self._policy_loss + cfg.vf_loss_coeff * self._vf_loss
-                 - cfg.entropy_coeff * self._entropy)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
         if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
-            total += self.kl_coeff * self._kl
-        self._vf_explained_var = _explained_variance(
+            total += self.kl_coeff * kl
+        vf_explained_var = _explained_variance(
             train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask)
-        return total
-
-    def stats(self, train_batch):
-        return {"policy_loss": self._policy_loss, "vf_loss": self._vf_loss,
-                "entropy": self._entropy, "kl": self._kl, "kl_coeff": self.kl_coeff.value(),
-                "vf_explained_var": self._vf_explained_var}
+        return total, LossExtras(stats={
+            "policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl,
+            "kl_coeff": self.kl_coeff.value(), "vf_explained_var": vf_explained_var})
 
     def update_kl(self, sampled_kl: float) -> float:
         """x1.5 when the KL overshoots 2 * kl_target, x0.5 below kl_target / 2."""

@@ -10,6 +10,7 @@ _EXPORTS = {
     "concat_samples": "policy_service.sample_batch",
     "masked_mean": "policy_service.reductions",
     "TFPolicy": "policy_service.policy",
+    "LossExtras": "policy_service.engine.loss_output",
     "PolicyActor": "policy_service.distributed.policy_actor",
     "LearnerGroup": "policy_service.distributed.learner_group",
 }

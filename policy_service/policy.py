@@ -32,10 +32,12 @@ from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
+from policy_service.engine.units import LOSS_MASK
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
+from policy_service.learning_results import first_rows, valid_rows_only, with_samples_trained
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import TrainColumns, prepare_train_columns
+from policy_service.train_batches import TrainColumns, TrainLayout, prepare_train_columns
 
 
 class TFPolicy:
@@ -88,11 +90,13 @@ class TFPolicy:
     # ----- what a concrete policy overrides -------------------------------------------
 
     def loss(self, model: keras.Model, dist_class, train_batch: dict):
-        """A scalar loss tensor, or a list with one loss per optimizer."""
+        """A scalar loss tensor, or a list with one loss per optimizer; either may come
+        as `(losses, LossExtras(stats, per_row))` with what else it computed."""
         raise NotImplementedError(f"{type(self).__name__} must implement loss()")
 
     def stats(self, train_batch: dict) -> dict:
-        """Scalar statistics of the last loss call, combined over towers by valid rows."""
+        """Scalar statistics, combined over towers by valid rows (a loss may return its
+        own in LossExtras.stats instead)."""
         return {}
 
     def extra_action_out(self, input_dict: dict, model_out: dict, dist) -> dict:
@@ -287,33 +291,81 @@ class TFPolicy:
     def action_trace_count(self) -> int:
         return self._action_fn.trace_count()
 
-    # ----- learning -----------------------------------------------------------------
+    # ----- learning: `update` is the one path; the RLlib-named methods wrap it ------------
 
-    def _tower_loss(self, batch) -> list:
-        losses = self.loss(self.model, self.dist_class, batch)
-        return list(losses) if isinstance(losses, (list, tuple)) else [losses]
+    def _tower_loss(self, batch):
+        return self.loss(self.model, self.dist_class, batch)
 
-    def _tower_stats(self, batch, losses) -> dict:
-        stats = dict(self.stats(batch))
+    def _tower_stats(self, batch, losses, loss_stats: dict) -> dict:
+        stats = {**self.stats(batch), **loss_stats}
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 
+    @classmethod
+    def prepare_train_batch(cls, batch: SampleBatch, layout: TrainLayout,
+                            fixed_seq_len: bool = False) -> TrainColumns:
+        """The batch as the tower stack takes it: checked (`loss_columns`),
+        preprocessed, padded columns with "loss_mask" (sequences of max_seq_len
+        steps when `fixed_seq_len`). A subclass adds its own checks here: a
+        LearnerGroup prepares batches with it in the driver, for any learners."""
+        return prepare_train_columns(batch, layout, loss_columns=cls.loss_columns,
+                                     fixed_seq_len=fixed_seq_len)
+
+    def train_layout(self) -> TrainLayout:
+        """What `prepare_train_batch` needs to know of this policy."""
+        return TrainLayout(self.preprocessor, self.action_space, self.num_state_tensors(),
+                           self.config.model.max_seq_len)
+
     def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False) -> TrainColumns:
-        """The batch as the tower stack takes it: checked, preprocessed, padded
-        columns with "loss_mask" (sequences of max_seq_len steps when `fixed_seq_len`)."""
-        return prepare_train_columns(
-            batch, preprocessor=self.preprocessor, action_space=self.action_space,
-            num_state_tensors=self.num_state_tensors(),
-            max_seq_len=self.config.model.max_seq_len, loss_columns=self.loss_columns,
-            fixed_seq_len=fixed_seq_len)
+        return type(self).prepare_train_batch(batch, self.train_layout(), fixed_seq_len)
+
+    def update(self, batch: SampleBatch, num_epochs: int | None = None, shuffle: bool = True,
+               buffer_index: int = 0) -> dict:
+        """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes)
+        and, when the loss returns per-row outputs, PER_ROW ("per_row": name ->
+        array over the batch's valid rows, in order).
+
+        num_epochs None: one SGD step on the whole batch. N: the batch loaded
+        onto the towers once, then N epochs of `minibatch_size` SGD steps in one
+        compiled call (per-row outputs from each row's last step)."""
+        return with_samples_trained(self._learn(batch, num_epochs, shuffle, buffer_index))
+
+    def _learn(self, batch: SampleBatch, num_epochs: int | None, shuffle: bool,
+               buffer_index: int) -> dict:
+        train = self.train_columns(batch, fixed_seq_len=num_epochs is not None)
+        return valid_rows_only(self.update_on_train_columns(
+            train, num_epochs, shuffle, buffer_index), train)
+
+    def update_on_train_columns(self, train: TrainColumns, num_epochs: int | None = None,
+                                shuffle: bool = True, buffer_index: int = 0,
+                                minibatch_size: int | None = None) -> dict:
+        """`update` on a batch `prepare_train_batch` made -> statistics, with PER_ROW
+        over all of `train`'s rows (padding included). minibatch_size: rows per
+        minibatch on this policy's towers (default: the config's; a learner of N
+        takes 1/N of the group's)."""
+        if num_epochs is None:
+            stats = self.towers.learn(self._placed(train))
+            self.num_grad_updates += 1
+        else:
+            if num_epochs < 1:
+                raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+            self.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
+            stats = self.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
+        return first_rows(stats, len(train.columns[LOSS_MASK]))
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers -> statistics."""
-        return self.learn_on_train_columns(self.train_columns(batch))
+        return self._learn(batch, None, True, 0)
 
     def compute_gradients(self, batch: SampleBatch):
         """-> (combined, clipped gradients aligned with model.trainable_variables, stats)."""
         return self.compute_gradients_on_train_columns(self.train_columns(batch))
+
+    def compute_gradients_on_train_columns(self, train: TrainColumns):
+        return self.towers.compute_gradients(self._placed(train))
+
+    def _placed(self, train: TrainColumns) -> tuple:
+        return self.towers.place(self.towers.shard(train.columns, train.units))
 
     def apply_gradients(self, gradients) -> None:
         self.towers.apply_gradients(gradients)
@@ -323,18 +375,6 @@ class TFPolicy:
         """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
         return self.load_train_columns_into_buffer(
             self.train_columns(batch, fixed_seq_len=True), buffer_index)
-
-    # The same three on a batch already prepared by `train_columns` (a LearnerGroup
-    # prepares the whole batch once in the driver and sends each learner its shard).
-
-    def learn_on_train_columns(self, train: TrainColumns) -> dict:
-        stats = self.towers.learn(self.towers.place(self.towers.shard(train.columns, train.units)))
-        self.num_grad_updates += 1
-        return stats
-
-    def compute_gradients_on_train_columns(self, train: TrainColumns):
-        return self.towers.compute_gradients(
-            self.towers.place(self.towers.shard(train.columns, train.units)))
 
     def load_train_columns_into_buffer(self, train: TrainColumns, buffer_index: int = 0,
                                        minibatch_size: int | None = None) -> int:

@@ -25,6 +25,15 @@ class LossColumn(NamedTuple):
     shape: tuple | None = ()  # per-row shape (() for one number per row); None: any
 
 
+class TrainLayout(NamedTuple):
+    """What preparing a train batch needs to know of the policy that learns on it."""
+
+    preprocessor: spaces.ObservationPreprocessor
+    action_space: gym.Space
+    num_state_tensors: int  # 0: not recurrent
+    max_seq_len: int
+
+
 class TrainColumns(NamedTuple):
     """A prepared train batch."""
 
@@ -33,9 +42,7 @@ class TrainColumns(NamedTuple):
     rows_per_unit: int  # 1, or the padded sequence length T
 
 
-def prepare_train_columns(batch, *, preprocessor, action_space: gym.Space,
-                          num_state_tensors: int, max_seq_len: int,
-                          loss_columns: dict | None = None,
+def prepare_train_columns(batch, layout: TrainLayout, *, loss_columns: dict | None = None,
                           fixed_seq_len: bool = False) -> TrainColumns:
     """Check and preprocess a train batch; recurrent batches are chopped into padded
     sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
@@ -48,19 +55,20 @@ def prepare_train_columns(batch, *, preprocessor, action_space: gym.Space,
         raise ValueError(f"train batch is missing column 'obs', which every model reads; "
                          f"columns: {sorted(batch)}")
     check_loss_columns(batch, loss_columns or {})
+    preprocessor, num_state_tensors = layout.preprocessor, layout.num_state_tensors
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
             preprocessor.check(batch[column], column=column)
             batch[column] = preprocessor.transform(batch[column])
     if SampleBatch.ACTIONS in batch:
-        spaces.check_actions(action_space, np.asarray(batch[SampleBatch.ACTIONS]),
+        spaces.check_actions(layout.action_space, np.asarray(batch[SampleBatch.ACTIONS]),
                              check_bounds=False)
     for key in [k for k in batch if _drop_for_training(k, batch[k])]:
         del batch[key]
     check_finite_columns(batch)
     if num_state_tensors:
-        return _sequence_columns(batch, num_state_tensors, max_seq_len, fixed_seq_len)
+        return _sequence_columns(batch, num_state_tensors, layout.max_seq_len, fixed_seq_len)
     columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
     columns[LOSS_MASK] = np.ones(batch.count, bool)
     return TrainColumns(columns, batch.count, 1)

@@ -222,7 +222,7 @@ def run_ppo(args) -> dict:
         next_worker_kill = args.kill_worker_every
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
-            group = algo.workers
+            group = algo.env_runners
             if group is None:
                 continue
             if args.kill_actor_at is not None and not kills["policy_actor"] \
@@ -257,11 +257,11 @@ def run_ppo(args) -> dict:
                       "time_s": round(time.monotonic() - start, 1),
                       "num_worker_restarts": metrics["num_worker_restarts"],
                       "num_policy_actor_restarts":
-                          algo.workers.num_policy_actor_restarts(),
+                          algo.env_runners.num_policy_actor_restarts(),
                       "workers_killed": kills["workers"],
                       "policy_actor_killed": kills["policy_actor"],
                       "driver_rss_mb": rss_mb(os.getpid()),
-                      "actor_rss_mb": _actor_rss(algo.workers.policy_actor)}
+                      "actor_rss_mb": _actor_rss(algo.env_runners.policy_actor)}
             history.append(record)
             emit(record)
             if metrics["episode_return_mean"] >= args.stop_reward:

@@ -352,13 +352,13 @@ def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_re
     try:
         expected = [local.train() for _ in range(2)]
         first = remote.train()
-        ray.kill(remote.learner.actors[0])
+        ray.kill(remote.learners.actors[0])
         second = remote.train()
         assert (first["num_learner_restarts"], second["num_learner_restarts"]) == (0, 1)
         for want, have in zip(expected, (first, second)):
             assert have["env_steps_this_iter"] == want["env_steps_this_iter"]
             assert have["total_loss"] == pytest.approx(want["total_loss"], rel=1e-5, abs=1e-6)
-        learner_weights = remote.learner.get_weights()
+        learner_weights = remote.learners.get_weights()
         for name, value in local.get_policy().get_weights().items():
             np.testing.assert_allclose(learner_weights[name], value, rtol=1e-5, atol=1e-6)
     finally:

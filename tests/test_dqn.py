@@ -289,3 +289,22 @@ def test_a_train_batch_larger_than_the_buffer_is_refused():
 def test_unknown_keys_are_named():
     with pytest.raises(ConfigError, match="unknown config key.*'target_update_freq'"):
         from_dict(DQNConfig, {"target_update_freq": 10})
+
+
+@pytest.mark.parametrize("towers", [0, 3])
+def test_the_training_step_returns_each_rows_td_error_in_batch_order(towers):
+    """update() gives the |TD errors| its own loss computed, one per row of the
+    batch in order (towers concatenated back, padding dropped): one SGD step on
+    the whole batch, and minibatches of a loaded batch (each row's from its step)."""
+    batch = dqn().postprocess_trajectory(tiny_batch(13))  # 13 rows: towers pad
+    policy = dqn(towers, minibatch_size=6, train_batch_size=6)
+    expected = np.abs(numpy_td(policy, batch, double_q=True, dueling=True))
+    stats = policy.update(batch)
+    np.testing.assert_allclose(stats["per_row"]["td_error"], expected, rtol=1e-5, atol=1e-5)
+    assert stats["num_samples_trained"] == 13
+
+    epochs = dqn(towers, minibatch_size=6, train_batch_size=6, lr=1e-12)  # Q barely moves
+    expected = np.abs(numpy_td(epochs, batch, double_q=True, dueling=True))
+    stats = epochs.update(batch, num_epochs=2, shuffle=True)
+    np.testing.assert_allclose(stats["per_row"]["td_error"], expected, rtol=1e-5, atol=1e-5)
+    assert stats["num_sgd_steps"] == 6  # 3 minibatches of 6 (the last padded), 2 epochs

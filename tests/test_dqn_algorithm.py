@@ -116,7 +116,7 @@ def test_epsilon_falls_with_the_runs_env_steps():
     try:
         steps = history[-1]["timesteps_total"]
         assert history[-1]["cur_epsilon"] == pytest.approx(1.0 - 0.9 * min(1, steps / 256))
-        assert algo.workers.local_worker.policy.global_timestep == steps
+        assert algo.env_runners.local_worker.policy.global_timestep == steps
     finally:
         algo.stop()
 
@@ -135,7 +135,7 @@ def mid_run(tmp_path_factory):
         after = {"weights": algo.get_policy().get_weights(),
                  "target": algo.get_policy().get_target_weights(),
                  "replay": algo.replay.get_state(), "metrics": third,
-                 "timestep": algo.workers.local_worker.policy.global_timestep}
+                 "timestep": algo.env_runners.local_worker.policy.global_timestep}
         after["replay"] = {"meta": after["replay"]["meta"],
                            "arrays": {k: v.copy() for k, v in after["replay"]["arrays"].items()}}
     finally:
@@ -165,7 +165,7 @@ def test_a_restored_run_takes_the_same_next_iteration(mid_run):
         for name, value in after["replay"]["arrays"].items():
             np.testing.assert_array_equal(replay["arrays"][name], value, err_msg=name)
         # the rebuilt worker's epsilon schedule went on from the run's env steps
-        assert algo.workers.local_worker.policy.global_timestep == after["timestep"]
+        assert algo.env_runners.local_worker.policy.global_timestep == after["timestep"]
     finally:
         algo.stop()
 
@@ -239,7 +239,7 @@ def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
         # each worker's epsilon schedule stands at the run's env steps (set every
         # round), not at the steps that worker acted alone
         counts = ray.get([w.__ray_call__.remote(lambda worker: worker.policy.global_timestep)
-                          for w in algo.workers.workers])
+                          for w in algo.env_runners.workers])
         # (its own steps would be about half of them; the last round's set may lag,
         # and a fragment asked for after it may have run)
         total, fragment = last["timesteps_total"], algo.samples_per_round() // 2
@@ -253,18 +253,18 @@ def test_a_learner_actor_trains_and_gives_the_td_errors_for_the_priorities(ray_l
     the learner actor; its weights reach the env runner and match the priorities."""
     algo, history = run(dict(SMALL, num_learners=1, num_cpus_per_learner=0.5), 2)
     try:
-        assert algo.learner.local_policy is None  # the policy lives in the actor only
+        assert algo.learners.local_policy is None  # the policy lives in the actor only
         assert history[-1]["num_sgd_steps_total"] > 0
         replay = algo.replay
         batch = replay.sample(64)
-        [td] = algo.learner.foreach_policy(DQNPolicy.compute_td_error, batch)
+        [td] = algo.learners.foreach_policy(DQNPolicy.compute_td_error, batch)
         assert td.shape == (64,) and np.isfinite(td).all()
         replay.update_priorities(batch["batch_indexes"], td)
         np.testing.assert_allclose(replay.tree.leaves[batch["batch_indexes"]],
                                    (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5)
         assert len(np.unique(replay.tree.leaves[:len(replay)])) > 10  # trained rows re-prioritized
-        assert_weights_close(algo.workers.local_worker.policy.get_weights(),
-                             algo.learner.get_weights(), atol=0)
+        assert_weights_close(algo.env_runners.local_worker.policy.get_weights(),
+                             algo.learners.get_weights(), atol=0)
     finally:
         algo.stop()
 
@@ -304,3 +304,30 @@ def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_pa
     assert cli.main(["evaluate", str(run_dir), "--episodes", "2"]) == 0
     stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stats["episodes"] == 2 and len(stats["episode_lengths"]) == 2
+
+
+@pytest.mark.parametrize("num_learners", [0, 1])
+def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
+        ray_local, num_learners):
+    """DQNPolicy.prepare_train_batch checks the "weights" column; the LearnerGroup
+    prepares every batch with it, in the driver, for a learner there or in an actor.
+    A good batch's per-row TD errors come back from the training step itself."""
+    from test_dqn import ACTIONS, OBS, TINY, tiny_batch
+
+    from policy_service import LearnerGroup
+    from policy_service.n_step import n_step_returns
+    from policy_service.replay import PRIO_WEIGHTS
+    group = LearnerGroup(DQNPolicy, OBS, ACTIONS, dict(
+        TINY, train_batch_size=8, num_learners=num_learners, num_cpus_per_learner=0.5))
+    try:
+        batch = n_step_returns(tiny_batch(8), gamma=0.99, n=1)
+        batch[PRIO_WEIGHTS] = np.ones((8, 2), np.float32)
+        with pytest.raises(ValueError, match=r"^column 'weights' has shape \(8, 2\), "
+                                             r"expected \(rows\)$"):
+            group.update(batch, num_epochs=1, shuffle=False)
+        batch[PRIO_WEIGHTS] = np.ones(8, np.float32)
+        [before] = group.foreach_policy(DQNPolicy.compute_td_error, batch)
+        stats = group.update(batch, num_epochs=1, shuffle=False)  # one step: Q as before
+        np.testing.assert_allclose(stats["per_row"]["td_error"], before, rtol=1e-5, atol=1e-6)
+    finally:
+        group.stop()

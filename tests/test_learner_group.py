@@ -28,12 +28,12 @@ from fakes import (
 )
 
 from policy_service import LearnerGroup, models
-from policy_service.distributed.learner_group import (
+from policy_service.distributed.learner_state_copy import LearnerStateCopy
+from policy_service.distributed.learners import (
     LearnerDiedError,
     LearnerResourcesError,
     LearnerTimeoutError,
 )
-from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.io.checkpoints import CheckpointFileError
 
 ray = pytest.importorskip("ray")
@@ -312,7 +312,7 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
         while not history or (history[-1]["episode_return_mean"] < 450
                               and history[-1]["timesteps_total"] < 150_000):
             if len(history) == 5:
-                ray.kill(algo.learner.actors[1])
+                ray.kill(algo.learners.actors[1])
             history.append(algo.train())
     finally:
         algo.stop()
@@ -350,17 +350,18 @@ def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_
 def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(
         start_group):
     group = start_group(num_learners=1)
-    copy = LearnerStateCopy(group)  # asks for the initial state, does not wait
+    timeout = group.call_timeout_s
+    copy = LearnerStateCopy(group.actors[0].get_state.remote)  # does not wait
     initial = group.get_weights()
     group.learn_on_batch(mlp_batch(20))
-    copy.refresh()  # asks for the state after step 1, keeps the initial one fetched
+    copy.refresh(timeout)  # asks for the state after step 1, keeps the initial one fetched
     after_one = group.get_state()
     assert weights_differ(initial, after_one["weights"])
     ray.kill(group.actors[0])
-    assert_weights_close(copy.latest()["weights"], after_one["weights"], rtol=0, atol=0)
-    copy.refresh()  # a dead learner serves nothing newer
-    assert_weights_close(copy.latest()["weights"], after_one["weights"], rtol=0, atol=0)
-    group.restart(copy.latest())
+    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
+    copy.refresh(timeout)  # a dead learner serves nothing newer
+    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
+    group.restart(copy.latest(timeout))
     assert_weights_close(group.get_weights(), after_one["weights"], rtol=0, atol=0)
 
 

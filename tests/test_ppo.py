@@ -393,9 +393,9 @@ def test_kl_coefficient_adapts_between_iterations(trained):
 def test_weights_reach_the_env_runner_after_each_iteration(trained):
     algo, _ = trained
     learner = algo.get_policy().get_weights()
-    acting = algo.workers.local_worker.policy.get_weights()
+    acting = algo.env_runners.local_worker.policy.get_weights()
     assert all(np.array_equal(learner[k], acting[k]) for k in learner)
-    assert algo.workers.weights_versions() == [algo.iteration]
+    assert algo.env_runners.weights_versions() == [algo.iteration]
 
 
 def test_lstm_policy_trains_on_sequences():
@@ -414,7 +414,7 @@ def test_fake_gpu_learner_trains_on_two_towers():
     try:
         assert len(algo.get_policy().devices) == 2
         assert np.isfinite(algo.train()["total_loss"])
-        worker_policy = algo.workers.local_worker.policy
+        worker_policy = algo.env_runners.local_worker.policy
         assert len(worker_policy.devices) == 1  # acting copies stay on one CPU device
     finally:
         algo.stop()
@@ -528,7 +528,7 @@ def test_remote_env_runners_and_who_owns_ray():
         assert ray.is_initialized()
         metrics = owner.train()
         assert metrics["env_steps_this_iter"] >= 200
-        assert owner.workers.weights_versions() == [1]
+        assert owner.env_runners.weights_versions() == [1]
         guest = PPO(algo_config(num_env_runners=1))
         guest.stop()
         assert ray.is_initialized()

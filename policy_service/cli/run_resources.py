@@ -23,25 +23,25 @@ ANSWER_TIMEOUT_S = 30.0
 
 def role_resources(algo) -> dict:
     """What the driver, each learner actor, each env runner and the inference actor held."""
-    learner, workers = algo.learner, algo.workers
-    local = learner.local_policy if learner is not None else None
+    learner_group, runner_group = algo.learners, algo.env_runners
+    local = learner_group.local_policy if learner_group is not None else None
     driver = process_resources(local.devices if local is not None else None)
     driver["holds_learner"] = local is not None
     env_runners = []
-    if workers is not None and workers.local_worker is not None:
+    if runner_group is not None and runner_group.local_worker is not None:
         env_runners.append(process_resources(
-            _devices(workers.local_worker.policy)) | {"in_driver": True})
+            _devices(runner_group.local_worker.policy)) | {"in_driver": True})
     env_runners += [_answer(lambda w=w: actor_resources(w, lambda worker: worker.policy,
                                                     ANSWER_TIMEOUT_S))
-                    for w in (workers.workers if workers is not None else [])]
+                    for w in (runner_group.workers if runner_group is not None else [])]
     inference = None
-    if workers is not None and workers.policy_actor is not None:
+    if runner_group is not None and runner_group.policy_actor is not None:
         import ray
-        inference = _answer(lambda: ray.get(workers.policy_actor.resources.remote(),
+        inference = _answer(lambda: ray.get(runner_group.policy_actor.resources.remote(),
                                             timeout=ANSWER_TIMEOUT_S))
     learners = [_answer(lambda a=a: actor_resources(a, lambda host: host.policy,
                                                     ANSWER_TIMEOUT_S))
-                for a in (learner.actors if learner is not None else [])]
+                for a in (learner_group.actors if learner_group is not None else [])]
     return {"driver": driver, "learners": learners, "env_runners": env_runners,
             "inference_actor": inference}
 

@@ -178,19 +178,19 @@ def restore_checked(algo, checkpoint: Path) -> None:
     any failure is a one-line CheckpointFileError naming the file. A restore that
     fails part-way is overwritten whole by the next checkpoint tried."""
     _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
-    learner = algo.learner  # its policies may live in learner actors
+    learners = algo.learners  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
     try:
-        config_for(learner.policy_cls, policy_state["config"])
+        config_for(learners.policy_cls, policy_state["config"])
     except ValueError as err:
         raise CheckpointFileError(f"{policy_file}: {one_line(err)}") from None
     for name in ("observation_space", "action_space"):
         saved = space_from_json(policy_state[name])
-        if saved != getattr(learner, name):
+        if saved != getattr(learners, name):
             raise CheckpointFileError(f"{policy_file}: {name} is {saved}, but this run's "
-                                      f"env has {getattr(learner, name)}")
+                                      f"env has {getattr(learners, name)}")
     try:  # names the entry; nothing is assigned yet
-        learner.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
+        learners.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
     except (ValueError, TypeError) as err:  # a learner actor's too (a RayTaskError)
         raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
     try:

@@ -1,15 +1,15 @@
-"""LearnerHost: one learner of a LearnerGroup, a TFPolicy in its own process.
+"""LearnerHost: one learner of a LearnerGroup, a Learner in its own process.
 
 Its tower stack combines every step with the other learners' through a
 `CollectiveGroup` (TF collective ops inside the compiled step), so all
 learners apply the same update and their weights stay identical. The driver
 (`LearnerGroup`) runs it as a Ray actor:
 
-    hosts = [LearnerActor.options(num_cpus=1, num_gpus=1, ...).remote(
+    hosts = [ray.remote(LearnerHost).options(num_cpus=1, num_gpus=1, ...).remote(
         policy_cls, obs_space, act_space, config, custom_models) for _ in range(n)]
     addresses = ray.get([h.address.remote() for h in hosts])
     ray.get([h.connect.remote(rank, addresses) for rank, h in enumerate(hosts)])  # builds the policy
-    ray.get([h.learn_on_train_columns.remote(shard) for h, shard in zip(hosts, shards)])
+    ray.get([h.update.remote(shard, None, True, 0, None) for h, shard in zip(hosts, shards)])
 
 TensorFlow must not run before `connect`: the collective setup, and the fake
 GPUs made in `__init__`, have to be fixed before TF initializes.
@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -27,6 +26,7 @@ import ray
 
 from policy_service import models
 from policy_service.config import config_for
+from policy_service.distributed.learner import Learner
 from policy_service.engine import devices
 from policy_service.engine.collectives import CollectiveGroup
 
@@ -49,11 +49,9 @@ def prepare_learner_process(config) -> None:
                                 if devices.in_ray_worker() else None)
 
 
-class LearnerHost:
-    """A TFPolicy learning in step with the other members of its collective group.
+class LearnerHost(Learner):
+    """A Learner (learner.py) in step with the other members of its collective group.
 
-    Learning methods take train columns the driver already prepared and
-    sharded (see learner_shards.py); the rest mirror TFPolicy.
     collective_timeout_s: None (default), the all-reduces inside the SGD loop
     wait without a per-op deadline (a timeout would hold two TF threads per
     all-reduce for its length); the driver bounds each call instead.
@@ -68,78 +66,33 @@ class LearnerHost:
         prepare_learner_process(self.config)
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         self.group = CollectiveGroup(host=host, timeout_s=collective_timeout_s)
-        self.policy = None
+        super().__init__(None)  # the policy is built in `connect`
 
     def address(self) -> str:
         return self.group.address
 
     def connect(self, rank: int, addresses: list[str]) -> dict:
         """Join the group (blocks until every learner has), then build the policy.
-        -> what the driver needs to shard batches for this learner."""
+        -> what the driver needs to shard batches for this learner (Learner.info)."""
         self.group.connect(rank, addresses)
         policy_cls, observation_space, action_space = self._policy_args
         self.policy = policy_cls(observation_space, action_space, self.config)
         self.policy.towers.set_collective_group(self.group)
-        return {"num_towers": self.policy.towers.num_towers, "devices": self.policy.devices,
-                "num_state_tensors": self.policy.num_state_tensors(),
-                "collective": self.group.implementation}
-
-    # ----- learning (every learner must make the same calls, in the same order) -----
-
-    def learn_on_train_columns(self, train) -> dict:
-        with self.group.peer_errors():
-            return self.policy.learn_on_train_columns(train)
-
-    def compute_gradients_on_train_columns(self, train):
-        with self.group.peer_errors():
-            return self.policy.compute_gradients_on_train_columns(train)
-
-    def apply_gradients(self, gradients) -> None:
-        self.policy.apply_gradients(gradients)
-
-    def load_train_columns_into_buffer(self, train, buffer_index: int,
-                                       minibatch_size: int) -> int:
-        return self.policy.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
-
-    def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
-        return self.policy.get_num_samples_loaded_into_buffer(buffer_index)
-
-    def learn_on_loaded_batch(self, offset: int, buffer_index: int) -> dict:
-        with self.group.peer_errors():
-            return self.policy.learn_on_loaded_batch(offset, buffer_index)
-
-    def learn_on_loaded_epochs(self, num_epochs: int | None, buffer_index: int,
-                               shuffle: bool) -> dict:
-        with self.group.peer_errors():
-            return self.policy.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
-
-    # ----- weights and state ---------------------------------------------------------
-
-    def get_weights(self) -> dict:
-        return self.policy.get_weights()
-
-    def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
-        self.policy.set_weights(weights, new_rate)
-
-    def get_state(self) -> dict:
-        return self.policy.get_state()
-
-    def set_state(self, state: dict) -> None:
-        self.policy.set_state(state)
+        return {**self.info(), "collective": self.group.implementation}
 
     def weights_identical(self) -> bool:
         """True when every learner holds bit-identical weights (a collective: all
         learners must call it together)."""
-        with self.group.peer_errors():
+        with self._collective():
             return bool(self.group.all_identical(list(self.policy.get_weights().values())))
-
-    def foreach_policy(self, fn: Callable, *args) -> Any:
-        return fn(self.policy, *args)
 
     def process_status(self) -> dict:
         """This process's id and thread count (Linux /proc; -1 elsewhere): for
         tests and benchmarks that watch a learner's threads or signal it."""
         return {"pid": os.getpid(), "threads": thread_count()}
+
+    def _collective(self):
+        return self.group.peer_errors()
 
 
 def thread_count() -> int:

@@ -1,18 +1,20 @@
 """LearnerStateCopy: the driver's last full copy of the learner actors' state.
 
-Learner actors can die apart from the driver; a LearnerGroup is then replaced
+Learner actors can die apart from the driver; their group is then replaced
 from a copy of the state (weights, optimizer variables, RNG, counters) taken
-after the last update. Fetching that copy after every update made the driver
-wait for the learner to serialize it. Here the copy is only asked for after
-an update: the learner serializes it while the driver samples, and the driver
-fetches it when the next copy is asked for (finished by then) or when a
-replacement needs it.
+after the last change. Fetching that copy after every update made the driver
+wait for the learner to serialize it. Here the copy is only asked for: the
+learner serializes it while the driver samples, and the driver fetches it
+when the next copy is asked for (finished by then) or when a replacement
+needs it. `RemoteLearners` (learners.py) keeps one:
 
-    copy = LearnerStateCopy(group)
-    copy.refresh()                      # after every update; does not wait
-    group.restart(copy.latest())        # a learner died
+    copy = LearnerStateCopy(actors[0].get_state.remote)  # asks at once, does not wait
+    copy.refresh(timeout_s)              # after every change; does not wait
+    restart from copy.latest(timeout_s)  # a learner died
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import ray
 from ray.exceptions import RayError
@@ -21,33 +23,26 @@ from ray.exceptions import RayError
 class LearnerStateCopy:
     """The newest state asked for, and the one before it, fetched, as the fallback
     when the learners died before serving the newest (a replacement then resumes
-    one update earlier). A group whose learner lives in the driver needs no copy."""
+    one change earlier). ask() -> an ObjectRef of a learner's get_state()."""
 
-    def __init__(self, group) -> None:
-        self._group = group
-        # the newest get_state(), maybe not done yet (None: the learner is in the driver)
-        self._asked: ray.ObjectRef | None = None
+    def __init__(self, ask: Callable) -> None:
+        self._ask = ask
+        self._asked: ray.ObjectRef = ask()  # the newest get_state(), maybe not done yet
         self._fetched: dict | None = None  # an older state, already in the driver
-        self.refresh()
 
-    def refresh(self) -> None:
-        """Ask learner 0 for its state now; keep the previous answer, done by now
-        (the actor ran it before the update that just finished)."""
-        if self._group.local_policy is not None:
-            return
-        previous, self._asked = self._asked, self._group.get_state_ref()
-        if previous is not None:
-            try:
-                self._fetched = ray.get(previous, timeout=self._group.call_timeout_s)
-            except RayError:
-                pass  # a group replaced meanwhile: the older copy stays
-
-    def latest(self) -> dict:
-        """The newest state the learners served; the one before it if they died first."""
-        if self._group.local_policy is not None or self._asked is None:
-            raise RuntimeError("a learner in the driver (num_learners=0) keeps no copy")
+    def refresh(self, timeout_s: float) -> None:
+        """Ask for the state now; keep the previous answer, done by now (the actor
+        ran it before the call that just finished)."""
+        previous, self._asked = self._asked, self._ask()
         try:
-            return ray.get(self._asked, timeout=self._group.call_timeout_s)
+            self._fetched = ray.get(previous, timeout=timeout_s)
+        except RayError:
+            pass  # learners replaced meanwhile: the older copy stays
+
+    def latest(self, timeout_s: float) -> dict:
+        """The newest state the learners served; the one before it if they died first."""
+        try:
+            return ray.get(self._asked, timeout=timeout_s)
         except RayError:
             if self._fetched is None:
                 raise

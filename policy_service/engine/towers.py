@@ -34,19 +34,22 @@ from policy_service.engine.collectives import choose_implementation
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.devices import DevicePlan
 from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.loss_output import PER_ROW, LossExtras, split_loss_output
 from policy_service.engine.units import (
     LOSS_MASK,
+    SEQ_LENS,
     arrange_minibatches,
     check_minibatch_size,
     gather_units,
+    interleave_minibatches,
     is_sequence_column,
     pad_units,
     round_up,
     rows_per_unit,
 )
 
-LossFn = Callable[[dict], list]
-StatsFn = Callable[[dict, list], dict]
+LossFn = Callable[[dict], object]  # a loss output (engine/loss_output.py)
+StatsFn = Callable[[dict, list, dict], dict]  # (batch, losses, the loss's own stats)
 
 
 class MissingColumnError(KeyError):
@@ -56,10 +59,11 @@ class MissingColumnError(KeyError):
         return str(self.args[0])
 
 
-def _run_loss(loss_fn: LossFn, batch: dict) -> list:
-    """Call the loss; a KeyError for an absent column becomes an error naming it."""
+def _run_loss(loss_fn: LossFn, batch: dict) -> tuple[list, LossExtras]:
+    """Call the loss -> (its losses, its extras); a KeyError for an absent column
+    becomes an error naming it."""
     try:
-        return list(loss_fn(batch))
+        return split_loss_output(loss_fn(batch))
     except KeyError as err:
         key = err.args[0] if err.args else None
         if isinstance(key, str) and key not in batch:
@@ -105,6 +109,18 @@ def _pack_stats(stats: dict) -> PackedStats:
     return PackedStats(list(values), packed)
 
 
+def _per_row_outputs(per_row: dict) -> dict:
+    """The loss's per-row outputs as <float32>[rows] tensors, checked."""
+    outputs = {}
+    for name, value in per_row.items():
+        value = tf.convert_to_tensor(value)
+        if value.shape.rank != 1:
+            raise ValueError(f"per-row output {name!r} must have one value per row "
+                             f"(shape [rows]), got shape {value.shape}")
+        outputs[name] = tf.cast(value, tf.float32)
+    return outputs
+
+
 class TowerResult(NamedTuple):
     """What one tower computed on its shard."""
 
@@ -112,6 +128,7 @@ class TowerResult(NamedTuple):
     grads: list  # per loss, per trainable variable (None where a loss does not reach it)
     stats: PackedStats
     state_updates: dict  # id(variable) -> the value the forward pass wrote (BN moments, RNG)
+    per_row: dict  # name -> <float32>[shard rows], the loss's per-row outputs
 
 
 class StepResult(NamedTuple):
@@ -144,8 +161,9 @@ def clip_gradients(grads: list, clip: float | None, method: str) -> list:
 class TowerStack:
     """Replicated loss towers over `plan.devices` sharing one set of variables.
 
-    loss_fn(tower_batch) -> list of scalar losses (one per optimizer).
-    stats_fn(tower_batch, losses) -> dict of scalar statistics.
+    loss_fn(tower_batch) -> a loss output: scalar losses (one per optimizer), maybe
+    with LossExtras (engine/loss_output.py).
+    stats_fn(tower_batch, losses, loss_stats) -> dict of scalar statistics.
     """
 
     def __init__(self, plan: DevicePlan, model: keras.Model, loss_fn: LossFn,
@@ -252,6 +270,7 @@ class TowerStack:
         grads, out = fn(shards)
         out = dict(out)
         self._check_finite(out.pop("_finite"))
+        out.pop("_per_row", None)  # returned by learning calls only
         stats = {k: float(v) for k, v in out.items()}
         grads = [[None if g is None else g.numpy() for g in per_loss] for per_loss in grads]
         return (grads[0] if len(grads) == 1 else grads), stats
@@ -351,6 +370,10 @@ class TowerStack:
         out = fn(buffer.towers, order, tf.constant(buffer.units_per_minibatch, tf.int32))
         out = dict(out)
         steps = int(out.pop("_steps"))
+        if "_per_row" in out:  # per tower, in its buffer's layout -> the batch's rows
+            out["_per_row"] = {name: [interleave_minibatches(
+                [np.asarray(p) for p in per_tower], buffer.num_minibatches)]
+                for name, per_tower in out["_per_row"].items()}
         try:
             result = self._finish(out)
         except NonFiniteUpdateError:
@@ -419,17 +442,18 @@ class TowerStack:
             valid = tf.reduce_sum(tf.cast(shard[LOSS_MASK], tf.float32))
             with keras.StatelessScope() as scope:
                 with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
-                    losses = _run_loss(self.loss_fn, batch)
+                    losses, extras = _run_loss(self.loss_fn, batch)
                 if len(losses) != len(self.optimizers):
                     raise ValueError(f"loss returned {len(losses)} losses for "
                                      f"{len(self.optimizers)} optimizer(s)")
                 grads = [tape.gradient(loss, self.variables) for loss in losses]
-                stats = _pack_stats(self.stats_fn(batch, losses))
+                stats = _pack_stats(self.stats_fn(batch, losses, dict(extras.stats)))
+                per_row = _per_row_outputs(extras.per_row)
                 updates = {id(v): scope.get_current_value(v)
                            for v in self.model.non_trainable_variables
                            if scope.get_current_value(v) is not None}
             del tape
-            return TowerResult(valid, grads, stats, updates)
+            return TowerResult(valid, grads, stats, updates, per_row)
 
     def _weighted_terms(self, per_tower: list, weights: list, devices: list) -> list:
         """weight_t * value for every tensor of each tower's nested list, on the
@@ -468,6 +492,9 @@ class TowerStack:
             names = results[0].stats.names
             stats = dict(zip(names, tf.unstack(stats, num=len(names))))
             stats["valid_rows"] = total
+            if results[0].per_row:  # per minibatch and tower, in batch order; never reduced
+                stats["_per_row"] = {name: [r.per_row[name] for r in results]
+                                     for name in results[0].per_row}
             assignments = self._state_assignments(moments, results)
             finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
                                for per_var in combined for g in per_var if g is not None]
@@ -592,38 +619,70 @@ class TowerStack:
         total = num_epochs * steps_per_epoch
         template = self._loaded_stats_template(buffers)
         sums = {k: tf.zeros([], tf.float32) for k in template if not k.startswith("_")}
+        # each buffer row's per-row outputs from the last step that visited it
+        per_row = {name: [tf.zeros(tf.shape(b[LOSS_MASK])[:1]) for b in buffers]
+                   for name in template.get("_per_row", {})}
 
-        def body(i, ok, sums):
+        def body(i, ok, sums, per_row):
             epoch, k = i // steps_per_epoch, i % steps_per_epoch
-            shard_sets = []
+            shard_sets, unit_sets = [], []
             for s in range(accumulate):
                 start = (k * accumulate + s) * units_per_mb
-                shard_sets.append(self._gather(buffers, order[epoch, :, start:start + units_per_mb]))
+                unit_sets.append(order[epoch, :, start:start + units_per_mb])
+                shard_sets.append(self._gather(buffers, unit_sets[-1]))
             stats = self._step(shard_sets)
             finite = tf.reduce_all(stats.pop("_finite"))
             sums = {key: sums[key] + tf.cast(stats[key], tf.float32) for key in sums}
-            return i + 1, finite, sums
+            if per_row:
+                per_row = self._kept_rows(per_row, stats["_per_row"], buffers, unit_sets)
+            return i + 1, finite, sums, per_row
 
-        steps, ok, sums = tf.while_loop(
-            lambda i, ok, _: tf.logical_and(i < total, ok), body,
-            [tf.constant(0), tf.constant(True), sums])
+        steps, ok, sums, per_row = tf.while_loop(
+            lambda i, ok, *_: tf.logical_and(i < total, ok), body,
+            [tf.constant(0), tf.constant(True), sums, per_row])
         out = {k: v / tf.cast(tf.maximum(steps, 1), tf.float32) for k, v in sums.items()}
+        if per_row:
+            out["_per_row"] = per_row
         # the last step's flags decide the error; a failed step was not applied
         out["_finite"] = tf.reshape(ok, [1])
         out["_steps"] = tf.where(ok, steps, steps - 1)
         return out
 
-    def _loaded_stats_template(self, buffers):
-        """The statistic names, learnt by tracing one loaded step symbolically."""
-        return list(self._function("loaded", buffers, self._loaded_graph)
+    def _loaded_stats_template(self, buffers) -> dict:
+        """The statistics (and per-row outputs), learnt by tracing one loaded step
+        symbolically."""
+        return dict(self._function("loaded", buffers, self._loaded_graph)
                     .concrete.structured_outputs)
+
+    def _kept_rows(self, kept: dict, step_rows: dict, buffers, unit_sets: list) -> dict:
+        """`kept` (name -> per tower <float32>[buffer rows]) with the rows of this
+        step's units overwritten by the step's per-row outputs."""
+        kept = {name: list(per_tower) for name, per_tower in kept.items()}
+        for s, units in enumerate(unit_sets):
+            for t, (device, buffer) in enumerate(zip(self.plan.devices, buffers)):
+                with tf.device(device):
+                    layout = {k: buffer[k] for k in (LOSS_MASK, SEQ_LENS) if k in buffer}
+                    rows = gather_units({**layout, "_row": tf.range(tf.shape(
+                        buffer[LOSS_MASK])[0])}, units[t])["_row"]
+                    for name in kept:
+                        kept[name][t] = tf.tensor_scatter_nd_update(
+                            kept[name][t], rows[:, None],
+                            step_rows[name][s * self.num_towers + t])
+        return kept
 
     # ----- results ------------------------------------------------------------------
 
     def _finish(self, out) -> dict:
+        """Statistics as floats, and PER_ROW: per-row outputs concatenated over the
+        step's minibatches and towers (the rows in batch order, padding included)."""
         out = dict(out)
         self._check_finite(out.pop("_finite"), out.pop("_kept"))
-        return {k: float(v) for k, v in out.items()}
+        per_row = out.pop("_per_row", None)
+        result = {k: float(v) for k, v in out.items()}
+        if per_row:
+            result[PER_ROW] = {name: np.concatenate([np.asarray(p) for p in parts])
+                               for name, parts in per_row.items()}
+        return result
 
     def _check_finite(self, finite, kept=None) -> None:
         finite_guard.check_finite(finite, kept, self._checked, self.variables)

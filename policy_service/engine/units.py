@@ -103,3 +103,10 @@ def arrange_minibatches(columns: dict, num_units: int, unit_rows: int, minibatch
             parts[i][name] = np.ascontiguousarray(arranged[:, i]).reshape(
                 (-1,) + values.shape[1:])
     return parts, num_mb
+
+
+def interleave_minibatches(parts: list, num_minibatches: int) -> np.ndarray:
+    """Rows of a loaded batch back in batch order from its parts (towers, or
+    learners), each holding its slice of every minibatch in turn."""
+    return np.stack([p.reshape((num_minibatches, -1) + p.shape[1:]) for p in parts],
+                    axis=1).reshape((-1,) + parts[0].shape[1:])

@@ -1,0 +1,246 @@
+"""The two ways a LearnerGroup holds its learners, called alike.
+
+`LocalLearners`: one Learner (learner.py) in this process. `RemoteLearners`: N
+LearnerHost Ray actors, reserved as one placement group before any starts,
+each called with a deadline; a death or a hang ends the wait at once. The
+group calls either one the same way:
+
+    results = learners.call_each("update", [(shard, ...) for shard in shards])
+    learners.call_all("set_state", state); learners.call_first("get_weights")
+    learners.keep_state_copy()          # after a call that changed the state
+    learners.latest_state()             # the state to restart from after a death
+    learners.stop()
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import gymnasium as gym
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from policy_service import models
+from policy_service.distributed.learner import Learner
+from policy_service.distributed.learner_actor import LearnerHost
+from policy_service.distributed.learner_state_copy import LearnerStateCopy
+from policy_service.engine.collectives import CollectivePeerError
+from policy_service.errors import UserError
+
+CONNECT_TIMEOUT_S = 180.0
+
+
+class LearnerResourcesError(UserError, RuntimeError):
+    """The cluster cannot hold the learners asked for."""
+
+
+class LearnerDiedError(RuntimeError):
+    """A learner actor died, or a collective with a dead one failed: the group
+    must be restarted (`LearnerGroup.restart`)."""
+
+
+class LearnerTimeoutError(LearnerDiedError):
+    """A call to the learners gave no result within `learner_update_timeout_s`."""
+
+
+class LocalLearners:
+    """One learner, a policy in this process: it never dies, so its live state is
+    the copy a restart would start from."""
+
+    def __init__(self, policy_cls: type, observation_space: gym.Space,
+                 action_space: gym.Space, config: Any, call_timeout_s: float):
+        self.learner = Learner(policy_cls(observation_space, action_space, config))
+        self.call_timeout_s = call_timeout_s  # unused: a call in this process has no deadline
+        self.info = {**self.learner.info(), "devices": [self.learner.policy.devices]}
+
+    @property
+    def local_policy(self):
+        return self.learner.policy
+
+    @property
+    def actors(self) -> list:
+        return []
+
+    def call_each(self, method: str, args_per_learner: list) -> list:
+        [args] = args_per_learner
+        return [getattr(self.learner, method)(*args)]
+
+    def call_all(self, method: str, *args) -> list:
+        return [getattr(self.learner, method)(*args)]
+
+    def call_first(self, method: str, *args):
+        return getattr(self.learner, method)(*args)
+
+    def keep_state_copy(self) -> None:
+        """Nothing to copy: the state lives here."""
+
+    def latest_state(self) -> dict:
+        return self.learner.get_state()
+
+    def stop(self) -> None:
+        """Nothing runs apart from this process."""
+
+
+class RemoteLearners:
+    """N LearnerHost actors in one collective group, and the driver's last full copy
+    of their state (LearnerStateCopy), asked for after every change.
+
+    call_timeout_s: the deadline of every call (from `learner_update_timeout_s`)."""
+
+    local_policy = None
+
+    def __init__(self, policy_cls: type, observation_space: gym.Space,
+                 action_space: gym.Space, config: Any, call_timeout_s: float,
+                 ready_timeout_s: float):
+        if not ray.is_initialized():
+            raise RuntimeError(f"num_learners={config.num_learners} needs Ray: call ray.init() "
+                               "(or distributed.ray_runtime.start_ray) before the LearnerGroup")
+        self.call_timeout_s = call_timeout_s
+        self.actors: list = []
+        self._placement_group = None
+        try:
+            self.info = self._start(policy_cls, observation_space, action_space, config,
+                                    ready_timeout_s)
+            self._state_copy = LearnerStateCopy(self.actors[0].get_state.remote)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self, policy_cls, observation_space, action_space, config,
+               ready_timeout_s: float) -> dict:
+        """Reserve, start and connect the actors -> learner 0's Learner.info()."""
+        num_learners = int(config.num_learners)
+        bundle = learner_bundle(config)
+        if bundle:
+            self._placement_group = reserve_placement_group(
+                bundle, num_learners, config.learner_placement_strategy, ready_timeout_s)
+        actor_cls = ray.remote(LearnerHost)
+        registry = models.custom_model_registry()
+        for rank in range(num_learners):
+            options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
+            if self._placement_group is not None:
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    self._placement_group, placement_group_bundle_index=rank)
+            self.actors.append(actor_cls.options(**options).remote(
+                policy_cls, observation_space, action_space, config, registry))
+        addresses = ray.get([actor.address.remote() for actor in self.actors],
+                            timeout=CONNECT_TIMEOUT_S)
+        infos = ray.get([actor.connect.remote(rank, addresses)
+                         for rank, actor in enumerate(self.actors)], timeout=CONNECT_TIMEOUT_S)
+        if num_learners > 1:  # a seedless config initializes each learner differently
+            # the whole state, not only the weights: a target network starts as a copy too
+            state = ray.put(ray.get(self.actors[0].get_state.remote()))
+            ray.get([actor.set_state.remote(state) for actor in self.actors[1:]])
+        return {**infos[0], "devices": [info["devices"] for info in infos]}
+
+    def call_each(self, method: str, args_per_learner: list) -> list:
+        """Learner i's `method(*args_per_learner[i])` -> the results, by rank."""
+        return self._results([getattr(actor, method).remote(*args)
+                              for actor, args in zip(self.actors, args_per_learner)])
+
+    def call_all(self, method: str, *args) -> list:
+        """The same call on every learner (arguments put in the object store once)."""
+        shared = [ray.put(a) if isinstance(a, dict) else a for a in args]
+        return self._results([getattr(actor, method).remote(*shared) for actor in self.actors])
+
+    def call_first(self, method: str, *args):
+        """Learner 0's `method` (for what every learner holds alike)."""
+        return self._results([getattr(self.actors[0], method).remote(*args)])[0]
+
+    def keep_state_copy(self) -> None:
+        self._state_copy.refresh(self.call_timeout_s)
+
+    def latest_state(self) -> dict:
+        return self._state_copy.latest(self.call_timeout_s)
+
+    def stop(self) -> None:
+        """End the actors and free their reservation (idempotent)."""
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        if self._placement_group is not None:
+            remove_placement_group(self._placement_group)
+            self._placement_group = None
+
+    def _results(self, refs: list) -> list:
+        """Every learner's result, by rank; the first death seen ends the wait (the
+        others may be blocked in a collective with the dead one), and so does
+        `call_timeout_s` without all results (LearnerTimeoutError)."""
+        if not self.actors:
+            raise RuntimeError("this LearnerGroup is stopped")
+        count = len(self.actors)
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results, pending = {}, list(refs)
+        deadline = time.monotonic() + self.call_timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1,
+                                      timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                hung = ", ".join(str(rank_of[ref]) for ref in pending)
+                raise LearnerTimeoutError(
+                    f"learner(s) {hung} of {count} gave no result within "
+                    f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
+                    "collective with a stopped peer); the group must be restarted")
+            try:
+                results[ready[0]] = ray.get(ready[0])
+            except RayActorError as err:
+                raise LearnerDiedError(f"learner {rank_of[ready[0]]} of {count} "
+                                       f"died: {type(err).__name__}") from err
+            except RayTaskError as err:
+                if isinstance(err.cause, CollectivePeerError):
+                    raise LearnerDiedError(f"learner {rank_of[ready[0]]} of "
+                                           f"{count}: {err.cause}") from err
+                raise
+        return [results[ref] for ref in refs]
+
+
+# ----- reserving the learners' resources -------------------------------------------------
+
+
+def learner_bundle(config) -> dict:
+    """Ray resources of one learner: its CPUs, and its GPUs unless they are fake."""
+    bundle = {}
+    if config.num_cpus_per_learner > 0:
+        bundle["CPU"] = float(config.num_cpus_per_learner)
+    if config.num_gpus_per_learner > 0 and not config._fake_gpus:
+        bundle["GPU"] = float(config.num_gpus_per_learner)
+    return bundle
+
+
+_KEY_OF = {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}
+
+
+def resource_shortfall(bundle: dict, count: int, total: dict, available: dict) -> str | None:
+    """A one-line description of the first resource the cluster cannot give
+    `count` learners of `bundle` (None when every total suffices)."""
+    for resource, amount in bundle.items():
+        asked = amount * count
+        if total.get(resource, 0.0) + 1e-9 < asked:
+            return (f"{count} learner(s) need {resource} {asked:g} in total "
+                    f"({_KEY_OF.get(resource, resource)}={amount:g} each); the cluster has "
+                    f"{resource} {total.get(resource, 0.0):g} "
+                    f"({available.get(resource, 0.0):g} available)")
+    return None
+
+
+def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: float):
+    """One placement group of `count` learner bundles, ready, or LearnerResourcesError:
+    at once when the cluster's totals fall short, else after `timeout_s`."""
+    shortfall = resource_shortfall(bundle, count, ray.cluster_resources(),
+                                   ray.available_resources())
+    if shortfall:
+        raise LearnerResourcesError(shortfall)
+    group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if ready:
+        return group
+    remove_placement_group(group)
+    available = ray.available_resources()
+    asked = ", ".join(f"{r} {a * count:g} ({_KEY_OF.get(r, r)}={a:g} each)"
+                      for r, a in bundle.items())
+    have = ", ".join(f"{r} {available.get(r, 0.0):g}" for r in bundle)
+    raise LearnerResourcesError(
+        f"{count} learner(s) ({strategy}) not placed within {timeout_s:g} s: asked {asked}; "
+        f"available now {have}")
