@@ -1,289 +1,20 @@
-"""`policy-service train / evaluate / export` end to end, as subprocesses.
+"""policy_service/cli/commands.py: bad input to `policy-service` is one line on stderr,
+exit status 2, before any work; and the runner's small parts, in this process.
 
-Tiny budgets: PPO on CartPole-v1 with 256-step train batches. The first run
-uses two fake GPUs; the resume test uses a rollout worker actor, so it runs
-on an embedded Ray and is SIGKILLed with Ray's processes around it.
-Independent commands run at once: each spends most of its time importing
-TensorFlow.
+Each table of bad commands runs through commands.main in one fresh process (one
+TensorFlow import for them all), one case also as the real `policy-service` command.
+The runs themselves: test_training.py, test_run_resources.py, test_jobs.py.
 """
 from __future__ import annotations
 
 import json
-import os
-import secrets
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-
-CLI = str(Path(sys.executable).parent / "policy-service")
-TIMEOUT_S = 300
-TINY = ["--set", "train_batch_size=256", "--set", "minibatch_size=64",
-        "--set", "num_epochs=2", "--set", "model.fcnet_hiddens=[32,32]"]
-
-
-_RAY_TOKEN_FILE: list[Path] = []  # this module's own Ray token, not ~/.ray's
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_token(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ray") / "token"
-    path.write_text(secrets.token_hex(32))
-    _RAY_TOKEN_FILE[:] = [path]
-    yield path
-    _RAY_TOKEN_FILE.clear()
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
-    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
-    if _RAY_TOKEN_FILE:
-        env["RAY_AUTH_TOKEN_PATH"] = str(_RAY_TOKEN_FILE[0])
-    return env
-
-
-def _start(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([CLI, *args], env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
-
-
-def _finish(process: subprocess.Popen) -> tuple[int, str, str]:
-    try:
-        out, err = process.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        out, err = process.communicate()
-        pytest.fail(f"timed out: {process.args}\n{err[-3000:]}")
-    return process.returncode, out, err
-
-
-def _run(*args: str) -> tuple[int, str, str]:
-    return _finish(_start(*args))
-
-
-def _progress(run_dir: Path) -> list[dict]:
-    """The rows of progress.jsonl (a line being written right now is left out)."""
-    path = run_dir / "progress.jsonl"
-    rows = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            break
-    return rows or [{"iteration": 0}]
-
-
-def _kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL what is left of a run started in its own session (Ray's helpers)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-# ----- a short run on two fake GPUs, then its checkpoint evaluated and exported -------------
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("runs") / "cartpole"
-    code, out, err = _run("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "2",
-                          "--num-gpus", "2", "--fake-gpus", "--num-env-runners", "1", "--seed", "0",
-                          "--output-dir", str(run_dir), *TINY)
-    assert code == 0, err
-    assert str(run_dir / "checkpoints" / "checkpoint_000002") in out
-    assert str(run_dir / "tensorboard") in out
-    return run_dir
-
-
-def test_train_writes_progress_result_and_config(trained):
-    rows = _progress(trained)
-    assert [r["iteration"] for r in rows] == [1, 2]
-    for row in rows:
-        for key in ("timesteps_total", "episode_return_mean", "time_total_s", "policy_loss"):
-            assert key in row, key
-    assert rows[1]["timesteps_total"] > rows[0]["timesteps_total"] >= 256
-    result = json.loads((trained / "result.json").read_text())
-    assert result["stop_reason"] == "stop_iters"
-    assert result["iteration"] == 2
-    config = json.loads((trained / "config.json").read_text())
-    assert (config["num_gpus"], config["_fake_gpus"]) == (2, True)
-    assert config["model"]["fcnet_hiddens"] == [32, 32]
-    assert config["train_batch_size"] == 256
-
-
-def test_result_records_the_resources_of_the_driver_learner_and_the_env_runner(trained):
-    resources = json.loads((trained / "result.json").read_text())["resources"]
-    driver = resources["driver"]
-    assert driver["holds_learner"] and driver["devices"] == ["/CPU:0", "/CPU:1"]
-    assert driver["CPU"] is None and driver["gpu_ids"] is None  # Ray reserves no driver
-    [runner] = resources["env_runners"]
-    assert (runner["CPU"], runner["GPU"], runner["gpu_ids"]) == (0.5, 0.0, [])
-    assert runner["devices"] == ["/CPU:0"] and runner["pid"] != driver["pid"]
-    assert resources["learners"] == [] and resources["inference_actor"] is None
-
-
-def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path):
-    """One learner actor on 2 fake GPUs, sampling in the driver through a PolicyActor;
-    beside it, a PolicyActor asking for a GPU this machine's Ray lacks fails at once."""
-    run_dir = tmp_path / "actors"
-    run = _start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--fake-gpus",
-                 "--set", "num_learners=1", "--set", "num_gpus_per_learner=2",
-                 "--set", "num_cpus_per_learner=0.5", "--set", "remote_inference=true",
-                 "--seed", "0", "--output-dir", str(run_dir), *TINY)
-    too_big = _start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                     "--set", "remote_inference=true", "--set", "num_gpus_per_policy_actor=1",
-                     "--output-dir", str(tmp_path / "too_big"), *TINY)
-    code, _, err = _finish(run)
-    assert code == 0, err
-    code_too_big, _, err_too_big = _finish(too_big)
-    assert code_too_big == 2, err_too_big
-    assert err_too_big.strip().splitlines()[-1] == (
-        "policy-service: error: the PolicyActor needs GPU 1 (num_gpus_per_policy_actor=1); "
-        "the cluster has GPU 0 (0 available)")
-    resources = json.loads((run_dir / "result.json").read_text())["resources"]
-    assert not resources["driver"]["holds_learner"] and resources["driver"]["devices"] is None
-    [learner] = resources["learners"]
-    assert (learner["CPU"], learner["GPU"], learner["gpu_ids"]) == (0.5, 0.0, [])
-    assert learner["devices"] == ["/CPU:0", "/CPU:1"]  # the actor's two fake-GPU towers
-    inference = resources["inference_actor"]
-    assert (inference["CPU"], inference["GPU"], inference["devices"]) == (1.0, 0.0, ["/CPU:0"])
-    [runner] = resources["env_runners"]  # the driver's own sampler, acting remotely
-    assert runner["in_driver"] and runner["devices"] is None
-    assert len({learner["pid"], inference["pid"], resources["driver"]["pid"]}) == 3
-
-
-@pytest.mark.slow  # two runs with a learner actor, one after the other
-def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tmp_path):
-    """The checkpoint is checked against the learner actor's policy (there is no
-    local one) before the run goes on from it."""
-    run_dir = tmp_path / "run"
-    args = ("train", "ppo", "--env", "CartPole-v1", "--set", "num_learners=1",
-            "--set", "num_cpus_per_learner=0.5", "--seed", "0", *TINY)
-    code, _, err = _finish(_start(*args, "--stop-iters", "1", "--output-dir", str(run_dir)))
-    assert code == 0, err
-    code, _, err = _finish(_start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
-    assert code == 0, err
-    assert "from checkpoint_000001 (iteration 1)" in err
-    assert [row["iteration"] for row in _progress(run_dir)] == [1, 2]
-    # a state only the policy can refuse (a weight of another shape): the learner actor's
-    # check names it in one line, and the resume falls back to the checkpoint before
-    import numpy as np
-
-    from policy_service.io import checkpoints
-    arrays_file = (run_dir / "checkpoints" / "checkpoint_000002" / checkpoints.POLICY_SUBDIR
-                   / checkpoints.POLICY_ARRAYS)
-    arrays = checkpoints.load_arrays(arrays_file)
-    weight = sorted(k for k in arrays if k.startswith("weights/"))[0]
-    checkpoints.save_arrays(arrays_file, {**arrays, weight: np.zeros((3, 3), np.float32)})
-    code, _, err = _finish(_start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
-    assert code == 0, err
-    [skipped] = [line for line in err.splitlines() if "skipped" in line]
-    assert skipped.startswith("policy-service: skipped checkpoint_000002: ") and \
-        "has shape (3, 3), expected" in skipped and "Traceback" not in err, err
-    assert "ray::" not in skipped and "pid=" not in skipped, skipped  # the actor's error itself
-    assert "from checkpoint_000001 (iteration 1)" in err
-
-
-def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
-    checkpoint = trained / "checkpoints" / "checkpoint_000002"
-    assert (checkpoint / "algorithm_state.json").exists()
-    assert (checkpoint / "policy" / "policy_state.json").exists()
-    import tensorflow as tf
-    events = list((trained / "tensorboard").glob("events.out.tfevents.*"))
-    assert events
-    scalars = {}
-    for event in tf.compat.v1.train.summary_iterator(str(events[0])):
-        for value in event.summary.value:
-            scalars.setdefault(value.tag, []).append(event.step)
-    assert scalars["episode_return_mean"] == [1, 2]
-    assert scalars["policy_loss"] == [1, 2]
-
-
-def test_evaluate_and_export_the_checkpoint(trained, tmp_path):
-    evaluate = _start("evaluate", str(trained), "--episodes", "3")
-    export = _start("export", str(trained / "checkpoints" / "checkpoint_000002"),
-                    "--out", str(tmp_path / "saved"))
-    code, out, err = _finish(evaluate)
-    assert code == 0, err
-    stats = json.loads(out.strip().splitlines()[-1])
-    assert stats["episodes"] == 3 and stats["env"] == "CartPole-v1"
-    assert len(stats["episode_lengths"]) == 3
-    assert (stats["episode_return_min"] <= stats["episode_return_mean"]
-            <= stats["episode_return_max"])
-    # CartPole: +1 a step
-    assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]
-    code, out, err = _finish(export)
-    assert code == 0, err
-    assert (tmp_path / "saved" / "saved_model.pb").exists()
-
-
-# ----- resume after SIGKILL, then SIGTERM ----------------------------------------------------
-
-
-def _wait_until(condition, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"run exited ({process.returncode}) before {what}:\n"
-                        f"{process.communicate()[1][-3000:]}")
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def _checkpoints(run_dir: Path) -> list[str]:
-    return sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint_*"))
-
-
-@pytest.mark.slow
-def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
-    run_dir = tmp_path / "run"
-    args = ["train", "ppo", "--env", "CartPole-v1", "--seed", "1", "--checkpoint-every", "2",
-            "--stop-iters", "200", "--output-dir", str(run_dir), *TINY]
-    first = _start(*args, start_new_session=True)
-    try:
-        _wait_until(lambda: _checkpoints(run_dir), first, "the first checkpoint")
-        first.kill()  # SIGKILL: no chance to checkpoint again or write result.json
-        first.communicate(timeout=60)
-    finally:
-        _kill_group(first)
-    assert not (run_dir / "result.json").exists()
-    latest = _checkpoints(run_dir)[-1]
-    saved_iteration = int(latest.split("_")[1])
-    killed_rows = _progress(run_dir)  # may run past the checkpoint: those are redone
-    before = killed_rows[:saved_iteration]
-    # An iteration number the killed run never reached: written by the resumed run.
-    target = max(saved_iteration + 2, len(killed_rows) + 1)
-
-    # The same command plus --resume; then SIGTERM once it is past the killed run.
-    second = _start(*args, "--resume", str(run_dir), start_new_session=True)
-    try:
-        _wait_until(lambda: _progress(run_dir)[-1]["iteration"] >= target, second,
-                    f"iteration {target}")
-        second.send_signal(signal.SIGTERM)
-        code, out, err = _finish(second)
-    finally:
-        _kill_group(second)
-    assert code == 0, err
-    assert f"from {latest} (iteration {saved_iteration})" in err
-
-    rows = _progress(run_dir)
-    assert [r["iteration"] for r in rows] == list(range(1, len(rows) + 1))  # no gap, no repeat
-    assert rows[:saved_iteration] == before  # what the checkpoint holds is kept as it was
-    assert len(rows) >= saved_iteration + 2
-    steps = [r["timesteps_total"] for r in rows]
-    assert all(a < b for a, b in zip(steps, steps[1:]))
-    result = json.loads((run_dir / "result.json").read_text())
-    assert result["stop_reason"] == "interrupted"
-    assert result["iteration"] == rows[-1]["iteration"]
-    assert Path(result["checkpoint"]).name == f"checkpoint_{rows[-1]['iteration']:06d}"
-    assert _checkpoints(run_dir)[-1] == Path(result["checkpoint"]).name
-    assert len(_checkpoints(run_dir)) <= 3  # the latest few are kept
-
+from cli_processes import TINY, command_env, finish, ray_token, start  # noqa: F401
 
 # ----- bad input: one line on stderr, no traceback -------------------------------------------
 
@@ -297,12 +28,62 @@ BAD_INPUT = {
 }
 
 
+# Each case's commands.main in one fresh Python process (TensorFlow imported once), with
+# its own stdout and stderr file descriptors: what a `policy-service` process would print.
+_MAIN_FOR_EACH_CASE = r"""
+import json, os, sys, tempfile, time, traceback
+from policy_service.cli import commands
+
+def run(argv):
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush(); sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
+        try:
+            code = commands.main(argv)
+        except SystemExit as exit:  # argparse's errors, as the console script's exit
+            code = exit.code if isinstance(exit.code, int) else 0 if exit.code is None else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush(); sys.stderr.flush()
+            os.dup2(saved[0], 1); os.dup2(saved[1], 2)
+            os.close(saved[0]); os.close(saved[1])
+        out.seek(0); err.seek(0)
+        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
+
+cases, results = json.loads(open(sys.argv[1]).read()), {}
+for name, argv in cases.items():
+    start = time.monotonic()
+    results[name] = [*run(argv), time.monotonic() - start]
+    open(sys.argv[2], "w").write(json.dumps(results))
+"""
+
+
+def _run_cases(commands: dict[str, list[str]], real_command: str,
+               work_dir: Path) -> dict[str, tuple[int, str, str, float]]:
+    """name -> (exit code, stdout, stderr, seconds): `real_command`'s case as a real
+    `policy-service` process, beside one process running every other case in turn."""
+    cases, results = work_dir / "cases.json", work_dir / "results.json"
+    cases.write_text(json.dumps({n: a for n, a in commands.items() if n != real_command}))
+    began = time.monotonic()
+    real = start(*commands[real_command])
+    in_one = subprocess.Popen([sys.executable, "-c", _MAIN_FOR_EACH_CASE, str(cases),
+                               str(results)], env=command_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    code, out, err = finish(real)
+    ran = {real_command: (code, out, err, time.monotonic() - began)}
+    code, _, err = finish(in_one)
+    assert code == 0, err[-3000:]
+    ran.update((n, tuple(r)) for n, r in json.loads(results.read_text()).items())
+    assert sorted(ran) == sorted(commands), err[-3000:]
+    return ran
+
+
 @pytest.fixture(scope="module")
-def bad_input_results(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("bad")
-    running = {name: _start(*args, "--output-dir", str(out_dir / name))
-               for name, (args, _) in BAD_INPUT.items()}
-    return {name: _finish(process) for name, process in running.items()}
+def bad_input_results(command_results):
+    return {name: command_results[name][:3] for name in BAD_INPUT}
 
 
 @pytest.mark.parametrize("case", sorted(BAD_INPUT))
@@ -378,7 +159,6 @@ LATE_CONFIG_ERRORS = {
     "adam_epsilon_negative": (["--set", "adam_epsilon=-1"],
                               "config.adam_epsilon must be a finite number > 0, got -1"),
 }
-AT_ONCE = 3  # subprocesses at a time: each is mostly TensorFlow's import, on 2 shared cores
 
 
 @pytest.fixture(scope="module")
@@ -396,23 +176,27 @@ def cartpole_policy_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def late_config_results(tmp_path_factory, cartpole_policy_dir):
-    """Every case as a real `policy-service` command -> (exit code, stdout, stderr, seconds,
-    output dir). A case that is not caught would train one tiny iteration and exit 0."""
-    out_dir = tmp_path_factory.mktemp("late")
-    commands = {name: ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                       "--output-dir", str(out_dir / name), *TINY, *args]
-                for name, (args, _) in LATE_CONFIG_ERRORS.items()}
+def command_results(tmp_path_factory, cartpole_policy_dir):
+    """Every case of BAD_INPUT, LATE_CONFIG_ERRORS and an evaluate in an env of other spaces
+    through commands.main in one fresh process, lr_nan also as a real `policy-service`
+    command -> (exit code, stdout, stderr, seconds, output dir). A late case that is not
+    caught would train one tiny iteration and exit 0."""
+    out_dir = tmp_path_factory.mktemp("commands")
+    commands = {name: [*args, "--output-dir", str(out_dir / name)]
+                for name, (args, _) in BAD_INPUT.items()}
+    commands.update({name: ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
+                            "--output-dir", str(out_dir / name), *TINY, *args]
+                     for name, (args, _) in LATE_CONFIG_ERRORS.items()})
     commands["evaluate_on_other_spaces"] = ["evaluate", str(cartpole_policy_dir),
                                             "--env", "MountainCar-v0", "--episodes", "1"]
-    results, names = {}, sorted(commands)
-    for first in range(0, len(names), AT_ONCE):
-        started = {name: (_start(*commands[name]), time.monotonic())
-                   for name in names[first:first + AT_ONCE]}
-        for name, (process, start) in started.items():
-            code, out, err = _finish(process)
-            results[name] = (code, out, err, time.monotonic() - start, out_dir / name)
-    return results
+    ran = _run_cases(commands, "lr_nan", tmp_path_factory.mktemp("cases"))
+    return {name: (*result, out_dir / name) for name, result in ran.items()}
+
+
+@pytest.fixture(scope="module")
+def late_config_results(command_results):
+    return {name: command_results[name] for name in [*LATE_CONFIG_ERRORS,
+                                                     "evaluate_on_other_spaces"]}
 
 
 @pytest.mark.parametrize("case", sorted(LATE_CONFIG_ERRORS))
@@ -550,16 +334,6 @@ def test_spaces_are_checked_before_the_policy_is_built():
     assert "\n" not in message and message.startswith("environment 'Acrobot-v1' does not fit")
     assert "observation_space Box(" in message and "(6,), float32)" in message
     assert "action_space Discrete(3) (the policy's: Discrete(2))" in message
-
-
-def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(trained, capsys):
-    from policy_service.cli import commands as cli
-    assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--output-dir", str(trained)]) == 2
-    assert "already holds a run" in capsys.readouterr().err
-    assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--num-gpus", "2", "--fake-gpus",
-                     "--seed", "0", *TINY, "--set", "lr=0.5", "--resume", str(trained)]) == 2
-    err = capsys.readouterr().err
-    assert "'lr' would change" in err and len(err.strip().splitlines()) == 1
 
 
 # ----- the runner's small parts, in this process -----------------------------------------------

@@ -1,0 +1,83 @@
+"""`policy-service` commands run as real processes, for the command-line tests.
+
+Each test module that runs commands takes `ray_token` (imported there, so it is
+that module's autouse fixture): its runs' embedded Ray uses a token of its own,
+never ~/.ray's. Commands spend most of their time importing TensorFlow, so
+independent ones are started at once and finished after.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = str(Path(sys.executable).parent / "policy-service")
+TIMEOUT_S = 300
+TINY = ["--set", "train_batch_size=256", "--set", "minibatch_size=64",
+        "--set", "num_epochs=2", "--set", "model.fcnet_hiddens=[32,32]"]
+
+
+_RAY_TOKEN_FILE: list[Path] = []  # the running module's own Ray token, not ~/.ray's
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_token(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ray") / "token"
+    path.write_text(secrets.token_hex(32))
+    _RAY_TOKEN_FILE[:] = [path]
+    yield path
+    _RAY_TOKEN_FILE.clear()
+
+
+def command_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    if _RAY_TOKEN_FILE:
+        env["RAY_AUTH_TOKEN_PATH"] = str(_RAY_TOKEN_FILE[0])
+    return env
+
+
+def start(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([CLI, *args], env=command_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def finish(process: subprocess.Popen) -> tuple[int, str, str]:
+    try:
+        out, err = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"timed out: {process.args}\n{err[-3000:]}")
+    return process.returncode, out, err
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    return finish(start(*args))
+
+
+def progress(run_dir: Path) -> list[dict]:
+    """The rows of progress.jsonl (a line being written right now is left out)."""
+    path = run_dir / "progress.jsonl"
+    rows = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows or [{"iteration": 0}]
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL what is left of a run started in its own session (Ray's helpers)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
