@@ -1,83 +1,20 @@
 """Algorithm: the common training loop; an algorithm overrides `training_step(self)`.
 
-The loop (`train()` is one iteration):
-
     algo = PPO({"env": "CartPole-v1", "seed": 0})   # rollout workers + the learner
     while True:
-        metrics = algo.train()   # times and counts the iteration, keeps the return
-        #                          window, and calls the algorithm's iteration:
-        #   stats = self.training_step(), made of these steps:
-        #     self.sample_env_steps(n)   EnvRunnerGroup.sample() until >= n env steps
-        #     self.sample_ready()        EnvRunnerGroup.sample_async(): the fragments of
-        #                                the workers done so far (off-policy, async)
-        #     self.learner_update(fn)    fn(self.learners) -> stats with the samples it
-        #                                trained on, timed and counted (a dead learner
-        #                                actor is replaced inside LearnerGroup.update)
-        #     self.broadcast_weights()   the learner's weights to every worker, one ray.put
-        #                                (wait=False: busy workers take them after
-        #                                their current fragment)
+        metrics = algo.train()   # one iteration: timed, counted, self.training_step()
     algo.save(path); algo.restore(path); algo.stop()
 
-The default `training_step` is the on-policy iteration: sample >=
-train_batch_size env steps (each fragment already postprocessed by the
-workers' policies), `update_on_batch(learners, batch)` (load the batch onto
-the learners' towers once, num_epochs of minibatch SGD in one compiled call
-per learner: `LearnerGroup.update`), broadcast. PPO overrides only
-`update_on_batch` with its own ideas. An off-policy algorithm overrides
-`training_step` itself, e.g.
+A training step is made of `sample_env_steps(n)` / `sample_ready()` (from the
+EnvRunnerGroup), `learner_update(fn)` (fn(self.learners), timed and counted)
+and `broadcast_weights()`. The default is the on-policy iteration (sample,
+`update_on_batch`, broadcast; PPO overrides only `update_on_batch`); an
+off-policy algorithm overrides `training_step` and keeps its own state in
+`get_algorithm_state()` -> `AlgorithmState`, saved and restored exactly.
+The learner is a LearnerGroup, in the driver by default (`num_learners: 0`).
 
-    def training_step(self):
-        self.replay.add(self.sample_ready())
-        stats = self.learner_update(lambda learners: learners.update(self.replay.sample(32)))
-        self.broadcast_weights(wait=False)
-        return stats
-
-and keeps what it owns (a replay buffer, a target network's age, counters)
-in `get_algorithm_state()` -> `AlgorithmState(values, arrays)`: JSON values
-and named numpy arrays that `save` writes beside the learner state (JSON and
-npz, atomically, no pickle) and `restore` gives back, exactly, to
-`set_algorithm_state` after `check_algorithm_state` accepted them.
-
-Adding an algorithm: a module in `algorithms/` with its config class, policy
-class and Algorithm subclass, and one line in the registry of
-`algorithms/__init__.py`; `policy-service train NAME` then finds it.
-
-Where the learner lives: a `policy_service.LearnerGroup`. With
-`num_learners: 0` (the default) it is a policy in the driver process, with
-`policy_service.engine.devices.prepare_process` called before TensorFlow
-initializes so that fake GPUs are real logical CPU devices; with N, N learner
-actors reserved as one placement group, training data-parallel with their
-gradients all-reduced inside the compiled step. For one machine the driver
-stays the default, as measured here. Both candidates
-were built and timed here (2 cores, no GPU, PPO on CartPole-v1,
-train_batch_size 4000, minibatch 128, 10 epochs, [256, 256] MLP, 8 envs in
-one local worker). Per iteration they do the same work: 0.45 s of learner
-CPU time per 40k samples trained, in the driver or in an actor. The actor
-adds fixed costs: Ray even when no worker is remote (ray.init took 5-10 s
-here), a second TensorFlow process (4-5 s to build), and the batch and the
-weights crossing the object store each iteration. End to end (seconds from
-start until the iterations are done; the machine was shared, wall times are
-noisy, medians of 2-5 runs): 12 iterations 33 vs 33, 20 iterations 38 vs
-46, 12 iterations with 2 remote env runners 42 vs 52, driver vs actor. The
-actor's phases ran faster under heavy load from other processes (two
-processes get more of a contended CPU), not on equal CPU time. So the
-learner stays in the driver by default, and tests with num_env_runners=0 need no Ray.
-GPUs: the driver uses the GPUs its process sees; on a cluster submit it as a
-job that reserves them (Ray Jobs' entrypoint_num_gpus) so Ray counts them.
-
-Exact resume. With a `seed`, `save` and `restore` both restart sampling from
-a known state: the env runners are rebuilt with a seed derived from (seed,
-iteration), so an uninterrupted run that saved after iteration k and a
-fresh algorithm restored from that save sample the same episodes in
-iteration k+1; the learner (weights, Adam moments, KL coefficient, shuffle
-RNG) and the algorithm's own state (`get_algorithm_state`) are restored
-exactly. Env and simulator state cannot be saved in general, which is why
-sampling restarts instead. Episodes in flight at a save are cut there: their
-steps were already trained on (bootstrapped like a fragment boundary); only
-their return never enters the metrics; fragments `sample_ready` had asked for
-and not yet received are dropped, never counted. Without a seed nothing is
-restarted at a save and resuming is exact for the learner and the
-algorithm's state only.
+The loop in full, adding an algorithm, where the learner lives and why, and
+exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
 """
 from __future__ import annotations
 

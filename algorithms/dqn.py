@@ -2,37 +2,19 @@
 heads (Wang et al. 2016), n-step returns and prioritized replay (Schaul et al. 2016):
 the config, the policy and the training step.
 
-Read top to bottom: the config, the Q model (features of the default or the user's
-model, then a Q head or dueling value/advantage heads), n-step postprocessing (on the
-rollout workers), the TD targets and Huber loss (on every tower), which also returns
-the per-row TD errors a prioritized replay buffer takes as new priorities, and the
-training step.
-
-The target network is TFPolicy's (`target_network_update()`): kept on the learner's
-variable device and moved inside the compiled step, after every
-`target_network_update_freq`-th applied SGD step, by `tau` (1.0: a hard copy).
-
-The training step (`DQN.training_step`, on the driver) alternates, until
-min_sample_timesteps_per_iteration env steps are sampled:
+Read top to bottom: the config, the Q model, n-step postprocessing (on the rollout
+workers), the TD targets and Huber loss (on every tower, returning per-row TD errors
+as new priorities), and the training step, which alternates:
 
     replay.add(self.sample_ready())                  # fragments as workers finish
-    k = SGD steps due so that trained / sampled = training_intensity
-    batch = replay.sample(k * train_batch_size)      # + "weights" when prioritized
-    stats = learners.update(batch, num_epochs=1, shuffle=False)  # k steps, one compiled
-                                                     # call; the target moves inside it
+    batch = replay.sample(k * train_batch_size)      # k SGD steps due (training_intensity)
+    stats = learners.update(batch, num_epochs=1, shuffle=False)  # one compiled call
     replay.update_priorities(batch["batch_indexes"], stats["per_row"]["td_error"])
-    broadcast the weights (workers busy sampling take them after their fragment)
+    broadcast the weights
 
-with nothing trained before num_steps_sampled_before_learning_starts env steps.
-`checkpoint_replay_buffer` saves the buffer (content, priorities, its RNG) with the
-algorithm, so a restored seeded run takes the same next iteration.
-
-Semantics follow RLlib's old-stack TF DQN (names and defaults included), with three
-differences: n-step targets bootstrap with gamma^k for the k rewards actually summed
-(policy_service/n_step.py); target_network_update_freq counts SGD steps, not sampled
-env steps; and the k batches of a round are drawn together, with the priorities from
-before the round (RLlib updates them between batches); the new priorities are the
-TD errors each step's loss saw, as in RLlib, returned by the same compiled step.
+Semantics follow RLlib's old-stack TF DQN, with three differences (n-step bootstrap
+gamma^k, target_network_update_freq in SGD steps, a round's batches drawn together).
+The target network, checkpointing and the differences in full: docs/algorithms.md.
 """
 from __future__ import annotations
 

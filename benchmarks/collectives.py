@@ -1,24 +1,16 @@
 """ms per all-reduce between Ray actor processes: the bare ceiling for the LearnerGroup.
 
-Each member is a Ray actor holding a `CollectiveGroup` (RING over gRPC on
-loopback here, NCCL where the actors have GPUs). For every size (float32
-elements) each member times:
-
-  function          one `all_reduce_sum` per tf.function call (wall time of
-                    the call, which returns when the sum is there)
-  while_loop        `acc += all_reduce_sum(x)` per iteration of a tf.while_loop
-                    inside one tf.function: loop time / iterations, as in a
-                    whole-epoch compiled SGD loop
-  while_loop_local  the same loop without the collective (`acc += x`): the
-                    part of `while_loop` that is not communication
-
-The record's value is the slowest member's median (every member waits for
-the others, so their medians differ only by noise). No model, no gradients:
-the LearnerGroup's per-step all-reduce time is compared against this.
+Each member is a Ray actor holding a `CollectiveGroup`; for every size (float32
+elements) each member times one all_reduce_sum per tf.function call ("function"),
+per iteration of a tf.while_loop ("while_loop") and the same loop without the
+collective ("while_loop_local"); the record is the slowest member's median. No
+model, no gradients: the LearnerGroup's per-step all-reduce is compared against this.
 
     python -m benchmarks.collectives             # ~2 min
     python -m benchmarks.collectives --members 2 --sizes 135000
     python -m benchmarks.collectives --smoke
+
+Each target, exactly: BENCHMARKS.md, "What each script measures".
 """
 from __future__ import annotations
 

@@ -1,41 +1,18 @@
 """Ours vs RLlib's old-API-stack TF PPO and DQN: learner, sampling, inference, end to end.
 
 RLlib runs in its own virtualenv (.venv-rllib, created on first use by
-rllib_env.ensure_rllib_venv with ray[rllib] at our Ray and TF versions), so its
-pins never touch ours. Every measurement is a child process; each round
-runs ours then RLlib's for every workload, so both see the same machine
-load. RLlib is configured with
-`.api_stack(enable_rl_module_and_learner=False,
-enable_env_runner_and_connector_v2=False)` and `.framework("tf")` (static
-graph, its fastest TF mode).
-
-  learner    the learner.py workload (10 epochs x 4,000 samples / 128, PPO loss,
-             MLP 256x256 tanh) with RLlib's own loop (multi_gpu_train_one_step:
-             load_batch_into_buffer, then learn_on_loaded_batch per minibatch,
-             permuted per epoch) for 1, 2, 4 (fake) GPUs, at RLlib's default
-             8/8 TF threads and at 2/2; ours at the library's defaults
-  sampler    one rollout worker, local inference, CartPole-v1, 1, 8 and 32 envs
-  inference  16 Ray callers, one observation per call, against a serial actor
-             holding RLlib's policy (RLlib has no batching server) vs our
-             PolicyActor with batching; the Ray no-op ceiling beside both
-  e2e        PPO to return 450 on CartPole-v1 (e2e.py's hyperparameters), 0, 1, 2
-             rollout workers (0: sampling in the learner process) x 0, 2 fake GPUs
-  dqn        DQN to return 450 on CartPole-v1 within a budget of env steps (150k), one
-             run per seed: ours (dqn_e2e.py, algorithms/tuned/cartpole_dqn.yaml) then
-             RLlib's old-stack TF DQN with the same hyperparameters translated
-             (rllib_dqn.py says how and where the meanings differ); not in the default
-             workloads (~10 min per seed and side here)
-
-RLlib's processes run Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), as its old TF
-stack requires on TF >= 2.16; ours run Keras 3.
+rllib_env.ensure_rllib_venv with ray[rllib] at our Ray and TF versions, Keras 2),
+so its pins never touch ours; every measurement is a child process, ours and
+RLlib's alternating per round. Workloads: learner, sampler, inference, e2e, and
+dqn (not in the default workloads).
 
     python -m benchmarks.compare_rllib                      # ~20 min
     python -m benchmarks.compare_rllib --workloads learner,sampler --rounds 3
     python -m benchmarks.compare_rllib --smoke
     python -m benchmarks.compare_rllib --workloads dqn --seeds 0,1,2
 
-Ratios (ours / RLlib, or RLlib / ours for times) are printed as JSON lines
-with "ratio" and written to results/compare_rllib.json.
+Ratios are printed as JSON lines with "ratio" and written to
+results/compare_rllib.json. Each workload, exactly: BENCHMARKS.md.
 """
 from __future__ import annotations
 

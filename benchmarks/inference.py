@@ -1,28 +1,17 @@
 """Remote compute_actions: actions/s and latency for 1..64 Ray callers, beside Ray's ceiling.
 
-Targets, each in its own child process with its own local Ray:
-  policy/on   a PolicyActor (PPO-shaped MLP 4 -> 256x256, CartPole spaces)
-              batching concurrent calls (--max-batch-size, --wait-ms)
-  policy/off  the same with batching off (max_batch_size=1)
-  noop        the Ray ceiling: an async actor like PolicyActor (num_cpus=1,
-              max_concurrency=1000) whose compute_actions returns a
-              same-sized result without computing anything
-  noop_serial the same no-op on a plain one-call-at-a-time actor (RLlib's
-              server shape): the cheapest Ray round trip there is, and the
-              bound on any server that takes one observation per Ray call
-  in_process  policy.compute_actions in the calling process, batch 1, 32, 256
-
-Each caller is its own Ray actor (num_cpus=0) in a closed loop: send one
-observation, wait for its action, send again, for --duration seconds, all
-callers starting together after a warm-up. Latency is the round trip a
-caller sees; actions/s counts every caller's completed calls.
+Targets, each in its own child process with its own local Ray: policy/on (a
+PolicyActor batching concurrent calls), policy/off (batching off), noop (the Ray
+ceiling: an async actor like PolicyActor that computes nothing), noop_serial (the
+same on a one-call-at-a-time actor) and in_process. Each caller is its own Ray
+actor in a closed loop: send one observation, wait for its action, send again.
 
     python -m benchmarks.inference                       # ~4 min
     python -m benchmarks.inference --smoke
     python -m benchmarks.inference --callers 1,4,16 --duration 5
 
-The caller and no-op actors import neither TensorFlow nor policy_service,
-so compare_rllib.py runs them against an RLlib policy in RLlib's venv.
+The caller and no-op actors import neither TensorFlow nor policy_service, so
+compare_rllib.py runs them against RLlib's policy. Exactly: BENCHMARKS.md.
 """
 from __future__ import annotations
 

@@ -1,29 +1,9 @@
 """PPO learner SGD throughput: our TFPolicy on 1, 2, 4 towers beside the bare-Keras ceiling.
 
-Workload: 10 epochs over 4,000 samples in minibatches of 128 (RLlib's PPO
-learner loop), the PPO loss of benchmarks/ppo_shaped.py, on CartPole shapes
-with an MLP 256x256 tanh (separate value branch), an LSTM variant
-(256x256 -> LSTM 256, sequences of 16), optionally a CNN on 84x84x4 and the MLP
-with batch norm after each hidden layer (mlp_bn; --batch-norm-sync true,false
-measures whole-batch against per-shard normalization).
-
-Per (model, towers, threads), in a fresh process:
-  ours/minibatch  load_batch_into_buffer + one learn_on_loaded_batch(offset)
-                  call per minibatch (offsets permuted per epoch, as RLlib does)
-  ours/epoch      load_batch_into_buffer + learn_on_loaded_epochs(10): all
-                  epochs in one compiled call
-  ceiling/minibatch, ceiling/fused
-                  the same model and loss as plain Keras layers + Adam in a
-                  tf.function, data already on the device: one call per
-                  minibatch, or all epochs in one call (1 device)
-  ceiling/fused_adam_kernel
-                  the fused ceiling with the library's FusedAdam (TF's fused
-                  Adam op) instead of Keras' Adam: bare code as fast as ours
-
-samples/s counts valid rows trained on (ours: 10 x 4,000, padding excluded;
-the ceiling drops the last partial minibatch like RLlib: 10 x 31 x 128).
-Ours includes the load (host -> device copy) in its time; the ceiling does
-not, so the comparison is conservative for us.
+Workload: 10 epochs over 4,000 samples in minibatches of 128 (RLlib's PPO learner
+loop), MLP 256x256 tanh, LSTM, optionally CNN and mlp_bn. Targets: ours/minibatch,
+ours/epoch (all epochs in one compiled call), ceiling/minibatch, ceiling/fused,
+ceiling/fused_adam_kernel; samples/s counts valid rows trained on.
 
     python -m benchmarks.learner                       # full run, ~5 min
     python -m benchmarks.learner --smoke               # CI size
@@ -31,10 +11,7 @@ not, so the comparison is conservative for us.
     python -m benchmarks.learner --learners 1,2 --accumulate 1,4   # the LearnerGroup
     python -m benchmarks.learner --models mlp_bn --towers 2,4 --batch-norm-sync true,false
 
-With --learners the script measures the LearnerGroup instead (N learner actors,
-each on --towers towers, gradients all-reduced inside the compiled step) beside the
-bare collective between the same processes: see benchmarks/learner_group.py.
-Its results go to learner_group.json / learner_group.png.
+What each target measures, exactly: BENCHMARKS.md, "What each script measures".
 """
 from __future__ import annotations
 

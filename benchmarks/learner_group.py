@@ -1,34 +1,15 @@
 """The LearnerGroup's part of `benchmarks/learner.py --learners 1,2 --accumulate 1,4`.
 
 Per (model, learners N, accumulation K), in a fresh child with its own local Ray:
+"epoch", the group's samples/s, and "all_reduce" (N >= 2), what the group adds per
+all-reduce inside the step beside the bare collective between the same processes
+(vs_bare = group_ms / bare_flat_ms, goal <= 1.2), in wall and CPU ms.
 
-  epoch       samples/s of the group: load_batch_into_buffer + learn_on_loaded_epochs
-              (10 epochs x 4,000 samples / 128, one compiled call per learner), timed
-              from the driver, with the resources each role held (driver, learners)
-  all_reduce  (N >= 2) inside every learner, in the same processes, alternating per
-              round (A/B on a busy machine):
-                step_ms        a step of the whole-epoch loop with the all-reduce
-                local_step_ms  the same step on a solo copy of the learner's policy
-                               (same loaded buffer, no collective)
-                weighted_local_step_ms
-                               the solo copy's step with the group's own ops around
-                               the collective (pack, scale, divide, unpack) and the
-                               collective replaced by the identity
-                group_ms       step_ms - local_step_ms: what the group adds per all-reduce,
-                               split into around_ms (weighted_local - local: the ops
-                               around the collective) and in_step_ms (step -
-                               weighted_local: the collective inside the step)
-                bare_flat_ms   the bare ceiling: all_reduce_sum of one flat float32 tensor
-                               of the step's element count, in a while loop, no model
-                bare_packed_ms the same with the step's own list of tensors (packing
-                               into one buffer and unpacking included)
-              each the slowest learner's (every learner waits for the others), the
-              median over rounds; vs_bare = group_ms / bare_flat_ms (goal <= 1.2).
-              The same in CPU ms of the learner process (*_cpu_ms, group_cpu_ms,
-              vs_bare_cpu: work done, not time spent waiting for a core).
+    python -m benchmarks.learner --learners 1,2 --accumulate 1,4
 
-With K-step accumulation one all-reduce serves K minibatches: per-all-reduce
-figures divide by the number of all-reduces, not of minibatches.
+Every field (step_ms, local_step_ms, weighted_local_step_ms, group_ms, bare_*_ms,
+the CPU figures) and how K-step accumulation counts: BENCHMARKS.md, "What each
+script measures".
 """
 from __future__ import annotations
 

@@ -1,27 +1,15 @@
 """PPO at RLlib's defaults, ours vs RLlib's old-stack TF PPO: env steps to a 100-episode
 mean return of 450 on CartPole-v1, side by side in one run.
 
-Both sides get the same hyperparameters (RLlib's PPO defaults, with 10 epochs as in
-issue 12): lr 5e-5, lambda 1.0, clip 0.3, vf_clip 10, vf_loss_coeff 1, kl_coeff 0.2,
-kl_target 0.01, entropy 0; train batch 4000, minibatch 128, 10 epochs, [256, 256]
-tanh, 1 env, no remote workers. Each round runs every variant of ours, then RLlib,
-with the round as the seed, so all sides meet the same machine load.
-
-Variants of ours (ablations, --variants):
-  defaults      the library as it is
-  keras_init    the model re-initialized as before RLlib's initializers were adopted
-                (Keras glorot-uniform hidden layers, orthogonal(0.01) logits,
-                orthogonal(1.0) value head)
-  adam_eps_1e-8 Adam's epsilon as RLlib's tf1 AdamOptimizer has it (ours: Keras' 1e-7)
-  rllib_minibatches  minibatches as RLlib's multi_gpu_train_one_step makes them: the
-                train batch unshuffled, train_batch_size // minibatch_size contiguous
-                blocks visited in a fresh order each epoch, the remainder never
-                trained on (ours: rows permuted every epoch, the last minibatch
-                padded); this child process swaps PPO's training step for it
+Both sides get RLlib's PPO defaults, with 10 epochs as in issue 12; each round runs
+every variant of ours, then RLlib, with the round as the seed. Variants of ours
+(--variants): defaults, keras_init, adam_eps_1e-8, rllib_minibatches.
 
     python -m benchmarks.ppo_parity --rounds 3                 # ~30-60 min on 2 cores
     python -m benchmarks.ppo_parity --variants defaults,keras_init --rounds 1
     python -m benchmarks.ppo_parity --smoke
+
+The hyperparameters, what each variant changes, and the results: BENCHMARKS.md.
 """
 from __future__ import annotations
 

@@ -1,49 +1,18 @@
 """Replay buffer throughput and memory beside a plain-numpy ceiling.
 
-For CartPole-shaped transitions (obs/new_obs float32[4], actions int64,
-rewards float32, terminateds, truncateds, eps_id: 54 bytes) and Atari-shaped
-ones (obs/new_obs uint8[84, 84, 4] plus the same scalars: 56,470 bytes), both
-at capacity 1M, uniform and prioritized, batch 32 and 512:
-
-  insert   add(batch) into a full ring (the oldest rows are overwritten)
-  sample   sample(batch) -> SampleBatch (+ batch_indexes, weights)
-  update   update_priorities(batch_indexes, td_errors) (prioritized only)
-
-in transitions per second. The ceiling does the same work with bare numpy:
-the same slice copies, the same tree levels, the same `take` per column,
-no checks, no SampleBatch, no method layers; "vs_ceiling" = ours / ceiling
-(goal >= 0.8). Ours and the ceiling live in the same child and are timed in
-alternating bursts, so both see the same machine load.
-
-Frames are realistic frame-stacked streams: 8 sub-envs interleaved in each
-batch (fragments of batch/8 steps), episodes of 200-400 steps starting from a
-stack of the reset frame repeated, a new random 84x84 frame every step, and
-new_obs the next stack. Inserting times add() only; the next batch is made
-outside the timing (each add brings new frames, as a real stream does).
-
-Frames storage (--frames-storage): "pool" (default) is frame_stack_axis=-1,
-each distinct frame stored once (policy_service/replay/frame_stack_store.py),
-about 7 KB per transition, so the frames run at the issue's 1M (~7.5 GB
-allocated, ~7.1 GB touched; ours and the ceiling side by side ~15 GB, check
-`free -g` first); its ceiling keeps the
-same pool/ids layout and does the same hash, in-batch matching, index lookups
-with full-content verification, reference counts and free list inline.
-"whole" stores obs and new_obs whole: 1M of those take 56.5 GB, more than
-this 24 GiB machine, so it runs at 50k (2 x 2.8 GB; per-row costs of 56 KB
-rows do not depend on the capacity). The results' meta ("capacities",
-"capacity_note", "frames_storage"), every summary row ("capacity") and the
-closing line on stderr say which.
-
-Memory: bytes_held (the buffer's arrays: priority tree, frame pool with its
-refcounts and hash index included) over raw_bytes (capacity x bytes of one
-transition as added), goal <= 1.1; for the pool also over unique_bytes
-(distinct live frames x frame bytes + capacity x the scalars' bytes); and the
-process's resident memory growth from creating and filling our buffer.
+CartPole-shaped and Atari-shaped (frame-stacked 84x84x4) transitions at capacity 1M,
+uniform and prioritized, batch 32 and 512: insert, sample and update_priorities in
+transitions per second, "vs_ceiling" = ours / ceiling (goal >= 0.8), and bytes held
+over bytes stored (goal <= 1.1). Frames are stored once each ("pool", default) or
+whole (`--frames-storage whole`, at 50k).
 
     python -m benchmarks.replay            # ~20 min (each child fills two 1M buffers)
     python -m benchmarks.replay --smoke
     python -m benchmarks.replay --shapes frames --frames-capacity 20000 --bursts 1
     python -m benchmarks.replay --shapes cartpole --kinds uniform --ops insert --batches 32
+
+The shapes, the stream, the ceiling and the memory figures, exactly, and the
+latest results: BENCHMARKS.md ("What each script measures", "Replay buffers").
 """
 from __future__ import annotations
 

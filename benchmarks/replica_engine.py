@@ -1,26 +1,16 @@
 """Replica engine: MirroredStrategy vs our TowerStack vs bare Keras, one fused PPO loop.
 
-All three run the identical model (ppo_shaped.BareModel, MLP 4 -> 256x256
-tanh with a separate value branch) and loss (ppo_shaped.bare_ppo_loss) over
-the identical data (31 x 128 = 3,968 rows), 10 epochs of 31 shuffled
-minibatches of 128 inside ONE tf.function call, so only the replica
-engine differs:
-
-  bare      one device, keras.optimizers.Adam, no replicas
-  mirrored  tf.distribute.MirroredStrategy over N logical CPU devices with
-            ReductionToOneDevice, mirrored variables, the Keras optimizer's
-            own all-reduce; each replica trains on its 1/N of the minibatch
-  towers    policy_service.engine.towers.TowerStack over N logical CPU devices
-            (load + learn_loaded_epochs): tf.device per tower, one copy of
-            the variables, valid-row-weighted gradient sum
-
-Each (engine, N, intra/inter threads) runs in its own process; every
-configuration is visited once per round and the median over rounds is
-reported (each child itself takes the median of --repeats timed calls).
+All three run the identical model, loss and data (31 x 128 rows, 10 epochs of
+shuffled minibatches of 128 inside ONE tf.function call), so only the replica
+engine differs: bare (one device), mirrored (MirroredStrategy over N logical CPU
+devices), towers (our TowerStack over N logical CPU devices). Each (engine, N,
+threads) runs in its own process; medians over rounds.
 
     python -m benchmarks.replica_engine                 # full sweep, ~15 min
     python -m benchmarks.replica_engine --smoke
     python -m benchmarks.replica_engine --breakdown     # where multi-tower time goes
+
+Each engine, exactly: BENCHMARKS.md; the decision it informed: docs/replica_engine.md.
 """
 from __future__ import annotations
 

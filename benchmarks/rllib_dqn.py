@@ -2,30 +2,13 @@
 
 The parent (our venv) translates a resolved DQNConfig into RLlib's settings with
 `rllib_settings`; the child (RLlib's venv, which cannot import our package) builds
-RLlib's DQN from them with `run_to_target`. Where the two differ in meaning:
+RLlib's DQN from them with `run_to_target`. Translated: target_network_update_freq
+(ours counts SGD steps, RLlib env steps), training_intensity (RLlib's round-robin
+weights, recorded), the replay buffer, exploration and model. Not translatable:
+RLlib's n-step targets bootstrap with gamma^n where ours use gamma^k.
 
-  target_network_update_freq  ours counts applied SGD steps, RLlib counts sampled env
-                              steps: RLlib's = ours x the env steps RLlib samples per
-                              SGD step, so both targets move every N SGD steps. The
-                              phase differs: RLlib compares env steps, which grow once
-                              per sampling round, so it copies at the first SGD step
-                              of a round; ours after the N-th SGD step
-  training_intensity          both: transitions trained on per transition sampled.
-                              RLlib realizes it as integer round-robin weights per
-                              iteration round (sample k times, then train m times);
-                              the weights and the ratio they give are recorded
-  replay_buffer_capacity,     RLlib's replay_buffer_config: MultiAgent[Prioritized]-
-  prioritized_replay*         ReplayBuffer with capacity, alpha, beta, eps (both
-                              count capacity in transitions, beta is not annealed)
-  exploration_config          the same EpsilonGreedy dict (epsilon over sampled steps)
-  model                       fcnet_hiddens and fcnet_activation (the Q heads' hiddens
-                              and dueling are DQN keys on both sides)
-
-Not translatable, so documented: RLlib's n-step targets bootstrap with gamma^n even
-where an episode's truncation or a fragment's end left k < n rewards to sum
-(postprocessing runs per fragment); ours bootstrap with gamma^k. With fragments of 4
-and n_step 3, 2 of every 4 RLlib targets inside an episode discount the bootstrap by
-one or two steps too many.
+Each setting and where the meanings differ: BENCHMARKS.md, "DQN beside RLlib's
+old-stack TF DQN".
 """
 from __future__ import annotations
 

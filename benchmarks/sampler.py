@@ -1,23 +1,15 @@
 """Env steps/s of one RolloutWorker on CartPole-v1: 1, 8, 32 vector envs, local and remote
 inference.
 
-The worker runs in the child process itself (as a worker process would);
-its policy is PPO's (MLP 256x256 tanh, the default PPO model) and every
-fragment goes through PPO's postprocessing (GAE), so a step costs what it
-costs in training: env step, forward pass, recording, postprocessing.
-
-  local    the policy is a copy inside the worker (TF threads as the library
-           sets them in that process)
-  remote   the worker sends observations to a PolicyActor (Ray actor; batching
-           sized as EnvRunnerGroup does: max_batch_size = the worker's envs,
-           2 ms window) and gets actions back: central inference
-
-Each measurement samples fragments of --fragment steps per sub-env for
---duration seconds after one warm-up fragment; env steps/s = recorded
-transitions / wall time of the sample() calls.
+The worker runs in the child process itself, with PPO's policy (MLP 256x256 tanh)
+and PPO's postprocessing (GAE) on every fragment, so a step costs what it costs in
+training. local: the policy is a copy inside the worker; remote: the worker sends
+observations to a PolicyActor (central inference, batching as EnvRunnerGroup sizes it).
 
     python -m benchmarks.sampler            # ~2 min
     python -m benchmarks.sampler --smoke
+
+Exactly what is timed: BENCHMARKS.md, "What each script measures".
 """
 from __future__ import annotations
 

@@ -1,25 +1,16 @@
 """n-step returns for off-policy targets, computed in postprocessing.
 
-For row i of a trajectory chunk, with gamma and n, let j be the last row of
-the window [i, i + n) that stays in i's segment (the rows of one episode in
-one fragment), and k = j - i + 1 <= n the rows summed:
+For row i, with k <= n the rows summed within i's segment (one episode in one
+fragment) and j = i + k - 1:
 
     rewards[i]            <- sum_{m<k} gamma^m * rewards[i + m]
-    new_obs[i]            <- new_obs[j]            (the observation k steps later)
-    terminateds[i]        <- terminateds[j]; truncateds[i] <- truncateds[j]
+    new_obs[i]            <- new_obs[j]; terminateds, truncateds likewise
     "n_step"[i]           =  k                                  <int32>
     "bootstrap_discount"  =  0 if terminateds[j] else gamma^k   <float32>
 
-so the target is rewards[i] + bootstrap_discount[i] * max_a Q(new_obs[i], a).
-A termination inside the window ends the sum there with nothing to bootstrap
-from; a truncation (time limit) or the end of the fragment ends it too but
-bootstraps from that row's new_obs, discounted by gamma^k for the k rows
-actually summed (RLlib's old stack used gamma^n there).
-
-Segments end after a row with terminateds or truncateds set, and where
-eps_id, unroll_id (when present) change or t (when present) does not go up
-by one, so a batch of several chunks, sub-envs or fragments is handled as
-its parts. The work is n vectorised passes over the batch, none per row.
+so the target is rewards[i] + bootstrap_discount[i] * max_a Q(new_obs[i], a)
+(RLlib's old stack used gamma^n where k < n). Segments, truncation and the
+vectorised passes: docs/algorithms.md, "n-step returns".
 """
 from __future__ import annotations
 

@@ -1,34 +1,16 @@
 """Columnar batches of experience: `SampleBatch` and `concat_samples`.
 
-A SampleBatch maps a column name to an array whose first axis is the row
-(one agent step). Column values may be nested dicts/tuples of arrays (walked
-with dm-tree); `infos` may be a plain list of dicts. Column names follow
-RLlib so that code moving over keeps working.
+A SampleBatch maps a column name to an array whose first axis is the row (one agent
+step); values may be nested (dm-tree), `infos` a list of dicts; names follow RLlib.
+`seq_lens` and per-sequence `state_in_*` are sequence columns; every other column is
+a row column, one row per timestep or, zero-padded, num_seqs blocks of `max_seq_len`
+rows (both layouts may meet in one batch; each column is handled in its own).
 
-Row columns and sequence columns
---------------------------------
-Every column is a *row column* except:
-  * `seq_lens`  <int32>[num_seqs]: present when rows are grouped into RNN
-    sequences (see `policy_service.sequencing`);
-  * `state_in_*`: per sequence, [num_seqs, ...] (the state at each sequence
-    start), or per row like a row column.
-A row column has one row per timestep, or, in a zero-padded batch, is laid
-out as num_seqs blocks of `max_seq_len` rows (padding at each block's end).
-Both layouts may meet in one batch (RLlib's `feature_keys` leaves unlisted
-columns unpadded); each operation handles each column in its own layout.
-A batch built from padded columns and `seq_lens` is recognised as
-zero-padded (RLlib builds padded batches that way).
-
-Counting and slicing (RLlib's units)
-------------------------------------
-  * `count`/`len()`: timesteps, i.e. sum(seq_lens) when there are sequences
-    (padding excluded), else the rows; `padded_count` includes padding.
-  * `batch[a:b]`: bounds in timesteps; whole sequences, from the one holding
-    timestep a up to, excluding, the one holding b.
-  * `.slice(a, b)`: exactly timesteps a..b-1; cut sequences are shortened.
-
-`count` is computed from the data, so it never goes stale when columns are
-replaced in place (e.g. by `pad_batch_to_sequences_of_same_size`).
+Counting and slicing are in timesteps, as in RLlib: `count`/`len()` excludes padding
+(`padded_count` includes it), `batch[a:b]` takes whole sequences, `.slice(a, b)`
+exactly timesteps a..b-1. `count` is computed from the data, so it never goes stale.
+The layouts and units in full: docs/data.md; where we differ from RLlib:
+docs/migrating.md.
 """
 from __future__ import annotations
 

@@ -8,23 +8,11 @@ observation batch through it before the model sees it:
 
 `transform` checks the batch first, so a wrong shape, dtype or value is a
 ValueError that names the column, the expected and the actual shape/dtype,
-instead of a broadcasting surprise deep inside the model. What each space
-becomes:
-
-    Box            float32 cast; rank-3 [H, W, C] (image) kept as is, other
-                   ranks flattened to one vector (values are not rescaled)
-    Discrete(n)    one-hot of size n (value `start` -> index 0)
-    MultiDiscrete  one one-hot per component, concatenated
-    MultiBinary    float32 0/1, flattened
-    Dict / Tuple   every sub-observation preprocessed and flattened, then
-                   concatenated in dm-tree's flatten order (Dict keys sorted)
-
-Nested batches come in dm-tree structure: a dict (or tuple) of arrays, each
-with the leading batch dimension.
-
-Action helpers (`check_actions`, `action_dtype_and_shape`, `clip_actions`)
-support the action spaces the distributions do: Discrete, MultiDiscrete
-(1-D nvec) and 1-D float Box.
+instead of a broadcasting surprise deep inside the model. Box is cast to float32
+(images [H, W, C] kept, other ranks flattened), discrete spaces become one-hots,
+Dict/Tuple are flattened and concatenated in dm-tree order. Action helpers support
+Discrete, MultiDiscrete (1-D nvec) and 1-D float Box. What each space becomes,
+exactly: docs/data.md.
 """
 from __future__ import annotations
 

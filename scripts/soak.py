@@ -3,23 +3,12 @@
     python scripts/soak.py callers --callers 16 --seconds 60 --kill-actor-at 30
     python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
 
-`callers`: N threads call one restartable PolicyActor's `compute_actions` for
-T seconds. Each caller sends its own observations (explore off) and checks
-every row it gets back against actions and values computed beforehand by a
-local policy with the same weights, so a row swapped between callers or
-computed with other weights is a "wrong row". Optionally the actor is
-SIGKILLed once mid-run; Ray restarts it with the latest weights and the
-callers' calls are retried once. Every `--report-every` seconds one JSON line:
-calls and rows per second, errors, wrong rows, restarts, resident memory of
-the actor and of this process. The summary gives RSS growth after the warm-up.
-
-`ppo`: PPO on CartPole-v1 (algorithms/tuned/cartpole_ppo.yaml) with rollout
-worker actors and central inference; a worker is SIGKILLed every K seconds (at
-most once per iteration, so a slow machine never spends a sample's restart budget)
-and the PolicyActor once, until the return or a step/time budget is reached.
-One JSON line per iteration.
-
+`callers`: N threads call one restartable PolicyActor's `compute_actions` and check
+every row against a local policy with the same weights ("wrong rows"), optionally
+with the actor SIGKILLed mid-run. `ppo`: PPO on CartPole-v1 with rollout worker
+actors and central inference while workers and the PolicyActor are SIGKILLed.
 Everything runs on this machine's local Ray; the loops end by themselves.
+What each mode does and reports, exactly: BENCHMARKS.md, "What each script measures".
 """
 from __future__ import annotations
 

@@ -13,16 +13,9 @@ The loop around the algorithm:
         stop criterion met, or SIGINT/SIGTERM?   -> checkpoint, result.json, done
         every N iterations                       -> checkpoint (atomic; the latest K kept)
 
-The run directory (run_directory.py) holds config.json (the full algorithm
-config; it can be given back as --config), run.json (algorithm name, stop
-criteria, checkpoint settings), progress.jsonl, result.json (the last
-iteration plus "stop_reason"), checkpoints/ and tensorboard/.
-
-Resuming restarts from the latest checkpoint: iterations after it (done but
-not checkpointed when the run died) are dropped from progress.jsonl and run
-again, so iteration numbers continue with no gap and no duplicate. A
-checkpoint whose files do not load (truncated, edited, from another env) is
-skipped with a line on stderr saying why, and the next older one is used.
+Resuming continues from the latest checkpoint that loads, with no gap and no
+duplicate in progress.jsonl. The run directory's files and resuming in full:
+docs/training_runs.md.
 """
 from __future__ import annotations
 

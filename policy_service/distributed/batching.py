@@ -6,24 +6,13 @@ The loop it lives in (one asyncio event loop, e.g. a Ray async actor's):
                              executor=ThreadPoolExecutor(1))
     result = await batcher.submit(key, payload, num_rows)   # from many coroutines
 
-`run_batch(key, payloads) -> results` is a plain function run in `executor`
-(so the event loop keeps accepting requests while it computes); it gets the
-payloads of one batch, all submitted under the same `key`, and returns one
-result per payload, in order.
-
-When a batch runs (the semantics of Ray Serve's `@serve.batch`): as soon as
-`max_batch_size` rows of one key are waiting, or `batch_wait_timeout_s` after
-the oldest waiting request of that key arrived, whichever comes first. A batch
-takes requests oldest first while their rows fit `max_batch_size` (a single
-larger request runs alone). Requests of different keys never share a batch.
-Batches run one at a time; requests arriving meanwhile wait for the next one.
-
-`max_batch_size <= 1` or `batch_wait_timeout_s <= 0` turns batching off:
-every request runs alone (still one at a time in the executor).
-
-Faults stay with their caller: when a batch of several requests raises, each
-of its requests is run again alone, so only the request that fails gets the
-exception.
+`run_batch(key, payloads) -> results` is a plain function run in `executor`; it gets
+the payloads of one batch, all under the same `key`, and returns one result per
+payload, in order. A batch runs when `max_batch_size` rows of one key wait or
+`batch_wait_timeout_s` after the oldest arrived (Ray Serve's `@serve.batch`); batches
+run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. When a
+batch fails, each request is rerun alone, so only the failing one gets the exception.
+When a batch runs, exactly: docs/distributed.md, "RequestBatcher".
 """
 from __future__ import annotations
 

@@ -4,41 +4,18 @@ The loop it lives in:
 
     group = EnvRunnerGroup("CartPole-v1", MyPolicy, config, num_env_runners=2,
                            num_envs_per_env_runner=4, rollout_fragment_length=64)
-    group.sync_weights(learner.get_weights(), version=0)
     for version in itertools.count(1):
         batch, metrics = group.sample()        # one fragment from every worker, concatenated
         learner.learn_on_batch(batch)
         group.sync_weights(learner.get_weights(), version)   # one ray.put for all workers
     group.stop()
 
-Off-policy and asynchronous algorithms sample without waiting for every worker:
-
-    for _ in range(iterations):
-        for batch, metrics in group.sample_async():   # fragments of the workers done so far
-            replay.add(batch)                          # each worker already samples its next
-        ...learn from replay...
-        group.sync_weights(learner.get_weights(), wait=False)  # set after their fragment
-
-`num_env_runners=0` runs one `RolloutWorker` in this process (no Ray actors);
-otherwise there are N `RolloutWorker` Ray actors with worker indices 1..N.
-With `remote_inference=True` the group also starts one `PolicyActor`; the
-workers send it their observations (central inference) and weights go to
-that actor only.
-
-Faults: a worker that dies (its actor is gone: `RayActorError`) is recreated
-with the same index, given the latest weights, and asked for its fragment
-again (by `sample_async()` too, with the same budgets). A replacement that dies
-while starting is tried again after a backoff
-(0.25 s, doubling, at most 4 s). Every replacement made counts in
-`num_restarts` ("num_worker_restarts" in `sample()`'s metrics). Budgets: one
-worker restarted more than `max_restarts_per_sample` times within one
-`sample()` (or one weight sync), or more than `max_restarts` times in all,
-ends the run with `EnvRunnerFailure`, one line saying which worker and why.
-The PolicyActor (remote_inference) is restarted by Ray up to
-`max_policy_actor_restarts` times with the latest weights (restarts.py); its
-callers retry once; "num_policy_actor_restarts" counts it. An error raised
-*by* a worker's code (a bad env, a bad observation) is not a death and is
-raised to the caller.
+`sample_async()` yields the fragments of the workers done so far (off-policy).
+`num_env_runners=0` runs one worker in this process (no Ray); `remote_inference=True`
+adds one `PolicyActor`. A worker that dies is recreated with the same index and the
+latest weights and asked again, within restart budgets (`EnvRunnerFailure` past
+them); an error raised by a worker's own code is raised to the caller.
+The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunnerGroup".
 """
 from __future__ import annotations
 

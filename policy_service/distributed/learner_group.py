@@ -11,32 +11,12 @@ The loop it lives in (an algorithm's training step):
     learners.save("learner/"); learners.restore("learner/")
     learners.stop()
 
-`update` is the learner's one training call (Acme's `Learner.step`); the
-TFPolicy-like methods beside it (`learn_on_batch`, `load_batch_into_buffer`,
-`learn_on_loaded_epochs`, ...) stay for finer control.
-
-The group holds its learners as `LocalLearners` (`num_learners=0`: one Learner,
-a policy in this process on `num_gpus` towers) or `RemoteLearners` (N
-LearnerHost Ray actors on `num_gpus_per_learner` towers each), and calls both
-alike (distributed/learners.py). The driver prepares each train batch once
-with the policy class's own `prepare_train_batch` (its checks, preprocessing,
-sequences) and shards it at unit boundaries (rows, or whole padded
-sequences); each learner's tower stack all-reduces its valid-row count and
-count-weighted sums inside the compiled step (engine/towers.py), so the group
-applies the step of the whole batch on one device and every learner keeps
-identical weights. Statistics are the group's (every learner returns the
-same; learner 0's are returned); per-row outputs are every learner's, put
-back in batch order.
-
-A learner actor that dies fails the call at once with `LearnerDiedError`
-(the survivors may wait in a collective with it: their all-reduces have no
-per-op timeout, which would hold two TF threads per all-reduce). A call that
-gives no result within `learner_update_timeout_s` (a learner hung, e.g. in a
-collective with a stopped peer) fails with `LearnerTimeoutError`, a
-LearnerDiedError. Either way the group's collectives are lost: `update`
-then replaces the whole group from the driver's last full copy of the
-learner state and runs again, up to MAX_RESTARTS_PER_UPDATE times; the other
-calls raise, and `restart(state)` replaces the group.
+`update` is the learner's one training call (Acme's `Learner.step`). The driver
+prepares and shards each batch once; the learners (LocalLearners or RemoteLearners,
+called alike) all-reduce inside the compiled step, so all keep identical weights. A
+dead or hung learner (`LearnerDiedError`, `LearnerTimeoutError`) makes `update`
+replace the whole group from the driver's state copy and run again.
+Sharding, statistics and faults in full: docs/distributed.md, "LearnerGroup".
 """
 from __future__ import annotations
 

@@ -10,17 +10,10 @@ The loop it lives in (central inference, as in SEED RL):
     # the learner, once per update (one object-store copy for every receiver):
     broadcast_weights([actor, *workers], learner.get_weights(), version=k)
 
-Concurrent `compute_actions` calls with the same (explore, timestep) are
-coalesced by a `RequestBatcher` into one forward pass: a pass runs when
-`max_batch_size` rows wait or `batch_wait_timeout_s` after the first of them
-arrived (`max_batch_size=1` or a timeout of 0 turns batching off). Every
-caller gets back exactly its own rows, recurrent state included. A malformed
-request is rejected before it joins a batch, and a batch that fails anyway is
-rerun request by request, so an error reaches only the caller that caused it.
-
-All policy work (forward passes, weight updates, learning) runs in one
-executor thread, so a forward pass never sees half-assigned weights and the
-actor's event loop stays free to take requests while TensorFlow computes.
+Concurrent calls with the same (explore, timestep) become one forward pass
+(`RequestBatcher`); every caller gets back exactly its own rows, and an error reaches
+only the caller that caused it. All policy work runs in one executor thread, so a
+pass never sees half-assigned weights. Batching and threads: docs/distributed.md.
 """
 from __future__ import annotations
 

@@ -9,48 +9,14 @@ The loop it lives in:
         learner.learn_on_batch(batch)
         worker.set_weights(learner.get_weights(), version)
 
-Inference runs on a local copy of the policy (CPU, `num_gpus` forced to 0),
-or, with `policy_actor=` a `PolicyActor` handle, on that remote actor
-(central inference, as in SEED RL), which batches the requests of many
-workers into one forward pass.
-
-Autoreset. Gymnasium >= 1.0 vector envs reset a finished sub-env on the
-*next* `step()` (AutoresetMode.NEXT_STEP): that step ignores the action and
-returns the first observation of the new episode with reward 0. Such a reset
-step is never recorded as a transition; it only starts the new episode
-(new `eps_id`, `t` = 0, recurrent state and prev action/reward reset).
-
-Fragments. `sample()` steps the vector env until at least
-`rollout_fragment_length * num_envs` transitions are recorded (exactly
-`rollout_fragment_length` for one env; with several, the last vector step
-may add up to `num_envs - 1` more). Reset steps are not counted. Episodes
-carry over between fragments: `eps_id` and `t` continue, `unroll_id` is new
-for every (fragment, sub-env), so no recurrent sequence spans two fragments.
-
-Columns, one row per transition: obs, new_obs, actions (as the policy gave
-them; Box actions are clipped to the space only for `env.step`), rewards,
-terminateds, truncateds, eps_id, t (index of `obs` in its episode),
-unroll_id, agent_index (0), prev_actions, prev_rewards, the policy's extra
-fetches (action_logp, action_prob, action_dist_inputs, vf_preds, ...), and
-for recurrent policies state_in_{i} (state before the step) and
-state_out_{i} (state after it).
-
-Postprocessing contract. Each trajectory chunk (the rows of one sub-env and
-one episode within one fragment) goes through
-`policy.postprocess_trajectory(chunk)` before the chunks are concatenated.
-A chunk ends because its episode terminated (last row terminateds=True:
-nothing to bootstrap), was truncated (truncateds=True, e.g. a time limit) or
-the fragment ended (both False). In the last two cases the policy must
-bootstrap from the value of the last row's `new_obs`: the chunk includes the
-new_obs column (and, for recurrent policies, state_out_{i} of the last row,
-the state that goes with it), and the policy computes that value itself.
-With a `policy_actor`, postprocessing runs in that actor, with its weights.
-A call to it that is lost because the actor died is sent once more: a
-restartable actor (restarts.py) serves it after its restart, with the latest
-weights; otherwise the error ends this `sample()`.
-
-Observations are checked against the observation space on every step and
-reset; one outside it is a ValueError naming the env and the observation.
+Inference runs on a local copy of the policy (CPU), or on a `PolicyActor`
+(`policy_actor=`: central inference, as in SEED RL). Contract: a fragment holds at
+least `rollout_fragment_length * num_envs` transitions (autoreset steps are never
+recorded); episodes carry over between fragments, `unroll_id` is new per (fragment,
+sub-env); each chunk (one sub-env, one episode, one fragment) goes through
+`policy.postprocess_trajectory`, which bootstraps from the last row's new_obs unless
+the episode terminated. Autoreset, fragments, the columns and the postprocessing
+contract in full: docs/distributed.md, "RolloutWorker".
 """
 from __future__ import annotations
 

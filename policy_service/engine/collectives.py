@@ -1,78 +1,21 @@
 """Sum tensors across processes with TensorFlow's collective ops, inside compiled code.
 
-One `CollectiveGroup` lives in each member process (a learner Ray actor). It is
-the groundwork for the LearnerGroup: learners all-reduce their gradient sums
-inside the compiled SGD step, never through the object store. The loop it
-lives in:
+One `CollectiveGroup` lives in each member process (a learner Ray actor), so that
+learners all-reduce their gradient sums inside the compiled SGD step, never through
+the object store:
 
-    # in every member, before any TensorFlow op (devices.prepare_process first):
-    group = CollectiveGroup()                    # picks a free port: group.address
-    # the driver gathers every member's address, in rank order, and sends them out
-    group.connect(rank, addresses)               # starts TF's server; a barrier
-    @tf.function
-    def epoch(...):
-        def step(i):
-            grads = ...
-            summed = group.all_reduce_sum(grads)  # one collective per dtype
-            ...
-        tf.while_loop(...)
-    with group.peer_errors():                    # a dead peer -> CollectivePeerError
+    group = CollectiveGroup()                  # before any TF op; picks a port: group.address
+    group.connect(rank, addresses)             # addresses in rank order, from the driver
+    ...inside a tf.function: summed = group.all_reduce_sum(grads)
+    with group.peer_errors():                  # a dead peer -> CollectivePeerError
         epoch(...)
 
-Setup is `MultiWorkerMirroredStrategy`'s: a cluster spec of the members'
-"host:port" (job "worker", task = rank) makes TF configure its collective
-executor, start a gRPC server and a coordination service, and wait until every
-member is up. The strategy object is only used for that setup; the all-reduce
-itself is a raw `CollectiveReduceV2`, which costs what the transport costs.
-
-What the ops rely on (read in TF's sources, checked by tests/test_collectives.py):
-- `(group_key, instance_key)` names one collective; the runtime caches its
-  shape and dtype on first use (a later call with another shape fails with
-  "Shape mismatch in the collective instance"), so a key stands for one
-  (dtype, element count, merge op). Keys are a hash of that signature and of
-  the call's position in its traced function (loop bodies count in their
-  function), so every member derives the same keys whatever order it traced
-  its functions in, and two calls in one function never share a key.
-- The same key may run again in a later call or a later while-loop
-  iteration: the kernel's execution key is "instance:frame:iteration"
-  (collective_ops.cc GetCollectiveKey), and iterations do not overlap (a
-  while body's outputs wait for its stateful ops; exact sums over 50
-  iterations in the tests). Calls in one function are ordered by an ordering
-  token, a resource variable on the op's device, as MultiWorkerMirroredStrategy
-  orders its own collectives.
-- Every member must make the same calls, with the same shapes, in the same
-  order, from one thread.
-- After a failed collective (timeout, dead peer) TF aborts all collectives in
-  the process: the group must be rebuilt in fresh processes.
-- A per-op timeout costs threads: for each collective run with one, TF
-  schedules its timeout check with `SchedNonBlockingClosureAfter`, which on
-  POSIX starts a thread that sleeps for the whole timeout (stack seen in an
-  abort: BaseCollectiveExecutor::CompleteParamsAsync -> PosixEnv::SchedClosureAfter
-  -> std::thread). Measured: 300 all-reduces left 600 more threads for the
-  timeout; a probe of ~8,000 all-reduces within a 120 s timeout aborted a
-  learner when a thread could not be created. So the group's collectives run
-  with no per-op timeout by default (`timeout_s=None`: TF starts no timer,
-  tests/test_collectives.py counts the threads); only `connect`'s one-element
-  probe has one. A hung peer is bounded by the caller instead: the
-  LearnerGroup waits for each call with a deadline (`learner_update_timeout_s`)
-  and replaces the group, whose collectives a dead peer also fails sooner
-  (connection refused).
-- `connect` waits for every member without a deadline of its own: the caller
-  bounds it (e.g. `ray.get(..., timeout=...)`) and replaces the actors.
-
-Security: TF's gRPC server listens on every interface, not on `host` ("0.0.0.0:port"
-is fixed in grpc_server_lib.cc, with insecure credentials; `host` only sets the
-address peers dial; tests/test_collectives.py checks the listening socket). It
-has no authentication and no encryption, and its master and eager services run
-graphs sent to it, so whoever reaches the port can run code in the learner. TF
-offers no option to bind one interface. On a shared network: run learner actors
-(num_learners >= 2) only on a private cluster network (VPC, isolated subnet),
-and let a host firewall admit the learners' ephemeral ports only from the
-cluster's own nodes (e.g. accept from the cluster subnet, drop the rest); where
-that is not possible, train with one learner (no server starts).
-
-A group of one starts no server and runs no collective: `all_reduce_sum` is
-the identity, so a single learner takes the same code path.
+Contract: every member makes the same calls, with the same shapes, in the same order,
+from one thread; after a failed collective the group must be rebuilt in fresh
+processes; collectives have no per-op timeout (the caller bounds each call). A group
+of one runs no collective. Security: TF's gRPC server listens on every interface with
+no authentication; run num_learners >= 2 only on a private cluster network.
+Setup, the ops' keys, timeouts and threads, security in full: docs/collectives.md.
 """
 from __future__ import annotations
 

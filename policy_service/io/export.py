@@ -1,35 +1,18 @@
 """Export a policy for serving without this package: a SavedModel, and ONNX.
 
-The SavedModel's signature "serving_default" acts as `compute_actions` does
-(one row per environment, B rows; every input is required):
-
-    inputs   obs           <float32>[B, *obs]  preprocessed, as
-                           `policy.preprocessor.transform(obs_batch)` gives it
-                           (Box: float32, images [H, W, C], other ranks flat)
-             state_in_{i}  <float32>[B, *state]  recurrent models only
-             prev_actions  [B, *action]  (<int64> discrete, <float32> Box)
-             prev_rewards  <float32>[B]
-             explore       <bool>[]   sample with the policy's exploration
-             timestep      <int64>[]  drives exploration schedules (epsilon)
-             seed          <int64>[2] stateless seed of the draws: equal seeds
-                           give equal actions; pass a new one per call
-    outputs  actions, action_logp, action_prob, action_dist_inputs,
-             vf_preds (models with a value head), state_out_{i}, and the
-             policy's `extra_action_out` columns
+The SavedModel's signature "serving_default" acts as `compute_actions` does (one row
+per environment, B rows; every input is required):
 
     serve = tf.saved_model.load(dir).signatures["serving_default"]
     out = serve(obs=..., prev_actions=..., prev_rewards=..., explore=tf.constant(False),
                 timestep=tf.constant(0, tf.int64), seed=tf.constant([0, 0], tf.int64))
+    out["actions"], out["vf_preds"], out["state_out_0"], ...
 
-`model.onnx` (with an opset) holds the deterministic path only (explore is
-False): tf2onnx has no converter for TF's stateless sampling ops
-(StatelessMultinomial). Its inputs are obs, state_in_{i}, prev_actions and
-prev_rewards; its outputs actions, action_dist_inputs, vf_preds and
-state_out_{i}. (The deterministic action's logp is 0, as `compute_actions`
-reports with explore=False.) It is converted from the same traced function
-the SavedModel holds, not from the Keras model: tf2onnx 1.17's `from_keras`
-fails on Keras 3 models (KeyError on Keras 3's output names "keras_tensor_N"),
-and acting (distribution, exploration) lies outside the model anyway.
+`obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`); recurrent models
+also take state_in_{i}; `seed` <int64>[2] makes the draws reproducible. `model.onnx`
+holds the deterministic path only (tf2onnx cannot convert TF's stateless sampling
+ops), converted from the same traced function the SavedModel holds, not from the
+Keras model. Every input and output, and why: docs/export.md.
 """
 from __future__ import annotations
 

@@ -5,28 +5,14 @@ k in new_obs, each frame sliding through k consecutive stacks). The pool keeps
 one copy per distinct live frame, `[pool_capacity, *frame_shape]`, with a
 reference count per slot; the rows hold slot ids instead of frames.
 
-`match(frames)` finds each frame's slot without a Python loop per frame, and
-changes nothing:
+    m = pool.match(frames)        # each frame's slot (hash, then full-content check); no writes
+    pool.reserve(m, released)     # grow if needed: everything that may fail, before writing
+    pool.commit(m, released)      # count references, store the frames that found no equal
+    pool.release(slot_ids)        # a slot reaching 0 references goes back to the free list
 
-  1. a hash of a fixed sample of each frame's words (`frame_hashes`);
-  2. duplicates within the batch: frames with equal hashes take the first one
-     as their leader, confirmed by comparing the whole content; a frame whose
-     content differs from its leader's (a hash collision) tries again among
-     the other mismatches, for a few rounds, then stands alone;
-  3. leaders against live frames: a dict hash -> slot read through C-level
-     `map`, each hit confirmed by comparing the whole content.
-
-`reserve(match, released)` grows the pool if the commit will need it, so a
-caller can do everything that may fail before it writes anything;
-`commit(match, released)` counts the references and stores the leaders that
-found no equal live frame in free slots, where they take the index entry for
-their hash.
-
-So a collision only costs memory (the frame is stored again): the content a
-slot id stands for is always exactly the frame that was committed. `release`
-drops references; a slot reaching 0 goes back to the free list and leaves the
-index. The index points at the newest frame of a hash: it is the one that
-comes back in the next stacks.
+A hash collision only costs memory (the frame is stored again): the content a slot
+id stands for is always exactly the frame that was committed. How `match` works
+without a Python loop per frame, and the index's rules: docs/replay.md.
 """
 from __future__ import annotations
 

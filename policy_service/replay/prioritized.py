@@ -2,13 +2,8 @@
 
 Slot i is drawn with probability P(i) = p_i^alpha / sum_k p_k^alpha, where
 p_i = |td_error_i| + epsilon from the last `update_priorities` (new rows get
-the largest priority seen so far, so each is likely replayed at least once).
-The loss weighs row i by the importance weight
-
-    w_i = (N * P(i))^-beta / max_k (N * P(k))^-beta = (p_i^alpha / min_k p_k^alpha)^-beta
-
-(N = rows held), i.e. normalised by the largest weight any stored row could
-get, as in the paper; the minimum comes from the PriorityTree's min levels.
+the largest priority seen so far); the loss weighs row i by the importance weight
+w_i = (N * P(i))^-beta / max_k (N * P(k))^-beta, as in the paper.
 
     buffer = PrioritizedReplayBuffer(50_000, alpha=0.6, beta=0.4, seed=0)
     buffer.add(rollout_batch)
@@ -16,9 +11,8 @@ get, as in the paper; the minimum comes from the PriorityTree's min levels.
     td_errors = ...                               # from the loss, <float>[32]
     buffer.update_priorities(batch["batch_indexes"], td_errors)
 
-A slot overwritten between `sample` and `update_priorities` gets the update
-meant for its previous row (RLlib behaves the same); with DQN's add-then-
-train order this never happens within one training step.
+The weight's normalisation and what happens to a slot overwritten between `sample`
+and `update_priorities`: docs/replay.md.
 """
 from __future__ import annotations
 
