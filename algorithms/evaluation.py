@@ -46,6 +46,10 @@ class EnvironmentMismatch(CheckpointError):
     """The environment asked for does not fit the policy (not the checkpoint's fault)."""
 
 
+class ExportTargetError(UserError):
+    """`export --out` names something that must not be replaced, or cannot be."""
+
+
 @dataclass
 class LoadedCheckpoint:
     """Where a policy was found, and the training config it came with (if any)."""
@@ -227,15 +231,40 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
     return 0
 
 
-def export(path: str, out: str, onnx_opset: int | None = None) -> int:
-    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
+def export(path: str, out: str, onnx_opset: int | None = None, force: bool = False) -> int:
+    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an
+    opset). Something already at `out` is replaced only with `force`, and then whole:
+    the export is written beside it and renamed over it, so a failed export leaves it."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
+    check_export_target(out, force)
     policy = load_newest_valid(path, with_env=False).policy
     policy.export_model(out, onnx=onnx_opset)
     print(f"SavedModel: {Path(out).absolute()}" +
           (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else ""))
     return 0
+
+
+def check_export_target(out: str, force: bool) -> None:
+    """`out` is free for an export: missing or an empty directory, or anything with
+    `force`; its parent, when it exists, is a directory."""
+    target = Path(out)
+    if target.is_symlink() or target.exists():
+        if target.is_dir() and not target.is_symlink():
+            if force or not any(target.iterdir()):
+                return
+            found = "a non-empty directory"
+        else:
+            found = "a symlink" if target.is_symlink() else "a file"
+            if force:
+                return
+        raise ExportTargetError(f"--out {out}: expected a new or empty directory, found "
+                                f"{found}; pass --force to replace it")
+    parent = target.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
 def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:

@@ -450,3 +450,67 @@ def test_soak_ppo_survives_worker_and_actor_kills():
     assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
     assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
     assert np.isfinite(result["episode_return_mean"])
+
+
+# ----- export --out: nothing of the user's is replaced unless asked, then whole ----------
+
+
+def _export(trained_run: Path, out: Path, *flags: str) -> int:
+    checkpoint = trained_run / "checkpoints" / "checkpoint_000002"
+    return cli.main(["export", str(checkpoint), "--out", str(out), *flags])
+
+
+def test_export_refuses_a_non_empty_out_directory_without_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert _export(trained_run, out) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"--out {out}: expected a new or empty directory, found a non-empty directory" \
+        in line and "--force" in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_export_refuses_a_file_at_out_without_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "model"
+    out.write_text("a user's file")
+    assert _export(trained_run, out) == 2
+    assert f"--out {out}: expected a new or empty directory, found a file" in \
+        _one_error_line(capsys.readouterr().err)
+    assert out.read_text() == "a user's file"
+
+
+def test_export_into_an_empty_directory_needs_no_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert _export(trained_run, out) == 0
+    assert (out / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize("what", ["directory", "file"])
+def test_export_with_force_replaces_the_old_content_whole(what, trained_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    if what == "directory":
+        out.mkdir()
+        (out / "old.txt").write_text("old")
+    else:
+        out.write_text("old")
+    assert _export(trained_run, out, "--force") == 0
+    assert (out / "saved_model.pb").is_file() and not (out / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+
+
+def test_a_forced_export_that_fails_leaves_the_old_content(trained_run, tmp_path, monkeypatch):
+    import tensorflow as tf
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tf.saved_model, "save", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        _export(trained_run, out, "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temp dir is gone

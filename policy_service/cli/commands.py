@@ -73,7 +73,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
-    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx)
+    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, metavar="DIR", help="SavedModel directory")
     export.add_argument("--onnx", type=int, metavar="OPSET", help="also write model.onnx")
+    export.add_argument("--force", action="store_true",
+                        help="replace what is at --out (a file, or a directory that is not "
+                        "empty); the old one stays if the export fails")
     export.set_defaults(handler=_export)
 
     submit = sub.add_parser("submit", help="run a command as a Ray job on a cluster",

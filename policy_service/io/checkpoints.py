@@ -63,7 +63,10 @@ def atomic_directory(path: str | os.PathLike):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)  # a file (or link) that was at `path`
 
 
 class CheckpointFileError(UserError, ValueError):
