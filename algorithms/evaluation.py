@@ -46,6 +46,10 @@ class EnvironmentMismatch(CheckpointError):
     """The environment asked for does not fit the policy (not the checkpoint's fault)."""
 
 
+class EnvironmentNotAllowed(CheckpointError):
+    """The checkpoint names an environment that would need a module imported for it."""
+
+
 class ExportTargetError(UserError):
     """`export --out` names something that must not be replaced, or cannot be."""
 
@@ -56,6 +60,7 @@ class LoadedCheckpoint:
 
     policy_dir: Path
     algorithm_config: dict | None  # from algorithm_state.json; None for a bare policy
+    config_file: Path | None = None  # the algorithm_state.json it came from
 
 
 def checkpoint_candidates(path: str) -> list[Path]:
@@ -82,10 +87,12 @@ def locate(path: str) -> LoadedCheckpoint:
 def locate_one(directory: Path) -> LoadedCheckpoint:
     """The policy directory and algorithm config of one checkpoint or policy directory."""
     if (directory / ALGORITHM_STATE).exists():
-        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory))
+        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory),
+                                directory / ALGORITHM_STATE)
     parent_state = directory.parent / ALGORITHM_STATE
-    return LoadedCheckpoint(directory, _read_config(directory.parent)
-                            if parent_state.exists() else None)
+    if not parent_state.exists():
+        return LoadedCheckpoint(directory, None)
+    return LoadedCheckpoint(directory, _read_config(directory.parent), parent_state)
 
 
 @dataclass
@@ -104,7 +111,8 @@ def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
     return newest_loadable(checkpoint_candidates(path),
                            lambda directory: _load(directory, env, with_env), path,
-                           skipped=(CheckpointError,), fatal=(EnvironmentMismatch,))[1]
+                           skipped=(CheckpointError,),
+                           fatal=(EnvironmentMismatch, EnvironmentNotAllowed))[1]
 
 
 def _load(directory: Path, env: str | None, with_env: bool) -> ReadyPolicy:
@@ -208,6 +216,9 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
+    if env is not None:  # named once here, not blamed on each checkpoint in turn
+        from algorithms import environments
+        environments.check_env_id(env)
     ready = load_newest_valid(path, env)
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
     assert environment is not None  # loaded with_env
@@ -273,13 +284,23 @@ def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, di
     if not env_id:
         raise CheckpointError(f"{checkpoint.policy_dir} does not say which environment it was "
                               "trained on: pass --env")
+    if env is None:  # named by the checkpoint's file, not by the user
+        from algorithms import environments
+        try:
+            environments.check_env_from_file(env_id, checkpoint.config_file)
+        except environments.EnvironmentSetupError as err:
+            raise EnvironmentNotAllowed(str(err)) from None
     env_config = (config.get("env_config") or {}) if env_id == config.get("env") else {}
     return env_id, env_config
 
 
 def _make_env(env_id: str, env_config: dict):
     import gymnasium as gym
+
+    from algorithms import environments
     try:
+        if environments.is_registered_env(env_id):
+            return environments.env_maker(env_id)(env_config)
         return gym.make(env_id, **env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None

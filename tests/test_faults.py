@@ -514,3 +514,79 @@ def test_a_forced_export_that_fails_leaves_the_old_content(trained_run, tmp_path
         _export(trained_run, out, "--force")
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temp dir is gone
+
+
+# ----- env names read from files are never imported -----------------------------------
+
+
+@pytest.fixture
+def planted_module(tmp_path, monkeypatch):
+    """A module on sys.path that leaves a marker file when it is imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_env_module.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    sys.modules.pop("planted_env_module", None)
+
+
+def _name_env_in_checkpoints(run_dir: Path, env: str) -> None:
+    for checkpoint in checkpoints.list_checkpoints(run_dir / "checkpoints"):
+        _edit_json(checkpoint / checkpoints.ALGORITHM_STATE,
+                   lambda s: {**s, "config": {**s["config"], "env": env}})
+
+
+def test_evaluate_never_imports_a_module_a_checkpoint_names(trained_run, tmp_path, capsys,
+                                                            planted_module):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _name_env_in_checkpoints(run_dir, "planted_env_module:CartPole-v1")
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "checkpoint_000002/algorithm_state.json: environment " \
+        "'planted_env_module:CartPole-v1' is not a name given to register_env" in line
+    assert "pass --env planted_env_module:CartPole-v1" in line
+    assert not planted_module.exists() and "planted_env_module" not in sys.modules
+    # the user naming it on the command line is what allows it
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1",
+                     "--env", "planted_env_module:CartPole-v1"]) == 0
+    assert planted_module.exists()
+
+
+def test_evaluate_never_imports_this_for_a_checkpoint(trained_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _name_env_in_checkpoints(run_dir, "this:CartPole-v1")
+    already = "this" in sys.modules
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "'this:CartPole-v1'" in _one_error_line(captured.err)
+    assert "Beautiful is better than ugly" not in captured.out + captured.err
+    assert ("this" in sys.modules) == already
+    # a registered gymnasium id in the same file is fine
+    _name_env_in_checkpoints(run_dir, "CartPole-v1")
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
+
+
+def test_resume_never_imports_a_module_the_run_config_names(trained_run, tmp_path, capsys,
+                                                            planted_module):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _edit_json(run_dir / "config.json", lambda c: {**c, "env": "planted_env_module:CartPole-v1"})
+    progress = (run_dir / "progress.jsonl").read_text()
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{run_dir / 'config.json'}: environment 'planted_env_module:CartPole-v1'" in line
+    assert not planted_module.exists() and "planted_env_module" not in sys.modules
+    assert (run_dir / "progress.jsonl").read_text() == progress  # nothing changed
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3",
+                     "--env", "planted_env_module:CartPole-v1"]) == 0
+    assert planted_module.exists()
+
+
+def test_evaluate_with_an_unknown_env_names_it_once(trained_run, capsys):
+    assert cli.main(["evaluate", str(trained_run), "--episodes", "1", "--env", "NoSuch-v0"]) == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert "unknown environment 'NoSuch-v0'" in line and line.count("NoSuch-v0") == 1, line
+    assert "skipped" not in err and "checkpoint_00000" not in line

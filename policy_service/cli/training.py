@@ -33,6 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from algorithms import environments
 from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
 from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
@@ -109,6 +110,12 @@ def _plan_resume(options: RunOptions, checkpoint_every, keep) -> RunPlan:
         raise TrainingSetupError(f"--resume: the run in {run_dir.path} trains {name!r}, "
                                  f"not {options.algorithm!r}")
     algo_cls = algorithm_class(name)
+    try:  # before validate_config, which imports the module of a "module:EnvId"
+        environments.check_env_from_file(
+            saved_config.get("env") if isinstance(saved_config, dict) else None,
+            run_dir.config_file, allowed=(options.env,) if options.env else ())
+    except environments.EnvironmentSetupError as err:
+        raise TrainingSetupError(str(err)) from None
     config = validate_config(algo_cls, saved_config)
     if options.sets_config():  # the same command again plus --resume is fine; a change is not
         wanted = validate_config(algo_cls, build_config(options, base=config))
