@@ -31,10 +31,12 @@ from policy_service.io.checkpoints import (
     POLICY_STATE,
     POLICY_SUBDIR,
     CheckpointFileError,
+    is_checkpoint_name,
     list_checkpoints,
     newest_loadable,
     read_algorithm_state,
     read_policy_state,
+    refuse_links_out_of,
 )
 
 
@@ -109,13 +111,22 @@ def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
+    root = Path(path).absolute()
+    if (root / POLICY_STATE).exists() and (root.parent / ALGORITHM_STATE).exists():
+        root = root.parent  # a checkpoint's policy/ directory: its checkpoint is read too
+    if root.parent.name == "checkpoints" and is_checkpoint_name(root.name):
+        root = root.parent.parent  # one checkpoint of a run: the run's files only
     return newest_loadable(checkpoint_candidates(path),
-                           lambda directory: _load(directory, env, with_env), path,
+                           lambda directory: _load(directory, env, with_env, root), path,
                            skipped=(CheckpointError,),
                            fatal=(EnvironmentMismatch, EnvironmentNotAllowed))[1]
 
 
-def _load(directory: Path, env: str | None, with_env: bool) -> ReadyPolicy:
+def _load(directory: Path, env: str | None, with_env: bool, root: Path) -> ReadyPolicy:
+    try:  # symlinks out of what was named would mix in another run's files
+        refuse_links_out_of(directory, root)
+    except CheckpointFileError as err:
+        raise CheckpointError(one_line(err)) from None
     checkpoint = locate_one(directory)
     state = saved_policy_state(checkpoint)
     if not with_env:

@@ -20,9 +20,13 @@ iteration plus "stop_reason"), checkpoints/ and tensorboard/.
 
 Resuming restarts from the latest checkpoint: iterations after it (done but
 not checkpointed when the run died) are dropped from progress.jsonl and run
-again, so iteration numbers continue with no gap and no duplicate. A
-checkpoint whose files do not load (truncated, edited, from another env) is
-skipped with a line on stderr saying why, and the next older one is used.
+again, so iteration numbers continue with no gap and no duplicate; a line of
+progress.jsonl that does not read is skipped with a warning, never the rows
+after it. A checkpoint whose files do not load (truncated, edited, from
+another env, an iteration other than its name's, a symlink out of the run, a
+file that would exhaust memory or the stack) is skipped with a line on stderr
+saying why, and the next older one is used. The env a run's config.json names
+is never imported for it (algorithms.environments.check_env_from_file).
 """
 from __future__ import annotations
 
@@ -173,17 +177,19 @@ def _restore(algo, plan: RunPlan) -> list[dict]:
         plan.resume_from = None
         return run_dir.truncate_progress(0)
     plan.resume_from, _ = checkpoints.newest_loadable(
-        candidates, lambda checkpoint: restore_checked(algo, checkpoint),
+        candidates, lambda checkpoint: restore_checked(algo, checkpoint, run_dir.path),
         f"--resume {run_dir.path}")
     print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
           f"(iteration {algo.iteration})", file=sys.stderr)
     return run_dir.truncate_progress(algo.iteration)
 
 
-def restore_checked(algo, checkpoint: Path) -> None:
-    """algo.restore(checkpoint) after every file was checked against this algorithm;
+def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None:
+    """algo.restore(checkpoint) after every file was checked against this algorithm
+    and found inside `run_dir` (default: the run holding checkpoints/checkpoint);
     any failure is a one-line CheckpointFileError naming the file. A restore that
     fails part-way is overwritten whole by the next checkpoint tried."""
+    checkpoints.refuse_links_out_of(checkpoint, run_dir or checkpoint.absolute().parent.parent)
     _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
     learner = algo.learner  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
