@@ -259,6 +259,12 @@ def export(path: str, out: str, onnx_opset: int | None = None, force: bool = Fal
     the export is written beside it and renamed over it, so a failed export leaves it."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
+    if onnx_opset is not None:
+        from policy_service.io.export import check_onnx_opset
+        try:
+            check_onnx_opset(onnx_opset)
+        except ValueError as err:
+            raise ExportTargetError(f"--onnx {onnx_opset}: {err}") from None
     check_export_target(out, force)
     policy = load_newest_valid(path, with_env=False).policy
     policy.export_model(out, onnx=onnx_opset)

@@ -86,7 +86,7 @@ def _submit(args: argparse.Namespace) -> int:
         raise jobs.JobSubmissionError(
             "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)")
     return jobs.run_job(address, command, wait=not args.no_wait,
-                        working_dir=args.working_dir,
+                        working_dir=args.working_dir, insecure=args.insecure,
                         resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus))
 
 
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPUs Ray reserves for the job's driver")
     submit.add_argument("--working-dir", metavar="DIR",
                         help="upload DIR as the job's working directory")
+    submit.add_argument("--insecure", action="store_true",
+                        help="allow plain http:// to a host other than this machine (the "
+                        "cluster token is then sent unencrypted)")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     submit.set_defaults(handler=_submit)
     return parser

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,23 @@ class RunDirectory:
     def exists(self) -> bool:
         return self.run_file.exists()
 
+    def check_writable(self) -> None:
+        """The run's files can be written here (checked before anything is built): the
+        path is a directory or can be made one, in a place this process may write."""
+        where = f"run directory {self.path} (--output-dir)"
+        if self.path.exists() and not self.path.is_dir():
+            raise TrainingSetupError(f"{where}: a file is there, expected a directory")
+        existing = self.path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise TrainingSetupError(f"{where}: {existing} is a file, expected a directory")
+        try:  # a probe, removed at once: permissions, a read-only or full disk
+            os.rmdir(tempfile.mkdtemp(prefix=".policy-service-probe-", dir=existing))
+        except OSError as err:
+            raise TrainingSetupError(f"{where}: cannot write in {existing} "
+                                     f"({err.strerror or one_line(err)})") from None
+
     def create(self, config: dict, run: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
@@ -40,9 +58,9 @@ class RunDirectory:
     def read(self) -> tuple[dict, dict]:
         """(config, run settings) of an existing run."""
         try:
-            return (json.loads(self.config_file.read_text()),
-                    json.loads(self.run_file.read_text()))
-        except (OSError, ValueError) as err:
+            return (checkpoints.load_json(self.config_file),
+                    checkpoints.load_json(self.run_file))
+        except checkpoints.CheckpointFileError as err:
             raise TrainingSetupError(f"{self.path} is not a readable run directory: "
                                      f"{one_line(err)}") from None
 

@@ -50,7 +50,12 @@ from policy_service.cli.run_options import (
 from policy_service.cli.run_resources import role_resources
 from policy_service.cli.stop_request import StopRequest
 from policy_service.config import config_for
-from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from policy_service.distributed.ray_runtime import (
+    RayAddressError,
+    check_address,
+    start_ray,
+    uses_ray,
+)
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
@@ -86,6 +91,7 @@ def plan_run(options: RunOptions) -> RunPlan:
     if options.stop.reward is not None and not math.isfinite(options.stop.reward):
         raise TrainingSetupError(f"--stop-reward must be a finite number, "
                                  f"got {options.stop.reward}")
+    _check_address(options)
     if options.resume:
         return _plan_resume(options, checkpoint_every, keep)
     algo_cls = algorithm_class(options.algorithm)
@@ -95,6 +101,7 @@ def plan_run(options: RunOptions) -> RunPlan:
     if run_dir.exists() or run_dir.progress_file.exists():
         raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
                                  f"--resume {run_dir.path}, or choose another --output-dir")
+    run_dir.check_writable()
     return RunPlan(algo_cls, options.algorithm.lower(), config, run_dir, options.stop,
                  DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
                  DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
@@ -108,6 +115,7 @@ def _plan_resume(options: RunOptions, checkpoint_every, keep) -> RunPlan:
     if options.output_dir and Path(options.output_dir).absolute() != run_dir.path:
         raise TrainingSetupError("--resume continues in the run's own directory; "
                                  "drop --output-dir or make it the same")
+    run_dir.check_writable()
     saved_config, run = run_dir.read()
     name = run["algorithm"]
     if options.algorithm and options.algorithm.lower() != name:
@@ -260,6 +268,18 @@ def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory)
     print(f"checkpoint:  {checkpoint}")
     print(f"tensorboard: tensorboard --logdir {run_dir.tensorboard}")
     print(f"results:     {run_dir.result_file}")
+
+
+def _check_address(options: RunOptions) -> None:
+    if options.address:
+        source, address = "--address", options.address
+    else:
+        source, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            check_address(address, source)
+        except RayAddressError as err:
+            raise TrainingSetupError(str(err)) from None
 
 
 def _at_least(value: int | None, low: int, flag: str) -> int | None:
