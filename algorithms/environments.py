@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 
 import gymnasium as gym
@@ -57,6 +58,26 @@ def check_env_id(env: str) -> None:
         gym.spec(env_id)
     except gym.error.Error as err:
         raise EnvironmentSetupError(f"unknown environment {env!r}: {one_line(err)}") from None
+
+
+def check_env_from_file(env, source, allowed: tuple[str, ...] = ()) -> None:
+    """An environment name read from a file (`source`: a checkpoint's or a run's) is
+    allowed only when nothing is imported for it: a name given to register_env, a
+    gymnasium id already registered (a "module:EnvId" whose module is already
+    imported), or one of `allowed`, the names the user gave on this command line.
+    Else an error naming the file and the environment; nothing was imported."""
+    if not isinstance(env, str) or not env:
+        raise EnvironmentSetupError(f"{source}: 'env' must be an environment name, "
+                                    f"got {env!r}")
+    if env in allowed or is_registered_env(env):
+        return
+    module, sep, env_id = env.rpartition(":")
+    if env_id in gym.registry and (not sep or module in sys.modules):
+        return
+    raise EnvironmentSetupError(
+        f"{source}: environment {env!r} is not a name given to register_env or a "
+        f"registered gymnasium id, and a module named in a file is not imported; "
+        f"pass --env {env} to use it")
 
 
 def check_env_config(env: str, env_config: dict) -> None:

@@ -31,10 +31,12 @@ from policy_service.io.checkpoints import (
     POLICY_STATE,
     POLICY_SUBDIR,
     CheckpointFileError,
+    is_checkpoint_name,
     list_checkpoints,
     newest_loadable,
     read_algorithm_state,
     read_policy_state,
+    refuse_links_out_of,
 )
 
 
@@ -46,12 +48,21 @@ class EnvironmentMismatch(CheckpointError):
     """The environment asked for does not fit the policy (not the checkpoint's fault)."""
 
 
+class EnvironmentNotAllowed(CheckpointError):
+    """The checkpoint names an environment that would need a module imported for it."""
+
+
+class ExportTargetError(UserError):
+    """`export --out` names something that must not be replaced, or cannot be."""
+
+
 @dataclass
 class LoadedCheckpoint:
     """Where a policy was found, and the training config it came with (if any)."""
 
     policy_dir: Path
     algorithm_config: dict | None  # from algorithm_state.json; None for a bare policy
+    config_file: Path | None = None  # the algorithm_state.json it came from
 
 
 def checkpoint_candidates(path: str) -> list[Path]:
@@ -78,10 +89,12 @@ def locate(path: str) -> LoadedCheckpoint:
 def locate_one(directory: Path) -> LoadedCheckpoint:
     """The policy directory and algorithm config of one checkpoint or policy directory."""
     if (directory / ALGORITHM_STATE).exists():
-        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory))
+        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory),
+                                directory / ALGORITHM_STATE)
     parent_state = directory.parent / ALGORITHM_STATE
-    return LoadedCheckpoint(directory, _read_config(directory.parent)
-                            if parent_state.exists() else None)
+    if not parent_state.exists():
+        return LoadedCheckpoint(directory, None)
+    return LoadedCheckpoint(directory, _read_config(directory.parent), parent_state)
 
 
 @dataclass
@@ -98,12 +111,22 @@ def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
                       ) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
+    root = Path(path).absolute()
+    if (root / POLICY_STATE).exists() and (root.parent / ALGORITHM_STATE).exists():
+        root = root.parent  # a checkpoint's policy/ directory: its checkpoint is read too
+    if root.parent.name == "checkpoints" and is_checkpoint_name(root.name):
+        root = root.parent.parent  # one checkpoint of a run: the run's files only
     return newest_loadable(checkpoint_candidates(path),
-                           lambda directory: _load(directory, env, with_env), path,
-                           skipped=(CheckpointError,), fatal=(EnvironmentMismatch,))[1]
+                           lambda directory: _load(directory, env, with_env, root), path,
+                           skipped=(CheckpointError,),
+                           fatal=(EnvironmentMismatch, EnvironmentNotAllowed))[1]
 
 
-def _load(directory: Path, env: str | None, with_env: bool) -> ReadyPolicy:
+def _load(directory: Path, env: str | None, with_env: bool, root: Path) -> ReadyPolicy:
+    try:  # symlinks out of what was named would mix in another run's files
+        refuse_links_out_of(directory, root)
+    except CheckpointFileError as err:
+        raise CheckpointError(one_line(err)) from None
     checkpoint = locate_one(directory)
     state = saved_policy_state(checkpoint)
     if not with_env:
@@ -204,6 +227,9 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
+    if env is not None:  # named once here, not blamed on each checkpoint in turn
+        from algorithms import environments
+        environments.check_env_id(env)
     ready = load_newest_valid(path, env)
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
     assert environment is not None  # loaded with_env
@@ -227,15 +253,46 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
     return 0
 
 
-def export(path: str, out: str, onnx_opset: int | None = None) -> int:
-    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an opset)."""
+def export(path: str, out: str, onnx_opset: int | None = None, force: bool = False) -> int:
+    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an
+    opset). Something already at `out` is replaced only with `force`, and then whole:
+    the export is written beside it and renamed over it, so a failed export leaves it."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
+    if onnx_opset is not None:
+        from policy_service.io.export import check_onnx_opset
+        try:
+            check_onnx_opset(onnx_opset)
+        except ValueError as err:
+            raise ExportTargetError(f"--onnx {onnx_opset}: {err}") from None
+    check_export_target(out, force)
     policy = load_newest_valid(path, with_env=False).policy
     policy.export_model(out, onnx=onnx_opset)
     print(f"SavedModel: {Path(out).absolute()}" +
           (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else ""))
     return 0
+
+
+def check_export_target(out: str, force: bool) -> None:
+    """`out` is free for an export: missing or an empty directory, or anything with
+    `force`; its parent, when it exists, is a directory."""
+    target = Path(out)
+    if target.is_symlink() or target.exists():
+        if target.is_dir() and not target.is_symlink():
+            if force or not any(target.iterdir()):
+                return
+            found = "a non-empty directory"
+        else:
+            found = "a symlink" if target.is_symlink() else "a file"
+            if force:
+                return
+        raise ExportTargetError(f"--out {out}: expected a new or empty directory, found "
+                                f"{found}; pass --force to replace it")
+    parent = target.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
 def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:
@@ -244,13 +301,23 @@ def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, di
     if not env_id:
         raise CheckpointError(f"{checkpoint.policy_dir} does not say which environment it was "
                               "trained on: pass --env")
+    if env is None:  # named by the checkpoint's file, not by the user
+        from algorithms import environments
+        try:
+            environments.check_env_from_file(env_id, checkpoint.config_file)
+        except environments.EnvironmentSetupError as err:
+            raise EnvironmentNotAllowed(str(err)) from None
     env_config = (config.get("env_config") or {}) if env_id == config.get("env") else {}
     return env_id, env_config
 
 
 def _make_env(env_id: str, env_config: dict):
     import gymnasium as gym
+
+    from algorithms import environments
     try:
+        if environments.is_registered_env(env_id):
+            return environments.env_maker(env_id)(env_config)
         return gym.make(env_id, **env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None

@@ -450,3 +450,310 @@ def test_soak_ppo_survives_worker_and_actor_kills():
     assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
     assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
     assert np.isfinite(result["episode_return_mean"])
+
+
+# ----- export --out: nothing of the user's is replaced unless asked, then whole ----------
+
+
+def _export(trained_run: Path, out: Path, *flags: str) -> int:
+    checkpoint = trained_run / "checkpoints" / "checkpoint_000002"
+    return cli.main(["export", str(checkpoint), "--out", str(out), *flags])
+
+
+def test_export_refuses_a_non_empty_out_directory_without_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    assert _export(trained_run, out) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"--out {out}: expected a new or empty directory, found a non-empty directory" \
+        in line and "--force" in line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert (out / "notes.txt").read_text() == "keep me"
+
+
+def test_export_refuses_a_file_at_out_without_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "model"
+    out.write_text("a user's file")
+    assert _export(trained_run, out) == 2
+    assert f"--out {out}: expected a new or empty directory, found a file" in \
+        _one_error_line(capsys.readouterr().err)
+    assert out.read_text() == "a user's file"
+
+
+def test_export_into_an_empty_directory_needs_no_force(trained_run, tmp_path, capsys):
+    out = tmp_path / "empty"
+    out.mkdir()
+    assert _export(trained_run, out) == 0
+    assert (out / "saved_model.pb").is_file()
+
+
+@pytest.mark.parametrize("what", ["directory", "file"])
+def test_export_with_force_replaces_the_old_content_whole(what, trained_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    if what == "directory":
+        out.mkdir()
+        (out / "old.txt").write_text("old")
+    else:
+        out.write_text("old")
+    assert _export(trained_run, out, "--force") == 0
+    assert (out / "saved_model.pb").is_file() and not (out / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # nothing left beside it
+
+
+def test_a_forced_export_that_fails_leaves_the_old_content(trained_run, tmp_path, monkeypatch):
+    import tensorflow as tf
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def no_space(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tf.saved_model, "save", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        _export(trained_run, out, "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the temp dir is gone
+
+
+# ----- env names read from files are never imported -----------------------------------
+
+
+@pytest.fixture
+def planted_module(tmp_path, monkeypatch):
+    """A module on sys.path that leaves a marker file when it is imported."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_env_module.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).touch()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    sys.modules.pop("planted_env_module", None)
+
+
+def _name_env_in_checkpoints(run_dir: Path, env: str) -> None:
+    for checkpoint in checkpoints.list_checkpoints(run_dir / "checkpoints"):
+        _edit_json(checkpoint / checkpoints.ALGORITHM_STATE,
+                   lambda s: {**s, "config": {**s["config"], "env": env}})
+
+
+def test_evaluate_never_imports_a_module_a_checkpoint_names(trained_run, tmp_path, capsys,
+                                                            planted_module):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _name_env_in_checkpoints(run_dir, "planted_env_module:CartPole-v1")
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "checkpoint_000002/algorithm_state.json: environment " \
+        "'planted_env_module:CartPole-v1' is not a name given to register_env" in line
+    assert "pass --env planted_env_module:CartPole-v1" in line
+    assert not planted_module.exists() and "planted_env_module" not in sys.modules
+    # the user naming it on the command line is what allows it
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1",
+                     "--env", "planted_env_module:CartPole-v1"]) == 0
+    assert planted_module.exists()
+
+
+def test_evaluate_never_imports_this_for_a_checkpoint(trained_run, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _name_env_in_checkpoints(run_dir, "this:CartPole-v1")
+    already = "this" in sys.modules
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "'this:CartPole-v1'" in _one_error_line(captured.err)
+    assert "Beautiful is better than ugly" not in captured.out + captured.err
+    assert ("this" in sys.modules) == already
+    # a registered gymnasium id in the same file is fine
+    _name_env_in_checkpoints(run_dir, "CartPole-v1")
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
+
+
+def test_resume_never_imports_a_module_the_run_config_names(trained_run, tmp_path, capsys,
+                                                            planted_module):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    _edit_json(run_dir / "config.json", lambda c: {**c, "env": "planted_env_module:CartPole-v1"})
+    progress = (run_dir / "progress.jsonl").read_text()
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{run_dir / 'config.json'}: environment 'planted_env_module:CartPole-v1'" in line
+    assert not planted_module.exists() and "planted_env_module" not in sys.modules
+    assert (run_dir / "progress.jsonl").read_text() == progress  # nothing changed
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3",
+                     "--env", "planted_env_module:CartPole-v1"]) == 0
+    assert planted_module.exists()
+
+
+def test_evaluate_with_an_unknown_env_names_it_once(trained_run, capsys):
+    assert cli.main(["evaluate", str(trained_run), "--episodes", "1", "--env", "NoSuch-v0"]) == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert "unknown environment 'NoSuch-v0'" in line and line.count("NoSuch-v0") == 1, line
+    assert "skipped" not in err and "checkpoint_00000" not in line
+
+
+# ----- resume keeps history: progress lines, iterations, symlinks ------------------------
+
+
+def test_resume_skips_a_garbage_progress_line_and_keeps_the_rows_after_it(trained_run, tmp_path,
+                                                                          capsys):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_run, run_dir)
+    progress = run_dir / "progress.jsonl"
+    first, second = progress.read_text().splitlines()
+    progress.write_text(f"{first}\n{{\"iteration\": 2, \"cut short\n\xff\xfe garbage\n"
+                        f"[1, 2]\n{second}\n")
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3"]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "Traceback" not in err, err
+    assert f"{progress}: skipped 3 unreadable line(s) (2, 3, 4)" in warnings[0]
+    assert "from checkpoint_000002 (iteration 2)" in err
+    lines = progress.read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [1, 2, 3]
+    assert lines[:2] == [first, second]  # the valid rows, as they were
+
+
+def _replace_with_link(path: Path, target: Path) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.symlink_to(target, target_is_directory=target.is_dir())
+
+
+def _deep_json(path: Path, depth: int) -> None:
+    path.write_text("[" * depth + "]" * depth)
+
+
+def _nested_config(path: Path, depth: int) -> None:
+    nested: dict = {}
+    for _ in range(depth):
+        nested = {"a": nested}
+    _edit_json(path, lambda s: {**s, "config": {**s["config"], "env_config": nested}})
+
+
+def _npz_claiming(policy: Path, shape: tuple) -> None:
+    """policy_arrays.npz with its first weight's .npy header claiming `shape` floats
+    (its data left as it was)."""
+    import io
+    import zipfile
+    arrays = _npz(policy)
+    victim = _first_weight(arrays)
+    with zipfile.ZipFile(policy / checkpoints.POLICY_ARRAYS, "w") as archive:
+        for name, value in arrays.items():
+            member = io.BytesIO()
+            if name == victim:
+                np.lib.format.write_array_header_1_0(member, {
+                    "descr": "<f4", "fortran_order": False, "shape": shape})
+                member.write(value.tobytes())
+            else:
+                np.lib.format.write_array(member, value, allow_pickle=False)
+            archive.writestr(name + ".npy", member.getvalue())
+
+
+def _other_run(run_dir: Path) -> Path:
+    """A copy of the run beside it: files a symlink may point to, outside the run."""
+    other = run_dir.parent / "other_run"
+    if not other.exists():
+        shutil.copytree(run_dir, other, symlinks=True)
+    return other
+
+
+NEWEST = Path("checkpoints") / "checkpoint_000002"
+OLDER = Path("checkpoints") / "checkpoint_000001"
+ARRAYS = Path(checkpoints.POLICY_SUBDIR) / checkpoints.POLICY_ARRAYS
+STATE = Path(checkpoints.POLICY_SUBDIR) / checkpoints.POLICY_STATE
+# name -> (what is done to a run whose newest checkpoint it breaks, the reason's words)
+HISTORY_BENDERS = {
+    "iteration_not_its_name": (lambda run: _edit_json(
+        run / NEWEST / checkpoints.ALGORITHM_STATE, lambda s: {**s, "iteration": 10**6}),
+        "'iteration' must be 2, as the directory's name says, got 1000000"),
+    "dir_symlink_to_older": (lambda run: _replace_with_link(run / NEWEST, run / OLDER),
+                             "'iteration' must be 2, as the directory's name says, got 1"),
+    "dir_symlink_outside": (lambda run: _replace_with_link(
+        run / NEWEST, _other_run(run) / NEWEST), "a symlink to "),
+    "npz_symlink_outside": (lambda run: _replace_with_link(
+        run / NEWEST / ARRAYS, _other_run(run) / NEWEST / ARRAYS), "a symlink to "),
+}
+DEFEATS_READERS = {
+    "json_100k_deep": (lambda run: _deep_json(run / NEWEST / STATE, 100_000),
+                       "policy_state.json: not valid JSON (maximum recursion depth"),
+    "json_nested_past_the_bound": (lambda run: _nested_config(
+        run / NEWEST / checkpoints.ALGORITHM_STATE, 500),
+        "algorithm_state.json: nested 503 levels deep, expected at most 64"),
+    "npz_header_claims_1e11_floats": (lambda run: _npz_claiming(
+        run / NEWEST / checkpoints.POLICY_SUBDIR, (10**11,)),
+        "claims float32 (100000000000,) (400000000000 bytes), but the archive holds"),
+    "state_is_a_fifo": (lambda run: ((run / NEWEST / STATE).unlink(),
+                                     os.mkfifo(run / NEWEST / STATE)),
+                        "policy_state.json: not a regular file"),
+    "state_is_a_directory": (lambda run: ((run / NEWEST / STATE).unlink(),
+                                          (run / NEWEST / STATE).mkdir()),
+                             "policy_state.json: not a regular file"),
+}
+BROKEN_NEWEST = {**HISTORY_BENDERS, **DEFEATS_READERS}
+
+
+def _broken_copy(case: str, trained_run: Path, where: Path) -> tuple[Path, str]:
+    run_dir = where / "run"
+    shutil.copytree(trained_run, run_dir)
+    break_it, reason = BROKEN_NEWEST[case]
+    break_it(run_dir)
+    return run_dir, reason
+
+
+def _skipped_line(err: str) -> str:
+    lines = _without_ray_worker_logs(err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("policy-service: skipped checkpoint_000002: "), err
+    assert lines[0].endswith("trying checkpoint_000001"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_NEWEST))
+def test_evaluate_and_export_fall_back_past_a_checkpoint_that_bends_history_or_defeats_readers(
+        case, trained_run, tmp_path, capsys):
+    run_dir, reason = _broken_copy(case, trained_run, tmp_path)
+    assert cli.main(["evaluate", str(run_dir / NEWEST), "--episodes", "1"]) == 2
+    assert reason in _one_error_line(capsys.readouterr().err)
+
+    assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
+    captured = capsys.readouterr()
+    assert reason in _skipped_line(captured.err)
+    assert json.loads(captured.out)["checkpoint"].endswith("checkpoint_000001")
+
+    assert cli.main(["export", str(run_dir), "--out", str(tmp_path / "out")]) == 0
+    assert reason in _skipped_line(capsys.readouterr().err)
+    assert (tmp_path / "out" / "saved_model.pb").is_file()
+
+
+def test_restore_refuses_each_checkpoint_that_bends_history_or_defeats_readers(trained_run,
+                                                                              tmp_path):
+    from algorithms.ppo import PPO
+    from policy_service.cli.training import restore_checked
+    saved = checkpoints.read_algorithm_state(trained_run / OLDER)
+    algo = PPO(saved["config"])
+    try:
+        for case in sorted(BROKEN_NEWEST):
+            run_dir, reason = _broken_copy(case, trained_run, tmp_path / case)
+            with pytest.raises(checkpoints.CheckpointFileError) as refused:
+                restore_checked(algo, run_dir / NEWEST, run_dir)
+            assert reason in str(refused.value) and "\n" not in str(refused.value), case
+            restore_checked(algo, run_dir / OLDER, run_dir)
+            assert algo.iteration == 1
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize("case", ["iteration_not_its_name", "npz_symlink_outside",
+                                  "json_100k_deep", "npz_header_claims_1e11_floats"])
+def test_resume_falls_back_past_a_checkpoint_that_bends_history_or_defeats_readers(
+        case, trained_run, tmp_path, capsys):
+    run_dir, reason = _broken_copy(case, trained_run, tmp_path)
+    assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3"]) == 0
+    err = capsys.readouterr().err
+    skipped = [line for line in err.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and reason in skipped[0] and "Traceback" not in err, err
+    assert "from checkpoint_000001 (iteration 1)" in err
+    rows = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    state = checkpoints.read_algorithm_state(run_dir / "checkpoints" / "checkpoint_000003")
+    assert state["iteration"] == 3

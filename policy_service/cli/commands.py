@@ -73,7 +73,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
-    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx)
+    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -86,7 +86,7 @@ def _submit(args: argparse.Namespace) -> int:
         raise jobs.JobSubmissionError(
             "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)")
     return jobs.run_job(address, command, wait=not args.no_wait,
-                        working_dir=args.working_dir,
+                        working_dir=args.working_dir, insecure=args.insecure,
                         resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus))
 
 
@@ -145,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, metavar="DIR", help="SavedModel directory")
     export.add_argument("--onnx", type=int, metavar="OPSET", help="also write model.onnx")
+    export.add_argument("--force", action="store_true",
+                        help="replace what is at --out (a file, or a directory that is not "
+                        "empty); the old one stays if the export fails")
     export.set_defaults(handler=_export)
 
     submit = sub.add_parser("submit", help="run a command as a Ray job on a cluster",
@@ -160,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="CPUs Ray reserves for the job's driver")
     submit.add_argument("--working-dir", metavar="DIR",
                         help="upload DIR as the job's working directory")
+    submit.add_argument("--insecure", action="store_true",
+                        help="allow plain http:// to a host other than this machine (the "
+                        "cluster token is then sent unencrypted)")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     submit.set_defaults(handler=_submit)
     return parser

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -13,23 +12,41 @@ import yaml
 from algorithms import environments
 from policy_service.cli.run_options import RunOptions, TrainingSetupError
 from policy_service.errors import one_line
+from policy_service.io import checkpoints
 
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
 
+MAX_CONFIG_BYTES = 1 << 20  # a config file is a few KB; more is a mistake or an attack
+MAX_CONFIG_DEPTH = 32  # nesting of lists and mappings (model configs nest 2-3 levels)
+
+
 def load_config_file(path: str) -> dict:
-    """A mapping of config keys from a YAML or JSON file."""
+    """A mapping of config keys from a YAML or JSON file: UTF-8, at most
+    MAX_CONFIG_BYTES, nested at most MAX_CONFIG_DEPTH levels, no YAML aliases."""
+    where = f"config file {path}"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise TrainingSetupError(f"cannot read config file {path}: "
                                  f"{err.strerror or err}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise TrainingSetupError(f"{where}: larger than {MAX_CONFIG_BYTES} bytes, the most "
+                                 "a config file may hold")
     try:
-        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as err:
-        raise TrainingSetupError(f"config file {path} is not valid "
-                                 f"{'JSON' if path.endswith('.json') else 'YAML'}: "
-                                 f"{one_line(err)}") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise TrainingSetupError(f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at "
+                                 f"offset {err.start})") from None
+    if path.endswith(".json"):
+        try:
+            values = json.loads(text)
+        except (ValueError, RecursionError) as err:
+            raise TrainingSetupError(f"{where} is not valid JSON: {one_line(err)}") from None
+        _check_depth(values, where)
+    else:
+        values = parse_yaml(text, where)
     if values is None:
         return {}
     values = exponent_floats(values)
@@ -39,18 +56,43 @@ def load_config_file(path: str) -> dict:
     return values
 
 
+def parse_yaml(text: str, where: str) -> Any:
+    """yaml.safe_load(text), refusing aliases (an alias bomb expands a few hundred
+    bytes to millions of values) and nesting past MAX_CONFIG_DEPTH before anything
+    is built; errors name `where`."""
+    depth = 0
+    try:  # the event parser is iterative: a 20,000-deep text neither recurses nor builds
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                line = event.start_mark.line + 1 if event.start_mark else "?"
+                raise TrainingSetupError(f"{where}: YAML aliases are not allowed, found "
+                                         f"*{event.anchor} on line {line}")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    raise TrainingSetupError(f"{where}: nested more than {MAX_CONFIG_DEPTH} "
+                                             "levels deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        return yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError) as err:
+        raise TrainingSetupError(f"{where} is not valid YAML: {one_line(err)}") from None
+
+
+def _check_depth(values: Any, where: str) -> None:
+    depth = checkpoints.nesting_depth(values)
+    if depth > MAX_CONFIG_DEPTH:
+        raise TrainingSetupError(f"{where}: nested {depth} levels deep, expected at most "
+                                 f"{MAX_CONFIG_DEPTH}")
+
+
 def apply_override(config: dict, assignment: str) -> None:
     """Set one "key=value" (value parsed as YAML; "a.b=1" sets config["a"]["b"])."""
     key, sep, text = assignment.partition("=")
     key = key.strip()
     if not sep or not key or any(not part for part in key.split(".")):
         raise TrainingSetupError(f"--set expects key=value, got {assignment!r}")
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise TrainingSetupError(f"--set {key}: cannot parse value {text!r}: "
-                                 f"{one_line(err)}") from None
-    value = exponent_floats(value)
+    value = exponent_floats(parse_yaml(text, f"--set {key} value {text!r}"))
     *parents, leaf = key.split(".")
     target = config
     for depth, part in enumerate(parents):

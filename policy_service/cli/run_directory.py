@@ -6,6 +6,8 @@ import datetime
 import json
 import os
 import shutil
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,23 @@ class RunDirectory:
     def exists(self) -> bool:
         return self.run_file.exists()
 
+    def check_writable(self) -> None:
+        """The run's files can be written here (checked before anything is built): the
+        path is a directory or can be made one, in a place this process may write."""
+        where = f"run directory {self.path} (--output-dir)"
+        if self.path.exists() and not self.path.is_dir():
+            raise TrainingSetupError(f"{where}: a file is there, expected a directory")
+        existing = self.path
+        while not existing.exists():
+            existing = existing.parent
+        if not existing.is_dir():
+            raise TrainingSetupError(f"{where}: {existing} is a file, expected a directory")
+        try:  # a probe, removed at once: permissions, a read-only or full disk
+            os.rmdir(tempfile.mkdtemp(prefix=".policy-service-probe-", dir=existing))
+        except OSError as err:
+            raise TrainingSetupError(f"{where}: cannot write in {existing} "
+                                     f"({err.strerror or one_line(err)})") from None
+
     def create(self, config: dict, run: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         self.checkpoints.mkdir(exist_ok=True)
@@ -39,23 +58,33 @@ class RunDirectory:
     def read(self) -> tuple[dict, dict]:
         """(config, run settings) of an existing run."""
         try:
-            return (json.loads(self.config_file.read_text()),
-                    json.loads(self.run_file.read_text()))
-        except (OSError, ValueError) as err:
+            return (checkpoints.load_json(self.config_file),
+                    checkpoints.load_json(self.run_file))
+        except checkpoints.CheckpointFileError as err:
             raise TrainingSetupError(f"{self.path} is not a readable run directory: "
                                      f"{one_line(err)}") from None
 
     def progress(self) -> list[dict]:
+        """The rows of progress.jsonl: JSON objects with an integer "iteration". A line
+        that is not one (cut short by a kill mid-write, edited) is skipped, never the
+        lines after it; one line on stderr says how many and which."""
         if not self.progress_file.exists():
             return []
-        with open(self.progress_file) as f:
-            lines = [line for line in f if line.strip()]
-        rows = []
-        for line in lines:
-            try:
-                rows.append(json.loads(line))
-            except ValueError:  # a line cut short by a kill mid-write
-                break
+        rows, bad = [], []
+        with open(self.progress_file, "rb") as f:
+            for number, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                row = _progress_row(raw)
+                if row is None:
+                    bad.append(number)
+                else:
+                    rows.append(row)
+        if bad:
+            print(f"policy-service: warning: {self.progress_file}: skipped {len(bad)} "
+                  f"unreadable line(s) ({', '.join(map(str, bad[:5]))}"
+                  f"{', ...' if len(bad) > 5 else ''}), expected a JSON object with an "
+                  "integer 'iteration'", file=sys.stderr, flush=True)
         return rows
 
     def append_progress(self, metrics: dict) -> None:
@@ -63,8 +92,9 @@ class RunDirectory:
             f.write(json.dumps(metrics, allow_nan=False) + "\n")
 
     def truncate_progress(self, last_iteration: int) -> list[dict]:
-        """Drop the iterations after `last_iteration` (they will be run again)."""
-        rows = [r for r in self.progress() if r.get("iteration", 0) <= last_iteration]
+        """Keep every readable row up to `last_iteration`; the ones after it are run
+        again (the checkpoint they follow was lost), and unreadable lines go."""
+        rows = [r for r in self.progress() if r["iteration"] <= last_iteration]
         tmp = self.progress_file.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         os.replace(tmp, self.progress_file)
@@ -98,6 +128,17 @@ class RunDirectory:
             for p in self.checkpoints.iterdir():
                 if p.name.startswith(".") and p.is_dir():
                     shutil.rmtree(p, ignore_errors=True)
+
+
+def _progress_row(raw: bytes) -> dict | None:
+    try:
+        row = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    iteration = row.get("iteration") if isinstance(row, dict) else None
+    if not isinstance(iteration, int) or isinstance(iteration, bool):
+        return None
+    return row
 
 
 def default_output_dir(algorithm: str, env: str) -> str:

@@ -26,6 +26,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from algorithms import environments
 from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
 from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
@@ -38,7 +39,12 @@ from policy_service.cli.run_options import (
 from policy_service.cli.run_resources import role_resources
 from policy_service.cli.stop_request import StopRequest
 from policy_service.config import config_for
-from policy_service.distributed.ray_runtime import start_ray, uses_ray
+from policy_service.distributed.ray_runtime import (
+    RayAddressError,
+    check_address,
+    start_ray,
+    uses_ray,
+)
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
@@ -74,6 +80,7 @@ def plan_run(options: RunOptions) -> RunPlan:
     if options.stop.reward is not None and not math.isfinite(options.stop.reward):
         raise TrainingSetupError(f"--stop-reward must be a finite number, "
                                  f"got {options.stop.reward}")
+    _check_address(options)
     if options.resume:
         return _plan_resume(options, checkpoint_every, keep)
     algo_cls = algorithm_class(options.algorithm)
@@ -83,6 +90,7 @@ def plan_run(options: RunOptions) -> RunPlan:
     if run_dir.exists() or run_dir.progress_file.exists():
         raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
                                  f"--resume {run_dir.path}, or choose another --output-dir")
+    run_dir.check_writable()
     return RunPlan(algo_cls, options.algorithm.lower(), config, run_dir, options.stop,
                  DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
                  DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
@@ -96,12 +104,19 @@ def _plan_resume(options: RunOptions, checkpoint_every, keep) -> RunPlan:
     if options.output_dir and Path(options.output_dir).absolute() != run_dir.path:
         raise TrainingSetupError("--resume continues in the run's own directory; "
                                  "drop --output-dir or make it the same")
+    run_dir.check_writable()
     saved_config, run = run_dir.read()
     name = run["algorithm"]
     if options.algorithm and options.algorithm.lower() != name:
         raise TrainingSetupError(f"--resume: the run in {run_dir.path} trains {name!r}, "
                                  f"not {options.algorithm!r}")
     algo_cls = algorithm_class(name)
+    try:  # before validate_config, which imports the module of a "module:EnvId"
+        environments.check_env_from_file(
+            saved_config.get("env") if isinstance(saved_config, dict) else None,
+            run_dir.config_file, allowed=(options.env,) if options.env else ())
+    except environments.EnvironmentSetupError as err:
+        raise TrainingSetupError(str(err)) from None
     config = validate_config(algo_cls, saved_config)
     if options.sets_config():  # the same command again plus --resume is fine; a change is not
         wanted = validate_config(algo_cls, build_config(options, base=config))
@@ -159,17 +174,19 @@ def _restore(algo, plan: RunPlan) -> list[dict]:
         plan.resume_from = None
         return run_dir.truncate_progress(0)
     plan.resume_from, _ = checkpoints.newest_loadable(
-        candidates, lambda checkpoint: restore_checked(algo, checkpoint),
+        candidates, lambda checkpoint: restore_checked(algo, checkpoint, run_dir.path),
         f"--resume {run_dir.path}")
     print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
           f"(iteration {algo.iteration})", file=sys.stderr)
     return run_dir.truncate_progress(algo.iteration)
 
 
-def restore_checked(algo, checkpoint: Path) -> None:
-    """algo.restore(checkpoint) after every file was checked against this algorithm;
+def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None:
+    """algo.restore(checkpoint) after every file was checked against this algorithm
+    and found inside `run_dir` (default: the run holding checkpoints/checkpoint);
     any failure is a one-line CheckpointFileError naming the file. A restore that
     fails part-way is overwritten whole by the next checkpoint tried."""
+    checkpoints.refuse_links_out_of(checkpoint, run_dir or checkpoint.absolute().parent.parent)
     _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
     learners = algo.learners  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
@@ -240,6 +257,18 @@ def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory)
     print(f"checkpoint:  {checkpoint}")
     print(f"tensorboard: tensorboard --logdir {run_dir.tensorboard}")
     print(f"results:     {run_dir.result_file}")
+
+
+def _check_address(options: RunOptions) -> None:
+    if options.address:
+        source, address = "--address", options.address
+    else:
+        source, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    if address:
+        try:
+            check_address(address, source)
+        except RayAddressError as err:
+            raise TrainingSetupError(str(err)) from None
 
 
 def _at_least(value: int | None, low: int, flag: str) -> int | None:

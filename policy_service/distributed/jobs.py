@@ -8,17 +8,21 @@ with authentication on would be refused. We therefore always send the token
 Ray's own loader finds -- RAY_AUTH_TOKEN, else the file named by
 RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token -- as the Authorization header.
 A cluster with authentication off ignores it; nothing here turns it off.
+The token goes where --address says, so the host is named on stderr, and plain
+http:// to a host other than this machine is refused unless --insecure.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import os
 import shlex
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from typing import NamedTuple, TextIO
 
@@ -79,16 +83,64 @@ def job_server_url(address: str) -> str:
     return address if "://" in address else f"http://{address}"
 
 
+def check_job_server(address: str, insecure: bool = False) -> str:
+    """The job server URL of `address` -> its host. The cluster token goes to that
+    host, so plain http:// is refused unless the host is this machine (loopback)
+    or `insecure` (--insecure) says the user accepts sending it unencrypted."""
+    url = job_server_url(address)
+    parsed = urllib.parse.urlsplit(url)
+    try:
+        port_ok = parsed.port is None or parsed.port > 0
+    except ValueError:
+        port_ok = False
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
+        raise JobSubmissionError(f"--address {address!r}: expected http(s)://HOST:PORT or "
+                                 "HOST:PORT of the job server (port 8265 by default)")
+    if parsed.scheme == "http" and not _is_loopback(parsed.hostname) and not insecure:
+        raise JobSubmissionError(
+            f"--address {address}: plain http:// to {parsed.hostname}, which is not this "
+            "machine, would send the cluster token unencrypted; use https://, or pass "
+            "--insecure to send it anyway")
+    return parsed.hostname
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve anywhere
+        return False
+
+
+def check_working_dir(working_dir: str | None) -> None:
+    """A local --working-dir is a directory or a .zip file (a URI is left to Ray)."""
+    if not working_dir or "://" in working_dir:
+        return
+    path = os.path.expanduser(working_dir)
+    if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".zip"))):
+        found = "a file, not a .zip" if os.path.exists(path) else "not there"
+        raise JobSubmissionError(f"--working-dir {working_dir}: expected a directory, a .zip "
+                                 f"file or a URI, found {found}")
+
+
 def connect(address: str):
-    """A JobSubmissionClient for `address` (http://host:dashboard_port) with the token."""
+    """A JobSubmissionClient for `address` (http://host:dashboard_port) with the token;
+    when there is a token, stderr names the host it is sent to."""
     from ray.exceptions import AuthenticationError, RpcError
     from ray.job_submission import JobSubmissionClient
     address = job_server_url(address)
     # The SDK logs routine INFO lines (websocket closed, ...) on stderr; keep stderr for problems.
     logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
+    headers = auth_headers()
+    if headers:
+        parsed = urllib.parse.urlsplit(address)
+        print(f"policy-service: sending the Ray cluster token to {parsed.hostname} "
+              f"({address}{', unencrypted' if parsed.scheme == 'http' else ''})",
+              file=sys.stderr, flush=True)
     try:
         with _without_address_env():
-            return JobSubmissionClient(address, headers=auth_headers())
+            return JobSubmissionClient(address, headers=headers)
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(address, err)) from None
     except (ConnectionError, RuntimeError, ValueError, RpcError) as err:
@@ -157,12 +209,14 @@ def wait_for_status(client, job_id: str):
 def run_job(address: str, command: list[str], *, wait: bool = True,
             working_dir: str | None = None,
             resources: EntrypointResources = EntrypointResources(),
-            out: TextIO = sys.stdout) -> int:
+            out: TextIO = sys.stdout, insecure: bool = False) -> int:
     """Submit `command` to the cluster at `address`; with `wait`, stream its log and
     return 0 if it SUCCEEDED, 1 if it FAILED or was STOPPED. Without `wait`, print
-    the job id and return 0."""
+    the job id and return 0. `insecure`: allow plain http:// to another host."""
     _check_command(command)
     resources.check()
+    check_working_dir(working_dir)
+    check_job_server(address, insecure)
     client = connect(address)
     job_id = submit(client, command, working_dir, resources)
     if not wait:

@@ -4,9 +4,30 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from policy_service.errors import UserError
+
+# what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
+_CLUSTER_ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+
+
+class RayAddressError(UserError, ValueError):
+    """A cluster address that Ray cannot join, whatever the cluster."""
+
+
+def check_address(address: str, source: str = "--address") -> None:
+    """`address` is one ray.init can join ("host:port", "ray://host:port", "auto" or
+    "local"); else an error naming `source` (the flag or environment variable)."""
+    if address in ("auto", "local"):
+        return
+    match = _CLUSTER_ADDRESS.match(address)
+    if match is None or not 0 < int(match.group(3)) < 65536:
+        raise RayAddressError(f"{source} {address!r}: expected host:port (e.g. "
+                              "127.0.0.1:6379), ray://host:port, 'auto' or 'local'")
 
 
 def uses_ray(config: dict, address: str | None) -> bool:

@@ -63,7 +63,10 @@ def atomic_directory(path: str | os.PathLike):
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)  # a file (or link) that was at `path`
 
 
 class CheckpointFileError(UserError, ValueError):
@@ -88,6 +91,7 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
     if path.stat().st_size == 0:
         raise CheckpointFileError(f"{path}: empty file, expected an npz archive")
     try:
+        check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             if not hasattr(data, "files"):
                 raise CheckpointFileError(f"{path}: holds a single array, expected an npz "
@@ -95,9 +99,51 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
             return {k: data[k] for k in data.files}
     except CheckpointFileError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error) as err:
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error,
+            MemoryError, RecursionError) as err:
         raise CheckpointFileError(f"{path}: not a readable npz archive "
                                   f"({type(err).__name__}: {one_line(err)})") from None
+
+
+def check_npz_sizes(path: Path) -> None:
+    """Each array's size, from its .npy header, matches what the archive holds, and all
+    of them fit in this machine's memory: checked before anything is allocated (a
+    header may claim 10**11 floats). Archives that are not npz are left to np.load."""
+    if not zipfile.is_zipfile(path):
+        return
+    archive_bytes, total = path.stat().st_size, 0
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            name = info.filename[:-4]
+            if info.compress_type == zipfile.ZIP_STORED and info.compress_size > archive_bytes:
+                raise CheckpointFileError(f"{path}: array {name!r} claims {info.compress_size} "
+                                          f"bytes, more than the file's {archive_bytes}")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                          else np.lib.format.read_array_header_2_0)
+                shape, _, dtype = header(member)
+                header_bytes = member.tell()
+            if dtype.hasobject:
+                continue  # np.load refuses it without unpickling (allow_pickle=False)
+            nbytes = math.prod(shape) * dtype.itemsize
+            if header_bytes + nbytes != info.file_size:
+                raise CheckpointFileError(
+                    f"{path}: array {name!r} claims {dtype} {tuple(shape)} ({nbytes} bytes), "
+                    f"but the archive holds {info.file_size - header_bytes} bytes of it")
+            total += nbytes
+    if total > _memory_bytes():
+        raise CheckpointFileError(f"{path}: its arrays take {total} bytes, more than this "
+                                  f"machine's {_memory_bytes()} bytes of memory")
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):  # no such setting here: no bound beyond the file's own
+        return sys.maxsize
 
 
 def save_json(path: Path, value) -> None:
@@ -105,18 +151,43 @@ def save_json(path: Path, value) -> None:
         json.dump(value, f, indent=1, sort_keys=True)
 
 
+MAX_JSON_DEPTH = 64  # nesting of a checkpoint's JSON (a config nests a few levels)
+
+
 def load_json(path: Path):
-    """The JSON value in `path`, or CheckpointFileError naming the file."""
+    """The JSON value in `path`, or CheckpointFileError naming the file (missing, not a
+    regular file, unreadable, not JSON, nested deeper than MAX_JSON_DEPTH)."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingCheckpointFile(f"{path}: missing")
+    if not path.is_file():  # a FIFO would block the read, a directory fail it
+        raise CheckpointFileError(f"{path}: not a regular file")
     try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise MissingCheckpointFile(f"{path}: missing") from None
-    except (OSError, UnicodeDecodeError) as err:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError, MemoryError) as err:
         raise CheckpointFileError(f"{path}: unreadable ({one_line(err)})") from None
     try:
-        return json.loads(text)
-    except ValueError as err:
+        value = json.loads(text)
+    except (ValueError, RecursionError, MemoryError) as err:
         raise CheckpointFileError(f"{path}: not valid JSON ({one_line(err)})") from None
+    depth = nesting_depth(value)
+    if depth > MAX_JSON_DEPTH:
+        raise CheckpointFileError(f"{path}: nested {depth} levels deep, expected at most "
+                                  f"{MAX_JSON_DEPTH}")
+    return value
+
+
+def nesting_depth(value) -> int:
+    """How deeply lists and dicts nest in `value` (0 for a scalar), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = (item.values() if isinstance(item, dict) else
+                    item if isinstance(item, list) else None)
+        if children is not None:
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
@@ -210,6 +281,11 @@ def checkpoint_dir(checkpoints: Path, iteration: int) -> Path:
     return checkpoints / f"checkpoint_{iteration:06d}"
 
 
+def is_checkpoint_name(name: str) -> bool:
+    """Whether `name` is one checkpoint_dir gives (checkpoint_NNNNNN)."""
+    return _CHECKPOINT_NAME.match(name) is not None
+
+
 def list_checkpoints(checkpoints: Path) -> list[Path]:
     """Complete algorithm checkpoints, oldest iteration first (a half-written one
     is a hidden temp dir and has no algorithm_state.json)."""
@@ -218,6 +294,31 @@ def list_checkpoints(checkpoints: Path) -> list[Path]:
     found = [(int(m.group(1)), p) for p in checkpoints.iterdir()
              if (m := _CHECKPOINT_NAME.match(p.name)) and (p / ALGORITHM_STATE).exists()]
     return [p for _, p in sorted(found)]
+
+
+def refuse_links_out_of(checkpoint: Path, root: Path) -> None:
+    """Every file and directory of `checkpoint` (itself too) is, after following its
+    symlinks, inside `root` (a run directory); else CheckpointFileError naming it."""
+    root = root.resolve()
+    stack, seen = [Path(checkpoint)], set()
+    while stack:
+        entry = stack.pop()
+        try:
+            target = entry.resolve(strict=True)
+            is_dir = target.is_dir()
+        except FileNotFoundError:
+            continue  # a dangling link: whoever reads it says it is missing
+        except (OSError, RuntimeError) as err:  # a symlink loop, a directory not readable
+            raise CheckpointFileError(f"{entry}: unreadable ({one_line(err)})") from None
+        if not target.is_relative_to(root):
+            raise CheckpointFileError(f"{entry}: a symlink to {target}, outside {root}; "
+                                      "expected the run's own files")
+        if is_dir and target not in seen:
+            seen.add(target)
+            try:
+                stack.extend(entry.iterdir())
+            except OSError as err:
+                raise CheckpointFileError(f"{entry}: unreadable ({one_line(err)})") from None
 
 
 def latest_checkpoint(checkpoints: Path) -> Path | None:
@@ -233,19 +334,25 @@ def newest_loadable(candidates: list[Path], load: Callable[[Path], _Loaded], whe
     a `fatal` one: the request, not the checkpoint, is wrong) is named on stderr with
     the reason, and the next one is tried. When none loads: a lone candidate's own
     error, else CheckpointFileError naming `where` and the oldest one's reason."""
-    caught: tuple[type[BaseException], ...] = (CheckpointFileError, *skipped)
+    # a file that defeats a reader (10**11 floats, a 100k-deep JSON) is a reason too
+    caught: tuple[type[BaseException], ...] = (CheckpointFileError, MemoryError,
+                                               RecursionError, *skipped)
     for index, checkpoint in enumerate(candidates):
         try:
             return checkpoint, load(checkpoint)
         except fatal:
             raise
         except caught as err:
+            reason = one_line(err) if isinstance(err, (CheckpointFileError, *skipped)) else \
+                f"cannot be loaded ({type(err).__name__}: {one_line(err)})"
             if len(candidates) == 1:
-                raise
+                if isinstance(err, (CheckpointFileError, *skipped)):
+                    raise
+                raise CheckpointFileError(f"{checkpoint}: {reason}") from None
             if index == len(candidates) - 1:
                 raise CheckpointFileError(f"{where}: no checkpoint loads; "
-                                          f"{checkpoint.name}: {err}") from None
-            print(f"policy-service: skipped {checkpoint.name}: {err}; trying "
+                                          f"{checkpoint.name}: {reason}") from None
+            print(f"policy-service: skipped {checkpoint.name}: {reason}; trying "
                   f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
     raise MissingCheckpointFile(f"{where}: no checkpoint")
 
@@ -271,6 +378,10 @@ def read_algorithm_state(checkpoint: str | os.PathLike,
     for key in ("iteration", "timesteps_total", "num_worker_restarts"):
         if state[key] < 0:
             raise CheckpointFileError(f"{path}: {key!r} must be >= 0, got {state[key]}")
+    named = _CHECKPOINT_NAME.match(path.parent.name)
+    if named and int(named.group(1)) != state["iteration"]:
+        raise CheckpointFileError(f"{path}: 'iteration' must be {int(named.group(1))}, as "
+                                  f"the directory's name says, got {state['iteration']}")
     if not (math.isfinite(state["time_total_s"]) and state["time_total_s"] >= 0):
         raise CheckpointFileError(f"{path}: 'time_total_s' must be a finite number >= 0, "
                                   f"got {state['time_total_s']}")

@@ -90,6 +90,8 @@ class ActingModule(tf.Module):
 def export_saved_model(policy, export_dir: str, onnx_opset: int | None = None) -> None:
     """Write a SavedModel (signature "serving_default") atomically to export_dir,
     and `model.onnx` beside it when `onnx_opset` is given."""
+    if onnx_opset is not None:
+        check_onnx_opset(onnx_opset)
     module = ActingModule(policy)
     with checkpoints.atomic_directory(export_dir) as tmp:
         tf.saved_model.save(module, str(tmp), signatures={
@@ -98,14 +100,43 @@ def export_saved_model(policy, export_dir: str, onnx_opset: int | None = None) -
             convert_to_onnx(module.act_deterministic, tmp / ONNX_FILE, onnx_opset)
 
 
-def convert_to_onnx(function, path, opset: int) -> None:
-    """Convert a tf.function with a named input_signature to a checked ONNX file."""
+# tf2onnx's README: opsets 14-18 tested, 6-13 "should work" (they convert our models)
+ONNX_MIN_OPSET = 6
+
+
+def onnx_opsets() -> range:
+    """The ONNX opsets tf2onnx converts to: ONNX_MIN_OPSET up to the newest it knows
+    (and onnx's checker knows)."""
+    onnx, tf2onnx = _onnx_modules()
+    newest = min(max(tf2onnx.constants.OPSET_TO_IR_VERSION), onnx.defs.onnx_opset_version())
+    return range(ONNX_MIN_OPSET, newest + 1)
+
+
+def check_onnx_opset(opset) -> None:
+    """`opset` is one tf2onnx converts to; else a ValueError naming the range."""
+    opsets = onnx_opsets()
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset not in opsets:
+        import tf2onnx
+        raise ValueError(f"onnx opset must be an integer from {opsets.start} to "
+                         f"{opsets.stop - 1} (what tf2onnx {tf2onnx.__version__} converts "
+                         f"to), got {opset!r}")
+
+
+def _onnx_modules():
     try:
         import onnx
         import tf2onnx
+        import tf2onnx.constants
     except ImportError:
         raise RuntimeError("ONNX export needs the 'onnx' extra: "
                            "pip install 'policy-service[onnx]'") from None
+    return onnx, tf2onnx
+
+
+def convert_to_onnx(function, path, opset: int) -> None:
+    """Convert a tf.function with a named input_signature to a checked ONNX file."""
+    check_onnx_opset(opset)
+    onnx, tf2onnx = _onnx_modules()
     # tf2onnx keeps going past ops it cannot convert; the checker rejects such a model
     model_proto, _ = tf2onnx.convert.from_function(
         function, input_signature=function.input_signature, opset=opset)
