@@ -220,6 +220,8 @@ def test_spec_names_spaces_and_model_inputs(cartpole_server):
     assert spec["action_space"] == {"type": "Discrete", "n": 2, "start": 0}
     assert spec["model_inputs"]["obs"] == {"shape": [None, 4], "dtype": "float32"}
     assert spec["request_fields"][0] == "obs" and spec["weights_version"] == CARTPOLE_VERSION
+    assert spec["explore_default"] is True  # PPO's config: requests say explore: false to act
+
 
 
 def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_policy):
@@ -236,7 +238,7 @@ def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_poli
         obs = batches[i].tolist()
         if i == bad:
             obs[0][2] = float("nan")
-        body = json.dumps({"obs": obs}).encode()
+        body = json.dumps({"obs": obs, "explore": False}).encode()
         conn = http.client.HTTPConnection("127.0.0.1", cartpole_server.port, timeout=60)
         conn.connect()
         barrier.wait(timeout=60)
@@ -339,14 +341,26 @@ def test_a_chunked_body_over_the_limit_is_413(cartpole_server):
 
 
 def test_it_listens_on_loopback_only(cartpole_server):
+    """The HTTP port is bound to 127.0.0.1 by the server's process tree (Serve's proxy), and
+    the machine's other addresses refuse it. (Ray's own gRPC servers and agents bind other
+    addresses too: they are Ray's, reached by Ray only.)"""
     tree = process_tree(cartpole_server.proc.pid)
-    listeners = [(address, pid) for address, pid in tcp_listeners() if pid in tree]
-    on_port = [address for address, _ in listeners if address.endswith(f":{cartpole_server.port}")]
-    assert on_port == [f"127.0.0.1:{cartpole_server.port}"], listeners
-    # nothing of the server's own listens on the machine's other addresses (Ray's gRPC
-    # servers bind the wildcard: "*" / "0.0.0.0"; they are Ray's, not this server's)
-    others = [a for a, _ in listeners if not re.match(r"(127\.0\.0\.1|\*|0\.0\.0\.0|\[::\]):", a)]
-    assert others == [], listeners
+    port = cartpole_server.port
+    on_port = [(address, pid) for address, pid in tcp_listeners()
+               if address.rsplit(":", 1)[1] == str(port)]
+    assert [address for address, _ in on_port] == [f"127.0.0.1:{port}"]
+    assert on_port[0][1] in tree
+    others = [a for a in local_ipv4_addresses() if not a.startswith("127.")]
+    for address in others:
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=5).close()
+
+
+def local_ipv4_addresses() -> set[str]:
+    """This machine's IPv4 addresses (the kernel's LOCAL routes)."""
+    lines = Path("/proc/net/fib_trie").read_text().splitlines()
+    return {previous.split()[-1] for previous, line in zip(lines, lines[1:])
+            if "/32 host LOCAL" in line}
 
 
 def process_tree(root: int) -> set[int]:
@@ -384,7 +398,7 @@ def test_nested_obs_box_actions_and_state_round_trip(nested_server, nested_check
     rng = np.random.default_rng(2)
     obs = {"position": rng.uniform(-1, 1, (5, 3)).astype(np.float32),
            "mode": rng.integers(0, 4, 5)}
-    request = {"obs": {k: v.tolist() for k, v in obs.items()}}
+    request = {"obs": {k: v.tolist() for k, v in obs.items()}, "explore": False}
     first = nested_server.actions(request)
     actions, state_out, _ = policy.compute_actions(obs, explore=False)
     np.testing.assert_allclose(first["actions"], actions, rtol=1e-5, atol=1e-6)

@@ -7,7 +7,8 @@
                        "prev_actions": [B, ...]?, "prev_rewards": [B]?}
                       -> {"actions": [B, ...], "state_out": [k x [B, ...]], "weights_version": n}
 
-`obs` has the structure of the observation space with a batch dimension on every
+`explore` defaults to the policy config's (as in `compute_actions`); the spec says
+which. `obs` has the structure of the observation space with a batch dimension on every
 leaf: a list of rows for Box, a list of integers for Discrete, a dict of such
 batches for Dict, a list of them for Tuple. Every path but health needs
 `Authorization: Bearer TOKEN`. An error is one line of JSON, {"error": "..."},
@@ -272,6 +273,7 @@ def api_spec(policy, weights_version: int, max_request_bytes: int) -> dict:
         "model_inputs": inputs,
         "model_outputs": ["actions", *[f"state_out_{i}" for i in range(len(schema.state_shapes))]],
         "request_fields": list(REQUEST_FIELDS),
+        "explore_default": bool(policy.config.explore),  # when a request leaves it out
         "response_fields": list(RESPONSE_FIELDS),
         "action_dtype": schema.action_dtype.name,
         "action_shape": list(schema.action_shape),

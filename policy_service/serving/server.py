@@ -115,10 +115,8 @@ def run_server(policy_state: dict, address: ServerAddress, settings: ServingSett
 
     check_settings(address, settings)
     joined = os.environ.get("RAY_ADDRESS")
-    # a Ray of its own is reached through 127.0.0.1 (its agents listen there, not on the LAN)
     ray.init(**({"address": joined} if joined else
-                {"address": "local", "include_dashboard": False,
-                 "_node_ip_address": "127.0.0.1"}))
+                {"address": "local", "include_dashboard": False}))
     try:
         # after ray.init, which installs a SIGTERM handler of its own that ends the process
         stop = threading.Event()
