@@ -91,14 +91,17 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from algorithms import evaluation  # no TensorFlow here: the replicas build the policy
+    import_tensorflow_quietly()  # algorithms imports it; the replicas build the policy
+    from algorithms import evaluation
     from policy_service.io.checkpoints import newest_loadable
     from policy_service.serving import server
     from policy_service.serving.deployment import ServingSettings
+    from policy_service.serving.http_api import DEFAULT_MAX_REQUEST_BYTES
     address = server.ServerAddress(args.host, args.port)
     settings = ServingSettings(
         max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_timeout_s,
-        max_request_bytes=args.max_request_bytes, num_replicas=args.num_replicas,
+        max_request_bytes=(DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None
+                           else args.max_request_bytes), num_replicas=args.num_replicas,
         num_gpus_per_replica=args.num_gpus)
     server.check_settings(address, settings)
     found, state = newest_loadable(
@@ -111,7 +114,6 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _add_serve_parser(sub) -> None:
-    from policy_service.serving.http_api import DEFAULT_MAX_REQUEST_BYTES
     serve = sub.add_parser(
         "serve", help="serve a checkpoint's policy over HTTP (JSON) on Ray Serve",
         description="Serve the policy in CHECKPOINT: GET /v1/health, GET /v1/spec, POST "
@@ -131,7 +133,7 @@ def _add_serve_parser(sub) -> None:
                        help="rows per forward pass across concurrent requests (default 32)")
     serve.add_argument("--batch-wait-timeout-s", type=float, default=0.001,
                        help="longest wait for requests to join a pass (default 0.001)")
-    serve.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+    serve.add_argument("--max-request-bytes", type=int, metavar="N",
                        help="larger request bodies get 413 (default 4 MiB)")
     serve.set_defaults(handler=_serve)
 

@@ -3,7 +3,8 @@
     token, where = resolve_token(token_file, os.environ, serve_dir)
     run_server(policy_state, ServerAddress("127.0.0.1", 9900), settings, token)
 
-run_server starts (or joins, with RAY_ADDRESS) Ray, starts Serve's HTTP proxy on
+run_server starts (or joins, with RAY_ADDRESS) Ray through ray_runtime (token
+authentication on, as for training), starts Serve's HTTP proxy on
 the address asked for (loopback by default) and the policy deployment, prints one
 "serving ..." line, then waits; SIGTERM or SIGINT stops Serve and Ray, and it
 returns 0.
@@ -19,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from policy_service.distributed.ray_runtime import start_ray
 from policy_service.errors import UserError
 from policy_service.serving.deployment import APP_NAME, ServingSettings, policy_app
 from policy_service.serving.http_api import token_digest
@@ -110,13 +112,10 @@ def check_cluster_fits(settings: ServingSettings, cluster: Mapping[str, float]) 
 def run_server(policy_state: dict, address: ServerAddress, settings: ServingSettings,
                token: str, announce: str = "") -> int:
     """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0."""
+    check_settings(address, settings)
+    start_ray(os.environ.get("RAY_ADDRESS"))  # before Ray is imported: it sets the auth mode
     import ray
     from ray import serve
-
-    check_settings(address, settings)
-    joined = os.environ.get("RAY_ADDRESS")
-    ray.init(**({"address": joined} if joined else
-                {"address": "local", "include_dashboard": False}))
     try:
         # after ray.init, which installs a SIGTERM handler of its own that ends the process
         stop = threading.Event()
