@@ -4,6 +4,8 @@ Targets, one after another in one child process (one local Ray, one Serve HTTP p
 on 127.0.0.1), each a Serve application on one replica (num_cpus=1):
   ceiling          a bare Serve deployment returning a constant body: what Serve's
                    proxy and routing cost alone, the bound on any policy behind them
+  ceiling/body     the same, reading the request body first (in a replica that is a
+                   call back to the proxy): the bound on any server that reads its input
   policy/batcher   PolicyDeployment, what `policy-service serve` runs: the full API
                    (token, body limit, request checks) and PolicyHost's RequestBatcher
   policy/serve     the same API and checks, batched by Serve's `@serve.batch` instead
@@ -33,7 +35,7 @@ NAME = "serve"
 VALUE = "actions_per_s"
 KEYS = ("target", "clients")
 TOKEN = "benchmark-token"
-TARGETS = ("ceiling", "policy/batcher", "policy/serve")
+TARGETS = ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
 CONSTANT_BODY = b'{"actions": [0], "state_out": [], "weights_version": 0}\n'
 
 
@@ -111,16 +113,18 @@ def drive(port: int, body: bytes, clients: int, duration_s: float, warmup: int =
 # ----- the Serve applications ----------------------------------------------------------------
 
 
-def ceiling_app():
+def ceiling_app(read_body: bool):
     from ray import serve
     from starlette.responses import Response
 
     @serve.deployment(name="Ceiling", num_replicas=1, max_ongoing_requests=1000,
                       ray_actor_options={"num_cpus": 1})
     class Ceiling:
-        """Answers every request with the same body, reading nothing."""
+        """Answers every request with the same body, reading nothing else (or its body)."""
 
         async def __call__(self, request) -> Response:
+            if read_body:
+                await request.body()
             return Response(CONSTANT_BODY, media_type="application/json")
 
     return Ceiling.bind()
@@ -179,8 +183,8 @@ def serve_batch_app(policy_state: dict, settings):
 def start_target(target: str, policy_state: dict, settings):
     from policy_service.serving.deployment import policy_app
     from policy_service.serving.http_api import token_digest
-    if target == "ceiling":
-        return ceiling_app()
+    if target.startswith("ceiling"):
+        return ceiling_app(read_body=target == "ceiling/body")
     if target == "policy/batcher":
         return policy_app(policy_state, token_digest(TOKEN), settings)
     return serve_batch_app(policy_state, settings)
@@ -261,15 +265,17 @@ def summarize(records: list[dict]) -> list[dict]:
             else:
                 match.update({k: v for k, v in row.items() if k not in KEYS})
     for row in summary:
-        if row["target"] != "ceiling":
-            row["vs_ceiling"] = stats.ratio(row[VALUE], stats.find(
-                summary, VALUE, target="ceiling", clients=row["clients"]))
+        if row["target"].startswith("policy"):
+            for ceiling in ("ceiling", "ceiling/body"):
+                row["vs_" + ceiling.replace("/", "_")] = stats.ratio(row[VALUE], stats.find(
+                    summary, VALUE, target=ceiling, clients=row["clients"]))
     return summary
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["clients"] for r in summary})
     labels = {"ceiling": "bare Serve deployment (constant)",
+              "ceiling/body": "bare, reading the body",
               "policy/batcher": "policy-service serve (RequestBatcher)",
               "policy/serve": "same API, @serve.batch"}
     series = {label: [stats.find(summary, VALUE, target=t, clients=n) for n in counts]

@@ -29,8 +29,10 @@ from policy_service.serving import http_api
 from policy_service.serving.deployment import ServingSettings, deployment_options
 from policy_service.serving.server import (
     TOKEN_ENV,
+    ServerAddress,
     ServeSetupError,
     check_cluster_fits,
+    check_port_free,
     resolve_token,
     serve_directory,
 )
@@ -462,6 +464,28 @@ def test_serve_with_a_gpu_on_a_machine_without_one_exits_2(cartpole_checkpoint):
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "policy-service: error: 1 replica(s) need GPU 1" in proc.stderr
+
+
+def test_a_taken_port_is_a_one_line_error():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ServeSetupError, match=f"--host 127.0.0.1 --port {port}: cannot "
+                                                  "listen there"):
+            check_port_free(ServerAddress("127.0.0.1", port))
+    check_port_free(ServerAddress("127.0.0.1", port))
+
+
+def test_deeply_nested_json_is_400():
+    from policy_service import spaces
+    space = gym.spaces.Box(-1.0, 1.0, (4,))
+    schema = http_api.RequestSchema(space, spaces.make_preprocessor(space), (),
+                                    np.dtype(np.int64), ())
+    with pytest.raises(http_api.HttpError, match="nested too deep") as err:
+        http_api.parse_action_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+                                      schema)
+    assert err.value.status == 400
 
 
 def test_token_sources_in_order(tmp_path):

@@ -131,6 +131,9 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise HttpError(400, f"body: expected a JSON object, got invalid JSON ({err})") from None
+    except RecursionError:
+        raise HttpError(400, "body: expected a JSON object, got arrays nested too deep "
+                             "to read") from None
     if not isinstance(data, dict):
         raise HttpError(400, f"body: expected a JSON object, got {_json_kind(data)}")
     unexpected = sorted(set(data) - set(REQUEST_FIELDS))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Mapping
@@ -55,6 +56,16 @@ def check_settings(address: ServerAddress, settings: ServingSettings) -> None:
     for ok, message in checks:
         if not ok:
             raise ServeSetupError(message)
+
+
+def check_port_free(address: ServerAddress) -> None:
+    """Fail at once when the port is taken (Serve's proxy would fail to start, out of sight)."""
+    with socket.socket(socket.AF_INET6 if ":" in address.host else socket.AF_INET) as probe:
+        try:
+            probe.bind((address.host, address.port))
+        except OSError as err:
+            raise ServeSetupError(f"--host {address.host} --port {address.port}: cannot listen "
+                                  f"there ({err.strerror})") from None
 
 
 def resolve_token(token_file: str | None, environ: Mapping[str, str],
@@ -113,6 +124,7 @@ def run_server(policy_state: dict, address: ServerAddress, settings: ServingSett
                token: str, announce: str = "") -> int:
     """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0."""
     check_settings(address, settings)
+    check_port_free(address)
     start_ray(os.environ.get("RAY_ADDRESS"))  # before Ray is imported: it sets the auth mode
     import ray
     from ray import serve
