@@ -20,6 +20,7 @@ trip a client sees; actions/s counts every client's answered requests.
     python -m benchmarks.serve --smoke
     python -m benchmarks.serve --clients 1,16 --duration 5
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,9 +44,11 @@ CONSTANT_BODY = b'{"actions": [0], "state_out": [], "weights_version": 0}\n'
 
 
 def request_bytes(port: int, body: bytes) -> bytes:
-    return (f"POST /v1/actions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    return (
+        f"POST /v1/actions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
 
 
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -53,8 +56,10 @@ async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in
-               (line.partition(":") for line in lines[1:] if line)}
+    headers = {
+        k.strip().lower(): v.strip()
+        for k, _, v in (line.partition(":") for line in lines[1:] if line)
+    }
     if "content-length" in headers:
         return status, await reader.readexactly(int(headers["content-length"]))
     body = b""
@@ -97,17 +102,22 @@ def drive(port: int, body: bytes, clients: int, duration_s: float, warmup: int =
     request = request_bytes(port, body)
 
     async def run():
-        connections = await asyncio.gather(*[connect(port, request, warmup)
-                                             for _ in range(clients)])
+        connections = await asyncio.gather(
+            *[connect(port, request, warmup) for _ in range(clients)]
+        )
         end_at = time.perf_counter() + duration_s
         return await asyncio.gather(*[closed_loop(c, request, end_at) for c in connections])
+
     results = asyncio.run(run())
     latencies_ms = np.concatenate([np.asarray(r[0]) for r in results]) * 1e3
-    return {"requests": int(len(latencies_ms)), VALUE: len(latencies_ms) / duration_s,
-            "failures": int(sum(r[1] for r in results)),
-            "p50_ms": stats.percentile(latencies_ms, 50),
-            "p99_ms": stats.percentile(latencies_ms, 99),
-            "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None}
+    return {
+        "requests": int(len(latencies_ms)),
+        VALUE: len(latencies_ms) / duration_s,
+        "failures": int(sum(r[1] for r in results)),
+        "p50_ms": stats.percentile(latencies_ms, 50),
+        "p99_ms": stats.percentile(latencies_ms, 99),
+        "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None,
+    }
 
 
 # ----- the Serve applications ----------------------------------------------------------------
@@ -117,8 +127,9 @@ def ceiling_app(read_body: bool):
     from ray import serve
     from starlette.responses import Response
 
-    @serve.deployment(name="Ceiling", num_replicas=1, max_ongoing_requests=1000,
-                      ray_actor_options={"num_cpus": 1})
+    @serve.deployment(
+        name="Ceiling", num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 1}
+    )
     class Ceiling:
         """Answers every request with the same body, reading nothing else (or its body)."""
 
@@ -139,13 +150,18 @@ def serve_batch_app(policy_state: dict, settings):
 
     from policy_service.serving import http_api
 
-    @serve.deployment(name="ServeBatch", num_replicas=1, max_ongoing_requests=1000,
-                      ray_actor_options={"num_cpus": 1})
+    @serve.deployment(
+        name="ServeBatch",
+        num_replicas=1,
+        max_ongoing_requests=1000,
+        ray_actor_options={"num_cpus": 1},
+    )
     class ServeBatch:
         def __init__(self, state: dict, digest: bytes):
             from policy_service.config import on_cpu
             from policy_service.engine import devices
             from policy_service.policy import TFPolicy
+
             devices.prepare_process(1, intra_op_threads=devices.assigned_cpu_threads())
             self.policy = TFPolicy.from_state({**state, "config": on_cpu(state["config"])})
             self.schema = http_api.RequestSchema.of(self.policy)
@@ -158,24 +174,25 @@ def serve_batch_app(policy_state: dict, settings):
         async def act(self, requests: list) -> list:
             obs = np.concatenate([r.obs for r in requests])
             actions, _, _ = await asyncio.get_running_loop().run_in_executor(
-                self.executor, lambda: self.policy.compute_actions(obs, explore=False))
+                self.executor, lambda: self.policy.compute_actions(obs, explore=False)
+            )
             results, start = [], 0
             for r in requests:
-                results.append(actions[start:start + r.num_rows])
+                results.append(actions[start : start + r.num_rows])
                 start += r.num_rows
             return results
 
         async def __call__(self, request) -> Response:
             try:
                 http_api.check_authorization(request.headers.get("authorization"), self.digest)
-                http_api.check_content_length(request.headers.get("content-length"),
-                                              settings.max_request_bytes)
+                http_api.check_content_length(
+                    request.headers.get("content-length"), settings.max_request_bytes
+                )
                 checked = http_api.parse_action_request(await request.body(), self.schema)
             except http_api.HttpError as err:
                 return Response(http_api.error_body(err), status_code=err.status)
             actions = await self.act(checked)
-            return Response(http_api.action_response(actions, [], 0),
-                            media_type="application/json")
+            return Response(http_api.action_response(actions, [], 0), media_type="application/json")
 
     return ServeBatch.bind(policy_state, http_api.token_digest(TOKEN))
 
@@ -183,6 +200,7 @@ def serve_batch_app(policy_state: dict, settings):
 def start_target(target: str, policy_state: dict, settings):
     from policy_service.serving.deployment import policy_app
     from policy_service.serving.http_api import token_digest
+
     if target.startswith("ceiling"):
         return ceiling_app(read_body=target == "ceiling/body")
     if target == "policy/batcher":
@@ -193,6 +211,7 @@ def start_target(target: str, policy_state: dict, settings):
 def server_stats(port: int) -> dict:
     """The replica's PolicyHost statistics (policy/batcher only)."""
     import http.client
+
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"})
     data = json.loads(conn.getresponse().read())
@@ -209,20 +228,25 @@ def measure(spec: dict):
 
     from benchmarks import ppo_shaped
     from policy_service.serving.deployment import ServingSettings
+
     policy_state = ppo_shaped.make_policy("mlp", 1).get_state()
-    settings = ServingSettings(max_batch_size=spec["max_batch_size"],
-                               batch_wait_timeout_s=spec["wait_ms"] / 1e3)
+    settings = ServingSettings(
+        max_batch_size=spec["max_batch_size"], batch_wait_timeout_s=spec["wait_ms"] / 1e3
+    )
     body = json.dumps({"obs": [[0.01, -0.02, 0.03, -0.04]], "explore": False}).encode()
     port = free_port()
-    base = {"bench": NAME, "round": spec["round"], "duration_s": spec["duration"],
-            "max_batch_size": settings.max_batch_size, "wait_ms": spec["wait_ms"]}
+    base = {
+        "bench": NAME,
+        "round": spec["round"],
+        "duration_s": spec["duration"],
+        "max_batch_size": settings.max_batch_size,
+        "wait_ms": spec["wait_ms"],
+    }
     ray.init(**harness.RAY_INIT)
     try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port},
-                    proxy_location="HeadOnly")
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
         for target in spec["targets"]:
-            serve.run(start_target(target, policy_state, settings), name=NAME,
-                      route_prefix="/")
+            serve.run(start_target(target, policy_state, settings), name=NAME, route_prefix="/")
             for clients in spec["clients"]:
                 before = server_stats(port) if target == "policy/batcher" else None
                 result = drive(port, body, clients, spec["duration"])
@@ -250,9 +274,17 @@ def free_port() -> int:
 
 def configurations(args) -> list[dict]:
     clients = [int(c) for c in (args.clients or ("1,16" if args.smoke else "1,16,64")).split(",")]
-    return [dict(target="http", targets=list(TARGETS), clients=clients,
-                 duration=0.5 if args.smoke else args.duration,
-                 max_batch_size=args.max_batch_size, wait_ms=args.wait_ms, prepare_tf=False)]
+    return [
+        dict(
+            target="http",
+            targets=list(TARGETS),
+            clients=clients,
+            duration=0.5 if args.smoke else args.duration,
+            max_batch_size=args.max_batch_size,
+            wait_ms=args.wait_ms,
+            prepare_tf=False,
+        )
+    ]
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -267,22 +299,31 @@ def summarize(records: list[dict]) -> list[dict]:
     for row in summary:
         if row["target"].startswith("policy"):
             for ceiling in ("ceiling", "ceiling/body"):
-                row["vs_" + ceiling.replace("/", "_")] = stats.ratio(row[VALUE], stats.find(
-                    summary, VALUE, target=ceiling, clients=row["clients"]))
+                row["vs_" + ceiling.replace("/", "_")] = stats.ratio(
+                    row[VALUE], stats.find(summary, VALUE, target=ceiling, clients=row["clients"])
+                )
     return summary
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["clients"] for r in summary})
-    labels = {"ceiling": "bare Serve deployment (constant)",
-              "ceiling/body": "bare, reading the body",
-              "policy/batcher": "policy-service serve (RequestBatcher)",
-              "policy/serve": "same API, @serve.batch"}
-    series = {label: [stats.find(summary, VALUE, target=t, clients=n) for n in counts]
-              for t, label in labels.items()}
-    return plots.bar_chart(f"{out_dir}/{NAME}.png",
-                           "HTTP serving, one observation per request, keep-alive clients",
-                           "actions/s", [f"{n} clients" for n in counts], series)
+    labels = {
+        "ceiling": "bare Serve deployment (constant)",
+        "ceiling/body": "bare, reading the body",
+        "policy/batcher": "policy-service serve (RequestBatcher)",
+        "policy/serve": "same API, @serve.batch",
+    }
+    series = {
+        label: [stats.find(summary, VALUE, target=t, clients=n) for n in counts]
+        for t, label in labels.items()
+    }
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        "HTTP serving, one observation per request, keep-alive clients",
+        "actions/s",
+        [f"{n} clients" for n in counts],
+        series,
+    )
 
 
 def main(argv=None):
@@ -292,9 +333,17 @@ def main(argv=None):
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=1.0)
     args = parser.parse_args(argv)
-    harness.run_benchmark(args, NAME, measure, "benchmarks.serve", configurations(args),
-                          summarize=summarize, plot=plot, timeout=lambda spec: 1800,
-                          workload="PPO MLP 4 -> 256x256, one observation per HTTP request")
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.serve",
+        configurations(args),
+        summarize=summarize,
+        plot=plot,
+        timeout=lambda spec: 1800,
+        workload="PPO MLP 4 -> 256x256, one observation per HTTP request",
+    )
 
 
 if __name__ == "__main__":

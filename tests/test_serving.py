@@ -5,6 +5,7 @@ Server "cartpole": a PPO policy (CartPole spaces, Discrete actions), generated t
 a 50 ms batch wait so that concurrent requests batch. Server "nested": a recurrent
 policy with Dict observations and Box actions, its token from --token-file.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -54,21 +55,37 @@ class Server:
     def __init__(self, checkpoint: Path, *args: str, env: dict | None = None):
         self.port = free_port()
         self.ray_tmp = tempfile.mkdtemp(prefix="psv", dir="/tmp")  # short: Ray's socket paths
-        environ = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO),
-                       RAY_TMPDIR=self.ray_tmp)
+        environ = dict(
+            os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO), RAY_TMPDIR=self.ray_tmp
+        )
         environ.pop("RAY_ADDRESS", None)
         environ.pop(TOKEN_ENV, None)
         environ.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "policy_service.cli.commands", "serve", str(checkpoint),
-             "--port", str(self.port), *args],
-            cwd=REPO, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "policy_service.cli.commands",
+                "serve",
+                str(checkpoint),
+                "--port",
+                str(self.port),
+                *args,
+            ],
+            cwd=REPO,
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        threading.Thread(target=self._drain, args=(self.proc.stdout, self.stdout),
-                         daemon=True).start()
-        threading.Thread(target=self._drain, args=(self.proc.stderr, self.stderr),
-                         daemon=True).start()
+        threading.Thread(
+            target=self._drain, args=(self.proc.stdout, self.stdout), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._drain, args=(self.proc.stderr, self.stderr), daemon=True
+        ).start()
         self.token = ""
 
     @staticmethod
@@ -87,12 +104,20 @@ class Server:
                 break
             time.sleep(0.5)
         self.stop()
-        raise AssertionError(f"server not ready (exit {self.proc.returncode}): "
-                             f"{''.join(self.stdout)[-2000:]}{''.join(self.stderr)[-3000:]}")
+        raise AssertionError(
+            f"server not ready (exit {self.proc.returncode}): "
+            f"{''.join(self.stdout)[-2000:]}{''.join(self.stderr)[-3000:]}"
+        )
 
-    def request(self, method: str, path: str, body: bytes | dict | None = None,
-                token: str | None = "default", headers: dict | None = None,
-                conn: http.client.HTTPConnection | None = None) -> tuple[int, str]:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | dict | None = None,
+        token: str | None = "default",
+        headers: dict | None = None,
+        conn: http.client.HTTPConnection | None = None,
+    ) -> tuple[int, str]:
         own = conn is None
         conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
         sent = dict(headers or {})
@@ -137,26 +162,32 @@ class Server:
 @pytest.fixture(scope="module")
 def cartpole_checkpoint(tmp_path_factory) -> Path:
     from algorithms.ppo import PPOPolicy
+
     env = gym.make("CartPole-v1")
-    policy = PPOPolicy(env.observation_space, env.action_space,
-                       {"seed": 0, "model": {"fcnet_hiddens": [32, 32]}})
+    policy = PPOPolicy(
+        env.observation_space, env.action_space, {"seed": 0, "model": {"fcnet_hiddens": [32, 32]}}
+    )
     policy.num_grad_updates = CARTPOLE_VERSION
     path = tmp_path_factory.mktemp("cartpole") / "policy"
     policy.export_checkpoint(str(path))
     return path
 
 
-NESTED_OBS = gym.spaces.Dict({
-    "position": gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
-    "mode": gym.spaces.Discrete(4)})
+NESTED_OBS = gym.spaces.Dict(
+    {"position": gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "mode": gym.spaces.Discrete(4)}
+)
 BOX_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
 
 
 @pytest.fixture(scope="module")
 def nested_checkpoint(tmp_path_factory) -> Path:
     from algorithms.ppo import PPOPolicy
-    policy = PPOPolicy(NESTED_OBS, BOX_ACTIONS, {"seed": 1, "model": {
-        "fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}})
+
+    policy = PPOPolicy(
+        NESTED_OBS,
+        BOX_ACTIONS,
+        {"seed": 1, "model": {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}},
+    )
     path = tmp_path_factory.mktemp("nested") / "policy"
     policy.export_checkpoint(str(path))
     return path
@@ -164,8 +195,7 @@ def nested_checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def cartpole_server(cartpole_checkpoint):
-    server = Server(cartpole_checkpoint, "--batch-wait-timeout-s", "0.05",
-                    "--max-batch-size", "64")
+    server = Server(cartpole_checkpoint, "--batch-wait-timeout-s", "0.05", "--max-batch-size", "64")
     ready = server.wait_ready()
     token_file = re.search(r"token from (\S+)", ready).group(1)
     server.token = Path(token_file).read_text().strip()
@@ -188,6 +218,7 @@ def nested_server(nested_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="module")
 def cartpole_policy(cartpole_checkpoint):
     from policy_service.policy import TFPolicy
+
     return TFPolicy.from_checkpoint(str(cartpole_checkpoint))
 
 
@@ -196,7 +227,9 @@ def cartpole_policy(cartpole_checkpoint):
 
 def test_health_needs_no_token(cartpole_server):
     assert cartpole_server.request("GET", http_api.HEALTH, token=None) == (
-        200, '{"status": "ok"}\n')
+        200,
+        '{"status": "ok"}\n',
+    )
 
 
 def test_actions_equal_compute_actions_of_the_checkpoint(cartpole_server, cartpole_policy):
@@ -225,13 +258,13 @@ def test_spec_names_spaces_and_model_inputs(cartpole_server):
     assert spec["explore_default"] is True  # PPO's config: requests say explore: false to act
 
 
-
 def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_policy):
     """32 requests at once (with a bad one among them): fewer passes than requests, each
     caller gets its own rows, and the bad request fails alone."""
     rng = np.random.default_rng(1)
-    batches = [rng.uniform(-2, 2, (int(rng.integers(1, 5)), 4)).astype(np.float32)
-               for _ in range(32)]
+    batches = [
+        rng.uniform(-2, 2, (int(rng.integers(1, 5)), 4)).astype(np.float32) for _ in range(32)
+    ]
     bad = 7
     before = cartpole_server.stats()
     barrier = threading.Barrier(len(batches))
@@ -274,8 +307,9 @@ def test_generated_token_is_private_and_named(cartpole_server, cartpole_checkpoi
     assert len(cartpole_server.token) >= 32
 
 
-@pytest.mark.parametrize("path,method", [(http_api.ACTIONS, "POST"), (http_api.SPEC, "GET"),
-                                         (http_api.STATS, "GET")])
+@pytest.mark.parametrize(
+    "path,method", [(http_api.ACTIONS, "POST"), (http_api.SPEC, "GET"), (http_api.STATS, "GET")]
+)
 @pytest.mark.parametrize("token", [None, "wrong", ""])
 def test_a_missing_or_wrong_token_is_401(cartpole_server, path, method, token):
     body = {"obs": [[0.0] * 4]} if method == "POST" else None
@@ -286,22 +320,28 @@ def test_a_missing_or_wrong_token_is_401(cartpole_server, path, method, token):
 
 def test_a_token_of_another_scheme_is_401(cartpole_server):
     status, text = cartpole_server.request(
-        "GET", http_api.SPEC, token=None,
-        headers={"Authorization": f"Basic {cartpole_server.token}"})
+        "GET",
+        http_api.SPEC,
+        token=None,
+        headers={"Authorization": f"Basic {cartpole_server.token}"},
+    )
     assert status == 401 and "scheme 'Basic'" in json.loads(text)["error"]
 
 
-@pytest.mark.parametrize("body,field,detail", [
-    (b'{"obs": [[0, 0, 0', "body", "invalid JSON"),
-    (b'[1, 2]', "body", "got an array"),
-    (b'{"obs": [[0.1, 0.2, 0.3]]}', "obs", "got shape (1, 3)"),
-    (b'{"obs": [[0.1, 0.2, 0.3, 0.4], [0.1]]}', "obs", "rectangular"),
-    (b'{"obs": [[0.1, NaN, 0.3, 0.4]]}', "obs", "NaN"),
-    (b'{"explore": false}', "obs", "missing field"),
-    (b'{"obs": [[0, 0, 0, 0]], "explore": 1}', "explore", "got 1"),
-    (b'{"obs": [[0, 0, 0, 0]], "state": [[1.0]]}', "state", "not recurrent"),
-    (b'{"obs": [[0, 0, 0, 0]], "extra": 1}', "body", "unexpected ['extra']"),
-])
+@pytest.mark.parametrize(
+    "body,field,detail",
+    [
+        (b'{"obs": [[0, 0, 0', "body", "invalid JSON"),
+        (b"[1, 2]", "body", "got an array"),
+        (b'{"obs": [[0.1, 0.2, 0.3]]}', "obs", "got shape (1, 3)"),
+        (b'{"obs": [[0.1, 0.2, 0.3, 0.4], [0.1]]}', "obs", "rectangular"),
+        (b'{"obs": [[0.1, NaN, 0.3, 0.4]]}', "obs", "NaN"),
+        (b'{"explore": false}', "obs", "missing field"),
+        (b'{"obs": [[0, 0, 0, 0]], "explore": 1}', "explore", "got 1"),
+        (b'{"obs": [[0, 0, 0, 0]], "state": [[1.0]]}', "state", "not recurrent"),
+        (b'{"obs": [[0, 0, 0, 0]], "extra": 1}', "body", "unexpected ['extra']"),
+    ],
+)
 def test_bad_requests_are_400_with_one_line(cartpole_server, body, field, detail):
     status, text = cartpole_server.request("POST", http_api.ACTIONS, body)
     assert status == 400, text
@@ -321,7 +361,7 @@ def test_a_40mb_body_is_413_and_the_next_request_is_served(cartpole_server):
     conn.endheaders()
     try:
         for start in range(0, len(body), 2**20):
-            conn.send(body[start:start + 2**20])
+            conn.send(body[start : start + 2**20])
     except (BrokenPipeError, ConnectionResetError):
         pass  # the server answered and closed before taking the whole body
     response = conn.getresponse()
@@ -337,6 +377,7 @@ def test_a_chunked_body_over_the_limit_is_413(cartpole_server):
     def chunks():
         for _ in range(80):
             yield b" " * 2**16
+
     # no Content-Length: http.client sends an iterable body chunked
     status, text = cartpole_server.request("POST", http_api.ACTIONS, chunks())
     assert status == 413 and "got more than" in json.loads(text)["error"]
@@ -348,8 +389,9 @@ def test_it_listens_on_loopback_only(cartpole_server):
     addresses too: they are Ray's, reached by Ray only.)"""
     tree = process_tree(cartpole_server.proc.pid)
     port = cartpole_server.port
-    on_port = [(address, pid) for address, pid in tcp_listeners()
-               if address.rsplit(":", 1)[1] == str(port)]
+    on_port = [
+        (address, pid) for address, pid in tcp_listeners() if address.rsplit(":", 1)[1] == str(port)
+    ]
     assert [address for address, _ in on_port] == [f"127.0.0.1:{port}"]
     assert on_port[0][1] in tree
     others = [a for a in local_ipv4_addresses() if not a.startswith("127.")]
@@ -361,8 +403,9 @@ def test_it_listens_on_loopback_only(cartpole_server):
 def local_ipv4_addresses() -> set[str]:
     """This machine's IPv4 addresses (the kernel's LOCAL routes)."""
     lines = Path("/proc/net/fib_trie").read_text().splitlines()
-    return {previous.split()[-1] for previous, line in zip(lines, lines[1:])
-            if "/32 host LOCAL" in line}
+    return {
+        previous.split()[-1] for previous, line in zip(lines, lines[1:]) if "/32 host LOCAL" in line
+    }
 
 
 def process_tree(root: int) -> set[int]:
@@ -396,27 +439,32 @@ def tcp_listeners() -> list[tuple[str, int]]:
 
 def test_nested_obs_box_actions_and_state_round_trip(nested_server, nested_checkpoint):
     from policy_service.policy import TFPolicy
+
     policy = TFPolicy.from_checkpoint(str(nested_checkpoint))
     rng = np.random.default_rng(2)
-    obs = {"position": rng.uniform(-1, 1, (5, 3)).astype(np.float32),
-           "mode": rng.integers(0, 4, 5)}
+    obs = {"position": rng.uniform(-1, 1, (5, 3)).astype(np.float32), "mode": rng.integers(0, 4, 5)}
     request = {"obs": {k: v.tolist() for k, v in obs.items()}, "explore": False}
     first = nested_server.actions(request)
     actions, state_out, _ = policy.compute_actions(obs, explore=False)
     np.testing.assert_allclose(first["actions"], actions, rtol=1e-5, atol=1e-6)
     assert len(first["state_out"]) == policy.num_state_tensors() == 2
     second = nested_server.actions(dict(request, state=first["state_out"]))
-    actions2, _, _ = policy.compute_actions(obs, [np.asarray(s, np.float32)
-                                                  for s in first["state_out"]], explore=False)
+    actions2, _, _ = policy.compute_actions(
+        obs, [np.asarray(s, np.float32) for s in first["state_out"]], explore=False
+    )
     np.testing.assert_allclose(second["actions"], actions2, rtol=1e-5, atol=1e-6)
     assert not np.allclose(second["actions"], first["actions"])  # the state was used
 
 
 def test_nested_bad_requests_name_the_sub_field(nested_server):
-    cases = [({"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [9]}}, "obs['mode']"),
-             ({"obs": {"position": [[0.0, 0.0, 0.0]]}}, "obs: expected a dict with keys"),
-             ({"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [1]}, "state": [[[0.0]], [[0.0]]]},
-              "state[0]: expected shape (1, 8)")]
+    cases = [
+        ({"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [9]}}, "obs['mode']"),
+        ({"obs": {"position": [[0.0, 0.0, 0.0]]}}, "obs: expected a dict with keys"),
+        (
+            {"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [1]}, "state": [[[0.0]], [[0.0]]]},
+            "state[0]: expected shape (1, 8)",
+        ),
+    ]
     for body, start in cases:
         status, text = nested_server.request("POST", http_api.ACTIONS, body)
         assert status == 400 and json.loads(text)["error"].startswith(start), text
@@ -446,22 +494,44 @@ def test_num_gpus_and_replicas_reach_the_deployment_options():
 
 
 def test_gpus_the_cluster_lacks_are_one_line_errors():
-    with pytest.raises(ServeSetupError, match=r"need GPU 2 \(--num-gpus 1 each\); the "
-                                              r"cluster has GPU 0"):
-        check_cluster_fits(ServingSettings(num_replicas=2, num_gpus_per_replica=1),
-                           {"CPU": 2.0})
-    check_cluster_fits(ServingSettings(num_replicas=2, num_gpus_per_replica=0.5),
-                       {"CPU": 2.0, "GPU": 1.0})
+    with pytest.raises(
+        ServeSetupError,
+        match=r"need GPU 2 \(--num-gpus 1 each\); the "
+        r"cluster has GPU 0",
+    ):
+        check_cluster_fits(ServingSettings(num_replicas=2, num_gpus_per_replica=1), {"CPU": 2.0})
+    check_cluster_fits(
+        ServingSettings(num_replicas=2, num_gpus_per_replica=0.5), {"CPU": 2.0, "GPU": 1.0}
+    )
 
 
 def test_serve_with_a_gpu_on_a_machine_without_one_exits_2(cartpole_checkpoint):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO),
-               RAY_TMPDIR=tempfile.mkdtemp(prefix="psv", dir="/tmp"), POLICY_SERVICE_TOKEN="t")
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=str(REPO),
+        RAY_TMPDIR=tempfile.mkdtemp(prefix="psv", dir="/tmp"),
+        POLICY_SERVICE_TOKEN="t",
+    )
     env.pop("RAY_ADDRESS", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "policy_service.cli.commands", "serve", str(cartpole_checkpoint),
-         "--port", str(free_port()), "--num-gpus", "1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "policy_service.cli.commands",
+            "serve",
+            str(cartpole_checkpoint),
+            "--port",
+            str(free_port()),
+            "--num-gpus",
+            "1",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "policy-service: error: 1 replica(s) need GPU 1" in proc.stderr
 
@@ -471,20 +541,22 @@ def test_a_taken_port_is_a_one_line_error():
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        with pytest.raises(ServeSetupError, match=f"--host 127.0.0.1 --port {port}: cannot "
-                                                  "listen there"):
+        with pytest.raises(
+            ServeSetupError, match=f"--host 127.0.0.1 --port {port}: cannot listen there"
+        ):
             check_port_free(ServerAddress("127.0.0.1", port))
     check_port_free(ServerAddress("127.0.0.1", port))
 
 
 def test_deeply_nested_json_is_400():
     from policy_service import spaces
+
     space = gym.spaces.Box(-1.0, 1.0, (4,))
-    schema = http_api.RequestSchema(space, spaces.make_preprocessor(space), (),
-                                    np.dtype(np.int64), ())
+    schema = http_api.RequestSchema(
+        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), ()
+    )
     with pytest.raises(http_api.HttpError, match="nested too deep") as err:
-        http_api.parse_action_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-                                      schema)
+        http_api.parse_action_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", schema)
     assert err.value.status == 400
 
 
@@ -493,7 +565,9 @@ def test_token_sources_in_order(tmp_path):
     token_file.write_text("from-file\n")
     env = {"POLICY_SERVICE_TOKEN": "from-env"}
     assert resolve_token(str(token_file), env, tmp_path / "serve") == (
-        "from-file", f"--token-file {token_file}")
+        "from-file",
+        f"--token-file {token_file}",
+    )
     assert resolve_token(None, env, tmp_path / "serve")[0] == "from-env"
     token, where = resolve_token(None, {}, tmp_path / "serve")
     assert where == str(tmp_path / "serve" / "token") and not (tmp_path / "given2").exists()
@@ -524,9 +598,11 @@ def test_tokens_compare_by_digest():
 
 def test_tuple_obs_parse_as_the_space_has_them():
     from policy_service import spaces
+
     space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,))))
-    schema = http_api.RequestSchema(space, spaces.make_preprocessor(space), (), np.dtype(np.int64),
-                                    ())
+    schema = http_api.RequestSchema(
+        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), ()
+    )
     parsed = http_api.parse_action_request(b'{"obs": [[2, 0], [[0.5, 0.5], [1, 0]]]}', schema)
     assert parsed.num_rows == 2 and isinstance(parsed.obs, tuple)
     assert parsed.obs[0].dtype == np.int64 and parsed.obs[1].dtype == np.float32

@@ -10,6 +10,7 @@ or batch_wait_timeout_s after the first), and a batch that fails anyway is rerun
 request by request, so one bad request never fails the others. Measured against
 Serve's own `@serve.batch` in benchmarks/serve.py (BENCHMARKS.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -62,15 +63,21 @@ class ServingSettings:
 
 def deployment_options(settings: ServingSettings) -> dict:
     """The `serve.deployment` options of the policy deployment."""
-    return {"name": DEPLOYMENT_NAME, "num_replicas": settings.num_replicas,
-            "max_ongoing_requests": MAX_ONGOING_REQUESTS,
-            "ray_actor_options": {"num_cpus": settings.num_cpus_per_replica,
-                                  "num_gpus": settings.num_gpus_per_replica}}
+    return {
+        "name": DEPLOYMENT_NAME,
+        "num_replicas": settings.num_replicas,
+        "max_ongoing_requests": MAX_ONGOING_REQUESTS,
+        "ray_actor_options": {
+            "num_cpus": settings.num_cpus_per_replica,
+            "num_gpus": settings.num_gpus_per_replica,
+        },
+    }
 
 
 def policy_app(policy_state: dict, token_digest: bytes, settings: ServingSettings):
     """The Serve application: PolicyDeployment bound to a saved policy state."""
     from ray import serve
+
     deployment = serve.deployment(**deployment_options(settings))(PolicyDeployment)
     return deployment.bind(policy_state, token_digest, settings)
 
@@ -82,28 +89,35 @@ def json_response(body: bytes, status: int = 200) -> Response:
 class PolicyDeployment:
     """One Serve replica: a PolicyHost with the checkpoint's policy behind the HTTP API."""
 
-    async def __init__(self, policy_state: dict, token_digest: bytes,  # type: ignore[misc]
-                       settings: ServingSettings):
-        # Serve awaits an async constructor; the host's set_state is a coroutine
+    # Serve awaits an async constructor; the host's set_state is a coroutine
+    async def __init__(  # type: ignore[misc]
+        self, policy_state: dict, token_digest: bytes, settings: ServingSettings
+    ):
         from policy_service.config import on_cpu
         from policy_service.distributed.policy_actor import PolicyHost
         from policy_service.io.checkpoints import resolve_class
         from policy_service.io.space_codec import space_from_json
         from policy_service.policy import TFPolicy
+
         policy_cls = resolve_class(policy_state["policy_class"], TFPolicy)
         self.host = PolicyHost(
-            policy_cls, space_from_json(policy_state["observation_space"]),
-            space_from_json(policy_state["action_space"]), on_cpu(policy_state["config"]),
+            policy_cls,
+            space_from_json(policy_state["observation_space"]),
+            space_from_json(policy_state["action_space"]),
+            on_cpu(policy_state["config"]),
             max_batch_size=settings.max_batch_size,
-            batch_wait_timeout_s=settings.batch_wait_timeout_s)
+            batch_wait_timeout_s=settings.batch_wait_timeout_s,
+        )
         # the version of saved weights is the number of updates that made them
-        await self.host.set_state({**policy_state, "weights_version":
-                                   int(policy_state.get("num_grad_updates", 0))})
+        await self.host.set_state(
+            {**policy_state, "weights_version": int(policy_state.get("num_grad_updates", 0))}
+        )
         self._digest = token_digest
         self._max_request_bytes = int(settings.max_request_bytes)
         self._schema = RequestSchema.of(self.host.policy)
-        self._spec = json.dumps(api_spec(self.host.policy, await self.host.weights_version(),
-                                         self._max_request_bytes)).encode()
+        self._spec = json.dumps(
+            api_spec(self.host.policy, await self.host.weights_version(), self._max_request_bytes)
+        ).encode()
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -135,8 +149,12 @@ class PolicyDeployment:
         checked = parse_action_request(body, self._schema)
         try:
             actions, state_out, extra = await self.host.compute_actions(
-                checked.obs, checked.state, checked.explore,
-                prev_action_batch=checked.prev_actions, prev_reward_batch=checked.prev_rewards)
+                checked.obs,
+                checked.state,
+                checked.explore,
+                prev_action_batch=checked.prev_actions,
+                prev_reward_batch=checked.prev_rewards,
+            )
         except ValueError as err:  # what the host's own check refused
             raise HttpError(400, one_line(err)) from None
         return json_response(action_response(actions, state_out, extra["weights_version"]))

@@ -16,6 +16,7 @@ naming the field, the expected and the actual value: 400 bad input, 401 token,
 404/405 path or method, 413 body too large. Bodies are read with `json` only:
 nothing is unpickled. Imports neither TensorFlow nor Ray.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -68,8 +69,11 @@ def check_authorization(header: str | None, digest: bytes) -> None:
         raise HttpError(401, "Authorization: expected 'Bearer <token>', got no header")
     scheme, _, given = header.strip().partition(" ")
     if scheme.lower() != "bearer" or not given.strip():
-        raise HttpError(401, f"Authorization: expected 'Bearer <token>', got scheme "
-                             f"{scheme[:20]!r}{'' if given.strip() else ' with no token'}")
+        raise HttpError(
+            401,
+            f"Authorization: expected 'Bearer <token>', got scheme "
+            f"{scheme[:20]!r}{'' if given.strip() else ' with no token'}",
+        )
     if not hmac.compare_digest(token_digest(given.strip()), digest):
         raise HttpError(401, "Authorization: expected the server's bearer token, got another")
 
@@ -83,13 +87,17 @@ def check_content_length(header: str | None, limit: int) -> None:
     except ValueError:
         raise HttpError(400, f"Content-Length: expected an integer, got {header[:40]!r}") from None
     if length > limit:
-        raise HttpError(413, f"body: expected at most {limit} bytes (--max-request-bytes), "
-                             f"got Content-Length {length}")
+        raise HttpError(
+            413,
+            f"body: expected at most {limit} bytes (--max-request-bytes), "
+            f"got Content-Length {length}",
+        )
 
 
 def too_large(limit: int, read: int) -> HttpError:
-    return HttpError(413, f"body: expected at most {limit} bytes (--max-request-bytes), "
-                          f"got more than {read}")
+    return HttpError(
+        413, f"body: expected at most {limit} bytes (--max-request-bytes), got more than {read}"
+    )
 
 
 # ----- /v1/actions requests -------------------------------------------------------------------
@@ -119,10 +127,15 @@ class RequestSchema:
     @classmethod
     def of(cls, policy) -> RequestSchema:
         from policy_service import spaces
+
         dtype, shape = spaces.action_dtype_and_shape(policy.action_space)
-        return cls(policy.observation_space, policy.preprocessor,
-                   tuple(tuple(s.shape) for s in policy.get_initial_state()),
-                   np.dtype(dtype), tuple(shape))
+        return cls(
+            policy.observation_space,
+            policy.preprocessor,
+            tuple(tuple(s.shape) for s in policy.get_initial_state()),
+            np.dtype(dtype),
+            tuple(shape),
+        )
 
 
 def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
@@ -132,17 +145,22 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
         raise HttpError(400, f"body: expected a JSON object, got invalid JSON ({err})") from None
     except RecursionError:
-        raise HttpError(400, "body: expected a JSON object, got arrays nested too deep "
-                             "to read") from None
+        raise HttpError(
+            400, "body: expected a JSON object, got arrays nested too deep to read"
+        ) from None
     if not isinstance(data, dict):
         raise HttpError(400, f"body: expected a JSON object, got {_json_kind(data)}")
     unexpected = sorted(set(data) - set(REQUEST_FIELDS))
     if unexpected:
-        raise HttpError(400, f"body: expected only the fields {list(REQUEST_FIELDS)}, got "
-                             f"unexpected {unexpected}")
+        raise HttpError(
+            400,
+            f"body: expected only the fields {list(REQUEST_FIELDS)}, got unexpected {unexpected}",
+        )
     if "obs" not in data:
-        raise HttpError(400, f"obs: missing field; expected a batch of observations of "
-                             f"{schema.observation_space}")
+        raise HttpError(
+            400,
+            f"obs: missing field; expected a batch of observations of {schema.observation_space}",
+        )
     explore = data.get("explore")
     if explore is not None and not isinstance(explore, bool):
         raise HttpError(400, f"explore: expected true or false, got {_short(explore)}")
@@ -155,17 +173,31 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
     num_rows = _num_rows(obs)
     if num_rows == 0:
         raise HttpError(400, "obs: expected at least one row, got 0")
-    return ActionRequest(obs, _state(data.get("state"), schema, num_rows), explore,
-                         _optional_column(data.get("prev_actions"), "prev_actions",
-                                          (num_rows, *schema.action_shape), schema.action_dtype),
-                         _optional_column(data.get("prev_rewards"), "prev_rewards",
-                                          (num_rows,), np.dtype(np.float32)),
-                         num_rows)
+    return ActionRequest(
+        obs,
+        _state(data.get("state"), schema, num_rows),
+        explore,
+        _optional_column(
+            data.get("prev_actions"),
+            "prev_actions",
+            (num_rows, *schema.action_shape),
+            schema.action_dtype,
+        ),
+        _optional_column(
+            data.get("prev_rewards"), "prev_rewards", (num_rows,), np.dtype(np.float32)
+        ),
+        num_rows,
+    )
 
 
 def action_response(actions, state_out: list, weights_version: int) -> bytes:
-    return json.dumps({"actions": _tolist(actions), "state_out": [s.tolist() for s in state_out],
-                       "weights_version": int(weights_version)}).encode()
+    return json.dumps(
+        {
+            "actions": _tolist(actions),
+            "state_out": [s.tolist() for s in state_out],
+            "weights_version": int(weights_version),
+        }
+    ).encode()
 
 
 def _obs_arrays(value, space: gym.Space, field: str):
@@ -174,13 +206,16 @@ def _obs_arrays(value, space: gym.Space, field: str):
     if isinstance(space, gym.spaces.Dict):
         if not isinstance(value, dict):
             return value
-        return {k: _obs_arrays(v, space[k], f"{field}[{k!r}]") if k in space.spaces else v
-                for k, v in value.items()}
+        return {
+            k: _obs_arrays(v, space[k], f"{field}[{k!r}]") if k in space.spaces else v
+            for k, v in value.items()
+        }
     if isinstance(space, gym.spaces.Tuple):
         if not isinstance(value, list) or len(value) != len(space.spaces):
             return value
-        return tuple(_obs_arrays(v, s, f"{field}[{i}]")
-                     for i, (v, s) in enumerate(zip(value, space.spaces)))
+        return tuple(
+            _obs_arrays(v, s, f"{field}[{i}]") for i, (v, s) in enumerate(zip(value, space.spaces))
+        )
     return _array(value, field)
 
 
@@ -200,20 +235,25 @@ def _num_rows(obs) -> int:
 
 def _array(value, field: str) -> np.ndarray:
     if isinstance(value, (dict, str)) or value is None:
-        raise HttpError(400, f"{field}: expected an array (nested lists of numbers), got "
-                             f"{_json_kind(value)}")
+        raise HttpError(
+            400, f"{field}: expected an array (nested lists of numbers), got {_json_kind(value)}"
+        )
     try:
         return np.asarray(value)
     except ValueError:
-        raise HttpError(400, f"{field}: expected a rectangular array, got lists of "
-                             "unequal lengths") from None
+        raise HttpError(
+            400, f"{field}: expected a rectangular array, got lists of unequal lengths"
+        ) from None
 
 
 def _numeric(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
     array = _array(value, field)
     if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and dtype.kind in "iu"):
-        raise HttpError(400, f"{field}: expected {dtype.name} numbers of shape {shape}, got "
-                             f"dtype {array.dtype} shape {array.shape}")
+        raise HttpError(
+            400,
+            f"{field}: expected {dtype.name} numbers of shape {shape}, got "
+            f"dtype {array.dtype} shape {array.shape}",
+        )
     if array.shape != shape:
         raise HttpError(400, f"{field}: expected shape {shape}, got {array.shape}")
     if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
@@ -227,11 +267,16 @@ def _state(value, schema: RequestSchema, num_rows: int) -> list[np.ndarray] | No
     expected = len(schema.state_shapes)
     if not isinstance(value, list) or len(value) != expected:
         got = f"a list of {len(value)}" if isinstance(value, list) else _json_kind(value)
-        raise HttpError(400, f"state: expected a list of {expected} state tensors (one per "
-                             f"state_in_i; the policy is{'' if expected else ' not'} "
-                             f"recurrent), got {got}")
-    return [_numeric(s, f"state[{i}]", (num_rows, *shape), np.dtype(np.float32))
-            for i, (s, shape) in enumerate(zip(value, schema.state_shapes))]
+        raise HttpError(
+            400,
+            f"state: expected a list of {expected} state tensors (one per "
+            f"state_in_i; the policy is{'' if expected else ' not'} "
+            f"recurrent), got {got}",
+        )
+    return [
+        _numeric(s, f"state[{i}]", (num_rows, *shape), np.dtype(np.float32))
+        for i, (s, shape) in enumerate(zip(value, schema.state_shapes))
+    ]
 
 
 def _optional_column(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
@@ -247,8 +292,13 @@ def _tolist(value):
 
 
 def _json_kind(value) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            type(None): "null"}.get(type(value), f"a number ({_short(value)})")
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), f"a number ({_short(value)})")
 
 
 def _short(value) -> str:
@@ -263,10 +313,15 @@ def api_spec(policy, weights_version: int, max_request_bytes: int) -> dict:
     """What a client in any language needs to build a request and read the answer."""
     from policy_service.io.export import model_input_specs
     from policy_service.io.space_codec import space_to_json
+
     schema = RequestSchema.of(policy)
-    inputs = {name: {"shape": [None if d is None else int(d) for d in spec.shape],
-                     "dtype": spec.dtype.name}
-              for name, spec in model_input_specs(policy).items()}
+    inputs = {
+        name: {
+            "shape": [None if d is None else int(d) for d in spec.shape],
+            "dtype": spec.dtype.name,
+        }
+        for name, spec in model_input_specs(policy).items()
+    }
     return {
         "observation_space": space_to_json(policy.observation_space),
         "action_space": space_to_json(policy.action_space),

@@ -9,6 +9,7 @@ the address asked for (loopback by default) and the policy deployment, prints on
 "serving ..." line, then waits; SIGTERM or SIGINT stops Serve and Ray, and it
 returns 0.
 """
+
 from __future__ import annotations
 
 import os
@@ -44,14 +45,22 @@ def check_settings(address: ServerAddress, settings: ServingSettings) -> None:
     checks = [
         (1 <= address.port <= 65535, f"--port must be in [1, 65535], got {address.port}"),
         (settings.num_replicas >= 1, f"--num-replicas must be >= 1, got {settings.num_replicas}"),
-        (settings.num_gpus_per_replica >= 0,
-         f"--num-gpus must be >= 0, got {settings.num_gpus_per_replica}"),
-        (settings.max_batch_size >= 1,
-         f"--max-batch-size must be >= 1, got {settings.max_batch_size}"),
-        (settings.batch_wait_timeout_s >= 0,
-         f"--batch-wait-timeout-s must be >= 0, got {settings.batch_wait_timeout_s}"),
-        (settings.max_request_bytes >= 1,
-         f"--max-request-bytes must be >= 1, got {settings.max_request_bytes}"),
+        (
+            settings.num_gpus_per_replica >= 0,
+            f"--num-gpus must be >= 0, got {settings.num_gpus_per_replica}",
+        ),
+        (
+            settings.max_batch_size >= 1,
+            f"--max-batch-size must be >= 1, got {settings.max_batch_size}",
+        ),
+        (
+            settings.batch_wait_timeout_s >= 0,
+            f"--batch-wait-timeout-s must be >= 0, got {settings.batch_wait_timeout_s}",
+        ),
+        (
+            settings.max_request_bytes >= 1,
+            f"--max-request-bytes must be >= 1, got {settings.max_request_bytes}",
+        ),
     ]
     for ok, message in checks:
         if not ok:
@@ -64,23 +73,25 @@ def check_port_free(address: ServerAddress) -> None:
         try:
             probe.bind((address.host, address.port))
         except OSError as err:
-            raise ServeSetupError(f"--host {address.host} --port {address.port}: cannot listen "
-                                  f"there ({err.strerror})") from None
+            raise ServeSetupError(
+                f"--host {address.host} --port {address.port}: cannot listen there ({err.strerror})"
+            ) from None
 
 
-def resolve_token(token_file: str | None, environ: Mapping[str, str],
-                  serve_dir: Path) -> tuple[str, str]:
+def resolve_token(
+    token_file: str | None, environ: Mapping[str, str], serve_dir: Path
+) -> tuple[str, str]:
     """(token, where it came from): --token-file, else $POLICY_SERVICE_TOKEN, else a new
     one written (mode 0600) to serve_dir/token, whose path is the `where`."""
     if token_file:
         try:
             token = Path(token_file).read_text().strip()
         except OSError as err:
-            raise ServeSetupError(f"--token-file {token_file}: cannot be read "
-                                  f"({err.strerror})") from None
+            raise ServeSetupError(
+                f"--token-file {token_file}: cannot be read ({err.strerror})"
+            ) from None
         if not token:
-            raise ServeSetupError(f"--token-file {token_file}: expected a token, got an "
-                                  "empty file")
+            raise ServeSetupError(f"--token-file {token_file}: expected a token, got an empty file")
         return token, f"--token-file {token_file}"
     if environ.get(TOKEN_ENV, "").strip():
         return environ[TOKEN_ENV].strip(), f"${TOKEN_ENV}"
@@ -93,8 +104,10 @@ def resolve_token(token_file: str | None, environ: Mapping[str, str],
             os.fchmod(f.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
             f.write(token + "\n")
     except OSError as err:
-        raise ServeSetupError(f"cannot write the token to {path}: {err.strerror}; pass "
-                              f"--token-file or set ${TOKEN_ENV}") from None
+        raise ServeSetupError(
+            f"cannot write the token to {path}: {err.strerror}; pass "
+            f"--token-file or set ${TOKEN_ENV}"
+        ) from None
     return token, str(path)
 
 
@@ -110,36 +123,50 @@ def serve_directory(checkpoint: str | os.PathLike) -> Path:
 
 def check_cluster_fits(settings: ServingSettings, cluster: Mapping[str, float]) -> None:
     """Fail at once when the cluster cannot hold every replica (else Serve waits forever)."""
-    for resource, per_replica, flag in (("CPU", settings.num_cpus_per_replica, "CPUs"),
-                                        ("GPU", settings.num_gpus_per_replica, "--num-gpus")):
+    for resource, per_replica, flag in (
+        ("CPU", settings.num_cpus_per_replica, "CPUs"),
+        ("GPU", settings.num_gpus_per_replica, "--num-gpus"),
+    ):
         asked = per_replica * settings.num_replicas
         if asked > cluster.get(resource, 0.0) + 1e-9:
             raise ServeSetupError(
                 f"{settings.num_replicas} replica(s) need {resource} {asked:g} "
                 f"({flag} {per_replica:g} each); the cluster has "
-                f"{resource} {cluster.get(resource, 0.0):g}")
+                f"{resource} {cluster.get(resource, 0.0):g}"
+            )
 
 
-def run_server(policy_state: dict, address: ServerAddress, settings: ServingSettings,
-               token: str, announce: str = "") -> int:
+def run_server(
+    policy_state: dict,
+    address: ServerAddress,
+    settings: ServingSettings,
+    token: str,
+    announce: str = "",
+) -> int:
     """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0."""
     check_settings(address, settings)
     check_port_free(address)
     start_ray(os.environ.get("RAY_ADDRESS"))  # before Ray is imported: it sets the auth mode
     import ray
     from ray import serve
+
     try:
         # after ray.init, which installs a SIGTERM handler of its own that ends the process
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         check_cluster_fits(settings, ray.cluster_resources())
-        serve.start(http_options={"host": address.host, "port": address.port},
-                    proxy_location="HeadOnly")
-        serve.run(policy_app(policy_state, token_digest(token), settings),
-                  name=APP_NAME, route_prefix="/")
-        print(f"serving on http://{address.host}:{address.port} ({settings.num_replicas} "
-              f"replica(s)); {announce}".rstrip("; "), flush=True)
+        serve.start(
+            http_options={"host": address.host, "port": address.port}, proxy_location="HeadOnly"
+        )
+        serve.run(
+            policy_app(policy_state, token_digest(token), settings), name=APP_NAME, route_prefix="/"
+        )
+        print(
+            f"serving on http://{address.host}:{address.port} ({settings.num_replicas} "
+            f"replica(s)); {announce}".rstrip("; "),
+            flush=True,
+        )
         while not stop.wait(0.5):
             pass
         print("stopping", flush=True)
