@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -153,6 +154,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return self.proc.returncode
 
 
@@ -510,7 +512,7 @@ def test_serve_with_a_gpu_on_a_machine_without_one_exits_2(cartpole_checkpoint):
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONPATH=str(REPO),
-        RAY_TMPDIR=tempfile.mkdtemp(prefix="psv", dir="/tmp"),
+        RAY_TMPDIR=(ray_tmp := tempfile.mkdtemp(prefix="psv", dir="/tmp")),
         POLICY_SERVICE_TOKEN="t",
     )
     env.pop("RAY_ADDRESS", None)
@@ -532,6 +534,7 @@ def test_serve_with_a_gpu_on_a_machine_without_one_exits_2(cartpole_checkpoint):
         text=True,
         timeout=300,
     )
+    shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "policy-service: error: 1 replica(s) need GPU 1" in proc.stderr
 
