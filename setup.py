@@ -4,6 +4,10 @@ from setuptools import find_packages, setup
 # exporting to ONNX (tf2onnx, onnx) and running the result (onnxruntime); the tests
 # check every export in onnxruntime, so "dev" includes them
 ONNX = ["tf2onnx>=1.17", "onnx>=1.16", "onnxruntime>=1.17"]
+# `policy-service serve` (Ray Serve's HTTP proxy and replicas; it relies on Serve 2.60's
+# async constructors and streamed request bodies); tests/test_serving.py starts real
+# servers, so "dev" includes it
+SERVE = ["ray[serve]>=2.60"]
 
 setup(
     name="policy-service",
@@ -26,9 +30,10 @@ setup(
     extras_require={
         "dev": [
             "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100",
-            "ruff>=0.17.6", "mypy>=2.4.1", *ONNX,
+            "ruff>=0.17.6", "mypy>=2.4.1", *ONNX, *SERVE,
         ],
         "onnx": ONNX,
+        "serve": SERVE,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

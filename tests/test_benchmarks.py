@@ -192,3 +192,17 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
         assert printed[name] and not [r for r in printed[name] if "error" in r], name
         assert json.loads((tmp_path / f"{name}.json").read_text())["meta"]["smoke"] is True
     assert {"mlp", "lstm", "cnn"} <= {r.get("model") for r in printed["learner"]}
+
+
+def test_serve_smoke(tmp_path):
+    records = measurements(run_smoke("serve", tmp_path))
+    assert {(r["target"], r["clients"]) for r in records} == {
+        (t, n) for t in ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
+        for n in (1, 16)}
+    assert all(r["requests"] > 0 and r["failures"] == 0 and r["p99_ms"] >= r["p50_ms"]
+               for r in records)
+    assert all(r["mean_batch_size"] >= 1 for r in records if r["target"] == "policy/batcher")
+    saved = json.loads((tmp_path / "serve.json").read_text())
+    policy_rows = [row for row in saved["summary"] if row["target"].startswith("policy")]
+    assert len(policy_rows) == 4
+    assert all(row["vs_ceiling"] > 0 and row["vs_ceiling_body"] > 0 for row in policy_rows)

@@ -90,6 +90,54 @@ def _submit(args: argparse.Namespace) -> int:
                         resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus))
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()  # algorithms imports it; the replicas build the policy
+    from algorithms import evaluation
+    from policy_service.io.checkpoints import newest_loadable
+    from policy_service.serving import server
+    from policy_service.serving.deployment import ServingSettings
+    from policy_service.serving.http_api import DEFAULT_MAX_REQUEST_BYTES
+    address = server.ServerAddress(args.host, args.port)
+    settings = ServingSettings(
+        max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_timeout_s,
+        max_request_bytes=(DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None
+                           else args.max_request_bytes), num_replicas=args.num_replicas,
+        num_gpus_per_replica=args.num_gpus)
+    server.check_settings(address, settings)
+    found, state = newest_loadable(
+        evaluation.checkpoint_candidates(args.checkpoint),
+        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d)), args.checkpoint,
+        skipped=(evaluation.CheckpointError,))
+    token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
+    return server.run_server(state, address, settings, token,
+                             announce=f"policy {found}; token from {where}")
+
+
+def _add_serve_parser(sub) -> None:
+    serve = sub.add_parser(
+        "serve", help="serve a checkpoint's policy over HTTP (JSON) on Ray Serve",
+        description="Serve the policy in CHECKPOINT: GET /v1/health, GET /v1/spec, POST "
+        "/v1/actions, every path but health with 'Authorization: Bearer TOKEN'. Runs "
+        "until SIGTERM or SIGINT.")
+    serve.add_argument("checkpoint", metavar="CHECKPOINT")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, default=9900, help="HTTP port (default 9900)")
+    serve.add_argument("--num-replicas", type=int, default=1, help="Serve replicas (default 1)")
+    serve.add_argument("--num-gpus", type=float, default=0.0,
+                       help="GPUs per replica; its policy acts on them (default 0)")
+    serve.add_argument("--token-file", metavar="F",
+                       help="file holding the bearer token (default: $POLICY_SERVICE_TOKEN, "
+                       "else one is generated into the run's serve/ directory)")
+    serve.add_argument("--max-batch-size", type=int, default=32,
+                       help="rows per forward pass across concurrent requests (default 32)")
+    serve.add_argument("--batch-wait-timeout-s", type=float, default=0.001,
+                       help="longest wait for requests to join a pass (default 0.001)")
+    serve.add_argument("--max-request-bytes", type=int, metavar="N",
+                       help="larger request bodies get 413 (default 4 MiB)")
+    serve.set_defaults(handler=_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray.")
@@ -168,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "cluster token is then sent unencrypted)")
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     submit.set_defaults(handler=_submit)
+    _add_serve_parser(sub)
     return parser
 
 

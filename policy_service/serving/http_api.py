@@ -1,0 +1,340 @@
+"""The HTTP API of a served policy: paths, request checking, errors, tokens, the spec.
+
+    GET  /v1/health   -> 200 {"status": "ok"}                        (no token)
+    GET  /v1/spec     -> 200 spaces, model inputs and outputs, request and response fields
+    GET  /v1/stats    -> 200 the answering replica's PolicyHost.stats()
+    POST /v1/actions  {"obs": <B rows>, "state": [k x [B, ...]]?, "explore": bool?,
+                       "prev_actions": [B, ...]?, "prev_rewards": [B]?}
+                      -> {"actions": [B, ...], "state_out": [k x [B, ...]], "weights_version": n}
+
+`explore` defaults to the policy config's (as in `compute_actions`); the spec says
+which. `obs` has the structure of the observation space with a batch dimension on every
+leaf: a list of rows for Box, a list of integers for Discrete, a dict of such
+batches for Dict, a list of them for Tuple. Every path but health needs
+`Authorization: Bearer TOKEN`. An error is one line of JSON, {"error": "..."},
+naming the field, the expected and the actual value: 400 bad input, 401 token,
+404/405 path or method, 413 body too large. Bodies are read with `json` only:
+nothing is unpickled. Imports neither TensorFlow nor Ray.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import gymnasium as gym
+import numpy as np
+
+from policy_service.errors import one_line
+
+HEALTH = "/v1/health"
+SPEC = "/v1/spec"
+STATS = "/v1/stats"
+ACTIONS = "/v1/actions"
+DEFAULT_MAX_REQUEST_BYTES = 4 * 2**20
+REQUEST_FIELDS = ("obs", "state", "explore", "prev_actions", "prev_rewards")
+RESPONSE_FIELDS = ("actions", "state_out", "weights_version")
+
+
+class HttpError(Exception):
+    """An answer other than 200: its status and a one-line message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def error_body(message: str | BaseException) -> bytes:
+    """{"error": "<one line>"} as the bytes of one line."""
+    return json.dumps({"error": one_line(message)}).encode()
+
+
+# ----- tokens ------------------------------------------------------------------------------
+
+
+def token_digest(token: str) -> bytes:
+    """What a replica keeps of the token: its SHA-256, so the token itself is not in Ray's
+    deployment config, and every comparison is between two 32-byte digests."""
+    return hashlib.sha256(token.encode()).digest()
+
+
+def check_authorization(header: str | None, digest: bytes) -> None:
+    """Raise HttpError 401 unless the header is `Bearer <the token>` (compared in
+    constant time)."""
+    if not header:
+        raise HttpError(401, "Authorization: expected 'Bearer <token>', got no header")
+    scheme, _, given = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise HttpError(
+            401,
+            f"Authorization: expected 'Bearer <token>', got scheme "
+            f"{scheme[:20]!r}{'' if given.strip() else ' with no token'}",
+        )
+    if not hmac.compare_digest(token_digest(given.strip()), digest):
+        raise HttpError(401, "Authorization: expected the server's bearer token, got another")
+
+
+def check_content_length(header: str | None, limit: int) -> None:
+    """Refuse a body by its declared size, before any of it is read."""
+    if header is None:
+        return
+    try:
+        length = int(header)
+    except ValueError:
+        raise HttpError(400, f"Content-Length: expected an integer, got {header[:40]!r}") from None
+    if length > limit:
+        raise HttpError(
+            413,
+            f"body: expected at most {limit} bytes (--max-request-bytes), "
+            f"got Content-Length {length}",
+        )
+
+
+def too_large(limit: int, read: int) -> HttpError:
+    return HttpError(
+        413, f"body: expected at most {limit} bytes (--max-request-bytes), got more than {read}"
+    )
+
+
+# ----- /v1/actions requests -------------------------------------------------------------------
+
+
+class ActionRequest(NamedTuple):
+    """One request's checked inputs, as numpy, ready to join a batch."""
+
+    obs: Any  # the space's structure, every leaf [B, ...] in the space's dtype
+    state: list[np.ndarray] | None  # k x <float32>[B, *state] or None (initial state)
+    explore: bool | None
+    prev_actions: np.ndarray | None
+    prev_rewards: np.ndarray | None
+    num_rows: int
+
+
+@dataclass(frozen=True)
+class RequestSchema:
+    """What a request must hold for one policy."""
+
+    observation_space: gym.Space
+    preprocessor: Any  # spaces.ObservationPreprocessor of the observation space
+    state_shapes: tuple[tuple[int, ...], ...]
+    action_dtype: np.dtype
+    action_shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, policy) -> RequestSchema:
+        from policy_service import spaces
+
+        dtype, shape = spaces.action_dtype_and_shape(policy.action_space)
+        return cls(
+            policy.observation_space,
+            policy.preprocessor,
+            tuple(tuple(s.shape) for s in policy.get_initial_state()),
+            np.dtype(dtype),
+            tuple(shape),
+        )
+
+
+def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
+    """A /v1/actions body -> its checked inputs; HttpError 400 naming the field otherwise."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
+        raise HttpError(400, f"body: expected a JSON object, got invalid JSON ({err})") from None
+    except RecursionError:
+        raise HttpError(
+            400, "body: expected a JSON object, got arrays nested too deep to read"
+        ) from None
+    if not isinstance(data, dict):
+        raise HttpError(400, f"body: expected a JSON object, got {_json_kind(data)}")
+    unexpected = sorted(set(data) - set(REQUEST_FIELDS))
+    if unexpected:
+        raise HttpError(
+            400,
+            f"body: expected only the fields {list(REQUEST_FIELDS)}, got unexpected {unexpected}",
+        )
+    if "obs" not in data:
+        raise HttpError(
+            400,
+            f"obs: missing field; expected a batch of observations of {schema.observation_space}",
+        )
+    explore = data.get("explore")
+    if explore is not None and not isinstance(explore, bool):
+        raise HttpError(400, f"explore: expected true or false, got {_short(explore)}")
+    obs = _obs_arrays(data["obs"], schema.observation_space, "obs")
+    try:
+        schema.preprocessor.check(obs, column="obs")
+    except ValueError as err:
+        raise HttpError(400, str(err)) from None
+    obs = _cast_to_space(obs, schema.observation_space)
+    num_rows = _num_rows(obs)
+    if num_rows == 0:
+        raise HttpError(400, "obs: expected at least one row, got 0")
+    return ActionRequest(
+        obs,
+        _state(data.get("state"), schema, num_rows),
+        explore,
+        _optional_column(
+            data.get("prev_actions"),
+            "prev_actions",
+            (num_rows, *schema.action_shape),
+            schema.action_dtype,
+        ),
+        _optional_column(
+            data.get("prev_rewards"), "prev_rewards", (num_rows,), np.dtype(np.float32)
+        ),
+        num_rows,
+    )
+
+
+def action_response(actions, state_out: list, weights_version: int) -> bytes:
+    return json.dumps(
+        {
+            "actions": _tolist(actions),
+            "state_out": [s.tolist() for s in state_out],
+            "weights_version": int(weights_version),
+        }
+    ).encode()
+
+
+def _obs_arrays(value, space: gym.Space, field: str):
+    """JSON values -> numpy leaves, walking the space (a misfit structure is left for the
+    preprocessor's check, which names it)."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(value, dict):
+            return value
+        return {
+            k: _obs_arrays(v, space[k], f"{field}[{k!r}]") if k in space.spaces else v
+            for k, v in value.items()
+        }
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(value, list) or len(value) != len(space.spaces):
+            return value
+        return tuple(
+            _obs_arrays(v, s, f"{field}[{i}]") for i, (v, s) in enumerate(zip(value, space.spaces))
+        )
+    return _array(value, field)
+
+
+def _cast_to_space(obs, space: gym.Space):
+    if isinstance(space, gym.spaces.Dict):
+        return {k: _cast_to_space(obs[k], space[k]) for k in space.spaces}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(_cast_to_space(o, s) for o, s in zip(obs, space.spaces))
+    return obs.astype(space.dtype, copy=False) if space.dtype is not None else obs
+
+
+def _num_rows(obs) -> int:
+    while isinstance(obs, (dict, tuple)):
+        obs = next(iter(obs.values())) if isinstance(obs, dict) else obs[0]
+    return int(obs.shape[0]) if obs.ndim else 0
+
+
+def _array(value, field: str) -> np.ndarray:
+    if isinstance(value, (dict, str)) or value is None:
+        raise HttpError(
+            400, f"{field}: expected an array (nested lists of numbers), got {_json_kind(value)}"
+        )
+    try:
+        return np.asarray(value)
+    except ValueError:
+        raise HttpError(
+            400, f"{field}: expected a rectangular array, got lists of unequal lengths"
+        ) from None
+
+
+def _numeric(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    array = _array(value, field)
+    if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and dtype.kind in "iu"):
+        raise HttpError(
+            400,
+            f"{field}: expected {dtype.name} numbers of shape {shape}, got "
+            f"dtype {array.dtype} shape {array.shape}",
+        )
+    if array.shape != shape:
+        raise HttpError(400, f"{field}: expected shape {shape}, got {array.shape}")
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        raise HttpError(400, f"{field}: expected finite numbers, got NaN or inf")
+    return array.astype(dtype, copy=False)
+
+
+def _state(value, schema: RequestSchema, num_rows: int) -> list[np.ndarray] | None:
+    if value is None or (isinstance(value, list) and not value):
+        return None
+    expected = len(schema.state_shapes)
+    if not isinstance(value, list) or len(value) != expected:
+        got = f"a list of {len(value)}" if isinstance(value, list) else _json_kind(value)
+        raise HttpError(
+            400,
+            f"state: expected a list of {expected} state tensors (one per "
+            f"state_in_i; the policy is{'' if expected else ' not'} "
+            f"recurrent), got {got}",
+        )
+    return [
+        _numeric(s, f"state[{i}]", (num_rows, *shape), np.dtype(np.float32))
+        for i, (s, shape) in enumerate(zip(value, schema.state_shapes))
+    ]
+
+
+def _optional_column(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
+    return None if value is None else _numeric(value, field, shape, dtype)
+
+
+def _tolist(value):
+    if isinstance(value, dict):
+        return {k: _tolist(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        return [_tolist(v) for v in value]
+    return np.asarray(value).tolist()
+
+
+def _json_kind(value) -> str:
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+    }.get(type(value), f"a number ({_short(value)})")
+
+
+def _short(value) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+# ----- /v1/spec --------------------------------------------------------------------------------
+
+
+def api_spec(policy, weights_version: int, max_request_bytes: int) -> dict:
+    """What a client in any language needs to build a request and read the answer."""
+    from policy_service.io.export import model_input_specs
+    from policy_service.io.space_codec import space_to_json
+
+    schema = RequestSchema.of(policy)
+    inputs = {
+        name: {
+            "shape": [None if d is None else int(d) for d in spec.shape],
+            "dtype": spec.dtype.name,
+        }
+        for name, spec in model_input_specs(policy).items()
+    }
+    return {
+        "observation_space": space_to_json(policy.observation_space),
+        "action_space": space_to_json(policy.action_space),
+        "policy_class": f"{type(policy).__module__}:{type(policy).__qualname__}",
+        "recurrent": policy.is_recurrent(),
+        "state_shapes": [list(s) for s in schema.state_shapes],
+        "model_inputs": inputs,
+        "model_outputs": ["actions", *[f"state_out_{i}" for i in range(len(schema.state_shapes))]],
+        "request_fields": list(REQUEST_FIELDS),
+        "explore_default": bool(policy.config.explore),  # when a request leaves it out
+        "response_fields": list(RESPONSE_FIELDS),
+        "action_dtype": schema.action_dtype.name,
+        "action_shape": list(schema.action_shape),
+        "weights_version": int(weights_version),
+        "max_request_bytes": int(max_request_bytes),
+    }
