@@ -396,7 +396,7 @@ class DQN(Algorithm):
         self.replay = make_replay_buffer(cfg)
         self.num_sgd_steps_total = 0
         # the workers' exploration, for its schedule (their own copies act with it)
-        self.exploration = make_exploration(self.workers.action_space, cfg.exploration_config)
+        self.exploration = make_exploration(self.env_runners.action_space, cfg.exploration_config)
 
     # ----- one iteration ---------------------------------------------------------------
 
