@@ -191,6 +191,7 @@ class Algorithm:
                              "given to algorithms.register_env")
         self._env_name: str = self.config.env
         self._ray_started = False
+        self._stopped = False
         self.iteration = 0
         self.timesteps_total = 0
         self.num_samples_trained_total = 0
@@ -210,7 +211,6 @@ class Algorithm:
         # Both are built here and kept for the algorithm's life; stop() ends them.
         self.env_runners: EnvRunnerGroup
         self.learners: LearnerGroup
-        self._stopped = False
         try:
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
