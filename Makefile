@@ -35,7 +35,7 @@ ifeq ($(FORMAT_ENFORCED),1)
 else
 	@$(VENV)/bin/ruff format --check . | tail -n 1
 endif
-	$(VENV)/bin/mypy policy_service
+	$(VENV)/bin/mypy policy_service algorithms
 
 # pytest exits 5 when it collected nothing; make would report that as a plain 2,
 # so it is turned into a failure with a reason here: a suite that runs nothing checks nothing.

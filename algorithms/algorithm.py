@@ -47,7 +47,9 @@ from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
+    from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.policy import TFPolicy
 
 FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
                        else v >= 1)
@@ -116,15 +118,17 @@ class Algorithm:
     """The training loop: a subclass sets `config_class`, `policy_class` and
     overrides `training_step` (or only `update_on_batch`, for an on-policy one)."""
 
-    config_class: type = AlgorithmConfig
-    policy_class: type | None = None
+    config_class: type[AlgorithmConfig] = AlgorithmConfig
+    policy_class: type[TFPolicy]  # set by each subclass
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
         if not self.config.env:
             raise ValueError("config key 'env' is required: a gymnasium id or a name "
                              "given to algorithms.register_env")
+        self._env_name: str = self.config.env
         self._ray_started = False
+        self._stopped = False
         self.iteration = 0
         self.timesteps_total = 0
         self.num_samples_trained_total = 0
@@ -132,8 +136,8 @@ class Algorithm:
         self._counts = IterationCounts()
         self._past_worker_restarts = 0  # restarts counted by env runner groups since replaced
         window = self.config.metrics_num_episodes_for_smoothing
-        self._episode_returns = collections.deque(maxlen=window)
-        self._episode_lengths = collections.deque(maxlen=window)
+        self._episode_returns: collections.deque[float] = collections.deque(maxlen=window)
+        self._episode_lengths: collections.deque[int] = collections.deque(maxlen=window)
         # Fake GPUs must exist before TensorFlow initializes (the local worker's
         # policy initializes it), so the learner's devices are prepared first.
         cfg = self.config
@@ -141,8 +145,9 @@ class Algorithm:
             devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
         if cfg.num_env_runners > 0 or cfg.remote_inference or cfg.num_learners > 0:
             self._init_ray()
-        self.env_runners = None
-        self.learners = None
+        # Both are built here and kept for the algorithm's life; stop() ends them.
+        self.env_runners: EnvRunnerGroup
+        self.learners: LearnerGroup
         try:
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
@@ -282,9 +287,9 @@ class Algorithm:
             self._ray_started = True
 
     def _env(self):
-        return env_maker(self.config.env)
+        return env_maker(self._env_name)
 
-    def _make_env_runners(self, seed: int | None):
+    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup:
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
         cfg = self.config
         worker_config = on_cpu(cfg)
@@ -394,13 +399,13 @@ class Algorithm:
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it
-        (idempotent)."""
-        if getattr(self, "learners", None) is not None:
-            self.learners.stop()
-            self.learners = None
-        if self.env_runners is not None:
-            self.env_runners.stop()
-            self.env_runners = None
+        (idempotent; also cleans up after a failed __init__, which may not have
+        built both groups)."""
+        if not self._stopped:
+            self._stopped = True
+            for group in (getattr(self, "learners", None), getattr(self, "env_runners", None)):
+                if group is not None:
+                    group.stop()
         if self._ray_started:
             import ray
             ray.shutdown()

@@ -79,7 +79,9 @@ class DQNConfig(AlgorithmConfig):
         1.0, doc="Each target update: target = tau * online + (1 - tau) * target "
         "(1.0: a hard copy).", check=finite(gt=0, le=1))
     train_batch_size: int = setting(32, doc="Transitions sampled from replay per SGD step.")
-    minibatch_size: int | None = setting(
+    # None is accepted (check_fields reads this annotation) and is an int after
+    # __post_init__: a wider input type than PolicyConfig's, which mypy cannot express.
+    minibatch_size: int | None = setting(  # type: ignore[assignment]  # see above
         None, doc="Rows per SGD step on the learner: always train_batch_size (None sets it).")
     rollout_fragment_length: int | str = setting(
         4, doc="Steps per sub-env per sample() (RLlib's DQN default 4).")
@@ -359,6 +361,7 @@ class DQN(Algorithm):
     """
 
     config_class = DQNConfig
+    config: DQNConfig
     policy_class = DQNPolicy
 
     def __init__(self, config: dict | DQNConfig):

@@ -243,6 +243,7 @@ class PPO(Algorithm):
     update is its own."""
 
     config_class = PPOConfig
+    config: PPOConfig
     policy_class = PPOPolicy
 
     def update_on_batch(self, learners, train_batch: SampleBatch) -> dict:

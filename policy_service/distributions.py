@@ -169,7 +169,7 @@ class MultiCategorical(ActionDistribution):
 
     @classmethod
     def with_input_lens(cls, input_lens: Sequence[int],
-                        action_offsets: Sequence[int] | None = None) -> type:
+                        action_offsets: Sequence[int] | None = None) -> type[MultiCategorical]:
         """A subclass bound to these component sizes (and starts); cached, so equal
         arguments give the same class."""
         offsets = tuple(int(o) for o in action_offsets) if action_offsets is not None else ()
@@ -387,7 +387,7 @@ def _require_bounded_box(cls: type, action_space: gym.Space) -> gym.spaces.Box:
     return box
 
 
-def squashed_gaussian_for(action_space: gym.Space) -> type:
+def squashed_gaussian_for(action_space: gym.Space) -> type[SquashedGaussian]:
     """SquashedGaussian bound to the low and high of a 1-D Box with finite bounds."""
     box = _require_bounded_box(SquashedGaussian, action_space)
     return _bound_squashed_gaussian(tuple(np.asarray(box.low, np.float32).tolist()),
@@ -395,14 +395,14 @@ def squashed_gaussian_for(action_space: gym.Space) -> type:
 
 
 @functools.cache
-def _bound_squashed_gaussian(low: tuple, high: tuple) -> type:
+def _bound_squashed_gaussian(low: tuple, high: tuple) -> type[SquashedGaussian]:
     return type("SquashedGaussian_bounded", (SquashedGaussian,), {
         "low": np.array(low, np.float32), "high": np.array(high, np.float32),
         "__module__": __name__})
 
 
 @functools.cache
-def _categorical_class(action_offset: int) -> type:
+def _categorical_class(action_offset: int) -> type[Categorical]:
     """Categorical, or a subclass whose actions start at action_offset."""
     if action_offset == 0:
         return Categorical
@@ -411,7 +411,8 @@ def _categorical_class(action_offset: int) -> type:
 
 
 @functools.cache
-def _bound_multi_categorical(input_lens: tuple[int, ...], action_offsets: tuple[int, ...]) -> type:
+def _bound_multi_categorical(input_lens: tuple[int, ...],
+                             action_offsets: tuple[int, ...]) -> type[MultiCategorical]:
     if not input_lens or min(input_lens) < 1:
         raise ValueError(f"MultiCategorical input_lens must be positive, got {input_lens}")
     name = "MultiCategorical_" + "_".join(map(str, input_lens)) + (
@@ -420,7 +421,8 @@ def _bound_multi_categorical(input_lens: tuple[int, ...], action_offsets: tuple[
         "input_lens": input_lens, "action_offsets": action_offsets, "__module__": __name__})
 
 
-def dist_class_for(action_space: gym.Space, deterministic: bool = False) -> type:
+def dist_class_for(action_space: gym.Space,
+                   deterministic: bool = False) -> type[ActionDistribution]:
     """The distribution class for an action space.
 
     Discrete -> Categorical, MultiDiscrete (1-D nvec) -> MultiCategorical bound

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -13,6 +13,9 @@ from algorithms import environments
 from policy_service.cli.run_options import RunOptions, TrainingSetupError
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
+
+if TYPE_CHECKING:  # imported where used: the registry loads the algorithms
+    from algorithms.algorithm import Algorithm
 
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 
@@ -124,18 +127,23 @@ def _merge(target: dict, updates: dict) -> None:
             target[key] = value
 
 
-def algorithm_class(name: str | None) -> type:
-    from algorithms import get_algorithm_class
+def algorithm_name(name: str | None) -> str:
+    """The algorithm named on the command line, or the error that none was."""
     if not name:
         raise TrainingSetupError("no algorithm given: train ALGO --env ENV, e.g. train ppo "
                                  "--env CartPole-v1")
+    return name
+
+
+def algorithm_class(name: str | None) -> type[Algorithm]:
+    from algorithms import get_algorithm_class
     try:
-        return get_algorithm_class(name)
+        return get_algorithm_class(algorithm_name(name))
     except ValueError as err:
         raise TrainingSetupError(str(err)) from None
 
 
-def validate_config(algo_cls: type, config: dict) -> dict:
+def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
     """The full config (every key, defaults filled in) or an error naming the bad key."""
     from policy_service.config import from_dict
     try:

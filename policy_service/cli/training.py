@@ -25,9 +25,16 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from algorithms import environments
-from policy_service.cli.run_config import algorithm_class, build_config, json_safe, validate_config
+from policy_service.cli.run_config import (
+    algorithm_class,
+    algorithm_name,
+    build_config,
+    json_safe,
+    validate_config,
+)
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
 from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
 from policy_service.cli.run_options import (
@@ -50,6 +57,9 @@ from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
 
+if TYPE_CHECKING:  # imported where used: the registry loads the algorithms
+    from algorithms.algorithm import Algorithm
+
 DEFAULT_CHECKPOINT_EVERY = 10
 
 
@@ -60,7 +70,7 @@ DEFAULT_KEEP_CHECKPOINTS = 3
 class RunPlan:
     """A validated run, ready to start."""
 
-    algo_cls: type
+    algo_cls: type[Algorithm]
     algorithm: str
     config: dict
     run_dir: RunDirectory
@@ -82,24 +92,24 @@ def plan_run(options: RunOptions) -> RunPlan:
                                  f"got {options.stop.reward}")
     _check_address(options)
     if options.resume:
-        return _plan_resume(options, checkpoint_every, keep)
-    algo_cls = algorithm_class(options.algorithm)
+        return _plan_resume(options, options.resume, checkpoint_every, keep)
+    name = algorithm_name(options.algorithm)
+    algo_cls = algorithm_class(name)
     config = validate_config(algo_cls, build_config(options))
-    run_dir = RunDirectory(options.output_dir or default_output_dir(
-        options.algorithm.lower(), config["env"]))
+    run_dir = RunDirectory(options.output_dir or default_output_dir(name.lower(), config["env"]))
     if run_dir.exists() or run_dir.progress_file.exists():
         raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
                                  f"--resume {run_dir.path}, or choose another --output-dir")
     run_dir.check_writable()
-    return RunPlan(algo_cls, options.algorithm.lower(), config, run_dir, options.stop,
+    return RunPlan(algo_cls, name.lower(), config, run_dir, options.stop,
                  DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
                  DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
 
 
-def _plan_resume(options: RunOptions, checkpoint_every, keep) -> RunPlan:
-    run_dir = RunDirectory(options.resume)
+def _plan_resume(options: RunOptions, resume: str, checkpoint_every, keep) -> RunPlan:
+    run_dir = RunDirectory(resume)
     if not run_dir.exists():
-        raise TrainingSetupError(f"--resume {options.resume}: no run there "
+        raise TrainingSetupError(f"--resume {resume}: no run there "
                                  f"({run_dir.run_file.name} missing)")
     if options.output_dir and Path(options.output_dir).absolute() != run_dir.path:
         raise TrainingSetupError("--resume continues in the run's own directory; "
@@ -213,7 +223,7 @@ def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
     run_dir = plan.run_dir
     display = ProgressDisplay(plan.stop.iters, initial=algo.iteration)
     scalars = ScalarWriter(run_dir.tensorboard)
-    last = history[-1] if history else None
+    last = history[-1] if history else {}  # {}: no iteration's metrics yet
     checkpoint = plan.resume_from if last else None
     reason = plan.stop.reason(last) if last else None  # already met before resuming
     stop = StopRequest(on_first=lambda name: display.note(
@@ -260,10 +270,8 @@ def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory)
 
 
 def _check_address(options: RunOptions) -> None:
-    if options.address:
-        source, address = "--address", options.address
-    else:
-        source, address = "RAY_ADDRESS", os.environ.get("RAY_ADDRESS")
+    source, address = (("--address", options.address) if options.address
+                       else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")))
     if address:
         try:
             check_address(address, source)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -38,6 +38,9 @@ from policy_service.learning_results import valid_rows_only, with_samples_traine
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainLayout
 
+if TYPE_CHECKING:  # for the annotation only: the learners build the policy
+    from policy_service.policy import TFPolicy
+
 READY_TIMEOUT_S = 60.0  # placement group and actors up, or an error naming the resource
 MAX_RESTARTS_PER_UPDATE = 2  # replacements of dead learners one `update` may make
 
@@ -48,7 +51,7 @@ class LearnerGroup:
     call_timeout_s: the deadline of every call to the learner actors, from
     `learner_update_timeout_s` (may be changed between calls)."""
 
-    def __init__(self, policy_cls: type, observation_space: gym.Space,
+    def __init__(self, policy_cls: type[TFPolicy], observation_space: gym.Space,
                  action_space: gym.Space, config: Any = None, *,
                  ready_timeout_s: float = READY_TIMEOUT_S):
         self.config = config_for(policy_cls, config)

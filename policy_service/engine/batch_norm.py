@@ -18,7 +18,7 @@ row mask (`row_mask_like`).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import keras
@@ -138,7 +138,7 @@ class MomentSum:
     (each with as many towers); implementation: RING or NCCL.
     """
 
-    def __init__(self, devices: list, num_learners: int, implementation: str):
+    def __init__(self, devices: Sequence[str], num_learners: int, implementation: str):
         self.devices = list(devices)
         self.group_size = len(self.devices) * num_learners
         self.hint = implementation.lower()

@@ -20,7 +20,7 @@ tower gradients are summed.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -167,7 +167,7 @@ class TowerStack:
     """
 
     def __init__(self, plan: DevicePlan, model: keras.Model, loss_fn: LossFn,
-                 stats_fn: StatsFn, optimizers: list, *, grad_clip: float | None = None,
+                 stats_fn: StatsFn, optimizers: Sequence, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
                  seed: int | None = None, accumulation_steps: int = 1,
                  collective_group=None, target=None, batch_norm_sync: bool = True):
@@ -285,7 +285,7 @@ class TowerStack:
             if len(glist) != len(self.variables):
                 raise ValueError(f"gradient list {i} has {len(glist)} entries, expected "
                                  f"{len(self.variables)} (one per trainable variable)")
-            row = []
+            row: list[tf.Tensor | None] = []
             for g, v in zip(glist, self.variables):
                 if g is None:
                     row.append(None)
@@ -678,7 +678,8 @@ class TowerStack:
         out = dict(out)
         self._check_finite(out.pop("_finite"), out.pop("_kept"))
         per_row = out.pop("_per_row", None)
-        result = {k: float(v) for k, v in out.items()}
+        result: dict[str, float | dict[str, np.ndarray]] = {
+            k: float(v) for k, v in out.items()}
         if per_row:
             result[PER_ROW] = {name: np.concatenate([np.asarray(p) for p in parts])
                                for name, parts in per_row.items()}
