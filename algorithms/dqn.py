@@ -300,7 +300,7 @@ class DQNPolicy(TFPolicy):
                 return tf.abs(self.td_error(self.model, batch, training=False).td_error)
             self._td_error_fns[key] = tf.function(abs_td, input_signature=[signature],
                                                   autograph=False)
-        with tf.device(self.plan.devices[0]):
+        with tf.device(self.tower_devices.devices[0]):
             return self._td_error_fns[key](columns).numpy()
 
 

@@ -125,7 +125,7 @@ class PPOPolicy(TFPolicy):
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             self.kl_coeff = tf.Variable(self.config.kl_coeff, dtype=tf.float32,
                                         trainable=False, name="kl_coeff")
         self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
@@ -144,7 +144,7 @@ class PPOPolicy(TFPolicy):
         inputs = self.acting_inputs(
             obs, states, np.asarray(batch[SampleBatch.ACTIONS])[-1:],
             np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:], 1)
-        with tf.device(self.plan.devices[0]):
+        with tf.device(self.tower_devices.devices[0]):
             return float(self._value_fn(*inputs)[0])
 
     def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):

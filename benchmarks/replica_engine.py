@@ -68,15 +68,16 @@ class TowersLearner:
         import keras
         import tensorflow as tf
 
-        from policy_service.engine.devices import FAKE_GPU, GPU, DevicePlan
+        from policy_service.engine.devices import FAKE_GPU, GPU, TowerDevices
         from policy_service.engine.towers import TowerStack
         kind = "GPU" if real_gpus else "CPU"
-        plan = DevicePlan(tuple(f"/{kind}:{i}" for i in range(n)), GPU if real_gpus else FAKE_GPU)
-        with tf.device(plan.variable_device):
+        tower_devices = TowerDevices(tuple(f"/{kind}:{i}" for i in range(n)),
+                                     GPU if real_gpus else FAKE_GPU)
+        with tf.device(tower_devices.variable_device):
             model = ppo_shaped.BareModel("mlp")
             optimizer = keras.optimizers.Adam(ppo_shaped.LR)
         self.stack = TowerStack(
-            plan, model, lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
+            tower_devices, model, lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
             lambda batch, losses: {"total_loss": losses[0]}, [optimizer], seed=0)
         self.rows = len(columns["obs"])
         self.columns = dict(columns, loss_mask=np.ones(self.rows, bool))
@@ -195,7 +196,7 @@ def breakdown(spec: dict):
 
     from benchmarks import ppo_shaped
     from policy_service.engine import towers as towers_mod
-    from policy_service.engine.devices import DevicePlan
+    from policy_service.engine.devices import TowerDevices
     n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)
@@ -203,13 +204,13 @@ def breakdown(spec: dict):
 
     def step_no_cond(self, shards):
         step = self._tower_pass(shards)
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             self._apply(step.grads, step.assignments)
         return {**step.stats, "_finite": step.finite}
 
     def step_unchecked(self, shards):
         step = self._tower_pass(shards)
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             self._apply(step.grads, step.assignments)
         return {**step.stats, "_finite": tf.constant([True])}
 
@@ -246,8 +247,8 @@ def breakdown(spec: dict):
          towers_mod.TowerStack._kept_if_finite, one_device) = variants[name]
         learner = TowersLearner(columns, n, minibatch, ppo_shaped)
         if one_device:
-            plan = learner.stack.plan
-            learner.stack.plan = DevicePlan((plan.variable_device,) * n, plan.kind)
+            one = learner.stack.tower_devices
+            learner.stack.tower_devices = TowerDevices((one.variable_device,) * n, one.kind)
         walls, cpus = stats.timed_with_cpu(lambda learner=learner: learner.run(epochs),
                                            spec["repeats"])
         fused, fused_cpu = stats.median(walls), stats.median(cpus)

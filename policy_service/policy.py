@@ -54,7 +54,7 @@ class TFPolicy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.preprocessor = spaces.make_preprocessor(observation_space)
-        self.plan = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
+        self.tower_devices = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
         self.dist_class = distributions.dist_class_for(action_space)
@@ -63,7 +63,7 @@ class TFPolicy:
             action_space, self.config.exploration_config)
         self.global_timestep = 0
         self.num_grad_updates = 0
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             self.model = models.follow_call_convention(self.make_model())
             self._initial_state = models.initial_state(self.model)
             # a lazily built model creates its variables here, before any list of them is taken
@@ -77,9 +77,9 @@ class TFPolicy:
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
         update = self.target_network_update()
         self.target_network = None if update is None else TargetNetwork(
-            self.model, self._weight_variables, update, self.plan.variable_device)
+            self.model, self._weight_variables, update, self.tower_devices.variable_device)
         self.towers = TowerStack(
-            self.plan, self.model, self._tower_loss, self._tower_stats, self._optimizers,
+            self.tower_devices, self.model, self._tower_loss, self._tower_stats, self._optimizers,
             grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
             l2_coeff=self.config.l2_coeff, seed=self.config.seed,
             accumulation_steps=self.config.num_grad_accumulation_steps,
@@ -131,7 +131,7 @@ class TFPolicy:
 
     @property
     def devices(self) -> list[str]:
-        return list(self.plan.devices)
+        return list(self.tower_devices.devices)
 
     def is_recurrent(self) -> bool:
         return self.num_state_tensors() > 0
@@ -151,7 +151,7 @@ class TFPolicy:
                                      prev_reward_batch, batch_size)
         explore = self.config.explore if explore is None else _flag(explore, "explore")
         timestep = self.global_timestep if timestep is None else _count(timestep, "timestep")
-        with tf.device(self.plan.devices[0]):
+        with tf.device(self.tower_devices.devices[0]):
             actions, state_outs, extra = self._action_fn(
                 *inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
@@ -187,7 +187,7 @@ class TFPolicy:
         spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
         inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
                                      prev_reward_batch, obs.shape[0])
-        with tf.device(self.plan.devices[0]):
+        with tf.device(self.tower_devices.devices[0]):
             return self._logp_fn(*inputs, tf.convert_to_tensor(
                 np.asarray(actions).astype(self._action_tensor_dtype()))).numpy()
 
@@ -477,7 +477,7 @@ class TFPolicy:
 
     def check_state(self, state: dict) -> None:
         """Raise, naming the entry, if `state` cannot be set on this policy."""
-        self._state_plan(state)
+        self._checked_state(state)
         self.check_extra_state(state)
 
     def check_extra_state(self, state: dict) -> None:
@@ -486,7 +486,7 @@ class TFPolicy:
 
     def set_state(self, state: dict) -> None:
         """Set a get_state() result: all of it, or (on any bad entry) nothing."""
-        targets, arrays, new_exploration = self._state_plan(state)
+        targets, arrays, new_exploration = self._checked_state(state)
         self.check_extra_state(state)
         _assign(targets, arrays)
         if new_exploration is not None:
@@ -495,7 +495,7 @@ class TFPolicy:
         self.global_timestep = int(state["global_timestep"])
         self.num_grad_updates = int(state.get("num_grad_updates", 0))
 
-    def _state_plan(self, state: dict) -> tuple[dict, dict, object]:
+    def _checked_state(self, state: dict) -> tuple[dict, dict, object]:
         """(variables, their checked new values, the new exploration or None)."""
         if not isinstance(state, dict):
             raise TypeError(f"policy state must be a dict, got {type(state).__name__}")
@@ -519,7 +519,7 @@ class TFPolicy:
                    **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
         values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
                   **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
-        self._plan_target_state(state, targets, values)
+        self._add_target_state(state, targets, values)
         rngs = state.get("rng", {})
         for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
             if name in rngs:
@@ -535,8 +535,8 @@ class TFPolicy:
                 raise ValueError(f"policy state entry 'exploration': {err}") from None
         return targets, arrays, new_exploration
 
-    def _plan_target_state(self, state: dict, targets: dict, values: dict) -> None:
-        """Add the target's variables and new values (and its age) to a set_state plan."""
+    def _add_target_state(self, state: dict, targets: dict, values: dict) -> None:
+        """Add the target's variables and new values (and its age) to what set_state assigns."""
         if self.target_network is None:
             if state.get("target_weights"):
                 raise ValueError("policy state has 'target_weights' but this policy keeps "

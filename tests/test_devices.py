@@ -17,7 +17,7 @@ from fakes import (
 )
 
 from policy_service.engine import devices
-from policy_service.engine.devices import CPU, FAKE_GPU, GPU, DevicePlan, plan_devices
+from policy_service.engine.devices import CPU, FAKE_GPU, GPU, TowerDevices, choose_tower_devices
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
@@ -26,10 +26,10 @@ REPO_DIR = TESTS_DIR.parent
 @pytest.mark.parametrize("fake", [False, True])
 @pytest.mark.parametrize("visible", [0, 1, 2, 4])
 def test_zero_gpus_is_one_cpu_tower_whatever_is_visible(fake, visible):
-    plan = plan_devices(0, fake, visible_gpus=visible)
-    assert plan == DevicePlan(("/CPU:0",), CPU)
-    assert plan.num_towers == 1 and plan.variable_device == "/CPU:0"
-    assert plan.gradient_reduction == "sum_on_variable_device"
+    chosen = choose_tower_devices(0, fake, visible_gpus=visible)
+    assert chosen == TowerDevices(("/CPU:0",), CPU)
+    assert chosen.num_towers == 1 and chosen.variable_device == "/CPU:0"
+    assert chosen.gradient_reduction == "sum_on_variable_device"
 
 
 @pytest.mark.parametrize("num_gpus, visible, expected", [
@@ -43,9 +43,9 @@ def test_zero_gpus_is_one_cpu_tower_whatever_is_visible(fake, visible):
 ])
 @pytest.mark.parametrize("fake", [False, True])
 def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expected, fake):
-    plan = plan_devices(num_gpus, fake, visible_gpus=visible)
-    assert plan.devices == expected and plan.kind == GPU
-    assert plan.variable_device == "/GPU:0"
+    chosen = choose_tower_devices(num_gpus, fake, visible_gpus=visible)
+    assert chosen.devices == expected and chosen.kind == GPU
+    assert chosen.variable_device == "/GPU:0"
 
 
 @pytest.mark.parametrize("num_gpus, expected", [
@@ -55,54 +55,54 @@ def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expect
     (4, ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3")),
 ])
 def test_fake_gpus_without_gpus_are_separate_logical_cpus(num_gpus, expected):
-    plan = plan_devices(num_gpus, True, visible_gpus=0)
-    assert plan.devices == expected and plan.kind == FAKE_GPU
-    assert plan.num_towers == len(expected)
+    chosen = choose_tower_devices(num_gpus, True, visible_gpus=0)
+    assert chosen.devices == expected and chosen.kind == FAKE_GPU
+    assert chosen.num_towers == len(expected)
 
 
 @pytest.mark.parametrize("num_gpus", [0.5, 1, 2, 4])
 def test_no_gpus_and_no_fake_gpus_falls_back_to_one_cpu_tower(num_gpus):
-    assert plan_devices(num_gpus, False, visible_gpus=0) == DevicePlan(("/CPU:0",), CPU)
+    assert choose_tower_devices(num_gpus, False, visible_gpus=0) == TowerDevices(("/CPU:0",), CPU)
 
 
 @pytest.mark.parametrize("num_gpus, visible", [(2, 1), (4, 2), (3, 2), (2.0, 1)])
 @pytest.mark.parametrize("fake", [False, True])
 def test_more_gpus_requested_than_found_names_both_numbers(num_gpus, visible, fake):
     with pytest.raises(ValueError) as err:
-        plan_devices(num_gpus, fake, visible_gpus=visible)
+        choose_tower_devices(num_gpus, fake, visible_gpus=visible)
     assert f"num_gpus={num_gpus}" in str(err.value)
     assert f"only {visible} GPU(s) found" in str(err.value)
 
 
 def test_ray_assigned_gpus_are_renumbered_from_zero():
     # Inside a Ray actor CUDA_VISIBLE_DEVICES holds Ray's ids, TF numbers them 0..k-1.
-    plan = plan_devices(2, False, visible_gpus=2, ray_gpu_ids=[3, 5])
-    assert plan.devices == ("/GPU:0", "/GPU:1") and plan.kind == GPU
-    plan = plan_devices(0.5, False, visible_gpus=1, ray_gpu_ids=[7])
-    assert plan.devices == ("/GPU:0",) and plan.kind == GPU
+    chosen = choose_tower_devices(2, False, visible_gpus=2, ray_gpu_ids=[3, 5])
+    assert chosen.devices == ("/GPU:0", "/GPU:1") and chosen.kind == GPU
+    chosen = choose_tower_devices(0.5, False, visible_gpus=1, ray_gpu_ids=[7])
+    assert chosen.devices == ("/GPU:0",) and chosen.kind == GPU
 
 
 def test_ray_assignment_bounds_the_gpus_used():
     # TF may list more GPUs than Ray gave this actor; only Ray's count is usable.
     with pytest.raises(ValueError, match=r"only 1 GPU\(s\) found"):
-        plan_devices(2, False, visible_gpus=4, ray_gpu_ids=[2])
-    assert plan_devices(1, False, visible_gpus=4, ray_gpu_ids=[2]).devices == ("/GPU:0",)
+        choose_tower_devices(2, False, visible_gpus=4, ray_gpu_ids=[2])
+    assert choose_tower_devices(1, False, visible_gpus=4, ray_gpu_ids=[2]).devices == ("/GPU:0",)
 
 
 def test_ray_gpus_that_tensorflow_cannot_see_is_an_error_naming_them():
     with pytest.raises(ValueError) as err:
-        plan_devices(1, False, visible_gpus=0, ray_gpu_ids=[0, 1])
+        choose_tower_devices(1, False, visible_gpus=0, ray_gpu_ids=[0, 1])
     assert "[0, 1]" in str(err.value) and "TensorFlow sees none" in str(err.value)
 
 
 def test_ray_gpus_invisible_to_tensorflow_with_fake_gpus_uses_fake_gpus():
-    plan = plan_devices(2, True, visible_gpus=0, ray_gpu_ids=[0, 1])
-    assert plan.devices == ("/CPU:0", "/CPU:1") and plan.kind == FAKE_GPU
+    chosen = choose_tower_devices(2, True, visible_gpus=0, ray_gpu_ids=[0, 1])
+    assert chosen.devices == ("/CPU:0", "/CPU:1") and chosen.kind == FAKE_GPU
 
 
 def test_an_empty_ray_assignment_is_like_none():
-    assert plan_devices(1, False, visible_gpus=0, ray_gpu_ids=[]).kind == CPU
-    assert plan_devices(1, False, visible_gpus=1, ray_gpu_ids=[]).devices == ("/GPU:0",)
+    assert choose_tower_devices(1, False, visible_gpus=0, ray_gpu_ids=[]).kind == CPU
+    assert choose_tower_devices(1, False, visible_gpus=1, ray_gpu_ids=[]).devices == ("/GPU:0",)
 
 
 @pytest.mark.parametrize("num_gpus, message", [
@@ -113,27 +113,27 @@ def test_an_empty_ray_assignment_is_like_none():
 ])
 def test_invalid_num_gpus_is_an_error_naming_the_value(num_gpus, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
-        plan_devices(num_gpus, True, visible_gpus=0)
+        choose_tower_devices(num_gpus, True, visible_gpus=0)
 
 
-@pytest.mark.parametrize("plan, reduction", [
-    (DevicePlan(("/GPU:0", "/GPU:1"), GPU), "nccl"),
-    (DevicePlan(("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"), GPU), "nccl"),
-    (DevicePlan(("/GPU:0",), GPU), "sum_on_variable_device"),
-    (DevicePlan(("/CPU:0", "/CPU:1"), FAKE_GPU), "sum_on_variable_device"),
-    (DevicePlan(("/CPU:0",), FAKE_GPU), "sum_on_variable_device"),
-    (DevicePlan(("/CPU:0",), CPU), "sum_on_variable_device"),
+@pytest.mark.parametrize("chosen, reduction", [
+    (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "nccl"),
+    (TowerDevices(("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"), GPU), "nccl"),
+    (TowerDevices(("/GPU:0",), GPU), "sum_on_variable_device"),
+    (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "sum_on_variable_device"),
+    (TowerDevices(("/CPU:0",), FAKE_GPU), "sum_on_variable_device"),
+    (TowerDevices(("/CPU:0",), CPU), "sum_on_variable_device"),
 ])
-def test_nccl_only_between_more_than_one_real_gpu(plan, reduction):
-    assert plan.gradient_reduction == reduction
+def test_nccl_only_between_more_than_one_real_gpu(chosen, reduction):
+    assert chosen.gradient_reduction == reduction
 
 
 def test_resolve_devices_in_this_process_uses_the_fake_gpus():
     # conftest made 4 logical CPU devices; this machine has no GPU.
     assert len(tf.config.list_logical_devices("CPU")) >= 4
-    plan = devices.resolve_devices(4, True)
-    assert plan.devices == ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3") and plan.kind == FAKE_GPU
-    assert devices.resolve_devices(2, False) == DevicePlan(("/CPU:0",), CPU)
+    chosen = devices.resolve_devices(4, True)
+    assert chosen.devices == ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3") and chosen.kind == FAKE_GPU
+    assert devices.resolve_devices(2, False) == TowerDevices(("/CPU:0",), CPU)
 
 
 def test_prepare_process_after_init_asking_for_more_devices_is_an_error():

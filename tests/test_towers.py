@@ -30,7 +30,7 @@ from fakes import (
 )
 
 from policy_service import masked_mean
-from policy_service.engine.devices import FAKE_GPU, GPU, DevicePlan
+from policy_service.engine.devices import FAKE_GPU, GPU, TowerDevices
 from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
 from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gradients
 from policy_service.engine.units import LOSS_MASK, gather_units, pad_units
@@ -708,21 +708,21 @@ def test_statistics_must_be_scalars():
         policy.learn_on_batch(mlp_batch(8))
 
 
-@pytest.mark.parametrize("plan, op_type", [
-    (DevicePlan(("/GPU:0", "/GPU:1"), GPU), "NcclReduce"),
-    (DevicePlan(("/CPU:0", "/CPU:1"), FAKE_GPU), "AddN"),
+@pytest.mark.parametrize("chosen, op_type", [
+    (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "NcclReduce"),
+    (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "AddN"),
 ])
-def test_tower_gradients_meet_by_nccl_only_between_real_gpus(plan, op_type):
+def test_tower_gradients_meet_by_nccl_only_between_real_gpus(chosen, op_type):
     # Built in a graph, never run: this machine has no GPU (and NCCL no CPU kernel).
     with tf.Graph().as_default():
         terms = []
-        for device in plan.devices:
+        for device in chosen.devices:
             with tf.device(device):
                 terms.append(tf.ones([3]))
-        with tf.device(plan.variable_device):
-            total = TowerStack._reduce(SimpleNamespace(plan=plan), terms)
+        with tf.device(chosen.variable_device):
+            total = TowerStack._reduce(SimpleNamespace(tower_devices=chosen), terms)
     assert total.op.type == op_type
-    assert total.device.endswith(plan.variable_device.lstrip("/"))  # e.g. /device:GPU:0
+    assert total.device.endswith(chosen.variable_device.lstrip("/"))  # e.g. /device:GPU:0
 
 
 def _without_value_targets(n):

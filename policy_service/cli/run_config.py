@@ -169,7 +169,7 @@ def check_devices(config) -> None:
 
     from policy_service.engine import devices
     try:
-        plan = devices.plan_devices(config.num_gpus, config._fake_gpus,
+        tower_devices = devices.choose_tower_devices(config.num_gpus, config._fake_gpus,
                                     len(tf.config.list_physical_devices("GPU")))
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None
@@ -177,7 +177,7 @@ def check_devices(config) -> None:
     rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
     try:
         check_minibatch_size("config.minibatch_size", config.minibatch_size, learners=1,
-                             towers=plan.num_towers, unit_rows=rows_per_sequence)
+                             towers=tower_devices.num_towers, unit_rows=rows_per_sequence)
     except ValueError as err:
         raise TrainingSetupError(str(err)) from None
 

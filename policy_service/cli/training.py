@@ -67,7 +67,7 @@ DEFAULT_KEEP_CHECKPOINTS = 3
 
 
 @dataclass
-class RunPlan:
+class RunSetup:
     """A validated run, ready to start."""
 
     algo_cls: type[Algorithm]
@@ -81,7 +81,7 @@ class RunPlan:
     resumed: bool
 
 
-def plan_run(options: RunOptions) -> RunPlan:
+def setup_run(options: RunOptions) -> RunSetup:
     """Check everything that can be checked before Ray starts."""
     checkpoint_every = _at_least(options.checkpoint_every, 0, "--checkpoint-every")
     keep = _at_least(options.keep_checkpoints, 1, "--keep-checkpoints")
@@ -92,7 +92,7 @@ def plan_run(options: RunOptions) -> RunPlan:
                                  f"got {options.stop.reward}")
     _check_address(options)
     if options.resume:
-        return _plan_resume(options, options.resume, checkpoint_every, keep)
+        return _resume_setup(options, options.resume, checkpoint_every, keep)
     name = algorithm_name(options.algorithm)
     algo_cls = algorithm_class(name)
     config = validate_config(algo_cls, build_config(options))
@@ -101,12 +101,12 @@ def plan_run(options: RunOptions) -> RunPlan:
         raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
                                  f"--resume {run_dir.path}, or choose another --output-dir")
     run_dir.check_writable()
-    return RunPlan(algo_cls, name.lower(), config, run_dir, options.stop,
+    return RunSetup(algo_cls, name.lower(), config, run_dir, options.stop,
                  DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
                  DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
 
 
-def _plan_resume(options: RunOptions, resume: str, checkpoint_every, keep) -> RunPlan:
+def _resume_setup(options: RunOptions, resume: str, checkpoint_every, keep) -> RunSetup:
     run_dir = RunDirectory(resume)
     if not run_dir.exists():
         raise TrainingSetupError(f"--resume {resume}: no run there "
@@ -137,7 +137,7 @@ def _plan_resume(options: RunOptions, resume: str, checkpoint_every, keep) -> Ru
                 f"--resume keeps the run's config, but {key!r} would change from "
                 f"{config.get(key)!r} to {wanted.get(key)!r}; start a new run instead")
     stop = StopCriteria(**run.get("stop", {})).updated(options.stop)
-    return RunPlan(algo_cls, name, config, run_dir, stop,
+    return RunSetup(algo_cls, name, config, run_dir, stop,
                  run.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
                  if checkpoint_every is None else checkpoint_every,
                  run.get("keep_checkpoints", DEFAULT_KEEP_CHECKPOINTS) if keep is None else keep,
@@ -146,24 +146,24 @@ def _plan_resume(options: RunOptions, resume: str, checkpoint_every, keep) -> Ru
 
 def train(options: RunOptions) -> int:
     """Run (or resume) training until a stop criterion or a signal -> exit status 0."""
-    plan = plan_run(options)
-    run_dir = plan.run_dir
-    run_settings = {"algorithm": plan.algorithm, "stop": dataclasses.asdict(plan.stop),
-                    "checkpoint_every": plan.checkpoint_every,
-                    "keep_checkpoints": plan.keep_checkpoints}
+    setup = setup_run(options)
+    run_dir = setup.run_dir
+    run_settings = {"algorithm": setup.algorithm, "stop": dataclasses.asdict(setup.stop),
+                    "checkpoint_every": setup.checkpoint_every,
+                    "keep_checkpoints": setup.keep_checkpoints}
     address = options.address or os.environ.get("RAY_ADDRESS") or None
-    ray_started = uses_ray(plan.config, address)
+    ray_started = uses_ray(setup.config, address)
     if ray_started:
         start_ray(address, quiet=True)
     algo = None
     try:
-        algo = plan.algo_cls(plan.config)
-        if plan.resumed:
-            history = _restore(algo, plan)
+        algo = setup.algo_cls(setup.config)
+        if setup.resumed:
+            history = _restore(algo, setup)
         else:
             history = []
-        run_dir.create(plan.config, run_settings)
-        return _loop(algo, plan, history)
+        run_dir.create(setup.config, run_settings)
+        return _loop(algo, setup, history)
     finally:
         if algo is not None:
             algo.stop()
@@ -172,21 +172,21 @@ def train(options: RunOptions) -> int:
             ray.shutdown()
 
 
-def _restore(algo, plan: RunPlan) -> list[dict]:
+def _restore(algo, setup: RunSetup) -> list[dict]:
     """Restore the newest checkpoint that loads; each newer one is named on stderr
     with the reason it was skipped (checkpoints.newest_loadable)."""
-    run_dir = plan.run_dir
+    run_dir = setup.run_dir
     run_dir.remove_partial_checkpoints()
     candidates = run_dir.checkpoint_list()[::-1]
     if not candidates:
         print(f"policy-service: {run_dir.path} has no checkpoint yet; starting it over",
               file=sys.stderr)
-        plan.resume_from = None
+        setup.resume_from = None
         return run_dir.truncate_progress(0)
-    plan.resume_from, _ = checkpoints.newest_loadable(
+    setup.resume_from, _ = checkpoints.newest_loadable(
         candidates, lambda checkpoint: restore_checked(algo, checkpoint, run_dir.path),
         f"--resume {run_dir.path}")
-    print(f"policy-service: resuming {run_dir.path} from {plan.resume_from.name} "
+    print(f"policy-service: resuming {run_dir.path} from {setup.resume_from.name} "
           f"(iteration {algo.iteration})", file=sys.stderr)
     return run_dir.truncate_progress(algo.iteration)
 
@@ -219,13 +219,13 @@ def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None
         raise CheckpointFileError(f"{checkpoint}: does not restore: {one_line(err)}") from None
 
 
-def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
-    run_dir = plan.run_dir
-    display = ProgressDisplay(plan.stop.iters, initial=algo.iteration)
+def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
+    run_dir = setup.run_dir
+    display = ProgressDisplay(setup.stop.iters, initial=algo.iteration)
     scalars = ScalarWriter(run_dir.tensorboard)
     last = history[-1] if history else {}  # {}: no iteration's metrics yet
-    checkpoint = plan.resume_from if last else None
-    reason = plan.stop.reason(last) if last else None  # already met before resuming
+    checkpoint = setup.resume_from if last else None
+    reason = setup.stop.reason(last) if last else None  # already met before resuming
     stop = StopRequest(on_first=lambda name: display.note(
         f"policy-service: {name}: finishing this iteration, then checkpointing "
         "(again to abort)"))
@@ -237,13 +237,13 @@ def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
                 scalars.write(metrics)
                 display.update(metrics)
                 last = metrics
-                reason = plan.stop.reason(metrics) or (INTERRUPTED if stop.requested else None)
-                due = plan.checkpoint_every and algo.iteration % plan.checkpoint_every == 0
+                reason = setup.stop.reason(metrics) or (INTERRUPTED if stop.requested else None)
+                due = setup.checkpoint_every and algo.iteration % setup.checkpoint_every == 0
                 if reason is None and due:
-                    checkpoint = _save(algo, plan)
+                    checkpoint = _save(algo, setup)
                     reason = INTERRUPTED if stop.requested else None  # a signal mid-save
             if checkpoint is None or checkpoint != run_dir.checkpoint_path(algo.iteration):
-                checkpoint = _save(algo, plan)
+                checkpoint = _save(algo, setup)
     finally:
         display.close()
         scalars.close()
@@ -252,10 +252,10 @@ def _loop(algo, plan: RunPlan, history: list[dict]) -> int:
     return 0
 
 
-def _save(algo, plan: RunPlan) -> Path:
-    path = plan.run_dir.checkpoint_path(algo.iteration)
+def _save(algo, setup: RunSetup) -> Path:
+    path = setup.run_dir.checkpoint_path(algo.iteration)
     algo.save(str(path))
-    plan.run_dir.prune_checkpoints(plan.keep_checkpoints)
+    setup.run_dir.prune_checkpoints(setup.keep_checkpoints)
     return path
 
 

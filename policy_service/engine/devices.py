@@ -19,7 +19,7 @@ CPU = "cpu"
 
 
 @dataclass(frozen=True)
-class DevicePlan:
+class TowerDevices:
     """The tower devices and what kind they are.
 
     devices: TensorFlow device names, one per tower, e.g. ("/GPU:0", "/GPU:1").
@@ -44,8 +44,8 @@ class DevicePlan:
         return "nccl" if self.kind == GPU and self.num_towers > 1 else "sum_on_variable_device"
 
 
-def plan_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
-                 ray_gpu_ids: list | None = None) -> DevicePlan:
+def choose_tower_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
+                 ray_gpu_ids: list | None = None) -> TowerDevices:
     """Turn the `num_gpus`/`_fake_gpus` config and what is visible into tower devices.
 
     visible_gpus: GPUs TensorFlow sees in this process. Inside a Ray actor Ray
@@ -59,20 +59,20 @@ def plan_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
     if ray_gpu_ids is not None and len(ray_gpu_ids) > 0:
         visible_gpus = min(visible_gpus, len(ray_gpu_ids)) if visible_gpus else 0
     if num_gpus == 0:
-        return DevicePlan(("/CPU:0",), CPU)
+        return TowerDevices(("/CPU:0",), CPU)
     wanted = max(1, math.ceil(num_gpus))  # a fractional GPU is one tower sharing it
     if visible_gpus > 0:
         if wanted > visible_gpus:
             raise ValueError(
                 f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
-        return DevicePlan(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
+        return TowerDevices(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
     if fake_gpus:
-        return DevicePlan(tuple(f"/CPU:{i}" for i in range(wanted)), FAKE_GPU)
+        return TowerDevices(tuple(f"/CPU:{i}" for i in range(wanted)), FAKE_GPU)
     if ray_gpu_ids:
         raise ValueError(
             f"Ray assigned GPUs {list(ray_gpu_ids)} but TensorFlow sees none; "
             "is the CUDA build of TensorFlow installed (extra 'gpu')?")
-    return DevicePlan(("/CPU:0",), CPU)
+    return TowerDevices(("/CPU:0",), CPU)
 
 
 def in_ray_worker() -> bool:
@@ -148,10 +148,10 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or cores)
 
 
-def resolve_devices(num_gpus: float, fake_gpus: bool) -> DevicePlan:
+def resolve_devices(num_gpus: float, fake_gpus: bool) -> TowerDevices:
     """The tower devices for this process, configuring fake GPUs when needed."""
-    plan = plan_devices(num_gpus, fake_gpus, visible_gpus=visible_gpus(),
+    tower_devices = choose_tower_devices(num_gpus, fake_gpus, visible_gpus=visible_gpus(),
                         ray_gpu_ids=ray_gpu_ids())
     # memory growth and thread pools are set here too, if TF is not running yet
-    prepare_process(plan.num_towers if plan.kind == FAKE_GPU else 1)
-    return plan
+    prepare_process(tower_devices.num_towers if tower_devices.kind == FAKE_GPU else 1)
+    return tower_devices

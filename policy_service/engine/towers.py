@@ -32,7 +32,7 @@ from policy_service.engine import batch_norm, finite_guard
 from policy_service.engine.batch_norm import BatchNormCapture, batch_norm_layers
 from policy_service.engine.collectives import choose_implementation
 from policy_service.engine.compiled import FlatCall
-from policy_service.engine.devices import DevicePlan
+from policy_service.engine.devices import TowerDevices
 from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
 from policy_service.engine.loss_output import PER_ROW, LossExtras, split_loss_output
 from policy_service.engine.units import (
@@ -159,14 +159,14 @@ def clip_gradients(grads: list, clip: float | None, method: str) -> list:
 
 
 class TowerStack:
-    """Replicated loss towers over `plan.devices` sharing one set of variables.
+    """Replicated loss towers over `tower_devices.devices` sharing one set of variables.
 
     loss_fn(tower_batch) -> a loss output: scalar losses (one per optimizer), maybe
     with LossExtras (engine/loss_output.py).
     stats_fn(tower_batch, losses, loss_stats) -> dict of scalar statistics.
     """
 
-    def __init__(self, plan: DevicePlan, model: keras.Model, loss_fn: LossFn,
+    def __init__(self, tower_devices: TowerDevices, model: keras.Model, loss_fn: LossFn,
                  stats_fn: StatsFn, optimizers: Sequence, *, grad_clip: float | None = None,
                  grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
                  seed: int | None = None, accumulation_steps: int = 1,
@@ -177,7 +177,7 @@ class TowerStack:
         self.accumulation_steps = int(accumulation_steps)
         self.collective_group = collective_group
         self.batch_norm_sync = bool(batch_norm_sync)
-        self.plan = plan
+        self.tower_devices = tower_devices
         self.model = model
         self.loss_fn = loss_fn
         self.stats_fn = stats_fn
@@ -191,7 +191,7 @@ class TowerStack:
         self._bn_layers = batch_norm_layers(model)
         self._bn_variables = {id(v) for layer in self._bn_layers
                               for v in (layer.moving_mean, layer.moving_variance)}
-        with tf.device(plan.variable_device):
+        with tf.device(tower_devices.variable_device):
             for optimizer in self.optimizers:
                 optimizer.build(self.variables)
             # the loaded epochs' shuffle; its state is part of the policy state
@@ -209,7 +209,7 @@ class TowerStack:
 
     @property
     def num_towers(self) -> int:
-        return self.plan.num_towers
+        return self.tower_devices.num_towers
 
     def set_collective_group(self, group) -> None:
         """Combine every later step with the other members of `group` (a connected
@@ -226,7 +226,7 @@ class TowerStack:
             return None
         implementation = (choose_implementation(tf.config.list_physical_devices())
                           if self.num_learners == 1 else self.collective_group.implementation)
-        return batch_norm.MomentSum(self.plan.devices, self.num_learners, implementation)
+        return batch_norm.MomentSum(self.tower_devices.devices, self.num_learners, implementation)
 
     @property
     def num_learners(self) -> int:
@@ -251,7 +251,7 @@ class TowerStack:
     def place(self, shards: list[dict]) -> tuple:
         """Copy each shard onto its tower's device once."""
         placed = []
-        for device, shard in zip(self.plan.devices, shards):
+        for device, shard in zip(self.tower_devices.devices, shards):
             with tf.device(device):
                 placed.append({name: tf.identity(tf.convert_to_tensor(values))
                                for name, values in shard.items()})
@@ -427,10 +427,10 @@ class TowerStack:
         devices, results = [], []
         with BatchNormCapture(self._bn_layers, self._moment_sum) as capture:
             for shards in shard_sets:
-                for device, shard in zip(self.plan.devices, shards):
+                for device, shard in zip(self.tower_devices.devices, shards):
                     devices.append(device)
                     results.append(self._run_tower(device, shard, capture))
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             total = tf.add_n([r.valid_rows for r in results])
             weights = [tf.math.divide_no_nan(r.valid_rows, total) for r in results]
         return self._combine(results, devices, weights, total, capture.momenta)
@@ -477,7 +477,7 @@ class TowerStack:
                  momenta: list) -> StepResult:
         weighted = self._weighted_terms([r.grads for r in results], weights, devices)
         packed = self._weighted_terms([r.stats.values for r in results], weights, devices)
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             grads = [[None if weighted[0][i][j] is None
                       else self._reduce([w[i][j] for w in weighted], devices)
                       for j in range(len(self.variables))]
@@ -512,7 +512,7 @@ class TowerStack:
         """Sum per-tower tensors onto the variable device: accumulated minibatches
         first on their own tower's device, then NCCL between real GPUs, else an add
         on the variable device (the tensors are copied there)."""
-        if devices is not None and len(terms) > self.plan.num_towers:
+        if devices is not None and len(terms) > self.tower_devices.num_towers:
             by_device: dict = {}
             for device, term in zip(devices, terms):
                 by_device.setdefault(device, []).append(term)
@@ -520,7 +520,7 @@ class TowerStack:
             for device, same_device in by_device.items():
                 with tf.device(device):
                     terms.append(tf.add_n(same_device))
-        if len(terms) > 1 and self.plan.gradient_reduction == "nccl":
+        if len(terms) > 1 and self.tower_devices.gradient_reduction == "nccl":
             from tensorflow.python.ops import nccl_ops  # no public API for a reduce to one GPU
             return nccl_ops.reduce_sum(terms)
         return tf.add_n(terms)
@@ -578,14 +578,14 @@ class TowerStack:
             self._after_applied_step()
             return tf.constant(True)
 
-        with tf.device(self.plan.variable_device):
+        with tf.device(self.tower_devices.variable_device):
             tf.cond(tf.reduce_all(step.finite), apply, lambda: tf.constant(False))
         return {**step.stats, "_finite": step.finite}
 
     def _kept_if_finite(self, run) -> dict:
         """run()'s output, rolled back if it left state non-finite (finite_guard)."""
         return finite_guard.kept_if_finite(run, self._updated, self._checked,
-                                           self.plan.variable_device)
+                                           self.tower_devices.variable_device)
 
     def _learn_graph(self, shards):
         return self._kept_if_finite(lambda: self._step([shards]))
@@ -604,7 +604,7 @@ class TowerStack:
 
     def _gather(self, buffers, unit_idx):
         shards = []
-        for t, (device, buffer) in enumerate(zip(self.plan.devices, buffers)):
+        for t, (device, buffer) in enumerate(zip(self.tower_devices.devices, buffers)):
             with tf.device(device):
                 shards.append(gather_units(buffer, unit_idx[t]))
         return tuple(shards)
@@ -659,7 +659,7 @@ class TowerStack:
         step's units overwritten by the step's per-row outputs."""
         kept = {name: list(per_tower) for name, per_tower in kept.items()}
         for s, units in enumerate(unit_sets):
-            for t, (device, buffer) in enumerate(zip(self.plan.devices, buffers)):
+            for t, (device, buffer) in enumerate(zip(self.tower_devices.devices, buffers)):
                 with tf.device(device):
                     layout = {k: buffer[k] for k in (LOSS_MASK, SEQ_LENS) if k in buffer}
                     rows = gather_units({**layout, "_row": tf.range(tf.shape(
