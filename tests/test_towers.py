@@ -777,10 +777,19 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(towers, n):
     assert_weights_close(one.get_weights(), fused.get_weights())
 
 
-def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing():
+def _op_types(policy) -> list:
+    return sorted(op.type for f in policy.towers._functions.values()
+                  for op in f.concrete.graph.get_operations())
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing(sync):
+    """A group of one adds no op. Per-shard batch norm runs no collective at all;
+    synchronized batch norm's moment sums between the towers are its only ones."""
     from policy_service.engine.collectives import CollectiveGroup
     plain, grouped = [PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        minibatch_size=8, model={"use_batch_norm": True}, **fake_gpus(2))) for _ in range(2)]
+        minibatch_size=8, model={"use_batch_norm": True}, batch_norm_sync=sync,
+        **fake_gpus(2))) for _ in range(2)]
     group = CollectiveGroup()
     group.connect(0, [group.address])
     grouped.towers.set_collective_group(group)
@@ -791,6 +800,7 @@ def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing():
         policy.load_batch_into_buffer(batch)
         policy.learn_on_loaded_epochs(2)
     assert_weights_close(plain.get_weights(), grouped.get_weights(), atol=0, rtol=0)
-    op_types = {op.type for f in grouped.towers._functions.values()
-                for op in f.concrete.graph.get_operations()}
-    assert "AddN" in op_types and not any("Collective" in t for t in op_types)
+    op_types = _op_types(grouped)
+    assert op_types == _op_types(plain)
+    assert "AddN" in op_types
+    assert any("Collective" in t for t in op_types) == sync
