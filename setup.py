@@ -1,4 +1,5 @@
 """Packaging for policy-service: a TF2 RL policy library and service on Ray."""
+
 from setuptools import find_packages, setup
 
 # exporting to ONNX (tf2onnx, onnx) and running the result (onnxruntime); the tests
@@ -16,7 +17,8 @@ setup(
     "batched remote inference and training jobs on Ray.",
     python_requires=">=3.10",
     packages=find_packages(
-        include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]),
+        include=["policy_service", "policy_service.*", "algorithms", "algorithms.*"]
+    ),
     install_requires=[
         "tensorflow>=2.16",
         "keras>=3.0",
@@ -29,8 +31,14 @@ setup(
     ],
     extras_require={
         "dev": [
-            "pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "hypothesis>=6.100",
-            "ruff>=0.17.6", "mypy>=2.4.1", *ONNX, *SERVE,
+            "pytest>=8",
+            "pytest-timeout>=2.3",
+            "pytest-xdist>=3.5",
+            "hypothesis>=6.100",
+            "ruff>=0.17.6",
+            "mypy>=2.4.1",
+            *ONNX,
+            *SERVE,
         ],
         "onnx": ONNX,
         "serve": SERVE,

@@ -1,4 +1,5 @@
 """Algorithms on the policy_service stack: `get_algorithm_class("ppo")` -> PPO."""
+
 from __future__ import annotations
 
 import importlib

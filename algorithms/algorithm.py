@@ -16,6 +16,7 @@ The learner is a LearnerGroup, in the driver by default (`num_learners: 0`).
 The loop in full, adding an algorithm, where the learner lives and why, and
 exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
 """
+
 from __future__ import annotations
 
 import collections
@@ -51,8 +52,9 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.learner_group import LearnerGroup
     from policy_service.policy import TFPolicy
 
-FRAGMENT_LENGTH = Rule("'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str)
-                       else v >= 1)
+FRAGMENT_LENGTH = Rule(
+    "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
+)
 
 
 @dataclass
@@ -60,28 +62,39 @@ class AlgorithmConfig(PolicyConfig):
     """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""
 
     env: str | None = setting(
-        None, doc="Gymnasium id, \"module:EnvId\", or a name given to register_env.")
+        None, doc='Gymnasium id, "module:EnvId", or a name given to register_env.'
+    )
     env_config: dict = setting(doc="Keyword arguments of the env.", factory=dict)
     num_env_runners: int = setting(
-        0, doc="Rollout worker actors; 0 samples in this process.", check=integer(ge=0))
+        0, doc="Rollout worker actors; 0 samples in this process.", check=integer(ge=0)
+    )
     num_envs_per_env_runner: int = setting(
-        1, doc="Sub-envs stepped as one vector env per worker.", check=integer(ge=1))
+        1, doc="Sub-envs stepped as one vector env per worker.", check=integer(ge=1)
+    )
     num_cpus_per_env_runner: float = setting(
-        0.5, doc="Ray CPUs reserved per worker actor.", check=finite(ge=0))
+        0.5, doc="Ray CPUs reserved per worker actor.", check=finite(ge=0)
+    )
     rollout_fragment_length: int | str = setting(
-        "auto", doc="Steps per sub-env per sample(); \"auto\": train_batch_size / "
-        "(workers * envs), so one sample() makes a train batch.", check=FRAGMENT_LENGTH)
+        "auto",
+        doc='Steps per sub-env per sample(); "auto": train_batch_size / '
+        "(workers * envs), so one sample() makes a train batch.",
+        check=FRAGMENT_LENGTH,
+    )
     vectorize_mode: str = setting(
-        "sync", doc="\"sync\", or \"async\" (a subprocess per sub-env).",
-        check=one_of("sync", "async"))
+        "sync", doc='"sync", or "async" (a subprocess per sub-env).', check=one_of("sync", "async")
+    )
     remote_inference: bool = setting(
-        False, doc="Workers act through one PolicyActor (central inference).")
-    train_batch_size: int = setting(4000, doc="Env steps sampled per training iteration.",
-                                    check=integer(ge=1))
+        False, doc="Workers act through one PolicyActor (central inference)."
+    )
+    train_batch_size: int = setting(
+        4000, doc="Env steps sampled per training iteration.", check=integer(ge=1)
+    )
     metrics_num_episodes_for_smoothing: int = setting(
-        100, doc="Episodes in the return/length window.", check=integer(ge=1))
+        100, doc="Episodes in the return/length window.", check=integer(ge=1)
+    )
     ray_num_cpus: int | None = setting(
-        None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1))
+        None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
+    )
 
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""
@@ -124,8 +137,10 @@ class Algorithm:
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
         if not self.config.env:
-            raise ValueError("config key 'env' is required: a gymnasium id or a name "
-                             "given to algorithms.register_env")
+            raise ValueError(
+                "config key 'env' is required: a gymnasium id or a name "
+                "given to algorithms.register_env"
+            )
         self._env_name: str = self.config.env
         self._ray_started = False
         self._stopped = False
@@ -151,8 +166,13 @@ class Algorithm:
         try:
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
-            self.learners = LearnerGroup(self.policy_class, self.env_runners.observation_space,
-                                        self.env_runners.action_space, self.config)
+
+            self.learners = LearnerGroup(
+                self.policy_class,
+                self.env_runners.observation_space,
+                self.env_runners.action_space,
+                self.config,
+            )
             self.env_runners.sync_weights(self.learners.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -204,6 +224,7 @@ class Algorithm:
         waits for the first, each worker samples on) -> one batch, counted; an
         empty batch only when `timeout_s` passed first."""
         from policy_service.distributed.env_runner_group import merge_metrics
+
         start = time.perf_counter()
         results = self.env_runners.sample_async(timeout_s)
         if results:
@@ -216,11 +237,14 @@ class Algorithm:
         samples it trained on, counted; `LearnerGroup.update` reports it), timed.
         Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
         from policy_service.learning_results import NUM_SAMPLES_TRAINED
+
         start = time.perf_counter()
         stats = dict(update(self.learners))
         if NUM_SAMPLES_TRAINED not in stats:
-            raise KeyError(f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
-                           f"{sorted(stats)}); LearnerGroup.update reports it")
+            raise KeyError(
+                f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
+                f"{sorted(stats)}); LearnerGroup.update reports it"
+            )
         trained = stats.pop(NUM_SAMPLES_TRAINED)
         self._counts.samples_trained += int(trained)
         self.num_samples_trained_total += int(trained)
@@ -259,11 +283,11 @@ class Algorithm:
             "episode_return_mean": float(returns.mean()) if len(returns) else nan,
             "episode_return_min": float(returns.min()) if len(returns) else nan,
             "episode_return_max": float(returns.max()) if len(returns) else nan,
-            "episode_len_mean": (float(np.mean(self._episode_lengths))
-                                 if self._episode_lengths else nan),
+            "episode_len_mean": (
+                float(np.mean(self._episode_lengths)) if self._episode_lengths else nan
+            ),
             "num_env_steps_sampled_per_s": counts.env_steps / max(counts.sample_time_s, 1e-9),
-            "num_samples_trained_per_s": (counts.samples_trained
-                                          / max(counts.learn_time_s, 1e-9)),
+            "num_samples_trained_per_s": (counts.samples_trained / max(counts.learn_time_s, 1e-9)),
             "sample_time_s": counts.sample_time_s,
             "learn_time_s": counts.learn_time_s,
             "sync_time_s": counts.sync_time_s,
@@ -282,6 +306,7 @@ class Algorithm:
 
     def _init_ray(self) -> None:
         import ray
+
         if not ray.is_initialized():
             start_ray(num_cpus=self.config.ray_num_cpus)
             self._ray_started = True
@@ -291,16 +316,22 @@ class Algorithm:
 
     def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup:
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
+
         cfg = self.config
         worker_config = on_cpu(cfg)
         return EnvRunnerGroup(
-            self._env(), self.policy_class, worker_config,
+            self._env(),
+            self.policy_class,
+            worker_config,
             num_env_runners=cfg.num_env_runners,
             num_envs_per_env_runner=cfg.num_envs_per_env_runner,
             num_cpus_per_env_runner=cfg.num_cpus_per_env_runner,
             rollout_fragment_length=cfg.fragment_length(),
-            vectorize_mode=cfg.vectorize_mode, seed=seed, env_config=dict(cfg.env_config),
-            remote_inference=cfg.remote_inference)
+            vectorize_mode=cfg.vectorize_mode,
+            seed=seed,
+            env_config=dict(cfg.env_config),
+            remote_inference=cfg.remote_inference,
+        )
 
     def _restart_sampling(self) -> None:
         """With a seed: rebuild the env runners seeded from (seed, iteration). Either
@@ -309,7 +340,8 @@ class Algorithm:
             self._past_worker_restarts += int(self.env_runners.num_restarts)
             self.env_runners.stop()
             self.env_runners = self._make_env_runners(
-                iteration_seed(self.config.seed, self.iteration))
+                iteration_seed(self.config.seed, self.iteration)
+            )
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
 
     def _num_worker_restarts(self) -> int:
@@ -337,24 +369,29 @@ class Algorithm:
         try:
             json.dumps(own.values, allow_nan=False)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{type(self).__name__}.get_algorithm_state() values must be "
-                             f"JSON (numbers, strings, lists, dicts): {err}") from None
+            raise ValueError(
+                f"{type(self).__name__}.get_algorithm_state() values must be "
+                f"JSON (numbers, strings, lists, dicts): {err}"
+            ) from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
             self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR))
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
-            checkpoints.save_json(tmp / checkpoints.ALGORITHM_STATE, {
-                "algorithm_class": checkpoints.class_path(type(self)),
-                "config": self.config.to_dict(),
-                "iteration": self.iteration,
-                "timesteps_total": self.timesteps_total,
-                "num_samples_trained_total": self.num_samples_trained_total,
-                "time_total_s": self.time_total_s,
-                "num_worker_restarts": self._num_worker_restarts(),
-                "episode_returns": [float(r) for r in self._episode_returns],
-                "episode_lengths": [int(n) for n in self._episode_lengths],
-                "algorithm_values": own.values,
-                "algorithm_arrays": manifest,
-            })
+            checkpoints.save_json(
+                tmp / checkpoints.ALGORITHM_STATE,
+                {
+                    "algorithm_class": checkpoints.class_path(type(self)),
+                    "config": self.config.to_dict(),
+                    "iteration": self.iteration,
+                    "timesteps_total": self.timesteps_total,
+                    "num_samples_trained_total": self.num_samples_trained_total,
+                    "time_total_s": self.time_total_s,
+                    "num_worker_restarts": self._num_worker_restarts(),
+                    "episode_returns": [float(r) for r in self._episode_returns],
+                    "episode_lengths": [int(n) for n in self._episode_lengths],
+                    "algorithm_values": own.values,
+                    "algorithm_arrays": manifest,
+                },
+            )
         self._restart_sampling()
         return str(Path(checkpoint_dir).absolute())
 
@@ -364,8 +401,10 @@ class Algorithm:
         (CheckpointFileError, one line naming it); a bad checkpoint changes nothing."""
         directory = Path(checkpoint_dir)
         saved = checkpoints.read_algorithm_state(directory, type(self))
-        own = AlgorithmState(saved.get("algorithm_values", {}), checkpoints.read_algorithm_arrays(
-            directory, saved.get("algorithm_arrays", {})))
+        own = AlgorithmState(
+            saved.get("algorithm_values", {}),
+            checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
+        )
         self.check_algorithm_state(own)
         self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
         self.set_algorithm_state(own)
@@ -378,8 +417,9 @@ class Algorithm:
         self._episode_lengths.clear()
         self._episode_lengths.extend(saved["episode_lengths"])
         self._restart_sampling()
-        self._past_worker_restarts = (int(saved["num_worker_restarts"])
-                                      - int(self.env_runners.num_restarts))
+        self._past_worker_restarts = int(saved["num_worker_restarts"]) - int(
+            self.env_runners.num_restarts
+        )
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> Algorithm:
@@ -394,7 +434,8 @@ class Algorithm:
         if self.learners.local_policy is None:
             raise RuntimeError(
                 f"the learner policy lives in {self.learners.num_learners} learner actors "
-                "(num_learners > 0); use algo.learners (a LearnerGroup) instead")
+                "(num_learners > 0); use algo.learners (a LearnerGroup) instead"
+            )
         return self.learners.local_policy
 
     def stop(self) -> None:
@@ -408,6 +449,7 @@ class Algorithm:
                     group.stop()
         if self._ray_started:
             import ray
+
             ray.shutdown()
             self._ray_started = False
 

@@ -16,6 +16,7 @@ Semantics follow RLlib's old-stack TF DQN, with three differences (n-step bootst
 gamma^k, target_network_update_freq in SGD steps, a round's batches drawn together).
 The target network, checkpointing and the differences in full: docs/algorithms.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,73 +65,110 @@ class DQNConfig(AlgorithmConfig):
     exploration_config: dict = setting(
         doc="Epsilon-greedy acting: epsilon falls linearly from initial_epsilon to "
         "final_epsilon over epsilon_timesteps sampled steps.",
-        factory=lambda: {"type": "EpsilonGreedy", "initial_epsilon": 1.0,
-                         "final_epsilon": 0.02, "epsilon_timesteps": 10000})
-    n_step: int = setting(1, doc="Rewards summed into each TD target (n-step returns).",
-                          check=integer(ge=1))
-    double_q: bool = setting(True, doc="Pick the next action with the online network, "
-                             "value it with the target network.")
+        factory=lambda: {
+            "type": "EpsilonGreedy",
+            "initial_epsilon": 1.0,
+            "final_epsilon": 0.02,
+            "epsilon_timesteps": 10000,
+        },
+    )
+    n_step: int = setting(
+        1, doc="Rewards summed into each TD target (n-step returns).", check=integer(ge=1)
+    )
+    double_q: bool = setting(
+        True, doc="Pick the next action with the online network, value it with the target network."
+    )
     dueling: bool = setting(True, doc="Q = V(s) + A(s, a) - mean_a A(s, a) from two heads.")
-    hiddens: list = setting(doc="Dense ReLU layers of each Q head, on the model's features.",
-                            check=LAYER_SIZES, factory=lambda: [256])
+    hiddens: list = setting(
+        doc="Dense ReLU layers of each Q head, on the model's features.",
+        check=LAYER_SIZES,
+        factory=lambda: [256],
+    )
     target_network_update_freq: int = setting(
-        500, doc="Applied SGD steps between target network updates.", check=integer(ge=1))
+        500, doc="Applied SGD steps between target network updates.", check=integer(ge=1)
+    )
     tau: float = setting(
-        1.0, doc="Each target update: target = tau * online + (1 - tau) * target "
-        "(1.0: a hard copy).", check=finite(gt=0, le=1))
+        1.0,
+        doc="Each target update: target = tau * online + (1 - tau) * target (1.0: a hard copy).",
+        check=finite(gt=0, le=1),
+    )
     train_batch_size: int = setting(32, doc="Transitions sampled from replay per SGD step.")
     # None is accepted (check_fields reads this annotation) and is an int after
     # __post_init__: a wider input type than PolicyConfig's, which mypy cannot express.
     minibatch_size: int | None = setting(  # type: ignore[assignment]  # see above
-        None, doc="Rows per SGD step on the learner: always train_batch_size (None sets it).")
+        None, doc="Rows per SGD step on the learner: always train_batch_size (None sets it)."
+    )
     rollout_fragment_length: int | str = setting(
-        4, doc="Steps per sub-env per sample() (RLlib's DQN default 4).")
+        4, doc="Steps per sub-env per sample() (RLlib's DQN default 4)."
+    )
     min_sample_timesteps_per_iteration: int = setting(
-        1000, doc="Env steps one train() call samples at least (sampling and learning "
-        "alternate within it).", check=integer(ge=1))
+        1000,
+        doc="Env steps one train() call samples at least (sampling and learning "
+        "alternate within it).",
+        check=integer(ge=1),
+    )
     training_intensity: float | None = setting(
-        None, doc="Transitions trained on per transition sampled from the envs; None: "
-        "one SGD step per sample() call.", check=finite(gt=0))
+        None,
+        doc="Transitions trained on per transition sampled from the envs; None: "
+        "one SGD step per sample() call.",
+        check=finite(gt=0),
+    )
     replay_buffer_capacity: int = setting(
-        50000, doc="Transitions the replay buffer holds (RLlib's "
-        "replay_buffer_config['capacity']).", check=integer(ge=1))
-    prioritized_replay: bool = setting(
-        True, doc="Proportional prioritized replay; False: uniform.")
+        50000,
+        doc="Transitions the replay buffer holds (RLlib's replay_buffer_config['capacity']).",
+        check=integer(ge=1),
+    )
+    prioritized_replay: bool = setting(True, doc="Proportional prioritized replay; False: uniform.")
     prioritized_replay_alpha: float = setting(
-        0.6, doc="Priority exponent: P(i) ~ priority_i ^ alpha (0: uniform).",
-        check=finite(ge=0))
+        0.6, doc="Priority exponent: P(i) ~ priority_i ^ alpha (0: uniform).", check=finite(ge=0)
+    )
     prioritized_replay_beta: float = setting(
-        0.4, doc="Importance-weight exponent: w_i = (N * P(i)) ^ -beta, over max w.",
-        check=finite(ge=0, le=1))
+        0.4,
+        doc="Importance-weight exponent: w_i = (N * P(i)) ^ -beta, over max w.",
+        check=finite(ge=0, le=1),
+    )
     prioritized_replay_eps: float = setting(
-        1e-6, doc="Added to |TD error| so that no priority is 0.", check=finite(gt=0))
+        1e-6, doc="Added to |TD error| so that no priority is 0.", check=finite(gt=0)
+    )
     num_steps_sampled_before_learning_starts: int = setting(
-        1000, doc="Env steps sampled into the buffer before the first SGD step.",
-        check=integer(ge=0))
+        1000,
+        doc="Env steps sampled into the buffer before the first SGD step.",
+        check=integer(ge=0),
+    )
     replay_frame_stack_axis: int | None = setting(
-        None, doc="None stores obs/new_obs whole; an axis: observations are stacks of "
+        None,
+        doc="None stores obs/new_obs whole; an axis: observations are stacks of "
         "frames along it (-1 for [84, 84, 4], 0 for FrameStackObservation's [4, 84, 84]), "
-        "each frame stored once in the replay buffer (about 2k times less memory).")
+        "each frame stored once in the replay buffer (about 2k times less memory).",
+    )
     checkpoint_replay_buffer: bool = setting(
-        False, doc="Save the replay buffer's content with the algorithm, so that a "
-        "restored run continues exactly.")
+        False,
+        doc="Save the replay buffer's content with the algorithm, so that a "
+        "restored run continues exactly.",
+    )
 
     def __post_init__(self):
         super().__post_init__()
         if self.minibatch_size is None:
             self.minibatch_size = self.train_batch_size
         if self.minibatch_size != self.train_batch_size:
-            raise ConfigError(f"{self.key_prefix}.minibatch_size must be None or equal to "
-                              f"train_batch_size ({self.train_batch_size}): DQN takes one "
-                              f"replayed batch per SGD step, got {self.minibatch_size}")
+            raise ConfigError(
+                f"{self.key_prefix}.minibatch_size must be None or equal to "
+                f"train_batch_size ({self.train_batch_size}): DQN takes one "
+                f"replayed batch per SGD step, got {self.minibatch_size}"
+            )
         if self.num_grad_accumulation_steps != 1:
-            raise ConfigError(f"{self.key_prefix}.num_grad_accumulation_steps must be 1 for "
-                              f"DQN (one replayed batch per SGD step), got "
-                              f"{self.num_grad_accumulation_steps}")
+            raise ConfigError(
+                f"{self.key_prefix}.num_grad_accumulation_steps must be 1 for "
+                f"DQN (one replayed batch per SGD step), got "
+                f"{self.num_grad_accumulation_steps}"
+            )
         self.check_at_most("train_batch_size", "replay_buffer_capacity")
         if self.model.use_lstm:
-            raise ConfigError(f"{self.key_prefix}.model.use_lstm must be False: DQN "
-                              "does not support recurrent models, got True")
+            raise ConfigError(
+                f"{self.key_prefix}.model.use_lstm must be False: DQN "
+                "does not support recurrent models, got True"
+            )
 
 
 # ----- the Q model ----------------------------------------------------------------------
@@ -149,19 +187,26 @@ class QModel(keras.Model):
         super().__init__(name="q_model")
         self.features = features
         self.dueling = dueling
-        self.advantage_hidden = [keras.layers.Dense(size, activation="relu",
-                                                    name=f"advantage_hidden_{i}")
-                                 for i, size in enumerate(hiddens)]
+        self.advantage_hidden = [
+            keras.layers.Dense(size, activation="relu", name=f"advantage_hidden_{i}")
+            for i, size in enumerate(hiddens)
+        ]
         self.advantage = keras.layers.Dense(num_actions, name="advantage")
-        self.value_hidden = [keras.layers.Dense(size, activation="relu",
-                                                name=f"state_value_hidden_{i}")
-                             for i, size in enumerate(hiddens)] if dueling else []
+        self.value_hidden = (
+            [
+                keras.layers.Dense(size, activation="relu", name=f"state_value_hidden_{i}")
+                for i, size in enumerate(hiddens)
+            ]
+            if dueling
+            else []
+        )
         self.state_value = keras.layers.Dense(1, name="state_value") if dueling else None
 
     def call(self, input_dict, training=False):
         if isinstance(self.features, models.Encoder):
-            x = self.features(input_dict[SampleBatch.OBS], training=training,
-                              row_mask=input_dict.get("loss_mask"))
+            x = self.features(
+                input_dict[SampleBatch.OBS], training=training, row_mask=input_dict.get("loss_mask")
+            )
         else:
             x = self.features(input_dict, training=training)[SampleBatch.ACTION_DIST_INPUTS]
         advantages = _run(self.advantage_hidden + [self.advantage], x)
@@ -213,19 +258,23 @@ class DQNPolicy(TFPolicy):
     target network (double Q optional), n-step returns from postprocessing."""
 
     config_class = DQNConfig
-    loss_columns = {SampleBatch.ACTIONS: LossColumn("number"),
-                    SampleBatch.REWARDS: LossColumn("number"),
-                    SampleBatch.NEXT_OBS: LossColumn("number", None),
-                    BOOTSTRAP_DISCOUNT: LossColumn()}
+    loss_columns = {
+        SampleBatch.ACTIONS: LossColumn("number"),
+        SampleBatch.REWARDS: LossColumn("number"),
+        SampleBatch.NEXT_OBS: LossColumn("number", None),
+        BOOTSTRAP_DISCOUNT: LossColumn(),
+    }
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"DQNPolicy needs a Discrete action space, got {action_space}")
         super().__init__(observation_space, action_space, from_dict(DQNConfig, config))
         if self.is_recurrent():
-            raise ValueError(f"DQNPolicy does not support recurrent models; the model "
-                             f"{self.config.model.custom_model!r} has "
-                             f"{self.num_state_tensors()} state tensors")
+            raise ValueError(
+                f"DQNPolicy does not support recurrent models; the model "
+                f"{self.config.model.custom_model!r} has "
+                f"{self.num_state_tensors()} state tensors"
+            )
         self._td_error_fns: dict = {}
 
     def make_model(self) -> keras.Model:
@@ -235,11 +284,14 @@ class DQNPolicy(TFPolicy):
             features = models.Encoder(obs_space.shape, cfg.model, "q_encoder")
         else:
             feature_size = ([256] + list(cfg.model.fcnet_hiddens))[-1]  # RLlib's choice
-            features = models.follow_call_convention(models.build_model(
-                obs_space, self.action_space, feature_size, cfg.model))
+            features = models.follow_call_convention(
+                models.build_model(obs_space, self.action_space, feature_size, cfg.model)
+            )
             if models.initial_state(features):
-                raise ValueError(f"DQNPolicy does not support recurrent models; custom "
-                                 f"model {cfg.model.custom_model!r} has a recurrent state")
+                raise ValueError(
+                    f"DQNPolicy does not support recurrent models; custom "
+                    f"model {cfg.model.custom_model!r} has a recurrent state"
+                )
         return QModel(features, self.num_outputs, cfg.hiddens, cfg.dueling)
 
     def target_network_update(self) -> TargetUpdate:
@@ -269,9 +321,11 @@ class DQNPolicy(TFPolicy):
         q_next_online = None
         if self.config.double_q:
             q_next_online = tf.stop_gradient(
-                model(next_input, training=False)[SampleBatch.ACTION_DIST_INPUTS])
-        target = q_targets(batch[SampleBatch.REWARDS], batch[BOOTSTRAP_DISCOUNT],
-                           q_next_target, q_next_online)
+                model(next_input, training=False)[SampleBatch.ACTION_DIST_INPUTS]
+            )
+        target = q_targets(
+            batch[SampleBatch.REWARDS], batch[BOOTSTRAP_DISCOUNT], q_next_target, q_next_online
+        )
         return TDResult(q_selected - tf.stop_gradient(target), q_selected, q_t)
 
     def loss(self, model, dist_class, train_batch):
@@ -279,45 +333,66 @@ class DQNPolicy(TFPolicy):
         |TD error| (TD_ERROR), a prioritized buffer's new priorities."""
         mask = train_batch["loss_mask"]
         td, q_selected, q_t = self.td_error(model, train_batch, training=True)
-        weights = (tf.cast(train_batch[PRIO_WEIGHTS], tf.float32) if PRIO_WEIGHTS in train_batch
-                   else tf.ones_like(td))
-        stats = {"mean_q": masked_mean(q_selected, mask),
-                 "mean_td_error": masked_mean(td, mask),
-                 "mean_abs_td_error": masked_mean(tf.abs(td), mask)}
-        return (masked_mean(weights * huber_loss(td), mask),
-                LossExtras(stats, per_row={TD_ERROR: tf.abs(td)}))
+        weights = (
+            tf.cast(train_batch[PRIO_WEIGHTS], tf.float32)
+            if PRIO_WEIGHTS in train_batch
+            else tf.ones_like(td)
+        )
+        stats = {
+            "mean_q": masked_mean(q_selected, mask),
+            "mean_td_error": masked_mean(td, mask),
+            "mean_abs_td_error": masked_mean(tf.abs(td), mask),
+        }
+        return (
+            masked_mean(weights * huber_loss(td), mask),
+            LossExtras(stats, per_row={TD_ERROR: tf.abs(td)}),
+        )
 
     def compute_td_error(self, batch: SampleBatch) -> np.ndarray:
         """|TD error| <float32>[B] of each row under the current weights (training=False),
         in one compiled call on the first tower device (for inspection: training takes
         its priorities from the loss's per-row TD errors)."""
         columns = self.train_columns(batch).columns
-        signature = {name: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
-                     for name, v in columns.items()}
+        signature = {
+            name: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
+            for name, v in columns.items()
+        }
         key = tuple((n, s.dtype, tuple(s.shape)) for n, s in sorted(signature.items()))
         if key not in self._td_error_fns:
+
             def abs_td(batch):
                 return tf.abs(self.td_error(self.model, batch, training=False).td_error)
-            self._td_error_fns[key] = tf.function(abs_td, input_signature=[signature],
-                                                  autograph=False)
+
+            self._td_error_fns[key] = tf.function(
+                abs_td, input_signature=[signature], autograph=False
+            )
         with tf.device(self.tower_devices.devices[0]):
             return self._td_error_fns[key](columns).numpy()
 
 
 # ----- the training step ----------------------------------------------------------------
 
-REPLAY_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS,
-                  SampleBatch.NEXT_OBS, BOOTSTRAP_DISCOUNT)  # what the loss reads
+REPLAY_COLUMNS = (
+    SampleBatch.OBS,
+    SampleBatch.ACTIONS,
+    SampleBatch.REWARDS,
+    SampleBatch.NEXT_OBS,
+    BOOTSTRAP_DISCOUNT,
+)  # what the loss reads
 
 
-def sgd_steps_due(sampled: int, trained: int, batch_size: int,
-                  training_intensity: float | None, samples_per_round: int) -> int:
+def sgd_steps_due(
+    sampled: int,
+    trained: int,
+    batch_size: int,
+    training_intensity: float | None,
+    samples_per_round: int,
+) -> int:
     """SGD steps of `batch_size` rows that bring trained / sampled up to the ratio:
     `training_intensity`, or with None RLlib's native ratio, one step per round of
     sampling (batch_size / samples_per_round). Never negative; the remainder carries
     over, so the ratio holds over the run, not per call."""
-    ratio = (batch_size / samples_per_round if training_intensity is None
-             else training_intensity)
+    ratio = batch_size / samples_per_round if training_intensity is None else training_intensity
     return max(0, math.floor((sampled * ratio - trained) / batch_size + 1e-9))
 
 
@@ -327,11 +402,17 @@ def make_replay_buffer(cfg: DQNConfig):
     axis = cfg.replay_frame_stack_axis
     if cfg.prioritized_replay:
         return PrioritizedReplayBuffer(
-            cfg.replay_buffer_capacity, alpha=cfg.prioritized_replay_alpha,
-            beta=cfg.prioritized_replay_beta, epsilon=cfg.prioritized_replay_eps,
-            columns=REPLAY_COLUMNS, seed=seed, frame_stack_axis=axis)
-    return ReplayBuffer(cfg.replay_buffer_capacity, columns=REPLAY_COLUMNS, seed=seed,
-                        frame_stack_axis=axis)
+            cfg.replay_buffer_capacity,
+            alpha=cfg.prioritized_replay_alpha,
+            beta=cfg.prioritized_replay_beta,
+            epsilon=cfg.prioritized_replay_eps,
+            columns=REPLAY_COLUMNS,
+            seed=seed,
+            frame_stack_axis=axis,
+        )
+    return ReplayBuffer(
+        cfg.replay_buffer_capacity, columns=REPLAY_COLUMNS, seed=seed, frame_stack_axis=axis
+    )
 
 
 def check_frame_stack_axis(cfg: DQNConfig, observation_space: gym.Space) -> None:
@@ -339,11 +420,18 @@ def check_frame_stack_axis(cfg: DQNConfig, observation_space: gym.Space) -> None
     axis, shape = cfg.replay_frame_stack_axis, getattr(observation_space, "shape", None)
     if axis is None:
         return
-    if isinstance(axis, bool) or not isinstance(axis, int) or shape is None or \
-            len(shape) < 2 or not -len(shape) <= axis < len(shape):
-        raise ConfigError(f"{cfg.key_prefix}.replay_frame_stack_axis must be an axis of an "
-                          f"observation of at least 2 dimensions, got {axis!r} for the "
-                          f"observation space {observation_space}")
+    if (
+        isinstance(axis, bool)
+        or not isinstance(axis, int)
+        or shape is None
+        or len(shape) < 2
+        or not -len(shape) <= axis < len(shape)
+    ):
+        raise ConfigError(
+            f"{cfg.key_prefix}.replay_frame_stack_axis must be an axis of an "
+            f"observation of at least 2 dimensions, got {axis!r} for the "
+            f"observation space {observation_space}"
+        )
 
 
 class DQN(Algorithm):
@@ -370,9 +458,13 @@ class DQN(Algorithm):
         try:
             check_frame_stack_axis(cfg, self.env_runners.observation_space)
             try:
-                check_minibatch_size(f"{cfg.key_prefix}.train_batch_size", cfg.train_batch_size,
-                                     learners=max(1, cfg.num_learners),
-                                     towers=self.learners.num_towers, unit_rows=1)
+                check_minibatch_size(
+                    f"{cfg.key_prefix}.train_batch_size",
+                    cfg.train_batch_size,
+                    learners=max(1, cfg.num_learners),
+                    towers=self.learners.num_towers,
+                    unit_rows=1,
+                )
             except ValueError as err:
                 raise ConfigError(str(err)) from None
         except BaseException:
@@ -395,10 +487,13 @@ class DQN(Algorithm):
             batch = self.sample_ready()
             if batch.count:
                 self.replay.add(batch)
-            due = sgd_steps_due(self.num_env_steps_for_learning,
-                                self.num_sgd_steps_total * cfg.train_batch_size,
-                                cfg.train_batch_size, cfg.training_intensity,
-                                self.samples_per_round())
+            due = sgd_steps_due(
+                self.num_env_steps_for_learning,
+                self.num_sgd_steps_total * cfg.train_batch_size,
+                cfg.train_batch_size,
+                cfg.training_intensity,
+                self.samples_per_round(),
+            )
             # at most as many rows as the buffer holds per draw; the rest carries over
             due = min(due, len(self.replay) // cfg.train_batch_size)
             if due:
@@ -408,9 +503,12 @@ class DQN(Algorithm):
                 num_steps += due
         stats = {key: value / num_steps for key, value in totals.items()}
         stats.pop("num_sgd_steps", None)
-        stats.update(num_sgd_steps_this_iter=num_steps,
-                     num_sgd_steps_total=self.num_sgd_steps_total,
-                     replay_buffer_size=len(self.replay), cur_epsilon=self.epsilon())
+        stats.update(
+            num_sgd_steps_this_iter=num_steps,
+            num_sgd_steps_total=self.num_sgd_steps_total,
+            replay_buffer_size=len(self.replay),
+            cur_epsilon=self.epsilon(),
+        )
         return stats
 
     def learn_on_replay(self, num_steps: int) -> dict:
@@ -419,7 +517,8 @@ class DQN(Algorithm):
         weights broadcast."""
         batch = self.replay.sample(num_steps * self.config.train_batch_size)
         stats = self.learner_update(
-            lambda learners: learners.update(batch, num_epochs=1, shuffle=False))
+            lambda learners: learners.update(batch, num_epochs=1, shuffle=False)
+        )
         td_errors = stats.pop(PER_ROW)[TD_ERROR]  # from the steps themselves
         self.num_sgd_steps_total += num_steps
         if isinstance(self.replay, PrioritizedReplayBuffer):
@@ -472,13 +571,16 @@ class DQN(Algorithm):
     def check_algorithm_state(self, state: AlgorithmState) -> None:
         value = state.values.get("num_sgd_steps_total")
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"DQN algorithm state value 'num_sgd_steps_total' must be an "
-                             f"int >= 0, got {value!r}")
+            raise ValueError(
+                f"DQN algorithm state value 'num_sgd_steps_total' must be an "
+                f"int >= 0, got {value!r}"
+            )
         if "replay_meta" in state.values:
             self.replay.check_state(replay_state(state))
         elif state.arrays:
-            raise ValueError(f"DQN algorithm state has arrays {sorted(state.arrays)} but no "
-                             "'replay_meta'")
+            raise ValueError(
+                f"DQN algorithm state has arrays {sorted(state.arrays)} but no 'replay_meta'"
+            )
 
     def set_algorithm_state(self, state: AlgorithmState) -> None:
         self.num_sgd_steps_total = int(state.values["num_sgd_steps_total"])
@@ -490,6 +592,11 @@ class DQN(Algorithm):
 def replay_state(state: AlgorithmState) -> dict:
     """The replay buffer's get_state() back from an AlgorithmState."""
     prefix = "replay/"
-    return {"meta": state.values["replay_meta"],
-            "arrays": {name[len(prefix):]: value for name, value in state.arrays.items()
-                       if name.startswith(prefix)}}
+    return {
+        "meta": state.values["replay_meta"],
+        "arrays": {
+            name[len(prefix) :]: value
+            for name, value in state.arrays.items()
+            if name.startswith(prefix)
+        },
+    }

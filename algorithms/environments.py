@@ -1,5 +1,6 @@
 """Environments by name: gymnasium ids, "module:EnvId", and names given to
 register_env; and the checks that a name and its env_config fit, before a run starts."""
+
 from __future__ import annotations
 
 import importlib
@@ -52,8 +53,9 @@ def check_env_id(env: str) -> None:
         try:
             importlib.import_module(module)
         except ImportError as err:
-            raise EnvironmentSetupError(f"unknown environment {env!r}: cannot import "
-                                     f"{module!r} ({err})") from None
+            raise EnvironmentSetupError(
+                f"unknown environment {env!r}: cannot import {module!r} ({err})"
+            ) from None
     try:
         gym.spec(env_id)
     except gym.error.Error as err:
@@ -67,8 +69,7 @@ def check_env_from_file(env, source, allowed: tuple[str, ...] = ()) -> None:
     imported), or one of `allowed`, the names the user gave on this command line.
     Else an error naming the file and the environment; nothing was imported."""
     if not isinstance(env, str) or not env:
-        raise EnvironmentSetupError(f"{source}: 'env' must be an environment name, "
-                                    f"got {env!r}")
+        raise EnvironmentSetupError(f"{source}: 'env' must be an environment name, got {env!r}")
     if env in allowed or is_registered_env(env):
         return
     module, sep, env_id = env.rpartition(":")
@@ -77,7 +78,8 @@ def check_env_from_file(env, source, allowed: tuple[str, ...] = ()) -> None:
     raise EnvironmentSetupError(
         f"{source}: environment {env!r} is not a name given to register_env or a "
         f"registered gymnasium id, and a module named in a file is not imported; "
-        f"pass --env {env} to use it")
+        f"pass --env {env} to use it"
+    )
 
 
 def check_env_config(env: str, env_config: dict) -> None:
@@ -91,20 +93,25 @@ def check_env_config(env: str, env_config: dict) -> None:
     if spec.entry_point is None:  # a spec registered without one cannot be made either
         return
     try:
-        creator = (spec.entry_point if callable(spec.entry_point)
-                   else load_env_creator(spec.entry_point))
+        creator = (
+            spec.entry_point if callable(spec.entry_point) else load_env_creator(spec.entry_point)
+        )
     except (ImportError, AttributeError, ValueError) as err:
-        raise EnvironmentSetupError(f"cannot load environment {env!r} "
-                                 f"({spec.entry_point}): {one_line(err)}") from None
+        raise EnvironmentSetupError(
+            f"cannot load environment {env!r} ({spec.entry_point}): {one_line(err)}"
+        ) from None
     takes = set()
     for function in (gym.make, creator):
         parameters = inspect.signature(function).parameters.values()
         if function is creator and any(p.kind is p.VAR_KEYWORD for p in parameters):
             return
-        takes |= {p.name for p in parameters
-                  if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "id"}
+        takes |= {
+            p.name
+            for p in parameters
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "id"
+        }
     unknown = sorted(map(str, set(env_config) - takes))
     if unknown:
-        raise EnvironmentSetupError(f"config.env_config key(s) {unknown} are not options of "
-                                 f"{env}; it takes {sorted(takes)}")
-
+        raise EnvironmentSetupError(
+            f"config.env_config key(s) {unknown} are not options of {env}; it takes {sorted(takes)}"
+        )

@@ -10,6 +10,7 @@ algorithm_state.json and the policy/ sub-dir), or a policy directory written
 by TFPolicy.export_checkpoint. The policy is rebuilt on one CPU tower: acting
 needs no towers, and a checkpoint trained on GPUs must load where there are none.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -77,8 +78,10 @@ def checkpoint_candidates(path: str) -> list[Path]:
         found = list_checkpoints(checkpoints)
         if found:
             return found[::-1]
-    raise CheckpointError(f"no checkpoint at {path}: expected a run directory, a checkpoint "
-                          f"({ALGORITHM_STATE}) or a policy directory ({POLICY_STATE})")
+    raise CheckpointError(
+        f"no checkpoint at {path}: expected a run directory, a checkpoint "
+        f"({ALGORITHM_STATE}) or a policy directory ({POLICY_STATE})"
+    )
 
 
 def locate(path: str) -> LoadedCheckpoint:
@@ -89,8 +92,9 @@ def locate(path: str) -> LoadedCheckpoint:
 def locate_one(directory: Path) -> LoadedCheckpoint:
     """The policy directory and algorithm config of one checkpoint or policy directory."""
     if (directory / ALGORITHM_STATE).exists():
-        return LoadedCheckpoint(directory / POLICY_SUBDIR, _read_config(directory),
-                                directory / ALGORITHM_STATE)
+        return LoadedCheckpoint(
+            directory / POLICY_SUBDIR, _read_config(directory), directory / ALGORITHM_STATE
+        )
     parent_state = directory.parent / ALGORITHM_STATE
     if not parent_state.exists():
         return LoadedCheckpoint(directory, None)
@@ -107,8 +111,11 @@ class ReadyPolicy:
     env_id: str | None = None
 
 
-def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
-                      ) -> ReadyPolicy:
+def load_newest_valid(
+    path: str,
+    env: str | None = None,
+    with_env: bool = True,
+) -> ReadyPolicy:
     """The newest checkpoint under `path` that loads; each one skipped is named on
     stderr with the reason. A request that fits none (--env) is not a reason to skip."""
     root = Path(path).absolute()
@@ -116,10 +123,13 @@ def load_newest_valid(path: str, env: str | None = None, with_env: bool = True,
         root = root.parent  # a checkpoint's policy/ directory: its checkpoint is read too
     if root.parent.name == "checkpoints" and is_checkpoint_name(root.name):
         root = root.parent.parent  # one checkpoint of a run: the run's files only
-    return newest_loadable(checkpoint_candidates(path),
-                           lambda directory: _load(directory, env, with_env, root), path,
-                           skipped=(CheckpointError,),
-                           fatal=(EnvironmentMismatch, EnvironmentNotAllowed))[1]
+    return newest_loadable(
+        checkpoint_candidates(path),
+        lambda directory: _load(directory, env, with_env, root),
+        path,
+        skipped=(CheckpointError,),
+        fatal=(EnvironmentMismatch, EnvironmentNotAllowed),
+    )[1]
 
 
 def _load(directory: Path, env: str | None, with_env: bool, root: Path) -> ReadyPolicy:
@@ -135,8 +145,9 @@ def _load(directory: Path, env: str | None, with_env: bool, root: Path) -> Ready
     environment = _make_env(env_id, env_config)
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
-        check_spaces_fit(state, environment, env_id,
-                         asked_for=env is not None and env != trained_on)
+        check_spaces_fit(
+            state, environment, env_id, asked_for=env is not None and env != trained_on
+        )
         policy = policy_from_state(state, checkpoint.policy_dir)
     except BaseException:
         environment.close()
@@ -154,9 +165,11 @@ def saved_policy_state(checkpoint: LoadedCheckpoint) -> dict:
     try:
         return read_policy_state(checkpoint.policy_dir)
     except (OSError, ValueError, KeyError) as err:
-        raise CheckpointError(one_line(err) if isinstance(err, CheckpointFileError) else
-                              f"cannot read the policy in {checkpoint.policy_dir}: "
-                              f"{one_line(err)}") from None
+        raise CheckpointError(
+            one_line(err)
+            if isinstance(err, CheckpointFileError)
+            else f"cannot read the policy in {checkpoint.policy_dir}: {one_line(err)}"
+        ) from None
 
 
 def policy_from_state(state: dict, policy_dir: Path | None = None):
@@ -165,13 +178,15 @@ def policy_from_state(state: dict, policy_dir: Path | None = None):
     CheckpointError naming the policy directory."""
     from policy_service.config import on_cpu
     from policy_service.policy import TFPolicy
+
     try:
         state = {**state, "config": on_cpu(state["config"])}
         return TFPolicy.from_state(state)
     except (ValueError, KeyError, TypeError) as err:
         where = policy_dir or "the saved policy"
-        raise CheckpointError(f"{where} ({POLICY_STATE}, policy_arrays.npz) does not load: "
-                              f"{one_line(err)}") from None
+        raise CheckpointError(
+            f"{where} ({POLICY_STATE}, policy_arrays.npz) does not load: {one_line(err)}"
+        ) from None
 
 
 def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = True) -> None:
@@ -179,20 +194,27 @@ def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = Tr
     A mismatch is EnvironmentMismatch when the env was `asked_for` (--env), else the
     checkpoint's own spaces changed: a CheckpointError."""
     from policy_service.io.space_codec import space_from_json
+
     mismatches = []
-    for name, env_space in (("observation_space", environment.observation_space),
-                            ("action_space", environment.action_space)):
+    for name, env_space in (
+        ("observation_space", environment.observation_space),
+        ("action_space", environment.action_space),
+    ):
         try:
             policy_space = space_from_json(state[name])
         except (KeyError, ValueError, TypeError) as err:
-            raise CheckpointError(f"cannot read {name} of the saved policy: "
-                                  f"{one_line(err)}") from None
+            raise CheckpointError(
+                f"cannot read {name} of the saved policy: {one_line(err)}"
+            ) from None
         if env_space != policy_space:
             mismatches.append(f"{name} {env_space} (the policy's: {policy_space})")
     if mismatches:
         error = EnvironmentMismatch if asked_for else CheckpointError
-        raise error(one_line(f"environment {env_id!r} does not fit the saved "
-                             f"policy: {'; '.join(mismatches)}"))
+        raise error(
+            one_line(
+                f"environment {env_id!r} does not fit the saved policy: {'; '.join(mismatches)}"
+            )
+        )
 
 
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
@@ -208,8 +230,8 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
                 if prev_action is None:
                     prev_action = np.zeros_like(np.asarray(env.action_space.sample()))
                 action, state, _ = policy.compute_single_action(
-                    obs, state, explore=explore, prev_action=prev_action,
-                    prev_reward=prev_reward)
+                    obs, state, explore=explore, prev_action=prev_action, prev_reward=prev_reward
+                )
             else:
                 action, _, _ = policy.compute_single_action(obs, explore=explore)
             obs, reward, terminated, truncated, _ = env.step(action)
@@ -222,13 +244,15 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     return {"episode_returns": returns, "episode_lengths": lengths}
 
 
-def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: bool = False,
-             seed: int = 0) -> int:
+def evaluate(
+    path: str, episodes: int = 10, env: str | None = None, explore: bool = False, seed: int = 0
+) -> int:
     """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     if env is not None:  # named once here, not blamed on each checkpoint in turn
         from algorithms import environments
+
         environments.check_env_id(env)
     ready = load_newest_valid(path, env)
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
@@ -239,17 +263,27 @@ def evaluate(path: str, episodes: int = 10, env: str | None = None, explore: boo
         environment.close()
     returns = np.asarray(played["episode_returns"])
     lengths = np.asarray(played["episode_lengths"])
-    print(json.dumps({
-        "checkpoint": str(checkpoint.policy_dir.parent if checkpoint.algorithm_config
-                          else checkpoint.policy_dir),
-        "env": env_id, "episodes": episodes, "explore": explore,
-        "episode_return_mean": float(returns.mean()),
-        "episode_return_min": float(returns.min()),
-        "episode_return_max": float(returns.max()),
-        "episode_len_mean": float(lengths.mean()),
-        "episode_lengths": [int(n) for n in lengths],
-        "episode_returns": [float(r) for r in returns],
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "checkpoint": str(
+                    checkpoint.policy_dir.parent
+                    if checkpoint.algorithm_config
+                    else checkpoint.policy_dir
+                ),
+                "env": env_id,
+                "episodes": episodes,
+                "explore": explore,
+                "episode_return_mean": float(returns.mean()),
+                "episode_return_min": float(returns.min()),
+                "episode_return_max": float(returns.max()),
+                "episode_len_mean": float(lengths.mean()),
+                "episode_lengths": [int(n) for n in lengths],
+                "episode_returns": [float(r) for r in returns],
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 
@@ -261,6 +295,7 @@ def export(path: str, out: str, onnx_opset: int | None = None, force: bool = Fal
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
     if onnx_opset is not None:
         from policy_service.io.export import check_onnx_opset
+
         try:
             check_onnx_opset(onnx_opset)
         except ValueError as err:
@@ -268,8 +303,10 @@ def export(path: str, out: str, onnx_opset: int | None = None, force: bool = Fal
     check_export_target(out, force)
     policy = load_newest_valid(path, with_env=False).policy
     policy.export_model(out, onnx=onnx_opset)
-    print(f"SavedModel: {Path(out).absolute()}" +
-          (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else ""))
+    print(
+        f"SavedModel: {Path(out).absolute()}"
+        + (f" (with model.onnx, opset {onnx_opset})" if onnx_opset is not None else "")
+    )
     return 0
 
 
@@ -286,8 +323,10 @@ def check_export_target(out: str, force: bool) -> None:
             found = "a symlink" if target.is_symlink() else "a file"
             if force:
                 return
-        raise ExportTargetError(f"--out {out}: expected a new or empty directory, found "
-                                f"{found}; pass --force to replace it")
+        raise ExportTargetError(
+            f"--out {out}: expected a new or empty directory, found "
+            f"{found}; pass --force to replace it"
+        )
     parent = target.absolute().parent
     while not parent.exists():
         parent = parent.parent
@@ -299,10 +338,12 @@ def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, di
     config = checkpoint.algorithm_config or {}
     env_id = env or config.get("env")
     if not env_id:
-        raise CheckpointError(f"{checkpoint.policy_dir} does not say which environment it was "
-                              "trained on: pass --env")
+        raise CheckpointError(
+            f"{checkpoint.policy_dir} does not say which environment it was trained on: pass --env"
+        )
     if env is None:  # named by the checkpoint's file, not by the user
         from algorithms import environments
+
         try:
             environments.check_env_from_file(env_id, checkpoint.config_file)
         except environments.EnvironmentSetupError as err:
@@ -315,6 +356,7 @@ def _make_env(env_id: str, env_config: dict):
     import gymnasium as gym
 
     from algorithms import environments
+
     try:
         if environments.is_registered_env(env_id):
             return environments.env_maker(env_id)(env_config)

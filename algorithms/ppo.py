@@ -17,6 +17,7 @@ Semantics follow RLlib's TF PPO (names and defaults included): the KL term
 is KL(old || new) weighted by an adaptive coefficient, and `vf_clip_param`
 clips the *squared* value error, as RLlib does (not the value change).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,27 +43,35 @@ class PPOConfig(AlgorithmConfig):
     lr: float = setting(5e-5, doc="Adam learning rate.")
     gamma: float = setting(0.99, doc="Discount factor.")
     lambda_: float = setting(
-        1.0, doc="GAE lambda (1.0: Monte Carlo returns minus the value baseline).",
-        check=finite(ge=0, le=1))
+        1.0,
+        doc="GAE lambda (1.0: Monte Carlo returns minus the value baseline).",
+        check=finite(ge=0, le=1),
+    )
     use_gae: bool = setting(True, doc="GAE advantages; False: discounted returns minus V(s).")
     clip_param: float = setting(
-        0.3, doc="PPO ratio clip epsilon: the ratio is kept in [1 - eps, 1 + eps].",
-        check=finite(gt=0))
+        0.3,
+        doc="PPO ratio clip epsilon: the ratio is kept in [1 - eps, 1 + eps].",
+        check=finite(gt=0),
+    )
     vf_clip_param: float = setting(
-        10.0, doc="Clip on the squared value error (RLlib's semantics).", check=finite(gt=0))
-    vf_loss_coeff: float = setting(1.0, doc="Weight of the value loss in the total loss.",
-                                   check=finite(ge=0))
-    entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.",
-                                   check=finite(ge=0))
+        10.0, doc="Clip on the squared value error (RLlib's semantics).", check=finite(gt=0)
+    )
+    vf_loss_coeff: float = setting(
+        1.0, doc="Weight of the value loss in the total loss.", check=finite(ge=0)
+    )
+    entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.", check=finite(ge=0))
     kl_coeff: float = setting(
-        0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.",
-        check=finite(ge=0))
+        0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.", check=finite(ge=0)
+    )
     kl_target: float = setting(
-        0.01, doc="KL per step the adaptive coefficient steers towards.", check=finite(gt=0))
+        0.01, doc="KL per step the adaptive coefficient steers towards.", check=finite(gt=0)
+    )
     train_batch_size: int = setting(4000, doc="Env steps sampled per training iteration.")
     minibatch_size: int = setting(
-        128, doc="Rows per SGD step (LSTMs: a multiple of max_seq_len x towers); "
-        "at most train_batch_size.")
+        128,
+        doc="Rows per SGD step (LSTMs: a multiple of max_seq_len x towers); "
+        "at most train_batch_size.",
+    )
     num_epochs: int = setting(30, doc="Passes of minibatch SGD over each train batch.")
 
     def __post_init__(self):
@@ -83,8 +92,9 @@ def discount_cumsum(x: np.ndarray, discount: float) -> np.ndarray:
     return out
 
 
-def compute_advantages(batch: SampleBatch, last_r: float, gamma: float, lambda_: float,
-                       use_gae: bool = True) -> SampleBatch:
+def compute_advantages(
+    batch: SampleBatch, last_r: float, gamma: float, lambda_: float, use_gae: bool = True
+) -> SampleBatch:
     """Add "advantages" and "value_targets" <float32>[T] to one trajectory chunk.
 
     last_r: V(s_T) after the chunk's last row, 0.0 when the episode terminated.
@@ -118,16 +128,20 @@ class PPOPolicy(TFPolicy):
     """
 
     config_class = PPOConfig
-    loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
-                    SampleBatch.ACTION_LOGP: LossColumn(),
-                    SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
-                    SampleBatch.ACTIONS: LossColumn("number", None)}
+    loss_columns = {
+        SampleBatch.ADVANTAGES: LossColumn(),
+        SampleBatch.VALUE_TARGETS: LossColumn(),
+        SampleBatch.ACTION_LOGP: LossColumn(),
+        SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
+        SampleBatch.ACTIONS: LossColumn("number", None),
+    }
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
         with tf.device(self.tower_devices.variable_device):
-            self.kl_coeff = tf.Variable(self.config.kl_coeff, dtype=tf.float32,
-                                        trainable=False, name="kl_coeff")
+            self.kl_coeff = tf.Variable(
+                self.config.kl_coeff, dtype=tf.float32, trainable=False, name="kl_coeff"
+            )
         self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
 
     def _value(self, obs, states, prev_actions, prev_rewards):
@@ -138,12 +152,16 @@ class PPOPolicy(TFPolicy):
     def bootstrap_value(self, batch: SampleBatch) -> float:
         """V(new_obs of the last row), continuing the last row's recurrent state."""
         obs = self.preprocessor.transform(
-            tree.map_structure(lambda x: np.asarray(x)[-1:], batch[SampleBatch.NEXT_OBS]))
-        states = [np.asarray(batch[f"state_out_{i}"])[-1:]
-                  for i in range(self.num_state_tensors())]
+            tree.map_structure(lambda x: np.asarray(x)[-1:], batch[SampleBatch.NEXT_OBS])
+        )
+        states = [np.asarray(batch[f"state_out_{i}"])[-1:] for i in range(self.num_state_tensors())]
         inputs = self.acting_inputs(
-            obs, states, np.asarray(batch[SampleBatch.ACTIONS])[-1:],
-            np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:], 1)
+            obs,
+            states,
+            np.asarray(batch[SampleBatch.ACTIONS])[-1:],
+            np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:],
+            1,
+        )
         with tf.device(self.tower_devices.devices[0]):
             return float(self._value_fn(*inputs)[0])
 
@@ -151,8 +169,9 @@ class PPOPolicy(TFPolicy):
         """GAE over one trajectory chunk; bootstraps unless the episode terminated."""
         terminated = bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1])
         last_r = 0.0 if terminated else self.bootstrap_value(batch)
-        return compute_advantages(batch, last_r, self.config.gamma, self.config.lambda_,
-                                  self.config.use_gae)
+        return compute_advantages(
+            batch, last_r, self.config.gamma, self.config.lambda_, self.config.use_gae
+        )
 
     def loss(self, model, dist_class, train_batch):
         """Clipped surrogate + vf_loss_coeff * clipped value error - entropy bonus
@@ -163,11 +182,13 @@ class PPOPolicy(TFPolicy):
         prev = dist_class(train_batch[SampleBatch.ACTION_DIST_INPUTS])
         advantages = train_batch[SampleBatch.ADVANTAGES]
 
-        ratio = tf.exp(curr.logp(train_batch[SampleBatch.ACTIONS])
-                       - train_batch[SampleBatch.ACTION_LOGP])
+        ratio = tf.exp(
+            curr.logp(train_batch[SampleBatch.ACTIONS]) - train_batch[SampleBatch.ACTION_LOGP]
+        )
         surrogate = tf.minimum(
             advantages * ratio,
-            advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param))
+            advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
+        )
         policy_loss = masked_mean(-surrogate, mask)
 
         vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
@@ -179,10 +200,18 @@ class PPOPolicy(TFPolicy):
         if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
             total += self.kl_coeff * kl
         vf_explained_var = _explained_variance(
-            train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask)
-        return total, LossExtras(stats={
-            "policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl,
-            "kl_coeff": self.kl_coeff.value(), "vf_explained_var": vf_explained_var})
+            train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask
+        )
+        return total, LossExtras(
+            stats={
+                "policy_loss": policy_loss,
+                "vf_loss": vf_loss,
+                "entropy": entropy,
+                "kl": kl,
+                "kl_coeff": self.kl_coeff.value(),
+                "vf_explained_var": vf_explained_var,
+            }
+        )
 
     def update_kl(self, sampled_kl: float) -> float:
         """x1.5 when the KL overshoots 2 * kl_target, x0.5 below kl_target / 2."""
@@ -199,10 +228,15 @@ class PPOPolicy(TFPolicy):
 
     def check_extra_state(self, state: dict) -> None:
         value = state.get("kl_coeff", 0.0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value) or value < 0:
-            raise ValueError(f"policy state entry 'kl_coeff' must be a finite number >= 0, "
-                             f"got {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError(
+                f"policy state entry 'kl_coeff' must be a finite number >= 0, got {value!r}"
+            )
 
     def set_state(self, state: dict) -> None:
         super().set_state(state)  # checks kl_coeff too, before changing anything
@@ -212,12 +246,15 @@ class PPOPolicy(TFPolicy):
 
 def _explained_variance(targets, preds, mask):
     """1 - Var[targets - preds] / Var[targets] over valid rows (-1 when Var[targets] = 0)."""
+
     def var(x):
         mean = masked_mean(x, mask)
         return masked_mean(tf.square(x - mean), mask)
+
     target_var = var(targets)
-    return tf.where(target_var > 0,
-                    1.0 - tf.math.divide_no_nan(var(targets - preds), target_var), -1.0)
+    return tf.where(
+        target_var > 0, 1.0 - tf.math.divide_no_nan(var(targets - preds), target_var), -1.0
+    )
 
 
 # ----- the update (runs where the learner policy lives) -----------------------------------

@@ -14,6 +14,7 @@ dqn (not in the default workloads).
 Ratios are printed as JSON lines with "ratio" and written to
 results/compare_rllib.json. Each workload, exactly: BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,18 +34,23 @@ DEFAULT_WORKLOADS = "learner,sampler,inference,e2e"
 # importing TensorFlow here); e2e uses e2e.py's tuned hyperparameters instead.
 WORKLOAD_MODELS = {
     "mlp": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
-    "lstm": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh", "use_lstm": True,
-             "lstm_cell_size": 256, "max_seq_len": 16},
+    "lstm": {
+        "fcnet_hiddens": [256, 256],
+        "fcnet_activation": "tanh",
+        "use_lstm": True,
+        "lstm_cell_size": 256,
+        "max_seq_len": 16,
+    },
 }
 WORKLOAD_SIZES = {"train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10}
-PPO_LOSS_KEYS = ("lr", "clip_param", "vf_clip_param", "vf_loss_coeff", "kl_coeff",
-                 "entropy_coeff")
+PPO_LOSS_KEYS = ("lr", "clip_param", "vf_clip_param", "vf_loss_coeff", "kl_coeff", "entropy_coeff")
 
 
 def ppo_loss_defaults() -> dict:
     """Our PPOConfig's loss defaults (RLlib's own), read in the parent process and
     sent to RLlib's children in the spec, which cannot import our package."""
     from algorithms.ppo import PPOConfig
+
     defaults = PPOConfig()
     return {key: getattr(defaults, key) for key in PPO_LOSS_KEYS}
 
@@ -54,43 +60,59 @@ def workload_hyper(spec: dict, model: str, **changes) -> dict:
     return dict(WORKLOAD_SIZES, **spec["ppo"], model=WORKLOAD_MODELS[model], **changes)
 
 
-def rllib_config(hyper: dict, *, num_gpus: int = 0, threads=None, num_env_runners: int = 0,
-                 envs_per_runner: int = 1, fragment=None):
+def rllib_config(
+    hyper: dict,
+    *,
+    num_gpus: int = 0,
+    threads=None,
+    num_env_runners: int = 0,
+    envs_per_runner: int = 1,
+    fragment=None,
+):
     """An old-API-stack TF PPOConfig with the given hyperparameters ("model" included)."""
     from ray.rllib.algorithms.ppo import PPOConfig
+
     framework_kwargs = {}
     if threads:
         framework_kwargs["local_tf_session_args"] = {
             "intra_op_parallelism_threads": threads[0],
-            "inter_op_parallelism_threads": threads[1]}
-    return (PPOConfig()
-            .api_stack(enable_rl_module_and_learner=False,
-                       enable_env_runner_and_connector_v2=False)
-            .framework("tf", **framework_kwargs)
-            .environment("CartPole-v1")
-            .resources(num_gpus=num_gpus, _fake_gpus=num_gpus > 0)
-            .env_runners(num_env_runners=num_env_runners,
-                         num_envs_per_env_runner=envs_per_runner,
-                         rollout_fragment_length=fragment or "auto")
-            .training(**hyper)
-            .reporting(metrics_num_episodes_for_smoothing=100))
+            "inter_op_parallelism_threads": threads[1],
+        }
+    return (
+        PPOConfig()
+        .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+        .framework("tf", **framework_kwargs)
+        .environment("CartPole-v1")
+        .resources(num_gpus=num_gpus, _fake_gpus=num_gpus > 0)
+        .env_runners(
+            num_env_runners=num_env_runners,
+            num_envs_per_env_runner=envs_per_runner,
+            rollout_fragment_length=fragment or "auto",
+        )
+        .training(**hyper)
+        .reporting(metrics_num_episodes_for_smoothing=100)
+    )
 
 
 def rllib_batch(model: str, num_rows: int):
     """The learner workload's synthetic batch (same columns as ppo_shaped's) for RLlib."""
     from ray.rllib.policy.sample_batch import SampleBatch
+
     rng = np.random.default_rng(0)
     logits = rng.normal(0, 0.1, (num_rows, 2)).astype(np.float32)
     actions = rng.integers(0, 2, num_rows)
     logp = (logits - np.log(np.exp(logits).sum(-1, keepdims=True)))[np.arange(num_rows), actions]
     columns = {
         "obs": rng.uniform(-1, 1, (num_rows, 4)).astype(np.float32),
-        "actions": actions, "action_dist_inputs": logits, "action_logp": logp.astype(np.float32),
+        "actions": actions,
+        "action_dist_inputs": logits,
+        "action_logp": logp.astype(np.float32),
         "advantages": rng.normal(size=num_rows).astype(np.float32),
         "value_targets": rng.normal(size=num_rows).astype(np.float32),
         "vf_preds": rng.normal(size=num_rows).astype(np.float32),
         "rewards": np.ones(num_rows, np.float32),
-        "terminateds": np.zeros(num_rows, bool), "truncateds": np.zeros(num_rows, bool),
+        "terminateds": np.zeros(num_rows, bool),
+        "truncateds": np.zeros(num_rows, bool),
     }
     if model == "lstm":
         lengths = []
@@ -112,8 +134,10 @@ def rllib_batch(model: str, num_rows: int):
 def rllib_learner(spec: dict):
     """RLlib's multi_gpu_train_one_step loop on the policy, timed like ours."""
     from benchmarks.learner import NAME as LEARNER
-    algo = rllib_config(workload_hyper(spec, spec["model"]), num_gpus=spec["towers"],
-                        threads=spec["threads"]).build_algo()
+
+    algo = rllib_config(
+        workload_hyper(spec, spec["model"]), num_gpus=spec["towers"], threads=spec["threads"]
+    ).build_algo()
     policy = algo.get_policy()
     batch = rllib_batch(spec["model"], spec["num_samples"])
     epochs, minibatch = spec["epochs"], spec["minibatch"]
@@ -135,23 +159,36 @@ def rllib_learner(spec: dict):
     samples = trained["samples"]
     if spec["model"] == "lstm":  # padded rows are trained on but are not samples
         samples = min(samples, epochs * batch.count)
-    yield {"bench": LEARNER, "framework": "rllib", "engine": "rllib", "mode": "minibatch",
-           "model": spec["model"], "towers": spec["towers"], "threads": spec["threads"],
-           "round": spec["round"], "seconds": seconds, "samples": samples,
-           "sgd_steps": trained["steps"], "samples_per_s": samples / seconds}
+    yield {
+        "bench": LEARNER,
+        "framework": "rllib",
+        "engine": "rllib",
+        "mode": "minibatch",
+        "model": spec["model"],
+        "towers": spec["towers"],
+        "threads": spec["threads"],
+        "round": spec["round"],
+        "seconds": seconds,
+        "samples": samples,
+        "sgd_steps": trained["steps"],
+        "samples_per_s": samples / seconds,
+    }
 
 
 def rllib_sampler(spec: dict):
     """One local RLlib rollout worker (local inference): env steps/s of sample()."""
     import ray
+
     ray.init(**harness.RAY_INIT)
     try:
         for num_envs in spec["num_envs_list"]:
             rows = spec["fragment"] * num_envs  # RLlib checks the batch against the fragments
-            hyper = workload_hyper(spec, "mlp", train_batch_size=rows,
-                                   minibatch_size=min(128, rows))
-            algo = rllib_config(hyper, envs_per_runner=num_envs,
-                                fragment=spec["fragment"]).build_algo()
+            hyper = workload_hyper(
+                spec, "mlp", train_batch_size=rows, minibatch_size=min(128, rows)
+            )
+            algo = rllib_config(
+                hyper, envs_per_runner=num_envs, fragment=spec["fragment"]
+            ).build_algo()
             worker = algo.env_runner_group.local_env_runner
             worker.sample()
             steps, seconds = 0, 0.0
@@ -162,9 +199,16 @@ def rllib_sampler(spec: dict):
                 seconds += time.perf_counter() - start
                 steps += batch.env_steps()
             algo.stop()
-            yield {"bench": "sampler", "framework": "rllib", "inference": "local",
-                   "num_envs": num_envs, "round": spec["round"], "env_steps": steps,
-                   "seconds": seconds, "env_steps_per_s": steps / seconds}
+            yield {
+                "bench": "sampler",
+                "framework": "rllib",
+                "inference": "local",
+                "num_envs": num_envs,
+                "round": spec["round"],
+                "env_steps": steps,
+                "seconds": seconds,
+                "env_steps_per_s": steps / seconds,
+            }
     finally:
         ray.shutdown()
 
@@ -193,32 +237,53 @@ def rllib_inference(spec: dict):
     import ray
 
     from benchmarks import inference
+
     ray.init(**harness.RAY_INIT)
     try:
         callers = inference.start_callers(max(spec["callers"]))
         server = rllib_server_class().remote(workload_hyper(spec, "mlp"), spec.get("threads"))
         ray.get(server.ready.remote(), timeout=600)
         yield from inference.drive_counts(
-            server, callers, spec["callers"], spec["duration"],
-            {"bench": "inference", "framework": "rllib", "target": "rllib_policy",
-             "batching": "none", "round": spec["round"]})
+            server,
+            callers,
+            spec["callers"],
+            spec["duration"],
+            {
+                "bench": "inference",
+                "framework": "rllib",
+                "target": "rllib_policy",
+                "batching": "none",
+                "round": spec["round"],
+            },
+        )
     finally:
         ray.shutdown()
 
 
 def rllib_e2e(spec: dict):
     import ray
+
     start = time.perf_counter()
     ray.init(**harness.RAY_INIT, log_to_driver=False)
-    record = {"bench": "e2e", "framework": "rllib", "num_gpus": spec["num_gpus"],
-              "num_env_runners": spec["num_env_runners"], "seed": spec["seed"],
-              "round": spec["round"], "target": spec["target"]}
+    record = {
+        "bench": "e2e",
+        "framework": "rllib",
+        "num_gpus": spec["num_gpus"],
+        "num_env_runners": spec["num_env_runners"],
+        "seed": spec["seed"],
+        "round": spec["round"],
+        "target": spec["target"],
+    }
     history, result, done = [], {}, False
     try:
         from benchmarks.e2e import PPO_CONFIG
-        config = rllib_config(dict(PPO_CONFIG, **spec.get("overrides", {})),
-                              num_gpus=spec["num_gpus"], num_env_runners=spec["num_env_runners"],
-                              envs_per_runner=spec["envs_per_runner"]).debugging(seed=spec["seed"])
+
+        config = rllib_config(
+            dict(PPO_CONFIG, **spec.get("overrides", {})),
+            num_gpus=spec["num_gpus"],
+            num_env_runners=spec["num_env_runners"],
+            envs_per_runner=spec["envs_per_runner"],
+        ).debugging(seed=spec["seed"])
         algo = config.build_algo()
         built = time.perf_counter()
         while True:
@@ -226,21 +291,33 @@ def rllib_e2e(spec: dict):
             runners = result.get("env_runners", {})
             ret = runners.get("episode_return_mean")
             timers = result.get("timers", {})
-            history.append({"iteration": result.get("training_iteration"),
-                            "timesteps_total": result.get("num_env_steps_sampled_lifetime"),
-                            "episode_return_mean": ret,
-                            "sample_time_ms": timers.get("sample_time_ms"),
-                            "learn_time_ms": timers.get("learn_time_ms"),
-                            "learn_throughput": timers.get("learn_throughput")})
+            history.append(
+                {
+                    "iteration": result.get("training_iteration"),
+                    "timesteps_total": result.get("num_env_steps_sampled_lifetime"),
+                    "episode_return_mean": ret,
+                    "sample_time_ms": timers.get("sample_time_ms"),
+                    "learn_time_ms": timers.get("learn_time_ms"),
+                    "learn_throughput": timers.get("learn_throughput"),
+                }
+            )
             done = bool(ret is not None and not np.isnan(ret) and ret >= spec["target"])
-            if done or time.perf_counter() - start > spec["max_seconds"] or \
-                    len(history) >= spec["max_iterations"]:
+            if (
+                done
+                or time.perf_counter() - start > spec["max_seconds"]
+                or len(history) >= spec["max_iterations"]
+            ):
                 break
         algo.stop()
     except Exception as err:  # noqa: BLE001 - RLlib's own failure is a result: record what failed
         import traceback
-        yield dict(record, error=f"{type(err).__name__}: {err}"[:2000],
-                   traceback=traceback.format_exc()[-4000:], history=history)
+
+        yield dict(
+            record,
+            error=f"{type(err).__name__}: {err}"[:2000],
+            traceback=traceback.format_exc()[-4000:],
+            history=history,
+        )
         return
     finally:
         ray.shutdown()
@@ -249,38 +326,66 @@ def rllib_e2e(spec: dict):
     sample_s = sum((h["sample_time_ms"] or 0) for h in history) / 1e3
     # RLlib's learn_throughput is batch rows per learn second; ours counts every epoch
     epochs = dict(PPO_CONFIG, **spec.get("overrides", {}))["num_epochs"]
-    trained = stats.median([h["learn_throughput"] * epochs for h in history
-                             if h.get("learn_throughput")])
-    yield dict(record, reached=done, wall_s=end - start, build_s=built - start,
-               env_steps=steps, iterations=len(history),
-               final_return=history[-1]["episode_return_mean"] if history else None,
-               env_steps_sampled_per_s=(steps / sample_s if steps and sample_s else None),
-               samples_trained_per_s=trained,
-               history=history)
+    trained = stats.median(
+        [h["learn_throughput"] * epochs for h in history if h.get("learn_throughput")]
+    )
+    yield dict(
+        record,
+        reached=done,
+        wall_s=end - start,
+        build_s=built - start,
+        env_steps=steps,
+        iterations=len(history),
+        final_return=history[-1]["episode_return_mean"] if history else None,
+        env_steps_sampled_per_s=(steps / sample_s if steps and sample_s else None),
+        samples_trained_per_s=trained,
+        history=history,
+    )
 
 
 def rllib_dqn_run(spec: dict):
     """RLlib's DQN to the target with spec["settings"] (rllib_dqn.rllib_settings)."""
     import ray
-    record = {"bench": "dqn", "framework": "rllib", "seed": spec["seed"], "round": spec["round"],
-              "target": spec["target"], "max_env_steps": spec["max_env_steps"],
-              "settings": spec["settings"]}
+
+    record = {
+        "bench": "dqn",
+        "framework": "rllib",
+        "seed": spec["seed"],
+        "round": spec["round"],
+        "target": spec["target"],
+        "max_env_steps": spec["max_env_steps"],
+        "settings": spec["settings"],
+    }
     ray.init(**harness.RAY_INIT, log_to_driver=False)
     try:
-        outcome = rllib_dqn.run_to_target(spec["settings"], spec["seed"], spec["target"],
-                                          spec["max_env_steps"], spec["max_seconds"])
+        outcome = rllib_dqn.run_to_target(
+            spec["settings"],
+            spec["seed"],
+            spec["target"],
+            spec["max_env_steps"],
+            spec["max_seconds"],
+        )
     except Exception as err:  # noqa: BLE001 - RLlib's own failure is a result: record what failed
         import traceback
-        yield dict(record, error=f"{type(err).__name__}: {err}"[:2000],
-                   traceback=traceback.format_exc()[-4000:])
+
+        yield dict(
+            record,
+            error=f"{type(err).__name__}: {err}"[:2000],
+            traceback=traceback.format_exc()[-4000:],
+        )
         return
     finally:
         ray.shutdown()
     yield dict(record, **outcome)
 
 
-RLLIB_MEASURES = {"learner": rllib_learner, "sampler": rllib_sampler,
-                  "inference": rllib_inference, "e2e": rllib_e2e, "dqn": rllib_dqn_run}
+RLLIB_MEASURES = {
+    "learner": rllib_learner,
+    "sampler": rllib_sampler,
+    "inference": rllib_inference,
+    "e2e": rllib_e2e,
+    "dqn": rllib_dqn_run,
+}
 
 
 def measure(spec: dict):
@@ -288,6 +393,7 @@ def measure(spec: dict):
 
 
 # ----- the alternating schedule ---------------------------------------------------------------
+
 
 def schedule(args) -> list[tuple[str, str, dict]]:
     """[(side, module, spec)] for one round: for every workload ours, then RLlib's."""
@@ -299,50 +405,112 @@ def schedule(args) -> list[tuple[str, str, dict]]:
     if unknown:
         raise ValueError(f"--workloads must be among {list(WORKLOADS)}, got {unknown}")
     if "learner" in workloads:
-        size = ({"epochs": 2, "num_samples": 512, "repeats": 1} if smoke else
-                {"epochs": 10, "num_samples": 4000, "repeats": 3})
+        size = (
+            {"epochs": 2, "num_samples": 512, "repeats": 1}
+            if smoke
+            else {"epochs": 10, "num_samples": 4000, "repeats": 3}
+        )
         towers = [int(t) for t in (args.towers or ("1" if smoke else "1,2,4")).split(",")]
         models = (args.models or "mlp").split(",")
         for model in models:
             base = dict(size, model=model, minibatch=128, real_gpus=False)
-            out.append(("ours", "benchmarks.learner",
-                        dict(base, engine="ceiling", towers=1, devices=1, threads=None)))
+            out.append(
+                (
+                    "ours",
+                    "benchmarks.learner",
+                    dict(base, engine="ceiling", towers=1, devices=1, threads=None),
+                )
+            )
             for n in towers:
-                out.append(("ours", "benchmarks.learner",
-                            dict(base, engine="ours", towers=n, devices=n, threads=None)))
-                for threads in ([None] if smoke else [None, [2, 2]]):
-                    out.append(("rllib", NAME_MODULE, dict(
-                        base, workload="learner", towers=n, threads=threads, prepare_tf=False,
-                        ppo=ppo)))
+                out.append(
+                    (
+                        "ours",
+                        "benchmarks.learner",
+                        dict(base, engine="ours", towers=n, devices=n, threads=None),
+                    )
+                )
+                for threads in [None] if smoke else [None, [2, 2]]:
+                    out.append(
+                        (
+                            "rllib",
+                            NAME_MODULE,
+                            dict(
+                                base,
+                                workload="learner",
+                                towers=n,
+                                threads=threads,
+                                prepare_tf=False,
+                                ppo=ppo,
+                            ),
+                        )
+                    )
     if "sampler" in workloads:
-        size = dict(num_envs_list=[1] if smoke else [1, 8, 32], fragment=50 if smoke else 200,
-                    duration=1.0 if smoke else 5.0)
+        size = dict(
+            num_envs_list=[1] if smoke else [1, 8, 32],
+            fragment=50 if smoke else 200,
+            duration=1.0 if smoke else 5.0,
+        )
         out.append(("ours", "benchmarks.sampler", dict(size, inference="local", devices=1)))
-        out.append(("rllib", NAME_MODULE, dict(size, workload="sampler", prepare_tf=False,
-                                               ppo=ppo)))
+        out.append(
+            ("rllib", NAME_MODULE, dict(size, workload="sampler", prepare_tf=False, ppo=ppo))
+        )
     if "inference" in workloads:
         callers = [2] if smoke else [16]
         duration = 1.0 if smoke else 5.0
-        out.append(("ours", "benchmarks.inference", dict(
-            target="remote", callers=callers, duration=duration,
-            servers=["noop", "noop_serial", "policy/on"], max_batch_size=32, wait_ms=1.0,
-            prepare_tf=False)))
-        out.append(("rllib", NAME_MODULE, dict(workload="inference", callers=callers,
-                                               duration=duration, prepare_tf=False, ppo=ppo)))
+        out.append(
+            (
+                "ours",
+                "benchmarks.inference",
+                dict(
+                    target="remote",
+                    callers=callers,
+                    duration=duration,
+                    servers=["noop", "noop_serial", "policy/on"],
+                    max_batch_size=32,
+                    wait_ms=1.0,
+                    prepare_tf=False,
+                ),
+            )
+        )
+        out.append(
+            (
+                "rllib",
+                NAME_MODULE,
+                dict(
+                    workload="inference",
+                    callers=callers,
+                    duration=duration,
+                    prepare_tf=False,
+                    ppo=ppo,
+                ),
+            )
+        )
     if "e2e" in workloads:
         from benchmarks import e2e
+
         gpus = [int(g) for g in (args.e2e_gpus or ("0" if smoke else "0,2")).split(",")]
         runners = [int(r) for r in (args.e2e_runners or ("1" if smoke else "0,1,2")).split(",")]
         for g in gpus:
             for r in runners:
-                spec = dict(num_gpus=g, num_env_runners=r, envs_per_runner=e2e.ENVS_PER_RUNNER,
-                            prepare_tf=False)
+                spec = dict(
+                    num_gpus=g,
+                    num_env_runners=r,
+                    envs_per_runner=e2e.ENVS_PER_RUNNER,
+                    prepare_tf=False,
+                )
                 if smoke:
-                    spec.update(target=15.0, max_iterations=2, max_seconds=300, overrides={
-                        "train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2})
+                    spec.update(
+                        target=15.0,
+                        max_iterations=2,
+                        max_seconds=300,
+                        overrides={"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2},
+                    )
                 else:
-                    spec.update(target=e2e.TARGET_RETURN, max_iterations=10_000,
-                                max_seconds=args.e2e_max_seconds)
+                    spec.update(
+                        target=e2e.TARGET_RETURN,
+                        max_iterations=10_000,
+                        max_seconds=args.e2e_max_seconds,
+                    )
                 out.append(("ours", "benchmarks.e2e", spec))
                 out.append(("rllib", NAME_MODULE, dict(spec, workload="e2e")))
     if "dqn" in workloads:
@@ -353,8 +521,13 @@ def schedule(args) -> list[tuple[str, str, dict]]:
 def dqn_schedule(args) -> list[tuple[str, str, dict]]:
     """The dqn workload's runs: ours (dqn_e2e.py) then RLlib's, same hyperparameters,
     target and budget; RLlib's translated here, in our venv, from our resolved config."""
-    spec = dqn_e2e.spec_for(args.smoke, dqn_e2e.load_tuned(args.dqn_config), args.dqn_target,
-                            args.dqn_max_env_steps, args.dqn_max_seconds)
+    spec = dqn_e2e.spec_for(
+        args.smoke,
+        dqn_e2e.load_tuned(args.dqn_config),
+        args.dqn_target,
+        args.dqn_max_env_steps,
+        args.dqn_max_seconds,
+    )
     ours, fragment = dqn_e2e.resolved_config(spec["config"])
     settings = rllib_dqn.rllib_settings(ours, fragment)
     sides = args.dqn_sides.split(",")
@@ -383,39 +556,84 @@ def ratios(records: list[dict]) -> list[dict]:
     # learner: ours (library defaults) vs RLlib at each thread setting, same tower count
     for model in sorted({r["model"] for r in ok if r["bench"] == "learner"}):
         rows = [r for r in ok if r["bench"] == "learner" and r["model"] == model]
-        ceiling = med([r for r in rows if r["engine"] == "ceiling" and r["mode"] == "fused"],
-                      "samples_per_s")
-        ceiling_kernel = med([r for r in rows if r["engine"] == "ceiling"
-                              and r["mode"] == "fused_adam_kernel"], "samples_per_s")
+        ceiling = med(
+            [r for r in rows if r["engine"] == "ceiling" and r["mode"] == "fused"], "samples_per_s"
+        )
+        ceiling_kernel = med(
+            [r for r in rows if r["engine"] == "ceiling" and r["mode"] == "fused_adam_kernel"],
+            "samples_per_s",
+        )
         for n in sorted({r["towers"] for r in rows if r["engine"] == "rllib"}):
-            ours = {mode: med([r for r in rows if r["engine"] == "ours" and r["towers"] == n
-                               and r["mode"] == mode], "samples_per_s")
-                    for mode in ("epoch", "minibatch")}
-            rllib = {str(t): med([r for r in rows if r["engine"] == "rllib" and r["towers"] == n
-                                  and r["threads"] == t], "samples_per_s")
-                     for t in [None, [2, 2]]}
+            ours = {
+                mode: med(
+                    [
+                        r
+                        for r in rows
+                        if r["engine"] == "ours" and r["towers"] == n and r["mode"] == mode
+                    ],
+                    "samples_per_s",
+                )
+                for mode in ("epoch", "minibatch")
+            }
+            rllib = {
+                str(t): med(
+                    [
+                        r
+                        for r in rows
+                        if r["engine"] == "rllib" and r["towers"] == n and r["threads"] == t
+                    ],
+                    "samples_per_s",
+                )
+                for t in [None, [2, 2]]
+            }
             best = max((v for v in rllib.values() if v), default=None)
-            out.append({"bench": NAME, "workload": "learner", "model": model, "towers": n,
-                        "ours_epoch": ours["epoch"], "ours_minibatch": ours["minibatch"],
-                        "rllib_default_threads": rllib["None"], "rllib_2_2": rllib["[2, 2]"],
-                        "ceiling_fused": ceiling, "ceiling_adam_kernel": ceiling_kernel,
-                        "ratio": stats.ratio(ours["epoch"], best),
-                        "ratio_minibatch": stats.ratio(ours["minibatch"], best),
-                        "ours_vs_ceiling": stats.ratio(ours["epoch"], ceiling)})
+            out.append(
+                {
+                    "bench": NAME,
+                    "workload": "learner",
+                    "model": model,
+                    "towers": n,
+                    "ours_epoch": ours["epoch"],
+                    "ours_minibatch": ours["minibatch"],
+                    "rllib_default_threads": rllib["None"],
+                    "rllib_2_2": rllib["[2, 2]"],
+                    "ceiling_fused": ceiling,
+                    "ceiling_adam_kernel": ceiling_kernel,
+                    "ratio": stats.ratio(ours["epoch"], best),
+                    "ratio_minibatch": stats.ratio(ours["minibatch"], best),
+                    "ours_vs_ceiling": stats.ratio(ours["epoch"], ceiling),
+                }
+            )
     for num_envs in sorted({r["num_envs"] for r in ok if r["bench"] == "sampler"}):
-        rows = [r for r in ok if r["bench"] == "sampler" and r["num_envs"] == num_envs
-                and r.get("inference", "local") == "local"]
+        rows = [
+            r
+            for r in ok
+            if r["bench"] == "sampler"
+            and r["num_envs"] == num_envs
+            and r.get("inference", "local") == "local"
+        ]
         ours = med([r for r in rows if r.get("framework", "ours") == "ours"], "env_steps_per_s")
         rllib = med([r for r in rows if r.get("framework") == "rllib"], "env_steps_per_s")
-        out.append({"bench": NAME, "workload": "sampler", "num_envs": num_envs,
-                    "ours": ours, "rllib": rllib, "ratio": stats.ratio(ours, rllib)})
-    for callers in sorted({r["callers"] for r in ok if r["bench"] == "inference"
-                           and r.get("callers")}):
+        out.append(
+            {
+                "bench": NAME,
+                "workload": "sampler",
+                "num_envs": num_envs,
+                "ours": ours,
+                "rllib": rllib,
+                "ratio": stats.ratio(ours, rllib),
+            }
+        )
+    for callers in sorted(
+        {r["callers"] for r in ok if r["bench"] == "inference" and r.get("callers")}
+    ):
         rows = [r for r in ok if r["bench"] == "inference" and r.get("callers") == callers]
-        pick = {"ours": [r for r in rows if r.get("target") == "policy"],
-                "noop": [r for r in rows if r.get("target") == "noop"],
-                "noop_serial": [r for r in rows if r.get("target") == "noop_serial"],
-                "rllib": [r for r in rows if r.get("target") == "rllib_policy"]}
+        pick = {
+            "ours": [r for r in rows if r.get("target") == "policy"],
+            "noop": [r for r in rows if r.get("target") == "noop"],
+            "noop_serial": [r for r in rows if r.get("target") == "noop_serial"],
+            "rllib": [r for r in rows if r.get("target") == "rllib_policy"],
+        }
         row = {"bench": NAME, "workload": "inference", "callers": callers}
         for side, picked in pick.items():
             for key in ("actions_per_s", "p50_ms", "p99_ms"):
@@ -423,8 +641,9 @@ def ratios(records: list[dict]) -> list[dict]:
         row["ratio"] = stats.ratio(row["ours_actions_per_s"], row["rllib_actions_per_s"])
         row["ours_vs_noop"] = stats.ratio(row["ours_actions_per_s"], row["noop_actions_per_s"])
         # the most any one-observation-per-call server could reach, against RLlib
-        row["noop_serial_vs_rllib"] = stats.ratio(row["noop_serial_actions_per_s"],
-                                                   row["rllib_actions_per_s"])
+        row["noop_serial_vs_rllib"] = stats.ratio(
+            row["noop_serial_actions_per_s"], row["rllib_actions_per_s"]
+        )
         out.append(row)
     e2e_rows = [r for r in records if r.get("bench") == "e2e"]
     for g, n in sorted({(r["num_gpus"], r["num_env_runners"]) for r in e2e_rows}):
@@ -433,14 +652,25 @@ def ratios(records: list[dict]) -> list[dict]:
         for side in ("ours", "rllib"):
             picked = [r for r in rows if r.get("framework", "ours") == side]
             reached = [r for r in picked if r.get("reached")]
-            sides[side] = {"wall_s": med(reached, "wall_s"), "env_steps": med(reached, "env_steps"),
-                           "reached": f"{len(reached)}/{len(picked)}",
-                           "errors": sorted({_why(r) for r in picked if "error" in r})}
-        out.append({"bench": NAME, "workload": "e2e", "num_gpus": g, "num_env_runners": n,
-                    **{f"{s}_{k}": v for s, d in sides.items() for k, v in d.items()},
-                    "ratio_wall": stats.ratio(sides["ours"]["wall_s"], sides["rllib"]["wall_s"]),
-                    "ratio_env_steps": stats.ratio(sides["ours"]["env_steps"],
-                                                    sides["rllib"]["env_steps"])})
+            sides[side] = {
+                "wall_s": med(reached, "wall_s"),
+                "env_steps": med(reached, "env_steps"),
+                "reached": f"{len(reached)}/{len(picked)}",
+                "errors": sorted({_why(r) for r in picked if "error" in r}),
+            }
+        out.append(
+            {
+                "bench": NAME,
+                "workload": "e2e",
+                "num_gpus": g,
+                "num_env_runners": n,
+                **{f"{s}_{k}": v for s, d in sides.items() for k, v in d.items()},
+                "ratio_wall": stats.ratio(sides["ours"]["wall_s"], sides["rllib"]["wall_s"]),
+                "ratio_env_steps": stats.ratio(
+                    sides["ours"]["env_steps"], sides["rllib"]["env_steps"]
+                ),
+            }
+        )
     out.extend(dqn_ratios([r for r in records if r.get("bench") == "dqn"]))
     return out
 
@@ -453,8 +683,9 @@ def dqn_ratios(records: list[dict]) -> list[dict]:
     the budget when not reached) and ours / RLlib where both reached it; then the
     medians over the seeds each side reached the target in."""
     out = []
-    by_side = {side: [r for r in records if r.get("framework") == side]
-               for side in ("ours", "rllib")}
+    by_side = {
+        side: [r for r in records if r.get("framework") == side] for side in ("ours", "rllib")
+    }
     for seed in sorted({r["seed"] for r in records if r.get("seed") is not None}):
         row = {"bench": NAME, "workload": "dqn", "seed": seed}
         for side, rows in by_side.items():
@@ -463,8 +694,9 @@ def dqn_ratios(records: list[dict]) -> list[dict]:
             if "error" in run:
                 row[f"{side}_error"] = _why(run)
         both = row["ours_reached"] and row["rllib_reached"]
-        row["ratio_env_steps"] = (stats.ratio(row["ours_env_steps"], row["rllib_env_steps"])
-                                  if both else None)
+        row["ratio_env_steps"] = (
+            stats.ratio(row["ours_env_steps"], row["rllib_env_steps"]) if both else None
+        )
         row["ratio_wall"] = stats.ratio(row["ours_wall_s"], row["rllib_wall_s"]) if both else None
         out.append(row)
     row = {"bench": NAME, "workload": "dqn", "seed": "median"}
@@ -490,8 +722,11 @@ def plot(rows: list[dict], out_dir: str) -> str | None:
         if row["workload"] == "learner":
             groups.append(f"learner {row['model']} x{row['towers']}\n(samples/s)")
             ours.append(row["ours_epoch"])
-            rllib.append(max([v for v in (row["rllib_default_threads"], row["rllib_2_2"]) if v],
-                             default=None))
+            rllib.append(
+                max(
+                    [v for v in (row["rllib_default_threads"], row["rllib_2_2"]) if v], default=None
+                )
+            )
         elif row["workload"] == "sampler":
             groups.append(f"sampler {row['num_envs']} env(s)\n(steps/s)")
             ours.append(row["ours"])
@@ -502,9 +737,14 @@ def plot(rows: list[dict], out_dir: str) -> str | None:
             rllib.append(row["rllib_actions_per_s"])
     if not groups:
         return None
-    return plots.bar_chart(f"{out_dir}/{NAME}.png", "Ours vs RLlib old-stack TF PPO (log scale)",
-                            "per second", groups, {"ours": ours, "RLlib (best threads)": rllib},
-                            log=True)
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        "Ours vs RLlib old-stack TF PPO (log scale)",
+        "per second",
+        groups,
+        {"ours": ours, "RLlib (best threads)": rllib},
+        log=True,
+    )
 
 
 def plot_dqn(rows: list[dict], out_dir: str) -> list[str | None]:
@@ -516,44 +756,72 @@ def plot_dqn(rows: list[dict], out_dir: str) -> list[str | None]:
     groups = [f"seed {r['seed']}" for r in rows]
     paths = []
     for figure, label in (("env_steps", "env steps"), ("wall_s", "wall seconds")):
-        series = {name: [r[f"{side}_{figure}"] if r[f"{side}_reached"] else None for r in rows]
-                  for side, name in (("ours", "ours"), ("rllib", "RLlib old-stack TF DQN"))}
-        paths.append(plots.bar_chart(
-            f"{out_dir}/{NAME}_dqn_{figure}.png",
-            f"DQN CartPole-v1 to return 450: {label} (no bar: not reached)", label, groups,
-            series))
+        series = {
+            name: [r[f"{side}_{figure}"] if r[f"{side}_reached"] else None for r in rows]
+            for side, name in (("ours", "ours"), ("rllib", "RLlib old-stack TF DQN"))
+        }
+        paths.append(
+            plots.bar_chart(
+                f"{out_dir}/{NAME}_dqn_{figure}.png",
+                f"DQN CartPole-v1 to return 450: {label} (no bar: not reached)",
+                label,
+                groups,
+                series,
+            )
+        )
     return paths
 
 
 def main(argv=None):
     parser = harness.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--workloads", default=None,
-                        help=f"among {','.join(WORKLOADS)}; default {DEFAULT_WORKLOADS}")
+    parser.add_argument(
+        "--workloads",
+        default=None,
+        help=f"among {','.join(WORKLOADS)}; default {DEFAULT_WORKLOADS}",
+    )
     parser.add_argument("--models", default=None, help="learner models (default mlp)")
     parser.add_argument("--towers", default=None, help="learner towers (default 1,2,4)")
     parser.add_argument("--e2e-gpus", default=None, help="fake GPUs for e2e, default 0,2")
-    parser.add_argument("--e2e-runners", default=None,
-                        help="rollout workers for e2e, default 0,1,2 (0 samples in the "
-                             "learner process)")
+    parser.add_argument(
+        "--e2e-runners",
+        default=None,
+        help="rollout workers for e2e, default 0,1,2 (0 samples in the learner process)",
+    )
     parser.add_argument("--e2e-max-seconds", type=float, default=400)
     dqn_e2e.add_flags(parser, prefix="dqn-")
-    parser.add_argument("--dqn-sides", default="ours,rllib",
-                        help="the dqn workload's sides: ours, rllib or both")
-    parser.add_argument("--seeds", default=None,
-                        help="one round per seed, e.g. 0,1,2 (default: the round is the seed)")
+    parser.add_argument(
+        "--dqn-sides", default="ours,rllib", help="the dqn workload's sides: ours, rllib or both"
+    )
+    parser.add_argument(
+        "--seeds",
+        default=None,
+        help="one round per seed, e.g. 0,1,2 (default: the round is the seed)",
+    )
     args = parser.parse_args(argv)
     if args.child:
         return harness.child_main(args, measure)
     rllib_python = rllib_env.ensure_rllib_venv()
-    meta = harness.start_meta(args, rllib_python=rllib_python,
-                             rllib_versions=harness.versions(rllib_python))
-    planned = [harness.Run(module, spec, python=rllib_python if side == "rllib" else None,
-                           env=rllib_env.RLLIB_ENV if side == "rllib" else None,
-                           tags={"framework": side})
-               for side, module, spec in schedule(args)]
+    meta = harness.start_meta(
+        args, rllib_python=rllib_python, rllib_versions=harness.versions(rllib_python)
+    )
+    planned = [
+        harness.Run(
+            module,
+            spec,
+            python=rllib_python if side == "rllib" else None,
+            env=rllib_env.RLLIB_ENV if side == "rllib" else None,
+            tags={"framework": side},
+        )
+        for side, module, spec in schedule(args)
+    ]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    records = harness.run_rounds(args, planned, seeded=True, seeds=seeds,
-                                 timeout=lambda spec: spec.get("max_seconds", 600) + 600)
+    records = harness.run_rounds(
+        args,
+        planned,
+        seeded=True,
+        seeds=seeds,
+        timeout=lambda spec: spec.get("max_seconds", 600) + 600,
+    )
     rows = ratios(records)
     meta["plots"] = [plot(rows, args.out), *plot_dqn(rows, args.out)]
     harness.finish(NAME, args.out, records, rows, meta)

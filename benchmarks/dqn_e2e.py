@@ -10,6 +10,7 @@ old-stack TF DQN with the same hyperparameters (benchmarks/rllib_dqn.py).
     python -m benchmarks.dqn_e2e --rounds 3        # seeds 0, 1, 2
     python -m benchmarks.dqn_e2e --smoke
 """
+
 from __future__ import annotations
 
 import math
@@ -27,14 +28,14 @@ ENV = "CartPole-v1"
 
 # A tiny run that proves both sides build, sample, learn and report (CI): one
 # iteration of sampling with SGD steps in it; the target is not reached.
-SMOKE_OVERRIDES = {"num_steps_sampled_before_learning_starts": 256,
-                   "replay_buffer_capacity": 5000}
+SMOKE_OVERRIDES = {"num_steps_sampled_before_learning_starts": 256, "replay_buffer_capacity": 5000}
 SMOKE_MAX_ENV_STEPS = 1000
 
 
 def load_tuned(path: Path = TUNED) -> dict:
     """The tuned DQN hyperparameters (our DQNConfig's keys), without the env."""
     import yaml
+
     if not Path(path).exists():
         raise FileNotFoundError(f"no tuned DQN config at {path}")
     tuned = yaml.safe_load(Path(path).read_text()) or {}
@@ -46,12 +47,18 @@ def resolved_config(config: dict) -> tuple[dict, int]:
     uses): what RLlib's side is translated from. Runs in our venv (imports TF)."""
     from algorithms.dqn import DQNConfig
     from policy_service.config import from_dict
+
     built = from_dict(DQNConfig, dict(config, env=ENV))
     return built.to_dict(), built.fragment_length()
 
 
-def train_to_target(train: Callable[[], tuple[int, float | None]], target: float,
-                    max_env_steps: int, max_seconds: float, start: float) -> dict:
+def train_to_target(
+    train: Callable[[], tuple[int, float | None]],
+    target: float,
+    max_env_steps: int,
+    max_seconds: float,
+    start: float,
+) -> dict:
     """Call train() -> (env steps so far, mean return) until the return reaches
     `target`, `max_env_steps` are sampled or `max_seconds` have passed since `start`
     (checked after each iteration) -> the outcome, which rule stopped it and the
@@ -60,24 +67,40 @@ def train_to_target(train: Callable[[], tuple[int, float | None]], target: float
     history, reached, steps, ret = [], False, 0, None
     while True:
         steps, ret = train()
-        history.append({"timesteps_total": steps, "episode_return_mean": ret,
-                        "wall_s": time.perf_counter() - start})
+        history.append(
+            {
+                "timesteps_total": steps,
+                "episode_return_mean": ret,
+                "wall_s": time.perf_counter() - start,
+            }
+        )
         reached = ret is not None and not math.isnan(ret) and ret >= target
         if reached or steps >= max_env_steps or time.perf_counter() - start > max_seconds:
             break
-    returns = [h["episode_return_mean"] for h in history if h["episode_return_mean"] is not None
-               and not math.isnan(h["episode_return_mean"])]
-    stopped_by = ("target" if reached else "max_env_steps" if steps >= max_env_steps
-                  else "max_seconds")
-    return {"reached": bool(reached), "stopped_by": stopped_by, "env_steps": steps,
-            "wall_s": history[-1]["wall_s"],
-            "iterations": len(history), "final_return": ret,
-            "best_return": max(returns) if returns else None, "history": history}
+    returns = [
+        h["episode_return_mean"]
+        for h in history
+        if h["episode_return_mean"] is not None and not math.isnan(h["episode_return_mean"])
+    ]
+    stopped_by = (
+        "target" if reached else "max_env_steps" if steps >= max_env_steps else "max_seconds"
+    )
+    return {
+        "reached": bool(reached),
+        "stopped_by": stopped_by,
+        "env_steps": steps,
+        "wall_s": history[-1]["wall_s"],
+        "iterations": len(history),
+        "final_return": ret,
+        "best_return": max(returns) if returns else None,
+        "history": history,
+    }
 
 
 def measure(spec: dict):
     """Our DQN (the registry's "dqn") from spec["config"] to spec["target"]."""
     from algorithms import get_algorithm_class
+
     start = time.perf_counter()
     algo = get_algorithm_class("dqn")(dict(spec["config"], env=ENV, seed=spec["seed"]))
     built = time.perf_counter()
@@ -87,57 +110,100 @@ def measure(spec: dict):
         return result["timesteps_total"], result["episode_return_mean"]
 
     try:
-        outcome = train_to_target(train, spec["target"], spec["max_env_steps"],
-                                  spec["max_seconds"], start)
+        outcome = train_to_target(
+            train, spec["target"], spec["max_env_steps"], spec["max_seconds"], start
+        )
     finally:
         algo.stop()
-    yield {"bench": "dqn", "framework": "ours", "seed": spec["seed"], "round": spec["round"],
-           "target": spec["target"], "max_env_steps": spec["max_env_steps"],
-           "build_s": built - start, "train_s": outcome["wall_s"] - (built - start),
-           **outcome, "config": spec["config"]}
+    yield {
+        "bench": "dqn",
+        "framework": "ours",
+        "seed": spec["seed"],
+        "round": spec["round"],
+        "target": spec["target"],
+        "max_env_steps": spec["max_env_steps"],
+        "build_s": built - start,
+        "train_s": outcome["wall_s"] - (built - start),
+        **outcome,
+        "config": spec["config"],
+    }
 
 
-def spec_for(smoke: bool, config: dict, target: float, max_env_steps: int,
-             max_seconds: float) -> dict:
+def spec_for(
+    smoke: bool, config: dict, target: float, max_env_steps: int, max_seconds: float
+) -> dict:
     """A run's spec: `config` (tuned keys; the smoke overrides and budget at smoke)."""
     base = {"workload": "dqn", "target": target, "prepare_tf": False}  # "workload" names errors
     if smoke:
-        return dict(base, config=dict(config, **SMOKE_OVERRIDES),
-                    max_env_steps=SMOKE_MAX_ENV_STEPS, max_seconds=300)
+        return dict(
+            base,
+            config=dict(config, **SMOKE_OVERRIDES),
+            max_env_steps=SMOKE_MAX_ENV_STEPS,
+            max_seconds=300,
+        )
     return dict(base, config=config, max_env_steps=max_env_steps, max_seconds=max_seconds)
 
 
 def summarize(records: list[dict]) -> list[dict]:
     """One row per seed, then the median over the runs that reached the target."""
     runs = [r for r in records if r.get("bench") == "dqn"]
-    rows = [{"seed": r.get("seed"), "reached": r.get("reached"), "env_steps": r.get("env_steps"),
-             "wall_s": r.get("wall_s"), "final_return": r.get("final_return"),
-             "error": r.get("error")} for r in runs]
+    rows = [
+        {
+            "seed": r.get("seed"),
+            "reached": r.get("reached"),
+            "env_steps": r.get("env_steps"),
+            "wall_s": r.get("wall_s"),
+            "final_return": r.get("final_return"),
+            "error": r.get("error"),
+        }
+        for r in runs
+    ]
     reached = [r for r in runs if r.get("reached")]
-    rows.append({"seed": "median", "reached": f"{len(reached)}/{len(runs)}",
-                 "env_steps": stats.median([r["env_steps"] for r in reached]),
-                 "wall_s": stats.median([r["wall_s"] for r in reached])})
+    rows.append(
+        {
+            "seed": "median",
+            "reached": f"{len(reached)}/{len(runs)}",
+            "env_steps": stats.median([r["env_steps"] for r in reached]),
+            "wall_s": stats.median([r["wall_s"] for r in reached]),
+        }
+    )
     return rows
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     rows = [r for r in summary if r["seed"] != "median"]
-    return plots.bar_chart(f"{out_dir}/{NAME}.png",
-                            f"DQN CartPole-v1 to return {TARGET_RETURN:.0f}: env steps "
-                            "(0: not reached)", "env steps", [f"seed {r['seed']}" for r in rows],
-                            {"ours": [r["env_steps"] if r["reached"] else None for r in rows]})
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        f"DQN CartPole-v1 to return {TARGET_RETURN:.0f}: env steps (0: not reached)",
+        "env steps",
+        [f"seed {r['seed']}" for r in rows],
+        {"ours": [r["env_steps"] if r["reached"] else None for r in rows]},
+    )
 
 
 def add_flags(parser, prefix: str = "") -> None:
     """The flags of dqn_e2e.py, and of compare_rllib.py's dqn workload with prefix "dqn-"."""
-    parser.add_argument("--dqn-config", default=str(TUNED),
-                        help="our DQN hyperparameters (YAML, DQNConfig keys)")
-    parser.add_argument(f"--{prefix}target", type=float, default=TARGET_RETURN,
-                        help="100-episode mean return to reach")
-    parser.add_argument(f"--{prefix}max-env-steps", type=int, default=MAX_ENV_STEPS,
-                        help="env steps after which a run stops unreached")
-    parser.add_argument(f"--{prefix}max-seconds", type=float, default=1800,
-                        help="seconds after which a run stops unreached")
+    parser.add_argument(
+        "--dqn-config", default=str(TUNED), help="our DQN hyperparameters (YAML, DQNConfig keys)"
+    )
+    parser.add_argument(
+        f"--{prefix}target",
+        type=float,
+        default=TARGET_RETURN,
+        help="100-episode mean return to reach",
+    )
+    parser.add_argument(
+        f"--{prefix}max-env-steps",
+        type=int,
+        default=MAX_ENV_STEPS,
+        help="env steps after which a run stops unreached",
+    )
+    parser.add_argument(
+        f"--{prefix}max-seconds",
+        type=float,
+        default=1800,
+        help="seconds after which a run stops unreached",
+    )
 
 
 def main(argv=None):
@@ -148,10 +214,19 @@ def main(argv=None):
         return harness.child_main(args, measure)
     config = load_tuned(Path(args.dqn_config))
     spec = spec_for(args.smoke, config, args.target, args.max_env_steps, args.max_seconds)
-    harness.run_benchmark(args, NAME, measure, "benchmarks.dqn_e2e", [spec],
-                          summarize=summarize, plot=plot, seeded=True,
-                          timeout=lambda spec: spec["max_seconds"] + 300,
-                          workload="DQN CartPole-v1 to 450", dqn_config=config)
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.dqn_e2e",
+        [spec],
+        summarize=summarize,
+        plot=plot,
+        seeded=True,
+        timeout=lambda spec: spec["max_seconds"] + 300,
+        workload="DQN CartPole-v1 to 450",
+        dqn_config=config,
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ PYTHONPATH:
     PYTHONPATH=/work/before python -m benchmarks.dqn_step   # prints one JSON line
     PYTHONPATH=. python -m benchmarks.dqn_step
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,17 @@ def main() -> None:
     args = parser.parse_args()
     from algorithms.dqn import DQN
 
-    algo = DQN({"env": "CartPole-v1", "seed": 0, "num_steps_sampled_before_learning_starts": 500,
-                "min_sample_timesteps_per_iteration": 500, "num_envs_per_env_runner": 4,
-                "training_intensity": 1, "model": {"fcnet_hiddens": [256, 256]}})
+    algo = DQN(
+        {
+            "env": "CartPole-v1",
+            "seed": 0,
+            "num_steps_sampled_before_learning_starts": 500,
+            "min_sample_timesteps_per_iteration": 500,
+            "num_envs_per_env_runner": 4,
+            "training_intensity": 1,
+            "model": {"fcnet_hiddens": [256, 256]},
+        }
+    )
     try:
         for _ in range(2):
             algo.train()
@@ -42,9 +51,16 @@ def main() -> None:
             times.append(time.perf_counter() - start)
     finally:
         algo.stop()
-    print(json.dumps({"steps_per_call": args.steps, "calls": args.calls,
-                      "median_ms": 1e3 * statistics.median(times),
-                      "min_ms": 1e3 * min(times)}))
+    print(
+        json.dumps(
+            {
+                "steps_per_call": args.steps,
+                "calls": args.calls,
+                "median_ms": 1e3 * statistics.median(times),
+                "min_ms": 1e3 * min(times),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ worker), shared with compare_rllib.py so RLlib runs exactly the same.
     python -m benchmarks.e2e             # ~10 min
     python -m benchmarks.e2e --smoke
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,11 @@ _LOOP_KEYS = ("env", "num_env_runners", "num_envs_per_env_runner")
 def load_ppo_config() -> tuple[dict, int]:
     """(PPO hyperparameters, envs per rollout worker) from the tuned CartPole config."""
     import yaml
+
     tuned = yaml.safe_load(TUNED.read_text())
     return {k: v for k, v in tuned.items() if k not in _LOOP_KEYS}, int(
-        tuned.get("num_envs_per_env_runner", 8))
+        tuned.get("num_envs_per_env_runner", 8)
+    )
 
 
 PPO_CONFIG, ENVS_PER_RUNNER = load_ppo_config()
@@ -42,27 +45,46 @@ PPO_CONFIG, ENVS_PER_RUNNER = load_ppo_config()
 
 def measure(spec: dict):
     import ray
+
     start = time.perf_counter()
     ray.init(**harness.RAY_INIT, log_to_driver=False)
     from algorithms.ppo import PPO
+
     config = dict(PPO_CONFIG, **spec.get("overrides", {}))
-    config.update(env="CartPole-v1", seed=spec["seed"], num_gpus=spec["num_gpus"],
-                  _fake_gpus=spec["num_gpus"] > 0 and not spec.get("real_gpus"),
-                  num_env_runners=spec["num_env_runners"],
-                  num_envs_per_env_runner=spec["envs_per_runner"])
+    config.update(
+        env="CartPole-v1",
+        seed=spec["seed"],
+        num_gpus=spec["num_gpus"],
+        _fake_gpus=spec["num_gpus"] > 0 and not spec.get("real_gpus"),
+        num_env_runners=spec["num_env_runners"],
+        num_envs_per_env_runner=spec["envs_per_runner"],
+    )
     algo = PPO(config)
     built = time.perf_counter()
     history, result = [], {}
     try:
         while True:
             result = algo.train()
-            history.append({k: result.get(k) for k in (
-                "iteration", "timesteps_total", "episode_return_mean", "time_total_s",
-                "num_env_steps_sampled_per_s", "num_samples_trained_per_s")})
+            history.append(
+                {
+                    k: result.get(k)
+                    for k in (
+                        "iteration",
+                        "timesteps_total",
+                        "episode_return_mean",
+                        "time_total_s",
+                        "num_env_steps_sampled_per_s",
+                        "num_samples_trained_per_s",
+                    )
+                }
+            )
             ret = result.get("episode_return_mean")
             done = ret is not None and not math.isnan(ret) and ret >= spec["target"]
-            if done or time.perf_counter() - start > spec["max_seconds"] or \
-                    result["iteration"] >= spec["max_iterations"]:
+            if (
+                done
+                or time.perf_counter() - start > spec["max_seconds"]
+                or result["iteration"] >= spec["max_iterations"]
+            ):
                 break
     finally:
         algo.stop()
@@ -70,35 +92,62 @@ def measure(spec: dict):
     end = time.perf_counter()
     sampled = [h["num_env_steps_sampled_per_s"] for h in history]
     trained = [h["num_samples_trained_per_s"] for h in history]
-    yield {"bench": NAME, "framework": "ours", "num_gpus": spec["num_gpus"],
-           "device_kind": "gpu" if spec.get("real_gpus") else "fake_gpu",
-           "num_env_runners": spec["num_env_runners"], "envs_per_runner": spec["envs_per_runner"],
-           "seed": spec["seed"], "round": spec["round"], "target": spec["target"],
-           "reached": bool(history) and done, "wall_s": end - start, "build_s": built - start,
-           "train_s": result.get("time_total_s"), "env_steps": result.get("timesteps_total"),
-           "iterations": result.get("iteration"),
-           "final_return": result.get("episode_return_mean"),
-           "env_steps_sampled_per_s": stats.median(sampled),
-           "samples_trained_per_s": stats.median(trained), "history": history}
+    yield {
+        "bench": NAME,
+        "framework": "ours",
+        "num_gpus": spec["num_gpus"],
+        "device_kind": "gpu" if spec.get("real_gpus") else "fake_gpu",
+        "num_env_runners": spec["num_env_runners"],
+        "envs_per_runner": spec["envs_per_runner"],
+        "seed": spec["seed"],
+        "round": spec["round"],
+        "target": spec["target"],
+        "reached": bool(history) and done,
+        "wall_s": end - start,
+        "build_s": built - start,
+        "train_s": result.get("time_total_s"),
+        "env_steps": result.get("timesteps_total"),
+        "iterations": result.get("iteration"),
+        "final_return": result.get("episode_return_mean"),
+        "env_steps_sampled_per_s": stats.median(sampled),
+        "samples_trained_per_s": stats.median(trained),
+        "history": history,
+    }
 
 
 def configurations(args) -> list[dict]:
     gpus = [int(g) for g in (args.num_gpus or ("0" if args.smoke else "0,2")).split(",")]
     runners = [int(r) for r in (args.runners or ("1" if args.smoke else "1,2")).split(",")]
-    smoke = {"target": 15.0, "max_iterations": 2, "max_seconds": 300,
-             "overrides": {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2}}
+    smoke = {
+        "target": 15.0,
+        "max_iterations": 2,
+        "max_seconds": 300,
+        "overrides": {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2},
+    }
     full = {"target": args.target, "max_iterations": 10_000, "max_seconds": args.max_seconds}
-    return [dict(smoke if args.smoke else full, num_gpus=g, num_env_runners=r,
-                 envs_per_runner=args.envs_per_runner, real_gpus=args.real_gpus,
-                 prepare_tf=False)
-            for g in gpus for r in runners]
+    return [
+        dict(
+            smoke if args.smoke else full,
+            num_gpus=g,
+            num_env_runners=r,
+            envs_per_runner=args.envs_per_runner,
+            real_gpus=args.real_gpus,
+            prepare_tf=False,
+        )
+        for g in gpus
+        for r in runners
+    ]
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     groups = [f"{r['num_gpus']} GPU, {r['num_env_runners']} runner(s)" for r in summary]
-    return plots.bar_chart(f"{out_dir}/{NAME}.png",
-                            f"PPO CartPole-v1 to return {TARGET_RETURN:.0f}: wall seconds",
-                            "seconds", groups, {"ours": [r.get("wall_s") for r in summary]})
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        f"PPO CartPole-v1 to return {TARGET_RETURN:.0f}: wall seconds",
+        "seconds",
+        groups,
+        {"ours": [r.get("wall_s") for r in summary]},
+    )
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -121,10 +170,19 @@ def main(argv=None):
     parser.add_argument("--max-seconds", type=float, default=600)
     parser.add_argument("--real-gpus", action="store_true", help="--num-gpus are real GPUs")
     args = parser.parse_args(argv)
-    harness.run_benchmark(args, NAME, measure, "benchmarks.e2e", configurations(args),
-                          summarize=summarize, plot=plot, seeded=True,
-                          timeout=lambda spec: spec["max_seconds"] + 300,
-                          workload="PPO CartPole-v1 to 450", ppo_config=PPO_CONFIG)
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.e2e",
+        configurations(args),
+        summarize=summarize,
+        plot=plot,
+        seeded=True,
+        timeout=lambda spec: spec["max_seconds"] + 300,
+        workload="PPO CartPole-v1 to 450",
+        ppo_config=PPO_CONFIG,
+    )
 
 
 if __name__ == "__main__":

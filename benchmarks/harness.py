@@ -15,6 +15,7 @@ This module imports neither TensorFlow nor policy_service at the top, so
 the RLlib virtualenv, which has neither our package nor matplotlib, can run
 the children of compare_rllib.py with it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,20 +40,29 @@ CHILD_MARK = "@@record "  # prefix of a child's result lines; anything else is n
 
 # A local Ray sized to this 2-core machine (BENCH_RAY_NUM_CPUS overrides it on a
 # bigger one); GPUs are detected by Ray itself.
-RAY_INIT = {"address": "local", "num_cpus": int(os.environ.get("BENCH_RAY_NUM_CPUS", "2")),
-            "include_dashboard": False}
+RAY_INIT = {
+    "address": "local",
+    "num_cpus": int(os.environ.get("BENCH_RAY_NUM_CPUS", "2")),
+    "include_dashboard": False,
+}
 
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     """The flags every benchmark script takes."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--smoke", action="store_true",
-                        help="tiny sizes, one round: proves the script runs (CI)")
-    parser.add_argument("--out", default=str(RESULTS_DIR),
-                        help="folder for the JSON and PNG results")
-    parser.add_argument("--rounds", type=int, default=None,
-                        help="passes over all configurations; the median over rounds is "
-                             "reported (default 3, 1 with --smoke)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, one round: proves the script runs (CI)"
+    )
+    parser.add_argument(
+        "--out", default=str(RESULTS_DIR), help="folder for the JSON and PNG results"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="passes over all configurations; the median over rounds is "
+        "reported (default 3, 1 with --smoke)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -75,8 +85,14 @@ def runs(module: str, specs: list[dict]) -> list[Run]:
     return [Run(module, spec) for spec in specs]
 
 
-def run_rounds(args, planned: list[Run], *, seeded: bool = False,
-               timeout=lambda spec: 900, seeds: list[int] | None = None) -> list[dict]:
+def run_rounds(
+    args,
+    planned: list[Run],
+    *,
+    seeded: bool = False,
+    timeout=lambda spec: 900,
+    seeds: list[int] | None = None,
+) -> list[dict]:
     """Every run once per round, each in a fresh child, rounds one after another
     (so every configuration meets each stretch of machine load); the records,
     emitted as they arrive. seeded: the round is also the seed; seeds: one
@@ -86,16 +102,26 @@ def run_rounds(args, planned: list[Run], *, seeded: bool = False,
     for r in range(len(round_seeds) if round_seeds else rounds_of(args)):
         for run in planned:
             spec = dict(run.spec, round=r, **({"seed": round_seeds[r]} if round_seeds else {}))
-            for record in run_child(run.module, spec, timeout=timeout(spec),
-                                    python=run.python, env=run.env):
+            for record in run_child(
+                run.module, spec, timeout=timeout(spec), python=run.python, env=run.env
+            ):
                 records.append(emit({**(run.tags or {}), **record}))
     return records
 
 
-def run_benchmark(args, name: str, measure: Callable[[dict], Iterable[dict]], module: str,
-                  specs: list[dict], *, summarize: Callable[[list[dict]], list[dict]],
-                  plot: Callable[[list[dict], str], object], seeded: bool = False,
-                  timeout=lambda spec: 900, **meta) -> Path | None:
+def run_benchmark(
+    args,
+    name: str,
+    measure: Callable[[dict], Iterable[dict]],
+    module: str,
+    specs: list[dict],
+    *,
+    summarize: Callable[[list[dict]], list[dict]],
+    plot: Callable[[list[dict], str], object],
+    seeded: bool = False,
+    timeout=lambda spec: 900,
+    **meta,
+) -> Path | None:
     """What a benchmark's main does after parsing its flags. In a child: measure its
     spec. In the parent: every spec in rounds of children, a summary, its plots (a
     path or a list), and the results file."""
@@ -119,14 +145,21 @@ def parse_threads(text: str) -> list:
 def child_env(extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"]
-                                     if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = str(REPO) + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""
+    )
     env.update(extra or {})
     return env
 
 
-def run_child(module: str, spec: dict, *, python: str | None = None,
-              timeout: float = 900, env: dict | None = None) -> list[dict]:
+def run_child(
+    module: str,
+    spec: dict,
+    *,
+    python: str | None = None,
+    timeout: float = 900,
+    env: dict | None = None,
+) -> list[dict]:
     """Run `python -m module --child SPEC` and return the records it printed.
 
     A child that fails or times out gives one record with "error" (the tail
@@ -136,16 +169,32 @@ def run_child(module: str, spec: dict, *, python: str | None = None,
     bench = spec.get("workload") or module.rsplit(".", 1)[-1]  # error records say what failed
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, env=child_env(env), capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=child_env(env), capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as err:
-        return [dict(spec, bench=bench, error=f"timed out after {timeout:.0f}s",
-                     stderr_tail=_tail(err.stderr))]
-    records = [json.loads(line[len(CHILD_MARK):]) for line in proc.stdout.splitlines()
-               if line.startswith(CHILD_MARK)]
+        return [
+            dict(
+                spec,
+                bench=bench,
+                error=f"timed out after {timeout:.0f}s",
+                stderr_tail=_tail(err.stderr),
+            )
+        ]
+    records = [
+        json.loads(line[len(CHILD_MARK) :])
+        for line in proc.stdout.splitlines()
+        if line.startswith(CHILD_MARK)
+    ]
     if proc.returncode != 0 or not records:
-        records.append(dict(spec, bench=bench, error=f"child exited with {proc.returncode}",
-                            stderr_tail=_tail(proc.stderr)))
+        records.append(
+            dict(
+                spec,
+                bench=bench,
+                error=f"child exited with {proc.returncode}",
+                stderr_tail=_tail(proc.stderr),
+            )
+        )
     for record in records:
         record.setdefault("child_wall_s", round(time.perf_counter() - start, 2))
     return records
@@ -163,6 +212,7 @@ def child_main(args, measure: Callable[[dict], Iterable[dict]]) -> None:
     spec = json.loads(args.child)
     if spec.get("prepare_tf", True):
         from policy_service.engine import devices
+
         threads = spec.get("threads") or (None, None)
         devices.prepare_process(max(1, spec.get("devices", 1)), *threads)
     for record in measure(spec):
@@ -181,8 +231,11 @@ def jsonable(value):
 def tf_threads() -> list:
     """The (intra, inter) op thread pool sizes TF actually runs with."""
     import tensorflow as tf
-    return [tf.config.threading.get_intra_op_parallelism_threads(),
-            tf.config.threading.get_inter_op_parallelism_threads()]
+
+    return [
+        tf.config.threading.get_intra_op_parallelism_threads(),
+        tf.config.threading.get_inter_op_parallelism_threads(),
+    ]
 
 
 def emit(record: dict) -> dict:
@@ -192,44 +245,53 @@ def emit(record: dict) -> dict:
 
 
 def machine_info() -> dict:
-    return {"cores": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "load_avg": list(os.getloadavg())}
+    return {
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "load_avg": list(os.getloadavg()),
+    }
 
 
 def versions(python: str | None = None) -> dict:
     """Library versions in the given interpreter (ours by default), read without
     importing TensorFlow in this process."""
-    code = ("import json, importlib.metadata as m\n"
-            "out = {}\n"
-            "for n in ('tensorflow', 'keras', 'ray', 'gymnasium', 'numpy'):\n"
-            "    try: out[n] = m.version(n)\n"
-            "    except Exception: out[n] = None\n"
-            "print(json.dumps(out))")
+    code = (
+        "import json, importlib.metadata as m\n"
+        "out = {}\n"
+        "for n in ('tensorflow', 'keras', 'ray', 'gymnasium', 'numpy'):\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except Exception: out[n] = None\n"
+        "print(json.dumps(out))"
+    )
     try:
-        out = subprocess.run([python or sys.executable, "-c", code], capture_output=True,
-                             text=True, timeout=60)
+        out = subprocess.run(
+            [python or sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
         return json.loads(out.stdout)
     except Exception as err:  # noqa: BLE001 - a broken interpreter is recorded, not fatal
         return {"error": str(err)}
 
 
-def write_results(name: str, out_dir: str, records: list[dict], summary: list[dict],
-                  meta: dict) -> Path:
+def write_results(
+    name: str, out_dir: str, records: list[dict], summary: list[dict], meta: dict
+) -> Path:
     """benchmarks/results/<name>.json: the metadata, every record and the summary."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
-    meta = dict(meta, finished=time.strftime("%Y-%m-%d %H:%M:%S"),
-                load_avg_end=list(os.getloadavg()))
+    meta = dict(
+        meta, finished=time.strftime("%Y-%m-%d %H:%M:%S"), load_avg_end=list(os.getloadavg())
+    )
     # plots are named relative to the results folder, which may move
     meta["plots"] = [Path(p).name for p in meta.get("plots") or [] if p]
-    path.write_text(json.dumps({"meta": meta, "summary": summary, "records": records},
-                               indent=1, default=str))
+    path.write_text(
+        json.dumps({"meta": meta, "summary": summary, "records": records}, indent=1, default=str)
+    )
     return path
 
 
-def finish(name: str, out_dir: str, records: list[dict], summary: list[dict],
-           meta: dict) -> Path:
+def finish(name: str, out_dir: str, records: list[dict], summary: list[dict], meta: dict) -> Path:
     """Write the results file, print the summary rows as JSON and say where it went."""
     path = write_results(name, out_dir, records, summary, meta)
     for row in summary:
@@ -239,5 +301,11 @@ def finish(name: str, out_dir: str, records: list[dict], summary: list[dict],
 
 
 def start_meta(args, **extra) -> dict:
-    return dict(started=time.strftime("%Y-%m-%d %H:%M:%S"), argv=sys.argv[1:],
-                smoke=bool(args.smoke), machine=machine_info(), versions=versions(), **extra)
+    return dict(
+        started=time.strftime("%Y-%m-%d %H:%M:%S"),
+        argv=sys.argv[1:],
+        smoke=bool(args.smoke),
+        machine=machine_info(),
+        versions=versions(),
+        **extra,
+    )

@@ -13,6 +13,7 @@ actor in a closed loop: send one observation, wait for its action, send again.
 The caller and no-op actors import neither TensorFlow nor policy_service, so
 compare_rllib.py runs them against RLlib's policy. Exactly: BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -28,6 +29,7 @@ KEYS = ("target", "batching", "callers", "batch_size")
 
 
 # ----- Ray actors (no TensorFlow needed) ------------------------------------------------------
+
 
 def caller_class():
     import ray
@@ -62,8 +64,11 @@ def caller_class():
 
 def _noop_result(obs_batch):
     rows = len(obs_batch)
-    return (np.zeros(rows, np.int64), [],
-            {"action_logp": np.zeros(rows, np.float32), "weights_version": 0})
+    return (
+        np.zeros(rows, np.int64),
+        [],
+        {"action_logp": np.zeros(rows, np.float32), "weights_version": 0},
+    )
 
 
 def noop_class():
@@ -73,8 +78,7 @@ def noop_class():
     class NoopServer:
         """PolicyActor's shape (async, same options, same result) doing no work."""
 
-        async def compute_actions(self, obs_batch, state_batches=None, explore=None,
-                                  timestep=None):
+        async def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None):
             return _noop_result(obs_batch)
 
         async def ready(self) -> bool:
@@ -103,27 +107,33 @@ def serial_noop_class():
 def drive(server, callers: list, duration_s: float, warmup_calls: int = 20) -> dict:
     """All callers in a closed loop against `server` -> throughput and latency."""
     import ray
+
     ray.get([c.warm_up.remote(server, warmup_calls) for c in callers])
     start_at = time.time() + 0.5
     end_at = start_at + duration_s
     per_caller = ray.get([c.run.remote(server, start_at, end_at) for c in callers])
     latencies_ms = np.concatenate([np.asarray(x) for x in per_caller]) * 1e3
-    return {"calls": int(len(latencies_ms)), VALUE: len(latencies_ms) / duration_s,
-            "p50_ms": stats.percentile(latencies_ms, 50),
-            "p99_ms": stats.percentile(latencies_ms, 99),
-            "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None}
+    return {
+        "calls": int(len(latencies_ms)),
+        VALUE: len(latencies_ms) / duration_s,
+        "p50_ms": stats.percentile(latencies_ms, 50),
+        "p99_ms": stats.percentile(latencies_ms, 99),
+        "mean_ms": float(latencies_ms.mean()) if len(latencies_ms) else None,
+    }
 
 
 def start_callers(count: int) -> list:
     import ray
+
     Caller = caller_class()
     callers = [Caller.remote(i) for i in range(count)]
     ray.get([c.ready.remote() for c in callers], timeout=900)
     return callers
 
 
-def drive_counts(server, callers: list, counts: list[int], duration_s: float, base: dict,
-                 server_stats=None):
+def drive_counts(
+    server, callers: list, counts: list[int], duration_s: float, base: dict, server_stats=None
+):
     """Measure each caller count in turn against one server."""
     for count in counts:
         if server_stats:
@@ -135,6 +145,7 @@ def drive_counts(server, callers: list, counts: list[int], duration_s: float, ba
 
 # ----- child ---------------------------------------------------------------------------------
 
+
 def measure(spec: dict):
     """in_process: forward passes here. remote: one Ray session, callers started once,
     then each server in spec["servers"] (noop, policy/on, policy/off) in turn."""
@@ -143,13 +154,15 @@ def measure(spec: dict):
         yield from _in_process(spec, dict(base, target="in_process", batching=None))
         return
     import ray
+
     ray.init(**harness.RAY_INIT)
     try:
         callers = start_callers(max(spec["callers"]))
         for server in spec["servers"]:
             actor, server_base, stats = _start_server(server, spec, base)
-            yield from drive_counts(actor, callers, spec["callers"], spec["duration"],
-                                    server_base, stats)
+            yield from drive_counts(
+                actor, callers, spec["callers"], spec["duration"], server_base, stats
+            )
             ray.kill(actor)
     finally:
         ray.shutdown()
@@ -158,21 +171,27 @@ def measure(spec: dict):
 def _start_server(server: str, spec: dict, base: dict):
     """-> (actor, record fields, server-statistics function or None)."""
     import ray
+
     if server in ("noop", "noop_serial"):
         actor = (noop_class() if server == "noop" else serial_noop_class()).remote()
         ray.get(actor.ready.remote())
         return actor, dict(base, target=server, batching=None), None
     from benchmarks import ppo_shaped
     from policy_service.distributed.policy_actor import PolicyActor
+
     obs_space, act_space = ppo_shaped.spaces_for("mlp")
     from algorithms.ppo import PPOPolicy as policy_cls
+
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     batching = server.split("/")[1]
-    options = (dict(max_batch_size=spec["max_batch_size"],
-                    batch_wait_timeout_s=spec["wait_ms"] / 1e3) if batching == "on"
-               else dict(max_batch_size=1, batch_wait_timeout_s=0.0))
+    options = (
+        dict(max_batch_size=spec["max_batch_size"], batch_wait_timeout_s=spec["wait_ms"] / 1e3)
+        if batching == "on"
+        else dict(max_batch_size=1, batch_wait_timeout_s=0.0)
+    )
     actor = PolicyActor.options(num_gpus=spec.get("num_gpus", 0)).remote(
-        policy_cls, obs_space, act_space, config, **options)
+        policy_cls, obs_space, act_space, config, **options
+    )
     ray.get(actor.stats.remote())
 
     def stats(actor, reset):
@@ -180,16 +199,23 @@ def _start_server(server: str, spec: dict, base: dict):
             ray.get(actor.reset_stats.remote())
             return {}
         s = ray.get(actor.stats.remote())
-        return {"mean_batch_size": s["mean_batch_size"],
-                "num_forward_passes": s["num_forward_passes"],
-                "server_p50_ms": s["p50_latency_ms"], "server_p99_ms": s["p99_latency_ms"]}
+        return {
+            "mean_batch_size": s["mean_batch_size"],
+            "num_forward_passes": s["num_forward_passes"],
+            "server_p50_ms": s["p50_latency_ms"],
+            "server_p99_ms": s["p99_latency_ms"],
+        }
 
-    return actor, dict(base, target="policy", batching=batching,
-                       policy_class=policy_cls.__name__, **options), stats
+    return (
+        actor,
+        dict(base, target="policy", batching=batching, policy_class=policy_cls.__name__, **options),
+        stats,
+    )
 
 
 def _in_process(spec, base):
     from benchmarks import ppo_shaped
+
     policy = ppo_shaped.make_policy("mlp", 1)
     policy_name = type(policy).__name__
     rng = np.random.default_rng(0)
@@ -204,23 +230,43 @@ def _in_process(spec, base):
             policy.compute_actions(obs)
             latencies.append(time.perf_counter() - start)
         ms = np.asarray(latencies) * 1e3
-        yield dict(base, policy_class=policy_name, batch_size=batch_size, calls=len(ms),
-                   actions_per_s=batch_size * len(ms) / float(np.sum(latencies)),
-                   p50_ms=stats.percentile(ms, 50), p99_ms=stats.percentile(ms, 99),
-                   threads_actual=harness.tf_threads())
+        yield dict(
+            base,
+            policy_class=policy_name,
+            batch_size=batch_size,
+            calls=len(ms),
+            actions_per_s=batch_size * len(ms) / float(np.sum(latencies)),
+            p50_ms=stats.percentile(ms, 50),
+            p99_ms=stats.percentile(ms, 99),
+            threads_actual=harness.tf_threads(),
+        )
 
 
 # ----- parent --------------------------------------------------------------------------------
 
+
 def configurations(args) -> list[dict]:
     callers = [int(c) for c in (args.callers or ("1,2" if args.smoke else "1,4,16,64")).split(",")]
     duration = 0.5 if args.smoke else args.duration
-    remote = dict(target="remote", callers=callers, duration=duration,
-                  servers=["noop", "noop_serial", "policy/on", "policy/off"],
-                  max_batch_size=args.max_batch_size, wait_ms=args.wait_ms,
-                  num_gpus=args.num_gpus, prepare_tf=False)
-    return [remote, dict(target="in_process", batch_sizes=[1, 32, 256], devices=1,
-                         duration=0.5 if args.smoke else 2.0)]
+    remote = dict(
+        target="remote",
+        callers=callers,
+        duration=duration,
+        servers=["noop", "noop_serial", "policy/on", "policy/off"],
+        max_batch_size=args.max_batch_size,
+        wait_ms=args.wait_ms,
+        num_gpus=args.num_gpus,
+        prepare_tf=False,
+    )
+    return [
+        remote,
+        dict(
+            target="in_process",
+            batch_sizes=[1, 32, 256],
+            devices=1,
+            duration=0.5 if args.smoke else 2.0,
+        ),
+    ]
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -235,21 +281,30 @@ def summarize(records: list[dict]) -> list[dict]:
                 match.update({k: v for k, v in row.items() if k not in KEYS})
     for row in summary:
         if row["target"] == "policy":
-            row["vs_noop"] = stats.ratio(row[VALUE], stats.find(
-                summary, VALUE, target="noop", callers=row["callers"]))
+            row["vs_noop"] = stats.ratio(
+                row[VALUE], stats.find(summary, VALUE, target="noop", callers=row["callers"])
+            )
     return summary
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["callers"] for r in summary if r.get("callers")})
-    series = {label: [stats.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
-              for label, t, b in (("Ray no-op ceiling (async actor)", "noop", None),
-                                  ("Ray no-op, plain serial actor", "noop_serial", None),
-                                  ("PolicyActor, batching on", "policy", "on"),
-                                  ("PolicyActor, batching off", "policy", "off"))}
-    return plots.bar_chart(f"{out_dir}/{NAME}.png",
-                            "Remote compute_actions, one observation per call",
-                            "actions/s", [f"{n} callers" for n in counts], series)
+    series = {
+        label: [stats.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
+        for label, t, b in (
+            ("Ray no-op ceiling (async actor)", "noop", None),
+            ("Ray no-op, plain serial actor", "noop_serial", None),
+            ("PolicyActor, batching on", "policy", "on"),
+            ("PolicyActor, batching off", "policy", "off"),
+        )
+    }
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        "Remote compute_actions, one observation per call",
+        "actions/s",
+        [f"{n} callers" for n in counts],
+        series,
+    )
 
 
 def main(argv=None):
@@ -258,12 +313,21 @@ def main(argv=None):
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=1.0)
-    parser.add_argument("--num-gpus", type=float, default=0,
-                        help="GPUs for the PolicyActor (real GPUs only)")
+    parser.add_argument(
+        "--num-gpus", type=float, default=0, help="GPUs for the PolicyActor (real GPUs only)"
+    )
     args = parser.parse_args(argv)
-    harness.run_benchmark(args, NAME, measure, "benchmarks.inference", configurations(args),
-                          summarize=summarize, plot=plot, timeout=lambda spec: 1800,
-                          workload="PPO MLP 4 -> 256x256, one observation per call")
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.inference",
+        configurations(args),
+        summarize=summarize,
+        plot=plot,
+        timeout=lambda spec: 1800,
+        workload="PPO MLP 4 -> 256x256, one observation per call",
+    )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ ceiling/fused_adam_kernel; samples/s counts valid rows trained on.
 
 What each target measures, exactly: BENCHMARKS.md, "What each script measures".
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,16 +28,27 @@ KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads", "batch_no
 
 # ----- child: one process per (engine, model, towers, threads) -------------------------------
 
+
 def measure(spec: dict):
     from benchmarks import ppo_shaped
+
     engine, model, towers = spec["engine"], spec["model"], spec["towers"]
     epochs, minibatch = spec["epochs"], spec["minibatch"]
     batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
-    base = {"bench": spec.get("bench", NAME), "engine": engine, "model": model,
-            "towers": towers, "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
-            "threads": spec["threads"], "threads_actual": harness.tf_threads(),
-            "round": spec["round"], "epochs": epochs, "minibatch": minibatch,
-            "num_samples": batch.count, "batch_norm_sync": spec.get("batch_norm_sync")}
+    base = {
+        "bench": spec.get("bench", NAME),
+        "engine": engine,
+        "model": model,
+        "towers": towers,
+        "device_kind": "gpu" if spec["real_gpus"] else "fake_gpu",
+        "threads": spec["threads"],
+        "threads_actual": harness.tf_threads(),
+        "round": spec["round"],
+        "epochs": epochs,
+        "minibatch": minibatch,
+        "num_samples": batch.count,
+        "batch_norm_sync": spec.get("batch_norm_sync"),
+    }
     if engine == learner_group.ENGINE:
         yield from learner_group.measure(spec, base)
     elif engine == "ours":
@@ -47,9 +59,14 @@ def measure(spec: dict):
 
 def _measure_ours(spec, batch, base, ppo_shaped):
     epochs, minibatch, repeats = spec["epochs"], spec["minibatch"], spec["repeats"]
-    policy = ppo_shaped.make_policy(base["model"], base["towers"], minibatch_size=minibatch,
-                                    num_epochs=epochs, real_gpus=spec["real_gpus"],
-                                    batch_norm_sync=spec.get("batch_norm_sync", True))
+    policy = ppo_shaped.make_policy(
+        base["model"],
+        base["towers"],
+        minibatch_size=minibatch,
+        num_epochs=epochs,
+        real_gpus=spec["real_gpus"],
+        batch_norm_sync=spec.get("batch_norm_sync", True),
+    )
     base = dict(base, policy_class=type(policy).__name__, devices=policy.devices)
     rng = np.random.default_rng(0)
     valid = batch.count * epochs
@@ -73,10 +90,17 @@ def _measure_ours(spec, batch, base, ppo_shaped):
     for mode, fn in (("minibatch", per_minibatch), ("epoch", whole_epochs)):
         walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
         seconds = stats.median(walls)
-        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=stats.median(cpus),
-                   samples=valid, load_ms=load_s * 1e3,
-                   sgd_steps=epochs * num_steps, samples_per_s=valid / seconds,
-                   sgd_samples_per_s=valid / max(seconds - load_s, 1e-9))
+        yield dict(
+            base,
+            mode=mode,
+            seconds=seconds,
+            cpu_seconds=stats.median(cpus),
+            samples=valid,
+            load_ms=load_s * 1e3,
+            sgd_steps=epochs * num_steps,
+            samples_per_s=valid / seconds,
+            sgd_samples_per_s=valid / max(seconds - load_s, 1e-9),
+        )
 
 
 def _measure_ceiling(spec, batch, base, ppo_shaped):
@@ -91,75 +115,129 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
     else:
         mask_rows = None
     device = "/GPU:0" if spec["real_gpus"] else "/CPU:0"
-    learner = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
-                                     minibatch // rows_per_unit, device)
+    learner = ppo_shaped.BareLearner(
+        base["model"], columns, units, rows_per_unit, minibatch // rows_per_unit, device
+    )
     # the fused loop again with the library's optimizer (one fused Adam op per
     # variable): what is left between ours and bare code written as well
     from policy_service.engine.optimizers import FusedAdam
-    kernel_adam = ppo_shaped.BareLearner(base["model"], columns, units, rows_per_unit,
-                                         minibatch // rows_per_unit, device, FusedAdam)
+
+    kernel_adam = ppo_shaped.BareLearner(
+        base["model"], columns, units, rows_per_unit, minibatch // rows_per_unit, device, FusedAdam
+    )
     valid_per_epoch = ppo_shaped.valid_rows_per_epoch(
-        learner, {"loss_mask": mask_rows if mask_rows is not None else columns["loss_mask"]})
+        learner, {"loss_mask": mask_rows if mask_rows is not None else columns["loss_mask"]}
+    )
     valid = valid_per_epoch * epochs
     base = dict(base, policy_class="bare keras", devices=[device])
-    for mode, fn in (("minibatch", lambda: learner.run_minibatches(epochs)),
-                     ("fused", lambda: learner.run_fused(epochs)),
-                     ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs))):
+    for mode, fn in (
+        ("minibatch", lambda: learner.run_minibatches(epochs)),
+        ("fused", lambda: learner.run_fused(epochs)),
+        ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs)),
+    ):
         walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
         seconds = stats.median(walls)
-        yield dict(base, mode=mode, seconds=seconds, cpu_seconds=stats.median(cpus),
-                   samples=valid, load_ms=0.0,
-                   sgd_steps=epochs * learner.num_minibatches, samples_per_s=valid / seconds,
-                   sgd_samples_per_s=valid / seconds)
+        yield dict(
+            base,
+            mode=mode,
+            seconds=seconds,
+            cpu_seconds=stats.median(cpus),
+            samples=valid,
+            load_ms=0.0,
+            sgd_steps=epochs * learner.num_minibatches,
+            samples_per_s=valid / seconds,
+            sgd_samples_per_s=valid / seconds,
+        )
 
 
 # ----- parent ------------------------------------------------------------------------------
 
+
 def configurations(args) -> list[dict]:
     """Every child to run in one round, ceiling first within each model."""
-    size = {"epochs": 2, "num_samples": 512, "repeats": 1} if args.smoke else {
-        "epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats}
+    size = (
+        {"epochs": 2, "num_samples": 512, "repeats": 1}
+        if args.smoke
+        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats}
+    )
     towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
     configs = []
     for model in models.split(","):
         for threads in harness.parse_threads(args.threads):
-            common_spec = dict(size, model=model, minibatch=args.minibatch, threads=threads,
-                               real_gpus=args.real_gpus)
+            common_spec = dict(
+                size,
+                model=model,
+                minibatch=args.minibatch,
+                threads=threads,
+                real_gpus=args.real_gpus,
+            )
             configs.append(dict(common_spec, engine="ceiling", towers=1, devices=1))
             for n in towers:
                 for sync in args.batch_norm_sync.split(","):
-                    configs.append(dict(common_spec, engine="ours", towers=n,
-                                        devices=1 if args.real_gpus else n,
-                                        batch_norm_sync=sync == "true"))
+                    configs.append(
+                        dict(
+                            common_spec,
+                            engine="ours",
+                            towers=n,
+                            devices=1 if args.real_gpus else n,
+                            batch_norm_sync=sync == "true",
+                        )
+                    )
     return configs
 
 
 def group_configurations(args) -> list[dict]:
     """One child per (model, learners, accumulate): the LearnerGroup sweep."""
-    size = {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1,
-            "probe_epochs": 1} if args.smoke \
-        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
-              "probe_rounds": args.probe_rounds, "probe_epochs": args.probe_epochs}
+    size = (
+        {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
+        if args.smoke
+        else {
+            "epochs": args.epochs,
+            "num_samples": args.num_samples,
+            "repeats": args.repeats,
+            "probe_rounds": args.probe_rounds,
+            "probe_epochs": args.probe_epochs,
+        }
+    )
     towers = int((args.towers or "1").split(",")[0])
-    return [dict(size, bench=GROUP_NAME, engine=learner_group.ENGINE, model=model,
-                 learners=int(n), accumulate=int(k), towers=towers,
-                 minibatch=args.minibatch, threads=None, real_gpus=args.real_gpus,
-                 cpus_per_learner=args.cpus_per_learner, prepare_tf=False)
-            for model in (args.models or "mlp").split(",")
-            for n in args.learners.split(",") for k in (args.accumulate or "1").split(",")]
+    return [
+        dict(
+            size,
+            bench=GROUP_NAME,
+            engine=learner_group.ENGINE,
+            model=model,
+            learners=int(n),
+            accumulate=int(k),
+            towers=towers,
+            minibatch=args.minibatch,
+            threads=None,
+            real_gpus=args.real_gpus,
+            cpus_per_learner=args.cpus_per_learner,
+            prepare_tf=False,
+        )
+        for model in (args.models or "mlp").split(",")
+        for n in args.learners.split(",")
+        for k in (args.accumulate or "1").split(",")
+    ]
 
 
 def summarize_group(records: list[dict]) -> list[dict]:
     keys = ("model", "mode", "learners", "accumulate", "towers", "device_kind")
-    summary = stats.summarize([r for r in records if r.get("mode") != "all_reduce"], keys,
-                              VALUE)
+    summary = stats.summarize([r for r in records if r.get("mode") != "all_reduce"], keys, VALUE)
     probes = [r for r in records if r.get("mode") == "all_reduce"]
-    for name in ("group_ms", "bare_flat_ms", "bare_packed_ms", "step_ms", "local_step_ms",
-                 "group_cpu_ms", "bare_flat_cpu_ms", "bare_packed_cpu_ms"):
+    for name in (
+        "group_ms",
+        "bare_flat_ms",
+        "bare_packed_ms",
+        "step_ms",
+        "local_step_ms",
+        "group_cpu_ms",
+        "bare_flat_cpu_ms",
+        "bare_packed_cpu_ms",
+    ):
         for row in stats.summarize(probes, keys, name):
-            match = next((s for s in summary if all(s.get(k) == row.get(k) for k in keys)),
-                         None)
+            match = next((s for s in summary if all(s.get(k) == row.get(k) for k in keys)), None)
             if match is None:
                 summary.append(row)
             else:
@@ -167,12 +245,19 @@ def summarize_group(records: list[dict]) -> list[dict]:
     for row in summary:
         if row.get("mode") == "all_reduce" and row.get("group_ms") is not None:
             row["vs_bare"] = stats.ratio(row["group_ms"], row["bare_flat_ms"])
-            row["vs_bare_cpu"] = stats.ratio(row.get("group_cpu_ms"),
-                                             row.get("bare_flat_cpu_ms"))
+            row["vs_bare_cpu"] = stats.ratio(row.get("group_cpu_ms"), row.get("bare_flat_cpu_ms"))
         if row.get("mode") == "epoch":
-            row["vs_1_learner"] = stats.ratio(row.get(VALUE), stats.find(
-                summary, VALUE, mode="epoch", learners=1, model=row["model"],
-                accumulate=row["accumulate"]))
+            row["vs_1_learner"] = stats.ratio(
+                row.get(VALUE),
+                stats.find(
+                    summary,
+                    VALUE,
+                    mode="epoch",
+                    learners=1,
+                    model=row["model"],
+                    accumulate=row["accumulate"],
+                ),
+            )
     for probe in probes:  # the resources of the roles, from any round
         for row in summary:
             if all(row.get(k) == probe.get(k) for k in keys):
@@ -189,16 +274,24 @@ def plot_group(summary: list[dict], out_dir: str) -> list:
     rows = [r for r in summary if r.get("mode") == "all_reduce"]
     labels = [f"{r['learners']} learners, K={r['accumulate']}" for r in rows]
     ms = plots.bar_chart(
-        f"{out_dir}/{GROUP_NAME}.png", "ms per all-reduce: LearnerGroup vs bare collective",
-        "ms", labels,
-        {"group (step - local step)": [r.get("group_ms") for r in rows],
-         "bare, flat tensor": [r.get("bare_flat_ms") for r in rows],
-         "bare, the step's tensors": [r.get("bare_packed_ms") for r in rows]})
+        f"{out_dir}/{GROUP_NAME}.png",
+        "ms per all-reduce: LearnerGroup vs bare collective",
+        "ms",
+        labels,
+        {
+            "group (step - local step)": [r.get("group_ms") for r in rows],
+            "bare, flat tensor": [r.get("bare_flat_ms") for r in rows],
+            "bare, the step's tensors": [r.get("bare_packed_ms") for r in rows],
+        },
+    )
     epochs = [r for r in summary if r.get("mode") == "epoch"]
     rate = plots.bar_chart(
-        f"{out_dir}/{GROUP_NAME}_samples.png", "LearnerGroup samples/s, 10 epochs x 4000 / 128",
-        "samples/s", [f"{r['learners']} learner(s), K={r['accumulate']}" for r in epochs],
-        {"samples/s": [r.get(VALUE) for r in epochs]})
+        f"{out_dir}/{GROUP_NAME}_samples.png",
+        "LearnerGroup samples/s, 10 epochs x 4000 / 128",
+        "samples/s",
+        [f"{r['learners']} learner(s), K={r['accumulate']}" for r in epochs],
+        {"samples/s": [r.get(VALUE) for r in epochs]},
+    )
     return [p for p in (ms, rate) if p]
 
 
@@ -209,24 +302,45 @@ def summarize(records: list[dict]) -> list[dict]:
     summary = stats.summarize(records, KEYS, VALUE)
     cpu = stats.summarize(records, KEYS, "samples_per_cpu_s")
     for row in summary:
-        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s",
-                                               **{k: row[k] for k in KEYS})
+        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s", **{k: row[k] for k in KEYS})
         if row["engine"] != "ours":
             continue
         match = dict(model=row["model"], threads=row["threads"], device_kind=row["device_kind"])
-        row["vs_ceiling_fused"] = stats.ratio(row[VALUE], stats.find(
-            summary, VALUE, engine="ceiling", mode="fused", **match))
-        row["vs_ceiling_minibatch"] = stats.ratio(row[VALUE], stats.find(
-            summary, VALUE, engine="ceiling", mode="minibatch", **match))
-        row["vs_ceiling_adam_kernel"] = stats.ratio(row[VALUE], stats.find(
-            summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match))
-        row["vs_own_1_tower"] = stats.ratio(row[VALUE], stats.find(
-            summary, VALUE, engine="ours", mode=row["mode"], towers=1,
-            batch_norm_sync=row["batch_norm_sync"], **match))
+        row["vs_ceiling_fused"] = stats.ratio(
+            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="fused", **match)
+        )
+        row["vs_ceiling_minibatch"] = stats.ratio(
+            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="minibatch", **match)
+        )
+        row["vs_ceiling_adam_kernel"] = stats.ratio(
+            row[VALUE],
+            stats.find(summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match),
+        )
+        row["vs_own_1_tower"] = stats.ratio(
+            row[VALUE],
+            stats.find(
+                summary,
+                VALUE,
+                engine="ours",
+                mode=row["mode"],
+                towers=1,
+                batch_norm_sync=row["batch_norm_sync"],
+                **match,
+            ),
+        )
         if row["batch_norm_sync"]:
-            row["vs_per_shard_batch_norm"] = stats.ratio(row[VALUE], stats.find(
-                summary, VALUE, engine="ours", mode=row["mode"], towers=row["towers"],
-                batch_norm_sync=False, **match))
+            row["vs_per_shard_batch_norm"] = stats.ratio(
+                row[VALUE],
+                stats.find(
+                    summary,
+                    VALUE,
+                    engine="ours",
+                    mode=row["mode"],
+                    towers=row["towers"],
+                    batch_norm_sync=False,
+                    **match,
+                ),
+            )
     return summary
 
 
@@ -234,58 +348,106 @@ def plot(summary: list[dict], out_dir: str) -> list:
     paths = []
     for model in sorted({r["model"] for r in summary}):
         for threads in {tuple(r["threads"] or ()) for r in summary if r["model"] == model}:
-            rows = [r for r in summary
-                    if r["model"] == model and tuple(r["threads"] or ()) == threads]
+            rows = [
+                r for r in summary if r["model"] == model and tuple(r["threads"] or ()) == threads
+            ]
             towers = sorted({r["towers"] for r in rows if r["engine"] == "ours"})
-            series = {f"ours, {mode}": [stats.find(rows, VALUE, engine="ours", mode=mode, towers=n)
-                                        for n in towers] for mode in ("minibatch", "epoch")}
-            hlines = {f"bare Keras, {mode}": stats.find(rows, VALUE, engine="ceiling", mode=mode)
-                      for mode in ("minibatch", "fused", "fused_adam_kernel")}
+            series = {
+                f"ours, {mode}": [
+                    stats.find(rows, VALUE, engine="ours", mode=mode, towers=n) for n in towers
+                ]
+                for mode in ("minibatch", "epoch")
+            }
+            hlines = {
+                f"bare Keras, {mode}": stats.find(rows, VALUE, engine="ceiling", mode=mode)
+                for mode in ("minibatch", "fused", "fused_adam_kernel")
+            }
             suffix = "" if not threads else "_t" + "-".join(map(str, threads))
-            paths.append(plots.bar_chart(
-                f"{out_dir}/{NAME}_{model}{suffix}.png",
-                f"PPO learner, {model}, 10 epochs x 4000 samples / 128 "
-                f"(threads {threads or 'default'})",
-                "samples/s", [f"{n} tower{'s' if n > 1 else ''}" for n in towers], series,
-                hlines=hlines))
+            paths.append(
+                plots.bar_chart(
+                    f"{out_dir}/{NAME}_{model}{suffix}.png",
+                    f"PPO learner, {model}, 10 epochs x 4000 samples / 128 "
+                    f"(threads {threads or 'default'})",
+                    "samples/s",
+                    [f"{n} tower{'s' if n > 1 else ''}" for n in towers],
+                    series,
+                    hlines=hlines,
+                )
+            )
     return [p for p in paths if p]
 
 
 def main(argv=None):
     parser = harness.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--models", default=None,
-                        help="comma-separated: mlp, lstm, cnn (default mlp,lstm; smoke mlp)")
+    parser.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated: mlp, lstm, cnn (default mlp,lstm; smoke mlp)",
+    )
     parser.add_argument("--towers", default=None, help="default 1,2,4 (smoke 1,2)")
-    parser.add_argument("--threads", default="default",
-                        help="'default' (the library's prepare_process defaults) or "
-                             "'intra,inter;intra,inter'")
+    parser.add_argument(
+        "--threads",
+        default="default",
+        help="'default' (the library's prepare_process defaults) or 'intra,inter;intra,inter'",
+    )
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--num-samples", type=int, default=4000)
     parser.add_argument("--minibatch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per child")
     parser.add_argument("--real-gpus", action="store_true", help="towers on real GPUs")
-    parser.add_argument("--batch-norm-sync", default="true",
-                        help="comma-separated true/false: the policies' batch_norm_sync")
-    parser.add_argument("--learners", default=None,
-                        help="comma-separated learner counts: measure the LearnerGroup "
-                             "(each learner on the first --towers value, default 1)")
-    parser.add_argument("--accumulate", default=None,
-                        help="with --learners: num_grad_accumulation_steps values, default 1")
+    parser.add_argument(
+        "--batch-norm-sync",
+        default="true",
+        help="comma-separated true/false: the policies' batch_norm_sync",
+    )
+    parser.add_argument(
+        "--learners",
+        default=None,
+        help="comma-separated learner counts: measure the LearnerGroup "
+        "(each learner on the first --towers value, default 1)",
+    )
+    parser.add_argument(
+        "--accumulate",
+        default=None,
+        help="with --learners: num_grad_accumulation_steps values, default 1",
+    )
     parser.add_argument("--cpus-per-learner", type=float, default=1.0)
-    parser.add_argument("--probe-rounds", type=int, default=7,
-                        help="with --learners: alternating A/B rounds inside the learners")
-    parser.add_argument("--probe-epochs", type=int, default=2,
-                        help="with --learners: epochs per timed call inside the learners")
+    parser.add_argument(
+        "--probe-rounds",
+        type=int,
+        default=7,
+        help="with --learners: alternating A/B rounds inside the learners",
+    )
+    parser.add_argument(
+        "--probe-epochs",
+        type=int,
+        default=2,
+        help="with --learners: epochs per timed call inside the learners",
+    )
     args = parser.parse_args(argv)
     if args.learners and not args.child:
-        harness.run_benchmark(args, GROUP_NAME, measure, "benchmarks.learner",
-                              group_configurations(args), summarize=summarize_group,
-                              plot=plot_group, workload="LearnerGroup: PPO loss, 10 epochs "
-                              "x 4000 samples, minibatch 128, all-reduce inside the step")
+        harness.run_benchmark(
+            args,
+            GROUP_NAME,
+            measure,
+            "benchmarks.learner",
+            group_configurations(args),
+            summarize=summarize_group,
+            plot=plot_group,
+            workload="LearnerGroup: PPO loss, 10 epochs "
+            "x 4000 samples, minibatch 128, all-reduce inside the step",
+        )
         return
-    harness.run_benchmark(args, NAME, measure, "benchmarks.learner", configurations(args),
-                          summarize=summarize, plot=plot,
-                          workload="PPO loss, 10 epochs x 4000 samples, minibatch 128")
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.learner",
+        configurations(args),
+        summarize=summarize,
+        plot=plot,
+        workload="PPO loss, 10 epochs x 4000 samples, minibatch 128",
+    )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Every field (step_ms, local_step_ms, weighted_local_step_ms, group_ms, bare_*_ms
 the CPU figures) and how K-step accumulation counts: BENCHMARKS.md, "What each
 script measures".
 """
+
 from __future__ import annotations
 
 import copy
@@ -24,8 +25,7 @@ from benchmarks import harness, stats
 from benchmarks.collectives import summing_loop
 
 ENGINE = "group"
-PROBE_MS = ("step_ms", "local_step_ms", "weighted_local_step_ms", "bare_flat_ms",
-            "bare_packed_ms")
+PROBE_MS = ("step_ms", "local_step_ms", "weighted_local_step_ms", "bare_flat_ms", "bare_packed_ms")
 PROBE_CPU_MS = tuple(name.replace("_ms", "_cpu_ms") for name in PROBE_MS)
 
 
@@ -41,20 +41,33 @@ def measure(spec: dict, base: dict):
     model, epochs, repeats = base["model"], spec["epochs"], spec["repeats"]
     batch = ppo_shaped.synthetic_batch(model, spec["num_samples"])
     config = ppo_shaped.policy_config(
-        model, 0, minibatch_size=spec["minibatch"], num_epochs=epochs,
-        real_gpus=spec["real_gpus"], num_learners=spec["learners"],
-        num_gpus_per_learner=spec["towers"], num_cpus_per_learner=spec["cpus_per_learner"],
-        num_grad_accumulation_steps=spec["accumulate"])
+        model,
+        0,
+        minibatch_size=spec["minibatch"],
+        num_epochs=epochs,
+        real_gpus=spec["real_gpus"],
+        num_learners=spec["learners"],
+        num_gpus_per_learner=spec["towers"],
+        num_cpus_per_learner=spec["cpus_per_learner"],
+        num_grad_accumulation_steps=spec["accumulate"],
+    )
     ray.init(**harness.RAY_INIT)
     group = LearnerGroup(PPOPolicy, *ppo_shaped.spaces_for(model), config)
     try:
-        resources = {"driver": process_resources(),
-                     "learners": [actor_resources(a, lambda host: host.policy)
-                                  for a in group.actors]}
-        base = dict(base, engine=ENGINE, learners=spec["learners"],
-                    accumulate=spec["accumulate"], policy_class="PPOPolicy in LearnerGroup",
-                    devices=group.devices, resources=resources,
-                    cpus_per_learner=spec["cpus_per_learner"])
+        resources = {
+            "driver": process_resources(),
+            "learners": [actor_resources(a, lambda host: host.policy) for a in group.actors],
+        }
+        base = dict(
+            base,
+            engine=ENGINE,
+            learners=spec["learners"],
+            accumulate=spec["accumulate"],
+            policy_class="PPOPolicy in LearnerGroup",
+            devices=group.devices,
+            resources=resources,
+            cpus_per_learner=spec["cpus_per_learner"],
+        )
         valid = batch.count * epochs
         last = {}
 
@@ -64,14 +77,25 @@ def measure(spec: dict, base: dict):
 
         walls, cpus = stats.timed_with_cpu(whole_epochs, repeats, warmup=1)
         seconds = stats.median(walls)
-        yield dict(base, mode="epoch", seconds=seconds, cpu_seconds=stats.median(cpus),
-                   samples=valid, sgd_steps=int(last["num_sgd_steps"]),
-                   samples_per_s=valid / seconds)
+        yield dict(
+            base,
+            mode="epoch",
+            seconds=seconds,
+            cpu_seconds=stats.median(cpus),
+            samples=valid,
+            sgd_steps=int(last["num_sgd_steps"]),
+            samples_per_s=valid / seconds,
+        )
         if spec["learners"] > 1:
-            per_learner = ray.get([a.foreach_policy.remote(probe_all_reduce,
-                                                           spec["probe_epochs"],
-                                                           spec["probe_rounds"])
-                                   for a in group.actors], timeout=1800)
+            per_learner = ray.get(
+                [
+                    a.foreach_policy.remote(
+                        probe_all_reduce, spec["probe_epochs"], spec["probe_rounds"]
+                    )
+                    for a in group.actors
+                ],
+                timeout=1800,
+            )
             yield dict(base, mode="all_reduce", **combine_probes(per_learner))
     finally:
         group.stop()
@@ -84,6 +108,7 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     solo copy of the policy (no collective; the same loaded buffer), and of the bare
     collective on the step's tensors, flat and as the step's list; in turn, A/B."""
     import tensorflow as tf
+
     towers = policy.towers
     group = towers.collective_group
     summed: list = []  # at trace time: the tensors the step sums across learners
@@ -113,19 +138,22 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     twin.learn_on_loaded_epochs(num_epochs)
     elements = sum(t.shape.num_elements() for t in summed)
     flat_loop = summing_loop([tf.ones([elements], tf.float32)], group.all_reduce_sum, steps)
-    packed_loop = summing_loop([tf.ones(t.shape, t.dtype) for t in summed],
-                               group.all_reduce_sum, steps)
+    packed_loop = summing_loop(
+        [tf.ones(t.shape, t.dtype) for t in summed], group.all_reduce_sum, steps
+    )
     flat_loop(), packed_loop()  # traced and warm
     barrier = tf.zeros([1])
     out = {name: [] for name in PROBE_MS + PROBE_CPU_MS}
     by_thread = {name: Counter() for name in PROBE_MS}  # CPU ms by thread name, all rounds
     for timed in [False] + [True] * rounds:  # an untimed round first: the first call
         # with the collective after tracing costs ~1 s once (seen: 895 ms/step, then ~10)
-        for name, run in (("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
-                          ("local_step_ms", lambda: solo.learn_on_loaded_epochs(num_epochs)),
-                          ("weighted_local_step_ms",
-                           lambda: twin.learn_on_loaded_epochs(num_epochs)),
-                          ("bare_flat_ms", flat_loop), ("bare_packed_ms", packed_loop)):
+        for name, run in (
+            ("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
+            ("local_step_ms", lambda: solo.learn_on_loaded_epochs(num_epochs)),
+            ("weighted_local_step_ms", lambda: twin.learn_on_loaded_epochs(num_epochs)),
+            ("bare_flat_ms", flat_loop),
+            ("bare_packed_ms", packed_loop),
+        ):
             # every learner starts each timing together: else the first collective of
             # a timing would also hold the wait for a peer still in the previous one
             group.all_reduce_sum([barrier])[0].numpy()
@@ -136,10 +164,18 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
                 out[name.replace("_ms", "_cpu_ms")].append(cpu)
                 by_thread[name].update(thread_cpu_ns() - threads_before)
     per = 1e6 * rounds * steps  # ns -> ms per all-reduce
-    cpu_by_thread = {name: {thread: ns / per for thread, ns in counts.most_common()}
-                     for name, counts in by_thread.items()}
-    return dict(out, steps=int(steps), elements=int(elements), tensors=len(summed),
-                dtypes=sorted({t.dtype.name for t in summed}), cpu_by_thread=cpu_by_thread)
+    cpu_by_thread = {
+        name: {thread: ns / per for thread, ns in counts.most_common()}
+        for name, counts in by_thread.items()
+    }
+    return dict(
+        out,
+        steps=int(steps),
+        elements=int(elements),
+        tensors=len(summed),
+        dtypes=sorted({t.dtype.name for t in summed}),
+        cpu_by_thread=cpu_by_thread,
+    )
 
 
 def thread_cpu_ns() -> Counter:
@@ -153,8 +189,10 @@ def thread_cpu_ns() -> Counter:
         return totals
     for tid in tids:
         try:
-            with open(f"/proc/self/task/{tid}/comm") as comm, \
-                    open(f"/proc/self/task/{tid}/schedstat") as schedstat:
+            with (
+                open(f"/proc/self/task/{tid}/comm") as comm,
+                open(f"/proc/self/task/{tid}/schedstat") as schedstat,
+            ):
                 name = re.sub(r"\d+", "#", comm.read().strip())
                 totals[name] += int(schedstat.read().split()[0])
         except (OSError, ValueError, IndexError):
@@ -165,10 +203,13 @@ def thread_cpu_ns() -> Counter:
 def without_collective(group):
     """A copy of the connected `group` whose collective is the identity: the same
     packing, scaling, dividing and unpacking around it, no communication."""
+
     class NoCollective(type(group)):
         def _collective(self, flat, *args, **kwargs):
             import tensorflow as tf
+
             return tf.identity(flat)
+
     twin = copy.copy(group)
     twin.__class__ = NoCollective
     return twin
@@ -186,36 +227,49 @@ def _timed_ms(run, per: int) -> tuple[float, float]:
 def combine_probes(per_learner: list[dict]) -> dict:
     """Per round the slowest learner's figure, then the median over rounds."""
     rounds = len(per_learner[0]["step_ms"])
-    slowest = {name: [max(p[name][r] for p in per_learner) for r in range(rounds)]
-               for name in PROBE_MS}
+    slowest = {
+        name: [max(p[name][r] for p in per_learner) for r in range(rounds)] for name in PROBE_MS
+    }
     group_ms = [s - loc for s, loc in zip(slowest["step_ms"], slowest["local_step_ms"])]
     out = {name: statistics.median(values) for name, values in slowest.items()}
     out["group_ms"] = statistics.median(group_ms)
     out["around_ms"] = statistics.median(
-        w - loc for w, loc in zip(slowest["weighted_local_step_ms"], slowest["local_step_ms"]))
+        w - loc for w, loc in zip(slowest["weighted_local_step_ms"], slowest["local_step_ms"])
+    )
     out["in_step_ms"] = statistics.median(
-        s - w for s, w in zip(slowest["step_ms"], slowest["weighted_local_step_ms"]))
+        s - w for s, w in zip(slowest["step_ms"], slowest["weighted_local_step_ms"])
+    )
     out["vs_bare"] = stats.ratio(out["group_ms"], out["bare_flat_ms"])
     out["packing_ms"] = out["bare_packed_ms"] - out["bare_flat_ms"]
     # CPU work per all-reduce, each learner's own (no waiting), then the mean of learners
-    cpu = {name: statistics.median(statistics.mean(p[name][r] for p in per_learner)
-                                   for r in range(rounds)) for name in PROBE_CPU_MS}
+    cpu = {
+        name: statistics.median(
+            statistics.mean(p[name][r] for p in per_learner) for r in range(rounds)
+        )
+        for name in PROBE_CPU_MS
+    }
     out.update(cpu)
     out["group_cpu_ms"] = statistics.median(
         statistics.mean(p["step_cpu_ms"][r] - p["local_step_cpu_ms"][r] for p in per_learner)
-        for r in range(rounds))
+        for r in range(rounds)
+    )
     out["vs_bare_cpu"] = stats.ratio(out["group_cpu_ms"], out["bare_flat_cpu_ms"])
-    for name, (minuend, subtrahend) in {"around_cpu_ms": ("weighted_local_step_cpu_ms",
-                                                          "local_step_cpu_ms"),
-                                        "in_step_cpu_ms": ("step_cpu_ms",
-                                                           "weighted_local_step_cpu_ms")}.items():
+    for name, (minuend, subtrahend) in {
+        "around_cpu_ms": ("weighted_local_step_cpu_ms", "local_step_cpu_ms"),
+        "in_step_cpu_ms": ("step_cpu_ms", "weighted_local_step_cpu_ms"),
+    }.items():
         out[name] = statistics.median(
             statistics.mean(p[minuend][r] - p[subtrahend][r] for p in per_learner)
-            for r in range(rounds))
+            for r in range(rounds)
+        )
     out["per_round"] = dict(slowest, group_ms=group_ms)
     out["per_learner"] = per_learner
     first = per_learner[0]
-    out.update(elements=first["elements"], bytes=4 * first["elements"],
-               tensors=first["tensors"], all_reduces_per_call=first["steps"],
-               dtypes=first["dtypes"])
+    out.update(
+        elements=first["elements"],
+        bytes=4 * first["elements"],
+        tensors=first["tensors"],
+        all_reduces_per_call=first["steps"],
+        dtypes=first["dtypes"],
+    )
     return out

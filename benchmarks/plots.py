@@ -1,16 +1,25 @@
 """Bar charts of benchmark summaries (matplotlib is optional: no plot without it)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 
-def bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
-              series: dict[str, list], *, log: bool = False,
-              hlines: dict[str, float] | None = None) -> str | None:
+def bar_chart(
+    path: Path,
+    title: str,
+    ylabel: str,
+    groups: list[str],
+    series: dict[str, list],
+    *,
+    log: bool = False,
+    hlines: dict[str, float] | None = None,
+) -> str | None:
     """Grouped bars: one group per x label, one bar per series (None = missing).
     `hlines` draws labelled reference lines (ceilings)."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:  # the RLlib venv has no matplotlib; plots are optional there
@@ -23,8 +32,13 @@ def bar_chart(path: Path, title: str, ylabel: str, groups: list[str],
         bars = ax.bar(xs, heights, width, label=label)
         for bar, v in zip(bars, values):
             if v is not None:
-                ax.annotate(_short(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                            ha="center", va="bottom", fontsize=7)
+                ax.annotate(
+                    _short(v),
+                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                    ha="center",
+                    va="bottom",
+                    fontsize=7,
+                )
     for j, (label, y) in enumerate((hlines or {}).items()):
         if y:
             ax.axhline(y, linestyle="--", linewidth=1, color=f"C{len(series) + j}", label=label)

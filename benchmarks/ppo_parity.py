@@ -11,6 +11,7 @@ every variant of ours, then RLlib, with the round as the seed. Variants of ours
 
 The hyperparameters, what each variant changes, and the results: BENCHMARKS.md.
 """
+
 from __future__ import annotations
 
 from benchmarks import compare_rllib, e2e, harness, rllib_env, stats
@@ -19,19 +20,32 @@ NAME = "ppo_parity"
 
 # RLlib's PPOConfig defaults (ray 2.60, old API stack), num_epochs 10 as in issue 12.
 RLLIB_DEFAULTS = {
-    "lr": 5e-5, "gamma": 0.99, "lambda_": 1.0, "clip_param": 0.3, "vf_clip_param": 10.0,
-    "vf_loss_coeff": 1.0, "kl_coeff": 0.2, "kl_target": 0.01, "entropy_coeff": 0.0,
-    "train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10,
+    "lr": 5e-5,
+    "gamma": 0.99,
+    "lambda_": 1.0,
+    "clip_param": 0.3,
+    "vf_clip_param": 10.0,
+    "vf_loss_coeff": 1.0,
+    "kl_coeff": 0.2,
+    "kl_target": 0.01,
+    "entropy_coeff": 0.0,
+    "train_batch_size": 4000,
+    "minibatch_size": 128,
+    "num_epochs": 10,
     "model": {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"},
 }
 SMOKE = {"train_batch_size": 256, "minibatch_size": 64, "num_epochs": 2}
 
-VARIANTS = {"defaults": {}, "keras_init": {"init": "keras"},
-            "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}},
-            "rllib_minibatches": {"minibatches": "rllib"}}
+VARIANTS = {
+    "defaults": {},
+    "keras_init": {"init": "keras"},
+    "adam_eps_1e-8": {"config": {"adam_epsilon": 1e-8}},
+    "rllib_minibatches": {"minibatches": "rllib"},
+}
 
 
 # ----- ours: the e2e workload with a re-initialized model where a variant asks ------------
+
 
 def keras_init_model_class():
     """FeedForwardModel re-initialized with the initializers it had before RLlib's."""
@@ -47,9 +61,10 @@ def keras_init_model_class():
             for layer in self._flatten_layers():
                 if not isinstance(layer, keras.layers.Dense):
                     continue
-                init = {"action_dist_inputs": keras.initializers.Orthogonal(0.01),
-                        "vf": keras.initializers.Orthogonal(1.0)}.get(
-                            layer.name, keras.initializers.GlorotUniform())
+                init = {
+                    "action_dist_inputs": keras.initializers.Orthogonal(0.01),
+                    "vf": keras.initializers.Orthogonal(1.0),
+                }.get(layer.name, keras.initializers.GlorotUniform())
                 layer.kernel.assign(init(layer.kernel.shape))
 
     return KerasInitModel
@@ -62,6 +77,7 @@ def rllib_minibatch_update(algo, learners, train_batch) -> dict:
 
     from algorithms.ppo import standardize_advantages, update_kl_coefficient
     from policy_service.sample_batch import SampleBatch
+
     train_batch = standardize_advantages(train_batch.copy(shallow=True))
     train_batch.pop(SampleBatch.NEXT_OBS, None)
     learners.load_batch_into_buffer(train_batch, buffer_index=0)
@@ -83,13 +99,20 @@ def measure(spec: dict):
     spec = dict(spec, overrides=dict(spec["overrides"], **spec.get("config", {})))
     if spec.get("init") == "keras":
         from policy_service.models import register_custom_model
+
         register_custom_model("keras_init_ff", keras_init_model_class())
-        spec = dict(spec, overrides=dict(spec["overrides"], model=dict(
-            spec["overrides"]["model"], custom_model="keras_init_ff")))
+        spec = dict(
+            spec,
+            overrides=dict(
+                spec["overrides"],
+                model=dict(spec["overrides"]["model"], custom_model="keras_init_ff"),
+            ),
+        )
     if spec.get("minibatches") == "rllib":
         import numpy as np
 
         from algorithms.ppo import PPO
+
         np.random.seed(spec["seed"])
         PPO.update_on_batch = rllib_minibatch_update
     for record in e2e.measure(spec):
@@ -98,19 +121,37 @@ def measure(spec: dict):
 
 # ----- the side-by-side schedule ------------------------------------------------------------
 
+
 def schedule(args) -> list[harness.Run]:
     rllib_python = rllib_env.ensure_rllib_venv()
     overrides = dict(RLLIB_DEFAULTS, **(SMOKE if args.smoke else {}))
-    base = dict(num_gpus=0, num_env_runners=0, envs_per_runner=1, prepare_tf=False,
-                overrides=overrides, target=15.0 if args.smoke else args.target,
-                max_iterations=2 if args.smoke else 10_000,
-                max_seconds=300 if args.smoke else args.max_seconds)
-    runs = [harness.Run("benchmarks.ppo_parity", dict(base, variant=name, **VARIANTS[name]),
-                        tags={"framework": "ours"})
-            for name in args.variants.split(",")]
-    runs.append(harness.Run(compare_rllib.NAME_MODULE, dict(base, workload="e2e"),
-                            python=rllib_python, env=rllib_env.RLLIB_ENV,
-                            tags={"framework": "rllib", "bench": NAME, "variant": "rllib"}))
+    base = dict(
+        num_gpus=0,
+        num_env_runners=0,
+        envs_per_runner=1,
+        prepare_tf=False,
+        overrides=overrides,
+        target=15.0 if args.smoke else args.target,
+        max_iterations=2 if args.smoke else 10_000,
+        max_seconds=300 if args.smoke else args.max_seconds,
+    )
+    runs = [
+        harness.Run(
+            "benchmarks.ppo_parity",
+            dict(base, variant=name, **VARIANTS[name]),
+            tags={"framework": "ours"},
+        )
+        for name in args.variants.split(",")
+    ]
+    runs.append(
+        harness.Run(
+            compare_rllib.NAME_MODULE,
+            dict(base, workload="e2e"),
+            python=rllib_python,
+            env=rllib_env.RLLIB_ENV,
+            tags={"framework": "rllib", "bench": NAME, "variant": "rllib"},
+        )
+    )
     return runs
 
 
@@ -121,13 +162,19 @@ def summarize(records: list[dict]) -> list[dict]:
     for variant in dict.fromkeys(r.get("variant") for r in records):
         picked = [r for r in records if r.get("variant") == variant]
         reached = [r for r in picked if r.get("reached")]
-        rows.append({"bench": NAME, "variant": variant,
-                     "reached": f"{len(reached)}/{len(picked)}",
-                     "env_steps_by_seed": {r["seed"]: r.get("env_steps") if r.get("reached")
-                                           else None for r in picked},
-                     "env_steps": stats.median([r["env_steps"] for r in reached]),
-                     "wall_s": stats.median([r["wall_s"] for r in reached]),
-                     "errors": sorted({r["error"][:200] for r in picked if "error" in r})})
+        rows.append(
+            {
+                "bench": NAME,
+                "variant": variant,
+                "reached": f"{len(reached)}/{len(picked)}",
+                "env_steps_by_seed": {
+                    r["seed"]: r.get("env_steps") if r.get("reached") else None for r in picked
+                },
+                "env_steps": stats.median([r["env_steps"] for r in reached]),
+                "wall_s": stats.median([r["wall_s"] for r in reached]),
+                "errors": sorted({r["error"][:200] for r in picked if "error" in r}),
+            }
+        )
     rllib = next((r for r in rows if r["variant"] == "rllib"), None)
     for row in rows:
         row["ratio_env_steps"] = stats.ratio(row["env_steps"], rllib and rllib["env_steps"])
@@ -136,8 +183,11 @@ def summarize(records: list[dict]) -> list[dict]:
 
 def main(argv=None):
     parser = harness.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="defaults",
-                        help=f"variants of ours, comma-separated: {','.join(VARIANTS)}")
+    parser.add_argument(
+        "--variants",
+        default="defaults",
+        help=f"variants of ours, comma-separated: {','.join(VARIANTS)}",
+    )
     parser.add_argument("--target", type=float, default=e2e.TARGET_RETURN)
     parser.add_argument("--max-seconds", type=float, default=900)
     args = parser.parse_args(argv)
@@ -147,11 +197,15 @@ def main(argv=None):
     if unknown:
         parser.error(f"--variants: unknown {sorted(unknown)}; expected some of {list(VARIANTS)}")
     rllib_python = rllib_env.ensure_rllib_venv()
-    meta = harness.start_meta(args, rllib_python=rllib_python,
-                              rllib_versions=harness.versions(rllib_python),
-                              hyperparameters=RLLIB_DEFAULTS)
-    records = harness.run_rounds(args, schedule(args), seeded=True,
-                                 timeout=lambda spec: spec["max_seconds"] + 300)
+    meta = harness.start_meta(
+        args,
+        rllib_python=rllib_python,
+        rllib_versions=harness.versions(rllib_python),
+        hyperparameters=RLLIB_DEFAULTS,
+    )
+    records = harness.run_rounds(
+        args, schedule(args), seeded=True, timeout=lambda spec: spec["max_seconds"] + 300
+    )
     rows = summarize(records)
     meta["plots"] = []  # the table is the result: BENCHMARKS.md, "PPO at RLlib's defaults"
     harness.finish(NAME, args.out, records, rows, meta)

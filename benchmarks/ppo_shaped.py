@@ -10,6 +10,7 @@
 Data is synthetic with CartPole's shapes (obs <float32>[4], 2 actions) or
 Atari's (obs <float32>[84, 84, 4], 6 actions) for the CNN variant.
 """
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -34,26 +35,47 @@ MODELS = {
     "mlp": ((4,), 2, {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh"}),
     # max_seq_len 16 so a minibatch of 128 rows is 8 whole sequences, which
     # split evenly over 1, 2 and 4 towers (20, RLlib's default, does not divide 128)
-    "lstm": ((4,), 2, {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh",
-                       "use_lstm": True, "lstm_cell_size": 256, "max_seq_len": 16}),
+    "lstm": (
+        (4,),
+        2,
+        {
+            "fcnet_hiddens": [256, 256],
+            "fcnet_activation": "tanh",
+            "use_lstm": True,
+            "lstm_cell_size": 256,
+            "max_seq_len": 16,
+        },
+    ),
     # batch norm after each hidden layer: what batch_norm_sync costs (the bare
     # ceiling has no batch norm, so it is the plain MLP's)
-    "mlp_bn": ((4,), 2, {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh",
-                         "use_batch_norm": True}),
-    "cnn": ((84, 84, 4), 6, {"fcnet_hiddens": [256], "fcnet_activation": "relu",
-                             "conv_filters": [[16, [8, 8], 4], [32, [4, 4], 2],
-                                              [64, [3, 3], 1]],
-                             "vf_share_layers": True}),
+    "mlp_bn": (
+        (4,),
+        2,
+        {"fcnet_hiddens": [256, 256], "fcnet_activation": "tanh", "use_batch_norm": True},
+    ),
+    "cnn": (
+        (84, 84, 4),
+        6,
+        {
+            "fcnet_hiddens": [256],
+            "fcnet_activation": "relu",
+            "conv_filters": [[16, [8, 8], 4], [32, [4, 4], 2], [64, [3, 3], 1]],
+            "vf_share_layers": True,
+        },
+    ),
 }
 
 
 def spaces_for(model: str) -> tuple[gym.spaces.Box, gym.spaces.Discrete]:
     obs_shape, num_actions, _ = MODELS[model]
-    return (gym.spaces.Box(-np.inf, np.inf, obs_shape, np.float32),
-            gym.spaces.Discrete(num_actions))
+    return (
+        gym.spaces.Box(-np.inf, np.inf, obs_shape, np.float32),
+        gym.spaces.Discrete(num_actions),
+    )
 
 
 # ----- synthetic batches -------------------------------------------------------------------
+
 
 def synthetic_batch(model: str, num_rows: int, seed: int = 0) -> SampleBatch:
     """num_rows rows with every column PPO's loss reads; recurrent models also get
@@ -93,24 +115,57 @@ def episode_lengths(num_rows: int, rng) -> np.ndarray:
 
 # ----- our library ---------------------------------------------------------------------------
 
-def policy_config(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
-                  real_gpus: bool = False, **more) -> dict:
+
+def policy_config(
+    model: str,
+    towers: int,
+    *,
+    minibatch_size: int = 128,
+    num_epochs: int = 10,
+    real_gpus: bool = False,
+    **more,
+) -> dict:
     """The PPOPolicy config of the workload on `towers` towers (plus `more` keys)."""
-    return {"num_gpus": towers, "_fake_gpus": not real_gpus, "lr": LR, "seed": 0,
-            "minibatch_size": minibatch_size, "num_epochs": num_epochs,
-            "model": dict(MODELS[model][2]), **more}
+    return {
+        "num_gpus": towers,
+        "_fake_gpus": not real_gpus,
+        "lr": LR,
+        "seed": 0,
+        "minibatch_size": minibatch_size,
+        "num_epochs": num_epochs,
+        "model": dict(MODELS[model][2]),
+        **more,
+    }
 
 
-def make_policy(model: str, towers: int, *, minibatch_size: int = 128, num_epochs: int = 10,
-                real_gpus: bool = False, **more) -> TFPolicy:
+def make_policy(
+    model: str,
+    towers: int,
+    *,
+    minibatch_size: int = 128,
+    num_epochs: int = 10,
+    real_gpus: bool = False,
+    **more,
+) -> TFPolicy:
     from algorithms.ppo import PPOPolicy
+
     obs_space, act_space = spaces_for(model)
-    return PPOPolicy(obs_space, act_space, policy_config(
-        model, towers, minibatch_size=minibatch_size, num_epochs=num_epochs,
-        real_gpus=real_gpus, **more))
+    return PPOPolicy(
+        obs_space,
+        act_space,
+        policy_config(
+            model,
+            towers,
+            minibatch_size=minibatch_size,
+            num_epochs=num_epochs,
+            real_gpus=real_gpus,
+            **more,
+        ),
+    )
 
 
 # ----- the ceiling: bare Keras ----------------------------------------------------------------
+
 
 class BareModel(keras.Model):
     """The policy's model as plain Keras layers: [conv stack] -> dense trunk ->
@@ -122,23 +177,34 @@ class BareModel(keras.Model):
         obs_shape, num_actions, config = MODELS[model]
         act = config["fcnet_activation"]
         self.recurrent = bool(config.get("use_lstm"))
-        self.convs = [keras.layers.Conv2D(out, k, strides=s, padding="same", activation="relu")
-                      for out, k, s in config.get("conv_filters") or []]
+        self.convs = [
+            keras.layers.Conv2D(out, k, strides=s, padding="same", activation="relu")
+            for out, k, s in config.get("conv_filters") or []
+        ]
         if self.convs:
             self.convs.append(keras.layers.Flatten())
         self.trunk = [keras.layers.Dense(n, activation=act) for n in config["fcnet_hiddens"]]
         separate_value = not (self.recurrent or config.get("vf_share_layers"))
-        self.value_trunk = ([keras.layers.Dense(n, activation=act) for n in config["fcnet_hiddens"]]
-                            if separate_value else None)
+        self.value_trunk = (
+            [keras.layers.Dense(n, activation=act) for n in config["fcnet_hiddens"]]
+            if separate_value
+            else None
+        )
         self.cell = config.get("lstm_cell_size", 0)
-        self.lstm = (keras.layers.LSTM(self.cell, return_sequences=True, return_state=True)
-                     if self.recurrent else None)
+        self.lstm = (
+            keras.layers.LSTM(self.cell, return_sequences=True, return_state=True)
+            if self.recurrent
+            else None
+        )
         self.logits = keras.layers.Dense(num_actions)
         self.value = keras.layers.Dense(1)
         dummy = {"obs": tf.zeros((1,) + obs_shape)}
         if self.recurrent:
-            dummy.update(seq_lens=tf.ones([1], tf.int32), state_in_0=tf.zeros([1, self.cell]),
-                         state_in_1=tf.zeros([1, self.cell]))
+            dummy.update(
+                seq_lens=tf.ones([1], tf.int32),
+                state_in_0=tf.zeros([1, self.cell]),
+                state_in_1=tf.zeros([1, self.cell]),
+            )
         self(dummy)
 
     def call(self, inputs, training=False):
@@ -150,8 +216,11 @@ class BareModel(keras.Model):
             n = tf.shape(seq_lens)[0]
             t = tf.shape(x)[0] // n
             seq = tf.reshape(x, [n, t, x.shape[-1]])
-            out, _, _ = self.lstm(seq, mask=tf.sequence_mask(seq_lens, t),
-                                  initial_state=[inputs["state_in_0"], inputs["state_in_1"]])
+            out, _, _ = self.lstm(
+                seq,
+                mask=tf.sequence_mask(seq_lens, t),
+                initial_state=[inputs["state_in_0"], inputs["state_in_1"]],
+            )
             x = tf.reshape(out, [-1, self.cell])
         v = inputs["obs"]
         if self.value_trunk is not None:
@@ -171,10 +240,12 @@ def bare_ppo_loss(model: BareModel, batch: dict) -> tf.Tensor:
     logp = tf.gather(logp_all, actions, batch_dims=1)
     adv = batch[SampleBatch.ADVANTAGES]
     ratio = tf.exp(logp - batch[SampleBatch.ACTION_LOGP])
-    surrogate = tf.minimum(adv * ratio,
-                           adv * tf.clip_by_value(ratio, 1 - CLIP_PARAM, 1 + CLIP_PARAM))
-    vf_loss = tf.clip_by_value(tf.square(values - batch[SampleBatch.VALUE_TARGETS]),
-                               0.0, VF_CLIP_PARAM)
+    surrogate = tf.minimum(
+        adv * ratio, adv * tf.clip_by_value(ratio, 1 - CLIP_PARAM, 1 + CLIP_PARAM)
+    )
+    vf_loss = tf.clip_by_value(
+        tf.square(values - batch[SampleBatch.VALUE_TARGETS]), 0.0, VF_CLIP_PARAM
+    )
     kl = tf.reduce_sum(tf.exp(prev_logp_all) * (prev_logp_all - logp_all), -1)
     per_row = -surrogate + VF_LOSS_COEFF * vf_loss + KL_COEFF * kl
     if "loss_mask" in batch:
@@ -184,9 +255,18 @@ def bare_ppo_loss(model: BareModel, batch: dict) -> tf.Tensor:
 
 def bare_columns(policy_columns: dict) -> dict:
     """The loss's columns from a padded TFPolicy.train_columns() output."""
-    keep = {SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.ACTION_DIST_INPUTS,
-            SampleBatch.ACTION_LOGP, SampleBatch.ADVANTAGES, SampleBatch.VALUE_TARGETS,
-            SampleBatch.SEQ_LENS, "state_in_0", "state_in_1", "loss_mask"}
+    keep = {
+        SampleBatch.OBS,
+        SampleBatch.ACTIONS,
+        SampleBatch.ACTION_DIST_INPUTS,
+        SampleBatch.ACTION_LOGP,
+        SampleBatch.ADVANTAGES,
+        SampleBatch.VALUE_TARGETS,
+        SampleBatch.SEQ_LENS,
+        "state_in_0",
+        "state_in_1",
+        "loss_mask",
+    }
     return {k: v for k, v in policy_columns.items() if k in keep}
 
 
@@ -198,9 +278,16 @@ class BareLearner:
     epochs of shuffled minibatches in one call.
     """
 
-    def __init__(self, model: str, columns: dict, num_units: int, rows_per_unit: int,
-                 minibatch_units: int, device: str = "/CPU:0",
-                 optimizer_class=keras.optimizers.Adam):
+    def __init__(
+        self,
+        model: str,
+        columns: dict,
+        num_units: int,
+        rows_per_unit: int,
+        minibatch_units: int,
+        device: str = "/CPU:0",
+        optimizer_class=keras.optimizers.Adam,
+    ):
         self.device = device
         with tf.device(device):
             self.model = BareModel(model)
@@ -212,19 +299,24 @@ class BareLearner:
         self.minibatch_units = minibatch_units
         self.num_minibatches = num_units // minibatch_units
         self.rng = tf.random.Generator.from_seed(0)
-        self._step = tf.function(self._train_step, input_signature=[
-            tf.TensorSpec([None], tf.int32)])
-        self._epochs = tf.function(self._train_epochs, input_signature=[
-            tf.TensorSpec([None, None], tf.int32)])
+        self._step = tf.function(
+            self._train_step, input_signature=[tf.TensorSpec([None], tf.int32)]
+        )
+        self._epochs = tf.function(
+            self._train_epochs, input_signature=[tf.TensorSpec([None, None], tf.int32)]
+        )
 
     def _gather(self, unit_idx):
         if self.rows_per_unit == 1:
             rows = unit_idx
         else:
-            rows = tf.reshape(unit_idx[:, None] * self.rows_per_unit
-                              + tf.range(self.rows_per_unit)[None], [-1])
-        return {k: tf.gather(v, unit_idx if k in ("seq_lens", "state_in_0", "state_in_1")
-                             else rows) for k, v in self.data.items()}
+            rows = tf.reshape(
+                unit_idx[:, None] * self.rows_per_unit + tf.range(self.rows_per_unit)[None], [-1]
+            )
+        return {
+            k: tf.gather(v, unit_idx if k in ("seq_lens", "state_in_0", "state_in_1") else rows)
+            for k, v in self.data.items()
+        }
 
     def _apply(self, unit_idx):
         batch = self._gather(unit_idx)
@@ -244,7 +336,7 @@ class BareLearner:
         loss_sum = tf.constant(0.0)
         for i in tf.range(total):
             epoch, k = i // self.num_minibatches, i % self.num_minibatches
-            loss_sum += self._apply(order[epoch, k * mb:(k + 1) * mb])
+            loss_sum += self._apply(order[epoch, k * mb : (k + 1) * mb])
         return loss_sum / tf.cast(total, tf.float32)
 
     def permutations(self, num_epochs: int) -> tf.Tensor:
@@ -270,6 +362,4 @@ class BareLearner:
 def valid_rows_per_epoch(learner: BareLearner, columns: dict) -> int:
     """Valid (unpadded) rows one epoch of `learner` trains on."""
     mask = np.asarray(columns["loss_mask"]).reshape(learner.num_units, learner.rows_per_unit)
-    return int(mask[:learner.num_minibatches * learner.minibatch_units].sum())
-
-
+    return int(mask[: learner.num_minibatches * learner.minibatch_units].sum())

@@ -12,6 +12,7 @@ threads) runs in its own process; medians over rounds.
 
 Each engine, exactly: BENCHMARKS.md; the decision it informed: docs/replica_engine.md.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,17 +30,28 @@ DEFAULT_THREADS = "1,2;2,2;1,4;2,4"
 
 # ----- child ------------------------------------------------------------------------------------
 
+
 def measure(spec: dict):
     from benchmarks import ppo_shaped
+
     n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)
-    base = {"bench": NAME, "engine": spec["engine"], "replicas": n, "threads": spec["threads"],
-            "threads_actual": harness.tf_threads(), "round": spec["round"], "epochs": epochs,
-            "minibatch": minibatch, "rows": rows}
+    base = {
+        "bench": NAME,
+        "engine": spec["engine"],
+        "replicas": n,
+        "threads": spec["threads"],
+        "threads_actual": harness.tf_threads(),
+        "round": spec["round"],
+        "epochs": epochs,
+        "minibatch": minibatch,
+        "rows": rows,
+    }
     if spec["engine"] == "bare":
-        learner = ppo_shaped.BareLearner("mlp", columns, rows, 1, minibatch,
-                                         "/GPU:0" if spec.get("real_gpus") else "/CPU:0")
+        learner = ppo_shaped.BareLearner(
+            "mlp", columns, rows, 1, minibatch, "/GPU:0" if spec.get("real_gpus") else "/CPU:0"
+        )
         fn = lambda: learner.run_fused(epochs)  # noqa: E731
     elif spec["engine"] == "mirrored":
         learner = MirroredLearner(columns, n, minibatch, ppo_shaped, spec.get("real_gpus"))
@@ -50,8 +62,14 @@ def measure(spec: dict):
     walls, cpus = stats.timed_with_cpu(fn, spec["repeats"], warmup=1)
     seconds, cpu = stats.median(walls), stats.median(cpus)
     samples = epochs * rows
-    yield dict(base, seconds=seconds, cpu_seconds=cpu, samples=samples,
-               samples_per_s=samples / seconds, samples_per_cpu_s=samples / cpu)
+    yield dict(
+        base,
+        seconds=seconds,
+        cpu_seconds=cpu,
+        samples=samples,
+        samples_per_s=samples / seconds,
+        samples_per_cpu_s=samples / cpu,
+    )
 
 
 def _columns(ppo_shaped, rows: int) -> dict:
@@ -63,22 +81,28 @@ def _columns(ppo_shaped, rows: int) -> dict:
 class TowersLearner:
     """TowerStack over n logical CPUs with the bare model and loss."""
 
-    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped,
-                 real_gpus: bool = False):
+    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped, real_gpus: bool = False):
         import keras
         import tensorflow as tf
 
         from policy_service.engine.devices import FAKE_GPU, GPU, TowerDevices
         from policy_service.engine.towers import TowerStack
+
         kind = "GPU" if real_gpus else "CPU"
-        tower_devices = TowerDevices(tuple(f"/{kind}:{i}" for i in range(n)),
-                                     GPU if real_gpus else FAKE_GPU)
+        tower_devices = TowerDevices(
+            tuple(f"/{kind}:{i}" for i in range(n)), GPU if real_gpus else FAKE_GPU
+        )
         with tf.device(tower_devices.variable_device):
             model = ppo_shaped.BareModel("mlp")
             optimizer = keras.optimizers.Adam(ppo_shaped.LR)
         self.stack = TowerStack(
-            tower_devices, model, lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
-            lambda batch, losses: {"total_loss": losses[0]}, [optimizer], seed=0)
+            tower_devices,
+            model,
+            lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
+            lambda batch, losses: {"total_loss": losses[0]},
+            [optimizer],
+            seed=0,
+        )
         self.rows = len(columns["obs"])
         self.columns = dict(columns, loss_mask=np.ones(self.rows, bool))
         self.minibatch = minibatch
@@ -108,31 +132,40 @@ class MirroredLearner:
     sums the replicas' gradients.
     """
 
-    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped,
-                 real_gpus: bool = False):
+    def __init__(self, columns: dict, n: int, minibatch: int, ppo_shaped, real_gpus: bool = False):
         import keras
         import tensorflow as tf
+
         self.tf = tf
         self.n = n
         devices = [f"/{'GPU' if real_gpus else 'CPU'}:{i}" for i in range(n)]
         # real GPUs: the strategy's default (NCCL all-reduce); logical CPUs: one device
-        cross_device_ops = (None if real_gpus else
-                            tf.distribute.ReductionToOneDevice(reduce_to_device="/CPU:0"))
-        self.strategy = tf.distribute.MirroredStrategy(devices=devices,
-                                                       cross_device_ops=cross_device_ops)
+        cross_device_ops = (
+            None if real_gpus else tf.distribute.ReductionToOneDevice(reduce_to_device="/CPU:0")
+        )
+        self.strategy = tf.distribute.MirroredStrategy(
+            devices=devices, cross_device_ops=cross_device_ops
+        )
         with self.strategy.scope():
             self.model = ppo_shaped.BareModel("mlp")
             self.optimizer = keras.optimizers.Adam(ppo_shaped.LR)
             self.optimizer.build(self.model.trainable_variables)
         rows = len(columns["obs"])
         if rows % minibatch or minibatch % n:
-            raise ValueError(f"{rows} rows must be whole minibatches of {minibatch} rows, "
-                             f"each split evenly over {n} replicas")
+            raise ValueError(
+                f"{rows} rows must be whole minibatches of {minibatch} rows, "
+                f"each split evenly over {n} replicas"
+            )
         self.rows_per_replica = rows // n
         self.mb_per_replica = minibatch // n
         self.num_minibatches = rows // minibatch
-        shards = [{k: v[i * self.rows_per_replica:(i + 1) * self.rows_per_replica]
-                   for k, v in columns.items()} for i in range(n)]
+        shards = [
+            {
+                k: v[i * self.rows_per_replica : (i + 1) * self.rows_per_replica]
+                for k, v in columns.items()
+            }
+            for i in range(n)
+        ]
 
         def shard_for(ctx):
             with tf.device(devices[ctx.replica_id_in_sync_group]):
@@ -148,7 +181,7 @@ class MirroredLearner:
         rid = tf.distribute.get_replica_context().replica_id_in_sync_group
         epoch, k = i // self.num_minibatches, i % self.num_minibatches
         m = self.mb_per_replica
-        idx = order[epoch, rid, k * m:(k + 1) * m]
+        idx = order[epoch, rid, k * m : (k + 1) * m]
         batch = {key: tf.gather(v, idx) for key, v in data.items()}
         with tf.GradientTape() as tape:
             loss = self.loss_fn(self.model, batch) / self.n
@@ -174,6 +207,7 @@ class MirroredLearner:
 
 # ----- breakdown: where the multi-tower time goes -----------------------------------------------
 
+
 def breakdown(spec: dict):
     """Time TowerStack steps with parts switched off (monkeypatched in this child only).
 
@@ -197,6 +231,7 @@ def breakdown(spec: dict):
     from benchmarks import ppo_shaped
     from policy_service.engine import towers as towers_mod
     from policy_service.engine.devices import TowerDevices
+
     n, epochs, minibatch = spec["replicas"], spec["epochs"], spec["minibatch"]
     rows = spec["minibatches"] * minibatch
     columns = _columns(ppo_shaped, rows)
@@ -228,61 +263,90 @@ def breakdown(spec: dict):
             placed = buffer.towers
             self._functions[key] = tf.function(
                 lambda idx: self._loaded_graph(placed, idx),
-                input_signature=[tf.TensorSpec([1, self.num_towers, None], tf.int32)])
+                input_signature=[tf.TensorSpec([1, self.num_towers, None], tf.int32)],
+            )
         k, u = offset // buffer.minibatch_rows, buffer.units_per_minibatch
-        idx = tf.tile(tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None, None],
-                      [1, self.num_towers, 1])  # [K=1, towers, units]
+        idx = tf.tile(
+            tf.range(k * u, (k + 1) * u, dtype=tf.int32)[None, None], [1, self.num_towers, 1]
+        )  # [K=1, towers, units]
         return self._finish(self._functions[key](idx))
 
     # name -> (step, learn_loaded, result check, all towers on the variable device)
-    variants = {"full": (original_step, original_learn_loaded, original_kept, False),
-                "no_result_check": (original_step, original_learn_loaded, kept_unchecked, False),
-                "no_cond": (step_no_cond, original_learn_loaded, original_kept, False),
-                "minimal": (step_unchecked, original_learn_loaded, kept_unchecked, False),
-                "one_device": (original_step, original_learn_loaded, original_kept, True),
-                "captured": (original_step, learn_loaded_captured, original_kept, False)}
+    variants = {
+        "full": (original_step, original_learn_loaded, original_kept, False),
+        "no_result_check": (original_step, original_learn_loaded, kept_unchecked, False),
+        "no_cond": (step_no_cond, original_learn_loaded, original_kept, False),
+        "minimal": (step_unchecked, original_learn_loaded, kept_unchecked, False),
+        "one_device": (original_step, original_learn_loaded, original_kept, True),
+        "captured": (original_step, learn_loaded_captured, original_kept, False),
+    }
     steps = epochs * (rows // minibatch)
     for name in spec.get("variants") or list(variants):
-        (towers_mod.TowerStack._step, towers_mod.TowerStack.learn_loaded,
-         towers_mod.TowerStack._kept_if_finite, one_device) = variants[name]
+        (
+            towers_mod.TowerStack._step,
+            towers_mod.TowerStack.learn_loaded,
+            towers_mod.TowerStack._kept_if_finite,
+            one_device,
+        ) = variants[name]
         learner = TowersLearner(columns, n, minibatch, ppo_shaped)
         if one_device:
             one = learner.stack.tower_devices
             learner.stack.tower_devices = TowerDevices((one.variable_device,) * n, one.kind)
-        walls, cpus = stats.timed_with_cpu(lambda learner=learner: learner.run(epochs),
-                                           spec["repeats"])
+        walls, cpus = stats.timed_with_cpu(
+            lambda learner=learner: learner.run(epochs), spec["repeats"]
+        )
         fused, fused_cpu = stats.median(walls), stats.median(cpus)
         learner.load()  # once, untimed: "captured" compiles one function per loaded buffer
+
         def unfused(learner=learner):
             return learner.run_minibatches(epochs, load=False)
+
         walls, cpus = stats.timed_with_cpu(unfused, spec["repeats"])
         per_call, per_call_cpu = stats.median(walls), stats.median(cpus)
-        yield {"bench": NAME, "kind": "breakdown", "variant": name, "replicas": n,
-               "threads": spec["threads"], "threads_actual": harness.tf_threads(),
-               "round": spec["round"],
-               "fused_samples_per_s": epochs * rows / fused,
-               "minibatch_samples_per_s": epochs * rows / per_call,
-               "fused_ms_per_step": 1e3 * fused / steps,
-               "minibatch_ms_per_step": 1e3 * per_call / steps,
-               "fused_cpu_ms_per_step": 1e3 * fused_cpu / steps,
-               "minibatch_cpu_ms_per_step": 1e3 * per_call_cpu / steps}
+        yield {
+            "bench": NAME,
+            "kind": "breakdown",
+            "variant": name,
+            "replicas": n,
+            "threads": spec["threads"],
+            "threads_actual": harness.tf_threads(),
+            "round": spec["round"],
+            "fused_samples_per_s": epochs * rows / fused,
+            "minibatch_samples_per_s": epochs * rows / per_call,
+            "fused_ms_per_step": 1e3 * fused / steps,
+            "minibatch_ms_per_step": 1e3 * per_call / steps,
+            "fused_cpu_ms_per_step": 1e3 * fused_cpu / steps,
+            "minibatch_cpu_ms_per_step": 1e3 * per_call_cpu / steps,
+        }
 
 
 # ----- parent -----------------------------------------------------------------------------------
 
+
 def configurations(args) -> list[dict]:
-    size = ({"epochs": 2, "minibatches": 4, "repeats": 1} if args.smoke else
-            {"epochs": args.epochs, "minibatches": args.minibatches, "repeats": args.repeats})
+    size = (
+        {"epochs": 2, "minibatches": 4, "repeats": 1}
+        if args.smoke
+        else {"epochs": args.epochs, "minibatches": args.minibatches, "repeats": args.repeats}
+    )
     replicas = [int(x) for x in (args.replicas or ("2" if args.smoke else "1,2,4")).split(",")]
     threads = harness.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
     engines = (args.engines or "bare,mirrored,towers").split(",")
     configs = []
     for t in threads:
         for engine in engines:
-            for n in ([1] if engine == "bare" else replicas):
-                configs.append(dict(size, engine=engine, replicas=n, threads=t,
-                                    devices=1 if args.real_gpus else n,
-                                    real_gpus=args.real_gpus, minibatch=args.minibatch))
+            for n in [1] if engine == "bare" else replicas:
+                configs.append(
+                    dict(
+                        size,
+                        engine=engine,
+                        replicas=n,
+                        threads=t,
+                        devices=1 if args.real_gpus else n,
+                        real_gpus=args.real_gpus,
+                        minibatch=args.minibatch,
+                    )
+                )
     return configs
 
 
@@ -303,11 +367,11 @@ def summarize(records: list[dict]) -> list[dict]:
     summary = stats.summarize(measured, KEYS, VALUE)
     cpu = stats.summarize(measured, KEYS, "samples_per_cpu_s")
     for row in summary:
-        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s",
-                                               **{k: row[k] for k in KEYS})
+        row["samples_per_cpu_s"] = stats.find(cpu, "samples_per_cpu_s", **{k: row[k] for k in KEYS})
         bare = stats.find(summary, VALUE, engine="bare", threads=row["threads"])
-        own_one = stats.find(summary, VALUE, engine=row["engine"], replicas=1,
-                              threads=row["threads"])
+        own_one = stats.find(
+            summary, VALUE, engine=row["engine"], replicas=1, threads=row["threads"]
+        )
         row["vs_bare_same_threads"] = stats.ratio(row[VALUE], bare)
         row["vs_own_1_replica"] = stats.ratio(row[VALUE], own_one)
     return summary
@@ -318,19 +382,28 @@ def plot(summary: list[dict], out_dir: str) -> list[str]:
     threads = sorted({tuple(r["threads"]) for r in summary if r["threads"]})
     groups = [f"{t[0]}/{t[1]}" for t in threads]
     paths = []
-    for value, suffix, label in ((VALUE, "", "samples/s (wall)"),
-                                 ("samples_per_cpu_s", "_cpu", "samples per CPU-second")):
+    for value, suffix, label in (
+        (VALUE, "", "samples/s (wall)"),
+        ("samples_per_cpu_s", "_cpu", "samples per CPU-second"),
+    ):
         series = {}
         for engine, ns in (("bare", [1]), ("mirrored", [1, 2, 4]), ("towers", [1, 2, 4])):
             for n in ns:
-                values = [stats.find(summary, value, engine=engine, replicas=n, threads=list(t))
-                          for t in threads]
+                values = [
+                    stats.find(summary, value, engine=engine, replicas=n, threads=list(t))
+                    for t in threads
+                ]
                 if any(v is not None for v in values):
                     series[engine if engine == "bare" else f"{engine} x{n}"] = values
-        paths.append(plots.bar_chart(
-            f"{out_dir}/{NAME}{suffix}.png",
-            f"Fused PPO loop (10 epochs x 31 x 128): {label}, by intra/inter-op threads",
-            label, groups, series))
+        paths.append(
+            plots.bar_chart(
+                f"{out_dir}/{NAME}{suffix}.png",
+                f"Fused PPO loop (10 epochs x 31 x 128): {label}, by intra/inter-op threads",
+                label,
+                groups,
+                series,
+            )
+        )
     return [p for p in paths if p]
 
 
@@ -344,8 +417,9 @@ def main(argv=None):
     parser.add_argument("--minibatch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--real-gpus", action="store_true", help="replicas on real GPUs")
-    parser.add_argument("--breakdown", action="store_true",
-                        help="time TowerStack with parts switched off instead")
+    parser.add_argument(
+        "--breakdown", action="store_true", help="time TowerStack with parts switched off instead"
+    )
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
@@ -359,8 +433,10 @@ def main(argv=None):
     if args.breakdown:
         summary = []
         for value in ("fused_samples_per_s", "minibatch_samples_per_s"):
-            summary += [dict(row, metric=value) for row in stats.summarize(
-                records, ("variant", "replicas", "threads"), value)]
+            summary += [
+                dict(row, metric=value)
+                for row in stats.summarize(records, ("variant", "replicas", "threads"), value)
+            ]
         meta["plots"] = []
     else:
         summary = summarize(records)
@@ -370,8 +446,9 @@ def main(argv=None):
     for row in summary:
         harness.emit(dict(row, bench=name, summary=True))
     if not args.breakdown:
-        harness.emit({"bench": NAME, "summary": True,
-                     "recommended_threads": meta["recommended_threads"]})
+        harness.emit(
+            {"bench": NAME, "summary": True, "recommended_threads": meta["recommended_threads"]}
+        )
     print(f"# wrote {path}", file=sys.stderr)
 
 

@@ -10,14 +10,26 @@ RLlib's n-step targets bootstrap with gamma^n where ours use gamma^k.
 Each setting and where the meanings differ: BENCHMARKS.md, "DQN beside RLlib's
 old-stack TF DQN".
 """
+
 from __future__ import annotations
 
 import time
 
 # Our DQNConfig keys RLlib's DQNConfig.training() takes under the same name and meaning.
-SAME_TRAINING_KEYS = ("lr", "gamma", "adam_epsilon", "grad_clip", "train_batch_size",
-                      "n_step", "double_q", "dueling", "hiddens", "tau",
-                      "training_intensity", "num_steps_sampled_before_learning_starts")
+SAME_TRAINING_KEYS = (
+    "lr",
+    "gamma",
+    "adam_epsilon",
+    "grad_clip",
+    "train_batch_size",
+    "n_step",
+    "double_q",
+    "dueling",
+    "hiddens",
+    "tau",
+    "training_intensity",
+    "num_steps_sampled_before_learning_starts",
+)
 RLLIB_MIN_SAMPLE_TIMESTEPS = 1000  # RLlib's DQN default, used when our config has no such key
 
 
@@ -29,7 +41,8 @@ def round_robin_weights(ours: dict, fragment: int) -> tuple[int, int]:
     if not intensity:
         return 1, 1
     native = ours["train_batch_size"] / (
-        fragment * ours["num_envs_per_env_runner"] * max(ours["num_env_runners"] + 1, 1))
+        fragment * ours["num_envs_per_env_runner"] * max(ours["num_env_runners"] + 1, 1)
+    )
     weight = intensity / native
     return (int(round(1 / weight)), 1) if weight < 1 else (1, int(round(weight)))
 
@@ -38,46 +51,73 @@ def rllib_settings(ours: dict, fragment: int) -> dict:
     """Our resolved DQNConfig (its to_dict()) and sampling fragment -> RLlib's DQN
     settings as JSON: {"training", "env_runners", "reporting", "notes"} (the seed is
     the run's, given to build_dqn)."""
-    missing = [k for k in SAME_TRAINING_KEYS + ("target_network_update_freq",
-                                                "replay_buffer_capacity", "prioritized_replay",
-                                                "exploration_config", "model")
-               if k not in ours]
+    missing = [
+        k
+        for k in SAME_TRAINING_KEYS
+        + (
+            "target_network_update_freq",
+            "replay_buffer_capacity",
+            "prioritized_replay",
+            "exploration_config",
+            "model",
+        )
+        if k not in ours
+    ]
     if missing:
         raise KeyError(f"DQN config keys {missing} missing; have {sorted(ours)}")
     sample_rounds, sgd_steps = round_robin_weights(ours, fragment)
     steps_per_round = fragment * ours["num_envs_per_env_runner"] * max(1, ours["num_env_runners"])
     env_steps_per_sgd_step = sample_rounds * steps_per_round / sgd_steps
     training = {key: ours[key] for key in SAME_TRAINING_KEYS}
-    training["target_network_update_freq"] = int(round(
-        ours["target_network_update_freq"] * env_steps_per_sgd_step))
-    buffer = {"type": ("MultiAgentPrioritizedReplayBuffer" if ours["prioritized_replay"]
-                       else "MultiAgentReplayBuffer"),
-              "capacity": ours["replay_buffer_capacity"]}
+    training["target_network_update_freq"] = int(
+        round(ours["target_network_update_freq"] * env_steps_per_sgd_step)
+    )
+    buffer = {
+        "type": (
+            "MultiAgentPrioritizedReplayBuffer"
+            if ours["prioritized_replay"]
+            else "MultiAgentReplayBuffer"
+        ),
+        "capacity": ours["replay_buffer_capacity"],
+    }
     if ours["prioritized_replay"]:
-        buffer.update({key: ours[key] for key in ("prioritized_replay_alpha",
-                                                  "prioritized_replay_beta",
-                                                  "prioritized_replay_eps")})
+        buffer.update(
+            {
+                key: ours[key]
+                for key in (
+                    "prioritized_replay_alpha",
+                    "prioritized_replay_beta",
+                    "prioritized_replay_eps",
+                )
+            }
+        )
     training["replay_buffer_config"] = buffer
     training["model"] = {key: ours["model"][key] for key in ("fcnet_hiddens", "fcnet_activation")}
     return {
         "training": training,
-        "env_runners": {"num_env_runners": ours["num_env_runners"],
-                        "num_envs_per_env_runner": ours["num_envs_per_env_runner"],
-                        "rollout_fragment_length": fragment, "explore": True,
-                        "exploration_config": dict(ours["exploration_config"])},
-        "reporting": {"metrics_num_episodes_for_smoothing":
-                      ours["metrics_num_episodes_for_smoothing"],
-                      "min_sample_timesteps_per_iteration":
-                      ours.get("min_sample_timesteps_per_iteration",
-                               RLLIB_MIN_SAMPLE_TIMESTEPS)},
-        "notes": {"round_robin_weights": [sample_rounds, sgd_steps],
-                  "env_steps_per_sgd_step": env_steps_per_sgd_step,
-                  "ours_target_network_update_freq_sgd_steps":
-                  ours["target_network_update_freq"]},
+        "env_runners": {
+            "num_env_runners": ours["num_env_runners"],
+            "num_envs_per_env_runner": ours["num_envs_per_env_runner"],
+            "rollout_fragment_length": fragment,
+            "explore": True,
+            "exploration_config": dict(ours["exploration_config"]),
+        },
+        "reporting": {
+            "metrics_num_episodes_for_smoothing": ours["metrics_num_episodes_for_smoothing"],
+            "min_sample_timesteps_per_iteration": ours.get(
+                "min_sample_timesteps_per_iteration", RLLIB_MIN_SAMPLE_TIMESTEPS
+            ),
+        },
+        "notes": {
+            "round_robin_weights": [sample_rounds, sgd_steps],
+            "env_steps_per_sgd_step": env_steps_per_sgd_step,
+            "ours_target_network_update_freq_sgd_steps": ours["target_network_update_freq"],
+        },
     }
 
 
 # ----- in RLlib's venv ------------------------------------------------------------------------
+
 
 def patch_replay_buffer_creation() -> None:
     """Let RLlib 2.60's old-stack DQN build. Its config.validate() turns
@@ -105,33 +145,39 @@ def patch_replay_buffer_creation() -> None:
 def build_dqn(settings: dict, seed):
     """RLlib's old-API-stack, static-graph TF DQN on CartPole-v1 from rllib_settings()."""
     from ray.rllib.algorithms.dqn import DQNConfig
+
     patch_replay_buffer_creation()
-    config = (DQNConfig()
-              .api_stack(enable_rl_module_and_learner=False,
-                         enable_env_runner_and_connector_v2=False)
-              .framework("tf")
-              .environment("CartPole-v1")
-              .env_runners(**settings["env_runners"])
-              .training(**settings["training"])
-              .reporting(**settings["reporting"])
-              .debugging(seed=seed))
+    config = (
+        DQNConfig()
+        .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+        .framework("tf")
+        .environment("CartPole-v1")
+        .env_runners(**settings["env_runners"])
+        .training(**settings["training"])
+        .reporting(**settings["reporting"])
+        .debugging(seed=seed)
+    )
     return config.build_algo()
 
 
-def run_to_target(settings: dict, seed, target: float, max_env_steps: int,
-                  max_seconds: float) -> dict:
+def run_to_target(
+    settings: dict, seed, target: float, max_env_steps: int, max_seconds: float
+) -> dict:
     """RLlib's DQN trained by dqn_e2e.train_to_target (the rule our side stops by)
     -> the outcome, with wall_s from the start of the build to the last train()
     (Ray is started and stopped by the caller, outside it)."""
     from benchmarks.dqn_e2e import train_to_target
+
     start = time.perf_counter()
     algo = build_dqn(settings, seed)
     built = time.perf_counter()
 
     def train():
         result = algo.train()
-        return (result.get("num_env_steps_sampled_lifetime") or 0,
-                result.get("env_runners", {}).get("episode_return_mean"))
+        return (
+            result.get("num_env_steps_sampled_lifetime") or 0,
+            result.get("env_runners", {}).get("episode_return_mean"),
+        )
 
     try:
         outcome = train_to_target(train, target, max_env_steps, max_seconds, start)

@@ -1,5 +1,6 @@
 """The separate virtualenv with RLlib, for the side-by-side comparisons: RLlib's
 pins never enter the project's own environment."""
+
 from __future__ import annotations
 
 import subprocess
@@ -25,10 +26,12 @@ def ensure_rllib_venv(path: Path = RLLIB_VENV) -> str:
         return str(python)
     ours = versions()
     tf_version = ours.get("tensorflow")
-    pins = [f"ray[rllib]=={ours['ray']}" if ours.get("ray") else "ray[rllib]",
-            f"tensorflow=={tf_version}" if tf_version else "tensorflow",
-            # tf_keras releases follow TF's minor versions
-            f"tf_keras~={'.'.join(tf_version.split('.')[:2])}.0" if tf_version else "tf_keras"]
+    pins = [
+        f"ray[rllib]=={ours['ray']}" if ours.get("ray") else "ray[rllib]",
+        f"tensorflow=={tf_version}" if tf_version else "tensorflow",
+        # tf_keras releases follow TF's minor versions
+        f"tf_keras~={'.'.join(tf_version.split('.')[:2])}.0" if tf_version else "tf_keras",
+    ]
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
@@ -39,6 +42,10 @@ def ensure_rllib_venv(path: Path = RLLIB_VENV) -> str:
 
 
 def _rllib_importable(python: str) -> bool:
-    proc = subprocess.run([python, "-c", "import ray.rllib, tf_keras"], capture_output=True,
-                          env=child_env(RLLIB_ENV), timeout=300)
+    proc = subprocess.run(
+        [python, "-c", "import ray.rllib, tf_keras"],
+        capture_output=True,
+        env=child_env(RLLIB_ENV),
+        timeout=300,
+    )
     return proc.returncode == 0

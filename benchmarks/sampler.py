@@ -11,6 +11,7 @@ observations to a PolicyActor (central inference, batching as EnvRunnerGroup siz
 
 Exactly what is timed: BENCHMARKS.md, "What each script measures".
 """
+
 from __future__ import annotations
 
 import time
@@ -26,6 +27,7 @@ def measure(spec: dict):
     from algorithms.ppo import PPOPolicy as policy_cls
     from benchmarks import ppo_shaped
     from policy_service.distributed.rollout_worker import RolloutWorker
+
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     remote = spec["inference"] == "remote"
     if remote:
@@ -33,6 +35,7 @@ def measure(spec: dict):
         import ray
 
         from policy_service.distributed.policy_actor import PolicyActor
+
         ray.init(**harness.RAY_INIT)
         env = gym.make("CartPole-v1")
         obs_space, act_space = env.observation_space, env.action_space
@@ -42,15 +45,30 @@ def measure(spec: dict):
             actor = None
             if remote:
                 # as EnvRunnerGroup sizes it: one row per sub-env of all (here: one) workers
-                actor = PolicyActor.remote(policy_cls, obs_space, act_space, config,
-                                           max_batch_size=num_envs, batch_wait_timeout_s=0.002)
+                actor = PolicyActor.remote(
+                    policy_cls,
+                    obs_space,
+                    act_space,
+                    config,
+                    max_batch_size=num_envs,
+                    batch_wait_timeout_s=0.002,
+                )
                 ray.get(actor.stats.remote())
-            worker = RolloutWorker("CartPole-v1", policy_cls, config, num_envs=num_envs,
-                                   rollout_fragment_length=spec["fragment"], seed=0,
-                                   policy_actor=actor)
+            worker = RolloutWorker(
+                "CartPole-v1",
+                policy_cls,
+                config,
+                num_envs=num_envs,
+                rollout_fragment_length=spec["fragment"],
+                seed=0,
+                policy_actor=actor,
+            )
             worker.sample()  # warm-up: traces the action function, resets the envs
-            steps, seconds, timers = 0, 0.0, {"inference_time_s": 0.0, "env_time_s": 0.0,
-                                              "postprocess_time_s": 0.0}
+            steps, seconds, timers = (
+                0,
+                0.0,
+                {"inference_time_s": 0.0, "env_time_s": 0.0, "postprocess_time_s": 0.0},
+            )
             end = time.perf_counter() + spec["duration"]
             while time.perf_counter() < end:
                 start = time.perf_counter()
@@ -62,12 +80,19 @@ def measure(spec: dict):
             worker.stop()
             if actor is not None:
                 ray.kill(actor)
-            yield {"bench": NAME, "inference": spec["inference"], "num_envs": num_envs,
-                   "round": spec["round"], "policy_class": policy_cls.__name__,
-                   "fragment": spec["fragment"], "env_steps": steps, "seconds": seconds,
-                   VALUE: steps / seconds,
-                   **{k.replace("_time_s", "_share"): v / seconds for k, v in timers.items()},
-                   "threads_actual": harness.tf_threads()}
+            yield {
+                "bench": NAME,
+                "inference": spec["inference"],
+                "num_envs": num_envs,
+                "round": spec["round"],
+                "policy_class": policy_cls.__name__,
+                "fragment": spec["fragment"],
+                "env_steps": steps,
+                "seconds": seconds,
+                VALUE: steps / seconds,
+                **{k.replace("_time_s", "_share"): v / seconds for k, v in timers.items()},
+                "threads_actual": harness.tf_threads(),
+            }
     finally:
         if remote:
             ray.shutdown()
@@ -75,19 +100,30 @@ def measure(spec: dict):
 
 def configurations(args) -> list[dict]:
     num_envs = [int(n) for n in (args.num_envs or ("1,8" if args.smoke else "1,8,32")).split(",")]
-    size = dict(num_envs_list=num_envs, fragment=50 if args.smoke else args.fragment,
-                duration=1.0 if args.smoke else args.duration, devices=1)
+    size = dict(
+        num_envs_list=num_envs,
+        fragment=50 if args.smoke else args.fragment,
+        duration=1.0 if args.smoke else args.duration,
+        devices=1,
+    )
     return [dict(size, inference=kind) for kind in args.inference.split(",")]
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
     counts = sorted({r["num_envs"] for r in summary})
-    series = {f"{kind} inference": [stats.find(summary, VALUE, inference=kind, num_envs=n)
-                                    for n in counts]
-              for kind in sorted({r["inference"] for r in summary})}
-    return plots.bar_chart(f"{out_dir}/{NAME}.png",
-                            "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
-                            "env steps/s", [f"{n} envs" for n in counts], series)
+    series = {
+        f"{kind} inference": [
+            stats.find(summary, VALUE, inference=kind, num_envs=n) for n in counts
+        ]
+        for kind in sorted({r["inference"] for r in summary})
+    }
+    return plots.bar_chart(
+        f"{out_dir}/{NAME}.png",
+        "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
+        "env steps/s",
+        [f"{n} envs" for n in counts],
+        series,
+    )
 
 
 def main(argv=None):
@@ -97,9 +133,16 @@ def main(argv=None):
     parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
     parser.add_argument("--duration", type=float, default=5.0)
     args = parser.parse_args(argv)
-    harness.run_benchmark(args, NAME, measure, "benchmarks.sampler", configurations(args),
-                          summarize=lambda records: stats.summarize(records, KEYS, VALUE),
-                          plot=plot, workload="CartPole-v1, PPO MLP 256x256 policy")
+    harness.run_benchmark(
+        args,
+        NAME,
+        measure,
+        "benchmarks.sampler",
+        configurations(args),
+        summarize=lambda records: stats.summarize(records, KEYS, VALUE),
+        plot=plot,
+        workload="CartPole-v1, PPO MLP 256x256 policy",
+    )
 
 
 if __name__ == "__main__":

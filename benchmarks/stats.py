@@ -1,4 +1,5 @@
 """Medians, percentiles and timing loops for the benchmark records."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int = 1) -> list[float
     return times
 
 
-def timed_with_cpu(fn: Callable[[], object], repeats: int, warmup: int = 1
-                   ) -> tuple[list[float], list[float]]:
+def timed_with_cpu(
+    fn: Callable[[], object], repeats: int, warmup: int = 1
+) -> tuple[list[float], list[float]]:
     """(wall seconds, process CPU seconds) of `repeats` calls after `warmup`.
 
     CPU seconds count the work of every thread of this process, so they stay
@@ -65,8 +67,14 @@ def summarize(records: list[dict], keys: tuple, value: str) -> list[dict]:
     for group in groups.values():
         values = [r[value] for r in group]
         row = {k: group[0].get(k) for k in keys}
-        row.update({value: median(values), f"{value}_min": min(values),
-                    f"{value}_max": max(values), "rounds": len(values)})
+        row.update(
+            {
+                value: median(values),
+                f"{value}_min": min(values),
+                f"{value}_max": max(values),
+                "rounds": len(values),
+            }
+        )
         summary.append(row)
     return summary
 

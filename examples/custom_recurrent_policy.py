@@ -49,6 +49,7 @@ class attributes on `Algorithm`.
 
     python examples/custom_recurrent_policy.py          # a few iterations
 """
+
 from __future__ import annotations
 
 import argparse
@@ -99,8 +100,9 @@ class MemoryLSTM(keras.Model):
         super().__init__(name="memory_lstm")
         self.cell_size = int(model_config["custom_model_config"].get("cell_size", 32))
         self.encoder = keras.layers.Dense(32, activation="tanh", name="encoder")
-        self.lstm = keras.layers.LSTM(self.cell_size, return_sequences=True,
-                                      return_state=True, name="lstm")
+        self.lstm = keras.layers.LSTM(
+            self.cell_size, return_sequences=True, return_state=True, name="lstm"
+        )
         self.logits = keras.layers.Dense(num_outputs, name="logits")
         self.value = keras.layers.Dense(1, name="value")
 
@@ -111,13 +113,17 @@ class MemoryLSTM(keras.Model):
         max_len = tf.shape(features)[0] // num_seqs  # RLlib's add_time_dimension
         sequences = tf.reshape(features, [num_seqs, max_len, features.shape[-1]])
         outputs, h, c = self.lstm(
-            sequences, mask=tf.sequence_mask(seq_lens, max_len),
+            sequences,
+            mask=tf.sequence_mask(seq_lens, max_len),
             initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]],
-            training=training)
+            training=training,
+        )
         outputs = tf.reshape(outputs, [-1, self.cell_size])
-        return {"action_dist_inputs": self.logits(outputs),
-                "vf_preds": tf.squeeze(self.value(outputs), -1),  # value_function()
-                "state_out": [h, c]}
+        return {
+            "action_dist_inputs": self.logits(outputs),
+            "vf_preds": tf.squeeze(self.value(outputs), -1),  # value_function()
+            "state_out": [h, c],
+        }
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
@@ -133,8 +139,7 @@ class RecurrentA2CConfig(AlgorithmConfig):
     lr: float = setting(1e-3, doc="Adam learning rate.")
     lambda_: float = setting(0.95, doc="GAE lambda.", check=finite(ge=0, le=1))
     vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
-    entropy_coeff: float = setting(0.01, doc="Weight of the entropy bonus.",
-                                   check=finite(ge=0))
+    entropy_coeff: float = setting(0.01, doc="Weight of the entropy bonus.", check=finite(ge=0))
     train_batch_size: int = setting(1000, doc="Env steps per training iteration.")
 
 
@@ -143,8 +148,11 @@ class RecurrentA2CPolicy(TFPolicy):
 
     config_class = RecurrentA2CConfig
     # RLlib's view requirements for the loss, checked before any tensor work
-    loss_columns = {SampleBatch.ADVANTAGES: LossColumn(), SampleBatch.VALUE_TARGETS: LossColumn(),
-                    SampleBatch.ACTIONS: LossColumn("number", None)}
+    loss_columns = {
+        SampleBatch.ADVANTAGES: LossColumn(),
+        SampleBatch.VALUE_TARGETS: LossColumn(),
+        SampleBatch.ACTIONS: LossColumn("number", None),
+    }
 
     def loss(self, model, dist_class, train_batch):
         """RLlib's boolean_mask over seq_lens becomes masked_mean over "loss_mask"."""
@@ -153,11 +161,11 @@ class RecurrentA2CPolicy(TFPolicy):
         dist = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
         logp = dist.logp(train_batch[SampleBatch.ACTIONS])
         self._pg_loss = masked_mean(-logp * train_batch[SampleBatch.ADVANTAGES], mask)
-        self._vf_loss = masked_mean(tf.square(
-            out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask)
+        self._vf_loss = masked_mean(
+            tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask
+        )
         self._entropy = masked_mean(dist.entropy(), mask)
-        return (self._pg_loss + cfg.vf_loss_coeff * self._vf_loss
-                - cfg.entropy_coeff * self._entropy)
+        return self._pg_loss + cfg.vf_loss_coeff * self._vf_loss - cfg.entropy_coeff * self._entropy
 
     def stats(self, train_batch):
         """RLlib's stats_fn: scalars of the last loss call."""
@@ -168,12 +176,16 @@ class RecurrentA2CPolicy(TFPolicy):
         last row's LSTM state, unless the episode terminated."""
         last_r = 0.0
         if not bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1]):
-            states = [np.asarray(batch[f"state_out_{i}"])[-1:]
-                      for i in range(self.num_state_tensors())]
+            states = [
+                np.asarray(batch[f"state_out_{i}"])[-1:] for i in range(self.num_state_tensors())
+            ]
             _, _, extra = self.compute_actions(
-                np.asarray(batch[SampleBatch.NEXT_OBS])[-1:], states,
+                np.asarray(batch[SampleBatch.NEXT_OBS])[-1:],
+                states,
                 np.asarray(batch[SampleBatch.ACTIONS])[-1:],
-                np.asarray(batch[SampleBatch.REWARDS])[-1:], explore=False)
+                np.asarray(batch[SampleBatch.REWARDS])[-1:],
+                explore=False,
+            )
             last_r = float(extra[SampleBatch.VF_PREDS][0])
         return compute_advantages(batch, last_r, self.config.gamma, self.config.lambda_)
 
@@ -193,10 +205,17 @@ class RecurrentA2C(Algorithm):
 
 
 def make_config(seed: int = 0, **changes) -> dict:
-    return {"env": "StatelessCartPole", "seed": seed, "num_envs_per_env_runner": 4,
-            "model": {"custom_model": "memory_lstm", "max_seq_len": 20,
-                      "custom_model_config": {"cell_size": 32}},
-            **changes}
+    return {
+        "env": "StatelessCartPole",
+        "seed": seed,
+        "num_envs_per_env_runner": 4,
+        "model": {
+            "custom_model": "memory_lstm",
+            "max_seq_len": 20,
+            "custom_model_config": {"cell_size": 32},
+        },
+        **changes,
+    }
 
 
 def main(argv=None) -> list[dict]:
@@ -206,8 +225,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--train-batch-size", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    register_env("StatelessCartPole",
-                 lambda env_config: StatelessCartPole(gym.make("CartPole-v1")))
+    register_env("StatelessCartPole", lambda env_config: StatelessCartPole(gym.make("CartPole-v1")))
     register_custom_model("memory_lstm", MemoryLSTM)
     algo = RecurrentA2C(make_config(args.seed, train_batch_size=args.train_batch_size))
     history = []
@@ -215,9 +233,11 @@ def main(argv=None) -> list[dict]:
         for _ in range(args.iterations):
             metrics = algo.train()
             history.append(metrics)
-            print(f"iteration {metrics['iteration']}: {metrics['timesteps_total']} steps, "
-                  f"return {metrics['episode_return_mean']:.1f}, "
-                  f"pg_loss {metrics['pg_loss']:.3f}, vf_loss {metrics['vf_loss']:.3f}")
+            print(
+                f"iteration {metrics['iteration']}: {metrics['timesteps_total']} steps, "
+                f"return {metrics['episode_return_mean']:.1f}, "
+                f"pg_loss {metrics['pg_loss']:.3f}, vf_loss {metrics['vf_loss']:.3f}"
+            )
     finally:
         algo.stop()
     return history

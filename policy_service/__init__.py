@@ -3,6 +3,7 @@
 Names load on first use, so a process that only holds a PolicyActor handle
 or a SampleBatch does not pay for importing TensorFlow.
 """
+
 import importlib
 
 _EXPORTS = {

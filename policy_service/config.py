@@ -13,6 +13,7 @@ directly: unknown keys, then each field's type, then its range. Every error
 is one line naming the key, what it must be and what it was, e.g.
 "config.lr must be a finite number > 0, got nan".
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +46,13 @@ class ConfigTypeError(ConfigError, TypeError):
     """A config value of the wrong type."""
 
 
-def setting(default: Any = dataclasses.MISSING, *, doc: str, check: Check | None = None,
-            factory: Callable[[], Any] | None = None) -> Any:
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str,
+    check: Check | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A config dataclass field with its doc and its rule in the field metadata.
 
     `factory` makes a fresh default per instance (for lists and dicts).
@@ -63,14 +69,22 @@ def _is_count(value: Any) -> bool:
 
 def _is_conv_filter(entry: Any) -> bool:
     """[out_channels, kernel, stride]; kernel and stride an int or [h, w]."""
+
     def size(x):
         return _is_count(x) or (isinstance(x, list) and len(x) == 2 and all(map(_is_count, x)))
-    return (isinstance(entry, list) and len(entry) == 3 and _is_count(entry[0])
-            and size(entry[1]) and size(entry[2]))
+
+    return (
+        isinstance(entry, list)
+        and len(entry) == 3
+        and _is_count(entry[0])
+        and size(entry[1])
+        and size(entry[2])
+    )
 
 
 def _is_keras_activation(name: str) -> bool:
     import keras  # only when a config is checked: every user of one builds a Keras model
+
     try:
         keras.activations.get(name)
     except ValueError:
@@ -80,17 +94,23 @@ def _is_keras_activation(name: str) -> bool:
 
 def _exploration_config_error(exploration_config: dict) -> str | None:
     from policy_service.exploration import exploration_config_error
+
     return exploration_config_error(exploration_config)
 
 
-GPU_COUNT = Rule("a finite number >= 0, and a whole number when above 1",
-                 lambda v: math.isfinite(v) and v >= 0 and (v <= 1 or v == int(v)))
+GPU_COUNT = Rule(
+    "a finite number >= 0, and a whole number when above 1",
+    lambda v: math.isfinite(v) and v >= 0 and (v <= 1 or v == int(v)),
+)
 LAYER_SIZES = Rule("a list of integers >= 1", lambda v: all(map(_is_count, v)))
-CONV_FILTERS = Rule("a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
-                    "(kernel and stride: an int or [h, w])",
-                    lambda v: len(v) > 0 and all(map(_is_conv_filter, v)))
-KERAS_ACTIVATION = Rule("the name of a Keras activation (e.g. 'tanh', 'relu', 'linear')",
-                        _is_keras_activation)
+CONV_FILTERS = Rule(
+    "a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
+    "(kernel and stride: an int or [h, w])",
+    lambda v: len(v) > 0 and all(map(_is_conv_filter, v)),
+)
+KERAS_ACTIVATION = Rule(
+    "the name of a Keras activation (e.g. 'tanh', 'relu', 'linear')", _is_keras_activation
+)
 SEED = integer(ge=0, le=2**32 - 1)  # numpy's seed range
 
 
@@ -119,8 +139,9 @@ class Config:
         """A rule across fields: `key`'s value must not exceed `limit_key`'s."""
         value, limit = getattr(self, key), getattr(self, limit_key)
         if value > limit:
-            raise ConfigError(f"{self.key_prefix}.{key} must be <= {limit_key} ({limit})"
-                              f"{why}, got {value}")
+            raise ConfigError(
+                f"{self.key_prefix}.{key} must be <= {limit_key} ({limit}){why}, got {value}"
+            )
 
 
 @dataclass
@@ -129,25 +150,32 @@ class ModelConfig(Config):
 
     key_prefix: ClassVar[str] = "config.model"
 
-    fcnet_hiddens: list = setting(doc="Hidden layer sizes of the dense stack.",
-                                  check=LAYER_SIZES, factory=lambda: [256, 256])
-    fcnet_activation: str = setting("tanh", doc="Activation of the hidden dense layers.",
-                                    check=KERAS_ACTIVATION)
+    fcnet_hiddens: list = setting(
+        doc="Hidden layer sizes of the dense stack.", check=LAYER_SIZES, factory=lambda: [256, 256]
+    )
+    fcnet_activation: str = setting(
+        "tanh", doc="Activation of the hidden dense layers.", check=KERAS_ACTIVATION
+    )
     vf_share_layers: bool = setting(
-        False, doc="Value head on the policy trunk instead of its own branch.")
+        False, doc="Value head on the policy trunk instead of its own branch."
+    )
     conv_filters: list | None = setting(
-        None, doc="[[out_channels, [kh, kw], stride], ...] for image observations; "
-        "None: sized to the image.", check=CONV_FILTERS)
-    conv_activation: str = setting("relu", doc="Activation of the conv layers.",
-                                   check=KERAS_ACTIVATION)
+        None,
+        doc="[[out_channels, [kh, kw], stride], ...] for image observations; "
+        "None: sized to the image.",
+        check=CONV_FILTERS,
+    )
+    conv_activation: str = setting(
+        "relu", doc="Activation of the conv layers.", check=KERAS_ACTIVATION
+    )
     use_lstm: bool = setting(False, doc="Wrap the trunk in an LSTM.")
     lstm_cell_size: int = setting(256, doc="LSTM units.", check=integer(ge=1))
-    max_seq_len: int = setting(20, doc="Longest training sequence for recurrent models.",
-                               check=integer(ge=1))
+    max_seq_len: int = setting(
+        20, doc="Longest training sequence for recurrent models.", check=integer(ge=1)
+    )
     lstm_use_prev_action: bool = setting(False, doc="Feed the previous action to the LSTM.")
     lstm_use_prev_reward: bool = setting(False, doc="Feed the previous reward to the LSTM.")
-    use_batch_norm: bool = setting(
-        False, doc="Batch normalization after each hidden dense layer.")
+    use_batch_norm: bool = setting(False, doc="Batch normalization after each hidden dense layer.")
     custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
 
@@ -157,63 +185,87 @@ class PolicyConfig(Config):
     """What every TFPolicy needs; algorithms subclass it to add their own keys."""
 
     num_gpus: float = setting(
-        0, doc="Towers: 0 -> one CPU tower, a fraction -> one tower sharing a GPU, N -> N.",
-        check=GPU_COUNT)
+        0,
+        doc="Towers: 0 -> one CPU tower, a fraction -> one tower sharing a GPU, N -> N.",
+        check=GPU_COUNT,
+    )
     _fake_gpus: bool = setting(False, doc="With no GPU, N towers on N logical CPU devices.")
     lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
     optimizer: str = setting("adam", doc="The optimizer.", check=one_of(*OPTIMIZERS))
     adam_epsilon: float = setting(1e-7, doc="Adam's epsilon.", check=finite(gt=0))
     grad_clip: float | None = setting(
-        None, doc="Gradient clip threshold; None turns clipping off.", check=finite(gt=0))
+        None, doc="Gradient clip threshold; None turns clipping off.", check=finite(gt=0)
+    )
     grad_clip_method: str = setting(
-        "global_norm", doc="Clip by global norm, by value, or by each tensor's norm.",
-        check=one_of(*GRAD_CLIP_METHODS))
-    l2_coeff: float = setting(0.0, doc="L2 regularization on the trainable weights.",
-                              check=finite(ge=0))
+        "global_norm",
+        doc="Clip by global norm, by value, or by each tensor's norm.",
+        check=one_of(*GRAD_CLIP_METHODS),
+    )
+    l2_coeff: float = setting(
+        0.0, doc="L2 regularization on the trainable weights.", check=finite(ge=0)
+    )
     gamma: float = setting(0.99, doc="Discount factor.", check=finite(ge=0, le=1))
-    seed: int | None = setting(None, doc="Seed for weights and action sampling.",
-                                  check=SEED)
-    explore: bool = setting(
-        True, doc="Sample (True) or act deterministically (False) by default.")
+    seed: int | None = setting(None, doc="Seed for weights and action sampling.", check=SEED)
+    explore: bool = setting(True, doc="Sample (True) or act deterministically (False) by default.")
     exploration_config: dict = setting(
         doc="How actions are chosen: {'type': ..., options}; see exploration.py.",
-        check=_exploration_config_error, factory=lambda: {"type": "StochasticSampling"})
-    minibatch_size: int = setting(128, doc="Rows per SGD step on a loaded buffer.",
-                                  check=integer(ge=1))
-    num_epochs: int = setting(1, doc="Passes over a loaded buffer per training step.",
-                              check=integer(ge=1))
+        check=_exploration_config_error,
+        factory=lambda: {"type": "StochasticSampling"},
+    )
+    minibatch_size: int = setting(
+        128, doc="Rows per SGD step on a loaded buffer.", check=integer(ge=1)
+    )
+    num_epochs: int = setting(
+        1, doc="Passes over a loaded buffer per training step.", check=integer(ge=1)
+    )
     model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
     batch_norm_sync: bool = setting(
-        True, doc="Batch norm in training normalizes every tower's rows with the moments "
+        True,
+        doc="Batch norm in training normalizes every tower's rows with the moments "
         "of the whole batch (all towers' and learners' valid rows: one device's step); "
         "False: each tower with its own shard's (RLlib's and DDP's), an approximation. "
-        "Moving statistics are combined over the whole batch either way.")
+        "Moving statistics are combined over the whole batch either way.",
+    )
     num_grad_accumulation_steps: int = setting(
-        1, doc="Minibatches of a loaded buffer whose gradients are summed before one "
+        1,
+        doc="Minibatches of a loaded buffer whose gradients are summed before one "
         "all-reduce and one optimizer step (= one step on them concatenated).",
-        check=integer(ge=1))
+        check=integer(ge=1),
+    )
     # The learner group's keys live here, not in the algorithm's config: a
     # policy_service.LearnerGroup reads them from the config of the policy it hosts.
     num_learners: int = setting(
-        0, doc="Learner actors training data-parallel; 0: the learner lives in the driver.",
-        check=integer(ge=0))
+        0,
+        doc="Learner actors training data-parallel; 0: the learner lives in the driver.",
+        check=integer(ge=0),
+    )
     num_gpus_per_learner: float = setting(
-        0, doc="Towers per learner actor, as num_gpus (with _fake_gpus: N logical CPU "
-        "devices in the actor, and no GPU asked of Ray).", check=GPU_COUNT)
-    num_cpus_per_learner: float = setting(1, doc="Ray CPUs reserved per learner actor.",
-                                          check=finite(ge=0))
+        0,
+        doc="Towers per learner actor, as num_gpus (with _fake_gpus: N logical CPU "
+        "devices in the actor, and no GPU asked of Ray).",
+        check=GPU_COUNT,
+    )
+    num_cpus_per_learner: float = setting(
+        1, doc="Ray CPUs reserved per learner actor.", check=finite(ge=0)
+    )
     learner_placement_strategy: str = setting(
-        "PACK", doc="How the learners' placement group spreads over nodes.",
-        check=one_of(*PLACEMENT_STRATEGIES))
+        "PACK",
+        doc="How the learners' placement group spreads over nodes.",
+        check=one_of(*PLACEMENT_STRATEGIES),
+    )
     learner_update_timeout_s: float = setting(
-        1800.0, doc="Longest wait for one call to the learner actors (e.g. an update's "
+        1800.0,
+        doc="Longest wait for one call to the learner actors (e.g. an update's "
         "epochs); past it the group counts as hung and is replaced like a dead learner.",
-        check=finite(gt=0))
+        check=finite(gt=0),
+    )
     # Read by the EnvRunnerGroup, which starts the inference actor from this config.
     num_gpus_per_policy_actor: float = setting(
-        0, doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "
+        0,
+        doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "
         "fraction (it shares the GPU) or N; the actor acts on the GPUs Ray assigned it.",
-        check=GPU_COUNT)
+        check=GPU_COUNT,
+    )
 
 
 # ----- building and checking ----------------------------------------------------------------
@@ -254,8 +306,9 @@ def check_fields(config: Config) -> None:
                 setattr(config, name, from_dict(annotation, value, where=key))
             continue
         if not _type_matches(value, annotation):
-            raise ConfigTypeError(f"{key} must be {_describe(annotation)}, "
-                            f"got {value!r} ({type(value).__name__})")
+            raise ConfigTypeError(
+                f"{key} must be {_describe(annotation)}, got {value!r} ({type(value).__name__})"
+            )
         if value is None:
             continue
         check = field_check(cls, name)

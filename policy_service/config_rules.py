@@ -2,6 +2,7 @@
 what the value must be ("an integer >= 1"), which the caller puts in a one-line
 error naming the key. Its own module so that config.py and the modules whose
 options it checks (exploration.py) both use it without importing each other."""
+
 from __future__ import annotations
 
 import math
@@ -21,19 +22,27 @@ class Rule:
         return None if self.accepts(value) else self.expected
 
 
-def finite(*, gt: float | None = None, ge: float | None = None,
-           le: float | None = None) -> Rule:
+def finite(*, gt: float | None = None, ge: float | None = None, le: float | None = None) -> Rule:
     """A finite number within the bounds given (NaN and inf never pass)."""
+
     def accepts(value):
-        return (is_number(value) and math.isfinite(value) and (gt is None or value > gt)
-                and (ge is None or value >= ge) and (le is None or value <= le))
+        return (
+            is_number(value)
+            and math.isfinite(value)
+            and (gt is None or value > gt)
+            and (ge is None or value >= ge)
+            and (le is None or value <= le)
+        )
+
     return Rule(f"a finite number {bounds_phrase(gt, ge, le)}".rstrip(), accepts)
 
 
 def integer(*, ge: int, le: int | None = None) -> Rule:
     """An integer within the bounds given."""
-    return Rule(f"an integer {bounds_phrase(None, ge, le)}",
-                lambda value: is_int(value) and value >= ge and (le is None or value <= le))
+    return Rule(
+        f"an integer {bounds_phrase(None, ge, le)}",
+        lambda value: is_int(value) and value >= ge and (le is None or value <= le),
+    )
 
 
 def one_of(*choices: str) -> Rule:
@@ -58,5 +67,3 @@ def is_number(value: Any) -> bool:
 
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-

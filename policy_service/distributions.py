@@ -17,6 +17,7 @@ Discrete spaces with a nonzero `start` get a bound subclass that shifts
 actions by `start`, so sampled actions lie in the space and `logp` takes
 actions as the environment saw them.
 """
+
 from __future__ import annotations
 
 import functools
@@ -84,8 +85,10 @@ SpaceT = TypeVar("SpaceT", bound=gym.Space)
 def _require_space(cls: type, action_space: gym.Space, space_type: type[SpaceT]) -> SpaceT:
     """`action_space` if it is a `space_type`; else ValueError naming `cls`."""
     if not isinstance(action_space, space_type):
-        raise ValueError(f"{cls.__name__} needs a {space_type.__name__} action space, "
-                         f"got {type(action_space).__name__}: {action_space}")
+        raise ValueError(
+            f"{cls.__name__} needs a {space_type.__name__} action space, "
+            f"got {type(action_space).__name__}: {action_space}"
+        )
     return action_space
 
 
@@ -137,7 +140,8 @@ class Categorical(ActionDistribution):
         """<float32>[B] sum_a p(a) (log p(a) - log q(a))."""
         probs = tf.exp(self.log_probs)
         return tf.reduce_sum(
-            tf.math.multiply_no_nan(self.log_probs - other.log_probs, probs), axis=-1)
+            tf.math.multiply_no_nan(self.log_probs - other.log_probs, probs), axis=-1
+        )
 
 
 class MultiCategorical(ActionDistribution):
@@ -158,8 +162,10 @@ class MultiCategorical(ActionDistribution):
 
     def __init__(self, inputs):
         if not self.input_lens:
-            raise TypeError("MultiCategorical has no input_lens bound; build the class with "
-                            "dist_class_for(space) or MultiCategorical.with_input_lens(...)")
+            raise TypeError(
+                "MultiCategorical has no input_lens bound; build the class with "
+                "dist_class_for(space) or MultiCategorical.with_input_lens(...)"
+            )
         super().__init__(inputs)
         offsets = self.action_offsets or (0,) * len(self.input_lens)
         self.components = [
@@ -168,14 +174,17 @@ class MultiCategorical(ActionDistribution):
         ]
 
     @classmethod
-    def with_input_lens(cls, input_lens: Sequence[int],
-                        action_offsets: Sequence[int] | None = None) -> type[MultiCategorical]:
+    def with_input_lens(
+        cls, input_lens: Sequence[int], action_offsets: Sequence[int] | None = None
+    ) -> type[MultiCategorical]:
         """A subclass bound to these component sizes (and starts); cached, so equal
         arguments give the same class."""
         offsets = tuple(int(o) for o in action_offsets) if action_offsets is not None else ()
         if offsets and len(offsets) != len(input_lens):
-            raise ValueError(f"MultiCategorical got {len(offsets)} action_offsets for "
-                             f"{len(input_lens)} input_lens")
+            raise ValueError(
+                f"MultiCategorical got {len(offsets)} action_offsets for "
+                f"{len(input_lens)} input_lens"
+            )
         if not any(offsets):
             offsets = ()  # all-zero starts are the unshifted class
         return _bound_multi_categorical(tuple(int(n) for n in input_lens), offsets)
@@ -222,7 +231,7 @@ class DiagGaussian(ActionDistribution):
     def __init__(self, inputs):
         super().__init__(inputs)
         mean, log_std = tf.split(self.inputs, 2, axis=1)
-        self.mean = mean                                                # <float32>[B, d]
+        self.mean = mean  # <float32>[B, d]
         self.log_std = tf.clip_by_value(log_std, LOG_STD_MIN, LOG_STD_MAX)
         self.std = tf.exp(self.log_std)
 
@@ -254,11 +263,13 @@ class DiagGaussian(ActionDistribution):
     def kl(self, other: DiagGaussian) -> tf.Tensor:
         """<float32>[B] closed-form KL between diagonal Gaussians."""
         return tf.reduce_sum(
-            other.log_std - self.log_std
+            other.log_std
+            - self.log_std
             + (tf.square(self.std) + tf.square(self.mean - other.mean))
             / (2.0 * tf.square(other.std))
             - 0.5,
-            axis=-1)
+            axis=-1,
+        )
 
 
 class Deterministic(ActionDistribution):
@@ -315,8 +326,9 @@ class SquashedGaussian(ActionDistribution):
     def __init__(self, inputs):
         super().__init__(inputs)
         mean, log_std = tf.split(self.inputs, 2, axis=1)
-        self.gaussian = DiagGaussian(tf.concat(
-            [mean, tf.clip_by_value(log_std, LOG_STD_MIN, LOG_STD_MAX)], axis=1))
+        self.gaussian = DiagGaussian(
+            tf.concat([mean, tf.clip_by_value(log_std, LOG_STD_MIN, LOG_STD_MAX)], axis=1)
+        )
         self._half_range = tf.constant((self.high - self.low) / 2.0, tf.float32)
         self._middle = tf.constant((self.high + self.low) / 2.0, tf.float32)
         self._low = tf.constant(self.low, tf.float32)
@@ -366,13 +378,19 @@ class SquashedGaussian(ActionDistribution):
     def entropy(self) -> tf.Tensor:
         """<float32>[B] H(u) + E_u[log|da/du|], the expectation by quadrature."""
         nodes, weights = np.polynomial.hermite.hermgauss(32)
-        u = (self.gaussian.mean[None] + math.sqrt(2.0) * self.gaussian.std[None]
-             * tf.constant(nodes, tf.float32)[:, None, None])  # [nodes, B, d]
+        u = (
+            self.gaussian.mean[None]
+            + math.sqrt(2.0)
+            * self.gaussian.std[None]
+            * tf.constant(nodes, tf.float32)[:, None, None]
+        )  # [nodes, B, d]
         log_det = 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
-        expected = tf.tensordot(tf.constant(weights / math.sqrt(math.pi), tf.float32),
-                                log_det, axes=1)  # [B, d]
+        expected = tf.tensordot(
+            tf.constant(weights / math.sqrt(math.pi), tf.float32), log_det, axes=1
+        )  # [B, d]
         return self.gaussian.entropy() + tf.reduce_sum(
-            expected + tf.math.log(self._half_range), axis=-1)
+            expected + tf.math.log(self._half_range), axis=-1
+        )
 
     def kl(self, other: SquashedGaussian) -> tf.Tensor:
         """<float32>[B] KL of the Gaussians: a bijection (the same squash) keeps KL."""
@@ -381,8 +399,7 @@ class SquashedGaussian(ActionDistribution):
 
 def _require_bounded_box(cls: type, action_space: gym.Space) -> gym.spaces.Box:
     box = _require_space(cls, action_space, gym.spaces.Box)
-    if len(box.shape) != 1 or not np.all(np.isfinite(box.low)) or not np.all(
-            np.isfinite(box.high)):
+    if len(box.shape) != 1 or not np.all(np.isfinite(box.low)) or not np.all(np.isfinite(box.high)):
         raise ValueError(f"{cls.__name__} needs a 1-D Box with finite bounds, got {box}")
     return box
 
@@ -390,15 +407,23 @@ def _require_bounded_box(cls: type, action_space: gym.Space) -> gym.spaces.Box:
 def squashed_gaussian_for(action_space: gym.Space) -> type[SquashedGaussian]:
     """SquashedGaussian bound to the low and high of a 1-D Box with finite bounds."""
     box = _require_bounded_box(SquashedGaussian, action_space)
-    return _bound_squashed_gaussian(tuple(np.asarray(box.low, np.float32).tolist()),
-                                    tuple(np.asarray(box.high, np.float32).tolist()))
+    return _bound_squashed_gaussian(
+        tuple(np.asarray(box.low, np.float32).tolist()),
+        tuple(np.asarray(box.high, np.float32).tolist()),
+    )
 
 
 @functools.cache
 def _bound_squashed_gaussian(low: tuple, high: tuple) -> type[SquashedGaussian]:
-    return type("SquashedGaussian_bounded", (SquashedGaussian,), {
-        "low": np.array(low, np.float32), "high": np.array(high, np.float32),
-        "__module__": __name__})
+    return type(
+        "SquashedGaussian_bounded",
+        (SquashedGaussian,),
+        {
+            "low": np.array(low, np.float32),
+            "high": np.array(high, np.float32),
+            "__module__": __name__,
+        },
+    )
 
 
 @functools.cache
@@ -406,23 +431,34 @@ def _categorical_class(action_offset: int) -> type[Categorical]:
     """Categorical, or a subclass whose actions start at action_offset."""
     if action_offset == 0:
         return Categorical
-    return type(f"Categorical_start{action_offset}", (Categorical,),
-                {"action_offset": action_offset, "__module__": __name__})
+    return type(
+        f"Categorical_start{action_offset}",
+        (Categorical,),
+        {"action_offset": action_offset, "__module__": __name__},
+    )
 
 
 @functools.cache
-def _bound_multi_categorical(input_lens: tuple[int, ...],
-                             action_offsets: tuple[int, ...]) -> type[MultiCategorical]:
+def _bound_multi_categorical(
+    input_lens: tuple[int, ...], action_offsets: tuple[int, ...]
+) -> type[MultiCategorical]:
     if not input_lens or min(input_lens) < 1:
         raise ValueError(f"MultiCategorical input_lens must be positive, got {input_lens}")
-    name = "MultiCategorical_" + "_".join(map(str, input_lens)) + (
-        "_start" + "_".join(map(str, action_offsets)) if action_offsets else "")
-    return type(name, (MultiCategorical,), {
-        "input_lens": input_lens, "action_offsets": action_offsets, "__module__": __name__})
+    name = (
+        "MultiCategorical_"
+        + "_".join(map(str, input_lens))
+        + ("_start" + "_".join(map(str, action_offsets)) if action_offsets else "")
+    )
+    return type(
+        name,
+        (MultiCategorical,),
+        {"input_lens": input_lens, "action_offsets": action_offsets, "__module__": __name__},
+    )
 
 
-def dist_class_for(action_space: gym.Space,
-                   deterministic: bool = False) -> type[ActionDistribution]:
+def dist_class_for(
+    action_space: gym.Space, deterministic: bool = False
+) -> type[ActionDistribution]:
     """The distribution class for an action space.
 
     Discrete -> Categorical, MultiDiscrete (1-D nvec) -> MultiCategorical bound
@@ -431,16 +467,23 @@ def dist_class_for(action_space: gym.Space,
     naming the space.
     """
     if deterministic and not isinstance(action_space, gym.spaces.Box):
-        raise ValueError(f"deterministic=True is for Box action spaces only, "
-                         f"got {type(action_space).__name__}: {action_space}")
+        raise ValueError(
+            f"deterministic=True is for Box action spaces only, "
+            f"got {type(action_space).__name__}: {action_space}"
+        )
     if isinstance(action_space, gym.spaces.Discrete):
         return _categorical_class(int(action_space.start))
     if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
-        return MultiCategorical.with_input_lens(action_space.nvec.tolist(),
-                                                action_space.start.tolist())
-    if (isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
-            and np.issubdtype(action_space.dtype, np.floating)):
+        return MultiCategorical.with_input_lens(
+            action_space.nvec.tolist(), action_space.start.tolist()
+        )
+    if (
+        isinstance(action_space, gym.spaces.Box)
+        and len(action_space.shape) == 1
+        and np.issubdtype(action_space.dtype, np.floating)
+    ):
         return Deterministic if deterministic else DiagGaussian
     raise NotImplementedError(
         f"no action distribution for space type {type(action_space).__name__} "
-        f"({action_space}); supported: Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)")
+        f"({action_space}); supported: Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
+    )

@@ -2,6 +2,7 @@
 
 Imports nothing heavy (`policy-service submit` loads no TensorFlow).
 """
+
 from __future__ import annotations
 
 

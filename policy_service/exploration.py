@@ -5,6 +5,7 @@ tensors, so switching exploration on or off or advancing the schedule never
 retraces. Random draws use stateless ops seeded from a `tf.random.Generator`
 owned by the policy, so a restored policy draws the same actions.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -41,12 +42,21 @@ class EpsilonGreedy:
     policy itself (log((1-eps)*[a=greedy] + eps/n)), not a placeholder.
     """
 
-    option_rules = {"initial_epsilon": finite(ge=0, le=1), "final_epsilon": finite(ge=0, le=1),
-                    "epsilon_timesteps": integer(ge=0)}
+    option_rules = {
+        "initial_epsilon": finite(ge=0, le=1),
+        "final_epsilon": finite(ge=0, le=1),
+        "epsilon_timesteps": integer(ge=0),
+    }
 
-    def __init__(self, action_space, initial_epsilon: float = 1.0,
-                 final_epsilon: float = 0.05, epsilon_timesteps: int = 10000):
+    def __init__(
+        self,
+        action_space,
+        initial_epsilon: float = 1.0,
+        final_epsilon: float = 0.05,
+        epsilon_timesteps: int = 10000,
+    ):
         import gymnasium as gym
+
         if not isinstance(action_space, gym.spaces.Discrete):
             raise ValueError(f"EpsilonGreedy needs a Discrete action space, got {action_space}")
         self.action_space = action_space
@@ -55,17 +65,19 @@ class EpsilonGreedy:
         self.epsilon_timesteps = int(epsilon_timesteps)
 
     def get_state(self) -> dict:
-        return {"type": "EpsilonGreedy", "initial_epsilon": self.initial_epsilon,
-                "final_epsilon": self.final_epsilon,
-                "epsilon_timesteps": self.epsilon_timesteps}
+        return {
+            "type": "EpsilonGreedy",
+            "initial_epsilon": self.initial_epsilon,
+            "final_epsilon": self.final_epsilon,
+            "epsilon_timesteps": self.epsilon_timesteps,
+        }
 
     def epsilon(self, timestep):
         """Epsilon at `timestep`: for a tensor a float32 tensor (the compiled action
         function; the branch is taken when it is traced), for a number a Python float
         (what an algorithm reports)."""
         if tf.is_tensor(timestep):
-            frac = tf.minimum(tf.cast(timestep, tf.float32) / max(1, self.epsilon_timesteps),
-                              1.0)
+            frac = tf.minimum(tf.cast(timestep, tf.float32) / max(1, self.epsilon_timesteps), 1.0)
         else:
             frac = min(1.0, timestep / max(1, self.epsilon_timesteps))
         return self.initial_epsilon + frac * (self.final_epsilon - self.initial_epsilon)
@@ -77,12 +89,14 @@ class EpsilonGreedy:
         seeds = tf.random.experimental.stateless_split(seed, 2)
         start = int(self.action_space.start)
         random_actions = tf.random.stateless_uniform(
-            [batch], seeds[0], minval=start, maxval=start + n, dtype=tf.int64)
+            [batch], seeds[0], minval=start, maxval=start + n, dtype=tf.int64
+        )
         coin = tf.random.stateless_uniform([batch], seeds[1])
         eps = tf.where(explore, self.epsilon(timestep), 0.0)
         actions = tf.where(coin < eps, random_actions, tf.cast(greedy, tf.int64))
-        prob = (1.0 - eps) * tf.cast(tf.equal(actions, tf.cast(greedy, tf.int64)),
-                                     tf.float32) + eps / n
+        prob = (1.0 - eps) * tf.cast(
+            tf.equal(actions, tf.cast(greedy, tf.int64)), tf.float32
+        ) + eps / n
         return tf.cast(actions, greedy.dtype), tf.math.log(prob)
 
 
@@ -126,4 +140,3 @@ def _options(exploration_class: type) -> list[str]:
 def _broadcastable(flag, like):
     """A scalar bool shaped to select whole rows of `like`."""
     return tf.fill(tf.shape(like), flag) if like.shape.rank else flag
-

@@ -1,5 +1,6 @@
 """What a learning call returns: scalar statistics, "num_samples_trained", and the
 loss's per-row outputs under PER_ROW (engine/loss_output.py)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -37,5 +38,7 @@ def valid_rows_only(stats: dict, train: TrainColumns) -> dict:
     if PER_ROW not in stats:
         return stats
     mask = np.asarray(train.columns[LOSS_MASK], bool)
-    return {**stats, PER_ROW: {name: values[:len(mask)][mask]
-                               for name, values in stats[PER_ROW].items()}}
+    return {
+        **stats,
+        PER_ROW: {name: values[: len(mask)][mask] for name, values in stats[PER_ROW].items()},
+    }

@@ -10,6 +10,7 @@ never enters its statistics. It returns {"action_dist_inputs", "vf_preds"
 
 Recurrent rows arrive time-major within each sequence: rows = num_seqs * T.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -78,11 +79,16 @@ def _dense_stack(hiddens, activation, use_batch_norm, prefix, kernel_initializer
     """Dense layers, each optionally followed by batch norm before the activation."""
     layers = []
     for i, size in enumerate(hiddens):
-        layers.append(keras.layers.Dense(
-            size, name=f"{prefix}_dense_{i}",
-            kernel_initializer=kernel_initializer or "glorot_uniform"))
-        layers.append(keras.layers.BatchNormalization(name=f"{prefix}_bn_{i}")
-                      if use_batch_norm else None)
+        layers.append(
+            keras.layers.Dense(
+                size,
+                name=f"{prefix}_dense_{i}",
+                kernel_initializer=kernel_initializer or "glorot_uniform",
+            )
+        )
+        layers.append(
+            keras.layers.BatchNormalization(name=f"{prefix}_bn_{i}") if use_batch_norm else None
+        )
         layers.append(keras.layers.Activation(activation, name=f"{prefix}_act_{i}"))
     return [layer for layer in layers if layer is not None]
 
@@ -99,19 +105,32 @@ def _run_stack(layers, x, training, mask):
 class Encoder(keras.layers.Layer):
     """Observation -> features: conv stack for images, then the dense stack."""
 
-    def __init__(self, obs_shape, config: ModelConfig, prefix: str, kernel_initializer=None,
-                 **kwargs):
+    def __init__(
+        self, obs_shape, config: ModelConfig, prefix: str, kernel_initializer=None, **kwargs
+    ):
         super().__init__(name=prefix, **kwargs)
         self.convs = []
         if len(obs_shape) == 3:
             filters = config.conv_filters or _default_conv_filters(obs_shape)
             for i, (out, kernel, stride) in enumerate(filters):
-                self.convs.append(keras.layers.Conv2D(
-                    out, kernel, strides=stride, padding="same",
-                    activation=config.conv_activation, name=f"{prefix}_conv_{i}"))
+                self.convs.append(
+                    keras.layers.Conv2D(
+                        out,
+                        kernel,
+                        strides=stride,
+                        padding="same",
+                        activation=config.conv_activation,
+                        name=f"{prefix}_conv_{i}",
+                    )
+                )
             self.convs.append(keras.layers.Flatten(name=f"{prefix}_flatten"))
-        self.dense = _dense_stack(config.fcnet_hiddens, config.fcnet_activation,
-                                  config.use_batch_norm, prefix, kernel_initializer)
+        self.dense = _dense_stack(
+            config.fcnet_hiddens,
+            config.fcnet_activation,
+            config.use_batch_norm,
+            prefix,
+            kernel_initializer,
+        )
 
     def call(self, obs, training=False, row_mask=None):
         x = obs
@@ -132,15 +151,20 @@ class FeedForwardModel(keras.Model):
 
     Dense layers start as RLlib's fully connected model does (NormcInitializer)."""
 
-    def __init__(self, obs_space: gym.spaces.Box, action_space, num_outputs: int,
-                 config: ModelConfig):
+    def __init__(
+        self, obs_space: gym.spaces.Box, action_space, num_outputs: int, config: ModelConfig
+    ):
         super().__init__(name="feed_forward_model")
         self.config = config
         self.policy_trunk = Encoder(obs_space.shape, config, "policy", NormcInitializer(1.0))
-        self.value_trunk = (None if config.vf_share_layers
-                            else Encoder(obs_space.shape, config, "value", NormcInitializer(1.0)))
+        self.value_trunk = (
+            None
+            if config.vf_share_layers
+            else Encoder(obs_space.shape, config, "value", NormcInitializer(1.0))
+        )
         self.logits = keras.layers.Dense(
-            num_outputs, kernel_initializer=NormcInitializer(0.01), name="action_dist_inputs")
+            num_outputs, kernel_initializer=NormcInitializer(0.01), name="action_dist_inputs"
+        )
         self.value = keras.layers.Dense(1, kernel_initializer=NormcInitializer(0.01), name="vf")
         self.build_for(obs_space.shape)
 
@@ -151,11 +175,16 @@ class FeedForwardModel(keras.Model):
         obs = input_dict["obs"]
         mask = input_dict.get("loss_mask")
         features = self.policy_trunk(obs, training=training, row_mask=mask)
-        value_features = (features if self.value_trunk is None
-                          else self.value_trunk(obs, training=training, row_mask=mask))
-        return {"action_dist_inputs": self.logits(features),
-                "vf_preds": tf.squeeze(self.value(value_features), -1),
-                "state_out": []}
+        value_features = (
+            features
+            if self.value_trunk is None
+            else self.value_trunk(obs, training=training, row_mask=mask)
+        )
+        return {
+            "action_dist_inputs": self.logits(features),
+            "vf_preds": tf.squeeze(self.value(value_features), -1),
+            "state_out": [],
+        }
 
 
 class LSTMModel(keras.Model):
@@ -164,33 +193,43 @@ class LSTMModel(keras.Model):
     State: [h <float32>[num_seqs, cell], c <float32>[num_seqs, cell]].
     """
 
-    def __init__(self, obs_space: gym.spaces.Box, action_space, num_outputs: int,
-                 config: ModelConfig):
+    def __init__(
+        self, obs_space: gym.spaces.Box, action_space, num_outputs: int, config: ModelConfig
+    ):
         super().__init__(name="lstm_model")
         self.config = config
         self.cell_size = config.lstm_cell_size
         self.action_space = action_space
         self.encoder = Encoder(obs_space.shape, config, "encoder")
-        self.lstm = keras.layers.LSTM(self.cell_size, return_sequences=True,
-                                      return_state=True, name="lstm")
+        self.lstm = keras.layers.LSTM(
+            self.cell_size, return_sequences=True, return_state=True, name="lstm"
+        )
         self.logits = keras.layers.Dense(
-            num_outputs, kernel_initializer=keras.initializers.Orthogonal(0.01),
-            name="action_dist_inputs")
+            num_outputs,
+            kernel_initializer=keras.initializers.Orthogonal(0.01),
+            name="action_dist_inputs",
+        )
         self.value = keras.layers.Dense(
-            1, kernel_initializer=keras.initializers.Orthogonal(1.0), name="vf")
+            1, kernel_initializer=keras.initializers.Orthogonal(1.0), name="vf"
+        )
         zero_state = tf.zeros((1, self.cell_size))
-        dummy = {"obs": tf.zeros((1,) + tuple(obs_space.shape)),
-                 "state_in_0": zero_state, "state_in_1": zero_state,
-                 "seq_lens": tf.ones((1,), tf.int32),
-                 "prev_actions": tf.zeros((1,) + raw_action_shape(action_space),
-                                          raw_action_dtype(action_space)),
-                 "prev_rewards": tf.zeros((1,))}
+        dummy = {
+            "obs": tf.zeros((1,) + tuple(obs_space.shape)),
+            "state_in_0": zero_state,
+            "state_in_1": zero_state,
+            "seq_lens": tf.ones((1,), tf.int32),
+            "prev_actions": tf.zeros(
+                (1,) + raw_action_shape(action_space), raw_action_dtype(action_space)
+            ),
+            "prev_rewards": tf.zeros((1,)),
+        }
         self(dummy)
 
     def call(self, input_dict, training=False):
         seq_lens = tf.cast(input_dict["seq_lens"], tf.int32)
-        features = self.encoder(input_dict["obs"], training=training,
-                                row_mask=input_dict.get("loss_mask"))
+        features = self.encoder(
+            input_dict["obs"], training=training, row_mask=input_dict.get("loss_mask")
+        )
         extra = []
         if self.config.lstm_use_prev_action:
             extra.append(action_features(self.action_space, input_dict["prev_actions"]))
@@ -203,13 +242,17 @@ class LSTMModel(keras.Model):
         sequences = tf.reshape(features, [num_seqs, max_len, features.shape[-1]])
         mask = tf.sequence_mask(seq_lens, max_len)
         outputs, h, c = self.lstm(
-            sequences, mask=mask,
+            sequences,
+            mask=mask,
             initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]],
-            training=training)
+            training=training,
+        )
         outputs = tf.reshape(outputs, [-1, self.cell_size])
-        return {"action_dist_inputs": self.logits(outputs),
-                "vf_preds": tf.squeeze(self.value(outputs), -1),
-                "state_out": [h, c]}
+        return {
+            "action_dist_inputs": self.logits(outputs),
+            "vf_preds": tf.squeeze(self.value(outputs), -1),
+            "state_out": [h, c],
+        }
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
@@ -237,24 +280,29 @@ def action_feature_shape(action_space) -> tuple:
 def action_features(action_space, actions):
     """Actions as float features: one-hot for (Multi)Discrete, flattened for Box."""
     if isinstance(action_space, gym.spaces.Discrete):
-        return tf.one_hot(tf.cast(actions, tf.int32) - int(action_space.start),
-                          int(action_space.n))
+        return tf.one_hot(tf.cast(actions, tf.int32) - int(action_space.start), int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):
         actions = tf.cast(actions, tf.int32)
-        return tf.concat([tf.one_hot(actions[:, i], int(n))
-                          for i, n in enumerate(action_space.nvec.ravel())], axis=-1)
+        return tf.concat(
+            [tf.one_hot(actions[:, i], int(n)) for i, n in enumerate(action_space.nvec.ravel())],
+            axis=-1,
+        )
     return tf.reshape(tf.cast(actions, tf.float32), [-1, int(np.prod(action_space.shape))])
 
 
-def build_model(obs_space: gym.spaces.Box, action_space, num_outputs: int,
-                config: ModelConfig) -> keras.Model:
+def build_model(
+    obs_space: gym.spaces.Box, action_space, num_outputs: int, config: ModelConfig
+) -> keras.Model:
     """The model the config asks for: custom, LSTM, or feed-forward."""
     if config.custom_model is not None:
         if config.custom_model not in _CUSTOM_MODELS:
-            raise ValueError(f"custom_model {config.custom_model!r} is not registered; "
-                             f"registered: {sorted(_CUSTOM_MODELS)}")
+            raise ValueError(
+                f"custom_model {config.custom_model!r} is not registered; "
+                f"registered: {sorted(_CUSTOM_MODELS)}"
+            )
         return _CUSTOM_MODELS[config.custom_model](
-            obs_space, action_space, num_outputs, dataclasses.asdict(config))
+            obs_space, action_space, num_outputs, dataclasses.asdict(config)
+        )
     if config.use_lstm:
         return LSTMModel(obs_space, action_space, num_outputs, config)
     return FeedForwardModel(obs_space, action_space, num_outputs, config)
@@ -282,8 +330,7 @@ class GraphModelAdapter(keras.Model):
 
     def call(self, input_dict, training=False):
         names = _graph_input_names(self.inner)
-        inputs = ({n: input_dict[n] for n in names} if names
-                  else input_dict["obs"])
+        inputs = {n: input_dict[n] for n in names} if names else input_dict["obs"]
         out = self.inner(inputs, training=training)
         out = dict(out) if isinstance(out, Mapping) else {"action_dist_inputs": out}
         out.setdefault("state_out", [])
@@ -298,8 +345,9 @@ def follow_call_convention(model) -> keras.Model:
     """A model as the policy calls it: subclassed models as they are,
     functional and Sequential ones through GraphModelAdapter."""
     if not isinstance(model, keras.Model):
-        raise TypeError(f"the policy's model must be a keras.Model, got {model!r} "
-                        f"({type(model).__name__})")
+        raise TypeError(
+            f"the policy's model must be a keras.Model, got {model!r} ({type(model).__name__})"
+        )
     if isinstance(model, keras.Sequential) or _graph_input_names(model) is not None:
         return GraphModelAdapter(model)
     return model
@@ -317,8 +365,7 @@ def _graph_input_names(model) -> list[str] | None:
     return list(structure) if isinstance(structure, Mapping) else []
 
 
-def check_model(model: keras.Model, example: dict, num_outputs: int,
-                initial_state: list) -> None:
+def check_model(model: keras.Model, example: dict, num_outputs: int, initial_state: list) -> None:
     """Run one forward pass on `example` (an acting input dict of a few rows),
     which builds a lazily built model, and check the call convention.
 
@@ -329,32 +376,51 @@ def check_model(model: keras.Model, example: dict, num_outputs: int,
     rows = int(example["obs"].shape[0])
     out = model(example, training=False)
     if not isinstance(out, Mapping):
-        raise ValueError(f"{what} must return a dict with 'action_dist_inputs' "
-                         f"(and 'vf_preds', 'state_out'), got {type(out).__name__}")
+        raise ValueError(
+            f"{what} must return a dict with 'action_dist_inputs' "
+            f"(and 'vf_preds', 'state_out'), got {type(out).__name__}"
+        )
     if "action_dist_inputs" not in out:
         raise ValueError(f"{what} returned no 'action_dist_inputs'; keys: {sorted(out)}")
-    _check_shape(what, "action_dist_inputs", out["action_dist_inputs"], (rows, num_outputs),
-                 "the action distribution needs num_outputs inputs per row")
+    _check_shape(
+        what,
+        "action_dist_inputs",
+        out["action_dist_inputs"],
+        (rows, num_outputs),
+        "the action distribution needs num_outputs inputs per row",
+    )
     if "vf_preds" in out:
-        _check_shape(what, "vf_preds", out["vf_preds"], (rows,),
-                     "one value per row; squeeze the last axis")
+        _check_shape(
+            what, "vf_preds", out["vf_preds"], (rows,), "one value per row; squeeze the last axis"
+        )
     state_out = list(out.get("state_out", []))
     if len(state_out) != len(initial_state):
-        raise ValueError(f"{what} returns {len(state_out)} state_out tensor(s) but its "
-                         f"get_initial_state() gives {len(initial_state)} state_in")
+        raise ValueError(
+            f"{what} returns {len(state_out)} state_out tensor(s) but its "
+            f"get_initial_state() gives {len(initial_state)} state_in"
+        )
     for i, (state, init) in enumerate(zip(state_out, initial_state)):
-        _check_shape(what, f"state_out[{i}]", state, (rows,) + tuple(init.shape),
-                     f"it must match state_in_{i}")
+        _check_shape(
+            what,
+            f"state_out[{i}]",
+            state,
+            (rows,) + tuple(init.shape),
+            f"it must match state_in_{i}",
+        )
     if not model.trainable_variables:
-        raise ValueError(f"{what} has no trainable variables after a forward pass; "
-                         "create its layers in __init__ and call them in call()")
+        raise ValueError(
+            f"{what} has no trainable variables after a forward pass; "
+            "create its layers in __init__ and call them in call()"
+        )
 
 
 def _check_shape(what: str, key: str, value, expected: tuple, why: str) -> None:
     actual = tuple(value.shape)
     if actual != expected:
-        raise ValueError(f"{what} returns {key} of shape {actual}, expected {expected} "
-                         f"for {expected[0]} example rows ({why})")
+        raise ValueError(
+            f"{what} returns {key} of shape {actual}, expected {expected} "
+            f"for {expected[0]} example rows ({why})"
+        )
 
 
 _NUMBERED = re.compile(r"(.*?)(?:_(\d+))?")
@@ -376,8 +442,11 @@ def weight_names(model: keras.Model, variables: list) -> list[str]:
     under their parent, as a fresh process would number them ("dense",
     "dense_1", ...); names the user gave stay, and the model's own name is dropped.
     """
-    auto = {layer.name for layer in model._flatten_layers(include_self=False, recursive=True)
-            if _unnumbered(layer.name) == _snake_case(type(layer).__name__)}
+    auto = {
+        layer.name
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if _unnumbered(layer.name) == _snake_case(type(layer).__name__)
+    }
     ranks: dict[tuple, dict] = {}
     names = []
     for variable in variables:

@@ -12,6 +12,7 @@ so the target is rewards[i] + bootstrap_discount[i] * max_a Q(new_obs[i], a)
 (RLlib's old stack used gamma^n where k < n). Segments, truncation and the
 vectorised passes: docs/algorithms.md, "n-step returns".
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -25,15 +26,20 @@ from policy_service.sample_batch import SampleBatch
 N_STEP = "n_step"
 BOOTSTRAP_DISCOUNT = "bootstrap_discount"
 
-REQUIRED = (SampleBatch.REWARDS, SampleBatch.TERMINATEDS, SampleBatch.TRUNCATEDS,
-            SampleBatch.NEXT_OBS)
+REQUIRED = (
+    SampleBatch.REWARDS,
+    SampleBatch.TERMINATEDS,
+    SampleBatch.TRUNCATEDS,
+    SampleBatch.NEXT_OBS,
+)
 
 
 def segment_ends(batch: SampleBatch) -> np.ndarray:
     """<int64>[rows]: for each row, the row after its segment's last row."""
     rows = batch.count
-    done = (np.asarray(batch[SampleBatch.TERMINATEDS], bool)
-            | np.asarray(batch[SampleBatch.TRUNCATEDS], bool))
+    done = np.asarray(batch[SampleBatch.TERMINATEDS], bool) | np.asarray(
+        batch[SampleBatch.TRUNCATEDS], bool
+    )
     starts_new = np.zeros(rows, bool)
     starts_new[:1] = True
     starts_new[1:] |= done[:-1]
@@ -77,14 +83,15 @@ def n_step_returns(batch: Mapping[str, Any], *, gamma: float, n: int) -> SampleB
     summed = np.zeros(rows, np.float64)
     for m in range(min(n, rows)):
         ahead = np.minimum(index + m, rows - 1)
-        summed += np.where(m < steps, gamma ** m * rewards[ahead].astype(np.float64), 0.0)
+        summed += np.where(m < steps, gamma**m * rewards[ahead].astype(np.float64), 0.0)
     terminated = np.asarray(batch[SampleBatch.TERMINATEDS], bool)[last]
     reward_dtype = rewards.dtype if np.issubdtype(rewards.dtype, np.floating) else np.float32
     out[SampleBatch.REWARDS] = summed.astype(reward_dtype)
-    out[SampleBatch.NEXT_OBS] = tree.map_structure(lambda x: np.asarray(x)[last],
-                                                   batch[SampleBatch.NEXT_OBS])
+    out[SampleBatch.NEXT_OBS] = tree.map_structure(
+        lambda x: np.asarray(x)[last], batch[SampleBatch.NEXT_OBS]
+    )
     out[SampleBatch.TERMINATEDS] = np.asarray(batch[SampleBatch.TERMINATEDS])[last]
     out[SampleBatch.TRUNCATEDS] = np.asarray(batch[SampleBatch.TRUNCATEDS])[last]
     out[N_STEP] = steps.astype(np.int32)
-    out[BOOTSTRAP_DISCOUNT] = np.where(terminated, 0.0, gamma ** steps).astype(np.float32)
+    out[BOOTSTRAP_DISCOUNT] = np.where(terminated, 0.0, gamma**steps).astype(np.float32)
     return out

@@ -14,6 +14,7 @@ Acting runs on the first tower device with training=False; learning runs
 on all towers. Both are compiled once per column signature: batch sizes
 never retrace.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,12 @@ class TFPolicy:
     # tensor work so a bad batch is an error naming the column ("obs" always is)
     loss_columns: dict = {}
 
-    def __init__(self, observation_space: gym.Space, action_space: gym.Space,
-                 config: dict | PolicyConfig | None = None):
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: dict | PolicyConfig | None = None,
+    ):
         self.config = from_dict(self.config_class, config)
         self.observation_space = observation_space
         self.action_space = action_space
@@ -60,30 +65,46 @@ class TFPolicy:
         self.dist_class = distributions.dist_class_for(action_space)
         self.num_outputs = self.dist_class.required_input_dim(action_space)
         self.exploration = exploration.make_exploration(
-            action_space, self.config.exploration_config)
+            action_space, self.config.exploration_config
+        )
         self.global_timestep = 0
         self.num_grad_updates = 0
         with tf.device(self.tower_devices.variable_device):
             self.model = models.follow_call_convention(self.make_model())
             self._initial_state = models.initial_state(self.model)
             # a lazily built model creates its variables here, before any list of them is taken
-            models.check_model(self.model, self._example_input_dict(rows=2),
-                               self.num_outputs, self._initial_state)
+            models.check_model(
+                self.model, self._example_input_dict(rows=2), self.num_outputs, self._initial_state
+            )
             self._action_rng = tf.random.Generator.from_seed(
-                self.config.seed if self.config.seed is not None else np.random.randint(2**31))
+                self.config.seed if self.config.seed is not None else np.random.randint(2**31)
+            )
             optimizers = self.optimizer()
         self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
         update = self.target_network_update()
-        self.target_network = None if update is None else TargetNetwork(
-            self.model, self._weight_variables, update, self.tower_devices.variable_device)
+        self.target_network = (
+            None
+            if update is None
+            else TargetNetwork(
+                self.model, self._weight_variables, update, self.tower_devices.variable_device
+            )
+        )
         self.towers = TowerStack(
-            self.tower_devices, self.model, self._tower_loss, self._tower_stats, self._optimizers,
-            grad_clip=self.config.grad_clip, grad_clip_method=self.config.grad_clip_method,
-            l2_coeff=self.config.l2_coeff, seed=self.config.seed,
+            self.tower_devices,
+            self.model,
+            self._tower_loss,
+            self._tower_stats,
+            self._optimizers,
+            grad_clip=self.config.grad_clip,
+            grad_clip_method=self.config.grad_clip_method,
+            l2_coeff=self.config.l2_coeff,
+            seed=self.config.seed,
             accumulation_steps=self.config.num_grad_accumulation_steps,
-            target=self.target_network, batch_norm_sync=self.config.batch_norm_sync)
+            target=self.target_network,
+            batch_norm_sync=self.config.batch_norm_sync,
+        )
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 
@@ -103,15 +124,15 @@ class TFPolicy:
         """Extra per-row tensors returned by compute_actions."""
         return {}
 
-    def postprocess_trajectory(self, batch: SampleBatch, other_agent_batches=None,
-                               episode=None) -> SampleBatch:
+    def postprocess_trajectory(
+        self, batch: SampleBatch, other_agent_batches=None, episode=None
+    ) -> SampleBatch:
         """Add columns (advantages, targets) to one trajectory chunk; default: none."""
         return batch
 
     def make_model(self) -> keras.Model:
         obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
-        return models.build_model(obs_space, self.action_space, self.num_outputs,
-                                  self.config.model)
+        return models.build_model(obs_space, self.action_space, self.num_outputs, self.config.model)
 
     def target_network_update(self) -> TargetUpdate | None:
         """Opt in to a target copy of the model (read in the loss with
@@ -142,57 +163,86 @@ class TFPolicy:
     def get_initial_state(self) -> list[np.ndarray]:
         return [s.copy() for s in self._initial_state]
 
-    def compute_actions(self, obs_batch, state_batches=None, prev_action_batch=None,
-                        prev_reward_batch=None, explore=None, timestep=None, **kwargs):
+    def compute_actions(
+        self,
+        obs_batch,
+        state_batches=None,
+        prev_action_batch=None,
+        prev_reward_batch=None,
+        explore=None,
+        timestep=None,
+        **kwargs,
+    ):
         """-> (actions [B, ...], state_outs [num_state_tensors x [B, cell]], extra dict)."""
         obs = self.preprocessor.transform(obs_batch)
         batch_size = obs.shape[0]
-        inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
-                                     prev_reward_batch, batch_size)
+        inputs = self.acting_inputs(
+            obs, state_batches, prev_action_batch, prev_reward_batch, batch_size
+        )
         explore = self.config.explore if explore is None else _flag(explore, "explore")
         timestep = self.global_timestep if timestep is None else _count(timestep, "timestep")
         with tf.device(self.tower_devices.devices[0]):
-            actions, state_outs, extra = self._action_fn(
-                *inputs, explore, np.int64(timestep))
+            actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
         actions = tree.map_structure(lambda a: a.numpy(), actions)
         dtype, _ = spaces.action_dtype_and_shape(self.action_space)
         actions = np.asarray(actions).astype(dtype, copy=False)
-        return (actions, [s.numpy() for s in state_outs],
-                {k: v.numpy() for k, v in extra.items()})
+        return (actions, [s.numpy() for s in state_outs], {k: v.numpy() for k, v in extra.items()})
 
-    def compute_actions_from_input_dict(self, input_dict: dict, explore=None, timestep=None,
-                                        **kwargs):
-        states = [input_dict[f"state_in_{i}"] for i in range(self.num_state_tensors())
-                  if f"state_in_{i}" in input_dict] or None
+    def compute_actions_from_input_dict(
+        self, input_dict: dict, explore=None, timestep=None, **kwargs
+    ):
+        states = [
+            input_dict[f"state_in_{i}"]
+            for i in range(self.num_state_tensors())
+            if f"state_in_{i}" in input_dict
+        ] or None
         return self.compute_actions(
-            input_dict[SampleBatch.OBS], states, input_dict.get(SampleBatch.PREV_ACTIONS),
-            input_dict.get(SampleBatch.PREV_REWARDS), explore=explore, timestep=timestep)
+            input_dict[SampleBatch.OBS],
+            states,
+            input_dict.get(SampleBatch.PREV_ACTIONS),
+            input_dict.get(SampleBatch.PREV_REWARDS),
+            explore=explore,
+            timestep=timestep,
+        )
 
-    def compute_single_action(self, obs, state=None, explore=None, prev_action=None,
-                              prev_reward=None, timestep=None):
+    def compute_single_action(
+        self, obs, state=None, explore=None, prev_action=None, prev_reward=None, timestep=None
+    ):
         """One unbatched observation -> (action, state_out list, extra), unbatched."""
         obs_batch = tree.map_structure(lambda o: np.asarray(o)[None], obs)
         states = None if state is None else [np.asarray(s)[None] for s in state]
         prev_a = None if prev_action is None else np.asarray(prev_action)[None]
         prev_r = None if prev_reward is None else np.asarray([prev_reward], np.float32)
         actions, state_outs, extra = self.compute_actions(
-            obs_batch, states, prev_a, prev_r, explore=explore, timestep=timestep)
+            obs_batch, states, prev_a, prev_r, explore=explore, timestep=timestep
+        )
         return actions[0], [s[0] for s in state_outs], {k: v[0] for k, v in extra.items()}
 
-    def compute_log_likelihoods(self, actions, obs_batch, state_batches=None,
-                                prev_action_batch=None, prev_reward_batch=None, **kwargs):
+    def compute_log_likelihoods(
+        self,
+        actions,
+        obs_batch,
+        state_batches=None,
+        prev_action_batch=None,
+        prev_reward_batch=None,
+        **kwargs,
+    ):
         """log pi(a|s) <float32>[B] of the given actions under the current weights."""
         obs = self.preprocessor.transform(obs_batch)
         spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
-        inputs = self.acting_inputs(obs, state_batches, prev_action_batch,
-                                     prev_reward_batch, obs.shape[0])
+        inputs = self.acting_inputs(
+            obs, state_batches, prev_action_batch, prev_reward_batch, obs.shape[0]
+        )
         with tf.device(self.tower_devices.devices[0]):
-            return self._logp_fn(*inputs, tf.convert_to_tensor(
-                np.asarray(actions).astype(self._action_tensor_dtype()))).numpy()
+            return self._logp_fn(
+                *inputs,
+                tf.convert_to_tensor(np.asarray(actions).astype(self._action_tensor_dtype())),
+            ).numpy()
 
-    def acting_inputs(self, obs, state_batches, prev_actions, prev_rewards,
-                      batch_size: int) -> tuple:
+    def acting_inputs(
+        self, obs, state_batches, prev_actions, prev_rewards, batch_size: int
+    ) -> tuple:
         """Preprocessed observations and optional acting inputs -> the numpy tuple
         (obs, states, prev_actions, prev_rewards) matching `acting_signature()`:
         missing states are the initial state, missing previous actions and rewards zeros."""
@@ -205,30 +255,43 @@ class TFPolicy:
             states = [np.asarray(s, np.float32) for s in state_batches]
             for i, (s, init) in enumerate(zip(states, self._initial_state)):
                 if s.shape != (batch_size,) + init.shape:
-                    raise ValueError(f"state_in_{i} has shape {s.shape}, expected "
-                                     f"{(batch_size,) + init.shape}")
+                    raise ValueError(
+                        f"state_in_{i} has shape {s.shape}, expected {(batch_size,) + init.shape}"
+                    )
         act_shape = self._action_tensor_shape()
         if prev_actions is None:
             prev_actions = np.zeros((batch_size,) + act_shape, self._action_tensor_dtype())
         prev_actions = np.asarray(prev_actions)
         if prev_actions.shape != (batch_size,) + act_shape:
-            raise ValueError(f"prev_action_batch has shape {prev_actions.shape}, expected "
-                             f"{(batch_size,) + act_shape} (one action per observation)")
+            raise ValueError(
+                f"prev_action_batch has shape {prev_actions.shape}, expected "
+                f"{(batch_size,) + act_shape} (one action per observation)"
+            )
         if prev_actions.dtype.kind not in "iuf" or (
-                prev_actions.dtype.kind == "f" and not np.all(np.isfinite(prev_actions))):
-            raise ValueError(f"prev_action_batch must hold finite numbers, got dtype "
-                             f"{prev_actions.dtype}")
+            prev_actions.dtype.kind == "f" and not np.all(np.isfinite(prev_actions))
+        ):
+            raise ValueError(
+                f"prev_action_batch must hold finite numbers, got dtype {prev_actions.dtype}"
+            )
         if prev_rewards is None:
             prev_rewards = np.zeros(batch_size, np.float32)
         prev_rewards = np.asarray(prev_rewards)
         if prev_rewards.shape not in ((batch_size,), (batch_size, 1)):
-            raise ValueError(f"prev_reward_batch has shape {prev_rewards.shape}, expected "
-                             f"({batch_size},) (one reward per observation)")
+            raise ValueError(
+                f"prev_reward_batch has shape {prev_rewards.shape}, expected "
+                f"({batch_size},) (one reward per observation)"
+            )
         if prev_rewards.dtype.kind not in "iuf" or not np.all(np.isfinite(prev_rewards)):
-            raise ValueError("prev_reward_batch must hold finite numbers, got "
-                             f"{prev_rewards.dtype} values {prev_rewards.ravel()[:4]}")
-        return (obs, tuple(states), prev_actions.astype(self._action_tensor_dtype()),
-                prev_rewards.astype(np.float32).reshape(batch_size))
+            raise ValueError(
+                "prev_reward_batch must hold finite numbers, got "
+                f"{prev_rewards.dtype} values {prev_rewards.ravel()[:4]}"
+            )
+        return (
+            obs,
+            tuple(states),
+            prev_actions.astype(self._action_tensor_dtype()),
+            prev_rewards.astype(np.float32).reshape(batch_size),
+        )
 
     def _example_input_dict(self, rows: int) -> dict:
         """An acting input dict of `rows` zero observations (initial states)."""
@@ -245,16 +308,22 @@ class TFPolicy:
     def acting_signature(self) -> list:
         """TensorSpecs of the acting inputs: obs <float32>[B, *obs], states (tuple of
         <float32>[B, *state]), prev_actions [B, *action] and prev_rewards <float32>[B]."""
-        return [tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
-                tuple(tf.TensorSpec((None,) + s.shape, tf.float32) for s in self._initial_state),
-                tf.TensorSpec((None,) + self._action_tensor_shape(),
-                              tf.as_dtype(self._action_tensor_dtype())),
-                tf.TensorSpec((None,), tf.float32)]
+        return [
+            tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
+            tuple(tf.TensorSpec((None,) + s.shape, tf.float32) for s in self._initial_state),
+            tf.TensorSpec(
+                (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype())
+            ),
+            tf.TensorSpec((None,), tf.float32),
+        ]
 
     def acting_input_dict(self, obs, states, prev_actions, prev_rewards) -> dict:
         """The model's input dict for acting: one-step sequences when recurrent."""
-        input_dict = {SampleBatch.OBS: obs, SampleBatch.PREV_ACTIONS: prev_actions,
-                      SampleBatch.PREV_REWARDS: prev_rewards}
+        input_dict = {
+            SampleBatch.OBS: obs,
+            SampleBatch.PREV_ACTIONS: prev_actions,
+            SampleBatch.PREV_REWARDS: prev_rewards,
+        }
         if states:
             input_dict[SampleBatch.SEQ_LENS] = tf.ones(tf.shape(obs)[:1], tf.int32)
             input_dict.update({f"state_in_{i}": s for i, s in enumerate(states)})
@@ -267,15 +336,20 @@ class TFPolicy:
             out = self.model(input_dict, training=False)
             dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
             actions, logp = self.exploration.choose(dist, explore, timestep, seed)
-            extra = {SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS],
-                     SampleBatch.ACTION_LOGP: logp, SampleBatch.ACTION_PROB: tf.exp(logp)}
+            extra = {
+                SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS],
+                SampleBatch.ACTION_LOGP: logp,
+                SampleBatch.ACTION_PROB: tf.exp(logp),
+            }
             if SampleBatch.VF_PREDS in out:
                 extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
             extra.update(self.extra_action_out(input_dict, out, dist))
             return actions, list(out.get("state_out", [])), extra
 
         signature = self.acting_signature() + [
-            tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
+            tf.TensorSpec([], tf.bool),
+            tf.TensorSpec([], tf.int64),
+        ]
         return FlatCall(tf.function(act, input_signature=signature))
 
     def _compile_logp_fn(self):
@@ -284,8 +358,11 @@ class TFPolicy:
             out = self.model(input_dict, training=False)
             return self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(actions)
 
-        signature = self.acting_signature() + [tf.TensorSpec(
-            (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype()))]
+        signature = self.acting_signature() + [
+            tf.TensorSpec(
+                (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype())
+            )
+        ]
         return tf.function(logp, input_signature=signature)
 
     def action_trace_count(self) -> int:
@@ -302,25 +379,36 @@ class TFPolicy:
         return stats
 
     @classmethod
-    def prepare_train_batch(cls, batch: SampleBatch, layout: TrainLayout,
-                            fixed_seq_len: bool = False) -> TrainColumns:
+    def prepare_train_batch(
+        cls, batch: SampleBatch, layout: TrainLayout, fixed_seq_len: bool = False
+    ) -> TrainColumns:
         """The batch as the tower stack takes it: checked (`loss_columns`),
         preprocessed, padded columns with "loss_mask" (sequences of max_seq_len
         steps when `fixed_seq_len`). A subclass adds its own checks here: a
         LearnerGroup prepares batches with it in the driver, for any learners."""
-        return prepare_train_columns(batch, layout, loss_columns=cls.loss_columns,
-                                     fixed_seq_len=fixed_seq_len)
+        return prepare_train_columns(
+            batch, layout, loss_columns=cls.loss_columns, fixed_seq_len=fixed_seq_len
+        )
 
     def train_layout(self) -> TrainLayout:
         """What `prepare_train_batch` needs to know of this policy."""
-        return TrainLayout(self.preprocessor, self.action_space, self.num_state_tensors(),
-                           self.config.model.max_seq_len)
+        return TrainLayout(
+            self.preprocessor,
+            self.action_space,
+            self.num_state_tensors(),
+            self.config.model.max_seq_len,
+        )
 
     def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False) -> TrainColumns:
         return type(self).prepare_train_batch(batch, self.train_layout(), fixed_seq_len)
 
-    def update(self, batch: SampleBatch, num_epochs: int | None = None, shuffle: bool = True,
-               buffer_index: int = 0) -> dict:
+    def update(
+        self,
+        batch: SampleBatch,
+        num_epochs: int | None = None,
+        shuffle: bool = True,
+        buffer_index: int = 0,
+    ) -> dict:
         """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes)
         and, when the loss returns per-row outputs, PER_ROW ("per_row": name ->
         array over the batch's valid rows, in order).
@@ -330,15 +418,22 @@ class TFPolicy:
         compiled call (per-row outputs from each row's last step)."""
         return with_samples_trained(self._learn(batch, num_epochs, shuffle, buffer_index))
 
-    def _learn(self, batch: SampleBatch, num_epochs: int | None, shuffle: bool,
-               buffer_index: int) -> dict:
+    def _learn(
+        self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
+    ) -> dict:
         train = self.train_columns(batch, fixed_seq_len=num_epochs is not None)
-        return valid_rows_only(self.update_on_train_columns(
-            train, num_epochs, shuffle, buffer_index), train)
+        return valid_rows_only(
+            self.update_on_train_columns(train, num_epochs, shuffle, buffer_index), train
+        )
 
-    def update_on_train_columns(self, train: TrainColumns, num_epochs: int | None = None,
-                                shuffle: bool = True, buffer_index: int = 0,
-                                minibatch_size: int | None = None) -> dict:
+    def update_on_train_columns(
+        self,
+        train: TrainColumns,
+        num_epochs: int | None = None,
+        shuffle: bool = True,
+        buffer_index: int = 0,
+        minibatch_size: int | None = None,
+    ) -> dict:
         """`update` on a batch `prepare_train_batch` made -> statistics, with PER_ROW
         over all of `train`'s rows (padding included). minibatch_size: rows per
         minibatch on this policy's towers (default: the config's; a learner of N
@@ -374,14 +469,21 @@ class TFPolicy:
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
         return self.load_train_columns_into_buffer(
-            self.train_columns(batch, fixed_seq_len=True), buffer_index)
+            self.train_columns(batch, fixed_seq_len=True), buffer_index
+        )
 
-    def load_train_columns_into_buffer(self, train: TrainColumns, buffer_index: int = 0,
-                                       minibatch_size: int | None = None) -> int:
+    def load_train_columns_into_buffer(
+        self, train: TrainColumns, buffer_index: int = 0, minibatch_size: int | None = None
+    ) -> int:
         """minibatch_size: rows per minibatch on this policy's towers (default: the
         config's; a learner of N takes 1/N of the group's)."""
-        return self.towers.load(train.columns, train.units, train.rows_per_unit,
-                                minibatch_size or self.config.minibatch_size, buffer_index)
+        return self.towers.load(
+            train.columns,
+            train.units,
+            train.rows_per_unit,
+            minibatch_size or self.config.minibatch_size,
+            buffer_index,
+        )
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
         buffer = self.towers.buffers.get(buffer_index)
@@ -394,12 +496,14 @@ class TFPolicy:
         self.num_grad_updates += 1
         return stats
 
-    def learn_on_loaded_epochs(self, num_epochs: int | None = None, buffer_index: int = 0,
-                               shuffle: bool = True) -> dict:
+    def learn_on_loaded_epochs(
+        self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True
+    ) -> dict:
         """All epochs of minibatch SGD over a loaded buffer in one compiled call."""
         try:
             stats = self.towers.learn_loaded_epochs(
-                num_epochs or self.config.num_epochs, buffer_index, shuffle)
+                num_epochs or self.config.num_epochs, buffer_index, shuffle
+            )
         except NonFiniteGradientError as err:
             self.num_grad_updates += err.steps_applied
             raise
@@ -424,8 +528,10 @@ class TFPolicy:
 
     def _target(self) -> TargetNetwork:
         if self.target_network is None:
-            raise ValueError(f"{type(self).__name__} keeps no target network "
-                             "(its target_network_update() returns None)")
+            raise ValueError(
+                f"{type(self).__name__} keeps no target network "
+                "(its target_network_update() returns None)"
+            )
         return self.target_network
 
     # ----- weights and state ----------------------------------------------------------
@@ -442,24 +548,31 @@ class TFPolicy:
         targets = dict(zip(self._weight_names, self._weight_variables))
         arrays = _checked_arrays(targets, weights, "weights")
         if new_rate < 1.0:
-            arrays = {name: _blend(value, targets[name].numpy(), new_rate)
-                      for name, value in arrays.items()}
+            arrays = {
+                name: _blend(value, targets[name].numpy(), new_rate)
+                for name, value in arrays.items()
+            }
         _assign(targets, arrays)
 
     def _optimizer_variables(self) -> dict:
         # by position only: Keras names optimizer slots after the optimizer's and the
         # model's auto-numbered names, which differ between processes and policies;
         # shapes are still checked on restore
-        return {f"optimizer_{i}/{j}": v
-                for i, opt in enumerate(self._optimizers) for j, v in enumerate(opt.variables)}
+        return {
+            f"optimizer_{i}/{j}": v
+            for i, opt in enumerate(self._optimizers)
+            for j, v in enumerate(opt.variables)
+        }
 
     def get_state(self) -> dict:
         """Weights, optimizer variables, exploration and RNG state, global timestep."""
         return {
             "weights": self.get_weights(),
             "optimizer_variables": {k: v.numpy() for k, v in self._optimizer_variables().items()},
-            "rng": {"action": self._action_rng.state.numpy(),
-                    "shuffle": self.towers.shuffle_rng.state.numpy()},
+            "rng": {
+                "action": self._action_rng.state.numpy(),
+                "shuffle": self.towers.shuffle_rng.state.numpy(),
+            },
             "exploration": self.exploration.get_state(),
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
@@ -499,7 +612,9 @@ class TFPolicy:
         """(variables, their checked new values, the new exploration or None)."""
         if not isinstance(state, dict):
             raise TypeError(f"policy state must be a dict, got {type(state).__name__}")
-        missing = [k for k in ("weights", "optimizer_variables", "global_timestep") if k not in state]
+        missing = [
+            k for k in ("weights", "optimizer_variables", "global_timestep") if k not in state
+        ]
         if missing:
             raise ValueError(f"policy state is missing {missing}")
         named, own = state.get("policy_class"), checkpoints.class_path(type(self))
@@ -508,17 +623,23 @@ class TFPolicy:
         for key in ("global_timestep", "num_grad_updates", "target_age"):
             value = state.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise ValueError(f"policy state entry {key!r} must be an integer >= 0, "
-                                 f"got {value!r}")
+                raise ValueError(
+                    f"policy state entry {key!r} must be an integer >= 0, got {value!r}"
+                )
         for group in ("weights", "optimizer_variables", "rng", "target_weights"):
             if not isinstance(state.get(group, {}), dict):
-                raise TypeError(f"policy state entry {group!r} must be a dict of arrays, "
-                                f"got {type(state[group]).__name__}")
-        targets = {**{f"weights/{k}": v for k, v in
-                      zip(self._weight_names, self._weight_variables)},
-                   **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()}}
-        values = {**{f"weights/{k}": v for k, v in state["weights"].items()},
-                  **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()}}
+                raise TypeError(
+                    f"policy state entry {group!r} must be a dict of arrays, "
+                    f"got {type(state[group]).__name__}"
+                )
+        targets = {
+            **{f"weights/{k}": v for k, v in zip(self._weight_names, self._weight_variables)},
+            **{f"optimizer/{k}": v for k, v in self._optimizer_variables().items()},
+        }
+        values = {
+            **{f"weights/{k}": v for k, v in state["weights"].items()},
+            **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()},
+        }
         self._add_target_state(state, targets, values)
         rngs = state.get("rng", {})
         for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
@@ -529,8 +650,9 @@ class TFPolicy:
         new_exploration = None
         if "exploration" in state:
             try:
-                new_exploration = exploration.make_exploration(self.action_space,
-                                                               state["exploration"])
+                new_exploration = exploration.make_exploration(
+                    self.action_space, state["exploration"]
+                )
             except (TypeError, ValueError) as err:
                 raise ValueError(f"policy state entry 'exploration': {err}") from None
         return targets, arrays, new_exploration
@@ -539,15 +661,21 @@ class TFPolicy:
         """Add the target's variables and new values (and its age) to what set_state assigns."""
         if self.target_network is None:
             if state.get("target_weights"):
-                raise ValueError("policy state has 'target_weights' but this policy keeps "
-                                 "no target network")
+                raise ValueError(
+                    "policy state has 'target_weights' but this policy keeps no target network"
+                )
             return
         missing = [k for k in ("target_weights", "target_age") if k not in state]
         if missing:
-            raise ValueError(f"policy state is missing {missing} (this policy keeps a "
-                             "target network)")
-        targets.update({f"target_weights/{k}": v for k, v in
-                        zip(self._weight_names, self.target_network.variables)})
+            raise ValueError(
+                f"policy state is missing {missing} (this policy keeps a target network)"
+            )
+        targets.update(
+            {
+                f"target_weights/{k}": v
+                for k, v in zip(self._weight_names, self.target_network.variables)
+            }
+        )
         values.update({f"target_weights/{k}": v for k, v in state["target_weights"].items()})
         targets["target_age"] = self.target_network.age
         values["target_age"] = np.int64(state["target_age"])
@@ -555,13 +683,19 @@ class TFPolicy:
     @classmethod
     def from_state(cls, state: dict) -> TFPolicy:
         """A new policy (of the class named in the state) with that exact state."""
-        named = checkpoints.resolve_class(state.get("policy_class") or checkpoints.class_path(cls),
-                                          TFPolicy)
+        named = checkpoints.resolve_class(
+            state.get("policy_class") or checkpoints.class_path(cls), TFPolicy
+        )
         if not issubclass(named, cls):
-            raise ValueError(f"the state is of {checkpoints.class_path(named)}, which is not "
-                             f"{checkpoints.class_path(cls)} or a subclass of it")
-        policy = named(space_from_json(state["observation_space"]),
-                            space_from_json(state["action_space"]), state["config"])
+            raise ValueError(
+                f"the state is of {checkpoints.class_path(named)}, which is not "
+                f"{checkpoints.class_path(cls)} or a subclass of it"
+            )
+        policy = named(
+            space_from_json(state["observation_space"]),
+            space_from_json(state["action_space"]),
+            state["config"],
+        )
         policy.set_state(state)
         return policy
 
@@ -578,6 +712,7 @@ class TFPolicy:
         """A SavedModel acting like compute_actions (explore, timestep, state), and
         model.onnx of the deterministic path with `onnx=OPSET` (see io/export.py)."""
         from policy_service.io.export import export_saved_model
+
         export_saved_model(self, export_dir, onnx)
 
     def import_model_from_h5(self, path: str) -> None:
@@ -598,17 +733,19 @@ def _flag(value, name: str) -> bool:
 
 
 def _count(value, name: str) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or value < 0:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)
 
 
 def check_new_rate(new_rate) -> float:
     """set_weights' new_rate: a finite number in (0, 1]."""
-    if isinstance(new_rate, (bool, np.bool_)) or not isinstance(
-            new_rate, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(new_rate) or not 0.0 < new_rate <= 1.0:
+    if (
+        isinstance(new_rate, (bool, np.bool_))
+        or not isinstance(new_rate, (int, float, np.integer, np.floating))
+        or not np.isfinite(new_rate)
+        or not 0.0 < new_rate <= 1.0
+    ):
         raise ValueError(f"new_rate must be a finite number in (0, 1], got {new_rate!r}")
     return float(new_rate)
 
@@ -645,18 +782,19 @@ def _checked_arrays(targets: dict, values, what: str) -> dict:
     missing = sorted(set(targets) - set(values))
     unexpected = sorted(set(values) - set(targets))
     if missing or unexpected:
-        raise ValueError(f"{what} do not match the policy: missing {missing}, "
-                         f"unexpected {unexpected}")
+        raise ValueError(
+            f"{what} do not match the policy: missing {missing}, unexpected {unexpected}"
+        )
     arrays = {}
     for name, var in targets.items():
         value = np.asarray(values[name])
         if value.shape != tuple(var.shape):
-            raise ValueError(f"{what} entry {name!r} has shape {value.shape}, "
-                             f"expected {tuple(var.shape)}")
+            raise ValueError(
+                f"{what} entry {name!r} has shape {value.shape}, expected {tuple(var.shape)}"
+            )
         expected = np.dtype(var.dtype.name if hasattr(var.dtype, "name") else var.dtype)
         if not np.can_cast(value.dtype, expected, casting="same_kind"):
-            raise ValueError(f"{what} entry {name!r} has dtype {value.dtype}, "
-                             f"expected {expected}")
+            raise ValueError(f"{what} entry {name!r} has dtype {value.dtype}, expected {expected}")
         if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
             raise ValueError(f"{what} entry {name!r} contains NaN or inf")
         arrays[name] = value.astype(expected)

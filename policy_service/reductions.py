@@ -1,4 +1,5 @@
 """Reductions over the valid (unpadded) rows of a tower's shard."""
+
 import tensorflow as tf
 
 

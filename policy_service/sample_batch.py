@@ -12,6 +12,7 @@ exactly timesteps a..b-1. `count` is computed from the data, so it never goes st
 The layouts and units in full: docs/data.md; where we differ from RLlib:
 docs/migrating.md.
 """
+
 from __future__ import annotations
 
 import copy as _copy
@@ -46,8 +47,9 @@ def _arrayify(name: str, value: Any) -> Any:
         try:
             return np.asarray(value)
         except ValueError as err:
-            raise ValueError(f"column '{name}': cannot make a numpy array of the "
-                             f"given list ({err})") from None
+            raise ValueError(
+                f"column '{name}': cannot make a numpy array of the given list ({err})"
+            ) from None
     if isinstance(value, Mapping):
         return {k: _arrayify(f"{name}/{k}", v) for k, v in value.items()}
     if isinstance(value, tuple):
@@ -60,8 +62,11 @@ def _to_column(key: str, value: Any) -> Any:
     if key == SampleBatch.INFOS and isinstance(value, list):
         return value  # a list of dicts stays a list; arrays of dicts work too
     if key == SampleBatch.SEQ_LENS and value is not None:
-        return np.asarray(value, dtype=np.int32).reshape(-1) if len(value) == 0 else \
-            np.asarray(value, dtype=np.int32)
+        return (
+            np.asarray(value, dtype=np.int32).reshape(-1)
+            if len(value) == 0
+            else np.asarray(value, dtype=np.int32)
+        )
     return _arrayify(key, value)
 
 
@@ -74,8 +79,9 @@ def _map_leaves(fn, value: Any) -> Any:
 def _leaves_with_paths(key: str, value: Any) -> list[tuple[str, Any]]:
     if isinstance(value, list):
         return [(key, value)]
-    return [("/".join([key, *map(str, path)]), leaf)
-            for path, leaf in tree.flatten_with_path(value)]
+    return [
+        ("/".join([key, *map(str, path)]), leaf) for path, leaf in tree.flatten_with_path(value)
+    ]
 
 
 def _leading_dim(leaf: Any) -> int | None:
@@ -96,7 +102,8 @@ def _leading_dim(leaf: Any) -> int | None:
 
 def _is_scalar(leaf: Any) -> bool:
     return isinstance(leaf, (Number, np.generic)) or (
-        isinstance(leaf, np.ndarray) and leaf.ndim == 0)
+        isinstance(leaf, np.ndarray) and leaf.ndim == 0
+    )
 
 
 def _take(leaf: Any, index: np.ndarray) -> Any:
@@ -116,8 +123,7 @@ def object_array(items: list) -> np.ndarray:
 def _concat_leaves(leaves: list) -> Any:
     if all(isinstance(leaf, list) for leaf in leaves):
         return [item for leaf in leaves for item in leaf]
-    arrays = [object_array(leaf) if isinstance(leaf, list) else np.asarray(leaf)
-              for leaf in leaves]
+    arrays = [object_array(leaf) if isinstance(leaf, list) else np.asarray(leaf) for leaf in leaves]
     return np.concatenate(arrays, axis=0)
 
 
@@ -133,8 +139,9 @@ def _padded_positions(seq_lens: np.ndarray, max_seq_len: int) -> np.ndarray:
     """<int64>[sum(seq_lens)]: the padded row of each timestep."""
     seq_lens = np.asarray(seq_lens, dtype=np.int64)
     starts = exclusive_cumsum(seq_lens)
-    return (np.repeat(np.arange(len(seq_lens), dtype=np.int64) * max_seq_len - starts,
-                      seq_lens) + np.arange(int(seq_lens.sum()), dtype=np.int64))
+    return np.repeat(
+        np.arange(len(seq_lens), dtype=np.int64) * max_seq_len - starts, seq_lens
+    ) + np.arange(int(seq_lens.sum()), dtype=np.int64)
 
 
 def scatter_padded(values: Any, positions: np.ndarray, length: int) -> Any:
@@ -186,9 +193,14 @@ class SampleBatch(dict):
     ADVANTAGES = "advantages"
     VALUE_TARGETS = "value_targets"
 
-    def __init__(self, *args: Any, _is_training: bool | None = None,
-                 _zero_padded: bool | None = None, _max_seq_len: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        _is_training: bool | None = None,
+        _zero_padded: bool | None = None,
+        _max_seq_len: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         """`_zero_padded=None` (the default) infers the layout from the data: row
         columns of sum(seq_lens) rows are unpadded, of num_seqs * T rows padded
         to T (RLlib's way of building a padded batch). `_max_seq_len` fixes T."""
@@ -204,8 +216,7 @@ class SampleBatch(dict):
         if self.SEQ_LENS in self and dict.get(self, self.SEQ_LENS) is None:
             self.pop(self.SEQ_LENS)  # an empty seq_lens array stays, as in RLlib
         self._is_training = None if _is_training is None else bool(_is_training)
-        self.zero_padded, self.max_seq_len = self._resolve_padding(_zero_padded,
-                                                                   _max_seq_len)
+        self.zero_padded, self.max_seq_len = self._resolve_padding(_zero_padded, _max_seq_len)
         self.validate()
 
     @classmethod
@@ -219,8 +230,9 @@ class SampleBatch(dict):
         batch._is_training, batch.zero_padded, batch.max_seq_len = None, False, None
         return batch
 
-    def _resolve_padding(self, zero_padded: bool | None,
-                         max_seq_len: int | None) -> tuple[bool, int | None]:
+    def _resolve_padding(
+        self, zero_padded: bool | None, max_seq_len: int | None
+    ) -> tuple[bool, int | None]:
         """(zero_padded, max_seq_len) from the flags given and the data."""
         max_seq_len = None if max_seq_len is None else int(max_seq_len)
         if not self._has_sequences():
@@ -236,8 +248,11 @@ class SampleBatch(dict):
         if max_seq_len is None:
             max_seq_len = longest
         if zero_padded is None:  # padded when the first odd-length column fits T
-            zero_padded = (bool(padded_dims) and max_seq_len >= longest
-                           and padded_dims[0] == num_seqs * max_seq_len)
+            zero_padded = (
+                bool(padded_dims)
+                and max_seq_len >= longest
+                and padded_dims[0] == num_seqs * max_seq_len
+            )
         return bool(zero_padded), max_seq_len
 
     # ---- dict access --------------------------------------------------
@@ -273,8 +288,7 @@ class SampleBatch(dict):
     def _counting_keys(self) -> list[str]:
         """Columns to count rows on, in RLlib's order of preference."""
         keys = [k for k in self if k != self.SEQ_LENS]
-        plain = [k for k in keys if k != self.INFOS and not is_state_in(k)
-                 and not is_state_out(k)]
+        plain = [k for k in keys if k != self.INFOS and not is_state_in(k) and not is_state_out(k)]
         others = [k for k in keys if k not in plain and not is_state_in(k)]
         return plain + others + [k for k in keys if is_state_in(k)]
 
@@ -320,8 +334,7 @@ class SampleBatch(dict):
         return self.count
 
     def __repr__(self) -> str:
-        seqs = (f" (seqs={len(self[self.SEQ_LENS])})" if self.SEQ_LENS in self
-                else "")
+        seqs = f" (seqs={len(self[self.SEQ_LENS])})" if self.SEQ_LENS in self else ""
         return f"SampleBatch({self.count}{seqs}: {list(self.keys())})"
 
     # ---- sequences ----------------------------------------------------
@@ -343,8 +356,9 @@ class SampleBatch(dict):
 
     def _leaf_is_padded(self, leaf: Any) -> bool:
         """Whether a row leaf is in the padded layout (else one row per timestep)."""
-        return (self.zero_padded and self._has_sequences()
-                and _leading_dim(leaf) == self.padded_count)
+        return (
+            self.zero_padded and self._has_sequences() and _leading_dim(leaf) == self.padded_count
+        )
 
     def _timestep_rows(self) -> np.ndarray:
         """<int64>[count]: the padded row of each timestep (identity if unpadded)."""
@@ -358,8 +372,9 @@ class SampleBatch(dict):
             return len(starts)
         return int(np.searchsorted(starts, timestep, side="right")) - 1
 
-    def _gather(self, timesteps: np.ndarray, seq_lens: np.ndarray | None,
-                sequences: np.ndarray) -> SampleBatch:
+    def _gather(
+        self, timesteps: np.ndarray, seq_lens: np.ndarray | None, sequences: np.ndarray
+    ) -> SampleBatch:
         """A new batch of the given timesteps of self, cut into `seq_lens`.
 
         Row leaves in the padded layout are re-padded to max_seq_len; others
@@ -387,9 +402,12 @@ class SampleBatch(dict):
         if seq_lens is not None:
             data[self.SEQ_LENS] = np.asarray(seq_lens, dtype=np.int32)
         # Unpadded, max_seq_len is recomputed from the new seq_lens (RLlib's rule).
-        return SampleBatch(data, _is_training=self._is_training,
-                           _zero_padded=self.zero_padded,
-                           _max_seq_len=self.max_seq_len if self.zero_padded else None)
+        return SampleBatch(
+            data,
+            _is_training=self._is_training,
+            _zero_padded=self.zero_padded,
+            _max_seq_len=self.max_seq_len if self.zero_padded else None,
+        )
 
     def _whole_sequences(self, start: int, stop: int) -> SampleBatch:
         """batch[start:stop], RLlib's rule: from the sequence holding timestep
@@ -402,8 +420,7 @@ class SampleBatch(dict):
         last = max(first, self._sequence_at(stop, starts))
         t0 = int(starts[first]) if first < len(starts) else self.count
         t1 = int(starts[last]) if last < len(starts) else self.count
-        return self._gather(np.arange(t0, t1), seq_lens[first:last],
-                            np.arange(first, last))
+        return self._gather(np.arange(t0, t1), seq_lens[first:last], np.arange(first, last))
 
     # ---- validation ---------------------------------------------------
 
@@ -420,24 +437,32 @@ class SampleBatch(dict):
             return
         seq_lens = np.asarray(self[self.SEQ_LENS])
         if seq_lens.ndim != 1 or np.any(seq_lens < 0):
-            raise ValueError(f"column 'seq_lens' must be a 1-D array of lengths "
-                             f">= 0, got {seq_lens!r}")
+            raise ValueError(
+                f"column 'seq_lens' must be a 1-D array of lengths >= 0, got {seq_lens!r}"
+            )
         longest = int(seq_lens.max())
         if self.zero_padded and longest > self._seq_len_bound():
             raise ValueError(
                 f"column 'seq_lens' has a sequence of {longest} rows, longer than "
-                f"max_seq_len={self.max_seq_len}; pass _max_seq_len >= {longest}")
+                f"max_seq_len={self.max_seq_len}; pass _max_seq_len >= {longest}"
+            )
         num_rows, num_seqs = int(seq_lens.sum()), len(seq_lens)
         for path, dim in self._row_leaf_lengths():
             if dim != num_rows and not (self.zero_padded and dim == self.padded_count):
-                raise ValueError(f"column '{path}' has {dim} rows, expected "
-                                 f"{self._layouts_text()}; {self._fix_hint(dim)}")
+                raise ValueError(
+                    f"column '{path}' has {dim} rows, expected "
+                    f"{self._layouts_text()}; {self._fix_hint(dim)}"
+                )
         for path, dim in self._state_in_leaf_lengths():
-            if dim != num_seqs and dim != num_rows and not (
-                    self.zero_padded and dim == self.padded_count):
+            if (
+                dim != num_seqs
+                and dim != num_rows
+                and not (self.zero_padded and dim == self.padded_count)
+            ):
                 raise ValueError(
                     f"column '{path}' has {dim} rows, expected {num_seqs} (one per "
-                    f"sequence) or {self._layouts_text()} (one per row)")
+                    f"sequence) or {self._layouts_text()} (one per row)"
+                )
 
     def _state_in_leaf_lengths(self):
         """(column path, leading dimension) of every state_in_* leaf that has one."""
@@ -452,19 +477,25 @@ class SampleBatch(dict):
         seq_lens = self[self.SEQ_LENS]
         text = f"{int(np.sum(seq_lens))} (sum of seq_lens {np.asarray(seq_lens).tolist()})"
         if self.zero_padded:
-            text += (f" or {self.padded_count} ({len(seq_lens)} sequences padded to "
-                     f"max_seq_len={self.max_seq_len})")
+            text += (
+                f" or {self.padded_count} ({len(seq_lens)} sequences padded to "
+                f"max_seq_len={self.max_seq_len})"
+            )
         return text
 
     def _fix_hint(self, dim: int) -> str:
         num_seqs = len(self[self.SEQ_LENS])
         longest = int(np.max(self[self.SEQ_LENS]))
         if not self.zero_padded and dim % num_seqs == 0 and dim // num_seqs >= longest:
-            return (f"{dim} rows fit {num_seqs} sequences zero-padded to "
-                    f"{dim // num_seqs}: pass _zero_padded=True, _max_seq_len="
-                    f"{dim // num_seqs} (or leave both unset)")
-        return (f"give it sum(seq_lens) rows, or {num_seqs} x T rows for one padding "
-                f"length T >= {longest} shared by every padded column")
+            return (
+                f"{dim} rows fit {num_seqs} sequences zero-padded to "
+                f"{dim // num_seqs}: pass _zero_padded=True, _max_seq_len="
+                f"{dim // num_seqs} (or leave both unset)"
+            )
+        return (
+            f"give it sum(seq_lens) rows, or {num_seqs} x T rows for one padding "
+            f"length T >= {longest} shared by every padded column"
+        )
 
     def _validate_plain_rows(self) -> None:
         lengths: dict[str, int] = {}
@@ -473,28 +504,33 @@ class SampleBatch(dict):
                 continue
             for path, leaf in _leaves_with_paths(key, dict.__getitem__(self, key)):
                 if _is_scalar(leaf):
-                    raise ValueError(f"column '{path}' has no row dimension "
-                                     f"(a scalar {leaf!r})")
+                    raise ValueError(f"column '{path}' has no row dimension (a scalar {leaf!r})")
                 dim = _leading_dim(leaf)
                 if dim is not None:
                     lengths[path] = dim
         expected = self.count
         if any(n != expected for n in lengths.values()):
             listing = ", ".join(f"'{p}': {n}" for p, n in lengths.items())
-            raise ValueError(f"SampleBatch row columns must all have {expected} rows; "
-                             f"got lengths {listing}")
+            raise ValueError(
+                f"SampleBatch row columns must all have {expected} rows; got lengths {listing}"
+            )
         for path, dim in self._state_in_leaf_lengths():
             if dim != expected:
-                raise ValueError(f"column '{path}' has {dim} rows, expected "
-                                 f"{expected} (one per row; add seq_lens for one "
-                                 f"per sequence)")
+                raise ValueError(
+                    f"column '{path}' has {dim} rows, expected "
+                    f"{expected} (one per row; add seq_lens for one "
+                    f"per sequence)"
+                )
 
     # ---- row operations -----------------------------------------------
 
     def _with_data(self, data: dict) -> SampleBatch:
-        return SampleBatch(data, _is_training=self._is_training,
-                           _zero_padded=self.zero_padded,
-                           _max_seq_len=self.max_seq_len)
+        return SampleBatch(
+            data,
+            _is_training=self._is_training,
+            _zero_padded=self.zero_padded,
+            _max_seq_len=self.max_seq_len,
+        )
 
     def slice(self, start: int, end: int) -> SampleBatch:
         """Timesteps [start, end) exactly, as RLlib: sequences cut by the bounds
@@ -507,7 +543,8 @@ class SampleBatch(dict):
         end = max(start, end)
         if not self._has_sequences():
             return self._with_data(
-                {k: _map_leaves(lambda x: x[start:end], v) for k, v in self.items()})
+                {k: _map_leaves(lambda x: x[start:end], v) for k, v in self.items()}
+            )
         seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
         starts = exclusive_cumsum(seq_lens)
         if start == end:
@@ -515,8 +552,7 @@ class SampleBatch(dict):
         first = self._sequence_at(start, starts)
         last = self._sequence_at(end - 1, starts)
         kept = np.arange(first, last + 1)
-        cut = (np.minimum(starts[kept] + seq_lens[kept], end)
-               - np.maximum(starts[kept], start))
+        cut = np.minimum(starts[kept] + seq_lens[kept], end) - np.maximum(starts[kept], start)
         return self._gather(np.arange(start, end), cut, kept)
 
     def shuffle(self) -> SampleBatch:
@@ -534,8 +570,9 @@ class SampleBatch(dict):
         seq_lens = np.asarray(self[self.SEQ_LENS], dtype=np.int64)
         seq_perm = np.random.permutation(len(seq_lens))
         starts = exclusive_cumsum(seq_lens)
-        timesteps = (np.repeat(starts[seq_perm] - exclusive_cumsum(seq_lens[seq_perm]),
-                               seq_lens[seq_perm]) + np.arange(int(seq_lens.sum())))
+        timesteps = np.repeat(
+            starts[seq_perm] - exclusive_cumsum(seq_lens[seq_perm]), seq_lens[seq_perm]
+        ) + np.arange(int(seq_lens.sum()))
         shuffled = self._gather(timesteps, seq_lens[seq_perm], seq_perm)
         for key, value in shuffled.items():
             dict.__setitem__(self, key, value)
@@ -551,8 +588,9 @@ class SampleBatch(dict):
         sequence holding two episodes is an error.
         """
         if key not in (None, self.EPS_ID, self.TERMINATEDS, "dones"):
-            raise ValueError(f"split_by_episode: key must be None, 'eps_id' or "
-                             f"'terminateds', got {key!r}")
+            raise ValueError(
+                f"split_by_episode: key must be None, 'eps_id' or 'terminateds', got {key!r}"
+            )
         n = self.count
         if key == self.EPS_ID or (key is None and self.EPS_ID in self):
             eps = self._per_timestep(self.EPS_ID)
@@ -564,8 +602,10 @@ class SampleBatch(dict):
                     done |= self._per_timestep(col).astype(bool)
             cuts = np.flatnonzero(done[:-1]) + 1
         else:
-            raise KeyError(f"split_by_episode needs column 'eps_id' or "
-                           f"'terminateds'/'truncateds'; batch has {list(self)}")
+            raise KeyError(
+                f"split_by_episode needs column 'eps_id' or "
+                f"'terminateds'/'truncateds'; batch has {list(self)}"
+            )
         if n == 0:
             return []
         bounds = [0, *cuts.tolist(), n]
@@ -573,9 +613,11 @@ class SampleBatch(dict):
             starts = set(exclusive_cumsum(np.asarray(self[self.SEQ_LENS])).tolist())
             inside = [b for b in bounds[1:-1] if b not in starts]
             if inside:
-                raise ValueError(f"split_by_episode: an episode ends at timestep "
-                                 f"{inside[0]}, inside a sequence (seq_lens "
-                                 f"{np.asarray(self[self.SEQ_LENS]).tolist()})")
+                raise ValueError(
+                    f"split_by_episode: an episode ends at timestep "
+                    f"{inside[0]}, inside a sequence (seq_lens "
+                    f"{np.asarray(self[self.SEQ_LENS]).tolist()})"
+                )
             return [self._whole_sequences(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
@@ -589,9 +631,12 @@ class SampleBatch(dict):
         if shallow:
             data = {k: list(v) if isinstance(v, list) else v for k, v in self.items()}
         else:
-            data = {k: _map_leaves(
-                lambda x: x.copy() if isinstance(x, np.ndarray) else _copy.deepcopy(x), v)
-                for k, v in self.items()}
+            data = {
+                k: _map_leaves(
+                    lambda x: x.copy() if isinstance(x, np.ndarray) else _copy.deepcopy(x), v
+                )
+                for k, v in self.items()
+            }
         return self._with_data(data)
 
     def columns(self, keys: Iterable[str]) -> list[Any]:
@@ -613,9 +658,14 @@ class SampleBatch(dict):
         items = [(k, v) for k, v in self.items() if k not in per_seq]
         positions = self._timestep_rows()
         for i in range(self.count):
-            yield {k: 1 if k == self.SEQ_LENS else _map_leaves(
-                lambda x, i=i: x[positions[i] if self._leaf_is_padded(x) else i], v)
-                for k, v in items}
+            yield {
+                k: 1
+                if k == self.SEQ_LENS
+                else _map_leaves(
+                    lambda x, i=i: x[positions[i] if self._leaf_is_padded(x) else i], v
+                )
+                for k, v in items
+            }
 
 
 def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
@@ -641,15 +691,17 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
         if missing or extra:
             raise ValueError(
                 f"concat_samples: non-empty batch {i} lacks columns {missing} and has "
-                f"extra columns {extra} compared with batch 0 (columns {keys})")
+                f"extra columns {extra} compared with batch 0 (columns {keys})"
+            )
     padded = {b.zero_padded for b in non_empty}
     if len(padded) > 1:
         raise ValueError("concat_samples: cannot mix zero-padded and unpadded batches")
     zero_padded = padded.pop()
     seq_bounds = {b.max_seq_len for b in non_empty if b.max_seq_len is not None}
     if zero_padded and len(seq_bounds) > 1:
-        raise ValueError(f"concat_samples: zero-padded batches need one max_seq_len, "
-                         f"got {sorted(seq_bounds)}")
+        raise ValueError(
+            f"concat_samples: zero-padded batches need one max_seq_len, got {sorted(seq_bounds)}"
+        )
     data = {}
     for key in keys:
         values = [b[key] for b in non_empty]
@@ -657,10 +709,14 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
             if any(isinstance(v, list) for v in values):
                 data[key] = _concat_leaves(values)
             else:
-                data[key] = tree.map_structure(lambda *leaves: _concat_leaves(list(leaves)),
-                                               *values)
+                data[key] = tree.map_structure(
+                    lambda *leaves: _concat_leaves(list(leaves)), *values
+                )
         except (ValueError, TypeError) as err:
-            raise ValueError(f"concat_samples: cannot concatenate column '{key}': "
-                             f"{err}") from None
-    return SampleBatch(data, _is_training=is_training, _zero_padded=zero_padded,
-                       _max_seq_len=max(seq_bounds) if seq_bounds else None)
+            raise ValueError(f"concat_samples: cannot concatenate column '{key}': {err}") from None
+    return SampleBatch(
+        data,
+        _is_training=is_training,
+        _zero_padded=zero_padded,
+        _max_seq_len=max(seq_bounds) if seq_bounds else None,
+    )

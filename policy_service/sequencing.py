@@ -10,6 +10,7 @@ after every `max_seq_len` rows. The ids are compared as a tuple; RLlib's
 `eps_id + agent_index + (unroll_id << 32)` key can give two different
 (episode, agent) pairs the same key and merge their rows into one sequence.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -32,8 +33,10 @@ def loss_mask(seq_lens: Sequence[int] | np.ndarray, max_seq_len: int) -> np.ndar
     """<bool>[num_seqs * max_seq_len]: True on rows that hold data, False on padding."""
     seq_lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
     if len(seq_lens) and int(seq_lens.max()) > max_seq_len:
-        raise ValueError(f"seq_lens has a sequence of {int(seq_lens.max())} rows, "
-                         f"longer than max_seq_len={max_seq_len}")
+        raise ValueError(
+            f"seq_lens has a sequence of {int(seq_lens.max())} rows, "
+            f"longer than max_seq_len={max_seq_len}"
+        )
     return (np.arange(max_seq_len)[None, :] < seq_lens[:, None]).reshape(-1)
 
 
@@ -61,8 +64,7 @@ def _new_trajectory_flags(num_rows: int, id_columns: Sequence[Any]) -> np.ndarra
     return flags
 
 
-def _seq_lens_from_ids(num_rows: int, id_columns: Sequence[Any],
-                       max_seq_len: int) -> np.ndarray:
+def _seq_lens_from_ids(num_rows: int, id_columns: Sequence[Any], max_seq_len: int) -> np.ndarray:
     """Cuts each run of equal ids into chunks of at most max_seq_len rows."""
     run_starts = np.flatnonzero(_new_trajectory_flags(num_rows, id_columns))
     run_lens = np.diff(np.append(run_starts, num_rows))
@@ -80,13 +82,13 @@ def _pad_leaf(leaf: Any, dest: np.ndarray, length: int, name: str) -> np.ndarray
     rows = rows if isinstance(rows, np.ndarray) else np.asarray(rows)
     if rows.ndim == 0 or len(rows) != len(dest):
         actual = "a scalar" if rows.ndim == 0 else f"{len(rows)} rows"
-        raise ValueError(f"{name} has {actual}, expected {len(dest)} rows "
-                         f"(the sum of seq_lens)")
+        raise ValueError(f"{name} has {actual}, expected {len(dest)} rows (the sum of seq_lens)")
     return scatter_padded(rows, dest, length)
 
 
-def _count_rows(feature_columns, state_columns, id_columns, seq_lens,
-                states_already_reduced_to_init) -> int:
+def _count_rows(
+    feature_columns, state_columns, id_columns, seq_lens, states_already_reduced_to_init
+) -> int:
     for ids in id_columns:
         if ids is not None:
             return len(ids)
@@ -142,34 +144,41 @@ def chop_into_sequences(
         raise ValueError(f"max_seq_len must be >= 1, got {max_seq_len}")
     max_seq_len = int(max_seq_len)
     id_columns = (episode_ids, unroll_ids, agent_indices)
-    num_rows = _count_rows(feature_columns, state_columns, id_columns, seq_lens,
-                           states_already_reduced_to_init)
+    num_rows = _count_rows(
+        feature_columns, state_columns, id_columns, seq_lens, states_already_reduced_to_init
+    )
     if seq_lens is None or len(seq_lens) == 0:
         seq_lens = _seq_lens_from_ids(num_rows, id_columns, max_seq_len)
     else:
         seq_lens = np.asarray(seq_lens, dtype=np.int32).reshape(-1)
         if int(seq_lens.sum()) != num_rows:
-            raise ValueError(f"seq_lens sum to {int(seq_lens.sum())}, expected "
-                             f"{num_rows} (the rows of the feature columns)")
+            raise ValueError(
+                f"seq_lens sum to {int(seq_lens.sum())}, expected "
+                f"{num_rows} (the rows of the feature columns)"
+            )
     num_seqs = len(seq_lens)
     longest = int(seq_lens.max()) if num_seqs else 0
     padded_len = longest if dynamic_max and num_seqs else max_seq_len
     if longest > padded_len:
-        raise ValueError(f"seq_lens has a sequence of {longest} rows, longer than "
-                         f"max_seq_len={max_seq_len} (dynamic_max=False)")
+        raise ValueError(
+            f"seq_lens has a sequence of {longest} rows, longer than "
+            f"max_seq_len={max_seq_len} (dynamic_max=False)"
+        )
 
     starts = exclusive_cumsum(seq_lens)
-    dest = np.repeat(np.arange(num_seqs) * padded_len - starts, seq_lens) + np.arange(
-        num_rows)
+    dest = np.repeat(np.arange(num_seqs) * padded_len - starts, seq_lens) + np.arange(num_rows)
     length = num_seqs * padded_len
     feature_sequences: list[Any] = []  # an array per column, or a list of leaves (nested)
     for i, column in enumerate(feature_columns):
         column = _as_rows(column)
         if tree.is_nested(column) and not handle_nested_data:
-            raise ValueError(f"feature column {i} is nested ({type(column).__name__}); "
-                             f"pass handle_nested_data=True")
-        leaves = [_pad_leaf(leaf, dest, length, f"feature column {i}")
-                  for leaf in tree.flatten(column)]
+            raise ValueError(
+                f"feature column {i} is nested ({type(column).__name__}); "
+                f"pass handle_nested_data=True"
+            )
+        leaves = [
+            _pad_leaf(leaf, dest, length, f"feature column {i}") for leaf in tree.flatten(column)
+        ]
         feature_sequences.append(leaves if handle_nested_data else leaves[0])
 
     initial_states = []
@@ -178,8 +187,10 @@ def chop_into_sequences(
         if states_already_reduced_to_init:
             for leaf in tree.flatten(column):
                 if len(leaf) != num_seqs:
-                    raise ValueError(f"state column {i} has {len(leaf)} rows, expected "
-                                     f"{num_seqs} (one per sequence)")
+                    raise ValueError(
+                        f"state column {i} has {len(leaf)} rows, expected "
+                        f"{num_seqs} (one per sequence)"
+                    )
             initial_states.append(column)
         else:
             initial_states.append(tree.map_structure(lambda s: s[starts], column))
@@ -192,10 +203,12 @@ def chop_into_sequences(
             return by_seq[permutation].reshape(leaf.shape)
 
         feature_sequences = [
-            [permute_padded(leaf) for leaf in col] if handle_nested_data
-            else permute_padded(col) for col in feature_sequences]
-        initial_states = [tree.map_structure(lambda s: s[permutation], col)
-                          for col in initial_states]
+            [permute_padded(leaf) for leaf in col] if handle_nested_data else permute_padded(col)
+            for col in feature_sequences
+        ]
+        initial_states = [
+            tree.map_structure(lambda s: s[permutation], col) for col in initial_states
+        ]
         seq_lens = seq_lens[permutation]
     return feature_sequences, initial_states, seq_lens
 
@@ -206,7 +219,7 @@ def chop_into_sequences(
 
 
 def _state_index(key: str) -> int:
-    suffix = key[len("state_in_"):]
+    suffix = key[len("state_in_") :]
     return int(suffix) if suffix.isdigit() else 1 << 30
 
 
@@ -229,8 +242,9 @@ def _state_window(req: Any) -> tuple[int, int] | None:
     return int(shift_from), int(-1 if shift_to is None else shift_to)
 
 
-def _read_shifted_state(data: Any, starts: np.ndarray, trajectory_first_row: np.ndarray,
-                        req: Any, key: str) -> Any:
+def _read_shifted_state(
+    data: Any, starts: np.ndarray, trajectory_first_row: np.ndarray, req: Any, key: str
+) -> Any:
     """The state input of each sequence, read from a per-row data column.
 
     One step (req.shift_from is None): data[start + shift] with shift =
@@ -245,8 +259,10 @@ def _read_shifted_state(data: Any, starts: np.ndarray, trajectory_first_row: np.
     else:
         offsets = np.arange(window[0], window[1] + 1)
     if np.any(offsets >= 0):
-        raise ValueError(f"view requirement for '{key}': shifts must be < 0 (read "
-                         f"earlier rows), got {offsets.tolist()}")
+        raise ValueError(
+            f"view requirement for '{key}': shifts must be < 0 (read "
+            f"earlier rows), got {offsets.tolist()}"
+        )
     source = starts[:, None] + offsets[None, :]
     valid = source >= trajectory_first_row[starts][:, None]
 
@@ -262,8 +278,11 @@ def _read_shifted_state(data: Any, starts: np.ndarray, trajectory_first_row: np.
 def _meets_divisibility(batch: SampleBatch, batch_divisibility_req: int) -> bool:
     if batch_divisibility_req <= 1:
         return True
-    single_agent = (SampleBatch.AGENT_INDEX not in batch or batch.count == 0
-                    or int(np.max(batch[SampleBatch.AGENT_INDEX])) == 0)
+    single_agent = (
+        SampleBatch.AGENT_INDEX not in batch
+        or batch.count == 0
+        or int(np.max(batch[SampleBatch.AGENT_INDEX])) == 0
+    )
     return batch.count % batch_divisibility_req == 0 and single_agent
 
 
@@ -317,7 +336,8 @@ def pad_batch_to_sequences_of_same_size(
         # the first state input is one step; otherwise T = max_seq_len.
         first_state = state_keys[0] if state_keys else "state_in_0"
         dynamic_max = view_requirements.get(first_state) is not None and all(
-            _state_window(view_requirements.get(k)) is None for k in state_keys)
+            _state_window(view_requirements.get(k)) is None for k in state_keys
+        )
     elif not _meets_divisibility(batch, batch_divisibility_req):
         max_seq_len, dynamic_max = batch_divisibility_req, False
     else:
@@ -326,24 +346,25 @@ def pad_batch_to_sequences_of_same_size(
         return
 
     num_rows = batch.count
-    id_columns = [batch.get(c) for c in
-                  (SampleBatch.EPS_ID, SampleBatch.UNROLL_ID, SampleBatch.AGENT_INDEX)]
+    id_columns = [
+        batch.get(c) for c in (SampleBatch.EPS_ID, SampleBatch.UNROLL_ID, SampleBatch.AGENT_INDEX)
+    ]
     seq_lens = batch.get(SampleBatch.SEQ_LENS)
     if seq_lens is None or len(seq_lens) == 0:
         seq_lens = _seq_lens_from_ids(num_rows, id_columns, int(max_seq_len))
     starts = exclusive_cumsum(np.asarray(seq_lens))
-    initial_states = [_initial_state(batch, key, view_requirements, starts, seq_lens,
-                                     num_rows, id_columns) for key in state_keys]
+    initial_states = [
+        _initial_state(batch, key, view_requirements, starts, seq_lens, num_rows, id_columns)
+        for key in state_keys
+    ]
 
     if feature_keys is None:
         feature_keys = [k for k in batch if k != SampleBatch.SEQ_LENS and not is_state_in(k)]
     else:
-        feature_keys = [k for k in feature_keys
-                        if k != SampleBatch.SEQ_LENS and not is_state_in(k)]
+        feature_keys = [k for k in feature_keys if k != SampleBatch.SEQ_LENS and not is_state_in(k)]
         for key in feature_keys:
             if key not in batch:
-                raise KeyError(f"feature key '{key}' is not in the batch; it has "
-                               f"{list(batch)}")
+                raise KeyError(f"feature key '{key}' is not in the batch; it has {list(batch)}")
     columns = {k: _as_rows(batch[k]) for k in feature_keys}
     feature_sequences, initial_states, seq_lens = chop_into_sequences(
         feature_columns=list(columns.values()),
@@ -360,20 +381,24 @@ def pad_batch_to_sequences_of_same_size(
     )
 
     for (key, column), leaves in zip(columns.items(), feature_sequences):
-        batch[key] = tree.unflatten_as(column, leaves) if tree.is_nested(column) \
-            else leaves[0]
+        batch[key] = tree.unflatten_as(column, leaves) if tree.is_nested(column) else leaves[0]
     for key, state in zip(state_keys, initial_states):
         batch[key] = state
     batch[SampleBatch.SEQ_LENS] = seq_lens
     batch.zero_padded = True
-    batch.max_seq_len = (int(seq_lens.max()) if dynamic_max and len(seq_lens)
-                         else int(max_seq_len))
+    batch.max_seq_len = int(seq_lens.max()) if dynamic_max and len(seq_lens) else int(max_seq_len)
     batch.validate()
 
 
-def _initial_state(batch: SampleBatch, key: str, view_requirements: Mapping,
-                   starts: np.ndarray, seq_lens: Any, num_rows: int,
-                   id_columns: Sequence[Any]) -> Any:
+def _initial_state(
+    batch: SampleBatch,
+    key: str,
+    view_requirements: Mapping,
+    starts: np.ndarray,
+    seq_lens: Any,
+    num_rows: int,
+    id_columns: Sequence[Any],
+) -> Any:
     """state_in `key` at each sequence start, [num_seqs, ...]."""
     num_seqs = len(seq_lens)
     if key in batch:
@@ -382,12 +407,13 @@ def _initial_state(batch: SampleBatch, key: str, view_requirements: Mapping,
         if rows == num_seqs:  # already one per sequence (RLlib's check)
             return state
         if rows != num_rows:
-            raise ValueError(f"column '{key}' has {rows} rows, expected {num_seqs} "
-                             f"(one per sequence) or {num_rows} (one per row)")
+            raise ValueError(
+                f"column '{key}' has {rows} rows, expected {num_seqs} "
+                f"(one per sequence) or {num_rows} (one per row)"
+            )
         return tree.map_structure(lambda s: s[starts], state)
     req = view_requirements[key]
     data_col = req.data_col
     flags = _new_trajectory_flags(num_rows, id_columns)
     first_row = np.maximum.accumulate(np.where(flags, np.arange(num_rows), 0))
-    return _read_shifted_state(batch[data_col], starts.astype(np.int64), first_row,
-                               req, key)
+    return _read_shifted_state(batch[data_col], starts.astype(np.int64), first_row, req, key)

@@ -14,6 +14,7 @@ Dict/Tuple are flattened and concatenated in dm-tree order. Action helpers suppo
 Discrete, MultiDiscrete (1-D nvec) and 1-D float Box. What each space becomes,
 exactly: docs/data.md.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -61,22 +62,27 @@ def _as_array(value: Any, column: str) -> np.ndarray:
         raise ValueError(f"{column}: cannot be read as one array ({error})") from None
     if array.dtype.kind not in _REAL_KINDS:
         raise ValueError(
-            f"{column}: expected a numeric array, got dtype {array.dtype} "
-            f"(shape {array.shape})")
+            f"{column}: expected a numeric array, got dtype {array.dtype} (shape {array.shape})"
+        )
     return array
 
 
-def _check_rank_and_kind(array: np.ndarray, trailing: tuple, kinds: str,
-                         column: str, expected: str) -> None:
+def _check_rank_and_kind(
+    array: np.ndarray, trailing: tuple, kinds: str, column: str, expected: str
+) -> None:
     if array.ndim != len(trailing) + 1 or tuple(array.shape[1:]) != tuple(trailing):
         raise _mismatch(column, expected, array)
     if array.dtype.kind not in kinds:
         raise _mismatch(column, expected, array, f"dtype kind '{array.dtype.kind}' does not fit")
 
 
-def _check_index_range(array: np.ndarray, start: np.ndarray | np.integer,
-                       size: np.ndarray | np.integer,
-                       column: str, expected: str) -> None:
+def _check_index_range(
+    array: np.ndarray,
+    start: np.ndarray | np.integer,
+    size: np.ndarray | np.integer,
+    column: str,
+    expected: str,
+) -> None:
     """Values must lie in [start, start + size) elementwise (broadcast over rows)."""
     bad = (array < start) | (array >= start + size)
     if bad.any():
@@ -148,9 +154,9 @@ class _BoxPreprocessor(ObservationPreprocessor):
         self._space_shape = space.shape
         floating = np.issubdtype(space.dtype, np.floating)
         self._kinds = _REAL_KINDS if floating else _INT_KINDS + "b"
-        self._expected = (f"shape {_batch_shape(space.shape)} dtype {space.dtype}"
-                          + (" (or another real dtype)" if floating
-                             else " (or another integer dtype)"))
+        self._expected = f"shape {_batch_shape(space.shape)} dtype {space.dtype}" + (
+            " (or another real dtype)" if floating else " (or another integer dtype)"
+        )
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
@@ -159,8 +165,12 @@ class _BoxPreprocessor(ObservationPreprocessor):
             bad = ~np.isfinite(array)
             if bad.any():
                 row = _first_bad_row(bad)
-                raise _mismatch(column, self._expected + " with finite values", array,
-                                f"row {row} has a NaN or inf value")
+                raise _mismatch(
+                    column,
+                    self._expected + " with finite values",
+                    array,
+                    f"row {row} has a NaN or inf value",
+                )
         return array, array.shape[0]
 
     def _encode(self, array):
@@ -184,14 +194,21 @@ class _IndexPreprocessor(ObservationPreprocessor):
         # Column of each component's first one-hot slot in the output row.
         self._offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
         super().__init__(space, (int(self._sizes.sum()),))
-        self._expected = (f"shape {_batch_shape(self._trailing)} integer dtype "
-                          f"(like {space.dtype}) with values in {expected_range}")
+        self._expected = (
+            f"shape {_batch_shape(self._trailing)} integer dtype "
+            f"(like {space.dtype}) with values in {expected_range}"
+        )
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
         _check_rank_and_kind(array, self._trailing, _INT_KINDS, column, self._expected)
-        _check_index_range(array, self._starts.reshape(self._trailing),
-                           self._sizes.reshape(self._trailing), column, self._expected)
+        _check_index_range(
+            array,
+            self._starts.reshape(self._trailing),
+            self._sizes.reshape(self._trailing),
+            column,
+            self._expected,
+        )
         return array, array.shape[0]
 
     def _encode(self, array):
@@ -209,8 +226,9 @@ class _MultiBinaryPreprocessor(ObservationPreprocessor):
     def __init__(self, space: gym.spaces.MultiBinary):
         super().__init__(space, (int(np.prod(space.shape, dtype=np.int64)),))
         self._space_shape = space.shape
-        self._expected = (f"shape {_batch_shape(space.shape)} integer or bool dtype "
-                          "with values in {0, 1}")
+        self._expected = (
+            f"shape {_batch_shape(space.shape)} integer or bool dtype with values in {{0, 1}}"
+        )
 
     def _validate(self, obs_batch, column):
         array = _as_array(obs_batch, column)
@@ -242,13 +260,16 @@ class _NestedPreprocessor(ObservationPreprocessor):
         if len(set(batch_sizes.values())) > 1:
             raise ValueError(
                 f"{column}: expected every sub-observation to have the same batch size, "
-                f"got batch sizes {batch_sizes}")
+                f"got batch sizes {batch_sizes}"
+            )
         return arrays, next(iter(batch_sizes.values()), 0)
 
     def _batch_of_one(self, obs, column):
         # Walk the space, not the value: a list leaf (a Box row) is not a structure.
-        items = [child._batch_of_one(value, f"{column}[{key!r}]")
-                 for key, child, value in zip(self._keys, self._children, self._items(obs, column))]
+        items = [
+            child._batch_of_one(value, f"{column}[{key!r}]")
+            for key, child, value in zip(self._keys, self._children, self._items(obs, column))
+        ]
         if isinstance(self.space, gym.spaces.Dict):
             return dict(zip(self._keys, items))
         return tuple(items)
@@ -257,29 +278,43 @@ class _NestedPreprocessor(ObservationPreprocessor):
         """The batch's sub-batches in self._keys order, after a structure check."""
         if isinstance(self.space, gym.spaces.Dict):
             if not isinstance(obs_batch, Mapping):
-                raise ValueError(f"{column}: expected a dict with keys {self._keys} for "
-                                 f"{self.space}, got {type(obs_batch).__name__}")
+                raise ValueError(
+                    f"{column}: expected a dict with keys {self._keys} for "
+                    f"{self.space}, got {type(obs_batch).__name__}"
+                )
             if set(obs_batch.keys()) != set(self._keys):
                 missing = [k for k in self._keys if k not in obs_batch]
                 extra = sorted(map(str, set(obs_batch.keys()) - set(self._keys)))
                 what = ([f"missing {missing}"] if missing else []) + (
-                    [f"unexpected {extra}"] if extra else [])
-                raise ValueError(f"{column}: expected a dict with keys {self._keys}, got keys "
-                                 f"{sorted(map(str, obs_batch.keys()))} ({', '.join(what)})")
+                    [f"unexpected {extra}"] if extra else []
+                )
+                raise ValueError(
+                    f"{column}: expected a dict with keys {self._keys}, got keys "
+                    f"{sorted(map(str, obs_batch.keys()))} ({', '.join(what)})"
+                )
             return [obs_batch[key] for key in self._keys]
-        if (not isinstance(obs_batch, Sequence) or isinstance(obs_batch, str)
-                or len(obs_batch) != len(self._keys)):
-            got = (f"a {type(obs_batch).__name__} of length {len(obs_batch)}"
-                   if isinstance(obs_batch, Sequence) else type(obs_batch).__name__)
-            raise ValueError(f"{column}: expected a tuple of {len(self._keys)} sub-batches "
-                             f"for {self.space}, got {got}")
+        if (
+            not isinstance(obs_batch, Sequence)
+            or isinstance(obs_batch, str)
+            or len(obs_batch) != len(self._keys)
+        ):
+            got = (
+                f"a {type(obs_batch).__name__} of length {len(obs_batch)}"
+                if isinstance(obs_batch, Sequence)
+                else type(obs_batch).__name__
+            )
+            raise ValueError(
+                f"{column}: expected a tuple of {len(self._keys)} sub-batches "
+                f"for {self.space}, got {got}"
+            )
         return list(obs_batch)
 
     def _encode(self, arrays):
         parts = [child._encode(array) for child, array in zip(self._children, arrays)]
         return np.concatenate(
             [part.reshape(part.shape[0], child.size) for part, child in zip(parts, self._children)],
-            axis=1)
+            axis=1,
+        )
 
 
 def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
@@ -300,7 +335,8 @@ def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
     if isinstance(space, gym.Space):
         raise NotImplementedError(
             f"no observation preprocessor for space type {type(space).__name__} ({space}); "
-            f"supported: {_OBSERVATION_SPACES}")
+            f"supported: {_OBSERVATION_SPACES}"
+        )
     raise TypeError(f"expected a gymnasium.spaces.Space, got {type(space).__name__}: {space!r}")
 
 
@@ -317,12 +353,16 @@ def _supported_action_space(space: gym.Space) -> SupportedActionSpace:
         return space
     if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
         return space
-    if (isinstance(space, gym.spaces.Box) and len(space.shape) == 1
-            and np.issubdtype(space.dtype, np.floating)):
+    if (
+        isinstance(space, gym.spaces.Box)
+        and len(space.shape) == 1
+        and np.issubdtype(space.dtype, np.floating)
+    ):
         return space
     raise NotImplementedError(
         f"unsupported action space type {type(space).__name__} ({space}); "
-        f"supported: {_ACTION_SPACES}")
+        f"supported: {_ACTION_SPACES}"
+    )
 
 
 def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int, ...]]:
@@ -338,8 +378,9 @@ def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int
     return np.dtype(np.float32), tuple(space.shape)
 
 
-def check_actions(action_space: gym.Space, actions: Any, column: str = "actions",
-                  check_bounds: bool = True) -> None:
+def check_actions(
+    action_space: gym.Space, actions: Any, column: str = "actions", check_bounds: bool = True
+) -> None:
     """Raises ValueError if a batch of actions does not fit the action space.
 
     The message names the column, the expected and actual shape/dtype and,
@@ -362,8 +403,11 @@ def check_actions(action_space: gym.Space, actions: Any, column: str = "actions"
             if outside.any():
                 row = _first_bad_row(outside)
                 raise _mismatch(
-                    column, expected + f" within [{space.low.tolist()}, {space.high.tolist()}]",
-                    array, f"row {row} has value {array[row].tolist()} out of bounds")
+                    column,
+                    expected + f" within [{space.low.tolist()}, {space.high.tolist()}]",
+                    array,
+                    f"row {row} has value {array[row].tolist()} out of bounds",
+                )
         return
     start: np.ndarray | np.integer
     size: np.ndarray | np.integer

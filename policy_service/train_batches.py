@@ -4,6 +4,7 @@ numpy columns with a "loss_mask" column, counted in units.
 A unit is one row, or one padded sequence of T rows for recurrent models;
 sequence columns ("seq_lens", "state_in_*") have one row per unit.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -42,8 +43,9 @@ class TrainColumns(NamedTuple):
     rows_per_unit: int  # 1, or the padded sequence length T
 
 
-def prepare_train_columns(batch, layout: TrainLayout, *, loss_columns: dict | None = None,
-                          fixed_seq_len: bool = False) -> TrainColumns:
+def prepare_train_columns(
+    batch, layout: TrainLayout, *, loss_columns: dict | None = None, fixed_seq_len: bool = False
+) -> TrainColumns:
     """Check and preprocess a train batch; recurrent batches are chopped into padded
     sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
     `loss_columns` (name -> LossColumn) are the columns the loss reads."""
@@ -52,8 +54,10 @@ def prepare_train_columns(batch, layout: TrainLayout, *, loss_columns: dict | No
     if batch.count == 0:
         raise ValueError("train batch is empty")
     if SampleBatch.OBS not in batch:
-        raise ValueError(f"train batch is missing column 'obs', which every model reads; "
-                         f"columns: {sorted(batch)}")
+        raise ValueError(
+            f"train batch is missing column 'obs', which every model reads; "
+            f"columns: {sorted(batch)}"
+        )
     check_loss_columns(batch, loss_columns or {})
     preprocessor, num_state_tensors = layout.preprocessor, layout.num_state_tensors
     batch = batch.copy(shallow=True)
@@ -62,8 +66,9 @@ def prepare_train_columns(batch, layout: TrainLayout, *, loss_columns: dict | No
             preprocessor.check(batch[column], column=column)
             batch[column] = preprocessor.transform(batch[column])
     if SampleBatch.ACTIONS in batch:
-        spaces.check_actions(layout.action_space, np.asarray(batch[SampleBatch.ACTIONS]),
-                             check_bounds=False)
+        spaces.check_actions(
+            layout.action_space, np.asarray(batch[SampleBatch.ACTIONS]), check_bounds=False
+        )
     for key in [k for k in batch if _drop_for_training(k, batch[k])]:
         del batch[key]
     check_finite_columns(batch)
@@ -74,15 +79,20 @@ def prepare_train_columns(batch, layout: TrainLayout, *, loss_columns: dict | No
     return TrainColumns(columns, batch.count, 1)
 
 
-def _sequence_columns(batch: SampleBatch, num_state_tensors: int, max_seq_len: int,
-                      fixed_seq_len: bool) -> TrainColumns:
+def _sequence_columns(
+    batch: SampleBatch, num_state_tensors: int, max_seq_len: int, fixed_seq_len: bool
+) -> TrainColumns:
     for i in range(num_state_tensors):
         if f"state_in_{i}" not in batch:
-            raise ValueError(f"recurrent train batch is missing column 'state_in_{i}' "
-                             f"(initial state of each sequence); columns: {sorted(batch)}")
+            raise ValueError(
+                f"recurrent train batch is missing column 'state_in_{i}' "
+                f"(initial state of each sequence); columns: {sorted(batch)}"
+            )
     if SampleBatch.SEQ_LENS not in batch and SampleBatch.EPS_ID not in batch:
-        raise ValueError("recurrent train batch needs 'seq_lens' or 'eps_id' to form "
-                         f"sequences; columns: {sorted(batch)}")
+        raise ValueError(
+            "recurrent train batch needs 'seq_lens' or 'eps_id' to form "
+            f"sequences; columns: {sorted(batch)}"
+        )
     if not batch.zero_padded:
         pad_batch_to_sequences_of_same_size(batch, max_seq_len)
     seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], np.int32)
@@ -91,8 +101,10 @@ def _sequence_columns(batch: SampleBatch, num_state_tensors: int, max_seq_len: i
     assert length is not None  # set whenever a batch has seq_lens, as it has now
     columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
     if fixed_seq_len and length != max_seq_len:
-        columns = {k: v if is_sequence_column(k) else _pad_time(v, num_seqs, length, max_seq_len)
-                   for k, v in columns.items()}
+        columns = {
+            k: v if is_sequence_column(k) else _pad_time(v, num_seqs, length, max_seq_len)
+            for k, v in columns.items()
+        }
         length = max_seq_len
     columns[SampleBatch.SEQ_LENS] = seq_lens
     columns[LOSS_MASK] = loss_mask(seq_lens, length)
@@ -104,18 +116,24 @@ def check_loss_columns(batch: SampleBatch, loss_columns: dict) -> None:
     else an error naming the column, what was expected and what is there."""
     for name, want in loss_columns.items():
         if name not in batch:
-            raise ValueError(f"train batch is missing column {name!r}, which the loss reads; "
-                             f"columns: {sorted(batch)}")
+            raise ValueError(
+                f"train batch is missing column {name!r}, which the loss reads; "
+                f"columns: {sorted(batch)}"
+            )
         for leaf in tree.flatten(batch[name]):
             values = np.asarray(leaf)
             kinds = "f" if want.kind == "float" else "iuf"
             if values.dtype.kind not in kinds:
-                raise ValueError(f"column {name!r} has dtype {values.dtype}, expected "
-                                 f"{'a float' if want.kind == 'float' else 'a numeric'} dtype")
+                raise ValueError(
+                    f"column {name!r} has dtype {values.dtype}, expected "
+                    f"{'a float' if want.kind == 'float' else 'a numeric'} dtype"
+                )
             if want.shape is not None and values.shape[1:] != tuple(want.shape):
                 expected = ("rows",) + tuple(want.shape)
-                raise ValueError(f"column {name!r} has shape {values.shape}, expected "
-                                 f"({', '.join(map(str, expected))})")
+                raise ValueError(
+                    f"column {name!r} has shape {values.shape}, expected "
+                    f"({', '.join(map(str, expected))})"
+                )
 
 
 def check_finite_columns(batch: dict) -> None:
@@ -125,8 +143,10 @@ def check_finite_columns(batch: dict) -> None:
             arr = np.asarray(leaf)
             if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
                 row = int(np.argwhere(~np.isfinite(arr))[0][0])
-                raise ValueError(f"column {name!r} has NaN or inf (first at row {row}, "
-                                 f"shape {arr.shape}); weights unchanged")
+                raise ValueError(
+                    f"column {name!r} has NaN or inf (first at row {row}, "
+                    f"shape {arr.shape}); weights unchanged"
+                )
 
 
 def _drop_for_training(name: str, values) -> bool:
@@ -135,7 +155,8 @@ def _drop_for_training(name: str, values) -> bool:
         return True
     leaves = tree.flatten(values)
     return any(np.asarray(leaf).dtype.kind in "OUS" for leaf in leaves) or (
-        len(leaves) != 1 and name not in (SampleBatch.OBS, SampleBatch.NEXT_OBS))
+        len(leaves) != 1 and name not in (SampleBatch.OBS, SampleBatch.NEXT_OBS)
+    )
 
 
 def _as_tensor_array(name: str, values) -> np.ndarray:

@@ -13,6 +13,7 @@ Everything is time-major `[T, B]` and made of TF ops (a reverse `tf.scan`), so i
 runs inside a compiled tower step with unknown T and B; the returns carry no
 gradient, as in the paper.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -25,24 +26,33 @@ class VTraceReturns(NamedTuple):
     pg_advantages: tf.Tensor  # <float32>[T, B] advantages for the policy gradient
 
 
-def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_value,
-                            clip_rho_threshold: float | None = 1.0,
-                            clip_pg_rho_threshold: float | None = 1.0,
-                            lambda_: float = 1.0) -> VTraceReturns:
+def from_importance_weights(
+    log_rhos,
+    discounts,
+    rewards,
+    values,
+    bootstrap_value,
+    clip_rho_threshold: float | None = 1.0,
+    clip_pg_rho_threshold: float | None = 1.0,
+    lambda_: float = 1.0,
+) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages.
 
     log_rhos, discounts, rewards, values: <float32>[T, B], with discounts[t] =
     gamma * (1 - terminated_t); bootstrap_value <float32>[B]: V(x_T). A threshold
     of None clips nothing; lambda_ in [0, 1] scales the traces c_i.
     """
-    for name, threshold in (("clip_rho_threshold", clip_rho_threshold),
-                            ("clip_pg_rho_threshold", clip_pg_rho_threshold)):
+    for name, threshold in (
+        ("clip_rho_threshold", clip_rho_threshold),
+        ("clip_pg_rho_threshold", clip_pg_rho_threshold),
+    ):
         if threshold is not None and not float(threshold) > 0:
             raise ValueError(f"{name} must be > 0 or None, got {threshold!r}")
     if not 0.0 <= float(lambda_) <= 1.0:
         raise ValueError(f"lambda_ must be in [0, 1], got {lambda_!r}")
     log_rhos, discounts, rewards, values = (
-        tf.convert_to_tensor(x, tf.float32) for x in (log_rhos, discounts, rewards, values))
+        tf.convert_to_tensor(x, tf.float32) for x in (log_rhos, discounts, rewards, values)
+    )
     bootstrap_value = tf.convert_to_tensor(bootstrap_value, tf.float32)
     _check_ranks(log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values)
     if bootstrap_value.shape.rank is not None and bootstrap_value.shape.rank != 1:
@@ -58,8 +68,12 @@ def from_importance_weights(log_rhos, discounts, rewards, values, bootstrap_valu
         delta, discount, trace = step
         return delta + discount * trace * later
 
-    vs_minus_values = tf.scan(backward, (deltas, discounts, traces),
-                              initializer=tf.zeros_like(bootstrap_value), reverse=True)
+    vs_minus_values = tf.scan(
+        backward,
+        (deltas, discounts, traces),
+        initializer=tf.zeros_like(bootstrap_value),
+        reverse=True,
+    )
     vs = vs_minus_values + values
     next_vs = tf.concat([vs[1:], bootstrap_value[None]], axis=0)
     pg_advantages = _clip(rhos, clip_pg_rho_threshold) * (rewards + discounts * next_vs - values)
@@ -78,5 +92,6 @@ def _check_ranks(**tensors: tf.Tensor) -> None:
         if tensor.shape.rank is not None and tensor.shape.rank != 2:
             raise ValueError(f"{name} must be time-major [T, B], got shape {tensor.shape}")
         if not tensor.shape.is_compatible_with(first):
-            raise ValueError(f"{name} has shape {tensor.shape}, expected {first} (that of "
-                             "log_rhos)")
+            raise ValueError(
+                f"{name} has shape {tensor.shape}, expected {first} (that of log_rhos)"
+            )

@@ -10,6 +10,7 @@ actors and central inference while workers and the PolicyActor are SIGKILLed.
 Everything runs on this machine's local Ray; the loops end by themselves.
 What each mode does and reports, exactly: BENCHMARKS.md, "What each script measures".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -70,8 +71,9 @@ class CallerTally:
                     self.first_errors.append(f"{type(error).__name__}: {error}"[:300])
 
 
-def expected_results(policy, rng: np.random.Generator, callers: int, batches: int,
-                     rows: int) -> list[list[tuple]]:
+def expected_results(
+    policy, rng: np.random.Generator, callers: int, batches: int, rows: int
+) -> list[list[tuple]]:
     """Per caller, `batches` (obs, actions, vf_preds) computed by the local policy."""
     space = policy.observation_space
     out = []
@@ -91,19 +93,26 @@ def run_callers(args) -> dict:
 
     from algorithms.ppo import PPOPolicy
     from policy_service.distributed.restarts import RestartablePolicyActor
+
     env = gym.make("CartPole-v1")
     config = {"model": {"fcnet_hiddens": [64, 64]}, "seed": 0}
     local = PPOPolicy(env.observation_space, env.action_space, config)
     rng = np.random.default_rng(0)
-    weights = {k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype)
-               for k, v in local.get_weights().items()}
+    weights = {
+        k: v + rng.normal(0, 0.1, v.shape).astype(v.dtype) for k, v in local.get_weights().items()
+    }
     local.set_weights(weights)
     expected = expected_results(local, rng, args.callers, batches=8, rows=args.rows)
-    served = RestartablePolicyActor(PPOPolicy, env.observation_space, env.action_space, config,
-                                    max_restarts=args.actor_restarts,
-                                    actor_options={"num_cpus": 1},
-                                    max_batch_size=args.callers * args.rows,
-                                    batch_wait_timeout_s=0.001)
+    served = RestartablePolicyActor(
+        PPOPolicy,
+        env.observation_space,
+        env.action_space,
+        config,
+        max_restarts=args.actor_restarts,
+        actor_options={"num_cpus": 1},
+        max_batch_size=args.callers * args.rows,
+        batch_wait_timeout_s=0.001,
+    )
     served.set_weights(weights, version=1)
     tally = CallerTally()
     stop = threading.Event()
@@ -118,12 +127,12 @@ def run_callers(args) -> dict:
                 tally.add(error=error)
                 continue
             wrong = (np.asarray(got) != actions) | ~np.isclose(
-                np.asarray(extra["vf_preds"]), values, rtol=1e-4, atol=1e-5)
+                np.asarray(extra["vf_preds"]), values, rtol=1e-4, atol=1e-5
+            )
             wrong_version = extra["weights_version"] != 1
             tally.add(rows=len(obs), wrong=len(obs) if wrong_version else int(wrong.sum()))
 
-    threads = [threading.Thread(target=caller, args=(i,), daemon=True)
-               for i in range(args.callers)]
+    threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(args.callers)]
     start = time.monotonic()
     for thread in threads:
         thread.start()
@@ -137,10 +146,15 @@ def run_callers(args) -> dict:
                 killed = True
             with tally.lock:
                 calls, rows = tally.calls, tally.rows
-                record = {"t_s": round(now - start, 1), "calls": calls, "rows": rows,
-                          "calls_per_s": round((calls - last[0]) / (now - last[2]), 1),
-                          "rows_per_s": round((rows - last[1]) / (now - last[2]), 1),
-                          "errors": tally.errors, "wrong_rows": tally.wrong_rows}
+                record = {
+                    "t_s": round(now - start, 1),
+                    "calls": calls,
+                    "rows": rows,
+                    "calls_per_s": round((calls - last[0]) / (now - last[2]), 1),
+                    "rows_per_s": round((rows - last[1]) / (now - last[2]), 1),
+                    "errors": tally.errors,
+                    "wrong_rows": tally.wrong_rows,
+                }
             record["restarts"] = served.num_restarts()
             record["actor_rss_mb"] = _actor_rss(served.actor)
             record["driver_rss_mb"] = rss_mb(os.getpid())
@@ -153,15 +167,24 @@ def run_callers(args) -> dict:
             thread.join(timeout=30)
     stats = ray.get(served.actor.stats.remote())
     served.kill()
-    return summary(samples, args.seconds, tally, {"kind": "callers", "callers": args.callers,
-                                                  "rows_per_call": args.rows,
-                                                  "seconds": args.seconds,
-                                                  "mean_batch_size": stats["mean_batch_size"],
-                                                  "actor_killed": killed})
+    return summary(
+        samples,
+        args.seconds,
+        tally,
+        {
+            "kind": "callers",
+            "callers": args.callers,
+            "rows_per_call": args.rows,
+            "seconds": args.seconds,
+            "mean_batch_size": stats["mean_batch_size"],
+            "actor_killed": killed,
+        },
+    )
 
 
 def _actor_pid(actor) -> int:
     import ray
+
     return int(ray.get(actor.stats.remote(), timeout=60)["pid"])
 
 
@@ -179,14 +202,24 @@ def summary(samples: list[dict], seconds: float, tally: CallerTally, extra: dict
     after = [s for s in samples if s["t_s"] >= warmup and s.get("actor_rss_mb")]
     growth = None
     if len(after) >= 2:
-        growth = round((after[-1]["actor_rss_mb"] - after[0]["actor_rss_mb"])
-                       / after[0]["actor_rss_mb"] * 100, 2)
-    return {"summary": True, **extra, "calls": tally.calls, "rows": tally.rows,
-            "rows_per_s": round(tally.rows / seconds, 1), "errors": tally.errors,
-            "wrong_rows": tally.wrong_rows, "first_errors": tally.first_errors,
-            "restarts": samples[-1]["restarts"] if samples else 0,
-            "warmup_s": warmup, "actor_rss_growth_after_warmup_pct": growth,
-            "actor_rss_mb_last": samples[-1]["actor_rss_mb"] if samples else None}
+        growth = round(
+            (after[-1]["actor_rss_mb"] - after[0]["actor_rss_mb"]) / after[0]["actor_rss_mb"] * 100,
+            2,
+        )
+    return {
+        "summary": True,
+        **extra,
+        "calls": tally.calls,
+        "rows": tally.rows,
+        "rows_per_s": round(tally.rows / seconds, 1),
+        "errors": tally.errors,
+        "wrong_rows": tally.wrong_rows,
+        "first_errors": tally.first_errors,
+        "restarts": samples[-1]["restarts"] if samples else 0,
+        "warmup_s": warmup,
+        "actor_rss_growth_after_warmup_pct": growth,
+        "actor_rss_mb_last": samples[-1]["actor_rss_mb"] if samples else None,
+    }
 
 
 # ----- PPO with workers and the PolicyActor killed ---------------------------------------
@@ -197,9 +230,16 @@ def run_ppo(args) -> dict:
     import yaml
 
     from algorithms.ppo import PPO
+
     config = yaml.safe_load(TUNED_CARTPOLE.read_text())
-    config.update(seed=args.seed, num_env_runners=args.workers, num_envs_per_env_runner=4,
-                  remote_inference=True, num_cpus_per_env_runner=0.5, ray_num_cpus=2)
+    config.update(
+        seed=args.seed,
+        num_env_runners=args.workers,
+        num_envs_per_env_runner=4,
+        remote_inference=True,
+        num_cpus_per_env_runner=0.5,
+        ray_num_cpus=2,
+    )
     algo = PPO(config)
     rng = random.Random(args.seed)
     stop = threading.Event()
@@ -214,8 +254,11 @@ def run_ppo(args) -> dict:
             group = algo.env_runners
             if group is None:
                 continue
-            if args.kill_actor_at is not None and not kills["policy_actor"] \
-                    and elapsed >= args.kill_actor_at:
+            if (
+                args.kill_actor_at is not None
+                and not kills["policy_actor"]
+                and elapsed >= args.kill_actor_at
+            ):
                 try:
                     os.kill(_actor_pid(group.policy_actor), signal.SIGKILL)
                     kills["policy_actor"] += 1
@@ -223,8 +266,12 @@ def run_ppo(args) -> dict:
                     pass
             # at most one worker kill per iteration: on a slow machine a fixed period
             # would spend a sample's restart budget, which test_faults tests apart
-            if args.kill_worker_every and elapsed >= next_worker_kill and group.workers \
-                    and algo.iteration > last_kill_iteration[0]:
+            if (
+                args.kill_worker_every
+                and elapsed >= next_worker_kill
+                and group.workers
+                and algo.iteration > last_kill_iteration[0]
+            ):
                 try:
                     ray.kill(rng.choice(list(group.workers)))
                     kills["workers"] += 1
@@ -240,17 +287,18 @@ def run_ppo(args) -> dict:
     try:
         while True:
             metrics = algo.train()
-            record = {"iteration": metrics["iteration"],
-                      "timesteps_total": metrics["timesteps_total"],
-                      "episode_return_mean": round(metrics["episode_return_mean"], 1),
-                      "time_s": round(time.monotonic() - start, 1),
-                      "num_worker_restarts": metrics["num_worker_restarts"],
-                      "num_policy_actor_restarts":
-                          algo.env_runners.num_policy_actor_restarts(),
-                      "workers_killed": kills["workers"],
-                      "policy_actor_killed": kills["policy_actor"],
-                      "driver_rss_mb": rss_mb(os.getpid()),
-                      "actor_rss_mb": _actor_rss(algo.env_runners.policy_actor)}
+            record = {
+                "iteration": metrics["iteration"],
+                "timesteps_total": metrics["timesteps_total"],
+                "episode_return_mean": round(metrics["episode_return_mean"], 1),
+                "time_s": round(time.monotonic() - start, 1),
+                "num_worker_restarts": metrics["num_worker_restarts"],
+                "num_policy_actor_restarts": algo.env_runners.num_policy_actor_restarts(),
+                "workers_killed": kills["workers"],
+                "policy_actor_killed": kills["policy_actor"],
+                "driver_rss_mb": rss_mb(os.getpid()),
+                "actor_rss_mb": _actor_rss(algo.env_runners.policy_actor),
+            }
             history.append(record)
             emit(record)
             if metrics["episode_return_mean"] >= args.stop_reward:
@@ -270,8 +318,13 @@ def run_ppo(args) -> dict:
         thread.join(timeout=10)
         algo.stop()
     last = history[-1]
-    return {"summary": True, "kind": "ppo", "stop_reason": reason, **last,
-            "reached": last["episode_return_mean"] >= args.stop_reward}
+    return {
+        "summary": True,
+        "kind": "ppo",
+        "stop_reason": reason,
+        **last,
+        "reached": last["episode_return_mean"] >= args.stop_reward,
+    }
 
 
 # ----- command line ------------------------------------------------------------------------
@@ -306,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from policy_service.distributed.ray_runtime import start_ray
+
     if not ray.is_initialized():
         start_ray(num_cpus=2, quiet=True)
     try:

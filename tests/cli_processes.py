@@ -5,6 +5,7 @@ that module's autouse fixture): its runs' embedded Ray uses a token of its own,
 never ~/.ray's. Commands spend most of their time importing TensorFlow, so
 independent ones are started at once and finished after.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,16 @@ import pytest
 
 CLI = str(Path(sys.executable).parent / "policy-service")
 TIMEOUT_S = 300
-TINY = ["--set", "train_batch_size=256", "--set", "minibatch_size=64",
-        "--set", "num_epochs=2", "--set", "model.fcnet_hiddens=[32,32]"]
+TINY = [
+    "--set",
+    "train_batch_size=256",
+    "--set",
+    "minibatch_size=64",
+    "--set",
+    "num_epochs=2",
+    "--set",
+    "model.fcnet_hiddens=[32,32]",
+]
 
 
 _RAY_TOKEN_FILE: list[Path] = []  # the running module's own Ray token, not ~/.ray's
@@ -36,8 +45,11 @@ def ray_token(tmp_path_factory):
 
 
 def command_env() -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN")
+    }
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if _RAY_TOKEN_FILE:
         env["RAY_AUTH_TOKEN_PATH"] = str(_RAY_TOKEN_FILE[0])
@@ -45,8 +57,14 @@ def command_env() -> dict:
 
 
 def start(*args: str, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([CLI, *args], env=command_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        [CLI, *args],
+        env=command_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
 
 
 def finish(process: subprocess.Popen) -> tuple[int, str, str]:

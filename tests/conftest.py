@@ -4,6 +4,7 @@ TensorFlow fixes its devices when it initializes, so they are created here,
 before any test imports TensorFlow ops. A test that needs a different device
 count runs in a subprocess or a Ray actor.
 """
+
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -24,6 +25,7 @@ def custom_models_restored():
     the registry, and a model class from tests/ left in it by another module would
     have to be importable in every later module's Ray workers."""
     from policy_service import models
+
     before = models.custom_model_registry()
     yield
     for name in models.custom_model_registry():
@@ -40,8 +42,13 @@ def ray_local(request):
     import envs
     import fakes
     import ray
-    ray.init(address="local", num_cpus=2, include_dashboard=False,
-             **getattr(request.module, "RAY_RESOURCES", {}))
+
+    ray.init(
+        address="local",
+        num_cpus=2,
+        include_dashboard=False,
+        **getattr(request.module, "RAY_RESOURCES", {}),
+    )
     for module in (envs, fakes):
         ray.cloudpickle.register_pickle_by_value(module)
     yield

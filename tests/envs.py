@@ -11,6 +11,7 @@ Ray workers cannot import this module by name (pytest puts tests/ on the
 path only in its own process), so tests register it with
 `ray.cloudpickle.register_pickle_by_value` before sending its classes.
 """
+
 from __future__ import annotations
 
 import time
@@ -68,8 +69,13 @@ class ScriptedEpisodesEnv(gym.Env):
         obs = self._obs()
         if self.bad_obs_at_step is not None and self.total_steps == self.bad_obs_at_step:
             obs = np.full(3, -1.0, np.float32)
-        return (obs, float(self.t), done and ending == "terminated",
-                done and ending == "truncated", {})
+        return (
+            obs,
+            float(self.t),
+            done and ending == "terminated",
+            done and ending == "truncated",
+            {},
+        )
 
     def _obs(self):
         return np.array([self.episode, self.t, self.tag], np.float32)
@@ -139,8 +145,13 @@ class FrameEnv(gym.Env):
         self.t += 1
         done = self.t >= self.lengths[self.episode % len(self.lengths)]
         ending = self.endings[self.episode % len(self.endings)]
-        return (self._frame(), 1.0, done and ending == "terminated",
-                done and ending == "truncated", {})
+        return (
+            self._frame(),
+            1.0,
+            done and ending == "terminated",
+            done and ending == "truncated",
+            {},
+        )
 
     def _frame(self):
         return self.frames.integers(0, 256, (self.size, self.size), dtype=np.uint8)

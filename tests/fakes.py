@@ -6,6 +6,7 @@ Every policy here follows the loss convention of DESIGN.md: the loss gets one
 tower's shard, calls `model(batch, training=True)` and reduces with
 `policy_service.masked_mean(x, batch["loss_mask"])`.
 """
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -46,7 +47,8 @@ class PGPolicy(TFPolicy):
         logp = dist.logp(train_batch[SampleBatch.ACTIONS])
         self._pg_loss = -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], mask)
         self._vf_loss = masked_mean(
-            tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask)
+            tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask
+        )
         return self._pg_loss + 0.5 * self._vf_loss
 
     def stats(self, train_batch):
@@ -100,12 +102,14 @@ class TwoOptimizerPolicy(PGPolicy):
 def mlp_batch(n: int, seed: int = 0, obs_dim: int = 4, num_actions: int = 3) -> SampleBatch:
     """n random rows with the columns PGPolicy's loss reads."""
     rng = np.random.default_rng(seed)
-    return SampleBatch({
-        SampleBatch.OBS: rng.uniform(-1, 1, (n, obs_dim)).astype(np.float32),
-        SampleBatch.ACTIONS: rng.integers(0, num_actions, n),
-        SampleBatch.ADVANTAGES: rng.normal(size=n).astype(np.float32),
-        SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
-    })
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, obs_dim)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.integers(0, num_actions, n),
+            SampleBatch.ADVANTAGES: rng.normal(size=n).astype(np.float32),
+            SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
+        }
+    )
 
 
 def episode_batch(episode_lengths, seed: int = 0, cell: int = CELL) -> SampleBatch:
@@ -186,9 +190,9 @@ class ReturnsPGPolicy(TFPolicy):
     def loss(self, model, dist_class, train_batch):
         out = model(train_batch, training=True)
         logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
-            train_batch[SampleBatch.ACTIONS])
-        return -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES],
-                            train_batch["loss_mask"])
+            train_batch[SampleBatch.ACTIONS]
+        )
+        return -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], train_batch["loss_mask"])
 
     def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
         batch = batch.copy(shallow=True)
@@ -197,9 +201,12 @@ class ReturnsPGPolicy(TFPolicy):
         if not bool(batch[SampleBatch.TERMINATEDS][-1]):
             states = [batch[f"state_out_{i}"][-1:] for i in range(self.num_state_tensors())]
             _, _, extra = self.compute_actions(
-                batch[SampleBatch.NEXT_OBS][-1:], states or None,
-                batch[SampleBatch.ACTIONS][-1:], batch[SampleBatch.REWARDS][-1:],
-                explore=False)
+                batch[SampleBatch.NEXT_OBS][-1:],
+                states or None,
+                batch[SampleBatch.ACTIONS][-1:],
+                batch[SampleBatch.REWARDS][-1:],
+                explore=False,
+            )
             bootstrap = float(extra[SampleBatch.VF_PREDS][0])
         rewards = np.asarray(batch[SampleBatch.REWARDS], np.float64)
         targets = np.zeros(len(rewards), np.float32)
@@ -212,7 +219,9 @@ class ReturnsPGPolicy(TFPolicy):
         batch["bootstrap_value"] = np.full(len(rewards), bootstrap, np.float32)
         return batch
 
+
 POISON = 666.0
+
 
 class FaultyPolicy(ReturnsPGPolicy):
     """Fails a whole forward pass when any observation holds POISON (a bug that
@@ -224,8 +233,15 @@ class FaultyPolicy(ReturnsPGPolicy):
         return super().compute_actions(obs_batch, *args, **kwargs)
 
 
-def frame_stack_stream(num_envs: int, rounds: int, n_step: int = 1, stack: int = 4,
-                       fragment: int = 4, seed: int = 0, axis: int = 0):
+def frame_stack_stream(
+    num_envs: int,
+    rounds: int,
+    n_step: int = 1,
+    stack: int = 4,
+    fragment: int = 4,
+    seed: int = 0,
+    axis: int = 0,
+):
     """Batches as DQN's replay gets them from `num_envs` FrameStackObservation(FrameEnv)
     sub-envs: each batch is every sub-env's fragment of `fragment` steps, one after
     the other; new_obs is the stack n_step steps later, or the last one of the
@@ -234,9 +250,13 @@ def frame_stack_stream(num_envs: int, rounds: int, n_step: int = 1, stack: int =
     "id" counting rows. Yields (batch, episodes begun so far)."""
     from envs import FrameEnv
     from gymnasium.wrappers import FrameStackObservation
-    envs = [FrameStackObservation(FrameEnv({"seed": seed * 1000 + i,
-                                            "lengths": [9 + i, 14, 30 + 3 * i]}), stack)
-            for i in range(num_envs)]
+
+    envs = [
+        FrameStackObservation(
+            FrameEnv({"seed": seed * 1000 + i, "lengths": [9 + i, 14, 30 + 3 * i]}), stack
+        )
+        for i in range(num_envs)
+    ]
     current = [env.reset(seed=seed * 1000 + i)[0] for i, env in enumerate(envs)]
     episodes, row_id = num_envs, 0
     for _ in range(rounds):
@@ -253,13 +273,19 @@ def frame_stack_stream(num_envs: int, rounds: int, n_step: int = 1, stack: int =
                     current[i] = env.reset()[0]
                     episodes += 1
             last = [j for j in range(fragment) if any(ends[j])] + [fragment - 1]
-            new_obs = [nxt[min(j + n_step - 1, next(e for e in last if e >= j))]
-                       for j in range(fragment)]
-            parts.append({"obs": np.stack(obs), "new_obs": np.stack(new_obs),
-                          "actions": np.ones(fragment, np.int64),
-                          "rewards": np.ones(fragment, np.float32),
-                          "terminateds": np.array([e[0] for e in ends]),
-                          "truncateds": np.array([e[1] for e in ends])})
+            new_obs = [
+                nxt[min(j + n_step - 1, next(e for e in last if e >= j))] for j in range(fragment)
+            ]
+            parts.append(
+                {
+                    "obs": np.stack(obs),
+                    "new_obs": np.stack(new_obs),
+                    "actions": np.ones(fragment, np.int64),
+                    "rewards": np.ones(fragment, np.float32),
+                    "terminateds": np.array([e[0] for e in ends]),
+                    "truncateds": np.array([e[1] for e in ends]),
+                }
+            )
         batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         if axis != 0:
             for key in ("obs", "new_obs"):

@@ -1,4 +1,5 @@
 """Small environments that only a policy with memory can solve."""
+
 from __future__ import annotations
 
 import gymnasium as gym

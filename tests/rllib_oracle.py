@@ -10,6 +10,7 @@ Every answer describes batches as {"data", "count", "len", "zero_padded",
 "max_seq_len"}, with arrays encoded by rllib_wire. Requests that use numpy's
 global RNG carry a "seed" set right before the call.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,9 +33,13 @@ from ray.rllib.policy.view_requirement import ViewRequirement
 
 
 def describe(batch: SampleBatch) -> dict:
-    return {"data": dict(batch), "count": int(batch.count), "len": int(len(batch)),
-            "zero_padded": bool(batch.zero_padded),
-            "max_seq_len": None if batch.max_seq_len is None else int(batch.max_seq_len)}
+    return {
+        "data": dict(batch),
+        "count": int(batch.count),
+        "len": int(len(batch)),
+        "zero_padded": bool(batch.zero_padded),
+        "max_seq_len": None if batch.max_seq_len is None else int(batch.max_seq_len),
+    }
 
 
 def make_batch(spec: dict) -> SampleBatch:
@@ -63,7 +68,8 @@ def op_pad(request: dict):
     if reqs is not None:
         kwargs["view_requirements"] = {
             key: ViewRequirement(spec.get("data_col"), shift=spec["shift"])
-            for key, spec in reqs.items()}
+            for key, spec in reqs.items()
+        }
     seeded(request.get("seed"))
     pad_batch_to_sequences_of_same_size(batch, **kwargs)
     return describe(batch)
@@ -77,19 +83,23 @@ def op_batch(request: dict):
         name = op[0]
         try:
             if name == "count":
-                out = {"count": int(batch.count), "len": int(len(batch)),
-                       "zero_padded": bool(batch.zero_padded),
-                       "max_seq_len": None if batch.max_seq_len is None
-                       else int(batch.max_seq_len)}
+                out = {
+                    "count": int(batch.count),
+                    "len": int(len(batch)),
+                    "zero_padded": bool(batch.zero_padded),
+                    "max_seq_len": None if batch.max_seq_len is None else int(batch.max_seq_len),
+                }
             elif name == "getitem":
-                out = describe(batch[op[1]:op[2]])
+                out = describe(batch[op[1] : op[2]])
             elif name == "slice":
                 out = describe(batch.slice(op[1], op[2]))
             elif name == "shuffle":
                 seeded(op[1])
                 permutation = np.random.permutation(
-                    len(batch[SampleBatch.SEQ_LENS]) if SampleBatch.SEQ_LENS in batch
-                    else batch.count)
+                    len(batch[SampleBatch.SEQ_LENS])
+                    if SampleBatch.SEQ_LENS in batch
+                    else batch.count
+                )
                 seeded(op[1])
                 out = describe(batch.shuffle())
                 out["permutation"] = permutation

@@ -15,6 +15,7 @@ one JSON line on stdout, until stdin closes.
 
 One policy lives at a time; "build" replaces it.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,18 +39,18 @@ STATE = {}
 
 
 def op_build(request: dict):
-    config = (PPOConfig()
-              .api_stack(enable_rl_module_and_learner=False,
-                         enable_env_runner_and_connector_v2=False)
-              .framework("tf")
-              .environment("CartPole-v1")
-              .env_runners(num_env_runners=0)
-              .training(model=request["model"], **request.get("training", {})))
+    config = (
+        PPOConfig()
+        .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+        .framework("tf")
+        .environment("CartPole-v1")
+        .env_runners(num_env_runners=0)
+        .training(model=request["model"], **request.get("training", {}))
+    )
     STATE.pop("policy", None)
     tf.compat.v1.reset_default_graph()  # a rebuilt policy reuses RLlib's variable names
     obs_space = gym.spaces.Box(-np.inf, np.inf, tuple(request["obs_shape"]), np.float32)
-    policy = PPOTF1Policy(obs_space, gym.spaces.Discrete(request["num_actions"]),
-                          config.to_dict())
+    policy = PPOTF1Policy(obs_space, gym.spaces.Discrete(request["num_actions"]), config.to_dict())
     STATE["policy"] = policy
     return {name: list(value.shape) for name, value in policy.get_weights().items()}
 
@@ -68,9 +69,14 @@ def op_loss(request: dict):
     policy = STATE["policy"]
     grads, info = policy.compute_gradients(SampleBatch(request["batch"]))
     names = [v.name.split(":")[0] for g, v in policy._grads_and_vars if g is not None]
-    return {"stats": {k: float(v) for k, v in info["learner_stats"].items()
-                      if np.ndim(v) == 0 and not isinstance(v, dict)},
-            "grads": dict(zip(names, grads))}
+    return {
+        "stats": {
+            k: float(v)
+            for k, v in info["learner_stats"].items()
+            if np.ndim(v) == 0 and not isinstance(v, dict)
+        },
+        "grads": dict(zip(names, grads)),
+    }
 
 
 def op_postprocess(request: dict):
@@ -88,9 +94,14 @@ def op_update_kl(request: dict):
     return [float(policy.update_kl(kl)) for kl in request["kls"]]
 
 
-OPS = {"build": op_build, "set_weights": op_set_weights, "loss": op_loss,
-       "postprocess": op_postprocess, "standardize": op_standardize,
-       "update_kl": op_update_kl}
+OPS = {
+    "build": op_build,
+    "set_weights": op_set_weights,
+    "loss": op_loss,
+    "postprocess": op_postprocess,
+    "standardize": op_standardize,
+    "update_kl": op_update_kl,
+}
 
 
 def main() -> None:

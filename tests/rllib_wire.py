@@ -6,6 +6,7 @@ has numpy but not this package), so it needs nothing beyond numpy. Arrays
 travel as nested lists with their dtype and shape; Python floats print
 exactly, so a round trip is lossless for the int, float and bool dtypes used.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,7 @@ def decode(value: Any) -> Any:
     """The inverse of `encode`."""
     if isinstance(value, dict):
         if "__nd__" in value:
-            return np.array(value["__nd__"], dtype=np.dtype(value["dtype"])).reshape(
-                value["shape"])
+            return np.array(value["__nd__"], dtype=np.dtype(value["dtype"])).reshape(value["shape"])
         if "__object__" in value:
             items = [decode(v) for v in value["__object__"]]
             out = np.empty(len(items), dtype=object)
@@ -76,8 +76,10 @@ def serve(ops: dict[str, Callable[[dict], Any]]) -> None:
             request = loads(line)
             answer = {"ok": ops[request["op"]](request)}
         except Exception as err:  # noqa: BLE001 - RLlib's error is the answer, not the end
-            answer = {"error": f"{type(err).__name__}: {err}",
-                      "trace": traceback.format_exc(limit=4)}
+            answer = {
+                "error": f"{type(err).__name__}: {err}",
+                "trace": traceback.format_exc(limit=4),
+            }
         try:
             text = dumps(answer)
         except Exception as err:  # noqa: BLE001 - an unencodable result is reported, not fatal
@@ -98,9 +100,14 @@ class Oracle:
     """A test's client of an oracle script run by RLlib's python."""
 
     def __init__(self, python: str, script: Path, env: dict):
-        self.proc = subprocess.Popen([python, str(script)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            [python, str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         ready = self.proc.stdout.readline()
         if '"ready"' not in ready:
             raise RuntimeError(f"RLlib oracle {script.name} did not start: {ready!r}")

@@ -1,6 +1,7 @@
 """algorithms/algorithm.py as an extension point: training_step(self), the steps
 it is made of, samples-trained metrics, algorithm state in checkpoints, and PPO
 unchanged by the loop it now runs on (against a hand-written loop)."""
+
 import json
 import shutil
 
@@ -18,11 +19,28 @@ from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
 from policy_service.sample_batch import SampleBatch, concat_samples
 
-PPO_RUN = {"env": "CartPole-v1", "seed": 3, "num_env_runners": 0, "num_envs_per_env_runner": 2,
-           "train_batch_size": 256, "minibatch_size": 64, "num_epochs": 3, "lr": 1e-3,
-           "model": {"fcnet_hiddens": [32, 32]}}
-LOSS_STATS = ("policy_loss", "vf_loss", "entropy", "kl", "kl_coeff", "total_loss",
-              "vf_explained_var", "num_sgd_steps", "valid_rows")
+PPO_RUN = {
+    "env": "CartPole-v1",
+    "seed": 3,
+    "num_env_runners": 0,
+    "num_envs_per_env_runner": 2,
+    "train_batch_size": 256,
+    "minibatch_size": 64,
+    "num_epochs": 3,
+    "lr": 1e-3,
+    "model": {"fcnet_hiddens": [32, 32]},
+}
+LOSS_STATS = (
+    "policy_loss",
+    "vf_loss",
+    "entropy",
+    "kl",
+    "kl_coeff",
+    "total_loss",
+    "vf_explained_var",
+    "num_sgd_steps",
+    "valid_rows",
+)
 
 
 # ----- PPO on the new loop == the old loop, written out by hand -------------------------
@@ -34,9 +52,15 @@ def hand_written_ppo(config: dict, iterations: int) -> tuple[list[dict], dict]:
     advantages, load once, num_epochs of SGD, adapt the KL coefficient, broadcast.
     -> (per iteration: returns window and loss stats, final weights)."""
     cfg = from_dict(PPO.config_class, config)
-    workers = EnvRunnerGroup(env_maker(cfg.env), PPOPolicy, on_cpu(cfg), num_env_runners=0,
-                             num_envs_per_env_runner=cfg.num_envs_per_env_runner,
-                             rollout_fragment_length=cfg.fragment_length(), seed=cfg.seed)
+    workers = EnvRunnerGroup(
+        env_maker(cfg.env),
+        PPOPolicy,
+        on_cpu(cfg),
+        num_env_runners=0,
+        num_envs_per_env_runner=cfg.num_envs_per_env_runner,
+        rollout_fragment_length=cfg.fragment_length(),
+        seed=cfg.seed,
+    )
     policy = PPOPolicy(workers.observation_space, workers.action_space, cfg)
     workers.sync_weights(policy.get_weights(), version=0)
     returns, rows = [], []
@@ -49,16 +73,22 @@ def hand_written_ppo(config: dict, iterations: int) -> tuple[list[dict], dict]:
             returns += metrics["episode_returns"]
         batch = concat_samples(batches)
         advantages = np.asarray(batch[SampleBatch.ADVANTAGES], np.float32)
-        batch[SampleBatch.ADVANTAGES] = ((advantages - advantages.mean())
-                                         / max(float(advantages.std()), 1e-4))
+        batch[SampleBatch.ADVANTAGES] = (advantages - advantages.mean()) / max(
+            float(advantages.std()), 1e-4
+        )
         batch.pop(SampleBatch.NEXT_OBS)
         policy.load_batch_into_buffer(batch)
         stats = policy.learn_on_loaded_epochs(cfg.num_epochs)
         policy.update_kl(stats["kl"])
         workers.sync_weights(policy.get_weights(), version=iteration)
-        window = returns[-cfg.metrics_num_episodes_for_smoothing:]
-        rows.append({"episode_return_mean": float(np.mean(window)), "timesteps": steps,
-                     **{k: stats[k] for k in LOSS_STATS}})
+        window = returns[-cfg.metrics_num_episodes_for_smoothing :]
+        rows.append(
+            {
+                "episode_return_mean": float(np.mean(window)),
+                "timesteps": steps,
+                **{k: stats[k] for k in LOSS_STATS},
+            }
+        )
     workers.stop()
     return rows, policy.get_weights()
 
@@ -83,9 +113,13 @@ def test_ppo_on_training_step_is_bitwise_the_hand_written_iteration():
 def test_samples_trained_come_from_the_learner_not_from_epochs_times_rows():
     """An LSTM batch is padded to whole sequences: the learner counts only valid rows,
     once per epoch; the epochs' padding never counts."""
-    config = dict(PPO_RUN, train_batch_size=100, minibatch_size=40, num_epochs=2,
-                  model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8,
-                         "max_seq_len": 10})
+    config = dict(
+        PPO_RUN,
+        train_batch_size=100,
+        minibatch_size=40,
+        num_epochs=2,
+        model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 10},
+    )
     algo = PPO(config)
     try:
         first, second = algo.train(), algo.train()
@@ -95,17 +129,25 @@ def test_samples_trained_come_from_the_learner_not_from_epochs_times_rows():
         assert metrics["num_samples_trained_this_iter"] == 2 * metrics["env_steps_this_iter"]
         # padded rows were stepped over too: more rows per step than valid ones
         assert metrics["num_sgd_steps"] * 40 > metrics["num_samples_trained_this_iter"]
-    assert second["num_samples_trained_total"] == (first["num_samples_trained_this_iter"]
-                                                   + second["num_samples_trained_this_iter"])
+    assert second["num_samples_trained_total"] == (
+        first["num_samples_trained_this_iter"] + second["num_samples_trained_this_iter"]
+    )
     assert second["num_samples_trained_per_s"] == pytest.approx(
-        second["num_samples_trained_this_iter"] / second["learn_time_s"])
+        second["num_samples_trained_this_iter"] / second["learn_time_s"]
+    )
 
 
 # ----- an off-policy-shaped algorithm with state of its own -----------------------------
 
-REPLAY_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.ADVANTAGES,
-                  SampleBatch.VALUE_TARGETS, SampleBatch.ACTION_LOGP,
-                  SampleBatch.ACTION_DIST_INPUTS, SampleBatch.VF_PREDS)
+REPLAY_COLUMNS = (
+    SampleBatch.OBS,
+    SampleBatch.ACTIONS,
+    SampleBatch.ADVANTAGES,
+    SampleBatch.VALUE_TARGETS,
+    SampleBatch.ACTION_LOGP,
+    SampleBatch.ACTION_DIST_INPUTS,
+    SampleBatch.VF_PREDS,
+)
 
 
 class FifoReplayPPO(PPO):
@@ -144,32 +186,47 @@ class FifoReplayPPO(PPO):
 
     def get_algorithm_state(self) -> AlgorithmState:
         return AlgorithmState(
-            {"size": self.size, "next_row": self.next_row, "updates": self.updates,
-             "rng": self.rng.bit_generator.state},
-            {f"replay/{k}": v for k, v in self.replay.items()})
+            {
+                "size": self.size,
+                "next_row": self.next_row,
+                "updates": self.updates,
+                "rng": self.rng.bit_generator.state,
+            },
+            {f"replay/{k}": v for k, v in self.replay.items()},
+        )
 
     def check_algorithm_state(self, state: AlgorithmState) -> None:
         for key in ("size", "next_row", "updates", "rng"):
             if key not in state.values:
                 raise ValueError(f"algorithm state value {key!r} missing")
         if not 0 <= state.values["size"] <= self.CAPACITY:
-            raise ValueError(f"algorithm state value 'size' must be in [0, {self.CAPACITY}], "
-                             f"got {state.values['size']}")
+            raise ValueError(
+                f"algorithm state value 'size' must be in [0, {self.CAPACITY}], "
+                f"got {state.values['size']}"
+            )
         wanted = {f"replay/{k}" for k in REPLAY_COLUMNS} if state.values["size"] else set()
         if set(state.arrays) != wanted:
-            raise ValueError(f"algorithm arrays must be {sorted(wanted)}, got "
-                             f"{sorted(state.arrays)}")
+            raise ValueError(
+                f"algorithm arrays must be {sorted(wanted)}, got {sorted(state.arrays)}"
+            )
 
     def set_algorithm_state(self, state: AlgorithmState) -> None:
         self.size, self.next_row, self.updates = (
-            state.values[k] for k in ("size", "next_row", "updates"))
+            state.values[k] for k in ("size", "next_row", "updates")
+        )
         self.rng = np.random.default_rng()
         self.rng.bit_generator.state = state.values["rng"]
         self.replay = {k.removeprefix("replay/"): v for k, v in state.arrays.items()}
 
 
-REPLAY_RUN = {"env": "CartPole-v1", "seed": 11, "num_envs_per_env_runner": 2,
-              "rollout_fragment_length": 10, "lr": 1e-3, "model": {"fcnet_hiddens": [16]}}
+REPLAY_RUN = {
+    "env": "CartPole-v1",
+    "seed": 11,
+    "num_envs_per_env_runner": 2,
+    "rollout_fragment_length": 10,
+    "lr": 1e-3,
+    "model": {"fcnet_hiddens": [16]},
+}
 
 
 @pytest.fixture(scope="module")
@@ -181,8 +238,11 @@ def replay_run(tmp_path_factory):
         algo.train(), algo.train()
         algo.save(str(path))
         third = algo.train()
-        after = {"weights": algo.get_policy().get_weights(),
-                 "state": algo.get_algorithm_state(), "metrics": third}
+        after = {
+            "weights": algo.get_policy().get_weights(),
+            "state": algo.get_algorithm_state(),
+            "metrics": third,
+        }
     finally:
         algo.stop()
     return path, after
@@ -198,9 +258,17 @@ def test_a_replay_algorithm_resumes_exactly_its_state_saved_beside_the_learner(r
         weights, state = algo.get_policy().get_weights(), algo.get_algorithm_state()
     finally:
         algo.stop()
-    for key in ("total_loss", "policy_loss", "vf_loss", "kl", "valid_rows", "timesteps_total",
-                "env_steps_this_iter", "num_samples_trained_this_iter",
-                "num_samples_trained_total"):
+    for key in (
+        "total_loss",
+        "policy_loss",
+        "vf_loss",
+        "kl",
+        "valid_rows",
+        "timesteps_total",
+        "env_steps_this_iter",
+        "num_samples_trained_this_iter",
+        "num_samples_trained_total",
+    ):
         assert third[key] == after["metrics"][key], key
     assert third["num_samples_trained_total"] == 3 * FifoReplayPPO.BATCH
     for name, value in after["weights"].items():
@@ -214,8 +282,12 @@ def test_a_replay_algorithm_resumes_exactly_its_state_saved_beside_the_learner(r
 def test_algorithm_arrays_are_an_npz_listed_in_the_json(replay_run):
     path, _ = replay_run
     files = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
-    assert files == [ALGORITHM_ARRAYS, ALGORITHM_STATE, "policy/policy_arrays.npz",
-                     "policy/policy_state.json"]
+    assert files == [
+        ALGORITHM_ARRAYS,
+        ALGORITHM_STATE,
+        "policy/policy_arrays.npz",
+        "policy/policy_state.json",
+    ]
     saved = json.loads((path / ALGORITHM_STATE).read_text())
     assert saved["algorithm_values"]["updates"] == 2
     assert saved["algorithm_arrays"]["replay/obs"] == {"dtype": "<f4", "shape": [64, 4]}
@@ -229,7 +301,7 @@ def corrupt_missing(path):
 
 def corrupt_truncated(path):
     data = (path / ALGORITHM_ARRAYS).read_bytes()
-    (path / ALGORITHM_ARRAYS).write_bytes(data[:len(data) // 2])
+    (path / ALGORITHM_ARRAYS).write_bytes(data[: len(data) // 2])
 
 
 def corrupt_shape(path):
@@ -251,16 +323,24 @@ def corrupt_values(path):
     (path / ALGORITHM_STATE).write_text(json.dumps(saved))
 
 
-@pytest.mark.parametrize("corrupt, error, message", [
-    (corrupt_missing, CheckpointFileError, r"algorithm_arrays\.npz: missing"),
-    (corrupt_truncated, CheckpointFileError, r"algorithm_arrays\.npz: not a readable npz"),
-    (corrupt_shape, CheckpointFileError,
-     r"array 'replay/obs' is float32 \(10, 4\), expected float32 \(64, 4\)"),
-    (corrupt_manifest, CheckpointFileError, r"'algorithm_arrays' entry 'replay/obs' must be"),
-    (corrupt_values, ValueError, r"'size' must be in \[0, 64\], got 1000"),
-], ids=["missing", "truncated", "wrong_shape", "bad_manifest", "refused_by_the_algorithm"])
-def test_a_bad_algorithm_state_is_one_line_and_changes_nothing(replay_run, tmp_path, corrupt,
-                                                               error, message):
+@pytest.mark.parametrize(
+    "corrupt, error, message",
+    [
+        (corrupt_missing, CheckpointFileError, r"algorithm_arrays\.npz: missing"),
+        (corrupt_truncated, CheckpointFileError, r"algorithm_arrays\.npz: not a readable npz"),
+        (
+            corrupt_shape,
+            CheckpointFileError,
+            r"array 'replay/obs' is float32 \(10, 4\), expected float32 \(64, 4\)",
+        ),
+        (corrupt_manifest, CheckpointFileError, r"'algorithm_arrays' entry 'replay/obs' must be"),
+        (corrupt_values, ValueError, r"'size' must be in \[0, 64\], got 1000"),
+    ],
+    ids=["missing", "truncated", "wrong_shape", "bad_manifest", "refused_by_the_algorithm"],
+)
+def test_a_bad_algorithm_state_is_one_line_and_changes_nothing(
+    replay_run, tmp_path, corrupt, error, message
+):
     path = tmp_path / "ckpt"
     shutil.copytree(replay_run[0], path)
     corrupt(path)
@@ -281,6 +361,7 @@ def test_values_that_are_not_json_are_refused_at_save(tmp_path):
     class NumpyValues(FifoReplayPPO):
         def get_algorithm_state(self):
             return AlgorithmState({"size": np.int64(3)}, {})
+
     algo = NumpyValues(REPLAY_RUN)
     try:
         with pytest.raises(ValueError, match="NumpyValues.get_algorithm_state.*must be JSON"):
@@ -312,13 +393,29 @@ def test_a_checkpoint_from_before_algorithm_state_restores(tmp_path):
 
 
 def test_a_registered_algorithm_trains_and_resumes_through_the_command_line(
-        monkeypatch, tmp_path, capsys):
+    monkeypatch, tmp_path, capsys
+):
     """A new algorithm is one registry entry away from `policy-service train NAME`."""
     monkeypatch.setitem(algorithms.ALGORITHMS, "fifo_replay", f"{__name__}:FifoReplayPPO")
     run = tmp_path / "run"
-    args = ["train", "fifo_replay", "--env", "CartPole-v1", "--seed", "11", "--output-dir",
-            str(run), "--set", "rollout_fragment_length=10", "--set", "lr=0.001",
-            "--set", "model.fcnet_hiddens=[16]", "--checkpoint-every", "2"]
+    args = [
+        "train",
+        "fifo_replay",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "11",
+        "--output-dir",
+        str(run),
+        "--set",
+        "rollout_fragment_length=10",
+        "--set",
+        "lr=0.001",
+        "--set",
+        "model.fcnet_hiddens=[16]",
+        "--checkpoint-every",
+        "2",
+    ]
     assert cli.main(args + ["--stop-iters", "2"]) == 0
     assert cli.main(["train", "--resume", str(run), "--stop-iters", "3"]) == 0
     assert "from checkpoint_000002" in capsys.readouterr().err
@@ -334,6 +431,7 @@ def test_an_algorithm_without_an_update_count_is_told_what_to_report():
     class CountsNothing(PPO):
         def update_on_batch(self, learners, train_batch):
             return learners.learn_on_batch(train_batch)
+
     algo = CountsNothing(dict(PPO_RUN, train_batch_size=64))
     try:
         with pytest.raises(KeyError, match="no 'num_samples_trained'.*LearnerGroup.update"):
@@ -342,8 +440,7 @@ def test_an_algorithm_without_an_update_count_is_told_what_to_report():
         algo.stop()
 
 
-def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_retried(
-        ray_local):
+def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_retried(ray_local):
     """learner_update restarts the group from the driver's last copy and calls the
     update again: the run goes on exactly as one whose learner lives in the driver."""
     config = dict(PPO_RUN, train_batch_size=128)

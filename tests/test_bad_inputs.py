@@ -5,6 +5,7 @@ anything changes: train batches, acting arguments, weights and states.
 checkpoint files in test_checkpoints.py; at the end, the command line's config
 files, run directory, addresses, export and submit arguments.)
 """
+
 import math
 import os
 from pathlib import Path
@@ -28,15 +29,17 @@ def ppo():
 
 def ppo_batch(n: int = N) -> SampleBatch:
     rng = np.random.default_rng(0)
-    return SampleBatch({
-        SampleBatch.OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        SampleBatch.ACTIONS: rng.integers(0, 3, n),
-        SampleBatch.ADVANTAGES: rng.normal(size=n).astype(np.float32),
-        SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
-        SampleBatch.ACTION_LOGP: np.full(n, -1.1, np.float32),
-        SampleBatch.VF_PREDS: np.zeros(n, np.float32),
-        SampleBatch.ACTION_DIST_INPUTS: np.zeros((n, 3), np.float32),
-    })
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.integers(0, 3, n),
+            SampleBatch.ADVANTAGES: rng.normal(size=n).astype(np.float32),
+            SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
+            SampleBatch.ACTION_LOGP: np.full(n, -1.1, np.float32),
+            SampleBatch.VF_PREDS: np.zeros(n, np.float32),
+            SampleBatch.ACTION_DIST_INPUTS: np.zeros((n, 3), np.float32),
+        }
+    )
 
 
 def without(batch, column):
@@ -55,24 +58,33 @@ BAD_BATCHES = {
     "no_obs": (lambda b: without(b, "obs"), "missing column 'obs'"),
     "no_advantages": (lambda b: without(b, "advantages"), "missing column 'advantages'"),
     "no_action_logp": (lambda b: without(b, "action_logp"), "missing column 'action_logp'"),
-    "2d_advantages": (lambda b: replaced(b, "advantages", np.zeros((N, 2), np.float32)),
-                      "column 'advantages' has shape (6, 2), expected (rows)"),
-    "int_action_logp": (lambda b: replaced(b, "action_logp", np.zeros(N, np.int32)),
-                        "column 'action_logp' has dtype int32, expected a float dtype"),
-    "string_advantages": (lambda b: replaced(b, "advantages", np.array(["a"] * N)),
-                          "column 'advantages' has dtype <U1, expected a float dtype"),
-    "nan_advantages": (lambda b: replaced(b, "advantages", np.full(N, np.nan, np.float32)),
-                       "column 'advantages' has NaN or inf"),
-    "inf_targets": (lambda b: replaced(b, "value_targets", np.full(N, np.inf, np.float32)),
-                    "column 'value_targets' has NaN or inf"),
-    "obs_wrong_width": (lambda b: replaced(b, "obs", np.zeros((N, 5), np.float32)),
-                        "obs"),
+    "2d_advantages": (
+        lambda b: replaced(b, "advantages", np.zeros((N, 2), np.float32)),
+        "column 'advantages' has shape (6, 2), expected (rows)",
+    ),
+    "int_action_logp": (
+        lambda b: replaced(b, "action_logp", np.zeros(N, np.int32)),
+        "column 'action_logp' has dtype int32, expected a float dtype",
+    ),
+    "string_advantages": (
+        lambda b: replaced(b, "advantages", np.array(["a"] * N)),
+        "column 'advantages' has dtype <U1, expected a float dtype",
+    ),
+    "nan_advantages": (
+        lambda b: replaced(b, "advantages", np.full(N, np.nan, np.float32)),
+        "column 'advantages' has NaN or inf",
+    ),
+    "inf_targets": (
+        lambda b: replaced(b, "value_targets", np.full(N, np.inf, np.float32)),
+        "column 'value_targets' has NaN or inf",
+    ),
+    "obs_wrong_width": (lambda b: replaced(b, "obs", np.zeros((N, 5), np.float32)), "obs"),
     "action_out_of_space": (lambda b: replaced(b, "actions", np.full(N, 7)), "action"),
-    "short_column": (lambda b: replaced(b, "vf_preds", np.zeros(N - 1, np.float32)),
-                     "vf_preds"),
-    "dist_inputs_as_text": (lambda b: replaced(b, "action_dist_inputs",
-                                               np.full((N, 3), "x")),
-                            "column 'action_dist_inputs' has dtype <U1"),
+    "short_column": (lambda b: replaced(b, "vf_preds", np.zeros(N - 1, np.float32)), "vf_preds"),
+    "dist_inputs_as_text": (
+        lambda b: replaced(b, "action_dist_inputs", np.full((N, 3), "x")),
+        "column 'action_dist_inputs' has dtype <U1",
+    ),
 }
 
 
@@ -93,14 +105,26 @@ BAD_ACTING = {
     "explore_int": ({"explore": 1}, TypeError, "explore must be True, False or None"),
     "timestep_negative": ({"timestep": -3}, ValueError, "timestep must be an integer >= 0"),
     "timestep_float": ({"timestep": 2.5}, ValueError, "timestep must be an integer >= 0"),
-    "prev_reward_length": ({"prev_reward_batch": np.zeros(5)}, ValueError,
-                           "prev_reward_batch has shape (5,), expected (3,)"),
-    "prev_reward_nan": ({"prev_reward_batch": np.array([0.0, np.nan, 1.0])}, ValueError,
-                        "prev_reward_batch must hold finite numbers"),
-    "prev_action_length": ({"prev_action_batch": np.zeros(5, np.int64)}, ValueError,
-                           "prev_action_batch has shape (5,), expected (3,)"),
-    "prev_action_text": ({"prev_action_batch": np.array(["a", "b", "c"])}, ValueError,
-                         "prev_action_batch must hold finite numbers"),
+    "prev_reward_length": (
+        {"prev_reward_batch": np.zeros(5)},
+        ValueError,
+        "prev_reward_batch has shape (5,), expected (3,)",
+    ),
+    "prev_reward_nan": (
+        {"prev_reward_batch": np.array([0.0, np.nan, 1.0])},
+        ValueError,
+        "prev_reward_batch must hold finite numbers",
+    ),
+    "prev_action_length": (
+        {"prev_action_batch": np.zeros(5, np.int64)},
+        ValueError,
+        "prev_action_batch has shape (5,), expected (3,)",
+    ),
+    "prev_action_text": (
+        {"prev_action_batch": np.array(["a", "b", "c"])},
+        ValueError,
+        "prev_action_batch must hold finite numbers",
+    ),
 }
 
 
@@ -134,26 +158,56 @@ def trained_ppo() -> PPOPolicy:
 
 BAD_STATES = {
     "list": (lambda s: list(s), TypeError, "policy state must be a dict, got list"),
-    "no_weights": (lambda s: {k: v for k, v in s.items() if k != "weights"}, ValueError,
-                   "missing ['weights']"),
-    "timestep_text": (lambda s: {**s, "global_timestep": "x"}, ValueError,
-                      "'global_timestep' must be an integer >= 0"),
-    "timestep_negative": (lambda s: {**s, "global_timestep": -1}, ValueError,
-                          "'global_timestep' must be an integer >= 0"),
-    "grad_updates_float": (lambda s: {**s, "num_grad_updates": 1.5}, ValueError,
-                           "'num_grad_updates' must be an integer >= 0"),
-    "kl_coeff_nan": (lambda s: {**s, "kl_coeff": math.nan}, ValueError,
-                     "'kl_coeff' must be a finite number >= 0"),
-    "kl_coeff_negative": (lambda s: {**s, "kl_coeff": -0.5}, ValueError,
-                          "'kl_coeff' must be a finite number >= 0"),
-    "exploration_unknown": (lambda s: {**s, "exploration": {"type": "Bogus"}}, ValueError,
-                            "'exploration'"),
-    "other_policy_class": (lambda s: {**s, "policy_class": "fakes:PGPolicy"}, ValueError,
-                           "policy state is of fakes:PGPolicy"),
-    "weights_list": (lambda s: {**s, "weights": [1, 2]}, TypeError,
-                     "'weights' must be a dict of arrays"),
-    "optimizer_slot_shape": (lambda s: {**s, "optimizer_variables": {
-        k: np.zeros(7) for k in s["optimizer_variables"]}}, ValueError, "has shape"),
+    "no_weights": (
+        lambda s: {k: v for k, v in s.items() if k != "weights"},
+        ValueError,
+        "missing ['weights']",
+    ),
+    "timestep_text": (
+        lambda s: {**s, "global_timestep": "x"},
+        ValueError,
+        "'global_timestep' must be an integer >= 0",
+    ),
+    "timestep_negative": (
+        lambda s: {**s, "global_timestep": -1},
+        ValueError,
+        "'global_timestep' must be an integer >= 0",
+    ),
+    "grad_updates_float": (
+        lambda s: {**s, "num_grad_updates": 1.5},
+        ValueError,
+        "'num_grad_updates' must be an integer >= 0",
+    ),
+    "kl_coeff_nan": (
+        lambda s: {**s, "kl_coeff": math.nan},
+        ValueError,
+        "'kl_coeff' must be a finite number >= 0",
+    ),
+    "kl_coeff_negative": (
+        lambda s: {**s, "kl_coeff": -0.5},
+        ValueError,
+        "'kl_coeff' must be a finite number >= 0",
+    ),
+    "exploration_unknown": (
+        lambda s: {**s, "exploration": {"type": "Bogus"}},
+        ValueError,
+        "'exploration'",
+    ),
+    "other_policy_class": (
+        lambda s: {**s, "policy_class": "fakes:PGPolicy"},
+        ValueError,
+        "policy state is of fakes:PGPolicy",
+    ),
+    "weights_list": (
+        lambda s: {**s, "weights": [1, 2]},
+        TypeError,
+        "'weights' must be a dict of arrays",
+    ),
+    "optimizer_slot_shape": (
+        lambda s: {**s, "optimizer_variables": {k: np.zeros(7) for k in s["optimizer_variables"]}},
+        ValueError,
+        "has shape",
+    ),
 }
 
 
@@ -196,6 +250,7 @@ def no_algorithm_built(monkeypatch):
 
     def built(*args, **kwargs):
         raise AssertionError("the algorithm was built before the bad input was refused")
+
     monkeypatch.setattr(PPO, "__init__", built)
 
 
@@ -206,38 +261,70 @@ def _train_with_config(tmp_path, name: str, content: bytes | str) -> tuple[int, 
     return cli.main([*TRAIN, "--config", str(path), "--output-dir", str(run_dir)]), run_dir
 
 
-ALIAS_BOMB = "\n".join(["a: &a [x, x, x, x, x, x, x, x, x, x]"] + [
-    f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in zip("abcde", "bcdef")]) + "\n"
+ALIAS_BOMB = (
+    "\n".join(
+        ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+        + [f"{b}: &{b} [{', '.join([f'*{a}'] * 10)}]" for a, b in zip("abcde", "bcdef")]
+    )
+    + "\n"
+)
 
 
 def test_a_yaml_alias_bomb_in_a_config_file_is_refused(tmp_path, capsys, no_algorithm_built):
     assert len(ALIAS_BOMB) < 400  # 10**6 leaves once expanded
     code, run_dir = _train_with_config(tmp_path, "bomb.yaml", ALIAS_BOMB)
     assert code == 2
-    assert f"config file {tmp_path / 'bomb.yaml'}: YAML aliases are not allowed, found *a " \
+    assert (
+        f"config file {tmp_path / 'bomb.yaml'}: YAML aliases are not allowed, found *a "
         "on line 2" in _one_line(capsys)
+    )
     assert not run_dir.exists()
 
 
 def test_a_yaml_alias_in_a_set_value_is_refused(tmp_path, capsys, no_algorithm_built):
-    assert cli.main([*TRAIN, "--set", "model.fcnet_hiddens=[&n 8, *n]",
-                     "--output-dir", str(tmp_path / "run")]) == 2
-    assert "--set model.fcnet_hiddens value '[&n 8, *n]': YAML aliases are not allowed" in \
-        _one_line(capsys)
+    assert (
+        cli.main(
+            [
+                *TRAIN,
+                "--set",
+                "model.fcnet_hiddens=[&n 8, *n]",
+                "--output-dir",
+                str(tmp_path / "run"),
+            ]
+        )
+        == 2
+    )
+    assert (
+        "--set model.fcnet_hiddens value '[&n 8, *n]': YAML aliases are not allowed"
+        in _one_line(capsys)
+    )
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("deep.yaml", "a: " + "[" * 20_000 + "]" * 20_000, "nested more than 32 levels deep"),
-    ("deep.json", '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}",
-     "is not valid JSON: maximum recursion depth exceeded"),
-    ("nested.json", '{"a": ' + "[" * 40 + "]" * 40 + "}",
-     "nested 41 levels deep, expected at most 32"),
-    ("latin1.yaml", b"lr: 0.001\nenv_config: {name: caf\xe9}\n",
-     "not UTF-8 text (byte 0xe9 at offset 32)"),
-    ("big.yaml", "lr: 0.001\n" + "#" * (1 << 20) + "\n", "larger than 1048576 bytes"),
-])
+@pytest.mark.parametrize(
+    "name, content, message",
+    [
+        ("deep.yaml", "a: " + "[" * 20_000 + "]" * 20_000, "nested more than 32 levels deep"),
+        (
+            "deep.json",
+            '{"a": ' + "[" * 20_000 + "]" * 20_000 + "}",
+            "is not valid JSON: maximum recursion depth exceeded",
+        ),
+        (
+            "nested.json",
+            '{"a": ' + "[" * 40 + "]" * 40 + "}",
+            "nested 41 levels deep, expected at most 32",
+        ),
+        (
+            "latin1.yaml",
+            b"lr: 0.001\nenv_config: {name: caf\xe9}\n",
+            "not UTF-8 text (byte 0xe9 at offset 32)",
+        ),
+        ("big.yaml", "lr: 0.001\n" + "#" * (1 << 20) + "\n", "larger than 1048576 bytes"),
+    ],
+)
 def test_a_config_file_that_is_deep_large_or_not_utf8_is_one_line(
-        name, content, message, tmp_path, capsys, no_algorithm_built):
+    name, content, message, tmp_path, capsys, no_algorithm_built
+):
     code, run_dir = _train_with_config(tmp_path, name, content)
     assert code == 2
     line = _one_line(capsys)
@@ -246,19 +333,23 @@ def test_a_config_file_that_is_deep_large_or_not_utf8_is_one_line(
 
 
 def test_an_output_dir_that_is_a_file_fails_before_the_algorithm_is_built(
-        tmp_path, capsys, no_algorithm_built):
+    tmp_path, capsys, no_algorithm_built
+):
     taken = tmp_path / "taken"
     taken.write_text("a user's file")
     assert cli.main([*TRAIN, "--output-dir", str(taken)]) == 2
-    assert f"run directory {taken} (--output-dir): a file is there, expected a directory" in \
-        _one_line(capsys)
+    assert (
+        f"run directory {taken} (--output-dir): a file is there, expected a directory"
+        in _one_line(capsys)
+    )
     assert taken.read_text() == "a user's file"
     assert cli.main([*TRAIN, "--output-dir", str(taken / "run")]) == 2
     assert f"{taken} is a file, expected a directory" in _one_line(capsys)
 
 
 def test_an_unwritable_output_dir_fails_before_the_algorithm_is_built(
-        tmp_path, capsys, no_algorithm_built):
+    tmp_path, capsys, no_algorithm_built
+):
     if os.geteuid() == 0:  # root writes through permissions; sysfs takes no new files
         target = Path("/sys/policy-service-run")
     else:
@@ -274,11 +365,18 @@ def test_an_unwritable_output_dir_fails_before_the_algorithm_is_built(
 @pytest.mark.parametrize("opset", ["-1", "999", "5"])
 def test_an_onnx_opset_out_of_range_is_one_line_naming_the_range(opset, tmp_path, capsys):
     import tf2onnx
+
     out = tmp_path / "out"
-    assert cli.main(["export", str(tmp_path / "no-checkpoint-needed"), "--out", str(out),
-                     "--onnx", opset]) == 2
-    assert (f"--onnx {opset}: onnx opset must be an integer from 6 to 18 (what tf2onnx "
-            f"{tf2onnx.__version__} converts to), got {opset}") in _one_line(capsys)
+    assert (
+        cli.main(
+            ["export", str(tmp_path / "no-checkpoint-needed"), "--out", str(out), "--onnx", opset]
+        )
+        == 2
+    )
+    assert (
+        f"--onnx {opset}: onnx opset must be an integer from 6 to 18 (what tf2onnx "
+        f"{tf2onnx.__version__} converts to), got {opset}"
+    ) in _one_line(capsys)
     assert not out.exists()
 
 
@@ -287,25 +385,37 @@ def test_the_onnx_opset_range_is_what_tf2onnx_converts_to():
     from tf2onnx import constants
 
     from policy_service.io.export import onnx_opsets
-    assert onnx_opsets() == range(6, min(max(constants.OPSET_TO_IR_VERSION),
-                                         onnx.defs.onnx_opset_version()) + 1)
+
+    assert onnx_opsets() == range(
+        6, min(max(constants.OPSET_TO_IR_VERSION), onnx.defs.onnx_opset_version()) + 1
+    )
     with pytest.raises(ValueError, match="got True"):
         from policy_service.io.export import check_onnx_opset
+
         check_onnx_opset(True)
 
 
-@pytest.mark.parametrize("flag, env", [(["--address", "garbage://x"], {}),
-                                       (["--address", "127.0.0.1:99999"], {}),
-                                       ([], {"RAY_ADDRESS": "garbage://x"})])
-def test_a_garbage_ray_address_is_one_line(flag, env, tmp_path, capsys, monkeypatch,
-                                           no_algorithm_built):
+@pytest.mark.parametrize(
+    "flag, env",
+    [
+        (["--address", "garbage://x"], {}),
+        (["--address", "127.0.0.1:99999"], {}),
+        ([], {"RAY_ADDRESS": "garbage://x"}),
+    ],
+)
+def test_a_garbage_ray_address_is_one_line(
+    flag, env, tmp_path, capsys, monkeypatch, no_algorithm_built
+):
     import ray
+
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert cli.main([*TRAIN, *flag, "--output-dir", str(tmp_path / "run")]) == 2
     source, address = ("RAY_ADDRESS", env["RAY_ADDRESS"]) if env else tuple(flag)
-    assert f"{source} {address!r}: expected host:port (e.g. 127.0.0.1:6379), " \
+    assert (
+        f"{source} {address!r}: expected host:port (e.g. 127.0.0.1:6379), "
         "ray://host:port, 'auto' or 'local'" in _one_line(capsys)
+    )
     assert not ray.is_initialized() and not (tmp_path / "run").exists()
 
 
@@ -317,33 +427,54 @@ def no_cluster_contacted(monkeypatch):
     def connect(address):
         contacted.append(address)
         raise jobs.JobSubmissionError("stopped before the network")
+
     monkeypatch.setattr(jobs, "connect", connect)
     return contacted
 
 
-def test_submit_with_a_missing_working_dir_names_the_directory(tmp_path, capsys,
-                                                               no_cluster_contacted):
+def test_submit_with_a_missing_working_dir_names_the_directory(
+    tmp_path, capsys, no_cluster_contacted
+):
     missing = tmp_path / "missing"
-    assert cli.main(["submit", "--address", "http://127.0.0.1:9", "--working-dir", str(missing),
-                     "--", "true"]) == 2
+    assert (
+        cli.main(
+            [
+                "submit",
+                "--address",
+                "http://127.0.0.1:9",
+                "--working-dir",
+                str(missing),
+                "--",
+                "true",
+            ]
+        )
+        == 2
+    )
     line = _one_line(capsys)
-    assert f"--working-dir {missing}: expected a directory, a .zip file or a URI, found " \
-        "not there" in line and "127.0.0.1" not in line
+    assert (
+        f"--working-dir {missing}: expected a directory, a .zip file or a URI, found not there"
+        in line
+        and "127.0.0.1" not in line
+    )
     assert no_cluster_contacted == []
 
 
 @pytest.mark.parametrize("address", ["garbage://x", "http://", "http://host:0"])
 def test_submit_to_a_garbage_address_is_one_line(address, capsys, no_cluster_contacted):
     assert cli.main(["submit", "--address", address, "--", "true"]) == 2
-    assert f"--address {address!r}: expected http(s)://HOST:PORT or HOST:PORT of the job " \
+    assert (
+        f"--address {address!r}: expected http(s)://HOST:PORT or HOST:PORT of the job "
         "server" in _one_line(capsys)
+    )
     assert no_cluster_contacted == []
 
 
-@pytest.mark.parametrize("address", ["http://10.1.2.3:8265", "203.0.113.5:8265",
-                                     "http://head.example.com:8265"])
-def test_submit_refuses_plain_http_to_another_host_unless_insecure(address, capsys,
-                                                                   no_cluster_contacted):
+@pytest.mark.parametrize(
+    "address", ["http://10.1.2.3:8265", "203.0.113.5:8265", "http://head.example.com:8265"]
+)
+def test_submit_refuses_plain_http_to_another_host_unless_insecure(
+    address, capsys, no_cluster_contacted
+):
     assert cli.main(["submit", "--address", address, "--", "true"]) == 2
     line = _one_line(capsys)
     assert "which is not this machine, would send the cluster token unencrypted" in line
@@ -353,8 +484,15 @@ def test_submit_refuses_plain_http_to_another_host_unless_insecure(address, caps
     assert no_cluster_contacted == [address]
 
 
-@pytest.mark.parametrize("address", ["http://127.0.0.1:8265", "http://localhost:8265",
-                                     "http://[::1]:8265", "https://10.1.2.3:8265"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "http://127.0.0.1:8265",
+        "http://localhost:8265",
+        "http://[::1]:8265",
+        "https://10.1.2.3:8265",
+    ],
+)
 def test_submit_over_loopback_or_https_needs_no_insecure(address, capsys, no_cluster_contacted):
     assert cli.main(["submit", "--address", address, "--", "true"]) == 2
     assert "stopped before the network" in _one_line(capsys)
@@ -363,18 +501,25 @@ def test_submit_over_loopback_or_https_needs_no_insecure(address, capsys, no_clu
 
 def test_submit_says_which_host_it_sends_the_token_to(monkeypatch, capsys):
     import ray.job_submission
+
     sent = {}
 
     class Client:
         def __init__(self, address, headers):
             sent.update(address=address, headers=headers)
+
     monkeypatch.setattr(jobs, "auth_headers", lambda: {"authorization": "Bearer secret"})
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", Client)
     jobs.connect("https://10.1.2.3:8265")
-    assert capsys.readouterr().err == ("policy-service: sending the Ray cluster token to "
-                                       "10.1.2.3 (https://10.1.2.3:8265)\n")
-    assert sent == {"address": "https://10.1.2.3:8265",
-                    "headers": {"authorization": "Bearer secret"}}
+    assert capsys.readouterr().err == (
+        "policy-service: sending the Ray cluster token to 10.1.2.3 (https://10.1.2.3:8265)\n"
+    )
+    assert sent == {
+        "address": "https://10.1.2.3:8265",
+        "headers": {"authorization": "Bearer secret"},
+    }
     jobs.connect("127.0.0.1:8265")
-    assert capsys.readouterr().err == ("policy-service: sending the Ray cluster token to "
-                                       "127.0.0.1 (http://127.0.0.1:8265, unencrypted)\n")
+    assert capsys.readouterr().err == (
+        "policy-service: sending the Ray cluster token to "
+        "127.0.0.1 (http://127.0.0.1:8265, unencrypted)\n"
+    )

@@ -8,6 +8,7 @@ in the towers). Each comparison starts from the same
 weights and feeds the same batch; weights after a step include the moving
 statistics and the Adam step.
 """
+
 import numpy as np
 import pytest
 import user_models
@@ -32,8 +33,12 @@ BN_LSTM = {"custom_model": "bn_lstm", "max_seq_len": 4}
 # BN by row, straight after a dense layer: that layer's bias has a gradient of 0
 # but for rounding, which Adam would blow up to steps of noise; so plain SGD
 BUILT_IN_LSTM = {"use_lstm": True, "max_seq_len": 4, "use_batch_norm": True}
-TWO_BY_TWO = {"num_learners": 2, "num_gpus_per_learner": 2, "_fake_gpus": True,
-              "num_cpus_per_learner": 0.5}
+TWO_BY_TWO = {
+    "num_learners": 2,
+    "num_gpus_per_learner": 2,
+    "_fake_gpus": True,
+    "num_cpus_per_learner": 0.5,
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -77,8 +82,9 @@ def assert_steps_like(one, many, model):
     assert_weights_close(one.get_weights(), many.get_weights(), atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("model", [TWO_BN, BN_LSTM, BUILT_IN_LSTM],
-                         ids=["two_bn", "bn_lstm", "built_in_lstm"])
+@pytest.mark.parametrize(
+    "model", [TWO_BN, BN_LSTM, BUILT_IN_LSTM], ids=["two_bn", "bn_lstm", "built_in_lstm"]
+)
 @pytest.mark.parametrize("n", [2, 4])
 def test_towers_normalize_by_the_whole_batch_like_one_device(model, n):
     one, many = policy(model), policy(model, **fake_gpus(n))
@@ -100,8 +106,10 @@ def test_per_shard_normalization_is_approximate_but_its_statistics_are_not():
     four.learn_on_batch(batch)
     statistics = [k for k, v in one.get_weights().items() if "moving" in k and v.shape == (4,)]
     assert len(statistics) == 2
-    assert_weights_close({k: one.get_weights()[k] for k in statistics},
-                         {k: four.get_weights()[k] for k in statistics})
+    assert_weights_close(
+        {k: one.get_weights()[k] for k in statistics},
+        {k: four.get_weights()[k] for k in statistics},
+    )
 
 
 def test_one_tower_or_no_batch_norm_sums_nothing():
@@ -119,10 +127,12 @@ def group_of_two_by_two(ray_local):
     groups = []
 
     def start(model):
-        group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE,
-                             small_config(model=model, **TWO_BY_TWO))
+        group = LearnerGroup(
+            PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(model=model, **TWO_BY_TWO)
+        )
         groups.append(group)
         return group
+
     yield start
     for group in groups:
         group.stop()

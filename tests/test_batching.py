@@ -1,6 +1,7 @@
 """policy_service/distributed/batching.py: RequestBatcher without Ray (asyncio, a fake
 run function): full batches at once, the rest after the window, keys never mixed, a
 failure only for its request. Through the PolicyActor: test_policy_actor.py."""
+
 import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +23,15 @@ def _run_batcher(requests, max_batch_size, timeout_s, fail_on=None):
 
     async def main():
         with ThreadPoolExecutor(1) as pool:
-            batcher = RequestBatcher(run_batch, max_batch_size=max_batch_size,
-                                     batch_wait_timeout_s=timeout_s, executor=pool)
-            return await asyncio.gather(*[batcher.submit(k, v, n) for k, v, n in requests],
-                                        return_exceptions=True)
+            batcher = RequestBatcher(
+                run_batch,
+                max_batch_size=max_batch_size,
+                batch_wait_timeout_s=timeout_s,
+                executor=pool,
+            )
+            return await asyncio.gather(
+                *[batcher.submit(k, v, n) for k, v, n in requests], return_exceptions=True
+            )
 
     start = time.perf_counter()
     results = asyncio.run(main())
@@ -33,8 +39,9 @@ def _run_batcher(requests, max_batch_size, timeout_s, fail_on=None):
 
 
 def test_batcher_runs_a_full_batch_at_once_and_the_rest_after_the_timeout():
-    results, batches, elapsed = _run_batcher([("k", i, 1) for i in range(6)],
-                                             max_batch_size=4, timeout_s=0.3)
+    results, batches, elapsed = _run_batcher(
+        [("k", i, 1) for i in range(6)], max_batch_size=4, timeout_s=0.3
+    )
     assert results == [("k", i) for i in range(6)]
     assert [b[1] for b in batches] == [[0, 1, 2, 3], [4, 5]]
     assert elapsed >= 0.3  # the 2 left over waited for the window
@@ -50,8 +57,9 @@ def test_batcher_never_mixes_keys_and_runs_oversized_requests_alone():
 
 
 def test_batcher_gives_a_failure_only_to_its_request():
-    results, batches, _ = _run_batcher([("k", i, 1) for i in range(4)], max_batch_size=8,
-                                       timeout_s=0.05, fail_on=2)
+    results, batches, _ = _run_batcher(
+        [("k", i, 1) for i in range(4)], max_batch_size=8, timeout_s=0.05, fail_on=2
+    )
     assert isinstance(results[2], ValueError) and "bad payload 2" in str(results[2])
     assert [results[i] for i in (0, 1, 3)] == [("k", 0), ("k", 1), ("k", 3)]
     assert batches[0][1] == [0, 1, 2, 3]  # one batch, then each request alone
@@ -60,8 +68,9 @@ def test_batcher_gives_a_failure_only_to_its_request():
 
 @pytest.mark.parametrize("max_batch_size, timeout_s", [(1, 60.0), (8, 0.0)])
 def test_batching_off_runs_every_request_alone(max_batch_size, timeout_s):
-    results, batches, elapsed = _run_batcher([("k", i, 1) for i in range(5)],
-                                             max_batch_size, timeout_s)
+    results, batches, elapsed = _run_batcher(
+        [("k", i, 1) for i in range(5)], max_batch_size, timeout_s
+    )
     assert results == [("k", i) for i in range(5)]
     assert [b[1] for b in batches] == [[0], [1], [2], [3], [4]]
     if timeout_s:

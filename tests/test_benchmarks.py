@@ -5,6 +5,7 @@ subprocess (its children prepare their own devices), so this only proves
 that the scripts still run against the current library and write their
 results; the figures themselves are meaningless at this size.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,12 +21,18 @@ pytestmark = pytest.mark.slow  # minutes of child processes; CI runs them (make 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_smoke(name: str, tmp_path: Path, *extra: str, timeout: float = 900,
-              result: str | None = None) -> list[dict]:
+def run_smoke(
+    name: str, tmp_path: Path, *extra: str, timeout: float = 900, result: str | None = None
+) -> list[dict]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke",
-                           "--out", str(tmp_path), *extra],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--smoke", "--out", str(tmp_path), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert records, f"{name} printed no records; stderr: {proc.stderr[-2000:]}"
@@ -46,9 +53,14 @@ def measurements(records: list[dict]) -> list[dict]:
 def test_learner_smoke(tmp_path):
     records = measurements(run_smoke("learner", tmp_path))
     seen = {(r["engine"], r["mode"], r["towers"]) for r in records}
-    assert {("ours", "minibatch", 1), ("ours", "epoch", 1), ("ours", "epoch", 2),
-            ("ceiling", "minibatch", 1), ("ceiling", "fused", 1),
-            ("ceiling", "fused_adam_kernel", 1)} <= seen
+    assert {
+        ("ours", "minibatch", 1),
+        ("ours", "epoch", 1),
+        ("ours", "epoch", 2),
+        ("ceiling", "minibatch", 1),
+        ("ceiling", "fused", 1),
+        ("ceiling", "fused_adam_kernel", 1),
+    } <= seen
     assert all(r["samples_per_s"] > 0 for r in records)
     assert (tmp_path / "learner_mlp.png").exists()
 
@@ -63,17 +75,36 @@ def test_replica_engine_smoke(tmp_path):
 
 
 def test_replica_engine_breakdown_smoke(tmp_path):
-    records = measurements(run_smoke("replica_engine", tmp_path, "--breakdown",
-                                     "--replicas", "2", result="replica_engine_breakdown"))
-    assert {r["variant"] for r in records} == {"full", "no_result_check", "no_cond", "minimal",
-                                                "one_device", "captured"}
+    records = measurements(
+        run_smoke(
+            "replica_engine",
+            tmp_path,
+            "--breakdown",
+            "--replicas",
+            "2",
+            result="replica_engine_breakdown",
+        )
+    )
+    assert {r["variant"] for r in records} == {
+        "full",
+        "no_result_check",
+        "no_cond",
+        "minimal",
+        "one_device",
+        "captured",
+    }
 
 
 def test_inference_smoke(tmp_path):
     records = measurements(run_smoke("inference", tmp_path))
     targets = {(r["target"], r.get("batching")) for r in records}
-    assert {("noop", None), ("noop_serial", None), ("policy", "on"), ("policy", "off"),
-            ("in_process", None)} <= targets
+    assert {
+        ("noop", None),
+        ("noop_serial", None),
+        ("policy", "on"),
+        ("policy", "off"),
+        ("in_process", None),
+    } <= targets
     remote = [r for r in records if r["target"] == "policy"]
     assert all(r["calls"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in remote)
 
@@ -81,7 +112,11 @@ def test_inference_smoke(tmp_path):
 def test_sampler_smoke(tmp_path):
     records = measurements(run_smoke("sampler", tmp_path))
     assert {(r["inference"], r["num_envs"]) for r in records} == {
-        ("local", 1), ("local", 8), ("remote", 1), ("remote", 8)}
+        ("local", 1),
+        ("local", 8),
+        ("remote", 1),
+        ("remote", 8),
+    }
     assert all(r["env_steps"] > 0 for r in records)
 
 
@@ -102,47 +137,64 @@ def test_compare_rllib_smoke(tmp_path):
     assert all(r["env_steps"] > 0 for r in e2e)
 
 
-@pytest.mark.parametrize("intensity, rounds, env_steps_per_sgd_step", [
-    (None, [1, 1], 4.0),  # one SGD step per 4-step fragment
-    (16.0, [1, 2], 2.0),  # native ratio 32 / 4 = 8: train twice per fragment
-    (4.0, [2, 1], 8.0),  # sample two fragments per SGD step
-])
+@pytest.mark.parametrize(
+    "intensity, rounds, env_steps_per_sgd_step",
+    [
+        (None, [1, 1], 4.0),  # one SGD step per 4-step fragment
+        (16.0, [1, 2], 2.0),  # native ratio 32 / 4 = 8: train twice per fragment
+        (4.0, [2, 1], 8.0),  # sample two fragments per SGD step
+    ],
+)
 def test_rllib_dqn_settings_translation(intensity, rounds, env_steps_per_sgd_step):
     """Our target_network_update_freq counts SGD steps, RLlib's sampled env steps:
     RLlib's is ours x the env steps RLlib samples per SGD step."""
     from benchmarks import dqn_e2e, rllib_dqn
-    ours, fragment = dqn_e2e.resolved_config({
-        "rollout_fragment_length": 4, "train_batch_size": 32, "training_intensity": intensity,
-        "target_network_update_freq": 100, "prioritized_replay": False,
-        "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"}})
+
+    ours, fragment = dqn_e2e.resolved_config(
+        {
+            "rollout_fragment_length": 4,
+            "train_batch_size": 32,
+            "training_intensity": intensity,
+            "target_network_update_freq": 100,
+            "prioritized_replay": False,
+            "model": {"fcnet_hiddens": [64], "fcnet_activation": "relu"},
+        }
+    )
     settings = rllib_dqn.rllib_settings(ours, fragment)
     assert settings["notes"]["round_robin_weights"] == rounds
-    assert settings["training"]["target_network_update_freq"] == round(
-        100 * env_steps_per_sgd_step)
-    assert settings["training"]["replay_buffer_config"] == {"type": "MultiAgentReplayBuffer",
-                                                            "capacity": 50000}
+    assert settings["training"]["target_network_update_freq"] == round(100 * env_steps_per_sgd_step)
+    assert settings["training"]["replay_buffer_config"] == {
+        "type": "MultiAgentReplayBuffer",
+        "capacity": 50000,
+    }
     assert settings["training"]["model"] == {"fcnet_hiddens": [64], "fcnet_activation": "relu"}
     assert settings["env_runners"]["rollout_fragment_length"] == 4
 
 
-@pytest.mark.parametrize("returns, max_env_steps, started_s_ago, stopped_by, steps", [
-    ([10.0, 460.0, 470.0], 10_000, 0, "target", 2000),
-    ([10.0, 20.0, 30.0], 2000, 0, "max_env_steps", 2000),
-    ([10.0, 20.0, 30.0], 10_000, 1e4, "max_seconds", 1000),
-])
-def test_dqn_train_to_target_stops_by_each_rule(returns, max_env_steps, started_s_ago,
-                                                stopped_by, steps):
+@pytest.mark.parametrize(
+    "returns, max_env_steps, started_s_ago, stopped_by, steps",
+    [
+        ([10.0, 460.0, 470.0], 10_000, 0, "target", 2000),
+        ([10.0, 20.0, 30.0], 2000, 0, "max_env_steps", 2000),
+        ([10.0, 20.0, 30.0], 10_000, 1e4, "max_seconds", 1000),
+    ],
+)
+def test_dqn_train_to_target_stops_by_each_rule(
+    returns, max_env_steps, started_s_ago, stopped_by, steps
+):
     """Both sides of the dqn workload stop by this rule, checked after each iteration."""
     import time
 
     from benchmarks.dqn_e2e import train_to_target
+
     results = iter([(1000 * (i + 1), r) for i, r in enumerate(returns)])
-    outcome = train_to_target(lambda: next(results), 450.0, max_env_steps, 600.0,
-                              time.perf_counter() - started_s_ago)
+    outcome = train_to_target(
+        lambda: next(results), 450.0, max_env_steps, 600.0, time.perf_counter() - started_s_ago
+    )
     assert (outcome["stopped_by"], outcome["env_steps"]) == (stopped_by, steps)
     assert outcome["reached"] == (stopped_by == "target")
     assert outcome["iterations"] == steps // 1000 == len(outcome["history"])
-    assert outcome["best_return"] == max(returns[:steps // 1000])
+    assert outcome["best_return"] == max(returns[: steps // 1000])
 
 
 @pytest.mark.slow
@@ -154,6 +206,7 @@ def test_compare_rllib_dqn_smoke(tmp_path):
     runs = [r for r in measurements(records) if r["bench"] == "dqn"]
     assert {r["framework"] for r in runs} == {"ours", "rllib"}
     from benchmarks.dqn_e2e import SMOKE_MAX_ENV_STEPS
+
     for run in runs:
         assert run["env_steps"] >= SMOKE_MAX_ENV_STEPS and run["iterations"] >= 1
         assert run["final_return"] > 0 and run["wall_s"] > 0
@@ -166,8 +219,7 @@ def test_compare_rllib_dqn_smoke(tmp_path):
 @pytest.mark.slow
 def test_ppo_parity_smoke(tmp_path):
     """Ours (and an ablation) beside RLlib's PPO at its defaults; needs RLlib's venv."""
-    records = run_smoke("ppo_parity", tmp_path, "--variants", "defaults,keras_init",
-                        timeout=1800)
+    records = run_smoke("ppo_parity", tmp_path, "--variants", "defaults,keras_init", timeout=1800)
     rows = {r["variant"]: r for r in records if r.get("summary")}
     assert set(rows) == {"defaults", "keras_init", "rllib"}
     assert all(r["reached"] == "1/1" and r["env_steps"] > 0 for r in rows.values())
@@ -178,11 +230,28 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
     """scripts/gpu_benchmarks.sh --fake-gpus --all end to end at smoke size, as on a
     machine without GPUs (NVIDIA_SMI lists none): it says so and measures fake GPUs.
     Every step must leave its results."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", SMOKE="1", NVIDIA_SMI="false",
-               PYTHON=sys.executable, PYTHONPATH=str(REPO))
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "gpu_benchmarks.sh"), "--fake-gpus",
-                           "--all", str(tmp_path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        SMOKE="1",
+        NVIDIA_SMI="false",
+        PYTHON=sys.executable,
+        PYTHONPATH=str(REPO),
+    )
+    proc = subprocess.run(
+        [
+            "bash",
+            str(REPO / "scripts" / "gpu_benchmarks.sh"),
+            "--fake-gpus",
+            "--all",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "no GPU found" in proc.stderr and "fake GPUs" in proc.stderr
     printed = {}
@@ -197,10 +266,13 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
 def test_serve_smoke(tmp_path):
     records = measurements(run_smoke("serve", tmp_path))
     assert {(r["target"], r["clients"]) for r in records} == {
-        (t, n) for t in ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
-        for n in (1, 16)}
-    assert all(r["requests"] > 0 and r["failures"] == 0 and r["p99_ms"] >= r["p50_ms"]
-               for r in records)
+        (t, n)
+        for t in ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
+        for n in (1, 16)
+    }
+    assert all(
+        r["requests"] > 0 and r["failures"] == 0 and r["p99_ms"] >= r["p50_ms"] for r in records
+    )
     assert all(r["mean_batch_size"] >= 1 for r in records if r["target"] == "policy/batcher")
     saved = json.loads((tmp_path / "serve.json").read_text())
     policy_rows = [row for row in saved["summary"] if row["target"].startswith("policy")]

@@ -1,5 +1,6 @@
 """policy_service/io/checkpoints.py: atomic directories, policy state files,
 the run's checkpoint listing and allow-listed class names."""
+
 import json
 import os
 
@@ -11,8 +12,10 @@ from policy_service import TFPolicy
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_to_json
 
-SPACES = {"observation_space": space_to_json(gym.spaces.Box(-1.0, 1.0, (3,))),
-          "action_space": space_to_json(gym.spaces.Discrete(2))}
+SPACES = {
+    "observation_space": space_to_json(gym.spaces.Box(-1.0, 1.0, (3,))),
+    "action_space": space_to_json(gym.spaces.Discrete(2)),
+}
 
 
 def test_atomic_directory_replaces_the_old_one_only_on_success(tmp_path):
@@ -28,10 +31,14 @@ def test_atomic_directory_replaces_the_old_one_only_on_success(tmp_path):
 
 
 def test_policy_state_round_trips_arrays_and_json(tmp_path):
-    state = {"weights": {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
-             "optimizer_variables": {"optimizer_0/0": np.array(3, np.int64)},
-             "rng": {"action": np.array([1, 2, 3], np.int64)},
-             "global_timestep": 7, "config": {"lr": 0.1}, **SPACES}
+    state = {
+        "weights": {"dense/kernel": np.arange(6, dtype=np.float32).reshape(2, 3)},
+        "optimizer_variables": {"optimizer_0/0": np.array(3, np.int64)},
+        "rng": {"action": np.array([1, 2, 3], np.int64)},
+        "global_timestep": 7,
+        "config": {"lr": 0.1},
+        **SPACES,
+    }
     checkpoints.write_policy_state(tmp_path / "p", dict(state))
     read = checkpoints.read_policy_state(tmp_path / "p")
     assert read["global_timestep"] == 7 and read["config"] == {"lr": 0.1}
@@ -44,9 +51,17 @@ def test_policy_state_round_trips_arrays_and_json(tmp_path):
 
 def test_reading_never_unpickles(tmp_path):
     directory = tmp_path / "p"
-    checkpoints.write_policy_state(directory, {"weights": {}, "optimizer_variables": {},
-                                               "rng": {}, "global_timestep": 0, "config": {},
-                                               **SPACES})
+    checkpoints.write_policy_state(
+        directory,
+        {
+            "weights": {},
+            "optimizer_variables": {},
+            "rng": {},
+            "global_timestep": 0,
+            "config": {},
+            **SPACES,
+        },
+    )
     np.savez(directory / checkpoints.POLICY_ARRAYS, **{"weights/x": np.array([object()])})
     with pytest.raises(ValueError, match="allow_pickle=False"):
         checkpoints.read_policy_state(directory)
@@ -99,24 +114,39 @@ def test_file_names_come_from_one_place(tmp_path):
 
 
 def _algorithm_state(**changes) -> dict:
-    state = {"algorithm_class": "algorithms.ppo:PPO", "config": {}, "iteration": 2,
-             "timesteps_total": 10, "time_total_s": 1.5, "num_worker_restarts": 0,
-             "episode_returns": [1.0, 2.5], "episode_lengths": [3, 4]}
+    state = {
+        "algorithm_class": "algorithms.ppo:PPO",
+        "config": {},
+        "iteration": 2,
+        "timesteps_total": 10,
+        "time_total_s": 1.5,
+        "num_worker_restarts": 0,
+        "episode_returns": [1.0, 2.5],
+        "episode_lengths": [3, 4],
+    }
     state.update(changes)
     return {k: v for k, v in state.items() if v is not None}
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "algorithm_state.json: not valid JSON"),
-    ("[1]", "algorithm_state.json: expected a JSON object, got a JSON list"),
-    (json.dumps(_algorithm_state(iteration=None)), "key 'iteration' missing"),
-    (json.dumps(_algorithm_state(iteration="2")), "'iteration' must be a JSON number, got "
-                                                   'string "2"'),
-    (json.dumps(_algorithm_state(iteration=True)), "'iteration' must be a JSON number"),
-    (json.dumps(_algorithm_state(iteration=-1)), "'iteration' must be >= 0, got -1"),
-    (json.dumps(_algorithm_state(time_total_s=float("inf"))), "'time_total_s' must be a finite"),
-    (json.dumps(_algorithm_state(episode_lengths=[3, "x"])), "'episode_lengths' must hold"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "algorithm_state.json: not valid JSON"),
+        ("[1]", "algorithm_state.json: expected a JSON object, got a JSON list"),
+        (json.dumps(_algorithm_state(iteration=None)), "key 'iteration' missing"),
+        (
+            json.dumps(_algorithm_state(iteration="2")),
+            "'iteration' must be a JSON number, got string \"2\"",
+        ),
+        (json.dumps(_algorithm_state(iteration=True)), "'iteration' must be a JSON number"),
+        (json.dumps(_algorithm_state(iteration=-1)), "'iteration' must be >= 0, got -1"),
+        (
+            json.dumps(_algorithm_state(time_total_s=float("inf"))),
+            "'time_total_s' must be a finite",
+        ),
+        (json.dumps(_algorithm_state(episode_lengths=[3, "x"])), "'episode_lengths' must hold"),
+    ],
+)
 def test_a_broken_algorithm_state_is_one_line_naming_the_file(tmp_path, text, message):
     (tmp_path / checkpoints.ALGORITHM_STATE).write_text(text)
     with pytest.raises(checkpoints.CheckpointFileError) as err:
@@ -132,8 +162,14 @@ def test_a_well_formed_algorithm_state_reads_back(tmp_path):
 
 def test_policy_arrays_are_checked_as_they_are_read(tmp_path):
     directory = tmp_path / "p"
-    state = {"weights": {"w": np.ones(2, np.float32)}, "optimizer_variables": {}, "rng": {},
-             "global_timestep": 0, "config": {}, **SPACES}
+    state = {
+        "weights": {"w": np.ones(2, np.float32)},
+        "optimizer_variables": {},
+        "rng": {},
+        "global_timestep": 0,
+        "config": {},
+        **SPACES,
+    }
     checkpoints.write_policy_state(directory, dict(state))
     arrays = directory / checkpoints.POLICY_ARRAYS
     np.savez(arrays, **{"weights/w": np.array([1.0, np.inf], np.float32)})
@@ -159,34 +195,54 @@ class _Mismatch(Exception):
 
 def _loader(errors: dict):
     """load(checkpoint): raises errors[checkpoint.name] if there is one, else its name."""
+
     def load(checkpoint):
         if checkpoint.name in errors:
             raise errors[checkpoint.name]
         return checkpoint.name.upper()
+
     return load
 
 
 def test_newest_loadable_names_each_checkpoint_it_skips_and_why(tmp_path, capsys):
-    found = [tmp_path / "checkpoint_000003", tmp_path / "checkpoint_000002",
-             tmp_path / "checkpoint_000001"]
-    load = _loader({"checkpoint_000003": checkpoints.CheckpointFileError("a.json: missing"),
-                    "checkpoint_000002": KeyError("other")})
-    assert checkpoints.newest_loadable(found, load, "run", skipped=(KeyError,)) == \
-        (found[2], "CHECKPOINT_000001")
+    found = [
+        tmp_path / "checkpoint_000003",
+        tmp_path / "checkpoint_000002",
+        tmp_path / "checkpoint_000001",
+    ]
+    load = _loader(
+        {
+            "checkpoint_000003": checkpoints.CheckpointFileError("a.json: missing"),
+            "checkpoint_000002": KeyError("other"),
+        }
+    )
+    assert checkpoints.newest_loadable(found, load, "run", skipped=(KeyError,)) == (
+        found[2],
+        "CHECKPOINT_000001",
+    )
     assert capsys.readouterr().err.splitlines() == [
         "policy-service: skipped checkpoint_000003: a.json: missing; trying checkpoint_000002",
-        "policy-service: skipped checkpoint_000002: 'other'; trying checkpoint_000001"]
+        "policy-service: skipped checkpoint_000002: 'other'; trying checkpoint_000001",
+    ]
     with pytest.raises(KeyError):  # not skipped unless asked
         checkpoints.newest_loadable(found[1:], load, "run")
 
 
 def test_newest_loadable_gives_up_in_one_line_or_at_a_fatal_error(tmp_path, capsys):
     found = [tmp_path / "checkpoint_000002", tmp_path / "checkpoint_000001"]
-    broken = _loader({name: checkpoints.CheckpointFileError(f"{name}/x.npz: empty file")
-                      for name in ("checkpoint_000002", "checkpoint_000001")})
-    with pytest.raises(checkpoints.CheckpointFileError, match=(
+    broken = _loader(
+        {
+            name: checkpoints.CheckpointFileError(f"{name}/x.npz: empty file")
+            for name in ("checkpoint_000002", "checkpoint_000001")
+        }
+    )
+    with pytest.raises(
+        checkpoints.CheckpointFileError,
+        match=(
             r"^--resume run: no checkpoint loads; checkpoint_000001: "
-            r"checkpoint_000001/x.npz: empty file$")):
+            r"checkpoint_000001/x.npz: empty file$"
+        ),
+    ):
         checkpoints.newest_loadable(found, broken, "--resume run")
     with pytest.raises(checkpoints.CheckpointFileError, match=r"^checkpoint_000001/x.npz: empty"):
         checkpoints.newest_loadable(found[1:], broken, "run")  # a lone one: its own error
@@ -195,17 +251,21 @@ def test_newest_loadable_gives_up_in_one_line_or_at_a_fatal_error(tmp_path, caps
     capsys.readouterr()
     mismatch = _loader({"checkpoint_000002": _Mismatch("env 'X' does not fit")})
     with pytest.raises(_Mismatch):
-        checkpoints.newest_loadable(found, mismatch, "run", skipped=(Exception,),
-                                    fatal=(_Mismatch,))
+        checkpoints.newest_loadable(
+            found, mismatch, "run", skipped=(Exception,), fatal=(_Mismatch,)
+        )
     assert capsys.readouterr().err == ""
 
 
 def test_an_algorithm_state_written_by_another_class_is_refused_naming_both(tmp_path):
     from algorithms.dqn import DQN
     from algorithms.ppo import PPO
+
     (tmp_path / checkpoints.ALGORITHM_STATE).write_text(json.dumps(_algorithm_state()))
     assert checkpoints.read_algorithm_state(tmp_path, PPO) == _algorithm_state()
     with pytest.raises(checkpoints.CheckpointFileError) as err:
         checkpoints.read_algorithm_state(tmp_path, DQN)
-    assert str(err.value) == (f"{tmp_path / checkpoints.ALGORITHM_STATE}: written by "
-                              "algorithms.ppo:PPO, not algorithms.dqn:DQN")
+    assert str(err.value) == (
+        f"{tmp_path / checkpoints.ALGORITHM_STATE}: written by "
+        "algorithms.ppo:PPO, not algorithms.dqn:DQN"
+    )

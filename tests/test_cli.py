@@ -5,6 +5,7 @@ Each table of bad commands runs through commands.main in one fresh process (one
 TensorFlow import for them all), one case also as the real `policy-service` command.
 The runs themselves: test_training.py, test_run_resources.py, test_jobs.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,8 +24,10 @@ BAD_INPUT = {
     "unknown_algorithm": (["train", "nosuchalgo", "--env", "CartPole-v1"], "nosuchalgo"),
     "unknown_env": (["train", "ppo", "--env", "NoSuchEnv-v0"], "NoSuchEnv-v0"),
     "unknown_set_key": (["train", "ppo", "--env", "CartPole-v1", "--set", "lrr=0.1"], "lrr"),
-    "unreadable_config": (["train", "ppo", "--env", "CartPole-v1", "--config",
-                           "/nonexistent/ppo.yaml"], "/nonexistent/ppo.yaml"),
+    "unreadable_config": (
+        ["train", "ppo", "--env", "CartPole-v1", "--config", "/nonexistent/ppo.yaml"],
+        "/nonexistent/ppo.yaml",
+    ),
 }
 
 
@@ -61,17 +64,22 @@ for name, argv in cases.items():
 """
 
 
-def _run_cases(commands: dict[str, list[str]], real_command: str,
-               work_dir: Path) -> dict[str, tuple[int, str, str, float]]:
+def _run_cases(
+    commands: dict[str, list[str]], real_command: str, work_dir: Path
+) -> dict[str, tuple[int, str, str, float]]:
     """name -> (exit code, stdout, stderr, seconds): `real_command`'s case as a real
     `policy-service` process, beside one process running every other case in turn."""
     cases, results = work_dir / "cases.json", work_dir / "results.json"
     cases.write_text(json.dumps({n: a for n, a in commands.items() if n != real_command}))
     began = time.monotonic()
     real = start(*commands[real_command])
-    in_one = subprocess.Popen([sys.executable, "-c", _MAIN_FOR_EACH_CASE, str(cases),
-                               str(results)], env=command_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    in_one = subprocess.Popen(
+        [sys.executable, "-c", _MAIN_FOR_EACH_CASE, str(cases), str(results)],
+        env=command_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     code, out, err = finish(real)
     ran = {real_command: (code, out, err, time.monotonic() - began)}
     code, _, err = finish(in_one)
@@ -102,11 +110,15 @@ MORE_BAD_INPUT = {
     "bad_set_value": (["train", "ppo", "--env", "CartPole-v1", "--set", "lr=fast"], "config.lr"),
     "set_without_value": (["train", "ppo", "--env", "CartPole-v1", "--set", "lr"], "key=value"),
     "set_into_a_number": (["train", "ppo", "--env", "CartPole-v1", "--set", "lr.x=1"], "lr"),
-    "bad_nested_key": (["train", "ppo", "--env", "CartPole-v1",
-                        "--set", "model.fcnet_hidens=[8]"], "fcnet_hidens"),
+    "bad_nested_key": (
+        ["train", "ppo", "--env", "CartPole-v1", "--set", "model.fcnet_hidens=[8]"],
+        "fcnet_hidens",
+    ),
     "no_env": (["train", "ppo"], "--env"),
-    "config_not_a_mapping": (["train", "ppo", "--env", "CartPole-v1", "--config", "{list}"],
-                             "mapping"),
+    "config_not_a_mapping": (
+        ["train", "ppo", "--env", "CartPole-v1", "--config", "{list}"],
+        "mapping",
+    ),
     "resume_nothing": (["train", "--resume", "{missing}"], "no run there"),
     "evaluate_nothing": (["evaluate", "{missing}"], "no checkpoint"),
     "submit_without_command": (["submit", "--address", "http://127.0.0.1:9"], "no command"),
@@ -116,6 +128,7 @@ MORE_BAD_INPUT = {
 @pytest.mark.parametrize("case", sorted(MORE_BAD_INPUT))
 def test_more_bad_input_is_one_clear_line(case, tmp_path, capsys):
     from policy_service.cli import commands as cli
+
     args, expected = MORE_BAD_INPUT[case]
     listing = tmp_path / "list.yaml"
     listing.write_text("- 1\n- 2\n")
@@ -132,32 +145,52 @@ def test_more_bad_input_is_one_clear_line(case, tmp_path, capsys):
 
 
 LATE_CONFIG_ERRORS = {
-    "optimizer_adamw": (["--set", "optimizer=adamw"],
-                        "config.optimizer must be one of ['adam', 'sgd', 'rmsprop'], got 'adamw'"),
-    "num_gpus_flag_negative": (["--num-gpus", "-1"], "config.num_gpus must be a finite number "
-                               ">= 0, and a whole number when above 1, got -1.0"),
+    "optimizer_adamw": (
+        ["--set", "optimizer=adamw"],
+        "config.optimizer must be one of ['adam', 'sgd', 'rmsprop'], got 'adamw'",
+    ),
+    "num_gpus_flag_negative": (
+        ["--num-gpus", "-1"],
+        "config.num_gpus must be a finite number >= 0, and a whole number when above 1, got -1.0",
+    ),
     "num_gpus_fraction_above_one": (["--set", "num_gpus=1.5"], "config.num_gpus must be"),
-    "grad_clip_method_bogus": (["--set", "grad_clip_method=bogus"],
-                               "config.grad_clip_method must be one of"),
-    "fcnet_hiddens_zero": (["--set", "model.fcnet_hiddens=[0]"],
-                           "config.model.fcnet_hiddens must be a list of integers >= 1, got [0]"),
-    "fcnet_activation_unknown": (["--set", "model.fcnet_activation=nope"],
-                                 "config.model.fcnet_activation must be the name of a Keras"),
-    "exploration_type_unknown": (["--set", "exploration_config={type: Bogus}"],
-                                 "config.exploration_config must be a dict whose 'type'"),
-    "env_config_unknown_key": (["--set", "env_config={nope: 1}"],
-                               "config.env_config key(s) ['nope'] are not options of CartPole-v1"),
+    "grad_clip_method_bogus": (
+        ["--set", "grad_clip_method=bogus"],
+        "config.grad_clip_method must be one of",
+    ),
+    "fcnet_hiddens_zero": (
+        ["--set", "model.fcnet_hiddens=[0]"],
+        "config.model.fcnet_hiddens must be a list of integers >= 1, got [0]",
+    ),
+    "fcnet_activation_unknown": (
+        ["--set", "model.fcnet_activation=nope"],
+        "config.model.fcnet_activation must be the name of a Keras",
+    ),
+    "exploration_type_unknown": (
+        ["--set", "exploration_config={type: Bogus}"],
+        "config.exploration_config must be a dict whose 'type'",
+    ),
+    "env_config_unknown_key": (
+        ["--set", "env_config={nope: 1}"],
+        "config.env_config key(s) ['nope'] are not options of CartPole-v1",
+    ),
     "lr_nan": (["--set", "lr=.nan"], "config.lr must be a finite number > 0, got nan"),
     "lr_negative": (["--set", "lr=-1"], "config.lr must be a finite number > 0, got -1"),
     "lr_zero": (["--set", "lr=0"], "config.lr must be a finite number > 0, got 0"),
-    "grad_clip_zero": (["--set", "grad_clip=0"], "config.grad_clip must be None or a finite "
-                       "number > 0, got 0"),
+    "grad_clip_zero": (
+        ["--set", "grad_clip=0"],
+        "config.grad_clip must be None or a finite number > 0, got 0",
+    ),
     "grad_clip_negative": (["--set", "grad_clip=-1"], "config.grad_clip must be None or"),
-    "gamma_above_one": (["--set", "gamma=1.5"],
-                        "config.gamma must be a finite number in [0, 1], got 1.5"),
+    "gamma_above_one": (
+        ["--set", "gamma=1.5"],
+        "config.gamma must be a finite number in [0, 1], got 1.5",
+    ),
     "gamma_negative": (["--set", "gamma=-0.1"], "config.gamma must be a finite number in [0, 1]"),
-    "adam_epsilon_negative": (["--set", "adam_epsilon=-1"],
-                              "config.adam_epsilon must be a finite number > 0, got -1"),
+    "adam_epsilon_negative": (
+        ["--set", "adam_epsilon=-1"],
+        "config.adam_epsilon must be a finite number > 0, got -1",
+    ),
 }
 
 
@@ -167,9 +200,11 @@ def cartpole_policy_dir(tmp_path_factory) -> Path:
     import gymnasium as gym
 
     from algorithms.ppo import PPOPolicy
+
     env = gym.make("CartPole-v1")
-    policy = PPOPolicy(env.observation_space, env.action_space,
-                       {"model": {"fcnet_hiddens": [8]}, "seed": 0})
+    policy = PPOPolicy(
+        env.observation_space, env.action_space, {"model": {"fcnet_hiddens": [8]}, "seed": 0}
+    )
     directory = tmp_path_factory.mktemp("policy") / "cartpole_policy"
     policy.export_checkpoint(str(directory))
     return directory
@@ -182,21 +217,43 @@ def command_results(tmp_path_factory, cartpole_policy_dir):
     command -> (exit code, stdout, stderr, seconds, output dir). A late case that is not
     caught would train one tiny iteration and exit 0."""
     out_dir = tmp_path_factory.mktemp("commands")
-    commands = {name: [*args, "--output-dir", str(out_dir / name)]
-                for name, (args, _) in BAD_INPUT.items()}
-    commands.update({name: ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                            "--output-dir", str(out_dir / name), *TINY, *args]
-                     for name, (args, _) in LATE_CONFIG_ERRORS.items()})
-    commands["evaluate_on_other_spaces"] = ["evaluate", str(cartpole_policy_dir),
-                                            "--env", "MountainCar-v0", "--episodes", "1"]
+    commands = {
+        name: [*args, "--output-dir", str(out_dir / name)] for name, (args, _) in BAD_INPUT.items()
+    }
+    commands.update(
+        {
+            name: [
+                "train",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--stop-iters",
+                "1",
+                "--output-dir",
+                str(out_dir / name),
+                *TINY,
+                *args,
+            ]
+            for name, (args, _) in LATE_CONFIG_ERRORS.items()
+        }
+    )
+    commands["evaluate_on_other_spaces"] = [
+        "evaluate",
+        str(cartpole_policy_dir),
+        "--env",
+        "MountainCar-v0",
+        "--episodes",
+        "1",
+    ]
     ran = _run_cases(commands, "lr_nan", tmp_path_factory.mktemp("cases"))
     return {name: (*result, out_dir / name) for name, result in ran.items()}
 
 
 @pytest.fixture(scope="module")
 def late_config_results(command_results):
-    return {name: command_results[name] for name in [*LATE_CONFIG_ERRORS,
-                                                     "evaluate_on_other_spaces"]}
+    return {
+        name: command_results[name] for name in [*LATE_CONFIG_ERRORS, "evaluate_on_other_spaces"]
+    }
 
 
 @pytest.mark.parametrize("case", sorted(LATE_CONFIG_ERRORS))
@@ -215,8 +272,10 @@ def test_evaluate_in_an_env_with_other_spaces_names_both_spaces(late_config_resu
     code, out, err, _, _ = late_config_results["evaluate_on_other_spaces"]
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "Traceback" not in err, err[-3000:]
-    assert lines[0].startswith("policy-service: error: environment 'MountainCar-v0' does not "
-                               "fit the saved policy: observation_space Box(")
+    assert lines[0].startswith(
+        "policy-service: error: environment 'MountainCar-v0' does not "
+        "fit the saved policy: observation_space Box("
+    )
     assert "(2,), float32) (the policy's: Box(" in lines[0]
     assert "action_space Discrete(3) (the policy's: Discrete(2))" in lines[0]
     assert out == ""
@@ -231,28 +290,41 @@ MORE_BAD_VALUES = {
     "vf_clip_param_zero": (["--set", "vf_clip_param=0"], "config.vf_clip_param must be"),
     "num_epochs_zero": (["--set", "num_epochs=0"], "config.num_epochs must be an integer >= 1"),
     "minibatch_size_zero": (["--set", "minibatch_size=0"], "config.minibatch_size must be"),
-    "minibatch_above_train_batch": (["--set", "minibatch_size=512"],
-                                    "config.minibatch_size must be <= train_batch_size (256)"),
+    "minibatch_above_train_batch": (
+        ["--set", "minibatch_size=512"],
+        "config.minibatch_size must be <= train_batch_size (256)",
+    ),
     "lstm_cell_size_zero": (["--set", "model.lstm_cell_size=0"], "config.model.lstm_cell_size"),
     "max_seq_len_zero": (["--set", "model.max_seq_len=0"], "config.model.max_seq_len"),
-    "conv_filters_malformed": (["--set", "model.conv_filters=[[16, 3]]"],
-                               "config.model.conv_filters must be None or a non-empty list"),
-    "conv_activation_unknown": (["--set", "model.conv_activation=sigmoidal"],
-                                "config.model.conv_activation"),
-    "exploration_option_unknown": (["--set", "exploration_config={type: EpsilonGreedy, "
-                                    "epsilon: 0.1}"], "(unknown: ['epsilon'])"),
+    "conv_filters_malformed": (
+        ["--set", "model.conv_filters=[[16, 3]]"],
+        "config.model.conv_filters must be None or a non-empty list",
+    ),
+    "conv_activation_unknown": (
+        ["--set", "model.conv_activation=sigmoidal"],
+        "config.model.conv_activation",
+    ),
+    "exploration_option_unknown": (
+        ["--set", "exploration_config={type: EpsilonGreedy, epsilon: 0.1}"],
+        "(unknown: ['epsilon'])",
+    ),
     "seed_negative": (["--seed", "-1"], "config.seed must be None or an integer in [0, "),
     "num_env_runners_negative": (["--num-env-runners", "-1"], "config.num_env_runners"),
     "vectorize_mode_unknown": (["--set", "vectorize_mode=threads"], "config.vectorize_mode"),
-    "env_config_two_unknown_keys": (["--set", "env_config={size: 3, max_episode_steps: 5, "
-                                     "color: red}"], "['color', 'size']"),
-    "minibatch_uneven_over_towers": (["--num-gpus", "3", "--fake-gpus"],
-                                     "config.minibatch_size=64 must be a multiple of 1 "
-                                     "learner(s) x 3 tower(s) x 1 row(s) per sequence = 3"),
-    "minibatch_cuts_lstm_sequences": (["--set", "model.use_lstm=true",
-                                       "--set", "model.max_seq_len=20"],
-                                      "config.minibatch_size=64 must be a multiple of 1 "
-                                      "learner(s) x 1 tower(s) x 20 row(s) per sequence = 20"),
+    "env_config_two_unknown_keys": (
+        ["--set", "env_config={size: 3, max_episode_steps: 5, color: red}"],
+        "['color', 'size']",
+    ),
+    "minibatch_uneven_over_towers": (
+        ["--num-gpus", "3", "--fake-gpus"],
+        "config.minibatch_size=64 must be a multiple of 1 "
+        "learner(s) x 3 tower(s) x 1 row(s) per sequence = 3",
+    ),
+    "minibatch_cuts_lstm_sequences": (
+        ["--set", "model.use_lstm=true", "--set", "model.max_seq_len=20"],
+        "config.minibatch_size=64 must be a multiple of 1 "
+        "learner(s) x 1 tower(s) x 20 row(s) per sequence = 20",
+    ),
     "stop_iters_zero": (["--stop-iters", "0"], "--stop-iters must be >= 1, got 0"),
     "stop_timesteps_negative": (["--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
     "stop_reward_nan": (["--stop-reward", "nan"], "--stop-reward must be a finite number"),
@@ -262,10 +334,23 @@ MORE_BAD_VALUES = {
 @pytest.mark.parametrize("case", sorted(MORE_BAD_VALUES))
 def test_more_bad_values_are_one_clear_line(case, tmp_path, capsys):
     from policy_service.cli import commands as cli
+
     args, expected = MORE_BAD_VALUES[case]
     run_dir = tmp_path / "run"
-    code = cli.main(["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", *TINY, *args,
-                     "--output-dir", str(run_dir)])
+    code = cli.main(
+        [
+            "train",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--stop-iters",
+            "1",
+            *TINY,
+            *args,
+            "--output-dir",
+            str(run_dir),
+        ]
+    )
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2
@@ -277,14 +362,23 @@ def test_more_bad_values_are_one_clear_line(case, tmp_path, capsys):
 def test_env_config_keys_are_checked_against_the_env_constructor():
     from algorithms import register_env
     from algorithms.environments import EnvironmentSetupError, check_env_config
+
     check_env_config("CartPole-v1", {})
-    check_env_config("CartPole-v1", {"render_mode": None, "sutton_barto_reward": True,
-                                     "max_episode_steps": 5, "disable_env_checker": True})
+    check_env_config(
+        "CartPole-v1",
+        {
+            "render_mode": None,
+            "sutton_barto_reward": True,
+            "max_episode_steps": 5,
+            "disable_env_checker": True,
+        },
+    )
     with pytest.raises(EnvironmentSetupError) as err:
         check_env_config("CartPole-v1", {"nope": 1})
     assert str(err.value) == (
         "config.env_config key(s) ['nope'] are not options of CartPole-v1; it takes "
-        "['disable_env_checker', 'max_episode_steps', 'render_mode', 'sutton_barto_reward']")
+        "['disable_env_checker', 'max_episode_steps', 'render_mode', 'sutton_barto_reward']"
+    )
     register_env("test_cli_dict_env", lambda env_config: None)  # takes the whole dict
     check_env_config("test_cli_dict_env", {"anything": 1})
 
@@ -296,6 +390,7 @@ def test_env_config_of_an_env_taking_any_keyword_is_not_checked():
 
     def any_options(**kwargs):
         return gym.make("CartPole-v1")
+
     gym.register("TestCliAnyOptions-v0", entry_point=any_options)
     try:
         check_env_config("TestCliAnyOptions-v0", {"anything": 1})
@@ -309,13 +404,20 @@ def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
     from algorithms.ppo import PPOConfig
     from policy_service.cli.run_config import check_devices
     from policy_service.cli.run_options import TrainingSetupError
+
     check_devices(PPOConfig(num_gpus=2, _fake_gpus=True))  # no GPU here: two fake ones are fine
     real = tf.config.list_physical_devices
-    monkeypatch.setattr(tf.config, "list_physical_devices",
-                        lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind))
+    monkeypatch.setattr(
+        tf.config,
+        "list_physical_devices",
+        lambda kind=None: ["GPU:0"] if kind == "GPU" else real(kind),
+    )
     check_devices(PPOConfig(num_gpus=1))
-    with pytest.raises(TrainingSetupError, match=r"^config.num_gpus: num_gpus=2.0 requested but "
-                       r"only 1 GPU\(s\) found$"):
+    with pytest.raises(
+        TrainingSetupError,
+        match=r"^config.num_gpus: num_gpus=2.0 requested but "
+        r"only 1 GPU\(s\) found$",
+    ):
         check_devices(PPOConfig(num_gpus=2))
 
 
@@ -324,9 +426,12 @@ def test_spaces_are_checked_before_the_policy_is_built():
 
     from algorithms.evaluation import CheckpointError, check_spaces_fit
     from policy_service.io.space_codec import space_to_json
+
     cartpole = gym.make("CartPole-v1")
-    state = {"observation_space": space_to_json(cartpole.observation_space),
-             "action_space": space_to_json(cartpole.action_space)}
+    state = {
+        "observation_space": space_to_json(cartpole.observation_space),
+        "action_space": space_to_json(cartpole.action_space),
+    }
     check_spaces_fit(state, gym.make("CartPole-v0"), "CartPole-v0")  # same spaces
     with pytest.raises(CheckpointError) as err:
         check_spaces_fit(state, gym.make("Acrobot-v1"), "Acrobot-v1")
@@ -343,39 +448,63 @@ def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
     from ray.exceptions import RayTaskError
 
     from policy_service.errors import one_line
-    remote = RayTaskError("LearnerHost.foreach_policy", "Traceback (most recent call last):\n"
-                          "  ...\nValueError: bad", ValueError("entry 'w'\n has shape (3, 3)"))
+
+    remote = RayTaskError(
+        "LearnerHost.foreach_policy",
+        "Traceback (most recent call last):\n  ...\nValueError: bad",
+        ValueError("entry 'w'\n has shape (3, 3)"),
+    )
     assert one_line(remote.as_instanceof_cause()) == "entry 'w' has shape (3, 3)"
     assert one_line(KeyError()) == "KeyError"
 
 
 def test_stop_criteria_name_the_first_limit_reached():
     from policy_service.cli.run_options import StopCriteria
+
     stop = StopCriteria(reward=100.0, timesteps=1000, iters=5)
     assert stop.reason({"iteration": 1, "timesteps_total": 10, "episode_return_mean": 20.0}) is None
-    assert stop.reason({"iteration": 1, "timesteps_total": 10,
-                        "episode_return_mean": 100.0}) == "stop_reward"
-    assert stop.reason({"iteration": 2, "timesteps_total": 1000,
-                        "episode_return_mean": None}) == "stop_timesteps"
+    assert (
+        stop.reason({"iteration": 1, "timesteps_total": 10, "episode_return_mean": 100.0})
+        == "stop_reward"
+    )
+    assert (
+        stop.reason({"iteration": 2, "timesteps_total": 1000, "episode_return_mean": None})
+        == "stop_timesteps"
+    )
     assert stop.reason({"iteration": 5, "timesteps_total": 500}) == "stop_iters"
-    assert StopCriteria(iters=5).updated(StopCriteria(iters=9, reward=1.0)) == \
-        StopCriteria(reward=1.0, iters=9)
+    assert StopCriteria(iters=5).updated(StopCriteria(iters=9, reward=1.0)) == StopCriteria(
+        reward=1.0, iters=9
+    )
 
 
 def test_overrides_parse_yaml_values_and_nest_dotted_keys():
     from policy_service.cli.run_config import apply_override
+
     config = {"model": {"fcnet_activation": "tanh"}}
-    for assignment in ("lr=3e-4", "model.fcnet_hiddens=[64, 64]", "env_config.size=3",
-                       "seed=null", "explore=false", "env=ALE/Pong-v5"):
+    for assignment in (
+        "lr=3e-4",
+        "model.fcnet_hiddens=[64, 64]",
+        "env_config.size=3",
+        "seed=null",
+        "explore=false",
+        "env=ALE/Pong-v5",
+    ):
         apply_override(config, assignment)
-    assert config == {"lr": 3e-4, "seed": None, "explore": False, "env": "ALE/Pong-v5",
-                      "model": {"fcnet_activation": "tanh", "fcnet_hiddens": [64, 64]},
-                      "env_config": {"size": 3}}
+    assert config == {
+        "lr": 3e-4,
+        "seed": None,
+        "explore": False,
+        "env": "ALE/Pong-v5",
+        "model": {"fcnet_activation": "tanh", "fcnet_hiddens": [64, 64]},
+        "env_config": {"size": 3},
+    }
 
 
 def test_metrics_become_plain_json():
     import numpy as np
 
     from policy_service.cli.run_config import json_safe
-    assert json_safe({"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3),
-                       "d": (1, float("inf"))}) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}
+
+    assert json_safe(
+        {"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3), "d": (1, float("inf"))}
+    ) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}

@@ -8,6 +8,7 @@
 - An install adds exactly the packages `policy_service` and `algorithms`.
 - `policy-service submit` does not import TensorFlow.
 """
+
 import ast
 import shutil
 import subprocess
@@ -34,8 +35,9 @@ def project_imports(path: Path) -> list[tuple[int, str, str | None]]:
             if node.module.split(".")[0] in PACKAGES:
                 found += [(node.lineno, node.module, a.name) for a in node.names]
         elif isinstance(node, ast.Import):
-            found += [(node.lineno, a.name, None) for a in node.names
-                      if a.name.split(".")[0] in PACKAGES]
+            found += [
+                (node.lineno, a.name, None) for a in node.names if a.name.split(".")[0] in PACKAGES
+            ]
     return found
 
 
@@ -48,15 +50,22 @@ def private_uses(path: Path) -> list[str]:
         if name is None:
             aliases.add(module.split(".")[0])
     for node in ast.walk(tree):
-        if (isinstance(node, ast.ImportFrom) and node.module
-                and node.module.split(".")[0] in PACKAGES):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module
+            and node.module.split(".")[0] in PACKAGES
+        ):
             aliases.update(a.asname or a.name for a in node.names)
         if isinstance(node, ast.Import):
             aliases.update(a.asname for a in node.names if a.asname)
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                and node.value.id in aliases and node.attr.startswith("_")
-                and not node.attr.startswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+        ):
             uses.append(f"{node.lineno}: {node.value.id}.{node.attr}")
     return uses
 
@@ -71,8 +80,15 @@ LAYERS = [
     ("policy_service", ("algorithms", "scripts", "benchmarks")),
     ("policy_service.cli", ("scripts", "benchmarks")),
     ("algorithms", ("policy_service.cli", "scripts", "benchmarks")),
-    ("policy_service.engine", ("policy_service.distributed", "policy_service.policy",
-                               "policy_service.io", "policy_service.train_batches")),
+    (
+        "policy_service.engine",
+        (
+            "policy_service.distributed",
+            "policy_service.policy",
+            "policy_service.io",
+            "policy_service.train_batches",
+        ),
+    ),
     ("policy_service.io", ("policy_service.distributed", "policy_service.policy")),
 ]
 
@@ -96,10 +112,14 @@ def test_imports_point_down(layer, forbidden):
 
 def test_the_checks_catch_a_private_import(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("from policy_service.sample_batch import _take\n"
-                      "from policy_service import models\nmodels._CUSTOM_MODELS\n")
+    sample.write_text(
+        "from policy_service.sample_batch import _take\n"
+        "from policy_service import models\nmodels._CUSTOM_MODELS\n"
+    )
     assert private_uses(sample) == [
-        "1: from policy_service.sample_batch import _take", "3: models._CUSTOM_MODELS"]
+        "1: from policy_service.sample_batch import _take",
+        "3: models._CUSTOM_MODELS",
+    ]
 
 
 SUBMIT_WITHOUT_TENSORFLOW = """
@@ -113,8 +133,14 @@ print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
 
 
 def test_submit_does_not_import_tensorflow():
-    out = subprocess.run([sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW], cwd=REPO,
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -178,11 +204,30 @@ def test_an_install_adds_only_the_two_packages(tmp_path):
     """The wheel `pip install .` would install: its top-level names, and the console
     script's target. Built from a copy of the tree, so no build/ lands in the repo."""
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", "results"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(source)], check=True, capture_output=True,
-                   timeout=300)
+    shutil.copytree(
+        REPO,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", "results"
+        ),
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = tmp_path.glob("*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info",))}

@@ -2,6 +2,7 @@
 in a while loop; a group of one is the identity; RING without GPUs; a dead or
 hung peer is an error within the timeout, not a hang; without a per-op timeout
 (the default) thousands of all-reduces start no threads."""
+
 from __future__ import annotations
 
 import sys
@@ -25,10 +26,12 @@ NOT_A_HANG_S = 45.0
 def rank_values(rank: int) -> list[np.ndarray]:
     """Different values per rank, in several shapes and dtypes."""
     r = rank + 1
-    return [np.arange(12, dtype=np.float32).reshape(3, 4) * r + r,
-            np.linspace(-1.0, 1.0, 5) * r ** 2,                      # float64
-            np.array([[r, -r], [7 * r, 100]], dtype=np.int32),
-            np.array(0.25 * r, dtype=np.float32)]                     # a scalar
+    return [
+        np.arange(12, dtype=np.float32).reshape(3, 4) * r + r,
+        np.linspace(-1.0, 1.0, 5) * r**2,  # float64
+        np.array([[r, -r], [7 * r, 100]], dtype=np.int32),
+        np.array(0.25 * r, dtype=np.float32),
+    ]  # a scalar
 
 
 class Member:
@@ -36,8 +39,10 @@ class Member:
 
     def __init__(self, timeout_s: float | None, probe_timeout_s: float = 120.0):
         from policy_service.engine import devices
+
         devices.prepare_process(1)
         from policy_service.engine.collectives import CollectiveGroup
+
         self.group = CollectiveGroup(timeout_s=timeout_s, probe_timeout_s=probe_timeout_s)
         self.reduce_in_function = tf.function(self.group.all_reduce_sum)
 
@@ -54,15 +59,19 @@ class Member:
         return [t.numpy() for t in summed] + [summed[0].device]
 
     def sum_eagerly(self, rank: int) -> list:
-        return [t.numpy() for t in self.group.all_reduce_sum(
-            [tf.constant(v) for v in rank_values(rank)])]
+        return [
+            t.numpy()
+            for t in self.group.all_reduce_sum([tf.constant(v) for v in rank_values(rank)])
+        ]
 
     def sum_twice_in_one_function(self, rank: int) -> list:
         """Two calls with the same shapes in one function need distinct keys."""
+
         @tf.function
         def twice(x):
             first = self.group.all_reduce_sum([x])[0]
             return first, self.group.all_reduce_sum([first * 2.0])[0]
+
         return [t.numpy() for t in twice(tf.fill([1000], float(rank + 1)))]
 
     def sum_after_tracing_in_rank_order(self, rank: int) -> list:
@@ -71,7 +80,7 @@ class Member:
         small = tf.function(lambda x: self.group.all_reduce_sum([x])[0])
         large = tf.function(lambda x: self.group.all_reduce_sum([x, x])[1])
         specs = [(small, tf.TensorSpec([10])), (large, tf.TensorSpec([20]))]
-        for fn, spec in (specs if rank == 0 else specs[::-1]):
+        for fn, spec in specs if rank == 0 else specs[::-1]:
             fn.get_concrete_function(spec)
         return [small(tf.fill([10], rank + 1.0)).numpy(), large(tf.fill([20], rank + 1.0)).numpy()]
 
@@ -87,8 +96,10 @@ class Member:
                 for acc, s in zip(accumulators, self.group.all_reduce_sum(scaled)):
                     acc.assign_add(s)
                 return i + 1
+
             tf.while_loop(lambda i: i < LOOP_ITERATIONS, body, [tf.constant(0)])
             return [acc.read_value() for acc in accumulators]
+
         return [t.numpy() for t in loop()]
 
     def all_identical(self, rank: int) -> tuple[bool, bool]:
@@ -103,8 +114,10 @@ class Member:
         (one collective per dtype). poison: this member's tensors hold NaN and inf."""
         values = [v for v in rank_values(rank) if v.dtype.kind == "f"]  # 3 x f32, 1 x f64
         if poison:
-            values = [np.full_like(v, np.nan) if i % 2 else np.full_like(v, np.inf)
-                      for i, v in enumerate(values)]
+            values = [
+                np.full_like(v, np.nan) if i % 2 else np.full_like(v, np.inf)
+                for i, v in enumerate(values)
+            ]
         weight = tf.constant(weights[rank], tf.float32)
 
         @tf.function
@@ -114,20 +127,25 @@ class Member:
             mixed, mixed_total = self.group.all_reduce_weighted_mean(tensors, weight)
             summed = self.group.all_reduce_sum(
                 [tf.reshape(weight, [1])]
-                + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors])
-            by_hand = [tf.math.divide_no_nan(x, tf.cast(summed[0][0], x.dtype))
-                       for x in summed[1:]]
+                + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors]
+            )
+            by_hand = [tf.math.divide_no_nan(x, tf.cast(summed[0][0], x.dtype)) for x in summed[1:]]
             return fused, total, mixed, mixed_total, by_hand
 
         fused, total, mixed, mixed_total, by_hand = both([tf.constant(v) for v in values])
-        return {"fused": [t.numpy() for t in fused], "total": float(total),
-                "mixed": [t.numpy() for t in mixed], "mixed_total": float(mixed_total),
-                "by_hand": [t.numpy() for t in by_hand]}
+        return {
+            "fused": [t.numpy() for t in fused],
+            "total": float(total),
+            "mixed": [t.numpy() for t in mixed],
+            "mixed_total": float(mixed_total),
+            "by_hand": [t.numpy() for t in by_hand],
+        }
 
     def threads_around_all_reduces(self, iterations: int) -> tuple[int, int]:
         """This process's threads before and after `iterations` one-element
         all-reduces in one compiled loop (traced and run once before)."""
         from policy_service.distributed.learner_actor import thread_count
+
         total = tf.Variable(0.0)
 
         @tf.function
@@ -135,8 +153,10 @@ class Member:
             def body(i):
                 total.assign_add(self.group.all_reduce_sum([tf.ones([1])])[0][0])
                 return i + 1
+
             tf.while_loop(lambda i: i < n, body, [tf.constant(0)])
             return total.read_value()
+
         loop(tf.constant(10))  # traced, executors and gRPC channels up
         before = thread_count()
         expected = float(total.numpy()) + 2.0 * iterations
@@ -171,12 +191,14 @@ def remote_member(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def start_group(remote_member, size: int, timeout_s: float | None = 60.0,
-                probe_timeout_s: float = 120.0) -> list:
+def start_group(
+    remote_member, size: int, timeout_s: float | None = 60.0, probe_timeout_s: float = 120.0
+) -> list:
     members = [remote_member.remote(timeout_s, probe_timeout_s) for _ in range(size)]
     addresses = ray.get([m.address.remote() for m in members])
-    implementations = ray.get([m.connect.remote(rank, addresses)
-                               for rank, m in enumerate(members)], timeout=120)
+    implementations = ray.get(
+        [m.connect.remote(rank, addresses) for rank, m in enumerate(members)], timeout=120
+    )
     assert implementations == [collectives.RING] * size  # no GPU on this machine
     return members
 
@@ -209,15 +231,17 @@ def test_sums_in_a_function_are_exact_in_every_member(pair):
 def test_eager_sums_and_two_sums_in_one_function(pair):
     for result in ray.get([m.sum_eagerly.remote(r) for r, m in enumerate(pair)]):
         assert_exact(result, expected_sums(2))
-    for first, second in ray.get([m.sum_twice_in_one_function.remote(r)
-                                  for r, m in enumerate(pair)]):
+    for first, second in ray.get(
+        [m.sum_twice_in_one_function.remote(r) for r, m in enumerate(pair)]
+    ):
         np.testing.assert_array_equal(first, np.full(1000, 3.0, np.float32))
         np.testing.assert_array_equal(second, np.full(1000, 12.0, np.float32))
 
 
 def test_keys_do_not_depend_on_the_order_functions_were_traced(pair):
-    for small, large in ray.get([m.sum_after_tracing_in_rank_order.remote(r)
-                                 for r, m in enumerate(pair)]):
+    for small, large in ray.get(
+        [m.sum_after_tracing_in_rank_order.remote(r) for r, m in enumerate(pair)]
+    ):
         np.testing.assert_array_equal(small, np.full(10, 3.0, np.float32))
         np.testing.assert_array_equal(large, np.full(20, 3.0, np.float32))
 
@@ -225,8 +249,7 @@ def test_keys_do_not_depend_on_the_order_functions_were_traced(pair):
 def test_sums_inside_a_while_loop_accumulate_exactly(pair):
     steps = sum(range(LOOP_ITERATIONS))
     expected = [(s * steps).astype(s.dtype) for s in expected_sums(2)]
-    for result in ray.get([m.sum_in_while_loop.remote(r) for r, m in enumerate(pair)],
-                          timeout=120):
+    for result in ray.get([m.sum_in_while_loop.remote(r) for r, m in enumerate(pair)], timeout=120):
         for got, want in zip(result, expected):
             np.testing.assert_allclose(got, want, rtol=1e-6)
 
@@ -235,8 +258,7 @@ def test_weighted_means_are_bit_identical_to_scaling_each_tensor(pair):
     """The packed buffer [1, t...] scaled and divided whole gives the same bits as
     each tensor scaled and divided on its own (the LearnerGroup's exactness rests
     on it); mixed dtypes take one collective per dtype and agree too."""
-    results = ray.get([m.weighted_means.remote(rank, [3.0, 5.0])
-                       for rank, m in enumerate(pair)])
+    results = ray.get([m.weighted_means.remote(rank, [3.0, 5.0]) for rank, m in enumerate(pair)])
     f32 = [v for v in rank_values(0) if v.dtype == np.float32]
     for got in results:
         assert got["total"] == got["mixed_total"] == 8.0
@@ -252,22 +274,23 @@ def test_weighted_means_are_bit_identical_to_scaling_each_tensor(pair):
 
 
 def test_a_member_of_weight_zero_adds_nothing_even_nan(pair):
-    results = ray.get([m.weighted_means.remote(rank, [2.0, 0.0], poison=rank == 1)
-                       for rank, m in enumerate(pair)])
+    results = ray.get(
+        [m.weighted_means.remote(rank, [2.0, 0.0], poison=rank == 1) for rank, m in enumerate(pair)]
+    )
     own = [v for v in rank_values(0) if v.dtype.kind == "f"]
     for got in results:
         assert got["total"] == 2.0
         for mean, value in zip(got["mixed"], own):
             np.testing.assert_array_equal(mean, value.astype(mean.dtype))
-    zeros = ray.get([m.weighted_means.remote(rank, [0.0, 0.0])
-                     for rank, m in enumerate(pair)])
-    assert all(got["total"] == 0.0 and not any(np.any(t) for t in got["fused"])
-               for got in zeros)
+    zeros = ray.get([m.weighted_means.remote(rank, [0.0, 0.0]) for rank, m in enumerate(pair)])
+    assert all(got["total"] == 0.0 and not any(np.any(t) for t in got["fused"]) for got in zeros)
 
 
 def test_all_identical_tells_equal_from_different_tensors(pair):
-    assert ray.get([m.all_identical.remote(r) for r, m in enumerate(pair)]) == \
-        [(True, False), (True, False)]
+    assert ray.get([m.all_identical.remote(r) for r, m in enumerate(pair)]) == [
+        (True, False),
+        (True, False),
+    ]
 
 
 def listening_hosts(port: int) -> set[str]:
@@ -282,8 +305,13 @@ def listening_hosts(port: int) -> set[str]:
             local, state = line.split()[1], line.split()[3]
             host, port_hex = local.split(":")
             if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
-                hosts.add("0.0.0.0" if host == "0" * width and width == 8 else
-                          "::" if host == "0" * width else host)
+                hosts.add(
+                    "0.0.0.0"
+                    if host == "0" * width and width == 8
+                    else "::"
+                    if host == "0" * width
+                    else host
+                )
     return hosts
 
 
@@ -315,8 +343,7 @@ def test_ring_without_gpus_and_nccl_only_with_a_real_gpu():
     assert collectives.choose_implementation([cpu]) == collectives.RING
     assert collectives.choose_implementation([cpu, gpu]) == collectives.NCCL
     # fake GPUs are logical CPU devices: this process has four and no physical GPU
-    assert collectives.choose_implementation(tf.config.list_physical_devices()) == \
-        collectives.RING
+    assert collectives.choose_implementation(tf.config.list_physical_devices()) == collectives.RING
 
 
 def test_bad_membership_and_bad_tensors_are_one_line_errors():
@@ -363,14 +390,18 @@ def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote
     """The default group (no per-op timeout, as in the SGD loop): 3,000 all-reduces
     leave the thread count where it was. With a timeout TF starts two threads per
     collective that sleep for the whole timeout: the same count sees them."""
+
     def thread_counts(timeout_s, all_reduces: int) -> list:
         members = start_group(remote_member, 2, timeout_s=timeout_s)
-        counts = ray.get([m.threads_around_all_reduces.remote(all_reduces) for m in members],
-                         timeout=120)
+        counts = ray.get(
+            [m.threads_around_all_reduces.remote(all_reduces) for m in members], timeout=120
+        )
         for m in members:
             ray.kill(m)
-        print(f"\nthreads (before, after) per member, {all_reduces:,} all-reduces, "
-              f"timeout {timeout_s}: {counts}")
+        print(
+            f"\nthreads (before, after) per member, {all_reduces:,} all-reduces, "
+            f"timeout {timeout_s}: {counts}"
+        )
         return counts
 
     counts = thread_counts(None, 3000)
@@ -384,8 +415,7 @@ def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote
 def test_the_probe_keeps_a_timeout_when_the_sums_have_none(remote_member):
     """connect's probe ran in both members; run alone it fails at its own timeout,
     although the group's all-reduces wait without one."""
-    waiting, idle = start_group(remote_member, 2, timeout_s=None,
-                                probe_timeout_s=SHORT_TIMEOUT_S)
+    waiting, idle = start_group(remote_member, 2, timeout_s=None, probe_timeout_s=SHORT_TIMEOUT_S)
     message, seconds = ray.get(waiting.timed_probe.remote(), timeout=60)
     for m in (waiting, idle):
         ray.kill(m)

@@ -1,5 +1,6 @@
 """policy_service/engine/compiled.py: FlatCall gives what the tf.function gives,
 for any batch size, without retracing."""
+
 import numpy as np
 import tensorflow as tf
 
@@ -10,8 +11,10 @@ def test_flat_call_matches_the_function_and_never_retraces():
     def fn(x, pair):
         return {"sum": x + pair[0], "scaled": x * tf.cast(pair[1], tf.float32)}
 
-    spec = [tf.TensorSpec([None, 2], tf.float32),
-            (tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([], tf.int32))]
+    spec = [
+        tf.TensorSpec([None, 2], tf.float32),
+        (tf.TensorSpec([None, 2], tf.float32), tf.TensorSpec([], tf.int32)),
+    ]
     function = tf.function(fn, input_signature=spec)
     flat = FlatCall(function)
     for rows in (1, 5, 3):

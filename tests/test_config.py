@@ -3,6 +3,7 @@
 Every range a config value must keep is tested here, for the policy, the
 algorithm loop, PPO and the model, with the exact one-line message.
 """
+
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -32,9 +33,17 @@ def test_empty_and_none_give_the_defaults():
 
 
 def test_known_keys_are_taken_and_ints_become_floats():
-    config = from_dict(PolicyConfig, {"lr": 1, "num_gpus": 2, "_fake_gpus": True,
-                                      "grad_clip": 40, "seed": 3,
-                                      "model": {"fcnet_hiddens": [8], "use_lstm": True}})
+    config = from_dict(
+        PolicyConfig,
+        {
+            "lr": 1,
+            "num_gpus": 2,
+            "_fake_gpus": True,
+            "grad_clip": 40,
+            "seed": 3,
+            "model": {"fcnet_hiddens": [8], "use_lstm": True},
+        },
+    )
     assert config.lr == 1.0 and isinstance(config.lr, float)
     assert config.num_gpus == 2.0 and isinstance(config.num_gpus, float)
     assert config.grad_clip == 40
@@ -69,15 +78,18 @@ def test_several_unknown_keys_are_all_named():
     assert "'fake_gpus'" in str(err.value) and "'num_gpu'" in str(err.value)
 
 
-@pytest.mark.parametrize("key, value, type_name", [
-    ("lr", "0.1", "float"),
-    ("num_gpus", True, "float"),  # bool is not a number here
-    ("seed", 1.5, "int or None"),
-    ("explore", "yes", "bool"),
-    ("grad_clip", "40", "float or None"),
-    ("minibatch_size", 128.0, "int"),
-    ("exploration_config", "EpsilonGreedy", "dict"),
-])
+@pytest.mark.parametrize(
+    "key, value, type_name",
+    [
+        ("lr", "0.1", "float"),
+        ("num_gpus", True, "float"),  # bool is not a number here
+        ("seed", 1.5, "int or None"),
+        ("explore", "yes", "bool"),
+        ("grad_clip", "40", "float or None"),
+        ("minibatch_size", 128.0, "int"),
+        ("exploration_config", "EpsilonGreedy", "dict"),
+    ],
+)
 def test_wrong_type_error_names_key_type_and_value(key, value, type_name):
     with pytest.raises(TypeError) as err:
         from_dict(PolicyConfig, {key: value})
@@ -92,13 +104,16 @@ def test_nested_model_unknown_key_names_the_path():
     assert "config.model" in str(err.value) and "'fcnet_hidden'" in str(err.value)
 
 
-@pytest.mark.parametrize("key, value, type_name", [
-    ("use_lstm", "true", "bool"),
-    ("lstm_cell_size", 8.0, "int"),
-    ("fcnet_hiddens", 16, "list"),
-    ("conv_filters", "small", "list or None"),
-    ("custom_model", 3, "str or None"),
-])
+@pytest.mark.parametrize(
+    "key, value, type_name",
+    [
+        ("use_lstm", "true", "bool"),
+        ("lstm_cell_size", 8.0, "int"),
+        ("fcnet_hiddens", 16, "list"),
+        ("conv_filters", "small", "list or None"),
+        ("custom_model", 3, "str or None"),
+    ],
+)
 def test_nested_model_wrong_type_names_the_path_and_type(key, value, type_name):
     with pytest.raises(TypeError) as err:
         from_dict(PolicyConfig, {"model": {key: value}})
@@ -128,11 +143,13 @@ def test_policy_rejects_unknown_choices():
     with pytest.raises(ValueError, match="'l1'"):
         PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(grad_clip=1.0, grad_clip_method="l1"))
     with pytest.raises(ValueError, match="'Boltzmann'"):
-        PGPolicy(OBS_SPACE, ACTION_SPACE,
-                 small_config(exploration_config={"type": "Boltzmann"}))
+        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(exploration_config={"type": "Boltzmann"}))
     with pytest.raises(ValueError, match=r"for EpsilonGreedy \(unknown: \['epsilon'\]\)"):
-        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-            exploration_config={"type": "EpsilonGreedy", "epsilon": 0.1}))
+        PGPolicy(
+            OBS_SPACE,
+            ACTION_SPACE,
+            small_config(exploration_config={"type": "EpsilonGreedy", "epsilon": 0.1}),
+        )
 
 
 def test_policy_keeps_the_validated_config():
@@ -148,8 +165,10 @@ NON_NEGATIVE = "a finite number >= 0"
 UNIT_INTERVAL = "a finite number in [0, 1]"
 GPU_COUNT = "a finite number >= 0, and a whole number when above 1"
 ACTIVATION = "the name of a Keras activation (e.g. 'tanh', 'relu', 'linear')"
-CONV = ("None or a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
-        "(kernel and stride: an int or [h, w])")
+CONV = (
+    "None or a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
+    "(kernel and stride: an int or [h, w])"
+)
 
 # (config class, key, bad value, what the message says it must be)
 OUT_OF_RANGE = [
@@ -176,21 +195,49 @@ OUT_OF_RANGE = [
     (PolicyConfig, "seed", 2**32, "None or an integer in [0, 4294967295]"),
     (PolicyConfig, "minibatch_size", 0, "an integer >= 1"),
     (PolicyConfig, "num_epochs", 0, "an integer >= 1"),
-    (PolicyConfig, "exploration_config", {"type": "Bogus"},
-     "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']"),
-    (PolicyConfig, "exploration_config", {"type": ["EpsilonGreedy"]},
-     "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']"),
-    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "epsilon": 0.1},
-     "'type' plus options from ['epsilon_timesteps', 'final_epsilon', 'initial_epsilon'] "
-     "for EpsilonGreedy (unknown: ['epsilon'])"),
-    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 1.5},
-     "EpsilonGreedy options with initial_epsilon a finite number in [0, 1]"),
-    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "final_epsilon": "low"},
-     "EpsilonGreedy options with final_epsilon a finite number in [0, 1]"),
-    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "epsilon_timesteps": 1e4},
-     "EpsilonGreedy options with epsilon_timesteps an integer >= 0"),
-    (PolicyConfig, "exploration_config", {"scale": 2.0},
-     "'type' plus options from [] for StochasticSampling (unknown: ['scale'])"),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "Bogus"},
+        "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": ["EpsilonGreedy"]},
+        "a dict whose 'type' is one of ['EpsilonGreedy', 'StochasticSampling']",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "EpsilonGreedy", "epsilon": 0.1},
+        "'type' plus options from ['epsilon_timesteps', 'final_epsilon', 'initial_epsilon'] "
+        "for EpsilonGreedy (unknown: ['epsilon'])",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "EpsilonGreedy", "initial_epsilon": 1.5},
+        "EpsilonGreedy options with initial_epsilon a finite number in [0, 1]",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "EpsilonGreedy", "final_epsilon": "low"},
+        "EpsilonGreedy options with final_epsilon a finite number in [0, 1]",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "EpsilonGreedy", "epsilon_timesteps": 1e4},
+        "EpsilonGreedy options with epsilon_timesteps an integer >= 0",
+    ),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"scale": 2.0},
+        "'type' plus options from [] for StochasticSampling (unknown: ['scale'])",
+    ),
     (ModelConfig, "fcnet_hiddens", [0], "a list of integers >= 1"),
     (ModelConfig, "fcnet_hiddens", [64, -1], "a list of integers >= 1"),
     (ModelConfig, "fcnet_hiddens", [64.0], "a list of integers >= 1"),
@@ -233,8 +280,11 @@ def _built(cls, key, value):
     return from_dict(cls, {key: value})
 
 
-@pytest.mark.parametrize("cls, key, value, expected", OUT_OF_RANGE,
-                         ids=[f"{c.__name__}.{k}={v!r}" for c, k, v, _ in OUT_OF_RANGE])
+@pytest.mark.parametrize(
+    "cls, key, value, expected",
+    OUT_OF_RANGE,
+    ids=[f"{c.__name__}.{k}={v!r}" for c, k, v, _ in OUT_OF_RANGE],
+)
 def test_out_of_range_value_is_one_line_naming_key_range_and_value(cls, key, value, expected):
     with pytest.raises(ConfigError) as err:
         _built(cls, key, value)
@@ -249,41 +299,68 @@ def test_the_nan_learning_rate_of_the_issue_says_what_lr_must_be():
 
 
 def test_nested_model_values_are_named_with_their_path():
-    with pytest.raises(ConfigError, match=r"^config\.model\.fcnet_hiddens must be a list of "
-                       r"integers >= 1, got \[0\]$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config\.model\.fcnet_hiddens must be a list of "
+        r"integers >= 1, got \[0\]$",
+    ):
         from_dict(PPOConfig, {"model": {"fcnet_hiddens": [0]}})
 
 
 # (config class, key, a value at or inside the edge of its range)
 IN_RANGE = [
-    (PolicyConfig, "lr", 1e-12), (PolicyConfig, "gamma", 0), (PolicyConfig, "gamma", 1),
-    (PolicyConfig, "grad_clip", None), (PolicyConfig, "grad_clip", 1e-6),
-    (PolicyConfig, "adam_epsilon", 1e-12), (PolicyConfig, "l2_coeff", 0),
-    (PolicyConfig, "num_gpus", 0), (PolicyConfig, "num_gpus", 0.25),
-    (PolicyConfig, "num_gpus", 1), (PolicyConfig, "num_gpus", 4.0),
-    (PolicyConfig, "seed", 0), (PolicyConfig, "seed", 2**32 - 1),
-    (PolicyConfig, "optimizer", "sgd"), (PolicyConfig, "optimizer", "rmsprop"),
-    (PolicyConfig, "grad_clip_method", "value"), (PolicyConfig, "grad_clip_method", "norm"),
-    (PolicyConfig, "minibatch_size", 1), (PolicyConfig, "num_epochs", 1),
+    (PolicyConfig, "lr", 1e-12),
+    (PolicyConfig, "gamma", 0),
+    (PolicyConfig, "gamma", 1),
+    (PolicyConfig, "grad_clip", None),
+    (PolicyConfig, "grad_clip", 1e-6),
+    (PolicyConfig, "adam_epsilon", 1e-12),
+    (PolicyConfig, "l2_coeff", 0),
+    (PolicyConfig, "num_gpus", 0),
+    (PolicyConfig, "num_gpus", 0.25),
+    (PolicyConfig, "num_gpus", 1),
+    (PolicyConfig, "num_gpus", 4.0),
+    (PolicyConfig, "seed", 0),
+    (PolicyConfig, "seed", 2**32 - 1),
+    (PolicyConfig, "optimizer", "sgd"),
+    (PolicyConfig, "optimizer", "rmsprop"),
+    (PolicyConfig, "grad_clip_method", "value"),
+    (PolicyConfig, "grad_clip_method", "norm"),
+    (PolicyConfig, "minibatch_size", 1),
+    (PolicyConfig, "num_epochs", 1),
     (PolicyConfig, "exploration_config", {}),
     (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 0.5}),
-    (PolicyConfig, "exploration_config", {"type": "EpsilonGreedy", "initial_epsilon": 1,
-                                          "final_epsilon": 0, "epsilon_timesteps": 0}),
-    (ModelConfig, "fcnet_hiddens", []), (ModelConfig, "fcnet_hiddens", [1, 512]),
-    (ModelConfig, "fcnet_activation", "relu"), (ModelConfig, "fcnet_activation", "linear"),
-    (ModelConfig, "fcnet_activation", "swish"), (ModelConfig, "conv_activation", "elu"),
-    (ModelConfig, "conv_filters", None), (ModelConfig, "conv_filters", [[16, 3, 2]]),
+    (
+        PolicyConfig,
+        "exploration_config",
+        {"type": "EpsilonGreedy", "initial_epsilon": 1, "final_epsilon": 0, "epsilon_timesteps": 0},
+    ),
+    (ModelConfig, "fcnet_hiddens", []),
+    (ModelConfig, "fcnet_hiddens", [1, 512]),
+    (ModelConfig, "fcnet_activation", "relu"),
+    (ModelConfig, "fcnet_activation", "linear"),
+    (ModelConfig, "fcnet_activation", "swish"),
+    (ModelConfig, "conv_activation", "elu"),
+    (ModelConfig, "conv_filters", None),
+    (ModelConfig, "conv_filters", [[16, 3, 2]]),
     (ModelConfig, "conv_filters", [[16, [8, 8], 4], [32, [4, 4], [2, 1]]]),
-    (ModelConfig, "lstm_cell_size", 1), (ModelConfig, "max_seq_len", 1),
-    (AlgorithmConfig, "num_env_runners", 0), (AlgorithmConfig, "rollout_fragment_length", 1),
-    (AlgorithmConfig, "num_cpus_per_env_runner", 0), (AlgorithmConfig, "ray_num_cpus", None),
-    (PPOConfig, "lambda_", 0), (PPOConfig, "lambda_", 1), (PPOConfig, "kl_coeff", 0),
-    (PPOConfig, "entropy_coeff", 0), (PPOConfig, "minibatch_size", 4000),
+    (ModelConfig, "lstm_cell_size", 1),
+    (ModelConfig, "max_seq_len", 1),
+    (AlgorithmConfig, "num_env_runners", 0),
+    (AlgorithmConfig, "rollout_fragment_length", 1),
+    (AlgorithmConfig, "num_cpus_per_env_runner", 0),
+    (AlgorithmConfig, "ray_num_cpus", None),
+    (PPOConfig, "lambda_", 0),
+    (PPOConfig, "lambda_", 1),
+    (PPOConfig, "kl_coeff", 0),
+    (PPOConfig, "entropy_coeff", 0),
+    (PPOConfig, "minibatch_size", 4000),
 ]
 
 
-@pytest.mark.parametrize("cls, key, value", IN_RANGE,
-                         ids=[f"{c.__name__}.{k}={v!r}" for c, k, v in IN_RANGE])
+@pytest.mark.parametrize(
+    "cls, key, value", IN_RANGE, ids=[f"{c.__name__}.{k}={v!r}" for c, k, v in IN_RANGE]
+)
 def test_values_at_the_edge_of_their_range_are_taken(cls, key, value):
     assert getattr(_built(cls, key, value), key) == value
 
@@ -297,8 +374,7 @@ def test_an_int_for_a_float_is_reported_as_given_and_stored_as_a_float():
 def test_ppo_minibatch_larger_than_the_train_batch_names_both():
     with pytest.raises(ConfigError) as err:
         from_dict(PPOConfig, {"train_batch_size": 256, "minibatch_size": 512})
-    assert str(err.value) == ("config.minibatch_size must be <= train_batch_size (256), "
-                              "got 512")
+    assert str(err.value) == ("config.minibatch_size must be <= train_batch_size (256), got 512")
 
 
 def test_a_config_built_directly_is_checked_too():

@@ -1,4 +1,5 @@
 """devices.py: which devices the towers go on (real, fake and no GPUs)."""
+
 import os
 import subprocess
 import sys
@@ -32,15 +33,18 @@ def test_zero_gpus_is_one_cpu_tower_whatever_is_visible(fake, visible):
     assert chosen.gradient_reduction == "sum_on_variable_device"
 
 
-@pytest.mark.parametrize("num_gpus, visible, expected", [
-    (0.5, 1, ("/GPU:0",)),  # a fraction shares one GPU: one tower
-    (0.5, 4, ("/GPU:0",)),
-    (1, 1, ("/GPU:0",)),
-    (1, 4, ("/GPU:0",)),
-    (2, 2, ("/GPU:0", "/GPU:1")),
-    (2, 4, ("/GPU:0", "/GPU:1")),
-    (2.0, 3, ("/GPU:0", "/GPU:1")),
-])
+@pytest.mark.parametrize(
+    "num_gpus, visible, expected",
+    [
+        (0.5, 1, ("/GPU:0",)),  # a fraction shares one GPU: one tower
+        (0.5, 4, ("/GPU:0",)),
+        (1, 1, ("/GPU:0",)),
+        (1, 4, ("/GPU:0",)),
+        (2, 2, ("/GPU:0", "/GPU:1")),
+        (2, 4, ("/GPU:0", "/GPU:1")),
+        (2.0, 3, ("/GPU:0", "/GPU:1")),
+    ],
+)
 @pytest.mark.parametrize("fake", [False, True])
 def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expected, fake):
     chosen = choose_tower_devices(num_gpus, fake, visible_gpus=visible)
@@ -48,12 +52,15 @@ def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expect
     assert chosen.variable_device == "/GPU:0"
 
 
-@pytest.mark.parametrize("num_gpus, expected", [
-    (0.5, ("/CPU:0",)),
-    (1, ("/CPU:0",)),
-    (2, ("/CPU:0", "/CPU:1")),
-    (4, ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3")),
-])
+@pytest.mark.parametrize(
+    "num_gpus, expected",
+    [
+        (0.5, ("/CPU:0",)),
+        (1, ("/CPU:0",)),
+        (2, ("/CPU:0", "/CPU:1")),
+        (4, ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3")),
+    ],
+)
 def test_fake_gpus_without_gpus_are_separate_logical_cpus(num_gpus, expected):
     chosen = choose_tower_devices(num_gpus, True, visible_gpus=0)
     assert chosen.devices == expected and chosen.kind == FAKE_GPU
@@ -105,25 +112,31 @@ def test_an_empty_ray_assignment_is_like_none():
     assert choose_tower_devices(1, False, visible_gpus=1, ray_gpu_ids=[]).devices == ("/GPU:0",)
 
 
-@pytest.mark.parametrize("num_gpus, message", [
-    (-1, "num_gpus must be >= 0, got -1"),
-    (-0.5, "num_gpus must be >= 0"),
-    (1.5, "num_gpus above 1 must be a whole number, got 1.5"),
-    (2.25, "whole number"),
-])
+@pytest.mark.parametrize(
+    "num_gpus, message",
+    [
+        (-1, "num_gpus must be >= 0, got -1"),
+        (-0.5, "num_gpus must be >= 0"),
+        (1.5, "num_gpus above 1 must be a whole number, got 1.5"),
+        (2.25, "whole number"),
+    ],
+)
 def test_invalid_num_gpus_is_an_error_naming_the_value(num_gpus, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         choose_tower_devices(num_gpus, True, visible_gpus=0)
 
 
-@pytest.mark.parametrize("chosen, reduction", [
-    (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "nccl"),
-    (TowerDevices(("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"), GPU), "nccl"),
-    (TowerDevices(("/GPU:0",), GPU), "sum_on_variable_device"),
-    (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "sum_on_variable_device"),
-    (TowerDevices(("/CPU:0",), FAKE_GPU), "sum_on_variable_device"),
-    (TowerDevices(("/CPU:0",), CPU), "sum_on_variable_device"),
-])
+@pytest.mark.parametrize(
+    "chosen, reduction",
+    [
+        (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "nccl"),
+        (TowerDevices(("/GPU:0", "/GPU:1", "/GPU:2", "/GPU:3"), GPU), "nccl"),
+        (TowerDevices(("/GPU:0",), GPU), "sum_on_variable_device"),
+        (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "sum_on_variable_device"),
+        (TowerDevices(("/CPU:0",), FAKE_GPU), "sum_on_variable_device"),
+        (TowerDevices(("/CPU:0",), CPU), "sum_on_variable_device"),
+    ],
+)
 def test_nccl_only_between_more_than_one_real_gpu(chosen, reduction):
     assert chosen.gradient_reduction == reduction
 
@@ -196,7 +209,13 @@ _SUBPROCESS = textwrap.dedent("""
 
 def test_prepare_process_in_a_fresh_process_gives_three_fake_gpus_with_towers_on_them():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-c", _SUBPROCESS.format(tests=str(TESTS_DIR))],
-                            cwd=REPO_DIR, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _SUBPROCESS.format(tests=str(TESTS_DIR))],
+        cwd=REPO_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("OK")

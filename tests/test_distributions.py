@@ -1,4 +1,5 @@
 """Tests for policy_service.distributions against closed forms computed in numpy."""
+
 import math
 
 import gymnasium as gym
@@ -32,8 +33,9 @@ def np_gaussian_logp(x, mean, log_std):
 
 def np_gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
     var_p, var_q = np.exp(2 * log_std_p), np.exp(2 * log_std_q)
-    return np.sum(log_std_q - log_std_p + (var_p + (mean_p - mean_q) ** 2) / (2 * var_q) - 0.5,
-                  axis=-1)
+    return np.sum(
+        log_std_q - log_std_p + (var_p + (mean_p - mean_q) ** 2) / (2 * var_q) - 0.5, axis=-1
+    )
 
 
 def close(actual, expected, atol=1e-5):
@@ -131,7 +133,8 @@ def test_multicategorical_sums_over_components():
     greedy = dist.deterministic_sample()
     assert greedy.dtype == tf.int64
     np.testing.assert_array_equal(
-        greedy, np.stack([inputs[:, a:b].argmax(axis=1) for a, b in splits], axis=1))
+        greedy, np.stack([inputs[:, a:b].argmax(axis=1) for a, b in splits], axis=1)
+    )
 
 
 def test_multicategorical_samples_shape_dtype_and_frequencies():
@@ -153,9 +156,11 @@ def test_multicategorical_binding_is_cached_and_respects_start():
     assert MultiCategorical.with_input_lens([2, 3]) is dist_class_for(multi_discrete)
     dist = dist_class_for(space)(np.array([[0.0, 5.0, 5.0, 0.0, 0.0]], np.float32))
     np.testing.assert_array_equal(dist.deterministic_sample(), [[2, -1]])
-    close(dist.logp(np.array([[2, -1]])),
-          np_log_softmax(np.array([[0.0, 5.0]]))[0, 1]
-          + np_log_softmax(np.array([[5.0, 0, 0]]))[0, 0])
+    close(
+        dist.logp(np.array([[2, -1]])),
+        np_log_softmax(np.array([[0.0, 5.0]]))[0, 1]
+        + np_log_softmax(np.array([[5.0, 0, 0]]))[0, 0],
+    )
     samples = dist_class_for(space)(np.zeros((300, 5), np.float32)).sample().numpy()
     assert all(space.contains(row) for row in samples)
 
@@ -227,9 +232,14 @@ def test_deterministic_returns_inputs_and_zeros():
 # Seeded (stateless) sampling
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.Discrete(5), gym.spaces.MultiDiscrete([3, 4]), gym.spaces.Box(-1, 1, (3,)),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Discrete(5),
+        gym.spaces.MultiDiscrete([3, 4]),
+        gym.spaces.Box(-1, 1, (3,)),
+    ],
+)
 def test_equal_seeds_give_equal_samples(space):
     dist_class = dist_class_for(space)
     inputs = RNG.normal(size=(64, dist_class.required_input_dim(space))).astype(np.float32)
@@ -265,13 +275,16 @@ def test_dist_class_for_each_space():
     assert issubclass(dist_class_for(gym.spaces.MultiDiscrete([3, 3])), MultiCategorical)
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.MultiBinary(3),
-    gym.spaces.Box(-1, 1, (2, 2)),
-    gym.spaces.Box(0, 5, (2,), np.int64),
-    gym.spaces.Tuple((gym.spaces.Discrete(2),)),
-    gym.spaces.Text(4),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.MultiBinary(3),
+        gym.spaces.Box(-1, 1, (2, 2)),
+        gym.spaces.Box(0, 5, (2,), np.int64),
+        gym.spaces.Tuple((gym.spaces.Discrete(2),)),
+        gym.spaces.Text(4),
+    ],
+)
 def test_unknown_action_space_is_named(space):
     with pytest.raises(NotImplementedError, match=type(space).__name__):
         dist_class_for(space)
@@ -282,22 +295,32 @@ def test_deterministic_flag_is_for_box_only():
         dist_class_for(gym.spaces.Discrete(2), deterministic=True)
 
 
-@pytest.mark.parametrize("space", [
-    gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 3]), gym.spaces.Box(-1, 1, (2,)),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Discrete(3),
+        gym.spaces.MultiDiscrete([2, 3]),
+        gym.spaces.Box(-1, 1, (2,)),
+    ],
+)
 def test_compiled_once_for_any_batch_size_with_finite_gradients(space):
     dist_class = dist_class_for(space)
     num_outputs = dist_class.required_input_dim(space)
 
-    @tf.function(input_signature=[tf.TensorSpec([None, num_outputs], tf.float32),
-                                  tf.TensorSpec([2], tf.int64)])
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None, num_outputs], tf.float32),
+            tf.TensorSpec([2], tf.int64),
+        ]
+    )
     def step(inputs, seed):
         with tf.GradientTape() as tape:
             tape.watch(inputs)
             dist = dist_class(inputs)
             actions = dist.sample(seed=seed)
-            loss = tf.reduce_sum(dist.logp(actions) + dist.entropy()
-                                 + dist.kl(dist_class(tf.zeros_like(inputs))))
+            loss = tf.reduce_sum(
+                dist.logp(actions) + dist.entropy() + dist.kl(dist_class(tf.zeros_like(inputs)))
+            )
         return actions, dist.deterministic_sample(), tape.gradient(loss, inputs)
 
     for batch in (1, 7, 32):
@@ -335,9 +358,12 @@ def test_squashed_logp_is_the_change_of_variables_of_a_gaussian_near_the_bounds_
     unit = np.array([[0.0, 0.5], [-0.9, 0.99], [0.999, -0.999], [-0.9995, 0.9995]])
     x = np.array(low) + (unit + 1.0) / 2.0 * (np.array(high) - np.array(low))
     dist = squashed(low, high, mean, log_std)
-    np.testing.assert_allclose(dist.logp(x.astype(np.float32)).numpy(),
-                               squashed_logp_float64(x, low, high, mean, log_std),
-                               atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(
+        dist.logp(x.astype(np.float32)).numpy(),
+        squashed_logp_float64(x, low, high, mean, log_std),
+        atol=1e-4,
+        rtol=1e-5,
+    )
 
 
 @pytest.mark.parametrize("mean, log_std", [(0.3, -0.3), (-1.5, 0.2), (2.5, -1.0)])
@@ -360,15 +386,19 @@ def test_squashed_density_and_entropy_match_numerical_integration(mean, log_std)
     inner = np.abs(np.tanh(u)) < 0.999
     x32 = x[inner, None].astype(np.float32)
     tf_dist = squashed([low], [high], np.full((len(x32), 1), mean), np.full((len(x32), 1), log_std))
-    np.testing.assert_allclose(tf_dist.logp(x32).numpy(),
-                               squashed_logp_float64(x32, [low], [high], mean, log_std), atol=1e-4)
+    np.testing.assert_allclose(
+        tf_dist.logp(x32).numpy(),
+        squashed_logp_float64(x32, [low], [high], mean, log_std),
+        atol=1e-4,
+    )
 
 
 def test_squashed_samples_stay_inside_and_are_reparameterized():
     low, high = [-1.0, 10.0], [1.0, 20.0]
     inputs = tf.Variable(np.array([[0.0, 3.0, 0.5, 1.0]] * 256, np.float32))
-    cls = distributions.squashed_gaussian_for(gym.spaces.Box(np.array(low, np.float32),
-                                                             np.array(high, np.float32)))
+    cls = distributions.squashed_gaussian_for(
+        gym.spaces.Box(np.array(low, np.float32), np.array(high, np.float32))
+    )
     with tf.GradientTape() as tape:
         actions, logp = cls(inputs).sample_with_logp(seed=tf.constant([1, 2]))
         total = tf.reduce_sum(actions) + tf.reduce_sum(logp)
@@ -378,16 +408,22 @@ def test_squashed_samples_stay_inside_and_are_reparameterized():
     assert np.all(np.isfinite(grad)) and np.any(grad != 0)
     # logp of the returned actions agrees where float32 did not round the action onto
     # a bound; sample_with_logp stays right there too (it never inverts the squash)
-    unrounded = np.all(np.abs(np.tanh(np.arctanh(
-        np.clip(2 * (a - low) / (np.array(high) - low) - 1, -1, 1)))) < 0.999, axis=1)
+    unrounded = np.all(
+        np.abs(np.tanh(np.arctanh(np.clip(2 * (a - low) / (np.array(high) - low) - 1, -1, 1))))
+        < 0.999,
+        axis=1,
+    )
     assert unrounded.sum() > 100
-    np.testing.assert_allclose(cls(inputs).logp(actions).numpy()[unrounded],
-                               logp.numpy()[unrounded], atol=1e-3)
+    np.testing.assert_allclose(
+        cls(inputs).logp(actions).numpy()[unrounded], logp.numpy()[unrounded], atol=1e-3
+    )
     assert np.all(np.isfinite(logp.numpy()))
     mean = np.tanh(np.array([0.0, 3.0]))
-    np.testing.assert_allclose(cls(inputs).deterministic_sample().numpy()[0],
-                               np.array(low) + (mean + 1) / 2 * (np.array(high) - np.array(low)),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        cls(inputs).deterministic_sample().numpy()[0],
+        np.array(low) + (mean + 1) / 2 * (np.array(high) - np.array(low)),
+        rtol=1e-6,
+    )
 
 
 def test_squashed_kl_is_the_gaussians_kl():
@@ -397,9 +433,14 @@ def test_squashed_kl_is_the_gaussians_kl():
     assert float(p.kl(p).numpy()[0]) == pytest.approx(0.0, abs=1e-7)
 
 
-@pytest.mark.parametrize("space", [gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
-                                   gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
-                                   gym.spaces.Discrete(3)])
+@pytest.mark.parametrize(
+    "space",
+    [
+        gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+        gym.spaces.Box(-1.0, 1.0, (2, 2), np.float32),
+        gym.spaces.Discrete(3),
+    ],
+)
 def test_squashed_gaussian_refuses_spaces_it_cannot_squash_onto(space):
     with pytest.raises(ValueError) as err:
         distributions.squashed_gaussian_for(space)

@@ -1,6 +1,7 @@
 """algorithms/dqn.py: DQN's config, Q model, TD targets and Huber loss against a
 numpy computation (double and not, dueling and not, 1 and 2 fake-GPU towers),
 epsilon-greedy frequencies, n-step postprocessing and a loss that decreases."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -16,8 +17,12 @@ from policy_service.sample_batch import SampleBatch
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Discrete(3)
-TINY = {"seed": 0, "model": {"fcnet_hiddens": [5]}, "hiddens": [4],
-        "target_network_update_freq": 1000}
+TINY = {
+    "seed": 0,
+    "model": {"fcnet_hiddens": [5]},
+    "hiddens": [4],
+    "target_network_update_freq": 1000,
+}
 
 
 def dqn(towers: int = 0, **config) -> DQNPolicy:
@@ -26,8 +31,10 @@ def dqn(towers: int = 0, **config) -> DQNPolicy:
 
 def numpy_q(weights: dict, obs: np.ndarray, dueling: bool) -> np.ndarray:
     """The Q model by hand: tanh encoder layer, ReLU head layer, dueling combination."""
+
     def dense(x, name):
         return x @ weights[f"{name}/kernel"].astype(np.float64) + weights[f"{name}/bias"]
+
     features = np.tanh(dense(obs.astype(np.float64), "q_encoder/q_encoder_dense_0"))
     advantages = dense(np.maximum(dense(features, "advantage_hidden_0"), 0), "advantage")
     if not dueling:
@@ -41,15 +48,17 @@ def tiny_batch(rows: int = 8, seed: int = 0) -> SampleBatch:
     rng = np.random.default_rng(seed)
     terminated = np.zeros(rows, bool)
     terminated[3] = True
-    return SampleBatch({
-        SampleBatch.OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
-        SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
-        SampleBatch.ACTIONS: rng.integers(0, 3, rows),
-        SampleBatch.REWARDS: rng.uniform(-3, 3, rows).astype(np.float32),
-        SampleBatch.TERMINATEDS: terminated,
-        SampleBatch.TRUNCATEDS: np.zeros(rows, bool),
-        SampleBatch.EPS_ID: np.repeat([0, 1], [4, rows - 4]),
-    })
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.integers(0, 3, rows),
+            SampleBatch.REWARDS: rng.uniform(-3, 3, rows).astype(np.float32),
+            SampleBatch.TERMINATEDS: terminated,
+            SampleBatch.TRUNCATEDS: np.zeros(rows, bool),
+            SampleBatch.EPS_ID: np.repeat([0, 1], [4, rows - 4]),
+        }
+    )
 
 
 def numpy_td(policy, batch, double_q: bool, dueling: bool) -> np.ndarray:
@@ -64,13 +73,14 @@ def numpy_td(policy, batch, double_q: bool, dueling: bool) -> np.ndarray:
 
 
 def numpy_huber(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < 1.0, 0.5 * x ** 2, np.abs(x) - 0.5)
+    return np.where(np.abs(x) < 1.0, 0.5 * x**2, np.abs(x) - 0.5)
 
 
 def test_huber_loss_against_numpy():
     x = np.linspace(-4, 4, 81).astype(np.float32)
-    np.testing.assert_allclose(huber_loss(x).numpy(), numpy_huber(x.astype(np.float64)),
-                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(
+        huber_loss(x).numpy(), numpy_huber(x.astype(np.float64)), rtol=1e-6, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("towers", [0, 2])
@@ -80,8 +90,12 @@ def test_td_errors_and_loss_against_numpy(towers, double_q, dueling):
     policy = dqn(towers, double_q=double_q, dueling=dueling, n_step=2, gamma=0.9)
     rng = np.random.default_rng(5)
     # online != target, so double Q and the target's values are told apart
-    policy.set_weights({k: v + rng.normal(0, 0.5, v.shape).astype(v.dtype)
-                        for k, v in policy.get_weights().items()})
+    policy.set_weights(
+        {
+            k: v + rng.normal(0, 0.5, v.shape).astype(v.dtype)
+            for k, v in policy.get_weights().items()
+        }
+    )
     batch = policy.postprocess_trajectory(tiny_batch())
     batch[PRIO_WEIGHTS] = rng.uniform(0.1, 1.0, batch.count).astype(np.float32)
     td = numpy_td(policy, batch, double_q, dueling)
@@ -141,8 +155,14 @@ def test_the_target_network_moves_every_target_network_update_freq_steps():
 
 
 def test_epsilon_greedy_frequencies_with_a_fixed_seed():
-    policy = dqn(exploration_config={"type": "EpsilonGreedy", "initial_epsilon": 1.0,
-                                     "final_epsilon": 0.1, "epsilon_timesteps": 100})
+    policy = dqn(
+        exploration_config={
+            "type": "EpsilonGreedy",
+            "initial_epsilon": 1.0,
+            "final_epsilon": 0.1,
+            "epsilon_timesteps": 100,
+        }
+    )
     obs = np.tile(np.array([[0.3, -0.2, 0.5]], np.float32), (20000, 1))
     greedy, _, extra = policy.compute_actions(obs, explore=False)
     assert (greedy == greedy[0]).all()
@@ -175,8 +195,9 @@ def test_postprocessing_is_n_step_returns_with_the_configs_gamma_and_n():
         np.testing.assert_array_equal(out[column], expected[column])
     # row 1 sums rewards 1..3 and terminates at 3: nothing to bootstrap
     r = batch[SampleBatch.REWARDS]
-    np.testing.assert_allclose(out[SampleBatch.REWARDS][1], r[1] + 0.5 * r[2] + 0.25 * r[3],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        out[SampleBatch.REWARDS][1], r[1] + 0.5 * r[2] + 0.25 * r[3], rtol=1e-6
+    )
     assert out[BOOTSTRAP_DISCOUNT][1] == 0.0 and out[BOOTSTRAP_DISCOUNT][4] == 0.125
 
 
@@ -184,14 +205,15 @@ def cartpole_transitions(steps: int, seed: int = 0) -> SampleBatch:
     env = gym.make("CartPole-v1")
     obs, _ = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    rows = {k: [] for k in ("obs", "new_obs", "actions", "rewards", "terminateds",
-                            "truncateds", "eps_id")}
+    rows = {
+        k: []
+        for k in ("obs", "new_obs", "actions", "rewards", "terminateds", "truncateds", "eps_id")
+    }
     episode = 0
     for _ in range(steps):
         action = int(rng.integers(2))
         new_obs, reward, terminated, truncated, _ = env.step(action)
-        for key, value in zip(rows, (obs, new_obs, action, reward, terminated, truncated,
-                                     episode)):
+        for key, value in zip(rows, (obs, new_obs, action, reward, terminated, truncated, episode)):
             rows[key].append(value)
         obs = new_obs
         if terminated or truncated:
@@ -201,9 +223,18 @@ def cartpole_transitions(steps: int, seed: int = 0) -> SampleBatch:
 
 
 def test_the_loss_decreases_on_cartpole_transitions():
-    policy = DQNPolicy(gym.make("CartPole-v1").observation_space, gym.spaces.Discrete(2),
-                       {"seed": 0, "lr": 1e-3, "n_step": 3, "model": {"fcnet_hiddens": [64]},
-                        "hiddens": [64], "target_network_update_freq": 10**6})
+    policy = DQNPolicy(
+        gym.make("CartPole-v1").observation_space,
+        gym.spaces.Discrete(2),
+        {
+            "seed": 0,
+            "lr": 1e-3,
+            "n_step": 3,
+            "model": {"fcnet_hiddens": [64]},
+            "hiddens": [64],
+            "target_network_update_freq": 10**6,
+        },
+    )
     batch = policy.postprocess_trajectory(cartpole_transitions(256))
     first = policy.learn_on_batch(batch)["total_loss"]
     for _ in range(150):
@@ -232,8 +263,10 @@ def test_a_users_model_supplies_the_features(style):
     before = policy.compute_td_error(batch)
     policy.learn_on_batch(batch)
     assert policy.compute_td_error(batch).shape == before.shape
-    assert policy.compute_actions(batch[SampleBatch.OBS], explore=False)[2]["q_values"].shape \
-        == (8, 3)
+    assert policy.compute_actions(batch[SampleBatch.OBS], explore=False)[2]["q_values"].shape == (
+        8,
+        3,
+    )
 
 
 def test_recurrent_models_are_refused():
@@ -251,29 +284,42 @@ def test_a_continuous_action_space_is_refused():
 
 def test_config_defaults_are_rllibs():
     config = DQNConfig()
-    assert (config.lr, config.gamma, config.n_step, config.double_q, config.dueling,
-            config.hiddens, config.target_network_update_freq, config.tau,
-            config.train_batch_size, config.prioritized_replay_alpha,
-            config.prioritized_replay_beta, config.prioritized_replay_eps,
-            config.replay_buffer_capacity, config.grad_clip) == (
-        5e-4, 0.99, 1, True, True, [256], 500, 1.0, 32, 0.6, 0.4, 1e-6, 50000, 40.0)
+    assert (
+        config.lr,
+        config.gamma,
+        config.n_step,
+        config.double_q,
+        config.dueling,
+        config.hiddens,
+        config.target_network_update_freq,
+        config.tau,
+        config.train_batch_size,
+        config.prioritized_replay_alpha,
+        config.prioritized_replay_beta,
+        config.prioritized_replay_eps,
+        config.replay_buffer_capacity,
+        config.grad_clip,
+    ) == (5e-4, 0.99, 1, True, True, [256], 500, 1.0, 32, 0.6, 0.4, 1e-6, 50000, 40.0)
     assert config.exploration_config["type"] == "EpsilonGreedy"
 
 
-@pytest.mark.parametrize("key, value, expected", [
-    ("n_step", 0, "an integer >= 1"),
-    ("tau", 0.0, r"a finite number in \(0, 1\]"),
-    ("tau", 1.5, r"a finite number in \(0, 1\]"),
-    ("target_network_update_freq", 0, "an integer >= 1"),
-    ("prioritized_replay_alpha", -1.0, "a finite number >= 0"),
-    ("prioritized_replay_beta", 1.5, r"a finite number in \[0, 1\]"),
-    ("prioritized_replay_eps", 0.0, "a finite number > 0"),
-    ("hiddens", [0], "a list of integers >= 1"),
-    ("training_intensity", 0.0, "None or a finite number > 0"),
-    ("num_steps_sampled_before_learning_starts", -1, "an integer >= 0"),
-    ("replay_buffer_capacity", 0, "an integer >= 1"),
-    ("lr", float("nan"), "a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("n_step", 0, "an integer >= 1"),
+        ("tau", 0.0, r"a finite number in \(0, 1\]"),
+        ("tau", 1.5, r"a finite number in \(0, 1\]"),
+        ("target_network_update_freq", 0, "an integer >= 1"),
+        ("prioritized_replay_alpha", -1.0, "a finite number >= 0"),
+        ("prioritized_replay_beta", 1.5, r"a finite number in \[0, 1\]"),
+        ("prioritized_replay_eps", 0.0, "a finite number > 0"),
+        ("hiddens", [0], "a list of integers >= 1"),
+        ("training_intensity", 0.0, "None or a finite number > 0"),
+        ("num_steps_sampled_before_learning_starts", -1, "an integer >= 0"),
+        ("replay_buffer_capacity", 0, "an integer >= 1"),
+        ("lr", float("nan"), "a finite number > 0"),
+    ],
+)
 def test_bad_config_values_are_one_line_naming_the_key(key, value, expected):
     with pytest.raises(ConfigError, match=f"^config.{key} must be ({expected}), got") as err:
         from_dict(DQNConfig, {key: value})
@@ -281,8 +327,11 @@ def test_bad_config_values_are_one_line_naming_the_key(key, value, expected):
 
 
 def test_a_train_batch_larger_than_the_buffer_is_refused():
-    with pytest.raises(ConfigError, match=r"^config.train_batch_size must be <= "
-                       r"replay_buffer_capacity \(10\), got 32$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config.train_batch_size must be <= "
+        r"replay_buffer_capacity \(10\), got 32$",
+    ):
         from_dict(DQNConfig, {"replay_buffer_capacity": 10})
 
 

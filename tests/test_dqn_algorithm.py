@@ -2,6 +2,7 @@
 priorities move with the TD errors, save -> restore in the middle of a run gives
 the same next iteration (replay buffer checkpointed), 1 and 2 fake-GPU towers
 take the same steps, remote rollout workers, the command line."""
+
 import json
 from pathlib import Path
 
@@ -20,12 +21,23 @@ from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_dqn.yaml"
 
-SMALL = {"env": "CartPole-v1", "seed": 5, "model": {"fcnet_hiddens": [16]}, "hiddens": [8],
-         "lr": 1e-3, "train_batch_size": 16, "n_step": 3, "training_intensity": 4.0,
-         "rollout_fragment_length": 8, "num_envs_per_env_runner": 2,
-         "num_steps_sampled_before_learning_starts": 64, "min_sample_timesteps_per_iteration": 64,
-         "target_network_update_freq": 10, "replay_buffer_capacity": 400,
-         "checkpoint_replay_buffer": True}
+SMALL = {
+    "env": "CartPole-v1",
+    "seed": 5,
+    "model": {"fcnet_hiddens": [16]},
+    "hiddens": [8],
+    "lr": 1e-3,
+    "train_batch_size": 16,
+    "n_step": 3,
+    "training_intensity": 4.0,
+    "rollout_fragment_length": 8,
+    "num_envs_per_env_runner": 2,
+    "num_steps_sampled_before_learning_starts": 64,
+    "min_sample_timesteps_per_iteration": 64,
+    "target_network_update_freq": 10,
+    "replay_buffer_capacity": 400,
+    "checkpoint_replay_buffer": True,
+}
 
 
 def run(config: dict, iterations: int) -> tuple[DQN, list[dict]]:
@@ -94,7 +106,7 @@ def test_priorities_follow_the_td_errors_of_the_replayed_rows():
         leaves = replay.tree.leaves[batch["batch_indexes"]]
         np.testing.assert_allclose(leaves, (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5)
         # rows replayed by training no longer hold the priority of new rows
-        assert len(np.unique(replay.tree.leaves[:len(replay)])) > 10
+        assert len(np.unique(replay.tree.leaves[: len(replay)])) > 10
     finally:
         algo.stop()
 
@@ -110,8 +122,15 @@ def test_uniform_replay_trains_without_importance_weights():
 
 
 def test_epsilon_falls_with_the_runs_env_steps():
-    config = dict(SMALL, exploration_config={"type": "EpsilonGreedy", "initial_epsilon": 1.0,
-                                             "final_epsilon": 0.1, "epsilon_timesteps": 256})
+    config = dict(
+        SMALL,
+        exploration_config={
+            "type": "EpsilonGreedy",
+            "initial_epsilon": 1.0,
+            "final_epsilon": 0.1,
+            "epsilon_timesteps": 256,
+        },
+    )
     algo, history = run(config, 2)
     try:
         steps = history[-1]["timesteps_total"]
@@ -132,12 +151,17 @@ def mid_run(tmp_path_factory):
     try:
         algo.save(str(path))
         third = algo.train()
-        after = {"weights": algo.get_policy().get_weights(),
-                 "target": algo.get_policy().get_target_weights(),
-                 "replay": algo.replay.get_state(), "metrics": third,
-                 "timestep": algo.env_runners.local_worker.policy.global_timestep}
-        after["replay"] = {"meta": after["replay"]["meta"],
-                           "arrays": {k: v.copy() for k, v in after["replay"]["arrays"].items()}}
+        after = {
+            "weights": algo.get_policy().get_weights(),
+            "target": algo.get_policy().get_target_weights(),
+            "replay": algo.replay.get_state(),
+            "metrics": third,
+            "timestep": algo.env_runners.local_worker.policy.global_timestep,
+        }
+        after["replay"] = {
+            "meta": after["replay"]["meta"],
+            "arrays": {k: v.copy() for k, v in after["replay"]["arrays"].items()},
+        }
     finally:
         algo.stop()
     return path, after
@@ -150,16 +174,23 @@ def test_a_restored_run_takes_the_same_next_iteration(mid_run):
         algo.restore(str(path))
         third = algo.train()
         policy = algo.get_policy()
-        for key in ("timesteps_total", "num_samples_trained_total", "num_sgd_steps_total",
-                    "total_loss", "mean_q", "mean_td_error", "episode_return_mean",
-                    "replay_buffer_size", "cur_epsilon"):
+        for key in (
+            "timesteps_total",
+            "num_samples_trained_total",
+            "num_sgd_steps_total",
+            "total_loss",
+            "mean_q",
+            "mean_td_error",
+            "episode_return_mean",
+            "replay_buffer_size",
+            "cur_epsilon",
+        ):
             assert third[key] == after["metrics"][key], key
         assert third["num_sgd_steps_this_iter"] > 0
         for name, value in after["weights"].items():
             np.testing.assert_array_equal(policy.get_weights()[name], value, err_msg=name)
         for name, value in after["target"].items():
-            np.testing.assert_array_equal(policy.get_target_weights()[name], value,
-                                          err_msg=name)
+            np.testing.assert_array_equal(policy.get_target_weights()[name], value, err_msg=name)
         replay = algo.replay.get_state()
         assert replay["meta"] == after["replay"]["meta"]
         for name, value in after["replay"]["arrays"].items():
@@ -224,8 +255,11 @@ def test_two_fake_gpu_towers_take_the_steps_of_one_device():
 
 
 def test_a_batch_that_does_not_split_over_the_towers_is_one_line():
-    with pytest.raises(ConfigError, match=r"train_batch_size=16 must be a multiple of "
-                                          r"1 learner\(s\) x 3 tower\(s\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train_batch_size=16 must be a multiple of "
+        r"1 learner\(s\) x 3 tower\(s\)",
+    ):
         DQN(dict(SMALL, **fake_gpus(3)))
 
 
@@ -238,8 +272,12 @@ def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
         assert last["num_samples_trained_total"] <= 4.0 * algo.num_env_steps_for_learning
         # each worker's epsilon schedule stands at the run's env steps (set every
         # round), not at the steps that worker acted alone
-        counts = ray.get([w.__ray_call__.remote(lambda worker: worker.policy.global_timestep)
-                          for w in algo.env_runners.workers])
+        counts = ray.get(
+            [
+                w.__ray_call__.remote(lambda worker: worker.policy.global_timestep)
+                for w in algo.env_runners.workers
+            ]
+        )
         # (its own steps would be about half of them; the last round's set may lag,
         # and a fragment asked for after it may have run)
         total, fragment = last["timesteps_total"], algo.samples_per_round() // 2
@@ -260,11 +298,13 @@ def test_a_learner_actor_trains_and_gives_the_td_errors_for_the_priorities(ray_l
         [td] = algo.learners.foreach_policy(DQNPolicy.compute_td_error, batch)
         assert td.shape == (64,) and np.isfinite(td).all()
         replay.update_priorities(batch["batch_indexes"], td)
-        np.testing.assert_allclose(replay.tree.leaves[batch["batch_indexes"]],
-                                   (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5)
-        assert len(np.unique(replay.tree.leaves[:len(replay)])) > 10  # trained rows re-prioritized
-        assert_weights_close(algo.env_runners.local_worker.policy.get_weights(),
-                             algo.learners.get_weights(), atol=0)
+        np.testing.assert_allclose(
+            replay.tree.leaves[batch["batch_indexes"]], (np.abs(td) + 1e-6) ** 0.6, rtol=1e-5
+        )
+        assert len(np.unique(replay.tree.leaves[: len(replay)])) > 10  # trained rows re-prioritized
+        assert_weights_close(
+            algo.env_runners.local_worker.policy.get_weights(), algo.learners.get_weights(), atol=0
+        )
     finally:
         algo.stop()
 
@@ -276,8 +316,9 @@ def test_recurrent_models_are_refused_in_one_line():
 
 
 def test_minibatch_size_is_the_train_batch_size():
-    with pytest.raises(ConfigError, match="minibatch_size must be None or equal to "
-                                          "train_batch_size"):
+    with pytest.raises(
+        ConfigError, match="minibatch_size must be None or equal to train_batch_size"
+    ):
         DQN(dict(SMALL, minibatch_size=8))
 
 
@@ -290,9 +331,25 @@ def test_the_registry_and_the_tuned_config_name_dqn():
 
 def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert cli.main(["train", "dqn", "--config", str(TUNED), "--seed", "0",
-                     "--output-dir", str(run_dir), "--stop-timesteps", "2000",
-                     "--set", "min_sample_timesteps_per_iteration=1000"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "dqn",
+                "--config",
+                str(TUNED),
+                "--seed",
+                "0",
+                "--output-dir",
+                str(run_dir),
+                "--stop-timesteps",
+                "2000",
+                "--set",
+                "min_sample_timesteps_per_iteration=1000",
+            ]
+        )
+        == 0
+    )
     progress = [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
     assert [p["iteration"] for p in progress] == [1, 2]
     assert progress[-1]["timesteps_total"] >= 2000
@@ -308,7 +365,8 @@ def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_pa
 
 @pytest.mark.parametrize("num_learners", [0, 1])
 def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
-        ray_local, num_learners):
+    ray_local, num_learners
+):
     """DQNPolicy.prepare_train_batch checks the "weights" column; the LearnerGroup
     prepares every batch with it, in the driver, for a learner there or in an actor.
     A good batch's per-row TD errors come back from the training step itself."""
@@ -317,13 +375,21 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
     from policy_service import LearnerGroup
     from policy_service.n_step import n_step_returns
     from policy_service.replay import PRIO_WEIGHTS
-    group = LearnerGroup(DQNPolicy, OBS, ACTIONS, dict(
-        TINY, train_batch_size=8, num_learners=num_learners, num_cpus_per_learner=0.5))
+
+    group = LearnerGroup(
+        DQNPolicy,
+        OBS,
+        ACTIONS,
+        dict(TINY, train_batch_size=8, num_learners=num_learners, num_cpus_per_learner=0.5),
+    )
     try:
         batch = n_step_returns(tiny_batch(8), gamma=0.99, n=1)
         batch[PRIO_WEIGHTS] = np.ones((8, 2), np.float32)
-        with pytest.raises(ValueError, match=r"^column 'weights' has shape \(8, 2\), "
-                                             r"expected \(rows\)$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^column 'weights' has shape \(8, 2\), "
+            r"expected \(rows\)$",
+        ):
             group.update(batch, num_epochs=1, shuffle=False)
         batch[PRIO_WEIGHTS] = np.ones(8, np.float32)
         [before] = group.foreach_policy(DQNPolicy.compute_td_error, batch)

@@ -4,6 +4,7 @@
 Slow (one to two minutes on 2 cores) but part of CI; sampled in-process
 (num_env_runners=0).
 """
+
 import time
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def test_cartpole_reaches_450_within_100k_steps():
                 break
     finally:
         algo.stop()
-    print(f"\nCartPole-v1 DQN: return {last['episode_return_mean']:.1f} after "
-          f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s")
+    print(
+        f"\nCartPole-v1 DQN: return {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s"
+    )
     assert last["episode_return_mean"] >= 450
     assert last["timesteps_total"] <= 100_000

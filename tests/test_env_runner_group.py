@@ -1,5 +1,6 @@
 """EnvRunnerGroup: parallel and asynchronous sampling, one-put weight sync, replacing
 dead workers."""
+
 import threading
 import time
 
@@ -21,9 +22,16 @@ SLOW_SCRIPT = {**SCRIPT, "step_sleep_s": 0.02}  # a fragment of 20 steps takes ~
 
 @pytest.fixture(scope="module")
 def group(ray_local):
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=20,
-                           env_config=SLOW_SCRIPT, seed=0)
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=20,
+        env_config=SLOW_SCRIPT,
+        seed=0,
+    )
     yield group
     group.stop()
 
@@ -33,9 +41,15 @@ def _learner(group):
 
 
 def test_local_group_needs_no_ray_actors():
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_envs_per_env_runner=2, rollout_fragment_length=5,
-                           env_config=SCRIPT, seed=0)
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=5,
+        env_config=SCRIPT,
+        seed=0,
+    )
     batch, metrics = group.sample()
     assert group.workers == [] and group.local_worker is not None
     assert batch.count == metrics["env_steps"] >= 10
@@ -44,7 +58,8 @@ def test_local_group_needs_no_ray_actors():
     assert group.sync_weights(weights, 4) == 4
     assert group.weights_versions() == [4]
     np.testing.assert_array_equal(
-        next(iter(group.local_worker.get_weights().values())), next(iter(weights.values())))
+        next(iter(group.local_worker.get_weights().values())), next(iter(weights.values()))
+    )
     group.stop()
 
 
@@ -117,10 +132,19 @@ def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
 
 
 def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local):
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_env_runners=2, num_envs_per_env_runner=2, rollout_fragment_length=10,
-                           env_config=SCRIPT, seed=0, remote_inference=True,
-                           num_cpus_per_env_runner=0.25, policy_actor_options={"num_cpus": 0.5})
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=10,
+        env_config=SCRIPT,
+        seed=0,
+        remote_inference=True,
+        num_cpus_per_env_runner=0.25,
+        policy_actor_options={"num_cpus": 0.5},
+    )
     try:
         learner = _learner(group)
         group.sync_weights(learner.get_weights(), 3)
@@ -139,8 +163,13 @@ def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local
 def test_restart_budgets_are_checked_before_any_actor_starts():
     for key in ("max_restarts_per_sample", "max_restarts", "max_policy_actor_restarts"):
         with pytest.raises(ValueError, match=f"^{key} must be >= 0, got -1$"):
-            EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_env_runners=2, **{key: -1})
+            EnvRunnerGroup(
+                envs.ScriptedEpisodesEnv,
+                fakes.ReturnsPGPolicy,
+                CONFIG,
+                num_env_runners=2,
+                **{key: -1},
+            )
 
 
 def test_restart_attempts_back_off_exponentially_up_to_a_cap():
@@ -161,9 +190,15 @@ def test_a_death_is_told_apart_from_an_error_the_actors_code_raised():
 
 
 def test_local_async_sample_is_one_fragment_sampled_here():
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_envs_per_env_runner=2, rollout_fragment_length=5,
-                           env_config=SCRIPT, seed=0)
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=5,
+        env_config=SCRIPT,
+        seed=0,
+    )
     try:
         [(batch, metrics)] = group.sample_async()
         assert metrics["worker_index"] == 0 and batch.count == metrics["env_steps"] >= 10
@@ -196,8 +231,7 @@ def test_async_sample_returns_fragments_as_workers_finish_each_once(group):
     assert group.sample_async(timeout_s=0.0) == []  # nothing is ready yet; nothing is lost
     results = first + collect_until(group, from_worker(2))
     ray.get(busy)
-    assert all(batch.count == m["env_steps"] and 40 <= batch.count <= 41
-               for batch, m in results)
+    assert all(batch.count == m["env_steps"] and 40 <= batch.count <= 41 for batch, m in results)
     assert all(m["weights_version"] == 50 for _, m in results)
     unroll_ids = [set(np.asarray(batch[SampleBatch.UNROLL_ID])) for batch, _ in results]
     assert sum(len(ids) for ids in unroll_ids) == len(set().union(*unroll_ids))  # none twice
@@ -233,8 +267,9 @@ def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_cur
     collect_until(group, lambda r: {m["worker_index"] for _, m in r} == {1, 2})
     group.sample_async(timeout_s=0.0)  # each worker has just started a fragment (~0.4 s)
     assert group.sync_weights(_learner(group).get_weights(), 80, wait=False) == 80
-    results = collect_until(group, lambda r: {m["worker_index"] for _, m in r
-                                              if m["weights_version"] == 80} == {1, 2})
+    results = collect_until(
+        group, lambda r: {m["worker_index"] for _, m in r if m["weights_version"] == 80} == {1, 2}
+    )
     for index in (1, 2):
         versions = [m["weights_version"] for _, m in results if m["worker_index"] == index]
         assert versions == sorted(versions) and set(versions) <= {79, 80}
@@ -242,14 +277,24 @@ def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_cur
 
 
 def test_async_sampling_ends_in_one_line_when_the_restart_budget_is_spent(ray_local):
-    group = EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG,
-                           num_env_runners=1, rollout_fragment_length=20,
-                           env_config=SLOW_SCRIPT, seed=0, max_restarts=0)
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=1,
+        rollout_fragment_length=20,
+        env_config=SLOW_SCRIPT,
+        seed=0,
+        max_restarts=0,
+    )
     try:
         group.sample_async(timeout_s=0.0)
         ray.kill(group.workers[0])
-        with pytest.raises(EnvRunnerFailure, match=r"^env runner 1 died 1 times during one "
-                           r"sample_async\(\) .*max_restarts=0\)") as info:
+        with pytest.raises(
+            EnvRunnerFailure,
+            match=r"^env runner 1 died 1 times during one "
+            r"sample_async\(\) .*max_restarts=0\)",
+        ) as info:
             collect_until(group, from_worker(1))
         assert "\n" not in str(info.value)
     finally:

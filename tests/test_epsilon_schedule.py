@@ -1,5 +1,6 @@
 """One epsilon schedule: EpsilonGreedy.epsilon, in the compiled action function (a
 tensor timestep) and for what DQN reports as cur_epsilon (a number)."""
+
 from types import SimpleNamespace
 
 import gymnasium as gym
@@ -15,8 +16,9 @@ SPACE = gym.spaces.Discrete(3)
 
 @pytest.mark.parametrize("timestep", [0, 1, 2500, 9999, 10000, 50000])
 def test_a_number_gives_the_float64_schedule_and_a_tensor_the_float32_one(timestep):
-    schedule = EpsilonGreedy(SPACE, initial_epsilon=1.0, final_epsilon=0.02,
-                             epsilon_timesteps=10000)
+    schedule = EpsilonGreedy(
+        SPACE, initial_epsilon=1.0, final_epsilon=0.02, epsilon_timesteps=10000
+    )
     exact = 1.0 + min(1.0, timestep / 10000) * (0.02 - 1.0)
     for number in (timestep, np.int64(timestep)):
         value = schedule.epsilon(number)
@@ -38,5 +40,6 @@ def test_dqn_reports_its_explorations_epsilon_with_the_explorations_defaults():
     assert DQN.epsilon(run) == EpsilonGreedy(SPACE).epsilon(20000) == pytest.approx(0.05)
     run.timesteps_total = 5000
     assert DQN.epsilon(run) == EpsilonGreedy(SPACE).epsilon(5000) == 1.0 + 0.5 * (0.05 - 1.0)
-    assert np.isnan(DQN.epsilon(SimpleNamespace(exploration=StochasticSampling(SPACE),
-                                                timesteps_total=5000)))
+    assert np.isnan(
+        DQN.epsilon(SimpleNamespace(exploration=StochasticSampling(SPACE), timesteps_total=5000))
+    )

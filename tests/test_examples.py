@@ -1,4 +1,5 @@
 """The worked examples under examples/ run as a user would run them."""
+
 from __future__ import annotations
 
 import math
@@ -23,21 +24,36 @@ def test_ported_model_carries_its_state_between_calls():
     """The ported LSTM acts on one step at a time with the state it returned, and
     trains on padded sequences with the same outputs on the valid rows."""
     import gymnasium as gym
+
     space = gym.spaces.Box(-1, 1, (2,), np.float32)
-    model = example.MemoryLSTM(space, gym.spaces.Discrete(2), 2,
-                               {"custom_model_config": {"cell_size": 8}})
+    model = example.MemoryLSTM(
+        space, gym.spaces.Discrete(2), 2, {"custom_model_config": {"cell_size": 8}}
+    )
     obs = np.random.default_rng(0).uniform(-1, 1, (5, 2)).astype(np.float32)
     state = [s[None] for s in model.get_initial_state()]
     stepwise = []
     for t in range(5):  # acting: one row per sequence
-        out = model({"obs": obs[t:t + 1], "seq_lens": np.array([1], np.int32),
-                     "state_in_0": state[0], "state_in_1": state[1]})
+        out = model(
+            {
+                "obs": obs[t : t + 1],
+                "seq_lens": np.array([1], np.int32),
+                "state_in_0": state[0],
+                "state_in_1": state[1],
+            }
+        )
         stepwise.append(out[SampleBatch.ACTION_DIST_INPUTS].numpy()[0])
         state = [s.numpy() for s in out["state_out"]]
     padded = np.concatenate([obs, np.zeros((3, 2), np.float32)])  # one sequence, T = 8
     zeros = [s[None] for s in model.get_initial_state()]
-    out = model({"obs": padded, "seq_lens": np.array([5], np.int32),
-                 "state_in_0": zeros[0], "state_in_1": zeros[1]})
-    np.testing.assert_allclose(out[SampleBatch.ACTION_DIST_INPUTS].numpy()[:5],
-                               np.stack(stepwise), rtol=1e-5, atol=1e-6)
+    out = model(
+        {
+            "obs": padded,
+            "seq_lens": np.array([5], np.int32),
+            "state_in_0": zeros[0],
+            "state_in_1": zeros[1],
+        }
+    )
+    np.testing.assert_allclose(
+        out[SampleBatch.ACTION_DIST_INPUTS].numpy()[:5], np.stack(stepwise), rtol=1e-5, atol=1e-6
+    )
     np.testing.assert_allclose(out["state_out"][0].numpy(), state[0], rtol=1e-5, atol=1e-6)

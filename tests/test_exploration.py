@@ -1,4 +1,5 @@
 """exploration.py: stochastic sampling and epsilon-greedy, through the policy."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -10,20 +11,33 @@ from policy_service.exploration import EpsilonGreedy, StochasticSampling
 
 
 def epsilon_greedy_policy(initial, final, timesteps=100, action_space=ACTION_SPACE, **config):
-    return PGPolicy(OBS_SPACE, action_space, small_config(exploration_config={
-        "type": "EpsilonGreedy", "initial_epsilon": initial, "final_epsilon": final,
-        "epsilon_timesteps": timesteps}, **config))
+    return PGPolicy(
+        OBS_SPACE,
+        action_space,
+        small_config(
+            exploration_config={
+                "type": "EpsilonGreedy",
+                "initial_epsilon": initial,
+                "final_epsilon": final,
+                "epsilon_timesteps": timesteps,
+            },
+            **config,
+        ),
+    )
 
 
 def observations(n, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
 
 
-@pytest.mark.parametrize("timestep, expected", [
-    (0, 1.0), (25, 0.775), (50, 0.55), (99, 0.109), (100, 0.1), (101, 0.1), (10**6, 0.1)])
+@pytest.mark.parametrize(
+    "timestep, expected",
+    [(0, 1.0), (25, 0.775), (50, 0.55), (99, 0.109), (100, 0.1), (101, 0.1), (10**6, 0.1)],
+)
 def test_epsilon_falls_linearly_then_stays_at_final(timestep, expected):
-    schedule = EpsilonGreedy(ACTION_SPACE, initial_epsilon=1.0, final_epsilon=0.1,
-                             epsilon_timesteps=100)
+    schedule = EpsilonGreedy(
+        ACTION_SPACE, initial_epsilon=1.0, final_epsilon=0.1, epsilon_timesteps=100
+    )
     assert float(schedule.epsilon(tf.constant(timestep, tf.int64))) == pytest.approx(expected)
 
 
@@ -31,8 +45,12 @@ def test_epsilon_defaults_and_state():
     schedule = EpsilonGreedy(ACTION_SPACE)
     assert float(schedule.epsilon(0)) == pytest.approx(1.0)
     assert float(schedule.epsilon(10000)) == pytest.approx(0.05)
-    assert schedule.get_state() == {"type": "EpsilonGreedy", "initial_epsilon": 1.0,
-                                    "final_epsilon": 0.05, "epsilon_timesteps": 10000}
+    assert schedule.get_state() == {
+        "type": "EpsilonGreedy",
+        "initial_epsilon": 1.0,
+        "final_epsilon": 0.05,
+        "epsilon_timesteps": 10000,
+    }
     rebuilt = exploration.make_exploration(ACTION_SPACE, schedule.get_state())
     assert isinstance(rebuilt, EpsilonGreedy) and rebuilt.get_state() == schedule.get_state()
 
@@ -45,13 +63,15 @@ def test_make_exploration_errors_name_the_problem():
         exploration.make_exploration(gym.spaces.Box(-1, 1, (2,)), {"type": "EpsilonGreedy"})
 
 
-@pytest.mark.parametrize("exploration_config", [
-    {"type": "StochasticSampling"},
-    {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 1.0},
-])
+@pytest.mark.parametrize(
+    "exploration_config",
+    [
+        {"type": "StochasticSampling"},
+        {"type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 1.0},
+    ],
+)
 def test_explore_false_gives_the_argmax_of_the_logits(exploration_config):
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE,
-                      small_config(exploration_config=exploration_config))
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(exploration_config=exploration_config))
     actions, _, extra = policy.compute_actions(observations(64), explore=False)
     np.testing.assert_array_equal(actions, np.argmax(extra["action_dist_inputs"], -1))
     np.testing.assert_array_equal(extra["action_logp"], np.zeros(64, np.float32))
@@ -59,9 +79,18 @@ def test_explore_false_gives_the_argmax_of_the_logits(exploration_config):
 
 
 def test_config_explore_false_is_the_default_for_compute_actions():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        explore=False, exploration_config={"type": "EpsilonGreedy", "initial_epsilon": 1.0,
-                                           "final_epsilon": 1.0}))
+    policy = PGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(
+            explore=False,
+            exploration_config={
+                "type": "EpsilonGreedy",
+                "initial_epsilon": 1.0,
+                "final_epsilon": 1.0,
+            },
+        ),
+    )
     actions, _, extra = policy.compute_actions(observations(64))
     np.testing.assert_array_equal(actions, np.argmax(extra["action_dist_inputs"], -1))
     # an explicit explore=True overrides the config: all-random actions then
@@ -79,8 +108,9 @@ def test_epsilon_greedy_logp_is_that_of_the_epsilon_greedy_policy(eps):
     policy = epsilon_greedy_policy(eps, eps)
     actions, _, extra = policy.compute_actions(observations(2000), explore=True)
     logits = extra["action_dist_inputs"]
-    np.testing.assert_allclose(extra["action_logp"], _epsilon_greedy_logp(actions, logits, eps, 3),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        extra["action_logp"], _epsilon_greedy_logp(actions, logits, eps, 3), rtol=1e-6
+    )
     np.testing.assert_allclose(extra["action_prob"], np.exp(extra["action_logp"]), rtol=1e-6)
     off_greedy = np.mean(actions != np.argmax(logits, -1))
     assert off_greedy == pytest.approx(eps * 2 / 3, abs=0.04)
@@ -92,8 +122,9 @@ def test_epsilon_greedy_follows_the_timestep_argument():
     for timestep, eps in ((0, 1.0), (50, 0.5), (100, 0.0), (500, 0.0)):
         actions, _, extra = policy.compute_actions(obs, explore=True, timestep=timestep)
         logits = extra["action_dist_inputs"]
-        np.testing.assert_allclose(extra["action_logp"],
-                                   _epsilon_greedy_logp(actions, logits, eps, 3), rtol=1e-6)
+        np.testing.assert_allclose(
+            extra["action_logp"], _epsilon_greedy_logp(actions, logits, eps, 3), rtol=1e-6
+        )
         assert np.mean(actions != np.argmax(logits, -1)) == pytest.approx(eps * 2 / 3, abs=0.04)
     assert policy.action_trace_count() == 1  # explore and timestep are tensors
 
@@ -126,12 +157,14 @@ def test_stochastic_sampling_logp_matches_the_distribution():
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
     obs = observations(500)
     actions, _, extra = policy.compute_actions(obs, explore=True)
-    np.testing.assert_allclose(extra["action_logp"],
-                               policy.compute_log_likelihoods(actions, obs), rtol=1e-5)
+    np.testing.assert_allclose(
+        extra["action_logp"], policy.compute_log_likelihoods(actions, obs), rtol=1e-5
+    )
     logits = extra["action_dist_inputs"].astype(np.float64)
     log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    np.testing.assert_allclose(extra["action_logp"], log_softmax[np.arange(500), actions],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        extra["action_logp"], log_softmax[np.arange(500), actions], rtol=1e-5, atol=1e-6
+    )
 
 
 def test_stochastic_sampling_draws_follow_the_probabilities():

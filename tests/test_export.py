@@ -2,6 +2,7 @@
 fresh one without this package; model.onnx gives the same deterministic actions
 in onnxruntime. One MLP, one CNN (image obs, Box actions), one LSTM (state, previous
 action and reward), each exported once for the whole module."""
+
 import json
 import site
 import subprocess
@@ -25,14 +26,19 @@ RTOL, ATOL = 1e-5, 1e-5
 # (observation space, action space, model config, other config); the MLP acts from a
 # policy with two towers on fake GPUs, as a trained multi-device policy would
 CASES = {
-    "mlp": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3), {},
-            fake_gpus(2)),
-    "cnn": (gym.spaces.Box(0.0, 1.0, (12, 12, 3), np.float32),
-            gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
-            {"conv_filters": [[4, [3, 3], 2], [8, [3, 3], 2]]}, {}),
-    "lstm": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3),
-             {"use_lstm": True, "lstm_use_prev_action": True, "lstm_use_prev_reward": True},
-             {}),
+    "mlp": (gym.spaces.Box(-1.0, 1.0, (4,), np.float32), gym.spaces.Discrete(3), {}, fake_gpus(2)),
+    "cnn": (
+        gym.spaces.Box(0.0, 1.0, (12, 12, 3), np.float32),
+        gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+        {"conv_filters": [[4, [3, 3], 2], [8, [3, 3], 2]]},
+        {},
+    ),
+    "lstm": (
+        gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+        gym.spaces.Discrete(3),
+        {"use_lstm": True, "lstm_use_prev_action": True, "lstm_use_prev_reward": True},
+        {},
+    ),
 }
 
 
@@ -40,8 +46,12 @@ def spread_weights(policy, seed: int) -> None:
     """Random weights larger than the initial ones (whose logits are ~0.01), so every
     layer shapes the output and no two logits of a row are near a tie."""
     rng = np.random.default_rng(seed)
-    policy.set_weights({name: rng.normal(0.0, 0.5, w.shape).astype(w.dtype)
-                        for name, w in policy.get_weights().items()})
+    policy.set_weights(
+        {
+            name: rng.normal(0.0, 0.5, w.shape).astype(w.dtype)
+            for name, w in policy.get_weights().items()
+        }
+    )
 
 
 def acting_inputs(policy, rows: int, seed: int) -> dict:
@@ -55,21 +65,26 @@ def acting_inputs(policy, rows: int, seed: int) -> dict:
     named["prev_actions"] = (
         rng.integers(0, actions.n, rows).astype(np.int64)
         if isinstance(actions, gym.spaces.Discrete)
-        else rng.uniform(actions.low, actions.high, (rows,) + actions.shape).astype(np.float32))
+        else rng.uniform(actions.low, actions.high, (rows,) + actions.shape).astype(np.float32)
+    )
     named["prev_rewards"] = rng.normal(size=rows).astype(np.float32)
     return named
 
 
 def acting_controls(explore: bool, timestep: int = 0, seed=(0, 0)) -> dict:
-    return {"explore": np.bool_(explore), "timestep": np.int64(timestep),
-            "seed": np.asarray(seed, np.int64)}
+    return {
+        "explore": np.bool_(explore),
+        "timestep": np.int64(timestep),
+        "seed": np.asarray(seed, np.int64),
+    }
 
 
 def reference(policy, named: dict):
     """What the policy itself returns with explore=False."""
     states = [named[f"state_in_{i}"] for i in range(policy.num_state_tensors())] or None
-    return policy.compute_actions(named["obs"], states, named["prev_actions"],
-                                  named["prev_rewards"], explore=False)
+    return policy.compute_actions(
+        named["obs"], states, named["prev_actions"], named["prev_rewards"], explore=False
+    )
 
 
 def assert_actions_equal(policy, got, expected) -> None:
@@ -109,8 +124,9 @@ def serve(directory):
 
 
 def call(signature, named: dict) -> dict:
-    return {k: v.numpy() for k, v in signature(**{k: tf.constant(v) for k, v in named.items()})
-            .items()}
+    return {
+        k: v.numpy() for k, v in signature(**{k: tf.constant(v) for k, v in named.items()}).items()
+    }
 
 
 # ----- the SavedModel, in this process ------------------------------------------------------
@@ -120,12 +136,30 @@ def test_signature_names_every_acting_input_and_output(exported):
     policy, directory = exported["lstm"]
     signature = serve(directory)
     inputs = signature.structured_input_signature[1]
-    assert sorted(inputs) == sorted(["obs", "state_in_0", "state_in_1", "prev_actions",
-                                     "prev_rewards", "explore", "timestep", "seed"])
+    assert sorted(inputs) == sorted(
+        [
+            "obs",
+            "state_in_0",
+            "state_in_1",
+            "prev_actions",
+            "prev_rewards",
+            "explore",
+            "timestep",
+            "seed",
+        ]
+    )
     assert inputs["explore"].dtype == tf.bool and inputs["timestep"].dtype == tf.int64
-    assert sorted(signature.structured_outputs) == sorted([
-        "actions", "action_logp", "action_prob", "action_dist_inputs", "vf_preds",
-        "state_out_0", "state_out_1"])
+    assert sorted(signature.structured_outputs) == sorted(
+        [
+            "actions",
+            "action_logp",
+            "action_prob",
+            "action_dist_inputs",
+            "vf_preds",
+            "state_out_0",
+            "state_out_1",
+        ]
+    )
     mlp_inputs = serve(exported["mlp"][1]).structured_input_signature[1]
     assert not any(k.startswith("state_in_") for k in mlp_inputs)
 
@@ -156,9 +190,18 @@ def test_saved_model_samples_with_its_seed_input(exported):
 
 def test_timestep_drives_the_policys_epsilon_schedule(tmp_path):
     obs_space, action_space, _, _ = CASES["mlp"]
-    policy = PGPolicy(obs_space, action_space, small_config(exploration_config={
-        "type": "EpsilonGreedy", "initial_epsilon": 1.0, "final_epsilon": 0.0,
-        "epsilon_timesteps": 100}))
+    policy = PGPolicy(
+        obs_space,
+        action_space,
+        small_config(
+            exploration_config={
+                "type": "EpsilonGreedy",
+                "initial_epsilon": 1.0,
+                "final_epsilon": 0.0,
+                "epsilon_timesteps": 100,
+            }
+        ),
+    )
     spread_weights(policy, 3)
     policy.export_model(str(tmp_path / "saved"))
     signature = serve(tmp_path / "saved")
@@ -205,10 +248,20 @@ def test_saved_model_acts_the_same_in_a_fresh_process_without_this_package(expor
     # -I: no PYTHONPATH, no cwd, no user site; -S: no .pth files, so not the
     # editable install's import hook either
     child = subprocess.run(
-        [sys.executable, "-I", "-S", str(tmp_path / "child.py"), str(tmp_path),
-         *site.getsitepackages()],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"})
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            str(tmp_path / "child.py"),
+            str(tmp_path),
+            *site.getsitepackages(),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
     assert child.returncode == 0, child.stderr[-3000:]
     report = json.loads(child.stdout.strip().splitlines()[-1])
     assert report["status"] == "policy_service not importable", report
@@ -222,16 +275,19 @@ def test_saved_model_acts_the_same_in_a_fresh_process_without_this_package(expor
 
 def onnx_session(directory):
     import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(str(directory / ONNX_FILE), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        str(directory / ONNX_FILE), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def run_onnx(session, named: dict) -> dict:
     names = [o.name for o in session.get_outputs()]
-    return dict(zip(names, session.run(names, {i.name: named[i.name]
-                                                for i in session.get_inputs()})))
+    return dict(
+        zip(names, session.run(names, {i.name: named[i.name] for i in session.get_inputs()}))
+    )
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -240,14 +296,17 @@ def test_onnx_model_acts_deterministically_as_the_policy(exported, name):
     session = onnx_session(directory)
     assert sorted(i.name for i in session.get_inputs()) == sorted(
         ["obs", "prev_actions", "prev_rewards"]
-        + [f"state_in_{i}" for i in range(policy.num_state_tensors())])
+        + [f"state_in_{i}" for i in range(policy.num_state_tensors())]
+    )
     named = acting_inputs(policy, ROWS, seed=5)
     out = run_onnx(session, named)
     assert_matches_policy(policy, out, named, with_logp=False)
     if policy.is_recurrent():  # the next step from each side's own state outs
         _, states, _ = reference(policy, named)
-        step = {**acting_inputs(policy, ROWS, seed=6),
-                **{f"state_in_{i}": out[f"state_out_{i}"] for i in range(len(states))}}
+        step = {
+            **acting_inputs(policy, ROWS, seed=6),
+            **{f"state_in_{i}": out[f"state_out_{i}"] for i in range(len(states))},
+        }
         expected = {**step, **{f"state_in_{i}": s for i, s in enumerate(states)}}
         following = run_onnx(session, step)
         assert_matches_policy(policy, following, expected, with_logp=False)
@@ -260,8 +319,9 @@ def test_sampling_has_no_onnx_converter_and_nothing_is_written(exported, tmp_pat
     assert list(tmp_path.iterdir()) == []
 
 
-def test_onnx_export_without_tf2onnx_is_a_clear_error_and_writes_nothing(exported, tmp_path,
-                                                                          monkeypatch):
+def test_onnx_export_without_tf2onnx_is_a_clear_error_and_writes_nothing(
+    exported, tmp_path, monkeypatch
+):
     policy, _ = exported["mlp"]
     monkeypatch.setitem(sys.modules, "tf2onnx", None)  # import tf2onnx raises ImportError
     with pytest.raises(RuntimeError, match=r"policy-service\[onnx\]"):

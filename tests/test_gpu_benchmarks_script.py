@@ -1,6 +1,7 @@
 """scripts/gpu_benchmarks.sh without running a benchmark: what it does with no GPU,
 and the sweep it plans for the GPUs `nvidia-smi -L` lists (NVIDIA_SMI stands in for
 it, so these run the same on any host). The sweep itself: test_benchmarks.py (slow)."""
+
 import os
 import subprocess
 from pathlib import Path
@@ -10,15 +11,21 @@ SCRIPT = str(REPO / "scripts" / "gpu_benchmarks.sh")
 
 
 def _run(tmp_path, *args, **env) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", SCRIPT, *args, str(tmp_path / "out")], cwd=REPO,
-                          env={**os.environ, **env}, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        ["bash", SCRIPT, *args, str(tmp_path / "out")],
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _smi_listing(tmp_path, count: int) -> str:
     smi = tmp_path / "nvidia-smi"
-    lines = "".join(f'echo "GPU {i}: NVIDIA A100-SXM4-80GB (UUID: GPU-{i})"\n'
-                    for i in range(count))
+    lines = "".join(
+        f'echo "GPU {i}: NVIDIA A100-SXM4-80GB (UUID: GPU-{i})"\n' for i in range(count)
+    )
     smi.write_text("#!/bin/sh\n" + lines)
     smi.chmod(0o755)
     return str(smi)
@@ -29,13 +36,15 @@ def test_no_gpu_says_so_and_exits_0_without_measuring(tmp_path):
     assert proc.returncode == 0 and proc.stdout == ""
     assert proc.stderr.strip() == (
         "gpu_benchmarks.sh: no GPU found (nvidia-smi -L lists none), so there is nothing "
-        "to measure on GPUs here; pass --fake-gpus to run the same sweep on fake GPUs")
+        "to measure on GPUs here; pass --fake-gpus to run the same sweep on fake GPUs"
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_three_gpus_give_one_to_three_learners_on_real_gpus(tmp_path):
-    proc = _run(tmp_path, NVIDIA_SMI=_smi_listing(tmp_path, 3), DRY_RUN="1",
-                BENCH_RAY_NUM_CPUS="12")
+    proc = _run(
+        tmp_path, NVIDIA_SMI=_smi_listing(tmp_path, 3), DRY_RUN="1", BENCH_RAY_NUM_CPUS="12"
+    )
     assert proc.returncode == 0, proc.stderr
     commands = [line[2:] for line in proc.stderr.splitlines() if line.startswith("+ ")]
     group, towers = [c for c in commands if "benchmarks.learner" in c]
@@ -46,8 +55,9 @@ def test_three_gpus_give_one_to_three_learners_on_real_gpus(tmp_path):
 
 
 def test_fake_gpus_run_the_same_sweep_on_the_cpu(tmp_path):
-    proc = _run(tmp_path, "--fake-gpus", "--all", NVIDIA_SMI="false", DRY_RUN="1",
-                BENCH_RAY_NUM_CPUS="2")
+    proc = _run(
+        tmp_path, "--fake-gpus", "--all", NVIDIA_SMI="false", DRY_RUN="1", BENCH_RAY_NUM_CPUS="2"
+    )
     assert proc.returncode == 0, proc.stderr
     commands = [line[2:] for line in proc.stderr.splitlines() if line.startswith("+ ")]
     assert not [c for c in commands if "--real-gpus" in c]

@@ -5,6 +5,7 @@ file; teardown kills exactly its processes (the head, everything it spawned,
 and its process group), never other Ray clusters on the machine. The three
 submissions run at once: each CLI process spends most of its time importing.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def _children_of() -> dict[int, list[int]]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(entry.name))
     return children
 
@@ -98,24 +99,48 @@ def ray_head():
     token_file = root / "token"
     token_file.write_text(secrets.token_hex(32))
     dashboard_port = _free_port()
-    ports = {"--port": _free_port(), "--dashboard-port": dashboard_port,
-             "--ray-client-server-port": _free_port(), "--node-manager-port": _free_port(),
-             "--object-manager-port": _free_port(), "--metrics-export-port": _free_port(),
-             "--dashboard-agent-listen-port": _free_port(),
-             "--dashboard-agent-grpc-port": _free_port(),
-             "--runtime-env-agent-port": _free_port()}
-    env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
-           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    ports = {
+        "--port": _free_port(),
+        "--dashboard-port": dashboard_port,
+        "--ray-client-server-port": _free_port(),
+        "--node-manager-port": _free_port(),
+        "--object-manager-port": _free_port(),
+        "--metrics-export-port": _free_port(),
+        "--dashboard-agent-listen-port": _free_port(),
+        "--dashboard-agent-grpc-port": _free_port(),
+        "--runtime-env-agent-port": _free_port(),
+    }
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}:{os.environ['PATH']}",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token_file),
+    }
     env.pop("RAY_ADDRESS", None)
-    command = [RAY, "start", "--head", "--block", "--dashboard-host", "127.0.0.1",
-               "--node-ip-address", "127.0.0.1", "--temp-dir", str(root / "ray"),
-               "--num-cpus", "1", "--num-gpus", "1", "--disable-usage-stats"]
+    command = [
+        RAY,
+        "start",
+        "--head",
+        "--block",
+        "--dashboard-host",
+        "127.0.0.1",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--temp-dir",
+        str(root / "ray"),
+        "--num-cpus",
+        "1",
+        "--num-gpus",
+        "1",
+        "--disable-usage-stats",
+    ]
     for flag, port in ports.items():
         command += [flag, str(port)]
     log = root / "head.log"
     with open(log, "w") as out:
-        head = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        head = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     url = f"http://127.0.0.1:{dashboard_port}"
     try:
         _wait_for_http(f"{url}/api/version", head, log)
@@ -127,8 +152,11 @@ def ray_head():
 
 def _client_env(token_file: Path | None, home: Path) -> dict:
     """The submitting user's env: RAY_AUTH_MODE unset (as on a laptop), token by path."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_ADDRESS")
+    }
     env["HOME"] = str(home)  # no ~/.ray/auth_token of this machine's user
     env["TF_CPP_MIN_LOG_LEVEL"] = "3"
     if token_file is not None:
@@ -148,23 +176,66 @@ def submissions(ray_head, tmp_path_factory):
         "fails": ([python, "-c", "import sys; print('failing now'); sys.exit(3)"], token_file, []),
         "no_wait": ([python, "-c", "print('later')"], token_file, ["--no-wait"]),
         "no_token": ([python, "-c", "print('never runs')"], None, []),
-        "one_gpu": ([python, "-c",
-                     "import os; print('visible GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'))"],
-                    token_file, ["--num-gpus", "1"]),
-        "too_many_gpus": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                           "--num-learners", "1", "--gpus-per-learner", "2",
-                           "--output-dir", str(job_run_dir.parent / "gpus")], token_file, []),
+        "one_gpu": (
+            [
+                python,
+                "-c",
+                "import os; print('visible GPUs', os.environ.get('CUDA_VISIBLE_DEVICES'))",
+            ],
+            token_file,
+            ["--num-gpus", "1"],
+        ),
+        "too_many_gpus": (
+            [
+                CLI,
+                "train",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--stop-iters",
+                "1",
+                "--num-learners",
+                "1",
+                "--gpus-per-learner",
+                "2",
+                "--output-dir",
+                str(job_run_dir.parent / "gpus"),
+            ],
+            token_file,
+            [],
+        ),
         # A training run as a job joins the cluster ($RAY_ADDRESS, the head's token).
-        "train": ([CLI, "train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                   "--set", "train_batch_size=128", "--set", "minibatch_size=64",
-                   "--set", "num_epochs=1", "--output-dir", str(job_run_dir)], token_file, []),
+        "train": (
+            [
+                CLI,
+                "train",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--stop-iters",
+                "1",
+                "--set",
+                "train_batch_size=128",
+                "--set",
+                "minibatch_size=64",
+                "--set",
+                "num_epochs=1",
+                "--output-dir",
+                str(job_run_dir),
+            ],
+            token_file,
+            [],
+        ),
     }
     running = {}
     for name, (job, token, flags) in cases.items():
         running[name] = subprocess.Popen(
             [CLI, "submit", "--address", url, *flags, "--", *job],
-            env=_client_env(token, home), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+            env=_client_env(token, home),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     results = {}
     try:
         for name, process in running.items():

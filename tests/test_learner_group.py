@@ -5,6 +5,7 @@ the same weights and feeds both the same batch: gradients, SGD steps,
 batch-norm moving statistics and loaded-buffer epochs must match to float
 tolerance, and the learners' weights must stay bit-identical.
 """
+
 import os
 import signal
 import sys
@@ -38,8 +39,12 @@ from policy_service.io.checkpoints import CheckpointFileError
 
 ray = pytest.importorskip("ray")
 
-TWO_BY_TWO = {"num_learners": 2, "num_gpus_per_learner": 2, "_fake_gpus": True,
-              "num_cpus_per_learner": 0.5}
+TWO_BY_TWO = {
+    "num_learners": 2,
+    "num_gpus_per_learner": 2,
+    "_fake_gpus": True,
+    "num_cpus_per_learner": 0.5,
+}
 ONE_EACH = {"num_learners": 2, "num_cpus_per_learner": 0.5}  # one CPU device per learner
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
@@ -61,6 +66,7 @@ def start_group(ray_with_user_models):
         group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**config))
         groups.append(group)
         return group
+
     yield start
     for group in groups:
         group.stop()
@@ -137,8 +143,10 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
     for policy in (one, four, group):
         policy.learn_on_batch(batch)
     after = group.get_weights()
-    mean_key, var_key = (next(k for k in after if k.endswith(suffix))
-                         for suffix in ("moving_mean", "moving_variance"))
+    mean_key, var_key = (
+        next(k for k in after if k.endswith(suffix))
+        for suffix in ("moving_mean", "moving_variance")
+    )
     obs = batch["obs"].astype(np.float64)  # population moments of all 36 rows
     np.testing.assert_allclose(after[mean_key], 0.5 * obs.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(after[var_key], 0.5 + 0.5 * obs.var(0), rtol=1e-5, atol=1e-6)
@@ -157,7 +165,7 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     assert group.load_batch_into_buffer(batch) == 64  # 4 minibatches of 16, 8 per learner
     assert group.get_num_samples_loaded_into_buffer() == 64
     stats = group.learn_on_loaded_epochs(1, shuffle=False)
-    losses = [one.learn_on_batch(batch[k:k + 16])["total_loss"] for k in (0, 16, 32, 48)]
+    losses = [one.learn_on_batch(batch[k : k + 16])["total_loss"] for k in (0, 16, 32, 48)]
     assert stats["num_sgd_steps"] == 4
     assert stats["total_loss"] == pytest.approx(np.mean(losses), rel=1e-5)
     assert_weights_close(one.get_weights(), group.get_weights())
@@ -181,18 +189,19 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group
     assert group.load_batch_into_buffer(batch) == 32  # 4 minibatches of 8: 2 steps
     for offset in (0, 16):
         s_group = group.learn_on_loaded_batch(offset)
-        s_one = one.learn_on_batch(batch[offset:offset + 16])
+        s_one = one.learn_on_batch(batch[offset : offset + 16])
         assert s_group["valid_rows"] == s_one["valid_rows"]
         assert_weights_close(one.get_weights(), group.get_weights())
     stats = group.learn_on_loaded_epochs(1, shuffle=False)
     assert stats["num_sgd_steps"] == 2
     for offset in (0, 16):
-        one.learn_on_batch(batch[offset:offset + 16])
+        one.learn_on_batch(batch[offset : offset + 16])
     assert_weights_close(one.get_weights(), group.get_weights())
 
 
 def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
-        start_group, tmp_path):
+    start_group, tmp_path
+):
     group = start_group(minibatch_size=16, **TWO_BY_TWO)
     one = one_device(minibatch_size=16)
     same_start(group, one)
@@ -211,8 +220,9 @@ def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
     assert weights_differ(saved, group.get_weights())
     group.restore(str(tmp_path / "learner"))
     assert not weights_differ(saved, group.get_weights()) and group.weights_identical()
-    assert not weights_differ(saved, PGPolicy.from_checkpoint(str(tmp_path / "learner"))
-                              .get_weights())
+    assert not weights_differ(
+        saved, PGPolicy.from_checkpoint(str(tmp_path / "learner")).get_weights()
+    )
     (tmp_path / "learner" / "policy_arrays.npz").write_bytes(b"")
     with pytest.raises(CheckpointFileError, match=r"policy_arrays\.npz: empty file"):
         group.restore(str(tmp_path / "learner"))
@@ -223,8 +233,12 @@ def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
 def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_models):
     """Seedless learners start from learner 0's state (target included); the target
     moves inside every learner's compiled epoch loop and stays bit-identical."""
-    group = LearnerGroup(TargetPGPolicy, OBS_SPACE, ACTION_SPACE,
-                         small_config(seed=None, minibatch_size=16, **TWO_BY_TWO))
+    group = LearnerGroup(
+        TargetPGPolicy,
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(seed=None, minibatch_size=16, **TWO_BY_TWO),
+    )
     try:
         targets = group.foreach_policy(lambda policy: policy.get_target_weights())
         assert_weights_close(targets[0], targets[1], atol=0, rtol=0)
@@ -235,7 +249,7 @@ def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_m
         group.learn_on_loaded_epochs(2, shuffle=False)  # 8 steps: moved after 3 and 6
         for _ in range(2):
             for k in (0, 16, 32, 48):
-                one.learn_on_batch(batch[k:k + 16])
+                one.learn_on_batch(batch[k : k + 16])
         ages = group.foreach_policy(lambda policy: policy.target_age)
         targets = group.foreach_policy(lambda policy: policy.get_target_weights())
         assert ages == [one.target_age] * 2 == [2, 2]
@@ -266,11 +280,19 @@ def test_no_learner_actors_is_a_local_policy(ray_with_user_models):
 
 def test_gpus_the_cluster_lacks_fail_at_once_naming_them(ray_with_user_models):
     start = time.perf_counter()
-    with pytest.raises(LearnerResourcesError, match=(
+    with pytest.raises(
+        LearnerResourcesError,
+        match=(
             r"2 learner\(s\) need GPU 2 in total \(num_gpus_per_learner=1 each\); "
-            r"the cluster has GPU 0 \(0 available\)")):
-        LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(
-            num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=0.5))
+            r"the cluster has GPU 0 \(0 available\)"
+        ),
+    ):
+        LearnerGroup(
+            PGPolicy,
+            OBS_SPACE,
+            ACTION_SPACE,
+            small_config(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=0.5),
+        )
     assert time.perf_counter() - start < 60  # the contract: fails within a minute, no hang
 
 
@@ -279,15 +301,23 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
     class Holder:
         def ready(self):
             return True
+
     holder = Holder.remote()
     ray.get(holder.ready.remote())
     start = time.perf_counter()
     try:
-        with pytest.raises(LearnerResourcesError,
-                           match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
-                                 r"\(num_cpus_per_learner=0.5 each\); available now CPU 0"):
-            LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(
-                num_learners=2, num_cpus_per_learner=0.5), ready_timeout_s=3)
+        with pytest.raises(
+            LearnerResourcesError,
+            match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
+            r"\(num_cpus_per_learner=0.5 each\); available now CPU 0",
+        ):
+            LearnerGroup(
+                PGPolicy,
+                OBS_SPACE,
+                ACTION_SPACE,
+                small_config(num_learners=2, num_cpus_per_learner=0.5),
+                ready_timeout_s=3,
+            )
     finally:
         ray.kill(holder)
     assert time.perf_counter() - start < 60  # the 3 s timeout, not a hang
@@ -295,7 +325,8 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
 
 @pytest.mark.slow
 def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one(
-        ray_with_user_models):
+    ray_with_user_models,
+):
     """The tuned CartPole config, its learner split over two actors: each step's
     gradient is the whole minibatch's, so it learns as one learner does; a
     learner killed mid-run is replaced from the driver's copy and the iteration
@@ -304,23 +335,27 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
     from test_ppo_learning import TUNED
 
     from algorithms.ppo import PPO
+
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config.update(seed=0, num_learners=2, num_cpus_per_learner=0.5)
     algo = PPO(config)
     start, history = time.perf_counter(), []
     try:
-        while not history or (history[-1]["episode_return_mean"] < 450
-                              and history[-1]["timesteps_total"] < 150_000):
+        while not history or (
+            history[-1]["episode_return_mean"] < 450 and history[-1]["timesteps_total"] < 150_000
+        ):
             if len(history) == 5:
                 ray.kill(algo.learners.actors[1])
             history.append(algo.train())
     finally:
         algo.stop()
     last = history[-1]
-    print(f"\nCartPole-v1, 2 learner actors: return {last['episode_return_mean']:.1f} after "
-          f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s, "
-          f"learn {np.median([m['learn_time_s'] for m in history]):.2f} s/iteration (median), "
-          f"{last['num_learner_restarts']} learner restart(s)")
+    print(
+        f"\nCartPole-v1, 2 learner actors: return {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {time.perf_counter() - start:.1f} s, "
+        f"learn {np.median([m['learn_time_s'] for m in history]):.2f} s/iteration (median), "
+        f"{last['num_learner_restarts']} learner restart(s)"
+    )
     assert last["num_learners"] == 2
     assert history[4]["num_learner_restarts"] == 0 and last["num_learner_restarts"] == 1
     assert last["episode_return_mean"] >= 450
@@ -347,8 +382,7 @@ def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_
     assert group.weights_identical()
 
 
-def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(
-        start_group):
+def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(start_group):
     group = start_group(num_learners=1)
     timeout = group.call_timeout_s
     copy = LearnerStateCopy(group.actors[0].get_state.remote)  # does not wait
@@ -398,9 +432,13 @@ def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(sta
     os.kill(pid, signal.SIGSTOP)
     start = time.perf_counter()
     try:
-        with pytest.raises(LearnerTimeoutError, match=(
+        with pytest.raises(
+            LearnerTimeoutError,
+            match=(
                 r"learner\(s\) (0, )?1 of 2 gave no result within "
-                r"learner_update_timeout_s=4 s: hung")):
+                r"learner_update_timeout_s=4 s: hung"
+            ),
+        ):
             group.learn_on_batch(mlp_batch(20, seed=1))
         waited = time.perf_counter() - start
     finally:

@@ -1,4 +1,5 @@
 """models.py: built-in MLP, CNN and LSTM models and custom model registration."""
+
 import gymnasium as gym
 import keras
 import numpy as np
@@ -68,8 +69,9 @@ def test_value_loss_reaches_the_policy_trunk_only_when_shared():
     for share in (True, False):
         policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(model={"vf_share_layers": share}))
         grads, _ = policy.compute_gradients(batch)
-        by_name = dict(zip([v.path.split("/", 1)[1] for v in policy.model.trainable_variables],
-                           grads))
+        by_name = dict(
+            zip([v.path.split("/", 1)[1] for v in policy.model.trainable_variables], grads)
+        )
         trunk = by_name["policy/policy_dense_0/kernel"]
         assert (np.abs(trunk).max() > 0) == share
         assert np.abs(by_name["action_dist_inputs/kernel"]).max() == 0
@@ -99,8 +101,13 @@ def test_cnn_on_84x84x4_observations():
 
 def test_cnn_custom_conv_filters():
     obs_space = gym.spaces.Box(0.0, 1.0, (84, 84, 4), np.float32)
-    policy = PGPolicy(obs_space, ACTION_SPACE, small_config(model={
-        "vf_share_layers": True, "conv_filters": [[4, [3, 3], 2], [8, [5, 5], 3]]}))
+    policy = PGPolicy(
+        obs_space,
+        ACTION_SPACE,
+        small_config(
+            model={"vf_share_layers": True, "conv_filters": [[4, [3, 3], 2], [8, [5, 5], 3]]}
+        ),
+    )
     s = shapes(policy)
     assert s["policy/policy_conv_0/kernel"] == (3, 3, 4, 4)
     assert s["policy/policy_conv_1/kernel"] == (5, 5, 4, 8)
@@ -108,8 +115,9 @@ def test_cnn_custom_conv_filters():
 
 
 def lstm_policy(**model):
-    return PGPolicy(OBS_SPACE, ACTION_SPACE,
-                    small_config(model={"use_lstm": True, "max_seq_len": 5, **model}))
+    return PGPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(model={"use_lstm": True, "max_seq_len": 5, **model})
+    )
 
 
 def test_lstm_state_shapes():
@@ -125,12 +133,10 @@ def test_lstm_state_shapes():
     action, state, _ = policy.compute_single_action(np.zeros(4, np.float32), init)
     assert np.shape(action) == () and [s.shape for s in state] == [(CELL,), (CELL,)]
     with pytest.raises(ValueError, match=r"state_in_0 has shape \(6, 3\)"):
-        policy.compute_actions(np.zeros((6, 4), np.float32),
-                               [np.zeros((6, 3)), np.zeros((6, 3))])
+        policy.compute_actions(np.zeros((6, 4), np.float32), [np.zeros((6, 3)), np.zeros((6, 3))])
 
 
-@pytest.mark.parametrize("prev_action, prev_reward", [
-    (False, False), (False, True), (True, True)])
+@pytest.mark.parametrize("prev_action, prev_reward", [(False, False), (False, True), (True, True)])
 def test_lstm_padded_batch_equals_step_by_step_acting(prev_action, prev_reward):
     """A padded batch of sequences through the model (training=False) gives the
     same outputs on valid rows, and the same final state, as acting one step at
@@ -145,40 +151,64 @@ def test_lstm_padded_batch_equals_step_by_step_acting(prev_action, prev_reward):
     h0 = rng.normal(size=(3, CELL)).astype(np.float32)
     c0 = rng.normal(size=(3, CELL)).astype(np.float32)
     valid = np.arange(T)[None, :] < np.asarray(seq_lens)[:, None]
-    out = policy.model({
-        "obs": tf.constant(obs.reshape(3 * T, 4) * valid.reshape(-1, 1)),
-        "prev_actions": tf.constant(prev_actions.reshape(-1) * valid.reshape(-1)),
-        "prev_rewards": tf.constant(prev_rewards.reshape(-1) * valid.reshape(-1)),
-        "state_in_0": tf.constant(h0), "state_in_1": tf.constant(c0),
-        "seq_lens": tf.constant(seq_lens, tf.int32)}, training=False)
+    out = policy.model(
+        {
+            "obs": tf.constant(obs.reshape(3 * T, 4) * valid.reshape(-1, 1)),
+            "prev_actions": tf.constant(prev_actions.reshape(-1) * valid.reshape(-1)),
+            "prev_rewards": tf.constant(prev_rewards.reshape(-1) * valid.reshape(-1)),
+            "state_in_0": tf.constant(h0),
+            "state_in_1": tf.constant(c0),
+            "seq_lens": tf.constant(seq_lens, tf.int32),
+        },
+        training=False,
+    )
     logits = out["action_dist_inputs"].numpy().reshape(3, T, 3)
     values = out["vf_preds"].numpy().reshape(3, T)
     for i, length in enumerate(seq_lens):
-        state = [h0[i:i + 1], c0[i:i + 1]]
+        state = [h0[i : i + 1], c0[i : i + 1]]
         for t in range(length):
             _, state, extra = policy.compute_actions(
-                obs[i, t:t + 1], state, prev_actions[i, t:t + 1], prev_rewards[i, t:t + 1],
-                explore=False)
-            np.testing.assert_allclose(extra["action_dist_inputs"][0], logits[i, t],
-                                       rtol=1e-5, atol=1e-6)
+                obs[i, t : t + 1],
+                state,
+                prev_actions[i, t : t + 1],
+                prev_rewards[i, t : t + 1],
+                explore=False,
+            )
+            np.testing.assert_allclose(
+                extra["action_dist_inputs"][0], logits[i, t], rtol=1e-5, atol=1e-6
+            )
             np.testing.assert_allclose(extra["vf_preds"][0], values[i, t], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(state[0][0], out["state_out"][0].numpy()[i], rtol=1e-5,
-                                   atol=1e-6)
-        np.testing.assert_allclose(state[1][0], out["state_out"][1].numpy()[i], rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            state[0][0], out["state_out"][0].numpy()[i], rtol=1e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(
+            state[1][0], out["state_out"][1].numpy()[i], rtol=1e-5, atol=1e-6
+        )
 
 
-@pytest.mark.parametrize("action_space, prev_action, prev_reward", [
-    (ACTION_SPACE, False, False),
-    (ACTION_SPACE, False, True),
-    (ACTION_SPACE, True, False),
-    (gym.spaces.Box(-1.0, 1.0, (2,), np.float32), True, False),
-])
-def test_prev_action_and_reward_reach_the_lstm_only_when_enabled(action_space, prev_action,
-                                                                  prev_reward):
-    policy = PGPolicy(OBS_SPACE, action_space, small_config(model={
-        "use_lstm": True, "lstm_use_prev_action": prev_action,
-        "lstm_use_prev_reward": prev_reward}))
+@pytest.mark.parametrize(
+    "action_space, prev_action, prev_reward",
+    [
+        (ACTION_SPACE, False, False),
+        (ACTION_SPACE, False, True),
+        (ACTION_SPACE, True, False),
+        (gym.spaces.Box(-1.0, 1.0, (2,), np.float32), True, False),
+    ],
+)
+def test_prev_action_and_reward_reach_the_lstm_only_when_enabled(
+    action_space, prev_action, prev_reward
+):
+    policy = PGPolicy(
+        OBS_SPACE,
+        action_space,
+        small_config(
+            model={
+                "use_lstm": True,
+                "lstm_use_prev_action": prev_action,
+                "lstm_use_prev_reward": prev_reward,
+            }
+        ),
+    )
     obs = np.zeros((4, 4), np.float32)
     if isinstance(action_space, gym.spaces.Discrete):
         prev_a = np.array([0, 1, 2, 1])
@@ -210,16 +240,18 @@ def test_batch_norm_acting_uses_moving_statistics():
     _, _, whole = policy.compute_actions(obs, explore=False)
     _, _, alone = policy.compute_actions(obs[:1], explore=False)
     # training=False: a row's output does not depend on the rest of the batch
-    np.testing.assert_allclose(alone["action_dist_inputs"][0], whole["action_dist_inputs"][0],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        alone["action_dist_inputs"][0], whole["action_dist_inputs"][0], rtol=1e-5, atol=1e-6
+    )
     # and it is the numpy forward pass with the moving statistics
     w = policy.get_weights()
     x = obs
     for i in range(2):
         x = x @ w[f"policy/policy_dense_{i}/kernel"] + w[f"policy/policy_dense_{i}/bias"]
         bn = f"policy/policy_bn_{i}/"
-        x = ((x - w[bn + "moving_mean"]) / np.sqrt(w[bn + "moving_variance"] + 1e-3)
-             * w[bn + "gamma"] + w[bn + "beta"])
+        x = (x - w[bn + "moving_mean"]) / np.sqrt(w[bn + "moving_variance"] + 1e-3) * w[
+            bn + "gamma"
+        ] + w[bn + "beta"]
         x = np.tanh(x)
     logits = x @ w["action_dist_inputs/kernel"] + w["action_dist_inputs/bias"]
     np.testing.assert_allclose(whole["action_dist_inputs"], logits, rtol=1e-4, atol=1e-5)
@@ -232,16 +264,20 @@ class TinyCustomModel(keras.Model):
     def __init__(self, obs_space, action_space, num_outputs, model_config):
         super().__init__(name="tiny_custom_model")
         self.model_config = model_config
-        self.hidden = keras.layers.Dense(model_config["custom_model_config"]["units"],
-                                         activation="tanh", name="hidden")
+        self.hidden = keras.layers.Dense(
+            model_config["custom_model_config"]["units"], activation="tanh", name="hidden"
+        )
         self.pi = keras.layers.Dense(num_outputs, name="pi")
         self.vf = keras.layers.Dense(1, name="vf")
         self({"obs": tf.zeros((1,) + tuple(obs_space.shape))})
 
     def call(self, input_dict, training=False):
         h = self.hidden(input_dict["obs"])
-        return {"action_dist_inputs": self.pi(h), "vf_preds": tf.squeeze(self.vf(h), -1),
-                "state_out": []}
+        return {
+            "action_dist_inputs": self.pi(h),
+            "vf_preds": tf.squeeze(self.vf(h), -1),
+            "state_out": [],
+        }
 
 
 @pytest.fixture
@@ -251,8 +287,13 @@ def clean_registry(monkeypatch):
 
 def test_registered_custom_model_is_built_and_trains_on_towers(clean_registry):
     models.register_custom_model("tiny", TinyCustomModel)
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        model={"custom_model": "tiny", "custom_model_config": {"units": 5}}, **fake_gpus(2)))
+    policy = PGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(
+            model={"custom_model": "tiny", "custom_model_config": {"units": 5}}, **fake_gpus(2)
+        ),
+    )
     assert isinstance(policy.model, TinyCustomModel)
     assert policy.model.model_config["custom_model_config"] == {"units": 5}
     assert policy.model.model_config["fcnet_hiddens"] == [16, 16]

@@ -1,4 +1,5 @@
 """policy.py: the public TFPolicy API, bad input, state and checkpoints (export: test_export.py)."""
+
 import json
 import os
 import re
@@ -61,8 +62,9 @@ def test_compute_single_action_and_input_dict_agree_with_compute_actions():
     # batch 1 and batch 3 may use float32 kernels that sum in another order: each of the
     # 3 layers' dot products (<= 16 terms of |w x| <= ~1) may then differ by 16 ulp
     float32_reorder = 3 * 16 * np.finfo(np.float32).eps
-    np.testing.assert_allclose(extra["vf_preds"], batch_extra["vf_preds"][1], rtol=0,
-                               atol=float32_reorder)
+    np.testing.assert_allclose(
+        extra["vf_preds"], batch_extra["vf_preds"][1], rtol=0, atol=float32_reorder
+    )
     actions, _, _ = policy.compute_actions_from_input_dict({"obs": obs}, explore=False)
     np.testing.assert_array_equal(actions, batch_actions)
 
@@ -73,7 +75,8 @@ def test_compute_actions_from_input_dict_carries_recurrent_state():
     state = [np.full((2, CELL), 0.5, np.float32), np.full((2, CELL), -0.5, np.float32)]
     _, direct, extra = policy.compute_actions(obs, state, explore=False)
     _, via_dict, extra2 = policy.compute_actions_from_input_dict(
-        {"obs": obs, "state_in_0": state[0], "state_in_1": state[1]}, explore=False)
+        {"obs": obs, "state_in_0": state[0], "state_in_1": state[1]}, explore=False
+    )
     for a, b in zip(direct, via_dict):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(extra["vf_preds"], extra2["vf_preds"])
@@ -144,9 +147,10 @@ def test_wrong_new_obs_shape_names_that_column():
         policy.learn_on_batch(batch)
 
 
-@pytest.mark.parametrize("column, value", [("obs", np.nan), ("advantages", np.nan),
-                                           ("value_targets", np.inf),
-                                           ("advantages", -np.inf)])
+@pytest.mark.parametrize(
+    "column, value",
+    [("obs", np.nan), ("advantages", np.nan), ("value_targets", np.inf), ("advantages", -np.inf)],
+)
 @pytest.mark.parametrize("towers", [0, 4])
 def test_nan_or_inf_in_a_batch_names_the_column_and_row(column, value, towers):
     policy = policy_on(towers)
@@ -172,12 +176,15 @@ def test_nan_observation_when_acting_is_an_error():
         policy.compute_actions(obs)
 
 
-@pytest.mark.parametrize("actions, message", [
-    (np.array([0, 1, 3, 0]), "row 2 has value 3"),
-    (np.array([0, -1, 1, 0]), "row 1 has value -1"),
-    (np.array([0.0, 1.0, 2.0, 0.0]), "dtype kind 'f'"),
-    (np.zeros((4, 1), np.int64), r"got shape \(4, 1\)"),
-])
+@pytest.mark.parametrize(
+    "actions, message",
+    [
+        (np.array([0, 1, 3, 0]), "row 2 has value 3"),
+        (np.array([0, -1, 1, 0]), "row 1 has value -1"),
+        (np.array([0.0, 1.0, 2.0, 0.0]), "dtype kind 'f'"),
+        (np.zeros((4, 1), np.int64), r"got shape \(4, 1\)"),
+    ],
+)
 def test_actions_outside_the_space_name_the_column(actions, message):
     policy = policy_on(2)
     weights = policy.get_weights()
@@ -274,8 +281,11 @@ def test_import_model_from_h5(tmp_path):
 
 def _trained(policy, steps=2):
     for i in range(steps):
-        policy.learn_on_batch(mlp_batch(24, seed=100 + i) if not policy.is_recurrent()
-                              else episode_batch([5, 3, 7], seed=100 + i))
+        policy.learn_on_batch(
+            mlp_batch(24, seed=100 + i)
+            if not policy.is_recurrent()
+            else episode_batch([5, 3, 7], seed=100 + i)
+        )
     policy.compute_actions(observations(5))  # advances the timestep and the action RNG
     return policy
 
@@ -353,8 +363,14 @@ def test_from_state_rebuilds_the_same_class_and_config():
 
 
 def test_exploration_state_travels_with_the_policy_state():
-    config = {"exploration_config": {"type": "EpsilonGreedy", "initial_epsilon": 0.7,
-                                     "final_epsilon": 0.2, "epsilon_timesteps": 50}}
+    config = {
+        "exploration_config": {
+            "type": "EpsilonGreedy",
+            "initial_epsilon": 0.7,
+            "final_epsilon": 0.2,
+            "epsilon_timesteps": 50,
+        }
+    }
     source = _trained(policy_on(**config))
     target = policy_on()  # stochastic sampling until the state arrives
     target.set_state(source.get_state())
@@ -469,7 +485,8 @@ def test_a_checkpoint_never_imports_the_module_it_names(tmp_path, monkeypatch):
     marker = tmp_path / "imported"
     (tmp_path / "planted.py").write_text(
         f"open({str(marker)!r}, 'w').close()\n"
-        "from policy_service import TFPolicy\nclass Zen(TFPolicy): pass\n")
+        "from policy_service import TFPolicy\nclass Zen(TFPolicy): pass\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     path = checkpoint_naming(tmp_path, "planted:Zen")
     with pytest.raises(ValueError, match="'planted:Zen'"):
@@ -500,6 +517,7 @@ def test_learning_leaves_the_callers_batch_untouched(model):
 
 def test_an_already_padded_sequence_batch_gives_the_same_gradient():
     from policy_service.sequencing import pad_batch_to_sequences_of_same_size
+
     policy = policy_on(2, model=LSTM)
     batch = episode_batch([5, 3, 7])
     padded = batch.copy()
@@ -513,11 +531,14 @@ def test_an_already_padded_sequence_batch_gives_the_same_gradient():
 
 
 def test_dict_observations_act_and_learn_on_towers():
-    obs_space = gym.spaces.Dict({"pos": gym.spaces.Box(-1, 1, (3,), np.float32),
-                                 "flag": gym.spaces.Discrete(2)})
+    obs_space = gym.spaces.Dict(
+        {"pos": gym.spaces.Box(-1, 1, (3,), np.float32), "flag": gym.spaces.Discrete(2)}
+    )
     policy = PGPolicy(obs_space, ACTION_SPACE, small_config(**fake_gpus(2)))
-    obs = {"pos": np.random.default_rng(0).uniform(-1, 1, (5, 3)).astype(np.float32),
-           "flag": np.array([0, 1, 0, 1, 1])}
+    obs = {
+        "pos": np.random.default_rng(0).uniform(-1, 1, (5, 3)).astype(np.float32),
+        "flag": np.array([0, 1, 0, 1, 1]),
+    }
     actions, _, _ = policy.compute_actions(obs)
     assert actions.shape == (5,)
     batch = mlp_batch(5)

@@ -3,6 +3,7 @@
 The host in this process, then the actor on one real local Ray instance per module
 (the batcher itself, without Ray: test_batching.py).
 """
+
 import asyncio
 
 import fakes
@@ -21,16 +22,23 @@ from policy_service.distributed.policy_actor import (
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)
 MLP_CONFIG = {"model": {"fcnet_hiddens": [16]}, "seed": 1}
-LSTM_CONFIG = {"model": {"use_lstm": True, "lstm_cell_size": 16, "fcnet_hiddens": [16],
-                         "max_seq_len": 8}, "seed": 2}
+LSTM_CONFIG = {
+    "model": {"use_lstm": True, "lstm_cell_size": 16, "fcnet_hiddens": [16], "max_seq_len": 8},
+    "seed": 2,
+}
 WAIT_S = 1.0  # batch window of the served MLP: long, so a burst of requests shares it
 
 
 @pytest.fixture(scope="module")
 def served_mlp(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
-        fakes.FaultyPolicy, OBS_SPACE, ACTION_SPACE, MLP_CONFIG,
-        max_batch_size=16, batch_wait_timeout_s=WAIT_S)
+        fakes.FaultyPolicy,
+        OBS_SPACE,
+        ACTION_SPACE,
+        MLP_CONFIG,
+        max_batch_size=16,
+        batch_wait_timeout_s=WAIT_S,
+    )
     yield actor
     ray.kill(actor)
 
@@ -48,24 +56,29 @@ def _obs(rng, rows):
 
 def _stats_delta(actor, before):
     after = ray.get(actor.stats.remote())
-    return {k: after[k] - before[k] for k in
-            ("num_requests", "num_failed_requests", "num_forward_passes", "num_rows")}, after
+    return {
+        k: after[k] - before[k]
+        for k in ("num_requests", "num_failed_requests", "num_forward_passes", "num_rows")
+    }, after
 
 
 # ----- devices --------------------------------------------------------------------------
 
 
 def test_hosted_policy_runs_on_the_devices_it_was_given():
-    no_gpu = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2}, visible_gpus=0,
-                                  ray_gpu_ids=[])
+    no_gpu = hosted_policy_config(
+        fakes.ReturnsPGPolicy, {"num_gpus": 2}, visible_gpus=0, ray_gpu_ids=[]
+    )
     assert no_gpu.num_gpus == 0
-    fake = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 2, "_fake_gpus": True},
-                                visible_gpus=0, ray_gpu_ids=[])
+    fake = hosted_policy_config(
+        fakes.ReturnsPGPolicy, {"num_gpus": 2, "_fake_gpus": True}, visible_gpus=0, ray_gpu_ids=[]
+    )
     assert (fake.num_gpus, fake._fake_gpus) == (2, True)
     assigned = hosted_policy_config(fakes.ReturnsPGPolicy, {}, visible_gpus=1, ray_gpu_ids=["3"])
     assert assigned.num_gpus == 1
-    fraction = hosted_policy_config(fakes.ReturnsPGPolicy, {"num_gpus": 0.5}, visible_gpus=1,
-                                    ray_gpu_ids=["0"])
+    fraction = hosted_policy_config(
+        fakes.ReturnsPGPolicy, {"num_gpus": 0.5}, visible_gpus=1, ray_gpu_ids=["0"]
+    )
     assert fraction.num_gpus == 0.5 and isinstance(fraction, PolicyConfig)
 
 
@@ -78,8 +91,7 @@ def test_host_without_batching_runs_one_pass_per_request():
     observations = [_obs(rng, 2) for _ in range(5)]
 
     async def main():
-        return await asyncio.gather(*[host.compute_actions(o, explore=False)
-                                      for o in observations])
+        return await asyncio.gather(*[host.compute_actions(o, explore=False) for o in observations])
 
     results = asyncio.run(main())
     stats = asyncio.run(host.stats())
@@ -105,8 +117,9 @@ def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_m
         assert actions.shape == (len(obs),)
         np.testing.assert_array_equal(actions, want_actions)
         np.testing.assert_allclose(extra["vf_preds"], want_extra["vf_preds"], rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(extra["action_dist_inputs"],
-                                   want_extra["action_dist_inputs"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            extra["action_dist_inputs"], want_extra["action_dist_inputs"], rtol=1e-5, atol=1e-6
+        )
         assert state_outs == []
         assert extra["weights_version"] == stats["weights_version"]
     assert delta["num_requests"] == 16 and delta["num_rows"] == 31
@@ -118,8 +131,7 @@ def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_m
 def test_a_full_batch_runs_without_waiting_for_the_window(served_mlp):
     rng = np.random.default_rng(2)
     ray.get(served_mlp.reset_stats.remote())
-    ray.get([served_mlp.compute_actions.remote(_obs(rng, 1), explore=False)
-             for _ in range(16)])
+    ray.get([served_mlp.compute_actions.remote(_obs(rng, 1), explore=False) for _ in range(16)])
     stats = ray.get(served_mlp.stats.remote())
     assert stats["num_forward_passes"] == 1 and stats["num_rows"] == 16
     assert stats["p99_latency_ms"] < WAIT_S * 1e3 / 2
@@ -130,8 +142,12 @@ def test_explore_and_timestep_settings_never_share_a_forward_pass(served_mlp, lo
     settings = [(False, None)] * 3 + [(True, None)] * 3 + [(False, 5)] * 2
     observations = [_obs(rng, 1) for _ in settings]
     before = ray.get(served_mlp.stats.remote())
-    results = ray.get([served_mlp.compute_actions.remote(o, None, explore, timestep)
-                       for o, (explore, timestep) in zip(observations, settings)])
+    results = ray.get(
+        [
+            served_mlp.compute_actions.remote(o, None, explore, timestep)
+            for o, (explore, timestep) in zip(observations, settings)
+        ]
+    )
     delta, _ = _stats_delta(served_mlp, before)
     assert delta["num_forward_passes"] == 3 and delta["num_requests"] == 8
     for obs, (explore, _), (actions, _, extra) in zip(observations, settings, results):
@@ -196,8 +212,11 @@ def test_weights_version_follows_set_weights(served_mlp, local_mlp):
 
 def test_learn_on_batch_changes_weights_and_version(served_mlp):
     rng = np.random.default_rng(7)
-    batch = {"obs": _obs(rng, 8), "actions": rng.integers(0, 3, 8),
-             "advantages": rng.normal(size=8).astype(np.float32)}
+    batch = {
+        "obs": _obs(rng, 8),
+        "actions": rng.integers(0, 3, 8),
+        "advantages": rng.normal(size=8).astype(np.float32),
+    }
     before = ray.get(served_mlp.get_weights.remote())
     version = ray.get(served_mlp.stats.remote())["weights_version"]
     stats = ray.get(served_mlp.learn_on_batch.remote(batch))
@@ -209,8 +228,13 @@ def test_learn_on_batch_changes_weights_and_version(served_mlp):
 
 def test_served_recurrent_policy_reproduces_a_local_rollout(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
-        fakes.ReturnsPGPolicy, OBS_SPACE, ACTION_SPACE, LSTM_CONFIG,
-        max_batch_size=64, batch_wait_timeout_s=0.05)
+        fakes.ReturnsPGPolicy,
+        OBS_SPACE,
+        ACTION_SPACE,
+        LSTM_CONFIG,
+        max_batch_size=64,
+        batch_wait_timeout_s=0.05,
+    )
     local = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, LSTM_CONFIG)
     local.set_weights(ray.get(actor.get_weights.remote()))
     rng = np.random.default_rng(8)
@@ -220,11 +244,14 @@ def test_served_recurrent_policy_reproduces_a_local_rollout(ray_local):
     passes_before = ray.get(actor.stats.remote())["num_forward_passes"]
     for _ in range(6):
         observations = [_obs(rng, n) for n in rows]
-        refs = [actor.compute_actions.remote(o, s, explore=False)
-                for o, s in zip(observations, remote_states)]
+        refs = [
+            actor.compute_actions.remote(o, s, explore=False)
+            for o, s in zip(observations, remote_states)
+        ]
         for caller, (obs, (actions, state_outs, _)) in enumerate(zip(observations, ray.get(refs))):
             want_actions, want_states, _ = local.compute_actions(
-                obs, local_states[caller], explore=False)
+                obs, local_states[caller], explore=False
+            )
             np.testing.assert_array_equal(actions, want_actions)
             assert len(state_outs) == 2
             for got, want in zip(state_outs, want_states):

@@ -1,6 +1,7 @@
 """The inference PolicyActor's own GPUs (`num_gpus_per_policy_actor`), on a real
 local Ray that advertises one GPU (`ray.init(num_gpus=1)`: no device behind it,
 so the policy acts on the CPU, but Ray reserves and assigns the GPU as on a GPU host)."""
+
 import time
 
 import envs
@@ -18,10 +19,16 @@ SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
 
 
 def _group(num_gpus: float) -> EnvRunnerGroup:
-    return EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy,
-                          {**CONFIG, "num_gpus_per_policy_actor": num_gpus},
-                          rollout_fragment_length=10, env_config=SCRIPT, seed=0,
-                          remote_inference=True, policy_actor_options={"num_cpus": 0.5})
+    return EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        {**CONFIG, "num_gpus_per_policy_actor": num_gpus},
+        rollout_fragment_length=10,
+        env_config=SCRIPT,
+        seed=0,
+        remote_inference=True,
+        policy_actor_options={"num_cpus": 0.5},
+    )
 
 
 def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_local):
@@ -56,13 +63,18 @@ def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_local):
     with pytest.raises(PolicyActorResourcesError) as info:
         _group(2)
     assert time.monotonic() - start < 60  # fails at once, no hang: a bound, not a timing
-    assert str(info.value) == ("the PolicyActor needs GPU 2 (num_gpus_per_policy_actor=2); "
-                               "the cluster has GPU 1 (1 available)")
+    assert str(info.value) == (
+        "the PolicyActor needs GPU 2 (num_gpus_per_policy_actor=2); "
+        "the cluster has GPU 1 (1 available)"
+    )
 
 
 def test_the_key_takes_fractions_up_to_one_and_whole_numbers_above():
     assert PolicyConfig(num_gpus_per_policy_actor=0.25).num_gpus_per_policy_actor == 0.25
     assert PolicyConfig(num_gpus_per_policy_actor=2).num_gpus_per_policy_actor == 2.0
-    with pytest.raises(ConfigError, match=r"^config.num_gpus_per_policy_actor must be a "
-                       r"finite number >= 0, and a whole number when above 1, got 1.5$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config.num_gpus_per_policy_actor must be a "
+        r"finite number >= 0, and a whole number when above 1, got 1.5$",
+    ):
         PolicyConfig(num_gpus_per_policy_actor=1.5)

@@ -1,5 +1,6 @@
 """algorithms/ppo.py and algorithms/algorithm.py: GAE, the loss, KL adaptation,
 config validation, the training loop and exact save/restore."""
+
 import json
 import math
 from pathlib import Path
@@ -33,9 +34,16 @@ def policy_config(**overrides):
 
 def algo_config(**overrides):
     """A CartPole PPO that runs an iteration in well under a second."""
-    config = {"env": "CartPole-v1", "seed": 1, "lr": 1e-3, "train_batch_size": 200,
-              "minibatch_size": 50, "num_epochs": 2, "num_envs_per_env_runner": 2,
-              "model": {"fcnet_hiddens": [16, 16]}}
+    config = {
+        "env": "CartPole-v1",
+        "seed": 1,
+        "lr": 1e-3,
+        "train_batch_size": 200,
+        "minibatch_size": 50,
+        "num_epochs": 2,
+        "num_envs_per_env_runner": 2,
+        "model": {"fcnet_hiddens": [16, 16]},
+    }
     config.update(overrides)
     return config
 
@@ -44,23 +52,26 @@ def chunk(rewards, vf_preds, terminated=False, truncated=False, seed=0):
     """One trajectory chunk of a 4-dim observation env."""
     n = len(rewards)
     rng = np.random.default_rng(seed)
-    return SampleBatch({
-        SampleBatch.OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        SampleBatch.ACTIONS: np.zeros(n, np.int64),
-        SampleBatch.REWARDS: np.asarray(rewards, np.float32),
-        SampleBatch.VF_PREDS: np.asarray(vf_preds, np.float32),
-        SampleBatch.TERMINATEDS: np.eye(n, dtype=bool)[-1] & terminated,
-        SampleBatch.TRUNCATEDS: np.eye(n, dtype=bool)[-1] & truncated,
-    })
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            SampleBatch.ACTIONS: np.zeros(n, np.int64),
+            SampleBatch.REWARDS: np.asarray(rewards, np.float32),
+            SampleBatch.VF_PREDS: np.asarray(vf_preds, np.float32),
+            SampleBatch.TERMINATEDS: np.eye(n, dtype=bool)[-1] & terminated,
+            SampleBatch.TRUNCATEDS: np.eye(n, dtype=bool)[-1] & truncated,
+        }
+    )
 
 
 # ----- GAE -------------------------------------------------------------------------------
 
 
 def test_discount_cumsum():
-    np.testing.assert_allclose(discount_cumsum(np.array([1.0, 2.0, 3.0]), 0.5),
-                               [1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3.0])
+    np.testing.assert_allclose(
+        discount_cumsum(np.array([1.0, 2.0, 3.0]), 0.5), [1 + 0.5 * 2 + 0.25 * 3, 2 + 0.5 * 3, 3.0]
+    )
 
 
 def test_gae_terminated_chunk_does_not_bootstrap():
@@ -71,8 +82,9 @@ def test_gae_terminated_chunk_does_not_bootstrap():
     a1 = 0.87 + 0.72 * a2
     a0 = 0.86 + 0.72 * a1
     np.testing.assert_allclose(out[SampleBatch.ADVANTAGES], [a0, a1, a2], rtol=1e-6)
-    np.testing.assert_allclose(out[SampleBatch.VALUE_TARGETS],
-                               [a0 + 0.5, a1 + 0.4, a2 + 0.3], rtol=1e-6)
+    np.testing.assert_allclose(
+        out[SampleBatch.VALUE_TARGETS], [a0 + 0.5, a1 + 0.4, a2 + 0.3], rtol=1e-6
+    )
 
 
 @pytest.mark.parametrize("truncated", [True, False], ids=["time_limit", "fragment_cut"])
@@ -87,8 +99,9 @@ def test_gae_truncated_or_cut_chunk_bootstraps_from_the_last_new_obs(truncated):
     a1 = 0.87 + 0.72 * a2
     a0 = 0.86 + 0.72 * a1
     np.testing.assert_allclose(out[SampleBatch.ADVANTAGES], [a0, a1, a2], rtol=1e-5)
-    np.testing.assert_allclose(out[SampleBatch.VALUE_TARGETS],
-                               [a0 + 0.5, a1 + 0.4, a2 + 0.3], rtol=1e-5)
+    np.testing.assert_allclose(
+        out[SampleBatch.VALUE_TARGETS], [a0 + 0.5, a1 + 0.4, a2 + 0.3], rtol=1e-5
+    )
 
 
 def test_terminated_wins_over_truncated():
@@ -98,8 +111,9 @@ def test_terminated_wins_over_truncated():
 
 
 def test_without_gae_targets_are_discounted_returns():
-    batch = compute_advantages(chunk([1, 2], [0.5, 0.5]), last_r=4.0, gamma=0.5, lambda_=0.3,
-                               use_gae=False)
+    batch = compute_advantages(
+        chunk([1, 2], [0.5, 0.5]), last_r=4.0, gamma=0.5, lambda_=0.3, use_gae=False
+    )
     np.testing.assert_allclose(batch[SampleBatch.VALUE_TARGETS], [1 + 0.5 * 2 + 0.25 * 4, 2 + 2])
     np.testing.assert_allclose(batch[SampleBatch.ADVANTAGES], [2.5, 3.5])
 
@@ -111,12 +125,18 @@ def test_recurrent_bootstrap_continues_the_last_state_out():
     for i in range(2):
         batch[f"state_in_{i}"] = rng.normal(size=(2, 8)).astype(np.float32)
         batch[f"state_out_{i}"] = rng.normal(size=(2, 8)).astype(np.float32)
-    last = {"obs": batch["new_obs"][-1:], "seq_lens": np.ones(1, np.int32),
-            "prev_actions": np.zeros(1, np.int64), "prev_rewards": np.ones(1, np.float32)}
-    with_state = dict(last, state_in_0=batch["state_out_0"][-1:],
-                      state_in_1=batch["state_out_1"][-1:])
-    zero_state = dict(last, state_in_0=np.zeros((1, 8), np.float32),
-                      state_in_1=np.zeros((1, 8), np.float32))
+    last = {
+        "obs": batch["new_obs"][-1:],
+        "seq_lens": np.ones(1, np.int32),
+        "prev_actions": np.zeros(1, np.int64),
+        "prev_rewards": np.ones(1, np.float32),
+    }
+    with_state = dict(
+        last, state_in_0=batch["state_out_0"][-1:], state_in_1=batch["state_out_1"][-1:]
+    )
+    zero_state = dict(
+        last, state_in_0=np.zeros((1, 8), np.float32), state_in_1=np.zeros((1, 8), np.float32)
+    )
     expected = float(policy.model(with_state)["vf_preds"][0])
     assert abs(expected - float(policy.model(zero_state)["vf_preds"][0])) > 1e-5
     assert policy.bootstrap_value(batch) == pytest.approx(expected, abs=1e-6)
@@ -139,34 +159,50 @@ def numpy_ppo_loss(cfg, kl_coeff, logits, values, batch, mask=None):
     logp = logp_all[np.arange(len(actions)), actions]
     ratio = np.exp(logp - batch["action_logp"])
     adv = batch["advantages"]
-    surrogate = np.minimum(adv * ratio,
-                           adv * np.clip(ratio, 1 - cfg["clip_param"], 1 + cfg["clip_param"]))
+    surrogate = np.minimum(
+        adv * ratio, adv * np.clip(ratio, 1 - cfg["clip_param"], 1 + cfg["clip_param"])
+    )
     vf = np.clip((values - batch["value_targets"]) ** 2, 0, cfg["vf_clip_param"])
     entropy = -(np.exp(logp_all) * logp_all).sum(-1)
     prev_logp = log_softmax(batch["action_dist_inputs"])
     kl = (np.exp(prev_logp) * (prev_logp - logp_all)).sum(-1)
-    terms = {"policy_loss": mean(-surrogate), "vf_loss": mean(vf), "entropy": mean(entropy),
-             "kl": mean(kl)}
-    terms["total_loss"] = (terms["policy_loss"] + cfg["vf_loss_coeff"] * terms["vf_loss"]
-                           - cfg["entropy_coeff"] * terms["entropy"] + kl_coeff * terms["kl"])
+    terms = {
+        "policy_loss": mean(-surrogate),
+        "vf_loss": mean(vf),
+        "entropy": mean(entropy),
+        "kl": mean(kl),
+    }
+    terms["total_loss"] = (
+        terms["policy_loss"]
+        + cfg["vf_loss_coeff"] * terms["vf_loss"]
+        - cfg["entropy_coeff"] * terms["entropy"]
+        + kl_coeff * terms["kl"]
+    )
     return terms, ratio
 
 
-LOSS_CFG = {"clip_param": 0.2, "vf_clip_param": 0.5, "vf_loss_coeff": 0.7,
-            "entropy_coeff": 0.03, "kl_coeff": 0.4}
+LOSS_CFG = {
+    "clip_param": 0.2,
+    "vf_clip_param": 0.5,
+    "vf_loss_coeff": 0.7,
+    "entropy_coeff": 0.03,
+    "kl_coeff": 0.4,
+}
 
 
 def loss_batch(n, seed=0):
     rng = np.random.default_rng(seed)
-    return SampleBatch({
-        "obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        "actions": rng.integers(0, 3, n),
-        # logits of the behaviour policy far from the fresh model's, so ratios leave
-        # [1 - eps, 1 + eps] on both sides and the KL is clearly nonzero
-        "action_dist_inputs": rng.normal(0, 1.0, (n, 3)).astype(np.float32),
-        "advantages": rng.normal(size=n).astype(np.float32),
-        "value_targets": rng.normal(0, 1.0, n).astype(np.float32),
-    })
+    return SampleBatch(
+        {
+            "obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            "actions": rng.integers(0, 3, n),
+            # logits of the behaviour policy far from the fresh model's, so ratios leave
+            # [1 - eps, 1 + eps] on both sides and the KL is clearly nonzero
+            "action_dist_inputs": rng.normal(0, 1.0, (n, 3)).astype(np.float32),
+            "advantages": rng.normal(size=n).astype(np.float32),
+            "value_targets": rng.normal(0, 1.0, n).astype(np.float32),
+        }
+    )
 
 
 def with_behaviour_logp(batch):
@@ -179,8 +215,9 @@ def test_loss_matches_numpy_for_discrete_actions():
     policy = PPOPolicy(OBS, DISCRETE, policy_config(**LOSS_CFG))
     batch = with_behaviour_logp(loss_batch(64))
     out = policy.model({"obs": batch["obs"]})
-    expected, ratio = numpy_ppo_loss(LOSS_CFG, 0.4, out["action_dist_inputs"].numpy(),
-                                     out["vf_preds"].numpy(), batch)
+    expected, ratio = numpy_ppo_loss(
+        LOSS_CFG, 0.4, out["action_dist_inputs"].numpy(), out["vf_preds"].numpy(), batch
+    )
     clip = LOSS_CFG["clip_param"]
     assert (ratio > 1 + clip).any() and (ratio < 1 - clip).any()  # both clips exercised
     vf_error = (out["vf_preds"].numpy() - batch["value_targets"]) ** 2
@@ -203,8 +240,9 @@ def test_loss_masks_padding_of_lstm_sequences():
     assert (~mask).sum() > 0
     out = policy.model({k: tf.constant(v) for k, v in columns.items()})
     padded = {k: v for k, v in columns.items() if k not in ("seq_lens",)}
-    expected, _ = numpy_ppo_loss(cfg, 0.4, out["action_dist_inputs"].numpy(),
-                                 out["vf_preds"].numpy(), padded, mask)
+    expected, _ = numpy_ppo_loss(
+        cfg, 0.4, out["action_dist_inputs"].numpy(), out["vf_preds"].numpy(), padded, mask
+    )
     _, stats = policy.compute_gradients(batch)
     for key, value in expected.items():
         assert stats[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
@@ -227,11 +265,16 @@ def test_loss_matches_numpy_for_box_actions():
         mean, log_std, std = gauss(inputs)
         return -(0.5 * ((x - mean) / std) ** 2 + log_std + 0.5 * np.log(2 * np.pi)).sum(-1)
 
-    batch = SampleBatch({"obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-                         "actions": actions, "action_dist_inputs": prev.astype(np.float32),
-                         "action_logp": logp(prev, actions).astype(np.float32),
-                         "advantages": rng.normal(size=n).astype(np.float32),
-                         "value_targets": rng.normal(size=n).astype(np.float32)})
+    batch = SampleBatch(
+        {
+            "obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            "actions": actions,
+            "action_dist_inputs": prev.astype(np.float32),
+            "action_logp": logp(prev, actions).astype(np.float32),
+            "advantages": rng.normal(size=n).astype(np.float32),
+            "value_targets": rng.normal(size=n).astype(np.float32),
+        }
+    )
     out = policy.model({"obs": batch["obs"]})
     curr, values = out["action_dist_inputs"].numpy(), out["vf_preds"].numpy()
     ratio = np.exp(logp(curr, actions) - batch["action_logp"])
@@ -240,7 +283,7 @@ def test_loss_matches_numpy_for_box_actions():
     vf_loss = np.mean(np.clip((values - batch["value_targets"]) ** 2, 0, 0.5))
     m0, ls0, s0 = gauss(prev)
     m1, ls1, s1 = gauss(curr)
-    kl = np.mean((ls1 - ls0 + (s0 ** 2 + (m0 - m1) ** 2) / (2 * s1 ** 2) - 0.5).sum(-1))
+    kl = np.mean((ls1 - ls0 + (s0**2 + (m0 - m1) ** 2) / (2 * s1**2) - 0.5).sum(-1))
     entropy = np.mean((ls1 + 0.5 * np.log(2 * np.pi * np.e)).sum(-1))
     _, stats = policy.compute_gradients(batch)
     assert stats["policy_loss"] == pytest.approx(policy_loss, rel=1e-4)
@@ -248,7 +291,8 @@ def test_loss_matches_numpy_for_box_actions():
     assert stats["kl"] == pytest.approx(kl, rel=1e-4)
     assert stats["entropy"] == pytest.approx(entropy, rel=1e-4)
     assert stats["total_loss"] == pytest.approx(
-        policy_loss + 0.7 * vf_loss - 0.03 * entropy + 0.4 * kl, rel=1e-4)
+        policy_loss + 0.7 * vf_loss - 0.03 * entropy + 0.4 * kl, rel=1e-4
+    )
 
 
 def test_kl_coeff_zero_leaves_the_kl_term_out():
@@ -258,7 +302,8 @@ def test_kl_coeff_zero_leaves_the_kl_term_out():
     _, stats = policy.compute_gradients(batch)
     assert stats["kl"] > 0
     assert stats["total_loss"] == pytest.approx(
-        stats["policy_loss"] + 0.7 * stats["vf_loss"] - 0.03 * stats["entropy"], rel=1e-5)
+        stats["policy_loss"] + 0.7 * stats["vf_loss"] - 0.03 * stats["entropy"], rel=1e-5
+    )
 
 
 # ----- KL coefficient ----------------------------------------------------------------------
@@ -266,8 +311,8 @@ def test_kl_coeff_zero_leaves_the_kl_term_out():
 
 def test_kl_coefficient_adaptation():
     policy = PPOPolicy(OBS, DISCRETE, policy_config(kl_coeff=0.2, kl_target=0.01))
-    assert policy.update_kl(0.03) == pytest.approx(0.3)   # > 2 * target: x1.5
-    assert policy.update_kl(0.02) == pytest.approx(0.3)   # within [target/2, 2 target]
+    assert policy.update_kl(0.03) == pytest.approx(0.3)  # > 2 * target: x1.5
+    assert policy.update_kl(0.02) == pytest.approx(0.3)  # within [target/2, 2 target]
     assert policy.update_kl(0.005) == pytest.approx(0.3)  # == target / 2: unchanged
     assert policy.update_kl(0.004) == pytest.approx(0.15)  # < target / 2: x0.5
     assert float(policy.kl_coeff.numpy()) == pytest.approx(0.15)
@@ -282,8 +327,7 @@ def test_kl_coefficient_change_reaches_the_compiled_loss_without_retracing():
     _, after = policy.compute_gradients(batch)
     assert policy.towers.trace_count() == traces
     assert after["kl_coeff"] == pytest.approx(0.6)
-    assert after["total_loss"] - before["total_loss"] == pytest.approx(0.2 * before["kl"],
-                                                                       rel=1e-4)
+    assert after["total_loss"] - before["total_loss"] == pytest.approx(0.2 * before["kl"], rel=1e-4)
 
 
 def test_policy_state_round_trip_includes_kl_coeff(tmp_path):
@@ -306,23 +350,39 @@ def test_policy_state_round_trip_includes_kl_coeff(tmp_path):
 def test_config_defaults_are_rllibs():
     cfg = PPOConfig()
     assert (cfg.lr, cfg.gamma, cfg.lambda_, cfg.clip_param, cfg.vf_clip_param) == (
-        5e-5, 0.99, 1.0, 0.3, 10.0)
+        5e-5,
+        0.99,
+        1.0,
+        0.3,
+        10.0,
+    )
     assert (cfg.vf_loss_coeff, cfg.entropy_coeff, cfg.kl_coeff, cfg.kl_target) == (
-        1.0, 0.0, 0.2, 0.01)
+        1.0,
+        0.0,
+        0.2,
+        0.01,
+    )
     assert (cfg.train_batch_size, cfg.minibatch_size, cfg.num_epochs, cfg.use_gae) == (
-        4000, 128, 30, True)
+        4000,
+        128,
+        30,
+        True,
+    )
 
 
-@pytest.mark.parametrize("config, key", [
-    ({"lamda": 0.9}, "lamda"),
-    ({"clip_param": -0.1}, "clip_param"),
-    ({"lambda_": 1.5}, "lambda_"),
-    ({"entropy_coeff": -1.0}, "entropy_coeff"),
-    ({"minibatch_size": 512, "train_batch_size": 256}, "minibatch_size"),
-    ({"num_epochs": "3"}, "num_epochs"),
-    ({"rollout_fragment_length": "often"}, "rollout_fragment_length"),
-    ({"model": {"fcnet_hidden": [8]}}, "fcnet_hidden"),
-])
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"lamda": 0.9}, "lamda"),
+        ({"clip_param": -0.1}, "clip_param"),
+        ({"lambda_": 1.5}, "lambda_"),
+        ({"entropy_coeff": -1.0}, "entropy_coeff"),
+        ({"minibatch_size": 512, "train_batch_size": 256}, "minibatch_size"),
+        ({"num_epochs": "3"}, "num_epochs"),
+        ({"rollout_fragment_length": "often"}, "rollout_fragment_length"),
+        ({"model": {"fcnet_hidden": [8]}}, "fcnet_hidden"),
+    ],
+)
 def test_config_errors_name_the_key(config, key):
     with pytest.raises((ValueError, TypeError), match=key):
         PPO({"env": "CartPole-v1", **config})
@@ -336,8 +396,9 @@ def test_env_is_required():
 def test_registry_is_case_insensitive_and_names_known_algorithms():
     assert algorithms.get_algorithm_class("PPO") is PPO
     assert algorithms.get_algorithm_class("ppo") is PPO
-    with pytest.raises(ValueError, match="unknown algorithm 'ppoo'; known algorithms: "
-                                         "\\['dqn', 'ppo'\\]"):
+    with pytest.raises(
+        ValueError, match="unknown algorithm 'ppoo'; known algorithms: \\['dqn', 'ppo'\\]"
+    ):
         algorithms.get_algorithm_class("ppoo")
 
 
@@ -357,11 +418,28 @@ def trained():
 
 def test_train_reports_the_loop_metrics(trained):
     _, (first, second) = trained
-    for key in ("iteration", "timesteps_total", "episode_return_mean", "episode_return_min",
-                "episode_return_max", "episode_len_mean", "env_steps_this_iter",
-                "num_env_steps_sampled_per_s", "num_samples_trained_per_s", "policy_loss",
-                "vf_loss", "entropy", "kl", "kl_coeff", "total_loss", "time_total_s",
-                "sample_time_s", "learn_time_s", "sync_time_s", "num_worker_restarts"):
+    for key in (
+        "iteration",
+        "timesteps_total",
+        "episode_return_mean",
+        "episode_return_min",
+        "episode_return_max",
+        "episode_len_mean",
+        "env_steps_this_iter",
+        "num_env_steps_sampled_per_s",
+        "num_samples_trained_per_s",
+        "policy_loss",
+        "vf_loss",
+        "entropy",
+        "kl",
+        "kl_coeff",
+        "total_loss",
+        "time_total_s",
+        "sample_time_s",
+        "learn_time_s",
+        "sync_time_s",
+        "num_worker_restarts",
+    ):
         assert key in second, key
     assert (first["iteration"], second["iteration"]) == (1, 2)
     assert first["env_steps_this_iter"] >= 200
@@ -399,8 +477,12 @@ def test_weights_reach_the_env_runner_after_each_iteration(trained):
 
 
 def test_lstm_policy_trains_on_sequences():
-    algo = PPO(algo_config(minibatch_size=40, model={"fcnet_hiddens": [16], "use_lstm": True,
-                                                      "lstm_cell_size": 8, "max_seq_len": 10}))
+    algo = PPO(
+        algo_config(
+            minibatch_size=40,
+            model={"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 10},
+        )
+    )
     try:
         metrics = algo.train()
         assert np.isfinite(metrics["total_loss"])
@@ -436,10 +518,8 @@ def test_continuous_actions_train():
 def test_save_writes_npz_and_json_only(trained, tmp_path):
     algo, _ = trained
     path = algo.save(str(tmp_path / "ckpt"))
-    files = sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*")
-                   if p.is_file())
-    assert files == ["algorithm_state.json", "policy/policy_arrays.npz",
-                     "policy/policy_state.json"]
+    files = sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file())
+    assert files == ["algorithm_state.json", "policy/policy_arrays.npz", "policy/policy_state.json"]
     saved = json.loads((tmp_path / "ckpt" / "algorithm_state.json").read_text())
     assert saved["iteration"] == algo.iteration
     assert saved["config"]["train_batch_size"] == 200
@@ -473,13 +553,22 @@ def test_resume_gives_the_same_next_iteration(tmp_path):
         assert got["iteration"] == expected["iteration"] == 3
         assert got["timesteps_total"] == expected["timesteps_total"]
         assert got["env_steps_this_iter"] == expected["env_steps_this_iter"]
-        for key in ("policy_loss", "vf_loss", "entropy", "kl", "kl_coeff", "total_loss",
-                    "vf_explained_var", "episode_return_mean"):
+        for key in (
+            "policy_loss",
+            "vf_loss",
+            "entropy",
+            "kl",
+            "kl_coeff",
+            "total_loss",
+            "vf_explained_var",
+            "episode_return_mean",
+        ):
             assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
         weights = fresh.get_policy().get_weights()
         for name in weights_after:
-            np.testing.assert_allclose(weights[name], weights_after[name], rtol=1e-5,
-                                       atol=1e-6, err_msg=name)
+            np.testing.assert_allclose(
+                weights[name], weights_after[name], rtol=1e-5, atol=1e-6, err_msg=name
+            )
     finally:
         fresh.stop()
 
@@ -493,7 +582,8 @@ def test_from_checkpoint_uses_the_saved_config(trained, tmp_path):
         assert restored.iteration == algo.iteration
         assert restored.timesteps_total == algo.timesteps_total
         assert float(restored.get_policy().kl_coeff.numpy()) == pytest.approx(
-            float(algo.get_policy().kl_coeff.numpy()))
+            float(algo.get_policy().kl_coeff.numpy())
+        )
     finally:
         restored.stop()
 
@@ -522,6 +612,7 @@ def test_remote_env_runners_and_who_owns_ray():
     """The first algorithm starts Ray and shuts it down at stop(); one created while
     Ray runs leaves it running."""
     import ray
+
     assert not ray.is_initialized()
     owner = PPO(algo_config(num_env_runners=1, ray_num_cpus=2))
     try:

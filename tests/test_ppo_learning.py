@@ -3,6 +3,7 @@
 Slow (a minute or so each on 2 cores) but part of CI. Every run is seeded
 and sampled in-process (num_env_runners=0).
 """
+
 import time
 from pathlib import Path
 
@@ -40,8 +41,10 @@ def test_cartpole_reaches_450_within_150k_steps():
     config["seed"] = 0
     history, seconds = train_until(config, stop_return=450, max_steps=150_000)
     last = history[-1]
-    print(f"\nCartPole-v1: return {last['episode_return_mean']:.1f} after "
-          f"{last['timesteps_total']} env steps, {seconds:.1f} s")
+    print(
+        f"\nCartPole-v1: return {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {seconds:.1f} s"
+    )
     assert last["episode_return_mean"] >= 450
     assert last["timesteps_total"] <= 150_000
 
@@ -49,9 +52,16 @@ def test_cartpole_reaches_450_within_150k_steps():
 register_env("recall", lambda env_config: RecallEnv(**env_config))
 
 RECALL = {
-    "env": "recall", "env_config": {"num_cues": 3, "delay": 10}, "seed": 0,
-    "lr": 1e-3, "lambda_": 0.95, "entropy_coeff": 0.01, "vf_clip_param": 100.0,
-    "train_batch_size": 2000, "minibatch_size": 240, "num_epochs": 10,
+    "env": "recall",
+    "env_config": {"num_cues": 3, "delay": 10},
+    "seed": 0,
+    "lr": 1e-3,
+    "lambda_": 0.95,
+    "entropy_coeff": 0.01,
+    "vf_clip_param": 100.0,
+    "train_batch_size": 2000,
+    "minibatch_size": 240,
+    "num_epochs": 10,
     "num_envs_per_env_runner": 8,
 }
 
@@ -59,14 +69,28 @@ RECALL = {
 def test_lstm_remembers_what_an_mlp_cannot():
     """Recall a cue after 10 blank steps: the memoryless bound is 2/3 - 1 = -1/3."""
     lstm, lstm_s = train_until(
-        {**RECALL, "model": {"fcnet_hiddens": [32], "use_lstm": True, "lstm_cell_size": 32,
-                             "max_seq_len": 12}},
-        stop_return=0.9, max_steps=40_000)
-    mlp, mlp_s = train_until({**RECALL, "model": {"fcnet_hiddens": [32, 32]}},
-                             stop_return=0.9, max_steps=lstm[-1]["timesteps_total"])
-    print(f"\nRecall: LSTM {lstm[-1]['episode_return_mean']:.2f} after "
-          f"{lstm[-1]['timesteps_total']} steps ({lstm_s:.0f} s); MLP "
-          f"{mlp[-1]['episode_return_mean']:.2f} after {mlp[-1]['timesteps_total']} steps")
+        {
+            **RECALL,
+            "model": {
+                "fcnet_hiddens": [32],
+                "use_lstm": True,
+                "lstm_cell_size": 32,
+                "max_seq_len": 12,
+            },
+        },
+        stop_return=0.9,
+        max_steps=40_000,
+    )
+    mlp, mlp_s = train_until(
+        {**RECALL, "model": {"fcnet_hiddens": [32, 32]}},
+        stop_return=0.9,
+        max_steps=lstm[-1]["timesteps_total"],
+    )
+    print(
+        f"\nRecall: LSTM {lstm[-1]['episode_return_mean']:.2f} after "
+        f"{lstm[-1]['timesteps_total']} steps ({lstm_s:.0f} s); MLP "
+        f"{mlp[-1]['episode_return_mean']:.2f} after {mlp[-1]['timesteps_total']} steps"
+    )
     assert lstm[-1]["episode_return_mean"] >= 0.8
     # 100 episodes of +-1 around -1/3: 0.0 is more than 3 standard errors above
     assert max(m["episode_return_mean"] for m in mlp) <= 0.0
@@ -74,22 +98,37 @@ def test_lstm_remembers_what_an_mlp_cannot():
 
 def test_pendulum_improves_clearly():
     config = {
-        "env": "Pendulum-v1", "seed": 0, "lr": 1e-3, "gamma": 0.9, "lambda_": 0.95,
-        "clip_param": 0.2, "vf_clip_param": 10000.0, "vf_loss_coeff": 0.5, "kl_coeff": 0.0,
-        "train_batch_size": 4000, "minibatch_size": 128, "num_epochs": 10,
-        "num_envs_per_env_runner": 8, "model": {"fcnet_hiddens": [64, 64]},
+        "env": "Pendulum-v1",
+        "seed": 0,
+        "lr": 1e-3,
+        "gamma": 0.9,
+        "lambda_": 0.95,
+        "clip_param": 0.2,
+        "vf_clip_param": 10000.0,
+        "vf_loss_coeff": 0.5,
+        "kl_coeff": 0.0,
+        "train_batch_size": 4000,
+        "minibatch_size": 128,
+        "num_epochs": 10,
+        "num_envs_per_env_runner": 8,
+        "model": {"fcnet_hiddens": [64, 64]},
     }
     history, seconds = train_until(config, stop_return=-600, max_steps=100_000)
     first, last = history[0]["episode_return_mean"], history[-1]["episode_return_mean"]
-    print(f"\nPendulum-v1: {first:.0f} -> {last:.0f} in {history[-1]['timesteps_total']} "
-          f"steps, {seconds:.0f} s")
+    print(
+        f"\nPendulum-v1: {first:.0f} -> {last:.0f} in {history[-1]['timesteps_total']} "
+        f"steps, {seconds:.0f} s"
+    )
     assert first < -1000  # a random policy
     assert last >= -600 and last - first >= 400
     assert np.isfinite(history[-1]["total_loss"])
 
 
-@pytest.mark.parametrize("actors", [{"num_env_runners": 2}, {"remote_inference": True}],
-                         ids=["two_remote_workers", "remote_inference"])
+@pytest.mark.parametrize(
+    "actors",
+    [{"num_env_runners": 2}, {"remote_inference": True}],
+    ids=["two_remote_workers", "remote_inference"],
+)
 def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     """The custom model is registered in this process only: it reaches the rollout
     worker and PolicyActor processes with them, and trains to 450 there."""
@@ -97,10 +136,16 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     import user_models
 
     from policy_service import models
+
     models.register_custom_model("lazy_mlp", user_models.LazyMLP)
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
-    config.update(seed=0, ray_num_cpus=2, num_envs_per_env_runner=4, **actors,
-                  model={"custom_model": "lazy_mlp", "custom_model_config": {"units": 64}})
+    config.update(
+        seed=0,
+        ray_num_cpus=2,
+        num_envs_per_env_runner=4,
+        **actors,
+        model={"custom_model": "lazy_mlp", "custom_model_config": {"units": 64}},
+    )
     # the model's module is not importable in Ray's workers (tests/ is on the path of
     # pytest's process only), so it travels by value, as a __main__ script's would
     ray.cloudpickle.register_pickle_by_value(user_models)
@@ -109,7 +154,9 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     finally:
         ray.cloudpickle.unregister_pickle_by_value(user_models)
     last = history[-1]
-    print(f"\nCartPole-v1, lazy custom model, {actors}: return "
-          f"{last['episode_return_mean']:.1f} after {last['timesteps_total']} env steps, "
-          f"{seconds:.1f} s")
+    print(
+        f"\nCartPole-v1, lazy custom model, {actors}: return "
+        f"{last['episode_return_mean']:.1f} after {last['timesteps_total']} env steps, "
+        f"{seconds:.1f} s"
+    )
     assert last["episode_return_mean"] >= 450

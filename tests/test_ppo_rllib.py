@@ -7,6 +7,7 @@ weights (ours, renamed to RLlib's variables), then see the same batches: the los
 terms, the gradients of the total loss, GAE advantages and value targets (bootstrapped
 and terminated), standardized advantages and the KL coefficient schedule must agree.
 """
+
 from __future__ import annotations
 
 import os
@@ -60,6 +61,7 @@ def rllib_name(our_name: str) -> str:
 def rllib():
     from benchmarks.harness import child_env
     from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
+
     python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
     oracle = PPOOracle(python, child_env(RLLIB_ENV))
     yield oracle
@@ -77,8 +79,7 @@ def pair(rllib):
 
 def build_rllib_like(ours: PPOPolicy, rllib: PPOOracle) -> None:
     """A fresh RLlib policy (KL coefficient at its default) holding our weights."""
-    shapes = rllib.call("build", model=MODEL, obs_shape=list(OBS_SHAPE),
-                       num_actions=NUM_ACTIONS)
+    shapes = rllib.call("build", model=MODEL, obs_shape=list(OBS_SHAPE), num_actions=NUM_ACTIONS)
     weights = {rllib_name(k): v for k, v in ours.get_weights().items()}
     assert {k: list(v.shape) for k, v in weights.items()} == shapes
     rllib.call("set_weights", weights=weights)
@@ -90,28 +91,41 @@ def loss_batch(rng: np.random.Generator, rows: int) -> dict:
     batch = trajectory(rng, rows, terminated=False)
     logits = rng.normal(0, 0.5, (rows, NUM_ACTIONS)).astype(np.float32)
     logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
-    return dict(batch, action_dist_inputs=logits,
-                action_logp=logp[np.arange(rows), batch["actions"]].astype(np.float32),
-                action_prob=np.exp(logp[np.arange(rows), batch["actions"]]).astype(np.float32),
-                advantages=rng.normal(0, 1, rows).astype(np.float32),
-                value_targets=rng.normal(0, 4, rows).astype(np.float32))
+    return dict(
+        batch,
+        action_dist_inputs=logits,
+        action_logp=logp[np.arange(rows), batch["actions"]].astype(np.float32),
+        action_prob=np.exp(logp[np.arange(rows), batch["actions"]]).astype(np.float32),
+        advantages=rng.normal(0, 1, rows).astype(np.float32),
+        value_targets=rng.normal(0, 4, rows).astype(np.float32),
+    )
 
 
 def assert_losses_match(ours: PPOPolicy, rllib: PPOOracle, batch: dict) -> dict:
     grads, info = ours.compute_gradients(SampleBatch({k: v.copy() for k, v in batch.items()}))
     theirs = rllib.call("loss", batch=batch)
-    for ours_key, rllib_key in (("policy_loss", "policy_loss"), ("vf_loss", "vf_loss"),
-                                ("kl", "kl"), ("entropy", "entropy"),
-                                ("kl_coeff", "cur_kl_coeff"),
-                                ("vf_explained_var", "vf_explained_var")):
-        np.testing.assert_allclose(info[ours_key], theirs["stats"][rllib_key], rtol=RTOL,
-                                   atol=ATOL, err_msg=ours_key)
+    for ours_key, rllib_key in (
+        ("policy_loss", "policy_loss"),
+        ("vf_loss", "vf_loss"),
+        ("kl", "kl"),
+        ("entropy", "entropy"),
+        ("kl_coeff", "cur_kl_coeff"),
+        ("vf_explained_var", "vf_explained_var"),
+    ):
+        np.testing.assert_allclose(
+            info[ours_key], theirs["stats"][rllib_key], rtol=RTOL, atol=ATOL, err_msg=ours_key
+        )
     names = [rllib_name(n) for n in weight_names(ours.model, ours.model.trainable_variables)]
     assert sorted(names) == sorted(theirs["grads"])
     for name, grad in zip(names, grads):
         scale = float(np.abs(theirs["grads"][name]).max())
-        np.testing.assert_allclose(np.asarray(grad), theirs["grads"][name], rtol=RTOL,
-                                   atol=ATOL + RTOL * scale, err_msg=name)
+        np.testing.assert_allclose(
+            np.asarray(grad),
+            theirs["grads"][name],
+            rtol=RTOL,
+            atol=ATOL + RTOL * scale,
+            err_msg=name,
+        )
     return info
 
 
@@ -123,7 +137,8 @@ def test_loss_terms_and_gradients_match_rllib(pair):
     # a changed KL coefficient weighs the KL term the same way on both sides
     for sampled_kl in (0.05, 0.05):
         assert ours.update_kl(sampled_kl) == pytest.approx(
-            rllib.call("update_kl", kls=[sampled_kl])[0], rel=1e-6)
+            rllib.call("update_kl", kls=[sampled_kl])[0], rel=1e-6
+        )
     assert_losses_match(ours, rllib, loss_batch(rng, 200))
     for sampled_kl in (0.001, 0.001):  # back to 0.2 on both sides
         ours.update_kl(sampled_kl)
@@ -147,14 +162,18 @@ def trajectory(rng: np.random.Generator, steps: int, terminated: bool) -> dict:
     done = np.zeros(steps, bool)
     done[-1] = terminated
     return {
-        "obs": obs[:-1], "new_obs": obs[1:],
+        "obs": obs[:-1],
+        "new_obs": obs[1:],
         "actions": rng.integers(0, NUM_ACTIONS, steps),
         "prev_actions": np.zeros(steps, np.int64),
         "rewards": rng.uniform(0, 2, steps).astype(np.float32),
         "prev_rewards": np.zeros(steps, np.float32),
-        "terminateds": done, "truncateds": np.zeros(steps, bool),
-        "eps_id": np.full(steps, 7, np.int64), "unroll_id": np.zeros(steps, np.int64),
-        "agent_index": np.zeros(steps, np.int64), "t": np.arange(steps),
+        "terminateds": done,
+        "truncateds": np.zeros(steps, bool),
+        "eps_id": np.full(steps, 7, np.int64),
+        "unroll_id": np.zeros(steps, np.int64),
+        "agent_index": np.zeros(steps, np.int64),
+        "t": np.arange(steps),
         "vf_preds": rng.normal(0, 1, steps).astype(np.float32),
         "action_dist_inputs": rng.normal(0, 0.1, (steps, NUM_ACTIONS)).astype(np.float32),
         "action_logp": np.full(steps, -0.69, np.float32),
@@ -177,5 +196,6 @@ def test_standardized_advantages_match_rllib(rllib):
     for adv in (rng.normal(3, 5, 4000), np.full(10, 2.5), rng.normal(0, 1e-6, 33)):
         batch = {"advantages": adv.astype(np.float32)}
         mine = standardize_advantages(SampleBatch({"advantages": adv.astype(np.float32)}))
-        np.testing.assert_allclose(mine["advantages"], rllib.call("standardize", batch=batch),
-                                   rtol=RTOL, atol=1e-5)
+        np.testing.assert_allclose(
+            mine["advantages"], rllib.call("standardize", batch=batch), rtol=RTOL, atol=1e-5
+        )

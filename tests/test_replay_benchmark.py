@@ -4,6 +4,7 @@ The figures at this size mean nothing; this proves the script still runs
 against the current replay buffers and reports every configuration, with
 the ceiling beside ours and the memory ratios.
 """
+
 import json
 
 import pytest
@@ -31,8 +32,10 @@ def test_replay_smoke(tmp_path):
     # the capacities run, how frames are stored, and why below the issue's 1M
     assert results["meta"]["capacities"] == {"cartpole": 2000, "frames": 600}
     assert results["meta"]["frames_storage"] == "pool"
-    assert ("frames at capacity 600, frame pool (each distinct 84x84 frame once"
-            in results["meta"]["capacity_note"])
+    assert (
+        "frames at capacity 600, frame pool (each distinct 84x84 frame once"
+        in results["meta"]["capacity_note"]
+    )
     assert "(not 1,000,000: a smaller run was asked for)" in results["meta"]["capacity_note"]
     assert {r["capacity"] for r in summary if r["shape"] == "frames"} == {600}
     memory = {(r["shape"], r["kind"]): r for r in summary if r["op"] == "memory"}
@@ -49,26 +52,52 @@ def test_replay_smoke(tmp_path):
 
 
 def test_replay_frames_stored_whole_run_at_their_own_capacity(tmp_path):
-    records = run_smoke("replay", tmp_path, "--shapes", "frames", "--kinds", "uniform",
-                        "--ops", "insert,sample", "--batches", "32",
-                        "--frames-storage", "whole", timeout=300)
+    records = run_smoke(
+        "replay",
+        tmp_path,
+        "--shapes",
+        "frames",
+        "--kinds",
+        "uniform",
+        "--ops",
+        "insert,sample",
+        "--batches",
+        "32",
+        "--frames-storage",
+        "whole",
+        timeout=300,
+    )
     memory = [r for r in measurements(records) if r["op"] == "memory"]
-    assert memory and all(r["storage"] == "whole" and "distinct_frames" not in r
-                          for r in memory)
+    assert memory and all(r["storage"] == "whole" and "distinct_frames" not in r for r in memory)
     assert all(r["memory_ratio"] == 1.0 for r in memory)
     results = json.loads((tmp_path / "replay.json").read_text())
     assert results["meta"]["frames_storage"] == "whole"
-    assert "frames at capacity 600 (not 1,000,000: that many obs + new_obs frames stored " \
-           "whole are 56.5 GB" in results["meta"]["capacity_note"]
+    assert (
+        "frames at capacity 600 (not 1,000,000: that many obs + new_obs frames stored "
+        "whole are 56.5 GB" in results["meta"]["capacity_note"]
+    )
 
 
 def test_replay_rows_can_be_selected(tmp_path):
-    records = run_smoke("replay", tmp_path, "--shapes", "cartpole", "--kinds", "prioritized",
-                        "--ops", "update", "--batches", "32", timeout=300)
-    rows = {(r["shape"], r["kind"], r["op"], r["batch"], r["impl"])
-            for r in measurements(records) if r["op"] != "memory"}
-    assert rows == {("cartpole", "prioritized", "update", 32, impl)
-                    for impl in ("ours", "ceiling")}
+    records = run_smoke(
+        "replay",
+        tmp_path,
+        "--shapes",
+        "cartpole",
+        "--kinds",
+        "prioritized",
+        "--ops",
+        "update",
+        "--batches",
+        "32",
+        timeout=300,
+    )
+    rows = {
+        (r["shape"], r["kind"], r["op"], r["batch"], r["impl"])
+        for r in measurements(records)
+        if r["op"] != "memory"
+    }
+    assert rows == {("cartpole", "prioritized", "update", 32, impl) for impl in ("ours", "ceiling")}
 
 
 def test_the_frame_stream_and_the_pool_ceiling_hold_what_ours_holds():
@@ -78,6 +107,7 @@ def test_the_frame_stream_and_the_pool_ceiling_hold_what_ours_holds():
 
     from benchmarks.replay import FramePoolCeiling, FrameStream
     from policy_service.replay import ReplayBuffer
+
     stream = FrameStream(32, seed=0)
     batches = [stream() for _ in range(40)]  # 8 sub-envs x 4 steps, 1280 rows
     for batch in batches:

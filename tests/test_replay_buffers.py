@@ -1,6 +1,7 @@
 """Replay buffers: the priority tree against its definition, sampling frequencies
 (chi-square, fixed seed), importance weights against the PER formula, priority
 updates, ring overwrite, state round trips through npz/JSON, bad input."""
+
 import math
 
 import gymnasium as gym
@@ -24,8 +25,7 @@ def cartpole_batch(rows, seed=0, start_id=0):
     env = gym.make("CartPole-v1")
     rng = np.random.default_rng(seed)
     obs, _ = env.reset(seed=seed)
-    columns = {k: [] for k in ("obs", "actions", "rewards", "terminateds", "truncateds",
-                               "new_obs")}
+    columns = {k: [] for k in ("obs", "actions", "rewards", "terminateds", "truncateds", "new_obs")}
     for _ in range(rows):
         action = int(rng.integers(2))
         new_obs, reward, terminated, truncated, _ = env.step(action)
@@ -33,16 +33,24 @@ def cartpole_batch(rows, seed=0, start_id=0):
             columns[key].append(value)
         obs = env.reset()[0] if terminated or truncated else new_obs
     env.close()
-    dtypes = {"obs": np.float32, "actions": np.int64, "rewards": np.float32,
-              "terminateds": bool, "truncateds": bool, "new_obs": np.float32}
+    dtypes = {
+        "obs": np.float32,
+        "actions": np.int64,
+        "rewards": np.float32,
+        "terminateds": bool,
+        "truncateds": bool,
+        "new_obs": np.float32,
+    }
     batch = {k: np.asarray(v, dtypes[k]) for k, v in columns.items()}
     batch["id"] = np.arange(start_id, start_id + rows, dtype=np.int64)
     return SampleBatch(batch)
 
 
 def id_batch(rows, start=0):
-    return {"id": np.arange(start, start + rows, dtype=np.int64),
-            "frame": np.full((rows, 6, 6, 4), start % 251, np.uint8)}
+    return {
+        "id": np.arange(start, start + rows, dtype=np.int64),
+        "frame": np.full((rows, 6, 6, 4), start % 251, np.uint8),
+    }
 
 
 def chi_square_critical(df, z=4.75):
@@ -58,6 +66,7 @@ def chi_square(counts, probabilities):
 
 
 # ---- PriorityTree ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("capacity,fanout", [(1, 2), (37, 2), (37, 16), (1000, 16), (300, 5)])
 def test_tree_find_total_min_match_definition(capacity, fanout):
@@ -77,8 +86,13 @@ def test_tree_find_total_min_match_definition(capacity, fanout):
     np.testing.assert_allclose(tree.total, leaves.astype(np.float64).sum(), rtol=1e-12)
     assert tree.min == leaves[leaves > 0].min()
     cumulative = np.cumsum(leaves.astype(np.float64))
-    prefixes = np.concatenate([rng.random(2000) * tree.total, cumulative[:-1],
-                               [0.0, np.nextafter(tree.total, 0), tree.total]])
+    prefixes = np.concatenate(
+        [
+            rng.random(2000) * tree.total,
+            cumulative[:-1],
+            [0.0, np.nextafter(tree.total, 0), tree.total],
+        ]
+    )
     want = np.minimum(np.searchsorted(cumulative, prefixes, side="right"), capacity - 1)
     got = tree.find(prefixes)
     in_range = prefixes < cumulative[-1] * (1 - 1e-9)  # away from the rounding edge
@@ -114,6 +128,7 @@ def test_tree_rebuild_equals_incremental_updates():
 
 
 # ---- sampling distributions ------------------------------------------------------
+
 
 def test_prioritized_frequencies_follow_the_sum_tree_definition():
     capacity, alpha = 40, 0.7
@@ -171,15 +186,16 @@ def test_importance_weights_match_the_formula():
 
 # ---- priorities ------------------------------------------------------------------
 
+
 def test_priority_updates_and_new_rows_get_the_max_priority():
     buffer = PrioritizedReplayBuffer(10, alpha=0.5, epsilon=0.01, seed=0)
     buffer.add(id_batch(6))
     np.testing.assert_allclose(buffer.tree.leaves[:6], 1.0)  # max priority starts at 1
     buffer.update_priorities(np.array([0, 2, 2]), np.array([3.0, -8.0, 0.0]))
-    np.testing.assert_allclose(buffer.tree.leaves[[0, 2]], [3.01 ** 0.5, 0.01 ** 0.5], rtol=1e-6)
+    np.testing.assert_allclose(buffer.tree.leaves[[0, 2]], [3.01**0.5, 0.01**0.5], rtol=1e-6)
     assert buffer.max_priority == pytest.approx(8.01)  # duplicates: all count for the max
     buffer.add(id_batch(2, start=6))
-    np.testing.assert_allclose(buffer.tree.leaves[6:8], 8.01 ** 0.5, rtol=1e-6)
+    np.testing.assert_allclose(buffer.tree.leaves[6:8], 8.01**0.5, rtol=1e-6)
     buffer.add(id_batch(2, start=8), priorities=np.array([0.25, 4.0]))
     np.testing.assert_allclose(buffer.tree.leaves[8:10], [0.5, 2.0], rtol=1e-6)
     leaves = buffer.tree.leaves[:10].astype(np.float64)
@@ -196,6 +212,7 @@ def test_alpha_zero_is_uniform():
 
 # ---- ring ------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
 def test_ring_overwrites_the_oldest_rows(cls):
     buffer = cls(10, seed=0)
@@ -204,8 +221,9 @@ def test_ring_overwrites_the_oldest_rows(cls):
     assert len(buffer) == 10 and buffer.store.next_index == 4
     held = buffer.store.take(np.arange(10))["id"]
     np.testing.assert_array_equal(held, [10, 11, 12, 13, 4, 5, 6, 7, 8, 9])
-    np.testing.assert_array_equal(buffer.store.take(np.arange(10))["frame"][:, 0, 0, 0],
-                                  [7] * 4 + [0] * 3 + [7] * 3)
+    np.testing.assert_array_equal(
+        buffer.store.take(np.arange(10))["frame"][:, 0, 0, 0], [7] * 4 + [0] * 3 + [7] * 3
+    )
     buffer.add(id_batch(25, start=14))  # longer than the ring: its last 10 rows stay
     held = buffer.store.take(np.arange(10))["id"]
     np.testing.assert_array_equal(np.sort(held), np.arange(29, 39))
@@ -226,18 +244,26 @@ def test_prioritized_overwritten_slots_lose_their_priority():
 
 # ---- state -----------------------------------------------------------------------
 
+
 def nested_batch(rows, start=0):
     rng = np.random.default_rng(start)
-    return {"obs": {"pos": rng.normal(size=(rows, 3)).astype(np.float32),
-                    "frames": (rng.integers(0, 255, (rows, 84, 84, 4), dtype=np.uint8),)},
-            "actions": rng.integers(0, 4, rows), "id": np.arange(start, start + rows)}
+    return {
+        "obs": {
+            "pos": rng.normal(size=(rows, 3)).astype(np.float32),
+            "frames": (rng.integers(0, 255, (rows, 84, 84, 4), dtype=np.uint8),),
+        },
+        "actions": rng.integers(0, 4, rows),
+        "id": np.arange(start, start + rows),
+    }
 
 
 def save_and_load(state, tmp_path):
     checkpoints.save_arrays(tmp_path / "replay.npz", state["arrays"])
     checkpoints.save_json(tmp_path / "replay.json", state["meta"])
-    return {"arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
-            "meta": checkpoints.load_json(tmp_path / "replay.json")}
+    return {
+        "arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
+        "meta": checkpoints.load_json(tmp_path / "replay.json"),
+    }
 
 
 def assert_same_batch(a, b):
@@ -294,6 +320,7 @@ def test_set_state_checks_everything_before_assigning(tmp_path):
 
 # ---- bad input -------------------------------------------------------------------
 
+
 def test_bad_input_errors_name_the_column():
     buffer = PrioritizedReplayBuffer(100, seed=0)
     good = cartpole_batch(8)
@@ -303,8 +330,11 @@ def test_bad_input_errors_name_the_column():
         buffer.add(missing)
     with pytest.raises(KeyError, match="column 'infos' is not stored"):
         buffer.add(dict(good, infos=np.zeros(8)))
-    with pytest.raises(ValueError, match=r"column 'obs' has rows of shape \(5,\) dtype float32"
-                                         r", the buffer stores rows of shape \(4,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"column 'obs' has rows of shape \(5,\) dtype float32"
+        r", the buffer stores rows of shape \(4,\)",
+    ):
         buffer.add(dict(good, obs=np.zeros((8, 5), np.float32)))
     with pytest.raises(ValueError, match="column 'rewards' has rows of shape .* dtype float64"):
         buffer.add(dict(good, rewards=np.zeros(8)))
@@ -322,8 +352,11 @@ def test_bad_input_errors_name_the_column():
         buffer.update_priorities(np.array([0, 1]), np.array([-np.inf, 1.0]))
     with pytest.raises(ValueError, match="index -1 is outside the 8 rows held"):
         buffer.update_priorities(np.array([0, -1]), np.array([1.0, 1.0]))
-    with pytest.raises(ValueError, match="indexes must be a 1-D integer array, got shape "
-                                         r"\(2,\) dtype float64"):
+    with pytest.raises(
+        ValueError,
+        match="indexes must be a 1-D integer array, got shape "
+        r"\(2,\) dtype float64",
+    ):
         buffer.update_priorities(np.array([0.0, 1.0]), np.array([1.0, 1.0]))
     with pytest.raises(ValueError, match=r"td_errors must have shape \(2,\), got \(3,\)"):
         buffer.update_priorities(np.array([0, 1]), np.ones(3))
@@ -332,8 +365,7 @@ def test_bad_input_errors_name_the_column():
     buffer.update_priorities(np.array([3, 7], np.uint64), np.array([2.0, -1.0], np.float32))
     assert buffer.tree.leaves[3] == pytest.approx((2.0 + buffer.epsilon) ** buffer.alpha)
     assert buffer.tree.leaves[7] == pytest.approx((1.0 + buffer.epsilon) ** buffer.alpha)
-    np.testing.assert_array_equal(np.delete(buffer.tree.leaves, [3, 7]),
-                                  np.delete(leaves, [3, 7]))
+    np.testing.assert_array_equal(np.delete(buffer.tree.leaves, [3, 7]), np.delete(leaves, [3, 7]))
     with pytest.raises(TypeError, match="column 'infos' must be a numeric array"):
         ReplayBuffer(10).add({"obs": np.zeros((2, 3)), "infos": [{}, {}]})
     with pytest.raises(ValueError, match="epsilon must be > 0"):
@@ -351,10 +383,17 @@ def test_a_layout_added_before_still_refuses_bad_batches_before_writing():
         buffer.add(good)
     held = buffer.store.take(np.arange(12))
     bad_batches = [
-        (dict(good, obs=np.ones((4, 3))), ValueError, r"column 'obs' has rows of shape "
-         r"\(3,\) dtype float64, the buffer stores rows of shape \(3,\) dtype float32"),
-        (dict(good, obs=np.ones((4, 1), np.float32)), ValueError,  # would broadcast
-         r"column 'obs' has rows of shape \(1,\) dtype float32"),
+        (
+            dict(good, obs=np.ones((4, 3))),
+            ValueError,
+            r"column 'obs' has rows of shape "
+            r"\(3,\) dtype float64, the buffer stores rows of shape \(3,\) dtype float32",
+        ),
+        (
+            dict(good, obs=np.ones((4, 1), np.float32)),
+            ValueError,  # would broadcast
+            r"column 'obs' has rows of shape \(1,\) dtype float32",
+        ),
         (dict(good, actions=np.arange(3)), ValueError, "different row counts"),
         (dict(good, actions=np.int64(1)), ValueError, r"column 'actions' has rows of shape \(\)"),
         ({"obs": good["obs"]}, KeyError, "column 'actions' missing from the batch"),
@@ -370,8 +409,7 @@ def test_a_layout_added_before_still_refuses_bad_batches_before_writing():
         pass
 
     buffer.add(SampleBatch(obs=np.full((5, 3), 2, np.float32), actions=np.arange(5)))
-    buffer.add({"obs": np.full((2, 3), 3, np.float32).view(Tagged),
-                "actions": np.array([7, 8])})
+    buffer.add({"obs": np.full((2, 3), 3, np.float32).view(Tagged), "actions": np.array([7, 8])})
     buffer.add({"obs": np.zeros((0, 3), np.float32), "actions": np.zeros(0, np.int64)})
     assert len(buffer) == 16 and buffer.store.next_index == (12 + 5 + 2) % 16
     held = buffer.store.take(np.arange(16))
@@ -380,6 +418,7 @@ def test_a_layout_added_before_still_refuses_bad_batches_before_writing():
     buffer.add(dict(good, actions=[5, 5, 5, 5]))  # a list of ints: an int64 column
     np.testing.assert_array_equal(buffer.store.take(np.arange(3, 7))["actions"], [5] * 4)
     import tensorflow as tf  # tensors of the stored dtype and shape copy as arrays do
+
     buffer.add({"obs": tf.fill((2, 3), 6.0), "actions": tf.constant([6, 6], tf.int64)})
     np.testing.assert_array_equal(buffer.store.take(np.arange(7, 9))["obs"], np.full((2, 3), 6))
     with pytest.raises(ValueError, match="column 'obs' has rows of shape .* dtype float64"):
@@ -393,8 +432,12 @@ def test_sampled_batch_has_the_flags_of_a_plain_sample_batch():
         buffer.add(cartpole_batch(6))
         batch = buffer.sample(5)
         built = SampleBatch(dict(batch))
-        assert (batch.count, batch.zero_padded, batch.max_seq_len, batch.is_training) == \
-            (built.count, built.zero_padded, built.max_seq_len, built.is_training)
+        assert (batch.count, batch.zero_padded, batch.max_seq_len, batch.is_training) == (
+            built.count,
+            built.zero_padded,
+            built.max_seq_len,
+            built.is_training,
+        )
         batch.validate()
         assert len(batch.slice(1, 3)) == 2 and len(concat_samples([batch, batch])) == 10
 
@@ -410,15 +453,20 @@ def test_columns_argument_keeps_only_those():
 def test_row_count_and_nesting_mismatches_are_refused():
     buffer = ReplayBuffer(10, seed=0)
     buffer.add({"obs": {"a": np.zeros((2, 3)), "b": np.zeros(2)}, "actions": np.zeros(2)})
-    with pytest.raises(ValueError, match=r"different row counts \{'obs/a': 3, 'obs/b': 3, "
-                                         r"'actions': 2\}"):
+    with pytest.raises(
+        ValueError,
+        match=r"different row counts \{'obs/a': 3, 'obs/b': 3, "
+        r"'actions': 2\}",
+    ):
         buffer.add({"obs": {"a": np.zeros((3, 3)), "b": np.zeros(3)}, "actions": np.zeros(2)})
-    with pytest.raises(ValueError, match=r"column 'obs' has leaves \['obs/a'\], the buffer "
-                                         r"stores \['obs/a', 'obs/b'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"column 'obs' has leaves \['obs/a'\], the buffer "
+        r"stores \['obs/a', 'obs/b'\]",
+    ):
         buffer.add({"obs": {"a": np.zeros((2, 3))}, "actions": np.zeros(2)})
     with pytest.raises(ValueError, match=r"column 'obs/b' has rows of shape \(2,\)"):
-        buffer.add({"obs": {"a": np.zeros((2, 3)), "b": np.zeros((2, 2))},
-                    "actions": np.zeros(2)})
+        buffer.add({"obs": {"a": np.zeros((2, 3)), "b": np.zeros((2, 2))}, "actions": np.zeros(2)})
     assert len(buffer) == 2
     fresh = ReplayBuffer(10)
     with pytest.raises(ValueError, match="different row counts"):

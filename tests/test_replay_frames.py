@@ -7,6 +7,7 @@ times; memory about one frame per row; reference counts that never leak; hash
 collisions (forced, and real ones of the sampled-word hash) that stay exact;
 state round trips; one-line refusals that change nothing; DQN with the option.
 """
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -53,10 +54,9 @@ def feed_both(cls, axis, n_step, rounds, capacity=200, seed=3, check_every=1):
 def assert_counts_match_the_rows(store):
     """Each slot's reference count is the rows' uses of it; free slots have none; the
     hash index points at live slots whose frames hash to its keys."""
-    pool, ids = store.pool, store.row_ids[:store.size]
-    np.testing.assert_array_equal(pool.refcounts,
-                                  np.bincount(ids.ravel(), minlength=pool.capacity))
-    free = pool.free[:pool.num_free]
+    pool, ids = store.pool, store.row_ids[: store.size]
+    np.testing.assert_array_equal(pool.refcounts, np.bincount(ids.ravel(), minlength=pool.capacity))
+    free = pool.free[: pool.num_free]
     assert len(np.unique(free)) == pool.num_free and (pool.refcounts[free] == 0).all()
     assert pool.num_live == np.count_nonzero(pool.refcounts)
     slots = np.array(list(pool.index.values()), np.int64)
@@ -71,6 +71,7 @@ def live_episodes(buffer):
 
 
 # ---- exactness and memory ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
 @pytest.mark.parametrize("axis", [0, -1])
@@ -114,9 +115,12 @@ def test_random_data_round_trips_without_sharing(cls):
     rng = np.random.default_rng(0)
     for i in range(30):
         rows = int(rng.integers(1, 12))
-        batch = {"obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
-                 "new_obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
-                 "actions": rng.integers(0, 4, rows), "id": np.arange(rows) + 100 * i}
+        batch = {
+            "obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+            "new_obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+            "actions": rng.integers(0, 4, rows),
+            "id": np.arange(rows) + 100 * i,
+        }
         plain.add(batch)
         pooled.add(batch)
         assert_same_rows(plain.sample(len(plain)), pooled.sample(len(pooled)))
@@ -140,9 +144,9 @@ def test_float_frames_with_nan_and_signed_zeros_are_kept_bit_for_bit():
 
 # ---- hash collisions ------------------------------------------------------------------
 
+
 def test_a_constant_hash_stays_exact(monkeypatch):
-    monkeypatch.setattr(frame_pool, "frame_hashes",
-                        lambda words: np.zeros(len(words), np.uint64))
+    monkeypatch.setattr(frame_pool, "frame_hashes", lambda words: np.zeros(len(words), np.uint64))
     plain, pooled, _ = feed_both(PrioritizedReplayBuffer, -1, 3, rounds=40, capacity=100)
     assert_same_rows(plain.store.take(np.arange(100)), pooled.store.take(np.arange(100)))
     assert_counts_match_the_rows(pooled.store)
@@ -176,11 +180,14 @@ def test_frames_differing_only_outside_the_hashed_words_are_both_kept():
 
 # ---- state -------------------------------------------------------------------------------
 
+
 def save_and_load(state, tmp_path):
     checkpoints.save_arrays(tmp_path / "replay.npz", state["arrays"])
     checkpoints.save_json(tmp_path / "replay.json", state["meta"])
-    return {"arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
-            "meta": checkpoints.load_json(tmp_path / "replay.json")}
+    return {
+        "arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
+        "meta": checkpoints.load_json(tmp_path / "replay.json"),
+    }
 
 
 @pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])
@@ -234,28 +241,57 @@ def test_states_that_do_not_fit_are_refused_in_one_line_and_change_nothing(tmp_p
 
     refused(target, plain_state, "written with frame_stack_axis None, this buffer has -1")
     refused(ReplayBuffer(60), state, "written with frame_stack_axis -1, this buffer has None")
-    refused(ReplayBuffer(60, frame_stack_axis=0), state,
-            "written with frame_stack_axis -1, this buffer has 0")
-    refused(target, {"meta": {k: v for k, v in state["meta"].items() if k != "frame_stack"},
-                     "arrays": state["arrays"]}, "missing 'frame_stack'")
+    refused(
+        ReplayBuffer(60, frame_stack_axis=0),
+        state,
+        "written with frame_stack_axis -1, this buffer has 0",
+    )
+    refused(
+        target,
+        {
+            "meta": {k: v for k, v in state["meta"].items() if k != "frame_stack"},
+            "arrays": state["arrays"],
+        },
+        "missing 'frame_stack'",
+    )
     ids = state["arrays"]["frames/row_ids"].copy()
     ids[3, 2] = len(state["arrays"]["frames/pool"])
-    refused(target, {"meta": state["meta"], "arrays": dict(state["arrays"], **{
-        "frames/row_ids": ids})}, r"'frames/row_ids' must lie in \[0, ")
+    refused(
+        target,
+        {"meta": state["meta"], "arrays": dict(state["arrays"], **{"frames/row_ids": ids})},
+        r"'frames/row_ids' must lie in \[0, ",
+    )
     extra = np.concatenate([state["arrays"]["frames/pool"], state["arrays"]["frames/pool"][:1]])
-    meta = dict(state["meta"], frame_stack=dict(state["meta"]["frame_stack"],
-                                                num_frames=len(extra)))
-    refused(target, {"meta": meta, "arrays": dict(
-        state["arrays"], **{"frames/pool": extra, "frames/indexed": np.ones(len(extra), bool)})},
-        f"frame {len(extra) - 1} of 'frames/pool' is used by no row")
-    refused(target, {"meta": state["meta"], "arrays": {
-        k: v for k, v in state["arrays"].items() if k != "frames/pool"}},
-        "array 'frames/pool' missing")
+    meta = dict(
+        state["meta"], frame_stack=dict(state["meta"]["frame_stack"], num_frames=len(extra))
+    )
+    refused(
+        target,
+        {
+            "meta": meta,
+            "arrays": dict(
+                state["arrays"],
+                **{"frames/pool": extra, "frames/indexed": np.ones(len(extra), bool)},
+            ),
+        },
+        f"frame {len(extra) - 1} of 'frames/pool' is used by no row",
+    )
+    refused(
+        target,
+        {
+            "meta": state["meta"],
+            "arrays": {k: v for k, v in state["arrays"].items() if k != "frames/pool"},
+        },
+        "array 'frames/pool' missing",
+    )
     small = ReplayBuffer(60, seed=0, frame_stack_axis=-1)
-    small.add({k: v[..., :3] if k in ("obs", "new_obs") else v
-               for k, v in next(stream)[0].items()})
-    refused(small, state, r"frame stacks of shape \(6, 6, 4\) dtype uint8, this buffer "
-                          r"stores \(6, 6, 3\) uint8")
+    small.add({k: v[..., :3] if k in ("obs", "new_obs") else v for k, v in next(stream)[0].items()})
+    refused(
+        small,
+        state,
+        r"frame stacks of shape \(6, 6, 4\) dtype uint8, this buffer "
+        r"stores \(6, 6, 3\) uint8",
+    )
     assert len(target) == 16
     assert_same_rows(before, target.store.take(np.arange(16)))
     target.set_state(state)  # the good state still restores
@@ -264,39 +300,50 @@ def test_states_that_do_not_fit_are_refused_in_one_line_and_change_nothing(tmp_p
 
 # ---- bad input ---------------------------------------------------------------------------
 
+
 def test_bad_batches_are_refused_in_one_line_before_anything_is_written():
     stream = frame_stack_stream(ENVS, 3, stack=STACK, axis=-1)
     buffer = PrioritizedReplayBuffer(40, seed=0, frame_stack_axis=-1)
     good = next(stream)[0]
 
     def refused(batch, match, error=ValueError):
-        state = (len(buffer), buffer.store.num_frames, buffer.store.next_index,
-                 buffer.tree.total)
+        state = (len(buffer), buffer.store.num_frames, buffer.store.next_index, buffer.tree.total)
         with pytest.raises(error, match=match) as err:
             buffer.add(batch)
         assert "\n" not in str(err.value)
-        assert (len(buffer), buffer.store.num_frames, buffer.store.next_index,
-                buffer.tree.total) == state
+        assert (
+            len(buffer),
+            buffer.store.num_frames,
+            buffer.store.next_index,
+            buffer.tree.total,
+        ) == state
 
     flat = dict(good, obs=good["obs"].reshape(16, -1), new_obs=good["new_obs"].reshape(16, -1))
-    refused(flat, r"column 'obs' must have rows of at least 2 dimensions with the stack on "
-                  r"axis -1, got rows of shape \(144,\)")
-    refused(dict(good, new_obs=good["new_obs"][:, :, :5]),
-            r"column 'new_obs' has rows of shape \(6, 5, 4\) dtype uint8, column 'obs' "
-            r"has rows of shape \(6, 6, 4\) dtype uint8")
-    refused(dict(good, actions=good["actions"][:15]),
-            r"column 'obs' has 16 rows, column 'actions' has 15")
-    refused({k: v for k, v in good.items() if k != "new_obs"}, "'new_obs' missing",
-            KeyError)
+    refused(
+        flat,
+        r"column 'obs' must have rows of at least 2 dimensions with the stack on "
+        r"axis -1, got rows of shape \(144,\)",
+    )
+    refused(
+        dict(good, new_obs=good["new_obs"][:, :, :5]),
+        r"column 'new_obs' has rows of shape \(6, 5, 4\) dtype uint8, column 'obs' "
+        r"has rows of shape \(6, 6, 4\) dtype uint8",
+    )
+    refused(
+        dict(good, actions=good["actions"][:15]),
+        r"column 'obs' has 16 rows, column 'actions' has 15",
+    )
+    refused({k: v for k, v in good.items() if k != "new_obs"}, "'new_obs' missing", KeyError)
     assert buffer.store.pool is None  # nothing allocated by refused first batches
     buffer.add(good)
     before = buffer.store.take(np.arange(16))
-    refused(dict(good, obs=good["obs"].astype(np.float32)),
-            r"column 'obs' has rows of shape \(6, 6, 4\) dtype float32, the buffer stores "
-            r"rows of shape \(6, 6, 4\) dtype uint8")
+    refused(
+        dict(good, obs=good["obs"].astype(np.float32)),
+        r"column 'obs' has rows of shape \(6, 6, 4\) dtype float32, the buffer stores "
+        r"rows of shape \(6, 6, 4\) dtype uint8",
+    )
     refused(dict(good, rewards=good["rewards"].astype(np.float64)), "column 'rewards'")
-    refused(dict(good, obs={"a": good["obs"]}), "column 'obs' must be one array of frame "
-                                                "stacks")
+    refused(dict(good, obs={"a": good["obs"]}), "column 'obs' must be one array of frame stacks")
     with pytest.raises(ValueError, match=r"priorities must have shape \(16,\)"):
         buffer.add(good, priorities=np.ones(3))
     assert_same_rows(before, buffer.store.take(np.arange(16)))
@@ -310,22 +357,35 @@ def test_a_pool_that_cannot_grow_fails_the_add_before_anything_is_written(monkey
     rng = np.random.default_rng(0)
 
     def random_batch(rows):  # frames that never repeat: every one needs a new slot
-        return {"obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
-                "new_obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
-                "actions": rng.integers(0, 4, rows)}
+        return {
+            "obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+            "new_obs": rng.integers(0, 256, (rows, 5, 7, 3), np.uint8),
+            "actions": rng.integers(0, 4, rows),
+        }
+
     buffer.add(random_batch(6))  # 36 of the pool's 48 slots
-    before = (buffer.store.take(np.arange(6)), len(buffer), buffer.store.next_index,
-              buffer.store.num_frames, buffer.tree.total)
+    before = (
+        buffer.store.take(np.arange(6)),
+        len(buffer),
+        buffer.store.next_index,
+        buffer.store.num_frames,
+        buffer.tree.total,
+    )
 
     def no_memory(pool, needed):
         raise MemoryError(f"cannot grow the frame pool to {needed} frames")
+
     monkeypatch.setattr(frame_pool.FramePool, "_grow", no_memory)
     with pytest.raises(MemoryError):
         buffer.add(random_batch(6))
     rows, size, next_index, frames, total = before
     assert_same_rows(rows, buffer.store.take(np.arange(6)))
-    assert (len(buffer), buffer.store.next_index, buffer.store.num_frames,
-            buffer.tree.total) == (size, next_index, frames, total)
+    assert (len(buffer), buffer.store.next_index, buffer.store.num_frames, buffer.tree.total) == (
+        size,
+        next_index,
+        frames,
+        total,
+    )
     assert_counts_match_the_rows(buffer.store)
     monkeypatch.undo()
     buffer.add(random_batch(6))
@@ -343,17 +403,27 @@ def test_bad_options_are_refused():
 
 # ---- DQN -----------------------------------------------------------------------------------
 
+
 def stacked_frame_env(config):
     from envs import FrameEnv
+
     return gym.wrappers.FrameStackObservation(FrameEnv(config), STACK)
 
 
-DQN_FRAMES = {"env": "StackedFrames", "seed": 1, "model": {"fcnet_hiddens": [16],
-                                                           "conv_filters": [[4, [3, 3], 2]]},
-              "hiddens": [8], "train_batch_size": 16, "rollout_fragment_length": 4,
-              "num_envs_per_env_runner": 2, "num_steps_sampled_before_learning_starts": 32,
-              "min_sample_timesteps_per_iteration": 64, "replay_buffer_capacity": 100,
-              "replay_frame_stack_axis": 0, "checkpoint_replay_buffer": True}
+DQN_FRAMES = {
+    "env": "StackedFrames",
+    "seed": 1,
+    "model": {"fcnet_hiddens": [16], "conv_filters": [[4, [3, 3], 2]]},
+    "hiddens": [8],
+    "train_batch_size": 16,
+    "rollout_fragment_length": 4,
+    "num_envs_per_env_runner": 2,
+    "num_steps_sampled_before_learning_starts": 32,
+    "min_sample_timesteps_per_iteration": 64,
+    "replay_buffer_capacity": 100,
+    "replay_frame_stack_axis": 0,
+    "checkpoint_replay_buffer": True,
+}
 
 
 @pytest.fixture(scope="module")
@@ -392,14 +462,28 @@ def test_dqn_trains_with_frames_stored_once(frames_env, tmp_path):
 
 @pytest.mark.parametrize("axis, space", [(2, (4, 6)), (0, (6,)), (-3, (4, 6))])
 def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env, axis, space):
-    register_env("BoxOf", lambda config: gym.wrappers.TransformObservation(
-        gym.make("CartPole-v1"), lambda obs: np.zeros(config["shape"], np.float32),
-        gym.spaces.Box(-1, 1, tuple(config["shape"]), np.float32)))
-    with pytest.raises(ConfigError, match=f"replay_frame_stack_axis must be an axis of an "
-                                          f"observation of at least 2 dimensions, got "
-                                          f"{axis}") as err:
-        DQN(dict(DQN_FRAMES, env="BoxOf", env_config={"shape": list(space)},
-                 replay_frame_stack_axis=axis))
+    register_env(
+        "BoxOf",
+        lambda config: gym.wrappers.TransformObservation(
+            gym.make("CartPole-v1"),
+            lambda obs: np.zeros(config["shape"], np.float32),
+            gym.spaces.Box(-1, 1, tuple(config["shape"]), np.float32),
+        ),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=f"replay_frame_stack_axis must be an axis of an "
+        f"observation of at least 2 dimensions, got "
+        f"{axis}",
+    ) as err:
+        DQN(
+            dict(
+                DQN_FRAMES,
+                env="BoxOf",
+                env_config={"shape": list(space)},
+                replay_frame_stack_axis=axis,
+            )
+        )
     assert "\n" not in str(err.value)
 
 

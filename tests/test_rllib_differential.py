@@ -13,6 +13,7 @@ unshuffled result permuted by RLlib's own permutation), never skipped.
 RLLIB_DIFF_EXAMPLES sets the cases per function (default 500); RLLIB_VENV
 points at an existing RLlib virtualenv.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,9 +36,17 @@ pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("RLLIB_DIFF_EXAMPLES", "500"))
-CASES = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob=True,
-                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
-                                        HealthCheck.data_too_large])
+CASES = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.filter_too_much,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 # ----- the RLlib process ------------------------------------------------------------
@@ -47,6 +56,7 @@ CASES = settings(max_examples=EXAMPLES, deadline=None, database=None, print_blob
 def rllib():
     from benchmarks.harness import child_env
     from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
+
     python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
     oracle = Oracle(python, REPO / "tests" / "rllib_oracle.py", child_env(RLLIB_ENV))
     yield oracle
@@ -85,12 +95,16 @@ def assert_same_column(ours, theirs, what: str) -> None:
 
 
 def describe(batch: SampleBatch) -> dict:
-    return {"data": dict(batch), "count": batch.count, "len": len(batch),
-            "zero_padded": batch.zero_padded, "max_seq_len": batch.max_seq_len}
+    return {
+        "data": dict(batch),
+        "count": batch.count,
+        "len": len(batch),
+        "zero_padded": batch.zero_padded,
+        "max_seq_len": batch.max_seq_len,
+    }
 
 
-def assert_same_batch(ours: SampleBatch, theirs: dict, what: str,
-                      flags: bool = True) -> None:
+def assert_same_batch(ours: SampleBatch, theirs: dict, what: str, flags: bool = True) -> None:
     data = theirs["data"]
     assert sorted(ours) == sorted(data), f"{what}: columns {sorted(ours)} vs {sorted(data)}"
     for key in data:
@@ -112,8 +126,13 @@ EPS_IDS = st.integers(0, 9).map(lambda i: 10 * i)
 @st.composite
 def trajectories(draw, max_runs: int = 6):
     """(eps_id, unroll_id, agent_index) per row, as runs of equal ids."""
-    runs = draw(st.lists(st.tuples(st.integers(1, 7), EPS_IDS, st.integers(0, 1),
-                                   st.integers(0, 2)), min_size=1, max_size=max_runs))
+    runs = draw(
+        st.lists(
+            st.tuples(st.integers(1, 7), EPS_IDS, st.integers(0, 1), st.integers(0, 2)),
+            min_size=1,
+            max_size=max_runs,
+        )
+    )
     lengths = [r[0] for r in runs]
     ids = [np.repeat([r[i] for r in runs], lengths).astype(np.int64) for i in (1, 2, 3)]
     return ids[0], ids[1], ids[2]
@@ -132,7 +151,7 @@ def partition(draw, total: int, longest: int):
 
 def rows_of(n: int, dtype: str, width: int, offset: int) -> np.ndarray:
     """Distinct, recognisable rows, so a misplaced row shows."""
-    values = (np.arange(n * width).reshape(n, width) + offset + 1)
+    values = np.arange(n * width).reshape(n, width) + offset + 1
     values = values.astype(dtype) / (2 if dtype.startswith("float") else 1)
     return values[:, 0].copy() if width == 1 else values
 
@@ -142,9 +161,17 @@ DTYPES = st.sampled_from(["int64", "int32", "float32", "float64"])
 
 @st.composite
 def feature_column(draw, n: int, offset: int, nested: bool, objects: bool):
-    kind = draw(st.sampled_from(["plain", "nested", "objects"] if nested and objects else
-                                ["plain", "nested"] if nested else
-                                ["plain", "objects"] if objects else ["plain"]))
+    kind = draw(
+        st.sampled_from(
+            ["plain", "nested", "objects"]
+            if nested and objects
+            else ["plain", "nested"]
+            if nested
+            else ["plain", "objects"]
+            if objects
+            else ["plain"]
+        )
+    )
     if kind == "objects":
         return [{"i": offset + i} for i in range(n)]
     leaf = rows_of(n, draw(DTYPES), draw(st.integers(1, 2)), offset)
@@ -165,17 +192,29 @@ def chop_cases(draw):
     # RLlib's shuffle replaces whole columns by flat leaves: defective unless every
     # column is one array and handle_nested_data is on (see migrating.md).
     nested = True if shuffle else draw(st.booleans())
-    features = [draw(feature_column(n, 1000 * i, nested and not shuffle, not shuffle))
-                for i in range(draw(st.integers(1, 3)))]
+    features = [
+        draw(feature_column(n, 1000 * i, nested and not shuffle, not shuffle))
+        for i in range(draw(st.integers(1, 3)))
+    ]
     seq_lens = draw(st.none() | partition(n, max_seq_len))
     reduced = seq_lens is not None and draw(st.booleans())
-    states = [rows_of(len(seq_lens) if reduced else n, "float32", 2, 7000 + 100 * i)
-              for i in range(draw(st.integers(0, 2)))]
-    return dict(feature_columns=features, state_columns=states, max_seq_len=max_seq_len,
-                episode_ids=eps, unroll_ids=unroll, agent_indices=agent,
-                dynamic_max=draw(st.booleans()), shuffle=shuffle, seq_lens=seq_lens,
-                states_already_reduced_to_init=reduced, handle_nested_data=nested), \
-        draw(st.integers(0, 2**31 - 1))
+    states = [
+        rows_of(len(seq_lens) if reduced else n, "float32", 2, 7000 + 100 * i)
+        for i in range(draw(st.integers(0, 2)))
+    ]
+    return dict(
+        feature_columns=features,
+        state_columns=states,
+        max_seq_len=max_seq_len,
+        episode_ids=eps,
+        unroll_ids=unroll,
+        agent_indices=agent,
+        dynamic_max=draw(st.booleans()),
+        shuffle=shuffle,
+        seq_lens=seq_lens,
+        states_already_reduced_to_init=reduced,
+        handle_nested_data=nested,
+    ), draw(st.integers(0, 2**31 - 1))
 
 
 @CASES
@@ -222,9 +261,13 @@ class _Requirement:
 def pad_cases(draw):
     eps, unroll, agent = draw(trajectories())
     n = len(eps)
-    data = {"obs": rows_of(n, draw(DTYPES), draw(st.integers(1, 2)), 0),
-            "rewards": rows_of(n, "float32", 1, 100), "eps_id": eps, "unroll_id": unroll,
-            "agent_index": agent}
+    data = {
+        "obs": rows_of(n, draw(DTYPES), draw(st.integers(1, 2)), 0),
+        "rewards": rows_of(n, "float32", 1, 100),
+        "eps_id": eps,
+        "unroll_id": unroll,
+        "agent_index": agent,
+    }
     if draw(st.booleans()):
         data["nested"] = {"x": rows_of(n, "int64", 1, 200), "y": rows_of(n, "float64", 2, 300)}
     max_seq_len = draw(st.integers(1, 6))
@@ -235,28 +278,35 @@ def pad_cases(draw):
             data["seq_lens"] = draw(partition(n, max_seq_len))
         reduced = "seq_lens" in data and draw(st.booleans())
         for i in range(draw(st.integers(1, 2))):
-            data[f"state_in_{i}"] = rows_of(len(data["seq_lens"]) if reduced else n,
-                                            "float32", 2, 400 + 100 * i)
+            data[f"state_in_{i}"] = rows_of(
+                len(data["seq_lens"]) if reduced else n, "float32", 2, 400 + 100 * i
+            )
         if draw(st.booleans()):
             data["state_out_0"] = rows_of(n, "float32", 2, 600)
-        requirements = draw(st.sampled_from([None, {"state_in_0": ONE_STEP},
-                                             {"state_in_0": WINDOW}]))
+        requirements = draw(
+            st.sampled_from([None, {"state_in_0": ONE_STEP}, {"state_in_0": WINDOW}])
+        )
     row_columns = [k for k in data if k != "seq_lens" and not k.startswith("state_in")]
-    feature_keys = draw(st.none() | st.lists(st.sampled_from(row_columns), min_size=1,
-                                             unique=True))
-    kwargs = dict(max_seq_len=max_seq_len, shuffle=draw(st.booleans()),
-                  batch_divisibility_req=draw(st.integers(1, 4)), feature_keys=feature_keys,
-                  view_requirements=requirements)
+    feature_keys = draw(st.none() | st.lists(st.sampled_from(row_columns), min_size=1, unique=True))
+    kwargs = dict(
+        max_seq_len=max_seq_len,
+        shuffle=draw(st.booleans()),
+        batch_divisibility_req=draw(st.integers(1, 4)),
+        feature_keys=feature_keys,
+        view_requirements=requirements,
+    )
     return data, kwargs, draw(st.integers(0, 2**31 - 1))
 
 
 def our_pad(data, kwargs, seed):
-    batch = SampleBatch({k: np.copy(v) if isinstance(v, np.ndarray) else v
-                         for k, v in data.items()})
+    batch = SampleBatch(
+        {k: np.copy(v) if isinstance(v, np.ndarray) else v for k, v in data.items()}
+    )
     kwargs = dict(kwargs)
     if kwargs["view_requirements"] is not None:
-        kwargs["view_requirements"] = {k: _Requirement(**v)
-                                       for k, v in kwargs["view_requirements"].items()}
+        kwargs["view_requirements"] = {
+            k: _Requirement(**v) for k, v in kwargs["view_requirements"].items()
+        }
     np.random.seed(seed)
     pad_batch_to_sequences_of_same_size(batch, **kwargs)
     return batch
@@ -277,8 +327,10 @@ def pad_state_outs(theirs: dict, kwargs) -> dict:
         return theirs
     seq_lens = np.asarray(data["seq_lens"])
     length = len(as_rows(data["obs"])) // len(seq_lens)
-    out = {k: pad_rows(v, seq_lens, length) if k.startswith("state_out") else v
-           for k, v in data.items()}
+    out = {
+        k: pad_rows(v, seq_lens, length) if k.startswith("state_out") else v
+        for k, v in data.items()
+    }
     return dict(theirs, data=out)
 
 
@@ -291,8 +343,7 @@ def permuted_sequences(theirs: dict, permutation: np.ndarray, kwargs) -> dict:
 
     def permute(leaf):
         leaf = as_rows(leaf)
-        return leaf.reshape((num_seqs, length) + leaf.shape[1:])[permutation].reshape(
-            leaf.shape)
+        return leaf.reshape((num_seqs, length) + leaf.shape[1:])[permutation].reshape(leaf.shape)
 
     out = {}
     for key, value in data.items():
@@ -316,13 +367,16 @@ def test_pad_batch_to_sequences_of_same_size_matches_rllib(rllib, case):
     except RLlibError as err:
         # RLlib's shuffle of padded sequences crashes (flat leaves put back as
         # columns): compare with its unshuffled result in our permutation.
-        assert kwargs["shuffle"] and any(crash in str(err) for crash in (
-            "flat_sequence", "list assignment index out of range")), err
+        assert kwargs["shuffle"] and any(
+            crash in str(err) for crash in ("flat_sequence", "list assignment index out of range")
+        ), err
         unshuffled = pad_state_outs(
-            rllib.ask(dict(request, kwargs=dict(kwargs, shuffle=False))), kwargs)
+            rllib.ask(dict(request, kwargs=dict(kwargs, shuffle=False))), kwargs
+        )
         np.random.seed(seed)
-        theirs = permuted_sequences(unshuffled, np.random.permutation(
-            len(unshuffled["data"]["seq_lens"])), kwargs)
+        theirs = permuted_sequences(
+            unshuffled, np.random.permutation(len(unshuffled["data"]["seq_lens"])), kwargs
+        )
     else:
         theirs = pad_state_outs(theirs, kwargs)
     padded = "seq_lens" in theirs["data"] and theirs["zero_padded"]
@@ -349,9 +403,12 @@ def batches(draw, layout: str | None = None, infos: bool = True):
     ends = np.cumsum(runs) - 1
     terminated = np.zeros(n, bool)
     terminated[ends[:-1] if draw(st.booleans()) else ends] = True
-    data = {"obs": rows_of(n, draw(DTYPES), draw(st.integers(1, 2)), 0),
-            "rewards": rows_of(n, "float32", 1, 100), "eps_id": eps.astype(np.int64),
-            "terminateds": terminated}
+    data = {
+        "obs": rows_of(n, draw(DTYPES), draw(st.integers(1, 2)), 0),
+        "rewards": rows_of(n, "float32", 1, 100),
+        "eps_id": eps.astype(np.int64),
+        "terminateds": terminated,
+    }
     if draw(st.booleans()):
         data["nested"] = {"x": rows_of(n, "int64", 1, 200), "y": rows_of(n, "float64", 2, 300)}
     # RLlib slices a padded batch's infos in unpadded rows (deviation): unpadded only.
@@ -366,9 +423,12 @@ def batches(draw, layout: str | None = None, infos: bool = True):
     if layout == "sequences":
         return data, {}, data
     max_seq_len = int(seq_lens.max()) + draw(st.integers(0, 2))
-    padded = {k: v if k in ("seq_lens", "state_in_0") else
-              tree.map_structure(lambda x: pad_rows(x, seq_lens, max_seq_len), v)
-              for k, v in data.items()}
+    padded = {
+        k: v
+        if k in ("seq_lens", "state_in_0")
+        else tree.map_structure(lambda x: pad_rows(x, seq_lens, max_seq_len), v)
+        for k, v in data.items()
+    }
     return padded, {"_zero_padded": True, "_max_seq_len": max_seq_len}, data
 
 
@@ -378,7 +438,7 @@ def pad_rows(values, seq_lens, max_seq_len):
     out = np.zeros((len(seq_lens) * max_seq_len,) + values.shape[1:], values.dtype)
     row = 0
     for i, n in enumerate(seq_lens):
-        out[i * max_seq_len:i * max_seq_len + n] = values[row:row + n]
+        out[i * max_seq_len : i * max_seq_len + n] = values[row : row + n]
         row += n
     return out
 
@@ -390,21 +450,29 @@ def repadded(theirs: dict, max_seq_len: int) -> dict:
     if "seq_lens" not in data:
         return dict(theirs, zero_padded=True, max_seq_len=max_seq_len)
     seq_lens = np.asarray(data["seq_lens"])
-    out = {k: v if k in ("seq_lens", "state_in_0") else
-           tree.map_structure(lambda x: pad_rows(x, seq_lens, max_seq_len), v)
-           for k, v in data.items()}
+    out = {
+        k: v
+        if k in ("seq_lens", "state_in_0")
+        else tree.map_structure(lambda x: pad_rows(x, seq_lens, max_seq_len), v)
+        for k, v in data.items()
+    }
     return dict(theirs, data=out, zero_padded=True, max_seq_len=max_seq_len)
 
 
 def ours_of(data, flags) -> SampleBatch:
-    return SampleBatch(tree.map_structure(lambda x: np.copy(x), data) if "infos" not in data
-                       else {k: (list(v) if k == "infos" else tree.map_structure(np.copy, v))
-                             for k, v in data.items()}, **flags)
+    return SampleBatch(
+        tree.map_structure(lambda x: np.copy(x), data)
+        if "infos" not in data
+        else {
+            k: (list(v) if k == "infos" else tree.map_structure(np.copy, v))
+            for k, v in data.items()
+        },
+        **flags,
+    )
 
 
 def ask_batch(rllib, data, flags, op):
-    answer = rllib.ask({"op": "batch", "batch": {"data": data, "flags": flags},
-                        "ops": [op]})[0]
+    answer = rllib.ask({"op": "batch", "batch": {"data": data, "flags": flags}, "ops": [op]})[0]
     if "error" in answer:
         raise RLlibError(answer["error"])
     return answer["ok"]
@@ -423,13 +491,13 @@ def test_count_and_len_match_rllib(rllib, case):
     theirs = ask_batch(rllib, data, flags, ["count"])
     ours = ours_of(data, flags)
     assert (ours.count, len(ours)) == (theirs["count"], theirs["len"])
-    assert (ours.zero_padded, ours.max_seq_len) == (theirs["zero_padded"],
-                                                    theirs["max_seq_len"])
+    assert (ours.zero_padded, ours.max_seq_len) == (theirs["zero_padded"], theirs["max_seq_len"])
     # Built without flags, as RLlib users build padded batches: same count (repro 5).
     rebuilt = SampleBatch(data)
     assert (rebuilt.count, len(rebuilt)) == (theirs["count"], theirs["len"])
     assert rebuilt.zero_padded == flags.get("_zero_padded", False) or (
-        rebuilt.padded_count == rebuilt.count)
+        rebuilt.padded_count == rebuilt.count
+    )
 
 
 @st.composite
@@ -467,8 +535,9 @@ def test_slice_matches_rllib(rllib, case):
     if flags.get("_zero_padded"):
         # RLlib slices padded rows with timestep bounds (deviation): its answer on
         # the unpadded batch, padded again, is what ours must give.
-        theirs = repadded(ask_batch(rllib, unpadded, {}, ["slice", start, end]),
-                          flags["_max_seq_len"])
+        theirs = repadded(
+            ask_batch(rllib, unpadded, {}, ["slice", start, end]), flags["_max_seq_len"]
+        )
     elif "infos" in data:
         # RLlib's .slice maps into the infos dicts and crashes (deviation): slice
         # infos as rows, compare the other columns with RLlib.
@@ -513,13 +582,20 @@ def test_shuffle_matches_rllib(rllib, case):
         assert_same_leaf(ours["state_in_0"], theirs["data"]["state_in_0"], "state_in_0")
     expected = ours_of(data, flags)
     if "seq_lens" in data:
-        parts = [expected[int(s):int(s + n)]
-                 for s, n in zip(sequence_starts(expected), expected["seq_lens"])]
+        parts = [
+            expected[int(s) : int(s + n)]
+            for s, n in zip(sequence_starts(expected), expected["seq_lens"])
+        ]
         expected = concat_samples([parts[i] for i in permutation])
     else:
-        expected = SampleBatch({k: [v[i] for i in permutation] if k == "infos" else
-                                tree.map_structure(lambda x: x[permutation], v)
-                                for k, v in expected.items()})
+        expected = SampleBatch(
+            {
+                k: [v[i] for i in permutation]
+                if k == "infos"
+                else tree.map_structure(lambda x: x[permutation], v)
+                for k, v in expected.items()
+            }
+        )
     assert_same_batch(ours, describe(expected), "shuffle")
 
 
@@ -541,8 +617,10 @@ def test_split_by_episode_matches_rllib(rllib, case):
     ours = ours_of(data, flags).split_by_episode(key)
     if flags.get("_zero_padded"):
         # RLlib walks the padded eps_id column with timestep indices (deviation).
-        theirs = [repadded(t, flags["_max_seq_len"]) for t in
-                  ask_batch(rllib, unpadded, {}, ["split_by_episode", key])]
+        theirs = [
+            repadded(t, flags["_max_seq_len"])
+            for t in ask_batch(rllib, unpadded, {}, ["split_by_episode", key])
+        ]
     else:
         theirs = ask_batch(rllib, data, flags, ["split_by_episode", key])
     assert len(ours) == len(theirs), f"{len(ours)} episodes vs RLlib {len(theirs)}"
@@ -564,8 +642,11 @@ def concat_cases(draw):
 
 def signature(data: dict) -> dict:
     """Column -> leaf dtypes and row shapes: batches that can be joined agree."""
-    return {k: tree.map_structure(lambda x: (x.dtype.str, x.shape[1:]), v)
-            for k, v in data.items() if k != "infos"}
+    return {
+        k: tree.map_structure(lambda x: (x.dtype.str, x.shape[1:]), v)
+        for k, v in data.items()
+        if k != "infos"
+    }
 
 
 @CASES

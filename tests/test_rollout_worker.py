@@ -1,5 +1,6 @@
 """RolloutWorker: autoreset handling, episode ids across fragments, bootstrapping,
 recurrent state, action clipping, observation checks, local and remote inference."""
+
 import collections
 
 import envs
@@ -13,8 +14,11 @@ from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.sample_batch import SampleBatch
 
 MLP_CONFIG = {"model": {"fcnet_hiddens": [16]}, "seed": 3, "gamma": 0.9}
-LSTM_CONFIG = {"model": {"use_lstm": True, "lstm_cell_size": 16, "fcnet_hiddens": [16],
-                         "max_seq_len": 8}, "seed": 4, "gamma": 0.9}
+LSTM_CONFIG = {
+    "model": {"use_lstm": True, "lstm_cell_size": 16, "fcnet_hiddens": [16], "max_seq_len": 8},
+    "seed": 4,
+    "gamma": 0.9,
+}
 # Episodes of 3, 5 and 2 steps: terminated, truncated (time limit), terminated.
 SCRIPT = {"lengths": [3, 5, 2], "endings": ["terminated", "truncated", "terminated"]}
 
@@ -22,8 +26,14 @@ SCRIPT = {"lengths": [3, 5, 2], "endings": ["terminated", "truncated", "terminat
 def _worker(config=MLP_CONFIG, env_config=SCRIPT, **kwargs):
     kwargs.setdefault("num_envs", 2)
     kwargs.setdefault("rollout_fragment_length", 4)
-    return RolloutWorker(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, config,
-                         env_config=env_config, seed=0, **kwargs)
+    return RolloutWorker(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        config,
+        env_config=env_config,
+        seed=0,
+        **kwargs,
+    )
 
 
 def _fragments(worker, count):
@@ -127,8 +137,12 @@ def test_recurrent_truncated_chunk_bootstraps_with_its_last_state():
     chunk = next(c for c in chunks if c[SampleBatch.TRUNCATEDS][-1])
     state = [chunk[f"state_out_{i}"][-1:] for i in range(2)]
     value = worker.policy.compute_actions(
-        chunk[SampleBatch.NEXT_OBS][-1:], state, chunk[SampleBatch.ACTIONS][-1:],
-        chunk[SampleBatch.REWARDS][-1:], explore=False)[2][SampleBatch.VF_PREDS][0]
+        chunk[SampleBatch.NEXT_OBS][-1:],
+        state,
+        chunk[SampleBatch.ACTIONS][-1:],
+        chunk[SampleBatch.REWARDS][-1:],
+        explore=False,
+    )[2][SampleBatch.VF_PREDS][0]
     assert chunk["bootstrap_value"][-1] == pytest.approx(value, rel=1e-5)
 
 
@@ -140,14 +154,26 @@ def test_sync_and_async_vector_envs_give_the_same_transitions():
         async_batch, _ = async_worker.sample()
     finally:
         async_worker.stop()
-    for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS, SampleBatch.ACTIONS,
-                   SampleBatch.REWARDS, SampleBatch.T, SampleBatch.TERMINATEDS):
+    for column in (
+        SampleBatch.OBS,
+        SampleBatch.NEXT_OBS,
+        SampleBatch.ACTIONS,
+        SampleBatch.REWARDS,
+        SampleBatch.T,
+        SampleBatch.TERMINATEDS,
+    ):
         np.testing.assert_array_equal(async_batch[column], sync_batch[column])
 
 
 def test_box_actions_are_clipped_for_the_env_but_recorded_as_computed():
-    worker = RolloutWorker(envs.ContinuousEnv, fakes.ReturnsPGPolicy, MLP_CONFIG, num_envs=2,
-                           rollout_fragment_length=50, seed=1)
+    worker = RolloutWorker(
+        envs.ContinuousEnv,
+        fakes.ReturnsPGPolicy,
+        MLP_CONFIG,
+        num_envs=2,
+        rollout_fragment_length=50,
+        seed=1,
+    )
     batch, _ = worker.sample()
     actions = batch[SampleBatch.ACTIONS]
     assert np.abs(actions).max() > 1.0  # some sampled actions left [-1, 1]
@@ -162,20 +188,33 @@ def test_an_observation_outside_the_space_names_the_env_and_the_observation():
 
 
 def test_gymnasium_id_env_and_prev_columns():
-    worker = RolloutWorker("CartPole-v1", fakes.ReturnsPGPolicy, MLP_CONFIG, num_envs=2,
-                           rollout_fragment_length=30, seed=0)
+    worker = RolloutWorker(
+        "CartPole-v1",
+        fakes.ReturnsPGPolicy,
+        MLP_CONFIG,
+        num_envs=2,
+        rollout_fragment_length=30,
+        seed=0,
+    )
     batch, metrics = worker.sample()
     assert metrics["env_steps"] == batch.count and 60 <= batch.count <= 61  # 30 per env, +1
     assert batch[SampleBatch.OBS].shape == (batch.count, 4)
     for chunk in batch.split_by_episode():
-        np.testing.assert_array_equal(chunk[SampleBatch.PREV_ACTIONS][1:],
-                                      chunk[SampleBatch.ACTIONS][:-1])
-        np.testing.assert_array_equal(chunk[SampleBatch.PREV_REWARDS][1:],
-                                      chunk[SampleBatch.REWARDS][:-1])
+        np.testing.assert_array_equal(
+            chunk[SampleBatch.PREV_ACTIONS][1:], chunk[SampleBatch.ACTIONS][:-1]
+        )
+        np.testing.assert_array_equal(
+            chunk[SampleBatch.PREV_REWARDS][1:], chunk[SampleBatch.REWARDS][:-1]
+        )
         if chunk[SampleBatch.T][0] == 0:
             assert chunk[SampleBatch.PREV_ACTIONS][0] == 0
-    for column in (SampleBatch.ACTION_LOGP, SampleBatch.ACTION_DIST_INPUTS, SampleBatch.VF_PREDS,
-                   SampleBatch.AGENT_INDEX, SampleBatch.ADVANTAGES):
+    for column in (
+        SampleBatch.ACTION_LOGP,
+        SampleBatch.ACTION_DIST_INPUTS,
+        SampleBatch.VF_PREDS,
+        SampleBatch.AGENT_INDEX,
+        SampleBatch.ADVANTAGES,
+    ):
         assert len(batch[column]) == batch.count, column
     assert worker.set_weights(worker.get_weights(), 5) == 5 and worker.weights_version() == 5
 
@@ -184,8 +223,13 @@ def test_remote_inference_matches_local_inference(ray_local):
     config = {**LSTM_CONFIG, "explore": False}
     local_worker = _worker(config, rollout_fragment_length=5)
     actor = PolicyActor.options(num_cpus=0).remote(
-        fakes.ReturnsPGPolicy, local_worker.observation_space, local_worker.action_space, config,
-        max_batch_size=4, batch_wait_timeout_s=0.002)
+        fakes.ReturnsPGPolicy,
+        local_worker.observation_space,
+        local_worker.action_space,
+        config,
+        max_batch_size=4,
+        batch_wait_timeout_s=0.002,
+    )
     try:
         ray.get(actor.set_weights.remote(local_worker.get_weights(), 3))
         remote_worker = _worker(config, rollout_fragment_length=5, policy_actor=actor)
@@ -194,13 +238,22 @@ def test_remote_inference_matches_local_inference(ray_local):
             remote_batch, metrics = remote_worker.sample()
             assert metrics["weights_versions"] == [3]
             assert sorted(remote_batch) == sorted(local_batch)
-            for column in (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.T,
-                           SampleBatch.TRUNCATEDS):
+            for column in (
+                SampleBatch.OBS,
+                SampleBatch.ACTIONS,
+                SampleBatch.T,
+                SampleBatch.TRUNCATEDS,
+            ):
                 np.testing.assert_array_equal(remote_batch[column], local_batch[column])
-            for column in ("state_out_0", SampleBatch.VF_PREDS, SampleBatch.VALUE_TARGETS,
-                           "bootstrap_value"):  # postprocessed in the actor
-                np.testing.assert_allclose(remote_batch[column], local_batch[column],
-                                           rtol=1e-5, atol=1e-6)
+            for column in (
+                "state_out_0",
+                SampleBatch.VF_PREDS,
+                SampleBatch.VALUE_TARGETS,
+                "bootstrap_value",
+            ):  # postprocessed in the actor
+                np.testing.assert_allclose(
+                    remote_batch[column], local_batch[column], rtol=1e-5, atol=1e-6
+                )
         assert remote_worker.weights_version() == 3
         assert ray.get(actor.stats.remote())["num_requests"] > 0
     finally:
@@ -208,9 +261,20 @@ def test_remote_inference_matches_local_inference(ray_local):
 
 
 def test_rollout_worker_as_a_ray_actor(ray_local):
-    worker = ray.remote(RolloutWorker).options(num_cpus=0.5).remote(
-        envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, MLP_CONFIG, worker_index=3, num_envs=2,
-        rollout_fragment_length=4, env_config=SCRIPT, seed=0)
+    worker = (
+        ray.remote(RolloutWorker)
+        .options(num_cpus=0.5)
+        .remote(
+            envs.ScriptedEpisodesEnv,
+            fakes.ReturnsPGPolicy,
+            MLP_CONFIG,
+            worker_index=3,
+            num_envs=2,
+            rollout_fragment_length=4,
+            env_config=SCRIPT,
+            seed=0,
+        )
+    )
     try:
         obs_space, _ = ray.get(worker.get_spaces.remote())
         assert obs_space.shape == (3,)

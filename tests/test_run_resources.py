@@ -1,6 +1,7 @@
 """policy_service/cli/run_resources.py: the resources each role of a real
 `policy-service train` run held, as result.json records them (the driver's own
 learner: test_training.py, beside its run)."""
+
 from __future__ import annotations
 
 import json
@@ -12,20 +13,51 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
     """One learner actor on 2 fake GPUs, sampling in the driver through a PolicyActor;
     beside it, a PolicyActor asking for a GPU this machine's Ray lacks fails at once."""
     run_dir = tmp_path / "actors"
-    run = start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--fake-gpus",
-                "--set", "num_learners=1", "--set", "num_gpus_per_learner=2",
-                "--set", "num_cpus_per_learner=0.5", "--set", "remote_inference=true",
-                "--seed", "0", "--output-dir", str(run_dir), *TINY)
-    too_big = start("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                    "--set", "remote_inference=true", "--set", "num_gpus_per_policy_actor=1",
-                    "--output-dir", str(tmp_path / "too_big"), *TINY)
+    run = start(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "1",
+        "--fake-gpus",
+        "--set",
+        "num_learners=1",
+        "--set",
+        "num_gpus_per_learner=2",
+        "--set",
+        "num_cpus_per_learner=0.5",
+        "--set",
+        "remote_inference=true",
+        "--seed",
+        "0",
+        "--output-dir",
+        str(run_dir),
+        *TINY,
+    )
+    too_big = start(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "1",
+        "--set",
+        "remote_inference=true",
+        "--set",
+        "num_gpus_per_policy_actor=1",
+        "--output-dir",
+        str(tmp_path / "too_big"),
+        *TINY,
+    )
     code, _, err = finish(run)
     assert code == 0, err
     code_too_big, _, err_too_big = finish(too_big)
     assert code_too_big == 2, err_too_big
     assert err_too_big.strip().splitlines()[-1] == (
         "policy-service: error: the PolicyActor needs GPU 1 (num_gpus_per_policy_actor=1); "
-        "the cluster has GPU 0 (0 available)")
+        "the cluster has GPU 0 (0 available)"
+    )
     resources = json.loads((run_dir / "result.json").read_text())["resources"]
     assert not resources["driver"]["holds_learner"] and resources["driver"]["devices"] is None
     [learner] = resources["learners"]

@@ -1,4 +1,5 @@
 """SampleBatch and concat_samples: counting, slicing, shuffling, copying, joining."""
+
 import pickle
 
 import numpy as np
@@ -11,29 +12,53 @@ SB = SampleBatch
 
 def seq_batch(**flags):
     """Three sequences of lengths 2, 3, 1 (rows 0-1, 2-4, 5), unpadded."""
-    return SB({"obs": np.arange(6) * 10, "state_in_0": np.array([0.5, 2.5, 5.5]),
-               "seq_lens": [2, 3, 1]}, **flags)
+    return SB(
+        {"obs": np.arange(6) * 10, "state_in_0": np.array([0.5, 2.5, 5.5]), "seq_lens": [2, 3, 1]},
+        **flags,
+    )
 
 
 def padded_batch():
     """The same three sequences zero-padded to T=3 (rows 2, 6, 7, 8 are padding)."""
-    return SB({"obs": np.array([0, 10, 0, 20, 30, 40, 50, 0, 0]),
-               "infos": [{"r": 0}, {"r": 1}, None, {"r": 2}, {"r": 3}, {"r": 4},
-                         {"r": 5}, None, None],
-               "state_in_0": np.array([0.5, 2.5, 5.5]), "seq_lens": [2, 3, 1]},
-              _zero_padded=True, _max_seq_len=3)
+    return SB(
+        {
+            "obs": np.array([0, 10, 0, 20, 30, 40, 50, 0, 0]),
+            "infos": [{"r": 0}, {"r": 1}, None, {"r": 2}, {"r": 3}, {"r": 4}, {"r": 5}, None, None],
+            "state_in_0": np.array([0.5, 2.5, 5.5]),
+            "seq_lens": [2, 3, 1],
+        },
+        _zero_padded=True,
+        _max_seq_len=3,
+    )
 
 
 def test_column_names_are_rllibs():
     assert (SB.OBS, SB.NEXT_OBS, SB.TERMINATEDS, SB.TRUNCATEDS) == (
-        "obs", "new_obs", "terminateds", "truncateds")
+        "obs",
+        "new_obs",
+        "terminateds",
+        "truncateds",
+    )
     assert (SB.EPS_ID, SB.T, SB.SEQ_LENS, SB.UNROLL_ID, SB.AGENT_INDEX) == (
-        "eps_id", "t", "seq_lens", "unroll_id", "agent_index")
+        "eps_id",
+        "t",
+        "seq_lens",
+        "unroll_id",
+        "agent_index",
+    )
     assert (SB.ACTION_LOGP, SB.ACTION_PROB, SB.ACTION_DIST_INPUTS, SB.VF_PREDS) == (
-        "action_logp", "action_prob", "action_dist_inputs", "vf_preds")
-    assert (SB.PREV_ACTIONS, SB.PREV_REWARDS, SB.INFOS, SB.ADVANTAGES,
-            SB.VALUE_TARGETS) == ("prev_actions", "prev_rewards", "infos", "advantages",
-                                  "value_targets")
+        "action_logp",
+        "action_prob",
+        "action_dist_inputs",
+        "vf_preds",
+    )
+    assert (SB.PREV_ACTIONS, SB.PREV_REWARDS, SB.INFOS, SB.ADVANTAGES, SB.VALUE_TARGETS) == (
+        "prev_actions",
+        "prev_rewards",
+        "infos",
+        "advantages",
+        "value_targets",
+    )
 
 
 def test_lists_become_arrays_but_infos_list_stays():
@@ -137,8 +162,9 @@ def test_zero_padded_slicing_counts_bounds_in_timesteps():
 
 def test_zero_padded_count_and_slices_as_rllib():
     # Issue 12, repro 3: episodes of 2 and 3 steps padded to 3.
-    b = SB({"obs": np.array([1, 2, 0, 3, 4, 5]), "seq_lens": [2, 3]},
-           _zero_padded=True, _max_seq_len=3)
+    b = SB(
+        {"obs": np.array([1, 2, 0, 3, 4, 5]), "seq_lens": [2, 3]}, _zero_padded=True, _max_seq_len=3
+    )
     assert b.count == len(b) == 5
     assert b[0:2]["obs"].tolist() == [1, 2, 0]
     assert b[2:5]["obs"].tolist() == [3, 4, 5]
@@ -146,14 +172,13 @@ def test_zero_padded_count_and_slices_as_rllib():
 
 def test_slice_cuts_sequences_exactly():
     # Issue 12, repro 4.
-    b = SB({"a": [10, 11, 20, 21, 22, 30], "seq_lens": [2, 3, 1],
-            "state_in_0": [1., 2., 3.]})
+    b = SB({"a": [10, 11, 20, 21, 22, 30], "seq_lens": [2, 3, 1], "state_in_0": [1.0, 2.0, 3.0]})
     s = b.slice(0, 3)
     assert s["a"].tolist() == [10, 11, 20] and s["seq_lens"].tolist() == [2, 1]
-    assert s["state_in_0"].tolist() == [1., 2.] and s.count == 3
+    assert s["state_in_0"].tolist() == [1.0, 2.0] and s.count == 3
     s = b.slice(1, 5)
     assert s["a"].tolist() == [11, 20, 21, 22] and s["seq_lens"].tolist() == [1, 3]
-    assert s["state_in_0"].tolist() == [1., 2.]
+    assert s["state_in_0"].tolist() == [1.0, 2.0]
     parts = [b.slice(0, 1), b.slice(1, 4), b.slice(4, 6)]
     assert [p["seq_lens"].tolist() for p in parts] == [[1], [1, 2], [1, 1]]
     assert sum(p.count for p in parts) == 6
@@ -169,9 +194,9 @@ def test_slice_of_a_zero_padded_batch_stays_padded():
 
 
 def test_slice_of_per_row_state_slices_rows():
-    b = SB({"a": np.arange(5), "state_in_0": np.arange(5) * 10., "seq_lens": [2, 3]})
+    b = SB({"a": np.arange(5), "state_in_0": np.arange(5) * 10.0, "seq_lens": [2, 3]})
     s = b.slice(1, 4)
-    assert s["state_in_0"].tolist() == [10., 20., 30.]
+    assert s["state_in_0"].tolist() == [10.0, 20.0, 30.0]
     assert s["seq_lens"].tolist() == [1, 2]
 
 
@@ -181,30 +206,49 @@ def test_padded_columns_with_seq_lens_make_a_zero_padded_batch():
     b = SB({"obs": obs, "seq_lens": [3, 2, 1, 3]})
     assert b.count == 9 and b.zero_padded and b.max_seq_len == 3
     assert b.padded_count == 12 and b[3:6]["obs"].tolist() == [4, 5, 0, 6, 0, 0]
-    with pytest.raises(ValueError, match=r"^column 'obs' has 12 rows, expected 9 \(sum "
-                       r"of seq_lens \[3, 2, 1, 3\]\); 12 rows fit 4 sequences zero-padded "
-                       r"to 3: pass _zero_padded=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"^column 'obs' has 12 rows, expected 9 \(sum "
+        r"of seq_lens \[3, 2, 1, 3\]\); 12 rows fit 4 sequences zero-padded "
+        r"to 3: pass _zero_padded=True",
+    ):
         SB({"obs": obs, "seq_lens": [3, 2, 1, 3]}, _zero_padded=False)
 
 
-@pytest.mark.parametrize("data, flags, expected", [
-    ({"obs": np.zeros(10), "seq_lens": [3, 2, 1, 3]}, {},
-     r"column 'obs' has 10 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\); give "
-     r"it sum\(seq_lens\) rows, or 4 x T rows for one padding length T >= 3"),
-    ({"obs": np.zeros(12), "rewards": np.zeros(16), "seq_lens": [3, 2, 1, 3]}, {},
-     r"column 'rewards' has 16 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) "
-     r"or 12 \(4 sequences padded to max_seq_len=3\)"),
-    ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_max_seq_len": 4},
-     r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\)"),
-    ({"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
-                                                       "_max_seq_len": 4},
-     r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) or 16 "
-     r"\(4 sequences padded to max_seq_len=4\); give it sum\(seq_lens\) rows"),
-    ({"obs": np.zeros(8), "seq_lens": [3, 2, 1, 3]}, {"_zero_padded": True,
-                                                      "_max_seq_len": 2},
-     r"column 'seq_lens' has a sequence of 3 rows, longer than max_seq_len=2; pass "
-     r"_max_seq_len >= 3"),
-])
+@pytest.mark.parametrize(
+    "data, flags, expected",
+    [
+        (
+            {"obs": np.zeros(10), "seq_lens": [3, 2, 1, 3]},
+            {},
+            r"column 'obs' has 10 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\); give "
+            r"it sum\(seq_lens\) rows, or 4 x T rows for one padding length T >= 3",
+        ),
+        (
+            {"obs": np.zeros(12), "rewards": np.zeros(16), "seq_lens": [3, 2, 1, 3]},
+            {},
+            r"column 'rewards' has 16 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) "
+            r"or 12 \(4 sequences padded to max_seq_len=3\)",
+        ),
+        (
+            {"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]},
+            {"_max_seq_len": 4},
+            r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\)",
+        ),
+        (
+            {"obs": np.zeros(12), "seq_lens": [3, 2, 1, 3]},
+            {"_zero_padded": True, "_max_seq_len": 4},
+            r"column 'obs' has 12 rows, expected 9 \(sum of seq_lens \[3, 2, 1, 3\]\) or 16 "
+            r"\(4 sequences padded to max_seq_len=4\); give it sum\(seq_lens\) rows",
+        ),
+        (
+            {"obs": np.zeros(8), "seq_lens": [3, 2, 1, 3]},
+            {"_zero_padded": True, "_max_seq_len": 2},
+            r"column 'seq_lens' has a sequence of 3 rows, longer than max_seq_len=2; pass "
+            r"_max_seq_len >= 3",
+        ),
+    ],
+)
 def test_malformed_sequence_batches_name_column_and_lengths(data, flags, expected):
     with pytest.raises(ValueError, match=expected) as err:
         SB(data, **flags)
@@ -214,8 +258,14 @@ def test_malformed_sequence_batches_name_column_and_lengths(data, flags, expecte
 def test_shuffle_keeps_rows_aligned_including_infos_list():
     np.random.seed(0)
     obs = np.arange(20)
-    b = SB({"obs": obs, "actions": obs * 2, "nested": {"x": obs * 3},
-            "infos": [{"row": int(i)} for i in obs]})
+    b = SB(
+        {
+            "obs": obs,
+            "actions": obs * 2,
+            "nested": {"x": obs * 3},
+            "infos": [{"row": int(i)} for i in obs],
+        }
+    )
     b.shuffle()
     assert sorted(b["obs"].tolist()) == obs.tolist()
     assert b["obs"].tolist() != obs.tolist()  # seed 0 does permute
@@ -233,7 +283,7 @@ def test_shuffle_zero_padded_moves_whole_sequences_and_keeps_length():
         assert b.count == 6 and len(b["obs"]) == 9 and len(b["infos"]) == 9
         orders.add(tuple(b["seq_lens"].tolist()))
         for i, (n, state) in enumerate(zip(b["seq_lens"], b["state_in_0"])):
-            block = b["obs"][3 * i:3 * i + 3]
+            block = b["obs"][3 * i : 3 * i + 3]
             # The block's first obs belongs with its state; padding stays at the end.
             assert block[0] == {0.5: 0, 2.5: 20, 5.5: 50}[state]
             assert (block[n:] == 0).all() and (block[1:n] != 0).all()
@@ -247,7 +297,7 @@ def test_shuffle_unpadded_sequences_stay_contiguous():
     start = 0
     for n, state in zip(b["seq_lens"], b["state_in_0"]):
         first = {0.5: 0, 2.5: 20, 5.5: 50}[state]
-        assert b["obs"][start:start + n].tolist() == list(range(first, first + 10 * n, 10))
+        assert b["obs"][start : start + n].tolist() == list(range(first, first + 10 * n, 10))
         start += n
 
 
@@ -258,8 +308,9 @@ def test_split_by_episode_on_eps_id():
 
 
 def test_split_by_episode_on_terminateds_and_truncateds():
-    b = SB({"obs": np.arange(6), "terminateds": [0, 1, 0, 0, 0, 0],
-            "truncateds": [0, 0, 0, 1, 0, 0]})
+    b = SB(
+        {"obs": np.arange(6), "terminateds": [0, 1, 0, 0, 0, 0], "truncateds": [0, 0, 0, 1, 0, 0]}
+    )
     parts = b.split_by_episode()
     assert [p["obs"].tolist() for p in parts] == [[0, 1], [2, 3], [4, 5]]
     with pytest.raises(KeyError, match="eps_id"):
@@ -299,8 +350,13 @@ def test_columns():
 
 
 def test_rows_with_infos_list_and_nested_columns():
-    b = SB({"obs": {"pos": np.array([[0, 1], [2, 3]])}, "rewards": [1.0, 2.0],
-            "infos": [{"k": "a"}, {"k": "b"}]})
+    b = SB(
+        {
+            "obs": {"pos": np.array([[0, 1], [2, 3]])},
+            "rewards": [1.0, 2.0],
+            "infos": [{"k": "a"}, {"k": "b"}],
+        }
+    )
     rows = list(b.rows())
     assert len(rows) == 2
     assert rows[1]["obs"]["pos"].tolist() == [2, 3]
@@ -314,8 +370,7 @@ def test_rows_of_sequence_batch_leave_out_per_sequence_state():
 
 
 def test_concat_samples_joins_rows_and_keeps_is_training():
-    b1 = SB({"obs": {"a": np.array([1, 2])}, "infos": [{"i": 1}, {"i": 2}]},
-            _is_training=True)
+    b1 = SB({"obs": {"a": np.array([1, 2])}, "infos": [{"i": 1}, {"i": 2}]}, _is_training=True)
     b2 = SB({"obs": {"a": np.array([3])}, "infos": [{"i": 3}]}, _is_training=True)
     out = concat_samples([b1, SB(), b2])
     assert out["obs"]["a"].tolist() == [1, 2, 3]
@@ -324,8 +379,7 @@ def test_concat_samples_joins_rows_and_keeps_is_training():
 
 
 def test_concat_samples_joins_sequences():
-    out = concat_samples([seq_batch(), SB({"obs": [60, 70], "state_in_0": [6.5],
-                                           "seq_lens": [2]})])
+    out = concat_samples([seq_batch(), SB({"obs": [60, 70], "state_in_0": [6.5], "seq_lens": [2]})])
     assert out["seq_lens"].tolist() == [2, 3, 1, 2]
     assert out["state_in_0"].tolist() == [0.5, 2.5, 5.5, 6.5]
     assert out.count == 8 and out.max_seq_len == 3
@@ -340,9 +394,16 @@ def test_concat_samples_rejects_a_column_found_only_in_a_later_batch():
 
 def test_concat_samples_checks_padding_settings():
     with pytest.raises(ValueError, match="max_seq_len"):
-        concat_samples([padded_batch(), SB({"obs": np.zeros(4), "infos": [None] * 4,
-                                            "state_in_0": [1.0], "seq_lens": [2]},
-                                           _zero_padded=True, _max_seq_len=4)])
+        concat_samples(
+            [
+                padded_batch(),
+                SB(
+                    {"obs": np.zeros(4), "infos": [None] * 4, "state_in_0": [1.0], "seq_lens": [2]},
+                    _zero_padded=True,
+                    _max_seq_len=4,
+                ),
+            ]
+        )
     out = concat_samples([padded_batch(), padded_batch()])
     assert out.zero_padded and out.max_seq_len == 3 and out.count == 12
     assert out.padded_count == 18
@@ -357,14 +418,16 @@ def test_pickle_round_trip_keeps_flags():
 
 
 def test_zero_padded_rows_must_fill_every_sequence():
-    with pytest.raises(ValueError, match=r"column 'obs' has 8 rows, expected 6 \(sum of "
-                       r"seq_lens \[2, 3, 1\]\) or 9 \(3 sequences padded to max_seq_len=3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"column 'obs' has 8 rows, expected 6 \(sum of "
+        r"seq_lens \[2, 3, 1\]\) or 9 \(3 sequences padded to max_seq_len=3\)",
+    ):
         SB({"obs": np.zeros(8), "seq_lens": [2, 3, 1]}, _zero_padded=True, _max_seq_len=3)
 
 
 def test_concat_samples_rejects_conflicting_is_training():
     with pytest.raises(ValueError, match="is_training"):
-        concat_samples([SB({"obs": [1]}, _is_training=True),
-                        SB({"obs": [2]}, _is_training=False)])
+        concat_samples([SB({"obs": [1]}, _is_training=True), SB({"obs": [2]}, _is_training=False)])
     # An unset flag does not conflict with a set one.
     assert concat_samples([SB({"obs": [1]}), SB({"obs": [2]}, _is_training=True)]).is_training

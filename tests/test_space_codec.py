@@ -1,4 +1,5 @@
 """policy_service/io/space_codec.py: every supported space survives JSON exactly."""
+
 import json
 
 import gymnasium as gym

@@ -1,4 +1,5 @@
 """Tests for policy_service.spaces: observation preprocessing and action checks."""
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -13,7 +14,11 @@ from policy_service.spaces import (
 )
 
 Box, Discrete, MultiDiscrete, MultiBinary = (
-    gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+    gym.spaces.Box,
+    gym.spaces.Discrete,
+    gym.spaces.MultiDiscrete,
+    gym.spaces.MultiBinary,
+)
 
 
 def assert_exact(actual, expected):
@@ -66,21 +71,18 @@ def test_is_image_space_only_for_rank_three_boxes():
 def test_discrete_is_one_hot():
     prep = make_preprocessor(Discrete(4))
     assert prep.shape == (4,)
-    assert_exact(prep.transform(np.array([2, 0, 3])),
-                 [[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
+    assert_exact(prep.transform(np.array([2, 0, 3])), [[0, 0, 1, 0], [1, 0, 0, 0], [0, 0, 0, 1]])
 
 
 def test_discrete_one_hot_respects_start():
     prep = make_preprocessor(Discrete(3, start=-1))
-    assert_exact(prep.transform(np.array([-1, 1, 0])),
-                 [[1, 0, 0], [0, 0, 1], [0, 1, 0]])
+    assert_exact(prep.transform(np.array([-1, 1, 0])), [[1, 0, 0], [0, 0, 1], [0, 1, 0]])
 
 
 def test_multidiscrete_is_concatenated_one_hots():
     prep = make_preprocessor(MultiDiscrete([2, 3]))
     assert prep.shape == (5,)
-    assert_exact(prep.transform(np.array([[1, 0], [0, 2]])),
-                 [[0, 1, 1, 0, 0], [1, 0, 0, 0, 1]])
+    assert_exact(prep.transform(np.array([[1, 0], [0, 2]])), [[0, 1, 1, 0, 0], [1, 0, 0, 0, 1]])
 
 
 def test_multidiscrete_respects_start():
@@ -91,42 +93,52 @@ def test_multidiscrete_respects_start():
 def test_multibinary_is_float():
     prep = make_preprocessor(MultiBinary(3))
     assert prep.shape == (3,)
-    assert_exact(prep.transform(np.array([[1, 0, 1], [0, 0, 1]], np.int8)),
-                 [[1, 0, 1], [0, 0, 1]])
-    assert_exact(make_preprocessor(MultiBinary([2, 2])).transform(
-        np.array([[[1, 0], [0, 1]]], np.int8)), [[1, 0, 0, 1]])
+    assert_exact(prep.transform(np.array([[1, 0, 1], [0, 0, 1]], np.int8)), [[1, 0, 1], [0, 0, 1]])
+    assert_exact(
+        make_preprocessor(MultiBinary([2, 2])).transform(np.array([[[1, 0], [0, 1]]], np.int8)),
+        [[1, 0, 0, 1]],
+    )
 
 
 def test_dict_is_flattened_in_sorted_key_order():
     # Keys given out of order and as an OrderedDict-like mapping; dm-tree sorts them.
-    space = gym.spaces.Dict({"pos": Box(-1, 1, (2,)), "act": Discrete(3),
-                             "img": Box(0, 255, (2, 2, 1), np.uint8)})
+    space = gym.spaces.Dict(
+        {"pos": Box(-1, 1, (2,)), "act": Discrete(3), "img": Box(0, 255, (2, 2, 1), np.uint8)}
+    )
     prep = make_preprocessor(space)
     assert prep.shape == (3 + 4 + 2,)
-    batch = {"pos": np.array([[0.5, -0.5], [1.0, 0.0]], np.float32),
-             "act": np.array([2, 0]),
-             "img": np.array([[[[1], [2]], [[3], [4]]], [[[5], [6]], [[7], [8]]]], np.uint8)}
+    batch = {
+        "pos": np.array([[0.5, -0.5], [1.0, 0.0]], np.float32),
+        "act": np.array([2, 0]),
+        "img": np.array([[[[1], [2]], [[3], [4]]], [[[5], [6]], [[7], [8]]]], np.uint8),
+    }
     # Sorted: act (one-hot 3), img (flattened 4), pos (2).
-    assert_exact(prep.transform(batch), [[0, 0, 1, 1, 2, 3, 4, 0.5, -0.5],
-                                         [1, 0, 0, 5, 6, 7, 8, 1.0, 0.0]])
+    assert_exact(
+        prep.transform(batch), [[0, 0, 1, 1, 2, 3, 4, 0.5, -0.5], [1, 0, 0, 5, 6, 7, 8, 1.0, 0.0]]
+    )
 
 
 def test_dict_key_order_of_the_space_does_not_matter():
     from collections import OrderedDict
+
     ordered = gym.spaces.Dict(OrderedDict([("b", Discrete(2)), ("a", Box(-1, 1, (1,)))]))
     batch = {"a": np.array([[0.25]], np.float32), "b": np.array([1])}
     assert_exact(make_preprocessor(ordered).transform(batch), [[0.25, 0, 1]])
 
 
 def test_tuple_and_nested_structures_flatten_in_tree_order():
-    space = gym.spaces.Tuple((
-        Discrete(2),
-        gym.spaces.Dict({"z": MultiBinary(2), "y": Box(-1, 1, (1,))}),
-    ))
+    space = gym.spaces.Tuple(
+        (
+            Discrete(2),
+            gym.spaces.Dict({"z": MultiBinary(2), "y": Box(-1, 1, (1,))}),
+        )
+    )
     prep = make_preprocessor(space)
     assert prep.shape == (2 + 1 + 2,)
-    batch = (np.array([1, 0]),
-             {"z": np.array([[1, 1], [0, 1]], np.int8), "y": np.array([[0.5], [-1]], np.float32)})
+    batch = (
+        np.array([1, 0]),
+        {"z": np.array([[1, 1], [0, 1]], np.int8), "y": np.array([[0.5], [-1]], np.float32)},
+    )
     assert_exact(prep.transform(batch), [[0, 1, 0.5, 1, 1], [1, 0, -1, 0, 1]])
     # A list works as well as a tuple for the outer level.
     assert_exact(prep.transform(list(batch)), prep.transform(batch))
@@ -147,7 +159,8 @@ def test_empty_batch_keeps_its_shape():
     nested = make_preprocessor(gym.spaces.Tuple((Discrete(2), MultiBinary(3))))
     assert nested.transform((np.zeros(0, np.int64), np.zeros((0, 3), np.int8))).shape == (0, 5)
     assert make_preprocessor(Box(0, 1, (2, 2, 1))).transform(
-        np.zeros((0, 2, 2, 1), np.float32)).shape == (0, 2, 2, 1)
+        np.zeros((0, 2, 2, 1), np.float32)
+    ).shape == (0, 2, 2, 1)
 
 
 # --------------------------------------------------------------------------
@@ -164,8 +177,8 @@ def test_wrong_trailing_shape_for_box_names_column_expected_and_actual():
     prep = make_preprocessor(Box(-1, 1, (4,)))
     message = _error(prep.transform, np.zeros((8, 3), np.float32))
     assert message.startswith("obs:")
-    assert "(B, 4)" in message and "float32" in message       # expected
-    assert "(8, 3)" in message                                  # actual
+    assert "(B, 4)" in message and "float32" in message  # expected
+    assert "(8, 3)" in message  # actual
     message = _error(prep.check, np.zeros((8,), np.float32), column="new_obs")
     assert message.startswith("new_obs:") and "(8,)" in message
 
@@ -237,12 +250,15 @@ def test_ragged_and_non_numeric_input_is_a_value_error():
 # Unsupported spaces
 
 
-@pytest.mark.parametrize("space, name", [
-    (gym.spaces.Text(5), "Text"),
-    (gym.spaces.Graph(node_space=Box(-1, 1, (2,)), edge_space=None), "Graph"),
-    (gym.spaces.Sequence(Discrete(2)), "Sequence"),
-    (gym.spaces.Dict({"ok": Discrete(2), "bad": gym.spaces.Text(3)}), "Text"),
-])
+@pytest.mark.parametrize(
+    "space, name",
+    [
+        (gym.spaces.Text(5), "Text"),
+        (gym.spaces.Graph(node_space=Box(-1, 1, (2,)), edge_space=None), "Graph"),
+        (gym.spaces.Sequence(Discrete(2)), "Sequence"),
+        (gym.spaces.Dict({"ok": Discrete(2), "bad": gym.spaces.Text(3)}), "Text"),
+    ],
+)
 def test_unknown_space_types_are_named(space, name):
     with pytest.raises(NotImplementedError, match=f"space type {name}"):
         make_preprocessor(space)
@@ -263,13 +279,22 @@ def test_action_dtype_and_shape():
     assert action_dtype_and_shape(Box(-1, 1, (2,))) == (np.float32, (2,))
 
 
-@pytest.mark.parametrize("space", [
-    MultiBinary(3), Box(-1, 1, (2, 2)), Box(0, 5, (2,), np.int64),
-    MultiDiscrete([[2, 3], [4, 5]]), gym.spaces.Tuple((Discrete(2),)),
-])
+@pytest.mark.parametrize(
+    "space",
+    [
+        MultiBinary(3),
+        Box(-1, 1, (2, 2)),
+        Box(0, 5, (2,), np.int64),
+        MultiDiscrete([[2, 3], [4, 5]]),
+        gym.spaces.Tuple((Discrete(2),)),
+    ],
+)
 def test_unsupported_action_spaces_are_named(space):
-    for function in (action_dtype_and_shape, lambda s: check_actions(s, np.zeros(1)),
-                     lambda s: clip_actions(s, np.zeros(1))):
+    for function in (
+        action_dtype_and_shape,
+        lambda s: check_actions(s, np.zeros(1)),
+        lambda s: clip_actions(s, np.zeros(1)),
+    ):
         with pytest.raises(NotImplementedError, match=type(space).__name__):
             function(space)
 

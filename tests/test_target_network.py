@@ -1,6 +1,7 @@
 """target_network.py and TFPolicy's soft weight updates: `set_weights(new_rate=...)`
 against numpy, and a target network moved hard or softly inside the compiled step
 against a hand computation, on one device and on two fake GPUs."""
+
 import numpy as np
 import pytest
 from fakes import (
@@ -21,9 +22,14 @@ from policy_service.sample_batch import SampleBatch
 
 
 def target_policy(every_steps: int, tau: float, towers: int = 0, cls=TargetPGPolicy, **config):
-    klass = type(f"Target{every_steps}_{tau}", (cls,), {
-        "target_update": TargetUpdate(every_steps, tau),
-        "target_network_update": lambda self: self.target_update})
+    klass = type(
+        f"Target{every_steps}_{tau}",
+        (cls,),
+        {
+            "target_update": TargetUpdate(every_steps, tau),
+            "target_network_update": lambda self: self.target_update,
+        },
+    )
     return klass(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(towers), **config))
 
 
@@ -49,8 +55,7 @@ def test_set_weights_with_new_rate_against_numpy(rate):
     rng = np.random.default_rng(1)
     given = {k: rng.normal(size=v.shape).astype(v.dtype) for k, v in current.items()}
     policy.set_weights(given, new_rate=rate)
-    expected = {k: rate * given[k].astype(np.float64) + (1 - rate) * current[k]
-                for k in current}
+    expected = {k: rate * given[k].astype(np.float64) + (1 - rate) * current[k] for k in current}
     assert_weights_close(policy.get_weights(), expected, atol=1e-6, rtol=1e-6)
 
 
@@ -61,8 +66,9 @@ def test_repeated_soft_updates_converge_geometrically_to_the_given_weights():
     for _ in range(3):
         policy.set_weights(given, new_rate=0.5)
     # after k updates the distance to the given weights is (1 - rate)^k of the start's
-    assert_weights_close(policy.get_weights(), {k: v + 1.0 - 0.125 for k, v in start.items()},
-                         atol=1e-5)
+    assert_weights_close(
+        policy.get_weights(), {k: v + 1.0 - 0.125 for k, v in start.items()}, atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("rate", [0.0, -0.1, 1.5, float("nan"), True, "0.5", None])
@@ -204,11 +210,15 @@ def test_the_loss_reads_the_target_model_on_any_input():
     twin.set_weights(target)
     out = policy.target_model_out({SampleBatch.OBS: obs})
     _, _, extra = twin.compute_actions(obs, explore=False)
-    np.testing.assert_allclose(out[SampleBatch.ACTION_DIST_INPUTS].numpy(),
-                               extra[SampleBatch.ACTION_DIST_INPUTS], atol=1e-6)
+    np.testing.assert_allclose(
+        out[SampleBatch.ACTION_DIST_INPUTS].numpy(),
+        extra[SampleBatch.ACTION_DIST_INPUTS],
+        atol=1e-6,
+    )
     _, _, now = policy.compute_actions(obs, explore=False)
-    assert not np.allclose(now[SampleBatch.ACTION_DIST_INPUTS],
-                           extra[SampleBatch.ACTION_DIST_INPUTS])
+    assert not np.allclose(
+        now[SampleBatch.ACTION_DIST_INPUTS], extra[SampleBatch.ACTION_DIST_INPUTS]
+    )
 
 
 # ----- state ----------------------------------------------------------------------------------
@@ -234,6 +244,7 @@ def test_state_round_trip_includes_target_weights_and_age(tmp_path):
     policy.export_checkpoint(str(tmp_path / "ckpt"))
     from_disk = type(policy)(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
     from policy_service.io import checkpoints
+
     from_disk.set_state(checkpoints.read_policy_state(str(tmp_path / "ckpt")))
     assert from_disk.target_age == policy.target_age
     assert_weights_close(from_disk.get_target_weights(), policy.get_target_weights(), 0, 0)

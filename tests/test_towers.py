@@ -4,6 +4,7 @@ Every comparison builds two policies with the same seed (so the same initial
 weights), one on a single CPU device and one on fake GPUs, and feeds both the
 same batch.
 """
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -110,7 +111,7 @@ def test_lstm_gradient_is_the_row_weighted_mean_of_per_episode_gradients():
     starts = np.concatenate([[0], np.cumsum(lengths)])
     mean = None
     for e, n in enumerate(lengths):
-        grads, _ = four.compute_gradients(batch[int(starts[e]):int(starts[e + 1])])
+        grads, _ = four.compute_gradients(batch[int(starts[e]) : int(starts[e + 1])])
         part = [g * (n / sum(lengths)) for g in grads]
         mean = part if mean is None else [m + p for m, p in zip(mean, part)]
     assert_grads_close(whole, mean, atol=1e-6, rtol=1e-4)
@@ -179,17 +180,20 @@ def test_shards_split_at_sequence_boundaries_with_equal_padded_shapes():
 
 
 def test_pad_units_and_gather_units():
-    columns = {"obs": np.arange(12, dtype=np.float32).reshape(6, 2),
-               "seq_lens": np.array([2, 1, 3], np.int32),
-               "state_in_0": np.ones((3, 2), np.float32),
-               LOSS_MASK: np.array([1, 1, 1, 0, 1, 1], bool)}
+    columns = {
+        "obs": np.arange(12, dtype=np.float32).reshape(6, 2),
+        "seq_lens": np.array([2, 1, 3], np.int32),
+        "state_in_0": np.ones((3, 2), np.float32),
+        LOSS_MASK: np.array([1, 1, 1, 0, 1, 1], bool),
+    }
     padded = pad_units(columns, 3, 5)
     assert padded["obs"].shape == (10, 2) and padded["seq_lens"].tolist() == [2, 1, 3, 0, 0]
     assert padded["state_in_0"].shape == (5, 2) and not padded[LOSS_MASK][6:].any()
     with pytest.raises(ValueError, match="do not split"):
         pad_units({LOSS_MASK: np.ones(5, bool)}, 2, 4)
-    gathered = gather_units({k: tf.constant(v) for k, v in columns.items()},
-                            tf.constant([2, 0], tf.int32))
+    gathered = gather_units(
+        {k: tf.constant(v) for k, v in columns.items()}, tf.constant([2, 0], tf.int32)
+    )
     assert gathered["obs"].numpy()[:, 0].tolist() == [8, 10, 0, 2]
     assert gathered["seq_lens"].numpy().tolist() == [3, 2]
 
@@ -197,8 +201,7 @@ def test_pad_units_and_gather_units():
 # ----- clipping and L2 -----------------------------------------------------------------
 
 
-GRADS = [np.array([[3.0, -4.0], [0.5, 0.0]], np.float32), None,
-         np.array([12.0, -0.25], np.float32)]
+GRADS = [np.array([[3.0, -4.0], [0.5, 0.0]], np.float32), None, np.array([12.0, -0.25], np.float32)]
 
 
 def _np_clip(grads, clip, method):
@@ -239,8 +242,7 @@ def test_clip_gradients_hand_values():
         clip_gradients(g, 1.0, "l2")
 
 
-@pytest.mark.parametrize("method, clip", [("global_norm", 0.05), ("value", 0.01),
-                                          ("norm", 0.02)])
+@pytest.mark.parametrize("method, clip", [("global_norm", 0.05), ("value", 0.01), ("norm", 0.02)])
 @pytest.mark.parametrize("towers", [0, 4])
 def test_policy_clips_the_combined_gradient_on_every_path(method, clip, towers):
     batch = mlp_batch(37)
@@ -248,8 +250,11 @@ def test_policy_clips_the_combined_gradient_on_every_path(method, clip, towers):
     raw, _ = plain.compute_gradients(batch)
     expected = _np_clip(raw, clip, method)
     assert not all(np.allclose(r, e) for r, e in zip(raw, expected))  # clipping bites
-    clipped_policy = SGDPGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        grad_clip=clip, grad_clip_method=method, **fake_gpus(towers)))
+    clipped_policy = SGDPGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(grad_clip=clip, grad_clip_method=method, **fake_gpus(towers)),
+    )
     got, _ = clipped_policy.compute_gradients(batch)
     assert_grads_close(got, expected, atol=1e-7)
     before = clipped_policy.get_weights()
@@ -264,8 +269,7 @@ def test_l2_adds_l2_times_weight_to_kernel_gradients_only():
     batch = mlp_batch(37)
     raw, _ = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config()).compute_gradients(batch)
     for towers in (0, 4):
-        policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(l2_coeff=0.1,
-                                                                **fake_gpus(towers)))
+        policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(l2_coeff=0.1, **fake_gpus(towers)))
         got, _ = policy.compute_gradients(batch)
         for var, g, r in zip(policy.model.trainable_variables, got, raw):
             w = var.numpy()
@@ -294,16 +298,20 @@ def _bn_expected(weights, obs, trunk, momentum, valid=None):
         pre = pre[valid]
     mean, var = pre.astype(np.float64).mean(0), pre.astype(np.float64).var(0)  # population
     bn = f"{trunk}/{trunk}_bn_0/"
-    return (momentum * weights[bn + "moving_mean"] + (1 - momentum) * mean,
-            momentum * weights[bn + "moving_variance"] + (1 - momentum) * var)
+    return (
+        momentum * weights[bn + "moving_mean"] + (1 - momentum) * mean,
+        momentum * weights[bn + "moving_variance"] + (1 - momentum) * var,
+    )
 
 
 def _assert_bn(policy, expected, trunk):
     weights = policy.get_weights()
-    np.testing.assert_allclose(weights[f"{trunk}/{trunk}_bn_0/moving_mean"], expected[0],
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(weights[f"{trunk}/{trunk}_bn_0/moving_variance"], expected[1],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        weights[f"{trunk}/{trunk}_bn_0/moving_mean"], expected[0], rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        weights[f"{trunk}/{trunk}_bn_0/moving_variance"], expected[1], rtol=1e-5, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("n", [37, 5])  # padded; with one tower all padding
@@ -314,8 +322,10 @@ def test_batch_norm_moving_statistics_come_from_the_whole_batch(n):
     for step in range(2):  # the second step starts from the first step's statistics
         batch = mlp_batch(n, seed=10 * n + step)
         batch["obs"] = batch["obs"] * 3 + 1  # a clearly nonzero mean
-        expected = {trunk: _bn_expected(four.get_weights(), batch["obs"], trunk, momentum)
-                    for trunk in ("policy", "value")}
+        expected = {
+            trunk: _bn_expected(four.get_weights(), batch["obs"], trunk, momentum)
+            for trunk in ("policy", "value")
+        }
         four.learn_on_batch(batch)
         for trunk in ("policy", "value"):
             _assert_bn(four, expected[trunk], trunk)
@@ -328,35 +338,49 @@ def test_batch_norm_moving_statistics_come_from_the_whole_batch(n):
 
 
 def test_batch_norm_statistics_skip_lstm_padding():
-    two = PGPolicy(OBS_SPACE, ACTION_SPACE,
-                   small_config(model={**LSTM, "use_batch_norm": True}, **fake_gpus(2)))
+    two = PGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(model={**LSTM, "use_batch_norm": True}, **fake_gpus(2)),
+    )
     batch = episode_batch([5, 3, 7, 2, 4, 6, 1])  # 10 sequences padded to 4 steps
     weights = two.get_weights()
-    pre = (batch["obs"] @ weights["encoder/encoder_dense_0/kernel"]
-           + weights["encoder/encoder_dense_0/bias"]).astype(np.float64)
+    pre = (
+        batch["obs"] @ weights["encoder/encoder_dense_0/kernel"]
+        + weights["encoder/encoder_dense_0/bias"]
+    ).astype(np.float64)
     two.learn_on_batch(batch)
     after = two.get_weights()
-    np.testing.assert_allclose(after["encoder/encoder_bn_0/moving_mean"], 0.01 * pre.mean(0),
-                               rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(after["encoder/encoder_bn_0/moving_variance"],
-                               0.99 + 0.01 * pre.var(0), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        after["encoder/encoder_bn_0/moving_mean"], 0.01 * pre.mean(0), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        after["encoder/encoder_bn_0/moving_variance"],
+        0.99 + 0.01 * pre.var(0),
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
 
 def test_batch_norm_statistics_from_a_padded_loaded_minibatch():
-    four = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        model={"use_batch_norm": True}, minibatch_size=20, **fake_gpus(4)))
+    four = PGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(model={"use_batch_norm": True}, minibatch_size=20, **fake_gpus(4)),
+    )
     batch = mlp_batch(37)
     assert four.load_batch_into_buffer(batch) == 40
     for offset in (0, 20):
-        rows = batch["obs"][offset:offset + 20]  # the second has 17 valid rows
+        rows = batch["obs"][offset : offset + 20]  # the second has 17 valid rows
         expected = _bn_expected(four.get_weights(), rows, "policy", 0.99)
         four.learn_on_loaded_batch(offset)
         _assert_bn(four, expected, "policy")
 
 
 def test_compute_gradients_leaves_batch_norm_statistics_alone():
-    four = PGPolicy(OBS_SPACE, ACTION_SPACE,
-                    small_config(model={"use_batch_norm": True}, **fake_gpus(4)))
+    four = PGPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(model={"use_batch_norm": True}, **fake_gpus(4))
+    )
     before = four.get_weights()
     four.compute_gradients(mlp_batch(16))
     assert_weights_close(before, four.get_weights(), atol=0, rtol=0)
@@ -373,7 +397,7 @@ def test_loaded_minibatches_equal_one_device_learn_on_batch_in_order(towers):
     assert many.get_num_samples_loaded_into_buffer() == 64
     for offset in (0, 16, 32, 48):
         s_many = many.learn_on_loaded_batch(offset)
-        s_one = one.learn_on_batch(batch[offset:offset + 16])
+        s_one = one.learn_on_batch(batch[offset : offset + 16])
         assert s_many["valid_rows"] == s_one["valid_rows"] == min(16, 60 - offset)
         assert s_many["total_loss"] == pytest.approx(s_one["total_loss"], rel=1e-5, abs=1e-6)
         assert_weights_close(one.get_weights(), many.get_weights())
@@ -381,8 +405,10 @@ def test_loaded_minibatches_equal_one_device_learn_on_batch_in_order(towers):
 
 
 def test_loaded_epochs_without_shuffle_equal_the_offset_loop():
-    looped, fused = [PGPolicy(OBS_SPACE, ACTION_SPACE,
-                              small_config(minibatch_size=16, **fake_gpus(4))) for _ in range(2)]
+    looped, fused = [
+        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=16, **fake_gpus(4)))
+        for _ in range(2)
+    ]
     batch = mlp_batch(60)
     looped.load_batch_into_buffer(batch)
     fused.load_batch_into_buffer(batch)
@@ -397,8 +423,12 @@ def test_loaded_epochs_without_shuffle_equal_the_offset_loop():
 
 
 def test_loaded_epochs_with_shuffle_run_every_minibatch_of_every_epoch():
-    a, b, ordered = [PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        minibatch_size=16, num_epochs=3, **fake_gpus(4))) for _ in range(3)]
+    a, b, ordered = [
+        PGPolicy(
+            OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=16, num_epochs=3, **fake_gpus(4))
+        )
+        for _ in range(3)
+    ]
     batch = mlp_batch(60)
     for policy in (a, b, ordered):
         policy.load_batch_into_buffer(batch)
@@ -421,7 +451,7 @@ def test_two_loaded_buffers_stay_independent():
     assert four.get_num_samples_loaded_into_buffer(2) == 0
     for buffer_index, offset, source in ((1, 8, b), (0, 0, a), (1, 0, b), (0, 16, a)):
         four.learn_on_loaded_batch(offset, buffer_index=buffer_index)
-        one.learn_on_batch(source[offset:offset + 8])
+        one.learn_on_batch(source[offset : offset + 8])
         assert_weights_close(one.get_weights(), four.get_weights())
 
 
@@ -435,8 +465,7 @@ def test_lstm_loaded_minibatches_equal_one_device_steps(towers):
     assert many.get_num_samples_loaded_into_buffer() == num_mb * mb
     for k in range(num_mb):
         s_many = many.learn_on_loaded_batch(k * mb)
-        s_one = one.learn_on_batch(sequence_batch(columns, k * towers,
-                                                  min(11, (k + 1) * towers)))
+        s_one = one.learn_on_batch(sequence_batch(columns, k * towers, min(11, (k + 1) * towers)))
         assert s_many["valid_rows"] == s_one["valid_rows"]
         assert_weights_close(one.get_weights(), many.get_weights())
     if towers == 2:  # the fused epoch loop gathers whole sequences too
@@ -446,8 +475,9 @@ def test_lstm_loaded_minibatches_equal_one_device_steps(towers):
 
 def test_loaded_buffer_errors_name_the_problem():
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=10, **fake_gpus(4)))
-    with pytest.raises(ValueError,
-                       match=r"minibatch_size=10 must be a multiple of 1 learner\(s\) x 4 tower"):
+    with pytest.raises(
+        ValueError, match=r"minibatch_size=10 must be a multiple of 1 learner\(s\) x 4 tower"
+    ):
         policy.load_batch_into_buffer(mlp_batch(20))
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
     with pytest.raises(ValueError, match="no batch loaded into buffer 0"):
@@ -460,8 +490,9 @@ def test_loaded_buffer_errors_name_the_problem():
     with pytest.raises(ValueError, match="no batch loaded into buffer 1"):
         policy.learn_on_loaded_batch(0, buffer_index=1)
     assert_weights_close(before, policy.get_weights(), atol=0, rtol=0)
-    lstm = PGPolicy(OBS_SPACE, ACTION_SPACE,
-                    small_config(model=LSTM, minibatch_size=8, **fake_gpus(4)))
+    lstm = PGPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(model=LSTM, minibatch_size=8, **fake_gpus(4))
+    )
     with pytest.raises(ValueError, match=r"4 tower\(s\) x 4 row\(s\) per sequence = 16"):
         lstm.load_batch_into_buffer(episode_batch([3, 4]))
 
@@ -539,8 +570,9 @@ def test_nan_gradient_error_names_the_variables():
 
 
 def test_nan_gradient_in_a_loaded_minibatch_keeps_the_weights():
-    policy = LogColumnPolicy(OBS_SPACE, ACTION_SPACE,
-                             small_config(minibatch_size=8, **fake_gpus(4)))
+    policy = LogColumnPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
+    )
     policy.load_batch_into_buffer(_log_batch(24, negative_row=13))  # in minibatch 1
     policy.learn_on_loaded_batch(0)
     weights = policy.get_weights()
@@ -553,10 +585,12 @@ def test_nan_gradient_in_a_loaded_minibatch_keeps_the_weights():
 
 
 def test_nan_gradient_stops_loaded_epochs_after_the_good_steps():
-    reference = LogColumnPolicy(OBS_SPACE, ACTION_SPACE,
-                                small_config(minibatch_size=8, **fake_gpus(4)))
-    policy = LogColumnPolicy(OBS_SPACE, ACTION_SPACE,
-                             small_config(minibatch_size=8, **fake_gpus(4)))
+    reference = LogColumnPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
+    )
+    policy = LogColumnPolicy(
+        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
+    )
     batch = _log_batch(24, negative_row=13)
     reference.load_batch_into_buffer(batch)
     policy.load_batch_into_buffer(batch)
@@ -663,8 +697,9 @@ class NaiveLogColumnPolicy(LogColumnPolicy):
     def loss(self, model, dist_class, train_batch):
         out = model(train_batch, training=True)
         logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(train_batch["actions"])
-        self._pg_loss = -masked_mean(logp * tf.math.log(train_batch["weights"]),
-                                     train_batch["loss_mask"])
+        self._pg_loss = -masked_mean(
+            logp * tf.math.log(train_batch["weights"]), train_batch["loss_mask"]
+        )
         self._vf_loss = tf.constant(0.0)
         return self._pg_loss
 
@@ -684,8 +719,9 @@ class PlainMeanPolicy(PGPolicy):
         out = model(train_batch, training=True)
         logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(train_batch["actions"])
         mask = tf.cast(train_batch["loss_mask"], tf.float32)
-        self._pg_loss = -tf.reduce_sum(logp * train_batch[SampleBatch.ADVANTAGES] * mask) \
-            / tf.reduce_sum(mask)
+        self._pg_loss = -tf.reduce_sum(
+            logp * train_batch[SampleBatch.ADVANTAGES] * mask
+        ) / tf.reduce_sum(mask)
         self._vf_loss = tf.constant(0.0)
         return self._pg_loss
 
@@ -708,10 +744,13 @@ def test_statistics_must_be_scalars():
         policy.learn_on_batch(mlp_batch(8))
 
 
-@pytest.mark.parametrize("chosen, op_type", [
-    (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "NcclReduce"),
-    (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "AddN"),
-])
+@pytest.mark.parametrize(
+    "chosen, op_type",
+    [
+        (TowerDevices(("/GPU:0", "/GPU:1"), GPU), "NcclReduce"),
+        (TowerDevices(("/CPU:0", "/CPU:1"), FAKE_GPU), "AddN"),
+    ],
+)
 def test_tower_gradients_meet_by_nccl_only_between_real_gpus(chosen, op_type):
     # Built in a graph, never run: this machine has no GPU (and NCCL no CPU kernel).
     with tf.Graph().as_default():
@@ -764,7 +803,7 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(towers, n):
     assert accumulating.load_batch_into_buffer(batch) == 32  # minibatches rounded up to 2 x 2
     for offset in (0, 16):
         s_acc = accumulating.learn_on_loaded_batch(offset)
-        s_one = one.learn_on_batch(batch[offset:offset + 16])
+        s_one = one.learn_on_batch(batch[offset : offset + 16])
         assert s_acc["valid_rows"] == s_one["valid_rows"] == min(16, n - offset)
         assert s_acc["total_loss"] == pytest.approx(s_one["total_loss"], rel=1e-5, abs=1e-6)
         assert_weights_close(one.get_weights(), accumulating.get_weights())
@@ -778,8 +817,11 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(towers, n):
 
 
 def _op_types(policy) -> list:
-    return sorted(op.type for f in policy.towers._functions.values()
-                  for op in f.concrete.graph.get_operations())
+    return sorted(
+        op.type
+        for f in policy.towers._functions.values()
+        for op in f.concrete.graph.get_operations()
+    )
 
 
 @pytest.mark.parametrize("sync", [False, True])
@@ -787,9 +829,20 @@ def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing(sync):
     """A group of one adds no op. Per-shard batch norm runs no collective at all;
     synchronized batch norm's moment sums between the towers are its only ones."""
     from policy_service.engine.collectives import CollectiveGroup
-    plain, grouped = [PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(
-        minibatch_size=8, model={"use_batch_norm": True}, batch_norm_sync=sync,
-        **fake_gpus(2))) for _ in range(2)]
+
+    plain, grouped = [
+        PGPolicy(
+            OBS_SPACE,
+            ACTION_SPACE,
+            small_config(
+                minibatch_size=8,
+                model={"use_batch_norm": True},
+                batch_norm_sync=sync,
+                **fake_gpus(2),
+            ),
+        )
+        for _ in range(2)
+    ]
     group = CollectiveGroup()
     group.connect(0, [group.address])
     grouped.towers.set_collective_group(group)

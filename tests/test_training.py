@@ -4,6 +4,7 @@ Tiny budgets: PPO on CartPole-v1 with 256-step train batches. The first run
 uses two fake GPUs and is then evaluated and exported; the resume tests (slow)
 run on an embedded Ray and are SIGKILLed with Ray's processes around it.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,9 +22,24 @@ from cli_processes import TIMEOUT_S, TINY, finish, kill_group, progress, ray_tok
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "cartpole"
-    code, out, err = run("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "2",
-                         "--num-gpus", "2", "--fake-gpus", "--num-env-runners", "1", "--seed", "0",
-                         "--output-dir", str(run_dir), *TINY)
+    code, out, err = run(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "2",
+        "--num-gpus",
+        "2",
+        "--fake-gpus",
+        "--num-env-runners",
+        "1",
+        "--seed",
+        "0",
+        "--output-dir",
+        str(run_dir),
+        *TINY,
+    )
     assert code == 0, err
     assert str(run_dir / "checkpoints" / "checkpoint_000002") in out
     assert str(run_dir / "tensorboard") in out
@@ -62,8 +78,19 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     """The checkpoint is checked against the learner actor's policy (there is no
     local one) before the run goes on from it."""
     run_dir = tmp_path / "run"
-    args = ("train", "ppo", "--env", "CartPole-v1", "--set", "num_learners=1",
-            "--set", "num_cpus_per_learner=0.5", "--seed", "0", *TINY)
+    args = (
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--set",
+        "num_learners=1",
+        "--set",
+        "num_cpus_per_learner=0.5",
+        "--seed",
+        "0",
+        *TINY,
+    )
     code, _, err = finish(start(*args, "--stop-iters", "1", "--output-dir", str(run_dir)))
     assert code == 0, err
     code, _, err = finish(start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
@@ -75,16 +102,25 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     import numpy as np
 
     from policy_service.io import checkpoints
-    arrays_file = (run_dir / "checkpoints" / "checkpoint_000002" / checkpoints.POLICY_SUBDIR
-                   / checkpoints.POLICY_ARRAYS)
+
+    arrays_file = (
+        run_dir
+        / "checkpoints"
+        / "checkpoint_000002"
+        / checkpoints.POLICY_SUBDIR
+        / checkpoints.POLICY_ARRAYS
+    )
     arrays = checkpoints.load_arrays(arrays_file)
     weight = sorted(k for k in arrays if k.startswith("weights/"))[0]
     checkpoints.save_arrays(arrays_file, {**arrays, weight: np.zeros((3, 3), np.float32)})
     code, _, err = finish(start(*args, "--stop-iters", "2", "--resume", str(run_dir)))
     assert code == 0, err
     [skipped] = [line for line in err.splitlines() if "skipped" in line]
-    assert skipped.startswith("policy-service: skipped checkpoint_000002: ") and \
-        "has shape (3, 3), expected" in skipped and "Traceback" not in err, err
+    assert (
+        skipped.startswith("policy-service: skipped checkpoint_000002: ")
+        and "has shape (3, 3), expected" in skipped
+        and "Traceback" not in err
+    ), err
     assert "ray::" not in skipped and "pid=" not in skipped, skipped  # the actor's error itself
     assert "from checkpoint_000001 (iteration 1)" in err
 
@@ -94,6 +130,7 @@ def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
     assert (checkpoint / "algorithm_state.json").exists()
     assert (checkpoint / "policy" / "policy_state.json").exists()
     import tensorflow as tf
+
     events = list((trained / "tensorboard").glob("events.out.tfevents.*"))
     assert events
     scalars = {}
@@ -106,15 +143,20 @@ def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
 
 def test_evaluate_and_export_the_checkpoint(trained, tmp_path):
     evaluate = start("evaluate", str(trained), "--episodes", "3")
-    export = start("export", str(trained / "checkpoints" / "checkpoint_000002"),
-                   "--out", str(tmp_path / "saved"))
+    export = start(
+        "export",
+        str(trained / "checkpoints" / "checkpoint_000002"),
+        "--out",
+        str(tmp_path / "saved"),
+    )
     code, out, err = finish(evaluate)
     assert code == 0, err
     stats = json.loads(out.strip().splitlines()[-1])
     assert stats["episodes"] == 3 and stats["env"] == "CartPole-v1"
     assert len(stats["episode_lengths"]) == 3
-    assert (stats["episode_return_min"] <= stats["episode_return_mean"]
-            <= stats["episode_return_max"])
+    assert (
+        stats["episode_return_min"] <= stats["episode_return_mean"] <= stats["episode_return_max"]
+    )
     # CartPole: +1 a step
     assert stats["episode_returns"] == [float(n) for n in stats["episode_lengths"]]
     code, out, err = finish(export)
@@ -129,8 +171,10 @@ def _wait_until(condition, process: subprocess.Popen, what: str) -> None:
     deadline = time.monotonic() + TIMEOUT_S
     while not condition():
         if process.poll() is not None:
-            pytest.fail(f"run exited ({process.returncode}) before {what}:\n"
-                        f"{process.communicate()[1][-3000:]}")
+            pytest.fail(
+                f"run exited ({process.returncode}) before {what}:\n"
+                f"{process.communicate()[1][-3000:]}"
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
 
@@ -142,8 +186,21 @@ def _checkpoints(run_dir: Path) -> list[str]:
 @pytest.mark.slow
 def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
-    args = ["train", "ppo", "--env", "CartPole-v1", "--seed", "1", "--checkpoint-every", "2",
-            "--stop-iters", "200", "--output-dir", str(run_dir), *TINY]
+    args = [
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--seed",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--stop-iters",
+        "200",
+        "--output-dir",
+        str(run_dir),
+        *TINY,
+    ]
     first = start(*args, start_new_session=True)
     try:
         _wait_until(lambda: _checkpoints(run_dir), first, "the first checkpoint")
@@ -162,8 +219,9 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
     # The same command plus --resume; then SIGTERM once it is past the killed run.
     second = start(*args, "--resume", str(run_dir), start_new_session=True)
     try:
-        _wait_until(lambda: progress(run_dir)[-1]["iteration"] >= target, second,
-                    f"iteration {target}")
+        _wait_until(
+            lambda: progress(run_dir)[-1]["iteration"] >= target, second, f"iteration {target}"
+        )
         second.send_signal(signal.SIGTERM)
         code, out, err = finish(second)
     finally:
@@ -187,9 +245,29 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
 
 def test_a_run_directory_is_never_overwritten_and_resume_keeps_its_config(trained, capsys):
     from policy_service.cli import commands as cli
+
     assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--output-dir", str(trained)]) == 2
     assert "already holds a run" in capsys.readouterr().err
-    assert cli.main(["train", "ppo", "--env", "CartPole-v1", "--num-gpus", "2", "--fake-gpus",
-                     "--seed", "0", *TINY, "--set", "lr=0.5", "--resume", str(trained)]) == 2
+    assert (
+        cli.main(
+            [
+                "train",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--num-gpus",
+                "2",
+                "--fake-gpus",
+                "--seed",
+                "0",
+                *TINY,
+                "--set",
+                "lr=0.5",
+                "--resume",
+                str(trained),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "'lr' would change" in err and len(err.strip().splitlines()) == 1

@@ -3,6 +3,7 @@
 Every style in user_models.STYLES: subclassed with lazy build, functional,
 Sequential, nested models, recurrent, with batch norm and dropout.
 """
+
 import json
 import subprocess
 import sys
@@ -38,8 +39,9 @@ def registered(monkeypatch):
 
 
 def style_config(style: str, **overrides) -> dict:
-    return small_config(model={"custom_model": style, "custom_model_config": {"units": 8}},
-                        **overrides)
+    return small_config(
+        model={"custom_model": style, "custom_model_config": {"units": 8}}, **overrides
+    )
 
 
 def style_batch(policy, n: int = 24, seed: int = 0) -> SampleBatch:
@@ -78,7 +80,8 @@ def test_weights_hold_every_variable_and_round_trip(style):
     obs = np.random.default_rng(3).uniform(-1, 1, (5, 4)).astype(np.float32)
     np.testing.assert_array_equal(
         source.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
-        target.compute_actions(obs, explore=False)[2]["action_dist_inputs"])
+        target.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
+    )
 
 
 def test_weight_names_do_not_depend_on_what_the_process_built_before():
@@ -123,8 +126,12 @@ def test_checkpoint_restores_bit_identical_actions_in_a_fresh_process(tmp_path):
         dirs[style] = str(directory)
     script = RESTORE_SCRIPT.format(tests=str(TESTS))
     result = tmp_path / "restored.npz"
-    subprocess.run([sys.executable, "-c", script, json.dumps(dirs), str(result)], check=True,
-                   cwd=tmp_path, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", script, json.dumps(dirs), str(result)],
+        check=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     restored = np.load(result)
     for key, actions in expected.items():
         np.testing.assert_array_equal(restored[key], actions, err_msg=key)
@@ -170,13 +177,16 @@ def test_batch_norm_statistics_skip_padded_sequence_steps():
     batch = episode_batch([5, 9, 3, 7], seed=2)
     policy.learn_on_batch(batch)
     obs = batch[SampleBatch.OBS].astype(np.float64)
-    np.testing.assert_allclose(policy.model.bn.moving_mean.numpy(), obs.mean(0), rtol=1e-5,
-                               atol=1e-6)
-    np.testing.assert_allclose(policy.model.bn.moving_variance.numpy(), obs.var(0), rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+        policy.model.bn.moving_mean.numpy(), obs.mean(0), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(
+        policy.model.bn.moving_variance.numpy(), obs.var(0), rtol=1e-5, atol=1e-6
+    )
 
 
 # ----- models that break the call convention are refused, naming the model --------------
+
 
 class _Broken(keras.Model):
     def __init__(self, obs_space, action_space, num_outputs, model_config, *, out):
@@ -189,21 +199,28 @@ class _Broken(keras.Model):
 
 
 def _register_broken(out):
-    models.register_custom_model(
-        "broken", lambda *args: _Broken(*args, out=out))
+    models.register_custom_model("broken", lambda *args: _Broken(*args, out=out))
 
 
-@pytest.mark.parametrize("out, message", [
-    (lambda x, d: {"logits": x, "state_out": []},
-     "returned no 'action_dist_inputs'"),
-    (lambda x, d: {"action_dist_inputs": x[:, :2], "state_out": []},
-     "action_dist_inputs of shape (2, 2), expected (2, 3)"),
-    (lambda x, d: {"action_dist_inputs": x, "vf_preds": x[:, :1], "state_out": []},
-     "vf_preds of shape (2, 1), expected (2,)"),
-    (lambda x, d: {"action_dist_inputs": x, "state_out": [x]},
-     "returns 1 state_out tensor(s) but its get_initial_state() gives 0"),
-    (lambda x, d: x, "must return a dict"),
-])
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (lambda x, d: {"logits": x, "state_out": []}, "returned no 'action_dist_inputs'"),
+        (
+            lambda x, d: {"action_dist_inputs": x[:, :2], "state_out": []},
+            "action_dist_inputs of shape (2, 2), expected (2, 3)",
+        ),
+        (
+            lambda x, d: {"action_dist_inputs": x, "vf_preds": x[:, :1], "state_out": []},
+            "vf_preds of shape (2, 1), expected (2,)",
+        ),
+        (
+            lambda x, d: {"action_dist_inputs": x, "state_out": [x]},
+            "returns 1 state_out tensor(s) but its get_initial_state() gives 0",
+        ),
+        (lambda x, d: x, "must return a dict"),
+    ],
+)
 def test_a_model_breaking_the_call_convention_is_refused(out, message):
     _register_broken(out)
     with pytest.raises(ValueError) as err:
@@ -219,8 +236,10 @@ def test_a_model_without_variables_is_refused():
             super().__init__(name="no_variables")
 
         def call(self, input_dict, training=None):
-            return {"action_dist_inputs": tf.zeros([tf.shape(input_dict["obs"])[0], 3]),
-                    "state_out": []}
+            return {
+                "action_dist_inputs": tf.zeros([tf.shape(input_dict["obs"])[0], 3]),
+                "state_out": [],
+            }
 
     models.register_custom_model("empty", NoVariables)
     with pytest.raises(ValueError, match="'no_variables' .* has no trainable variables"):

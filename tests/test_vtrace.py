@@ -1,6 +1,7 @@
 """V-trace against the paper's definition written out in numpy: eq. 1 as an explicit
 sum over the future (not the recursion the module uses), and the clipped-rho
 policy-gradient advantage."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -21,8 +22,9 @@ def paper_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, pg_rh
         for s in range(T):
             total, weight = values[s, b], 1.0
             for t in range(s, T):
-                delta = clipped[t, b] * (rewards[t, b] + discounts[t, b] * next_values[t, b]
-                                         - values[t, b])
+                delta = clipped[t, b] * (
+                    rewards[t, b] + discounts[t, b] * next_values[t, b] - values[t, b]
+                )
                 total += weight * delta
                 weight *= discounts[t, b] * cs[t, b]
             vs[s, b] = total
@@ -43,8 +45,9 @@ def random_inputs(seed, T=7, B=5):
 def test_matches_the_papers_definition(threshold, lam):
     inputs = random_inputs(seed=int(10 * (threshold or 3) + 100 * lam))
     expected_vs, expected_adv = paper_vtrace(*inputs, threshold, threshold, lam)
-    out = vtrace.from_importance_weights(*inputs, clip_rho_threshold=threshold,
-                                         clip_pg_rho_threshold=threshold, lambda_=lam)
+    out = vtrace.from_importance_weights(
+        *inputs, clip_rho_threshold=threshold, clip_pg_rho_threshold=threshold, lambda_=lam
+    )
     np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.pg_advantages.numpy(), expected_adv, rtol=1e-5, atol=1e-5)
 
@@ -52,8 +55,9 @@ def test_matches_the_papers_definition(threshold, lam):
 def test_the_two_thresholds_act_apart():
     inputs = random_inputs(seed=3)
     expected_vs, expected_adv = paper_vtrace(*inputs, 0.5, None, 0.9)
-    out = vtrace.from_importance_weights(*inputs, clip_rho_threshold=0.5,
-                                         clip_pg_rho_threshold=None, lambda_=0.9)
+    out = vtrace.from_importance_weights(
+        *inputs, clip_rho_threshold=0.5, clip_pg_rho_threshold=None, lambda_=0.9
+    )
     np.testing.assert_allclose(out.vs.numpy(), expected_vs, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.pg_advantages.numpy(), expected_adv, rtol=1e-5, atol=1e-5)
 
@@ -61,8 +65,9 @@ def test_the_two_thresholds_act_apart():
 def test_on_policy_with_lambda_1_gives_discounted_returns():
     """rho = 1 everywhere: v_s is the n-step return bootstrapped at the end (the paper's remark)."""
     _, discounts, rewards, values, bootstrap = random_inputs(seed=4)
-    out = vtrace.from_importance_weights(np.zeros_like(rewards), discounts, rewards, values,
-                                         bootstrap)
+    out = vtrace.from_importance_weights(
+        np.zeros_like(rewards), discounts, rewards, values, bootstrap
+    )
     returns, later = np.zeros_like(rewards), bootstrap
     for t in reversed(range(len(rewards))):
         later = rewards[t] + discounts[t] * later
@@ -80,21 +85,27 @@ def test_no_gradient_flows_through_the_returns():
 
 def test_compiles_once_for_any_length_and_batch():
     spec = tf.TensorSpec([None, None], tf.float32)
-    fn = tf.function(lambda *x: vtrace.from_importance_weights(*x, lambda_=0.9),
-                     input_signature=[spec] * 4 + [tf.TensorSpec([None], tf.float32)])
+    fn = tf.function(
+        lambda *x: vtrace.from_importance_weights(*x, lambda_=0.9),
+        input_signature=[spec] * 4 + [tf.TensorSpec([None], tf.float32)],
+    )
     for T, B in ((7, 5), (3, 2), (12, 1)):
         inputs = random_inputs(seed=T, T=T, B=B)
         out = fn(*inputs)
-        np.testing.assert_allclose(out.vs.numpy(), paper_vtrace(*inputs, 1.0, 1.0, 0.9)[0],
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            out.vs.numpy(), paper_vtrace(*inputs, 1.0, 1.0, 0.9)[0], rtol=1e-5, atol=1e-5
+        )
     assert fn.experimental_get_tracing_count() == 1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"clip_rho_threshold": 0.0}, "clip_rho_threshold must be > 0 or None, got 0.0"),
-    ({"clip_pg_rho_threshold": -1.0}, "clip_pg_rho_threshold must be > 0 or None, got -1.0"),
-    ({"lambda_": 1.5}, "lambda_ must be in [0, 1], got 1.5"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"clip_rho_threshold": 0.0}, "clip_rho_threshold must be > 0 or None, got 0.0"),
+        ({"clip_pg_rho_threshold": -1.0}, "clip_pg_rho_threshold must be > 0 or None, got -1.0"),
+        ({"lambda_": 1.5}, "lambda_ must be in [0, 1], got 1.5"),
+    ],
+)
 def test_bad_arguments_are_one_line(kwargs, message):
     with pytest.raises(ValueError) as err:
         vtrace.from_importance_weights(*random_inputs(seed=6), **kwargs)

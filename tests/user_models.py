@@ -5,6 +5,7 @@ the same model gets other auto-numbered paths in another process), and each
 follows the policy call convention. `register_all()` registers them under the
 names in STYLES; a subprocess or Ray actor that imports this module gets them.
 """
+
 from __future__ import annotations
 
 import keras
@@ -27,8 +28,11 @@ class LazyBatchNormModel(keras.Model):
 
     def call(self, input_dict, training=None):
         x = self.bn(tf.cast(input_dict["obs"], tf.float32), training=training)
-        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.reshape(self.vf(x), [-1]),
-                "state_out": []}
+        return {
+            "action_dist_inputs": self.pi(x),
+            "vf_preds": tf.reshape(self.vf(x), [-1]),
+            "state_out": [],
+        }
 
 
 class LazyMLP(keras.Model):
@@ -46,8 +50,11 @@ class LazyMLP(keras.Model):
         x = v = input_dict["obs"]
         for policy_layer, value_layer in zip(self.policy_branch, self.value_branch):
             x, v = policy_layer(x), value_layer(v)
-        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.squeeze(self.vf(v), -1),
-                "state_out": []}
+        return {
+            "action_dist_inputs": self.pi(x),
+            "vf_preds": tf.squeeze(self.vf(v), -1),
+            "state_out": [],
+        }
 
 
 class ValueNet(keras.Model):
@@ -67,16 +74,24 @@ class NestedModel(keras.Model):
 
     def __init__(self, obs_space, action_space, num_outputs, model_config):
         super().__init__()
-        self.trunk = keras.Sequential([
-            keras.layers.Dense(16), keras.layers.BatchNormalization(),
-            keras.layers.Activation("tanh"), keras.layers.Dropout(0.1)])
+        self.trunk = keras.Sequential(
+            [
+                keras.layers.Dense(16),
+                keras.layers.BatchNormalization(),
+                keras.layers.Activation("tanh"),
+                keras.layers.Dropout(0.1),
+            ]
+        )
         self.pi = keras.layers.Dense(num_outputs)
         self.value = ValueNet()
 
     def call(self, input_dict, training=None):
         obs = input_dict["obs"]
-        return {"action_dist_inputs": self.pi(self.trunk(obs, training=training)),
-                "vf_preds": self.value(obs), "state_out": []}
+        return {
+            "action_dist_inputs": self.pi(self.trunk(obs, training=training)),
+            "vf_preds": self.value(obs),
+            "state_out": [],
+        }
 
 
 def functional_model(obs_space, action_space, num_outputs, model_config):
@@ -90,8 +105,9 @@ def functional_model(obs_space, action_space, num_outputs, model_config):
 
 def sequential_model(obs_space, action_space, num_outputs, model_config):
     """A bare Sequential, built lazily: observations in, logits out, no value head."""
-    return keras.Sequential([keras.layers.Dense(16, activation="tanh"),
-                             keras.layers.Dense(num_outputs)])
+    return keras.Sequential(
+        [keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(num_outputs)]
+    )
 
 
 class LazyLSTM(keras.Model):
@@ -113,11 +129,17 @@ class LazyLSTM(keras.Model):
         x = self.encoder(input_dict["obs"])
         num_seqs = tf.shape(seq_lens)[0]
         x = tf.reshape(x, [num_seqs, -1, x.shape[-1]])
-        out, h, c = self.lstm(x, mask=tf.sequence_mask(seq_lens, tf.shape(x)[1]),
-                              initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]])
+        out, h, c = self.lstm(
+            x,
+            mask=tf.sequence_mask(seq_lens, tf.shape(x)[1]),
+            initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]],
+        )
         out = tf.reshape(out, [-1, self.cell_size])
-        return {"action_dist_inputs": self.pi(out), "vf_preds": tf.squeeze(self.vf(out), -1),
-                "state_out": [h, c]}
+        return {
+            "action_dist_inputs": self.pi(out),
+            "vf_preds": tf.squeeze(self.vf(out), -1),
+            "state_out": [h, c],
+        }
 
 
 class TwoBatchNormModel(keras.Model):
@@ -135,8 +157,11 @@ class TwoBatchNormModel(keras.Model):
     def call(self, input_dict, training=None):
         x = self.obs_bn(tf.cast(input_dict["obs"], tf.float32), training=training)
         x = self.hidden_bn(self.hidden(x), training=training)
-        return {"action_dist_inputs": self.pi(x), "vf_preds": tf.squeeze(self.vf(x), -1),
-                "state_out": []}
+        return {
+            "action_dist_inputs": self.pi(x),
+            "vf_preds": tf.squeeze(self.vf(x), -1),
+            "state_out": [],
+        }
 
 
 class BatchNormLSTM(LazyLSTM):
@@ -152,11 +177,17 @@ class BatchNormLSTM(LazyLSTM):
         x = self.encoder(input_dict["obs"])
         num_seqs = tf.shape(seq_lens)[0]
         x = tf.reshape(x, [num_seqs, -1, x.shape[-1]])
-        out, h, c = self.lstm(x, mask=tf.sequence_mask(seq_lens, tf.shape(x)[1]),
-                              initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]])
+        out, h, c = self.lstm(
+            x,
+            mask=tf.sequence_mask(seq_lens, tf.shape(x)[1]),
+            initial_state=[input_dict["state_in_0"], input_dict["state_in_1"]],
+        )
         out = tf.reshape(self.out_bn(out, training=training), [-1, self.cell_size])
-        return {"action_dist_inputs": self.pi(out), "vf_preds": tf.squeeze(self.vf(out), -1),
-                "state_out": [h, c]}
+        return {
+            "action_dist_inputs": self.pi(out),
+            "vf_preds": tf.squeeze(self.vf(out), -1),
+            "state_out": [h, c],
+        }
 
 
 STYLES = {
@@ -182,9 +213,11 @@ class ValueOptionalPolicy(TFPolicy):
         out = model(train_batch, training=True)
         mask = train_batch["loss_mask"]
         logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
-            train_batch[SampleBatch.ACTIONS])
+            train_batch[SampleBatch.ACTIONS]
+        )
         loss = -masked_mean(logp * train_batch[SampleBatch.ADVANTAGES], mask)
         if SampleBatch.VF_PREDS in out:
-            loss += 0.5 * masked_mean(tf.square(out[SampleBatch.VF_PREDS]
-                                                - train_batch[SampleBatch.VALUE_TARGETS]), mask)
+            loss += 0.5 * masked_mean(
+                tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask
+            )
         return loss

@@ -6,6 +6,7 @@ submit -> policy_service.distributed.jobs. Bad input (a UserError) ends in one l
 stderr and exit status 2, a run that cannot go on (a RunFailure) in one line and status 1;
 modules are imported lazily so `submit` never loads TensorFlow.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,43 +52,65 @@ def _train(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from policy_service.cli import training
     from policy_service.cli.run_options import RunOptions, StopCriteria
+
     options = RunOptions(
-        algorithm=args.algorithm, env=args.env, config_file=args.config,
-        overrides=args.set or [], num_gpus=args.num_gpus, fake_gpus=args.fake_gpus,
-        num_env_runners=args.num_env_runners, num_learners=args.num_learners,
-        gpus_per_learner=args.gpus_per_learner, seed=args.seed,
-        stop=StopCriteria(reward=args.stop_reward, timesteps=args.stop_timesteps,
-                          iters=args.stop_iters),
-        output_dir=args.output_dir, resume=args.resume, address=args.address,
-        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints)
+        algorithm=args.algorithm,
+        env=args.env,
+        config_file=args.config,
+        overrides=args.set or [],
+        num_gpus=args.num_gpus,
+        fake_gpus=args.fake_gpus,
+        num_env_runners=args.num_env_runners,
+        num_learners=args.num_learners,
+        gpus_per_learner=args.gpus_per_learner,
+        seed=args.seed,
+        stop=StopCriteria(
+            reward=args.stop_reward, timesteps=args.stop_timesteps, iters=args.stop_iters
+        ),
+        output_dir=args.output_dir,
+        resume=args.resume,
+        address=args.address,
+        checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints,
+    )
     return training.train(options)
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
-    return evaluation.evaluate(args.checkpoint, episodes=args.episodes, env=args.env,
-                               explore=args.explore, seed=args.seed)
+
+    return evaluation.evaluate(
+        args.checkpoint, episodes=args.episodes, env=args.env, explore=args.explore, seed=args.seed
+    )
 
 
 def _export(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
+
     return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
 
 
 def _submit(args: argparse.Namespace) -> int:
     from policy_service.distributed import jobs  # no TensorFlow on this path
+
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     address = args.address or jobs.default_address()
     if not address:
         raise jobs.JobSubmissionError(
-            "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)")
-    return jobs.run_job(address, command, wait=not args.no_wait,
-                        working_dir=args.working_dir, insecure=args.insecure,
-                        resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus))
+            "no cluster address: pass --address http://HEAD:8265 (or set RAY_ADDRESS)"
+        )
+    return jobs.run_job(
+        address,
+        command,
+        wait=not args.no_wait,
+        working_dir=args.working_dir,
+        insecure=args.insecure,
+        resources=jobs.EntrypointResources(args.num_gpus, args.num_cpus),
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -97,95 +120,169 @@ def _serve(args: argparse.Namespace) -> int:
     from policy_service.serving import server
     from policy_service.serving.deployment import ServingSettings
     from policy_service.serving.http_api import DEFAULT_MAX_REQUEST_BYTES
+
     address = server.ServerAddress(args.host, args.port)
     settings = ServingSettings(
-        max_batch_size=args.max_batch_size, batch_wait_timeout_s=args.batch_wait_timeout_s,
-        max_request_bytes=(DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None
-                           else args.max_request_bytes), num_replicas=args.num_replicas,
-        num_gpus_per_replica=args.num_gpus)
+        max_batch_size=args.max_batch_size,
+        batch_wait_timeout_s=args.batch_wait_timeout_s,
+        max_request_bytes=(
+            DEFAULT_MAX_REQUEST_BYTES if args.max_request_bytes is None else args.max_request_bytes
+        ),
+        num_replicas=args.num_replicas,
+        num_gpus_per_replica=args.num_gpus,
+    )
     server.check_settings(address, settings)
     found, state = newest_loadable(
         evaluation.checkpoint_candidates(args.checkpoint),
-        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d)), args.checkpoint,
-        skipped=(evaluation.CheckpointError,))
+        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d)),
+        args.checkpoint,
+        skipped=(evaluation.CheckpointError,),
+    )
     token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
-    return server.run_server(state, address, settings, token,
-                             announce=f"policy {found}; token from {where}")
+    return server.run_server(
+        state, address, settings, token, announce=f"policy {found}; token from {where}"
+    )
 
 
 def _add_serve_parser(sub) -> None:
     serve = sub.add_parser(
-        "serve", help="serve a checkpoint's policy over HTTP (JSON) on Ray Serve",
+        "serve",
+        help="serve a checkpoint's policy over HTTP (JSON) on Ray Serve",
         description="Serve the policy in CHECKPOINT: GET /v1/health, GET /v1/spec, POST "
         "/v1/actions, every path but health with 'Authorization: Bearer TOKEN'. Runs "
-        "until SIGTERM or SIGINT.")
+        "until SIGTERM or SIGINT.",
+    )
     serve.add_argument("checkpoint", metavar="CHECKPOINT")
-    serve.add_argument("--host", default="127.0.0.1",
-                       help="address to listen on (default 127.0.0.1: this machine only)")
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this machine only)",
+    )
     serve.add_argument("--port", type=int, default=9900, help="HTTP port (default 9900)")
     serve.add_argument("--num-replicas", type=int, default=1, help="Serve replicas (default 1)")
-    serve.add_argument("--num-gpus", type=float, default=0.0,
-                       help="GPUs per replica; its policy acts on them (default 0)")
-    serve.add_argument("--token-file", metavar="F",
-                       help="file holding the bearer token (default: $POLICY_SERVICE_TOKEN, "
-                       "else one is generated into the run's serve/ directory)")
-    serve.add_argument("--max-batch-size", type=int, default=32,
-                       help="rows per forward pass across concurrent requests (default 32)")
-    serve.add_argument("--batch-wait-timeout-s", type=float, default=0.001,
-                       help="longest wait for requests to join a pass (default 0.001)")
-    serve.add_argument("--max-request-bytes", type=int, metavar="N",
-                       help="larger request bodies get 413 (default 4 MiB)")
+    serve.add_argument(
+        "--num-gpus",
+        type=float,
+        default=0.0,
+        help="GPUs per replica; its policy acts on them (default 0)",
+    )
+    serve.add_argument(
+        "--token-file",
+        metavar="F",
+        help="file holding the bearer token (default: $POLICY_SERVICE_TOKEN, "
+        "else one is generated into the run's serve/ directory)",
+    )
+    serve.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="rows per forward pass across concurrent requests (default 32)",
+    )
+    serve.add_argument(
+        "--batch-wait-timeout-s",
+        type=float,
+        default=0.001,
+        help="longest wait for requests to join a pass (default 0.001)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        metavar="N",
+        help="larger request bodies get 413 (default 4 MiB)",
+    )
     serve.set_defaults(handler=_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray.")
+        prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray."
+    )
     sub = parser.add_subparsers(dest="command_name", required=True, metavar="COMMAND")
 
-    train = sub.add_parser("train", help="train an algorithm on an environment",
-                           description="Train ALGO on ENV; writes progress.jsonl, result.json, "
-                           "config.json, checkpoints/ and tensorboard/ under --output-dir.")
-    train.add_argument("algorithm", nargs="?", metavar="ALGO",
-                       help="algorithm name, e.g. ppo (optional with --resume)")
+    train = sub.add_parser(
+        "train",
+        help="train an algorithm on an environment",
+        description="Train ALGO on ENV; writes progress.jsonl, result.json, "
+        "config.json, checkpoints/ and tensorboard/ under --output-dir.",
+    )
+    train.add_argument(
+        "algorithm",
+        nargs="?",
+        metavar="ALGO",
+        help="algorithm name, e.g. ppo (optional with --resume)",
+    )
     train.add_argument("--env", help="gymnasium environment id, e.g. CartPole-v1")
     train.add_argument("--config", metavar="FILE", help="YAML or JSON file of config keys")
-    train.add_argument("--set", action="append", metavar="KEY=VALUE",
-                       help="override one config key (YAML value; dotted keys nest, "
-                       "e.g. model.fcnet_hiddens=[64,64]); repeatable")
+    train.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override one config key (YAML value; dotted keys nest, "
+        "e.g. model.fcnet_hiddens=[64,64]); repeatable",
+    )
     train.add_argument("--num-gpus", type=float, help="towers: GPUs for the learner")
-    train.add_argument("--fake-gpus", action="store_true", default=None,
-                       help="with no GPU, put the towers on separate logical CPU devices")
+    train.add_argument(
+        "--fake-gpus",
+        action="store_true",
+        default=None,
+        help="with no GPU, put the towers on separate logical CPU devices",
+    )
     train.add_argument("--num-env-runners", type=int, help="rollout worker actors")
-    train.add_argument("--num-learners", type=int,
-                       help="learner actors training one policy (0: the learner runs here)")
-    train.add_argument("--gpus-per-learner", type=float,
-                       help="GPUs Ray reserves for each learner actor (its towers)")
+    train.add_argument(
+        "--num-learners",
+        type=int,
+        help="learner actors training one policy (0: the learner runs here)",
+    )
+    train.add_argument(
+        "--gpus-per-learner",
+        type=float,
+        help="GPUs Ray reserves for each learner actor (its towers)",
+    )
     train.add_argument("--stop-reward", type=float, help="stop at this episode_return_mean")
     train.add_argument("--stop-timesteps", type=int, help="stop after this many env steps")
     train.add_argument("--stop-iters", type=int, help="stop after this many iterations")
-    train.add_argument("--output-dir", metavar="D", help="run directory (default runs/ALGO-ENV-TIME)")
-    train.add_argument("--resume", metavar="D",
-                       help="continue the run in D from its latest checkpoint, same config")
-    train.add_argument("--address", metavar="A",
-                       help="join this Ray cluster (default: $RAY_ADDRESS, set inside Ray "
-                       "jobs); without one, a local Ray is started if the run has actors")
+    train.add_argument(
+        "--output-dir", metavar="D", help="run directory (default runs/ALGO-ENV-TIME)"
+    )
+    train.add_argument(
+        "--resume",
+        metavar="D",
+        help="continue the run in D from its latest checkpoint, same config",
+    )
+    train.add_argument(
+        "--address",
+        metavar="A",
+        help="join this Ray cluster (default: $RAY_ADDRESS, set inside Ray "
+        "jobs); without one, a local Ray is started if the run has actors",
+    )
     train.add_argument("--seed", type=int, help="random seed")
-    train.add_argument("--checkpoint-every", type=int, metavar="N",
-                       help="checkpoint every N iterations (default 10; always at the end)")
-    train.add_argument("--keep-checkpoints", type=int, metavar="K",
-                       help="keep the latest K checkpoints (default 3)")
+    train.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="checkpoint every N iterations (default 10; always at the end)",
+    )
+    train.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        metavar="K",
+        help="keep the latest K checkpoints (default 3)",
+    )
     train.set_defaults(handler=_train)
 
-    evaluate = sub.add_parser("evaluate", help="run episodes with a checkpoint's policy",
-                              description="Run episodes with the policy in CHECKPOINT (a run "
-                              "directory, a checkpoint or a policy directory) and print one "
-                              "JSON line of episode statistics.")
+    evaluate = sub.add_parser(
+        "evaluate",
+        help="run episodes with a checkpoint's policy",
+        description="Run episodes with the policy in CHECKPOINT (a run "
+        "directory, a checkpoint or a policy directory) and print one "
+        "JSON line of episode statistics.",
+    )
     evaluate.add_argument("checkpoint", metavar="CHECKPOINT")
     evaluate.add_argument("--episodes", type=int, default=10, help="episodes to run (default 10)")
     evaluate.add_argument("--env", help="environment id (default: the one trained on)")
-    evaluate.add_argument("--explore", action="store_true",
-                          help="sample actions instead of acting deterministically")
+    evaluate.add_argument(
+        "--explore", action="store_true", help="sample actions instead of acting deterministically"
+    )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
     evaluate.set_defaults(handler=_evaluate)
 
@@ -193,27 +290,48 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("checkpoint", metavar="CHECKPOINT")
     export.add_argument("--out", required=True, metavar="DIR", help="SavedModel directory")
     export.add_argument("--onnx", type=int, metavar="OPSET", help="also write model.onnx")
-    export.add_argument("--force", action="store_true",
-                        help="replace what is at --out (a file, or a directory that is not "
-                        "empty); the old one stays if the export fails")
+    export.add_argument(
+        "--force",
+        action="store_true",
+        help="replace what is at --out (a file, or a directory that is not "
+        "empty); the old one stays if the export fails",
+    )
     export.set_defaults(handler=_export)
 
-    submit = sub.add_parser("submit", help="run a command as a Ray job on a cluster",
-                            description="Run COMMAND as a Ray job, stream its log and exit "
-                            "with its status (0 SUCCEEDED, 1 FAILED or STOPPED).")
-    submit.add_argument("--address", metavar="URL",
-                        help="job server, e.g. http://127.0.0.1:8265 (default: $RAY_ADDRESS)")
-    submit.add_argument("--no-wait", action="store_true",
-                        help="print the job id and return without following the job")
-    submit.add_argument("--num-gpus", type=float, default=None,
-                        help="GPUs Ray reserves for the job's driver (its learner's towers)")
-    submit.add_argument("--num-cpus", type=float, default=None,
-                        help="CPUs Ray reserves for the job's driver")
-    submit.add_argument("--working-dir", metavar="DIR",
-                        help="upload DIR as the job's working directory")
-    submit.add_argument("--insecure", action="store_true",
-                        help="allow plain http:// to a host other than this machine (the "
-                        "cluster token is then sent unencrypted)")
+    submit = sub.add_parser(
+        "submit",
+        help="run a command as a Ray job on a cluster",
+        description="Run COMMAND as a Ray job, stream its log and exit "
+        "with its status (0 SUCCEEDED, 1 FAILED or STOPPED).",
+    )
+    submit.add_argument(
+        "--address",
+        metavar="URL",
+        help="job server, e.g. http://127.0.0.1:8265 (default: $RAY_ADDRESS)",
+    )
+    submit.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="print the job id and return without following the job",
+    )
+    submit.add_argument(
+        "--num-gpus",
+        type=float,
+        default=None,
+        help="GPUs Ray reserves for the job's driver (its learner's towers)",
+    )
+    submit.add_argument(
+        "--num-cpus", type=float, default=None, help="CPUs Ray reserves for the job's driver"
+    )
+    submit.add_argument(
+        "--working-dir", metavar="DIR", help="upload DIR as the job's working directory"
+    )
+    submit.add_argument(
+        "--insecure",
+        action="store_true",
+        help="allow plain http:// to a host other than this machine (the "
+        "cluster token is then sent unencrypted)",
+    )
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     submit.set_defaults(handler=_submit)
     _add_serve_parser(sub)

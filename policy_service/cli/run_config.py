@@ -1,5 +1,6 @@
 """A run's config: file < --set key=value < flags, validated by the algorithm's
 config class, the environment and the devices before anything starts."""
+
 from __future__ import annotations
 
 import json
@@ -32,16 +33,17 @@ def load_config_file(path: str) -> dict:
         with open(path, "rb") as f:
             data = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
-        raise TrainingSetupError(f"cannot read config file {path}: "
-                                 f"{err.strerror or err}") from None
+        raise TrainingSetupError(f"cannot read config file {path}: {err.strerror or err}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise TrainingSetupError(f"{where}: larger than {MAX_CONFIG_BYTES} bytes, the most "
-                                 "a config file may hold")
+        raise TrainingSetupError(
+            f"{where}: larger than {MAX_CONFIG_BYTES} bytes, the most a config file may hold"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise TrainingSetupError(f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at "
-                                 f"offset {err.start})") from None
+        raise TrainingSetupError(
+            f"{where}: not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start})"
+        ) from None
     if path.endswith(".json"):
         try:
             values = json.loads(text)
@@ -54,8 +56,9 @@ def load_config_file(path: str) -> dict:
         return {}
     values = exponent_floats(values)
     if not isinstance(values, dict):
-        raise TrainingSetupError(f"config file {path} must hold a mapping of config keys, "
-                                 f"got {type(values).__name__}")
+        raise TrainingSetupError(
+            f"config file {path} must hold a mapping of config keys, got {type(values).__name__}"
+        )
     return values
 
 
@@ -68,13 +71,15 @@ def parse_yaml(text: str, where: str) -> Any:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.AliasEvent):
                 line = event.start_mark.line + 1 if event.start_mark else "?"
-                raise TrainingSetupError(f"{where}: YAML aliases are not allowed, found "
-                                         f"*{event.anchor} on line {line}")
+                raise TrainingSetupError(
+                    f"{where}: YAML aliases are not allowed, found *{event.anchor} on line {line}"
+                )
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > MAX_CONFIG_DEPTH:
-                    raise TrainingSetupError(f"{where}: nested more than {MAX_CONFIG_DEPTH} "
-                                             "levels deep")
+                    raise TrainingSetupError(
+                        f"{where}: nested more than {MAX_CONFIG_DEPTH} levels deep"
+                    )
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
         return yaml.safe_load(text)
@@ -85,8 +90,9 @@ def parse_yaml(text: str, where: str) -> Any:
 def _check_depth(values: Any, where: str) -> None:
     depth = checkpoints.nesting_depth(values)
     if depth > MAX_CONFIG_DEPTH:
-        raise TrainingSetupError(f"{where}: nested {depth} levels deep, expected at most "
-                                 f"{MAX_CONFIG_DEPTH}")
+        raise TrainingSetupError(
+            f"{where}: nested {depth} levels deep, expected at most {MAX_CONFIG_DEPTH}"
+        )
 
 
 def apply_override(config: dict, assignment: str) -> None:
@@ -101,8 +107,9 @@ def apply_override(config: dict, assignment: str) -> None:
     for depth, part in enumerate(parents):
         child = target.setdefault(part, {})
         if not isinstance(child, dict):
-            raise TrainingSetupError(f"--set {key}: {'.'.join(parents[:depth + 1])} "
-                                     f"is {child!r}, not a mapping")
+            raise TrainingSetupError(
+                f"--set {key}: {'.'.join(parents[: depth + 1])} is {child!r}, not a mapping"
+            )
         target = child
     target[leaf] = value
 
@@ -130,13 +137,15 @@ def _merge(target: dict, updates: dict) -> None:
 def algorithm_name(name: str | None) -> str:
     """The algorithm named on the command line, or the error that none was."""
     if not name:
-        raise TrainingSetupError("no algorithm given: train ALGO --env ENV, e.g. train ppo "
-                                 "--env CartPole-v1")
+        raise TrainingSetupError(
+            "no algorithm given: train ALGO --env ENV, e.g. train ppo --env CartPole-v1"
+        )
     return name
 
 
 def algorithm_class(name: str | None) -> type[Algorithm]:
     from algorithms import get_algorithm_class
+
     try:
         return get_algorithm_class(algorithm_name(name))
     except ValueError as err:
@@ -146,13 +155,16 @@ def algorithm_class(name: str | None) -> type[Algorithm]:
 def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
     """The full config (every key, defaults filled in) or an error naming the bad key."""
     from policy_service.config import from_dict
+
     try:
         typed = from_dict(algo_cls.config_class, config)
     except (ValueError, TypeError) as err:
         raise TrainingSetupError(f"invalid config: {err}") from None
     if not typed.env:
-        raise TrainingSetupError("no environment given: pass --env ENV (e.g. CartPole-v1) "
-                                 "or set 'env' in the config file")
+        raise TrainingSetupError(
+            "no environment given: pass --env ENV (e.g. CartPole-v1) "
+            "or set 'env' in the config file"
+        )
     try:
         environments.check_env_id(typed.env)
         environments.check_env_config(typed.env, typed.env_config)
@@ -168,16 +180,24 @@ def check_devices(config) -> None:
     import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
 
     from policy_service.engine import devices
+
     try:
-        tower_devices = devices.choose_tower_devices(config.num_gpus, config._fake_gpus,
-                                    len(tf.config.list_physical_devices("GPU")))
+        tower_devices = devices.choose_tower_devices(
+            config.num_gpus, config._fake_gpus, len(tf.config.list_physical_devices("GPU"))
+        )
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None
     from policy_service.engine.units import check_minibatch_size
+
     rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
     try:
-        check_minibatch_size("config.minibatch_size", config.minibatch_size, learners=1,
-                             towers=tower_devices.num_towers, unit_rows=rows_per_sequence)
+        check_minibatch_size(
+            "config.minibatch_size",
+            config.minibatch_size,
+            learners=1,
+            towers=tower_devices.num_towers,
+            unit_rows=rows_per_sequence,
+        )
     except ValueError as err:
         raise TrainingSetupError(str(err)) from None
 
@@ -204,4 +224,3 @@ def exponent_floats(value: Any) -> Any:
     if isinstance(value, str) and _EXPONENT_NUMBER.match(value.strip()):
         return float(value)
     return value
-

@@ -1,5 +1,6 @@
 """The files of one training run, written whole (temp file or dir + rename):
 config.json, run.json, progress.jsonl, result.json, checkpoints/, tensorboard/."""
+
 from __future__ import annotations
 
 import datetime
@@ -45,8 +46,9 @@ class RunDirectory:
         try:  # a probe, removed at once: permissions, a read-only or full disk
             os.rmdir(tempfile.mkdtemp(prefix=".policy-service-probe-", dir=existing))
         except OSError as err:
-            raise TrainingSetupError(f"{where}: cannot write in {existing} "
-                                     f"({err.strerror or one_line(err)})") from None
+            raise TrainingSetupError(
+                f"{where}: cannot write in {existing} ({err.strerror or one_line(err)})"
+            ) from None
 
     def create(self, config: dict, run: dict) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
@@ -58,11 +60,11 @@ class RunDirectory:
     def read(self) -> tuple[dict, dict]:
         """(config, run settings) of an existing run."""
         try:
-            return (checkpoints.load_json(self.config_file),
-                    checkpoints.load_json(self.run_file))
+            return (checkpoints.load_json(self.config_file), checkpoints.load_json(self.run_file))
         except checkpoints.CheckpointFileError as err:
-            raise TrainingSetupError(f"{self.path} is not a readable run directory: "
-                                     f"{one_line(err)}") from None
+            raise TrainingSetupError(
+                f"{self.path} is not a readable run directory: {one_line(err)}"
+            ) from None
 
     def progress(self) -> list[dict]:
         """The rows of progress.jsonl: JSON objects with an integer "iteration". A line
@@ -81,10 +83,14 @@ class RunDirectory:
                 else:
                     rows.append(row)
         if bad:
-            print(f"policy-service: warning: {self.progress_file}: skipped {len(bad)} "
-                  f"unreadable line(s) ({', '.join(map(str, bad[:5]))}"
-                  f"{', ...' if len(bad) > 5 else ''}), expected a JSON object with an "
-                  "integer 'iteration'", file=sys.stderr, flush=True)
+            print(
+                f"policy-service: warning: {self.progress_file}: skipped {len(bad)} "
+                f"unreadable line(s) ({', '.join(map(str, bad[:5]))}"
+                f"{', ...' if len(bad) > 5 else ''}), expected a JSON object with an "
+                "integer 'iteration'",
+                file=sys.stderr,
+                flush=True,
+            )
         return rows
 
     def append_progress(self, metrics: dict) -> None:
@@ -100,13 +106,24 @@ class RunDirectory:
         os.replace(tmp, self.progress_file)
         return rows
 
-    def write_result(self, metrics: dict, stop_reason: str, checkpoint: Path | None,
-                     resources: dict | None = None) -> None:
+    def write_result(
+        self,
+        metrics: dict,
+        stop_reason: str,
+        checkpoint: Path | None,
+        resources: dict | None = None,
+    ) -> None:
         """The last metrics, why the run stopped, its checkpoint and the resources
         each role held (scripts/run_resources.py)."""
-        write_json(self.result_file, {**metrics, "stop_reason": stop_reason,
-                                       "checkpoint": str(checkpoint) if checkpoint else None,
-                                       "resources": resources})
+        write_json(
+            self.result_file,
+            {
+                **metrics,
+                "stop_reason": stop_reason,
+                "checkpoint": str(checkpoint) if checkpoint else None,
+                "resources": resources,
+            },
+        )
 
     def checkpoint_path(self, iteration: int) -> Path:
         return checkpoints.checkpoint_dir(self.checkpoints, iteration)

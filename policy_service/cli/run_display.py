@@ -1,5 +1,6 @@
 """Metrics out of a run as it goes: a progress bar (or a line per iteration) and
 TensorBoard scalars."""
+
 from __future__ import annotations
 
 import sys
@@ -11,21 +12,35 @@ class ProgressDisplay:
 
     def __init__(self, total_iters: int | None, initial: int):
         from tqdm import tqdm
+
         self.live = sys.stderr.isatty()
-        self.bar = tqdm(total=total_iters, initial=initial, unit="iter", file=sys.stderr,
-                        dynamic_ncols=True, disable=not self.live, desc="train")
+        self.bar = tqdm(
+            total=total_iters,
+            initial=initial,
+            unit="iter",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            disable=not self.live,
+            desc="train",
+        )
 
     def update(self, metrics: dict) -> None:
         ret = metrics.get("episode_return_mean")
-        summary = (f"steps={metrics.get('timesteps_total', 0)} "
-                   f"return={'n/a' if ret is None else f'{ret:.1f}'} "
-                   f"{metrics.get('num_env_steps_sampled_per_s') or 0:.0f} steps/s")
+        summary = (
+            f"steps={metrics.get('timesteps_total', 0)} "
+            f"return={'n/a' if ret is None else f'{ret:.1f}'} "
+            f"{metrics.get('num_env_steps_sampled_per_s') or 0:.0f} steps/s"
+        )
         if self.live:
             self.bar.set_postfix_str(summary, refresh=False)
             self.bar.update(1)
         else:
-            print(f"iteration {metrics.get('iteration')}: {summary} "
-                  f"({metrics.get('time_total_s') or 0:.1f}s)", file=sys.stderr, flush=True)
+            print(
+                f"iteration {metrics.get('iteration')}: {summary} "
+                f"({metrics.get('time_total_s') or 0:.1f}s)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def note(self, text: str) -> None:
         if self.live:
@@ -47,10 +62,12 @@ class ScalarWriter:
     def __init__(self, logdir: Path):
         import tensorflow as tf  # after the algorithm set up TF's devices
         from tensorflow.core.framework import summary_pb2
+
         self._tf = tf
         self._metadata = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-            data_class=summary_pb2.DATA_CLASS_SCALAR)
+            data_class=summary_pb2.DATA_CLASS_SCALAR,
+        )
         self._writer = tf.summary.create_file_writer(str(logdir))
 
     def write(self, metrics: dict) -> None:
@@ -60,8 +77,9 @@ class ScalarWriter:
             for key, value in metrics.items():
                 if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                     continue
-                tf.summary.write(key, tf.constant(value, tf.float32), step=step,
-                                 metadata=self._metadata)
+                tf.summary.write(
+                    key, tf.constant(value, tf.float32), step=step, metadata=self._metadata
+                )
         self._writer.flush()
 
     def close(self) -> None:

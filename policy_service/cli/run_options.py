@@ -1,5 +1,6 @@
 """What `policy-service train` was asked to do: the options, the stop criteria, and
 the error that ends a run before it starts."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +9,11 @@ from dataclasses import dataclass, field
 from policy_service.errors import UserError
 
 STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED = (
-    "stop_reward", "stop_timesteps", "stop_iters", "interrupted")
+    "stop_reward",
+    "stop_timesteps",
+    "stop_iters",
+    "interrupted",
+)
 
 
 class TrainingSetupError(UserError):
@@ -36,8 +41,12 @@ class StopCriteria:
 
     def updated(self, other: StopCriteria) -> StopCriteria:
         """These criteria with every limit `other` sets replaced by its value."""
-        return StopCriteria(**{k: v if v is not None else getattr(self, k)
-                               for k, v in dataclasses.asdict(other).items()})
+        return StopCriteria(
+            **{
+                k: v if v is not None else getattr(self, k)
+                for k, v in dataclasses.asdict(other).items()
+            }
+        )
 
 
 @dataclass
@@ -63,9 +72,15 @@ class RunOptions:
 
     def config_flags(self) -> dict:
         """The config keys set by their own flags (they win over the file and --set)."""
-        flags = {"env": self.env, "num_gpus": self.num_gpus, "_fake_gpus": self.fake_gpus,
-                 "num_env_runners": self.num_env_runners, "num_learners": self.num_learners,
-                 "num_gpus_per_learner": self.gpus_per_learner, "seed": self.seed}
+        flags = {
+            "env": self.env,
+            "num_gpus": self.num_gpus,
+            "_fake_gpus": self.fake_gpus,
+            "num_env_runners": self.num_env_runners,
+            "num_learners": self.num_learners,
+            "num_gpus_per_learner": self.gpus_per_learner,
+            "seed": self.seed,
+        }
         return {k: v for k, v in flags.items() if v is not None}
 
     def sets_config(self) -> bool:

@@ -10,6 +10,7 @@ CUDA lets it see, and its towers' devices. The driver's entry carries the
 learner's devices when the learner lives there (num_learners 0, holds_learner). A role that does not
 answer in time is recorded with the error, not left out.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -30,21 +31,30 @@ def role_resources(algo) -> dict:
     driver["holds_learner"] = local is not None
     env_runners = []
     if runner_group is not None and runner_group.local_worker is not None:
-        env_runners.append(process_resources(
-            _devices(runner_group.local_worker.policy)) | {"in_driver": True})
-    env_runners += [_answer(partial(actor_resources, w, lambda worker: worker.policy,
-                                    ANSWER_TIMEOUT_S))
-                    for w in (runner_group.workers if runner_group is not None else [])]
+        env_runners.append(
+            process_resources(_devices(runner_group.local_worker.policy)) | {"in_driver": True}
+        )
+    env_runners += [
+        _answer(partial(actor_resources, w, lambda worker: worker.policy, ANSWER_TIMEOUT_S))
+        for w in (runner_group.workers if runner_group is not None else [])
+    ]
     inference = None
     if runner_group is not None and runner_group.policy_actor is not None:
         import ray
-        inference = _answer(lambda: ray.get(runner_group.policy_actor.resources.remote(),
-                                            timeout=ANSWER_TIMEOUT_S))
-    learners = [_answer(partial(actor_resources, a, lambda host: host.policy,
-                                ANSWER_TIMEOUT_S))
-                for a in (learner_group.actors if learner_group is not None else [])]
-    return {"driver": driver, "learners": learners, "env_runners": env_runners,
-            "inference_actor": inference}
+
+        inference = _answer(
+            lambda: ray.get(runner_group.policy_actor.resources.remote(), timeout=ANSWER_TIMEOUT_S)
+        )
+    learners = [
+        _answer(partial(actor_resources, a, lambda host: host.policy, ANSWER_TIMEOUT_S))
+        for a in (learner_group.actors if learner_group is not None else [])
+    ]
+    return {
+        "driver": driver,
+        "learners": learners,
+        "env_runners": env_runners,
+        "inference_actor": inference,
+    }
 
 
 def _devices(policy) -> list | None:

@@ -1,4 +1,5 @@
 """Stopping a run on a signal: checkpoint first, abort on the second."""
+
 from __future__ import annotations
 
 import signal

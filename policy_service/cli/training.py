@@ -17,6 +17,7 @@ Resuming continues from the latest checkpoint that loads, with no gap and no
 duplicate in progress.jsonl. The run directory's files and resuming in full:
 docs/training_runs.md.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,8 +89,9 @@ def setup_run(options: RunOptions) -> RunSetup:
     _at_least(options.stop.iters, 1, "--stop-iters")
     _at_least(options.stop.timesteps, 1, "--stop-timesteps")
     if options.stop.reward is not None and not math.isfinite(options.stop.reward):
-        raise TrainingSetupError(f"--stop-reward must be a finite number, "
-                                 f"got {options.stop.reward}")
+        raise TrainingSetupError(
+            f"--stop-reward must be a finite number, got {options.stop.reward}"
+        )
     _check_address(options)
     if options.resume:
         return _resume_setup(options, options.resume, checkpoint_every, keep)
@@ -98,33 +100,48 @@ def setup_run(options: RunOptions) -> RunSetup:
     config = validate_config(algo_cls, build_config(options))
     run_dir = RunDirectory(options.output_dir or default_output_dir(name.lower(), config["env"]))
     if run_dir.exists() or run_dir.progress_file.exists():
-        raise TrainingSetupError(f"{run_dir.path} already holds a run: continue it with "
-                                 f"--resume {run_dir.path}, or choose another --output-dir")
+        raise TrainingSetupError(
+            f"{run_dir.path} already holds a run: continue it with "
+            f"--resume {run_dir.path}, or choose another --output-dir"
+        )
     run_dir.check_writable()
-    return RunSetup(algo_cls, name.lower(), config, run_dir, options.stop,
-                 DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
-                 DEFAULT_KEEP_CHECKPOINTS if keep is None else keep, None, False)
+    return RunSetup(
+        algo_cls,
+        name.lower(),
+        config,
+        run_dir,
+        options.stop,
+        DEFAULT_CHECKPOINT_EVERY if checkpoint_every is None else checkpoint_every,
+        DEFAULT_KEEP_CHECKPOINTS if keep is None else keep,
+        None,
+        False,
+    )
 
 
 def _resume_setup(options: RunOptions, resume: str, checkpoint_every, keep) -> RunSetup:
     run_dir = RunDirectory(resume)
     if not run_dir.exists():
-        raise TrainingSetupError(f"--resume {resume}: no run there "
-                                 f"({run_dir.run_file.name} missing)")
+        raise TrainingSetupError(
+            f"--resume {resume}: no run there ({run_dir.run_file.name} missing)"
+        )
     if options.output_dir and Path(options.output_dir).absolute() != run_dir.path:
-        raise TrainingSetupError("--resume continues in the run's own directory; "
-                                 "drop --output-dir or make it the same")
+        raise TrainingSetupError(
+            "--resume continues in the run's own directory; drop --output-dir or make it the same"
+        )
     run_dir.check_writable()
     saved_config, run = run_dir.read()
     name = run["algorithm"]
     if options.algorithm and options.algorithm.lower() != name:
-        raise TrainingSetupError(f"--resume: the run in {run_dir.path} trains {name!r}, "
-                                 f"not {options.algorithm!r}")
+        raise TrainingSetupError(
+            f"--resume: the run in {run_dir.path} trains {name!r}, not {options.algorithm!r}"
+        )
     algo_cls = algorithm_class(name)
     try:  # before validate_config, which imports the module of a "module:EnvId"
         environments.check_env_from_file(
             saved_config.get("env") if isinstance(saved_config, dict) else None,
-            run_dir.config_file, allowed=(options.env,) if options.env else ())
+            run_dir.config_file,
+            allowed=(options.env,) if options.env else (),
+        )
     except environments.EnvironmentSetupError as err:
         raise TrainingSetupError(str(err)) from None
     config = validate_config(algo_cls, saved_config)
@@ -135,22 +152,34 @@ def _resume_setup(options: RunOptions, resume: str, checkpoint_every, keep) -> R
             key = changed[0]
             raise TrainingSetupError(
                 f"--resume keeps the run's config, but {key!r} would change from "
-                f"{config.get(key)!r} to {wanted.get(key)!r}; start a new run instead")
+                f"{config.get(key)!r} to {wanted.get(key)!r}; start a new run instead"
+            )
     stop = StopCriteria(**run.get("stop", {})).updated(options.stop)
-    return RunSetup(algo_cls, name, config, run_dir, stop,
-                 run.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
-                 if checkpoint_every is None else checkpoint_every,
-                 run.get("keep_checkpoints", DEFAULT_KEEP_CHECKPOINTS) if keep is None else keep,
-                 run_dir.latest_checkpoint(), True)
+    return RunSetup(
+        algo_cls,
+        name,
+        config,
+        run_dir,
+        stop,
+        run.get("checkpoint_every", DEFAULT_CHECKPOINT_EVERY)
+        if checkpoint_every is None
+        else checkpoint_every,
+        run.get("keep_checkpoints", DEFAULT_KEEP_CHECKPOINTS) if keep is None else keep,
+        run_dir.latest_checkpoint(),
+        True,
+    )
 
 
 def train(options: RunOptions) -> int:
     """Run (or resume) training until a stop criterion or a signal -> exit status 0."""
     setup = setup_run(options)
     run_dir = setup.run_dir
-    run_settings = {"algorithm": setup.algorithm, "stop": dataclasses.asdict(setup.stop),
-                    "checkpoint_every": setup.checkpoint_every,
-                    "keep_checkpoints": setup.keep_checkpoints}
+    run_settings = {
+        "algorithm": setup.algorithm,
+        "stop": dataclasses.asdict(setup.stop),
+        "checkpoint_every": setup.checkpoint_every,
+        "keep_checkpoints": setup.keep_checkpoints,
+    }
     address = options.address or os.environ.get("RAY_ADDRESS") or None
     ray_started = uses_ray(setup.config, address)
     if ray_started:
@@ -169,6 +198,7 @@ def train(options: RunOptions) -> int:
             algo.stop()
         if ray_started:
             import ray
+
             ray.shutdown()
 
 
@@ -179,15 +209,22 @@ def _restore(algo, setup: RunSetup) -> list[dict]:
     run_dir.remove_partial_checkpoints()
     candidates = run_dir.checkpoint_list()[::-1]
     if not candidates:
-        print(f"policy-service: {run_dir.path} has no checkpoint yet; starting it over",
-              file=sys.stderr)
+        print(
+            f"policy-service: {run_dir.path} has no checkpoint yet; starting it over",
+            file=sys.stderr,
+        )
         setup.resume_from = None
         return run_dir.truncate_progress(0)
     setup.resume_from, _ = checkpoints.newest_loadable(
-        candidates, lambda checkpoint: restore_checked(algo, checkpoint, run_dir.path),
-        f"--resume {run_dir.path}")
-    print(f"policy-service: resuming {run_dir.path} from {setup.resume_from.name} "
-          f"(iteration {algo.iteration})", file=sys.stderr)
+        candidates,
+        lambda checkpoint: restore_checked(algo, checkpoint, run_dir.path),
+        f"--resume {run_dir.path}",
+    )
+    print(
+        f"policy-service: resuming {run_dir.path} from {setup.resume_from.name} "
+        f"(iteration {algo.iteration})",
+        file=sys.stderr,
+    )
     return run_dir.truncate_progress(algo.iteration)
 
 
@@ -207,8 +244,10 @@ def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None
     for name in ("observation_space", "action_space"):
         saved = space_from_json(policy_state[name])
         if saved != getattr(learners, name):
-            raise CheckpointFileError(f"{policy_file}: {name} is {saved}, but this run's "
-                                      f"env has {getattr(learners, name)}")
+            raise CheckpointFileError(
+                f"{policy_file}: {name} is {saved}, but this run's "
+                f"env has {getattr(learners, name)}"
+            )
     try:  # names the entry; nothing is assigned yet
         learners.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
     except (ValueError, TypeError) as err:  # a learner actor's too (a RayTaskError)
@@ -226,9 +265,11 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
     last = history[-1] if history else {}  # {}: no iteration's metrics yet
     checkpoint = setup.resume_from if last else None
     reason = setup.stop.reason(last) if last else None  # already met before resuming
-    stop = StopRequest(on_first=lambda name: display.note(
-        f"policy-service: {name}: finishing this iteration, then checkpointing "
-        "(again to abort)"))
+    stop = StopRequest(
+        on_first=lambda name: display.note(
+            f"policy-service: {name}: finishing this iteration, then checkpointing (again to abort)"
+        )
+    )
     try:
         with stop:
             while reason is None:
@@ -261,17 +302,22 @@ def _save(algo, setup: RunSetup) -> Path:
 
 def _report(metrics: dict, reason: str, checkpoint: Path, run_dir: RunDirectory) -> None:
     ret = metrics.get("episode_return_mean")
-    print(f"stopped ({reason}) after iteration {metrics['iteration']}: "
-          f"{metrics.get('timesteps_total')} env steps, episode_return_mean "
-          f"{'n/a' if ret is None else f'{ret:.2f}'}")
+    print(
+        f"stopped ({reason}) after iteration {metrics['iteration']}: "
+        f"{metrics.get('timesteps_total')} env steps, episode_return_mean "
+        f"{'n/a' if ret is None else f'{ret:.2f}'}"
+    )
     print(f"checkpoint:  {checkpoint}")
     print(f"tensorboard: tensorboard --logdir {run_dir.tensorboard}")
     print(f"results:     {run_dir.result_file}")
 
 
 def _check_address(options: RunOptions) -> None:
-    source, address = (("--address", options.address) if options.address
-                       else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS")))
+    source, address = (
+        ("--address", options.address)
+        if options.address
+        else ("RAY_ADDRESS", os.environ.get("RAY_ADDRESS"))
+    )
     if address:
         try:
             check_address(address, source)

@@ -14,6 +14,7 @@ run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. W
 batch fails, each request is rerun alone, so only the failing one gets the exception.
 When a batch runs, exactly: docs/distributed.md, "RequestBatcher".
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -38,8 +39,14 @@ class _Request:
 class RequestBatcher:
     """Groups concurrent `submit` calls by key into batches for `run_batch`."""
 
-    def __init__(self, run_batch: RunBatch, *, max_batch_size: int,
-                 batch_wait_timeout_s: float, executor: Executor):
+    def __init__(
+        self,
+        run_batch: RunBatch,
+        *,
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        executor: Executor,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_timeout_s < 0:
@@ -63,7 +70,8 @@ class RequestBatcher:
             return await self._run_alone(key, payload)
         future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, collections.deque()).append(
-            _Request(payload, int(num_rows), future))
+            _Request(payload, int(num_rows), future)
+        )
         self._rows_waiting[key] += int(num_rows)
         self._ensure_loop().set()
         return await future
@@ -77,8 +85,7 @@ class RequestBatcher:
         """The running loop's wakeup event (a loop is started when none runs)."""
         if self._wakeup is None or self._loop_task is None or self._loop_task.done():
             self._wakeup = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(
-                self._batch_loop(self._wakeup))
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop(self._wakeup))
         return self._wakeup
 
     async def _batch_loop(self, wakeup: asyncio.Event) -> None:
@@ -128,10 +135,12 @@ class RequestBatcher:
         loop = asyncio.get_running_loop()
         try:
             results = await loop.run_in_executor(
-                self._executor, self._run_batch, key, [r.payload for r in batch])
+                self._executor, self._run_batch, key, [r.payload for r in batch]
+            )
             if len(results) != len(batch):
-                raise RuntimeError(f"run_batch returned {len(results)} results "
-                                   f"for {len(batch)} requests")
+                raise RuntimeError(
+                    f"run_batch returned {len(results)} results for {len(batch)} requests"
+                )
         except Exception as error:  # noqa: BLE001 - handed to the callers below
             if len(batch) == 1:
                 _resolve(batch[0].future, error=error)
@@ -139,7 +148,8 @@ class RequestBatcher:
             for request in batch:  # isolate the failing request(s)
                 try:
                     result = await loop.run_in_executor(
-                        self._executor, self._run_batch, key, [request.payload])
+                        self._executor, self._run_batch, key, [request.payload]
+                    )
                     _resolve(request.future, result=result[0])
                 except Exception as single_error:  # noqa: BLE001
                     _resolve(request.future, error=single_error)
@@ -149,7 +159,8 @@ class RequestBatcher:
 
     async def _run_alone(self, key: Hashable, payload: Any) -> Any:
         results = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run_batch, key, [payload])
+            self._executor, self._run_batch, key, [payload]
+        )
         return results[0]
 
 

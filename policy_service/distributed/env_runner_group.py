@@ -17,6 +17,7 @@ latest weights and asked again, within restart budgets (`EnvRunnerFailure` past
 them); an error raised by a worker's own code is raised to the caller.
 The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunnerGroup".
 """
+
 from __future__ import annotations
 
 import time
@@ -47,8 +48,13 @@ class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
 
 
-_SUMMED_METRICS = ("env_steps", "num_episodes", "inference_time_s", "env_time_s",
-                   "postprocess_time_s")
+_SUMMED_METRICS = (
+    "env_steps",
+    "num_episodes",
+    "inference_time_s",
+    "env_time_s",
+    "postprocess_time_s",
+)
 
 
 class EnvRunnerGroup:
@@ -68,20 +74,33 @@ class EnvRunnerGroup:
     max_policy_actor_restarts: how often Ray restarts the PolicyActor.
     """
 
-    def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
-                 policy_config: dict | Any = None, *, num_env_runners: int = 0,
-                 num_envs_per_env_runner: int = 1, rollout_fragment_length: int = 200,
-                 vectorize_mode: str = "sync", seed: int | None = None,
-                 env_config: dict | None = None, remote_inference: bool = False,
-                 num_cpus_per_env_runner: float = 0.5, policy_actor_options: dict | None = None,
-                 policy_actor_kwargs: dict | None = None, max_restarts_per_sample: int = 3,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS,
-                 max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS):
+    def __init__(
+        self,
+        env: str | Callable[[dict], gym.Env],
+        policy_cls: type,
+        policy_config: dict | Any = None,
+        *,
+        num_env_runners: int = 0,
+        num_envs_per_env_runner: int = 1,
+        rollout_fragment_length: int = 200,
+        vectorize_mode: str = "sync",
+        seed: int | None = None,
+        env_config: dict | None = None,
+        remote_inference: bool = False,
+        num_cpus_per_env_runner: float = 0.5,
+        policy_actor_options: dict | None = None,
+        policy_actor_kwargs: dict | None = None,
+        max_restarts_per_sample: int = 3,
+        max_restarts: int = DEFAULT_MAX_RESTARTS,
+        max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
+    ):
         if num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
-        for name, value in (("max_restarts_per_sample", max_restarts_per_sample),
-                            ("max_restarts", max_restarts),
-                            ("max_policy_actor_restarts", max_policy_actor_restarts)):
+        for name, value in (
+            ("max_restarts_per_sample", max_restarts_per_sample),
+            ("max_restarts", max_restarts),
+            ("max_policy_actor_restarts", max_policy_actor_restarts),
+        ):
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.num_env_runners = int(num_env_runners)
@@ -90,10 +109,14 @@ class EnvRunnerGroup:
         self.max_restarts = int(max_restarts)
         self.max_policy_actor_restarts = int(max_policy_actor_restarts)
         self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
-        self._worker_kwargs: dict[str, Any] = dict(num_envs=num_envs_per_env_runner,
-                                   rollout_fragment_length=rollout_fragment_length,
-                                   vectorize_mode=vectorize_mode, seed=seed, env_config=env_config,
-                                   custom_models=models.custom_model_registry())
+        self._worker_kwargs: dict[str, Any] = dict(
+            num_envs=num_envs_per_env_runner,
+            rollout_fragment_length=rollout_fragment_length,
+            vectorize_mode=vectorize_mode,
+            seed=seed,
+            env_config=env_config,
+            custom_models=models.custom_model_registry(),
+        )
         self._num_cpus_per_env_runner = num_cpus_per_env_runner
         # latest weights in the object store, for restarted workers
         self._weights_ref: ray.ObjectRef | None = None
@@ -102,16 +125,28 @@ class EnvRunnerGroup:
         self._served_policy: RestartablePolicyActor | None = None
         if remote_inference:
             self._served_policy = self._start_policy_actor(
-                env, env_config, policy_cls, policy_config, policy_actor_options,
-                policy_actor_kwargs, total_envs=max(1, num_env_runners) * num_envs_per_env_runner)
+                env,
+                env_config,
+                policy_cls,
+                policy_config,
+                policy_actor_options,
+                policy_actor_kwargs,
+                total_envs=max(1, num_env_runners) * num_envs_per_env_runner,
+            )
             self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
         self._unacked_weights: list = []  # set_weights refs of sync_weights(wait=False)
         if self.num_env_runners == 0:
-            self.local_worker = RolloutWorker(env, policy_cls, policy_config, worker_index=0,
-                                              policy_actor=self.policy_actor, **self._worker_kwargs)
+            self.local_worker = RolloutWorker(
+                env,
+                policy_cls,
+                policy_config,
+                worker_index=0,
+                policy_actor=self.policy_actor,
+                **self._worker_kwargs,
+            )
             self.observation_space, self.action_space = self.local_worker.get_spaces()
         else:
             self._worker_cls = ray.remote(RolloutWorker)
@@ -178,8 +213,7 @@ class EnvRunnerGroup:
             ready, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=remaining)
             if not ready:
                 break
-            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight),
-                                timeout=0)
+            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
             for ref in ready:
                 results += self._collect_fragment(ref, restarts)
         return results
@@ -217,7 +251,8 @@ class EnvRunnerGroup:
             raise EnvRunnerFailure(
                 f"the PolicyActor died and its restart budget is spent "
                 f"(max_policy_actor_restarts={self.max_policy_actor_restarts}, "
-                f"{self.num_policy_actor_restarts()} restarts made)") from None
+                f"{self.num_policy_actor_restarts()} restarts made)"
+            ) from None
 
     # ----- weights -----------------------------------------------------------------
 
@@ -244,7 +279,8 @@ class EnvRunnerGroup:
                 raise EnvRunnerFailure(
                     f"the PolicyActor died and its restart budget is spent "
                     f"(max_policy_actor_restarts={self.max_policy_actor_restarts}): "
-                    f"{type(error).__name__}") from None
+                    f"{type(error).__name__}"
+                ) from None
             return version
         _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
         if not wait:
@@ -266,7 +302,8 @@ class EnvRunnerGroup:
         if not self._unacked_weights:
             return
         ready, self._unacked_weights = ray.wait(
-            self._unacked_weights, num_returns=len(self._unacked_weights), timeout=0)
+            self._unacked_weights, num_returns=len(self._unacked_weights), timeout=0
+        )
         for ref in ready:
             try:
                 ray.get(ref)
@@ -299,8 +336,13 @@ class EnvRunnerGroup:
 
     def _make_worker(self, index: int):
         return self._worker_cls.options(num_cpus=self._num_cpus_per_env_runner).remote(
-            self._env, self._policy_cls, self._policy_config, worker_index=index,
-            policy_actor=self.policy_actor, **self._worker_kwargs)
+            self._env,
+            self._policy_cls,
+            self._policy_config,
+            worker_index=index,
+            policy_actor=self.policy_actor,
+            **self._worker_kwargs,
+        )
 
     def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
         """Replace the dead worker in `slot` by a new one with the same index and weights,
@@ -308,8 +350,10 @@ class EnvRunnerGroup:
         counts them within the current call. Budgets spent -> EnvRunnerFailure."""
         _kill_quietly(self.workers[slot])
         for delay in backoff_delays(self.max_restarts_per_sample + 1):
-            if restarts[slot] >= self.max_restarts_per_sample or \
-                    self.num_restarts >= self.max_restarts:
+            if (
+                restarts[slot] >= self.max_restarts_per_sample
+                or self.num_restarts >= self.max_restarts
+            ):
                 break
             time.sleep(delay)
             restarts[slot] += 1
@@ -329,7 +373,8 @@ class EnvRunnerGroup:
             f"env runner {slot + 1} died {restarts[slot] + 1} times during one {during} "
             f"({self.num_restarts} restarts in all; budgets: max_restarts_per_sample="
             f"{self.max_restarts_per_sample}, max_restarts={self.max_restarts}); last: "
-            f"{type(error).__name__}: {one_line(error, first_line=True)}") from None
+            f"{type(error).__name__}: {one_line(error, first_line=True)}"
+        ) from None
 
     def _ready(self, worker) -> None:
         """Wait until a new worker is up and acting with the latest weights."""
@@ -338,19 +383,30 @@ class EnvRunnerGroup:
         else:
             ray.get(worker.ping.remote())
 
-    def _start_policy_actor(self, env, env_config, policy_cls, policy_config, options, kwargs,
-                            total_envs: int):
+    def _start_policy_actor(
+        self, env, env_config, policy_cls, policy_config, options, kwargs, total_envs: int
+    ):
         obs_space, action_space = probe_spaces(env, env_config)
         options = dict(options or {})
         options.setdefault("num_cpus", 1)
         if "num_gpus" not in options:
             options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
         check_policy_actor_resources(options)
-        kwargs = {"max_batch_size": total_envs, "batch_wait_timeout_s": 0.002,
-                  "custom_models": models.custom_model_registry(), **(kwargs or {})}
-        return RestartablePolicyActor(policy_cls, obs_space, action_space, policy_config,
-                                      max_restarts=self.max_policy_actor_restarts,
-                                      actor_options=options, **kwargs)
+        kwargs = {
+            "max_batch_size": total_envs,
+            "batch_wait_timeout_s": 0.002,
+            "custom_models": models.custom_model_registry(),
+            **(kwargs or {}),
+        }
+        return RestartablePolicyActor(
+            policy_cls,
+            obs_space,
+            action_space,
+            policy_config,
+            max_restarts=self.max_policy_actor_restarts,
+            actor_options=options,
+            **kwargs,
+        )
 
     def stop(self) -> None:
         """Close every env and end the actors this group started."""

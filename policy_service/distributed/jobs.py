@@ -11,6 +11,7 @@ A cluster with authentication off ignores it; nothing here turns it off.
 The token goes where --address says, so the host is named on stderr, and plain
 http:// to a host other than this machine is refused unless --insecure.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,6 +60,7 @@ def auth_headers() -> dict[str, str]:
     from ray._raylet import (  # type: ignore[attr-defined]  # compiled, not in Ray's stubs
         AuthenticationTokenLoader,  # Ray's loader: same sources, same order
     )
+
     loader = AuthenticationTokenLoader.instance()
     try:
         return dict(loader.get_token_for_http_header(ignore_auth_mode=True))
@@ -94,13 +96,16 @@ def check_job_server(address: str, insecure: bool = False) -> str:
     except ValueError:
         port_ok = False
     if parsed.scheme not in ("http", "https") or not parsed.hostname or not port_ok:
-        raise JobSubmissionError(f"--address {address!r}: expected http(s)://HOST:PORT or "
-                                 "HOST:PORT of the job server (port 8265 by default)")
+        raise JobSubmissionError(
+            f"--address {address!r}: expected http(s)://HOST:PORT or "
+            "HOST:PORT of the job server (port 8265 by default)"
+        )
     if parsed.scheme == "http" and not _is_loopback(parsed.hostname) and not insecure:
         raise JobSubmissionError(
             f"--address {address}: plain http:// to {parsed.hostname}, which is not this "
             "machine, would send the cluster token unencrypted; use https://, or pass "
-            "--insecure to send it anyway")
+            "--insecure to send it anyway"
+        )
     return parsed.hostname
 
 
@@ -120,8 +125,10 @@ def check_working_dir(working_dir: str | None) -> None:
     path = os.path.expanduser(working_dir)
     if not (os.path.isdir(path) or (os.path.isfile(path) and path.endswith(".zip"))):
         found = "a file, not a .zip" if os.path.exists(path) else "not there"
-        raise JobSubmissionError(f"--working-dir {working_dir}: expected a directory, a .zip "
-                                 f"file or a URI, found {found}")
+        raise JobSubmissionError(
+            f"--working-dir {working_dir}: expected a directory, a .zip "
+            f"file or a URI, found {found}"
+        )
 
 
 def connect(address: str):
@@ -129,23 +136,28 @@ def connect(address: str):
     when there is a token, stderr names the host it is sent to."""
     from ray.exceptions import AuthenticationError, RpcError
     from ray.job_submission import JobSubmissionClient
+
     address = job_server_url(address)
     # The SDK logs routine INFO lines (websocket closed, ...) on stderr; keep stderr for problems.
     logging.getLogger("ray.dashboard.modules.job.sdk").setLevel(logging.WARNING)
     headers = auth_headers()
     if headers:
         parsed = urllib.parse.urlsplit(address)
-        print(f"policy-service: sending the Ray cluster token to {parsed.hostname} "
-              f"({address}{', unencrypted' if parsed.scheme == 'http' else ''})",
-              file=sys.stderr, flush=True)
+        print(
+            f"policy-service: sending the Ray cluster token to {parsed.hostname} "
+            f"({address}{', unencrypted' if parsed.scheme == 'http' else ''})",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
         with _without_address_env():
             return JobSubmissionClient(address, headers=headers)
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(address, err)) from None
     except (ConnectionError, RuntimeError, ValueError, RpcError) as err:
-        raise JobSubmissionError(f"cannot reach the Ray job server at {address}: "
-                                 f"{one_line(err, first_line=True)}") from None
+        raise JobSubmissionError(
+            f"cannot reach the Ray job server at {address}: {one_line(err, first_line=True)}"
+        ) from None
 
 
 class EntrypointResources(NamedTuple):
@@ -157,44 +169,60 @@ class EntrypointResources(NamedTuple):
     def check(self) -> None:
         for name, value in self._asdict().items():
             if value is not None and not (value >= 0 and math.isfinite(value)):
-                raise JobSubmissionError(f"--{name.replace('_', '-')} must be a number >= 0, "
-                                         f"got {value}")
+                raise JobSubmissionError(
+                    f"--{name.replace('_', '-')} must be a number >= 0, got {value}"
+                )
 
     def submit_args(self) -> dict:
-        return {f"entrypoint_{name}": value for name, value in self._asdict().items()
-                if value is not None}
+        return {
+            f"entrypoint_{name}": value
+            for name, value in self._asdict().items()
+            if value is not None
+        }
 
 
-def submit(client, command: list[str], working_dir: str | None = None,
-           resources: EntrypointResources = EntrypointResources()) -> str:
+def submit(
+    client,
+    command: list[str],
+    working_dir: str | None = None,
+    resources: EntrypointResources = EntrypointResources(),
+) -> str:
     """Submit `command` (argv list) as a job's entrypoint, its driver holding
     `resources` (a learner in the driver then gets exactly those GPUs);
     returns the submission id."""
     from ray.exceptions import AuthenticationError
+
     _check_command(command)
     resources.check()
     runtime_env = {"working_dir": working_dir} if working_dir else None
     try:
-        return client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env,
-                                 **resources.submit_args())
+        return client.submit_job(
+            entrypoint=shlex.join(command), runtime_env=runtime_env, **resources.submit_args()
+        )
     except AuthenticationError as err:
         raise JobSubmissionError(_auth_message(client.get_address(), err)) from None
     except (ConnectionError, RuntimeError, ValueError) as err:
-        raise JobSubmissionError("the job was not submitted: "
-                                 f"{one_line(err, first_line=True)}") from None
+        raise JobSubmissionError(
+            f"the job was not submitted: {one_line(err, first_line=True)}"
+        ) from None
 
 
 def stream_logs(client, job_id: str, out: TextIO) -> None:
     """Copy the job's log to `out` as it is written, until the job ends."""
+
     async def follow() -> None:
         async for chunk in client.tail_job_logs(job_id):
             out.write(chunk)
             out.flush()
+
     try:
         asyncio.run(follow())
     except RuntimeError as err:  # the log socket broke; the status still tells the outcome
-        print(f"policy-service: lost the job's log stream ({one_line(err, first_line=True)}); "
-              "waiting for its status", file=sys.stderr)
+        print(
+            f"policy-service: lost the job's log stream ({one_line(err, first_line=True)}); "
+            "waiting for its status",
+            file=sys.stderr,
+        )
 
 
 def wait_for_status(client, job_id: str):
@@ -206,10 +234,16 @@ def wait_for_status(client, job_id: str):
         time.sleep(_STATUS_POLL_S)
 
 
-def run_job(address: str, command: list[str], *, wait: bool = True,
-            working_dir: str | None = None,
-            resources: EntrypointResources = EntrypointResources(),
-            out: TextIO = sys.stdout, insecure: bool = False) -> int:
+def run_job(
+    address: str,
+    command: list[str],
+    *,
+    wait: bool = True,
+    working_dir: str | None = None,
+    resources: EntrypointResources = EntrypointResources(),
+    out: TextIO = sys.stdout,
+    insecure: bool = False,
+) -> int:
     """Submit `command` to the cluster at `address`; with `wait`, stream its log and
     return 0 if it SUCCEEDED, 1 if it FAILED or was STOPPED. Without `wait`, print
     the job id and return 0. `insecure`: allow plain http:// to another host."""
@@ -227,8 +261,11 @@ def run_job(address: str, command: list[str], *, wait: bool = True,
         stream_logs(client, job_id, out)
         info = wait_for_status(client, job_id)
     except KeyboardInterrupt:
-        print(f"\npolicy-service: stopped following job {job_id}; it keeps running "
-              f"(stop it with: ray job stop --address {address} {job_id})", file=sys.stderr)
+        print(
+            f"\npolicy-service: stopped following job {job_id}; it keeps running "
+            f"(stop it with: ray job stop --address {address} {job_id})",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     status = str(info.status)
     if status == "SUCCEEDED":
@@ -241,11 +278,14 @@ def run_job(address: str, command: list[str], *, wait: bool = True,
 
 def _check_command(command: list[str]) -> None:
     if not command:
-        raise JobSubmissionError("no command to run: give it after '--', "
-                                 "e.g. submit --address URL -- python train.py")
+        raise JobSubmissionError(
+            "no command to run: give it after '--', e.g. submit --address URL -- python train.py"
+        )
 
 
 def _auth_message(address: str, err: Exception) -> str:
-    return (f"the Ray cluster at {address} refused the request ({one_line(err, first_line=True)}); "
-            "give its token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, "
-            "or in ~/.ray/auth_token")
+    return (
+        f"the Ray cluster at {address} refused the request ({one_line(err, first_line=True)}); "
+        "give its token in RAY_AUTH_TOKEN, in a file named by RAY_AUTH_TOKEN_PATH, "
+        "or in ~/.ray/auth_token"
+    )

@@ -9,6 +9,7 @@ combines every step with the others' inside the compiled step:
     learner.update(shard, num_epochs, shuffle, buffer_index, minibatch_size)
     learner.get_state(); learner.set_state(state)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,18 +28,28 @@ class Learner:
 
     def info(self) -> dict:
         """What the group needs to prepare and shard batches for this learner."""
-        return {"num_towers": self.policy.towers.num_towers, "devices": self.policy.devices,
-                "num_state_tensors": self.policy.num_state_tensors()}
+        return {
+            "num_towers": self.policy.towers.num_towers,
+            "devices": self.policy.devices,
+            "num_state_tensors": self.policy.num_state_tensors(),
+        }
 
     # ----- learning -------------------------------------------------------------------
 
-    def update(self, train: TrainColumns, num_epochs: int | None, shuffle: bool,
-               buffer_index: int, minibatch_size: int | None) -> dict:
+    def update(
+        self,
+        train: TrainColumns,
+        num_epochs: int | None,
+        shuffle: bool,
+        buffer_index: int,
+        minibatch_size: int | None,
+    ) -> dict:
         """TFPolicy.update_on_train_columns: one SGD step on the shard, or the shard
         loaded and num_epochs of minibatch SGD over it."""
         with self._collective():
-            return self.policy.update_on_train_columns(train, num_epochs, shuffle,
-                                                       buffer_index, minibatch_size)
+            return self.policy.update_on_train_columns(
+                train, num_epochs, shuffle, buffer_index, minibatch_size
+            )
 
     def compute_gradients(self, train: TrainColumns):
         with self._collective():
@@ -47,8 +58,9 @@ class Learner:
     def apply_gradients(self, gradients) -> None:
         self.policy.apply_gradients(gradients)
 
-    def load_batch_into_buffer(self, train: TrainColumns, buffer_index: int,
-                               minibatch_size: int) -> int:
+    def load_batch_into_buffer(
+        self, train: TrainColumns, buffer_index: int, minibatch_size: int
+    ) -> int:
         return self.policy.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
@@ -58,8 +70,9 @@ class Learner:
         with self._collective():
             return self.policy.learn_on_loaded_batch(offset, buffer_index)
 
-    def learn_on_loaded_epochs(self, num_epochs: int | None, buffer_index: int,
-                               shuffle: bool) -> dict:
+    def learn_on_loaded_epochs(
+        self, num_epochs: int | None, buffer_index: int, shuffle: bool
+    ) -> dict:
         with self._collective():
             return self.policy.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
 

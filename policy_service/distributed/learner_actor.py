@@ -8,12 +8,14 @@ learners apply the same update and their weights stay identical. The driver
     hosts = [ray.remote(LearnerHost).options(num_cpus=1, num_gpus=1, ...).remote(
         policy_cls, obs_space, act_space, config, custom_models) for _ in range(n)]
     addresses = ray.get([h.address.remote() for h in hosts])
-    ray.get([h.connect.remote(rank, addresses) for rank, h in enumerate(hosts)])  # builds the policy
+    # connect builds each learner's policy
+    ray.get([h.connect.remote(rank, addresses) for rank, h in enumerate(hosts)])
     ray.get([h.update.remote(shard, None, True, 0, None) for h, shard in zip(hosts, shards)])
 
 TensorFlow must not run before `connect`: the collective setup, and the fake
 GPUs made in `__init__`, have to be fixed before TF initializes.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,8 +47,9 @@ def prepare_learner_process(config) -> None:
     if fake:
         devices.prepare_process(max(1, math.ceil(config.num_gpus)))
     else:
-        devices.prepare_process(1, intra_op_threads=devices.assigned_cpu_threads()
-                                if devices.in_ray_worker() else None)
+        devices.prepare_process(
+            1, intra_op_threads=devices.assigned_cpu_threads() if devices.in_ray_worker() else None
+        )
 
 
 class LearnerHost(Learner):
@@ -57,9 +60,15 @@ class LearnerHost(Learner):
     all-reduce for its length); the driver bounds each call instead.
     """
 
-    def __init__(self, policy_cls: type, observation_space: gym.Space,
-                 action_space: gym.Space, config: Any, custom_models: dict | None = None,
-                 collective_timeout_s: float | None = None):
+    def __init__(
+        self,
+        policy_cls: type,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Any,
+        custom_models: dict | None = None,
+        collective_timeout_s: float | None = None,
+    ):
         models.register_custom_models(custom_models)
         self._policy_args = (policy_cls, observation_space, action_space)
         self.config = learner_policy_config(policy_cls, config)

@@ -18,6 +18,7 @@ dead or hung learner (`LearnerDiedError`, `LearnerTimeoutError`) makes `update`
 replace the whole group from the driver's state copy and run again.
 Sharding, statistics and faults in full: docs/distributed.md, "LearnerGroup".
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -51,9 +52,15 @@ class LearnerGroup:
     call_timeout_s: the deadline of every call to the learner actors, from
     `learner_update_timeout_s` (may be changed between calls)."""
 
-    def __init__(self, policy_cls: type[TFPolicy], observation_space: gym.Space,
-                 action_space: gym.Space, config: Any = None, *,
-                 ready_timeout_s: float = READY_TIMEOUT_S):
+    def __init__(
+        self,
+        policy_cls: type[TFPolicy],
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Any = None,
+        *,
+        ready_timeout_s: float = READY_TIMEOUT_S,
+    ):
         self.config = config_for(policy_cls, config)
         self.policy_cls = policy_cls
         self.observation_space = observation_space
@@ -66,14 +73,23 @@ class LearnerGroup:
         info = self._learners.info
         self.num_towers = info["num_towers"]
         self.devices = info["devices"]
-        self._layout = TrainLayout(spaces.make_preprocessor(observation_space), action_space,
-                                   info["num_state_tensors"], self.config.model.max_seq_len)
+        self._layout = TrainLayout(
+            spaces.make_preprocessor(observation_space),
+            action_space,
+            info["num_state_tensors"],
+            self.config.model.max_seq_len,
+        )
 
     # ----- starting and stopping ----------------------------------------------------
 
     def _start(self, call_timeout_s: float):
-        args = (self.policy_cls, self.observation_space, self.action_space, self.config,
-                call_timeout_s)
+        args = (
+            self.policy_cls,
+            self.observation_space,
+            self.action_space,
+            self.config,
+            call_timeout_s,
+        )
         if self.num_learners == 0:
             return LocalLearners(*args)
         return RemoteLearners(*args, self._ready_timeout_s)
@@ -116,8 +132,14 @@ class LearnerGroup:
 
     # ----- learning -----------------------------------------------------------------
 
-    def update(self, batch: SampleBatch, *, num_epochs: int | None = None,
-               shuffle: bool = True, buffer_index: int = 0) -> dict:
+    def update(
+        self,
+        batch: SampleBatch,
+        *,
+        num_epochs: int | None = None,
+        shuffle: bool = True,
+        buffer_index: int = 0,
+    ) -> dict:
         """Train on `batch` -> statistics, with "num_samples_trained" (the valid
         rows trained on, counted once per pass over them) and, when the loss
         returns per-row outputs, "per_row" (name -> array over the batch's valid
@@ -130,8 +152,7 @@ class LearnerGroup:
         restarts = 0
         while True:
             try:
-                return with_samples_trained(self._learn(batch, num_epochs, shuffle,
-                                                        buffer_index))
+                return with_samples_trained(self._learn(batch, num_epochs, shuffle, buffer_index))
             except LearnerDiedError:
                 if restarts == MAX_RESTARTS_PER_UPDATE:
                     raise
@@ -142,24 +163,28 @@ class LearnerGroup:
         """One SGD step on the whole batch over all learners -> statistics."""
         return self._learn(batch, None, True, 0)
 
-    def _learn(self, batch: SampleBatch, num_epochs: int | None, shuffle: bool,
-               buffer_index: int) -> dict:
+    def _learn(
+        self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
+    ) -> dict:
         """The one learning path: prepare, shard, every learner's `update`, then the
         group's statistics and per-row outputs back in batch order."""
         if num_epochs is not None and num_epochs < 1:
             raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
         train = self._prepare(batch, fixed_seq_len=num_epochs is not None)
         shards, minibatch_size = self._shards(train, loaded=num_epochs is not None)
-        results = self._learners.call_each("update", [
-            (shard, num_epochs, shuffle, buffer_index, minibatch_size) for shard in shards])
+        results = self._learners.call_each(
+            "update",
+            [(shard, num_epochs, shuffle, buffer_index, minibatch_size) for shard in shards],
+        )
         if num_epochs is not None:
             self._loaded_rows[buffer_index] = sum(len(s.columns[LOSS_MASK]) for s in shards)
         self._learners.keep_state_copy()
         stats = dict(results[0])
         if PER_ROW in stats:
-            stats[PER_ROW] = {name: self._in_batch_order(
-                [r[PER_ROW][name] for r in results], minibatch_size)
-                for name in stats[PER_ROW]}
+            stats[PER_ROW] = {
+                name: self._in_batch_order([r[PER_ROW][name] for r in results], minibatch_size)
+                for name in stats[PER_ROW]
+            }
         return valid_rows_only(stats, train)
 
     def _in_batch_order(self, parts: list, minibatch_size: int | None):
@@ -181,10 +206,12 @@ class LearnerGroup:
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Each learner loads its 1/N of every minibatch -> rows loaded over all
         learners, padding included."""
-        shards, minibatch_size = self._shards(self._prepare(batch, fixed_seq_len=True),
-                                              loaded=True)
-        rows = sum(self._learners.call_each("load_batch_into_buffer", [
-            (s, buffer_index, minibatch_size) for s in shards]))
+        shards, minibatch_size = self._shards(self._prepare(batch, fixed_seq_len=True), loaded=True)
+        rows = sum(
+            self._learners.call_each(
+                "load_batch_into_buffer", [(s, buffer_index, minibatch_size) for s in shards]
+            )
+        )
         self._loaded_rows[buffer_index] = rows
         return rows
 
@@ -196,20 +223,25 @@ class LearnerGroup:
         step_rows = self.config.minibatch_size * self.config.num_grad_accumulation_steps
         loaded = self._loaded_rows.get(buffer_index, 0)
         if offset % step_rows or not 0 <= offset < max(loaded, 1):
-            raise ValueError(f"offset {offset} must be a multiple of minibatch_size x "
-                             f"num_grad_accumulation_steps = {step_rows} below {loaded} "
-                             f"rows loaded into buffer {buffer_index}")
-        stats = self._learners.call_all("learn_on_loaded_batch", offset // self._size,
-                                        buffer_index)[0]
+            raise ValueError(
+                f"offset {offset} must be a multiple of minibatch_size x "
+                f"num_grad_accumulation_steps = {step_rows} below {loaded} "
+                f"rows loaded into buffer {buffer_index}"
+            )
+        stats = self._learners.call_all(
+            "learn_on_loaded_batch", offset // self._size, buffer_index
+        )[0]
         self._learners.keep_state_copy()
         return stats
 
-    def learn_on_loaded_epochs(self, num_epochs: int | None = None, buffer_index: int = 0,
-                               shuffle: bool = True) -> dict:
+    def learn_on_loaded_epochs(
+        self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True
+    ) -> dict:
         """All epochs of minibatch SGD over the loaded batch, in one compiled call
         per learner; the all-reduce of every step sits inside it."""
-        stats = self._learners.call_all("learn_on_loaded_epochs", num_epochs, buffer_index,
-                                        shuffle)[0]
+        stats = self._learners.call_all(
+            "learn_on_loaded_epochs", num_epochs, buffer_index, shuffle
+        )[0]
         self._learners.keep_state_copy()
         return stats
 
@@ -271,6 +303,13 @@ class LearnerGroup:
         if not loaded:
             return split_units(train, self._size), None
         minibatch_size = self.config.minibatch_size
-        return (split_minibatches(train, self._size, minibatch_size, self.num_towers,
-                                  self.config.num_grad_accumulation_steps),
-                minibatch_size // self._size)
+        return (
+            split_minibatches(
+                train,
+                self._size,
+                minibatch_size,
+                self.num_towers,
+                self.config.num_grad_accumulation_steps,
+            ),
+            minibatch_size // self._size,
+        )

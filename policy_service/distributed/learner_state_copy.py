@@ -12,6 +12,7 @@ needs it. `RemoteLearners` (learners.py) keeps one:
     copy.refresh(timeout_s)              # after every change; does not wait
     restart from copy.latest(timeout_s)  # a learner died
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

@@ -11,6 +11,7 @@ group calls either one the same way:
     learners.latest_state()             # the state to restart from after a death
     learners.stop()
 """
+
 from __future__ import annotations
 
 import time
@@ -49,8 +50,14 @@ class LocalLearners:
     """One learner, a policy in this process: it never dies, so its live state is
     the copy a restart would start from."""
 
-    def __init__(self, policy_cls: type, observation_space: gym.Space,
-                 action_space: gym.Space, config: Any, call_timeout_s: float):
+    def __init__(
+        self,
+        policy_cls: type,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Any,
+        call_timeout_s: float,
+    ):
         self.learner = Learner(policy_cls(observation_space, action_space, config))
         self.call_timeout_s = call_timeout_s  # unused: a call in this process has no deadline
         self.info = {**self.learner.info(), "devices": [self.learner.policy.devices]}
@@ -91,44 +98,62 @@ class RemoteLearners:
 
     local_policy = None
 
-    def __init__(self, policy_cls: type, observation_space: gym.Space,
-                 action_space: gym.Space, config: Any, call_timeout_s: float,
-                 ready_timeout_s: float):
+    def __init__(
+        self,
+        policy_cls: type,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: Any,
+        call_timeout_s: float,
+        ready_timeout_s: float,
+    ):
         if not ray.is_initialized():
-            raise RuntimeError(f"num_learners={config.num_learners} needs Ray: call ray.init() "
-                               "(or distributed.ray_runtime.start_ray) before the LearnerGroup")
+            raise RuntimeError(
+                f"num_learners={config.num_learners} needs Ray: call ray.init() "
+                "(or distributed.ray_runtime.start_ray) before the LearnerGroup"
+            )
         self.call_timeout_s = call_timeout_s
         self.actors: list = []
         self._placement_group = None
         try:
-            self.info = self._start(policy_cls, observation_space, action_space, config,
-                                    ready_timeout_s)
+            self.info = self._start(
+                policy_cls, observation_space, action_space, config, ready_timeout_s
+            )
             self._state_copy = LearnerStateCopy(self.actors[0].get_state.remote)
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, policy_cls, observation_space, action_space, config,
-               ready_timeout_s: float) -> dict:
+    def _start(
+        self, policy_cls, observation_space, action_space, config, ready_timeout_s: float
+    ) -> dict:
         """Reserve, start and connect the actors -> learner 0's Learner.info()."""
         num_learners = int(config.num_learners)
         bundle = learner_bundle(config)
         if bundle:
             self._placement_group = reserve_placement_group(
-                bundle, num_learners, config.learner_placement_strategy, ready_timeout_s)
+                bundle, num_learners, config.learner_placement_strategy, ready_timeout_s
+            )
         actor_cls = ray.remote(LearnerHost)
         registry = models.custom_model_registry()
         for rank in range(num_learners):
             options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
             if self._placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                    self._placement_group, placement_group_bundle_index=rank)
-            self.actors.append(actor_cls.options(**options).remote(
-                policy_cls, observation_space, action_space, config, registry))
-        addresses = ray.get([actor.address.remote() for actor in self.actors],
-                            timeout=CONNECT_TIMEOUT_S)
-        infos = ray.get([actor.connect.remote(rank, addresses)
-                         for rank, actor in enumerate(self.actors)], timeout=CONNECT_TIMEOUT_S)
+                    self._placement_group, placement_group_bundle_index=rank
+                )
+            self.actors.append(
+                actor_cls.options(**options).remote(
+                    policy_cls, observation_space, action_space, config, registry
+                )
+            )
+        addresses = ray.get(
+            [actor.address.remote() for actor in self.actors], timeout=CONNECT_TIMEOUT_S
+        )
+        infos = ray.get(
+            [actor.connect.remote(rank, addresses) for rank, actor in enumerate(self.actors)],
+            timeout=CONNECT_TIMEOUT_S,
+        )
         if num_learners > 1:  # a seedless config initializes each learner differently
             # the whole state, not only the weights: a target network starts as a copy too
             state = ray.put(ray.get(self.actors[0].get_state.remote()))
@@ -137,8 +162,12 @@ class RemoteLearners:
 
     def call_each(self, method: str, args_per_learner: list) -> list:
         """Learner i's `method(*args_per_learner[i])` -> the results, by rank."""
-        return self._results([getattr(actor, method).remote(*args)
-                              for actor, args in zip(self.actors, args_per_learner)])
+        return self._results(
+            [
+                getattr(actor, method).remote(*args)
+                for actor, args in zip(self.actors, args_per_learner)
+            ]
+        )
 
     def call_all(self, method: str, *args) -> list:
         """The same call on every learner (arguments put in the object store once)."""
@@ -175,23 +204,27 @@ class RemoteLearners:
         results, pending = {}, list(refs)
         deadline = time.monotonic() + self.call_timeout_s
         while pending:
-            ready, pending = ray.wait(pending, num_returns=1,
-                                      timeout=max(0.0, deadline - time.monotonic()))
+            ready, pending = ray.wait(
+                pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
+            )
             if not ready:
                 hung = ", ".join(str(rank_of[ref]) for ref in pending)
                 raise LearnerTimeoutError(
                     f"learner(s) {hung} of {count} gave no result within "
                     f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
-                    "collective with a stopped peer); the group must be restarted")
+                    "collective with a stopped peer); the group must be restarted"
+                )
             try:
                 results[ready[0]] = ray.get(ready[0])
             except RayActorError as err:
-                raise LearnerDiedError(f"learner {rank_of[ready[0]]} of {count} "
-                                       f"died: {type(err).__name__}") from err
+                raise LearnerDiedError(
+                    f"learner {rank_of[ready[0]]} of {count} died: {type(err).__name__}"
+                ) from err
             except RayTaskError as err:
                 if isinstance(err.cause, CollectivePeerError):
-                    raise LearnerDiedError(f"learner {rank_of[ready[0]]} of "
-                                           f"{count}: {err.cause}") from err
+                    raise LearnerDiedError(
+                        f"learner {rank_of[ready[0]]} of {count}: {err.cause}"
+                    ) from err
                 raise
         return [results[ref] for ref in refs]
 
@@ -218,18 +251,21 @@ def resource_shortfall(bundle: dict, count: int, total: dict, available: dict) -
     for resource, amount in bundle.items():
         asked = amount * count
         if total.get(resource, 0.0) + 1e-9 < asked:
-            return (f"{count} learner(s) need {resource} {asked:g} in total "
-                    f"({_KEY_OF.get(resource, resource)}={amount:g} each); the cluster has "
-                    f"{resource} {total.get(resource, 0.0):g} "
-                    f"({available.get(resource, 0.0):g} available)")
+            return (
+                f"{count} learner(s) need {resource} {asked:g} in total "
+                f"({_KEY_OF.get(resource, resource)}={amount:g} each); the cluster has "
+                f"{resource} {total.get(resource, 0.0):g} "
+                f"({available.get(resource, 0.0):g} available)"
+            )
     return None
 
 
 def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: float):
     """One placement group of `count` learner bundles, ready, or LearnerResourcesError:
     at once when the cluster's totals fall short, else after `timeout_s`."""
-    shortfall = resource_shortfall(bundle, count, ray.cluster_resources(),
-                                   ray.available_resources())
+    shortfall = resource_shortfall(
+        bundle, count, ray.cluster_resources(), ray.available_resources()
+    )
     if shortfall:
         raise LearnerResourcesError(shortfall)
     group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
@@ -238,9 +274,11 @@ def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: 
         return group
     remove_placement_group(group)
     available = ray.available_resources()
-    asked = ", ".join(f"{r} {a * count:g} ({_KEY_OF.get(r, r)}={a:g} each)"
-                      for r, a in bundle.items())
+    asked = ", ".join(
+        f"{r} {a * count:g} ({_KEY_OF.get(r, r)}={a:g} each)" for r, a in bundle.items()
+    )
     have = ", ".join(f"{r} {available.get(r, 0.0):g}" for r in bundle)
     raise LearnerResourcesError(
         f"{count} learner(s) ({strategy}) not placed within {timeout_s:g} s: asked {asked}; "
-        f"available now {have}")
+        f"available now {have}"
+    )

@@ -15,6 +15,7 @@ Concurrent calls with the same (explore, timestep) become one forward pass
 only the caller that caused it. All policy work runs in one executor thread, so a
 pass never sees half-assigned weights. Batching and threads: docs/distributed.md.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -74,22 +75,34 @@ class PolicyHost:
     batching is unit-tested without Ray.
     """
 
-    def __init__(self, policy_cls: type, observation_space: gym.Space,
-                 action_space: gym.Space, config: dict | Any = None, *,
-                 max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001,
-                 intra_op_threads: int | None = None, custom_models: dict | None = None,
-                 weights_source=None):
+    def __init__(
+        self,
+        policy_cls: type,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        config: dict | Any = None,
+        *,
+        max_batch_size: int = 32,
+        batch_wait_timeout_s: float = 0.001,
+        intra_op_threads: int | None = None,
+        custom_models: dict | None = None,
+        weights_source=None,
+    ):
         models.register_custom_models(custom_models)
         ray_gpu_ids = devices.ray_gpu_ids()
         policy_config = hosted_policy_config(
-            policy_cls, config, visible_gpus=devices.visible_gpus(), ray_gpu_ids=ray_gpu_ids)
+            policy_cls, config, visible_gpus=devices.visible_gpus(), ray_gpu_ids=ray_gpu_ids
+        )
         _prepare_tensorflow(policy_config, intra_op_threads)
         self.policy = policy_cls(observation_space, action_space, policy_config)
         self._initial_state = self.policy.get_initial_state()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
-        self._batcher = RequestBatcher(self._forward, max_batch_size=max_batch_size,
-                                       batch_wait_timeout_s=batch_wait_timeout_s,
-                                       executor=self._executor)
+        self._batcher = RequestBatcher(
+            self._forward,
+            max_batch_size=max_batch_size,
+            batch_wait_timeout_s=batch_wait_timeout_s,
+            executor=self._executor,
+        )
         self._weights_version = 0
         if weights_source is not None and ray.get_runtime_context().was_current_actor_reconstructed:
             self._restore_weights(weights_source)
@@ -105,15 +118,24 @@ class PolicyHost:
 
     # ----- inference ---------------------------------------------------------------
 
-    async def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None,
-                              *, prev_action_batch=None, prev_reward_batch=None):
+    async def compute_actions(
+        self,
+        obs_batch,
+        state_batches=None,
+        explore=None,
+        timestep=None,
+        *,
+        prev_action_batch=None,
+        prev_reward_batch=None,
+    ):
         """-> (actions [B, ...], state_outs [k x [B, ...]], extra {column: [B, ...],
         "weights_version": int}) for this caller's B rows only."""
         arrived = time.perf_counter()
         self._num_requests += 1
         try:
-            request = self._check_request(obs_batch, state_batches, prev_action_batch,
-                                          prev_reward_batch)
+            request = self._check_request(
+                obs_batch, state_batches, prev_action_batch, prev_reward_batch
+            )
             explore = self.policy.config.explore if explore is None else bool(explore)
             timestep = None if timestep is None else int(timestep)
             result = await self._batcher.submit((explore, timestep), request, request.num_rows)
@@ -123,8 +145,9 @@ class PolicyHost:
         self._latencies_s.append(time.perf_counter() - arrived)
         return result
 
-    def _check_request(self, obs_batch, state_batches, prev_actions, prev_rewards
-                       ) -> _ActionRequest:
+    def _check_request(
+        self, obs_batch, state_batches, prev_actions, prev_rewards
+    ) -> _ActionRequest:
         """Reject a malformed request here, before it can spoil a batch."""
         self.policy.preprocessor.check(obs_batch, column="obs_batch")
         num_rows = int(np.shape(tree.flatten(obs_batch)[0])[0])
@@ -134,14 +157,18 @@ class PolicyHost:
         initial = self._initial_state
         if state_batches is not None and len(state_batches) > 0:
             if len(state_batches) != len(initial):
-                raise ValueError(f"state_batches: expected {len(initial)} state tensors, "
-                                 f"got {len(state_batches)}")
+                raise ValueError(
+                    f"state_batches: expected {len(initial)} state tensors, "
+                    f"got {len(state_batches)}"
+                )
             states = []
             for i, (state, init) in enumerate(zip(state_batches, initial)):
                 state = np.asarray(state, np.float32)
                 if state.shape != (num_rows,) + init.shape:
-                    raise ValueError(f"state_batches[{i}]: expected shape "
-                                     f"{(num_rows,) + init.shape}, got {state.shape}")
+                    raise ValueError(
+                        f"state_batches[{i}]: expected shape "
+                        f"{(num_rows,) + init.shape}, got {state.shape}"
+                    )
                 if not np.all(np.isfinite(state)):
                     raise ValueError(f"state_batches[{i}] has NaN or inf")
                 states.append(state)
@@ -149,26 +176,32 @@ class PolicyHost:
             prev_actions = np.asarray(prev_actions)
             _, shape = spaces.action_dtype_and_shape(self.policy.action_space)
             if prev_actions.shape != (num_rows,) + shape:
-                raise ValueError(f"prev_action_batch: expected shape {(num_rows,) + shape}, "
-                                 f"got {prev_actions.shape}")
+                raise ValueError(
+                    f"prev_action_batch: expected shape {(num_rows,) + shape}, "
+                    f"got {prev_actions.shape}"
+                )
         if prev_rewards is not None:
             prev_rewards = np.asarray(prev_rewards, np.float32)
             if prev_rewards.shape != (num_rows,):
-                raise ValueError(f"prev_reward_batch: expected shape {(num_rows,)}, "
-                                 f"got {prev_rewards.shape}")
+                raise ValueError(
+                    f"prev_reward_batch: expected shape {(num_rows,)}, got {prev_rewards.shape}"
+                )
         return _ActionRequest(obs_batch, states, prev_actions, prev_rewards, num_rows)
 
     def _forward(self, key: tuple, requests: list[_ActionRequest]) -> list[tuple]:
         """One forward pass over the requests' rows (executor thread) -> per-request results."""
         explore, timestep = key
-        obs = tree.map_structure(lambda *leaves: np.concatenate(leaves, axis=0),
-                                 *[r.obs for r in requests])
+        obs = tree.map_structure(
+            lambda *leaves: np.concatenate(leaves, axis=0), *[r.obs for r in requests]
+        )
         states = self._concat_states(requests)
         prev_actions = self._concat_optional(
-            requests, "prev_actions", *spaces.action_dtype_and_shape(self.policy.action_space))
+            requests, "prev_actions", *spaces.action_dtype_and_shape(self.policy.action_space)
+        )
         prev_rewards = self._concat_optional(requests, "prev_rewards", np.float32, ())
         actions, state_outs, extra = self.policy.compute_actions(
-            obs, states, prev_actions, prev_rewards, explore=explore, timestep=timestep)
+            obs, states, prev_actions, prev_rewards, explore=explore, timestep=timestep
+        )
         version = self._weights_version
         self._num_forward_passes += 1
         self._num_rows += sum(r.num_rows for r in requests)
@@ -184,9 +217,12 @@ class PolicyHost:
     def _concat_states(self, requests: list[_ActionRequest]) -> list | None:
         if not self.policy.is_recurrent():
             return None
-        per_request = [r.states if r.states is not None else
-                       [np.repeat(s[None], r.num_rows, axis=0) for s in self._initial_state]
-                       for r in requests]
+        per_request = [
+            r.states
+            if r.states is not None
+            else [np.repeat(s[None], r.num_rows, axis=0) for s in self._initial_state]
+            for r in requests
+        ]
         return [np.concatenate(parts, axis=0) for parts in zip(*per_request)]
 
     @staticmethod
@@ -195,18 +231,23 @@ class PolicyHost:
         values = [getattr(r, field) for r in requests]
         if all(v is None for v in values):
             return None
-        return np.concatenate([np.zeros((r.num_rows,) + shape, dtype) if v is None
-                               else np.asarray(v, dtype) for r, v in zip(requests, values)])
+        return np.concatenate(
+            [
+                np.zeros((r.num_rows,) + shape, dtype) if v is None else np.asarray(v, dtype)
+                for r, v in zip(requests, values)
+            ]
+        )
 
     # ----- weights, learning, state --------------------------------------------------
 
     async def set_weights(self, weights: dict, version: int | None = None) -> int:
         """Replace the weights; `version` defaults to the current one + 1. -> the version."""
+
         def assign():
             self.policy.set_weights(weights)
-            self._weights_version = (self._weights_version + 1 if version is None
-                                     else int(version))
+            self._weights_version = self._weights_version + 1 if version is None else int(version)
             return self._weights_version
+
         return await self._in_executor(assign)
 
     async def get_weights(self) -> dict:
@@ -217,27 +258,33 @@ class PolicyHost:
 
     async def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step; the weights change, so the version goes up by one."""
+
         def learn():
             stats = self.policy.learn_on_batch(batch)
             self._weights_version += 1
             return stats
+
         return await self._in_executor(learn)
 
     async def postprocess_trajectories(self, batches: list) -> list[SampleBatch]:
         """`policy.postprocess_trajectory` on each trajectory chunk, with this actor's weights."""
+
         def postprocess():
             return [self.policy.postprocess_trajectory(SampleBatch(b)) for b in batches]
+
         return await self._in_executor(postprocess)
 
     async def get_state(self) -> dict:
         def state():
             return {**self.policy.get_state(), WEIGHTS_VERSION: self._weights_version}
+
         return await self._in_executor(state)
 
     async def set_state(self, state: dict) -> None:
         def assign():
             self.policy.set_state(state)
             self._weights_version = int(state.get(WEIGHTS_VERSION, self._weights_version + 1))
+
         await self._in_executor(assign)
 
     async def get_initial_state(self) -> list[np.ndarray]:
@@ -296,8 +343,13 @@ PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: 
 PolicyActor.__doc__ = PolicyHost.__doc__
 
 
-def broadcast_weights(receivers: list, weights: dict | ray.ObjectRef, version: int | None = None,
-                      wait: bool = True, weights_source=None):
+def broadcast_weights(
+    receivers: list,
+    weights: dict | ray.ObjectRef,
+    version: int | None = None,
+    wait: bool = True,
+    weights_source=None,
+):
     """Send one set of weights to many actors through a single object-store copy.
 
     `weights` is put once (unless it already is an ObjectRef); each receiver's
@@ -338,14 +390,16 @@ def check_policy_actor_resources(options: dict) -> None:
             raise PolicyActorResourcesError(
                 f"the PolicyActor needs {resource} {asked:g} ({key}={asked:g}); the cluster "
                 f"has {resource} {total.get(resource, 0.0):g} "
-                f"({available.get(resource, 0.0):g} available)")
+                f"({available.get(resource, 0.0):g} available)"
+            )
 
 
 # ----- devices and threads in the hosting process ---------------------------------------
 
 
-def hosted_policy_config(policy_cls: type, config: dict | Any, visible_gpus: int,
-                         ray_gpu_ids: list | None):
+def hosted_policy_config(
+    policy_cls: type, config: dict | Any, visible_gpus: int, ray_gpu_ids: list | None
+):
     """The policy config adjusted to the devices this process was given.
 
     With no GPU visible the policy runs on the CPU (num_gpus=0) unless fake GPUs
@@ -357,8 +411,10 @@ def hosted_policy_config(policy_cls: type, config: dict | Any, visible_gpus: int
         return typed
     if visible_gpus == 0 and not typed._fake_gpus:
         if ray_gpu_ids:
-            logger.warning("Ray assigned GPUs %s but TensorFlow sees none; the policy runs "
-                           "on the CPU", list(ray_gpu_ids))
+            logger.warning(
+                "Ray assigned GPUs %s but TensorFlow sees none; the policy runs on the CPU",
+                list(ray_gpu_ids),
+            )
         return on_cpu(typed)
     if ray_gpu_ids and typed.num_gpus == 0 and visible_gpus > 0:
         return dataclasses.replace(typed, num_gpus=min(len(ray_gpu_ids), visible_gpus))
@@ -372,8 +428,12 @@ def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
     """
     if not devices.in_ray_worker():
         return
-    fake = (is_config(config) and config._fake_gpus and config.num_gpus > 0
-            and devices.visible_gpus() == 0)
+    fake = (
+        is_config(config)
+        and config._fake_gpus
+        and config.num_gpus > 0
+        and devices.visible_gpus() == 0
+    )
     num_devices = max(1, math.ceil(config.num_gpus)) if fake else 1
     threads = intra_op_threads or devices.assigned_cpu_threads()
     devices.prepare_process(num_devices, intra_op_threads=None if fake else threads)

@@ -1,5 +1,6 @@
 """Starting Ray, in one place: whether a run needs it, and how it is started or
 joined (token authentication kept on, loopback only)."""
+
 from __future__ import annotations
 
 import logging
@@ -26,8 +27,10 @@ def check_address(address: str, source: str = "--address") -> None:
         return
     match = _CLUSTER_ADDRESS.match(address)
     if match is None or not 0 < int(match.group(3)) < 65536:
-        raise RayAddressError(f"{source} {address!r}: expected host:port (e.g. "
-                              "127.0.0.1:6379), ray://host:port, 'auto' or 'local'")
+        raise RayAddressError(
+            f"{source} {address!r}: expected host:port (e.g. "
+            "127.0.0.1:6379), ray://host:port, 'auto' or 'local'"
+        )
 
 
 def uses_ray(config: dict, address: str | None) -> bool:
@@ -39,8 +42,9 @@ def uses_ray(config: dict, address: str | None) -> bool:
     return bool(address or config.get("num_env_runners") or config.get("remote_inference"))
 
 
-def start_ray(address: str | None = None, *, num_cpus: int | None = None,
-              quiet: bool = False) -> None:
+def start_ray(
+    address: str | None = None, *, num_cpus: int | None = None, quiet: bool = False
+) -> None:
     """Join the cluster at `address`, or start an embedded local Ray on loopback
     (`num_cpus`: None for all cores). `quiet`: warnings only, and workers' logs
     kept off the driver's terminal.
@@ -54,8 +58,10 @@ def start_ray(address: str | None = None, *, num_cpus: int | None = None,
         if address is None or _ray_token_available():
             os.environ["RAY_AUTH_MODE"] = "token"  # read by Ray when it is imported
     import ray
+
     quiet_args: dict[str, Any] = (
-        {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {})
+        {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {}
+    )
     if address:
         ray.init(address=address, **quiet_args)
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)

@@ -6,6 +6,7 @@ assigned. `result.json` records it for every role of a training run:
     process_resources(policy.devices)                  # in this process (e.g. the driver)
     actor_resources(worker, lambda w: w.policy)        # inside a Ray actor, by its handle
 """
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ def process_resources(tower_devices: list | tuple | None = None) -> dict:
     cuda_visible_devices). devices: where its towers run (None: no policy).
     """
     from policy_service.engine import devices  # here: `policy-service submit` loads no TF
+
     in_worker = devices.in_ray_worker()
     assigned = ray.get_runtime_context().get_assigned_resources() if in_worker else {}
     return {
@@ -36,11 +38,14 @@ def process_resources(tower_devices: list | tuple | None = None) -> dict:
     }
 
 
-def actor_resources(actor, policy_of: Callable[[Any], Any] = lambda instance: None,
-                    timeout_s: float | None = None) -> dict:
+def actor_resources(
+    actor, policy_of: Callable[[Any], Any] = lambda instance: None, timeout_s: float | None = None
+) -> dict:
     """`process_resources` read inside a Ray actor (any class): `policy_of(instance)`
     is the policy whose devices to record, or None."""
+
     def read(instance):
         policy = policy_of(instance)
         return process_resources(policy.devices if policy is not None else None)
+
     return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)

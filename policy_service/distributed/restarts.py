@@ -16,6 +16,7 @@ dead process once more (`call_retrying_once`); Ray queues it until the restarted
 actor is up. When the restarts are spent the actor stays dead and the call's
 error reaches the caller.
 """
+
 from __future__ import annotations
 
 import time
@@ -67,7 +68,7 @@ def call_retrying_once(method, *args, **kwargs):
 
 def backoff_delays(attempts: int, first_s: float = 0.25, longest_s: float = 4.0) -> list[float]:
     """Waits before each of `attempts` restart attempts: none, then doubling, capped."""
-    return [0.0] + [min(longest_s, first_s * 2 ** k) for k in range(attempts - 1)]
+    return [0.0] + [min(longest_s, first_s * 2**k) for k in range(attempts - 1)]
 
 
 @ray.remote(num_cpus=0)
@@ -101,26 +102,43 @@ class RestartablePolicyActor:
     actor since the last published weights is lost with it.
     """
 
-    def __init__(self, policy_cls: type, observation_space, action_space, config=None, *,
-                 max_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
-                 actor_options: dict | None = None, **host_kwargs):
+    def __init__(
+        self,
+        policy_cls: type,
+        observation_space,
+        action_space,
+        config=None,
+        *,
+        max_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
+        actor_options: dict | None = None,
+        **host_kwargs,
+    ):
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_restarts = int(max_restarts)
         # Ray types @ray.remote(options) on a class as the class itself, without .remote
         self.weights_source = LatestWeights.remote()  # type: ignore[attr-defined]
-        options = {**(actor_options or {}), "max_restarts": self.max_restarts,
-                   "max_task_retries": 0}
+        options = {
+            **(actor_options or {}),
+            "max_restarts": self.max_restarts,
+            "max_task_retries": 0,
+        }
         self.actor = PolicyActor.options(**options).remote(
-            policy_cls, observation_space, action_space, config,
-            weights_source=self.weights_source, **host_kwargs)
+            policy_cls,
+            observation_space,
+            action_space,
+            config,
+            weights_source=self.weights_source,
+            **host_kwargs,
+        )
 
     def set_weights(self, weights, version: int | None = None) -> int:
         """Publish, then assign: one object-store copy. -> the version in use."""
         if version is None:
             version = call_retrying_once(self.actor.weights_version) + 1
-        _, pending = broadcast_weights([self.actor], weights, version, wait=False,
-                                       weights_source=self.weights_source)
+        _, pending = broadcast_weights(
+            [self.actor], weights, version, wait=False, weights_source=self.weights_source
+        )
         try:
             return ray.get(pending[0])
         except RayActorError as error:
@@ -128,10 +146,10 @@ class RestartablePolicyActor:
                 raise
             return call_retrying_once(self.actor.weights_version)  # restored from the source
 
-    def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None,
-                        **kwargs):
-        return call_retrying_once(self.actor.compute_actions, obs_batch, state_batches,
-                                  explore, timestep, **kwargs)
+    def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None, **kwargs):
+        return call_retrying_once(
+            self.actor.compute_actions, obs_batch, state_batches, explore, timestep, **kwargs
+        )
 
     def num_restarts(self) -> int:
         return ray.get(self.weights_source.num_restores.remote())
@@ -143,4 +161,3 @@ class RestartablePolicyActor:
                 ray.kill(handle, no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-

@@ -18,6 +18,7 @@ sub-env); each chunk (one sub-env, one episode, one fragment) goes through
 the episode terminated. Autoreset, fragments, the columns and the postprocessing
 contract in full: docs/distributed.md, "RolloutWorker".
 """
+
 from __future__ import annotations
 
 import functools
@@ -55,11 +56,22 @@ class RolloutWorker:
       the worker, since an actor's process starts with an empty registry.
     """
 
-    def __init__(self, env: str | Callable[[dict], gym.Env], policy_cls: type,
-                 policy_config: dict | Any = None, *, worker_index: int = 0, num_envs: int = 1,
-                 rollout_fragment_length: int = 200, vectorize_mode: str = "sync",
-                 seed: int | None = None, policy_actor=None, env_config: dict | None = None,
-                 async_context: str = "spawn", custom_models: dict | None = None):
+    def __init__(
+        self,
+        env: str | Callable[[dict], gym.Env],
+        policy_cls: type,
+        policy_config: dict | Any = None,
+        *,
+        worker_index: int = 0,
+        num_envs: int = 1,
+        rollout_fragment_length: int = 200,
+        vectorize_mode: str = "sync",
+        seed: int | None = None,
+        policy_actor=None,
+        env_config: dict | None = None,
+        async_context: str = "spawn",
+        custom_models: dict | None = None,
+    ):
         models.register_custom_models(custom_models)
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
@@ -70,8 +82,7 @@ class RolloutWorker:
         self.rollout_fragment_length = int(rollout_fragment_length)
         self.env_name = env_name(env)
         self._seed = seed
-        self._venv = make_vector_env(env, env_config or {}, num_envs, vectorize_mode,
-                                     async_context)
+        self._venv = make_vector_env(env, env_config or {}, num_envs, vectorize_mode, async_context)
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self._policy_actor = policy_actor
@@ -79,9 +90,11 @@ class RolloutWorker:
             if devices.in_ray_worker():
                 threads = devices.assigned_cpu_threads()
                 devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
-            self.policy = policy_cls(self.observation_space, self.action_space,
-                                     rollout_policy_config(policy_cls, policy_config, seed,
-                                                           self.worker_index))
+            self.policy = policy_cls(
+                self.observation_space,
+                self.action_space,
+                rollout_policy_config(policy_cls, policy_config, seed, self.worker_index),
+            )
             self._initial_state = self.policy.get_initial_state()
         else:
             self.policy = None
@@ -119,7 +132,8 @@ class RolloutWorker:
             "episode_returns": self._episode_returns,
             "episode_lengths": self._episode_lengths,
             "num_episodes": len(self._episode_returns),
-            "weights_version": self.weights_version() if self._policy_actor is None
+            "weights_version": self.weights_version()
+            if self._policy_actor is None
             else max(self._versions, default=None),
             "worker_index": self.worker_index,
             "sample_time_s": time.perf_counter() - start,
@@ -133,8 +147,9 @@ class RolloutWorker:
     def set_weights(self, weights: dict, version: int | None = None) -> int:
         """New weights for the local policy (or the remote one) -> the version now in use."""
         if self._policy_actor is not None:
-            self._weights_version = call_retrying_once(self._policy_actor.set_weights, weights,
-                                                       version)
+            self._weights_version = call_retrying_once(
+                self._policy_actor.set_weights, weights, version
+            )
             return self._weights_version
         self.policy.set_weights(weights)
         self._weights_version = self._weights_version + 1 if version is None else int(version)
@@ -198,19 +213,35 @@ class RolloutWorker:
             obs = _take(self._obs, acting)
             states = [s[acting] for s in self._states]
             prev_actions, prev_rewards = self._prev_actions[acting], self._prev_rewards[acting]
-            actions, state_outs, extra = self._compute_actions(obs, states, prev_actions,
-                                                               prev_rewards)
+            actions, state_outs, extra = self._compute_actions(
+                obs, states, prev_actions, prev_rewards
+            )
             env_actions = env_actions.copy()
-            env_actions[acting] = (spaces.clip_actions(self.action_space, actions)
-                                   if isinstance(self.action_space, gym.spaces.Box) else actions)
+            env_actions[acting] = (
+                spaces.clip_actions(self.action_space, actions)
+                if isinstance(self.action_space, gym.spaces.Box)
+                else actions
+            )
         start = time.perf_counter()
         new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
         self._timers["env_time_s"] += time.perf_counter() - start
         self._check_observations(new_obs)
         self._env_actions = env_actions
         if len(acting):
-            record = self._record(acting, obs, new_obs, actions, rewards, terminateds, truncateds,
-                                  states, state_outs, prev_actions, prev_rewards, extra)
+            record = self._record(
+                acting,
+                obs,
+                new_obs,
+                actions,
+                rewards,
+                terminateds,
+                truncateds,
+                states,
+                state_outs,
+                prev_actions,
+                prev_rewards,
+                extra,
+            )
         if len(resetting):
             self._start_episodes(resetting)
         self._obs = new_obs
@@ -222,8 +253,12 @@ class RolloutWorker:
             result = self.policy.compute_actions(obs, states or None, prev_actions, prev_rewards)
         else:
             result = call_retrying_once(  # once more if the actor died and was restarted
-                self._policy_actor.compute_actions, obs, states or None,
-                prev_action_batch=prev_actions, prev_reward_batch=prev_rewards)
+                self._policy_actor.compute_actions,
+                obs,
+                states or None,
+                prev_action_batch=prev_actions,
+                prev_reward_batch=prev_rewards,
+            )
         self._timers["inference_time_s"] += time.perf_counter() - start
         actions, state_outs, extra = result
         extra = dict(extra)
@@ -232,31 +267,52 @@ class RolloutWorker:
             self._versions.add(int(version))
         return np.asarray(actions), [np.asarray(s) for s in state_outs], extra
 
-    def _record(self, acting, obs, new_obs, actions, rewards, terminateds, truncateds,
-                states, state_outs, prev_actions, prev_rewards, extra) -> dict:
+    def _record(
+        self,
+        acting,
+        obs,
+        new_obs,
+        actions,
+        rewards,
+        terminateds,
+        truncateds,
+        states,
+        state_outs,
+        prev_actions,
+        prev_rewards,
+        extra,
+    ) -> dict:
         """The acting sub-envs' transitions as columns; advances their episodes."""
         rewards = np.asarray(rewards, np.float32)[acting]
         terminateds = np.asarray(terminateds, bool)[acting]
         truncateds = np.asarray(truncateds, bool)[acting]
         record = {
-            SampleBatch.OBS: obs, SampleBatch.NEXT_OBS: _take(new_obs, acting),
-            SampleBatch.ACTIONS: actions, SampleBatch.REWARDS: rewards,
-            SampleBatch.TERMINATEDS: terminateds, SampleBatch.TRUNCATEDS: truncateds,
-            SampleBatch.EPS_ID: self._eps_id[acting], SampleBatch.T: self._t[acting],
+            SampleBatch.OBS: obs,
+            SampleBatch.NEXT_OBS: _take(new_obs, acting),
+            SampleBatch.ACTIONS: actions,
+            SampleBatch.REWARDS: rewards,
+            SampleBatch.TERMINATEDS: terminateds,
+            SampleBatch.TRUNCATEDS: truncateds,
+            SampleBatch.EPS_ID: self._eps_id[acting],
+            SampleBatch.T: self._t[acting],
             SampleBatch.UNROLL_ID: self._unroll_ids[acting],
             SampleBatch.AGENT_INDEX: np.zeros(len(acting), np.int64),
-            SampleBatch.PREV_ACTIONS: prev_actions, SampleBatch.PREV_REWARDS: prev_rewards,
-            _ENV_INDEX: acting, **extra,
+            SampleBatch.PREV_ACTIONS: prev_actions,
+            SampleBatch.PREV_REWARDS: prev_rewards,
+            _ENV_INDEX: acting,
+            **extra,
         }
         for i, (state_in, state_out) in enumerate(zip(states, state_outs)):
             record[f"state_in_{i}"] = state_in
             record[f"state_out_{i}"] = state_out
         # New arrays, never in-place updates: recorded arrays must not change later.
         self._t = _with_rows(self._t, acting, self._t[acting] + 1)
-        self._episode_return = _with_rows(self._episode_return, acting,
-                                          self._episode_return[acting] + rewards)
-        self._episode_length = _with_rows(self._episode_length, acting,
-                                          self._episode_length[acting] + 1)
+        self._episode_return = _with_rows(
+            self._episode_return, acting, self._episode_return[acting] + rewards
+        )
+        self._episode_length = _with_rows(
+            self._episode_length, acting, self._episode_length[acting] + 1
+        )
         self._states = [_with_rows(s, acting, out) for s, out in zip(self._states, state_outs)]
         self._prev_actions = _with_rows(self._prev_actions, acting, actions)
         self._prev_rewards = _with_rows(self._prev_rewards, acting, rewards)
@@ -272,8 +328,9 @@ class RolloutWorker:
         self._t = _with_rows(self._t, envs, 0)
         self._episode_return = _with_rows(self._episode_return, envs, 0.0)
         self._episode_length = _with_rows(self._episode_length, envs, 0)
-        self._states = [_with_rows(s, envs, init[None]) for s, init in
-                        zip(self._states, self._initial_state)]
+        self._states = [
+            _with_rows(s, envs, init[None]) for s, init in zip(self._states, self._initial_state)
+        ]
         self._prev_actions = _with_rows(self._prev_actions, envs, 0)
         self._prev_rewards = _with_rows(self._prev_rewards, envs, 0.0)
         self._needs_reset = _with_rows(self._needs_reset, envs, False)
@@ -285,9 +342,12 @@ class RolloutWorker:
 
     def _split_into_chunks(self, records: list[dict]) -> list[SampleBatch]:
         """Rows of one sub-env and one episode each, in time order."""
-        columns = {key: tree.map_structure(lambda *parts: np.concatenate(parts, axis=0),
-                                           *[r[key] for r in records])
-                   for key in records[0]}
+        columns = {
+            key: tree.map_structure(
+                lambda *parts: np.concatenate(parts, axis=0), *[r[key] for r in records]
+            )
+            for key in records[0]
+        }
         env_index = columns.pop(_ENV_INDEX)
         chunks = []
         for i in range(self.num_envs):
@@ -313,39 +373,47 @@ class RolloutWorker:
                 raise ValueError(
                     f"env {self.env_name!r} (worker {self.worker_index}, sub-env {i}) returned "
                     f"an observation outside its observation space {self.observation_space}: "
-                    f"{_short_repr(one)}")
-        raise ValueError(f"env {self.env_name!r} (worker {self.worker_index}) returned "
-                         f"observations outside {self._venv.observation_space}: "
-                         f"{_short_repr(obs)}")
+                    f"{_short_repr(one)}"
+                )
+        raise ValueError(
+            f"env {self.env_name!r} (worker {self.worker_index}) returned "
+            f"observations outside {self._venv.observation_space}: "
+            f"{_short_repr(obs)}"
+        )
 
     def _check_remote_spaces(self, remote_spaces) -> None:
         obs_space, action_space = remote_spaces
         if obs_space != self.observation_space or action_space != self.action_space:
             raise ValueError(
                 f"env {self.env_name!r} has spaces ({self.observation_space}, "
-                f"{self.action_space}) but the policy actor serves ({obs_space}, {action_space})")
+                f"{self.action_space}) but the policy actor serves ({obs_space}, {action_space})"
+            )
 
 
 # ----- helpers ----------------------------------------------------------------------
 
 
-def make_vector_env(env, env_config: dict, num_envs: int, vectorize_mode: str,
-                    async_context: str = "spawn") -> gym.vector.VectorEnv:
+def make_vector_env(
+    env, env_config: dict, num_envs: int, vectorize_mode: str, async_context: str = "spawn"
+) -> gym.vector.VectorEnv:
     """A gymnasium vector env of `num_envs` copies (NEXT_STEP autoreset)."""
     if isinstance(env, str):
         env_fns = [functools.partial(gym.make, env, **env_config) for _ in range(num_envs)]
     elif callable(env):
         env_fns = [functools.partial(env, dict(env_config)) for _ in range(num_envs)]
     else:
-        raise TypeError(f"env must be a gymnasium id or a callable env_config -> Env, "
-                        f"got {type(env).__name__}: {env!r}")
+        raise TypeError(
+            f"env must be a gymnasium id or a callable env_config -> Env, "
+            f"got {type(env).__name__}: {env!r}"
+        )
     mode = gym.vector.AutoresetMode.NEXT_STEP
     if vectorize_mode == "sync":
         return gym.vector.SyncVectorEnv(env_fns, autoreset_mode=mode)
     if vectorize_mode == "async":
         return gym.vector.AsyncVectorEnv(env_fns, context=async_context, autoreset_mode=mode)
-    raise ValueError(f"vectorize_mode must be one of {list(VECTORIZE_MODES)}, "
-                     f"got {vectorize_mode!r}")
+    raise ValueError(
+        f"vectorize_mode must be one of {list(VECTORIZE_MODES)}, got {vectorize_mode!r}"
+    )
 
 
 def env_name(env) -> str:
@@ -354,8 +422,9 @@ def env_name(env) -> str:
     return getattr(env, "__qualname__", None) or getattr(env, "__name__", None) or repr(env)
 
 
-def rollout_policy_config(policy_cls: type, config: dict | Any, seed: int | None,
-                          worker_index: int):
+def rollout_policy_config(
+    policy_cls: type, config: dict | Any, seed: int | None, worker_index: int
+):
     """The acting copy's config: CPU only, its own sampling seed per worker."""
     typed = config_for(policy_cls, config)
     if not is_config(typed):
@@ -377,6 +446,9 @@ def _with_rows(array: np.ndarray, rows: np.ndarray, values) -> np.ndarray:
 
 
 def _short_repr(value) -> str:
-    text = str(tree.map_structure(
-        lambda x: np.array2string(np.asarray(x), threshold=20, precision=4), value))
+    text = str(
+        tree.map_structure(
+            lambda x: np.array2string(np.asarray(x), threshold=20, precision=4), value
+        )
+    )
     return text if len(text) <= 400 else text[:400] + "..."

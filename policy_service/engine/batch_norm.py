@@ -15,6 +15,7 @@ its own shard (an approximation, as in RLlib and DDP).
 Padding never enters a moment: a layer called without a mask gets the tower's
 row mask (`row_mask_like`).
 """
+
 from __future__ import annotations
 
 import zlib
@@ -27,15 +28,22 @@ import tensorflow as tf
 
 def batch_norm_layers(model: keras.Model) -> list:
     """Every Keras BatchNormalization layer of the model whose statistics we combine."""
-    layers = [layer for layer in model._flatten_layers(include_self=False, recursive=True)
-              if isinstance(layer, keras.layers.BatchNormalization)]
+    layers = [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.BatchNormalization)
+    ]
     for layer in layers:
         if layer.renorm:
-            raise ValueError(f"batch norm layer {layer.name!r} uses renorm, which the "
-                             "tower stack cannot combine across towers")
+            raise ValueError(
+                f"batch norm layer {layer.name!r} uses renorm, which the "
+                "tower stack cannot combine across towers"
+            )
         if layer.synchronized:
-            raise ValueError(f"batch norm layer {layer.name!r} has synchronized=True; "
-                             "the tower stack combines statistics itself, turn it off")
+            raise ValueError(
+                f"batch norm layer {layer.name!r} has synchronized=True; "
+                "the tower stack combines statistics itself, turn it off"
+            )
     return layers
 
 
@@ -89,6 +97,7 @@ class BatchNormCapture:
             if mask is None and training and self.row_mask is not None:
                 mask = row_mask_like(self.row_mask, inputs)
             return call(inputs, training=training, mask=mask)
+
         return masked
 
 
@@ -98,22 +107,32 @@ def whole_batch_moments(layer, moment_sum: MomentSum) -> Callable:
     and (x - c)^2 summed by `moment_sum`, around c the layer's moving mean as
     the tower reads it (the same on every tower and learner), so the
     variance does not cancel away when the mean is large."""
+
     def moments(inputs, mask):
         axes = layer._reduction_axes
-        shift = tf.reshape(tf.stop_gradient(tf.cast(layer.moving_mean, inputs.dtype)),
-                           _broadcast_shape(inputs.shape.rank, axes))
-        valid = (tf.ones_like(inputs, tf.bool) if mask is None
-                 else tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.bool), -1),
-                                      tf.shape(inputs)))
+        shift = tf.reshape(
+            tf.stop_gradient(tf.cast(layer.moving_mean, inputs.dtype)),
+            _broadcast_shape(inputs.shape.rank, axes),
+        )
+        valid = (
+            tf.ones_like(inputs, tf.bool)
+            if mask is None
+            else tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.bool), -1), tf.shape(inputs))
+        )
         centred = tf.where(valid, inputs - shift, tf.zeros_like(inputs))
-        local = tf.concat([tf.reduce_sum(tf.cast(valid, inputs.dtype), axes),
-                           tf.reduce_sum(centred, axes),
-                           tf.reduce_sum(tf.square(centred), axes)], 0)
+        local = tf.concat(
+            [
+                tf.reduce_sum(tf.cast(valid, inputs.dtype), axes),
+                tf.reduce_sum(centred, axes),
+                tf.reduce_sum(tf.square(centred), axes),
+            ],
+            0,
+        )
         count, first, second = tf.split(moment_sum(local), 3)
         centred_mean = tf.math.divide_no_nan(first, count)
-        variance = tf.maximum(tf.math.divide_no_nan(second, count)
-                              - tf.square(centred_mean), 0.0)
+        variance = tf.maximum(tf.math.divide_no_nan(second, count) - tf.square(centred_mean), 0.0)
         return tf.reshape(shift, [-1]) + centred_mean, variance
+
     return moments
 
 
@@ -144,13 +163,17 @@ class MomentSum:
         self.hint = implementation.lower()
         # a collective group is one set of devices: a key of its own per set (not
         # CollectiveGroup's 4201/4202 but for a 1 in 2**31 chance)
-        self.group_key = 1 + zlib.crc32(
-            f"moments:{self.devices}:{num_learners}".encode()) % (2**31 - 2)
+        self.group_key = 1 + zlib.crc32(f"moments:{self.devices}:{num_learners}".encode()) % (
+            2**31 - 2
+        )
         self._tokens = []
         for device in self.devices:
             with tf.init_scope(), tf.device(device):  # orders the ops on a device, as
-                self._tokens.append(tf.Variable(    # CollectiveGroup does
-                    0.0, trainable=False, name="moments_ordering_token"))
+                self._tokens.append(
+                    tf.Variable(  # CollectiveGroup does
+                        0.0, trainable=False, name="moments_ordering_token"
+                    )
+                )
         self._tower = -1
         self._valid_rows = None
         self._calls = 0
@@ -180,18 +203,26 @@ class MomentSum:
                 self._gradient_calls += 1
                 total = self._all_reduce(upstream * valid, tower, backward)
                 return tf.math.divide_no_nan(total, valid)
+
             return self._all_reduce(x, tower, key), gradient
 
         return summed(local)
 
     def _all_reduce(self, x: tf.Tensor, tower: int, key: str) -> tf.Tensor:
         from tensorflow.python.ops import collective_ops  # the raw op has no public alias
+
         with tf.device(self.devices[tower]):
             return collective_ops.all_reduce_v2(
-                x, group_size=self.group_size, group_key=self.group_key,
-                instance_key=1 + zlib.crc32(key.encode()) % (2**31 - 2), merge_op="Add",
-                final_op="Id", communication_hint=self.hint,
-                ordering_token=self._tokens[tower].handle, name="batch_norm_moments_sum")
+                x,
+                group_size=self.group_size,
+                group_key=self.group_key,
+                instance_key=1 + zlib.crc32(key.encode()) % (2**31 - 2),
+                merge_op="Add",
+                final_op="Id",
+                communication_hint=self.hint,
+                ordering_token=self._tokens[tower].handle,
+                name="batch_norm_moments_sum",
+            )
 
 
 def row_mask_like(row_mask: tf.Tensor, inputs: tf.Tensor) -> tf.Tensor:
@@ -207,19 +238,24 @@ def row_mask_like(row_mask: tf.Tensor, inputs: tf.Tensor) -> tf.Tensor:
 
     def by_row():
         return tf.broadcast_to(
-            tf.reshape(row_mask, tf.concat([shape[:1], tf.ones([inner], tf.int32)], 0)), shape)
+            tf.reshape(row_mask, tf.concat([shape[:1], tf.ones([inner], tf.int32)], 0)), shape
+        )
 
     def by_sequence():
         return tf.broadcast_to(
-            tf.reshape(row_mask, tf.concat([shape[:2], tf.ones([inner - 1], tf.int32)], 0)), shape)
+            tf.reshape(row_mask, tf.concat([shape[:2], tf.ones([inner - 1], tf.int32)], 0)), shape
+        )
 
     def unmasked():
         return tf.ones(shape, tf.bool)
 
     if inner == 0:
         return tf.cond(tf.equal(rows, shape[0]), by_row, unmasked)
-    return tf.cond(tf.equal(rows, shape[0]), by_row, lambda: tf.cond(
-        tf.equal(rows, shape[0] * shape[1]), by_sequence, unmasked))
+    return tf.cond(
+        tf.equal(rows, shape[0]),
+        by_row,
+        lambda: tf.cond(tf.equal(rows, shape[0] * shape[1]), by_sequence, unmasked),
+    )
 
 
 class BatchNormMoments(NamedTuple):
@@ -231,8 +267,9 @@ class BatchNormMoments(NamedTuple):
     variance: tf.Tensor  # population variance
 
 
-def combine_tower_moments(layers: list, momenta: list, updates: list,
-                          weighted: Callable[[list], list]) -> list:
+def combine_tower_moments(
+    layers: list, momenta: list, updates: list, weighted: Callable[[list], list]
+) -> list:
     """Each BN layer's batch mean and (population) variance over all towers'
     valid rows, from the towers' own moments.
 
@@ -246,8 +283,7 @@ def combine_tower_moments(layers: list, momenta: list, updates: list,
         means = [u[id(layer.moving_mean)] for u in updates]
         variances = [u[id(layer.moving_variance)] for u in updates]
         mean = tf.add_n(weighted(means))
-        variance = tf.add_n(weighted(
-            [v + tf.square(m - mean) for m, v in zip(means, variances)]))
+        variance = tf.add_n(weighted([v + tf.square(m - mean) for m, v in zip(means, variances)]))
         moments.append(BatchNormMoments(layer, momentum, mean, variance))
     return moments
 
@@ -273,8 +309,11 @@ def unshifted(moments: list, shifts: list, averaged) -> list:
     combined = []
     for m, shift in zip(moments, shifts):
         batch_mean, second = next(averaged), next(averaged)
-        combined.append(m._replace(mean=batch_mean, variance=tf.maximum(
-            second - tf.square(batch_mean - shift), 0.0)))
+        combined.append(
+            m._replace(
+                mean=batch_mean, variance=tf.maximum(second - tf.square(batch_mean - shift), 0.0)
+            )
+        )
     return combined
 
 
@@ -284,8 +323,10 @@ def moving_statistics(moments: list) -> list:
     assignments = []
     for m in moments:
         layer, momentum = m.layer, m.momentum
-        assignments.append((layer.moving_mean,
-                            momentum * layer.moving_mean + (1 - momentum) * m.mean))
-        assignments.append((layer.moving_variance,
-                            momentum * layer.moving_variance + (1 - momentum) * m.variance))
+        assignments.append(
+            (layer.moving_mean, momentum * layer.moving_mean + (1 - momentum) * m.mean)
+        )
+        assignments.append(
+            (layer.moving_variance, momentum * layer.moving_variance + (1 - momentum) * m.variance)
+        )
     return assignments

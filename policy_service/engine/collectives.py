@@ -17,6 +17,7 @@ of one runs no collective. Security: TF's gRPC server listens on every interface
 no authentication; run num_learners >= 2 only on a private cluster network.
 Setup, the ops' keys, timeouts and threads, security in full: docs/collectives.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -74,8 +75,12 @@ class CollectiveGroup:
       run its first collective.
     """
 
-    def __init__(self, host: str = "127.0.0.1", timeout_s: float | None = None,
-                 probe_timeout_s: float = PROBE_TIMEOUT_S):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        timeout_s: float | None = None,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
+    ):
         for key, value in (("timeout_s", timeout_s), ("probe_timeout_s", probe_timeout_s)):
             if value is not None and not value > 0:
                 raise ValueError(f"{key} must be > 0, got {value}")
@@ -109,8 +114,9 @@ class CollectiveGroup:
         if self.world_size > 1:
             for device in {self.sum_device, self.check_device}:
                 with tf.device(device):
-                    self._tokens[device] = tf.Variable(0.0, trainable=False,
-                                                       name="collective_ordering_token")
+                    self._tokens[device] = tf.Variable(
+                        0.0, trainable=False, name="collective_ordering_token"
+                    )
             self.probe()
 
     def probe(self) -> None:
@@ -118,29 +124,40 @@ class CollectiveGroup:
         must call it; a member that does not -> CollectivePeerError in that time."""
         with self.peer_errors(self.probe_timeout_s), tf.device(self.check_device):
             one = tf.ones([1], tf.int32)
-            total = self._collective(one, "Add", CHECK_GROUP_KEY, self.check_device, RING,
-                                     "probe", timeout_s=self.probe_timeout_s)
+            total = self._collective(
+                one,
+                "Add",
+                CHECK_GROUP_KEY,
+                self.check_device,
+                RING,
+                "probe",
+                timeout_s=self.probe_timeout_s,
+            )
             if int(total[0]) != self.world_size:
                 raise RuntimeError(f"probe: {self.world_size} members summed to {int(total[0])}")
 
     def _start_executor(self, rank: int, addresses: list[str], implementation: str):
         """MultiWorkerMirroredStrategy's setup from a cluster spec of `addresses`."""
         resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-            tf.train.ClusterSpec({JOB: addresses}), task_type=JOB, task_id=rank,
-            rpc_layer="grpc")
+            tf.train.ClusterSpec({JOB: addresses}), task_type=JOB, task_id=rank, rpc_layer="grpc"
+        )
         options = tf.distribute.experimental.CommunicationOptions(
-            implementation=getattr(tf.distribute.experimental.CommunicationImplementation,
-                                   implementation),
-            timeout_seconds=self.probe_timeout_s)
+            implementation=getattr(
+                tf.distribute.experimental.CommunicationImplementation, implementation
+            ),
+            timeout_seconds=self.probe_timeout_s,
+        )
         try:
             return tf.distribute.MultiWorkerMirroredStrategy(
-                cluster_resolver=resolver, communication_options=options)
+                cluster_resolver=resolver, communication_options=options
+            )
         except RuntimeError as err:
             if "program startup" not in str(err):
                 raise
             raise RuntimeError(
                 "CollectiveGroup.connect must run before any TensorFlow op in this "
-                "process (TensorFlow is already initialized)") from err
+                "process (TensorFlow is already initialized)"
+            ) from err
 
     def _check_membership(self, rank: int, addresses: list[str]) -> None:
         if self.rank is not None:
@@ -150,8 +167,10 @@ class CollectiveGroup:
         if not 0 <= rank < len(addresses):
             raise ValueError(f"rank must be in [0, {len(addresses)}), got {rank}")
         if addresses[rank] != self.address:
-            raise ValueError(f"addresses[{rank}] must be this member's address "
-                             f"{self.address!r}, got {addresses[rank]!r}")
+            raise ValueError(
+                f"addresses[{rank}] must be this member's address "
+                f"{self.address!r}, got {addresses[rank]!r}"
+            )
         if len(set(addresses)) != len(addresses):
             raise ValueError(f"addresses must be distinct, got {addresses}")
 
@@ -193,15 +212,22 @@ class CollectiveGroup:
             parts = [tensors[i] for i in indices]
             with tf.device(self.sum_device):
                 flat = tf.concat([tf.reshape(t, [-1]) for t in parts], axis=0)
-                summed = self._collective(flat, "Add", SUM_GROUP_KEY, self.sum_device,
-                                          self._connected_implementation, "all_reduce_sum")
+                summed = self._collective(
+                    flat,
+                    "Add",
+                    SUM_GROUP_KEY,
+                    self.sum_device,
+                    self._connected_implementation,
+                    "all_reduce_sum",
+                )
             sizes = [t.shape.num_elements() for t in parts]
             for i, piece in zip(indices, tf.split(summed, sizes)):
                 out[i] = tf.reshape(piece, tensors[i].shape)
         return out
 
-    def all_reduce_weighted_mean(self, tensors: Sequence[tf.Tensor], weight: tf.Tensor
-                                 ) -> tuple[list[tf.Tensor], tf.Tensor]:
+    def all_reduce_weighted_mean(
+        self, tensors: Sequence[tf.Tensor], weight: tf.Tensor
+    ) -> tuple[list[tf.Tensor], tf.Tensor]:
         """(sum over members of weight * t) / (sum of the weights) for each tensor,
         and that total weight <dtype>[], in one collective.
 
@@ -222,13 +248,18 @@ class CollectiveGroup:
             return self._weighted_mean_by_dtype(tensors, weight)
         sizes = [1] + [t.shape.num_elements() for t in tensors]
         with tf.device(self.sum_device):
-            packed = tf.concat([tf.ones([1], weight.dtype)]
-                               + [tf.reshape(t, [-1]) for t in tensors], axis=0)
+            packed = tf.concat(
+                [tf.ones([1], weight.dtype)] + [tf.reshape(t, [-1]) for t in tensors], axis=0
+            )
             # the leading 1 becomes this member's weight, exactly (1 * w == w)
-            summed = self._collective(tf.math.multiply_no_nan(packed, weight), "Add",
-                                      SUM_GROUP_KEY, self.sum_device,
-                                      self._connected_implementation,
-                                      "all_reduce_sum")
+            summed = self._collective(
+                tf.math.multiply_no_nan(packed, weight),
+                "Add",
+                SUM_GROUP_KEY,
+                self.sum_device,
+                self._connected_implementation,
+                "all_reduce_sum",
+            )
             total = summed[0]
             means = tf.split(tf.math.divide_no_nan(summed, total), sizes)[1:]
         return [tf.reshape(m, t.shape) for m, t in zip(means, tensors)], total
@@ -237,7 +268,8 @@ class CollectiveGroup:
         """all_reduce_weighted_mean with each tensor scaled and divided on its own."""
         summed = self.all_reduce_sum(
             [tf.reshape(weight, [1])]
-            + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors])
+            + [tf.math.multiply_no_nan(t, tf.cast(weight, t.dtype)) for t in tensors]
+        )
         total = summed[0][0]
         return [tf.math.divide_no_nan(s, tf.cast(total, s.dtype)) for s in summed[1:]], total
 
@@ -251,10 +283,12 @@ class CollectiveGroup:
             return tf.constant(True)
         with tf.device(self.check_device):
             prints = tf.concat([self._fingerprint(t) for t in tensors], axis=0)
-            high = self._collective(prints, "Max", CHECK_GROUP_KEY, self.check_device, RING,
-                                    "all_identical_max")
-            low = self._collective(prints, "Min", CHECK_GROUP_KEY, self.check_device, RING,
-                                   "all_identical_min")
+            high = self._collective(
+                prints, "Max", CHECK_GROUP_KEY, self.check_device, RING, "all_identical_max"
+            )
+            low = self._collective(
+                prints, "Min", CHECK_GROUP_KEY, self.check_device, RING, "all_identical_min"
+            )
             return tf.reduce_all(tf.equal(high, low))
 
     @contextlib.contextmanager
@@ -265,9 +299,14 @@ class CollectiveGroup:
         timeout = "no timeout" if timeout_s is None else f"timeout {timeout_s:g}s"
         try:
             yield
-        except (tf.errors.DeadlineExceededError, tf.errors.UnavailableError,
-                tf.errors.CancelledError, tf.errors.AbortedError,
-                tf.errors.InvalidArgumentError, tf.errors.InternalError) as err:
+        except (
+            tf.errors.DeadlineExceededError,
+            tf.errors.UnavailableError,
+            tf.errors.CancelledError,
+            tf.errors.AbortedError,
+            tf.errors.InvalidArgumentError,
+            tf.errors.InternalError,
+        ) as err:
             message = str(err)
             if "Collective" not in message:
                 raise
@@ -284,9 +323,16 @@ class CollectiveGroup:
 
     # ----- internals -----------------------------------------------------------------
 
-    def _collective(self, flat: tf.Tensor, merge_op: str, group_key: int, device: str,
-                    implementation: str, what: str, timeout_s: float | None = None
-                    ) -> tf.Tensor:
+    def _collective(
+        self,
+        flat: tf.Tensor,
+        merge_op: str,
+        group_key: int,
+        device: str,
+        implementation: str,
+        what: str,
+        timeout_s: float | None = None,
+    ) -> tf.Tensor:
         """One CollectiveReduceV2; timeout_s (default the group's) None: none, so TF
         starts no timer thread for it."""
         if self.world_size is None:
@@ -295,12 +341,19 @@ class CollectiveGroup:
         instance_key = self._instance_key(flat, group_key, signature)
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
         from tensorflow.python.ops import collective_ops  # the raw op has no public alias
+
         return collective_ops.all_reduce_v2(
-            flat, group_size=self.world_size, group_key=group_key,
-            instance_key=instance_key, merge_op=merge_op, final_op="Id",
-            communication_hint=implementation.lower(), timeout=timeout_s or 0,
+            flat,
+            group_size=self.world_size,
+            group_key=group_key,
+            instance_key=instance_key,
+            merge_op=merge_op,
+            final_op="Id",
+            communication_hint=implementation.lower(),
+            timeout=timeout_s or 0,
             ordering_token=self._tokens[device].handle,
-            name=f"{what}_over_{self.world_size}_members")
+            name=f"{what}_over_{self.world_size}_members",
+        )
 
     def _instance_key(self, flat: tf.Tensor, group_key: int, signature: str) -> int:
         """The same key in every member for the n-th call with this signature in
@@ -328,7 +381,9 @@ class CollectiveGroup:
     def _check_summable(tensors: list[tf.Tensor]) -> None:
         for i, t in enumerate(tensors):
             if t.dtype not in SUMMABLE_DTYPES:
-                raise TypeError(f"tensors[{i}]: dtype must be one of "
-                                f"{[d.name for d in SUMMABLE_DTYPES]}, got {t.dtype.name}")
+                raise TypeError(
+                    f"tensors[{i}]: dtype must be one of "
+                    f"{[d.name for d in SUMMABLE_DTYPES]}, got {t.dtype.name}"
+                )
             if not t.shape.is_fully_defined():
                 raise ValueError(f"tensors[{i}]: shape must be static, got {t.shape}")

@@ -6,6 +6,7 @@ takes under 0.1 ms. Every function on our hot paths has a fixed input
 signature, so the concrete function is known up front and can be called
 with its flat list of tensors directly.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf

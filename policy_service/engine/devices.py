@@ -5,6 +5,7 @@ TensorFlow fixes its device list and thread pools when it initializes, so
 separate *logical CPU devices*, so N towers really are N devices that run in
 parallel, which is what the multi-GPU path needs to be tested honestly.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,9 @@ class TowerDevices:
         return "nccl" if self.kind == GPU and self.num_towers > 1 else "sum_on_variable_device"
 
 
-def choose_tower_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
-                 ray_gpu_ids: list | None = None) -> TowerDevices:
+def choose_tower_devices(
+    num_gpus: float, fake_gpus: bool, visible_gpus: int, ray_gpu_ids: list | None = None
+) -> TowerDevices:
     """Turn the `num_gpus`/`_fake_gpus` config and what is visible into tower devices.
 
     visible_gpus: GPUs TensorFlow sees in this process. Inside a Ray actor Ray
@@ -63,15 +65,15 @@ def choose_tower_devices(num_gpus: float, fake_gpus: bool, visible_gpus: int,
     wanted = max(1, math.ceil(num_gpus))  # a fractional GPU is one tower sharing it
     if visible_gpus > 0:
         if wanted > visible_gpus:
-            raise ValueError(
-                f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
+            raise ValueError(f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
         return TowerDevices(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
     if fake_gpus:
         return TowerDevices(tuple(f"/CPU:{i}" for i in range(wanted)), FAKE_GPU)
     if ray_gpu_ids:
         raise ValueError(
             f"Ray assigned GPUs {list(ray_gpu_ids)} but TensorFlow sees none; "
-            "is the CUDA build of TensorFlow installed (extra 'gpu')?")
+            "is the CUDA build of TensorFlow installed (extra 'gpu')?"
+        )
     return TowerDevices(("/CPU:0",), CPU)
 
 
@@ -79,18 +81,21 @@ def in_ray_worker() -> bool:
     """True inside a Ray worker process (an actor or task), False in a driver
     or where Ray is not running."""
     import ray  # here, not at import: engine modules load without Ray
+
     return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
 
 
 def ray_gpu_ids() -> list | None:
     """GPU ids Ray assigned to this worker, or None outside a Ray worker."""
     import ray
+
     return list(ray.get_gpu_ids()) if in_ray_worker() else None
 
 
 def assigned_cpu_threads() -> int:
     """Thread count matching the CPUs Ray gave this worker (at least 1)."""
     import ray
+
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1.0)
     return max(1, math.ceil(cpus))
 
@@ -103,14 +108,18 @@ def visible_gpus() -> int:
 def _tf_initialized() -> bool:
     """True once TF created its devices (after which they cannot change)."""
     from tensorflow.python.eager import context  # no public query exists
+
     return context.context()._initialized
 
 
 _prepared_devices = 0  # logical CPU devices this process was prepared with
 
 
-def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = None,
-                    inter_op_threads: int | None = None) -> None:
+def prepare_process(
+    num_fake_devices: int = 1,
+    intra_op_threads: int | None = None,
+    inter_op_threads: int | None = None,
+) -> None:
     """Configure TF for this process before it initializes.
 
     Creates `num_fake_devices` logical CPU devices (fake GPUs), turns on
@@ -127,14 +136,15 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
                 f"{num_fake_devices} fake GPUs requested but TensorFlow already "
                 f"initialized with {have} CPU device(s); call "
                 "policy_service.engine.devices.prepare_process before any TensorFlow op "
-                "(or run in a fresh process)")
+                "(or run in a fresh process)"
+            )
         return
     first_call = _prepared_devices == 0
     if num_fake_devices > max(1, _prepared_devices):
         cpus = tf.config.list_physical_devices("CPU")
         tf.config.set_logical_device_configuration(
-            cpus[0], [tf.config.LogicalDeviceConfiguration()
-                      for _ in range(num_fake_devices)])
+            cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(num_fake_devices)]
+        )
     _prepared_devices = max(_prepared_devices, num_fake_devices)
     if first_call:
         for gpu in tf.config.list_physical_devices("GPU"):
@@ -144,14 +154,16 @@ def prepare_process(num_fake_devices: int = 1, intra_op_threads: int | None = No
         # two even for one tower (218k vs 175k samples/s), since independent ops
         # (policy and value branches, towers) then run side by side on the cores.
         tf.config.threading.set_intra_op_parallelism_threads(
-            intra_op_threads or max(1, cores // (2 * max(1, num_fake_devices))))
+            intra_op_threads or max(1, cores // (2 * max(1, num_fake_devices)))
+        )
         tf.config.threading.set_inter_op_parallelism_threads(inter_op_threads or cores)
 
 
 def resolve_devices(num_gpus: float, fake_gpus: bool) -> TowerDevices:
     """The tower devices for this process, configuring fake GPUs when needed."""
-    tower_devices = choose_tower_devices(num_gpus, fake_gpus, visible_gpus=visible_gpus(),
-                        ray_gpu_ids=ray_gpu_ids())
+    tower_devices = choose_tower_devices(
+        num_gpus, fake_gpus, visible_gpus=visible_gpus(), ray_gpu_ids=ray_gpu_ids()
+    )
     # memory growth and thread pools are set here too, if TF is not running yet
     prepare_process(tower_devices.num_towers if tower_devices.kind == FAKE_GPU else 1)
     return tower_devices

@@ -7,6 +7,7 @@ the state it may write before it runs and puts it back if any floating-point
 variable ends non-finite. Every learner decides alike: same weights, same
 all-reduced gradients.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,8 +28,9 @@ class NonFiniteUpdateError(NonFiniteGradientError):
     (say Adam's second moment overflowing on huge advantages): rolled back."""
 
 
-def kept_if_finite(run: Callable[[], dict | None], updated: list, checked: list,
-                   device: str) -> dict:
+def kept_if_finite(
+    run: Callable[[], dict | None], updated: list, checked: list, device: str
+) -> dict:
     """run() -> its output dict plus "_kept": <bool>[len(checked)], which of the
     `checked` variables ended finite. If any did not, every variable in `updated`
     (all the call may write) is put back as it was before the call: one read of
@@ -38,8 +40,10 @@ def kept_if_finite(run: Callable[[], dict | None], updated: list, checked: list,
         before = [tf.convert_to_tensor(v) for v in updated]
     out = run() or {}
     with tf.device(device):
-        finite = tf.stack([tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v)))
-                           for v in checked] or [tf.constant(True)])
+        finite = tf.stack(
+            [tf.reduce_all(tf.math.is_finite(tf.convert_to_tensor(v))) for v in checked]
+            or [tf.constant(True)]
+        )
 
         def roll_back():
             for var, value in zip(updated, before):
@@ -59,11 +63,14 @@ def check_finite(finite, kept, checked: list, trainable: list) -> None:
         raise NonFiniteUpdateError(
             f"the update made {len(bad)} variable(s) non-finite, first {bad[0]} (an "
             "optimizer moment overflowing on huge advantages or rewards?); the call "
-            "was rolled back, weights unchanged")
+            "was rolled back, weights unchanged"
+        )
     finite = np.asarray(finite)
     if not finite.all():
         names = [v.path for v in trainable]
         bad = [names[i % len(names)] for i in np.flatnonzero(~finite)] if len(finite) > 1 else []
         raise NonFiniteGradientError(
-            "non-finite gradient" + (f" for {bad}" if bad else "")
-            + "; the step was not applied, weights unchanged")
+            "non-finite gradient"
+            + (f" for {bad}" if bad else "")
+            + "; the step was not applied, weights unchanged"
+        )

@@ -9,6 +9,7 @@
 A plain tensor, or a list with one loss per optimizer, is still a loss output
 (with no extras); `TFPolicy.stats(train_batch)` may still add statistics.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple

@@ -12,6 +12,7 @@ var -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)),
 and the optimizer's variables are Keras Adam's, so checkpoints move freely
 between the two.
 """
+
 from __future__ import annotations
 
 import keras
@@ -29,8 +30,10 @@ class FusedAdam(keras.optimizers.Adam):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.amsgrad:
-            raise ValueError("FusedAdam has no amsgrad variant (TensorFlow's fused Adam "
-                             "kernel has none); use keras.optimizers.Adam(amsgrad=True)")
+            raise ValueError(
+                "FusedAdam has no amsgrad variant (TensorFlow's fused Adam "
+                "kernel has none); use keras.optimizers.Adam(amsgrad=True)"
+            )
 
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
         step = tf.cast(self.iterations + 1, tf.float32)
@@ -45,10 +48,16 @@ class FusedAdam(keras.optimizers.Adam):
                     lr=tf.cast(learning_rate, dtype),
                     beta1_power=tf.pow(beta_1, tf.cast(step, dtype)),
                     beta2_power=tf.pow(beta_2, tf.cast(step, dtype)),
-                    beta1=beta_1, beta2=beta_2, epsilon=tf.constant(self.epsilon, dtype))
+                    beta1=beta_1,
+                    beta2=beta_2,
+                    epsilon=tf.constant(self.epsilon, dtype),
+                )
             index = self._get_variable_index(variable)
             tf.raw_ops.ResourceApplyAdam(
-                var=variable.handle, m=_handle(self._momentums[index]),
+                var=variable.handle,
+                m=_handle(self._momentums[index]),
                 v=_handle(self._velocities[index]),
-                grad=tf.cast(tf.convert_to_tensor(grad), dtype), use_locking=False,
-                **scalars[dtype])
+                grad=tf.cast(tf.convert_to_tensor(grad), dtype),
+                use_locking=False,
+                **scalars[dtype],
+            )

@@ -15,6 +15,7 @@ called with the target values in place of its variables (a Keras StatelessScope)
 so any model, subclassed, functional or lazily built, gets a target without
 being cloned.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,12 @@ def check_target_update(update: TargetUpdate) -> TargetUpdate:
     every, tau = update
     if isinstance(every, bool) or not isinstance(every, int) or every < 1:
         raise ValueError(f"target update every_steps must be an integer >= 1, got {every!r}")
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) \
-            or not 0.0 < tau <= 1.0:
+    if (
+        isinstance(tau, bool)
+        or not isinstance(tau, (int, float))
+        or not math.isfinite(tau)
+        or not 0.0 < tau <= 1.0
+    ):
         raise ValueError(f"target update tau must be a finite number in (0, 1], got {tau!r}")
     return TargetUpdate(int(every), float(tau))
 
@@ -52,9 +57,12 @@ class TargetNetwork:
         # Keras variables (not tf.Variable) for their `.path`, which errors name; each from
         # a copied tensor (given a variable, keras.Variable would share its storage)
         with tf.device(device):
-            self.variables = [keras.Variable(tf.identity(tf.convert_to_tensor(v)),
-                                             trainable=False, name=f"target_{i}")
-                              for i, v in enumerate(self.online)]
+            self.variables = [
+                keras.Variable(
+                    tf.identity(tf.convert_to_tensor(v)), trainable=False, name=f"target_{i}"
+                )
+                for i, v in enumerate(self.online)
+            ]
             self.age = keras.Variable(0, dtype="int64", trainable=False, name="target_age")
 
     def after_step(self) -> tf.Tensor:

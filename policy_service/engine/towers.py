@@ -18,6 +18,7 @@ loaded epochs are compiled graphs; a non-finite step is refused or rolled back
 docs/replica_engine.md. The variables live on the first tower's device, where
 tower gradients are summed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -69,7 +70,8 @@ def _run_loss(loss_fn: LossFn, batch: dict) -> tuple[list, LossExtras]:
         if isinstance(key, str) and key not in batch:
             raise MissingColumnError(
                 f"train batch has no column {key!r}, which the loss needs; "
-                f"columns present: {sorted(batch)}") from None
+                f"columns present: {sorted(batch)}"
+            ) from None
         raise
 
 
@@ -104,8 +106,11 @@ def _pack_stats(stats: dict) -> PackedStats:
     for name, value in values.items():
         if value.shape.rank != 0:
             raise ValueError(f"statistic {name!r} must be a scalar, got shape {value.shape}")
-    packed = tf.stack([tf.cast(v, tf.float32) for v in values.values()]) if values \
+    packed = (
+        tf.stack([tf.cast(v, tf.float32) for v in values.values()])
+        if values
         else tf.zeros([0], tf.float32)
+    )
     return PackedStats(list(values), packed)
 
 
@@ -115,8 +120,10 @@ def _per_row_outputs(per_row: dict) -> dict:
     for name, value in per_row.items():
         value = tf.convert_to_tensor(value)
         if value.shape.rank != 1:
-            raise ValueError(f"per-row output {name!r} must have one value per row "
-                             f"(shape [rows]), got shape {value.shape}")
+            raise ValueError(
+                f"per-row output {name!r} must have one value per row "
+                f"(shape [rows]), got shape {value.shape}"
+            )
         outputs[name] = tf.cast(value, tf.float32)
     return outputs
 
@@ -152,8 +159,9 @@ def clip_gradients(grads: list, clip: float | None, method: str) -> list:
     elif method == "norm":
         clipped = [tf.clip_by_norm(g, clip) for g in present]
     else:
-        raise ValueError(f"grad_clip_method must be 'global_norm', 'value' or 'norm', "
-                         f"got {method!r}")
+        raise ValueError(
+            f"grad_clip_method must be 'global_norm', 'value' or 'norm', got {method!r}"
+        )
     it = iter(clipped)
     return [None if g is None else next(it) for g in grads]
 
@@ -166,11 +174,23 @@ class TowerStack:
     stats_fn(tower_batch, losses, loss_stats) -> dict of scalar statistics.
     """
 
-    def __init__(self, tower_devices: TowerDevices, model: keras.Model, loss_fn: LossFn,
-                 stats_fn: StatsFn, optimizers: Sequence, *, grad_clip: float | None = None,
-                 grad_clip_method: str = "global_norm", l2_coeff: float = 0.0,
-                 seed: int | None = None, accumulation_steps: int = 1,
-                 collective_group=None, target=None, batch_norm_sync: bool = True):
+    def __init__(
+        self,
+        tower_devices: TowerDevices,
+        model: keras.Model,
+        loss_fn: LossFn,
+        stats_fn: StatsFn,
+        optimizers: Sequence,
+        *,
+        grad_clip: float | None = None,
+        grad_clip_method: str = "global_norm",
+        l2_coeff: float = 0.0,
+        seed: int | None = None,
+        accumulation_steps: int = 1,
+        collective_group=None,
+        target=None,
+        batch_norm_sync: bool = True,
+    ):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
         if accumulation_steps < 1:
             raise ValueError(f"accumulation_steps must be >= 1, got {accumulation_steps}")
@@ -189,8 +209,9 @@ class TowerStack:
         self.target = target
         self.variables = list(model.trainable_variables)
         self._bn_layers = batch_norm_layers(model)
-        self._bn_variables = {id(v) for layer in self._bn_layers
-                              for v in (layer.moving_mean, layer.moving_variance)}
+        self._bn_variables = {
+            id(v) for layer in self._bn_layers for v in (layer.moving_mean, layer.moving_variance)
+        }
         with tf.device(tower_devices.variable_device):
             for optimizer in self.optimizers:
                 optimizer.build(self.variables)
@@ -199,9 +220,11 @@ class TowerStack:
         # what a step writes, put back when the step's result is not finite; the
         # floating-point ones are those checked
         self._updated = _unique_variables(
-            self.variables + list(model.non_trainable_variables)
+            self.variables
+            + list(model.non_trainable_variables)
             + [v for optimizer in self.optimizers for v in optimizer.variables]
-            + ([] if target is None else target.variables + [target.age]))
+            + ([] if target is None else target.variables + [target.age])
+        )
         self._checked = [v for v in self._updated if tf.as_dtype(v.dtype).is_floating]
         self.buffers: dict[int, LoadedBuffer] = {}
         self._functions: dict = {}
@@ -221,11 +244,15 @@ class TowerStack:
     def _make_moment_sum(self) -> batch_norm.MomentSum | None:
         """What sums BN moments over all towers and learners (batch_norm_sync), or
         None where there is nothing to sum: no BN layer, one tower of one learner."""
-        if not (self.batch_norm_sync and self._bn_layers
-                and self.num_towers * self.num_learners > 1):
+        if not (
+            self.batch_norm_sync and self._bn_layers and self.num_towers * self.num_learners > 1
+        ):
             return None
-        implementation = (choose_implementation(tf.config.list_physical_devices())
-                          if self.num_learners == 1 else self.collective_group.implementation)
+        implementation = (
+            choose_implementation(tf.config.list_physical_devices())
+            if self.num_learners == 1
+            else self.collective_group.implementation
+        )
         return batch_norm.MomentSum(self.tower_devices.devices, self.num_learners, implementation)
 
     @property
@@ -242,10 +269,16 @@ class TowerStack:
         per_tower = round_up(num_units, self.num_towers) // self.num_towers
         shards = []
         for t in range(self.num_towers):
-            shards.append({
-                name: (values[t * per_tower:(t + 1) * per_tower] if is_sequence_column(name)
-                       else values[t * per_tower * unit_rows:(t + 1) * per_tower * unit_rows])
-                for name, values in columns.items()})
+            shards.append(
+                {
+                    name: (
+                        values[t * per_tower : (t + 1) * per_tower]
+                        if is_sequence_column(name)
+                        else values[t * per_tower * unit_rows : (t + 1) * per_tower * unit_rows]
+                    )
+                    for name, values in columns.items()
+                }
+            )
         return shards
 
     def place(self, shards: list[dict]) -> tuple:
@@ -253,8 +286,12 @@ class TowerStack:
         placed = []
         for device, shard in zip(self.tower_devices.devices, shards):
             with tf.device(device):
-                placed.append({name: tf.identity(tf.convert_to_tensor(values))
-                               for name, values in shard.items()})
+                placed.append(
+                    {
+                        name: tf.identity(tf.convert_to_tensor(values))
+                        for name, values in shard.items()
+                    }
+                )
         return tuple(placed)
 
     # ----- one step over whole shards ---------------------------------------------
@@ -283,8 +320,10 @@ class TowerStack:
         tensors = []
         for i, glist in enumerate(per_loss):
             if len(glist) != len(self.variables):
-                raise ValueError(f"gradient list {i} has {len(glist)} entries, expected "
-                                 f"{len(self.variables)} (one per trainable variable)")
+                raise ValueError(
+                    f"gradient list {i} has {len(glist)} entries, expected "
+                    f"{len(self.variables)} (one per trainable variable)"
+                )
             row: list[tf.Tensor | None] = []
             for g, v in zip(glist, self.variables):
                 if g is None:
@@ -292,11 +331,13 @@ class TowerStack:
                     continue
                 g = np.asarray(g, np.float32)
                 if g.shape != tuple(v.shape):
-                    raise ValueError(f"gradient for {v.path} has shape {g.shape}, "
-                                     f"expected {tuple(v.shape)}")
+                    raise ValueError(
+                        f"gradient for {v.path} has shape {g.shape}, expected {tuple(v.shape)}"
+                    )
                 if not np.all(np.isfinite(g)):
                     raise NonFiniteGradientError(
-                        f"gradient for {v.path} contains NaN or inf; weights unchanged")
+                        f"gradient for {v.path} contains NaN or inf; weights unchanged"
+                    )
                 row.append(tf.convert_to_tensor(g))
             tensors.append(row)
 
@@ -308,20 +349,40 @@ class TowerStack:
 
     # ----- loaded buffers -----------------------------------------------------------
 
-    def load(self, columns: dict, num_units: int, rows_per_unit: int,
-             minibatch_size: int, buffer_index: int) -> int:
+    def load(
+        self,
+        columns: dict,
+        num_units: int,
+        rows_per_unit: int,
+        minibatch_size: int,
+        buffer_index: int,
+    ) -> int:
         """Place a whole padded batch on the towers, arranged so that the minibatch
         at row offset k*minibatch_size is exactly rows [k*mb, (k+1)*mb) of the batch.
         Returns the rows loaded over all towers, padding included."""
-        check_minibatch_size("minibatch_size", minibatch_size, learners=1,
-                             towers=self.num_towers, unit_rows=rows_per_unit)
-        shards, num_mb = arrange_minibatches(columns, num_units, rows_per_unit, minibatch_size,
-                                             self.num_towers, self.accumulation_steps)
+        check_minibatch_size(
+            "minibatch_size",
+            minibatch_size,
+            learners=1,
+            towers=self.num_towers,
+            unit_rows=rows_per_unit,
+        )
+        shards, num_mb = arrange_minibatches(
+            columns,
+            num_units,
+            rows_per_unit,
+            minibatch_size,
+            self.num_towers,
+            self.accumulation_steps,
+        )
         units_per_mb = minibatch_size // rows_per_unit
         self.buffers[buffer_index] = LoadedBuffer(
-            towers=self.place(shards), num_rows=num_mb * minibatch_size,
-            units_per_minibatch=units_per_mb // self.num_towers, num_minibatches=num_mb,
-            minibatch_rows=minibatch_size)
+            towers=self.place(shards),
+            num_rows=num_mb * minibatch_size,
+            units_per_minibatch=units_per_mb // self.num_towers,
+            num_minibatches=num_mb,
+            minibatch_rows=minibatch_size,
+        )
         return self.buffers[buffer_index].num_rows
 
     def learn_loaded(self, offset: int, buffer_index: int) -> dict:
@@ -331,22 +392,26 @@ class TowerStack:
         buffer = self._buffer(buffer_index)
         step_rows = buffer.minibatch_rows * self.accumulation_steps
         if offset % step_rows or not 0 <= offset < buffer.num_rows:
-            accumulated = (f" x {self.accumulation_steps} accumulation steps"
-                           if self.accumulation_steps > 1 else "")
+            accumulated = (
+                f" x {self.accumulation_steps} accumulation steps"
+                if self.accumulation_steps > 1
+                else ""
+            )
             raise ValueError(
                 f"offset {offset} must be a multiple of minibatch_size "
-                f"{buffer.minibatch_rows}{accumulated} below {buffer.num_rows} loaded rows")
+                f"{buffer.minibatch_rows}{accumulated} below {buffer.num_rows} loaded rows"
+            )
         u = buffer.units_per_minibatch
         first = offset // buffer.minibatch_rows * u
         # numpy, not eager TF ops: this runs once per SGD step
         idx = np.broadcast_to(
-            np.arange(first, first + self.accumulation_steps * u, dtype=np.int32)
-            .reshape(-1, 1, u), (self.accumulation_steps, self.num_towers, u))  # [K, towers, u]
+            np.arange(first, first + self.accumulation_steps * u, dtype=np.int32).reshape(-1, 1, u),
+            (self.accumulation_steps, self.num_towers, u),
+        )  # [K, towers, u]
         fn = self._function("loaded", buffer.towers, self._loaded_graph)
         return self._finish(fn(buffer.towers, idx))
 
-    def learn_loaded_epochs(self, num_epochs: int, buffer_index: int,
-                            shuffle: bool = True) -> dict:
+    def learn_loaded_epochs(self, num_epochs: int, buffer_index: int, shuffle: bool = True) -> dict:
         """`num_epochs` passes of minibatch SGD over a loaded buffer in one compiled
         call; each epoch visits the minibatches of each tower's shard in a fresh
         on-device permutation (or in order when shuffle=False). Returns statistics
@@ -358,12 +423,17 @@ class TowerStack:
         if shuffle:
             seeds = self.shuffle_rng.make_seeds(num_epochs * self.num_towers)
             keys = tf.transpose(seeds)  # [epochs*towers, 2]
-            perms = tf.stack([tf.argsort(tf.random.stateless_uniform([units], keys[i]))
-                              for i in range(num_epochs * self.num_towers)])
+            perms = tf.stack(
+                [
+                    tf.argsort(tf.random.stateless_uniform([units], keys[i]))
+                    for i in range(num_epochs * self.num_towers)
+                ]
+            )
             order = tf.reshape(tf.cast(perms, tf.int32), [num_epochs, self.num_towers, units])
         else:
-            order = tf.tile(tf.range(units, dtype=tf.int32)[None, None],
-                            [num_epochs, self.num_towers, 1])
+            order = tf.tile(
+                tf.range(units, dtype=tf.int32)[None, None], [num_epochs, self.num_towers, 1]
+            )
         # traced here, not inside the epoch loop's trace: collective keys follow trace order
         self._function("loaded", buffer.towers, self._loaded_graph)
         fn = self._function("epochs", buffer.towers, self._epochs_graph)
@@ -371,9 +441,14 @@ class TowerStack:
         out = dict(out)
         steps = int(out.pop("_steps"))
         if "_per_row" in out:  # per tower, in its buffer's layout -> the batch's rows
-            out["_per_row"] = {name: [interleave_minibatches(
-                [np.asarray(p) for p in per_tower], buffer.num_minibatches)]
-                for name, per_tower in out["_per_row"].items()}
+            out["_per_row"] = {
+                name: [
+                    interleave_minibatches(
+                        [np.asarray(p) for p in per_tower], buffer.num_minibatches
+                    )
+                ]
+                for name, per_tower in out["_per_row"].items()
+            }
         try:
             result = self._finish(out)
         except NonFiniteUpdateError:
@@ -386,8 +461,10 @@ class TowerStack:
 
     def _buffer(self, buffer_index: int) -> LoadedBuffer:
         if buffer_index not in self.buffers:
-            raise ValueError(f"no batch loaded into buffer {buffer_index}; "
-                             f"loaded buffers: {sorted(self.buffers)}")
+            raise ValueError(
+                f"no batch loaded into buffer {buffer_index}; "
+                f"loaded buffers: {sorted(self.buffers)}"
+            )
         return self.buffers[buffer_index]
 
     # ----- compiled graphs ----------------------------------------------------------
@@ -397,20 +474,32 @@ class TowerStack:
         a new batch size never retraces."""
         # called once per SGD step in per-minibatch loops: a cheap key first, the
         # TensorSpecs only for a new one
-        key = (kind, tuple((name, t.dtype, tuple(t.shape[1:]))
-                           for name, t in sorted(shards[0].items())))
+        key = (
+            kind,
+            tuple((name, t.dtype, tuple(t.shape[1:])) for name, t in sorted(shards[0].items())),
+        )
         if key not in self._functions:
             signature = tuple(
-                {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype)
-                 for name, t in shard.items()} for shard in shards)
-            extra = {"loaded": [tf.TensorSpec([self.accumulation_steps, self.num_towers, None],
-                                              tf.int32)],
-                     "epochs": [tf.TensorSpec([None, self.num_towers, None], tf.int32),
-                                tf.TensorSpec([], tf.int32)]}.get(kind, [])
+                {
+                    name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype)
+                    for name, t in shard.items()
+                }
+                for shard in shards
+            )
+            extra = {
+                "loaded": [
+                    tf.TensorSpec([self.accumulation_steps, self.num_towers, None], tf.int32)
+                ],
+                "epochs": [
+                    tf.TensorSpec([None, self.num_towers, None], tf.int32),
+                    tf.TensorSpec([], tf.int32),
+                ],
+            }.get(kind, [])
             # No AutoGraph: the stack's control flow is explicit (tf.cond, tf.while_loop),
             # and errors raised while tracing (a missing column) keep their type.
-            self._functions[key] = FlatCall(tf.function(
-                graph_fn, input_signature=[signature] + extra, autograph=False))
+            self._functions[key] = FlatCall(
+                tf.function(graph_fn, input_signature=[signature] + extra, autograph=False)
+            )
         return self._functions[key]
 
     def trace_count(self) -> int:
@@ -444,14 +533,18 @@ class TowerStack:
                 with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
                     losses, extras = _run_loss(self.loss_fn, batch)
                 if len(losses) != len(self.optimizers):
-                    raise ValueError(f"loss returned {len(losses)} losses for "
-                                     f"{len(self.optimizers)} optimizer(s)")
+                    raise ValueError(
+                        f"loss returned {len(losses)} losses for "
+                        f"{len(self.optimizers)} optimizer(s)"
+                    )
                 grads = [tape.gradient(loss, self.variables) for loss in losses]
                 stats = _pack_stats(self.stats_fn(batch, losses, dict(extras.stats)))
                 per_row = _per_row_outputs(extras.per_row)
-                updates = {id(v): scope.get_current_value(v)
-                           for v in self.model.non_trainable_variables
-                           if scope.get_current_value(v) is not None}
+                updates = {
+                    id(v): scope.get_current_value(v)
+                    for v in self.model.non_trainable_variables
+                    if scope.get_current_value(v) is not None
+                }
             del tape
             return TowerResult(valid, grads, stats, updates, per_row)
 
@@ -473,40 +566,60 @@ class TowerStack:
                 terms.append(scale(value, weight))
         return terms
 
-    def _combine(self, results: list, devices: list, weights: list, total,
-                 momenta: list) -> StepResult:
+    def _combine(
+        self, results: list, devices: list, weights: list, total, momenta: list
+    ) -> StepResult:
         weighted = self._weighted_terms([r.grads for r in results], weights, devices)
         packed = self._weighted_terms([r.stats.values for r in results], weights, devices)
         with tf.device(self.tower_devices.variable_device):
-            grads = [[None if weighted[0][i][j] is None
-                      else self._reduce([w[i][j] for w in weighted], devices)
-                      for j in range(len(self.variables))]
-                     for i in range(len(self.optimizers))]
+            grads = [
+                [
+                    None
+                    if weighted[0][i][j] is None
+                    else self._reduce([w[i][j] for w in weighted], devices)
+                    for j in range(len(self.variables))
+                ]
+                for i in range(len(self.optimizers))
+            ]
             stats = tf.add_n(packed)
             moments = batch_norm.combine_tower_moments(
-                self._bn_layers, momenta, [r.state_updates for r in results],
-                lambda per_tower: self._weighted_terms(per_tower, weights, devices))
+                self._bn_layers,
+                momenta,
+                [r.state_updates for r in results],
+                lambda per_tower: self._weighted_terms(per_tower, weights, devices),
+            )
             grads, stats, moments, total = self._across_learners(grads, stats, moments, total)
-            combined = [clip_gradients(self._with_l2(per_var), self.grad_clip,
-                                       self.grad_clip_method) for per_var in grads]
+            combined = [
+                clip_gradients(self._with_l2(per_var), self.grad_clip, self.grad_clip_method)
+                for per_var in grads
+            ]
             names = results[0].stats.names
             stats = dict(zip(names, tf.unstack(stats, num=len(names))))
             stats["valid_rows"] = total
             if results[0].per_row:  # per minibatch and tower, in batch order; never reduced
-                stats["_per_row"] = {name: [r.per_row[name] for r in results]
-                                     for name in results[0].per_row}
+                stats["_per_row"] = {
+                    name: [r.per_row[name] for r in results] for name in results[0].per_row
+                }
             assignments = self._state_assignments(moments, results)
-            finite = tf.stack([tf.reduce_all(tf.math.is_finite(g))
-                               for per_var in combined for g in per_var if g is not None]
-                              or [tf.constant(True)])
+            finite = tf.stack(
+                [
+                    tf.reduce_all(tf.math.is_finite(g))
+                    for per_var in combined
+                    for g in per_var
+                    if g is not None
+                ]
+                or [tf.constant(True)]
+            )
         return StepResult(combined, stats, assignments, finite)
 
     def _with_l2(self, grads: list) -> list:
         """l2_coeff * weight added to kernel gradients (not biases), before clipping."""
         if not self.l2_coeff:
             return grads
-        return [g if g is None or len(var.shape) <= 1 else g + self.l2_coeff * var
-                for g, var in zip(grads, self.variables)]
+        return [
+            g if g is None or len(var.shape) <= 1 else g + self.l2_coeff * var
+            for g, var in zip(grads, self.variables)
+        ]
 
     def _reduce(self, terms: list, devices: list | None = None) -> tf.Tensor:
         """Sum per-tower tensors onto the variable device: accumulated minibatches
@@ -522,6 +635,7 @@ class TowerStack:
                     terms.append(tf.add_n(same_device))
         if len(terms) > 1 and self.tower_devices.gradient_reduction == "nccl":
             from tensorflow.python.ops import nccl_ops  # no public API for a reduce to one GPU
+
             return nccl_ops.reduce_sum(terms)
         return tf.add_n(terms)
 
@@ -584,8 +698,9 @@ class TowerStack:
 
     def _kept_if_finite(self, run) -> dict:
         """run()'s output, rolled back if it left state non-finite (finite_guard)."""
-        return finite_guard.kept_if_finite(run, self._updated, self._checked,
-                                           self.tower_devices.variable_device)
+        return finite_guard.kept_if_finite(
+            run, self._updated, self._checked, self.tower_devices.variable_device
+        )
 
     def _learn_graph(self, shards):
         return self._kept_if_finite(lambda: self._step([shards]))
@@ -599,8 +714,9 @@ class TowerStack:
         return self._kept_if_finite(lambda: self._loaded_step(buffers, unit_idx))
 
     def _loaded_step(self, buffers, unit_idx):
-        return self._step([self._gather(buffers, unit_idx[s])
-                           for s in range(self.accumulation_steps)])
+        return self._step(
+            [self._gather(buffers, unit_idx[s]) for s in range(self.accumulation_steps)]
+        )
 
     def _gather(self, buffers, unit_idx):
         shards = []
@@ -620,15 +736,17 @@ class TowerStack:
         template = self._loaded_stats_template(buffers)
         sums = {k: tf.zeros([], tf.float32) for k in template if not k.startswith("_")}
         # each buffer row's per-row outputs from the last step that visited it
-        per_row = {name: [tf.zeros(tf.shape(b[LOSS_MASK])[:1]) for b in buffers]
-                   for name in template.get("_per_row", {})}
+        per_row = {
+            name: [tf.zeros(tf.shape(b[LOSS_MASK])[:1]) for b in buffers]
+            for name in template.get("_per_row", {})
+        }
 
         def body(i, ok, sums, per_row):
             epoch, k = i // steps_per_epoch, i % steps_per_epoch
             shard_sets, unit_sets = [], []
             for s in range(accumulate):
                 start = (k * accumulate + s) * units_per_mb
-                unit_sets.append(order[epoch, :, start:start + units_per_mb])
+                unit_sets.append(order[epoch, :, start : start + units_per_mb])
                 shard_sets.append(self._gather(buffers, unit_sets[-1]))
             stats = self._step(shard_sets)
             finite = tf.reduce_all(stats.pop("_finite"))
@@ -638,8 +756,10 @@ class TowerStack:
             return i + 1, finite, sums, per_row
 
         steps, ok, sums, per_row = tf.while_loop(
-            lambda i, ok, *_: tf.logical_and(i < total, ok), body,
-            [tf.constant(0), tf.constant(True), sums, per_row])
+            lambda i, ok, *_: tf.logical_and(i < total, ok),
+            body,
+            [tf.constant(0), tf.constant(True), sums, per_row],
+        )
         out = {k: v / tf.cast(tf.maximum(steps, 1), tf.float32) for k, v in sums.items()}
         if per_row:
             out["_per_row"] = per_row
@@ -651,8 +771,9 @@ class TowerStack:
     def _loaded_stats_template(self, buffers) -> dict:
         """The statistics (and per-row outputs), learnt by tracing one loaded step
         symbolically."""
-        return dict(self._function("loaded", buffers, self._loaded_graph)
-                    .concrete.structured_outputs)
+        return dict(
+            self._function("loaded", buffers, self._loaded_graph).concrete.structured_outputs
+        )
 
     def _kept_rows(self, kept: dict, step_rows: dict, buffers, unit_sets: list) -> dict:
         """`kept` (name -> per tower <float32>[buffer rows]) with the rows of this
@@ -662,12 +783,13 @@ class TowerStack:
             for t, (device, buffer) in enumerate(zip(self.tower_devices.devices, buffers)):
                 with tf.device(device):
                     layout = {k: buffer[k] for k in (LOSS_MASK, SEQ_LENS) if k in buffer}
-                    rows = gather_units({**layout, "_row": tf.range(tf.shape(
-                        buffer[LOSS_MASK])[0])}, units[t])["_row"]
+                    rows = gather_units(
+                        {**layout, "_row": tf.range(tf.shape(buffer[LOSS_MASK])[0])}, units[t]
+                    )["_row"]
                     for name in kept:
                         kept[name][t] = tf.tensor_scatter_nd_update(
-                            kept[name][t], rows[:, None],
-                            step_rows[name][s * self.num_towers + t])
+                            kept[name][t], rows[:, None], step_rows[name][s * self.num_towers + t]
+                        )
         return kept
 
     # ----- results ------------------------------------------------------------------
@@ -678,11 +800,12 @@ class TowerStack:
         out = dict(out)
         self._check_finite(out.pop("_finite"), out.pop("_kept"))
         per_row = out.pop("_per_row", None)
-        result: dict[str, float | dict[str, np.ndarray]] = {
-            k: float(v) for k, v in out.items()}
+        result: dict[str, float | dict[str, np.ndarray]] = {k: float(v) for k, v in out.items()}
         if per_row:
-            result[PER_ROW] = {name: np.concatenate([np.asarray(p) for p in parts])
-                               for name, parts in per_row.items()}
+            result[PER_ROW] = {
+                name: np.concatenate([np.asarray(p) for p in parts])
+                for name, parts in per_row.items()
+            }
         return result
 
     def _check_finite(self, finite, kept=None) -> None:

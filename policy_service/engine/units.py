@@ -11,6 +11,7 @@ stack (towers.py) lay minibatches out with the same `arrange_minibatches`, so
 the group's minibatch k is the union of the towers' minibatch k on every
 learner, and `check_minibatch_size` is the one rule for a minibatch that splits.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -62,27 +63,36 @@ def gather_units(buffer: dict, unit_idx: tf.Tensor) -> dict:
     if SEQ_LENS in buffer:
         units = tf.shape(buffer[SEQ_LENS])[0]
         unit_rows = tf.shape(buffer[LOSS_MASK])[0] // units
-        row_idx = tf.reshape(unit_idx[:, None] * unit_rows
-                             + tf.range(unit_rows)[None, :], [-1])
+        row_idx = tf.reshape(unit_idx[:, None] * unit_rows + tf.range(unit_rows)[None, :], [-1])
     else:
         row_idx = unit_idx
-    return {name: tf.gather(values, unit_idx if is_sequence_column(name) else row_idx)
-            for name, values in buffer.items()}
+    return {
+        name: tf.gather(values, unit_idx if is_sequence_column(name) else row_idx)
+        for name, values in buffer.items()
+    }
 
 
-def check_minibatch_size(key: str, minibatch_size: int, *, learners: int, towers: int,
-                         unit_rows: int) -> None:
+def check_minibatch_size(
+    key: str, minibatch_size: int, *, learners: int, towers: int, unit_rows: int
+) -> None:
     """A minibatch must split into whole sequences, equally over every learner's
     towers: a ValueError naming `key` and the values otherwise."""
     quantum = learners * towers * unit_rows
     if minibatch_size % quantum:
         raise ValueError(
             f"{key}={minibatch_size} must be a multiple of {learners} learner(s) x "
-            f"{towers} tower(s) x {unit_rows} row(s) per sequence = {quantum}")
+            f"{towers} tower(s) x {unit_rows} row(s) per sequence = {quantum}"
+        )
 
 
-def arrange_minibatches(columns: dict, num_units: int, unit_rows: int, minibatch_size: int,
-                        num_parts: int, accumulation_steps: int = 1) -> tuple[list[dict], int]:
+def arrange_minibatches(
+    columns: dict,
+    num_units: int,
+    unit_rows: int,
+    minibatch_size: int,
+    num_parts: int,
+    accumulation_steps: int = 1,
+) -> tuple[list[dict], int]:
     """Split a padded batch into `num_parts` parts (learners, or one learner's
     towers) so that part i holds its 1/num_parts of every minibatch: minibatch k
     (rows [k*mb, (k+1)*mb) of the batch) is the union of the parts' minibatch k.
@@ -100,13 +110,13 @@ def arrange_minibatches(columns: dict, num_units: int, unit_rows: int, minibatch
         unit = 1 if is_sequence_column(name) else unit_rows
         arranged = values.reshape((num_mb, num_parts, per_part * unit) + values.shape[1:])
         for i in range(num_parts):
-            parts[i][name] = np.ascontiguousarray(arranged[:, i]).reshape(
-                (-1,) + values.shape[1:])
+            parts[i][name] = np.ascontiguousarray(arranged[:, i]).reshape((-1,) + values.shape[1:])
     return parts, num_mb
 
 
 def interleave_minibatches(parts: list, num_minibatches: int) -> np.ndarray:
     """Rows of a loaded batch back in batch order from its parts (towers, or
     learners), each holding its slice of every minibatch in turn."""
-    return np.stack([p.reshape((num_minibatches, -1) + p.shape[1:]) for p in parts],
-                    axis=1).reshape((-1,) + parts[0].shape[1:])
+    return np.stack(
+        [p.reshape((num_minibatches, -1) + p.shape[1:]) for p in parts], axis=1
+    ).reshape((-1,) + parts[0].shape[1:])

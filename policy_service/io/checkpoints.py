@@ -8,6 +8,7 @@ dtypes and shapes in algorithm_state.json).
 Classes are named "module:QualName" and resolved only against an allow-list,
 so nothing is imported because a file said so.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -94,15 +95,25 @@ def load_arrays(path: Path) -> dict[str, np.ndarray]:
         check_npz_sizes(path)
         with np.load(path, allow_pickle=False) as data:
             if not hasattr(data, "files"):
-                raise CheckpointFileError(f"{path}: holds a single array, expected an npz "
-                                          "archive of named arrays")
+                raise CheckpointFileError(
+                    f"{path}: holds a single array, expected an npz archive of named arrays"
+                )
             return {k: data[k] for k in data.files}
     except CheckpointFileError:
         raise
-    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile, zlib.error,
-            MemoryError, RecursionError) as err:
-        raise CheckpointFileError(f"{path}: not a readable npz archive "
-                                  f"({type(err).__name__}: {one_line(err)})") from None
+    except (
+        OSError,
+        ValueError,
+        EOFError,
+        KeyError,
+        zipfile.BadZipFile,
+        zlib.error,
+        MemoryError,
+        RecursionError,
+    ) as err:
+        raise CheckpointFileError(
+            f"{path}: not a readable npz archive ({type(err).__name__}: {one_line(err)})"
+        ) from None
 
 
 def check_npz_sizes(path: Path) -> None:
@@ -118,12 +129,17 @@ def check_npz_sizes(path: Path) -> None:
                 continue
             name = info.filename[:-4]
             if info.compress_type == zipfile.ZIP_STORED and info.compress_size > archive_bytes:
-                raise CheckpointFileError(f"{path}: array {name!r} claims {info.compress_size} "
-                                          f"bytes, more than the file's {archive_bytes}")
+                raise CheckpointFileError(
+                    f"{path}: array {name!r} claims {info.compress_size} "
+                    f"bytes, more than the file's {archive_bytes}"
+                )
             with archive.open(info) as member:
                 version = np.lib.format.read_magic(member)
-                header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                          else np.lib.format.read_array_header_2_0)
+                header = (
+                    np.lib.format.read_array_header_1_0
+                    if version == (1, 0)
+                    else np.lib.format.read_array_header_2_0
+                )
                 shape, _, dtype = header(member)
                 header_bytes = member.tell()
             if dtype.hasobject:
@@ -132,11 +148,14 @@ def check_npz_sizes(path: Path) -> None:
             if header_bytes + nbytes != info.file_size:
                 raise CheckpointFileError(
                     f"{path}: array {name!r} claims {dtype} {tuple(shape)} ({nbytes} bytes), "
-                    f"but the archive holds {info.file_size - header_bytes} bytes of it")
+                    f"but the archive holds {info.file_size - header_bytes} bytes of it"
+                )
             total += nbytes
     if total > _memory_bytes():
-        raise CheckpointFileError(f"{path}: its arrays take {total} bytes, more than this "
-                                  f"machine's {_memory_bytes()} bytes of memory")
+        raise CheckpointFileError(
+            f"{path}: its arrays take {total} bytes, more than this "
+            f"machine's {_memory_bytes()} bytes of memory"
+        )
 
 
 def _memory_bytes() -> int:
@@ -172,8 +191,9 @@ def load_json(path: Path):
         raise CheckpointFileError(f"{path}: not valid JSON ({one_line(err)})") from None
     depth = nesting_depth(value)
     if depth > MAX_JSON_DEPTH:
-        raise CheckpointFileError(f"{path}: nested {depth} levels deep, expected at most "
-                                  f"{MAX_JSON_DEPTH}")
+        raise CheckpointFileError(
+            f"{path}: nested {depth} levels deep, expected at most {MAX_JSON_DEPTH}"
+        )
     return value
 
 
@@ -182,8 +202,9 @@ def nesting_depth(value) -> int:
     deepest, stack = 0, [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = (item.values() if isinstance(item, dict) else
-                    item if isinstance(item, list) else None)
+        children = (
+            item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        )
         if children is not None:
             deepest = max(deepest, depth)
             stack.extend((child, depth + 1) for child in children)
@@ -194,31 +215,42 @@ def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
     """A JSON object holding at least the `required` keys with those types."""
     value = load_json(path)
     if not isinstance(value, dict):
-        raise CheckpointFileError(f"{path}: expected a JSON object, got a JSON "
-                                  f"{_json_kind(value)}")
+        raise CheckpointFileError(f"{path}: expected a JSON object, got a JSON {_json_kind(value)}")
     for key, types in required.items():
         if key not in value:
             raise CheckpointFileError(f"{path}: key {key!r} missing")
         types = types if isinstance(types, tuple) else (types,)
-        if not isinstance(value[key], types) or (isinstance(value[key], bool)
-                                                 and bool not in types):
-            raise CheckpointFileError(f"{path}: {key!r} must be {_type_names(types)}, got "
-                                      f"{_json_kind(value[key])} {_short(value[key])}")
+        if not isinstance(value[key], types) or (
+            isinstance(value[key], bool) and bool not in types
+        ):
+            raise CheckpointFileError(
+                f"{path}: {key!r} must be {_type_names(types)}, got "
+                f"{_json_kind(value[key])} {_short(value[key])}"
+            )
     return value
 
 
 # ----- policy state ---------------------------------------------------------------------
 
-_POLICY_STATE_KEYS = {"config": dict, "observation_space": dict, "action_space": dict,
-                      "global_timestep": int}
+_POLICY_STATE_KEYS = {
+    "config": dict,
+    "observation_space": dict,
+    "action_space": dict,
+    "global_timestep": int,
+}
 
 
 def write_policy_state(directory: Path, state: dict) -> None:
     """Write a policy state (TFPolicy.get_state) into a new directory."""
     state = dict(state)
     arrays = {f"{group}/{k}": v for group in ARRAY_GROUPS for k, v in state.pop(group).items()}
-    arrays.update({f"{group}/{k}": v for group in OPTIONAL_ARRAY_GROUPS
-                   for k, v in state.pop(group, {}).items()})
+    arrays.update(
+        {
+            f"{group}/{k}": v
+            for group in OPTIONAL_ARRAY_GROUPS
+            for k, v in state.pop(group, {}).items()
+        }
+    )
     directory.mkdir(parents=True, exist_ok=True)
     save_arrays(directory / POLICY_ARRAYS, arrays)
     save_json(directory / POLICY_STATE, state)
@@ -234,17 +266,20 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
     state = load_json_object(directory / POLICY_STATE, _POLICY_STATE_KEYS)
     where = directory / POLICY_STATE
     if state["global_timestep"] < 0:
-        raise CheckpointFileError(f"{where}: 'global_timestep' must be >= 0, "
-                                  f"got {state['global_timestep']}")
+        raise CheckpointFileError(
+            f"{where}: 'global_timestep' must be >= 0, got {state['global_timestep']}"
+        )
     if "policy_class" in state and not isinstance(state["policy_class"], str):
-        raise CheckpointFileError(f"{where}: 'policy_class' must be a string, "
-                                  f"got {_short(state['policy_class'])}")
+        raise CheckpointFileError(
+            f"{where}: 'policy_class' must be a string, got {_short(state['policy_class'])}"
+        )
     for name in ("observation_space", "action_space"):
         try:
             space_from_json(state[name])
         except (KeyError, ValueError, TypeError, AttributeError) as err:
-            raise CheckpointFileError(f"{where}: {name} is not a readable space "
-                                      f"({type(err).__name__}: {one_line(err)})") from None
+            raise CheckpointFileError(
+                f"{where}: {name} is not a readable space ({type(err).__name__}: {one_line(err)})"
+            ) from None
     clashing = sorted(set(state) & set(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS))
     if clashing:
         raise CheckpointFileError(f"{where}: keys {clashing} belong in {POLICY_ARRAYS}")
@@ -252,7 +287,7 @@ def read_policy_state(directory: str | os.PathLike) -> dict:
     _check_arrays(directory / POLICY_ARRAYS, arrays)
     for group in ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS:
         prefix = group + "/"
-        values = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        values = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
         if values or group in ARRAY_GROUPS:
             state[group] = values
     return state
@@ -262,11 +297,14 @@ def _check_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
     for name, value in arrays.items():
         group = name.partition("/")[0]
         if "/" not in name or group not in ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS:
-            raise CheckpointFileError(f"{path}: array {name!r} is in no group of "
-                                      f"{list(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS)}")
+            raise CheckpointFileError(
+                f"{path}: array {name!r} is in no group of "
+                f"{list(ARRAY_GROUPS + OPTIONAL_ARRAY_GROUPS)}"
+            )
         if value.dtype.kind not in "biuf":
-            raise CheckpointFileError(f"{path}: array {name!r} has dtype {value.dtype}, "
-                                      "expected a number type")
+            raise CheckpointFileError(
+                f"{path}: array {name!r} has dtype {value.dtype}, expected a number type"
+            )
         if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
             raise CheckpointFileError(f"{path}: array {name!r} contains NaN or inf")
     if not any(name.startswith("weights/") for name in arrays):
@@ -291,8 +329,11 @@ def list_checkpoints(checkpoints: Path) -> list[Path]:
     is a hidden temp dir and has no algorithm_state.json)."""
     if not checkpoints.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in checkpoints.iterdir()
-             if (m := _CHECKPOINT_NAME.match(p.name)) and (p / ALGORITHM_STATE).exists()]
+    found = [
+        (int(m.group(1)), p)
+        for p in checkpoints.iterdir()
+        if (m := _CHECKPOINT_NAME.match(p.name)) and (p / ALGORITHM_STATE).exists()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -311,8 +352,9 @@ def refuse_links_out_of(checkpoint: Path, root: Path) -> None:
         except (OSError, RuntimeError) as err:  # a symlink loop, a directory not readable
             raise CheckpointFileError(f"{entry}: unreadable ({one_line(err)})") from None
         if not target.is_relative_to(root):
-            raise CheckpointFileError(f"{entry}: a symlink to {target}, outside {root}; "
-                                      "expected the run's own files")
+            raise CheckpointFileError(
+                f"{entry}: a symlink to {target}, outside {root}; expected the run's own files"
+            )
         if is_dir and target not in seen:
             seen.add(target)
             try:
@@ -326,46 +368,69 @@ def latest_checkpoint(checkpoints: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def newest_loadable(candidates: list[Path], load: Callable[[Path], _Loaded], where: str, *,
-                    skipped: tuple[type[BaseException], ...] = (),
-                    fatal: tuple[type[BaseException], ...] = ()) -> tuple[Path, _Loaded]:
+def newest_loadable(
+    candidates: list[Path],
+    load: Callable[[Path], _Loaded],
+    where: str,
+    *,
+    skipped: tuple[type[BaseException], ...] = (),
+    fatal: tuple[type[BaseException], ...] = (),
+) -> tuple[Path, _Loaded]:
     """(checkpoint, load(checkpoint)) for the first of `candidates` (newest first)
     that loads. One that fails with CheckpointFileError or a `skipped` error (but not
     a `fatal` one: the request, not the checkpoint, is wrong) is named on stderr with
     the reason, and the next one is tried. When none loads: a lone candidate's own
     error, else CheckpointFileError naming `where` and the oldest one's reason."""
     # a file that defeats a reader (10**11 floats, a 100k-deep JSON) is a reason too
-    caught: tuple[type[BaseException], ...] = (CheckpointFileError, MemoryError,
-                                               RecursionError, *skipped)
+    caught: tuple[type[BaseException], ...] = (
+        CheckpointFileError,
+        MemoryError,
+        RecursionError,
+        *skipped,
+    )
     for index, checkpoint in enumerate(candidates):
         try:
             return checkpoint, load(checkpoint)
         except fatal:
             raise
         except caught as err:
-            reason = one_line(err) if isinstance(err, (CheckpointFileError, *skipped)) else \
-                f"cannot be loaded ({type(err).__name__}: {one_line(err)})"
+            reason = (
+                one_line(err)
+                if isinstance(err, (CheckpointFileError, *skipped))
+                else f"cannot be loaded ({type(err).__name__}: {one_line(err)})"
+            )
             if len(candidates) == 1:
                 if isinstance(err, (CheckpointFileError, *skipped)):
                     raise
                 raise CheckpointFileError(f"{checkpoint}: {reason}") from None
             if index == len(candidates) - 1:
-                raise CheckpointFileError(f"{where}: no checkpoint loads; "
-                                          f"{checkpoint.name}: {reason}") from None
-            print(f"policy-service: skipped {checkpoint.name}: {reason}; trying "
-                  f"{candidates[index + 1].name}", file=sys.stderr, flush=True)
+                raise CheckpointFileError(
+                    f"{where}: no checkpoint loads; {checkpoint.name}: {reason}"
+                ) from None
+            print(
+                f"policy-service: skipped {checkpoint.name}: {reason}; trying "
+                f"{candidates[index + 1].name}",
+                file=sys.stderr,
+                flush=True,
+            )
     raise MissingCheckpointFile(f"{where}: no checkpoint")
 
 
 _ALGORITHM_STATE_KEYS: dict[str, type | tuple] = {
-                         "algorithm_class": str, "config": dict, "iteration": int,
-                         "timesteps_total": int, "time_total_s": (int, float),
-                         "num_worker_restarts": int, "episode_returns": list,
-                         "episode_lengths": list}
+    "algorithm_class": str,
+    "config": dict,
+    "iteration": int,
+    "timesteps_total": int,
+    "time_total_s": (int, float),
+    "num_worker_restarts": int,
+    "episode_returns": list,
+    "episode_lengths": list,
+}
 
 
-def read_algorithm_state(checkpoint: str | os.PathLike,
-                         algorithm_class: type | None = None) -> dict:
+def read_algorithm_state(
+    checkpoint: str | os.PathLike, algorithm_class: type | None = None
+) -> dict:
     """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked
     (those added since, "num_samples_trained_total", "algorithm_values" and
     "algorithm_arrays", are optional: older checkpoints have none); with
@@ -373,32 +438,44 @@ def read_algorithm_state(checkpoint: str | os.PathLike,
     path = Path(checkpoint) / ALGORITHM_STATE
     state = load_json_object(path, _ALGORITHM_STATE_KEYS)
     if algorithm_class is not None and state["algorithm_class"] != class_path(algorithm_class):
-        raise CheckpointFileError(f"{path}: written by {state['algorithm_class']}, "
-                                  f"not {class_path(algorithm_class)}")
+        raise CheckpointFileError(
+            f"{path}: written by {state['algorithm_class']}, not {class_path(algorithm_class)}"
+        )
     for key in ("iteration", "timesteps_total", "num_worker_restarts"):
         if state[key] < 0:
             raise CheckpointFileError(f"{path}: {key!r} must be >= 0, got {state[key]}")
     named = _CHECKPOINT_NAME.match(path.parent.name)
     if named and int(named.group(1)) != state["iteration"]:
-        raise CheckpointFileError(f"{path}: 'iteration' must be {int(named.group(1))}, as "
-                                  f"the directory's name says, got {state['iteration']}")
+        raise CheckpointFileError(
+            f"{path}: 'iteration' must be {int(named.group(1))}, as "
+            f"the directory's name says, got {state['iteration']}"
+        )
     if not (math.isfinite(state["time_total_s"]) and state["time_total_s"] >= 0):
-        raise CheckpointFileError(f"{path}: 'time_total_s' must be a finite number >= 0, "
-                                  f"got {state['time_total_s']}")
+        raise CheckpointFileError(
+            f"{path}: 'time_total_s' must be a finite number >= 0, got {state['time_total_s']}"
+        )
     for key, kind in (("num_samples_trained_total", int), ("algorithm_values", dict)):
         if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
-            raise CheckpointFileError(f"{path}: {key!r} must be {_type_names((kind,))}, got "
-                                      f"{_json_kind(state[key])} {_short(state[key])}")
+            raise CheckpointFileError(
+                f"{path}: {key!r} must be {_type_names((kind,))}, got "
+                f"{_json_kind(state[key])} {_short(state[key])}"
+            )
     if state.get("num_samples_trained_total", 0) < 0:
-        raise CheckpointFileError(f"{path}: 'num_samples_trained_total' must be >= 0, "
-                                  f"got {state['num_samples_trained_total']}")
+        raise CheckpointFileError(
+            f"{path}: 'num_samples_trained_total' must be >= 0, "
+            f"got {state['num_samples_trained_total']}"
+        )
     _check_array_manifest(path, state.get("algorithm_arrays", {}))
     for key, numbers in (("episode_returns", (int, float)), ("episode_lengths", (int,))):
-        bad = [v for v in state[key] if not isinstance(v, numbers) or isinstance(v, bool)
-               or not math.isfinite(v)]
+        bad = [
+            v
+            for v in state[key]
+            if not isinstance(v, numbers) or isinstance(v, bool) or not math.isfinite(v)
+        ]
         if bad:
-            raise CheckpointFileError(f"{path}: {key!r} must hold finite numbers, "
-                                      f"got {_short(bad[0])}")
+            raise CheckpointFileError(
+                f"{path}: {key!r} must hold finite numbers, got {_short(bad[0])}"
+            )
     return state
 
 
@@ -411,8 +488,10 @@ def write_algorithm_arrays(checkpoint: Path, arrays: dict[str, np.ndarray]) -> d
             raise ValueError(f"algorithm array names must be non-empty strings, got {name!r}")
         value = np.asarray(value)
         if value.dtype.kind not in "biufc":
-            raise ValueError(f"algorithm array {name!r} has dtype {value.dtype}; expected a "
-                             "number or bool type (npz without pickle)")
+            raise ValueError(
+                f"algorithm array {name!r} has dtype {value.dtype}; expected a "
+                "number or bool type (npz without pickle)"
+            )
         manifest[name] = {"dtype": value.dtype.str, "shape": list(value.shape)}
     if arrays:
         save_arrays(checkpoint / ALGORITHM_ARRAYS, {k: np.asarray(v) for k, v in arrays.items()})
@@ -432,8 +511,10 @@ def read_algorithm_arrays(checkpoint: str | os.PathLike, manifest: dict) -> dict
         expected = (np.dtype(spec["dtype"]), tuple(spec["shape"]))
         found = (arrays[name].dtype, arrays[name].shape)
         if found != expected:
-            raise CheckpointFileError(f"{path}: array {name!r} is {found[0]} {found[1]}, "
-                                      f"expected {expected[0]} {expected[1]}")
+            raise CheckpointFileError(
+                f"{path}: array {name!r} is {found[0]} {found[1]}, "
+                f"expected {expected[0]} {expected[1]}"
+            )
     extra = sorted(set(arrays) - set(manifest))
     if extra:
         raise CheckpointFileError(f"{path}: arrays {extra} are not listed in {ALGORITHM_STATE}")
@@ -442,40 +523,50 @@ def read_algorithm_arrays(checkpoint: str | os.PathLike, manifest: dict) -> dict
 
 def _check_array_manifest(path: Path, manifest) -> None:
     if not isinstance(manifest, dict):
-        raise CheckpointFileError(f"{path}: 'algorithm_arrays' must be a JSON object, got "
-                                  f"{_json_kind(manifest)}")
+        raise CheckpointFileError(
+            f"{path}: 'algorithm_arrays' must be a JSON object, got {_json_kind(manifest)}"
+        )
     for name, spec in manifest.items():
-        ok = isinstance(spec, dict) and isinstance(spec.get("dtype"), str) \
-            and isinstance(spec.get("shape"), list) \
-            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
-                    for n in spec["shape"])
+        ok = (
+            isinstance(spec, dict)
+            and isinstance(spec.get("dtype"), str)
+            and isinstance(spec.get("shape"), list)
+            and all(
+                isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in spec["shape"]
+            )
+        )
         if ok:
             try:
                 ok = np.dtype(spec["dtype"]).kind in "biufc"
             except TypeError:
                 ok = False
         if not ok:
-            raise CheckpointFileError(f"{path}: 'algorithm_arrays' entry {name!r} must be "
-                                      f"{{\"dtype\": a number dtype, \"shape\": [ints >= 0]}}, "
-                                      f"got {_short(spec)}")
+            raise CheckpointFileError(
+                f"{path}: 'algorithm_arrays' entry {name!r} must be "
+                f'{{"dtype": a number dtype, "shape": [ints >= 0]}}, '
+                f"got {_short(spec)}"
+            )
 
 
-def read_checkpoint(checkpoint: str | os.PathLike,
-                    algorithm_class: type | None = None) -> tuple[dict, dict]:
+def read_checkpoint(
+    checkpoint: str | os.PathLike, algorithm_class: type | None = None
+) -> tuple[dict, dict]:
     """(algorithm state, policy state) of an algorithm checkpoint (written by
     `algorithm_class`, when given), both fully checked. algorithm_arrays.npz (maybe
     large: a replay buffer) is read, and checked against its manifest, by
     Algorithm.restore before it assigns anything."""
     checkpoint = Path(checkpoint)
-    return (read_algorithm_state(checkpoint, algorithm_class),
-            read_policy_state(checkpoint / POLICY_SUBDIR))
+    return (
+        read_algorithm_state(checkpoint, algorithm_class),
+        read_policy_state(checkpoint / POLICY_SUBDIR),
+    )
 
 
 # ----- class names ----------------------------------------------------------------------
 
 
 def class_path(cls: type) -> str:
-    """"module:QualName", as checkpoints name a class."""
+    """ "module:QualName", as checkpoints name a class."""
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
@@ -497,7 +588,8 @@ def resolve_class(path: str, base: type) -> type:
         raise ValueError(
             f"checkpoint names class {path!r}, which is not {base.__name__} or a subclass "
             f"of it defined in this process or in {list(TRUSTED_PACKAGES)}; import the "
-            "module that defines it before loading")
+            "module that defines it before loading"
+        )
     return found
 
 
@@ -507,8 +599,15 @@ def _short(value) -> str:
 
 
 def _json_kind(value) -> str:
-    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
-            float: "number", type(None): "null"}.get(type(value), type(value).__name__)
+    return {
+        dict: "object",
+        list: "list",
+        str: "string",
+        bool: "boolean",
+        int: "number",
+        float: "number",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
 
 
 def _type_names(types: tuple) -> str:

@@ -14,6 +14,7 @@ holds the deterministic path only (tf2onnx cannot convert TF's stateless samplin
 ops), converted from the same traced function the SavedModel holds, not from the
 Keras model. Every input and output, and why: docs/export.md.
 """
+
 from __future__ import annotations
 
 import tensorflow as tf
@@ -24,9 +25,11 @@ from policy_service.sample_batch import SampleBatch
 SIGNATURE_NAME = "serving_default"
 ONNX_FILE = "model.onnx"
 # inputs that choose how to act, beyond what the model reads
-EXPLORATION_INPUTS = {"explore": tf.TensorSpec([], tf.bool, name="explore"),
-                      "timestep": tf.TensorSpec([], tf.int64, name="timestep"),
-                      "seed": tf.TensorSpec([2], tf.int64, name="seed")}
+EXPLORATION_INPUTS = {
+    "explore": tf.TensorSpec([], tf.bool, name="explore"),
+    "timestep": tf.TensorSpec([], tf.int64, name="timestep"),
+    "seed": tf.TensorSpec([2], tf.int64, name="seed"),
+}
 
 
 def model_input_specs(policy) -> dict[str, tf.TensorSpec]:
@@ -55,14 +58,18 @@ class ActingModule(tf.Module):
         self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
         self.act = tf.function(self._act, input_signature=list(self.act_specs.values()))
         self.act_deterministic = tf.function(
-            self._act_deterministic, input_signature=list(self.model_specs.values()))
+            self._act_deterministic, input_signature=list(self.model_specs.values())
+        )
 
     def _model_pass(self, named: dict):
         policy = self._policy
         states = tuple(named[f"state_in_{i}"] for i in range(policy.num_state_tensors()))
         input_dict = policy.acting_input_dict(
-            named[SampleBatch.OBS], states, named[SampleBatch.PREV_ACTIONS],
-            named[SampleBatch.PREV_REWARDS])
+            named[SampleBatch.OBS],
+            states,
+            named[SampleBatch.PREV_ACTIONS],
+            named[SampleBatch.PREV_REWARDS],
+        )
         out = self.model(input_dict, training=False)
         dist = policy.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
         result = {SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS]}
@@ -75,9 +82,15 @@ class ActingModule(tf.Module):
         named = dict(zip(self.act_specs, flat))
         input_dict, out, dist, result = self._model_pass(named)
         actions, logp = self._policy.exploration.choose(
-            dist, named["explore"], named["timestep"], named["seed"])
-        result.update({SampleBatch.ACTIONS: actions, SampleBatch.ACTION_LOGP: logp,
-                       SampleBatch.ACTION_PROB: tf.exp(logp)})
+            dist, named["explore"], named["timestep"], named["seed"]
+        )
+        result.update(
+            {
+                SampleBatch.ACTIONS: actions,
+                SampleBatch.ACTION_LOGP: logp,
+                SampleBatch.ACTION_PROB: tf.exp(logp),
+            }
+        )
         result.update(self._policy.extra_action_out(input_dict, out, dist))
         return result
 
@@ -94,8 +107,9 @@ def export_saved_model(policy, export_dir: str, onnx_opset: int | None = None) -
         check_onnx_opset(onnx_opset)
     module = ActingModule(policy)
     with checkpoints.atomic_directory(export_dir) as tmp:
-        tf.saved_model.save(module, str(tmp), signatures={
-            SIGNATURE_NAME: module.act.get_concrete_function()})
+        tf.saved_model.save(
+            module, str(tmp), signatures={SIGNATURE_NAME: module.act.get_concrete_function()}
+        )
         if onnx_opset is not None:
             convert_to_onnx(module.act_deterministic, tmp / ONNX_FILE, onnx_opset)
 
@@ -117,9 +131,12 @@ def check_onnx_opset(opset) -> None:
     opsets = onnx_opsets()
     if isinstance(opset, bool) or not isinstance(opset, int) or opset not in opsets:
         import tf2onnx
-        raise ValueError(f"onnx opset must be an integer from {opsets.start} to "
-                         f"{opsets.stop - 1} (what tf2onnx {tf2onnx.__version__} converts "
-                         f"to), got {opset!r}")
+
+        raise ValueError(
+            f"onnx opset must be an integer from {opsets.start} to "
+            f"{opsets.stop - 1} (what tf2onnx {tf2onnx.__version__} converts "
+            f"to), got {opset!r}"
+        )
 
 
 def _onnx_modules():
@@ -128,8 +145,9 @@ def _onnx_modules():
         import tf2onnx
         import tf2onnx.constants
     except ImportError:
-        raise RuntimeError("ONNX export needs the 'onnx' extra: "
-                           "pip install 'policy-service[onnx]'") from None
+        raise RuntimeError(
+            "ONNX export needs the 'onnx' extra: pip install 'policy-service[onnx]'"
+        ) from None
     return onnx, tf2onnx
 
 
@@ -139,12 +157,20 @@ def convert_to_onnx(function, path, opset: int) -> None:
     onnx, tf2onnx = _onnx_modules()
     # tf2onnx keeps going past ops it cannot convert; the checker rejects such a model
     model_proto, _ = tf2onnx.convert.from_function(
-        function, input_signature=function.input_signature, opset=opset)
-    unconverted = sorted({node.op_type for node in model_proto.graph.node
-                          if not node.domain and not _is_onnx_op(onnx, node.op_type, opset)})
+        function, input_signature=function.input_signature, opset=opset
+    )
+    unconverted = sorted(
+        {
+            node.op_type
+            for node in model_proto.graph.node
+            if not node.domain and not _is_onnx_op(onnx, node.op_type, opset)
+        }
+    )
     if unconverted:
-        raise RuntimeError(f"tf2onnx could not convert the ops {unconverted} to ONNX opset "
-                           f"{opset}; export without onnx= or with another opset")
+        raise RuntimeError(
+            f"tf2onnx could not convert the ops {unconverted} to ONNX opset "
+            f"{opset}; export without onnx= or with another opset"
+        )
     onnx.checker.check_model(model_proto)
     onnx.save(model_proto, str(path))
 

@@ -1,4 +1,5 @@
 """Gymnasium spaces to and from JSON, so checkpoints never need pickle."""
+
 from __future__ import annotations
 
 import gymnasium as gym
@@ -7,8 +8,13 @@ import numpy as np
 
 def space_to_json(space: gym.Space) -> dict:
     if isinstance(space, gym.spaces.Box):
-        return {"type": "Box", "low": space.low.tolist(), "high": space.high.tolist(),
-                "shape": list(space.shape), "dtype": str(space.dtype)}
+        return {
+            "type": "Box",
+            "low": space.low.tolist(),
+            "high": space.high.tolist(),
+            "shape": list(space.shape),
+            "dtype": str(space.dtype),
+        }
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -25,9 +31,12 @@ def space_to_json(space: gym.Space) -> dict:
 def space_from_json(data: dict) -> gym.Space:
     kind = data.get("type")
     if kind == "Box":
-        return gym.spaces.Box(np.asarray(data["low"], data["dtype"]),
-                              np.asarray(data["high"], data["dtype"]),
-                              tuple(data["shape"]), np.dtype(data["dtype"]))
+        return gym.spaces.Box(
+            np.asarray(data["low"], data["dtype"]),
+            np.asarray(data["high"], data["dtype"]),
+            tuple(data["shape"]),
+            np.dtype(data["dtype"]),
+        )
     if kind == "Discrete":
         return gym.spaces.Discrete(data["n"], start=data["start"])
     if kind == "MultiDiscrete":

@@ -16,6 +16,7 @@ CartPole rows, checks column by column in Python cost half as much as the copy.
 Slots fill from 0; once `size == capacity` the oldest slot is overwritten
 first, so slot order is insertion order modulo the capacity.
 """
+
 from __future__ import annotations
 
 import operator
@@ -61,8 +62,10 @@ def _leaves(name: str, value: Any) -> list[tuple[str, Any]]:
         return [(name, value)]
     if isinstance(value, list):  # SampleBatch keeps lists (infos) as leaves
         return [(name, value)]
-    return [(LEAF_SEPARATOR.join([name, *map(str, path)]), leaf)
-            for path, leaf in tree.flatten_with_path(value)]
+    return [
+        (LEAF_SEPARATOR.join([name, *map(str, path)]), leaf)
+        for path, leaf in tree.flatten_with_path(value)
+    ]
 
 
 def _tuple_getter(names: Sequence[str]) -> Callable[[Mapping], tuple]:
@@ -91,7 +94,7 @@ class ColumnStore:
         self.size = 0
         self.next_index = 0
         self.num_added = 0  # rows ever added, overwritten ones included
-        self._skeletons: dict[str, Any] = {}   # column -> nesting (None = flat)
+        self._skeletons: dict[str, Any] = {}  # column -> nesting (None = flat)
         self._arrays: dict[str, np.ndarray] = {}  # leaf name -> [capacity, ...] array
         self._leaf_names: dict[str, list[str]] = {}  # column -> its leaf names, flatten order
         self._index_layout()
@@ -117,8 +120,10 @@ class ColumnStore:
         names = list(batch) if self.wanted_columns is None else self.wanted_columns
         missing = [c for c in names if c not in batch]
         if missing:
-            raise KeyError(f"replay buffer: column {missing[0]!r} missing from the first batch "
-                           f"(batch has {sorted(batch)})")
+            raise KeyError(
+                f"replay buffer: column {missing[0]!r} missing from the first batch "
+                f"(batch has {sorted(batch)})"
+            )
         arrays: dict[str, np.ndarray] = {}
         skeletons: dict[str, Any] = {}
         leaf_names: dict[str, list[str]] = {}
@@ -129,9 +134,11 @@ class ColumnStore:
             for leaf_name, leaf in _leaves(column, value):
                 leaf = np.asarray(leaf)
                 if leaf.dtype == object or leaf.ndim == 0:
-                    raise TypeError(f"replay buffer: column {leaf_name!r} must be a numeric "
-                                    f"array with a row axis, got dtype {leaf.dtype} shape "
-                                    f"{leaf.shape}; leave it out with columns=[...]")
+                    raise TypeError(
+                        f"replay buffer: column {leaf_name!r} must be a numeric "
+                        f"array with a row axis, got dtype {leaf.dtype} shape "
+                        f"{leaf.shape}; leave it out with columns=[...]"
+                    )
                 arrays[leaf_name] = np.empty((self.capacity, *leaf.shape[1:]), leaf.dtype)
                 leaf_names[column].append(leaf_name)
         self._arrays, self._skeletons, self._leaf_names = arrays, skeletons, leaf_names
@@ -141,8 +148,9 @@ class ColumnStore:
         """Derived from the stored arrays, for add and take: (column, array or None
         when nested) in column order; when every column is flat, a getter of the
         batch's columns as a tuple and the expected ARRAY_LAYOUT per row count."""
-        self._column_arrays = [(c, self._arrays[c] if s is None else None)
-                               for c, s in self._skeletons.items()]
+        self._column_arrays = [
+            (c, self._arrays[c] if s is None else None) for c, s in self._skeletons.items()
+        ]
         flat_arrays = tuple(a for _, a in self._column_arrays if a is not None)
         flat = bool(self._skeletons) and len(flat_arrays) == len(self._column_arrays)
         self._flat_arrays: tuple[np.ndarray, ...] | None = flat_arrays if flat else None
@@ -201,42 +209,57 @@ class ColumnStore:
         if self.wanted_columns is None and len(batch.keys()) != len(self._skeletons):
             extra = [c for c in batch if c not in self._skeletons]
             if extra:
-                raise KeyError(f"replay buffer: column {extra[0]!r} is not stored in this "
-                               f"buffer (stored: {self.columns})")
+                raise KeyError(
+                    f"replay buffer: column {extra[0]!r} is not stored in this "
+                    f"buffer (stored: {self.columns})"
+                )
         get: Callable[[Any, str], Any] = (  # skips __getitem__
-            dict.get if isinstance(batch, dict) else type(batch).get)
+            dict.get if isinstance(batch, dict) else type(batch).get
+        )
         pairs: list[tuple] = []
         shapes = []
         for column, _ in self._column_arrays:
             value = get(batch, column)
             if value is None and column not in batch:
-                raise KeyError(f"replay buffer: column {column!r} missing from the batch "
-                               f"(stored: {self.columns}; batch has {sorted(batch)})")
+                raise KeyError(
+                    f"replay buffer: column {column!r} missing from the batch "
+                    f"(stored: {self.columns}; batch has {sorted(batch)})"
+                )
             leaves = _leaves(column, value)
             if [n for n, _ in leaves] != self._leaf_names[column]:
-                raise ValueError(f"replay buffer: column {column!r} has leaves "
-                                 f"{[n for n, _ in leaves]}, the buffer stores "
-                                 f"{self._leaf_names[column]}")
+                raise ValueError(
+                    f"replay buffer: column {column!r} has leaves "
+                    f"{[n for n, _ in leaves]}, the buffer stores "
+                    f"{self._leaf_names[column]}"
+                )
             for leaf_name, leaf in leaves:
                 leaf = np.asarray(leaf)
                 stored = self._arrays[leaf_name]
-                if leaf.dtype != stored.dtype or leaf.shape[1:] != stored.shape[1:] \
-                        or leaf.ndim == 0:
+                if (
+                    leaf.dtype != stored.dtype
+                    or leaf.shape[1:] != stored.shape[1:]
+                    or leaf.ndim == 0
+                ):
                     raise self._mismatch(leaf_name, leaf)
                 pairs.append((stored, leaf))
                 shapes.append(leaf.shape[0])
         rows = shapes[0] if shapes else 0
         if shapes.count(rows) != len(shapes):
-            lengths = {name: len(np.asarray(x)) for c in self._skeletons
-                       for name, x in _leaves(c, batch[c])}
+            lengths = {
+                name: len(np.asarray(x))
+                for c in self._skeletons
+                for name, x in _leaves(c, batch[c])
+            }
             raise ValueError(f"replay buffer: columns have different row counts {lengths}")
         return pairs, rows
 
     def _mismatch(self, leaf_name: str, leaf: np.ndarray) -> ValueError:
         stored = self._arrays[leaf_name]
-        return ValueError(f"replay buffer: column {leaf_name!r} has rows of shape "
-                          f"{leaf.shape[1:]} dtype {leaf.dtype}, the buffer stores rows of "
-                          f"shape {stored.shape[1:]} dtype {stored.dtype}")
+        return ValueError(
+            f"replay buffer: column {leaf_name!r} has rows of shape "
+            f"{leaf.shape[1:]} dtype {leaf.dtype}, the buffer stores rows of "
+            f"shape {stored.shape[1:]} dtype {stored.dtype}"
+        )
 
     # ---- rows -----------------------------------------------------------
 
@@ -258,16 +281,16 @@ class ColumnStore:
         start, written = self.next_index, n
         if start + n <= self.capacity:  # no wrap: whole columns, no slice views (faster)
             for stored, leaf in pairs:
-                stored[start:start + n] = leaf
+                stored[start : start + n] = leaf
         else:
             skip = max(0, n - self.capacity)
             start = (self.next_index + skip) % self.capacity
             written = n - skip
             head = min(written, self.capacity - start)
             for stored, leaf in pairs:
-                stored[start:start + head] = leaf[skip:skip + head]
+                stored[start : start + head] = leaf[skip : skip + head]
                 if head < written:
-                    stored[:written - head] = leaf[skip + head:]
+                    stored[: written - head] = leaf[skip + head :]
         self.next_index = (self.next_index + n) % self.capacity
         self.size = min(self.capacity, self.size + n)
         self.num_added += n
@@ -275,9 +298,12 @@ class ColumnStore:
 
     def take(self, indexes: np.ndarray) -> dict[str, Any]:
         """Column -> the rows at `indexes` (copies), nested columns rebuilt."""
-        return {column: stored.take(indexes, 0) if stored is not None
-                else self._take_nested(column, indexes)
-                for column, stored in self._column_arrays}
+        return {
+            column: stored.take(indexes, 0)
+            if stored is not None
+            else self._take_nested(column, indexes)
+            for column, stored in self._column_arrays
+        }
 
     def _take_nested(self, column: str, indexes: np.ndarray) -> Any:
         leaves = [self._arrays[name].take(indexes, 0) for name in self._leaf_names[column]]
@@ -288,15 +314,23 @@ class ColumnStore:
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """(arrays, meta): the filled rows of every leaf (views, not copies: save
         them before the next add) and a JSON-able description of the layout."""
-        arrays = {f"columns/{name}": a[:self.size] for name, a in self._arrays.items()}
-        meta = {"capacity": self.capacity, "size": self.size, "next_index": self.next_index,
-                "num_added": self.num_added, "wanted_columns": self.wanted_columns,
-                "column_order": self.columns,  # JSON writers may sort the "columns" keys
-                "columns": {c: {"skeleton": _skeleton_to_json(s),
-                                "leaves": self._leaf_names[c]}
-                            for c, s in self._skeletons.items()},
-                "leaf_layout": {name: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
-                                for name, a in self._arrays.items()}}
+        arrays = {f"columns/{name}": a[: self.size] for name, a in self._arrays.items()}
+        meta = {
+            "capacity": self.capacity,
+            "size": self.size,
+            "next_index": self.next_index,
+            "num_added": self.num_added,
+            "wanted_columns": self.wanted_columns,
+            "column_order": self.columns,  # JSON writers may sort the "columns" keys
+            "columns": {
+                c: {"skeleton": _skeleton_to_json(s), "leaves": self._leaf_names[c]}
+                for c, s in self._skeletons.items()
+            },
+            "leaf_layout": {
+                name: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
+                for name, a in self._arrays.items()
+            },
+        }
         return arrays, meta
 
     def check_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
@@ -306,21 +340,31 @@ class ColumnStore:
             if key not in meta:
                 raise ValueError(f"replay buffer state: missing {key!r}")
         if meta["capacity"] != self.capacity:
-            raise ValueError(f"replay buffer state: capacity {meta['capacity']}, this buffer "
-                             f"has {self.capacity}")
+            raise ValueError(
+                f"replay buffer state: capacity {meta['capacity']}, this buffer has {self.capacity}"
+            )
         size, next_index = meta["size"], meta["next_index"]
-        if not 0 <= size <= self.capacity or not 0 <= next_index < self.capacity or \
-                (size < self.capacity and next_index != size):
-            raise ValueError(f"replay buffer state: size {size} and next_index {next_index} "
-                             f"do not fit capacity {self.capacity}")
+        if (
+            not 0 <= size <= self.capacity
+            or not 0 <= next_index < self.capacity
+            or (size < self.capacity and next_index != size)
+        ):
+            raise ValueError(
+                f"replay buffer state: size {size} and next_index {next_index} "
+                f"do not fit capacity {self.capacity}"
+            )
         order = meta.get("column_order") or list(meta["columns"])
         if sorted(order) != sorted(meta["columns"]):
-            raise ValueError(f"replay buffer state: column_order {order} does not list the "
-                             f"columns {sorted(meta['columns'])}")
+            raise ValueError(
+                f"replay buffer state: column_order {order} does not list the "
+                f"columns {sorted(meta['columns'])}"
+            )
         leaves = [name for c in order for name in meta["columns"][c]["leaves"]]
         if sorted(leaves) != sorted(meta["leaf_layout"]):
-            raise ValueError(f"replay buffer state: the columns' leaves {leaves} differ from "
-                             f"leaf_layout {sorted(meta['leaf_layout'])}")
+            raise ValueError(
+                f"replay buffer state: the columns' leaves {leaves} differ from "
+                f"leaf_layout {sorted(meta['leaf_layout'])}"
+            )
         for name, layout in meta["leaf_layout"].items():
             key = f"columns/{name}"
             if key not in arrays:
@@ -328,23 +372,30 @@ class ColumnStore:
             array = arrays[key]
             want = (size, *layout["row_shape"])
             if array.shape != want or array.dtype != np.dtype(layout["dtype"]):
-                raise ValueError(f"replay buffer state: array {key!r} has shape {array.shape} "
-                                 f"dtype {array.dtype}, expected {want} "
-                                 f"{np.dtype(layout['dtype'])}")
+                raise ValueError(
+                    f"replay buffer state: array {key!r} has shape {array.shape} "
+                    f"dtype {array.dtype}, expected {want} "
+                    f"{np.dtype(layout['dtype'])}"
+                )
         if self._arrays:
-            ours = {n: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
-                    for n, a in self._arrays.items()}
+            ours = {
+                n: {"dtype": a.dtype.str, "row_shape": list(a.shape[1:])}
+                for n, a in self._arrays.items()
+            }
             if ours != dict(meta["leaf_layout"]):
-                raise ValueError(f"replay buffer state: columns {meta['leaf_layout']} differ "
-                                 f"from this buffer's {ours}")
+                raise ValueError(
+                    f"replay buffer state: columns {meta['leaf_layout']} differ "
+                    f"from this buffer's {ours}"
+                )
 
     def set_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
         """Restores get_state()'s content exactly (checked first, see check_state)."""
         self.check_state(arrays, meta)
         if not self._arrays:
-            self._arrays = {name: np.empty((self.capacity, *layout["row_shape"]),
-                                           np.dtype(layout["dtype"]))
-                            for name, layout in meta["leaf_layout"].items()}
+            self._arrays = {
+                name: np.empty((self.capacity, *layout["row_shape"]), np.dtype(layout["dtype"]))
+                for name, layout in meta["leaf_layout"].items()
+            }
         order = meta.get("column_order") or list(meta["columns"])
         self._skeletons = {c: _skeleton_from_json(meta["columns"][c]["skeleton"]) for c in order}
         self._leaf_names = {c: list(meta["columns"][c]["leaves"]) for c in order}

@@ -14,6 +14,7 @@ A hash collision only costs memory (the frame is stored again): the content a sl
 id stands for is always exactly the frame that was committed. How `match` works
 without a Python loop per frame, and the index's rules: docs/replay.md.
 """
+
 from __future__ import annotations
 
 import collections
@@ -28,8 +29,9 @@ HASH_WORDS = 128  # words sampled per frame for its hash (all of them if fewer)
 LEADER_ROUNDS = 4  # rounds of in-batch matching among hash collisions, then alone
 COMPARE_ROWS = 256  # frames compared per chunk (256 84x84 frames: 1.8 MB per side)
 GROWTH = 1.25  # pool capacity factor when no free slot is left
-_MULTIPLIERS = (np.random.default_rng(0x5EED).integers(1, 2 ** 63, HASH_WORDS, np.uint64)
-                | np.uint64(1))  # odd: a multiply by one is a bijection on words
+_MULTIPLIERS = np.random.default_rng(0x5EED).integers(1, 2**63, HASH_WORDS, np.uint64) | np.uint64(
+    1
+)  # odd: a multiply by one is a bijection on words
 _SAMPLES: dict[int, np.ndarray] = {}  # words per frame -> sampled word positions
 
 
@@ -45,8 +47,9 @@ def sampled_positions(num_words: int) -> np.ndarray:
     """HASH_WORDS word positions spread evenly over a frame (all if fewer)."""
     positions = _SAMPLES.get(num_words)
     if positions is None:
-        positions = np.unique(np.linspace(0, num_words - 1, min(num_words, HASH_WORDS))
-                              .round().astype(np.intp))
+        positions = np.unique(
+            np.linspace(0, num_words - 1, min(num_words, HASH_WORDS)).round().astype(np.intp)
+        )
         _SAMPLES[num_words] = positions
     return positions
 
@@ -54,13 +57,12 @@ def sampled_positions(num_words: int) -> np.ndarray:
 def frame_hashes(words: np.ndarray) -> np.ndarray:
     """<uint64>[M] from a fixed sample of each frame's words (words: word_view)."""
     positions = sampled_positions(words.shape[1])
-    sampled = words[:, positions].astype(np.uint64) * _MULTIPLIERS[:len(positions)]
+    sampled = words[:, positions].astype(np.uint64) * _MULTIPLIERS[: len(positions)]
     sampled ^= sampled >> np.uint64(29)  # mix the high bits into the sum's low ones
     return sampled.sum(axis=1, dtype=np.uint64)
 
 
-def rows_equal(a: np.ndarray, a_rows: np.ndarray, b: np.ndarray,
-               b_rows: np.ndarray) -> np.ndarray:
+def rows_equal(a: np.ndarray, a_rows: np.ndarray, b: np.ndarray, b_rows: np.ndarray) -> np.ndarray:
     """<bool>[len(a_rows)]: a[a_rows[i]] == b[b_rows[i]] word for word, in chunks of
     COMPARE_ROWS so the gathered rows stay in cache instead of in fresh pages."""
     equal = np.empty(len(a_rows), bool)
@@ -79,8 +81,7 @@ def batch_leaders(words: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     for _ in range(LEADER_ROUNDS):
         if len(pending) < 2:
             break
-        _, first, inverse = np.unique(hashes[pending], return_index=True,
-                                      return_inverse=True)
+        _, first, inverse = np.unique(hashes[pending], return_index=True, return_inverse=True)
         candidate = pending[first[inverse.reshape(-1)]]
         others = np.flatnonzero(candidate != pending)
         if not len(others):
@@ -94,6 +95,7 @@ def batch_leaders(words: np.ndarray, hashes: np.ndarray) -> np.ndarray:
 class FrameMatch(NamedTuple):
     """FramePool.match's answer: per distinct frame (leader) its slot (-1: new) and
     how many of the frames it stands for."""
+
     frames: np.ndarray  # [M, *frame_shape], as given
     hashes: np.ndarray  # <uint64>[M]
     leaders: np.ndarray  # <intp>[L] the first frame of each distinct content
@@ -160,8 +162,14 @@ class FramePool:
         hit = np.flatnonzero(slots >= 0)
         if len(hit):
             slots[hit[~rows_equal(self.words, slots[hit], words, leaders[hit])]] = -1
-        return FrameMatch(frames, hashes, leaders, leader_of,
-                          np.bincount(leader_of, minlength=len(leaders)), slots)
+        return FrameMatch(
+            frames,
+            hashes,
+            leaders,
+            leader_of,
+            np.bincount(leader_of, minlength=len(leaders)),
+            slots,
+        )
 
     def reserve(self, match: FrameMatch, released: np.ndarray) -> None:
         """Grows the pool now if `commit(match, released)` will need more free slots
@@ -200,7 +208,7 @@ class FramePool:
     def _store(self, frames: np.ndarray, hashes: np.ndarray) -> np.ndarray:
         if self.num_free < len(frames):
             self._grow(self.num_live + len(frames))
-        slots = self.free[self.num_free - len(frames):self.num_free][::-1].copy()
+        slots = self.free[self.num_free - len(frames) : self.num_free][::-1].copy()
         self.num_free -= len(frames)
         self.frames[slots] = frames
         self.hashes[slots] = hashes
@@ -211,16 +219,18 @@ class FramePool:
         old = self.capacity
         capacity = min(self.max_capacity, max(needed, math.ceil(old * GROWTH)))
         if capacity < needed:
-            raise RuntimeError(f"frame pool: {needed} frames live, more than the "
-                               f"{self.max_capacity} its rows can hold")
+            raise RuntimeError(
+                f"frame pool: {needed} frames live, more than the "
+                f"{self.max_capacity} its rows can hold"
+            )
         frames, refcounts, hashes = self.frames, self.refcounts, self.hashes
-        free = self.free[:self.num_free]
+        free = self.free[: self.num_free]
         self._allocate(capacity)
         self.frames[:old], self.refcounts[:old], self.hashes[:old] = frames, refcounts, hashes
         del frames
         self.num_free = capacity - old + len(free)
-        self.free[:capacity - old] = np.arange(capacity - 1, old - 1, -1)  # beneath the rest
-        self.free[capacity - old:self.num_free] = free
+        self.free[: capacity - old] = np.arange(capacity - 1, old - 1, -1)  # beneath the rest
+        self.free[capacity - old : self.num_free] = free
 
     def release(self, slots: np.ndarray) -> None:
         """One reference fewer per entry of `slots`; slots left with none are freed."""
@@ -231,7 +241,7 @@ class FramePool:
             keys = self.hashes[dead]
             indexed = _lookup(self.index, keys.tolist()) == dead
             collections.deque(map(self.index.pop, keys[indexed].tolist()), maxlen=0)
-            self.free[self.num_free:self.num_free + len(dead)] = dead[::-1]
+            self.free[self.num_free : self.num_free + len(dead)] = dead[::-1]
             self.num_free += len(dead)
 
     def take(self, slots: np.ndarray) -> np.ndarray:
@@ -257,19 +267,25 @@ class FramePool:
             keys = self.hashes[movers]
             indexed = _lookup(self.index, keys.tolist()) == movers
             for low in range(0, len(movers), 4096):  # bounded temporaries
-                src, dst = movers[low:low + 4096], holes[low:low + 4096]
+                src, dst = movers[low : low + 4096], holes[low : low + 4096]
                 self.frames[dst] = self.frames[src]
             self.hashes[holes], self.refcounts[holes] = keys, self.refcounts[movers]
             self.index.update(zip(keys[indexed].tolist(), holes[indexed].tolist()))
             remap[movers] = holes
         self.refcounts[num_live:] = 0
-        self.free[:self.capacity - num_live] = np.arange(self.capacity - 1, num_live - 1, -1)
+        self.free[: self.capacity - num_live] = np.arange(self.capacity - 1, num_live - 1, -1)
         self.num_free = self.capacity - num_live
         return remap
 
     @classmethod
-    def from_frames(cls, frames: np.ndarray, refcounts: np.ndarray, indexed: np.ndarray,
-                    capacity: int, max_capacity: int) -> FramePool:
+    def from_frames(
+        cls,
+        frames: np.ndarray,
+        refcounts: np.ndarray,
+        indexed: np.ndarray,
+        capacity: int,
+        max_capacity: int,
+    ) -> FramePool:
         """A pool holding `frames` in slots [0, len) with these reference counts (all
         > 0), the slots marked `indexed` in the hash index: what compact() left."""
         pool = cls(frames.shape[1:], frames.dtype, max(capacity, len(frames)), max_capacity)
@@ -280,6 +296,5 @@ class FramePool:
         kept = np.flatnonzero(indexed)
         pool.index = dict(zip(pool.hashes[kept].tolist(), kept.tolist()))
         pool.num_free = pool.capacity - live
-        pool.free[:pool.num_free] = np.arange(pool.capacity - 1, live - 1, -1)
+        pool.free[: pool.num_free] = np.arange(pool.capacity - 1, live - 1, -1)
         return pool
-

@@ -17,6 +17,7 @@ Same interface as ColumnStore (what ReplayBuffer and PrioritizedReplayBuffer
 use): capacity, size, next_index, num_added, nbytes, rows_in, add, take,
 get_state, check_state, set_state.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -40,22 +41,26 @@ class FrameStackStore:
       from the end).
     """
 
-    def __init__(self, capacity: int, columns: Sequence[str] | None,
-                 frame_stack_axis: int) -> None:
-        if isinstance(frame_stack_axis, bool) or not isinstance(frame_stack_axis,
-                                                                (int, np.integer)):
-            raise ValueError(f"replay buffer: frame_stack_axis must be an int or None, got "
-                             f"{frame_stack_axis!r}")
+    def __init__(self, capacity: int, columns: Sequence[str] | None, frame_stack_axis: int) -> None:
+        if isinstance(frame_stack_axis, bool) or not isinstance(
+            frame_stack_axis, (int, np.integer)
+        ):
+            raise ValueError(
+                f"replay buffer: frame_stack_axis must be an int or None, got {frame_stack_axis!r}"
+            )
         self.axis = int(frame_stack_axis)
         self.frame_columns = [c for c in FRAME_COLUMNS if columns is None or c in columns]
         if not self.frame_columns:
-            raise ValueError(f"replay buffer: frame_stack_axis needs 'obs' or 'new_obs' "
-                             f"among the columns, got {list(columns or ())}")
-        others = None if columns is None else [c for c in columns
-                                               if c not in self.frame_columns]
+            raise ValueError(
+                f"replay buffer: frame_stack_axis needs 'obs' or 'new_obs' "
+                f"among the columns, got {list(columns or ())}"
+            )
+        others = None if columns is None else [c for c in columns if c not in self.frame_columns]
         if others == []:
-            raise ValueError(f"replay buffer: frame_stack_axis needs a column besides "
-                             f"{self.frame_columns}, got columns {list(columns or ())}")
+            raise ValueError(
+                f"replay buffer: frame_stack_axis needs a column besides "
+                f"{self.frame_columns}, got columns {list(columns or ())}"
+            )
         self.wanted_columns = None if columns is None else list(columns)
         self.others = ColumnStore(capacity, others)
         self.row_shape: tuple | None = None  # of one observation, set by the first add
@@ -101,9 +106,9 @@ class FrameStackStore:
         frame_shape = tuple(s for i, s in enumerate(self.row_shape) if i != self.stack_axis)
         ids_per_row = len(self.frame_columns) * k
         capacity = self.capacity
-        self.pool = pool or FramePool(frame_shape, dtype,
-                                      capacity + capacity // POOL_HEADROOM + 2 * k,
-                                      self.max_frames(k))
+        self.pool = pool or FramePool(
+            frame_shape, dtype, capacity + capacity // POOL_HEADROOM + 2 * k, self.max_frames(k)
+        )
         self.row_ids = np.zeros((capacity, ids_per_row), np.int32)
 
     def max_frames(self, stack: int) -> int:
@@ -119,31 +124,51 @@ class FrameStackStore:
         stacks: list[np.ndarray] = []
         for column in self.frame_columns:
             if column not in batch:
-                raise KeyError(f"replay buffer: column {column!r} missing from the batch "
-                               f"(batch has {sorted(batch)})")
+                raise KeyError(
+                    f"replay buffer: column {column!r} missing from the batch "
+                    f"(batch has {sorted(batch)})"
+                )
             value = batch[column]
             if isinstance(value, (Mapping, tuple)):
-                raise ValueError(f"replay buffer: column {column!r} must be one array of "
-                                 f"frame stacks (frame_stack_axis={self.axis}), got "
-                                 f"{type(value).__name__}")
+                raise ValueError(
+                    f"replay buffer: column {column!r} must be one array of "
+                    f"frame stacks (frame_stack_axis={self.axis}), got "
+                    f"{type(value).__name__}"
+                )
             value = np.asarray(value)
-            if value.dtype == object or value.ndim < 3 or \
-                    not -(value.ndim - 1) <= self.axis < value.ndim - 1:
-                raise ValueError(f"replay buffer: column {column!r} must have rows of at "
-                                 f"least 2 dimensions with the stack on axis {self.axis}, "
-                                 f"got rows of shape {value.shape[1:]} dtype {value.dtype}")
+            if (
+                value.dtype == object
+                or value.ndim < 3
+                or not -(value.ndim - 1) <= self.axis < value.ndim - 1
+            ):
+                raise ValueError(
+                    f"replay buffer: column {column!r} must have rows of at "
+                    f"least 2 dimensions with the stack on axis {self.axis}, "
+                    f"got rows of shape {value.shape[1:]} dtype {value.dtype}"
+                )
             want: tuple[tuple, Any] | None = (
-                    (self.row_shape, self.dtype) if self.row_shape is not None else
-                    (stacks[0].shape[1:], stacks[0].dtype) if stacks else None)
+                (self.row_shape, self.dtype)
+                if self.row_shape is not None
+                else (stacks[0].shape[1:], stacks[0].dtype)
+                if stacks
+                else None
+            )
             if want is not None and (value.shape[1:], value.dtype) != want:
-                than = "the buffer stores" if self.row_shape is not None else \
-                    f"column {self.frame_columns[0]!r} has"
-                raise ValueError(f"replay buffer: column {column!r} has rows of shape "
-                                 f"{value.shape[1:]} dtype {value.dtype}, {than} rows of "
-                                 f"shape {tuple(want[0])} dtype {want[1]}")
+                than = (
+                    "the buffer stores"
+                    if self.row_shape is not None
+                    else f"column {self.frame_columns[0]!r} has"
+                )
+                raise ValueError(
+                    f"replay buffer: column {column!r} has rows of shape "
+                    f"{value.shape[1:]} dtype {value.dtype}, {than} rows of "
+                    f"shape {tuple(want[0])} dtype {want[1]}"
+                )
             if stacks and len(value) != len(stacks[0]):
-                raise ValueError(f"replay buffer: column {column!r} has {len(value)} rows, "
-                                 f"column {self.frame_columns[0]!r} has {len(stacks[0])}")
+                raise ValueError(
+                    f"replay buffer: column {column!r} has {len(value)} rows, "
+                    f"column {self.frame_columns[0]!r} has {len(stacks[0])}"
+                )
             stacks.append(value)
         return stacks
 
@@ -165,13 +190,17 @@ class FrameStackStore:
         stacks = self._checked_stacks(batch)
         others = self._other_columns(batch)
         if not others:
-            raise ValueError(f"replay buffer: the batch has no column besides "
-                             f"{self.frame_columns} (batch has {sorted(batch)})")
+            raise ValueError(
+                f"replay buffer: the batch has no column besides "
+                f"{self.frame_columns} (batch has {sorted(batch)})"
+            )
         rows = self.others.rows_in(others)
         if rows != len(stacks[0]):
             first = self.others.columns[0] if self.others.columns else next(iter(others))
-            raise ValueError(f"replay buffer: column {self.frame_columns[0]!r} has "
-                             f"{len(stacks[0])} rows, column {first!r} has {rows}")
+            raise ValueError(
+                f"replay buffer: column {self.frame_columns[0]!r} has "
+                f"{len(stacks[0])} rows, column {first!r} has {rows}"
+            )
         size_before, starting = self.size, self.pool is None
         if starting:
             self._start(stacks[0].shape[1:], stacks[0].dtype)
@@ -192,8 +221,11 @@ class FrameStackStore:
                 self.pool = self.row_ids = self.row_shape = self.dtype = None
             raise
         if starting:
-            self.column_order = [c for c in (self.wanted_columns or list(batch))
-                                 if c in self.frame_columns or c in self.others.columns]
+            self.column_order = [
+                c
+                for c in (self.wanted_columns or list(batch))
+                if c in self.frame_columns or c in self.others.columns
+            ]
         row_ids[positions] = pool.commit(match, overwritten).reshape(written, -1)
         return start, written
 
@@ -201,20 +233,20 @@ class FrameStackStore:
         """Column -> the rows at `indexes` (copies), obs/new_obs rebuilt from the pool."""
         columns = self.others.take(indexes)
         pool, row_ids, row_shape = self.pool, self.row_ids, self.row_shape
-        assert pool is not None and row_ids is not None and row_shape is not None, \
+        assert pool is not None and row_ids is not None and row_shape is not None, (
             "take before any add"
+        )
         ids = row_ids[indexes]
         k = row_shape[self.stack_axis]
         for i, column in enumerate(self.frame_columns):
-            column_ids = ids[:, i * k:(i + 1) * k]
+            column_ids = ids[:, i * k : (i + 1) * k]
             if self.stack_axis == 0:
                 columns[column] = pool.take(column_ids)  # [B, k, *frame]: the layout
                 continue
             # frame by frame into its place on the axis: 3x faster than moving the axis
             stacks = np.empty((len(ids), *row_shape), self.dtype)
             for j in range(k):
-                stacks[(slice(None),) * (1 + self.stack_axis) + (j,)] = \
-                    pool.take(column_ids[:, j])
+                stacks[(slice(None),) * (1 + self.stack_axis) + (j,)] = pool.take(column_ids[:, j])
             columns[column] = stacks
         return {c: columns[c] for c in self.column_order}
 
@@ -226,20 +258,30 @@ class FrameStackStore:
         and which frames the hash index holds ("frames/indexed"); views: save them
         before the next add."""
         arrays, meta = self.others.get_state()
-        layout: dict[str, Any] = {"columns": self.frame_columns,
-                  "column_order": self.column_order, "row_shape": None, "dtype": None,
-                  "num_frames": 0, "pool_capacity": 0}
+        layout: dict[str, Any] = {
+            "columns": self.frame_columns,
+            "column_order": self.column_order,
+            "row_shape": None,
+            "dtype": None,
+            "num_frames": 0,
+            "pool_capacity": 0,
+        }
         if self.pool is not None:
-            assert self.row_ids is not None and self.row_shape is not None \
-                and self.dtype is not None  # set with the pool
+            assert (
+                self.row_ids is not None and self.row_shape is not None and self.dtype is not None
+            )  # set with the pool
             remap = self.pool.compact()
-            self.row_ids[:self.size] = remap[self.row_ids[:self.size]]
+            self.row_ids[: self.size] = remap[self.row_ids[: self.size]]
             live = self.pool.num_live
             arrays["frames/pool"] = self.pool.frames[:live]
-            arrays["frames/row_ids"] = self.row_ids[:self.size]
+            arrays["frames/row_ids"] = self.row_ids[: self.size]
             arrays["frames/indexed"] = self.pool.indexed()[:live]
-            layout.update(row_shape=list(self.row_shape), dtype=self.dtype.str,
-                          num_frames=live, pool_capacity=self.pool.capacity)
+            layout.update(
+                row_shape=list(self.row_shape),
+                dtype=self.dtype.str,
+                num_frames=live,
+                pool_capacity=self.pool.capacity,
+            )
         return arrays, dict(meta, frame_stack=layout, frame_stack_axis=self.axis)
 
     def check_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
@@ -250,10 +292,15 @@ class FrameStackStore:
             raise ValueError("replay buffer state: missing 'frame_stack' (the frames' layout)")
         self.others.check_state(arrays, meta)
         if layout.get("columns") != self.frame_columns:
-            raise ValueError(f"replay buffer state: frame columns {layout.get('columns')}, "
-                             f"this buffer stacks {self.frame_columns}")
-        missing = [key for key in ("column_order", "row_shape", "dtype", "num_frames",
-                                   "pool_capacity") if key not in layout]
+            raise ValueError(
+                f"replay buffer state: frame columns {layout.get('columns')}, "
+                f"this buffer stacks {self.frame_columns}"
+            )
+        missing = [
+            key
+            for key in ("column_order", "row_shape", "dtype", "num_frames", "pool_capacity")
+            if key not in layout
+        ]
         if missing:
             raise ValueError(f"replay buffer state: frame_stack misses {missing[0]!r}")
         size = meta["size"]
@@ -263,40 +310,55 @@ class FrameStackStore:
             return
         row_shape, dtype = tuple(layout["row_shape"]), np.dtype(layout["dtype"])
         if self.row_shape is not None and (row_shape, dtype) != (self.row_shape, self.dtype):
-            raise ValueError(f"replay buffer state: frame stacks of shape {row_shape} dtype "
-                             f"{dtype}, this buffer stores {self.row_shape} {self.dtype}")
+            raise ValueError(
+                f"replay buffer state: frame stacks of shape {row_shape} dtype "
+                f"{dtype}, this buffer stores {self.row_shape} {self.dtype}"
+            )
         if len(row_shape) < 2 or not -len(row_shape) <= self.axis < len(row_shape):
-            raise ValueError(f"replay buffer state: frame stacks of shape {row_shape} have "
-                             f"no axis {self.axis}")
+            raise ValueError(
+                f"replay buffer state: frame stacks of shape {row_shape} have no axis {self.axis}"
+            )
         k = row_shape[self.axis % len(row_shape)]
-        frame_shape = row_shape[:self.axis % len(row_shape)] + \
-            row_shape[self.axis % len(row_shape) + 1:]
+        frame_shape = (
+            row_shape[: self.axis % len(row_shape)] + row_shape[self.axis % len(row_shape) + 1 :]
+        )
         live = layout["num_frames"]
         if not isinstance(live, int) or not isinstance(layout["pool_capacity"], int):
-            raise ValueError(f"replay buffer state: num_frames {live!r} and pool_capacity "
-                             f"{layout['pool_capacity']!r} must be ints")
-        want = {"frames/pool": ((live, *frame_shape), dtype),
-                "frames/row_ids": ((size, len(self.frame_columns) * k), np.dtype(np.int32)),
-                "frames/indexed": ((live,), np.dtype(bool))}
+            raise ValueError(
+                f"replay buffer state: num_frames {live!r} and pool_capacity "
+                f"{layout['pool_capacity']!r} must be ints"
+            )
+        want = {
+            "frames/pool": ((live, *frame_shape), dtype),
+            "frames/row_ids": ((size, len(self.frame_columns) * k), np.dtype(np.int32)),
+            "frames/indexed": ((live,), np.dtype(bool)),
+        }
         for key, (shape, want_dtype) in want.items():
             if key not in arrays:
                 raise ValueError(f"replay buffer state: array {key!r} missing")
             array = arrays[key]
             if array.shape != shape or array.dtype != want_dtype:
-                raise ValueError(f"replay buffer state: array {key!r} has shape "
-                                 f"{array.shape} dtype {array.dtype}, expected {shape} "
-                                 f"{want_dtype}")
+                raise ValueError(
+                    f"replay buffer state: array {key!r} has shape "
+                    f"{array.shape} dtype {array.dtype}, expected {shape} "
+                    f"{want_dtype}"
+                )
         ids = np.asarray(arrays["frames/row_ids"])
         if ids.size and (ids.min() < 0 or ids.max() >= live):
-            raise ValueError(f"replay buffer state: 'frames/row_ids' must lie in [0, {live}), "
-                             f"got [{ids.min()}, {ids.max()}]")
+            raise ValueError(
+                f"replay buffer state: 'frames/row_ids' must lie in [0, {live}), "
+                f"got [{ids.min()}, {ids.max()}]"
+            )
         unused = np.flatnonzero(np.bincount(ids.ravel(), minlength=live) == 0)
         if len(unused):
-            raise ValueError(f"replay buffer state: frame {int(unused[0])} of 'frames/pool' "
-                             f"is used by no row")
+            raise ValueError(
+                f"replay buffer state: frame {int(unused[0])} of 'frames/pool' is used by no row"
+            )
         if not live <= layout["pool_capacity"] <= self.max_frames(k):
-            raise ValueError(f"replay buffer state: pool_capacity {layout['pool_capacity']} "
-                             f"does not fit {live} frames and {self.capacity} rows")
+            raise ValueError(
+                f"replay buffer state: pool_capacity {layout['pool_capacity']} "
+                f"does not fit {live} frames and {self.capacity} rows"
+            )
 
     def set_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
         """Restores get_state()'s content exactly (checked first, see check_state)."""
@@ -309,8 +371,12 @@ class FrameStackStore:
         ids = np.asarray(arrays["frames/row_ids"])
         refcounts = np.bincount(ids.ravel(), minlength=layout["num_frames"])
         pool = FramePool.from_frames(
-            np.asarray(arrays["frames/pool"]), refcounts, np.asarray(arrays["frames/indexed"]),
-            layout["pool_capacity"], self.max_frames(ids.shape[1] // len(self.frame_columns)))
+            np.asarray(arrays["frames/pool"]),
+            refcounts,
+            np.asarray(arrays["frames/indexed"]),
+            layout["pool_capacity"],
+            self.max_frames(ids.shape[1] // len(self.frame_columns)),
+        )
         self._start(tuple(layout["row_shape"]), np.dtype(layout["dtype"]), pool)
         assert self.row_ids is not None  # set by _start
-        self.row_ids[:len(ids)] = ids
+        self.row_ids[: len(ids)] = ids

@@ -14,6 +14,7 @@ w_i = (N * P(i))^-beta / max_k (N * P(k))^-beta, as in the paper.
 The weight's normalisation and what happens to a slot overwritten between `sample`
 and `update_priorities`: docs/replay.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,9 @@ def _float_rows(name: str, values: Any, rows: int) -> np.ndarray:
 
 def _bad_row(name: str, want: str, values: np.ndarray, bad: np.ndarray) -> ValueError:
     first = int(np.flatnonzero(bad)[0])
-    return ValueError(f"replay buffer: {name} must be {want}; row {first} is "
-                      f"{float(values[first])!r}")
+    return ValueError(
+        f"replay buffer: {name} must be {want}; row {first} is {float(values[first])!r}"
+    )
 
 
 def _check_priorities(name: str, values: Any, rows: int) -> np.ndarray:
@@ -61,17 +63,29 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     frame_stack_axis: as ReplayBuffer's (each distinct frame of obs/new_obs once).
     """
 
-    def __init__(self, capacity: int, *, alpha: float = 0.6, beta: float = 0.4,
-                 epsilon: float = 1e-6, columns: Sequence[str] | None = None,
-                 seed: int | None = None, fanout: int = 16,
-                 frame_stack_axis: int | None = None) -> None:
-        for name, value, ok in (("alpha", alpha, alpha >= 0), ("beta", beta, beta >= 0),
-                                ("epsilon", epsilon, epsilon > 0)):
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        epsilon: float = 1e-6,
+        columns: Sequence[str] | None = None,
+        seed: int | None = None,
+        fanout: int = 16,
+        frame_stack_axis: int | None = None,
+    ) -> None:
+        for name, value, ok in (
+            ("alpha", alpha, alpha >= 0),
+            ("beta", beta, beta >= 0),
+            ("epsilon", epsilon, epsilon > 0),
+        ):
             if not ok or not np.isfinite(value):
-                raise ValueError(f"replay buffer: {name} must be "
-                                 f"{'> 0' if name == 'epsilon' else '>= 0'}, got {value!r}")
-        super().__init__(capacity, columns=columns, seed=seed,
-                         frame_stack_axis=frame_stack_axis)
+                raise ValueError(
+                    f"replay buffer: {name} must be "
+                    f"{'> 0' if name == 'epsilon' else '>= 0'}, got {value!r}"
+                )
+        super().__init__(capacity, columns=columns, seed=seed, frame_stack_axis=frame_stack_axis)
         self.alpha, self.beta, self.epsilon = float(alpha), float(beta), float(epsilon)
         self.tree = PriorityTree(capacity, fanout)
         self.max_priority = 1.0  # before alpha; new rows get it
@@ -87,9 +101,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             priorities = _check_priorities("priorities", priorities, self.store.rows_in(batch))
         start, written = self.store.add(batch)
         if priorities is None:
-            values = np.full(written, self.max_priority ** self.alpha, np.float32)
+            values = np.full(written, self.max_priority**self.alpha, np.float32)
         else:
-            values = (priorities[len(priorities) - written:] ** self.alpha).astype(np.float32)
+            values = (priorities[len(priorities) - written :] ** self.alpha).astype(np.float32)
             self.max_priority = max(self.max_priority, float(priorities.max()))
         self.tree.set_range(start, values)
 
@@ -111,29 +125,37 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         """Priority of slot indexes[k] becomes |td_errors[k]| + epsilon."""
         indexes = np.asarray(indexes)
         if indexes.ndim != 1 or indexes.dtype.kind not in "iu":
-            raise ValueError(f"replay buffer: indexes must be a 1-D integer array, got "
-                             f"shape {indexes.shape} dtype {indexes.dtype}")
+            raise ValueError(
+                f"replay buffer: indexes must be a 1-D integer array, got "
+                f"shape {indexes.shape} dtype {indexes.dtype}"
+            )
         slots = indexes.astype(np.int64, copy=False)
         # a negative slot read as unsigned is huge: one comparison checks both ends
         if np.count_nonzero(slots.view(np.uint64) >= self.store.size):
             outside = indexes[(indexes < 0) | (indexes >= self.store.size)]
-            raise ValueError(f"replay buffer: index {int(outside[0])} is outside "
-                             f"the {self.store.size} rows held")
+            raise ValueError(
+                f"replay buffer: index {int(outside[0])} is outside the {self.store.size} rows held"
+            )
         td_errors = _float_rows("td_errors", td_errors, len(slots))
         priorities = np.abs(td_errors) + self.epsilon  # > 0 unless NaN or inf
         largest = float(priorities.max(initial=0.0))
         if not math.isfinite(largest):  # NaN propagates to the max: one check for both
             raise _bad_row("td_errors", "finite", td_errors, ~np.isfinite(td_errors))
         self.max_priority = max(self.max_priority, largest)
-        self.tree.update(slots, (priorities ** self.alpha).astype(np.float32))
+        self.tree.update(slots, (priorities**self.alpha).astype(np.float32))
 
     # ---- state ----------------------------------------------------------
 
     def get_state(self) -> dict:
         state = super().get_state()
-        state["arrays"]["priorities"] = self.tree.leaves[:len(self)]
-        state["meta"].update(alpha=self.alpha, beta=self.beta, epsilon=self.epsilon,
-                             max_priority=self.max_priority, fanout=self.tree.fanout)
+        state["arrays"]["priorities"] = self.tree.leaves[: len(self)]
+        state["meta"].update(
+            alpha=self.alpha,
+            beta=self.beta,
+            epsilon=self.epsilon,
+            max_priority=self.max_priority,
+            fanout=self.tree.fanout,
+        )
         return state
 
     def check_state(self, state: Mapping) -> None:
@@ -143,15 +165,19 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             if key not in meta:
                 raise ValueError(f"replay buffer state: missing {key!r}")
         if meta["alpha"] != self.alpha:
-            raise ValueError(f"replay buffer state: alpha {meta['alpha']}, this buffer has "
-                             f"{self.alpha} (stored priorities are p^alpha)")
+            raise ValueError(
+                f"replay buffer state: alpha {meta['alpha']}, this buffer has "
+                f"{self.alpha} (stored priorities are p^alpha)"
+            )
         if "priorities" not in arrays:
             raise ValueError("replay buffer state: array 'priorities' missing")
         size = meta["size"]
         priorities = np.asarray(arrays["priorities"])
         if priorities.shape != (size,) or priorities.dtype != np.float32:
-            raise ValueError(f"replay buffer state: 'priorities' has shape {priorities.shape} "
-                             f"dtype {priorities.dtype}, expected ({size},) float32")
+            raise ValueError(
+                f"replay buffer state: 'priorities' has shape {priorities.shape} "
+                f"dtype {priorities.dtype}, expected ({size},) float32"
+            )
         if size:
             _check_priorities("priorities", priorities, size)
 
@@ -162,5 +188,5 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         self.epsilon = float(meta.get("epsilon", self.epsilon))
         self.max_priority = float(meta["max_priority"])
         self.tree.leaves[:] = 0
-        self.tree.leaves[:len(self)] = state["arrays"]["priorities"]
+        self.tree.leaves[: len(self)] = state["arrays"]["priorities"]
         self.tree.rebuild()

@@ -17,6 +17,7 @@ Zero leaves (empty slots) are never found and do not count in the minimum.
 Sums are recomputed from the children, never adjusted by differences, so
 rounding does not accumulate over millions of updates.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ class PriorityTree:
 
     def __init__(self, capacity: int, fanout: int = 16) -> None:
         if capacity < 1 or fanout < 2:
-            raise ValueError(f"PriorityTree: capacity >= 1 and fanout >= 2 needed, "
-                             f"got {capacity}, {fanout}")
+            raise ValueError(
+                f"PriorityTree: capacity >= 1 and fanout >= 2 needed, got {capacity}, {fanout}"
+            )
         self.capacity, self.fanout = int(capacity), int(fanout)
         widths = [-(-self.capacity // fanout) * fanout]  # level 0 padded to whole groups
         while widths[-1] > 1:
@@ -102,7 +104,7 @@ class PriorityTree:
 
     def _redo_level(self, level: int) -> None:
         sums, mins = self._children(level, None)
-        self.sums[level][:len(sums)], self.mins[level][:len(mins)] = sums, mins
+        self.sums[level][: len(sums)], self.mins[level][: len(mins)] = sums, mins
 
     def find(self, prefixes: np.ndarray) -> np.ndarray:
         """<int64>[n] slots holding `prefixes` <float64>[n] in [0, total).

@@ -17,6 +17,7 @@ Frame-stacked observations (Atari's 84x84x4): `frame_stack_axis=-1` (or 0 for
 [4, 84, 84]) stores each distinct frame of obs/new_obs once (FrameStackStore),
 about 8x less memory, with the same rows sampled back byte for byte.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -49,11 +50,20 @@ class ReplayBuffer:
       frames along that axis of one observation, each distinct frame stored once.
     """
 
-    def __init__(self, capacity: int, *, columns: Sequence[str] | None = None,
-                 seed: int | None = None, frame_stack_axis: int | None = None) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        columns: Sequence[str] | None = None,
+        seed: int | None = None,
+        frame_stack_axis: int | None = None,
+    ) -> None:
         self.frame_stack_axis = frame_stack_axis
-        self.store = (ColumnStore(capacity, columns) if frame_stack_axis is None
-                      else FrameStackStore(capacity, columns, frame_stack_axis))
+        self.store = (
+            ColumnStore(capacity, columns)
+            if frame_stack_axis is None
+            else FrameStackStore(capacity, columns, frame_stack_axis)
+        )
         self.rng = np.random.default_rng(seed)
 
     @property
@@ -94,20 +104,25 @@ class ReplayBuffer:
         """Raises ValueError naming what in `state` does not fit this buffer."""
         if not isinstance(state, Mapping) or set(state) != {"arrays", "meta"}:
             keys = sorted(state) if isinstance(state, Mapping) else type(state).__name__
-            raise ValueError(f"replay buffer state: expected keys ['arrays', 'meta'], "
-                             f"got {keys}")
+            raise ValueError(f"replay buffer state: expected keys ['arrays', 'meta'], got {keys}")
         meta = state["meta"]
         if meta.get("kind") != type(self).__name__:
-            raise ValueError(f"replay buffer state: written by {meta.get('kind')!r}, "
-                             f"restoring into {type(self).__name__!r}")
+            raise ValueError(
+                f"replay buffer state: written by {meta.get('kind')!r}, "
+                f"restoring into {type(self).__name__!r}"
+            )
         axis = meta.get("frame_stack_axis")  # absent: written without frame stacking
         if axis != self.frame_stack_axis:
-            raise ValueError(f"replay buffer state: written with frame_stack_axis {axis!r}, "
-                             f"this buffer has {self.frame_stack_axis!r}")
+            raise ValueError(
+                f"replay buffer state: written with frame_stack_axis {axis!r}, "
+                f"this buffer has {self.frame_stack_axis!r}"
+            )
         rng_name = (meta.get("rng") or {}).get("bit_generator")
         if rng_name != self.rng.bit_generator.state["bit_generator"]:
-            raise ValueError(f"replay buffer state: random generator {rng_name!r}, this "
-                             f"buffer uses {self.rng.bit_generator.state['bit_generator']!r}")
+            raise ValueError(
+                f"replay buffer state: random generator {rng_name!r}, this "
+                f"buffer uses {self.rng.bit_generator.state['bit_generator']!r}"
+            )
         self.store.check_state(state["arrays"], meta)
 
     def set_state(self, state: Mapping) -> None:
