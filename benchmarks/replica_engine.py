@@ -99,7 +99,7 @@ class TowersLearner:
             tower_devices,
             model,
             lambda batch: [ppo_shaped.bare_ppo_loss(model, batch)],
-            lambda batch, losses: {"total_loss": losses[0]},
+            lambda batch, losses, loss_stats: {"total_loss": losses[0]},
             [optimizer],
             seed=0,
         )
