@@ -30,6 +30,7 @@ import numpy as np
 
 from policy_service import spaces
 from policy_service.config import config_for
+from policy_service.distributed.learner import PolicySpec
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import LearnerDiedError, LocalLearners, RemoteLearners
 from policy_service.engine.loss_output import PER_ROW
@@ -83,16 +84,10 @@ class LearnerGroup:
     # ----- starting and stopping ----------------------------------------------------
 
     def _start(self, call_timeout_s: float):
-        args = (
-            self.policy_cls,
-            self.observation_space,
-            self.action_space,
-            self.config,
-            call_timeout_s,
-        )
+        spec = PolicySpec(self.policy_cls, self.observation_space, self.action_space, self.config)
         if self.num_learners == 0:
-            return LocalLearners(*args)
-        return RemoteLearners(*args, self._ready_timeout_s)
+            return LocalLearners(spec, call_timeout_s)
+        return RemoteLearners(spec, call_timeout_s, self._ready_timeout_s)
 
     @property
     def local_policy(self):
