@@ -270,15 +270,7 @@ def configurations(args) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    summary = []
-    for value in (VALUE, "p50_ms", "p99_ms"):
-        rows = stats.summarize(records, KEYS, value)
-        for row in rows:
-            match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
-            if match is None:
-                summary.append(row)
-            else:
-                match.update({k: v for k, v in row.items() if k not in KEYS})
+    summary = stats.summarize_each(records, KEYS, (VALUE, "p50_ms", "p99_ms"))
     for row in summary:
         if row["target"] == "policy":
             row["vs_noop"] = stats.ratio(
@@ -288,22 +280,16 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["callers"] for r in summary if r.get("callers")})
     series = {
-        label: [stats.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
-        for label, t, b in (
-            ("Ray no-op ceiling (async actor)", "noop", None),
-            ("Ray no-op, plain serial actor", "noop_serial", None),
-            ("PolicyActor, batching on", "policy", "on"),
-            ("PolicyActor, batching off", "policy", "off"),
-        )
+        "Ray no-op ceiling (async actor)": {"target": "noop", "batching": None},
+        "Ray no-op, plain serial actor": {"target": "noop_serial", "batching": None},
+        "PolicyActor, batching on": {"target": "policy", "batching": "on"},
+        "PolicyActor, batching off": {"target": "policy", "batching": "off"},
     }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "Remote compute_actions, one observation per call",
-        "actions/s",
-        [f"{n} callers" for n in counts],
-        series,
+    title = "Remote compute_actions, one observation per call"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "actions/s", summary, VALUE, ("callers", "callers"), series
     )
 
 

@@ -110,19 +110,12 @@ def configurations(args) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["num_envs"] for r in summary})
-    series = {
-        f"{kind} inference": [
-            stats.find(summary, VALUE, inference=kind, num_envs=n) for n in counts
-        ]
-        for kind in sorted({r["inference"] for r in summary})
-    }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
-        "env steps/s",
-        [f"{n} envs" for n in counts],
-        series,
+    kinds = sorted({r["inference"] for r in summary})
+    series = {f"{kind} inference": {"inference": kind} for kind in kinds}
+    title = "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "env steps/s", summary, VALUE, ("num_envs", "envs"), series
     )
 
 

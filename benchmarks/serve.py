@@ -288,14 +288,7 @@ def configurations(args) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    summary = []
-    for value in (VALUE, "p50_ms", "p99_ms", "mean_batch_size"):
-        for row in stats.summarize(records, KEYS, value):
-            match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
-            if match is None:
-                summary.append(row)
-            else:
-                match.update({k: v for k, v in row.items() if k not in KEYS})
+    summary = stats.summarize_each(records, KEYS, (VALUE, "p50_ms", "p99_ms", "mean_batch_size"))
     for row in summary:
         if row["target"].startswith("policy"):
             for ceiling in ("ceiling", "ceiling/body"):
@@ -306,23 +299,16 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["clients"] for r in summary})
-    labels = {
-        "ceiling": "bare Serve deployment (constant)",
-        "ceiling/body": "bare, reading the body",
-        "policy/batcher": "policy-service serve (RequestBatcher)",
-        "policy/serve": "same API, @serve.batch",
-    }
     series = {
-        label: [stats.find(summary, VALUE, target=t, clients=n) for n in counts]
-        for t, label in labels.items()
+        "bare Serve deployment (constant)": {"target": "ceiling"},
+        "bare, reading the body": {"target": "ceiling/body"},
+        "policy-service serve (RequestBatcher)": {"target": "policy/batcher"},
+        "same API, @serve.batch": {"target": "policy/serve"},
     }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "HTTP serving, one observation per request, keep-alive clients",
-        "actions/s",
-        [f"{n} clients" for n in counts],
-        series,
+    title = "HTTP serving, one observation per request, keep-alive clients"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "actions/s", summary, VALUE, ("clients", "clients"), series
     )
 
 
