@@ -26,6 +26,7 @@ from benchmarks import harness, plots, stats
 NAME = "inference"
 VALUE = "actions_per_s"
 KEYS = ("target", "batching", "callers", "batch_size")
+WORKLOAD = "PPO MLP 4 -> 256x256, one observation per call"
 
 
 # ----- Ray actors (no TensorFlow needed) ------------------------------------------------------
@@ -293,8 +294,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
@@ -302,19 +302,7 @@ def main(argv=None):
     parser.add_argument(
         "--num-gpus", type=float, default=0, help="GPUs for the PolicyActor (real GPUs only)"
     )
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.inference",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        timeout=lambda spec: 1800,
-        workload="PPO MLP 4 -> 256x256, one observation per call",
-    )
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, timeout=lambda spec: 1800)

@@ -16,6 +16,8 @@ What each target measures, exactly: BENCHMARKS.md, "What each script measures".
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from benchmarks import harness, learner_group, plots, stats
@@ -24,6 +26,7 @@ NAME = "learner"
 GROUP_NAME = "learner_group"
 VALUE = "samples_per_s"
 KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads", "batch_norm_sync")
+WORKLOAD = "PPO loss, 10 epochs x 4000 samples, minibatch 128"
 
 
 # ----- child: one process per (engine, model, towers, threads) -------------------------------
@@ -377,8 +380,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
     return [p for p in paths if p]
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument(
         "--models",
         default=None,
@@ -424,31 +426,18 @@ def main(argv=None):
         default=2,
         help="with --learners: epochs per timed call inside the learners",
     )
-    args = parser.parse_args(argv)
-    if args.learners and not args.child:
-        harness.run_benchmark(
-            args,
-            GROUP_NAME,
-            measure,
-            "benchmarks.learner",
-            group_configurations(args),
-            summarize=summarize_group,
-            plot=plot_group,
-            workload="LearnerGroup: PPO loss, 10 epochs "
-            "x 4000 samples, minibatch 128, all-reduce inside the step",
-        )
-        return
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.learner",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        workload="PPO loss, 10 epochs x 4000 samples, minibatch 128",
-    )
 
+
+GROUP = harness.Benchmark(
+    GROUP_NAME,
+    "benchmarks.learner",
+    group_configurations,
+    measure,
+    summarize_group,
+    plot_group,
+    "LearnerGroup: PPO loss, 10 epochs x 4000 samples, minibatch 128, all-reduce inside the step",
+)
 
 if __name__ == "__main__":
-    main()
+    args = harness.parse_args(__doc__, add_flags)
+    harness.run(args, GROUP if args.learners else harness.Benchmark.of(sys.modules[__name__]))

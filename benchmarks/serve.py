@@ -35,6 +35,7 @@ from benchmarks import harness, plots, stats
 NAME = "serve"
 VALUE = "actions_per_s"
 KEYS = ("target", "clients")
+WORKLOAD = "PPO MLP 4 -> 256x256, one observation per HTTP request"
 TOKEN = "benchmark-token"
 TARGETS = ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
 CONSTANT_BODY = b'{"actions": [0], "state_out": [], "weights_version": 0}\n'
@@ -312,25 +313,12 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--clients", default=None, help="default 1,16,64 (smoke 1,16)")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=1.0)
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.serve",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        timeout=lambda spec: 1800,
-        workload="PPO MLP 4 -> 256x256, one observation per HTTP request",
-    )
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, timeout=lambda spec: 1800)
