@@ -294,11 +294,16 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     )
 
 
-def add_flags(parser) -> None:
-    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+def add_batching_flags(parser) -> None:
+    """Seconds per measurement and the batcher's settings (serve.py's too)."""
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=1.0)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+    add_batching_flags(parser)
     parser.add_argument(
         "--num-gpus", type=float, default=0, help="GPUs for the PolicyActor (real GPUs only)"
     )

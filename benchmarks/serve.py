@@ -30,7 +30,7 @@ import time
 
 import numpy as np
 
-from benchmarks import harness, plots, stats
+from benchmarks import harness, inference, plots, stats
 
 NAME = "serve"
 VALUE = "actions_per_s"
@@ -315,9 +315,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
 
 def add_flags(parser) -> None:
     parser.add_argument("--clients", default=None, help="default 1,16,64 (smoke 1,16)")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
-    parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--wait-ms", type=float, default=1.0)
+    inference.add_batching_flags(parser)
 
 
 if __name__ == "__main__":
