@@ -90,20 +90,8 @@ def _measure_ours(spec, batch, base, ppo_shaped):
         policy.learn_on_loaded_epochs(epochs)
 
     load_s = stats.median(stats.timed(load, repeats, warmup=1))
-    for mode, fn in (("minibatch", per_minibatch), ("epoch", whole_epochs)):
-        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
-        seconds = stats.median(walls)
-        yield dict(
-            base,
-            mode=mode,
-            seconds=seconds,
-            cpu_seconds=stats.median(cpus),
-            samples=valid,
-            load_ms=load_s * 1e3,
-            sgd_steps=epochs * num_steps,
-            samples_per_s=valid / seconds,
-            sgd_samples_per_s=valid / max(seconds - load_s, 1e-9),
-        )
+    modes = (("minibatch", per_minibatch), ("epoch", whole_epochs))
+    yield from _timed_modes(base, modes, repeats, valid, epochs * num_steps, load_s)
 
 
 def _measure_ceiling(spec, batch, base, ppo_shaped):
@@ -133,11 +121,18 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
     )
     valid = valid_per_epoch * epochs
     base = dict(base, policy_class="bare keras", devices=[device])
-    for mode, fn in (
+    modes = (
         ("minibatch", lambda: learner.run_minibatches(epochs)),
         ("fused", lambda: learner.run_fused(epochs)),
         ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs)),
-    ):
+    )
+    yield from _timed_modes(base, modes, repeats, valid, epochs * learner.num_minibatches, 0.0)
+
+
+def _timed_modes(base: dict, modes, repeats: int, valid: int, sgd_steps: int, load_s: float):
+    """A record per (mode, fn): its calls timed, wall and CPU, the median of `repeats`
+    after one warm-up; load_s: the part of a call that loads the batch (0: none)."""
+    for mode, fn in modes:
         walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
         seconds = stats.median(walls)
         yield dict(
@@ -146,10 +141,10 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
             seconds=seconds,
             cpu_seconds=stats.median(cpus),
             samples=valid,
-            load_ms=0.0,
-            sgd_steps=epochs * learner.num_minibatches,
+            load_ms=load_s * 1e3,
+            sgd_steps=sgd_steps,
             samples_per_s=valid / seconds,
-            sgd_samples_per_s=valid / seconds,
+            sgd_samples_per_s=valid / max(seconds - load_s, 1e-9),
         )
 
 
@@ -309,40 +304,19 @@ def summarize(records: list[dict]) -> list[dict]:
         if row["engine"] != "ours":
             continue
         match = dict(model=row["model"], threads=row["threads"], device_kind=row["device_kind"])
-        row["vs_ceiling_fused"] = stats.ratio(
-            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="fused", **match)
-        )
-        row["vs_ceiling_minibatch"] = stats.ratio(
-            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="minibatch", **match)
-        )
-        row["vs_ceiling_adam_kernel"] = stats.ratio(
-            row[VALUE],
-            stats.find(summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match),
-        )
-        row["vs_own_1_tower"] = stats.ratio(
-            row[VALUE],
-            stats.find(
-                summary,
-                VALUE,
-                engine="ours",
-                mode=row["mode"],
-                towers=1,
-                batch_norm_sync=row["batch_norm_sync"],
-                **match,
-            ),
+        for name, mode in (
+            ("vs_ceiling_fused", "fused"),
+            ("vs_ceiling_minibatch", "minibatch"),
+            ("vs_ceiling_adam_kernel", "fused_adam_kernel"),
+        ):
+            row[name] = stats.vs(summary, VALUE, row, engine="ceiling", mode=mode, **match)
+        own = dict(match, engine="ours", mode=row["mode"])
+        row["vs_own_1_tower"] = stats.vs(
+            summary, VALUE, row, towers=1, batch_norm_sync=row["batch_norm_sync"], **own
         )
         if row["batch_norm_sync"]:
-            row["vs_per_shard_batch_norm"] = stats.ratio(
-                row[VALUE],
-                stats.find(
-                    summary,
-                    VALUE,
-                    engine="ours",
-                    mode=row["mode"],
-                    towers=row["towers"],
-                    batch_norm_sync=False,
-                    **match,
-                ),
+            row["vs_per_shard_batch_norm"] = stats.vs(
+                summary, VALUE, row, towers=row["towers"], batch_norm_sync=False, **own
             )
     return summary
 

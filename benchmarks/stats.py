@@ -100,5 +100,10 @@ def find(summary: list[dict], value: str, **match):
     return None
 
 
+def vs(summary: list[dict], value: str, row: dict, **match) -> float | None:
+    """`row`'s `value` over that of the summary row matching every key=value given."""
+    return ratio(row.get(value), find(summary, value, **match))
+
+
 def ratio(a, b) -> float | None:
     return round(a / b, 3) if a is not None and b else None
