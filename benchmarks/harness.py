@@ -76,6 +76,11 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 TO_TARGET = {"seeded": True, "timeout": lambda spec: spec["max_seconds"] + 300}
 
 
+def sizes(args, smoke: dict) -> dict:
+    """The size flags named by `smoke`'s keys: its values at --smoke, else the flags'."""
+    return dict(smoke) if args.smoke else {name: getattr(args, name) for name in smoke}
+
+
 def rounds_of(args) -> int:
     return args.rounds or (1 if args.smoke else 3)
 

@@ -153,11 +153,7 @@ def _timed_modes(base: dict, modes, repeats: int, valid: int, sgd_steps: int, lo
 
 def configurations(args) -> list[dict]:
     """Every child to run in one round, ceiling first within each model."""
-    size = (
-        {"epochs": 2, "num_samples": 512, "repeats": 1}
-        if args.smoke
-        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats}
-    )
+    size = harness.sizes(args, {"epochs": 2, "num_samples": 512, "repeats": 1})
     towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
     configs = []
@@ -187,16 +183,8 @@ def configurations(args) -> list[dict]:
 
 def group_configurations(args) -> list[dict]:
     """One child per (model, learners, accumulate): the LearnerGroup sweep."""
-    size = (
-        {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
-        if args.smoke
-        else {
-            "epochs": args.epochs,
-            "num_samples": args.num_samples,
-            "repeats": args.repeats,
-            "probe_rounds": args.probe_rounds,
-            "probe_epochs": args.probe_epochs,
-        }
+    size = harness.sizes(
+        args, {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
     )
     towers = int((args.towers or "1").split(",")[0])
     return [
