@@ -7,11 +7,13 @@ A LearnerGroup also overrides `_update`, to replace dead learners and run again.
 
 from __future__ import annotations
 
+import abc
+
 from policy_service.learning_results import with_samples_trained
 from policy_service.sample_batch import SampleBatch
 
 
-class BatchLearning:
+class BatchLearning(abc.ABC):
     """`update` and `learn_on_batch` over the class's own `_learn`."""
 
     def update(
@@ -40,7 +42,8 @@ class BatchLearning:
         """`update`'s statistics before the count of samples trained."""
         return self._learn(batch, num_epochs, shuffle, buffer_index)
 
+    @abc.abstractmethod
     def _learn(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
-        raise NotImplementedError
+        """Prepare `batch`, train on it -> statistics, per-row outputs over its valid rows."""
