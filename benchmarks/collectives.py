@@ -23,6 +23,7 @@ from benchmarks import harness, plots, stats
 NAME = "collectives"
 VALUE = "ms_per_all_reduce"
 KEYS = ("members", "size", "mode")
+WORKLOAD = "all_reduce_sum of float32, no model"
 MODES = ("function", "while_loop", "while_loop_local")
 
 
@@ -181,8 +182,11 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def summarize(records: list[dict]) -> list[dict]:
+    return stats.summarize(records, KEYS, VALUE)
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--members", default=None, help="group sizes, default 2,3 (smoke 2)")
     parser.add_argument(
         "--sizes", default=None, help="float32 elements, default 1000,135000,1000000"
@@ -191,18 +195,7 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=50, help="while-loop iterations")
     parser.add_argument("--loop-calls", type=int, default=5, help="timed calls of the loop")
     parser.add_argument("--cpus-per-member", type=float, default=0.5)
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.collectives",
-        configurations(args),
-        summarize=lambda records: stats.summarize(records, KEYS, VALUE),
-        plot=plot,
-        workload="all_reduce_sum of float32, no model",
-    )
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__)

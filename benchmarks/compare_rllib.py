@@ -404,6 +404,11 @@ def schedule(args) -> list[tuple[str, str, dict]]:
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
         raise ValueError(f"--workloads must be among {list(WORKLOADS)}, got {unknown}")
+
+    def rllib(workload: str, spec: dict) -> tuple[str, str, dict]:
+        """RLlib's side of a workload, its PPO loss settings beside the spec."""
+        return ("rllib", NAME_MODULE, dict(spec, workload=workload, prepare_tf=False, ppo=ppo))
+
     if "learner" in workloads:
         size = (
             {"epochs": 2, "num_samples": 512, "repeats": 1}
@@ -430,20 +435,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                     )
                 )
                 for threads in [None] if smoke else [None, [2, 2]]:
-                    out.append(
-                        (
-                            "rllib",
-                            NAME_MODULE,
-                            dict(
-                                base,
-                                workload="learner",
-                                towers=n,
-                                threads=threads,
-                                prepare_tf=False,
-                                ppo=ppo,
-                            ),
-                        )
-                    )
+                    out.append(rllib("learner", dict(base, towers=n, threads=threads)))
     if "sampler" in workloads:
         size = dict(
             num_envs_list=[1] if smoke else [1, 8, 32],
@@ -451,9 +443,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
             duration=1.0 if smoke else 5.0,
         )
         out.append(("ours", "benchmarks.sampler", dict(size, inference="local", devices=1)))
-        out.append(
-            ("rllib", NAME_MODULE, dict(size, workload="sampler", prepare_tf=False, ppo=ppo))
-        )
+        out.append(rllib("sampler", size))
     if "inference" in workloads:
         callers = [2] if smoke else [16]
         duration = 1.0 if smoke else 5.0
@@ -472,19 +462,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                 ),
             )
         )
-        out.append(
-            (
-                "rllib",
-                NAME_MODULE,
-                dict(
-                    workload="inference",
-                    callers=callers,
-                    duration=duration,
-                    prepare_tf=False,
-                    ppo=ppo,
-                ),
-            )
-        )
+        out.append(rllib("inference", dict(callers=callers, duration=duration)))
     if "e2e" in workloads:
         from benchmarks import e2e
 

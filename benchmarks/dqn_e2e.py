@@ -21,6 +21,7 @@ from pathlib import Path
 from benchmarks import harness, plots, stats
 
 NAME = "dqn_e2e"
+WORKLOAD = "DQN CartPole-v1 to 450"
 TARGET_RETURN = 450.0
 MAX_ENV_STEPS = 150_000
 TUNED = harness.REPO / "algorithms" / "tuned" / "cartpole_dqn.yaml"
@@ -206,28 +207,16 @@ def add_flags(parser, prefix: str = "") -> None:
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
-    add_flags(parser)
-    args = parser.parse_args(argv)
-    if args.child:
-        return harness.child_main(args, measure)
+def configurations(args) -> list[dict]:
+    """One run, seeded by the round."""
     config = load_tuned(Path(args.dqn_config))
-    spec = spec_for(args.smoke, config, args.target, args.max_env_steps, args.max_seconds)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.dqn_e2e",
-        [spec],
-        summarize=summarize,
-        plot=plot,
-        seeded=True,
-        timeout=lambda spec: spec["max_seconds"] + 300,
-        workload="DQN CartPole-v1 to 450",
-        dqn_config=config,
-    )
+    return [spec_for(args.smoke, config, args.target, args.max_env_steps, args.max_seconds)]
+
+
+def run_meta(args, specs: list[dict]) -> dict:
+    """The tuned config the runs start from (at --smoke, before its overrides)."""
+    return {"dqn_config": load_tuned(Path(args.dqn_config))}
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, **harness.TO_TARGET, meta=run_meta)

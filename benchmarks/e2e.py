@@ -24,6 +24,7 @@ from benchmarks import harness, plots, stats
 
 NAME = "e2e"
 KEYS = ("num_gpus", "num_env_runners")
+WORKLOAD = "PPO CartPole-v1 to 450"
 TARGET_RETURN = 450.0
 
 TUNED = harness.REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml"
@@ -161,29 +162,18 @@ def summarize(records: list[dict]) -> list[dict]:
     return summary
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--num-gpus", default=None, help="fake GPUs, default 0,2")
     parser.add_argument("--runners", default=None, help="rollout workers, default 1,2")
     parser.add_argument("--envs-per-runner", type=int, default=ENVS_PER_RUNNER)
     parser.add_argument("--target", type=float, default=TARGET_RETURN)
     parser.add_argument("--max-seconds", type=float, default=600)
     parser.add_argument("--real-gpus", action="store_true", help="--num-gpus are real GPUs")
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.e2e",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        seeded=True,
-        timeout=lambda spec: spec["max_seconds"] + 300,
-        workload="PPO CartPole-v1 to 450",
-        ppo_config=PPO_CONFIG,
-    )
+
+
+def run_meta(args, specs: list[dict]) -> dict:
+    return {"ppo_config": PPO_CONFIG}
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, **harness.TO_TARGET, meta=run_meta)

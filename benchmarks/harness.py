@@ -11,6 +11,9 @@ parent re-prints its children's records, so a script's stdout is exactly
 its records) and collected into `benchmarks/results/<name>.json` with the
 run's metadata (versions, cores, load average: a loaded machine is noisy).
 
+A script names its parts (NAME, WORKLOAD, add_flags, configurations, measure,
+summarize, plot: `Benchmark`) and ends with `harness.main(__name__)`.
+
 This module imports neither TensorFlow nor policy_service at the top, so
 the RLlib virtualenv, which has neither our package nor matplotlib, can run
 the children of compare_rllib.py with it.
@@ -27,6 +30,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
@@ -65,6 +69,16 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser
+
+
+# Runs to a target return (e2e, dqn_e2e, ppo_parity): the round is the seed, and a
+# child may take its max_seconds and 5 minutes more.
+TO_TARGET = {"seeded": True, "timeout": lambda spec: spec["max_seconds"] + 300}
+
+
+def sizes(args, smoke: dict) -> dict:
+    """The size flags named by `smoke`'s keys: its values at --smoke, else the flags'."""
+    return dict(smoke) if args.smoke else {name: getattr(args, name) for name in smoke}
 
 
 def rounds_of(args) -> int:
@@ -109,30 +123,69 @@ def run_rounds(
     return records
 
 
-def run_benchmark(
-    args,
-    name: str,
-    measure: Callable[[dict], Iterable[dict]],
-    module: str,
-    specs: list[dict],
-    *,
-    summarize: Callable[[list[dict]], list[dict]],
-    plot: Callable[[list[dict], str], object],
-    seeded: bool = False,
-    timeout=lambda spec: 900,
-    **meta,
-) -> Path | None:
-    """What a benchmark's main does after parsing its flags. In a child: measure its
-    spec. In the parent: every spec in rounds of children, a summary, its plots (a
-    path or a list), and the results file."""
+class Benchmark(NamedTuple):
+    """A benchmark script's parts, as `run` puts them together (`of`: a script
+    module's own, by their names)."""
+
+    name: str  # the results file: <out>/<name>.json
+    module: str  # its children run as `python -m module --child SPEC`
+    configurations: Callable[[argparse.Namespace], list[dict]]  # one round's specs
+    measure: Callable[[dict], Iterable[dict]]  # in a child: a spec -> its records
+    summarize: Callable[[list[dict]], list[dict]]  # every round's records -> the summary
+    plot: Callable[[list[dict], str], object]  # (summary, out dir) -> a path or a list
+    workload: str  # what is measured, for the results' metadata
+    seeded: bool = False  # the round is also the seed
+    timeout: Callable[[dict], float] = lambda spec: 900  # seconds one child may take
+    meta: Callable[[argparse.Namespace, list[dict]], dict] = lambda args, specs: {}
+
+    @classmethod
+    def of(cls, script: ModuleType, **options) -> Benchmark:
+        """The parts a script module names NAME, configurations, measure, summarize,
+        plot and WORKLOAD, its children run as that module; options: the fields
+        after those (seeded, timeout, meta)."""
+        return cls(
+            script.NAME,
+            script.__spec__.name,
+            script.configurations,
+            script.measure,
+            script.summarize,
+            script.plot,
+            script.WORKLOAD,
+            **options,
+        )
+
+
+def parse_args(
+    description: str, add_flags: Callable[[argparse.ArgumentParser], None], argv=None
+) -> argparse.Namespace:
+    """The flags every benchmark takes and the script's own (`add_flags(parser)`);
+    description: the script's docstring, whose first line the help shows."""
+    parser = base_parser(description.splitlines()[0])
+    add_flags(parser)
+    return parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace, benchmark: Benchmark) -> Path | None:
+    """In a child: measure its spec. In the parent: every configuration in rounds of
+    children, the summary, its plots and the results file (its path)."""
     if args.child:
-        return child_main(args, measure)
-    meta = start_meta(args, **meta)
-    records = run_rounds(args, runs(module, specs), seeded=seeded, timeout=timeout)
-    summary = summarize(records)
-    plots = plot(summary, args.out)
+        return child_main(args, benchmark.measure)
+    specs = benchmark.configurations(args)
+    meta = start_meta(args, workload=benchmark.workload, **benchmark.meta(args, specs))
+    records = run_rounds(
+        args, runs(benchmark.module, specs), seeded=benchmark.seeded, timeout=benchmark.timeout
+    )
+    summary = benchmark.summarize(records)
+    plots = benchmark.plot(summary, args.out)
     meta["plots"] = plots if isinstance(plots, list) else [plots]
-    return finish(name, args.out, records, summary, meta)
+    return finish(benchmark.name, args.out, records, summary, meta)
+
+
+def main(script_name: str, **options) -> Path | None:
+    """A benchmark script's command line, `harness.main(__name__)` at its end: its
+    docstring and `add_flags(parser)` give the flags, then `run` its Benchmark.of."""
+    script = sys.modules[script_name]
+    return run(parse_args(script.__doc__, script.add_flags), Benchmark.of(script, **options))
 
 
 def parse_threads(text: str) -> list:

@@ -26,6 +26,7 @@ from benchmarks import harness, plots, stats
 NAME = "inference"
 VALUE = "actions_per_s"
 KEYS = ("target", "batching", "callers", "batch_size")
+WORKLOAD = "PPO MLP 4 -> 256x256, one observation per call"
 
 
 # ----- Ray actors (no TensorFlow needed) ------------------------------------------------------
@@ -270,15 +271,7 @@ def configurations(args) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    summary = []
-    for value in (VALUE, "p50_ms", "p99_ms"):
-        rows = stats.summarize(records, KEYS, value)
-        for row in rows:
-            match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
-            if match is None:
-                summary.append(row)
-            else:
-                match.update({k: v for k, v in row.items() if k not in KEYS})
+    summary = stats.summarize_each(records, KEYS, (VALUE, "p50_ms", "p99_ms"))
     for row in summary:
         if row["target"] == "policy":
             row["vs_noop"] = stats.ratio(
@@ -288,47 +281,33 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["callers"] for r in summary if r.get("callers")})
     series = {
-        label: [stats.find(summary, VALUE, target=t, batching=b, callers=n) for n in counts]
-        for label, t, b in (
-            ("Ray no-op ceiling (async actor)", "noop", None),
-            ("Ray no-op, plain serial actor", "noop_serial", None),
-            ("PolicyActor, batching on", "policy", "on"),
-            ("PolicyActor, batching off", "policy", "off"),
-        )
+        "Ray no-op ceiling (async actor)": {"target": "noop", "batching": None},
+        "Ray no-op, plain serial actor": {"target": "noop_serial", "batching": None},
+        "PolicyActor, batching on": {"target": "policy", "batching": "on"},
+        "PolicyActor, batching off": {"target": "policy", "batching": "off"},
     }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "Remote compute_actions, one observation per call",
-        "actions/s",
-        [f"{n} callers" for n in counts],
-        series,
+    title = "Remote compute_actions, one observation per call"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "actions/s", summary, VALUE, ("callers", "callers"), series
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+def add_batching_flags(parser) -> None:
+    """Seconds per measurement and the batcher's settings (serve.py's too)."""
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
     parser.add_argument("--max-batch-size", type=int, default=32)
     parser.add_argument("--wait-ms", type=float, default=1.0)
+
+
+def add_flags(parser) -> None:
+    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+    add_batching_flags(parser)
     parser.add_argument(
         "--num-gpus", type=float, default=0, help="GPUs for the PolicyActor (real GPUs only)"
-    )
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.inference",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        timeout=lambda spec: 1800,
-        workload="PPO MLP 4 -> 256x256, one observation per call",
     )
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, timeout=lambda spec: 1800)

@@ -16,6 +16,8 @@ What each target measures, exactly: BENCHMARKS.md, "What each script measures".
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from benchmarks import harness, learner_group, plots, stats
@@ -24,6 +26,7 @@ NAME = "learner"
 GROUP_NAME = "learner_group"
 VALUE = "samples_per_s"
 KEYS = ("model", "engine", "mode", "towers", "device_kind", "threads", "batch_norm_sync")
+WORKLOAD = "PPO loss, 10 epochs x 4000 samples, minibatch 128"
 
 
 # ----- child: one process per (engine, model, towers, threads) -------------------------------
@@ -87,20 +90,8 @@ def _measure_ours(spec, batch, base, ppo_shaped):
         policy.learn_on_loaded_epochs(epochs)
 
     load_s = stats.median(stats.timed(load, repeats, warmup=1))
-    for mode, fn in (("minibatch", per_minibatch), ("epoch", whole_epochs)):
-        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
-        seconds = stats.median(walls)
-        yield dict(
-            base,
-            mode=mode,
-            seconds=seconds,
-            cpu_seconds=stats.median(cpus),
-            samples=valid,
-            load_ms=load_s * 1e3,
-            sgd_steps=epochs * num_steps,
-            samples_per_s=valid / seconds,
-            sgd_samples_per_s=valid / max(seconds - load_s, 1e-9),
-        )
+    modes = (("minibatch", per_minibatch), ("epoch", whole_epochs))
+    yield from _timed_modes(base, modes, repeats, valid, epochs * num_steps, load_s)
 
 
 def _measure_ceiling(spec, batch, base, ppo_shaped):
@@ -130,11 +121,18 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
     )
     valid = valid_per_epoch * epochs
     base = dict(base, policy_class="bare keras", devices=[device])
-    for mode, fn in (
+    modes = (
         ("minibatch", lambda: learner.run_minibatches(epochs)),
         ("fused", lambda: learner.run_fused(epochs)),
         ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs)),
-    ):
+    )
+    yield from _timed_modes(base, modes, repeats, valid, epochs * learner.num_minibatches, 0.0)
+
+
+def _timed_modes(base: dict, modes, repeats: int, valid: int, sgd_steps: int, load_s: float):
+    """A record per (mode, fn): its calls timed, wall and CPU, the median of `repeats`
+    after one warm-up; load_s: the part of a call that loads the batch (0: none)."""
+    for mode, fn in modes:
         walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
         seconds = stats.median(walls)
         yield dict(
@@ -143,10 +141,10 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
             seconds=seconds,
             cpu_seconds=stats.median(cpus),
             samples=valid,
-            load_ms=0.0,
-            sgd_steps=epochs * learner.num_minibatches,
+            load_ms=load_s * 1e3,
+            sgd_steps=sgd_steps,
             samples_per_s=valid / seconds,
-            sgd_samples_per_s=valid / seconds,
+            sgd_samples_per_s=valid / max(seconds - load_s, 1e-9),
         )
 
 
@@ -155,11 +153,7 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
 
 def configurations(args) -> list[dict]:
     """Every child to run in one round, ceiling first within each model."""
-    size = (
-        {"epochs": 2, "num_samples": 512, "repeats": 1}
-        if args.smoke
-        else {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats}
-    )
+    size = harness.sizes(args, {"epochs": 2, "num_samples": 512, "repeats": 1})
     towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
     configs = []
@@ -189,16 +183,8 @@ def configurations(args) -> list[dict]:
 
 def group_configurations(args) -> list[dict]:
     """One child per (model, learners, accumulate): the LearnerGroup sweep."""
-    size = (
-        {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
-        if args.smoke
-        else {
-            "epochs": args.epochs,
-            "num_samples": args.num_samples,
-            "repeats": args.repeats,
-            "probe_rounds": args.probe_rounds,
-            "probe_epochs": args.probe_epochs,
-        }
+    size = harness.sizes(
+        args, {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
     )
     towers = int((args.towers or "1").split(",")[0])
     return [
@@ -306,40 +292,19 @@ def summarize(records: list[dict]) -> list[dict]:
         if row["engine"] != "ours":
             continue
         match = dict(model=row["model"], threads=row["threads"], device_kind=row["device_kind"])
-        row["vs_ceiling_fused"] = stats.ratio(
-            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="fused", **match)
-        )
-        row["vs_ceiling_minibatch"] = stats.ratio(
-            row[VALUE], stats.find(summary, VALUE, engine="ceiling", mode="minibatch", **match)
-        )
-        row["vs_ceiling_adam_kernel"] = stats.ratio(
-            row[VALUE],
-            stats.find(summary, VALUE, engine="ceiling", mode="fused_adam_kernel", **match),
-        )
-        row["vs_own_1_tower"] = stats.ratio(
-            row[VALUE],
-            stats.find(
-                summary,
-                VALUE,
-                engine="ours",
-                mode=row["mode"],
-                towers=1,
-                batch_norm_sync=row["batch_norm_sync"],
-                **match,
-            ),
+        for name, mode in (
+            ("vs_ceiling_fused", "fused"),
+            ("vs_ceiling_minibatch", "minibatch"),
+            ("vs_ceiling_adam_kernel", "fused_adam_kernel"),
+        ):
+            row[name] = stats.vs(summary, VALUE, row, engine="ceiling", mode=mode, **match)
+        own = dict(match, engine="ours", mode=row["mode"])
+        row["vs_own_1_tower"] = stats.vs(
+            summary, VALUE, row, towers=1, batch_norm_sync=row["batch_norm_sync"], **own
         )
         if row["batch_norm_sync"]:
-            row["vs_per_shard_batch_norm"] = stats.ratio(
-                row[VALUE],
-                stats.find(
-                    summary,
-                    VALUE,
-                    engine="ours",
-                    mode=row["mode"],
-                    towers=row["towers"],
-                    batch_norm_sync=False,
-                    **match,
-                ),
+            row["vs_per_shard_batch_norm"] = stats.vs(
+                summary, VALUE, row, towers=row["towers"], batch_norm_sync=False, **own
             )
     return summary
 
@@ -377,8 +342,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
     return [p for p in paths if p]
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument(
         "--models",
         default=None,
@@ -424,31 +388,18 @@ def main(argv=None):
         default=2,
         help="with --learners: epochs per timed call inside the learners",
     )
-    args = parser.parse_args(argv)
-    if args.learners and not args.child:
-        harness.run_benchmark(
-            args,
-            GROUP_NAME,
-            measure,
-            "benchmarks.learner",
-            group_configurations(args),
-            summarize=summarize_group,
-            plot=plot_group,
-            workload="LearnerGroup: PPO loss, 10 epochs "
-            "x 4000 samples, minibatch 128, all-reduce inside the step",
-        )
-        return
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.learner",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        workload="PPO loss, 10 epochs x 4000 samples, minibatch 128",
-    )
 
+
+GROUP = harness.Benchmark(
+    GROUP_NAME,
+    "benchmarks.learner",
+    group_configurations,
+    measure,
+    summarize_group,
+    plot_group,
+    "LearnerGroup: PPO loss, 10 epochs x 4000 samples, minibatch 128, all-reduce inside the step",
+)
 
 if __name__ == "__main__":
-    main()
+    args = harness.parse_args(__doc__, add_flags)
+    harness.run(args, GROUP if args.learners else harness.Benchmark.of(sys.modules[__name__]))

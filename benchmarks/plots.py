@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from benchmarks import stats
+
 
 def bar_chart(
     path: Path,
@@ -55,6 +57,27 @@ def bar_chart(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)
+
+
+def count_chart(
+    path: Path,
+    title: str,
+    ylabel: str,
+    summary: list[dict],
+    value: str,
+    count: tuple[str, str],
+    series: dict[str, dict],
+) -> str | None:
+    """`bar_chart` of the summary's `value`, a group per count (count: the rows' key
+    and its unit, e.g. ("callers", "callers")), a bar per series: label -> the keys
+    of its rows."""
+    key, unit = count
+    counts = sorted({r[key] for r in summary if r.get(key)})
+    bars = {
+        label: [stats.find(summary, value, **match, **{key: n}) for n in counts]
+        for label, match in series.items()
+    }
+    return bar_chart(path, title, ylabel, [f"{n} {unit}" for n in counts], bars)
 
 
 def _short(v: float) -> str:

@@ -203,9 +203,7 @@ def main(argv=None):
         rllib_versions=harness.versions(rllib_python),
         hyperparameters=RLLIB_DEFAULTS,
     )
-    records = harness.run_rounds(
-        args, schedule(args), seeded=True, timeout=lambda spec: spec["max_seconds"] + 300
-    )
+    records = harness.run_rounds(args, schedule(args), **harness.TO_TARGET)
     rows = summarize(records)
     meta["plots"] = []  # the table is the result: BENCHMARKS.md, "PPO at RLlib's defaults"
     harness.finish(NAME, args.out, records, rows, meta)

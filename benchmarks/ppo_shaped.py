@@ -138,30 +138,11 @@ def policy_config(
     }
 
 
-def make_policy(
-    model: str,
-    towers: int,
-    *,
-    minibatch_size: int = 128,
-    num_epochs: int = 10,
-    real_gpus: bool = False,
-    **more,
-) -> TFPolicy:
+def make_policy(model: str, towers: int, **config) -> TFPolicy:
+    """The workload's PPOPolicy: `policy_config(model, towers, **config)`."""
     from algorithms.ppo import PPOPolicy
 
-    obs_space, act_space = spaces_for(model)
-    return PPOPolicy(
-        obs_space,
-        act_space,
-        policy_config(
-            model,
-            towers,
-            minibatch_size=minibatch_size,
-            num_epochs=num_epochs,
-            real_gpus=real_gpus,
-            **more,
-        ),
-    )
+    return PPOPolicy(*spaces_for(model), policy_config(model, towers, **config))
 
 
 # ----- the ceiling: bare Keras ----------------------------------------------------------------

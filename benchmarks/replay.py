@@ -25,6 +25,7 @@ from benchmarks import harness, plots, stats
 NAME = "replay"
 VALUE = "transitions_per_s"
 KEYS = ("shape", "kind", "op", "batch", "impl")
+WORKLOAD = "replay buffers: CartPole and 84x84x4 frame-stacked streams"
 FRAME_SHAPE = (84, 84, 4)
 ISSUE_CAPACITY = 1_000_000  # what the issue asks for, for both shapes
 WHOLE_FRAMES_CAPACITY = 50_000  # obs + new_obs stored whole: what fits twice in 24 GiB
@@ -629,8 +630,7 @@ def short_count(n: int) -> str:
     return str(n)
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--shapes", default="cartpole,frames")
     parser.add_argument("--batches", default="32,512")
     parser.add_argument("--kinds", default="uniform,prioritized")
@@ -653,27 +653,22 @@ def main(argv=None):
     )
     parser.add_argument("--bursts", type=int, default=4, help="alternating bursts per impl")
     parser.add_argument("--burst-s", type=float, default=0.25)
-    args = parser.parse_args(argv)
-    specs = configurations(args)
-    note = capacity_note(specs)
-    path = harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.replay",
-        specs,
-        summarize=summarize,
-        plot=plot,
-        timeout=lambda spec: 3600 if spec["capacity"] >= 200_000 else 900,
-        workload="replay buffers: CartPole and 84x84x4 frame-stacked streams",
-        capacities={s["shape"]: s["capacity"] for s in specs},
-        capacity_note=note,
-        frames_storage=args.frames_storage,
-    )
-    if not args.child:
-        print(f"# {note}", file=sys.stderr)
-    return path
+
+
+def run_meta(args, specs: list[dict]) -> dict:
+    return {
+        "capacities": {s["shape"]: s["capacity"] for s in specs},
+        "capacity_note": capacity_note(specs),
+        "frames_storage": args.frames_storage,
+    }
+
+
+def timeout(spec: dict) -> float:
+    return 3600 if spec["capacity"] >= 200_000 else 900
 
 
 if __name__ == "__main__":
-    main()
+    args = harness.parse_args(__doc__, add_flags)
+    harness.run(args, harness.Benchmark.of(sys.modules[__name__], timeout=timeout, meta=run_meta))
+    if not args.child:  # after the records, where a reader of the run looks
+        print(f"# {capacity_note(configurations(args))}", file=sys.stderr)

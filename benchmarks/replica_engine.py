@@ -324,11 +324,7 @@ def breakdown(spec: dict):
 
 
 def configurations(args) -> list[dict]:
-    size = (
-        {"epochs": 2, "minibatches": 4, "repeats": 1}
-        if args.smoke
-        else {"epochs": args.epochs, "minibatches": args.minibatches, "repeats": args.repeats}
-    )
+    size = harness.sizes(args, {"epochs": 2, "minibatches": 4, "repeats": 1})
     replicas = [int(x) for x in (args.replicas or ("2" if args.smoke else "1,2,4")).split(",")]
     threads = harness.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
     engines = (args.engines or "bare,mirrored,towers").split(",")

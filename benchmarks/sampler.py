@@ -21,6 +21,7 @@ from benchmarks import harness, plots, stats
 NAME = "sampler"
 VALUE = "env_steps_per_s"
 KEYS = ("inference", "num_envs")
+WORKLOAD = "CartPole-v1, PPO MLP 256x256 policy"
 
 
 def measure(spec: dict):
@@ -110,40 +111,25 @@ def configurations(args) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["num_envs"] for r in summary})
-    series = {
-        f"{kind} inference": [
-            stats.find(summary, VALUE, inference=kind, num_envs=n) for n in counts
-        ]
-        for kind in sorted({r["inference"] for r in summary})
-    }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)",
-        "env steps/s",
-        [f"{n} envs" for n in counts],
-        series,
+    kinds = sorted({r["inference"] for r in summary})
+    series = {f"{kind} inference": {"inference": kind} for kind in kinds}
+    title = "One RolloutWorker on CartPole-v1 (PPO policy, GAE included)"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "env steps/s", summary, VALUE, ("num_envs", "envs"), series
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def summarize(records: list[dict]) -> list[dict]:
+    return stats.summarize(records, KEYS, VALUE)
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--num-envs", default=None, help="default 1,8,32 (smoke 1,8)")
     parser.add_argument("--inference", default="local,remote")
     parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
     parser.add_argument("--duration", type=float, default=5.0)
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.sampler",
-        configurations(args),
-        summarize=lambda records: stats.summarize(records, KEYS, VALUE),
-        plot=plot,
-        workload="CartPole-v1, PPO MLP 256x256 policy",
-    )
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__)

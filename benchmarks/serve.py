@@ -30,11 +30,12 @@ import time
 
 import numpy as np
 
-from benchmarks import harness, plots, stats
+from benchmarks import harness, inference, plots, stats
 
 NAME = "serve"
 VALUE = "actions_per_s"
 KEYS = ("target", "clients")
+WORKLOAD = "PPO MLP 4 -> 256x256, one observation per HTTP request"
 TOKEN = "benchmark-token"
 TARGETS = ("ceiling", "ceiling/body", "policy/batcher", "policy/serve")
 CONSTANT_BODY = b'{"actions": [0], "state_out": [], "weights_version": 0}\n'
@@ -288,14 +289,7 @@ def configurations(args) -> list[dict]:
 
 
 def summarize(records: list[dict]) -> list[dict]:
-    summary = []
-    for value in (VALUE, "p50_ms", "p99_ms", "mean_batch_size"):
-        for row in stats.summarize(records, KEYS, value):
-            match = next((s for s in summary if all(s[k] == row[k] for k in KEYS)), None)
-            if match is None:
-                summary.append(row)
-            else:
-                match.update({k: v for k, v in row.items() if k not in KEYS})
+    summary = stats.summarize_each(records, KEYS, (VALUE, "p50_ms", "p99_ms", "mean_batch_size"))
     for row in summary:
         if row["target"].startswith("policy"):
             for ceiling in ("ceiling", "ceiling/body"):
@@ -306,45 +300,23 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def plot(summary: list[dict], out_dir: str) -> str | None:
-    counts = sorted({r["clients"] for r in summary})
-    labels = {
-        "ceiling": "bare Serve deployment (constant)",
-        "ceiling/body": "bare, reading the body",
-        "policy/batcher": "policy-service serve (RequestBatcher)",
-        "policy/serve": "same API, @serve.batch",
-    }
     series = {
-        label: [stats.find(summary, VALUE, target=t, clients=n) for n in counts]
-        for t, label in labels.items()
+        "bare Serve deployment (constant)": {"target": "ceiling"},
+        "bare, reading the body": {"target": "ceiling/body"},
+        "policy-service serve (RequestBatcher)": {"target": "policy/batcher"},
+        "same API, @serve.batch": {"target": "policy/serve"},
     }
-    return plots.bar_chart(
-        f"{out_dir}/{NAME}.png",
-        "HTTP serving, one observation per request, keep-alive clients",
-        "actions/s",
-        [f"{n} clients" for n in counts],
-        series,
+    title = "HTTP serving, one observation per request, keep-alive clients"
+    path = f"{out_dir}/{NAME}.png"
+    return plots.count_chart(
+        path, title, "actions/s", summary, VALUE, ("clients", "clients"), series
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--clients", default=None, help="default 1,16,64 (smoke 1,16)")
-    parser.add_argument("--duration", type=float, default=5.0, help="seconds per measurement")
-    parser.add_argument("--max-batch-size", type=int, default=32)
-    parser.add_argument("--wait-ms", type=float, default=1.0)
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.serve",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        timeout=lambda spec: 1800,
-        workload="PPO MLP 4 -> 256x256, one observation per HTTP request",
-    )
+    inference.add_batching_flags(parser)
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__, timeout=lambda spec: 1800)

@@ -79,12 +79,30 @@ def summarize(records: list[dict], keys: tuple, value: str) -> list[dict]:
     return summary
 
 
+def summarize_each(records: list[dict], keys: tuple, values: tuple) -> list[dict]:
+    """`summarize` of every one of `values`, merged into one row per key."""
+    summary: list[dict] = []
+    for value in values:
+        for row in summarize(records, keys, value):
+            match = next((s for s in summary if all(s[k] == row[k] for k in keys)), None)
+            if match is None:
+                summary.append(row)
+            else:
+                match.update({k: v for k, v in row.items() if k not in keys})
+    return summary
+
+
 def find(summary: list[dict], value: str, **match):
     """The `value` of the one summary row matching every key=value given."""
     for row in summary:
         if all(row.get(k) == v for k, v in match.items()):
             return row.get(value)
     return None
+
+
+def vs(summary: list[dict], value: str, row: dict, **match) -> float | None:
+    """`row`'s `value` over that of the summary row matching every key=value given."""
+    return ratio(row.get(value), find(summary, value, **match))
 
 
 def ratio(a, b) -> float | None:

@@ -26,6 +26,7 @@ import tensorflow as tf
 import tree
 
 from policy_service import distributions, exploration, models, spaces
+from policy_service.batch_learning import BatchLearning
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
@@ -36,12 +37,12 @@ from policy_service.engine.towers import TowerStack
 from policy_service.engine.units import LOSS_MASK
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
-from policy_service.learning_results import first_rows, valid_rows_only, with_samples_trained
+from policy_service.learning_results import first_rows, valid_rows_only
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainColumns, TrainLayout, prepare_train_columns
 
 
-class TFPolicy:
+class TFPolicy(BatchLearning):
     """A TF2/Keras policy that acts on one device and learns on a tower stack."""
 
     config_class = PolicyConfig
@@ -402,22 +403,6 @@ class TFPolicy:
     def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False) -> TrainColumns:
         return type(self).prepare_train_batch(batch, self.train_layout(), fixed_seq_len)
 
-    def update(
-        self,
-        batch: SampleBatch,
-        num_epochs: int | None = None,
-        shuffle: bool = True,
-        buffer_index: int = 0,
-    ) -> dict:
-        """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes)
-        and, when the loss returns per-row outputs, PER_ROW ("per_row": name ->
-        array over the batch's valid rows, in order).
-
-        num_epochs None: one SGD step on the whole batch. N: the batch loaded
-        onto the towers once, then N epochs of `minibatch_size` SGD steps in one
-        compiled call (per-row outputs from each row's last step)."""
-        return with_samples_trained(self._learn(batch, num_epochs, shuffle, buffer_index))
-
     def _learn(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
@@ -429,9 +414,9 @@ class TFPolicy:
     def update_on_train_columns(
         self,
         train: TrainColumns,
-        num_epochs: int | None = None,
-        shuffle: bool = True,
-        buffer_index: int = 0,
+        num_epochs: int | None,
+        shuffle: bool,
+        buffer_index: int,
         minibatch_size: int | None = None,
     ) -> dict:
         """`update` on a batch `prepare_train_batch` made -> statistics, with PER_ROW
@@ -447,10 +432,6 @@ class TFPolicy:
             self.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
             stats = self.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
         return first_rows(stats, len(train.columns[LOSS_MASK]))
-
-    def learn_on_batch(self, batch: SampleBatch) -> dict:
-        """One SGD step on the whole batch, over all towers -> statistics."""
-        return self._learn(batch, None, True, 0)
 
     def compute_gradients(self, batch: SampleBatch):
         """-> (combined, clipped gradients aligned with model.trainable_variables, stats)."""

@@ -8,15 +8,33 @@ combines every step with the others' inside the compiled step:
 
     learner.update(shard, num_epochs, shuffle, buffer_index, minibatch_size)
     learner.get_state(); learner.set_state(state)
+
+Every learner builds its policy from one `PolicySpec` (RLlib's name), in the driver
+or in an actor.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
+
+import gymnasium as gym
 
 from policy_service.train_batches import TrainColumns
+
+
+class PolicySpec(NamedTuple):
+    """What a learner's policy is built from: `policy_cls(observation_space,
+    action_space, config)`."""
+
+    policy_cls: type
+    observation_space: gym.Space
+    action_space: gym.Space
+    config: Any
+
+    def build(self):
+        return self.policy_cls(self.observation_space, self.action_space, self.config)
 
 
 class Learner:

@@ -5,8 +5,9 @@ Its tower stack combines every step with the other learners' through a
 learners apply the same update and their weights stay identical. The driver
 (`LearnerGroup`) runs it as a Ray actor:
 
+    spec = PolicySpec(policy_cls, obs_space, act_space, config)
     hosts = [ray.remote(LearnerHost).options(num_cpus=1, num_gpus=1, ...).remote(
-        policy_cls, obs_space, act_space, config, custom_models) for _ in range(n)]
+        spec, custom_models) for _ in range(n)]
     addresses = ray.get([h.address.remote() for h in hosts])
     # connect builds each learner's policy
     ray.get([h.connect.remote(rank, addresses) for rank, h in enumerate(hosts)])
@@ -23,12 +24,11 @@ import math
 import os
 from typing import Any
 
-import gymnasium as gym
 import ray
 
 from policy_service import models
 from policy_service.config import config_for
-from policy_service.distributed.learner import Learner
+from policy_service.distributed.learner import Learner, PolicySpec
 from policy_service.engine import devices
 from policy_service.engine.collectives import CollectiveGroup
 
@@ -62,17 +62,13 @@ class LearnerHost(Learner):
 
     def __init__(
         self,
-        policy_cls: type,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        config: Any,
+        spec: PolicySpec,
         custom_models: dict | None = None,
         collective_timeout_s: float | None = None,
     ):
         models.register_custom_models(custom_models)
-        self._policy_args = (policy_cls, observation_space, action_space)
-        self.config = learner_policy_config(policy_cls, config)
-        prepare_learner_process(self.config)
+        self._spec = spec._replace(config=learner_policy_config(spec.policy_cls, spec.config))
+        prepare_learner_process(self._spec.config)
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         self.group = CollectiveGroup(host=host, timeout_s=collective_timeout_s)
         super().__init__(None)  # the policy is built in `connect`
@@ -84,8 +80,7 @@ class LearnerHost(Learner):
         """Join the group (blocks until every learner has), then build the policy.
         -> what the driver needs to shard batches for this learner (Learner.info)."""
         self.group.connect(rank, addresses)
-        policy_cls, observation_space, action_space = self._policy_args
-        self.policy = policy_cls(observation_space, action_space, self.config)
+        self.policy = self._spec.build()
         self.policy.towers.set_collective_group(self.group)
         return {**self.info(), "collective": self.group.implementation}
 

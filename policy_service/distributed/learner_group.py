@@ -29,13 +29,15 @@ import gymnasium as gym
 import numpy as np
 
 from policy_service import spaces
+from policy_service.batch_learning import BatchLearning
 from policy_service.config import config_for
+from policy_service.distributed.learner import PolicySpec
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import LearnerDiedError, LocalLearners, RemoteLearners
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.units import LOSS_MASK, interleave_minibatches
 from policy_service.io import checkpoints
-from policy_service.learning_results import valid_rows_only, with_samples_trained
+from policy_service.learning_results import valid_rows_only
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainLayout
 
@@ -46,7 +48,7 @@ READY_TIMEOUT_S = 60.0  # placement group and actors up, or an error naming the 
 MAX_RESTARTS_PER_UPDATE = 2  # replacements of dead learners one `update` may make
 
 
-class LearnerGroup:
+class LearnerGroup(BatchLearning):
     """TFPolicy's learning methods, with the same meaning, over all learners.
 
     call_timeout_s: the deadline of every call to the learner actors, from
@@ -83,16 +85,10 @@ class LearnerGroup:
     # ----- starting and stopping ----------------------------------------------------
 
     def _start(self, call_timeout_s: float):
-        args = (
-            self.policy_cls,
-            self.observation_space,
-            self.action_space,
-            self.config,
-            call_timeout_s,
-        )
+        spec = PolicySpec(self.policy_cls, self.observation_space, self.action_space, self.config)
         if self.num_learners == 0:
-            return LocalLearners(*args)
-        return RemoteLearners(*args, self._ready_timeout_s)
+            return LocalLearners(spec, call_timeout_s)
+        return RemoteLearners(spec, call_timeout_s, self._ready_timeout_s)
 
     @property
     def local_policy(self):
@@ -132,36 +128,20 @@ class LearnerGroup:
 
     # ----- learning -----------------------------------------------------------------
 
-    def update(
-        self,
-        batch: SampleBatch,
-        *,
-        num_epochs: int | None = None,
-        shuffle: bool = True,
-        buffer_index: int = 0,
+    def _update(
+        self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
-        """Train on `batch` -> statistics, with "num_samples_trained" (the valid
-        rows trained on, counted once per pass over them) and, when the loss
-        returns per-row outputs, "per_row" (name -> array over the batch's valid
-        rows, in order; from each row's last step).
-
-        num_epochs None: one SGD step on the whole batch. N: the batch loaded onto
-        every learner's towers once, then N epochs of `minibatch_size` SGD steps in
-        one compiled call per learner. Dead learners are replaced from the last copy
-        of their state and the update run again (MAX_RESTARTS_PER_UPDATE times)."""
+        """`update`: dead learners are replaced from the last copy of their state and
+        the update run again (MAX_RESTARTS_PER_UPDATE times)."""
         restarts = 0
         while True:
             try:
-                return with_samples_trained(self._learn(batch, num_epochs, shuffle, buffer_index))
+                return self._learn(batch, num_epochs, shuffle, buffer_index)
             except LearnerDiedError:
                 if restarts == MAX_RESTARTS_PER_UPDATE:
                     raise
                 restarts += 1
                 self.restart(self._learners.latest_state())
-
-    def learn_on_batch(self, batch: SampleBatch) -> dict:
-        """One SGD step on the whole batch over all learners -> statistics."""
-        return self._learn(batch, None, True, 0)
 
     def _learn(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int

@@ -15,16 +15,14 @@ group calls either one the same way:
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import gymnasium as gym
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from policy_service import models
-from policy_service.distributed.learner import Learner
+from policy_service.distributed.learner import Learner, PolicySpec
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.engine.collectives import CollectivePeerError
@@ -50,15 +48,8 @@ class LocalLearners:
     """One learner, a policy in this process: it never dies, so its live state is
     the copy a restart would start from."""
 
-    def __init__(
-        self,
-        policy_cls: type,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        config: Any,
-        call_timeout_s: float,
-    ):
-        self.learner = Learner(policy_cls(observation_space, action_space, config))
+    def __init__(self, spec: PolicySpec, call_timeout_s: float):
+        self.learner = Learner(spec.build())
         self.call_timeout_s = call_timeout_s  # unused: a call in this process has no deadline
         self.info = {**self.learner.info(), "devices": [self.learner.policy.devices]}
 
@@ -98,36 +89,25 @@ class RemoteLearners:
 
     local_policy = None
 
-    def __init__(
-        self,
-        policy_cls: type,
-        observation_space: gym.Space,
-        action_space: gym.Space,
-        config: Any,
-        call_timeout_s: float,
-        ready_timeout_s: float,
-    ):
+    def __init__(self, spec: PolicySpec, call_timeout_s: float, ready_timeout_s: float):
         if not ray.is_initialized():
             raise RuntimeError(
-                f"num_learners={config.num_learners} needs Ray: call ray.init() "
+                f"num_learners={spec.config.num_learners} needs Ray: call ray.init() "
                 "(or distributed.ray_runtime.start_ray) before the LearnerGroup"
             )
         self.call_timeout_s = call_timeout_s
         self.actors: list = []
         self._placement_group = None
         try:
-            self.info = self._start(
-                policy_cls, observation_space, action_space, config, ready_timeout_s
-            )
+            self.info = self._start(spec, ready_timeout_s)
             self._state_copy = LearnerStateCopy(self.actors[0].get_state.remote)
         except BaseException:
             self.stop()
             raise
 
-    def _start(
-        self, policy_cls, observation_space, action_space, config, ready_timeout_s: float
-    ) -> dict:
+    def _start(self, spec: PolicySpec, ready_timeout_s: float) -> dict:
         """Reserve, start and connect the actors -> learner 0's Learner.info()."""
+        config = spec.config
         num_learners = int(config.num_learners)
         bundle = learner_bundle(config)
         if bundle:
@@ -142,11 +122,7 @@ class RemoteLearners:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=rank
                 )
-            self.actors.append(
-                actor_cls.options(**options).remote(
-                    policy_cls, observation_space, action_space, config, registry
-                )
-            )
+            self.actors.append(actor_cls.options(**options).remote(spec, registry))
         addresses = ray.get(
             [actor.address.remote() for actor in self.actors], timeout=CONNECT_TIMEOUT_S
         )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -40,6 +40,20 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 VECTORIZE_MODES = ("sync", "async")
 _ENV_INDEX = "env_index"  # bookkeeping column, dropped before returning a batch
 _UNROLL_IDS_PER_WORKER = 2**32
+
+
+class PolicyStep(NamedTuple):
+    """The policy's side of one vector step: what its acting sub-envs showed it
+    (by row of `acting`, their indices) and what it answered."""
+
+    acting: np.ndarray
+    obs: Any
+    states: list
+    prev_actions: np.ndarray
+    prev_rewards: np.ndarray
+    actions: np.ndarray
+    state_outs: list
+    extra: dict
 
 
 class RolloutWorker:
@@ -207,47 +221,34 @@ class RolloutWorker:
         """One vector step -> the recorded transitions (None if every sub-env was resetting)."""
         acting = np.flatnonzero(~self._needs_reset)
         resetting = np.flatnonzero(self._needs_reset)
-        record = None
+        acted = self._act(acting) if len(acting) else None
         env_actions = self._env_actions
-        if len(acting):
-            obs = _take(self._obs, acting)
-            states = [s[acting] for s in self._states]
-            prev_actions, prev_rewards = self._prev_actions[acting], self._prev_rewards[acting]
-            actions, state_outs, extra = self._compute_actions(
-                obs, states, prev_actions, prev_rewards
-            )
+        if acted is not None:
             env_actions = env_actions.copy()
             env_actions[acting] = (
-                spaces.clip_actions(self.action_space, actions)
+                spaces.clip_actions(self.action_space, acted.actions)
                 if isinstance(self.action_space, gym.spaces.Box)
-                else actions
+                else acted.actions
             )
         start = time.perf_counter()
         new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
         self._timers["env_time_s"] += time.perf_counter() - start
         self._check_observations(new_obs)
         self._env_actions = env_actions
-        if len(acting):
-            record = self._record(
-                acting,
-                obs,
-                new_obs,
-                actions,
-                rewards,
-                terminateds,
-                truncateds,
-                states,
-                state_outs,
-                prev_actions,
-                prev_rewards,
-                extra,
-            )
+        record = None
+        if acted is not None:
+            record = self._record(acted, new_obs, rewards, terminateds, truncateds)
         if len(resetting):
             self._start_episodes(resetting)
         self._obs = new_obs
         return record
 
-    def _compute_actions(self, obs, states, prev_actions, prev_rewards):
+    def _act(self, acting: np.ndarray) -> PolicyStep:
+        """The policy's answer for the sub-envs `acting`, from their observations,
+        recurrent states and previous actions and rewards."""
+        obs = _take(self._obs, acting)
+        states = [s[acting] for s in self._states]
+        prev_actions, prev_rewards = self._prev_actions[acting], self._prev_rewards[acting]
         start = time.perf_counter()
         if self._policy_actor is None:
             result = self.policy.compute_actions(obs, states or None, prev_actions, prev_rewards)
@@ -265,29 +266,25 @@ class RolloutWorker:
         version = extra.pop(WEIGHTS_VERSION, None)
         if version is not None:
             self._versions.add(int(version))
-        return np.asarray(actions), [np.asarray(s) for s in state_outs], extra
+        return PolicyStep(
+            acting,
+            obs,
+            states,
+            prev_actions,
+            prev_rewards,
+            np.asarray(actions),
+            [np.asarray(s) for s in state_outs],
+            extra,
+        )
 
-    def _record(
-        self,
-        acting,
-        obs,
-        new_obs,
-        actions,
-        rewards,
-        terminateds,
-        truncateds,
-        states,
-        state_outs,
-        prev_actions,
-        prev_rewards,
-        extra,
-    ) -> dict:
+    def _record(self, acted: PolicyStep, new_obs, rewards, terminateds, truncateds) -> dict:
         """The acting sub-envs' transitions as columns; advances their episodes."""
+        acting, actions, state_outs = acted.acting, acted.actions, acted.state_outs
         rewards = np.asarray(rewards, np.float32)[acting]
         terminateds = np.asarray(terminateds, bool)[acting]
         truncateds = np.asarray(truncateds, bool)[acting]
         record = {
-            SampleBatch.OBS: obs,
+            SampleBatch.OBS: acted.obs,
             SampleBatch.NEXT_OBS: _take(new_obs, acting),
             SampleBatch.ACTIONS: actions,
             SampleBatch.REWARDS: rewards,
@@ -297,12 +294,12 @@ class RolloutWorker:
             SampleBatch.T: self._t[acting],
             SampleBatch.UNROLL_ID: self._unroll_ids[acting],
             SampleBatch.AGENT_INDEX: np.zeros(len(acting), np.int64),
-            SampleBatch.PREV_ACTIONS: prev_actions,
-            SampleBatch.PREV_REWARDS: prev_rewards,
+            SampleBatch.PREV_ACTIONS: acted.prev_actions,
+            SampleBatch.PREV_REWARDS: acted.prev_rewards,
             _ENV_INDEX: acting,
-            **extra,
+            **acted.extra,
         }
-        for i, (state_in, state_out) in enumerate(zip(states, state_outs)):
+        for i, (state_in, state_out) in enumerate(zip(acted.states, state_outs)):
             record[f"state_in_{i}"] = state_in
             record[f"state_out_{i}"] = state_out
         # New arrays, never in-place updates: recorded arrays must not change later.

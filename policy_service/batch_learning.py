@@ -1,0 +1,49 @@
+"""The learner role's two calls on a SampleBatch, written once for TFPolicy and LearnerGroup.
+
+Each implements `_learn(batch, num_epochs, shuffle, buffer_index)`: prepare the
+batch, train, and return the statistics with per-row outputs over its valid rows.
+A LearnerGroup also overrides `_update`, to replace dead learners and run again.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from policy_service.learning_results import with_samples_trained
+from policy_service.sample_batch import SampleBatch
+
+
+class BatchLearning(abc.ABC):
+    """`update` and `learn_on_batch` over the class's own `_learn`."""
+
+    def update(
+        self,
+        batch: SampleBatch,
+        num_epochs: int | None = None,
+        shuffle: bool = True,
+        buffer_index: int = 0,
+    ) -> dict:
+        """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes)
+        and, when the loss returns per-row outputs, PER_ROW ("per_row": name ->
+        array over the batch's valid rows, in order; from each row's last step).
+
+        num_epochs None: one SGD step on the whole batch. N: the batch loaded onto
+        the towers (every learner's) once, then N epochs of `minibatch_size` SGD
+        steps in one compiled call (one per learner)."""
+        return with_samples_trained(self._update(batch, num_epochs, shuffle, buffer_index))
+
+    def learn_on_batch(self, batch: SampleBatch) -> dict:
+        """One SGD step on the whole batch, over all towers (of all learners) -> statistics."""
+        return self._learn(batch, None, True, 0)
+
+    def _update(
+        self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
+    ) -> dict:
+        """`update`'s statistics before the count of samples trained."""
+        return self._learn(batch, num_epochs, shuffle, buffer_index)
+
+    @abc.abstractmethod
+    def _learn(
+        self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
+    ) -> dict:
+        """Prepare `batch`, train on it -> statistics, per-row outputs over its valid rows."""
