@@ -179,8 +179,8 @@ class TFPolicy:
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, batch_size
         )
-        explore = self.config.explore if explore is None else _flag(explore, "explore")
-        timestep = self.global_timestep if timestep is None else _count(timestep, "timestep")
+        explore = self.config.explore if explore is None else check_flag(explore, "explore")
+        timestep = self.global_timestep if timestep is None else check_count(timestep, "timestep")
         with tf.device(self.tower_devices.devices[0]):
             actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
@@ -725,14 +725,15 @@ class TFPolicy:
             raise
 
 
-def _flag(value, name: str) -> bool:
+def check_flag(value, name: str) -> bool:
     """A bool argument; anything else (the string "no" is truthy) is an error."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True, False or None, got {value!r}")
 
 
-def _count(value, name: str) -> int:
+def check_count(value, name: str) -> int:
+    """An integer argument >= 0 (a bool or a float is an error)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)

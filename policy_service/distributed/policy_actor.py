@@ -39,6 +39,7 @@ from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.errors import UserError
+from policy_service.policy import check_count, check_flag
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -122,22 +123,25 @@ class PolicyHost:
         self,
         obs_batch,
         state_batches=None,
+        *,
         explore=None,
         timestep=None,
-        *,
         prev_action_batch=None,
         prev_reward_batch=None,
     ):
         """-> (actions [B, ...], state_outs [k x [B, ...]], extra {column: [B, ...],
-        "weights_version": int}) for this caller's B rows only."""
+        "weights_version": int}) for this caller's B rows only. Keyword-only after the
+        states: TFPolicy.compute_actions takes prev_action_batch third."""
         arrived = time.perf_counter()
         self._num_requests += 1
         try:
             request = self._check_request(
                 obs_batch, state_batches, prev_action_batch, prev_reward_batch
             )
-            explore = self.policy.config.explore if explore is None else bool(explore)
-            timestep = None if timestep is None else int(timestep)
+            explore = (
+                self.policy.config.explore if explore is None else check_flag(explore, "explore")
+            )
+            timestep = None if timestep is None else check_count(timestep, "timestep")
             result = await self._batcher.submit((explore, timestep), request, request.num_rows)
         except Exception:
             self._num_failed_requests += 1
