@@ -79,6 +79,9 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports)
 
     return evaluation.evaluate(
         args.checkpoint, episodes=args.episodes, env=args.env, explore=args.explore, seed=args.seed
@@ -88,6 +91,9 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports)
 
     return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
 
@@ -193,6 +199,17 @@ def _add_serve_parser(sub) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def _add_import_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first (searched from the current directory too), so the "
+        "custom models, environments and policy classes it registers are known; repeatable",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray."
@@ -284,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--explore", action="store_true", help="sample actions instead of acting deterministically"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
+    _add_import_argument(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
     export = sub.add_parser("export", help="export a checkpoint's policy as a SavedModel")
@@ -296,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace what is at --out (a file, or a directory that is not "
         "empty); the old one stays if the export fails",
     )
+    _add_import_argument(export)
     export.set_defaults(handler=_export)
 
     submit = sub.add_parser(
