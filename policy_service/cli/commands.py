@@ -2,9 +2,10 @@
 
 Only argument parsing lives here; each subcommand calls one module:
 train -> policy_service.cli.training, evaluate/export -> algorithms.evaluation,
-submit -> policy_service.distributed.jobs. Bad input (a UserError) ends in one line on
-stderr and exit status 2, a run that cannot go on (a RunFailure) in one line and status 1;
-modules are imported lazily so `submit` never loads TensorFlow.
+submit -> policy_service.distributed.jobs, config -> policy_service.cli.config_listing.
+Bad input (a UserError) ends in one line on stderr and exit status 2, a run that
+cannot go on (a RunFailure) in one line and status 1; modules are imported lazily
+so `submit` never loads TensorFlow.
 """
 
 from __future__ import annotations
@@ -96,6 +97,13 @@ def _export(args: argparse.Namespace) -> int:
     import_user_modules(args.imports)
 
     return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
+
+
+def _config(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()  # the algorithms' modules import it
+    from policy_service.cli.config_listing import print_config
+
+    return print_config(args.algorithm)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -316,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_import_argument(export)
     export.set_defaults(handler=_export)
+
+    config = sub.add_parser(
+        "config",
+        help="list an algorithm's config keys with defaults, docs and allowed values",
+        description="Print every config key of ALGO as YAML: its default, under a "
+        "comment with its doc and allowed values (a copy is a valid --config FILE).",
+    )
+    config.add_argument("algorithm", metavar="ALGO", help="algorithm name, e.g. ppo")
+    config.set_defaults(handler=_config)
 
     submit = sub.add_parser(
         "submit",
