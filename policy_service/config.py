@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
 from policy_service.errors import UserError
+from policy_service.observation_filters import FILTERS
 
 Check = Callable[[Any], str | None]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
@@ -221,6 +222,12 @@ class PolicyConfig(Config):
         1, doc="Passes over a loaded buffer per training step.", check=integer(ge=1)
     )
     model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
+    observation_filter: str = setting(
+        "NoFilter",
+        doc="MeanStdFilter: observations normalized by the running mean and std of all "
+        "env runners' observations (RLlib's), saved with the policy and part of exports.",
+        check=one_of(*FILTERS),
+    )
     batch_norm_sync: bool = setting(
         True,
         doc="Batch norm in training normalizes every tower's rows with the moments "

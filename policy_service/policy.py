@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import distributions, exploration, models, spaces
+from policy_service import distributions, exploration, models, observation_filters, spaces
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
@@ -59,6 +59,10 @@ class TFPolicy:
         self.observation_space = observation_space
         self.action_space = action_space
         self.preprocessor = spaces.make_preprocessor(observation_space)
+        # the driver's copy on a learner: applied to raw observations in compute_actions
+        self.observation_filter = observation_filters.make_filter(
+            self.config.observation_filter, observation_space
+        )
         self.tower_devices = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
@@ -174,7 +178,7 @@ class TFPolicy:
         **kwargs,
     ):
         """-> (actions [B, ...], state_outs [num_state_tensors x [B, cell]], extra dict)."""
-        obs = self.preprocessor.transform(obs_batch)
+        obs = self.observation_filter(self.preprocessor.transform(obs_batch), update=False)
         batch_size = obs.shape[0]
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, batch_size
@@ -229,7 +233,7 @@ class TFPolicy:
         **kwargs,
     ):
         """log pi(a|s) <float32>[B] of the given actions under the current weights."""
-        obs = self.preprocessor.transform(obs_batch)
+        obs = self.observation_filter(self.preprocessor.transform(obs_batch), update=False)
         spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, obs.shape[0]
@@ -565,7 +569,8 @@ class TFPolicy:
         }
 
     def get_state(self) -> dict:
-        """Weights, optimizer variables, exploration and RNG state, global timestep."""
+        """Weights, optimizer variables, exploration and RNG state, global timestep, and
+        the observation filter's statistics (MeanStdFilter)."""
         return {
             "weights": self.get_weights(),
             "optimizer_variables": {k: v.numpy() for k, v in self._optimizer_variables().items()},
@@ -577,6 +582,7 @@ class TFPolicy:
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
             **self._target_state(),
+            **observation_filters.filter_state(self.observation_filter),
             "config": _config_to_json(self.config),
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
@@ -591,6 +597,7 @@ class TFPolicy:
     def check_state(self, state: dict) -> None:
         """Raise, naming the entry, if `state` cannot be set on this policy."""
         self._checked_state(state)
+        observation_filters.checked_filter_stats(self.observation_filter, state)
         self.check_extra_state(state)
 
     def check_extra_state(self, state: dict) -> None:
@@ -600,8 +607,11 @@ class TFPolicy:
     def set_state(self, state: dict) -> None:
         """Set a get_state() result: all of it, or (on any bad entry) nothing."""
         targets, arrays, new_exploration = self._checked_state(state)
+        filter_stats = observation_filters.checked_filter_stats(self.observation_filter, state)
         self.check_extra_state(state)
         _assign(targets, arrays)
+        if filter_stats is not None:
+            self.observation_filter.sync(filter_stats)
         if new_exploration is not None:
             self.exploration = new_exploration
             self._action_fn = self._compile_action_fn()

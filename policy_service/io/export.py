@@ -8,7 +8,8 @@ per environment, B rows; every input is required):
                 timestep=tf.constant(0, tf.int64), seed=tf.constant([0, 0], tf.int64))
     out["actions"], out["vf_preds"], out["state_out_0"], ...
 
-`obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`); recurrent models
+`obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`), not filtered: the
+policy's observation filter (MeanStdFilter) is part of the graph; recurrent models
 also take state_in_{i}, and a model that reads prev_actions or prev_rewards takes
 those (only then); `seed` <int64>[2] makes the draws reproducible. `model.onnx`
 holds the deterministic path only (tf2onnx cannot convert TF's stateless sampling
@@ -21,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from policy_service.io import checkpoints
+from policy_service.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
 from policy_service.sample_batch import SampleBatch
 
 SIGNATURE_NAME = "serving_default"
@@ -45,6 +47,19 @@ def model_input_specs(policy) -> dict[str, tf.TensorSpec]:
 
 # inputs a model may leave unread: an export asks for them only when the model reads them
 OPTIONAL_INPUTS = (SampleBatch.PREV_ACTIONS, SampleBatch.PREV_REWARDS)
+
+
+def filtered_observations(observation_filter, obs: tf.Tensor) -> tf.Tensor:
+    """The policy's observation filter in the graph, its statistics as constants: a
+    MeanStdFilter computes in float64 as its numpy twin does, so both give the same
+    float32 values."""
+    if not isinstance(observation_filter, MeanStdFilter):
+        return obs
+    shape = obs.shape[1:]
+    mean = observation_filter.stats.mean.reshape(shape)
+    scale = observation_filter.stats.std.reshape(shape) + STD_EPSILON
+    scaled = (tf.cast(obs, tf.float64) - tf.constant(mean)) / tf.constant(scale)
+    return tf.cast(tf.clip_by_value(scaled, -CLIP, CLIP), tf.float32)
 
 
 class ActingModule(tf.Module):
@@ -86,7 +101,7 @@ class ActingModule(tf.Module):
     def _model_pass(self, named: dict):
         policy = self._policy
         states = tuple(named[f"state_in_{i}"] for i in range(policy.num_state_tensors()))
-        obs = named[SampleBatch.OBS]
+        obs = filtered_observations(policy.observation_filter, named[SampleBatch.OBS])
         rows = tf.shape(obs)[:1]
         for name in OPTIONAL_INPUTS:
             if name not in named:
