@@ -96,6 +96,12 @@ class AlgorithmConfig(PolicyConfig):
     ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
     )
+    tensorboard_histograms_every: int = setting(
+        10,
+        doc="Iterations between TensorBoard histograms (with mean, stddev, min, max) of "
+        "every weight and of the episode returns, in `policy-service train`; 0: none.",
+        check=integer(ge=0),
+    )
 
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""
@@ -454,6 +460,11 @@ class Algorithm:
         algo = cls(saved["config"])
         algo.restore(checkpoint_dir)
         return algo
+
+    def episode_return_window(self) -> np.ndarray:
+        """<float64>[n] the returns of the last metrics_num_episodes_for_smoothing
+        episodes, oldest first (what episode_return_mean averages)."""
+        return np.asarray(self._episode_returns, np.float64)
 
     def get_policy(self):
         """The learner policy, when it lives in this process (num_learners: 0)."""
