@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
@@ -50,6 +51,7 @@ def test_a_distribution_is_a_histogram_with_its_four_statistics(tmp_path):
         assert events[f"w/{stat}"][7][1] == np.float32(expected)
 
 
+@pytest.mark.slow  # a real two-iteration run: ~30 s on this loaded machine
 def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, capsys):
     from algorithms.ppo import PPOPolicy
 
