@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from algorithms.environments import env_maker
+from policy_service import observation_filters
 from policy_service.config import (
     PolicyConfig,
     Rule,
@@ -94,6 +95,12 @@ class AlgorithmConfig(PolicyConfig):
     )
     ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
+    )
+    tensorboard_histograms_every: int = setting(
+        10,
+        doc="Iterations between TensorBoard histograms (with mean, stddev, min, max) of "
+        "every weight and of the episode returns, in `policy-service train`; 0: none.",
+        check=integer(ge=0),
     )
 
     def fragment_length(self) -> int:
@@ -174,6 +181,15 @@ class Algorithm:
                 self.config,
             )
             self.env_runners.sync_weights(self.learners.get_weights(), version=0)
+            # the driver's copy of the observation filter (MeanStdFilter), merged each iteration
+            driver_filter = observation_filters.make_filter(
+                self.config.observation_filter, self.env_runners.observation_space
+            )
+            self._filter_stats = (
+                driver_filter.stats
+                if isinstance(driver_filter, observation_filters.MeanStdFilter)
+                else None
+            )
         except BaseException:
             self.stop()
             raise
@@ -258,7 +274,18 @@ class Algorithm:
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
         self.env_runners.sync_weights(self.learners.get_weights(), wait=wait)
+        self.sync_observation_filter()
         self._counts.sync_time_s += time.perf_counter() - start
+
+    def sync_observation_filter(self) -> None:
+        """With a MeanStdFilter: every env runner's new observation statistics merged
+        into the driver's copy, which goes back to the runners and to the learner
+        policy (saved in its checkpoints, applied by its compute_actions and exports).
+        It waits for runners busy with a `sample_ready` request."""
+        if self._filter_stats is None:
+            return
+        self._filter_stats = self.env_runners.sync_observation_filters(self._filter_stats)
+        self.learners.foreach_policy(observation_filters.sync_policy_filter, self._filter_stats)
 
     def _count_sampled(self, metrics: dict) -> int:
         steps = int(metrics["env_steps"])
@@ -343,6 +370,7 @@ class Algorithm:
                 iteration_seed(self.config.seed, self.iteration)
             )
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
+        self.sync_observation_filter()
 
     def _num_worker_restarts(self) -> int:
         return self._past_worker_restarts + int(self.env_runners.num_restarts)
@@ -407,6 +435,10 @@ class Algorithm:
         )
         self.check_algorithm_state(own)
         self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
+        if self._filter_stats is not None:
+            [self._filter_stats, *_] = self.learners.foreach_policy(
+                observation_filters.policy_filter_stats
+            )
         self.set_algorithm_state(own)
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
@@ -428,6 +460,11 @@ class Algorithm:
         algo = cls(saved["config"])
         algo.restore(checkpoint_dir)
         return algo
+
+    def episode_return_window(self) -> np.ndarray:
+        """<float64>[n] the returns of the last metrics_num_episodes_for_smoothing
+        episodes, oldest first (what episode_return_mean averages)."""
+        return np.asarray(self._episode_returns, np.float64)
 
     def get_policy(self):
         """The learner policy, when it lives in this process (num_learners: 0)."""

@@ -5,9 +5,10 @@ in the field's metadata, together with the field's doc:
 
     lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
 
-Tools read the docs and rules back with `field_docs(cls)` and `field_check(cls,
-name)`; an algorithm's config subclass declares its own keys the same way (a
-field it redeclares only to change the default keeps the parent's check). A
+Tools read the docs and rules back with `field_docs(cls)`, `field_check(cls,
+name)` and `field_allowed(cls, name)` (`policy-service config ALGO` lists them);
+an algorithm's config subclass declares its own keys the same way (a field it
+redeclares only to change the default keeps the parent's check). A
 config is checked whenever one is built, from a dict (`from_dict`) or
 directly: unknown keys, then each field's type, then its range. Every error
 is one line naming the key, what it must be and what it was, e.g.
@@ -27,6 +28,7 @@ from typing import Any, ClassVar
 
 from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
 from policy_service.errors import UserError
+from policy_service.observation_filters import FILTERS
 
 Check = Callable[[Any], str | None]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
@@ -93,6 +95,7 @@ def _is_keras_activation(name: str) -> bool:
 
 
 def _exploration_config_error(exploration_config: dict) -> str | None:
+    """{'type': an exploration of exploration.py, and that type's options}."""
     from policy_service.exploration import exploration_config_error
 
     return exploration_config_error(exploration_config)
@@ -219,6 +222,12 @@ class PolicyConfig(Config):
         1, doc="Passes over a loaded buffer per training step.", check=integer(ge=1)
     )
     model: ModelConfig = setting(doc="The model's shape.", factory=ModelConfig)
+    observation_filter: str = setting(
+        "NoFilter",
+        doc="MeanStdFilter: observations normalized by the running mean and std of all "
+        "env runners' observations (RLlib's), saved with the policy and part of exports.",
+        check=one_of(*FILTERS),
+    )
     batch_norm_sync: bool = setting(
         True,
         doc="Batch norm in training normalizes every tower's rows with the moments "
@@ -329,6 +338,18 @@ def field_docs(cls: type) -> dict[str, str]:
 def field_check(cls: type, name: str) -> Check | None:
     """The rule of field `name` (inherited when a subclass only changes the default)."""
     return _inherited_metadata(cls, name, _CHECK)
+
+
+def field_allowed(cls: type, name: str) -> str:
+    """What field `name` accepts, in words: its type, then its rule ("float: a finite
+    number > 0"); a rule that is a function is told by its docstring's first line."""
+    allowed = _describe(_type_hints(cls)[name])
+    check = field_check(cls, name)
+    if isinstance(check, Rule):
+        return f"{allowed}: {check.expected}"
+    if check is not None and check.__doc__:
+        return f"{allowed}: {check.__doc__.strip().splitlines()[0]}"
+    return allowed
 
 
 def _inherited_metadata(cls: type, name: str, key: str) -> Any:

@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import distributions, exploration, models, spaces
+from policy_service import distributions, exploration, models, observation_filters, spaces
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
@@ -60,6 +60,10 @@ class TFPolicy(BatchLearning):
         self.observation_space = observation_space
         self.action_space = action_space
         self.preprocessor = spaces.make_preprocessor(observation_space)
+        # the driver's copy on a learner: applied to raw observations in compute_actions
+        self.observation_filter = observation_filters.make_filter(
+            self.config.observation_filter, observation_space
+        )
         self.tower_devices = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
@@ -175,13 +179,13 @@ class TFPolicy(BatchLearning):
         **kwargs,
     ):
         """-> (actions [B, ...], state_outs [num_state_tensors x [B, cell]], extra dict)."""
-        obs = self.preprocessor.transform(obs_batch)
+        obs = self.observation_filter(self.preprocessor.transform(obs_batch), update=False)
         batch_size = obs.shape[0]
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, batch_size
         )
-        explore = self.config.explore if explore is None else _flag(explore, "explore")
-        timestep = self.global_timestep if timestep is None else _count(timestep, "timestep")
+        explore = self.config.explore if explore is None else check_flag(explore, "explore")
+        timestep = self.global_timestep if timestep is None else check_count(timestep, "timestep")
         with tf.device(self.tower_devices.devices[0]):
             actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
@@ -230,7 +234,7 @@ class TFPolicy(BatchLearning):
         **kwargs,
     ):
         """log pi(a|s) <float32>[B] of the given actions under the current weights."""
-        obs = self.preprocessor.transform(obs_batch)
+        obs = self.observation_filter(self.preprocessor.transform(obs_batch), update=False)
         spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, obs.shape[0]
@@ -546,7 +550,8 @@ class TFPolicy(BatchLearning):
         }
 
     def get_state(self) -> dict:
-        """Weights, optimizer variables, exploration and RNG state, global timestep."""
+        """Weights, optimizer variables, exploration and RNG state, global timestep, and
+        the observation filter's statistics (MeanStdFilter)."""
         return {
             "weights": self.get_weights(),
             "optimizer_variables": {k: v.numpy() for k, v in self._optimizer_variables().items()},
@@ -558,6 +563,7 @@ class TFPolicy(BatchLearning):
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
             **self._target_state(),
+            **observation_filters.filter_state(self.observation_filter),
             "config": _config_to_json(self.config),
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
@@ -572,6 +578,7 @@ class TFPolicy(BatchLearning):
     def check_state(self, state: dict) -> None:
         """Raise, naming the entry, if `state` cannot be set on this policy."""
         self._checked_state(state)
+        observation_filters.checked_filter_stats(self.observation_filter, state)
         self.check_extra_state(state)
 
     def check_extra_state(self, state: dict) -> None:
@@ -581,8 +588,11 @@ class TFPolicy(BatchLearning):
     def set_state(self, state: dict) -> None:
         """Set a get_state() result: all of it, or (on any bad entry) nothing."""
         targets, arrays, new_exploration = self._checked_state(state)
+        filter_stats = observation_filters.checked_filter_stats(self.observation_filter, state)
         self.check_extra_state(state)
         _assign(targets, arrays)
+        if filter_stats is not None:
+            self.observation_filter.sync(filter_stats)
         if new_exploration is not None:
             self.exploration = new_exploration
             self._action_fn = self._compile_action_fn()
@@ -706,14 +716,15 @@ class TFPolicy(BatchLearning):
             raise
 
 
-def _flag(value, name: str) -> bool:
+def check_flag(value, name: str) -> bool:
     """A bool argument; anything else (the string "no" is truthy) is an error."""
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     raise TypeError(f"{name} must be True, False or None, got {value!r}")
 
 
-def _count(value, name: str) -> int:
+def check_count(value, name: str) -> int:
+    """An integer argument >= 0 (a bool or a float is an error)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
     return int(value)

@@ -71,6 +71,7 @@ def prepare_train_columns(
         )
     for key in [k for k in batch if _drop_for_training(k, batch[k])]:
         del batch[key]
+    check_flat_columns(batch)
     check_finite_columns(batch)
     if num_state_tensors:
         return _sequence_columns(batch, num_state_tensors, layout.max_seq_len, fixed_seq_len)
@@ -136,6 +137,19 @@ def check_loss_columns(batch: SampleBatch, loss_columns: dict) -> None:
                 )
 
 
+def check_flat_columns(batch: dict) -> None:
+    """Every column left is one array: the tower stack carries no nested column but the
+    observations (flat once preprocessed), so one is an error naming it, not dropped."""
+    for name, values in batch.items():
+        paths = [tree_path for tree_path, _ in tree.flatten_with_path(values)]
+        if len(paths) != 1 or paths[0] != ():
+            raise ValueError(
+                f"train batch column {name!r} is nested ({len(paths)} arrays at "
+                f"{[list(p) for p in paths][:4]}); the tower stack takes one array per "
+                "column (only obs and new_obs may be nested), so it cannot reach the loss"
+            )
+
+
 def check_finite_columns(batch: dict) -> None:
     """NaN/inf anywhere in a float column is an error naming the column and row."""
     for name, values in batch.items():
@@ -150,13 +164,10 @@ def check_finite_columns(batch: dict) -> None:
 
 
 def _drop_for_training(name: str, values) -> bool:
-    """Columns the learner cannot use: infos, object arrays, next-step states."""
+    """Columns no loss reads as tensors: infos, object or text arrays, next-step states."""
     if name == SampleBatch.INFOS or name.startswith("state_out_"):
         return True
-    leaves = tree.flatten(values)
-    return any(np.asarray(leaf).dtype.kind in "OUS" for leaf in leaves) or (
-        len(leaves) != 1 and name not in (SampleBatch.OBS, SampleBatch.NEXT_OBS)
-    )
+    return any(np.asarray(leaf).dtype.kind in "OUS" for leaf in tree.flatten(values))
 
 
 def _as_tensor_array(name: str, values) -> np.ndarray:

@@ -45,11 +45,21 @@ def test_zero_gpus_is_one_cpu_tower_whatever_is_visible(fake, visible):
         (2.0, 3, ("/GPU:0", "/GPU:1")),
     ],
 )
-@pytest.mark.parametrize("fake", [False, True])
-def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expected, fake):
-    chosen = choose_tower_devices(num_gpus, fake, visible_gpus=visible)
+def test_visible_gpus_give_one_tower_per_requested_gpu(num_gpus, visible, expected):
+    chosen = choose_tower_devices(num_gpus, False, visible_gpus=visible)
     assert chosen.devices == expected and chosen.kind == GPU
-    assert chosen.variable_device == "/GPU:0"
+    assert chosen.variable_device == "/GPU:0" and chosen.note is None
+
+
+@pytest.mark.parametrize("visible", [1, 4])
+def test_real_gpus_override_no_fake_gpus_asked_for(visible):
+    chosen = choose_tower_devices(2, True, visible_gpus=visible)
+    assert chosen.devices == ("/CPU:0", "/CPU:1") and chosen.kind == FAKE_GPU
+    assert chosen.gradient_reduction == "sum_on_variable_device"  # NCCL only between GPUs
+    assert chosen.note == (
+        f"num_gpus=2 with _fake_gpus: {visible} GPU(s) visible, left unused; "
+        "2 tower(s) on fake GPUs (logical CPU devices /CPU:0, /CPU:1)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -65,18 +75,38 @@ def test_fake_gpus_without_gpus_are_separate_logical_cpus(num_gpus, expected):
     chosen = choose_tower_devices(num_gpus, True, visible_gpus=0)
     assert chosen.devices == expected and chosen.kind == FAKE_GPU
     assert chosen.num_towers == len(expected)
+    assert chosen.note == (
+        f"num_gpus={num_gpus:g} with _fake_gpus: no GPU visible; {len(expected)} tower(s) "
+        f"on fake GPUs (logical CPU devices {', '.join(expected)})"
+    )
 
 
-@pytest.mark.parametrize("num_gpus", [0.5, 1, 2, 4])
-def test_no_gpus_and_no_fake_gpus_falls_back_to_one_cpu_tower(num_gpus):
-    assert choose_tower_devices(num_gpus, False, visible_gpus=0) == TowerDevices(("/CPU:0",), CPU)
+@pytest.mark.parametrize("num_gpus, towers", [(0.5, 1), (1, 1), (2, 2), (4, 4)])
+def test_gpus_asked_for_without_fake_gpus_that_are_not_there_are_refused(num_gpus, towers):
+    with pytest.raises(ValueError) as err:
+        choose_tower_devices(num_gpus, False, visible_gpus=0)
+    assert str(err.value) == (
+        f"num_gpus={num_gpus} asks for {towers} GPU(s); TensorFlow sees no GPU in this "
+        "process (is the CUDA build of TensorFlow installed, extra 'gpu'?); set _fake_gpus: "
+        f"true for {towers} tower(s) on logical CPU devices, or num_gpus: 0 for one CPU tower"
+    )
+
+
+def test_a_run_asking_for_gpus_that_are_not_there_stops_before_anything_is_built(tmp_path, capsys):
+    from policy_service.cli import commands as cli
+
+    argv = ["train", "ppo", "--env", "CartPole-v1", "--set", "num_gpus=2"]
+    assert cli.main([*argv, "--output-dir", str(tmp_path / "run")]) == cli.EXIT_BAD_INPUT
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("policy-service: error: config.num_gpus: num_gpus=2.0 asks for 2 GPU")
+    assert "set _fake_gpus: true" in line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("num_gpus, visible", [(2, 1), (4, 2), (3, 2), (2.0, 1)])
-@pytest.mark.parametrize("fake", [False, True])
-def test_more_gpus_requested_than_found_names_both_numbers(num_gpus, visible, fake):
+def test_more_gpus_requested_than_found_names_both_numbers(num_gpus, visible):
     with pytest.raises(ValueError) as err:
-        choose_tower_devices(num_gpus, fake, visible_gpus=visible)
+        choose_tower_devices(num_gpus, False, visible_gpus=visible)
     assert f"num_gpus={num_gpus}" in str(err.value)
     assert f"only {visible} GPU(s) found" in str(err.value)
 
@@ -99,7 +129,7 @@ def test_ray_assignment_bounds_the_gpus_used():
 def test_ray_gpus_that_tensorflow_cannot_see_is_an_error_naming_them():
     with pytest.raises(ValueError) as err:
         choose_tower_devices(1, False, visible_gpus=0, ray_gpu_ids=[0, 1])
-    assert "[0, 1]" in str(err.value) and "TensorFlow sees none" in str(err.value)
+    assert "Ray assigned GPUs [0, 1] but TensorFlow sees no GPU" in str(err.value)
 
 
 def test_ray_gpus_invisible_to_tensorflow_with_fake_gpus_uses_fake_gpus():
@@ -108,7 +138,8 @@ def test_ray_gpus_invisible_to_tensorflow_with_fake_gpus_uses_fake_gpus():
 
 
 def test_an_empty_ray_assignment_is_like_none():
-    assert choose_tower_devices(1, False, visible_gpus=0, ray_gpu_ids=[]).kind == CPU
+    with pytest.raises(ValueError, match=r"^num_gpus=1 asks for 1 GPU\(s\); TensorFlow sees"):
+        choose_tower_devices(1, False, visible_gpus=0, ray_gpu_ids=[])
     assert choose_tower_devices(1, False, visible_gpus=1, ray_gpu_ids=[]).devices == ("/GPU:0",)
 
 
@@ -146,7 +177,8 @@ def test_resolve_devices_in_this_process_uses_the_fake_gpus():
     assert len(tf.config.list_logical_devices("CPU")) >= 4
     chosen = devices.resolve_devices(4, True)
     assert chosen.devices == ("/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3") and chosen.kind == FAKE_GPU
-    assert devices.resolve_devices(2, False) == TowerDevices(("/CPU:0",), CPU)
+    with pytest.raises(ValueError, match="TensorFlow sees no GPU in this process"):
+        devices.resolve_devices(2, False)
 
 
 def test_prepare_process_after_init_asking_for_more_devices_is_an_error():
@@ -161,9 +193,9 @@ def test_policy_devices_match_the_config():
     assert PGPolicy(OBS_SPACE, ACTION_SPACE, small_config()).devices == ["/CPU:0"]
     policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(4)))
     assert policy.devices == ["/CPU:0", "/CPU:1", "/CPU:2", "/CPU:3"]
-    # no GPU and no fake GPUs: one CPU tower
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(num_gpus=2))
-    assert policy.devices == ["/CPU:0"]
+    # no GPU and no fake GPUs: refused, nothing built
+    with pytest.raises(ValueError, match="set _fake_gpus: true for 2 tower"):
+        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(num_gpus=2))
 
 
 def test_loaded_data_sits_on_each_towers_own_device():

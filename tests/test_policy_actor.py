@@ -5,6 +5,7 @@ The host in this process, then the actor on one real local Ray instance per modu
 """
 
 import asyncio
+import re
 
 import fakes
 import gymnasium as gym
@@ -144,7 +145,7 @@ def test_explore_and_timestep_settings_never_share_a_forward_pass(served_mlp, lo
     before = ray.get(served_mlp.stats.remote())
     results = ray.get(
         [
-            served_mlp.compute_actions.remote(o, None, explore, timestep)
+            served_mlp.compute_actions.remote(o, explore=explore, timestep=timestep)
             for o, (explore, timestep) in zip(observations, settings)
         ]
     )
@@ -175,6 +176,31 @@ def test_a_malformed_request_fails_for_its_caller_alone(served_mlp, local_mlp):
     delta, _ = _stats_delta(served_mlp, before)
     assert delta["num_failed_requests"] == 2 and delta["num_requests"] == 10
     assert delta["num_forward_passes"] == 1  # the 8 good ones still shared one window
+
+
+@pytest.mark.parametrize(
+    "keywords, message",
+    [
+        ({"explore": "no"}, "explore must be True, False or None, got 'no'"),
+        ({"explore": 0}, "explore must be True, False or None, got 0"),
+        ({"timestep": "abc"}, "timestep must be an integer >= 0, got 'abc'"),
+        ({"timestep": 1.5}, "timestep must be an integer >= 0, got 1.5"),
+    ],
+)
+def test_explore_and_timestep_of_the_wrong_kind_are_one_line_naming_them(
+    served_mlp, keywords, message
+):
+    before = ray.get(served_mlp.stats.remote())
+    with pytest.raises((TypeError, ValueError), match=re.escape(message)):
+        ray.get(served_mlp.compute_actions.remote(_obs(np.random.default_rng(9), 1), **keywords))
+    delta, _ = _stats_delta(served_mlp, before)
+    assert delta["num_failed_requests"] == 1 and delta["num_forward_passes"] == 0
+
+
+def test_explore_is_keyword_only_where_tfpolicy_takes_prev_actions_third(served_mlp):
+    obs = _obs(np.random.default_rng(10), 1)
+    with pytest.raises(TypeError, match="positional"):
+        ray.get(served_mlp.compute_actions.remote(obs, None, False))
 
 
 def test_a_request_that_breaks_the_forward_pass_fails_alone(served_mlp, local_mlp):

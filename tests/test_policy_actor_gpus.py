@@ -38,6 +38,10 @@ def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_local):
         assert (held["GPU"], held["CPU"], held["gpu_ids"]) == (0.5, 0.5, ["0"])
         assert held["cuda_visible_devices"] == "0"  # what TF in the actor would use
         assert held["devices"] == ["/CPU:0"]  # no device behind the advertised GPU
+        assert held["device_note"] == (
+            "Ray assigned GPU(s) ['0'] but TensorFlow sees no GPU in this process; "
+            "the policy acts on /CPU:0 instead"
+        )
         assert ray.available_resources().get("GPU", 0.0) == pytest.approx(0.5)
         batch, _ = group.sample()  # and it acts
         assert batch.count >= 10

@@ -63,8 +63,14 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
     [learner] = resources["learners"]
     assert (learner["CPU"], learner["GPU"], learner["gpu_ids"]) == (0.5, 0.0, [])
     assert learner["devices"] == ["/CPU:0", "/CPU:1"]  # the actor's two fake-GPU towers
+    assert learner["device_note"] == (
+        "num_gpus=2 with _fake_gpus: no GPU visible; 2 tower(s) on fake GPUs "
+        "(logical CPU devices /CPU:0, /CPU:1)"
+    )
+    assert resources["driver"]["device_note"] is None
     inference = resources["inference_actor"]
     assert (inference["CPU"], inference["GPU"], inference["devices"]) == (1.0, 0.0, ["/CPU:0"])
+    assert inference["device_note"] is None  # asked for no GPU, acting on the CPU
     [runner] = resources["env_runners"]  # the driver's own sampler, acting remotely
     assert runner["in_driver"] and runner["devices"] is None
     assert len({learner["pid"], inference["pid"], resources["driver"]["pid"]}) == 3

@@ -2,9 +2,10 @@
 
 Only argument parsing lives here; each subcommand calls one module:
 train -> policy_service.cli.training, evaluate/export -> algorithms.evaluation,
-submit -> policy_service.distributed.jobs. Bad input (a UserError) ends in one line on
-stderr and exit status 2, a run that cannot go on (a RunFailure) in one line and status 1;
-modules are imported lazily so `submit` never loads TensorFlow.
+submit -> policy_service.distributed.jobs, config -> policy_service.cli.config_listing.
+Bad input (a UserError) ends in one line on stderr and exit status 2, a run that
+cannot go on (a RunFailure) in one line and status 1; modules are imported lazily
+so `submit` never loads TensorFlow.
 """
 
 from __future__ import annotations
@@ -79,6 +80,9 @@ def _train(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports)
 
     return evaluation.evaluate(
         args.checkpoint, episodes=args.episodes, env=args.env, explore=args.explore, seed=args.seed
@@ -88,8 +92,18 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from algorithms import evaluation
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports)
 
     return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
+
+
+def _config(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()  # the algorithms' modules import it
+    from policy_service.cli.config_listing import print_config
+
+    return print_config(args.algorithm)
 
 
 def _submit(args: argparse.Namespace) -> int:
@@ -193,6 +207,17 @@ def _add_serve_parser(sub) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def _add_import_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        metavar="MODULE",
+        help="import MODULE first (searched from the current directory too), so the "
+        "custom models, environments and policy classes it registers are known; repeatable",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Train, evaluate, export and submit TF2 RL policies on Ray."
@@ -284,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--explore", action="store_true", help="sample actions instead of acting deterministically"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
+    _add_import_argument(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
     export = sub.add_parser("export", help="export a checkpoint's policy as a SavedModel")
@@ -296,7 +322,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace what is at --out (a file, or a directory that is not "
         "empty); the old one stays if the export fails",
     )
+    _add_import_argument(export)
     export.set_defaults(handler=_export)
+
+    config = sub.add_parser(
+        "config",
+        help="list an algorithm's config keys with defaults, docs and allowed values",
+        description="Print every config key of ALGO as YAML: its default, under a "
+        "comment with its doc and allowed values (a copy is a valid --config FILE).",
+    )
+    config.add_argument("algorithm", metavar="ALGO", help="algorithm name, e.g. ppo")
+    config.set_defaults(handler=_config)
 
     submit = sub.add_parser(
         "submit",

@@ -175,15 +175,18 @@ def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
 
 
 def check_devices(config) -> None:
-    """The learner's towers fit the GPUs this process sees (the learner lives here), and
-    a minibatch splits evenly over them, whole sequences for the built-in LSTM."""
+    """The learner's towers fit the GPUs this process sees (when the learner lives here:
+    num_learners 0), and a minibatch splits evenly over them, whole sequences for the
+    built-in LSTM."""
     import tensorflow as tf  # listing physical devices leaves TF free to set up fake GPUs
 
     from policy_service.engine import devices
 
     try:
         tower_devices = devices.choose_tower_devices(
-            config.num_gpus, config._fake_gpus, len(tf.config.list_physical_devices("GPU"))
+            config.num_gpus if config.num_learners == 0 else 0,
+            config._fake_gpus,
+            len(tf.config.list_physical_devices("GPU")),
         )
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None

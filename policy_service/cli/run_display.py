@@ -1,10 +1,14 @@
-"""Metrics out of a run as it goes: a progress bar (or a line per iteration) and
-TensorBoard scalars."""
+"""Metrics out of a run as it goes: a progress bar (or a line per iteration),
+TensorBoard scalars, and every N iterations TensorBoard histograms."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import numpy as np
+
+HISTOGRAM_BINS = 30
 
 
 class ProgressDisplay:
@@ -84,3 +88,64 @@ class ScalarWriter:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class HistogramWriter:
+    """Distributions as TensorBoard histograms, each with its mean, stddev, min and max
+    as scalars beside it (Coach's variable summaries), at step = iteration.
+
+    Written as TensorBoard's histograms plugin stores them (a <float64>[bins, 3]
+    tensor of left edge, right edge and count per bin), without the tensorboard
+    package, as ScalarWriter does for scalars.
+    """
+
+    def __init__(self, logdir: Path):
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+
+        self._tf = tf
+        self._histogram = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="histograms"),
+            data_class=summary_pb2.DATA_CLASS_TENSOR,
+        )
+        self._scalar = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR,
+        )
+        self._writer = tf.summary.create_file_writer(str(logdir))
+
+    def write(self, step: int, distributions: dict[str, np.ndarray]) -> None:
+        """One histogram (and four scalars) per name; an empty array writes nothing."""
+        tf = self._tf
+        with self._writer.as_default(), tf.device("/CPU:0"):
+            for name, values in distributions.items():
+                values = np.asarray(values, np.float64).ravel()
+                if values.size == 0:
+                    continue
+                buckets = tf.constant(histogram_buckets(values))
+                tf.summary.write(name, buckets, step=step, metadata=self._histogram)
+                for stat, value in (
+                    ("mean", values.mean()),
+                    ("stddev", values.std()),
+                    ("min", values.min()),
+                    ("max", values.max()),
+                ):
+                    tf.summary.write(
+                        f"{name}/{stat}",
+                        tf.constant(value, tf.float32),
+                        step=step,
+                        metadata=self._scalar,
+                    )
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+def histogram_buckets(values: np.ndarray, bins: int = HISTOGRAM_BINS) -> np.ndarray:
+    """<float64>[bins, 3]: left edge, right edge, count (equal values: one bucket)."""
+    low, high = float(values.min()), float(values.max())
+    if low == high:
+        return np.array([[low, high, float(values.size)]])
+    counts, edges = np.histogram(values, bins=bins, range=(low, high))
+    return np.stack([edges[:-1], edges[1:], counts.astype(np.float64)], axis=1)

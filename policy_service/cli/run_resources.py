@@ -27,7 +27,11 @@ def role_resources(algo) -> dict:
     """What the driver, each learner actor, each env runner and the inference actor held."""
     learner_group, runner_group = algo.learners, algo.env_runners
     local = learner_group.local_policy if learner_group is not None else None
-    driver = process_resources(local.devices if local is not None else None)
+    driver = (
+        process_resources(local.devices, local.tower_devices.note)
+        if local is not None
+        else process_resources()
+    )
     driver["holds_learner"] = local is not None
     env_runners = []
     if runner_group is not None and runner_group.local_worker is not None:

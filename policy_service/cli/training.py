@@ -37,7 +37,7 @@ from policy_service.cli.run_config import (
     validate_config,
 )
 from policy_service.cli.run_directory import RunDirectory, default_output_dir
-from policy_service.cli.run_display import ProgressDisplay, ScalarWriter
+from policy_service.cli.run_display import HistogramWriter, ProgressDisplay, ScalarWriter
 from policy_service.cli.run_options import (
     INTERRUPTED,
     RunOptions,
@@ -262,6 +262,8 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
     run_dir = setup.run_dir
     display = ProgressDisplay(setup.stop.iters, initial=algo.iteration)
     scalars = ScalarWriter(run_dir.tensorboard)
+    histograms = HistogramWriter(run_dir.tensorboard)
+    histograms_every = algo.config.tensorboard_histograms_every
     last = history[-1] if history else {}  # {}: no iteration's metrics yet
     checkpoint = setup.resume_from if last else None
     reason = setup.stop.reason(last) if last else None  # already met before resuming
@@ -276,6 +278,8 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
                 metrics = json_safe(algo.train())
                 run_dir.append_progress(metrics)
                 scalars.write(metrics)
+                if histograms_every and algo.iteration % histograms_every == 0:
+                    histograms.write(algo.iteration, run_distributions(algo))
                 display.update(metrics)
                 last = metrics
                 reason = setup.stop.reason(metrics) or (INTERRUPTED if stop.requested else None)
@@ -288,9 +292,18 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
     finally:
         display.close()
         scalars.close()
+        histograms.close()
     run_dir.write_result(last, reason, checkpoint, role_resources(algo))
     _report(last, reason, checkpoint, run_dir)
     return 0
+
+
+def run_distributions(algo) -> dict:
+    """What the histograms show: every weight of the learner ("weights/<name>") and the
+    episode returns of the metrics window."""
+    distributions = {f"weights/{name}": w for name, w in algo.learners.get_weights().items()}
+    distributions["episode_returns"] = algo.episode_return_window()
+    return distributions
 
 
 def _save(algo, setup: RunSetup) -> Path:

@@ -28,7 +28,8 @@ import gymnasium as gym
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from policy_service import models
+from policy_service import models, observation_filters
+from policy_service.config import config_for
 from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -402,11 +403,41 @@ class EnvRunnerGroup:
             policy_cls,
             obs_space,
             action_space,
-            policy_config,
+            observation_filters.unfiltered(config_for(policy_cls, policy_config)),
             max_restarts=self.max_policy_actor_restarts,
             actor_options=options,
             **kwargs,
         )
+
+    def sync_observation_filters(
+        self, stats: observation_filters.RunningStat
+    ) -> observation_filters.RunningStat:
+        """Merge every worker's observation-filter buffer into `stats` (the driver's
+        copy) and give the result to every worker -> the merged statistics (RLlib's
+        FilterManager.synchronize). A worker that died meanwhile adds nothing; its
+        replacement gets the merged statistics at the next sync."""
+        if self.local_worker is not None:
+            buffer = self.local_worker.flush_filter_buffer()
+            merged = stats if buffer is None else stats.merge(buffer)
+            self.local_worker.sync_filter(merged)
+            return merged
+        merged = stats
+        for ref in [worker.flush_filter_buffer.remote() for worker in self.workers]:
+            try:
+                buffer = ray.get(ref)
+            except RayActorError as error:
+                if not is_actor_death(error):
+                    raise
+                continue
+            merged = merged if buffer is None else merged.merge(buffer)
+        merged_ref = ray.put(merged)
+        for ref in [worker.sync_filter.remote(merged_ref) for worker in self.workers]:
+            try:
+                ray.get(ref)
+            except RayActorError as error:
+                if not is_actor_death(error):
+                    raise
+        return merged
 
     def stop(self) -> None:
         """Close every env and end the actors this group started."""

@@ -43,7 +43,7 @@ def learner_policy_config(policy_cls: type, config: Any):
 def prepare_learner_process(config) -> None:
     """Fake GPUs as logical CPU devices, and thread pools sized to the CPUs Ray
     gave this actor; before TensorFlow initializes."""
-    fake = config._fake_gpus and config.num_gpus > 0 and devices.visible_gpus() == 0
+    fake = config._fake_gpus and config.num_gpus > 0
     if fake:
         devices.prepare_process(max(1, math.ceil(config.num_gpus)))
     else:

@@ -39,6 +39,7 @@ from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.errors import UserError
+from policy_service.policy import check_count, check_flag
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -89,12 +90,16 @@ class PolicyHost:
         weights_source=None,
     ):
         models.register_custom_models(custom_models)
-        ray_gpu_ids = devices.ray_gpu_ids()
+        ray_gpu_ids, visible_gpus = devices.ray_gpu_ids(), devices.visible_gpus()
         policy_config = hosted_policy_config(
-            policy_cls, config, visible_gpus=devices.visible_gpus(), ray_gpu_ids=ray_gpu_ids
+            policy_cls, config, visible_gpus=visible_gpus, ray_gpu_ids=ray_gpu_ids
         )
         _prepare_tensorflow(policy_config, intra_op_threads)
         self.policy = policy_cls(observation_space, action_space, policy_config)
+        # what resources() reports beside the devices; the policy logged its own note
+        self.device_note = self.policy.tower_devices.note or unseen_gpus_note(
+            ray_gpu_ids, visible_gpus, self.policy.devices
+        )
         self._initial_state = self.policy.get_initial_state()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
         self._batcher = RequestBatcher(
@@ -122,22 +127,25 @@ class PolicyHost:
         self,
         obs_batch,
         state_batches=None,
+        *,
         explore=None,
         timestep=None,
-        *,
         prev_action_batch=None,
         prev_reward_batch=None,
     ):
         """-> (actions [B, ...], state_outs [k x [B, ...]], extra {column: [B, ...],
-        "weights_version": int}) for this caller's B rows only."""
+        "weights_version": int}) for this caller's B rows only. Keyword-only after the
+        states: TFPolicy.compute_actions takes prev_action_batch third."""
         arrived = time.perf_counter()
         self._num_requests += 1
         try:
             request = self._check_request(
                 obs_batch, state_batches, prev_action_batch, prev_reward_batch
             )
-            explore = self.policy.config.explore if explore is None else bool(explore)
-            timestep = None if timestep is None else int(timestep)
+            explore = (
+                self.policy.config.explore if explore is None else check_flag(explore, "explore")
+            )
+            timestep = None if timestep is None else check_count(timestep, "timestep")
             result = await self._batcher.submit((explore, timestep), request, request.num_rows)
         except Exception:
             self._num_failed_requests += 1
@@ -325,7 +333,7 @@ class PolicyHost:
     async def resources(self) -> dict:
         """What Ray reserved for this actor and what the policy acts on (see
         `process_resources`)."""
-        return process_resources(self.policy.devices)
+        return process_resources(self.policy.devices, self.device_note)
 
     async def reset_stats(self) -> None:
         self._reset_counters()
@@ -410,15 +418,22 @@ def hosted_policy_config(
     if not is_config(typed):
         return typed
     if visible_gpus == 0 and not typed._fake_gpus:
-        if ray_gpu_ids:
-            logger.warning(
-                "Ray assigned GPUs %s but TensorFlow sees none; the policy runs on the CPU",
-                list(ray_gpu_ids),
-            )
         return on_cpu(typed)
     if ray_gpu_ids and typed.num_gpus == 0 and visible_gpus > 0:
         return dataclasses.replace(typed, num_gpus=min(len(ray_gpu_ids), visible_gpus))
     return typed
+
+
+def unseen_gpus_note(ray_gpu_ids: list | None, visible_gpus: int, acting_on: list) -> str | None:
+    """One line (logged) when Ray assigned this actor GPUs that TensorFlow cannot see."""
+    if not ray_gpu_ids or visible_gpus > 0:
+        return None
+    note = (
+        f"Ray assigned GPU(s) {[str(i) for i in ray_gpu_ids]} but TensorFlow sees no GPU "
+        f"in this process; the policy acts on {', '.join(acting_on)} instead"
+    )
+    logger.warning("PolicyActor: %s", note)
+    return note
 
 
 def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
@@ -428,12 +443,7 @@ def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
     """
     if not devices.in_ray_worker():
         return
-    fake = (
-        is_config(config)
-        and config._fake_gpus
-        and config.num_gpus > 0
-        and devices.visible_gpus() == 0
-    )
+    fake = is_config(config) and config._fake_gpus and config.num_gpus > 0
     num_devices = max(1, math.ceil(config.num_gpus)) if fake else 1
     threads = intra_op_threads or devices.assigned_cpu_threads()
     devices.prepare_process(num_devices, intra_op_threads=None if fake else threads)

@@ -16,12 +16,16 @@ from typing import Any
 import ray
 
 
-def process_resources(tower_devices: list | tuple | None = None) -> dict:
+def process_resources(
+    tower_devices: list | tuple | None = None, device_note: str | None = None
+) -> dict:
     """This process's resources.
 
     CPU, GPU, gpu_ids: what Ray reserved and assigned (None in a driver, which
     Ray reserves nothing for; a job's driver sees its reserved GPUs through
     cuda_visible_devices). devices: where its towers run (None: no policy).
+    device_note: what was asked, found and done instead, when the devices are not
+    the GPUs asked for (TowerDevices.note), else None.
     """
     from policy_service.engine import devices  # here: `policy-service submit` loads no TF
 
@@ -33,6 +37,7 @@ def process_resources(tower_devices: list | tuple | None = None) -> dict:
         "gpu_ids": [str(i) for i in ray.get_gpu_ids()] if in_worker else None,
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "devices": list(tower_devices) if tower_devices is not None else None,
+        "device_note": device_note,
         "node_ip": ray.util.get_node_ip_address() if ray.is_initialized() else None,
         "pid": os.getpid(),
     }
@@ -46,6 +51,8 @@ def actor_resources(
 
     def read(instance):
         policy = policy_of(instance)
-        return process_resources(policy.devices if policy is not None else None)
+        if policy is None:
+            return process_resources()
+        return process_resources(policy.devices, policy.tower_devices.note)
 
     return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)

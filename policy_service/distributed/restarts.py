@@ -146,10 +146,8 @@ class RestartablePolicyActor:
                 raise
             return call_retrying_once(self.actor.weights_version)  # restored from the source
 
-    def compute_actions(self, obs_batch, state_batches=None, explore=None, timestep=None, **kwargs):
-        return call_retrying_once(
-            self.actor.compute_actions, obs_batch, state_batches, explore, timestep, **kwargs
-        )
+    def compute_actions(self, obs_batch, state_batches=None, **kwargs):
+        return call_retrying_once(self.actor.compute_actions, obs_batch, state_batches, **kwargs)
 
     def num_restarts(self) -> int:
         return ray.get(self.weights_source.num_restores.remote())

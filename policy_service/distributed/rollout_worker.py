@@ -30,7 +30,7 @@ import gymnasium as gym
 import numpy as np
 import tree
 
-from policy_service import models, spaces
+from policy_service import models, observation_filters, spaces
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
@@ -100,6 +100,12 @@ class RolloutWorker:
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self._policy_actor = policy_actor
+        # this runner's own statistics (observation_filters.py); its acting policy,
+        # local or remote, gets observations filtered already
+        self.observation_filter = observation_filters.make_filter(
+            getattr(config_for(policy_cls, policy_config), "observation_filter", "NoFilter"),
+            self.observation_space,
+        )
         if policy_actor is None:
             if devices.in_ray_worker():
                 threads = devices.assigned_cpu_threads()
@@ -189,6 +195,14 @@ class RolloutWorker:
     def get_spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.observation_space, self.action_space
 
+    def flush_filter_buffer(self) -> observation_filters.RunningStat | None:
+        """The observation statistics gathered since the last flush (None: NoFilter)."""
+        return self.observation_filter.flush_buffer()
+
+    def sync_filter(self, stats: observation_filters.RunningStat) -> None:
+        """Normalize with the driver's merged statistics from now on."""
+        self.observation_filter.sync(stats)
+
     def ping(self) -> int:
         return self.worker_index
 
@@ -204,7 +218,7 @@ class RolloutWorker:
             self._venv.action_space.seed(seed)
         obs, _ = self._venv.reset(seed=seed)
         self._check_observations(obs)
-        self._obs = obs
+        self._obs = self.observation_filter(obs)
         self._needs_reset = np.zeros(n, bool)
         self._eps_id = self._new_episode_ids(n)
         self._t = np.zeros(n, np.int64)
@@ -234,6 +248,7 @@ class RolloutWorker:
         new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
         self._timers["env_time_s"] += time.perf_counter() - start
         self._check_observations(new_obs)
+        new_obs = self.observation_filter(new_obs)
         self._env_actions = env_actions
         record = None
         if acted is not None:
@@ -422,8 +437,9 @@ def env_name(env) -> str:
 def rollout_policy_config(
     policy_cls: type, config: dict | Any, seed: int | None, worker_index: int
 ):
-    """The acting copy's config: CPU only, its own sampling seed per worker."""
-    typed = config_for(policy_cls, config)
+    """The acting copy's config: CPU only, its own sampling seed per worker, acting on
+    observations the worker filtered already."""
+    typed = observation_filters.unfiltered(config_for(policy_cls, config))
     if not is_config(typed):
         return typed
     base_seed = seed if seed is not None else typed.seed

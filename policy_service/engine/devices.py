@@ -4,19 +4,25 @@ TensorFlow fixes its device list and thread pools when it initializes, so
 `prepare_process` must run before the first op in a process. Fake GPUs are
 separate *logical CPU devices*, so N towers really are N devices that run in
 parallel, which is what the multi-GPU path needs to be tested honestly.
+`_fake_gpus` gives them even where real GPUs exist (as RLlib does): real GPUs
+override nothing a config asked for. GPUs asked for with `_fake_gpus` off that
+this process cannot see are refused in one line (docs/towers.md says why).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tensorflow as tf
 
 GPU = "gpu"
 FAKE_GPU = "fake_gpu"
 CPU = "cpu"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -25,10 +31,13 @@ class TowerDevices:
 
     devices: TensorFlow device names, one per tower, e.g. ("/GPU:0", "/GPU:1").
     kind: GPU, FAKE_GPU or CPU.
+    note: one line when the towers are not the GPUs num_gpus asked for: what was
+      asked, what was found, what runs instead (logged at start, in result.json).
     """
 
     devices: tuple[str, ...]
     kind: str
+    note: str | None = field(default=None, compare=False)
 
     @property
     def num_towers(self) -> int:
@@ -63,18 +72,28 @@ def choose_tower_devices(
     if num_gpus == 0:
         return TowerDevices(("/CPU:0",), CPU)
     wanted = max(1, math.ceil(num_gpus))  # a fractional GPU is one tower sharing it
-    if visible_gpus > 0:
-        if wanted > visible_gpus:
-            raise ValueError(f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
-        return TowerDevices(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
     if fake_gpus:
-        return TowerDevices(tuple(f"/CPU:{i}" for i in range(wanted)), FAKE_GPU)
-    if ray_gpu_ids:
+        fakes = tuple(f"/CPU:{i}" for i in range(wanted))
+        return TowerDevices(fakes, FAKE_GPU, _fake_gpus_note(num_gpus, visible_gpus, fakes))
+    if visible_gpus == 0:
+        assigned = f"Ray assigned GPUs {list(ray_gpu_ids)} but " if ray_gpu_ids else ""
         raise ValueError(
-            f"Ray assigned GPUs {list(ray_gpu_ids)} but TensorFlow sees none; "
-            "is the CUDA build of TensorFlow installed (extra 'gpu')?"
+            f"num_gpus={num_gpus} asks for {wanted} GPU(s); {assigned}TensorFlow sees no "
+            f"GPU in this process (is the CUDA build of TensorFlow installed, extra 'gpu'?); "
+            f"set _fake_gpus: true for {wanted} tower(s) on logical CPU devices, "
+            "or num_gpus: 0 for one CPU tower"
         )
-    return TowerDevices(("/CPU:0",), CPU)
+    if wanted > visible_gpus:
+        raise ValueError(f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
+    return TowerDevices(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
+
+
+def _fake_gpus_note(num_gpus: float, visible_gpus: int, fakes: tuple[str, ...]) -> str:
+    found = f"{visible_gpus} GPU(s) visible, left unused" if visible_gpus else "no GPU visible"
+    return (
+        f"num_gpus={num_gpus:g} with _fake_gpus: {found}; {len(fakes)} tower(s) on "
+        f"fake GPUs (logical CPU devices {', '.join(fakes)})"
+    )
 
 
 def in_ray_worker() -> bool:
@@ -160,10 +179,13 @@ def prepare_process(
 
 
 def resolve_devices(num_gpus: float, fake_gpus: bool) -> TowerDevices:
-    """The tower devices for this process, configuring fake GPUs when needed."""
+    """The tower devices for this process, configuring fake GPUs when needed; a note
+    on what was asked and what runs instead is logged once here."""
     tower_devices = choose_tower_devices(
         num_gpus, fake_gpus, visible_gpus=visible_gpus(), ray_gpu_ids=ray_gpu_ids()
     )
     # memory growth and thread pools are set here too, if TF is not running yet
     prepare_process(tower_devices.num_towers if tower_devices.kind == FAKE_GPU else 1)
+    if tower_devices.note is not None:
+        logger.warning("towers: %s", tower_devices.note)
     return tower_devices

@@ -4,12 +4,14 @@ The SavedModel's signature "serving_default" acts as `compute_actions` does (one
 per environment, B rows; every input is required):
 
     serve = tf.saved_model.load(dir).signatures["serving_default"]
-    out = serve(obs=..., prev_actions=..., prev_rewards=..., explore=tf.constant(False),
+    out = serve(obs=..., explore=tf.constant(False),
                 timestep=tf.constant(0, tf.int64), seed=tf.constant([0, 0], tf.int64))
     out["actions"], out["vf_preds"], out["state_out_0"], ...
 
-`obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`); recurrent models
-also take state_in_{i}; `seed` <int64>[2] makes the draws reproducible. `model.onnx`
+`obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`), not filtered: the
+policy's observation filter (MeanStdFilter) is part of the graph; recurrent models
+also take state_in_{i}, and a model that reads prev_actions or prev_rewards takes
+those (only then); `seed` <int64>[2] makes the draws reproducible. `model.onnx`
 holds the deterministic path only (tf2onnx cannot convert TF's stateless sampling
 ops), converted from the same traced function the SavedModel holds, not from the
 Keras model. Every input and output, and why: docs/export.md.
@@ -20,6 +22,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from policy_service.io import checkpoints
+from policy_service.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
 from policy_service.sample_batch import SampleBatch
 
 SIGNATURE_NAME = "serving_default"
@@ -42,33 +45,71 @@ def model_input_specs(policy) -> dict[str, tf.TensorSpec]:
     return {name: tf.TensorSpec(s.shape, s.dtype, name=name) for name, s in specs.items()}
 
 
+# inputs a model may leave unread: an export asks for them only when the model reads them
+OPTIONAL_INPUTS = (SampleBatch.PREV_ACTIONS, SampleBatch.PREV_REWARDS)
+
+
+def filtered_observations(observation_filter, obs: tf.Tensor) -> tf.Tensor:
+    """The policy's observation filter in the graph, its statistics as constants: a
+    MeanStdFilter computes in float64 as its numpy twin does, so both give the same
+    float32 values."""
+    if not isinstance(observation_filter, MeanStdFilter):
+        return obs
+    shape = obs.shape[1:]
+    mean = observation_filter.stats.mean.reshape(shape)
+    scale = observation_filter.stats.std.reshape(shape) + STD_EPSILON
+    scaled = (tf.cast(obs, tf.float64) - tf.constant(mean)) / tf.constant(scale)
+    return tf.cast(tf.clip_by_value(scaled, -CLIP, CLIP), tf.float32)
+
+
 class ActingModule(tf.Module):
     """The policy's model and two compiled acting functions over named flat inputs.
 
-    `act` takes model_input_specs + EXPLORATION_INPUTS (the serving signature);
-    `act_deterministic` takes model_input_specs only (what ONNX holds). Inputs are
+    `act` takes read_input_specs + EXPLORATION_INPUTS (the serving signature);
+    `act_deterministic` takes read_input_specs only (what ONNX holds). Inputs are
     positional in the order of their specs, so the signature names are the spec names.
+    An optional input the model does not read is zeros inside, as compute_actions
+    fills it.
     """
 
     def __init__(self, policy):
         super().__init__()
         self.model = policy.model
         self._policy = policy
-        self.model_specs = model_input_specs(policy)
+        self._all_specs = model_input_specs(policy)
+        self.model_specs = self._read_input_specs()
         self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
         self.act = tf.function(self._act, input_signature=list(self.act_specs.values()))
         self.act_deterministic = tf.function(
             self._act_deterministic, input_signature=list(self.model_specs.values())
         )
 
+    def _read_input_specs(self) -> dict[str, tf.TensorSpec]:
+        """model_input_specs without the optional inputs acting never reads (the model
+        nor extra_action_out): `act` traced with all of them; a placeholder nothing
+        consumes is not read."""
+        specs = {**self._all_specs, **EXPLORATION_INPUTS}
+        traced = tf.function(lambda *flat: self._act_named(dict(zip(specs, flat))))
+        graph = traced.get_concrete_function(*specs.values()).graph
+        unread = {
+            name
+            for name, placeholder in zip(specs, graph.inputs)
+            if name in OPTIONAL_INPUTS and not placeholder.consumers()
+        }
+        return {name: spec for name, spec in self._all_specs.items() if name not in unread}
+
     def _model_pass(self, named: dict):
         policy = self._policy
         states = tuple(named[f"state_in_{i}"] for i in range(policy.num_state_tensors()))
+        obs = filtered_observations(policy.observation_filter, named[SampleBatch.OBS])
+        rows = tf.shape(obs)[:1]
+        for name in OPTIONAL_INPUTS:
+            if name not in named:
+                spec = self._all_specs[name]
+                shape = tf.concat([rows, tf.constant(spec.shape[1:].as_list(), tf.int32)], 0)
+                named[name] = tf.zeros(shape, spec.dtype)
         input_dict = policy.acting_input_dict(
-            named[SampleBatch.OBS],
-            states,
-            named[SampleBatch.PREV_ACTIONS],
-            named[SampleBatch.PREV_REWARDS],
+            obs, states, named[SampleBatch.PREV_ACTIONS], named[SampleBatch.PREV_REWARDS]
         )
         out = self.model(input_dict, training=False)
         dist = policy.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
@@ -79,7 +120,9 @@ class ActingModule(tf.Module):
         return input_dict, out, dist, result
 
     def _act(self, *flat):
-        named = dict(zip(self.act_specs, flat))
+        return self._act_named(dict(zip(self.act_specs, flat)))
+
+    def _act_named(self, named: dict) -> dict:
         input_dict, out, dist, result = self._model_pass(named)
         actions, logp = self._policy.exploration.choose(
             dist, named["explore"], named["timestep"], named["seed"]

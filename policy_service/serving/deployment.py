@@ -151,7 +151,7 @@ class PolicyDeployment:
             actions, state_out, extra = await self.host.compute_actions(
                 checked.obs,
                 checked.state,
-                checked.explore,
+                explore=checked.explore,
                 prev_action_batch=checked.prev_actions,
                 prev_reward_batch=checked.prev_rewards,
             )
