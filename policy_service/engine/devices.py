@@ -6,7 +6,7 @@ separate *logical CPU devices*, so N towers really are N devices that run in
 parallel, which is what the multi-GPU path needs to be tested honestly.
 `_fake_gpus` gives them even where real GPUs exist (as RLlib does): real GPUs
 override nothing a config asked for. GPUs asked for with `_fake_gpus` off that
-this process cannot see are refused in one line (docs/towers.md says why).
+this process cannot see give one CPU tower and a one-line note (docs/towers.md).
 """
 
 from __future__ import annotations
@@ -75,17 +75,25 @@ def choose_tower_devices(
     if fake_gpus:
         fakes = tuple(f"/CPU:{i}" for i in range(wanted))
         return TowerDevices(fakes, FAKE_GPU, _fake_gpus_note(num_gpus, visible_gpus, fakes))
-    if visible_gpus == 0:
-        assigned = f"Ray assigned GPUs {list(ray_gpu_ids)} but " if ray_gpu_ids else ""
+    if visible_gpus == 0 and ray_gpu_ids:
         raise ValueError(
-            f"num_gpus={num_gpus} asks for {wanted} GPU(s); {assigned}TensorFlow sees no "
-            f"GPU in this process (is the CUDA build of TensorFlow installed, extra 'gpu'?); "
-            f"set _fake_gpus: true for {wanted} tower(s) on logical CPU devices, "
-            "or num_gpus: 0 for one CPU tower"
+            f"num_gpus={num_gpus} asks for {wanted} GPU(s); Ray assigned GPUs "
+            f"{list(ray_gpu_ids)} but TensorFlow sees no GPU in this process (is the CUDA "
+            "build of TensorFlow installed, extra 'gpu'?)"
         )
+    if visible_gpus == 0:
+        return TowerDevices(("/CPU:0",), CPU, _no_gpu_note(num_gpus, wanted))
     if wanted > visible_gpus:
         raise ValueError(f"num_gpus={num_gpus} requested but only {visible_gpus} GPU(s) found")
     return TowerDevices(tuple(f"/GPU:{i}" for i in range(wanted)), GPU)
+
+
+def _no_gpu_note(num_gpus: float, wanted: int) -> str:
+    return (
+        f"num_gpus={num_gpus:g} asks for {wanted} GPU(s) but TensorFlow sees no GPU in this "
+        "process (is the CUDA build of TensorFlow installed, extra 'gpu'?); training on one "
+        f"CPU tower instead (_fake_gpus: true gives {wanted} tower(s) on logical CPU devices)"
+    )
 
 
 def _fake_gpus_note(num_gpus: float, visible_gpus: int, fakes: tuple[str, ...]) -> str:
