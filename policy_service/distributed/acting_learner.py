@@ -34,7 +34,7 @@ class ActingLearnerHost(LearnerHost):
         self.acting = PolicyHost.for_policy(self.policy)
         return info
 
-    async def update_on_fragments(
+    async def update_on_fragments(  # type: ignore[override]  # a Ray async actor's method
         self, fragments: list, learner_version: int, num_sgd_steps: int
     ) -> dict:
         """The learner's update, in the policy thread; later actions carry version + 1."""
