@@ -287,6 +287,16 @@ class Algorithm:
         self._filter_stats = self.env_runners.sync_observation_filters(self._filter_stats)
         self.learners.foreach_policy(observation_filters.sync_policy_filter, self._filter_stats)
 
+    def count_async(self, fragment_metrics: list[dict], samples_trained: int, time_s: float):
+        """An asynchronous step's counts: its fragments' env steps and episodes, the
+        samples its updates trained on, both over all of `time_s` (they overlap)."""
+        for metrics in fragment_metrics:
+            self._count_sampled(metrics)
+        self._counts.samples_trained += samples_trained
+        self.num_samples_trained_total += samples_trained
+        self._counts.sample_time_s += time_s
+        self._counts.learn_time_s += time_s
+
     def _count_sampled(self, metrics: dict) -> int:
         steps = int(metrics["env_steps"])
         self._episode_returns.extend(metrics["episode_returns"])
@@ -358,7 +368,13 @@ class Algorithm:
             seed=seed,
             env_config=dict(cfg.env_config),
             remote_inference=cfg.remote_inference,
+            inference_actors=self.inference_actors(),
         )
+
+    def inference_actors(self) -> list | None:
+        """Actors that act for the env runners with their own weights (the learner
+        actors, SEED style); None (default): the runners act, or the PolicyActor."""
+        return None
 
     def _restart_sampling(self) -> None:
         """With a seed: rebuild the env runners seeded from (seed, iteration). Either

@@ -135,6 +135,10 @@ class TFPolicy(BatchLearning):
         """Add columns (advantages, targets) to one trajectory chunk; default: none."""
         return batch
 
+    def after_async_update(self, stats: dict) -> None:
+        """Called on every learner after each asynchronous update (update_on_fragments)
+        with its combined statistics, e.g. to adapt a coefficient; default: nothing."""
+
     def make_model(self) -> keras.Model:
         obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
         return models.build_model(obs_space, self.action_space, self.num_outputs, self.config.model)

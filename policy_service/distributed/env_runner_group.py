@@ -73,6 +73,8 @@ class EnvRunnerGroup:
       the run ends with EnvRunnerFailure.
     max_restarts: replacements of all workers over the group's life, likewise.
     max_policy_actor_restarts: how often Ray restarts the PolicyActor.
+    inference_actors: actors that act for the workers with their own weights (learner
+      actors, SEED style: worker i through actor (i - 1) % N); no weights are sent.
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class EnvRunnerGroup:
         max_restarts_per_sample: int = 3,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
+        inference_actors: list | None = None,
     ):
         if num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
@@ -124,6 +127,13 @@ class EnvRunnerGroup:
         self._weights_version: int | None = None
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
+        # acting served by actors that hold the learner's weights (ActingLearnerHost)
+        self._inference_actors = list(inference_actors or [])
+        if self._inference_actors and (remote_inference or num_env_runners == 0):
+            raise ValueError(
+                "inference_actors need remote env runners (num_env_runners >= 1) "
+                "and no remote_inference"
+            )
         if remote_inference:
             self._served_policy = self._start_policy_actor(
                 env,
@@ -269,6 +279,8 @@ class EnvRunnerGroup:
         self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
+        if self._inference_actors:  # they act with the learner's own weights
+            return version
         if self.policy_actor is None and self.local_worker is not None:
             self.local_worker.set_weights(weights, version)
             return version
@@ -324,7 +336,7 @@ class EnvRunnerGroup:
 
     def _share_initial_weights(self) -> None:
         """Start every worker on worker 1's initial weights (version 0)."""
-        if self.policy_actor is not None:
+        if self.policy_actor is not None or self._inference_actors:
             return
         self._weights_ref = weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
         self._weights_version = 0
@@ -341,9 +353,20 @@ class EnvRunnerGroup:
             self._policy_cls,
             self._policy_config,
             worker_index=index,
-            policy_actor=self.policy_actor,
+            policy_actor=self._acting_actor(index),
             **self._worker_kwargs,
         )
+
+    def _acting_actor(self, index: int):
+        """Who acts for worker `index`: an inference actor, the PolicyActor, or None."""
+        if self._inference_actors:
+            return self._inference_actors[(index - 1) % len(self._inference_actors)]
+        return self.policy_actor
+
+    def replace_worker(self, slot: int, error: BaseException, during: str) -> None:
+        """Replace the dead worker in `slot` (as `sample()` does, within the group's
+        budgets) for a caller that keeps its own requests (async sampling)."""
+        self._restart(slot, [0] * len(self.workers), during, error)
 
     def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
         """Replace the dead worker in `slot` by a new one with the same index and weights,

@@ -7,6 +7,7 @@ Ray actor a `LearnerHost` (learner_actor.py), a Learner whose tower stack
 combines every step with the others' inside the compiled step:
 
     learner.update(shard, num_epochs, shuffle, buffer_index, minibatch_size)
+    learner.update_on_fragments(fragment_refs, learner_version, num_sgd_steps)  # async
     learner.get_state(); learner.set_state(state)
 
 Every learner builds its policy from one `PolicySpec` (RLlib's name), in the driver
@@ -20,8 +21,22 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import gymnasium as gym
+import numpy as np
+import ray
 
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.learning_results import valid_rows_only
+from policy_service.sample_batch import concat_samples
 from policy_service.train_batches import TrainColumns
+
+POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS = "policy_lag_sum", "policy_lag_max", "lag_rows"
+
+
+def resolve_fragments(fragments: list) -> list:
+    """Fragments as batches: ObjectRefs read from the object store, by this process."""
+    refs = [f for f in fragments if isinstance(f, ray.ObjectRef)]
+    fetched = iter(ray.get(refs) if refs else [])
+    return [next(fetched) if isinstance(f, ray.ObjectRef) else f for f in fragments]
 
 
 class PolicySpec(NamedTuple):
@@ -68,6 +83,27 @@ class Learner:
             return self.policy.update_on_train_columns(
                 train, num_epochs, shuffle, buffer_index, minibatch_size
             )
+
+    def update_on_fragments(
+        self, fragments: list, learner_version: int, num_sgd_steps: int
+    ) -> dict:
+        """Asynchronous learning: sampled fragments (ObjectRefs, read here, or
+        batches) -> `num_sgd_steps` SGD steps on all of them at once, with each
+        row's policy lag (learner_version - the "weights_version" that acted)."""
+        batch = concat_samples(resolve_fragments(fragments))
+        lags = learner_version - np.asarray(batch.pop(WEIGHTS_VERSION), np.int64)
+        train = self.policy.train_columns(batch)
+        with self._collective():
+            for _ in range(num_sgd_steps):
+                stats = self.policy.update_on_train_columns(train)
+        self.policy.after_async_update(stats)
+        return {
+            **valid_rows_only(stats, train),
+            "num_sgd_steps": num_sgd_steps,
+            POLICY_LAG_SUM: float(lags.sum()),
+            POLICY_LAG_MAX: int(lags.max()),
+            POLICY_LAG_ROWS: len(lags),
+        }
 
     def compute_gradients(self, train: TrainColumns):
         with self._collective():

@@ -31,13 +31,18 @@ import numpy as np
 from policy_service import spaces
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import config_for
-from policy_service.distributed.learner import PolicySpec
+from policy_service.distributed.learner import (
+    POLICY_LAG_MAX,
+    POLICY_LAG_ROWS,
+    POLICY_LAG_SUM,
+    PolicySpec,
+)
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import LearnerDiedError, LocalLearners, RemoteLearners
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.units import LOSS_MASK, interleave_minibatches
 from policy_service.io import checkpoints
-from policy_service.learning_results import valid_rows_only
+from policy_service.learning_results import valid_rows_only, with_samples_trained
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainLayout
 
@@ -131,17 +136,48 @@ class LearnerGroup(BatchLearning):
     def _update(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
-        """`update`: dead learners are replaced from the last copy of their state and
-        the update run again (MAX_RESTARTS_PER_UPDATE times)."""
+        """`update`, with dead learners replaced as `_with_restarts` says."""
+        return self._with_restarts(lambda: self._learn(batch, num_epochs, shuffle, buffer_index))
+
+    def _with_restarts(self, call):
+        """call(): when a learner died, every learner is replaced from the last copy of
+        their state and the call made again (MAX_RESTARTS_PER_UPDATE times)."""
         restarts = 0
         while True:
             try:
-                return self._learn(batch, num_epochs, shuffle, buffer_index)
+                return call()
             except LearnerDiedError:
                 if restarts == MAX_RESTARTS_PER_UPDATE:
                     raise
                 restarts += 1
                 self.restart(self._learners.latest_state())
+
+    def update_on_fragments(
+        self, fragments_per_learner: list[list], learner_version: int, num_sgd_steps: int = 1
+    ) -> dict:
+        """Asynchronous learning: learner i reads and trains on its own fragments
+        (ObjectRefs: no copy passes through the driver), `num_sgd_steps` steps on
+        them all, combined across learners as every step is -> statistics with
+        "num_samples_trained", "policy_lag_mean" and "policy_lag_max" (in updates,
+        learner_version - the version that acted, over every row). Dead learners
+        are replaced as in `update`, and the update run again."""
+        if len(fragments_per_learner) != self._size or not all(fragments_per_learner):
+            raise ValueError(
+                f"update_on_fragments needs fragments for each of {self._size} learner(s), "
+                f"got {[len(f) for f in fragments_per_learner]}"
+            )
+        args = [(f, learner_version, num_sgd_steps) for f in fragments_per_learner]
+        results = self._with_restarts(lambda: self._learners.call_each("update_on_fragments", args))
+        self._learners.keep_state_copy()
+        stats = {
+            k: v
+            for k, v in results[0].items()
+            if k not in (POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS)
+        }
+        rows = sum(r[POLICY_LAG_ROWS] for r in results)
+        stats["policy_lag_mean"] = sum(r[POLICY_LAG_SUM] for r in results) / rows
+        stats["policy_lag_max"] = max(r[POLICY_LAG_MAX] for r in results)
+        return with_samples_trained(stats)
 
     def _learn(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int

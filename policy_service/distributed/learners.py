@@ -22,6 +22,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from policy_service import models
+from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
 from policy_service.distributed.learner import Learner, PolicySpec
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
@@ -114,7 +115,7 @@ class RemoteLearners:
             self._placement_group = reserve_placement_group(
                 bundle, num_learners, config.learner_placement_strategy, ready_timeout_s
             )
-        actor_cls = ray.remote(LearnerHost)
+        actor_cls = ray.remote(ActingLearnerHost if serves_actions(config) else LearnerHost)
         registry = models.custom_model_registry()
         for rank in range(num_learners):
             options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}

@@ -95,11 +95,31 @@ class PolicyHost:
             policy_cls, config, visible_gpus=visible_gpus, ray_gpu_ids=ray_gpu_ids
         )
         _prepare_tensorflow(policy_config, intra_op_threads)
-        self.policy = policy_cls(observation_space, action_space, policy_config)
+        self._serve(
+            policy_cls(observation_space, action_space, policy_config),
+            max_batch_size,
+            batch_wait_timeout_s,
+        )
         # what resources() reports beside the devices; the policy logged its own note
         self.device_note = self.policy.tower_devices.note or unseen_gpus_note(
             ray_gpu_ids, visible_gpus, self.policy.devices
         )
+        if weights_source is not None and ray.get_runtime_context().was_current_actor_reconstructed:
+            self._restore_weights(weights_source)
+
+    @classmethod
+    def for_policy(
+        cls, policy, *, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001
+    ) -> PolicyHost:
+        """A host serving a policy that already lives in this process (a learner's,
+        SEED style); the owner runs its own policy work through `in_policy_thread`."""
+        host = cls.__new__(cls)
+        host._serve(policy, max_batch_size, batch_wait_timeout_s)
+        host.device_note = policy.tower_devices.note
+        return host
+
+    def _serve(self, policy, max_batch_size: int, batch_wait_timeout_s: float) -> None:
+        self.policy = policy
         self._initial_state = self.policy.get_initial_state()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
         self._batcher = RequestBatcher(
@@ -109,8 +129,6 @@ class PolicyHost:
             executor=self._executor,
         )
         self._weights_version = 0
-        if weights_source is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-            self._restore_weights(weights_source)
         self._reset_counters()
 
     def _restore_weights(self, weights_source) -> None:
@@ -256,10 +274,10 @@ class PolicyHost:
             self._weights_version = self._weights_version + 1 if version is None else int(version)
             return self._weights_version
 
-        return await self._in_executor(assign)
+        return await self.in_policy_thread(assign)
 
     async def get_weights(self) -> dict:
-        return await self._in_executor(self.policy.get_weights)
+        return await self.in_policy_thread(self.policy.get_weights)
 
     async def weights_version(self) -> int:
         return self._weights_version
@@ -272,7 +290,7 @@ class PolicyHost:
             self._weights_version += 1
             return stats
 
-        return await self._in_executor(learn)
+        return await self.in_policy_thread(learn)
 
     async def postprocess_trajectories(self, batches: list) -> list[SampleBatch]:
         """`policy.postprocess_trajectory` on each trajectory chunk, with this actor's weights."""
@@ -280,20 +298,20 @@ class PolicyHost:
         def postprocess():
             return [self.policy.postprocess_trajectory(SampleBatch(b)) for b in batches]
 
-        return await self._in_executor(postprocess)
+        return await self.in_policy_thread(postprocess)
 
     async def get_state(self) -> dict:
         def state():
             return {**self.policy.get_state(), WEIGHTS_VERSION: self._weights_version}
 
-        return await self._in_executor(state)
+        return await self.in_policy_thread(state)
 
     async def set_state(self, state: dict) -> None:
         def assign():
             self.policy.set_state(state)
             self._weights_version = int(state.get(WEIGHTS_VERSION, self._weights_version + 1))
 
-        await self._in_executor(assign)
+        await self.in_policy_thread(assign)
 
     async def get_initial_state(self) -> list[np.ndarray]:
         return [s.copy() for s in self._initial_state]
@@ -301,8 +319,13 @@ class PolicyHost:
     async def get_spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.policy.observation_space, self.policy.action_space
 
-    async def _in_executor(self, fn):
+    async def in_policy_thread(self, fn):
+        """fn() in the one thread all policy work runs in (between forward passes)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+
+    def mark_version(self, version: int) -> None:
+        """The weights changed in place (a learner's step): results now carry `version`."""
+        self._weights_version = int(version)
 
     # ----- statistics ----------------------------------------------------------------
 

@@ -15,8 +15,9 @@ least `rollout_fragment_length * num_envs` transitions (autoreset steps are neve
 recorded); episodes carry over between fragments, `unroll_id` is new per (fragment,
 sub-env); each chunk (one sub-env, one episode, one fragment) goes through
 `policy.postprocess_trajectory`, which bootstraps from the last row's new_obs unless
-the episode terminated. Autoreset, fragments, the columns and the postprocessing
-contract in full: docs/distributed.md, "RolloutWorker".
+the episode terminated; every row's "weights_version" is the version that acted.
+Autoreset, fragments, the columns and the postprocessing contract in full:
+docs/distributed.md, "RolloutWorker".
 """
 
 from __future__ import annotations
@@ -281,13 +282,17 @@ class RolloutWorker:
         version = extra.pop(WEIGHTS_VERSION, None)
         if version is not None:
             self._versions.add(int(version))
+        actions = np.asarray(actions)
+        # every row carries the weights version that acted (the policy lag of async learners)
+        acted = self._weights_version if version is None else int(version)
+        extra[WEIGHTS_VERSION] = np.full(len(actions), acted, np.int64)
         return PolicyStep(
             acting,
             obs,
             states,
             prev_actions,
             prev_rewards,
-            np.asarray(actions),
+            actions,
             [np.asarray(s) for s in state_outs],
             extra,
         )

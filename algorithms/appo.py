@@ -1,0 +1,139 @@
+"""APPO: asynchronous PPO, IMPALA's loop with PPO's clipped surrogate.
+
+Read top to bottom: the config (IMPALA's keys plus PPO's clip and KL keys), the
+loss, and the KL coefficient's adaptation. The advantages are V-trace's
+(algorithms/impala.py), taken against a target copy of the policy
+(policy_service.engine.target_network, moved every `target_network_update_freq`
+applied SGD steps): rho = pi_target / mu corrects the actors' lag, the ratio
+pi / pi_target is clipped as in PPO, and KL(pi_target || pi) may be added with
+an adaptive coefficient. Each train batch gets `num_epochs` SGD steps.
+
+    algo = APPO({"env": "CartPole-v1", "num_env_runners": 2, "seed": 0})
+    print(algo.train()["episode_return_mean"]); algo.stop()
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
+from policy_service import LossExtras, masked_mean
+from policy_service.config import finite, integer, setting
+from policy_service.engine.target_network import TargetUpdate
+from policy_service.engine.units import LOSS_MASK
+from policy_service.sample_batch import SampleBatch
+
+# ----- config -----------------------------------------------------------------------------
+
+
+@dataclass
+class APPOConfig(IMPALAConfig):
+    """APPO's keys on top of IMPALA's (RLlib's names and defaults)."""
+
+    clip_param: float = setting(
+        0.4, doc="Clip epsilon of the ratio pi / pi_target.", check=finite(gt=0)
+    )
+    use_kl_loss: bool = setting(False, doc="Add kl_coeff * KL(pi_target || pi) to the loss.")
+    kl_coeff: float = setting(1.0, doc="Initial KL coefficient (use_kl_loss).", check=finite(ge=0))
+    kl_target: float = setting(
+        0.01, doc="KL per update the coefficient adapts towards.", check=finite(gt=0)
+    )
+    target_network_update_freq: int = setting(
+        1, doc="Applied SGD steps between moves of the target policy.", check=integer(ge=1)
+    )
+    tau: float = setting(
+        1.0, doc="Target move: tau * model + (1 - tau) * target.", check=finite(gt=0, le=1)
+    )
+
+
+# ----- the policy: clipped surrogate over V-trace advantages ------------------------------
+
+
+class APPOPolicy(IMPALAPolicy):
+    """IMPALA's policy with a target copy and PPO's clipped surrogate."""
+
+    config_class = APPOConfig
+
+    def __init__(self, observation_space, action_space, config=None):
+        super().__init__(observation_space, action_space, config)
+        with tf.device(self.tower_devices.variable_device):
+            self.kl_coeff = tf.Variable(
+                self.config.kl_coeff, dtype=tf.float32, trainable=False, name="kl_coeff"
+            )
+
+    def target_network_update(self) -> TargetUpdate:
+        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
+
+    def loss(self, model, dist_class, train_batch):
+        """-clipped surrogate(pi / pi_target, V-trace advantage) + vf_loss_coeff *
+        0.5 (vs - V)^2 - entropy bonus (+ kl_coeff * KL), means over valid rows."""
+        cfg, mask = self.config, train_batch[LOSS_MASK]
+        actions = train_batch[SampleBatch.ACTIONS]
+        out = model(train_batch, training=True)
+        curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        target = dist_class(self.target_model_out(train_batch)[SampleBatch.ACTION_DIST_INPUTS])
+        logp, target_logp = curr.logp(actions), target.logp(actions)
+        vs, pg_advantages = self.vtrace(
+            train_batch, out, target_logp - train_batch[SampleBatch.ACTION_LOGP]
+        )
+        ratio = tf.exp(logp - target_logp)
+        surrogate = tf.minimum(
+            pg_advantages * ratio,
+            pg_advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
+        )
+        policy_loss = masked_mean(-surrogate, mask)
+        vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
+        entropy = masked_mean(curr.entropy(), mask)
+        kl = masked_mean(target.kl(curr), mask)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        if cfg.use_kl_loss:  # a static choice: without it the term is never built
+            total += self.kl_coeff * kl
+        return total, LossExtras(
+            stats={
+                "policy_loss": policy_loss,
+                "vf_loss": vf_loss,
+                "entropy": entropy,
+                "kl": kl,
+                "kl_coeff": self.kl_coeff.value(),
+            }
+        )
+
+    def after_async_update(self, stats: dict) -> None:
+        """With use_kl_loss: x1.5 when the update's KL overshoots 2 * kl_target, x0.5
+        below kl_target / 2 (every learner sees the same combined KL)."""
+        if not self.config.use_kl_loss:
+            return
+        coeff = float(self.kl_coeff.numpy())
+        if stats["kl"] > 2.0 * self.config.kl_target:
+            coeff *= 1.5
+        elif stats["kl"] < 0.5 * self.config.kl_target:
+            coeff *= 0.5
+        self.kl_coeff.assign(coeff)
+
+    def get_state(self) -> dict:
+        return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
+
+    def check_extra_state(self, state: dict) -> None:
+        value = state.get("kl_coeff", 0.0)
+        if finite(ge=0)(value) is not None:
+            raise ValueError(
+                f"policy state entry 'kl_coeff' must be a finite number >= 0, got {value!r}"
+            )
+
+    def set_state(self, state: dict) -> None:
+        super().set_state(state)  # checks kl_coeff too, before changing anything
+        if "kl_coeff" in state:
+            self.kl_coeff.assign(float(state["kl_coeff"]))
+
+
+# ----- the training step: IMPALA's -----------------------------------------------------------
+
+
+class APPO(IMPALA):
+    """IMPALA's asynchronous loop with APPOPolicy."""
+
+    config_class = APPOConfig
+    config: APPOConfig
+    policy_class = APPOPolicy

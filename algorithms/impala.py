@@ -1,0 +1,239 @@
+"""IMPALA (Espeholt et al. 2018, https://arxiv.org/abs/1802.01561): asynchronous
+actor-learner training with V-trace.
+
+Read top to bottom: the config, the train batch (trajectory chunks as units of
+time steps: policy_service.vtrace_units), the loss (V-trace targets and
+advantages against the behaviour policy's log-probabilities, on every tower),
+and the training step, which is the asynchronous loop of
+policy_service.distributed.async_learning: env runners sample all the time,
+the learners train on each `train_batch_size` env steps as soon as they are
+there, and weights go out every `broadcast_interval` updates.
+
+    algo = IMPALA({"env": "CartPole-v1", "num_env_runners": 2, "seed": 0})
+    print(algo.train()["policy_lag_mean"]); algo.stop()
+
+Fragments cross episode boundaries; each chunk bootstraps from the learner's
+value of its last new_obs, unless the episode terminated there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
+from policy_service import LossExtras, TFPolicy, masked_mean
+from policy_service.config import ConfigError, finite, integer, one_of, setting
+from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
+from policy_service.engine.units import LOSS_MASK
+from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn, TrainColumns, TrainLayout
+from policy_service.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
+
+INFERENCE_MODES = ("env_runners", "policy_actors", "learners")
+
+# ----- config -----------------------------------------------------------------------------
+
+
+@dataclass
+class IMPALAConfig(AlgorithmConfig):
+    """IMPALA's keys (RLlib's names and defaults where RLlib has them)."""
+
+    lr: float = setting(5e-4, doc="Learning rate.")
+    grad_clip: float | None = setting(40.0, doc="Global-norm gradient clip; None: off.")
+    rollout_fragment_length: int | str = setting(
+        50, doc="Steps per sub-env per fragment (V-trace's trace length at most)."
+    )
+    train_batch_size: int = setting(500, doc="Env steps per learner update.")
+    num_epochs: int = setting(1, doc="SGD steps on each train batch, each on all of it.")
+    vtrace_clip_rho_threshold: float | None = setting(
+        1.0,
+        doc="rho-bar: clip of the importance weights in the targets; None: no clip.",
+        check=finite(gt=0),
+    )
+    vtrace_clip_pg_rho_threshold: float | None = setting(
+        1.0,
+        doc="Clip of the importance weights in the policy gradient; None: no clip.",
+        check=finite(gt=0),
+    )
+    vtrace_lambda: float = setting(
+        1.0, doc="lambda scaling the traces c_i (1: the paper's).", check=finite(ge=0, le=1)
+    )
+    vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
+    entropy_coeff: float = setting(0.01, doc="Weight of the entropy bonus.", check=finite(ge=0))
+    broadcast_interval: int = setting(
+        1, doc="Learner updates between weight broadcasts.", check=integer(ge=1)
+    )
+    max_requests_in_flight_per_env_runner: int = setting(
+        2, doc="Fragment requests queued on each env runner.", check=integer(ge=1)
+    )
+    learner_queue_size: int = setting(
+        4, doc="Train batches waiting for the learners; full: runners wait.", check=integer(ge=1)
+    )
+    max_policy_lag: int | None = setting(
+        None,
+        doc="Drop fragments acted > this many updates ago; None: keep all.",
+        check=integer(ge=0),
+    )
+    inference: str = setting(
+        "env_runners",
+        doc='Where acting runs: "env_runners" (a policy copy each), "policy_actors" (the '
+        'PolicyActor) or "learners" (the learner actors, SEED style).',
+        check=one_of(*INFERENCE_MODES),
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rollout_fragment_length == "auto":
+            raise ConfigError("config.rollout_fragment_length must be an integer >= 1, got 'auto'")
+        per_fragment = int(self.rollout_fragment_length) * self.num_envs_per_env_runner
+        if self.train_batch_size % per_fragment:
+            raise ConfigError(
+                f"config.rollout_fragment_length={self.rollout_fragment_length} x "
+                f"num_envs_per_env_runner={self.num_envs_per_env_runner} = {per_fragment} env "
+                f"steps per fragment must divide train_batch_size={self.train_batch_size}"
+            )
+        if self.inference == "learners" and (self.num_learners < 1 or self.num_env_runners < 1):
+            raise ConfigError(
+                "config.inference='learners' needs learner actors and remote env runners "
+                f"(num_learners >= 1, num_env_runners >= 1), got num_learners="
+                f"{self.num_learners}, num_env_runners={self.num_env_runners}"
+            )
+        self.remote_inference = self.remote_inference or self.inference == "policy_actors"
+
+
+# ----- the policy: train batch layout and the V-trace loss --------------------------------
+
+
+class IMPALAPolicy(TFPolicy):
+    """Actor-critic with V-trace targets; its train batches are trajectory chunks."""
+
+    config_class = IMPALAConfig
+    loss_columns = {
+        SampleBatch.ACTION_LOGP: LossColumn(),
+        SampleBatch.ACTIONS: LossColumn("number", None),
+        SampleBatch.REWARDS: LossColumn(),
+        SampleBatch.NEXT_OBS: LossColumn("number", None),
+    }
+
+    @classmethod
+    def prepare_train_batch(
+        cls, batch: SampleBatch, layout: TrainLayout, fixed_seq_len: bool = False
+    ) -> TrainColumns:
+        """The common preparation, then one unit per trajectory chunk (V-trace's
+        [T, B] layout; a recurrent batch's sequences already are units)."""
+        return sequence_units(super().prepare_train_batch(batch, layout, fixed_seq_len))
+
+    def vtrace(self, train_batch: dict, model_out: dict, log_rhos: tf.Tensor):
+        """V-trace per unit with this config's thresholds -> (vs, pg_advantages) rows."""
+        cfg = self.config
+        return vtrace_on_units(
+            log_rhos=log_rhos,
+            values=model_out[SampleBatch.VF_PREDS],
+            bootstrap_value=bootstrap_values(self.model, train_batch, model_out),
+            train_batch=train_batch,
+            gamma=cfg.gamma,
+            clip_rho_threshold=cfg.vtrace_clip_rho_threshold,
+            clip_pg_rho_threshold=cfg.vtrace_clip_pg_rho_threshold,
+            lambda_=cfg.vtrace_lambda,
+        )
+
+    def loss(self, model, dist_class, train_batch):
+        """-logp * V-trace advantage + vf_loss_coeff * 0.5 (vs - V)^2 - entropy bonus,
+        each a mean over valid rows."""
+        cfg, mask = self.config, train_batch[LOSS_MASK]
+        out = model(train_batch, training=True)
+        curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        logp = curr.logp(train_batch[SampleBatch.ACTIONS])
+        vs, pg_advantages = self.vtrace(
+            train_batch, out, logp - train_batch[SampleBatch.ACTION_LOGP]
+        )
+        policy_loss = masked_mean(-logp * pg_advantages, mask)
+        vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
+        entropy = masked_mean(curr.entropy(), mask)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        return total, LossExtras(
+            stats={"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy}
+        )
+
+
+# ----- the training step: the asynchronous loop --------------------------------------------
+
+
+class IMPALA(Algorithm):
+    """Env runners and learners at once (AsyncLearning); an iteration lasts until
+    train_batch_size env steps were sampled and at least one update was made."""
+
+    config_class = IMPALAConfig
+    config: IMPALAConfig
+    policy_class: type[TFPolicy] = IMPALAPolicy
+
+    def __init__(self, config):
+        super().__init__(config)
+        cfg = self.config
+        settings = AsyncSettings(
+            train_batch_size=cfg.train_batch_size,
+            max_requests_in_flight_per_env_runner=cfg.max_requests_in_flight_per_env_runner,
+            learner_queue_size=cfg.learner_queue_size,
+            num_sgd_steps=cfg.num_epochs,
+            broadcast_interval=None if cfg.inference == "learners" else cfg.broadcast_interval,
+            max_policy_lag=cfg.max_policy_lag,
+        )
+        try:
+            if cfg.inference == "learners":  # the runners built first act by themselves
+                self.env_runners.stop()
+                self.env_runners = self._make_env_runners(cfg.seed)
+            self.async_learning = AsyncLearning(self.env_runners, self.learners, settings)
+        except BaseException:
+            self.stop()
+            raise
+
+    def inference_actors(self) -> list | None:
+        """With inference "learners", once the learners exist: the learner actors."""
+        learners = getattr(self, "learners", None)
+        if self.config.inference != "learners" or learners is None:
+            return None
+        return learners.actors
+
+    def training_step(self) -> dict:
+        start = time.perf_counter()
+        it = self.async_learning.run(min_env_steps=self.config.train_batch_size)
+        report = dict(it.report)
+        trained = int(report.pop("num_samples_trained", 0))
+        self.count_async(it.fragment_metrics, trained, time.perf_counter() - start)
+        return report
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        """The learners' update count: the version fragments' policy lag is taken against."""
+        return AlgorithmState(values={"learner_version": self.async_learning.version})
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        version = state.values.get("learner_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(
+                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
+            )
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.async_learning.set_version(int(state.values.get("learner_version", 0)))
+
+    def save(self, checkpoint_dir: str) -> str:
+        """As every algorithm's, with learning paused meanwhile (queued fragments dropped)."""
+        self.async_learning.pause()
+        path = super().save(checkpoint_dir)
+        self.async_learning.resume(self.env_runners)
+        return path
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self.async_learning.pause()
+        try:
+            super().restore(checkpoint_dir)
+        finally:
+            self.async_learning.resume(self.env_runners)
+
+    def stop(self) -> None:
+        if getattr(self, "async_learning", None) is not None:
+            self.async_learning.stop()
+        super().stop()

@@ -1,0 +1,167 @@
+"""AsyncLearning: env runners and learners working at once (IMPALA, APPO).
+
+    training = AsyncLearning(env_runners, learners, AsyncSettings(train_batch_size=500))
+    while True:
+        it = training.run(min_env_steps=500)   # until >= 500 env steps and >= 1 update
+        it.fragment_metrics                    # each fragment's sample() metrics
+        it.learner_stats                       # each update's statistics
+        it.report                              # policy lag, queue fill, idle times, losses
+    training.stop()
+
+The driver only moves references and metrics: a FragmentStream keeps requests
+in flight on every env runner; fragments gather into train batches of
+`train_batch_size` env steps that a LearnerThread's bounded queue takes; when
+it is full no runner is asked again, so memory stays bounded and the runners
+wait (their idle time is reported). Weights the thread took after every
+`broadcast_interval` updates go to the runners without waiting for them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.fragment_stream import Fragment, FragmentStream
+from policy_service.distributed.learner_thread import LearnerThread
+
+_POLL_S = 0.01
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """How the asynchronous loop runs (the algorithms' config keys of these names)."""
+
+    train_batch_size: int
+    max_requests_in_flight_per_env_runner: int = 2
+    learner_queue_size: int = 4
+    num_sgd_steps: int = 1
+    broadcast_interval: int | None = 1  # None: the learners act, nothing to send
+    max_policy_lag: int | None = None
+
+
+@dataclass
+class AsyncIteration:
+    """What one `run` saw."""
+
+    fragment_metrics: list[dict] = field(default_factory=list)
+    learner_stats: list[dict] = field(default_factory=list)
+    report: dict = field(default_factory=dict)
+
+
+class AsyncLearning:
+    """The asynchronous actor-learner loop over an EnvRunnerGroup and a LearnerGroup."""
+
+    def __init__(self, env_runners: EnvRunnerGroup, learners, settings: AsyncSettings):
+        self.env_runners = env_runners
+        self.learners = learners
+        self.settings = settings
+        self.stream = FragmentStream(env_runners, settings.max_requests_in_flight_per_env_runner)
+        self.thread = self._start_thread(version=0)
+        self._pending: list[Fragment] = []
+        self.dropped_fragments = 0  # queued or pending fragments dropped by a pause
+
+    def _start_thread(self, version: int) -> LearnerThread:
+        s = self.settings
+        thread = LearnerThread(
+            self.learners,
+            queue_size=s.learner_queue_size,
+            num_sgd_steps=s.num_sgd_steps,
+            broadcast_interval=s.broadcast_interval,
+            max_policy_lag=s.max_policy_lag,
+            version=version,
+        )
+        thread.start()
+        return thread
+
+    @property
+    def version(self) -> int:
+        """Updates the learners made so far."""
+        return self.thread.version
+
+    def run(self, min_env_steps: int) -> AsyncIteration:
+        """Sample and train until >= min_env_steps env steps were sampled and the
+        learners finished at least one update -> what happened meanwhile."""
+        it = AsyncIteration()
+        steps, fills = 0, []
+        idle_runners = self.stream.env_runner_idle_s
+        idle_learner = self.thread.idle_s
+        dropped = self.thread.dropped_fragments
+        lost = self.stream.lost_fragments
+        start = time.perf_counter()
+        while steps < min_env_steps or not it.learner_stats:
+            self.thread.check()
+            self._send_weights()
+            if not self._batch_waiting():
+                self.stream.top_up()
+            for fragment in self.stream.collect(_POLL_S):
+                self._pending.append(fragment)
+                it.fragment_metrics.append(fragment.metrics)
+                steps += fragment.env_steps
+            if self._batch_waiting() and self.thread.offer(self._pending):
+                self._pending = []
+            fills.append(self.thread.queue_fill())
+            it.learner_stats += self.thread.take_results()
+        elapsed = time.perf_counter() - start
+        it.report = {
+            "learner_queue_fill": sum(fills) / len(fills),
+            "learner_idle_time_s": self.thread.idle_s - idle_learner,
+            "learner_idle_fraction": (self.thread.idle_s - idle_learner) / max(elapsed, 1e-9),
+            "env_runner_idle_time_s": self.stream.env_runner_idle_s - idle_runners,
+            "num_fragments_dropped_for_lag": self.thread.dropped_fragments - dropped,
+            "num_fragments_lost": self.stream.lost_fragments - lost,
+            "num_learner_updates": len(it.learner_stats),
+            "learner_version": self.version,
+            **combine_update_stats(it.learner_stats),
+        }
+        return it
+
+    def _batch_waiting(self) -> bool:
+        """Whether the pending fragments make a train batch for every learner."""
+        enough = sum(f.env_steps for f in self._pending) >= self.settings.train_batch_size
+        return enough and len(self._pending) >= max(1, self.learners.num_learners)
+
+    def _send_weights(self) -> None:
+        weights = self.thread.take_weights()
+        if weights is not None:
+            version, values = weights
+            self.env_runners.sync_weights(values, version=version, wait=False)
+
+    def pause(self) -> None:
+        """Stop learning and forget the requests in flight (before a checkpoint, or
+        env runners rebuilt); the updates made so far are kept."""
+        self.dropped_fragments += self.thread.stop() + len(self._pending)
+        self.stream.forget()
+        self._pending = []
+        self.thread.check()
+
+    def set_version(self, version: int) -> None:
+        """While paused: the update count to go on from (a restored checkpoint's)."""
+        if self.thread.is_alive():
+            raise RuntimeError("set_version needs a paused AsyncLearning (call pause() first)")
+        self.thread.version = int(version)
+
+    def resume(self, env_runners: EnvRunnerGroup) -> None:
+        """Go on after `pause` with these env runners (maybe rebuilt), acting with the
+        learners' weights under the current version."""
+        self.env_runners = env_runners
+        self.stream = FragmentStream(
+            env_runners, self.settings.max_requests_in_flight_per_env_runner
+        )
+        env_runners.sync_weights(self.learners.get_weights(), version=self.version)
+        self.thread = self._start_thread(version=self.version)
+
+    def stop(self) -> None:
+        self.thread.stop()
+        self.stream.forget()
+
+
+def combine_update_stats(stats: list[dict]) -> dict:
+    """Updates' statistics -> one dict: means, the policy lag's max as the max, and
+    the samples trained summed."""
+    if not stats:
+        return {}
+    combined = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0] if k != "per_row"}
+    combined["policy_lag_max"] = max(s["policy_lag_max"] for s in stats)
+    combined["num_samples_trained"] = sum(s["num_samples_trained"] for s in stats)
+    return combined

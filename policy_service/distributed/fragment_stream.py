@@ -1,0 +1,141 @@
+"""FragmentStream: env runners sampling without pause, fragments left in the object store.
+
+    stream = FragmentStream(env_runners, max_requests_in_flight_per_env_runner=2)
+    while training:
+        if learners_have_room:
+            stream.top_up()                    # every runner: 2 sample requests queued
+        for fragment in stream.collect(timeout_s=0.01):
+            fragment.batch                     # an ObjectRef; the driver never fetches it
+            fragment.metrics                   # env steps, episodes, weights_version
+    stream.lost_fragments                      # requests lost with a dead runner
+
+Each request is `RolloutWorker.sample` with two returns: the metrics come to the
+driver, the batch stays in the object store until a learner reads it. A runner
+whose requests are all answered and that is not asked again (the learners' queue
+is full) waits: its idle time is counted. A dead runner is replaced with the
+latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
+counted, none is half-delivered. With no remote runner (num_env_runners=0) the
+local worker samples the one fragment `top_up` asked for in the next `collect`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.restarts import is_actor_death
+
+
+class Fragment(NamedTuple):
+    """One sampled fragment: its batch (ObjectRef, or a SampleBatch sampled here)
+    and the worker's sample() metrics."""
+
+    batch: Any
+    metrics: dict
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.metrics["env_steps"])
+
+    @property
+    def weights_version(self) -> int:
+        """The oldest weights version that acted in it."""
+        version = self.metrics.get("weights_version")
+        return 0 if version is None else int(version)
+
+
+class FragmentStream:
+    """`max_requests_in_flight_per_env_runner` sample requests kept queued on
+    every remote env runner of `env_runners`."""
+
+    def __init__(self, env_runners: EnvRunnerGroup, max_requests_in_flight_per_env_runner: int):
+        if max_requests_in_flight_per_env_runner < 1:
+            raise ValueError(
+                "max_requests_in_flight_per_env_runner must be >= 1, got "
+                f"{max_requests_in_flight_per_env_runner}"
+            )
+        self.env_runners = env_runners
+        self.max_in_flight = int(max_requests_in_flight_per_env_runner)
+        self.lost_fragments = 0
+        self._local_asked = False
+        self.env_runner_idle_s = 0.0
+        # metrics ref -> (slot, the worker asked, batch ref)
+        self._in_flight: dict[ray.ObjectRef, tuple[int, Any, ray.ObjectRef]] = {}
+        now = time.monotonic()
+        self._idle_since: dict[int, float] = {s: now for s in range(len(env_runners.workers))}
+
+    def requests_in_flight(self) -> int:
+        return len(self._in_flight) + int(self._local_asked)
+
+    def top_up(self) -> None:
+        """Ask every remote runner for fragments until it has the maximum in flight
+        (the local worker: for one, sampled by the next `collect`)."""
+        self._local_asked = self.env_runners.local_worker is not None
+        counts = [0] * len(self.env_runners.workers)
+        for slot, _, _ in self._in_flight.values():
+            counts[slot] += 1
+        now = time.monotonic()
+        for slot, count in enumerate(counts):
+            for _ in range(self.max_in_flight - count):
+                self._ask(slot)
+            if count < self.max_in_flight and slot in self._idle_since:
+                self.env_runner_idle_s += now - self._idle_since.pop(slot)
+
+    def collect(self, timeout_s: float) -> list[Fragment]:
+        """The fragments finished by now, waiting at most `timeout_s` for the first."""
+        local = self.env_runners.local_worker
+        if self._local_asked and local is not None:
+            self._local_asked = False
+            batch, metrics = local.sample()
+            return [Fragment(batch, metrics)]
+        if not self._in_flight:
+            time.sleep(timeout_s)  # nothing asked (the learners are full): let them work
+            return []
+        ready, _ = ray.wait(list(self._in_flight), num_returns=1, timeout=timeout_s)
+        if ready:
+            ready, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
+        fragments = []
+        for ref in ready:
+            if ref not in self._in_flight:  # lost with a dead runner, counted already
+                continue
+            fragment = self._receive(ref)
+            if fragment is not None:
+                fragments.append(fragment)
+        return fragments
+
+    def forget(self) -> int:
+        """Drop every request in flight (runners rebuilt, or training paused) -> how many."""
+        count = self.requests_in_flight()
+        self._in_flight.clear()
+        self._local_asked = False
+        now = time.monotonic()
+        self._idle_since = {s: now for s in range(len(self.env_runners.workers))}
+        return count
+
+    def _ask(self, slot: int) -> None:
+        worker = self.env_runners.workers[slot]
+        batch_ref, metrics_ref = worker.sample.options(num_returns=2).remote()
+        self._in_flight[metrics_ref] = (slot, worker, batch_ref)
+
+    def _receive(self, ref: ray.ObjectRef) -> Fragment | None:
+        slot, asked, batch_ref = self._in_flight.pop(ref)
+        try:
+            metrics = ray.get(ref)
+        except (RayActorError, RayTaskError) as error:
+            if not is_actor_death(error):
+                raise  # the worker's own code raised
+            self.lost_fragments += 1
+            if self.env_runners.workers[slot] is asked:  # its first lost request
+                self.env_runners.replace_worker(slot, error, "async sampling")
+                for key, (other, worker, _) in list(self._in_flight.items()):
+                    if other == slot and worker is asked:  # lost with it, counted now
+                        del self._in_flight[key]
+                        self.lost_fragments += 1
+            metrics = None
+        if not any(s == slot for s, _, _ in self._in_flight.values()):
+            self._idle_since.setdefault(slot, time.monotonic())
+        return None if metrics is None else Fragment(batch_ref, metrics)

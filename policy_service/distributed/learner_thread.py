@@ -1,0 +1,154 @@
+"""LearnerThread: the learners train whenever a batch of fragments is ready.
+
+    thread = LearnerThread(learners, queue_size=4, num_sgd_steps=1,
+                           broadcast_interval=1, max_policy_lag=None)
+    thread.start()
+    thread.offer(fragments)        # False when the queue is full: the caller waits
+    thread.take_results()          # statistics of the updates done since the last call
+    thread.take_weights()          # (version, weights) every broadcast_interval updates
+    thread.stop()
+
+A driver thread holds the LearnerGroup (one learner in this process, or N learner
+actors: the same calls) and a bounded queue of train batches, each a list of
+fragments whose data stays in the object store until a learner reads it. The
+thread deals each batch's fragments across the learners by env steps, drops
+fragments older than `max_policy_lag` updates (counted), and takes the learners'
+weights for the env runners after every `broadcast_interval` updates (None: never,
+when the learners act themselves), so
+neither the sampling loop nor the learners wait for a broadcast. `version` is
+the number of updates made; a fragment's lag is version - the weights version
+that acted in it. An error in the thread is kept and raised by `check()`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+from policy_service.distributed.fragment_stream import Fragment
+
+_IDLE_POLL_S = 0.05
+
+
+class LearnerThread(threading.Thread):
+    """Trains `learners` (a LearnerGroup) on queued batches of Fragments."""
+
+    def __init__(
+        self,
+        learners,
+        *,
+        queue_size: int,
+        num_sgd_steps: int,
+        broadcast_interval: int | None,
+        max_policy_lag: int | None,
+        version: int = 0,
+    ):
+        super().__init__(name="learner-thread", daemon=True)
+        self.learners = learners
+        self.batches: queue.Queue[list[Fragment]] = queue.Queue(maxsize=queue_size)
+        self.num_sgd_steps = int(num_sgd_steps)
+        self.broadcast_interval = broadcast_interval
+        self.max_policy_lag = max_policy_lag
+        self.version = int(version)
+        self.idle_s = 0.0
+        self.dropped_fragments = 0
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._results: list[dict] = []
+        self._weights: tuple[int, dict] | None = None
+        self._stopping = threading.Event()
+
+    # ----- the caller's side -------------------------------------------------------
+
+    def offer(self, fragments: list[Fragment]) -> bool:
+        """Queue one train batch -> False (nothing queued) when the queue is full."""
+        try:
+            self.batches.put_nowait(list(fragments))
+            return True
+        except queue.Full:
+            return False
+
+    def queue_fill(self) -> float:
+        """Queued batches / queue size."""
+        return self.batches.qsize() / self.batches.maxsize
+
+    def take_results(self) -> list[dict]:
+        with self._lock:
+            results, self._results = self._results, []
+        return results
+
+    def take_weights(self) -> tuple[int, dict] | None:
+        """The newest weights taken for the env runners since the last call, or None."""
+        with self._lock:
+            weights, self._weights = self._weights, None
+        return weights
+
+    def check(self) -> None:
+        """Raise what stopped the thread, if anything did."""
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> int:
+        """End the thread after its current update -> queued fragments dropped with it."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join()
+        dropped = 0
+        while True:
+            try:
+                dropped += len(self.batches.get_nowait())
+            except queue.Empty:
+                return dropped
+
+    # ----- the thread ----------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._stopping.is_set():
+            start = time.perf_counter()
+            try:
+                fragments = self.batches.get(timeout=_IDLE_POLL_S)
+            except queue.Empty:
+                self.idle_s += time.perf_counter() - start
+                continue
+            self.idle_s += time.perf_counter() - start
+            try:
+                self._train(fragments)
+            except BaseException as error:  # noqa: BLE001 - kept for the caller's check()
+                self.error = error
+                return
+
+    def _train(self, fragments: list[Fragment]) -> None:
+        fresh = [f for f in fragments if not self._too_old(f)]
+        shards = deal(fresh, self.learners.num_learners or 1)
+        self.dropped_fragments += len(fragments) - len(fresh)
+        if not all(shards):  # fewer fresh fragments than learners: nothing to train on
+            self.dropped_fragments += len(fresh)
+            return
+        stats = self.learners.update_on_fragments(
+            [[f.batch for f in shard] for shard in shards], self.version, self.num_sgd_steps
+        )
+        self.version += 1
+        weights = None
+        if self.broadcast_interval is not None and self.version % self.broadcast_interval == 0:
+            weights = (self.version, self.learners.get_weights())
+        with self._lock:
+            self._results.append(stats)
+            if weights is not None:
+                self._weights = weights
+
+    def _too_old(self, fragment: Fragment) -> bool:
+        lag = self.version - fragment.weights_version
+        return self.max_policy_lag is not None and lag > self.max_policy_lag
+
+
+def deal(fragments: list[Fragment], num_shards: int) -> list[list[Fragment]]:
+    """Fragments into `num_shards` lists of about equal env steps (largest first,
+    each to the lightest shard)."""
+    shards: list[list[Fragment]] = [[] for _ in range(num_shards)]
+    steps = [0] * num_shards
+    for fragment in sorted(fragments, key=lambda f: -f.env_steps):
+        lightest = steps.index(min(steps))
+        shards[lightest].append(fragment)
+        steps[lightest] += fragment.env_steps
+    return shards

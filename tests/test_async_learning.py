@@ -1,0 +1,158 @@
+"""The asynchronous machinery: FragmentStream (requests in flight, references only,
+dead runners), LearnerThread (bounded queue, dealing, policy lag) and AsyncLearning
+over a real local Ray, with the learner in the driver and in 2 learner actors.
+The tests that start Ray are in the slow group (the fast suite's budget)."""
+
+import collections
+
+import envs
+import fakes
+import numpy as np
+import pytest
+import ray
+
+from policy_service import LearnerGroup
+from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.fragment_stream import Fragment, FragmentStream
+from policy_service.distributed.learner_thread import LearnerThread, deal
+from policy_service.sample_batch import concat_samples
+
+CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
+SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.005}
+
+
+@pytest.fixture(scope="module")
+def runners(ray_local):
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=10,
+        env_config=SCRIPT,
+        seed=0,
+    )
+    yield group
+    group.stop()
+
+
+@pytest.fixture(scope="module")
+def learners(runners):
+    group = LearnerGroup(
+        fakes.ReturnsPGPolicy, runners.observation_space, runners.action_space, CONFIG
+    )
+    yield group
+    group.stop()
+
+
+def drain(stream: FragmentStream) -> list[Fragment]:
+    fragments = []
+    while stream.requests_in_flight():
+        fragments += stream.collect(timeout_s=5.0)
+    return fragments
+
+
+@pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
+def test_each_runner_keeps_its_requests_in_flight_and_the_driver_gets_only_metrics(runners):
+    stream = FragmentStream(runners, max_requests_in_flight_per_env_runner=3)
+    stream.top_up()
+    assert stream.requests_in_flight() == 6
+    stream.top_up()  # already full: nothing more asked
+    assert stream.requests_in_flight() == 6
+    fragments = drain(stream)
+    assert len(fragments) == 6 and stream.lost_fragments == 0
+    assert all(isinstance(f.batch, ray.ObjectRef) for f in fragments)
+    by_worker = collections.Counter(f.metrics["worker_index"] for f in fragments)
+    assert by_worker == {1: 3, 2: 3}
+    batch = ray.get(fragments[0].batch)
+    assert batch.count == fragments[0].env_steps >= 20
+    np.testing.assert_array_equal(batch["weights_version"], fragments[0].weights_version)
+    assert stream.collect(timeout_s=0.05) == []  # not asked again: the runners wait
+
+
+@pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
+def test_a_killed_runner_loses_its_requests_counted_and_is_replaced(runners):
+    stream = FragmentStream(runners, max_requests_in_flight_per_env_runner=2)
+    restarts = runners.num_restarts
+    stream.top_up()
+    ray.kill(runners.workers[0], no_restart=True)
+    delivered = collections.Counter()
+    asked = collections.Counter({1: 2, 2: 2})
+    while runners.num_restarts == restarts:  # the death shows when a request to it fails
+        for fragment in drain(stream):
+            delivered[fragment.metrics["worker_index"]] += 1
+        stream.top_up()
+        asked.update({1: 2, 2: 2})
+    for fragment in drain(stream):
+        delivered[fragment.metrics["worker_index"]] += 1
+    assert runners.num_restarts == restarts + 1
+    assert delivered[2] == asked[2]
+    assert 1 <= stream.lost_fragments == asked[1] - delivered[1]
+    stream.top_up()  # the replacement samples
+    assert {f.metrics["worker_index"] for f in drain(stream)} == {1, 2}
+
+
+def test_fragments_are_dealt_by_env_steps_and_a_full_queue_takes_nothing():
+    fragments = [Fragment(None, {"env_steps": n}) for n in (30, 10, 20, 20)]
+    shards = deal(fragments, 2)
+    assert sorted(sum(f.env_steps for f in s) for s in shards) == [40, 40]
+    thread = LearnerThread(
+        None, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
+    )
+    assert thread.offer(fragments) and not thread.offer(fragments)
+    assert thread.queue_fill() == 1.0
+    assert thread.stop() == 4  # never started: the queued batch is dropped and counted
+
+
+@pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
+def test_async_learning_trains_and_drops_fragments_older_than_max_policy_lag(runners, learners):
+    settings = AsyncSettings(
+        train_batch_size=40, learner_queue_size=1, broadcast_interval=1, max_policy_lag=0
+    )
+    training = AsyncLearning(runners, learners, settings)
+    try:
+        first = training.run(min_env_steps=80)
+        second = training.run(min_env_steps=80)
+    finally:
+        training.stop()
+    for it in (first, second):
+        report = it.report
+        assert report["num_learner_updates"] == len(it.learner_stats) >= 1
+        assert report["policy_lag_max"] == 0  # every row trained on acted with these weights
+        assert 0.0 <= report["learner_queue_fill"] <= 1.0
+        assert report["learner_idle_time_s"] >= 0 and report["env_runner_idle_time_s"] >= 0
+        assert sum(m["env_steps"] for m in it.fragment_metrics) >= 80
+    assert second.report["learner_version"] > first.report["learner_version"] >= 1
+    # the weights of the second run's updates reached the runners without anyone waiting
+    assert max(runners.weights_versions()) >= first.report["learner_version"]
+
+
+@pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
+def test_two_learner_actors_train_on_their_own_fragments_as_one_device(runners):
+    stream = FragmentStream(runners, max_requests_in_flight_per_env_runner=2)
+    stream.top_up()
+    fragments = drain(stream)
+    group = LearnerGroup(
+        fakes.ReturnsPGPolicy,
+        runners.observation_space,
+        runners.action_space,
+        {**CONFIG, "num_learners": 2, "num_cpus_per_learner": 0.5},
+    )
+    try:
+        one = fakes.ReturnsPGPolicy(runners.observation_space, runners.action_space, CONFIG)
+        group.set_weights(one.get_weights())
+        shards = [[f.batch for f in shard] for shard in deal(fragments, 2)]
+        stats = group.update_on_fragments(shards, learner_version=3)
+        batches = ray.get([f.batch for f in fragments])
+        one.learn_on_batch(concat_samples(batches).copy())
+        fakes.assert_weights_close(one.get_weights(), group.get_weights())
+        assert group.weights_identical()
+        rows = sum(b.count for b in batches)
+        assert stats["num_samples_trained"] == rows
+        lags = np.concatenate([3 - np.asarray(b["weights_version"]) for b in batches])
+        assert stats["policy_lag_mean"] == pytest.approx(lags.mean())
+        assert stats["policy_lag_max"] == lags.max()
+    finally:
+        group.stop()

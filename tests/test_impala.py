@@ -1,0 +1,230 @@
+"""algorithms/impala.py and algorithms/appo.py: config errors before any actor starts,
+the V-trace targets against the learner's own values (truncation bootstraps,
+termination does not), gradients on 2 fake GPUs equal one device's, and a short
+asynchronous run that trains and checkpoints (the longer ones in the slow group)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from fakes import assert_grads_close
+
+from algorithms.appo import APPO, APPOConfig, APPOPolicy
+from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
+from policy_service.config import ConfigError, from_dict
+from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.engine.units import LOSS_MASK
+from policy_service.sample_batch import SampleBatch, concat_samples
+
+MODEL = {"fcnet_hiddens": [16, 16], "lstm_cell_size": 8, "max_seq_len": 5}
+LSTM = {**MODEL, "use_lstm": True, "lstm_use_prev_action": True}
+
+
+def policy_config(**overrides):
+    return {
+        "seed": 0,
+        "lr": 1e-3,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 40,
+        "num_envs_per_env_runner": 2,
+        "model": MODEL,
+        **overrides,
+    }
+
+
+# ----- bad input: one line naming the key, from the config alone ----------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        ({"rollout_fragment_length": 30}, "rollout_fragment_length=30"),
+        ({"max_requests_in_flight_per_env_runner": 0}, "max_requests_in_flight_per_env_runner"),
+        ({"inference": "gpu"}, "config.inference"),
+        ({"vtrace_clip_rho_threshold": 0.0}, "config.vtrace_clip_rho_threshold"),
+        ({"vtrace_clip_pg_rho_threshold": -1.0}, "config.vtrace_clip_pg_rho_threshold"),
+        ({"learner_queue_size": 0}, "config.learner_queue_size"),
+    ],
+)
+@pytest.mark.parametrize("config_class", [IMPALAConfig, APPOConfig])
+def test_a_bad_key_is_one_line_naming_it(config_class, overrides, key):
+    with pytest.raises(ConfigError) as error:
+        from_dict(config_class, {**policy_config(), **overrides})
+    message = str(error.value)
+    assert key in message and "\n" not in message
+
+
+def test_appos_clip_is_checked_and_thresholds_may_be_none():
+    with pytest.raises(ConfigError, match="config.clip_param"):
+        from_dict(APPOConfig, policy_config(clip_param=0.0))
+    config = from_dict(IMPALAConfig, policy_config(vtrace_clip_rho_threshold=None))
+    assert config.vtrace_clip_rho_threshold is None
+    assert from_dict(IMPALAConfig, policy_config(inference="policy_actors")).remote_inference
+
+
+def test_a_bad_config_fails_before_ray_or_any_actor_starts():
+    import ray
+
+    with pytest.raises(ConfigError, match="rollout_fragment_length"):
+        IMPALA({"env": "CartPole-v1", "num_env_runners": 2, **policy_config(train_batch_size=50)})
+    assert not ray.is_initialized()
+
+
+# ----- the targets: V-trace per chunk on the learner's values ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def fragments():
+    """Two CartPole fragments from a policy acting here (episodes cross them)."""
+    worker = RolloutWorker(
+        "CartPole-v1", IMPALAPolicy, policy_config(), num_envs=2, rollout_fragment_length=10
+    )
+    batches = [worker.sample()[0] for _ in range(2)]
+    worker.stop()
+    return batches
+
+
+def test_rows_carry_the_weights_version_that_acted(fragments):
+    assert all((np.asarray(b["weights_version"]) == 0).all() for b in fragments)
+
+
+def _numpy_chunk_vs(rewards, values, terminated, bootstrap, rhos, gamma):
+    """V-trace targets of one chunk with rho_bar = c_bar = 1 (numpy recursion)."""
+    clipped = np.minimum(1.0, rhos)
+    discounts = gamma * (1.0 - terminated)
+    next_values = np.append(values[1:], bootstrap)
+    deltas = clipped * (rewards + discounts * next_values - values)
+    out, later = np.zeros(len(values)), 0.0
+    for t in reversed(range(len(values))):
+        later = deltas[t] + discounts[t] * clipped[t] * later
+        out[t] = later
+    return out + values
+
+
+def test_targets_bootstrap_from_the_learners_value_of_the_final_obs_unless_terminated():
+    policy = IMPALAPolicy(*_cartpole_spaces(), policy_config())
+    rng = np.random.default_rng(0)
+    chunks = []
+    for eps, (n, terminated, truncated) in enumerate([(4, True, False), (3, False, True)]):
+        chunks.append(
+            SampleBatch(
+                {
+                    SampleBatch.OBS: rng.uniform(-0.1, 0.1, (n, 4)).astype(np.float32),
+                    SampleBatch.NEXT_OBS: rng.uniform(-0.1, 0.1, (n, 4)).astype(np.float32),
+                    SampleBatch.ACTIONS: rng.integers(0, 2, n),
+                    SampleBatch.REWARDS: np.ones(n, np.float32),
+                    SampleBatch.TERMINATEDS: np.arange(n) == n - 1
+                    if terminated
+                    else np.zeros(n, bool),
+                    SampleBatch.TRUNCATEDS: np.arange(n) == n - 1
+                    if truncated
+                    else np.zeros(n, bool),
+                    SampleBatch.EPS_ID: np.full(n, eps),
+                    SampleBatch.UNROLL_ID: np.zeros(n, np.int64),
+                    SampleBatch.ACTION_LOGP: np.full(n, np.log(0.5), np.float32),
+                }
+            )
+        )
+    train = policy.train_columns(concat_samples(chunks))
+    batch = {k: tf.constant(v) for k, v in train.columns.items()}
+    out = policy.model(batch, training=False)
+    logp = policy.dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(batch[SampleBatch.ACTIONS])
+    vs, _ = policy.vtrace(batch, out, logp - batch[SampleBatch.ACTION_LOGP])
+    vs = vs.numpy()[train.columns[LOSS_MASK]]
+    values = out[SampleBatch.VF_PREDS].numpy()[train.columns[LOSS_MASK]]
+    rhos = np.exp((logp - batch[SampleBatch.ACTION_LOGP]).numpy()[train.columns[LOSS_MASK]])
+    final_obs = chunks[1][SampleBatch.NEXT_OBS][-1:]
+    bootstrap = float(policy.model({"obs": tf.constant(final_obs)})[SampleBatch.VF_PREDS][0])
+    gamma = policy.config.gamma
+    expected = np.concatenate(
+        [
+            _numpy_chunk_vs(np.ones(4), values[:4], np.arange(4) == 3, 123.0, rhos[:4], gamma),
+            _numpy_chunk_vs(np.ones(3), values[4:], np.zeros(3), bootstrap, rhos[4:], gamma),
+        ]
+    )
+    np.testing.assert_allclose(vs, expected, rtol=1e-5, atol=1e-5)
+
+
+def _cartpole_spaces():
+    import gymnasium as gym
+
+    env = gym.make("CartPole-v1")
+    spaces = env.observation_space, env.action_space
+    env.close()
+    return spaces
+
+
+# ----- exactness: 2 fake GPUs give one device's gradient ----------------------------------
+
+
+@pytest.mark.parametrize(
+    "policy_cls, model",
+    [
+        (IMPALAPolicy, MODEL),
+        pytest.param(APPOPolicy, MODEL, marks=pytest.mark.slow),
+        pytest.param(IMPALAPolicy, LSTM, marks=pytest.mark.slow),
+        pytest.param(APPOPolicy, LSTM, marks=pytest.mark.slow),
+    ],
+    ids=["impala-mlp", "appo-mlp", "impala-lstm", "appo-lstm"],
+)
+def test_two_fake_gpus_give_one_devices_gradient(fragments, policy_cls, model):
+    if model is LSTM:  # an LSTM acts with its state: sample with one
+        worker = RolloutWorker(
+            "CartPole-v1",
+            policy_cls,
+            policy_config(model=LSTM),
+            num_envs=2,
+            rollout_fragment_length=10,
+        )
+        batch = concat_samples([worker.sample()[0] for _ in range(2)])
+        worker.stop()
+    else:
+        batch = concat_samples(fragments)
+    one = policy_cls(*_cartpole_spaces(), policy_config(model=model))
+    two = policy_cls(*_cartpole_spaces(), policy_config(model=model, num_gpus=2, _fake_gpus=True))
+    two.set_weights(one.get_weights())
+    assert len(two.devices) == 2
+    g1, s1 = one.compute_gradients(batch)
+    g2, s2 = two.compute_gradients(batch)
+    assert s1["valid_rows"] == s2["valid_rows"] == batch.count
+    assert_grads_close(g1, g2)
+    for key in ("policy_loss", "vf_loss", "entropy"):
+        assert s2[key] == pytest.approx(s1[key], rel=1e-5, abs=1e-6)
+
+
+# ----- the algorithm: an asynchronous run in this process ---------------------------------
+
+
+@pytest.mark.slow  # ~20 s each on a loaded 2-core machine
+@pytest.mark.parametrize("algo_cls", [IMPALA, APPO])
+def test_a_local_run_trains_reports_lag_and_resumes_from_a_checkpoint(algo_cls, tmp_path):
+    config = {"env": "CartPole-v1", **policy_config(num_epochs=2)}
+    algo = algo_cls(config)
+    try:
+        first = algo.train()
+        second = algo.train()
+        for key in (
+            "policy_lag_mean",
+            "policy_lag_max",
+            "learner_queue_fill",
+            "learner_idle_time_s",
+            "env_runner_idle_time_s",
+            "policy_loss",
+        ):
+            assert np.isfinite(second[key]), key
+        assert second["num_learner_updates"] >= 1
+        assert second["learner_version"] > first["learner_version"] >= 1
+        assert second["num_samples_trained_this_iter"] >= 2 * 40 * second["num_learner_updates"]
+        assert 0 <= second["policy_lag_mean"] <= second["policy_lag_max"]
+        algo.save(str(tmp_path / "ckpt"))
+        weights = algo.get_policy().get_weights()
+        version = algo.async_learning.version
+    finally:
+        algo.stop()
+    resumed = algo_cls.from_checkpoint(str(tmp_path / "ckpt"))
+    try:
+        restored = resumed.get_policy().get_weights()
+        assert all(np.array_equal(weights[k], restored[k]) for k in weights)
+        assert resumed.async_learning.version == version
+        assert resumed.train()["learner_version"] > version
+    finally:
+        resumed.stop()

@@ -1,0 +1,132 @@
+"""IMPALA and APPO learn CartPole-v1 from their tuned configs with 2 remote env
+runners (slow: a few minutes each on 2 cores); the gradients of 2 learner actors
+equal one device's."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+from fakes import assert_weights_close, weights_differ
+
+from algorithms.appo import APPO, APPOPolicy
+from algorithms.impala import IMPALA, IMPALAPolicy
+from policy_service import LearnerGroup
+from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.sample_batch import concat_samples
+
+pytestmark = pytest.mark.slow
+
+TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned"
+MAX_STEPS = 400_000
+
+
+def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
+    start = time.perf_counter()
+    try:
+        while True:
+            last = algo.train()
+            if last["episode_return_mean"] >= stop_return or last["timesteps_total"] >= max_steps:
+                return last, time.perf_counter() - start
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize(
+    "algo_cls, name",
+    [
+        pytest.param(
+            IMPALA,
+            "impala",
+            marks=pytest.mark.xfail(reason="cartpole_impala.yaml is not tuned yet", strict=True),
+        ),
+        (APPO, "appo"),
+    ],
+)
+def test_reaches_450_on_cartpole_with_two_remote_env_runners(ray_local, algo_cls, name):
+    config = yaml.safe_load((TUNED / f"cartpole_{name}.yaml").read_text())
+    config.update(seed=0, num_env_runners=2)
+    last, seconds = train_until(algo_cls(config), 450, MAX_STEPS)
+    print(
+        f"\n{name} CartPole-v1: {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {seconds:.0f} s, "
+        f"lag mean {last['policy_lag_mean']:.2f}"
+    )
+    assert last["episode_return_mean"] >= 450
+
+
+def test_appo_reaches_450_acting_in_the_learner_actor(ray_local):
+    config = yaml.safe_load((TUNED / "cartpole_appo.yaml").read_text())
+    config.update(seed=0, num_env_runners=2, num_learners=1, inference="learners")
+    algo = APPO(config)
+    assert algo.env_runners.weights_versions() == [0, 0]  # the learner's own version
+    last, seconds = train_until(algo, 450, MAX_STEPS)
+    print(
+        f"\nappo, inference in the learner: {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {seconds:.0f} s, lag max {last['policy_lag_max']}"
+    )
+    assert last["episode_return_mean"] >= 450
+
+
+@pytest.mark.parametrize("policy_cls", [IMPALAPolicy, APPOPolicy])
+def test_two_learner_actors_give_one_devices_step(ray_local, policy_cls):
+    config = {
+        "seed": 0,
+        "lr": 1e-2,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 40,
+        "num_envs_per_env_runner": 2,
+        "model": {"fcnet_hiddens": [16, 16]},
+    }
+    worker = RolloutWorker(
+        "CartPole-v1", policy_cls, config, num_envs=2, rollout_fragment_length=10
+    )
+    fragments = [worker.sample()[0] for _ in range(4)]
+    spaces = worker.get_spaces()
+    worker.stop()
+    one = policy_cls(*spaces, config)
+    group = LearnerGroup(
+        policy_cls, *spaces, {**config, "num_learners": 2, "num_cpus_per_learner": 0.5}
+    )
+    try:
+        group.set_state(one.get_state())  # the target network too
+        before = one.get_weights()
+        refs = [ray.put(f) for f in fragments]
+        for _ in range(2):  # the second step from the combined Adam state
+            group.update_on_fragments([refs[:2], refs[2:]], learner_version=0)
+            one.learn_on_batch(concat_samples(fragments))
+        assert_weights_close(one.get_weights(), group.get_weights())
+        assert group.weights_identical()
+        assert weights_differ(before, group.get_weights())
+    finally:
+        group.stop()
+
+
+def test_appo_reaches_450_with_an_env_runner_killed_every_10_s(ray_local):
+    config = yaml.safe_load((TUNED / "cartpole_appo.yaml").read_text())
+    config.update(seed=1, num_env_runners=2)
+    algo = APPO(config)
+    stop = threading.Event()
+    kills = []
+
+    def kill_every_10_s():
+        while not stop.wait(10.0):
+            ray.kill(algo.env_runners.workers[len(kills) % 2], no_restart=True)
+            kills.append(time.perf_counter())
+
+    killer = threading.Thread(target=kill_every_10_s, daemon=True)
+    killer.start()
+    try:
+        last, seconds = train_until(algo, 450, MAX_STEPS)
+    finally:
+        stop.set()
+        killer.join()
+    print(
+        f"\nappo, a runner killed every 10 s: {last['episode_return_mean']:.1f} after "
+        f"{last['timesteps_total']} env steps, {seconds:.0f} s, "
+        f"{last['num_worker_restarts']:.0f} restarts"
+    )
+    assert last["episode_return_mean"] >= 450
+    assert len(kills) >= 1 and last["num_worker_restarts"] >= len(kills) - 1  # the last unseen
