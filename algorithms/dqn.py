@@ -38,6 +38,7 @@ from policy_service.config import (
     integer,
     setting,
 )
+from policy_service.config_rules import rows_in_memory
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import check_minibatch_size
@@ -116,7 +117,7 @@ class DQNConfig(AlgorithmConfig):
     replay_buffer_capacity: int = setting(
         50000,
         doc="Transitions the replay buffer holds (RLlib's replay_buffer_config['capacity']).",
-        check=integer(ge=1),
+        check=rows_in_memory(),
     )
     prioritized_replay: bool = setting(True, doc="Proportional prioritized replay; False: uniform.")
     prioritized_replay_alpha: float = setting(
@@ -451,6 +452,7 @@ class DQN(Algorithm):
     config_class = DQNConfig
     config: DQNConfig
     policy_class = DQNPolicy
+    sampling_changes_state = True  # the replay buffer keeps every sample
 
     def __init__(self, config: dict | DQNConfig):
         super().__init__(config)
