@@ -25,7 +25,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
+from policy_service.config_rules import (
+    Rule,
+    finite,
+    integer,
+    is_int,
+    is_number,
+    machine_memory_bytes,
+    one_of,
+)
 from policy_service.errors import UserError
 
 Check = Callable[[Any], str | None]
@@ -102,7 +110,19 @@ GPU_COUNT = Rule(
     "a finite number >= 0, and a whole number when above 1",
     lambda v: math.isfinite(v) and v >= 0 and (v <= 1 or v == int(v)),
 )
-LAYER_SIZES = Rule("a list of integers >= 1", lambda v: all(map(_is_count, v)))
+
+
+def _weights_fit(sizes: list) -> bool:
+    """The hidden layers' weights alone (float32, layer to layer) fit in memory."""
+    return 4 * sum(a * b for a, b in zip(sizes, sizes[1:])) <= _MEMORY_BYTES
+
+
+_MEMORY_BYTES = machine_memory_bytes()
+LAYER_SIZES = Rule(
+    "a list of integers >= 1 whose weights fit in this machine's "
+    f"{_MEMORY_BYTES / 2**30:.1f} GiB of memory (4 bytes each, layer to layer)",
+    lambda v: all(map(_is_count, v)) and _weights_fit(v),
+)
 CONV_FILTERS = Rule(
     "a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
     "(kernel and stride: an int or [h, w])",
