@@ -20,7 +20,7 @@ from policy_service.errors import UserError
 _CLUSTER_ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 
 
-LOOPBACK = "127.0.0.1"
+_ONE_MACHINE_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayAddressError(UserError, ValueError):
@@ -99,15 +99,24 @@ def start_ray(
         ray.init(address=address, **quiet_args)
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
     else:
-        # the agents (dashboard, runtime env) bind to the node address when it is loopback;
-        # Ray 2.60's C++ servers bind 0.0.0.0 and :: whatever it is (docs/distributed.md)
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            _node_ip_address=LOOPBACK,
-            **quiet_args,
-        )
+        bind_to_loopback()
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet_args)
+
+
+def bind_to_loopback() -> None:
+    """Make the Ray started next in this process bind every server to loopback.
+
+    Ray's node address is what its GCS, raylet, workers and agents bind to (Ray
+    2.60 measured: a routable address gives 0.0.0.0 and ::). `ray.init` turns a
+    given 127.0.0.1 into the routable address, but in its one-machine mode (the
+    mode of macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) the node
+    address is 127.0.0.1. Set in the environment for the processes Ray starts,
+    and in the constant Ray read at import, when it is imported already.
+    """
+    os.environ[_ONE_MACHINE_MODE] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
 
 
 WATCH_INTERVAL_S = 0.25
