@@ -50,3 +50,11 @@ def descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children")
     found = [int(c) for c in children.read_text().split()] if children.exists() else []
     return found + [d for c in found for d in descendants(c)]
+
+
+def error_line(err: str) -> str:
+    """The one "policy-service: error:" line of a command run in this process, whose
+    stderr also holds what the test's own Ray forwards from its actors."""
+    lines = [line for line in err.splitlines() if line.startswith("policy-service: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

@@ -116,7 +116,7 @@ def bind_to_loopback() -> None:
     os.environ[_ONE_MACHINE_MODE] = "0"
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:
-        constants.ENABLE_RAY_CLUSTER = False
+        constants.__dict__["ENABLE_RAY_CLUSTER"] = False
 
 
 WATCH_INTERVAL_S = 0.25
