@@ -226,6 +226,7 @@ class LearnerDyingAfterSixSteps(PPOPolicy):
         return super().update_on_train_columns(*args, **kwargs)
 
 
+@pytest.mark.slow  # three learner actors started in turn: minutes on two loaded cores
 def test_a_learner_that_keeps_dying_ends_in_the_budget_line_after_a_final_checkpoint(
     ray_faults, tmp_path, capsys, monkeypatch
 ):
@@ -336,7 +337,8 @@ def _process_named(root: int, name: str) -> int:
     raise AssertionError(f"no {name} process under {root}")
 
 
-@pytest.mark.parametrize("victim", ["raylet", pytest.param("gcs_server", marks=pytest.mark.slow)])
+@pytest.mark.slow  # a whole run in its own process, per victim
+@pytest.mark.parametrize("victim", ["raylet", "gcs_server"])
 def test_a_lost_raylet_or_gcs_ends_the_run_in_one_line_saying_the_cluster_went_away(
     victim, tmp_path
 ):
@@ -410,6 +412,7 @@ def _is_loopback(host: str) -> bool:
     )
 
 
+@pytest.mark.slow  # a whole run with three kinds of actors
 def test_a_run_with_env_runners_a_learner_and_the_policy_actor_listens_on_loopback_only(
     tmp_path,
 ):
