@@ -41,7 +41,7 @@ from policy_service.config import (
     one_of,
     setting,
 )
-from policy_service.config_rules import rows_in_memory
+from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
@@ -88,7 +88,7 @@ class AlgorithmConfig(PolicyConfig):
         False, doc="Workers act through one PolicyActor (central inference)."
     )
     train_batch_size: int = setting(
-        4000, doc="Env steps sampled per training iteration.", check=rows_in_memory()
+        4000, doc="Env steps sampled per training iteration.", check=integer(ge=1)
     )
     metrics_num_episodes_for_smoothing: int = setting(
         100, doc="Episodes in the return/length window.", check=integer(ge=1)
@@ -96,6 +96,14 @@ class AlgorithmConfig(PolicyConfig):
     ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
     )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_fits_in_memory(
+            "train_batch_size",
+            self.train_batch_size * MIN_ROW_BYTES,
+            f"{MIN_ROW_BYTES} bytes a row",
+        )
 
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""

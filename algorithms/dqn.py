@@ -38,7 +38,7 @@ from policy_service.config import (
     integer,
     setting,
 )
-from policy_service.config_rules import rows_in_memory
+from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import check_minibatch_size
@@ -117,7 +117,7 @@ class DQNConfig(AlgorithmConfig):
     replay_buffer_capacity: int = setting(
         50000,
         doc="Transitions the replay buffer holds (RLlib's replay_buffer_config['capacity']).",
-        check=rows_in_memory(),
+        check=integer(ge=1),
     )
     prioritized_replay: bool = setting(True, doc="Proportional prioritized replay; False: uniform.")
     prioritized_replay_alpha: float = setting(
@@ -165,6 +165,11 @@ class DQNConfig(AlgorithmConfig):
                 f"{self.num_grad_accumulation_steps}"
             )
         self.check_at_most("train_batch_size", "replay_buffer_capacity")
+        self.check_fits_in_memory(
+            "replay_buffer_capacity",
+            self.replay_buffer_capacity * MIN_ROW_BYTES,
+            f"{MIN_ROW_BYTES} bytes a transition",
+        )
         if self.model.use_lstm:
             raise ConfigError(
                 f"{self.key_prefix}.model.use_lstm must be False: DQN "

@@ -42,7 +42,7 @@ def num_epochs(value: Any, default: int) -> int:
     if value is None:
         return default
     if not _is_int(value) or value < 1:
-        raise ValueError(f"num_epochs must be None or an integer >= 1, got {value!r}")
+        raise ValueError(f"num_epochs must be None or >= 1, got {value!r}")
     return int(value)
 
 

@@ -112,17 +112,7 @@ GPU_COUNT = Rule(
 )
 
 
-def _weights_fit(sizes: list) -> bool:
-    """The hidden layers' weights alone (float32, layer to layer) fit in memory."""
-    return 4 * sum(a * b for a, b in zip(sizes, sizes[1:])) <= _MEMORY_BYTES
-
-
-_MEMORY_BYTES = machine_memory_bytes()
-LAYER_SIZES = Rule(
-    "a list of integers >= 1 whose weights fit in this machine's "
-    f"{_MEMORY_BYTES / 2**30:.1f} GiB of memory (4 bytes each, layer to layer)",
-    lambda v: all(map(_is_count, v)) and _weights_fit(v),
-)
+LAYER_SIZES = Rule("a list of integers >= 1", lambda v: all(map(_is_count, v)))
 CONV_FILTERS = Rule(
     "a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
     "(kernel and stride: an int or [h, w])",
@@ -154,6 +144,18 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def check_fits_in_memory(self, key: str, needed_bytes: int, what: str) -> None:
+        """A rule across the machine: `key`'s value needs at least `needed_bytes`
+        (`what`), which must fit in this machine's memory (checked when the config
+        is read, not at the MemoryError)."""
+        memory = machine_memory_bytes()
+        if needed_bytes > memory:
+            raise ConfigError(
+                f"{self.key_prefix}.{key} needs {what}, {needed_bytes} bytes at least, "
+                f"more than this machine's {memory / 2**30:.1f} GiB of memory; got "
+                f"{getattr(self, key)!r}"
+            )
 
     def check_at_most(self, key: str, limit_key: str, why: str = "") -> None:
         """A rule across fields: `key`'s value must not exceed `limit_key`'s."""
@@ -198,6 +200,12 @@ class ModelConfig(Config):
     use_batch_norm: bool = setting(False, doc="Batch normalization after each hidden dense layer.")
     custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
+
+    def __post_init__(self):
+        super().__post_init__()
+        sizes = self.fcnet_hiddens
+        weights = sum(a * b for a, b in zip(sizes, sizes[1:]))
+        self.check_fits_in_memory("fcnet_hiddens", 4 * weights, "4 bytes a weight, layer to layer")
 
 
 @dataclass

@@ -60,19 +60,6 @@ def machine_memory_bytes() -> int:
 MIN_ROW_BYTES = 16  # the least a batch or replay row can take: obs, action, reward, flags
 
 
-def rows_in_memory(bytes_per_row: int = MIN_ROW_BYTES) -> Rule:
-    """An integer >= 1 whose rows of at least `bytes_per_row` each fit in this
-    machine's memory: a bound below which a value may still not fit, and above
-    which it cannot (checked when the config is read, not at the MemoryError)."""
-    memory = machine_memory_bytes()
-    most = memory // bytes_per_row
-    return Rule(
-        f"an integer in [1, {most}] (at least {bytes_per_row} bytes a row; more rows "
-        f"do not fit in this machine's {memory / 2**30:.1f} GiB of memory)",
-        lambda value: is_int(value) and 1 <= value <= most,
-    )
-
-
 def one_of(*choices: str) -> Rule:
     """One of the choices given; the error lists them."""
     return Rule(f"one of {list(choices)}", lambda value: value in choices)
