@@ -420,7 +420,8 @@ def test_a_run_with_env_runners_a_learner_and_the_policy_actor_listens_on_loopba
     process = subprocess.Popen(
         [sys.executable, "-m", "policy_service.cli.commands", "train", "ppo", "--env"]
         + ["CartPole-v1", "--num-env-runners", "1", "--num-learners", "1", "--set"]
-        + ["remote_inference=true", "--stop-iters", "2", *TINY, "--output-dir", str(run_dir)],
+        + ["remote_inference=true", "--set", "num_cpus_per_learner=0.5", "--stop-iters", "2"]
+        + [*TINY, "--output-dir", str(run_dir)],  # 0.5 + 1 + 0.5 CPUs: the 2 cores held
         env=subprocess_env(),
         stderr=subprocess.PIPE,
         text=True,
