@@ -42,6 +42,7 @@ from policy_service.config import (
     one_of,
     setting,
 )
+from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
@@ -103,6 +104,14 @@ class AlgorithmConfig(PolicyConfig):
         check=integer(ge=0),
     )
 
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_fits_in_memory(
+            "train_batch_size",
+            self.train_batch_size * MIN_ROW_BYTES,
+            f"{MIN_ROW_BYTES} bytes a row",
+        )
+
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""
         if self.rollout_fragment_length != "auto":
@@ -134,12 +143,29 @@ class IterationCounts:
     sync_time_s: float = 0.0
 
 
+@dataclass
+class IterationStart:
+    """The counters as a training iteration found them: what a checkpoint written
+    after that iteration failed holds (`Algorithm.save_after_failure`)."""
+
+    timesteps_total: int
+    num_samples_trained_total: int
+    time_total_s: float
+    episode_returns: list
+    episode_lengths: list
+
+
 class Algorithm:
     """The training loop: a subclass sets `config_class`, `policy_class` and
-    overrides `training_step` (or only `update_on_batch`, for an on-policy one)."""
+    overrides `training_step` (or only `update_on_batch`, for an on-policy one).
+
+    `sampling_changes_state`: True when the algorithm keeps what it samples in
+    state a checkpoint holds (a replay buffer), so that an iteration that failed
+    after sampling cannot be checkpointed as the one before it."""
 
     config_class: type[AlgorithmConfig] = AlgorithmConfig
     policy_class: type[TFPolicy]  # set by each subclass
+    sampling_changes_state: bool = False
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
@@ -156,6 +182,8 @@ class Algorithm:
         self.num_samples_trained_total = 0
         self.time_total_s = 0.0
         self._counts = IterationCounts()
+        self._iteration_start: IterationStart | None = None
+        self._iteration_changed_state = False  # learned (or kept samples) this iteration
         self._past_worker_restarts = 0  # restarts counted by env runner groups since replaced
         window = self.config.metrics_num_episodes_for_smoothing
         self._episode_returns: collections.deque[float] = collections.deque(maxlen=window)
@@ -200,6 +228,14 @@ class Algorithm:
         """One iteration (`training_step`) -> metrics: its statistics, counts,
         times and the return window."""
         self._counts = IterationCounts()
+        self._iteration_start = IterationStart(
+            self.timesteps_total,
+            self.num_samples_trained_total,
+            self.time_total_s,
+            list(self._episode_returns),
+            list(self._episode_lengths),
+        )
+        self._iteration_changed_state = False
         start = time.perf_counter()
         stats = self.training_step()
         elapsed = time.perf_counter() - start
@@ -256,6 +292,7 @@ class Algorithm:
 
         start = time.perf_counter()
         stats = dict(update(self.learners))
+        self._iteration_changed_state = True  # a failed update left the learners as they were
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(
                 f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
@@ -299,6 +336,7 @@ class Algorithm:
 
     def _count_sampled(self, metrics: dict) -> int:
         steps = int(metrics["env_steps"])
+        self._iteration_changed_state |= self.sampling_changes_state
         self._episode_returns.extend(metrics["episode_returns"])
         self._episode_lengths.extend(metrics["episode_lengths"])
         self._counts.env_steps += steps
@@ -409,6 +447,33 @@ class Algorithm:
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
+        path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
+        self._restart_sampling()
+        return path
+
+    def save_after_failure(self, checkpoint_dir: str) -> str | None:
+        """After `train()` raised: write the state of the last whole iteration when
+        nothing a checkpoint holds changed since (the failure came before any
+        learning; the failed iteration's sample counts are dropped) -> the
+        directory, else None and nothing is written. Needs no live actor: the
+        learner state is the driver's copy (None if its newest is lost)."""
+        start = self._iteration_start
+        if start is None or self._iteration_changed_state or self.iteration == 0:
+            return None
+        learner_state = self.learners.newest_state()
+        if learner_state is None:
+            return None
+        self.timesteps_total = start.timesteps_total
+        self.num_samples_trained_total = start.num_samples_trained_total
+        self.time_total_s = start.time_total_s
+        self._episode_returns.clear()
+        self._episode_returns.extend(start.episode_returns)
+        self._episode_lengths.clear()
+        self._episode_lengths.extend(start.episode_lengths)
+        self._iteration_start = None
+        return self._write_checkpoint(checkpoint_dir, learner_state)
+
+    def _write_checkpoint(self, checkpoint_dir: str, learner_state: dict) -> str:
         own = self.get_algorithm_state()
         try:
             json.dumps(own.values, allow_nan=False)
@@ -418,7 +483,7 @@ class Algorithm:
                 f"JSON (numbers, strings, lists, dicts): {err}"
             ) from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
-            self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR))
+            self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR), learner_state)
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
             checkpoints.save_json(
                 tmp / checkpoints.ALGORITHM_STATE,
@@ -436,7 +501,6 @@ class Algorithm:
                     "algorithm_arrays": manifest,
                 },
             )
-        self._restart_sampling()
         return str(Path(checkpoint_dir).absolute())
 
     def restore(self, checkpoint_dir: str) -> None:

@@ -38,6 +38,7 @@ from policy_service.config import (
     integer,
     setting,
 )
+from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import check_minibatch_size
@@ -164,6 +165,11 @@ class DQNConfig(AlgorithmConfig):
                 f"{self.num_grad_accumulation_steps}"
             )
         self.check_at_most("train_batch_size", "replay_buffer_capacity")
+        self.check_fits_in_memory(
+            "replay_buffer_capacity",
+            self.replay_buffer_capacity * MIN_ROW_BYTES,
+            f"{MIN_ROW_BYTES} bytes a transition",
+        )
         if self.model.use_lstm:
             raise ConfigError(
                 f"{self.key_prefix}.model.use_lstm must be False: DQN "
@@ -451,6 +457,7 @@ class DQN(Algorithm):
     config_class = DQNConfig
     config: DQNConfig
     policy_class = DQNPolicy
+    sampling_changes_state = True  # the replay buffer keeps every sample
 
     def __init__(self, config: dict | DQNConfig):
         super().__init__(config)

@@ -26,7 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from policy_service.config_rules import Rule, finite, integer, is_int, is_number, one_of
+from policy_service.config_rules import (
+    Rule,
+    finite,
+    integer,
+    is_int,
+    is_number,
+    machine_memory_bytes,
+    one_of,
+)
 from policy_service.errors import UserError
 from policy_service.observation_filters import FILTERS
 
@@ -105,6 +113,8 @@ GPU_COUNT = Rule(
     "a finite number >= 0, and a whole number when above 1",
     lambda v: math.isfinite(v) and v >= 0 and (v <= 1 or v == int(v)),
 )
+
+
 LAYER_SIZES = Rule("a list of integers >= 1", lambda v: all(map(_is_count, v)))
 CONV_FILTERS = Rule(
     "a non-empty list of [out_channels, kernel, stride] of integers >= 1 "
@@ -137,6 +147,18 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    def check_fits_in_memory(self, key: str, needed_bytes: int, what: str) -> None:
+        """A rule across the machine: `key`'s value needs at least `needed_bytes`
+        (`what`), which must fit in this machine's memory (checked when the config
+        is read, not at the MemoryError)."""
+        memory = machine_memory_bytes()
+        if needed_bytes > memory:
+            raise ConfigError(
+                f"{self.key_prefix}.{key} needs {what}, {needed_bytes} bytes at least, "
+                f"more than this machine's {memory / 2**30:.1f} GiB of memory; got "
+                f"{getattr(self, key)!r}"
+            )
 
     def check_at_most(self, key: str, limit_key: str, why: str = "") -> None:
         """A rule across fields: `key`'s value must not exceed `limit_key`'s."""
@@ -181,6 +203,12 @@ class ModelConfig(Config):
     use_batch_norm: bool = setting(False, doc="Batch normalization after each hidden dense layer.")
     custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
+
+    def __post_init__(self):
+        super().__post_init__()
+        sizes = self.fcnet_hiddens
+        weights = sum(a * b for a, b in zip(sizes, sizes[1:]))
+        self.check_fits_in_memory("fcnet_hiddens", 4 * weights, "4 bytes a weight, layer to layer")
 
 
 @dataclass

@@ -6,8 +6,10 @@ options it checks (exploration.py) both use it without importing each other."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -43,6 +45,19 @@ def integer(*, ge: int, le: int | None = None) -> Rule:
         f"an integer {bounds_phrase(None, ge, le)}",
         lambda value: is_int(value) and value >= ge and (le is None or value <= le),
     )
+
+
+def machine_memory_bytes() -> int:
+    """This machine's memory: physical RAM, or the cgroup's limit when lower."""
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+    except OSError:
+        return memory
+    return min(memory, int(limit)) if limit.isdigit() else memory
+
+
+MIN_ROW_BYTES = 16  # the least a batch or replay row can take: obs, action, reward, flags
 
 
 def one_of(*choices: str) -> Rule:

@@ -5,6 +5,8 @@ Imports nothing heavy (`policy-service submit` loads no TensorFlow).
 
 from __future__ import annotations
 
+import errno
+
 
 class UserError(Exception):
     """Caused by the user's input (config, files, arguments, the cluster asked for):
@@ -15,6 +17,26 @@ class UserError(Exception):
 class RunFailure(Exception):
     """The run cannot go on, through no fault of its input (a restart budget spent):
     one line saying why. The command line prints it and exits with status 1."""
+
+
+class DiskFullError(RunFailure, OSError):
+    """A write found no space left (ENOSPC, EDQUOT): one line naming the directory;
+    what was there before the write is kept."""
+
+
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def no_space_left(err: OSError, directory, writing: str) -> DiskFullError | None:
+    """`err` as a DiskFullError naming `directory` and what was being written, when
+    it says the disk is full (else None: another OSError)."""
+    if isinstance(err, DiskFullError):  # found deeper down: named here, where it began
+        return DiskFullError(f"no space left in {directory} (writing {writing})")
+    if err.errno not in NO_SPACE_ERRNOS:
+        return None
+    return DiskFullError(
+        f"no space left in {directory} (writing {writing}: {err.strerror or one_line(err)})"
+    )
 
 
 def one_line(err: BaseException | str, *, first_line: bool = False) -> str:
@@ -29,3 +51,16 @@ def one_line(err: BaseException | str, *, first_line: bool = False) -> str:
     if first_line:
         text = next((line for line in text.splitlines() if line.strip()), "")
     return " ".join(text.split()) or type(err).__name__
+
+
+def restart_budget_spent(
+    role: str, deaths: int, during: str, total: int, budgets: dict, error: BaseException
+) -> str:
+    """The one line a run ends with when an actor role's restart budget is spent,
+    the same for env runners and learners: who died how often during which call,
+    the restarts made in all, the budgets, and the last error."""
+    limits = ", ".join(f"{name}={value}" for name, value in budgets.items())
+    return (
+        f"{role} died {deaths} times during one {during} ({total} restarts in all; "
+        f"budgets: {limits}); last: {type(error).__name__}: {one_line(error, first_line=True)}"
+    )

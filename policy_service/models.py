@@ -50,6 +50,16 @@ def custom_model_registry() -> dict[str, Callable]:
     return dict(_CUSTOM_MODELS)
 
 
+def check_custom_model(name: str) -> None:
+    """`name` was given to register_custom_model (checked when a config is read, and
+    again where a model is built: an actor takes the registry's copy)."""
+    if name not in _CUSTOM_MODELS:
+        raise ValueError(
+            f"config.model.custom_model {name!r} is not a name given to "
+            f"register_custom_model; registered: {sorted(_CUSTOM_MODELS)}"
+        )
+
+
 def register_custom_models(registry: Mapping[str, Callable] | None) -> None:
     """Register every entry of a `custom_model_registry()` copy (None: nothing)."""
     for name, model_cls in (registry or {}).items():
@@ -295,11 +305,7 @@ def build_model(
 ) -> keras.Model:
     """The model the config asks for: custom, LSTM, or feed-forward."""
     if config.custom_model is not None:
-        if config.custom_model not in _CUSTOM_MODELS:
-            raise ValueError(
-                f"custom_model {config.custom_model!r} is not registered; "
-                f"registered: {sorted(_CUSTOM_MODELS)}"
-            )
+        check_custom_model(config.custom_model)
         return _CUSTOM_MODELS[config.custom_model](
             obs_space, action_space, num_outputs, dataclasses.asdict(config)
         )

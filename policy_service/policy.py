@@ -25,7 +25,14 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import distributions, exploration, models, observation_filters, spaces
+from policy_service import (
+    call_arguments,
+    distributions,
+    exploration,
+    models,
+    observation_filters,
+    spaces,
+)
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import PolicyConfig, from_dict
 from policy_service.engine import devices
@@ -188,8 +195,12 @@ class TFPolicy(BatchLearning):
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, batch_size
         )
-        explore = self.config.explore if explore is None else check_flag(explore, "explore")
-        timestep = self.global_timestep if timestep is None else check_count(timestep, "timestep")
+        if explore is None:
+            explore = self.config.explore
+        explore = call_arguments.flag(explore, "explore")
+        if timestep is None:
+            timestep = self.global_timestep
+        timestep = call_arguments.count(timestep, "timestep")
         with tf.device(self.tower_devices.devices[0]):
             actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
@@ -267,6 +278,9 @@ class TFPolicy(BatchLearning):
                     raise ValueError(
                         f"state_in_{i} has shape {s.shape}, expected {(batch_size,) + init.shape}"
                     )
+                if not np.all(np.isfinite(s)):
+                    row = int(np.argwhere(~np.isfinite(s))[0][0])
+                    raise ValueError(f"state_in_{i} has NaN or inf (first at row {row})")
         act_shape = self._action_tensor_shape()
         if prev_actions is None:
             prev_actions = np.zeros((batch_size,) + act_shape, self._action_tensor_dtype())
@@ -406,6 +420,7 @@ class TFPolicy(BatchLearning):
             self.action_space,
             self.num_state_tensors(),
             self.config.model.max_seq_len,
+            self.num_outputs,
         )
 
     def train_columns(self, batch: SampleBatch, fixed_seq_len: bool = False) -> TrainColumns:
@@ -435,8 +450,7 @@ class TFPolicy(BatchLearning):
             stats = self.towers.learn(self._placed(train))
             self.num_grad_updates += 1
         else:
-            if num_epochs < 1:
-                raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+            call_arguments.num_epochs(num_epochs, self.config.num_epochs)
             self.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
             stats = self.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
         return first_rows(stats, len(train.columns[LOSS_MASK]))
@@ -452,7 +466,7 @@ class TFPolicy(BatchLearning):
         return self.towers.place(self.towers.shard(train.columns, train.units))
 
     def apply_gradients(self, gradients) -> None:
-        self.towers.apply_gradients(gradients)
+        self.towers.apply_gradients(call_arguments.gradient_lists(gradients))
         self.num_grad_updates += 1
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
@@ -471,17 +485,19 @@ class TFPolicy(BatchLearning):
             train.units,
             train.rows_per_unit,
             minibatch_size or self.config.minibatch_size,
-            buffer_index,
+            call_arguments.buffer_index(buffer_index),
         )
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
-        buffer = self.towers.buffers.get(buffer_index)
+        buffer = self.towers.buffers.get(call_arguments.buffer_index(buffer_index))
         return 0 if buffer is None else buffer.num_rows
 
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
         """One SGD step on the minibatch at row `offset` of the loaded buffer (with
         num_grad_accumulation_steps K: on the K minibatches from there)."""
-        stats = self.towers.learn_loaded(offset, buffer_index)
+        stats = self.towers.learn_loaded(
+            call_arguments.count(offset, "offset"), call_arguments.buffer_index(buffer_index)
+        )
         self.num_grad_updates += 1
         return stats
 
@@ -489,10 +505,10 @@ class TFPolicy(BatchLearning):
         self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True
     ) -> dict:
         """All epochs of minibatch SGD over a loaded buffer in one compiled call."""
+        epochs = call_arguments.num_epochs(num_epochs, self.config.num_epochs)
+        buffer_index = call_arguments.buffer_index(buffer_index)
         try:
-            stats = self.towers.learn_loaded_epochs(
-                num_epochs or self.config.num_epochs, buffer_index, shuffle
-            )
+            stats = self.towers.learn_loaded_epochs(epochs, buffer_index, shuffle)
         except NonFiniteGradientError as err:
             self.num_grad_updates += err.steps_applied
             raise
@@ -640,7 +656,7 @@ class TFPolicy(BatchLearning):
         for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
             if name in rngs:
                 targets[f"rng/{name}"] = rng.state
-                values[f"rng/{name}"] = np.asarray(rngs[name], np.int64)
+                values[f"rng/{name}"] = _checked_rng_state(rngs[name], name)
         arrays = _checked_arrays(targets, values, "policy state")
         new_exploration = None
         if "exploration" in state:
@@ -720,18 +736,18 @@ class TFPolicy(BatchLearning):
             raise
 
 
-def check_flag(value, name: str) -> bool:
-    """A bool argument; anything else (the string "no" is truthy) is an error."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TypeError(f"{name} must be True, False or None, got {value!r}")
-
-
-def check_count(value, name: str) -> int:
-    """An integer argument >= 0 (a bool or a float is an error)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    return int(value)
+def _checked_rng_state(value, name: str) -> np.ndarray:
+    """A saved Generator state: integers only (a float such as 1e30 would be cast
+    to an arbitrary state)."""
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or (
+        array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max
+    ):
+        raise ValueError(
+            f"policy state entry 'rng/{name}' must hold int64 values (a random "
+            f"generator's state), got {array.dtype} {array.ravel()[:3].tolist()}"
+        )
+    return array.astype(np.int64)
 
 
 def check_new_rate(new_rate) -> float:

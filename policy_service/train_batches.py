@@ -33,6 +33,7 @@ class TrainLayout(NamedTuple):
     action_space: gym.Space
     num_state_tensors: int  # 0: not recurrent
     max_seq_len: int
+    dist_inputs_width: int  # the action distribution's inputs per row
 
 
 class TrainColumns(NamedTuple):
@@ -49,6 +50,10 @@ def prepare_train_columns(
     """Check and preprocess a train batch; recurrent batches are chopped into padded
     sequences (T = max_seq_len when `fixed_seq_len`, else the longest one).
     `loss_columns` (name -> LossColumn) are the columns the loss reads."""
+    if not isinstance(batch, dict):  # a SampleBatch is a dict
+        raise TypeError(
+            f"train batch must be a SampleBatch or a dict of columns, got {type(batch).__name__}"
+        )
     if not isinstance(batch, SampleBatch):
         batch = SampleBatch(batch)
     if batch.count == 0:
@@ -59,6 +64,7 @@ def prepare_train_columns(
             f"columns: {sorted(batch)}"
         )
     check_loss_columns(batch, loss_columns or {})
+    _check_dist_inputs(batch, layout.dist_inputs_width)
     preprocessor, num_state_tensors = layout.preprocessor, layout.num_state_tensors
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
@@ -148,6 +154,18 @@ def check_flat_columns(batch: dict) -> None:
                 f"{[list(p) for p in paths][:4]}); the tower stack takes one array per "
                 "column (only obs and new_obs may be nested), so it cannot reach the loss"
             )
+
+
+def _check_dist_inputs(batch: SampleBatch, width: int) -> None:
+    """The behaviour policy's distribution inputs, as wide as this policy's."""
+    if SampleBatch.ACTION_DIST_INPUTS not in batch:
+        return
+    shape = np.shape(batch[SampleBatch.ACTION_DIST_INPUTS])
+    if shape[1:] != (width,):
+        raise ValueError(
+            f"column 'action_dist_inputs' has shape {shape}, expected (rows, {width}): "
+            "this policy's action distribution takes that many inputs per row"
+        )
 
 
 def check_finite_columns(batch: dict) -> None:

@@ -2,11 +2,13 @@
 
     python scripts/soak.py callers --callers 16 --seconds 60 --kill-actor-at 30
     python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
+    python scripts/soak.py ppo --learners 1 --kill-worker-every 20 --kill-learner-every 60
 
 `callers`: N threads call one restartable PolicyActor's `compute_actions` and check
 every row against a local policy with the same weights ("wrong rows"), optionally
 with the actor SIGKILLed mid-run. `ppo`: PPO on CartPole-v1 with rollout worker
-actors and central inference while workers and the PolicyActor are SIGKILLed.
+actors and central inference (and learner actors) while workers, the PolicyActor
+(and learners) are SIGKILLed.
 Everything runs on this machine's local Ray; the loops end by themselves.
 What each mode does and reports, exactly: BENCHMARKS.md, "What each script measures".
 """
@@ -238,17 +240,21 @@ def run_ppo(args) -> dict:
         num_envs_per_env_runner=4,
         remote_inference=True,
         num_cpus_per_env_runner=0.5,
+        num_learners=args.learners,
+        num_cpus_per_learner=0,  # two cores: the learner shares them with the actors
         ray_num_cpus=2,
     )
     algo = PPO(config)
     rng = random.Random(args.seed)
     stop = threading.Event()
-    kills = {"workers": 0, "policy_actor": 0}
+    kills = {"workers": 0, "policy_actor": 0, "learners": 0}
     last_kill_iteration = [-1]
+    last_learner_kill_iteration = [-1]
 
     def killer() -> None:
         start = time.monotonic()
         next_worker_kill = args.kill_worker_every
+        next_learner_kill = args.kill_learner_every
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
             group = algo.env_runners
@@ -279,6 +285,20 @@ def run_ppo(args) -> dict:
                 except Exception:  # noqa: BLE001 - a worker being replaced right now
                     pass
                 next_worker_kill = elapsed + args.kill_worker_every
+            # likewise at most one learner kill per iteration (one update's budget is 2)
+            if (
+                next_learner_kill
+                and elapsed >= next_learner_kill
+                and algo.learners.actors
+                and algo.iteration > last_learner_kill_iteration[0]
+            ):
+                try:
+                    ray.kill(algo.learners.actors[0])
+                    kills["learners"] += 1
+                    last_learner_kill_iteration[0] = algo.iteration
+                except Exception:  # noqa: BLE001 - a learner being replaced right now
+                    pass
+                next_learner_kill = elapsed + args.kill_learner_every
 
     thread = threading.Thread(target=killer, daemon=True)
     start = time.monotonic()
@@ -296,6 +316,8 @@ def run_ppo(args) -> dict:
                 "num_policy_actor_restarts": algo.env_runners.num_policy_actor_restarts(),
                 "workers_killed": kills["workers"],
                 "policy_actor_killed": kills["policy_actor"],
+                "learners_killed": kills["learners"],
+                "num_learner_restarts": metrics["num_learner_restarts"],
                 "driver_rss_mb": rss_mb(os.getpid()),
                 "actor_rss_mb": _actor_rss(algo.env_runners.policy_actor),
             }
@@ -348,6 +370,10 @@ def build_parser() -> argparse.ArgumentParser:
     ppo.add_argument("--workers", type=int, default=2)
     ppo.add_argument("--kill-worker-every", type=float, default=20.0)
     ppo.add_argument("--kill-actor-at", type=float, default=40.0)
+    ppo.add_argument("--learners", type=int, default=0, help="learner actors (0: the driver)")
+    ppo.add_argument(
+        "--kill-learner-every", type=float, help="SIGKILL learner 0 every S s (with --learners)"
+    )
     ppo.add_argument("--seed", type=int, default=0)
     return parser
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+from fakes import ACTION_SPACE, CELL, OBS_SPACE, PGPolicy, sequence_columns, small_config
 
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
@@ -85,6 +85,14 @@ BAD_BATCHES = {
         lambda b: replaced(b, "action_dist_inputs", np.full((N, 3), "x")),
         "column 'action_dist_inputs' has dtype <U1",
     ),
+    "dist_inputs_wrong_width": (
+        lambda b: replaced(b, "action_dist_inputs", np.zeros((N, 5), np.float32)),
+        "column 'action_dist_inputs' has shape (6, 5), expected (rows, 3)",
+    ),
+    "a_list_not_a_batch": (
+        lambda b: [1, 2, 3],
+        "train batch must be a SampleBatch or a dict of columns, got list",
+    ),
 }
 
 
@@ -126,6 +134,120 @@ BAD_ACTING = {
         "prev_action_batch must hold finite numbers",
     ),
 }
+
+
+# ----- loaded buffers, gradients, recurrent inputs: refused before anything trains ----------
+
+BAD_LEARNING_CALLS = {
+    "epochs_zero": (
+        lambda p: p.learn_on_loaded_epochs(0),
+        ValueError,
+        "num_epochs must be None or >= 1, got 0",
+    ),
+    "buffer_index_negative": (
+        lambda p: p.load_batch_into_buffer(ppo_batch(), buffer_index=-1),
+        ValueError,
+        "buffer_index must be an integer >= 0, got -1",
+    ),
+    "buffer_index_text": (
+        lambda p: p.load_batch_into_buffer(ppo_batch(), buffer_index="a"),
+        ValueError,
+        "buffer_index must be an integer >= 0, got 'a'",
+    ),
+    "offset_text": (
+        lambda p: p.learn_on_loaded_batch(offset="0"),
+        ValueError,
+        "offset must be an integer >= 0, got '0'",
+    ),
+    "gradients_none": (
+        lambda p: p.apply_gradients(None),
+        TypeError,
+        "gradients must be a list of arrays, one per trainable variable",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_LEARNING_CALLS))
+def test_a_bad_learning_argument_is_one_line_and_trains_nothing(ppo, name):
+    call, error, message = BAD_LEARNING_CALLS[name]
+    ppo.load_batch_into_buffer(ppo_batch(8))  # a buffer that a wrong call could train on
+    before, loaded = ppo.get_weights(), ppo.get_num_samples_loaded_into_buffer()
+    with pytest.raises(error) as err:
+        call(ppo)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    for key, value in ppo.get_weights().items():
+        np.testing.assert_array_equal(value, before[key])
+    assert ppo.get_num_samples_loaded_into_buffer() == loaded
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    return PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(model={"use_lstm": True}))
+
+
+def test_seq_lens_that_do_not_sum_to_the_rows_are_one_line(lstm):
+    columns = sequence_columns([3, 2])  # 5 rows
+    columns[SampleBatch.SEQ_LENS] = np.array([3, 3], np.int32)
+    before = lstm.get_weights()
+    with pytest.raises(ValueError) as err:
+        lstm.learn_on_batch(columns)  # a dict: made a SampleBatch, which checks it
+    assert "column 'obs' has 5 rows, expected 6 (sum of seq_lens [3, 3])" in str(err.value)
+    for key, value in lstm.get_weights().items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+def test_an_lstm_state_with_nan_is_named(lstm):
+    states = [np.zeros((3, CELL), np.float32) for _ in range(2)]
+    states[0][1, 2] = np.nan
+    with pytest.raises(ValueError, match=r"state_in_0 has NaN or inf \(first at row 1\)"):
+        lstm.compute_actions(np.zeros((3, 4), np.float32), states)
+
+
+# ----- the PolicyActor's arguments (its host, in this process) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def host():
+    from policy_service.distributed.policy_actor import PolicyHost
+
+    return PolicyHost(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(), max_batch_size=1)
+
+
+@pytest.mark.parametrize(
+    "version, message",
+    [
+        ("abc", "version must be None or an integer >= 0, got 'abc'"),
+        (-1, "version must be None or an integer >= 0, got -1"),
+        (2.0, "version must be None or an integer >= 0, got 2.0"),
+    ],
+)
+def test_policy_actor_set_weights_with_a_bad_version_changes_nothing(host, version, message):
+    import asyncio
+
+    assert asyncio.run(host.set_weights(host.policy.get_weights(), 5)) == 5
+    before = host.policy.get_weights()
+    new = {k: v + 1.0 for k, v in before.items()}
+    with pytest.raises(ValueError) as err:
+        asyncio.run(host.set_weights(new, version))
+    assert message in str(err.value)
+    assert asyncio.run(host.weights_version()) == 5
+    for key, value in host.policy.get_weights().items():
+        np.testing.assert_array_equal(value, before[key])
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"explore": "no"}, TypeError, "explore must be True, False or None, got 'no'"),
+        ({"timestep": "abc"}, ValueError, "timestep must be an integer >= 0, got 'abc'"),
+    ],
+)
+def test_policy_actor_acting_arguments_are_named(host, kwargs, error, message):
+    import asyncio
+
+    with pytest.raises(error) as err:
+        asyncio.run(host.compute_actions(np.zeros((2, 4), np.float32), **kwargs))
+    assert message in str(err.value)
 
 
 @pytest.mark.parametrize("name", sorted(BAD_ACTING))
@@ -203,6 +325,11 @@ BAD_STATES = {
         TypeError,
         "'weights' must be a dict of arrays",
     ),
+    "rng_as_huge_floats": (
+        lambda s: {**s, "rng": {k: np.full(np.shape(v), 1e30) for k, v in s["rng"].items()}},
+        ValueError,
+        "'rng/action' must hold int64 values (a random generator's state), got float64",
+    ),
     "optimizer_slot_shape": (
         lambda s: {**s, "optimizer_variables": {k: np.zeros(7) for k in s["optimizer_variables"]}},
         ValueError,
@@ -211,15 +338,25 @@ BAD_STATES = {
 }
 
 
+@pytest.fixture(scope="module")
+def trained_state():
+    return trained_ppo().get_state()
+
+
+@pytest.fixture(scope="module")
+def target():
+    """Shared: a refused state leaves it as it was, which each case checks."""
+    return PPOPolicy(OBS_SPACE, ACTION_SPACE, small_config(seed=1))
+
+
 @pytest.mark.parametrize("name", sorted(BAD_STATES))
-def test_a_bad_state_changes_nothing(name):
+def test_a_bad_state_changes_nothing(name, trained_state, target):
     """Every entry is checked before any is assigned: weights, optimizer slots,
     counters and the KL coefficient stay as they were."""
-    source, target = trained_ppo(), PPOPolicy(OBS_SPACE, ACTION_SPACE, small_config(seed=1))
     make, error, message = BAD_STATES[name]
     before = target.get_state()
     with pytest.raises(error) as err:
-        target.set_state(make(source.get_state()))
+        target.set_state(make(trained_state))
     assert message in str(err.value)
     after = target.get_state()
     for group in ("weights", "optimizer_variables"):
@@ -332,6 +469,19 @@ def test_a_config_file_that_is_deep_large_or_not_utf8_is_one_line(
     assert not run_dir.exists()
 
 
+def test_an_unregistered_custom_model_is_refused_before_the_algorithm_is_built(
+    tmp_path, capsys, no_algorithm_built
+):
+    run_dir = tmp_path / "run"
+    args = [*TRAIN, "--set", "model.custom_model=nosuch", "--output-dir", str(run_dir)]
+    assert cli.main(args) == 2
+    assert (
+        "config.model.custom_model 'nosuch' is not a name given to register_custom_model"
+        in _one_line(capsys)
+    )
+    assert not run_dir.exists()
+
+
 def test_an_output_dir_that_is_a_file_fails_before_the_algorithm_is_built(
     tmp_path, capsys, no_algorithm_built
 ):
@@ -417,6 +567,60 @@ def test_a_garbage_ray_address_is_one_line(
         "ray://host:port, 'auto' or 'local'" in _one_line(capsys)
     )
     assert not ray.is_initialized() and not (tmp_path / "run").exists()
+
+
+def test_an_address_where_no_cluster_answers_fails_at_once(
+    tmp_path, capsys, monkeypatch, no_algorithm_built
+):
+    import ray
+
+    assert cli.main([*TRAIN, "--address", "127.0.0.1:1", "--output-dir", str(tmp_path / "r")]) == 2
+    assert (
+        "--address '127.0.0.1:1': no Ray cluster answers at 127.0.0.1:1 (Connection refused"
+        in _one_line(capsys)
+    )
+    assert not ray.is_initialized() and not (tmp_path / "r").exists()
+
+
+def _beyond_memory(key: str, what: str, needed: int) -> str:
+    from policy_service.config_rules import machine_memory_bytes
+
+    return (
+        f"{key} needs {what}, {needed} bytes at least, more than this machine's "
+        f"{machine_memory_bytes() / 2**30:.1f} GiB of memory; got "
+    )
+
+
+@pytest.mark.parametrize(
+    "algorithm, setting, key, what",
+    [
+        ("ppo", "train_batch_size=1000000000000", "config.train_batch_size", "16 bytes a row"),
+        (
+            "dqn",
+            "replay_buffer_capacity=1000000000000",
+            "config.replay_buffer_capacity",
+            "16 bytes a transition",
+        ),
+    ],
+)
+def test_a_size_beyond_the_machines_memory_is_refused_when_the_config_is_read(
+    algorithm, setting, key, what, tmp_path, capsys
+):
+    run_dir = tmp_path / "run"
+    argv = ["train", algorithm, "--env", "CartPole-v1", "--set", setting]
+    assert cli.main([*argv, "--output-dir", str(run_dir)]) == 2
+    expected = _beyond_memory(key, what, 16 * 10**12) + "1000000000000"
+    assert expected in _one_line(capsys)
+    assert not run_dir.exists()
+
+
+def test_hidden_layers_whose_weights_exceed_memory_are_refused(tmp_path, capsys):
+    argv = [*TRAIN, "--set", "model.fcnet_hiddens=[1000000, 1000000]"]
+    assert cli.main([*argv, "--output-dir", str(tmp_path / "run")]) == 2
+    expected = _beyond_memory(
+        "config.model.fcnet_hiddens", "4 bytes a weight, layer to layer", 4 * 10**12
+    )
+    assert expected + "[1000000, 1000000]" in _one_line(capsys)
 
 
 @pytest.fixture

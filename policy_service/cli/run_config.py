@@ -170,6 +170,13 @@ def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
         environments.check_env_config(typed.env, typed.env_config)
     except environments.EnvironmentSetupError as err:
         raise TrainingSetupError(str(err)) from None
+    if typed.model.custom_model is not None:
+        from policy_service import models
+
+        try:
+            models.check_custom_model(typed.model.custom_model)
+        except ValueError as err:
+            raise TrainingSetupError(str(err)) from None
     check_devices(typed)
     return json_safe(typed.to_dict())
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_service.cli.run_options import TrainingSetupError
-from policy_service.errors import one_line
+from policy_service.errors import no_space_left, one_line
 from policy_service.io import checkpoints
 
 
@@ -94,8 +94,14 @@ class RunDirectory:
         return rows
 
     def append_progress(self, metrics: dict) -> None:
-        with open(self.progress_file, "a") as f:
-            f.write(json.dumps(metrics, allow_nan=False) + "\n")
+        try:
+            with open(self.progress_file, "a") as f:
+                f.write(json.dumps(metrics, allow_nan=False) + "\n")
+        except OSError as err:
+            full = no_space_left(err, self.path, self.progress_file.name)
+            if full is not None:
+                raise full from None
+            raise
 
     def truncate_progress(self, last_iteration: int) -> list[dict]:
         """Keep every readable row up to `last_iteration`; the ones after it are run

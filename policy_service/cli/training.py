@@ -50,10 +50,12 @@ from policy_service.config import config_for
 from policy_service.distributed.ray_runtime import (
     RayAddressError,
     check_address,
+    check_reachable,
+    cluster_loss_ends_run,
     start_ray,
     uses_ray,
 )
-from policy_service.errors import one_line
+from policy_service.errors import RunFailure, one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
@@ -181,18 +183,22 @@ def train(options: RunOptions) -> int:
         "keep_checkpoints": setup.keep_checkpoints,
     }
     address = options.address or os.environ.get("RAY_ADDRESS") or None
-    ray_started = uses_ray(setup.config, address)
+    ray_module = sys.modules.get("ray")  # a caller's Ray already running is used as it is
+    ray_started = uses_ray(setup.config, address) and not (
+        ray_module is not None and ray_module.is_initialized()
+    )
     if ray_started:
         start_ray(address, quiet=True)
     algo = None
     try:
-        algo = setup.algo_cls(setup.config)
-        if setup.resumed:
-            history = _restore(algo, setup)
-        else:
-            history = []
-        run_dir.create(setup.config, run_settings)
-        return _loop(algo, setup, history)
+        with cluster_loss_ends_run(f"; continue with --resume {run_dir.path}"):
+            algo = setup.algo_cls(setup.config)
+            if setup.resumed:
+                history = _restore(algo, setup)
+            else:
+                history = []
+            run_dir.create(setup.config, run_settings)
+            return _loop(algo, setup, history)
     finally:
         if algo is not None:
             algo.stop()
@@ -275,7 +281,10 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
     try:
         with stop:
             while reason is None:
-                metrics = json_safe(algo.train())
+                try:
+                    metrics = json_safe(algo.train())
+                except RunFailure as failure:
+                    raise _ended_by(failure, algo, setup, checkpoint) from None
                 run_dir.append_progress(metrics)
                 scalars.write(metrics)
                 if histograms_every and algo.iteration % histograms_every == 0:
@@ -306,6 +315,29 @@ def run_distributions(algo) -> dict:
     return distributions
 
 
+def _ended_by(
+    failure: RunFailure, algo: Algorithm, setup: RunSetup, checkpoint: Path | None
+) -> RunFailure:
+    """The run's last line after `failure` stopped an iteration: a final checkpoint
+    of the last whole iteration is written first when its state is consistent
+    (Algorithm.save_after_failure), and the line says which checkpoint holds the run."""
+    run_dir = setup.run_dir
+    path = run_dir.checkpoint_path(algo.iteration)
+    try:
+        saved = None if checkpoint == path else algo.save_after_failure(str(path))
+    except (OSError, RunFailure) as err:
+        return RunFailure(f"{failure}; no final checkpoint ({one_line(err)})")
+    if saved is not None:
+        run_dir.prune_checkpoints(setup.keep_checkpoints)
+        return RunFailure(
+            f"{failure}; a final checkpoint of iteration {algo.iteration} was written first "
+            f"({path}); continue with --resume {run_dir.path}"
+        )
+    latest = run_dir.latest_checkpoint()
+    held = f"the latest checkpoint is {latest.name}" if latest else "no checkpoint was written"
+    return RunFailure(f"{failure}; {held}; continue with --resume {run_dir.path}")
+
+
 def _save(algo, setup: RunSetup) -> Path:
     path = setup.run_dir.checkpoint_path(algo.iteration)
     algo.save(str(path))
@@ -334,6 +366,7 @@ def _check_address(options: RunOptions) -> None:
     if address:
         try:
             check_address(address, source)
+            check_reachable(address, source)
         except RayAddressError as err:
             raise TrainingSetupError(str(err)) from None
 

@@ -31,6 +31,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_service import models, observation_filters
 from policy_service.config import config_for
 from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
+from policy_service.distributed.resources import resource_shortfall
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
     RestartablePolicyActor,
@@ -39,7 +40,7 @@ from policy_service.distributed.restarts import (
     is_actor_death,
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.errors import RunFailure, one_line
+from policy_service.errors import RunFailure, UserError, one_line, restart_budget_spent
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 DEFAULT_MAX_RESTARTS = 100
@@ -47,6 +48,25 @@ DEFAULT_MAX_RESTARTS = 100
 
 class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
+
+
+class EnvRunnerResourcesError(UserError, RuntimeError):
+    """The cluster cannot hold the env runners asked for."""
+
+
+def check_env_runner_resources(num_env_runners: int, num_cpus_per_env_runner: float) -> None:
+    """Fail at once, in one line, when the cluster's CPUs cannot hold every env
+    runner (Ray would leave the rest pending and sampling would wait forever)."""
+    shortfall = resource_shortfall(
+        "env runner",
+        {"CPU": float(num_cpus_per_env_runner)} if num_cpus_per_env_runner > 0 else {},
+        num_env_runners,
+        {"CPU": "num_cpus_per_env_runner"},
+        ray.cluster_resources(),
+        ray.available_resources(),
+    )
+    if shortfall:
+        raise EnvRunnerResourcesError(shortfall)
 
 
 _SUMMED_METRICS = (
@@ -134,6 +154,8 @@ class EnvRunnerGroup:
                 "inference_actors need remote env runners (num_env_runners >= 1) "
                 "and no remote_inference"
             )
+        if self.num_env_runners:
+            check_env_runner_resources(self.num_env_runners, num_cpus_per_env_runner)
         if remote_inference:
             self._served_policy = self._start_policy_actor(
                 env,
@@ -259,11 +281,14 @@ class EnvRunnerGroup:
     def _raise_policy_actor_failure(self, error: BaseException) -> None:
         """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
         if self._served_policy is not None and died_of_actor_death(error):
-            raise EnvRunnerFailure(
-                f"the PolicyActor died and its restart budget is spent "
-                f"(max_policy_actor_restarts={self.max_policy_actor_restarts}, "
-                f"{self.num_policy_actor_restarts()} restarts made)"
-            ) from None
+            raise self._policy_actor_failure(error) from None
+
+    def _policy_actor_failure(self, error: BaseException) -> EnvRunnerFailure:
+        return EnvRunnerFailure(
+            f"the PolicyActor is gone: Ray restarted it {self.num_policy_actor_restarts()} "
+            f"times (max_policy_actor_restarts={self.max_policy_actor_restarts}); last: "
+            f"{type(error).__name__}: {one_line(error, first_line=True)}"
+        )
 
     # ----- weights -----------------------------------------------------------------
 
@@ -289,11 +314,7 @@ class EnvRunnerGroup:
             try:
                 self._served_policy.set_weights(weights_ref, version)
             except RayActorError as error:
-                raise EnvRunnerFailure(
-                    f"the PolicyActor died and its restart budget is spent "
-                    f"(max_policy_actor_restarts={self.max_policy_actor_restarts}): "
-                    f"{type(error).__name__}"
-                ) from None
+                raise self._policy_actor_failure(error) from None
             return version
         _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
         if not wait:
@@ -394,10 +415,17 @@ class EnvRunnerGroup:
             self.workers[slot] = worker
             return
         raise EnvRunnerFailure(
-            f"env runner {slot + 1} died {restarts[slot] + 1} times during one {during} "
-            f"({self.num_restarts} restarts in all; budgets: max_restarts_per_sample="
-            f"{self.max_restarts_per_sample}, max_restarts={self.max_restarts}); last: "
-            f"{type(error).__name__}: {one_line(error, first_line=True)}"
+            restart_budget_spent(
+                f"env runner {slot + 1}",
+                restarts[slot] + 1,
+                during,
+                self.num_restarts,
+                {
+                    "max_restarts_per_sample": self.max_restarts_per_sample,
+                    "max_restarts": self.max_restarts,
+                },
+                error,
+            )
         ) from None
 
     def _ready(self, worker) -> None:

@@ -65,6 +65,7 @@ class Learner:
             "num_towers": self.policy.towers.num_towers,
             "devices": self.policy.devices,
             "num_state_tensors": self.policy.num_state_tensors(),
+            "dist_inputs_width": self.policy.num_outputs,
         }
 
     # ----- learning -------------------------------------------------------------------

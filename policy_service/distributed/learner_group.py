@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from ray.exceptions import RayError
 
-from policy_service import spaces
+from policy_service import call_arguments, spaces
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import config_for
 from policy_service.distributed.learner import (
@@ -38,9 +39,15 @@ from policy_service.distributed.learner import (
     PolicySpec,
 )
 from policy_service.distributed.learner_shards import split_minibatches, split_units
-from policy_service.distributed.learners import LearnerDiedError, LocalLearners, RemoteLearners
+from policy_service.distributed.learners import (
+    LearnerDiedError,
+    LearnerFailure,
+    LocalLearners,
+    RemoteLearners,
+)
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.units import LOSS_MASK, interleave_minibatches
+from policy_service.errors import restart_budget_spent
 from policy_service.io import checkpoints
 from policy_service.learning_results import valid_rows_only, with_samples_trained
 from policy_service.sample_batch import SampleBatch
@@ -76,6 +83,7 @@ class LearnerGroup(BatchLearning):
         self.num_restarts = 0
         self._ready_timeout_s = ready_timeout_s
         self._loaded_rows: dict[int, int] = {}
+        self._state_after_failure: dict | None = None  # set when the restart budget is spent
         self._learners = self._start(float(self.config.learner_update_timeout_s))
         info = self._learners.info
         self.num_towers = info["num_towers"]
@@ -85,6 +93,7 @@ class LearnerGroup(BatchLearning):
             action_space,
             info["num_state_tensors"],
             self.config.model.max_seq_len,
+            info["dist_inputs_width"],
         )
 
     # ----- starting and stopping ----------------------------------------------------
@@ -119,13 +128,13 @@ class LearnerGroup(BatchLearning):
         timeout = self.call_timeout_s
         self._learners.stop()
         self._loaded_rows.clear()
+        self.num_restarts += 1  # an attempt counts, as one that dies starting does
         self._learners = self._start(timeout)
         try:
             self.set_state(state)
         except BaseException:
             self.stop()
             raise
-        self.num_restarts += 1
 
     def stop(self) -> None:
         """End the learner actors and free their reservation (idempotent)."""
@@ -136,21 +145,44 @@ class LearnerGroup(BatchLearning):
     def _update(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
-        """`update`, with dead learners replaced as `_with_restarts` says."""
-        return self._with_restarts(lambda: self._learn(batch, num_epochs, shuffle, buffer_index))
+        """`update`, with dead learners replaced as `_surviving` says."""
+        return self._surviving(
+            "update()", lambda: self._learn(batch, num_epochs, shuffle, buffer_index)
+        )
 
-    def _with_restarts(self, call):
-        """call(): when a learner died, every learner is replaced from the last copy of
-        their state and the call made again (MAX_RESTARTS_PER_UPDATE times)."""
-        restarts = 0
+    def _surviving(self, during: str, call: Callable[[], Any]) -> Any:
+        """call() -> its result. Dead learners are replaced from the last copy of
+        their state and the call made again, MAX_RESTARTS_PER_UPDATE times in one
+        call (a replacement that dies starting counts); then LearnerFailure, the
+        env runners' budget line."""
+        restarts, state = 0, None
         while True:
             try:
                 return call()
-            except LearnerDiedError:
+            except LearnerDiedError as died:
+                error: BaseException = died
+                rank = died.rank
+            if state is None:  # taken once: a failed replacement has a fresh state
+                state = self._learners.latest_state()
+            while True:
                 if restarts == MAX_RESTARTS_PER_UPDATE:
-                    raise
+                    self._state_after_failure = state  # what every replacement was to hold
+                    raise LearnerFailure(
+                        restart_budget_spent(
+                            f"learner {rank}",
+                            restarts + 1,
+                            during,
+                            self.num_restarts,
+                            {"max_restarts_per_update": MAX_RESTARTS_PER_UPDATE},
+                            error,
+                        )
+                    ) from None
                 restarts += 1
-                self.restart(self._learners.latest_state())
+                try:
+                    self.restart(state)
+                    break
+                except (LearnerDiedError, RayError) as died_starting:
+                    error = died_starting
 
     def update_on_fragments(
         self, fragments_per_learner: list[list], learner_version: int, num_sgd_steps: int = 1
@@ -167,7 +199,10 @@ class LearnerGroup(BatchLearning):
                 f"got {[len(f) for f in fragments_per_learner]}"
             )
         args = [(f, learner_version, num_sgd_steps) for f in fragments_per_learner]
-        results = self._with_restarts(lambda: self._learners.call_each("update_on_fragments", args))
+        results = self._surviving(
+            "update_on_fragments()",
+            lambda: self._learners.call_each("update_on_fragments", args),
+        )
         self._learners.keep_state_copy()
         stats = {
             k: v
@@ -184,8 +219,9 @@ class LearnerGroup(BatchLearning):
     ) -> dict:
         """The one learning path: prepare, shard, every learner's `update`, then the
         group's statistics and per-row outputs back in batch order."""
-        if num_epochs is not None and num_epochs < 1:
-            raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+        if num_epochs is not None:
+            call_arguments.num_epochs(num_epochs, self.config.num_epochs)
+        buffer_index = call_arguments.buffer_index(buffer_index)
         train = self._prepare(batch, fixed_seq_len=num_epochs is not None)
         shards, minibatch_size = self._shards(train, loaded=num_epochs is not None)
         results = self._learners.call_each(
@@ -216,12 +252,13 @@ class LearnerGroup(BatchLearning):
         return self._learners.call_each("compute_gradients", [(s,) for s in shards])[0]
 
     def apply_gradients(self, gradients) -> None:
-        self._learners.call_all("apply_gradients", gradients)
+        self._learners.call_all("apply_gradients", call_arguments.gradient_lists(gradients))
         self._learners.keep_state_copy()
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Each learner loads its 1/N of every minibatch -> rows loaded over all
         learners, padding included."""
+        buffer_index = call_arguments.buffer_index(buffer_index)
         shards, minibatch_size = self._shards(self._prepare(batch, fixed_seq_len=True), loaded=True)
         rows = sum(
             self._learners.call_each(
@@ -232,10 +269,16 @@ class LearnerGroup(BatchLearning):
         return rows
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
-        return sum(self._learners.call_all("get_num_samples_loaded_into_buffer", buffer_index))
+        return sum(
+            self._learners.call_all(
+                "get_num_samples_loaded_into_buffer", call_arguments.buffer_index(buffer_index)
+            )
+        )
 
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
         """One SGD step on the group's minibatch at row `offset` of the loaded batch."""
+        offset = call_arguments.count(offset, "offset")
+        buffer_index = call_arguments.buffer_index(buffer_index)
         step_rows = self.config.minibatch_size * self.config.num_grad_accumulation_steps
         loaded = self._loaded_rows.get(buffer_index, 0)
         if offset % step_rows or not 0 <= offset < max(loaded, 1):
@@ -256,7 +299,10 @@ class LearnerGroup(BatchLearning):
         """All epochs of minibatch SGD over the loaded batch, in one compiled call
         per learner; the all-reduce of every step sits inside it."""
         stats = self._learners.call_all(
-            "learn_on_loaded_epochs", num_epochs, buffer_index, shuffle
+            "learn_on_loaded_epochs",
+            call_arguments.num_epochs(num_epochs, self.config.num_epochs),
+            call_arguments.buffer_index(buffer_index),
+            shuffle,
         )[0]
         self._learners.keep_state_copy()
         return stats
@@ -264,7 +310,7 @@ class LearnerGroup(BatchLearning):
     # ----- weights and state ----------------------------------------------------------
 
     def get_weights(self) -> dict:
-        return self._learners.call_first("get_weights")
+        return self._surviving("get_weights()", lambda: self._learners.call_first("get_weights"))
 
     def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
         """new_rate * weights + (1 - new_rate) * current on every learner (TFPolicy's)."""
@@ -279,10 +325,17 @@ class LearnerGroup(BatchLearning):
         self._learners.call_all("set_state", state)
         self._learners.keep_state_copy()
 
-    def save(self, directory: str) -> str:
-        """Write the learner state (get_state) atomically, npz + JSON -> the directory;
-        `TFPolicy.from_checkpoint` reads it too."""
-        state = self.get_state()
+    def newest_state(self) -> dict | None:
+        """The learners' state after their last change, from this process's copy
+        (dead learner actors need not serve it); None when that copy is lost."""
+        if self._state_after_failure is not None:
+            return self._state_after_failure
+        return self._learners.newest_state()
+
+    def save(self, directory: str, state: dict | None = None) -> str:
+        """Write the learner state (`state`, default get_state()) atomically, npz +
+        JSON -> the directory; `TFPolicy.from_checkpoint` reads it too."""
+        state = self.get_state() if state is None else state
         with checkpoints.atomic_directory(directory) as tmp:
             checkpoints.write_policy_state(tmp, state)
         return str(Path(directory).absolute())

@@ -40,6 +40,14 @@ class LearnerStateCopy:
         except RayError:
             pass  # learners replaced meanwhile: the older copy stays
 
+    def newest(self, timeout_s: float) -> dict | None:
+        """The state after the last change, or None when the learners died before
+        serving it (the one before it would not match what was counted since)."""
+        try:
+            return ray.get(self._asked, timeout=timeout_s)
+        except RayError:
+            return None
+
     def latest(self, timeout_s: float) -> dict:
         """The newest state the learners served; the one before it if they died first."""
         try:

@@ -26,8 +26,9 @@ from policy_service.distributed.acting_learner import ActingLearnerHost, serves_
 from policy_service.distributed.learner import Learner, PolicySpec
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
+from policy_service.distributed.resources import resource_shortfall
 from policy_service.engine.collectives import CollectivePeerError
-from policy_service.errors import UserError
+from policy_service.errors import RunFailure, UserError
 
 CONNECT_TIMEOUT_S = 180.0
 
@@ -38,7 +39,15 @@ class LearnerResourcesError(UserError, RuntimeError):
 
 class LearnerDiedError(RuntimeError):
     """A learner actor died, or a collective with a dead one failed: the group
-    must be restarted (`LearnerGroup.restart`)."""
+    must be restarted (`LearnerGroup.restart`). `rank`: the learner seen first."""
+
+    def __init__(self, message: str, rank: int = 0):
+        super().__init__(message)
+        self.rank = rank
+
+
+class LearnerFailure(RunFailure, RuntimeError):
+    """The learners' restart budget is spent: the run cannot go on (one line)."""
 
 
 class LearnerTimeoutError(LearnerDiedError):
@@ -76,6 +85,9 @@ class LocalLearners:
         """Nothing to copy: the state lives here."""
 
     def latest_state(self) -> dict:
+        return self.learner.get_state()
+
+    def newest_state(self) -> dict | None:
         return self.learner.get_state()
 
     def stop(self) -> None:
@@ -161,6 +173,9 @@ class RemoteLearners:
     def latest_state(self) -> dict:
         return self._state_copy.latest(self.call_timeout_s)
 
+    def newest_state(self) -> dict | None:
+        return self._state_copy.newest(self.call_timeout_s)
+
     def stop(self) -> None:
         """End the actors and free their reservation (idempotent)."""
         for actor in self.actors:
@@ -189,18 +204,20 @@ class RemoteLearners:
                 raise LearnerTimeoutError(
                     f"learner(s) {hung} of {count} gave no result within "
                     f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
-                    "collective with a stopped peer); the group must be restarted"
+                    "collective with a stopped peer); the group must be restarted",
+                    rank_of[pending[0]],
                 )
             try:
                 results[ready[0]] = ray.get(ready[0])
             except RayActorError as err:
                 raise LearnerDiedError(
-                    f"learner {rank_of[ready[0]]} of {count} died: {type(err).__name__}"
+                    f"learner {rank_of[ready[0]]} of {count} died: {type(err).__name__}",
+                    rank_of[ready[0]],
                 ) from err
             except RayTaskError as err:
                 if isinstance(err.cause, CollectivePeerError):
                     raise LearnerDiedError(
-                        f"learner {rank_of[ready[0]]} of {count}: {err.cause}"
+                        f"learner {rank_of[ready[0]]} of {count}: {err.cause}", rank_of[ready[0]]
                     ) from err
                 raise
         return [results[ref] for ref in refs]
@@ -222,26 +239,11 @@ def learner_bundle(config) -> dict:
 _KEY_OF = {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}
 
 
-def resource_shortfall(bundle: dict, count: int, total: dict, available: dict) -> str | None:
-    """A one-line description of the first resource the cluster cannot give
-    `count` learners of `bundle` (None when every total suffices)."""
-    for resource, amount in bundle.items():
-        asked = amount * count
-        if total.get(resource, 0.0) + 1e-9 < asked:
-            return (
-                f"{count} learner(s) need {resource} {asked:g} in total "
-                f"({_KEY_OF.get(resource, resource)}={amount:g} each); the cluster has "
-                f"{resource} {total.get(resource, 0.0):g} "
-                f"({available.get(resource, 0.0):g} available)"
-            )
-    return None
-
-
 def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: float):
     """One placement group of `count` learner bundles, ready, or LearnerResourcesError:
     at once when the cluster's totals fall short, else after `timeout_s`."""
     shortfall = resource_shortfall(
-        bundle, count, ray.cluster_resources(), ray.available_resources()
+        "learner", bundle, count, _KEY_OF, ray.cluster_resources(), ray.available_resources()
     )
     if shortfall:
         raise LearnerResourcesError(shortfall)

@@ -33,13 +33,12 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import models, spaces
+from policy_service import call_arguments, models, spaces
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.errors import UserError
-from policy_service.policy import check_count, check_flag
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -161,9 +160,11 @@ class PolicyHost:
                 obs_batch, state_batches, prev_action_batch, prev_reward_batch
             )
             explore = (
-                self.policy.config.explore if explore is None else check_flag(explore, "explore")
+                self.policy.config.explore
+                if explore is None
+                else call_arguments.flag(explore, "explore")
             )
-            timestep = None if timestep is None else check_count(timestep, "timestep")
+            timestep = None if timestep is None else call_arguments.count(timestep, "timestep")
             result = await self._batcher.submit((explore, timestep), request, request.num_rows)
         except Exception:
             self._num_failed_requests += 1
@@ -267,11 +268,13 @@ class PolicyHost:
     # ----- weights, learning, state --------------------------------------------------
 
     async def set_weights(self, weights: dict, version: int | None = None) -> int:
-        """Replace the weights; `version` defaults to the current one + 1. -> the version."""
+        """Replace the weights; `version` defaults to the current one + 1. -> the version.
+        A bad version is refused before the weights change."""
+        checked = call_arguments.weights_version(version)
 
         def assign():
             self.policy.set_weights(weights)
-            self._weights_version = self._weights_version + 1 if version is None else int(version)
+            self._weights_version = self._weights_version + 1 if checked is None else checked
             return self._weights_version
 
         return await self.in_policy_thread(assign)
@@ -307,9 +310,13 @@ class PolicyHost:
         return await self.in_policy_thread(state)
 
     async def set_state(self, state: dict) -> None:
+        checked = call_arguments.weights_version(
+            state.get(WEIGHTS_VERSION) if isinstance(state, dict) else None
+        )
+
         def assign():
             self.policy.set_state(state)
-            self._weights_version = int(state.get(WEIGHTS_VERSION, self._weights_version + 1))
+            self._weights_version = self._weights_version + 1 if checked is None else checked
 
         await self.in_policy_thread(assign)
 

@@ -3,10 +3,14 @@ joined (token authentication kept on, loopback only)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import socket
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,9 @@ from policy_service.errors import UserError
 
 # what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
 _CLUSTER_ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
+
+
+_ONE_MACHINE_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class RayAddressError(UserError, ValueError):
@@ -33,13 +40,39 @@ def check_address(address: str, source: str = "--address") -> None:
         )
 
 
+CONNECT_PROBE_S = 5.0  # a cluster's GCS accepts a TCP connection at once, when it is there
+
+
+def check_reachable(address: str, source: str = "--address") -> None:
+    """Something listens at a "host:port" or "ray://host:port" address (ray.init
+    would otherwise retry for minutes); else a one-line error naming `source`."""
+    match = _CLUSTER_ADDRESS.match(address)
+    if match is None:  # "auto", "local": nothing to probe
+        return
+    host, port = match.group(2).strip("[]"), int(match.group(3))
+    try:
+        socket.create_connection((host, port), timeout=CONNECT_PROBE_S).close()
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise RayAddressError(
+            f"{source} {address!r}: no Ray cluster answers at {host}:{port} ({reason} "
+            f"within {CONNECT_PROBE_S:g} s)"
+        ) from None
+
+
 def uses_ray(config: dict, address: str | None) -> bool:
     """Ray is started (or joined) for runs with actors, or when a cluster is named.
 
-    A run that samples in this process (num_env_runners=0, no remote inference)
-    needs no Ray, and starting one costs seconds to tens of seconds on 2 cores.
+    A run that samples and learns in this process (no env runners, no remote
+    inference, no learner actors) needs no Ray, and starting one costs seconds
+    to tens of seconds on 2 cores.
     """
-    return bool(address or config.get("num_env_runners") or config.get("remote_inference"))
+    return bool(
+        address
+        or config.get("num_env_runners")
+        or config.get("remote_inference")
+        or config.get("num_learners")
+    )
 
 
 def start_ray(
@@ -66,7 +99,67 @@ def start_ray(
         ray.init(address=address, **quiet_args)
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
     else:
+        bind_to_loopback()
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet_args)
+
+
+def bind_to_loopback() -> None:
+    """Make the Ray started next in this process bind every server to loopback.
+
+    Ray's node address is what its GCS, raylet, workers and agents bind to (Ray
+    2.60 measured: a routable address gives 0.0.0.0 and ::). `ray.init` turns a
+    given 127.0.0.1 into the routable address, but in its one-machine mode (the
+    mode of macOS and Windows, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0) the node
+    address is 127.0.0.1. Set in the environment for the processes Ray starts,
+    and in the constant Ray read at import, when it is imported already.
+    """
+    os.environ[_ONE_MACHINE_MODE] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        constants.__dict__["ENABLE_RAY_CLUSTER"] = False
+
+
+WATCH_INTERVAL_S = 0.25
+
+
+@contextlib.contextmanager
+def cluster_loss_ends_run(resume_hint: str = "") -> Iterator[None]:
+    """While inside, a GCS or raylet of the embedded Ray that exits ends this process
+    with one line on stderr and status 1 (Ray itself ends a driver whose raylet is
+    gone with status 1 and no word). Leave it before ray.shutdown(), which ends
+    them on purpose. Outside an embedded Ray (none, or a joined cluster): nothing."""
+    ray = sys.modules.get("ray")  # not imported: no Ray runs here
+    node = ray._private.worker._global_node if ray else None  # what this driver started
+    watched = [
+        (name, info.process)
+        for name in ("gcs_server", "raylet")
+        for info in (getattr(node, "all_processes", None) or {}).get(name, [])
+    ]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(WATCH_INTERVAL_S):
+            for name, process in watched:
+                code = process.poll()
+                if code is not None and not stop.is_set():
+                    how = f"signal {-code}" if code < 0 else f"status {code}"
+                    print(
+                        f"policy-service: error: the Ray cluster went away: its {name} "
+                        f"(pid {process.pid}) exited ({how}){resume_hint}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    os._exit(1)
+
+    thread = threading.Thread(target=watch, name="ray-cluster-watch", daemon=True)
+    if watched:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if watched:
+            thread.join()
 
 
 def _ray_token_available() -> bool:

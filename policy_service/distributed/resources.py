@@ -56,3 +56,22 @@ def actor_resources(
         return process_resources(policy.devices, policy.tower_devices.note)
 
     return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)
+
+
+def resource_shortfall(
+    role: str, bundle: dict, count: int, key_of: dict, total: dict, available: dict
+) -> str | None:
+    """A one-line description of the first resource the cluster's totals cannot
+    give `count` actors of `role` asking `bundle` each (None when all suffice);
+    `key_of` names the config key of each resource. Checked before they start,
+    since Ray would leave the ones that do not fit pending forever."""
+    for resource, amount in bundle.items():
+        asked = amount * count
+        if total.get(resource, 0.0) + 1e-9 < asked:
+            return (
+                f"{count} {role}(s) need {resource} {asked:g} in total "
+                f"({key_of.get(resource, resource)}={amount:g} each); the cluster has "
+                f"{resource} {total.get(resource, 0.0):g} "
+                f"({available.get(resource, 0.0):g} available)"
+            )
+    return None

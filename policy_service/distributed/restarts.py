@@ -71,26 +71,31 @@ def backoff_delays(attempts: int, first_s: float = 0.25, longest_s: float = 4.0)
     return [0.0] + [min(longest_s, first_s * 2**k) for k in range(attempts - 1)]
 
 
+def restarts_by_ray(actor) -> int:
+    """How often Ray restarted `actor`, as the GCS counts it (also the restarts that
+    died before running any code). Read from the GCS itself: Ray's public state API
+    goes through the dashboard, which is off."""
+    from ray._private import state
+
+    info = state.actors(actor_id=actor._actor_id.hex())
+    return int(info.get("NumRestarts", 0)) if info else 0
+
+
 @ray.remote(num_cpus=0)
 class LatestWeights:
     """The newest weights (a reference the owner keeps alive) and their version,
-    read by a PolicyActor after Ray restarted it; it also counts those restarts."""
+    read by a PolicyActor after Ray restarted it."""
 
     def __init__(self):
         self._boxed_ref: list | None = None  # [ObjectRef], boxed so Ray passes the ref itself
         self._version = 0
-        self._restores = 0
 
     def publish(self, boxed_ref: list, version: int) -> None:
         self._boxed_ref, self._version = boxed_ref, int(version)
 
     def restore(self) -> tuple[list | None, int]:
         """-> ([weights ref] or None, version); called once per actor restart."""
-        self._restores += 1
         return self._boxed_ref, self._version
-
-    def num_restores(self) -> int:
-        return self._restores
 
 
 class RestartablePolicyActor:
@@ -150,7 +155,7 @@ class RestartablePolicyActor:
         return call_retrying_once(self.actor.compute_actions, obs_batch, state_batches, **kwargs)
 
     def num_restarts(self) -> int:
-        return ray.get(self.weights_source.num_restores.remote())
+        return restarts_by_ray(self.actor)
 
     def kill(self) -> None:
         """End the actor for good (no restart) and its weights source."""

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from policy_service.errors import UserError, one_line
+from policy_service.errors import UserError, no_space_left, one_line
 from policy_service.io.space_codec import space_from_json
 
 POLICY_STATE = "policy_state.json"
@@ -57,11 +57,14 @@ def atomic_directory(path: str | os.PathLike):
             old = path.parent / f".{path.name}.old-{os.getpid()}"
             os.rename(path, old)
         os.rename(tmp, path)
-    except BaseException:
+    except BaseException as err:
         if old is not None and not path.exists():
             os.rename(old, path)  # put the previous checkpoint back
             old = None
         shutil.rmtree(tmp, ignore_errors=True)
+        full = no_space_left(err, path.parent, path.name) if isinstance(err, OSError) else None
+        if full is not None:
+            raise full from None
         raise
     if old is not None:
         if old.is_dir() and not old.is_symlink():

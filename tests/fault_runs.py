@@ -1,0 +1,60 @@
+"""What the fault tests share: a tiny training run's flags, the environment of a
+subprocess that runs this tree, the one error line of a command's stderr, and a
+process's descendants (the embedded Ray's GCS, raylet and actors)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = [
+    "--set",
+    "train_batch_size=128",
+    "--set",
+    "minibatch_size=64",
+    "--set",
+    "num_epochs=1",
+    "--set",
+    "model.fcnet_hiddens=[16]",
+]
+
+
+def subprocess_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS",)}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    return env
+
+
+def without_ray_worker_logs(err: str) -> list[str]:
+    """stderr lines of this process (Ray forwards its workers' lines, tagged "(pid=N)"),
+    less the progress display's "iteration N: ..." lines (stderr when not a terminal)."""
+    return [
+        line
+        for line in err.splitlines()
+        if line.strip() and "(pid=" not in line and not re.match(r"iteration \d+: ", line)
+    ]
+
+
+def one_error_line(err: str) -> str:
+    lines = without_ray_worker_logs(err)
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("policy-service: error: "), err
+    return lines[0]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return found + [d for c in found for d in descendants(c)]
+
+
+def error_line(err: str) -> str:
+    """The one "policy-service: error:" line of a command run in this process, whose
+    stderr also holds what the test's own Ray forwards from its actors."""
+    lines = [line for line in err.splitlines() if line.startswith("policy-service: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
