@@ -10,7 +10,12 @@ from algorithms.environments import register_env
 # The registry: name -> "module:Class", imported on first use, so `import algorithms`
 # stays light. A new algorithm is a module in algorithms/ and one line here;
 # `policy-service train NAME` finds it through get_algorithm_class.
-ALGORITHMS = {"ppo": "algorithms.ppo:PPO", "dqn": "algorithms.dqn:DQN"}
+ALGORITHMS = {
+    "ppo": "algorithms.ppo:PPO",
+    "dqn": "algorithms.dqn:DQN",
+    "sac": "algorithms.sac:SAC",
+    "td3": "algorithms.td3:TD3",
+}
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]
 
