@@ -9,7 +9,8 @@ import tensorflow as tf
 
 from algorithms import get_algorithm_class
 from algorithms.sac import SAC, SACConfig, SACPolicy
-from policy_service.config import ConfigError, from_dict
+from algorithms.td3 import TD3Config
+from policy_service.config import ConfigError, field_docs, from_dict
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
 
@@ -225,3 +226,9 @@ def test_sac_is_registered_and_learning_starts_with_random_actions():
     assert get_algorithm_class("sac") is SAC
     cfg = from_dict(SACConfig, {"num_steps_sampled_before_learning_starts": 300})
     assert cfg.exploration_config == {"type": "StochasticSampling", "random_timesteps": 300}
+
+
+@pytest.mark.parametrize("cls", [SACConfig, TD3Config])
+def test_every_sac_and_td3_key_has_a_doc(cls):
+    docs = field_docs(cls)
+    assert sorted(name for name, doc in docs.items() if not doc.strip()) == []
