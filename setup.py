@@ -10,7 +10,7 @@ ONNX = ["tf2onnx>=1.17", "onnx>=1.16", "onnxruntime>=1.17"]
 # servers, so "dev" includes it
 SERVE = ["ray[serve]>=2.60"]
 # continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
-# wheel); tests/test_continuous_learning.py trains on one, so "dev" includes it
+# wheel); in "dev" so that CI's venv can run SAC on them
 MUJOCO = ["gymnasium[mujoco]>=1.0"]
 
 setup(
