@@ -9,6 +9,9 @@ ONNX = ["tf2onnx>=1.17", "onnx>=1.16", "onnxruntime>=1.17"]
 # async constructors and streamed request bodies); tests/test_serving.py starts real
 # servers, so "dev" includes it
 SERVE = ["ray[serve]>=2.60"]
+# continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
+# wheel); in "dev" so that CI's venv can run SAC on them
+MUJOCO = ["gymnasium[mujoco]>=1.0"]
 
 setup(
     name="policy-service",
@@ -39,9 +42,11 @@ setup(
             "mypy>=2.4.1",
             *ONNX,
             *SERVE,
+            *MUJOCO,
         ],
         "onnx": ONNX,
         "serve": SERVE,
+        "mujoco": MUJOCO,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

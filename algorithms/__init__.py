@@ -15,6 +15,8 @@ ALGORITHMS = {
     "dqn": "algorithms.dqn:DQN",
     "impala": "algorithms.impala:IMPALA",
     "appo": "algorithms.appo:APPO",
+    "sac": "algorithms.sac:SAC",
+    "td3": "algorithms.td3:TD3",
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]

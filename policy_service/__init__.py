@@ -12,6 +12,7 @@ _EXPORTS = {
     "masked_mean": "policy_service.reductions",
     "TFPolicy": "policy_service.policy",
     "LossExtras": "policy_service.engine.loss_output",
+    "LossGroup": "policy_service.engine.loss_groups",
     "PolicyActor": "policy_service.distributed.policy_actor",
     "LearnerGroup": "policy_service.distributed.learner_group",
 }

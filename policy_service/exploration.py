@@ -10,28 +10,111 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import tensorflow as tf
 
 from policy_service.config_rules import finite, integer
 
 
-class StochasticSampling:
-    """Sample from the distribution when exploring, else take its mode."""
+def _uniform_actions(action_space, batch, seed) -> tuple[tf.Tensor, tf.Tensor]:
+    """(uniform random actions [B, ...] of a Discrete or bounded 1-D Box, their logp)."""
+    if hasattr(action_space, "n"):
+        n, start = int(action_space.n), int(action_space.start)
+        actions = tf.random.stateless_uniform(
+            [batch], seed, minval=start, maxval=start + n, dtype=tf.int64
+        )
+        return actions, tf.fill([batch], -float(np.log(n)))
+    low = tf.constant(action_space.low, tf.float32)
+    high = tf.constant(action_space.high, tf.float32)
+    unit = tf.random.stateless_uniform(tf.concat([[batch], tf.shape(low)], 0), seed)
+    log_volume = float(np.sum(np.log(action_space.high - action_space.low)))
+    return low + unit * (high - low), tf.fill([batch], -log_volume)
 
-    def __init__(self, action_space):
+
+def _check_random_timesteps(action_space, random_timesteps: int) -> None:
+    import gymnasium as gym
+
+    bounded_box = (
+        isinstance(action_space, gym.spaces.Box)
+        and len(action_space.shape) == 1
+        and np.all(np.isfinite(action_space.low))
+        and np.all(np.isfinite(action_space.high))
+    )
+    if random_timesteps and not (isinstance(action_space, gym.spaces.Discrete) or bounded_box):
+        raise ValueError(
+            f"random_timesteps needs a Discrete or a bounded 1-D Box action space, "
+            f"got {action_space}"
+        )
+
+
+class StochasticSampling:
+    """Sample from the distribution when exploring, else take its mode; during the
+    first `random_timesteps` (RLlib's option) explore with uniform random actions."""
+
+    option_rules = {"random_timesteps": integer(ge=0)}
+
+    def __init__(self, action_space, random_timesteps: int = 0):
+        _check_random_timesteps(action_space, random_timesteps)
         self.action_space = action_space
+        self.random_timesteps = int(random_timesteps)
 
     def get_state(self) -> dict:
-        return {"type": "StochasticSampling"}
+        state: dict = {"type": "StochasticSampling"}
+        if self.random_timesteps:
+            state["random_timesteps"] = self.random_timesteps
+        return state
 
     def choose(self, dist, explore, timestep, seed):
         """-> (actions, logp <float32>[B]) of the behaviour policy."""
-        del timestep
         sampled = dist.sample(seed=seed)
         greedy = dist.deterministic_sample()
         actions = tf.where(_broadcastable(explore, greedy), sampled, greedy)
         logp = tf.where(explore, dist.logp(actions), tf.zeros_like(dist.logp(actions)))
+        if self.random_timesteps:  # no random ops in the graph of a policy without them
+            return _random_before(self, actions, logp, explore, timestep, seed)
         return actions, logp
+
+
+def _random_before(exploration, actions, logp, explore, timestep, seed):
+    """(actions, logp) with uniform random ones in their place while exploring before
+    exploration.random_timesteps."""
+    uniform, uniform_logp = _uniform_actions(
+        exploration.action_space,
+        tf.shape(actions)[0],
+        tf.random.experimental.stateless_fold_in(seed, 1),
+    )
+    early = tf.logical_and(explore, timestep < exploration.random_timesteps)
+    actions = tf.where(_broadcastable(early, actions), tf.cast(uniform, actions.dtype), actions)
+    return actions, tf.where(early, uniform_logp, logp)
+
+
+class GaussianNoise:
+    """The deterministic action plus N(0, stddev^2) noise, clipped to a bounded Box
+    (RLlib's GaussianNoise, TD3's exploration); uniform random actions during the first
+    `random_timesteps`. logp is 0: the policy itself is deterministic."""
+
+    option_rules = {"stddev": finite(ge=0), "random_timesteps": integer(ge=0)}
+
+    def __init__(self, action_space, stddev: float = 0.1, random_timesteps: int = 1000):
+        _check_random_timesteps(action_space, 1)
+        self.action_space = action_space
+        self.stddev = float(stddev)
+        self.random_timesteps = int(random_timesteps)
+
+    def get_state(self) -> dict:
+        return {
+            "type": "GaussianNoise",
+            "stddev": self.stddev,
+            "random_timesteps": self.random_timesteps,
+        }
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = dist.deterministic_sample()
+        noise = self.stddev * tf.random.stateless_normal(tf.shape(greedy), seed)
+        noisy = tf.clip_by_value(greedy + noise, self.action_space.low, self.action_space.high)
+        actions = tf.where(_broadcastable(explore, greedy), noisy, greedy)
+        logp = tf.zeros(tf.shape(greedy)[:1], tf.float32)
+        return _random_before(self, actions, logp, explore, timestep, seed)
 
 
 class EpsilonGreedy:
@@ -100,7 +183,11 @@ class EpsilonGreedy:
         return tf.cast(actions, greedy.dtype), tf.math.log(prob)
 
 
-_EXPLORATIONS = {"StochasticSampling": StochasticSampling, "EpsilonGreedy": EpsilonGreedy}
+_EXPLORATIONS = {
+    "StochasticSampling": StochasticSampling,
+    "EpsilonGreedy": EpsilonGreedy,
+    "GaussianNoise": GaussianNoise,
+}
 
 
 def exploration_config_error(exploration_config: dict) -> str | None:

@@ -2,8 +2,9 @@
 
 A concrete policy overrides `loss(model, dist_class, train_batch)` and
 optionally `stats`, `postprocess_trajectory`, `extra_action_out`,
-`make_model`, `optimizer` and `target_network_update` (a target copy of the
-model, moved inside the compiled step, that the loss reads with
+`make_dist_class`, `make_model`, `optimizer` (one per loss, each maybe a LossGroup: the variables
+that loss trains, engine/loss_groups.py) and `target_network_update` (a target
+copy of the model, moved inside the compiled step, that the loss reads with
 `target_model_out`). The loss gets one tower's shard as a dict of
 tensors with a boolean "loss_mask" column (False on padding), calls
 `model(train_batch, training=True)`, and reduces with `masked_mean`.
@@ -74,7 +75,7 @@ class TFPolicy(BatchLearning):
         self.tower_devices = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
-        self.dist_class = distributions.dist_class_for(action_space)
+        self.dist_class = self.make_dist_class()
         self.num_outputs = self.dist_class.required_input_dim(action_space)
         self.exploration = exploration.make_exploration(
             action_space, self.config.exploration_config
@@ -92,8 +93,12 @@ class TFPolicy(BatchLearning):
                 self.config.seed if self.config.seed is not None else np.random.randint(2**31)
             )
             optimizers = self.optimizer()
-        self._optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
+        # the model's Keras seed generators (a loss's samples, dropout): policy state, by position
+        self._model_rngs = {
+            f"model_{i}": v
+            for i, v in enumerate(v for v in self.model.variables if _is_rng_state(v))
+        }
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
         update = self.target_network_update()
         self.target_network = (
@@ -108,7 +113,7 @@ class TFPolicy(BatchLearning):
             self.model,
             self._tower_loss,
             self._tower_stats,
-            self._optimizers,
+            optimizers,
             grad_clip=self.config.grad_clip,
             grad_clip_method=self.config.grad_clip_method,
             l2_coeff=self.config.l2_coeff,
@@ -117,6 +122,7 @@ class TFPolicy(BatchLearning):
             target=self.target_network,
             batch_norm_sync=self.config.batch_norm_sync,
         )
+        self._optimizers = self.towers.optimizers
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
 
@@ -146,6 +152,10 @@ class TFPolicy(BatchLearning):
         """Called on every learner after each asynchronous update (update_on_fragments)
         with its combined statistics, e.g. to adapt a coefficient; default: nothing."""
 
+    def make_dist_class(self) -> type[distributions.ActionDistribution]:
+        """The action distribution class; default: the space's (dist_class_for)."""
+        return distributions.dist_class_for(self.action_space)
+
     def make_model(self) -> keras.Model:
         obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
         return models.build_model(obs_space, self.action_space, self.num_outputs, self.config.model)
@@ -156,7 +166,9 @@ class TFPolicy(BatchLearning):
         return None
 
     def optimizer(self):
-        """One Keras optimizer, or a list with one per loss."""
+        """One Keras optimizer, or a list with one per loss; each may be a
+        LossGroup(optimizer, variables, grad_clip, every_steps) so that its loss
+        trains only those variables (engine/loss_groups.py)."""
         kind, lr = self.config.optimizer, self.config.lr
         if kind == "adam":
             return FusedAdam(lr, epsilon=self.config.adam_epsilon)
@@ -522,6 +534,11 @@ class TFPolicy(BatchLearning):
         for the loss, which may call it on any tower, e.g. on {"obs": new_obs}."""
         return self._target().outputs(input_dict)
 
+    def target_call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), a function of the model (SAC's Q networks), under the
+        target weights, no gradient; for the loss, like target_model_out."""
+        return self._target().call(fn, *args, **kwargs)
+
     def get_target_weights(self) -> dict[str, np.ndarray]:
         """The target's values, named as get_weights() names the model's."""
         return {name: v.numpy() for name, v in zip(self._weight_names, self._target().variables)}
@@ -578,12 +595,14 @@ class TFPolicy(BatchLearning):
             "rng": {
                 "action": self._action_rng.state.numpy(),
                 "shuffle": self.towers.shuffle_rng.state.numpy(),
+                **{name: v.numpy() for name, v in self._model_rngs.items()},
             },
             "exploration": self.exploration.get_state(),
             "global_timestep": int(self.global_timestep),
             "num_grad_updates": int(self.num_grad_updates),
             **self._target_state(),
             **observation_filters.filter_state(self.observation_filter),
+            **self._steps_applied_state(),
             "config": _config_to_json(self.config),
             "observation_space": space_to_json(self.observation_space),
             "action_space": space_to_json(self.action_space),
@@ -594,6 +613,10 @@ class TFPolicy(BatchLearning):
         if self.target_network is None:
             return {}
         return {"target_weights": self.get_target_weights(), "target_age": self.target_age}
+
+    def _steps_applied_state(self) -> dict:
+        counter = self.towers.steps_applied
+        return {} if counter is None else {"steps_applied": int(counter.numpy())}
 
     def check_state(self, state: dict) -> None:
         """Raise, naming the entry, if `state` cannot be set on this policy."""
@@ -631,7 +654,7 @@ class TFPolicy(BatchLearning):
         named, own = state.get("policy_class"), checkpoints.class_path(type(self))
         if named is not None and named != own:
             raise ValueError(f"policy state is of {named}, not of this policy's class {own}")
-        for key in ("global_timestep", "num_grad_updates", "target_age"):
+        for key in ("global_timestep", "num_grad_updates", "target_age", "steps_applied"):
             value = state.get(key, 0)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(
@@ -652,11 +675,16 @@ class TFPolicy(BatchLearning):
             **{f"optimizer/{k}": v for k, v in state["optimizer_variables"].items()},
         }
         self._add_target_state(state, targets, values)
+        self._add_steps_applied(state, targets, values)
         rngs = state.get("rng", {})
         for name, rng in (("action", self._action_rng), ("shuffle", self.towers.shuffle_rng)):
             if name in rngs:
                 targets[f"rng/{name}"] = rng.state
                 values[f"rng/{name}"] = _checked_rng_state(rngs[name], name)
+        for name, variable in self._model_rngs.items():
+            if name in rngs:
+                targets[f"rng/{name}"] = variable
+                values[f"rng/{name}"] = np.asarray(rngs[name])
         arrays = _checked_arrays(targets, values, "policy state")
         new_exploration = None
         if "exploration" in state:
@@ -690,6 +718,24 @@ class TFPolicy(BatchLearning):
         values.update({f"target_weights/{k}": v for k, v in state["target_weights"].items()})
         targets["target_age"] = self.target_network.age
         values["target_age"] = np.int64(state["target_age"])
+
+    def _add_steps_applied(self, state: dict, targets: dict, values: dict) -> None:
+        """Add the applied-step count (kept when a loss group is applied every N steps)."""
+        counter = self.towers.steps_applied
+        if counter is None:
+            if "steps_applied" in state:
+                raise ValueError(
+                    "policy state has 'steps_applied' but no loss group of this policy "
+                    "is applied every N steps"
+                )
+            return
+        if "steps_applied" not in state:
+            raise ValueError(
+                "policy state is missing ['steps_applied'] (a loss group of this policy "
+                "is applied every N steps)"
+            )
+        targets["steps_applied"] = counter
+        values["steps_applied"] = np.int64(state["steps_applied"])
 
     @classmethod
     def from_state(cls, state: dict) -> TFPolicy:

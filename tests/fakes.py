@@ -14,7 +14,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service import TFPolicy, masked_mean
+from policy_service import LossGroup, TFPolicy, masked_mean
+from policy_service.distributions import squashed_gaussian_for
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.sample_batch import SampleBatch
 
@@ -97,6 +98,87 @@ class TwoOptimizerPolicy(PGPolicy):
 
     def optimizer(self):
         return [keras.optimizers.Adam(self.config.lr), keras.optimizers.Adam(self.config.lr)]
+
+
+BOX_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+
+
+class ActorCriticModel(keras.Model):
+    """An actor (obs -> SquashedGaussian inputs), a critic Q(obs, action) and a scalar
+    log_alpha: the three variable sets of SAC, in one model."""
+
+    def __init__(self, obs_dim: int, action_dim: int):
+        super().__init__(name="actor_critic")
+        self.actor = keras.Sequential(
+            [keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(2 * action_dim)],
+            name="actor",
+        )
+        self.critic = keras.Sequential(
+            [keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)], name="critic"
+        )
+        self.log_alpha = self.add_weight(shape=(), initializer="zeros", name="log_alpha")
+        self.actor.build((None, obs_dim))
+        self.critic.build((None, obs_dim + action_dim))
+
+    def call(self, input_dict, training=False):
+        return {"action_dist_inputs": self.actor(input_dict["obs"]), "state_out": []}
+
+    def q(self, obs, actions):
+        return tf.squeeze(self.critic(tf.concat([obs, actions], axis=1)), -1)
+
+
+class LossGroupsPolicy(TFPolicy):
+    """SAC's three losses on BOX_ACTIONS, each trained by its own LossGroup: the actor
+    (through the critic, with respect to the action), the critic (clipped at
+    `critic_clip`) and log_alpha. The new action is the squashed mean + std * the
+    batch's "noise" column, so every tower draws exactly one device's actions."""
+
+    critic_clip = 1.0
+    actor_every_steps = 1
+
+    def make_dist_class(self):
+        return squashed_gaussian_for(BOX_ACTIONS)
+
+    def make_model(self):
+        return ActorCriticModel(self.preprocessor.shape[0], BOX_ACTIONS.shape[0])
+
+    def optimizer(self):
+        m, lr = self.model, self.config.lr
+        return [
+            LossGroup(
+                keras.optimizers.Adam(lr),
+                m.actor.trainable_variables,
+                every_steps=self.actor_every_steps,
+            ),
+            LossGroup(keras.optimizers.Adam(lr), m.critic.trainable_variables, self.critic_clip),
+            LossGroup(keras.optimizers.Adam(lr), [m.log_alpha]),
+        ]
+
+    def loss(self, model, dist_class, train_batch):
+        mask, obs = train_batch["loss_mask"], train_batch["obs"]
+        dist = dist_class(model(train_batch, training=True)["action_dist_inputs"])
+        u = dist.gaussian.mean + dist.gaussian.std * train_batch["noise"]
+        new_actions = dist.squash(u)
+        logp = dist.logp(new_actions)
+        alpha = tf.exp(model.log_alpha)
+        actor = masked_mean(tf.stop_gradient(alpha) * logp - model.q(obs, new_actions), mask)
+        td = model.q(obs, train_batch["actions"]) - train_batch["value_targets"]
+        critic = masked_mean(tf.square(td), mask)
+        alpha_loss = -masked_mean(model.log_alpha * tf.stop_gradient(logp + 2.0), mask)
+        return [actor, critic, alpha_loss]
+
+
+def box_batch(n: int, seed: int = 0) -> SampleBatch:
+    """n random rows with the columns LossGroupsPolicy's loss reads."""
+    rng = np.random.default_rng(seed)
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.uniform(-2, 2, (n, 2)).astype(np.float32),
+            SampleBatch.VALUE_TARGETS: rng.normal(size=n).astype(np.float32),
+            "noise": rng.normal(size=(n, 2)).astype(np.float32),
+        }
+    )
 
 
 def mlp_batch(n: int, seed: int = 0, obs_dim: int = 4, num_actions: int = 3) -> SampleBatch:

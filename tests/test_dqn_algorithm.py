@@ -13,7 +13,8 @@ import yaml
 from fakes import assert_weights_close, fake_gpus
 
 from algorithms import get_algorithm_class
-from algorithms.dqn import DQN, DQNPolicy, sgd_steps_due
+from algorithms.dqn import DQN, DQNPolicy
+from algorithms.off_policy import sgd_steps_due
 from policy_service.cli import commands as cli
 from policy_service.config import ConfigError
 from policy_service.io.checkpoints import ALGORITHM_STATE

@@ -10,8 +10,9 @@ N = 1 with tau < 1 the soft (Polyak) update of each step (DDPG's, Coach's). `age
 counts the applied steps since the target last moved; it is part of the policy
 state, so a restored learner moves its target at exactly the same step.
 
-The loss reads the target through `outputs(input_dict)`: the same Keras model
-called with the target values in place of its variables (a Keras StatelessScope),
+The loss reads the target through `outputs(input_dict)` (or `call(fn, ...)` for
+any function of the model): the same Keras model called with the target values in
+place of its variables (a Keras StatelessScope),
 so any model, subclassed, functional or lazily built, gets a target without
 being cloned.
 """
@@ -86,6 +87,11 @@ class TargetNetwork:
 
     def outputs(self, input_dict: dict, training: bool = False) -> dict:
         """The model's outputs with the target weights, gradients stopped."""
+        return self.call(self.model, input_dict, training=training)
+
+    def call(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs), a function of the model (e.g. its Q networks), with the
+        target weights in place of the model's; gradients stopped."""
         with keras.StatelessScope(state_mapping=list(zip(self.online, self.variables))):
-            out = self.model(input_dict, training=training)
+            out = fn(*args, **kwargs)
         return tree.map_structure(tf.stop_gradient, out)

@@ -7,6 +7,9 @@ exactly the step of the whole batch:
 
     grad = sum_t (valid_t / valid) * grad(masked_mean loss on tower t)
 
+for each loss of the loss's list with respect to its own group's variables, clipped
+by the group's clip and applied by the group's optimizer (loss_groups.py).
+
 Across learner processes (a `CollectiveGroup`, each member with its own stack)
 one all-reduce inside the compiled step sums the valid-row counts and the
 count-weighted gradients, statistics and batch-norm moments (batch_norm.py), so
@@ -35,6 +38,7 @@ from policy_service.engine.collectives import choose_implementation
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.devices import TowerDevices
 from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.loss_groups import LossGroup, resolve_groups
 from policy_service.engine.loss_output import PER_ROW, LossExtras, split_loss_output
 from policy_service.engine.units import (
     LOSS_MASK,
@@ -132,7 +136,8 @@ class TowerResult(NamedTuple):
     """What one tower computed on its shard."""
 
     valid_rows: tf.Tensor  # <float32>[] rows where loss_mask is True
-    grads: list  # per loss, per trainable variable (None where a loss does not reach it)
+    # per loss, per trainable variable (None outside the loss's group or out of its reach)
+    grads: list
     stats: PackedStats
     state_updates: dict  # id(variable) -> the value the forward pass wrote (BN moments, RNG)
     per_row: dict  # name -> <float32>[shard rows], the loss's per-row outputs
@@ -141,7 +146,7 @@ class TowerResult(NamedTuple):
 class StepResult(NamedTuple):
     """The towers' results combined into one step."""
 
-    grads: list  # per optimizer, per trainable variable: combined and clipped
+    grads: list  # per loss group, per trainable variable: combined and clipped
     stats: dict  # name -> scalar, weighted by valid rows, plus "valid_rows"
     assignments: list  # (variable, new value) for non-trainable state
     finite: tf.Tensor  # <bool>[variables with a gradient]: which gradients are finite
@@ -169,9 +174,11 @@ def clip_gradients(grads: list, clip: float | None, method: str) -> list:
 class TowerStack:
     """Replicated loss towers over `tower_devices.devices` sharing one set of variables.
 
-    loss_fn(tower_batch) -> a loss output: scalar losses (one per optimizer), maybe
+    loss_fn(tower_batch) -> a loss output: scalar losses (one per loss group), maybe
     with LossExtras (engine/loss_output.py).
     stats_fn(tower_batch, losses, loss_stats) -> dict of scalar statistics.
+    optimizers: an optimizer, a LossGroup, or a list of either, one per loss
+    (engine/loss_groups.py); `grad_clip` is the clip of a group that names none.
     """
 
     def __init__(
@@ -180,7 +187,7 @@ class TowerStack:
         model: keras.Model,
         loss_fn: LossFn,
         stats_fn: StatsFn,
-        optimizers: Sequence,
+        optimizers: Sequence | LossGroup | keras.optimizers.Optimizer,
         *,
         grad_clip: float | None = None,
         grad_clip_method: str = "global_norm",
@@ -201,22 +208,32 @@ class TowerStack:
         self.model = model
         self.loss_fn = loss_fn
         self.stats_fn = stats_fn
-        self.optimizers = list(optimizers)
-        self.grad_clip = grad_clip
         self.grad_clip_method = grad_clip_method
         self.l2_coeff = float(l2_coeff)
         # a TargetNetwork (engine/target_network.py) moved after each applied step, or None
         self.target = target
         self.variables = list(model.trainable_variables)
+        self.groups = resolve_groups(optimizers, self.variables, grad_clip)
+        self.optimizers = [group.optimizer for group in self.groups]
+        position = {id(v): i for i, v in enumerate(self.variables)}
+        # each group's variables as positions in self.variables
+        self._group_positions = [[position[id(v)] for v in g.variables] for g in self.groups]
         self._bn_layers = batch_norm_layers(model)
         self._bn_variables = {
             id(v) for layer in self._bn_layers for v in (layer.moving_mean, layer.moving_variance)
         }
         with tf.device(tower_devices.variable_device):
-            for optimizer in self.optimizers:
-                optimizer.build(self.variables)
+            for group in self.groups:
+                group.optimizer.build(group.variables)
             # the loaded epochs' shuffle; its state is part of the policy state
             self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
+            # applied steps, which a group applied every N steps counts by; part of the
+            # policy state (None when every group is applied at every step)
+            self.steps_applied = (
+                keras.Variable(0, dtype="int64", trainable=False, name="steps_applied")
+                if any(g.every_steps > 1 for g in self.groups)
+                else None
+            )
         # what a step writes, put back when the step's result is not finite; the
         # floating-point ones are those checked
         self._updated = _unique_variables(
@@ -224,6 +241,7 @@ class TowerStack:
             + list(model.non_trainable_variables)
             + [v for optimizer in self.optimizers for v in optimizer.variables]
             + ([] if target is None else target.variables + [target.age])
+            + ([] if self.steps_applied is None else [self.steps_applied])
         )
         self._checked = [v for v in self._updated if tf.as_dtype(v.dtype).is_floating]
         self.buffers: dict[int, LoadedBuffer] = {}
@@ -313,10 +331,11 @@ class TowerStack:
         return (grads[0] if len(grads) == 1 else grads), stats
 
     def apply_gradients(self, grads: list) -> None:
-        """Apply gradients (a list per optimizer, or one list for one optimizer)."""
-        per_loss = grads if len(self.optimizers) > 1 else [grads]
-        if len(per_loss) != len(self.optimizers):
-            raise ValueError(f"expected {len(self.optimizers)} gradient lists, got {len(per_loss)}")
+        """Apply gradients (a list per loss group, or one list for one group), each
+        list aligned with the trainable variables (None: not changed)."""
+        per_loss = grads if len(self.groups) > 1 else [grads]
+        if len(per_loss) != len(self.groups):
+            raise ValueError(f"expected {len(self.groups)} gradient lists, got {len(per_loss)}")
         tensors = []
         for i, glist in enumerate(per_loss):
             if len(glist) != len(self.variables):
@@ -324,11 +343,17 @@ class TowerStack:
                     f"gradient list {i} has {len(glist)} entries, expected "
                     f"{len(self.variables)} (one per trainable variable)"
                 )
+            own = set(self._group_positions[i])
             row: list[tf.Tensor | None] = []
-            for g, v in zip(glist, self.variables):
+            for j, (g, v) in enumerate(zip(glist, self.variables)):
                 if g is None:
                     row.append(None)
                     continue
+                if j not in own:
+                    raise ValueError(
+                        f"gradient list {i} has a gradient for {v.path}, which is not "
+                        f"a variable of loss group {i}"
+                    )
                 g = np.asarray(g, np.float32)
                 if g.shape != tuple(v.shape):
                     raise ValueError(
@@ -530,14 +555,17 @@ class TowerStack:
             capture.row_mask = shard[LOSS_MASK]
             valid = tf.reduce_sum(tf.cast(shard[LOSS_MASK], tf.float32))
             with keras.StatelessScope() as scope:
-                with tf.GradientTape(persistent=len(self.optimizers) > 1) as tape:
+                with tf.GradientTape(persistent=len(self.groups) > 1) as tape:
                     losses, extras = _run_loss(self.loss_fn, batch)
-                if len(losses) != len(self.optimizers):
+                if len(losses) != len(self.groups):
                     raise ValueError(
                         f"loss returned {len(losses)} losses for "
-                        f"{len(self.optimizers)} optimizer(s)"
+                        f"{len(self.groups)} optimizer(s) (loss groups)"
                     )
-                grads = [tape.gradient(loss, self.variables) for loss in losses]
+                grads = [
+                    self._aligned(i, tape.gradient(loss, group.variables))
+                    for i, (loss, group) in enumerate(zip(losses, self.groups))
+                ]
                 stats = _pack_stats(self.stats_fn(batch, losses, dict(extras.stats)))
                 per_row = _per_row_outputs(extras.per_row)
                 updates = {
@@ -547,6 +575,14 @@ class TowerStack:
                 }
             del tape
             return TowerResult(valid, grads, stats, updates, per_row)
+
+    def _aligned(self, group_index: int, grads: list) -> list:
+        """A group's gradients placed at its variables' positions in self.variables
+        (None elsewhere)."""
+        aligned: list = [None] * len(self.variables)
+        for position, grad in zip(self._group_positions[group_index], grads):
+            aligned[position] = grad
+        return aligned
 
     def _weighted_terms(self, per_tower: list, weights: list, devices: list) -> list:
         """weight_t * value for every tensor of each tower's nested list, on the
@@ -579,7 +615,7 @@ class TowerStack:
                     else self._reduce([w[i][j] for w in weighted], devices)
                     for j in range(len(self.variables))
                 ]
-                for i in range(len(self.optimizers))
+                for i in range(len(self.groups))
             ]
             stats = tf.add_n(packed)
             moments = batch_norm.combine_tower_moments(
@@ -590,8 +626,8 @@ class TowerStack:
             )
             grads, stats, moments, total = self._across_learners(grads, stats, moments, total)
             combined = [
-                clip_gradients(self._with_l2(per_var), self.grad_clip, self.grad_clip_method)
-                for per_var in grads
+                clip_gradients(self._with_l2(per_var), group.grad_clip, self.grad_clip_method)
+                for per_var, group in zip(grads, self.groups)
             ]
             names = results[0].stats.names
             stats = dict(zip(names, tf.unstack(stats, num=len(names))))
@@ -665,11 +701,22 @@ class TowerStack:
                 assignments.append((var, last[id(var)]))
         return assignments
 
-    def _apply_gradients(self, per_optimizer: list) -> None:
-        """Each optimizer's gradients onto the trainable variables (None: untouched)."""
-        for optimizer, grads in zip(self.optimizers, per_optimizer):
+    def _apply_gradients(self, per_group: list) -> None:
+        """Each group's gradients onto its variables (None: untouched); a group applied
+        every N steps only on the steps where N divides the applied steps so far + 1."""
+        for group, grads in zip(self.groups, per_group):
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
-            optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+
+            def apply(optimizer=group.optimizer, pairs=pairs):
+                optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
+                return tf.constant(True)
+
+            if group.every_steps == 1:
+                apply()
+            else:
+                assert self.steps_applied is not None  # kept when a group is delayed
+                due = tf.equal((self.steps_applied + 1) % group.every_steps, 0)
+                tf.cond(due, apply, lambda: tf.constant(False))
 
     def _apply(self, grads: list, assignments: list) -> None:
         self._apply_gradients(grads)
@@ -678,9 +725,12 @@ class TowerStack:
 
     def _after_applied_step(self) -> None:
         """What follows a step only once it was applied: the target network's update
-        (so a skipped or rolled-back step never moves the target)."""
+        and the count of applied steps (so a skipped or rolled-back step never moves the
+        target nor advances a delayed group)."""
         if self.target is not None:
             self.target.after_step()
+        if self.steps_applied is not None:
+            self.steps_applied.assign_add(1)
 
     def _step(self, shard_sets: list):
         """Forward/backward on all towers, then apply only if every gradient is finite

@@ -1,0 +1,86 @@
+"""LossGroup: what one loss of a policy trains, with which optimizer and clip.
+
+A loss may return several losses (SAC: actor, critic, alpha); `TFPolicy.optimizer()`
+pairs each with a group. A loss's gradient is taken with respect to its group's
+variables only, so an actor loss that reads the critic (its gradient flows through
+the critic into the actions) never moves the critic. A group's gradients are
+combined over towers and learners like any other, then clipped by its own clip.
+`every_steps` N applies a group on every N-th applied step only (TD3's delayed
+actor). A plain optimizer is the group of every trainable variable with the
+policy's grad_clip: PPO and DQN are one such group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import keras
+
+POLICY_GRAD_CLIP = "policy"  # LossGroup.grad_clip: the policy's (config) grad_clip
+
+
+class LossGroup(NamedTuple):
+    """optimizer: its own Keras optimizer. variables: the trainable variables its loss
+    trains (None: all of the model's). grad_clip: a threshold, None (no clip) or
+    POLICY_GRAD_CLIP. every_steps: applied on every N-th applied step (1: each)."""
+
+    optimizer: keras.optimizers.Optimizer
+    variables: Sequence | None = None
+    grad_clip: float | str | None = POLICY_GRAD_CLIP
+    every_steps: int = 1
+
+
+class ResolvedGroup(NamedTuple):
+    """A LossGroup as the tower stack uses it: its variables listed, its clip a number
+    or None."""
+
+    optimizer: keras.optimizers.Optimizer
+    variables: list
+    grad_clip: float | None
+    every_steps: int
+
+
+def resolve_groups(
+    spec, trainable_variables: Sequence, grad_clip: float | None
+) -> list[ResolvedGroup]:
+    """An optimizer, a LossGroup, or a list of either -> one ResolvedGroup per loss,
+    checked (one-line errors naming the group)."""
+    entries = list(spec) if isinstance(spec, (list, tuple)) and not _is_group(spec) else [spec]
+    known = {id(v) for v in trainable_variables}
+    groups = []
+    for i, entry in enumerate(entries):
+        group = entry if isinstance(entry, LossGroup) else LossGroup(entry)
+        if not isinstance(group.optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                f"loss group {i} needs a Keras optimizer, got {type(group.optimizer).__name__}"
+            )
+        variables = list(trainable_variables if group.variables is None else group.variables)
+        if not variables:
+            raise ValueError(f"loss group {i} has no variables to train")
+        foreign = [getattr(v, "path", str(v)) for v in variables if id(v) not in known]
+        if foreign:
+            raise ValueError(
+                f"loss group {i} names variables that are not the model's trainable "
+                f"variables: {foreign}"
+            )
+        if len({id(v) for v in variables}) != len(variables):
+            raise ValueError(f"loss group {i} names a variable twice")
+        clip = grad_clip if group.grad_clip == POLICY_GRAD_CLIP else group.grad_clip
+        if clip is not None and (
+            isinstance(clip, bool) or not isinstance(clip, (int, float)) or not clip > 0
+        ):
+            raise ValueError(
+                f"loss group {i} grad_clip must be a number > 0, None or 'policy', got {clip!r}"
+            )
+        every = group.every_steps
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"loss group {i} every_steps must be an integer >= 1, got {every!r}")
+        groups.append(
+            ResolvedGroup(group.optimizer, variables, None if clip is None else float(clip), every)
+        )
+    return groups
+
+
+def _is_group(value) -> bool:
+    return isinstance(value, LossGroup)

@@ -1,0 +1,113 @@
+"""algorithms/td3.py: delayed actor and target updates, target policy smoothing against
+a numpy computation, Gaussian exploration within the bounds, and bad input."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from algorithms import get_algorithm_class
+from algorithms.td3 import TD3, TD3Config, TD3Policy
+from policy_service.config import ConfigError, from_dict
+from policy_service.sample_batch import SampleBatch
+
+OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+BOX = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+TINY = {
+    "seed": 0,
+    "actor_hiddens": [8],
+    "critic_hiddens": [8],
+    "tau": 0.5,
+    "num_steps_sampled_before_learning_starts": 0,
+}
+
+
+def batch(n: int, seed: int = 0) -> SampleBatch:
+    rng = np.random.default_rng(seed)
+    return SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (n, 3)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.uniform(-2, 2, (n, 2)).astype(np.float32),
+            SampleBatch.REWARDS: rng.normal(size=n).astype(np.float32),
+            "bootstrap_discount": np.full(n, 0.99, np.float32),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """No smoothing noise, so that the target value can be computed by hand."""
+    return TD3Policy(OBS, BOX, {**TINY, "target_noise": 0.0})
+
+
+def changed(before: dict, after: dict, part: str) -> bool:
+    return any(not np.array_equal(before[k], after[k]) for k in after if part in k)
+
+
+def test_the_actor_and_the_targets_move_every_policy_delay_steps(policy):
+    # policy_delay 2, targets every 2 steps
+    history = [(policy.get_weights(), policy.get_target_weights())]
+    for seed in range(4):
+        policy.learn_on_batch(batch(16, seed))
+        history.append((policy.get_weights(), policy.get_target_weights()))
+    for step in range(1, 5):
+        (w0, t0), (w1, t1) = history[step - 1], history[step]
+        assert changed(w0, w1, "critic_")
+        assert changed(w0, w1, "actor_") == (step % 2 == 0), step
+        assert changed(t0, t1, "critic_") == (step % 2 == 0), step
+    assert policy.get_state()["steps_applied"] == 4
+
+
+def test_the_smoothed_target_action_is_the_target_actors_plus_clipped_noise(policy):
+    # after the steps of the test above: the targets moved, twice, halfway
+    target = policy.get_target_weights()
+    next_obs = batch(5, 3)[SampleBatch.NEXT_OBS]
+
+    def dense(x, prefix, layer):
+        kernel = next(v for k, v in target.items() if k.endswith(f"{prefix}_{layer}/kernel"))
+        bias = next(v for k, v in target.items() if k.endswith(f"{prefix}_{layer}/bias"))
+        return x @ kernel + bias
+
+    def mlp(x, prefix):
+        return dense(np.maximum(dense(x, prefix, "dense_0"), 0), prefix, "out")
+
+    action = 2.0 * np.tanh(mlp(next_obs, "actor"))  # no noise: the target actor's action
+    x = np.concatenate([next_obs, action], axis=1)
+    hand = np.minimum(mlp(x, "critic_0"), mlp(x, "critic_1"))[:, 0]
+    value = policy.smoothed_target_value(policy.model, tf.constant(next_obs))
+    np.testing.assert_allclose(value.numpy(), hand, rtol=1e-5, atol=1e-5)
+
+
+def test_exploration_adds_noise_within_the_bounds_and_acts_greedily_without_it():
+    policy = TD3Policy(
+        OBS, BOX, {**TINY, "exploration_config": {"type": "GaussianNoise", "stddev": 1.0}}
+    )
+    obs = np.zeros((500, 3), np.float32)
+    greedy, _, _ = policy.compute_actions(obs, explore=False, timestep=10)
+    noisy, _, extra = policy.compute_actions(obs, explore=True, timestep=10)
+    assert np.all(greedy == greedy[0])  # one observation, one action
+    assert np.all((noisy >= -2.0) & (noisy <= 2.0))
+    spread = noisy - greedy
+    assert 0.6 < np.std(spread[np.abs(noisy).max(axis=1) < 2.0]) < 1.2
+    np.testing.assert_array_equal(extra[SampleBatch.ACTION_LOGP], np.zeros(500, np.float32))
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("policy_delay", 0, "config.policy_delay must be an integer >= 1, got 0"),
+        ("target_noise", -0.1, "config.target_noise must be a finite number >= 0, got -0.1"),
+        ("target_noise_clip", -1.0, "config.target_noise_clip must be"),
+        ("tau", 0.0, r"config.tau must be a finite number in \(0, 1\]"),
+    ],
+)
+def test_bad_td3_keys_are_one_line_errors_naming_them(key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        from_dict(TD3Config, {key: value})
+
+
+def test_td3_on_a_discrete_space_is_one_line_naming_it():
+    with pytest.raises(ConfigError, match=r"TD3 needs a 1-D float Box .* got Discrete\(2\)"):
+        TD3Policy(OBS, gym.spaces.Discrete(2), TINY)
+    assert get_algorithm_class("td3") is TD3
