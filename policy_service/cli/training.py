@@ -180,6 +180,7 @@ def train(options: RunOptions) -> int:
         "checkpoint_every": setup.checkpoint_every,
         "keep_checkpoints": setup.keep_checkpoints,
     }
+    token_source = _external_env_token(setup) if setup.config.get("external_env") else None
     address = options.address or os.environ.get("RAY_ADDRESS") or None
     ray_started = uses_ray(setup.config, address)
     if ray_started:
@@ -192,6 +193,13 @@ def train(options: RunOptions) -> int:
         else:
             history = []
         run_dir.create(setup.config, run_settings)
+        if token_source is not None:
+            cfg = algo.config
+            print(
+                f"serving episodes on http://{cfg.external_env_host}:{cfg.external_env_port}; "
+                f"token from {token_source}",
+                flush=True,
+            )
         return _loop(algo, setup, history)
     finally:
         if algo is not None:
@@ -200,6 +208,19 @@ def train(options: RunOptions) -> int:
             import ray
 
             ray.shutdown()
+
+
+def _external_env_token(setup: RunSetup) -> str:
+    """Where the clients' token comes from: the token file, $POLICY_SERVICE_TOKEN, or one
+    generated (0600) into the run's serve/ directory, whose path then goes into the
+    config, so that a resumed run keeps it."""
+    from policy_service.serving.server import resolve_token
+
+    token_file = setup.config.get("external_env_token_file")
+    _, where = resolve_token(token_file, os.environ, setup.run_dir.path / "serve")
+    if token_file is None and not where.startswith("$"):
+        setup.config["external_env_token_file"] = where
+    return where
 
 
 def _restore(algo, setup: RunSetup) -> list[dict]:

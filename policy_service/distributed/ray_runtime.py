@@ -36,10 +36,16 @@ def check_address(address: str, source: str = "--address") -> None:
 def uses_ray(config: dict, address: str | None) -> bool:
     """Ray is started (or joined) for runs with actors, or when a cluster is named.
 
-    A run that samples in this process (num_env_runners=0, no remote inference)
-    needs no Ray, and starting one costs seconds to tens of seconds on 2 cores.
+    A run that samples in this process (num_env_runners=0, no remote inference, no
+    external env, whose server is Ray Serve) needs no Ray, and starting one costs
+    seconds to tens of seconds on 2 cores.
     """
-    return bool(address or config.get("num_env_runners") or config.get("remote_inference"))
+    return bool(
+        address
+        or config.get("num_env_runners")
+        or config.get("remote_inference")
+        or config.get("external_env")
+    )
 
 
 def start_ray(
