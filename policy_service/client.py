@@ -13,7 +13,8 @@
     client.close()
 
 RLlib's PolicyClient methods, over the JSON protocol of serving.episode_api.
-"remote": every call is one request on a keep-alive connection (http.client).
+"remote": every call but log_returns is one request on a keep-alive connection
+(http.client); a reward goes with the episode's next call (one request a step).
 "local": the server's acting SavedModel is pulled (ExportedPolicy) and acts here;
 steps are uploaded in batches (POST /v1/experiences) once update_interval_s has
 passed at a call, and the model is pulled again when the server's weights moved on.
@@ -94,6 +95,7 @@ class PolicyClient:
         self._state_shapes = [tuple(s) for s in spec["state_shapes"]]
         self._action_dtype, self._action_shape = spaces.action_dtype_and_shape(self.action_space)
         self._episodes: dict[str, _LocalEpisode] = {}
+        self._rewards: dict[str, float] = {}  # remote: rewards logged, not yet sent
         self._local: ExportedPolicy | None = None
         self._steps_since_pull = 0
         self._last_upload = time.monotonic()
@@ -121,9 +123,8 @@ class PolicyClient:
     def get_action(self, episode_id: str, observation) -> Any:
         """The policy's action for this observation (exploring, as training does)."""
         if self.inference_mode == REMOTE:
-            answer = self._post(
-                f"/v1/episodes/{episode_id}/action", {"obs": _jsonable(observation)}
-            )
+            body = self._with_reward(episode_id, {"obs": _jsonable(observation)})
+            answer = self._post(f"/v1/episodes/{episode_id}/action", body)
             return self._action(json.loads(answer)["action"])
         episode, local = self._local_episode(episode_id), self._local
         assert local is not None  # pulled when the client was made
@@ -143,18 +144,17 @@ class PolicyClient:
         """A step whose action the simulator chose itself."""
         if self.inference_mode == REMOTE:
             body = {"obs": _jsonable(observation), "action": _jsonable(action)}
-            self._post(f"/v1/episodes/{episode_id}/log_action", body)
+            self._post(f"/v1/episodes/{episode_id}/log_action", self._with_reward(episode_id, body))
             return
         episode = self._local_episode(episode_id)
         self._record(episode_id, episode, observation, np.asarray(action, self._action_dtype))
 
     def log_returns(self, episode_id: str, reward: float, info: dict | None = None) -> None:
-        """Reward for the last action (summed when logged more than once)."""
-        if self.inference_mode == REMOTE:
-            body: dict = {"reward": float(reward)}
-            if info is not None:
-                body["info"] = _jsonable(info)
-            self._post(f"/v1/episodes/{episode_id}/log_returns", body)
+        """Reward for the last action (summed when logged more than once). `info` is not
+        kept (env runners record none either)."""
+        del info
+        if self.inference_mode == REMOTE:  # sent with the episode's next call
+            self._rewards[episode_id] = self._rewards.get(episode_id, 0.0) + float(reward)
             return
         episode = self._local_episode(episode_id)
         if not episode.rewards:
@@ -167,7 +167,7 @@ class PolicyClient:
         """The last observation: terminated, or truncated (a time limit; it bootstraps)."""
         end = {"obs": _jsonable(observation), "truncated": bool(truncated)}
         if self.inference_mode == REMOTE:
-            self._post(f"/v1/episodes/{episode_id}/end", end)
+            self._post(f"/v1/episodes/{episode_id}/end", self._with_reward(episode_id, end))
             return
         self._local_episode(episode_id).end = end
         self._upload_when_due()
@@ -219,6 +219,12 @@ class PolicyClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _with_reward(self, episode_id: str, body: dict) -> dict:
+        """remote: the episode's call, carrying the reward logged since its last one."""
+        if episode_id in self._rewards:
+            body["reward"] = self._rewards.pop(episode_id)
+        return body
 
     # ----- local mode ------------------------------------------------------------------
 

@@ -86,12 +86,46 @@ class TrainingServer:
             ) from None
 
     def kill(self) -> None:
+        """SIGKILL to the server and every process of its session (its Ray's)."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+        for pid in session_pids(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def output(self) -> str:
         return f"{''.join(self.stdout)[-2000:]}{''.join(self.stderr)[-4000:]}"
+
+
+def session_pids(session: int, marker: bytes = b"") -> list[int]:
+    """The processes of a session whose command line holds `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            in_session = os.getsid(int(entry.name)) == session
+        except (OSError, ProcessLookupError):
+            continue
+        if in_session and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_until_port_free(port: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} still held {timeout_s} s on"
+        time.sleep(1)
 
 
 def clients(kind: str, port: int, count: int, *args: str) -> list[subprocess.Popen]:
@@ -236,6 +270,7 @@ def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
             assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
             time.sleep(0.5)
         server.kill()  # SIGKILL to the process and its Ray
+        wait_until_port_free(port)
         before = progress(run_dir)
         server = TrainingServer(["--resume", str(run_dir)])
         server.wait_ready()
@@ -249,22 +284,6 @@ def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
     assert [m["iteration"] for m in after] == [1, 2, 3, 4, 5]
     assert after[0] == before[0]  # kept, not trained again
     assert after[-1]["timesteps_total"] > before[-1]["timesteps_total"]
-
-
-def replica_pids(server: TrainingServer) -> list[int]:
-    """The Serve replica processes of this server (in its session)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            in_session = os.getsid(int(entry.name)) == server.proc.pid
-        except (OSError, ProcessLookupError):
-            continue
-        if in_session and b"ServeReplica:policy_service" in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
@@ -294,7 +313,7 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
         while not (run_dir / "progress.jsonl").exists() or not progress(run_dir):
             assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
             time.sleep(0.5)
-        (replica,) = replica_pids(server)
+        (replica,) = session_pids(server.proc.pid, b"ServeReplica:policy_service")
         os.kill(replica, signal.SIGKILL)
         assert server.wait(900) == 0, server.output()
     finally:

@@ -1,15 +1,17 @@
 """The HTTP API of training from external episodes (RLlib's PolicyClient protocol, as JSON).
 
-    POST /v1/episodes                   {"episode_id"?}        -> {"episode_id"}
-    POST /v1/episodes/{id}/action       {"obs"}                -> {"action", "weights_version"}
-    POST /v1/episodes/{id}/log_action   {"obs", "action"}      -> {}
-    POST /v1/episodes/{id}/log_returns  {"reward", "info"?}    -> {}
-    POST /v1/episodes/{id}/end          {"obs", "truncated"?}  -> {}
+    POST /v1/episodes                   {"episode_id"?}                   -> {"episode_id"}
+    POST /v1/episodes/{id}/action       {"obs", "reward"?}                -> {"action", ...}
+    POST /v1/episodes/{id}/log_action   {"obs", "action", "reward"?}      -> {}
+    POST /v1/episodes/{id}/log_returns  {"reward", "info"?}               -> {}
+    POST /v1/episodes/{id}/end          {"obs", "truncated"?, "reward"?}  -> {}
     POST /v1/experiences  {"episodes": [{"episode_id", "start"?, "obs": [T], "actions": [T],
                            "rewards": [T], "end"?: {"obs", "truncated"?}}]} -> {"weights_version"}
     GET  /v1/model        -> the acting SavedModel as a tar (header X-Weights-Version)
 
-`obs` here is one observation (no batch dimension), `action` one action. `truncated`
+`obs` here is one observation (no batch dimension), `action` one action; "reward" with
+`action`, `log_action` or `end` is the last action's reward, as a log_returns just before
+would log it (one request a step instead of two). `truncated`
 (default false) says the episode was cut short (a time limit): it bootstraps, where
 an end that is not truncated is a termination. /v1/experiences is the local-mode
 client's batched upload: per episode, T logged steps (reward i follows action i),

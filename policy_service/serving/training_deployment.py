@@ -129,19 +129,7 @@ class TrainingDeployment(PolicyDeployment):
 
     async def _episode_call(self, route: episode_api.EpisodeRoute, body: bytes) -> Response:
         schema, eid = self._schema, route.episode_id
-        if route.verb == "action":
-            data = read_json_object(body, ("obs",))
-            obs = episode_api.one_obs(episode_api.required(data, "obs", "one observation"), schema)
-            action, version = await self.episodes.act(eid, obs)
-            return _json({"action": action.tolist(), "weights_version": version})
-        if route.verb == "log_action":
-            data = read_json_object(body, ("obs", "action"))
-            obs = episode_api.one_obs(episode_api.required(data, "obs", "one observation"), schema)
-            action = episode_api.required(data, "action", "the action taken")
-            await self.episodes.log_action(
-                eid, obs, episode_api.actions([action], schema, 1, "action")
-            )
-        elif route.verb == "log_returns":
+        if route.verb == "log_returns":
             data = read_json_object(body, ("reward", "info"))
             info = data.get("info")  # accepted as RLlib's clients send it; env runners keep none
             if info is not None and not isinstance(info, dict):
@@ -149,12 +137,24 @@ class TrainingDeployment(PolicyDeployment):
             self.episodes.log_returns(
                 eid, episode_api.reward(episode_api.required(data, "reward", "a number"))
             )
-        else:  # end
-            data = read_json_object(body, ("obs", "truncated"))
-            obs = episode_api.one_obs(
-                episode_api.required(data, "obs", "the last observation"), schema
-            )
-            await self.episodes.end(eid, obs, episode_api.truncated(data))
+            return _json({})
+        fields = {"action": ("obs",), "log_action": ("obs", "action"), "end": ("obs", "truncated")}
+        data = read_json_object(body, (*fields[route.verb], "reward"))
+        obs = episode_api.one_obs(episode_api.required(data, "obs", "one observation"), schema)
+        action = None
+        if route.verb == "log_action":
+            logged = episode_api.required(data, "action", "the action taken")
+            action = episode_api.actions([logged], schema, 1, "action")
+        cut = episode_api.truncated(data)
+        if "reward" in data:  # the last action's reward, sent with this call (one request less)
+            self.episodes.log_returns(eid, episode_api.reward(data["reward"]))
+        if route.verb == "action":
+            chosen, version = await self.episodes.act(eid, obs)
+            return _json({"action": chosen.tolist(), "weights_version": version})
+        if action is not None:
+            await self.episodes.log_action(eid, obs, action)
+        else:
+            await self.episodes.end(eid, obs, cut)
         return _json({})
 
     async def _model(self) -> Response:
