@@ -285,7 +285,7 @@ class PolicyClient:
             except (ValueError, KeyError, TypeError):
                 message = data[:200].decode(errors="replace")
             raise PolicyClientError(response.status, message)
-        return (data, dict(response.headers)) if with_headers else data
+        return (data, response.headers) if with_headers else data  # names: any case
 
 
 def _jsonable(value) -> Any:
