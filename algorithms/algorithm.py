@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import numpy as np
 from algorithms.environments import env_maker
 from policy_service import observation_filters
 from policy_service.config import (
+    ConfigError,
     PolicyConfig,
     Rule,
     finite,
@@ -53,6 +55,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
     from policy_service.policy import TFPolicy
+    from policy_service.serving.external_env_runners import ExternalEnvRunners
 
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
@@ -104,6 +107,26 @@ class AlgorithmConfig(PolicyConfig):
         check=integer(ge=0),
     )
 
+    external_env: bool = setting(
+        False,
+        doc="Episodes come from clients outside Ray over HTTP (policy_service.client); "
+        "`env` only gives the spaces.",
+    )
+    external_env_host: str = setting(
+        "127.0.0.1", doc="Address the external-env server listens on (loopback unless told)."
+    )
+    external_env_port: int = setting(
+        9900, doc="Port of the external-env server.", check=integer(ge=1, le=65535)
+    )
+    external_env_token_file: str | None = setting(
+        None, doc="File holding the clients' bearer token (else $POLICY_SERVICE_TOKEN)."
+    )
+    episode_timeout_s: float = setting(
+        60.0,
+        doc="An external episode with no call for this long is closed as truncated.",
+        check=finite(gt=0),
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self.check_fits_in_memory(
@@ -111,6 +134,12 @@ class AlgorithmConfig(PolicyConfig):
             self.train_batch_size * MIN_ROW_BYTES,
             f"{MIN_ROW_BYTES} bytes a row",
         )
+        if self.external_env and self.observation_filter != "NoFilter":
+            raise ConfigError(
+                f"{self.key_prefix}.observation_filter must be 'NoFilter' with external_env: "
+                "true (the server acts on the clients' observations as they come), got "
+                f"{self.observation_filter!r}"
+            )
 
     def fragment_length(self) -> int:
         """Steps per sub-env per sample()."""
@@ -193,10 +222,15 @@ class Algorithm:
         cfg = self.config
         if cfg._fake_gpus and cfg.num_gpus > 0 and cfg.num_learners == 0:
             devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
-        if cfg.num_env_runners > 0 or cfg.remote_inference or cfg.num_learners > 0:
+        if (
+            cfg.num_env_runners > 0
+            or cfg.remote_inference
+            or cfg.num_learners > 0
+            or cfg.external_env
+        ):
             self._init_ray()
         # Both are built here and kept for the algorithm's life; stop() ends them.
-        self.env_runners: EnvRunnerGroup
+        self.env_runners: EnvRunnerGroup | ExternalEnvRunners  # the latter: --external-env
         self.learners: LearnerGroup
         try:
             self.env_runners = self._make_env_runners(self.config.seed)
@@ -321,8 +355,19 @@ class Algorithm:
         It waits for runners busy with a `sample_ready` request."""
         if self._filter_stats is None:
             return
-        self._filter_stats = self.env_runners.sync_observation_filters(self._filter_stats)
+        group = self.env_runner_group()
+        self._filter_stats = group.sync_observation_filters(self._filter_stats)
         self.learners.foreach_policy(observation_filters.sync_policy_filter, self._filter_stats)
+
+    def env_runner_group(self) -> EnvRunnerGroup:
+        """The env runners as an EnvRunnerGroup: what sampling in Ray needs (an
+        --external-env run's episodes come from clients instead; its config checks
+        keep such runs off the paths that call this)."""
+        from policy_service.distributed.env_runner_group import EnvRunnerGroup
+
+        if not isinstance(self.env_runners, EnvRunnerGroup):
+            raise TypeError(f"{type(self).__name__} needs env runners, not an external env")
+        return self.env_runners
 
     def count_async(self, fragment_metrics: list[dict], samples_trained: int, time_s: float):
         """An asynchronous step's counts: its fragments' env steps and episodes, the
@@ -389,10 +434,12 @@ class Algorithm:
     def _env(self):
         return env_maker(self._env_name)
 
-    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup:
+    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup | ExternalEnvRunners:
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
         cfg = self.config
+        if cfg.external_env:
+            return self._make_external_env_runners()
         worker_config = on_cpu(cfg)
         return EnvRunnerGroup(
             self._env(),
@@ -414,10 +461,30 @@ class Algorithm:
         actors, SEED style); None (default): the runners act, or the PolicyActor."""
         return None
 
+    def _make_external_env_runners(self) -> ExternalEnvRunners:
+        """The training server clients send their episodes to (ExternalEnvRunners)."""
+        from policy_service.distributed.env_runner_group import probe_spaces
+        from policy_service.serving.external_env_runners import ExternalEnvRunners
+        from policy_service.serving.server import ServerAddress, read_token
+
+        cfg = self.config
+        observation_space, action_space = probe_spaces(self._env(), dict(cfg.env_config))
+        return ExternalEnvRunners(
+            self.policy_class,
+            observation_space,
+            action_space,
+            on_cpu(cfg),
+            address=ServerAddress(cfg.external_env_host, cfg.external_env_port),
+            token=read_token(cfg.external_env_token_file, os.environ),
+            rollout_fragment_length=cfg.fragment_length(),
+            episode_timeout_s=cfg.episode_timeout_s,
+        )
+
     def _restart_sampling(self) -> None:
-        """With a seed: rebuild the env runners seeded from (seed, iteration). Either
-        way the runners then act with the learner's current weights."""
-        if self.config.seed is not None:
+        """With a seed: rebuild the env runners seeded from (seed, iteration) (external
+        episodes are their clients' to seed). Either way the runners then act with the
+        learner's current weights."""
+        if self.config.seed is not None and not self.config.external_env:
             self._past_worker_restarts += int(self.env_runners.num_restarts)
             self.env_runners.stop()
             self.env_runners = self._make_env_runners(

@@ -86,6 +86,11 @@ class IMPALAConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.external_env:
+            raise ConfigError(
+                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
+                "needs env runner actors, got True"
+            )
         if self.rollout_fragment_length == "auto":
             raise ConfigError("config.rollout_fragment_length must be an integer >= 1, got 'auto'")
         per_fragment = int(self.rollout_fragment_length) * self.num_envs_per_env_runner
@@ -185,7 +190,7 @@ class IMPALA(Algorithm):
             if cfg.inference == "learners":  # the runners built first act by themselves
                 self.env_runners.stop()
                 self.env_runners = self._make_env_runners(cfg.seed)
-            self.async_learning = AsyncLearning(self.env_runners, self.learners, settings)
+            self.async_learning = AsyncLearning(self.env_runner_group(), self.learners, settings)
         except BaseException:
             self.stop()
             raise
@@ -223,7 +228,7 @@ class IMPALA(Algorithm):
         """As every algorithm's, with learning paused meanwhile (queued fragments dropped)."""
         self.async_learning.pause()
         path = super().save(checkpoint_dir)
-        self.async_learning.resume(self.env_runners)
+        self.async_learning.resume(self.env_runner_group())
         return path
 
     def restore(self, checkpoint_dir: str) -> None:
@@ -231,7 +236,7 @@ class IMPALA(Algorithm):
         try:
             super().restore(checkpoint_dir)
         finally:
-            self.async_learning.resume(self.env_runners)
+            self.async_learning.resume(self.env_runner_group())
 
     def stop(self) -> None:
         if getattr(self, "async_learning", None) is not None:

@@ -305,10 +305,7 @@ class ReplayAlgorithm(Algorithm):
         there. Remote calls are not waited for: an actor runs its calls in order, so
         the timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
-        if self.env_runners.local_worker is not None:
-            self.env_runners.local_worker.set_global_timestep(self.timesteps_total)
-        for worker in self.env_runners.workers:
-            worker.set_global_timestep.remote(self.timesteps_total)
+        self.env_runners.set_global_timestep(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------
 

@@ -278,3 +278,14 @@ def test_serve_smoke(tmp_path):
     policy_rows = [row for row in saved["summary"] if row["target"].startswith("policy")]
     assert len(policy_rows) == 4
     assert all(row["vs_ceiling"] > 0 and row["vs_ceiling_body"] > 0 for row in policy_rows)
+
+
+def test_client_local_smoke(tmp_path):
+    records = measurements(run_smoke("client_local", tmp_path))
+    assert {r["target"] for r in records} == {"bare", "exported"}
+    assert all(r["actions_per_s"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in records)
+    saved = json.loads((tmp_path / "client_local.json").read_text())
+    assert {row["target"]: row["vs_bare"] > 0 for row in saved["summary"]} == {
+        "bare": True,
+        "exported": True,
+    }

@@ -556,7 +556,7 @@ def test_deeply_nested_json_is_400():
 
     space = gym.spaces.Box(-1.0, 1.0, (4,))
     schema = http_api.RequestSchema(
-        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), ()
+        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), (), gym.spaces.Discrete(2)
     )
     with pytest.raises(http_api.HttpError, match="nested too deep") as err:
         http_api.parse_action_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", schema)
@@ -604,7 +604,7 @@ def test_tuple_obs_parse_as_the_space_has_them():
 
     space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,))))
     schema = http_api.RequestSchema(
-        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), ()
+        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), (), gym.spaces.Discrete(2)
     )
     parsed = http_api.parse_action_request(b'{"obs": [[2, 0], [[0.5, 0.5], [1, 0]]]}', schema)
     assert parsed.num_rows == 2 and isinstance(parsed.obs, tuple)

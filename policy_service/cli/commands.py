@@ -73,6 +73,10 @@ def _train(args: argparse.Namespace) -> int:
         address=args.address,
         checkpoint_every=args.checkpoint_every,
         keep_checkpoints=args.keep_checkpoints,
+        external_env=args.external_env,
+        host=args.host,
+        port=args.port,
+        token_file=args.token_file,
     )
     return training.train(options)
 
@@ -292,6 +296,23 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="K",
         help="keep the latest K checkpoints (default 3)",
+    )
+    train.add_argument(
+        "--external-env",
+        action="store_true",
+        default=None,
+        help="train from episodes that clients outside Ray send over HTTP "
+        "(policy_service.client.PolicyClient); --env then only gives the spaces",
+    )
+    train.add_argument(
+        "--host", help="with --external-env: address to listen on (default 127.0.0.1)"
+    )
+    train.add_argument("--port", type=int, help="with --external-env: HTTP port (default 9900)")
+    train.add_argument(
+        "--token-file",
+        metavar="F",
+        help="with --external-env: file holding the clients' bearer token (default: "
+        "$POLICY_SERVICE_TOKEN, else one is generated into the run's serve/ directory)",
     )
     train.set_defaults(handler=_train)
 

@@ -69,6 +69,10 @@ class RunOptions:
     address: str | None = None  # Ray cluster to join (default: $RAY_ADDRESS, else local)
     checkpoint_every: int | None = None  # iterations between checkpoints; 0: at the end only
     keep_checkpoints: int | None = None  # latest checkpoints kept
+    external_env: bool | None = None  # -> config "external_env": episodes from HTTP clients
+    host: str | None = None  # -> config "external_env_host"
+    port: int | None = None  # -> config "external_env_port"
+    token_file: str | None = None  # -> config "external_env_token_file"
 
     def config_flags(self) -> dict:
         """The config keys set by their own flags (they win over the file and --set)."""
@@ -80,6 +84,10 @@ class RunOptions:
             "num_learners": self.num_learners,
             "num_gpus_per_learner": self.gpus_per_learner,
             "seed": self.seed,
+            "external_env": self.external_env,
+            "external_env_host": self.host,
+            "external_env_port": self.port,
+            "external_env_token_file": self.token_file,
         }
         return {k: v for k, v in flags.items() if v is not None}
 

@@ -182,6 +182,7 @@ def train(options: RunOptions) -> int:
         "checkpoint_every": setup.checkpoint_every,
         "keep_checkpoints": setup.keep_checkpoints,
     }
+    token_source = _external_env_token(setup) if setup.config.get("external_env") else None
     address = options.address or os.environ.get("RAY_ADDRESS") or None
     ray_module = sys.modules.get("ray")  # a caller's Ray already running is used as it is
     ray_started = uses_ray(setup.config, address) and not (
@@ -198,6 +199,13 @@ def train(options: RunOptions) -> int:
             else:
                 history = []
             run_dir.create(setup.config, run_settings)
+            if token_source is not None:
+                cfg = algo.config
+                print(
+                    f"serving episodes on http://{cfg.external_env_host}:"
+                    f"{cfg.external_env_port}; token from {token_source}",
+                    flush=True,
+                )
             return _loop(algo, setup, history)
     finally:
         if algo is not None:
@@ -206,6 +214,19 @@ def train(options: RunOptions) -> int:
             import ray
 
             ray.shutdown()
+
+
+def _external_env_token(setup: RunSetup) -> str:
+    """Where the clients' token comes from: the token file, $POLICY_SERVICE_TOKEN, or one
+    generated (0600) into the run's serve/ directory, whose path then goes into the
+    config, so that a resumed run keeps it."""
+    from policy_service.serving.server import resolve_token
+
+    token_file = setup.config.get("external_env_token_file")
+    _, where = resolve_token(token_file, os.environ, setup.run_dir.path / "serve")
+    if token_file is None and not where.startswith("$"):
+        setup.config["external_env_token_file"] = where
+    return where
 
 
 def _restore(algo, setup: RunSetup) -> list[dict]:

@@ -345,6 +345,15 @@ class EnvRunnerGroup:
                 if not is_actor_death(error):
                     raise
 
+    def set_global_timestep(self, timestep: int) -> None:
+        """Every worker's exploration schedule to `timestep` (RLlib's global timestep); remote
+        calls are not waited for: an actor runs its calls in order, so it is set before
+        the worker's next fragment."""
+        if self.local_worker is not None:
+            self.local_worker.set_global_timestep(timestep)
+        for worker in self.workers:
+            worker.set_global_timestep.remote(timestep)
+
     def num_policy_actor_restarts(self) -> int:
         """Restarts of the PolicyActor so far (0 without remote inference)."""
         return 0 if self._served_policy is None else self._served_policy.num_restarts()

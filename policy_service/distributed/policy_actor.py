@@ -320,6 +320,37 @@ class PolicyHost:
 
         await self.in_policy_thread(assign)
 
+    async def log_likelihoods(
+        self, actions, obs_batch, state_batches=None, prev_action_batch=None, prev_reward_batch=None
+    ) -> np.ndarray:
+        """log pi(a|s) <float32>[B] of given actions under these weights (for actions a
+        caller chose itself, as an external client logs them)."""
+        return await self.in_policy_thread(
+            lambda: self.policy.compute_log_likelihoods(
+                actions, obs_batch, state_batches, prev_action_batch, prev_reward_batch
+            )
+        )
+
+    async def set_global_timestep(self, timestep: int) -> None:
+        """Where the policy's exploration schedule stands (the run's env steps)."""
+
+        def assign():
+            self.policy.global_timestep = int(timestep)
+
+        await self.in_policy_thread(assign)
+
+    async def export_saved_model(self, export_dir: str) -> tuple[int, int]:
+        """Write the acting SavedModel (io.export) -> (the weights version it holds, the
+        policy's global timestep: where its exploration schedule stands)."""
+
+        def export():
+            from policy_service.io.export import export_saved_model
+
+            export_saved_model(self.policy, export_dir)
+            return self._weights_version, int(self.policy.global_timestep)
+
+        return await self.in_policy_thread(export)
+
     async def get_initial_state(self) -> list[np.ndarray]:
         return [s.copy() for s in self._initial_state]
 

@@ -64,14 +64,15 @@ def uses_ray(config: dict, address: str | None) -> bool:
     """Ray is started (or joined) for runs with actors, or when a cluster is named.
 
     A run that samples and learns in this process (no env runners, no remote
-    inference, no learner actors) needs no Ray, and starting one costs seconds
-    to tens of seconds on 2 cores.
+    inference, no learner actors, no external env, whose server is Ray Serve)
+    needs no Ray, and starting one costs seconds to tens of seconds on 2 cores.
     """
     return bool(
         address
         or config.get("num_env_runners")
         or config.get("remote_inference")
         or config.get("num_learners")
+        or config.get("external_env")
     )
 
 

@@ -86,32 +86,58 @@ def json_response(body: bytes, status: int = 200) -> Response:
     return Response(body + b"\n", status_code=status, media_type=JSON)
 
 
+def policy_host(
+    policy_cls: type,
+    observation_space,
+    action_space,
+    config,
+    settings: ServingSettings,
+    custom_models: dict | None = None,
+):
+    """The replica's PolicyHost: the policy on this replica's devices, batching as set
+    (custom_models: the registry of the process that built the app)."""
+    from policy_service.config import on_cpu
+    from policy_service.distributed.policy_actor import PolicyHost
+
+    return PolicyHost(
+        policy_cls,
+        observation_space,
+        action_space,
+        on_cpu(config),
+        max_batch_size=settings.max_batch_size,
+        batch_wait_timeout_s=settings.batch_wait_timeout_s,
+        custom_models=custom_models,
+    )
+
+
 class PolicyDeployment:
     """One Serve replica: a PolicyHost with the checkpoint's policy behind the HTTP API."""
+
+    routes = ROUTES
 
     # Serve awaits an async constructor; the host's set_state is a coroutine
     async def __init__(  # type: ignore[misc]
         self, policy_state: dict, token_digest: bytes, settings: ServingSettings
     ):
-        from policy_service.config import on_cpu
-        from policy_service.distributed.policy_actor import PolicyHost
         from policy_service.io.checkpoints import resolve_class
         from policy_service.io.space_codec import space_from_json
         from policy_service.policy import TFPolicy
 
-        policy_cls = resolve_class(policy_state["policy_class"], TFPolicy)
-        self.host = PolicyHost(
-            policy_cls,
+        self.host = policy_host(
+            resolve_class(policy_state["policy_class"], TFPolicy),
             space_from_json(policy_state["observation_space"]),
             space_from_json(policy_state["action_space"]),
-            on_cpu(policy_state["config"]),
-            max_batch_size=settings.max_batch_size,
-            batch_wait_timeout_s=settings.batch_wait_timeout_s,
+            policy_state["config"],
+            settings,
         )
         # the version of saved weights is the number of updates that made them
         await self.host.set_state(
             {**policy_state, "weights_version": int(policy_state.get("num_grad_updates", 0))}
         )
+        await self._serve_with(token_digest, settings)
+
+    async def _serve_with(self, token_digest: bytes, settings: ServingSettings) -> None:
+        """What answering requests needs beside the host: the token, the limits, the spec."""
         self._digest = token_digest
         self._max_request_bytes = int(settings.max_request_bytes)
         self._schema = RequestSchema.of(self.host.policy)
@@ -130,9 +156,9 @@ class PolicyDeployment:
 
     async def _answer(self, request: Request) -> Response:
         path = request.url.path.rstrip("/") or "/"
-        method = ROUTES.get(path)
+        method = self.routes.get(self.route_of(path))
         if method is None:
-            raise HttpError(404, f"path: expected one of {sorted(ROUTES)}, got {path[:80]!r}")
+            raise HttpError(404, f"path: expected one of {sorted(self.routes)}, got {path[:80]!r}")
         if request.method != method:
             raise HttpError(405, f"method: expected {method} for {path}, got {request.method}")
         if path == HEALTH:
@@ -142,10 +168,20 @@ class PolicyDeployment:
             return json_response(self._spec)
         if path == STATS:
             return json_response(json.dumps(await self.host.stats()).encode())
-        return await self._actions(request)
+        if path == ACTIONS:
+            return await self._actions(request)
+        return await self._answer_more(path, request)
+
+    def route_of(self, path: str) -> str:
+        """The key in `routes` of a request's path (a subclass's may hold parameters)."""
+        return path
+
+    async def _answer_more(self, path: str, request: Request) -> Response:
+        """A route of a subclass's (`routes` lists them), after the token was checked."""
+        raise HttpError(404, f"path: expected one of {sorted(self.routes)}, got {path[:80]!r}")
 
     async def _actions(self, request: Request) -> Response:
-        body = await self._read_body(request)
+        body = await self.read_body(request)
         checked = parse_action_request(body, self._schema)
         try:
             actions, state_out, extra = await self.host.compute_actions(
@@ -159,7 +195,7 @@ class PolicyDeployment:
             raise HttpError(400, one_line(err)) from None
         return json_response(action_response(actions, state_out, extra["weights_version"]))
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def read_body(self, request: Request) -> bytes:
         """The body, refused (413) by its Content-Length before any of it is read, or as
         soon as more than the limit has arrived when no length was declared."""
         limit = self._max_request_bytes

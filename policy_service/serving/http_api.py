@@ -123,6 +123,7 @@ class RequestSchema:
     state_shapes: tuple[tuple[int, ...], ...]
     action_dtype: np.dtype
     action_shape: tuple[int, ...]
+    action_space: gym.Space
 
     @classmethod
     def of(cls, policy) -> RequestSchema:
@@ -135,11 +136,12 @@ class RequestSchema:
             tuple(tuple(s.shape) for s in policy.get_initial_state()),
             np.dtype(dtype),
             tuple(shape),
+            policy.action_space,
         )
 
 
-def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
-    """A /v1/actions body -> its checked inputs; HttpError 400 naming the field otherwise."""
+def read_json_object(body: bytes, fields: Sequence[str]) -> dict:
+    """A body -> its JSON object holding only `fields`; HttpError 400 naming what is wrong."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:  # JSONDecodeError is a ValueError
@@ -148,14 +150,40 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
         raise HttpError(
             400, "body: expected a JSON object, got arrays nested too deep to read"
         ) from None
+    return json_object(data, "body", fields)
+
+
+def json_object(data, field: str, fields: Sequence[str]) -> dict:
+    """`data` if it is a JSON object holding only `fields`, else HttpError 400."""
     if not isinstance(data, dict):
-        raise HttpError(400, f"body: expected a JSON object, got {_json_kind(data)}")
-    unexpected = sorted(set(data) - set(REQUEST_FIELDS))
+        raise HttpError(400, f"{field}: expected a JSON object, got {json_kind(data)}")
+    unexpected = sorted(set(data) - set(fields))
     if unexpected:
         raise HttpError(
             400,
-            f"body: expected only the fields {list(REQUEST_FIELDS)}, got unexpected {unexpected}",
+            f"{field}: expected only the fields {list(fields)}, got unexpected {unexpected}",
         )
+    return data
+
+
+def obs_batch(value, schema: RequestSchema, field: str = "obs") -> tuple[Any, int]:
+    """A JSON batch of observations -> (numpy leaves in the space's structure and
+    dtypes, rows); HttpError 400 naming the field otherwise."""
+    obs = _obs_arrays(value, schema.observation_space, field)
+    try:
+        schema.preprocessor.check(obs, column=field)
+    except ValueError as err:
+        raise HttpError(400, str(err)) from None
+    obs = _cast_to_space(obs, schema.observation_space)
+    num_rows = _num_rows(obs)
+    if num_rows == 0:
+        raise HttpError(400, f"{field}: expected at least one row, got 0")
+    return obs, num_rows
+
+
+def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
+    """A /v1/actions body -> its checked inputs; HttpError 400 naming the field otherwise."""
+    data = read_json_object(body, REQUEST_FIELDS)
     if "obs" not in data:
         raise HttpError(
             400,
@@ -163,16 +191,8 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
         )
     explore = data.get("explore")
     if explore is not None and not isinstance(explore, bool):
-        raise HttpError(400, f"explore: expected true or false, got {_short(explore)}")
-    obs = _obs_arrays(data["obs"], schema.observation_space, "obs")
-    try:
-        schema.preprocessor.check(obs, column="obs")
-    except ValueError as err:
-        raise HttpError(400, str(err)) from None
-    obs = _cast_to_space(obs, schema.observation_space)
-    num_rows = _num_rows(obs)
-    if num_rows == 0:
-        raise HttpError(400, "obs: expected at least one row, got 0")
+        raise HttpError(400, f"explore: expected true or false, got {short_json(explore)}")
+    obs, num_rows = obs_batch(data["obs"], schema)
     return ActionRequest(
         obs,
         _state(data.get("state"), schema, num_rows),
@@ -236,7 +256,7 @@ def _num_rows(obs) -> int:
 def _array(value, field: str) -> np.ndarray:
     if isinstance(value, (dict, str)) or value is None:
         raise HttpError(
-            400, f"{field}: expected an array (nested lists of numbers), got {_json_kind(value)}"
+            400, f"{field}: expected an array (nested lists of numbers), got {json_kind(value)}"
         )
     try:
         return np.asarray(value)
@@ -246,7 +266,7 @@ def _array(value, field: str) -> np.ndarray:
         ) from None
 
 
-def _numeric(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def numeric_array(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
     array = _array(value, field)
     if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and dtype.kind in "iu"):
         raise HttpError(
@@ -266,7 +286,7 @@ def _state(value, schema: RequestSchema, num_rows: int) -> list[np.ndarray] | No
         return None
     expected = len(schema.state_shapes)
     if not isinstance(value, list) or len(value) != expected:
-        got = f"a list of {len(value)}" if isinstance(value, list) else _json_kind(value)
+        got = f"a list of {len(value)}" if isinstance(value, list) else json_kind(value)
         raise HttpError(
             400,
             f"state: expected a list of {expected} state tensors (one per "
@@ -274,13 +294,13 @@ def _state(value, schema: RequestSchema, num_rows: int) -> list[np.ndarray] | No
             f"recurrent), got {got}",
         )
     return [
-        _numeric(s, f"state[{i}]", (num_rows, *shape), np.dtype(np.float32))
+        numeric_array(s, f"state[{i}]", (num_rows, *shape), np.dtype(np.float32))
         for i, (s, shape) in enumerate(zip(value, schema.state_shapes))
     ]
 
 
 def _optional_column(value, field: str, shape: tuple, dtype: np.dtype) -> np.ndarray | None:
-    return None if value is None else _numeric(value, field, shape, dtype)
+    return None if value is None else numeric_array(value, field, shape, dtype)
 
 
 def _tolist(value):
@@ -291,17 +311,17 @@ def _tolist(value):
     return np.asarray(value).tolist()
 
 
-def _json_kind(value) -> str:
+def json_kind(value) -> str:
     return {
         dict: "an object",
         list: "an array",
         str: "a string",
         bool: "a boolean",
         type(None): "null",
-    }.get(type(value), f"a number ({_short(value)})")
+    }.get(type(value), f"a number ({short_json(value)})")
 
 
-def _short(value) -> str:
+def short_json(value) -> str:
     text = json.dumps(value)
     return text if len(text) <= 40 else text[:37] + "..."
 

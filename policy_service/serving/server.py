@@ -111,6 +111,17 @@ def resolve_token(
     return token, str(path)
 
 
+def read_token(token_file: str | None, environ: Mapping[str, str]) -> str:
+    """The token from token_file, else $POLICY_SERVICE_TOKEN (for a server that cannot
+    print where a generated one went); neither given is a ServeSetupError."""
+    if not token_file and not environ.get(TOKEN_ENV, "").strip():
+        raise ServeSetupError(
+            f"no bearer token for the clients: give a token file "
+            f"(external_env_token_file, --token-file) or set ${TOKEN_ENV}"
+        )
+    return resolve_token(token_file, environ, Path("."))[0]
+
+
 def serve_directory(checkpoint: str | os.PathLike) -> Path:
     """Where a generated token goes: serve/ in the checkpoint's run directory (the
     nearest one holding run.json), else serve/ in the checkpoint's directory."""
@@ -136,6 +147,16 @@ def check_cluster_fits(settings: ServingSettings, cluster: Mapping[str, float]) 
             )
 
 
+def start_app(address: ServerAddress, app) -> None:
+    """Serve's HTTP proxy on `address` (Ray running already) and `app` at the root."""
+    from ray import serve
+
+    serve.start(
+        http_options={"host": address.host, "port": address.port}, proxy_location="HeadOnly"
+    )
+    serve.run(app, name=APP_NAME, route_prefix="/")
+
+
 def run_server(
     policy_state: dict,
     address: ServerAddress,
@@ -156,12 +177,7 @@ def run_server(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         check_cluster_fits(settings, ray.cluster_resources())
-        serve.start(
-            http_options={"host": address.host, "port": address.port}, proxy_location="HeadOnly"
-        )
-        serve.run(
-            policy_app(policy_state, token_digest(token), settings), name=APP_NAME, route_prefix="/"
-        )
+        start_app(address, policy_app(policy_state, token_digest(token), settings))
         print(
             f"serving on http://{address.host}:{address.port} ({settings.num_replicas} "
             f"replica(s)); {announce}".rstrip("; "),

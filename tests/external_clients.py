@@ -1,0 +1,133 @@
+"""Simulator processes for the external-env tests: each talks to a training server
+over HTTP only (policy_service.client.PolicyClient), with its token from
+$POLICY_SERVICE_TOKEN.
+
+    python tests/external_clients.py interleaved ADDRESS --episodes 8 --seed 3
+    python tests/external_clients.py cartpole ADDRESS --mode local --seconds 600
+
+interleaved: opens all its episodes first, then steps a random open one at a time;
+episode k lasts 1 + k % 6 CartPole steps (too few to fall: it ends truncated), so the
+server must count exactly sum(1 + k % 6) steps. Prints one JSON line of counts.
+cartpole: plays CartPole-v1 episodes until the server has gone for good (or the time
+is up); an episode the server lost (404, or 5xx while Serve replaces its replica) is
+started again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import gymnasium as gym
+import numpy as np
+
+from policy_service.client import PolicyClient, PolicyClientError
+
+
+def interleaved(client: PolicyClient, episodes: int, seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    open_episodes = {}
+    for k in range(episodes):
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seed * 1000 + k)
+        open_episodes[client.start_episode()] = [env, obs, 1 + k % 6]
+    steps = 0
+    while open_episodes:
+        eid = list(open_episodes)[int(rng.integers(len(open_episodes)))]
+        env, obs, left = open_episodes[eid]
+        if rng.random() < 0.3:
+            action = int(rng.integers(2))
+            client.log_action(eid, obs, action)
+        else:
+            action = client.get_action(eid, obs)
+        obs, reward, terminated, _, _ = env.step(action)
+        assert not terminated, "a CartPole episode of at most 6 steps cannot fall"
+        client.log_returns(eid, reward)
+        steps += 1
+        if left == 1:
+            client.end_episode(eid, obs, truncated=True)
+            del open_episodes[eid]
+        else:
+            open_episodes[eid] = [env, obs, left - 1]
+    client.close()
+    return {"episodes": episodes, "steps": steps}
+
+
+def cartpole(client: PolicyClient, seconds: float, seed: int) -> dict:
+    env = gym.make("CartPole-v1")
+    deadline = time.monotonic() + seconds
+    episodes = lost = 0
+    obs, _ = env.reset(seed=seed)
+    while time.monotonic() < deadline:
+        eid = client.start_episode()
+        obs, _ = env.reset()
+        try:
+            while True:
+                action = client.get_action(eid, obs)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                client.log_returns(eid, reward)
+                if terminated or truncated:
+                    client.end_episode(eid, obs, truncated=not terminated)
+                    episodes += 1
+                    break
+        except PolicyClientError as err:
+            if err.status != 404 and err.status < 500:
+                raise
+            lost += 1  # the server (or its replica) restarted: this episode is gone
+            time.sleep(0.5 if err.status >= 500 else 0)
+    client.close()
+    return {"episodes": episodes, "lost": lost}
+
+
+def connect(address: str, mode: str, update_interval_s: float, wait_s: float) -> PolicyClient:
+    """A client, once the server answers (it may be starting or restarting)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return PolicyClient(
+                address,
+                os.environ["POLICY_SERVICE_TOKEN"],
+                inference_mode=mode,
+                update_interval_s=update_interval_s,
+            )
+        except (ConnectionError, PolicyClientError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind", choices=["interleaved", "cartpole"])
+    parser.add_argument("address")
+    parser.add_argument("--mode", default="remote")
+    parser.add_argument("--episodes", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=600)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--update-interval-s", type=float, default=2.0)
+    args = parser.parse_args()
+    while True:
+        try:
+            client = connect(args.address, args.mode, args.update_interval_s, wait_s=120)
+            if args.kind == "interleaved":
+                counts = interleaved(client, args.episodes, args.seed)
+            else:
+                counts = cartpole(client, args.seconds, args.seed)
+            break
+        except ConnectionError:
+            if args.kind == "interleaved":
+                raise
+            try:  # the server stopped: gone for good, or restarting (resume)
+                connect(args.address, args.mode, args.update_interval_s, wait_s=60).close()
+            except ConnectionError:
+                counts = {"server": "gone"}
+                break
+    print(json.dumps(counts), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""ExportedPolicy: the tar GET /v1/model sends, loaded and acting as the policy does."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from algorithms.ppo import PPOPolicy
+from policy_service.exported_policy import ExportedModelError, ExportedPolicy, pack_model
+from policy_service.io.export import export_saved_model
+
+ENV = gym.make("CartPole-v1")
+
+
+@pytest.fixture(scope="module")
+def policy_and_tar(tmp_path_factory):
+    policy = PPOPolicy(
+        ENV.observation_space, ENV.action_space, {"seed": 0, "model": {"fcnet_hiddens": [16]}}
+    )
+    directory = tmp_path_factory.mktemp("export")
+    export_saved_model(policy, str(directory / "model"))
+    return policy, pack_model(directory, weights_version=7, global_timestep=300)
+
+
+def test_it_acts_as_the_policy_for_any_batch_size(policy_and_tar):
+    policy, tar = policy_and_tar
+    exported = ExportedPolicy.from_tar(tar, 7, ENV.observation_space, explore=False)
+    assert (exported.weights_version, exported.global_timestep) == (7, 300)
+    rng = np.random.default_rng(0)
+    for rows in (1, 5, 1):  # one concrete function serves every batch size
+        obs = rng.normal(size=(rows, 4)).astype(np.float32)
+        actions, states = exported.act(
+            obs, [], np.zeros(rows, np.int64), np.zeros(rows, np.float32), 0
+        )
+        np.testing.assert_array_equal(actions, policy.compute_actions(obs, explore=False)[0])
+        assert states == []
+
+
+def test_exploring_draws_differ_between_calls(policy_and_tar):
+    _, tar = policy_and_tar
+    exported = ExportedPolicy.from_tar(tar, 7, ENV.observation_space)
+    obs = np.zeros((64, 4), np.float32)
+    draws = [exported.act(obs, [], np.zeros(64, np.int64), np.zeros(64, np.float32), 0)[0]]
+    draws.append(exported.act(obs, [], np.zeros(64, np.int64), np.zeros(64, np.float32), 0)[0])
+    assert not np.array_equal(*draws)  # 64 near-even coin flips twice alike: p = 2^-64
+
+
+def test_a_model_of_another_version_is_refused(policy_and_tar):
+    _, tar = policy_and_tar
+    with pytest.raises(ExportedModelError, match="weights_version: expected 8 .* got 7"):
+        ExportedPolicy.from_tar(tar, 8, ENV.observation_space)
+    with pytest.raises(ExportedModelError, match="not a tar"):
+        ExportedPolicy.from_tar(b"not a tar", 7, ENV.observation_space)

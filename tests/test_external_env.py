@@ -1,0 +1,325 @@
+"""`policy-service train --external-env` end to end: the training server as a subprocess,
+simulators in client processes (tests/external_clients.py) that reach it over HTTP only.
+
+Slow: each test starts Ray and Serve in a new process (tens of seconds on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "external-env-test-token"
+START_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def environ(ray_tmp: str) -> dict:
+    env = dict(
+        os.environ,
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
+        RAY_TMPDIR=ray_tmp,
+        POLICY_SERVICE_TOKEN=TOKEN,
+    )
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+class TrainingServer:
+    """A `policy-service train ... --external-env` process (its own session, so that
+    killing it kills its Ray too)."""
+
+    def __init__(self, args: list[str]):
+        self.ray_tmp = tempfile.mkdtemp(prefix="pse", dir="/tmp")  # short: Ray's socket paths
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "policy_service.cli.commands", "train", *args],
+            cwd=REPO,
+            env=environ(self.ray_tmp),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        for stream, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=lambda s=stream, out=lines: out.extend(s), daemon=True).start()
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if any(line.startswith("serving episodes on") for line in self.stdout):
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.5)
+        self.kill()
+        raise AssertionError(f"server not ready: {self.output()}")
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"server still running after {timeout_s} s: {self.output()}"
+            ) from None
+
+    def kill(self) -> None:
+        """SIGKILL to the server and every process of its session (its Ray's)."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for pid in session_pids(self.proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def output(self) -> str:
+        return f"{''.join(self.stdout)[-2000:]}{''.join(self.stderr)[-4000:]}"
+
+
+def session_pids(session: int, marker: bytes = b"") -> list[int]:
+    """The processes of a session whose command line holds `marker`."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            in_session = os.getsid(int(entry.name)) == session
+        except (OSError, ProcessLookupError):
+            continue
+        if in_session and marker in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_until_port_free(port: int, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return
+            except OSError:
+                assert time.monotonic() < deadline, f"port {port} still held {timeout_s} s on"
+        time.sleep(1)
+
+
+def clients(kind: str, port: int, count: int, *args: str) -> list[subprocess.Popen]:
+    return [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "tests" / "external_clients.py"),
+                kind,
+                f"http://127.0.0.1:{port}",
+                "--seed",
+                str(i),
+                *args,
+            ],
+            cwd=REPO,
+            env=environ(tempfile.gettempdir()),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(count)
+    ]
+
+
+def finished(procs: list[subprocess.Popen], timeout_s: float) -> list[dict]:
+    """Each client's JSON line, after it exited 0."""
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout_s)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+def progress(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+
+
+PPO_ARGS = ["ppo", "--env", "CartPole-v1", "--external-env"]
+
+
+def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path):
+    # client i's 8 episodes last 1 + k % 6 steps: 24 steps each, 192 in all
+    port, total = free_port(), 8 * 24
+    server = TrainingServer(
+        [
+            *PPO_ARGS,
+            "--port",
+            str(port),
+            "--output-dir",
+            str(tmp_path / "run"),
+            "--set",
+            f"train_batch_size={total}",
+            "--set",
+            "minibatch_size=64",
+            "--set",
+            "num_epochs=1",
+            "--stop-iters",
+            "1",
+        ]
+    )
+    try:
+        server.wait_ready()
+        counts = finished(clients("interleaved", port, 8, "--episodes", "8"), 300)
+        assert server.wait(300) == 0, server.output()
+    finally:
+        server.kill()
+    assert sum(c["steps"] for c in counts) == total
+    (only,) = progress(tmp_path / "run")
+    assert only["env_steps_this_iter"] == total and only["episodes_this_iter"] == 64
+    assert only["episode_return_mean"] == total / 64  # a reward of 1 a step
+
+
+@pytest.mark.parametrize("mode", ["remote", "local"])
+def test_ppo_reaches_450_on_cartpole_played_by_client_processes(tmp_path, mode):
+    config = yaml.safe_load((REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml").read_text())
+    config["num_envs_per_env_runner"] = 1  # fragments of train_batch_size steps
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    port, run_dir = free_port(), tmp_path / "run"
+    server = TrainingServer(
+        [
+            *PPO_ARGS,
+            "--config",
+            str(config_file),
+            "--port",
+            str(port),
+            "--seed",
+            "0",
+            "--output-dir",
+            str(run_dir),
+            "--stop-reward",
+            "450",
+            "--stop-timesteps",
+            "250000",
+        ]
+    )
+    procs = []
+    try:
+        server.wait_ready()
+        procs = clients("cartpole", port, 8, "--mode", mode, "--seconds", "1500")
+        assert server.wait(1800) == 0, server.output()
+        finished(procs, 180)
+    finally:
+        server.kill()
+        for proc in procs:
+            proc.kill()
+    result = json.loads((run_dir / "result.json").read_text())
+    print(f"\n{mode}: {result['episode_return_mean']:.1f} after {result['timesteps_total']} steps")
+    assert result["stop_reason"] == "stop_reward" and result["episode_return_mean"] >= 450
+
+
+def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
+    port, run_dir = free_port(), tmp_path / "run"
+    args = [
+        *PPO_ARGS,
+        "--port",
+        str(port),
+        "--output-dir",
+        str(run_dir),
+        "--checkpoint-every",
+        "1",
+        "--set",
+        "train_batch_size=200",
+        "--set",
+        "minibatch_size=50",
+        "--set",
+        "num_epochs=1",
+        "--stop-iters",
+        "5",
+    ]
+    server = TrainingServer(args)
+    procs = []
+    try:
+        server.wait_ready()
+        procs = clients("cartpole", port, 4, "--seconds", "900")
+        deadline = time.monotonic() + 600
+        while (
+            not (run_dir / "checkpoints").exists()
+            or len(list((run_dir / "checkpoints").glob("checkpoint_*"))) < 2
+        ):
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+            time.sleep(0.5)
+        server.kill()  # SIGKILL to the process and its Ray
+        wait_until_port_free(port)
+        before = progress(run_dir)
+        server = TrainingServer(["--resume", str(run_dir)])
+        server.wait_ready()
+        assert server.wait(900) == 0, server.output()
+        assert "resuming" in "".join(server.stderr)
+    finally:
+        server.kill()
+        for proc in procs:
+            proc.kill()
+    after = progress(run_dir)
+    assert [m["iteration"] for m in after] == [1, 2, 3, 4, 5]
+    assert after[0] == before[0]  # kept, not trained again
+    assert after[-1]["timesteps_total"] > before[-1]["timesteps_total"]
+
+
+def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
+    port, run_dir = free_port(), tmp_path / "run"
+    server = TrainingServer(
+        [
+            *PPO_ARGS,
+            "--port",
+            str(port),
+            "--output-dir",
+            str(run_dir),
+            "--set",
+            "train_batch_size=200",
+            "--set",
+            "minibatch_size=50",
+            "--set",
+            "num_epochs=1",
+            "--stop-iters",
+            "3",
+        ]
+    )
+    procs = []
+    try:
+        server.wait_ready()
+        procs = clients("cartpole", port, 4, "--seconds", "900")
+        deadline = time.monotonic() + 600
+        while not (run_dir / "progress.jsonl").exists() or not progress(run_dir):
+            assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
+            time.sleep(0.5)
+        (replica,) = session_pids(server.proc.pid, b"ServeReplica:policy_service")
+        os.kill(replica, signal.SIGKILL)
+        assert server.wait(900) == 0, server.output()
+    finally:
+        server.kill()
+        for proc in procs:
+            proc.kill()
+    history = progress(run_dir)
+    assert [m["iteration"] for m in history] == [1, 2, 3]
+    assert history[-1]["num_worker_restarts"] >= 1  # the new replica was given the weights
