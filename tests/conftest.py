@@ -55,3 +55,23 @@ def ray_local(request):
     for module in (envs, fakes):
         ray.cloudpickle.unregister_pickle_by_value(module)
     ray.shutdown()
+
+
+@pytest.fixture
+def start_pg_group(ray_local):
+    """start_pg_group(**config) -> a LearnerGroup of fakes.PGPolicy on
+    `small_config(**config)`, stopped after the test."""
+    from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+
+    from policy_service import LearnerGroup
+
+    groups = []
+
+    def start(**config):
+        group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**config))
+        groups.append(group)
+        return group
+
+    yield start
+    for group in groups:
+        group.stop()

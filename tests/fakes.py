@@ -232,6 +232,20 @@ def sequence_batch(columns: dict, first: int = 0, last: int | None = None) -> Sa
     return SampleBatch(out)
 
 
+def one_device(**config) -> PGPolicy:
+    """A PGPolicy of `small_config(**config)` in this process (one device unless asked)."""
+    return PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**config))
+
+
+def same_start(group, *policies) -> None:
+    """Every policy and the group (a LearnerGroup or a policy) from the first
+    policy's weights."""
+    weights = policies[0].get_weights()
+    for policy in policies[1:]:
+        policy.set_weights(weights)
+    group.set_weights(weights)
+
+
 def assert_weights_close(a: dict, b: dict, atol: float = 1e-6, rtol: float = 1e-5) -> None:
     assert sorted(a) == sorted(b)
     for name in a:

@@ -3,11 +3,10 @@
 Every comparison starts the group and a one-device policy in this process from
 the same weights and feeds both the same batch: gradients, SGD steps,
 batch-norm moving statistics and loaded-buffer epochs must match to float
-tolerance, and the learners' weights must stay bit-identical.
+tolerance, and the learners' weights must stay bit-identical. (Failures and
+restarts: test_learner_restarts.py.)
 """
 
-import os
-import signal
 import sys
 import time
 
@@ -24,17 +23,13 @@ from fakes import (
     episode_batch,
     fake_gpus,
     mlp_batch,
+    one_device,
+    same_start,
     small_config,
     weights_differ,
 )
 
 from policy_service import LearnerGroup, models
-from policy_service.distributed.learner_state_copy import LearnerStateCopy
-from policy_service.distributed.learners import (
-    LearnerDiedError,
-    LearnerResourcesError,
-    LearnerTimeoutError,
-)
 from policy_service.io.checkpoints import CheckpointFileError
 
 ray = pytest.importorskip("ray")
@@ -49,43 +44,16 @@ ONE_EACH = {"num_learners": 2, "num_cpus_per_learner": 0.5}  # one CPU device pe
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
 
-@pytest.fixture(scope="module")
-def ray_with_user_models(ray_local):
+@pytest.fixture(scope="module", autouse=True)
+def user_models_in_actors(ray_local):
     ray.cloudpickle.register_pickle_by_value(user_models)
     models.register_custom_model("lazy_bn", user_models.LazyBatchNormModel)
     yield
     ray.cloudpickle.unregister_pickle_by_value(user_models)
 
 
-@pytest.fixture
-def start_group(ray_with_user_models):
-    """start_group(**config) -> a LearnerGroup of PGPolicy, stopped after the test."""
-    groups = []
-
-    def start(**config):
-        group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**config))
-        groups.append(group)
-        return group
-
-    yield start
-    for group in groups:
-        group.stop()
-
-
-def one_device(**config) -> PGPolicy:
-    return PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**config))
-
-
-def same_start(group, *policies):
-    """Every policy and the group from the first policy's weights."""
-    weights = policies[0].get_weights()
-    for policy in policies[1:]:
-        policy.set_weights(weights)
-    group.set_weights(weights)
-
-
-def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device(start_group):
-    group = start_group(**TWO_BY_TWO)
+def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device(start_pg_group):
+    group = start_pg_group(**TWO_BY_TWO)
     assert group.devices == [["/CPU:0", "/CPU:1"]] * 2 and group.num_towers == 2
     one = one_device()
     same_start(group, one)
@@ -106,8 +74,8 @@ def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device
     assert group.weights_identical()
 
 
-def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(start_group):
-    group = start_group(model=LSTM, **TWO_BY_TWO)
+def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(start_pg_group):
+    group = start_pg_group(model=LSTM, **TWO_BY_TWO)
     one = one_device(model=LSTM)
     same_start(group, one)
     # 10 sequences of at most 4 steps: 5 per learner, padded to 6 over 2 towers
@@ -127,12 +95,12 @@ def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(sta
     assert group.weights_identical()
 
 
-def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
+def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_pg_group):
     """LazyBatchNormModel (momentum 0.5), registered in this process only: the
     moving statistics, the gradient and the step equal one device's and 4
     towers' in this process (batch_norm_sync; per shard: tests/test_batch_norm.py)."""
     model = {"custom_model": "lazy_bn"}
-    group = start_group(model=model, **TWO_BY_TWO)
+    group = start_pg_group(model=model, **TWO_BY_TWO)
     one, four = one_device(model=model), one_device(model=model, **fake_gpus(4))
     same_start(group, one, four)
     batch = mlp_batch(36, seed=3)
@@ -157,8 +125,8 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_group):
     assert group.weights_identical()
 
 
-def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(start_group):
-    group = start_group(minibatch_size=16, **TWO_BY_TWO)
+def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(start_pg_group):
+    group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
     one = one_device()
     same_start(group, one)
     batch = mlp_batch(60)
@@ -181,8 +149,8 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     assert state["num_grad_updates"] == 17
 
 
-def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group):
-    group = start_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
+def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_pg_group):
+    group = start_pg_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
     one = one_device()
     same_start(group, one)
     batch = mlp_batch(30, seed=4)
@@ -200,9 +168,9 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_group
 
 
 def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
-    start_group, tmp_path
+    start_pg_group, tmp_path
 ):
-    group = start_group(minibatch_size=16, **TWO_BY_TWO)
+    group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
     one = one_device(minibatch_size=16)
     same_start(group, one)
     batch = mlp_batch(60)  # 64 rows loaded: 4 padded ones are stepped over, not counted
@@ -230,7 +198,7 @@ def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
         group.update(batch, num_epochs=0)
 
 
-def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_models):
+def test_learners_keep_one_target_network_moved_like_one_devices():
     """Seedless learners start from learner 0's state (target included); the target
     moves inside every learner's compiled epoch loop and stays bit-identical."""
     group = LearnerGroup(
@@ -266,7 +234,7 @@ def test_learners_keep_one_target_network_moved_like_one_devices(ray_with_user_m
         group.stop()
 
 
-def test_no_learner_actors_is_a_local_policy(ray_with_user_models):
+def test_no_learner_actors_is_a_local_policy():
     group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
     one = one_device()
     same_start(group, one)
@@ -278,55 +246,8 @@ def test_no_learner_actors_is_a_local_policy(ray_with_user_models):
     assert group.foreach_policy(lambda policy, x: policy.num_grad_updates + x, 10) == [11]
 
 
-def test_gpus_the_cluster_lacks_fail_at_once_naming_them(ray_with_user_models):
-    start = time.perf_counter()
-    with pytest.raises(
-        LearnerResourcesError,
-        match=(
-            r"2 learner\(s\) need GPU 2 in total \(num_gpus_per_learner=1 each\); "
-            r"the cluster has GPU 0 \(0 available\)"
-        ),
-    ):
-        LearnerGroup(
-            PGPolicy,
-            OBS_SPACE,
-            ACTION_SPACE,
-            small_config(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=0.5),
-        )
-    assert time.perf_counter() - start < 60  # the contract: fails within a minute, no hang
-
-
-def test_cpus_held_by_others_fail_within_the_timeout(ray_with_user_models):
-    @ray.remote(num_cpus=2)
-    class Holder:
-        def ready(self):
-            return True
-
-    holder = Holder.remote()
-    ray.get(holder.ready.remote())
-    start = time.perf_counter()
-    try:
-        with pytest.raises(
-            LearnerResourcesError,
-            match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
-            r"\(num_cpus_per_learner=0.5 each\); available now CPU 0",
-        ):
-            LearnerGroup(
-                PGPolicy,
-                OBS_SPACE,
-                ACTION_SPACE,
-                small_config(num_learners=2, num_cpus_per_learner=0.5),
-                ready_timeout_s=3,
-            )
-    finally:
-        ray.kill(holder)
-    assert time.perf_counter() - start < 60  # the 3 s timeout, not a hang
-
-
 @pytest.mark.slow
-def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one(
-    ray_with_user_models,
-):
+def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one():
     """The tuned CartPole config, its learner split over two actors: each step's
     gradient is the whole minibatch's, so it learns as one learner does; a
     learner killed mid-run is replaced from the driver's copy and the iteration
@@ -362,48 +283,11 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
     assert last["timesteps_total"] <= 150_000
 
 
-def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_group):
-    group = start_group(**TWO_BY_TWO)
-    one = one_device()
-    same_start(group, one)
-    for policy in (one, group):
-        policy.learn_on_batch(mlp_batch(20))
-    state = group.get_state()  # weights and Adam moments after one step
-    ray.kill(group.actors[1])
-    start = time.perf_counter()
-    with pytest.raises(LearnerDiedError, match=r"learner 1 of 2 died"):
-        group.learn_on_batch(mlp_batch(20, seed=1))  # learner 0 waits in the collective
-    assert time.perf_counter() - start < 60  # a death ends the wait, no hang
-    group.restart(state)
-    assert group.num_restarts == 1
-    for policy in (one, group):
-        policy.learn_on_batch(mlp_batch(20, seed=1))  # the same Adam step as without a death
-    assert_weights_close(one.get_weights(), group.get_weights())
-    assert group.weights_identical()
-
-
-def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(start_group):
-    group = start_group(num_learners=1)
-    timeout = group.call_timeout_s
-    copy = LearnerStateCopy(group.actors[0].get_state.remote)  # does not wait
-    initial = group.get_weights()
-    group.learn_on_batch(mlp_batch(20))
-    copy.refresh(timeout)  # asks for the state after step 1, keeps the initial one fetched
-    after_one = group.get_state()
-    assert weights_differ(initial, after_one["weights"])
-    ray.kill(group.actors[0])
-    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
-    copy.refresh(timeout)  # a dead learner serves nothing newer
-    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
-    group.restart(copy.latest(timeout))
-    assert_weights_close(group.get_weights(), after_one["weights"], rtol=0, atol=0)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-def test_a_thousand_all_reduces_in_an_epoch_call_start_no_threads(start_group):
+def test_a_thousand_all_reduces_in_an_epoch_call_start_no_threads(start_pg_group):
     """The SGD loop's all-reduces have no per-op timeout: with one, TF would hold
     two threads per all-reduce for the timeout (here ~2,000 more)."""
-    group = start_group(minibatch_size=2, **ONE_EACH)
+    group = start_pg_group(minibatch_size=2, **ONE_EACH)
     group.load_batch_into_buffer(mlp_batch(200))  # 100 minibatches of 2, 1 row per learner
     assert group.learn_on_loaded_epochs(1)["num_sgd_steps"] == 100  # traced and warm
     before = [ray.get(a.process_status.remote())["threads"] for a in group.actors]
@@ -413,42 +297,3 @@ def test_a_thousand_all_reduces_in_an_epoch_call_start_no_threads(start_group):
     print(f"\nthreads per learner before, after 1,000 all-reduces: {before}, {after}")
     for b, a in zip(before, after):
         assert b > 0 and a - b < 50, (before, after)
-
-
-@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
-def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(start_group):
-    """Learner 1 stopped (SIGSTOP): learner 0 waits in the all-reduce, which has no
-    timeout of its own; the driver gives up at learner_update_timeout_s and the
-    group restarts from a state."""
-    group = start_group(learner_update_timeout_s=600, **ONE_EACH)
-    assert group.call_timeout_s == 600  # from the config key
-    one = one_device()
-    same_start(group, one)
-    for policy in (one, group):
-        policy.learn_on_batch(mlp_batch(20))
-    state = group.get_state()
-    group.call_timeout_s = 4  # short only now: tracing under load may take longer
-    pid = ray.get(group.actors[1].process_status.remote())["pid"]
-    os.kill(pid, signal.SIGSTOP)
-    start = time.perf_counter()
-    try:
-        with pytest.raises(
-            LearnerTimeoutError,
-            match=(
-                r"learner\(s\) (0, )?1 of 2 gave no result within "
-                r"learner_update_timeout_s=4 s: hung"
-            ),
-        ):
-            group.learn_on_batch(mlp_batch(20, seed=1))
-        waited = time.perf_counter() - start
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    assert 3 < waited < 60  # the deadline, not a hang
-    assert issubclass(LearnerTimeoutError, LearnerDiedError)  # algorithms restart on it
-    group.call_timeout_s = 600
-    group.restart(state)
-    assert group.num_restarts == 1
-    for policy in (one, group):
-        policy.learn_on_batch(mlp_batch(20, seed=1))
-    assert_weights_close(one.get_weights(), group.get_weights())
-    assert group.weights_identical()

@@ -1,0 +1,162 @@
+"""LearnerGroup's failures: resources the cluster lacks fail at once in one line, a
+dead or hung learner ends the call, and the group restarts from a state to take
+the same step as a group without the fault.
+
+(Training equal to one device's: test_learner_group.py.)
+"""
+
+import os
+import signal
+import time
+
+import pytest
+from fakes import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    PGPolicy,
+    assert_weights_close,
+    mlp_batch,
+    one_device,
+    same_start,
+    small_config,
+    weights_differ,
+)
+
+from policy_service import LearnerGroup
+from policy_service.distributed.learner_state_copy import LearnerStateCopy
+from policy_service.distributed.learners import (
+    LearnerDiedError,
+    LearnerResourcesError,
+    LearnerTimeoutError,
+)
+
+ray = pytest.importorskip("ray")
+
+TWO_BY_TWO = {
+    "num_learners": 2,
+    "num_gpus_per_learner": 2,
+    "_fake_gpus": True,
+    "num_cpus_per_learner": 0.5,
+}
+ONE_EACH = {"num_learners": 2, "num_cpus_per_learner": 0.5}  # one CPU device per learner
+
+
+def test_gpus_the_cluster_lacks_fail_at_once_naming_them(ray_local):
+    start = time.perf_counter()
+    with pytest.raises(
+        LearnerResourcesError,
+        match=(
+            r"2 learner\(s\) need GPU 2 in total \(num_gpus_per_learner=1 each\); "
+            r"the cluster has GPU 0 \(0 available\)"
+        ),
+    ):
+        LearnerGroup(
+            PGPolicy,
+            OBS_SPACE,
+            ACTION_SPACE,
+            small_config(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=0.5),
+        )
+    assert time.perf_counter() - start < 60  # the contract: fails within a minute, no hang
+
+
+def test_cpus_held_by_others_fail_within_the_timeout(ray_local):
+    @ray.remote(num_cpus=2)
+    class Holder:
+        def ready(self):
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote())
+    start = time.perf_counter()
+    try:
+        with pytest.raises(
+            LearnerResourcesError,
+            match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
+            r"\(num_cpus_per_learner=0.5 each\); available now CPU 0",
+        ):
+            LearnerGroup(
+                PGPolicy,
+                OBS_SPACE,
+                ACTION_SPACE,
+                small_config(num_learners=2, num_cpus_per_learner=0.5),
+                ready_timeout_s=3,
+            )
+    finally:
+        ray.kill(holder)
+    assert time.perf_counter() - start < 60  # the 3 s timeout, not a hang
+
+
+def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_pg_group):
+    group = start_pg_group(**TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20))
+    state = group.get_state()  # weights and Adam moments after one step
+    ray.kill(group.actors[1])
+    start = time.perf_counter()
+    with pytest.raises(LearnerDiedError, match=r"learner 1 of 2 died"):
+        group.learn_on_batch(mlp_batch(20, seed=1))  # learner 0 waits in the collective
+    assert time.perf_counter() - start < 60  # a death ends the wait, no hang
+    group.restart(state)
+    assert group.num_restarts == 1
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20, seed=1))  # the same Adam step as without a death
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()
+
+
+def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(start_pg_group):
+    group = start_pg_group(num_learners=1)
+    timeout = group.call_timeout_s
+    copy = LearnerStateCopy(group.actors[0].get_state.remote)  # does not wait
+    initial = group.get_weights()
+    group.learn_on_batch(mlp_batch(20))
+    copy.refresh(timeout)  # asks for the state after step 1, keeps the initial one fetched
+    after_one = group.get_state()
+    assert weights_differ(initial, after_one["weights"])
+    ray.kill(group.actors[0])
+    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
+    copy.refresh(timeout)  # a dead learner serves nothing newer
+    assert_weights_close(copy.latest(timeout)["weights"], after_one["weights"], rtol=0, atol=0)
+    group.restart(copy.latest(timeout))
+    assert_weights_close(group.get_weights(), after_one["weights"], rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(start_pg_group):
+    """Learner 1 stopped (SIGSTOP): learner 0 waits in the all-reduce, which has no
+    timeout of its own; the driver gives up at learner_update_timeout_s and the
+    group restarts from a state."""
+    group = start_pg_group(learner_update_timeout_s=600, **ONE_EACH)
+    assert group.call_timeout_s == 600  # from the config key
+    one = one_device()
+    same_start(group, one)
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20))
+    state = group.get_state()
+    group.call_timeout_s = 4  # short only now: tracing under load may take longer
+    pid = ray.get(group.actors[1].process_status.remote())["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    start = time.perf_counter()
+    try:
+        with pytest.raises(
+            LearnerTimeoutError,
+            match=(
+                r"learner\(s\) (0, )?1 of 2 gave no result within "
+                r"learner_update_timeout_s=4 s: hung"
+            ),
+        ):
+            group.learn_on_batch(mlp_batch(20, seed=1))
+        waited = time.perf_counter() - start
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert 3 < waited < 60  # the deadline, not a hang
+    assert issubclass(LearnerTimeoutError, LearnerDiedError)  # algorithms restart on it
+    group.call_timeout_s = 600
+    group.restart(state)
+    assert group.num_restarts == 1
+    for policy in (one, group):
+        policy.learn_on_batch(mlp_batch(20, seed=1))
+    assert_weights_close(one.get_weights(), group.get_weights())
+    assert group.weights_identical()
