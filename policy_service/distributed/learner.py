@@ -96,7 +96,9 @@ class Learner:
         train = self.policy.train_columns(batch)
         with self._collective():
             for _ in range(num_sgd_steps):
-                stats = self.policy.update_on_train_columns(train)
+                stats = self.policy.update_on_train_columns(
+                    train, num_epochs=None, shuffle=True, buffer_index=0
+                )
         self.policy.after_async_update(stats)
         return {
             **valid_rows_only(stats, train),
