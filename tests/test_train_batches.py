@@ -11,7 +11,11 @@ from policy_service import spaces
 from policy_service.train_batches import TrainLayout, prepare_train_columns
 
 LAYOUT = TrainLayout(
-    spaces.make_preprocessor(gym.spaces.Box(-1, 1, (2,), np.float32)), gym.spaces.Discrete(3), 0, 4
+    spaces.make_preprocessor(gym.spaces.Box(-1, 1, (2,), np.float32)),
+    gym.spaces.Discrete(3),
+    num_state_tensors=0,
+    max_seq_len=4,
+    dist_inputs_width=3,  # Discrete(3): one logit per action
 )
 
 
