@@ -111,7 +111,10 @@ def test_logged_steps_make_the_workers_fragment(worker_and_host):
     # which its loss does not read) would need the exploration schedule
     epsilon_greedy = isinstance(host.policy, DQNPolicy)
     logp = (SB.ACTION_LOGP, SB.ACTION_PROB) if epsilon_greedy else ()
-    assert_same_rows(ours, batch, skip=(SB.TRUNCATEDS, *logp))
+    # the version that acted: the server's host holds the learner's weights (version 1),
+    # the reference worker never had weights sent (version 0)
+    assert_same_rows(ours, batch, skip=(SB.TRUNCATEDS, "weights_version", *logp))
+    assert set(ours["weights_version"]) == {1} and set(batch["weights_version"]) == {0}
     # a chunk the fragment cut off bootstraps as our truncated end does (every other
     # column is equal), but only ours says "truncated" (n-step: on its last n rows)
     last = episodes_of(batch)[-1].count

@@ -484,9 +484,11 @@ def test_loaded_buffer_errors_name_the_problem():
         policy.learn_on_loaded_batch(0)
     policy.load_batch_into_buffer(mlp_batch(20))
     before = policy.get_weights()
-    for offset in (4, 24, -8):
+    for offset in (4, 24):
         with pytest.raises(ValueError, match=f"offset {offset} must be a multiple"):
             policy.learn_on_loaded_batch(offset)
+    with pytest.raises(ValueError, match="offset must be an integer >= 0, got -8"):
+        policy.learn_on_loaded_batch(-8)
     with pytest.raises(ValueError, match="no batch loaded into buffer 1"):
         policy.learn_on_loaded_batch(0, buffer_index=1)
     assert_weights_close(before, policy.get_weights(), atol=0, rtol=0)

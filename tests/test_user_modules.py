@@ -42,7 +42,10 @@ def test_export_with_import_knows_the_model_the_checkpoint_names(
 ):
     assert cli.main(["export", "policy", "--out", "without"]) == cli.EXIT_BAD_INPUT
     refused = capsys.readouterr().err.strip()
-    assert len(refused.splitlines()) == 1 and "'imported_mlp' is not registered" in refused
+    assert (
+        len(refused.splitlines()) == 1
+        and "'imported_mlp' is not a name given to register_custom_model" in refused
+    )
     assert MODULE not in sys.modules
     assert cli.main(["export", "policy", "--out", "saved", "--import", MODULE]) == 0
     assert (checkpoint_of_an_unregistered_model / "saved" / "saved_model.pb").exists()

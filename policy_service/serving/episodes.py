@@ -287,6 +287,8 @@ class EpisodeRecorder:
                 **{k: v[row] for k, v in extra.items()},
                 **{f"state_in_{j}": s[row] for j, s in enumerate(states or [])},
                 **{f"state_out_{j}": np.asarray(s)[row] for j, s in enumerate(state_outs)},
+                # the weights version that acted, a column as the env runners' rows carry it
+                WEIGHTS_VERSION: np.full(1, version, np.int64),
                 "_version": version,
             }
             episode.pending_reward = 0.0 if rewards is None else float(rewards[i])
