@@ -22,6 +22,7 @@ NAME = "client_local"
 VALUE = "actions_per_s"
 KEYS = ("target",)
 TARGETS = ("bare", "exported")
+WORKLOAD = "PPO MLP 4 -> 256x256, one observation per call"
 
 
 def measure(spec: dict):
@@ -91,20 +92,9 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     )
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
-    args = parser.parse_args(argv)
-    harness.run_benchmark(
-        args,
-        NAME,
-        measure,
-        "benchmarks.client_local",
-        configurations(args),
-        summarize=summarize,
-        plot=plot,
-        workload="PPO MLP 4 -> 256x256, one observation per call",
-    )
+def add_flags(parser) -> None:
+    """No flags beyond the harness's own."""
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__)
