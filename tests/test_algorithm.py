@@ -440,6 +440,7 @@ def test_an_algorithm_without_an_update_count_is_told_what_to_report():
         algo.stop()
 
 
+@pytest.mark.slow  # a learner actor started twice: ~25 s here
 def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_retried(ray_local):
     """learner_update restarts the group from the driver's last copy and calls the
     update again: the run goes on exactly as one whose learner lives in the driver."""

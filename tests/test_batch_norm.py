@@ -139,6 +139,7 @@ def group_of_two_by_two(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(user_models)
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs per model: ~25 s each here
 @pytest.mark.parametrize("model", [TWO_BN, BN_LSTM], ids=["two_bn", "bn_lstm"])
 def test_two_learners_of_two_towers_normalize_by_the_whole_batch(group_of_two_by_two, model):
     group = group_of_two_by_two(model)

@@ -385,6 +385,7 @@ def test_a_peer_that_never_joins_the_collective_times_out(remote_member):
     assert SHORT_TIMEOUT_S - 0.5 < seconds < NOT_A_HANG_S  # it waited for the timeout
 
 
+@pytest.mark.slow  # three group sizes of collective members: ~27 s here
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote_member):
     """The default group (no per-op timeout, as in the SGD loop): 3,000 all-reduces

@@ -99,6 +99,7 @@ def _both_workers(batch) -> set:
     return set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32)
 
 
+@pytest.mark.slow  # three env runner start-ups in turn: ~55 s here
 def test_a_worker_killed_twice_is_replaced_and_one_dying_while_starting_is_retried(dying_group):
     group = dying_group
     learner = fakes.ReturnsPGPolicy(group.observation_space, group.action_space, CONFIG)
@@ -144,6 +145,7 @@ def test_the_run_ends_in_one_line_when_the_restart_budget_is_spent(
     assert without_ray_worker_logs(capsys.readouterr().err) == [f"policy-service: error: {message}"]
 
 
+@pytest.mark.slow  # a policy actor started twice: ~30 s here
 def test_the_policy_actor_killed_while_sampling_comes_back_with_the_latest_weights(ray_faults):
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,
@@ -277,6 +279,7 @@ class PolicyActorDyingStarting(fakes.ReturnsPGPolicy):
         super().__init__(*args, **kwargs)
 
 
+@pytest.mark.slow  # four policy actor start-ups: ~25 s here
 def test_a_policy_actor_whose_restarts_die_starting_ends_in_a_line_that_counts_them(
     ray_faults, tmp_path, monkeypatch
 ):

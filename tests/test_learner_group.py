@@ -74,6 +74,7 @@ def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device
     assert group.weights_identical()
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(start_pg_group):
     group = start_pg_group(model=LSTM, **TWO_BY_TWO)
     one = one_device(model=LSTM)
@@ -95,6 +96,7 @@ def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(sta
     assert group.weights_identical()
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_pg_group):
     """LazyBatchNormModel (momentum 0.5), registered in this process only: the
     moving statistics, the gradient and the step equal one device's and 4
@@ -125,6 +127,7 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_pg_group
     assert group.weights_identical()
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(start_pg_group):
     group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
     one = one_device()
@@ -149,6 +152,7 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     assert state["num_grad_updates"] == 17
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_pg_group):
     group = start_pg_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
     one = one_device()
@@ -198,6 +202,7 @@ def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
         group.update(batch, num_epochs=0)
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_learners_keep_one_target_network_moved_like_one_devices():
     """Seedless learners start from learner 0's state (target included); the target
     moves inside every learner's compiled epoch loop and stays bit-identical."""
@@ -283,6 +288,7 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
     assert last["timesteps_total"] <= 150_000
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_a_thousand_all_reduces_in_an_epoch_call_start_no_threads(start_pg_group):
     """The SGD loop's all-reduces have no per-op timeout: with one, TF would hold

@@ -86,6 +86,7 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_local):
     assert time.perf_counter() - start < 60  # the 3 s timeout, not a hang
 
 
+@pytest.mark.slow  # two learner groups started in turn: ~35 s here
 def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_pg_group):
     group = start_pg_group(**TWO_BY_TWO)
     one = one_device()
@@ -123,6 +124,7 @@ def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_bef
     assert_weights_close(group.get_weights(), after_one["weights"], rtol=0, atol=0)
 
 
+@pytest.mark.slow  # two learner groups started in turn: ~35 s here
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(start_pg_group):
     """Learner 1 stopped (SIGSTOP): learner 0 waits in the all-reduce, which has no

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from cli_processes import TINY, finish, ray_token, start  # noqa: F401
 
 
+@pytest.mark.slow  # a run with a learner actor and the inference actor: ~50 s here
 def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path):
     """One learner actor on 2 fake GPUs, sampling in the driver through a PolicyActor;
     beside it, a PolicyActor asking for a GPU this machine's Ray lacks fails at once."""
