@@ -375,7 +375,6 @@ def test_a_lost_raylet_or_gcs_ends_the_run_in_one_line_saying_the_cluster_went_a
 # Ray's GCS given no time to publish its port (Ray's own wait, RAY_gcs_server_port_wait_time_s,
 # at 0): the deterministic form of "the node timed out during startup" on a loaded machine
 # (RAY_AUTH_MODE set as ray.init sets it in this process: else Ray warns that it turned it on)
-# (RAY_AUTH_MODE as ray.init leaves it in this process: else Ray warns that it turned it on)
 RAY_START_TIMES_OUT = {"RAY_gcs_server_port_wait_time_s": "0", "RAY_AUTH_MODE": "token"}
 RAY_DID_NOT_START = "the embedded Ray did not start: RuntimeError: Timed out waiting for file "
 
