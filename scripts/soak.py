@@ -1,7 +1,7 @@
 """Soak and fault runs, printing JSON lines as they go and a summary at the end.
 
     python scripts/soak.py callers --callers 16 --seconds 60 --kill-actor-at 30
-    python scripts/soak.py callers --callers 64 --seconds 600 --report-every 10 --tracemalloc
+    python scripts/soak.py callers --callers 64 --seconds 600 --report-every 10 --malloc-trim
     python scripts/soak.py callers --callers 64 --seconds 300 --bare
     python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
     python scripts/soak.py ppo --learners 1 --kill-worker-every 20 --kill-learner-every 60

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import runpy
 import shutil
 import signal
 import socket
@@ -531,6 +532,23 @@ def _soak(*args: str, timeout_s: float = 600) -> tuple[int, list]:
     return done.returncode, records
 
 
+def test_soak_rss_growth_is_measured_from_the_end_of_the_warm_up():
+    soak = runpy.run_path(str(REPO / "scripts" / "soak.py"))
+    # RSS 100 MB until the warm-up ends at 60 s, then +2 MB a minute and 4 MB per 100k calls
+    samples = [
+        {"t_s": t, "calls": 50_000 * t // 60, "rss": 100.0 + 2 * max(0, t - 60) / 60}
+        for t in (30, 60, 90, 120, 180)
+    ]
+    assert soak["rss_growth"](samples, "rss", 60.0) == {
+        "after_warmup_mb": 100.0,
+        "last_mb": 104.0,
+        "growth_pct": 4.0,
+        "mb_per_min": 2.0,
+        "mb_per_100k_calls": 4.0,
+    }
+    assert soak["rss_growth"](samples[:2], "rss", 60.0) is None  # one sample after it
+
+
 @pytest.mark.slow
 def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row():
     code, records = _soak(
@@ -549,6 +567,7 @@ def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row(
     assert result["errors"] == 0 and result["wrong_rows"] == 0 and result["restarts"] == 1
     assert result["rows"] > 0 and len(records) >= 5
     assert all(r["actor_rss_mb"] is None or r["actor_rss_mb"] > 0 for r in records[:-1])
+    assert len(result["rss_samples"]) == len(records) - 1 and result["driver_rss"]["last_mb"] > 0
 
 
 @pytest.mark.slow
