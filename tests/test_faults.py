@@ -1,7 +1,8 @@
 """Faults injected into real processes on a real local Ray: rollout workers, learner
 actors and the PolicyActor SIGKILLed or dying while they start, more env runners
-than the CPUs hold, the cluster's raylet or GCS killed under a run, and what a
-run listens on. Each is survived, or ends in one line naming what went wrong.
+than the CPUs hold, a Ray that does not start, the cluster's raylet or GCS killed
+under a run, and what a run listens on. Each is survived, or ends in one line
+naming what went wrong.
 (Checkpoint files, disks and resume: test_checkpoint_faults.py.)"""
 
 from __future__ import annotations
