@@ -1,12 +1,17 @@
 """Soak and fault runs, printing JSON lines as they go and a summary at the end.
 
     python scripts/soak.py callers --callers 16 --seconds 60 --kill-actor-at 30
+    python scripts/soak.py callers --callers 64 --seconds 600 --report-every 10 --malloc-trim
+    python scripts/soak.py callers --callers 64 --seconds 300 --bare
     python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
     python scripts/soak.py ppo --learners 1 --kill-worker-every 20 --kill-learner-every 60
 
 `callers`: N threads call one restartable PolicyActor's `compute_actions` and check
 every row against a local policy with the same weights ("wrong rows"), optionally
-with the actor SIGKILLed mid-run. `ppo`: PPO on CartPole-v1 with rollout worker
+with the actor SIGKILLed mid-run; the actor's and the driver's RSS are sampled, and
+their growth after the warm-up is summed up. `--bare`: the same calls to a Ray actor
+without TensorFlow that answers zeros of the same shapes (Ray's share of any
+growth). `ppo`: PPO on CartPole-v1 with rollout worker
 actors and central inference (and learner actors) while workers, the PolicyActor
 (and learners) are SIGKILLed.
 Everything runs on this machine's local Ray; the loops end by themselves.
@@ -25,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -73,6 +79,52 @@ class CallerTally:
                     self.first_errors.append(f"{type(error).__name__}: {error}"[:300])
 
 
+class BareActor:
+    """The PolicyActor's calls and answers' shapes, without TensorFlow or batching."""
+
+    async def compute_actions(self, obs_batch, state_batches=None, *, explore=None, timestep=None):
+        rows = len(obs_batch)
+        zeros = np.zeros(rows, np.float32)
+        return np.zeros(rows, np.int64), [], {"vf_preds": zeros, "weights_version": 1}
+
+    async def stats(self) -> dict:
+        return {"pid": os.getpid(), "mean_batch_size": None}
+
+    async def in_policy_thread(self, fn):
+        return fn()
+
+
+def rss_after_malloc_trim() -> tuple[float | None, float | None]:
+    """(RSS before, after) glibc's malloc_trim(0) in this process: how much of it is
+    memory freed but kept by the allocator, rather than memory still in use."""
+    import ctypes
+
+    before = rss_mb(os.getpid())
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return before, rss_mb(os.getpid())
+
+
+def start_tracing() -> None:
+    """Trace Python's allocations from now on (run in the actor, after the warm-up)."""
+    import tracemalloc
+
+    tracemalloc.start(6)
+
+
+def traced_growth(top: int = 8) -> list[str]:
+    """Where the memory allocated since start_tracing and still held was allocated:
+    the `top` tracebacks by size (oldest frame first, the allocation last), as text."""
+    import tracemalloc
+
+    stats = tracemalloc.take_snapshot().statistics("traceback")[:top]
+    tracemalloc.stop()
+    return [
+        f"{stat.size / 1e6:.2f} MB in {stat.count} blocks: "
+        + " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in stat.traceback)
+        for stat in stats
+    ]
+
+
 def expected_results(
     policy, rng: np.random.Generator, callers: int, batches: int, rows: int
 ) -> list[list[tuple]]:
@@ -94,7 +146,7 @@ def run_callers(args) -> dict:
     import ray
 
     from algorithms.ppo import PPOPolicy
-    from policy_service.distributed.restarts import RestartablePolicyActor
+    from policy_service.distributed.restarts import RestartablePolicyActor, call_retrying_once
 
     env = gym.make("CartPole-v1")
     config = {"model": {"fcnet_hiddens": [64, 64]}, "seed": 0}
@@ -105,17 +157,27 @@ def run_callers(args) -> dict:
     }
     local.set_weights(weights)
     expected = expected_results(local, rng, args.callers, batches=8, rows=args.rows)
-    served = RestartablePolicyActor(
-        PPOPolicy,
-        env.observation_space,
-        env.action_space,
-        config,
-        max_restarts=args.actor_restarts,
-        actor_options={"num_cpus": 1},
-        max_batch_size=args.callers * args.rows,
-        batch_wait_timeout_s=0.001,
-    )
-    served.set_weights(weights, version=1)
+    served = None
+    actor_options: dict[str, Any] = {"num_cpus": 1}
+    if args.actor_env:
+        actor_options["runtime_env"] = {"env_vars": dict(v.split("=", 1) for v in args.actor_env)}
+    if args.bare:
+        # Ray's stubs list only task options for ray.remote(...); max_concurrency is an actor's
+        bare = ray.remote(max_concurrency=1000)(BareActor)  # type: ignore[call-overload]
+        actor = bare.options(**actor_options).remote()
+    else:
+        served = RestartablePolicyActor(
+            PPOPolicy,
+            env.observation_space,
+            env.action_space,
+            config,
+            max_restarts=args.actor_restarts,
+            actor_options=actor_options,
+            max_batch_size=args.callers * args.rows,
+            batch_wait_timeout_s=0.001,
+        )
+        served.set_weights(weights, version=1)
+        actor = served.actor
     tally = CallerTally()
     stop = threading.Event()
 
@@ -124,9 +186,12 @@ def run_callers(args) -> dict:
         while not stop.is_set():
             obs, actions, values = own[pick.randrange(len(own))]
             try:
-                got, _, extra = served.compute_actions(obs, explore=False)
+                got, _, extra = call_retrying_once(actor.compute_actions, obs, explore=False)
             except Exception as error:  # noqa: BLE001 - counted and reported
                 tally.add(error=error)
+                continue
+            if args.bare:  # zeros: nothing to compare
+                tally.add(rows=len(obs))
                 continue
             wrong = (np.asarray(got) != actions) | ~np.isclose(
                 np.asarray(extra["vf_preds"]), values, rtol=1e-4, atol=1e-5
@@ -134,6 +199,8 @@ def run_callers(args) -> dict:
             wrong_version = extra["weights_version"] != 1
             tally.add(rows=len(obs), wrong=len(obs) if wrong_version else int(wrong.sum()))
 
+    warmup = min(60.0, args.seconds / 4)
+    tracing = False
     threads = [threading.Thread(target=caller, args=(i,), daemon=True) for i in range(args.callers)]
     start = time.monotonic()
     for thread in threads:
@@ -144,11 +211,14 @@ def run_callers(args) -> dict:
             time.sleep(min(args.report_every, max(0.0, args.seconds - (now - start))))
             now = time.monotonic()
             if args.kill_actor_at is not None and not killed and now - start >= args.kill_actor_at:
-                os.kill(_actor_pid(served.actor), signal.SIGKILL)
+                os.kill(_actor_pid(actor), signal.SIGKILL)
                 killed = True
+            if args.tracemalloc and not tracing and now - start >= warmup:
+                ray.get(actor.in_policy_thread.remote(start_tracing))
+                tracing = True
             with tally.lock:
                 calls, rows = tally.calls, tally.rows
-                record = {
+                record: dict[str, Any] = {
                     "t_s": round(now - start, 1),
                     "calls": calls,
                     "rows": rows,
@@ -157,8 +227,8 @@ def run_callers(args) -> dict:
                     "errors": tally.errors,
                     "wrong_rows": tally.wrong_rows,
                 }
-            record["restarts"] = served.num_restarts()
-            record["actor_rss_mb"] = _actor_rss(served.actor)
+            record["restarts"] = served.num_restarts() if served else 0
+            record["actor_rss_mb"] = _actor_rss(actor)
             record["driver_rss_mb"] = rss_mb(os.getpid())
             samples.append(record)
             emit(record)
@@ -167,19 +237,33 @@ def run_callers(args) -> dict:
         stop.set()
         for thread in threads:
             thread.join(timeout=30)
-    stats = ray.get(served.actor.stats.remote())
-    served.kill()
+    extra = {}
+    if tracing:
+        extra["actor_python_memory_held_since_warmup"] = ray.get(
+            actor.in_policy_thread.remote(traced_growth)
+        )
+    if args.malloc_trim:
+        before, after = ray.get(actor.in_policy_thread.remote(rss_after_malloc_trim))
+        extra["actor_rss_mb_before_after_malloc_trim"] = [before, after]
+    stats = ray.get(actor.stats.remote())
+    if served is not None:
+        served.kill()
+    else:
+        ray.kill(actor)
     return summary(
         samples,
+        warmup,
         args.seconds,
         tally,
         {
             "kind": "callers",
+            "bare": args.bare,
             "callers": args.callers,
             "rows_per_call": args.rows,
             "seconds": args.seconds,
             "mean_batch_size": stats["mean_batch_size"],
             "actor_killed": killed,
+            **extra,
         },
     )
 
@@ -197,17 +281,30 @@ def _actor_rss(actor) -> float | None:
         return None
 
 
-def summary(samples: list[dict], seconds: float, tally: CallerTally, extra: dict) -> dict:
-    """Totals, and RSS growth from the end of the warm-up (a quarter of the run, at
-    most a minute) to the end."""
-    warmup = min(60.0, seconds / 4)
-    after = [s for s in samples if s["t_s"] >= warmup and s.get("actor_rss_mb")]
-    growth = None
-    if len(after) >= 2:
-        growth = round(
-            (after[-1]["actor_rss_mb"] - after[0]["actor_rss_mb"]) / after[0]["actor_rss_mb"] * 100,
-            2,
-        )
+def rss_growth(samples: list[dict], key: str, warmup: float) -> dict | None:
+    """RSS (`key`) from the first sample after the warm-up to the last: growth in %,
+    and the fitted slope in MB per minute and per 100k calls."""
+    after = [s for s in samples if s["t_s"] >= warmup and s.get(key)]
+    if len(after) < 2:
+        return None
+    t_min = np.array([s["t_s"] for s in after]) / 60
+    calls = np.array([s["calls"] for s in after], np.float64)
+    rss = np.array([s[key] for s in after])
+    per_100k = np.polyfit(calls / 1e5, rss, 1)[0] if calls[-1] > calls[0] else None
+    return {
+        "after_warmup_mb": round(rss[0], 1),
+        "last_mb": round(rss[-1], 1),
+        "growth_pct": round((rss[-1] - rss[0]) / rss[0] * 100, 2),
+        "mb_per_min": round(float(np.polyfit(t_min, rss, 1)[0]), 2),
+        "mb_per_100k_calls": None if per_100k is None else round(float(per_100k), 2),
+    }
+
+
+def summary(
+    samples: list[dict], warmup: float, seconds: float, tally: CallerTally, extra: dict
+) -> dict:
+    """Totals, and each process's RSS growth from the end of the warm-up (a quarter
+    of the run, at most a minute) to the end, with the samples it is drawn from."""
     return {
         "summary": True,
         **extra,
@@ -219,8 +316,11 @@ def summary(samples: list[dict], seconds: float, tally: CallerTally, extra: dict
         "first_errors": tally.first_errors,
         "restarts": samples[-1]["restarts"] if samples else 0,
         "warmup_s": warmup,
-        "actor_rss_growth_after_warmup_pct": growth,
-        "actor_rss_mb_last": samples[-1]["actor_rss_mb"] if samples else None,
+        "actor_rss": rss_growth(samples, "actor_rss_mb", warmup),
+        "driver_rss": rss_growth(samples, "driver_rss_mb", warmup),
+        "rss_samples": [
+            [s["t_s"], s["calls"], s["actor_rss_mb"], s["driver_rss_mb"]] for s in samples
+        ],
     }
 
 
@@ -362,6 +462,18 @@ def build_parser() -> argparse.ArgumentParser:
     callers.add_argument("--report-every", type=float, default=5.0)
     callers.add_argument("--kill-actor-at", type=float, help="SIGKILL the actor once, at S s")
     callers.add_argument("--actor-restarts", type=int, default=3)
+    callers.add_argument(
+        "--bare", action="store_true", help="a Ray actor without TF answering zeros (Ray's share)"
+    )
+    callers.add_argument(
+        "--tracemalloc", action="store_true", help="the actor's Python memory held since warm-up"
+    )
+    callers.add_argument(
+        "--actor-env", action="append", metavar="NAME=VALUE", help="in the actor's environment"
+    )
+    callers.add_argument(
+        "--malloc-trim", action="store_true", help="at the end: the actor's RSS after malloc_trim"
+    )
     ppo = sub.add_parser("ppo", help="PPO on CartPole with workers and the PolicyActor killed")
     ppo.add_argument("--stop-reward", type=float, default=450.0)
     ppo.add_argument("--max-steps", type=int, default=400_000)

@@ -1,7 +1,8 @@
 """Faults injected into real processes on a real local Ray: rollout workers, learner
 actors and the PolicyActor SIGKILLed or dying while they start, more env runners
-than the CPUs hold, the cluster's raylet or GCS killed under a run, and what a
-run listens on. Each is survived, or ends in one line naming what went wrong.
+than the CPUs hold, a Ray that does not start, the cluster's raylet or GCS killed
+under a run, and what a run listens on. Each is survived, or ends in one line
+naming what went wrong.
 (Checkpoint files, disks and resume: test_checkpoint_faults.py.)"""
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import runpy
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -372,6 +377,73 @@ def test_a_lost_raylet_or_gcs_ends_the_run_in_one_line_saying_the_cluster_went_a
     ) in one_error_line(err)
 
 
+# Ray's GCS given no time to publish its port (Ray's own wait, RAY_gcs_server_port_wait_time_s,
+# at 0): the deterministic form of "the node timed out during startup" on a loaded machine
+# (RAY_AUTH_MODE set as ray.init sets it in this process: else Ray warns that it turned it on)
+RAY_START_TIMES_OUT = {"RAY_gcs_server_port_wait_time_s": "0", "RAY_AUTH_MODE": "token"}
+RAY_DID_NOT_START = "the embedded Ray did not start: RuntimeError: Timed out waiting for file "
+
+
+START_RAY_PRINTING_ITS_FAILURE = """
+from policy_service.distributed import ray_runtime
+try:
+    ray_runtime.start_ray(quiet=True)
+except ray_runtime.RayStartFailure as failure:
+    print(failure)
+"""
+
+
+def test_ray_that_does_not_start_is_a_run_failure_naming_the_cause():
+    ray_tmp = tempfile.mkdtemp(prefix="psv", dir="/tmp")  # short: Ray's socket paths
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", START_RAY_PRINTING_ITS_FAILURE],
+            env=dict(subprocess_env(), **RAY_START_TIMES_OUT, RAY_TMPDIR=ray_tmp),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert done.returncode == 0 and done.stdout.startswith(RAY_DID_NOT_START), done
+    assert "gcs_server_port" in done.stdout and done.stdout.count("\n") == 1, done.stdout
+
+
+@pytest.mark.slow  # two commands, each importing TensorFlow before Ray fails
+def test_ray_that_does_not_start_ends_train_and_serve_in_one_line(tmp_path):
+    spaces = envs.ScriptedEpisodesEnv()
+    PPOPolicy(spaces.observation_space, spaces.action_space, CONFIG).export_checkpoint(
+        str(tmp_path / "policy")
+    )
+    with socket.socket() as probe:  # a free port for serve, which fails before binding it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    commands = {
+        "train": ["train", "ppo", "--env", "CartPole-v1", "--num-env-runners", "1", *TINY]
+        + ["--output-dir", str(tmp_path / "run")],
+        "serve": ["serve", str(tmp_path / "policy"), "--port", str(port)],
+    }
+    ray_tmp = tempfile.mkdtemp(prefix="psv", dir="/tmp")
+    try:
+        processes = {
+            name: subprocess.Popen(
+                [sys.executable, "-m", "policy_service.cli.commands", *args],
+                env=dict(subprocess_env(), **RAY_START_TIMES_OUT, RAY_TMPDIR=ray_tmp),
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for name, args in commands.items()
+        }
+        errors = {name: process.communicate(timeout=300)[1] for name, process in processes.items()}
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    for name, process in processes.items():
+        assert process.returncode == 1, (name, errors[name][-2000:])
+        line = one_error_line(errors[name])
+        assert line.startswith(f"policy-service: error: {RAY_DID_NOT_START}"), (name, line)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 # ----- what a run listens on -------------------------------------------------------------
 
 
@@ -464,6 +536,23 @@ def _soak(*args: str, timeout_s: float = 600) -> tuple[int, list]:
     return done.returncode, records
 
 
+def test_soak_rss_growth_is_measured_from_the_end_of_the_warm_up():
+    soak = runpy.run_path(str(REPO / "scripts" / "soak.py"))
+    # RSS 100 MB until the warm-up ends at 60 s, then +2 MB a minute and 4 MB per 100k calls
+    samples = [
+        {"t_s": t, "calls": 50_000 * t // 60, "rss": 100.0 + 2 * max(0, t - 60) / 60}
+        for t in (30, 60, 90, 120, 180)
+    ]
+    assert soak["rss_growth"](samples, "rss", 60.0) == {
+        "after_warmup_mb": 100.0,
+        "last_mb": 104.0,
+        "growth_pct": 4.0,
+        "mb_per_min": 2.0,
+        "mb_per_100k_calls": 4.0,
+    }
+    assert soak["rss_growth"](samples[:2], "rss", 60.0) is None  # one sample after it
+
+
 @pytest.mark.slow
 def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row():
     code, records = _soak(
@@ -482,6 +571,7 @@ def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row(
     assert result["errors"] == 0 and result["wrong_rows"] == 0 and result["restarts"] == 1
     assert result["rows"] > 0 and len(records) >= 5
     assert all(r["actor_rss_mb"] is None or r["actor_rss_mb"] > 0 for r in records[:-1])
+    assert len(result["rss_samples"]) == len(records) - 1 and result["driver_rss"]["last_mb"] > 0
 
 
 @pytest.mark.slow

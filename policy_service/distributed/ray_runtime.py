@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from policy_service.errors import UserError
+from policy_service.errors import RunFailure, UserError, one_line
 
 # what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
 _CLUSTER_ADDRESS = re.compile(r"^(ray://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
@@ -25,6 +25,12 @@ _ONE_MACHINE_MODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 class RayAddressError(UserError, ValueError):
     """A cluster address that Ray cannot join, whatever the cluster."""
+
+
+class RayStartFailure(RunFailure):
+    """ray.init failed: the embedded Ray did not start (its GCS or raylet not up in
+    time on a loaded machine, a temp dir it cannot write), or a cluster that answered
+    could not be joined."""
 
 
 def check_address(address: str, source: str = "--address") -> None:
@@ -86,7 +92,8 @@ def start_ray(
     Token authentication stays on: a local Ray turns it on by itself (we only
     say so up front, which skips Ray's warning); when joining, a token found
     where Ray looks (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) is
-    sent, as Ray does not for an explicit address.
+    sent, as Ray does not for an explicit address. A failed ray.init is a
+    RayStartFailure (one line, exit status 1 on the command line).
     """
     if "ray" not in sys.modules and "RAY_AUTH_MODE" not in os.environ:
         if address is None or _ray_token_available():
@@ -97,11 +104,19 @@ def start_ray(
         {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {}
     )
     if address:
-        ray.init(address=address, **quiet_args)
-        print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
+        init_args: dict[str, Any] = {"address": address}
+        failed = f"could not join the Ray cluster at {address}"
     else:
         bind_to_loopback()
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **quiet_args)
+        init_args = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
+        failed = "the embedded Ray did not start"
+    try:
+        ray.init(**init_args, **quiet_args)
+    # Ray raises Exception ("timed out during startup"), RuntimeError, OSError at start-up
+    except Exception as err:  # noqa: BLE001 - any of them: Ray did not start
+        raise RayStartFailure(f"{failed}: {type(err).__name__}: {one_line(err)}") from None
+    if address:
+        print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
 
 
 def bind_to_loopback() -> None:
