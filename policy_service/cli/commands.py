@@ -398,6 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     args = build_parser().parse_args(argv)
+    from policy_service.distributed.ray_runtime import announce_token_auth
+
+    announce_token_auth(getattr(args, "address", None))
     try:
         return args.handler(args)
     except KeyboardInterrupt:

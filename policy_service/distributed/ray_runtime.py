@@ -82,6 +82,17 @@ def uses_ray(config: dict, address: str | None) -> bool:
     )
 
 
+def announce_token_auth(address: str | None) -> None:
+    """Say up front that Ray's token authentication is on (RAY_AUTH_MODE=token,
+    read when Ray is imported), which skips Ray's warning line: for the embedded
+    Ray, or for a cluster whose token is found where Ray looks. A no-op once Ray
+    is imported or when the user chose a mode; the command line calls it before
+    any handler imports Ray."""
+    if "ray" not in sys.modules and "RAY_AUTH_MODE" not in os.environ:
+        if address is None or _ray_token_available():
+            os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def start_ray(
     address: str | None = None, *, num_cpus: int | None = None, quiet: bool = False
 ) -> None:
@@ -95,9 +106,7 @@ def start_ray(
     sent, as Ray does not for an explicit address. A failed ray.init is a
     RayStartFailure (one line, exit status 1 on the command line).
     """
-    if "ray" not in sys.modules and "RAY_AUTH_MODE" not in os.environ:
-        if address is None or _ray_token_available():
-            os.environ["RAY_AUTH_MODE"] = "token"  # read by Ray when it is imported
+    announce_token_auth(address)
     import ray
 
     quiet_args: dict[str, Any] = (
