@@ -49,6 +49,7 @@ from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
+from policy_service.multi_agent.policies import check_policies_config
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
@@ -127,8 +128,29 @@ class AlgorithmConfig(PolicyConfig):
         check=finite(gt=0),
     )
 
+    policies: dict | None = setting(
+        None,
+        doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
+        "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
+    )
+    policy_mapping_fn: Callable | None = setting(
+        None,
+        doc='Multi-agent: (agent_id, episode, **kwargs) -> policy id; None: "default_policy".',
+    )
+    policies_to_train: list | None = setting(
+        None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
+    )
+    count_steps_by: str = setting(
+        "env_steps",
+        doc='Multi-agent: what train_batch_size counts, "env_steps" or "agent_steps".',
+        check=one_of("env_steps", "agent_steps"),
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        check_policies_config(
+            self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
+        )
         self.check_fits_in_memory(
             "train_batch_size",
             self.train_batch_size * MIN_ROW_BYTES,
