@@ -16,6 +16,7 @@ _EXPORTS = {
     "PolicyActor": "policy_service.distributed.policy_actor",
     "LearnerGroup": "policy_service.distributed.learner_group",
     "MultiAgentEnv": "policy_service.multi_agent.env",
+    "MultiAgentBatch": "policy_service.multi_agent.batch",
     "PolicySpec": "policy_service.policy_spec",
 }
 
