@@ -62,8 +62,10 @@ class MultiAgentSampler:
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
         """One fragment -> (MultiAgentBatch, metrics with env_steps, agent_steps,
-        episode_returns (summed over agents) and agent_episode_returns per policy)."""
+        episode_returns (summed over agents), episode_lengths (env steps) and
+        policy_episode_returns (policy id -> each of its agents' episode returns))."""
         returns: list[float] = []
+        lengths: list[int] = []
         policy_returns: dict = defaultdict(list)
         chunks: dict = defaultdict(list)
         for _ in range(self.rollout_fragment_length):
@@ -87,6 +89,7 @@ class MultiAgentSampler:
             }
             if episode_over:
                 returns.append(sum(self._episode.agent_returns.values()))
+                lengths.append(self._episode.length)
                 for agent, value in self._episode.agent_returns.items():
                     policy_returns[self._episode.policy_of[agent]].append(value)
                 self._finish_chunks(chunks)
@@ -103,6 +106,7 @@ class MultiAgentSampler:
             "env_steps": batch.env_steps(),
             "agent_steps": batch.agent_steps(),
             "episode_returns": returns,
+            "episode_lengths": lengths,
             "policy_episode_returns": dict(policy_returns),
         }
         return batch, metrics
