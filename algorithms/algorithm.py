@@ -331,7 +331,8 @@ class Algorithm:
         if self.multi_agent is not None:
             runners, learners = self.multi_agent
             batch = self._sample_multi_agent(self.config.train_batch_size)
-            stats = self.learner_update(lambda _: learners.update_each(self.update_on_batch, batch))
+            start = time.perf_counter()
+            stats = self._counted_update(learners.update_each(self.update_on_batch, batch), start)
             runners.sync_weights(learners.get_weights())
             return stats
         train_batch = self.sample_env_steps(self.config.train_batch_size)
@@ -395,11 +396,14 @@ class Algorithm:
         """update(self.learners) -> its statistics, less "num_samples_trained" (the
         samples it trained on, counted; `LearnerGroup.update` reports it), timed.
         Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
+        start = time.perf_counter()
+        return self._counted_update(update(self.learners), start)
+
+    def _counted_update(self, stats: dict, start: float) -> dict:
+        """An update's statistics less the samples it trained on, which are counted."""
         from policy_service.learning_results import NUM_SAMPLES_TRAINED
 
-        start = time.perf_counter()
-        # a multi-agent run has no single group: its update closes over each policy's
-        stats = dict(update(getattr(self, "learners", None)))
+        stats = dict(stats)
         self._iteration_changed_state = True  # a failed update left the learners as they were
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(
