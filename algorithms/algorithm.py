@@ -49,6 +49,7 @@ from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
+from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
 from policy_service.sample_batch import SampleBatch, concat_samples
 
@@ -153,6 +154,11 @@ class AlgorithmConfig(PolicyConfig):
         check_policies_config(
             self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
         )
+        if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
+            raise ConfigError(
+                f"{self.key_prefix}.env {self.env!r} is a multi-agent env: set "
+                f"{self.key_prefix}.policies (and policy_mapping_fn) in Python for now"
+            )
         if self.policies is not None:
             for key, single_agent_only in (
                 ("num_env_runners", self.num_env_runners != 0),
@@ -616,6 +622,11 @@ class Algorithm:
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
+        if self.multi_agent is not None:
+            raise ConfigError(
+                "save: checkpoints of multi-agent runs (config.policies) are not written yet; "
+                "save each policy with algo.get_policy(policy_id).export_checkpoint(dir)"
+            )
         path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
         self._restart_sampling()
         return path

@@ -65,7 +65,13 @@ def test_results_count_agent_steps_twice_the_env_steps(one_policy_trained):
         algo.get_policy("pc")
 
 
-def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line():
+def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line(one_policy_trained, tmp_path):
+    algo, _, _ = one_policy_trained
+    with pytest.raises(ConfigError, match=r"save: checkpoints of multi-agent runs"):
+        algo.save(str(tmp_path / "checkpoint"))
+    assert not (tmp_path / "checkpoint").exists()
+    with pytest.raises(ConfigError, match=r"is a multi-agent env: set config.policies"):
+        PPO({"env": "pettingzoo:pettingzoo.mpe.simple_spread_v3"})
     with pytest.raises(
         ConfigError, match=r"config.num_env_runners must keep its default with policies set"
     ):
