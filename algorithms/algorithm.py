@@ -735,13 +735,15 @@ class Algorithm:
                 raise KeyError(
                     f"get_policy: no policy {policy_id!r}; policies are {sorted(groups)}"
                 )
-            return groups[policy_id].local_policy
-        if self.learners.local_policy is None:
+            learners = groups[policy_id]
+        else:
+            learners = self.learners
+        if learners.local_policy is None:
             raise RuntimeError(
-                f"the learner policy lives in {self.learners.num_learners} learner actors "
+                f"the learner policy lives in {learners.num_learners} learner actors "
                 "(num_learners > 0); use algo.learners (a LearnerGroup) instead"
             )
-        return self.learners.local_policy
+        return learners.local_policy
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it

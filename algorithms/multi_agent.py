@@ -66,7 +66,8 @@ class MultiAgentEnvRunners:
     def sample(self) -> tuple[MultiAgentBatch, dict]:
         return self.sampler.sample()
 
-    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> None:
+    def sync_weights(self, weights: dict) -> None:
+        """policy id -> weights, set on the acting copies."""
         for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
 
@@ -93,7 +94,6 @@ class MultiAgentLearners:
             raise
         first = next(iter(self.groups.values()))
         self.num_learners, self.num_towers = first.num_learners, first.num_towers
-        self.local_policy = None  # Algorithm.get_policy(policy_id) asks a group
 
     @property
     def num_restarts(self) -> int:
