@@ -12,6 +12,7 @@ SERVE = ["ray[serve]>=2.60"]
 # continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
 # wheel); in "dev" so that CI's venv can run SAC on them
 MUJOCO = ["gymnasium[mujoco]>=1.0"]
+MULTIAGENT = ["pettingzoo>=1.24"]  # PettingZoo envs (Parallel and AEC) as MultiAgentEnvs
 
 setup(
     name="policy-service",
@@ -43,10 +44,12 @@ setup(
             *ONNX,
             *SERVE,
             *MUJOCO,
+            *MULTIAGENT,
         ],
         "onnx": ONNX,
         "serve": SERVE,
         "mujoco": MUJOCO,
+        "multiagent": MULTIAGENT,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

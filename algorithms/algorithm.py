@@ -49,11 +49,15 @@ from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
+from policy_service.multi_agent import pettingzoo_env
+from policy_service.multi_agent.policies import check_policies_config
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
+    from algorithms.multi_agent import MultiAgentEnvRunners, MultiAgentLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.multi_agent.batch import MultiAgentBatch
     from policy_service.policy import TFPolicy
     from policy_service.serving.external_env_runners import ExternalEnvRunners
 
@@ -127,8 +131,47 @@ class AlgorithmConfig(PolicyConfig):
         check=finite(gt=0),
     )
 
+    policies: dict | None = setting(
+        None,
+        doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
+        "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
+    )
+    policy_mapping_fn: Callable | None = setting(
+        None,
+        doc='Multi-agent: (agent_id, episode, **kwargs) -> policy id; None: "default_policy".',
+    )
+    policies_to_train: list | None = setting(
+        None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
+    )
+    count_steps_by: str = setting(
+        "env_steps",
+        doc='Multi-agent: what train_batch_size counts, "env_steps" or "agent_steps".',
+        check=one_of("env_steps", "agent_steps"),
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        check_policies_config(
+            self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
+        )
+        if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
+            raise ConfigError(
+                f"{self.key_prefix}.env {self.env!r} is a multi-agent env: set "
+                f"{self.key_prefix}.policies (and policy_mapping_fn) in Python for now"
+            )
+        if self.policies is not None:
+            for key, single_agent_only in (
+                ("num_env_runners", self.num_env_runners != 0),
+                ("remote_inference", self.remote_inference),
+                ("external_env", self.external_env),
+                ("observation_filter", self.observation_filter != "NoFilter"),
+            ):
+                if single_agent_only:
+                    raise ConfigError(
+                        f"{self.key_prefix}.{key} must keep its default with policies set "
+                        f"(multi-agent runs sample in the driver for now), got "
+                        f"{getattr(self, key)!r}"
+                    )
         self.check_fits_in_memory(
             "train_batch_size",
             self.train_batch_size * MIN_ROW_BYTES,
@@ -217,6 +260,10 @@ class Algorithm:
         window = self.config.metrics_num_episodes_for_smoothing
         self._episode_returns: collections.deque[float] = collections.deque(maxlen=window)
         self._episode_lengths: collections.deque[int] = collections.deque(maxlen=window)
+        self.agent_timesteps_total = 0  # multi-agent: rows of all agents; else env steps
+        self._policy_returns: dict[str, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=window)
+        )
         # Fake GPUs must exist before TensorFlow initializes (the local worker's
         # policy initializes it), so the learner's devices are prepared first.
         cfg = self.config
@@ -232,7 +279,13 @@ class Algorithm:
         # Both are built here and kept for the algorithm's life; stop() ends them.
         self.env_runners: EnvRunnerGroup | ExternalEnvRunners  # the latter: --external-env
         self.learners: LearnerGroup
+        # with `policies`: the driver's multi-agent sampler and a LearnerGroup per policy
+        self.multi_agent: tuple[MultiAgentEnvRunners, MultiAgentLearners] | None = None
         try:
+            if cfg.policies is not None:
+                self.multi_agent = self._make_multi_agent()
+                self._filter_stats = None  # config: NoFilter with policies
+                return
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
 
@@ -279,7 +332,15 @@ class Algorithm:
 
     def training_step(self) -> dict:
         """One iteration's work -> learner statistics. This default is the on-policy
-        iteration: >= train_batch_size env steps, `update_on_batch`, broadcast."""
+        iteration: >= train_batch_size env steps, `update_on_batch`, broadcast; with
+        `policies`, `update_on_batch` for each trained policy on its own rows."""
+        if self.multi_agent is not None:
+            runners, learners = self.multi_agent
+            batch = self._sample_multi_agent(self.config.train_batch_size)
+            start = time.perf_counter()
+            stats = self._counted_update(learners.update_each(self.update_on_batch, batch), start)
+            runners.sync_weights(learners.get_weights())
+            return stats
         train_batch = self.sample_env_steps(self.config.train_batch_size)
         stats = self.learner_update(lambda learners: self.update_on_batch(learners, train_batch))
         self.broadcast_weights()
@@ -305,6 +366,25 @@ class Algorithm:
         self._counts.sample_time_s += time.perf_counter() - start
         return concat_samples(batches)
 
+    def _sample_multi_agent(self, min_steps: int) -> MultiAgentBatch:
+        """Multi-agent fragments until >= min_steps, counted by `count_steps_by`."""
+        from policy_service.multi_agent.batch import concat_multi_agent
+
+        assert self.multi_agent is not None
+        start = time.perf_counter()
+        batches, steps = [], 0
+        while steps < min_steps:
+            batch, metrics = self.multi_agent[0].sample()
+            batches.append(batch)
+            self._count_sampled(metrics)
+            for policy_id, returns in metrics["policy_episode_returns"].items():
+                self._policy_returns[policy_id].extend(returns)
+            self.agent_timesteps_total += batch.agent_steps() - batch.env_steps()
+            by_agents = self.config.count_steps_by == "agent_steps"
+            steps += batch.agent_steps() if by_agents else batch.env_steps()
+        self._counts.sample_time_s += time.perf_counter() - start
+        return concat_multi_agent(batches)
+
     def sample_ready(self, timeout_s: float | None = None) -> SampleBatch:
         """The fragments of the workers done so far (EnvRunnerGroup.sample_async:
         waits for the first, each worker samples on) -> one batch, counted; an
@@ -322,10 +402,14 @@ class Algorithm:
         """update(self.learners) -> its statistics, less "num_samples_trained" (the
         samples it trained on, counted; `LearnerGroup.update` reports it), timed.
         Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
+        start = time.perf_counter()
+        return self._counted_update(update(self.learners), start)
+
+    def _counted_update(self, stats: dict, start: float) -> dict:
+        """An update's statistics less the samples it trained on, which are counted."""
         from policy_service.learning_results import NUM_SAMPLES_TRAINED
 
-        start = time.perf_counter()
-        stats = dict(update(self.learners))
+        stats = dict(stats)
         self._iteration_changed_state = True  # a failed update left the learners as they were
         if NUM_SAMPLES_TRAINED not in stats:
             raise KeyError(
@@ -387,10 +471,12 @@ class Algorithm:
         self._counts.env_steps += steps
         self._counts.episodes += len(metrics["episode_returns"])
         self.timesteps_total += steps
+        self.agent_timesteps_total += steps
         return steps
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
         counts = self._counts
+        learners = self.multi_agent[1] if self.multi_agent else self.learners
         returns = np.asarray(self._episode_returns, np.float64)
         nan = float("nan")
         metrics = {
@@ -413,11 +499,17 @@ class Algorithm:
             "sync_time_s": counts.sync_time_s,
             "time_this_iter_s": elapsed_s,
             "time_total_s": self.time_total_s,
-            "num_worker_restarts": self._num_worker_restarts(),
-            "num_learners": self.learners.num_learners,
-            "num_learner_restarts": self.learners.num_restarts,
-            "num_learner_towers": self.learners.num_towers,
+            "num_worker_restarts": self._num_worker_restarts() if not self.multi_agent else 0,
+            "num_learners": learners.num_learners,
+            "num_learner_restarts": learners.num_restarts,
+            "num_learner_towers": learners.num_towers,
         }
+        if self.multi_agent is not None:
+            metrics["agent_timesteps_total"] = self.agent_timesteps_total
+            metrics["policy_reward_mean"] = {
+                policy_id: float(np.mean(returns))
+                for policy_id, returns in self._policy_returns.items()
+            }
         # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
         metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
         return metrics
@@ -455,6 +547,22 @@ class Algorithm:
             remote_inference=cfg.remote_inference,
             inference_actors=self.inference_actors(),
         )
+
+    def _make_multi_agent(self) -> tuple[MultiAgentEnvRunners, MultiAgentLearners]:
+        """The driver's multi-agent sampler and the policies' learners, weights synced."""
+        from algorithms import multi_agent
+
+        env, policies = multi_agent.resolve_policies(self.config, self.policy_class)
+        learners = multi_agent.MultiAgentLearners(policies)
+        try:
+            runners = multi_agent.MultiAgentEnvRunners(
+                env, policies, self.config.fragment_length(), self.config.seed
+            )
+        except BaseException:
+            learners.stop()
+            raise
+        runners.sync_weights(learners.get_weights())
+        return runners, learners
 
     def inference_actors(self) -> list | None:
         """Actors that act for the env runners with their own weights (the learner
@@ -514,6 +622,11 @@ class Algorithm:
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
+        if self.multi_agent is not None:
+            raise ConfigError(
+                "save: checkpoints of multi-agent runs (config.policies) are not written yet; "
+                "save each policy with algo.get_policy(policy_id).export_checkpoint(dir)"
+            )
         path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
         self._restart_sampling()
         return path
@@ -613,14 +726,24 @@ class Algorithm:
         episodes, oldest first (what episode_return_mean averages)."""
         return np.asarray(self._episode_returns, np.float64)
 
-    def get_policy(self):
-        """The learner policy, when it lives in this process (num_learners: 0)."""
-        if self.learners.local_policy is None:
+    def get_policy(self, policy_id: str | None = None):
+        """The learner policy (with `policies`: policy_id's), when it lives in this
+        process (num_learners: 0)."""
+        if self.multi_agent is not None:
+            groups = self.multi_agent[1].groups
+            if policy_id not in groups:
+                raise KeyError(
+                    f"get_policy: no policy {policy_id!r}; policies are {sorted(groups)}"
+                )
+            learners = groups[policy_id]
+        else:
+            learners = self.learners
+        if learners.local_policy is None:
             raise RuntimeError(
-                f"the learner policy lives in {self.learners.num_learners} learner actors "
+                f"the learner policy lives in {learners.num_learners} learner actors "
                 "(num_learners > 0); use algo.learners (a LearnerGroup) instead"
             )
-        return self.learners.local_policy
+        return learners.local_policy
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it
@@ -628,7 +751,8 @@ class Algorithm:
         built both groups)."""
         if not self._stopped:
             self._stopped = True
-            for group in (getattr(self, "learners", None), getattr(self, "env_runners", None)):
+            groups = (getattr(self, "learners", None), getattr(self, "env_runners", None))
+            for group in (*groups, *(getattr(self, "multi_agent", None) or ())):
                 if group is not None:
                     group.stop()
         if self._ray_started:

@@ -1,5 +1,6 @@
-"""Environments by name: gymnasium ids, "module:EnvId", and names given to
-register_env; and the checks that a name and its env_config fit, before a run starts."""
+"""Environments by name: gymnasium ids, "module:EnvId", "pettingzoo:<module>.<env_fn>"
+and names given to register_env; and the checks that a name and its env_config fit,
+before a run starts."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
 from policy_service.errors import UserError, one_line
+from policy_service.multi_agent import pettingzoo_env
 
 _ENV_CREATORS: dict[str, Callable[[dict], object]] = {}
 
@@ -47,6 +49,12 @@ def check_env_id(env: str) -> None:
     algorithms.register_env in this process; else an error naming it."""
 
     if is_registered_env(env):
+        return
+    if pettingzoo_env.is_pettingzoo_name(env):
+        try:
+            pettingzoo_env.env_function(env)
+        except pettingzoo_env.PettingZooEnvError as err:
+            raise EnvironmentSetupError(str(err)) from None
         return
     module, sep, env_id = env.rpartition(":")
     if sep:
@@ -89,6 +97,9 @@ def check_env_config(env: str, env_config: dict) -> None:
 
     if not env_config or is_registered_env(env):
         return
+    if pettingzoo_env.is_pettingzoo_name(env):  # check_env_id resolved it already
+        _check_keywords(env, env_config, [pettingzoo_env.env_function(env)])
+        return
     spec = gym.spec(env.rpartition(":")[2])  # check_env_id imported "module:" already
     if spec.entry_point is None:  # a spec registered without one cannot be made either
         return
@@ -100,10 +111,15 @@ def check_env_config(env: str, env_config: dict) -> None:
         raise EnvironmentSetupError(
             f"cannot load environment {env!r} ({spec.entry_point}): {one_line(err)}"
         ) from None
+    _check_keywords(env, env_config, [gym.make, creator])
+
+
+def _check_keywords(env: str, env_config: dict, functions: list) -> None:
+    """Every env_config key is a keyword of one of `functions` (the last may take **kwargs)."""
     takes = set()
-    for function in (gym.make, creator):
+    for function in functions:
         parameters = inspect.signature(function).parameters.values()
-        if function is creator and any(p.kind is p.VAR_KEYWORD for p in parameters):
+        if function is functions[-1] and any(p.kind is p.VAR_KEYWORD for p in parameters):
             return
         takes |= {
             p.name

@@ -15,6 +15,9 @@ _EXPORTS = {
     "LossGroup": "policy_service.engine.loss_groups",
     "PolicyActor": "policy_service.distributed.policy_actor",
     "LearnerGroup": "policy_service.distributed.learner_group",
+    "MultiAgentEnv": "policy_service.multi_agent.env",
+    "MultiAgentBatch": "policy_service.multi_agent.batch",
+    "PolicySpec": "policy_service.policy_spec",
 }
 
 __all__ = sorted(_EXPORTS)

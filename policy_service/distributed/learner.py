@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import ray
 
@@ -37,19 +36,6 @@ def resolve_fragments(fragments: list) -> list:
     refs = [f for f in fragments if isinstance(f, ray.ObjectRef)]
     fetched = iter(ray.get(refs) if refs else [])
     return [next(fetched) if isinstance(f, ray.ObjectRef) else f for f in fragments]
-
-
-class PolicySpec(NamedTuple):
-    """What a learner's policy is built from: `policy_cls(observation_space,
-    action_space, config)`."""
-
-    policy_cls: type
-    observation_space: gym.Space
-    action_space: gym.Space
-    config: Any
-
-    def build(self):
-        return self.policy_cls(self.observation_space, self.action_space, self.config)
 
 
 class Learner:

@@ -28,9 +28,10 @@ import ray
 
 from policy_service import models
 from policy_service.config import config_for
-from policy_service.distributed.learner import Learner, PolicySpec
+from policy_service.distributed.learner import Learner
 from policy_service.engine import devices
 from policy_service.engine.collectives import CollectiveGroup
+from policy_service.policy_spec import PolicySpec
 
 
 def learner_policy_config(policy_cls: type, config: Any):
@@ -67,7 +68,7 @@ class LearnerHost(Learner):
         collective_timeout_s: float | None = None,
     ):
         models.register_custom_models(custom_models)
-        self._spec = spec._replace(config=learner_policy_config(spec.policy_cls, spec.config))
+        self._spec = spec._replace(config=learner_policy_config(spec.built_class(), spec.config))
         prepare_learner_process(self._spec.config)
         host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
         self.group = CollectiveGroup(host=host, timeout_s=collective_timeout_s)

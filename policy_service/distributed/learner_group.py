@@ -36,7 +36,6 @@ from policy_service.distributed.learner import (
     POLICY_LAG_MAX,
     POLICY_LAG_ROWS,
     POLICY_LAG_SUM,
-    PolicySpec,
 )
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import (
@@ -50,6 +49,7 @@ from policy_service.engine.units import LOSS_MASK, interleave_minibatches
 from policy_service.errors import restart_budget_spent
 from policy_service.io import checkpoints
 from policy_service.learning_results import valid_rows_only, with_samples_trained
+from policy_service.policy_spec import PolicySpec
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainLayout
 

@@ -23,12 +23,13 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from policy_service import models
 from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
-from policy_service.distributed.learner import Learner, PolicySpec
+from policy_service.distributed.learner import Learner
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.distributed.resources import resource_shortfall
 from policy_service.engine.collectives import CollectivePeerError
 from policy_service.errors import RunFailure, UserError
+from policy_service.policy_spec import PolicySpec
 
 CONNECT_TIMEOUT_S = 180.0
 

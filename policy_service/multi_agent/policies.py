@@ -1,0 +1,132 @@
+"""Which policy acts for which agent: config `policies` (id -> None or PolicySpec),
+`policy_mapping_fn(agent_id, episode, **kwargs)`, `policies_to_train` (RLlib's names).
+
+`check_policies_config` runs where the config enters (its dataclass); `AgentPolicies`
+is built once the env's agents and spaces are known, before the run starts: every
+possible agent is mapped, each policy's spaces are filled in from its agents or checked
+against them. An id the mapping returns later for a new agent is checked on that step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from policy_service.config import ConfigError
+from policy_service.policy_spec import PolicySpec
+
+DEFAULT_POLICY_ID = "default_policy"
+
+
+class MultiAgentConfigError(ConfigError):
+    """Policies, a mapping or policies_to_train that cannot work together."""
+
+
+def default_policy_mapping_fn(agent_id, episode, **kwargs) -> str:
+    """RLlib's default: every agent acts with "default_policy"."""
+    return DEFAULT_POLICY_ID
+
+
+def check_policies_config(
+    policies: dict | None,
+    policy_mapping_fn: Callable | None,
+    policies_to_train: list | None,
+    prefix: str = "config",
+) -> None:
+    """The multi-agent keys fit each other; else a one-line error naming the key."""
+    if policies is None:
+        for key, value in (
+            ("policy_mapping_fn", policy_mapping_fn),
+            ("policies_to_train", policies_to_train),
+        ):
+            if value is not None:
+                raise MultiAgentConfigError(f"{prefix}.{key} is set but {prefix}.policies is not")
+        return
+    if not policies:
+        raise MultiAgentConfigError(f"{prefix}.policies must name at least one policy, got {{}}")
+    for policy_id, spec in policies.items():
+        if not isinstance(policy_id, str) or not (spec is None or isinstance(spec, PolicySpec)):
+            raise MultiAgentConfigError(
+                f"{prefix}.policies[{policy_id!r}] must map a str id to None or a PolicySpec, "
+                f"got {type(spec).__name__}"
+            )
+    for policy_id in policies_to_train or ():
+        if policy_id not in policies:
+            raise MultiAgentConfigError(
+                f"{prefix}.policies_to_train names {policy_id!r}, which is no policy in "
+                f"{prefix}.policies {sorted(policies)}"
+            )
+
+
+class AgentPolicies:
+    """Complete PolicySpecs by id, the mapping from agents to them and the ids trained."""
+
+    def __init__(
+        self,
+        specs: dict[str, PolicySpec],
+        mapping_fn: Callable,
+        policies_to_train: list[str] | None,
+    ) -> None:
+        self.specs = specs
+        self.mapping_fn = mapping_fn
+        self.policies_to_train = (
+            list(specs) if policies_to_train is None else list(policies_to_train)
+        )
+
+    def policy_id(self, agent_id, episode, **kwargs) -> str:
+        """The policy `agent_id` acts with in `episode`; an unknown id is a one-line error."""
+        policy_id = self.mapping_fn(agent_id, episode, **kwargs)
+        if policy_id not in self.specs:
+            raise MultiAgentConfigError(
+                f"policy_mapping_fn maps agent {agent_id!r} to policy {policy_id!r}, which is "
+                f"no policy in config.policies {sorted(self.specs)}"
+            )
+        return policy_id
+
+
+def agent_policies(
+    policies: dict[str, PolicySpec | None],
+    policy_mapping_fn: Callable | None,
+    policies_to_train: list[str] | None,
+    env,
+    default_class: type,
+    base_config: dict,
+) -> AgentPolicies:
+    """Every policy as a complete PolicySpec (class, spaces, its config: `base_config`
+    updated with the spec's), checked against the env's agents mapped to it."""
+    mapping = AgentPolicies(
+        {p: PolicySpec() for p in policies},
+        policy_mapping_fn or default_policy_mapping_fn,
+        policies_to_train,
+    )
+    agents_of: dict[str, list] = {p: [] for p in policies}
+    for agent in env.possible_agents:
+        agents_of[mapping.policy_id(agent, None)].append(agent)
+    specs = {}
+    for policy_id, given in policies.items():
+        given = given or PolicySpec()
+        spaces = {}
+        for kind, env_spaces in (
+            ("observation", env.observation_spaces),
+            ("action", env.action_spaces),
+        ):
+            space = getattr(given, f"{kind}_space")
+            for agent in agents_of[policy_id]:
+                if space is None:
+                    space = env_spaces[agent]
+                elif env_spaces[agent] != space:
+                    raise MultiAgentConfigError(
+                        f"agent {agent!r} has {kind} space {env_spaces[agent]} but its policy "
+                        f"{policy_id!r} has {space}"
+                    )
+            if space is None:
+                raise MultiAgentConfigError(
+                    f"policy {policy_id!r} has no {kind} space: no agent maps to it and its "
+                    f"PolicySpec gives none"
+                )
+            spaces[kind] = space
+        config: dict[str, Any] = {**base_config, **(given.config or {})}
+        specs[policy_id] = PolicySpec(
+            given.policy_class or default_class, spaces["observation"], spaces["action"], config
+        )
+    return AgentPolicies(specs, mapping.mapping_fn, policies_to_train)

@@ -1,0 +1,95 @@
+"""Multi-agent envs of the tests' own (no TensorFlow here).
+
+`TwoMapsEnv`: two agents see the same random cue k in 0..3 plus their own index, and
+each is paid 1 for a different map of it ("a": action k, "b": action (k + 1) % 4);
+both act every step, so agent steps are twice the env steps.
+`JoinLeaveEnv`: a 5-step episode where "late" joins at t=1 and leaves after t=3, with
+rewards a test can check advantages against by hand.
+"""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+from policy_service.multi_agent.env import ALL, MultiAgentEnv
+
+CUES = 4
+
+
+class TwoMapsEnv(MultiAgentEnv):
+    def __init__(self, config: dict | None = None) -> None:
+        config = config or {}
+        self.episode_len = config.get("episode_len", 8)
+        self.possible_agents = ["a", "b"]
+        space = gym.spaces.Box(0.0, 1.0, (CUES + 2,), np.float32)
+        self.observation_spaces = {a: space for a in self.possible_agents}
+        self.action_spaces = {a: gym.spaces.Discrete(CUES) for a in self.possible_agents}
+        self.rng = np.random.default_rng(config.get("seed", 0))
+        self.agents = []
+
+    def _obs(self) -> dict:
+        obs = {}
+        for index, agent in enumerate(self.agents):
+            o = np.zeros(CUES + 2, np.float32)
+            o[self.cue] = 1.0
+            o[CUES + index] = 1.0
+            obs[agent] = o
+        return obs
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.t, self.agents = 0, list(self.possible_agents)
+        self.cue = int(self.rng.integers(CUES))
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, action_dict):
+        targets = {"a": self.cue, "b": (self.cue + 1) % CUES}
+        rewards = {a: float(action_dict[a] == targets[a]) for a in action_dict}
+        self.t += 1
+        self.cue = int(self.rng.integers(CUES))
+        done = self.t >= self.episode_len
+        dones = {a: done for a in self.agents}
+        obs = self._obs()
+        if done:
+            self.agents = []
+        return obs, rewards, {**dones, ALL: done}, {a: False for a in dones} | {ALL: False}, {}
+
+
+class JoinLeaveEnv(MultiAgentEnv):
+    """ "main" acts at t=0..4; "late" acts at t=1..3 and is terminated by its step at t=3.
+    Rewards: main gets t + 1 for its step at t, late gets 10 * (t + 1)."""
+
+    def __init__(self, config: dict | None = None) -> None:
+        self.possible_agents = ["main", "late"]
+        space = gym.spaces.Box(-100.0, 100.0, (2,), np.float32)
+        self.observation_spaces = {a: space for a in self.possible_agents}
+        self.action_spaces = {a: gym.spaces.Discrete(2) for a in self.possible_agents}
+        self.agents = []
+
+    def _obs(self, agents) -> dict:
+        return {a: np.array([self.t, i], np.float32) for i, a in enumerate(agents)}
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.agents = 0, ["main"]
+        return self._obs(["main"]), {}
+
+    def step(self, action_dict):
+        t = self.t
+        rewards = {"main": float(t + 1)} | (
+            {"late": 10.0 * (t + 1)} if "late" in action_dict else {}
+        )
+        self.t += 1
+        terminateds = {ALL: self.t == 5}
+        if self.t == 5:
+            terminateds["main"] = True
+        if "late" in action_dict and t == 3:
+            terminateds["late"] = True
+        self.agents = ["main"] + (["late"] if 1 <= self.t <= 3 else [])
+        obs = self._obs(self.agents) if self.t < 5 else self._obs(["main"])
+        if self.t == 4:  # late left with its last step; its final obs comes with it
+            obs["late"] = np.array([4.0, 1.0], np.float32)
+        if self.t == 5:
+            self.agents = []
+        return obs, rewards, terminateds, {ALL: False}, {}

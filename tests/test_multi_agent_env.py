@@ -1,0 +1,118 @@
+"""MultiAgentEnv's step check, the PettingZoo adapter and "pettingzoo:" env names."""
+
+import numpy as np
+import pytest
+from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv
+
+from algorithms import environments
+from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
+from policy_service.multi_agent.pettingzoo_env import PettingZooEnv, make_pettingzoo_env
+
+
+class NoAllEnv(MultiAgentEnv):
+    def step(self, action_dict):
+        return {}, {}, {"a": True}, {"a": False}, {}
+
+
+class ParallelCountdown:
+    """The PettingZoo parallel API (no "__all__"): "x" leaves after 1 step, "y" after 2."""
+
+    metadata: dict = {}
+
+    def __init__(self, steps: int = 2) -> None:
+        self.possible_agents = ["x", "y"]
+        self.steps = steps
+
+    def observation_space(self, agent):
+        import gymnasium as gym
+
+        return gym.spaces.Discrete(3)
+
+    def action_space(self, agent):
+        import gymnasium as gym
+
+        return gym.spaces.Discrete(2)
+
+    def reset(self, seed=None, options=None):
+        self.t, self.agents = 0, ["x", "y"]
+        return {a: 0 for a in self.agents}, {a: {} for a in self.agents}
+
+    def step(self, actions):
+        self.t += 1
+        terminations = {a: a == "x" or self.t >= self.steps for a in self.agents}
+        obs = {a: self.t for a in self.agents}
+        self.agents = [a for a in self.agents if not terminations[a]]
+        return obs, {a: 1.0 for a in obs}, terminations, {a: False for a in obs}, {}
+
+    def close(self):
+        pass
+
+
+def parallel_countdown(steps: int = 2) -> ParallelCountdown:
+    return ParallelCountdown(steps)
+
+
+def test_a_step_without_all_is_one_line_naming_the_env():
+    with pytest.raises(
+        MultiAgentEnvError, match=r"NoAllEnv: step's terminateds dict has no '__all__'"
+    ) as err:
+        checked_step(NoAllEnv(), {"a": 0})
+    assert "\n" not in str(err.value)
+
+
+def test_agents_join_and_leave_mid_episode():
+    env = JoinLeaveEnv()
+    obs, _ = env.reset()
+    seen = [sorted(obs)]
+    done = False
+    while not done:
+        obs, _, terminateds, _, _ = checked_step(env, {a: 0 for a in obs if a in env.agents})
+        seen.append(sorted(a for a in obs if a in env.agents))
+        done = terminateds[ALL]
+    assert seen == [["main"], ["late", "main"], ["late", "main"], ["late", "main"], ["main"], []]
+
+
+def test_parallel_env_gets_all_once_no_agent_is_left():
+    env = PettingZooEnv(parallel_countdown())
+    assert env.possible_agents == ["x", "y"] and env.action_spaces["y"].n == 2
+    obs, _ = env.reset(seed=1)
+    assert sorted(obs) == ["x", "y"]
+    _, _, terminateds, truncateds, _ = checked_step(env, {"x": 0, "y": 1})
+    assert terminateds[ALL] is False and env.agents == ["y"]
+    _, _, terminateds, truncateds, _ = checked_step(env, {"y": 1})
+    assert terminateds[ALL] is True and truncateds[ALL] is False and env.agents == []
+
+
+def test_pettingzoo_names_resolve_from_the_command_line_only():
+    name = "pettingzoo:test_multi_agent_env.parallel_countdown"
+    environments.check_env_id(name)
+    environments.check_env_config(name, {"steps": 3})
+    with pytest.raises(environments.EnvironmentSetupError, match=r"\['speed'\] are not options"):
+        environments.check_env_config(name, {"speed": 3})
+    assert make_pettingzoo_env(name, {"steps": 3}).env.steps == 3
+    with pytest.raises(
+        environments.EnvironmentSetupError, match="unknown environment 'pettingzoo:no_such"
+    ):
+        environments.check_env_id("pettingzoo:no_such_module.env")
+    with pytest.raises(
+        environments.EnvironmentSetupError, match="a module named in a file is not imported"
+    ):
+        environments.check_env_from_file(name, "run.json")
+    environments.check_env_from_file(name, "run.json", allowed=(name,))
+
+
+def test_aec_games_go_through_pettingzoos_conversion():
+    pytest.importorskip("pettingzoo")  # the .[multiagent] extra
+    from pettingzoo.classic import tictactoe_v3
+
+    env = PettingZooEnv(tictactoe_v3.env())
+    obs, _ = env.reset(seed=0)
+    assert env.possible_agents == ["player_1", "player_2"] and set(obs) <= set(env.possible_agents)
+
+
+def test_two_maps_env_pays_each_agent_its_own_map():
+    env = TwoMapsEnv({"episode_len": 1})
+    obs, _ = env.reset(seed=3)
+    cue = int(np.argmax(obs["a"][:4]))
+    _, rewards, terminateds, _, _ = checked_step(env, {"a": cue, "b": (cue + 1) % 4})
+    assert rewards == {"a": 1.0, "b": 1.0} and terminateds[ALL]

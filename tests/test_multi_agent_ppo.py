@@ -1,0 +1,129 @@
+"""PPO with `policies`: each trained policy learns on its own rows, an untrained one
+keeps its weights bit-identical, results count env and agent steps and each policy's
+return; on TwoMapsEnv two mapped policies, or one shared policy, learn each map."""
+
+import numpy as np
+import pytest
+from multi_agent_envs import CUES, TwoMapsEnv
+
+from algorithms import register_env
+from algorithms.ppo import PPO, PPOPolicy
+from policy_service.config import ConfigError
+from policy_service.multi_agent.env import MultiAgentEnvError
+
+register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+RANDOM_RETURN = 8 / CUES  # an 8-step episode, one action in CUES paid
+
+
+def by_agent(agent, episode, **kwargs):
+    return "p" + agent
+
+
+def config(**changes):
+    return {
+        "env": "two_maps",
+        "seed": 0,
+        "train_batch_size": 512,
+        "minibatch_size": 128,
+        "num_epochs": 8,
+        "lr": 3e-3,
+        "model": {"fcnet_hiddens": [32]},
+        "policies": {"pa": None, "pb": None},
+        "policy_mapping_fn": by_agent,
+        **changes,
+    }
+
+
+@pytest.fixture(scope="module")
+def one_policy_trained():
+    algo = PPO(
+        config(train_batch_size=128, minibatch_size=64, num_epochs=1, policies_to_train=["pa"])
+    )
+    before = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
+    result = algo.train()
+    yield algo, before, result
+    algo.stop()
+
+
+def test_a_policy_not_trained_keeps_its_weights_bit_identical(one_policy_trained):
+    algo, before, result = one_policy_trained
+    after = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
+    assert all(np.array_equal(before["pb"][k], after["pb"][k]) for k in before["pb"])
+    assert any(not np.array_equal(before["pa"][k], after["pa"][k]) for k in before["pa"])
+    assert any(k.startswith("pa/") for k in result) and not any(k.startswith("pb/") for k in result)
+
+
+def test_results_count_agent_steps_twice_the_env_steps(one_policy_trained):
+    algo, _, result = one_policy_trained
+    assert result["timesteps_total"] == 128 and result["agent_timesteps_total"] == 2 * 128
+    assert set(result["policy_reward_mean"]) == {"pa", "pb"}
+    assert result["episode_return_mean"] == pytest.approx(
+        sum(result["policy_reward_mean"].values())
+    )
+    assert isinstance(algo.get_policy("pb"), PPOPolicy)
+    with pytest.raises(KeyError, match=r"no policy 'pc'; policies are \['pa', 'pb'\]"):
+        algo.get_policy("pc")
+
+
+def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line(one_policy_trained, tmp_path):
+    algo, _, _ = one_policy_trained
+    with pytest.raises(ConfigError, match=r"save: checkpoints of multi-agent runs"):
+        algo.save(str(tmp_path / "checkpoint"))
+    assert not (tmp_path / "checkpoint").exists()
+    with pytest.raises(ConfigError, match=r"is a multi-agent env: set config.policies"):
+        PPO({"env": "pettingzoo:pettingzoo.mpe.simple_spread_v3"})
+    with pytest.raises(
+        ConfigError, match=r"config.num_env_runners must keep its default with policies set"
+    ):
+        PPO(config(num_env_runners=2))
+    with pytest.raises(
+        MultiAgentEnvError, match=r"needs a multi-agent env, but 'CartPole-v1' made a gymnasium id"
+    ):
+        PPO(config(env="CartPole-v1"))
+
+
+def greedy_actions(policy, agent_index: int) -> list:
+    obs = np.zeros((CUES, CUES + 2), np.float32)
+    obs[np.arange(CUES), np.arange(CUES)] = 1.0
+    obs[:, CUES + agent_index] = 1.0
+    return np.asarray(policy.compute_actions(obs, explore=False)[0]).tolist()
+
+
+def train_until(algo, policy_ids, iterations=20, target=0.8 * 8):
+    for _ in range(iterations):
+        result = algo.train()
+        if all(result["policy_reward_mean"][p] >= target for p in policy_ids):
+            break
+    return result
+
+
+A_MAP, B_MAP = list(range(CUES)), [(c + 1) % CUES for c in range(CUES)]
+
+
+@pytest.mark.slow
+def test_two_mapped_policies_each_learn_their_own_map():
+    algo = PPO(config())
+    try:
+        result = train_until(algo, ["pa", "pb"])
+        assert min(result["policy_reward_mean"].values()) >= 0.8 * 8 > 3 * RANDOM_RETURN, result[
+            "policy_reward_mean"
+        ]
+        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
+        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_one_shared_policy_learns_both_maps_from_the_agent_index():
+    algo = PPO(
+        config(policies={"shared": None}, policy_mapping_fn=lambda agent, episode, **kw: "shared")
+    )
+    try:
+        result = train_until(algo, ["shared"])
+        assert result["policy_reward_mean"]["shared"] >= 0.8 * 8, result["policy_reward_mean"]
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+        shared = algo.get_policy("shared")
+        assert greedy_actions(shared, 0) == A_MAP and greedy_actions(shared, 1) == B_MAP
+    finally:
+        algo.stop()

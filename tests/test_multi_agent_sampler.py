@@ -1,0 +1,80 @@
+"""MultiAgentSampler and MultiAgentBatch: each agent's own trajectory, postprocessed with
+its own policy; agents that join late and leave early, checked by hand."""
+
+import numpy as np
+import pytest
+from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv
+
+from algorithms.ppo import PPOPolicy
+from policy_service import MultiAgentBatch, SampleBatch
+from policy_service.multi_agent.batch import concat_multi_agent
+from policy_service.multi_agent.policies import agent_policies
+from policy_service.multi_agent.sampler import MultiAgentSampler
+
+GAMMA, LAMBDA = 0.9, 0.8
+CONFIG = {"gamma": GAMMA, "lambda_": LAMBDA, "model": {"fcnet_hiddens": [8]}, "seed": 0}
+
+
+def sampler(env, policies, mapping, length):
+    found = agent_policies(policies, mapping, None, env, PPOPolicy, CONFIG)
+    built = {p: spec.build() for p, spec in found.specs.items()}
+    return MultiAgentSampler(env, found, built, length, seed=0), built
+
+
+@pytest.fixture(scope="module")
+def join_leave():
+    """One 5-step episode of JoinLeaveEnv, both agents on one shared policy."""
+    worker, _ = sampler(JoinLeaveEnv(), {"shared": None}, lambda agent, episode, **kw: "shared", 5)
+    return worker.sample()
+
+
+def gae_by_hand(rewards, values):
+    """GAE of a terminated trajectory, written out step by step."""
+    advantages = []
+    for t in range(len(rewards)):
+        total = 0.0
+        for k in range(t, len(rewards)):
+            next_value = values[k + 1] if k + 1 < len(values) else 0.0
+            delta = rewards[k] + GAMMA * next_value - values[k]
+            total += (GAMMA * LAMBDA) ** (k - t) * delta
+        advantages.append(total)
+    return np.array(advantages)
+
+
+def test_a_late_agent_is_trained_on_its_own_steps_and_rewards(join_leave):
+    batch, metrics = join_leave
+    assert isinstance(batch, MultiAgentBatch)
+    assert batch.env_steps() == 5 and batch.agent_steps() == 8 and metrics["agent_steps"] == 8
+    rows = batch.policy_batches["shared"]
+    index = np.asarray(rows[SampleBatch.AGENT_INDEX])
+    late, main = (  # possible_agents: main, late
+        {key: np.asarray(column)[index == i] for key, column in rows.items()} for i in (1, 0)
+    )
+    np.testing.assert_array_equal(late[SampleBatch.OBS], [[1, 1], [2, 1], [3, 1]])
+    np.testing.assert_array_equal(late[SampleBatch.NEXT_OBS], [[2, 1], [3, 1], [4, 1]])
+    np.testing.assert_array_equal(late[SampleBatch.REWARDS], [20.0, 30.0, 40.0])
+    np.testing.assert_array_equal(late[SampleBatch.T], [0, 1, 2])
+    np.testing.assert_array_equal(late[SampleBatch.TERMINATEDS], [False, False, True])
+    np.testing.assert_array_equal(main[SampleBatch.REWARDS], [1.0, 2.0, 3.0, 4.0, 5.0])
+    for agent in (late, main):
+        expected = gae_by_hand(agent[SampleBatch.REWARDS], agent[SampleBatch.VF_PREDS])
+        np.testing.assert_allclose(agent[SampleBatch.ADVANTAGES], expected, rtol=1e-5, atol=1e-5)
+    assert metrics["episode_returns"] == [15.0 + 90.0]
+    assert sorted(metrics["policy_episode_returns"]["shared"]) == [15.0, 90.0]
+
+
+def test_two_mapped_policies_get_their_agents_rows_and_twice_the_agent_steps():
+    worker, built = sampler(TwoMapsEnv(), {"pa": None, "pb": None}, lambda a, e, **kw: "p" + a, 12)
+    first, metrics = worker.sample()
+    second, _ = worker.sample()  # the first fragment cut an episode open: it carries on
+    assert metrics["episode_returns"] and len(metrics["policy_episode_returns"]["pa"]) == 1
+    both = concat_multi_agent([first, second])
+    assert both.env_steps() == 24 and both.agent_steps() == 2 * 24
+    for policy_id, agent_index in (("pa", 0), ("pb", 1)):
+        rows = both.policy_batches[policy_id]
+        assert rows.count == 24
+        assert set(np.asarray(rows[SampleBatch.AGENT_INDEX]).tolist()) == {agent_index}
+        assert np.all(np.asarray(rows[SampleBatch.OBS])[:, 4 + agent_index] == 1.0)
+    cut = first.policy_batches["pa"]  # 12 steps of 8-step episodes: the second is cut at 4
+    assert not np.asarray(cut[SampleBatch.TERMINATEDS])[-1]
+    assert np.asarray(second.policy_batches["pa"][SampleBatch.T])[0] == 4
