@@ -6,7 +6,11 @@ from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv
 
 from algorithms import environments
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
-from policy_service.multi_agent.pettingzoo_env import PettingZooEnv, make_pettingzoo_env
+from policy_service.multi_agent.pettingzoo_env import (
+    PettingZooEnv,
+    PettingZooEnvError,
+    make_pettingzoo_env,
+)
 
 
 class NoAllEnv(MultiAgentEnv):
@@ -101,13 +105,25 @@ def test_pettingzoo_names_resolve_from_the_command_line_only():
     environments.check_env_from_file(name, "run.json", allowed=(name,))
 
 
-def test_aec_games_go_through_pettingzoos_conversion():
+def test_aec_envs_go_through_pettingzoos_conversion():
     pytest.importorskip("pettingzoo")  # the .[multiagent] extra
+    from pettingzoo.utils.conversions import parallel_to_aec
+
+    env = PettingZooEnv(parallel_to_aec(parallel_countdown()))  # an AEC env PettingZoo made
+    obs, _ = env.reset(seed=0)
+    assert env.possible_agents == ["x", "y"] and sorted(obs) == ["x", "y"]
+    _, rewards, terminateds, _, _ = checked_step(env, {"x": 0, "y": 1})
+    assert rewards == {"x": 1.0, "y": 1.0} and terminateds[ALL] is False and env.agents == ["y"]
+    _, _, terminateds, _, _ = checked_step(env, {"y": 1})
+    assert terminateds[ALL] is True and env.agents == []
+
+
+def test_a_turn_based_aec_game_is_refused_in_one_line_naming_it():
+    pytest.importorskip("pettingzoo")
     from pettingzoo.classic import tictactoe_v3
 
-    env = PettingZooEnv(tictactoe_v3.env())
-    obs, _ = env.reset(seed=0)
-    assert env.possible_agents == ["player_1", "player_2"] and set(obs) <= set(env.possible_agents)
+    with pytest.raises(PettingZooEnvError, match=r"^tictactoe_v3 is a turn-based AEC env"):
+        PettingZooEnv(tictactoe_v3.env())
 
 
 def test_two_maps_env_pays_each_agent_its_own_map():

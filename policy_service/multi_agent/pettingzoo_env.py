@@ -1,5 +1,6 @@
 """PettingZoo envs as MultiAgentEnvs: a ParallelEnv directly, an AEC env through
-PettingZoo's own `aec_to_parallel`; and env names "pettingzoo:<module>.<env_fn>".
+PettingZoo's own `aec_to_parallel` where its metadata says it is parallelizable (a
+turn-based game is refused in one line for now); and env names "pettingzoo:<module>.<env_fn>".
 
 Such a name imports its module, so it is resolved only from a name the user typed
 (algorithms/environments.py refuses one read from a file). "<module>" alone takes the
@@ -50,7 +51,15 @@ class PettingZooEnv(MultiAgentEnv):
     true once no agent is left."""
 
     def __init__(self, env) -> None:
-        if hasattr(env, "agent_selection"):  # the AEC API
+        from pettingzoo import AECEnv  # (a wrapped AEC env has no agent_selection before reset)
+
+        if isinstance(env, AECEnv):
+            if not env.metadata.get("is_parallelizable", False):
+                raise PettingZooEnvError(
+                    f"{env.metadata.get('name', type(env).__name__)} is a turn-based AEC env "
+                    f"(metadata is_parallelizable is not true): only Parallel envs and AEC envs "
+                    f"PettingZoo can convert to Parallel are supported yet"
+                )
             from pettingzoo.utils.conversions import aec_to_parallel
 
             env = aec_to_parallel(env)
