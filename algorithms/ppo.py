@@ -20,7 +20,6 @@ clips the *squared* value error, as RLlib does (not the value change).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,7 +27,8 @@ import tensorflow as tf
 import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
-from policy_service import LossExtras, TFPolicy, masked_mean
+from policy_service import LossExtras, masked_mean
+from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
@@ -120,14 +120,14 @@ def compute_advantages(
 # ----- the policy: bootstrap value, loss, statistics, KL coefficient ---------------------
 
 
-class PPOPolicy(TFPolicy):
+class PPOPolicy(AdaptiveKLPolicy):
     """Actor-critic policy with PPO's clipped surrogate loss.
 
-    The KL coefficient lives in a tf.Variable read by the compiled loss, so
-    adapting it never retraces; it is part of get_state/set_state.
+    The adaptive KL coefficient and its state entry: policy_service/adaptive_kl.py.
     """
 
     config_class = PPOConfig
+    config: PPOConfig
     loss_columns = {
         SampleBatch.ADVANTAGES: LossColumn(),
         SampleBatch.VALUE_TARGETS: LossColumn(),
@@ -138,10 +138,6 @@ class PPOPolicy(TFPolicy):
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
-        with tf.device(self.tower_devices.variable_device):
-            self.kl_coeff = tf.Variable(
-                self.config.kl_coeff, dtype=tf.float32, trainable=False, name="kl_coeff"
-            )
         self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
 
     def _value(self, obs, states, prev_actions, prev_rewards):
@@ -198,7 +194,7 @@ class PPOPolicy(TFPolicy):
 
         total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
         if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
-            total += self.kl_coeff * kl
+            total += self.kl_coeff.variable * kl
         vf_explained_var = _explained_variance(
             train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask
         )
@@ -208,40 +204,10 @@ class PPOPolicy(TFPolicy):
                 "vf_loss": vf_loss,
                 "entropy": entropy,
                 "kl": kl,
-                "kl_coeff": self.kl_coeff.value(),
+                "kl_coeff": self.kl_coeff.variable.value(),
                 "vf_explained_var": vf_explained_var,
             }
         )
-
-    def update_kl(self, sampled_kl: float) -> float:
-        """x1.5 when the KL overshoots 2 * kl_target, x0.5 below kl_target / 2."""
-        coeff = float(self.kl_coeff.numpy())
-        if sampled_kl > 2.0 * self.config.kl_target:
-            coeff *= 1.5
-        elif sampled_kl < 0.5 * self.config.kl_target:
-            coeff *= 0.5
-        self.kl_coeff.assign(coeff)
-        return coeff
-
-    def get_state(self) -> dict:
-        return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
-
-    def check_extra_state(self, state: dict) -> None:
-        value = state.get("kl_coeff", 0.0)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ValueError(
-                f"policy state entry 'kl_coeff' must be a finite number >= 0, got {value!r}"
-            )
-
-    def set_state(self, state: dict) -> None:
-        super().set_state(state)  # checks kl_coeff too, before changing anything
-        if "kl_coeff" in state:
-            self.kl_coeff.assign(float(state["kl_coeff"]))
 
 
 def _explained_variance(targets, preds, mask):
