@@ -494,37 +494,22 @@ class EnvRunnerGroup:
         if self.filter_stats is None:
             return
         if wait or self.local_worker is not None:
-            self._merge_filter_flushes(self._filter_flushes)
+            stats = merged_filter_buffers(self.filter_stats, self._filter_flushes)
             self._filter_flushes = []
-            self.filter_stats = self.sync_observation_filters(self.filter_stats)
+            self.filter_stats = self.sync_observation_filters(stats)
             return
         ready: list = []
         if self._filter_flushes:
             ready, self._filter_flushes = ray.wait(
                 self._filter_flushes, num_returns=len(self._filter_flushes), timeout=0
             )
-        if self._merge_filter_flushes(ready):
-            merged_ref = ray.put(self.filter_stats)
+        merged = merged_filter_buffers(self.filter_stats, ready)
+        if merged.count > self.filter_stats.count:  # new rows: back to every worker
+            self.filter_stats = merged
+            merged_ref = ray.put(merged)
             self._unacked_weights += [w.sync_filter.remote(merged_ref) for w in self.workers]
         if not self._filter_flushes:
             self._filter_flushes = [w.flush_filter_buffer.remote() for w in self.workers]
-
-    def _merge_filter_flushes(self, refs: list) -> bool:
-        """Merge these flush_filter_buffer results into filter_stats (a worker that died
-        meanwhile adds nothing) -> whether any held rows."""
-        assert self.filter_stats is not None  # called with a MeanStdFilter only
-        merged_any = False
-        for ref in refs:
-            try:
-                buffer = ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
-                continue
-            if buffer is not None and buffer.count:
-                self.filter_stats = self.filter_stats.merge(buffer)
-                merged_any = True
-        return merged_any
 
     def sync_observation_filters(
         self, stats: observation_filters.RunningStat
@@ -538,15 +523,9 @@ class EnvRunnerGroup:
             merged = stats if buffer is None else stats.merge(buffer)
             self.local_worker.sync_filter(merged)
             return merged
-        merged = stats
-        for ref in [worker.flush_filter_buffer.remote() for worker in self.workers]:
-            try:
-                buffer = ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
-                continue
-            merged = merged if buffer is None else merged.merge(buffer)
+        merged = merged_filter_buffers(
+            stats, [worker.flush_filter_buffer.remote() for worker in self.workers]
+        )
         merged_ref = ray.put(merged)
         for ref in [worker.sync_filter.remote(merged_ref) for worker in self.workers]:
             try:
@@ -574,6 +553,22 @@ class EnvRunnerGroup:
             self._served_policy.kill()
             self._served_policy = None
             self.policy_actor = None
+
+
+def merged_filter_buffers(
+    stats: observation_filters.RunningStat, refs: list
+) -> observation_filters.RunningStat:
+    """`stats` merged with the workers' flush_filter_buffer results these refs give (a
+    worker that died meanwhile adds nothing)."""
+    for ref in refs:
+        try:
+            buffer = ray.get(ref)
+        except RayActorError as error:
+            if not is_actor_death(error):
+                raise
+            continue
+        stats = stats if buffer is None else stats.merge(buffer)
+    return stats
 
 
 def merge_metrics(all_metrics: list[dict]) -> dict:
