@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
-from policy_service import LossExtras, masked_mean
+from algorithms.ppo import clipped_surrogate_loss, combined_loss
+from policy_service import masked_mean
 from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, integer, setting
 from policy_service.engine.target_network import TargetUpdate
@@ -74,26 +75,12 @@ class APPOPolicy(AdaptiveKLPolicy, IMPALAPolicy):
             train_batch, out, target_logp - train_batch[SampleBatch.ACTION_LOGP]
         )
         ratio = tf.exp(logp - target_logp)
-        surrogate = tf.minimum(
-            pg_advantages * ratio,
-            pg_advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
-        )
-        policy_loss = masked_mean(-surrogate, mask)
+        policy_loss = clipped_surrogate_loss(pg_advantages, ratio, cfg.clip_param, mask)
         vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(target.kl(curr), mask)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
-        if cfg.use_kl_loss:  # a static choice: without it the term is never built
-            total += self.kl_coeff.variable * kl
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "kl": kl,
-                "kl_coeff": self.kl_coeff.variable.value(),
-            }
-        )
+        terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
+        return combined_loss(terms, cfg, self.kl_coeff, cfg.use_kl_loss)
 
     def after_async_update(self, stats: dict) -> None:
         """With use_kl_loss: x1.5 when the update's KL overshoots 2 * kl_target, x0.5

@@ -21,6 +21,7 @@ clips the *squared* value error, as RLlib does (not the value change).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
@@ -28,7 +29,7 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
-from policy_service.adaptive_kl import AdaptiveKLPolicy
+from policy_service.adaptive_kl import AdaptiveKLCoefficient, AdaptiveKLPolicy
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
@@ -181,33 +182,48 @@ class PPOPolicy(AdaptiveKLPolicy):
         ratio = tf.exp(
             curr.logp(train_batch[SampleBatch.ACTIONS]) - train_batch[SampleBatch.ACTION_LOGP]
         )
-        surrogate = tf.minimum(
-            advantages * ratio,
-            advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
-        )
-        policy_loss = masked_mean(-surrogate, mask)
+        policy_loss = clipped_surrogate_loss(advantages, ratio, cfg.clip_param, mask)
 
         vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
         vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, cfg.vf_clip_param), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(prev.kl(curr), mask)
 
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
-        if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
-            total += self.kl_coeff.variable * kl
         vf_explained_var = _explained_variance(
             train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask
         )
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "kl": kl,
-                "kl_coeff": self.kl_coeff.variable.value(),
-                "vf_explained_var": vf_explained_var,
-            }
+        terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
+        # kl_coeff=0 never adds the term, as in RLlib
+        return combined_loss(
+            terms, cfg, self.kl_coeff, cfg.kl_coeff > 0, vf_explained_var=vf_explained_var
         )
+
+
+def clipped_surrogate_loss(advantages, ratio, clip_param: float, mask) -> tf.Tensor:
+    """PPO's policy loss: the mean over valid rows of -min(A r, A clip(r, 1 -+ clip_param))."""
+    surrogate = tf.minimum(
+        advantages * ratio,
+        advantages * tf.clip_by_value(ratio, 1.0 - clip_param, 1.0 + clip_param),
+    )
+    return masked_mean(-surrogate, mask)
+
+
+class LossCoefficients(Protocol):
+    vf_loss_coeff: float
+    entropy_coeff: float
+
+
+def combined_loss(
+    terms: dict, cfg: LossCoefficients, kl_coeff: AdaptiveKLCoefficient, add_kl: bool, **stats
+) -> tuple:
+    """(policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy [+ kl_coeff *
+    kl], LossExtras of the terms, the KL coefficient and `stats`): PPO's and APPO's.
+    `add_kl` is a static choice: without it the term is never built."""
+    total = terms["policy_loss"] + cfg.vf_loss_coeff * terms["vf_loss"]
+    total = total - cfg.entropy_coeff * terms["entropy"]
+    if add_kl:
+        total += kl_coeff.variable * terms["kl"]
+    return total, LossExtras(stats={**terms, "kl_coeff": kl_coeff.variable.value(), **stats})
 
 
 def _explained_variance(targets, preds, mask):
