@@ -151,12 +151,7 @@ class DQNPolicy(ReplayPolicy):
     target network (double Q optional), n-step returns from postprocessing."""
 
     config_class = DQNConfig
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number"),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
+    loss_columns = {**ReplayPolicy.loss_columns, SampleBatch.ACTIONS: LossColumn("number")}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         if not isinstance(action_space, gym.spaces.Discrete):

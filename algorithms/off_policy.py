@@ -221,7 +221,15 @@ def check_frame_stack_axis(cfg: ReplayConfig, observation_space: gym.Space) -> N
 class ReplayPolicy(TFPolicy):
     """What a policy trained by the replay loop does alike (DQN, SAC, TD3): n-step
     postprocessing on the workers, the optional importance-weight column of a
-    prioritized buffer, and target updates from tau and target_network_update_freq."""
+    prioritized buffer, and target updates from tau and target_network_update_freq.
+    The loss reads REPLAY_COLUMNS; an action of any shape (DQN: a scalar)."""
+
+    loss_columns = {
+        SampleBatch.ACTIONS: LossColumn("number", None),
+        SampleBatch.REWARDS: LossColumn("number"),
+        SampleBatch.NEXT_OBS: LossColumn("number", None),
+        BOOTSTRAP_DISCOUNT: LossColumn(),
+    }
 
     def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
         """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""

@@ -42,7 +42,6 @@ from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.units import LOSS_MASK
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn
 
 # ----- config -----------------------------------------------------------------------------
 
@@ -211,12 +210,6 @@ class SACPolicy(ReplayPolicy):
     a learned entropy coefficient, each trained by its own loss group."""
 
     config_class = SACConfig
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number", None),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
     algorithm_name = "SAC"
     discrete_variant = True  # SAC-discrete on a Discrete space
 

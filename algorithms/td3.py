@@ -32,7 +32,6 @@ from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.units import LOSS_MASK
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn
 
 # ----- config -----------------------------------------------------------------------------
 
@@ -117,12 +116,6 @@ class TD3Policy(ReplayPolicy):
     group is applied every policy_delay steps."""
 
     config_class = TD3Config
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number", None),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         check_action_space(action_space, "TD3", discrete=False)
