@@ -29,7 +29,7 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
-from policy_service.adaptive_kl import AdaptiveKLCoefficient, AdaptiveKLPolicy
+from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
@@ -214,7 +214,7 @@ class LossCoefficients(Protocol):
 
 
 def combined_loss(
-    terms: dict, cfg: LossCoefficients, kl_coeff: AdaptiveKLCoefficient, add_kl: bool, **stats
+    terms: dict, cfg: LossCoefficients, kl_coeff: tf.Variable, add_kl: bool, **stats
 ) -> tuple:
     """(policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy [+ kl_coeff *
     kl], LossExtras of the terms, the KL coefficient and `stats`): PPO's and APPO's.
@@ -222,8 +222,8 @@ def combined_loss(
     total = terms["policy_loss"] + cfg.vf_loss_coeff * terms["vf_loss"]
     total = total - cfg.entropy_coeff * terms["entropy"]
     if add_kl:
-        total += kl_coeff.variable * terms["kl"]
-    return total, LossExtras(stats={**terms, "kl_coeff": kl_coeff.variable.value(), **stats})
+        total += kl_coeff * terms["kl"]
+    return total, LossExtras(stats={**terms, "kl_coeff": kl_coeff.value(), **stats})
 
 
 def _explained_variance(targets, preds, mask):

@@ -56,26 +56,28 @@ class AdaptiveKLCoefficient:
 
 class AdaptiveKLPolicy(TFPolicy):
     """A policy whose config has `kl_coeff` (the start) and `kl_target`: it holds the
-    coefficient as `self.kl_coeff` (on the variable device) and saves it with its state."""
+    schedule as `self.adaptive_kl`, its variable (on the variable device, read by the
+    loss) as `self.kl_coeff`, and saves it with its state."""
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
         cfg: Any = self.config  # the subclass's config class has kl_coeff and kl_target
-        self.kl_coeff = AdaptiveKLCoefficient(
+        self.adaptive_kl = AdaptiveKLCoefficient(
             cfg.kl_coeff, cfg.kl_target, self.tower_devices.variable_device
         )
+        self.kl_coeff = self.adaptive_kl.variable
 
     def update_kl(self, sampled_kl: float) -> float:
         """The coefficient adapted to an update's KL; -> the new coefficient."""
-        return self.kl_coeff.update(sampled_kl)
+        return self.adaptive_kl.update(sampled_kl)
 
     def get_state(self) -> dict:
-        return {**super().get_state(), **self.kl_coeff.get_state()}
+        return {**super().get_state(), **self.adaptive_kl.get_state()}
 
     def check_extra_state(self, state: dict) -> None:
         super().check_extra_state(state)
-        self.kl_coeff.check_state(state)
+        self.adaptive_kl.check_state(state)
 
     def set_state(self, state: dict) -> None:
         super().set_state(state)  # checks kl_coeff too, before changing anything
-        self.kl_coeff.set_state(state)
+        self.adaptive_kl.set_state(state)
