@@ -296,15 +296,6 @@ class Algorithm:
                 self.config,
             )
             self.env_runners.sync_weights(self.learners.get_weights(), version=0)
-            # the driver's copy of the observation filter (MeanStdFilter), merged each iteration
-            driver_filter = observation_filters.make_filter(
-                self.config.observation_filter, self.env_runners.observation_space
-            )
-            self._filter_stats = (
-                driver_filter.stats
-                if isinstance(driver_filter, observation_filters.MeanStdFilter)
-                else None
-            )
         except BaseException:
             self.stop()
             raise
@@ -325,6 +316,7 @@ class Algorithm:
         self._iteration_changed_state = False
         start = time.perf_counter()
         stats = self.training_step()
+        self.sync_learner_filters()
         elapsed = time.perf_counter() - start
         self.iteration += 1
         self.time_total_s += elapsed
@@ -429,19 +421,22 @@ class Algorithm:
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
         self.env_runners.sync_weights(self.learners.get_weights(), wait=wait)
-        self.sync_observation_filter()
         self._counts.sync_time_s += time.perf_counter() - start
 
-    def sync_observation_filter(self) -> None:
-        """With a MeanStdFilter: every env runner's new observation statistics merged
-        into the driver's copy, which goes back to the runners and to the learner
-        policy (saved in its checkpoints, applied by its compute_actions and exports).
-        It waits for runners busy with a `sample_ready` request."""
-        if self._filter_stats is None:
-            return
-        group = self.env_runner_group()
-        self._filter_stats = group.sync_observation_filters(self._filter_stats)
-        self.learners.foreach_policy(observation_filters.sync_policy_filter, self._filter_stats)
+    def sync_learner_filters(self) -> None:
+        """With a MeanStdFilter: the learner policy's copy of the env runners' merged
+        observation statistics (EnvRunnerGroup.filter_stats, synced with the weights),
+        saved in its checkpoints and applied by its compute_actions and exports; after
+        every iteration and before a save."""
+        stats = self._filter_stats()
+        if stats is not None:
+            self.learners.foreach_policy(observation_filters.sync_policy_filter, stats)
+
+    def _filter_stats(self) -> observation_filters.RunningStat | None:
+        """The env runners' merged statistics; None with NoFilter (or external env)."""
+        if self.config.observation_filter == observation_filters.NO_FILTER:
+            return None
+        return self.env_runner_group().filter_stats
 
     def env_runner_group(self) -> EnvRunnerGroup:
         """The env runners as an EnvRunnerGroup: what sampling in Ray needs (an
@@ -593,13 +588,14 @@ class Algorithm:
         episodes are their clients' to seed). Either way the runners then act with the
         learner's current weights."""
         if self.config.seed is not None and not self.config.external_env:
+            stats = self._filter_stats()
             self._past_worker_restarts += int(self.env_runners.num_restarts)
             self.env_runners.stop()
             self.env_runners = self._make_env_runners(
                 iteration_seed(self.config.seed, self.iteration)
             )
+            self.env_runner_group().filter_stats = stats  # the new runners go on from them
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
-        self.sync_observation_filter()
 
     def _num_worker_restarts(self) -> int:
         return self._past_worker_restarts + int(self.env_runners.num_restarts)
@@ -627,6 +623,7 @@ class Algorithm:
                 "save: checkpoints of multi-agent runs (config.policies) are not written yet; "
                 "save each policy with algo.get_policy(policy_id).export_checkpoint(dir)"
             )
+        self.sync_learner_filters()
         path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
         self._restart_sampling()
         return path
@@ -695,8 +692,8 @@ class Algorithm:
         )
         self.check_algorithm_state(own)
         self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
-        if self._filter_stats is not None:
-            [self._filter_stats, *_] = self.learners.foreach_policy(
+        if self._filter_stats() is not None:
+            [self.env_runner_group().filter_stats, *_] = self.learners.foreach_policy(
                 observation_filters.policy_filter_stats
             )
         self.set_algorithm_state(own)

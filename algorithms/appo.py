@@ -19,7 +19,9 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
-from policy_service import LossExtras, masked_mean
+from algorithms.ppo import clipped_surrogate_loss, combined_loss
+from policy_service import masked_mean
+from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, integer, setting
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import LOSS_MASK
@@ -51,17 +53,11 @@ class APPOConfig(IMPALAConfig):
 # ----- the policy: clipped surrogate over V-trace advantages ------------------------------
 
 
-class APPOPolicy(IMPALAPolicy):
+class APPOPolicy(AdaptiveKLPolicy, IMPALAPolicy):
     """IMPALA's policy with a target copy and PPO's clipped surrogate."""
 
     config_class = APPOConfig
-
-    def __init__(self, observation_space, action_space, config=None):
-        super().__init__(observation_space, action_space, config)
-        with tf.device(self.tower_devices.variable_device):
-            self.kl_coeff = tf.Variable(
-                self.config.kl_coeff, dtype=tf.float32, trainable=False, name="kl_coeff"
-            )
+    config: APPOConfig
 
     def target_network_update(self) -> TargetUpdate:
         return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
@@ -79,53 +75,18 @@ class APPOPolicy(IMPALAPolicy):
             train_batch, out, target_logp - train_batch[SampleBatch.ACTION_LOGP]
         )
         ratio = tf.exp(logp - target_logp)
-        surrogate = tf.minimum(
-            pg_advantages * ratio,
-            pg_advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
-        )
-        policy_loss = masked_mean(-surrogate, mask)
+        policy_loss = clipped_surrogate_loss(pg_advantages, ratio, cfg.clip_param, mask)
         vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(target.kl(curr), mask)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
-        if cfg.use_kl_loss:  # a static choice: without it the term is never built
-            total += self.kl_coeff * kl
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "kl": kl,
-                "kl_coeff": self.kl_coeff.value(),
-            }
-        )
+        terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
+        return combined_loss(terms, cfg, self.kl_coeff, cfg.use_kl_loss)
 
     def after_async_update(self, stats: dict) -> None:
         """With use_kl_loss: x1.5 when the update's KL overshoots 2 * kl_target, x0.5
         below kl_target / 2 (every learner sees the same combined KL)."""
-        if not self.config.use_kl_loss:
-            return
-        coeff = float(self.kl_coeff.numpy())
-        if stats["kl"] > 2.0 * self.config.kl_target:
-            coeff *= 1.5
-        elif stats["kl"] < 0.5 * self.config.kl_target:
-            coeff *= 0.5
-        self.kl_coeff.assign(coeff)
-
-    def get_state(self) -> dict:
-        return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
-
-    def check_extra_state(self, state: dict) -> None:
-        value = state.get("kl_coeff", 0.0)
-        if finite(ge=0)(value) is not None:
-            raise ValueError(
-                f"policy state entry 'kl_coeff' must be a finite number >= 0, got {value!r}"
-            )
-
-    def set_state(self, state: dict) -> None:
-        super().set_state(state)  # checks kl_coeff too, before changing anything
-        if "kl_coeff" in state:
-            self.kl_coeff.assign(float(state["kl_coeff"]))
+        if self.config.use_kl_loss:
+            self.update_kl(stats["kl"])
 
 
 # ----- the training step: IMPALA's -----------------------------------------------------------

@@ -21,15 +21,13 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig
-from policy_service import LossExtras, TFPolicy, masked_mean, models
+from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig, ReplayPolicy
+from policy_service import LossExtras, masked_mean, models
 from policy_service.config import LAYER_SIZES, from_dict, setting
-from policy_service.engine.target_network import TargetUpdate
 from policy_service.exploration import EpsilonGreedy, make_exploration
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-from policy_service.replay import PRIO_WEIGHTS
+from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, check_loss_columns
+from policy_service.train_batches import LossColumn
 
 Q_VALUES = "q_values"  # RLlib's name for the Q-values compute_actions returns
 
@@ -148,17 +146,12 @@ class TDResult(NamedTuple):
 # ----- the policy -------------------------------------------------------------------------
 
 
-class DQNPolicy(TFPolicy):
+class DQNPolicy(ReplayPolicy):
     """Q-learning policy: epsilon-greedy acting on Q-values, Huber TD loss against a
     target network (double Q optional), n-step returns from postprocessing."""
 
     config_class = DQNConfig
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number"),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
+    loss_columns = {**ReplayPolicy.loss_columns, SampleBatch.ACTIONS: LossColumn("number")}
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         if not isinstance(action_space, gym.spaces.Discrete):
@@ -189,21 +182,8 @@ class DQNPolicy(TFPolicy):
                 )
         return QModel(features, self.num_outputs, cfg.hiddens, cfg.dueling)
 
-    def target_network_update(self) -> TargetUpdate:
-        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
-
     def extra_action_out(self, input_dict, model_out, dist) -> dict:
         return {Q_VALUES: model_out[SampleBatch.ACTION_DIST_INPUTS]}
-
-    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
-        """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
-        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
-
-    @classmethod
-    def prepare_train_batch(cls, batch, layout, fixed_seq_len: bool = False):
-        if PRIO_WEIGHTS in batch:  # optional: uniform replay may leave it out
-            check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
-        return super().prepare_train_batch(batch, layout, fixed_seq_len)
 
     def td_error(self, model, batch: dict, training: bool) -> TDResult:
         """TD errors Q(s, a) - target of every row of `batch` (tensors)."""
@@ -228,11 +208,7 @@ class DQNPolicy(TFPolicy):
         |TD error| (TD_ERROR), a prioritized buffer's new priorities."""
         mask = train_batch["loss_mask"]
         td, q_selected, q_t = self.td_error(model, train_batch, training=True)
-        weights = (
-            tf.cast(train_batch[PRIO_WEIGHTS], tf.float32)
-            if PRIO_WEIGHTS in train_batch
-            else tf.ones_like(td)
-        )
+        weights = self.importance_weights(train_batch)
         stats = {
             "mean_q": masked_mean(q_selected, mask),
             "mean_td_error": masked_mean(td, mask),

@@ -6,9 +6,10 @@
     replay.update_priorities(batch["batch_indexes"], stats["per_row"]["td_error"])
     broadcast the weights
 
-An algorithm on it sets `config_class` (a ReplayConfig) and `policy_class`, whose
-loss returns the per-row |TD error| under TD_ERROR (a prioritized buffer's new
-priorities) and reads REPLAY_COLUMNS (n-step postprocessing: n_step.py).
+An algorithm on it sets `config_class` (a ReplayConfig) and `policy_class` (a
+ReplayPolicy), whose loss returns the per-row |TD error| under TD_ERROR (a
+prioritized buffer's new priorities) and reads REPLAY_COLUMNS (n-step
+postprocessing: n_step.py).
 """
 
 from __future__ import annotations
@@ -17,15 +18,19 @@ import math
 from dataclasses import dataclass
 
 import gymnasium as gym
+import tensorflow as tf
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
+from policy_service import TFPolicy
 from policy_service.config import ConfigError, finite, integer, setting
 from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.engine.units import check_minibatch_size
-from policy_service.n_step import BOOTSTRAP_DISCOUNT
-from policy_service.replay import BATCH_INDEXES, PrioritizedReplayBuffer, ReplayBuffer
+from policy_service.engine.target_network import TargetUpdate
+from policy_service.engine.units import LOSS_MASK, check_minibatch_size
+from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
+from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn, check_loss_columns
 
 TD_ERROR = "td_error"  # the loss's per-row |TD error| (result["per_row"]["td_error"])
 
@@ -138,6 +143,28 @@ class ReplayConfig(AlgorithmConfig):
             )
 
 
+@dataclass
+class ContinuousReplayConfig(ReplayConfig):
+    """The replay loop's defaults for continuous control (SAC's and TD3's, RLlib's): a
+    soft target update, one env step per fragment, a 1M uniform buffer; uniform random
+    actions for the first num_steps_sampled_before_learning_starts env steps, unless
+    exploration_config sets its own random_timesteps."""
+
+    tau: float = 5e-3
+    train_batch_size: int = 256
+    rollout_fragment_length: int | str = 1
+    replay_buffer_capacity: int = 1_000_000
+    prioritized_replay: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if "random_timesteps" not in self.exploration_config:
+            self.exploration_config = {
+                **self.exploration_config,
+                "random_timesteps": self.num_steps_sampled_before_learning_starts,
+            }
+
+
 def sgd_steps_due(
     sampled: int,
     trained: int,
@@ -189,6 +216,40 @@ def check_frame_stack_axis(cfg: ReplayConfig, observation_space: gym.Space) -> N
             f"observation of at least 2 dimensions, got {axis!r} for the "
             f"observation space {observation_space}"
         )
+
+
+class ReplayPolicy(TFPolicy):
+    """What a policy trained by the replay loop does alike (DQN, SAC, TD3): n-step
+    postprocessing on the workers, the optional importance-weight column of a
+    prioritized buffer, and target updates from tau and target_network_update_freq.
+    The loss reads REPLAY_COLUMNS; an action of any shape (DQN: a scalar)."""
+
+    loss_columns = {
+        SampleBatch.ACTIONS: LossColumn("number", None),
+        SampleBatch.REWARDS: LossColumn("number"),
+        SampleBatch.NEXT_OBS: LossColumn("number", None),
+        BOOTSTRAP_DISCOUNT: LossColumn(),
+    }
+
+    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
+        """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
+        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
+
+    @classmethod
+    def prepare_train_batch(cls, batch, layout, fixed_seq_len: bool = False):
+        if PRIO_WEIGHTS in batch:  # optional: uniform replay leaves it out
+            check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
+        return super().prepare_train_batch(batch, layout, fixed_seq_len)
+
+    def target_network_update(self) -> TargetUpdate:
+        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
+
+    @staticmethod
+    def importance_weights(train_batch: dict) -> tf.Tensor:
+        """<float32>[B] each row's importance weight in the loss: PRIO_WEIGHTS, or 1."""
+        if PRIO_WEIGHTS in train_batch:
+            return tf.cast(train_batch[PRIO_WEIGHTS], tf.float32)
+        return tf.ones_like(train_batch[LOSS_MASK], tf.float32)
 
 
 class ReplayAlgorithm(Algorithm):

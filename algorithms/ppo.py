@@ -20,15 +20,16 @@ clips the *squared* value error, as RLlib does (not the value change).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import tensorflow as tf
 import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
-from policy_service import LossExtras, TFPolicy, masked_mean
+from policy_service import LossExtras, masked_mean
+from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, setting
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
@@ -120,14 +121,14 @@ def compute_advantages(
 # ----- the policy: bootstrap value, loss, statistics, KL coefficient ---------------------
 
 
-class PPOPolicy(TFPolicy):
+class PPOPolicy(AdaptiveKLPolicy):
     """Actor-critic policy with PPO's clipped surrogate loss.
 
-    The KL coefficient lives in a tf.Variable read by the compiled loss, so
-    adapting it never retraces; it is part of get_state/set_state.
+    The adaptive KL coefficient and its state entry: policy_service/adaptive_kl.py.
     """
 
     config_class = PPOConfig
+    config: PPOConfig
     loss_columns = {
         SampleBatch.ADVANTAGES: LossColumn(),
         SampleBatch.VALUE_TARGETS: LossColumn(),
@@ -138,10 +139,6 @@ class PPOPolicy(TFPolicy):
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
-        with tf.device(self.tower_devices.variable_device):
-            self.kl_coeff = tf.Variable(
-                self.config.kl_coeff, dtype=tf.float32, trainable=False, name="kl_coeff"
-            )
         self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
 
     def _value(self, obs, states, prev_actions, prev_rewards):
@@ -185,63 +182,48 @@ class PPOPolicy(TFPolicy):
         ratio = tf.exp(
             curr.logp(train_batch[SampleBatch.ACTIONS]) - train_batch[SampleBatch.ACTION_LOGP]
         )
-        surrogate = tf.minimum(
-            advantages * ratio,
-            advantages * tf.clip_by_value(ratio, 1.0 - cfg.clip_param, 1.0 + cfg.clip_param),
-        )
-        policy_loss = masked_mean(-surrogate, mask)
+        policy_loss = clipped_surrogate_loss(advantages, ratio, cfg.clip_param, mask)
 
         vf_error = tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS])
         vf_loss = masked_mean(tf.clip_by_value(vf_error, 0.0, cfg.vf_clip_param), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(prev.kl(curr), mask)
 
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
-        if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
-            total += self.kl_coeff * kl
         vf_explained_var = _explained_variance(
             train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask
         )
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "kl": kl,
-                "kl_coeff": self.kl_coeff.value(),
-                "vf_explained_var": vf_explained_var,
-            }
+        terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
+        # kl_coeff=0 never adds the term, as in RLlib
+        return combined_loss(
+            terms, cfg, self.kl_coeff, cfg.kl_coeff > 0, vf_explained_var=vf_explained_var
         )
 
-    def update_kl(self, sampled_kl: float) -> float:
-        """x1.5 when the KL overshoots 2 * kl_target, x0.5 below kl_target / 2."""
-        coeff = float(self.kl_coeff.numpy())
-        if sampled_kl > 2.0 * self.config.kl_target:
-            coeff *= 1.5
-        elif sampled_kl < 0.5 * self.config.kl_target:
-            coeff *= 0.5
-        self.kl_coeff.assign(coeff)
-        return coeff
 
-    def get_state(self) -> dict:
-        return {**super().get_state(), "kl_coeff": float(self.kl_coeff.numpy())}
+def clipped_surrogate_loss(advantages, ratio, clip_param: float, mask) -> tf.Tensor:
+    """PPO's policy loss: the mean over valid rows of -min(A r, A clip(r, 1 -+ clip_param))."""
+    surrogate = tf.minimum(
+        advantages * ratio,
+        advantages * tf.clip_by_value(ratio, 1.0 - clip_param, 1.0 + clip_param),
+    )
+    return masked_mean(-surrogate, mask)
 
-    def check_extra_state(self, state: dict) -> None:
-        value = state.get("kl_coeff", 0.0)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ValueError(
-                f"policy state entry 'kl_coeff' must be a finite number >= 0, got {value!r}"
-            )
 
-    def set_state(self, state: dict) -> None:
-        super().set_state(state)  # checks kl_coeff too, before changing anything
-        if "kl_coeff" in state:
-            self.kl_coeff.assign(float(state["kl_coeff"]))
+class LossCoefficients(Protocol):
+    vf_loss_coeff: float
+    entropy_coeff: float
+
+
+def combined_loss(
+    terms: dict, cfg: LossCoefficients, kl_coeff: tf.Variable, add_kl: bool, **stats
+) -> tuple:
+    """(policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy [+ kl_coeff *
+    kl], LossExtras of the terms, the KL coefficient and `stats`): PPO's and APPO's.
+    `add_kl` is a static choice: without it the term is never built."""
+    total = terms["policy_loss"] + cfg.vf_loss_coeff * terms["vf_loss"]
+    total = total - cfg.entropy_coeff * terms["entropy"]
+    if add_kl:
+        total += kl_coeff * terms["kl"]
+    return total, LossExtras(stats={**terms, "kl_coeff": kl_coeff.value(), **stats})
 
 
 def _explained_variance(targets, preds, mask):

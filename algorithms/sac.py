@@ -26,8 +26,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig
-from policy_service import LossExtras, LossGroup, TFPolicy, masked_mean
+from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
+from policy_service import LossExtras, LossGroup, masked_mean
 from policy_service.config import (
     KERAS_ACTIVATION,
     LAYER_SIZES,
@@ -39,12 +39,9 @@ from policy_service.config import (
 from policy_service.config_rules import Rule, is_number
 from policy_service.distributions import squashed_gaussian_for
 from policy_service.engine.optimizers import FusedAdam
-from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import LOSS_MASK
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-from policy_service.replay import PRIO_WEIGHTS
+from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, check_loss_columns
 
 # ----- config -----------------------------------------------------------------------------
 
@@ -86,7 +83,7 @@ def _mlp(hiddens=(256, 256)) -> dict:
 
 
 @dataclass
-class SACConfig(ReplayConfig):
+class SACConfig(ContinuousReplayConfig):
     """SAC's keys (RLlib's names) on top of the replay loop's, with SAC's defaults."""
 
     twin_q: bool = setting(True, doc="Two Q networks; targets and the actor take their minimum.")
@@ -106,26 +103,13 @@ class SACConfig(ReplayConfig):
         check=OPTIMIZATION,
         factory=lambda: dict.fromkeys(LEARNING_RATES, 3e-4),
     )
-    tau: float = 5e-3
     target_network_update_freq: int = 1
-    train_batch_size: int = 256
-    rollout_fragment_length: int | str = 1
-    replay_buffer_capacity: int = 1_000_000
-    prioritized_replay: bool = False
     num_steps_sampled_before_learning_starts: int = 1500
     exploration_config: dict = setting(
         doc="Sampling from the policy, with uniform random actions during the first "
         "num_steps_sampled_before_learning_starts env steps (random_timesteps).",
         factory=lambda: {"type": "StochasticSampling"},
     )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if "random_timesteps" not in self.exploration_config:
-            self.exploration_config = {
-                **self.exploration_config,
-                "random_timesteps": self.num_steps_sampled_before_learning_starts,
-            }
 
 
 def check_action_space(action_space: gym.Space, algorithm: str, discrete: bool) -> None:
@@ -221,17 +205,11 @@ def bootstrapped_targets(rewards, bootstrap_discount, next_value) -> tf.Tensor:
     return tf.cast(rewards, tf.float32) + bootstrap_discount * next_value
 
 
-class SACPolicy(TFPolicy):
+class SACPolicy(ReplayPolicy):
     """A squashed-Gaussian (or categorical) actor, twin critics with target copies and
     a learned entropy coefficient, each trained by its own loss group."""
 
     config_class = SACConfig
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number", None),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
     algorithm_name = "SAC"
     discrete_variant = True  # SAC-discrete on a Discrete space
 
@@ -261,9 +239,6 @@ class SACPolicy(TFPolicy):
             LossGroup(FusedAdam(rates["entropy_learning_rate"], epsilon=eps), [m.log_alpha]),
         ]
 
-    def target_network_update(self) -> TargetUpdate:
-        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
-
     @property
     def target_entropy(self) -> float:
         if self.config.target_entropy != "auto":
@@ -271,16 +246,6 @@ class SACPolicy(TFPolicy):
         if isinstance(self.action_space, gym.spaces.Discrete):
             return 0.98 * math.log(int(self.action_space.n))
         return -float(self.action_space.shape[0])
-
-    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
-        """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
-        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
-
-    @classmethod
-    def prepare_train_batch(cls, batch, layout, fixed_seq_len: bool = False):
-        if PRIO_WEIGHTS in batch:  # optional: uniform replay leaves it out
-            check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
-        return super().prepare_train_batch(batch, layout, fixed_seq_len)
 
     def td_targets(self, model, batch: dict, alpha, next_sample=None) -> tf.Tensor:
         """<float32>[B] y = R + d V'(s'): V' from the target critics, a' ~ the online actor.
@@ -312,11 +277,7 @@ class SACPolicy(TFPolicy):
         |TD error| of the critics (TD_ERROR), a prioritized buffer's new priorities."""
         mask, obs = train_batch[LOSS_MASK], train_batch[SampleBatch.OBS]
         alpha = tf.exp(model.log_alpha)
-        weights = (
-            tf.cast(train_batch[PRIO_WEIGHTS], tf.float32)
-            if PRIO_WEIGHTS in train_batch
-            else tf.ones_like(mask, tf.float32)
-        )
+        weights = self.importance_weights(train_batch)
         next_sample = (
             None
             if model.discrete

@@ -23,24 +23,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig
+from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
 from algorithms.sac import bootstrapped_targets, check_action_space, flat_obs, mlp, twin_minimum
-from policy_service import LossExtras, LossGroup, TFPolicy, masked_mean
+from policy_service import LossExtras, LossGroup, masked_mean
 from policy_service.config import LAYER_SIZES, ConfigError, finite, from_dict, integer, setting
 from policy_service.distributions import dist_class_for
 from policy_service.engine.optimizers import FusedAdam
-from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import LOSS_MASK
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-from policy_service.replay import PRIO_WEIGHTS
+from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, check_loss_columns
 
 # ----- config -----------------------------------------------------------------------------
 
 
 @dataclass
-class TD3Config(ReplayConfig):
+class TD3Config(ContinuousReplayConfig):
     """TD3's keys (RLlib's names) on top of the replay loop's, with TD3's defaults."""
 
     twin_q: bool = setting(True, doc="Two Q networks; the targets take their minimum.")
@@ -61,26 +58,13 @@ class TD3Config(ReplayConfig):
     target_noise_clip: float = setting(
         0.5, doc="That noise is clipped to +-target_noise_clip.", check=finite(ge=0)
     )
-    tau: float = 5e-3
     target_network_update_freq: int = 2
-    train_batch_size: int = 256
-    rollout_fragment_length: int | str = 1
-    replay_buffer_capacity: int = 1_000_000
-    prioritized_replay: bool = False
     num_steps_sampled_before_learning_starts: int = 10000
     exploration_config: dict = setting(
         doc="The action plus N(0, stddev^2) noise, uniform random actions during the "
         "first num_steps_sampled_before_learning_starts env steps (random_timesteps).",
         factory=lambda: {"type": "GaussianNoise", "stddev": 0.1},
     )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if "random_timesteps" not in self.exploration_config:
-            self.exploration_config = {
-                **self.exploration_config,
-                "random_timesteps": self.num_steps_sampled_before_learning_starts,
-            }
 
 
 # ----- the model --------------------------------------------------------------------------
@@ -127,17 +111,11 @@ class TD3Model(keras.Model):
 # ----- the policy and its loss ------------------------------------------------------------
 
 
-class TD3Policy(TFPolicy):
+class TD3Policy(ReplayPolicy):
     """A deterministic actor and twin critics with target copies; the actor's loss
     group is applied every policy_delay steps."""
 
     config_class = TD3Config
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number", None),
-        SampleBatch.REWARDS: LossColumn("number"),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-        BOOTSTRAP_DISCOUNT: LossColumn(),
-    }
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         check_action_space(action_space, "TD3", discrete=False)
@@ -163,19 +141,6 @@ class TD3Policy(TFPolicy):
             LossGroup(FusedAdam(cfg.critic_lr, epsilon=eps), m.critic_variables()),
         ]
 
-    def target_network_update(self) -> TargetUpdate:
-        return TargetUpdate(self.config.target_network_update_freq, self.config.tau)
-
-    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
-        """n-step rewards, new_obs and "bootstrap_discount" (see n_step.py)."""
-        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
-
-    @classmethod
-    def prepare_train_batch(cls, batch, layout, fixed_seq_len: bool = False):
-        if PRIO_WEIGHTS in batch:  # optional: uniform replay leaves it out
-            check_loss_columns(batch, {PRIO_WEIGHTS: LossColumn()})
-        return super().prepare_train_batch(batch, layout, fixed_seq_len)
-
     def smoothed_target_value(self, model, next_obs) -> tf.Tensor:
         """<float32>[B] min_i Q'_i(s', a'), a' the target actor's action plus clipped noise."""
         cfg = self.config
@@ -194,11 +159,7 @@ class TD3Policy(TFPolicy):
         """[actor, critic] losses (the order of optimizer()), per row the mean |TD
         error| of the critics (TD_ERROR), a prioritized buffer's new priorities."""
         mask, obs = train_batch[LOSS_MASK], train_batch[SampleBatch.OBS]
-        weights = (
-            tf.cast(train_batch[PRIO_WEIGHTS], tf.float32)
-            if PRIO_WEIGHTS in train_batch
-            else tf.ones_like(mask, tf.float32)
-        )
+        weights = self.importance_weights(train_batch)
         next_value = self.smoothed_target_value(model, train_batch[SampleBatch.NEXT_OBS])
         y = tf.stop_gradient(
             bootstrapped_targets(

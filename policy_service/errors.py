@@ -39,6 +39,23 @@ def no_space_left(err: OSError, directory, writing: str) -> DiskFullError | None
     )
 
 
+JSON_KINDS = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
+
+
+def json_kind(value) -> str:
+    """What a JSON value is, as an error message says it ("an array", "null"); any
+    other value is named by its type."""
+    return JSON_KINDS.get(type(value), f"a {type(value).__name__}")
+
+
 def one_line(err: BaseException | str, *, first_line: bool = False) -> str:
     """An error's message (or a text) on one line, its whitespace collapsed, or the
     error's type when it has none. A Ray task's error (RayTaskError) is told by the

@@ -47,7 +47,17 @@ def _check_random_timesteps(action_space, random_timesteps: int) -> None:
         )
 
 
-class StochasticSampling:
+class Exploration:
+    """What every exploration shares: its state is its type and its options (the
+    keyword arguments it takes besides the action space, kept under the same names),
+    what make_exploration rebuilds it from."""
+
+    def get_state(self) -> dict:
+        options = {name: getattr(self, name) for name in _options(type(self))}
+        return {"type": type(self).__name__, **options}
+
+
+class StochasticSampling(Exploration):
     """Sample from the distribution when exploring, else take its mode; during the
     first `random_timesteps` (RLlib's option) explore with uniform random actions."""
 
@@ -57,12 +67,6 @@ class StochasticSampling:
         _check_random_timesteps(action_space, random_timesteps)
         self.action_space = action_space
         self.random_timesteps = int(random_timesteps)
-
-    def get_state(self) -> dict:
-        state: dict = {"type": "StochasticSampling"}
-        if self.random_timesteps:
-            state["random_timesteps"] = self.random_timesteps
-        return state
 
     def choose(self, dist, explore, timestep, seed):
         """-> (actions, logp <float32>[B]) of the behaviour policy."""
@@ -88,7 +92,7 @@ def _random_before(exploration, actions, logp, explore, timestep, seed):
     return actions, tf.where(early, uniform_logp, logp)
 
 
-class GaussianNoise:
+class GaussianNoise(Exploration):
     """The deterministic action plus N(0, stddev^2) noise, clipped to a bounded Box
     (RLlib's GaussianNoise, TD3's exploration); uniform random actions during the first
     `random_timesteps`. logp is 0: the policy itself is deterministic."""
@@ -101,13 +105,6 @@ class GaussianNoise:
         self.stddev = float(stddev)
         self.random_timesteps = int(random_timesteps)
 
-    def get_state(self) -> dict:
-        return {
-            "type": "GaussianNoise",
-            "stddev": self.stddev,
-            "random_timesteps": self.random_timesteps,
-        }
-
     def choose(self, dist, explore, timestep, seed):
         greedy = dist.deterministic_sample()
         noise = self.stddev * tf.random.stateless_normal(tf.shape(greedy), seed)
@@ -117,7 +114,7 @@ class GaussianNoise:
         return _random_before(self, actions, logp, explore, timestep, seed)
 
 
-class EpsilonGreedy:
+class EpsilonGreedy(Exploration):
     """With probability epsilon a uniform random action, else the greedy one.
 
     Epsilon falls linearly from `initial_epsilon` to `final_epsilon` over
@@ -147,14 +144,6 @@ class EpsilonGreedy:
         self.final_epsilon = float(final_epsilon)
         self.epsilon_timesteps = int(epsilon_timesteps)
 
-    def get_state(self) -> dict:
-        return {
-            "type": "EpsilonGreedy",
-            "initial_epsilon": self.initial_epsilon,
-            "final_epsilon": self.final_epsilon,
-            "epsilon_timesteps": self.epsilon_timesteps,
-        }
-
     def epsilon(self, timestep):
         """Epsilon at `timestep`: for a tensor a float32 tensor (the compiled action
         function; the branch is taken when it is traced), for a number a Python float
@@ -183,11 +172,8 @@ class EpsilonGreedy:
         return tf.cast(actions, greedy.dtype), tf.math.log(prob)
 
 
-_EXPLORATIONS = {
-    "StochasticSampling": StochasticSampling,
-    "EpsilonGreedy": EpsilonGreedy,
-    "GaussianNoise": GaussianNoise,
-}
+# by the name a config's (and a state's) "type" gives
+_EXPLORATIONS = {cls.__name__: cls for cls in (StochasticSampling, EpsilonGreedy, GaussianNoise)}
 
 
 def exploration_config_error(exploration_config: dict) -> str | None:

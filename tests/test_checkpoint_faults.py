@@ -282,7 +282,7 @@ CORRUPTIONS = {
     "state_json_list": (
         POLICY,
         lambda p: (p / checkpoints.POLICY_STATE).write_text("[1, 2]"),
-        "policy_state.json: expected a JSON object, got a JSON list",
+        "policy_state.json: expected a JSON object, got an array",
     ),
     "state_truncated": (
         POLICY,
@@ -299,7 +299,7 @@ CORRUPTIONS = {
         lambda p: _edit_json(
             p / checkpoints.POLICY_STATE, lambda s: {**s, "global_timestep": "soon"}
         ),
-        "'global_timestep' must be a JSON number, got string",
+        "'global_timestep' must be a number, got a string",
     ),
     "algorithm_state_truncated": (
         ALGO,

@@ -132,13 +132,13 @@ def _algorithm_state(**changes) -> dict:
     "text, message",
     [
         ("", "algorithm_state.json: not valid JSON"),
-        ("[1]", "algorithm_state.json: expected a JSON object, got a JSON list"),
+        ("[1]", "algorithm_state.json: expected a JSON object, got an array"),
         (json.dumps(_algorithm_state(iteration=None)), "key 'iteration' missing"),
         (
             json.dumps(_algorithm_state(iteration="2")),
-            "'iteration' must be a JSON number, got string \"2\"",
+            "'iteration' must be a number, got a string \"2\"",
         ),
-        (json.dumps(_algorithm_state(iteration=True)), "'iteration' must be a JSON number"),
+        (json.dumps(_algorithm_state(iteration=True)), "'iteration' must be a number"),
         (json.dumps(_algorithm_state(iteration=-1)), "'iteration' must be >= 0, got -1"),
         (
             json.dumps(_algorithm_state(time_total_s=float("inf"))),

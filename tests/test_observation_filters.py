@@ -135,6 +135,67 @@ def test_two_runners_statistics_merge_into_numpys_and_go_back_to_both(ray_local)
         group.stop()
 
 
+@pytest.mark.slow
+def test_a_sync_that_does_not_wait_merges_what_arrived_and_sends_it_back(ray_local):
+    """sync_weights(wait=False) (the replay loop's, IMPALA's and APPO's): the first
+    asks the runners for their buffers, a later one merges those that arrived and
+    gives the result to both runners, waiting for nothing."""
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        FILTERED,
+        num_env_runners=2,
+        rollout_fragment_length=9,
+        env_config=SCRIPT,
+        seed=0,
+    )
+    try:
+        batch, _ = group.sample()
+        weights = ray.get(group.workers[0].get_weights.remote())
+        group.sync_weights(weights, wait=False)  # asks for the buffers
+        assert group.filter_stats.count == 0
+        ray.get(list(group._filter_flushes))  # both buffers have arrived
+        group.sync_weights(weights, wait=False)  # merges them, sends the result
+        assert_stats_of(group.filter_stats, raw_observations_seen(batch))
+        for stats in ray.get(
+            [w.__ray_call__.remote(lambda w: w.observation_filter.stats) for w in group.workers]
+        ):
+            assert stats.count == group.filter_stats.count
+            np.testing.assert_array_equal(stats.mean, group.filter_stats.mean)
+    finally:
+        group.stop()
+
+
+def test_an_appo_run_syncs_its_runners_filters_with_its_weights():
+    """APPO syncs weights from its learner loop (never through broadcast_weights):
+    the runner's buffer is flushed into the driver's copy, which the runner and the
+    learner policy hold."""
+    from algorithms.appo import APPO
+
+    algo = APPO(
+        {
+            **FILTERED,
+            "env": "CartPole-v1",
+            "rollout_fragment_length": 10,
+            "train_batch_size": 20,
+            "num_epochs": 1,
+        }
+    )
+    try:
+        for _ in range(2):
+            algo.train()
+        driver = algo.env_runners.filter_stats
+        runner = algo.env_runners.local_worker.observation_filter
+        learner = algo.get_policy().observation_filter.stats
+    finally:
+        algo.stop()
+    assert driver.count > 0
+    # the runner's rows: the merged ones it was given, plus those since (its buffer)
+    assert runner.stats.count == driver.count + runner.buffer.count
+    assert runner.buffer.count < runner.stats.count  # flushed at least once
+    assert (learner.count, learner.mean.tolist()) == (driver.count, driver.mean.tolist())
+
+
 # ----- the learner policy's copy: state, ONNX, a real run, a fresh process ------------------
 
 

@@ -26,6 +26,17 @@ def serves_actions(config) -> bool:
     return getattr(config, "inference", None) == "learners"
 
 
+def _acting(name: str):
+    """An async actor method that awaits the PolicyHost method `name` of self.acting."""
+    served = getattr(PolicyHost, name)
+
+    async def method(self, *args, **kwargs):
+        return await served(self.acting, *args, **kwargs)
+
+    method.__name__, method.__qualname__, method.__doc__ = name, name, served.__doc__
+    return method
+
+
 class ActingLearnerHost(LearnerHost):
     """A LearnerHost whose policy also serves batched compute_actions."""
 
@@ -46,33 +57,9 @@ class ActingLearnerHost(LearnerHost):
 
         return await self.acting.in_policy_thread(update)
 
-    async def compute_actions(
-        self,
-        obs_batch,
-        state_batches=None,
-        *,
-        explore=None,
-        timestep=None,
-        prev_action_batch=None,
-        prev_reward_batch=None,
-    ):
-        return await self.acting.compute_actions(
-            obs_batch,
-            state_batches,
-            explore=explore,
-            timestep=timestep,
-            prev_action_batch=prev_action_batch,
-            prev_reward_batch=prev_reward_batch,
-        )
-
-    async def postprocess_trajectories(self, batches: list) -> list:
-        return await self.acting.postprocess_trajectories(batches)
-
-    async def get_initial_state(self) -> list:
-        return await self.acting.get_initial_state()
-
-    async def get_spaces(self) -> tuple:
-        return await self.acting.get_spaces()
-
-    async def weights_version(self) -> int:
-        return await self.acting.weights_version()
+    # the acting side of a PolicyHost, answered by this learner's own policy
+    compute_actions = _acting("compute_actions")
+    postprocess_trajectories = _acting("postprocess_trajectories")
+    get_initial_state = _acting("get_initial_state")
+    get_spaces = _acting("get_spaces")
+    weights_version = _acting("weights_version")

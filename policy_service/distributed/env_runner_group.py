@@ -170,7 +170,7 @@ class EnvRunnerGroup:
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
-        self._unacked_weights: list = []  # set_weights refs of sync_weights(wait=False)
+        self._unacked_weights: list = []  # set_weights/sync_filter refs of wait=False syncs
         if self.num_env_runners == 0:
             self.local_worker = RolloutWorker(
                 env,
@@ -186,6 +186,8 @@ class EnvRunnerGroup:
             self.workers = [self._make_worker(index) for index in self._worker_indices()]
             self.observation_space, self.action_space = ray.get(self.workers[0].get_spaces.remote())
             self._share_initial_weights()
+        self.filter_stats = self._empty_filter_stats()
+        self._filter_flushes: list = []  # flush_filter_buffer refs of sync_weights(wait=False)
 
     # ----- sampling ----------------------------------------------------------------
 
@@ -293,7 +295,8 @@ class EnvRunnerGroup:
     # ----- weights -----------------------------------------------------------------
 
     def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
-        """Give every worker (or the policy actor) these weights: one ray.put in all.
+        """Give every worker (or the policy actor) these weights: one ray.put in all;
+        then the workers' observation filters are synced (sync_filters).
 
         `version` defaults to the last one + 1. -> the version now in use.
         wait=False (remote workers): return once the weights are sent; a worker
@@ -304,22 +307,27 @@ class EnvRunnerGroup:
         self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
+        self._send_weights(weights, version, wait)
+        self.sync_filters(wait)
+        return version
+
+    def _send_weights(self, weights: dict, version: int, wait: bool) -> None:
         if self._inference_actors:  # they act with the learner's own weights
-            return version
+            return
         if self.policy_actor is None and self.local_worker is not None:
             self.local_worker.set_weights(weights, version)
-            return version
+            return
         self._weights_ref = weights_ref = ray.put(weights)
         if self._served_policy is not None:
             try:
                 self._served_policy.set_weights(weights_ref, version)
             except RayActorError as error:
                 raise self._policy_actor_failure(error) from None
-            return version
+            return
         _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
         if not wait:
             self._unacked_weights.extend(pending)
-            return version
+            return
         restarts = [0] * len(self.workers)
         for slot, ref in enumerate(pending):
             try:
@@ -328,7 +336,6 @@ class EnvRunnerGroup:
                 if not is_actor_death(error):
                     raise
                 self._restart(slot, restarts, "sync_weights()", error)  # gets the weights just put
-        return version
 
     def _check_weight_acks(self) -> None:
         """Weights sent without waiting: raise what a worker's code raised on them (a
@@ -469,6 +476,41 @@ class EnvRunnerGroup:
             **kwargs,
         )
 
+    def _empty_filter_stats(self) -> observation_filters.RunningStat | None:
+        """No rows yet with a MeanStdFilter; None with NoFilter (nothing to sync)."""
+        config = config_for(self._policy_cls, self._policy_config)
+        name = getattr(config, "observation_filter", observation_filters.NO_FILTER)
+        observation_filter = observation_filters.make_filter(name, self.observation_space)
+        if isinstance(observation_filter, observation_filters.MeanStdFilter):
+            return observation_filter.stats
+        return None
+
+    def sync_filters(self, wait: bool = True) -> None:
+        """With a MeanStdFilter: the workers' new observation statistics merged into
+        `filter_stats` (the driver's copy), which goes back to every worker.
+        wait=True waits for workers busy with a `sample_async` request; wait=False
+        (remote workers) waits for nothing: it merges the buffers that arrived since
+        the last call, sends the merged statistics, and asks for the next buffers."""
+        if self.filter_stats is None:
+            return
+        if wait or self.local_worker is not None:
+            stats = merged_filter_buffers(self.filter_stats, self._filter_flushes)
+            self._filter_flushes = []
+            self.filter_stats = self.sync_observation_filters(stats)
+            return
+        ready: list = []
+        if self._filter_flushes:
+            ready, self._filter_flushes = ray.wait(
+                self._filter_flushes, num_returns=len(self._filter_flushes), timeout=0
+            )
+        merged = merged_filter_buffers(self.filter_stats, ready)
+        if merged.count > self.filter_stats.count:  # new rows: back to every worker
+            self.filter_stats = merged
+            merged_ref = ray.put(merged)
+            self._unacked_weights += [w.sync_filter.remote(merged_ref) for w in self.workers]
+        if not self._filter_flushes:
+            self._filter_flushes = [w.flush_filter_buffer.remote() for w in self.workers]
+
     def sync_observation_filters(
         self, stats: observation_filters.RunningStat
     ) -> observation_filters.RunningStat:
@@ -481,15 +523,9 @@ class EnvRunnerGroup:
             merged = stats if buffer is None else stats.merge(buffer)
             self.local_worker.sync_filter(merged)
             return merged
-        merged = stats
-        for ref in [worker.flush_filter_buffer.remote() for worker in self.workers]:
-            try:
-                buffer = ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
-                continue
-            merged = merged if buffer is None else merged.merge(buffer)
+        merged = merged_filter_buffers(
+            stats, [worker.flush_filter_buffer.remote() for worker in self.workers]
+        )
         merged_ref = ray.put(merged)
         for ref in [worker.sync_filter.remote(merged_ref) for worker in self.workers]:
             try:
@@ -517,6 +553,22 @@ class EnvRunnerGroup:
             self._served_policy.kill()
             self._served_policy = None
             self.policy_actor = None
+
+
+def merged_filter_buffers(
+    stats: observation_filters.RunningStat, refs: list
+) -> observation_filters.RunningStat:
+    """`stats` merged with the workers' flush_filter_buffer results these refs give (a
+    worker that died meanwhile adds nothing)."""
+    for ref in refs:
+        try:
+            buffer = ray.get(ref)
+        except RayActorError as error:
+            if not is_actor_death(error):
+                raise
+            continue
+        stats = stats if buffer is None else stats.merge(buffer)
+    return stats
 
 
 def merge_metrics(all_metrics: list[dict]) -> dict:

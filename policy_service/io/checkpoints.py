@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from policy_service.errors import UserError, no_space_left, one_line
+from policy_service.errors import UserError, json_kind, no_space_left, one_line
 from policy_service.io.space_codec import space_from_json
 
 POLICY_STATE = "policy_state.json"
@@ -218,7 +218,7 @@ def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
     """A JSON object holding at least the `required` keys with those types."""
     value = load_json(path)
     if not isinstance(value, dict):
-        raise CheckpointFileError(f"{path}: expected a JSON object, got a JSON {_json_kind(value)}")
+        raise CheckpointFileError(f"{path}: expected a JSON object, got {json_kind(value)}")
     for key, types in required.items():
         if key not in value:
             raise CheckpointFileError(f"{path}: key {key!r} missing")
@@ -228,7 +228,7 @@ def load_json_object(path: Path, required: Mapping[str, type | tuple]) -> dict:
         ):
             raise CheckpointFileError(
                 f"{path}: {key!r} must be {_type_names(types)}, got "
-                f"{_json_kind(value[key])} {_short(value[key])}"
+                f"{json_kind(value[key])} {_short(value[key])}"
             )
     return value
 
@@ -461,7 +461,7 @@ def read_algorithm_state(
         if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
             raise CheckpointFileError(
                 f"{path}: {key!r} must be {_type_names((kind,))}, got "
-                f"{_json_kind(state[key])} {_short(state[key])}"
+                f"{json_kind(state[key])} {_short(state[key])}"
             )
     if state.get("num_samples_trained_total", 0) < 0:
         raise CheckpointFileError(
@@ -527,7 +527,7 @@ def read_algorithm_arrays(checkpoint: str | os.PathLike, manifest: dict) -> dict
 def _check_array_manifest(path: Path, manifest) -> None:
     if not isinstance(manifest, dict):
         raise CheckpointFileError(
-            f"{path}: 'algorithm_arrays' must be a JSON object, got {_json_kind(manifest)}"
+            f"{path}: 'algorithm_arrays' must be a JSON object, got {json_kind(manifest)}"
         )
     for name, spec in manifest.items():
         ok = (
@@ -601,20 +601,8 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _json_kind(value) -> str:
-    return {
-        dict: "object",
-        list: "list",
-        str: "string",
-        bool: "boolean",
-        int: "number",
-        float: "number",
-        type(None): "null",
-    }.get(type(value), type(value).__name__)
-
-
 def _type_names(types: tuple) -> str:
-    return "a JSON " + " or ".join(dict.fromkeys(_json_kind(t()) for t in types))
+    return " or ".join(dict.fromkeys(json_kind(t()) for t in types))
 
 
 def _known_classes(base: type) -> dict[str, type]:

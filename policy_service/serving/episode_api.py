@@ -29,10 +29,10 @@ import gymnasium as gym
 import numpy as np
 
 from policy_service import spaces
+from policy_service.errors import json_kind
 from policy_service.serving.http_api import (
     HttpError,
     RequestSchema,
-    json_kind,
     json_object,
     obs_batch,
     short_json,

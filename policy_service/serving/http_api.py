@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from policy_service.errors import one_line
+from policy_service.errors import json_kind, one_line
 
 HEALTH = "/v1/health"
 SPEC = "/v1/spec"
@@ -309,16 +309,6 @@ def _tolist(value):
     if isinstance(value, Sequence) and not isinstance(value, str):
         return [_tolist(v) for v in value]
     return np.asarray(value).tolist()
-
-
-def json_kind(value) -> str:
-    return {
-        dict: "an object",
-        list: "an array",
-        str: "a string",
-        bool: "a boolean",
-        type(None): "null",
-    }.get(type(value), f"a number ({short_json(value)})")
 
 
 def short_json(value) -> str:

@@ -22,7 +22,7 @@ from pathlib import Path
 from starlette.requests import Request
 from starlette.responses import Response
 
-from policy_service.errors import one_line
+from policy_service.errors import json_kind, one_line
 from policy_service.exported_policy import MODEL_DIR, pack_model
 from policy_service.serving import episode_api
 from policy_service.serving.deployment import (
@@ -40,7 +40,7 @@ from policy_service.serving.episode_api import (
     WEIGHTS_VERSION_HEADER,
 )
 from policy_service.serving.episodes import EpisodeRecorder
-from policy_service.serving.http_api import HttpError, json_kind, read_json_object
+from policy_service.serving.http_api import HttpError, read_json_object
 
 EPISODE_ROUTE = EPISODES + "/{id}/{verb}"
 
