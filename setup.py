@@ -12,7 +12,8 @@ SERVE = ["ray[serve]>=2.60"]
 # continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
 # wheel); in "dev" so that CI's venv can run SAC on them
 MUJOCO = ["gymnasium[mujoco]>=1.0"]
-MULTIAGENT = ["pettingzoo>=1.24", "pygame"]  # PettingZoo envs (Parallel and AEC; its classic games draw with pygame)
+# PettingZoo envs (Parallel and AEC) as MultiAgentEnvs; its classic games import pygame
+MULTIAGENT = ["pettingzoo>=1.24", "pygame"]
 
 setup(
     name="policy-service",

@@ -284,7 +284,6 @@ class Algorithm:
         try:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
-                self._filter_stats = None  # config: NoFilter with policies
                 return
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
