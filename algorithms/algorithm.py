@@ -325,6 +325,7 @@ class Algorithm:
         from policy_service.learning_results import NUM_SAMPLES_TRAINED
 
         start = time.perf_counter()
+        self.learners.set_global_timestep(self.timesteps_total)  # what schedules read
         stats = dict(update(self.learners))
         self._iteration_changed_state = True  # a failed update left the learners as they were
         if NUM_SAMPLES_TRAINED not in stats:

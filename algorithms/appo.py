@@ -87,7 +87,8 @@ class APPOPolicy(IMPALAPolicy):
         vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(target.kl(curr), mask)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
         if cfg.use_kl_loss:  # a static choice: without it the term is never built
             total += self.kl_coeff * kl
         return total, LossExtras(
@@ -95,6 +96,7 @@ class APPOPolicy(IMPALAPolicy):
                 "policy_loss": policy_loss,
                 "vf_loss": vf_loss,
                 "entropy": entropy,
+                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
                 "kl": kl,
                 "kl_coeff": self.kl_coeff.value(),
             }

@@ -30,6 +30,7 @@ import tree
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import finite, setting
+from policy_service.config_rules import schedule_error
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
 
@@ -60,6 +61,12 @@ class PPOConfig(AlgorithmConfig):
         1.0, doc="Weight of the value loss in the total loss.", check=finite(ge=0)
     )
     entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.", check=finite(ge=0))
+    entropy_coeff_schedule: list | None = setting(
+        None,
+        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
+        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
+        check=schedule_error,
+    )
     kl_coeff: float = setting(
         0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.", check=finite(ge=0)
     )
@@ -196,7 +203,8 @@ class PPOPolicy(TFPolicy):
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(prev.kl(curr), mask)
 
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
         if cfg.kl_coeff > 0:  # a static choice, as in RLlib: kl_coeff=0 never adds the term
             total += self.kl_coeff * kl
         vf_explained_var = _explained_variance(
@@ -207,6 +215,7 @@ class PPOPolicy(TFPolicy):
                 "policy_loss": policy_loss,
                 "vf_loss": vf_loss,
                 "entropy": entropy,
+                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
                 "kl": kl,
                 "kl_coeff": self.kl_coeff.value(),
                 "vf_explained_var": vf_explained_var,
