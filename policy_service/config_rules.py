@@ -48,7 +48,9 @@ def integer(*, ge: int, le: int | None = None) -> Rule:
 
 
 def schedule_error(schedule) -> str | None:
-    """None for a valid schedule, else what it must be and what is wrong (the caller
+    """[[timestep, value], ...]: finite numbers, timesteps >= 0 in non-decreasing order.
+
+    None when `schedule` is one, else what it must be and what is wrong (the caller
     names the key); schedules.py has the semantics."""
     expected = "a non-empty list of [timestep, value] pairs"
     if not isinstance(schedule, (list, tuple)) or not schedule:

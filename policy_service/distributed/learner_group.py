@@ -355,10 +355,14 @@ class LearnerGroup(BatchLearning):
 
     def set_global_timestep(self, timestep: int) -> None:
         """Every learner's global timestep (RLlib's global var "timestep", which
-        schedules read): a call to the learners only when it changed."""
+        schedules read): a call to the learners only when it changed; dead learners
+        replaced as in `update`."""
         timestep = call_arguments.count(timestep, "timestep")
         if timestep != self._global_timestep:
-            self._learners.call_all("set_global_timestep", timestep)
+            self._surviving(
+                "set_global_timestep()",
+                lambda: self._learners.call_all("set_global_timestep", timestep),
+            )
             self._global_timestep = timestep
 
     def foreach_policy(self, fn: Callable, *args) -> list:
