@@ -90,16 +90,19 @@ def test_lr_and_entropy_coeff_follow_the_schedule_at_five_timesteps(policy):
         assert optimizer.learning_rate.numpy() == rllib_value(LR_SCHEDULE, t), t
         assert np.float32(stats["cur_lr"]) == rllib_value(LR_SCHEDULE, t), t
         assert np.float32(stats["entropy_coeff"]) == rllib_value(ENTROPY_SCHEDULE, t), t
-    # loaded-buffer steps read the same variable; nothing retraced for a new timestep
-    policy.load_batch_into_buffer(batch)
-    policy.global_timestep = 2500
-    stats = policy.learn_on_loaded_batch(0)
-    assert optimizer.learning_rate.numpy() == rllib_value(LR_SCHEDULE, 2500)
-    assert np.float32(stats["entropy_coeff"]) == rllib_value(ENTROPY_SCHEDULE, 2500)
-    traces = policy.towers.trace_count()
+    traces = policy.towers.trace_count()  # nothing retraced for a new timestep
     policy.global_timestep = 4100
     policy.learn_on_batch(batch)
     assert policy.towers.trace_count() == traces
+
+
+@pytest.mark.slow  # a second compiled step (loaded buffers) to trace
+def test_loaded_buffer_steps_follow_the_schedule(policy):
+    policy.load_batch_into_buffer(ppo_batch())
+    policy.global_timestep = 2500
+    stats = policy.learn_on_loaded_batch(0)
+    assert policy.towers.optimizers[0].learning_rate.numpy() == rllib_value(LR_SCHEDULE, 2500)
+    assert np.float32(stats["entropy_coeff"]) == rllib_value(ENTROPY_SCHEDULE, 2500)
 
 
 def test_a_restored_state_continues_the_schedule(policy):
