@@ -329,7 +329,9 @@ class Algorithm:
             runners, learners = self.multi_agent
             batch = self._sample_multi_agent(self.config.train_batch_size)
             start = time.perf_counter()
-            stats = self._counted_update(learners.update_each(self.update_on_batch, batch), start)
+            stats = self._counted_update(
+                learners.update_each(self.update_on_batch, batch, self.timesteps_total), start
+            )
             runners.sync_weights(learners.get_weights())
             return stats
         train_batch = self.sample_env_steps(self.config.train_batch_size)
@@ -394,6 +396,7 @@ class Algorithm:
         samples it trained on, counted; `LearnerGroup.update` reports it), timed.
         Dead learner actors are the group's to replace (`LearnerGroup.update` does)."""
         start = time.perf_counter()
+        self.learners.set_global_timestep(self.timesteps_total)  # what schedules read
         return self._counted_update(update(self.learners), start)
 
     def _counted_update(self, stats: dict, start: float) -> dict:

@@ -79,8 +79,9 @@ class APPOPolicy(AdaptiveKLPolicy, IMPALAPolicy):
         vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(target.kl(curr), mask)
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
         terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
-        return combined_loss(terms, cfg, self.kl_coeff, cfg.use_kl_loss)
+        return combined_loss(terms, cfg, entropy_coeff, self.kl_coeff, cfg.use_kl_loss)
 
     def after_async_update(self, stats: dict) -> None:
         """With use_kl_loss: x1.5 when the update's KL overshoots 2 * kl_target, x0.5

@@ -26,6 +26,7 @@ import tensorflow as tf
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
 from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import ConfigError, finite, integer, one_of, setting
+from policy_service.config_rules import schedule_error
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
 from policy_service.engine.units import LOSS_MASK
 from policy_service.sample_batch import SampleBatch
@@ -63,6 +64,12 @@ class IMPALAConfig(AlgorithmConfig):
     )
     vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
     entropy_coeff: float = setting(0.01, doc="Weight of the entropy bonus.", check=finite(ge=0))
+    entropy_coeff_schedule: list | None = setting(
+        None,
+        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
+        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
+        check=schedule_error,
+    )
     broadcast_interval: int = setting(
         1, doc="Learner updates between weight broadcasts.", check=integer(ge=1)
     )
@@ -158,9 +165,15 @@ class IMPALAPolicy(TFPolicy):
         policy_loss = masked_mean(-logp * pg_advantages, mask)
         vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
         entropy = masked_mean(curr.entropy(), mask)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - cfg.entropy_coeff * entropy
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
         return total, LossExtras(
-            stats={"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy}
+            stats={
+                "policy_loss": policy_loss,
+                "vf_loss": vf_loss,
+                "entropy": entropy,
+                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
+            }
         )
 
 
@@ -204,6 +217,7 @@ class IMPALA(Algorithm):
 
     def training_step(self) -> dict:
         start = time.perf_counter()
+        self.learners.set_global_timestep(self.timesteps_total)  # what schedules read
         it = self.async_learning.run(min_env_steps=self.config.train_batch_size)
         report = dict(it.report)
         trained = int(report.pop("num_samples_trained", 0))

@@ -99,14 +99,16 @@ class MultiAgentLearners:
     def num_restarts(self) -> int:
         return sum(group.num_restarts for group in self.groups.values())
 
-    def update_each(self, update: Callable, batch: MultiAgentBatch) -> dict:
-        """update(group, rows) for every trained policy with rows -> stats as
-        "<policy id>/<stat>", and the samples trained summed."""
+    def update_each(self, update: Callable, batch: MultiAgentBatch, timestep: int) -> dict:
+        """update(group, rows) for every trained policy with rows, each group at the
+        global `timestep` (what schedules read) -> stats as "<policy id>/<stat>", and
+        the samples trained summed."""
         stats: dict = {NUM_SAMPLES_TRAINED: 0}
         for policy_id in self.policies_to_train:
             rows = batch.policy_batches.get(policy_id)
             if rows is None or not rows.count:
                 continue
+            self.groups[policy_id].set_global_timestep(timestep)
             result = dict(update(self.groups[policy_id], rows))
             stats[NUM_SAMPLES_TRAINED] += int(result.pop(NUM_SAMPLES_TRAINED))
             stats.update({f"{policy_id}/{k}": v for k, v in result.items()})

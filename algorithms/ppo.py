@@ -31,6 +31,7 @@ from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
 from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import finite, setting
+from policy_service.config_rules import schedule_error
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
 
@@ -61,6 +62,12 @@ class PPOConfig(AlgorithmConfig):
         1.0, doc="Weight of the value loss in the total loss.", check=finite(ge=0)
     )
     entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.", check=finite(ge=0))
+    entropy_coeff_schedule: list | None = setting(
+        None,
+        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
+        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
+        check=schedule_error,
+    )
     kl_coeff: float = setting(
         0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.", check=finite(ge=0)
     )
@@ -189,13 +196,19 @@ class PPOPolicy(AdaptiveKLPolicy):
         entropy = masked_mean(curr.entropy(), mask)
         kl = masked_mean(prev.kl(curr), mask)
 
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
         vf_explained_var = _explained_variance(
             train_batch[SampleBatch.VALUE_TARGETS], out[SampleBatch.VF_PREDS], mask
         )
         terms = {"policy_loss": policy_loss, "vf_loss": vf_loss, "entropy": entropy, "kl": kl}
         # kl_coeff=0 never adds the term, as in RLlib
         return combined_loss(
-            terms, cfg, self.kl_coeff, cfg.kl_coeff > 0, vf_explained_var=vf_explained_var
+            terms,
+            cfg,
+            entropy_coeff,
+            self.kl_coeff,
+            cfg.kl_coeff > 0,
+            vf_explained_var=vf_explained_var,
         )
 
 
@@ -210,20 +223,29 @@ def clipped_surrogate_loss(advantages, ratio, clip_param: float, mask) -> tf.Ten
 
 class LossCoefficients(Protocol):
     vf_loss_coeff: float
-    entropy_coeff: float
 
 
 def combined_loss(
-    terms: dict, cfg: LossCoefficients, kl_coeff: tf.Variable, add_kl: bool, **stats
+    terms: dict,
+    cfg: LossCoefficients,
+    entropy_coeff,
+    kl_coeff: tf.Variable,
+    add_kl: bool,
+    **stats,
 ) -> tuple:
     """(policy_loss + vf_loss_coeff * vf_loss - entropy_coeff * entropy [+ kl_coeff *
-    kl], LossExtras of the terms, the KL coefficient and `stats`): PPO's and APPO's.
-    `add_kl` is a static choice: without it the term is never built."""
+    kl], LossExtras of the terms, both coefficients and `stats`): PPO's and APPO's.
+    `entropy_coeff`: the config's or its schedule's value at this step; `add_kl` is a
+    static choice: without it the term is never built."""
     total = terms["policy_loss"] + cfg.vf_loss_coeff * terms["vf_loss"]
-    total = total - cfg.entropy_coeff * terms["entropy"]
+    total = total - entropy_coeff * terms["entropy"]
     if add_kl:
         total += kl_coeff * terms["kl"]
-    return total, LossExtras(stats={**terms, "kl_coeff": kl_coeff.value(), **stats})
+    coefficients = {
+        "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
+        "kl_coeff": kl_coeff.value(),
+    }
+    return total, LossExtras(stats={**terms, **coefficients, **stats})
 
 
 def _explained_variance(targets, preds, mask):

@@ -86,7 +86,8 @@ def rllib_minibatch_update(algo, learners, train_batch) -> dict:
     steps = []
     for _ in range(learners.config.num_epochs):
         for k in np.random.permutation(num_blocks):
-            steps.append(learners.learn_on_loaded_batch(int(k) * size, buffer_index=0))
+            step = learners.learn_on_loaded_batch(int(k) * size, buffer_index=0)
+            steps.append(step["learner_stats"])
     stats = {key: float(np.mean([s[key] for s in steps])) for key in steps[0]}
     if learners.config.kl_coeff > 0:
         update_kl_coefficient(learners, stats["kl"])

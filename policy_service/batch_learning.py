@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import abc
 
-from policy_service.learning_results import with_samples_trained
+from policy_service.learning_results import rllib_layout, with_samples_trained
 from policy_service.sample_batch import SampleBatch
 
 
@@ -33,8 +33,9 @@ class BatchLearning(abc.ABC):
         return with_samples_trained(self._update(batch, num_epochs, shuffle, buffer_index))
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
-        """One SGD step on the whole batch, over all towers (of all learners) -> statistics."""
-        return self._learn(batch, None, True, 0)
+        """One SGD step on the whole batch, over all towers (of all learners) ->
+        statistics in RLlib's layout (learning_results.rllib_layout)."""
+        return rllib_layout(self._learn(batch, None, True, 0))
 
     def _update(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int

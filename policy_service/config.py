@@ -34,6 +34,7 @@ from policy_service.config_rules import (
     is_number,
     machine_memory_bytes,
     one_of,
+    schedule_error,
 )
 from policy_service.errors import UserError
 from policy_service.observation_filters import FILTERS
@@ -222,6 +223,12 @@ class PolicyConfig(Config):
     )
     _fake_gpus: bool = setting(False, doc="With no GPU, N towers on N logical CPU devices.")
     lr: float = setting(1e-3, doc="Learning rate.", check=finite(gt=0))
+    lr_schedule: list | None = setting(
+        None,
+        doc="[[timestep, lr], ...]: lr piecewise linear on the global timestep, the last "
+        "value before the first point and after the last (RLlib's); replaces lr.",
+        check=schedule_error,
+    )
     optimizer: str = setting("adam", doc="The optimizer.", check=one_of(*OPTIMIZERS))
     adam_epsilon: float = setting(1e-7, doc="Adam's epsilon.", check=finite(gt=0))
     grad_clip: float | None = setting(

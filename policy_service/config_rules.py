@@ -47,6 +47,31 @@ def integer(*, ge: int, le: int | None = None) -> Rule:
     )
 
 
+def schedule_error(schedule) -> str | None:
+    """[[timestep, value], ...]: finite numbers, timesteps >= 0 in non-decreasing order.
+
+    None when `schedule` is one, else what it must be and what is wrong (the caller
+    names the key); schedules.py has the semantics."""
+    expected = "a non-empty list of [timestep, value] pairs"
+    if not isinstance(schedule, (list, tuple)) or not schedule:
+        return f"{expected} (it is empty or not a list)"
+    for i, point in enumerate(schedule):
+        if (
+            not isinstance(point, (list, tuple))
+            or len(point) != 2
+            or not all(is_number(x) and math.isfinite(x) for x in point)
+        ):
+            return f"{expected} of finite numbers (entry {i} is {point!r})"
+        if point[0] < 0:
+            return f"{expected} with timesteps >= 0 (entry {i} is {point!r})"
+        if i and point[0] < schedule[i - 1][0]:
+            return (
+                f"{expected} with timesteps in increasing order (entry {i}'s "
+                f"{point[0]} comes after {schedule[i - 1][0]})"
+            )
+    return None
+
+
 def machine_memory_bytes() -> int:
     """This machine's memory: physical RAM, or the cgroup's limit when lower."""
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -1,5 +1,7 @@
-"""What a learning call returns: scalar statistics, "num_samples_trained", and the
-loss's per-row outputs under PER_ROW (engine/loss_output.py)."""
+"""What a learning call returns: scalar statistics, "num_samples_trained", the
+policy's "num_grad_updates_lifetime", and the per-row outputs (a loss's LossExtras
+or a policy's stats() of shape [rows]) under PER_ROW (engine/loss_output.py).
+`learn_on_batch` and `learn_on_loaded_batch` give RLlib's layout (`rllib_layout`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,25 @@ from policy_service.engine.towers import LOSS_MASK
 from policy_service.train_batches import TrainColumns
 
 NUM_SAMPLES_TRAINED = "num_samples_trained"  # update()'s count of samples trained on
+NUM_GRAD_UPDATES_LIFETIME = "num_grad_updates_lifetime"  # the policy's SGD steps so far
+DIFF_NUM_GRAD_UPDATES = "diff_num_grad_updates_vs_sampler_policy"
+LEARNER_STATS = "learner_stats"
+
+
+def rllib_layout(stats: dict, sampler_grad_updates: int = 0) -> dict:
+    """A learning call's statistics in RLlib's layout: {"learner_stats": the scalar
+    statistics, "num_grad_updates_lifetime": n, "diff_num_grad_updates_vs_sampler_policy":
+    n - 1 - the sampling policy's count (RLlib's; 0 when the batch names none)}, the
+    per-row outputs (extra fetches) beside them, and the flat statistics kept too, so
+    callers reading stats["total_loss"] go on working."""
+    lifetime = int(stats[NUM_GRAD_UPDATES_LIFETIME])
+    scalars = {k: v for k, v in stats.items() if k not in (PER_ROW, NUM_GRAD_UPDATES_LIFETIME)}
+    return {
+        **stats,
+        LEARNER_STATS: scalars,
+        NUM_GRAD_UPDATES_LIFETIME: lifetime,
+        DIFF_NUM_GRAD_UPDATES: lifetime - 1 - int(sampler_grad_updates),
+    }
 
 
 def samples_trained(stats: dict) -> int:

@@ -35,7 +35,7 @@ from policy_service import (
     spaces,
 )
 from policy_service.batch_learning import BatchLearning
-from policy_service.config import PolicyConfig, from_dict
+from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall
 from policy_service.engine.finite_guard import NonFiniteGradientError
@@ -45,8 +45,14 @@ from policy_service.engine.towers import TowerStack
 from policy_service.engine.units import LOSS_MASK
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
-from policy_service.learning_results import first_rows, valid_rows_only
+from policy_service.learning_results import (
+    NUM_GRAD_UPDATES_LIFETIME,
+    first_rows,
+    rllib_layout,
+    valid_rows_only,
+)
 from policy_service.sample_batch import SampleBatch
+from policy_service.schedules import schedule_value
 from policy_service.train_batches import TrainColumns, TrainLayout, prepare_train_columns
 
 
@@ -93,6 +99,10 @@ class TFPolicy(BatchLearning):
                 self.config.seed if self.config.seed is not None else np.random.randint(2**31)
             )
             optimizers = self.optimizer()
+            # the global timestep as the compiled steps read it (schedules), set from
+            # `global_timestep` before each learning call that finds it changed
+            self.timestep_variable = tf.Variable(0, dtype=tf.int64, trainable=False)
+        self._timestep_in_variable = 0
         self._weight_variables = [v for v in self.model.variables if not _is_rng_state(v)]
         # the model's Keras seed generators (a loss's samples, dropout): policy state, by position
         self._model_rngs = {
@@ -121,7 +131,17 @@ class TFPolicy(BatchLearning):
             accumulation_steps=self.config.num_grad_accumulation_steps,
             target=self.target_network,
             batch_norm_sync=self.config.batch_norm_sync,
+            lr_schedule=self.config.lr_schedule,
+            timestep=self.timestep_variable,
         )
+        if self.config.lr_schedule is not None and all(
+            g.lr_schedule is None for g in self.towers.groups
+        ):
+            raise ConfigError(
+                f"config.lr_schedule is not supported by {type(self).__name__}, whose "
+                "optimizers are loss groups with their own learning rates (give each "
+                f"LossGroup its lr_schedule), got {self.config.lr_schedule!r}"
+            )
         self._optimizers = self.towers.optimizers
         self._action_fn = self._compile_action_fn()
         self._logp_fn = self._compile_logp_fn()
@@ -405,6 +425,13 @@ class TFPolicy(BatchLearning):
 
     # ----- learning: `update` is the one path; the RLlib-named methods wrap it ------------
 
+    def scheduled(self, value: float, schedule: list | None):
+        """A coefficient as the compiled loss reads it: `value`, or with a schedule
+        ([[timestep, value], ...], schedules.py) its value at the global timestep."""
+        if schedule is None:
+            return value
+        return schedule_value(schedule, self.timestep_variable)
+
     def _tower_loss(self, batch):
         return self.loss(self.model, self.dist_class, batch)
 
@@ -459,12 +486,14 @@ class TFPolicy(BatchLearning):
         minibatch on this policy's towers (default: the config's; a learner of N
         takes 1/N of the group's)."""
         if num_epochs is None:
+            self._sync_timestep()
             stats = self.towers.learn(self._placed(train))
             self.num_grad_updates += 1
         else:
             call_arguments.num_epochs(num_epochs, self.config.num_epochs)
             self.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
             stats = self.learn_on_loaded_epochs(num_epochs, buffer_index, shuffle)
+        stats[NUM_GRAD_UPDATES_LIFETIME] = self.num_grad_updates
         return first_rows(stats, len(train.columns[LOSS_MASK]))
 
     def compute_gradients(self, batch: SampleBatch):
@@ -472,12 +501,21 @@ class TFPolicy(BatchLearning):
         return self.compute_gradients_on_train_columns(self.train_columns(batch))
 
     def compute_gradients_on_train_columns(self, train: TrainColumns):
+        self._sync_timestep()
         return self.towers.compute_gradients(self._placed(train))
+
+    def _sync_timestep(self) -> None:
+        """The timestep variable (what schedules read) set to `global_timestep`, which
+        acting and the algorithm's counts move, when it changed since the last call."""
+        if self.global_timestep != self._timestep_in_variable:
+            self.timestep_variable.assign(self.global_timestep)
+            self._timestep_in_variable = self.global_timestep
 
     def _placed(self, train: TrainColumns) -> tuple:
         return self.towers.place(self.towers.shard(train.columns, train.units))
 
     def apply_gradients(self, gradients) -> None:
+        self._sync_timestep()
         self.towers.apply_gradients(call_arguments.gradient_lists(gradients))
         self.num_grad_updates += 1
 
@@ -506,12 +544,14 @@ class TFPolicy(BatchLearning):
 
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
         """One SGD step on the minibatch at row `offset` of the loaded buffer (with
-        num_grad_accumulation_steps K: on the K minibatches from there)."""
+        num_grad_accumulation_steps K: on the K minibatches from there) -> statistics
+        in RLlib's layout (learning_results.rllib_layout)."""
+        self._sync_timestep()
         stats = self.towers.learn_loaded(
             call_arguments.count(offset, "offset"), call_arguments.buffer_index(buffer_index)
         )
         self.num_grad_updates += 1
-        return stats
+        return rllib_layout({**stats, NUM_GRAD_UPDATES_LIFETIME: self.num_grad_updates})
 
     def learn_on_loaded_epochs(
         self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True
@@ -519,6 +559,7 @@ class TFPolicy(BatchLearning):
         """All epochs of minibatch SGD over a loaded buffer in one compiled call."""
         epochs = call_arguments.num_epochs(num_epochs, self.config.num_epochs)
         buffer_index = call_arguments.buffer_index(buffer_index)
+        self._sync_timestep()
         try:
             stats = self.towers.learn_loaded_epochs(epochs, buffer_index, shuffle)
         except NonFiniteGradientError as err:

@@ -191,6 +191,19 @@ def test_two_fake_gpus_give_one_devices_gradient(fragments, policy_cls, model):
         assert s2[key] == pytest.approx(s1[key], rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.parametrize(
+    "policy_cls", [IMPALAPolicy, pytest.param(APPOPolicy, marks=pytest.mark.slow)]
+)
+def test_the_loss_reads_the_entropy_coeff_schedule_at_the_timestep(fragments, policy_cls):
+    schedule = [[100, 0.05], [300, 0.01]]  # RLlib's: the last value before the first point
+    policy = policy_cls(*_cartpole_spaces(), policy_config(entropy_coeff_schedule=schedule))
+    batch = concat_samples(fragments)
+    for timestep, expected in [(0, 0.01), (150, 0.05 + 0.25 * (0.01 - 0.05)), (700, 0.01)]:
+        policy.global_timestep = timestep
+        _, stats = policy.compute_gradients(batch)
+        assert np.float32(stats["entropy_coeff"]) == np.float32(expected), timestep
+
+
 # ----- the algorithm: an asynchronous run in this process ---------------------------------
 
 

@@ -167,11 +167,20 @@ def test_bad_groups_are_one_line_errors_naming_the_group(one):
             "grad_clip must be a number > 0, None or 'policy', got -1.0",
         ),
         (["adam"], "needs a Keras optimizer, got str"),
+        (
+            [LossGroup(adam, lr_schedule=[[5, 1e-3], [1, 1e-4]])],
+            "loss group 0 lr_schedule must be a non-empty list of .*entry 1's 1 comes after 5",
+        ),
     ]:
         with pytest.raises((ValueError, TypeError), match=match):
             resolve_groups(spec, variables, None)
     [group] = resolve_groups(adam, variables, 0.5)
     assert group.variables == list(variables) and group.grad_clip == 0.5
+    assert group.lr_schedule is None
+    # a plain optimizer takes the policy's lr_schedule; a LossGroup keeps its own
+    specs = [adam, LossGroup(adam, lr_schedule=[[0, 2]])]
+    plain, own = resolve_groups(specs, variables, None, [[0, 1]])
+    assert plain.lr_schedule == [[0.0, 1.0]] and own.lr_schedule == [[0.0, 2.0]]
 
 
 @pytest.mark.slow  # two learner actors: ~30 s to start on this machine

@@ -736,13 +736,14 @@ def test_a_tower_holding_only_padding_adds_nothing_even_when_its_loss_is_nan():
     assert_weights_close(one.get_weights(), four.get_weights())
 
 
-def test_statistics_must_be_scalars():
-    class VectorStatPolicy(PGPolicy):
+def test_statistics_must_be_scalars_or_one_value_per_row():
+    # one value per row is a per-row output (tests/test_learning_results.py)
+    class MatrixStatPolicy(PGPolicy):
         def stats(self, train_batch):
-            return {"per_row": train_batch[SampleBatch.ADVANTAGES]}
+            return {"obs_stat": train_batch[SampleBatch.OBS]}
 
-    policy = VectorStatPolicy(OBS_SPACE, ACTION_SPACE, small_config())
-    with pytest.raises(ValueError, match="statistic 'per_row' must be a scalar"):
+    policy = MatrixStatPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    with pytest.raises(ValueError, match="statistic 'obs_stat' must be a scalar or one value"):
         policy.learn_on_batch(mlp_batch(8))
 
 

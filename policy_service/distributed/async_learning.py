@@ -157,11 +157,12 @@ class AsyncLearning:
 
 
 def combine_update_stats(stats: list[dict]) -> dict:
-    """Updates' statistics -> one dict: means, the policy lag's max as the max, and
-    the samples trained summed."""
+    """Updates' statistics -> one dict: means, the policy lag's max as the max, the
+    last update's count of updates, and the samples trained summed."""
     if not stats:
         return {}
     combined = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0] if k != "per_row"}
     combined["policy_lag_max"] = max(s["policy_lag_max"] for s in stats)
+    combined["num_grad_updates_lifetime"] = stats[-1]["num_grad_updates_lifetime"]
     combined["num_samples_trained"] = sum(s["num_samples_trained"] for s in stats)
     return combined

@@ -137,6 +137,10 @@ class Learner:
         """True when every learner holds bit-identical weights (one alone always does)."""
         return True
 
+    def set_global_timestep(self, timestep: int) -> None:
+        """The run's env steps so far: what schedules (lr_schedule) read."""
+        self.policy.global_timestep = int(timestep)
+
     def foreach_policy(self, fn: Callable, *args) -> Any:
         return fn(self.policy, *args)
 

@@ -84,6 +84,7 @@ class LearnerGroup(BatchLearning):
         self._ready_timeout_s = ready_timeout_s
         self._loaded_rows: dict[int, int] = {}
         self._state_after_failure: dict | None = None  # set when the restart budget is spent
+        self._global_timestep: int | None = None  # the learners' last set, None: unknown
         self._learners = self._start(float(self.config.learner_update_timeout_s))
         info = self._learners.info
         self.num_towers = info["num_towers"]
@@ -128,6 +129,7 @@ class LearnerGroup(BatchLearning):
         timeout = self.call_timeout_s
         self._learners.stop()
         self._loaded_rows.clear()
+        self._global_timestep = None  # the new learners hold the state's
         self.num_restarts += 1  # an attempt counts, as one that dies starting does
         self._learners = self._start(timeout)
         try:
@@ -322,6 +324,7 @@ class LearnerGroup(BatchLearning):
         return self._learners.call_first("get_state")
 
     def set_state(self, state: dict) -> None:
+        self._global_timestep = None  # the state's
         self._learners.call_all("set_state", state)
         self._learners.keep_state_copy()
 
@@ -349,6 +352,18 @@ class LearnerGroup(BatchLearning):
         """Whether every learner holds bit-identical weights (checked by fingerprints
         over the collective group, not by moving the weights)."""
         return all(self._learners.call_all("weights_identical"))
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Every learner's global timestep (RLlib's global var "timestep", which
+        schedules read): a call to the learners only when it changed; dead learners
+        replaced as in `update`."""
+        timestep = call_arguments.count(timestep, "timestep")
+        if timestep != self._global_timestep:
+            self._surviving(
+                "set_global_timestep()",
+                lambda: self._learners.call_all("set_global_timestep", timestep),
+            )
+            self._global_timestep = timestep
 
     def foreach_policy(self, fn: Callable, *args) -> list:
         """fn(policy, *args) on every learner's policy -> the results, by rank. For

@@ -6,8 +6,10 @@ variables only, so an actor loss that reads the critic (its gradient flows throu
 the critic into the actions) never moves the critic. A group's gradients are
 combined over towers and learners like any other, then clipped by its own clip.
 `every_steps` N applies a group on every N-th applied step only (TD3's delayed
-actor). A plain optimizer is the group of every trainable variable with the
-policy's grad_clip: PPO and DQN are one such group.
+actor). `lr_schedule` sets the optimizer's learning rate in the compiled step from
+the global timestep (schedules.py). A plain optimizer is the group of every
+trainable variable with the policy's grad_clip and lr_schedule: PPO and DQN are
+one such group.
 """
 
 from __future__ import annotations
@@ -17,18 +19,22 @@ from typing import NamedTuple
 
 import keras
 
+from policy_service.config_rules import schedule_error
+
 POLICY_GRAD_CLIP = "policy"  # LossGroup.grad_clip: the policy's (config) grad_clip
 
 
 class LossGroup(NamedTuple):
     """optimizer: its own Keras optimizer. variables: the trainable variables its loss
     trains (None: all of the model's). grad_clip: a threshold, None (no clip) or
-    POLICY_GRAD_CLIP. every_steps: applied on every N-th applied step (1: each)."""
+    POLICY_GRAD_CLIP. every_steps: applied on every N-th applied step (1: each).
+    lr_schedule: [[timestep, lr], ...] or None (the optimizer's own rate)."""
 
     optimizer: keras.optimizers.Optimizer
     variables: Sequence | None = None
     grad_clip: float | str | None = POLICY_GRAD_CLIP
     every_steps: int = 1
+    lr_schedule: list | None = None
 
 
 class ResolvedGroup(NamedTuple):
@@ -39,18 +45,23 @@ class ResolvedGroup(NamedTuple):
     variables: list
     grad_clip: float | None
     every_steps: int
+    lr_schedule: list | None
 
 
 def resolve_groups(
-    spec, trainable_variables: Sequence, grad_clip: float | None
+    spec,
+    trainable_variables: Sequence,
+    grad_clip: float | None,
+    lr_schedule: list | None = None,
 ) -> list[ResolvedGroup]:
     """An optimizer, a LossGroup, or a list of either -> one ResolvedGroup per loss,
-    checked (one-line errors naming the group)."""
+    checked (one-line errors naming the group). A plain optimizer takes the policy's
+    `grad_clip` and `lr_schedule`."""
     entries = list(spec) if isinstance(spec, (list, tuple)) and not _is_group(spec) else [spec]
     known = {id(v) for v in trainable_variables}
     groups = []
     for i, entry in enumerate(entries):
-        group = entry if isinstance(entry, LossGroup) else LossGroup(entry)
+        group = entry if isinstance(entry, LossGroup) else LossGroup(entry, lr_schedule=lr_schedule)
         if not isinstance(group.optimizer, keras.optimizers.Optimizer):
             raise TypeError(
                 f"loss group {i} needs a Keras optimizer, got {type(group.optimizer).__name__}"
@@ -76,8 +87,19 @@ def resolve_groups(
         every = group.every_steps
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"loss group {i} every_steps must be an integer >= 1, got {every!r}")
+        schedule = group.lr_schedule
+        if schedule is not None and schedule_error(schedule) is not None:
+            raise ValueError(
+                f"loss group {i} lr_schedule must be {schedule_error(schedule)}, got {schedule!r}"
+            )
         groups.append(
-            ResolvedGroup(group.optimizer, variables, None if clip is None else float(clip), every)
+            ResolvedGroup(
+                group.optimizer,
+                variables,
+                None if clip is None else float(clip),
+                every,
+                None if schedule is None else [list(map(float, p)) for p in schedule],
+            )
         )
     return groups
 

@@ -15,11 +15,11 @@ one all-reduce inside the compiled step sums the valid-row counts and the
 count-weighted gradients, statistics and batch-norm moments (batch_norm.py), so
 N learners x M towers give the step of the whole batch on one device; a group
 of one runs no collective. With `accumulation_steps` K a step runs the towers
-on K minibatches and combines them as one. Steps, loaded-buffer steps and whole
-loaded epochs are compiled graphs; a non-finite step is refused or rolled back
-(finite_guard.py). Why hand-built towers rather than MirroredStrategy, measured:
-docs/replica_engine.md. The variables live on the first tower's device, where
-tower gradients are summed.
+on K minibatches and combines them as one. A step reports, per loss group,
+"grad_gnorm" (the combined gradient's global norm before clipping) and "cur_lr"
+(a scheduled rate is set in the step from the `timestep` variable). Steps are
+compiled graphs; a non-finite one is refused or rolled back (finite_guard.py).
+Why hand-built towers, not MirroredStrategy: docs/replica_engine.md.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from policy_service.engine.units import (
     round_up,
     rows_per_unit,
 )
+from policy_service.schedules import schedule_value
 
 LossFn = Callable[[dict], object]  # a loss output (engine/loss_output.py)
 StatsFn = Callable[[dict, list, dict], dict]  # (batch, losses, the loss's own stats)
@@ -105,11 +106,20 @@ class PackedStats(NamedTuple):
     values: tf.Tensor  # <float32>[len(names)]
 
 
-def _pack_stats(stats: dict) -> PackedStats:
+def _split_stats(stats: dict) -> tuple[dict, dict]:
+    """A policy's statistics -> (scalars, per-row outputs: those of shape [rows])."""
     values = {name: tf.convert_to_tensor(value) for name, value in stats.items()}
     for name, value in values.items():
-        if value.shape.rank != 0:
-            raise ValueError(f"statistic {name!r} must be a scalar, got shape {value.shape}")
+        if value.shape.rank not in (0, 1):
+            raise ValueError(
+                f"statistic {name!r} must be a scalar or one value per row (shape "
+                f"[rows]), got shape {value.shape}"
+            )
+    scalars = {name: v for name, v in values.items() if v.shape.rank == 0}
+    return scalars, {name: v for name, v in values.items() if v.shape.rank == 1}
+
+
+def _pack_stats(values: dict) -> PackedStats:
     packed = (
         tf.stack([tf.cast(v, tf.float32) for v in values.values()])
         if values
@@ -197,6 +207,8 @@ class TowerStack:
         collective_group=None,
         target=None,
         batch_norm_sync: bool = True,
+        lr_schedule: list | None = None,
+        timestep=None,
     ):
         clip_gradients([tf.zeros(1)], grad_clip, grad_clip_method)  # validates the method
         if accumulation_steps < 1:
@@ -213,8 +225,12 @@ class TowerStack:
         # a TargetNetwork (engine/target_network.py) moved after each applied step, or None
         self.target = target
         self.variables = list(model.trainable_variables)
-        self.groups = resolve_groups(optimizers, self.variables, grad_clip)
+        self.groups = resolve_groups(optimizers, self.variables, grad_clip, lr_schedule)
         self.optimizers = [group.optimizer for group in self.groups]
+        # <int64>[] the global timestep that learning-rate schedules read
+        self.timestep = timestep
+        if timestep is None and any(g.lr_schedule is not None for g in self.groups):
+            raise ValueError("a loss group has an lr_schedule, but the stack has no timestep")
         position = {id(v): i for i, v in enumerate(self.variables)}
         # each group's variables as positions in self.variables
         self._group_positions = [[position[id(v)] for v in g.variables] for g in self.groups]
@@ -223,8 +239,10 @@ class TowerStack:
             id(v) for layer in self._bn_layers for v in (layer.moving_mean, layer.moving_variance)
         }
         with tf.device(tower_devices.variable_device):
-            for group in self.groups:
+            for i, group in enumerate(self.groups):
                 group.optimizer.build(group.variables)
+                if group.lr_schedule is not None:  # as RLlib: the schedule's rate from the start
+                    group.optimizer.learning_rate.assign(self._learning_rate(i))
             # the loaded epochs' shuffle; its state is part of the policy state
             self.shuffle_rng = tf.random.Generator.from_seed(0 if seed is None else seed)
             # applied steps, which a group applied every N steps counts by; part of the
@@ -566,8 +584,9 @@ class TowerStack:
                     self._aligned(i, tape.gradient(loss, group.variables))
                     for i, (loss, group) in enumerate(zip(losses, self.groups))
                 ]
-                stats = _pack_stats(self.stats_fn(batch, losses, dict(extras.stats)))
-                per_row = _per_row_outputs(extras.per_row)
+                scalars, rows = _split_stats(self.stats_fn(batch, losses, dict(extras.stats)))
+                stats = _pack_stats(scalars)
+                per_row = _per_row_outputs({**extras.per_row, **rows})
                 updates = {
                     id(v): scope.get_current_value(v)
                     for v in self.model.non_trainable_variables
@@ -625,13 +644,18 @@ class TowerStack:
                 lambda per_tower: self._weighted_terms(per_tower, weights, devices),
             )
             grads, stats, moments, total = self._across_learners(grads, stats, moments, total)
+            unclipped = [self._with_l2(per_var) for per_var in grads]
             combined = [
-                clip_gradients(self._with_l2(per_var), group.grad_clip, self.grad_clip_method)
-                for per_var, group in zip(grads, self.groups)
+                clip_gradients(per_var, group.grad_clip, self.grad_clip_method)
+                for per_var, group in zip(unclipped, self.groups)
             ]
             names = results[0].stats.names
             stats = dict(zip(names, tf.unstack(stats, num=len(names))))
             stats["valid_rows"] = total
+            for i, per_var in enumerate(unclipped):  # of the combined gradient: exact
+                present = [g for g in per_var if g is not None]
+                stats[self._group_stat("grad_gnorm", i)] = tf.linalg.global_norm(present)
+                stats[self._group_stat("cur_lr", i)] = tf.cast(self._learning_rate(i), tf.float32)
             if results[0].per_row:  # per minibatch and tower, in batch order; never reduced
                 stats["_per_row"] = {
                     name: [r.per_row[name] for r in results] for name in results[0].per_row
@@ -647,6 +671,18 @@ class TowerStack:
                 or [tf.constant(True)]
             )
         return StepResult(combined, stats, assignments, finite)
+
+    def _group_stat(self, name: str, group_index: int) -> str:
+        """A per-group statistic's name: `name` for one group, `name_i` for several."""
+        return name if len(self.groups) == 1 else f"{name}_{group_index}"
+
+    def _learning_rate(self, group_index: int):
+        """A group's learning rate in this step: its schedule's at the timestep, or
+        the optimizer's own."""
+        group = self.groups[group_index]
+        if group.lr_schedule is None:
+            return group.optimizer.learning_rate
+        return schedule_value(group.lr_schedule, self.timestep)
 
     def _with_l2(self, grads: list) -> list:
         """l2_coeff * weight added to kernel gradients (not biases), before clipping."""
@@ -704,10 +740,12 @@ class TowerStack:
     def _apply_gradients(self, per_group: list) -> None:
         """Each group's gradients onto its variables (None: untouched); a group applied
         every N steps only on the steps where N divides the applied steps so far + 1."""
-        for group, grads in zip(self.groups, per_group):
+        for i, (group, grads) in enumerate(zip(self.groups, per_group)):
             pairs = [(g, v) for g, v in zip(grads, self.variables) if g is not None]
 
-            def apply(optimizer=group.optimizer, pairs=pairs):
+            def apply(optimizer=group.optimizer, pairs=pairs, i=i):
+                if self.groups[i].lr_schedule is not None:
+                    optimizer.learning_rate.assign(self._learning_rate(i))
                 optimizer.apply([g for g, _ in pairs], [v for _, v in pairs])
                 return tf.constant(True)
 
