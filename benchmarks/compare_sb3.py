@@ -84,7 +84,7 @@ def measure_ours(spec: dict) -> dict:
 
     start = time.perf_counter()
     algo = get_algorithm_class("sac")(ours_config(spec))
-    built = time.perf_counter()
+    built, cpu = time.perf_counter(), time.process_time()
     history = []
     try:
         while not history or history[-1]["env_steps"] < spec["env_steps"]:
@@ -101,6 +101,7 @@ def measure_ours(spec: dict) -> dict:
     return {
         "build_s": built - start,
         "learn_s": time.perf_counter() - built,
+        "learn_cpu_s": time.process_time() - cpu,
         "sgd_steps": history[-1]["sgd_steps"],
         "history": history,
     }
@@ -144,9 +145,9 @@ def measure_sb3(spec: dict) -> dict:
         seed=spec["seed"],
         device="cpu",
     )
-    built = time.perf_counter()
+    built, cpu = time.perf_counter(), time.process_time()
     model.learn(total_timesteps=spec["env_steps"], callback=EpisodeLog())
-    learn_s = time.perf_counter() - built
+    learn_s, learn_cpu_s = time.perf_counter() - built, time.process_time() - cpu
 
     def mean_return(steps: int) -> float:
         done = [r for end, r in episodes if end <= steps][-HYPER["window"] :]
@@ -156,6 +157,7 @@ def measure_sb3(spec: dict) -> dict:
     return {
         "build_s": built - start,
         "learn_s": learn_s,
+        "learn_cpu_s": learn_cpu_s,
         "sgd_steps": int(model._n_updates),
         "torch_threads": torch.get_num_threads(),
         "history": [{"env_steps": s, "return": mean_return(s)} for s in marks],
@@ -173,6 +175,8 @@ def measure(spec: dict):
         "env_steps": last["env_steps"],
         "return": last["return"],
         "env_steps_per_s": last["env_steps"] / run["learn_s"],
+        # on a shared machine CPU seconds say what the work costs, wall seconds the wait too
+        "env_steps_per_cpu_s": last["env_steps"] / run["learn_cpu_s"],
     }
 
 
@@ -231,6 +235,7 @@ def summarize(records: list[dict]) -> list[dict]:
             for label in labels:
                 run = next((r for r in rows if r["seed"] == seed and side_label(r) == label), {})
                 row[f"{label}_steps_per_s"] = run.get("env_steps_per_s")
+                row[f"{label}_steps_per_cpu_s"] = run.get("env_steps_per_cpu_s")
                 row[f"{label}_return"] = run.get("return")
                 row[f"{label}_env_steps"] = run.get("env_steps")
             per_seed.append(row)
@@ -243,6 +248,9 @@ def summarize(records: list[dict]) -> list[dict]:
                 if label != "sb3":
                     row[f"{label}_speed_vs_sb3"] = stats.ratio(
                         row[f"{label}_steps_per_s"], row.get("sb3_steps_per_s")
+                    )
+                    row[f"{label}_cpu_speed_vs_sb3"] = stats.ratio(
+                        row[f"{label}_steps_per_cpu_s"], row.get("sb3_steps_per_cpu_s")
                     )
             out.append(row)
     return out
