@@ -95,10 +95,6 @@ class Run(NamedTuple):
     tags: dict | None = None  # added to every record the child prints
 
 
-def runs(module: str, specs: list[dict]) -> list[Run]:
-    return [Run(module, spec) for spec in specs]
-
-
 def run_rounds(
     args,
     planned: list[Run],
@@ -137,12 +133,14 @@ class Benchmark(NamedTuple):
     seeded: bool = False  # the round is also the seed
     timeout: Callable[[dict], float] = lambda spec: 900  # seconds one child may take
     meta: Callable[[argparse.Namespace, list[dict]], dict] = lambda args, specs: {}
+    # the interpreter a spec's child runs under (another project's virtualenv), None: ours
+    python: Callable[[dict], str | None] = lambda spec: None
 
     @classmethod
     def of(cls, script: ModuleType, **options) -> Benchmark:
         """The parts a script module names NAME, configurations, measure, summarize,
         plot and WORKLOAD, its children run as that module; options: the fields
-        after those (seeded, timeout, meta)."""
+        after those (seeded, timeout, meta, python)."""
         return cls(
             script.NAME,
             script.__spec__.name,
@@ -172,9 +170,8 @@ def run(args: argparse.Namespace, benchmark: Benchmark) -> Path | None:
         return child_main(args, benchmark.measure)
     specs = benchmark.configurations(args)
     meta = start_meta(args, workload=benchmark.workload, **benchmark.meta(args, specs))
-    records = run_rounds(
-        args, runs(benchmark.module, specs), seeded=benchmark.seeded, timeout=benchmark.timeout
-    )
+    planned = [Run(benchmark.module, spec, python=benchmark.python(spec)) for spec in specs]
+    records = run_rounds(args, planned, seeded=benchmark.seeded, timeout=benchmark.timeout)
     summary = benchmark.summarize(records)
     plots = benchmark.plot(summary, args.out)
     meta["plots"] = plots if isinstance(plots, list) else [plots]

@@ -289,3 +289,20 @@ def test_client_local_smoke(tmp_path):
         "bare": True,
         "exported": True,
     }
+
+
+@pytest.mark.slow
+def test_compare_sb3_smoke(tmp_path):
+    """Ours and, when its virtualenv exists, Stable-Baselines3's SAC run the same
+    Pendulum-v1 schedule and report env steps/s and returns at the same env steps."""
+    from benchmarks import compare_sb3
+
+    records = run_smoke("compare_sb3", tmp_path, timeout=900)
+    runs = measurements(records)
+    python, skipped = compare_sb3.sb3_python()
+    assert {r["side"] for r in runs} == ({"ours", "sb3"} if python else {"ours"}), skipped
+    for run in runs:
+        assert run["env_steps"] == compare_sb3.SMOKE["env_steps"] and run["env_steps_per_s"] > 0
+        assert run["sgd_steps"] > 0 and [h["env_steps"] for h in run["history"]] == [500, 1000]
+    (median,) = [r for r in records if r.get("summary") and r["seed"] == "median"]
+    assert median["ours f1_env_steps"] == compare_sb3.SMOKE["env_steps"]
