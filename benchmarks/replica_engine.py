@@ -424,7 +424,8 @@ def main(argv=None):
     specs = configurations(args)
     if args.breakdown:
         specs = [dict(spec, breakdown=True) for spec in specs if spec["engine"] == "towers"]
-    records = harness.run_rounds(args, harness.runs("benchmarks.replica_engine", specs))
+    planned = [harness.Run("benchmarks.replica_engine", spec) for spec in specs]
+    records = harness.run_rounds(args, planned)
     name = NAME + ("_breakdown" if args.breakdown else "")
     if args.breakdown:
         summary = []
