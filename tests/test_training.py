@@ -131,12 +131,13 @@ def test_train_writes_a_checkpoint_and_tensorboard_scalars(trained):
     assert (checkpoint / "policy" / "policy_state.json").exists()
     import tensorflow as tf
 
-    events = list((trained / "tensorboard").glob("events.out.tfevents.*"))
+    events = sorted((trained / "tensorboard").glob("events.out.tfevents.*"))
     assert events
-    scalars = {}
-    for event in tf.compat.v1.train.summary_iterator(str(events[0])):
-        for value in event.summary.value:
-            scalars.setdefault(value.tag, []).append(event.step)
+    scalars: dict = {}
+    for path in events:  # the scalars' and the histograms' files, read as TensorBoard does
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append(event.step)
     assert scalars["episode_return_mean"] == [1, 2]
     assert scalars["policy_loss"] == [1, 2]
 
