@@ -186,6 +186,7 @@ def test_the_policy_actor_killed_while_sampling_comes_back_with_the_latest_weigh
         group.stop()
 
 
+@pytest.mark.slow  # a policy actor started twice: ~27 s here
 def test_a_standalone_policy_actor_opts_into_restarts(ray_faults):
     env = envs.ScriptedEpisodesEnv()
     obs_space, act_space = env.observation_space, env.action_space

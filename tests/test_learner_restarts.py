@@ -107,6 +107,7 @@ def test_a_dead_learner_fails_at_once_and_the_group_restarts_from_a_state(start_
     assert group.weights_identical()
 
 
+@pytest.mark.slow  # learner actors restarted in turn: ~40 s here
 def test_the_drivers_state_copy_is_the_newest_the_learners_served_or_the_one_before(start_pg_group):
     group = start_pg_group(num_learners=1)
     timeout = group.call_timeout_s

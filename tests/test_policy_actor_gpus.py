@@ -31,6 +31,7 @@ def _group(num_gpus: float) -> EnvRunnerGroup:
     )
 
 
+@pytest.mark.slow  # a policy actor on fake GPUs in its own Ray: ~26 s here
 def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_local):
     group = _group(0.5)
     try:

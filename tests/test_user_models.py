@@ -112,6 +112,7 @@ np.savez(sys.argv[2], **out)
 """
 
 
+@pytest.mark.slow  # a fresh process importing TensorFlow: ~30 s here
 def test_checkpoint_restores_bit_identical_actions_in_a_fresh_process(tmp_path):
     expected, dirs = {}, {}
     obs = np.random.default_rng(4).uniform(-1, 1, (16, 4)).astype(np.float32)
