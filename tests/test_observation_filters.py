@@ -102,9 +102,9 @@ def raw_observations_seen(batch) -> np.ndarray:
     return np.array([[k, t, SCRIPT["tag"]] for _, k, t in sorted(seen)], np.float64)
 
 
-@pytest.mark.slow
-def test_two_runners_statistics_merge_into_numpys_and_go_back_to_both(ray_local):
-    group = EnvRunnerGroup(
+def two_filtered_runners() -> EnvRunnerGroup:
+    """2 remote runners on the scripted episodes, MeanStdFilter, 9-step fragments."""
+    return EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,
         fakes.ReturnsPGPolicy,
         FILTERED,
@@ -113,6 +113,11 @@ def test_two_runners_statistics_merge_into_numpys_and_go_back_to_both(ray_local)
         env_config=SCRIPT,
         seed=0,
     )
+
+
+@pytest.mark.slow
+def test_two_runners_statistics_merge_into_numpys_and_go_back_to_both(ray_local):
+    group = two_filtered_runners()
     try:
         batch, _ = group.sample()
         assert batch.count == 18
@@ -140,15 +145,7 @@ def test_a_sync_that_does_not_wait_merges_what_arrived_and_sends_it_back(ray_loc
     """sync_weights(wait=False) (the replay loop's, IMPALA's and APPO's): the first
     asks the runners for their buffers, a later one merges those that arrived and
     gives the result to both runners, waiting for nothing."""
-    group = EnvRunnerGroup(
-        envs.ScriptedEpisodesEnv,
-        fakes.ReturnsPGPolicy,
-        FILTERED,
-        num_env_runners=2,
-        rollout_fragment_length=9,
-        env_config=SCRIPT,
-        seed=0,
-    )
+    group = two_filtered_runners()
     try:
         batch, _ = group.sample()
         weights = ray.get(group.workers[0].get_weights.remote())
