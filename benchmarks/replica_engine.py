@@ -403,8 +403,7 @@ def plot(summary: list[dict], out_dir: str) -> list[str]:
     return [p for p in paths if p]
 
 
-def main(argv=None):
-    parser = harness.base_parser(__doc__.splitlines()[0])
+def add_flags(parser) -> None:
     parser.add_argument("--engines", default=None, help="bare,mirrored,towers")
     parser.add_argument("--replicas", default=None, help="default 1,2,4")
     parser.add_argument("--threads", default=None, help=f"default {DEFAULT_THREADS!r}")
@@ -416,7 +415,10 @@ def main(argv=None):
     parser.add_argument(
         "--breakdown", action="store_true", help="time TowerStack with parts switched off instead"
     )
-    args = parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = harness.parse_args(__doc__, add_flags, argv)
     if args.child:
         spec = json.loads(args.child)
         return harness.child_main(args, breakdown if spec.get("breakdown") else measure)

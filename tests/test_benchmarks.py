@@ -225,27 +225,19 @@ def test_ppo_parity_smoke(tmp_path):
     assert all(r["reached"] == "1/1" and r["env_steps"] > 0 for r in rows.values())
 
 
-@pytest.mark.slow
-def test_gpu_benchmarks_script_smoke(tmp_path):
-    """scripts/gpu_benchmarks.sh --fake-gpus --all end to end at smoke size, as on a
-    machine without GPUs (NVIDIA_SMI lists none): it says so and measures fake GPUs.
-    Every step must leave its results."""
+def gpu_benchmarks(tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    """scripts/gpu_benchmarks.sh at smoke size, as on a machine without GPUs."""
     env = dict(
         os.environ,
         TF_CPP_MIN_LOG_LEVEL="3",
         SMOKE="1",
-        NVIDIA_SMI="false",
+        NVIDIA_SMI="false",  # nvidia-smi lists no GPU
         PYTHON=sys.executable,
         PYTHONPATH=str(REPO),
+        **env_extra,
     )
     proc = subprocess.run(
-        [
-            "bash",
-            str(REPO / "scripts" / "gpu_benchmarks.sh"),
-            "--fake-gpus",
-            "--all",
-            str(tmp_path),
-        ],
+        ["bash", str(REPO / "scripts" / "gpu_benchmarks.sh"), *args, str(tmp_path)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -253,14 +245,65 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
         timeout=1500,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+@pytest.mark.slow
+def test_gpu_benchmarks_script_smoke(tmp_path):
+    """The learner sweeps of scripts/gpu_benchmarks.sh --fake-gpus run end to end:
+    the script says it found no GPU and measures fake GPUs, and each step leaves
+    its results."""
+    proc = gpu_benchmarks(tmp_path, "--fake-gpus")
     assert "no GPU found" in proc.stderr and "fake GPUs" in proc.stderr
     printed = {}
-    for name in ("learner_group", "learner", "replica_engine", "inference", "sampler", "e2e"):
+    for name in ("learner_group", "learner"):
         lines = (tmp_path / f"{name}.jsonl").read_text().splitlines()
         printed[name] = [json.loads(line) for line in lines if line.strip()]
         assert printed[name] and not [r for r in printed[name] if "error" in r], name
         assert json.loads((tmp_path / f"{name}.json").read_text())["meta"]["smoke"] is True
     assert {"mlp", "lstm", "cnn"} <= {r.get("model") for r in printed["learner"]}
+
+
+@pytest.mark.slow
+def test_gpu_benchmarks_all_passes_each_script_flags_it_accepts(tmp_path):
+    """--all adds the other scripts, each of which has its own smoke run above: here
+    the dry run's commands are parsed by each script's own flags, so a flag the
+    script no longer takes fails this test without running the script twice."""
+    proc = gpu_benchmarks(tmp_path, "--fake-gpus", "--all", DRY_RUN="1")
+    commands = [
+        line[2:].split()
+        for line in proc.stderr.splitlines()
+        if line.startswith("+ ") and " -m benchmarks." in line
+    ]
+    scripts = [words[words.index("-m") + 1] for words in commands]
+    assert scripts == [
+        "benchmarks.learner",
+        "benchmarks.learner",
+        "benchmarks.replica_engine",
+        "benchmarks.inference",
+        "benchmarks.sampler",
+        "benchmarks.e2e",
+    ]
+    for words in commands:
+        module = words[words.index("-m") + 1]
+        argv = words[words.index("-m") + 2 :]
+        check = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import importlib, sys; from benchmarks import harness; "
+                "m = importlib.import_module(sys.argv[1]); "
+                "harness.parse_args(m.__doc__, m.add_flags, sys.argv[2:])",
+                module,
+                *argv,
+            ],
+            cwd=REPO,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO)),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert check.returncode == 0, f"{' '.join(words)}: {check.stderr[-2000:]}"
 
 
 def test_serve_smoke(tmp_path):
