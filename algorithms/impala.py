@@ -25,8 +25,15 @@ import tensorflow as tf
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
 from policy_service import LossExtras, TFPolicy, masked_mean
-from policy_service.config import ConfigError, finite, integer, one_of, setting
-from policy_service.config_rules import schedule_error
+from policy_service.config import (
+    ConfigError,
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+    finite,
+    integer,
+    one_of,
+    setting,
+)
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
 from policy_service.engine.units import LOSS_MASK
 from policy_service.sample_batch import SampleBatch
@@ -63,13 +70,8 @@ class IMPALAConfig(AlgorithmConfig):
         1.0, doc="lambda scaling the traces c_i (1: the paper's).", check=finite(ge=0, le=1)
     )
     vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
-    entropy_coeff: float = setting(0.01, doc="Weight of the entropy bonus.", check=finite(ge=0))
-    entropy_coeff_schedule: list | None = setting(
-        None,
-        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
-        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
-        check=schedule_error,
-    )
+    entropy_coeff: float = entropy_coeff_setting(0.01)
+    entropy_coeff_schedule: list | None = entropy_coeff_schedule_setting()
     broadcast_interval: int = setting(
         1, doc="Learner updates between weight broadcasts.", check=integer(ge=1)
     )

@@ -30,8 +30,12 @@ import tree
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
 from policy_service.adaptive_kl import AdaptiveKLPolicy
-from policy_service.config import finite, setting
-from policy_service.config_rules import schedule_error
+from policy_service.config import (
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+    finite,
+    setting,
+)
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import LossColumn
 
@@ -61,13 +65,8 @@ class PPOConfig(AlgorithmConfig):
     vf_loss_coeff: float = setting(
         1.0, doc="Weight of the value loss in the total loss.", check=finite(ge=0)
     )
-    entropy_coeff: float = setting(0.0, doc="Weight of the entropy bonus.", check=finite(ge=0))
-    entropy_coeff_schedule: list | None = setting(
-        None,
-        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
-        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
-        check=schedule_error,
-    )
+    entropy_coeff: float = entropy_coeff_setting(0.0)
+    entropy_coeff_schedule: list | None = entropy_coeff_schedule_setting()
     kl_coeff: float = setting(
         0.2, doc="Initial KL penalty coefficient; 0 turns the KL term off.", check=finite(ge=0)
     )

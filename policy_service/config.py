@@ -312,6 +312,22 @@ class PolicyConfig(Config):
     )
 
 
+def entropy_coeff_setting(default: float) -> Any:
+    """The `entropy_coeff` key of an algorithm whose loss has an entropy bonus (PPO,
+    IMPALA), with that algorithm's default; `entropy_coeff_schedule_setting` beside it."""
+    return setting(default, doc="Weight of the entropy bonus.", check=finite(ge=0))
+
+
+def entropy_coeff_schedule_setting() -> Any:
+    """The `entropy_coeff_schedule` key beside `entropy_coeff_setting` (schedules.py)."""
+    return setting(
+        None,
+        doc="[[timestep, coeff], ...]: entropy_coeff piecewise linear on the global "
+        "timestep (RLlib's semantics, lr_schedule's); replaces entropy_coeff.",
+        check=schedule_error,
+    )
+
+
 # ----- building and checking ----------------------------------------------------------------
 
 
