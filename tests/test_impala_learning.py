@@ -20,7 +20,7 @@ from policy_service.sample_batch import concat_samples
 pytestmark = pytest.mark.slow
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned"
-MAX_STEPS = 400_000
+MAX_STEPS = 600_000  # the tuned configs' 3 seeds: IMPALA <= 337k, APPO <= 185k
 
 
 def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
@@ -36,14 +36,7 @@ def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
 
 @pytest.mark.parametrize(
     "algo_cls, name",
-    [
-        pytest.param(
-            IMPALA,
-            "impala",
-            marks=pytest.mark.xfail(reason="cartpole_impala.yaml is not tuned yet", strict=True),
-        ),
-        (APPO, "appo"),
-    ],
+    [(IMPALA, "impala"), (APPO, "appo")],
 )
 def test_reaches_450_on_cartpole_with_two_remote_env_runners(ray_local, algo_cls, name):
     config = yaml.safe_load((TUNED / f"cartpole_{name}.yaml").read_text())
