@@ -246,6 +246,15 @@ def same_start(group, *policies) -> None:
     group.set_weights(weights)
 
 
+def assert_one_line(error: BaseException, *expected: str) -> str:
+    """The error's message, asserted to be one line holding each `expected` text."""
+    message = str(error)
+    assert "\n" not in message, message
+    for text in expected:
+        assert text in message, (text, message)
+    return message
+
+
 def assert_weights_close(a: dict, b: dict, atol: float = 1e-6, rtol: float = 1e-5) -> None:
     assert sorted(a) == sorted(b)
     for name in a:
