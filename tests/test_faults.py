@@ -33,19 +33,19 @@ from fault_runs import (
     error_line,
     one_error_line,
     subprocess_env,
-    without_ray_worker_logs,
 )
-from ray.exceptions import ActorDiedError
 
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
-from policy_service.distributed.restarts import RestartablePolicyActor
+from policy_service.distributed.restarts import PolicyActorFailure, RestartablePolicyActor
+from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
 from policy_service.sample_batch import SampleBatch
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SLOW_SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.02}
+HANG_BOUND_S = 60.0  # issue 27: resources that cannot be met fail within this
 
 
 @pytest.fixture(scope="module")
@@ -139,15 +139,15 @@ def test_the_run_ends_in_one_line_when_the_restart_budget_is_spent(
     assert group.num_restarts == restarts_before + 2
     assert time.monotonic() - started >= 0.25  # the second try waited (backoff)
 
-    # the command line reports it as that one line, exit status non-zero
+    # the command line reports it as that one line, exit status 1
     def failing_train(options):
         raise failure.value
 
     from policy_service.cli import training
 
     monkeypatch.setattr(training, "train", failing_train)
-    assert cli.main(["train", "ppo", "--env", "CartPole-v1"]) != 0
-    assert without_ray_worker_logs(capsys.readouterr().err) == [f"policy-service: error: {message}"]
+    assert cli.main(["train", "ppo", "--env", "CartPole-v1"]) == 1
+    assert one_error_line(capsys.readouterr().err) == f"policy-service: error: {message}"
 
 
 @pytest.mark.slow  # a policy actor started twice: ~30 s here
@@ -213,10 +213,20 @@ def test_a_standalone_policy_actor_opts_into_restarts(ray_faults):
         )
         assert extra["weights_version"] == 4 and served.num_restarts() == 1
         os.kill(ray.get(served.actor.stats.remote())["pid"], signal.SIGKILL)  # budget spent
-        with pytest.raises(ActorDiedError):
+        with pytest.raises(PolicyActorFailure) as failure:
             served.compute_actions(obs, explore=False)
+        with pytest.raises(PolicyActorFailure) as failed_weights:
+            served.set_weights(weights, 5)
     finally:
         served.kill()
+    for error, during in ((failure, "compute_actions()"), (failed_weights, "set_weights()")):
+        line = fakes.assert_one_line(
+            error.value,
+            f"the PolicyActor died 2 times during one run, found dead by {during} (1 restarts "
+            "in all; budgets: max_restarts=1); last: ActorDiedError: ",
+        )
+        assert line.startswith("the PolicyActor died"), line
+        assert isinstance(error.value, RunFailure)  # the command line's one line, exit 1
 
 
 # ----- learners and the PolicyActor that keep dying: the budget line, a final checkpoint ---
@@ -328,12 +338,36 @@ def test_more_env_runners_than_the_cpus_hold_fail_at_once_naming_the_resource(
         raise AssertionError("a worker was started before the shortfall was found")
 
     monkeypatch.setattr(EnvRunnerGroup, "_make_worker", started)
+    began = time.monotonic()
     with pytest.raises(EnvRunnerResourcesError) as refused:
         EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, num_env_runners=100)
-    assert str(refused.value).startswith(
+    assert time.monotonic() - began < HANG_BOUND_S
+    line = fakes.assert_one_line(refused.value)
+    assert line.startswith(
         "100 env runner(s) need CPU 50 in total (num_cpus_per_env_runner=0.5 each); "
         "the cluster has CPU 2 ("
-    ), refused.value
+    ), line
+
+
+def test_train_with_more_env_runners_than_the_cpus_hold_ends_at_once_in_one_line(
+    ray_faults, tmp_path, capsys, monkeypatch
+):
+    """The command line (on this module's Ray of 2 CPUs, used as it is): exit 2, the
+    shortfall named in one line, no worker started and no run directory written."""
+
+    def started(*args, **kwargs):
+        raise AssertionError("a worker was started before the shortfall was found")
+
+    monkeypatch.setattr(EnvRunnerGroup, "_make_worker", started)
+    run_dir = tmp_path / "run"
+    train = ["train", "ppo", "--env", "CartPole-v1", "--num-env-runners", "100", *TINY]
+    began = time.monotonic()
+    code = cli.main([*train, "--output-dir", str(run_dir)])
+    assert time.monotonic() - began < HANG_BOUND_S
+    line = error_line(capsys.readouterr().err)
+    assert code == 2, line
+    assert "100 env runner(s) need CPU" in line and "the cluster has CPU 2" in line, line
+    assert not run_dir.exists()
 
 
 def _process_named(root: int, name: str) -> int:

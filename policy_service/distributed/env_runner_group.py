@@ -34,6 +34,7 @@ from policy_service.distributed.policy_actor import broadcast_weights, check_pol
 from policy_service.distributed.resources import resource_shortfall
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
+    PolicyActorFailure,
     RestartablePolicyActor,
     backoff_delays,
     died_of_actor_death,
@@ -323,6 +324,8 @@ class EnvRunnerGroup:
                 self._served_policy.set_weights(weights_ref, version)
             except RayActorError as error:
                 raise self._policy_actor_failure(error) from None
+            except PolicyActorFailure as failure:  # told in this group's terms
+                raise self._policy_actor_failure(failure.death) from None
             return
         _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
         if not wait:

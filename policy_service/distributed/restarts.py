@@ -13,8 +13,9 @@ small `LatestWeights` actor; a restarted PolicyActor reads it in `__init__`,
 before it serves anything, and acts with the latest weights and version.
 Callers holding the handle (rollout workers) send a call that was lost with the
 dead process once more (`call_retrying_once`); Ray queues it until the restarted
-actor is up. When the restarts are spent the actor stays dead and the call's
-error reaches the caller.
+actor is up. When the restarts are spent the actor stays dead: a call through
+RestartablePolicyActor then ends in PolicyActorFailure, the env runners' and
+learners' budget line; a caller holding the bare handle gets Ray's error.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
 from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
+from policy_service.errors import RunFailure, restart_budget_spent
 
 DEFAULT_POLICY_ACTOR_RESTARTS = 3
 RESTART_WAIT_S = 120.0  # longest wait for a restarting actor (it rebuilds its policy)
@@ -71,14 +73,27 @@ def backoff_delays(attempts: int, first_s: float = 0.25, longest_s: float = 4.0)
     return [0.0] + [min(longest_s, first_s * 2**k) for k in range(attempts - 1)]
 
 
-def restarts_by_ray(actor) -> int:
-    """How often Ray restarted `actor`, as the GCS counts it (also the restarts that
-    died before running any code). Read from the GCS itself: Ray's public state API
-    goes through the dashboard, which is off."""
+def _gcs_actor_info(actor) -> dict:
+    """What the GCS holds on `actor` ("State", "NumRestarts", ...). Read from the GCS
+    itself: Ray's public state API goes through the dashboard, which is off."""
     from ray._private import state
 
-    info = state.actors(actor_id=actor._actor_id.hex())
-    return int(info.get("NumRestarts", 0)) if info else 0
+    return state.actors(actor_id=actor._actor_id.hex()) or {}
+
+
+def restarts_by_ray(actor) -> int:
+    """How often Ray restarted `actor`, as the GCS counts it (also the restarts that
+    died before running any code)."""
+    return int(_gcs_actor_info(actor).get("NumRestarts", 0))
+
+
+class PolicyActorFailure(RunFailure, RuntimeError):
+    """A RestartablePolicyActor is dead for good, its restarts spent: one line, the
+    env runners' and learners' budget line. `death` is the call's own error."""
+
+    def __init__(self, message: str, death: BaseException):
+        super().__init__(message)
+        self.death = death
 
 
 @ray.remote(num_cpus=0)
@@ -138,9 +153,10 @@ class RestartablePolicyActor:
         )
 
     def set_weights(self, weights, version: int | None = None) -> int:
-        """Publish, then assign: one object-store copy. -> the version in use."""
+        """Publish, then assign: one object-store copy. -> the version in use.
+        PolicyActorFailure once the actor is dead for good."""
         if version is None:
-            version = call_retrying_once(self.actor.weights_version) + 1
+            version = self._call("set_weights()", self.actor.weights_version) + 1
         _, pending = broadcast_weights(
             [self.actor], weights, version, wait=False, weights_source=self.weights_source
         )
@@ -149,10 +165,38 @@ class RestartablePolicyActor:
         except RayActorError as error:
             if not is_actor_death(error):
                 raise
-            return call_retrying_once(self.actor.weights_version)  # restored from the source
+        # restored from the source, when Ray restarted it
+        return self._call("set_weights()", self.actor.weights_version)
 
     def compute_actions(self, obs_batch, state_batches=None, **kwargs):
-        return call_retrying_once(self.actor.compute_actions, obs_batch, state_batches, **kwargs)
+        """The PolicyActor's compute_actions, sent once more if it died meanwhile;
+        PolicyActorFailure once it is dead for good."""
+        return self._call(
+            "compute_actions()", self.actor.compute_actions, obs_batch, state_batches, **kwargs
+        )
+
+    def _call(self, during: str, method, *args, **kwargs):
+        try:
+            return call_retrying_once(method, *args, **kwargs)
+        except RayActorError as error:
+            if not is_actor_death(error):
+                raise
+            info = _gcs_actor_info(self.actor)
+            if info.get("State") != "DEAD":  # Ray is still restarting it
+                raise
+            restarts = int(info.get("NumRestarts", 0))
+            # the budget is for the actor's whole run: every restart followed a death
+            raise PolicyActorFailure(
+                restart_budget_spent(
+                    "the PolicyActor",
+                    restarts + 1,
+                    f"run, found dead by {during}",
+                    restarts,
+                    {"max_restarts": self.max_restarts},
+                    error,
+                ),
+                error,
+            ) from None
 
     def num_restarts(self) -> int:
         return restarts_by_ray(self.actor)
