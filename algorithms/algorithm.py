@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from algorithms.multi_agent import MultiAgentEnvRunners, MultiAgentLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
     from policy_service.policy import TFPolicy
     from policy_service.serving.external_env_runners import ExternalEnvRunners
@@ -269,12 +270,13 @@ class Algorithm:
         cfg = self.config
         if cfg._fake_gpus and cfg.num_gpus > 0 and cfg.num_learners == 0:
             devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
-        if (
+        uses_ray = (
             cfg.num_env_runners > 0
             or cfg.remote_inference
             or cfg.num_learners > 0
             or cfg.external_env
-        ):
+        )
+        if uses_ray:
             self._init_ray()
         # Both are built here and kept for the algorithm's life; stop() ends them.
         self.env_runners: EnvRunnerGroup | ExternalEnvRunners  # the latter: --external-env
@@ -285,6 +287,10 @@ class Algorithm:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
                 return
+            if uses_ray:  # every role's sum, before any of them starts
+                from policy_service.distributed.resources import check_cluster_fits
+
+                check_cluster_fits(self.resource_asks())
             self.env_runners = self._make_env_runners(self.config.seed)
             from policy_service.distributed.learner_group import LearnerGroup
 
@@ -548,8 +554,17 @@ class Algorithm:
     def _make_multi_agent(self) -> tuple[MultiAgentEnvRunners, MultiAgentLearners]:
         """The driver's multi-agent sampler and the policies' learners, weights synced."""
         from algorithms import multi_agent
+        from policy_service.distributed.learners import learner_asks
+        from policy_service.distributed.resources import check_cluster_fits
 
         env, policies = multi_agent.resolve_policies(self.config, self.policy_class)
+        check_cluster_fits(
+            [
+                ask._replace(role=f"learner of policy {policy_id!r}")
+                for policy_id, spec in policies.specs.items()
+                for ask in learner_asks(spec.config)
+            ]
+        )
         learners = multi_agent.MultiAgentLearners(policies)
         try:
             runners = multi_agent.MultiAgentEnvRunners(
@@ -560,6 +575,28 @@ class Algorithm:
             raise
         runners.sync_weights(learners.get_weights())
         return runners, learners
+
+    def resource_asks(self) -> list[RoleAsk]:
+        """What this run's actors ask of Ray: env runners (or the external env's
+        training server), the PolicyActor, learners; their sum is checked before any
+        of them starts."""
+        from policy_service.distributed.env_runner_group import (
+            env_runner_asks,
+            policy_actor_ray_options,
+        )
+        from policy_service.distributed.learners import learner_asks
+        from policy_service.distributed.resources import RoleAsk
+
+        cfg = self.config
+        if cfg.external_env:
+            from policy_service.serving.deployment import ServingSettings
+
+            cpus = ServingSettings().num_cpus_per_replica
+            asks = [RoleAsk("training server", 1, {"CPU": cpus}, {"CPU": "external_env"})]
+        else:
+            options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
+            asks = env_runner_asks(cfg.num_env_runners, cfg.num_cpus_per_env_runner, options)
+        return asks + learner_asks(cfg)
 
     def inference_actors(self) -> list | None:
         """Actors that act for the env runners with their own weights (the learner

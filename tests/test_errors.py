@@ -58,7 +58,7 @@ def test_first_line_drops_what_follows_the_headline():
         ("algorithms.evaluation", "EnvironmentMismatch", Exception),
         ("policy_service.distributed.jobs", "JobSubmissionError", Exception),
         ("policy_service.distributed.learners", "LearnerResourcesError", RuntimeError),
-        ("policy_service.distributed.policy_actor", "PolicyActorResourcesError", RuntimeError),
+        ("policy_service.distributed.resources", "ResourcesError", RuntimeError),
     ],
 )
 def test_the_errors_of_bad_input_are_user_errors_and_keep_their_builtin_base(module, name, builtin):

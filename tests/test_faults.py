@@ -38,6 +38,7 @@ from fault_runs import (
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
+from policy_service.distributed.resources import ResourcesError
 from policy_service.distributed.restarts import PolicyActorFailure, RestartablePolicyActor
 from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
@@ -332,20 +333,18 @@ def test_a_policy_actor_whose_restarts_die_starting_ends_in_a_line_that_counts_t
 def test_more_env_runners_than_the_cpus_hold_fail_at_once_naming_the_resource(
     ray_faults, monkeypatch
 ):
-    from policy_service.distributed.env_runner_group import EnvRunnerResourcesError
-
     def started(*args, **kwargs):
         raise AssertionError("a worker was started before the shortfall was found")
 
     monkeypatch.setattr(EnvRunnerGroup, "_make_worker", started)
     began = time.monotonic()
-    with pytest.raises(EnvRunnerResourcesError) as refused:
+    with pytest.raises(ResourcesError) as refused:
         EnvRunnerGroup(envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, num_env_runners=100)
     assert time.monotonic() - began < HANG_BOUND_S
     line = fakes.assert_one_line(refused.value)
-    assert line.startswith(
-        "100 env runner(s) need CPU 50 in total (num_cpus_per_env_runner=0.5 each); "
-        "the cluster has CPU 2 ("
+    assert line == (
+        "resources: 100 env runners x 0.5 CPU = 50 CPUs, the cluster has 2 CPUs "
+        "(num_env_runners, num_cpus_per_env_runner)"
     ), line
 
 
@@ -366,7 +365,10 @@ def test_train_with_more_env_runners_than_the_cpus_hold_ends_at_once_in_one_line
     assert time.monotonic() - began < HANG_BOUND_S
     line = error_line(capsys.readouterr().err)
     assert code == 2, line
-    assert "100 env runner(s) need CPU" in line and "the cluster has CPU 2" in line, line
+    assert line == (
+        "policy-service: error: resources: 100 env runners x 0.5 CPU = 50 CPUs, the cluster "
+        "has 2 CPUs (num_env_runners, num_cpus_per_env_runner)"
+    ), line
     assert not run_dir.exists()
 
 

@@ -300,5 +300,8 @@ def test_a_job_reserving_a_gpu_sees_exactly_that_gpu(submissions):
 def test_learners_asking_for_more_gpus_than_the_cluster_has_fail_fast(submissions):
     code, out, err = submissions["too_many_gpus"]
     assert code == 1, out + err
-    assert "need GPU 2 in total (num_gpus_per_learner=2 each); the cluster has GPU 1" in out
+    assert (
+        "resources: 1 learner x 2 GPUs = 2 GPUs, the cluster has 1 GPU "
+        "(num_learners, num_gpus_per_learner)" in out
+    )
     assert "Traceback" not in out

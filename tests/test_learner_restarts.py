@@ -24,11 +24,8 @@ from fakes import (
 
 from policy_service import LearnerGroup
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
-from policy_service.distributed.learners import (
-    LearnerDiedError,
-    LearnerResourcesError,
-    LearnerTimeoutError,
-)
+from policy_service.distributed.learners import LearnerDiedError, LearnerTimeoutError
+from policy_service.distributed.resources import ResourcesError
 
 ray = pytest.importorskip("ray")
 
@@ -44,10 +41,10 @@ ONE_EACH = {"num_learners": 2, "num_cpus_per_learner": 0.5}  # one CPU device pe
 def test_gpus_the_cluster_lacks_fail_at_once_naming_them(ray_local):
     start = time.perf_counter()
     with pytest.raises(
-        LearnerResourcesError,
+        ResourcesError,
         match=(
-            r"2 learner\(s\) need GPU 2 in total \(num_gpus_per_learner=1 each\); "
-            r"the cluster has GPU 0 \(0 available\)"
+            r"^resources: 2 learners x 1 GPU = 2 GPUs, the cluster has 0 GPUs "
+            r"\(num_learners, num_gpus_per_learner\)$"
         ),
     ):
         LearnerGroup(
@@ -70,9 +67,10 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_local):
     start = time.perf_counter()
     try:
         with pytest.raises(
-            LearnerResourcesError,
-            match=r"2 learner\(s\) \(PACK\) not placed within 3 s: asked CPU 1 "
-            r"\(num_cpus_per_learner=0.5 each\); available now CPU 0",
+            ResourcesError,
+            match=r"^resources: 2 learners x 0.5 CPU = 1 CPU, the cluster has 2 CPUs, 0 free "
+            r"after waiting 3 s for other actors or jobs to release them "
+            r"\(num_learners, num_cpus_per_learner\)$",
         ):
             LearnerGroup(
                 PGPolicy,

@@ -11,7 +11,7 @@ import ray
 
 from policy_service.config import ConfigError, PolicyConfig
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
-from policy_service.distributed.policy_actor import PolicyActorResourcesError
+from policy_service.distributed.resources import ResourcesError
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 RAY_RESOURCES = {"num_gpus": 1}  # read by conftest.ray_local
@@ -65,12 +65,12 @@ def test_without_the_key_the_policy_actor_holds_no_gpu(ray_local):
 
 def test_more_gpus_than_the_cluster_has_fail_at_once_in_one_line(ray_local):
     start = time.monotonic()
-    with pytest.raises(PolicyActorResourcesError) as info:
+    with pytest.raises(ResourcesError) as info:
         _group(2)
     assert time.monotonic() - start < 60  # fails at once, no hang: a bound, not a timing
     assert str(info.value) == (
-        "the PolicyActor needs GPU 2 (num_gpus_per_policy_actor=2); "
-        "the cluster has GPU 1 (1 available)"
+        "resources: 1 policy actor x 2 GPUs = 2 GPUs, the cluster has 1 GPU "
+        "(num_gpus_per_policy_actor)"
     )
 
 

@@ -57,8 +57,8 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
     code_too_big, _, err_too_big = finish(too_big)
     assert code_too_big == 2, err_too_big
     assert err_too_big.strip().splitlines()[-1] == (
-        "policy-service: error: the PolicyActor needs GPU 1 (num_gpus_per_policy_actor=1); "
-        "the cluster has GPU 0 (0 available)"
+        "policy-service: error: resources: 1 policy actor x 1 GPU = 1 GPU, the cluster has "
+        "0 GPUs (num_gpus_per_policy_actor)"
     )
     resources = json.loads((run_dir / "result.json").read_text())["resources"]
     assert not resources["driver"]["holds_learner"] and resources["driver"]["devices"] is None

@@ -30,8 +30,8 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models, observation_filters
 from policy_service.config import config_for
-from policy_service.distributed.policy_actor import broadcast_weights, check_policy_actor_resources
-from policy_service.distributed.resources import resource_shortfall
+from policy_service.distributed.policy_actor import broadcast_weights
+from policy_service.distributed.resources import RoleAsk, check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
     PolicyActorFailure,
@@ -41,7 +41,7 @@ from policy_service.distributed.restarts import (
     is_actor_death,
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.errors import RunFailure, UserError, one_line, restart_budget_spent
+from policy_service.errors import RunFailure, one_line, restart_budget_spent
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 DEFAULT_MAX_RESTARTS = 100
@@ -51,23 +51,42 @@ class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
 
 
-class EnvRunnerResourcesError(UserError, RuntimeError):
-    """The cluster cannot hold the env runners asked for."""
+def env_runner_asks(
+    num_env_runners: int, num_cpus_per_env_runner: float, policy_actor_options: dict | None
+) -> list[RoleAsk]:
+    """What a group asks of Ray: its env runners, and the PolicyActor started with
+    these Ray options (`policy_actor_ray_options`; None: no PolicyActor)."""
+    asks = [
+        RoleAsk(
+            "env runner",
+            num_env_runners,
+            {"CPU": float(num_cpus_per_env_runner)},
+            {"CPU": "num_env_runners, num_cpus_per_env_runner"},
+        )
+    ]
+    if policy_actor_options is not None:
+        asks.append(
+            RoleAsk(
+                "policy actor",
+                1,
+                {
+                    "CPU": float(policy_actor_options.get("num_cpus") or 0),
+                    "GPU": float(policy_actor_options.get("num_gpus") or 0),
+                },
+                {"CPU": "remote_inference", "GPU": "num_gpus_per_policy_actor"},
+            )
+        )
+    return asks
 
 
-def check_env_runner_resources(num_env_runners: int, num_cpus_per_env_runner: float) -> None:
-    """Fail at once, in one line, when the cluster's CPUs cannot hold every env
-    runner (Ray would leave the rest pending and sampling would wait forever)."""
-    shortfall = resource_shortfall(
-        "env runner",
-        {"CPU": float(num_cpus_per_env_runner)} if num_cpus_per_env_runner > 0 else {},
-        num_env_runners,
-        {"CPU": "num_cpus_per_env_runner"},
-        ray.cluster_resources(),
-        ray.available_resources(),
-    )
-    if shortfall:
-        raise EnvRunnerResourcesError(shortfall)
+def policy_actor_ray_options(options: dict | None, policy_config: dict | Any) -> dict:
+    """The PolicyActor's Ray options: `options`, by default 1 CPU and the policy
+    config's num_gpus_per_policy_actor GPUs."""
+    options = dict(options or {})
+    options.setdefault("num_cpus", 1)
+    if "num_gpus" not in options:
+        options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
+    return options
 
 
 _SUMMED_METRICS = (
@@ -87,7 +106,7 @@ class EnvRunnerGroup:
     policy_actor_options: Ray options of the PolicyActor (remote_inference),
       e.g. {"num_cpus": 1}; its GPUs are the policy config's
       num_gpus_per_policy_actor unless "num_gpus" is given here (more than the
-      cluster has: PolicyActorResourcesError at once); policy_actor_kwargs: its max_batch_size and
+      cluster has: ResourcesError); policy_actor_kwargs: its max_batch_size and
       batch_wait_timeout_s (defaults: one row per sub-env of all workers, 2 ms).
     max_restarts_per_sample: replacements of one worker within one `sample()`
       (or one `sync_weights`), those that died while starting included, before
@@ -155,15 +174,21 @@ class EnvRunnerGroup:
                 "inference_actors need remote env runners (num_env_runners >= 1) "
                 "and no remote_inference"
             )
-        if self.num_env_runners:
-            check_env_runner_resources(self.num_env_runners, num_cpus_per_env_runner)
-        if remote_inference:
+        actor_options = (
+            policy_actor_ray_options(policy_actor_options, policy_config)
+            if remote_inference
+            else None
+        )
+        check_cluster_fits(
+            env_runner_asks(self.num_env_runners, num_cpus_per_env_runner, actor_options)
+        )
+        if actor_options is not None:
             self._served_policy = self._start_policy_actor(
                 env,
                 env_config,
                 policy_cls,
                 policy_config,
-                policy_actor_options,
+                actor_options,
                 policy_actor_kwargs,
                 total_envs=max(1, num_env_runners) * num_envs_per_env_runner,
             )
@@ -458,11 +483,6 @@ class EnvRunnerGroup:
         self, env, env_config, policy_cls, policy_config, options, kwargs, total_envs: int
     ):
         obs_space, action_space = probe_spaces(env, env_config)
-        options = dict(options or {})
-        options.setdefault("num_cpus", 1)
-        if "num_gpus" not in options:
-            options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
-        check_policy_actor_resources(options)
         kwargs = {
             "max_batch_size": total_envs,
             "batch_wait_timeout_s": 0.002,

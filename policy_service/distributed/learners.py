@@ -26,16 +26,22 @@ from policy_service.distributed.acting_learner import ActingLearnerHost, serves_
 from policy_service.distributed.learner import Learner
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
-from policy_service.distributed.resources import resource_shortfall
+from policy_service.distributed.resources import (
+    AVAILABLE_WAIT_S,
+    ResourcesError,
+    RoleAsk,
+    check_cluster_fits,
+)
 from policy_service.engine.collectives import CollectivePeerError
-from policy_service.errors import RunFailure, UserError
+from policy_service.errors import RunFailure
 from policy_service.policy_spec import PolicySpec
 
 CONNECT_TIMEOUT_S = 180.0
 
 
-class LearnerResourcesError(UserError, RuntimeError):
-    """The cluster cannot hold the learners asked for."""
+class LearnerResourcesError(ResourcesError):
+    """The learners' placement group was not ready in time (their sum fits the
+    cluster, but not as placed, e.g. PACK on no node big enough)."""
 
 
 class LearnerDiedError(RuntimeError):
@@ -124,9 +130,14 @@ class RemoteLearners:
         config = spec.config
         num_learners = int(config.num_learners)
         bundle = learner_bundle(config)
+        deadline = time.monotonic() + ready_timeout_s
+        check_cluster_fits(learner_asks(config), wait_s=min(ready_timeout_s, AVAILABLE_WAIT_S))
         if bundle:
             self._placement_group = reserve_placement_group(
-                bundle, num_learners, config.learner_placement_strategy, ready_timeout_s
+                bundle,
+                num_learners,
+                config.learner_placement_strategy,
+                max(1.0, round(deadline - time.monotonic(), 1)),
             )
         actor_cls = ray.remote(ActingLearnerHost if serves_actions(config) else LearnerHost)
         registry = models.custom_model_registry()
@@ -240,14 +251,15 @@ def learner_bundle(config) -> dict:
 _KEY_OF = {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}
 
 
+def learner_asks(config) -> list[RoleAsk]:
+    """What the learner actors ask of Ray (none when the learner is in the driver)."""
+    keys = {resource: f"num_learners, {key}" for resource, key in _KEY_OF.items()}
+    return [RoleAsk("learner", int(config.num_learners), learner_bundle(config), keys)]
+
+
 def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: float):
-    """One placement group of `count` learner bundles, ready, or LearnerResourcesError:
-    at once when the cluster's totals fall short, else after `timeout_s`."""
-    shortfall = resource_shortfall(
-        "learner", bundle, count, _KEY_OF, ray.cluster_resources(), ray.available_resources()
-    )
-    if shortfall:
-        raise LearnerResourcesError(shortfall)
+    """One placement group of `count` learner bundles, ready, or LearnerResourcesError
+    after `timeout_s` (their sum is checked first: check_cluster_fits)."""
     group = placement_group([dict(bundle) for _ in range(count)], strategy=strategy)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if ready:

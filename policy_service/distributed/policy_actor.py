@@ -38,7 +38,6 @@ from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
-from policy_service.errors import UserError
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -436,31 +435,6 @@ def broadcast_weights(
     if wait:
         ray.get(pending)
     return weights_ref, pending
-
-
-# ----- resources asked of Ray ------------------------------------------------------------
-
-
-class PolicyActorResourcesError(UserError, RuntimeError):
-    """The cluster cannot hold the PolicyActor asked for."""
-
-
-_OPTION_OF = {"CPU": "num_cpus", "GPU": "num_gpus"}
-
-
-def check_policy_actor_resources(options: dict) -> None:
-    """Fail at once, in one line, when the cluster's totals cannot hold a PolicyActor
-    started with these Ray `options` (else Ray would leave it pending forever)."""
-    total, available = ray.cluster_resources(), ray.available_resources()
-    for resource, option in _OPTION_OF.items():
-        asked = float(options.get(option) or 0)
-        if asked > total.get(resource, 0.0) + 1e-9:
-            key = "num_gpus_per_policy_actor" if resource == "GPU" else f"policy actor {option}"
-            raise PolicyActorResourcesError(
-                f"the PolicyActor needs {resource} {asked:g} ({key}={asked:g}); the cluster "
-                f"has {resource} {total.get(resource, 0.0):g} "
-                f"({available.get(resource, 0.0):g} available)"
-            )
 
 
 # ----- devices and threads in the hosting process ---------------------------------------

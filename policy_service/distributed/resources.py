@@ -1,7 +1,9 @@
-"""What each process of a run holds: Ray's reservation, GPU ids and tower devices.
+"""What a run's actors ask of Ray, checked against the cluster before any starts
+(`check_cluster_fits`), and what each process of a run holds: Ray's reservation,
+GPU ids and tower devices.
 
-Read inside the process itself, since only there does Ray say which GPUs it
-assigned. `result.json` records it for every role of a training run:
+What a process holds is read inside it, since only there does Ray say which GPUs
+it assigned. `result.json` records it for every role of a training run:
 
     process_resources(policy.devices)                  # in this process (e.g. the driver)
     actor_resources(worker, lambda w: w.policy)        # inside a Ray actor, by its handle
@@ -10,10 +12,13 @@ assigned. `result.json` records it for every role of a training run:
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import ray
+
+from policy_service.errors import UserError
 
 
 def process_resources(
@@ -58,20 +63,83 @@ def actor_resources(
     return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)
 
 
-def resource_shortfall(
-    role: str, bundle: dict, count: int, key_of: dict, total: dict, available: dict
-) -> str | None:
-    """A one-line description of the first resource the cluster's totals cannot
-    give `count` actors of `role` asking `bundle` each (None when all suffice);
-    `key_of` names the config key of each resource. Checked before they start,
-    since Ray would leave the ones that do not fit pending forever."""
-    for resource, amount in bundle.items():
-        asked = amount * count
-        if total.get(resource, 0.0) + 1e-9 < asked:
-            return (
-                f"{count} {role}(s) need {resource} {asked:g} in total "
-                f"({key_of.get(resource, resource)}={amount:g} each); the cluster has "
-                f"{resource} {total.get(resource, 0.0):g} "
-                f"({available.get(resource, 0.0):g} available)"
+class ResourcesError(UserError, RuntimeError):
+    """The cluster cannot hold the actors a run (or a group) asks for."""
+
+
+class RoleAsk(NamedTuple):
+    """`num_actors` actors of `role` ("env runner"), each asking Ray for `bundle`
+    ({"CPU": 1.0, "GPU": 0.5}); `keys`: the config keys that set each resource's ask."""
+
+    role: str
+    num_actors: int
+    bundle: dict
+    keys: dict
+
+
+AVAILABLE_WAIT_S = 30.0  # for resources held by actors still stopping, or by other jobs
+_POLL_S = 0.2
+
+
+def check_cluster_fits(asks: list[RoleAsk], wait_s: float = AVAILABLE_WAIT_S) -> None:
+    """Refuse, in one line, asks whose sum over every role the cluster cannot hold,
+    before any of the actors starts (Ray would leave the ones that do not fit pending
+    forever): at once when the sum exceeds the cluster's totals; when it exceeds only
+    what is available now (held by other jobs, a job's driver, actors still stopping),
+    after waiting `wait_s` for it to be freed. ResourcesError names each role's ask,
+    the sum, and what the cluster has."""
+    needed: dict[str, float] = {}
+    for ask in asks:
+        for resource, amount in ask.bundle.items():
+            if ask.num_actors > 0 and amount > 0:
+                needed[resource] = needed.get(resource, 0.0) + ask.num_actors * float(amount)
+    if not needed or not ray.is_initialized():  # no cluster: starting them says so
+        return
+    total = ray.cluster_resources()
+    if _short(needed, total):
+        raise ResourcesError(_describe(asks, needed, total, None, wait_s))
+    deadline = time.monotonic() + wait_s
+    while _short(needed, available := ray.available_resources()):
+        if time.monotonic() >= deadline:
+            raise ResourcesError(_describe(asks, needed, total, available, wait_s))
+        time.sleep(_POLL_S)
+
+
+def _short(needed: dict, have: dict) -> list[str]:
+    return [r for r, amount in needed.items() if have.get(r, 0.0) + 1e-9 < amount]
+
+
+def _describe(
+    asks: list[RoleAsk], needed: dict, total: dict, available: dict | None, wait_s: float
+) -> str:
+    """One line over every resource short, e.g. "resources: 2 env runners x 1 CPU +
+    1 learner x 1 CPU = 3 CPUs, the cluster has 2 CPUs (num_env_runners, ...)"."""
+    parts = []
+    for resource in _short(needed, total if available is None else available):
+        roles = [a for a in asks if a.num_actors > 0 and a.bundle.get(resource, 0) > 0]
+        asked = " + ".join(_role_ask(a, resource) for a in roles)
+        has = f"the cluster has {_amount(total.get(resource, 0.0), resource)}"
+        if available is not None:
+            has += (
+                f", {available.get(resource, 0.0):g} free after waiting {wait_s:g} s for "
+                "other actors or jobs to release them"
             )
-    return None
+        keys = ", ".join(dict.fromkeys(a.keys[resource] for a in roles))
+        parts.append(f"{asked} = {_amount(needed[resource], resource)}, {has} ({keys})")
+    return "resources: " + "; ".join(parts)
+
+
+def _role_ask(ask: RoleAsk, resource: str) -> str:
+    return f"{_counted(ask.num_actors, ask.role)} x {_amount(ask.bundle[resource], resource)}"
+
+
+def _amount(amount: float, resource: str) -> str:
+    return f"{amount:g} {resource}{'' if 0 < amount <= 1 else 's'}"
+
+
+def _counted(count: int, role: str) -> str:
+    """A role counted: 2 env runners, 1 learner, 2 learners of policy 'p1'."""
+    if count == 1:
+        return f"1 {role}"
+    noun, of, owner = role.partition(" of ")
+    return f"{count} {noun}s{of}{owner}"
