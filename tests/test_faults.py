@@ -1,8 +1,8 @@
 """Faults injected into real processes on a real local Ray: rollout workers, learner
 actors and the PolicyActor SIGKILLed or dying while they start, more env runners
-than the CPUs hold, a Ray that does not start, the cluster's raylet or GCS killed
-under a run, and what a run listens on. Each is survived, or ends in one line
-naming what went wrong.
+than the CPUs hold, roles that fit alone but not together, a Ray that does not
+start, the cluster's raylet or GCS killed under a run, and what a run listens on.
+Each is survived, or ends in one line naming what went wrong.
 (Checkpoint files, disks and resume: test_checkpoint_faults.py.)"""
 
 from __future__ import annotations
@@ -370,6 +370,77 @@ def test_train_with_more_env_runners_than_the_cpus_hold_ends_at_once_in_one_line
         "has 2 CPUs (num_env_runners, num_cpus_per_env_runner)"
     ), line
     assert not run_dir.exists()
+
+
+# 2 env runners x 1 CPU, the PolicyActor's 1 CPU and a learner's 1 CPU: each fits the
+# 2 CPUs of this module's Ray alone, not together
+TOO_MANY_TOGETHER = {
+    "num_env_runners": 2,
+    "num_cpus_per_env_runner": 1,
+    "remote_inference": True,
+    "num_learners": 1,
+    "num_cpus_per_learner": 1,
+}
+REFUSED_TOGETHER = (
+    "resources: 2 env runners x 1 CPU + 1 policy actor x 1 CPU + 1 learner x 1 CPU = "
+    "4 CPUs, the cluster has 2 CPUs (num_env_runners, num_cpus_per_env_runner, "
+    "remote_inference, num_learners, num_cpus_per_learner)"
+)
+
+
+@pytest.fixture
+def no_actor_started(monkeypatch):
+    """Starting the env runners (the first role an algorithm starts) fails the test."""
+    from algorithms.algorithm import Algorithm
+
+    def started(*args, **kwargs):
+        raise AssertionError("an actor was started before the resources were checked")
+
+    monkeypatch.setattr(Algorithm, "_make_env_runners", started)
+
+
+def test_roles_that_fit_alone_but_not_together_fail_at_once_naming_each_ask(
+    ray_faults, no_actor_started
+):
+    from algorithms.ppo import PPO
+
+    start = time.monotonic()
+    with pytest.raises(ResourcesError) as refused:
+        PPO({"env": "CartPole-v1", **CONFIG, **TOO_MANY_TOGETHER})
+    assert time.monotonic() - start < 60  # at once, no hang: a bound, not a timing
+    assert str(refused.value) == REFUSED_TOGETHER
+    assert ray.is_initialized()  # the module's Ray, not stopped by the failed algorithm
+
+
+def test_the_command_line_refuses_them_in_one_line_exit_2(
+    ray_faults, no_actor_started, tmp_path, capsys
+):
+    keys = [f"{key}={str(value).lower()}" for key, value in TOO_MANY_TOGETHER.items()]
+    args = [arg for pair in zip(["--set"] * len(keys), keys) for arg in pair]
+    train = ["train", "ppo", "--env", "CartPole-v1", "--output-dir", str(tmp_path / "run")]
+    code = cli.main([*train, *args, *TINY])
+    assert code == 2
+    assert error_line(capsys.readouterr().err) == f"policy-service: error: {REFUSED_TOGETHER}"
+
+
+def test_roles_that_fill_the_cluster_exactly_in_fractions_are_started(ray_faults, monkeypatch):
+    from algorithms.algorithm import Algorithm
+    from algorithms.ppo import PPO
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+
+    monkeypatch.setattr(Algorithm, "_make_env_runners", started)
+    fitting = {  # 2 x 0.25 + 1 + 0.5 = the 2 CPUs
+        **TOO_MANY_TOGETHER,
+        "num_cpus_per_env_runner": 0.25,
+        "num_cpus_per_learner": 0.5,
+    }
+    with pytest.raises(Started):
+        PPO({"env": "CartPole-v1", **CONFIG, **fitting})
 
 
 def _process_named(root: int, name: str) -> int:
