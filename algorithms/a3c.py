@@ -175,7 +175,6 @@ class A3C(Algorithm):
     def __init__(self, config):
         super().__init__(config)
         self.version = 0  # gradients applied so far: the weights version runners act with
-        self.num_grads_applied_lifetime = 0
         self.gradients = self._gradient_stream()
 
     def _gradient_stream(self) -> FragmentStream:
@@ -187,7 +186,9 @@ class A3C(Algorithm):
 
     def training_step(self) -> dict:
         start = time.perf_counter()
-        self.env_runner_group().set_global_timestep(self.timesteps_total)  # entropy schedule
+        # what schedules read: the runners' losses (entropy), the learner's optimizer (lr)
+        self.env_runner_group().set_global_timestep(self.timesteps_total)
+        self.learners.set_global_timestep(self.timesteps_total)
         arrived: list[dict] = []
         staleness: list[int] = []
         lost = self.gradients.lost_fragments
@@ -205,7 +206,6 @@ class A3C(Algorithm):
             "grad_staleness_mean": sum(staleness) / len(staleness),
             "grad_staleness_max": max(staleness),
             "num_grads_applied": len(staleness),
-            "num_grads_applied_lifetime": self.num_grads_applied_lifetime,
             "learner_version": self.version,
             "num_fragments_lost": self.gradients.lost_fragments - lost,
             "env_runner_idle_time_s": self.gradients.env_runner_idle_s - idle,
@@ -221,7 +221,6 @@ class A3C(Algorithm):
         self.learners.apply_gradients(gradients)
         self._iteration_changed_state = True
         self.version += 1
-        self.num_grads_applied_lifetime += 1
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.version, wait=False)
 
     # ----- checkpoints: the version goes on; requests in flight are dropped -------------
