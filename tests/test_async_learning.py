@@ -99,9 +99,12 @@ def test_a_stream_of_another_request_delivers_its_payload_by_reference(runners, 
     """request="sample_and_compute_gradients": each runner's gradients on its own
     fragment stay in the object store, with the fragment's metrics beside them."""
     runners.sync_weights(learners.get_weights(), version=4)
-    stream = FragmentStream(runners, 1, request="sample_and_compute_gradients")
-    stream.top_up()
-    fragments = drain(stream)
+    try:
+        stream = FragmentStream(runners, 1, request="sample_and_compute_gradients")
+        stream.top_up()
+        fragments = drain(stream)
+    finally:
+        runners.sync_weights(learners.get_weights(), version=0)  # as the other tests expect
     assert {f.metrics["worker_index"] for f in fragments} == {1, 2}
     for fragment in fragments:
         assert isinstance(fragment.batch, ray.ObjectRef) and fragment.weights_version == 4
