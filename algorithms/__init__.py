@@ -15,6 +15,7 @@ ALGORITHMS = {
     "dqn": "algorithms.dqn:DQN",
     "impala": "algorithms.impala:IMPALA",
     "appo": "algorithms.appo:APPO",
+    "a3c": "algorithms.a3c:A3C",
     "sac": "algorithms.sac:SAC",
     "td3": "algorithms.td3:TD3",
 }

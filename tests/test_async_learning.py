@@ -94,6 +94,26 @@ def test_a_killed_runner_loses_its_requests_counted_and_is_replaced(runners):
     assert {f.metrics["worker_index"] for f in drain(stream)} == {1, 2}
 
 
+@pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
+def test_a_stream_of_another_request_delivers_its_payload_by_reference(runners, learners):
+    """request="sample_and_compute_gradients": each runner's gradients on its own
+    fragment stay in the object store, with the fragment's metrics beside them."""
+    runners.sync_weights(learners.get_weights(), version=4)
+    try:
+        stream = FragmentStream(runners, 1, request="sample_and_compute_gradients")
+        stream.top_up()
+        fragments = drain(stream)
+    finally:
+        runners.sync_weights(learners.get_weights(), version=0)  # as the other tests expect
+    assert {f.metrics["worker_index"] for f in fragments} == {1, 2}
+    for fragment in fragments:
+        assert isinstance(fragment.batch, ray.ObjectRef) and fragment.weights_version == 4
+        assert fragment.env_steps >= 20 and "total_loss" in fragment.metrics["gradient_stats"]
+        gradients = ray.get(fragment.batch)
+        assert len(gradients) == len(learners.get_weights())  # an MLP: every weight trained
+        assert any(g is not None and np.abs(g).sum() > 0 for g in gradients)
+
+
 def test_fragments_are_dealt_by_env_steps_and_a_full_queue_takes_nothing():
     fragments = [Fragment(None, {"env_steps": n}) for n in (30, 10, 20, 20)]
     shards = deal(fragments, 2)

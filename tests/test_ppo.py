@@ -396,7 +396,7 @@ def test_env_is_required():
 def test_registry_is_case_insensitive_and_names_known_algorithms():
     assert algorithms.get_algorithm_class("PPO") is PPO
     assert algorithms.get_algorithm_class("ppo") is PPO
-    known = "\\['appo', 'dqn', 'impala', 'ppo', 'sac', 'td3'\\]"
+    known = "\\['a3c', 'appo', 'dqn', 'impala', 'ppo', 'sac', 'td3'\\]"
     with pytest.raises(ValueError, match=f"unknown algorithm 'ppoo'; known algorithms: {known}"):
         algorithms.get_algorithm_class("ppoo")
 

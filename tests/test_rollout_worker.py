@@ -283,3 +283,23 @@ def test_rollout_worker_as_a_ray_actor(ray_local):
         assert (batch[SampleBatch.UNROLL_ID] >= 3 * 2**32).all()
     finally:
         ray.kill(worker)
+
+
+def test_sample_and_compute_gradients_is_sample_then_the_policys_gradients():
+    """Two workers alike: one samples and its policy computes the gradients, the
+    other does both in one call; the fragment and its gradients are the same."""
+    apart, together = _worker(), _worker()
+    try:
+        batch, _ = apart.sample()
+        expected, expected_stats = apart.policy.compute_gradients(batch)
+        together.set_weights(apart.get_weights(), version=7)
+        gradients, metrics = together.sample_and_compute_gradients()
+        assert metrics["env_steps"] == batch.count and metrics["weights_version"] == 7
+        assert metrics["gradient_stats"] == pytest.approx(expected_stats)
+        assert metrics["gradient_time_s"] > 0
+        fakes.assert_grads_close(gradients, expected)
+        assert together.weights_version() == 7  # nothing was applied
+        fakes.assert_weights_close(together.get_weights(), apart.get_weights())
+    finally:
+        apart.stop()
+        together.stop()

@@ -10,7 +10,9 @@
     stream.lost_fragments                      # requests lost with a dead runner
 
 Each request is `RolloutWorker.sample` with two returns: the metrics come to the
-driver, the batch stays in the object store until a learner reads it. A runner
+driver, the batch stays in the object store until a learner reads it. `request`
+names another worker method of that shape, e.g. "sample_and_compute_gradients"
+(A3C): each Fragment's payload is then its gradients. A runner
 whose requests are all answered and that is not asked again (the learners' queue
 is full) waits: its idle time is counted. A dead runner is replaced with the
 latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
@@ -31,8 +33,9 @@ from policy_service.distributed.restarts import is_actor_death
 
 
 class Fragment(NamedTuple):
-    """One sampled fragment: its batch (ObjectRef, or a SampleBatch sampled here)
-    and the worker's sample() metrics."""
+    """One sampled fragment: its batch (ObjectRef, or a SampleBatch sampled here;
+    with another `request`, that method's first return) and the worker's sample()
+    metrics."""
 
     batch: Any
     metrics: dict
@@ -50,15 +53,22 @@ class Fragment(NamedTuple):
 
 class FragmentStream:
     """`max_requests_in_flight_per_env_runner` sample requests kept queued on
-    every remote env runner of `env_runners`."""
+    every remote env runner of `env_runners`; `request`: the RolloutWorker method
+    asked, one returning (payload, metrics) as `sample` does."""
 
-    def __init__(self, env_runners: EnvRunnerGroup, max_requests_in_flight_per_env_runner: int):
+    def __init__(
+        self,
+        env_runners: EnvRunnerGroup,
+        max_requests_in_flight_per_env_runner: int,
+        request: str = "sample",
+    ):
         if max_requests_in_flight_per_env_runner < 1:
             raise ValueError(
                 "max_requests_in_flight_per_env_runner must be >= 1, got "
                 f"{max_requests_in_flight_per_env_runner}"
             )
         self.env_runners = env_runners
+        self.request = request
         self.max_in_flight = int(max_requests_in_flight_per_env_runner)
         self.lost_fragments = 0
         self._local_asked = False
@@ -90,8 +100,8 @@ class FragmentStream:
         local = self.env_runners.local_worker
         if self._local_asked and local is not None:
             self._local_asked = False
-            batch, metrics = local.sample()
-            return [Fragment(batch, metrics)]
+            payload, metrics = getattr(local, self.request)()
+            return [Fragment(payload, metrics)]
         if not self._in_flight:
             time.sleep(timeout_s)  # nothing asked (the learners are full): let them work
             return []
@@ -118,7 +128,8 @@ class FragmentStream:
 
     def _ask(self, slot: int) -> None:
         worker = self.env_runners.workers[slot]
-        batch_ref, metrics_ref = worker.sample.options(num_returns=2).remote()
+        method = getattr(worker, self.request)
+        batch_ref, metrics_ref = method.options(num_returns=2).remote()
         self._in_flight[metrics_ref] = (slot, worker, batch_ref)
 
     def _receive(self, ref: ray.ObjectRef) -> Fragment | None:

@@ -9,6 +9,9 @@ The loop it lives in:
         learner.learn_on_batch(batch)
         worker.set_weights(learner.get_weights(), version)
 
+`sample_and_compute_gradients()` returns a fragment's gradients instead, computed by
+the worker's own policy copy, for a learner that applies them (A3C).
+
 Inference runs on a local copy of the policy (CPU), or on a `PolicyActor`
 (`policy_actor=`: central inference, as in SEED RL). Contract: a fragment holds at
 least `rollout_fragment_length * num_envs` transitions (autoreset steps are never
@@ -164,6 +167,25 @@ class RolloutWorker:
         if self._policy_actor is not None:
             metrics["weights_versions"] = sorted(self._versions)
         return batch, metrics
+
+    def sample_and_compute_gradients(self) -> tuple[Any, dict]:
+        """One fragment (`sample`), then this worker's policy's gradients on it
+        (`TFPolicy.compute_gradients`: combined, clipped, no weights changed) ->
+        (gradients, metrics): `sample`'s metrics, whose "weights_version" is the
+        version the gradients were computed with, plus "gradient_stats" (the loss
+        statistics) and "gradient_time_s". For learners that apply gradients computed
+        where the data is (A3C); the worker must act with its own policy copy."""
+        if self.policy is None:
+            raise RuntimeError(
+                f"worker {self.worker_index} acts through a remote policy actor: "
+                "sample_and_compute_gradients needs its own policy copy (no remote inference)"
+            )
+        batch, metrics = self.sample()
+        start = time.perf_counter()
+        gradients, stats = self.policy.compute_gradients(batch)
+        metrics["gradient_stats"] = stats
+        metrics["gradient_time_s"] = time.perf_counter() - start
+        return gradients, metrics
 
     def set_weights(self, weights: dict, version: int | None = None) -> int:
         """New weights for the local policy (or the remote one) -> the version now in use."""

@@ -1,0 +1,264 @@
+"""A3C (Mnih et al. 2016, https://arxiv.org/abs/1602.01783): asynchronous advantage
+actor-critic, gradients computed where the data is.
+
+Read top to bottom: the config, the loss (GAE advantages over each trajectory chunk,
+taken in the compiled step from the model's own values; policy gradient, value error
+and entropy bonus), and the training step. Each env runner samples a fragment and
+computes the loss's gradients on it with its own policy copy
+(`RolloutWorker.sample_and_compute_gradients`); the learner applies every gradient as
+it arrives (`apply_gradients`: no lock, no barrier, no batch of gradients) and sends
+its weights back to the runners at once, without waiting for them. A gradient's
+staleness is the number of updates applied since the weights it was computed with.
+
+    algo = A3C({"env": "CartPole-v1", "num_env_runners": 2, "seed": 0})
+    print(algo.train()["grad_staleness_mean"]); algo.stop()
+
+As in RLlib's A3C, gradients are clipped (`grad_clip`) by the runner that computes
+them; the learner's optimizer (Adam) keeps the only optimizer state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import ray
+import tensorflow as tf
+
+from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
+from policy_service import LossExtras, TFPolicy, masked_mean
+from policy_service.config import (
+    ConfigError,
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+    finite,
+    integer,
+    setting,
+)
+from policy_service.distributed.fragment_stream import Fragment, FragmentStream
+from policy_service.engine.units import LOSS_MASK
+from policy_service.sample_batch import SampleBatch
+from policy_service.train_batches import LossColumn, TrainColumns, TrainLayout
+from policy_service.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
+
+_POLL_S = 0.01
+
+# ----- config -----------------------------------------------------------------------------
+
+
+@dataclass
+class A3CConfig(AlgorithmConfig):
+    """A3C's keys (RLlib's names and defaults where RLlib has them)."""
+
+    lr: float = setting(1e-4, doc="Learning rate of the learner's optimizer.")
+    grad_clip: float | None = setting(
+        40.0, doc="Global-norm clip of each runner's gradient; None: off."
+    )
+    rollout_fragment_length: int | str = setting(
+        10, doc="Steps per sub-env per fragment: one gradient each, its n-step horizon."
+    )
+    train_batch_size: int = setting(
+        500,
+        doc="Env steps per training iteration (what one train() reports on); every "
+        "fragment is its own gradient step.",
+    )
+    lambda_: float = setting(
+        1.0,
+        doc="GAE lambda (1.0: n-step returns to the fragment's end, as in the paper).",
+        check=finite(ge=0, le=1),
+    )
+    vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
+    entropy_coeff: float = entropy_coeff_setting(0.01)
+    entropy_coeff_schedule: list | None = entropy_coeff_schedule_setting()
+    max_requests_in_flight_per_env_runner: int = setting(
+        1,
+        doc="Fragment-and-gradient requests queued on each env runner (1: each one is "
+        "computed with the newest weights the runner was sent).",
+        check=integer(ge=1),
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        prefix = self.key_prefix
+        if self.rollout_fragment_length == "auto":
+            raise ConfigError(
+                f"{prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
+            )
+        for key, allowed, why in (
+            ("external_env", False, "asynchronous gradients need env runner actors"),
+            ("remote_inference", False, "each env runner computes gradients with its own copy"),
+            ("policies", None, "A3C trains one policy"),
+        ):
+            if getattr(self, key) != allowed:
+                raise ConfigError(
+                    f"{prefix}.{key} must be {allowed}: {why}, got {getattr(self, key)!r}"
+                )
+
+
+# ----- the policy: GAE over trajectory chunks, the actor-critic loss ----------------------
+
+
+class A3CPolicy(TFPolicy):
+    """Actor-critic whose train batches are trajectory chunks (units), so that the
+    advantages are taken in the loss from the values it computes anyway."""
+
+    config_class = A3CConfig
+    config: A3CConfig
+    loss_columns = {
+        SampleBatch.ACTIONS: LossColumn("number", None),
+        SampleBatch.REWARDS: LossColumn(),
+        SampleBatch.NEXT_OBS: LossColumn("number", None),
+    }
+
+    @classmethod
+    def prepare_train_batch(
+        cls, batch: SampleBatch, layout: TrainLayout, fixed_seq_len: bool = False
+    ) -> TrainColumns:
+        """The common preparation, then one unit per trajectory chunk (a recurrent
+        batch's sequences already are units)."""
+        return sequence_units(super().prepare_train_batch(batch, layout, fixed_seq_len))
+
+    def advantages_and_targets(self, train_batch: dict, model_out: dict):
+        """-> (GAE advantages, value targets) <float32>[rows], no gradient.
+
+        On-policy V-trace (all rho = 1, c = lambda) over each chunk: vs - V is
+        sum_k (gamma lambda)^k delta_t+k, GAE exactly, and vs = GAE + V is the value
+        target. Each chunk bootstraps from V(its last new_obs) unless it terminated."""
+        values = model_out[SampleBatch.VF_PREDS]
+        vs, _ = vtrace_on_units(
+            log_rhos=tf.zeros_like(values),
+            values=values,
+            bootstrap_value=bootstrap_values(self.model, train_batch, model_out),
+            train_batch=train_batch,
+            gamma=self.config.gamma,
+            clip_rho_threshold=None,
+            clip_pg_rho_threshold=None,
+            lambda_=self.config.lambda_,
+        )
+        return tf.stop_gradient(vs - values), vs
+
+    def loss(self, model, dist_class, train_batch):
+        """-logp * advantage + vf_loss_coeff * 0.5 (target - V)^2 - entropy bonus, each a
+        mean over valid rows."""
+        cfg, mask = self.config, train_batch[LOSS_MASK]
+        out = model(train_batch, training=True)
+        curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        advantages, value_targets = self.advantages_and_targets(train_batch, out)
+        logp = curr.logp(train_batch[SampleBatch.ACTIONS])
+        policy_loss = masked_mean(-logp * advantages, mask)
+        vf_loss = 0.5 * masked_mean(tf.square(value_targets - out[SampleBatch.VF_PREDS]), mask)
+        entropy = masked_mean(curr.entropy(), mask)
+        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
+        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
+        return total, LossExtras(
+            stats={
+                "policy_loss": policy_loss,
+                "vf_loss": vf_loss,
+                "entropy": entropy,
+                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
+            }
+        )
+
+
+# ----- the training step: gradients applied as they arrive ---------------------------------
+
+
+class A3C(Algorithm):
+    """Every env runner keeps `max_requests_in_flight_per_env_runner` requests for a
+    fragment's gradients queued; an iteration applies the gradients that arrive until
+    train_batch_size env steps were sampled and at least one was applied."""
+
+    config_class = A3CConfig
+    config: A3CConfig
+    policy_class: type[TFPolicy] = A3CPolicy
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.version = 0  # gradients applied so far: the weights version runners act with
+        self.gradients = self._gradient_stream()
+
+    def _gradient_stream(self) -> FragmentStream:
+        return FragmentStream(
+            self.env_runner_group(),
+            self.config.max_requests_in_flight_per_env_runner,
+            request="sample_and_compute_gradients",
+        )
+
+    def training_step(self) -> dict:
+        start = time.perf_counter()
+        # what schedules read: the runners' losses (entropy), the learner's optimizer (lr)
+        self.env_runner_group().set_global_timestep(self.timesteps_total)
+        self.learners.set_global_timestep(self.timesteps_total)
+        arrived: list[dict] = []
+        staleness: list[int] = []
+        lost = self.gradients.lost_fragments
+        idle = self.gradients.env_runner_idle_s
+        steps = 0
+        while steps < self.config.train_batch_size or not staleness:
+            self.gradients.top_up()
+            for fragment in self.gradients.collect(_POLL_S):
+                staleness.append(self.version - fragment.weights_version)
+                self._apply(fragment)
+                arrived.append(fragment.metrics)
+                steps += fragment.env_steps
+        self.count_async(arrived, steps, time.perf_counter() - start)
+        return {
+            "grad_staleness_mean": sum(staleness) / len(staleness),
+            "grad_staleness_max": max(staleness),
+            "num_grads_applied": len(staleness),
+            "learner_version": self.version,
+            "num_fragments_lost": self.gradients.lost_fragments - lost,
+            "env_runner_idle_time_s": self.gradients.env_runner_idle_s - idle,
+            **mean_gradient_stats(arrived),
+        }
+
+    def _apply(self, fragment: Fragment) -> None:
+        """The fragment's gradients applied to the learner, then its weights (the next
+        version) sent to every runner without waiting."""
+        gradients = fragment.batch
+        if isinstance(gradients, ray.ObjectRef):
+            gradients = ray.get(gradients)
+        self.learners.apply_gradients(gradients)
+        self._iteration_changed_state = True
+        self.version += 1
+        self.env_runners.sync_weights(self.learners.get_weights(), version=self.version, wait=False)
+
+    # ----- checkpoints: the version goes on; requests in flight are dropped -------------
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        return AlgorithmState(values={"learner_version": self.version})
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        version = state.values.get("learner_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(
+                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
+            )
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.version = int(state.values.get("learner_version", 0))
+
+    def save(self, checkpoint_dir: str) -> str:
+        """As every algorithm's; the requests in flight are dropped (the runners may be
+        rebuilt) and the runners go on with the learner's weights and version."""
+        self.gradients.forget()
+        path = super().save(checkpoint_dir)
+        self._resume_sampling()
+        return path
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self.gradients.forget()
+        try:
+            super().restore(checkpoint_dir)
+        finally:
+            self._resume_sampling()
+
+    def _resume_sampling(self) -> None:
+        self.env_runners.sync_weights(self.learners.get_weights(), version=self.version)
+        self.gradients = self._gradient_stream()
+
+
+def mean_gradient_stats(metrics: list[dict]) -> dict:
+    """The runners' loss statistics, averaged over the gradients applied."""
+    stats = [m["gradient_stats"] for m in metrics]
+    return {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]} if stats else {}
