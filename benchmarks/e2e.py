@@ -7,9 +7,9 @@ env steps, iterations, mean env steps/s sampled and samples/s trained.
 A run that does not reach the target within --max-seconds is reported with
 "reached": false.
 
-Hyperparameters: algorithms/tuned/cartpole_ppo.yaml (4000-step batches,
-minibatch 128, 10 epochs, lr 3e-4, lambda 0.95, MLP 64x64, 8 envs per
-worker), shared with compare_rllib.py so RLlib runs exactly the same.
+Hyperparameters: algorithms/tuned/cartpole_ppo.yaml (512-step batches,
+minibatch 128, 20 epochs, lr 2e-3, no KL term, lambda 0.95, MLP 64x64, 2 envs
+per worker), shared with compare_rllib.py so RLlib runs exactly the same.
 
     python -m benchmarks.e2e             # ~10 min
     python -m benchmarks.e2e --smoke
