@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -562,7 +562,9 @@ class Algorithm:
             [
                 ask._replace(role=f"learner of policy {policy_id!r}")
                 for policy_id, spec in policies.specs.items()
-                for ask in learner_asks(spec.config)
+                for ask in learner_asks(
+                    from_dict(cast("type[TFPolicy]", spec.built_class()).config_class, spec.config)
+                )
             ]
         )
         learners = multi_agent.MultiAgentLearners(policies)

@@ -438,10 +438,16 @@ def test_roles_that_fill_the_cluster_exactly_in_fractions_are_started(ray_faults
         raise Started
 
     monkeypatch.setattr(Algorithm, "_make_env_runners", started)
-    fitting = {  # 2 x 0.25 + 1 + 0.5 = the 2 CPUs
+    # the CPUs free now (this module's fixtures may hold env runners of 0.5 CPU each),
+    # filled exactly in fractions: 2 env runners x q + a learner's 2q (q = 0.5 on 2 free)
+    free = ray.available_resources().get("CPU", 0.0)
+    assert free > 0, f"the module's Ray has {free} CPUs free"
+    quarter = free / 4
+    fitting = {
         **TOO_MANY_TOGETHER,
-        "num_cpus_per_env_runner": 0.25,
-        "num_cpus_per_learner": 0.5,
+        "remote_inference": False,
+        "num_cpus_per_env_runner": quarter,
+        "num_cpus_per_learner": 2 * quarter,
     }
     with pytest.raises(Started):
         PPO({"env": "CartPole-v1", **CONFIG, **fitting})
