@@ -247,6 +247,13 @@ class Algorithm:
                 "config key 'env' is required: a gymnasium id or a name "
                 "given to algorithms.register_env"
             )
+        if self.config.policies is not None and type(self).training_step is not (
+            Algorithm.training_step
+        ):  # multi-agent runs go through the default (on-policy) training step only
+            raise ConfigError(
+                f"config.policies: {type(self).__name__} trains one policy for now "
+                f"(multi-agent runs: PPO), got policies {sorted(self.config.policies)}"
+            )
         self._env_name: str = self.config.env
         self._ray_started = False
         self._stopped = False

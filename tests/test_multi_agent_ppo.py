@@ -127,3 +127,14 @@ def test_one_shared_policy_learns_both_maps_from_the_agent_index():
         assert greedy_actions(shared, 0) == A_MAP and greedy_actions(shared, 1) == B_MAP
     finally:
         algo.stop()
+
+
+@pytest.mark.parametrize("algo_name", ["dqn", "impala", "appo", "sac", "td3", "a3c"])
+def test_algorithms_without_multi_agent_training_refuse_policies_in_one_line(algo_name):
+    from algorithms import get_algorithm_class
+
+    algo_cls = get_algorithm_class(algo_name)
+    with pytest.raises(ConfigError) as refused:
+        algo_cls({"env": "two_maps", "policies": {"pa": None}, "policy_mapping_fn": by_agent})
+    message = str(refused.value)
+    assert "\n" not in message and "policies" in message, message
