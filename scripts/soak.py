@@ -335,6 +335,12 @@ def run_ppo(args) -> dict:
 
     config = yaml.safe_load(TUNED_CARTPOLE.read_text())
     config.update(
+        # iterations of 4,000 env steps (the tuned file's are 512 and reach 450 in ~50k,
+        # often before the first learner kill at 60 s): a run long enough for the kills
+        train_batch_size=4000,
+        num_epochs=10,
+        lr=3e-4,
+        kl_coeff=0.2,
         seed=args.seed,
         num_env_runners=args.workers,
         num_envs_per_env_runner=4,
