@@ -26,7 +26,8 @@ import ray
 import tensorflow as tf
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
-from policy_service import LossExtras, TFPolicy, masked_mean
+from algorithms.impala import actor_critic_loss
+from policy_service import TFPolicy
 from policy_service.config import (
     ConfigError,
     entropy_coeff_schedule_setting,
@@ -140,23 +141,12 @@ class A3CPolicy(TFPolicy):
     def loss(self, model, dist_class, train_batch):
         """-logp * advantage + vf_loss_coeff * 0.5 (target - V)^2 - entropy bonus, each a
         mean over valid rows."""
-        cfg, mask = self.config, train_batch[LOSS_MASK]
         out = model(train_batch, training=True)
         curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
         advantages, value_targets = self.advantages_and_targets(train_batch, out)
         logp = curr.logp(train_batch[SampleBatch.ACTIONS])
-        policy_loss = masked_mean(-logp * advantages, mask)
-        vf_loss = 0.5 * masked_mean(tf.square(value_targets - out[SampleBatch.VF_PREDS]), mask)
-        entropy = masked_mean(curr.entropy(), mask)
-        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
-            }
+        return actor_critic_loss(
+            self, curr, out, logp, advantages, value_targets, train_batch[LOSS_MASK]
         )
 
 

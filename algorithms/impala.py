@@ -157,26 +157,34 @@ class IMPALAPolicy(TFPolicy):
     def loss(self, model, dist_class, train_batch):
         """-logp * V-trace advantage + vf_loss_coeff * 0.5 (vs - V)^2 - entropy bonus,
         each a mean over valid rows."""
-        cfg, mask = self.config, train_batch[LOSS_MASK]
+        mask = train_batch[LOSS_MASK]
         out = model(train_batch, training=True)
         curr = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
         logp = curr.logp(train_batch[SampleBatch.ACTIONS])
         vs, pg_advantages = self.vtrace(
             train_batch, out, logp - train_batch[SampleBatch.ACTION_LOGP]
         )
-        policy_loss = masked_mean(-logp * pg_advantages, mask)
-        vf_loss = 0.5 * masked_mean(tf.square(vs - out[SampleBatch.VF_PREDS]), mask)
-        entropy = masked_mean(curr.entropy(), mask)
-        entropy_coeff = self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
-        total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
-        return total, LossExtras(
-            stats={
-                "policy_loss": policy_loss,
-                "vf_loss": vf_loss,
-                "entropy": entropy,
-                "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
-            }
-        )
+        return actor_critic_loss(self, curr, out, logp, pg_advantages, vs, mask)
+
+
+def actor_critic_loss(policy, curr, out: dict, logp, advantages, value_targets, mask):
+    """-logp * advantages + vf_loss_coeff * 0.5 (value_targets - V)^2 - the scheduled
+    entropy bonus, each a mean over valid rows, with its stats (IMPALA's and A3C's loss
+    once their advantages and targets are computed)."""
+    cfg = policy.config
+    policy_loss = masked_mean(-logp * advantages, mask)
+    vf_loss = 0.5 * masked_mean(tf.square(value_targets - out[SampleBatch.VF_PREDS]), mask)
+    entropy = masked_mean(curr.entropy(), mask)
+    entropy_coeff = policy.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule)
+    total = policy_loss + cfg.vf_loss_coeff * vf_loss - entropy_coeff * entropy
+    return total, LossExtras(
+        stats={
+            "policy_loss": policy_loss,
+            "vf_loss": vf_loss,
+            "entropy": entropy,
+            "entropy_coeff": tf.cast(entropy_coeff, tf.float32),
+        }
+    )
 
 
 # ----- the training step: the asynchronous loop --------------------------------------------

@@ -4,7 +4,6 @@ to the learner, the staleness report, and a local run that checkpoints and resum
 With Ray (slow): a dead env runner is replaced, and CartPole-v1 reaches 450 with 2
 remote env runners from the tuned config."""
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import tensorflow as tf
 import yaml
 from fakes import assert_weights_close, weights_differ
+from test_impala_learning import train_until
 
 from algorithms import get_algorithm_class
 from algorithms.a3c import A3C, A3CConfig, A3CPolicy
@@ -229,17 +229,6 @@ def test_a_local_run_applies_reports_and_resumes_from_a_checkpoint(tmp_path):
 
 
 # ----- with Ray: a dead runner replaced, and learning ---------------------------------------
-
-
-def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
-    start = time.perf_counter()
-    try:
-        while True:
-            last = algo.train()
-            if last["episode_return_mean"] >= stop_return or last["timesteps_total"] >= max_steps:
-                return last, time.perf_counter() - start
-    finally:
-        algo.stop()
 
 
 @pytest.mark.slow  # Ray, 2 runners and a replacement: ~40 s on a loaded 2-core machine
