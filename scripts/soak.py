@@ -354,6 +354,15 @@ def run_ppo(args) -> dict:
     rng = random.Random(args.seed)
     stop = threading.Event()
     kills = {"workers": 0, "policy_actor": 0, "learners": 0}
+    asked = [
+        kind
+        for kind, every in (
+            ("workers", args.kill_worker_every),
+            ("policy_actor", args.kill_actor_at),
+            ("learners", args.kill_learner_every),
+        )
+        if every is not None and every > 0
+    ]
     last_kill_iteration = [-1]
     last_learner_kill_iteration = [-1]
 
@@ -429,14 +438,17 @@ def run_ppo(args) -> dict:
             }
             history.append(record)
             emit(record)
-            if metrics["episode_return_mean"] >= args.stop_reward:
+            # reward and iterations end the run only once each kill asked for has
+            # landed: on a fast machine PPO can reach 450 before the first kill
+            landed = all(kills[kind] for kind in asked)
+            if landed and metrics["episode_return_mean"] >= args.stop_reward:
                 reason = "reward"
+                break
+            if landed and args.stop_iters and metrics["iteration"] >= args.stop_iters:
+                reason = "iters"
                 break
             if metrics["timesteps_total"] >= args.max_steps:
                 reason = "max_steps"
-                break
-            if args.stop_iters and metrics["iteration"] >= args.stop_iters:
-                reason = "iters"
                 break
             if time.monotonic() - start >= args.max_seconds:
                 reason = "max_seconds"
@@ -483,7 +495,11 @@ def build_parser() -> argparse.ArgumentParser:
     ppo = sub.add_parser("ppo", help="PPO on CartPole with workers and the PolicyActor killed")
     ppo.add_argument("--stop-reward", type=float, default=450.0)
     ppo.add_argument("--max-steps", type=int, default=400_000)
-    ppo.add_argument("--stop-iters", type=int, help="stop after this many iterations")
+    ppo.add_argument(
+        "--stop-iters",
+        type=int,
+        help="stop after this many iterations (as --stop-reward: once every kill asked landed)",
+    )
     ppo.add_argument("--max-seconds", type=float, default=1200.0)
     ppo.add_argument("--workers", type=int, default=2)
     ppo.add_argument("--kill-worker-every", type=float, default=20.0)

@@ -57,8 +57,7 @@ def test_first_line_drops_what_follows_the_headline():
         ("algorithms.evaluation", "CheckpointError", Exception),
         ("algorithms.evaluation", "EnvironmentMismatch", Exception),
         ("policy_service.distributed.jobs", "JobSubmissionError", Exception),
-        ("policy_service.distributed.learners", "LearnerResourcesError", RuntimeError),
-        ("policy_service.distributed.resources", "ResourcesError", RuntimeError),
+        ("policy_service.distributed.resources", "ResourcesExceedClusterError", RuntimeError),
     ],
 )
 def test_the_errors_of_bad_input_are_user_errors_and_keep_their_builtin_base(module, name, builtin):
@@ -71,6 +70,17 @@ def test_a_spent_restart_budget_is_a_run_failure_not_a_user_error():
 
     assert issubclass(EnvRunnerFailure, RunFailure) and issubclass(EnvRunnerFailure, RuntimeError)
     assert not issubclass(EnvRunnerFailure, UserError)
+
+
+def test_resources_that_were_not_freed_in_time_are_a_run_failure():
+    """Asks beyond the whole cluster are the input's (exit 2); asks that fit it but
+    found its resources held by others until the wait ended are the moment's (exit 1)."""
+    from policy_service.distributed.learners import LearnerResourcesError
+    from policy_service.distributed.resources import ResourcesError, ResourcesNotFreedError
+
+    for cls in (ResourcesNotFreedError, LearnerResourcesError):
+        assert issubclass(cls, RunFailure) and issubclass(cls, ResourcesError)
+        assert not issubclass(cls, UserError)
 
 
 def test_the_command_line_prints_a_user_error_as_one_line_and_exits_2(capsys):

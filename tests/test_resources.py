@@ -13,7 +13,11 @@ from algorithms.ppo import PPOConfig
 from policy_service.distributed import resources
 from policy_service.distributed.env_runner_group import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.learners import learner_asks
-from policy_service.distributed.resources import ResourcesError, check_cluster_fits
+from policy_service.distributed.resources import (
+    ResourcesExceedClusterError,
+    ResourcesNotFreedError,
+    check_cluster_fits,
+)
 
 
 @pytest.fixture
@@ -42,7 +46,7 @@ def run_asks(num_env_runners, cpus_per_runner, policy_actor_cpus, num_learners, 
 
 def test_roles_that_fit_alone_but_not_together_are_refused_at_once_in_one_line(cluster):
     start = time.monotonic()
-    with pytest.raises(ResourcesError) as refused:
+    with pytest.raises(ResourcesExceedClusterError) as refused:
         check_cluster_fits(run_asks(2, 1, 1, 1, 1))
     assert time.monotonic() - start < 5  # the totals fall short: no wait
     assert str(refused.value) == (
@@ -69,7 +73,7 @@ def test_every_resource_short_is_named_with_the_roles_asking_for_it(cluster):
     gpu_actor = policy_actor_ray_options(None, {"num_gpus_per_policy_actor": 0.5})
     config = PPOConfig(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=1)
     asks = env_runner_asks(1, 0.5, gpu_actor) + learner_asks(config)
-    with pytest.raises(ResourcesError) as refused:
+    with pytest.raises(ResourcesExceedClusterError) as refused:
         check_cluster_fits(asks)
     assert str(refused.value) == (
         "resources: 1 env runner x 0.5 CPU + 1 policy actor x 1 CPU + 2 learners x 1 CPU "
@@ -83,7 +87,7 @@ def test_every_resource_short_is_named_with_the_roles_asking_for_it(cluster):
 def test_resources_held_by_others_are_waited_for_then_refused_naming_what_is_free(cluster):
     cluster["available"] = [{"CPU": 0.5}]
     start = time.monotonic()
-    with pytest.raises(ResourcesError) as refused:
+    with pytest.raises(ResourcesNotFreedError) as refused:
         check_cluster_fits(run_asks(1, 1, None, 0, 1), wait_s=0.2)
     assert time.monotonic() - start >= 0.2
     assert str(refused.value) == (

@@ -28,7 +28,7 @@ from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.distributed.resources import (
     AVAILABLE_WAIT_S,
-    ResourcesError,
+    ResourcesNotFreedError,
     RoleAsk,
     check_cluster_fits,
 )
@@ -39,9 +39,9 @@ from policy_service.policy_spec import PolicySpec
 CONNECT_TIMEOUT_S = 180.0
 
 
-class LearnerResourcesError(ResourcesError):
+class LearnerResourcesError(ResourcesNotFreedError):
     """The learners' placement group was not ready in time (their sum fits the
-    cluster, but not as placed, e.g. PACK on no node big enough)."""
+    cluster, but not as placed, e.g. PACK on no node big enough): exit 1."""
 
 
 class LearnerDiedError(RuntimeError):

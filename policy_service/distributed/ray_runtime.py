@@ -8,12 +8,14 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from policy_service.distributed import cluster_watch
 from policy_service.errors import RunFailure, UserError, one_line
 
 # what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
@@ -144,47 +146,46 @@ def bind_to_loopback() -> None:
         constants.__dict__["ENABLE_RAY_CLUSTER"] = False
 
 
-WATCH_INTERVAL_S = 0.25
-
-
 @contextlib.contextmanager
 def cluster_loss_ends_run(resume_hint: str = "") -> Iterator[None]:
     """While inside, a GCS or raylet of the embedded Ray that exits ends this process
-    with one line on stderr and status 1 (Ray itself ends a driver whose raylet is
-    gone with status 1 and no word). Leave it before ray.shutdown(), which ends
-    them on purpose. Outside an embedded Ray (none, or a joined cluster): nothing."""
+    with one line on stderr and status 1. The line comes from a watcher process
+    (cluster_watch), as Ray itself may end a driver whose raylet is gone first, with
+    status 1 and no word; a thread here ends the driver when Ray does not (a lost
+    GCS). Leave it before ray.shutdown(), which ends them on purpose. Outside an
+    embedded Ray (none, or a joined cluster): nothing."""
     ray = sys.modules.get("ray")  # not imported: no Ray runs here
     node = ray._private.worker._global_node if ray else None  # what this driver started
     watched = [
-        (name, info.process)
+        f"{name}={info.process.pid}"
         for name in ("gcs_server", "raylet")
         for info in (getattr(node, "all_processes", None) or {}).get(name, [])
     ]
-    stop = threading.Event()
+    if not watched:
+        yield
+        return
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "policy_service.distributed.cluster_watch", resume_hint] + watched,
+        stdin=subprocess.PIPE,
+        start_new_session=True,  # a Ctrl-C at the terminal is the driver's to handle
+    )
+    stopping = threading.Event()
 
-    def watch() -> None:
-        while not stop.wait(WATCH_INTERVAL_S):
-            for name, process in watched:
-                code = process.poll()
-                if code is not None and not stop.is_set():
-                    how = f"signal {-code}" if code < 0 else f"status {code}"
-                    print(
-                        f"policy-service: error: the Ray cluster went away: its {name} "
-                        f"(pid {process.pid}) exited ({how}){resume_hint}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    os._exit(1)
+    def end_with_the_watcher() -> None:
+        if watcher.wait() == cluster_watch.REPORTED and not stopping.is_set():
+            os._exit(1)
 
-    thread = threading.Thread(target=watch, name="ray-cluster-watch", daemon=True)
-    if watched:
-        thread.start()
+    thread = threading.Thread(target=end_with_the_watcher, name="ray-cluster-watch", daemon=True)
+    thread.start()
     try:
         yield
     finally:
-        stop.set()
-        if watched:
-            thread.join()
+        stopping.set()
+        assert watcher.stdin is not None
+        with contextlib.suppress(OSError):  # a watcher that ended has closed its end
+            watcher.stdin.write(b"stop")
+            watcher.stdin.close()
+        thread.join()
 
 
 def _ray_token_available() -> bool:

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import ray
 
-from policy_service.errors import UserError
+from policy_service.errors import RunFailure, UserError
 
 
 def process_resources(
@@ -63,8 +63,17 @@ def actor_resources(
     return ray.get(actor.__ray_call__.remote(read), timeout=timeout_s)
 
 
-class ResourcesError(UserError, RuntimeError):
-    """The cluster cannot hold the actors a run (or a group) asks for."""
+class ResourcesError(RuntimeError):
+    """The actors a run (or a group) asks for cannot be started: one of the two below."""
+
+
+class ResourcesExceedClusterError(ResourcesError, UserError):
+    """The asks exceed what the whole cluster has: no wait helps (exit 2)."""
+
+
+class ResourcesNotFreedError(ResourcesError, RunFailure):
+    """The asks fit the cluster, but others still held what they need when the wait
+    ended: a fault of the moment, not of the input (exit 1)."""
 
 
 class RoleAsk(NamedTuple):
@@ -97,11 +106,11 @@ def check_cluster_fits(asks: list[RoleAsk], wait_s: float = AVAILABLE_WAIT_S) ->
         return
     total = ray.cluster_resources()
     if _short(needed, total):
-        raise ResourcesError(_describe(asks, needed, total, None, wait_s))
+        raise ResourcesExceedClusterError(_describe(asks, needed, total, None, wait_s))
     deadline = time.monotonic() + wait_s
     while _short(needed, available := ray.available_resources()):
         if time.monotonic() >= deadline:
-            raise ResourcesError(_describe(asks, needed, total, available, wait_s))
+            raise ResourcesNotFreedError(_describe(asks, needed, total, available, wait_s))
         time.sleep(_POLL_S)
 
 

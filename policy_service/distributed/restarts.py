@@ -88,8 +88,9 @@ def restarts_by_ray(actor) -> int:
 
 
 class PolicyActorFailure(RunFailure, RuntimeError):
-    """A RestartablePolicyActor is dead for good, its restarts spent: one line, the
-    env runners' and learners' budget line. `death` is the call's own error."""
+    """A RestartablePolicyActor is dead for good, its restarts spent (one line, the
+    env runners' and learners' budget line), or not back from a restart in time.
+    `death` is the call's own error."""
 
     def __init__(self, message: str, death: BaseException):
         super().__init__(message)
@@ -182,9 +183,14 @@ class RestartablePolicyActor:
             if not is_actor_death(error):
                 raise
             info = _gcs_actor_info(self.actor)
-            if info.get("State") != "DEAD":  # Ray is still restarting it
-                raise
             restarts = int(info.get("NumRestarts", 0))
+            if info.get("State") != "DEAD":  # Ray still restarting it after the wait
+                raise PolicyActorFailure(
+                    f"the PolicyActor was not back within {RESTART_WAIT_S:g} s of its "
+                    f"restart {restarts} (found gone by {during}; Ray state "
+                    f"{info.get('State', 'unknown')})",
+                    error,
+                ) from None
             # the budget is for the actor's whole run: every restart followed a death
             raise PolicyActorFailure(
                 restart_budget_spent(
