@@ -20,15 +20,21 @@ from policy_service.sample_batch import concat_samples
 pytestmark = pytest.mark.slow
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned"
-MAX_STEPS = 600_000  # the tuned configs' 3 seeds: IMPALA <= 337k, APPO <= 185k
+# Env steps allowed. APPO's tuned seeds took <= 185k. IMPALA (no trust region) varies
+# far more between runs, even of one seed (fragments arrive in another order): 9 runs
+# took 219k-563k, and one 970k; RLlib's own tuned IMPALA example allows 2M.
+MAX_STEPS = {"impala": 1_500_000, "appo": 600_000}
 
 
-def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
+def train_until(algo, stop_return: float, max_steps: int, ready=lambda: True) -> tuple[dict, float]:
+    """Train until the return reaches `stop_return` once `ready()` (e.g. a fault has
+    landed: a fast machine may learn before the first), or `max_steps` env steps."""
     start = time.perf_counter()
     try:
         while True:
             last = algo.train()
-            if last["episode_return_mean"] >= stop_return or last["timesteps_total"] >= max_steps:
+            reached = last["episode_return_mean"] >= stop_return and ready()
+            if reached or last["timesteps_total"] >= max_steps:
                 return last, time.perf_counter() - start
     finally:
         algo.stop()
@@ -41,7 +47,7 @@ def train_until(algo, stop_return: float, max_steps: int) -> tuple[dict, float]:
 def test_reaches_450_on_cartpole_with_two_remote_env_runners(ray_local, algo_cls, name):
     config = yaml.safe_load((TUNED / f"cartpole_{name}.yaml").read_text())
     config.update(seed=0, num_env_runners=2)
-    last, seconds = train_until(algo_cls(config), 450, MAX_STEPS)
+    last, seconds = train_until(algo_cls(config), 450, MAX_STEPS[name])
     print(
         f"\n{name} CartPole-v1: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, "
@@ -55,7 +61,7 @@ def test_appo_reaches_450_acting_in_the_learner_actor(ray_local):
     config.update(seed=0, num_env_runners=2, num_learners=1, inference="learners")
     algo = APPO(config)
     assert algo.env_runners.weights_versions() == [0, 0]  # the learner's own version
-    last, seconds = train_until(algo, 450, MAX_STEPS)
+    last, seconds = train_until(algo, 450, MAX_STEPS["appo"])
     print(
         f"\nappo, inference in the learner: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, lag max {last['policy_lag_max']}"
@@ -115,7 +121,7 @@ def test_appo_reaches_450_with_an_env_runner_killed_every_10_s(ray_local):
     killer = threading.Thread(target=kill_every_10_s, daemon=True)
     killer.start()
     try:
-        last, seconds = train_until(algo, 450, MAX_STEPS)
+        last, seconds = train_until(algo, 450, MAX_STEPS["appo"], ready=lambda: len(kills) >= 1)
     finally:
         stop.set()
         killer.join()
