@@ -126,6 +126,18 @@ def test_e2e_smoke(tmp_path):
 
 
 @pytest.mark.slow
+def test_async_training_smoke_ours(tmp_path):
+    """Our side only: RLlib's side needs torch in its own venv (a large download)."""
+    records = measurements(run_smoke("async_training", tmp_path, "--sides", "ours"))
+    throughput, to_target = records
+    assert (throughput["workload"], throughput["side"]) == ("throughput", "ours")
+    assert throughput["env_steps_sampled_per_s"] > 0 and throughput["samples_trained_per_s"] > 0
+    assert 0 <= throughput["learner_idle_fraction"] <= 1
+    assert to_target["workload"] == "to_450" and to_target["reached"]  # the smoke's target 15
+    assert (tmp_path / "async_training_throughput.png").exists()
+
+
+@pytest.mark.slow
 def test_compare_rllib_smoke(tmp_path):
     """Needs RLlib's own venv; the script creates it (pip) when missing."""
     records = run_smoke("compare_rllib", tmp_path, timeout=1800)
