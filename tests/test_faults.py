@@ -231,8 +231,8 @@ def test_a_standalone_policy_actor_opts_into_restarts(ray_faults):
 
 
 def test_a_policy_actor_still_restarting_after_the_wait_is_one_line_not_rays_error(monkeypatch):
-    """Ray still restarting the actor when call_retrying_once gives up (its rebuild
-    outlasting RESTART_WAIT_S): PolicyActorFailure naming the wait, not Ray's error."""
+    """The retry failing too while Ray still has restarts left (a rebuild outlasting
+    RESTART_WAIT_S, or a second death): PolicyActorFailure's line, not Ray's error."""
     from types import SimpleNamespace
 
     from ray.exceptions import ActorUnavailableError
@@ -250,8 +250,9 @@ def test_a_policy_actor_still_restarting_after_the_wait_is_one_line_not_rays_err
     with pytest.raises(PolicyActorFailure) as failure:
         RestartablePolicyActor._call(served, "compute_actions()", None)
     assert fakes.assert_one_line(failure.value) == (
-        f"the PolicyActor was not back within {restarts.RESTART_WAIT_S:g} s of its restart 2 "
-        "(found gone by compute_actions(); Ray state RESTARTING)"
+        "the PolicyActor did not answer after restart 2 (found gone by compute_actions(), "
+        f"retried for up to {restarts.RESTART_WAIT_S:g} s; Ray state RESTARTING); "
+        "last: ActorUnavailableError"
     )
     assert isinstance(failure.value.death, ActorUnavailableError)
 

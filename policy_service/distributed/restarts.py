@@ -184,11 +184,11 @@ class RestartablePolicyActor:
                 raise
             info = _gcs_actor_info(self.actor)
             restarts = int(info.get("NumRestarts", 0))
-            if info.get("State") != "DEAD":  # Ray still restarting it after the wait
+            if info.get("State") != "DEAD":  # the retry failed too, Ray not done with it
                 raise PolicyActorFailure(
-                    f"the PolicyActor was not back within {RESTART_WAIT_S:g} s of its "
-                    f"restart {restarts} (found gone by {during}; Ray state "
-                    f"{info.get('State', 'unknown')})",
+                    f"the PolicyActor did not answer after restart {restarts} (found gone "
+                    f"by {during}, retried for up to {RESTART_WAIT_S:g} s; Ray state "
+                    f"{info.get('State', 'unknown')}); last: {type(error).__name__}",
                     error,
                 ) from None
             # the budget is for the actor's whole run: every restart followed a death
