@@ -807,6 +807,55 @@ class Algorithm:
             self._ray_started = False
 
 
+class AsyncAlgorithm(Algorithm):
+    """An algorithm whose env runners sample while its learners learn (IMPALA, A3C).
+
+    Its state is the learner version: updates applied so far, what a fragment's
+    policy lag or a gradient's staleness is taken against. Sampling pauses while it
+    saves or restores (requests in flight are dropped) and resumes with the learners'
+    weights under that version. A subclass gives the four methods below."""
+
+    def learner_version(self) -> int:
+        raise NotImplementedError
+
+    def set_learner_version(self, version: int) -> None:
+        """Called with sampling paused (restore)."""
+        raise NotImplementedError
+
+    def pause_sampling(self) -> None:
+        raise NotImplementedError
+
+    def resume_sampling(self) -> None:
+        raise NotImplementedError
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        return AlgorithmState(values={"learner_version": self.learner_version()})
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        version = state.values.get("learner_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(
+                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
+            )
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.set_learner_version(int(state.values.get("learner_version", 0)))
+
+    def save(self, checkpoint_dir: str) -> str:
+        """As every algorithm's, with sampling paused meanwhile."""
+        self.pause_sampling()
+        path = super().save(checkpoint_dir)
+        self.resume_sampling()
+        return path
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self.pause_sampling()
+        try:
+            super().restore(checkpoint_dir)
+        finally:
+            self.resume_sampling()
+
+
 def iteration_seed(seed: int | None, iteration: int) -> int | None:
     """The sampling seed after a save/restore at `iteration` (the seed itself at 0)."""
     if seed is None or iteration == 0:
