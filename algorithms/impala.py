@@ -49,7 +49,7 @@ INFERENCE_MODES = ("env_runners", "policy_actors", "learners")
 class IMPALAConfig(AlgorithmConfig):
     """IMPALA's keys (RLlib's names and defaults where RLlib has them)."""
 
-    lr: float = setting(5e-4, doc="Learning rate.")
+    lr: float = 5e-4
     grad_clip: float | None = setting(40.0, doc="Global-norm gradient clip; None: off.")
     rollout_fragment_length: int | str = setting(
         50, doc="Steps per sub-env per fragment (V-trace's trace length at most)."
