@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import ray
 import tensorflow as tf
 
-from algorithms.algorithm import AlgorithmConfig, AsyncAlgorithm
+from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from algorithms.impala import ChunkedActorCriticPolicy, actor_critic_loss
 from policy_service import TFPolicy
 from policy_service.config import (
@@ -47,7 +47,7 @@ _POLL_S = 0.01
 
 
 @dataclass
-class A3CConfig(AlgorithmConfig):
+class A3CConfig(AsyncConfig):
     """A3C's keys (RLlib's names and defaults where RLlib has them)."""
 
     lr: float = setting(1e-4, doc="Learning rate of the learner's optimizer.")
@@ -80,12 +80,7 @@ class A3CConfig(AlgorithmConfig):
     def __post_init__(self):
         super().__post_init__()
         prefix = self.key_prefix
-        if self.rollout_fragment_length == "auto":
-            raise ConfigError(
-                f"{prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
-            )
         for key, allowed, why in (
-            ("external_env", False, "asynchronous gradients need env runner actors"),
             ("remote_inference", False, "each env runner computes gradients with its own copy"),
             ("policies", None, "A3C trains one policy"),
         ):

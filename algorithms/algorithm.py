@@ -194,6 +194,24 @@ class AlgorithmConfig(PolicyConfig):
 
 
 @dataclass
+class AsyncConfig(AlgorithmConfig):
+    """The rules of an AsyncAlgorithm's config (IMPALA, A3C): its env runner actors
+    sample fragments of a fixed length while it learns."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rollout_fragment_length == "auto":
+            raise ConfigError(
+                f"{self.key_prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
+            )
+        if self.external_env:
+            raise ConfigError(
+                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
+                "needs env runner actors, got True"
+            )
+
+
+@dataclass
 class AlgorithmState:
     """What an algorithm keeps beside its learner, saved and restored exactly with
     it: `values` JSON-able (numbers, strings, lists, dicts), `arrays` named numpy

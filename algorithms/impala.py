@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from algorithms.algorithm import AlgorithmConfig, AsyncAlgorithm
+from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import (
     ConfigError,
@@ -46,7 +46,7 @@ INFERENCE_MODES = ("env_runners", "policy_actors", "learners")
 
 
 @dataclass
-class IMPALAConfig(AlgorithmConfig):
+class IMPALAConfig(AsyncConfig):
     """IMPALA's keys (RLlib's names and defaults where RLlib has them)."""
 
     lr: float = 5e-4
@@ -95,13 +95,6 @@ class IMPALAConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.external_env:
-            raise ConfigError(
-                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
-                "needs env runner actors, got True"
-            )
-        if self.rollout_fragment_length == "auto":
-            raise ConfigError("config.rollout_fragment_length must be an integer >= 1, got 'auto'")
         per_fragment = int(self.rollout_fragment_length) * self.num_envs_per_env_runner
         if self.train_batch_size % per_fragment:
             raise ConfigError(
