@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import ray
 import tensorflow as tf
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
-from algorithms.impala import actor_critic_loss
+from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
+from algorithms.impala import ChunkedActorCriticPolicy, actor_critic_loss
 from policy_service import TFPolicy
 from policy_service.config import (
     ConfigError,
@@ -39,8 +39,7 @@ from policy_service.config import (
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.engine.units import LOSS_MASK
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, TrainColumns, TrainLayout
-from policy_service.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
+from policy_service.vtrace_units import bootstrap_values, vtrace_on_units
 
 _POLL_S = 0.01
 
@@ -48,7 +47,7 @@ _POLL_S = 0.01
 
 
 @dataclass
-class A3CConfig(AlgorithmConfig):
+class A3CConfig(AsyncConfig):
     """A3C's keys (RLlib's names and defaults where RLlib has them)."""
 
     lr: float = setting(1e-4, doc="Learning rate of the learner's optimizer.")
@@ -81,12 +80,7 @@ class A3CConfig(AlgorithmConfig):
     def __post_init__(self):
         super().__post_init__()
         prefix = self.key_prefix
-        if self.rollout_fragment_length == "auto":
-            raise ConfigError(
-                f"{prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
-            )
         for key, allowed, why in (
-            ("external_env", False, "asynchronous gradients need env runner actors"),
             ("remote_inference", False, "each env runner computes gradients with its own copy"),
             ("policies", None, "A3C trains one policy"),
         ):
@@ -99,25 +93,12 @@ class A3CConfig(AlgorithmConfig):
 # ----- the policy: GAE over trajectory chunks, the actor-critic loss ----------------------
 
 
-class A3CPolicy(TFPolicy):
+class A3CPolicy(ChunkedActorCriticPolicy):
     """Actor-critic whose train batches are trajectory chunks (units), so that the
     advantages are taken in the loss from the values it computes anyway."""
 
     config_class = A3CConfig
     config: A3CConfig
-    loss_columns = {
-        SampleBatch.ACTIONS: LossColumn("number", None),
-        SampleBatch.REWARDS: LossColumn(),
-        SampleBatch.NEXT_OBS: LossColumn("number", None),
-    }
-
-    @classmethod
-    def prepare_train_batch(
-        cls, batch: SampleBatch, layout: TrainLayout, fixed_seq_len: bool = False
-    ) -> TrainColumns:
-        """The common preparation, then one unit per trajectory chunk (a recurrent
-        batch's sequences already are units)."""
-        return sequence_units(super().prepare_train_batch(batch, layout, fixed_seq_len))
 
     def advantages_and_targets(self, train_batch: dict, model_out: dict):
         """-> (GAE advantages, value targets) <float32>[rows], no gradient.
@@ -153,7 +134,7 @@ class A3CPolicy(TFPolicy):
 # ----- the training step: gradients applied as they arrive ---------------------------------
 
 
-class A3C(Algorithm):
+class A3C(AsyncAlgorithm):
     """Every env runner keeps `max_requests_in_flight_per_env_runner` requests for a
     fragment's gradients queued; an iteration applies the gradients that arrive until
     train_batch_size env steps were sampled and at least one was applied."""
@@ -213,37 +194,20 @@ class A3C(Algorithm):
         self.version += 1
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.version, wait=False)
 
-    # ----- checkpoints: the version goes on; requests in flight are dropped -------------
+    # ----- AsyncAlgorithm: the version goes on; requests in flight are dropped ---------
 
-    def get_algorithm_state(self) -> AlgorithmState:
-        return AlgorithmState(values={"learner_version": self.version})
+    def learner_version(self) -> int:
+        return self.version
 
-    def check_algorithm_state(self, state: AlgorithmState) -> None:
-        version = state.values.get("learner_version", 0)
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(
-                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
-            )
+    def set_learner_version(self, version: int) -> None:
+        self.version = version
 
-    def set_algorithm_state(self, state: AlgorithmState) -> None:
-        self.version = int(state.values.get("learner_version", 0))
-
-    def save(self, checkpoint_dir: str) -> str:
-        """As every algorithm's; the requests in flight are dropped (the runners may be
-        rebuilt) and the runners go on with the learner's weights and version."""
+    def pause_sampling(self) -> None:
         self.gradients.forget()
-        path = super().save(checkpoint_dir)
-        self._resume_sampling()
-        return path
 
-    def restore(self, checkpoint_dir: str) -> None:
-        self.gradients.forget()
-        try:
-            super().restore(checkpoint_dir)
-        finally:
-            self._resume_sampling()
-
-    def _resume_sampling(self) -> None:
+    def resume_sampling(self) -> None:
+        """The runners go on with the learner's weights and version (they may have been
+        rebuilt)."""
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.version)
         self.gradients = self._gradient_stream()
 

@@ -194,6 +194,24 @@ class AlgorithmConfig(PolicyConfig):
 
 
 @dataclass
+class AsyncConfig(AlgorithmConfig):
+    """The rules of an AsyncAlgorithm's config (IMPALA, A3C): its env runner actors
+    sample fragments of a fixed length while it learns."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.rollout_fragment_length == "auto":
+            raise ConfigError(
+                f"{self.key_prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
+            )
+        if self.external_env:
+            raise ConfigError(
+                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
+                "needs env runner actors, got True"
+            )
+
+
+@dataclass
 class AlgorithmState:
     """What an algorithm keeps beside its learner, saved and restored exactly with
     it: `values` JSON-able (numbers, strings, lists, dicts), `arrays` named numpy
@@ -805,6 +823,55 @@ class Algorithm:
 
             ray.shutdown()
             self._ray_started = False
+
+
+class AsyncAlgorithm(Algorithm):
+    """An algorithm whose env runners sample while its learners learn (IMPALA, A3C).
+
+    Its state is the learner version: updates applied so far, what a fragment's
+    policy lag or a gradient's staleness is taken against. Sampling pauses while it
+    saves or restores (requests in flight are dropped) and resumes with the learners'
+    weights under that version. A subclass gives the four methods below."""
+
+    def learner_version(self) -> int:
+        raise NotImplementedError
+
+    def set_learner_version(self, version: int) -> None:
+        """Called with sampling paused (restore)."""
+        raise NotImplementedError
+
+    def pause_sampling(self) -> None:
+        raise NotImplementedError
+
+    def resume_sampling(self) -> None:
+        raise NotImplementedError
+
+    def get_algorithm_state(self) -> AlgorithmState:
+        return AlgorithmState(values={"learner_version": self.learner_version()})
+
+    def check_algorithm_state(self, state: AlgorithmState) -> None:
+        version = state.values.get("learner_version", 0)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(
+                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
+            )
+
+    def set_algorithm_state(self, state: AlgorithmState) -> None:
+        self.set_learner_version(int(state.values.get("learner_version", 0)))
+
+    def save(self, checkpoint_dir: str) -> str:
+        """As every algorithm's, with sampling paused meanwhile."""
+        self.pause_sampling()
+        path = super().save(checkpoint_dir)
+        self.resume_sampling()
+        return path
+
+    def restore(self, checkpoint_dir: str) -> None:
+        self.pause_sampling()
+        try:
+            super().restore(checkpoint_dir)
+        finally:
+            self.resume_sampling()
 
 
 def iteration_seed(seed: int | None, iteration: int) -> int | None:

@@ -40,9 +40,8 @@ class DQNConfig(ReplayConfig):
     """DQN's keys (RLlib's old-stack names and defaults) on top of the replay loop's."""
 
     lr: float = setting(5e-4, doc="Adam learning rate.")
-    adam_epsilon: float = setting(1e-8, doc="Adam's epsilon.")
+    adam_epsilon: float = 1e-8
     grad_clip: float | None = setting(40.0, doc="Gradient clip by global norm; None: off.")
-    gamma: float = setting(0.99, doc="Discount factor.")
     exploration_config: dict = setting(
         doc="Epsilon-greedy acting: epsilon falls linearly from initial_epsilon to "
         "final_epsilon over epsilon_timesteps sampled steps.",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
+from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import (
     ConfigError,
@@ -46,10 +46,10 @@ INFERENCE_MODES = ("env_runners", "policy_actors", "learners")
 
 
 @dataclass
-class IMPALAConfig(AlgorithmConfig):
+class IMPALAConfig(AsyncConfig):
     """IMPALA's keys (RLlib's names and defaults where RLlib has them)."""
 
-    lr: float = setting(5e-4, doc="Learning rate.")
+    lr: float = 5e-4
     grad_clip: float | None = setting(40.0, doc="Global-norm gradient clip; None: off.")
     rollout_fragment_length: int | str = setting(
         50, doc="Steps per sub-env per fragment (V-trace's trace length at most)."
@@ -95,13 +95,6 @@ class IMPALAConfig(AlgorithmConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.external_env:
-            raise ConfigError(
-                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
-                "needs env runner actors, got True"
-            )
-        if self.rollout_fragment_length == "auto":
-            raise ConfigError("config.rollout_fragment_length must be an integer >= 1, got 'auto'")
         per_fragment = int(self.rollout_fragment_length) * self.num_envs_per_env_runner
         if self.train_batch_size % per_fragment:
             raise ConfigError(
@@ -121,12 +114,11 @@ class IMPALAConfig(AlgorithmConfig):
 # ----- the policy: train batch layout and the V-trace loss --------------------------------
 
 
-class IMPALAPolicy(TFPolicy):
-    """Actor-critic with V-trace targets; its train batches are trajectory chunks."""
+class ChunkedActorCriticPolicy(TFPolicy):
+    """An actor-critic whose train batches are trajectory chunks, one unit each, and
+    whose loss is `actor_critic_loss`: IMPALA's policy and A3C's."""
 
-    config_class = IMPALAConfig
     loss_columns = {
-        SampleBatch.ACTION_LOGP: LossColumn(),
         SampleBatch.ACTIONS: LossColumn("number", None),
         SampleBatch.REWARDS: LossColumn(),
         SampleBatch.NEXT_OBS: LossColumn("number", None),
@@ -139,6 +131,16 @@ class IMPALAPolicy(TFPolicy):
         """The common preparation, then one unit per trajectory chunk (V-trace's
         [T, B] layout; a recurrent batch's sequences already are units)."""
         return sequence_units(super().prepare_train_batch(batch, layout, fixed_seq_len))
+
+
+class IMPALAPolicy(ChunkedActorCriticPolicy):
+    """Actor-critic with V-trace targets against the behaviour policy."""
+
+    config_class = IMPALAConfig
+    loss_columns = {
+        SampleBatch.ACTION_LOGP: LossColumn(),
+        **ChunkedActorCriticPolicy.loss_columns,
+    }
 
     def vtrace(self, train_batch: dict, model_out: dict, log_rhos: tf.Tensor):
         """V-trace per unit with this config's thresholds -> (vs, pg_advantages) rows."""
@@ -190,7 +192,7 @@ def actor_critic_loss(policy, curr, out: dict, logp, advantages, value_targets, 
 # ----- the training step: the asynchronous loop --------------------------------------------
 
 
-class IMPALA(Algorithm):
+class IMPALA(AsyncAlgorithm):
     """Env runners and learners at once (AsyncLearning); an iteration lasts until
     train_batch_size env steps were sampled and at least one update was made."""
 
@@ -234,33 +236,20 @@ class IMPALA(Algorithm):
         self.count_async(it.fragment_metrics, trained, time.perf_counter() - start)
         return report
 
-    def get_algorithm_state(self) -> AlgorithmState:
-        """The learners' update count: the version fragments' policy lag is taken against."""
-        return AlgorithmState(values={"learner_version": self.async_learning.version})
+    # ----- AsyncAlgorithm: the learner version and pausing (checkpoints) --------------
 
-    def check_algorithm_state(self, state: AlgorithmState) -> None:
-        version = state.values.get("learner_version", 0)
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise ValueError(
-                f"algorithm state entry 'learner_version' must be an integer >= 0, got {version!r}"
-            )
+    def learner_version(self) -> int:
+        return self.async_learning.version
 
-    def set_algorithm_state(self, state: AlgorithmState) -> None:
-        self.async_learning.set_version(int(state.values.get("learner_version", 0)))
+    def set_learner_version(self, version: int) -> None:
+        self.async_learning.set_version(version)
 
-    def save(self, checkpoint_dir: str) -> str:
-        """As every algorithm's, with learning paused meanwhile (queued fragments dropped)."""
+    def pause_sampling(self) -> None:
+        """Learning pauses too; queued fragments are dropped."""
         self.async_learning.pause()
-        path = super().save(checkpoint_dir)
+
+    def resume_sampling(self) -> None:
         self.async_learning.resume(self.env_runner_group())
-        return path
-
-    def restore(self, checkpoint_dir: str) -> None:
-        self.async_learning.pause()
-        try:
-            super().restore(checkpoint_dir)
-        finally:
-            self.async_learning.resume(self.env_runner_group())
 
     def stop(self) -> None:
         if getattr(self, "async_learning", None) is not None:

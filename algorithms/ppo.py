@@ -47,7 +47,6 @@ class PPOConfig(AlgorithmConfig):
     """PPO's keys (RLlib's names and defaults) on top of the policy and loop keys."""
 
     lr: float = setting(5e-5, doc="Adam learning rate.")
-    gamma: float = setting(0.99, doc="Discount factor.")
     lambda_: float = setting(
         1.0,
         doc="GAE lambda (1.0: Monte Carlo returns minus the value baseline).",
@@ -73,7 +72,6 @@ class PPOConfig(AlgorithmConfig):
     kl_target: float = setting(
         0.01, doc="KL per step the adaptive coefficient steers towards.", check=finite(gt=0)
     )
-    train_batch_size: int = setting(4000, doc="Env steps sampled per training iteration.")
     minibatch_size: int = setting(
         128,
         doc="Rows per SGD step (LSTMs: a multiple of max_seq_len x towers); "
