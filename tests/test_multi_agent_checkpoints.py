@@ -4,18 +4,23 @@ saved run does; checkpoints of other policy ids, unsafe ids and corrupt policy f
 refused in one line with nothing changed."""
 
 import hashlib
+import json
 import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 from fakes import assert_one_line
-from multi_agent_envs import TwoMapsEnv, two_maps_config
+from multi_agent_envs import CUES, TwoMapsEnv, two_maps_config
 
+import algorithms.evaluation
 from algorithms import register_env
 from algorithms.multi_agent import PolicyIdsMismatch
 from algorithms.ppo import PPO
+from policy_service.cli.commands import EXIT_BAD_INPUT, main
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
+from policy_service.io.export import SIGNATURE_NAME
 from policy_service.multi_agent.policies import MultiAgentConfigError
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
@@ -149,3 +154,77 @@ def test_from_checkpoint_refuses_a_run_whose_mapping_is_code(saved):
     with pytest.raises(CheckpointFileError) as refused:
         PPO.from_checkpoint(path)
     assert_one_line(refused.value, "policy_mapping_fn", "restore()")
+
+
+# ----- export and evaluate of one policy (algorithms/evaluation.py, --policy) ------------
+
+
+def cue_observations(agent_index: int) -> np.ndarray:
+    """<float32>[CUES, CUES + 2] every cue seen by agent `agent_index`."""
+    obs = np.zeros((CUES, CUES + 2), np.float32)
+    obs[np.arange(CUES), np.arange(CUES)] = 1.0
+    obs[:, CUES + agent_index] = 1.0
+    return obs
+
+
+@pytest.mark.parametrize("policy_id, agent_index", [("pa", 0), ("pb", 1)])
+def test_export_of_each_policy_acts_as_that_policy(saved, tmp_path, policy_id, agent_index):
+    trained, _, path = saved
+    policy = algorithms.evaluation.load_newest_valid(path, with_env=False, policy_id=policy_id)
+    out = tmp_path / policy_id
+    assert main(["export", path, "--out", str(out), "--policy", policy_id]) == 0
+    serve = tf.saved_model.load(str(out)).signatures[SIGNATURE_NAME]
+    obs = cue_observations(agent_index)
+    exported = serve(
+        obs=tf.constant(obs),
+        explore=tf.constant(False),
+        timestep=tf.constant(0, tf.int64),
+        seed=tf.constant([0, 0], tf.int64),
+    )
+    saved_logits = policy.policy.compute_actions(obs, explore=False)[2]["action_dist_inputs"]
+    np.testing.assert_array_equal(exported["action_dist_inputs"].numpy(), saved_logits)
+    np.testing.assert_array_equal(
+        exported["actions"].numpy(), policy.policy.compute_actions(obs, explore=False)[0]
+    )
+    # the checkpoint's policy is the run's: the same actions as the algorithm's own
+    run_actions = trained.get_policy(policy_id).compute_actions(obs, explore=False)[0]
+    assert exported["actions"].numpy().tolist() == np.asarray(run_actions).tolist()
+
+
+@pytest.mark.parametrize("command", ["export", "evaluate"])
+@pytest.mark.parametrize("flag", [[], ["--policy", "pc"]])
+def test_a_missing_or_unknown_policy_is_one_line_listing_the_ids(
+    saved, tmp_path, capsys, command, flag
+):
+    _, _, path = saved
+    out = ["--out", str(tmp_path / "out")] if command == "export" else []
+    assert main([command, path, *out, *flag]) == EXIT_BAD_INPUT
+    error = capsys.readouterr().err.strip()
+    assert_one_line(
+        ValueError(error), "multi-agent checkpoint of policies ['pa', 'pb']", "--policy"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_evaluate_plays_every_agent_with_its_policy_as_mapped_in_training(saved, capsys):
+    trained, _, path = saved
+    assert main(["evaluate", path, "--policy", "pb", "--episodes", "2", "--seed", "5"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    by_hand = {"pa": [], "pb": []}  # the run's own policies, greedy, on the same seeds
+    env = TwoMapsEnv()
+    for episode in range(2):
+        obs, _ = env.reset(seed=5 + episode)
+        returns = {"a": 0.0, "b": 0.0}
+        while obs and env.agents:
+            actions = {
+                a: trained.get_policy("p" + a).compute_single_action(o, explore=False)[0]
+                for a, o in obs.items()
+            }
+            obs, rewards, _, _, _ = env.step(actions)
+            for agent, reward in rewards.items():
+                returns[agent] += reward
+        for agent, value in returns.items():
+            by_hand["p" + agent].append(value)
+    assert report["policy"] == "pb" and report["episode_lengths"] == [8, 8]
+    assert report["policy_reward_mean"] == {p: float(np.mean(r)) for p, r in by_hand.items()}
+    assert report["episode_returns"] == [a + b for a, b in zip(by_hand["pa"], by_hand["pb"])]
