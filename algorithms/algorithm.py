@@ -527,7 +527,7 @@ class Algorithm:
             "sync_time_s": counts.sync_time_s,
             "time_this_iter_s": elapsed_s,
             "time_total_s": self.time_total_s,
-            "num_worker_restarts": self._num_worker_restarts() if not self.multi_agent else 0,
+            "num_worker_restarts": self._num_worker_restarts(),
             "num_learners": learners.num_learners,
             "num_learner_restarts": learners.num_restarts,
             "num_learner_towers": learners.num_towers,
@@ -653,6 +653,9 @@ class Algorithm:
         """With a seed: rebuild the env runners seeded from (seed, iteration) (external
         episodes are their clients' to seed). Either way the runners then act with the
         learner's current weights."""
+        if self.multi_agent is not None:
+            self._restart_multi_agent_sampling()
+            return
         if self.config.seed is not None and not self.config.external_env:
             stats = self._filter_stats()
             self._past_worker_restarts += int(self.env_runners.num_restarts)
@@ -663,7 +666,21 @@ class Algorithm:
             self.env_runner_group().filter_stats = stats  # the new runners go on from them
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
 
+    def _restart_multi_agent_sampling(self) -> None:
+        """_restart_sampling with `policies`: the driver's sampler on a new env."""
+        from algorithms import multi_agent
+
+        assert self.multi_agent is not None
+        runners, learners = self.multi_agent
+        if self.config.seed is not None:
+            env = multi_agent.make_multi_agent_env(self._env_name, dict(self.config.env_config))
+            runners = runners.restarted(env, iteration_seed(self.config.seed, self.iteration))
+            self.multi_agent = (runners, learners)
+        runners.sync_weights(learners.get_weights())
+
     def _num_worker_restarts(self) -> int:
+        if self.multi_agent is not None:  # the driver samples: no worker to restart
+            return 0
         return self._past_worker_restarts + int(self.env_runners.num_restarts)
 
     # ----- algorithm state ----------------------------------------------------------
@@ -683,12 +700,12 @@ class Algorithm:
     # ----- checkpoints ----------------------------------------------------------------
 
     def save(self, checkpoint_dir: str) -> str:
-        """Write the algorithm atomically (npz + JSON, no pickle) -> the directory."""
+        """Write the algorithm atomically (npz + JSON, no pickle) -> the directory;
+        with `policies`, every policy's state (algorithms/multi_agent.py)."""
         if self.multi_agent is not None:
-            raise ConfigError(
-                "save: checkpoints of multi-agent runs (config.policies) are not written yet; "
-                "save each policy with algo.get_policy(policy_id).export_checkpoint(dir)"
-            )
+            path = self._write_checkpoint(checkpoint_dir, self.multi_agent[1].get_states())
+            self._restart_sampling()
+            return path
         self.sync_learner_filters()
         path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
         self._restart_sampling()
@@ -702,6 +719,8 @@ class Algorithm:
         learner state is the driver's copy (None if its newest is lost)."""
         start = self._iteration_start
         if start is None or self._iteration_changed_state or self.iteration == 0:
+            return None
+        if self.multi_agent is not None:  # its sampling counts are not rolled back yet
             return None
         learner_state = self.learners.newest_state()
         if learner_state is None:
@@ -717,6 +736,7 @@ class Algorithm:
         return self._write_checkpoint(checkpoint_dir, learner_state)
 
     def _write_checkpoint(self, checkpoint_dir: str, learner_state: dict) -> str:
+        """`learner_state`: the learners' state; with `policies`, policy id -> state."""
         own = self.get_algorithm_state()
         try:
             json.dumps(own.values, allow_nan=False)
@@ -726,13 +746,17 @@ class Algorithm:
                 f"JSON (numbers, strings, lists, dicts): {err}"
             ) from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
-            self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR), learner_state)
+            if self.multi_agent is None:
+                self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR), learner_state)
+            else:
+                self.multi_agent[1].save(tmp, learner_state)
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
             checkpoints.save_json(
                 tmp / checkpoints.ALGORITHM_STATE,
                 {
+                    **self._multi_agent_state(),
                     "algorithm_class": checkpoints.class_path(type(self)),
-                    "config": self.config.to_dict(),
+                    "config": self._checkpoint_config(),
                     "iteration": self.iteration,
                     "timesteps_total": self.timesteps_total,
                     "num_samples_trained_total": self.num_samples_trained_total,
@@ -746,12 +770,39 @@ class Algorithm:
             )
         return str(Path(checkpoint_dir).absolute())
 
+    def _checkpoint_config(self) -> dict:
+        """The config as JSON; with `policies`, their specs and mapping by name."""
+        config = self.config.to_dict()
+        if self.config.policies is not None:
+            from algorithms import multi_agent
+
+            config.update(multi_agent.json_config(self.config))
+        return config
+
+    def _multi_agent_state(self) -> dict:
+        """A multi-agent run's entries of algorithm_state.json ({} for one policy)."""
+        if self.multi_agent is None:
+            return {}
+        runners, learners = self.multi_agent
+        return {
+            "policy_ids": list(learners.groups),
+            "agent_policy_ids": runners.agent_policy_ids,
+            "agent_timesteps_total": self.agent_timesteps_total,
+            "policy_episode_returns": {
+                policy_id: [float(r) for r in returns]
+                for policy_id, returns in self._policy_returns.items()
+            },
+        }
+
     def restore(self, checkpoint_dir: str) -> None:
         """Continue from a save: learner state, algorithm state, counters, metrics
         window, sampling seed. Every file is read and checked first
         (CheckpointFileError, one line naming it); a bad checkpoint changes nothing."""
         directory = Path(checkpoint_dir)
         saved = checkpoints.read_algorithm_state(directory, type(self))
+        if self.multi_agent is not None or "policy_ids" in saved:
+            self._restore_multi_agent(directory, saved)
+            return
         own = AlgorithmState(
             saved.get("algorithm_values", {}),
             checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
@@ -763,6 +814,38 @@ class Algorithm:
                 observation_filters.policy_filter_stats
             )
         self.set_algorithm_state(own)
+        self._restore_counters(saved)
+        self._restart_sampling()
+        self._past_worker_restarts = int(saved["num_worker_restarts"]) - int(
+            self.env_runners.num_restarts
+        )
+
+    def _restore_multi_agent(self, directory: Path, saved: dict) -> None:
+        """restore() with `policies`: the checkpoint's policy ids must be this run's
+        (one line naming both, before anything is read further); every policy's files
+        are read and its state checked before any is set."""
+        from algorithms.multi_agent import check_policy_ids
+
+        expected = None if self.multi_agent is None else list(self.multi_agent[1].groups)
+        check_policy_ids(directory, saved.get("policy_ids"), expected)
+        assert self.multi_agent is not None  # a single-agent run was refused just now
+        own = AlgorithmState(
+            saved.get("algorithm_values", {}),
+            checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
+        )
+        self.check_algorithm_state(own)
+        learners = self.multi_agent[1]
+        learners.set_states(learners.read_checked(directory, saved))
+        self.set_algorithm_state(own)
+        self._restore_counters(saved)
+        self.agent_timesteps_total = int(saved.get("agent_timesteps_total", 0))
+        self._policy_returns.clear()
+        for policy_id, returns in saved.get("policy_episode_returns", {}).items():
+            self._policy_returns[policy_id].extend(returns)
+        self._restart_sampling()
+
+    def _restore_counters(self, saved: dict) -> None:
+        """The loop's counters and metrics window from algorithm_state.json."""
         self.iteration = int(saved["iteration"])
         self.timesteps_total = int(saved["timesteps_total"])
         self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))
@@ -771,16 +854,17 @@ class Algorithm:
         self._episode_returns.extend(saved["episode_returns"])
         self._episode_lengths.clear()
         self._episode_lengths.extend(saved["episode_lengths"])
-        self._restart_sampling()
-        self._past_worker_restarts = int(saved["num_worker_restarts"]) - int(
-            self.env_runners.num_restarts
-        )
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> Algorithm:
         """A new algorithm with the saved config, restored from the checkpoint."""
         saved = checkpoints.load_json(Path(checkpoint_dir) / checkpoints.ALGORITHM_STATE)
-        algo = cls(saved["config"])
+        config = saved["config"]
+        if isinstance(config, dict) and config.get("policies") is not None:
+            from algorithms.multi_agent import loadable_config
+
+            config = loadable_config(config, checkpoint_dir)
+        algo = cls(config)
         algo.restore(checkpoint_dir)
         return algo
 

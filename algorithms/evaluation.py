@@ -9,6 +9,7 @@ checkpoints/ directory, one checkpoint (what Algorithm.save writes:
 algorithm_state.json and the policy/ sub-dir), or a policy directory written
 by TFPolicy.export_checkpoint. The policy is rebuilt on one CPU tower: acting
 needs no towers, and a checkpoint trained on GPUs must load where there are none.
+A multi-agent checkpoint (policies/<policy id>/) needs `policy_id` (--policy).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 if TYPE_CHECKING:  # imported where used: evaluating needs TensorFlow, checking does not
     import gymnasium as gym
 
+    from policy_service.multi_agent.env import MultiAgentEnv
     from policy_service.policy import TFPolicy
 
 from policy_service.errors import UserError, one_line
@@ -35,6 +37,7 @@ from policy_service.io.checkpoints import (
     is_checkpoint_name,
     list_checkpoints,
     newest_loadable,
+    policy_state_dir,
     read_algorithm_state,
     read_policy_state,
     refuse_links_out_of,
@@ -53,6 +56,11 @@ class EnvironmentNotAllowed(CheckpointError):
     """The checkpoint names an environment that would need a module imported for it."""
 
 
+class PolicyChoiceError(CheckpointError):
+    """--policy is missing or unknown for a multi-agent checkpoint (or given for a
+    single-agent one): the request, not the checkpoint, is wrong."""
+
+
 class ExportTargetError(UserError):
     """`export --out` names something that must not be replaced, or cannot be."""
 
@@ -64,6 +72,8 @@ class LoadedCheckpoint:
     policy_dir: Path
     algorithm_config: dict | None  # from algorithm_state.json; None for a bare policy
     config_file: Path | None = None  # the algorithm_state.json it came from
+    policy_id: str | None = None  # a multi-agent checkpoint's policy, chosen by --policy
+    agent_policy_ids: dict | None = None  # a multi-agent checkpoint's: agent -> policy id
 
 
 def checkpoint_candidates(path: str) -> list[Path]:
@@ -89,16 +99,45 @@ def locate(path: str) -> LoadedCheckpoint:
     return locate_one(checkpoint_candidates(path)[0])
 
 
-def locate_one(directory: Path) -> LoadedCheckpoint:
-    """The policy directory and algorithm config of one checkpoint or policy directory."""
+def locate_one(directory: Path, policy_id: str | None = None) -> LoadedCheckpoint:
+    """The policy directory and algorithm config of one checkpoint or policy directory;
+    `policy_id` chooses a multi-agent checkpoint's policy (and only there)."""
     if (directory / ALGORITHM_STATE).exists():
+        saved = _read_state(directory)
+        ids = saved.get("policy_ids")
+        if ids is None and policy_id is None:
+            return LoadedCheckpoint(
+                directory / POLICY_SUBDIR, saved["config"], directory / ALGORITHM_STATE
+            )
+        choose_policy(directory, ids, policy_id)
+        assert policy_id is not None
         return LoadedCheckpoint(
-            directory / POLICY_SUBDIR, _read_config(directory), directory / ALGORITHM_STATE
+            policy_state_dir(directory, policy_id),
+            saved["config"],
+            directory / ALGORITHM_STATE,
+            policy_id,
+            saved.get("agent_policy_ids", {}),
         )
+    choose_policy(directory, None, policy_id)
     parent_state = directory.parent / ALGORITHM_STATE
     if not parent_state.exists():
         return LoadedCheckpoint(directory, None)
-    return LoadedCheckpoint(directory, _read_config(directory.parent), parent_state)
+    return LoadedCheckpoint(directory, _read_state(directory.parent)["config"], parent_state)
+
+
+def choose_policy(checkpoint: Path, ids: list | None, policy_id: str | None) -> None:
+    """`policy_id` is one of a multi-agent checkpoint's `ids`, or None for a
+    single-agent one (ids None); else PolicyChoiceError listing the ids."""
+    if ids is None and policy_id is not None:
+        raise PolicyChoiceError(
+            f"--policy {policy_id}: {checkpoint} holds one policy (no policy ids); drop --policy"
+        )
+    if ids is not None and policy_id not in ids:
+        asked = "no --policy" if policy_id is None else f"--policy {policy_id} is not one of them"
+        raise PolicyChoiceError(
+            f"{checkpoint} is a multi-agent checkpoint of policies {sorted(ids)}: {asked}; "
+            f"pass --policy ID"
+        )
 
 
 @dataclass
@@ -107,17 +146,20 @@ class ReadyPolicy:
 
     checkpoint: LoadedCheckpoint
     policy: TFPolicy
-    environment: gym.Env | None = None
+    environment: gym.Env | MultiAgentEnv | None = None
     env_id: str | None = None
+    policies: dict | None = None  # a multi-agent checkpoint's: id -> policy its agents act with
 
 
 def load_newest_valid(
     path: str,
     env: str | None = None,
     with_env: bool = True,
+    policy_id: str | None = None,
 ) -> ReadyPolicy:
-    """The newest checkpoint under `path` that loads; each one skipped is named on
-    stderr with the reason. A request that fits none (--env) is not a reason to skip."""
+    """The newest checkpoint under `path` that loads (`policy_id`'s policy, of a
+    multi-agent one); each one skipped is named on stderr with the reason. A request
+    that fits none (--env, --policy) is not a reason to skip."""
     root = Path(path).absolute()
     if (root / POLICY_STATE).exists() and (root.parent / ALGORITHM_STATE).exists():
         root = root.parent  # a checkpoint's policy/ directory: its checkpoint is read too
@@ -125,23 +167,33 @@ def load_newest_valid(
         root = root.parent.parent  # one checkpoint of a run: the run's files only
     return newest_loadable(
         checkpoint_candidates(path),
-        lambda directory: _load(directory, env, with_env, root),
+        lambda directory: _load(directory, env, with_env, root, policy_id),
         path,
         skipped=(CheckpointError,),
-        fatal=(EnvironmentMismatch, EnvironmentNotAllowed),
+        fatal=(EnvironmentMismatch, EnvironmentNotAllowed, PolicyChoiceError),
     )[1]
 
 
-def _load(directory: Path, env: str | None, with_env: bool, root: Path) -> ReadyPolicy:
+def _load(
+    directory: Path, env: str | None, with_env: bool, root: Path, policy_id: str | None
+) -> ReadyPolicy:
     try:  # symlinks out of what was named would mix in another run's files
         refuse_links_out_of(directory, root)
     except CheckpointFileError as err:
         raise CheckpointError(one_line(err)) from None
-    checkpoint = locate_one(directory)
+    checkpoint = locate_one(directory, policy_id)
     state = saved_policy_state(checkpoint)
     if not with_env:
         return ReadyPolicy(checkpoint, policy_from_state(state, checkpoint.policy_dir))
-    env_id, env_config = _environment(checkpoint, env)
+    if checkpoint.agent_policy_ids is not None:
+        from algorithms.multi_agent_evaluation import load_multi_agent
+
+        multi_env, policies = load_multi_agent(checkpoint, env)
+        assert checkpoint.policy_id is not None
+        chosen = policies.get(checkpoint.policy_id) or policy_from_state(state)
+        env_name = env or (checkpoint.algorithm_config or {}).get("env")
+        return ReadyPolicy(checkpoint, chosen, multi_env, env_name, policies)
+    env_id, env_config = environment_of(checkpoint, env)
     environment = _make_env(env_id, env_config)
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
@@ -245,20 +297,47 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
 
 
 def evaluate(
-    path: str, episodes: int = 10, env: str | None = None, explore: bool = False, seed: int = 0
+    path: str,
+    episodes: int = 10,
+    env: str | None = None,
+    explore: bool = False,
+    seed: int = 0,
+    policy_id: str | None = None,
 ) -> int:
-    """Run episodes with the checkpoint's policy; print one JSON line of statistics."""
+    """Run episodes with the checkpoint's policy; print one JSON line of statistics.
+    A multi-agent checkpoint plays every agent with its policy; `policy_id` (required
+    there) is the one reported, beside each policy's mean return (policy_reward_mean)."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     if env is not None:  # named once here, not blamed on each checkpoint in turn
         from algorithms import environments
 
         environments.check_env_id(env)
-    ready = load_newest_valid(path, env)
+    ready = load_newest_valid(path, env, policy_id=policy_id)
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
     assert environment is not None  # loaded with_env
+    multi_agent = {}
     try:
-        played = run_episodes(ready.policy, environment, episodes, explore, seed)
+        if ready.policies is not None:
+            from algorithms.multi_agent_evaluation import run_multi_agent_episodes
+
+            assert checkpoint.agent_policy_ids is not None
+            played = run_multi_agent_episodes(
+                ready.policies,
+                checkpoint.agent_policy_ids,
+                cast("MultiAgentEnv", environment),
+                episodes,
+                explore,
+                seed,
+            )
+            multi_agent = {
+                "policy": policy_id,
+                "policy_reward_mean": {
+                    p: float(np.mean(r)) for p, r in played["policy_episode_returns"].items()
+                },
+            }
+        else:
+            played = run_episodes(ready.policy, environment, episodes, explore, seed)
     finally:
         environment.close()
     returns = np.asarray(played["episode_returns"])
@@ -280,6 +359,7 @@ def evaluate(
                 "episode_len_mean": float(lengths.mean()),
                 "episode_lengths": [int(n) for n in lengths],
                 "episode_returns": [float(r) for r in returns],
+                **multi_agent,
             }
         ),
         flush=True,
@@ -287,10 +367,17 @@ def evaluate(
     return 0
 
 
-def export(path: str, out: str, onnx_opset: int | None = None, force: bool = False) -> int:
-    """Write the checkpoint's policy as a SavedModel in `out` (and model.onnx with an
-    opset). Something already at `out` is replaced only with `force`, and then whole:
-    the export is written beside it and renamed over it, so a failed export leaves it."""
+def export(
+    path: str,
+    out: str,
+    onnx_opset: int | None = None,
+    force: bool = False,
+    policy_id: str | None = None,
+) -> int:
+    """Write the checkpoint's policy (`policy_id`'s, of a multi-agent one) as a
+    SavedModel in `out` (and model.onnx with an opset). Something already at `out` is
+    replaced only with `force`, and then whole: the export is written beside it and
+    renamed over it, so a failed export leaves it."""
     if onnx_opset is not None and importlib.util.find_spec("tf2onnx") is None:
         raise CheckpointError("ONNX export needs tf2onnx: pip install 'policy-service[onnx]'")
     if onnx_opset is not None:
@@ -301,7 +388,7 @@ def export(path: str, out: str, onnx_opset: int | None = None, force: bool = Fal
         except ValueError as err:
             raise ExportTargetError(f"--onnx {onnx_opset}: {err}") from None
     check_export_target(out, force)
-    policy = load_newest_valid(path, with_env=False).policy
+    policy = load_newest_valid(path, with_env=False, policy_id=policy_id).policy
     policy.export_model(out, onnx=onnx_opset)
     print(
         f"SavedModel: {Path(out).absolute()}"
@@ -334,7 +421,7 @@ def check_export_target(out: str, force: bool) -> None:
         raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
-def _environment(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:
+def environment_of(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, dict]:
     config = checkpoint.algorithm_config or {}
     env_id = env or config.get("env")
     if not env_id:
@@ -365,8 +452,8 @@ def _make_env(env_id: str, env_config: dict):
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None
 
 
-def _read_config(checkpoint: Path) -> dict:
+def _read_state(checkpoint: Path) -> dict:
     try:
-        return read_algorithm_state(checkpoint)["config"]
+        return read_algorithm_state(checkpoint)
     except CheckpointFileError as err:
         raise CheckpointError(one_line(err)) from None

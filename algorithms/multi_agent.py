@@ -2,14 +2,22 @@
 LearnerGroup: `MultiAgentEnvRunners` samples in the driver (one MultiAgentEnv, a CPU
 copy of every policy acting for its agents), `MultiAgentLearners` holds a LearnerGroup
 per policy (each policy its own learner role; num_learners: 0 puts them in the driver)
-and updates only the policies in `policies_to_train` on their own rows."""
+and updates only the policies in `policies_to_train` on their own rows.
+
+A checkpoint of such a run holds policies/<policy id>/ for every policy (each as a
+single-agent checkpoint's policy/) and, in algorithm_state.json, "policy_ids" and
+"agent_policy_ids" (each possible agent's policy, what `evaluate` maps them by)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from algorithms.environments import env_maker
 from policy_service.config import on_cpu
+from policy_service.errors import one_line
+from policy_service.io import checkpoints
+from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.learning_results import NUM_SAMPLES_TRAINED
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.batch import MultiAgentBatch
@@ -52,16 +60,81 @@ def resolve_policies(config, default_class: type) -> tuple[MultiAgentEnv, AgentP
     return env, found
 
 
+def json_config(config) -> dict:
+    """The multi-agent keys of `config` as JSON for a checkpoint: a PolicySpec as its
+    class ("module:QualName") and config (its spaces are in its policy's state), the
+    mapping function by name; code is never loaded from these (`from_checkpoint`)."""
+    mapping_fn = config.policy_mapping_fn
+    return {
+        "policies": {
+            policy_id: None
+            if spec is None
+            else {
+                "policy_class": spec.policy_class and checkpoints.class_path(spec.policy_class),
+                "config": spec.config,
+            }
+            for policy_id, spec in config.policies.items()
+        },
+        "policy_mapping_fn": None
+        if mapping_fn is None
+        else f"{mapping_fn.__module__}:{mapping_fn.__qualname__}",
+    }
+
+
+def loadable_config(config: dict, checkpoint: str) -> dict:
+    """A checkpoint's config (json_config's form), if it builds the run again: every
+    policy None and no mapping function; else a one-line CheckpointFileError."""
+    policies = config.get("policies")
+    if config.get("policy_mapping_fn") is not None or any((policies or {}).values()):
+        raise CheckpointFileError(
+            f"{checkpoint}: its run had a policy_mapping_fn or PolicySpecs (code, not loaded "
+            "from a file); build the algorithm with that config, then call restore()"
+        )
+    return config
+
+
+class PolicyIdsMismatch(CheckpointFileError):
+    """A checkpoint's policies are not the ones of the algorithm restoring it."""
+
+
+def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> None:
+    """The checkpoint's policy ids (None: a single-agent checkpoint) are the run's
+    (None: a single-agent run); else PolicyIdsMismatch naming both."""
+    if (found is None) == (expected is None) and sorted(found or []) == sorted(expected or []):
+        return
+
+    def named(ids):
+        return "one policy (no config.policies)" if ids is None else f"policies {sorted(ids)}"
+
+    raise PolicyIdsMismatch(
+        f"{checkpoint}: holds {named(found)}, but this run's config expects {named(expected)}"
+    )
+
+
 class MultiAgentEnvRunners:
-    """The driver's multi-agent sampler; weights come per policy id."""
+    """The driver's multi-agent sampler; weights come per policy id. `seed` seeds the
+    episodes and the acting copies' sampling (None: the policies' config seed)."""
 
     def __init__(self, env: MultiAgentEnv, policies: AgentPolicies, fragment_length: int, seed):
+        seeded = {} if seed is None else {"seed": seed}
         self.policies = {
-            p: spec._replace(config=on_cpu(spec.config)).build()
+            p: spec._replace(config=on_cpu(spec.config, **seeded)).build()
             for p, spec in policies.specs.items()
         }
         self.sampler = MultiAgentSampler(env, policies, self.policies, fragment_length, seed=seed)
         self.env = env
+        self.agent_policies = policies
+        self.fragment_length = fragment_length
+        # each possible agent's policy as mapped before the run (episode=None)
+        self.agent_policy_ids = {str(a): policies.policy_id(a, None) for a in env.possible_agents}
+
+    def restarted(self, env: MultiAgentEnv, seed: int | None) -> MultiAgentEnvRunners:
+        """New runners on `env`, seeded with `seed`, acting with these weights; these stop."""
+        weights = {p: policy.get_weights() for p, policy in self.policies.items()}
+        self.stop()
+        runners = MultiAgentEnvRunners(env, self.agent_policies, self.fragment_length, seed)
+        runners.sync_weights(weights)
+        return runners
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
         return self.sampler.sample()
@@ -116,6 +189,43 @@ class MultiAgentLearners:
 
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
+
+    def get_states(self) -> dict:
+        """policy id -> its learners' state (TFPolicy.get_state)."""
+        return {policy_id: group.get_state() for policy_id, group in self.groups.items()}
+
+    def newest_states(self) -> dict | None:
+        """policy id -> LearnerGroup.newest_state; None when any of them is lost."""
+        states = {policy_id: group.newest_state() for policy_id, group in self.groups.items()}
+        return None if any(s is None for s in states.values()) else states
+
+    def save(self, checkpoint: Path, states: dict) -> None:
+        """Write each policy's state into checkpoint/policies/<policy id>/ (a new dir)."""
+        for policy_id, state in states.items():
+            checkpoints.write_policy_state(
+                checkpoints.policy_state_dir(checkpoint, policy_id), state
+            )
+
+    def read_checked(self, checkpoint: Path, saved: dict) -> dict:
+        """Every policy's state of `checkpoint` (`saved`: its algorithm_state.json),
+        files read and each state checked against its policy; nothing is assigned.
+        Ids other than this run's are a PolicyIdsMismatch, before any file is read."""
+        check_policy_ids(checkpoint, saved.get("policy_ids"), list(self.groups))
+        states = checkpoints.read_policy_states(checkpoint, saved["policy_ids"])
+        for policy_id, state in states.items():
+            try:  # names the entry; a learner actor's error too (a RayTaskError)
+                self.groups[policy_id].foreach_policy(
+                    lambda policy, s: policy.check_state(s), state
+                )
+            except (ValueError, TypeError, KeyError) as err:
+                where = checkpoints.policy_state_dir(checkpoint, policy_id)
+                raise CheckpointFileError(f"{where}: {one_line(err)}") from None
+        return states
+
+    def set_states(self, states: dict) -> None:
+        """Set states read_checked returned on every policy's learners."""
+        for policy_id, state in states.items():
+            self.groups[policy_id].set_state(state)
 
     def stop(self) -> None:
         for group in self.groups.values():

@@ -2,7 +2,8 @@
 
 `TwoMapsEnv`: two agents see the same random cue k in 0..3 plus their own index, and
 each is paid 1 for a different map of it ("a": action k, "b": action (k + 1) % 4);
-both act every step, so agent steps are twice the env steps.
+both act every step, so agent steps are twice the env steps; `two_maps_config` runs PPO
+on it (registered as "two_maps") with a policy per agent, "pa" and "pb" (`by_agent`).
 `JoinLeaveEnv`: a 5-step episode where "late" joins at t=1 and leaves after t=3, with
 rewards a test can check advantages against by hand.
 """
@@ -15,6 +16,25 @@ import numpy as np
 from policy_service.multi_agent.env import ALL, MultiAgentEnv
 
 CUES = 4
+
+
+def by_agent(agent, episode, **kwargs):
+    return "p" + agent
+
+
+def two_maps_config(**changes) -> dict:
+    return {
+        "env": "two_maps",
+        "seed": 0,
+        "train_batch_size": 512,
+        "minibatch_size": 128,
+        "num_epochs": 8,
+        "lr": 3e-3,
+        "model": {"fcnet_hiddens": [32]},
+        "policies": {"pa": None, "pb": None},
+        "policy_mapping_fn": by_agent,
+        **changes,
+    }
 
 
 class TwoMapsEnv(MultiAgentEnv):

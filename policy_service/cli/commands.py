@@ -89,7 +89,12 @@ def _evaluate(args: argparse.Namespace) -> int:
     import_user_modules(args.imports)
 
     return evaluation.evaluate(
-        args.checkpoint, episodes=args.episodes, env=args.env, explore=args.explore, seed=args.seed
+        args.checkpoint,
+        episodes=args.episodes,
+        env=args.env,
+        explore=args.explore,
+        seed=args.seed,
+        policy_id=args.policy,
     )
 
 
@@ -100,7 +105,9 @@ def _export(args: argparse.Namespace) -> int:
 
     import_user_modules(args.imports)
 
-    return evaluation.export(args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force)
+    return evaluation.export(
+        args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force, policy_id=args.policy
+    )
 
 
 def _config(args: argparse.Namespace) -> int:
@@ -152,9 +159,10 @@ def _serve(args: argparse.Namespace) -> int:
     server.check_settings(address, settings)
     found, state = newest_loadable(
         evaluation.checkpoint_candidates(args.checkpoint),
-        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d)),
+        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d, args.policy)),
         args.checkpoint,
         skipped=(evaluation.CheckpointError,),
+        fatal=(evaluation.PolicyChoiceError,),
     )
     token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
     return server.run_server(
@@ -176,6 +184,7 @@ def _add_serve_parser(sub) -> None:
         default="127.0.0.1",
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
+    _add_policy_argument(serve)
     serve.add_argument("--port", type=int, default=9900, help="HTTP port (default 9900)")
     serve.add_argument("--num-replicas", type=int, default=1, help="Serve replicas (default 1)")
     serve.add_argument(
@@ -219,6 +228,15 @@ def _add_import_argument(parser: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE first (searched from the current directory too), so the "
         "custom models, environments and policy classes it registers are known; repeatable",
+    )
+
+
+def _add_policy_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--policy",
+        metavar="ID",
+        help="the policy of a multi-agent checkpoint (required there; its ids are "
+        "listed when it is missing)",
     )
 
 
@@ -330,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--explore", action="store_true", help="sample actions instead of acting deterministically"
     )
     evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
+    _add_policy_argument(evaluate)
     _add_import_argument(evaluate)
     evaluate.set_defaults(handler=_evaluate)
 
@@ -343,6 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="replace what is at --out (a file, or a directory that is not "
         "empty); the old one stays if the export fails",
     )
+    _add_policy_argument(export)
     _add_import_argument(export)
     export.set_defaults(handler=_export)
 

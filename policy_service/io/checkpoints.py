@@ -2,7 +2,8 @@
 
 Arrays go in .npz, the rest in JSON. A policy directory holds
 policy_state.json and policy_arrays.npz; an algorithm checkpoint
-checkpoint_NNNNNN/ holds algorithm_state.json, a policy/ directory and, when
+checkpoint_NNNNNN/ holds algorithm_state.json, a policy/ directory (a multi-agent
+run's: policies/<policy id>/ for each id in its "policy_ids") and, when
 the algorithm keeps arrays of its own, algorithm_arrays.npz (listed with their
 dtypes and shapes in algorithm_state.json).
 Classes are named "module:QualName" and resolved only against an allow-list,
@@ -36,10 +37,12 @@ POLICY_ARRAYS = "policy_arrays.npz"
 ALGORITHM_STATE = "algorithm_state.json"
 ALGORITHM_ARRAYS = "algorithm_arrays.npz"  # an algorithm's own arrays (replay buffer, ...)
 POLICY_SUBDIR = "policy"
+POLICIES_SUBDIR = "policies"  # a multi-agent checkpoint's: policies/<policy id>/
 ARRAY_GROUPS = ("weights", "optimizer_variables", "rng")  # policy state parts kept in npz
 OPTIONAL_ARRAY_GROUPS = ("target_weights", "observation_filter")  # npz too, where a policy has one
 TRUSTED_PACKAGES = ("policy_service", "algorithms")  # may be imported to resolve a class
 _CHECKPOINT_NAME = re.compile(r"^checkpoint_(\d+)$")
+_POLICY_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}$")  # a directory name anywhere
 _Loaded = TypeVar("_Loaded")
 
 
@@ -470,16 +473,21 @@ def read_algorithm_state(
         )
     _check_array_manifest(path, state.get("algorithm_arrays", {}))
     for key, numbers in (("episode_returns", (int, float)), ("episode_lengths", (int,))):
-        bad = [
-            v
-            for v in state[key]
-            if not isinstance(v, numbers) or isinstance(v, bool) or not math.isfinite(v)
-        ]
-        if bad:
-            raise CheckpointFileError(
-                f"{path}: {key!r} must hold finite numbers, got {_short(bad[0])}"
-            )
+        _check_numbers(path, key, state[key], numbers)
+    _check_multi_agent_keys(path, state)
     return state
+
+
+def _check_numbers(path: Path, key: str, values, numbers: tuple) -> None:
+    bad = [
+        v
+        for v in (values if isinstance(values, list) else [values])
+        if not isinstance(v, numbers) or isinstance(v, bool) or not math.isfinite(v)
+    ]
+    if bad or not isinstance(values, list):
+        raise CheckpointFileError(
+            f"{path}: {key!r} must hold finite numbers, got {_short(bad[0] if bad else values)}"
+        )
 
 
 def write_algorithm_arrays(checkpoint: Path, arrays: dict[str, np.ndarray]) -> dict:
@@ -549,6 +557,74 @@ def _check_array_manifest(path: Path, manifest) -> None:
                 f'{{"dtype": a number dtype, "shape": [ints >= 0]}}, '
                 f"got {_short(spec)}"
             )
+
+
+# ----- multi-agent checkpoints ----------------------------------------------------------
+
+
+def check_policy_id(policy_id) -> str:
+    """`policy_id`, as the name of its directory in a checkpoint: letters, digits, "_",
+    "." and "-" (not first), at most 100 characters; else ValueError naming it."""
+    if not isinstance(policy_id, str) or not _POLICY_ID.fullmatch(policy_id):
+        raise ValueError(
+            f"policy id {policy_id!r} is not a safe directory name for checkpoints: expected "
+            "letters, digits, '_', '.' and '-' (not first), at most 100 characters"
+        )
+    return policy_id
+
+
+def policy_state_dir(checkpoint: str | os.PathLike, policy_id: str) -> Path:
+    """Where a multi-agent checkpoint keeps `policy_id`'s state."""
+    return Path(checkpoint) / POLICIES_SUBDIR / check_policy_id(policy_id)
+
+
+def read_policy_states(checkpoint: str | os.PathLike, policy_ids: list[str]) -> dict[str, dict]:
+    """Every policy's state of a multi-agent checkpoint (policy id -> read_policy_state),
+    all files checked; policies/ must hold exactly the `policy_ids` its
+    algorithm_state.json lists."""
+    root = Path(checkpoint) / POLICIES_SUBDIR
+    if not root.is_dir():
+        raise MissingCheckpointFile(f"{root}: missing, expected policies {sorted(policy_ids)}")
+    found = sorted(entry.name for entry in root.iterdir())
+    if found != sorted(policy_ids):
+        raise CheckpointFileError(
+            f"{root}: holds {found}, but {ALGORITHM_STATE} lists policies {sorted(policy_ids)}"
+        )
+    return {
+        policy_id: read_policy_state(policy_state_dir(checkpoint, policy_id))
+        for policy_id in policy_ids
+    }
+
+
+def _check_multi_agent_keys(path: Path, state: dict) -> None:
+    """A multi-agent checkpoint's keys (all optional; a single-agent one has none):
+    "policy_ids" (safe, unique), "agent_policy_ids" (agent -> one of them),
+    "agent_timesteps_total" (>= 0), "policy_episode_returns" (id -> finite numbers)."""
+    ids = state.get("policy_ids", [])
+    if not isinstance(ids, list) or len(set(map(str, ids))) != len(ids):
+        raise CheckpointFileError(
+            f"{path}: 'policy_ids' must be a list of distinct ids, got {_short(ids)}"
+        )
+    for policy_id in ids:
+        try:
+            check_policy_id(policy_id)
+        except ValueError as err:
+            raise CheckpointFileError(f"{path}: {err}") from None
+    for key in ("agent_policy_ids", "policy_episode_returns"):
+        value = state.get(key, {})
+        if not isinstance(value, dict) or not set(
+            value.values() if key == "agent_policy_ids" else value
+        ) <= set(ids):
+            raise CheckpointFileError(
+                f"{path}: {key!r} must be an object over the policies {ids}, got {_short(value)}"
+            )
+    count = state.get("agent_timesteps_total", 0)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        raise CheckpointFileError(
+            f"{path}: 'agent_timesteps_total' must be an integer >= 0, got {_short(count)}"
+        )
+    for policy_id, returns in state.get("policy_episode_returns", {}).items():
+        _check_numbers(path, f"policy_episode_returns[{policy_id!r}]", returns, (int, float))
 
 
 def read_checkpoint(

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from policy_service.config import ConfigError
+from policy_service.io.checkpoints import check_policy_id
 from policy_service.policy_spec import PolicySpec
 
 DEFAULT_POLICY_ID = "default_policy"
@@ -50,6 +51,10 @@ def check_policies_config(
                 f"{prefix}.policies[{policy_id!r}] must map a str id to None or a PolicySpec, "
                 f"got {type(spec).__name__}"
             )
+        try:  # checkpoints keep each policy in a directory of its id
+            check_policy_id(policy_id)
+        except ValueError as err:
+            raise MultiAgentConfigError(f"{prefix}.policies: {err}") from None
     for policy_id in policies_to_train or ():
         if policy_id not in policies:
             raise MultiAgentConfigError(
