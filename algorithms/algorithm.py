@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
 
@@ -62,6 +62,10 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.policy import TFPolicy
     from policy_service.serving.external_env_runners import ExternalEnvRunners
 
+# the registered algorithms whose config takes external episodes, for the refusal's hint
+# (written out: the registry imports this module; tests/test_external_episodes.py checks it)
+EXTERNAL_ENV_RUNS = ("PPO", "DQN")
+
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
 )
@@ -70,6 +74,10 @@ FRAGMENT_LENGTH = Rule(
 @dataclass
 class AlgorithmConfig(PolicyConfig):
     """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""
+
+    # the algorithm's training_step can learn from external_env clients' episodes
+    # (ExternalEnvRunners standing in for the EnvRunnerGroup); False: refused in one line
+    takes_external_episodes: ClassVar[bool] = True
 
     env: str | None = setting(
         None, doc='Gymnasium id, "module:EnvId", or a name given to register_env.'
@@ -152,6 +160,12 @@ class AlgorithmConfig(PolicyConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.external_env and not self.takes_external_episodes:
+            name, runs = type(self).__name__.removesuffix("Config"), ", ".join(EXTERNAL_ENV_RUNS)
+            raise ConfigError(
+                f"{self.key_prefix}.external_env: {name} does not take external episodes "
+                f"(external_env runs: {runs})"
+            )
         check_policies_config(
             self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
         )
@@ -198,16 +212,13 @@ class AsyncConfig(AlgorithmConfig):
     """The rules of an AsyncAlgorithm's config (IMPALA, A3C): its env runner actors
     sample fragments of a fixed length while it learns."""
 
+    takes_external_episodes: ClassVar[bool] = False  # asynchronous sampling: env runner actors
+
     def __post_init__(self):
         super().__post_init__()
         if self.rollout_fragment_length == "auto":
             raise ConfigError(
                 f"{self.key_prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
-            )
-        if self.external_env:
-            raise ConfigError(
-                f"{self.key_prefix}.external_env must be False: asynchronous sampling "
-                "needs env runner actors, got True"
             )
 
 

@@ -165,24 +165,30 @@ def progress(run_dir: Path) -> list[dict]:
 
 
 PPO_ARGS = ["ppo", "--env", "CartPole-v1", "--external-env"]
+TOTAL_INTERLEAVED = 8 * 24  # client i's 8 episodes last 1 + k % 6 steps: 24 steps each
+ONE_ITERATION_OF_ALL = {  # each algorithm's iteration: every interleaved step, no more
+    "ppo": [f"train_batch_size={TOTAL_INTERLEAVED}", "minibatch_size=64", "num_epochs=1"],
+    "dqn": [  # rounds of any size (1 step at least), learning from the 64th step on
+        f"min_sample_timesteps_per_iteration={TOTAL_INTERLEAVED}",
+        "rollout_fragment_length=1",
+        "num_steps_sampled_before_learning_starts=64",
+    ],
+}
 
 
-def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path):
-    # client i's 8 episodes last 1 + k % 6 steps: 24 steps each, 192 in all
-    port, total = free_port(), 8 * 24
+@pytest.mark.parametrize("algo_name", sorted(ONE_ITERATION_OF_ALL))
+def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path, algo_name):
+    port, total = free_port(), TOTAL_INTERLEAVED
+    sets = [arg for setting in ONE_ITERATION_OF_ALL[algo_name] for arg in ("--set", setting)]
     server = TrainingServer(
         [
-            *PPO_ARGS,
+            algo_name,
+            *PPO_ARGS[1:],
             "--port",
             str(port),
             "--output-dir",
             str(tmp_path / "run"),
-            "--set",
-            f"train_batch_size={total}",
-            "--set",
-            "minibatch_size=64",
-            "--set",
-            "num_epochs=1",
+            *sets,
             "--stop-iters",
             "1",
         ]
@@ -197,6 +203,8 @@ def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path):
     (only,) = progress(tmp_path / "run")
     assert only["env_steps_this_iter"] == total and only["episodes_this_iter"] == 64
     assert only["episode_return_mean"] == total / 64  # a reward of 1 a step
+    if algo_name == "dqn":  # every step replayed from, and learned on
+        assert only["replay_buffer_size"] == total and only["num_sgd_steps_total"] > 0
 
 
 @pytest.mark.parametrize("mode", ["remote", "local"])
