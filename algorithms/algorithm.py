@@ -137,9 +137,10 @@ class AlgorithmConfig(PolicyConfig):
         doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
         "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
     )
-    policy_mapping_fn: Callable | None = setting(
+    policy_mapping_fn: Callable | dict | None = setting(
         None,
-        doc='Multi-agent: (agent_id, episode, **kwargs) -> policy id; None: "default_policy".',
+        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, or a dict of agent-id "
+        'prefix -> policy id (the longest prefix matching wins); None: "default_policy".',
     )
     policies_to_train: list | None = setting(
         None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
@@ -158,7 +159,8 @@ class AlgorithmConfig(PolicyConfig):
         if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
             raise ConfigError(
                 f"{self.key_prefix}.env {self.env!r} is a multi-agent env: set "
-                f"{self.key_prefix}.policies (and policy_mapping_fn) in Python for now"
+                f"{self.key_prefix}.policies, e.g. one policy shared by every agent: "
+                f"--set 'policies={{default_policy: null}}' (docs/multi_agent.md)"
             )
         if self.policies is not None:
             for key, single_agent_only in (
