@@ -12,8 +12,11 @@ SERVE = ["ray[serve]>=2.60"]
 # continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
 # wheel); in "dev" so that CI's venv can run SAC on them
 MUJOCO = ["gymnasium[mujoco]>=1.0"]
-# PettingZoo envs (Parallel and AEC) as MultiAgentEnvs; its classic games import pygame
-MULTIAGENT = ["pettingzoo>=1.24", "pygame"]
+# PettingZoo envs (Parallel and AEC) as MultiAgentEnvs, and the MPE envs (simple_spread),
+# which moved from pettingzoo.mpe to the mpe2 package in PettingZoo 1.27. mpe2 requires
+# pygame-ce, which installs the same `pygame` package the classic games import: listing
+# pygame too would put two distributions' files in one directory
+MULTIAGENT = ["pettingzoo>=1.24", "mpe2>=1.1.1", "pygame-ce>=2.3"]
 
 setup(
     name="policy-service",

@@ -145,9 +145,10 @@ class AlgorithmConfig(PolicyConfig):
         doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
         "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
     )
-    policy_mapping_fn: Callable | None = setting(
+    policy_mapping_fn: Callable | dict | None = setting(
         None,
-        doc='Multi-agent: (agent_id, episode, **kwargs) -> policy id; None: "default_policy".',
+        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, or a dict of agent-id "
+        'prefix -> policy id (the longest prefix matching wins); None: "default_policy".',
     )
     policies_to_train: list | None = setting(
         None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
@@ -172,7 +173,8 @@ class AlgorithmConfig(PolicyConfig):
         if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
             raise ConfigError(
                 f"{self.key_prefix}.env {self.env!r} is a multi-agent env: set "
-                f"{self.key_prefix}.policies (and policy_mapping_fn) in Python for now"
+                f"{self.key_prefix}.policies, e.g. one policy shared by every agent: "
+                f"--set 'policies={{default_policy: null}}' (docs/multi_agent.md)"
             )
         if self.policies is not None:
             for key, single_agent_only in (
@@ -255,6 +257,8 @@ class IterationStart:
     time_total_s: float
     episode_returns: list
     episode_lengths: list
+    agent_timesteps_total: int = 0  # multi-agent runs: agent steps, each policy's returns
+    policy_returns: dict = field(default_factory=dict)
 
 
 class Algorithm:
@@ -353,6 +357,8 @@ class Algorithm:
             self.time_total_s,
             list(self._episode_returns),
             list(self._episode_lengths),
+            self.agent_timesteps_total,
+            {policy_id: list(r) for policy_id, r in self._policy_returns.items()},
         )
         self._iteration_changed_state = False
         start = time.perf_counter()
@@ -372,13 +378,20 @@ class Algorithm:
             batch = self._sample_multi_agent(self.config.train_batch_size)
             start = time.perf_counter()
             stats = self._counted_update(
-                learners.update_each(self.update_on_batch, batch, self.timesteps_total), start
+                learners.update_each(self._policy_update, batch, self.timesteps_total), start
             )
             runners.sync_weights(learners.get_weights())
             return stats
         train_batch = self.sample_env_steps(self.config.train_batch_size)
         stats = self.learner_update(lambda learners: self.update_on_batch(learners, train_batch))
         self.broadcast_weights()
+        return stats
+
+    def _policy_update(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
+        """update_on_batch for one policy of a multi-agent run; once it has learned, a
+        later policy's failed update no longer leaves the run as the iteration found it."""
+        stats = self.update_on_batch(learners, train_batch)
+        self._iteration_changed_state = True
         return stats
 
     def update_on_batch(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
@@ -731,11 +744,17 @@ class Algorithm:
         start = self._iteration_start
         if start is None or self._iteration_changed_state or self.iteration == 0:
             return None
-        if self.multi_agent is not None:  # its sampling counts are not rolled back yet
-            return None
-        learner_state = self.learners.newest_state()
+        learner_state = (
+            self.learners.newest_state()
+            if self.multi_agent is None
+            else self.multi_agent[1].newest_states()
+        )
         if learner_state is None:
             return None
+        self.agent_timesteps_total = start.agent_timesteps_total
+        self._policy_returns.clear()
+        for policy_id, returns in start.policy_returns.items():
+            self._policy_returns[policy_id].extend(returns)
         self.timesteps_total = start.timesteps_total
         self.num_samples_trained_total = start.num_samples_trained_total
         self.time_total_s = start.time_total_s

@@ -26,6 +26,9 @@ from policy_service.multi_agent.policies import AgentPolicies, agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
 
 MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count_steps_by")
+# what a policy's own config leaves out of the run's: the keys above, and the env, which
+# is every agent's (a policy config naming a "pettingzoo:" env without policies is refused)
+RUN_ONLY_KEYS = (*MULTI_AGENT_KEYS, "env", "env_config")
 
 
 def make_multi_agent_env(name: str, env_config: dict) -> MultiAgentEnv:
@@ -45,10 +48,11 @@ def make_multi_agent_env(name: str, env_config: dict) -> MultiAgentEnv:
 
 
 def resolve_policies(config, default_class: type) -> tuple[MultiAgentEnv, AgentPolicies]:
-    """The env and every policy's complete spec (its config: the run's, less these keys,
-    updated with the PolicySpec's), checked against the env's agents before the run."""
+    """The env and every policy's complete spec (its config: the run's, less
+    RUN_ONLY_KEYS, updated with the PolicySpec's), checked against the env's agents
+    before the run."""
     env = make_multi_agent_env(config.env, dict(config.env_config))
-    base = {k: v for k, v in config.to_dict().items() if k not in MULTI_AGENT_KEYS}
+    base = {k: v for k, v in config.to_dict().items() if k not in RUN_ONLY_KEYS}
     found = agent_policies(
         config.policies,
         config.policy_mapping_fn,
@@ -63,7 +67,8 @@ def resolve_policies(config, default_class: type) -> tuple[MultiAgentEnv, AgentP
 def json_config(config) -> dict:
     """The multi-agent keys of `config` as JSON for a checkpoint: a PolicySpec as its
     class ("module:QualName") and config (its spaces are in its policy's state), the
-    mapping function by name; code is never loaded from these (`from_checkpoint`)."""
+    mapping function by name (a prefix dict as itself); code is never loaded from these
+    (`from_checkpoint`)."""
     mapping_fn = config.policy_mapping_fn
     return {
         "policies": {
@@ -75,17 +80,19 @@ def json_config(config) -> dict:
             }
             for policy_id, spec in config.policies.items()
         },
-        "policy_mapping_fn": None
-        if mapping_fn is None
+        "policy_mapping_fn": mapping_fn
+        if mapping_fn is None or isinstance(mapping_fn, dict)
         else f"{mapping_fn.__module__}:{mapping_fn.__qualname__}",
     }
 
 
 def loadable_config(config: dict, checkpoint: str) -> dict:
     """A checkpoint's config (json_config's form), if it builds the run again: every
-    policy None and no mapping function; else a one-line CheckpointFileError."""
+    policy None and no mapping function (a prefix dict is data); else a one-line
+    CheckpointFileError."""
     policies = config.get("policies")
-    if config.get("policy_mapping_fn") is not None or any((policies or {}).values()):
+    mapping = config.get("policy_mapping_fn")
+    if not (mapping is None or isinstance(mapping, dict)) or any((policies or {}).values()):
         raise CheckpointFileError(
             f"{checkpoint}: its run had a policy_mapping_fn or PolicySpecs (code, not loaded "
             "from a file); build the algorithm with that config, then call restore()"

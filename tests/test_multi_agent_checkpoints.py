@@ -6,6 +6,7 @@ refused in one line with nothing changed."""
 import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from algorithms import register_env
 from algorithms.multi_agent import PolicyIdsMismatch
 from algorithms.ppo import PPO
 from policy_service.cli.commands import EXIT_BAD_INPUT, main
+from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.export import SIGNATURE_NAME
@@ -228,3 +230,43 @@ def test_evaluate_plays_every_agent_with_its_policy_as_mapped_in_training(saved,
     assert report["policy"] == "pb" and report["episode_lengths"] == [8, 8]
     assert report["policy_reward_mean"] == {p: float(np.mean(r)) for p, r in by_hand.items()}
     assert report["episode_returns"] == [a + b for a, b in zip(by_hand["pa"], by_hand["pb"])]
+
+
+def policy_files(checkpoint) -> tuple[dict, dict]:
+    saved = checkpoints.load_json(Path(checkpoint) / checkpoints.ALGORITHM_STATE)
+    return saved, checkpoints.read_policy_states(checkpoint, list(IDS))
+
+
+def test_a_failure_before_any_policy_learned_leaves_a_final_checkpoint_of_the_last_iteration(
+    tmp_path, monkeypatch
+):
+    """save_after_failure: iteration 2 sampled (counted: env, agent steps, returns),
+    then its first policy's update failed; the final checkpoint is iteration 1's, as
+    save() wrote it. Once a policy has learned, another's failure leaves none."""
+    algo = PPO(config())
+    try:
+        algo.train()
+        whole = algo.save(str(tmp_path / "whole"))
+        failing: list = []
+
+        def update_on_batch(learners, train_batch):
+            if learners is algo.multi_agent[1].groups[failing[0]]:
+                raise RunFailure(f"{failing[0]}'s learners are gone")
+            return PPO.update_on_batch(algo, learners, train_batch)
+
+        monkeypatch.setattr(algo, "update_on_batch", update_on_batch)
+        for policy_id, written in (("pa", True), ("pb", False)):
+            failing[:] = [policy_id]
+            with pytest.raises(RunFailure):
+                algo.train()
+            assert algo.timesteps_total == 128  # the failed iteration's samples, counted
+            final = algo.save_after_failure(str(tmp_path / f"final_{policy_id}"))
+            assert (final is not None) == written, policy_id
+        expected, expected_states = policy_files(whole)
+        found, found_states = policy_files(tmp_path / "final_pa")
+        assert found == expected
+        assert found["agent_timesteps_total"] == 128 and found["iteration"] == 1
+        assert_states_equal(found_states, expected_states)
+        assert not (tmp_path / "final_pb").exists()
+    finally:
+        algo.stop()

@@ -12,6 +12,7 @@ from policy_service.config import from_dict
 from policy_service.multi_agent.policies import (
     DEFAULT_POLICY_ID,
     MultiAgentConfigError,
+    PrefixMapping,
     agent_policies,
 )
 
@@ -39,6 +40,16 @@ def test_without_policies_the_config_is_as_before():
         ),
         ({"policies": {}}, r"must name at least one policy"),
         ({"count_steps_by": "steps"}, r"count_steps_by"),
+        (
+            {"policies": {"a": None}, "policy_mapping_fn": {"agent_": "b"}},
+            r"config.policy_mapping_fn maps prefix 'agent_' to 'b', which is no policy in "
+            r"config.policies \['a'\]",
+        ),
+        (
+            {"policies": {"a": None}, "policy_mapping_fn": {"": "a"}},
+            r"config.policy_mapping_fn: an agent-id prefix must be a non-empty str, got ''",
+        ),
+        ({"policies": {"a": None}, "policy_mapping_fn": {}}, r"at least one agent-id prefix"),
     ],
 )
 def test_bad_multi_agent_keys_are_one_line_naming_the_key(values, message):
@@ -92,3 +103,15 @@ def test_an_agent_whose_spaces_disagree_names_agent_and_policy():
             lambda agent, episode, **kw: "p",
             env=JoinLeaveEnv(),
         )
+
+
+def test_a_mapping_by_agent_id_prefix_takes_the_longest_prefix_matching():
+    mapping = PrefixMapping({"m": "m", "ma": "mn", "l": "l"})
+    assert [mapping(a, None) for a in ("main", "late", "m")] == ["mn", "l", "m"]
+    with pytest.raises(
+        MultiAgentConfigError,
+        match=r"agent 'x_0' starts with none of the prefixes \['l', 'm', 'ma'\]",
+    ):
+        mapping("x_0", None)
+    found = build({"pm": None, "pl": None}, {"m": "pm", "l": "pl"}, env=JoinLeaveEnv())
+    assert (found.policy_id("main", None), found.policy_id("late", None)) == ("pm", "pl")

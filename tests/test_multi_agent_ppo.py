@@ -49,7 +49,7 @@ def test_results_count_agent_steps_twice_the_env_steps(one_policy_trained):
 
 def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line():
     with pytest.raises(ConfigError, match=r"is a multi-agent env: set config.policies"):
-        PPO({"env": "pettingzoo:pettingzoo.mpe.simple_spread_v3"})
+        PPO({"env": "pettingzoo:mpe2.simple_spread_v3"})
     with pytest.raises(
         ConfigError, match=r"config.num_env_runners must keep its default with policies set"
     ):

@@ -8,7 +8,9 @@ inside that role's process: Ray's CPU/GPU reservation and the GPU ids it
 assigned (None for the driver, which Ray reserves nothing for), the GPUs
 CUDA lets it see, and its towers' devices. The driver's entry carries the
 learner's devices when the learner lives there (num_learners 0, holds_learner). A role that does not
-answer in time is recorded with the error, not left out.
+answer in time is recorded with the error, not left out. A multi-agent run (config
+`policies`) samples in the driver; each of its learner actors' entries names its
+"policy_id".
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ ANSWER_TIMEOUT_S = 30.0
 
 def role_resources(algo) -> dict:
     """What the driver, each learner actor, each env runner and the inference actor held."""
+    if algo.multi_agent is not None:
+        return _multi_agent_resources(*algo.multi_agent)
     learner_group, runner_group = algo.learners, algo.env_runners
     local = learner_group.local_policy if learner_group is not None else None
     driver = (
@@ -58,6 +62,30 @@ def role_resources(algo) -> dict:
         "learners": learners,
         "env_runners": env_runners,
         "inference_actor": inference,
+    }
+
+
+def _multi_agent_resources(runners, learners) -> dict:
+    """role_resources of a multi-agent run: the driver samples with a CPU copy of each
+    policy and holds the learners of the policies with num_learners 0."""
+    local = [g.local_policy for g in learners.groups.values() if g.local_policy is not None]
+    driver = (
+        process_resources(local[0].devices, local[0].tower_devices.note)
+        if local
+        else process_resources()
+    )
+    driver["holds_learner"] = bool(local)
+    acting = next(iter(runners.policies.values()))
+    return {
+        "driver": driver,
+        "learners": [
+            _answer(partial(actor_resources, a, lambda host: host.policy, ANSWER_TIMEOUT_S))
+            | {"policy_id": policy_id}
+            for policy_id, group in learners.groups.items()
+            for a in group.actors
+        ],
+        "env_runners": [process_resources(_devices(acting)) | {"in_driver": True}],
+        "inference_actor": None,
     }
 
 

@@ -261,6 +261,9 @@ def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None
     any failure is a one-line CheckpointFileError naming the file. A restore that
     fails part-way is overwritten whole by the next checkpoint tried."""
     checkpoints.refuse_links_out_of(checkpoint, run_dir or checkpoint.absolute().parent.parent)
+    if algo.multi_agent is not None:  # its restore reads and checks every policy first
+        _restore_or_refuse(algo, checkpoint)
+        return
     _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
     learners = algo.learners  # its policies may live in learner actors
     policy_file = checkpoint / checkpoints.POLICY_SUBDIR / checkpoints.POLICY_STATE
@@ -279,6 +282,10 @@ def restore_checked(algo, checkpoint: Path, run_dir: Path | None = None) -> None
         learners.foreach_policy(lambda policy, state: policy.check_state(state), policy_state)
     except (ValueError, TypeError) as err:  # a learner actor's too (a RayTaskError)
         raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
+    _restore_or_refuse(algo, checkpoint)
+
+
+def _restore_or_refuse(algo, checkpoint: Path) -> None:
     try:
         algo.restore(str(checkpoint))
     except (ValueError, KeyError, TypeError) as err:
@@ -329,9 +336,17 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
 
 
 def run_distributions(algo) -> dict:
-    """What the histograms show: every weight of the learner ("weights/<name>") and the
-    episode returns of the metrics window."""
-    distributions = {f"weights/{name}": w for name, w in algo.learners.get_weights().items()}
+    """What the histograms show: every weight of the learner ("weights/<name>"; with
+    `policies`, "weights/<policy id>/<name>") and the episode returns of the metrics
+    window."""
+    if algo.multi_agent is not None:
+        distributions = {
+            f"weights/{policy_id}/{name}": w
+            for policy_id, weights in algo.multi_agent[1].get_weights().items()
+            for name, w in weights.items()
+        }
+    else:
+        distributions = {f"weights/{name}": w for name, w in algo.learners.get_weights().items()}
     distributions["episode_returns"] = algo.episode_return_window()
     return distributions
 

@@ -4,7 +4,8 @@ turn-based game is refused in one line for now); and env names "pettingzoo:<modu
 
 Such a name imports its module, so it is resolved only from a name the user typed
 (algorithms/environments.py refuses one read from a file). "<module>" alone takes the
-module's `parallel_env`, as in "pettingzoo:pettingzoo.mpe.simple_spread_v3".
+module's `parallel_env`, as in "pettingzoo:mpe2.simple_spread_v3" (PettingZoo
+1.27 moved the MPE envs to the mpe2 package).
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """Which policy acts for which agent: config `policies` (id -> None or PolicySpec),
 `policy_mapping_fn(agent_id, episode, **kwargs)`, `policies_to_train` (RLlib's names).
+`policy_mapping_fn` may also be data, a dict of agent-id prefix -> policy id
+(`PrefixMapping`), which a config file or checkpoint can hold: no code comes from a file.
 
 `check_policies_config` runs where the config enters (its dataclass); `AgentPolicies`
 is built once the env's agents and spaces are known, before the run starts: every
@@ -28,9 +30,40 @@ def default_policy_mapping_fn(agent_id, episode, **kwargs) -> str:
     return DEFAULT_POLICY_ID
 
 
+class PrefixMapping:
+    """policy_mapping_fn as data: an agent acts with the policy of the longest of
+    `prefixes` (agent-id prefix -> policy id) its id starts with, e.g. {"adversary_":
+    "adversaries", "agent_": "agents"}; an id matching none is a one-line error."""
+
+    def __init__(self, prefixes: dict[str, str]) -> None:
+        self.prefixes = dict(prefixes)
+        self._longest_first = sorted(self.prefixes, key=len, reverse=True)
+
+    def __call__(self, agent_id, episode, **kwargs) -> str:
+        for prefix in self._longest_first:
+            if str(agent_id).startswith(prefix):
+                return self.prefixes[prefix]
+        raise MultiAgentConfigError(
+            f"policy_mapping_fn: agent {agent_id!r} starts with none of the prefixes "
+            f"{sorted(self.prefixes)}"
+        )
+
+    def __repr__(self) -> str:
+        return f"PrefixMapping({self.prefixes!r})"
+
+
+def mapping_function(policy_mapping_fn: Callable | dict | None) -> Callable:
+    """The config's policy_mapping_fn as a function (a dict: by agent-id prefix)."""
+    if policy_mapping_fn is None:
+        return default_policy_mapping_fn
+    if isinstance(policy_mapping_fn, dict):
+        return PrefixMapping(policy_mapping_fn)
+    return policy_mapping_fn
+
+
 def check_policies_config(
     policies: dict | None,
-    policy_mapping_fn: Callable | None,
+    policy_mapping_fn: Callable | dict | None,
     policies_to_train: list | None,
     prefix: str = "config",
 ) -> None:
@@ -60,6 +93,25 @@ def check_policies_config(
             raise MultiAgentConfigError(
                 f"{prefix}.policies_to_train names {policy_id!r}, which is no policy in "
                 f"{prefix}.policies {sorted(policies)}"
+            )
+    if isinstance(policy_mapping_fn, dict):
+        _check_prefixes(policy_mapping_fn, policies, f"{prefix}.policy_mapping_fn")
+
+
+def _check_prefixes(prefixes: dict, policies: dict, key: str) -> None:
+    if not prefixes:
+        raise MultiAgentConfigError(
+            f"{key} must map at least one agent-id prefix to a policy id, got {{}}"
+        )
+    for agent_prefix, policy_id in prefixes.items():
+        if not isinstance(agent_prefix, str) or not agent_prefix:
+            raise MultiAgentConfigError(
+                f"{key}: an agent-id prefix must be a non-empty str, got {agent_prefix!r}"
+            )
+        if policy_id not in policies:
+            raise MultiAgentConfigError(
+                f"{key} maps prefix {agent_prefix!r} to {policy_id!r}, which is no policy "
+                f"in {key.rpartition('.')[0]}.policies {sorted(policies)}"
             )
 
 
@@ -91,7 +143,7 @@ class AgentPolicies:
 
 def agent_policies(
     policies: dict[str, PolicySpec | None],
-    policy_mapping_fn: Callable | None,
+    policy_mapping_fn: Callable | dict | None,
     policies_to_train: list[str] | None,
     env,
     default_class: type,
@@ -101,7 +153,7 @@ def agent_policies(
     updated with the spec's), checked against the env's agents mapped to it."""
     mapping = AgentPolicies(
         {p: PolicySpec() for p in policies},
-        policy_mapping_fn or default_policy_mapping_fn,
+        mapping_function(policy_mapping_fn),
         policies_to_train,
     )
     agents_of: dict[str, list] = {p: [] for p in policies}
