@@ -305,6 +305,16 @@ def test_a_killed_acting_learner_is_replaced_and_every_runner_acts_through_the_n
 
 
 @pytest.mark.slow  # continues the run above
+def test_acting_learners_resume_under_the_version_set_while_paused(appo_acting_in_learner):
+    """As a restore does: the learners act under the restored version, not their own."""
+    training = appo_acting_in_learner.async_learning
+    training.pause()
+    training.set_version(training.version + 5)
+    training.resume(appo_acting_in_learner.env_runner_group())
+    assert appo_acting_in_learner.env_runners.weights_versions() == [training.version] * 2
+
+
+@pytest.mark.slow  # continues the run above
 def test_learners_dead_past_their_budget_end_the_run_in_one_line(
     appo_acting_in_learner, monkeypatch
 ):

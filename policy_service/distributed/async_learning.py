@@ -168,6 +168,7 @@ class AsyncLearning:
             env_runners, self.settings.max_requests_in_flight_per_env_runner
         )
         env_runners.sync_weights(self.learners.get_weights(), version=self.version)
+        self.learners.set_acting_version(self.version)  # learners acting: nothing was sent
         self.thread = self._start_thread(version=self.version)
 
     def stop(self) -> None:

@@ -151,8 +151,7 @@ class LearnerGroup(BatchLearning):
             self._current = self._start(timeout)
             try:
                 self.set_state(state)
-                if serves_actions(self.config):  # their actions go on under the group's version
-                    self._current.call_all("mark_version", self._acting_version)
+                self.set_acting_version(self._acting_version)  # not from 0
             except BaseException:
                 self.stop()
                 raise
@@ -396,6 +395,14 @@ class LearnerGroup(BatchLearning):
                 lambda: self._learners.call_all("set_global_timestep", timestep),
             )
             self._global_timestep = timestep
+
+    def set_acting_version(self, version: int) -> None:
+        """With inference by the learners: the weights version their actions carry
+        from now on (a restored run's; replacements go on from the last one set or
+        reached by `update_on_fragments`). Learners that do not act: kept only."""
+        self._acting_version = call_arguments.count(version, "version")
+        if serves_actions(self.config):
+            self._learners.call_all("mark_version", self._acting_version)
 
     def foreach_policy(self, fn: Callable, *args) -> list:
         """fn(policy, *args) on every learner's policy -> the results, by rank. For
