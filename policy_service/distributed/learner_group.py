@@ -45,6 +45,7 @@ from policy_service.distributed.learner_shards import split_minibatches, split_u
 from policy_service.distributed.learners import (
     LearnerDiedError,
     LearnerFailure,
+    LearnersStoppedError,
     LocalLearners,
     RemoteLearners,
 )
@@ -180,14 +181,16 @@ class LearnerGroup(BatchLearning):
             called = self._learners
             try:
                 return call()
-            except LearnerDiedError as died:
-                error: BaseException = died
-                rank = died.rank
+            except (LearnerDiedError, LearnersStoppedError) as failed:
+                error: BaseException = failed
             with self._replacing:
                 if self._failure is not None:  # spent by a call on another thread
                     raise LearnerFailure(str(self._failure)) from None
                 if self._current is not called:  # replaced meanwhile by another thread
                     continue
+                if not isinstance(error, LearnerDiedError):  # stopped by this group's caller
+                    raise error
+                rank = error.rank
                 if state is None:  # taken once: a failed replacement has a fresh state
                     state = self._current.latest_state()
                 while True:
