@@ -198,7 +198,7 @@ class RolloutWorker:
         self._weights_version = self._weights_version + 1 if version is None else int(version)
         return self._weights_version
 
-    def set_acting_actor(self, actor) -> None:
+    def set_acting_actor(self, actor: Any) -> None:
         """Act through `actor` from now on: the one that acted is gone and this one
         serves the same policy and spaces (a learner actor replaced after a death).
         The episodes in progress go on; a fragment lost with the old actor is the
@@ -210,7 +210,7 @@ class RolloutWorker:
             )
         self._policy_actor = actor
 
-    def acting_actor(self):
+    def acting_actor(self) -> Any:
         """The actor acting for this worker (None: its own policy copy acts)."""
         return self._policy_actor
 
