@@ -928,7 +928,8 @@ class Algorithm:
         built both groups)."""
         if not self._stopped:
             self._stopped = True
-            groups = (getattr(self, "learners", None), getattr(self, "env_runners", None))
+            # env runners first: ones acting through the learners would fail on them
+            groups = (getattr(self, "env_runners", None), getattr(self, "learners", None))
             for group in (*groups, *(getattr(self, "multi_agent", None) or ())):
                 if group is not None:
                     group.stop()

@@ -63,6 +63,23 @@ def test_local_group_needs_no_ray_actors():
     group.stop()
 
 
+def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, env_config=SCRIPT, seed=0
+    )
+    try:
+        assert group.inference_actors == []
+        # a worker whose acting actor died is a learner's death only with inference actors
+        assert not group.acting_actor_died(RayTaskError("sample", "...", ActorDiedError()))
+        with pytest.raises(ValueError, match=r"replaces the 0 inference actor\(s\).*got 1$"):
+            group.set_inference_actors([object()])
+        with pytest.raises(ValueError, match="acts with its own policy copy"):
+            group.local_worker.set_acting_actor(object())
+        assert group.local_worker.acting_actor() is None
+    finally:
+        group.stop()
+
+
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
     first, second = ray.get([w.get_weights.remote() for w in group.workers])
     for name in first:

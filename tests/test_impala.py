@@ -3,16 +3,22 @@ the V-trace targets against the learner's own values (truncation bootstraps,
 termination does not), gradients on 2 fake GPUs equal one device's, and a short
 asynchronous run that trains and checkpoints (the longer ones in the slow group)."""
 
+import time
+
 import numpy as np
 import pytest
+import ray
 import tensorflow as tf
-from fakes import assert_grads_close
+from fakes import assert_grads_close, assert_one_line
 
 from algorithms.appo import APPO, APPOConfig, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
 from policy_service.config import ConfigError, from_dict
+from policy_service.distributed import learner_group
+from policy_service.distributed.learners import LearnerFailure
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.engine.units import LOSS_MASK
+from policy_service.errors import RunFailure
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 MODEL = {"fcnet_hiddens": [16, 16], "lstm_cell_size": 8, "max_seq_len": 5}
@@ -241,3 +247,82 @@ def test_a_local_run_trains_reports_lag_and_resumes_from_a_checkpoint(algo_cls, 
         assert resumed.train()["learner_version"] > version
     finally:
         resumed.stop()
+
+
+# ----- inference by the learners: a learner actor's death -----------------------------------
+
+LEARNERS_ACT = policy_config(
+    env="CartPole-v1",
+    num_env_runners=2,
+    num_learners=1,
+    num_cpus_per_learner=0.5,
+    inference="learners",
+)
+
+
+@pytest.fixture(scope="module")
+def appo_acting_in_learner(ray_local):
+    algo = APPO(LEARNERS_ACT)
+    yield algo
+    algo.stop()
+
+
+def lose_a_fragment_to_the_dead_learner(stream, timeout_s: float = 60.0) -> None:
+    """Ask the runners until a request fails on the dead learner (the fragments that
+    arrive meanwhile are thrown away)."""
+    lost, deadline = stream.lost_fragments, time.monotonic() + timeout_s
+    while stream.lost_fragments == lost and time.monotonic() < deadline:
+        stream.top_up()
+        stream.collect(timeout_s=0.5)
+    assert stream.lost_fragments > lost
+
+
+@pytest.mark.slow  # an APPO run, its learner actor started twice: ~30-60 s here
+def test_a_killed_acting_learner_is_replaced_and_every_runner_acts_through_the_new_one(
+    appo_acting_in_learner,
+):
+    algo = appo_acting_in_learner
+    algo.train()
+    [dead] = algo.learners.actors
+    version = algo.async_learning.version
+    ray.kill(dead)
+    stream = algo.async_learning.stream
+    lose_a_fragment_to_the_dead_learner(stream)
+    assert stream.runners_without_acting()  # not asked again until it has a new learner
+    it = algo.async_learning.run(min_env_steps=40)  # the driver replaces and hands over
+    assert it.learner_stats
+    [new] = algo.learners.actors
+    assert new != dead and algo.env_runners.inference_actors == [new]
+    assert ray.get([w.acting_actor.remote() for w in algo.env_runners.workers]) == [new, new]
+    assert stream.runners_without_acting() == []
+    # the new learner acts under the group's version, not from 0
+    acting = ray.get(new.weights_version.remote())
+    assert all(version <= v <= acting for v in algo.env_runners.weights_versions())
+    before = algo.timesteps_total
+    metrics = [algo.train() for _ in range(2)]
+    assert all(m["num_learner_restarts"] == 1 for m in metrics)  # one, whoever found it
+    assert algo.timesteps_total > before and metrics[-1]["learner_version"] > version
+
+
+@pytest.mark.slow  # continues the run above
+def test_acting_learners_resume_under_the_version_set_while_paused(appo_acting_in_learner):
+    """As a restore does: the learners act under the restored version, not their own."""
+    training = appo_acting_in_learner.async_learning
+    training.pause()
+    training.set_version(training.version + 5)
+    training.resume(appo_acting_in_learner.env_runner_group())
+    assert appo_acting_in_learner.env_runners.weights_versions() == [training.version] * 2
+
+
+@pytest.mark.slow  # continues the run above
+def test_learners_dead_past_their_budget_end_the_run_in_one_line(
+    appo_acting_in_learner, monkeypatch
+):
+    monkeypatch.setattr(learner_group, "MAX_RESTARTS_PER_UPDATE", 0)
+    algo = appo_acting_in_learner
+    ray.kill(algo.learners.actors[0])
+    with pytest.raises(LearnerFailure) as failure:
+        for _ in range(3):
+            algo.train()
+    assert isinstance(failure.value, RunFailure)
+    assert_one_line(failure.value, "learner 0 died 1 times during one", "max_restarts_per_update=0")

@@ -1,6 +1,6 @@
 """LearnerGroup's failures: resources the cluster lacks fail at once in one line, a
 dead or hung learner ends the call, and the group restarts from a state to take
-the same step as a group without the fault.
+the same step as a group without the fault; with two threads calling, one replaces.
 
 (Training equal to one device's: test_learner_group.py.)
 """
@@ -14,6 +14,7 @@ from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
     PGPolicy,
+    assert_one_line,
     assert_weights_close,
     mlp_batch,
     one_device,
@@ -23,8 +24,14 @@ from fakes import (
 )
 
 from policy_service import LearnerGroup
+from policy_service.distributed import learner_group
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
-from policy_service.distributed.learners import LearnerDiedError, LearnerTimeoutError
+from policy_service.distributed.learners import (
+    LearnerDiedError,
+    LearnerFailure,
+    LearnersStoppedError,
+    LearnerTimeoutError,
+)
 from policy_service.distributed.resources import ResourcesError
 
 ray = pytest.importorskip("ray")
@@ -161,3 +168,46 @@ def test_a_hung_learner_ends_the_call_at_the_deadline_and_the_group_restarts(sta
         policy.learn_on_batch(mlp_batch(20, seed=1))
     assert_weights_close(one.get_weights(), group.get_weights())
     assert group.weights_identical()
+
+
+# ----- two threads calling one group (the asynchronous loop): one replacement -------------
+
+
+def test_a_call_that_failed_on_learners_replaced_meanwhile_is_made_again_not_restarted():
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config())  # in this process
+    calls = []
+
+    def update():
+        calls.append(group.num_restarts)
+        if len(calls) == 1:  # another thread found the death first and replaced them
+            group.restart(group.get_state())
+            raise LearnerDiedError("learner 0 of 1 died: ActorDiedError", 0)
+        return "updated"
+
+    assert group._surviving("update()", update) == "updated"
+    assert calls == [0, 1] and group.num_restarts == 1
+
+
+def test_a_spent_budget_fails_every_later_call_in_one_line(monkeypatch):
+    monkeypatch.setattr(learner_group, "MAX_RESTARTS_PER_UPDATE", 0)
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config())
+
+    def dead():
+        raise LearnerDiedError("learner 0 of 1 died: ActorDiedError", 0)
+
+    for during in ("update()", "get_weights()"):  # the second: as from another thread
+        with pytest.raises(LearnerFailure) as failure:
+            group._surviving(during, dead)
+        assert_one_line(failure.value, "learner 0 died 1 times during one update()")
+    assert group.num_restarts == 0
+
+
+def test_a_call_on_a_stopped_group_is_not_a_death():
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config())
+
+    def stopped():
+        raise LearnersStoppedError("this LearnerGroup is stopped")
+
+    with pytest.raises(LearnersStoppedError):
+        group._surviving("update()", stopped)
+    assert group.num_restarts == 0

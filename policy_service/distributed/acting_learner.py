@@ -57,6 +57,10 @@ class ActingLearnerHost(LearnerHost):
 
         return await self.acting.in_policy_thread(update)
 
+    def mark_version(self, version: int) -> None:
+        """Later actions carry `version`: a replacement learner goes on from its group's."""
+        self.acting.mark_version(version)
+
     # the acting side of a PolicyHost, answered by this learner's own policy
     compute_actions = _acting("compute_actions")
     postprocess_trajectories = _acting("postprocess_trajectories")

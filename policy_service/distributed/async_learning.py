@@ -14,6 +14,11 @@ in flight on every env runner; fragments gather into train batches of
 it is full no runner is asked again, so memory stays bounded and the runners
 wait (their idle time is reported). Weights the thread took after every
 `broadcast_interval` updates go to the runners without waiting for them.
+
+When the learners act for the runners (inference: learners), learners replaced
+after a death, by whichever thread found it, are handed to every runner
+(EnvRunnerGroup.set_inference_actors); a runner that found its learner dead first
+waits for that, and has the driver replace the learners if no one did yet.
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ class AsyncLearning:
         start = time.perf_counter()
         while steps < min_env_steps or not it.learner_stats:
             self.thread.check()
+            self._act_through_current_learners()
             self._send_weights()
             if not self._batch_waiting():
                 self.stream.top_up()
@@ -121,6 +127,19 @@ class AsyncLearning:
         enough = sum(f.env_steps for f in self._pending) >= self.settings.train_batch_size
         return enough and len(self._pending) >= max(1, self.learners.num_learners)
 
+    def _act_through_current_learners(self) -> None:
+        """Inference by the learners: the runners act through the learner actors there
+        are now; when a runner found its own dead, dead learners are replaced first
+        (before the runners are asked again: the new handles reach them first)."""
+        if not self.env_runners.inference_actors:
+            return
+        if self.stream.runners_without_acting():
+            self.learners.replace_dead_learners()
+            self.stream.acting_restored()
+        actors = self.learners.actors
+        if actors != self.env_runners.inference_actors:
+            self.env_runners.set_inference_actors(actors)
+
     def _send_weights(self) -> None:
         weights = self.thread.take_weights()
         if weights is not None:
@@ -149,6 +168,7 @@ class AsyncLearning:
             env_runners, self.settings.max_requests_in_flight_per_env_runner
         )
         env_runners.sync_weights(self.learners.get_weights(), version=self.version)
+        self.learners.set_acting_version(self.version)  # learners acting: nothing was sent
         self.thread = self._start_thread(version=self.version)
 
     def stop(self) -> None:

@@ -115,6 +115,7 @@ class EnvRunnerGroup:
     max_policy_actor_restarts: how often Ray restarts the PolicyActor.
     inference_actors: actors that act for the workers with their own weights (learner
       actors, SEED style: worker i through actor (i - 1) % N); no weights are sent.
+      Replaced ones (the learners restarted) are handed over by `set_inference_actors`.
     """
 
     def __init__(
@@ -196,7 +197,8 @@ class EnvRunnerGroup:
         self.local_worker: RolloutWorker | None = None
         self.workers: list = []
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
-        self._unacked_weights: list = []  # set_weights/sync_filter refs of wait=False syncs
+        # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
+        self._unacked_weights: list = []
         if self.num_env_runners == 0:
             self.local_worker = RolloutWorker(
                 env,
@@ -311,6 +313,11 @@ class EnvRunnerGroup:
         if self._served_policy is not None and died_of_actor_death(error):
             raise self._policy_actor_failure(error) from None
 
+    def acting_actor_died(self, error: BaseException) -> bool:
+        """Whether a worker's call failed because the inference actor acting for it
+        died (the worker lives on; `set_inference_actors` hands it the replacement)."""
+        return bool(self._inference_actors) and died_of_actor_death(error)
+
     def _policy_actor_failure(self, error: BaseException) -> EnvRunnerFailure:
         return EnvRunnerFailure(
             f"the PolicyActor is gone: Ray restarted it {self.num_policy_actor_restarts()} "
@@ -406,6 +413,28 @@ class EnvRunnerGroup:
         self._weights_ref = weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
         self._weights_version = 0
         broadcast_weights(self.workers[1:], weights_ref, 0)
+
+    # ----- inference actors ---------------------------------------------------------
+
+    @property
+    def inference_actors(self) -> list:
+        """The actors acting for the workers now (worker i: (i - 1) % N); [] if none."""
+        return list(self._inference_actors)
+
+    def set_inference_actors(self, actors: list) -> None:
+        """Act through `actors` from now on (the learners replaced after a death): every
+        worker gets its own at once, without waiting, after its requests in flight
+        (those still act through the old ones); replaced workers start with them."""
+        if not self._inference_actors or len(actors) != len(self._inference_actors):
+            raise ValueError(
+                f"set_inference_actors replaces the {len(self._inference_actors)} inference "
+                f"actor(s) this group was built with, got {len(actors)}"
+            )
+        self._inference_actors = list(actors)
+        self._unacked_weights += [
+            worker.set_acting_actor.remote(self._acting_actor(slot + 1))
+            for slot, worker in enumerate(self.workers)
+        ]
 
     # ----- workers -----------------------------------------------------------------
 

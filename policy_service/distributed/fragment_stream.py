@@ -16,7 +16,10 @@ names another worker method of that shape, e.g. "sample_and_compute_gradients"
 whose requests are all answered and that is not asked again (the learners' queue
 is full) waits: its idle time is counted. A dead runner is replaced with the
 latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
-counted, none is half-delivered. With no remote runner (num_env_runners=0) the
+counted, none is half-delivered. A runner whose acting actor died (inference by
+the learners) lives on: its failed requests are lost and counted, and it is not
+asked again until the acting actors answer again (`runners_without_acting`,
+`acting_restored`). With no remote runner (num_env_runners=0) the
 local worker samples the one fragment `top_up` asked for in the next `collect`.
 """
 
@@ -51,6 +54,16 @@ class Fragment(NamedTuple):
         return 0 if version is None else int(version)
 
 
+class _Request(NamedTuple):
+    """A sample request in flight: the runner's slot, the worker asked, the batch's
+    ref, and the inference actors acting for the runners when it was asked."""
+
+    slot: int
+    worker: Any
+    batch: ray.ObjectRef
+    acting: list
+
+
 class FragmentStream:
     """`max_requests_in_flight_per_env_runner` sample requests kept queued on
     every remote env runner of `env_runners`; `request`: the RolloutWorker method
@@ -73,23 +86,36 @@ class FragmentStream:
         self.lost_fragments = 0
         self._local_asked = False
         self.env_runner_idle_s = 0.0
-        # metrics ref -> (slot, the worker asked, batch ref)
-        self._in_flight: dict[ray.ObjectRef, tuple[int, Any, ray.ObjectRef]] = {}
+        self._in_flight: dict[ray.ObjectRef, _Request] = {}  # by the metrics' ref
+        self._without_acting: set[int] = set()  # slots that found their acting actor dead
         now = time.monotonic()
         self._idle_since: dict[int, float] = {s: now for s in range(len(env_runners.workers))}
 
     def requests_in_flight(self) -> int:
         return len(self._in_flight) + int(self._local_asked)
 
+    def runners_without_acting(self) -> list[int]:
+        """Slots of the runners that found their acting actor dead: not asked again
+        until `acting_restored`."""
+        return sorted(self._without_acting)
+
+    def acting_restored(self) -> None:
+        """The acting actors answer again (replaced and handed over, or found alive):
+        the runners that found theirs dead are asked again."""
+        self._without_acting.clear()
+
     def top_up(self) -> None:
         """Ask every remote runner for fragments until it has the maximum in flight
-        (the local worker: for one, sampled by the next `collect`)."""
+        (the local worker: for one, sampled by the next `collect`); not those
+        waiting for a new acting actor."""
         self._local_asked = self.env_runners.local_worker is not None
         counts = [0] * len(self.env_runners.workers)
-        for slot, _, _ in self._in_flight.values():
-            counts[slot] += 1
+        for request in self._in_flight.values():
+            counts[request.slot] += 1
         now = time.monotonic()
         for slot, count in enumerate(counts):
+            if slot in self._without_acting:
+                continue
             for _ in range(self.max_in_flight - count):
                 self._ask(slot)
             if count < self.max_in_flight and slot in self._idle_since:
@@ -121,6 +147,7 @@ class FragmentStream:
         """Drop every request in flight (runners rebuilt, or training paused) -> how many."""
         count = self.requests_in_flight()
         self._in_flight.clear()
+        self._without_acting.clear()
         self._local_asked = False
         now = time.monotonic()
         self._idle_since = {s: now for s in range(len(self.env_runners.workers))}
@@ -130,23 +157,44 @@ class FragmentStream:
         worker = self.env_runners.workers[slot]
         method = getattr(worker, self.request)
         batch_ref, metrics_ref = method.options(num_returns=2).remote()
-        self._in_flight[metrics_ref] = (slot, worker, batch_ref)
+        self._in_flight[metrics_ref] = _Request(
+            slot, worker, batch_ref, self.env_runners.inference_actors
+        )
 
     def _receive(self, ref: ray.ObjectRef) -> Fragment | None:
-        slot, asked, batch_ref = self._in_flight.pop(ref)
+        slot, asked, batch_ref, acting = self._in_flight.pop(ref)
         try:
             metrics = ray.get(ref)
         except (RayActorError, RayTaskError) as error:
-            if not is_actor_death(error):
+            _read_error(batch_ref)
+            if self.env_runners.acting_actor_died(error):
+                self.lost_fragments += 1
+                if acting == self.env_runners.inference_actors:  # none handed over since
+                    self._without_acting.add(slot)
+            elif not is_actor_death(error):
                 raise  # the worker's own code raised
-            self.lost_fragments += 1
-            if self.env_runners.workers[slot] is asked:  # its first lost request
-                self.env_runners.replace_worker(slot, error, "async sampling")
-                for key, (other, worker, _) in list(self._in_flight.items()):
-                    if other == slot and worker is asked:  # lost with it, counted now
-                        del self._in_flight[key]
-                        self.lost_fragments += 1
+            else:
+                self._lost_with_runner(slot, asked, error)
             metrics = None
-        if not any(s == slot for s, _, _ in self._in_flight.values()):
+        if not any(r.slot == slot for r in self._in_flight.values()):
             self._idle_since.setdefault(slot, time.monotonic())
         return None if metrics is None else Fragment(batch_ref, metrics)
+
+    def _lost_with_runner(self, slot: int, asked, error: BaseException) -> None:
+        """A request of the dead runner `asked` failed: counted, and at the first one
+        the runner is replaced and its other requests counted lost at once."""
+        self.lost_fragments += 1
+        if self.env_runners.workers[slot] is asked:  # its first lost request
+            self.env_runners.replace_worker(slot, error, "async sampling")
+            for key, request in list(self._in_flight.items()):
+                if request.slot == slot and request.worker is asked:  # lost with it
+                    del self._in_flight[key]
+                    self.lost_fragments += 1
+
+
+def _read_error(ref: ray.ObjectRef) -> None:
+    """Read a failed request's other return, so Ray does not log its error as unhandled."""
+    try:
+        ray.get(ref, timeout=0)
+    except Exception:  # noqa: BLE001 - the error is the one its first return raised
+        pass

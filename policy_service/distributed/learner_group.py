@@ -15,12 +15,15 @@ The loop it lives in (an algorithm's training step):
 prepares and shards each batch once; the learners (LocalLearners or RemoteLearners,
 called alike) all-reduce inside the compiled step, so all keep identical weights. A
 dead or hung learner (`LearnerDiedError`, `LearnerTimeoutError`) makes `update`
-replace the whole group from the driver's state copy and run again.
+replace the whole group from the driver's state copy and run again; one thread
+replaces them at a time, and a call that failed on learners another thread
+replaced meanwhile is simply made again.
 Sharding, statistics and faults in full: docs/distributed.md, "LearnerGroup".
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +35,7 @@ from ray.exceptions import RayError
 from policy_service import call_arguments, spaces
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import config_for
+from policy_service.distributed.acting_learner import serves_actions
 from policy_service.distributed.learner import (
     POLICY_LAG_MAX,
     POLICY_LAG_ROWS,
@@ -41,6 +45,7 @@ from policy_service.distributed.learner_shards import split_minibatches, split_u
 from policy_service.distributed.learners import (
     LearnerDiedError,
     LearnerFailure,
+    LearnersStoppedError,
     LocalLearners,
     RemoteLearners,
 )
@@ -84,8 +89,13 @@ class LearnerGroup(BatchLearning):
         self._ready_timeout_s = ready_timeout_s
         self._loaded_rows: dict[int, int] = {}
         self._state_after_failure: dict | None = None  # set when the restart budget is spent
+        self._failure: LearnerFailure | None = None  # the budget line, for every later call
         self._global_timestep: int | None = None  # the learners' last set, None: unknown
-        self._learners = self._start(float(self.config.learner_update_timeout_s))
+        self._acting_version = 0  # inference: learners -- the version their actions carry
+        # held while learners are replaced: a caller on another thread (the async
+        # learner thread, the driver) waits for the new ones instead of the stopped ones
+        self._replacing = threading.RLock()
+        self._current = self._start(float(self.config.learner_update_timeout_s))
         info = self._learners.info
         self.num_towers = info["num_towers"]
         self.devices = info["devices"]
@@ -104,6 +114,12 @@ class LearnerGroup(BatchLearning):
         if self.num_learners == 0:
             return LocalLearners(spec, call_timeout_s)
         return RemoteLearners(spec, call_timeout_s, self._ready_timeout_s)
+
+    @property
+    def _learners(self) -> LocalLearners | RemoteLearners:
+        """The learners now; while another thread replaces them, the new ones."""
+        with self._replacing:
+            return self._current
 
     @property
     def local_policy(self):
@@ -126,17 +142,20 @@ class LearnerGroup(BatchLearning):
     def restart(self, state: dict) -> None:
         """Replace every learner with a fresh one holding `state` (a `get_state()`
         copy: weights, optimizer variables, RNG, counters); loaded buffers are gone."""
-        timeout = self.call_timeout_s
-        self._learners.stop()
-        self._loaded_rows.clear()
-        self._global_timestep = None  # the new learners hold the state's
-        self.num_restarts += 1  # an attempt counts, as one that dies starting does
-        self._learners = self._start(timeout)
-        try:
-            self.set_state(state)
-        except BaseException:
-            self.stop()
-            raise
+        with self._replacing:
+            timeout = self.call_timeout_s
+            self._current.stop()
+            self._loaded_rows.clear()
+            self._global_timestep = None  # the new learners hold the state's
+            self._failure = None
+            self.num_restarts += 1  # an attempt counts, as one that dies starting does
+            self._current = self._start(timeout)
+            try:
+                self.set_state(state)
+                self.set_acting_version(self._acting_version)  # not from 0
+            except BaseException:
+                self.stop()
+                raise
 
     def stop(self) -> None:
         """End the learner actors and free their reservation (idempotent)."""
@@ -159,32 +178,46 @@ class LearnerGroup(BatchLearning):
         env runners' budget line."""
         restarts, state = 0, None
         while True:
+            called = self._learners
             try:
                 return call()
-            except LearnerDiedError as died:
-                error: BaseException = died
-                rank = died.rank
-            if state is None:  # taken once: a failed replacement has a fresh state
-                state = self._learners.latest_state()
-            while True:
-                if restarts == MAX_RESTARTS_PER_UPDATE:
-                    self._state_after_failure = state  # what every replacement was to hold
-                    raise LearnerFailure(
-                        restart_budget_spent(
-                            f"learner {rank}",
-                            restarts + 1,
-                            during,
-                            self.num_restarts,
-                            {"max_restarts_per_update": MAX_RESTARTS_PER_UPDATE},
-                            error,
+            except (LearnerDiedError, LearnersStoppedError) as failed:
+                error: BaseException = failed
+            with self._replacing:
+                if self._failure is not None:  # spent by a call on another thread
+                    raise LearnerFailure(str(self._failure)) from None
+                if self._current is not called:  # replaced meanwhile by another thread
+                    continue
+                if not isinstance(error, LearnerDiedError):  # stopped by this group's caller
+                    raise error
+                rank = error.rank
+                if state is None:  # taken once: a failed replacement has a fresh state
+                    state = self._current.latest_state()
+                while True:
+                    if restarts == MAX_RESTARTS_PER_UPDATE:
+                        self._state_after_failure = state  # what every replacement was to hold
+                        self._failure = LearnerFailure(
+                            restart_budget_spent(
+                                f"learner {rank}",
+                                restarts + 1,
+                                during,
+                                self.num_restarts,
+                                {"max_restarts_per_update": MAX_RESTARTS_PER_UPDATE},
+                                error,
+                            )
                         )
-                    ) from None
-                restarts += 1
-                try:
-                    self.restart(state)
-                    break
-                except (LearnerDiedError, RayError) as died_starting:
-                    error = died_starting
+                        raise self._failure from None
+                    restarts += 1
+                    try:
+                        self.restart(state)
+                        break
+                    except (LearnerDiedError, RayError) as died_starting:
+                        error = died_starting
+
+    def replace_dead_learners(self) -> None:
+        """Every learner answers, or dead ones are replaced as in `update`: for a caller
+        that found one dead elsewhere (an env runner acting through it)."""
+        self._surviving("replace_dead_learners()", lambda: self._learners.call_all("info"))
 
     def update_on_fragments(
         self, fragments_per_learner: list[list], learner_version: int, num_sgd_steps: int = 1
@@ -205,6 +238,7 @@ class LearnerGroup(BatchLearning):
             "update_on_fragments()",
             lambda: self._learners.call_each("update_on_fragments", args),
         )
+        self._acting_version = learner_version + 1  # what the acting learners marked
         self._learners.keep_state_copy()
         stats = {
             k: v
@@ -364,6 +398,14 @@ class LearnerGroup(BatchLearning):
                 lambda: self._learners.call_all("set_global_timestep", timestep),
             )
             self._global_timestep = timestep
+
+    def set_acting_version(self, version: int) -> None:
+        """With inference by the learners: the weights version their actions carry
+        from now on (a restored run's; replacements go on from the last one set or
+        reached by `update_on_fragments`). Learners that do not act: kept only."""
+        self._acting_version = call_arguments.count(version, "version")
+        if serves_actions(self.config):
+            self._learners.call_all("mark_version", self._acting_version)
 
     def foreach_policy(self, fn: Callable, *args) -> list:
         """fn(policy, *args) on every learner's policy -> the results, by rank. For

@@ -57,6 +57,10 @@ class LearnerFailure(RunFailure, RuntimeError):
     """The learners' restart budget is spent: the run cannot go on (one line)."""
 
 
+class LearnersStoppedError(RuntimeError):
+    """A call on learners already stopped (by the caller, or replaced by another thread)."""
+
+
 class LearnerTimeoutError(LearnerDiedError):
     """A call to the learners gave no result within `learner_update_timeout_s`."""
 
@@ -202,7 +206,7 @@ class RemoteLearners:
         others may be blocked in a collective with the dead one), and so does
         `call_timeout_s` without all results (LearnerTimeoutError)."""
         if not self.actors:
-            raise RuntimeError("this LearnerGroup is stopped")
+            raise LearnersStoppedError("this LearnerGroup is stopped")
         count = len(self.actors)
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results, pending = {}, list(refs)

@@ -198,6 +198,22 @@ class RolloutWorker:
         self._weights_version = self._weights_version + 1 if version is None else int(version)
         return self._weights_version
 
+    def set_acting_actor(self, actor: Any) -> None:
+        """Act through `actor` from now on: the one that acted is gone and this one
+        serves the same policy and spaces (a learner actor replaced after a death).
+        The episodes in progress go on; a fragment lost with the old actor is the
+        caller's to count."""
+        if self._policy_actor is None:
+            raise ValueError(
+                f"worker {self.worker_index} acts with its own policy copy: "
+                "set_acting_actor needs a worker built with a policy_actor"
+            )
+        self._policy_actor = actor
+
+    def acting_actor(self) -> Any:
+        """The actor acting for this worker (None: its own policy copy acts)."""
+        return self._policy_actor
+
     def set_global_timestep(self, timestep: int) -> None:
         """Where the local policy's exploration schedule stands (RLlib's
         global_vars["timestep"]), e.g. the run's env steps for workers rebuilt at a
