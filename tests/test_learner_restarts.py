@@ -71,6 +71,11 @@ def test_cpus_held_by_others_fail_within_the_timeout(ray_local):
 
     holder = Holder.remote()
     ray.get(holder.ready.remote())
+    # Ray's view of what is free lags the actor's start (resource reports, slower on a
+    # loaded machine): a stale "2 free" would pass the check and fail at placement instead
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("CPU", 0.0) > 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
     start = time.perf_counter()
     try:
         with pytest.raises(
