@@ -1,6 +1,6 @@
 """Nested (Tuple, Dict) action spaces end to end: sampling in env runners (local, remote,
 and through a PolicyActor), PPO learning an env whose reward needs every leaf, the
-checkpoint of the learned policy.
+checkpoint and the SavedModel/ONNX export of the learned policy.
 
 Distributions, action checks and train batches of nested spaces are tested with their
 modules (test_distributions.py, test_spaces.py, test_train_batches.py)."""
@@ -10,6 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+import tensorflow as tf
 
 from algorithms.environments import register_env
 from algorithms.ppo import PPO, PPOPolicy
@@ -175,6 +176,31 @@ def test_checkpoint_round_trip_is_bit_identical(trained, tmp_path):
         for mine, other in zip(ours, theirs):
             np.testing.assert_array_equal(mine, other)
         np.testing.assert_array_equal(extra["action_logp"], their_extra["action_logp"])
+
+
+def test_saved_model_and_onnx_act_as_the_policy(trained, tmp_path):
+    import onnxruntime as ort
+
+    policy = trained[0].get_policy()
+    policy.export_model(str(tmp_path / "export"), onnx=17)
+    obs = np.eye(3, dtype=np.float32)[np.arange(9) % 3] * 0.9
+    (choice, aim), _, _ = policy.compute_actions(obs, explore=False)
+    serve = tf.saved_model.load(str(tmp_path / "export")).signatures["serving_default"]
+    out = serve(
+        obs=tf.constant(obs),
+        explore=tf.constant(False),
+        timestep=tf.constant(0, tf.int64),
+        seed=tf.constant([0, 0], tf.int64),
+    )
+    np.testing.assert_array_equal(out["actions_0"].numpy(), choice)
+    np.testing.assert_allclose(out["actions_1"].numpy(), aim, rtol=1e-6, atol=1e-6)
+    session = ort.InferenceSession(
+        str(tmp_path / "export" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    assert [i.name for i in session.get_inputs()] == ["obs"]
+    onnx_choice, onnx_aim = session.run(["actions_0", "actions_1"], {"obs": obs})
+    np.testing.assert_array_equal(onnx_choice, choice)
+    np.testing.assert_allclose(onnx_aim, aim, rtol=1e-5, atol=1e-5)
 
 
 def test_a_dict_action_space_with_an_unsupported_leaf_is_one_line(ray_local):
