@@ -355,17 +355,19 @@ class TFPolicy(BatchLearning):
             self._action_leaves, self._action_specs, values
         ):
             array = np.asarray(value)
-            name = spaces.action_leaf_column(column, path)
             rows = array.shape[0] if batch_size is None and array.ndim else batch_size
             if array.shape != (rows, *shape):
                 raise ValueError(
-                    f"{name} has shape {array.shape}, expected "
-                    f"{(rows, *shape)} (one action per observation)"
+                    f"{spaces.action_leaf_column(column, path)} has shape {array.shape}, "
+                    f"expected {(rows, *shape)} (one action per observation)"
                 )
             if array.dtype.kind not in "iuf" or (
                 array.dtype.kind == "f" and not np.all(np.isfinite(array))
             ):
-                raise ValueError(f"{name} must hold finite numbers, got dtype {array.dtype}")
+                raise ValueError(
+                    f"{spaces.action_leaf_column(column, path)} must hold finite numbers, "
+                    f"got dtype {array.dtype}"
+                )
             arrays.append(array.astype(dtype, copy=False))
         return spaces.nest_actions(self.action_space, arrays)
 
