@@ -159,7 +159,7 @@ class PPOPolicy(AdaptiveKLPolicy):
         inputs = self.acting_inputs(
             obs,
             states,
-            np.asarray(batch[SampleBatch.ACTIONS])[-1:],
+            tree.map_structure(lambda a: np.asarray(a)[-1:], batch[SampleBatch.ACTIONS]),
             np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:],
             1,
         )

@@ -28,6 +28,9 @@ from typing import Self, TypeVar
 import gymnasium as gym
 import numpy as np
 import tensorflow as tf
+import tree
+
+from policy_service import spaces
 
 # log_std is clipped to this range: exp(-20) ~ 2e-9 keeps the density finite,
 # exp(2) ~ 7.4 stops one bad update from turning exploration into noise.
@@ -456,6 +459,89 @@ def _bound_multi_categorical(
     )
 
 
+class NestedDistribution(ActionDistribution):
+    """One distribution per leaf of a Tuple or Dict action space (nestable).
+
+    inputs: <float32>[B, sum(input_lens)], the leaves' inputs concatenated in
+    dm-tree order (dict keys sorted). Actions are nests like the space, one
+    tensor per leaf; logp, entropy and kl are the sums over the leaves, and
+    sample/deterministic_sample draw per leaf.
+
+    `dist_class_for(space)` returns a subclass bound to the space's leaves.
+    """
+
+    leaf_classes: tuple[type[ActionDistribution], ...] = ()
+    input_lens: tuple[int, ...] = ()
+    structure = None  # the space as a plain nest of leaf spaces (spaces.action_structure)
+
+    def __init__(self, inputs):
+        if not self.leaf_classes:
+            raise TypeError("NestedDistribution has no leaves bound; build it with dist_class_for")
+        super().__init__(inputs)
+        self.leaves = [
+            cls(part)
+            for cls, part in zip(self.leaf_classes, tf.split(self.inputs, self.input_lens, axis=1))
+        ]
+
+    @classmethod
+    def required_input_dim(cls, action_space: gym.Space) -> int:
+        return sum(cls.input_lens)
+
+    def _nest(self, leaves: list):
+        return tree.unflatten_as(self.structure, leaves)
+
+    def _leaf_actions(self, x) -> list:
+        return tree.flatten_up_to(self.structure, x)
+
+    def sample(self, seed=None):
+        """A nest of per-leaf draws; a seed is split into one per leaf."""
+        if seed is None:
+            seeds = [None] * len(self.leaves)
+        else:
+            seeds = tf.unstack(tf.random.experimental.stateless_split(seed, len(self.leaves)))
+        return self._nest([leaf.sample(s) for leaf, s in zip(self.leaves, seeds)])
+
+    def deterministic_sample(self):
+        return self._nest([leaf.deterministic_sample() for leaf in self.leaves])
+
+    def logp(self, x) -> tf.Tensor:
+        """<float32>[B] sum of the leaves' log-probabilities of the nest x."""
+        return tf.add_n([d.logp(a) for d, a in zip(self.leaves, self._leaf_actions(x))])
+
+    def entropy(self) -> tf.Tensor:
+        return tf.add_n([d.entropy() for d in self.leaves])
+
+    def kl(self, other: NestedDistribution) -> tf.Tensor:
+        return tf.add_n([d.kl(o) for d, o in zip(self.leaves, other.leaves)])
+
+
+def _nested_class(action_space: gym.Space, deterministic: bool) -> type[NestedDistribution]:
+    leaf_classes = tuple(
+        _leaf_class(leaf, deterministic) for _, leaf in spaces.action_leaves(action_space)
+    )
+    return type(
+        "NestedDistribution_bound",
+        (NestedDistribution,),
+        {
+            "leaf_classes": leaf_classes,
+            "input_lens": tuple(
+                cls.required_input_dim(leaf)
+                for cls, (_, leaf) in zip(leaf_classes, spaces.action_leaves(action_space))
+            ),
+            "structure": tree.map_structure(lambda _: 0, spaces.action_structure(action_space)),
+            "__module__": __name__,
+        },
+    )
+
+
+def _leaf_class(space: gym.Space, deterministic: bool) -> type[ActionDistribution]:
+    if isinstance(space, gym.spaces.Discrete):
+        return _categorical_class(int(space.start))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return MultiCategorical.with_input_lens(space.nvec.tolist(), space.start.tolist())
+    return Deterministic if deterministic else DiagGaussian
+
+
 def dist_class_for(
     action_space: gym.Space, deterministic: bool = False
 ) -> type[ActionDistribution]:
@@ -463,27 +549,16 @@ def dist_class_for(
 
     Discrete -> Categorical, MultiDiscrete (1-D nvec) -> MultiCategorical bound
     to its nvec, 1-D float Box -> DiagGaussian, or Deterministic when
-    `deterministic` is True (Box only). Anything else: NotImplementedError
-    naming the space.
+    `deterministic` is True (Box leaves only); Tuple and Dict (nestable) of
+    those -> NestedDistribution, one per leaf. An unsupported space or leaf:
+    NotImplementedError naming it (and its path).
     """
-    if deterministic and not isinstance(action_space, gym.spaces.Box):
+    leaves = spaces.action_leaves(action_space)
+    if deterministic and not all(isinstance(s, gym.spaces.Box) for _, s in leaves):
         raise ValueError(
             f"deterministic=True is for Box action spaces only, "
             f"got {type(action_space).__name__}: {action_space}"
         )
-    if isinstance(action_space, gym.spaces.Discrete):
-        return _categorical_class(int(action_space.start))
-    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim == 1:
-        return MultiCategorical.with_input_lens(
-            action_space.nvec.tolist(), action_space.start.tolist()
-        )
-    if (
-        isinstance(action_space, gym.spaces.Box)
-        and len(action_space.shape) == 1
-        and np.issubdtype(action_space.dtype, np.floating)
-    ):
-        return Deterministic if deterministic else DiagGaussian
-    raise NotImplementedError(
-        f"no action distribution for space type {type(action_space).__name__} "
-        f"({action_space}); supported: Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
-    )
+    if spaces.is_nested_action_space(action_space):
+        return _nested_class(action_space, deterministic)
+    return _leaf_class(action_space, deterministic)

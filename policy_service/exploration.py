@@ -12,6 +12,7 @@ import inspect
 
 import numpy as np
 import tensorflow as tf
+import tree
 
 from policy_service.config_rules import finite, integer
 
@@ -72,7 +73,9 @@ class StochasticSampling(Exploration):
         """-> (actions, logp <float32>[B]) of the behaviour policy."""
         sampled = dist.sample(seed=seed)
         greedy = dist.deterministic_sample()
-        actions = tf.where(_broadcastable(explore, greedy), sampled, greedy)
+        actions = tree.map_structure(
+            lambda s, g: tf.where(_broadcastable(explore, g), s, g), sampled, greedy
+        )
         logp = tf.where(explore, dist.logp(actions), tf.zeros_like(dist.logp(actions)))
         if self.random_timesteps:  # no random ops in the graph of a policy without them
             return _random_before(self, actions, logp, explore, timestep, seed)

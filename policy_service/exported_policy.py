@@ -20,6 +20,7 @@ from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import tree
 
 from policy_service import spaces
 
@@ -45,7 +46,13 @@ def pack_model(directory: Path, weights_version: int, global_timestep: int) -> b
 class ExportedPolicy:
     """Acts as the exported policy does: explore by default, as a training client should."""
 
-    def __init__(self, model_dir: Path, observation_space: gym.Space, explore: bool = True):
+    def __init__(
+        self,
+        model_dir: Path,
+        observation_space: gym.Space,
+        explore: bool = True,
+        action_space: gym.Space | None = None,
+    ):
         import tensorflow as tf
 
         self._tf = tf
@@ -59,6 +66,11 @@ class ExportedPolicy:
         self._act = self._module.signatures["serving_default"]
         self._inputs = self._act.structured_input_signature[1]  # name -> TensorSpec
         self._preprocessor = spaces.make_preprocessor(observation_space)
+        # a nested action space's actions come out one per leaf (io/export.py)
+        self._action_space = action_space
+        leaf_names = action_space if action_space is not None else gym.spaces.Discrete(1)
+        self._action_outputs = spaces.action_leaf_names("actions", leaf_names)
+        self._prev_action_inputs = spaces.action_leaf_names("prev_actions", leaf_names)
         self._explore = tf.constant(explore)
         self._seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 2)
         self._calls = 0
@@ -71,6 +83,7 @@ class ExportedPolicy:
         weights_version: int,
         observation_space: gym.Space,
         explore: bool = True,
+        action_space: gym.Space | None = None,
     ) -> ExportedPolicy:
         """The model in a GET /v1/model answer, checked to hold `weights_version`."""
         with tempfile.TemporaryDirectory(prefix="policy-client-") as directory:
@@ -79,7 +92,9 @@ class ExportedPolicy:
                     tar.extractall(directory, filter="data")  # nothing outside `directory`
             except tarfile.TarError as err:
                 raise ExportedModelError(f"the server's model is not a tar: {err}") from None
-            policy = cls(Path(directory) / MODEL_DIR, observation_space, explore)  # loaded in full
+            policy = cls(  # loaded in full
+                Path(directory) / MODEL_DIR, observation_space, explore, action_space
+            )
         if policy.weights_version != weights_version:
             raise ExportedModelError(
                 f"weights_version: expected {weights_version} (the server's header), got "
@@ -88,12 +103,13 @@ class ExportedPolicy:
         return policy
 
     def act(self, obs_batch, states: list, prev_actions, prev_rewards, timestep: int):
-        """-> (actions [B, ...], state_outs [k x [B, ...]]) for B raw observations."""
+        """-> (actions [B, ...], nested like a nested action space; state_outs
+        [k x [B, ...]]) for B raw observations."""
         tf = self._tf
         self._calls += 1
         named = {
             "obs": self._preprocessor.transform(obs_batch),
-            "prev_actions": prev_actions,
+            **dict(zip(self._prev_action_inputs, tree.flatten(prev_actions))),
             "prev_rewards": prev_rewards,
             **{f"state_in_{i}": s for i, s in enumerate(states)},
             "explore": self._explore,
@@ -106,4 +122,7 @@ class ExportedPolicy:
         }
         out = self._act(**feed)
         states_out = [out[f"state_out_{i}"].numpy() for i in range(self.num_state_tensors)]
-        return out["actions"].numpy(), states_out
+        leaves = [out[name].numpy() for name in self._action_outputs]
+        if self._action_space is None:
+            return leaves[0], states_out
+        return spaces.nest_actions(self._action_space, leaves), states_out

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from policy_service import spaces
 from policy_service.config import ModelConfig
 
 _CUSTOM_MODELS: dict[str, Callable] = {}
@@ -228,8 +229,9 @@ class LSTMModel(keras.Model):
             "state_in_0": zero_state,
             "state_in_1": zero_state,
             "seq_lens": tf.ones((1,), tf.int32),
-            "prev_actions": tf.zeros(
-                (1,) + raw_action_shape(action_space), raw_action_dtype(action_space)
+            "prev_actions": tf.nest.map_structure(
+                lambda spec: tf.zeros((1, *spec.shape[1:]), spec.dtype),
+                action_tensor_specs(action_space),
             ),
             "prev_rewards": tf.zeros((1,)),
         }
@@ -268,27 +270,42 @@ class LSTMModel(keras.Model):
         return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
 
 
-def raw_action_shape(action_space) -> tuple:
-    """Shape of one action as the env takes it (a scalar for Discrete)."""
-    return () if isinstance(action_space, gym.spaces.Discrete) else tuple(action_space.shape)
-
-
-def raw_action_dtype(action_space):
-    """Actions travel as int64 for (Multi)Discrete spaces, float32 otherwise."""
-    return tf.float32 if isinstance(action_space, gym.spaces.Box) else tf.int64
+def action_tensor_specs(action_space):
+    """TensorSpecs of a batch of actions as the env takes them, nested like the space:
+    <int64>[B] (Discrete), <int64>[B, k] (MultiDiscrete), <float32>[B, d] (Box)."""
+    return spaces.nest_actions(
+        action_space,
+        [
+            tf.TensorSpec((None, *shape), tf.as_dtype(dtype))
+            for dtype, shape in spaces.action_leaf_specs(action_space)
+        ],
+    )
 
 
 def action_feature_shape(action_space) -> tuple:
-    """Shape of one action as a model feature (one-hot for discrete actions)."""
-    if isinstance(action_space, gym.spaces.Discrete):
-        return (int(action_space.n),)
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        return (int(np.sum(action_space.nvec)),)
-    return (int(np.prod(action_space.shape)),)
+    """Shape of one action as a model feature (one-hot for discrete actions, leaves
+    concatenated)."""
+    return (sum(_leaf_feature_size(leaf) for _, leaf in spaces.action_leaves(action_space)),)
+
+
+def _leaf_feature_size(space) -> int:
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(np.sum(space.nvec))
+    return int(np.prod(space.shape))
 
 
 def action_features(action_space, actions):
-    """Actions as float features: one-hot for (Multi)Discrete, flattened for Box."""
+    """Actions as float features: one-hot for (Multi)Discrete, flattened for Box;
+    the leaves of a nested space concatenated in dm-tree order."""
+    leaves = spaces.action_leaves(action_space)
+    values = spaces.action_leaf_values(action_space, actions, "prev_actions")
+    parts = [_leaf_features(space, value) for (_, space), value in zip(leaves, values)]
+    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
+
+
+def _leaf_features(action_space, actions):
     if isinstance(action_space, gym.spaces.Discrete):
         return tf.one_hot(tf.cast(actions, tf.int32) - int(action_space.start), int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):

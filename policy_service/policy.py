@@ -53,7 +53,12 @@ from policy_service.learning_results import (
 )
 from policy_service.sample_batch import SampleBatch
 from policy_service.schedules import schedule_value
-from policy_service.train_batches import TrainColumns, TrainLayout, prepare_train_columns
+from policy_service.train_batches import (
+    TrainColumns,
+    TrainLayout,
+    nest_columns,
+    prepare_train_columns,
+)
 
 
 class TFPolicy(BatchLearning):
@@ -81,6 +86,8 @@ class TFPolicy(BatchLearning):
         self.tower_devices = devices.resolve_devices(self.config.num_gpus, self.config._fake_gpus)
         if self.config.seed is not None:
             keras.utils.set_random_seed(self.config.seed)
+        self._action_leaves = spaces.action_leaves(action_space)  # checked once, here
+        self._action_specs = spaces.action_leaf_specs(action_space)
         self.dist_class = self.make_dist_class()
         self.num_outputs = self.dist_class.required_input_dim(action_space)
         self.exploration = exploration.make_exploration(
@@ -236,9 +243,7 @@ class TFPolicy(BatchLearning):
         with tf.device(self.tower_devices.devices[0]):
             actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
-        actions = tree.map_structure(lambda a: a.numpy(), actions)
-        dtype, _ = spaces.action_dtype_and_shape(self.action_space)
-        actions = np.asarray(actions).astype(dtype, copy=False)
+        actions = self._action_arrays(actions)
         return (actions, [s.numpy() for s in state_outs], {k: v.numpy() for k, v in extra.items()})
 
     def compute_actions_from_input_dict(
@@ -264,12 +269,20 @@ class TFPolicy(BatchLearning):
         """One unbatched observation -> (action, state_out list, extra), unbatched."""
         obs_batch = tree.map_structure(lambda o: np.asarray(o)[None], obs)
         states = None if state is None else [np.asarray(s)[None] for s in state]
-        prev_a = None if prev_action is None else np.asarray(prev_action)[None]
+        prev_a = (
+            None
+            if prev_action is None
+            else tree.map_structure(lambda a: np.asarray(a)[None], prev_action)
+        )
         prev_r = None if prev_reward is None else np.asarray([prev_reward], np.float32)
         actions, state_outs, extra = self.compute_actions(
             obs_batch, states, prev_a, prev_r, explore=explore, timestep=timestep
         )
-        return actions[0], [s[0] for s in state_outs], {k: v[0] for k, v in extra.items()}
+        return (
+            tree.map_structure(lambda a: a[0], actions),
+            [s[0] for s in state_outs],
+            {k: v[0] for k, v in extra.items()},
+        )
 
     def compute_log_likelihoods(
         self,
@@ -282,15 +295,12 @@ class TFPolicy(BatchLearning):
     ):
         """log pi(a|s) <float32>[B] of the given actions under the current weights."""
         obs = self.observation_filter(self.preprocessor.transform(obs_batch), update=False)
-        spaces.check_actions(self.action_space, np.asarray(actions), check_bounds=False)
+        spaces.check_actions(self.action_space, actions, check_bounds=False)
         inputs = self.acting_inputs(
             obs, state_batches, prev_action_batch, prev_reward_batch, obs.shape[0]
         )
         with tf.device(self.tower_devices.devices[0]):
-            return self._logp_fn(
-                *inputs,
-                tf.convert_to_tensor(np.asarray(actions).astype(self._action_tensor_dtype())),
-            ).numpy()
+            return self._logp_fn(*inputs, self.checked_actions(actions, "actions")).numpy()
 
     def acting_inputs(
         self, obs, state_batches, prev_actions, prev_rewards, batch_size: int
@@ -313,21 +323,8 @@ class TFPolicy(BatchLearning):
                 if not np.all(np.isfinite(s)):
                     row = int(np.argwhere(~np.isfinite(s))[0][0])
                     raise ValueError(f"state_in_{i} has NaN or inf (first at row {row})")
-        act_shape = self._action_tensor_shape()
         if prev_actions is None:
-            prev_actions = np.zeros((batch_size,) + act_shape, self._action_tensor_dtype())
-        prev_actions = np.asarray(prev_actions)
-        if prev_actions.shape != (batch_size,) + act_shape:
-            raise ValueError(
-                f"prev_action_batch has shape {prev_actions.shape}, expected "
-                f"{(batch_size,) + act_shape} (one action per observation)"
-            )
-        if prev_actions.dtype.kind not in "iuf" or (
-            prev_actions.dtype.kind == "f" and not np.all(np.isfinite(prev_actions))
-        ):
-            raise ValueError(
-                f"prev_action_batch must hold finite numbers, got dtype {prev_actions.dtype}"
-            )
+            prev_actions = spaces.zero_actions(self.action_space, batch_size)
         if prev_rewards is None:
             prev_rewards = np.zeros(batch_size, np.float32)
         prev_rewards = np.asarray(prev_rewards)
@@ -344,8 +341,46 @@ class TFPolicy(BatchLearning):
         return (
             obs,
             tuple(states),
-            prev_actions.astype(self._action_tensor_dtype()),
+            self.checked_actions(prev_actions, "prev_action_batch", batch_size),
             prev_rewards.astype(np.float32).reshape(batch_size),
+        )
+
+    def checked_actions(self, actions, column: str, batch_size: int | None = None):
+        """A batch of actions (nested like the space) as the compiled functions take
+        them: each leaf of its spec's dtype, after a structure, shape (B rows, when
+        given) and finiteness check; an error names the column and leaf."""
+        values = spaces.action_leaf_values(self.action_space, actions, column)
+        arrays = []
+        for (path, _), (dtype, shape), value in zip(
+            self._action_leaves, self._action_specs, values
+        ):
+            array = np.asarray(value)
+            rows = array.shape[0] if batch_size is None and array.ndim else batch_size
+            if array.shape != (rows, *shape):
+                raise ValueError(
+                    f"{spaces.action_leaf_column(column, path)} has shape {array.shape}, "
+                    f"expected {(rows, *shape)} (one action per observation)"
+                )
+            if array.dtype.kind not in "iuf" or (
+                array.dtype.kind == "f" and not np.all(np.isfinite(array))
+            ):
+                raise ValueError(
+                    f"{spaces.action_leaf_column(column, path)} must hold finite numbers, "
+                    f"got dtype {array.dtype}"
+                )
+            arrays.append(array.astype(dtype, copy=False))
+        return spaces.nest_actions(self.action_space, arrays)
+
+    def _action_arrays(self, actions):
+        """Computed actions (tensors, nested like the space) as numpy arrays of the
+        space's dtypes."""
+        leaves = tf.nest.flatten(actions)
+        return spaces.nest_actions(
+            self.action_space,
+            [
+                a.numpy().astype(dtype, copy=False)
+                for a, (dtype, _) in zip(leaves, self._action_specs)
+            ],
         )
 
     def _example_input_dict(self, rows: int) -> dict:
@@ -354,21 +389,14 @@ class TFPolicy(BatchLearning):
         inputs = self.acting_inputs(obs, None, None, None, rows)
         return self.acting_input_dict(*tree.map_structure(tf.convert_to_tensor, inputs))
 
-    def _action_tensor_dtype(self):
-        return models.raw_action_dtype(self.action_space).as_numpy_dtype
-
-    def _action_tensor_shape(self) -> tuple:
-        return models.raw_action_shape(self.action_space)
-
     def acting_signature(self) -> list:
         """TensorSpecs of the acting inputs: obs <float32>[B, *obs], states (tuple of
-        <float32>[B, *state]), prev_actions [B, *action] and prev_rewards <float32>[B]."""
+        <float32>[B, *state]), prev_actions [B, *action] (nested like the action space)
+        and prev_rewards <float32>[B]."""
         return [
             tf.TensorSpec((None,) + tuple(self.preprocessor.shape), tf.float32),
             tuple(tf.TensorSpec((None,) + s.shape, tf.float32) for s in self._initial_state),
-            tf.TensorSpec(
-                (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype())
-            ),
+            models.action_tensor_specs(self.action_space),
             tf.TensorSpec((None,), tf.float32),
         ]
 
@@ -413,11 +441,7 @@ class TFPolicy(BatchLearning):
             out = self.model(input_dict, training=False)
             return self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(actions)
 
-        signature = self.acting_signature() + [
-            tf.TensorSpec(
-                (None,) + self._action_tensor_shape(), tf.as_dtype(self._action_tensor_dtype())
-            )
-        ]
+        signature = self.acting_signature() + [models.action_tensor_specs(self.action_space)]
         return tf.function(logp, input_signature=signature)
 
     def action_trace_count(self) -> int:
@@ -433,10 +457,10 @@ class TFPolicy(BatchLearning):
         return schedule_value(schedule, self.timestep_variable)
 
     def _tower_loss(self, batch):
-        return self.loss(self.model, self.dist_class, batch)
+        return self.loss(self.model, self.dist_class, nest_columns(batch))
 
     def _tower_stats(self, batch, losses, loss_stats: dict) -> dict:
-        stats = {**self.stats(batch), **loss_stats}
+        stats = {**self.stats(nest_columns(batch)), **loss_stats}
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 

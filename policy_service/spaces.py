@@ -11,8 +11,9 @@ ValueError that names the column, the expected and the actual shape/dtype,
 instead of a broadcasting surprise deep inside the model. Box is cast to float32
 (images [H, W, C] kept, other ranks flattened), discrete spaces become one-hots,
 Dict/Tuple are flattened and concatenated in dm-tree order. Action helpers support
-Discrete, MultiDiscrete (1-D nvec) and 1-D float Box. What each space becomes,
-exactly: docs/data.md.
+Discrete, MultiDiscrete (1-D nvec) and 1-D float Box, alone or as the leaves of
+(nestable) Tuple and Dict spaces, whose actions are nests of one array per leaf.
+What each space becomes, exactly: docs/data.md.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+import tree
 
 _OBSERVATION_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple"
-_ACTION_SPACES = "Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
+_ACTION_SPACES = "Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"  # also as leaves
 
 _INT_KINDS = "iu"
 _REAL_KINDS = "fiub"
@@ -341,36 +343,96 @@ def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
 
 
 # --------------------------------------------------------------------------
-# Actions
+# Actions: a flat space is a nest of one leaf; Tuple and Dict nest them (dm-tree order)
 
 
 SupportedActionSpace = gym.spaces.Discrete | gym.spaces.MultiDiscrete | gym.spaces.Box
+ActionPath = tuple  # a leaf's dm-tree path: () for a flat space, ("move",), (0, "x"), ...
 
 
-def _supported_action_space(space: gym.Space) -> SupportedActionSpace:
-    """Returns the space if actions of it are supported, else NotImplementedError."""
+def _supported_leaf(space: gym.Space) -> bool:
     if isinstance(space, gym.spaces.Discrete):
-        return space
-    if isinstance(space, gym.spaces.MultiDiscrete) and space.nvec.ndim == 1:
-        return space
-    if (
+        return True
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return space.nvec.ndim == 1
+    return (
         isinstance(space, gym.spaces.Box)
         and len(space.shape) == 1
         and np.issubdtype(space.dtype, np.floating)
-    ):
-        return space
-    raise NotImplementedError(
-        f"unsupported action space type {type(space).__name__} ({space}); "
-        f"supported: {_ACTION_SPACES}"
     )
 
 
-def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int, ...]]:
-    """dtype and per-row shape to allocate actions with.
+def _leaf_spaces(space: gym.Space, path: ActionPath) -> list[tuple[ActionPath, gym.Space]]:
+    if isinstance(space, gym.spaces.Dict):
+        return [
+            leaf
+            for key in sorted(space.spaces)  # dm-tree flattens dicts sorted
+            for leaf in _leaf_spaces(space[key], (*path, key))
+        ]
+    if isinstance(space, gym.spaces.Tuple):
+        return [leaf for i, s in enumerate(space.spaces) for leaf in _leaf_spaces(s, (*path, i))]
+    return [(path, space)]
 
-    Discrete -> (int64, ()), MultiDiscrete -> (int64, (k,)), Box -> (float32, (d,)).
-    """
-    space = _supported_action_space(action_space)
+
+def action_path_name(path: ActionPath) -> str:
+    """'move' for ("move",), 'move'/0 for ("move", 0): how errors name a leaf."""
+    return "/".join(repr(p) for p in path)
+
+
+def action_leaves(action_space: gym.Space) -> list[tuple[ActionPath, SupportedActionSpace]]:
+    """(path, leaf space) of every leaf in dm-tree order; a flat space is one leaf at ().
+
+    An unsupported leaf anywhere is one NotImplementedError line naming its path."""
+    leaves = _leaf_spaces(action_space, ())
+    for path, leaf in leaves:
+        if _supported_leaf(leaf):
+            continue
+        what = type(leaf).__name__ if not isinstance(leaf, SupportedActionSpace) else str(leaf)
+        if path == ():
+            raise NotImplementedError(
+                f"unsupported action space type {type(leaf).__name__} ({leaf}); "
+                f"supported: {_ACTION_SPACES}"
+            )
+        raise NotImplementedError(
+            f"action space {action_space}: leaf {action_path_name(path)} is {what}; "
+            f"supported leaves: {_ACTION_SPACES}"
+        )
+    if not leaves:
+        raise NotImplementedError(f"action space {action_space} has no leaves")
+    return leaves  # type: ignore[return-value]  # each leaf checked above
+
+
+def is_nested_action_space(action_space: gym.Space) -> bool:
+    return isinstance(action_space, (gym.spaces.Dict, gym.spaces.Tuple))
+
+
+def action_structure(action_space: gym.Space) -> Any:
+    """The space as a plain nest (dicts, tuples) of its leaf spaces: what
+    tree.unflatten_as builds actions with. A flat space is its own leaf."""
+    if isinstance(action_space, gym.spaces.Dict):
+        return {key: action_structure(s) for key, s in action_space.spaces.items()}
+    if isinstance(action_space, gym.spaces.Tuple):
+        return tuple(action_structure(s) for s in action_space.spaces)
+    return action_space
+
+
+def nest_actions(action_space: gym.Space, leaves: Sequence) -> Any:
+    """Leaf values in dm-tree order -> actions nested like the space (one leaf: itself)."""
+    if not is_nested_action_space(action_space):
+        return leaves[0]
+    return tree.unflatten_as(action_structure(action_space), list(leaves))
+
+
+def action_leaf_names(prefix: str, action_space: gym.Space) -> list[str]:
+    """Flat names of an action column's leaves, for flat columns and named tensors:
+    [prefix] for a flat space, prefix_0, prefix_move_1, ... for nested ones."""
+    leaves = action_leaves(action_space)
+    if not is_nested_action_space(action_space):
+        return [prefix]
+    return ["_".join([prefix, *map(str, path)]) for path, _ in leaves]
+
+
+def _leaf_dtype_and_shape(space: SupportedActionSpace) -> tuple[np.dtype, tuple[int, ...]]:
     if isinstance(space, gym.spaces.Discrete):
         return np.dtype(np.int64), ()
     if isinstance(space, gym.spaces.MultiDiscrete):
@@ -378,19 +440,86 @@ def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int
     return np.dtype(np.float32), tuple(space.shape)
 
 
+def action_leaf_specs(action_space: gym.Space) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """(dtype, per-row shape) of each leaf in dm-tree order: Discrete -> (int64, ()),
+    MultiDiscrete -> (int64, (k,)), Box -> (float32, (d,))."""
+    return [_leaf_dtype_and_shape(leaf) for _, leaf in action_leaves(action_space)]
+
+
+def action_dtype_and_shape(action_space: gym.Space) -> tuple[np.dtype, tuple[int, ...]]:
+    """dtype and per-row shape to allocate actions of a flat space with (nested
+    ones: action_leaf_specs, zero_actions)."""
+    if is_nested_action_space(action_space):
+        action_leaves(action_space)  # an unsupported leaf is named first
+        raise NotImplementedError(
+            f"action space {action_space} is nested: its actions have one dtype and "
+            "shape per leaf (spaces.action_leaf_specs)"
+        )
+    return action_leaf_specs(action_space)[0]
+
+
+def zero_actions(action_space: gym.Space, rows: int) -> Any:
+    """Zero actions for `rows` rows, nested like the space."""
+    return nest_actions(
+        action_space,
+        [np.zeros((rows, *shape), dtype) for dtype, shape in action_leaf_specs(action_space)],
+    )
+
+
+def action_leaf_values(action_space: gym.Space, actions: Any, column: str) -> list:
+    """The leaves of a batch of actions in dm-tree order, after a structure check
+    naming the column."""
+    if not is_nested_action_space(action_space):
+        return [actions]
+    try:
+        return tree.flatten_up_to(action_structure(action_space), actions)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"{column}: expected actions nested like {action_space}, got "
+            f"{_structure_text(actions)} ({str(error).splitlines()[0]})"
+        ) from None
+
+
+def _structure_text(value: Any) -> str:
+    return str(tree.map_structure(lambda leaf: type(leaf).__name__, value))
+
+
+def action_leaf_column(column: str, path: ActionPath) -> str:
+    """How errors name a leaf of an action column: actions['move'][0]."""
+    return column + "".join(f"[{p!r}]" for p in path)
+
+
 def check_actions(
     action_space: gym.Space, actions: Any, column: str = "actions", check_bounds: bool = True
 ) -> None:
     """Raises ValueError if a batch of actions does not fit the action space.
 
-    The message names the column, the expected and actual shape/dtype and,
-    for a bad value, the first offending row and its value. Discrete and
-    MultiDiscrete actions must be integers in [start, start + n). Box actions
-    must be <float>[B, d] without NaN and, when `check_bounds` is True, within
-    [low, high]; pass False where clipping them is the caller's job.
+    The message names the column (and leaf, e.g. actions['move']), the expected
+    and actual shape/dtype and, for a bad value, the first offending row and its
+    value. Discrete and MultiDiscrete actions must be integers in [start, start + n).
+    Box actions must be <float>[B, d] without NaN and, when `check_bounds` is True,
+    within [low, high]; pass False where clipping them is the caller's job. Nested
+    spaces: every leaf so, with the same number of rows.
     """
-    space = _supported_action_space(action_space)
-    array = _as_array(actions, column)
+    leaves = action_leaves(action_space)
+    values = action_leaf_values(action_space, actions, column)
+    rows = set()
+    for (path, space), value in zip(leaves, values):
+        array = _as_array(value, action_leaf_column(column, path))
+        _check_leaf_actions(space, array, action_leaf_column(column, path), check_bounds)
+        rows.add(array.shape[0])
+    if len(rows) > 1:
+        raise ValueError(
+            f"{column}: expected every leaf to have the same number of rows, got "
+            + ", ".join(
+                f"{action_path_name(p)}: {np.shape(v)[0]}" for (p, _), v in zip(leaves, values)
+            )
+        )
+
+
+def _check_leaf_actions(
+    space: SupportedActionSpace, array: np.ndarray, column: str, check_bounds: bool
+) -> None:
     if isinstance(space, gym.spaces.Box):
         expected = f"shape {_batch_shape(space.shape)} float dtype (like {space.dtype})"
         _check_rank_and_kind(array, space.shape, "fiu", column, expected)
@@ -422,13 +551,20 @@ def check_actions(
     _check_index_range(array, start, size, column, expected)
 
 
-def clip_actions(action_space: gym.Space, actions: Any) -> np.ndarray:
-    """A copy of the actions clipped to a Box's [low, high] (float32).
+def clip_actions(action_space: gym.Space, actions: Any) -> Any:
+    """A copy of the actions with each Box leaf clipped to its [low, high] (float32).
 
-    Discrete and MultiDiscrete actions have nothing to clip; they come back
-    as an unchanged copy.
+    Discrete and MultiDiscrete leaves have nothing to clip; they come back as an
+    unchanged copy.
     """
-    space = _supported_action_space(action_space)
-    if isinstance(space, gym.spaces.Box):
-        return np.clip(np.asarray(actions, np.float32), space.low, space.high).astype(np.float32)
-    return np.array(actions, copy=True)
+    leaves = action_leaves(action_space)
+    values = action_leaf_values(action_space, actions, "actions")
+    return nest_actions(
+        action_space,
+        [
+            np.clip(np.asarray(value, np.float32), space.low, space.high).astype(np.float32)
+            if isinstance(space, gym.spaces.Box)
+            else np.array(value, copy=True)
+            for (_, space), value in zip(leaves, values)
+        ],
+    )

@@ -3,10 +3,16 @@ numpy columns with a "loss_mask" column, counted in units.
 
 A unit is one row, or one padded sequence of T rows for recurrent models;
 sequence columns ("seq_lens", "state_in_*") have one row per unit.
+
+The tower stack carries one array per column, so a nested column (the actions of
+a Tuple or Dict action space, say) travels as one column per leaf, named
+`leaf_column(name, path)` ('actions@[0]', 'actions@["move"]'); `nest_columns`
+puts the leaves back together for the loss, which reads the column as it was.
 """
 
 from __future__ import annotations
 
+import json
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -72,13 +78,16 @@ def prepare_train_columns(
             preprocessor.check(batch[column], column=column)
             batch[column] = preprocessor.transform(batch[column])
     if SampleBatch.ACTIONS in batch:
-        spaces.check_actions(
-            layout.action_space, np.asarray(batch[SampleBatch.ACTIONS]), check_bounds=False
-        )
+        spaces.check_actions(layout.action_space, batch[SampleBatch.ACTIONS], check_bounds=False)
     for key in [k for k in batch if _drop_for_training(k, batch[k])]:
         del batch[key]
-    check_flat_columns(batch)
     check_finite_columns(batch)
+    nested = [k for k in batch if tree.is_nested(batch[k])]
+    leaves = flatten_nested_columns({k: batch[k] for k in nested})
+    for key in nested:
+        del batch[key]
+    for key, values in leaves.items():
+        batch[key] = values
     if num_state_tensors:
         return _sequence_columns(batch, num_state_tensors, layout.max_seq_len, fixed_seq_len)
     columns = {k: _as_tensor_array(k, v) for k, v in batch.items()}
@@ -143,17 +152,69 @@ def check_loss_columns(batch: SampleBatch, loss_columns: dict) -> None:
                 )
 
 
-def check_flat_columns(batch: dict) -> None:
-    """Every column left is one array: the tower stack carries no nested column but the
-    observations (flat once preprocessed), so one is an error naming it, not dropped."""
+# marks a leaf of a nested column: name, mark, the leaf's dm-tree path as JSON
+NEST_MARK = "@"
+
+
+def leaf_column(name: str, path: tuple) -> str:
+    """The flat column that carries the leaf at `path` of nested column `name`."""
+    return f"{name}{NEST_MARK}{json.dumps(list(path))}"
+
+
+def flatten_nested_columns(batch: dict) -> dict:
+    """The columns with each nested one replaced by one column per leaf (leaf_column
+    names). A nest the tower stack cannot carry (no arrays, a leaf without rows or
+    with another row count, a path of other than indices and string keys) is an
+    error naming the column."""
+    out = {}
     for name, values in batch.items():
-        paths = [tree_path for tree_path, _ in tree.flatten_with_path(values)]
-        if len(paths) != 1 or paths[0] != ():
+        if not tree.is_nested(values):
+            out[name] = values
+            continue
+        leaves = tree.flatten_with_path(values)
+        shapes = {tuple(p): np.shape(leaf) for p, leaf in leaves}
+        rows = {shape[0] if shape else None for shape in shapes.values()}
+        keys_ok = all(isinstance(k, (int, str)) for p in shapes for k in p)
+        if not leaves or len(rows) != 1 or None in rows or not keys_ok:
             raise ValueError(
-                f"train batch column {name!r} is nested ({len(paths)} arrays at "
-                f"{[list(p) for p in paths][:4]}); the tower stack takes one array per "
-                "column (only obs and new_obs may be nested), so it cannot reach the loss"
+                f"train batch column {name!r} is nested ({len(leaves)} arrays of shapes "
+                f"{ {action_path: s for action_path, s in list(shapes.items())[:4]} }); the "
+                "tower stack carries a nest of arrays with the same rows, indexed by "
+                "positions and string keys, so it cannot reach the loss"
             )
+        out.update({leaf_column(name, tuple(p)): leaf for p, leaf in leaves})
+    return out
+
+
+def nest_columns(columns: dict) -> dict:
+    """Leaf columns (leaf_column names) put back into their nested columns; a batch
+    without any comes back as it is."""
+    if not any(NEST_MARK in name for name in columns):
+        return columns
+    out: dict = {}
+    nests: dict = {}
+    for name, values in columns.items():
+        base, mark, path = name.partition(NEST_MARK)
+        if not mark:
+            out[name] = values
+            continue
+        node = nests.setdefault(base, {})
+        keys = json.loads(path)
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = values
+    out.update({base: _as_nest(node) for base, node in nests.items()})
+    return out
+
+
+def _as_nest(node):
+    """Dicts keyed 0..n-1 become tuples (dm-tree gives positions for sequences)."""
+    if not isinstance(node, dict):
+        return node
+    items = {key: _as_nest(value) for key, value in node.items()}
+    if all(isinstance(key, int) for key in items):
+        return tuple(items[i] for i in range(len(items)))
+    return items
 
 
 def _check_dist_inputs(batch: SampleBatch, width: int) -> None:

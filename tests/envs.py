@@ -102,6 +102,45 @@ class ContinuousEnv(gym.Env):
         return obs, 0.0, self.t >= self.length, False, {}
 
 
+class TargetAndAimEnv(gym.Env):
+    """Tuple(Discrete(3), Box(-1, 1, (2,))) actions that both count.
+
+    Each step shows a class c in {0, 1, 2} (one-hot); the reward is
+    [choice == c] - |aim - AIMS[c]|^2. So a step is worth 1 at best; a policy
+    ignoring the aim (the best constant aim, the AIMS' mean) earns at most
+    1 - AIM_VARIANCE = 0.35 a step, one ignoring the choice at most 1/3.
+    config: length (steps per episode, default 10).
+    """
+
+    AIMS = np.array([[0.8, 0.0], [-0.4, 0.7], [-0.4, -0.7]], np.float32)
+    AIM_VARIANCE = float(np.mean(np.sum((AIMS - AIMS.mean(0)) ** 2, axis=1)))
+
+    def __init__(self, config: dict | None = None):
+        self.length = int(dict(config or {}).get("length", 10))
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Tuple(
+            (gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,), np.float32))
+        )
+        self.t, self.target = 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        choice, aim = action
+        reward = float(int(choice) == self.target) - float(
+            np.sum((np.asarray(aim, np.float32) - self.AIMS[self.target]) ** 2)
+        )
+        self.t += 1
+        return self._obs(), reward, False, self.t >= self.length, {}
+
+    def _obs(self):
+        self.target = int(self.np_random.integers(3))
+        return np.eye(3, dtype=np.float32)[self.target]
+
+
 class BrokenEnvWorker:
     """Stands in for a rollout worker whose env raises in sample() (a bug, not a death)."""
 

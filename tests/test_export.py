@@ -1,7 +1,8 @@
 """export.py: the SavedModel acts as compute_actions does, in this process and in a
 fresh one without this package; model.onnx gives the same deterministic actions
 in onnxruntime. One MLP, one CNN (image obs, Box actions), one LSTM (state, previous
-action and reward), each exported once for the whole module."""
+action and reward), one LSTM with a nested (Dict of Box and Tuple) action space,
+each exported once for the whole module."""
 
 import json
 import site
@@ -13,9 +14,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+import tree
 from fakes import CELL, PGPolicy, fake_gpus, small_config
 
 from policy_service.io.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
+from policy_service.spaces import action_leaf_names, action_leaves, nest_actions
 
 OPSET = 17
 ROWS = 7
@@ -37,6 +40,20 @@ CASES = {
         gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
         gym.spaces.Discrete(3),
         {"use_lstm": True, "lstm_use_prev_action": True, "lstm_use_prev_reward": True},
+        {},
+    ),
+    # a nested action space: one prev_actions input and one actions output per leaf
+    "nested": (
+        gym.spaces.Box(-1.0, 1.0, (4,), np.float32),
+        gym.spaces.Dict(
+            {
+                "move": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                "pick": gym.spaces.Tuple(
+                    (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 4]))
+                ),
+            }
+        ),
+        {"use_lstm": True, "lstm_use_prev_action": True},
         {},
     ),
 }
@@ -61,12 +78,16 @@ def acting_inputs(policy, rows: int, seed: int) -> dict:
     named = {"obs": rng.uniform(space.low, space.high, (rows,) + space.shape).astype(np.float32)}
     for i in range(policy.num_state_tensors()):
         named[f"state_in_{i}"] = rng.normal(0.0, 0.5, (rows, CELL)).astype(np.float32)
-    actions = policy.action_space
-    named["prev_actions"] = (
-        rng.integers(0, actions.n, rows).astype(np.int64)
-        if isinstance(actions, gym.spaces.Discrete)
-        else rng.uniform(actions.low, actions.high, (rows,) + actions.shape).astype(np.float32)
-    )
+    for name, (_, leaf) in zip(
+        action_leaf_names("prev_actions", policy.action_space), action_leaves(policy.action_space)
+    ):
+        named[name] = (
+            rng.integers(0, leaf.n, rows).astype(np.int64)
+            if isinstance(leaf, gym.spaces.Discrete)
+            else rng.integers(0, leaf.nvec, (rows, len(leaf.nvec))).astype(np.int64)
+            if isinstance(leaf, gym.spaces.MultiDiscrete)
+            else rng.uniform(leaf.low, leaf.high, (rows,) + leaf.shape).astype(np.float32)
+        )
     named["prev_rewards"] = rng.normal(size=rows).astype(np.float32)
     return named
 
@@ -82,21 +103,27 @@ def acting_controls(explore: bool, timestep: int = 0, seed=(0, 0)) -> dict:
 def reference(policy, named: dict):
     """What the policy itself returns with explore=False."""
     states = [named[f"state_in_{i}"] for i in range(policy.num_state_tensors())] or None
+    space = policy.action_space
+    prev_actions = nest_actions(space, [named[n] for n in action_leaf_names("prev_actions", space)])
     return policy.compute_actions(
-        named["obs"], states, named["prev_actions"], named["prev_rewards"], explore=False
+        named["obs"], states, prev_actions, named["prev_rewards"], explore=False
     )
 
 
-def assert_actions_equal(policy, got, expected) -> None:
-    if isinstance(policy.action_space, gym.spaces.Box):
-        np.testing.assert_allclose(got, expected, rtol=RTOL, atol=ATOL)
-    else:
-        np.testing.assert_array_equal(got, expected)
+def assert_actions_equal(policy, got: dict, expected) -> None:
+    """got: named outputs (one per leaf of a nested space); expected: the policy's."""
+    space = policy.action_space
+    names = action_leaf_names("actions", space)
+    for name, (_, leaf), want in zip(names, action_leaves(space), tree.flatten(expected)):
+        if isinstance(leaf, gym.spaces.Box):
+            np.testing.assert_allclose(got[name], want, rtol=RTOL, atol=ATOL, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got[name], want, err_msg=name)
 
 
 def assert_matches_policy(policy, out: dict, named: dict, with_logp: bool = True) -> None:
     actions, state_outs, extra = reference(policy, named)
-    assert_actions_equal(policy, out["actions"], actions)
+    assert_actions_equal(policy, out, actions)
     for key in ("action_dist_inputs", "vf_preds"):
         np.testing.assert_allclose(out[key], extra[key], rtol=RTOL, atol=ATOL, err_msg=key)
     assert len(state_outs) == policy.num_state_tensors()
@@ -296,7 +323,13 @@ def run_onnx(session, named: dict) -> dict:
 def test_onnx_model_acts_deterministically_as_the_policy(exported, name):
     policy, directory = exported[name]
     session = onnx_session(directory)
-    reads_previous = ["prev_actions", "prev_rewards"] if policy.is_recurrent() else []
+    reads_previous = (
+        [*action_leaf_names("prev_actions", policy.action_space), "prev_rewards"]
+        if policy.is_recurrent()
+        else []
+    )
+    if name == "nested":  # an LSTM that reads previous actions, not rewards
+        reads_previous.remove("prev_rewards")
     assert sorted(i.name for i in session.get_inputs()) == sorted(
         ["obs", *reads_previous] + [f"state_in_{i}" for i in range(policy.num_state_tensors())]
     )

@@ -52,3 +52,37 @@ def test_a_model_of_another_version_is_refused(policy_and_tar):
         ExportedPolicy.from_tar(tar, 8, ENV.observation_space)
     with pytest.raises(ExportedModelError, match="not a tar"):
         ExportedPolicy.from_tar(b"not a tar", 7, ENV.observation_space)
+
+
+def test_a_nested_action_space_comes_back_nested(tmp_path):
+    space = gym.spaces.Dict(
+        {"move": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "pick": gym.spaces.Discrete(3)}
+    )
+    policy = PPOPolicy(
+        ENV.observation_space,
+        space,
+        {
+            "seed": 0,
+            "model": {
+                "fcnet_hiddens": [16],
+                "use_lstm": True,
+                "lstm_cell_size": 8,
+                "lstm_use_prev_action": True,
+            },
+        },
+    )
+    export_saved_model(policy, str(tmp_path / "model"))
+    tar = pack_model(tmp_path, weights_version=1, global_timestep=0)
+    exported = ExportedPolicy.from_tar(tar, 1, ENV.observation_space, False, action_space=space)
+    obs = np.random.default_rng(1).normal(size=(3, 4)).astype(np.float32)
+    prev = {"move": np.full((3, 2), 0.5, np.float32), "pick": np.array([0, 2, 1])}
+    states = policy.get_initial_state()
+    state_batch = [np.repeat(s[None], 3, axis=0) for s in states]
+    actions, state_outs = exported.act(obs, state_batch, prev, np.zeros(3, np.float32), 0)
+    expected, expected_states, _ = policy.compute_actions(
+        obs, state_batch, prev, np.zeros(3, np.float32), explore=False
+    )
+    assert set(actions) == {"move", "pick"}
+    np.testing.assert_array_equal(actions["pick"], expected["pick"])
+    np.testing.assert_allclose(actions["move"], expected["move"], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(state_outs[0], expected_states[0], rtol=1e-6, atol=1e-6)

@@ -286,7 +286,7 @@ def test_action_dtype_and_shape():
         Box(-1, 1, (2, 2)),
         Box(0, 5, (2,), np.int64),
         MultiDiscrete([[2, 3], [4, 5]]),
-        gym.spaces.Tuple((Discrete(2),)),
+        gym.spaces.Tuple((Discrete(2), MultiBinary(3))),
     ],
 )
 def test_unsupported_action_spaces_are_named(space):
@@ -357,3 +357,51 @@ def test_clip_actions_returns_a_clipped_copy():
     copy = clip_actions(Discrete(3), discrete)
     np.testing.assert_array_equal(copy, discrete)
     assert copy is not discrete
+
+
+# ----- nested action spaces
+
+NESTED = gym.spaces.Dict(
+    {"move": gym.spaces.Tuple((Discrete(3), Box(-1, 1, (2,)))), "pick": MultiDiscrete([2, 2])}
+)
+
+
+def test_nested_action_helpers_follow_dm_tree_order():
+    from policy_service.spaces import action_leaf_specs, action_leaves, zero_actions
+
+    assert [path for path, _ in action_leaves(NESTED)] == [("move", 0), ("move", 1), ("pick",)]
+    assert action_leaf_specs(NESTED) == [
+        (np.dtype(np.int64), ()),
+        (np.dtype(np.float32), (2,)),
+        (np.dtype(np.int64), (2,)),
+    ]
+    zeros = zero_actions(NESTED, 4)
+    assert zeros["move"][1].shape == (4, 2) and zeros["pick"].dtype == np.int64
+
+
+def test_nested_actions_are_checked_per_leaf_naming_it():
+    good = {"move": (np.array([0, 2]), np.zeros((2, 2), np.float32)), "pick": np.ones((2, 2))}
+    check_actions(NESTED, {**good, "pick": good["pick"].astype(np.int64)})
+    bad = {**good, "move": (np.array([0, 3]), good["move"][1]), "pick": np.ones((2, 2), np.int64)}
+    assert _error(check_actions, NESTED, bad).startswith(
+        "actions['move'][0]: expected shape (B,) integer dtype with values in [0, 3), "
+        "got shape (2,) dtype int64; row 1 has value 3"
+    )
+    assert "expected actions nested like" in _error(check_actions, NESTED, good["move"])
+
+
+def test_nested_clip_clips_box_leaves_only():
+    actions = {"move": (np.array([2]), np.array([[3.0, -3.0]])), "pick": np.array([[1, 0]])}
+    clipped = clip_actions(NESTED, actions)
+    np.testing.assert_array_equal(clipped["move"][1], [[1.0, -1.0]])
+    assert clipped["move"][0] is not actions["move"][0] and clipped["pick"].tolist() == [[1, 0]]
+
+
+def test_an_unsupported_leaf_is_named_by_its_path():
+    space = gym.spaces.Dict({"move": Discrete(3), "say": gym.spaces.Text(4)})
+    with pytest.raises(NotImplementedError) as raised:
+        check_actions(space, {})
+    assert str(raised.value) == (
+        f"action space {space}: leaf 'say' is Text; supported leaves: "
+        "Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
+    )

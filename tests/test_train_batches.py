@@ -1,5 +1,5 @@
-"""train_batches.py: a nested column the tower stack cannot carry is an error naming
-it, never dropped on the way to the loss."""
+"""train_batches.py: a nested column reaches the loss whole (one column per leaf on
+the way); one the tower stack cannot carry is an error naming it, never dropped."""
 
 from __future__ import annotations
 
@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 
 from policy_service import spaces
-from policy_service.train_batches import TrainLayout, prepare_train_columns
+from policy_service.train_batches import (
+    TrainLayout,
+    flatten_nested_columns,
+    leaf_column,
+    nest_columns,
+    prepare_train_columns,
+)
 
 LAYOUT = TrainLayout(
     spaces.make_preprocessor(gym.spaces.Box(-1, 1, (2,), np.float32)),
@@ -24,15 +30,40 @@ def batch(**columns) -> dict:
     return {"obs": np.zeros((rows, 2), np.float32), "actions": np.arange(rows), **columns}
 
 
-def test_a_nested_column_is_an_error_naming_it_and_its_arrays():
-    nested = {"a": np.ones(3, np.float32), "b": (np.zeros(3), np.zeros((3, 2)))}
+def test_a_nested_column_travels_as_leaf_columns_and_comes_back_whole():
+    nested = {"a": np.ones(3, np.float32), "b": (np.zeros(3), np.arange(6.0).reshape(3, 2))}
+    prepared = prepare_train_columns(batch(extra=nested), LAYOUT)
+    assert "extra" not in prepared.columns
+    assert {leaf_column("extra", p) for p in (("a",), ("b", 0), ("b", 1))} <= set(prepared.columns)
+    back = nest_columns(prepared.columns)["extra"]
+    assert isinstance(back, dict) and isinstance(back["b"], tuple)
+    np.testing.assert_array_equal(back["b"][1], nested["b"][1].astype(np.float32))
+    np.testing.assert_array_equal(back["a"], nested["a"])
+
+
+def test_a_nested_column_the_stack_cannot_carry_is_an_error_naming_it():
+    ragged = {"a": np.ones(3, np.float32), "b": np.zeros(2, np.float32)}
+    with pytest.raises(ValueError, match="'extra/b'"):  # SampleBatch's own row check
+        prepare_train_columns(batch(extra=ragged), LAYOUT)
     with pytest.raises(ValueError) as raised:
-        prepare_train_columns(batch(extra=nested), LAYOUT)
+        flatten_nested_columns({"extra": ragged})
     assert str(raised.value) == (
-        "train batch column 'extra' is nested (3 arrays at [['a'], ['b', 0], ['b', 1]]); "
-        "the tower stack takes one array per column (only obs and new_obs may be nested), "
-        "so it cannot reach the loss"
+        "train batch column 'extra' is nested (2 arrays of shapes {('a',): (3,), ('b',): (2,)}); "
+        "the tower stack carries a nest of arrays with the same rows, indexed by positions "
+        "and string keys, so it cannot reach the loss"
     )
+
+
+def test_nested_actions_are_checked_leaf_by_leaf():
+    layout = LAYOUT._replace(
+        action_space=gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,)))),
+        dist_inputs_width=7,
+    )
+    good = (np.array([0, 1, 2]), np.zeros((3, 2), np.float32))
+    prepared = prepare_train_columns(batch(actions=good), layout)
+    assert nest_columns(prepared.columns)["actions"][1].shape == (3, 2)
+    with pytest.raises(ValueError, match=r"actions\[0\]: expected shape \(B,\) integer"):
+        prepare_train_columns(batch(actions=(np.array([0, 1, 3]), good[1])), layout)
 
 
 def test_nested_observations_and_flat_columns_pass_and_infos_are_dropped():

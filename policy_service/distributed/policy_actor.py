@@ -23,6 +23,7 @@ import collections
 import dataclasses
 import logging
 import math
+import operator
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -51,7 +52,7 @@ class _ActionRequest(NamedTuple):
 
     obs: Any
     states: list | None
-    prev_actions: np.ndarray | None
+    prev_actions: Any  # None, or arrays nested like the action space
     prev_rewards: np.ndarray | None
     num_rows: int
 
@@ -199,13 +200,7 @@ class PolicyHost:
                     raise ValueError(f"state_batches[{i}] has NaN or inf")
                 states.append(state)
         if prev_actions is not None:
-            prev_actions = np.asarray(prev_actions)
-            _, shape = spaces.action_dtype_and_shape(self.policy.action_space)
-            if prev_actions.shape != (num_rows,) + shape:
-                raise ValueError(
-                    f"prev_action_batch: expected shape {(num_rows,) + shape}, "
-                    f"got {prev_actions.shape}"
-                )
+            prev_actions = self.policy.checked_actions(prev_actions, "prev_action_batch", num_rows)
         if prev_rewards is not None:
             prev_rewards = np.asarray(prev_rewards, np.float32)
             if prev_rewards.shape != (num_rows,):
@@ -222,9 +217,13 @@ class PolicyHost:
         )
         states = self._concat_states(requests)
         prev_actions = self._concat_optional(
-            requests, "prev_actions", *spaces.action_dtype_and_shape(self.policy.action_space)
+            requests,
+            "prev_actions",
+            lambda rows: spaces.zero_actions(self.policy.action_space, rows),
         )
-        prev_rewards = self._concat_optional(requests, "prev_rewards", np.float32, ())
+        prev_rewards = self._concat_optional(
+            requests, "prev_rewards", lambda rows: np.zeros(rows, np.float32)
+        )
         actions, state_outs, extra = self.policy.compute_actions(
             obs, states, prev_actions, prev_rewards, explore=explore, timestep=timestep
         )
@@ -236,7 +235,8 @@ class PolicyHost:
             end = start + request.num_rows
             own_extra = {k: v[start:end] for k, v in extra.items()}
             own_extra[WEIGHTS_VERSION] = version
-            results.append((actions[start:end], [s[start:end] for s in state_outs], own_extra))
+            own_actions = tree.map_structure(operator.itemgetter(slice(start, end)), actions)
+            results.append((own_actions, [s[start:end] for s in state_outs], own_extra))
             start = end
         return results
 
@@ -252,16 +252,17 @@ class PolicyHost:
         return [np.concatenate(parts, axis=0) for parts in zip(*per_request)]
 
     @staticmethod
-    def _concat_optional(requests, field: str, dtype, shape: tuple):
-        """Concatenate an optional input; callers that left it out get zeros."""
+    def _concat_optional(requests, field: str, zeros):
+        """Concatenate an optional input (maybe nested); callers that left it out get
+        `zeros(rows)`, which sets the dtypes."""
         values = [getattr(r, field) for r in requests]
         if all(v is None for v in values):
             return None
-        return np.concatenate(
-            [
-                np.zeros((r.num_rows,) + shape, dtype) if v is None else np.asarray(v, dtype)
-                for r, v in zip(requests, values)
-            ]
+        parts = [zeros(r.num_rows) if v is None else v for r, v in zip(requests, values)]
+        return tree.map_structure(
+            lambda like, *leaves: np.concatenate([np.asarray(x, like.dtype) for x in leaves]),
+            zeros(0),
+            *parts,
         )
 
     # ----- weights, learning, state --------------------------------------------------

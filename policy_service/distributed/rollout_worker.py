@@ -53,9 +53,9 @@ class PolicyStep(NamedTuple):
     acting: np.ndarray
     obs: Any
     states: list
-    prev_actions: np.ndarray
+    prev_actions: Any  # arrays nested like the action space
     prev_rewards: np.ndarray
-    actions: np.ndarray
+    actions: Any
     state_outs: list
     extra: dict
 
@@ -125,7 +125,10 @@ class RolloutWorker:
             self._check_remote_spaces(call_retrying_once(policy_actor.get_spaces))
             self._initial_state = call_retrying_once(policy_actor.get_initial_state)
         self._weights_version = 0
-        self._action_dtype, self._action_shape = spaces.action_dtype_and_shape(self.action_space)
+        # an unsupported leaf is named here, once; only Box leaves are clipped
+        self._clips_actions = any(
+            isinstance(leaf, gym.spaces.Box) for _, leaf in spaces.action_leaves(self.action_space)
+        )
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
         self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
         self._started = False
@@ -264,10 +267,10 @@ class RolloutWorker:
         self._episode_return = np.zeros(n, np.float64)
         self._episode_length = np.zeros(n, np.int64)
         self._states = [np.repeat(s[None], n, axis=0) for s in self._initial_state]
-        self._prev_actions = np.zeros((n,) + self._action_shape, self._action_dtype)
+        self._prev_actions = spaces.zero_actions(self.action_space, n)
         self._prev_rewards = np.zeros(n, np.float32)
         # Action given to sub-envs in their reset step (ignored by them).
-        self._env_actions = np.asarray(self._venv.action_space.sample())
+        self._env_actions = tree.map_structure(np.asarray, self._venv.action_space.sample())
         self._started = True
 
     def _step(self) -> dict | None:
@@ -277,12 +280,10 @@ class RolloutWorker:
         acted = self._act(acting) if len(acting) else None
         env_actions = self._env_actions
         if acted is not None:
-            env_actions = env_actions.copy()
-            env_actions[acting] = (
-                spaces.clip_actions(self.action_space, acted.actions)
-                if isinstance(self.action_space, gym.spaces.Box)
-                else acted.actions
-            )
+            actions = acted.actions
+            if self._clips_actions:
+                actions = spaces.clip_actions(self.action_space, actions)
+            env_actions = _with_rows(env_actions, acting, actions)
         start = time.perf_counter()
         new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
         self._timers["env_time_s"] += time.perf_counter() - start
@@ -302,7 +303,7 @@ class RolloutWorker:
         recurrent states and previous actions and rewards."""
         obs = _take(self._obs, acting)
         states = [s[acting] for s in self._states]
-        prev_actions, prev_rewards = self._prev_actions[acting], self._prev_rewards[acting]
+        prev_actions, prev_rewards = _take(self._prev_actions, acting), self._prev_rewards[acting]
         start = time.perf_counter()
         if self._policy_actor is None:
             result = self.policy.compute_actions(obs, states or None, prev_actions, prev_rewards)
@@ -320,10 +321,10 @@ class RolloutWorker:
         version = extra.pop(WEIGHTS_VERSION, None)
         if version is not None:
             self._versions.add(int(version))
-        actions = np.asarray(actions)
+        actions = tree.map_structure(np.asarray, actions)
         # every row carries the weights version that acted (the policy lag of async learners)
         acted = self._weights_version if version is None else int(version)
-        extra[WEIGHTS_VERSION] = np.full(len(actions), acted, np.int64)
+        extra[WEIGHTS_VERSION] = np.full(len(acting), acted, np.int64)
         return PolicyStep(
             acting,
             obs,
@@ -494,8 +495,13 @@ def _take(value, index):
     return tree.map_structure(lambda x: np.asarray(x)[index], value)
 
 
-def _with_rows(array: np.ndarray, rows: np.ndarray, values) -> np.ndarray:
-    """A copy of `array` with `rows` replaced by `values`."""
+def _with_rows(array, rows: np.ndarray, values):
+    """A copy of `array` (or of each leaf of a nest of arrays) with `rows` replaced
+    by `values` (a nest like it, or one value for every leaf)."""
+    if not isinstance(array, np.ndarray):
+        if not tree.is_nested(values):
+            values = tree.map_structure(lambda _: values, array)
+        return tree.map_structure(lambda a, v: _with_rows(a, rows, v), array, values)
     out = array.copy()
     out[rows] = values
     return out

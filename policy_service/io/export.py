@@ -8,6 +8,9 @@ per environment, B rows; every input is required):
                 timestep=tf.constant(0, tf.int64), seed=tf.constant([0, 0], tf.int64))
     out["actions"], out["vf_preds"], out["state_out_0"], ...
 
+A nested (Tuple, Dict) action space has one input and output per leaf, named
+by spaces.action_leaf_names: prev_actions_0, ..., actions_0, actions_move, ...
+
 `obs` is preprocessed (`policy.preprocessor.transform(obs_batch)`), not filtered: the
 policy's observation filter (MeanStdFilter) is part of the graph; recurrent models
 also take state_in_{i}, and a model that reads prev_actions or prev_rewards takes
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from policy_service import spaces
 from policy_service.io import checkpoints
 from policy_service.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
 from policy_service.sample_batch import SampleBatch
@@ -36,17 +40,35 @@ EXPLORATION_INPUTS = {
 
 
 def model_input_specs(policy) -> dict[str, tf.TensorSpec]:
-    """Named specs of what the model reads: obs, state_in_{i}, prev_actions, prev_rewards."""
+    """Named specs of what the model reads: obs, state_in_{i}, prev_actions (one per
+    leaf of a nested action space: prev_actions_0, ...), prev_rewards."""
     obs, states, prev_actions, prev_rewards = policy.acting_signature()
     specs = {SampleBatch.OBS: obs}
     specs.update({f"state_in_{i}": s for i, s in enumerate(states)})
-    specs[SampleBatch.PREV_ACTIONS] = prev_actions
+    specs.update(
+        zip(
+            spaces.action_leaf_names(SampleBatch.PREV_ACTIONS, policy.action_space),
+            tf.nest.flatten(prev_actions),
+        )
+    )
     specs[SampleBatch.PREV_REWARDS] = prev_rewards
     return {name: tf.TensorSpec(s.shape, s.dtype, name=name) for name, s in specs.items()}
 
 
-# inputs a model may leave unread: an export asks for them only when the model reads them
-OPTIONAL_INPUTS = (SampleBatch.PREV_ACTIONS, SampleBatch.PREV_REWARDS)
+def optional_inputs(action_space) -> list[str]:
+    """Inputs a model may leave unread: an export asks for them only when the model
+    reads them (prev_actions, each leaf on its own, and prev_rewards)."""
+    return [
+        *spaces.action_leaf_names(SampleBatch.PREV_ACTIONS, action_space),
+        SampleBatch.PREV_REWARDS,
+    ]
+
+
+def named_actions(action_space, actions) -> dict:
+    """Actions (nested like the space) as named outputs: "actions", or one per leaf
+    of a nested space (actions_0, actions_move, ...; spaces.action_leaf_names)."""
+    names = spaces.action_leaf_names(SampleBatch.ACTIONS, action_space)
+    return dict(zip(names, tf.nest.flatten(actions)))
 
 
 def filtered_observations(observation_filter, obs: tf.Tensor) -> tf.Tensor:
@@ -77,6 +99,7 @@ class ActingModule(tf.Module):
         self.model = policy.model
         self._policy = policy
         self._all_specs = model_input_specs(policy)
+        self._optional = optional_inputs(policy.action_space)
         self.model_specs = self._read_input_specs()
         self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
         self.act = tf.function(self._act, input_signature=list(self.act_specs.values()))
@@ -94,7 +117,7 @@ class ActingModule(tf.Module):
         unread = {
             name
             for name, placeholder in zip(specs, graph.inputs)
-            if name in OPTIONAL_INPUTS and not placeholder.consumers()
+            if name in self._optional and not placeholder.consumers()
         }
         return {name: spec for name, spec in self._all_specs.items() if name not in unread}
 
@@ -103,13 +126,20 @@ class ActingModule(tf.Module):
         states = tuple(named[f"state_in_{i}"] for i in range(policy.num_state_tensors()))
         obs = filtered_observations(policy.observation_filter, named[SampleBatch.OBS])
         rows = tf.shape(obs)[:1]
-        for name in OPTIONAL_INPUTS:
+        for name in self._optional:
             if name not in named:
                 spec = self._all_specs[name]
                 shape = tf.concat([rows, tf.constant(spec.shape[1:].as_list(), tf.int32)], 0)
                 named[name] = tf.zeros(shape, spec.dtype)
+        prev_actions = spaces.nest_actions(
+            policy.action_space,
+            [
+                named[n]
+                for n in spaces.action_leaf_names(SampleBatch.PREV_ACTIONS, policy.action_space)
+            ],
+        )
         input_dict = policy.acting_input_dict(
-            obs, states, named[SampleBatch.PREV_ACTIONS], named[SampleBatch.PREV_REWARDS]
+            obs, states, prev_actions, named[SampleBatch.PREV_REWARDS]
         )
         out = self.model(input_dict, training=False)
         dist = policy.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
@@ -129,7 +159,7 @@ class ActingModule(tf.Module):
         )
         result.update(
             {
-                SampleBatch.ACTIONS: actions,
+                **named_actions(self._policy.action_space, actions),
                 SampleBatch.ACTION_LOGP: logp,
                 SampleBatch.ACTION_PROB: tf.exp(logp),
             }
@@ -139,7 +169,7 @@ class ActingModule(tf.Module):
 
     def _act_deterministic(self, *flat):
         _, _, dist, result = self._model_pass(dict(zip(self.model_specs, flat)))
-        result[SampleBatch.ACTIONS] = dist.deterministic_sample()
+        result.update(named_actions(self._policy.action_space, dist.deterministic_sample()))
         return result
 
 
