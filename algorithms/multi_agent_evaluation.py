@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from algorithms import evaluation
+from algorithms import saved_policies
 from algorithms.multi_agent import make_multi_agent_env
 from policy_service.io.checkpoints import policy_state_dir
 from policy_service.io.space_codec import space_from_json
@@ -18,30 +18,32 @@ from policy_service.multi_agent.env import ALL, MultiAgentEnv, checked_step
 
 
 def load_multi_agent(
-    checkpoint: evaluation.LoadedCheckpoint, env: str | None
+    checkpoint: saved_policies.LoadedCheckpoint, env: str | None
 ) -> tuple[MultiAgentEnv, dict]:
     """The env (`env`, else the checkpoint's) and id -> policy for every policy an agent
     maps to, each agent's spaces checked against its policy's (one line naming both)."""
     assert checkpoint.config_file is not None and checkpoint.agent_policy_ids is not None
-    env_id, env_config = evaluation.environment_of(checkpoint, env)
+    env_id, env_config = saved_policies.environment_of(checkpoint, env)
     environment = make_multi_agent_env(env_id, env_config)
     try:
         policies = {}
         for agent, policy_id in checkpoint.agent_policy_ids.items():
             directory = policy_state_dir(checkpoint.config_file.parent, policy_id)
-            state = evaluation.saved_policy_state(evaluation.LoadedCheckpoint(directory, None))
+            state = saved_policies.saved_policy_state(
+                saved_policies.LoadedCheckpoint(directory, None)
+            )
             for name, spaces in (
                 ("observation_space", environment.observation_spaces),
                 ("action_space", environment.action_spaces),
             ):
                 wanted = space_from_json(state[name])
                 if spaces.get(agent) != wanted:
-                    raise evaluation.EnvironmentMismatch(
+                    raise saved_policies.EnvironmentMismatch(
                         f"environment {env_id!r}: agent {agent!r} has {name} "
                         f"{spaces.get(agent)}, its policy {policy_id!r} {wanted}"
                     )
             if policy_id not in policies:
-                policies[policy_id] = evaluation.policy_from_state(state, directory)
+                policies[policy_id] = saved_policies.policy_from_state(state, directory)
     except BaseException:
         environment.close()
         raise
@@ -69,7 +71,7 @@ def run_multi_agent_episodes(
             for agent, agent_obs in obs.items():
                 policy_id = agent_policy_ids.get(str(agent))
                 if policy_id is None:
-                    raise evaluation.CheckpointError(
+                    raise saved_policies.CheckpointError(
                         f"agent {agent!r} of the env was not mapped in training (agents "
                         f"{sorted(agent_policy_ids)}); evaluate cannot choose its policy"
                     )

@@ -140,7 +140,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()  # algorithms imports it; the replicas build the policy
-    from algorithms import evaluation
+    from algorithms import saved_policies
     from policy_service.io.checkpoints import newest_loadable
     from policy_service.serving import server
     from policy_service.serving.deployment import ServingSettings
@@ -158,11 +158,11 @@ def _serve(args: argparse.Namespace) -> int:
     )
     server.check_settings(address, settings)
     found, state = newest_loadable(
-        evaluation.checkpoint_candidates(args.checkpoint),
-        lambda d: evaluation.saved_policy_state(evaluation.locate_one(d, args.policy)),
+        saved_policies.checkpoint_candidates(args.checkpoint),
+        lambda d: saved_policies.saved_policy_state(saved_policies.locate_one(d, args.policy)),
         args.checkpoint,
-        skipped=(evaluation.CheckpointError,),
-        fatal=(evaluation.PolicyChoiceError,),
+        skipped=(saved_policies.CheckpointError,),
+        fatal=(saved_policies.PolicyChoiceError,),
     )
     token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
     return server.run_server(
