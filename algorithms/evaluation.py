@@ -194,7 +194,8 @@ def _load(
         env_name = env or (checkpoint.algorithm_config or {}).get("env")
         return ReadyPolicy(checkpoint, chosen, multi_env, env_name, policies)
     env_id, env_config = environment_of(checkpoint, env)
-    environment = _make_env(env_id, env_config)
+    preprocessor_pref = (checkpoint.algorithm_config or {}).get("preprocessor_pref", "deepmind")
+    environment = _make_env(env_id, env_config, preprocessor_pref)
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
         check_spaces_fit(
@@ -439,15 +440,15 @@ def environment_of(checkpoint: LoadedCheckpoint, env: str | None) -> tuple[str, 
     return env_id, env_config
 
 
-def _make_env(env_id: str, env_config: dict):
+def _make_env(env_id: str, env_config: dict, preprocessor_pref: str | None):
+    """The env the checkpoint's policy plays, preprocessed as it was in training."""
     import gymnasium as gym
 
     from algorithms import environments
 
     try:
-        if environments.is_registered_env(env_id):
-            return environments.env_maker(env_id)(env_config)
-        return gym.make(env_id, **env_config)
+        maker = environments.env_maker(env_id, preprocessor_pref)
+        return gym.make(maker, **env_config) if isinstance(maker, str) else maker(env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None
 
