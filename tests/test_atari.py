@@ -116,7 +116,7 @@ def test_fragments_keep_observations_uint8_and_the_default_cnn_acts_on_them():
 # A uint8 Box takes integer observations only (spaces.py), at the PolicyActor's and the
 # learners' compute_actions and in every train batch: a run that trains in a mode got
 # its observations there as integers, not as float32.
-@pytest.mark.slow  # ~40 s each on a loaded 2-core machine (Ray, a remote runner)
+@pytest.mark.slow  # 5-12 s each on a quiet 2-core machine, 39-44 s loaded (Ray, a remote runner)
 @pytest.mark.parametrize("inference", ["env_runners", "policy_actors", "learners"])
 def test_appo_trains_an_iteration_on_pong(ray_local, inference):
     config = {
