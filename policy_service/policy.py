@@ -433,10 +433,10 @@ class TFPolicy(BatchLearning):
         return schedule_value(schedule, self.timestep_variable)
 
     def _tower_loss(self, batch):
-        return self.loss(self.model, self.dist_class, batch)
+        return self.loss(self.model, self.dist_class, float_observations(batch))
 
     def _tower_stats(self, batch, losses, loss_stats: dict) -> dict:
-        stats = {**self.stats(batch), **loss_stats}
+        stats = {**self.stats(float_observations(batch)), **loss_stats}
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 
@@ -821,6 +821,18 @@ class TFPolicy(BatchLearning):
         except Exception:
             self.set_weights(before)
             raise
+
+
+def float_observations(batch: dict) -> dict:
+    """A tower's batch with integer observation columns (uint8 frames, which stay
+    compact on their way to the device: spaces.transform_compact) cast to float32,
+    as models and losses take observations."""
+    cast = {
+        column: tf.cast(batch[column], tf.float32)
+        for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS)
+        if column in batch and batch[column].dtype.is_integer
+    }
+    return {**batch, **cast} if cast else batch
 
 
 def _checked_rng_state(value, name: str) -> np.ndarray:

@@ -69,8 +69,7 @@ def prepare_train_columns(
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
-            preprocessor.check(batch[column], column=column)
-            batch[column] = preprocessor.transform(batch[column])
+            batch[column] = preprocessor.transform_compact(batch[column], column=column)
     if SampleBatch.ACTIONS in batch:
         spaces.check_actions(
             layout.action_space, np.asarray(batch[SampleBatch.ACTIONS]), check_bounds=False

@@ -113,6 +113,27 @@ def test_fragments_keep_observations_uint8_and_the_default_cnn_acts_on_them():
     assert len(conv_layers) == 4  # the Nature-CNN-sized default: 3 convs, then flatten
 
 
+def test_train_batches_keep_frames_uint8_up_to_the_compiled_step():
+    worker = RolloutWorker(
+        atari.AtariEnvCreator(PONG),
+        APPOPolicy,
+        {"rollout_fragment_length": 8, "train_batch_size": 16, "model": TINY_CNN},
+        num_envs=2,
+        rollout_fragment_length=8,
+    )
+    try:
+        batch = worker.sample()[0]
+        policy = worker.policy
+        train = policy.train_columns(batch)
+        _, stats = policy.compute_gradients(batch)
+    finally:
+        worker.stop()
+    # a quarter of float32's bytes to the device; cast there (policy.float_observations)
+    assert train.columns[SampleBatch.OBS].dtype == np.uint8
+    assert train.columns[SampleBatch.NEXT_OBS].dtype == np.uint8
+    assert np.isfinite(stats["policy_loss"]) and stats["valid_rows"] == 16
+
+
 # A uint8 Box takes integer observations only (spaces.py), at the PolicyActor's and the
 # learners' compute_actions and in every train batch: a run that trains in a mode got
 # its observations there as integers, not as float32.
