@@ -12,6 +12,10 @@ SERVE = ["ray[serve]>=2.60"]
 # continuous control on gymnasium's MuJoCo envs (HalfCheetah-v5, Hopper-v5; the mujoco
 # wheel); in "dev" so that CI's venv can run SAC on them
 MUJOCO = ["gymnasium[mujoco]>=1.0"]
+# Atari (ALE/Pong-v5, any "ALE/..." id) with DeepMind's preprocessing: ale-py ships the
+# ROMs, gymnasium's AtariPreprocessing resizes with OpenCV (headless: no GUI libraries);
+# in "dev" so that CI runs tests/test_atari.py rather than skipping it
+ATARI = ["ale-py>=0.9", "opencv-python-headless>=4.8"]
 # PettingZoo envs (Parallel and AEC) as MultiAgentEnvs, and the MPE envs (simple_spread),
 # which moved from pettingzoo.mpe to the mpe2 package in PettingZoo 1.27. mpe2 requires
 # pygame-ce, which installs the same `pygame` package the classic games import: listing
@@ -49,11 +53,13 @@ setup(
             *SERVE,
             *MUJOCO,
             *MULTIAGENT,
+            *ATARI,
         ],
         "onnx": ONNX,
         "serve": SERVE,
         "mujoco": MUJOCO,
         "multiagent": MULTIAGENT,
+        "atari": ATARI,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 
 from algorithms.environments import env_maker
-from policy_service import observation_filters
+from policy_service import atari, observation_filters
 from policy_service.config import (
     ConfigError,
     PolicyConfig,
@@ -83,6 +83,13 @@ class AlgorithmConfig(PolicyConfig):
         None, doc='Gymnasium id, "module:EnvId", or a name given to register_env.'
     )
     env_config: dict = setting(doc="Keyword arguments of the env.", factory=dict)
+    preprocessor_pref: str | None = setting(
+        "deepmind",
+        doc='"deepmind": Atari envs ("ALE/...") get DeepMind\'s preprocessing (4-frame '
+        "skip, 84x84 grayscale, no-op starts, 4 frames stacked: policy_service/atari.py); "
+        "None: the env as gym.make gives it. Other envs are never changed.",
+        check=Rule("'deepmind' or None", lambda v: v in ("deepmind", None)),
+    )
     num_env_runners: int = setting(
         0, doc="Rollout worker actors; 0 samples in this process.", check=integer(ge=0)
     )
@@ -189,6 +196,11 @@ class AlgorithmConfig(PolicyConfig):
                         f"(multi-agent runs sample in the driver for now), got "
                         f"{getattr(self, key)!r}"
                     )
+        if self.preprocessor_pref == "deepmind" and atari.is_atari_id(self.env):
+            try:
+                atari.check_env_config(self.env, self.env_config)
+            except atari.AtariSetupError as err:
+                raise ConfigError(str(err)) from None
         self.check_fits_in_memory(
             "train_batch_size",
             self.train_batch_size * MIN_ROW_BYTES,
@@ -576,7 +588,7 @@ class Algorithm:
             self._ray_started = True
 
     def _env(self):
-        return env_maker(self._env_name)
+        return env_maker(self._env_name, self.config.preprocessor_pref)
 
     def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup | ExternalEnvRunners:
         from policy_service.distributed.env_runner_group import EnvRunnerGroup

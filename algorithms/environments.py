@@ -1,4 +1,5 @@
-"""Environments by name: gymnasium ids, "module:EnvId", "pettingzoo:<module>.<env_fn>"
+"""Environments by name: gymnasium ids, "module:EnvId", "ALE/<Game>-v5" (ale-py, with
+DeepMind's preprocessing unless preprocessor_pref is None), "pettingzoo:<module>.<env_fn>"
 and names given to register_env; and the checks that a name and its env_config fit,
 before a run starts."""
 
@@ -12,6 +13,7 @@ from collections.abc import Callable
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
+from policy_service import atari
 from policy_service.errors import UserError, one_line
 from policy_service.multi_agent import pettingzoo_env
 
@@ -39,9 +41,15 @@ def is_registered_env(name: str) -> bool:
     return name in _ENV_CREATORS
 
 
-def env_maker(name: str):
-    """What env runners build envs from: the registered creator, else the name itself."""
-    return _ENV_CREATORS.get(name, name)
+def env_maker(name: str, preprocessor_pref: str | None = "deepmind"):
+    """What env runners build envs from: the registered creator; for an ALE id an
+    AtariEnvCreator (DeepMind's preprocessing when preprocessor_pref is "deepmind");
+    else the name itself (gym.make)."""
+    if name in _ENV_CREATORS:
+        return _ENV_CREATORS[name]
+    if atari.is_atari_id(name):
+        return atari.AtariEnvCreator(name, deepmind=preprocessor_pref == "deepmind")
+    return name
 
 
 def check_env_id(env: str) -> None:
@@ -56,6 +64,11 @@ def check_env_id(env: str) -> None:
         except pettingzoo_env.PettingZooEnvError as err:
             raise EnvironmentSetupError(str(err)) from None
         return
+    if atari.is_atari_id(env):
+        try:
+            atari.register_ale_envs(env)
+        except atari.AtariSetupError as err:
+            raise EnvironmentSetupError(str(err)) from None
     module, sep, env_id = env.rpartition(":")
     if sep:
         try:
@@ -74,12 +87,18 @@ def check_env_from_file(env, source, allowed: tuple[str, ...] = ()) -> None:
     """An environment name read from a file (`source`: a checkpoint's or a run's) is
     allowed only when nothing is imported for it: a name given to register_env, a
     gymnasium id already registered (a "module:EnvId" whose module is already
-    imported), or one of `allowed`, the names the user gave on this command line.
+    imported), an ALE id (importing ale-py, the one module such a name imports), or one
+    of `allowed`, the names the user gave on this command line.
     Else an error naming the file and the environment; nothing was imported."""
     if not isinstance(env, str) or not env:
         raise EnvironmentSetupError(f"{source}: 'env' must be an environment name, got {env!r}")
     if env in allowed or is_registered_env(env):
         return
+    if atari.is_atari_id(env):
+        try:
+            atari.register_ale_envs(env)
+        except atari.AtariSetupError as err:
+            raise EnvironmentSetupError(f"{source}: {err}") from None
     module, sep, env_id = env.rpartition(":")
     if env_id in gym.registry and (not sep or module in sys.modules):
         return

@@ -108,7 +108,8 @@ def _load(
         env_name = env or (checkpoint.algorithm_config or {}).get("env")
         return ReadyPolicy(checkpoint, chosen, multi_env, env_name, policies)
     env_id, env_config = environment_of(checkpoint, env)
-    environment = _make_env(env_id, env_config)
+    preprocessor_pref = (checkpoint.algorithm_config or {}).get("preprocessor_pref", "deepmind")
+    environment = _make_env(env_id, env_config, preprocessor_pref)
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
         check_spaces_fit(
@@ -299,14 +300,14 @@ def check_export_target(out: str, force: bool) -> None:
         raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
-def _make_env(env_id: str, env_config: dict):
+def _make_env(env_id: str, env_config: dict, preprocessor_pref: str | None):
+    """The env the checkpoint's policy plays, preprocessed as it was in training."""
     import gymnasium as gym
 
     from algorithms import environments
 
     try:
-        if environments.is_registered_env(env_id):
-            return environments.env_maker(env_id)(env_config)
-        return gym.make(env_id, **env_config)
+        maker = environments.env_maker(env_id, preprocessor_pref)
+        return gym.make(maker, **env_config) if isinstance(maker, str) else maker(env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None

@@ -457,10 +457,10 @@ class TFPolicy(BatchLearning):
         return schedule_value(schedule, self.timestep_variable)
 
     def _tower_loss(self, batch):
-        return self.loss(self.model, self.dist_class, nest_columns(batch))
+        return self.loss(self.model, self.dist_class, _loss_columns(batch))
 
     def _tower_stats(self, batch, losses, loss_stats: dict) -> dict:
-        stats = {**self.stats(nest_columns(batch)), **loss_stats}
+        stats = {**self.stats(_loss_columns(batch)), **loss_stats}
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 
@@ -845,6 +845,24 @@ class TFPolicy(BatchLearning):
         except Exception:
             self.set_weights(before)
             raise
+
+
+def _loss_columns(batch: dict) -> dict:
+    """A tower's batch as losses and stats read it: observations as floats, nested
+    columns put back together."""
+    return nest_columns(float_observations(batch))
+
+
+def float_observations(batch: dict) -> dict:
+    """A tower's batch with integer observation columns (uint8 frames, which stay
+    compact on their way to the device: spaces.transform_compact) cast to float32,
+    as models and losses take observations."""
+    cast = {
+        column: tf.cast(batch[column], tf.float32)
+        for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS)
+        if column in batch and batch[column].dtype.is_integer
+    }
+    return {**batch, **cast} if cast else batch
 
 
 def _checked_rng_state(value, name: str) -> np.ndarray:

@@ -123,6 +123,12 @@ class ObservationPreprocessor:
         arrays, _ = self._validate(obs_batch, column)
         return self._encode(arrays)
 
+    def transform_compact(self, obs_batch: Any, column: str = "obs") -> np.ndarray:
+        """`transform`, except that integer images stay integer (uint8 frames: a
+        quarter of float32's bytes on the way to a device); the policy casts them to
+        float32 inside its compiled step, before the model sees them."""
+        return self.transform(obs_batch, column)
+
     def transform_single(self, obs: Any, column: str = "obs") -> np.ndarray:
         """Preprocesses one unbatched observation: <float32>[*shape]."""
         return self.transform(self._batch_of_one(obs, column), column)[0]
@@ -177,6 +183,12 @@ class _BoxPreprocessor(ObservationPreprocessor):
 
     def _encode(self, array):
         return array.astype(np.float32, copy=False).reshape((array.shape[0], *self.shape))
+
+    def transform_compact(self, obs_batch, column="obs"):
+        array, _ = self._validate(obs_batch, column)
+        if self._kinds == _REAL_KINDS or not is_image_space(self.space):
+            return self._encode(array)
+        return array
 
 
 class _IndexPreprocessor(ObservationPreprocessor):

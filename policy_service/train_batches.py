@@ -75,8 +75,7 @@ def prepare_train_columns(
     batch = batch.copy(shallow=True)
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
-            preprocessor.check(batch[column], column=column)
-            batch[column] = preprocessor.transform(batch[column])
+            batch[column] = preprocessor.transform_compact(batch[column], column=column)
     if SampleBatch.ACTIONS in batch:
         spaces.check_actions(layout.action_space, batch[SampleBatch.ACTIONS], check_bounds=False)
     for key in [k for k in batch if _drop_for_training(k, batch[k])]:

@@ -138,6 +138,27 @@ def test_async_training_smoke_ours(tmp_path):
 
 
 @pytest.mark.slow
+def test_atari_throughput_smoke(tmp_path):
+    pytest.importorskip("ale_py", reason="ale-py is not installed: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="OpenCV is not installed: pip install -e '.[atari]'")
+    records = run_smoke("atari_throughput", tmp_path)
+    by_workload = {r["workload"]: r for r in measurements(records)}
+    assert by_workload["env_step"]["cpu_s_per_frame"] > 0
+    assert by_workload["train"]["obs_dtype"] == "uint8"  # 4x fewer bytes than float32
+    assert by_workload["train"]["cpu_s_per_sample_pass"] > 0
+    throughput = by_workload["throughput"]
+    assert throughput["env_frames_sampled_per_s"] == pytest.approx(
+        4 * throughput["agent_steps_sampled_per_s"]
+    )
+    assert throughput["samples_trained_per_s"] > 0
+    (estimate,) = [r for r in records if r.get("workload") == "estimate"]
+    assert estimate["frames_per_s_sampled_and_trained"] == min(
+        estimate["frames_per_s_env_bound"], estimate["frames_per_s_gpu_bound"]
+    )
+    assert (tmp_path / "atari_throughput.png").exists()
+
+
+@pytest.mark.slow
 def test_compare_rllib_smoke(tmp_path):
     """Needs RLlib's own venv; the script creates it (pip) when missing."""
     records = run_smoke("compare_rllib", tmp_path, timeout=1800)

@@ -61,6 +61,21 @@ def test_image_box_is_kept_as_image_and_not_rescaled():
     assert_exact(out, obs.astype(np.float32))
 
 
+def test_compact_keeps_integer_images_and_casts_everything_else_to_float32():
+    frames = np.arange(2 * 4 * 4 * 2, dtype=np.uint8).reshape(2, 4, 4, 2)
+    compact = make_preprocessor(gym.spaces.Box(0, 255, (4, 4, 2), np.uint8)).transform_compact(
+        frames
+    )
+    assert compact.dtype == np.uint8 and np.array_equal(compact, frames)
+    flat = make_preprocessor(gym.spaces.Box(0, 255, (3,), np.uint8))
+    assert flat.transform_compact(np.ones((2, 3), np.uint8)).dtype == np.float32
+    image = make_preprocessor(gym.spaces.Box(0, 1, (4, 4, 2), np.float32))
+    assert image.transform_compact(frames.astype(np.float32)).dtype == np.float32
+    with pytest.raises(ValueError, match="obs"):
+        compact = make_preprocessor(gym.spaces.Box(0, 255, (4, 4, 2), np.uint8))
+        compact.transform_compact(frames.astype(np.float32))  # checked like transform
+
+
 def test_is_image_space_only_for_rank_three_boxes():
     assert not is_image_space(Box(0, 1, (84, 84)))
     assert not is_image_space(Box(0, 1, (4,)))
