@@ -181,7 +181,8 @@ BAD_LEARNING_CALLS = {
     "gradients_none": (
         lambda p: p.apply_gradients(None),
         TypeError,
-        "gradients must be a list of arrays, one per trainable variable",
+        "gradients must be a list of arrays, one per trainable variable (as "
+        "compute_gradients returns it), got NoneType",
     ),
 }
 
@@ -733,6 +734,8 @@ def test_submit_refuses_plain_http_to_another_host_unless_insecure(
 ):
     assert cli.main(["submit", "--address", address, "--", "true"]) == 2
     line = _one_line(capsys)
+    host = address.split("//")[-1].rsplit(":", 1)[0].strip("[]")
+    assert line.startswith(f"policy-service: error: --address {address}: plain http:// to {host}")
     assert "which is not this machine, would send the cluster token unencrypted" in line
     assert "--insecure" in line and no_cluster_contacted == []
     assert cli.main(["submit", "--address", address, "--insecure", "--", "true"]) == 2

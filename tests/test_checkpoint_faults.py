@@ -349,7 +349,7 @@ def corrupted_run(request, trained_run, tmp_path):
 
 def test_a_corrupted_checkpoint_is_one_line_and_evaluate_falls_back(corrupted_run, capsys):
     run_dir, newest, reason = corrupted_run
-    assert cli.main(["evaluate", str(newest), "--episodes", "1"]) != 0
+    assert cli.main(["evaluate", str(newest), "--episodes", "1"]) == 2  # the file, not the run
     assert reason in one_error_line(capsys.readouterr().err)
 
     assert cli.main(["evaluate", str(run_dir), "--episodes", "1"]) == 0
@@ -681,11 +681,11 @@ HISTORY_BENDERS = {
     ),
     "dir_symlink_outside": (
         lambda run: _replace_with_link(run / NEWEST, _other_run(run) / NEWEST),
-        "a symlink to ",
+        f"{NEWEST.name}: a symlink to ",  # the entry named, then where it points
     ),
     "npz_symlink_outside": (
         lambda run: _replace_with_link(run / NEWEST / ARRAYS, _other_run(run) / NEWEST / ARRAYS),
-        "a symlink to ",
+        f"{ARRAYS.name}: a symlink to ",
     ),
 }
 DEFEATS_READERS = {
@@ -771,6 +771,7 @@ def test_restore_refuses_each_checkpoint_that_bends_history_or_defeats_readers(
     "case",
     [
         "iteration_not_its_name",
+        "dir_symlink_to_older",
         "npz_symlink_outside",
         "json_100k_deep",
         "npz_header_claims_1e11_floats",

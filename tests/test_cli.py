@@ -98,7 +98,7 @@ def bad_input_results(command_results):
 def test_bad_input_is_one_clear_line(bad_input_results, case):
     code, out, err = bad_input_results[case]
     lines = err.strip().splitlines()
-    assert code != 0
+    assert code == 2  # the input is wrong, not the run
     assert "Traceback" not in err
     assert len(lines) == 1, err
     assert lines[0].startswith("policy-service: error:")
