@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.harness import REPO, child_env, versions
@@ -24,40 +25,38 @@ RLLIB_ENV = {"TF_USE_LEGACY_KERAS": "1"}
 def ensure_rllib_venv(path: Path = RLLIB_VENV) -> str:
     """A separate virtualenv with `ray[rllib]` at our Ray and TF versions, so its pins
     never touch our environment. Created on first use; returns its python."""
-    python = path / "bin" / "python"
-    if python.exists() and _importable(str(python), "import ray.rllib, tf_keras"):
-        return str(python)
-    ours = versions()
-    tf_version = ours.get("tensorflow")
-    pins = [
-        f"ray[rllib]=={ours['ray']}" if ours.get("ray") else "ray[rllib]",
-        f"tensorflow=={tf_version}" if tf_version else "tensorflow",
-        # tf_keras releases follow TF's minor versions
-        f"tf_keras~={'.'.join(tf_version.split('.')[:2])}.0" if tf_version else "tf_keras",
-    ]
-    return _install(path, pins, "import ray.rllib, tf_keras")
+
+    def pins(ours: dict) -> list[str]:
+        tf_version = ours.get("tensorflow")
+        return [
+            f"tensorflow=={tf_version}" if tf_version else "tensorflow",
+            # tf_keras releases follow TF's minor versions
+            f"tf_keras~={'.'.join(tf_version.split('.')[:2])}.0" if tf_version else "tf_keras",
+        ]
+
+    return _ensure(path, "import ray.rllib, tf_keras", pins)
 
 
 def ensure_rllib_torch_venv(path: Path = RLLIB_TORCH_VENV) -> str:
     """A separate virtualenv with `ray[rllib]` at our Ray version and torch, for RLlib's
     new API stack. Created on first use; returns its python."""
+    return _ensure(path, "import ray.rllib, torch", lambda ours: ["torch"])
+
+
+def _ensure(path: Path, check: str, pins: Callable[[dict], list[str]]) -> str:
+    """The venv at `path`'s python once `check` imports there; else (re)installed with
+    ray[rllib] at our Ray version and `pins(our versions)`."""
     python = path / "bin" / "python"
-    check = "import ray.rllib, torch"
     if python.exists() and _importable(str(python), check):
         return str(python)
-    ray_version = versions().get("ray")
-    pins = [f"ray[rllib]=={ray_version}" if ray_version else "ray[rllib]", "torch"]
-    return _install(path, pins, check)
-
-
-def _install(path: Path, pins: list[str], check: str) -> str:
-    python = path / "bin" / "python"
+    ours = versions()
+    wanted = [f"ray[rllib]=={ours['ray']}" if ours.get("ray") else "ray[rllib]", *pins(ours)]
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *pins], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *wanted], check=True)
     if not _importable(str(python), check):
-        raise RuntimeError(f"installed {pins} into {path} but `{check}` fails")
+        raise RuntimeError(f"installed {wanted} into {path} but `{check}` fails")
     return str(python)
 
 
