@@ -354,14 +354,15 @@ def run_ppo(args) -> dict:
     rng = random.Random(args.seed)
     stop = threading.Event()
     kills = {"workers": 0, "policy_actor": 0, "learners": 0}
+    # the kills the killer below makes, by its own conditions
     asked = [
         kind
-        for kind, every in (
-            ("workers", args.kill_worker_every),
-            ("policy_actor", args.kill_actor_at),
-            ("learners", args.kill_learner_every),
+        for kind, makes in (
+            ("workers", bool(args.kill_worker_every)),
+            ("policy_actor", args.kill_actor_at is not None),
+            ("learners", bool(args.kill_learner_every)),
         )
-        if every is not None and every > 0
+        if makes
     ]
     last_kill_iteration = [-1]
     last_learner_kill_iteration = [-1]
