@@ -176,15 +176,17 @@ def _throughput(algo, counters, spec: dict) -> dict:
 
 
 def _to_target(algo, counters, spec: dict, start: float) -> dict:
+    def reached(ret) -> bool:
+        return ret is not None and not math.isnan(ret) and ret >= spec["target"]
+
     now = {}
     while time.perf_counter() - start < spec["max_seconds"]:
         now = counters(algo, algo.train())
-        ret = now["return"]
-        if ret is not None and not math.isnan(ret) and ret >= spec["target"]:
+        if reached(now["return"]):
             break
     ret = now.get("return")
     return {
-        "reached": ret is not None and not math.isnan(ret) and ret >= spec["target"],
+        "reached": reached(ret),
         "wall_s": time.perf_counter() - start,
         "env_steps": now.get("sampled"),
         "final_return": ret,
