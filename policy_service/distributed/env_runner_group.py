@@ -41,7 +41,7 @@ from policy_service.distributed.restarts import (
     is_actor_death,
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.errors import RunFailure, one_line, restart_budget_spent
+from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 DEFAULT_MAX_RESTARTS = 100
@@ -247,7 +247,7 @@ class EnvRunnerGroup:
                 results[slot] = ray.get(ready[0])
             except (RayActorError, RayTaskError) as error:
                 if not is_actor_death(error):
-                    self._raise_policy_actor_failure(error)
+                    self.raise_if_policy_actor_gone(error)
                     raise  # the worker's own code raised
                 self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
@@ -289,7 +289,7 @@ class EnvRunnerGroup:
             result = [ray.get(ref)]
         except (RayActorError, RayTaskError) as error:
             if not is_actor_death(error):
-                self._raise_policy_actor_failure(error)
+                self.raise_if_policy_actor_gone(error)
                 raise  # the worker's own code raised; its slot is asked again next call
             if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
                 self._restart(slot, restarts, "sample_async()", error)
@@ -308,8 +308,9 @@ class EnvRunnerGroup:
         worker = self.workers[slot]
         self._in_flight[worker.sample.remote()] = (slot, worker)
 
-    def _raise_policy_actor_failure(self, error: BaseException) -> None:
-        """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
+    def raise_if_policy_actor_gone(self, error: BaseException) -> None:
+        """A worker's call failed because the PolicyActor is gone for good: one line
+        (EnvRunnerFailure), not Ray's traceback; else nothing."""
         if self._served_policy is not None and died_of_actor_death(error):
             raise self._policy_actor_failure(error) from None
 
@@ -319,6 +320,7 @@ class EnvRunnerGroup:
         return bool(self._inference_actors) and died_of_actor_death(error)
 
     def _policy_actor_failure(self, error: BaseException) -> EnvRunnerFailure:
+        error = own_error(error)  # the death a worker's call met, not the worker's task
         return EnvRunnerFailure(
             f"the PolicyActor is gone: Ray restarted it {self.num_policy_actor_restarts()} "
             f"times (max_policy_actor_restarts={self.max_policy_actor_restarts}); last: "
