@@ -108,13 +108,16 @@ class FragmentStream:
 
     def top_up(self) -> None:
         """Ask every remote runner for fragments until it has the maximum in flight
-        (the local worker: for one, sampled by the next `collect`); not those
-        waiting for a new acting actor."""
-        self._local_asked = self.env_runners.local_worker is not None
+        (the worker in this process, when it samples: for one, sampled by the next
+        `collect`); not those waiting for a new acting actor."""
+        self._local_asked = self.env_runners.samples_in_driver()
+        now = time.monotonic()
+        if self._local_asked:  # no remote runners, or they are starting: not idle
+            self._idle_since = {slot: now for slot in self._idle_since}
+            return
         counts = [0] * len(self.env_runners.workers)
         for request in self._in_flight.values():
             counts[request.slot] += 1
-        now = time.monotonic()
         for slot, count in enumerate(counts):
             if slot in self._without_acting:
                 continue
