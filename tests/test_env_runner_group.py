@@ -133,10 +133,10 @@ def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
 
 
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
+    batch, metrics = group.sample()  # the first sample waits for both to start
     first, second = ray.get([w.get_weights.remote() for w in group.workers])
     for name in first:
         np.testing.assert_array_equal(first[name], second[name])
-    batch, metrics = group.sample()
     assert batch.count == metrics["env_steps"] and 80 <= batch.count <= 82
     assert set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32) == {1, 2}  # both workers
     # Each worker spends ~0.4 s stepping its envs; in parallel the group takes about that.

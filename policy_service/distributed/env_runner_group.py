@@ -232,8 +232,8 @@ class EnvRunnerGroup:
 
     def sample(self) -> tuple[SampleBatch, dict]:
         """One fragment from every worker, in parallel -> (concatenated batch, merged metrics)."""
+        local = self._worker_sampling_here()  # without a stand-in, the first waits for the workers
         start = time.perf_counter()
-        local = self._worker_sampling_here()
         if local is not None:
             results = [local.sample()]
         else:
