@@ -253,6 +253,12 @@ class EnvRunnerGroup:
         a stand-in, that call waits for them."""
         return self._worker_sampling_here() is not None
 
+    def wait_started(self) -> None:
+        """Wait until every remote worker is up (or died starting); a stand-in hands
+        over to them."""
+        if self._starting is not None:
+            self._start_remote_sampling(self._starting, wait=True)
+
     def _worker_sampling_here(self) -> RolloutWorker | None:
         if self._starting is not None:
             self._start_remote_sampling(self._starting, wait=self.local_worker is None)
