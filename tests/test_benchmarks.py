@@ -382,3 +382,22 @@ def test_compare_sb3_smoke(tmp_path):
         assert run["sgd_steps"] > 0 and [h["env_steps"] for h in run["history"]] == [500, 1000]
     (median,) = [r for r in records if r.get("summary") and r["seed"] == "median"]
     assert median["ours f1_env_steps"] == compare_sb3.SMOKE["env_steps"]
+
+
+def test_startup_prints_its_phases(tmp_path):
+    """startup.py prints one JSON line (it is not a harness script: no --smoke size)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.startup", "--algo", "ppo", "--runners", "1"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    phases = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert phases["algorithm_build_s"] > 0 and phases["learners_build_s"] > 0
+    assert len(phases["runner_up_s"]) == len(phases["runner_process_start_s"]) == 1
+    assert phases["runner_up_s"][0] > phases["runner_process_start_s"][0]
+    assert len(phases["iteration_ends_s"]) >= 3 + phases["iterations_in_driver"]
