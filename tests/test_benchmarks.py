@@ -21,12 +21,11 @@ pytestmark = pytest.mark.slow  # minutes of child processes; CI runs them (make 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_smoke(
-    name: str, tmp_path: Path, *extra: str, timeout: float = 900, result: str | None = None
-) -> list[dict]:
+def run_module(module: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python -m module args` from the repository, asserted to exit 0."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
     proc = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.{name}", "--smoke", "--out", str(tmp_path), *extra],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -34,6 +33,15 @@ def run_smoke(
         timeout=timeout,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def run_smoke(
+    name: str, tmp_path: Path, *extra: str, timeout: float = 900, result: str | None = None
+) -> list[dict]:
+    proc = run_module(
+        f"benchmarks.{name}", "--smoke", "--out", str(tmp_path), *extra, timeout=timeout
+    )
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert records, f"{name} printed no records; stderr: {proc.stderr[-2000:]}"
     errors = [r for r in records if "error" in r]
@@ -384,18 +392,9 @@ def test_compare_sb3_smoke(tmp_path):
     assert median["ours f1_env_steps"] == compare_sb3.SMOKE["env_steps"]
 
 
-def test_startup_prints_its_phases(tmp_path):
+def test_startup_prints_its_phases():
     """startup.py prints one JSON line (it is not a harness script: no --smoke size)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(REPO))
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.startup", "--algo", "ppo", "--runners", "1"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    proc = run_module("benchmarks.startup", "--algo", "ppo", "--runners", "1")
     phases = json.loads(proc.stdout.strip().splitlines()[-1])
     assert phases["algorithm_build_s"] > 0 and phases["learners_build_s"] > 0
     assert len(phases["runner_up_s"]) == len(phases["runner_process_start_s"]) == 1
