@@ -123,7 +123,8 @@ class AlgorithmConfig(PolicyConfig):
     tensorboard_histograms_every: int = setting(
         10,
         doc="Iterations between TensorBoard histograms (with mean, stddev, min, max) of "
-        "every weight and of the episode returns, in `policy-service train`; 0: none.",
+        "every weight, its gradient and the episode returns, in `policy-service train`; "
+        "0: none.",
         check=integer(ge=0),
     )
 
@@ -909,6 +910,11 @@ class Algorithm:
         algo = cls(config)
         algo.restore(checkpoint_dir)
         return algo
+
+    def last_gradients(self) -> dict:
+        """The learners' gradients of their last learning call (Policy.last_gradients),
+        for TensorBoard."""
+        return self.learners.last_gradients()
 
     def episode_return_window(self) -> np.ndarray:
         """<float64>[n] the returns of the last metrics_num_episodes_for_smoothing

@@ -197,6 +197,10 @@ class MultiAgentLearners:
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
 
+    def last_gradients(self) -> dict:
+        """policy id -> LearnerGroup.last_gradients."""
+        return {policy_id: group.last_gradients() for policy_id, group in self.groups.items()}
+
     def get_states(self) -> dict:
         """policy id -> its learners' state (TFPolicy.get_state)."""
         return {policy_id: group.get_state() for policy_id, group in self.groups.items()}
