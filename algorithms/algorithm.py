@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 
 from algorithms.environments import env_maker
-from policy_service import atari, observation_filters
+from policy_service import atari, observation_filters, spaces
 from policy_service.config import (
     ConfigError,
     PolicyConfig,
@@ -675,6 +675,12 @@ class Algorithm:
 
         cfg = self.config
         observation_space, action_space = probe_spaces(self._env(), dict(cfg.env_config))
+        if spaces.is_nested_action_space(action_space):
+            raise ConfigError(
+                f"config.external_env: the env's action space {action_space} is nested; "
+                "external episodes take flat action spaces (`policy-service serve` serves "
+                "nested ones)"
+            )
         return ExternalEnvRunners(
             self.policy_class,
             observation_space,
