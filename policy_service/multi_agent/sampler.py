@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from policy_service import spaces
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
 from policy_service.multi_agent.policies import AgentPolicies
@@ -129,7 +130,8 @@ class MultiAgentSampler:
         action_dict = {}
         for policy_id, agents in by_policy.items():
             obs = np.stack([np.asarray(self._obs[a]) for a in agents])
-            prev = [self._prev.get(a, (0, 0.0)) for a in agents]
+            no_action = spaces.zero_actions(self.policies[policy_id].action_space, 1)[0]
+            prev = [self._prev.get(a, (no_action, 0.0)) for a in agents]
             prev_actions = np.asarray([p[0] for p in prev])
             prev_rewards = np.asarray([p[1] for p in prev], np.float32)
             actions, _, extra = self.policies[policy_id].compute_actions(
