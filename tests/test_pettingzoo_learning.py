@@ -107,7 +107,9 @@ def test_connect_four_self_play_wins_80_percent_against_a_random_player():
     """One policy plays both sides (self-play), its illegal moves masked by the
     observations' action_mask; 15 iterations of 2000 moves, lr 3e-4, lambda 0.95, no
     KL term; then 200 greedy games against a uniformly random legal player. Measured
-    (seeds 0 / 1 / 2): ? / 89.5% / ? of the games won (load 15-20 on 2 cores, ? s)."""
+    (seeds 0 / 1 / 2): 87.5% / 89.5% / 94.0% of the games won (load 15-30 on 2 cores,
+    88 / 131 / 186 s of training). With the KL term, lr 1e-3 and entropy 0.01: 89.5% /
+    81.5% / 92.5%."""
     start = time.perf_counter()
     algo, result = train_shared(
         CONNECT_FOUR,
