@@ -51,7 +51,21 @@ def env_function(name: str) -> Callable:
     return found
 
 
-class PettingZooEnv(MultiAgentEnv):
+class WrappedPettingZoo(MultiAgentEnv):
+    """A PettingZoo env's agents and spaces, as PettingZoo gives them per agent."""
+
+    def __init__(self, env) -> None:
+        self.env = env
+        self.possible_agents = list(env.possible_agents)
+        self.observation_spaces = {a: env.observation_space(a) for a in self.possible_agents}
+        self.action_spaces = {a: env.action_space(a) for a in self.possible_agents}
+        self.agents = []
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class PettingZooEnv(WrappedPettingZoo):
     """A PettingZoo ParallelEnv (or AEC env, converted) with "__all__" in its done dicts:
     true once no agent is left."""
 
@@ -68,11 +82,7 @@ class PettingZooEnv(MultiAgentEnv):
             from pettingzoo.utils.conversions import aec_to_parallel
 
             env = aec_to_parallel(env)
-        self.env = env
-        self.possible_agents = list(env.possible_agents)
-        self.observation_spaces = {a: env.observation_space(a) for a in self.possible_agents}
-        self.action_spaces = {a: env.action_space(a) for a in self.possible_agents}
-        self.agents = []
+        super().__init__(env)
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         obs, infos = self.env.reset(seed=seed, options=options)
@@ -87,23 +97,13 @@ class PettingZooEnv(MultiAgentEnv):
         truncateds = {**truncateds, ALL: done and not terminateds[ALL]}
         return obs, rewards, terminateds, truncateds, infos
 
-    def close(self) -> None:
-        self.env.close()
 
-
-class TurnBasedPettingZooEnv(MultiAgentEnv):
+class TurnBasedPettingZooEnv(WrappedPettingZoo):
     """A turn-based PettingZoo AEC env: the obs dict holds the agent to move. Each
     agent's reward is what PettingZoo accumulated for it since its last move (`last()`),
     reported when it is next to move or its game ends; agents whose game ended are
     stepped out with None (as the AEC API asks) and reported done with their last obs.
     "__all__" is true once no agent is left."""
-
-    def __init__(self, env) -> None:
-        self.env = env
-        self.possible_agents = list(env.possible_agents)
-        self.observation_spaces = {a: env.observation_space(a) for a in self.possible_agents}
-        self.action_spaces = {a: env.action_space(a) for a in self.possible_agents}
-        self.agents = []
 
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
         self.env.reset(seed=seed, options=options)
@@ -142,9 +142,6 @@ class TurnBasedPettingZooEnv(MultiAgentEnv):
             {**truncateds, ALL: over and not ended},
             infos,
         )
-
-    def close(self) -> None:
-        self.env.close()
 
 
 def make_pettingzoo_env(name: str, env_config: dict) -> MultiAgentEnv:
