@@ -1,12 +1,13 @@
 """Action masks (policy_service/action_masks.py): an "action_mask" entry of a Dict
 observation keeps every policy's illegal actions out of sampling, the greedy action and
 EpsilonGreedy's random ones (uniform among the legal), for PPO and DQN acting and
-training on an env that raises on an illegal action; a mask a policy cannot apply is
-refused in one line."""
+training on an env that raises on an illegal action, and in an exported model; a mask
+a policy cannot apply is refused in one line."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import tensorflow as tf
 from envs import MaskedPickEnv
 from fakes import assert_one_line
 
@@ -15,6 +16,7 @@ from algorithms.dqn import DQN, DQNPolicy
 from algorithms.ppo import PPO, PPOPolicy
 from algorithms.sac import SACPolicy
 from policy_service.action_masks import MASKED, ActionMaskError
+from policy_service.io.export import SIGNATURE_NAME, export_saved_model
 from policy_service.sample_batch import SampleBatch
 
 register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
@@ -40,6 +42,20 @@ def test_ppo_acts_only_legally_and_its_illegal_inputs_are_masked(explore):
     assert np.all(inputs[~legal] == MASKED) and np.all(inputs[legal] > MASKED)
     logp = policy.compute_log_likelihoods(actions, obs)
     assert np.all(np.isfinite(logp))
+
+
+def test_the_exported_model_masks_as_the_policy_does(tmp_path):
+    policy = PPOPolicy(SPACE, gym.spaces.Discrete(N), {"seed": 0})
+    export_saved_model(policy, str(tmp_path / "model"))
+    serve = tf.saved_model.load(str(tmp_path / "model")).signatures[SIGNATURE_NAME]
+    obs, legal = masked_observations(500)
+    out = serve(
+        obs=tf.constant(policy.preprocessor.transform(obs)),
+        explore=tf.constant(True),
+        timestep=tf.constant(0, tf.int64),
+        seed=tf.constant([0, 0], tf.int64),
+    )
+    assert legal[np.arange(500), out["actions"].numpy()].all()
 
 
 def test_epsilon_greedy_draws_uniformly_among_the_legal_actions():
