@@ -142,7 +142,7 @@ class MultiAgentSampler:
                 action = np.asarray(actions)[i]
                 action_dict[agent] = action
                 self._open[agent] = {
-                    SampleBatch.OBS: tree.map_structure(lambda column, i=i: column[i], obs),
+                    SampleBatch.OBS: _row(obs, i),
                     SampleBatch.ACTIONS: action,
                     SampleBatch.REWARDS: 0.0,
                     SampleBatch.PREV_ACTIONS: prev_actions[i],
@@ -180,4 +180,13 @@ class MultiAgentSampler:
 
 def _stack(values: list):
     """Rows (arrays, or nests of them: a Dict observation) as one batch, nested alike."""
+    if not tree.is_nested(values[0]):
+        return np.stack([np.asarray(v) for v in values])
     return tree.map_structure(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *values)
+
+
+def _row(batch, i: int):
+    """Row i of a batch `_stack` made."""
+    if not tree.is_nested(batch):
+        return batch[i]
+    return tree.map_structure(lambda column: column[i], batch)
