@@ -65,6 +65,9 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
 EXTERNAL_ENV_RUNS = ("PPO", "DQN")
+# the registered algorithms that train `policies`, for the refusal's hint (as above;
+# tests/test_multi_agent_ppo.py checks it)
+MULTI_AGENT_RUNS = ("PPO", "DQN", "SAC", "TD3")
 
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
@@ -285,6 +288,8 @@ class Algorithm:
     config_class: type[AlgorithmConfig] = AlgorithmConfig
     policy_class: type[TFPolicy]  # set by each subclass
     sampling_changes_state: bool = False
+    # an overridden training_step that trains `policies` (the default one does)
+    multi_agent_training_step: ClassVar[bool] = False
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
@@ -293,12 +298,13 @@ class Algorithm:
                 "config key 'env' is required: a gymnasium id or a name "
                 "given to algorithms.register_env"
             )
-        if self.config.policies is not None and type(self).training_step is not (
-            Algorithm.training_step
-        ):  # multi-agent runs go through the default (on-policy) training step only
+        if self.config.policies is not None and not (
+            self.multi_agent_training_step or type(self).training_step is Algorithm.training_step
+        ):
             raise ConfigError(
                 f"config.policies: {type(self).__name__} trains one policy for now "
-                f"(multi-agent runs: PPO), got policies {sorted(self.config.policies)}"
+                f"(multi-agent runs: {', '.join(MULTI_AGENT_RUNS)}), got policies "
+                f"{sorted(self.config.policies)}"
             )
         self._env_name: str = self.config.env
         self._ray_started = False

@@ -151,6 +151,11 @@ class MultiAgentEnvRunners:
         for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
 
+    def set_global_timestep(self, timestep: int) -> None:
+        """Where every acting copy's exploration schedule stands (the run's env steps)."""
+        for policy in self.policies.values():
+            policy.global_timestep = int(timestep)
+
     def stop(self) -> None:
         self.env.close()
 

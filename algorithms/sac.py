@@ -210,6 +210,7 @@ class SACPolicy(ReplayPolicy):
     config_class = SACConfig
     algorithm_name = "SAC"
     discrete_variant = True  # SAC-discrete on a Discrete space
+    takes_action_masks = False  # its losses read the model's Q heads, which are not masked
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         check_action_space(action_space, self.algorithm_name, self.discrete_variant)

@@ -27,6 +27,7 @@ import tensorflow as tf
 import tree
 
 from policy_service import (
+    action_masks,
     call_arguments,
     distributions,
     exploration,
@@ -68,6 +69,9 @@ class TFPolicy(BatchLearning):
     # the train-batch columns the loss reads (name -> LossColumn), checked before any
     # tensor work so a bad batch is an error naming the column ("obs" always is)
     loss_columns: dict = {}
+    # an "action_mask" observation entry masks the model's action distribution inputs
+    # (action_masks.py); False: a policy whose losses read more of the model refuses it
+    takes_action_masks: bool = True
 
     def __init__(
         self,
@@ -99,7 +103,9 @@ class TFPolicy(BatchLearning):
         # lists it applied (last_gradients)
         self._last_learned: TrainColumns | list | None = None
         with tf.device(self.tower_devices.variable_device):
-            self.model = models.follow_call_convention(self.make_model())
+            self.model = action_masks.masked_model(
+                models.follow_call_convention(self.make_model()), self
+            )
             self._initial_state = models.initial_state(self.model)
             # a lazily built model creates its variables here, before any list of them is taken
             models.check_model(
