@@ -114,6 +114,14 @@ class AlgorithmConfig(PolicyConfig):
     remote_inference: bool = setting(
         False, doc="Workers act through one PolicyActor (central inference)."
     )
+    sample_while_env_runners_start: bool = setting(
+        True,
+        doc="Until the remote env runners are up (at the start, and when a seeded save "
+        "rebuilds them), the driver samples with its own copy of their envs and policy "
+        "instead of waiting; how many iterations it samples depends on their start-up "
+        "time. False: wait for them (a seeded run is then the same every time). Runners "
+        "acting through a PolicyActor or the learners always wait.",
+    )
     train_batch_size: int = setting(
         4000, doc="Env steps sampled per training iteration.", check=integer(ge=1)
     )
@@ -350,15 +358,15 @@ class Algorithm:
                 from policy_service.distributed.resources import check_cluster_fits
 
                 check_cluster_fits(self.resource_asks())
-            self.env_runners = self._make_env_runners(self.config.seed)
-            from policy_service.distributed.learner_group import LearnerGroup
+            if self.inference_by_learners():  # the runners act through the learners: those first
+                from policy_service.distributed.env_runner_group import probe_spaces
 
-            self.learners = LearnerGroup(
-                self.policy_class,
-                self.env_runners.observation_space,
-                self.env_runners.action_space,
-                self.config,
-            )
+                self.learners = self._make_learners(*probe_spaces(self._env(), cfg.env_config))
+                self.env_runners = self._make_env_runners(cfg.seed)
+            else:  # the runner actors start while the driver builds its learner
+                self.env_runners = self._make_env_runners(cfg.seed)
+                runners = self.env_runners
+                self.learners = self._make_learners(runners.observation_space, runners.action_space)
             self.env_runners.sync_weights(self.learners.get_weights(), version=0)
         except BaseException:
             self.stop()
@@ -597,6 +605,11 @@ class Algorithm:
     def _env(self):
         return env_maker(self._env_name, self.config.preprocessor_pref)
 
+    def _make_learners(self, observation_space, action_space) -> LearnerGroup:
+        from policy_service.distributed.learner_group import LearnerGroup
+
+        return LearnerGroup(self.policy_class, observation_space, action_space, self.config)
+
     def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup | ExternalEnvRunners:
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
@@ -616,7 +629,8 @@ class Algorithm:
             seed=seed,
             env_config=dict(cfg.env_config),
             remote_inference=cfg.remote_inference,
-            inference_actors=self.inference_actors(),
+            inference_actors=self.learners.actors if self.inference_by_learners() else None,
+            sample_while_starting=cfg.sample_while_env_runners_start,
         )
 
     def _make_multi_agent(self) -> tuple[MultiAgentEnvRunners, MultiAgentLearners]:
@@ -668,10 +682,11 @@ class Algorithm:
             asks = env_runner_asks(cfg.num_env_runners, cfg.num_cpus_per_env_runner, options)
         return asks + learner_asks(cfg)
 
-    def inference_actors(self) -> list | None:
-        """Actors that act for the env runners with their own weights (the learner
-        actors, SEED style); None (default): the runners act, or the PolicyActor."""
-        return None
+    def inference_by_learners(self) -> bool:
+        """Whether the env runners act through the learner actors with their own
+        weights (SEED style), which are then built first; False (default): the
+        runners act, or the PolicyActor."""
+        return False
 
     def _make_external_env_runners(self) -> ExternalEnvRunners:
         """The training server clients send their episodes to (ExternalEnvRunners)."""

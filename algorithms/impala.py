@@ -212,20 +212,13 @@ class IMPALA(AsyncAlgorithm):
             max_policy_lag=cfg.max_policy_lag,
         )
         try:
-            if cfg.inference == "learners":  # the runners built first act by themselves
-                self.env_runners.stop()
-                self.env_runners = self._make_env_runners(cfg.seed)
             self.async_learning = AsyncLearning(self.env_runner_group(), self.learners, settings)
         except BaseException:
             self.stop()
             raise
 
-    def inference_actors(self) -> list | None:
-        """With inference "learners", once the learners exist: the learner actors."""
-        learners = getattr(self, "learners", None)
-        if self.config.inference != "learners" or learners is None:
-            return None
-        return learners.actors
+    def inference_by_learners(self) -> bool:
+        return self.config.inference == "learners"
 
     def training_step(self) -> dict:
         start = time.perf_counter()

@@ -56,14 +56,21 @@ def json_kind(value) -> str:
     return JSON_KINDS.get(type(value), f"a {type(value).__name__}")
 
 
+def own_error(err: BaseException) -> BaseException:
+    """The error code raised itself: a Ray task's error (RayTaskError) unwrapped to the
+    error its code raised (the innermost, when that was a task's error too)."""
+    while isinstance(cause := getattr(err, "cause", None), BaseException):
+        err = cause
+    return err
+
+
 def one_line(err: BaseException | str, *, first_line: bool = False) -> str:
     """An error's message (or a text) on one line, its whitespace collapsed, or the
     error's type when it has none. A Ray task's error (RayTaskError) is told by the
     error its own code raised, not by Ray's task text and the remote traceback.
     `first_line`: only the first non-empty line, for texts whose later lines are a
     traceback or a log (a dead actor's, a failed job's)."""
-    while isinstance(cause := getattr(err, "cause", None), BaseException):
-        err = cause
+    err = own_error(err) if isinstance(err, BaseException) else err
     text = str(err)
     if first_line:
         text = next((line for line in text.splitlines() if line.strip()), "")

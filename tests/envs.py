@@ -14,6 +14,7 @@ path only in its own process), so tests register it with
 
 from __future__ import annotations
 
+import os
 import time
 
 import gymnasium as gym
@@ -177,6 +178,16 @@ class TargetAndAimEnv(gym.Env):
     def _obs(self):
         self.target = int(self.np_random.integers(3))
         return np.eye(3, dtype=np.float32)[self.target]
+
+
+def env_held_outside_the_driver(config: dict) -> ScriptedEpisodesEnv:
+    """ScriptedEpisodesEnv(config), made (in any process but config["driver_pid"]) only
+    once the file config["hold"] is gone: remote workers that stay starting until a
+    test lets them go, while the driver's own copies are made at once."""
+    if os.getpid() != config["driver_pid"]:
+        while os.path.exists(config["hold"]):
+            time.sleep(0.05)
+    return ScriptedEpisodesEnv(config)
 
 
 class BrokenEnvWorker:

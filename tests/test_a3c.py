@@ -235,7 +235,13 @@ def test_a_local_run_applies_reports_and_resumes_from_a_checkpoint(tmp_path):
 def test_a_killed_env_runner_is_replaced_and_gradients_keep_coming(ray_local):
     import ray
 
-    algo = A3C(small_config(num_env_runners=2, max_requests_in_flight_per_env_runner=2))
+    algo = A3C(
+        small_config(
+            num_env_runners=2,
+            max_requests_in_flight_per_env_runner=2,
+            sample_while_env_runners_start=False,  # the runners sample from the first fragment
+        )
+    )
     try:
         algo.train()
         ray.kill(algo.env_runners.workers[0], no_restart=True)

@@ -14,7 +14,7 @@ import ray
 
 from policy_service import LearnerGroup
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
-from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread, deal
 from policy_service.sample_batch import concat_samples
@@ -93,6 +93,42 @@ def test_a_killed_runner_loses_its_requests_counted_and_is_replaced(runners):
     assert 1 <= stream.lost_fragments == asked[1] - delivered[1]
     stream.top_up()  # the replacement samples
     assert {f.metrics["worker_index"] for f in drain(stream)} == {1, 2}
+
+
+@pytest.mark.slow  # a second group, with its PolicyActor: ~20-40 s here
+def test_a_policy_actor_dead_for_good_ends_the_stream_in_the_groups_one_line(ray_local):
+    """The runners' requests fail on the dead PolicyActor: the line synchronous
+    sampling gives (EnvRunnerFailure), not the worker's RayTaskError."""
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=1,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=10,
+        env_config=SCRIPT,
+        seed=0,
+        remote_inference=True,
+        num_cpus_per_env_runner=0.25,
+        policy_actor_options={"num_cpus": 0.25},
+    )
+    try:
+        stream = FragmentStream(group, max_requests_in_flight_per_env_runner=2)
+        stream.top_up()
+        assert drain(stream)
+        ray.kill(group.policy_actor, no_restart=True)
+        with pytest.raises(EnvRunnerFailure) as failure:
+            for _ in range(100):  # each request fails on the dead actor at its first step
+                stream.top_up()
+                drain(stream)
+        stream.forget()
+    finally:
+        group.stop()
+    message = fakes.assert_one_line(failure.value)
+    assert message.startswith(
+        "the PolicyActor is gone: Ray restarted it 0 times (max_policy_actor_restarts=3); "
+        "last: ActorDiedError: "
+    ), message
 
 
 @pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine

@@ -1,6 +1,7 @@
 """EnvRunnerGroup: parallel and asynchronous sampling, one-put weight sync, replacing
 dead workers."""
 
+import os
 import threading
 import time
 
@@ -36,6 +37,11 @@ def group(ray_local):
     group.stop()
 
 
+def _runners_of(batch) -> set:
+    """Worker indices of a batch's rows (its unroll ids)."""
+    return set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32)
+
+
 def _learner(group):
     return fakes.ReturnsPGPolicy(group.observation_space, group.action_space, CONFIG)
 
@@ -63,6 +69,52 @@ def test_local_group_needs_no_ray_actors():
     group.stop()
 
 
+@pytest.mark.slow  # two workers started (and one replaced) while the stand-in samples
+def test_a_stand_in_samples_until_the_workers_start_then_hands_them_weights_and_filter(
+    ray_local, tmp_path
+):
+    """The workers' envs wait for a file: until it is gone the stand-in (worker 3, the
+    envs of both) samples; then the workers act with its weights and version and go on
+    from its observation statistics, and one killed while starting is replaced."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    group = EnvRunnerGroup(
+        envs.env_held_outside_the_driver,
+        fakes.ReturnsPGPolicy,
+        {**CONFIG, "observation_filter": "MeanStdFilter"},
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=5,
+        env_config={**SCRIPT, "hold": str(hold), "driver_pid": os.getpid()},
+        seed=0,
+        sample_while_starting=True,
+    )
+    try:
+        for _ in range(2):
+            batch, metrics = group.sample()
+            assert _runners_of(batch) == {3} and batch.count == metrics["env_steps"] == 20
+        weights = {k: v + 1.0 for k, v in group.local_worker.get_weights().items()}
+        assert group.sync_weights(weights, 5) == 5
+        seen = group.filter_stats.count  # the stand-in's observations, merged
+        assert seen >= 40
+        ray.kill(group.workers[1])  # dies while starting
+        hold.unlink()
+        deadline = time.monotonic() + 300
+        while group.samples_in_driver():
+            assert time.monotonic() < deadline, "the workers did not start in 300 s"
+            time.sleep(0.1)
+        assert group.local_worker is None
+        kept = group.workers[0]
+        filter_count = kept.__ray_call__.remote(lambda w: w.observation_filter.stats.count)
+        assert ray.get(filter_count) == seen
+        fakes.assert_weights_close(ray.get(kept.get_weights.remote()), weights, atol=0, rtol=0)
+        batch, metrics = group.sample()
+        assert _runners_of(batch) == {1, 2} and metrics["weights_version"] == 5
+        assert metrics["num_worker_restarts"] == 1
+    finally:
+        group.stop()
+
+
 def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv, fakes.ReturnsPGPolicy, CONFIG, env_config=SCRIPT, seed=0
@@ -81,10 +133,10 @@ def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
 
 
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
+    batch, metrics = group.sample()  # the first sample waits for both to start
     first, second = ray.get([w.get_weights.remote() for w in group.workers])
     for name in first:
         np.testing.assert_array_equal(first[name], second[name])
-    batch, metrics = group.sample()
     assert batch.count == metrics["env_steps"] and 80 <= batch.count <= 82
     assert set(np.asarray(batch[SampleBatch.UNROLL_ID]) // 2**32) == {1, 2}  # both workers
     # Each worker spends ~0.4 s stepping its envs; in parallel the group takes about that.

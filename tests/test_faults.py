@@ -357,6 +357,66 @@ def test_a_policy_actor_whose_restarts_die_starting_ends_in_a_line_that_counts_t
     ), message
 
 
+# An APPO run (the command line, in its own process) whose PolicyActor dies at its 21st
+# forward pass, leaving a file; every restart finds the file and dies while it is built.
+APPO_WHOSE_POLICY_ACTOR_DIES = """
+import os, sys
+from policy_service.cli import commands
+from policy_service.distributed.ray_runtime import announce_token_auth
+
+announce_token_auth(None)  # as the command line does, before Ray is imported
+commands.import_tensorflow_quietly()
+from algorithms.appo import APPO, APPOPolicy
+
+DIE_FILE = sys.argv[1]
+
+class DiesInThePolicyActor(APPOPolicy):
+    def __init__(self, *args, **kwargs):
+        if os.path.exists(DIE_FILE):
+            os._exit(1)
+        super().__init__(*args, **kwargs)
+        self.passes = 0
+
+    def compute_actions(self, *args, **kwargs):  # only the PolicyActor acts
+        self.passes += 1
+        if self.passes > 20:
+            open(DIE_FILE, "w").close()
+            os._exit(1)
+        return super().compute_actions(*args, **kwargs)
+
+APPO.policy_class = DiesInThePolicyActor
+sys.exit(commands.main(sys.argv[2:]))
+"""
+
+
+@pytest.mark.slow  # an APPO run and four PolicyActor start-ups: ~2 min here
+def test_an_appo_run_whose_policy_actor_dies_for_good_ends_in_one_line_without_traceback(
+    tmp_path,
+):
+    """inference: policy_actors, the PolicyActor's restarts spent: the one line
+    synchronous sampling gives, exit 1, and no Ray traceback on stderr (the env
+    runners' failed requests are read, not left to Ray's "Unhandled error")."""
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-c", APPO_WHOSE_POLICY_ACTOR_DIES, str(tmp_path / "die")]
+        + ["train", "appo", "--env", "CartPole-v1", "--num-env-runners", "1"]
+        + ["--set", "inference=policy_actors", "--set", "rollout_fragment_length=10"]
+        + ["--set", "num_envs_per_env_runner=2", "--set", "train_batch_size=40"]
+        + ["--stop-iters", "1000", "--output-dir", str(run_dir)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Unhandled error" not in done.stderr, done.stderr[-3000:]
+    line = error_line(done.stderr)  # the only one of its kind, and no "Traceback"
+    assert line.startswith(
+        "policy-service: error: the PolicyActor is gone: Ray restarted it 3 times "
+        "(max_policy_actor_restarts=3); last: ActorDiedError: "
+    ), line
+
+
 def test_more_env_runners_than_the_cpus_hold_fail_at_once_naming_the_resource(
     ray_faults, monkeypatch
 ):

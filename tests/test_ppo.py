@@ -609,17 +609,20 @@ def test_iteration_seed_is_deterministic_and_distinct():
 
 def test_remote_env_runners_and_who_owns_ray():
     """The first algorithm starts Ray and shuts it down at stop(); one created while
-    Ray runs leaves it running."""
+    Ray runs leaves it running. The driver samples (a stand-in) while the runner
+    starts, unless told to wait for it."""
     import ray
 
     assert not ray.is_initialized()
     owner = PPO(algo_config(num_env_runners=1, ray_num_cpus=2))
     try:
         assert ray.is_initialized()
+        assert owner.env_runners.local_worker is not None  # the stand-in, until it starts
         metrics = owner.train()
         assert metrics["env_steps_this_iter"] >= 200
         assert owner.env_runners.weights_versions() == [1]
-        guest = PPO(algo_config(num_env_runners=1))
+        guest = PPO(algo_config(num_env_runners=1, sample_while_env_runners_start=False))
+        assert guest.env_runners.local_worker is None
         guest.stop()
         assert ray.is_initialized()
     finally:

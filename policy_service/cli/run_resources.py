@@ -38,6 +38,8 @@ def role_resources(algo) -> dict:
     )
     driver["holds_learner"] = local is not None
     env_runners = []
+    if runner_group is not None:
+        runner_group.wait_started()  # a run shorter than their start: up first, then asked
     if runner_group is not None and runner_group.local_worker is not None:
         env_runners.append(
             process_resources(_devices(runner_group.local_worker.policy)) | {"in_driver": True}

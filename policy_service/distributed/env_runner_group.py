@@ -12,9 +12,13 @@ The loop it lives in:
 
 `sample_async()` yields the fragments of the workers done so far (off-policy).
 `num_env_runners=0` runs one worker in this process (no Ray); `remote_inference=True`
-adds one `PolicyActor`. A worker that dies is recreated with the same index and the
-latest weights and asked again, within restart budgets (`EnvRunnerFailure` past
-them); an error raised by a worker's own code is raised to the caller.
+adds one `PolicyActor`. Remote workers are started, not waited for: they import
+TensorFlow and build their policies while the caller builds its own; with
+`sample_while_starting`, a stand-in worker in this process samples until all are up,
+then hands them its weights and filter statistics. A worker that dies is
+recreated with the same index and the latest weights and asked again, within
+restart budgets (`EnvRunnerFailure` past them); an error raised by a worker's own
+code is raised to the caller.
 The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunnerGroup".
 """
 
@@ -41,7 +45,7 @@ from policy_service.distributed.restarts import (
     is_actor_death,
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.errors import RunFailure, one_line, restart_budget_spent
+from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 DEFAULT_MAX_RESTARTS = 100
@@ -113,6 +117,10 @@ class EnvRunnerGroup:
       the run ends with EnvRunnerFailure.
     max_restarts: replacements of all workers over the group's life, likewise.
     max_policy_actor_restarts: how often Ray restarts the PolicyActor.
+    sample_while_starting: until every remote worker is up, a stand-in worker in this
+      process (as many envs as all of them) samples instead of waiting for them; only
+      for workers acting with their own policy copies (no PolicyActor, no inference
+      actors). Which calls it serves depends on how fast the workers start.
     inference_actors: actors that act for the workers with their own weights (learner
       actors, SEED style: worker i through actor (i - 1) % N); no weights are sent.
       Replaced ones (the learners restarted) are handed over by `set_inference_actors`.
@@ -138,6 +146,7 @@ class EnvRunnerGroup:
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
         inference_actors: list | None = None,
+        sample_while_starting: bool = False,
     ):
         if num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
@@ -183,10 +192,10 @@ class EnvRunnerGroup:
         check_cluster_fits(
             env_runner_asks(self.num_env_runners, num_cpus_per_env_runner, actor_options)
         )
+        if self.num_env_runners > 0 or actor_options is not None:  # the driver's spec
+            self.observation_space, self.action_space = probe_spaces(env, env_config)
         if actor_options is not None:
             self._served_policy = self._start_policy_actor(
-                env,
-                env_config,
                 policy_cls,
                 policy_config,
                 actor_options,
@@ -194,8 +203,9 @@ class EnvRunnerGroup:
                 total_envs=max(1, num_env_runners) * num_envs_per_env_runner,
             )
             self.policy_actor = self._served_policy.actor
-        self.local_worker: RolloutWorker | None = None
+        self.local_worker: RolloutWorker | None = None  # the one sampling in this process
         self.workers: list = []
+        self._starting: list | None = None  # the remote workers' first pings, until all answer
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
         # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
         self._unacked_weights: list = []
@@ -212,8 +222,9 @@ class EnvRunnerGroup:
         else:
             self._worker_cls = ray.remote(RolloutWorker)
             self.workers = [self._make_worker(index) for index in self._worker_indices()]
-            self.observation_space, self.action_space = ray.get(self.workers[0].get_spaces.remote())
-            self._share_initial_weights()
+            self._starting = [worker.ping.remote() for worker in self.workers]
+            if sample_while_starting and self.policy_actor is None and not self._inference_actors:
+                self.local_worker = self._stand_in()
         self.filter_stats = self._empty_filter_stats()
         self._filter_flushes: list = []  # flush_filter_buffer refs of sync_weights(wait=False)
 
@@ -221,10 +232,10 @@ class EnvRunnerGroup:
 
     def sample(self) -> tuple[SampleBatch, dict]:
         """One fragment from every worker, in parallel -> (concatenated batch, merged metrics)."""
+        local = self._worker_sampling_here()  # without a stand-in, the first waits for the workers
         start = time.perf_counter()
-        if self.local_worker is not None:
-            batch, metrics = self.local_worker.sample()
-            results = [(batch, metrics)]
+        if local is not None:
+            results = [local.sample()]
         else:
             results = self._sample_remote()
         batch = concat_samples([b for b, _ in results])
@@ -234,6 +245,63 @@ class EnvRunnerGroup:
         metrics["num_env_runners"] = self.num_env_runners
         metrics["sample_time_s"] = time.perf_counter() - start
         return batch, metrics
+
+    def samples_in_driver(self) -> bool:
+        """Whether fragments are sampled in this process now: with no remote workers,
+        or by the stand-in while they start. The first call that finds every remote
+        worker up (or dead while starting: sampling replaces it) starts them; without
+        a stand-in, that call waits for them."""
+        return self._worker_sampling_here() is not None
+
+    def wait_started(self) -> None:
+        """Wait until every remote worker is up (or died starting); a stand-in hands
+        over to them."""
+        if self._starting is not None:
+            self._start_remote_sampling(self._starting, wait=True)
+
+    def _worker_sampling_here(self) -> RolloutWorker | None:
+        if self._starting is not None:
+            self._start_remote_sampling(self._starting, wait=self.local_worker is None)
+        return self.local_worker
+
+    def _start_remote_sampling(self, pings: list, wait: bool) -> None:
+        """Once every remote worker answered its first ping: the stand-in hands over
+        (its weights, under the current version, and its filter statistics) and stops;
+        without one, workers not given weights yet all get worker 1's initial ones."""
+        done, _ = ray.wait(pings, num_returns=len(pings), timeout=None if wait else 0)
+        if len(done) < len(pings):
+            return
+        self._starting = None
+        stand_in, self.local_worker = self.local_worker, None
+        if stand_in is None:
+            if self._weights_version is None and self.policy_actor is None:
+                self._share_initial_weights()
+            return
+        version = self._weights_version = self._weights_version or 0
+        self._weights_ref = ray.put(stand_in.get_weights())
+        _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
+        self._unacked_weights += pending
+        if self.filter_stats is not None:
+            buffer = stand_in.flush_filter_buffer()
+            if buffer is not None:
+                self.filter_stats = self.filter_stats.merge(buffer)
+            stats_ref = ray.put(self.filter_stats)
+            self._unacked_weights += [w.sync_filter.remote(stats_ref) for w in self.workers]
+        stand_in.stop()
+
+    def _stand_in(self) -> RolloutWorker:
+        """A worker in this process with the envs of all remote ones (and its own seeds
+        and episode ids, as worker N + 1), sampling until they are up."""
+        return RolloutWorker(
+            self._env,
+            self._policy_cls,
+            self._policy_config,
+            worker_index=self.num_env_runners + 1,
+            **{
+                **self._worker_kwargs,
+                "num_envs": self.num_env_runners * self._worker_kwargs["num_envs"],
+            },
+        )
 
     def _sample_remote(self) -> list[tuple[SampleBatch, dict]]:
         self._check_weight_acks()
@@ -247,7 +315,7 @@ class EnvRunnerGroup:
                 results[slot] = ray.get(ready[0])
             except (RayActorError, RayTaskError) as error:
                 if not is_actor_death(error):
-                    self._raise_policy_actor_failure(error)
+                    self.raise_if_policy_actor_gone(error)
                     raise  # the worker's own code raised
                 self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
@@ -263,9 +331,11 @@ class EnvRunnerGroup:
         fragment at once, so each keeps one request in flight and samples on
         with the weights it has while the caller learns. A dead worker is
         replaced and asked again, within the budgets of `sample()`.
-        num_env_runners=0: one fragment, sampled here."""
-        if self.local_worker is not None:
-            return [self.local_worker.sample()]
+        num_env_runners=0 (or the stand-in while the workers start): one fragment,
+        sampled here."""
+        local = self._worker_sampling_here()
+        if local is not None:
+            return [local.sample()]
         self._check_weight_acks()
         self._request_missing_fragments()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -289,7 +359,7 @@ class EnvRunnerGroup:
             result = [ray.get(ref)]
         except (RayActorError, RayTaskError) as error:
             if not is_actor_death(error):
-                self._raise_policy_actor_failure(error)
+                self.raise_if_policy_actor_gone(error)
                 raise  # the worker's own code raised; its slot is asked again next call
             if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
                 self._restart(slot, restarts, "sample_async()", error)
@@ -308,8 +378,9 @@ class EnvRunnerGroup:
         worker = self.workers[slot]
         self._in_flight[worker.sample.remote()] = (slot, worker)
 
-    def _raise_policy_actor_failure(self, error: BaseException) -> None:
-        """A worker failed because the PolicyActor is gone for good: one line, not a traceback."""
+    def raise_if_policy_actor_gone(self, error: BaseException) -> None:
+        """A worker's call failed because the PolicyActor is gone for good: one line
+        (EnvRunnerFailure), not Ray's traceback; else nothing."""
         if self._served_policy is not None and died_of_actor_death(error):
             raise self._policy_actor_failure(error) from None
 
@@ -319,6 +390,7 @@ class EnvRunnerGroup:
         return bool(self._inference_actors) and died_of_actor_death(error)
 
     def _policy_actor_failure(self, error: BaseException) -> EnvRunnerFailure:
+        error = own_error(error)  # the death a worker's call met, not the worker's task
         return EnvRunnerFailure(
             f"the PolicyActor is gone: Ray restarted it {self.num_policy_actor_restarts()} "
             f"times (max_policy_actor_restarts={self.max_policy_actor_restarts}); last: "
@@ -407,12 +479,20 @@ class EnvRunnerGroup:
         return ray.get([w.weights_version.remote() for w in self.workers])
 
     def _share_initial_weights(self) -> None:
-        """Start every worker on worker 1's initial weights (version 0)."""
-        if self.policy_actor is not None or self._inference_actors:
+        """Start every worker on worker 1's initial weights (version 0); none when it
+        died starting (sampling replaces it; the caller's sync gives them weights)."""
+        if self._inference_actors:
             return
-        self._weights_ref = weights_ref = ray.put(ray.get(self.workers[0].get_weights.remote()))
+        try:
+            weights = ray.get(self.workers[0].get_weights.remote())
+        except RayActorError as error:
+            if not is_actor_death(error):
+                raise
+            return
+        self._weights_ref = weights_ref = ray.put(weights)
         self._weights_version = 0
-        broadcast_weights(self.workers[1:], weights_ref, 0)
+        _, pending = broadcast_weights(self.workers[1:], weights_ref, 0, wait=False)
+        self._unacked_weights += pending
 
     # ----- inference actors ---------------------------------------------------------
 
@@ -508,10 +588,7 @@ class EnvRunnerGroup:
         else:
             ray.get(worker.ping.remote())
 
-    def _start_policy_actor(
-        self, env, env_config, policy_cls, policy_config, options, kwargs, total_envs: int
-    ):
-        obs_space, action_space = probe_spaces(env, env_config)
+    def _start_policy_actor(self, policy_cls, policy_config, options, kwargs, total_envs: int):
         kwargs = {
             "max_batch_size": total_envs,
             "batch_wait_timeout_s": 0.002,
@@ -520,8 +597,8 @@ class EnvRunnerGroup:
         }
         return RestartablePolicyActor(
             policy_cls,
-            obs_space,
-            action_space,
+            self.observation_space,
+            self.action_space,
             observation_filters.unfiltered(config_for(policy_cls, policy_config)),
             max_restarts=self.max_policy_actor_restarts,
             actor_options=options,

@@ -19,8 +19,10 @@ latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
 counted, none is half-delivered. A runner whose acting actor died (inference by
 the learners) lives on: its failed requests are lost and counted, and it is not
 asked again until the acting actors answer again (`runners_without_acting`,
-`acting_restored`). With no remote runner (num_env_runners=0) the
-local worker samples the one fragment `top_up` asked for in the next `collect`.
+`acting_restored`). A PolicyActor dead for good ends the stream in the group's
+one line (EnvRunnerFailure), as synchronous sampling does. With no remote runner
+(num_env_runners=0) the local worker samples the one fragment `top_up` asked for
+in the next `collect`.
 """
 
 from __future__ import annotations
@@ -106,13 +108,16 @@ class FragmentStream:
 
     def top_up(self) -> None:
         """Ask every remote runner for fragments until it has the maximum in flight
-        (the local worker: for one, sampled by the next `collect`); not those
-        waiting for a new acting actor."""
-        self._local_asked = self.env_runners.local_worker is not None
+        (the worker in this process, when it samples: for one, sampled by the next
+        `collect`); not those waiting for a new acting actor."""
+        self._local_asked = self.env_runners.samples_in_driver()
+        now = time.monotonic()
+        if self._local_asked:  # no remote runners, or they are starting: not idle
+            self._idle_since = {slot: now for slot in self._idle_since}
+            return
         counts = [0] * len(self.env_runners.workers)
         for request in self._in_flight.values():
             counts[request.slot] += 1
-        now = time.monotonic()
         for slot, count in enumerate(counts):
             if slot in self._without_acting:
                 continue
@@ -146,12 +151,25 @@ class FragmentStream:
     def forget(self) -> int:
         """Drop every request in flight (runners rebuilt, or training paused) -> how many."""
         count = self.requests_in_flight()
+        self._read_failed_requests()
         self._in_flight.clear()
         self._without_acting.clear()
         self._local_asked = False
         now = time.monotonic()
         self._idle_since = {s: now for s in range(len(self.env_runners.workers))}
         return count
+
+    def _read_failed_requests(self) -> None:
+        """Read the errors of the requests that failed and were not received (their
+        runner or acting actor died), so that dropping them makes Ray log nothing."""
+        if not self._in_flight:
+            return
+        done, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
+        for ref in done:
+            try:
+                ray.get(ref)  # the metrics: small
+            except Exception:  # noqa: BLE001 - failed: its batch holds the same error
+                _read_error(self._in_flight[ref].batch)
 
     def _ask(self, slot: int) -> None:
         worker = self.env_runners.workers[slot]
@@ -172,6 +190,7 @@ class FragmentStream:
                 if acting == self.env_runners.inference_actors:  # none handed over since
                     self._without_acting.add(slot)
             elif not is_actor_death(error):
+                self.env_runners.raise_if_policy_actor_gone(error)
                 raise  # the worker's own code raised
             else:
                 self._lost_with_runner(slot, asked, error)

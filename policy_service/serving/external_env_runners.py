@@ -160,6 +160,9 @@ class ExternalEnvRunners:
             f"{REPLICA_RESTART_ATTEMPTS} attempts: {type(error).__name__}"
         ) from None
 
+    def wait_started(self) -> None:
+        """Nothing to wait for: the clients run their own envs."""
+
     def stop(self) -> None:
         """Stop the server (Serve and its proxy); open episodes end with it."""
         from ray import serve
