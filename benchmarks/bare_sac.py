@@ -17,36 +17,14 @@ import math
 import numpy as np
 import tensorflow as tf
 
+from benchmarks.sac_work import mlp_sizes
+
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as policy_service.distributions
-
-
-def mlp_sizes(inputs: int, hiddens: list, outputs: int) -> list[tuple[int, int]]:
-    """(fan in, fan out) of each Dense layer."""
-    sizes = [inputs, *hiddens, outputs]
-    return list(zip(sizes[:-1], sizes[1:]))
-
-
-def update_flops(obs_dim: int, act_dim: int, hiddens: list, batch: int) -> int:
-    """Matmul FLOPs (2 per multiply-add) of one SAC update on `batch` rows; the
-    elementwise ops add under 1% and are left out.
-
-    Forward: the actor on s' and on s, the two target critics on (s', a'), the two
-    critics on (s, a) and on (s, a~): 2 actor and 6 critic passes. Backward: the
-    critic loss takes weight and input gradients of both critics (no input gradient
-    of a first layer); the actor loss takes only input gradients through both
-    critics (into a~) and weight and input gradients of the actor (no input
-    gradient of its first layer). Per row: 4A - A1 + 12C - 2C1 multiply-adds, A and
-    C an actor's and a critic's forward, A1 and C1 their first layers'."""
-    actor = mlp_sizes(obs_dim, hiddens, 2 * act_dim)
-    critic = mlp_sizes(obs_dim + act_dim, hiddens, 1)
-    a, a1 = sum(i * o for i, o in actor), actor[0][0] * actor[0][1]
-    c, c1 = sum(i * o for i, o in critic), critic[0][0] * critic[0][1]
-    return 2 * batch * (4 * a - a1 + 12 * c - 2 * c1)
 
 
 def matmul_flops_of(concrete_function) -> int:
     """The FLOPs of the MatMul ops in a traced graph (outside loops), from their
-    static shapes: the count `update_flops` is checked against."""
+    static shapes: the count `sac_work.update_flops` is checked against."""
     total = 0
     for op in concrete_function.graph.get_operations():
         if op.type != "MatMul":
@@ -237,14 +215,3 @@ class BareSAC(tf.Module):
 
         _, losses = tf.while_loop(lambda i, _: i < steps, body, [tf.constant(0), tf.zeros([3])])
         return losses
-
-
-def random_batch(obs_dim: int, low: np.ndarray, high: np.ndarray, rows: int, seed: int = 0):
-    """(obs, actions, rewards, next_obs, discount) arrays of `rows` synthetic transitions."""
-    rng = np.random.default_rng(seed)
-    obs = rng.standard_normal((rows, obs_dim)).astype(np.float32)
-    actions = rng.uniform(low, high, (rows, len(low))).astype(np.float32)
-    rewards = rng.standard_normal(rows).astype(np.float32)
-    next_obs = rng.standard_normal((rows, obs_dim)).astype(np.float32)
-    discount = np.full(rows, 0.99, np.float32)
-    return obs, actions, rewards, next_obs, discount

@@ -10,10 +10,13 @@ the work SB3's SAC does (batch 256, [256, 256] ReLU actor and twin critics, Adam
   policy  our SACPolicy on the same batches: `update` (the batch loaded onto the
           towers, then the k steps: what the loop calls) and `loaded` (the k steps
           on a batch loaded before: the compiled call alone);
+  sb3     Stable-Baselines3's SAC (torch, its own virtualenv as compare_sb3 finds
+          it), `SAC.train(k, 256)` on a buffer of random transitions: its k SGD steps,
+          replay draws included (no flag: skipped when there is no such virtualenv);
   loop    our SAC algorithm (compare_sb3's config: SB3's hyperparameters), env steps
           of k per sampling round each followed by its k SGD steps, after learning
           started: CPU and wall ms per env step, and where the time went.
-FLOPs: bare_sac.update_flops, the matmuls one update needs (checked against the
+FLOPs: sac_work.update_flops, the matmuls one update needs (checked against the
 MatMul ops of the traced bare step, which also holds 2 critic weight gradients of the
 actor loss that nothing reads); GFLOP/s = those FLOPs per CPU second of a step.
 
@@ -24,6 +27,7 @@ actor loss that nothing reads); GFLOP/s = those FLOPs per CPU second of a step.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -54,18 +58,19 @@ def measure(spec: dict):
     space = gym.make(spec["env"])
     obs_dim = int(np.prod(space.observation_space.shape))
     low, high = space.action_space.low, space.action_space.high
-    from benchmarks import bare_sac
+    from benchmarks import sac_work
 
-    flops = bare_sac.update_flops(obs_dim, len(low), HIDDENS, BATCH)
+    flops = sac_work.update_flops(obs_dim, len(low), HIDDENS, BATCH)
     base = {
         "bench": NAME,
         "env": spec["env"],
         "kind": spec["kind"],
         "threads": spec["threads"][0],
-        "threads_actual": harness.tf_threads(),
         "round": spec["round"],
         "update_flops": flops,
     }
+    if spec["kind"] != "sb3":
+        base["threads_actual"] = harness.tf_threads()
     if spec["kind"] == "matmul":
         yield from _matmul(spec, base)
         return
@@ -73,9 +78,11 @@ def measure(spec: dict):
         yield _loop(spec, base)
         return
     for k in spec["steps"]:
-        batch = bare_sac.random_batch(obs_dim, low, high, k * BATCH, seed=spec["round"])
+        batch = sac_work.random_batch(obs_dim, low, high, k * BATCH, seed=spec["round"])
         if spec["kind"] == "bare":
             modes = _bare_modes(obs_dim, low, high, batch, spec, base)
+        elif spec["kind"] == "sb3":
+            modes = _sb3_modes(space, batch, k, spec)
         else:
             modes = _policy_modes(space, batch)
         for mode, fn in modes:
@@ -129,6 +136,41 @@ def _policy_modes(space, batch):
         ("update", lambda: policy.update(sample, num_epochs=1, shuffle=False)),
         ("loaded", loaded),
     ]
+
+
+def _sb3_modes(space, batch, k: int, spec: dict):
+    import torch
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.logger import configure
+
+    from benchmarks.compare_sb3 import HYPER
+
+    torch.set_num_threads(spec["threads"][0])
+    model = SAC(
+        "MlpPolicy",
+        space,
+        learning_rate=HYPER["lr"],
+        buffer_size=len(batch[0]),
+        batch_size=BATCH,
+        tau=HYPER["tau"],
+        gamma=HYPER["gamma"],
+        ent_coef="auto",
+        policy_kwargs={"net_arch": HIDDENS},
+        seed=spec["round"],
+        device="cpu",
+    )
+    model.set_logger(configure(None, []))
+    obs, actions, rewards, next_obs, discount = batch
+    for row in range(len(obs)):
+        model.replay_buffer.add(
+            obs[row : row + 1],
+            next_obs[row : row + 1],
+            actions[row : row + 1],
+            rewards[row : row + 1],
+            discount[row : row + 1] == 0,
+            [{}],
+        )
+    return [("train", lambda: model.train(gradient_steps=k, batch_size=BATCH))]
 
 
 def _matmul(spec: dict, base: dict):
@@ -206,8 +248,13 @@ def _loop(spec: dict, base: dict) -> dict:
 
 
 def configurations(args) -> list[dict]:
+    from benchmarks.compare_sb3 import sb3_python
+
     size = harness.sizes(args, SMOKE)
     steps = [int(k) for k in str(size["steps"]).split(",")]
+    python, skipped = sb3_python()
+    if skipped:
+        print(f"# {NAME}: skipping SB3: {skipped}", file=sys.stderr)
     specs = []
     for env in size["envs"].split(","):
         for intra in [int(t) for t in str(size["threads"]).split(",")]:
@@ -221,6 +268,8 @@ def configurations(args) -> list[dict]:
             specs.append(dict(common, kind="matmul", steps=[1]))
             specs.append(dict(common, kind="bare", steps=steps))
             specs.append(dict(common, kind="policy", steps=steps))
+            if python:
+                specs.append(dict(common, kind="sb3", steps=steps, python=python, prepare_tf=False))
             specs.extend(dict(common, kind="loop", steps=[k]) for k in steps)
     return specs
 
@@ -251,7 +300,7 @@ def summarize(records: list[dict]) -> list[dict]:
                 row[name] = match[0][name]
         rows.append(row)
     for row in rows:
-        if row["kind"] in ("policy", "loop"):
+        if row["kind"] in ("policy", "loop", "sb3"):
             bare = stats.find(
                 rows,
                 "cpu_ms",
@@ -269,7 +318,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
     for env in sorted({r["env"] for r in summary}):
         rows = [r for r in summary if r["env"] == env and r["kind"] != "matmul"]
         threads = sorted({r["threads"] for r in rows})
-        order = ("bare", "policy", "loop")
+        order = ("bare", "sb3", "policy", "loop")
         groups = sorted(
             {(r["kind"], r["mode"], r["steps"]) for r in rows},
             key=lambda g: (order.index(g[0]), g[1] != "loaded", g[2]),
@@ -308,4 +357,4 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, timeout=lambda spec: 1800)
+    harness.main(__name__, timeout=lambda spec: 1800, python=lambda spec: spec.get("python"))

@@ -385,8 +385,11 @@ def test_compare_sb3_smoke(tmp_path):
 
 
 def test_sac_step_smoke(tmp_path):
-    """The bare TF SAC update, our policy's and our loop's are timed at k = 1 and 8
-    SGD steps per call, each with the update's FLOP count."""
+    """The bare TF SAC update, our policy's, our loop's and (when its virtualenv
+    exists) SB3's are timed at k = 1 and 8 SGD steps per call, each with the
+    update's FLOP count."""
+    from benchmarks import compare_sb3
+
     runs = measurements(run_smoke("sac_step", tmp_path))
     seen = {(r["kind"], r["mode"], r["steps"]) for r in runs}
     assert {
@@ -397,6 +400,8 @@ def test_sac_step_smoke(tmp_path):
         ("loop", "per env step", 8),
     } <= seen
     assert all(r["cpu_ms"] > 0 and r["update_flops"] > 0 for r in runs)
+    python, skipped = compare_sb3.sb3_python()
+    assert ({("sb3", "train", 8)} <= seen) == (python is not None), skipped
     bare = next(r for r in runs if r["kind"] == "bare")
     # the traced graph holds what the count needs, and the actor loss's unused
     # critic weight gradients
