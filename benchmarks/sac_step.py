@@ -271,7 +271,8 @@ def configurations(args) -> list[dict]:
             if python:
                 specs.append(dict(common, kind="sb3", steps=steps, python=python, prepare_tf=False))
             specs.extend(dict(common, kind="loop", steps=[k]) for k in steps)
-    return specs
+    kinds = args.kinds.split(",")
+    return [spec for spec in specs if spec["kind"] in kinds]
 
 
 def summarize(records: list[dict]) -> list[dict]:
@@ -348,6 +349,9 @@ def add_flags(parser) -> None:
     parser.add_argument("--steps", default="1,8", help="SGD steps per compiled call (k)")
     parser.add_argument("--threads", default="1", help="TF intra-op threads, comma-separated")
     parser.add_argument("--calls", type=int, default=30, help="timed calls per mode")
+    parser.add_argument(
+        "--kinds", default="matmul,bare,policy,sb3,loop", help="what to time, comma-separated"
+    )
     parser.add_argument(
         "--loop-env-steps",
         type=int,
