@@ -38,7 +38,7 @@ from policy_service import (
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
-from policy_service.engine.compiled import FlatCall
+from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
@@ -126,6 +126,7 @@ class TFPolicy(BatchLearning):
             for i, v in enumerate(v for v in self.model.variables if _is_rng_state(v))
         }
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
+        self._weights_writer: VariableWriter | None = None  # compiled on first set_weights
         update = self.target_network_update()
         self.target_network = (
             None
@@ -677,7 +678,9 @@ class TFPolicy(BatchLearning):
                 name: _blend(value, targets[name].numpy(), new_rate)
                 for name, value in arrays.items()
             }
-        _assign(targets, arrays)
+        if self._weights_writer is None:
+            self._weights_writer = VariableWriter(self._weight_variables)
+        self._weights_writer([arrays[name] for name in self._weight_names])
 
     def _optimizer_variables(self) -> dict:
         # by position only: Keras names optimizer slots after the optimizer's and the

@@ -382,3 +382,27 @@ def test_compare_sb3_smoke(tmp_path):
         assert run["sgd_steps"] > 0 and [h["env_steps"] for h in run["history"]] == [500, 1000]
     (median,) = [r for r in records if r.get("summary") and r["seed"] == "median"]
     assert median["ours f1_env_steps"] == compare_sb3.SMOKE["env_steps"]
+
+
+def test_sac_step_smoke(tmp_path):
+    """The bare TF SAC update, our policy's, our loop's and (when its virtualenv
+    exists) SB3's are timed at k = 1 and 8 SGD steps per call, each with the
+    update's FLOP count."""
+    from benchmarks import compare_sb3
+
+    runs = measurements(run_smoke("sac_step", tmp_path))
+    seen = {(r["kind"], r["mode"], r["steps"]) for r in runs}
+    assert {
+        ("bare", "update", 1),
+        ("bare", "update", 8),
+        ("policy", "update", 8),
+        ("policy", "loaded", 8),
+        ("loop", "per env step", 8),
+    } <= seen
+    assert all(r["cpu_ms"] > 0 and r["update_flops"] > 0 for r in runs)
+    python, skipped = compare_sb3.sb3_python()
+    assert ({("sb3", "train", 8)} <= seen) == (python is not None), skipped
+    bare = next(r for r in runs if r["kind"] == "bare")
+    # the traced graph holds what the count needs, and the actor loss's unused
+    # critic weight gradients
+    assert bare["graph_matmul_flops"] >= bare["update_flops"]
