@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
 
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
-EXTERNAL_ENV_RUNS = ("PPO", "DQN")
+EXTERNAL_ENV_RUNS = ("PPO", "DQN", "SAC", "TD3")
 
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1

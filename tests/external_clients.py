@@ -3,14 +3,16 @@ over HTTP only (policy_service.client.PolicyClient), with its token from
 $POLICY_SERVICE_TOKEN.
 
     python tests/external_clients.py interleaved ADDRESS --episodes 8 --seed 3
-    python tests/external_clients.py cartpole ADDRESS --mode local --seconds 600
+    python tests/external_clients.py play ADDRESS --mode local --seconds 600
+    python tests/external_clients.py play ADDRESS --env Pendulum-v1
 
 interleaved: opens all its episodes first, then steps a random open one at a time;
 episode k lasts 1 + k % 6 CartPole steps (too few to fall: it ends truncated), so the
 server must count exactly sum(1 + k % 6) steps. Prints one JSON line of counts.
-cartpole: plays CartPole-v1 episodes until the time is up or the server has gone for
-good (no answer for --reconnect-s), or SIGINT; an episode the server lost (404, or 5xx while Serve
-replaces its replica; a connection refused while the server restarts) is started again.
+play: plays episodes of --env (CartPole-v1) until the time is up, the server has gone
+for good (no answer for --reconnect-s), or SIGINT; an episode the server lost (404, or
+5xx while Serve replaces its replica; a connection refused while the server restarts)
+is started again.
 Prints one JSON line: episodes ended, lost, reconnects after a refused connection,
 and why it stopped.
 """
@@ -58,12 +60,12 @@ def interleaved(client: PolicyClient, episodes: int, seed: int) -> dict:
     return {"episodes": episodes, "steps": steps}
 
 
-def cartpole(
-    client: PolicyClient, counts: dict, deadline: float, seed: int, reconnect
+def play(
+    client: PolicyClient, env_id: str, counts: dict, deadline: float, seed: int, reconnect
 ) -> PolicyClient:
     """Episodes until the deadline, counted into `counts`; a refused connection is waited
     out by reconnect() (a new client), and the episode it cut off counts as lost."""
-    env = gym.make("CartPole-v1")
+    env = gym.make(env_id)
     env.reset(seed=seed)
     while time.monotonic() < deadline:
         try:
@@ -108,7 +110,8 @@ def connect(address: str, mode: str, update_interval_s: float, wait_s: float) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["interleaved", "cartpole"])
+    parser.add_argument("kind", choices=["interleaved", "play"])
+    parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("address")
     parser.add_argument("--mode", default="remote")
     parser.add_argument("--episodes", type=int, default=8)
@@ -127,7 +130,8 @@ def main() -> int:
     else:
         counts = {"episodes": 0, "lost": 0, "reconnects": 0, "stopped": "time up"}
         try:
-            client = cartpole(client, counts, time.monotonic() + args.seconds, args.seed, reconnect)
+            deadline = time.monotonic() + args.seconds
+            client = play(client, args.env, counts, deadline, args.seed, reconnect)
             client.close()
         except ConnectionError:
             counts["stopped"] = "server gone"

@@ -234,7 +234,7 @@ def test_ppo_reaches_450_on_cartpole_played_by_client_processes(tmp_path, mode):
     procs = []
     try:
         server.wait_ready()
-        procs = clients("cartpole", port, 8, "--mode", mode, "--seconds", "1500")
+        procs = clients("play", port, 8, "--mode", mode, "--seconds", "1500")
         assert server.wait(1800) == 0, server.output()
         finished(procs, 180)
     finally:
@@ -269,7 +269,7 @@ def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
     try:
         server.wait_ready()
         # the clients outlive the server: each waits up to 10 min for it to come back
-        procs = clients("cartpole", port, 4, "--seconds", "1800", "--reconnect-s", "600")
+        procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
         deadline = time.monotonic() + 600
         while len(checkpoints_of(run_dir)) < 2:
             assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
@@ -323,7 +323,7 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
     procs = []
     try:
         server.wait_ready()
-        procs = clients("cartpole", port, 4, "--seconds", "900")
+        procs = clients("play", port, 4, "--seconds", "900")
         deadline = time.monotonic() + 600
         while not (run_dir / "progress.jsonl").exists() or not progress(run_dir):
             assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
