@@ -8,6 +8,9 @@ server once and drives it with every client count in turn:
   ceiling  a bare Serve deployment answering the same protocol with constants (it reads
          each body, as any server must): what Serve's proxy and routing cost per step,
          the bound on any server behind them; the same clients as ours
+  direct   not a server we ship: the same TrainingDeployment class, served by uvicorn in
+         one process with no Ray (no proxy, no actor calls), its fragments taken as
+         ours: what Serve's hops cost ours
   rllib  PolicyServerInput in an RLlib PPO Algorithm (old API stack, framework "tf",
          connectors off as RLlib's own server example has them), RLlib 2.35 (2.40's
          no longer serves remote clients, 2.60 has no server) in its own virtualenv
@@ -40,7 +43,7 @@ from benchmarks import harness, stats
 NAME = "serve_rllib"
 VALUE = "actions_per_s"
 KEYS = ("target", "clients")
-TARGETS = ("ours", "ceiling", "rllib")
+TARGETS = ("ours", "ceiling", "direct", "rllib")
 WORKLOAD = "PPO MLP 4 -> 256x256, CartPole-v1 episodes from client processes, remote inference"
 TOKEN = "benchmark-token"
 FRAGMENT = 200
@@ -126,6 +129,57 @@ def start_ceiling(port: int):
     def stop():
         serve.shutdown()
         ray.shutdown()
+
+    return stop
+
+
+def start_direct(port: int):
+    """TrainingDeployment under uvicorn in a thread of this process, no Ray -> stop()."""
+    import asyncio
+
+    import gymnasium as gym
+    import uvicorn
+    from starlette.requests import Request
+
+    from algorithms.ppo import PPOPolicy
+    from policy_service.serving.deployment import ServingSettings
+    from policy_service.serving.http_api import token_digest
+    from policy_service.serving.training_deployment import TrainingDeployment
+
+    env = gym.make("CartPole-v1")
+    config = {"model": {"fcnet_hiddens": HIDDENS, "fcnet_activation": "tanh"}}
+    policy = (PPOPolicy, env.observation_space, env.action_space, config, {})
+    started, servers = threading.Event(), []
+
+    async def serve_here():
+        deployment = TrainingDeployment.__new__(TrainingDeployment)  # its __init__ is async
+        await deployment.__init__(policy, token_digest(TOKEN), ServingSettings(), 60.0)
+
+        async def app(scope, receive, send):
+            response = await deployment(Request(scope, receive))
+            await response(scope, receive, send)
+
+        server = uvicorn.Server(
+            uvicorn.Config(app, "127.0.0.1", port, lifespan="off", log_level="warning")
+        )
+        servers.append(server)
+
+        async def take_fragments():
+            while not server.should_exit:
+                await deployment.take(FRAGMENT, 1.0)
+
+        taker = asyncio.create_task(take_fragments())
+        started.set()
+        await server.serve()
+        await taker
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve_here()), daemon=True)
+    thread.start()
+    started.wait(300)
+
+    def stop():
+        servers[0].should_exit = True
+        thread.join(60)
 
     return stop
 
@@ -220,7 +274,12 @@ def drive(target: str, port: int, clients: int, duration_s: float) -> dict:
 
 def measure(spec: dict):
     port = free_port()
-    starts = {"ours": start_ours, "ceiling": start_ceiling, "rllib": start_rllib}
+    starts = {
+        "ours": start_ours,
+        "ceiling": start_ceiling,
+        "direct": start_direct,
+        "rllib": start_rllib,
+    }
     stop = starts[spec["target"]](port)
     try:
         for clients in spec["clients"]:
@@ -285,6 +344,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     series = {
         "policy-service (Serve, JSON)": {"target": "ours"},
         "bare Serve deployment, constant answers": {"target": "ceiling"},
+        "ours without Serve (uvicorn, one process)": {"target": "direct"},
         "RLlib 2.35 PolicyServerInput": {"target": "rllib"},
     }
     title = "Training servers, remote inference: CartPole episodes from client processes"
