@@ -9,7 +9,10 @@ time (epoch seconds) from stdin, so that every client of a run starts together. 
 is get_action then log_returns (what each client sends for that is its own: ours one
 request a step, the reward riding on the next call; RLlib's two); an episode ends with
 end_episode. get_action calls sent within [start, start + duration) are timed; then it
-prints one JSON line: their count and latencies in ms.
+prints one JSON line: their count, latencies in ms, and how many calls were sent again
+after the connection was refused or reset (RLlib's client opens one per call, and its
+server's listen backlog is 5: at 16 clients it resets some). A retried call's latency
+includes its failed tries.
 Runs under RLlib's virtualenv too: nothing of ours is imported for `rllib`.
 """
 
@@ -40,27 +43,43 @@ def client_for(kind: str, address: str):
             time.sleep(0.5)
 
 
-def play(client, env, start_at: float, end_at: float, max_steps: int | None = None) -> list:
-    """Episodes until end_at (or max_steps) -> latencies (s) of the get_action calls sent
-    from start_at on."""
+MAX_TRIES = 50
+
+
+def sent(call, retries: list, *args):
+    """call(*args), sent again (up to MAX_TRIES) while the connection is refused or reset;
+    each retry is counted in retries[0]."""
+    for attempt in range(MAX_TRIES):
+        try:
+            return call(*args)
+        except OSError:  # requests' ConnectionError is one too
+            if attempt == MAX_TRIES - 1:
+                raise
+            retries[0] += 1
+            time.sleep(0.01)
+
+
+def play(client, env, start_at: float, end_at: float, max_steps: int | None = None):
+    """Episodes until end_at (or max_steps) -> (latencies (s) of the get_action calls sent
+    from start_at on, retries)."""
     latencies: list[float] = []
-    steps = 0
+    retries, steps = [0], 0
     while time.time() < end_at and (max_steps is None or steps < max_steps):
-        eid = client.start_episode()
+        eid = sent(client.start_episode, retries)
         obs, _ = env.reset()
         done = False
         while not done and time.time() < end_at:
-            sent = time.time()
-            action = client.get_action(eid, obs)
-            if sent >= start_at:
-                latencies.append(time.time() - sent)
+            start = time.time()
+            action = sent(client.get_action, retries, eid, obs)
+            if start >= start_at:
+                latencies.append(time.time() - start)
             obs, reward, terminated, truncated, _ = env.step(int(action))
-            client.log_returns(eid, float(reward))
+            sent(client.log_returns, retries, eid, float(reward))
             done = terminated or truncated
             steps += 1
         if done:
-            client.end_episode(eid, obs)
-    return latencies
+            sent(client.end_episode, retries, eid, obs)
+    return latencies, retries[0]
 
 
 def main() -> int:
@@ -78,8 +97,9 @@ def main() -> int:
     play(client, env, float("inf"), float("inf"), max_steps=50)  # warm: connection, server
     print("ready", flush=True)
     start_at = float(sys.stdin.readline())
-    latencies = play(client, env, start_at, start_at + args.duration)
-    print(json.dumps({"actions": len(latencies), "latencies_ms": [x * 1e3 for x in latencies]}))
+    latencies, retries = play(client, env, start_at, start_at + args.duration)
+    ms = [x * 1e3 for x in latencies]
+    print(json.dumps({"actions": len(latencies), "latencies_ms": ms, "retries": retries}))
     return 0
 
 

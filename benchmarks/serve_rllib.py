@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -266,6 +265,7 @@ def drive(target: str, port: int, clients: int, duration_s: float) -> dict:
         "p90_ms": stats.percentile(latencies, 90),
         "p99_ms": stats.percentile(latencies, 99),
         "per_client_min": min(r["actions"] for r in results) / duration_s,
+        "retries": sum(r["retries"] for r in results),
     }
 
 
@@ -273,7 +273,7 @@ def drive(target: str, port: int, clients: int, duration_s: float) -> dict:
 
 
 def measure(spec: dict):
-    port = free_port()
+    port = harness.free_port()
     starts = {
         "ours": start_ours,
         "ceiling": start_ceiling,
@@ -295,12 +295,6 @@ def measure(spec: dict):
             }
     finally:
         stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----- parent ------------------------------------------------------------------------------------
