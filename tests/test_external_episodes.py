@@ -179,23 +179,28 @@ def test_dqn_learns_cartpole_from_four_client_processes(ray_local, tmp_path):
             "epsilon_timesteps": 5000,
         },
     )
-    algo = DQN(config)
-    procs = playing(config, 4)
-    try:
-        while True:
-            result = algo.train()
-            if result["episode_return_mean"] >= target or result["timesteps_total"] >= 15_000:
-                break
-    finally:
-        for proc in procs:
-            proc.kill()
-        algo.stop()
+    result = trained_by_four_clients(DQN(config), config, target, 15_000)
     print(
         f"\nexternal DQN: 20-episode mean {result['episode_return_mean']:.1f} after "
         f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
         f"random policy {random_return:.1f}"
     )
     assert result["episode_return_mean"] >= target
+
+
+def trained_by_four_clients(algo, config: dict, target: float, max_steps: int) -> dict:
+    """algo trained from 4 client processes until its mean return reaches target or
+    max_steps env steps -> its last result."""
+    procs = playing(config, 4)
+    try:
+        while True:
+            result = algo.train()
+            if result["episode_return_mean"] >= target or result["timesteps_total"] >= max_steps:
+                return result
+    finally:
+        for proc in procs:
+            proc.kill()
+        algo.stop()
 
 
 # ----- SAC: Box actions, clipped by the server for the clients ---------------------------------
@@ -208,17 +213,7 @@ def test_sac_learns_pendulum_from_four_client_processes(ray_local, tmp_path):
     # the tuned config (algorithms/tuned/pendulum_sac.yaml: -133 after 8k env steps)
     tuned = yaml.safe_load((REPO / "algorithms" / "tuned" / "pendulum_sac.yaml").read_text())
     config = external_config(tmp_path, **tuned)
-    algo = SAC(config)
-    procs = playing(config, 4)
-    try:
-        while True:
-            result = algo.train()
-            if result["episode_return_mean"] >= target or result["timesteps_total"] >= 20_000:
-                break
-    finally:
-        for proc in procs:
-            proc.kill()
-        algo.stop()
+    result = trained_by_four_clients(SAC(config), config, target, 20_000)
     print(
         f"\nexternal SAC: 10-episode mean {result['episode_return_mean']:.1f} after "
         f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
