@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
 
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
-EXTERNAL_ENV_RUNS = ("PPO", "DQN")
+EXTERNAL_ENV_RUNS = ("PPO", "DQN", "SAC", "TD3")
 # the registered algorithms that train `policies`, for the refusal's hint (as above;
 # tests/test_multi_agent_ppo.py checks it)
 MULTI_AGENT_RUNS = ("PPO", "DQN", "SAC", "TD3")

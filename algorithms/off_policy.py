@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 
 import gymnasium as gym
 import tensorflow as tf
@@ -162,10 +161,6 @@ class ContinuousReplayConfig(ReplayConfig):
     soft target update, one env step per fragment, a 1M uniform buffer; uniform random
     actions for the first num_steps_sampled_before_learning_starts env steps, unless
     exploration_config sets its own random_timesteps."""
-
-    # env runners clip Box actions before env.step; the training server hands them to
-    # clients unclipped, and no run has shown SAC or TD3 learning from clients yet
-    takes_external_episodes: ClassVar[bool] = False
 
     tau: float = 5e-3
     train_batch_size: int = 256

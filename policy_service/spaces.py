@@ -572,6 +572,11 @@ def _check_leaf_actions(
     _check_index_range(array, start, size, column, expected)
 
 
+def has_box_leaves(action_space: gym.Space) -> bool:
+    """Whether clip_actions has anything to clip (an unsupported leaf is a ValueError)."""
+    return any(isinstance(leaf, gym.spaces.Box) for _, leaf in action_leaves(action_space))
+
+
 def clip_actions(action_space: gym.Space, actions: Any) -> Any:
     """A copy of the actions with each Box leaf clipped to its [low, high] (float32).
 
