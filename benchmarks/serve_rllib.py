@@ -15,15 +15,16 @@ server once and drives it with every client count in turn:
          connectors off as RLlib's own server example has them), RLlib 2.35 (2.40's
          no longer serves remote clients, 2.60 has no server) in its own virtualenv
          (.venv-rllib-server, made on first use); clients: RLlib's PolicyClient
-Both in remote inference mode, a PPO MLP 4 -> 256x256 (CartPole spaces) exploring,
-fragments of 200 steps postprocessed (GAE) as training would, no SGD: ours has a
-driver thread take its fragments, RLlib's inference thread queues its own.
+All in remote inference mode, a PPO MLP 4 -> 256x256 (CartPole spaces) exploring,
+fragments of 200 steps postprocessed (GAE) as training would, no SGD: ours and direct
+have their fragments taken (a driver thread, a task), RLlib's inference thread queues
+its own.
 
 Each client is a process (benchmarks/episode_clients.py) playing CartPole-v1: per step
 get_action then log_returns. All clients of a count warm up, then start together and
 time their get_action calls for --duration seconds; actions/s is the sum over clients.
 
-    python -m benchmarks.serve_rllib                  # ~20 min (3 rounds)
+    python -m benchmarks.serve_rllib                  # ~40 min (3 rounds, loaded)
     python -m benchmarks.serve_rllib --smoke
     python -m benchmarks.serve_rllib --clients 1,4 --duration 10 --rounds 1
 """

@@ -25,6 +25,7 @@ from test_external_env import REPO, TOKEN, clients, free_port
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN
 from algorithms.sac import SAC
+from algorithms.td3 import TD3
 from policy_service.config import ConfigError
 
 REFUSED = {"impala": "CartPole-v1", "appo": "CartPole-v1", "a3c": "CartPole-v1"}
@@ -118,28 +119,45 @@ def playing(config: dict, count: int) -> list[subprocess.Popen]:
     return clients("play", port, count, "--env", env, "--mode", "remote", "--seconds", "1200")
 
 
-@pytest.mark.slow
-def test_one_dqn_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
-    config = dqn_config(
-        tmp_path,
-        train_batch_size=32,
-        num_steps_sampled_before_learning_starts=100,
-        min_sample_timesteps_per_iteration=300,
-    )
-    algo = DQN(config)
+ONE_ITERATION = {
+    "train_batch_size": 32,
+    "num_steps_sampled_before_learning_starts": 100,
+    "min_sample_timesteps_per_iteration": 300,
+}
+
+
+def one_iteration(algo, config: dict) -> tuple[dict, dict, dict]:
+    """One iteration from one client process -> (result, weights before, after)."""
     procs = playing(config, 1)
     try:
         before = algo.get_policy().get_weights()
         result = algo.train()
-        after = algo.get_policy().get_weights()
+        return result, before, algo.get_policy().get_weights()
     finally:
         for proc in procs:
             proc.kill()
         algo.stop()
+
+
+@pytest.mark.slow
+def test_one_dqn_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
+    config = dqn_config(tmp_path, **ONE_ITERATION)
+    result, before, after = one_iteration(DQN(config), config)
     assert result["timesteps_total"] >= 300 and result["episodes_this_iter"] >= 1
     assert result["replay_buffer_size"] == result["timesteps_total"]  # every step kept
     assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
     assert result["cur_epsilon"] < 1.0  # the server's schedule moved with the steps
+
+
+@pytest.mark.slow
+def test_one_td3_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
+    """TD3 (deterministic actions plus clipped noise, Box) from a Pendulum client."""
+    small = {"actor_hiddens": [32], "critic_hiddens": [32]}
+    config = external_config(tmp_path, env="Pendulum-v1", **small, **ONE_ITERATION)
+    result, before, after = one_iteration(TD3(config), config)
+    assert result["timesteps_total"] >= 300 and result["episodes_this_iter"] >= 1
+    assert result["replay_buffer_size"] == result["timesteps_total"]
+    assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
 
 
 def random_policy_return(env_id: str = "CartPole-v1", episodes: int = 100) -> float:
