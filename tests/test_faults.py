@@ -94,6 +94,7 @@ def dying_group(ray_faults, tmp_path_factory):
         max_restarts_per_sample=2,
     )
     group.die_once, group.die_always = tmp_path / "die_once", tmp_path / "always"
+    group.wait_started()  # both up before a test makes starting envs die (they start unwaited)
     yield group
     group.stop()
 
