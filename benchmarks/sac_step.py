@@ -215,8 +215,13 @@ def _loop(spec: dict, base: dict) -> dict:
     )
     algo = get_algorithm_class("sac")(config)
     try:
-        while algo.timesteps_total < LEARNING_STARTS + spec["loop_env_steps"]:
-            algo.train()  # past the random steps and the first compiled calls
+        # past the random steps, the first compiled calls and the SGD steps carried over
+        # from the start of learning (each draw is capped by the rows the buffer holds)
+        while (
+            algo.timesteps_total < LEARNING_STARTS + spec["loop_env_steps"]
+            or algo.num_sgd_steps_total < algo.timesteps_total - LEARNING_STARTS - k
+        ):
+            algo.train()
         steps_before, sgd_before = algo.timesteps_total, algo.num_sgd_steps_total
         wall, cpu = time.perf_counter(), time.process_time()
         parts = {"sample_time_s": 0.0, "learn_time_s": 0.0, "sync_time_s": 0.0}
