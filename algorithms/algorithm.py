@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, ClassVar, cast
 import numpy as np
 
 from algorithms.environments import env_maker
-from policy_service import atari, observation_filters
+from policy_service import atari, observation_filters, spaces
 from policy_service.config import (
     ConfigError,
     PolicyConfig,
@@ -64,7 +64,10 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
 
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
-EXTERNAL_ENV_RUNS = ("PPO", "DQN")
+EXTERNAL_ENV_RUNS = ("PPO", "DQN", "SAC", "TD3")
+# the registered algorithms that train `policies`, for the refusal's hint (as above;
+# tests/test_multi_agent_ppo.py checks it)
+MULTI_AGENT_RUNS = ("PPO", "DQN", "SAC", "TD3")
 
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
@@ -131,7 +134,8 @@ class AlgorithmConfig(PolicyConfig):
     tensorboard_histograms_every: int = setting(
         10,
         doc="Iterations between TensorBoard histograms (with mean, stddev, min, max) of "
-        "every weight and of the episode returns, in `policy-service train`; 0: none.",
+        "every weight, its gradient and the episode returns, in `policy-service train`; "
+        "0: none.",
         check=integer(ge=0),
     )
 
@@ -292,6 +296,8 @@ class Algorithm:
     config_class: type[AlgorithmConfig] = AlgorithmConfig
     policy_class: type[TFPolicy]  # set by each subclass
     sampling_changes_state: bool = False
+    # an overridden training_step that trains `policies` (the default one does)
+    multi_agent_training_step: ClassVar[bool] = False
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
@@ -300,12 +306,13 @@ class Algorithm:
                 "config key 'env' is required: a gymnasium id or a name "
                 "given to algorithms.register_env"
             )
-        if self.config.policies is not None and type(self).training_step is not (
-            Algorithm.training_step
-        ):  # multi-agent runs go through the default (on-policy) training step only
+        if self.config.policies is not None and not (
+            self.multi_agent_training_step or type(self).training_step is Algorithm.training_step
+        ):
             raise ConfigError(
                 f"config.policies: {type(self).__name__} trains one policy for now "
-                f"(multi-agent runs: PPO), got policies {sorted(self.config.policies)}"
+                f"(multi-agent runs: {', '.join(MULTI_AGENT_RUNS)}), got policies "
+                f"{sorted(self.config.policies)}"
             )
         self._env_name: str = self.config.env
         self._ray_started = False
@@ -689,6 +696,12 @@ class Algorithm:
 
         cfg = self.config
         observation_space, action_space = probe_spaces(self._env(), dict(cfg.env_config))
+        if spaces.is_nested_action_space(action_space):
+            raise ConfigError(
+                f"config.external_env: the env's action space {action_space} is nested; "
+                "external episodes take flat action spaces (`policy-service serve` serves "
+                "nested ones)"
+            )
         return ExternalEnvRunners(
             self.policy_class,
             observation_space,
@@ -924,6 +937,11 @@ class Algorithm:
         algo = cls(config)
         algo.restore(checkpoint_dir)
         return algo
+
+    def last_gradients(self) -> dict:
+        """The learners' gradients of their last learning call (Policy.last_gradients),
+        for TensorBoard."""
+        return self.learners.last_gradients()
 
     def episode_return_window(self) -> np.ndarray:
         """<float64>[n] the returns of the last metrics_num_episodes_for_smoothing

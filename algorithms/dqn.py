@@ -253,9 +253,8 @@ class DQN(ReplayAlgorithm):
     def __init__(self, config: dict | DQNConfig):
         super().__init__(config)
         # the workers' exploration, for its schedule (their own copies act with it)
-        self.exploration = make_exploration(
-            self.env_runners.action_space, self.config.exploration_config
-        )
+        _, action_space = next(iter(self.policy_spaces().values()))
+        self.exploration = make_exploration(action_space, self.config.exploration_config)
 
     # ----- the exploration schedule ------------------------------------------------------
 

@@ -237,6 +237,9 @@ class IMPALA(AsyncAlgorithm):
     def set_learner_version(self, version: int) -> None:
         self.async_learning.set_version(version)
 
+    def last_gradients(self) -> dict:
+        return self.async_learning.last_gradients()  # between the learner thread's updates
+
     def pause_sampling(self) -> None:
         """Learning pauses too; queued fragments are dropped."""
         self.async_learning.pause()

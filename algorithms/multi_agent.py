@@ -151,6 +151,11 @@ class MultiAgentEnvRunners:
         for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
 
+    def set_global_timestep(self, timestep: int) -> None:
+        """Where every acting copy's exploration schedule stands (the run's env steps)."""
+        for policy in self.policies.values():
+            policy.global_timestep = int(timestep)
+
     def stop(self) -> None:
         self.env.close()
 
@@ -196,6 +201,10 @@ class MultiAgentLearners:
 
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
+
+    def last_gradients(self) -> dict:
+        """policy id -> LearnerGroup.last_gradients."""
+        return {policy_id: group.last_gradients() for policy_id, group in self.groups.items()}
 
     def get_states(self) -> dict:
         """policy id -> its learners' state (TFPolicy.get_state)."""

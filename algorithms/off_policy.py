@@ -10,13 +10,17 @@ An algorithm on it sets `config_class` (a ReplayConfig) and `policy_class` (a
 ReplayPolicy), whose loss returns the per-row |TD error| under TD_ERROR (a
 prioritized buffer's new priorities) and reads REPLAY_COLUMNS (n-step
 postprocessing: n_step.py).
+
+With `policies` (multi-agent), every policy in `policies_to_train` has a replay buffer
+of its own agents' rows (the others' rows are not kept) and takes the SGD steps due
+each round, each on a batch of its own buffer, in its own LearnerGroup.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import ClassVar
 
 import gymnasium as gym
 import tensorflow as tf
@@ -28,6 +32,8 @@ from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import LOSS_MASK, check_minibatch_size
+from policy_service.multi_agent.batch import MultiAgentBatch
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
 from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 from policy_service.sample_batch import SampleBatch
@@ -142,6 +148,11 @@ class ReplayConfig(AlgorithmConfig):
                 f"{self.key_prefix}.model.use_lstm must be False: {name} "
                 "does not support recurrent models, got True"
             )
+        if self.policies is not None and self.count_steps_by != "env_steps":
+            raise ConfigError(
+                f"{self.key_prefix}.count_steps_by must be 'env_steps' for {name} (its "
+                f"replay loop counts env steps), got {self.count_steps_by!r}"
+            )
 
 
 @dataclass
@@ -150,10 +161,6 @@ class ContinuousReplayConfig(ReplayConfig):
     soft target update, one env step per fragment, a 1M uniform buffer; uniform random
     actions for the first num_steps_sampled_before_learning_starts env steps, unless
     exploration_config sets its own random_timesteps."""
-
-    # env runners clip Box actions before env.step; the training server hands them to
-    # clients unclipped, and no run has shown SAC or TD3 learning from clients yet
-    takes_external_episodes: ClassVar[bool] = False
 
     tau: float = 5e-3
     train_batch_size: int = 256
@@ -185,9 +192,10 @@ def sgd_steps_due(
     return max(0, math.floor((sampled * ratio - trained) / batch_size + 1e-9))
 
 
-def make_replay_buffer(cfg: ReplayConfig):
-    """The config's replay buffer, seeded from the run's seed."""
-    seed = None if cfg.seed is None else int(cfg.seed)
+def make_replay_buffer(cfg: ReplayConfig, index: int = 0):
+    """The config's replay buffer, seeded from the run's seed (+ `index`: the buffer's
+    place among a multi-agent run's)."""
+    seed = None if cfg.seed is None else int(cfg.seed) + index
     axis = cfg.replay_frame_stack_axis
     if cfg.prioritized_replay:
         return PrioritizedReplayBuffer(
@@ -269,23 +277,30 @@ class ReplayAlgorithm(Algorithm):
     Python and Ray overhead once per round. Against drawing one batch per step, the
     later batches of a round are drawn with the priorities from before the round,
     not from after the earlier batches of it.
+
+    With `policies`, a round is one multi-agent fragment; the steps due (counted in
+    env steps, as one policy's) are taken by every trained policy once each buffer
+    holds a batch.
     """
 
     config_class = ReplayConfig
     config: ReplayConfig
     sampling_changes_state = True  # the replay buffer keeps every sample
+    multi_agent_training_step = True
 
     def __init__(self, config: dict | ReplayConfig):
         super().__init__(config)
         cfg = self.config
         try:
-            check_frame_stack_axis(cfg, self.env_runners.observation_space)
+            for observation_space, _ in self.policy_spaces().values():
+                check_frame_stack_axis(cfg, observation_space)
+            learners = self.learners if self.multi_agent is None else self.multi_agent[1]
             try:
                 check_minibatch_size(
                     f"{cfg.key_prefix}.train_batch_size",
                     cfg.train_batch_size,
                     learners=max(1, cfg.num_learners),
-                    towers=self.learners.num_towers,
+                    towers=learners.num_towers,
                     unit_rows=1,
                 )
             except ValueError as err:
@@ -293,8 +308,31 @@ class ReplayAlgorithm(Algorithm):
         except BaseException:
             self.stop()
             raise
-        self.replay = make_replay_buffer(cfg)
+        self.replays = self._make_replays()
         self.num_sgd_steps_total = 0
+
+    def policy_spaces(self) -> dict[str, tuple]:
+        """Each policy's (observation space, action space); one policy:
+        DEFAULT_POLICY_ID's, the env's."""
+        if self.multi_agent is None:
+            runners = self.env_runners
+            return {DEFAULT_POLICY_ID: (runners.observation_space, runners.action_space)}
+        specs = self.multi_agent[0].agent_policies.specs
+        return {p: (spec.observation_space, spec.action_space) for p, spec in specs.items()}
+
+    def _make_replays(self) -> dict:
+        """A new replay buffer per trained policy, each seeded apart."""
+        trained = (
+            [DEFAULT_POLICY_ID]
+            if self.multi_agent is None
+            else self.multi_agent[1].policies_to_train
+        )
+        return {p: make_replay_buffer(self.config, index) for index, p in enumerate(trained)}
+
+    @property
+    def replay(self):
+        """The replay buffer of a run of one policy."""
+        return self.replays[DEFAULT_POLICY_ID]
 
     # ----- one iteration ---------------------------------------------------------------
 
@@ -305,9 +343,7 @@ class ReplayAlgorithm(Algorithm):
         num_steps = 0
         while self.timesteps_total - steps_before < cfg.min_sample_timesteps_per_iteration:
             self.set_exploration_timestep()
-            batch = self.sample_ready()
-            if batch.count:
-                self.replay.add(batch)
+            self._sample_into_replay()
             due = sgd_steps_due(
                 self.num_env_steps_for_learning,
                 self.num_sgd_steps_total * cfg.train_batch_size,
@@ -315,37 +351,76 @@ class ReplayAlgorithm(Algorithm):
                 cfg.training_intensity,
                 self.samples_per_round(),
             )
-            # at most as many rows as the buffer holds per draw; the rest carries over
-            due = min(due, len(self.replay) // cfg.train_batch_size)
+            # at most as many rows as each buffer holds per draw; the rest carries over
+            for replay in self.replays.values():
+                due = min(due, len(replay) // cfg.train_batch_size)
+            if not self.replays:  # no policy is trained
+                due = 0
             if due:
                 stats = self.learn_on_replay(due)
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + float(value) * due
                 num_steps += due
-        stats = {key: value / num_steps for key, value in totals.items()}
-        stats.pop("num_sgd_steps", None)
+        stats = {
+            key: value / num_steps
+            for key, value in totals.items()
+            if key.rpartition("/")[2] != "num_sgd_steps"
+        }
         stats.update(
             num_sgd_steps_this_iter=num_steps,
             num_sgd_steps_total=self.num_sgd_steps_total,
-            replay_buffer_size=len(self.replay),
+            replay_buffer_size=sum(len(replay) for replay in self.replays.values()),
             **self.exploration_stats(),
         )
         return stats
 
+    def _sample_into_replay(self) -> None:
+        """One round of sampling, each trained policy's rows into its buffer."""
+        if self.multi_agent is None:
+            batch = self.sample_ready()
+            if batch.count:
+                self.replay.add(batch)
+            return
+        for policy_id, rows in self._sample_multi_agent(1).policy_batches.items():
+            if policy_id in self.replays and rows.count:
+                self.replays[policy_id].add(rows)
+
     def learn_on_replay(self, num_steps: int) -> dict:
-        """num_steps SGD steps on batches replayed now, in one compiled call; then the
-        replayed rows' priorities from the TD errors those steps computed, and the
-        weights broadcast."""
-        batch = self.replay.sample(num_steps * self.config.train_batch_size)
-        stats = self.learner_update(
-            lambda learners: learners.update(batch, num_epochs=1, shuffle=False)
-        )
-        td_errors = stats.pop(PER_ROW)[TD_ERROR]  # from the steps themselves
+        """num_steps SGD steps on batches replayed now, in one compiled call (per
+        policy); then the replayed rows' priorities from the TD errors those steps
+        computed, and the weights broadcast."""
+        size = num_steps * self.config.train_batch_size
+        replayed = {policy_id: replay.sample(size) for policy_id, replay in self.replays.items()}
+        if self.multi_agent is None:
+            batch = replayed[DEFAULT_POLICY_ID]
+            stats = self.learner_update(lambda learners: replay_update(learners, batch))
+            td_errors = {DEFAULT_POLICY_ID: stats.pop(PER_ROW)[TD_ERROR]}
+        else:
+            learners = self.multi_agent[1]
+            start = time.perf_counter()
+            stats = self._counted_update(
+                learners.update_each(
+                    replay_update, MultiAgentBatch(replayed, 0), self.timesteps_total
+                ),
+                start,
+            )
+            td_errors = {p: stats.pop(f"{p}/{PER_ROW}")[TD_ERROR] for p in replayed}
         self.num_sgd_steps_total += num_steps
-        if isinstance(self.replay, PrioritizedReplayBuffer):
-            self.replay.update_priorities(batch[BATCH_INDEXES], td_errors)
-        self.broadcast_weights(wait=False)
+        for policy_id, replay in self.replays.items():
+            if isinstance(replay, PrioritizedReplayBuffer):  # from the steps themselves
+                replay.update_priorities(replayed[policy_id][BATCH_INDEXES], td_errors[policy_id])
+        self._broadcast_trained_weights()
         return stats
+
+    def _broadcast_trained_weights(self) -> None:
+        """The learners' weights to the acting copies, not waited for by remote workers."""
+        if self.multi_agent is None:
+            self.broadcast_weights(wait=False)
+            return
+        runners, learners = self.multi_agent
+        start = time.perf_counter()
+        runners.sync_weights({p: learners.groups[p].get_weights() for p in self.replays})
+        self._counts.sync_time_s += time.perf_counter() - start
 
     @property
     def num_env_steps_for_learning(self) -> int:
@@ -354,8 +429,11 @@ class ReplayAlgorithm(Algorithm):
         return max(0, self.timesteps_total - self.config.num_steps_sampled_before_learning_starts)
 
     def samples_per_round(self) -> int:
-        """Env steps one sampling round brings (all workers' fragments)."""
+        """Env steps one sampling round brings (all workers' fragments; with
+        `policies`, one fragment of the driver's env)."""
         cfg = self.config
+        if self.multi_agent is not None:
+            return cfg.fragment_length()
         return cfg.fragment_length() * cfg.num_envs_per_env_runner * max(1, cfg.num_env_runners)
 
     # ----- the exploration schedule ------------------------------------------------------
@@ -371,17 +449,26 @@ class ReplayAlgorithm(Algorithm):
         there. Remote calls are not waited for: an actor runs its calls in order, so
         the timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
-        self.env_runners.set_global_timestep(self.timesteps_total)
+        runners = self.env_runners if self.multi_agent is None else self.multi_agent[0]
+        runners.set_global_timestep(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------
 
+    def _replay_names(self) -> dict[str, str]:
+        """policy id -> the name its buffer is saved under: "replay" for one policy,
+        "replay/<policy id>" with `policies`; values "<name>_meta", arrays "<name>/..."."""
+        if self.multi_agent is None:
+            return {DEFAULT_POLICY_ID: "replay"}
+        return {policy_id: f"replay/{policy_id}" for policy_id in self.replays}
+
     def get_algorithm_state(self) -> AlgorithmState:
-        values = {"num_sgd_steps_total": self.num_sgd_steps_total}
+        values: dict = {"num_sgd_steps_total": self.num_sgd_steps_total}
         arrays = {}
         if self.config.checkpoint_replay_buffer:
-            state = self.replay.get_state()
-            values["replay_meta"] = state["meta"]
-            arrays = {f"replay/{name}": value for name, value in state["arrays"].items()}
+            for policy_id, name in self._replay_names().items():
+                state = self.replays[policy_id].get_state()
+                values[f"{name}_meta"] = state["meta"]
+                arrays.update({f"{name}/{key}": v for key, v in state["arrays"].items()})
         return AlgorithmState(values, arrays)
 
     def check_algorithm_state(self, state: AlgorithmState) -> None:
@@ -392,28 +479,36 @@ class ReplayAlgorithm(Algorithm):
                 f"{name} algorithm state value 'num_sgd_steps_total' must be an "
                 f"int >= 0, got {value!r}"
             )
-        if "replay_meta" in state.values:
-            self.replay.check_state(replay_state(state))
-        elif state.arrays:
-            raise ValueError(
-                f"{name} algorithm state has arrays {sorted(state.arrays)} but no 'replay_meta'"
-            )
+        for policy_id, replay_name in self._replay_names().items():
+            if f"{replay_name}_meta" in state.values:
+                self.replays[policy_id].check_state(replay_state(state, replay_name))
+            elif any(key.startswith(f"{replay_name}/") for key in state.arrays):
+                raise ValueError(
+                    f"{name} algorithm state has arrays {sorted(state.arrays)} but no "
+                    f"{replay_name + '_meta'!r}"
+                )
 
     def set_algorithm_state(self, state: AlgorithmState) -> None:
         self.num_sgd_steps_total = int(state.values["num_sgd_steps_total"])
-        self.replay = make_replay_buffer(self.config)
-        if "replay_meta" in state.values:
-            self.replay.set_state(replay_state(state))
+        self.replays = self._make_replays()
+        for policy_id, replay_name in self._replay_names().items():
+            if f"{replay_name}_meta" in state.values:
+                self.replays[policy_id].set_state(replay_state(state, replay_name))
 
 
-def replay_state(state: AlgorithmState) -> dict:
-    """The replay buffer's get_state() back from an AlgorithmState."""
-    prefix = "replay/"
+def replay_update(learners, batch: SampleBatch) -> dict:
+    """The SGD steps of a replayed batch on `learners`, minibatches in order."""
+    return learners.update(batch, num_epochs=1, shuffle=False)
+
+
+def replay_state(state: AlgorithmState, name: str) -> dict:
+    """The replay buffer's get_state() saved under `name` back from an AlgorithmState."""
+    prefix = f"{name}/"
     return {
-        "meta": state.values["replay_meta"],
+        "meta": state.values[f"{name}_meta"],
         "arrays": {
-            name[len(prefix) :]: value
-            for name, value in state.arrays.items()
-            if name.startswith(prefix)
+            key[len(prefix) :]: value
+            for key, value in state.arrays.items()
+            if key.startswith(prefix)
         },
     }

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
-from policy_service import LossExtras, LossGroup, masked_mean
+from policy_service import LossExtras, masked_mean
 from policy_service.config import (
     KERAS_ACTIVATION,
     LAYER_SIZES,
@@ -36,9 +36,9 @@ from policy_service.config import (
     from_dict,
     setting,
 )
-from policy_service.config_rules import Rule, is_number
+from policy_service.config_rules import RATE_EXPECTED, Rule, rate_error
 from policy_service.distributions import squashed_gaussian_for
-from policy_service.engine.optimizers import FusedAdam
+from policy_service.engine.loss_groups import adam_group
 from policy_service.engine.units import LOSS_MASK
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
@@ -66,11 +66,8 @@ MLP_CONFIG = Rule(
     _is_mlp_config,
 )
 OPTIMIZATION = Rule(
-    f"a dict of {', '.join(LEARNING_RATES)}, each a finite number > 0",
-    lambda v: (
-        set(v) == set(LEARNING_RATES)
-        and all(is_number(x) and math.isfinite(x) and x > 0 for x in v.values())
-    ),
+    f"a dict of {', '.join(LEARNING_RATES)}, each {RATE_EXPECTED}",
+    lambda v: set(v) == set(LEARNING_RATES) and all(rate_error(x) is None for x in v.values()),
 )
 TARGET_ENTROPY = Rule(
     "'auto' or a finite number",
@@ -99,7 +96,8 @@ class SACConfig(ContinuousReplayConfig):
         check=TARGET_ENTROPY,
     )
     optimization: dict = setting(
-        doc="The Adam learning rate of each loss (RLlib's keys).",
+        doc="The Adam learning rate of each loss (RLlib's keys), or a schedule "
+        "[[timestep, rate], ...] of it.",
         check=OPTIMIZATION,
         factory=lambda: dict.fromkeys(LEARNING_RATES, 3e-4),
     )
@@ -212,6 +210,7 @@ class SACPolicy(ReplayPolicy):
     config_class = SACConfig
     algorithm_name = "SAC"
     discrete_variant = True  # SAC-discrete on a Discrete space
+    takes_action_masks = False  # its losses read the model's Q heads, which are not masked
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config=None):
         check_action_space(action_space, self.algorithm_name, self.discrete_variant)
@@ -232,11 +231,9 @@ class SACPolicy(ReplayPolicy):
         rates, m = self.config.optimization, self.model
         eps = self.config.adam_epsilon
         return [
-            LossGroup(
-                FusedAdam(rates["actor_learning_rate"], epsilon=eps), m.actor.trainable_variables
-            ),
-            LossGroup(FusedAdam(rates["critic_learning_rate"], epsilon=eps), m.critic_variables()),
-            LossGroup(FusedAdam(rates["entropy_learning_rate"], epsilon=eps), [m.log_alpha]),
+            adam_group(rates["actor_learning_rate"], m.actor.trainable_variables, eps),
+            adam_group(rates["critic_learning_rate"], m.critic_variables(), eps),
+            adam_group(rates["entropy_learning_rate"], [m.log_alpha], eps),
         ]
 
     @property

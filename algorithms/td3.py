@@ -25,10 +25,11 @@ import tensorflow as tf
 
 from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
 from algorithms.sac import bootstrapped_targets, check_action_space, flat_obs, mlp, twin_minimum
-from policy_service import LossExtras, LossGroup, masked_mean
+from policy_service import LossExtras, masked_mean
 from policy_service.config import LAYER_SIZES, ConfigError, finite, from_dict, integer, setting
+from policy_service.config_rules import rate_error
 from policy_service.distributions import dist_class_for
-from policy_service.engine.optimizers import FusedAdam
+from policy_service.engine.loss_groups import adam_group
 from policy_service.engine.units import LOSS_MASK
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
 from policy_service.sample_batch import SampleBatch
@@ -47,8 +48,12 @@ class TD3Config(ContinuousReplayConfig):
     critic_hiddens: list = setting(
         doc="Each critic's ReLU layers.", check=LAYER_SIZES, factory=lambda: [256, 256]
     )
-    actor_lr: float = setting(1e-3, doc="The actor's Adam learning rate.", check=finite(gt=0))
-    critic_lr: float = setting(1e-3, doc="The critics' Adam learning rate.", check=finite(gt=0))
+    actor_lr: float | list = setting(
+        1e-3, doc="The actor's Adam learning rate, or a schedule of it.", check=rate_error
+    )
+    critic_lr: float | list = setting(
+        1e-3, doc="The critics' Adam learning rate, or a schedule of it.", check=rate_error
+    )
     policy_delay: int = setting(
         2, doc="Critic steps per actor step (the actor's group every N steps).", check=integer(ge=1)
     )
@@ -133,12 +138,10 @@ class TD3Policy(ReplayPolicy):
         cfg, m = self.config, self.model
         eps = cfg.adam_epsilon
         return [
-            LossGroup(
-                FusedAdam(cfg.actor_lr, epsilon=eps),
-                m.actor.trainable_variables,
-                every_steps=cfg.policy_delay,
+            adam_group(
+                cfg.actor_lr, m.actor.trainable_variables, eps, every_steps=cfg.policy_delay
             ),
-            LossGroup(FusedAdam(cfg.critic_lr, epsilon=eps), m.critic_variables()),
+            adam_group(cfg.critic_lr, m.critic_variables(), eps),
         ]
 
     def smoothed_target_value(self, model, next_obs) -> tf.Tensor:

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -190,6 +191,13 @@ def parse_threads(text: str) -> list:
     if text in ("default", ""):
         return [None]
     return [tuple(int(x) for x in pair.split(",")) for pair in text.split(";")]
+
+
+def free_port() -> int:
+    """A loopback TCP port free now, for a server a benchmark starts."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def child_env(extra: dict | None = None) -> dict:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 
 import numpy as np
@@ -235,7 +234,7 @@ def measure(spec: dict):
         max_batch_size=spec["max_batch_size"], batch_wait_timeout_s=spec["wait_ms"] / 1e3
     )
     body = json.dumps({"obs": [[0.01, -0.02, 0.03, -0.04]], "explore": False}).encode()
-    port = free_port()
+    port = harness.free_port()
     base = {
         "bench": NAME,
         "round": spec["round"],
@@ -262,12 +261,6 @@ def measure(spec: dict):
         serve.shutdown()
     finally:
         ray.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ----- parent --------------------------------------------------------------------------------

@@ -72,6 +72,21 @@ def schedule_error(schedule) -> str | None:
     return None
 
 
+RATE_EXPECTED = "a finite number > 0 or a schedule [[timestep, rate], ...] of rates > 0"
+
+
+def rate_error(value) -> str | None:
+    """A learning rate of its own: a number, or a schedule (schedule_error) whose
+    rates are > 0. None when it is one, else what it must be and what is wrong."""
+    if is_number(value):
+        return None if math.isfinite(value) and value > 0 else RATE_EXPECTED
+    error = schedule_error(value)
+    if error is not None:
+        return f"{RATE_EXPECTED}: {error}"
+    low = min(point[1] for point in value)
+    return None if low > 0 else f"{RATE_EXPECTED} (a rate is {low})"
+
+
 def machine_memory_bytes() -> int:
     """This machine's memory: physical RAM, or the cgroup's limit when lower."""
     memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
+from policy_service import action_masks
 from policy_service.config_rules import finite, integer
 
 
@@ -166,13 +167,30 @@ class EpsilonGreedy(Exploration):
         random_actions = tf.random.stateless_uniform(
             [batch], seeds[0], minval=start, maxval=start + n, dtype=tf.int64
         )
+        random_actions, num_legal = _legal_random(dist.inputs, random_actions, start, seed)
         coin = tf.random.stateless_uniform([batch], seeds[1])
         eps = tf.where(explore, self.epsilon(timestep), 0.0)
         actions = tf.where(coin < eps, random_actions, tf.cast(greedy, tf.int64))
         prob = (1.0 - eps) * tf.cast(
             tf.equal(actions, tf.cast(greedy, tf.int64)), tf.float32
-        ) + eps / n
+        ) + eps / num_legal
         return tf.cast(actions, greedy.dtype), tf.math.log(prob)
+
+
+def _legal_random(dist_inputs, random_actions, start: int, seed):
+    """(`random_actions` with each masked one (action_masks.py) redrawn among its row's
+    legal actions, <float32>[B] legal actions per row): uniform among the legal ones. A
+    row without masked actions keeps its draw."""
+    legal = action_masks.legal_actions(dist_inputs)
+    is_legal = tf.gather(legal, random_actions - start, axis=1, batch_dims=1)
+    redrawn = tf.random.stateless_categorical(
+        tf.where(legal, 0.0, action_masks.MASKED),
+        1,
+        tf.random.experimental.stateless_fold_in(seed, 2),
+        dtype=tf.int64,
+    )[:, 0]
+    actions = tf.where(is_legal, random_actions, redrawn + start)
+    return actions, tf.reduce_sum(tf.cast(legal, tf.float32), axis=1)
 
 
 # by the name a config's (and a state's) "type" gives

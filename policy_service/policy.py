@@ -27,6 +27,7 @@ import tensorflow as tf
 import tree
 
 from policy_service import (
+    action_masks,
     call_arguments,
     distributions,
     exploration,
@@ -37,7 +38,7 @@ from policy_service import (
 from policy_service.batch_learning import BatchLearning
 from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
-from policy_service.engine.compiled import FlatCall
+from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
@@ -68,6 +69,9 @@ class TFPolicy(BatchLearning):
     # the train-batch columns the loss reads (name -> LossColumn), checked before any
     # tensor work so a bad batch is an error naming the column ("obs" always is)
     loss_columns: dict = {}
+    # an "action_mask" observation entry masks the model's action distribution inputs
+    # (action_masks.py); False: a policy whose losses read more of the model refuses it
+    takes_action_masks: bool = True
 
     def __init__(
         self,
@@ -95,8 +99,13 @@ class TFPolicy(BatchLearning):
         )
         self.global_timestep = 0
         self.num_grad_updates = 0
+        # what the last learning call learned from: its TrainColumns, or the gradient
+        # lists it applied (last_gradients)
+        self._last_learned: TrainColumns | list | None = None
         with tf.device(self.tower_devices.variable_device):
-            self.model = models.follow_call_convention(self.make_model())
+            self.model = action_masks.masked_model(
+                models.follow_call_convention(self.make_model()), self
+            )
             self._initial_state = models.initial_state(self.model)
             # a lazily built model creates its variables here, before any list of them is taken
             models.check_model(
@@ -117,6 +126,7 @@ class TFPolicy(BatchLearning):
             for i, v in enumerate(v for v in self.model.variables if _is_rng_state(v))
         }
         self._weight_names = _unique(models.weight_names(self.model, self._weight_variables))
+        self._weights_writer: VariableWriter | None = None  # compiled on first set_weights
         update = self.target_network_update()
         self.target_network = (
             None
@@ -509,6 +519,7 @@ class TFPolicy(BatchLearning):
         over all of `train`'s rows (padding included). minibatch_size: rows per
         minibatch on this policy's towers (default: the config's; a learner of N
         takes 1/N of the group's)."""
+        self._last_learned = train
         if num_epochs is None:
             self._sync_timestep()
             stats = self.towers.learn(self._placed(train))
@@ -539,9 +550,36 @@ class TFPolicy(BatchLearning):
         return self.towers.place(self.towers.shard(train.columns, train.units))
 
     def apply_gradients(self, gradients) -> None:
+        gradients = call_arguments.gradient_lists(gradients)
         self._sync_timestep()
-        self.towers.apply_gradients(call_arguments.gradient_lists(gradients))
+        self.towers.apply_gradients(gradients)
         self.num_grad_updates += 1
+        self._last_learned = gradients
+
+    def last_gradients(self) -> dict[str, np.ndarray]:
+        """For TensorBoard: the gradients of the last learning call by trainable
+        variable name ("<i>/<name>" with several loss groups, i the group): the
+        combined, clipped gradients of its batch at the present weights, or the
+        gradients it applied; {} before any. The model's seed generators are put back
+        afterwards, so a run that looks at its gradients trains as one that does not."""
+        if self._last_learned is None:
+            return {}
+        if isinstance(self._last_learned, TrainColumns):
+            seeds = [v.numpy() for v in self._model_rngs.values()]
+            grads, _ = self.compute_gradients_on_train_columns(self._last_learned)
+            for variable, value in zip(self._model_rngs.values(), seeds):
+                variable.assign(value)
+        else:
+            grads = self._last_learned
+        per_group = grads if len(self.towers.groups) > 1 else [grads]
+        names = dict(zip(map(id, self._weight_variables), self._weight_names))
+        trainable = [names[id(v)] for v in self.towers.variables]
+        return {
+            name if len(per_group) == 1 else f"{i}/{name}": np.asarray(g)
+            for i, group in enumerate(per_group)
+            for name, g in zip(trainable, group)
+            if g is not None
+        }
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
@@ -554,6 +592,7 @@ class TFPolicy(BatchLearning):
     ) -> int:
         """minibatch_size: rows per minibatch on this policy's towers (default: the
         config's; a learner of N takes 1/N of the group's)."""
+        self._last_learned = train
         return self.towers.load(
             train.columns,
             train.units,
@@ -639,7 +678,9 @@ class TFPolicy(BatchLearning):
                 name: _blend(value, targets[name].numpy(), new_rate)
                 for name, value in arrays.items()
             }
-        _assign(targets, arrays)
+        if self._weights_writer is None:
+            self._weights_writer = VariableWriter(self._weight_variables)
+        self._weights_writer([arrays[name] for name in self._weight_names])
 
     def _optimizer_variables(self) -> dict:
         # by position only: Keras names optimizer slots after the optimizer's and the

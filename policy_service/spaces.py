@@ -265,6 +265,15 @@ class _NestedPreprocessor(ObservationPreprocessor):
         self._children = [make_preprocessor(space[key]) for key in self._keys]
         super().__init__(space, (sum(child.size for child in self._children),))
 
+    def entry_slice(self, key) -> slice:
+        """Where the entry `key` sits in a flattened observation (its last axis)."""
+        start = 0
+        for child_key, child in zip(self._keys, self._children):
+            if child_key == key:
+                return slice(start, start + child.size)
+            start += child.size
+        raise KeyError(f"{self.space} has no entry {key!r}")
+
     def _validate(self, obs_batch, column):
         items = self._items(obs_batch, column)
         arrays, batch_sizes = [], {}
@@ -561,6 +570,11 @@ def _check_leaf_actions(
     expected = f"shape {_batch_shape(trailing)} integer dtype with values in {value_range}"
     _check_rank_and_kind(array, trailing, _INT_KINDS, column, expected)
     _check_index_range(array, start, size, column, expected)
+
+
+def has_box_leaves(action_space: gym.Space) -> bool:
+    """Whether clip_actions has anything to clip (an unsupported leaf is a ValueError)."""
+    return any(isinstance(leaf, gym.spaces.Box) for _, leaf in action_leaves(action_space))
 
 
 def clip_actions(action_space: gym.Space, actions: Any) -> Any:

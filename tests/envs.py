@@ -103,6 +103,44 @@ class ContinuousEnv(gym.Env):
         return obs, 0.0, self.t >= self.length, False, {}
 
 
+class MaskedPickEnv(gym.Env):
+    """Each step a random subset of the `n` actions is legal (obs["action_mask"]) and
+    one of them is the target (one-hot in obs["observation"]), paid 1; an illegal
+    action raises. Episodes of `length` steps."""
+
+    def __init__(self, config: dict | None = None):
+        config = dict(config or {})
+        self.n, self.length = int(config.get("n", 6)), int(config.get("length", 10))
+        self.observation_space = gym.spaces.Dict(
+            {
+                "observation": gym.spaces.Box(0.0, 1.0, (self.n,), np.float32),
+                "action_mask": gym.spaces.Box(0, 1, (self.n,), np.int8),
+            }
+        )
+        self.action_space = gym.spaces.Discrete(self.n)
+
+    def _obs(self) -> dict:
+        self.mask = (self.np_random.random(self.n) < 0.5).astype(np.int8)
+        self.mask[self.np_random.integers(self.n)] = 1
+        self.target = int(self.np_random.choice(np.flatnonzero(self.mask)))
+        return {
+            "observation": np.eye(self.n, dtype=np.float32)[self.target],
+            "action_mask": self.mask,
+        }
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        if not self.mask[int(action)]:
+            raise ValueError(f"illegal action {action} under mask {self.mask.tolist()}")
+        reward = float(int(action) == self.target)
+        self.t += 1
+        return self._obs(), reward, self.t >= self.length, False, {}
+
+
 class TargetAndAimEnv(gym.Env):
     """Tuple(Discrete(3), Box(-1, 1, (2,))) actions that both count.
 

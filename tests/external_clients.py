@@ -3,14 +3,18 @@ over HTTP only (policy_service.client.PolicyClient), with its token from
 $POLICY_SERVICE_TOKEN.
 
     python tests/external_clients.py interleaved ADDRESS --episodes 8 --seed 3
-    python tests/external_clients.py cartpole ADDRESS --mode local --seconds 600
+    python tests/external_clients.py play ADDRESS --mode local --seconds 600
+    python tests/external_clients.py play ADDRESS --env Pendulum-v1
 
 interleaved: opens all its episodes first, then steps a random open one at a time;
 episode k lasts 1 + k % 6 CartPole steps (too few to fall: it ends truncated), so the
 server must count exactly sum(1 + k % 6) steps. Prints one JSON line of counts.
-cartpole: plays CartPole-v1 episodes until the server has gone for good (or the time
-is up); an episode the server lost (404, or 5xx while Serve replaces its replica) is
-started again.
+play: plays episodes of --env (CartPole-v1) until the time is up, the server has gone
+for good (no answer for --reconnect-s), or SIGINT; an episode the server lost (404, or
+5xx while Serve replaces its replica; a connection refused while the server restarts)
+is started again.
+Prints one JSON line: episodes ended, lost, reconnects after a refused connection,
+and why it stopped.
 """
 
 from __future__ import annotations
@@ -56,30 +60,35 @@ def interleaved(client: PolicyClient, episodes: int, seed: int) -> dict:
     return {"episodes": episodes, "steps": steps}
 
 
-def cartpole(client: PolicyClient, seconds: float, seed: int) -> dict:
-    env = gym.make("CartPole-v1")
-    deadline = time.monotonic() + seconds
-    episodes = lost = 0
-    obs, _ = env.reset(seed=seed)
+def play(
+    client: PolicyClient, env_id: str, counts: dict, deadline: float, seed: int, reconnect
+) -> PolicyClient:
+    """Episodes until the deadline, counted into `counts`; a refused connection is waited
+    out by reconnect() (a new client), and the episode it cut off counts as lost."""
+    env = gym.make(env_id)
+    env.reset(seed=seed)
     while time.monotonic() < deadline:
-        eid = client.start_episode()
-        obs, _ = env.reset()
         try:
+            eid = client.start_episode()
+            obs, _ = env.reset()
             while True:
                 action = client.get_action(eid, obs)
                 obs, reward, terminated, truncated, _ = env.step(action)
                 client.log_returns(eid, reward)
                 if terminated or truncated:
                     client.end_episode(eid, obs, truncated=not terminated)
-                    episodes += 1
+                    counts["episodes"] += 1
                     break
         except PolicyClientError as err:
             if err.status != 404 and err.status < 500:
                 raise
-            lost += 1  # the server (or its replica) restarted: this episode is gone
+            counts["lost"] += 1  # the server (or its replica) restarted: this episode is gone
             time.sleep(0.5 if err.status >= 500 else 0)
-    client.close()
-    return {"episodes": episodes, "lost": lost}
+        except ConnectionError:  # the server stopped: restarting (resume), or gone for good
+            counts["lost"] += 1
+            client = reconnect()
+            counts["reconnects"] += 1
+    return client
 
 
 def connect(address: str, mode: str, update_interval_s: float, wait_s: float) -> PolicyClient:
@@ -101,30 +110,33 @@ def connect(address: str, mode: str, update_interval_s: float, wait_s: float) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=["interleaved", "cartpole"])
+    parser.add_argument("kind", choices=["interleaved", "play"])
+    parser.add_argument("--env", default="CartPole-v1")
     parser.add_argument("address")
     parser.add_argument("--mode", default="remote")
     parser.add_argument("--episodes", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--update-interval-s", type=float, default=2.0)
+    parser.add_argument("--reconnect-s", type=float, default=60)
     args = parser.parse_args()
-    while True:
+
+    def reconnect(wait_s: float = args.reconnect_s) -> PolicyClient:
+        return connect(args.address, args.mode, args.update_interval_s, wait_s)
+
+    client = reconnect(120)
+    if args.kind == "interleaved":
+        counts = interleaved(client, args.episodes, args.seed)
+    else:
+        counts = {"episodes": 0, "lost": 0, "reconnects": 0, "stopped": "time up"}
         try:
-            client = connect(args.address, args.mode, args.update_interval_s, wait_s=120)
-            if args.kind == "interleaved":
-                counts = interleaved(client, args.episodes, args.seed)
-            else:
-                counts = cartpole(client, args.seconds, args.seed)
-            break
+            deadline = time.monotonic() + args.seconds
+            client = play(client, args.env, counts, deadline, args.seed, reconnect)
+            client.close()
         except ConnectionError:
-            if args.kind == "interleaved":
-                raise
-            try:  # the server stopped: gone for good, or restarting (resume)
-                connect(args.address, args.mode, args.update_interval_s, wait_s=60).close()
-            except ConnectionError:
-                counts = {"server": "gone"}
-                break
+            counts["stopped"] = "server gone"
+        except KeyboardInterrupt:  # SIGINT: the test has seen enough
+            counts["stopped"] = "interrupted"
     print(json.dumps(counts), flush=True)
     return 0
 

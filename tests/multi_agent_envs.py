@@ -6,6 +6,8 @@ both act every step, so agent steps are twice the env steps; `two_maps_config` r
 on it (registered as "two_maps") with a policy per agent, "pa" and "pb" (`by_agent`).
 `JoinLeaveEnv`: a 5-step episode where "late" joins at t=1 and leaves after t=3, with
 rewards a test can check advantages against by hand.
+`TwoCartPoles`: agents "a" and "b" each balance their own CartPole-v1; an agent leaves
+when its pole falls, the episode ends when both have (or at 500 steps).
 """
 
 from __future__ import annotations
@@ -38,13 +40,22 @@ def two_maps_config(**changes) -> dict:
 
 
 class TwoMapsEnv(MultiAgentEnv):
+    """env_config "continuous": true gives each agent a Box(-1, 1, (1,)) action, paid
+    1 - |action - its target's place in [-1, 1]| / 2 instead."""
+
     def __init__(self, config: dict | None = None) -> None:
         config = config or {}
         self.episode_len = config.get("episode_len", 8)
+        self.continuous = bool(config.get("continuous", False))
         self.possible_agents = ["a", "b"]
         space = gym.spaces.Box(0.0, 1.0, (CUES + 2,), np.float32)
         self.observation_spaces = {a: space for a in self.possible_agents}
-        self.action_spaces = {a: gym.spaces.Discrete(CUES) for a in self.possible_agents}
+        action_space = (
+            gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+            if self.continuous
+            else gym.spaces.Discrete(CUES)
+        )
+        self.action_spaces = {a: action_space for a in self.possible_agents}
         self.rng = np.random.default_rng(config.get("seed", 0))
         self.agents = []
 
@@ -66,7 +77,11 @@ class TwoMapsEnv(MultiAgentEnv):
 
     def step(self, action_dict):
         targets = {"a": self.cue, "b": (self.cue + 1) % CUES}
-        rewards = {a: float(action_dict[a] == targets[a]) for a in action_dict}
+        if self.continuous:
+            places = {a: 2 * k / (CUES - 1) - 1 for a, k in targets.items()}
+            rewards = {a: 1 - abs(float(action_dict[a][0]) - places[a]) / 2 for a in action_dict}
+        else:
+            rewards = {a: float(action_dict[a] == targets[a]) for a in action_dict}
         self.t += 1
         self.cue = int(self.rng.integers(CUES))
         done = self.t >= self.episode_len
@@ -113,3 +128,36 @@ class JoinLeaveEnv(MultiAgentEnv):
         if self.t == 5:
             self.agents = []
         return obs, rewards, terminateds, {ALL: False}, {}
+
+
+class TwoCartPoles(MultiAgentEnv):
+    def __init__(self, config: dict | None = None) -> None:
+        self.possible_agents = ["a", "b"]
+        self.envs = {a: gym.make("CartPole-v1") for a in self.possible_agents}
+        self.observation_spaces = {a: e.observation_space for a, e in self.envs.items()}
+        self.action_spaces = {a: e.action_space for a, e in self.envs.items()}
+        self.agents = []
+
+    def reset(self, *, seed=None, options=None):
+        self.agents = list(self.possible_agents)
+        obs = {}
+        for index, (agent, env) in enumerate(self.envs.items()):
+            obs[agent], _ = env.reset(seed=None if seed is None else seed + index)
+        return obs, {}
+
+    def step(self, action_dict):
+        obs, rewards, terminateds, truncateds = {}, {}, {}, {}
+        for agent, action in action_dict.items():
+            o, r, terminated, truncated, _ = self.envs[agent].step(int(action))
+            obs[agent], rewards[agent] = o, float(r)
+            terminateds[agent], truncateds[agent] = terminated, truncated
+            if terminated or truncated:
+                self.agents.remove(agent)
+        over = not self.agents
+        terminateds[ALL] = over and any(terminateds.values())
+        truncateds[ALL] = over and not terminateds[ALL]
+        return obs, rewards, terminateds, truncateds, {}
+
+    def close(self) -> None:
+        for env in self.envs.values():
+            env.close()

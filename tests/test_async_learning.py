@@ -4,6 +4,7 @@ over a real local Ray, with the learner in the driver and in 2 learner actors.
 The tests that start Ray are in the slow group (the fast suite's budget)."""
 
 import collections
+import threading
 
 import envs
 import fakes
@@ -162,6 +163,53 @@ def test_fragments_are_dealt_by_env_steps_and_a_full_queue_takes_nothing():
     assert thread.stop() == 4  # never started: the queued batch is dropped and counted
 
 
+class OneUpdateAtATime:
+    """Learners whose update waits for `release`; last_gradients notes whether it
+    was called while an update ran."""
+
+    num_learners = 0
+
+    def __init__(self):
+        self.updating, self.overlapped = False, None
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def update_on_fragments(self, shards, version, num_sgd_steps):
+        self.updating = True
+        self.started.set()
+        self.release.wait(60)
+        self.updating = False
+        return {}
+
+    def get_weights(self):
+        return {}
+
+    def last_gradients(self):
+        self.overlapped = self.updating
+        return {"w": np.ones(2)}
+
+
+def test_the_learner_threads_gradients_are_taken_between_two_updates():
+    learners = OneUpdateAtATime()
+    thread = LearnerThread(
+        learners, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
+    )
+    thread.start()
+    taken: list[dict] = []
+    try:
+        assert thread.offer([Fragment(None, {"env_steps": 4})])
+        assert learners.started.wait(60)
+        caller = threading.Thread(target=lambda: taken.append(thread.last_gradients()))
+        caller.start()
+        caller.join(0.2)
+        assert caller.is_alive() and not taken  # the update holds it
+        learners.release.set()
+        caller.join(60)
+    finally:
+        learners.release.set()
+        thread.stop()
+    assert learners.overlapped is False and list(taken[0]) == ["w"]
+
+
 @pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
 def test_async_learning_trains_and_drops_fragments_older_than_max_policy_lag(runners, learners):
     settings = AsyncSettings(
@@ -171,6 +219,7 @@ def test_async_learning_trains_and_drops_fragments_older_than_max_policy_lag(run
     try:
         first = training.run(min_env_steps=80)
         second = training.run(min_env_steps=80)
+        grads = training.last_gradients()  # TensorBoard's, between two of the thread's updates
     finally:
         training.stop()
     for it in (first, second):
@@ -181,6 +230,9 @@ def test_async_learning_trains_and_drops_fragments_older_than_max_policy_lag(run
         assert report["learner_idle_time_s"] >= 0 and report["env_runner_idle_time_s"] >= 0
         assert sum(m["env_steps"] for m in it.fragment_metrics) >= 80
     assert second.report["learner_version"] > first.report["learner_version"] >= 1
+    weights = learners.get_weights()
+    assert grads and set(grads) < set(weights)  # the value head is not in this loss
+    assert all(g.shape == weights[k].shape and np.isfinite(g).all() for k, g in grads.items())
     # the weights of the second run's updates reached the runners without anyone waiting
     assert max(runners.weights_versions()) >= first.report["learner_version"]
 

@@ -364,6 +364,20 @@ def test_serve_smoke(tmp_path):
     assert all(row["vs_ceiling"] > 0 and row["vs_ceiling_body"] > 0 for row in policy_rows)
 
 
+@pytest.mark.rllib
+def test_serve_rllib_smoke(tmp_path):
+    """Both training servers and the Serve ceiling serve episodes from client processes;
+    needs the RLlib 2.35 venv (.venv-rllib-server; the script makes it when missing)."""
+    records = measurements(run_smoke("serve_rllib", tmp_path, timeout=2400))
+    assert {(r["target"], r["clients"]) for r in records} == {
+        (t, n) for t in ("ours", "ceiling", "rllib") for n in (1, 4)
+    }
+    assert all(r["per_client_min"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in records)
+    saved = json.loads((tmp_path / "serve_rllib.json").read_text())
+    ours = [row for row in saved["summary"] if row["target"] != "rllib"]
+    assert len(ours) == 4 and all(row["vs_rllib"] > 0 and row["vs_ceiling"] > 0 for row in ours)
+
+
 def test_client_local_smoke(tmp_path):
     records = measurements(run_smoke("client_local", tmp_path))
     assert {r["target"] for r in records} == {"bare", "exported"}
@@ -400,3 +414,27 @@ def test_startup_prints_its_phases():
     assert len(phases["runner_up_s"]) == len(phases["runner_process_start_s"]) == 1
     assert phases["runner_up_s"][0] > phases["runner_process_start_s"][0]
     assert len(phases["iteration_ends_s"]) >= 3 + phases["iterations_in_driver"]
+
+
+def test_sac_step_smoke(tmp_path):
+    """The bare TF SAC update, our policy's, our loop's and (when its virtualenv
+    exists) SB3's are timed at k = 1 and 8 SGD steps per call, each with the
+    update's FLOP count."""
+    from benchmarks import compare_sb3
+
+    runs = measurements(run_smoke("sac_step", tmp_path))
+    seen = {(r["kind"], r["mode"], r["steps"]) for r in runs}
+    assert {
+        ("bare", "update", 1),
+        ("bare", "update", 8),
+        ("policy", "update", 8),
+        ("policy", "loaded", 8),
+        ("loop", "per env step", 8),
+    } <= seen
+    assert all(r["cpu_ms"] > 0 and r["update_flops"] > 0 for r in runs)
+    python, skipped = compare_sb3.sb3_python()
+    assert ({("sb3", "train", 8)} <= seen) == (python is not None), skipped
+    bare = next(r for r in runs if r["kind"] == "bare")
+    # the traced graph holds what the count needs, and the actor loss's unused
+    # critic weight gradients
+    assert bare["graph_matmul_flops"] >= bare["update_flops"]

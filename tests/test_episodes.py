@@ -311,3 +311,42 @@ def test_episode_paths_and_single_values_are_checked(ppo_host):
             episode_api.reward(bad)
     with pytest.raises(HttpError, match="action: expected int64 actions of shape"):
         episode_api.actions([[0, 1]], schema, 1, "action")
+
+
+def test_box_actions_go_out_clipped_and_are_recorded_as_sampled():
+    """As env runners do: the client steps its env with the action clipped to the bounds,
+    the fragment keeps the policy's own sample (and its logp); an upload of sampled actions
+    outside the bounds is taken as they are, a client's own action outside them is a 400."""
+    env = gym.make("Pendulum-v1")  # actions in [-2, 2]; PPO's Gaussian starts at std 1
+    config = {"seed": 0, "model": {"fcnet_hiddens": [16]}}
+    host = PolicyHost(PPOPolicy, env.observation_space, env.action_space, config)
+    schema = RequestSchema.of(host.policy)
+
+    async def play():
+        recorder = EpisodeRecorder(host)
+        eid = recorder.start()
+        obs, _ = env.reset(seed=0)
+        handed = []
+        for _ in range(200):
+            action, _ = await recorder.act(eid, obs[None])
+            handed.append(action)
+            obs, reward, *_ = env.step(action)
+            recorder.log_returns(eid, float(reward))
+        await recorder.end(eid, obs[None], truncated=True)
+        return np.asarray(handed), await recorder.take(200, wait_s=0)
+
+    handed, (batch, _) = asyncio.run(play())
+    sampled = batch[SB.ACTIONS]
+    outside = np.abs(sampled) > 2.0
+    assert outside.any() and (np.abs(handed) <= 2.0).all()
+    np.testing.assert_array_equal(handed, np.clip(sampled, -2.0, 2.0))
+    logp = asyncio.run(host.log_likelihoods(sampled, batch[SB.OBS], None, None, None))
+    np.testing.assert_allclose(batch[SB.ACTION_LOGP], logp, rtol=1e-5, atol=1e-5)
+    row = int(np.flatnonzero(outside.any(axis=1))[0])
+    step = {"obs": [batch[SB.OBS][row].tolist()], "rewards": [0.0]}
+    body = {"episodes": [{"episode_id": "a", "actions": [sampled[row].tolist()], **step}]}
+    (taken,) = episode_api.parse_experiences(body, schema)
+    np.testing.assert_array_equal(taken.actions, sampled[row : row + 1])
+    with pytest.raises(HttpError, match="action") as refused:
+        episode_api.actions([sampled[row].tolist()], schema, 1, "action")
+    assert refused.value.status == 400

@@ -1,9 +1,11 @@
-"""Which algorithms take external episodes (`external_env: true`): PPO (test_external_env)
-and DQN, whose replay buffer fills from client processes playing CartPole-v1 over HTTP;
-every other algorithm is refused in one line, from Python and from the command line,
-before Ray, a server or a run directory exists.
+"""Which algorithms take external episodes (`external_env: true`): PPO (test_external_env),
+DQN, whose replay buffer fills from client processes playing CartPole-v1 over HTTP, and
+SAC and TD3 (Box actions, clipped by the server as env runners clip them), shown by SAC
+learning Pendulum-v1 from client processes; every other algorithm is refused in one
+line, from Python and from the command line, before Ray, a server or a run directory
+exists.
 
-The DQN runs are slow (Ray and Serve start in this process, the clients import
+The DQN and SAC runs are slow (Ray and Serve start in this process, the clients import
 TensorFlow); the refusals are fast.
 """
 
@@ -15,17 +17,19 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
 from cli_processes import command_env
 from fakes import assert_one_line, weights_differ
 from test_external_env import REPO, TOKEN, clients, free_port
 
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN
+from algorithms.sac import SAC
+from algorithms.td3 import TD3
 from policy_service.config import ConfigError
 
-REFUSED = {"sac": "Pendulum-v1", "td3": "Pendulum-v1", "impala": "CartPole-v1"}
-REFUSED.update(appo="CartPole-v1", a3c="CartPole-v1")
-TAKEN_BY = "(external_env runs: PPO, DQN)"
+REFUSED = {"impala": "CartPole-v1", "appo": "CartPole-v1", "a3c": "CartPole-v1"}
+TAKEN_BY = "(external_env runs: PPO, DQN, SAC, TD3)"
 
 
 def refusal(algo_name: str) -> str:
@@ -38,7 +42,7 @@ def test_the_refusals_name_exactly_the_registered_algorithms_that_take_them():
 
     classes = [get_algorithm_class(name) for name in ALGORITHMS]
     taking = [cls.__name__ for cls in classes if cls.config_class.takes_external_episodes]
-    assert taking == list(EXTERNAL_ENV_RUNS) == ["PPO", "DQN"]
+    assert taking == list(EXTERNAL_ENV_RUNS) == ["PPO", "DQN", "SAC", "TD3"]
 
 
 # ----- refused: one line, before anything starts ------------------------------------------
@@ -67,7 +71,7 @@ def test_train_external_env_refuses_them_with_exit_2(algo_name, tmp_path, capsys
 
 @pytest.mark.slow  # ~10-20 s: the process imports TensorFlow
 def test_the_refusal_is_the_process_exit_status(tmp_path):
-    args = ["train", "sac", "--env", "Pendulum-v1", "--external-env"]
+    args = ["train", "impala", "--env", "CartPole-v1", "--external-env"]
     done = subprocess.run(  # this tree's code (CLI's entry point may import another checkout)
         [
             sys.executable,
@@ -84,59 +88,80 @@ def test_the_refusal_is_the_process_exit_status(tmp_path):
         timeout=300,
     )
     assert done.returncode == 2 and done.stdout == "", done.stderr[-3000:]
-    assert_one_line(done.stderr.strip(), refusal("sac"))
+    assert_one_line(done.stderr.strip(), refusal("impala"))
 
 
 # ----- DQN: the replay buffer fills from client processes -----------------------------------
 
 
-def dqn_config(tmp_path, **overrides) -> dict:
+def external_config(tmp_path, **settings) -> dict:
+    """settings, served to clients on a free port with the test's token."""
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     return {
-        "env": "CartPole-v1",
         "external_env": True,
         "external_env_port": free_port(),
         "external_env_token_file": str(token_file),
         "seed": 0,
-        "model": {"fcnet_hiddens": [64, 64]},
-        "hiddens": [],
-        **overrides,
+        **settings,
     }
 
 
-def playing(config: dict, count: int) -> list[subprocess.Popen]:
-    """`count` client processes playing CartPole-v1 episodes in remote mode."""
-    port = config["external_env_port"]
-    return clients("cartpole", port, count, "--mode", "remote", "--seconds", "600")
-
-
-@pytest.mark.slow
-def test_one_dqn_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
-    config = dqn_config(
-        tmp_path,
-        train_batch_size=32,
-        num_steps_sampled_before_learning_starts=100,
-        min_sample_timesteps_per_iteration=300,
+def dqn_config(tmp_path, **overrides) -> dict:
+    return external_config(
+        tmp_path, env="CartPole-v1", model={"fcnet_hiddens": [64, 64]}, hiddens=[], **overrides
     )
-    algo = DQN(config)
+
+
+def playing(config: dict, count: int) -> list[subprocess.Popen]:
+    """`count` client processes playing the config's env in remote mode."""
+    port, env = config["external_env_port"], config["env"]
+    return clients("play", port, count, "--env", env, "--mode", "remote", "--seconds", "1200")
+
+
+ONE_ITERATION = {
+    "train_batch_size": 32,
+    "num_steps_sampled_before_learning_starts": 100,
+    "min_sample_timesteps_per_iteration": 300,
+}
+
+
+def one_iteration(algo, config: dict) -> tuple[dict, dict, dict]:
+    """One iteration from one client process -> (result, weights before, after)."""
     procs = playing(config, 1)
     try:
         before = algo.get_policy().get_weights()
         result = algo.train()
-        after = algo.get_policy().get_weights()
+        return result, before, algo.get_policy().get_weights()
     finally:
         for proc in procs:
             proc.kill()
         algo.stop()
+
+
+@pytest.mark.slow
+def test_one_dqn_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
+    config = dqn_config(tmp_path, **ONE_ITERATION)
+    result, before, after = one_iteration(DQN(config), config)
     assert result["timesteps_total"] >= 300 and result["episodes_this_iter"] >= 1
     assert result["replay_buffer_size"] == result["timesteps_total"]  # every step kept
     assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
     assert result["cur_epsilon"] < 1.0  # the server's schedule moved with the steps
 
 
-def random_policy_return(episodes: int = 100) -> float:
-    env = gym.make("CartPole-v1")
+@pytest.mark.slow
+def test_one_td3_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
+    """TD3 (deterministic actions plus clipped noise, Box) from a Pendulum client."""
+    small = {"actor_hiddens": [32], "critic_hiddens": [32]}
+    config = external_config(tmp_path, env="Pendulum-v1", **small, **ONE_ITERATION)
+    result, before, after = one_iteration(TD3(config), config)
+    assert result["timesteps_total"] >= 300 and result["episodes_this_iter"] >= 1
+    assert result["replay_buffer_size"] == result["timesteps_total"]
+    assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
+
+
+def random_policy_return(env_id: str = "CartPole-v1", episodes: int = 100) -> float:
+    env = gym.make(env_id)
     env.action_space.seed(0)
     returns = []
     for k in range(episodes):
@@ -172,19 +197,43 @@ def test_dqn_learns_cartpole_from_four_client_processes(ray_local, tmp_path):
             "epsilon_timesteps": 5000,
         },
     )
-    algo = DQN(config)
+    result = trained_by_four_clients(DQN(config), config, target, 15_000)
+    print(
+        f"\nexternal DQN: 20-episode mean {result['episode_return_mean']:.1f} after "
+        f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
+        f"random policy {random_return:.1f}"
+    )
+    assert result["episode_return_mean"] >= target
+
+
+def trained_by_four_clients(algo, config: dict, target: float, max_steps: int) -> dict:
+    """algo trained from 4 client processes until its mean return reaches target or
+    max_steps env steps -> its last result."""
     procs = playing(config, 4)
     try:
         while True:
             result = algo.train()
-            if result["episode_return_mean"] >= target or result["timesteps_total"] >= 15_000:
-                break
+            if result["episode_return_mean"] >= target or result["timesteps_total"] >= max_steps:
+                return result
     finally:
         for proc in procs:
             proc.kill()
         algo.stop()
+
+
+# ----- SAC: Box actions, clipped by the server for the clients ---------------------------------
+
+
+@pytest.mark.slow
+def test_sac_learns_pendulum_from_four_client_processes(ray_local, tmp_path):
+    random_return = random_policy_return("Pendulum-v1", 20)  # ~ -1200
+    target = random_return / 2  # half way from a random policy's return to the best (0)
+    # the tuned config (algorithms/tuned/pendulum_sac.yaml: -133 after 8k env steps)
+    tuned = yaml.safe_load((REPO / "algorithms" / "tuned" / "pendulum_sac.yaml").read_text())
+    config = external_config(tmp_path, **tuned)
+    result = trained_by_four_clients(SAC(config), config, target, 20_000)
     print(
-        f"\nexternal DQN: 20-episode mean {result['episode_return_mean']:.1f} after "
+        f"\nexternal SAC: 10-episode mean {result['episode_return_mean']:.1f} after "
         f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
         f"random policy {random_return:.1f}"
     )

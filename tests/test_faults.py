@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import runpy
 import shutil
 import signal
@@ -93,6 +94,7 @@ def dying_group(ray_faults, tmp_path_factory):
         max_restarts_per_sample=2,
     )
     group.die_once, group.die_always = tmp_path / "die_once", tmp_path / "always"
+    group.wait_started()  # both up before a test makes starting envs die (they start unwaited)
     yield group
     group.stop()
 
@@ -411,9 +413,13 @@ def test_an_appo_run_whose_policy_actor_dies_for_good_ends_in_one_line_without_t
     assert done.returncode == 1, done.stderr[-3000:]
     assert "Unhandled error" not in done.stderr, done.stderr[-3000:]
     line = error_line(done.stderr)  # the only one of its kind, and no "Traceback"
-    assert line.startswith(
-        "policy-service: error: the PolicyActor is gone: Ray restarted it 3 times "
-        "(max_policy_actor_restarts=3); last: ActorDiedError: "
+    # Every restart dies starting. A runner's call retries once, so under load its retry
+    # can meet restart 3 still under way ("2 times", ActorUnavailableError) rather than
+    # the actor dead after it ("3 times", ActorDiedError): either ends the run this way.
+    assert re.match(
+        r"policy-service: error: the PolicyActor is gone: Ray restarted it [23] times "
+        r"\(max_policy_actor_restarts=3\); last: Actor(Died|Unavailable)Error: ",
+        line,
     ), line
 
 

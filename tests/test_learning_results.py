@@ -87,3 +87,28 @@ def test_several_loss_groups_report_a_norm_each():
     stats = policy.learn_on_batch(mlp_batch(8))["learner_stats"]
     assert stats["grad_gnorm_0"] > 0 and stats["grad_gnorm_1"] > 0
     assert stats["cur_lr_0"] == stats["cur_lr_1"] == pytest.approx(1e-2)
+
+
+def test_last_gradients_are_the_clipped_gradients_of_the_last_batch_at_present_weights(policy):
+    """What TensorBoard's gradient histograms show (Policy.last_gradients): after a
+    learning call, the batch's combined, clipped gradient at the weights it left, by
+    variable name; after apply_gradients, the gradients applied."""
+    batch = mlp_batch(13, seed=7)
+    policy.learn_on_batch(batch)
+    weights = policy.get_weights()
+    train = policy.train_columns(batch)
+    columns = {name: tf.convert_to_tensor(values) for name, values in train.columns.items()}
+    with tf.GradientTape() as tape:
+        loss = policy.loss(policy.model, policy.dist_class, columns)
+    variables = policy.model.trainable_variables
+    expected, _ = tf.clip_by_global_norm(tape.gradient(loss, variables), CLIP)
+    grads = policy.last_gradients()  # in the order of the trainable variables
+    assert len(grads) == len(variables) and set(grads) <= set(weights)
+    for (name, value), hand in zip(grads.items(), expected):
+        assert value.shape == weights[name].shape, name
+        np.testing.assert_allclose(value, hand.numpy(), rtol=1e-4, atol=1e-8, err_msg=name)
+    for name, value in policy.get_weights().items():  # looking changed nothing
+        np.testing.assert_array_equal(value, weights[name])
+    applied = [np.full(v.shape, 1e-3, np.float32) for v in variables]
+    policy.apply_gradients(applied)
+    assert all(np.all(g == 1e-3) for g in policy.last_gradients().values())

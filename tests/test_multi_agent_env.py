@@ -9,6 +9,7 @@ from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvErro
 from policy_service.multi_agent.pettingzoo_env import (
     PettingZooEnv,
     PettingZooEnvError,
+    TurnBasedPettingZooEnv,
     make_pettingzoo_env,
 )
 
@@ -118,12 +119,57 @@ def test_aec_envs_go_through_pettingzoos_conversion():
     assert terminateds[ALL] is True and env.agents == []
 
 
-def test_a_turn_based_aec_game_is_refused_in_one_line_naming_it():
+def test_a_turn_based_aec_game_is_not_taken_as_a_parallel_one():
     pytest.importorskip("pettingzoo")
     from pettingzoo.classic import tictactoe_v3
 
     with pytest.raises(PettingZooEnvError, match=r"^tictactoe_v3 is a turn-based AEC env"):
         PettingZooEnv(tictactoe_v3.env())
+
+
+def play_random_game(env, seed: int) -> list:
+    """A game of random legal moves -> [(obs dict keys, rewards, terminateds)] per step."""
+    rng = np.random.default_rng(seed)
+    obs, _ = env.reset(seed=seed)
+    steps = [(sorted(obs), {}, {})]
+    while True:
+        [(agent, o)] = obs.items()  # the agent to move, alone
+        move = int(rng.choice(np.flatnonzero(o["action_mask"])))
+        obs, rewards, terminateds, truncateds, _ = checked_step(env, {agent: move})
+        steps.append((sorted(obs), rewards, terminateds))
+        if terminateds[ALL] or truncateds[ALL]:
+            return steps
+
+
+def test_a_turn_based_game_shows_the_agent_to_move_and_pays_each_agent_once_at_the_end():
+    pytest.importorskip("pettingzoo")
+    env = make_pettingzoo_env("pettingzoo:pettingzoo.classic.tictactoe_v3", {})
+    assert isinstance(env, TurnBasedPettingZooEnv)
+    assert env.possible_agents == ["player_1", "player_2"]
+    finals = []
+    for seed in range(20):
+        steps = play_random_game(env, seed)
+        movers = [keys for keys, _, _ in steps[:-1]]
+        assert movers == [["player_1"], ["player_2"]] * (len(movers) // 2) + [["player_1"]] * (
+            len(movers) % 2
+        )
+        assert all(not any(r.values()) for _, r, _ in steps[:-1])  # paid only at the end
+        keys, rewards, terminateds = steps[-1]
+        assert keys == ["player_1", "player_2"] and env.agents == []
+        assert terminateds == {"player_1": True, "player_2": True, ALL: True}
+        assert sorted(rewards.values()) in ([-1.0, 1.0], [0.0, 0.0])
+        finals.append(rewards["player_1"])
+    assert {-1.0, 1.0} <= set(finals)  # both sides won some of the random games
+
+
+def test_a_turn_based_step_without_the_movers_action_is_one_line_naming_it():
+    pytest.importorskip("pettingzoo")
+    env = make_pettingzoo_env("pettingzoo:pettingzoo.classic.connect_four_v3", {})
+    env.reset(seed=0)
+    with pytest.raises(MultiAgentEnvError) as refused:
+        env.step({"player_1": 0})
+    assert "\n" not in str(refused.value)
+    assert "it is 'player_0''s move, got actions for ['player_1']" in str(refused.value)
 
 
 def test_two_maps_env_pays_each_agent_its_own_map():

@@ -78,3 +78,37 @@ def test_two_mapped_policies_get_their_agents_rows_and_twice_the_agent_steps():
     cut = first.policy_batches["pa"]  # 12 steps of 8-step episodes: the second is cut at 4
     assert not np.asarray(cut[SampleBatch.TERMINATEDS])[-1]
     assert np.asarray(second.policy_batches["pa"][SampleBatch.T])[0] == 4
+
+
+def test_turn_based_players_get_their_own_moves_with_the_game_result_on_their_last():
+    """Tic-tac-toe, one policy for both players: an env step is one player's move, each
+    player's rows are its own (legal) moves, and its last row of a game holds that
+    player's result (+1 / -1, or 0 for a draw) and is terminated."""
+    pytest.importorskip("pettingzoo")
+    from policy_service.multi_agent.pettingzoo_env import make_pettingzoo_env
+
+    env = make_pettingzoo_env("pettingzoo:pettingzoo.classic.tictactoe_v3", {})
+    worker, _ = sampler(env, {"shared": None}, lambda agent, episode, **kw: "shared", 90)
+    batch, metrics = worker.sample()
+    # a move per env step; the last mover's row waits for its next turn, in the next fragment
+    assert batch.env_steps() == 90 and batch.agent_steps() in (89, 90)
+    rows = batch.policy_batches["shared"]
+    obs, actions = rows[SampleBatch.OBS], np.asarray(rows[SampleBatch.ACTIONS])
+    assert np.all(obs["action_mask"][np.arange(rows.count), actions] == 1)
+    episode_ids = np.asarray(rows[SampleBatch.EPS_ID])
+    ended = np.unique(episode_ids[np.asarray(rows[SampleBatch.TERMINATEDS])])
+    assert len(ended) == len(metrics["episode_returns"]) >= 5
+    for episode in ended:
+        mine = episode_ids == episode
+        index = np.asarray(rows[SampleBatch.AGENT_INDEX])[mine]
+        rewards = np.asarray(rows[SampleBatch.REWARDS])[mine]
+        terminated = np.asarray(rows[SampleBatch.TERMINATEDS])[mine]
+        results = []
+        for player in (0, 1):
+            assert not rewards[index == player][:-1].any()
+            assert list(terminated[index == player]) == [False] * (sum(index == player) - 1) + [
+                True
+            ]
+            results.append(rewards[index == player][-1])
+        assert sorted(results) in ([-1.0, 1.0], [0.0, 0.0])
+        assert 5 <= len(index) <= 9 and abs(sum(index == 0) - sum(index == 1)) <= 1

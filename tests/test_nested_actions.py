@@ -213,3 +213,15 @@ def test_a_dict_action_space_with_an_unsupported_leaf_is_one_line(ray_local):
         f"action space {space}: leaf 'say' is Text; supported leaves: "
         "Discrete, MultiDiscrete (1-D nvec), Box (1-D, float)"
     )
+
+
+def test_external_episodes_of_a_nested_action_space_are_refused_in_one_line():
+    """The episode protocol carries flat actions; `policy-service serve` serves nested
+    ones (test_serving.py)."""
+    from policy_service.config import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        PPO({"env": "target_and_aim", "external_env": True, "ray_num_cpus": 1})
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("config.external_env: the env's action")
+    assert str(envs.TargetAndAimEnv({}).action_space) in message

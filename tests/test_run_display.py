@@ -70,4 +70,11 @@ def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, ca
         assert plugin == "histograms" and buckets[:, 2].sum() == value.size, name
         assert list(events[f"weights/{name}"]) == [2]  # iteration 2 only, not 1
         assert events[f"weights/{name}/max"][2][1] == np.float32(value.max())
+    histograms = {tag for tag, steps in events.items() if steps[2][0] == "histograms"}
+    # an MLP: every weight is trainable, and each has its gradient's histogram
+    assert {f"gradients/{name}" for name in weights.get_weights()} <= histograms
+    for name, value in weights.get_weights().items():
+        plugin, buckets = events[f"gradients/{name}"][2]
+        assert buckets[:, 2].sum() == value.size and list(events[f"gradients/{name}"]) == [2]
+        assert np.isfinite(events[f"gradients/{name}/stddev"][2][1])
     assert events["episode_returns"][2][1][:, 2].sum() >= 1

@@ -234,3 +234,29 @@ def test_sac_is_registered_and_learning_starts_with_random_actions():
 def test_every_sac_and_td3_key_has_a_doc(cls):
     docs = field_docs(cls)
     assert sorted(name for name, doc in docs.items() if not doc.strip()) == []
+
+
+def test_last_gradients_name_each_loss_groups_variables_and_leave_the_loss_seeds_alone(policy):
+    """TensorBoard's gradient histograms (Policy.last_gradients): a gradient per loss
+    group and variable it trains, at the present weights; taking them draws no seed,
+    so the next step is the one a policy that never looked would take."""
+    batch = policy.postprocess_trajectory(trajectory(16, seed=6))
+    policy.learn_on_batch(batch)
+    state = policy.get_state()
+    grads = policy.last_gradients()
+    assert policy.last_gradients().keys() == grads.keys()
+    for name, value in policy.last_gradients().items():  # the same weights, the same seeds
+        np.testing.assert_array_equal(value, grads[name], err_msg=name)
+    weights = policy.get_weights()
+    groups = {name.split("/", 1)[0] for name in grads}
+    assert groups == {"0", "1", "2"}  # actor, critics, alpha
+    assert {name.split("/", 1)[1] for name in grads if name.startswith("2/")} == {
+        key(weights, "log_alpha")
+    }
+    for name, value in grads.items():
+        assert value.shape == weights[name.split("/", 1)[1]].shape, name
+    untouched = SACPolicy.from_state(state)
+    policy.learn_on_batch(batch)
+    untouched.learn_on_batch(batch)
+    for name, value in policy.get_weights().items():
+        np.testing.assert_array_equal(value, untouched.get_weights()[name], err_msg=name)

@@ -17,6 +17,7 @@ from policy_service.schedules import schedule_value
 
 LR_SCHEDULE = [[100, 1e-3], [1100, 3e-4], [5100, 5e-5]]
 ENTROPY_SCHEDULE = [[0, 0.02], [2000, 0.01], [4000, 0.0]]
+ALPHA_LR_SCHEDULE = [[0, 3e-4], [2000, 1e-4]]
 # before the first point, inside both pieces, on a point, after the last
 TIMESTEPS = [0, 350, 1100, 3333, 9000]
 OBS_SPACE_SHAPE = (4,)
@@ -243,3 +244,86 @@ def test_a_resumed_run_continues_the_schedule(tmp_path):
         assert lr(resumed) == rllib_value(schedule, resumed.timesteps_total)
     finally:
         resumed.stop()
+
+
+def test_sac_and_td3_schedule_each_losss_own_rate():
+    """SAC's and TD3's rates are per loss (RLlib's keys), each a number or a schedule:
+    each optimizer follows its own, read back at chosen timesteps."""
+    import gymnasium as gym
+
+    from algorithms.sac import SACPolicy
+    from algorithms.td3 import TD3Policy
+
+    obs, box = gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Box(-1, 1, (1,), np.float32)
+    mlp = {"fcnet_hiddens": [8], "fcnet_activation": "relu"}
+    sac = SACPolicy(
+        obs,
+        box,
+        {
+            "seed": 0,
+            "q_model_config": mlp,
+            "policy_model_config": mlp,
+            "optimization": {
+                "actor_learning_rate": LR_SCHEDULE,
+                "critic_learning_rate": 2e-3,
+                "entropy_learning_rate": ALPHA_LR_SCHEDULE,
+            },
+        },
+    )
+    td3 = TD3Policy(
+        obs,
+        box,
+        {"seed": 0, "actor_hiddens": [8], "critic_hiddens": [8], "critic_lr": LR_SCHEDULE},
+    )
+    rows = 8
+    rng = np.random.default_rng(0)
+    batch = SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.uniform(-1, 1, (rows, 1)).astype(np.float32),
+            SampleBatch.REWARDS: rng.normal(size=rows).astype(np.float32),
+            "bootstrap_discount": np.full(rows, 0.99, np.float32),
+        }
+    )
+    for t in TIMESTEPS:
+        for policy in (sac, td3):
+            policy.global_timestep = t
+            policy.learn_on_batch(batch)
+        actor, critic, alpha = (o.learning_rate.numpy() for o in sac.towers.optimizers)
+        assert (actor, critic, alpha) == (
+            rllib_value(LR_SCHEDULE, t),
+            np.float32(2e-3),
+            rllib_value(ALPHA_LR_SCHEDULE, t),
+        ), t
+        actor, critic = (o.learning_rate.numpy() for o in td3.towers.optimizers)
+        assert (actor, critic) == (np.float32(1e-3), rllib_value(LR_SCHEDULE, t)), t
+
+
+@pytest.mark.parametrize(
+    "cls, key, value, what",
+    [
+        ("td3", "actor_lr", [[0, 1e-3], [10, 0.0]], "(a rate is 0.0)"),
+        ("td3", "critic_lr", [[5, 1e-3], [1, 1e-4]], "entry 1's 1 comes after 5"),
+        (
+            "sac",
+            "optimization",
+            {
+                "actor_learning_rate": [[0, 1e-3], [10, -1e-3]],
+                "critic_learning_rate": 3e-4,
+                "entropy_learning_rate": 3e-4,
+            },
+            "each a finite number > 0 or a schedule",
+        ),
+    ],
+)
+def test_a_bad_per_loss_rate_is_one_line_naming_the_key(cls, key, value, what):
+    from algorithms.sac import SACConfig
+    from algorithms.td3 import TD3Config
+
+    config = {"sac": SACConfig, "td3": TD3Config}[cls]
+    with pytest.raises(ConfigError) as err:
+        from_dict(config, {key: value})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"config.{key} must be ")
+    assert what in message and f"got {value!r}" in message

@@ -178,7 +178,10 @@ def cartpole_checkpoint(tmp_path_factory) -> Path:
 NESTED_OBS = gym.spaces.Dict(
     {"position": gym.spaces.Box(-1.0, 1.0, (3,), np.float32), "mode": gym.spaces.Discrete(4)}
 )
-BOX_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+# a Box and a Discrete leaf: JSON actions come back as a list of the two, each [B, ...]
+NESTED_ACTIONS = gym.spaces.Tuple(
+    (gym.spaces.Box(-2.0, 2.0, (2,), np.float32), gym.spaces.Discrete(3))
+)
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +190,7 @@ def nested_checkpoint(tmp_path_factory) -> Path:
 
     policy = PPOPolicy(
         NESTED_OBS,
-        BOX_ACTIONS,
+        NESTED_ACTIONS,
         {"seed": 1, "model": {"fcnet_hiddens": [16], "use_lstm": True, "lstm_cell_size": 8}},
     )
     path = tmp_path_factory.mktemp("nested") / "policy"
@@ -258,6 +261,7 @@ def test_spec_names_spaces_and_model_inputs(cartpole_server):
     assert spec["model_inputs"]["obs"] == {"shape": [None, 4], "dtype": "float32"}
     assert spec["request_fields"][0] == "obs" and spec["weights_version"] == CARTPOLE_VERSION
     assert spec["explore_default"] is True  # PPO's config: requests say explore: false to act
+    assert spec["action_leaves"] == [{"path": [], "dtype": "int64", "shape": []}]
 
 
 def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_policy):
@@ -439,7 +443,7 @@ def tcp_listeners() -> list[tuple[str, int]]:
 # ----- nested observations, Box actions, recurrent state ---------------------------------------
 
 
-def test_nested_obs_box_actions_and_state_round_trip(nested_server, nested_checkpoint):
+def test_nested_obs_nested_actions_and_state_round_trip(nested_server, nested_checkpoint):
     from policy_service.policy import TFPolicy
 
     policy = TFPolicy.from_checkpoint(str(nested_checkpoint))
@@ -447,15 +451,28 @@ def test_nested_obs_box_actions_and_state_round_trip(nested_server, nested_check
     obs = {"position": rng.uniform(-1, 1, (5, 3)).astype(np.float32), "mode": rng.integers(0, 4, 5)}
     request = {"obs": {k: v.tolist() for k, v in obs.items()}, "explore": False}
     first = nested_server.actions(request)
-    actions, state_out, _ = policy.compute_actions(obs, explore=False)
-    np.testing.assert_allclose(first["actions"], actions, rtol=1e-5, atol=1e-6)
+    (box, choice), state_out, _ = policy.compute_actions(obs, explore=False)
+    np.testing.assert_allclose(first["actions"][0], box, rtol=1e-5, atol=1e-6)
+    assert first["actions"][1] == choice.tolist()
     assert len(first["state_out"]) == policy.num_state_tensors() == 2
-    second = nested_server.actions(dict(request, state=first["state_out"]))
-    actions2, _, _ = policy.compute_actions(
-        obs, [np.asarray(s, np.float32) for s in first["state_out"]], explore=False
+    # previous actions nested as the space is, beside the state
+    second = nested_server.actions(
+        dict(request, state=first["state_out"], prev_actions=first["actions"])
     )
-    np.testing.assert_allclose(second["actions"], actions2, rtol=1e-5, atol=1e-6)
-    assert not np.allclose(second["actions"], first["actions"])  # the state was used
+    (box2, choice2), _, _ = policy.compute_actions(
+        obs,
+        [np.asarray(s, np.float32) for s in first["state_out"]],
+        prev_action_batch=(box, choice),
+        explore=False,
+    )
+    np.testing.assert_allclose(second["actions"][0], box2, rtol=1e-5, atol=1e-6)
+    assert second["actions"][1] == choice2.tolist()
+    assert not np.allclose(second["actions"][0], first["actions"][0])  # the state was used
+    spec = json.loads(nested_server.request("GET", http_api.SPEC)[1])
+    assert spec["action_leaves"] == [
+        {"path": [0], "dtype": "float32", "shape": [2]},
+        {"path": [1], "dtype": "int64", "shape": []},
+    ]
 
 
 def test_nested_bad_requests_name_the_sub_field(nested_server):
@@ -465,6 +482,14 @@ def test_nested_bad_requests_name_the_sub_field(nested_server):
         (
             {"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [1]}, "state": [[[0.0]], [[0.0]]]},
             "state[0]: expected shape (1, 8)",
+        ),
+        (
+            {"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [1]}, "prev_actions": [[[0.0, 0.0]]]},
+            "prev_actions: expected a list holding 1",
+        ),
+        (
+            {"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [1]}, "prev_actions": [[[0.0]], [1]]},
+            "prev_actions[0]: expected shape (1, 2), got (1, 1)",
         ),
     ]
     for body, start in cases:
@@ -555,8 +580,9 @@ def test_deeply_nested_json_is_400():
     from policy_service import spaces
 
     space = gym.spaces.Box(-1.0, 1.0, (4,))
+    actions = gym.spaces.Discrete(2)
     schema = http_api.RequestSchema(
-        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), (), gym.spaces.Discrete(2)
+        space, spaces.make_preprocessor(space), (), actions, (((), np.dtype(np.int64), ()),)
     )
     with pytest.raises(http_api.HttpError, match="nested too deep") as err:
         http_api.parse_action_request(b'{"obs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", schema)
@@ -603,11 +629,46 @@ def test_tuple_obs_parse_as_the_space_has_them():
     from policy_service import spaces
 
     space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,))))
+    actions = gym.spaces.Discrete(2)
     schema = http_api.RequestSchema(
-        space, spaces.make_preprocessor(space), (), np.dtype(np.int64), (), gym.spaces.Discrete(2)
+        space, spaces.make_preprocessor(space), (), actions, (((), np.dtype(np.int64), ()),)
     )
     parsed = http_api.parse_action_request(b'{"obs": [[2, 0], [[0.5, 0.5], [1, 0]]]}', schema)
     assert parsed.num_rows == 2 and isinstance(parsed.obs, tuple)
     assert parsed.obs[0].dtype == np.int64 and parsed.obs[1].dtype == np.float32
     with pytest.raises(http_api.HttpError, match=r"obs\[0\]: expected .* values in \[0, 3\)"):
         http_api.parse_action_request(b'{"obs": [[3, 0], [[0.5, 0.5], [1, 0]]]}', schema)
+
+
+def test_dict_prev_actions_parse_as_the_space_has_them():
+    from policy_service import spaces
+
+    obs = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    actions = gym.spaces.Dict(
+        {
+            "move": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+            "fire": gym.spaces.MultiDiscrete([2, 2]),
+        }
+    )
+    leaves = [
+        (path, np.dtype(d), shape)
+        for (path, _), (d, shape) in zip(
+            spaces.action_leaves(actions), spaces.action_leaf_specs(actions)
+        )
+    ]
+    schema = http_api.RequestSchema(obs, spaces.make_preprocessor(obs), (), actions, tuple(leaves))
+    body = {
+        "obs": [[0.0], [0.5]],
+        "prev_actions": {"move": [[0, 1], [1, 0]], "fire": [[1, 0], [0, 1]]},
+    }
+    parsed = http_api.parse_action_request(json.dumps(body).encode(), schema)
+    assert parsed.prev_actions["move"].dtype == np.float32
+    assert parsed.prev_actions["fire"].tolist() == [[1, 0], [0, 1]]
+    body["prev_actions"]["fire"] = [[0.5, 0], [0, 1]]  # a float where integers go
+    with pytest.raises(http_api.HttpError, match=r"prev_actions\['fire'\]: expected int64"):
+        http_api.parse_action_request(json.dumps(body).encode(), schema)
+    body["prev_actions"] = {"fire": [[1, 0], [0, 1]]}
+    with pytest.raises(
+        http_api.HttpError, match=r"prev_actions: expected an object holding 'move'"
+    ):
+        http_api.parse_action_request(json.dumps(body).encode(), schema)

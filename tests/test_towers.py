@@ -32,7 +32,11 @@ from fakes import (
 
 from policy_service import masked_mean
 from policy_service.engine.devices import FAKE_GPU, GPU, TowerDevices
-from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.finite_guard import (
+    NonFiniteGradientError,
+    NonFiniteUpdateError,
+    finite_gradients,
+)
 from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gradients
 from policy_service.engine.units import LOSS_MASK, gather_units, pad_units
 from policy_service.sample_batch import SampleBatch
@@ -545,6 +549,23 @@ def _log_batch(n, negative_row=None):
     if negative_row is not None:
         batch["weights"][negative_row] = -1.0  # finite data, NaN loss and gradient
     return batch
+
+
+def test_finite_gradients_are_told_from_the_norms_and_exactly_when_a_norm_is_not_finite():
+    """One norm check decides the common case; a NaN, an inf, or finite gradients
+    whose squares overflow the norm get the exact per-gradient answer."""
+    ones = tf.ones([3, 2])
+
+    def flags(groups):
+        norms = [tf.linalg.global_norm([g for g in group if g is not None]) for group in groups]
+        return finite_gradients(groups, norms).numpy().tolist()
+
+    assert flags([[ones, None], [None, 2 * ones]]) == [True, True]
+    for bad in (np.nan, np.inf):
+        assert flags([[ones, ones * bad], [None, ones]]) == [True, False, True]
+    huge = tf.fill([3, 2], 1e30)  # finite, but its squared norm overflows float32
+    assert flags([[huge, ones]]) == [True, True]
+    assert flags([[huge, ones * np.nan]]) == [True, False]
 
 
 @pytest.mark.parametrize("towers", [0, 4])

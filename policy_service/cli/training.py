@@ -189,6 +189,10 @@ def train(options: RunOptions) -> int:
         ray_module is not None and ray_module.is_initialized()
     )
     if ray_started:
+        if token_source is not None:  # the training server's proxy errors as JSON
+            from policy_service.serving import proxy_errors
+
+            proxy_errors.install()
         start_ray(address, quiet=True)
     algo = None
     try:
@@ -337,16 +341,27 @@ def _loop(algo, setup: RunSetup, history: list[dict]) -> int:
 
 def run_distributions(algo) -> dict:
     """What the histograms show: every weight of the learner ("weights/<name>"; with
-    `policies`, "weights/<policy id>/<name>") and the episode returns of the metrics
-    window."""
+    `policies`, "weights/<policy id>/<name>"), the gradients of its last learning
+    call ("gradients/...", Policy.last_gradients) and the episode returns of the
+    metrics window."""
     if algo.multi_agent is not None:
+        learners = algo.multi_agent[1]
+        per_policy = {"weights": learners.get_weights(), "gradients": learners.last_gradients()}
         distributions = {
-            f"weights/{policy_id}/{name}": w
-            for policy_id, weights in algo.multi_agent[1].get_weights().items()
-            for name, w in weights.items()
+            f"{kind}/{policy_id}/{name}": value
+            for kind, policies in per_policy.items()
+            for policy_id, values in policies.items()
+            for name, value in values.items()
         }
     else:
-        distributions = {f"weights/{name}": w for name, w in algo.learners.get_weights().items()}
+        distributions = {
+            f"{kind}/{name}": value
+            for kind, values in (
+                ("weights", algo.learners.get_weights()),
+                ("gradients", algo.last_gradients()),
+            )
+            for name, value in values.items()
+        }
     distributions["episode_returns"] = algo.episode_return_window()
     return distributions
 

@@ -146,6 +146,10 @@ class AsyncLearning:
             version, values = weights
             self.env_runners.sync_weights(values, version=version, wait=False)
 
+    def last_gradients(self) -> dict:
+        """The learners' last gradients (LearnerThread.last_gradients)."""
+        return self.thread.last_gradients()
+
     def pause(self) -> None:
         """Stop learning and forget the requests in flight (before a checkpoint, or
         env runners rebuilt); the updates made so far are kept."""

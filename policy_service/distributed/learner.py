@@ -124,6 +124,10 @@ class Learner:
     def get_weights(self) -> dict:
         return self.policy.get_weights()
 
+    def last_gradients(self) -> dict:
+        with self._collective():
+            return self.policy.last_gradients()
+
     def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
         self.policy.set_weights(weights, new_rate)
 

@@ -348,6 +348,12 @@ class LearnerGroup(BatchLearning):
     def get_weights(self) -> dict:
         return self._surviving("get_weights()", lambda: self._learners.call_first("get_weights"))
 
+    def last_gradients(self) -> dict:
+        """Policy.last_gradients, combined over the learners (each its own shard)."""
+        return self._surviving(
+            "last_gradients()", lambda: self._learners.call_all("last_gradients")[0]
+        )
+
     def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
         """new_rate * weights + (1 - new_rate) * current on every learner (TFPolicy's)."""
         self._learners.call_all("set_weights", weights, new_rate)

@@ -6,6 +6,7 @@
     thread.offer(fragments)        # False when the queue is full: the caller waits
     thread.take_results()          # statistics of the updates done since the last call
     thread.take_weights()          # (version, weights) every broadcast_interval updates
+    thread.last_gradients()        # the learners' last gradients, between two updates
     thread.stop()
 
 A driver thread holds the LearnerGroup (one learner in this process, or N learner
@@ -58,6 +59,7 @@ class LearnerThread(threading.Thread):
         self._results: list[dict] = []
         self._weights: tuple[int, dict] | None = None
         self._stopping = threading.Event()
+        self._updating = threading.Lock()  # held by the thread through each update
 
     # ----- the caller's side -------------------------------------------------------
 
@@ -83,6 +85,12 @@ class LearnerThread(threading.Thread):
         with self._lock:
             weights, self._weights = self._weights, None
         return weights
+
+    def last_gradients(self) -> dict:
+        """LearnerGroup.last_gradients, taken between two updates (the learners'
+        collectives of the two calls must not interleave): waits for at most one."""
+        with self._updating:
+            return self.learners.last_gradients()
 
     def check(self) -> None:
         """Raise what stopped the thread, if anything did."""
@@ -113,7 +121,8 @@ class LearnerThread(threading.Thread):
                 continue
             self.idle_s += time.perf_counter() - start
             try:
-                self._train(fragments)
+                with self._updating:
+                    self._train(fragments)
             except BaseException as error:  # noqa: BLE001 - kept for the caller's check()
                 self.error = error
                 return

@@ -126,9 +126,7 @@ class RolloutWorker:
             self._initial_state = call_retrying_once(policy_actor.get_initial_state)
         self._weights_version = 0
         # an unsupported leaf is named here, once; only Box leaves are clipped
-        self._clips_actions = any(
-            isinstance(leaf, gym.spaces.Box) for _, leaf in spaces.action_leaves(self.action_space)
-        )
+        self._clips_actions = spaces.has_box_leaves(self.action_space)
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
         self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
         self._started = False

@@ -31,3 +31,25 @@ class FlatCall:
 
     def trace_count(self) -> int:
         return self.function.experimental_get_tracing_count()
+
+
+class VariableWriter:
+    """Assign new values to a fixed list of variables in one compiled call.
+
+    An eager `assign` costs ~0.1-0.4 ms of Python and dispatch per variable;
+    setting a policy's weights after every learning call (SAC: every few env
+    steps) paid that for each of its ~20 variables."""
+
+    def __init__(self, variables: list):
+        self.variables = list(variables)
+        signature = [tf.TensorSpec(tuple(v.shape), tf.as_dtype(v.dtype)) for v in self.variables]
+
+        def write(*values):
+            for variable, value in zip(self.variables, values):
+                variable.assign(value)
+
+        self._call = FlatCall(tf.function(write, input_signature=signature, autograph=False))
+
+    def __call__(self, values: list) -> None:
+        """values: one array per variable, in order, of its shape and dtype."""
+        self._call(*values)

@@ -28,6 +28,30 @@ class NonFiniteUpdateError(NonFiniteGradientError):
     (say Adam's second moment overflowing on huge advantages): rolled back."""
 
 
+def finite_gradients(per_group: list, unclipped_norms: list) -> tf.Tensor:
+    """<bool>[gradients]: which of the (clipped) gradients of `per_group` (lists with
+    None for a group's absent variables) are all finite, in order.
+
+    The groups' global norms before clipping, computed for the statistics anyway,
+    decide at once in the common case: a finite norm means every element was
+    finite, and clipping finite values keeps them finite. Only when a norm is not
+    finite (a NaN or inf, or finite values whose squares overflowed) is each
+    gradient checked, the exact answer either way, at one reduction per step
+    instead of one per gradient."""
+    grads = [g for per_var in per_group for g in per_var if g is not None]
+    if not grads:
+        return tf.constant([True])
+
+    def each():
+        return tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+    return tf.cond(
+        tf.reduce_all(tf.math.is_finite(tf.stack(unclipped_norms))),
+        lambda: tf.ones([len(grads)], tf.bool),
+        each,
+    )
+
+
 def kept_if_finite(
     run: Callable[[], dict | None], updated: list, checked: list, device: str
 ) -> dict:

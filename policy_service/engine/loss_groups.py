@@ -20,6 +20,7 @@ from typing import NamedTuple
 import keras
 
 from policy_service.config_rules import schedule_error
+from policy_service.engine.optimizers import FusedAdam
 
 POLICY_GRAD_CLIP = "policy"  # LossGroup.grad_clip: the policy's (config) grad_clip
 
@@ -102,6 +103,15 @@ def resolve_groups(
             )
         )
     return groups
+
+
+def adam_group(rate: float | list, variables: Sequence, epsilon: float, **group) -> LossGroup:
+    """A LossGroup with its own FusedAdam at `rate`: a number, or a schedule
+    [[timestep, rate], ...] that sets it in the compiled step (the per-loss rates of
+    SAC and TD3, each a number or a schedule)."""
+    schedule = None if isinstance(rate, (int, float)) else rate
+    initial = rate if schedule is None else schedule[0][1]  # the towers set a scheduled one
+    return LossGroup(FusedAdam(initial, epsilon=epsilon), variables, lr_schedule=schedule, **group)
 
 
 def _is_group(value) -> bool:

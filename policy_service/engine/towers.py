@@ -652,24 +652,17 @@ class TowerStack:
             names = results[0].stats.names
             stats = dict(zip(names, tf.unstack(stats, num=len(names))))
             stats["valid_rows"] = total
+            norms = []
             for i, per_var in enumerate(unclipped):  # of the combined gradient: exact
-                present = [g for g in per_var if g is not None]
-                stats[self._group_stat("grad_gnorm", i)] = tf.linalg.global_norm(present)
+                norms.append(tf.linalg.global_norm([g for g in per_var if g is not None]))
+                stats[self._group_stat("grad_gnorm", i)] = norms[-1]
                 stats[self._group_stat("cur_lr", i)] = tf.cast(self._learning_rate(i), tf.float32)
             if results[0].per_row:  # per minibatch and tower, in batch order; never reduced
                 stats["_per_row"] = {
                     name: [r.per_row[name] for r in results] for name in results[0].per_row
                 }
             assignments = self._state_assignments(moments, results)
-            finite = tf.stack(
-                [
-                    tf.reduce_all(tf.math.is_finite(g))
-                    for per_var in combined
-                    for g in per_var
-                    if g is not None
-                ]
-                or [tf.constant(True)]
-            )
+            finite = finite_guard.finite_gradients(combined, norms)
         return StepResult(combined, stats, assignments, finite)
 
     def _group_stat(self, name: str, group_index: int) -> str:

@@ -15,7 +15,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
+import tree
 
+from policy_service import spaces
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
 from policy_service.multi_agent.policies import AgentPolicies
@@ -128,8 +130,9 @@ class MultiAgentSampler:
             by_policy[policy_of[agent]].append(agent)
         action_dict = {}
         for policy_id, agents in by_policy.items():
-            obs = np.stack([np.asarray(self._obs[a]) for a in agents])
-            prev = [self._prev.get(a, (0, 0.0)) for a in agents]
+            obs = _stack([self._obs[a] for a in agents])
+            no_action = spaces.zero_actions(self.policies[policy_id].action_space, 1)[0]
+            prev = [self._prev.get(a, (no_action, 0.0)) for a in agents]
             prev_actions = np.asarray([p[0] for p in prev])
             prev_rewards = np.asarray([p[1] for p in prev], np.float32)
             actions, _, extra = self.policies[policy_id].compute_actions(
@@ -139,7 +142,7 @@ class MultiAgentSampler:
                 action = np.asarray(actions)[i]
                 action_dict[agent] = action
                 self._open[agent] = {
-                    SampleBatch.OBS: obs[i],
+                    SampleBatch.OBS: _row(obs, i),
                     SampleBatch.ACTIONS: action,
                     SampleBatch.REWARDS: 0.0,
                     SampleBatch.PREV_ACTIONS: prev_actions[i],
@@ -168,8 +171,22 @@ class MultiAgentSampler:
     def _finish_chunks(self, chunks: dict) -> None:
         """Each agent's closed rows as one chunk of its policy; unroll ids per chunk."""
         for agent, rows in self._rows.items():
-            columns = {key: np.stack([np.asarray(r[key]) for r in rows]) for key in rows[0]}
+            columns = {key: _stack([r[key] for r in rows]) for key in rows[0]}
             columns[SampleBatch.REWARDS] = columns[SampleBatch.REWARDS].astype(np.float32)
             columns[SampleBatch.UNROLL_ID] = np.full(len(rows), self._rng.integers(2**62))
             chunks[self._episode.policy_of[agent]].append(SampleBatch(columns))
         self._rows = defaultdict(list)
+
+
+def _stack(values: list):
+    """Rows (arrays, or nests of them: a Dict observation) as one batch, nested alike."""
+    if not tree.is_nested(values[0]):
+        return np.stack([np.asarray(v) for v in values])
+    return tree.map_structure(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *values)
+
+
+def _row(batch, i: int):
+    """Row i of a batch `_stack` made."""
+    if not tree.is_nested(batch):
+        return batch[i]
+    return tree.map_structure(lambda column: column[i], batch)

@@ -14,8 +14,9 @@
 would log it (one request a step instead of two). `truncated`
 (default false) says the episode was cut short (a time limit): it bootstraps, where
 an end that is not truncated is a termination. /v1/experiences is the local-mode
-client's batched upload: per episode, T logged steps (reward i follows action i),
-`start` for its first upload, `end` for its last. Errors and tokens as in http_api.
+client's batched upload: per episode, T logged steps (reward i follows action i; Box
+actions as the policy sampled them, not clipped), `start` for its first upload, `end`
+for its last. Errors and tokens as in http_api.
 Imports neither TensorFlow nor Ray.
 """
 
@@ -102,9 +103,12 @@ def obs_rows(value, schema: RequestSchema, num_rows: int, field: str) -> Any:
     return tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *rows)
 
 
-def actions(value, schema: RequestSchema, num_rows: int, field: str) -> np.ndarray:
+def actions(
+    value, schema: RequestSchema, num_rows: int, field: str, check_bounds: bool = True
+) -> np.ndarray:
     """num_rows JSON actions -> <action dtype>[num_rows, *action_shape], checked against the
-    action space (ints in range, finite floats within bounds)."""
+    action space (ints in range, finite floats, within bounds unless check_bounds is False:
+    a policy's own Box actions, recorded unclipped as env runners record them)."""
     try:
         array = np.asarray(value)
     except ValueError:
@@ -121,7 +125,7 @@ def actions(value, schema: RequestSchema, num_rows: int, field: str) -> np.ndarr
             raise HttpError(400, f"{field}: expected integer actions, got {short_json(value)}")
     try:
         array = array.astype(schema.action_dtype)
-        spaces.check_actions(schema.action_space, array, column=field)
+        spaces.check_actions(schema.action_space, array, column=field, check_bounds=check_bounds)
     except ValueError as err:
         raise HttpError(400, str(err)) from None
     return array
@@ -197,7 +201,7 @@ def _upload(entry, schema: RequestSchema, where: str) -> EpisodeUpload:
     if not num_steps and entry.get("obs", []) != []:
         raise HttpError(400, f"{where}obs: expected as many observations as rewards (0)")
     acts = (
-        actions(entry.get("actions"), schema, num_steps, f"{where}actions")
+        actions(entry.get("actions"), schema, num_steps, f"{where}actions", check_bounds=False)
         if num_steps
         else np.zeros((0, *schema.action_shape), schema.action_dtype)
     )

@@ -82,6 +82,7 @@ class EpisodeRecorder:
             host.policy.action_space
         )
         self._initial_state = host.policy.get_initial_state()
+        self._clips_actions = spaces.has_box_leaves(host.policy.action_space)
 
     # ----- the protocol --------------------------------------------------------------
 
@@ -101,9 +102,13 @@ class EpisodeRecorder:
         return episode_id
 
     async def act(self, episode_id: str, obs) -> tuple[np.ndarray, int]:
-        """The policy's action for one observation (a batch of one row) -> (action, version)."""
+        """The policy's action for one observation (a batch of one row) -> (action, version):
+        recorded as sampled, handed out with Box leaves clipped to their bounds (as env
+        runners record and step)."""
         async with self._locked(episode_id) as episode:
             actions, version = await self._record_steps(episode, obs, None)
+        if self._clips_actions:
+            actions = spaces.clip_actions(self.host.policy.action_space, actions)
         return actions[0], version
 
     async def log_action(self, episode_id: str, obs, action: np.ndarray) -> None:

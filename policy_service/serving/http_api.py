@@ -121,23 +121,37 @@ class RequestSchema:
     observation_space: gym.Space
     preprocessor: Any  # spaces.ObservationPreprocessor of the observation space
     state_shapes: tuple[tuple[int, ...], ...]
-    action_dtype: np.dtype
-    action_shape: tuple[int, ...]
     action_space: gym.Space
+    # (path, dtype, per-row shape) of each action leaf in dm-tree order; path () when flat
+    action_leaves: tuple[tuple[tuple, np.dtype, tuple[int, ...]], ...]
 
     @classmethod
     def of(cls, policy) -> RequestSchema:
         from policy_service import spaces
 
-        dtype, shape = spaces.action_dtype_and_shape(policy.action_space)
+        paths = [path for path, _ in spaces.action_leaves(policy.action_space)]
+        specs = spaces.action_leaf_specs(policy.action_space)
         return cls(
             policy.observation_space,
             policy.preprocessor,
             tuple(tuple(s.shape) for s in policy.get_initial_state()),
-            np.dtype(dtype),
-            tuple(shape),
             policy.action_space,
+            tuple((path, np.dtype(d), tuple(shape)) for path, (d, shape) in zip(paths, specs)),
         )
+
+    @property
+    def action_dtype(self) -> np.dtype:
+        """A flat action space's dtype (external episodes take flat ones only)."""
+        return self._flat_action()[1]
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return self._flat_action()[2]
+
+    def _flat_action(self) -> tuple:
+        if len(self.action_leaves) != 1 or self.action_leaves[0][0] != ():
+            raise ValueError(f"action space {self.action_space} is nested: one dtype per leaf")
+        return self.action_leaves[0]
 
 
 def read_json_object(body: bytes, fields: Sequence[str]) -> dict:
@@ -197,17 +211,39 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
         obs,
         _state(data.get("state"), schema, num_rows),
         explore,
-        _optional_column(
-            data.get("prev_actions"),
-            "prev_actions",
-            (num_rows, *schema.action_shape),
-            schema.action_dtype,
-        ),
+        None
+        if data.get("prev_actions") is None
+        else _actions(data["prev_actions"], schema, num_rows),
         _optional_column(
             data.get("prev_rewards"), "prev_rewards", (num_rows,), np.dtype(np.float32)
         ),
         num_rows,
     )
+
+
+def _actions(value, schema: RequestSchema, num_rows: int) -> Any:
+    """prev_actions -> numpy nested like the action space (lists for a Tuple, objects for
+    a Dict), each leaf <dtype>[num_rows, ...]; HttpError 400 naming the leaf otherwise."""
+    from policy_service import spaces
+
+    leaves = []
+    for path, dtype, shape in schema.action_leaves:
+        leaf, field = value, "prev_actions"
+        for step in path:
+            if isinstance(step, int) and isinstance(leaf, list) and step < len(leaf):
+                leaf = leaf[step]
+            elif isinstance(step, str) and isinstance(leaf, dict) and step in leaf:
+                leaf = leaf[step]
+            else:
+                raise HttpError(
+                    400,
+                    f"{field}: expected {'a list' if isinstance(step, int) else 'an object'} "
+                    f"holding {step!r} (the action space is {schema.action_space}), got "
+                    f"{short_json(leaf)}",
+                )
+            field = f"{field}[{step!r}]"
+        leaves.append(numeric_array(leaf, field, (num_rows, *shape), dtype))
+    return spaces.nest_actions(schema.action_space, leaves)
 
 
 def action_response(actions, state_out: list, weights_version: int) -> bytes:
@@ -343,8 +379,12 @@ def api_spec(policy, weights_version: int, max_request_bytes: int) -> dict:
         "request_fields": list(REQUEST_FIELDS),
         "explore_default": bool(policy.config.explore),  # when a request leaves it out
         "response_fields": list(RESPONSE_FIELDS),
-        "action_dtype": schema.action_dtype.name,
-        "action_shape": list(schema.action_shape),
+        # one entry per action leaf: its place in "actions" (a list index or object key
+        # per level; [] for a flat space), dtype and per-row shape
+        "action_leaves": [
+            {"path": list(path), "dtype": dtype.name, "shape": list(shape)}
+            for path, dtype, shape in schema.action_leaves
+        ],
         "weights_version": int(weights_version),
         "max_request_bytes": int(max_request_bytes),
     }

@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.errors import UserError
+from policy_service.serving import proxy_errors
 from policy_service.serving.deployment import APP_NAME, ServingSettings, policy_app
 from policy_service.serving.http_api import token_digest
 
@@ -167,6 +168,7 @@ def run_server(
     """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0."""
     check_settings(address, settings)
     check_port_free(address)
+    proxy_errors.install()  # the proxy's own errors as JSON (the Ray started here)
     start_ray(os.environ.get("RAY_ADDRESS"))  # before Ray is imported: it sets the auth mode
     import ray
     from ray import serve
