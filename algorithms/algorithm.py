@@ -54,11 +54,12 @@ from policy_service.multi_agent.policies import check_policies_config
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
-    from algorithms.multi_agent import MultiAgentEnvRunners, MultiAgentLearners
+    from algorithms.multi_agent import MultiAgentLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
     from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
+    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
     from policy_service.policy import TFPolicy
     from policy_service.serving.external_env_runners import ExternalEnvRunners
 
@@ -197,16 +198,14 @@ class AlgorithmConfig(PolicyConfig):
             )
         if self.policies is not None:
             for key, single_agent_only in (
-                ("num_env_runners", self.num_env_runners != 0),
-                ("remote_inference", self.remote_inference),
                 ("external_env", self.external_env),
                 ("observation_filter", self.observation_filter != "NoFilter"),
+                ("vectorize_mode", self.vectorize_mode != "sync"),
             ):
                 if single_agent_only:
                     raise ConfigError(
                         f"{self.key_prefix}.{key} must keep its default with policies set "
-                        f"(multi-agent runs sample in the driver for now), got "
-                        f"{getattr(self, key)!r}"
+                        f"(not in multi-agent runs yet), got {getattr(self, key)!r}"
                     )
         if self.preprocessor_pref == "deepmind" and atari.is_atari_id(self.env):
             try:
@@ -348,8 +347,8 @@ class Algorithm:
         # Both are built here and kept for the algorithm's life; stop() ends them.
         self.env_runners: EnvRunnerGroup | ExternalEnvRunners  # the latter: --external-env
         self.learners: LearnerGroup
-        # with `policies`: the driver's multi-agent sampler and a LearnerGroup per policy
-        self.multi_agent: tuple[MultiAgentEnvRunners, MultiAgentLearners] | None = None
+        # with `policies`: the multi-agent env runners and a LearnerGroup per policy
+        self.multi_agent: tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners] | None = None
         try:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
@@ -633,15 +632,23 @@ class Algorithm:
             sample_while_starting=cfg.sample_while_env_runners_start,
         )
 
-    def _make_multi_agent(self) -> tuple[MultiAgentEnvRunners, MultiAgentLearners]:
-        """The driver's multi-agent sampler and the policies' learners, weights synced."""
+    def _make_multi_agent(self) -> tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners]:
+        """The multi-agent env runners and the policies' learners, weights synced."""
         from algorithms import multi_agent
+        from policy_service.distributed.env_runner_group import (
+            env_runner_asks,
+            policy_actor_ray_options,
+        )
         from policy_service.distributed.learners import learner_asks
         from policy_service.distributed.resources import check_cluster_fits
 
-        env, policies = multi_agent.resolve_policies(self.config, self.policy_class)
+        cfg = self.config
+        env, policies = multi_agent.resolve_policies(cfg, self.policy_class)
+        env.close()  # it only showed the agents and spaces
+        options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
         check_cluster_fits(
-            [
+            env_runner_asks(cfg.num_env_runners, cfg.num_cpus_per_env_runner, options)
+            + [
                 ask._replace(role=f"learner of policy {policy_id!r}")
                 for policy_id, spec in policies.specs.items()
                 for ask in learner_asks(
@@ -649,15 +656,14 @@ class Algorithm:
                 )
             ]
         )
-        learners = multi_agent.MultiAgentLearners(policies)
+        # the runner actors start while the driver builds the learners
+        runners = multi_agent.multi_agent_env_runners(cfg, policies, cfg.seed)
         try:
-            runners = multi_agent.MultiAgentEnvRunners(
-                env, policies, self.config.fragment_length(), self.config.seed
-            )
+            learners = multi_agent.MultiAgentLearners(policies)
         except BaseException:
-            learners.stop()
+            runners.stop()
             raise
-        runners.sync_weights(learners.get_weights())
+        runners.sync_weights(learners.get_weights(), version=0)
         return runners, learners
 
     def resource_asks(self) -> list[RoleAsk]:
@@ -731,21 +737,22 @@ class Algorithm:
         self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
 
     def _restart_multi_agent_sampling(self) -> None:
-        """_restart_sampling with `policies`: the driver's sampler on a new env."""
+        """_restart_sampling with `policies`: new env runners, seeded from (seed, iteration)."""
         from algorithms import multi_agent
 
         assert self.multi_agent is not None
         runners, learners = self.multi_agent
         if self.config.seed is not None:
-            env = multi_agent.make_multi_agent_env(self._env_name, dict(self.config.env_config))
-            runners = runners.restarted(env, iteration_seed(self.config.seed, self.iteration))
+            self._past_worker_restarts += int(runners.num_restarts)
+            runners.stop()
+            seed = iteration_seed(self.config.seed, self.iteration)
+            runners = multi_agent.multi_agent_env_runners(self.config, runners.agent_policies, seed)
             self.multi_agent = (runners, learners)
-        runners.sync_weights(learners.get_weights())
+        runners.sync_weights(learners.get_weights(), version=self.iteration)
 
     def _num_worker_restarts(self) -> int:
-        if self.multi_agent is not None:  # the driver samples: no worker to restart
-            return 0
-        return self._past_worker_restarts + int(self.env_runners.num_restarts)
+        runners = self.multi_agent[0] if self.multi_agent is not None else self.env_runners
+        return self._past_worker_restarts + int(runners.num_restarts)
 
     # ----- algorithm state ----------------------------------------------------------
 
@@ -856,7 +863,7 @@ class Algorithm:
         runners, learners = self.multi_agent
         return {
             "policy_ids": list(learners.groups),
-            "agent_policy_ids": runners.agent_policy_ids,
+            "agent_policy_ids": runners.agent_policies.agent_policy_ids,
             "agent_timesteps_total": self.agent_timesteps_total,
             "policy_episode_returns": {
                 policy_id: [float(r) for r in returns]
@@ -886,9 +893,12 @@ class Algorithm:
         self.set_algorithm_state(own)
         self._restore_counters(saved)
         self._restart_sampling()
-        self._past_worker_restarts = int(saved["num_worker_restarts"]) - int(
-            self.env_runners.num_restarts
-        )
+        self._restore_worker_restarts(saved)
+
+    def _restore_worker_restarts(self, saved: dict) -> None:
+        """The run's worker restarts count on from the checkpoint's."""
+        saved_restarts = int(saved["num_worker_restarts"])
+        self._past_worker_restarts += saved_restarts - self._num_worker_restarts()
 
     def _restore_multi_agent(self, directory: Path, saved: dict) -> None:
         """restore() with `policies`: the checkpoint's policy ids must be this run's
@@ -913,6 +923,7 @@ class Algorithm:
         for policy_id, returns in saved.get("policy_episode_returns", {}).items():
             self._policy_returns[policy_id].extend(returns)
         self._restart_sampling()
+        self._restore_worker_restarts(saved)
 
     def _restore_counters(self, saved: dict) -> None:
         """The loop's counters and metrics window from algorithm_state.json."""

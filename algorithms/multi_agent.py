@@ -1,8 +1,9 @@
 """A multi-agent run's two halves, called as the loop calls an EnvRunnerGroup and a
-LearnerGroup: `MultiAgentEnvRunners` samples in the driver (one MultiAgentEnv, a CPU
-copy of every policy acting for its agents), `MultiAgentLearners` holds a LearnerGroup
-per policy (each policy its own learner role; num_learners: 0 puts them in the driver)
-and updates only the policies in `policies_to_train` on their own rows.
+LearnerGroup: `multi_agent_env_runners` builds its MultiAgentEnvRunnerGroup (sampling in
+the driver, or in env runner actors each acting with a CPU copy of every policy, or
+through one MultiPolicyActor), `MultiAgentLearners` holds a LearnerGroup per policy
+(each policy its own learner role; num_learners: 0 puts them in the driver) and updates
+only the policies in `policies_to_train` on their own rows.
 
 A checkpoint of such a run holds policies/<policy id>/ for every policy (each as a
 single-agent checkpoint's policy/) and, in algorithm_state.json, "policy_ids" and
@@ -10,11 +11,12 @@ single-agent checkpoint's policy/) and, in algorithm_state.json, "policy_ids" an
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from algorithms.environments import env_maker
-from policy_service.config import on_cpu
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
@@ -23,7 +25,9 @@ from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv, MultiAgentEnvError
 from policy_service.multi_agent.policies import AgentPolicies, agent_policies
-from policy_service.multi_agent.sampler import MultiAgentSampler
+
+if TYPE_CHECKING:
+    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
 MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count_steps_by")
 # what a policy's own config leaves out of the run's: the keys above, and the env, which
@@ -31,11 +35,17 @@ MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count
 RUN_ONLY_KEYS = (*MULTI_AGENT_KEYS, "env", "env_config")
 
 
+def multi_agent_env_creator(name: str) -> Callable[[dict], MultiAgentEnv] | str:
+    """What env runners make the env from: a register_env name's creator, resolved here
+    (an actor's registry is empty), or a "pettingzoo:" name's maker; else the name."""
+    if pettingzoo_env.is_pettingzoo_name(name):
+        return functools.partial(pettingzoo_env.make_pettingzoo_env, name)
+    return env_maker(name)
+
+
 def make_multi_agent_env(name: str, env_config: dict) -> MultiAgentEnv:
     """A register_env name's creator(env_config), or a "pettingzoo:" name's env."""
-    if pettingzoo_env.is_pettingzoo_name(name):
-        return pettingzoo_env.make_pettingzoo_env(name, env_config)
-    maker = env_maker(name)
+    maker = multi_agent_env_creator(name)
     env = maker(env_config) if callable(maker) else None
     if not isinstance(env, MultiAgentEnv):
         raise MultiAgentEnvError(
@@ -118,46 +128,26 @@ def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> N
     )
 
 
-class MultiAgentEnvRunners:
-    """The driver's multi-agent sampler; weights come per policy id. `seed` seeds the
-    episodes and the acting copies' sampling (None: the policies' config seed)."""
+def multi_agent_env_runners(
+    config, policies: AgentPolicies, seed: int | None
+) -> MultiAgentEnvRunnerGroup:
+    """The run's env runners (config: num_env_runners, num_envs_per_env_runner,
+    remote_inference, ...); `seed` seeds the episodes and the acting copies' sampling
+    (None: the policies' config seed)."""
+    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
-    def __init__(self, env: MultiAgentEnv, policies: AgentPolicies, fragment_length: int, seed):
-        seeded = {} if seed is None else {"seed": seed}
-        self.policies = {
-            p: spec._replace(config=on_cpu(spec.config, **seeded)).build()
-            for p, spec in policies.specs.items()
-        }
-        self.sampler = MultiAgentSampler(env, policies, self.policies, fragment_length, seed=seed)
-        self.env = env
-        self.agent_policies = policies
-        self.fragment_length = fragment_length
-        # each possible agent's policy as mapped before the run (episode=None)
-        self.agent_policy_ids = {str(a): policies.policy_id(a, None) for a in env.possible_agents}
-
-    def restarted(self, env: MultiAgentEnv, seed: int | None) -> MultiAgentEnvRunners:
-        """New runners on `env`, seeded with `seed`, acting with these weights; these stop."""
-        weights = {p: policy.get_weights() for p, policy in self.policies.items()}
-        self.stop()
-        runners = MultiAgentEnvRunners(env, self.agent_policies, self.fragment_length, seed)
-        runners.sync_weights(weights)
-        return runners
-
-    def sample(self) -> tuple[MultiAgentBatch, dict]:
-        return self.sampler.sample()
-
-    def sync_weights(self, weights: dict) -> None:
-        """policy id -> weights, set on the acting copies."""
-        for policy_id, policy_weights in weights.items():
-            self.policies[policy_id].set_weights(policy_weights)
-
-    def set_global_timestep(self, timestep: int) -> None:
-        """Where every acting copy's exploration schedule stands (the run's env steps)."""
-        for policy in self.policies.values():
-            policy.global_timestep = int(timestep)
-
-    def stop(self) -> None:
-        self.env.close()
+    return MultiAgentEnvRunnerGroup(
+        multi_agent_env_creator(config.env),
+        policies,
+        num_env_runners=config.num_env_runners,
+        num_envs_per_env_runner=config.num_envs_per_env_runner,
+        num_cpus_per_env_runner=config.num_cpus_per_env_runner,
+        rollout_fragment_length=config.fragment_length(),
+        seed=seed,
+        env_config=dict(config.env_config),
+        remote_inference=config.remote_inference,
+        sample_while_starting=config.sample_while_env_runners_start,
+    )
 
 
 class MultiAgentLearners:

@@ -429,11 +429,9 @@ class ReplayAlgorithm(Algorithm):
         return max(0, self.timesteps_total - self.config.num_steps_sampled_before_learning_starts)
 
     def samples_per_round(self) -> int:
-        """Env steps one sampling round brings (all workers' fragments; with
-        `policies`, one fragment of the driver's env)."""
+        """Env steps one sampling round brings (all workers' fragments, with or
+        without `policies`)."""
         cfg = self.config
-        if self.multi_agent is not None:
-            return cfg.fragment_length()
         return cfg.fragment_length() * cfg.num_envs_per_env_runner * max(1, cfg.num_env_runners)
 
     # ----- the exploration schedule ------------------------------------------------------

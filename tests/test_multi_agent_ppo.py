@@ -51,9 +51,11 @@ def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line():
     with pytest.raises(ConfigError, match=r"is a multi-agent env: set config.policies"):
         PPO({"env": "pettingzoo:mpe2.simple_spread_v3"})
     with pytest.raises(
-        ConfigError, match=r"config.num_env_runners must keep its default with policies set"
+        ConfigError,
+        match=r"config.vectorize_mode must keep its default with policies set \(not in "
+        r"multi-agent runs yet\), got 'async'",
     ):
-        PPO(config(num_env_runners=2))
+        PPO(config(vectorize_mode="async"))
     with pytest.raises(
         MultiAgentEnvError, match=r"needs a multi-agent env, but 'CartPole-v1' made a gymnasium id"
     ):

@@ -8,9 +8,8 @@ inside that role's process: Ray's CPU/GPU reservation and the GPU ids it
 assigned (None for the driver, which Ray reserves nothing for), the GPUs
 CUDA lets it see, and its towers' devices. The driver's entry carries the
 learner's devices when the learner lives there (num_learners 0, holds_learner). A role that does not
-answer in time is recorded with the error, not left out. A multi-agent run (config
-`policies`) samples in the driver; each of its learner actors' entries names its
-"policy_id".
+answer in time is recorded with the error, not left out. Each learner actor of a
+multi-agent run (config `policies`) names its "policy_id".
 """
 
 from __future__ import annotations
@@ -37,6 +36,16 @@ def role_resources(algo) -> dict:
         else process_resources()
     )
     driver["holds_learner"] = local is not None
+    learners = [
+        _answer(partial(actor_resources, a, lambda host: host.policy, ANSWER_TIMEOUT_S))
+        for a in (learner_group.actors if learner_group is not None else [])
+    ]
+    return {"driver": driver, "learners": learners, **_runner_resources(runner_group)}
+
+
+def _runner_resources(runner_group) -> dict:
+    """The env runners' and the inference actor's entries (each worker's acting
+    policy's devices: its `policy`, None when a PolicyActor acts)."""
     env_runners = []
     if runner_group is not None:
         runner_group.wait_started()  # a run shorter than their start: up first, then asked
@@ -55,21 +64,12 @@ def role_resources(algo) -> dict:
         inference = _answer(
             lambda: ray.get(runner_group.policy_actor.resources.remote(), timeout=ANSWER_TIMEOUT_S)
         )
-    learners = [
-        _answer(partial(actor_resources, a, lambda host: host.policy, ANSWER_TIMEOUT_S))
-        for a in (learner_group.actors if learner_group is not None else [])
-    ]
-    return {
-        "driver": driver,
-        "learners": learners,
-        "env_runners": env_runners,
-        "inference_actor": inference,
-    }
+    return {"env_runners": env_runners, "inference_actor": inference}
 
 
 def _multi_agent_resources(runners, learners) -> dict:
-    """role_resources of a multi-agent run: the driver samples with a CPU copy of each
-    policy and holds the learners of the policies with num_learners 0."""
+    """role_resources of a multi-agent run: its env runners as a single-agent run's,
+    and the driver holding the learners of the policies with num_learners 0."""
     local = [g.local_policy for g in learners.groups.values() if g.local_policy is not None]
     driver = (
         process_resources(local[0].devices, local[0].tower_devices.note)
@@ -77,7 +77,6 @@ def _multi_agent_resources(runners, learners) -> dict:
         else process_resources()
     )
     driver["holds_learner"] = bool(local)
-    acting = next(iter(runners.policies.values()))
     return {
         "driver": driver,
         "learners": [
@@ -86,8 +85,7 @@ def _multi_agent_resources(runners, learners) -> dict:
             for policy_id, group in learners.groups.items()
             for a in group.actors
         ],
-        "env_runners": [process_resources(_devices(acting)) | {"in_driver": True}],
-        "inference_actor": None,
+        **_runner_resources(runners),
     }
 
 

@@ -105,6 +105,10 @@ _SUMMED_METRICS = (
 class EnvRunnerGroup:
     """Creates, syncs, samples from and replaces rollout workers.
 
+    `worker_cls` is what each worker is (RolloutWorker; a subclass may run others
+    with the same methods: multi_agent/env_runner_group.py), built from
+    `_worker_args()` and the keyword arguments every worker takes.
+
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
     policy_actor_options: Ray options of the PolicyActor (remote_inference),
@@ -126,9 +130,11 @@ class EnvRunnerGroup:
       Replaced ones (the learners restarted) are handed over by `set_inference_actors`.
     """
 
+    worker_cls: type = RolloutWorker
+
     def __init__(
         self,
-        env: str | Callable[[dict], gym.Env],
+        env: str | Callable[[dict], Any],
         policy_cls: type,
         policy_config: dict | Any = None,
         *,
@@ -192,15 +198,20 @@ class EnvRunnerGroup:
         check_cluster_fits(
             env_runner_asks(self.num_env_runners, num_cpus_per_env_runner, actor_options)
         )
+        # the workers' spaces (a worker_cls may give them otherwise, e.g. by policy id)
+        self.observation_space: Any
+        self.action_space: Any
         if self.num_env_runners > 0 or actor_options is not None:  # the driver's spec
-            self.observation_space, self.action_space = probe_spaces(env, env_config)
+            self.observation_space, self.action_space = self._driver_spaces()
         if actor_options is not None:
             self._served_policy = self._start_policy_actor(
-                policy_cls,
-                policy_config,
                 actor_options,
-                policy_actor_kwargs,
-                total_envs=max(1, num_env_runners) * num_envs_per_env_runner,
+                {
+                    "max_batch_size": max(1, num_env_runners) * num_envs_per_env_runner,
+                    "batch_wait_timeout_s": 0.002,
+                    "custom_models": models.custom_model_registry(),
+                    **(policy_actor_kwargs or {}),
+                },
             )
             self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None  # the one sampling in this process
@@ -210,17 +221,15 @@ class EnvRunnerGroup:
         # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
         self._unacked_weights: list = []
         if self.num_env_runners == 0:
-            self.local_worker = RolloutWorker(
-                env,
-                policy_cls,
-                policy_config,
+            self.local_worker = self.worker_cls(
+                *self._worker_args(),
                 worker_index=0,
                 policy_actor=self.policy_actor,
                 **self._worker_kwargs,
             )
             self.observation_space, self.action_space = self.local_worker.get_spaces()
         else:
-            self._worker_cls = ray.remote(RolloutWorker)
+            self._worker_cls: Any = ray.remote(self.worker_cls)
             self.workers = [self._make_worker(index) for index in self._worker_indices()]
             self._starting = [worker.ping.remote() for worker in self.workers]
             if sample_while_starting and self.policy_actor is None and not self._inference_actors:
@@ -238,13 +247,16 @@ class EnvRunnerGroup:
             results = [local.sample()]
         else:
             results = self._sample_remote()
-        batch = concat_samples([b for b, _ in results])
-        metrics = merge_metrics([m for _, m in results])
+        batch, metrics = self._joined(results)
         metrics["num_worker_restarts"] = self.num_restarts
         metrics["num_policy_actor_restarts"] = self.num_policy_actor_restarts()
         metrics["num_env_runners"] = self.num_env_runners
         metrics["sample_time_s"] = time.perf_counter() - start
         return batch, metrics
+
+    def _joined(self, results: list[tuple[SampleBatch, dict]]) -> tuple[SampleBatch, dict]:
+        """The workers' (fragment, metrics) -> one batch and merged metrics."""
+        return concat_samples([b for b, _ in results]), merge_metrics([m for _, m in results])
 
     def samples_in_driver(self) -> bool:
         """Whether fragments are sampled in this process now: with no remote workers,
@@ -292,10 +304,8 @@ class EnvRunnerGroup:
     def _stand_in(self) -> RolloutWorker:
         """A worker in this process with the envs of all remote ones (and its own seeds
         and episode ids, as worker N + 1), sampling until they are up."""
-        return RolloutWorker(
-            self._env,
-            self._policy_cls,
-            self._policy_config,
+        return self.worker_cls(
+            *self._worker_args(),
             worker_index=self.num_env_runners + 1,
             **{
                 **self._worker_kwargs,
@@ -521,11 +531,18 @@ class EnvRunnerGroup:
     def _worker_indices(self) -> range:
         return range(1, self.num_env_runners + 1)
 
+    def _worker_args(self) -> tuple:
+        """The leading arguments of every worker (`worker_cls`)."""
+        return self._env, self._policy_cls, self._policy_config
+
+    def _driver_spaces(self) -> tuple:
+        """The workers' spaces, known in this process without waiting for a worker
+        (the env's, made here once)."""
+        return probe_spaces(self._env, self._worker_kwargs["env_config"])
+
     def _make_worker(self, index: int):
         return self._worker_cls.options(num_cpus=self._num_cpus_per_env_runner).remote(
-            self._env,
-            self._policy_cls,
-            self._policy_config,
+            *self._worker_args(),
             worker_index=index,
             policy_actor=self._acting_actor(index),
             **self._worker_kwargs,
@@ -588,21 +605,16 @@ class EnvRunnerGroup:
         else:
             ray.get(worker.ping.remote())
 
-    def _start_policy_actor(self, policy_cls, policy_config, options, kwargs, total_envs: int):
-        kwargs = {
-            "max_batch_size": total_envs,
-            "batch_wait_timeout_s": 0.002,
-            "custom_models": models.custom_model_registry(),
-            **(kwargs or {}),
-        }
+    def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
+        """The PolicyActor acting for the workers (Ray `options`, PolicyHost's kwargs)."""
         return RestartablePolicyActor(
-            policy_cls,
+            self._policy_cls,
             self.observation_space,
             self.action_space,
-            observation_filters.unfiltered(config_for(policy_cls, policy_config)),
+            observation_filters.unfiltered(config_for(self._policy_cls, self._policy_config)),
             max_restarts=self.max_policy_actor_restarts,
             actor_options=options,
-            **kwargs,
+            **host_kwargs,
         )
 
     def _empty_filter_stats(self) -> observation_filters.RunningStat | None:

@@ -93,7 +93,7 @@ class PolicyHost:
         policy_config = hosted_policy_config(
             policy_cls, config, visible_gpus=visible_gpus, ray_gpu_ids=ray_gpu_ids
         )
-        _prepare_tensorflow(policy_config, intra_op_threads)
+        prepare_tensorflow(policy_config, intra_op_threads)
         self._serve(
             policy_cls(observation_space, action_space, policy_config),
             max_batch_size,
@@ -103,24 +103,38 @@ class PolicyHost:
         self.device_note = self.policy.tower_devices.note or unseen_gpus_note(
             ray_gpu_ids, visible_gpus, self.policy.devices
         )
-        if weights_source is not None and ray.get_runtime_context().was_current_actor_reconstructed:
-            self._restore_weights(weights_source)
+        restored = restored_weights(weights_source)
+        if restored is not None:
+            weights, self._weights_version = restored
+            self.policy.set_weights(weights)
 
     @classmethod
     def for_policy(
-        cls, policy, *, max_batch_size: int = 32, batch_wait_timeout_s: float = 0.001
+        cls,
+        policy,
+        *,
+        max_batch_size: int = 32,
+        batch_wait_timeout_s: float = 0.001,
+        executor: ThreadPoolExecutor | None = None,
     ) -> PolicyHost:
         """A host serving a policy that already lives in this process (a learner's,
-        SEED style); the owner runs its own policy work through `in_policy_thread`."""
+        SEED style; or one of several, which share one `executor` thread); the owner
+        runs its own policy work through `in_policy_thread`."""
         host = cls.__new__(cls)
-        host._serve(policy, max_batch_size, batch_wait_timeout_s)
+        host._serve(policy, max_batch_size, batch_wait_timeout_s, executor)
         host.device_note = policy.tower_devices.note
         return host
 
-    def _serve(self, policy, max_batch_size: int, batch_wait_timeout_s: float) -> None:
+    def _serve(
+        self,
+        policy,
+        max_batch_size: int,
+        batch_wait_timeout_s: float,
+        executor: ThreadPoolExecutor | None = None,
+    ) -> None:
         self.policy = policy
         self._initial_state = self.policy.get_initial_state()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="policy")
+        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="policy")
         self._batcher = RequestBatcher(
             self._forward,
             max_batch_size=max_batch_size,
@@ -129,14 +143,6 @@ class PolicyHost:
         )
         self._weights_version = 0
         self._reset_counters()
-
-    def _restore_weights(self, weights_source) -> None:
-        """After a restart by Ray: the weights and version published last, if any."""
-        boxed_ref, version = ray.get(weights_source.restore.remote())
-        if boxed_ref is not None:
-            self.policy.set_weights(ray.get(boxed_ref[0]))
-            self._weights_version = int(version)
-            logger.warning("PolicyActor restarted; acting with weights version %d", version)
 
     # ----- inference ---------------------------------------------------------------
 
@@ -412,6 +418,18 @@ PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: 
 PolicyActor.__doc__ = PolicyHost.__doc__
 
 
+def restored_weights(weights_source) -> tuple[Any, int] | None:
+    """In an actor Ray restarted: (the weights published last to `weights_source`, a
+    `restarts.LatestWeights` handle, and their version); else, or when none were, None."""
+    if weights_source is None or not ray.get_runtime_context().was_current_actor_reconstructed:
+        return None
+    boxed_ref, version = ray.get(weights_source.restore.remote())
+    if boxed_ref is None:
+        return None
+    logger.warning("PolicyActor restarted; acting with weights version %d", version)
+    return ray.get(boxed_ref[0]), int(version)
+
+
 def broadcast_weights(
     receivers: list,
     weights: dict | ray.ObjectRef,
@@ -472,7 +490,7 @@ def unseen_gpus_note(ray_gpu_ids: list | None, visible_gpus: int, acting_on: lis
     return note
 
 
-def _prepare_tensorflow(config, intra_op_threads: int | None) -> None:
+def prepare_tensorflow(config, intra_op_threads: int | None) -> None:
     """Inside a Ray worker, size TF's thread pools to the CPUs Ray assigned.
 
     In a driver process TensorFlow is left as the caller configured it.

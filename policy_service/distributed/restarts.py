@@ -25,6 +25,7 @@ import time
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
+from policy_service.distributed.multi_policy_actor import MultiPolicyActor
 from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
 from policy_service.errors import RunFailure, restart_budget_spent
 
@@ -134,6 +135,32 @@ class RestartablePolicyActor:
         actor_options: dict | None = None,
         **host_kwargs,
     ):
+        self._start(
+            PolicyActor,
+            (policy_cls, observation_space, action_space, config),
+            max_restarts,
+            actor_options,
+            host_kwargs,
+        )
+
+    @classmethod
+    def of_policies(
+        cls,
+        specs: dict,
+        *,
+        max_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
+        actor_options: dict | None = None,
+        **host_kwargs,
+    ) -> RestartablePolicyActor:
+        """A MultiPolicyActor serving the policies of `specs` (policy id -> complete
+        PolicySpec), restarted likewise; its weights are a dict by policy id."""
+        served = cls.__new__(cls)
+        served._start(MultiPolicyActor, (specs,), max_restarts, actor_options, host_kwargs)
+        return served
+
+    def _start(
+        self, actor_cls, args: tuple, max_restarts: int, actor_options, host_kwargs: dict
+    ) -> None:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_restarts = int(max_restarts)
@@ -144,13 +171,8 @@ class RestartablePolicyActor:
             "max_restarts": self.max_restarts,
             "max_task_retries": 0,
         }
-        self.actor = PolicyActor.options(**options).remote(
-            policy_cls,
-            observation_space,
-            action_space,
-            config,
-            weights_source=self.weights_source,
-            **host_kwargs,
+        self.actor = actor_cls.options(**options).remote(
+            *args, weights_source=self.weights_source, **host_kwargs
         )
 
     def set_weights(self, weights, version: int | None = None) -> int:

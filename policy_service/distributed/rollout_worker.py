@@ -111,9 +111,7 @@ class RolloutWorker:
             self.observation_space,
         )
         if policy_actor is None:
-            if devices.in_ray_worker():
-                threads = devices.assigned_cpu_threads()
-                devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
+            prepare_acting_threads()
             self.policy = policy_cls(
                 self.observation_space,
                 self.action_space,
@@ -474,6 +472,14 @@ def env_name(env) -> str:
     if isinstance(env, str):
         return env
     return getattr(env, "__qualname__", None) or getattr(env, "__name__", None) or repr(env)
+
+
+def prepare_acting_threads() -> None:
+    """In a Ray actor, TensorFlow's thread pools sized to the CPUs Ray assigned it
+    (before a policy acting there initializes TensorFlow)."""
+    if devices.in_ray_worker():
+        threads = devices.assigned_cpu_threads()
+        devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
 
 
 def rollout_policy_config(

@@ -116,16 +116,19 @@ def _check_prefixes(prefixes: dict, policies: dict, key: str) -> None:
 
 
 class AgentPolicies:
-    """Complete PolicySpecs by id, the mapping from agents to them and the ids trained."""
+    """Complete PolicySpecs by id, the mapping from agents to them and the ids trained;
+    `agent_policy_ids`: each possible agent's policy as mapped before the run."""
 
     def __init__(
         self,
         specs: dict[str, PolicySpec],
         mapping_fn: Callable,
         policies_to_train: list[str] | None,
+        agent_policy_ids: dict[str, str] | None = None,
     ) -> None:
         self.specs = specs
         self.mapping_fn = mapping_fn
+        self.agent_policy_ids = dict(agent_policy_ids or {})
         self.policies_to_train = (
             list(specs) if policies_to_train is None else list(policies_to_train)
         )
@@ -139,6 +142,13 @@ class AgentPolicies:
                 f"no policy in config.policies {sorted(self.specs)}"
             )
         return policy_id
+
+    def spaces(self) -> tuple[dict, dict]:
+        """(policy id -> observation space, policy id -> action space)."""
+        return (
+            {p: spec.observation_space for p, spec in self.specs.items()},
+            {p: spec.action_space for p, spec in self.specs.items()},
+        )
 
 
 def agent_policies(
@@ -157,8 +167,10 @@ def agent_policies(
         policies_to_train,
     )
     agents_of: dict[str, list] = {p: [] for p in policies}
+    agent_policy_ids = {}
     for agent in env.possible_agents:
-        agents_of[mapping.policy_id(agent, None)].append(agent)
+        agent_policy_ids[str(agent)] = policy_id = mapping.policy_id(agent, None)
+        agents_of[policy_id].append(agent)
     specs = {}
     for policy_id, given in policies.items():
         given = given or PolicySpec()
@@ -186,4 +198,4 @@ def agent_policies(
         specs[policy_id] = PolicySpec(
             given.policy_class or default_class, spaces["observation"], spaces["action"], config
         )
-    return AgentPolicies(specs, mapping.mapping_fn, policies_to_train)
+    return AgentPolicies(specs, mapping.mapping_fn, policies_to_train, agent_policy_ids)

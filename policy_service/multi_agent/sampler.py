@@ -1,18 +1,23 @@
-"""MultiAgentSampler: steps one MultiAgentEnv with a policy per agent (by the mapping),
-builds each agent's trajectory separately and postprocesses it with its own policy.
+"""MultiAgentSampler: steps copies of a MultiAgentEnv with a policy per agent (by the
+mapping), builds each agent's trajectory separately and postprocesses it with its own
+policy.
 
 The agents in an obs dict act; an agent's row closes when its next obs arrives (its
 rewards summed until then, so turn-based agents are paid for their own moves), or when
 the episode ends. Each chunk (one agent, one episode, one fragment) goes through its
 policy's `postprocess_trajectory`, as a single-agent fragment's chunks do, so an
 agent's advantages use only its own rewards and values. A fragment is
-`rollout_fragment_length` env steps; open trajectories are cut there and bootstrapped.
+`rollout_fragment_length` steps of every sub-env; open trajectories are cut there and
+bootstrapped. The sub-envs step in lockstep: each step, one `compute_actions` per policy
+acts for that policy's agents of all sub-envs.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import tree
@@ -35,14 +40,39 @@ class Episode:
     length: int = 0
 
 
+@dataclass
+class _SubEnv:
+    """One env copy and the state of its episode in progress."""
+
+    env: MultiAgentEnv
+    obs: dict | None = None  # None: the env needs a reset
+    episode: Episode = field(default_factory=lambda: Episode(0))
+    open: dict = field(default_factory=dict)  # agent -> its row awaiting its next obs
+    rows: dict = field(default_factory=lambda: defaultdict(list))  # agent -> closed rows
+    prev: dict = field(default_factory=dict)  # agent -> (previous action, previous reward)
+
+
+@dataclass
+class _Fragment:
+    """What one sample() gathers from every sub-env."""
+
+    chunks: dict = field(default_factory=lambda: defaultdict(list))  # policy id -> chunks
+    returns: list = field(default_factory=list)
+    lengths: list = field(default_factory=list)
+    policy_returns: dict = field(default_factory=lambda: defaultdict(list))
+
+
 class MultiAgentSampler:
-    """`policies`: id -> a built TFPolicy acting here (its weights set by the caller)."""
+    """`env`: one MultiAgentEnv or a sequence of copies (sub-envs). `policies`: id -> an
+    acting policy (its weights set by the caller): a TFPolicy built here, or one served
+    elsewhere with the same `compute_actions` and `postprocess_trajectory`, which may
+    also offer `postprocess_trajectories(chunks)` to take a policy's chunks in one call."""
 
     def __init__(
         self,
-        env: MultiAgentEnv,
+        env: MultiAgentEnv | Sequence[MultiAgentEnv],
         agent_policies: AgentPolicies,
-        policies: dict,
+        policies: Mapping[str, Any],
         rollout_fragment_length: int,
         seed: int | None = None,
     ) -> None:
@@ -51,109 +81,116 @@ class MultiAgentSampler:
                 raise MultiAgentEnvError(
                     f"policy {policy_id!r}: multi-agent sampling takes no recurrent policy yet"
                 )
-        self.env, self.agent_policies, self.policies = env, agent_policies, policies
+        envs = list(env) if isinstance(env, Sequence) else [env]
+        self.envs, self.agent_policies, self.policies = envs, agent_policies, policies
         self.rollout_fragment_length = rollout_fragment_length
-        self.agent_index = {agent: i for i, agent in enumerate(env.possible_agents)}
+        self.agent_index = {agent: i for i, agent in enumerate(envs[0].possible_agents)}
         self._rng = np.random.default_rng(seed)
         self._seed = seed
-        self._obs: dict | None = None  # None: the env needs a reset
-        self._episode = Episode(0)
-        self._open: dict = {}  # agent -> its row awaiting its next obs
-        self._rows: dict = defaultdict(list)  # agent -> closed rows of this fragment
-        self._prev: dict = {}  # agent -> (previous action, previous reward)
+        self._sub_envs = [_SubEnv(e) for e in envs]
+        # an agent's previous action before its first: its policy's action space's zero
+        self._no_action = {
+            policy_id: spaces.zero_actions(spec.action_space, 1)[0]
+            for policy_id, spec in agent_policies.specs.items()
+        }
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
         """One fragment -> (MultiAgentBatch, metrics with env_steps, agent_steps,
         episode_returns (summed over agents), episode_lengths (env steps) and
         policy_episode_returns (policy id -> each of its agents' episode returns))."""
-        returns: list[float] = []
-        lengths: list[int] = []
-        policy_returns: dict = defaultdict(list)
-        chunks: dict = defaultdict(list)
+        fragment = _Fragment()
         for _ in range(self.rollout_fragment_length):
-            if self._obs is None:
-                self._start_episode()
-            assert self._obs is not None
-            new_obs, rewards, terminateds, truncateds, _ = checked_step(self.env, self._act())
-            self._episode.length += 1
-            for agent, reward in rewards.items():
-                self._episode.agent_returns[agent] += float(reward)
-                if agent in self._open:
-                    self._open[agent][SampleBatch.REWARDS] += float(reward)
-            episode_over = bool(terminateds[ALL] or truncateds[ALL])
-            for agent in list(self._open):
-                if agent in new_obs or episode_over:
-                    done = terminateds.get(agent, False) or terminateds[ALL]
-                    cut = truncateds.get(agent, False) or truncateds[ALL]
-                    self._close(agent, new_obs.get(agent), bool(done), bool(cut and not done))
-            self._obs = {
-                a: o for a, o in new_obs.items() if not (terminateds.get(a) or truncateds.get(a))
-            }
-            if episode_over:
-                returns.append(sum(self._episode.agent_returns.values()))
-                lengths.append(self._episode.length)
-                for agent, value in self._episode.agent_returns.items():
-                    policy_returns[self._episode.policy_of[agent]].append(value)
-                self._finish_chunks(chunks)
-                self._obs = None
-        self._finish_chunks(chunks)
+            for sub in self._sub_envs:
+                if sub.obs is None:
+                    self._start_episode(sub)
+            for sub, action_dict in zip(self._sub_envs, self._act()):
+                self._step(sub, action_dict, fragment)
+        for sub in self._sub_envs:
+            self._finish_chunks(sub, fragment.chunks)
         batches = {
-            policy_id: concat_samples(
-                self.policies[policy_id].postprocess_trajectory(c) for c in cs
-            )
-            for policy_id, cs in chunks.items()
+            policy_id: concat_samples(self._postprocess(policy_id, chunks))
+            for policy_id, chunks in fragment.chunks.items()
         }
-        batch = MultiAgentBatch(batches, self.rollout_fragment_length)
+        batch = MultiAgentBatch(batches, self.rollout_fragment_length * len(self._sub_envs))
         metrics = {
             "env_steps": batch.env_steps(),
             "agent_steps": batch.agent_steps(),
-            "episode_returns": returns,
-            "episode_lengths": lengths,
-            "policy_episode_returns": dict(policy_returns),
+            "episode_returns": fragment.returns,
+            "episode_lengths": fragment.lengths,
+            "policy_episode_returns": dict(fragment.policy_returns),
         }
         return batch, metrics
 
-    def _start_episode(self) -> None:
-        seed = None if self._seed is None else int(self._rng.integers(2**31))
-        self._obs, _ = self.env.reset(seed=seed)
-        self._episode = Episode(int(self._rng.integers(2**62)))
-        self._open, self._prev = {}, {}
+    def _step(self, sub: _SubEnv, action_dict: dict, fragment: _Fragment) -> None:
+        """One step of `sub`: rewards to the open rows, rows closed, the episode's end."""
+        new_obs, rewards, terminateds, truncateds, _ = checked_step(sub.env, action_dict)
+        episode = sub.episode
+        episode.length += 1
+        for agent, reward in rewards.items():
+            episode.agent_returns[agent] += float(reward)
+            if agent in sub.open:
+                sub.open[agent][SampleBatch.REWARDS] += float(reward)
+        episode_over = bool(terminateds[ALL] or truncateds[ALL])
+        for agent in list(sub.open):
+            if agent in new_obs or episode_over:
+                done = terminateds.get(agent, False) or terminateds[ALL]
+                cut = truncateds.get(agent, False) or truncateds[ALL]
+                self._close(sub, agent, new_obs.get(agent), bool(done), bool(cut and not done))
+        sub.obs = {
+            a: o for a, o in new_obs.items() if not (terminateds.get(a) or truncateds.get(a))
+        }
+        if episode_over:
+            fragment.returns.append(sum(episode.agent_returns.values()))
+            fragment.lengths.append(episode.length)
+            for agent, value in episode.agent_returns.items():
+                fragment.policy_returns[episode.policy_of[agent]].append(value)
+            self._finish_chunks(sub, fragment.chunks)
+            sub.obs = None
 
-    def _act(self) -> dict:
-        """Every agent in the last obs dict acts with its policy, a batch per policy."""
-        assert self._obs is not None
-        by_policy: dict = defaultdict(list)
-        for agent in self._obs:
-            policy_of = self._episode.policy_of
-            if agent not in policy_of:
-                policy_of[agent] = self.agent_policies.policy_id(agent, self._episode)
-            by_policy[policy_of[agent]].append(agent)
-        action_dict = {}
-        for policy_id, agents in by_policy.items():
-            obs = _stack([self._obs[a] for a in agents])
-            no_action = spaces.zero_actions(self.policies[policy_id].action_space, 1)[0]
-            prev = [self._prev.get(a, (no_action, 0.0)) for a in agents]
+    def _start_episode(self, sub: _SubEnv) -> None:
+        seed = None if self._seed is None else int(self._rng.integers(2**31))
+        sub.obs, _ = sub.env.reset(seed=seed)
+        sub.episode = Episode(int(self._rng.integers(2**62)))
+        sub.open, sub.prev = {}, {}
+
+    def _act(self) -> list[dict]:
+        """Every agent in each sub-env's last obs dict acts with its policy: one batch
+        per policy over all sub-envs -> an action dict per sub-env."""
+        by_policy: dict = defaultdict(list)  # policy id -> [(sub-env, agent)]
+        for sub in self._sub_envs:
+            assert sub.obs is not None
+            policy_of = sub.episode.policy_of
+            for agent in sub.obs:
+                if agent not in policy_of:
+                    policy_of[agent] = self.agent_policies.policy_id(agent, sub.episode)
+                by_policy[policy_of[agent]].append((sub, agent))
+        action_dicts: dict = {id(sub): {} for sub in self._sub_envs}
+        for policy_id, acting in by_policy.items():
+            obs = _stack([sub.obs[agent] for sub, agent in acting])
+            no_action = self._no_action[policy_id]
+            prev = [sub.prev.get(agent, (no_action, 0.0)) for sub, agent in acting]
             prev_actions = np.asarray([p[0] for p in prev])
             prev_rewards = np.asarray([p[1] for p in prev], np.float32)
             actions, _, extra = self.policies[policy_id].compute_actions(
                 obs, None, prev_actions, prev_rewards
             )
-            for i, agent in enumerate(agents):
-                action = np.asarray(actions)[i]
-                action_dict[agent] = action
-                self._open[agent] = {
+            actions = np.asarray(actions)
+            extra = {k: np.asarray(v) for k, v in extra.items()}
+            for i, (sub, agent) in enumerate(acting):
+                action_dicts[id(sub)][agent] = actions[i]
+                sub.open[agent] = {
                     SampleBatch.OBS: _row(obs, i),
-                    SampleBatch.ACTIONS: action,
+                    SampleBatch.ACTIONS: actions[i],
                     SampleBatch.REWARDS: 0.0,
                     SampleBatch.PREV_ACTIONS: prev_actions[i],
                     SampleBatch.PREV_REWARDS: prev_rewards[i],
-                    **{k: np.asarray(v)[i] for k, v in extra.items()},
+                    **{k: v[i] for k, v in extra.items()},
                 }
-        return action_dict
+        return [action_dicts[id(sub)] for sub in self._sub_envs]
 
-    def _close(self, agent, next_obs, terminated: bool, truncated: bool) -> None:
-        row = self._open.pop(agent)
-        episode = self._episode
+    def _close(self, sub: _SubEnv, agent, next_obs, terminated: bool, truncated: bool) -> None:
+        row = sub.open.pop(agent)
+        episode = sub.episode
         row.update(
             {
                 SampleBatch.NEXT_OBS: row[SampleBatch.OBS] if next_obs is None else next_obs,
@@ -165,17 +202,24 @@ class MultiAgentSampler:
             }
         )
         episode.agent_t[agent] += 1
-        self._prev[agent] = (row[SampleBatch.ACTIONS], row[SampleBatch.REWARDS])
-        self._rows[agent].append(row)
+        sub.prev[agent] = (row[SampleBatch.ACTIONS], row[SampleBatch.REWARDS])
+        sub.rows[agent].append(row)
 
-    def _finish_chunks(self, chunks: dict) -> None:
+    def _finish_chunks(self, sub: _SubEnv, chunks: dict) -> None:
         """Each agent's closed rows as one chunk of its policy; unroll ids per chunk."""
-        for agent, rows in self._rows.items():
+        for agent, rows in sub.rows.items():
             columns = {key: _stack([r[key] for r in rows]) for key in rows[0]}
             columns[SampleBatch.REWARDS] = columns[SampleBatch.REWARDS].astype(np.float32)
             columns[SampleBatch.UNROLL_ID] = np.full(len(rows), self._rng.integers(2**62))
-            chunks[self._episode.policy_of[agent]].append(SampleBatch(columns))
-        self._rows = defaultdict(list)
+            chunks[sub.episode.policy_of[agent]].append(SampleBatch(columns))
+        sub.rows = defaultdict(list)
+
+    def _postprocess(self, policy_id: str, chunks: list) -> list[SampleBatch]:
+        policy = self.policies[policy_id]
+        at_once = getattr(policy, "postprocess_trajectories", None)
+        if at_once is not None:  # a served policy: one call for all its chunks
+            return at_once(chunks)
+        return [policy.postprocess_trajectory(chunk) for chunk in chunks]
 
 
 def _stack(values: list):

@@ -1,0 +1,89 @@
+"""MultiAgentEnvRunnerGroup: an EnvRunnerGroup of MultiAgentRolloutWorkers.
+
+    group = MultiAgentEnvRunnerGroup(make_env, agent_policies, num_env_runners=2,
+                                     num_envs_per_env_runner=4, rollout_fragment_length=50)
+    batch, metrics = group.sample()        # one MultiAgentBatch from every worker
+    group.sync_weights({"attacker": w_a, "defender": w_d})   # one ray.put for all workers
+    group.stop()
+
+Everything else is EnvRunnerGroup's: workers in this process (num_env_runners=0) or as
+Ray actors started unwaited (with `sample_while_starting`, a stand-in worker samples in
+this process until they are up), a dead worker replaced with the latest weights within
+the same budgets, and with `remote_inference` one MultiPolicyActor acting for every
+worker, batching per policy. Observation filters are single-agent only (none here).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+
+from policy_service.config import on_cpu
+from policy_service.distributed.env_runner_group import EnvRunnerGroup, merge_metrics
+from policy_service.distributed.restarts import RestartablePolicyActor
+from policy_service.multi_agent.batch import MultiAgentBatch, concat_multi_agent
+from policy_service.multi_agent.env import MultiAgentEnv
+from policy_service.multi_agent.policies import AgentPolicies
+from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+from policy_service.observation_filters import RunningStat
+
+
+class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
+    """EnvRunnerGroup's keyword arguments (less `inference_actors`); the weights it
+    syncs are a dict of policy id -> weights. The PolicyActor's GPUs are the first
+    policy's config's num_gpus_per_policy_actor."""
+
+    worker_cls = MultiAgentRolloutWorker
+
+    def __init__(
+        self,
+        env_creator: Callable[[dict], MultiAgentEnv],
+        agent_policies: AgentPolicies,
+        **kwargs,
+    ):
+        self.agent_policies = agent_policies
+        self._latest_weights: dict = {}  # policy id -> the weights synced last
+        first = next(iter(agent_policies.specs.values()))
+        super().__init__(env_creator, first.built_class(), first.config, **kwargs)
+
+    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
+        """EnvRunnerGroup.sync_weights of some or all policies' weights (policy id ->
+        weights): every send holds each policy's latest, so a replaced worker or a
+        restarted MultiPolicyActor acts with all of them, not only the ones just sent."""
+        self._latest_weights = {**self._latest_weights, **weights}
+        return super().sync_weights(self._latest_weights, version, wait)
+
+    def _worker_args(self) -> tuple:
+        return self._env, self.agent_policies
+
+    def _driver_spaces(self) -> tuple[dict, dict]:
+        """By policy id, as each worker gives them (MultiAgentRolloutWorker.get_spaces)."""
+        return self.agent_policies.spaces()
+
+    def _joined(self, results: list) -> tuple[MultiAgentBatch, dict]:  # type: ignore[override]
+        batch = concat_multi_agent(b for b, _ in results)
+        metrics = merge_metrics([m for _, m in results])
+        metrics["agent_steps"] = batch.agent_steps()
+        policy_returns: dict = defaultdict(list)
+        for _, worker_metrics in results:
+            for policy_id, returns in worker_metrics["policy_episode_returns"].items():
+                policy_returns[policy_id].extend(returns)
+        metrics["policy_episode_returns"] = dict(policy_returns)
+        return batch, metrics
+
+    def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
+        """One MultiPolicyActor serving every policy (acting copies: on the CPU
+        unless Ray gives the actor GPUs, as the single-agent PolicyActor)."""
+        specs = {
+            policy_id: spec._replace(config=on_cpu(spec.config))
+            for policy_id, spec in self.agent_policies.specs.items()
+        }
+        return RestartablePolicyActor.of_policies(
+            specs,
+            max_restarts=self.max_policy_actor_restarts,
+            actor_options=options,
+            **host_kwargs,
+        )
+
+    def _empty_filter_stats(self) -> RunningStat | None:
+        return None

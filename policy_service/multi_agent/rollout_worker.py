@@ -1,0 +1,187 @@
+"""MultiAgentRolloutWorker: a MultiAgentSampler over `num_envs` copies of a multi-agent
+env; the worker of a MultiAgentEnvRunnerGroup, in the driver or as a Ray actor.
+
+    worker = MultiAgentRolloutWorker(make_env, agent_policies, num_envs=4,
+                                     rollout_fragment_length=50)
+    for version in itertools.count(1):
+        batch, metrics = worker.sample()       # MultiAgentBatch, {"env_steps", "agent_steps", ...}
+        ...                                    # each policy learns on its own rows
+        worker.set_weights({"attacker": w_a, "defender": w_d}, version)
+
+Every policy of `agent_policies` acts here as a CPU copy (seeded per worker, as a
+single-agent worker's copy is), or, given `policy_actor` (a MultiPolicyActor), through
+it: one request per policy and vector step, batched there with the other workers'.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import gymnasium as gym
+
+from policy_service import models
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.distributed.restarts import call_retrying_once
+from policy_service.distributed.rollout_worker import prepare_acting_threads, rollout_policy_config
+from policy_service.multi_agent.batch import MultiAgentBatch
+from policy_service.multi_agent.env import MultiAgentEnv
+from policy_service.multi_agent.policies import AgentPolicies
+from policy_service.multi_agent.sampler import MultiAgentSampler
+from policy_service.sample_batch import SampleBatch
+
+
+class ServedPolicy:
+    """One policy of a MultiPolicyActor, called as the sampler calls an acting policy;
+    a call lost with a dead actor is sent once more (Ray restarts it with its weights)."""
+
+    def __init__(self, actor, policy_id: str) -> None:
+        self.actor, self.policy_id = actor, policy_id
+        self._recurrent = bool(
+            call_retrying_once(actor.get_initial_state, policy_id)
+        )  # state tensors: recurrent
+
+    def is_recurrent(self) -> bool:
+        return self._recurrent
+
+    def compute_actions(
+        self, obs_batch, state_batches=None, prev_action_batch=None, prev_reward_batch=None
+    ):
+        actions, state_outs, extra = call_retrying_once(
+            self.actor.compute_actions,
+            obs_batch,
+            state_batches,
+            policy_id=self.policy_id,
+            prev_action_batch=prev_action_batch,
+            prev_reward_batch=prev_reward_batch,
+        )
+        return actions, state_outs, {k: v for k, v in extra.items() if k != WEIGHTS_VERSION}
+
+    def postprocess_trajectories(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
+        """Every chunk of this policy in one call."""
+        return call_retrying_once(self.actor.postprocess_trajectories, chunks, self.policy_id)
+
+    def postprocess_trajectory(self, chunk: SampleBatch) -> SampleBatch:
+        return self.postprocess_trajectories([chunk])[0]
+
+
+class MultiAgentRolloutWorker:
+    """Samples multi-agent fragments; RolloutWorker's methods, weights by policy id.
+
+    env_creator: env_config -> a MultiAgentEnv (a register_env creator, resolved in
+      the process that starts the worker: an actor's registry is empty).
+    agent_policies: every policy's complete spec and the mapping from agents to them.
+    seed: seeds the episodes and the acting copies' sampling (seed + worker_index);
+      None: the policies' config seed + worker_index, episodes unseeded.
+    custom_models: `models.custom_model_registry()` of the starting process.
+    """
+
+    def __init__(
+        self,
+        env_creator: Callable[[dict], MultiAgentEnv],
+        agent_policies: AgentPolicies,
+        *,
+        worker_index: int = 0,
+        num_envs: int = 1,
+        rollout_fragment_length: int = 200,
+        vectorize_mode: str = "sync",
+        seed: int | None = None,
+        policy_actor=None,
+        env_config: dict | None = None,
+        custom_models: dict | None = None,
+    ):
+        models.register_custom_models(custom_models)
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        if rollout_fragment_length < 1:
+            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        if vectorize_mode != "sync":
+            raise ValueError(
+                f"vectorize_mode: multi-agent sub-envs step in the worker's process ('sync'), "
+                f"got {vectorize_mode!r}"
+            )
+        self.worker_index = int(worker_index)
+        self.envs = [env_creator(dict(env_config or {})) for _ in range(num_envs)]
+        self._policy_actor = policy_actor
+        self.policies: dict
+        if policy_actor is None:
+            prepare_acting_threads()
+            self.policies = {
+                policy_id: spec._replace(
+                    config=rollout_policy_config(
+                        spec.built_class(), spec.config, seed, self.worker_index
+                    )
+                ).build()
+                for policy_id, spec in agent_policies.specs.items()
+            }
+        else:
+            self.policies = {p: ServedPolicy(policy_actor, p) for p in agent_policies.specs}
+        self.sampler = MultiAgentSampler(
+            self.envs,
+            agent_policies,
+            self.policies,
+            int(rollout_fragment_length),
+            seed=None if seed is None else seed + self.worker_index,
+        )
+        self._weights_version = 0
+
+    @property
+    def policy(self):
+        """A policy acting here, whose devices are this worker's (None: a PolicyActor acts)."""
+        return None if self._policy_actor is not None else next(iter(self.policies.values()))
+
+    def sample(self) -> tuple[MultiAgentBatch, dict]:
+        """One fragment of every sub-env -> (MultiAgentBatch, metrics)."""
+        start = time.perf_counter()
+        batch, metrics = self.sampler.sample()
+        metrics.update(
+            num_episodes=len(metrics["episode_returns"]),
+            weights_version=self._weights_version,
+            worker_index=self.worker_index,
+            sample_time_s=time.perf_counter() - start,
+        )
+        return batch, metrics
+
+    def set_weights(self, weights: dict, version: int | None = None) -> int:
+        """policy id -> weights for the acting copies (or the PolicyActor) -> the version."""
+        if self._policy_actor is not None:
+            self._weights_version = call_retrying_once(
+                self._policy_actor.set_weights, weights, version
+            )
+            return self._weights_version
+        unknown = sorted(set(weights) - set(self.policies))
+        if unknown:
+            raise ValueError(
+                f"weights for policies {unknown}, which are not among {sorted(self.policies)}"
+            )
+        for policy_id, policy_weights in weights.items():
+            self.policies[policy_id].set_weights(policy_weights)
+        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        return self._weights_version
+
+    def get_weights(self) -> dict:
+        if self._policy_actor is not None:
+            return call_retrying_once(self._policy_actor.get_weights)
+        return {policy_id: policy.get_weights() for policy_id, policy in self.policies.items()}
+
+    def weights_version(self) -> int:
+        if self._policy_actor is not None:
+            return call_retrying_once(self._policy_actor.weights_version)
+        return self._weights_version
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Where the acting copies' exploration schedules stand (a PolicyActor keeps its own)."""
+        if self._policy_actor is None:
+            for policy in self.policies.values():
+                policy.global_timestep = int(timestep)
+
+    def get_spaces(self) -> tuple[dict[str, gym.Space], dict[str, gym.Space]]:
+        """(policy id -> observation space, policy id -> action space)."""
+        return self.sampler.agent_policies.spaces()
+
+    def ping(self) -> int:
+        return self.worker_index
+
+    def stop(self) -> None:
+        for env in self.envs:
+            env.close()
