@@ -1,0 +1,236 @@
+"""Multi-agent sampling beyond the driver: sub-envs stepped in lockstep, env runner
+actors (MultiAgentEnvRunnerGroup: weights by policy id, a dead worker replaced) and
+remote inference through one MultiPolicyActor (batches per policy, each row acted by
+its own policy); PPO learns TwoMapsEnv both ways (slow)."""
+
+import asyncio
+
+import multi_agent_envs
+import numpy as np
+import pytest
+import ray
+from multi_agent_envs import TwoMapsEnv, by_agent
+from multi_agent_envs import two_maps_config as config
+from test_multi_agent_ppo import A_MAP, B_MAP, greedy_actions, train_until
+
+from algorithms.ppo import PPO, PPOPolicy
+from policy_service import PolicySpec, SampleBatch
+from policy_service.distributed.multi_policy_actor import MultiPolicyHost
+from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
+from policy_service.multi_agent.policies import agent_policies
+from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+
+BASE = {"model": {"fcnet_hiddens": [8]}}
+# different seeds: different initial weights, so a row acted by the wrong policy shows
+POLICIES = {"pa": PolicySpec(config={"seed": 1}), "pb": PolicySpec(config={"seed": 2})}
+
+
+@pytest.fixture(scope="module")
+def two_maps_policies():
+    return agent_policies(POLICIES, by_agent, None, TwoMapsEnv(), PPOPolicy, BASE)
+
+
+@pytest.fixture(scope="module")
+def ray_two_maps(ray_local):
+    """Ray workers unpickle the tests' multi-agent envs by value."""
+    ray.cloudpickle.register_pickle_by_value(multi_agent_envs)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(multi_agent_envs)
+
+
+class CountingPolicy:
+    """A policy whose compute_actions calls are counted."""
+
+    def __init__(self, policy) -> None:
+        self.policy, self.calls = policy, []
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def compute_actions(self, obs, *args, **kwargs):
+        self.calls.append(len(obs))
+        return self.policy.compute_actions(obs, *args, **kwargs)
+
+
+# ----- in this process --------------------------------------------------------------------
+
+
+def test_sub_envs_step_in_lockstep_with_one_forward_pass_per_policy(two_maps_policies):
+    worker = MultiAgentRolloutWorker(
+        TwoMapsEnv, two_maps_policies, num_envs=3, rollout_fragment_length=10, seed=0
+    )
+    counted = {p: CountingPolicy(policy) for p, policy in worker.policies.items()}
+    worker.sampler.policies = counted
+    batch, metrics = worker.sample()
+    assert batch.env_steps() == metrics["env_steps"] == 30 and batch.agent_steps() == 60
+    assert {p: c.calls for p, c in counted.items()} == {"pa": [3] * 10, "pb": [3] * 10}
+    rows = batch.policy_batches["pa"]
+    steps_by_episode = np.unique(np.asarray(rows[SampleBatch.EPS_ID]), return_counts=True)[1]
+    # three sub-envs, 8-step episodes: each has one whole episode and 2 steps of the next
+    assert sorted(steps_by_episode.tolist()) == [2, 2, 2, 8, 8, 8]
+    assert (
+        len(metrics["episode_returns"]) == 3 and len(metrics["policy_episode_returns"]["pb"]) == 3
+    )
+    worker.stop()
+
+
+def test_a_multi_policy_host_batches_per_policy_as_each_policy_computes_alone(two_maps_policies):
+    host = MultiPolicyHost(
+        two_maps_policies.specs, max_batch_size=4, batch_wait_timeout_s=1.0
+    )  # 4 one-row requests per policy fill a batch at once: no wait
+    rng = np.random.default_rng(0)
+    obs = {p: [rng.uniform(0, 1, (1, 6)).astype(np.float32) for _ in range(4)] for p in POLICIES}
+
+    async def main():
+        calls = [
+            host.compute_actions(o, policy_id=p, explore=False) for p in POLICIES for o in obs[p]
+        ]
+        return await asyncio.gather(*calls), await host.stats()
+
+    results, stats = asyncio.run(main())
+    assert stats["num_requests"] == 8 and stats["num_forward_passes"] == 2
+    assert {p: s["num_forward_passes"] for p, s in stats["policies"].items()} == {"pa": 1, "pb": 1}
+    weights = asyncio.run(host.get_weights())
+    for policy_id, answers in zip(POLICIES, (results[:4], results[4:])):
+        alone = two_maps_policies.specs[policy_id].build()
+        alone.set_weights(weights[policy_id])
+        for o, (actions, _, extra) in zip(obs[policy_id], answers):
+            want_actions, _, want = alone.compute_actions(o, explore=False)
+            np.testing.assert_array_equal(actions, want_actions)
+            np.testing.assert_allclose(
+                extra["action_dist_inputs"], want["action_dist_inputs"], rtol=1e-5, atol=1e-6
+            )
+    name = next(iter(weights["pa"]))
+    assert not np.allclose(weights["pa"][name], weights["pb"][name])  # two different policies
+
+
+def test_a_multi_policy_host_refuses_an_unknown_policy_in_one_line_changing_nothing(
+    two_maps_policies,
+):
+    host = MultiPolicyHost(two_maps_policies.specs, max_batch_size=1)
+    before = asyncio.run(host.get_weights())
+    obs = np.zeros((1, 6), np.float32)
+    with pytest.raises(
+        ValueError, match=r"^policy_id: this PolicyActor serves policies \['pa', 'pb'\], got 'pc'$"
+    ):
+        asyncio.run(host.compute_actions(obs, policy_id="pc"))
+    shifted = {p: {k: v + 1.0 for k, v in w.items()} for p, w in before.items()}
+    with pytest.raises(ValueError, match=r"got 'pc'$"):
+        asyncio.run(host.set_weights({"pa": shifted["pa"], "pc": shifted["pb"]}, 3))
+    after = asyncio.run(host.get_weights())
+    assert all(np.array_equal(before["pa"][k], after["pa"][k]) for k in before["pa"])
+    assert asyncio.run(host.weights_version()) == 0
+    assert asyncio.run(host.set_weights({"pb": shifted["pb"]}, 5)) == 5
+    _, _, extra = asyncio.run(host.compute_actions(obs, policy_id="pa"))
+    assert extra["weights_version"] == 5  # one version for every policy
+
+
+# ----- env runner actors and the MultiPolicyActor ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def group(ray_two_maps, two_maps_policies):
+    group = MultiAgentEnvRunnerGroup(
+        TwoMapsEnv,
+        two_maps_policies,
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=8,
+        seed=0,
+    )
+    yield group
+    group.stop()
+
+
+def shifted(weights: dict, by: float) -> dict:
+    return {p: {k: v + by for k, v in w.items()} for p, w in weights.items()}
+
+
+def assert_weights_equal(got: dict, want: dict) -> None:
+    assert set(got) == set(want)
+    for policy_id, weights in want.items():
+        for name, value in weights.items():
+            np.testing.assert_array_equal(got[policy_id][name], value)
+
+
+def test_env_runner_actors_sample_every_policy_and_take_weights_by_policy(group):
+    batch, metrics = group.sample()
+    assert batch.env_steps() == metrics["env_steps"] == 2 * 2 * 8
+    assert metrics["agent_steps"] == batch.agent_steps() == 2 * 32
+    assert {p: b.count for p, b in batch.policy_batches.items()} == {"pa": 32, "pb": 32}
+    assert len(metrics["policy_episode_returns"]["pa"]) == 4  # an episode per sub-env
+    weights = shifted(ray.get(group.workers[0].get_weights.remote()), 0.5)
+    assert group.sync_weights(weights, 7) == 7
+    assert group.weights_versions() == [7, 7]
+    for got in ray.get([w.get_weights.remote() for w in group.workers]):
+        assert_weights_equal(got, weights)
+
+
+def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
+    weights = shifted(ray.get(group.workers[0].get_weights.remote()), 0.25)
+    group.sync_weights(weights, 8)
+    before, victim = group.num_restarts, group.workers[1]
+    ray.kill(victim)
+    batch, metrics = group.sample()
+    assert batch.env_steps() == 32 and metrics["num_worker_restarts"] == before + 1
+    assert group.workers[1] != victim and group.weights_versions() == [8, 8]
+    assert_weights_equal(ray.get(group.workers[1].get_weights.remote()), weights)
+
+
+def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_maps_policies):
+    served = MultiAgentEnvRunnerGroup(
+        TwoMapsEnv,
+        two_maps_policies,
+        num_env_runners=2,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=8,
+        seed=0,
+        remote_inference=True,
+        num_cpus_per_env_runner=0.25,
+        policy_actor_options={"num_cpus": 0.5},
+    )
+    try:
+        weights = {p: spec.build().get_weights() for p, spec in two_maps_policies.specs.items()}
+        served.sync_weights(weights, 3)
+        batch, _ = served.sample()
+        assert served.weights_versions() == [3, 3]
+        for policy_id, rows in batch.policy_batches.items():
+            alone = two_maps_policies.specs[policy_id].build()
+            alone.set_weights(weights[policy_id])
+            _, _, want = alone.compute_actions(np.asarray(rows[SampleBatch.OBS]), explore=False)
+            np.testing.assert_allclose(
+                rows[SampleBatch.ACTION_DIST_INPUTS],
+                want["action_dist_inputs"],
+                rtol=1e-5,
+                atol=1e-6,
+            )
+            assert "advantages" in rows  # postprocessed by its policy in the actor
+        stats = ray.get(served.policy_actor.stats.remote())
+        # 8 steps of 2 workers: each worker asks once per policy and step
+        assert {p: s["num_requests"] for p, s in stats["policies"].items()} == {"pa": 16, "pb": 16}
+    finally:
+        served.stop()
+
+
+# ----- PPO learning (slow) -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"num_env_runners": 2},
+        {"num_env_runners": 2, "remote_inference": True, "num_cpus_per_env_runner": 0.25},
+    ],
+    ids=["env_runner_actors", "remote_inference"],
+)
+def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_two_maps, sampling):
+    algo = PPO(config(**sampling))
+    try:
+        result = train_until(algo, ["pa", "pb"])
+        assert min(result["policy_reward_mean"].values()) >= 0.8 * 8, result["policy_reward_mean"]
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
+        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+    finally:
+        algo.stop()
