@@ -448,7 +448,8 @@ class Algorithm:
         start = time.perf_counter()
         batches, steps = [], 0
         while steps < min_steps:
-            batch, metrics = self.multi_agent[0].sample()
+            sampled, metrics = self.multi_agent[0].sample()
+            batch = cast("MultiAgentBatch", sampled)  # EnvRunnerGroup.sample, multi-agent rows
             batches.append(batch)
             self._count_sampled(metrics)
             for policy_id, returns in metrics["policy_episode_returns"].items():

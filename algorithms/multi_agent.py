@@ -35,26 +35,31 @@ MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count
 RUN_ONLY_KEYS = (*MULTI_AGENT_KEYS, "env", "env_config")
 
 
-def multi_agent_env_creator(name: str) -> Callable[[dict], MultiAgentEnv] | str:
+def multi_agent_env_creator(name: str) -> Callable[[dict], MultiAgentEnv]:
     """What env runners make the env from: a register_env name's creator, resolved here
-    (an actor's registry is empty), or a "pettingzoo:" name's maker; else the name."""
+    (an actor's registry is empty), or a "pettingzoo:" name's maker."""
     if pettingzoo_env.is_pettingzoo_name(name):
         return functools.partial(pettingzoo_env.make_pettingzoo_env, name)
-    return env_maker(name)
+    maker = env_maker(name)
+    if not callable(maker):
+        raise _not_multi_agent(name, "a gymnasium id")
+    return maker
 
 
 def make_multi_agent_env(name: str, env_config: dict) -> MultiAgentEnv:
     """A register_env name's creator(env_config), or a "pettingzoo:" name's env."""
-    maker = multi_agent_env_creator(name)
-    env = maker(env_config) if callable(maker) else None
+    env = multi_agent_env_creator(name)(env_config)
     if not isinstance(env, MultiAgentEnv):
-        raise MultiAgentEnvError(
-            f"config.policies needs a multi-agent env, but {name!r} made "
-            f"{type(env).__name__ if env is not None else 'a gymnasium id'}; give a name passed "
-            f"to register_env whose creator returns a policy_service.MultiAgentEnv, or "
-            f"'pettingzoo:<module>.<env_fn>'"
-        )
+        raise _not_multi_agent(name, type(env).__name__)
     return env
+
+
+def _not_multi_agent(name: str, made: str) -> MultiAgentEnvError:
+    return MultiAgentEnvError(
+        f"config.policies needs a multi-agent env, but {name!r} made {made}; give a name "
+        f"passed to register_env whose creator returns a policy_service.MultiAgentEnv, or "
+        f"'pettingzoo:<module>.<env_fn>'"
+    )
 
 
 def resolve_policies(config, default_class: type) -> tuple[MultiAgentEnv, AgentPolicies]:

@@ -128,16 +128,22 @@ def test_a_multi_policy_host_refuses_an_unknown_policy_in_one_line_changing_noth
 # ----- env runner actors and the MultiPolicyActor ------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def group(ray_two_maps, two_maps_policies):
-    group = MultiAgentEnvRunnerGroup(
+def two_runners(policies, **changes) -> MultiAgentEnvRunnerGroup:
+    """2 env runner actors x 2 TwoMapsEnv copies, fragments of 8 steps (one episode)."""
+    return MultiAgentEnvRunnerGroup(
         TwoMapsEnv,
-        two_maps_policies,
+        policies,
         num_env_runners=2,
         num_envs_per_env_runner=2,
         rollout_fragment_length=8,
         seed=0,
+        **changes,
     )
+
+
+@pytest.fixture(scope="module")
+def group(ray_two_maps, two_maps_policies):
+    group = two_runners(two_maps_policies)
     yield group
     group.stop()
 
@@ -178,13 +184,8 @@ def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
 
 
 def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_maps_policies):
-    served = MultiAgentEnvRunnerGroup(
-        TwoMapsEnv,
+    served = two_runners(
         two_maps_policies,
-        num_env_runners=2,
-        num_envs_per_env_runner=2,
-        rollout_fragment_length=8,
-        seed=0,
         remote_inference=True,
         num_cpus_per_env_runner=0.25,
         policy_actor_options={"num_cpus": 0.5},

@@ -60,7 +60,42 @@ class PolicyStep(NamedTuple):
     extra: dict
 
 
-class RolloutWorker:
+class ActingWeights:
+    """A worker's weights and their version: its own policy copy's (`own_weights`,
+    `set_own_weights`), or those of the PolicyActor acting for it (`_policy_actor`)."""
+
+    _policy_actor: Any
+    _weights_version: int
+
+    def own_weights(self) -> dict:
+        raise NotImplementedError
+
+    def set_own_weights(self, weights: dict) -> None:
+        raise NotImplementedError
+
+    def set_weights(self, weights: dict, version: int | None = None) -> int:
+        """New weights for the local policy (or the remote one) -> the version now in use."""
+        if self._policy_actor is not None:
+            self._weights_version = call_retrying_once(
+                self._policy_actor.set_weights, weights, version
+            )
+            return self._weights_version
+        self.set_own_weights(weights)
+        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        return self._weights_version
+
+    def get_weights(self) -> dict:
+        if self._policy_actor is not None:
+            return call_retrying_once(self._policy_actor.get_weights)
+        return self.own_weights()
+
+    def weights_version(self) -> int:
+        if self._policy_actor is not None:
+            return call_retrying_once(self._policy_actor.weights_version)
+        return self._weights_version
+
+
+class RolloutWorker(ActingWeights):
     """Samples fragments of experience from `num_envs` copies of an env.
 
     env: a gymnasium id ("CartPole-v1", made with `gym.make(id, **env_config)`)
@@ -91,10 +126,7 @@ class RolloutWorker:
         custom_models: dict | None = None,
     ):
         models.register_custom_models(custom_models)
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        check_fragment_sizes(num_envs, rollout_fragment_length)
         self.worker_index = int(worker_index)
         self.num_envs = int(num_envs)
         self.rollout_fragment_length = int(rollout_fragment_length)
@@ -186,16 +218,11 @@ class RolloutWorker:
         metrics["gradient_time_s"] = time.perf_counter() - start
         return gradients, metrics
 
-    def set_weights(self, weights: dict, version: int | None = None) -> int:
-        """New weights for the local policy (or the remote one) -> the version now in use."""
-        if self._policy_actor is not None:
-            self._weights_version = call_retrying_once(
-                self._policy_actor.set_weights, weights, version
-            )
-            return self._weights_version
+    def own_weights(self) -> dict:
+        return self.policy.get_weights()
+
+    def set_own_weights(self, weights: dict) -> None:
         self.policy.set_weights(weights)
-        self._weights_version = self._weights_version + 1 if version is None else int(version)
-        return self._weights_version
 
     def set_acting_actor(self, actor: Any) -> None:
         """Act through `actor` from now on: the one that acted is gone and this one
@@ -219,16 +246,6 @@ class RolloutWorker:
         restore; a remote policy keeps its own count."""
         if self.policy is not None:
             self.policy.global_timestep = int(timestep)
-
-    def get_weights(self) -> dict:
-        if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.get_weights)
-        return self.policy.get_weights()
-
-    def weights_version(self) -> int:
-        if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.weights_version)
-        return self._weights_version
 
     def get_spaces(self) -> tuple[gym.Space, gym.Space]:
         return self.observation_space, self.action_space
@@ -472,6 +489,14 @@ def env_name(env) -> str:
     if isinstance(env, str):
         return env
     return getattr(env, "__qualname__", None) or getattr(env, "__name__", None) or repr(env)
+
+
+def check_fragment_sizes(num_envs: int, rollout_fragment_length: int) -> None:
+    """A worker's sub-env count and fragment length, each >= 1."""
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    if rollout_fragment_length < 1:
+        raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
 
 
 def prepare_acting_threads() -> None:

@@ -18,12 +18,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import gymnasium as gym
-
 from policy_service import models
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
-from policy_service.distributed.rollout_worker import prepare_acting_threads, rollout_policy_config
+from policy_service.distributed.rollout_worker import (
+    ActingWeights,
+    check_fragment_sizes,
+    prepare_acting_threads,
+    rollout_policy_config,
+)
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
@@ -65,7 +68,7 @@ class ServedPolicy:
         return self.postprocess_trajectories([chunk])[0]
 
 
-class MultiAgentRolloutWorker:
+class MultiAgentRolloutWorker(ActingWeights):
     """Samples multi-agent fragments; RolloutWorker's methods, weights by policy id.
 
     env_creator: env_config -> a MultiAgentEnv (a register_env creator, resolved in
@@ -91,10 +94,7 @@ class MultiAgentRolloutWorker:
         custom_models: dict | None = None,
     ):
         models.register_custom_models(custom_models)
-        if num_envs < 1:
-            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-        if rollout_fragment_length < 1:
-            raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
+        check_fragment_sizes(num_envs, rollout_fragment_length)
         if vectorize_mode != "sync":
             raise ValueError(
                 f"vectorize_mode: multi-agent sub-envs step in the worker's process ('sync'), "
@@ -142,13 +142,12 @@ class MultiAgentRolloutWorker:
         )
         return batch, metrics
 
-    def set_weights(self, weights: dict, version: int | None = None) -> int:
-        """policy id -> weights for the acting copies (or the PolicyActor) -> the version."""
-        if self._policy_actor is not None:
-            self._weights_version = call_retrying_once(
-                self._policy_actor.set_weights, weights, version
-            )
-            return self._weights_version
+    def own_weights(self) -> dict:
+        """policy id -> the acting copy's weights."""
+        return {policy_id: policy.get_weights() for policy_id, policy in self.policies.items()}
+
+    def set_own_weights(self, weights: dict) -> None:
+        """policy id -> weights, for some or all acting copies; an unknown id changes none."""
         unknown = sorted(set(weights) - set(self.policies))
         if unknown:
             raise ValueError(
@@ -156,18 +155,6 @@ class MultiAgentRolloutWorker:
             )
         for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
-        self._weights_version = self._weights_version + 1 if version is None else int(version)
-        return self._weights_version
-
-    def get_weights(self) -> dict:
-        if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.get_weights)
-        return {policy_id: policy.get_weights() for policy_id, policy in self.policies.items()}
-
-    def weights_version(self) -> int:
-        if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.weights_version)
-        return self._weights_version
 
     def set_global_timestep(self, timestep: int) -> None:
         """Where the acting copies' exploration schedules stand (a PolicyActor keeps its own)."""
@@ -175,7 +162,7 @@ class MultiAgentRolloutWorker:
             for policy in self.policies.values():
                 policy.global_timestep = int(timestep)
 
-    def get_spaces(self) -> tuple[dict[str, gym.Space], dict[str, gym.Space]]:
+    def get_spaces(self) -> tuple[dict, dict]:
         """(policy id -> observation space, policy id -> action space)."""
         return self.sampler.agent_policies.spaces()
 
