@@ -152,27 +152,45 @@ class PPOPolicy(AdaptiveKLPolicy):
 
     def bootstrap_value(self, batch: SampleBatch) -> float:
         """V(new_obs of the last row), continuing the last row's recurrent state."""
-        obs = self.preprocessor.transform(
-            tree.map_structure(lambda x: np.asarray(x)[-1:], batch[SampleBatch.NEXT_OBS])
-        )
-        states = [np.asarray(batch[f"state_out_{i}"])[-1:] for i in range(self.num_state_tensors())]
+        return float(self.bootstrap_values([batch])[0])
+
+    def bootstrap_values(self, batches: list[SampleBatch]) -> np.ndarray:
+        """<float32>[len(batches)] bootstrap_value of each, in one forward pass."""
+
+        def last_rows(column: str):
+            return tree.map_structure(
+                lambda *xs: np.concatenate([np.asarray(x)[-1:] for x in xs]),
+                *[b[column] for b in batches],
+            )
+
         inputs = self.acting_inputs(
-            obs,
-            states,
-            tree.map_structure(lambda a: np.asarray(a)[-1:], batch[SampleBatch.ACTIONS]),
-            np.asarray(batch[SampleBatch.REWARDS], np.float32)[-1:],
-            1,
+            self.preprocessor.transform(last_rows(SampleBatch.NEXT_OBS)),
+            [last_rows(f"state_out_{i}") for i in range(self.num_state_tensors())],
+            last_rows(SampleBatch.ACTIONS),
+            np.asarray(last_rows(SampleBatch.REWARDS), np.float32),
+            len(batches),
         )
         with tf.device(self.tower_devices.devices[0]):
-            return float(self._value_fn(*inputs)[0])
+            return self._value_fn(*inputs).numpy()
 
     def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
         """GAE over one trajectory chunk; bootstraps unless the episode terminated."""
-        terminated = bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1])
-        last_r = 0.0 if terminated else self.bootstrap_value(batch)
+        last_r = 0.0 if _terminated(batch) else self.bootstrap_value(batch)
         return compute_advantages(
             batch, last_r, self.config.gamma, self.config.lambda_, self.config.use_gae
         )
+
+    def postprocess_trajectories(self, batches: list[SampleBatch]) -> list[SampleBatch]:
+        """postprocess_trajectory of each chunk, bootstrapped in one forward pass."""
+        open_ = [b for b in batches if not _terminated(b)]
+        values = iter(self.bootstrap_values(open_).tolist() if open_ else [])
+        cfg = self.config
+        return [
+            compute_advantages(
+                b, 0.0 if _terminated(b) else next(values), cfg.gamma, cfg.lambda_, cfg.use_gae
+            )
+            for b in batches
+        ]
 
     def loss(self, model, dist_class, train_batch):
         """Clipped surrogate + vf_loss_coeff * clipped value error - entropy bonus
@@ -243,6 +261,10 @@ def combined_loss(
         "kl_coeff": kl_coeff.value(),
     }
     return total, LossExtras(stats={**terms, **coefficients, **stats})
+
+
+def _terminated(batch: SampleBatch) -> bool:
+    return bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1])
 
 
 def _explained_variance(targets, preds, mask):

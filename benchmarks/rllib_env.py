@@ -51,6 +51,15 @@ def ensure_rllib_torch_venv(path: Path = RLLIB_TORCH_VENV) -> str:
     return _ensure(path, "import ray.rllib, torch", lambda ours: ["torch"])
 
 
+def ensure_rllib_multi_agent_venv(path: Path = RLLIB_TORCH_VENV) -> str:
+    """The new-stack venv (torch) with PettingZoo and mpe2 at our versions, for the
+    multi-agent comparisons. Made or completed on first use; returns its python."""
+    import importlib.metadata
+
+    ours = [f"{name}=={importlib.metadata.version(name)}" for name in ("pettingzoo", "mpe2")]
+    return _ensure(path, "import ray.rllib, torch, pettingzoo, mpe2", lambda _: ["torch", *ours])
+
+
 def ensure_rllib_server_venv(path: Path = RLLIB_SERVER_VENV) -> str:
     """A separate virtualenv with RLlib 2.35 (PolicyServerInput, PolicyClient) and TF
     2.15, for benchmarks/serve_rllib.py. Created on first use; returns its python."""

@@ -185,6 +185,11 @@ class TFPolicy(BatchLearning):
         """Add columns (advantages, targets) to one trajectory chunk; default: none."""
         return batch
 
+    def postprocess_trajectories(self, batches: list[SampleBatch]) -> list[SampleBatch]:
+        """`postprocess_trajectory` of each chunk (a multi-agent fragment's chunks of one
+        policy); a policy may do them together, e.g. one forward pass for all."""
+        return [self.postprocess_trajectory(batch) for batch in batches]
+
     def after_async_update(self, stats: dict) -> None:
         """Called on every learner after each asynchronous update (update_on_fragments)
         with its combined statistics, e.g. to adapt a coefficient; default: nothing."""

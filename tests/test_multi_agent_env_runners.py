@@ -19,6 +19,7 @@ from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+from policy_service.sample_batch import concat_samples
 
 BASE = {"model": {"fcnet_hiddens": [8]}}
 # different seeds: different initial weights, so a row acted by the wrong policy shows
@@ -50,6 +51,20 @@ class CountingPolicy:
     def compute_actions(self, obs, *args, **kwargs):
         self.calls.append(len(obs))
         return self.policy.compute_actions(obs, *args, **kwargs)
+
+
+class ChunksKept:
+    """A policy whose postprocess_trajectories inputs are kept in `chunks`."""
+
+    def __init__(self, policy, chunks: list) -> None:
+        self.policy, self.chunks = policy, chunks
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def postprocess_trajectories(self, chunks):
+        self.chunks.extend(chunks)
+        return self.policy.postprocess_trajectories(chunks)
 
 
 # ----- in this process --------------------------------------------------------------------
@@ -235,3 +250,20 @@ def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_two_maps, sampl
         assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
     finally:
         algo.stop()
+
+
+def test_a_policys_chunks_postprocessed_together_match_each_alone(two_maps_policies):
+    worker = MultiAgentRolloutWorker(
+        TwoMapsEnv, two_maps_policies, num_envs=2, rollout_fragment_length=12, seed=0
+    )
+    policy = worker.policies["pa"]
+    chunks = []
+    worker.sampler.policies = {**worker.policies, "pa": ChunksKept(policy, chunks)}
+    batch, _ = worker.sample()
+    # 2 sub-envs x (a terminated 8-step episode, 4 steps cut and bootstrapped)
+    assert sorted(c.count for c in chunks) == [4, 4, 8, 8]
+    alone = concat_samples([policy.postprocess_trajectory(c) for c in chunks])
+    together = batch.policy_batches["pa"]
+    for column in (SampleBatch.ADVANTAGES, SampleBatch.VALUE_TARGETS):
+        np.testing.assert_allclose(together[column], alone[column], rtol=1e-5, atol=1e-6)
+    worker.stop()

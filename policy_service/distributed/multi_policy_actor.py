@@ -108,7 +108,11 @@ class MultiPolicyHost:
         )
 
     async def postprocess_trajectories(self, batches: list, policy_id: str) -> list[SampleBatch]:
-        return await self._host(policy_id).postprocess_trajectories(batches)
+        """`policy_id`'s policy.postprocess_trajectories (together) with these weights."""
+        host = self._host(policy_id)
+        return await host.in_policy_thread(
+            lambda: host.policy.postprocess_trajectories([SampleBatch(b) for b in batches])
+        )
 
     # ----- weights -----------------------------------------------------------------
 

@@ -64,9 +64,6 @@ class ServedPolicy:
         """Every chunk of this policy in one call."""
         return call_retrying_once(self.actor.postprocess_trajectories, chunks, self.policy_id)
 
-    def postprocess_trajectory(self, chunk: SampleBatch) -> SampleBatch:
-        return self.postprocess_trajectories([chunk])[0]
-
 
 class MultiAgentRolloutWorker(ActingWeights):
     """Samples multi-agent fragments; RolloutWorker's methods, weights by policy id.

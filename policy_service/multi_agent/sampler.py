@@ -5,7 +5,8 @@ policy.
 The agents in an obs dict act; an agent's row closes when its next obs arrives (its
 rewards summed until then, so turn-based agents are paid for their own moves), or when
 the episode ends. Each chunk (one agent, one episode, one fragment) goes through its
-policy's `postprocess_trajectory`, as a single-agent fragment's chunks do, so an
+policy's `postprocess_trajectory` (all of a policy's chunks at once:
+`postprocess_trajectories`), as a single-agent fragment's chunks do, so an
 agent's advantages use only its own rewards and values. A fragment is
 `rollout_fragment_length` steps of every sub-env; open trajectories are cut there and
 bootstrapped. The sub-envs step in lockstep: each step, one `compute_actions` per policy
@@ -65,8 +66,8 @@ class _Fragment:
 class MultiAgentSampler:
     """`env`: one MultiAgentEnv or a sequence of copies (sub-envs). `policies`: id -> an
     acting policy (its weights set by the caller): a TFPolicy built here, or one served
-    elsewhere with the same `compute_actions` and `postprocess_trajectory`, which may
-    also offer `postprocess_trajectories(chunks)` to take a policy's chunks in one call."""
+    elsewhere with the same `compute_actions` and `postprocess_trajectories` (a
+    fragment's chunks of that policy, together)."""
 
     def __init__(
         self,
@@ -108,7 +109,7 @@ class MultiAgentSampler:
         for sub in self._sub_envs:
             self._finish_chunks(sub, fragment.chunks)
         batches = {
-            policy_id: concat_samples(self._postprocess(policy_id, chunks))
+            policy_id: concat_samples(self.policies[policy_id].postprocess_trajectories(chunks))
             for policy_id, chunks in fragment.chunks.items()
         }
         batch = MultiAgentBatch(batches, self.rollout_fragment_length * len(self._sub_envs))
@@ -213,13 +214,6 @@ class MultiAgentSampler:
             columns[SampleBatch.UNROLL_ID] = np.full(len(rows), self._rng.integers(2**62))
             chunks[sub.episode.policy_of[agent]].append(SampleBatch(columns))
         sub.rows = defaultdict(list)
-
-    def _postprocess(self, policy_id: str, chunks: list) -> list[SampleBatch]:
-        policy = self.policies[policy_id]
-        at_once = getattr(policy, "postprocess_trajectories", None)
-        if at_once is not None:  # a served policy: one call for all its chunks
-            return at_once(chunks)
-        return [policy.postprocess_trajectory(chunk) for chunk in chunks]
 
 
 def _stack(values: list):
