@@ -219,7 +219,7 @@ class MultiAgentSampler:
 def _stack(values: list):
     """Rows (arrays, or nests of them: a Dict observation) as one batch, nested alike."""
     if not tree.is_nested(values[0]):
-        return np.stack([np.asarray(v) for v in values])
+        return np.asarray(values)
     return tree.map_structure(lambda *leaves: np.stack([np.asarray(v) for v in leaves]), *values)
 
 
