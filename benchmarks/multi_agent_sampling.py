@@ -13,8 +13,10 @@ sampling phase of a PPO iteration runs again and again:
 - RLlib: `synchronous_parallel_sample(max_env_steps=R*E*F)`, as its
   PPO.training_step calls it (episodes; its GAE runs later, in the learner connector,
   so RLlib's side does less work per step than ours).
-Reported: env steps sampled per second (an env step is 3 agent steps), and ours with
-`remote_inference` as well (one MultiPolicyActor acting for every runner).
+Reported: env steps sampled per second (an env step is 3 agent steps) and the CPU time
+of the whole process tree (driver, its Ray, every runner) per env step, which a loaded
+machine moves less than wall time; ours also with `remote_inference` (one
+MultiPolicyActor acting for every runner).
 
 RLlib runs in .venv-rllib-torch with PettingZoo and mpe2 at our versions
 (rllib_env.ensure_rllib_multi_agent_venv, made on first use); torch never enters ours.
@@ -27,6 +29,7 @@ RLlib runs in .venv-rllib-torch with PettingZoo and mpe2 at our versions
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from benchmarks import harness, plots, rllib_env, stats
 
@@ -119,7 +122,33 @@ def _rllib_sample(algo) -> tuple[int, int]:
 # ----- a child: one configuration ------------------------------------------------------------
 
 
+def _tree_cpu_s(root: int) -> float | None:
+    """CPU seconds (user + system) of `root` and every process below it (its local
+    Ray: GCS, raylet, runners, actors), read from /proc; None where there is none."""
+    import os
+
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    parent_of, ticks = {}, {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        parent_of[pid], ticks[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        total += ticks.get(pid, 0)
+        pending += [child for child, parent in parent_of.items() if parent == pid]
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def measure(spec: dict):
+    import os
+
     import ray
 
     start = time.perf_counter()
@@ -130,12 +159,12 @@ def measure(spec: dict):
     built = time.perf_counter()
     try:
         sample(algo)  # warm-up: actors up, functions traced
-        begin = time.perf_counter()
+        cpu_begin, begin = _tree_cpu_s(os.getpid()), time.perf_counter()
         env_steps = agent_steps = phases = 0
         while time.perf_counter() - begin < spec["seconds"]:
             env, agent = sample(algo)
             env_steps, agent_steps, phases = env_steps + env, agent_steps + agent, phases + 1
-        elapsed = time.perf_counter() - begin
+        elapsed, cpu_end = time.perf_counter() - begin, _tree_cpu_s(os.getpid())
     finally:
         algo.stop()
         ray.shutdown()
@@ -147,6 +176,10 @@ def measure(spec: dict):
         "sampling_phases": phases,
         "env_steps_per_s": env_steps / elapsed,
         "agent_steps_per_s": agent_steps / elapsed,
+        # the whole run's CPU per step: on a loaded machine, steadier than wall time
+        "cpu_ms_per_env_step": None
+        if cpu_begin is None or cpu_end is None
+        else 1e3 * (cpu_end - cpu_begin) / env_steps,
     }
 
 
@@ -169,16 +202,18 @@ def configurations(args) -> list[dict]:
 def summarize(records: list[dict]) -> list[dict]:
     good = [r for r in records if "error" not in r]
     keys = ("side", "num_env_runners", "num_envs")
-    summary = stats.summarize_each(good, keys, ("env_steps_per_s", "agent_steps_per_s", "build_s"))
+    values = ("env_steps_per_s", "agent_steps_per_s", "cpu_ms_per_env_step", "build_s")
+    summary = stats.summarize_each(good, keys, values)
     for row in summary:
         if row["side"] != "rllib":
+            same = {"num_env_runners": row["num_env_runners"], "num_envs": row["num_envs"]}
             row["env_steps_vs_rllib"] = stats.vs(
-                summary,
-                "env_steps_per_s",
-                row,
-                side="rllib",
-                num_env_runners=row["num_env_runners"],
-                num_envs=row["num_envs"],
+                summary, "env_steps_per_s", row, side="rllib", **same
+            )
+            # RLlib's CPU per env step over ours: how many times cheaper a step is here
+            row["cpu_per_step_rllib_over_ours"] = stats.ratio(
+                stats.find(summary, "cpu_ms_per_env_step", side="rllib", **same),
+                row.get("cpu_ms_per_env_step"),
             )
     return summary
 

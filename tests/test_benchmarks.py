@@ -146,6 +146,21 @@ def test_async_training_smoke_ours(tmp_path):
 
 
 @pytest.mark.slow
+def test_multi_agent_sampling_smoke_ours(tmp_path):
+    """Our side only (runners acting, and the MultiPolicyActor acting): RLlib's side
+    needs torch and PettingZoo in its own venv (a large download)."""
+    pytest.importorskip("mpe2", reason="mpe2 is not installed: pip install -e '.[multiagent]'")
+    records = measurements(
+        run_smoke("multi_agent_sampling", tmp_path, "--sides", "ours,ours_remote")
+    )
+    assert {r["side"] for r in records} == {"ours", "ours_remote"}
+    for record in records:
+        assert record["sampling_phases"] >= 1 and record["env_steps_per_s"] > 0
+        # simple_spread: every env step is a step of its 3 agents
+        assert record["agent_steps_per_s"] == pytest.approx(3 * record["env_steps_per_s"])
+
+
+@pytest.mark.slow
 def test_atari_throughput_smoke(tmp_path):
     pytest.importorskip("ale_py", reason="ale-py is not installed: pip install -e '.[atari]'")
     pytest.importorskip("cv2", reason="OpenCV is not installed: pip install -e '.[atari]'")
