@@ -4,6 +4,8 @@ remote inference through one MultiPolicyActor (batches per policy, each row acte
 its own policy); PPO learns TwoMapsEnv both ways (slow)."""
 
 import asyncio
+import os
+import signal
 
 import multi_agent_envs
 import numpy as np
@@ -16,6 +18,7 @@ from test_multi_agent_ppo import A_MAP, B_MAP, greedy_actions, train_until
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service import PolicySpec, SampleBatch
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
+from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
@@ -226,6 +229,33 @@ def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_ma
         assert {p: s["num_requests"] for p, s in stats["policies"].items()} == {"pa": 16, "pb": 16}
     finally:
         served.stop()
+
+
+@pytest.mark.slow  # the actor started twice
+def test_a_restarted_multi_policy_actor_acts_with_every_policys_latest_weights(
+    ray_two_maps, two_maps_policies
+):
+    served = RestartablePolicyActor.of_policies(
+        two_maps_policies.specs, max_restarts=1, actor_options={"num_cpus": 0}
+    )
+    try:
+        weights = shifted(ray.get(served.actor.get_weights.remote()), 0.5)
+        assert served.set_weights(weights, 6) == 6
+        os.kill(ray.get(served.actor.stats.remote())["pid"], signal.SIGKILL)  # Ray restarts it
+        obs = np.eye(6, dtype=np.float32)[:2]
+        for policy_id in POLICIES:
+            _, _, extra = served.compute_actions(obs, policy_id=policy_id, explore=False)
+            alone = two_maps_policies.specs[policy_id].build()
+            alone.set_weights(weights[policy_id])
+            _, _, want = alone.compute_actions(obs, explore=False)
+            np.testing.assert_allclose(
+                extra[SampleBatch.VF_PREDS], want[SampleBatch.VF_PREDS], rtol=1e-5, atol=1e-6
+            )
+            assert extra["weights_version"] == 6
+        assert served.num_restarts() == 1
+        assert_weights_equal(ray.get(served.actor.get_weights.remote()), weights)
+    finally:
+        served.kill()
 
 
 # ----- PPO learning (slow) -----------------------------------------------------------------

@@ -15,6 +15,7 @@ updates of all of them.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
@@ -178,6 +179,7 @@ class MultiPolicyHost:
             "mean_batch_size": totals["num_rows"] / passes if passes else 0.0,
             "weights_version": self._weights_version,
             "policies": each,
+            "pid": os.getpid(),
         }
 
     async def reset_stats(self) -> None:
