@@ -180,14 +180,15 @@ class TargetAndAimEnv(gym.Env):
         return np.eye(3, dtype=np.float32)[self.target]
 
 
-def env_held_outside_the_driver(config: dict) -> ScriptedEpisodesEnv:
-    """ScriptedEpisodesEnv(config), made (in any process but config["driver_pid"]) only
-    once the file config["hold"] is gone: remote workers that stay starting until a
-    test lets them go, while the driver's own copies are made at once."""
+def env_held_outside_the_driver(config: dict):
+    """config["make"](config) (default: ScriptedEpisodesEnv), made (in any process but
+    config["driver_pid"]) only once the file config["hold"] is gone: remote workers that
+    stay starting until a test lets them go, while the driver's own copies are made at
+    once."""
     if os.getpid() != config["driver_pid"]:
         while os.path.exists(config["hold"]):
             time.sleep(0.05)
-    return ScriptedEpisodesEnv(config)
+    return config.get("make", ScriptedEpisodesEnv)(config)
 
 
 class BrokenEnvWorker:

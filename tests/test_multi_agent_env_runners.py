@@ -6,7 +6,9 @@ its own policy); PPO learns TwoMapsEnv both ways (slow)."""
 import asyncio
 import os
 import signal
+import time
 
+import envs
 import multi_agent_envs
 import numpy as np
 import pytest
@@ -146,10 +148,10 @@ def test_a_multi_policy_host_refuses_an_unknown_policy_in_one_line_changing_noth
 # ----- env runner actors and the MultiPolicyActor ------------------------------------------
 
 
-def two_runners(policies, **changes) -> MultiAgentEnvRunnerGroup:
+def two_runners(policies, env_creator=TwoMapsEnv, **changes) -> MultiAgentEnvRunnerGroup:
     """2 env runner actors x 2 TwoMapsEnv copies, fragments of 8 steps (one episode)."""
     return MultiAgentEnvRunnerGroup(
-        TwoMapsEnv,
+        env_creator,
         policies,
         num_env_runners=2,
         num_envs_per_env_runner=2,
@@ -199,6 +201,46 @@ def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
     assert batch.env_steps() == 32 and metrics["num_worker_restarts"] == before + 1
     assert group.workers[1] != victim and group.weights_versions() == [8, 8]
     assert_weights_equal(ray.get(group.workers[1].get_weights.remote()), weights)
+
+
+@pytest.mark.slow  # two workers started (and one replaced) while the stand-in samples
+def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them_all_weights(
+    ray_two_maps, two_maps_policies, tmp_path
+):
+    """The workers' envs wait for a file: until it is gone a stand-in worker (the envs
+    of both) samples in this process; then every worker, the one replaced after dying
+    while starting too, acts with each policy's latest weights, including those of a
+    policy that was not in the last sync."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    starting = two_runners(
+        two_maps_policies,
+        env_creator=envs.env_held_outside_the_driver,
+        env_config={"make": TwoMapsEnv, "hold": str(hold), "driver_pid": os.getpid()},
+        sample_while_starting=True,
+    )
+    try:
+        batch, metrics = starting.sample()
+        assert starting.local_worker is not None and batch.env_steps() == 2 * 2 * 8
+        assert {p: b.count for p, b in batch.policy_batches.items()} == {"pa": 32, "pb": 32}
+        weights = shifted(starting.local_worker.get_weights(), 0.5)
+        starting.sync_weights(weights, 5)
+        trained = shifted({"pa": weights["pa"]}, 0.25)  # only "pa" trained
+        assert starting.sync_weights(trained, 6) == 6
+        latest = {**weights, **trained}
+        ray.kill(starting.workers[1])  # dies while starting
+        hold.unlink()
+        deadline = time.monotonic() + 300
+        while starting.samples_in_driver():
+            assert time.monotonic() < deadline, "the workers did not start in 300 s"
+            time.sleep(0.1)
+        batch, metrics = starting.sample()
+        assert starting.local_worker is None and batch.env_steps() == 32
+        assert metrics["num_worker_restarts"] == 1 and starting.weights_versions() == [6, 6]
+        for got in ray.get([w.get_weights.remote() for w in starting.workers]):
+            assert_weights_equal(got, latest)
+    finally:
+        starting.stop()
 
 
 def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_maps_policies):
