@@ -231,6 +231,21 @@ class AlgorithmConfig(PolicyConfig):
         envs = max(1, self.num_env_runners) * self.num_envs_per_env_runner
         return max(1, math.ceil(self.train_batch_size / envs))
 
+    def env_runner_settings(self, seed: int | None) -> dict:
+        """The keyword arguments of the run's env runner group, single- or multi-agent
+        (`seed`: the episodes' and acting copies' seed, e.g. an iteration's)."""
+        return {
+            "num_env_runners": self.num_env_runners,
+            "num_envs_per_env_runner": self.num_envs_per_env_runner,
+            "num_cpus_per_env_runner": self.num_cpus_per_env_runner,
+            "rollout_fragment_length": self.fragment_length(),
+            "vectorize_mode": self.vectorize_mode,
+            "seed": seed,
+            "env_config": dict(self.env_config),
+            "remote_inference": self.remote_inference,
+            "sample_while_starting": self.sample_while_env_runners_start,
+        }
+
 
 @dataclass
 class AsyncConfig(AlgorithmConfig):
@@ -616,21 +631,12 @@ class Algorithm:
         cfg = self.config
         if cfg.external_env:
             return self._make_external_env_runners()
-        worker_config = on_cpu(cfg)
         return EnvRunnerGroup(
             self._env(),
             self.policy_class,
-            worker_config,
-            num_env_runners=cfg.num_env_runners,
-            num_envs_per_env_runner=cfg.num_envs_per_env_runner,
-            num_cpus_per_env_runner=cfg.num_cpus_per_env_runner,
-            rollout_fragment_length=cfg.fragment_length(),
-            vectorize_mode=cfg.vectorize_mode,
-            seed=seed,
-            env_config=dict(cfg.env_config),
-            remote_inference=cfg.remote_inference,
+            on_cpu(cfg),
             inference_actors=self.learners.actors if self.inference_by_learners() else None,
-            sample_while_starting=cfg.sample_while_env_runners_start,
+            **cfg.env_runner_settings(seed),
         )
 
     def _make_multi_agent(self) -> tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners]:

@@ -136,22 +136,12 @@ def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> N
 def multi_agent_env_runners(
     config, policies: AgentPolicies, seed: int | None
 ) -> MultiAgentEnvRunnerGroup:
-    """The run's env runners (config: num_env_runners, num_envs_per_env_runner,
-    remote_inference, ...); `seed` seeds the episodes and the acting copies' sampling
-    (None: the policies' config seed)."""
+    """The run's env runners (AlgorithmConfig.env_runner_settings); `seed` seeds the
+    episodes and the acting copies' sampling (None: the policies' config seed)."""
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
     return MultiAgentEnvRunnerGroup(
-        multi_agent_env_creator(config.env),
-        policies,
-        num_env_runners=config.num_env_runners,
-        num_envs_per_env_runner=config.num_envs_per_env_runner,
-        num_cpus_per_env_runner=config.num_cpus_per_env_runner,
-        rollout_fragment_length=config.fragment_length(),
-        seed=seed,
-        env_config=dict(config.env_config),
-        remote_inference=config.remote_inference,
-        sample_while_starting=config.sample_while_env_runners_start,
+        multi_agent_env_creator(config.env), policies, **config.env_runner_settings(seed)
     )
 
 

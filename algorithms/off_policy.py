@@ -419,7 +419,8 @@ class ReplayAlgorithm(Algorithm):
             return
         runners, learners = self.multi_agent
         start = time.perf_counter()
-        runners.sync_weights({p: learners.groups[p].get_weights() for p in self.replays})
+        trained = {p: learners.groups[p].get_weights() for p in self.replays}
+        runners.sync_weights(trained, wait=False)
         self._counts.sync_time_s += time.perf_counter() - start
 
     @property
