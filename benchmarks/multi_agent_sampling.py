@@ -60,6 +60,7 @@ def _our_algo(spec: dict):
             "train_batch_size": runners * envs * fragment,
             "minibatch_size": runners * envs * fragment,
             "remote_inference": spec["side"] == "ours_remote",
+            "sample_while_env_runners_start": False,  # the runners sample every timed phase
             "model": MODEL,
             "seed": 0,
         }
