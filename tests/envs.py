@@ -191,6 +191,16 @@ def env_held_outside_the_driver(config: dict):
     return config.get("make", ScriptedEpisodesEnv)(config)
 
 
+def release_held_workers(group, hold, timeout_s: float = 300.0) -> None:
+    """Remove the `hold` file of env_held_outside_the_driver, then wait until the
+    group's workers are up and its stand-in has handed over to them."""
+    os.unlink(hold)
+    deadline = time.monotonic() + timeout_s
+    while group.samples_in_driver():
+        assert time.monotonic() < deadline, f"the workers did not start in {timeout_s:.0f} s"
+        time.sleep(0.1)
+
+
 class BrokenEnvWorker:
     """Stands in for a rollout worker whose env raises in sample() (a bug, not a death)."""
 
