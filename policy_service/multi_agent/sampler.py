@@ -91,8 +91,8 @@ class MultiAgentSampler:
         self._sub_envs = [_SubEnv(e) for e in envs]
         # an agent's previous action before its first: its policy's action space's zero
         self._no_action = {
-            policy_id: spaces.zero_actions(spec.action_space, 1)[0]
-            for policy_id, spec in agent_policies.specs.items()
+            policy_id: spaces.zero_actions(action_space, 1)[0]
+            for policy_id, action_space in agent_policies.spaces()[1].items()
         }
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
