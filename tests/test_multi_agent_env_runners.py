@@ -202,14 +202,14 @@ def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
     assert_weights_equal(ray.get(group.workers[1].get_weights.remote()), weights)
 
 
-@pytest.mark.slow  # two workers started (and one replaced) while the stand-in samples
+@pytest.mark.slow  # two workers started, and replaced twice
 def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them_all_weights(
     ray_two_maps, two_maps_policies, tmp_path
 ):
     """The workers' envs wait for a file: until it is gone a stand-in worker (the envs
-    of both) samples in this process; then every worker, the one replaced after dying
-    while starting too, acts with each policy's latest weights, including those of a
-    policy that was not in the last sync."""
+    of both) samples in this process; then every worker acts with each policy's latest
+    weights: the one replaced after dying while starting, and one replaced after a sync
+    of only some policies' weights (the others' latest are sent with them)."""
     hold = tmp_path / "hold"
     hold.touch()
     starting = two_runners(
@@ -222,16 +222,21 @@ def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them
         batch, metrics = starting.sample()
         assert starting.local_worker is not None and batch.env_steps() == 2 * 2 * 8
         assert {p: b.count for p, b in batch.policy_batches.items()} == {"pa": 32, "pb": 32}
-        weights = shifted(starting.local_worker.get_weights(), 0.5)
-        starting.sync_weights(weights, 5)
-        trained = shifted({"pa": weights["pa"]}, 0.25)  # only "pa" trained
-        assert starting.sync_weights(trained, 6) == 6
-        latest = {**weights, **trained}
+        latest = shifted(starting.local_worker.get_weights(), 0.5)
+        assert starting.sync_weights(latest, 5) == 5
         ray.kill(starting.workers[1])  # dies while starting
         envs.release_held_workers(starting, hold)
         batch, metrics = starting.sample()
         assert starting.local_worker is None and batch.env_steps() == 32
-        assert metrics["num_worker_restarts"] == 1 and starting.weights_versions() == [6, 6]
+        assert metrics["num_worker_restarts"] == 1 and starting.weights_versions() == [5, 5]
+        for got in ray.get([w.get_weights.remote() for w in starting.workers]):
+            assert_weights_equal(got, latest)
+        trained = shifted({"pa": latest["pa"]}, 0.25)  # only "pa" trained
+        assert starting.sync_weights(trained, 6) == 6
+        latest = {**latest, **trained}
+        ray.kill(starting.workers[0])
+        _, metrics = starting.sample()
+        assert metrics["num_worker_restarts"] == 2 and starting.weights_versions() == [6, 6]
         for got in ray.get([w.get_weights.remote() for w in starting.workers]):
             assert_weights_equal(got, latest)
     finally:
