@@ -51,6 +51,7 @@ from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
+from policy_service.multi_agent.self_play import check_frozen_copies
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
@@ -177,6 +178,15 @@ class AlgorithmConfig(PolicyConfig):
         doc='Multi-agent: what train_batch_size counts, "env_steps" or "agent_steps".',
         check=one_of("env_steps", "agent_steps"),
     )
+    frozen_copies: dict | None = setting(
+        None,
+        doc="Multi-agent self-play: frozen policy id -> the policy id whose weights it takes "
+        "every frozen_copies_every iterations (at the start, too); a frozen policy is never "
+        "trained, so a learner plays a past self that moves in steps.",
+    )
+    frozen_copies_every: int = setting(
+        1, doc="Iterations between the copies of frozen_copies.", check=integer(ge=1)
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -188,6 +198,9 @@ class AlgorithmConfig(PolicyConfig):
             )
         check_policies_config(
             self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
+        )
+        check_frozen_copies(
+            self.frozen_copies, self.policies, self.policies_to_train, self.key_prefix
         )
         if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
             raise ConfigError(
@@ -391,10 +404,23 @@ class Algorithm:
         start = time.perf_counter()
         stats = self.training_step()
         self.sync_learner_filters()
-        elapsed = time.perf_counter() - start
         self.iteration += 1
+        if self.multi_agent is not None and self.config.frozen_copies:
+            self._copy_frozen_when_due()
+        elapsed = time.perf_counter() - start
         self.time_total_s += elapsed
         return self._metrics(stats, elapsed)
+
+    def _copy_frozen_when_due(self) -> None:
+        """Self-play: every frozen_copies_every iterations the frozen policies take their
+        sources' weights, and the env runners act with them from the next iteration."""
+        assert self.multi_agent is not None and self.config.frozen_copies
+        if self.iteration % self.config.frozen_copies_every:
+            return
+        runners, learners = self.multi_agent
+        learners.copy_frozen(self.config.frozen_copies)
+        runners.sync_weights(learners.get_weights())
+        self._iteration_changed_state = True
 
     def training_step(self) -> dict:
         """One iteration's work -> learner statistics. This default is the on-policy
@@ -651,6 +677,8 @@ class Algorithm:
         )
         learners = multi_agent.MultiAgentLearners(policies)
         try:
+            if self.config.frozen_copies:
+                learners.copy_frozen(self.config.frozen_copies, check=True)
             runners = multi_agent.MultiAgentEnvRunners(
                 env, policies, self.config.fragment_length(), self.config.seed
             )

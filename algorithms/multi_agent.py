@@ -24,8 +24,16 @@ from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv, MultiAgentEnvError
 from policy_service.multi_agent.policies import AgentPolicies, agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
+from policy_service.multi_agent.self_play import check_same_layout
 
-MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count_steps_by")
+MULTI_AGENT_KEYS = (
+    "policies",
+    "policy_mapping_fn",
+    "policies_to_train",
+    "count_steps_by",
+    "frozen_copies",
+    "frozen_copies_every",
+)
 # what a policy's own config leaves out of the run's: the keys above, and the env, which
 # is every agent's (a policy config naming a "pettingzoo:" env without policies is refused)
 RUN_ONLY_KEYS = (*MULTI_AGENT_KEYS, "env", "env_config")
@@ -201,6 +209,15 @@ class MultiAgentLearners:
 
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
+
+    def copy_frozen(self, frozen_copies: dict, check: bool = False) -> None:
+        """Each frozen policy id of `frozen_copies` takes its source's weights (in order);
+        `check`: first that both have the same weight names and shapes."""
+        for frozen, source in frozen_copies.items():
+            weights = self.groups[source].get_weights()
+            if check:
+                check_same_layout(frozen, self.groups[frozen].get_weights(), source, weights)
+            self.groups[frozen].set_weights(weights)
 
     def last_gradients(self) -> dict:
         """policy id -> LearnerGroup.last_gradients."""

@@ -377,7 +377,9 @@ def test_serve_rllib_smoke(tmp_path):
     assert all(r["per_client_min"] > 0 and r["p99_ms"] >= r["p50_ms"] for r in records)
     saved = json.loads((tmp_path / "serve_rllib.json").read_text())
     ours = [row for row in saved["summary"] if row["target"] != "rllib"]
-    assert len(ours) == 2 * (len(serve_rllib.TARGETS) - 1) and all(row["vs_rllib"] > 0 and row["vs_ceiling"] > 0 for row in ours)
+    assert len(ours) == 2 * (len(serve_rllib.TARGETS) - 1) and all(
+        row["vs_rllib"] > 0 and row["vs_ceiling"] > 0 for row in ours
+    )
 
 
 def test_client_local_smoke(tmp_path):

@@ -1,0 +1,157 @@
+"""Self-play against frozen copies (`frozen_copies`): a frozen policy takes its source's
+weights at the start and every `frozen_copies_every` iterations, is never trained, and
+the env runners act with each copy from the next iteration; bad settings are one line.
+Slow: on connect four, a learner playing a frozen copy of itself beats a random player."""
+
+import time
+
+import numpy as np
+import pytest
+from multi_agent_envs import TwoMapsEnv
+from multi_agent_envs import two_maps_config as config
+from test_pettingzoo_learning import CONNECT_FOUR, games_won_against_random
+
+from algorithms import register_env
+from algorithms.ppo import PPO
+from policy_service import PolicySpec
+from policy_service.config import ConfigError
+
+register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+
+
+def same(a: dict, b: dict) -> bool:
+    return sorted(a) == sorted(b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def acting_weights(algo, policy_id: str) -> dict:
+    """The weights the driver's env runners act with for `policy_id`."""
+    return algo.multi_agent[0].policies[policy_id].get_weights()
+
+
+def test_a_frozen_policy_takes_its_sources_weights_every_n_iterations_only():
+    algo = PPO(
+        config(
+            train_batch_size=128,
+            minibatch_size=64,
+            num_epochs=1,
+            policies_to_train=["pa"],
+            frozen_copies={"pb": "pa"},
+            frozen_copies_every=2,
+        )
+    )
+    try:
+        weights = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
+        assert same(weights["pb"], weights["pa"])  # copied at the start
+        start = weights["pa"]
+        algo.train()  # iteration 1: pa learns, pb keeps the start
+        assert not same(algo.get_policy("pa").get_weights(), start)
+        assert same(algo.get_policy("pb").get_weights(), start)
+        assert same(acting_weights(algo, "pb"), start)
+        result = algo.train()  # iteration 2: pb takes pa's weights, and so do the runners
+        learned = algo.get_policy("pa").get_weights()
+        assert same(algo.get_policy("pb").get_weights(), learned)
+        assert same(acting_weights(algo, "pb"), learned)
+        assert not any(key.startswith("pb/") for key in result)  # never trained
+    finally:
+        algo.stop()
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"frozen_copies": {"pb": "pa"}},
+            r"config.frozen_copies: policy 'pb' is frozen, so config.policies_to_train must "
+            r"leave it out, got None \(None: all\)",
+        ),
+        (
+            {"frozen_copies": {"pc": "pa"}, "policies_to_train": ["pa"]},
+            r"config.frozen_copies names frozen policy 'pc', which is no policy in "
+            r"config.policies \['pa', 'pb'\]",
+        ),
+        (
+            {"frozen_copies": {"pb": "px"}, "policies_to_train": ["pa"]},
+            r"config.frozen_copies names copied policy 'px'",
+        ),
+        (
+            {"frozen_copies": {"pb": "pb"}, "policies_to_train": ["pa"]},
+            r"config.frozen_copies copies policy 'pb' into itself",
+        ),
+        ({"frozen_copies": {}}, r"config.frozen_copies must map a frozen policy id"),
+        (
+            {"frozen_copies": {"pb": "pa"}, "policies_to_train": ["pa"], "frozen_copies_every": 0},
+            r"frozen_copies_every",
+        ),
+        (
+            {"frozen_copies": {"pb": "pa"}, "policies": None, "policy_mapping_fn": None},
+            r"config.frozen_copies is set but config.policies is not",
+        ),
+    ],
+)
+def test_bad_frozen_copies_are_one_line_before_the_run(changes, message):
+    with pytest.raises(ConfigError, match=message) as caught:
+        PPO(config(**changes))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_frozen_policy_of_another_shape_is_one_line_naming_both():
+    bigger = PolicySpec(config={"model": {"fcnet_hiddens": [48]}})
+    with pytest.raises(
+        ConfigError,
+        match=r"config.frozen_copies: policy 'pb' cannot take the weights of policy 'pa': "
+        r"'action_dist_inputs/kernel' is \(48, 4\) in 'pb' and \(32, 4\) in 'pa'",
+    ):
+        PPO(
+            config(
+                policies={"pa": None, "pb": bigger},
+                policies_to_train=["pa"],
+                frozen_copies={"pb": "pa"},
+            )
+        )
+
+
+def seats_by_episode(agent_id, episode, **kwargs) -> str:
+    """The learner takes the first move in even episodes and the second in odd ones
+    (before the run, with no episode: player_0 is the learner's seat)."""
+    learner_seat = 0 if episode is None else episode.id_ % 2
+    return "learner" if agent_id == f"player_{learner_seat}" else "frozen"
+
+
+@pytest.mark.slow
+def test_connect_four_against_a_frozen_copy_of_itself_beats_a_random_player():
+    """PPO trains "learner", which plays "frozen", a copy of itself taken every 3
+    iterations, from both seats; the learner's greedy win rate over 200 games against a
+    uniformly random legal player rises from the untrained policy's to >= 75%."""
+    algo = PPO(
+        {
+            "env": CONNECT_FOUR,
+            "seed": 0,
+            "policies": {"learner": None, "frozen": None},
+            "policy_mapping_fn": seats_by_episode,
+            "policies_to_train": ["learner"],
+            "frozen_copies": {"frozen": "learner"},
+            "frozen_copies_every": 3,
+            "train_batch_size": 2000,
+            "minibatch_size": 250,
+            "num_epochs": 10,
+            "lr": 3e-4,
+            "lambda_": 0.95,
+            "kl_coeff": 0.0,
+            "vf_clip_param": 100.0,
+            "model": {"fcnet_hiddens": [128, 128]},
+        }
+    )
+    start = time.perf_counter()
+    try:
+        untrained = games_won_against_random(algo.get_policy("learner"), 200, seed=10_000)
+        while (result := algo.train())["timesteps_total"] < 30_000:
+            pass
+        won = games_won_against_random(algo.get_policy("learner"), 200, seed=10_000)
+    finally:
+        algo.stop()
+    print(
+        f"\nconnect four against a frozen copy: {untrained:.1%} -> {won:.1%} of 200 games "
+        f"won against random after {result['timesteps_total']} moves, "
+        f"{time.perf_counter() - start:.0f} s"
+    )
+    assert won >= 0.75 and won >= untrained + 0.2
