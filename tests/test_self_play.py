@@ -1,7 +1,7 @@
 """Self-play against frozen copies (`frozen_copies`): a frozen policy takes its source's
 weights at the start and every `frozen_copies_every` iterations, is never trained, and
 the env runners act with each copy from the next iteration; bad settings are one line.
-Slow: on connect four, a learner playing a frozen copy of itself beats a random player."""
+Slow: on tictactoe, a learner playing a frozen copy of itself learns to beat a random player."""
 
 import time
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from multi_agent_envs import TwoMapsEnv
 from multi_agent_envs import two_maps_config as config
-from test_pettingzoo_learning import CONNECT_FOUR, games_won_against_random
+from test_pettingzoo_learning import games_won_against_random
 
 from algorithms import register_env
 from algorithms.ppo import PPO
@@ -17,6 +17,7 @@ from policy_service import PolicySpec
 from policy_service.config import ConfigError
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 
 
 def same(a: dict, b: dict) -> bool:
@@ -111,26 +112,29 @@ def test_a_frozen_policy_of_another_shape_is_one_line_naming_both():
 
 
 def seats_by_episode(agent_id, episode, **kwargs) -> str:
-    """The learner takes the first move in even episodes and the second in odd ones
-    (before the run, with no episode: player_0 is the learner's seat)."""
-    learner_seat = 0 if episode is None else episode.id_ % 2
-    return "learner" if agent_id == f"player_{learner_seat}" else "frozen"
+    """The learner plays the players of even number in even episodes and the others in
+    odd ones, so it moves first in half of them (with no episode, before the run: even)."""
+    parity = 0 if episode is None else episode.id_ % 2
+    return "learner" if int(agent_id.rpartition("_")[2]) % 2 == parity else "frozen"
 
 
 @pytest.mark.slow
-def test_connect_four_against_a_frozen_copy_of_itself_beats_a_random_player():
-    """PPO trains "learner", which plays "frozen", a copy of itself taken every 3
-    iterations, from both seats; the learner's greedy win rate over 200 games against a
-    uniformly random legal player rises from the untrained policy's to >= 75%."""
+def test_tictactoe_against_a_frozen_copy_of_itself_beats_a_random_player():
+    """PPO trains "learner", which plays "frozen", a copy of itself taken every 10
+    iterations of 2000 moves, from both seats. The learner's greedy win rate over 200
+    games against a uniformly random legal player rises from the untrained policy's.
+    Measured at 50,000 moves (seeds 0 / 1 / 2, load 6-14 on 2 cores, 50-56 s each):
+    51.5% -> 81.5%, 54.5% -> 80.5%, 41.0% -> 72.0%. (Connect four shows no rise: an
+    untrained greedy policy stacks one column and already wins ~80% against random.)"""
     algo = PPO(
         {
-            "env": CONNECT_FOUR,
+            "env": TICTACTOE,
             "seed": 0,
             "policies": {"learner": None, "frozen": None},
             "policy_mapping_fn": seats_by_episode,
             "policies_to_train": ["learner"],
             "frozen_copies": {"frozen": "learner"},
-            "frozen_copies_every": 3,
+            "frozen_copies_every": 10,
             "train_batch_size": 2000,
             "minibatch_size": 250,
             "num_epochs": 10,
@@ -143,15 +147,16 @@ def test_connect_four_against_a_frozen_copy_of_itself_beats_a_random_player():
     )
     start = time.perf_counter()
     try:
-        untrained = games_won_against_random(algo.get_policy("learner"), 200, seed=10_000)
-        while (result := algo.train())["timesteps_total"] < 30_000:
+        learner = algo.get_policy("learner")
+        untrained = games_won_against_random(learner, 200, seed=10_000, name=TICTACTOE)
+        while (result := algo.train())["timesteps_total"] < 50_000:
             pass
-        won = games_won_against_random(algo.get_policy("learner"), 200, seed=10_000)
+        won = games_won_against_random(learner, 200, seed=10_000, name=TICTACTOE)
     finally:
         algo.stop()
     print(
-        f"\nconnect four against a frozen copy: {untrained:.1%} -> {won:.1%} of 200 games "
-        f"won against random after {result['timesteps_total']} moves, "
+        f"\ntictactoe against a frozen copy: {untrained:.1%} -> {won:.1%} of 200 games won "
+        f"against random after {result['timesteps_total']} moves, "
         f"{time.perf_counter() - start:.0f} s"
     )
-    assert won >= 0.75 and won >= untrained + 0.2
+    assert won >= 0.65 and won >= untrained + 0.15
