@@ -57,6 +57,33 @@ def test_a_frozen_policy_takes_its_sources_weights_every_n_iterations_only():
         algo.stop()
 
 
+def test_a_resumed_run_copies_on_the_same_iterations(tmp_path):
+    settings = config(
+        train_batch_size=128,
+        minibatch_size=64,
+        num_epochs=1,
+        policies_to_train=["pa"],
+        frozen_copies={"pb": "pa"},
+        frozen_copies_every=2,
+    )
+    whole, resumed = PPO(settings), PPO(settings)
+    try:
+        whole.train()
+        checkpoint = whole.save(str(tmp_path / "at_1"))
+        whole.train()
+        resumed.restore(checkpoint)
+        resumed.train()  # its iteration 2: the copy is due
+        for policy_id in ("pa", "pb"):
+            assert same(
+                resumed.get_policy(policy_id).get_weights(),
+                whole.get_policy(policy_id).get_weights(),
+            )
+        assert same(resumed.get_policy("pb").get_weights(), resumed.get_policy("pa").get_weights())
+    finally:
+        whole.stop()
+        resumed.stop()
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
