@@ -165,10 +165,12 @@ class AlgorithmConfig(PolicyConfig):
         doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
         "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
     )
-    policy_mapping_fn: Callable | dict | None = setting(
+    policy_mapping_fn: Callable | dict | str | None = setting(
         None,
-        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, or a dict of agent-id "
-        'prefix -> policy id (the longest prefix matching wins); None: "default_policy".',
+        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, a dict of agent-id "
+        "prefix -> policy id (the longest prefix matching wins), or the name of a mapping "
+        "registered with policy_service.register_policy_mapping_fn (by a module given to "
+        '--import); None: "default_policy".',
     )
     policies_to_train: list | None = setting(
         None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
