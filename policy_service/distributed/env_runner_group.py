@@ -34,7 +34,6 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models, observation_filters
 from policy_service.config import config_for
-from policy_service.distributed.policy_actor import broadcast_weights
 from policy_service.distributed.resources import RoleAsk, check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -175,6 +174,7 @@ class EnvRunnerGroup:
         # latest weights in the object store, for restarted workers
         self._weights_ref: ray.ObjectRef | None = None
         self._weights_version: int | None = None
+        self._num_grad_updates: int | None = None  # synced with the weights, for their batches
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
@@ -277,10 +277,9 @@ class EnvRunnerGroup:
             if self._weights_version is None and self.policy_actor is None:
                 self._share_initial_weights()
             return
-        version = self._weights_version = self._weights_version or 0
+        self._weights_version = self._weights_version or 0
         self._weights_ref = ray.put(stand_in.get_weights())
-        _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
-        self._unacked_weights += pending
+        self._unacked_weights += self._set_weights_on(self.workers)
         if self.filter_stats is not None:
             buffer = stand_in.flush_filter_buffer()
             if buffer is not None:
@@ -399,11 +398,20 @@ class EnvRunnerGroup:
 
     # ----- weights -----------------------------------------------------------------
 
-    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
+    def sync_weights(
+        self,
+        weights: dict,
+        version: int | None = None,
+        wait: bool = True,
+        num_grad_updates: int | None = None,
+    ) -> int:
         """Give every worker (or the policy actor) these weights: one ray.put in all;
         then the workers' observation filters are synced (sync_filters).
 
         `version` defaults to the last one + 1. -> the version now in use.
+        num_grad_updates: the SGD steps that made the weights; the batches of workers
+        acting with their own copies name it (SampleBatch.num_grad_updates; None: not
+        named, nor through a PolicyActor or inference actors, whose weights change apart).
         wait=False (remote workers): return once the weights are sent; a worker
         busy with a `sample_async` request sets them after it, rather than the
         caller waiting for it. An error a worker's code raised on them is raised
@@ -412,6 +420,7 @@ class EnvRunnerGroup:
         self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
+        self._num_grad_updates = num_grad_updates
         self._send_weights(weights, version, wait)
         self.sync_filters(wait)
         return version
@@ -420,7 +429,7 @@ class EnvRunnerGroup:
         if self._inference_actors:  # they act with the learner's own weights
             return
         if self.policy_actor is None and self.local_worker is not None:
-            self.local_worker.set_weights(weights, version)
+            self.local_worker.set_weights(weights, version, self._num_grad_updates)
             return
         self._weights_ref = weights_ref = ray.put(weights)
         if self._served_policy is not None:
@@ -431,7 +440,7 @@ class EnvRunnerGroup:
             except PolicyActorFailure as failure:  # told in this group's terms
                 raise self._policy_actor_failure(failure.death) from None
             return
-        _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
+        pending = self._set_weights_on(self.workers)
         if not wait:
             self._unacked_weights.extend(pending)
             return
@@ -489,10 +498,19 @@ class EnvRunnerGroup:
             if not is_actor_death(error):
                 raise
             return
-        self._weights_ref = weights_ref = ray.put(weights)
+        self._weights_ref = ray.put(weights)
         self._weights_version = 0
-        _, pending = broadcast_weights(self.workers[1:], weights_ref, 0, wait=False)
-        self._unacked_weights += pending
+        self._unacked_weights += self._set_weights_on(self.workers[1:])
+
+    def _set_weights_on(self, workers: list) -> list:
+        """The latest weights (one object-store copy), version and count to `workers`
+        -> their set_weights refs, not waited for."""
+        return [
+            worker.set_weights.remote(
+                self._weights_ref, self._weights_version, self._num_grad_updates
+            )
+            for worker in workers
+        ]
 
     # ----- inference actors ---------------------------------------------------------
 
@@ -584,7 +602,7 @@ class EnvRunnerGroup:
     def _ready(self, worker) -> None:
         """Wait until a new worker is up and acting with the latest weights."""
         if self.policy_actor is None and self._weights_ref is not None:
-            ray.get(worker.set_weights.remote(self._weights_ref, self._weights_version))
+            ray.get(self._set_weights_on([worker]))
         else:
             ray.get(worker.ping.remote())
 
