@@ -313,10 +313,10 @@ class EnvRunnerGroup:
             try:
                 results[slot] = ray.get(ready[0])
             except (RayActorError, RayTaskError) as error:
-                if not is_actor_death(error):
-                    self.raise_if_policy_actor_gone(error)
+                if is_actor_death(error):
+                    self._restart(slot, restarts, "sample()", error)
+                elif not self.policy_actor_is_back(error):
                     raise  # the worker's own code raised
-                self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
         return [results[slot] for slot in range(len(self.workers))]
 
@@ -351,17 +351,18 @@ class EnvRunnerGroup:
         return results
 
     def _collect_fragment(self, ref, restarts: list[int]) -> list[tuple[SampleBatch, dict]]:
-        """The finished request `ref` -> [its result], or [] when its worker died (the
-        worker replaced unless that was done already); the slot is asked again."""
+        """The finished request `ref` -> [its result], or [] when it was lost: its
+        worker died (replaced unless that was done already), or the PolicyActor did and
+        is back; the slot is asked again."""
         slot, asked = self._in_flight.pop(ref)
         try:
             result = [ray.get(ref)]
         except (RayActorError, RayTaskError) as error:
-            if not is_actor_death(error):
-                self.raise_if_policy_actor_gone(error)
+            if is_actor_death(error):
+                if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
+                    self._restart(slot, restarts, "sample_async()", error)
+            elif not self.policy_actor_is_back(error):
                 raise  # the worker's own code raised; its slot is asked again next call
-            if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
-                self._restart(slot, restarts, "sample_async()", error)
             result = []
         self._ask_for_fragment(slot)
         return result
@@ -377,11 +378,20 @@ class EnvRunnerGroup:
         worker = self.workers[slot]
         self._in_flight[worker.sample.remote()] = (slot, worker)
 
-    def raise_if_policy_actor_gone(self, error: BaseException) -> None:
-        """A worker's call failed because the PolicyActor is gone for good: one line
-        (EnvRunnerFailure), not Ray's traceback; else nothing."""
-        if self._served_policy is not None and died_of_actor_death(error):
-            raise self._policy_actor_failure(error) from None
+    def policy_actor_is_back(self, error: BaseException) -> bool:
+        """Whether a worker's call failed because the PolicyActor died (the call is
+        lost) and Ray has restarted it since: the worker is then asked again. Ray's
+        restart state is waited on first, as `call_retrying_once` does, since the
+        worker's own retry may have met a restart still under way: a PolicyActor gone
+        for good ends the run in one line (EnvRunnerFailure) that counts every restart
+        of its budget. False: the error is not the PolicyActor's death."""
+        if self._served_policy is None or not died_of_actor_death(error):
+            return False
+        try:
+            self._served_policy.weights_version()
+        except PolicyActorFailure as failure:
+            raise self._policy_actor_failure(failure.death) from None
+        return True
 
     def acting_actor_died(self, error: BaseException) -> bool:
         """Whether a worker's call failed because the inference actor acting for it
