@@ -735,8 +735,8 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
 
 def _weighted_grad_updates(batches: list[SampleBatch]) -> float | None:
     """The mean sampler count over the rows of `batches` that name one (None: none do)."""
-    named = [b for b in batches if b.num_grad_updates is not None]
-    rows = sum(b.count for b in named)
+    named = [(b.num_grad_updates, b.count) for b in batches if b.num_grad_updates is not None]
+    rows = sum(count for _, count in named)
     if not rows:
         return None
-    return sum(float(b.num_grad_updates) * b.count for b in named) / rows
+    return sum(float(updates) * count for updates, count in named) / rows

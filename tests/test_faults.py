@@ -26,7 +26,6 @@ import fakes
 import numpy as np
 import pytest
 import ray
-from ray.exceptions import ActorDiedError, RayTaskError
 from fault_runs import (
     REPO,
     TINY,
@@ -35,6 +34,7 @@ from fault_runs import (
     one_error_line,
     subprocess_env,
 )
+from ray.exceptions import ActorDiedError, RayTaskError
 
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli

@@ -21,9 +21,9 @@ the learners) lives on: its failed requests are lost and counted, and it is not
 asked again until the acting actors answer again (`runners_without_acting`,
 `acting_restored`). A request lost with a PolicyActor that Ray restarted is counted
 and asked again; a PolicyActor dead for good ends the stream in the group's one
-line (EnvRunnerFailure), as synchronous sampling does, once Ray's restarts settled. With no remote runner
-(num_env_runners=0) the local worker samples the one fragment `top_up` asked for
-in the next `collect`.
+line (EnvRunnerFailure), as synchronous sampling does, once Ray's restarts settled.
+With no remote runner (num_env_runners=0) the local worker samples the one fragment
+`top_up` asked for in the next `collect`.
 """
 
 from __future__ import annotations
