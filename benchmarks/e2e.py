@@ -44,23 +44,11 @@ def load_ppo_config() -> tuple[dict, int]:
 PPO_CONFIG, ENVS_PER_RUNNER = load_ppo_config()
 
 
-def import_tensorflow() -> None:
-    import tensorflow  # noqa: F401
-
-
 def measure(spec: dict):
     import ray
 
-    from policy_service.distributed.ray_runtime import start_ray
-
     start = time.perf_counter()
-    # Ray starts while this driver imports TensorFlow, its workers importing it too
-    start_ray(
-        num_cpus=harness.RAY_INIT["num_cpus"],
-        quiet=True,
-        meanwhile=import_tensorflow,
-        tensorflow_in_workers=True,
-    )
+    ray.init(**harness.RAY_INIT, log_to_driver=False)
     from algorithms.ppo import PPO
 
     config = dict(PPO_CONFIG, **spec.get("overrides", {}))

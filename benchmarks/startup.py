@@ -5,8 +5,7 @@ configs. To compare two trees, run it alternately with each on PYTHONPATH:
     PYTHONPATH=/work/before python -m benchmarks.startup --algo ppo --runners 2
     PYTHONPATH=. python -m benchmarks.startup --algo ppo --runners 2
 
-Phases: TensorFlow imported by the driver and ray.init, side by side (`start_ray`'s
-`meanwhile`, Ray's workers importing TensorFlow as they start); the algorithm built (of which
+Phases: TensorFlow imported by the driver; ray.init; the algorithm built (of which
 the env runner group and the learner group); each runner's process started and up
 (a ping sent after the build answered: TensorFlow imported, envs and policy built);
 then train() until every runner is up and 3 more iterations, each iteration's end
@@ -57,21 +56,10 @@ def main() -> None:
     parser.add_argument("--ray-cpus", type=int, default=2)
     args = parser.parse_args()
     phases: dict = {"algo": args.algo, "runners": args.runners, "load_1min": os.getloadavg()[0]}
+    import tensorflow  # noqa: F401 - timed: the driver's import
+
+    phases["import_tensorflow_s"] = since_start()
     import ray
-
-    from policy_service.distributed.ray_runtime import start_ray
-
-    def import_tensorflow() -> None:
-        import tensorflow  # noqa: F401 - timed: the driver's import
-
-        phases["import_tensorflow_s"] = since_start()
-
-    start = time.time()  # Ray starts while the driver imports TensorFlow (e2e.py's start)
-    start_ray(
-        num_cpus=args.ray_cpus, quiet=True, meanwhile=import_tensorflow, tensorflow_in_workers=True
-    )
-    phases["ray_init_s"] = round(time.time() - start, 2)
-    phases["ray_ready_s"] = since_start()
     import yaml
 
     from benchmarks.harness import REPO
@@ -80,6 +68,9 @@ def main() -> None:
 
     timed(EnvRunnerGroup, "__init__", phases, "env_runners_build_s")
     timed(LearnerGroup, "__init__", phases, "learners_build_s")
+    start = time.time()
+    ray.init(address="local", num_cpus=args.ray_cpus, include_dashboard=False, log_to_driver=False)
+    phases["ray_init_s"] = round(time.time() - start, 2)
     if args.algo == "ppo":
         from algorithms.ppo import PPO as algo_cls
     else:

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,21 +96,11 @@ def announce_token_auth(address: str | None) -> None:
 
 
 def start_ray(
-    address: str | None = None,
-    *,
-    num_cpus: int | None = None,
-    quiet: bool = False,
-    meanwhile: Callable[[], object] | None = None,
-    tensorflow_in_workers: bool = False,
+    address: str | None = None, *, num_cpus: int | None = None, quiet: bool = False
 ) -> None:
     """Join the cluster at `address`, or start an embedded local Ray on loopback
     (`num_cpus`: None for all cores). `quiet`: warnings only, and workers' logs
-    kept off the driver's terminal. `meanwhile`: work that needs no Ray (the
-    driver's TensorFlow import), run in a thread while Ray starts, which is mostly
-    waiting for Ray's own processes; joined before returning, its error raised
-    (Ray shut down first). `tensorflow_in_workers`: an embedded Ray's worker
-    processes import TensorFlow as they start (`prepare_worker_process`), before
-    any actor is placed in them, so a training run's actors are up sooner.
+    kept off the driver's terminal.
 
     Token authentication stays on: a local Ray turns it on by itself (we only
     say so up front, which skips Ray's warning); when joining, a token found
@@ -130,56 +120,14 @@ def start_ray(
     else:
         bind_to_loopback()
         init_args = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
-        if tensorflow_in_workers:
-            init_args["runtime_env"] = {"worker_process_setup_hook": WORKER_SETUP_HOOK}
         failed = "the embedded Ray did not start"
-    work = _Beside(meanwhile)
     try:
         ray.init(**init_args, **quiet_args)
     # Ray raises Exception ("timed out during startup"), RuntimeError, OSError at start-up
     except Exception as err:  # noqa: BLE001 - any of them: Ray did not start
-        work.join()
         raise RayStartFailure(f"{failed}: {type(err).__name__}: {one_line(err)}") from None
-    try:
-        work.join()
-    except BaseException:
-        ray.shutdown()
-        raise
     if address:
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
-
-
-WORKER_SETUP_HOOK = f"{__name__}.prepare_worker_process"
-
-
-def prepare_worker_process() -> None:
-    """Ray's worker_process_setup_hook (start_ray's `tensorflow_in_workers`): import
-    TensorFlow as the worker process starts, which the actors of a training run all
-    need (a worker that never does pays the import once)."""
-    import tensorflow  # noqa: F401
-
-
-class _Beside:
-    """fn() in a thread from now on; join() waits for it and raises what it raised."""
-
-    def __init__(self, fn: Callable[[], object] | None):
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if fn is not None:
-            self._thread = threading.Thread(target=self._run, args=(fn,), name="beside-ray-init")
-            self._thread.start()
-
-    def _run(self, fn: Callable[[], object]) -> None:
-        try:
-            fn()
-        except BaseException as err:  # noqa: BLE001 - raised by join() in the caller
-            self._error = err
-
-    def join(self) -> None:
-        if self._thread is not None:
-            self._thread.join()
-        if self._error is not None:
-            raise self._error
 
 
 def bind_to_loopback() -> None:
