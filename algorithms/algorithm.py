@@ -382,7 +382,7 @@ class Algorithm:
                 self.env_runners = self._make_env_runners(cfg.seed)
                 runners = self.env_runners
                 self.learners = self._make_learners(runners.observation_space, runners.action_space)
-            self.env_runners.sync_weights(self.learners.get_weights(), version=0)
+            self.sync_env_runners(version=0)
         except BaseException:
             self.stop()
             raise
@@ -532,8 +532,16 @@ class Algorithm:
         wait=False: workers busy with a `sample_ready` request set them after it,
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
-        self.env_runners.sync_weights(self.learners.get_weights(), wait=wait)
+        self.sync_env_runners(wait=wait)
         self._counts.sync_time_s += time.perf_counter() - start
+
+    def sync_env_runners(self, version: int | None = None, wait: bool = True) -> None:
+        """The learners' weights to the env runners, with the SGD steps that made them,
+        which the batches sampled with them name (diff_num_grad_updates_vs_sampler_policy)."""
+        weights, num_grad_updates = self.learners.weights_for_runners()
+        self.env_runners.sync_weights(
+            weights, version=version, wait=wait, num_grad_updates=num_grad_updates
+        )
 
     def sync_learner_filters(self) -> None:
         """With a MeanStdFilter: the learner policy's copy of the env runners' merged
@@ -758,7 +766,7 @@ class Algorithm:
                 iteration_seed(self.config.seed, self.iteration)
             )
             self.env_runner_group().filter_stats = stats  # the new runners go on from them
-        self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
+        self.sync_env_runners(version=self.iteration)
 
     def _restart_multi_agent_sampling(self) -> None:
         """_restart_sampling with `policies`: the driver's sampler on a new env."""
