@@ -51,6 +51,7 @@ from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
+from policy_service.multi_agent.self_play import check_frozen_copies
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
@@ -165,10 +166,12 @@ class AlgorithmConfig(PolicyConfig):
         doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
         "or a policy_service.PolicySpec; None: one policy, a single-agent env.",
     )
-    policy_mapping_fn: Callable | dict | None = setting(
+    policy_mapping_fn: Callable | dict | str | None = setting(
         None,
-        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, or a dict of agent-id "
-        'prefix -> policy id (the longest prefix matching wins); None: "default_policy".',
+        doc="Multi-agent: (agent_id, episode, **kwargs) -> policy id, a dict of agent-id "
+        "prefix -> policy id (the longest prefix matching wins), or the name of a mapping "
+        "registered with policy_service.register_policy_mapping_fn (by a module given to "
+        '--import); None: "default_policy".',
     )
     policies_to_train: list | None = setting(
         None, doc="Multi-agent: the policy ids trained (the others keep their weights); None: all."
@@ -177,6 +180,15 @@ class AlgorithmConfig(PolicyConfig):
         "env_steps",
         doc='Multi-agent: what train_batch_size counts, "env_steps" or "agent_steps".',
         check=one_of("env_steps", "agent_steps"),
+    )
+    frozen_copies: dict | None = setting(
+        None,
+        doc="Multi-agent self-play: frozen policy id -> the policy id whose weights it takes "
+        "every frozen_copies_every iterations (at the start, too); a frozen policy is never "
+        "trained, so a learner plays a past self that moves in steps.",
+    )
+    frozen_copies_every: int = setting(
+        1, doc="Iterations between the copies of frozen_copies.", check=integer(ge=1)
     )
 
     def __post_init__(self):
@@ -189,6 +201,9 @@ class AlgorithmConfig(PolicyConfig):
             )
         check_policies_config(
             self.policies, self.policy_mapping_fn, self.policies_to_train, self.key_prefix
+        )
+        check_frozen_copies(
+            self.frozen_copies, self.policies, self.policies_to_train, self.key_prefix
         )
         if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
             raise ConfigError(
@@ -381,7 +396,7 @@ class Algorithm:
                 self.env_runners = self._make_env_runners(cfg.seed)
                 runners = self.env_runners
                 self.learners = self._make_learners(runners.observation_space, runners.action_space)
-            self.env_runners.sync_weights(self.learners.get_weights(), version=0)
+            self.sync_env_runners(version=0)
         except BaseException:
             self.stop()
             raise
@@ -405,10 +420,23 @@ class Algorithm:
         start = time.perf_counter()
         stats = self.training_step()
         self.sync_learner_filters()
-        elapsed = time.perf_counter() - start
         self.iteration += 1
+        if self.multi_agent is not None and self.config.frozen_copies:
+            self._copy_frozen_when_due()
+        elapsed = time.perf_counter() - start
         self.time_total_s += elapsed
         return self._metrics(stats, elapsed)
+
+    def _copy_frozen_when_due(self) -> None:
+        """Self-play: every frozen_copies_every iterations the frozen policies take their
+        sources' weights, and the env runners act with them from the next iteration."""
+        assert self.multi_agent is not None and self.config.frozen_copies
+        if self.iteration % self.config.frozen_copies_every:
+            return
+        runners, learners = self.multi_agent
+        learners.copy_frozen(self.config.frozen_copies)
+        runners.sync_weights(learners.get_weights())
+        self._iteration_changed_state = True
 
     def training_step(self) -> dict:
         """One iteration's work -> learner statistics. This default is the on-policy
@@ -519,8 +547,16 @@ class Algorithm:
         wait=False: workers busy with a `sample_ready` request set them after it,
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
-        self.env_runners.sync_weights(self.learners.get_weights(), wait=wait)
+        self.sync_env_runners(wait=wait)
         self._counts.sync_time_s += time.perf_counter() - start
+
+    def sync_env_runners(self, version: int | None = None, wait: bool = True) -> None:
+        """The learners' weights to the env runners, with the SGD steps that made them,
+        which the batches sampled with them name (diff_num_grad_updates_vs_sampler_policy)."""
+        weights, num_grad_updates = self.learners.weights_for_runners()
+        self.env_runners.sync_weights(
+            weights, version=version, wait=wait, num_grad_updates=num_grad_updates
+        )
 
     def sync_learner_filters(self) -> None:
         """With a MeanStdFilter: the learner policy's copy of the env runners' merged
@@ -665,10 +701,15 @@ class Algorithm:
         )
         # the runner actors start while the driver builds the learners
         runners = multi_agent.multi_agent_env_runners(cfg, policies, cfg.seed)
+        learners = None
         try:
             learners = multi_agent.MultiAgentLearners(policies)
+            if cfg.frozen_copies:
+                learners.copy_frozen(cfg.frozen_copies, check=True)
         except BaseException:
-            runners.stop()
+            for built in (runners, learners):
+                if built is not None:
+                    built.stop()
             raise
         runners.sync_weights(learners.get_weights(), version=0)
         return runners, learners
@@ -741,7 +782,7 @@ class Algorithm:
                 iteration_seed(self.config.seed, self.iteration)
             )
             self.env_runner_group().filter_stats = stats  # the new runners go on from them
-        self.env_runners.sync_weights(self.learners.get_weights(), version=self.iteration)
+        self.sync_env_runners(version=self.iteration)
 
     def _restart_multi_agent_sampling(self) -> None:
         """_restart_sampling with `policies`: new env runners, seeded from (seed, iteration)."""

@@ -24,12 +24,25 @@ from policy_service.learning_results import NUM_SAMPLES_TRAINED
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv, MultiAgentEnvError
-from policy_service.multi_agent.policies import AgentPolicies, agent_policies
+from policy_service.multi_agent.policies import (
+    AgentPolicies,
+    agent_policies,
+    mapping_function_registered,
+    registered_mapping_name,
+)
+from policy_service.multi_agent.self_play import check_same_layout
 
 if TYPE_CHECKING:
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
-MULTI_AGENT_KEYS = ("policies", "policy_mapping_fn", "policies_to_train", "count_steps_by")
+MULTI_AGENT_KEYS = (
+    "policies",
+    "policy_mapping_fn",
+    "policies_to_train",
+    "count_steps_by",
+    "frozen_copies",
+    "frozen_copies_every",
+)
 # what a policy's own config leaves out of the run's: the keys above, and the env, which
 # is every agent's (a policy config naming a "pettingzoo:" env without policies is refused)
 RUN_ONLY_KEYS = (*MULTI_AGENT_KEYS, "env", "env_config")
@@ -96,21 +109,25 @@ def json_config(config) -> dict:
             for policy_id, spec in config.policies.items()
         },
         "policy_mapping_fn": mapping_fn
-        if mapping_fn is None or isinstance(mapping_fn, dict)
-        else f"{mapping_fn.__module__}:{mapping_fn.__qualname__}",
+        if mapping_fn is None or isinstance(mapping_fn, dict | str)
+        else registered_mapping_name(mapping_fn)
+        or f"{mapping_fn.__module__}:{mapping_fn.__qualname__}",
     }
 
 
 def loadable_config(config: dict, checkpoint: str) -> dict:
     """A checkpoint's config (json_config's form), if it builds the run again: every
-    policy None and no mapping function (a prefix dict is data); else a one-line
-    CheckpointFileError."""
+    policy None and no mapping function (a prefix dict, or the name of a mapping this
+    process registered, is data); else a one-line CheckpointFileError."""
     policies = config.get("policies")
     mapping = config.get("policy_mapping_fn")
+    if isinstance(mapping, str) and mapping_function_registered(mapping):
+        mapping = None  # a registered mapping's name is data
     if not (mapping is None or isinstance(mapping, dict)) or any((policies or {}).values()):
         raise CheckpointFileError(
             f"{checkpoint}: its run had a policy_mapping_fn or PolicySpecs (code, not loaded "
-            "from a file); build the algorithm with that config, then call restore()"
+            "from a file); build the algorithm with that config, then call restore(), or "
+            "--import the module that registers its mapping by name"
         )
     return config
 
@@ -186,6 +203,15 @@ class MultiAgentLearners:
 
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
+
+    def copy_frozen(self, frozen_copies: dict, check: bool = False) -> None:
+        """Each frozen policy id of `frozen_copies` takes its source's weights (in order);
+        `check`: first that both have the same weight names and shapes."""
+        for frozen, source in frozen_copies.items():
+            weights = self.groups[source].get_weights()
+            if check:
+                check_same_layout(frozen, self.groups[frozen].get_weights(), source, weights)
+            self.groups[frozen].set_weights(weights)
 
     def last_gradients(self) -> dict:
         """policy id -> LearnerGroup.last_gradients."""

@@ -18,6 +18,7 @@ _EXPORTS = {
     "MultiAgentEnv": "policy_service.multi_agent.env",
     "MultiAgentBatch": "policy_service.multi_agent.batch",
     "PolicySpec": "policy_service.policy_spec",
+    "register_policy_mapping_fn": "policy_service.multi_agent.policies",
 }
 
 __all__ = sorted(_EXPORTS)

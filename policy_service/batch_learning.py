@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import abc
 
-from policy_service.learning_results import rllib_layout, with_samples_trained
+from policy_service.learning_results import (
+    rllib_layout,
+    with_sampler_lead,
+    with_samples_trained,
+)
 from policy_service.sample_batch import SampleBatch
 
 
@@ -23,19 +27,22 @@ class BatchLearning(abc.ABC):
         shuffle: bool = True,
         buffer_index: int = 0,
     ) -> dict:
-        """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes)
-        and, when the loss returns per-row outputs, PER_ROW ("per_row": name ->
-        array over the batch's valid rows, in order; from each row's last step).
+        """Train on `batch` -> statistics, "num_samples_trained" (valid rows x passes),
+        "diff_num_grad_updates_vs_sampler_policy" (the policy's lead over the batch's
+        sampler, the mean over the SGD steps: `with_sampler_lead`) and, when the loss
+        returns per-row outputs, PER_ROW ("per_row": name -> array over the batch's
+        valid rows, in order; from each row's last step).
 
         num_epochs None: one SGD step on the whole batch. N: the batch loaded onto
         the towers (every learner's) once, then N epochs of `minibatch_size` SGD
         steps in one compiled call (one per learner)."""
-        return with_samples_trained(self._update(batch, num_epochs, shuffle, buffer_index))
+        stats = self._update(batch, num_epochs, shuffle, buffer_index)
+        return with_samples_trained(with_sampler_lead(stats, sampler_grad_updates(batch)))
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers (of all learners) ->
         statistics in RLlib's layout (learning_results.rllib_layout)."""
-        return rllib_layout(self._learn(batch, None, True, 0))
+        return rllib_layout(self._learn(batch, None, True, 0), sampler_grad_updates(batch))
 
     def _update(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
@@ -48,3 +55,8 @@ class BatchLearning(abc.ABC):
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
         """Prepare `batch`, train on it -> statistics, per-row outputs over its valid rows."""
+
+
+def sampler_grad_updates(batch: SampleBatch) -> float | None:
+    """The batch's sampler count; a plain dict of columns (accepted as a batch) names none."""
+    return getattr(batch, "num_grad_updates", None)

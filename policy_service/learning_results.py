@@ -1,6 +1,7 @@
 """What a learning call returns: scalar statistics, "num_samples_trained", the
-policy's "num_grad_updates_lifetime", and the per-row outputs (a loss's LossExtras
-or a policy's stats() of shape [rows]) under PER_ROW (engine/loss_output.py).
+policy's "num_grad_updates_lifetime" and its lead over the batch's sampler, and the
+per-row outputs (a loss's LossExtras or a policy's stats() of shape [rows]) under
+PER_ROW (engine/loss_output.py).
 `learn_on_batch` and `learn_on_loaded_batch` give RLlib's layout (`rllib_layout`)."""
 
 from __future__ import annotations
@@ -17,20 +18,31 @@ DIFF_NUM_GRAD_UPDATES = "diff_num_grad_updates_vs_sampler_policy"
 LEARNER_STATS = "learner_stats"
 
 
-def rllib_layout(stats: dict, sampler_grad_updates: int = 0) -> dict:
+def rllib_layout(stats: dict, sampler_grad_updates: float | None = None) -> dict:
     """A learning call's statistics in RLlib's layout: {"learner_stats": the scalar
-    statistics, "num_grad_updates_lifetime": n, "diff_num_grad_updates_vs_sampler_policy":
-    n - 1 - the sampling policy's count (RLlib's; 0 when the batch names none)}, the
-    per-row outputs (extra fetches) beside them, and the flat statistics kept too, so
-    callers reading stats["total_loss"] go on working."""
+    statistics, "num_grad_updates_lifetime": n, "diff_num_grad_updates_vs_sampler_policy"
+    (`with_sampler_lead`)}, the per-row outputs (extra fetches) beside them, and the
+    flat statistics kept too, so callers reading stats["total_loss"] go on working."""
     lifetime = int(stats[NUM_GRAD_UPDATES_LIFETIME])
     scalars = {k: v for k, v in stats.items() if k not in (PER_ROW, NUM_GRAD_UPDATES_LIFETIME)}
     return {
-        **stats,
+        **with_sampler_lead(stats, sampler_grad_updates),
         LEARNER_STATS: scalars,
         NUM_GRAD_UPDATES_LIFETIME: lifetime,
-        DIFF_NUM_GRAD_UPDATES: lifetime - 1 - int(sampler_grad_updates),
     }
+
+
+def with_sampler_lead(stats: dict, sampler_grad_updates: float | None) -> dict:
+    """The statistics with "diff_num_grad_updates_vs_sampler_policy": RLlib's `n - 1 -
+    (the batch's num_grad_updates or 0)` for each SGD step (n: the policy's count after
+    it), so 0 for the first step on a batch sampled with the weights it started from;
+    over the call's "num_sgd_steps" steps (minibatches of all epochs), their mean, as
+    RLlib's learner info averages its minibatches' results."""
+    lifetime = int(stats[NUM_GRAD_UPDATES_LIFETIME])
+    steps = int(stats.get("num_sgd_steps", 1))
+    first = lifetime - steps + 1  # the count after the call's first step
+    lead = (first + lifetime) / 2 - 1 - float(sampler_grad_updates or 0)
+    return {**stats, DIFF_NUM_GRAD_UPDATES: lead}
 
 
 def samples_trained(stats: dict) -> int:

@@ -35,7 +35,7 @@ from policy_service import (
     observation_filters,
     spaces,
 )
-from policy_service.batch_learning import BatchLearning
+from policy_service.batch_learning import BatchLearning, sampler_grad_updates
 from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
@@ -102,6 +102,8 @@ class TFPolicy(BatchLearning):
         # what the last learning call learned from: its TrainColumns, or the gradient
         # lists it applied (last_gradients)
         self._last_learned: TrainColumns | list | None = None
+        # by loaded buffer: the sampler count of the batch in it (learn_on_loaded_batch's lead)
+        self._loaded_sampler_counts: dict[int, float | None] = {}
         with tf.device(self.tower_devices.variable_device):
             self.model = action_masks.masked_model(
                 models.follow_call_convention(self.make_model()), self
@@ -588,9 +590,11 @@ class TFPolicy(BatchLearning):
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
         """Pad, shard and place a batch on the tower devices -> rows loaded (padding in)."""
-        return self.load_train_columns_into_buffer(
+        rows = self.load_train_columns_into_buffer(
             self.train_columns(batch, fixed_seq_len=True), buffer_index
         )
+        self._loaded_sampler_counts[buffer_index] = sampler_grad_updates(batch)
+        return rows
 
     def load_train_columns_into_buffer(
         self, train: TrainColumns, buffer_index: int = 0, minibatch_size: int | None = None
@@ -598,13 +602,15 @@ class TFPolicy(BatchLearning):
         """minibatch_size: rows per minibatch on this policy's towers (default: the
         config's; a learner of N takes 1/N of the group's)."""
         self._last_learned = train
-        return self.towers.load(
+        rows = self.towers.load(
             train.columns,
             train.units,
             train.rows_per_unit,
             minibatch_size or self.config.minibatch_size,
             call_arguments.buffer_index(buffer_index),
         )
+        self._loaded_sampler_counts[buffer_index] = None  # prepared columns name no sampler
+        return rows
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
         buffer = self.towers.buffers.get(call_arguments.buffer_index(buffer_index))
@@ -613,13 +619,17 @@ class TFPolicy(BatchLearning):
     def learn_on_loaded_batch(self, offset: int = 0, buffer_index: int = 0) -> dict:
         """One SGD step on the minibatch at row `offset` of the loaded buffer (with
         num_grad_accumulation_steps K: on the K minibatches from there) -> statistics
-        in RLlib's layout (learning_results.rllib_layout)."""
+        in RLlib's layout (learning_results.rllib_layout), the lead over the sampler
+        of the batch `load_batch_into_buffer` loaded included."""
         self._sync_timestep()
         stats = self.towers.learn_loaded(
             call_arguments.count(offset, "offset"), call_arguments.buffer_index(buffer_index)
         )
         self.num_grad_updates += 1
-        return rllib_layout({**stats, NUM_GRAD_UPDATES_LIFETIME: self.num_grad_updates})
+        return rllib_layout(
+            {**stats, NUM_GRAD_UPDATES_LIFETIME: self.num_grad_updates},
+            self._loaded_sampler_counts.get(buffer_index),
+        )
 
     def learn_on_loaded_epochs(
         self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True

@@ -170,7 +170,12 @@ class SampleBatch(dict):
         also keep sum(seq_lens) rows, e.g. one left out by `feature_keys`).
       max_seq_len: the padded sequence length T when zero-padded; otherwise
         the sequence length bound (defaults to max(seq_lens)), or None.
+      num_grad_updates: the SGD steps of the policy that sampled the rows, as synced
+        with the weights it acted with (a concatenation's: the row-weighted mean,
+        RLlib's); None when the sampler named none. Learners report their lead over it.
     """
+
+    num_grad_updates: float | None = None  # batches pickled before the attribute existed
 
     OBS = "obs"
     NEXT_OBS = "new_obs"
@@ -199,6 +204,7 @@ class SampleBatch(dict):
         _is_training: bool | None = None,
         _zero_padded: bool | None = None,
         _max_seq_len: int | None = None,
+        _num_grad_updates: float | None = None,
         **kwargs: Any,
     ) -> None:
         """`_zero_padded=None` (the default) infers the layout from the data: row
@@ -217,6 +223,7 @@ class SampleBatch(dict):
             self.pop(self.SEQ_LENS)  # an empty seq_lens array stays, as in RLlib
         self._is_training = None if _is_training is None else bool(_is_training)
         self.zero_padded, self.max_seq_len = self._resolve_padding(_zero_padded, _max_seq_len)
+        self.num_grad_updates = _num_grad_updates
         self.validate()
 
     @classmethod
@@ -407,6 +414,7 @@ class SampleBatch(dict):
             _is_training=self._is_training,
             _zero_padded=self.zero_padded,
             _max_seq_len=self.max_seq_len if self.zero_padded else None,
+            _num_grad_updates=self.num_grad_updates,
         )
 
     def _whole_sequences(self, start: int, stop: int) -> SampleBatch:
@@ -530,6 +538,7 @@ class SampleBatch(dict):
             _is_training=self._is_training,
             _zero_padded=self.zero_padded,
             _max_seq_len=self.max_seq_len,
+            _num_grad_updates=self.num_grad_updates,
         )
 
     def slice(self, start: int, end: int) -> SampleBatch:
@@ -673,7 +682,8 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
 
     Nested columns are joined leaf by leaf; `seq_lens` and `state_in_*` are
     joined too. Keeps `is_training` (batches that set it must agree),
-    `zero_padded` and `max_seq_len`. Raises ValueError, naming the column,
+    `zero_padded` and `max_seq_len`; `num_grad_updates` is the row-weighted mean
+    over the batches that name one. Raises ValueError, naming the column,
     when a column is in some batches but not others or structures differ.
     """
     samples = [b if isinstance(b, SampleBatch) else SampleBatch(b) for b in batches]
@@ -719,4 +729,14 @@ def concat_samples(batches: Iterable[Mapping[str, Any]]) -> SampleBatch:
         _is_training=is_training,
         _zero_padded=zero_padded,
         _max_seq_len=max(seq_bounds) if seq_bounds else None,
+        _num_grad_updates=_weighted_grad_updates(non_empty),
     )
+
+
+def _weighted_grad_updates(batches: list[SampleBatch]) -> float | None:
+    """The mean sampler count over the rows of `batches` that name one (None: none do)."""
+    named = [(b.num_grad_updates, b.count) for b in batches if b.num_grad_updates is not None]
+    rows = sum(count for _, count in named)
+    if not rows:
+        return None
+    return sum(float(updates) * count for updates, count in named) / rows

@@ -156,6 +156,18 @@ def test_sync_weights_puts_the_weights_in_the_object_store_once(group, monkeypat
     assert metrics["weights_version"] == 11
 
 
+def test_fragments_name_the_grad_updates_synced_with_the_weights_they_acted_with(group):
+    """What learners read their lead over the sampler from: each remote worker's
+    fragment carries the count synced with its weights (through Ray's pickling), kept
+    by the group's concatenation; a sync that names none leaves batches naming none."""
+    weights = _learner(group).get_weights()
+    group.sync_weights(weights, 12, num_grad_updates=7)
+    batch, _ = group.sample()
+    assert _runners_of(batch) == {1, 2} and batch.num_grad_updates == 7
+    group.sync_weights(weights, 13)
+    assert group.sample()[0].num_grad_updates is None
+
+
 def test_a_killed_worker_is_replaced_and_training_goes_on(group):
     learner = _learner(group)
     version = 20

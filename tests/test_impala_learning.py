@@ -96,7 +96,10 @@ def test_two_learner_actors_give_one_devices_step(ray_local, policy_cls):
         for _ in range(2):  # the second step from the combined Adam state
             group.update_on_fragments([refs[:2], refs[2:]], learner_version=0)
             one.learn_on_batch(concat_samples(fragments))
-        assert_weights_close(one.get_weights(), group.get_weights())
+        # Adam moves every element by about lr whatever its gradient's size, so where a
+        # gradient nearly cancels, the halves' summation order shows at up to ~1e-3 lr (seen on
+        # another CPU). A wrong combination (3 of the 4 fragments) differs by ~4 lr.
+        assert_weights_close(one.get_weights(), group.get_weights(), atol=1e-2 * config["lr"])
         assert group.weights_identical()
         assert weights_differ(before, group.get_weights())
     finally:

@@ -133,6 +133,7 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     one = one_device()
     same_start(group, one)
     batch = mlp_batch(60)
+    batch.num_grad_updates = 2  # the count its sampler acted with
     assert group.load_batch_into_buffer(batch) == 64  # 4 minibatches of 16, 8 per learner
     assert group.get_num_samples_loaded_into_buffer() == 64
     stats = group.learn_on_loaded_epochs(1, shuffle=False)
@@ -140,7 +141,8 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     assert stats["num_sgd_steps"] == 4
     assert stats["total_loss"] == pytest.approx(np.mean(losses), rel=1e-5)
     assert_weights_close(one.get_weights(), group.get_weights())
-    group.learn_on_loaded_batch(32)
+    # the 5th step: RLlib's lead n - 1 - 2, from the count the group kept for the buffer
+    assert group.learn_on_loaded_batch(32)["diff_num_grad_updates_vs_sampler_policy"] == 2
     one.learn_on_batch(batch[32:48])
     assert_weights_close(one.get_weights(), group.get_weights())
     with pytest.raises(ValueError, match="offset 8 must be a multiple of minibatch_size"):

@@ -70,6 +70,22 @@ def test_learn_on_batch_gives_rllibs_layout_and_the_gradient_norm(policy):
     np.testing.assert_allclose(result[PER_ROW]["logp"], expected_logp, rtol=1e-5, atol=1e-6)
 
 
+def test_the_lead_over_the_sampler_is_0_on_the_first_minibatch_then_one_more_per_step(policy):
+    """RLlib's `n - 1 - batch.num_grad_updates` per SGD step on a batch sampled with
+    the learner's present weights: 0, 1, 2, ... over the minibatches of two epochs;
+    `update` reports their mean (RLlib's learner info averages its minibatches)."""
+    lead = "diff_num_grad_updates_vs_sampler_policy"
+    batch = mlp_batch(32, seed=5)  # 2 minibatches of 16
+    batch.num_grad_updates = policy.num_grad_updates
+    policy.load_batch_into_buffer(batch)
+    leads = [policy.learn_on_loaded_batch(offset)[lead] for _ in range(2) for offset in (0, 16)]
+    assert leads == [0, 1, 2, 3]
+    batch.num_grad_updates = policy.num_grad_updates - 0.5  # a concatenation's mean
+    stats = policy.update(batch, num_epochs=2)
+    assert stats["num_sgd_steps"] == 4
+    assert stats[lead] == np.mean([0.5, 1.5, 2.5, 3.5])
+
+
 def test_learn_on_loaded_batch_gives_the_layout(policy):
     batch = mlp_batch(32, seed=4)
     policy.load_batch_into_buffer(batch)

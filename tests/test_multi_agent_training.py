@@ -111,3 +111,49 @@ def test_simple_spread_from_mpe2_trains_from_the_command_line(tmp_path):  # 3 ag
     [row] = progress(run_dir)
     assert row["timesteps_total"] == 100 and row["agent_timesteps_total"] == 300
     assert set(row["policy_reward_mean"]) == {"shared"} and row["episode_len_mean"] == 25
+
+
+MAPPING_MODULE = """
+from policy_service import register_policy_mapping_fn
+
+
+def swapped(agent_id, episode, **kwargs):
+    return {"a": "pb", "b": "pa"}[agent_id]
+
+
+register_policy_mapping_fn("swapped", swapped)
+"""
+
+
+def test_a_mapping_that_is_code_comes_from_a_module_given_to_import(tmp_path, monkeypatch, capsys):
+    """`train --import M` with `policy_mapping_fn=<name M registered>`: the run's files
+    hold the name only (and each agent's policy, which `evaluate` maps them by)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cli_swapped_mapping.py").write_text(MAPPING_MODULE)
+    run_dir = tmp_path / "swapped"
+    args = [
+        a if a != "policy_mapping_fn={a: pa, b: pb}" else "policy_mapping_fn=swapped"
+        for a in TWO_MAPS
+    ]
+    args += ["--stop-iters", "1", "--output-dir", str(run_dir)]
+    assert main(["train", "ppo", *args, "--import", "cli_swapped_mapping"]) == 0
+    checkpoint = run_dir / "checkpoints" / "checkpoint_000001"
+    saved = checkpoints.load_json(checkpoint / checkpoints.ALGORITHM_STATE)
+    assert saved["config"]["policy_mapping_fn"] == "swapped"
+    assert saved["agent_policy_ids"] == {"a": "pb", "b": "pa"}
+    capsys.readouterr()
+    env = ["--env", "pettingzoo:pettingzoo_envs.parallel_two_maps"]  # never imported from a file
+    assert main(["evaluate", str(checkpoint), *env, "--policy", "pa", "--episodes", "1"]) == 0
+    assert '"episodes": 1' in capsys.readouterr().out  # agents mapped by agent_policy_ids
+
+
+def test_a_mapping_name_nothing_registered_is_one_line(tmp_path, capsys):
+    args = [
+        a if a != "policy_mapping_fn={a: pa, b: pb}" else "policy_mapping_fn=nowhere"
+        for a in TWO_MAPS
+    ]
+    assert (
+        main(["train", "ppo", *args, "--stop-iters", "1", "--output-dir", str(tmp_path / "r")]) != 0
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "policy_mapping_fn 'nowhere' is no registered mapping" in err[0], err

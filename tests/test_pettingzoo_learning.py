@@ -77,10 +77,10 @@ def test_simple_spread_beats_a_random_policy_by_a_clear_margin():
     assert trained >= random_mean + margin, (trained, random_mean)
 
 
-def games_won_against_random(policy, games: int, seed: int) -> float:
+def games_won_against_random(policy, games: int, seed: int, name: str = CONNECT_FOUR) -> float:
     """The share of `games` the policy (greedy) wins against a uniformly random legal
     player, moving first in half of them; an illegal move would end the test."""
-    env = make_pettingzoo_env(CONNECT_FOUR, {})
+    env = make_pettingzoo_env(name, {})
     rng = np.random.default_rng(seed)
     wins = 0
     for game in range(games):

@@ -604,6 +604,41 @@ def test_iteration_seed_is_deterministic_and_distinct():
     assert iteration_seed(5, 3) == iteration_seed(5, 3) != iteration_seed(5, 4)
 
 
+LEAD = "diff_num_grad_updates_vs_sampler_policy"
+
+
+@pytest.mark.parametrize(
+    "num_env_runners",
+    [0, pytest.param(1, marks=pytest.mark.slow)],  # slow: a Ray of its own
+    ids=["local", "remote_runner"],
+)
+def test_the_lead_over_the_sampler_policy_is_rllibs(num_env_runners):
+    """Batches name the learner's num_grad_updates synced with the weights they were
+    sampled with (from a remote runner too). Each SGD step's lead is RLlib's n - 1 -
+    that count: 0 on the first epoch's first minibatch, one more per step after it;
+    an iteration reports the mean over its steps, as RLlib's learner info does."""
+    ray_cpus = {"ray_num_cpus": 2} if num_env_runners else {}
+    algo = PPO(algo_config(num_env_runners=num_env_runners, **ray_cpus))
+    try:
+        first = algo.train()  # sampled with the initial weights, count 0
+        assert first[LEAD] == np.mean(np.arange(first["num_sgd_steps"]))
+        policy = algo.get_policy()
+        algo.env_runners.wait_started()  # a remote runner samples next, not the stand-in
+        batch, _ = algo.env_runners.sample()
+        assert batch.num_grad_updates == policy.num_grad_updates == first["num_sgd_steps"]
+        rows = policy.load_batch_into_buffer(batch)
+        leads = [
+            policy.learn_on_loaded_batch(offset)[LEAD]
+            for _ in range(2)
+            for offset in range(0, rows, 50)
+        ]
+        assert leads == list(range(len(leads)))
+        second = algo.train()  # sampled with iteration 1's weights; the learner went on
+        assert second[LEAD] == len(leads) + np.mean(np.arange(second["num_sgd_steps"]))
+    finally:
+        algo.stop()
+
+
 # ----- remote env runners (Ray) ------------------------------------------------------------
 
 

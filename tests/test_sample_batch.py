@@ -417,6 +417,23 @@ def test_pickle_round_trip_keeps_flags():
     assert c["obs"].tolist() == b["obs"].tolist() and c.count == 6
 
 
+def test_the_samplers_grad_updates_are_kept_and_concatenation_averages_them_by_rows():
+    """RLlib's SampleBatch.num_grad_updates: slices, copies, sequence cuts and pickles
+    keep it; concat_samples gives the row-weighted mean of the batches that name one."""
+    b = seq_batch()
+    b.num_grad_updates = 3
+    cut = b[0:4]
+    assert cut.count < b.count and cut.num_grad_updates == 3
+    assert b.slice(1, 3).num_grad_updates == b.copy().num_grad_updates == 3
+    assert pickle.loads(pickle.dumps(b)).num_grad_updates == 3
+    four = SB({"obs": np.zeros(4)}, _num_grad_updates=5)
+    unnamed = SB({"obs": np.zeros(2)})
+    assert unnamed.num_grad_updates is None
+    joined = concat_samples([four, unnamed, SB({"obs": np.zeros(2)}, _num_grad_updates=8)])
+    assert joined.num_grad_updates == (4 * 5 + 2 * 8) / 6
+    assert concat_samples([unnamed, unnamed]).num_grad_updates is None
+
+
 def test_zero_padded_rows_must_fill_every_sequence():
     with pytest.raises(
         ValueError,

@@ -53,6 +53,9 @@ def _train(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from policy_service.cli import training
     from policy_service.cli.run_options import RunOptions, StopCriteria
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports, to_ray_workers=True)
 
     options = RunOptions(
         algorithm=args.algorithm,
@@ -332,6 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --external-env: file holding the clients' bearer token (default: "
         "$POLICY_SERVICE_TOKEN, else one is generated into the run's serve/ directory)",
     )
+    _add_import_argument(train)
     train.set_defaults(handler=_train)
 
     evaluate = sub.add_parser(

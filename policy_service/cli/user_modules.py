@@ -1,11 +1,11 @@
 """`--import MODULE`: the user's own modules, imported because the command line named them.
 
-A module imported here registers what a checkpoint refers to by name: custom
+A module imported here registers what a run or checkpoint refers to by name: custom
 models (`models.register_custom_model`), environments (`algorithms.register_env`,
-`gymnasium.register`) and policy classes (defined, so the class allow-list
-finds them). Nothing is imported because a file said so (issue 27): only
-names typed on this command line reach `importlib`. The current directory is
-searched first, as `python -m` does.
+`gymnasium.register`), multi-agent mappings (`register_policy_mapping_fn`) and policy
+classes (defined, so the class allow-list finds them). Nothing is imported because a
+file said so (issue 27): only names typed on this command line reach `importlib`. The
+current directory is searched first, as `python -m` does.
 """
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ class UserModuleError(UserError):
     """A module named with --import cannot be imported."""
 
 
-def import_user_modules(names: list[str] | None) -> None:
-    """Import each module named with --import, in order; one that fails is one line."""
+def import_user_modules(names: list[str] | None, to_ray_workers: bool = False) -> None:
+    """Import each module named with --import, in order; one that fails is one line.
+    `to_ray_workers` (train): their functions and classes travel to Ray's worker
+    processes by value, since a worker on another node of a cluster need not have the
+    module's file (on one machine Ray's workers find it from the driver's directory)."""
     for name in names or []:
         if not name or not all(part.isidentifier() for part in name.split(".")):
             raise UserModuleError(f"--import {name!r}: expected a module name such as my_models")
@@ -39,3 +42,7 @@ def import_user_modules(names: list[str] | None) -> None:
         finally:
             if added:
                 sys.path.remove(cwd)
+        if to_ray_workers:
+            from ray import cloudpickle
+
+            cloudpickle.register_pickle_by_value(sys.modules[name])

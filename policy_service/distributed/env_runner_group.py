@@ -34,7 +34,6 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models, observation_filters
 from policy_service.config import config_for
-from policy_service.distributed.policy_actor import broadcast_weights
 from policy_service.distributed.resources import RoleAsk, check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -181,6 +180,7 @@ class EnvRunnerGroup:
         # latest weights in the object store, for restarted workers
         self._weights_ref: ray.ObjectRef | None = None
         self._weights_version: int | None = None
+        self._num_grad_updates: int | None = None  # synced with the weights, for their batches
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
@@ -289,10 +289,9 @@ class EnvRunnerGroup:
             if self._weights_version is None and self.policy_actor is None:
                 self._share_initial_weights()
             return
-        version = self._weights_version = self._weights_version or 0
+        self._weights_version = self._weights_version or 0
         self._weights_ref = ray.put(stand_in.get_weights())
-        _, pending = broadcast_weights(self.workers, self._weights_ref, version, wait=False)
-        self._unacked_weights += pending
+        self._unacked_weights += self._set_weights_on(self.workers)
         if self.filter_stats is not None:
             buffer = stand_in.flush_filter_buffer()
             if buffer is not None:
@@ -324,10 +323,10 @@ class EnvRunnerGroup:
             try:
                 results[slot] = ray.get(ready[0])
             except (RayActorError, RayTaskError) as error:
-                if not is_actor_death(error):
-                    self.raise_if_policy_actor_gone(error)
+                if is_actor_death(error):
+                    self._restart(slot, restarts, "sample()", error)
+                elif not self.policy_actor_is_back(error):
                     raise  # the worker's own code raised
-                self._restart(slot, restarts, "sample()", error)
                 pending[self.workers[slot].sample.remote()] = slot
         return [results[slot] for slot in range(len(self.workers))]
 
@@ -362,17 +361,18 @@ class EnvRunnerGroup:
         return results
 
     def _collect_fragment(self, ref, restarts: list[int]) -> list[tuple[SampleBatch, dict]]:
-        """The finished request `ref` -> [its result], or [] when its worker died (the
-        worker replaced unless that was done already); the slot is asked again."""
+        """The finished request `ref` -> [its result], or [] when it was lost: its
+        worker died (replaced unless that was done already), or the PolicyActor did and
+        is back; the slot is asked again."""
         slot, asked = self._in_flight.pop(ref)
         try:
             result = [ray.get(ref)]
         except (RayActorError, RayTaskError) as error:
-            if not is_actor_death(error):
-                self.raise_if_policy_actor_gone(error)
+            if is_actor_death(error):
+                if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
+                    self._restart(slot, restarts, "sample_async()", error)
+            elif not self.policy_actor_is_back(error):
                 raise  # the worker's own code raised; its slot is asked again next call
-            if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
-                self._restart(slot, restarts, "sample_async()", error)
             result = []
         self._ask_for_fragment(slot)
         return result
@@ -388,11 +388,20 @@ class EnvRunnerGroup:
         worker = self.workers[slot]
         self._in_flight[worker.sample.remote()] = (slot, worker)
 
-    def raise_if_policy_actor_gone(self, error: BaseException) -> None:
-        """A worker's call failed because the PolicyActor is gone for good: one line
-        (EnvRunnerFailure), not Ray's traceback; else nothing."""
-        if self._served_policy is not None and died_of_actor_death(error):
-            raise self._policy_actor_failure(error) from None
+    def policy_actor_is_back(self, error: BaseException) -> bool:
+        """Whether a worker's call failed because the PolicyActor died (the call is
+        lost) and Ray has restarted it since: the worker is then asked again. Ray's
+        restart state is waited on first, as `call_retrying_once` does, since the
+        worker's own retry may have met a restart still under way: a PolicyActor gone
+        for good ends the run in one line (EnvRunnerFailure) that counts every restart
+        of its budget. False: the error is not the PolicyActor's death."""
+        if self._served_policy is None or not died_of_actor_death(error):
+            return False
+        try:
+            self._served_policy.weights_version()
+        except PolicyActorFailure as failure:
+            raise self._policy_actor_failure(failure.death) from None
+        return True
 
     def acting_actor_died(self, error: BaseException) -> bool:
         """Whether a worker's call failed because the inference actor acting for it
@@ -409,11 +418,20 @@ class EnvRunnerGroup:
 
     # ----- weights -----------------------------------------------------------------
 
-    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
+    def sync_weights(
+        self,
+        weights: dict,
+        version: int | None = None,
+        wait: bool = True,
+        num_grad_updates: int | None = None,
+    ) -> int:
         """Give every worker (or the policy actor) these weights: one ray.put in all;
         then the workers' observation filters are synced (sync_filters).
 
         `version` defaults to the last one + 1. -> the version now in use.
+        num_grad_updates: the SGD steps that made the weights; the batches of workers
+        acting with their own copies name it (SampleBatch.num_grad_updates; None: not
+        named, nor through a PolicyActor or inference actors, whose weights change apart).
         wait=False (remote workers): return once the weights are sent; a worker
         busy with a `sample_async` request sets them after it, rather than the
         caller waiting for it. An error a worker's code raised on them is raised
@@ -422,6 +440,7 @@ class EnvRunnerGroup:
         self._check_weight_acks()
         version = (self._weights_version or 0) + 1 if version is None else int(version)
         self._weights_version = version
+        self._num_grad_updates = num_grad_updates
         self._send_weights(weights, version, wait)
         self.sync_filters(wait)
         return version
@@ -430,7 +449,7 @@ class EnvRunnerGroup:
         if self._inference_actors:  # they act with the learner's own weights
             return
         if self.policy_actor is None and self.local_worker is not None:
-            self.local_worker.set_weights(weights, version)
+            self.local_worker.set_weights(weights, version, self._num_grad_updates)
             return
         self._weights_ref = weights_ref = ray.put(weights)
         if self._served_policy is not None:
@@ -441,7 +460,7 @@ class EnvRunnerGroup:
             except PolicyActorFailure as failure:  # told in this group's terms
                 raise self._policy_actor_failure(failure.death) from None
             return
-        _, pending = broadcast_weights(self.workers, weights_ref, version, wait=False)
+        pending = self._set_weights_on(self.workers)
         if not wait:
             self._unacked_weights.extend(pending)
             return
@@ -499,10 +518,19 @@ class EnvRunnerGroup:
             if not is_actor_death(error):
                 raise
             return
-        self._weights_ref = weights_ref = ray.put(weights)
+        self._weights_ref = ray.put(weights)
         self._weights_version = 0
-        _, pending = broadcast_weights(self.workers[1:], weights_ref, 0, wait=False)
-        self._unacked_weights += pending
+        self._unacked_weights += self._set_weights_on(self.workers[1:])
+
+    def _set_weights_on(self, workers: list) -> list:
+        """The latest weights (one object-store copy), version and count to `workers`
+        -> their set_weights refs, not waited for."""
+        return [
+            worker.set_weights.remote(
+                self._weights_ref, self._weights_version, self._num_grad_updates
+            )
+            for worker in workers
+        ]
 
     # ----- inference actors ---------------------------------------------------------
 
@@ -601,7 +629,7 @@ class EnvRunnerGroup:
     def _ready(self, worker) -> None:
         """Wait until a new worker is up and acting with the latest weights."""
         if self.policy_actor is None and self._weights_ref is not None:
-            ray.get(worker.set_weights.remote(self._weights_ref, self._weights_version))
+            ray.get(self._set_weights_on([worker]))
         else:
             ray.get(worker.ping.remote())
 

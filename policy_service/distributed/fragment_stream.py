@@ -19,10 +19,11 @@ latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
 counted, none is half-delivered. A runner whose acting actor died (inference by
 the learners) lives on: its failed requests are lost and counted, and it is not
 asked again until the acting actors answer again (`runners_without_acting`,
-`acting_restored`). A PolicyActor dead for good ends the stream in the group's
-one line (EnvRunnerFailure), as synchronous sampling does. With no remote runner
-(num_env_runners=0) the local worker samples the one fragment `top_up` asked for
-in the next `collect`.
+`acting_restored`). A request lost with a PolicyActor that Ray restarted is counted
+and asked again; a PolicyActor dead for good ends the stream in the group's one
+line (EnvRunnerFailure), as synchronous sampling does, once Ray's restarts settled.
+With no remote runner (num_env_runners=0) the local worker samples the one fragment
+`top_up` asked for in the next `collect`.
 """
 
 from __future__ import annotations
@@ -190,8 +191,9 @@ class FragmentStream:
                 if acting == self.env_runners.inference_actors:  # none handed over since
                     self._without_acting.add(slot)
             elif not is_actor_death(error):
-                self.env_runners.raise_if_policy_actor_gone(error)
-                raise  # the worker's own code raised
+                if not self.env_runners.policy_actor_is_back(error):
+                    raise  # the worker's own code raised
+                self.lost_fragments += 1  # lost with the PolicyActor, which Ray restarted
             else:
                 self._lost_with_runner(slot, asked, error)
             metrics = None

@@ -124,6 +124,10 @@ class Learner:
     def get_weights(self) -> dict:
         return self.policy.get_weights()
 
+    def weights_for_runners(self) -> tuple[dict, int]:
+        """(weights, the SGD steps that made them): one call for a weights sync."""
+        return self.policy.get_weights(), int(self.policy.num_grad_updates)
+
     def last_gradients(self) -> dict:
         with self._collective():
             return self.policy.last_gradients()

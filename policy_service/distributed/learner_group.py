@@ -33,7 +33,7 @@ import numpy as np
 from ray.exceptions import RayError
 
 from policy_service import call_arguments, spaces
-from policy_service.batch_learning import BatchLearning
+from policy_service.batch_learning import BatchLearning, sampler_grad_updates
 from policy_service.config import config_for
 from policy_service.distributed.acting_learner import serves_actions
 from policy_service.distributed.learner import (
@@ -53,7 +53,11 @@ from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.units import LOSS_MASK, interleave_minibatches
 from policy_service.errors import restart_budget_spent
 from policy_service.io import checkpoints
-from policy_service.learning_results import valid_rows_only, with_samples_trained
+from policy_service.learning_results import (
+    valid_rows_only,
+    with_sampler_lead,
+    with_samples_trained,
+)
 from policy_service.policy_spec import PolicySpec
 from policy_service.sample_batch import SampleBatch
 from policy_service.train_batches import TrainLayout
@@ -88,6 +92,7 @@ class LearnerGroup(BatchLearning):
         self.num_restarts = 0
         self._ready_timeout_s = ready_timeout_s
         self._loaded_rows: dict[int, int] = {}
+        self._loaded_sampler_counts: dict[int, float | None] = {}  # by buffer, of its batch
         self._state_after_failure: dict | None = None  # set when the restart budget is spent
         self._failure: LearnerFailure | None = None  # the budget line, for every later call
         self._global_timestep: int | None = None  # the learners' last set, None: unknown
@@ -146,6 +151,7 @@ class LearnerGroup(BatchLearning):
             timeout = self.call_timeout_s
             self._current.stop()
             self._loaded_rows.clear()
+            self._loaded_sampler_counts.clear()
             self._global_timestep = None  # the new learners hold the state's
             self._failure = None
             self.num_restarts += 1  # an attempt counts, as one that dies starting does
@@ -302,6 +308,7 @@ class LearnerGroup(BatchLearning):
             )
         )
         self._loaded_rows[buffer_index] = rows
+        self._loaded_sampler_counts[buffer_index] = sampler_grad_updates(batch)
         return rows
 
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
@@ -327,7 +334,8 @@ class LearnerGroup(BatchLearning):
             "learn_on_loaded_batch", offset // self._size, buffer_index
         )[0]
         self._learners.keep_state_copy()
-        return stats
+        # the learners were handed prepared columns: the batch's sampler is known here
+        return with_sampler_lead(stats, self._loaded_sampler_counts.get(buffer_index))
 
     def learn_on_loaded_epochs(
         self, num_epochs: int | None = None, buffer_index: int = 0, shuffle: bool = True
@@ -347,6 +355,13 @@ class LearnerGroup(BatchLearning):
 
     def get_weights(self) -> dict:
         return self._surviving("get_weights()", lambda: self._learners.call_first("get_weights"))
+
+    def weights_for_runners(self) -> tuple[dict, int]:
+        """(weights, the learners' num_grad_updates): what env runners are synced with,
+        and the count their batches then name (SampleBatch.num_grad_updates)."""
+        return self._surviving(
+            "weights_for_runners()", lambda: self._learners.call_first("weights_for_runners")
+        )
 
     def last_gradients(self) -> dict:
         """Policy.last_gradients, combined over the learners (each its own shard)."""

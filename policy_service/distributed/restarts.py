@@ -198,6 +198,11 @@ class RestartablePolicyActor:
             "compute_actions()", self.actor.compute_actions, obs_batch, state_batches, **kwargs
         )
 
+    def weights_version(self) -> int:
+        """The version the actor acts with, once it answers: waits while Ray restarts
+        it (`call_retrying_once`); PolicyActorFailure once it is dead for good."""
+        return self._call("weights_version()", self.actor.weights_version)
+
     def _call(self, during: str, method, *args, **kwargs):
         try:
             return call_retrying_once(method, *args, **kwargs)

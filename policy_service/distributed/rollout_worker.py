@@ -18,7 +18,9 @@ least `rollout_fragment_length * num_envs` transitions (autoreset steps are neve
 recorded); episodes carry over between fragments, `unroll_id` is new per (fragment,
 sub-env); each chunk (one sub-env, one episode, one fragment) goes through
 `policy.postprocess_trajectory`, which bootstraps from the last row's new_obs unless
-the episode terminated; every row's "weights_version" is the version that acted.
+the episode terminated; every row's "weights_version" is the version that acted, and
+a fragment names the SGD steps of the weights it was sampled with when they were
+synced with their count (`SampleBatch.num_grad_updates`).
 Autoreset, fragments, the columns and the postprocessing contract in full:
 docs/distributed.md, "RolloutWorker".
 """
@@ -66,6 +68,7 @@ class ActingWeights:
 
     _policy_actor: Any
     _weights_version: int
+    _num_grad_updates: int | None
 
     def own_weights(self) -> dict:
         raise NotImplementedError
@@ -73,8 +76,13 @@ class ActingWeights:
     def set_own_weights(self, weights: dict) -> None:
         raise NotImplementedError
 
-    def set_weights(self, weights: dict, version: int | None = None) -> int:
-        """New weights for the local policy (or the remote one) -> the version now in use."""
+    def set_weights(
+        self, weights: dict, version: int | None = None, num_grad_updates: int | None = None
+    ) -> int:
+        """New weights for the local policy (or the remote one) -> the version now in use.
+        num_grad_updates: the SGD steps that made them, which this worker's fragments
+        name from now on (SampleBatch.num_grad_updates); not through a policy actor,
+        whose weights change apart from this call."""
         if self._policy_actor is not None:
             self._weights_version = call_retrying_once(
                 self._policy_actor.set_weights, weights, version
@@ -82,6 +90,7 @@ class ActingWeights:
             return self._weights_version
         self.set_own_weights(weights)
         self._weights_version = self._weights_version + 1 if version is None else int(version)
+        self._num_grad_updates = num_grad_updates
         return self._weights_version
 
     def get_weights(self) -> dict:
@@ -155,6 +164,7 @@ class RolloutWorker(ActingWeights):
             self._check_remote_spaces(call_retrying_once(policy_actor.get_spaces))
             self._initial_state = call_retrying_once(policy_actor.get_initial_state)
         self._weights_version = 0
+        self._num_grad_updates: int | None = None  # synced with the weights; batches name it
         # an unsupported leaf is named here, once; only Box leaves are clipped
         self._clips_actions = spaces.has_box_leaves(self.action_space)
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
@@ -182,6 +192,7 @@ class RolloutWorker(ActingWeights):
                 recorded += len(record[_ENV_INDEX])
         postprocess_start = time.perf_counter()
         batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
+        batch.num_grad_updates = self._num_grad_updates
         metrics = {
             "env_steps": batch.count,
             "episode_returns": self._episode_returns,

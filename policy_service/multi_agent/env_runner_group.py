@@ -46,12 +46,19 @@ class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
         first = next(iter(agent_policies.specs.values()))
         super().__init__(env_creator, first.built_class(), first.config, **kwargs)
 
-    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
+    def sync_weights(
+        self,
+        weights: dict,
+        version: int | None = None,
+        wait: bool = True,
+        num_grad_updates: int | None = None,
+    ) -> int:
         """EnvRunnerGroup.sync_weights of some or all policies' weights (policy id ->
         weights): every send holds each policy's latest, so a replaced worker or a
-        restarted MultiPolicyActor acts with all of them, not only the ones just sent."""
+        restarted MultiPolicyActor acts with all of them, not only the ones just sent.
+        Multi-agent fragments name no num_grad_updates (each policy has its own)."""
         self._latest_weights = {**self._latest_weights, **weights}
-        return super().sync_weights(self._latest_weights, version, wait)
+        return super().sync_weights(self._latest_weights, version, wait, num_grad_updates)
 
     def _worker_args(self) -> tuple:
         return self._env, self.agent_policies

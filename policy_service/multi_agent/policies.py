@@ -1,7 +1,9 @@
 """Which policy acts for which agent: config `policies` (id -> None or PolicySpec),
 `policy_mapping_fn(agent_id, episode, **kwargs)`, `policies_to_train` (RLlib's names).
 `policy_mapping_fn` may also be data, a dict of agent-id prefix -> policy id
-(`PrefixMapping`), which a config file or checkpoint can hold: no code comes from a file.
+(`PrefixMapping`), or the name of a mapping a user module registered
+(`register_policy_mapping_fn`), which a config file or checkpoint can hold: no code
+comes from a file.
 
 `check_policies_config` runs where the config enters (its dataclass); `AgentPolicies`
 is built once the env's agents and spaces are known, before the run starts: every
@@ -52,18 +54,44 @@ class PrefixMapping:
         return f"PrefixMapping({self.prefixes!r})"
 
 
-def mapping_function(policy_mapping_fn: Callable | dict | None) -> Callable:
-    """The config's policy_mapping_fn as a function (a dict: by agent-id prefix)."""
+_REGISTERED_MAPPINGS: dict[str, Callable] = {}
+
+
+def register_policy_mapping_fn(name: str, fn: Callable) -> None:
+    """Make `policy_mapping_fn: name` (in a config file, `--set` or a checkpoint) map
+    agents with `fn`: a mapping that is code reaches the command line through a module
+    the user names with `--import`, which registers it; a file only names it."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a policy mapping's name must be a non-empty str, got {name!r}")
+    if not callable(fn):
+        raise TypeError(f"policy mapping {name!r} must be callable, got {fn!r}")
+    _REGISTERED_MAPPINGS[name] = fn
+
+
+def mapping_function_registered(name: str) -> bool:
+    return name in _REGISTERED_MAPPINGS
+
+
+def registered_mapping_name(fn: Callable) -> str | None:
+    """The name `fn` was registered under, if any (what a checkpoint records)."""
+    return next((name for name, f in _REGISTERED_MAPPINGS.items() if f is fn), None)
+
+
+def mapping_function(policy_mapping_fn: Callable | dict | str | None) -> Callable:
+    """The config's policy_mapping_fn as a function (a dict: by agent-id prefix; a str:
+    the mapping registered under that name)."""
     if policy_mapping_fn is None:
         return default_policy_mapping_fn
     if isinstance(policy_mapping_fn, dict):
         return PrefixMapping(policy_mapping_fn)
+    if isinstance(policy_mapping_fn, str):
+        return _REGISTERED_MAPPINGS[policy_mapping_fn]
     return policy_mapping_fn
 
 
 def check_policies_config(
     policies: dict | None,
-    policy_mapping_fn: Callable | dict | None,
+    policy_mapping_fn: Callable | dict | str | None,
     policies_to_train: list | None,
     prefix: str = "config",
 ) -> None:
@@ -96,6 +124,19 @@ def check_policies_config(
             )
     if isinstance(policy_mapping_fn, dict):
         _check_prefixes(policy_mapping_fn, policies, f"{prefix}.policy_mapping_fn")
+    elif isinstance(policy_mapping_fn, str):
+        if policy_mapping_fn in _REGISTERED_MAPPINGS:
+            return
+        raise MultiAgentConfigError(
+            f"{prefix}.policy_mapping_fn {policy_mapping_fn!r} is no registered mapping "
+            f"(registered: {sorted(_REGISTERED_MAPPINGS)}); register it with "
+            f"policy_service.register_policy_mapping_fn in a module given to --import"
+        )
+    elif not (policy_mapping_fn is None or callable(policy_mapping_fn)):
+        raise MultiAgentConfigError(
+            f"{prefix}.policy_mapping_fn must be a function, a dict of agent-id prefix -> "
+            f"policy id or a registered mapping's name, got {type(policy_mapping_fn).__name__}"
+        )
 
 
 def _check_prefixes(prefixes: dict, policies: dict, key: str) -> None:
@@ -153,7 +194,7 @@ class AgentPolicies:
 
 def agent_policies(
     policies: dict[str, PolicySpec | None],
-    policy_mapping_fn: Callable | dict | None,
+    policy_mapping_fn: Callable | dict | str | None,
     policies_to_train: list[str] | None,
     env,
     default_class: type,

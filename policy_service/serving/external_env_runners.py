@@ -69,6 +69,7 @@ class ExternalEnvRunners:
         self.rollout_fragment_length = int(rollout_fragment_length)
         self._weights: dict | None = None
         self._weights_version = 0
+        self._num_grad_updates: int | None = None  # synced with the weights; batches name it
         self._replica_id: str | None = None
         check_port_free(address)
         start_app(
@@ -116,14 +117,23 @@ class ExternalEnvRunners:
         if result is None:
             return None
         batch, metrics = result
+        batch.num_grad_updates = self._num_grad_updates  # as RLlib's server-side collector
         metrics.update(num_worker_restarts=self.num_restarts, num_env_runners=0)
         return batch, metrics
 
     # ----- weights -----------------------------------------------------------------
 
-    def sync_weights(self, weights: dict, version: int | None = None, wait: bool = True) -> int:
-        """Clients are served these weights from the next action on -> their version."""
+    def sync_weights(
+        self,
+        weights: dict,
+        version: int | None = None,
+        wait: bool = True,
+        num_grad_updates: int | None = None,
+    ) -> int:
+        """Clients are served these weights from the next action on -> their version.
+        num_grad_updates: the SGD steps that made them, named by the batches taken next."""
         self._weights = weights
+        self._num_grad_updates = num_grad_updates
         self._weights_version = self._weights_version + 1 if version is None else int(version)
         if wait:
             self._call("set_weights", weights, self._weights_version)
