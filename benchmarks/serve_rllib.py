@@ -4,19 +4,21 @@ N client processes, ours beside RLlib's old-stack PolicyServerInput.
 Targets, alternating within each round, each in its own child process that starts its
 server once and drives it with every client count in turn:
   ours   ExternalEnvRunners on Ray Serve, what `policy-service train ppo --external-env`
-         serves (token, JSON, one replica); clients: policy_service.client.PolicyClient
+         serves (token, JSON, one replica answering HTTP itself: Serve's direct
+         ingress); clients: policy_service.client.PolicyClient
   ceiling  a bare Serve deployment answering the same protocol with constants (it reads
-         each body, as any server must): what Serve's proxy and routing cost per step,
-         the bound on any server behind them; the same clients as ours
-  direct   not a server we ship: the same TrainingDeployment class, served by uvicorn in
-         one process with no Ray (no proxy, no actor calls), its fragments taken as
-         ours: what Serve's hops cost ours
+         each body, as any server must), served as ours is (direct ingress): what
+         Serve's request path costs per step, the bound on any server on it; the same
+         clients as ours
+  uvicorn  not a server we ship: the same TrainingDeployment class, served by uvicorn in
+         one process with no Ray (no Serve replica around it), its fragments taken as
+         ours: what Serve's replica costs ours
   rllib  PolicyServerInput in an RLlib PPO Algorithm (old API stack, framework "tf",
          connectors off as RLlib's own server example has them), RLlib 2.35 (2.40's
          no longer serves remote clients, 2.60 has no server) in its own virtualenv
          (.venv-rllib-server, made on first use); clients: RLlib's PolicyClient
 All in remote inference mode, a PPO MLP 4 -> 256x256 (CartPole spaces) exploring,
-fragments of 200 steps postprocessed (GAE) as training would, no SGD: ours and direct
+fragments of 200 steps postprocessed (GAE) as training would, no SGD: ours and uvicorn
 have their fragments taken (a driver thread, a task), RLlib's inference thread queues
 its own.
 
@@ -43,7 +45,7 @@ from benchmarks import harness, stats
 NAME = "serve_rllib"
 VALUE = "actions_per_s"
 KEYS = ("target", "clients")
-TARGETS = ("ours", "ceiling", "direct", "rllib")
+TARGETS = ("ours", "ceiling", "uvicorn", "rllib")
 WORKLOAD = "PPO MLP 4 -> 256x256, CartPole-v1 episodes from client processes, remote inference"
 TOKEN = "benchmark-token"
 FRAGMENT = 200
@@ -101,7 +103,9 @@ def start_ceiling(port: int):
     from starlette.responses import Response
 
     from algorithms.ppo import PPOPolicy
+    from policy_service.serving import direct_ingress
     from policy_service.serving.http_api import DEFAULT_MAX_REQUEST_BYTES, api_spec
+    from policy_service.serving.server import ServerAddress
 
     env = gym.make("CartPole-v1")
     policy = PPOPolicy(env.observation_space, env.action_space, {"model": {"fcnet_hiddens": [8]}})
@@ -109,7 +113,9 @@ def start_ceiling(port: int):
     answers = {"/v1/episodes": b'{"episode_id": "e"}', "action": b'{"action": 0}'}
 
     @serve.deployment(
-        name="EpisodeCeiling", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 1}
+        name="EpisodeCeiling",
+        max_ongoing_requests=1000,
+        ray_actor_options=direct_ingress.replica_options({"num_cpus": 1}),
     )
     class EpisodeCeiling:
         """Each call's answer by its path, after reading its body; GET: the real spec."""
@@ -123,8 +129,7 @@ def start_ceiling(port: int):
             return Response(body, media_type="application/json")
 
     ray.init(**harness.RAY_INIT)
-    serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-    serve.run(EpisodeCeiling.bind(), name=NAME, route_prefix="/")
+    direct_ingress.start(ServerAddress("127.0.0.1", port), EpisodeCeiling.bind(), NAME)
 
     def stop():
         serve.shutdown()
@@ -133,7 +138,7 @@ def start_ceiling(port: int):
     return stop
 
 
-def start_direct(port: int):
+def start_uvicorn(port: int):
     """TrainingDeployment under uvicorn in a thread of this process, no Ray -> stop()."""
     import asyncio
 
@@ -144,6 +149,7 @@ def start_direct(port: int):
     from algorithms.ppo import PPOPolicy
     from policy_service.serving.deployment import ServingSettings
     from policy_service.serving.http_api import token_digest
+    from policy_service.serving.server import ServerAddress
     from policy_service.serving.training_deployment import TrainingDeployment
 
     env = gym.make("CartPole-v1")
@@ -153,7 +159,8 @@ def start_direct(port: int):
 
     async def serve_here():
         deployment = TrainingDeployment.__new__(TrainingDeployment)  # its __init__ is async
-        await deployment.__init__(policy, token_digest(TOKEN), ServingSettings(), 60.0)
+        address = ServerAddress("127.0.0.1", port)
+        await deployment.__init__(policy, token_digest(TOKEN), ServingSettings(), 60.0, address)
 
         async def app(scope, receive, send):
             response = await deployment(Request(scope, receive))
@@ -278,7 +285,7 @@ def measure(spec: dict):
     starts = {
         "ours": start_ours,
         "ceiling": start_ceiling,
-        "direct": start_direct,
+        "uvicorn": start_uvicorn,
         "rllib": start_rllib,
     }
     stop = starts[spec["target"]](port)
@@ -337,9 +344,9 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     from benchmarks import plots
 
     series = {
-        "policy-service (Serve, JSON)": {"target": "ours"},
+        "policy-service (Serve direct ingress, JSON)": {"target": "ours"},
         "bare Serve deployment, constant answers": {"target": "ceiling"},
-        "ours without Serve (uvicorn, one process)": {"target": "direct"},
+        "ours without Serve (uvicorn, one process)": {"target": "uvicorn"},
         "RLlib 2.35 PolicyServerInput": {"target": "rllib"},
     }
     title = "Training servers, remote inference: CartPole episodes from client processes"

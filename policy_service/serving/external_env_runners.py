@@ -27,9 +27,10 @@ import gymnasium as gym
 from policy_service.distributed.restarts import backoff_delays
 from policy_service.errors import RunFailure
 from policy_service.sample_batch import SampleBatch
+from policy_service.serving import direct_ingress
 from policy_service.serving.deployment import APP_NAME, DEPLOYMENT_NAME, ServingSettings
 from policy_service.serving.http_api import token_digest
-from policy_service.serving.server import ServerAddress, check_port_free, start_app
+from policy_service.serving.server import ServerAddress, check_port_free
 from policy_service.serving.training_deployment import training_app
 
 TAKE_WAIT_S = 1.0  # one handle call waits this long for steps, then the driver asks again
@@ -72,7 +73,7 @@ class ExternalEnvRunners:
         self._num_grad_updates: int | None = None  # synced with the weights; batches name it
         self._replica_id: str | None = None
         check_port_free(address)
-        start_app(
+        direct_ingress.start(
             address,
             training_app(
                 policy_cls,
@@ -82,7 +83,9 @@ class ExternalEnvRunners:
                 token_digest(token),
                 settings or ServingSettings(),
                 episode_timeout_s,
+                address,
             ),
+            APP_NAME,
         )
         self._replica = serve.get_deployment_handle(DEPLOYMENT_NAME, app_name=APP_NAME)
 

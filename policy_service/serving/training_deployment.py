@@ -1,14 +1,17 @@
 """TrainingDeployment: the serving API plus external episodes (episode_api), for
 `policy-service train --external-env`.
 
-    app = training_app(policy_cls, obs_space, action_space, config, digest, settings, 60.0)
-    serve.run(app, name=APP_NAME, route_prefix="/")
+    app = training_app(policy_cls, obs_space, action_space, config, digest, settings, 60.0,
+                       ServerAddress("127.0.0.1", 9900))
+    direct_ingress.start(ServerAddress("127.0.0.1", 9900), app, APP_NAME)
     replica = serve.get_deployment_handle(DEPLOYMENT_NAME, APP_NAME)
     replica.set_weights.remote(weights, version).result()     # the learner's newest
     replica.take.remote(min_rows, wait_s).result()             # -> (batch, metrics) or None
 
 One replica: the episodes live in it (an EpisodeRecorder beside the PolicyHost), and
-the driver's calls reach the same one. /v1/actions answers from the same weights.
+the driver's calls reach the same one. /v1/actions answers from the same weights. The
+replica answers its clients' HTTP on the address itself (Serve's direct ingress, see
+direct_ingress.py), not through Serve's proxy.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import json
 import secrets
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
 
 from policy_service.errors import json_kind, one_line
 from policy_service.exported_policy import MODEL_DIR, pack_model
-from policy_service.serving import episode_api
+from policy_service.serving import direct_ingress, episode_api
 from policy_service.serving.deployment import (
     ROUTES,
     PolicyDeployment,
@@ -42,6 +46,9 @@ from policy_service.serving.episode_api import (
 from policy_service.serving.episodes import EpisodeRecorder
 from policy_service.serving.http_api import HttpError, read_json_object
 
+if TYPE_CHECKING:
+    from policy_service.serving.server import ServerAddress
+
 EPISODE_ROUTE = EPISODES + "/{id}/{verb}"
 
 
@@ -53,16 +60,22 @@ def training_app(
     token_digest: bytes,
     settings: ServingSettings,
     episode_timeout_s: float,
+    address: ServerAddress,
 ):
-    """The Serve application of a training server (one replica, whatever settings say)."""
+    """The Serve application of a training server: one replica, whatever settings say,
+    answering HTTP itself (direct_ingress.start serves it)."""
     from ray import serve
 
     from policy_service import models
 
-    options = {**deployment_options(settings), "num_replicas": 1}
+    options = deployment_options(settings)
+    options.update(
+        num_replicas=1,
+        ray_actor_options=direct_ingress.replica_options(options["ray_actor_options"]),
+    )
     deployment = serve.deployment(**options)(TrainingDeployment)
     policy = (policy_cls, observation_space, action_space, config, models.custom_model_registry())
-    return deployment.bind(policy, token_digest, settings, episode_timeout_s)
+    return deployment.bind(policy, token_digest, settings, episode_timeout_s, address)
 
 
 class TrainingDeployment(PolicyDeployment):
@@ -76,7 +89,9 @@ class TrainingDeployment(PolicyDeployment):
         token_digest: bytes,
         settings: ServingSettings,
         episode_timeout_s: float,
+        address: ServerAddress,
     ):
+        """`address`: where this replica will answer (Serve binds it once this returns)."""
         policy_cls, observation_space, action_space, config, custom_models = policy
         self.host = policy_host(
             policy_cls, observation_space, action_space, config, settings, custom_models
@@ -86,6 +101,7 @@ class TrainingDeployment(PolicyDeployment):
         self.episodes = EpisodeRecorder(self.host, episode_timeout_s)
         self._model_tar: tuple[int, bytes] | None = None
         self._export_lock = asyncio.Lock()
+        await direct_ingress.port_released(address.host, address.port)
 
     # ----- the driver's calls (a deployment handle) -------------------------------------
 
