@@ -64,7 +64,8 @@ class ExportedPolicy:
         except (OSError, ValueError, KeyError) as err:
             raise ExportedModelError(f"the server's model does not load: {err}") from None
         self._act = self._module.signatures["serving_default"]
-        self._inputs = self._act.structured_input_signature[1]  # name -> TensorSpec
+        inputs = self._act.structured_input_signature[1]  # name -> TensorSpec
+        self._fed = [(name, spec.dtype) for name, spec in inputs.items() if name != "explore"]
         self._preprocessor = spaces.make_preprocessor(observation_space)
         # a nested action space's actions come out one per leaf (io/export.py)
         self._action_space = action_space
@@ -74,7 +75,7 @@ class ExportedPolicy:
         self._explore = tf.constant(explore)
         self._seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 2)
         self._calls = 0
-        self.num_state_tensors = sum(name.startswith("state_in_") for name in self._inputs)
+        self.num_state_tensors = sum(name.startswith("state_in_") for name in inputs)
 
     @classmethod
     def from_tar(
@@ -105,22 +106,19 @@ class ExportedPolicy:
     def act(self, obs_batch, states: list, prev_actions, prev_rewards, timestep: int):
         """-> (actions [B, ...], nested like a nested action space; state_outs
         [k x [B, ...]]) for B raw observations."""
-        tf = self._tf
+        constant = self._tf.constant
         self._calls += 1
         named = {
             "obs": self._preprocessor.transform(obs_batch),
             **dict(zip(self._prev_action_inputs, tree.flatten(prev_actions))),
             "prev_rewards": prev_rewards,
             **{f"state_in_{i}": s for i, s in enumerate(states)},
-            "explore": self._explore,
-            "timestep": np.int64(timestep),
-            "seed": np.array([self._seed, self._calls], np.int64),
+            "timestep": timestep,
+            "seed": (self._seed, self._calls),
         }
-        feed = {
-            name: tf.convert_to_tensor(named[name], spec.dtype)
-            for name, spec in self._inputs.items()
-        }
-        out = self._act(**feed)
+        # tf.constant: a third of convert_to_tensor's time per input (~5 vs ~20 us)
+        feed = {name: constant(named[name], dtype) for name, dtype in self._fed}
+        out = self._act(explore=self._explore, **feed)
         states_out = [out[f"state_out_{i}"].numpy() for i in range(self.num_state_tensors)]
         leaves = [out[name].numpy() for name in self._action_outputs]
         if self._action_space is None:
