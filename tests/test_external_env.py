@@ -19,11 +19,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_serving import tcp_listeners
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 TOKEN = "external-env-test-token"
+REPLICA = b"ServeReplica:policy_service"
 START_TIMEOUT_S = 300
 
 
@@ -323,14 +325,26 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
     procs = []
     try:
         server.wait_ready()
-        procs = clients("play", port, 4, "--seconds", "900")
+        # the dead replica's connections hold the port for TCP's TIME_WAIT (~60 s): the
+        # clients wait for its replacement longer than that
+        procs = clients("play", port, 4, "--seconds", "900", "--reconnect-s", "600")
         deadline = time.monotonic() + 600
         while not (run_dir / "progress.jsonl").exists() or not progress(run_dir):
             assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
             time.sleep(0.5)
-        (replica,) = session_pids(server.proc.pid, b"ServeReplica:policy_service")
+        (replica,) = session_pids(server.proc.pid, REPLICA)
+        # the replica answers the clients itself (no proxy between), on loopback only
+        assert listeners_of(port) == [(f"127.0.0.1:{port}", replica)]
         os.kill(replica, signal.SIGKILL)
+        killed = time.monotonic()
+        while not [pid for _, pid in listeners_of(port) if pid != replica]:
+            assert time.monotonic() < killed + 600, server.output()
+            time.sleep(0.2)
+        (new_replica,) = session_pids(server.proc.pid, REPLICA)
+        assert listeners_of(port) == [(f"127.0.0.1:{port}", new_replica)]
+        print(f"\nthe new replica listens {time.monotonic() - killed:.0f} s after the kill")
         assert server.wait(900) == 0, server.output()
+        counts = interrupted(procs)
     finally:
         server.kill()
         for proc in procs:
@@ -338,3 +352,9 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
     history = progress(run_dir)
     assert [m["iteration"] for m in history] == [1, 2, 3]
     assert history[-1]["num_worker_restarts"] >= 1  # the new replica was given the weights
+    assert all(c["reconnects"] >= 1 for c in counts), counts  # and the clients found it
+
+
+def listeners_of(port: int) -> list[tuple[str, int]]:
+    """(address, pid) of each socket listening on this TCP port."""
+    return [(address, pid) for address, pid in tcp_listeners() if address.endswith(f":{port}")]

@@ -189,10 +189,6 @@ def train(options: RunOptions) -> int:
         ray_module is not None and ray_module.is_initialized()
     )
     if ray_started:
-        if token_source is not None:  # the training server's proxy errors as JSON
-            from policy_service.serving import proxy_errors
-
-            proxy_errors.install()
         start_ray(address, quiet=True)
     algo = None
     try:

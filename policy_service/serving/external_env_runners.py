@@ -12,10 +12,11 @@ The loop it lives in (what `Algorithm` does with an EnvRunnerGroup, unchanged):
         runners.sync_weights(learner.get_weights())   # clients are served these at once
     runners.stop()
 
-It starts the training server (TrainingDeployment on Ray Serve, on `address`) and
-talks to its one replica through a deployment handle. A replica Serve replaced is
-given the latest weights when the driver next asks it for steps (its open episodes
-are lost: their clients get 404). Clients: policy_service.client.PolicyClient.
+It starts the training server (TrainingDeployment on Ray Serve, its one replica
+answering the clients on `address` itself: direct_ingress.py) and talks to that
+replica through a deployment handle. A replica Serve replaced is given the latest
+weights when the driver next asks it for steps (its open episodes are lost: their
+clients get 404). Clients: policy_service.client.PolicyClient.
 """
 
 from __future__ import annotations

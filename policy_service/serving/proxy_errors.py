@@ -7,7 +7,9 @@ middleware wraps the proxy and turns each into `{"error": "..."}` with its statu
 that a client sees one format whatever failed. It runs in the proxy actor, which
 imports `middlewares` from the path in $RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH; that
 variable reaches the proxy through the environment of the Ray this process starts
-(`install` before ray.init), not a cluster it joins.
+(`install` before ray.init), not a cluster it joins. A training server's replica,
+which answers HTTP itself (direct_ingress.py), wraps its server in it too (the
+variable in its runtime_env): there it rewrites Serve's own plain-text 5xx.
 """
 
 from __future__ import annotations
