@@ -26,7 +26,7 @@ Each client is a process (benchmarks/episode_clients.py) playing CartPole-v1: pe
 get_action then log_returns. All clients of a count warm up, then start together and
 time their get_action calls for --duration seconds; actions/s is the sum over clients.
 
-    python -m benchmarks.serve_rllib                  # ~40 min (3 rounds, loaded)
+    python -m benchmarks.serve_rllib                  # ~23 min (3 rounds, loaded)
     python -m benchmarks.serve_rllib --smoke
     python -m benchmarks.serve_rllib --clients 1,4 --duration 10 --rounds 1
 """
