@@ -160,8 +160,9 @@ def two_runners(policies, env_creator=TwoMapsEnv, **changes) -> MultiAgentEnvRun
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def group(ray_two_maps, two_maps_policies):
+    """Per test: its runners hold 1 of the 2 CPUs, which the learning tests need."""
     group = two_runners(two_maps_policies)
     yield group
     group.stop()
