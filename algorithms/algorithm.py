@@ -434,8 +434,7 @@ class Algorithm:
         if self.iteration % self.config.frozen_copies_every:
             return
         runners, learners = self.multi_agent
-        learners.copy_frozen(self.config.frozen_copies)
-        runners.sync_weights(learners.get_weights())
+        runners.sync_weights(learners.copy_frozen(self.config.frozen_copies))
         self._iteration_changed_state = True
 
     def training_step(self) -> dict:

@@ -204,14 +204,18 @@ class MultiAgentLearners:
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
 
-    def copy_frozen(self, frozen_copies: dict, check: bool = False) -> None:
-        """Each frozen policy id of `frozen_copies` takes its source's weights (in order);
-        `check`: first that both have the same weight names and shapes."""
+    def copy_frozen(self, frozen_copies: dict, check: bool = False) -> dict:
+        """Each frozen policy id of `frozen_copies` takes its source's weights (in order)
+        -> frozen id -> the weights it took; `check`: first that both have the same
+        weight names and shapes."""
+        copied = {}
         for frozen, source in frozen_copies.items():
             weights = self.groups[source].get_weights()
             if check:
                 check_same_layout(frozen, self.groups[frozen].get_weights(), source, weights)
             self.groups[frozen].set_weights(weights)
+            copied[frozen] = weights
+        return copied
 
     def last_gradients(self) -> dict:
         """policy id -> LearnerGroup.last_gradients."""
