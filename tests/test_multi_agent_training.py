@@ -125,16 +125,19 @@ register_policy_mapping_fn("swapped", swapped)
 """
 
 
+def two_maps_mapped_by(name: str) -> list[str]:
+    """TWO_MAPS's arguments with `policy_mapping_fn=name` for its prefix mapping."""
+    prefixes = "policy_mapping_fn={a: pa, b: pb}"
+    return [arg if arg != prefixes else f"policy_mapping_fn={name}" for arg in TWO_MAPS]
+
+
 def test_a_mapping_that_is_code_comes_from_a_module_given_to_import(tmp_path, monkeypatch, capsys):
     """`train --import M` with `policy_mapping_fn=<name M registered>`: the run's files
     hold the name only (and each agent's policy, which `evaluate` maps them by)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cli_swapped_mapping.py").write_text(MAPPING_MODULE)
     run_dir = tmp_path / "swapped"
-    args = [
-        a if a != "policy_mapping_fn={a: pa, b: pb}" else "policy_mapping_fn=swapped"
-        for a in TWO_MAPS
-    ]
+    args = two_maps_mapped_by("swapped")
     args += ["--stop-iters", "1", "--output-dir", str(run_dir)]
     assert main(["train", "ppo", *args, "--import", "cli_swapped_mapping"]) == 0
     checkpoint = run_dir / "checkpoints" / "checkpoint_000001"
@@ -148,10 +151,7 @@ def test_a_mapping_that_is_code_comes_from_a_module_given_to_import(tmp_path, mo
 
 
 def test_a_mapping_name_nothing_registered_is_one_line(tmp_path, capsys):
-    args = [
-        a if a != "policy_mapping_fn={a: pa, b: pb}" else "policy_mapping_fn=nowhere"
-        for a in TWO_MAPS
-    ]
+    args = two_maps_mapped_by("nowhere")
     assert (
         main(["train", "ppo", *args, "--stop-iters", "1", "--output-dir", str(tmp_path / "r")]) != 0
     )

@@ -29,17 +29,20 @@ def acting_weights(algo, policy_id: str) -> dict:
     return algo.multi_agent[0].local_worker.get_weights()[policy_id]
 
 
-def test_a_frozen_policy_takes_its_sources_weights_every_n_iterations_only():
-    algo = PPO(
-        config(
-            train_batch_size=128,
-            minibatch_size=64,
-            num_epochs=1,
-            policies_to_train=["pa"],
-            frozen_copies={"pb": "pa"},
-            frozen_copies_every=2,
-        )
+def pb_frozen_every_2() -> dict:
+    """Short PPO iterations on TwoMapsEnv; pb copies pa every 2 iterations."""
+    return config(
+        train_batch_size=128,
+        minibatch_size=64,
+        num_epochs=1,
+        policies_to_train=["pa"],
+        frozen_copies={"pb": "pa"},
+        frozen_copies_every=2,
     )
+
+
+def test_a_frozen_policy_takes_its_sources_weights_every_n_iterations_only():
+    algo = PPO(pb_frozen_every_2())
     try:
         weights = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
         assert same(weights["pb"], weights["pa"])  # copied at the start
@@ -58,15 +61,7 @@ def test_a_frozen_policy_takes_its_sources_weights_every_n_iterations_only():
 
 
 def test_a_resumed_run_copies_on_the_same_iterations(tmp_path):
-    settings = config(
-        train_batch_size=128,
-        minibatch_size=64,
-        num_epochs=1,
-        policies_to_train=["pa"],
-        frozen_copies={"pb": "pa"},
-        frozen_copies_every=2,
-    )
-    whole, resumed = PPO(settings), PPO(settings)
+    whole, resumed = PPO(pb_frozen_every_2()), PPO(pb_frozen_every_2())
     try:
         whole.train()
         checkpoint = whole.save(str(tmp_path / "at_1"))
