@@ -37,6 +37,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
+from policy_service.distributed.learner_thread import by_policy
 from policy_service.engine.units import LOSS_MASK
 from policy_service.sample_batch import SampleBatch
 from policy_service.vtrace_units import bootstrap_values, vtrace_on_units
@@ -80,14 +81,11 @@ class A3CConfig(AsyncConfig):
     def __post_init__(self):
         super().__post_init__()
         prefix = self.key_prefix
-        for key, allowed, why in (
-            ("remote_inference", False, "each env runner computes gradients with its own copy"),
-            ("policies", None, "A3C trains one policy"),
-        ):
-            if getattr(self, key) != allowed:
-                raise ConfigError(
-                    f"{prefix}.{key} must be {allowed}: {why}, got {getattr(self, key)!r}"
-                )
+        if self.remote_inference:
+            raise ConfigError(
+                f"{prefix}.remote_inference must be False: each env runner computes "
+                f"gradients with its own copy, got {self.remote_inference!r}"
+            )
 
 
 # ----- the policy: GAE over trajectory chunks, the actor-critic loss ----------------------
@@ -142,6 +140,7 @@ class A3C(AsyncAlgorithm):
     config_class = A3CConfig
     config: A3CConfig
     policy_class: type[TFPolicy] = A3CPolicy
+    multi_agent_training_step = True  # with `policies`: each trained one's own gradients
 
     def __init__(self, config):
         super().__init__(config)
@@ -159,20 +158,20 @@ class A3C(AsyncAlgorithm):
         start = time.perf_counter()
         # what schedules read: the runners' losses (entropy), the learner's optimizer (lr)
         self.env_runner_group().set_global_timestep(self.timesteps_total)
-        self.learners.set_global_timestep(self.timesteps_total)
+        self.async_learners().set_global_timestep(self.timesteps_total)
         arrived: list[dict] = []
         staleness: list[int] = []
         lost = self.gradients.lost_fragments
         idle = self.gradients.env_runner_idle_s
-        steps = 0
+        steps = trained = 0
         while steps < self.config.train_batch_size or not staleness:
             self.gradients.top_up()
             for fragment in self.gradients.collect(_POLL_S):
                 staleness.append(self.version - fragment.weights_version)
-                self._apply(fragment)
+                trained += self._apply(fragment)
                 arrived.append(fragment.metrics)
                 steps += fragment.env_steps
-        self.count_async(arrived, steps, time.perf_counter() - start)
+        self.count_async(arrived, trained, time.perf_counter() - start)
         return {
             "grad_staleness_mean": sum(staleness) / len(staleness),
             "grad_staleness_max": max(staleness),
@@ -183,16 +182,24 @@ class A3C(AsyncAlgorithm):
             **mean_gradient_stats(arrived),
         }
 
-    def _apply(self, fragment: Fragment) -> None:
-        """The fragment's gradients applied to the learner, then its weights (the next
-        version) sent to every runner without waiting."""
+    def _apply(self, fragment: Fragment) -> int:
+        """The fragment's gradients applied to the learner (with `policies`: each
+        trained policy's with rows in it to its learner), then the weights they changed
+        (the next version) sent to every runner without waiting -> the rows trained on."""
         gradients = fragment.batch
         if isinstance(gradients, ray.ObjectRef):
             gradients = ray.get(gradients)
-        self.learners.apply_gradients(gradients)
+        if self.multi_agent is None:
+            gradients, groups = {None: gradients}, {None: self.learners}
+        else:
+            groups = self.multi_agent[1].groups
+        for policy_id, policy_gradients in gradients.items():
+            groups[policy_id].apply_gradients(policy_gradients)
         self._iteration_changed_state = True
         self.version += 1
-        self.env_runners.sync_weights(self.learners.get_weights(), version=self.version, wait=False)
+        weights = by_policy({policy_id: groups[policy_id].get_weights() for policy_id in gradients})
+        self.env_runner_group().sync_weights(weights, version=self.version, wait=False)
+        return sum(fragment.rows(policy_id) for policy_id in gradients)
 
     # ----- AsyncAlgorithm: the version goes on; requests in flight are dropped ---------
 
@@ -208,11 +215,15 @@ class A3C(AsyncAlgorithm):
     def resume_sampling(self) -> None:
         """The runners go on with the learner's weights and version (they may have been
         rebuilt)."""
-        self.env_runners.sync_weights(self.learners.get_weights(), version=self.version)
+        self.env_runner_group().sync_weights(
+            self.async_learners().get_weights(), version=self.version
+        )
         self.gradients = self._gradient_stream()
 
 
 def mean_gradient_stats(metrics: list[dict]) -> dict:
-    """The runners' loss statistics, averaged over the gradients applied."""
+    """The runners' loss statistics, each averaged over the gradients that have it (a
+    multi-agent policy gives none for a fragment without its rows)."""
     stats = [m["gradient_stats"] for m in metrics]
-    return {k: sum(s[k] for s in stats) / len(stats) for k in stats[0]} if stats else {}
+    keys = dict.fromkeys(k for s in stats for k in s)
+    return {k: sum(s[k] for s in stats if k in s) / sum(k in s for s in stats) for k in keys}

@@ -69,7 +69,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
 EXTERNAL_ENV_RUNS = ("PPO", "DQN", "SAC", "TD3")
 # the registered algorithms that train `policies`, for the refusal's hint (as above;
 # tests/test_multi_agent_ppo.py checks it)
-MULTI_AGENT_RUNS = ("PPO", "DQN", "SAC", "TD3")
+MULTI_AGENT_RUNS = ("PPO", "DQN", "IMPALA", "APPO", "A3C", "SAC", "TD3")
 
 FRAGMENT_LENGTH = Rule(
     "'auto' or an integer >= 1", lambda v: v == "auto" if isinstance(v, str) else v >= 1
@@ -274,6 +274,11 @@ class AsyncConfig(AlgorithmConfig):
         if self.rollout_fragment_length == "auto":
             raise ConfigError(
                 f"{self.key_prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
+            )
+        if self.count_steps_by != "env_steps":
+            raise ConfigError(
+                f"{self.key_prefix}.count_steps_by must be 'env_steps' in asynchronous runs "
+                f"(their train batches are counted in env steps), got {self.count_steps_by!r}"
             )
 
 
@@ -494,9 +499,6 @@ class Algorithm:
             batch = cast("MultiAgentBatch", sampled)  # EnvRunnerGroup.sample, multi-agent rows
             batches.append(batch)
             self._count_sampled(metrics)
-            for policy_id, returns in metrics["policy_episode_returns"].items():
-                self._policy_returns[policy_id].extend(returns)
-            self.agent_timesteps_total += batch.agent_steps() - batch.env_steps()
             by_agents = self.config.count_steps_by == "agent_steps"
             steps += batch.agent_steps() if by_agents else batch.env_steps()
         self._counts.sample_time_s += time.perf_counter() - start
@@ -578,6 +580,8 @@ class Algorithm:
         keep such runs off the paths that call this)."""
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
+        if self.multi_agent is not None:
+            return self.multi_agent[0]
         if not isinstance(self.env_runners, EnvRunnerGroup):
             raise TypeError(f"{type(self).__name__} needs env runners, not an external env")
         return self.env_runners
@@ -593,6 +597,8 @@ class Algorithm:
         self._counts.learn_time_s += time_s
 
     def _count_sampled(self, metrics: dict) -> int:
+        """Sample metrics counted -> their env steps; multi-agent ones' agent steps
+        and each policy's returns too."""
         steps = int(metrics["env_steps"])
         self._iteration_changed_state |= self.sampling_changes_state
         self._episode_returns.extend(metrics["episode_returns"])
@@ -600,7 +606,9 @@ class Algorithm:
         self._counts.env_steps += steps
         self._counts.episodes += len(metrics["episode_returns"])
         self.timesteps_total += steps
-        self.agent_timesteps_total += steps
+        self.agent_timesteps_total += int(metrics.get("agent_steps", steps))
+        for policy_id, returns in metrics.get("policy_episode_returns", {}).items():
+            self._policy_returns[policy_id].extend(returns)
         return steps
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
@@ -1053,6 +1061,10 @@ class AsyncAlgorithm(Algorithm):
 
     def learner_version(self) -> int:
         raise NotImplementedError
+
+    def async_learners(self) -> LearnerGroup | MultiAgentLearners:
+        """The learners: the LearnerGroup, or with `policies` every policy's."""
+        return self.learners if self.multi_agent is None else self.multi_agent[1]
 
     def set_learner_version(self, version: int) -> None:
         """Called with sampling paused (restore)."""

@@ -102,6 +102,11 @@ class IMPALAConfig(AsyncConfig):
                 f"num_envs_per_env_runner={self.num_envs_per_env_runner} = {per_fragment} env "
                 f"steps per fragment must divide train_batch_size={self.train_batch_size}"
             )
+        if self.inference == "learners" and self.policies is not None:
+            raise ConfigError(
+                f"{self.key_prefix}.inference must be 'env_runners' or 'policy_actors' with "
+                f"policies set (the learners act for one policy), got 'learners'"
+            )
         if self.inference == "learners" and (self.num_learners < 1 or self.num_env_runners < 1):
             raise ConfigError(
                 "config.inference='learners' needs learner actors and remote env runners "
@@ -199,6 +204,7 @@ class IMPALA(AsyncAlgorithm):
     config_class = IMPALAConfig
     config: IMPALAConfig
     policy_class: type[TFPolicy] = IMPALAPolicy
+    multi_agent_training_step = True  # with `policies`: each trained one on its own rows
 
     def __init__(self, config):
         super().__init__(config)
@@ -212,7 +218,12 @@ class IMPALA(AsyncAlgorithm):
             max_policy_lag=cfg.max_policy_lag,
         )
         try:
-            self.async_learning = AsyncLearning(self.env_runner_group(), self.learners, settings)
+            self.async_learning = AsyncLearning(
+                self.env_runner_group(),
+                self.async_learners(),
+                settings,
+                trained=None if self.multi_agent is None else self.multi_agent[1].trained(),
+            )
         except BaseException:
             self.stop()
             raise
@@ -222,7 +233,7 @@ class IMPALA(AsyncAlgorithm):
 
     def training_step(self) -> dict:
         start = time.perf_counter()
-        self.learners.set_global_timestep(self.timesteps_total)  # what schedules read
+        self.async_learners().set_global_timestep(self.timesteps_total)  # what schedules read
         it = self.async_learning.run(min_env_steps=self.config.train_batch_size)
         report = dict(it.report)
         trained = int(report.pop("num_samples_trained", 0))

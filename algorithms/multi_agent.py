@@ -186,6 +186,20 @@ class MultiAgentLearners:
     def num_restarts(self) -> int:
         return sum(group.num_restarts for group in self.groups.values())
 
+    def trained(self) -> dict:
+        """policy id -> LearnerGroup, of the policies in policies_to_train."""
+        return {policy_id: self.groups[policy_id] for policy_id in self.policies_to_train}
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Every policy's learners at the run's env steps (what schedules read)."""
+        for group in self.groups.values():
+            group.set_global_timestep(timestep)
+
+    def set_acting_version(self, version: int) -> None:
+        """LearnerGroup.set_acting_version of every policy's learners."""
+        for group in self.groups.values():
+            group.set_acting_version(version)
+
     def update_each(self, update: Callable, batch: MultiAgentBatch, timestep: int) -> dict:
         """update(group, rows) for every trained policy with rows, each group at the
         global `timestep` (what schedules read) -> stats as "<policy id>/<stat>", and

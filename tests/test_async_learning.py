@@ -156,7 +156,7 @@ def test_fragments_are_dealt_by_env_steps_and_a_full_queue_takes_nothing():
     shards = deal(fragments, 2)
     assert sorted(sum(f.env_steps for f in s) for s in shards) == [40, 40]
     thread = LearnerThread(
-        None, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
+        {}, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
     )
     assert thread.offer(fragments) and not thread.offer(fragments)
     assert thread.queue_fill() == 1.0
@@ -173,7 +173,7 @@ class OneUpdateAtATime:
         self.updating, self.overlapped = False, None
         self.started, self.release = threading.Event(), threading.Event()
 
-    def update_on_fragments(self, shards, version, num_sgd_steps):
+    def update_on_fragments(self, shards, version, num_sgd_steps, policy_id):
         self.updating = True
         self.started.set()
         self.release.wait(60)
@@ -191,7 +191,7 @@ class OneUpdateAtATime:
 def test_the_learner_threads_gradients_are_taken_between_two_updates():
     learners = OneUpdateAtATime()
     thread = LearnerThread(
-        learners, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
+        {None: learners}, queue_size=1, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
     )
     thread.start()
     taken: list[dict] = []

@@ -46,12 +46,18 @@ class ActingLearnerHost(LearnerHost):
         return info
 
     async def update_on_fragments(  # type: ignore[override]  # a Ray async actor's method
-        self, fragments: list, learner_version: int, num_sgd_steps: int
+        self,
+        fragments: list,
+        learner_version: int,
+        num_sgd_steps: int,
+        policy_id: str | None = None,
     ) -> dict:
         """The learner's update, in the policy thread; later actions carry version + 1."""
 
         def update():
-            stats = LearnerHost.update_on_fragments(self, fragments, learner_version, num_sgd_steps)
+            stats = LearnerHost.update_on_fragments(
+                self, fragments, learner_version, num_sgd_steps, policy_id
+            )
             self.acting.mark_version(learner_version + 1)
             return stats
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread
+from policy_service.engine.loss_output import PER_ROW
+from policy_service.learning_results import NUM_SAMPLES_TRAINED
 
 _POLL_S = 0.01
 
@@ -55,11 +57,22 @@ class AsyncIteration:
 
 
 class AsyncLearning:
-    """The asynchronous actor-learner loop over an EnvRunnerGroup and a LearnerGroup."""
+    """The asynchronous actor-learner loop over an EnvRunnerGroup and a LearnerGroup.
 
-    def __init__(self, env_runners: EnvRunnerGroup, learners, settings: AsyncSettings):
+    trained: multi-agent runs' policy id -> LearnerGroup of each policy trained on its
+    own rows (`learners`, theirs and the others', gives the weights to resume with);
+    None: `learners` trains on every row."""
+
+    def __init__(
+        self,
+        env_runners: EnvRunnerGroup,
+        learners,
+        settings: AsyncSettings,
+        trained: dict | None = None,
+    ):
         self.env_runners = env_runners
         self.learners = learners
+        self.trained = {None: learners} if trained is None else trained
         self.settings = settings
         self.stream = FragmentStream(env_runners, settings.max_requests_in_flight_per_env_runner)
         self.thread = self._start_thread(version=0)
@@ -69,7 +82,7 @@ class AsyncLearning:
     def _start_thread(self, version: int) -> LearnerThread:
         s = self.settings
         thread = LearnerThread(
-            self.learners,
+            self.trained,
             queue_size=s.learner_queue_size,
             num_sgd_steps=s.num_sgd_steps,
             broadcast_interval=s.broadcast_interval,
@@ -181,12 +194,18 @@ class AsyncLearning:
 
 
 def combine_update_stats(stats: list[dict]) -> dict:
-    """Updates' statistics -> one dict: means, the policy lag's max as the max, the
-    last update's count of updates, and the samples trained summed."""
-    if not stats:
-        return {}
-    combined = {k: sum(s[k] for s in stats) / len(stats) for k in stats[0] if k != "per_row"}
-    combined["policy_lag_max"] = max(s["policy_lag_max"] for s in stats)
-    combined["num_grad_updates_lifetime"] = stats[-1]["num_grad_updates_lifetime"]
-    combined["num_samples_trained"] = sum(s["num_samples_trained"] for s in stats)
+    """Updates' statistics -> one dict: means, a policy lag's max as the max, the
+    last count of updates, and the samples trained summed, each over the updates that
+    have it (a multi-agent policy sits out an update without rows of its own)."""
+    combined: dict = {}
+    for key in dict.fromkeys(k for s in stats for k in s if k != PER_ROW):
+        values = [s[key] for s in stats if key in s]
+        if key.endswith("policy_lag_max"):
+            combined[key] = max(values)
+        elif key.endswith("num_grad_updates_lifetime"):
+            combined[key] = values[-1]
+        elif key.endswith(NUM_SAMPLES_TRAINED):
+            combined[key] = sum(values)
+        else:
+            combined[key] = sum(values) / len(values)
     return combined

@@ -50,6 +50,12 @@ class Fragment(NamedTuple):
     def env_steps(self) -> int:
         return int(self.metrics["env_steps"])
 
+    def rows(self, policy_id: str | None) -> int:
+        """The rows of `policy_id` in a multi-agent fragment; None: every row (env steps)."""
+        if policy_id is None:
+            return self.env_steps
+        return int(self.metrics["policy_agent_steps"].get(policy_id, 0))
+
     @property
     def weights_version(self) -> int:
         """The oldest weights version that acted in it."""

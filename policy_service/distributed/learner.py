@@ -72,12 +72,21 @@ class Learner:
             )
 
     def update_on_fragments(
-        self, fragments: list, learner_version: int, num_sgd_steps: int
+        self,
+        fragments: list,
+        learner_version: int,
+        num_sgd_steps: int,
+        policy_id: str | None = None,
     ) -> dict:
         """Asynchronous learning: sampled fragments (ObjectRefs, read here, or
         batches) -> `num_sgd_steps` SGD steps on all of them at once, with each
-        row's policy lag (learner_version - the "weights_version" that acted)."""
-        batch = concat_samples(resolve_fragments(fragments))
+        row's policy lag (learner_version - the "weights_version" that acted).
+        policy_id: the fragments are MultiAgentBatches, this learner's policy learns
+        on its own rows of them (the caller dealt only fragments holding some)."""
+        batches = resolve_fragments(fragments)
+        if policy_id is not None:
+            batches = [b.policy_batches[policy_id] for b in batches]
+        batch = concat_samples(batches)
         lags = learner_version - np.asarray(batch.pop(WEIGHTS_VERSION), np.int64)
         train = self.policy.train_columns(batch)
         with self._collective():

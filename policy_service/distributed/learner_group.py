@@ -226,20 +226,25 @@ class LearnerGroup(BatchLearning):
         self._surviving("replace_dead_learners()", lambda: self._learners.call_all("info"))
 
     def update_on_fragments(
-        self, fragments_per_learner: list[list], learner_version: int, num_sgd_steps: int = 1
+        self,
+        fragments_per_learner: list[list],
+        learner_version: int,
+        num_sgd_steps: int = 1,
+        policy_id: str | None = None,
     ) -> dict:
         """Asynchronous learning: learner i reads and trains on its own fragments
         (ObjectRefs: no copy passes through the driver), `num_sgd_steps` steps on
         them all, combined across learners as every step is -> statistics with
         "num_samples_trained", "policy_lag_mean" and "policy_lag_max" (in updates,
         learner_version - the version that acted, over every row). Dead learners
-        are replaced as in `update`, and the update run again."""
+        are replaced as in `update`, and the update run again. policy_id: the
+        fragments are MultiAgentBatches; the policy learns on its rows of them."""
         if len(fragments_per_learner) != self._size or not all(fragments_per_learner):
             raise ValueError(
                 f"update_on_fragments needs fragments for each of {self._size} learner(s), "
                 f"got {[len(f) for f in fragments_per_learner]}"
             )
-        args = [(f, learner_version, num_sgd_steps) for f in fragments_per_learner]
+        args = [(f, learner_version, num_sgd_steps, policy_id) for f in fragments_per_learner]
         results = self._surviving(
             "update_on_fragments()",
             lambda: self._learners.call_each("update_on_fragments", args),

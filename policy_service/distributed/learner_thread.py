@@ -1,6 +1,6 @@
 """LearnerThread: the learners train whenever a batch of fragments is ready.
 
-    thread = LearnerThread(learners, queue_size=4, num_sgd_steps=1,
+    thread = LearnerThread({None: learners}, queue_size=4, num_sgd_steps=1,
                            broadcast_interval=1, max_policy_lag=None)
     thread.start()
     thread.offer(fragments)        # False when the queue is full: the caller waits
@@ -9,16 +9,19 @@
     thread.last_gradients()        # the learners' last gradients, between two updates
     thread.stop()
 
-A driver thread holds the LearnerGroup (one learner in this process, or N learner
-actors: the same calls) and a bounded queue of train batches, each a list of
-fragments whose data stays in the object store until a learner reads it. The
-thread deals each batch's fragments across the learners by env steps, drops
-fragments older than `max_policy_lag` updates (counted), and takes the learners'
-weights for the env runners after every `broadcast_interval` updates (None: never,
-when the learners act themselves), so
-neither the sampling loop nor the learners wait for a broadcast. `version` is
-the number of updates made; a fragment's lag is version - the weights version
-that acted in it. An error in the thread is kept and raised by `check()`.
+A driver thread holds the LearnerGroups it trains (one learner in this process, or
+N learner actors: the same calls) and a bounded queue of train batches, each a list
+of fragments whose data stays in the object store until a learner reads it. Its
+groups are {None: the group} in a single-agent run, or policy id -> group for every
+policy trained on its own rows of multi-agent fragments. For each group the thread
+deals the fragments holding rows of its policy across its learners by those rows (a
+policy with fewer such fragments than learners sits this batch out), drops fragments
+older than `max_policy_lag` updates (counted), and takes the trained weights for the
+env runners after every `broadcast_interval` updates (None: never, when the learners
+act themselves), so neither the sampling loop nor the learners wait for a broadcast.
+`version` is the number of updates made (of every group at once); a fragment's lag
+is version - the weights version that acted in it. An error in the thread is kept
+and raised by `check()`.
 """
 
 from __future__ import annotations
@@ -28,16 +31,18 @@ import threading
 import time
 
 from policy_service.distributed.fragment_stream import Fragment
+from policy_service.engine.loss_output import PER_ROW
+from policy_service.learning_results import NUM_SAMPLES_TRAINED
 
 _IDLE_POLL_S = 0.05
 
 
 class LearnerThread(threading.Thread):
-    """Trains `learners` (a LearnerGroup) on queued batches of Fragments."""
+    """Trains `groups` (policy id or None -> LearnerGroup) on queued batches of Fragments."""
 
     def __init__(
         self,
-        learners,
+        groups: dict,
         *,
         queue_size: int,
         num_sgd_steps: int,
@@ -46,7 +51,7 @@ class LearnerThread(threading.Thread):
         version: int = 0,
     ):
         super().__init__(name="learner-thread", daemon=True)
-        self.learners = learners
+        self.groups = groups
         self.batches: queue.Queue[list[Fragment]] = queue.Queue(maxsize=queue_size)
         self.num_sgd_steps = int(num_sgd_steps)
         self.broadcast_interval = broadcast_interval
@@ -87,10 +92,11 @@ class LearnerThread(threading.Thread):
         return weights
 
     def last_gradients(self) -> dict:
-        """LearnerGroup.last_gradients, taken between two updates (the learners'
-        collectives of the two calls must not interleave): waits for at most one."""
+        """LearnerGroup.last_gradients (multi-agent: by policy id), taken between two
+        updates (the learners' collectives of the two calls must not interleave): waits
+        for at most one."""
         with self._updating:
-            return self.learners.last_gradients()
+            return by_policy({p: group.last_gradients() for p, group in self.groups.items()})
 
     def check(self) -> None:
         """Raise what stopped the thread, if anything did."""
@@ -129,18 +135,26 @@ class LearnerThread(threading.Thread):
 
     def _train(self, fragments: list[Fragment]) -> None:
         fresh = [f for f in fragments if not self._too_old(f)]
-        shards = deal(fresh, self.learners.num_learners or 1)
         self.dropped_fragments += len(fragments) - len(fresh)
-        if not all(shards):  # fewer fresh fragments than learners: nothing to train on
+        results = {}
+        for policy_id, group in self.groups.items():
+            shards = deal(fresh, group.num_learners or 1, policy_id)
+            if all(shards):  # else fewer fragments with its rows than learners: sits out
+                results[policy_id] = group.update_on_fragments(
+                    [[f.batch for f in shard] for shard in shards],
+                    self.version,
+                    self.num_sgd_steps,
+                    policy_id,
+                )
+        if not results:  # nothing to train on
             self.dropped_fragments += len(fresh)
             return
-        stats = self.learners.update_on_fragments(
-            [[f.batch for f in shard] for shard in shards], self.version, self.num_sgd_steps
-        )
+        stats = combine_policy_stats(results)
         self.version += 1
         weights = None
         if self.broadcast_interval is not None and self.version % self.broadcast_interval == 0:
-            weights = (self.version, self.learners.get_weights())
+            trained = {p: self.groups[p].get_weights() for p in results}
+            weights = (self.version, by_policy(trained))
         with self._lock:
             self._results.append(stats)
             if weights is not None:
@@ -151,13 +165,38 @@ class LearnerThread(threading.Thread):
         return self.max_policy_lag is not None and lag > self.max_policy_lag
 
 
-def deal(fragments: list[Fragment], num_shards: int) -> list[list[Fragment]]:
-    """Fragments into `num_shards` lists of about equal env steps (largest first,
-    each to the lightest shard)."""
+def deal(
+    fragments: list[Fragment], num_shards: int, policy_id: str | None = None
+) -> list[list[Fragment]]:
+    """The fragments holding rows of `policy_id` (None: all, by env steps) into
+    `num_shards` lists of about equal rows (largest first, each to the lightest shard)."""
     shards: list[list[Fragment]] = [[] for _ in range(num_shards)]
-    steps = [0] * num_shards
-    for fragment in sorted(fragments, key=lambda f: -f.env_steps):
-        lightest = steps.index(min(steps))
+    rows = [0] * num_shards
+    holding = [f for f in fragments if f.rows(policy_id)]
+    for fragment in sorted(holding, key=lambda f: -f.rows(policy_id)):
+        lightest = rows.index(min(rows))
         shards[lightest].append(fragment)
-        steps[lightest] += fragment.env_steps
+        rows[lightest] += fragment.rows(policy_id)
     return shards
+
+
+def by_policy(results: dict):
+    """{None: x} -> x (a single-agent run's); else the dict of policy id -> x itself."""
+    return results[None] if None in results else results
+
+
+def combine_policy_stats(results: dict) -> dict:
+    """One update's statistics from each policy's (policy id -> LearnerGroup stats;
+    None: a single-agent run's, returned as they are): each as "<policy id>/<stat>",
+    plus the samples trained summed and the policy lag over all of their rows."""
+    if None in results:
+        return results[None]
+    trained = {p: r[NUM_SAMPLES_TRAINED] for p, r in results.items()}
+    rows = sum(trained.values())
+    return {
+        **{f"{p}/{k}": v for p, r in results.items() for k, v in r.items() if k != PER_ROW},
+        NUM_SAMPLES_TRAINED: rows,
+        "policy_lag_mean": sum(r["policy_lag_mean"] * trained[p] for p, r in results.items())
+        / max(rows, 1),
+        "policy_lag_max": max(r["policy_lag_max"] for r in results.values()),
+    }

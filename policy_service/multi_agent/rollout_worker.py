@@ -18,6 +18,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
+import tree
+
 from policy_service import models
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
@@ -58,7 +61,11 @@ class ServedPolicy:
             prev_action_batch=prev_action_batch,
             prev_reward_batch=prev_reward_batch,
         )
-        return actions, state_outs, {k: v for k, v in extra.items() if k != WEIGHTS_VERSION}
+        extra = dict(extra)  # the actor's version, as a column: its weights may change mid-fragment
+        extra[WEIGHTS_VERSION] = np.full(
+            len(tree.flatten(obs_batch)[0]), int(extra[WEIGHTS_VERSION]), np.int64
+        )
+        return actions, state_outs, extra
 
     def postprocess_trajectories(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
         """Every chunk of this policy in one call."""
@@ -128,16 +135,47 @@ class MultiAgentRolloutWorker(ActingWeights):
         return None if self._policy_actor is not None else next(iter(self.policies.values()))
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
-        """One fragment of every sub-env -> (MultiAgentBatch, metrics)."""
+        """One fragment of every sub-env -> (MultiAgentBatch, metrics). Every row
+        carries the weights version that acted (an asynchronous learner's policy lag),
+        the metrics the oldest ("weights_version") and each policy's rows
+        ("policy_agent_steps")."""
         start = time.perf_counter()
         batch, metrics = self.sampler.sample()
+        for rows in batch.policy_batches.values():
+            if WEIGHTS_VERSION not in rows:  # acting copies: weights set between fragments
+                rows[WEIGHTS_VERSION] = np.full(rows.count, self._weights_version, np.int64)
+        versions = [int(rows[WEIGHTS_VERSION].min()) for rows in batch.policy_batches.values()]
         metrics.update(
             num_episodes=len(metrics["episode_returns"]),
-            weights_version=self._weights_version,
+            weights_version=min(versions, default=self._weights_version),
+            policy_agent_steps={p: rows.count for p, rows in batch.policy_batches.items()},
             worker_index=self.worker_index,
             sample_time_s=time.perf_counter() - start,
         )
         return batch, metrics
+
+    def sample_and_compute_gradients(self) -> tuple[dict, dict]:
+        """One fragment (`sample`), then each trained policy's gradients on its own rows
+        of it, computed by its copy here (RolloutWorker.sample_and_compute_gradients;
+        a policy without rows in the fragment gives none) -> (policy id -> gradients,
+        metrics with "gradient_stats" as "<policy id>/<stat>" and "gradient_time_s")."""
+        if self._policy_actor is not None:
+            raise RuntimeError(
+                f"worker {self.worker_index} acts through a remote policy actor: "
+                "sample_and_compute_gradients needs its own policy copies (no remote inference)"
+            )
+        batch, metrics = self.sample()
+        start = time.perf_counter()
+        gradients, stats = {}, {}
+        for policy_id in self.sampler.agent_policies.policies_to_train:
+            rows = batch.policy_batches.get(policy_id)
+            if rows is None or not rows.count:
+                continue
+            gradients[policy_id], policy_stats = self.policies[policy_id].compute_gradients(rows)
+            stats.update({f"{policy_id}/{k}": v for k, v in policy_stats.items()})
+        metrics["gradient_stats"] = stats
+        metrics["gradient_time_s"] = time.perf_counter() - start
+        return gradients, metrics
 
     def own_weights(self) -> dict:
         """policy id -> the acting copy's weights."""
