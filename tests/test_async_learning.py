@@ -163,6 +163,68 @@ def test_fragments_are_dealt_by_env_steps_and_a_full_queue_takes_nothing():
     assert thread.stop() == 4  # never started: the queued batch is dropped and counted
 
 
+class RecordingLearners:
+    """Learners that note the fragments each update got, by policy id."""
+
+    def __init__(self, num_learners: int, updates: list):
+        self.num_learners, self.updates = num_learners, updates
+
+    def update_on_fragments(self, shards, version, num_sgd_steps, policy_id):
+        self.updates.append((policy_id, shards))
+        rows = sum(f["rows"] for shard in shards for f in shard)
+        return {"num_samples_trained": rows, "policy_lag_mean": 1.0, "policy_lag_max": 2, "x": 1.0}
+
+    def get_weights(self):
+        return {"w": np.zeros(1)}
+
+
+def multi_agent_fragment(rows: dict) -> Fragment:
+    """A fragment of 8 env steps holding `rows` (policy id -> its rows)."""
+    return Fragment({"rows": 0}, {"env_steps": 8, "policy_agent_steps": rows, "weights_version": 0})
+
+
+def test_each_policy_trains_on_the_fragments_holding_its_rows_or_sits_the_batch_out():
+    fragments = [multi_agent_fragment({"pa": 8}), multi_agent_fragment({"pa": 8, "pb": 8})]
+    for fragment, rows in zip(fragments, (8, 16)):
+        fragment.batch["rows"] = rows
+    assert deal(fragments, 2, "pa") == [[fragments[0]], [fragments[1]]]
+    assert deal(fragments, 2, "pb") == [[fragments[1]], []]
+    assert deal(fragments, 1, "pc") == [[]]
+    updates: list = []
+    groups = {
+        "pa": RecordingLearners(0, updates),  # in the driver: one shard
+        "pb": RecordingLearners(2, updates),  # 2 learners, 1 fragment with its rows: sits out
+        "pc": RecordingLearners(0, updates),  # no rows at all: sits out
+    }
+    thread = LearnerThread(
+        groups, queue_size=2, num_sgd_steps=1, broadcast_interval=1, max_policy_lag=None
+    )
+    thread.start()
+    try:
+        assert thread.offer(fragments) and thread.offer([multi_agent_fragment({"pc": 0})])
+        for _ in range(600):
+            if thread.dropped_fragments or thread.error:
+                break
+            thread.join(0.1)
+        thread.check()
+    finally:
+        thread.stop()
+    assert updates == [("pa", [[fragments[0].batch, fragments[1].batch]])]
+    [stats] = thread.take_results()
+    assert stats == {
+        "pa/num_samples_trained": 24,
+        "pa/policy_lag_mean": 1.0,
+        "pa/policy_lag_max": 2,
+        "pa/x": 1.0,
+        "num_samples_trained": 24,
+        "policy_lag_mean": 1.0,
+        "policy_lag_max": 2,
+    }
+    assert thread.version == 1 and thread.dropped_fragments == 1  # the batch nobody trained on
+    version, weights = thread.take_weights()
+    assert version == 1 and list(weights) == ["pa"]  # only the trained policy's weights
+
+
 class OneUpdateAtATime:
     """Learners whose update waits for `release`; last_gradients notes whether it
     was called while an update ran."""

@@ -1,0 +1,153 @@
+"""IMPALA, APPO and A3C with `policies`: each trained policy learns on its own rows of
+multi-agent fragments, an untrained one keeps its weights bit-identical, rows carry
+the weights version that acted, results count agent steps and each policy's return;
+APPO's two mapped policies learn their maps on TwoMapsEnv with env runner actors (slow)."""
+
+import multi_agent_envs
+import numpy as np
+import pytest
+import ray
+from fakes import assert_one_line
+from multi_agent_envs import TwoMapsEnv, by_agent, two_maps_config
+from test_multi_agent_ppo import A_MAP, B_MAP, RANDOM_RETURN, greedy_actions, train_until
+
+from algorithms import register_env
+from algorithms.a3c import A3C
+from algorithms.appo import APPO
+from algorithms.impala import IMPALA, IMPALAPolicy
+from policy_service.config import ConfigError
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.multi_agent.policies import agent_policies
+from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+
+register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+POLICY_IDS = ("pa", "pb")
+
+
+def config(**changes) -> dict:
+    """two_maps_config with fragments of 16 env steps (the async algorithms' unit)."""
+    base = two_maps_config(train_batch_size=64, rollout_fragment_length=16, num_epochs=1, **changes)
+    base.pop("minibatch_size")
+    return base
+
+
+def weights(algo) -> dict:
+    return {p: algo.get_policy(p).get_weights() for p in POLICY_IDS}
+
+
+def changed(before: dict, after: dict) -> bool:
+    return any(not np.array_equal(before[k], after[k]) for k in before)
+
+
+@pytest.fixture(scope="module")
+def one_policy_trained():
+    """APPO, sampling in the driver, one iteration with only "pa" trained."""
+    algo = APPO(config(policies_to_train=["pa"]))
+    before = weights(algo)
+    result = algo.train()
+    yield algo, before, result
+    algo.stop()
+
+
+def test_a_policy_not_trained_keeps_its_weights_bit_identical(one_policy_trained):
+    algo, before, result = one_policy_trained
+    after = weights(algo)
+    assert not changed(before["pb"], after["pb"]) and changed(before["pa"], after["pa"])
+    assert any(k.startswith("pa/") for k in result) and not any(k.startswith("pb/") for k in result)
+
+
+def test_results_count_agent_steps_twice_the_env_steps(one_policy_trained):
+    _, _, result = one_policy_trained
+    assert result["timesteps_total"] >= 64
+    assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+    assert set(result["policy_reward_mean"]) == set(POLICY_IDS)
+    assert result["episode_return_mean"] == pytest.approx(
+        sum(result["policy_reward_mean"].values())
+    )
+    assert result["num_learner_updates"] >= 1 and result["policy_lag_max"] >= 0
+    assert result["pa/num_samples_trained"] >= 64  # its own rows: one per env step
+
+
+@pytest.mark.parametrize("algo_cls", [IMPALA, A3C], ids=["impala", "a3c"])
+def test_both_policies_train_and_report_their_results(algo_cls):
+    algo = algo_cls(config())
+    try:
+        before = weights(algo)
+        result = algo.train()
+        after = weights(algo)
+    finally:
+        algo.stop()
+    assert all(changed(before[p], after[p]) for p in POLICY_IDS)
+    assert set(result["policy_reward_mean"]) == set(POLICY_IDS)
+    assert all(f"{p}/total_loss" in result for p in POLICY_IDS), sorted(result)
+    assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+    trained = result["num_samples_trained_this_iter"]
+    if algo_cls is A3C:  # every fragment's gradients applied: both agents' rows of each
+        assert trained == 2 * result["env_steps_this_iter"]
+    else:  # each update: a train batch of >= 64 env steps, so >= 64 rows of each policy
+        assert trained == sum(result[f"{p}/num_samples_trained"] for p in POLICY_IDS)
+        for p in POLICY_IDS:
+            assert result[f"{p}/num_samples_trained"] >= 64 * result["num_learner_updates"]
+
+
+def test_every_multi_agent_row_carries_the_weights_version_that_acted():
+    policies = agent_policies(
+        {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), IMPALAPolicy, {"seed": 0}
+    )
+    worker = MultiAgentRolloutWorker(
+        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
+    )
+    worker.set_weights(worker.get_weights(), version=3)
+    batch, metrics = worker.sample()
+    for policy_id, rows in batch.policy_batches.items():
+        assert rows[WEIGHTS_VERSION].tolist() == [3] * rows.count, policy_id
+    assert metrics["weights_version"] == 3
+    assert metrics["policy_agent_steps"] == {"pa": 12, "pb": 12}
+
+
+@pytest.mark.parametrize("algo_cls", [IMPALA, APPO])
+def test_inference_by_the_learners_with_policies_is_refused_in_one_line(algo_cls):
+    with pytest.raises(ConfigError) as refused:
+        algo_cls(config(inference="learners", num_learners=1, num_env_runners=1))
+    assert_one_line(
+        refused.value, "config.inference", "'env_runners' or 'policy_actors'", "'learners'"
+    )
+
+
+@pytest.mark.parametrize("algo_cls", [IMPALA, A3C])
+def test_async_runs_refuse_counting_agent_steps_in_one_line(algo_cls):
+    with pytest.raises(ConfigError) as refused:
+        algo_cls(
+            {"env": "CartPole-v1", "rollout_fragment_length": 10, "count_steps_by": "agent_steps"}
+        )
+    assert_one_line(refused.value, "config.count_steps_by", "'env_steps'", "'agent_steps'")
+
+
+# ----- with env runner actors (slow) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ray_two_maps(ray_local):
+    """Ray workers unpickle the tests' multi-agent envs by value."""
+    ray.cloudpickle.register_pickle_by_value(multi_agent_envs)
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(multi_agent_envs)
+
+
+@pytest.mark.slow
+def test_appo_two_mapped_policies_each_learn_their_own_map(ray_two_maps):
+    learning = two_maps_config(
+        num_env_runners=2, rollout_fragment_length=32, num_envs_per_env_runner=4
+    )
+    learning.pop("minibatch_size")
+    algo = APPO(learning)
+    try:
+        result = train_until(algo, list(POLICY_IDS))
+        assert min(result["policy_reward_mean"].values()) >= 0.8 * 8 > 3 * RANDOM_RETURN, result[
+            "policy_reward_mean"
+        ]
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
+        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+    finally:
+        algo.stop()
