@@ -151,3 +151,35 @@ def test_appo_two_mapped_policies_each_learn_their_own_map(ray_two_maps):
         assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
     finally:
         algo.stop()
+
+
+@pytest.mark.slow
+def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_two_maps, tmp_path):
+    run = config(
+        num_env_runners=1,
+        num_learners=1,
+        num_cpus_per_learner=0.25,
+        num_cpus_per_env_runner=0.25,
+    )
+    algo = IMPALA(run)
+    try:
+        result = algo.train()
+        assert all(f"{p}/total_loss" in result for p in POLICY_IDS), sorted(result)
+        algo.save(str(tmp_path))
+        groups = algo.async_learners().groups
+        saved = {p: groups[p].get_weights() for p in POLICY_IDS}
+        version = algo.learner_version()
+    finally:
+        algo.stop()
+    restored = IMPALA(run)
+    try:
+        restored.restore(str(tmp_path))
+        assert restored.learner_version() == version
+        groups = restored.async_learners().groups
+        for p in POLICY_IDS:
+            assert not changed(saved[p], groups[p].get_weights()), p
+        result = restored.train()
+        assert result["learner_version"] > version
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+    finally:
+        restored.stop()
