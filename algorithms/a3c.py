@@ -14,7 +14,9 @@ staleness is the number of updates applied since the weights it was computed wit
     print(algo.train()["grad_staleness_mean"]); algo.stop()
 
 As in RLlib's A3C, gradients are clipped (`grad_clip`) by the runner that computes
-them; the learner's optimizer (Adam) keeps the only optimizer state.
+them; the learner's optimizer (Adam) keeps the only optimizer state. With `policies`,
+a runner computes each trained policy's gradients on its own rows of the fragment and
+each goes to its policy's learner (docs/multi_agent.md).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ there, and weights go out every `broadcast_interval` updates.
     print(algo.train()["policy_lag_mean"]); algo.stop()
 
 Fragments cross episode boundaries; each chunk bootstraps from the learner's
-value of its last new_obs, unless the episode terminated there.
+value of its last new_obs, unless the episode terminated there. With `policies`, each
+trained policy learns on its own rows of the same fragments (docs/multi_agent.md).
 """
 
 from __future__ import annotations

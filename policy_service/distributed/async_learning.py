@@ -13,7 +13,9 @@ in flight on every env runner; fragments gather into train batches of
 `train_batch_size` env steps that a LearnerThread's bounded queue takes; when
 it is full no runner is asked again, so memory stays bounded and the runners
 wait (their idle time is reported). Weights the thread took after every
-`broadcast_interval` updates go to the runners without waiting for them.
+`broadcast_interval` updates go to the runners without waiting for them. With
+`trained` (multi-agent runs) each trained policy's learners train on its own rows
+of the same fragments (LearnerThread).
 
 When the learners act for the runners (inference: learners), learners replaced
 after a death, by whichever thread found it, are handed to every runner
