@@ -143,3 +143,34 @@ def test_callers_arriving_together_after_a_lone_one_still_share_batches():
     assert answers == ["first", "b", "c", "d", "e"]
     assert batches == [["full"], ["first"], ["b", "c"], ["d", "e"]]
     assert waited == 1
+
+
+def test_a_request_of_another_key_waiting_beside_a_batch_of_one_keeps_the_window():
+    """A full request of key "a" runs alone while one of "b" waits: callers are
+    concurrent, so "b" goes on waiting for company (here: a second "b")."""
+    batches = []
+
+    def run_batch(key, payloads):
+        batches.append((key, list(payloads)))
+        return payloads
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = RequestBatcher(
+                run_batch, max_batch_size=2, batch_wait_timeout_s=HOUR_S, executor=pool
+            )
+            full = loop.create_task(batcher.submit("a", 0, 2))
+            waiting = loop.create_task(batcher.submit("b", 1, 1))
+            await asyncio.wait_for(full, HANG_S)
+            for _ in range(10):  # turns of the event loop for the batch loop to see "b"
+                await asyncio.sleep(0)
+            waited = batcher.num_waiting()
+            second = await asyncio.wait_for(
+                asyncio.gather(waiting, batcher.submit("b", 2, 1)), HANG_S
+            )
+            return second, waited
+
+    second, waited = asyncio.run(main())
+    assert second == [1, 2] and waited == 1
+    assert batches == [("a", [0]), ("b", [1, 2])]
