@@ -1,8 +1,10 @@
 """policy_service/distributed/batching.py: RequestBatcher without Ray (asyncio, a fake
 run function): full batches at once, the rest after the window, keys never mixed, a
-failure only for its request. Through the PolicyActor: test_policy_actor.py."""
+failure only for its request, no window for a lone caller. Through the PolicyActor:
+test_policy_actor.py."""
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -75,3 +77,100 @@ def test_batching_off_runs_every_request_alone(max_batch_size, timeout_s):
     assert [b[1] for b in batches] == [[0], [1], [2], [3], [4]]
     if timeout_s:
         assert elapsed < timeout_s  # nobody waited for the (minute-long) window
+
+
+HOUR_S = 3600.0  # a window no test may wait out: a request answered did not wait for it
+HANG_S = 60.0  # a bound for a hang, not a timing
+
+
+def test_a_lone_caller_after_a_batch_of_one_request_never_waits_for_the_window():
+    batches = []
+
+    def run_batch(key, payloads):
+        batches.append(list(payloads))
+        return payloads
+
+    async def main():
+        with ThreadPoolExecutor(1) as pool:
+            batcher = RequestBatcher(
+                run_batch, max_batch_size=4, batch_wait_timeout_s=HOUR_S, executor=pool
+            )
+            answers = [await asyncio.wait_for(batcher.submit("k", 0, 4), HANG_S)]  # full
+            for i in range(1, 4):  # one row each, one at a time: only the window could run them
+                answers.append(await asyncio.wait_for(batcher.submit("k", i, 1), HANG_S))
+            return answers
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+    assert batches == [[0], [1], [2], [3]]
+
+
+def test_callers_arriving_together_after_a_lone_one_still_share_batches():
+    """After a batch of one request, those that queued meanwhile run together at once;
+    after that batch of several, a request waits for company again."""
+    batches = []
+    first_started, release_first = threading.Event(), threading.Event()
+
+    def run_batch(key, payloads):
+        batches.append(list(payloads))
+        if payloads == ["first"]:
+            first_started.set()
+            release_first.wait(HANG_S)
+        return payloads
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = RequestBatcher(
+                run_batch, max_batch_size=4, batch_wait_timeout_s=HOUR_S, executor=pool
+            )
+            await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)  # one request
+            first = loop.create_task(batcher.submit("k", "first", 1))  # runs at once
+            assert await loop.run_in_executor(None, first_started.wait, HANG_S)
+            during = [loop.create_task(batcher.submit("k", v, 1)) for v in ("b", "c")]
+            await asyncio.sleep(0)  # both queued while "first" runs
+            release_first.set()
+            answers = await asyncio.wait_for(asyncio.gather(first, *during), HANG_S)
+            waiting = loop.create_task(batcher.submit("k", "d", 1))
+            for _ in range(10):  # turns of the event loop for the batch loop to see "d"
+                await asyncio.sleep(0)
+            waited = batcher.num_waiting()  # "d" waits for company instead of running alone
+            answers += await asyncio.wait_for(
+                asyncio.gather(waiting, batcher.submit("k", "e", 3)), HANG_S
+            )
+            return answers, waited
+
+    answers, waited = asyncio.run(main())
+    assert answers == ["first", "b", "c", "d", "e"]
+    assert batches == [["full"], ["first"], ["b", "c"], ["d", "e"]]
+    assert waited == 1
+
+
+def test_a_request_of_another_key_waiting_beside_a_batch_of_one_keeps_the_window():
+    """A full request of key "a" runs alone while one of "b" waits: callers are
+    concurrent, so "b" goes on waiting for company (here: a second "b")."""
+    batches = []
+
+    def run_batch(key, payloads):
+        batches.append((key, list(payloads)))
+        return payloads
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = RequestBatcher(
+                run_batch, max_batch_size=2, batch_wait_timeout_s=HOUR_S, executor=pool
+            )
+            full = loop.create_task(batcher.submit("a", 0, 2))
+            waiting = loop.create_task(batcher.submit("b", 1, 1))
+            await asyncio.wait_for(full, HANG_S)
+            for _ in range(10):  # turns of the event loop for the batch loop to see "b"
+                await asyncio.sleep(0)
+            waited = batcher.num_waiting()
+            second = await asyncio.wait_for(
+                asyncio.gather(waiting, batcher.submit("b", 2, 1)), HANG_S
+            )
+            return second, waited
+
+    second, waited = asyncio.run(main())
+    assert second == [1, 2] and waited == 1
+    assert batches == [("a", [0]), ("b", [1, 2])]

@@ -10,8 +10,12 @@ The loop it lives in (one asyncio event loop, e.g. a Ray async actor's):
 the payloads of one batch, all under the same `key`, and returns one result per
 payload, in order. A batch runs when `max_batch_size` rows of one key wait or
 `batch_wait_timeout_s` after the oldest arrived (Ray Serve's `@serve.batch`); batches
-run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. When a
-batch fails, each request is rerun alone, so only the failing one gets the exception.
+run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. The wait
+is adaptive: after a batch that ran alone (one request, none other waiting), what waits
+runs at once, so a lone caller never pays the window (others arriving meanwhile queue
+up for the next batch); after other requests were seen with a batch (and before the
+first batch) requests wait for company again. When a batch fails, each request is rerun
+alone, so only the failing one gets the exception.
 When a batch runs, exactly: docs/distributed.md, "RequestBatcher".
 """
 
@@ -57,6 +61,10 @@ class RequestBatcher:
         self._executor = executor
         self._queues: dict[Hashable, collections.deque[_Request]] = {}
         self._rows_waiting: dict[Hashable, int] = collections.defaultdict(int)
+        # False after a batch that ran alone (no other request waiting, of any key): no
+        # other caller was seen, so waiting for one would only delay this one. Global,
+        # not per key: a key's memory would grow with every timestep a caller sends.
+        self._wait_for_company = True
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
 
@@ -100,7 +108,9 @@ class RequestBatcher:
                 if timer is not None:
                     timer.cancel()
                 continue
-            await self._run(key, self._take_batch(key))
+            batch = self._take_batch(key)
+            self._wait_for_company = len(batch) + self.num_waiting() > 1
+            await self._run(key, batch)
 
     def _next_ready_key(self) -> tuple[Hashable | None, float | None]:
         """The ready key whose oldest request waited longest, else (None, seconds to wait)."""
@@ -110,7 +120,8 @@ class RequestBatcher:
             if not queue:
                 continue
             deadline = queue[0].arrived + self.batch_wait_timeout_s
-            if self._rows_waiting[key] >= self.max_batch_size or deadline <= now:
+            full = self._rows_waiting[key] >= self.max_batch_size
+            if full or deadline <= now or not self._wait_for_company:
                 ready.append((queue[0].arrived, key))
             else:
                 soonest = deadline if soonest is None else min(soonest, deadline)

@@ -6,7 +6,8 @@
 Each replica hosts one PolicyHost (policy_actor.py): a request is checked in full
 (http_api.parse_action_request) before it joins a batch, concurrent requests are
 coalesced by the host's RequestBatcher into one forward pass (max_batch_size rows
-or batch_wait_timeout_s after the first), and a batch that fails anyway is rerun
+or batch_wait_timeout_s after the first; no wait after a pass of one request, so a
+lone client never pays it), and a batch that fails anyway is rerun
 request by request, so one bad request never fails the others. Measured against
 Serve's own `@serve.batch` in benchmarks/serve.py (BENCHMARKS.md).
 """
