@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -142,4 +143,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # the tests stop a player with SIGINT: a shell's background job starts its processes
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt for it
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
