@@ -83,25 +83,40 @@ HOUR_S = 3600.0  # a window no test may wait out: a request answered did not wai
 HANG_S = 60.0  # a bound for a hang, not a timing
 
 
+def _hour_window_batcher(pool, max_batch_size: int, batches: list, before_return=None):
+    """A RequestBatcher whose window no test waits out; each batch it runs is recorded
+    in `batches` as (key, payloads), then before_return(payloads) is called."""
+
+    def run_batch(key, payloads):
+        batches.append((key, list(payloads)))
+        if before_return is not None:
+            before_return(payloads)
+        return payloads
+
+    return RequestBatcher(
+        run_batch, max_batch_size=max_batch_size, batch_wait_timeout_s=HOUR_S, executor=pool
+    )
+
+
+async def _turns_of_the_event_loop() -> None:
+    """Enough turns for the batch loop to see what was just submitted."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
 def test_a_lone_caller_after_a_batch_of_one_request_never_waits_for_the_window():
     batches = []
 
-    def run_batch(key, payloads):
-        batches.append(list(payloads))
-        return payloads
-
     async def main():
         with ThreadPoolExecutor(1) as pool:
-            batcher = RequestBatcher(
-                run_batch, max_batch_size=4, batch_wait_timeout_s=HOUR_S, executor=pool
-            )
+            batcher = _hour_window_batcher(pool, 4, batches)
             answers = [await asyncio.wait_for(batcher.submit("k", 0, 4), HANG_S)]  # full
             for i in range(1, 4):  # one row each, one at a time: only the window could run them
                 answers.append(await asyncio.wait_for(batcher.submit("k", i, 1), HANG_S))
             return answers
 
     assert asyncio.run(main()) == [0, 1, 2, 3]
-    assert batches == [[0], [1], [2], [3]]
+    assert [payloads for _, payloads in batches] == [[0], [1], [2], [3]]
 
 
 def test_callers_arriving_together_after_a_lone_one_still_share_batches():
@@ -110,19 +125,15 @@ def test_callers_arriving_together_after_a_lone_one_still_share_batches():
     batches = []
     first_started, release_first = threading.Event(), threading.Event()
 
-    def run_batch(key, payloads):
-        batches.append(list(payloads))
+    def hold_the_first(payloads):
         if payloads == ["first"]:
             first_started.set()
             release_first.wait(HANG_S)
-        return payloads
 
     async def main():
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1) as pool:
-            batcher = RequestBatcher(
-                run_batch, max_batch_size=4, batch_wait_timeout_s=HOUR_S, executor=pool
-            )
+            batcher = _hour_window_batcher(pool, 4, batches, hold_the_first)
             await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)  # one request
             first = loop.create_task(batcher.submit("k", "first", 1))  # runs at once
             assert await loop.run_in_executor(None, first_started.wait, HANG_S)
@@ -131,8 +142,7 @@ def test_callers_arriving_together_after_a_lone_one_still_share_batches():
             release_first.set()
             answers = await asyncio.wait_for(asyncio.gather(first, *during), HANG_S)
             waiting = loop.create_task(batcher.submit("k", "d", 1))
-            for _ in range(10):  # turns of the event loop for the batch loop to see "d"
-                await asyncio.sleep(0)
+            await _turns_of_the_event_loop()
             waited = batcher.num_waiting()  # "d" waits for company instead of running alone
             answers += await asyncio.wait_for(
                 asyncio.gather(waiting, batcher.submit("k", "e", 3)), HANG_S
@@ -141,7 +151,7 @@ def test_callers_arriving_together_after_a_lone_one_still_share_batches():
 
     answers, waited = asyncio.run(main())
     assert answers == ["first", "b", "c", "d", "e"]
-    assert batches == [["full"], ["first"], ["b", "c"], ["d", "e"]]
+    assert [payloads for _, payloads in batches] == [["full"], ["first"], ["b", "c"], ["d", "e"]]
     assert waited == 1
 
 
@@ -150,21 +160,14 @@ def test_a_request_of_another_key_waiting_beside_a_batch_of_one_keeps_the_window
     concurrent, so "b" goes on waiting for company (here: a second "b")."""
     batches = []
 
-    def run_batch(key, payloads):
-        batches.append((key, list(payloads)))
-        return payloads
-
     async def main():
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(1) as pool:
-            batcher = RequestBatcher(
-                run_batch, max_batch_size=2, batch_wait_timeout_s=HOUR_S, executor=pool
-            )
+            batcher = _hour_window_batcher(pool, 2, batches)
             full = loop.create_task(batcher.submit("a", 0, 2))
             waiting = loop.create_task(batcher.submit("b", 1, 1))
             await asyncio.wait_for(full, HANG_S)
-            for _ in range(10):  # turns of the event loop for the batch loop to see "b"
-                await asyncio.sleep(0)
+            await _turns_of_the_event_loop()
             waited = batcher.num_waiting()
             second = await asyncio.wait_for(
                 asyncio.gather(waiting, batcher.submit("b", 2, 1)), HANG_S
