@@ -74,23 +74,28 @@ def test_each_runner_keeps_its_requests_in_flight_and_the_driver_gets_only_metri
 
 
 @pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine
-def test_a_killed_runner_loses_its_requests_counted_and_is_replaced(runners):
+def test_a_killed_runner_loses_its_requests_counted_and_is_replaced_in_the_background(runners):
     stream = FragmentStream(runners, max_requests_in_flight_per_env_runner=2)
     restarts = runners.num_restarts
     stream.top_up()
     ray.kill(runners.workers[0], no_restart=True)
     delivered = collections.Counter()
     asked = collections.Counter({1: 2, 2: 2})
-    while runners.num_restarts == restarts:  # the death shows when a request to it fails
-        for fragment in drain(stream):
+    while True:
+        for fragment in drain(stream):  # the death shows when a request to it fails
             delivered[fragment.metrics["worker_index"]] += 1
+        if runners.num_restarts > restarts:
+            break
         stream.top_up()
         asked.update({1: 2, 2: 2})
-    for fragment in drain(stream):
-        delivered[fragment.metrics["worker_index"]] += 1
-    assert runners.num_restarts == restarts + 1
+    # the collect that found the death started the replacement and did not wait for it
+    assert stream.runners_starting() == [0] and runners.num_restarts == restarts + 1
     assert delivered[2] == asked[2]
     assert 1 <= stream.lost_fragments == asked[1] - delivered[1]
+    stream.top_up()  # runner 2 is asked; runner 1 once its replacement is up
+    drain(stream)
+    stream.forget()  # waits for the replacement: every slot holds a live runner
+    assert stream.runners_starting() == [] and runners.num_restarts == restarts + 1
     stream.top_up()  # the replacement samples
     assert {f.metrics["worker_index"] for f in drain(stream)} == {1, 2}
 

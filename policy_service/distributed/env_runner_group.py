@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import ray
@@ -39,9 +39,9 @@ from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
     PolicyActorFailure,
     RestartablePolicyActor,
-    backoff_delays,
     died_of_actor_death,
     is_actor_death,
+    restart_delay_s,
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
@@ -52,6 +52,17 @@ DEFAULT_MAX_RESTARTS = 100
 
 class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
+
+
+class Replacement(NamedTuple):
+    """A worker started in place of the dead one in `slot`: up once `ready` resolves;
+    the weights version it was started with (newer ones go to it when installed)."""
+
+    slot: int
+    worker: Any
+    ready: ray.ObjectRef
+    attempt: int
+    weights_version: int | None
 
 
 def env_runner_asks(
@@ -582,56 +593,61 @@ class EnvRunnerGroup:
             return self._inference_actors[(index - 1) % len(self._inference_actors)]
         return self.policy_actor
 
-    def replace_worker(self, slot: int, error: BaseException, during: str) -> None:
-        """Replace the dead worker in `slot` (as `sample()` does, within the group's
-        budgets) for a caller that keeps its own requests (async sampling)."""
-        self._restart(slot, [0] * len(self.workers), during, error)
+    def start_replacement(
+        self, slot: int, attempt: int, during: str, error: BaseException
+    ) -> Replacement:
+        """Attempt `attempt` (1, 2, ...) at replacing the dead worker in `slot`, not
+        waited for: the caller keeps sampling with the others (async sampling) and
+        `install`s it once `ready` resolves. Budgets spent -> EnvRunnerFailure."""
+        _kill_quietly(self.workers[slot])
+        if attempt > self.max_restarts_per_sample or self.num_restarts >= self.max_restarts:
+            raise EnvRunnerFailure(
+                restart_budget_spent(
+                    f"env runner {slot + 1}",
+                    attempt,
+                    during,
+                    self.num_restarts,
+                    {
+                        "max_restarts_per_sample": self.max_restarts_per_sample,
+                        "max_restarts": self.max_restarts,
+                    },
+                    error,
+                )
+            ) from None
+        self.num_restarts += 1
+        worker = self._make_worker(slot + 1)
+        return Replacement(slot, worker, self._ready(worker), attempt, self._weights_version)
+
+    def install(self, replacement: Replacement) -> None:
+        """A started replacement takes its slot, given the weights sent since it started."""
+        self.workers[replacement.slot] = replacement.worker
+        if replacement.weights_version != self._weights_version and self._weights_ref is not None:
+            self._unacked_weights += self._set_weights_on([replacement.worker])
 
     def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
-        """Replace the dead worker in `slot` by a new one with the same index and weights,
-        trying again with backoff while replacements die starting; `restarts[slot]`
-        counts them within the current call. Budgets spent -> EnvRunnerFailure."""
-        _kill_quietly(self.workers[slot])
-        for delay in backoff_delays(self.max_restarts_per_sample + 1):
-            if (
-                restarts[slot] >= self.max_restarts_per_sample
-                or self.num_restarts >= self.max_restarts
-            ):
-                break
-            time.sleep(delay)
+        """Replace the dead worker in `slot` now, with the latest weights, trying again
+        with backoff while replacements die starting; `restarts[slot]` counts them
+        within the current call. Budgets spent -> EnvRunnerFailure."""
+        while True:
             restarts[slot] += 1
-            self.num_restarts += 1
-            worker = self._make_worker(slot + 1)
+            time.sleep(restart_delay_s(restarts[slot]))
+            replacement = self.start_replacement(slot, restarts[slot], during, error)
             try:
-                self._ready(worker)
+                ray.get(replacement.ready)
             except RayActorError as start_error:
                 if not is_actor_death(start_error):
                     raise
-                _kill_quietly(worker)
+                _kill_quietly(replacement.worker)
                 error = start_error
                 continue
-            self.workers[slot] = worker
+            self.install(replacement)
             return
-        raise EnvRunnerFailure(
-            restart_budget_spent(
-                f"env runner {slot + 1}",
-                restarts[slot] + 1,
-                during,
-                self.num_restarts,
-                {
-                    "max_restarts_per_sample": self.max_restarts_per_sample,
-                    "max_restarts": self.max_restarts,
-                },
-                error,
-            )
-        ) from None
 
-    def _ready(self, worker) -> None:
-        """Wait until a new worker is up and acting with the latest weights."""
+    def _ready(self, worker) -> ray.ObjectRef:
+        """A ref that resolves once a new worker is up and acting with the latest weights."""
         if self.policy_actor is None and self._weights_ref is not None:
-            ray.get(self._set_weights_on([worker]))
-        else:
-            ray.get(worker.ping.remote())
+            return self._set_weights_on([worker])[0]
+        return worker.ping.remote()
 
     def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
         """The PolicyActor acting for the workers (Ray `options`, PolicyHost's kwargs)."""

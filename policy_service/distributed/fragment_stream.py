@@ -15,10 +15,11 @@ names another worker method of that shape, e.g. "sample_and_compute_gradients"
 (A3C): each Fragment's payload is then its gradients. A runner
 whose requests are all answered and that is not asked again (the learners' queue
 is full) waits: its idle time is counted. A dead runner is replaced with the
-latest weights (EnvRunnerGroup's budgets); its requests in flight are lost and
-counted, none is half-delivered. A runner whose acting actor died (inference by
-the learners) lives on: its failed requests are lost and counted, and it is not
-asked again until the acting actors answer again (`runners_without_acting`,
+latest weights (EnvRunnerGroup's budgets) while the others go on sampling: its
+replacement starts in the background and is asked once up; the dead one's requests
+in flight are lost and counted, none is half-delivered. A runner whose acting actor
+died (inference by the learners) lives on: its failed requests are lost and counted,
+and it is not asked again until the acting actors answer again (`runners_without_acting`,
 `acting_restored`). A request lost with a PolicyActor that Ray restarted is counted
 and asked again; a PolicyActor dead for good ends the stream in the group's one
 line (EnvRunnerFailure), as synchronous sampling does, once Ray's restarts settled.
@@ -34,8 +35,8 @@ from typing import Any, NamedTuple
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from policy_service.distributed.env_runner_group import EnvRunnerGroup
-from policy_service.distributed.restarts import is_actor_death
+from policy_service.distributed.env_runner_group import EnvRunnerGroup, Replacement
+from policy_service.distributed.restarts import is_actor_death, restart_delay_s
 
 
 class Fragment(NamedTuple):
@@ -97,8 +98,13 @@ class FragmentStream:
         self.env_runner_idle_s = 0.0
         self._in_flight: dict[ray.ObjectRef, _Request] = {}  # by the metrics' ref
         self._without_acting: set[int] = set()  # slots that found their acting actor dead
+        self._replacing: dict[int, Replacement] = {}  # slots whose new runner is starting
         now = time.monotonic()
         self._idle_since: dict[int, float] = {s: now for s in range(len(env_runners.workers))}
+
+    def runners_starting(self) -> list[int]:
+        """Slots whose dead runner's replacement is starting (not asked until it is up)."""
+        return sorted(self._replacing)
 
     def requests_in_flight(self) -> int:
         return len(self._in_flight) + int(self._local_asked)
@@ -116,7 +122,8 @@ class FragmentStream:
     def top_up(self) -> None:
         """Ask every remote runner for fragments until it has the maximum in flight
         (the worker in this process, when it samples: for one, sampled by the next
-        `collect`); not those waiting for a new acting actor."""
+        `collect`); not those waiting for a new acting actor or starting."""
+        self._install_replacements(wait=False)
         self._local_asked = self.env_runners.samples_in_driver()
         now = time.monotonic()
         if self._local_asked:  # no remote runners, or they are starting: not idle
@@ -126,7 +133,7 @@ class FragmentStream:
         for request in self._in_flight.values():
             counts[request.slot] += 1
         for slot, count in enumerate(counts):
-            if slot in self._without_acting:
+            if slot in self._without_acting or slot in self._replacing:
                 continue
             for _ in range(self.max_in_flight - count):
                 self._ask(slot)
@@ -156,7 +163,9 @@ class FragmentStream:
         return fragments
 
     def forget(self) -> int:
-        """Drop every request in flight (runners rebuilt, or training paused) -> how many."""
+        """Drop every request in flight (runners rebuilt, or training paused) -> how many;
+        a runner still starting is waited for, so that every slot holds a live one."""
+        self._install_replacements(wait=True)
         count = self.requests_in_flight()
         self._read_failed_requests()
         self._in_flight.clear()
@@ -203,20 +212,53 @@ class FragmentStream:
             else:
                 self._lost_with_runner(slot, asked, error)
             metrics = None
-        if not any(r.slot == slot for r in self._in_flight.values()):
+        if slot not in self._replacing and all(r.slot != slot for r in self._in_flight.values()):
             self._idle_since.setdefault(slot, time.monotonic())
         return None if metrics is None else Fragment(batch_ref, metrics)
 
     def _lost_with_runner(self, slot: int, asked, error: BaseException) -> None:
         """A request of the dead runner `asked` failed: counted, and at the first one
-        the runner is replaced and its other requests counted lost at once."""
+        its replacement starts and its other requests are counted lost at once."""
         self.lost_fragments += 1
-        if self.env_runners.workers[slot] is asked:  # its first lost request
-            self.env_runners.replace_worker(slot, error, "async sampling")
+        if self.env_runners.workers[slot] is asked and slot not in self._replacing:
+            self._start_replacement(slot, 1, error)
             for key, request in list(self._in_flight.items()):
                 if request.slot == slot and request.worker is asked:  # lost with it
                     del self._in_flight[key]
                     self.lost_fragments += 1
+
+    def _start_replacement(self, slot: int, attempt: int, error: BaseException) -> None:
+        time.sleep(restart_delay_s(attempt))  # none at the first attempt
+        self._replacing[slot] = self.env_runners.start_replacement(
+            slot, attempt, "async sampling", error
+        )
+        self._idle_since.pop(slot, None)  # starting, not idle
+
+    def _install_replacements(self, wait: bool) -> None:
+        """The replacements that are up take their slots (all of them, `wait`ing for
+        those starting); one that died starting is tried again within the budgets."""
+        while self._replacing:
+            replacements = list(self._replacing.values())
+            ready, _ = ray.wait(
+                [r.ready for r in replacements],
+                num_returns=len(replacements) if wait else 1,
+                timeout=None if wait else 0,
+            )
+            if not ready:
+                return
+            for replacement in replacements:
+                if replacement.ready not in ready:
+                    continue
+                del self._replacing[replacement.slot]
+                try:
+                    ray.get(replacement.ready)
+                except RayActorError as error:
+                    if not is_actor_death(error):
+                        raise
+                    self._start_replacement(replacement.slot, replacement.attempt + 1, error)
+                    continue
+                self.env_runners.install(replacement)
+                self._idle_since.setdefault(replacement.slot, time.monotonic())
 
 
 def _read_error(ref: ray.ObjectRef) -> None:

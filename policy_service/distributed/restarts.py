@@ -69,9 +69,14 @@ def call_retrying_once(method, *args, **kwargs):
             delay = min(1.0, delay * 2)
 
 
-def backoff_delays(attempts: int, first_s: float = 0.25, longest_s: float = 4.0) -> list[float]:
-    """Waits before each of `attempts` restart attempts: none, then doubling, capped."""
-    return [0.0] + [min(longest_s, first_s * 2**k) for k in range(attempts - 1)]
+def restart_delay_s(attempt: int, first_s: float = 0.25, longest_s: float = 4.0) -> float:
+    """The wait before restart attempt `attempt` (1, 2, ...): none, then doubling, capped."""
+    return 0.0 if attempt <= 1 else min(longest_s, first_s * 2 ** (attempt - 2))
+
+
+def backoff_delays(attempts: int) -> list[float]:
+    """The waits before each of `attempts` restart attempts (restart_delay_s)."""
+    return [restart_delay_s(attempt) for attempt in range(1, attempts + 1)]
 
 
 def _gcs_actor_info(actor) -> dict:
