@@ -375,6 +375,7 @@ def test_a_killed_peer_is_an_error_within_the_timeout(remote_member):
     assert seconds < NOT_A_HANG_S  # an error, not a hang; how fast depends on the machine
 
 
+@pytest.mark.slow  # waits out a collective timeout: ~13 s here
 def test_a_peer_that_never_joins_the_collective_times_out(remote_member):
     waiting, idle = start_group(remote_member, 2, timeout_s=SHORT_TIMEOUT_S)
     message, seconds = ray.get(waiting.timed_sum.remote(), timeout=60)
@@ -413,6 +414,7 @@ def test_all_reduces_without_a_timeout_start_no_threads_with_one_two_each(remote
         assert after - before >= 200, counts  # ~2 per all-reduce, alive for the timeout
 
 
+@pytest.mark.slow  # waits out a collective timeout: ~14 s here
 def test_the_probe_keeps_a_timeout_when_the_sums_have_none(remote_member):
     """connect's probe ran in both members; run alone it fails at its own timeout,
     although the group's all-reduces wait without one."""

@@ -264,6 +264,7 @@ def test_a_batch_that_does_not_split_over_the_towers_is_one_line():
         DQN(dict(SMALL, **fake_gpus(3)))
 
 
+@pytest.mark.slow  # 3 env runner actors: ~27 s here
 def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
     algo, history = run(dict(SMALL, num_env_runners=2, num_cpus_per_env_runner=0.5), 2)
     try:

@@ -208,6 +208,7 @@ def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
         group.workers[1] = healthy
 
 
+@pytest.mark.slow  # a group with its PolicyActor: ~21 s here
 def test_remote_inference_group_sends_weights_to_the_policy_actor_only(ray_local):
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,

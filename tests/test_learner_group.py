@@ -52,6 +52,7 @@ def user_models_in_actors(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(user_models)
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~24 s here
 def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device(start_pg_group):
     group = start_pg_group(**TWO_BY_TWO)
     assert group.devices == [["/CPU:0", "/CPU:1"]] * 2 and group.num_towers == 2
@@ -173,6 +174,7 @@ def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_pg_gr
     assert_weights_close(one.get_weights(), group.get_weights())
 
 
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs, saved and restored: ~25 s here
 def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
     start_pg_group, tmp_path
 ):

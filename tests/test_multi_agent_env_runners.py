@@ -192,6 +192,7 @@ def test_env_runner_actors_sample_every_policy_and_take_weights_by_policy(group)
         assert_weights_equal(got, weights)
 
 
+@pytest.mark.slow  # a killed runner's replacement starts: ~21 s here
 def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
     weights = shifted(ray.get(group.workers[0].get_weights.remote()), 0.25)
     group.sync_weights(weights, 8)
@@ -244,6 +245,7 @@ def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them
         starting.stop()
 
 
+@pytest.mark.slow  # a group with its PolicyActor: ~19 s here
 def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_maps_policies):
     served = two_runners(
         two_maps_policies,

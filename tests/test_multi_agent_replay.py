@@ -114,6 +114,7 @@ def assert_states_equal(a: dict, b: dict) -> None:
                 assert np.array_equal(left[name], right[name]), (policy_id, group, name)
 
 
+@pytest.mark.slow  # two runs and a restore: ~17 s here
 def test_a_checkpoint_holds_every_policy_and_buffer_and_resumes_exactly(tmp_path):
     trained = build(DQN, checkpoint_replay_buffer=True)
     fresh = build(DQN, checkpoint_replay_buffer=True)

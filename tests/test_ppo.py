@@ -642,6 +642,7 @@ def test_the_lead_over_the_sampler_policy_is_rllibs(num_env_runners):
 # ----- remote env runners (Ray) ------------------------------------------------------------
 
 
+@pytest.mark.slow  # its own Ray and 2 env runners: ~22 s here
 def test_remote_env_runners_and_who_owns_ray():
     """The first algorithm starts Ray and shuts it down at stop(); one created while
     Ray runs leaves it running. The driver samples (a stand-in) while the runner

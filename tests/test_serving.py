@@ -443,6 +443,7 @@ def tcp_listeners() -> list[tuple[str, int]]:
 # ----- nested observations, Box actions, recurrent state ---------------------------------------
 
 
+@pytest.mark.slow  # the nested server's start: ~30 s here
 def test_nested_obs_nested_actions_and_state_round_trip(nested_server, nested_checkpoint):
     from policy_service.policy import TFPolicy
 
@@ -475,6 +476,7 @@ def test_nested_obs_nested_actions_and_state_round_trip(nested_server, nested_ch
     ]
 
 
+@pytest.mark.slow  # the nested server (started for the test above)
 def test_nested_bad_requests_name_the_sub_field(nested_server):
     cases = [
         ({"obs": {"position": [[0.0, 0.0, 0.0]], "mode": [9]}}, "obs['mode']"),

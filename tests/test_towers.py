@@ -848,6 +848,7 @@ def _op_types(policy) -> list:
     )
 
 
+@pytest.mark.slow  # a learner actor per case: ~15 s each here
 @pytest.mark.parametrize("sync", [False, True])
 def test_a_collective_group_of_one_runs_no_collective_and_changes_nothing(sync):
     """A group of one adds no op. Per-shard batch norm runs no collective at all;
