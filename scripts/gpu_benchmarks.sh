@@ -60,9 +60,12 @@ for n in 1 2 4; do
 done
 # CPUs per learner actor: the cores shared by the most learners, at least 1
 CPUS_PER_LEARNER="${CPUS_PER_LEARNER:-$(( BENCH_RAY_NUM_CPUS / MAX > 0 ? BENCH_RAY_NUM_CPUS / MAX : 1 ))}"
+ACCUMULATE="1,4"
 if [ "${SMOKE:-0}" = "1" ]; then
+  # one point per path: the most learners with accumulation, the most towers per model
   SIZE="--smoke"; REPEATS=""; DURATION=""; CALLERS="1,4"; E2E_LIMIT=""
-  TOWERS="${TOWERS%%,4}"; MODELS="mlp"; TOWER_MODELS="mlp,lstm,cnn"
+  LEARNERS="$MAX"; ACCUMULATE="4"; TOWERS="${TOWERS%%,4}"; TOWERS="${TOWERS##*,}"
+  MODELS="mlp"; TOWER_MODELS="mlp,lstm,cnn"
 else
   SIZE="--rounds 2"; REPEATS="--repeats 3"; DURATION="--duration 3"; CALLERS="1,4,16,64"
   E2E_LIMIT="--max-seconds 150"; MODELS="mlp,lstm"; TOWER_MODELS="mlp,lstm,cnn"
@@ -74,9 +77,9 @@ run() {
 START=$(date +%s)
 step() { echo "# [$(( $(date +%s) - START ))s] $*" >&2; }
 
-step "learner group: $MODELS, learners $LEARNERS x accumulate 1,4, $CPUS_PER_LEARNER CPU(s) each"
+step "learner group: $MODELS, learners $LEARNERS x accumulate $ACCUMULATE, $CPUS_PER_LEARNER CPU(s) each"
 run "$PY" -m benchmarks.learner --out "$OUT" $SIZE $REPEATS $GPU_FLAG --models "$MODELS" \
-  --learners "$LEARNERS" --accumulate 1,4 --cpus-per-learner "$CPUS_PER_LEARNER" \
+  --learners "$LEARNERS" --accumulate "$ACCUMULATE" --cpus-per-learner "$CPUS_PER_LEARNER" \
   | run tee "$OUT/learner_group.jsonl"
 
 step "learner towers: $TOWER_MODELS on towers $TOWERS in one process"
