@@ -598,7 +598,8 @@ class EnvRunnerGroup:
     ) -> Replacement:
         """Attempt `attempt` (1, 2, ...) at replacing the dead worker in `slot`, not
         waited for: the caller keeps sampling with the others (async sampling) and
-        `install`s it once `ready` resolves. Budgets spent -> EnvRunnerFailure."""
+        `install`s it once `ready` resolves. Budgets spent -> EnvRunnerFailure; else,
+        after the attempt's backoff (none at the first), the new worker starts."""
         _kill_quietly(self.workers[slot])
         if attempt > self.max_restarts_per_sample or self.num_restarts >= self.max_restarts:
             raise EnvRunnerFailure(
@@ -614,6 +615,7 @@ class EnvRunnerGroup:
                     error,
                 )
             ) from None
+        time.sleep(restart_delay_s(attempt))
         self.num_restarts += 1
         worker = self._make_worker(slot + 1)
         return Replacement(slot, worker, self._ready(worker), attempt, self._weights_version)
@@ -630,7 +632,6 @@ class EnvRunnerGroup:
         within the current call. Budgets spent -> EnvRunnerFailure."""
         while True:
             restarts[slot] += 1
-            time.sleep(restart_delay_s(restarts[slot]))
             replacement = self.start_replacement(slot, restarts[slot], during, error)
             try:
                 ray.get(replacement.ready)

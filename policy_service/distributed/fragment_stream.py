@@ -36,7 +36,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service.distributed.env_runner_group import EnvRunnerGroup, Replacement
-from policy_service.distributed.restarts import is_actor_death, restart_delay_s
+from policy_service.distributed.restarts import is_actor_death
 
 
 class Fragment(NamedTuple):
@@ -228,7 +228,6 @@ class FragmentStream:
                     self.lost_fragments += 1
 
     def _start_replacement(self, slot: int, attempt: int, error: BaseException) -> None:
-        time.sleep(restart_delay_s(attempt))  # none at the first attempt
         self._replacing[slot] = self.env_runners.start_replacement(
             slot, attempt, "async sampling", error
         )
@@ -241,7 +240,7 @@ class FragmentStream:
             replacements = list(self._replacing.values())
             ready, _ = ray.wait(
                 [r.ready for r in replacements],
-                num_returns=len(replacements) if wait else 1,
+                num_returns=len(replacements),
                 timeout=None if wait else 0,
             )
             if not ready:
