@@ -222,6 +222,11 @@ class A3C(AsyncAlgorithm):
         )
         self.gradients = self._gradient_stream()
 
+    def stop(self) -> None:
+        if getattr(self, "gradients", None) is not None:  # a failed setup has none
+            self.gradients.forget()  # its requests read, a runner still starting installed
+        super().stop()
+
 
 def mean_gradient_stats(metrics: list[dict]) -> dict:
     """The runners' loss statistics, each averaged over the gradients that have it (a

@@ -5,6 +5,7 @@ The tests that start Ray are in the slow group (the fast suite's budget)."""
 
 import collections
 import threading
+import time
 
 import envs
 import fakes
@@ -134,6 +135,41 @@ def test_a_policy_actor_dead_for_good_ends_the_stream_in_the_groups_one_line(ray
         "the PolicyActor is gone: Ray restarted it 0 times (max_policy_actor_restarts=3); "
         "last: ActorDiedError: "
     ), message
+
+
+@pytest.mark.slow  # a second group: ~20-40 s here
+def test_forgetting_reads_a_request_that_fails_after_it_so_ray_logs_no_traceback(
+    ray_local, monkeypatch
+):
+    """The run ends (or pauses) while a request is queued on a runner whose env then
+    raises: forget() waits for the request and reads its error. Dropped unread, the
+    error would reach Ray's "Unhandled error" log, traceback and all, on the user's
+    stderr after the run's one line."""
+    unhandled = []
+    monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", unhandled.append)
+    group = EnvRunnerGroup(
+        envs.ScriptedEpisodesEnv,
+        fakes.ReturnsPGPolicy,
+        CONFIG,
+        num_env_runners=1,
+        num_envs_per_env_runner=1,
+        rollout_fragment_length=10,
+        # the first request's 10 steps are slow; the second fails at its first step
+        env_config={"lengths": [100], "step_sleep_s": 0.1, "bad_obs_at_step": 11},
+        seed=0,
+    )
+    try:
+        group.wait_started()
+        stream = FragmentStream(group, max_requests_in_flight_per_env_runner=2)
+        stream.top_up()
+        assert stream.forget() == 2  # while the first request still samples
+        # the runner answers this call after both requests finished
+        ray.get(group.workers[0].weights_version.remote())
+        for _ in range(20):  # Ray reports an unread error from a thread of its own
+            time.sleep(0.1)
+            assert unhandled == []
+    finally:
+        group.stop()
 
 
 @pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine

@@ -38,6 +38,8 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_service.distributed.env_runner_group import EnvRunnerGroup, Replacement
 from policy_service.distributed.restarts import is_actor_death
 
+SETTLE_S = 30.0  # longest wait, when forgetting, for the requests in flight to finish
+
 
 class Fragment(NamedTuple):
     """One sampled fragment: its batch (ObjectRef, or a SampleBatch sampled here;
@@ -163,8 +165,10 @@ class FragmentStream:
         return fragments
 
     def forget(self) -> int:
-        """Drop every request in flight (runners rebuilt, or training paused) -> how many;
-        a runner still starting is waited for, so that every slot holds a live one."""
+        """Drop every request in flight (runners rebuilt, training paused, or the run
+        ended) -> how many. A runner still starting is waited for, so that every slot
+        holds a live one, and so are the requests in flight (at most SETTLE_S): Ray
+        logs the traceback of a request that fails after it was dropped."""
         self._install_replacements(wait=True)
         count = self.requests_in_flight()
         self._read_failed_requests()
@@ -176,11 +180,13 @@ class FragmentStream:
         return count
 
     def _read_failed_requests(self) -> None:
-        """Read the errors of the requests that failed and were not received (their
-        runner or acting actor died), so that dropping them makes Ray log nothing."""
+        """Wait for the requests in flight to finish (at most SETTLE_S; a hung env is
+        not waited for longer) and read the errors of those that failed, so that
+        dropping them makes Ray log nothing."""
         if not self._in_flight:
             return
-        done, _ = ray.wait(list(self._in_flight), num_returns=len(self._in_flight), timeout=0)
+        refs = list(self._in_flight)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_S)
         for ref in done:
             try:
                 ray.get(ref)  # the metrics: small
