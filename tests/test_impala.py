@@ -13,6 +13,7 @@ from fakes import assert_grads_close, assert_one_line
 
 from algorithms.appo import APPO, APPOConfig, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
+from policy_service import LearnerGroup
 from policy_service.config import ConfigError, from_dict
 from policy_service.distributed import learner_group
 from policy_service.distributed.learners import LearnerFailure
@@ -247,6 +248,45 @@ def test_a_local_run_trains_reports_lag_and_resumes_from_a_checkpoint(algo_cls, 
         assert resumed.train()["learner_version"] > version
     finally:
         resumed.stop()
+
+
+# ----- inference by the learners --------------------------------------------------------------
+
+
+@pytest.mark.slow  # a learner actor: ~15-30 s here
+def test_an_acting_learner_answers_between_the_sgd_steps_of_an_update(ray_local):
+    """The runners' forward passes wait for one SGD step, not a whole update: an
+    action asked while an update of 20 steps runs is answered under the version the
+    update started from; once it returned, under the next."""
+
+    class SlowSteps(IMPALAPolicy):
+        def update_on_train_columns(self, *args, **kwargs):
+            self.steps_started = getattr(self, "steps_started", 0) + 1
+            time.sleep(0.2)  # 20 steps: a window of 4 s for the action to arrive in
+            return super().update_on_train_columns(*args, **kwargs)
+
+    config = policy_config(
+        inference="learners", num_learners=1, num_cpus_per_learner=0.5, num_env_runners=1
+    )
+    worker = RolloutWorker("CartPole-v1", IMPALAPolicy, config, num_envs=2)
+    fragment, _ = worker.sample()
+    spaces = worker.get_spaces()
+    worker.stop()
+    group = LearnerGroup(SlowSteps, *spaces, config)
+    try:
+        [host] = group.actors
+        obs = fragment[SampleBatch.OBS][:1]
+        update = host.update_on_fragments.remote([ray.put(fragment)], 0, 20)
+        steps = host.foreach_policy.remote(lambda p: getattr(p, "steps_started", 0))
+        while ray.get(steps) == 0:
+            steps = host.foreach_policy.remote(lambda p: getattr(p, "steps_started", 0))
+        _, _, extra = ray.get(host.compute_actions.remote(obs))
+        assert extra["weights_version"] == 0  # answered mid-update
+        assert ray.get(update)["num_sgd_steps"] == 20
+        _, _, extra = ray.get(host.compute_actions.remote(obs))
+        assert extra["weights_version"] == 1
+    finally:
+        group.stop()
 
 
 # ----- inference by the learners: a learner actor's death -----------------------------------

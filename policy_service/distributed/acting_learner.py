@@ -5,7 +5,7 @@ themselves (runner i through learner i % N): same device, same weights, so no
 weights are broadcast and a fragment lags by at most the updates made while it
 was sampled. Acting is a PolicyHost around the learner's own policy (concurrent
 requests batched into one forward pass); the asynchronous update runs in the
-same single policy thread, so forward passes fall between SGD steps:
+same single policy thread a part at a time, so forward passes fall between SGD steps:
 
     host = ray.remote(ActingLearnerHost).remote(policy_cls, obs_space, act_space, config)
     # a RolloutWorker(policy_actor=host) calls, concurrently with the learner thread:
@@ -17,6 +17,7 @@ It is a Ray async actor: its other (plain) methods run on the event loop.
 
 from __future__ import annotations
 
+from policy_service.distributed.learner import FragmentUpdate
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.policy_actor import PolicyHost
 
@@ -52,16 +53,22 @@ class ActingLearnerHost(LearnerHost):
         num_sgd_steps: int,
         policy_id: str | None = None,
     ) -> dict:
-        """The learner's update, in the policy thread; later actions carry version + 1."""
+        """The learner's update, in the policy thread a part at a time (FragmentUpdate):
+        the runners' forward passes wait for one SGD step, not the whole update. The
+        actions answered between its steps carry `learner_version`, later ones + 1."""
+        in_policy_thread = self.acting.in_policy_thread
+        update = await in_policy_thread(
+            lambda: FragmentUpdate(self, fragments, learner_version, policy_id)
+        )
+        for _ in range(num_sgd_steps):
+            await in_policy_thread(update.sgd_step)
 
-        def update():
-            stats = LearnerHost.update_on_fragments(
-                self, fragments, learner_version, num_sgd_steps, policy_id
-            )
+        def finish():
+            stats = update.finish()
             self.acting.mark_version(learner_version + 1)
             return stats
 
-        return await self.acting.in_policy_thread(update)
+        return await in_policy_thread(finish)
 
     def mark_version(self, version: int) -> None:
         """Later actions carry `version`: a replacement learner goes on from its group's."""

@@ -38,6 +38,45 @@ def resolve_fragments(fragments: list) -> list:
     return [next(fetched) if isinstance(f, ray.ObjectRef) else f for f in fragments]
 
 
+class FragmentUpdate:
+    """Learner.update_on_fragments in parts: the fragments read and made train columns,
+    then each SGD step its own call, then the statistics. A learner that also acts
+    for the env runners (acting_learner.py) answers their forward passes between
+    the parts rather than after the whole update."""
+
+    def __init__(
+        self, learner: Learner, fragments: list, learner_version: int, policy_id: str | None
+    ):
+        batches = resolve_fragments(fragments)
+        if policy_id is not None:
+            batches = [b.policy_batches[policy_id] for b in batches]
+        batch = concat_samples(batches)
+        self.learner = learner
+        self.lags = learner_version - np.asarray(batch.pop(WEIGHTS_VERSION), np.int64)
+        self.train = learner.policy.train_columns(batch)
+        self.num_sgd_steps = 0
+        self.stats: dict = {}
+
+    def sgd_step(self) -> None:
+        with self.learner._collective():
+            self.stats = self.learner.policy.update_on_train_columns(
+                self.train, num_epochs=None, shuffle=True, buffer_index=0
+            )
+        self.num_sgd_steps += 1
+
+    def finish(self) -> dict:
+        """The last step's statistics (after_async_update sees them), the steps made
+        and the rows' policy lags."""
+        self.learner.policy.after_async_update(self.stats)
+        return {
+            **valid_rows_only(self.stats, self.train),
+            "num_sgd_steps": self.num_sgd_steps,
+            POLICY_LAG_SUM: float(self.lags.sum()),
+            POLICY_LAG_MAX: int(self.lags.max()),
+            POLICY_LAG_ROWS: len(self.lags),
+        }
+
+
 class Learner:
     """A policy's learning and state methods on prepared train columns. Every learner
     of a group must make the same learning calls, in the same order."""
@@ -83,25 +122,10 @@ class Learner:
         row's policy lag (learner_version - the "weights_version" that acted).
         policy_id: the fragments are MultiAgentBatches, this learner's policy learns
         on its own rows of them (the caller dealt only fragments holding some)."""
-        batches = resolve_fragments(fragments)
-        if policy_id is not None:
-            batches = [b.policy_batches[policy_id] for b in batches]
-        batch = concat_samples(batches)
-        lags = learner_version - np.asarray(batch.pop(WEIGHTS_VERSION), np.int64)
-        train = self.policy.train_columns(batch)
-        with self._collective():
-            for _ in range(num_sgd_steps):
-                stats = self.policy.update_on_train_columns(
-                    train, num_epochs=None, shuffle=True, buffer_index=0
-                )
-        self.policy.after_async_update(stats)
-        return {
-            **valid_rows_only(stats, train),
-            "num_sgd_steps": num_sgd_steps,
-            POLICY_LAG_SUM: float(lags.sum()),
-            POLICY_LAG_MAX: int(lags.max()),
-            POLICY_LAG_ROWS: len(lags),
-        }
+        update = FragmentUpdate(self, fragments, learner_version, policy_id)
+        for _ in range(num_sgd_steps):
+            update.sgd_step()
+        return update.finish()
 
     def compute_gradients(self, train: TrainColumns):
         with self._collective():
