@@ -276,10 +276,13 @@ def test_an_acting_learner_answers_between_the_sgd_steps_of_an_update(ray_local)
     try:
         [host] = group.actors
         obs = fragment[SampleBatch.OBS][:1]
+
+        def steps_started() -> int:
+            return ray.get(host.foreach_policy.remote(lambda p: getattr(p, "steps_started", 0)))
+
         update = host.update_on_fragments.remote([ray.put(fragment)], 0, 20)
-        steps = host.foreach_policy.remote(lambda p: getattr(p, "steps_started", 0))
-        while ray.get(steps) == 0:
-            steps = host.foreach_policy.remote(lambda p: getattr(p, "steps_started", 0))
+        while steps_started() == 0:
+            time.sleep(0.01)
         _, _, extra = ray.get(host.compute_actions.remote(obs))
         assert extra["weights_version"] == 0  # answered mid-update
         assert ray.get(update)["num_sgd_steps"] == 20

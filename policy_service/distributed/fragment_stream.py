@@ -171,7 +171,7 @@ class FragmentStream:
         logs the traceback of a request that fails after it was dropped."""
         self._install_replacements(wait=True)
         count = self.requests_in_flight()
-        self._read_failed_requests()
+        self._settle_requests()
         self._in_flight.clear()
         self._without_acting.clear()
         self._local_asked = False
@@ -179,7 +179,7 @@ class FragmentStream:
         self._idle_since = {s: now for s in range(len(self.env_runners.workers))}
         return count
 
-    def _read_failed_requests(self) -> None:
+    def _settle_requests(self) -> None:
         """Wait for the requests in flight to finish (at most SETTLE_S; a hung env is
         not waited for longer) and read the errors of those that failed, so that
         dropping them makes Ray log nothing."""
