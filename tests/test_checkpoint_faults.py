@@ -45,6 +45,7 @@ sys.exit(cli.main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow  # a run killed in its own process: ~10 s here
 def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp_path):
     run_dir, saving = tmp_path / "run", tmp_path / "saving"
     args = [
@@ -130,6 +131,7 @@ def _can_mount_a_tmpfs() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.slow  # runs in their own processes: ~7 s here
 @pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="needs unshare -m and tmpfs (root)")
 def test_a_full_disk_keeps_the_last_checkpoint_and_says_no_space_left(tmp_path):
     run_dir, waiting, go = tmp_path / "run", tmp_path / "waiting", tmp_path / "go"

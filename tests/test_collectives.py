@@ -364,6 +364,7 @@ def test_connecting_after_tensorflow_initialized_says_so():
         group.connect(0, [group.address, "127.0.0.1:1"])
 
 
+@pytest.mark.slow  # a collective member killed and waited out: ~9 s here
 def test_a_killed_peer_is_an_error_within_the_timeout(remote_member):
     survivor, victim = start_group(remote_member, 2, timeout_s=SHORT_TIMEOUT_S)
     ray.get([m.timed_sum.remote() for m in (survivor, victim)])  # both healthy first

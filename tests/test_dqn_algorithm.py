@@ -288,6 +288,7 @@ def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
         algo.stop()
 
 
+@pytest.mark.slow  # a learner actor: ~13 s here
 def test_a_learner_actor_trains_and_gives_the_td_errors_for_the_priorities(ray_local):
     """num_learners=1: the SGD steps and the TD errors behind the new priorities run in
     the learner actor; its weights reach the env runner and match the priorities."""

@@ -128,6 +128,7 @@ def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
         group.stop()
 
 
+@pytest.mark.slow  # two env runner actors: ~13 s here
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
     batch, metrics = group.sample()  # the first sample waits for both to start
     first, second = ray.get([w.get_weights.remote() for w in group.workers])
@@ -168,6 +169,7 @@ def test_fragments_name_the_grad_updates_synced_with_the_weights_they_acted_with
     assert group.sample()[0].num_grad_updates is None
 
 
+@pytest.mark.slow  # an env runner actor started twice
 def test_a_killed_worker_is_replaced_and_training_goes_on(group):
     learner = _learner(group)
     version = 20
@@ -315,6 +317,7 @@ def test_async_sample_returns_fragments_as_workers_finish_each_once(group):
     assert sum(len(ids) for ids in unroll_ids) == len(set().union(*unroll_ids))  # none twice
 
 
+@pytest.mark.slow  # an env runner actor started twice
 def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weights(group):
     learner = _learner(group)
     group.sync_weights(learner.get_weights(), 60)
@@ -330,6 +333,7 @@ def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weigh
         np.testing.assert_array_equal(replaced[name], value)
 
 
+@pytest.mark.slow  # an env runner actor started twice
 def test_a_worker_sample_replaced_is_not_replaced_again_by_its_old_async_request(group):
     group.sample_async(timeout_s=0.0)
     before, victim = group.num_restarts, group.workers[1]
@@ -354,6 +358,7 @@ def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_cur
     assert group.weights_versions() == [80, 80]
 
 
+@pytest.mark.slow  # env runner start-ups until the budget is spent
 def test_async_sampling_ends_in_one_line_when_the_restart_budget_is_spent(ray_local):
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,

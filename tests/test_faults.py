@@ -125,6 +125,7 @@ def test_a_worker_killed_twice_is_replaced_and_one_dying_while_starting_is_retri
     assert metrics["num_worker_restarts"] == 3  # the one that died starting counts too
 
 
+@pytest.mark.slow  # env runner start-ups in turn: ~20 s here
 def test_the_run_ends_in_one_line_when_the_restart_budget_is_spent(
     dying_group, capsys, monkeypatch
 ):

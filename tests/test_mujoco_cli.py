@@ -33,6 +33,7 @@ SHORT = [
 ]
 
 
+@pytest.mark.slow  # two training commands: ~9 s here
 def test_halfcheetah_and_hopper_train_one_iteration_from_the_command_line(tmp_path):
     runs = {
         "HalfCheetah-v5": ["--config", str(HALFCHEETAH_YAML)],

@@ -179,6 +179,7 @@ def assert_weights_equal(got: dict, want: dict) -> None:
             np.testing.assert_array_equal(got[policy_id][name], value)
 
 
+@pytest.mark.slow  # two multi-agent runner actors: ~12 s here
 def test_env_runner_actors_sample_every_policy_and_take_weights_by_policy(group):
     batch, metrics = group.sample()
     assert batch.env_steps() == metrics["env_steps"] == 2 * 2 * 8

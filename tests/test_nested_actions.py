@@ -78,6 +78,7 @@ def test_env_runners_sample_nested_actions(ray_local, num_env_runners, remote_in
     assert np.isfinite(stats["learner_stats"]["total_loss"])
 
 
+@pytest.mark.slow  # a policy actor and its callers
 def test_policy_actor_serves_each_caller_its_own_nested_rows(ray_local):
     actor = PolicyActor.remote(
         PPOPolicy, OBS, TUPLE, POLICY_CONFIG, max_batch_size=64, batch_wait_timeout_s=0.05

@@ -106,6 +106,7 @@ def test_host_without_batching_runs_one_pass_per_request():
 # ----- the actor on Ray -----------------------------------------------------------------
 
 
+@pytest.mark.slow  # sixteen caller actors
 def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_mlp, local_mlp):
     rng = np.random.default_rng(1)
     observations = [_obs(rng, 1 + i % 3) for i in range(16)]  # 31 rows: >1 batch of 16
@@ -252,6 +253,7 @@ def test_learn_on_batch_changes_weights_and_version(served_mlp):
     assert ray.get(served_mlp.weights_version.remote()) == version + 1
 
 
+@pytest.mark.slow  # a recurrent policy actor: ~7 s here
 def test_served_recurrent_policy_reproduces_a_local_rollout(ray_local):
     actor = PolicyActor.options(num_cpus=0).remote(
         fakes.ReturnsPGPolicy,

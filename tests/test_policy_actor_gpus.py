@@ -54,6 +54,7 @@ def test_the_policy_actor_holds_the_fractional_gpu_it_asked_for(ray_local):
     assert ray.available_resources().get("GPU", 0.0) == 1.0
 
 
+@pytest.mark.slow  # a policy actor in its own Ray: ~8 s here
 def test_without_the_key_the_policy_actor_holds_no_gpu(ray_local):
     group = _group(0)
     try:

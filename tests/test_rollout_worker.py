@@ -219,6 +219,7 @@ def test_gymnasium_id_env_and_prev_columns():
     assert worker.set_weights(worker.get_weights(), 5) == 5 and worker.weights_version() == 5
 
 
+@pytest.mark.slow  # a runner actor and a policy actor: ~14 s here
 def test_remote_inference_matches_local_inference(ray_local):
     config = {**LSTM_CONFIG, "explore": False}
     local_worker = _worker(config, rollout_fragment_length=5)
@@ -260,6 +261,7 @@ def test_remote_inference_matches_local_inference(ray_local):
         ray.kill(actor)
 
 
+@pytest.mark.slow  # a runner actor importing TensorFlow
 def test_rollout_worker_as_a_ray_actor(ray_local):
     worker = (
         ray.remote(RolloutWorker)

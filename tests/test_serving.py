@@ -50,6 +50,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# the tests of a running `serve` (a Ray, Serve and a replica in a child process): its
+# start takes ~20 s here alone and minutes beside a busy job, so they run in the slow group
+WITH_THE_SERVER = pytest.mark.slow
+
+
 class Server:
     """A `policy-service serve` subprocess and an HTTP client for it."""
 
@@ -217,7 +222,7 @@ def nested_server(nested_checkpoint, tmp_path_factory):
     server.wait_ready()
     server.token = "nested-secret"
     yield server
-    server.stop()
+    assert server.stop() == 0
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +235,7 @@ def cartpole_policy(cartpole_checkpoint):
 # ----- acting -----------------------------------------------------------------------------------
 
 
+@WITH_THE_SERVER
 def test_health_needs_no_token(cartpole_server):
     assert cartpole_server.request("GET", http_api.HEALTH, token=None) == (
         200,
@@ -237,6 +243,7 @@ def test_health_needs_no_token(cartpole_server):
     )
 
 
+@WITH_THE_SERVER
 def test_actions_equal_compute_actions_of_the_checkpoint(cartpole_server, cartpole_policy):
     obs = np.random.default_rng(0).uniform(-2, 2, (50, 4)).astype(np.float32)
     answer = cartpole_server.actions({"obs": obs.tolist(), "explore": False})
@@ -247,11 +254,13 @@ def test_actions_equal_compute_actions_of_the_checkpoint(cartpole_server, cartpo
     assert answer["weights_version"] == CARTPOLE_VERSION
 
 
+@WITH_THE_SERVER
 def test_explore_samples_valid_actions(cartpole_server):
     answer = cartpole_server.actions({"obs": [[0.0, 0.0, 0.0, 0.0]] * 200, "explore": True})
     assert set(answer["actions"]) == {0, 1}  # a deterministic policy would give one action
 
 
+@WITH_THE_SERVER
 def test_spec_names_spaces_and_model_inputs(cartpole_server):
     status, text = cartpole_server.request("GET", http_api.SPEC)
     spec = json.loads(text)
@@ -264,6 +273,7 @@ def test_spec_names_spaces_and_model_inputs(cartpole_server):
     assert spec["action_leaves"] == [{"path": [], "dtype": "int64", "shape": []}]
 
 
+@WITH_THE_SERVER
 def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_policy):
     """32 requests at once (with a bad one among them): fewer passes than requests, each
     caller gets its own rows, and the bad request fails alone."""
@@ -307,12 +317,14 @@ def test_concurrent_requests_share_forward_passes(cartpole_server, cartpole_poli
 # ----- safety --------------------------------------------------------------------------------
 
 
+@WITH_THE_SERVER
 def test_generated_token_is_private_and_named(cartpole_server, cartpole_checkpoint):
     assert cartpole_server.token_file == cartpole_checkpoint / "serve" / "token"
     assert cartpole_server.token_file.stat().st_mode & 0o777 == 0o600
     assert len(cartpole_server.token) >= 32
 
 
+@WITH_THE_SERVER
 @pytest.mark.parametrize(
     "path,method", [(http_api.ACTIONS, "POST"), (http_api.SPEC, "GET"), (http_api.STATS, "GET")]
 )
@@ -324,6 +336,7 @@ def test_a_missing_or_wrong_token_is_401(cartpole_server, path, method, token):
     assert text.count("\n") == 1 and json.loads(text)["error"].startswith("Authorization:")
 
 
+@WITH_THE_SERVER
 def test_a_token_of_another_scheme_is_401(cartpole_server):
     status, text = cartpole_server.request(
         "GET",
@@ -348,6 +361,7 @@ def test_a_token_of_another_scheme_is_401(cartpole_server):
         (b'{"obs": [[0, 0, 0, 0]], "extra": 1}', "body", "unexpected ['extra']"),
     ],
 )
+@WITH_THE_SERVER
 def test_bad_requests_are_400_with_one_line(cartpole_server, body, field, detail):
     status, text = cartpole_server.request("POST", http_api.ACTIONS, body)
     assert status == 400, text
@@ -356,6 +370,7 @@ def test_bad_requests_are_400_with_one_line(cartpole_server, body, field, detail
     assert error.startswith(f"{field}:") and detail in error, error
 
 
+@WITH_THE_SERVER
 def test_a_40mb_body_is_413_and_the_next_request_is_served(cartpole_server):
     body = b'{"obs": [' + b"[0.0, 0.0, 0.0, 0.0], " * (40 * 2**20 // 22) + b"[0, 0, 0, 0]]}"
     assert len(body) > 40 * 10**6
@@ -379,6 +394,7 @@ def test_a_40mb_body_is_413_and_the_next_request_is_served(cartpole_server):
     assert cartpole_server.actions({"obs": [[0.0] * 4]})["actions"] in ([0], [1])
 
 
+@WITH_THE_SERVER
 def test_a_chunked_body_over_the_limit_is_413(cartpole_server):
     def chunks():
         for _ in range(80):
@@ -389,6 +405,7 @@ def test_a_chunked_body_over_the_limit_is_413(cartpole_server):
     assert status == 413 and "got more than" in json.loads(text)["error"]
 
 
+@WITH_THE_SERVER
 def test_it_listens_on_loopback_only(cartpole_server):
     """The HTTP port is bound to 127.0.0.1 by the server's process tree (Serve's proxy), and
     the machine's other addresses refuse it. (Ray's own gRPC servers and agents bind other
@@ -404,6 +421,16 @@ def test_it_listens_on_loopback_only(cartpole_server):
     for address in others:
         with pytest.raises(OSError):
             socket.create_connection((address, port), timeout=5).close()
+
+
+@WITH_THE_SERVER
+def test_sigterm_stops_the_server_with_status_0(cartpole_server):
+    """Last of the cartpole server's tests: it stops that server (its fixture's
+    teardown then finds it stopped)."""
+    assert cartpole_server.stop() == 0
+    assert "stopping\n" in cartpole_server.stdout
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", cartpole_server.port), timeout=5).close()
 
 
 def local_ipv4_addresses() -> set[str]:
@@ -501,17 +528,6 @@ def test_nested_bad_requests_name_the_sub_field(nested_server):
     assert status == 401
 
 
-# ----- stopping --------------------------------------------------------------------------------
-
-
-def test_sigterm_stops_the_server_with_status_0(nested_server):
-    """Last in the module: it stops the nested server."""
-    assert nested_server.stop() == 0
-    assert "stopping\n" in nested_server.stdout
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", nested_server.port), timeout=5).close()
-
-
 # ----- options, tokens and resources (no server) -----------------------------------------------
 
 
@@ -534,6 +550,7 @@ def test_gpus_the_cluster_lacks_are_one_line_errors():
     )
 
 
+@pytest.mark.slow  # a serve command that starts Ray before it refuses
 def test_serve_with_a_gpu_on_a_machine_without_one_exits_2(cartpole_checkpoint):
     env = dict(
         os.environ,

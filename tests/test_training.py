@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 from cli_processes import TIMEOUT_S, TINY, finish, kill_group, progress, ray_token, run, start  # noqa: F401
 
+# every test runs `policy-service train` in child processes with env runner or learner
+# actors: ~35 s here alone, minutes beside a busy job
+pytestmark = pytest.mark.slow
+
 # ----- a short run on two fake GPUs, then its checkpoint evaluated and exported -------------
 
 
@@ -73,7 +77,6 @@ def test_result_records_the_resources_of_the_driver_learner_and_the_env_runner(t
     assert resources["learners"] == [] and resources["inference_actor"] is None
 
 
-@pytest.mark.slow  # two runs with a learner actor, one after the other
 def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tmp_path):
     """The checkpoint is checked against the learner actor's policy (there is no
     local one) before the run goes on from it."""
@@ -184,7 +187,6 @@ def _checkpoints(run_dir: Path) -> list[str]:
     return sorted(p.name for p in (run_dir / "checkpoints").glob("checkpoint_*"))
 
 
-@pytest.mark.slow
 def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     args = [
