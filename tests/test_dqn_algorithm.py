@@ -366,7 +366,10 @@ def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_pa
     assert stats["episodes"] == 2 and len(stats["episode_lengths"]) == 2
 
 
-@pytest.mark.parametrize("num_learners", [0, 1])
+@pytest.mark.parametrize(
+    "num_learners",
+    [0, pytest.param(1, marks=pytest.mark.slow)],  # a learner actor: ~7 s here
+)
 def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
     ray_local, num_learners
 ):

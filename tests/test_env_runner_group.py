@@ -21,6 +21,11 @@ SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
 SLOW_SCRIPT = {**SCRIPT, "step_sleep_s": 0.02}  # a fragment of 20 steps takes ~0.4 s
 
 
+# the module's group of two env runner actors: its start takes ~10 s here alone and up to
+# minutes beside a busy job, so its tests run in the slow group
+WITH_THE_GROUP = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def group(ray_local):
     group = EnvRunnerGroup(
@@ -128,7 +133,7 @@ def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
         group.stop()
 
 
-@pytest.mark.slow  # two env runner actors: ~13 s here
+@WITH_THE_GROUP
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
     batch, metrics = group.sample()  # the first sample waits for both to start
     first, second = ray.get([w.get_weights.remote() for w in group.workers])
@@ -141,6 +146,7 @@ def test_workers_start_with_the_same_weights_and_sample_in_parallel(group):
     assert len(metrics["episode_returns"]) == len(metrics["episode_lengths"]) > 0
 
 
+@WITH_THE_GROUP
 def test_sync_weights_puts_the_weights_in_the_object_store_once(group, monkeypatch):
     learner = _learner(group)
     weights = {k: v * 0.5 for k, v in learner.get_weights().items()}
@@ -157,6 +163,7 @@ def test_sync_weights_puts_the_weights_in_the_object_store_once(group, monkeypat
     assert metrics["weights_version"] == 11
 
 
+@WITH_THE_GROUP
 def test_fragments_name_the_grad_updates_synced_with_the_weights_they_acted_with(group):
     """What learners read their lead over the sampler from: each remote worker's
     fragment carries the count synced with its weights (through Ray's pickling), kept
@@ -197,6 +204,7 @@ def test_a_killed_worker_is_replaced_and_training_goes_on(group):
         np.testing.assert_array_equal(replaced[name], value)
 
 
+@WITH_THE_GROUP
 def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
     healthy = group.workers[1]
     group.workers[1] = ray.remote(envs.BrokenEnvWorker).options(num_cpus=0).remote()
@@ -301,6 +309,7 @@ def from_worker(index: int):
     return lambda results: any(m["worker_index"] == index for _, m in results)
 
 
+@WITH_THE_GROUP
 def test_async_sample_returns_fragments_as_workers_finish_each_once(group):
     """Worker 2 is busy with one more fragment first: worker 1's comes back alone, and
     worker 1 was asked again at once (its next one comes while worker 2 still works)."""
@@ -344,6 +353,7 @@ def test_a_worker_sample_replaced_is_not_replaced_again_by_its_old_async_request
     assert group.num_restarts == before + 1
 
 
+@WITH_THE_GROUP
 def test_weights_sent_without_waiting_reach_each_workers_fragments_after_its_current_one(group):
     group.sync_weights(_learner(group).get_weights(), 79)
     collect_until(group, lambda r: {m["worker_index"] for _, m in r} == {1, 2})

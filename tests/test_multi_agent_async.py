@@ -1,7 +1,8 @@
 """IMPALA, APPO and A3C with `policies`: each trained policy learns on its own rows of
 multi-agent fragments, an untrained one keeps its weights bit-identical, rows carry
 the weights version that acted, results count agent steps and each policy's return;
-APPO's two mapped policies learn their maps on TwoMapsEnv with env runner actors (slow)."""
+each algorithm's two mapped policies learn their maps on TwoMapsEnv with env runner
+actors (slow)."""
 
 import multi_agent_envs
 import numpy as np
@@ -135,14 +136,18 @@ def ray_two_maps(ray_local):
 
 
 @pytest.mark.slow
-def test_appo_two_mapped_policies_each_learn_their_own_map(ray_two_maps):
+@pytest.mark.parametrize("algo_cls", [APPO, IMPALA, A3C], ids=lambda cls: cls.__name__)
+def test_two_mapped_policies_each_learn_their_own_map(ray_two_maps, algo_cls):
     learning = two_maps_config(
         num_env_runners=2, rollout_fragment_length=32, num_envs_per_env_runner=4
     )
     learning.pop("minibatch_size")
-    algo = APPO(learning)
+    if algo_cls is A3C:  # each fragment is one gradient step: shorter ones, more steps
+        learning.pop("num_epochs")
+        learning["rollout_fragment_length"] = 8
+    algo = algo_cls(learning)
     try:
-        result = train_until(algo, list(POLICY_IDS))
+        result = train_until(algo, list(POLICY_IDS), iterations=40)
         assert min(result["policy_reward_mean"].values()) >= 0.8 * 8 > 3 * RANDOM_RETURN, result[
             "policy_reward_mean"
         ]

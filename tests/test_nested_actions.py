@@ -39,7 +39,11 @@ def check_nested_actions(actions, rows: int) -> None:
 
 @pytest.mark.parametrize(
     "num_env_runners, remote_inference",
-    [(0, False), (2, False), pytest.param(2, True, marks=pytest.mark.slow)],  # ~40 s here
+    [
+        (0, False),
+        pytest.param(2, False, marks=pytest.mark.slow),  # two runner actors: ~11 s here
+        pytest.param(2, True, marks=pytest.mark.slow),  # and a policy actor: ~40 s here
+    ],
 )
 def test_env_runners_sample_nested_actions(ray_local, num_env_runners, remote_inference):
     group = EnvRunnerGroup(
