@@ -83,7 +83,13 @@ def assert_steps_like(one, many, model):
 
 
 @pytest.mark.parametrize(
-    "model", [TWO_BN, BN_LSTM, BUILT_IN_LSTM], ids=["two_bn", "bn_lstm", "built_in_lstm"]
+    "model",
+    [
+        pytest.param(TWO_BN, id="two_bn"),
+        pytest.param(BN_LSTM, id="bn_lstm"),
+        # Keras's own LSTM layer beside BN: ~10-20 s under load, so in the slow group
+        pytest.param(BUILT_IN_LSTM, id="built_in_lstm", marks=pytest.mark.slow),
+    ],
 )
 @pytest.mark.parametrize("n", [2, 4])
 def test_towers_normalize_by_the_whole_batch_like_one_device(model, n):

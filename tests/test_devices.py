@@ -235,6 +235,7 @@ _SUBPROCESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a child process importing TensorFlow: ~13 s beside a busy job
 def test_prepare_process_in_a_fresh_process_gives_three_fake_gpus_with_towers_on_them():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(

@@ -265,6 +265,7 @@ FRESH_PROCESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # a child process importing TensorFlow: ~11 s beside a busy job
 def test_saved_model_acts_the_same_in_a_fresh_process_without_this_package(exported, tmp_path):
     inputs = {}
     for name, (policy, directory) in exported.items():

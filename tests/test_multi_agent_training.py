@@ -83,6 +83,7 @@ def test_a_pettingzoo_env_trains_with_policies_mapped_by_agent_id_prefix(straigh
     assert saved["config"]["policy_mapping_fn"] == {"a": "pa", "b": "pb"}
 
 
+@pytest.mark.slow  # two more training runs: ~16 s beside a busy job
 def test_a_stopped_run_resumes_from_its_iteration_bit_identically(straight_run, tmp_path, capsys):
     run_dir = tmp_path / "resumed"
     assert main(["train", "ppo", *TWO_MAPS, "--stop-iters", "2", "--output-dir", str(run_dir)]) == 0

@@ -130,6 +130,7 @@ def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_m
     assert stats["p50_latency_ms"] > 0 and stats["p99_latency_ms"] >= stats["p50_latency_ms"]
 
 
+@pytest.mark.slow  # a PolicyActor of its own: ~16 s beside a busy job
 def test_a_full_batch_runs_without_waiting_for_the_window(ray_local):
     """A window of an hour, which no test waits out: the 16 answers prove the full
     batch ran at once (the timeout bounds a hang; it is not a timing)."""
