@@ -30,16 +30,21 @@ LSTM_CONFIG = {
 WAIT_S = 1.0  # batch window of the served MLP: long, so a burst of requests shares it
 
 
-@pytest.fixture(scope="module")
-def served_mlp(ray_local):
-    actor = PolicyActor.options(num_cpus=0).remote(
+def _serve_mlp(batch_wait_timeout_s: float):
+    """A PolicyActor of the test MLP that batches up to 16 requests."""
+    return PolicyActor.options(num_cpus=0).remote(
         fakes.FaultyPolicy,
         OBS_SPACE,
         ACTION_SPACE,
         MLP_CONFIG,
         max_batch_size=16,
-        batch_wait_timeout_s=WAIT_S,
+        batch_wait_timeout_s=batch_wait_timeout_s,
     )
+
+
+@pytest.fixture(scope="module")
+def served_mlp(ray_local):
+    actor = _serve_mlp(WAIT_S)
     yield actor
     ray.kill(actor)
 
@@ -134,14 +139,7 @@ def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_m
 def test_a_full_batch_runs_without_waiting_for_the_window(ray_local):
     """A window of an hour, which no test waits out: the 16 answers prove the full
     batch ran at once (the timeout bounds a hang; it is not a timing)."""
-    actor = PolicyActor.options(num_cpus=0).remote(
-        fakes.FaultyPolicy,
-        OBS_SPACE,
-        ACTION_SPACE,
-        MLP_CONFIG,
-        max_batch_size=16,
-        batch_wait_timeout_s=3600.0,
-    )
+    actor = _serve_mlp(3600.0)
     try:
         rng = np.random.default_rng(2)
         requests = [actor.compute_actions.remote(_obs(rng, 1), explore=False) for _ in range(16)]
