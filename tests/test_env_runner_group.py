@@ -176,7 +176,7 @@ def test_fragments_name_the_grad_updates_synced_with_the_weights_they_acted_with
     assert group.sample()[0].num_grad_updates is None
 
 
-@pytest.mark.slow  # an env runner actor started twice
+@WITH_THE_GROUP  # and an env runner actor started twice
 def test_a_killed_worker_is_replaced_and_training_goes_on(group):
     learner = _learner(group)
     version = 20
@@ -326,7 +326,7 @@ def test_async_sample_returns_fragments_as_workers_finish_each_once(group):
     assert sum(len(ids) for ids in unroll_ids) == len(set().union(*unroll_ids))  # none twice
 
 
-@pytest.mark.slow  # an env runner actor started twice
+@WITH_THE_GROUP  # and an env runner actor started twice
 def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weights(group):
     learner = _learner(group)
     group.sync_weights(learner.get_weights(), 60)
@@ -342,7 +342,7 @@ def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weigh
         np.testing.assert_array_equal(replaced[name], value)
 
 
-@pytest.mark.slow  # an env runner actor started twice
+@WITH_THE_GROUP  # and an env runner actor started twice
 def test_a_worker_sample_replaced_is_not_replaced_again_by_its_old_async_request(group):
     group.sample_async(timeout_s=0.0)
     before, victim = group.num_restarts, group.workers[1]
