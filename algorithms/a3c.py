@@ -62,8 +62,8 @@ class A3CConfig(AsyncConfig):
     )
     train_batch_size: int = setting(
         500,
-        doc="Env steps per training iteration (what one train() reports on); every "
-        "fragment is its own gradient step.",
+        doc="Env steps (count_steps_by) per training iteration (what one train() reports "
+        "on); every fragment is its own gradient step.",
     )
     lambda_: float = setting(
         1.0,
@@ -137,7 +137,7 @@ class A3CPolicy(ChunkedActorCriticPolicy):
 class A3C(AsyncAlgorithm):
     """Every env runner keeps `max_requests_in_flight_per_env_runner` requests for a
     fragment's gradients queued; an iteration applies the gradients that arrive until
-    train_batch_size env steps were sampled and at least one was applied."""
+    train_batch_size steps (count_steps_by) were sampled and at least one was applied."""
 
     config_class = A3CConfig
     config: A3CConfig
@@ -172,7 +172,7 @@ class A3C(AsyncAlgorithm):
                 staleness.append(self.version - fragment.weights_version)
                 trained += self._apply(fragment)
                 arrived.append(fragment.metrics)
-                steps += fragment.env_steps
+                steps += fragment.steps(self.config.count_steps_by)
         self.count_async(arrived, trained, time.perf_counter() - start)
         return {
             "grad_staleness_mean": sum(staleness) / len(staleness),

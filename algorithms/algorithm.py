@@ -275,11 +275,6 @@ class AsyncConfig(AlgorithmConfig):
             raise ConfigError(
                 f"{self.key_prefix}.rollout_fragment_length must be an integer >= 1, got 'auto'"
             )
-        if self.count_steps_by != "env_steps":
-            raise ConfigError(
-                f"{self.key_prefix}.count_steps_by must be 'env_steps' in asynchronous runs "
-                f"(their train batches are counted in env steps), got {self.count_steps_by!r}"
-            )
 
 
 @dataclass

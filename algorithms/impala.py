@@ -97,7 +97,7 @@ class IMPALAConfig(AsyncConfig):
     def __post_init__(self):
         super().__post_init__()
         per_fragment = int(self.rollout_fragment_length) * self.num_envs_per_env_runner
-        if self.train_batch_size % per_fragment:
+        if self.count_steps_by == "env_steps" and self.train_batch_size % per_fragment:
             raise ConfigError(
                 f"config.rollout_fragment_length={self.rollout_fragment_length} x "
                 f"num_envs_per_env_runner={self.num_envs_per_env_runner} = {per_fragment} env "
@@ -200,7 +200,7 @@ def actor_critic_loss(policy, curr, out: dict, logp, advantages, value_targets, 
 
 class IMPALA(AsyncAlgorithm):
     """Env runners and learners at once (AsyncLearning); an iteration lasts until
-    train_batch_size env steps were sampled and at least one update was made."""
+    train_batch_size steps (count_steps_by) were sampled and at least one update was made."""
 
     config_class = IMPALAConfig
     config: IMPALAConfig
@@ -217,6 +217,7 @@ class IMPALA(AsyncAlgorithm):
             num_sgd_steps=cfg.num_epochs,
             broadcast_interval=None if cfg.inference == "learners" else cfg.broadcast_interval,
             max_policy_lag=cfg.max_policy_lag,
+            count_steps_by=cfg.count_steps_by,
         )
         try:
             self.async_learning = AsyncLearning(
@@ -235,7 +236,7 @@ class IMPALA(AsyncAlgorithm):
     def training_step(self) -> dict:
         start = time.perf_counter()
         self.async_learners().set_global_timestep(self.timesteps_total)  # what schedules read
-        it = self.async_learning.run(min_env_steps=self.config.train_batch_size)
+        it = self.async_learning.run(min_steps=self.config.train_batch_size)
         report = dict(it.report)
         trained = int(report.pop("num_samples_trained", 0))
         self.count_async(it.fragment_metrics, trained, time.perf_counter() - start)

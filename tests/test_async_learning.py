@@ -320,8 +320,8 @@ def test_async_learning_trains_and_drops_fragments_older_than_max_policy_lag(run
     )
     training = AsyncLearning(runners, learners, settings)
     try:
-        first = training.run(min_env_steps=80)
-        second = training.run(min_env_steps=80)
+        first = training.run(min_steps=80)
+        second = training.run(min_steps=80)
         grads = training.last_gradients()  # TensorBoard's, between two of the thread's updates
     finally:
         training.stop()

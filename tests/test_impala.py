@@ -332,7 +332,7 @@ def test_a_killed_acting_learner_is_replaced_and_every_runner_acts_through_the_n
     stream = algo.async_learning.stream
     lose_a_fragment_to_the_dead_learner(stream)
     assert stream.runners_without_acting()  # not asked again until it has a new learner
-    it = algo.async_learning.run(min_env_steps=40)  # the driver replaces and hands over
+    it = algo.async_learning.run(min_steps=40)  # the driver replaces and hands over
     assert it.learner_stats
     [new] = algo.learners.actors
     assert new != dead and algo.env_runners.inference_actors == [new]

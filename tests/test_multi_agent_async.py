@@ -17,6 +17,8 @@ from algorithms.a3c import A3C
 from algorithms.appo import APPO
 from algorithms.impala import IMPALA, IMPALAPolicy
 from policy_service.config import ConfigError
+from policy_service.distributed.async_learning import AsyncSettings, makes_train_batch
+from policy_service.distributed.fragment_stream import Fragment
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
@@ -115,13 +117,40 @@ def test_inference_by_the_learners_with_policies_is_refused_in_one_line(algo_cls
     )
 
 
-@pytest.mark.parametrize("algo_cls", [IMPALA, A3C])
-def test_async_runs_refuse_counting_agent_steps_in_one_line(algo_cls):
-    with pytest.raises(ConfigError) as refused:
-        algo_cls(
-            {"env": "CartPole-v1", "rollout_fragment_length": 10, "count_steps_by": "agent_steps"}
-        )
-    assert_one_line(refused.value, "config.count_steps_by", "'env_steps'", "'agent_steps'")
+def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
+    """Fragments of 12 env steps, 24 agent steps: 64 steps take 6 fragments counted in
+    env steps, 3 in agent steps; and a fragment for each learner either way."""
+    policies = agent_policies(
+        {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), IMPALAPolicy, {"seed": 0}
+    )
+    worker = MultiAgentRolloutWorker(
+        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
+    )
+    fragments = [Fragment(*worker.sample()) for _ in range(6)]
+    assert [(f.steps("env_steps"), f.steps("agent_steps")) for f in fragments[:1]] == [(12, 24)]
+    env_steps = AsyncSettings(train_batch_size=64)
+    agent_steps = AsyncSettings(train_batch_size=64, count_steps_by="agent_steps")
+    assert not makes_train_batch(fragments[:5], env_steps, num_learners=0)
+    assert makes_train_batch(fragments[:6], env_steps, num_learners=0)
+    assert not makes_train_batch(fragments[:2], agent_steps, num_learners=0)
+    assert makes_train_batch(fragments[:3], agent_steps, num_learners=0)
+    assert not makes_train_batch(fragments[:3], agent_steps, num_learners=4)
+
+
+@pytest.mark.parametrize("algo_cls", [IMPALA, A3C], ids=["impala", "a3c"])
+def test_counting_agent_steps_an_iteration_samples_train_batch_size_agent_steps(algo_cls):
+    """With count_steps_by="agent_steps" a train batch (IMPALA) and an iteration hold
+    >= 64 agent steps, 32 env steps of TwoMapsEnv's two agents, where env_steps would
+    ask for 64 env steps; results still count env steps as timesteps."""
+    algo = algo_cls(config(count_steps_by="agent_steps"))
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["agent_timesteps_total"] == 2 * result["timesteps_total"] >= 64
+    if algo_cls is IMPALA:
+        for p in POLICY_IDS:
+            assert result[f"{p}/num_samples_trained"] >= 32 * result["num_learner_updates"]
 
 
 # ----- with env runner actors (slow) -------------------------------------------------------

@@ -2,7 +2,7 @@
 
     training = AsyncLearning(env_runners, learners, AsyncSettings(train_batch_size=500))
     while True:
-        it = training.run(min_env_steps=500)   # until >= 500 env steps and >= 1 update
+        it = training.run(min_steps=500)       # until >= 500 env steps and >= 1 update
         it.fragment_metrics                    # each fragment's sample() metrics
         it.learner_stats                       # each update's statistics
         it.report                              # policy lag, queue fill, idle times, losses
@@ -10,12 +10,12 @@
 
 The driver only moves references and metrics: a FragmentStream keeps requests
 in flight on every env runner; fragments gather into train batches of
-`train_batch_size` env steps that a LearnerThread's bounded queue takes; when
-it is full no runner is asked again, so memory stays bounded and the runners
-wait (their idle time is reported). Weights the thread took after every
-`broadcast_interval` updates go to the runners without waiting for them. With
-`trained` (multi-agent runs) each trained policy's learners train on its own rows
-of the same fragments (LearnerThread).
+`train_batch_size` env steps (agent steps with count_steps_by="agent_steps") that a
+LearnerThread's bounded queue takes; when it is full no runner is asked again, so
+memory stays bounded and the runners wait (their idle time is reported). Weights
+the thread took after every `broadcast_interval` updates go to the runners without
+waiting for them. With `trained` (multi-agent runs) each trained policy's learners
+train on its own rows of the same fragments (LearnerThread).
 
 When the learners act for the runners (inference: learners), learners replaced
 after a death, by whichever thread found it, are handed to every runner
@@ -47,6 +47,16 @@ class AsyncSettings:
     num_sgd_steps: int = 1
     broadcast_interval: int | None = 1  # None: the learners act, nothing to send
     max_policy_lag: int | None = None
+    count_steps_by: str = "env_steps"  # what train_batch_size and run's minimum count
+
+
+def makes_train_batch(
+    fragments: list[Fragment], settings: AsyncSettings, num_learners: int
+) -> bool:
+    """Whether `fragments` hold train_batch_size steps (counted by count_steps_by) and
+    at least one fragment for each learner."""
+    steps = sum(f.steps(settings.count_steps_by) for f in fragments)
+    return steps >= settings.train_batch_size and len(fragments) >= max(1, num_learners)
 
 
 @dataclass
@@ -99,9 +109,9 @@ class AsyncLearning:
         """Updates the learners made so far."""
         return self.thread.version
 
-    def run(self, min_env_steps: int) -> AsyncIteration:
-        """Sample and train until >= min_env_steps env steps were sampled and the
-        learners finished at least one update -> what happened meanwhile."""
+    def run(self, min_steps: int) -> AsyncIteration:
+        """Sample and train until >= min_steps steps (counted by count_steps_by) were
+        sampled and the learners finished at least one update -> what happened meanwhile."""
         it = AsyncIteration()
         steps, fills = 0, []
         idle_runners = self.stream.env_runner_idle_s
@@ -109,7 +119,7 @@ class AsyncLearning:
         dropped = self.thread.dropped_fragments
         lost = self.stream.lost_fragments
         start = time.perf_counter()
-        while steps < min_env_steps or not it.learner_stats:
+        while steps < min_steps or not it.learner_stats:
             self.thread.check()
             self._act_through_current_learners()
             self._send_weights()
@@ -118,7 +128,7 @@ class AsyncLearning:
             for fragment in self.stream.collect(_POLL_S):
                 self._pending.append(fragment)
                 it.fragment_metrics.append(fragment.metrics)
-                steps += fragment.env_steps
+                steps += fragment.steps(self.settings.count_steps_by)
             if self._batch_waiting() and self.thread.offer(self._pending):
                 self._pending = []
             fills.append(self.thread.queue_fill())
@@ -139,8 +149,7 @@ class AsyncLearning:
 
     def _batch_waiting(self) -> bool:
         """Whether the pending fragments make a train batch for every learner."""
-        enough = sum(f.env_steps for f in self._pending) >= self.settings.train_batch_size
-        return enough and len(self._pending) >= max(1, self.learners.num_learners)
+        return makes_train_batch(self._pending, self.settings, self.learners.num_learners)
 
     def _act_through_current_learners(self) -> None:
         """Inference by the learners: the runners act through the learner actors there

@@ -53,6 +53,13 @@ class Fragment(NamedTuple):
     def env_steps(self) -> int:
         return int(self.metrics["env_steps"])
 
+    def steps(self, count_steps_by: str) -> int:
+        """Its env steps, or with "agent_steps" its agents' steps (a multi-agent
+        fragment's rows of every agent; a single-agent one's are its env steps)."""
+        if count_steps_by == "agent_steps":
+            return int(self.metrics.get("agent_steps", self.env_steps))
+        return self.env_steps
+
     def rows(self, policy_id: str | None) -> int:
         """The rows of `policy_id` in a multi-agent fragment; None: every row (env steps)."""
         if policy_id is None:
