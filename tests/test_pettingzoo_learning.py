@@ -1,7 +1,8 @@
 """PPO learns PettingZoo games with one policy shared by every agent (slow, in CI):
 simple_spread's return beats a random policy's, measured in the same test, by a clear
-margin; connect four's self-play learner beats a uniformly random legal player in at
-least 80% of 200 games. Each records its figures for three seeds in its docstring."""
+margin; the self-play learners of tictactoe and connect four beat a uniformly random
+legal player in at least 80% of 200 games. Each records its figures for three seeds in
+its docstring."""
 
 import time
 
@@ -16,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
 CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"
+TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 
 
 def random_returns(name: str, episodes: int, seed: int) -> list[float]:
@@ -131,4 +133,40 @@ def test_connect_four_self_play_wins_80_percent_against_a_random_player():
         f"{result['timesteps_total']} moves, {time.perf_counter() - start:.0f} s"
     )
     assert result["agent_timesteps_total"] <= result["timesteps_total"]  # one mover a step
+    assert won >= 0.8
+
+
+def test_tictactoe_self_play_wins_80_percent_against_a_random_player():
+    """One policy plays both sides, as for connect four, with larger batches (4000 moves,
+    minibatches of 500), lr 1e-3 and an entropy bonus of 0.01; 15 iterations. Untrained,
+    the greedy policy wins 51.5% / 54.5% / 41.0% (seeds 0 / 1 / 2) of these games.
+    Measured at 60,000 moves (load ~2-3 on 2 cores, ~60 s each): 86.5% / 91.5% / 87.5%;
+    on the way (12k / 20k / 32k / 40k / 52k moves): 67.5 / 82.5 / 87.5 / 89.5 / 86.0%,
+    74.0 / 84.5 / 86.5 / 89.0 / 91.0%, 75.0 / 84.5 / 85.0 / 86.0 / 85.0%. With connect
+    four's settings (2000-move batches, lr 3e-4, no entropy bonus) it peaked at 77-80%
+    and fell back; a frozen copy of the learner as the opponent (test_self_play.py)
+    rises as far but swings more between iterations."""
+    start = time.perf_counter()
+    algo, result = train_shared(
+        TICTACTOE,
+        {"player_": "shared"},
+        60_000,
+        train_batch_size=4000,
+        minibatch_size=500,
+        lr=1e-3,
+        entropy_coeff=0.01,
+        lambda_=0.95,
+        kl_coeff=0.0,
+        vf_clip_param=100.0,
+        model={"fcnet_hiddens": [128, 128]},
+    )
+    try:
+        policy = algo.get_policy("shared")
+        won = games_won_against_random(policy, 200, seed=10_000, name=TICTACTOE)
+    finally:
+        algo.stop()
+    print(
+        f"\ntictactoe self-play: {won:.1%} of 200 games won against random after "
+        f"{result['timesteps_total']} moves, {time.perf_counter() - start:.0f} s"
+    )
     assert won >= 0.8
