@@ -143,7 +143,9 @@ class PPOPolicy(AdaptiveKLPolicy):
 
     def __init__(self, observation_space, action_space, config=None):
         super().__init__(observation_space, action_space, config)
-        self._value_fn = tf.function(self._value, input_signature=self.acting_signature())
+        self._value_fn = tf.function(
+            self._value, input_signature=self.acting_signature(), autograph=False
+        )
 
     def _value(self, obs, states, prev_actions, prev_rewards):
         """<float32>[B] V(obs) with training=False, for bootstrapping."""
