@@ -262,6 +262,23 @@ def test_startup_prints_its_phases():
     assert len(phases["iteration_ends_s"]) >= 3 + phases["iterations_in_driver"]
 
 
+def test_ppo_phases_prints_each_phase_in_wall_and_cpu_seconds():
+    """ppo_phases.py prints one JSON line (no --smoke size: two steady iterations)."""
+    proc = run_module("benchmarks.ppo_phases", "--iterations", "2")
+    phases = json.loads(proc.stdout.strip().splitlines()[-1])
+    for phase in ("build", "first_iteration", "second_iteration", "steady_iterations"):
+        assert phases[f"{phase}_wall_s"] > 0 and phases[f"{phase}_cpu_s"] > 0, phase
+    assert phases["steady_iterations"] == 2 and phases["env_steps"] > 0
+
+
+def test_start_cpu_counts_the_processes_ray_started():
+    """start_cpu.py ray: an embedded Ray's GCS, raylet and agents are started processes."""
+    proc = run_module("benchmarks.start_cpu", "ray")
+    step = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert step["step"] == "ray" and step["wall_s"] > 0
+    assert step["started_processes"] >= 2 and step["started_processes_cpu_s"] > 0
+
+
 def test_sac_step_smoke(tmp_path):
     """The bare TF SAC update, our policy's, our loop's and (when its virtualenv
     exists) SB3's are timed at k = 1 and 8 SGD steps per call, each with the
