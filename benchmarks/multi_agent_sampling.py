@@ -29,7 +29,6 @@ RLlib runs in .venv-rllib-torch with PettingZoo and mpe2 at our versions
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 from benchmarks import harness, plots, rllib_env, stats
 
@@ -124,27 +123,9 @@ def _rllib_sample(algo) -> tuple[int, int]:
 
 
 def _tree_cpu_s(root: int) -> float | None:
-    """CPU seconds (user + system) of `root` and every process below it (its local
-    Ray: GCS, raylet, runners, actors), read from /proc; None where there is none."""
-    import os
-
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return None
-    parent_of, ticks = {}, {}
-    for stat in proc.glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:  # ended meanwhile
-            continue
-        pid = int(stat.parent.name)
-        parent_of[pid], ticks[pid] = int(fields[1]), int(fields[11]) + int(fields[12])
-    total, pending = 0, [root]
-    while pending:
-        pid = pending.pop()
-        total += ticks.get(pid, 0)
-        pending += [child for child, parent in parent_of.items() if parent == pid]
-    return total / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of `root` and every process below it (stats.process_tree_cpu_s)."""
+    per_process = stats.process_tree_cpu_s(root)
+    return None if per_process is None else sum(per_process.values())
 
 
 def measure(spec: dict):

@@ -14,29 +14,9 @@ import json
 import os
 import time
 
+from benchmarks.stats import process_tree_cpu_s
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def descendants_cpu_s(root: int) -> tuple[float, int]:
-    """(user + system CPU seconds, count) of root's descendant processes now alive."""
-    children: dict[int, list[tuple[int, float]]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        cpu = (int(fields[11]) + int(fields[12])) / _TICKS
-        children.setdefault(int(fields[1]), []).append((int(name), cpu))
-    total, count, todo = 0.0, 0, [root]
-    while todo:
-        for pid, cpu in children.get(todo.pop(), []):
-            total, count = total + cpu, count + 1
-            todo.append(pid)
-    return total, count
 
 
 def main() -> None:
@@ -55,7 +35,9 @@ def main() -> None:
         tf.constant(1.0) + 1.0  # the runtime up, not only the modules
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     time.sleep(0.5)
-    started_cpu, started = descendants_cpu_s(os.getpid())
+    tree = process_tree_cpu_s(os.getpid()) or {}
+    started = {pid: cpu for pid, cpu in tree.items() if pid != os.getpid()}
+    started_cpu = sum(started.values())
     print(
         json.dumps(
             {
@@ -63,7 +45,7 @@ def main() -> None:
                 "load_1min": load,
                 "wall_s": round(wall, 2),
                 "this_process_cpu_s": round(cpu, 2),
-                "started_processes": started,
+                "started_processes": len(started),
                 "started_processes_cpu_s": round(started_cpu, 2),
                 "cores_busy": round((cpu + started_cpu) / wall, 2),
                 "cores": os.cpu_count(),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def median(values) -> float | None:
@@ -53,6 +55,32 @@ def timed_with_cpu(
         cpus.append(time.process_time() - cpu)
         walls.append(time.perf_counter() - wall)
     return walls, cpus
+
+
+def process_tree_cpu_s(root: int) -> dict[int, float] | None:
+    """pid -> CPU seconds (user + system) of `root` and of every process below it now
+    alive (a local Ray's GCS, raylet, workers, actors), read from /proc; None where
+    there is no /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    children: dict[int, list[int]] = {}
+    ticks: dict[int, int] = {}
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:  # ended meanwhile
+            continue
+        pid = int(stat.parent.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        ticks[pid] = int(fields[11]) + int(fields[12])
+    per_second = os.sysconf("SC_CLK_TCK")
+    found, pending = {}, [root]
+    while pending:
+        pid = pending.pop()
+        found[pid] = ticks.get(pid, 0) / per_second
+        pending += children.get(pid, [])
+    return found
 
 
 def summarize(records: list[dict], keys: tuple, value: str) -> list[dict]:
