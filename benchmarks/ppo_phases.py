@@ -56,7 +56,7 @@ def main() -> None:
     phases.mark("build")
     algo.train()
     phases.mark("first_iteration")
-    algo.train()  # the second still traces what only a second call reaches
+    algo.train()  # apart too: slower than the steady ones in the runs measured
     phases.mark("second_iteration")
     for _ in range(args.iterations):
         result = algo.train()

@@ -127,7 +127,7 @@ def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
         TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
     )
     fragments = [Fragment(*worker.sample()) for _ in range(6)]
-    assert [(f.steps("env_steps"), f.steps("agent_steps")) for f in fragments[:1]] == [(12, 24)]
+    assert {(f.steps("env_steps"), f.steps("agent_steps")) for f in fragments} == {(12, 24)}
     env_steps = AsyncSettings(train_batch_size=64)
     agent_steps = AsyncSettings(train_batch_size=64, count_steps_by="agent_steps")
     assert not makes_train_batch(fragments[:5], env_steps, num_learners=0)
