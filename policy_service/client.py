@@ -267,7 +267,8 @@ class PolicyClient:
 
     def _request(self, method: str, path: str, body: bytes | None = None, with_headers=False):
         """One request on the kept-alive connection (opened again once if the server
-        closed it) -> the body (and headers); PolicyClientError for any status but 200."""
+        closed it before answering) -> the body (and headers); PolicyClientError for any
+        status but 200, ConnectionError when the server went away mid-answer."""
         for attempt in (0, 1):
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(
@@ -283,6 +284,13 @@ class PolicyClient:
                 self._conn = None
                 if attempt:
                     raise
+            except http.client.IncompleteRead as err:  # it may have acted on it: no retry
+                self._conn.close()
+                self._conn = None
+                raise ConnectionResetError(
+                    f"{method} {path}: the server closed the connection after "
+                    f"{len(err.partial)} bytes of its answer"
+                ) from None
         if response.status != 200:
             try:
                 message = json.loads(data)["error"]
