@@ -701,13 +701,21 @@ class Algorithm:
                 )
             ]
         )
-        # the runner actors start while the driver builds the learners
-        runners = multi_agent.multi_agent_env_runners(cfg, policies, cfg.seed)
+        # the runner actors start while the driver builds the learners, unless they act
+        # through the learners: then those first
+        by_learners = self.inference_by_learners()
+        runners = (
+            None if by_learners else multi_agent.multi_agent_env_runners(cfg, policies, cfg.seed)
+        )
         learners = None
         try:
             learners = multi_agent.MultiAgentLearners(policies)
             if cfg.frozen_copies:
                 learners.copy_frozen(cfg.frozen_copies, check=True)
+            if runners is None:
+                runners = multi_agent.multi_agent_env_runners(
+                    cfg, policies, cfg.seed, inference_actors=learners.actors
+                )
         except BaseException:
             for built in (runners, learners):
                 if built is not None:
@@ -796,7 +804,12 @@ class Algorithm:
             self._past_worker_restarts += int(runners.num_restarts)
             runners.stop()
             seed = iteration_seed(self.config.seed, self.iteration)
-            runners = multi_agent.multi_agent_env_runners(self.config, runners.agent_policies, seed)
+            runners = multi_agent.multi_agent_env_runners(
+                self.config,
+                runners.agent_policies,
+                seed,
+                inference_actors=learners.actors if self.inference_by_learners() else None,
+            )
             self.multi_agent = (runners, learners)
         runners.sync_weights(learners.get_weights(), version=self.iteration)
 

@@ -103,11 +103,6 @@ class IMPALAConfig(AsyncConfig):
                 f"num_envs_per_env_runner={self.num_envs_per_env_runner} = {per_fragment} env "
                 f"steps per fragment must divide train_batch_size={self.train_batch_size}"
             )
-        if self.inference == "learners" and self.policies is not None:
-            raise ConfigError(
-                f"{self.key_prefix}.inference must be 'env_runners' or 'policy_actors' with "
-                f"policies set (the learners act for one policy), got 'learners'"
-            )
         if self.inference == "learners" and (self.num_learners < 1 or self.num_env_runners < 1):
             raise ConfigError(
                 "config.inference='learners' needs learner actors and remote env runners "

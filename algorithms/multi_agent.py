@@ -151,14 +151,18 @@ def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> N
 
 
 def multi_agent_env_runners(
-    config, policies: AgentPolicies, seed: int | None
+    config, policies: AgentPolicies, seed: int | None, inference_actors: dict | None = None
 ) -> MultiAgentEnvRunnerGroup:
     """The run's env runners (AlgorithmConfig.env_runner_settings); `seed` seeds the
-    episodes and the acting copies' sampling (None: the policies' config seed)."""
+    episodes and the acting copies' sampling (None: the policies' config seed);
+    `inference_actors` (MultiAgentLearners.actors): each policy acts through its learners."""
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
     return MultiAgentEnvRunnerGroup(
-        multi_agent_env_creator(config.env), policies, **config.env_runner_settings(seed)
+        multi_agent_env_creator(config.env),
+        policies,
+        inference_actors=inference_actors,
+        **config.env_runner_settings(seed),
     )
 
 
@@ -185,6 +189,16 @@ class MultiAgentLearners:
     @property
     def num_restarts(self) -> int:
         return sum(group.num_restarts for group in self.groups.values())
+
+    @property
+    def actors(self) -> dict:
+        """policy id -> its learner actors (with inference: learners, they act for it)."""
+        return {policy_id: group.actors for policy_id, group in self.groups.items()}
+
+    def replace_dead_learners(self) -> None:
+        """LearnerGroup.replace_dead_learners of every policy's learners."""
+        for group in self.groups.values():
+            group.replace_dead_learners()
 
     def trained(self) -> dict:
         """policy id -> LearnerGroup, of the policies in policies_to_train."""

@@ -1,14 +1,14 @@
 """IMPALA, APPO and A3C with `policies`: each trained policy learns on its own rows of
 multi-agent fragments, an untrained one keeps its weights bit-identical, rows carry
 the weights version that acted, results count agent steps and each policy's return;
-each algorithm's two mapped policies learn their maps on TwoMapsEnv with env runner
-actors (slow)."""
+with `inference: learners` each policy acts through its own learner actors, which are
+replaced after a death; each algorithm's two mapped policies learn their maps on
+TwoMapsEnv with env runner actors, APPO acting on the learners too (slow)."""
 
 import multi_agent_envs
 import numpy as np
 import pytest
 import ray
-from fakes import assert_one_line
 from multi_agent_envs import TwoMapsEnv, by_agent, two_maps_config
 from test_multi_agent_ppo import A_MAP, B_MAP, RANDOM_RETURN, greedy_actions, train_until
 
@@ -16,7 +16,6 @@ from algorithms import register_env
 from algorithms.a3c import A3C
 from algorithms.appo import APPO
 from algorithms.impala import IMPALA, IMPALAPolicy
-from policy_service.config import ConfigError
 from policy_service.distributed.async_learning import AsyncSettings, makes_train_batch
 from policy_service.distributed.fragment_stream import Fragment
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
@@ -108,15 +107,6 @@ def test_every_multi_agent_row_carries_the_weights_version_that_acted():
     assert metrics["policy_agent_steps"] == {"pa": 12, "pb": 12}
 
 
-@pytest.mark.parametrize("algo_cls", [IMPALA, APPO])
-def test_inference_by_the_learners_with_policies_is_refused_in_one_line(algo_cls):
-    with pytest.raises(ConfigError) as refused:
-        algo_cls(config(inference="learners", num_learners=1, num_env_runners=1))
-    assert_one_line(
-        refused.value, "config.inference", "'env_runners' or 'policy_actors'", "'learners'"
-    )
-
-
 def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
     """Fragments of 12 env steps, 24 agent steps: 64 steps take 6 fragments counted in
     env steps, 3 in agent steps; and a fragment for each learner either way."""
@@ -165,12 +155,18 @@ def ray_two_maps(ray_local):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo_cls", [APPO, IMPALA, A3C], ids=lambda cls: cls.__name__)
-def test_two_mapped_policies_each_learn_their_own_map(ray_two_maps, algo_cls):
+@pytest.mark.parametrize(
+    "algo_cls, inference",
+    [(APPO, "env_runners"), (APPO, "learners"), (IMPALA, "env_runners"), (A3C, "env_runners")],
+    ids=["APPO", "APPO-acting-on-learners", "IMPALA", "A3C"],
+)
+def test_two_mapped_policies_each_learn_their_own_map(ray_two_maps, algo_cls, inference):
     learning = two_maps_config(
         num_env_runners=2, rollout_fragment_length=32, num_envs_per_env_runner=4
     )
     learning.pop("minibatch_size")
+    if inference == "learners":  # a learner actor per policy, acting for both runners
+        learning.update(inference=inference, num_learners=1, num_cpus_per_learner=0.25)
     if algo_cls is A3C:  # each fragment is one gradient step: shorter ones, more steps
         learning.pop("num_epochs")
         learning["rollout_fragment_length"] = 8
@@ -181,19 +177,41 @@ def test_two_mapped_policies_each_learn_their_own_map(ray_two_maps, algo_cls):
             "policy_reward_mean"
         ]
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
-        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
-        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+        acting = {p: acting_policy(algo, p) for p in POLICY_IDS}
+        assert greedy_actions(acting["pa"], 0) == A_MAP
+        assert greedy_actions(acting["pb"], 1) == B_MAP
     finally:
         algo.stop()
 
 
+class ActingLearner:
+    """A learner actor acting (inference: learners), called as a policy is."""
+
+    def __init__(self, actor) -> None:
+        self.actor = actor
+
+    def compute_actions(self, obs, explore: bool):
+        return ray.get(self.actor.compute_actions.remote(obs, explore=explore))
+
+
+def acting_policy(algo, policy_id: str):
+    """What acts for `policy_id`: its learner in the driver, or its acting learner actor."""
+    if getattr(algo.config, "inference", None) == "learners":
+        return ActingLearner(algo.async_learners().actors[policy_id][0])
+    return algo.get_policy(policy_id)
+
+
 @pytest.mark.slow
-def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_two_maps, tmp_path):
+@pytest.mark.parametrize("inference", ["env_runners", "learners"])
+def test_impala_with_learner_actors_saves_and_restores_every_policy(
+    ray_two_maps, tmp_path, inference
+):
     run = config(
         num_env_runners=1,
         num_learners=1,
         num_cpus_per_learner=0.25,
         num_cpus_per_env_runner=0.25,
+        inference=inference,
     )
     algo = IMPALA(run)
     try:
@@ -214,6 +232,77 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_two_maps
             assert not changed(saved[p], groups[p].get_weights()), p
         result = restored.train()
         assert result["learner_version"] > version
+        if inference == "learners":  # the runner acts through the restored learners
+            assert acting_actors(restored) == [{p: groups[p].actors[0] for p in POLICY_IDS}]
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
     finally:
         restored.stop()
+
+
+# ----- acting on the learners (inference: learners) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def appo_acting_on_learners(ray_two_maps):
+    """APPO whose policies act through their own learner actors; "pb" is not trained."""
+    algo = APPO(
+        config(
+            inference="learners",
+            num_learners=1,
+            num_env_runners=1,
+            num_cpus_per_learner=0.25,
+            num_cpus_per_env_runner=0.25,
+            policies_to_train=["pa"],
+        )
+    )
+    yield algo
+    algo.stop()
+
+
+def learner_weights(algo) -> dict:
+    groups = algo.async_learners().groups
+    return {p: groups[p].get_weights() for p in POLICY_IDS}
+
+
+def acting_actors(algo) -> list:
+    runners = algo.env_runner_group()
+    return ray.get([worker.acting_actor.remote() for worker in runners.workers])
+
+
+def test_each_policy_acts_through_its_own_learner_and_nothing_is_sent(appo_acting_on_learners):
+    algo = appo_acting_on_learners
+    before = learner_weights(algo)
+    result = algo.train()
+    after = learner_weights(algo)
+    assert changed(before["pa"], after["pa"]) and not changed(before["pb"], after["pb"])
+    learners = algo.async_learners().actors
+    assert all(len(learners[p]) == 1 for p in POLICY_IDS) and learners["pa"] != learners["pb"]
+    assert acting_actors(algo) == [{p: learners[p][0] for p in POLICY_IDS}]
+    assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+    assert "pa/total_loss" in result and not any(k.startswith("pb/") for k in result)
+    # the runner acts with the trained learner's own weights under its version: no copy
+    runners = algo.env_runner_group()
+    [acting] = ray.get([w.get_weights.remote() for w in runners.workers])
+    trained_now = algo.async_learners().groups["pa"].get_weights()
+    version = algo.learner_version()
+    assert not changed(acting["pb"], before["pb"])
+    assert runners.weights_versions()[0] <= version
+    if runners.weights_versions()[0] == version:  # no update under way: the same weights
+        assert not changed(acting["pa"], trained_now)
+
+
+@pytest.mark.slow  # a policy's learner actor started twice
+def test_a_killed_learner_of_one_policy_is_replaced_and_the_runners_act_through_it(
+    appo_acting_on_learners,
+):
+    algo = appo_acting_on_learners
+    algo.train()
+    learners = algo.async_learners()
+    [dead] = learners.actors["pa"]
+    ray.kill(dead)
+    results = [algo.train() for _ in range(3)]
+    [new] = learners.actors["pa"]
+    assert new != dead and results[-1]["num_learner_restarts"] == 1
+    assert algo.env_runner_group().inference_actors == learners.actors
+    assert acting_actors(algo) == [{p: learners.actors[p][0] for p in POLICY_IDS}]
+    assert results[-1]["learner_version"] > results[0]["learner_version"]

@@ -5,7 +5,8 @@ themselves (runner i through learner i % N): same device, same weights, so no
 weights are broadcast and a fragment lags by at most the updates made while it
 was sampled. Acting is a PolicyHost around the learner's own policy (concurrent
 requests batched into one forward pass); the asynchronous update runs in the
-same single policy thread a part at a time, so forward passes fall between SGD steps:
+same single policy thread a part at a time, so forward passes fall between SGD steps,
+and so do reads and writes of its weights and state:
 
     host = ray.remote(ActingLearnerHost).remote(policy_cls, obs_space, act_space, config)
     # a RolloutWorker(policy_actor=host) calls, concurrently with the learner thread:
@@ -35,6 +36,19 @@ def _acting(name: str):
         return await served(self.acting, *args, **kwargs)
 
     method.__name__, method.__qualname__, method.__doc__ = name, name, served.__doc__
+    return method
+
+
+def _between_steps(name: str):
+    """An async actor method running LearnerHost's `name` in the policy thread, so it
+    reads or writes the weights between SGD steps and forward passes, never beside one
+    (a frozen self-play copy is set while the runners act through it)."""
+    learner_method = getattr(LearnerHost, name)
+
+    async def method(self, *args, **kwargs):
+        return await self.acting.in_policy_thread(lambda: learner_method(self, *args, **kwargs))
+
+    method.__name__, method.__qualname__, method.__doc__ = name, name, learner_method.__doc__
     return method
 
 
@@ -80,3 +94,9 @@ class ActingLearnerHost(LearnerHost):
     get_initial_state = _acting("get_initial_state")
     get_spaces = _acting("get_spaces")
     weights_version = _acting("weights_version")
+
+    # the learner's weights and state, touched only between steps
+    get_weights = _between_steps("get_weights")
+    set_weights = _between_steps("set_weights")
+    get_state = _between_steps("get_state")
+    set_state = _between_steps("set_state")

@@ -136,8 +136,9 @@ class EnvRunnerGroup:
       for workers acting with their own policy copies (no PolicyActor, no inference
       actors). Which calls it serves depends on how fast the workers start.
     inference_actors: actors that act for the workers with their own weights (learner
-      actors, SEED style: worker i through actor (i - 1) % N); no weights are sent.
-      Replaced ones (the learners restarted) are handed over by `set_inference_actors`.
+      actors, SEED style: worker i through actor (i - 1) % N; a multi-agent group's
+      are a dict of policy id -> such a list); no weights are sent. Replaced ones (the
+      learners restarted) are handed over by `set_inference_actors`.
     """
 
     worker_cls: type = RolloutWorker
@@ -161,7 +162,7 @@ class EnvRunnerGroup:
         max_restarts_per_sample: int = 3,
         max_restarts: int = DEFAULT_MAX_RESTARTS,
         max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
-        inference_actors: list | None = None,
+        inference_actors: list | dict | None = None,
         sample_while_starting: bool = False,
     ):
         if num_env_runners < 0:
@@ -195,7 +196,7 @@ class EnvRunnerGroup:
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
-        self._inference_actors = list(inference_actors or [])
+        self._inference_actors = _copied(inference_actors or [])
         if self._inference_actors and (remote_inference or num_env_runners == 0):
             raise ValueError(
                 "inference_actors need remote env runners (num_env_runners >= 1) "
@@ -546,20 +547,20 @@ class EnvRunnerGroup:
     # ----- inference actors ---------------------------------------------------------
 
     @property
-    def inference_actors(self) -> list:
+    def inference_actors(self) -> list | dict:
         """The actors acting for the workers now (worker i: (i - 1) % N); [] if none."""
-        return list(self._inference_actors)
+        return _copied(self._inference_actors)
 
-    def set_inference_actors(self, actors: list) -> None:
+    def set_inference_actors(self, actors: list | dict) -> None:
         """Act through `actors` from now on (the learners replaced after a death): every
         worker gets its own at once, without waiting, after its requests in flight
         (those still act through the old ones); replaced workers start with them."""
-        if not self._inference_actors or len(actors) != len(self._inference_actors):
+        if not self._inference_actors or _counts(actors) != _counts(self._inference_actors):
             raise ValueError(
-                f"set_inference_actors replaces the {len(self._inference_actors)} inference "
-                f"actor(s) this group was built with, got {len(actors)}"
+                f"set_inference_actors replaces the {_counts(self._inference_actors)} "
+                f"inference actor(s) this group was built with, got {_counts(actors)}"
             )
-        self._inference_actors = list(actors)
+        self._inference_actors = _copied(actors)
         self._unacked_weights += [
             worker.set_acting_actor.remote(self._acting_actor(slot + 1))
             for slot, worker in enumerate(self.workers)
@@ -590,7 +591,7 @@ class EnvRunnerGroup:
     def _acting_actor(self, index: int):
         """Who acts for worker `index`: an inference actor, the PolicyActor, or None."""
         if self._inference_actors:
-            return self._inference_actors[(index - 1) % len(self._inference_actors)]
+            return _actor_of_worker(self._inference_actors, index)
         return self.policy_actor
 
     def start_replacement(
@@ -789,3 +790,24 @@ def _config_value(config, key: str, default):
     if isinstance(config, dict):
         return config.get(key, default)
     return getattr(config, key, default)
+
+
+def _copied(actors: list | dict) -> list | dict:
+    """A list of inference actors, or policy id -> list, copied (the lists too)."""
+    if isinstance(actors, dict):
+        return {policy_id: list(each) for policy_id, each in actors.items()}
+    return list(actors)
+
+
+def _counts(actors: list | dict) -> int | dict:
+    """How many inference actors there are (per policy id of a dict)."""
+    if isinstance(actors, dict):
+        return {policy_id: len(each) for policy_id, each in actors.items()}
+    return len(actors)
+
+
+def _actor_of_worker(actors: list | dict, index: int):
+    """Worker `index`'s inference actor: (index - 1) % N (per policy id of a dict)."""
+    if isinstance(actors, dict):
+        return {policy_id: _actor_of_worker(each, index) for policy_id, each in actors.items()}
+    return actors[(index - 1) % len(actors)]

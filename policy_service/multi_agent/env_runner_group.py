@@ -9,8 +9,10 @@
 Everything else is EnvRunnerGroup's: workers in this process (num_env_runners=0) or as
 Ray actors started unwaited (with `sample_while_starting`, a stand-in worker samples in
 this process until they are up), a dead worker replaced with the latest weights within
-the same budgets, and with `remote_inference` one MultiPolicyActor acting for every
-worker, batching per policy. Observation filters are single-agent only (none here).
+the same budgets, with `remote_inference` one MultiPolicyActor acting for every
+worker, batching per policy, and with `inference_actors` (policy id -> its learner
+actors) each policy acting through its own learners. Observation filters are
+single-agent only (none here).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from policy_service.observation_filters import RunningStat
 
 
 class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
-    """EnvRunnerGroup's keyword arguments (less `inference_actors`); the weights it
-    syncs are a dict of policy id -> weights. The PolicyActor's GPUs are the first
+    """EnvRunnerGroup's keyword arguments (`inference_actors` by policy id); the weights
+    it syncs are a dict of policy id -> weights. The PolicyActor's GPUs are the first
     policy's config's num_gpus_per_policy_actor."""
 
     worker_cls = MultiAgentRolloutWorker

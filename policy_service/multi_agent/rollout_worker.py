@@ -10,7 +10,9 @@ env; the worker of a MultiAgentEnvRunnerGroup, in the driver or as a Ray actor.
 
 Every policy of `agent_policies` acts here as a CPU copy (seeded per worker, as a
 single-agent worker's copy is), or, given `policy_actor` (a MultiPolicyActor), through
-it: one request per policy and vector step, batched there with the other workers'.
+it: one request per policy and vector step, batched there with the other workers'; or,
+given a dict of policy id -> actor (inference: learners), each policy through its own
+learner actor, with the weights it trains.
 """
 
 from __future__ import annotations
@@ -38,13 +40,16 @@ from policy_service.sample_batch import SampleBatch
 
 
 class ServedPolicy:
-    """One policy of a MultiPolicyActor, called as the sampler calls an acting policy;
-    a call lost with a dead actor is sent once more (Ray restarts it with its weights)."""
+    """One policy served by an actor, called as the sampler calls an acting policy: of a
+    MultiPolicyActor (named by `policy_id`), or an actor serving that policy alone (an
+    acting learner: `policy_id` None). A call lost with a dead actor is sent once more
+    (Ray restarts a PolicyActor with its weights; a learner is replaced by the driver)."""
 
-    def __init__(self, actor, policy_id: str) -> None:
-        self.actor, self.policy_id = actor, policy_id
+    def __init__(self, actor, policy_id: str | None = None) -> None:
+        self.actor = actor
+        self._named = {} if policy_id is None else {"policy_id": policy_id}
         self._recurrent = bool(
-            call_retrying_once(actor.get_initial_state, policy_id)
+            call_retrying_once(actor.get_initial_state, **self._named)
         )  # state tensors: recurrent
 
     def is_recurrent(self) -> bool:
@@ -57,7 +62,7 @@ class ServedPolicy:
             self.actor.compute_actions,
             obs_batch,
             state_batches,
-            policy_id=self.policy_id,
+            **self._named,
             prev_action_batch=prev_action_batch,
             prev_reward_batch=prev_reward_batch,
         )
@@ -69,7 +74,7 @@ class ServedPolicy:
 
     def postprocess_trajectories(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
         """Every chunk of this policy in one call."""
-        return call_retrying_once(self.actor.postprocess_trajectories, chunks, self.policy_id)
+        return call_retrying_once(self.actor.postprocess_trajectories, chunks, **self._named)
 
 
 class MultiAgentRolloutWorker(ActingWeights):
@@ -118,6 +123,8 @@ class MultiAgentRolloutWorker(ActingWeights):
                 ).build()
                 for policy_id, spec in agent_policies.specs.items()
             }
+        elif isinstance(policy_actor, dict):  # policy id -> its acting learner
+            self.policies = {p: ServedPolicy(policy_actor[p]) for p in agent_policies.specs}
         else:
             self.policies = {p: ServedPolicy(policy_actor, p) for p in agent_policies.specs}
         self.sampler = MultiAgentSampler(
@@ -144,7 +151,14 @@ class MultiAgentRolloutWorker(ActingWeights):
         for rows in batch.policy_batches.values():
             if WEIGHTS_VERSION not in rows:  # acting copies: weights set between fragments
                 rows[WEIGHTS_VERSION] = np.full(rows.count, self._weights_version, np.int64)
-        versions = [int(rows[WEIGHTS_VERSION].min()) for rows in batch.policy_batches.values()]
+        # the lag that matters is the trained rows' (a policy not trained may act through
+        # a learner of its own whose version never moves)
+        trained = set(self.sampler.agent_policies.policies_to_train)
+        versions = [
+            int(rows[WEIGHTS_VERSION].min())
+            for policy_id, rows in batch.policy_batches.items()
+            if policy_id in trained
+        ]
         metrics.update(
             num_episodes=len(metrics["episode_returns"]),
             weights_version=min(versions, default=self._weights_version),
@@ -190,6 +204,40 @@ class MultiAgentRolloutWorker(ActingWeights):
             )
         for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
+
+    def get_weights(self) -> dict:
+        """policy id -> the weights acting here (with acting learners: theirs)."""
+        if isinstance(self._policy_actor, dict):
+            return {
+                policy_id: call_retrying_once(actor.get_weights)
+                for policy_id, actor in self._policy_actor.items()
+            }
+        return super().get_weights()
+
+    def weights_version(self) -> int:
+        """The version acting here; with acting learners, the oldest trained policy's."""
+        if isinstance(self._policy_actor, dict):
+            return min(
+                call_retrying_once(self._policy_actor[policy_id].weights_version)
+                for policy_id in self.sampler.agent_policies.policies_to_train
+            )
+        return super().weights_version()
+
+    def set_acting_actor(self, actors: dict) -> None:
+        """Act through `actors` (policy id -> actor) from now on: the learners acting for
+        this worker were replaced after a death (RolloutWorker.set_acting_actor)."""
+        if not isinstance(self._policy_actor, dict):
+            raise ValueError(
+                f"worker {self.worker_index}: set_acting_actor needs a worker built with "
+                "an acting actor per policy (inference: learners)"
+            )
+        for policy_id, actor in actors.items():
+            self.policies[policy_id].actor = actor
+        self._policy_actor = dict(actors)
+
+    def acting_actor(self):
+        """Who acts for this worker: the MultiPolicyActor, policy id -> actor, or None."""
+        return self._policy_actor
 
     def set_global_timestep(self, timestep: int) -> None:
         """Where the acting copies' exploration schedules stand (a PolicyActor keeps its own)."""
