@@ -20,6 +20,7 @@ trained policy learns on its own rows of the same fragments (docs/multi_agent.md
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -103,6 +104,16 @@ class IMPALAConfig(AsyncConfig):
                 f"num_envs_per_env_runner={self.num_envs_per_env_runner} = {per_fragment} env "
                 f"steps per fragment must divide train_batch_size={self.train_batch_size}"
             )
+        if self.inference == "learners":
+            for policy_id, spec in (self.policies or {}).items():
+                inference = _own_setting(spec, "inference", self.inference)
+                num_learners = _own_setting(spec, "num_learners", self.num_learners)
+                if inference != "learners" or num_learners < 1:
+                    raise ConfigError(
+                        f"{self.key_prefix}.policies[{policy_id!r}]: with inference='learners' "
+                        "every policy acts through learner actors of its own; its config sets "
+                        f"inference={inference!r}, num_learners={num_learners}"
+                    )
         if self.inference == "learners" and (self.num_learners < 1 or self.num_env_runners < 1):
             raise ConfigError(
                 "config.inference='learners' needs learner actors and remote env runners "
@@ -110,6 +121,15 @@ class IMPALAConfig(AsyncConfig):
                 f"{self.num_learners}, num_env_runners={self.num_env_runners}"
             )
         self.remote_inference = self.remote_inference or self.inference == "policy_actors"
+
+
+def _own_setting(spec, key: str, default):
+    """A PolicySpec's own config value of `key` (its dict's or config object's), else
+    `default` (the run's)."""
+    config = getattr(spec, "config", None)
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return default if config is None else getattr(config, key, default)
 
 
 # ----- the policy: train batch layout and the V-trace loss --------------------------------

@@ -9,6 +9,7 @@ import multi_agent_envs
 import numpy as np
 import pytest
 import ray
+from fakes import assert_one_line
 from multi_agent_envs import TwoMapsEnv, by_agent, two_maps_config
 from test_multi_agent_ppo import A_MAP, B_MAP, RANDOM_RETURN, greedy_actions, train_until
 
@@ -16,6 +17,8 @@ from algorithms import register_env
 from algorithms.a3c import A3C
 from algorithms.appo import APPO
 from algorithms.impala import IMPALA, IMPALAPolicy
+from policy_service import PolicySpec
+from policy_service.config import ConfigError
 from policy_service.distributed.async_learning import AsyncSettings, makes_train_batch
 from policy_service.distributed.fragment_stream import Fragment
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
@@ -105,6 +108,19 @@ def test_every_multi_agent_row_carries_the_weights_version_that_acted():
         assert rows[WEIGHTS_VERSION].tolist() == [3] * rows.count, policy_id
     assert metrics["weights_version"] == 3
     assert metrics["policy_agent_steps"] == {"pa": 12, "pb": 12}
+
+
+@pytest.mark.parametrize(
+    "own, named",
+    [({"num_learners": 0}, "num_learners=0"), ({"inference": "env_runners"}, "'env_runners'")],
+)
+def test_a_policy_whose_config_leaves_the_learners_acting_is_refused_in_one_line(own, named):
+    """inference: learners acts through each policy's learners: none may opt out."""
+    run = config(inference="learners", num_learners=1, num_env_runners=1)
+    run["policies"] = {"pa": None, "pb": PolicySpec(config=own)}
+    with pytest.raises(ConfigError) as refused:
+        APPO(run)
+    assert_one_line(refused.value, "config.policies['pb']", "inference='learners'", named)
 
 
 def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
