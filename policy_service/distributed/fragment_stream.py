@@ -80,7 +80,7 @@ class _Request(NamedTuple):
     slot: int
     worker: Any
     batch: ray.ObjectRef
-    acting: list
+    acting: list | dict
 
 
 class FragmentStream:
