@@ -13,7 +13,7 @@ Two workloads, each configuration in its own process with its own local Ray:
   algorithms/tuned/cartpole_appo.yaml (2 runners x 4 envs), RLlib with its tuned
   example's settings (vf_loss_coeff 0.05, entropy_coeff 0, shared value layers; 2
   runners x 8 envs, its learner in the driver). Wall time (building included) and
-  env steps, one seed per round.
+  env steps, seed 0 in every round (the asynchronous runs differ all the same).
 
 RLlib runs in .venv-rllib-torch (ray[rllib] at our Ray version, and torch), created on
 first use by rllib_env.ensure_rllib_torch_venv; torch never enters our environment.

@@ -277,19 +277,22 @@ class PolicyClient:
             try:
                 self._conn.request(method, path, body=body, headers=self._headers)
                 response = self._conn.getresponse()
-                data = response.read()
-                break
             except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
                 self._conn.close()
                 self._conn = None
                 if attempt:
                     raise
-            except http.client.IncompleteRead as err:  # it may have acted on it: no retry
-                self._conn.close()
+                continue
+            try:
+                data = response.read()
+                break
+            except (ConnectionError, http.client.IncompleteRead) as err:
+                self._conn.close()  # it began to answer, so it may have acted: no retry
                 self._conn = None
+                got = len(err.partial) if isinstance(err, http.client.IncompleteRead) else "some"
                 raise ConnectionResetError(
-                    f"{method} {path}: the server closed the connection after "
-                    f"{len(err.partial)} bytes of its answer"
+                    f"{method} {path}: the server closed the connection after {got} "
+                    "bytes of its answer"
                 ) from None
         if response.status != 200:
             try:

@@ -1,7 +1,7 @@
 """ActingLearnerHost: a learner actor that also answers compute_actions (SEED RL).
 
 With `inference: "learners"` the env runners act through the learner actors
-themselves (runner i through learner i % N): same device, same weights, so no
+themselves (runner i through learner (i - 1) % N): same device, same weights, so no
 weights are broadcast and a fragment lags by at most the updates made while it
 was sampled. Acting is a PolicyHost around the learner's own policy (concurrent
 requests batched into one forward pass); the asynchronous update runs in the

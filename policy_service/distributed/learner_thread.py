@@ -151,6 +151,9 @@ class LearnerThread(threading.Thread):
             return
         stats = combine_policy_stats(results)
         self.version += 1
+        for policy_id, group in self.groups.items():
+            if policy_id not in results:  # sat out: its weights are its latest all the same
+                group.set_acting_version(self.version)
         weights = None
         if self.broadcast_interval is not None and self.version % self.broadcast_interval == 0:
             trained = {p: self.groups[p].get_weights() for p in results}

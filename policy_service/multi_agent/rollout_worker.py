@@ -218,10 +218,25 @@ class MultiAgentRolloutWorker(ActingWeights):
         """The version acting here; with acting learners, the oldest trained policy's."""
         if isinstance(self._policy_actor, dict):
             return min(
-                call_retrying_once(self._policy_actor[policy_id].weights_version)
-                for policy_id in self.sampler.agent_policies.policies_to_train
+                (
+                    call_retrying_once(self._policy_actor[policy_id].weights_version)
+                    for policy_id in self.sampler.agent_policies.policies_to_train
+                ),
+                default=self._weights_version,
             )
         return super().weights_version()
+
+    def set_weights(
+        self, weights: dict, version: int | None = None, num_grad_updates: int | None = None
+    ) -> int:
+        """ActingWeights.set_weights; refused with acting learners, which act with the
+        weights they train (nothing is sent to such a worker)."""
+        if isinstance(self._policy_actor, dict):
+            raise ValueError(
+                f"worker {self.worker_index} acts through each policy's learners, which "
+                "hold their own weights: set them on the learners"
+            )
+        return super().set_weights(weights, version, num_grad_updates)
 
     def set_acting_actor(self, actors: dict) -> None:
         """Act through `actors` (policy id -> actor) from now on: the learners acting for
