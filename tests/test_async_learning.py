@@ -209,6 +209,10 @@ class RecordingLearners:
 
     def __init__(self, num_learners: int, updates: list):
         self.num_learners, self.updates = num_learners, updates
+        self.acting_versions: list[int] = []
+
+    def set_acting_version(self, version: int) -> None:
+        self.acting_versions.append(version)
 
     def update_on_fragments(self, shards, version, num_sgd_steps, policy_id):
         self.updates.append((policy_id, shards))
@@ -264,6 +268,8 @@ def test_each_policy_trains_on_the_fragments_holding_its_rows_or_sits_the_batch_
     assert thread.version == 1 and thread.dropped_fragments == 1  # the batch nobody trained on
     version, weights = thread.take_weights()
     assert version == 1 and list(weights) == ["pa"]  # only the trained policy's weights
+    # those that sat out act under the new version (acting learners: no lag from it)
+    assert [groups[p].acting_versions for p in ("pa", "pb", "pc")] == [[], [1], [1]]
 
 
 class OneUpdateAtATime:
