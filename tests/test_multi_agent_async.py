@@ -325,3 +325,32 @@ def test_a_killed_learner_of_one_policy_is_replaced_and_the_runners_act_through_
     assert algo.env_runner_group().inference_actors == learners.actors
     assert acting_actors(algo) == [{p: learners.actors[p][0] for p in POLICY_IDS}]
     assert results[-1]["learner_version"] > results[0]["learner_version"]
+
+
+@pytest.mark.slow  # two learner actors and an env runner
+def test_a_frozen_copy_acting_on_its_learner_takes_the_trained_weights(ray_two_maps):
+    """Self-play with inference: learners: the frozen policy acts through a learner of
+    its own, which takes the trained policy's weights at every copy."""
+    algo = IMPALA(
+        config(
+            inference="learners",
+            num_learners=1,
+            num_env_runners=1,
+            num_cpus_per_learner=0.25,
+            num_cpus_per_env_runner=0.25,
+            policies_to_train=["pa"],
+            frozen_copies={"pb": "pa"},
+        )
+    )
+    try:
+        start = learner_weights(algo)
+        assert not changed(start["pa"], start["pb"])  # copied at the start
+        algo.train()  # then copied again at its end
+        algo.pause_sampling()
+        now = learner_weights(algo)
+        learners = algo.async_learners().actors
+        assert acting_actors(algo) == [{p: learners[p][0] for p in POLICY_IDS}]
+        [acting] = ray.get([w.get_weights.remote() for w in algo.env_runner_group().workers])
+        assert changed(start["pb"], now["pb"]) and not changed(acting["pb"], now["pb"])
+    finally:
+        algo.stop()
