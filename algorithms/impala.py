@@ -20,7 +20,6 @@ trained policy learns on its own rows of the same fragments (docs/multi_agent.md
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -29,6 +28,7 @@ from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from policy_service import LossExtras, TFPolicy, masked_mean
 from policy_service.config import (
     ConfigError,
+    config_value,
     entropy_coeff_schedule_setting,
     entropy_coeff_setting,
     finite,
@@ -106,8 +106,9 @@ class IMPALAConfig(AsyncConfig):
             )
         if self.inference == "learners":
             for policy_id, spec in (self.policies or {}).items():
-                inference = _own_setting(spec, "inference", self.inference)
-                num_learners = _own_setting(spec, "num_learners", self.num_learners)
+                own = getattr(spec, "config", None)  # a PolicySpec's, or None
+                inference = config_value(own, "inference", self.inference)
+                num_learners = config_value(own, "num_learners", self.num_learners)
                 if inference != "learners" or num_learners < 1:
                     raise ConfigError(
                         f"{self.key_prefix}.policies[{policy_id!r}]: with inference='learners' "
@@ -121,15 +122,6 @@ class IMPALAConfig(AsyncConfig):
                 f"{self.num_learners}, num_env_runners={self.num_env_runners}"
             )
         self.remote_inference = self.remote_inference or self.inference == "policy_actors"
-
-
-def _own_setting(spec, key: str, default):
-    """A PolicySpec's own config value of `key` (its dict's or config object's), else
-    `default` (the run's)."""
-    config = getattr(spec, "config", None)
-    if isinstance(config, Mapping):
-        return config.get(key, default)
-    return default if config is None else getattr(config, key, default)
 
 
 # ----- the policy: train batch layout and the V-trace loss --------------------------------

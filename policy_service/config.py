@@ -22,7 +22,7 @@ import functools
 import math
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -454,6 +454,13 @@ def config_for(policy_cls: type, config: Any):
     when the class declares no config class."""
     config_class = getattr(policy_cls, "config_class", None)
     return from_dict(config_class, config) if config_class is not None else config
+
+
+def config_value(config: Any, key: str, default: Any) -> Any:
+    """`key` of a policy config (a dict, a dataclass, or None), else `default`."""
+    if isinstance(config, Mapping):
+        return config.get(key, default)
+    return getattr(config, key, default)
 
 
 def on_cpu(config: Any, **changes):

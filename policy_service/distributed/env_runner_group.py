@@ -33,7 +33,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service import models, observation_filters
-from policy_service.config import config_for
+from policy_service.config import config_for, config_value
 from policy_service.distributed.resources import RoleAsk, check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -99,7 +99,7 @@ def policy_actor_ray_options(options: dict | None, policy_config: dict | Any) ->
     options = dict(options or {})
     options.setdefault("num_cpus", 1)
     if "num_gpus" not in options:
-        options["num_gpus"] = _config_value(policy_config, "num_gpus_per_policy_actor", 0)
+        options["num_gpus"] = config_value(policy_config, "num_gpus_per_policy_actor", 0)
     return options
 
 
@@ -784,12 +784,6 @@ def _kill_quietly(actor) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
         pass
-
-
-def _config_value(config, key: str, default):
-    if isinstance(config, dict):
-        return config.get(key, default)
-    return getattr(config, key, default)
 
 
 def _copied(actors: list | dict) -> list | dict:
