@@ -16,20 +16,16 @@ from __future__ import annotations
 import argparse
 import ast
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 
-from benchmarks import stats
-
-TUNED = os.path.join(os.path.dirname(__file__), "..", "algorithms", "tuned", "cartpole_appo.yaml")
-TARGET_RETURN = 450.0
+from benchmarks import async_training, stats
 
 
 def run_one(seed: int, overrides: dict, max_seconds: float) -> dict:
-    """In this process: one run to the target -> its record."""
+    """In this process: one run to the target (async_training's rule) -> its record."""
     import ray
     import yaml
 
@@ -37,32 +33,17 @@ def run_one(seed: int, overrides: dict, max_seconds: float) -> dict:
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     from algorithms.appo import APPO
 
-    with open(TUNED) as f:
-        config = yaml.safe_load(f)
+    config = yaml.safe_load(async_training.TUNED.read_text())
     config.update(overrides, seed=seed)
     algo = APPO(config)
     built = time.perf_counter()
-    result: dict = {}
-    steps = 0
     try:
-        while time.perf_counter() - start < max_seconds:
-            result = algo.train()
-            steps = algo.timesteps_total
-            ret = result.get("episode_return_mean")
-            if ret is not None and not math.isnan(ret) and ret >= TARGET_RETURN:
-                break
+        spec = {"target": async_training.TARGET_RETURN, "max_seconds": max_seconds}
+        record = async_training.train_to_target(algo, async_training.our_counters, spec, start)
     finally:
         algo.stop()
         ray.shutdown()
-    ret = result.get("episode_return_mean")
-    return {
-        "seed": seed,
-        "overrides": overrides,
-        "build_s": built - start,
-        "wall_s": time.perf_counter() - start,
-        "env_steps": steps,
-        "reached": ret is not None and not math.isnan(ret) and ret >= TARGET_RETURN,
-    }
+    return {"seed": seed, "overrides": overrides, "build_s": built - start, **record}
 
 
 def main() -> None:
@@ -85,7 +66,6 @@ def main() -> None:
                     sys.executable,
                     "-m",
                     "benchmarks.appo_tuning",
-                    "x",
                     "--child",
                     json.dumps([seed, overrides]),
                     "--max-seconds",

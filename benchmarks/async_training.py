@@ -73,7 +73,7 @@ def _our_algo(spec: dict):
     return APPO(config)
 
 
-def _our_counters(algo, result: dict) -> dict:
+def our_counters(algo, result: dict) -> dict:
     return {
         "sampled": algo.timesteps_total,
         "trained": algo.num_samples_trained_total,
@@ -131,14 +131,14 @@ def measure(spec: dict):
     start = time.perf_counter()
     ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
     ours = spec["side"] == "ours"
-    build, counters = (_our_algo, _our_counters) if ours else (_rllib_algo, _rllib_counters)
+    build, counters = (_our_algo, our_counters) if ours else (_rllib_algo, _rllib_counters)
     algo = build(spec)
     built = time.perf_counter()
     try:
         if spec["workload"] == "throughput":
             record = _throughput(algo, counters, spec)
         else:
-            record = _to_target(algo, counters, spec, start)
+            record = train_to_target(algo, counters, spec, start)
     finally:
         algo.stop()
         ray.shutdown()
@@ -175,7 +175,7 @@ def _throughput(algo, counters, spec: dict) -> dict:
     }
 
 
-def _to_target(algo, counters, spec: dict, start: float) -> dict:
+def train_to_target(algo, counters, spec: dict, start: float) -> dict:
     def reached(ret) -> bool:
         return ret is not None and not math.isnan(ret) and ret >= spec["target"]
 
