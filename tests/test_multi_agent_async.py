@@ -36,6 +36,17 @@ def config(**changes) -> dict:
     return base
 
 
+def with_learner_actors(**changes) -> dict:
+    """config() with one env runner and a learner actor per policy (small CPU asks)."""
+    return config(
+        num_env_runners=1,
+        num_learners=1,
+        num_cpus_per_learner=0.25,
+        num_cpus_per_env_runner=0.25,
+        **changes,
+    )
+
+
 def weights(algo) -> dict:
     return {p: algo.get_policy(p).get_weights() for p in POLICY_IDS}
 
@@ -222,13 +233,7 @@ def acting_policy(algo, policy_id: str):
 def test_impala_with_learner_actors_saves_and_restores_every_policy(
     ray_two_maps, tmp_path, inference
 ):
-    run = config(
-        num_env_runners=1,
-        num_learners=1,
-        num_cpus_per_learner=0.25,
-        num_cpus_per_env_runner=0.25,
-        inference=inference,
-    )
+    run = with_learner_actors(inference=inference)
     algo = IMPALA(run)
     try:
         result = algo.train()
@@ -261,16 +266,7 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(
 @pytest.fixture(scope="module")
 def appo_acting_on_learners(ray_two_maps):
     """APPO whose policies act through their own learner actors; "pb" is not trained."""
-    algo = APPO(
-        config(
-            inference="learners",
-            num_learners=1,
-            num_env_runners=1,
-            num_cpus_per_learner=0.25,
-            num_cpus_per_env_runner=0.25,
-            policies_to_train=["pa"],
-        )
-    )
+    algo = APPO(with_learner_actors(inference="learners", policies_to_train=["pa"]))
     yield algo
     algo.stop()
 
@@ -283,6 +279,12 @@ def learner_weights(algo) -> dict:
 def acting_actors(algo) -> list:
     runners = algo.env_runner_group()
     return ray.get([worker.acting_actor.remote() for worker in runners.workers])
+
+
+def acting_weights(algo) -> list:
+    """Each env runner's policy id -> the weights acting for it."""
+    runners = algo.env_runner_group()
+    return ray.get([worker.get_weights.remote() for worker in runners.workers])
 
 
 def test_each_policy_acts_through_its_own_learner_with_the_weights_it_trains(
@@ -302,10 +304,9 @@ def test_each_policy_acts_through_its_own_learner_with_the_weights_it_trains(
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
         assert "pa/total_loss" in result and not any(k.startswith("pb/") for k in result)
         # the runner acts with the learners' own weights, under the trained one's version
-        runners = algo.env_runner_group()
-        [acting] = ray.get([w.get_weights.remote() for w in runners.workers])
+        [acting] = acting_weights(algo)
         assert all(not changed(acting[p], after[p]) for p in POLICY_IDS)
-        assert runners.weights_versions() == [algo.learner_version()]
+        assert algo.env_runner_group().weights_versions() == [algo.learner_version()]
     finally:
         algo.resume_sampling()
 
@@ -332,14 +333,8 @@ def test_a_frozen_copy_acting_on_its_learner_takes_the_trained_weights(ray_two_m
     """Self-play with inference: learners: the frozen policy acts through a learner of
     its own, which takes the trained policy's weights at every copy."""
     algo = IMPALA(
-        config(
-            inference="learners",
-            num_learners=1,
-            num_env_runners=1,
-            num_cpus_per_learner=0.25,
-            num_cpus_per_env_runner=0.25,
-            policies_to_train=["pa"],
-            frozen_copies={"pb": "pa"},
+        with_learner_actors(
+            inference="learners", policies_to_train=["pa"], frozen_copies={"pb": "pa"}
         )
     )
     try:
@@ -350,7 +345,7 @@ def test_a_frozen_copy_acting_on_its_learner_takes_the_trained_weights(ray_two_m
         now = learner_weights(algo)
         learners = algo.async_learners().actors
         assert acting_actors(algo) == [{p: learners[p][0] for p in POLICY_IDS}]
-        [acting] = ray.get([w.get_weights.remote() for w in algo.env_runner_group().workers])
+        [acting] = acting_weights(algo)
         assert changed(start["pb"], now["pb"]) and not changed(acting["pb"], now["pb"])
     finally:
         algo.stop()
