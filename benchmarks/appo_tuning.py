@@ -39,7 +39,7 @@ def run_one(seed: int, overrides: dict, max_seconds: float) -> dict:
     built = time.perf_counter()
     try:
         spec = {"target": async_training.TARGET_RETURN, "max_seconds": max_seconds}
-        record = async_training.train_to_target(algo, async_training.our_counters, spec, start)
+        record = async_training.train_algo_to_target(algo, async_training.our_counters, spec, start)
     finally:
         algo.stop()
         ray.shutdown()

@@ -31,6 +31,7 @@ import math
 import time
 
 from benchmarks import harness, plots, rllib_env, stats
+from benchmarks.to_target import train_to_target
 
 NAME = "async_training"
 WORKLOAD = "APPO CartPole-v1: throughput per runner count and inference mode; time to 450"
@@ -138,7 +139,7 @@ def measure(spec: dict):
         if spec["workload"] == "throughput":
             record = _throughput(algo, counters, spec)
         else:
-            record = train_to_target(algo, counters, spec, start)
+            record = train_algo_to_target(algo, counters, spec, start)
     finally:
         algo.stop()
         ray.shutdown()
@@ -175,22 +176,15 @@ def _throughput(algo, counters, spec: dict) -> dict:
     }
 
 
-def train_to_target(algo, counters, spec: dict, start: float) -> dict:
-    def reached(ret) -> bool:
-        return ret is not None and not math.isnan(ret) and ret >= spec["target"]
+def train_algo_to_target(algo, counters, spec: dict, start: float) -> dict:
+    """algo.train() until its 100-episode mean reaches spec["target"] or spec["max_seconds"]
+    have passed since `start`: to_target's rule (no env-step budget) -> its outcome."""
 
-    now = {}
-    while time.perf_counter() - start < spec["max_seconds"]:
+    def train():
         now = counters(algo, algo.train())
-        if reached(now["return"]):
-            break
-    ret = now.get("return")
-    return {
-        "reached": reached(ret),
-        "wall_s": time.perf_counter() - start,
-        "env_steps": now.get("sampled"),
-        "final_return": ret,
-    }
+        return now["sampled"], now["return"]
+
+    return train_to_target(train, spec["target"], math.inf, spec["max_seconds"], start)
 
 
 # ----- the parent: configurations, summary, plots --------------------------------------------

@@ -13,12 +13,11 @@ old-stack TF DQN with the same hyperparameters (benchmarks/rllib_dqn.py).
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import harness, plots, stats
+from benchmarks.to_target import train_to_target
 
 NAME = "dqn_e2e"
 WORKLOAD = "DQN CartPole-v1 to 450"
@@ -51,51 +50,6 @@ def resolved_config(config: dict) -> tuple[dict, int]:
 
     built = from_dict(DQNConfig, dict(config, env=ENV))
     return built.to_dict(), built.fragment_length()
-
-
-def train_to_target(
-    train: Callable[[], tuple[int, float | None]],
-    target: float,
-    max_env_steps: int,
-    max_seconds: float,
-    start: float,
-) -> dict:
-    """Call train() -> (env steps so far, mean return) until the return reaches
-    `target`, `max_env_steps` are sampled or `max_seconds` have passed since `start`
-    (checked after each iteration) -> the outcome, which rule stopped it and the
-    history. Both sides of
-    compare_rllib's dqn workload stop by this rule."""
-    history, reached, steps, ret = [], False, 0, None
-    while True:
-        steps, ret = train()
-        history.append(
-            {
-                "timesteps_total": steps,
-                "episode_return_mean": ret,
-                "wall_s": time.perf_counter() - start,
-            }
-        )
-        reached = ret is not None and not math.isnan(ret) and ret >= target
-        if reached or steps >= max_env_steps or time.perf_counter() - start > max_seconds:
-            break
-    returns = [
-        h["episode_return_mean"]
-        for h in history
-        if h["episode_return_mean"] is not None and not math.isnan(h["episode_return_mean"])
-    ]
-    stopped_by = (
-        "target" if reached else "max_env_steps" if steps >= max_env_steps else "max_seconds"
-    )
-    return {
-        "reached": bool(reached),
-        "stopped_by": stopped_by,
-        "env_steps": steps,
-        "wall_s": history[-1]["wall_s"],
-        "iterations": len(history),
-        "final_return": ret,
-        "best_return": max(returns) if returns else None,
-        "history": history,
-    }
 
 
 def measure(spec: dict):

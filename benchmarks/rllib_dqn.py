@@ -163,10 +163,10 @@ def build_dqn(settings: dict, seed):
 def run_to_target(
     settings: dict, seed, target: float, max_env_steps: int, max_seconds: float
 ) -> dict:
-    """RLlib's DQN trained by dqn_e2e.train_to_target (the rule our side stops by)
+    """RLlib's DQN trained by to_target.train_to_target (the rule our side stops by)
     -> the outcome, with wall_s from the start of the build to the last train()
     (Ray is started and stopped by the caller, outside it)."""
-    from benchmarks.dqn_e2e import train_to_target
+    from benchmarks.to_target import train_to_target
 
     start = time.perf_counter()
     algo = build_dqn(settings, seed)

@@ -73,7 +73,7 @@ def test_dqn_train_to_target_stops_by_each_rule(
     """Both sides of the dqn workload stop by this rule, checked after each iteration."""
     import time
 
-    from benchmarks.dqn_e2e import train_to_target
+    from benchmarks.to_target import train_to_target
 
     results = iter([(1000 * (i + 1), r) for i, r in enumerate(returns)])
     outcome = train_to_target(
