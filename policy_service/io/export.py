@@ -102,9 +102,15 @@ class ActingModule(tf.Module):
         self._optional = optional_inputs(policy.action_space)
         self.model_specs = self._read_input_specs()
         self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
-        self.act = tf.function(self._act, input_signature=list(self.act_specs.values()))
+        # No AutoGraph, as for the policy's own acting (policy.py): the same model and
+        # exploration, written with tf.where
+        self.act = tf.function(
+            self._act, input_signature=list(self.act_specs.values()), autograph=False
+        )
         self.act_deterministic = tf.function(
-            self._act_deterministic, input_signature=list(self.model_specs.values())
+            self._act_deterministic,
+            input_signature=list(self.model_specs.values()),
+            autograph=False,
         )
 
     def _read_input_specs(self) -> dict[str, tf.TensorSpec]:
@@ -112,7 +118,7 @@ class ActingModule(tf.Module):
         nor extra_action_out): `act` traced with all of them; a placeholder nothing
         consumes is not read."""
         specs = {**self._all_specs, **EXPLORATION_INPUTS}
-        traced = tf.function(lambda *flat: self._act_named(dict(zip(specs, flat))))
+        traced = tf.function(lambda *flat: self._act_named(dict(zip(specs, flat))), autograph=False)
         graph = traced.get_concrete_function(*specs.values()).graph
         unread = {
             name
