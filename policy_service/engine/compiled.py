@@ -25,7 +25,7 @@ class FlatCall:
         # change an output: one tensor made here stands in for whatever is passed. A new
         # input tensor costs a call ~40 us beyond making it (PPO acting, this machine).
         self._unread = {
-            i: tf.constant(np.zeros([d or 0 for d in spec.shape], spec.dtype.as_numpy_dtype))
+            i: tf.constant(np.zeros(_some_shape(spec.shape), spec.dtype.as_numpy_dtype))
             for i, (spec, placeholder) in enumerate(zip(specs, placeholders))
             if not placeholder.consumers()
         }
@@ -45,6 +45,11 @@ class FlatCall:
 
     def trace_count(self) -> int:
         return self.function.experimental_get_tracing_count()
+
+
+def _some_shape(shape: tf.TensorShape) -> list[int]:
+    """A shape that fits `shape`: unknown sizes 0, an unknown rank a scalar."""
+    return [] if shape.rank is None else [d or 0 for d in shape.as_list()]
 
 
 def _as_tensor(value):
