@@ -20,14 +20,12 @@ class FlatCall:
         self.function = function
         self.concrete = function.get_concrete_function()
         specs = tf.nest.flatten(function.input_signature)
-        placeholders = self.concrete.graph.inputs[: len(specs)]
         # An input the traced graph never reads (a model that ignores prev_actions) cannot
         # change an output: one tensor made here stands in for whatever is passed. A new
         # input tensor costs a call ~40 us beyond making it (PPO acting, this machine).
         self._unread = {
-            i: tf.constant(np.zeros(_some_shape(spec.shape), spec.dtype.as_numpy_dtype))
-            for i, (spec, placeholder) in enumerate(zip(specs, placeholders))
-            if not placeholder.consumers()
+            i: tf.constant(np.zeros(_some_shape(specs[i].shape), specs[i].dtype.as_numpy_dtype))
+            for i in unread_inputs(self.concrete.graph, len(specs))
         }
         # _call_flat is TF's own fast path (used by its saved-model loader);
         # fall back to the public call if a TF version lacks it.
@@ -45,6 +43,12 @@ class FlatCall:
 
     def trace_count(self) -> int:
         return self.function.experimental_get_tracing_count()
+
+
+def unread_inputs(graph, count: int) -> set[int]:
+    """Positions among a traced graph's first `count` inputs (its arguments, before the
+    captures) that no op consumes: values that cannot change any output."""
+    return {i for i, placeholder in enumerate(graph.inputs[:count]) if not placeholder.consumers()}
 
 
 def _some_shape(shape: tf.TensorShape) -> list[int]:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from policy_service import spaces
+from policy_service.engine.compiled import unread_inputs
 from policy_service.io import checkpoints
 from policy_service.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
 from policy_service.sample_batch import SampleBatch
@@ -120,11 +121,8 @@ class ActingModule(tf.Module):
         specs = {**self._all_specs, **EXPLORATION_INPUTS}
         traced = tf.function(lambda *flat: self._act_named(dict(zip(specs, flat))), autograph=False)
         graph = traced.get_concrete_function(*specs.values()).graph
-        unread = {
-            name
-            for name, placeholder in zip(specs, graph.inputs)
-            if name in self._optional and not placeholder.consumers()
-        }
+        unread_at = unread_inputs(graph, len(specs))
+        unread = {name for i, name in enumerate(specs) if name in self._optional and i in unread_at}
         return {name: spec for name, spec in self._all_specs.items() if name not in unread}
 
     def _model_pass(self, named: dict):
