@@ -18,6 +18,7 @@ from policy_service.config import (
     ConfigTypeError,
     ModelConfig,
     PolicyConfig,
+    config_value,
     field_check,
     field_docs,
     from_dict,
@@ -438,3 +439,12 @@ def test_a_subclass_declares_its_own_key_with_a_range():
         from_dict(_HalvingConfig, {"halvings": 1})
     assert str(err.value) == "config.halvings must be an integer in [2, 8], got 1"
     assert field_docs(_HalvingConfig)["halvings"] == "Times the step is halved."
+
+
+def test_config_value_reads_a_dict_a_config_object_or_falls_back():
+    """One reader for a policy config as users give it (dict) or as built (dataclass)."""
+    built = from_dict(PolicyConfig, {"lr": 0.01})
+    assert config_value({"lr": 0.01}, "lr", 1.0) == config_value(built, "lr", 1.0) == 0.01
+    assert config_value({}, "lr", 1.0) == 1.0
+    assert config_value(None, "lr", 1.0) == 1.0
+    assert config_value(built, "no_such_key", "default") == "default"
