@@ -28,13 +28,19 @@ def subprocess_env() -> dict:
     return env
 
 
+# Ray forwards its own processes' log lines to the driver, tagged and often coloured:
+# "(pid=7727) ...", "(PolicyActor pid=12) ...", "(raylet) ... is over 95% full".
+RAY_FORWARDED = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:raylet|gcs_server|[^)]*pid=\d+)[^)]*\)")
+
+
 def without_ray_worker_logs(err: str) -> list[str]:
-    """stderr lines of this process (Ray forwards its workers' lines, tagged "(pid=N)"),
-    less the progress display's "iteration N: ..." lines (stderr when not a terminal)."""
+    """stderr lines of this process, less the lines Ray forwards from its workers, raylet
+    and GCS (a warning of theirs, such as a nearly full disk, is not this run's error)
+    and the progress display's "iteration N: ..." lines (stderr when not a terminal)."""
     return [
         line
         for line in err.splitlines()
-        if line.strip() and "(pid=" not in line and not re.match(r"iteration \d+: ", line)
+        if line.strip() and not RAY_FORWARDED.match(line) and not re.match(r"iteration \d+: ", line)
     ]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -88,7 +89,8 @@ class TrainingServer:
             ) from None
 
     def kill(self) -> None:
-        """SIGKILL to the server and every process of its session (its Ray's)."""
+        """SIGKILL to the server and every process of its session (its Ray's), then
+        remove its Ray's temp dir (its logs: tens of MB a run)."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
@@ -97,6 +99,7 @@ class TrainingServer:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def output(self) -> str:
         return f"{''.join(self.stdout)[-2000:]}{''.join(self.stderr)[-4000:]}"
