@@ -121,7 +121,10 @@ class Categorical(ActionDistribution):
         if seed is None:
             index = tf.random.categorical(self.logits, 1, dtype=tf.int64)
         else:
-            index = tf.random.stateless_categorical(self.logits, 1, seed, dtype=tf.int64)
+            # an int32 seed: XLA has no StatelessMultinomial kernel for int64 seeds
+            index = tf.random.stateless_categorical(
+                self.logits, 1, tf.cast(seed, tf.int32), dtype=tf.int64
+            )
         return index[:, 0] + self.action_offset
 
     def deterministic_sample(self) -> tf.Tensor:

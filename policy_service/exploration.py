@@ -186,7 +186,7 @@ def _legal_random(dist_inputs, random_actions, start: int, seed):
     redrawn = tf.random.stateless_categorical(
         tf.where(legal, 0.0, action_masks.MASKED),
         1,
-        tf.random.experimental.stateless_fold_in(seed, 2),
+        tf.cast(tf.random.experimental.stateless_fold_in(seed, 2), tf.int32),  # XLA: int32
         dtype=tf.int64,
     )[:, 0]
     actions = tf.where(is_legal, random_actions, redrawn + start)

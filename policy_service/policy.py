@@ -40,6 +40,7 @@ from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
+from policy_service.engine.fixed_rows import FixedRowsCall, leading_rows
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
@@ -163,6 +164,7 @@ class TFPolicy(BatchLearning):
             )
         self._optimizers = self.towers.optimizers
         self._action_fn = self._compile_action_fn()
+        self._xla_action_fn: FixedRowsCall | None = None  # act_with_xla
         self._logp_fn = self._compile_logp_fn()
 
     # ----- what a concrete policy overrides -------------------------------------------
@@ -257,11 +259,22 @@ class TFPolicy(BatchLearning):
         if timestep is None:
             timestep = self.global_timestep
         timestep = call_arguments.count(timestep, "timestep")
+        xla = self._xla_action_fn
         with tf.device(self.tower_devices.devices[0]):
-            actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
+            if xla is not None and batch_size <= xla.rows:
+                outputs = xla(batch_size, *inputs, explore, np.int64(timestep))
+            else:
+                outputs = self._action_fn(*inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
-        actions = self._action_arrays(actions)
-        return (actions, [s.numpy() for s in state_outs], {k: v.numpy() for k, v in extra.items()})
+        actions, state_outs, extra = outputs
+        outputs = (
+            self._action_arrays(actions),
+            [s.numpy() for s in state_outs],
+            {k: v.numpy() for k, v in extra.items()},
+        )
+        return (
+            outputs if xla is None or batch_size == xla.rows else leading_rows(outputs, batch_size)
+        )
 
     def compute_actions_from_input_dict(
         self, input_dict: dict, explore=None, timestep=None, **kwargs
@@ -429,30 +442,45 @@ class TFPolicy(BatchLearning):
             input_dict.update({f"state_in_{i}": s for i, s in enumerate(states)})
         return input_dict
 
-    def _compile_action_fn(self):
-        def act(obs, states, prev_actions, prev_rewards, explore, timestep):
-            seed = self._action_rng.make_seeds(1)[:, 0]  # in-graph: no extra eager op per call
-            input_dict = self.acting_input_dict(obs, states, prev_actions, prev_rewards)
-            out = self.model(input_dict, training=False)
-            dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
-            actions, logp = self.exploration.choose(dist, explore, timestep, seed)
-            extra = {
-                SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS],
-                SampleBatch.ACTION_LOGP: logp,
-                SampleBatch.ACTION_PROB: tf.exp(logp),
-            }
-            if SampleBatch.VF_PREDS in out:
-                extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
-            extra.update(self.extra_action_out(input_dict, out, dist))
-            return actions, list(out.get("state_out", [])), extra
+    def _act_graph(self, obs, states, prev_actions, prev_rewards, explore, timestep):
+        """The acting computation, traced by `_compile_action_fn` (and by XLA for an env
+        runner's fixed rows, `act_with_xla`)."""
+        seed = self._action_rng.make_seeds(1)[:, 0]  # in-graph: no extra eager op per call
+        input_dict = self.acting_input_dict(obs, states, prev_actions, prev_rewards)
+        out = self.model(input_dict, training=False)
+        dist = self.dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        actions, logp = self.exploration.choose(dist, explore, timestep, seed)
+        extra = {
+            SampleBatch.ACTION_DIST_INPUTS: out[SampleBatch.ACTION_DIST_INPUTS],
+            SampleBatch.ACTION_LOGP: logp,
+            SampleBatch.ACTION_PROB: tf.exp(logp),
+        }
+        if SampleBatch.VF_PREDS in out:
+            extra[SampleBatch.VF_PREDS] = out[SampleBatch.VF_PREDS]
+        extra.update(self.extra_action_out(input_dict, out, dist))
+        return actions, list(out.get("state_out", [])), extra
 
-        signature = self.acting_signature() + [
-            tf.TensorSpec([], tf.bool),
-            tf.TensorSpec([], tf.int64),
-        ]
+    def _action_signature(self) -> list:
+        return self.acting_signature() + [tf.TensorSpec([], tf.bool), tf.TensorSpec([], tf.int64)]
+
+    def _compile_action_fn(self):
         # No AutoGraph, as in the training step (towers.py): acting is tf.where, and
         # converting every function it calls made each policy's build ~0.1 s slower
-        return FlatCall(tf.function(act, input_signature=signature, autograph=False))
+        return FlatCall(
+            tf.function(self._act_graph, input_signature=self._action_signature(), autograph=False)
+        )
+
+    def act_with_xla(self, rows: int) -> bool:
+        """Act on calls of up to `rows` rows (an env runner's vector) through an XLA twin
+        of the acting function (engine/fixed_rows.py); other sizes keep TensorFlow's
+        executor. -> whether XLA could compile it (else one warning, and nothing changes)."""
+        rng_state = self._action_rng.state.numpy()  # the compiling call draws no sample
+        with tf.device(self.tower_devices.devices[0]):
+            self._xla_action_fn = FixedRowsCall.compile(
+                self._act_graph, self._action_signature(), rows, f"{type(self).__name__}'s acting"
+            )
+        self._action_rng.state.assign(rng_state)
+        return self._xla_action_fn is not None
 
     def _compile_logp_fn(self):
         def logp(obs, states, prev_actions, prev_rewards, actions):
@@ -762,6 +790,8 @@ class TFPolicy(BatchLearning):
         if new_exploration is not None:
             self.exploration = new_exploration
             self._action_fn = self._compile_action_fn()
+            if self._xla_action_fn is not None:
+                self.act_with_xla(self._xla_action_fn.rows)
         self.global_timestep = int(state["global_timestep"])
         self.num_grad_updates = int(state.get("num_grad_updates", 0))
 

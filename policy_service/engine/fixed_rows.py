@@ -1,0 +1,96 @@
+"""An XLA-compiled twin of a compiled call, for callers whose row count never changes.
+
+The loop it lives in (an env runner acts on its vector of N sub-envs every step):
+
+    act = FixedRowsCall(act_fn, signature, rows=N)   # None when XLA cannot compile it
+    outputs = act(obs_rows, *inputs)                 # obs_rows <= N: padded to N
+
+XLA fuses the acting graph's ~100 small ops into a few kernels: a CartPole MLP's
+`compute_actions` costs ~0.6x the CPU of TensorFlow's executor here (BENCHMARKS.md, "XLA
+for the env runners' acting"). But XLA compiles once per input shape (~0.35 s here), so
+only a caller of one fixed size gets it; a call with fewer rows (sub-envs resetting) is
+padded with zero rows, whose outputs the caller drops.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+import tree
+
+from policy_service.engine.compiled import FlatCall
+
+logger = logging.getLogger(__name__)
+
+
+class FixedRowsCall:
+    """A FlatCall whose function XLA compiled for inputs of exactly `rows` rows (each
+    input whose signature starts with an unknown size); see the module docstring."""
+
+    def __init__(self, flat_call: FlatCall, rows: int):
+        self.rows = int(rows)
+        self._call = flat_call
+        specs = tf.nest.flatten(flat_call.function.input_signature)
+        self._has_rows = [spec.shape.rank is not None and spec.shape.rank > 0 for spec in specs]
+
+    @classmethod
+    def compile(
+        cls, python_function, signature: list, rows: int, name: str
+    ) -> FixedRowsCall | None:
+        """The twin, compiled by one call on zeros (any state the function changes, such
+        as a random generator's, is the caller's to restore), or None (logged in one line)
+        when XLA cannot compile the graph, as for an op it has no kernel for."""
+        fixed = tf.nest.map_structure(lambda spec: _with_rows(spec, int(rows)), signature)
+        function = tf.function(
+            python_function, input_signature=fixed, autograph=False, jit_compile=True
+        )
+        zeros = tf.nest.map_structure(lambda spec: tf.zeros(spec.shape, spec.dtype), fixed)
+        try:
+            call = FlatCall(function)
+            call(*zeros)
+        except (tf.errors.OpError, ValueError, TypeError, NotImplementedError) as error:
+            text = str(error).strip()
+            reason = text.splitlines()[0] if text else repr(error)
+            logger.warning(
+                "%s stays on TensorFlow's executor: XLA cannot compile it (%s)", name, reason
+            )
+            return None
+        return cls(call, rows)
+
+    def __call__(self, rows: int, *args):
+        """The outputs for `args` of `rows` <= self.rows rows, padded with zero rows to
+        self.rows (the caller keeps the first `rows` of each output)."""
+        if rows > self.rows:
+            raise ValueError(f"{rows} rows passed to a call compiled for {self.rows}")
+        if rows < self.rows:
+            flat = tf.nest.flatten(args)
+            args = tf.nest.pack_sequence_as(
+                args,
+                [
+                    _padded(x, self.rows) if has_rows else x
+                    for x, has_rows in zip(flat, self._has_rows)
+                ],
+            )
+        return self._call(*args)
+
+    def trace_count(self) -> int:
+        return self._call.trace_count()
+
+
+def _with_rows(spec: tf.TensorSpec, rows: int) -> tf.TensorSpec:
+    if spec.shape.rank is None or spec.shape.rank == 0 or spec.shape[0] is not None:
+        return spec
+    return tf.TensorSpec([rows, *spec.shape[1:]], spec.dtype)
+
+
+def _padded(value, rows: int) -> np.ndarray:
+    value = np.asarray(value)
+    pad = np.zeros((rows - value.shape[0], *value.shape[1:]), value.dtype)
+    return np.concatenate([value, pad])
+
+
+def leading_rows(outputs, rows: int):
+    """Each array of a nest of outputs cut to its first `rows` rows."""
+    return tree.map_structure(lambda x: x[:rows], outputs)

@@ -1,0 +1,101 @@
+"""policy_service/engine/fixed_rows.py and TFPolicy.act_with_xla: an env runner's acting
+through XLA gives the executor's actions, for its full vector and for fewer rows, draws
+reproducibly from the seed, and a graph XLA cannot compile keeps the executor."""
+
+import logging
+
+import gymnasium as gym
+import numpy as np
+import tensorflow as tf
+
+from algorithms.ppo import PPOPolicy
+from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.engine.fixed_rows import FixedRowsCall
+
+CARTPOLE = gym.make("CartPole-v1")
+CONFIG = {"model": {"fcnet_hiddens": [16, 16]}, "seed": 3}
+
+
+def policy(**changes):
+    return PPOPolicy(CARTPOLE.observation_space, CARTPOLE.action_space, {**CONFIG, **changes})
+
+
+def observations(rows: int) -> np.ndarray:
+    return np.random.default_rng(rows).normal(size=(rows, 4)).astype(np.float32)
+
+
+def test_xla_acting_equals_the_executor_for_the_full_vector_and_for_fewer_rows():
+    plain, xla = policy(), policy()
+    xla.set_weights(plain.get_weights())
+    assert xla.act_with_xla(4)
+    for rows in (4, 3, 1, 4):
+        obs = observations(rows)
+        want, got = (
+            plain.compute_actions(obs, explore=False),
+            xla.compute_actions(obs, explore=False),
+        )
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[0].dtype == want[0].dtype
+        assert sorted(got[2]) == sorted(want[2])
+        for column, value in want[2].items():  # every column, cut to the caller's rows
+            assert got[2][column].shape == value.shape, column
+            np.testing.assert_allclose(got[2][column], value, rtol=1e-5, atol=1e-6)
+    assert xla.global_timestep == plain.global_timestep == 12  # the rows asked for
+    assert xla._xla_action_fn.trace_count() == 1
+
+
+def test_more_rows_than_compiled_take_the_executor():
+    plain, xla = policy(), policy()
+    xla.set_weights(plain.get_weights())
+    xla.act_with_xla(2)
+    obs = observations(5)
+    np.testing.assert_array_equal(
+        xla.compute_actions(obs, explore=False)[0], plain.compute_actions(obs, explore=False)[0]
+    )
+
+
+def test_sampling_through_xla_is_reproducible_from_the_seed_and_compiling_draws_nothing():
+    a, b = policy(), policy()
+    rng_before = a.get_state()["rng"]
+    assert a.act_with_xla(4) and b.act_with_xla(4)
+    for name, value in a.get_state()["rng"].items():
+        np.testing.assert_array_equal(value, rng_before[name])
+    draws = [
+        [p.compute_actions(observations(4), explore=True)[0].tolist() for _ in range(20)]
+        for p in (a, b)
+    ]
+    assert draws[0] == draws[1]
+    assert len({tuple(d) for d in draws[0]}) > 1  # they are draws, not one fixed answer
+
+
+def test_a_graph_xla_cannot_compile_is_refused_in_one_warning(caplog):
+    def through_python(x):
+        return tf.numpy_function(lambda v: v * 2, [x], tf.float32)
+
+    with caplog.at_level(logging.WARNING):
+        twin = FixedRowsCall.compile(
+            through_python, [tf.TensorSpec([None, 2], tf.float32)], rows=3, name="the test's fn"
+        )
+    assert twin is None
+    (record,) = [r for r in caplog.records if "the test's fn" in r.getMessage()]
+    assert "XLA cannot compile it" in record.getMessage() and "\n" not in record.getMessage()
+
+
+def test_an_env_runner_acts_through_xla_unless_its_config_says_not():
+    def runner(**changes):
+        return RolloutWorker(
+            "CartPole-v1",
+            PPOPolicy,
+            {**CONFIG, **changes},
+            num_envs=3,
+            rollout_fragment_length=8,
+            seed=1,
+        )
+
+    on, off = runner(), runner(acting_xla=False)
+    assert on.policy._xla_action_fn.rows == 3
+    assert off.policy._xla_action_fn is None
+    for worker in (on, off):
+        batch, _ = worker.sample()
+        assert len(batch["obs"]) >= 24
+        assert np.isfinite(batch["action_logp"]).all()
