@@ -40,7 +40,7 @@ from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
-from policy_service.engine.fixed_rows import FixedRowsCall, leading_rows
+from policy_service.engine.fixed_rows import FixedRowsCall, has_convolutions, leading_rows
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
@@ -473,7 +473,10 @@ class TFPolicy(BatchLearning):
     def act_with_xla(self, rows: int) -> bool:
         """Act on calls of up to `rows` rows (an env runner's vector) through an XLA twin
         of the acting function (engine/fixed_rows.py); other sizes keep TensorFlow's
-        executor. -> whether XLA could compile it (else one warning, and nothing changes)."""
+        executor. -> whether it acts through XLA now: not for a model with convolutions,
+        which XLA runs slower on CPUs, nor when XLA cannot compile it (one warning)."""
+        if has_convolutions(self._action_fn.concrete.graph):
+            return False
         rng_state = self._action_rng.state.numpy()  # the compiling call draws no sample
         with tf.device(self.tower_devices.devices[0]):
             self._xla_action_fn = FixedRowsCall.compile(

@@ -68,6 +68,18 @@ def test_sampling_through_xla_is_reproducible_from_the_seed_and_compiling_draws_
     assert len({tuple(d) for d in draws[0]}) > 1  # they are draws, not one fixed answer
 
 
+def test_a_model_with_convolutions_keeps_the_executor():
+    """XLA's CPU convolutions are slower than oneDNN's (BENCHMARKS.md); an MLP's graph has
+    no convolution, a CNN's has them."""
+    image = gym.spaces.Box(0, 255, (16, 16, 2), np.uint8)
+    cnn = PPOPolicy(
+        image, gym.spaces.Discrete(3), {"model": {"conv_filters": [[4, [4, 4], 2], [8, [8, 8], 1]]}}
+    )
+    assert not cnn.act_with_xla(2) and cnn._xla_action_fn is None
+    assert cnn.compute_actions(np.zeros((2, 16, 16, 2), np.uint8))[0].shape == (2,)
+    assert policy().act_with_xla(2)
+
+
 def test_a_graph_xla_cannot_compile_is_refused_in_one_warning(caplog):
     def through_python(x):
         return tf.numpy_function(lambda v: v * 2, [x], tf.float32)

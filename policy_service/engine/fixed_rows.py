@@ -9,7 +9,9 @@ XLA fuses the acting graph's ~100 small ops into a few kernels: a CartPole MLP's
 `compute_actions` costs ~0.6x the CPU of TensorFlow's executor here (BENCHMARKS.md, "XLA
 for the env runners' acting"). But XLA compiles once per input shape (~0.35 s here), so
 only a caller of one fixed size gets it; a call with fewer rows (sub-envs resetting) is
-padded with zero rows, whose outputs the caller drops.
+padded with zero rows, whose outputs the caller drops. Convolutions are the exception:
+XLA's CPU kernels for them lack oneDNN's, and an Atari CNN acted 1.5x slower through XLA
+here, so a graph with convolutions keeps the executor (`has_convolutions`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ class FixedRowsCall:
 
     def trace_count(self) -> int:
         return self._call.trace_count()
+
+
+def has_convolutions(graph: tf.Graph) -> bool:
+    """Whether a traced graph (or a function it calls, such as a loop body) convolves."""
+    graph_def = graph.as_graph_def()
+    nodes = [*graph_def.node, *(n for f in graph_def.library.function for n in f.node_def)]
+    return any("Conv" in node.op for node in nodes)
 
 
 def _with_rows(spec: tf.TensorSpec, rows: int) -> tf.TensorSpec:
