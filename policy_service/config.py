@@ -248,8 +248,9 @@ class PolicyConfig(Config):
     acting_xla: bool = setting(
         True,
         doc="Env runners act through an XLA-compiled acting function made for their "
-        "vector's size (~0.6x the CPU per step for small models; a model XLA cannot "
-        "compile keeps TensorFlow's executor, with one warning).",
+        "vector's size (~0.6x the CPU per step for small models). Models with "
+        "convolutions, which XLA runs slower on CPUs, and models XLA cannot compile (one "
+        "warning) keep TensorFlow's executor.",
     )
     exploration_config: dict = setting(
         doc="How actions are chosen: {'type': ..., options}; see exploration.py.",
