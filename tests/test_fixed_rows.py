@@ -41,6 +41,16 @@ def test_xla_acting_equals_the_executor_for_the_full_vector_and_for_fewer_rows()
             assert got[2][column].shape == value.shape, column
             np.testing.assert_allclose(got[2][column], value, rtol=1e-5, atol=1e-6)
     assert xla.global_timestep == plain.global_timestep == 12  # the rows asked for
+    new_weights = policy(seed=4).get_weights()  # the twin reads the variables as they are now
+    plain.set_weights(new_weights)
+    xla.set_weights(new_weights)
+    obs = observations(4)
+    np.testing.assert_allclose(
+        xla.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
+        plain.compute_actions(obs, explore=False)[2]["action_dist_inputs"],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     assert xla._xla_action_fn.trace_count() == 1
 
 
