@@ -264,26 +264,31 @@ def test_a_batch_that_does_not_split_over_the_towers_is_one_line():
         DQN(dict(SMALL, **fake_gpus(3)))
 
 
-@pytest.mark.slow  # 3 env runner actors: ~27 s here
+@pytest.mark.slow  # 3 env runner actors: ~30 s here
 def test_remote_rollout_workers_fill_the_buffer_as_they_finish(ray_local):
-    algo, history = run(dict(SMALL, num_env_runners=2, num_cpus_per_env_runner=0.5), 2)
+    algo, history = run(dict(SMALL, num_env_runners=2, num_cpus_per_env_runner=0.5), 4)
     try:
         last = history[-1]
-        assert last["replay_buffer_size"] == last["timesteps_total"] >= 128
+        assert last["replay_buffer_size"] == last["timesteps_total"] >= 256
         assert last["num_sgd_steps_total"] > 0
         assert last["num_samples_trained_total"] <= 4.0 * algo.num_env_steps_for_learning
         # each worker's epsilon schedule stands at the run's env steps (set every
-        # round), not at the steps that worker acted alone
+        # round), not at the steps that worker acted alone (about half of them)
         counts = ray.get(
             [
                 w.__ray_call__.remote(lambda worker: worker.policy.global_timestep)
                 for w in algo.env_runners.workers
             ]
         )
-        # (its own steps would be about half of them; the last round's set may lag,
-        # and a fragment asked for after it may have run)
-        total, fragment = last["timesteps_total"], algo.samples_per_round() // 2
-        assert all(0.75 * total <= c <= total + fragment for c in counts), (counts, total)
+        # a set reaches a worker before its next fragment, but one asked for before the
+        # set runs first: a count lags the run's by up to two rounds, or leads it by the
+        # fragment asked for after the last round
+        total, per_round = last["timesteps_total"], algo.samples_per_round()
+        assert all(total - 2 * per_round <= c <= total + per_round // 2 for c in counts), (
+            counts,
+            total,
+        )
+        assert total - 2 * per_round > 0.7 * total  # far above a worker's own steps
     finally:
         algo.stop()
 
