@@ -95,6 +95,13 @@ def _require_space(cls: type, action_space: gym.Space, space_type: type[SpaceT])
     return action_space
 
 
+def stateless_categorical(logits, seed) -> tf.Tensor:
+    """<int64>[B, 1] draws from softmax(logits), a pure function of `seed`. The seed goes
+    in as int32: XLA (the env runners' acting, engine/fixed_rows.py) has no
+    StatelessMultinomial kernel for int64 seeds."""
+    return tf.random.stateless_categorical(logits, 1, tf.cast(seed, tf.int32), dtype=tf.int64)
+
+
 class Categorical(ActionDistribution):
     """Categorical over n actions for a Discrete(n, start) space.
 
@@ -121,10 +128,7 @@ class Categorical(ActionDistribution):
         if seed is None:
             index = tf.random.categorical(self.logits, 1, dtype=tf.int64)
         else:
-            # an int32 seed: XLA has no StatelessMultinomial kernel for int64 seeds
-            index = tf.random.stateless_categorical(
-                self.logits, 1, tf.cast(seed, tf.int32), dtype=tf.int64
-            )
+            index = stateless_categorical(self.logits, seed)
         return index[:, 0] + self.action_offset
 
     def deterministic_sample(self) -> tf.Tensor:

@@ -16,6 +16,7 @@ import tree
 
 from policy_service import action_masks
 from policy_service.config_rules import finite, integer
+from policy_service.distributions import stateless_categorical
 
 
 def _uniform_actions(action_space, batch, seed) -> tuple[tf.Tensor, tf.Tensor]:
@@ -183,11 +184,9 @@ def _legal_random(dist_inputs, random_actions, start: int, seed):
     row without masked actions keeps its draw."""
     legal = action_masks.legal_actions(dist_inputs)
     is_legal = tf.gather(legal, random_actions - start, axis=1, batch_dims=1)
-    redrawn = tf.random.stateless_categorical(
+    redrawn = stateless_categorical(
         tf.where(legal, 0.0, action_masks.MASKED),
-        1,
-        tf.cast(tf.random.experimental.stateless_fold_in(seed, 2), tf.int32),  # XLA: int32
-        dtype=tf.int64,
+        tf.random.experimental.stateless_fold_in(seed, 2),
     )[:, 0]
     actions = tf.where(is_legal, random_actions, redrawn + start)
     return actions, tf.reduce_sum(tf.cast(legal, tf.float32), axis=1)

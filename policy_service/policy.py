@@ -260,21 +260,21 @@ class TFPolicy(BatchLearning):
             timestep = self.global_timestep
         timestep = call_arguments.count(timestep, "timestep")
         xla = self._xla_action_fn
+        if xla is not None and batch_size > xla.rows:
+            xla = None  # more rows than the twin was compiled for: the executor's function
         with tf.device(self.tower_devices.devices[0]):
-            if xla is not None and batch_size <= xla.rows:
-                outputs = xla(batch_size, *inputs, explore, np.int64(timestep))
+            if xla is None:
+                actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
             else:
-                outputs = self._action_fn(*inputs, explore, np.int64(timestep))
+                actions, state_outs, extra = xla(batch_size, *inputs, explore, np.int64(timestep))
         self.global_timestep += batch_size
-        actions, state_outs, extra = outputs
         outputs = (
             self._action_arrays(actions),
             [s.numpy() for s in state_outs],
             {k: v.numpy() for k, v in extra.items()},
         )
-        return (
-            outputs if xla is None or batch_size == xla.rows else leading_rows(outputs, batch_size)
-        )
+        padded = xla is not None and batch_size < xla.rows
+        return leading_rows(outputs, batch_size) if padded else outputs
 
     def compute_actions_from_input_dict(
         self, input_dict: dict, explore=None, timestep=None, **kwargs

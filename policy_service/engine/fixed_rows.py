@@ -2,8 +2,9 @@
 
 The loop it lives in (an env runner acts on its vector of N sub-envs every step):
 
-    act = FixedRowsCall(act_fn, signature, rows=N)   # None when XLA cannot compile it
-    outputs = act(obs_rows, *inputs)                 # obs_rows <= N: padded to N
+    act = FixedRowsCall.compile(act_graph, signature, rows=N, name="acting")  # or None
+    outputs = act(rows, *inputs)      # inputs of rows <= N rows, padded to N
+    mine = leading_rows(numpy_outputs, rows)
 
 XLA fuses the acting graph's ~100 small ops into a few kernels: a CartPole MLP's
 `compute_actions` costs ~0.6x the CPU of TensorFlow's executor here (BENCHMARKS.md, "XLA
