@@ -63,6 +63,30 @@ def test_learn_on_batch_changes_every_trainable_variable(style):
 
 
 @pytest.mark.parametrize("style", sorted(user_models.STYLES))
+def test_an_env_runners_xla_twin_acts_as_the_model_does_after_training_and_a_sync(style):
+    """The twin (TFPolicy.act_with_xla) traces the user's model once it is built; it
+    must read the weights a learner trained and sent, as the executor's function does."""
+    learner = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style))
+    runner = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style, seed=1))
+    assert runner.act_with_xla(4)
+    learner.learn_on_batch(style_batch(learner))
+    runner.set_weights(learner.get_weights())
+    for rows in (4, 3):
+        obs = np.random.default_rng(rows).uniform(-1, 1, (rows, 4)).astype(np.float32)
+        want = learner.compute_actions(obs, explore=False)
+        got = runner.compute_actions(obs, explore=False)
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(
+            got[2][SampleBatch.ACTION_DIST_INPUTS],
+            want[2][SampleBatch.ACTION_DIST_INPUTS],
+            rtol=1e-5,
+            atol=1e-6,
+        )
+        for got_state, want_state in zip(got[1], want[1]):
+            np.testing.assert_allclose(got_state, want_state, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("style", sorted(user_models.STYLES))
 def test_weights_hold_every_variable_and_round_trip(style):
     source = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style))
     source.learn_on_batch(style_batch(source))
