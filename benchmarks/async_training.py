@@ -80,7 +80,10 @@ def our_counters(algo, result: dict) -> dict:
         "trained": algo.num_samples_trained_total,
         "return": result.get("episode_return_mean"),
         "lag": result.get("policy_lag_mean"),
+        "lag_max": result.get("policy_lag_max"),
         "learner_idle_fraction": result.get("learner_idle_fraction"),
+        "env_runner_idle_time_s": result.get("env_runner_idle_time_s"),
+        "learner_queue_fill": result.get("learner_queue_fill"),
     }
 
 
@@ -119,7 +122,10 @@ def _rllib_counters(algo, result: dict) -> dict:
         "trained": learners.get("num_env_steps_trained_lifetime"),
         "return": runners.get("episode_return_mean"),
         "lag": None,
+        "lag_max": None,
         "learner_idle_fraction": None,
+        "env_runner_idle_time_s": None,
+        "learner_queue_fill": None,
     }
 
 
@@ -159,20 +165,31 @@ def _throughput(algo, counters, spec: dict) -> dict:
     while not first["trained"]:
         first = counters(algo, algo.train())
     begin = time.perf_counter()
-    lags, idle = [], []
+    seen: list[dict] = []
     while True:
         now = counters(algo, algo.train())
-        lags.append(now["lag"])
-        idle.append(now["learner_idle_fraction"])
+        seen.append(now)
         elapsed = time.perf_counter() - begin
         if elapsed >= spec["seconds"]:
             break
+
+    def over_iterations(key, reduce):
+        values = [c[key] for c in seen if c[key] is not None]
+        return reduce(values) if values else None
+
+    runner_idle = over_iterations("env_runner_idle_time_s", sum)
     return {
         "seconds": elapsed,
         "env_steps_sampled_per_s": (now["sampled"] - first["sampled"]) / elapsed,
         "samples_trained_per_s": (now["trained"] - first["trained"]) / elapsed,
-        "policy_lag_mean": stats.median([v for v in lags if v is not None]),
-        "learner_idle_fraction": stats.median([v for v in idle if v is not None]),
+        "policy_lag_mean": over_iterations("lag", stats.median),
+        "policy_lag_max": over_iterations("lag_max", max),
+        "learner_idle_fraction": over_iterations("learner_idle_fraction", stats.median),
+        "learner_queue_fill": over_iterations("learner_queue_fill", stats.median),
+        # summed over the runners, per runner and second of the timed window
+        "env_runner_idle_fraction": None
+        if runner_idle is None
+        else runner_idle / (elapsed * spec["num_env_runners"]),
     }
 
 
@@ -236,7 +253,10 @@ def summarize(records: list[dict]) -> list[dict]:
         "env_steps_sampled_per_s",
         "samples_trained_per_s",
         "policy_lag_mean",
+        "policy_lag_max",
         "learner_idle_fraction",
+        "learner_queue_fill",
+        "env_runner_idle_fraction",
     )
     summary = stats.summarize_each(throughput, ("side", "mode", "num_env_runners"), values)
     for row in summary:

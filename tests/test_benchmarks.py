@@ -103,6 +103,9 @@ def test_async_training_smoke_ours(tmp_path):
     assert (throughput["workload"], throughput["side"]) == ("throughput", "ours")
     assert throughput["env_steps_sampled_per_s"] > 0 and throughput["samples_trained_per_s"] > 0
     assert 0 <= throughput["learner_idle_fraction"] <= 1
+    assert 0 <= throughput["learner_queue_fill"] <= 1
+    assert 0 <= throughput["env_runner_idle_fraction"] <= 1
+    assert throughput["policy_lag_max"] >= throughput["policy_lag_mean"] >= 0
     assert to_target["workload"] == "to_450" and to_target["reached"]  # the smoke's target 15
     assert (tmp_path / "async_training_throughput.png").exists()
 
