@@ -199,9 +199,10 @@ class RolloutWorker(ActingWeights):
             "episode_returns": self._episode_returns,
             "episode_lengths": self._episode_lengths,
             "num_episodes": len(self._episode_returns),
+            # the oldest version that acted: what max_policy_lag judges a fragment by
             "weights_version": self.weights_version()
             if self._policy_actor is None
-            else max(self._versions, default=None),
+            else min(self._versions, default=None),
             "worker_index": self.worker_index,
             "sample_time_s": time.perf_counter() - start,
             "postprocess_time_s": time.perf_counter() - postprocess_start,
