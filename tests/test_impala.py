@@ -211,6 +211,28 @@ def test_the_loss_reads_the_entropy_coeff_schedule_at_the_timestep(fragments, po
         assert np.float32(stats["entropy_coeff"]) == np.float32(expected), timestep
 
 
+@pytest.mark.parametrize(
+    "policy_cls", [IMPALAPolicy, pytest.param(APPOPolicy, marks=pytest.mark.slow)]
+)
+def test_the_optimizer_follows_the_lr_schedule_by_either_update_path(fragments, policy_cls):
+    """learn_on_batch (the learners') and compute_gradients + apply_gradients (A3C's
+    learner) both step with the rate of the policy's timestep, RLlib's piecewise value."""
+    schedule = [[0, 1e-3], [200, 5e-4], [600, 1e-4]]
+    policy = policy_cls(*_cartpole_spaces(), policy_config(lr_schedule=schedule))
+    optimizer = policy.towers.optimizers[0]
+    batch = concat_samples(fragments)
+    for timestep in (0, 150, 200, 450, 5000):
+        policy.global_timestep = timestep
+        stats = policy.learn_on_batch(batch)
+        expected = np.float32(np.interp(timestep, *zip(*schedule)))
+        assert optimizer.learning_rate.numpy() == pytest.approx(expected, rel=1e-6), timestep
+        assert np.float32(stats["cur_lr"]) == pytest.approx(expected, rel=1e-6), timestep
+    policy.global_timestep = 400
+    gradients, _ = policy.compute_gradients(batch)
+    policy.apply_gradients(gradients)
+    assert optimizer.learning_rate.numpy() == pytest.approx(np.float32(3e-4), rel=1e-6)
+
+
 # ----- the algorithm: an asynchronous run in this process ---------------------------------
 
 
