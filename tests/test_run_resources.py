@@ -76,3 +76,33 @@ def test_result_records_the_learner_actor_and_inference_actor_resources(tmp_path
     [runner] = resources["env_runners"]  # the driver's own sampler, acting remotely
     assert runner["in_driver"] and runner["devices"] is None
     assert len({learner["pid"], inference["pid"], resources["driver"]["pid"]}) == 3
+
+
+@pytest.mark.slow  # a one-iteration run: ~15 s here
+def test_gpus_asked_for_where_none_are_visible_train_on_one_cpu_tower_and_say_so_once(tmp_path):
+    """num_gpus=2 without --fake-gpus on a machine whose TensorFlow sees no GPU: the run
+    goes on, on one CPU tower, and says so in one log line and in result.json."""
+    run = start(
+        "train",
+        "ppo",
+        "--env",
+        "CartPole-v1",
+        "--stop-iters",
+        "1",
+        "--num-gpus",
+        "2",
+        "--output-dir",
+        str(tmp_path),
+        *TINY,
+    )
+    code, _, err = finish(run)
+    assert code == 0, err
+    note = (
+        "num_gpus=2 asks for 2 GPU(s) but TensorFlow sees no GPU in this process (is the "
+        "CUDA build of TensorFlow installed, extra 'gpu'?); training on one CPU tower "
+        "instead (_fake_gpus: true gives 2 tower(s) on logical CPU devices)"
+    )
+    said = [line for line in err.splitlines() if "towers: " in line]
+    assert len(said) == 1 and said[0].endswith(note), err
+    driver = json.loads((tmp_path / "result.json").read_text())["resources"]["driver"]
+    assert driver["devices"] == ["/CPU:0"] and driver["device_note"] == note
