@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
+import tensorflow as tf
 
 from policy_service.config import ConfigError, PolicyConfig
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
@@ -235,7 +236,7 @@ def test_the_filter_is_in_the_policy_state_and_a_bad_entry_changes_nothing(filte
     )
 
 
-def test_model_onnx_holds_the_filter_its_actions_equal_compute_actions_on_raw_obs(
+def test_onnx_and_saved_model_hold_the_filter_their_actions_equal_compute_actions_on_raw_obs(
     filter_policy, tmp_path
 ):
     import onnxruntime as ort
@@ -253,6 +254,17 @@ def test_model_onnx_holds_the_filter_its_actions_equal_compute_actions_on_raw_ob
     np.testing.assert_allclose(onnx_dist, extra["action_dist_inputs"], rtol=1e-5, atol=1e-5)
     unfiltered = policy.model({"obs": raw}, training=False)["action_dist_inputs"].numpy()
     assert np.abs(unfiltered - onnx_dist).max() > 1e-3  # the filter changed what the model saw
+    # the SavedModel's serving signature holds the same filter
+    serving = tf.saved_model.load(str(tmp_path / "exported")).signatures["serving_default"]
+    fixed = {"explore": False, "timestep": np.int64(0), "seed": np.zeros(2, np.int64)}
+    asked = serving.structured_input_signature[1]
+    saved = serving(
+        obs=tf.constant(raw), **{k: tf.constant(v) for k, v in fixed.items() if k in asked}
+    )
+    np.testing.assert_array_equal(saved["actions"].numpy(), actions)
+    np.testing.assert_allclose(
+        saved["action_dist_inputs"].numpy(), extra["action_dist_inputs"], rtol=1e-5, atol=1e-5
+    )
 
 
 FRESH_PROCESS = textwrap.dedent("""
