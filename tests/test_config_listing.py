@@ -8,15 +8,16 @@ import dataclasses
 import pytest
 import yaml
 
-from algorithms.dqn import DQNConfig
-from algorithms.ppo import PPOConfig
+from algorithms import ALGORITHMS, get_algorithm_class
 from policy_service.cli import commands as cli
 from policy_service.cli.config_listing import yaml_flow
 from policy_service.config import from_dict
 
 
-@pytest.mark.parametrize("name, config_class", [("ppo", PPOConfig), ("dqn", DQNConfig)])
-def test_the_listing_reads_back_as_the_default_config(name, config_class, capsys):
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_listing_reads_back_as_the_default_config(name, capsys):
+    """Every registered algorithm, the multi-agent wrapper and the asynchronous ones too."""
+    config_class = get_algorithm_class(name).config_class
     assert cli.main(["config", name]) == 0
     listing = capsys.readouterr().out
     values = yaml.safe_load(listing)
