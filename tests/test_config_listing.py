@@ -16,7 +16,7 @@ from policy_service.config import from_dict
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_the_listing_reads_back_as_the_default_config(name, capsys):
-    """Every registered algorithm, the multi-agent wrapper and the asynchronous ones too."""
+    """Every registered algorithm, the asynchronous and off-policy ones too."""
     config_class = get_algorithm_class(name).config_class
     assert cli.main(["config", name]) == 0
     listing = capsys.readouterr().out
