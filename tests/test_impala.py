@@ -233,6 +233,33 @@ def test_the_optimizer_follows_the_lr_schedule_by_either_update_path(fragments, 
     assert optimizer.learning_rate.numpy() == pytest.approx(np.float32(3e-4), rel=1e-6)
 
 
+def test_appos_target_follows_every_target_network_update_freq_steps_and_kl_coeff_adapts(
+    fragments,
+):
+    """APPO's target policy is the model's weights of every 3rd applied SGD step (bit for
+    bit), and with use_kl_loss the coefficient goes x1.5 above 2 * kl_target, x0.5
+    below kl_target / 2, and stays between."""
+    config = policy_config(target_network_update_freq=3, use_kl_loss=True, kl_coeff=0.4)
+    policy = APPOPolicy(*_cartpole_spaces(), config)
+    batch = concat_samples(fragments)
+    start = policy.get_target_weights()
+    steps = 0
+    for _ in range(7):
+        result = policy.learn_on_batch(batch)
+        steps = result["num_grad_updates_lifetime"]
+        target, weights = policy.get_target_weights(), policy.get_weights()
+        moved_now = steps % 3 == 0
+        assert moved_now == all(np.array_equal(target[k], weights[k]) for k in weights), steps
+        if steps < 3:
+            assert all(np.array_equal(target[k], start[k]) for k in start), steps
+    assert steps >= 7
+    target_kl = policy.config.kl_target
+    for kl, factor in [(2.5 * target_kl, 1.5), (0.4 * target_kl, 0.5), (target_kl, 1.0)]:
+        before = policy.update_kl(target_kl)  # within the band: unchanged
+        policy.after_async_update({"kl": kl})
+        assert float(policy.kl_coeff.numpy()) == pytest.approx(before * factor, rel=1e-6), kl
+
+
 # ----- the algorithm: an asynchronous run in this process ---------------------------------
 
 
