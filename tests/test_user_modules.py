@@ -3,6 +3,7 @@ names (here a custom model); a name that is no module is one line."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 import gymnasium as gym
@@ -50,6 +51,43 @@ def test_export_with_import_knows_the_model_the_checkpoint_names(
     assert cli.main(["export", "policy", "--out", "saved", "--import", MODULE]) == 0
     assert (checkpoint_of_an_unregistered_model / "saved" / "saved_model.pb").exists()
     assert "imported_mlp" in models.custom_model_registry()
+
+
+ENV_OF_THREE_OBS = """
+import gymnasium as gym
+import numpy as np
+
+from algorithms import register_env
+
+
+class FiveSteps(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(3, 0.1 * self.t, np.float32), 1.0, False, self.t == 5, {}
+
+
+register_env("five_steps", lambda env_config: FiveSteps())
+"""
+
+
+def test_evaluate_with_import_knows_the_model_and_the_env_it_registers(
+    checkpoint_of_an_unregistered_model, capsys
+):
+    module = checkpoint_of_an_unregistered_model / f"{MODULE}.py"
+    module.write_text(module.read_text() + ENV_OF_THREE_OBS)
+    args = ["evaluate", "policy", "--env", "five_steps", "--episodes", "2"]
+    assert cli.main(args) == cli.EXIT_BAD_INPUT  # neither the model nor the env is known
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert cli.main([*args, "--import", MODULE]) == 0, capsys.readouterr().err
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert stats["env"] == "five_steps" and stats["episode_returns"] == [5.0, 5.0]
 
 
 @pytest.mark.parametrize(
