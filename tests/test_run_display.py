@@ -78,3 +78,19 @@ def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, ca
         assert buckets[:, 2].sum() == value.size and list(events[f"gradients/{name}"]) == [2]
         assert np.isfinite(events[f"gradients/{name}/stddev"][2][1])
     assert events["episode_returns"][2][1][:, 2].sum() >= 1
+
+
+@pytest.mark.slow  # a real one-iteration run: ~10 s here
+def test_histograms_every_0_writes_scalars_and_no_histogram(tmp_path, capsys):
+    run = tmp_path / "run"
+    code = cli.main(
+        ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--seed", "0"]
+        + ["--output-dir", str(run), "--set", "tensorboard_histograms_every=0"]
+        + ["--set", "train_batch_size=128", "--set", "minibatch_size=64", "--set", "num_epochs=1"]
+        + ["--set", "model.fcnet_hiddens=[8]"]
+    )
+    assert code == 0, capsys.readouterr().err
+    events = read_events(run / "tensorboard")
+    assert 1 in events["policy_loss"]  # the scalars are written
+    assert not [tag for tag, steps in events.items() if steps[1][0] == "histograms"]
+    assert not [tag for tag in events if tag.startswith(("weights/", "gradients/"))]
