@@ -182,6 +182,34 @@ class ScriptedGradients:
         return 0
 
 
+def test_runners_losses_and_the_learners_optimizer_follow_the_schedules():
+    """What A3C's training step sets each iteration: the runners' timestep, which
+    their losses' entropy coefficient follows, and the learner's, which the rate it
+    applies gradients with follows (RLlib's piecewise values)."""
+    entropy, lr = [[0, 0.1], [1000, 0.0]], [[0, 1e-3], [1000, 1e-4]]
+    config = from_dict(A3CConfig, small_config(entropy_coeff_schedule=entropy, lr_schedule=lr))
+    worker = RolloutWorker(
+        "CartPole-v1", A3CPolicy, config, num_envs=2, rollout_fragment_length=10, seed=0
+    )
+    try:
+        learner = A3CPolicy(*worker.get_spaces(), config)
+        for timestep in (0, 250, 5000):
+            worker.set_global_timestep(timestep)
+            gradients, metrics = worker.sample_and_compute_gradients()
+            seen = worker.policy.global_timestep  # sampling may move it on
+            expected = np.float32(np.interp(seen, *zip(*entropy)))
+            assert np.float32(metrics["gradient_stats"]["entropy_coeff"]) == pytest.approx(
+                expected, rel=1e-6
+            ), timestep
+            assert seen >= timestep + 20  # set, then moved on by the fragment's 2 x 10 env steps
+            learner.global_timestep = timestep
+            learner.apply_gradients(gradients)
+            rate = learner.towers.optimizers[0].learning_rate.numpy()
+            assert rate == pytest.approx(np.float32(np.interp(timestep, *zip(*lr))), rel=1e-6)
+    finally:
+        worker.stop()
+
+
 def test_staleness_is_the_updates_applied_since_each_gradients_weights():
     algo = A3C(small_config(train_batch_size=60))
     try:
