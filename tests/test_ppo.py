@@ -657,6 +657,24 @@ def test_remote_env_runners_and_who_owns_ray():
         metrics = owner.train()
         assert metrics["env_steps_this_iter"] >= 200
         assert owner.env_runners.weights_versions() == [1]
+        owner.env_runners.wait_started()  # the stand-in hands over to the runner
+        for _ in range(2):
+            owner.train()
+        assert owner.env_runners.local_worker is None
+        # the runner acts on the driver's spaces through its policy's one trace and one
+        # XLA compile, made at its start: nothing retraced over 3 weight syncs and fragments
+        built = ray.get(
+            owner.env_runners.workers[0].__ray_call__.remote(
+                lambda w: (
+                    w.get_spaces(),
+                    w.policy.action_trace_count(),
+                    w.policy._xla_action_fn.trace_count(),
+                    w.weights_version(),
+                )
+            )
+        )
+        spaces = (owner.env_runners.observation_space, owner.env_runners.action_space)
+        assert built[0] == spaces and built[1:] == (1, 1, 3)
         guest = PPO(algo_config(num_env_runners=1, sample_while_env_runners_start=False))
         assert guest.env_runners.local_worker is None
         guest.stop()
