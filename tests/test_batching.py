@@ -1,7 +1,7 @@
 """policy_service/distributed/batching.py: RequestBatcher without Ray (asyncio, a fake
 run function): full batches at once, the rest after the window, keys never mixed, a
-failure only for its request, no window for a lone caller. Through the PolicyActor:
-test_policy_actor.py."""
+failure only for its request, no window for a lone caller, whose pass runs on the event
+loop while the PolicyThread is idle. Through the PolicyActor: test_policy_actor.py."""
 
 import asyncio
 import threading
@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from policy_service.distributed.batching import RequestBatcher
+from policy_service.distributed.batching import INLINE_RUNS_PER_PROBE, RequestBatcher
+from policy_service.distributed.policy_thread import PolicyThread
 
 
 def _run_batcher(requests, max_batch_size, timeout_s, fail_on=None):
@@ -83,7 +84,9 @@ HOUR_S = 3600.0  # a window no test may wait out: a request answered did not wai
 HANG_S = 60.0  # a bound for a hang, not a timing
 
 
-def _hour_window_batcher(pool, max_batch_size: int, batches: list, before_return=None):
+def _hour_window_batcher(
+    pool, max_batch_size: int, batches: list, before_return=None, thread_idle=None
+):
     """A RequestBatcher whose window no test waits out; each batch it runs is recorded
     in `batches` as (key, payloads), then before_return(payloads) is called."""
 
@@ -94,7 +97,32 @@ def _hour_window_batcher(pool, max_batch_size: int, batches: list, before_return
         return payloads
 
     return RequestBatcher(
-        run_batch, max_batch_size=max_batch_size, batch_wait_timeout_s=HOUR_S, executor=pool
+        run_batch,
+        max_batch_size=max_batch_size,
+        batch_wait_timeout_s=HOUR_S,
+        executor=pool,
+        thread_idle=thread_idle,
+    )
+
+
+def _threads_of(batches: list) -> list:
+    """Which thread ran each recorded batch: "loop" (this test's) or "pool"."""
+    return ["loop" if ident == threading.get_ident() else "pool" for ident, _ in batches]
+
+
+def _ident_recording_batcher(thread: PolicyThread, batches: list) -> RequestBatcher:
+    """Records (thread ident, payloads) per batch run; lone requests may run on the loop."""
+
+    def run_batch(key, payloads):
+        batches.append((threading.get_ident(), list(payloads)))
+        return payloads
+
+    return RequestBatcher(
+        run_batch,
+        max_batch_size=4,
+        batch_wait_timeout_s=HOUR_S,
+        executor=thread,
+        thread_idle=lambda: thread.idle,
     )
 
 
@@ -177,3 +205,112 @@ def test_a_request_of_another_key_waiting_beside_a_batch_of_one_keeps_the_window
     second, waited = asyncio.run(main())
     assert second == [1, 2] and waited == 1
     assert batches == [("a", [0]), ("b", [1, 2])]
+
+
+def test_a_lone_callers_passes_run_on_the_loop_but_every_eighth_goes_through_the_thread():
+    """After a batch of one request, a lone caller's requests run on the event loop
+    (answered without the thread's two hand-offs), except a probe through the thread
+    after every INLINE_RUNS_PER_PROBE of them; a probe that runs alone allows as many
+    again."""
+    batches = []
+    thread = PolicyThread()
+
+    async def main():
+        batcher = _ident_recording_batcher(thread, batches)
+        answers = [await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)]
+        for i in range(2 * (INLINE_RUNS_PER_PROBE + 1)):
+            answers.append(await asyncio.wait_for(batcher.submit("k", i, 1), HANG_S))
+        return answers
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        thread.shutdown()
+    lone = 2 * (INLINE_RUNS_PER_PROBE + 1)
+    assert answers == ["full", *range(lone)]
+    assert [payloads for _, payloads in batches] == [["full"], *([i] for i in range(lone))]
+    period = ["loop"] * INLINE_RUNS_PER_PROBE + ["pool"]
+    assert _threads_of(batches) == ["pool", *period, *period]
+
+
+def test_no_pass_runs_on_the_loop_while_the_thread_runs_other_policy_work():
+    """Work of the policy's owner in the thread (a weight assignment, a learner step)
+    keeps a lone request off the loop: it waits for the thread and runs there after it."""
+    batches, order = [], []
+    thread = PolicyThread()
+    started, release = threading.Event(), threading.Event()
+
+    def owners_work():
+        started.set()
+        release.wait(HANG_S)
+        order.append("owner")
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        batcher = _ident_recording_batcher(thread, batches)
+        await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)
+        await asyncio.wait_for(batcher.submit("k", "on the loop", 1), HANG_S)
+        work = loop.run_in_executor(thread, owners_work)
+        assert await loop.run_in_executor(None, started.wait, HANG_S)
+        busy = not thread.idle
+        request = loop.create_task(batcher.submit("k", "after", 1))
+        await _turns_of_the_event_loop()
+        ran_while_busy = len(batches) - 2  # queued behind the owner's work, not run here
+        release.set()
+        await asyncio.wait_for(asyncio.gather(work, request), HANG_S)
+        return busy, ran_while_busy
+
+    try:
+        busy, ran_while_busy = asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert busy and ran_while_busy == 0
+    assert [payloads for _, payloads in batches] == [["full"], ["on the loop"], ["after"]]
+    assert _threads_of(batches) == ["pool", "loop", "pool"]
+    assert order == ["owner"] and thread.idle
+
+
+def test_callers_arriving_together_after_lone_ones_share_a_batch_again_from_the_probe():
+    """Concurrent callers after a lone one: the passes left to run on the loop go one
+    request each, then the probe goes through the thread with the others queued beside
+    it, all in one batch, and from there on requests wait for company again."""
+    batches = []
+    thread = PolicyThread()
+
+    async def main():
+        batcher = _ident_recording_batcher(thread, batches)
+        await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)
+        together = [batcher.submit("k", i, 1) for i in range(INLINE_RUNS_PER_PROBE + 4)]
+        answers = await asyncio.wait_for(asyncio.gather(*together), HANG_S)
+        return answers, batcher._wait_for_company
+
+    try:
+        answers, waits = asyncio.run(main())
+    finally:
+        thread.shutdown()
+    n = INLINE_RUNS_PER_PROBE
+    assert answers == list(range(n + 4))
+    assert [payloads for _, payloads in batches] == [
+        ["full"],
+        *([i] for i in range(n)),
+        [n, n + 1, n + 2, n + 3],
+    ]
+    assert _threads_of(batches) == ["pool", *["loop"] * n, "pool"]
+    assert waits
+
+
+def test_a_policy_thread_is_idle_only_when_no_call_is_queued_or_running():
+    thread = PolicyThread()
+    release = threading.Event()
+    try:
+        assert thread.idle
+        first = thread.submit(release.wait, HANG_S)
+        failing = thread.submit(lambda: 1 / 0)
+        assert not thread.idle
+        release.set()
+        assert first.result(HANG_S) is True
+        with pytest.raises(ZeroDivisionError):
+            failing.result(HANG_S)
+        assert thread.idle  # a call that raised is finished too
+    finally:
+        thread.shutdown()

@@ -14,8 +14,11 @@ run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. T
 is adaptive: after a batch that ran alone (one request, none other waiting), what waits
 runs at once, so a lone caller never pays the window (others arriving meanwhile queue
 up for the next batch); after other requests were seen with a batch (and before the
-first batch) requests wait for company again. When a batch fails, each request is rerun
-alone, so only the failing one gets the exception.
+first batch) requests wait for company again. With `thread_idle`, such a lone request
+runs on the event loop itself while the executor's thread is idle (the hand-offs to
+and from it cost as much as a small pass), except every INLINE_RUNS_PER_PROBE-th,
+which goes through the thread so that callers arriving meanwhile can show up. When a
+batch fails, each request is rerun alone, so only the failing one gets the exception.
 When a batch runs, exactly: docs/distributed.md, "RequestBatcher".
 """
 
@@ -30,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RunBatch = Callable[[Any, list], list]  # (a key given to submit, its payloads) -> results
+# Lone requests run on the event loop between two that go through the thread: while one
+# runs on the loop no other request can arrive, so only those show whether callers came.
+INLINE_RUNS_PER_PROBE = 7
 
 
 @dataclass
@@ -50,7 +56,10 @@ class RequestBatcher:
         max_batch_size: int,
         batch_wait_timeout_s: float,
         executor: Executor,
+        thread_idle: Callable[[], bool] | None = None,
     ):
+        """thread_idle: whether `executor` runs nothing now; given, a lone request may
+        run on the event loop (module docstring), so `run_batch` must be safe there."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_timeout_s < 0:
@@ -59,6 +68,9 @@ class RequestBatcher:
         self.max_batch_size = int(max_batch_size)
         self.batch_wait_timeout_s = float(batch_wait_timeout_s)
         self._executor = executor
+        self._thread_idle = thread_idle
+        self._running = False  # a batch is in the executor
+        self._inline_left = 0  # lone requests that may still run on the loop before a probe
         self._queues: dict[Hashable, collections.deque[_Request]] = {}
         self._rows_waiting: dict[Hashable, int] = collections.defaultdict(int)
         # False after a batch that ran alone (no other request waiting, of any key): no
@@ -76,6 +88,9 @@ class RequestBatcher:
         """Queue one request and wait for its own result (or exception)."""
         if not self.enabled:
             return await self._run_alone(key, payload)
+        if self._runs_on_the_loop():
+            self._inline_left -= 1
+            return _checked(self._run_batch(key, [payload]), 1)[0]
         future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, collections.deque()).append(
             _Request(payload, int(num_rows), future)
@@ -86,6 +101,17 @@ class RequestBatcher:
 
     def num_waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
+
+    def _runs_on_the_loop(self) -> bool:
+        """Whether a request submitted now runs alone at once, with the thread idle."""
+        return (
+            self._thread_idle is not None
+            and not self._wait_for_company
+            and self._inline_left > 0
+            and not self._queues
+            and not self._running
+            and self._thread_idle()
+        )
 
     # ----- the batching loop ----------------------------------------------------------
 
@@ -110,7 +136,12 @@ class RequestBatcher:
                 continue
             batch = self._take_batch(key)
             self._wait_for_company = len(batch) + self.num_waiting() > 1
-            await self._run(key, batch)
+            self._inline_left = 0 if self._wait_for_company else INLINE_RUNS_PER_PROBE
+            self._running = True
+            try:
+                await self._run(key, batch)
+            finally:
+                self._running = False
 
     def _next_ready_key(self) -> tuple[Hashable | None, float | None]:
         """The ready key whose oldest request waited longest, else (None, seconds to wait)."""
@@ -145,13 +176,12 @@ class RequestBatcher:
     async def _run(self, key: Hashable, batch: list[_Request]) -> None:
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(
-                self._executor, self._run_batch, key, [r.payload for r in batch]
+            results = _checked(
+                await loop.run_in_executor(
+                    self._executor, self._run_batch, key, [r.payload for r in batch]
+                ),
+                len(batch),
             )
-            if len(results) != len(batch):
-                raise RuntimeError(
-                    f"run_batch returned {len(results)} results for {len(batch)} requests"
-                )
         except Exception as error:  # noqa: BLE001 - handed to the callers below
             if len(batch) == 1:
                 _resolve(batch[0].future, error=error)
@@ -173,6 +203,12 @@ class RequestBatcher:
             self._executor, self._run_batch, key, [payload]
         )
         return results[0]
+
+
+def _checked(results: list, num_requests: int) -> list:
+    if len(results) != num_requests:
+        raise RuntimeError(f"run_batch returned {len(results)} results for {num_requests} requests")
+    return results
 
 
 def _resolve(future: asyncio.Future, result: Any = None, error: BaseException | None = None):

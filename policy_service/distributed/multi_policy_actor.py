@@ -8,7 +8,7 @@
     actor.set_weights.remote({"attacker": w_a, "defender": w_d}, version=k)
 
 Each policy is a PolicyHost of its own (its RequestBatcher: a forward pass holds one
-policy's rows, gathered from every caller), and all of them share one executor thread,
+policy's rows, gathered from every caller), and all of them share one PolicyThread,
 so no pass sees half-assigned weights of any policy. One weights version counts the
 updates of all of them.
 """
@@ -16,7 +16,6 @@ updates of all of them.
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
 import numpy as np
@@ -29,6 +28,7 @@ from policy_service.distributed.policy_actor import (
     prepare_tensorflow,
     restored_weights,
 )
+from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.policy_spec import PolicySpec
@@ -60,13 +60,13 @@ class MultiPolicyHost:
             for policy_id, spec in specs.items()
         }
         prepare_tensorflow(next(iter(configs.values())), intra_op_threads)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="policies")
+        self._thread = PolicyThread("policies")
         self.hosts = {
             policy_id: PolicyHost.for_policy(
                 spec._replace(config=configs[policy_id]).build(),
                 max_batch_size=max_batch_size,
                 batch_wait_timeout_s=batch_wait_timeout_s,
-                executor=self._executor,
+                thread=self._thread,
             )
             for policy_id, spec in specs.items()
         }

@@ -12,8 +12,9 @@ The loop it lives in (central inference, as in SEED RL):
 
 Concurrent calls with the same (explore, timestep) become one forward pass
 (`RequestBatcher`); every caller gets back exactly its own rows, and an error reaches
-only the caller that caused it. All policy work runs in one executor thread, so a
-pass never sees half-assigned weights. Batching and threads: docs/distributed.md.
+only the caller that caused it. All policy work runs in one PolicyThread, so a pass
+never sees half-assigned weights; a lone request's pass runs on the event loop while
+that thread is idle. Batching and threads: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import math
 import operator
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import gymnasium as gym
@@ -37,6 +37,7 @@ import tree
 from policy_service import call_arguments, models, spaces
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.batching import RequestBatcher
+from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.sample_batch import SampleBatch
@@ -116,13 +117,13 @@ class PolicyHost:
         *,
         max_batch_size: int = 32,
         batch_wait_timeout_s: float = 0.001,
-        executor: ThreadPoolExecutor | None = None,
+        thread: PolicyThread | None = None,
     ) -> PolicyHost:
         """A host serving a policy that already lives in this process (a learner's,
-        SEED style; or one of several, which share one `executor` thread); the owner
+        SEED style; or one of several, which share one `thread`); the owner
         runs its own policy work through `in_policy_thread`."""
         host = cls.__new__(cls)
-        host._serve(policy, max_batch_size, batch_wait_timeout_s, executor)
+        host._serve(policy, max_batch_size, batch_wait_timeout_s, thread)
         host.device_note = policy.tower_devices.note
         return host
 
@@ -131,16 +132,17 @@ class PolicyHost:
         policy,
         max_batch_size: int,
         batch_wait_timeout_s: float,
-        executor: ThreadPoolExecutor | None = None,
+        thread: PolicyThread | None = None,
     ) -> None:
         self.policy = policy
         self._initial_state = self.policy.get_initial_state()
-        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="policy")
+        self._thread = thread or PolicyThread()
         self._batcher = RequestBatcher(
             self._forward,
             max_batch_size=max_batch_size,
             batch_wait_timeout_s=batch_wait_timeout_s,
-            executor=self._executor,
+            executor=self._thread,
+            thread_idle=lambda: self._thread.idle,
         )
         self._weights_version = 0
         self._reset_counters()
@@ -217,7 +219,8 @@ class PolicyHost:
         return _ActionRequest(obs_batch, states, prev_actions, prev_rewards, num_rows)
 
     def _forward(self, key: tuple, requests: list[_ActionRequest]) -> list[tuple]:
-        """One forward pass over the requests' rows (executor thread) -> per-request results."""
+        """One forward pass over the requests' rows (the policy thread, or the event loop
+        while that is idle) -> per-request results."""
         explore, timestep = key
         obs = tree.map_structure(
             lambda *leaves: np.concatenate(leaves, axis=0), *[r.obs for r in requests]
@@ -366,7 +369,7 @@ class PolicyHost:
 
     async def in_policy_thread(self, fn):
         """fn() in the one thread all policy work runs in (between forward passes)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn)
 
     def mark_version(self, version: int) -> None:
         """The weights changed in place (a learner's step): results now carry `version`."""
