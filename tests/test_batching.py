@@ -84,9 +84,7 @@ HOUR_S = 3600.0  # a window no test may wait out: a request answered did not wai
 HANG_S = 60.0  # a bound for a hang, not a timing
 
 
-def _hour_window_batcher(
-    pool, max_batch_size: int, batches: list, before_return=None, thread_idle=None
-):
+def _hour_window_batcher(pool, max_batch_size: int, batches: list, before_return=None):
     """A RequestBatcher whose window no test waits out; each batch it runs is recorded
     in `batches` as (key, payloads), then before_return(payloads) is called."""
 
@@ -97,11 +95,7 @@ def _hour_window_batcher(
         return payloads
 
     return RequestBatcher(
-        run_batch,
-        max_batch_size=max_batch_size,
-        batch_wait_timeout_s=HOUR_S,
-        executor=pool,
-        thread_idle=thread_idle,
+        run_batch, max_batch_size=max_batch_size, batch_wait_timeout_s=HOUR_S, executor=pool
     )
 
 

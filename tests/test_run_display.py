@@ -51,18 +51,24 @@ def test_a_distribution_is_a_histogram_with_its_four_statistics(tmp_path):
         assert events[f"w/{stat}"][7][1] == np.float32(expected)
 
 
-@pytest.mark.slow  # a real two-iteration run: ~30 s on this loaded machine
-def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, capsys):
-    from algorithms.ppo import PPOPolicy
-
+def _small_ppo_run(tmp_path, capsys, iterations: int, histograms_every: int):
+    """`train ppo` on CartPole with a tiny model and batch -> its output directory."""
     run = tmp_path / "run"
     code = cli.main(
-        ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "2", "--seed", "0"]
-        + ["--output-dir", str(run), "--set", "tensorboard_histograms_every=2"]
+        ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", str(iterations), "--seed", "0"]
+        + ["--output-dir", str(run), "--set", f"tensorboard_histograms_every={histograms_every}"]
         + ["--set", "train_batch_size=128", "--set", "minibatch_size=64", "--set", "num_epochs=1"]
         + ["--set", "model.fcnet_hiddens=[8]"]
     )
     assert code == 0, capsys.readouterr().err
+    return run
+
+
+@pytest.mark.slow  # a real two-iteration run: ~30 s on this loaded machine
+def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, capsys):
+    from algorithms.ppo import PPOPolicy
+
+    run = _small_ppo_run(tmp_path, capsys, iterations=2, histograms_every=2)
     events = read_events(run / "tensorboard")
     weights = PPOPolicy.from_checkpoint(str(run / "checkpoints" / "checkpoint_000002" / "policy"))
     for name, value in weights.get_weights().items():
@@ -82,15 +88,7 @@ def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, ca
 
 @pytest.mark.slow  # a real one-iteration run: ~10 s here
 def test_histograms_every_0_writes_scalars_and_no_histogram(tmp_path, capsys):
-    run = tmp_path / "run"
-    code = cli.main(
-        ["train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1", "--seed", "0"]
-        + ["--output-dir", str(run), "--set", "tensorboard_histograms_every=0"]
-        + ["--set", "train_batch_size=128", "--set", "minibatch_size=64", "--set", "num_epochs=1"]
-        + ["--set", "model.fcnet_hiddens=[8]"]
-    )
-    assert code == 0, capsys.readouterr().err
-    events = read_events(run / "tensorboard")
+    events = read_events(_small_ppo_run(tmp_path, capsys, 1, histograms_every=0) / "tensorboard")
     assert 1 in events["policy_loss"]  # the scalars are written
     assert not [tag for tag, steps in events.items() if steps[1][0] == "histograms"]
     assert not [tag for tag in events if tag.startswith(("weights/", "gradients/"))]
