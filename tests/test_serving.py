@@ -536,6 +536,9 @@ def test_num_gpus_and_replicas_reach_the_deployment_options():
     assert options["num_replicas"] == 3
     assert options["ray_actor_options"] == {"num_cpus": 1.0, "num_gpus": 0.5}
     assert options["max_ongoing_requests"] >= 64  # else Serve would cap a replica's batches
+    assert options["logging_config"] == {"enable_access_log": False}  # no line per request
+    asked = deployment_options(ServingSettings(access_log=True))["logging_config"]
+    assert asked == {"enable_access_log": True}
 
 
 def test_gpus_the_cluster_lacks_are_one_line_errors():

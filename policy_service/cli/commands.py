@@ -158,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
         ),
         num_replicas=args.num_replicas,
         num_gpus_per_replica=args.num_gpus,
+        access_log=args.access_log,
     )
     server.check_settings(address, settings)
     found, state = newest_loadable(
@@ -213,6 +214,11 @@ def _add_serve_parser(sub) -> None:
         type=float,
         default=0.001,
         help="longest wait for requests to join a pass (default 0.001)",
+    )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="Serve's log line per request in the replica's log (default: off)",
     )
     serve.add_argument(
         "--max-request-bytes",
