@@ -248,7 +248,9 @@ class PolicyConfig(Config):
     acting_xla: bool = setting(
         True,
         doc="Env runners act through an XLA-compiled acting function made for their "
-        "vector's size (~0.6x the CPU per step for small models). Models with "
+        "vector's size (~0.6x the CPU per step for small models), and policy servers "
+        "(PolicyActor, Serve replicas) through one per batch size of a ladder, each "
+        "compiled when first used. Models with "
         "convolutions, which XLA runs slower on CPUs, and models XLA cannot compile (one "
         "warning) keep TensorFlow's executor.",
     )

@@ -40,7 +40,12 @@ from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
-from policy_service.engine.fixed_rows import FixedRowsCall, has_convolutions, leading_rows
+from policy_service.engine.fixed_rows import (
+    FixedRowsCall,
+    XlaTwins,
+    has_convolutions,
+    leading_rows,
+)
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
@@ -164,7 +169,7 @@ class TFPolicy(BatchLearning):
             )
         self._optimizers = self.towers.optimizers
         self._action_fn = self._compile_action_fn()
-        self._xla_action_fn: FixedRowsCall | None = None  # act_with_xla
+        self._xla: XlaTwins | None = None  # act_with_xla
         self._logp_fn = self._compile_logp_fn()
 
     # ----- what a concrete policy overrides -------------------------------------------
@@ -259,9 +264,8 @@ class TFPolicy(BatchLearning):
         if timestep is None:
             timestep = self.global_timestep
         timestep = call_arguments.count(timestep, "timestep")
-        xla = self._xla_action_fn
-        if xla is not None and batch_size > xla.rows:
-            xla = None  # more rows than the twin was compiled for: the executor's function
+        # None above the twins' largest row count: the executor's function
+        xla = None if self._xla is None else self._xla.for_rows(batch_size)
         with tf.device(self.tower_devices.devices[0]):
             if xla is None:
                 actions, state_outs, extra = self._action_fn(*inputs, explore, np.int64(timestep))
@@ -470,20 +474,30 @@ class TFPolicy(BatchLearning):
             tf.function(self._act_graph, input_signature=self._action_signature(), autograph=False)
         )
 
-    def act_with_xla(self, rows: int) -> bool:
-        """Act on calls of up to `rows` rows (an env runner's vector) through an XLA twin
-        of the acting function (engine/fixed_rows.py); other sizes keep TensorFlow's
-        executor. -> whether it acts through XLA now: not for a model with convolutions,
-        which XLA runs slower on CPUs, nor when XLA cannot compile it (one warning)."""
+    def act_with_xla(self, *row_counts: int, when_first_used: bool = False) -> bool:
+        """Act on calls of up to max(row_counts) rows through XLA twins of the acting
+        function, one per row count (engine/fixed_rows.py: a call pads to the smallest
+        that fits); larger calls keep TensorFlow's executor. An env runner names its
+        vector's size; a server a ladder of batch sizes, each compiled `when_first_used`.
+        -> whether it acts through XLA: not for a model with convolutions, which XLA
+        runs slower on CPUs, nor when XLA cannot compile it (one warning)."""
         if has_convolutions(self._action_fn.concrete.graph):
             return False
+        self._xla = XlaTwins(self._compile_xla_twin, row_counts, when_first_used)
+        return not self._xla.failed
+
+    def xla_twins(self) -> dict[int, FixedRowsCall]:
+        """The XLA twins compiled so far, by their row count."""
+        return {} if self._xla is None else dict(self._xla.compiled)
+
+    def _compile_xla_twin(self, rows: int) -> FixedRowsCall | None:
         rng_state = self._action_rng.state.numpy()  # the compiling call draws no sample
         with tf.device(self.tower_devices.devices[0]):
-            self._xla_action_fn = FixedRowsCall.compile(
+            twin = FixedRowsCall.compile(
                 self._act_graph, self._action_signature(), rows, f"{type(self).__name__}'s acting"
             )
         self._action_rng.state.assign(rng_state)
-        return self._xla_action_fn is not None
+        return twin
 
     def _compile_logp_fn(self):
         def logp(obs, states, prev_actions, prev_rewards, actions):
@@ -793,8 +807,8 @@ class TFPolicy(BatchLearning):
         if new_exploration is not None:
             self.exploration = new_exploration
             self._action_fn = self._compile_action_fn()
-            if self._xla_action_fn is not None:
-                self.act_with_xla(self._xla_action_fn.rows)
+            if self._xla is not None:
+                self._xla = self._xla.rebuilt()
         self.global_timestep = int(state["global_timestep"])
         self.num_grad_updates = int(state.get("num_grad_updates", 0))
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from algorithms.ppo import PPOPolicy
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.engine.fixed_rows import FixedRowsCall
+from policy_service.engine.fixed_rows import FixedRowsCall, row_ladder
 
 CARTPOLE = gym.make("CartPole-v1")
 CONFIG = {"model": {"fcnet_hiddens": [16, 16]}, "seed": 3}
@@ -51,7 +51,7 @@ def test_xla_acting_equals_the_executor_for_the_full_vector_and_for_fewer_rows()
         rtol=1e-5,
         atol=1e-6,
     )
-    assert xla._xla_action_fn.trace_count() == 1
+    assert xla.xla_twins()[4].trace_count() == 1
 
 
 def test_more_rows_than_compiled_take_the_executor():
@@ -62,6 +62,56 @@ def test_more_rows_than_compiled_take_the_executor():
     np.testing.assert_array_equal(
         xla.compute_actions(obs, explore=False)[0], plain.compute_actions(obs, explore=False)[0]
     )
+
+
+def test_a_ladder_compiles_each_twin_at_its_first_call_and_a_call_takes_the_smallest_fit():
+    """A server's ladder: nothing compiled up front; each call runs through the smallest
+    twin its rows fit (compiling it then), above the largest through the executor, with
+    the executor's greedy actions and logits every time."""
+    plain, xla = policy(), policy()
+    xla.set_weights(plain.get_weights())
+    assert xla.act_with_xla(1, 4, when_first_used=True)
+    assert xla.xla_twins() == {}
+    for rows, compiled in ((1, [1]), (3, [1, 4]), (4, [1, 4]), (1, [1, 4]), (6, [1, 4])):
+        obs = observations(rows)
+        want, got = (
+            plain.compute_actions(obs, explore=False),
+            xla.compute_actions(obs, explore=False),
+        )
+        np.testing.assert_array_equal(got[0], want[0])
+        np.testing.assert_allclose(
+            got[2]["action_dist_inputs"], want[2]["action_dist_inputs"], rtol=1e-5, atol=1e-6
+        )
+        assert sorted(xla.xla_twins()) == compiled, rows
+    assert all(twin.trace_count() == 1 for twin in xla.xla_twins().values())
+
+
+def test_a_new_exploration_rebuilds_the_twins_at_once_or_at_first_use_as_before():
+    """set_state may bring another exploration, which the twins' graphs hold: an env
+    runner's twin is compiled again at once, a server's at its next first use."""
+    runner, server, plain = policy(), policy(), policy()
+    runner.act_with_xla(3)
+    server.act_with_xla(1, 4, when_first_used=True)
+    server.compute_actions(observations(1), explore=False)
+    before = runner.xla_twins()[3]
+    state = plain.get_state()
+    runner.set_state(state)
+    server.set_state(state)
+    assert list(runner.xla_twins()) == [3] and runner.xla_twins()[3] is not before
+    assert server.xla_twins() == {}
+    obs = observations(3)
+    want = plain.compute_actions(obs, explore=False)[0]
+    np.testing.assert_array_equal(runner.compute_actions(obs, explore=False)[0], want)
+    np.testing.assert_array_equal(server.compute_actions(obs, explore=False)[0], want)
+    assert list(server.xla_twins()) == [4]
+
+
+def test_row_ladder_is_powers_of_four_below_the_largest_batch_and_the_largest():
+    assert row_ladder(1) == [1]
+    assert row_ladder(4) == [1, 4]
+    assert row_ladder(5) == [1, 4, 5]
+    assert row_ladder(32) == [1, 4, 16, 32]
+    assert row_ladder(64) == [1, 4, 16, 64]
 
 
 def test_sampling_through_xla_is_reproducible_from_the_seed_and_compiling_draws_nothing():
@@ -85,7 +135,7 @@ def test_a_model_with_convolutions_keeps_the_executor():
     cnn = PPOPolicy(
         image, gym.spaces.Discrete(3), {"model": {"conv_filters": [[4, [4, 4], 2], [8, [8, 8], 1]]}}
     )
-    assert not cnn.act_with_xla(2) and cnn._xla_action_fn is None
+    assert not cnn.act_with_xla(2) and cnn.xla_twins() == {}
     assert cnn.compute_actions(np.zeros((2, 16, 16, 2), np.uint8))[0].shape == (2,)
     assert policy().act_with_xla(2)
 
@@ -115,8 +165,8 @@ def test_an_env_runner_acts_through_xla_unless_its_config_says_not():
         )
 
     on, off = runner(), runner(acting_xla=False)
-    assert on.policy._xla_action_fn.rows == 3
-    assert off.policy._xla_action_fn is None
+    assert list(on.policy.xla_twins()) == [3]
+    assert off.policy.xla_twins() == {}
     for worker in (on, off):
         batch, _ = worker.sample()
         assert len(batch["obs"]) >= 24

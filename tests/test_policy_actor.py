@@ -56,6 +56,19 @@ def local_mlp(served_mlp):
     return policy
 
 
+@pytest.fixture
+def fresh_mlp(ray_local):
+    """(a new served MLP, a local copy of its policy), for a test that counts forward
+    passes: a new batcher waits for company. One that earlier tests left after a lone
+    pass runs the next lone requests at once, on its event loop (batching.py), which
+    would split a burst's first request from the rest."""
+    actor = _serve_mlp(WAIT_S)
+    policy = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, MLP_CONFIG)
+    policy.set_weights(ray.get(actor.get_weights.remote()))
+    yield actor, policy
+    ray.kill(actor)
+
+
 def _obs(rng, rows):
     return rng.uniform(-1, 1, (rows, 4)).astype(np.float32)
 
@@ -150,7 +163,8 @@ def test_a_full_batch_runs_without_waiting_for_the_window(ray_local):
         ray.kill(actor)
 
 
-def test_explore_and_timestep_settings_never_share_a_forward_pass(served_mlp, local_mlp):
+def test_explore_and_timestep_settings_never_share_a_forward_pass(fresh_mlp):
+    served_mlp, local_mlp = fresh_mlp
     rng = np.random.default_rng(3)
     settings = [(False, None)] * 3 + [(True, None)] * 3 + [(False, 5)] * 2
     observations = [_obs(rng, 1) for _ in settings]
@@ -171,7 +185,8 @@ def test_explore_and_timestep_settings_never_share_a_forward_pass(served_mlp, lo
             assert extra["action_logp"][0] < 0.0  # sampled: log pi of the drawn action
 
 
-def test_a_malformed_request_fails_for_its_caller_alone(served_mlp, local_mlp):
+def test_a_malformed_request_fails_for_its_caller_alone(fresh_mlp):
+    served_mlp, local_mlp = fresh_mlp
     rng = np.random.default_rng(4)
     good = [_obs(rng, 1) for _ in range(8)]
     before = ray.get(served_mlp.stats.remote())
@@ -215,7 +230,8 @@ def test_explore_is_keyword_only_where_tfpolicy_takes_prev_actions_third(served_
         ray.get(served_mlp.compute_actions.remote(obs, None, False))
 
 
-def test_a_request_that_breaks_the_forward_pass_fails_alone(served_mlp, local_mlp):
+def test_a_request_that_breaks_the_forward_pass_fails_alone(fresh_mlp):
+    served_mlp, local_mlp = fresh_mlp
     rng = np.random.default_rng(5)
     good = [_obs(rng, 1) for _ in range(6)]
     poisoned = np.full((1, 4), fakes.POISON, np.float32)  # valid shape, but kills the pass

@@ -668,7 +668,7 @@ def test_remote_env_runners_and_who_owns_ray():
                 lambda w: (
                     w.get_spaces(),
                     w.policy.action_trace_count(),
-                    w.policy._xla_action_fn.trace_count(),
+                    w.policy.xla_twins()[w.num_envs].trace_count(),
                     w.weights_version(),
                 )
             )

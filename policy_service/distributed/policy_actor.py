@@ -40,6 +40,7 @@ from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
+from policy_service.engine.fixed_rows import row_ladder
 from policy_service.sample_batch import SampleBatch
 
 logger = logging.getLogger(__name__)
@@ -96,11 +97,10 @@ class PolicyHost:
             policy_cls, config, visible_gpus=visible_gpus, ray_gpu_ids=ray_gpu_ids
         )
         prepare_tensorflow(policy_config, intra_op_threads)
-        self._serve(
-            policy_cls(observation_space, action_space, policy_config),
-            max_batch_size,
-            batch_wait_timeout_s,
-        )
+        policy = policy_cls(observation_space, action_space, policy_config)
+        if getattr(policy.config, "acting_xla", False):  # batches of 1..max_batch_size rows
+            policy.act_with_xla(*row_ladder(max_batch_size), when_first_used=True)
+        self._serve(policy, max_batch_size, batch_wait_timeout_s)
         # what resources() reports beside the devices; the policy logged its own note
         self.device_note = self.policy.tower_devices.note or unseen_gpus_note(
             ray_gpu_ids, visible_gpus, self.policy.devices
