@@ -14,7 +14,7 @@
 
 RLlib's PolicyClient methods, over the JSON protocol of serving.episode_api.
 "remote": every call but log_returns is one request on a keep-alive connection
-(http.client); a reward goes with the episode's next call (one request a step).
+(http_connection.py); a reward goes with the episode's next call (one request a step).
 "local": the server's acting SavedModel is pulled (ExportedPolicy) and acts here
 (Box actions recorded as sampled, returned clipped to their bounds, as the server does);
 steps are uploaded in batches (POST /v1/experiences) once update_interval_s has
@@ -26,7 +26,6 @@ one client per thread.
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 import uuid
@@ -37,6 +36,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from policy_service import spaces
+from policy_service.http_connection import HttpConnection, NoAnswer
 from policy_service.io.space_codec import space_from_json
 
 if TYPE_CHECKING:  # TensorFlow loads in local mode only
@@ -87,9 +87,8 @@ class PolicyClient:
             raise ValueError(f"address: expected http://HOST:PORT, got {address!r}")
         self.inference_mode = inference_mode
         self.update_interval_s = float(update_interval_s)
-        self._host, self._port, self._timeout_s = url.hostname, url.port or 80, timeout_s
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        self._conn: http.client.HTTPConnection | None = None
+        self._conn = HttpConnection(url.hostname, url.port or 80, timeout_s)
         spec = json.loads(self._request("GET", "/v1/spec"))
         self.observation_space = space_from_json(spec["observation_space"])
         self.action_space = space_from_json(spec["action_space"])
@@ -182,7 +181,7 @@ class PolicyClient:
 
         body, headers = self._request("GET", "/v1/model", with_headers=True)
         self._local = ExportedPolicy.from_tar(
-            body, int(headers["X-Weights-Version"]), self.observation_space
+            body, int(headers["x-weights-version"]), self.observation_space
         )
         self._steps_since_pull = 0
 
@@ -220,9 +219,7 @@ class PolicyClient:
         """Upload what is left (local mode) and close the connection."""
         if self.inference_mode == LOCAL:
             self.flush()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._conn.close()
 
     def _with_reward(self, episode_id: str, body: dict) -> dict:
         """remote: the episode's call, carrying the reward logged since its last one."""
@@ -266,41 +263,24 @@ class PolicyClient:
         return self._request("POST", path, json.dumps(body).encode())
 
     def _request(self, method: str, path: str, body: bytes | None = None, with_headers=False):
-        """One request on the kept-alive connection (opened again once if the server
-        closed it before answering) -> the body (and headers); PolicyClientError for any
-        status but 200, ConnectionError when the server went away mid-answer."""
+        """One request on the kept-alive connection (sent again, once, on a new one if
+        the server closed it before answering) -> the body (and headers, names
+        lower-cased); PolicyClientError for any status but 200, ConnectionError when
+        the server went away mid-answer."""
         for attempt in (0, 1):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(
-                    self._host, self._port, timeout=self._timeout_s
-                )
             try:
-                self._conn.request(method, path, body=body, headers=self._headers)
-                response = self._conn.getresponse()
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine):
-                self._conn.close()
-                self._conn = None
+                status, headers, data = self._conn.request(method, path, body, self._headers)
+                break
+            except NoAnswer:
                 if attempt:
                     raise
-                continue
-            try:
-                data = response.read()
-                break
-            except (ConnectionError, http.client.IncompleteRead) as err:
-                self._conn.close()  # it began to answer, so it may have acted: no retry
-                self._conn = None
-                got = len(err.partial) if isinstance(err, http.client.IncompleteRead) else "some"
-                raise ConnectionResetError(
-                    f"{method} {path}: the server closed the connection after {got} "
-                    "bytes of its answer"
-                ) from None
-        if response.status != 200:
+        if status != 200:
             try:
                 message = json.loads(data)["error"]
             except (ValueError, KeyError, TypeError):
                 message = data[:200].decode(errors="replace")
-            raise PolicyClientError(response.status, message)
-        return (data, response.headers) if with_headers else data  # names: any case
+            raise PolicyClientError(status, message)
+        return (data, headers) if with_headers else data
 
 
 def _jsonable(value) -> Any:
