@@ -308,33 +308,3 @@ def test_a_policy_thread_is_idle_only_when_no_call_is_queued_or_running():
         assert thread.idle  # a call that raised is finished too
     finally:
         thread.shutdown()
-
-
-def test_a_batch_runs_once_the_callers_of_the_last_one_are_back_and_else_waits():
-    """A window of an hour: after a batch seen with two requests, two waiting run at
-    once (the callers are back), while one alone waits for the second (60 s timeouts
-    bound a hang; they are not timings)."""
-    batches = []
-
-    def run_batch(key, payloads):
-        batches.append(list(payloads))
-        return payloads
-
-    async def main():
-        with ThreadPoolExecutor(1) as pool:
-            batcher = RequestBatcher(
-                run_batch, max_batch_size=8, batch_wait_timeout_s=HOUR_S, executor=pool
-            )
-            first = [batcher.submit("k", v, 4) for v in ("a", "b")]  # 8 rows: full
-            assert await asyncio.wait_for(asyncio.gather(*first), 60) == ["a", "b"]
-            again = [batcher.submit("k", v, 1) for v in ("c", "d")]  # 2 rows, both back
-            assert await asyncio.wait_for(asyncio.gather(*again), 60) == ["c", "d"]
-            alone = asyncio.ensure_future(batcher.submit("k", "e", 1))
-            await _turns_of_the_event_loop()
-            await asyncio.sleep(0.05)
-            assert not alone.done()  # one of two: it waits for company
-            other = batcher.submit("k", "f", 1)
-            assert await asyncio.wait_for(asyncio.gather(alone, other), 60) == ["e", "f"]
-
-    asyncio.run(main())
-    assert batches == [["a", "b"], ["c", "d"], ["e", "f"]]

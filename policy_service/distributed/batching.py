@@ -14,8 +14,7 @@ run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. T
 is adaptive: after a batch that ran alone (one request, none other waiting), what waits
 runs at once, so a lone caller never pays the window (others arriving meanwhile queue
 up for the next batch); after other requests were seen with a batch (and before the
-first batch) requests wait for company again, until as many wait as were seen with that
-batch (its callers are back) or the window ends. With `thread_idle`, such a lone request
+first batch) requests wait for company again. With `thread_idle`, such a lone request
 runs on the event loop itself while the executor's thread is idle (the hand-offs to
 and from it cost as much as a small pass), except every INLINE_RUNS_PER_PROBE-th,
 which goes through the thread so that callers arriving meanwhile can show up. When a
@@ -78,11 +77,6 @@ class RequestBatcher:
         # other caller was seen, so waiting for one would only delay this one. Global,
         # not per key: a key's memory would grow with every timestep a caller sends.
         self._wait_for_company = True
-        # Requests seen with the last batch (those in it and those waiting): when as many
-        # wait again, the callers it served are back, and waiting out the window for
-        # more would only delay them (4 clients of a training server: each of their
-        # steps waited ~1 ms for nobody). Fewer run at the window's end, as before.
-        self._company = 0  # none yet: the first batch waits out its window
         self._wakeup: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
 
@@ -141,8 +135,7 @@ class RequestBatcher:
                     timer.cancel()
                 continue
             batch = self._take_batch(key)
-            self._company = len(batch) + self.num_waiting()
-            self._wait_for_company = self._company > 1
+            self._wait_for_company = len(batch) + self.num_waiting() > 1
             self._inline_left = 0 if self._wait_for_company else INLINE_RUNS_PER_PROBE
             self._running = True
             try:
@@ -159,8 +152,7 @@ class RequestBatcher:
                 continue
             deadline = queue[0].arrived + self.batch_wait_timeout_s
             full = self._rows_waiting[key] >= self.max_batch_size
-            all_back = self._company > 1 and len(queue) >= self._company
-            if full or all_back or deadline <= now or not self._wait_for_company:
+            if full or deadline <= now or not self._wait_for_company:
                 ready.append((queue[0].arrived, key))
             else:
                 soonest = deadline if soonest is None else min(soonest, deadline)
