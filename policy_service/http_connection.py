@@ -24,6 +24,7 @@ import socket
 
 MAX_HEADER_BYTES = 64 * 1024
 RECV_BYTES = 64 * 1024
+NO_BODY_STATUSES = (204, 304)  # and 1xx: answers HTTP gives no body, whatever the headers
 
 
 class NoAnswer(ConnectionError):
@@ -59,7 +60,11 @@ class HttpConnection:
             self.close()
             raise NoAnswer(f"{method} {path}: {err}") from None
         try:
-            answer_body = self._read_body(answer_headers, body_start)
+            if status in NO_BODY_STATUSES or 100 <= status < 200:
+                del self._buffer[:body_start]
+                answer_body = b""
+            else:
+                answer_body = self._read_body(answer_headers, body_start)
         except TimeoutError:
             self.close()  # the rest of this answer would be read as the next one's
             raise

@@ -77,12 +77,14 @@ def test_requests_reuse_one_connection_and_answers_in_pieces_are_joined():
     server.close()
 
 
-def test_chunked_answers_and_answers_that_run_to_the_close():
+def test_chunked_answers_answers_without_a_body_and_answers_that_run_to_the_close():
     head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
     chunked = [head + b"5\r\nhello\r\n", b"6\r\n worl", b"d\r\n0\r\n\r\n"]
     to_close = [b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of ", b"it", None]
-    server = Server([chunked, to_close, _answer(b"again")])
+    no_content = [b"HTTP/1.1 204 No Content\r\n\r\n"]
+    server = Server([no_content, chunked, to_close, _answer(b"again")])
     conn = HttpConnection("127.0.0.1", server.port, timeout_s=10)
+    assert conn.request("GET", "/n", None, {}) == (204, {}, b"")  # no body, none waited for
     assert conn.request("GET", "/a", None, {})[2] == b"hello world"
     assert conn.request("GET", "/b", None, {})[2] == b"all of it"
     assert conn.request("GET", "/c", None, {})[2] == b"again"  # on a new connection
