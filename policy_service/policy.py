@@ -478,9 +478,11 @@ class TFPolicy(BatchLearning):
         """Act on calls of up to max(row_counts) rows through XLA twins of the acting
         function, one per row count (engine/fixed_rows.py: a call pads to the smallest
         that fits); larger calls keep TensorFlow's executor. An env runner names its
-        vector's size; a server a ladder of batch sizes, each compiled `when_first_used`.
-        -> whether it acts through XLA: not for a model with convolutions, which XLA
-        runs slower on CPUs, nor when XLA cannot compile it (one warning)."""
+        vector's size; a server a ladder of batch sizes, each compiled `when_first_used`
+        (~0.35 s on a CPU, paid by the first call of its size, on whichever thread makes
+        it). -> whether it acts through XLA (at first use: whether it will try): not for
+        a model with convolutions, which XLA runs slower on CPUs, nor when XLA cannot
+        compile it (one warning, then the executor for every size)."""
         if has_convolutions(self._action_fn.concrete.graph):
             return False
         self._xla = XlaTwins(self._compile_xla_twin, row_counts, when_first_used)

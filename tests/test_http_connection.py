@@ -119,3 +119,26 @@ def test_a_server_that_never_answers_times_out():
     with pytest.raises(TimeoutError):
         conn.request("GET", "/a", None, {})
     listener.close()
+
+
+def test_interim_answers_are_skipped_and_a_close_inside_the_headers_is_not_retried():
+    """A 100 Continue precedes the final answer; a connection closed after part of the
+    headers was answered (the server may have acted): ConnectionResetError, not NoAnswer."""
+    interim = [b"HTTP/1.1 100 Continue\r\n\r\n", *_answer(b"final")]
+    server = Server([interim, [b"HTTP/1.1 200 OK\r\nContent-Le", None]])
+    conn = HttpConnection("127.0.0.1", server.port, timeout_s=10)
+    assert conn.request("POST", "/a", b"{}", {})[::2] == (200, b"final")
+    with pytest.raises(ConnectionResetError, match="POST /b: .* after 0 bytes of its answer"):
+        conn.request("POST", "/b", b"{}", {})
+    server.close()
+
+
+def test_an_answer_that_is_not_http_closes_the_connection_in_one_error():
+    server = Server([[b"SSH-2.0-OpenSSH\r\n\r\n"], _answer(b"ok")])
+    conn = HttpConnection("127.0.0.1", server.port, timeout_s=10)
+    with pytest.raises(ConnectionError, match="GET /a: not an HTTP status line") as caught:
+        conn.request("GET", "/a", None, {})
+    assert not isinstance(caught.value, NoAnswer)  # it answered: a caller must not resend
+    assert conn.request("GET", "/a", None, {})[2] == b"ok"  # on a new connection
+    assert server.connections == 2
+    server.close()

@@ -118,7 +118,9 @@ class XlaTwins:
 
     def rebuilt(self) -> XlaTwins:
         """The same ladder compiled afresh (the function's graph changed), at once or at
-        first use as before."""
+        first use as before; a ladder XLA failed to compile stays on the executor."""
+        if self.failed:
+            return self
         return XlaTwins(self._compile_twin, self.row_counts, self.when_first_used)
 
     def _compiled(self, rows: int) -> FixedRowsCall | None:
