@@ -480,9 +480,12 @@ class TFPolicy(BatchLearning):
         that fits); larger calls keep TensorFlow's executor. An env runner names its
         vector's size; a server a ladder of batch sizes, each compiled `when_first_used`
         (~0.35 s on a CPU, paid by the first call of its size, on whichever thread makes
-        it). -> whether it acts through XLA (at first use: whether it will try): not for
-        a model with convolutions, which XLA runs slower on CPUs, nor when XLA cannot
-        compile it (one warning, then the executor for every size)."""
+        it). -> whether it acts through XLA (at first use: whether it will try): not
+        when the config's `acting_xla` is off, nor for a model with convolutions, which
+        XLA runs slower on CPUs, nor when XLA cannot compile it (one warning, then the
+        executor for every size)."""
+        if not getattr(self.config, "acting_xla", False):
+            return False
         if has_convolutions(self._action_fn.concrete.graph):
             return False
         self._xla = XlaTwins(self._compile_xla_twin, row_counts, when_first_used)

@@ -171,3 +171,11 @@ def test_an_env_runner_acts_through_xla_unless_its_config_says_not():
         batch, _ = worker.sample()
         assert len(batch["obs"]) >= 24
         assert np.isfinite(batch["action_logp"]).all()
+
+
+def test_a_config_with_acting_xla_off_keeps_the_executor_for_every_caller():
+    """The one switch for env runners and servers alike: act_with_xla refuses."""
+    off = policy(acting_xla=False)
+    assert not off.act_with_xla(1, 4, when_first_used=True) and not off.act_with_xla(3)
+    off.compute_actions(observations(1), explore=False)
+    assert off.xla_twins() == {}

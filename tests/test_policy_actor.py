@@ -51,8 +51,13 @@ def served_mlp(ray_local):
 
 @pytest.fixture(scope="module")
 def local_mlp(served_mlp):
+    return _local_copy(served_mlp)
+
+
+def _local_copy(actor):
+    """A policy in this process with the served MLP's weights."""
     policy = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, MLP_CONFIG)
-    policy.set_weights(ray.get(served_mlp.get_weights.remote()))
+    policy.set_weights(ray.get(actor.get_weights.remote()))
     return policy
 
 
@@ -63,9 +68,7 @@ def fresh_mlp(ray_local):
     pass runs the next lone requests at once, on its event loop (batching.py), which
     would split a burst's first request from the rest."""
     actor = _serve_mlp(WAIT_S)
-    policy = fakes.ReturnsPGPolicy(OBS_SPACE, ACTION_SPACE, MLP_CONFIG)
-    policy.set_weights(ray.get(actor.get_weights.remote()))
-    yield actor, policy
+    yield actor, _local_copy(actor)
     ray.kill(actor)
 
 

@@ -98,8 +98,7 @@ class PolicyHost:
         )
         prepare_tensorflow(policy_config, intra_op_threads)
         policy = policy_cls(observation_space, action_space, policy_config)
-        if getattr(policy.config, "acting_xla", False):  # batches of 1..max_batch_size rows
-            policy.act_with_xla(*row_ladder(max_batch_size), when_first_used=True)
+        policy.act_with_xla(*row_ladder(max_batch_size), when_first_used=True)  # unless off
         self._serve(policy, max_batch_size, batch_wait_timeout_s)
         # what resources() reports beside the devices; the policy logged its own note
         self.device_note = self.policy.tower_devices.note or unseen_gpus_note(

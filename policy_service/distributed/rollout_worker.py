@@ -157,8 +157,7 @@ class RolloutWorker(ActingWeights):
                 policy_cls, policy_config, seed, self.worker_index
             )
             self.policy = policy_cls(self.observation_space, self.action_space, acting_config)
-            if getattr(acting_config, "acting_xla", False):
-                self.policy.act_with_xla(self.num_envs)  # every step acts on <= num_envs rows
+            self.policy.act_with_xla(self.num_envs)  # every step acts on <= num_envs rows
             self._initial_state = self.policy.get_initial_state()
         else:
             self.policy = None
