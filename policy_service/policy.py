@@ -32,6 +32,7 @@ from policy_service import (
     distributions,
     exploration,
     models,
+    nests,
     observation_filters,
     spaces,
 )
@@ -40,12 +41,7 @@ from policy_service.config import ConfigError, PolicyConfig, from_dict
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
-from policy_service.engine.fixed_rows import (
-    FixedRowsCall,
-    XlaTwins,
-    has_convolutions,
-    leading_rows,
-)
+from policy_service.engine.fixed_rows import FixedRowsCall, XlaTwins, has_convolutions
 from policy_service.engine.optimizers import FusedAdam
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
@@ -278,7 +274,7 @@ class TFPolicy(BatchLearning):
             {k: v.numpy() for k, v in extra.items()},
         )
         padded = xla is not None and batch_size < xla.rows
-        return leading_rows(outputs, batch_size) if padded else outputs
+        return nests.row_range(outputs, 0, batch_size) if padded else outputs
 
     def compute_actions_from_input_dict(
         self, input_dict: dict, explore=None, timestep=None, **kwargs

@@ -24,7 +24,6 @@ import collections
 import dataclasses
 import logging
 import math
-import operator
 import os
 import time
 from typing import Any, NamedTuple
@@ -34,7 +33,7 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import call_arguments, models, spaces
+from policy_service import call_arguments, models, nests, spaces
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
@@ -221,9 +220,7 @@ class PolicyHost:
         """One forward pass over the requests' rows (the policy thread, or the event loop
         while that is idle) -> per-request results."""
         explore, timestep = key
-        obs = tree.map_structure(
-            lambda *leaves: np.concatenate(leaves, axis=0), *[r.obs for r in requests]
-        )
+        obs = nests.join_rows([r.obs for r in requests])
         states = self._concat_states(requests)
         prev_actions = self._concat_optional(
             requests,
@@ -239,12 +236,14 @@ class PolicyHost:
         version = self._weights_version
         self._num_forward_passes += 1
         self._num_rows += sum(r.num_rows for r in requests)
+        if len(requests) == 1:
+            return [(actions, state_outs, {**extra, WEIGHTS_VERSION: version})]
         results, start = [], 0
         for request in requests:
             end = start + request.num_rows
             own_extra = {k: v[start:end] for k, v in extra.items()}
             own_extra[WEIGHTS_VERSION] = version
-            own_actions = tree.map_structure(operator.itemgetter(slice(start, end)), actions)
+            own_actions = nests.row_range(actions, start, end)
             results.append((own_actions, [s[start:end] for s in state_outs], own_extra))
             start = end
         return results
@@ -268,8 +267,10 @@ class PolicyHost:
         if all(v is None for v in values):
             return None
         parts = [zeros(r.num_rows) if v is None else v for r, v in zip(requests, values)]
-        return tree.map_structure(
-            lambda like, *leaves: np.concatenate([np.asarray(x, like.dtype) for x in leaves]),
+        return nests.map_arrays(
+            lambda like, *leaves: np.asarray(
+                leaves[0] if len(leaves) == 1 else np.concatenate(leaves), like.dtype
+            ),
             zeros(0),
             *parts,
         )

@@ -4,7 +4,7 @@ The loop it lives in (an env runner acts on its vector of N sub-envs every step)
 
     act = FixedRowsCall.compile(act_graph, signature, rows=N, name="acting")  # or None
     outputs = act(rows, *inputs)      # inputs of rows <= N rows, padded to N
-    mine = leading_rows(numpy_outputs, rows)
+    mine = nests.row_range(numpy_outputs, 0, rows)
 
 XLA fuses the acting graph's ~100 small ops into a few kernels: a CartPole MLP's
 `compute_actions` costs ~0.6x the CPU of TensorFlow's executor here (BENCHMARKS.md, "XLA
@@ -160,14 +160,3 @@ def _padded(value, rows: int) -> np.ndarray:
     value = np.asarray(value)
     pad = np.zeros((rows - value.shape[0], *value.shape[1:]), value.dtype)
     return np.concatenate([value, pad])
-
-
-def leading_rows(outputs, rows: int):
-    """Each array of a nest of outputs (dicts, lists and tuples of arrays) cut to its
-    first `rows` rows; by hand, as tree.map_structure costs a lone call ~30 us."""
-    if isinstance(outputs, dict):
-        return {key: leading_rows(value, rows) for key, value in outputs.items()}
-    if isinstance(outputs, (list, tuple)):
-        parts = [leading_rows(value, rows) for value in outputs]
-        return type(outputs)(*parts) if hasattr(outputs, "_fields") else type(outputs)(parts)
-    return outputs[:rows]

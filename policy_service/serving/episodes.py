@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service import spaces
+from policy_service import nests, spaces
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.serving.episode_api import EpisodeUpload
@@ -247,13 +247,12 @@ class EpisodeRecorder:
         step = 1 if self.host.policy.is_recurrent() else num_rows
         all_actions, version = [], 0
         for begin in range(0, num_rows, step):
-            rows = slice(begin, begin + step)
-            part_obs = tree.map_structure(lambda x, rows=rows: x[rows], obs)
-            part_logged = None if logged is None else logged[rows]
-            part_rewards = None if rewards is None else rewards[rows]
+            part_obs = nests.row_range(obs, begin, begin + step)
+            part_logged = None if logged is None else logged[begin : begin + step]
+            part_rewards = None if rewards is None else rewards[begin : begin + step]
             actions, version = await self._act_on_rows(episode, part_obs, part_logged, part_rewards)
             all_actions.append(actions)
-        return np.concatenate(all_actions), version
+        return (all_actions[0] if len(all_actions) == 1 else np.concatenate(all_actions)), version
 
     async def _act_on_rows(self, episode, obs, logged, rewards) -> tuple[np.ndarray, int]:
         num_rows = int(tree.flatten(obs)[0].shape[0])
@@ -284,8 +283,8 @@ class EpisodeRecorder:
             episode.pending = {
                 SampleBatch.OBS: _row(obs, i),
                 SampleBatch.ACTIONS: np.asarray(actions)[row],
-                SampleBatch.EPS_ID: np.full(1, episode.eps_id, np.int64),
-                SampleBatch.T: np.full(1, episode.t, np.int64),
+                SampleBatch.EPS_ID: np.array([episode.eps_id], np.int64),
+                SampleBatch.T: np.array([episode.t], np.int64),
                 SampleBatch.AGENT_INDEX: np.zeros(1, np.int64),
                 SampleBatch.PREV_ACTIONS: prev_actions[row],
                 SampleBatch.PREV_REWARDS: prev_rewards[row],
@@ -293,7 +292,7 @@ class EpisodeRecorder:
                 **{f"state_in_{j}": s[row] for j, s in enumerate(states or [])},
                 **{f"state_out_{j}": np.asarray(s)[row] for j, s in enumerate(state_outs)},
                 # the weights version that acted, a column as the env runners' rows carry it
-                WEIGHTS_VERSION: np.full(1, version, np.int64),
+                WEIGHTS_VERSION: np.array([version], np.int64),
                 "_version": version,
             }
             episode.pending_reward = 0.0 if rewards is None else float(rewards[i])
@@ -307,11 +306,11 @@ class EpisodeRecorder:
         pending = episode.pending
         if pending is None:
             return
-        reward = np.full(1, episode.pending_reward, np.float32)
+        reward = np.array([episode.pending_reward], np.float32)
         pending[SampleBatch.NEXT_OBS] = new_obs
         pending[SampleBatch.REWARDS] = reward
-        pending[SampleBatch.TERMINATEDS] = np.full(1, terminated)
-        pending[SampleBatch.TRUNCATEDS] = np.full(1, truncated)
+        pending[SampleBatch.TERMINATEDS] = np.array([terminated])
+        pending[SampleBatch.TRUNCATEDS] = np.array([truncated])
         episode.rows.append(pending)
         episode.pending, episode.pending_reward = None, 0.0
         episode.prev_reward = reward
@@ -334,7 +333,7 @@ class EpisodeRecorder:
         rows, episode.rows = episode.rows, []
         versions = [r.pop("_version") for r in rows]
         columns = {
-            key: tree.map_structure(lambda *parts: np.concatenate(parts), *[r[key] for r in rows])
+            key: nests.map_arrays(lambda *parts: np.concatenate(parts), *[r[key] for r in rows])
             for key in rows[0]
         }
         columns[SampleBatch.UNROLL_ID] = np.full(len(rows), self._next_unroll_id, np.int64)
@@ -344,4 +343,4 @@ class EpisodeRecorder:
 
 def _row(value: Any, i: int) -> Any:
     """Row i of a (possibly nested) batch, as a batch of one."""
-    return tree.map_structure(lambda x: x[i : i + 1], value)
+    return nests.row_range(value, i, i + 1)
