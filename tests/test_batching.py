@@ -1,6 +1,6 @@
 """policy_service/distributed/batching.py: RequestBatcher without Ray (asyncio, a fake
 run function): full batches at once, the rest after the window, keys never mixed, a
-failure only for its request, no window for a lone caller, whose pass runs on the event
+failure only for its request, no window for a lone caller, and short passes on the event
 loop while the PolicyThread is idle. Through the PolicyActor: test_policy_actor.py."""
 
 import asyncio
@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from policy_service.distributed.batching import INLINE_RUNS_PER_PROBE, RequestBatcher
+from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
 
 
@@ -104,11 +104,16 @@ def _threads_of(batches: list) -> list:
     return ["loop" if ident == threading.get_ident() else "pool" for ident, _ in batches]
 
 
-def _ident_recording_batcher(thread: PolicyThread, batches: list) -> RequestBatcher:
-    """Records (thread ident, payloads) per batch run; lone requests may run on the loop."""
+def _ident_recording_batcher(
+    thread: PolicyThread, batches: list, inline_pass_s: float = HOUR_S, before_return=None
+) -> RequestBatcher:
+    """Records (thread ident, payloads) per batch run; batches may run on the loop
+    (every pass counts as short, unless inline_pass_s says otherwise)."""
 
     def run_batch(key, payloads):
         batches.append((threading.get_ident(), list(payloads)))
+        if before_return is not None:
+            before_return(payloads)
         return payloads
 
     return RequestBatcher(
@@ -117,6 +122,7 @@ def _ident_recording_batcher(thread: PolicyThread, batches: list) -> RequestBatc
         batch_wait_timeout_s=HOUR_S,
         executor=thread,
         thread_idle=lambda: thread.idle,
+        inline_pass_s=inline_pass_s,
     )
 
 
@@ -201,30 +207,33 @@ def test_a_request_of_another_key_waiting_beside_a_batch_of_one_keeps_the_window
     assert batches == [("a", [0]), ("b", [1, 2])]
 
 
-def test_a_lone_callers_passes_run_on_the_loop_but_every_eighth_goes_through_the_thread():
-    """After a batch of one request, a lone caller's requests run on the event loop
-    (answered without the thread's two hand-offs), except a probe through the thread
-    after every INLINE_RUNS_PER_PROBE of them; a probe that runs alone allows as many
-    again."""
+def test_passes_run_on_the_loop_once_one_showed_they_are_short_and_long_ones_in_the_thread():
+    """The first pass goes through the thread (how long passes take is not known yet);
+    after a short one the next run on the event loop, answered without the thread's two
+    hand-offs; after one longer than inline_pass_s the next goes through the thread."""
     batches = []
     thread = PolicyThread()
+    long_s = 0.05
+
+    def slow_on_request(payloads):
+        if payloads == ["slow"]:
+            time.sleep(2 * long_s)  # at least this long, however loaded the machine
 
     async def main():
-        batcher = _ident_recording_batcher(thread, batches)
+        batcher = _ident_recording_batcher(thread, batches, long_s, slow_on_request)
         answers = [await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)]
-        for i in range(2 * (INLINE_RUNS_PER_PROBE + 1)):
-            answers.append(await asyncio.wait_for(batcher.submit("k", i, 1), HANG_S))
+        for value in ["slow", "after slow", "next"]:
+            answers.append(await asyncio.wait_for(batcher.submit("k", value, 1), HANG_S))
         return answers
 
     try:
         answers = asyncio.run(main())
     finally:
         thread.shutdown()
-    lone = 2 * (INLINE_RUNS_PER_PROBE + 1)
-    assert answers == ["full", *range(lone)]
-    assert [payloads for _, payloads in batches] == [["full"], *([i] for i in range(lone))]
-    period = ["loop"] * INLINE_RUNS_PER_PROBE + ["pool"]
-    assert _threads_of(batches) == ["pool", *period, *period]
+    assert answers == ["full", "slow", "after slow", "next"]
+    assert [payloads for _, payloads in batches] == [["full"], ["slow"], ["after slow"], ["next"]]
+    # "full" and "next" took microseconds: never near long_s, even on a slow machine
+    assert _threads_of(batches) == ["pool", "loop", "pool", "loop"]
 
 
 def test_no_pass_runs_on_the_loop_while_the_thread_runs_other_policy_work():
@@ -264,17 +273,17 @@ def test_no_pass_runs_on_the_loop_while_the_thread_runs_other_policy_work():
     assert order == ["owner"] and thread.idle
 
 
-def test_callers_arriving_together_after_lone_ones_share_a_batch_again_from_the_probe():
-    """Concurrent callers after a lone one: the passes left to run on the loop go one
-    request each, then the probe goes through the thread with the others queued beside
-    it, all in one batch, and from there on requests wait for company again."""
+def test_callers_arriving_together_after_a_lone_one_share_a_batch_on_the_loop():
+    """Concurrent callers after a lone one queue together (a pass on the loop lets none
+    in) and run as one batch; from there on requests wait for company again."""
     batches = []
     thread = PolicyThread()
 
     async def main():
         batcher = _ident_recording_batcher(thread, batches)
         await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)
-        together = [batcher.submit("k", i, 1) for i in range(INLINE_RUNS_PER_PROBE + 4)]
+        await asyncio.wait_for(batcher.submit("k", "lone", 1), HANG_S)
+        together = [batcher.submit("k", i, 1) for i in range(4)]
         answers = await asyncio.wait_for(asyncio.gather(*together), HANG_S)
         return answers, batcher._wait_for_company
 
@@ -282,14 +291,9 @@ def test_callers_arriving_together_after_lone_ones_share_a_batch_again_from_the_
         answers, waits = asyncio.run(main())
     finally:
         thread.shutdown()
-    n = INLINE_RUNS_PER_PROBE
-    assert answers == list(range(n + 4))
-    assert [payloads for _, payloads in batches] == [
-        ["full"],
-        *([i] for i in range(n)),
-        [n, n + 1, n + 2, n + 3],
-    ]
-    assert _threads_of(batches) == ["pool", *["loop"] * n, "pool"]
+    assert answers == list(range(4))
+    assert [payloads for _, payloads in batches] == [["full"], ["lone"], [0, 1, 2, 3]]
+    assert _threads_of(batches) == ["pool", "loop", "loop"]
     assert waits
 
 

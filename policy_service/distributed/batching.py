@@ -14,12 +14,13 @@ run one at a time; `max_batch_size <= 1` or a timeout <= 0 turns batching off. T
 is adaptive: after a batch that ran alone (one request, none other waiting), what waits
 runs at once, so a lone caller never pays the window (others arriving meanwhile queue
 up for the next batch); after other requests were seen with a batch (and before the
-first batch) requests wait for company again. With `thread_idle`, such a lone request
-runs on the event loop itself while the executor's thread is idle (the hand-offs to
-and from it cost as much as a small pass), except every INLINE_RUNS_PER_PROBE-th,
-which goes through the thread so that callers arriving meanwhile can show up. When a
-batch fails, each request is rerun alone, so only the failing one gets the exception.
-When a batch runs, exactly: docs/distributed.md, "RequestBatcher".
+first batch) requests wait for company again. With `thread_idle`, a batch runs on the
+event loop itself while the executor's thread is idle and the last pass took under
+`inline_pass_s` (INLINE_PASS_S): the hand-offs to and from the thread cost as much as
+a short pass, and requests arriving meanwhile queue up for the next batch as they would
+behind a pass in the thread. When a batch fails, each request is rerun alone, so only
+the failing one gets the exception. When a batch runs, exactly: docs/distributed.md,
+"RequestBatcher".
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 RunBatch = Callable[[Any, list], list]  # (a key given to submit, its payloads) -> results
-# Lone requests run on the event loop between two that go through the thread: while one
-# runs on the loop no other request can arrive, so only those show whether callers came.
-INLINE_RUNS_PER_PROBE = 7
+# Passes shorter than this run on the event loop while the thread is idle: the two
+# hand-offs cost ~0.25 ms of CPU here, more than a 256x256 MLP's pass (BENCHMARKS.md,
+# "Forward passes on the event loop"); a longer pass gains from the loop reading other
+# requests while the thread computes.
+INLINE_PASS_S = 0.001
 
 
 @dataclass
@@ -57,9 +60,11 @@ class RequestBatcher:
         batch_wait_timeout_s: float,
         executor: Executor,
         thread_idle: Callable[[], bool] | None = None,
+        inline_pass_s: float = INLINE_PASS_S,
     ):
-        """thread_idle: whether `executor` runs nothing now; given, a lone request may
-        run on the event loop (module docstring), so `run_batch` must be safe there."""
+        """thread_idle: whether `executor` runs nothing now; given, a batch may run on
+        the event loop while the last pass took under `inline_pass_s` (module
+        docstring), so `run_batch` must be safe there."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if batch_wait_timeout_s < 0:
@@ -69,8 +74,8 @@ class RequestBatcher:
         self.batch_wait_timeout_s = float(batch_wait_timeout_s)
         self._executor = executor
         self._thread_idle = thread_idle
-        self._running = False  # a batch is in the executor
-        self._inline_left = 0  # lone requests that may still run on the loop before a probe
+        self._inline_pass_s = float(inline_pass_s)
+        self._last_pass_s: float | None = None  # how long the last run_batch took, anywhere
         self._queues: dict[Hashable, collections.deque[_Request]] = {}
         self._rows_waiting: dict[Hashable, int] = collections.defaultdict(int)
         # False after a batch that ran alone (no other request waiting, of any key): no
@@ -87,10 +92,7 @@ class RequestBatcher:
     async def submit(self, key: Hashable, payload: Any, num_rows: int) -> Any:
         """Queue one request and wait for its own result (or exception)."""
         if not self.enabled:
-            return await self._run_alone(key, payload)
-        if self._runs_on_the_loop():
-            self._inline_left -= 1
-            return _checked(self._run_batch(key, [payload]), 1)[0]
+            return (await self._call(key, [payload]))[0]
         future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, collections.deque()).append(
             _Request(payload, int(num_rows), future)
@@ -101,17 +103,6 @@ class RequestBatcher:
 
     def num_waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
-
-    def _runs_on_the_loop(self) -> bool:
-        """Whether a request submitted now runs alone at once, with the thread idle."""
-        return (
-            self._thread_idle is not None
-            and not self._wait_for_company
-            and self._inline_left > 0
-            and not self._queues
-            and not self._running
-            and self._thread_idle()
-        )
 
     # ----- the batching loop ----------------------------------------------------------
 
@@ -136,12 +127,7 @@ class RequestBatcher:
                 continue
             batch = self._take_batch(key)
             self._wait_for_company = len(batch) + self.num_waiting() > 1
-            self._inline_left = 0 if self._wait_for_company else INLINE_RUNS_PER_PROBE
-            self._running = True
-            try:
-                await self._run(key, batch)
-            finally:
-                self._running = False
+            await self._run(key, batch)
 
     def _next_ready_key(self) -> tuple[Hashable | None, float | None]:
         """The ready key whose oldest request waited longest, else (None, seconds to wait)."""
@@ -174,35 +160,41 @@ class RequestBatcher:
         return batch
 
     async def _run(self, key: Hashable, batch: list[_Request]) -> None:
-        loop = asyncio.get_running_loop()
         try:
-            results = _checked(
-                await loop.run_in_executor(
-                    self._executor, self._run_batch, key, [r.payload for r in batch]
-                ),
-                len(batch),
-            )
+            results = _checked(await self._call(key, [r.payload for r in batch]), len(batch))
         except Exception as error:  # noqa: BLE001 - handed to the callers below
             if len(batch) == 1:
                 _resolve(batch[0].future, error=error)
                 return
             for request in batch:  # isolate the failing request(s)
                 try:
-                    result = await loop.run_in_executor(
-                        self._executor, self._run_batch, key, [request.payload]
-                    )
-                    _resolve(request.future, result=result[0])
+                    result = (await self._call(key, [request.payload]))[0]
+                    _resolve(request.future, result=result)
                 except Exception as single_error:  # noqa: BLE001
                     _resolve(request.future, error=single_error)
             return
         for request, result in zip(batch, results):
             _resolve(request.future, result=result)
 
-    async def _run_alone(self, key: Hashable, payload: Any) -> Any:
-        results = await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._run_batch, key, [payload]
+    async def _call(self, key: Hashable, payloads: list) -> list:
+        """run_batch on the event loop when that is cheaper (module docstring), else in
+        the executor, behind whatever else its thread was given."""
+        on_the_loop = (
+            self._thread_idle is not None
+            and self._last_pass_s is not None
+            and self._last_pass_s < self._inline_pass_s
+            and self._thread_idle()
         )
-        return results[0]
+        if on_the_loop:
+            return self._timed_run(key, payloads)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._timed_run, key, payloads)
+
+    def _timed_run(self, key: Hashable, payloads: list) -> list:
+        start = time.perf_counter()
+        results = self._run_batch(key, payloads)
+        self._last_pass_s = time.perf_counter() - start
+        return results
 
 
 def _checked(results: list, num_requests: int) -> list:

@@ -13,8 +13,8 @@ The loop it lives in (central inference, as in SEED RL):
 Concurrent calls with the same (explore, timestep) become one forward pass
 (`RequestBatcher`); every caller gets back exactly its own rows, and an error reaches
 only the caller that caused it. All policy work runs in one PolicyThread, so a pass
-never sees half-assigned weights; a lone request's pass runs on the event loop while
-that thread is idle. Batching and threads: docs/distributed.md.
+never sees half-assigned weights; a short pass runs on the event loop while that
+thread is idle. Batching and threads: docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 A host (PolicyHost, or several sharing one) sends every forward pass, weight assignment
 and learner step here, so none sees another half done. Knowing that no call is queued
-or running lets its event loop run a lone request's forward pass itself instead: the
-two thread hand-offs cost ~0.23 ms per call on this machine, as much as the pass of a
-256x256 MLP (BENCHMARKS.md, "A lone request's forward pass on the event loop").
+or running lets its event loop run a short forward pass itself instead: the two
+thread hand-offs cost ~0.25 ms of CPU per pass on this machine, more than the pass of a
+256x256 MLP (BENCHMARKS.md, "Forward passes on the event loop").
 """
 
 from __future__ import annotations
