@@ -18,7 +18,8 @@ import numpy as np
 
 def map_arrays(fn: Callable, nest, *more):
     """fn(leaf, *the same leaf of each of `more`) for every leaf, in the nest's structure
-    (dict keys in the first nest's order); ValueError when `more` are shaped otherwise."""
+    (dict keys in the first nest's order; any dict comes back a plain dict, and other
+    objects are leaves); ValueError when `more` are shaped otherwise."""
     if isinstance(nest, dict):
         if any(not isinstance(m, dict) or m.keys() != nest.keys() for m in more):
             raise ValueError(f"nests differ: keys {sorted(nest)} in the first")

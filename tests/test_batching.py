@@ -213,7 +213,7 @@ def test_passes_run_on_the_loop_once_one_showed_they_are_short_and_long_ones_in_
     hand-offs; after one longer than inline_pass_s the next goes through the thread."""
     batches = []
     thread = PolicyThread()
-    long_s = 0.05
+    long_s = 0.5
 
     def slow_on_request(payloads):
         if payloads == ["slow"]:
@@ -232,8 +232,62 @@ def test_passes_run_on_the_loop_once_one_showed_they_are_short_and_long_ones_in_
         thread.shutdown()
     assert answers == ["full", "slow", "after slow", "next"]
     assert [payloads for _, payloads in batches] == [["full"], ["slow"], ["after slow"], ["next"]]
-    # "full" and "next" took microseconds: never near long_s, even on a slow machine
+    # "full" and "after slow" append to a list: far under long_s, even on a slow machine
     assert _threads_of(batches) == ["pool", "loop", "pool", "loop"]
+
+
+def test_a_pass_of_more_rows_than_any_seen_short_goes_through_the_thread_first():
+    """Rows decide too: after short passes of 1 row, the first of 3 rows goes to the
+    thread (where a new XLA twin would compile, away from the loop), the next such on
+    the loop, and so does anything smaller. Batching off: every request alone."""
+    batches = []
+    thread = PolicyThread()
+
+    def run_batch(key, payloads):
+        batches.append((threading.get_ident(), list(payloads)))
+        return payloads
+
+    async def main():
+        batcher = RequestBatcher(
+            run_batch,
+            max_batch_size=1,
+            batch_wait_timeout_s=HOUR_S,
+            executor=thread,
+            thread_idle=lambda: thread.idle,
+            inline_pass_s=HOUR_S,
+        )
+        requests = [("a", 1), ("b", 1), ("c", 3), ("d", 3), ("e", 2)]
+        return [await asyncio.wait_for(batcher.submit("k", v, n), HANG_S) for v, n in requests]
+
+    try:
+        answers = asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert answers == ["a", "b", "c", "d", "e"]
+    assert _threads_of(batches) == ["pool", "loop", "pool", "loop", "loop"]
+
+
+def test_a_failing_batch_on_the_loop_is_rerun_request_by_request_there():
+    batches = []
+    thread = PolicyThread()
+
+    def fail_on_bad(payloads):
+        if "bad" in payloads:
+            raise ValueError("bad payload")
+
+    async def main():
+        batcher = _ident_recording_batcher(thread, batches, before_return=fail_on_bad)
+        await asyncio.wait_for(batcher.submit("k", "full", 4), HANG_S)
+        together = [batcher.submit("k", "bad", 2), batcher.submit("k", "good", 2)]
+        return await asyncio.wait_for(asyncio.gather(*together, return_exceptions=True), HANG_S)
+
+    try:
+        bad, good = asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert isinstance(bad, ValueError) and good == "good"
+    assert [payloads for _, payloads in batches] == [["full"], ["bad", "good"], ["bad"], ["good"]]
+    assert _threads_of(batches) == ["pool", "loop", "loop", "loop"]
 
 
 def test_no_pass_runs_on_the_loop_while_the_thread_runs_other_policy_work():

@@ -15,10 +15,10 @@ is adaptive: after a batch that ran alone (one request, none other waiting), wha
 runs at once, so a lone caller never pays the window (others arriving meanwhile queue
 up for the next batch); after other requests were seen with a batch (and before the
 first batch) requests wait for company again. With `thread_idle`, a batch runs on the
-event loop itself while the executor's thread is idle and the last pass took under
-`inline_pass_s` (INLINE_PASS_S): the hand-offs to and from the thread cost as much as
-a short pass, and requests arriving meanwhile queue up for the next batch as they would
-behind a pass in the thread. When a batch fails, each request is rerun alone, so only
+event loop itself while the executor's thread is idle and the last pass of as many
+rows or more took under `inline_pass_s` (INLINE_PASS_S): the hand-offs to and from the
+thread cost as much as a short pass, and requests arriving meanwhile queue up for the
+next batch as they would behind a pass in the thread. When a batch fails, each request is rerun alone, so only
 the failing one gets the exception. When a batch runs, exactly: docs/distributed.md,
 "RequestBatcher".
 """
@@ -63,7 +63,7 @@ class RequestBatcher:
         inline_pass_s: float = INLINE_PASS_S,
     ):
         """thread_idle: whether `executor` runs nothing now; given, a batch may run on
-        the event loop while the last pass took under `inline_pass_s` (module
+        the event loop while passes of its rows take under `inline_pass_s` (module
         docstring), so `run_batch` must be safe there."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -75,7 +75,9 @@ class RequestBatcher:
         self._executor = executor
         self._thread_idle = thread_idle
         self._inline_pass_s = float(inline_pass_s)
-        self._last_pass_s: float | None = None  # how long the last run_batch took, anywhere
+        # the most rows a pass was last seen to take under inline_pass_s (0: none yet);
+        # a batch with more goes to the thread first (a new XLA twin compiles there)
+        self._short_rows = 0
         self._queues: dict[Hashable, collections.deque[_Request]] = {}
         self._rows_waiting: dict[Hashable, int] = collections.defaultdict(int)
         # False after a batch that ran alone (no other request waiting, of any key): no
@@ -92,7 +94,7 @@ class RequestBatcher:
     async def submit(self, key: Hashable, payload: Any, num_rows: int) -> Any:
         """Queue one request and wait for its own result (or exception)."""
         if not self.enabled:
-            return (await self._call(key, [payload]))[0]
+            return (await self._call(key, [payload], int(num_rows)))[0]
         future = asyncio.get_running_loop().create_future()
         self._queues.setdefault(key, collections.deque()).append(
             _Request(payload, int(num_rows), future)
@@ -161,14 +163,15 @@ class RequestBatcher:
 
     async def _run(self, key: Hashable, batch: list[_Request]) -> None:
         try:
-            results = _checked(await self._call(key, [r.payload for r in batch]), len(batch))
+            rows = sum(r.num_rows for r in batch)
+            results = _checked(await self._call(key, [r.payload for r in batch], rows), len(batch))
         except Exception as error:  # noqa: BLE001 - handed to the callers below
             if len(batch) == 1:
                 _resolve(batch[0].future, error=error)
                 return
             for request in batch:  # isolate the failing request(s)
                 try:
-                    result = (await self._call(key, [request.payload]))[0]
+                    result = (await self._call(key, [request.payload], request.num_rows))[0]
                     _resolve(request.future, result=result)
                 except Exception as single_error:  # noqa: BLE001
                     _resolve(request.future, error=single_error)
@@ -176,25 +179,24 @@ class RequestBatcher:
         for request, result in zip(batch, results):
             _resolve(request.future, result=result)
 
-    async def _call(self, key: Hashable, payloads: list) -> list:
+    async def _call(self, key: Hashable, payloads: list, rows: int) -> list:
         """run_batch on the event loop when that is cheaper (module docstring), else in
         the executor, behind whatever else its thread was given."""
-        on_the_loop = (
-            self._thread_idle is not None
-            and self._last_pass_s is not None
-            and self._last_pass_s < self._inline_pass_s
-            and self._thread_idle()
-        )
-        if on_the_loop:
-            return self._timed_run(key, payloads)
+        if self._thread_idle is not None and rows <= self._short_rows and self._thread_idle():
+            return self._timed_run(key, payloads, rows)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._timed_run, key, payloads)
+        return await loop.run_in_executor(self._executor, self._timed_run, key, payloads, rows)
 
-    def _timed_run(self, key: Hashable, payloads: list) -> list:
+    def _timed_run(self, key: Hashable, payloads: list, rows: int) -> list:
+        """run_batch, and what its time says of passes of this many rows."""
         start = time.perf_counter()
-        results = self._run_batch(key, payloads)
-        self._last_pass_s = time.perf_counter() - start
-        return results
+        try:
+            return self._run_batch(key, payloads)
+        finally:
+            if time.perf_counter() - start < self._inline_pass_s:
+                self._short_rows = max(self._short_rows, rows)
+            else:
+                self._short_rows = min(self._short_rows, rows - 1)
 
 
 def _checked(results: list, num_requests: int) -> list:
