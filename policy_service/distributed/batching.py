@@ -18,9 +18,9 @@ first batch) requests wait for company again. With `thread_idle`, a batch runs o
 event loop itself while the executor's thread is idle and the last pass of as many
 rows or more took under `inline_pass_s` (INLINE_PASS_S): the hand-offs to and from the
 thread cost as much as a short pass, and requests arriving meanwhile queue up for the
-next batch as they would behind a pass in the thread. When a batch fails, each request is rerun alone, so only
-the failing one gets the exception. When a batch runs, exactly: docs/distributed.md,
-"RequestBatcher".
+next batch as they would behind a pass in the thread. When a batch fails, each request
+is rerun alone, so only the failing one gets the exception. When a batch runs, exactly:
+docs/distributed.md, "RequestBatcher".
 """
 
 from __future__ import annotations
