@@ -105,7 +105,11 @@ def _threads_of(batches: list) -> list:
 
 
 def _ident_recording_batcher(
-    thread: PolicyThread, batches: list, inline_pass_s: float = HOUR_S, before_return=None
+    thread: PolicyThread,
+    batches: list,
+    inline_pass_s: float = HOUR_S,
+    before_return=None,
+    max_batch_size: int = 4,
 ) -> RequestBatcher:
     """Records (thread ident, payloads) per batch run; batches may run on the loop
     (every pass counts as short, unless inline_pass_s says otherwise)."""
@@ -118,7 +122,7 @@ def _ident_recording_batcher(
 
     return RequestBatcher(
         run_batch,
-        max_batch_size=4,
+        max_batch_size=max_batch_size,
         batch_wait_timeout_s=HOUR_S,
         executor=thread,
         thread_idle=lambda: thread.idle,
@@ -243,19 +247,8 @@ def test_a_pass_of_more_rows_than_any_seen_short_goes_through_the_thread_first()
     batches = []
     thread = PolicyThread()
 
-    def run_batch(key, payloads):
-        batches.append((threading.get_ident(), list(payloads)))
-        return payloads
-
     async def main():
-        batcher = RequestBatcher(
-            run_batch,
-            max_batch_size=1,
-            batch_wait_timeout_s=HOUR_S,
-            executor=thread,
-            thread_idle=lambda: thread.idle,
-            inline_pass_s=HOUR_S,
-        )
+        batcher = _ident_recording_batcher(thread, batches, max_batch_size=1)
         requests = [("a", 1), ("b", 1), ("c", 3), ("d", 3), ("e", 2)]
         return [await asyncio.wait_for(batcher.submit("k", v, n), HANG_S) for v, n in requests]
 
