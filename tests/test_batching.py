@@ -260,6 +260,27 @@ def test_a_pass_of_more_rows_than_any_seen_short_goes_through_the_thread_first()
     assert _threads_of(batches) == ["pool", "loop", "pool", "loop", "loop"]
 
 
+def test_after_forget_pass_times_the_next_pass_goes_through_the_thread_again():
+    """What PolicyHost.set_state calls: a new policy state may compile its XLA twins at
+    first use, which must happen in the thread, not on the loop."""
+    batches = []
+    thread = PolicyThread()
+
+    async def main():
+        batcher = _ident_recording_batcher(thread, batches, max_batch_size=1)
+        for value in ["a", "b"]:
+            await asyncio.wait_for(batcher.submit("k", value, 1), HANG_S)
+        batcher.forget_pass_times()
+        for value in ["c", "d"]:
+            await asyncio.wait_for(batcher.submit("k", value, 1), HANG_S)
+
+    try:
+        asyncio.run(main())
+    finally:
+        thread.shutdown()
+    assert _threads_of(batches) == ["pool", "loop", "pool", "loop"]
+
+
 def test_a_failing_batch_on_the_loop_is_rerun_request_by_request_there():
     batches = []
     thread = PolicyThread()

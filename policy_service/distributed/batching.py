@@ -106,6 +106,12 @@ class RequestBatcher:
     def num_waiting(self) -> int:
         return sum(len(q) for q in self._queues.values())
 
+    def forget_pass_times(self) -> None:
+        """Send the next pass of every size through the thread again, as at the start:
+        what run_batch calls has changed (e.g. a policy state whose XLA twins compile
+        at their first use), so how long its passes take is not known."""
+        self._short_rows = 0
+
     # ----- the batching loop ----------------------------------------------------------
 
     def _ensure_loop(self) -> asyncio.Event:

@@ -329,6 +329,7 @@ class PolicyHost:
             self._weights_version = self._weights_version + 1 if checked is None else checked
 
         await self.in_policy_thread(assign)
+        self._batcher.forget_pass_times()  # its XLA twins may compile anew, off the loop
 
     async def log_likelihoods(
         self, actions, obs_batch, state_batches=None, prev_action_batch=None, prev_reward_batch=None
