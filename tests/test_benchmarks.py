@@ -255,6 +255,16 @@ def test_client_local_smoke(tmp_path):
     }
 
 
+def test_pass_placement_smoke(tmp_path):
+    records = measurements(run_smoke("pass_placement", tmp_path))
+    assert {(r["placement"], r["callers"]) for r in records} == {
+        (p, c) for p in ("thread", "loop") for c in (1, 4)
+    }
+    assert all(r["answers_per_s"] > 0 and r["rows_per_pass"] >= 1 for r in records)
+    saved = json.loads((tmp_path / "pass_placement.json").read_text())
+    assert all(row["vs_thread"] > 0 for row in saved["summary"] if row["placement"] == "loop")
+
+
 def test_startup_prints_its_phases():
     """startup.py prints one JSON line (it is not a harness script: no --smoke size)."""
     proc = run_module("benchmarks.startup", "--algo", "ppo", "--runners", "1")

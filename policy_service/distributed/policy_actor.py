@@ -268,11 +268,7 @@ class PolicyHost:
             return None
         parts = [zeros(r.num_rows) if v is None else v for r, v in zip(requests, values)]
         return nests.map_arrays(
-            lambda like, *leaves: np.asarray(
-                leaves[0] if len(leaves) == 1 else np.concatenate(leaves), like.dtype
-            ),
-            zeros(0),
-            *parts,
+            lambda like, joined: np.asarray(joined, like.dtype), zeros(0), nests.join_rows(parts)
         )
 
     # ----- weights, learning, state --------------------------------------------------

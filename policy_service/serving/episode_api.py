@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from policy_service import spaces
+from policy_service import nests, spaces
 from policy_service.errors import json_kind
 from policy_service.serving.http_api import (
     HttpError,
@@ -97,10 +97,7 @@ def obs_rows(value, schema: RequestSchema, num_rows: int, field: str) -> Any:
     if not isinstance(value, list) or len(value) != num_rows:
         got = f"a list of {len(value)}" if isinstance(value, list) else json_kind(value)
         raise HttpError(400, f"{field}: expected a list of {num_rows} observations, got {got}")
-    rows = [one_obs(v, schema, f"{field}[{i}]") for i, v in enumerate(value)]
-    import tree
-
-    return tree.map_structure(lambda *parts: np.concatenate(parts, axis=0), *rows)
+    return nests.join_rows([one_obs(v, schema, f"{field}[{i}]") for i, v in enumerate(value)])
 
 
 def actions(

@@ -252,7 +252,7 @@ class EpisodeRecorder:
             part_rewards = None if rewards is None else rewards[begin : begin + step]
             actions, version = await self._act_on_rows(episode, part_obs, part_logged, part_rewards)
             all_actions.append(actions)
-        return (all_actions[0] if len(all_actions) == 1 else np.concatenate(all_actions)), version
+        return nests.join_rows(all_actions), version
 
     async def _act_on_rows(self, episode, obs, logged, rewards) -> tuple[np.ndarray, int]:
         num_rows = int(tree.flatten(obs)[0].shape[0])
