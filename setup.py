@@ -21,6 +21,11 @@ ATARI = ["ale-py>=0.9", "opencv-python-headless>=4.8"]
 # pygame-ce, which installs the same `pygame` package the classic games import: listing
 # pygame too would put two distributions' files in one directory
 MULTIAGENT = ["pettingzoo>=1.24", "mpe2>=1.1.1", "pygame-ce>=2.3"]
+# sweeps: every registered algorithm is a Ray Tune trainable (`policy-service tune`)
+TUNE = ["ray[tune]>=2.40"]
+# offline data: experiences written as Parquet (Arrow) and read through Ray Data; RLlib's
+# JSON lines pack each column as an LZ4 frame, so reading them needs lz4
+OFFLINE = ["ray[data]>=2.40", "pyarrow>=14", "lz4>=4"]
 
 setup(
     name="policy-service",
@@ -40,6 +45,9 @@ setup(
         "dm-tree>=0.1.8",
         "pyyaml>=6.0",
         "tqdm>=4.60",
+        # every run writes TensorBoard event files and suggests `tensorboard --logdir`;
+        # TensorFlow 2.21 no longer brings it
+        "tensorboard>=2.16",
     ],
     extras_require={
         "dev": [
@@ -54,12 +62,16 @@ setup(
             *MUJOCO,
             *MULTIAGENT,
             *ATARI,
+            *TUNE,
+            *OFFLINE,
         ],
         "onnx": ONNX,
         "serve": SERVE,
         "mujoco": MUJOCO,
         "multiagent": MULTIAGENT,
         "atari": ATARI,
+        "tune": TUNE,
+        "offline": OFFLINE,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],
