@@ -9,7 +9,8 @@ lag with truncated importance weights rho_t = pi(a_t|x_t) / mu(a_t|x_t):
     A_s     = min(pg_rho_bar, rho_s) * (r_s + gamma_s * v_{s+1} - V(x_s))
 
 computed backwards as v_s - V(x_s) = delta_s + gamma_s * c_s * (v_{s+1} - V(x_{s+1})).
-Everything is time-major `[T, B]` and made of TF ops (a reverse `tf.scan`), so it
+Everything is time-major `[T, B, ...]` (RLlib's higher-rank inputs: each trailing
+index is its own `[T, B]` problem) and made of TF ops (a reverse `tf.scan`), so it
 runs inside a compiled tower step with unknown T and B; the returns carry no
 gradient, as in the paper.
 """
@@ -22,8 +23,8 @@ import tensorflow as tf
 
 
 class VTraceReturns(NamedTuple):
-    vs: tf.Tensor  # <float32>[T, B] value targets v_s
-    pg_advantages: tf.Tensor  # <float32>[T, B] advantages for the policy gradient
+    vs: tf.Tensor  # <float32>[T, B, ...] value targets v_s
+    pg_advantages: tf.Tensor  # <float32>[T, B, ...] advantages for the policy gradient
 
 
 def from_importance_weights(
@@ -38,8 +39,8 @@ def from_importance_weights(
 ) -> VTraceReturns:
     """V-trace targets and policy-gradient advantages.
 
-    log_rhos, discounts, rewards, values: <float32>[T, B], with discounts[t] =
-    gamma * (1 - terminated_t); bootstrap_value <float32>[B]: V(x_T). A threshold
+    log_rhos, discounts, rewards, values: <float32>[T, B, ...], with discounts[t] =
+    gamma * (1 - terminated_t); bootstrap_value <float32>[B, ...]: V(x_T). A threshold
     of None clips nothing; lambda_ in [0, 1] scales the traces c_i.
     """
     for name, threshold in (
@@ -55,8 +56,11 @@ def from_importance_weights(
     )
     bootstrap_value = tf.convert_to_tensor(bootstrap_value, tf.float32)
     _check_ranks(log_rhos=log_rhos, discounts=discounts, rewards=rewards, values=values)
-    if bootstrap_value.shape.rank is not None and bootstrap_value.shape.rank != 1:
-        raise ValueError(f"bootstrap_value must be [B], got shape {bootstrap_value.shape}")
+    if not bootstrap_value.shape.is_compatible_with(values.shape[1:]):
+        raise ValueError(
+            f"bootstrap_value must be values' shape without T, {values.shape[1:]}, "
+            f"got shape {bootstrap_value.shape}"
+        )
 
     rhos = tf.exp(log_rhos)
     clipped_rhos = _clip(rhos, clip_rho_threshold)
@@ -85,12 +89,12 @@ def _clip(rhos: tf.Tensor, threshold: float | None) -> tf.Tensor:
 
 
 def _check_ranks(**tensors: tf.Tensor) -> None:
-    """Every input time-major [T, B] and of log_rhos' shape, where shapes are known:
-    one line naming the first that is not."""
+    """Every input time-major [T, B, ...] and of log_rhos' shape, where shapes are
+    known: one line naming the first that is not."""
     first = tensors["log_rhos"].shape
     for name, tensor in tensors.items():
-        if tensor.shape.rank is not None and tensor.shape.rank != 2:
-            raise ValueError(f"{name} must be time-major [T, B], got shape {tensor.shape}")
+        if tensor.shape.rank is not None and tensor.shape.rank < 2:
+            raise ValueError(f"{name} must be time-major [T, B, ...], got shape {tensor.shape}")
         if not tensor.shape.is_compatible_with(first):
             raise ValueError(
                 f"{name} has shape {tensor.shape}, expected {first} (that of log_rhos)"

@@ -116,5 +116,35 @@ def test_shapes_are_named():
     log_rhos, discounts, rewards, values, bootstrap = random_inputs(seed=7)
     with pytest.raises(ValueError, match=r"rewards has shape \(7, 4\), expected \(7, 5\)"):
         vtrace.from_importance_weights(log_rhos, discounts, rewards[:, :4], values, bootstrap)
-    with pytest.raises(ValueError, match=r"values must be time-major \[T, B\], got shape \(7,\)"):
+    rank_message = r"values must be time-major \[T, B, \.\.\.\], got shape \(7,\)"
+    with pytest.raises(ValueError, match=rank_message):
         vtrace.from_importance_weights(log_rhos, discounts, rewards, values[:, 0], bootstrap)
+
+
+def test_higher_rank_inputs_are_vtrace_on_each_trailing_column():
+    """RLlib takes [T, B, ...]: each trailing index is its own [T, B] problem."""
+    rng = np.random.default_rng(8)
+    T, B, K = 6, 3, 4
+    discounts = np.where(rng.random((T, B, K)) < 0.2, 0.0, 0.9).astype(np.float32)
+    log_rhos, rewards, values = (rng.normal(0, 1, (T, B, K)).astype(np.float32) for _ in range(3))
+    bootstrap = rng.normal(0, 1, (B, K)).astype(np.float32)
+    out = vtrace.from_importance_weights(
+        log_rhos, discounts, rewards, values, bootstrap, lambda_=0.9
+    )
+    assert out.vs.shape == (T, B, K) and out.pg_advantages.shape == (T, B, K)
+    for k in range(K):
+        expected_vs, expected_adv = paper_vtrace(
+            log_rhos[..., k], discounts[..., k], rewards[..., k], values[..., k],
+            bootstrap[..., k], 1.0, 1.0, 0.9,
+        )  # fmt: skip
+        np.testing.assert_allclose(out.vs.numpy()[..., k], expected_vs, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            out.pg_advantages.numpy()[..., k], expected_adv, rtol=1e-5, atol=1e-5
+        )
+
+
+def test_the_bootstrap_must_match_one_step_of_values():
+    log_rhos, discounts, rewards, values, bootstrap = random_inputs(seed=9)
+    message = r"bootstrap_value must be values' shape without T, \(5,\), got shape \(4,\)"
+    with pytest.raises(ValueError, match=message):
+        vtrace.from_importance_weights(log_rhos, discounts, rewards, values, bootstrap[:4])
