@@ -119,18 +119,35 @@ class MeanStdFilter:
         buffer, self.buffer = self.buffer, RunningStat.empty(self.shape)
         return buffer
 
-    def sync(self, stats: RunningStat) -> None:
-        """Take the driver's merged statistics as this filter's own."""
-        self.stats = stats
+    def sync(self, other: RunningStat | MeanStdFilter) -> None:
+        """Take the driver's merged statistics as this filter's own. Another filter
+        (RLlib's `sync(other)`) gives its statistics and its buffer; a RunningStat
+        (the driver's merge) gives statistics only, and the buffer keeps the rows seen
+        since the flush, so they still reach the driver at the next merge."""
+        if isinstance(other, MeanStdFilter):
+            if other.shape != self.shape:
+                raise ValueError(
+                    f"sync: the other filter's shape {other.shape} is not this filter's "
+                    f"{self.shape}"
+                )
+            self.stats, self.buffer = other.stats, other.buffer
+        else:
+            self.stats = other
 
 
 class NoFilter:
-    """Observations as they are, of any space; no statistics to flush or sync."""
+    """Observations as they are, of any space; no statistics to flush or sync. As
+    RLlib's: arrays, dicts and tuples pass through, anything else becomes an array."""
 
     name = NO_FILTER
 
     def __call__(self, obs, update: bool = True):
-        return obs
+        if isinstance(obs, (np.ndarray, dict, tuple)):
+            return obs
+        try:
+            return np.asarray(obs)
+        except ValueError as err:  # ragged rows
+            raise ValueError(f"NoFilter: observations do not form an array: {err}") from None
 
     def flush_buffer(self) -> None:
         return None

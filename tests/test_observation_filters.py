@@ -23,6 +23,7 @@ from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.observation_filters import (
     CLIP,
     MeanStdFilter,
+    NoFilter,
     RunningStat,
     make_filter,
 )
@@ -65,6 +66,40 @@ def test_a_call_pushes_the_rows_then_normalizes_and_clips_them():
     frozen = observation_filter(rows, update=False)
     np.testing.assert_array_equal(frozen, got)
     assert observation_filter.stats.count == 4
+
+
+def test_sync_from_another_filter_copies_its_statistics_and_its_buffer_as_rllibs():
+    """RLlib's MeanStdFilter.sync(other) copies both; a RunningStat (the driver's merge)
+    replaces the statistics only, so rows not yet flushed still reach the driver."""
+    source, target = MeanStdFilter((2,)), MeanStdFilter((2,))
+    source(np.array([[1.0, 2.0], [3.0, 5.0]]))
+    target(np.array([[7.0, 7.0]]))
+    target.sync(source)
+    for got, want in ((target.stats, source.stats), (target.buffer, source.buffer)):
+        assert got.count == want.count == 2
+        np.testing.assert_array_equal(got.mean, want.mean)
+        np.testing.assert_array_equal(got.m2, want.m2)
+    merged = RunningStat.of_rows(np.array([[0.0, 0.0], [2.0, 2.0], [4.0, 4.0]]))
+    target(np.array([[9.0, 9.0]]))  # after the flush the driver merged: not in `merged`
+    target.sync(merged)
+    assert target.stats is merged and target.buffer.count == 3
+
+
+def test_sync_from_a_filter_of_another_shape_is_one_line():
+    message = r"^sync: the other filter's shape \(3,\) is not this filter's \(2,\)$"
+    with pytest.raises(ValueError, match=message):
+        MeanStdFilter((2,)).sync(MeanStdFilter((3,)))
+
+
+def test_no_filter_converts_what_is_not_an_array_as_rllibs():
+    """RLlib's NoFilter returns arrays, dicts and tuples as they are, converts the rest."""
+    no_filter = NoFilter()
+    array, nested = np.ones((2, 3)), {"a": [1.0]}
+    assert no_filter(array) is array and no_filter(nested) is nested
+    converted = no_filter([[1.0, 2.0], [3.0, 4.0]])
+    assert isinstance(converted, np.ndarray) and converted.shape == (2, 2)
+    np.testing.assert_array_equal(converted, [[1.0, 2.0], [3.0, 4.0]])
+    assert isinstance(no_filter(3.0), np.ndarray)
 
 
 def test_a_filter_name_that_does_not_exist_is_one_line_naming_the_key():
