@@ -321,6 +321,16 @@ def test_set_state_checks_everything_before_assigning(tmp_path):
 # ---- bad input -------------------------------------------------------------------
 
 
+def test_prioritized_samples_more_rows_than_it_holds_with_replacement_as_rllibs():
+    buffer = PrioritizedReplayBuffer(100, alpha=1.0, seed=0)
+    buffer.add(cartpole_batch(3), priorities=np.array([1.0, 2.0, 5.0]))
+    batch = buffer.sample(800)
+    assert batch.count == 800
+    counts = np.bincount(batch["batch_indexes"], minlength=3)
+    assert counts.sum() == 800 and np.all(counts > 0)
+    assert counts[2] > counts[1] > counts[0]  # 500 : 200 : 100 expected, sd < 15
+
+
 def test_bad_input_errors_name_the_column():
     buffer = PrioritizedReplayBuffer(100, seed=0)
     good = cartpole_batch(8)
@@ -338,8 +348,8 @@ def test_bad_input_errors_name_the_column():
         buffer.add(dict(good, obs=np.zeros((8, 5), np.float32)))
     with pytest.raises(ValueError, match="column 'rewards' has rows of shape .* dtype float64"):
         buffer.add(dict(good, rewards=np.zeros(8)))
-    with pytest.raises(ValueError, match="cannot sample 9 rows, it holds 8"):
-        buffer.sample(9)
+    with pytest.raises(ValueError, match=r"^replay buffer: cannot sample from an empty buffer$"):
+        PrioritizedReplayBuffer(10, seed=0).sample(1)
     with pytest.raises(ValueError, match="td_errors must be finite; row 1 is nan"):
         buffer.update_priorities(np.array([0, 1]), np.array([1.0, np.nan]))
     with pytest.raises(ValueError, match="index 8 is outside the 8 rows held"):

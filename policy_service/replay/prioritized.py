@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from policy_service.replay.priority_tree import PriorityTree
-from policy_service.replay.uniform import BATCH_INDEXES, ReplayBuffer, check_sample_size
+from policy_service.replay.uniform import BATCH_INDEXES, ReplayBuffer
 from policy_service.sample_batch import SampleBatch
 
 PRIO_WEIGHTS = "weights"  # RLlib's column name for the importance weights
@@ -42,6 +42,16 @@ def _bad_row(name: str, want: str, values: np.ndarray, bad: np.ndarray) -> Value
     return ValueError(
         f"replay buffer: {name} must be {want}; row {first} is {float(values[first])!r}"
     )
+
+
+def _check_draws(num_items: Any, size: int) -> int:
+    """A sample size for draws with replacement: any int >= 1 (more than the rows held
+    too, as RLlib's), from a buffer holding at least one row."""
+    if not isinstance(num_items, (int, np.integer)) or isinstance(num_items, bool) or num_items < 1:
+        raise ValueError(f"replay buffer: sample size must be an int >= 1, got {num_items!r}")
+    if size == 0:
+        raise ValueError("replay buffer: cannot sample from an empty buffer")
+    return int(num_items)
 
 
 def _check_priorities(name: str, values: Any, rows: int) -> np.ndarray:
@@ -109,8 +119,9 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def sample(self, num_items: int, beta: float | None = None) -> SampleBatch:
         """`num_items` rows drawn with P(i) proportional to p_i^alpha, with
-        "batch_indexes" <int64>[num_items] and "weights" <float32>[num_items]."""
-        num_items = check_sample_size(num_items, self.store.size)
+        "batch_indexes" <int64>[num_items] and "weights" <float32>[num_items]. Draws
+        are with replacement, so num_items may exceed the rows held (as RLlib's)."""
+        num_items = _check_draws(num_items, self.store.size)
         beta = self.beta if beta is None else float(beta)
         prefixes = self.rng.random(num_items) * self.tree.total
         indexes = self.tree.find(prefixes)
