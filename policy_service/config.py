@@ -194,6 +194,24 @@ class ModelConfig(Config):
     conv_activation: str = setting(
         "relu", doc="Activation of the conv layers.", check=KERAS_ACTIVATION
     )
+    post_fcnet_hiddens: list = setting(
+        doc="Dense layers after the encoder (RLlib's): after fcnet_hiddens for vectors, "
+        "after the conv stack and fcnet_hiddens for images, after the concatenated "
+        "components of Dict and Tuple observations.",
+        check=LAYER_SIZES,
+        factory=list,
+    )
+    post_fcnet_activation: str = setting(
+        "relu",
+        doc="Activation of the post_fcnet_hiddens layers; for vectors with fcnet_hiddens "
+        "they take fcnet_activation, as in RLlib's fully connected model.",
+        check=KERAS_ACTIVATION,
+    )
+    free_log_std: bool = setting(
+        False,
+        doc="A Box action's log std is a trainable variable, the same for every "
+        "observation, instead of half of the model's outputs (RLlib's).",
+    )
     use_lstm: bool = setting(False, doc="Wrap the trunk in an LSTM.")
     lstm_cell_size: int = setting(256, doc="LSTM units.", check=integer(ge=1))
     max_seq_len: int = setting(

@@ -23,7 +23,10 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import spaces
-from policy_service.config import ModelConfig
+from policy_service.config import ConfigError, ModelConfig
+from policy_service.encoders import Encoder, NormcInitializer
+
+__all__ = ["Encoder", "NormcInitializer"]  # re-exported: they lived here
 
 _CUSTOM_MODELS: dict[str, Callable] = {}
 
@@ -67,94 +70,56 @@ def register_custom_models(registry: Mapping[str, Callable] | None) -> None:
         register_custom_model(name, model_cls)
 
 
-class NormcInitializer(keras.initializers.RandomNormal):
-    """Gaussian weights with each output unit's column rescaled to norm `std`, as
-    RLlib's `normc_initializer`: RLlib's fully connected model uses it (1.0 for hidden
-    layers, 0.01 for the logits and value outputs), and PPO at RLlib's defaults learns
-    CartPole faster with it than with Keras' glorot-uniform (benchmarks/ppo_parity.py)."""
+class FreeLogStd(keras.layers.Layer):
+    """Appends a trainable log std, the same for every row, to a Box action's means:
+    <float32>[B, d] -> [B, 2d] (RLlib's `free_log_std`; starts at 0, a std of 1)."""
 
-    def __init__(self, std: float = 1.0, seed=None):
-        super().__init__(mean=0.0, stddev=1.0, seed=seed)
-        self.std = float(std)
+    def __init__(self, size: int, **kwargs):
+        super().__init__(**kwargs)
+        self.log_std = self.add_weight(
+            shape=(size,), initializer="zeros", trainable=True, name="log_std"
+        )
 
-    def __call__(self, shape, dtype=None):
-        x = super().__call__(shape, dtype=dtype)
-        norms = keras.ops.sqrt(keras.ops.sum(keras.ops.square(x), axis=0, keepdims=True))
-        return x * (self.std / norms)
-
-    def get_config(self) -> dict:
-        return {"std": self.std, "seed": self.seed}
+    def call(self, means):
+        rows = tf.shape(means)[0]
+        return tf.concat([means, tf.tile(self.log_std[None, :], [rows, 1])], axis=-1)
 
 
-def _dense_stack(hiddens, activation, use_batch_norm, prefix, kernel_initializer=None):
-    """Dense layers, each optionally followed by batch norm before the activation."""
-    layers = []
-    for i, size in enumerate(hiddens):
-        layers.append(
+def action_head(
+    action_space, num_outputs: int, config: ModelConfig, kernel_initializer
+) -> list[keras.layers.Layer]:
+    """The layers from features to "action_dist_inputs": a Dense of num_outputs, or
+    with free_log_std a Dense of the means and a FreeLogStd."""
+    if not config.free_log_std:
+        return [
             keras.layers.Dense(
-                size,
-                name=f"{prefix}_dense_{i}",
-                kernel_initializer=kernel_initializer or "glorot_uniform",
+                num_outputs, kernel_initializer=kernel_initializer, name="action_dist_inputs"
             )
+        ]
+    is_flat_box = isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1
+    if not is_flat_box or num_outputs != 2 * action_space.shape[0]:
+        raise ConfigError(
+            "config.model.free_log_std needs a 1-D Box action space whose distribution "
+            f"takes [means, log_stds] ({num_outputs} inputs here), got {action_space}"
         )
-        layers.append(
-            keras.layers.BatchNormalization(name=f"{prefix}_bn_{i}") if use_batch_norm else None
-        )
-        layers.append(keras.layers.Activation(activation, name=f"{prefix}_act_{i}"))
-    return [layer for layer in layers if layer is not None]
+    means = num_outputs // 2
+    return [
+        keras.layers.Dense(means, kernel_initializer=kernel_initializer, name="action_dist_inputs"),
+        FreeLogStd(means, name="log_std"),
+    ]
 
 
-def _run_stack(layers, x, training, mask):
+def make_encoder(
+    obs_space: gym.spaces.Box, config: ModelConfig, prefix: str, kernel_initializer=None
+):
+    """The encoder of a model input space: `Encoder` for a vector or an image."""
+    return Encoder(obs_space.shape, config, prefix, kernel_initializer)
+
+
+def _run_layers(layers: list, x):
     for layer in layers:
-        if isinstance(layer, keras.layers.BatchNormalization):
-            x = layer(x, training=training, mask=mask if training else None)
-        else:
-            x = layer(x)
+        x = layer(x)
     return x
-
-
-class Encoder(keras.layers.Layer):
-    """Observation -> features: conv stack for images, then the dense stack."""
-
-    def __init__(
-        self, obs_shape, config: ModelConfig, prefix: str, kernel_initializer=None, **kwargs
-    ):
-        super().__init__(name=prefix, **kwargs)
-        self.convs = []
-        if len(obs_shape) == 3:
-            filters = config.conv_filters or _default_conv_filters(obs_shape)
-            for i, (out, kernel, stride) in enumerate(filters):
-                self.convs.append(
-                    keras.layers.Conv2D(
-                        out,
-                        kernel,
-                        strides=stride,
-                        padding="same",
-                        activation=config.conv_activation,
-                        name=f"{prefix}_conv_{i}",
-                    )
-                )
-            self.convs.append(keras.layers.Flatten(name=f"{prefix}_flatten"))
-        self.dense = _dense_stack(
-            config.fcnet_hiddens,
-            config.fcnet_activation,
-            config.use_batch_norm,
-            prefix,
-            kernel_initializer,
-        )
-
-    def call(self, obs, training=False, row_mask=None):
-        x = obs
-        for conv in self.convs:
-            x = conv(x)
-        return _run_stack(self.dense, x, training, row_mask)
-
-
-def _default_conv_filters(obs_shape):
-    """RLlib-like defaults sized to the image: strided convs down to a small map."""
-    if obs_shape[0] >= 64:
-        return [[16, [8, 8], 4], [32, [4, 4], 2], [64, [3, 3], 1]]
-    return [[16, [3, 3], 2], [32, [3, 3], 2]]
 
 
 class FeedForwardModel(keras.Model):
@@ -167,15 +132,13 @@ class FeedForwardModel(keras.Model):
     ):
         super().__init__(name="feed_forward_model")
         self.config = config
-        self.policy_trunk = Encoder(obs_space.shape, config, "policy", NormcInitializer(1.0))
+        self.policy_trunk = make_encoder(obs_space, config, "policy", NormcInitializer(1.0))
         self.value_trunk = (
             None
             if config.vf_share_layers
-            else Encoder(obs_space.shape, config, "value", NormcInitializer(1.0))
+            else make_encoder(obs_space, config, "value", NormcInitializer(1.0))
         )
-        self.logits = keras.layers.Dense(
-            num_outputs, kernel_initializer=NormcInitializer(0.01), name="action_dist_inputs"
-        )
+        self.logits = action_head(action_space, num_outputs, config, NormcInitializer(0.01))
         self.value = keras.layers.Dense(1, kernel_initializer=NormcInitializer(0.01), name="vf")
         self.build_for(obs_space.shape)
 
@@ -192,7 +155,7 @@ class FeedForwardModel(keras.Model):
             else self.value_trunk(obs, training=training, row_mask=mask)
         )
         return {
-            "action_dist_inputs": self.logits(features),
+            "action_dist_inputs": _run_layers(self.logits, features),
             "vf_preds": tf.squeeze(self.value(value_features), -1),
             "state_out": [],
         }
@@ -211,14 +174,12 @@ class LSTMModel(keras.Model):
         self.config = config
         self.cell_size = config.lstm_cell_size
         self.action_space = action_space
-        self.encoder = Encoder(obs_space.shape, config, "encoder")
+        self.encoder = make_encoder(obs_space, config, "encoder")
         self.lstm = keras.layers.LSTM(
             self.cell_size, return_sequences=True, return_state=True, name="lstm"
         )
-        self.logits = keras.layers.Dense(
-            num_outputs,
-            kernel_initializer=keras.initializers.Orthogonal(0.01),
-            name="action_dist_inputs",
+        self.logits = action_head(
+            action_space, num_outputs, config, keras.initializers.Orthogonal(0.01)
         )
         self.value = keras.layers.Dense(
             1, kernel_initializer=keras.initializers.Orthogonal(1.0), name="vf"
@@ -261,7 +222,7 @@ class LSTMModel(keras.Model):
         )
         outputs = tf.reshape(outputs, [-1, self.cell_size])
         return {
-            "action_dist_inputs": self.logits(outputs),
+            "action_dist_inputs": _run_layers(self.logits, outputs),
             "vf_preds": tf.squeeze(self.value(outputs), -1),
             "state_out": [h, c],
         }

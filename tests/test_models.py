@@ -350,3 +350,143 @@ def test_custom_model_policy_state_moves_to_another_policy(clean_registry):
     assert source.learn_on_batch(batch) == target.learn_on_batch(batch)
     for name, value in source.get_weights().items():
         np.testing.assert_array_equal(value, target.get_weights()[name])
+
+
+# ----- RLlib's catalog keys: free_log_std, post_fcnet_hiddens / post_fcnet_activation --------
+
+BOX_ACTIONS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+
+
+def box_action_batch(n, seed=0):
+    batch = mlp_batch(n, seed=seed)
+    batch["actions"] = np.random.default_rng(seed).uniform(-1, 1, (n, 2)).astype(np.float32)
+    return batch
+
+
+def test_catalog_key_defaults_are_rllibs():
+    config = ModelConfig()
+    assert config.free_log_std is False
+    assert config.post_fcnet_hiddens == []
+    assert config.post_fcnet_activation == "relu"
+
+
+@pytest.mark.parametrize("lstm", [False, True])
+def test_free_log_std_is_one_trainable_variable_for_every_observation(lstm):
+    model = {"free_log_std": True, "use_lstm": lstm, "max_seq_len": 4}
+    policy = PGPolicy(OBS_SPACE, BOX_ACTIONS, small_config(model=model))
+    log_std = policy.get_weights()["log_std/log_std"]
+    assert log_std.shape == (2,) and not log_std.any()  # RLlib starts it at 0
+    assert any(v.path.endswith("log_std/log_std") for v in policy.model.trainable_variables)
+    obs = np.random.default_rng(4).uniform(-1, 1, (6, 4)).astype(np.float32)
+    _, _, extra = policy.compute_actions(obs, explore=True)
+    means, log_stds = np.split(extra["action_dist_inputs"], 2, axis=1)
+    assert not np.allclose(means, means[:1])  # the means depend on the observation
+    np.testing.assert_array_equal(log_stds, np.zeros((6, 2), np.float32))
+    batch = box_action_batch(16)
+    if lstm:
+        batch["eps_id"] = np.repeat(np.arange(4), 4)
+        for i in range(2):
+            batch[f"state_in_{i}"] = np.zeros((16, CELL), np.float32)
+    policy.learn_on_batch(batch)
+    trained = policy.get_weights()["log_std/log_std"]
+    assert np.abs(trained).max() > 0  # the policy-gradient loss moved it
+    _, _, extra = policy.compute_actions(obs, explore=False)
+    _, log_stds = np.split(extra["action_dist_inputs"], 2, axis=1)
+    np.testing.assert_array_equal(log_stds, np.tile(trained, (6, 1)))
+
+
+def test_free_log_std_gradient_on_two_fake_gpus_equals_one_device():
+    config = small_config(model={"free_log_std": True})
+    one = PGPolicy(OBS_SPACE, BOX_ACTIONS, config)
+    two = PGPolicy(OBS_SPACE, BOX_ACTIONS, {**config, **fake_gpus(2)})
+    batch = box_action_batch(21, seed=3)
+    g1, _ = one.compute_gradients(batch)
+    g2, _ = two.compute_gradients(batch)
+    for a, b in zip(g1, g2):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_free_log_std_without_a_box_action_is_one_line_naming_the_key():
+    with pytest.raises(ValueError) as err:
+        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(model={"free_log_std": True}))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("config.model.free_log_std needs a 1-D Box action space")
+    assert "Discrete(3)" in message
+
+
+def test_post_fcnet_layers_follow_the_hidden_layers_with_rllibs_activations():
+    model = {"fcnet_hiddens": [16], "post_fcnet_hiddens": [8, 6], "fcnet_activation": "tanh"}
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(model=model))
+    s = shapes(policy)
+    for trunk in ("policy", "value"):
+        assert s[f"{trunk}/{trunk}_dense_0/kernel"] == (4, 16)
+        assert s[f"{trunk}/{trunk}_post_dense_0/kernel"] == (16, 8)
+        assert s[f"{trunk}/{trunk}_post_dense_1/kernel"] == (8, 6)
+    assert s["action_dist_inputs/kernel"] == (6, 3)
+    assert s["vf/kernel"] == (6, 1)
+    # RLlib's fully connected model: the post layers of a vector take fcnet_activation
+    trunk = policy.model.policy_trunk
+    activations = [
+        layer.activation.__name__ for layer in trunk.dense if hasattr(layer, "activation")
+    ]
+    assert activations == ["linear", "tanh"] * 3
+    # with no fcnet_hiddens, and for images, they take post_fcnet_activation
+    only_post = PGPolicy(
+        OBS_SPACE,
+        ACTION_SPACE,
+        small_config(model={"fcnet_hiddens": [], "post_fcnet_hiddens": [5]}),
+    )
+    names = [layer.activation.__name__ for layer in only_post.model.policy_trunk.dense[1::2]]
+    assert names == ["relu"]
+    obs = np.random.default_rng(0).uniform(-1, 1, (3, 4)).astype(np.float32)
+    w = policy.get_weights()
+    x = np.tanh(obs @ w["policy/policy_dense_0/kernel"] + w["policy/policy_dense_0/bias"])
+    for i in range(2):
+        x = np.tanh(
+            x @ w[f"policy/policy_post_dense_{i}/kernel"] + w[f"policy/policy_post_dense_{i}/bias"]
+        )
+    logits = x @ w["action_dist_inputs/kernel"] + w["action_dist_inputs/bias"]
+    _, _, extra = policy.compute_actions(obs, explore=False)
+    np.testing.assert_allclose(extra["action_dist_inputs"], logits, rtol=1e-4, atol=1e-5)
+    before = policy.get_weights()
+    policy.learn_on_batch(mlp_batch(12))
+    after = policy.get_weights()
+    assert not np.array_equal(
+        before["policy/policy_post_dense_1/kernel"], after["policy/policy_post_dense_1/kernel"]
+    )
+
+
+def test_post_fcnet_layers_of_an_image_encoder_take_post_fcnet_activation():
+    obs_space = gym.spaces.Box(0.0, 1.0, (16, 16, 3), np.float32)
+    model = {"vf_share_layers": True, "post_fcnet_hiddens": [7], "post_fcnet_activation": "elu"}
+    policy = PGPolicy(obs_space, ACTION_SPACE, small_config(model=model))
+    s = shapes(policy)
+    assert s["policy/policy_post_dense_0/kernel"] == (16, 7)
+    post_activation = policy.model.policy_trunk.dense[-1]
+    assert post_activation.activation.__name__ == "elu"
+    assert s["action_dist_inputs/kernel"] == (7, 3)
+
+
+def test_ppo_trains_with_free_log_std_and_post_fcnet_layers():
+    from algorithms.ppo import PPO
+
+    algo = PPO(
+        {
+            "env": "Pendulum-v1",
+            "seed": 1,
+            "train_batch_size": 200,
+            "minibatch_size": 50,
+            "num_epochs": 2,
+            "model": {"fcnet_hiddens": [16], "post_fcnet_hiddens": [8], "free_log_std": True},
+        }
+    )
+    try:
+        before = algo.get_policy().get_weights()["log_std/log_std"]
+        metrics = algo.train()
+        assert np.isfinite(metrics["total_loss"])
+        after = algo.get_policy().get_weights()
+        assert after["policy/policy_post_dense_0/kernel"].shape == (16, 8)
+        assert not np.array_equal(before, after["log_std/log_std"])
+    finally:
+        algo.stop()
