@@ -37,8 +37,30 @@ from policy_service import spaces
 LOG_STD_MIN = -20.0
 LOG_STD_MAX = 2.0
 
+# Bounds that keep logp, entropy and kl finite for finite inputs of any magnitude,
+# far outside anything a trained model emits (values below them are unchanged):
+# |x - mean| / std beyond Z_MAX would square past float32's range (logp -inf, where
+# RLlib clamps the whole Gaussian term to [-100, 100] and loses its gradient beyond
+# |z| ~ 14); a pre-squash value beyond U_MAX would do the same in log|da/du| ~ -2|u|.
+Z_MAX = 1e15
+U_MAX = 1e30
+
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _HALF_LOG_2PI_E = 0.5 * math.log(2.0 * math.pi * math.e)
+
+
+def standardized(x: tf.Tensor, mean: tf.Tensor, std: tf.Tensor) -> tf.Tensor:
+    """(x - mean) / std bounded to [-Z_MAX, Z_MAX]; from the halves, whose difference
+    cannot overflow (halving is exact, so in range the value is the plain one)."""
+    half = (0.5 * x - 0.5 * mean) / std
+    return 2.0 * tf.clip_by_value(half, -0.5 * Z_MAX, 0.5 * Z_MAX)
+
+
+def log_one_minus_tanh_squared(u: tf.Tensor) -> tf.Tensor:
+    """log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), exact where tanh saturates;
+    u bounded to [-U_MAX, U_MAX] so that it stays finite."""
+    u = tf.clip_by_value(u, -U_MAX, U_MAX)
+    return 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
 
 
 class ActionDistribution:
@@ -263,7 +285,7 @@ class DiagGaussian(ActionDistribution):
 
     def logp(self, x) -> tf.Tensor:
         """<float32>[B] log density of x: <float32>[B, d]."""
-        z = (tf.cast(x, tf.float32) - self.mean) / self.std
+        z = standardized(tf.cast(x, tf.float32), self.mean, self.std)
         return -tf.reduce_sum(0.5 * tf.square(z) + self.log_std + _HALF_LOG_2PI, axis=-1)
 
     def entropy(self) -> tf.Tensor:
@@ -272,11 +294,11 @@ class DiagGaussian(ActionDistribution):
 
     def kl(self, other: DiagGaussian) -> tf.Tensor:
         """<float32>[B] closed-form KL between diagonal Gaussians."""
+        z = standardized(self.mean, other.mean, other.std)
         return tf.reduce_sum(
             other.log_std
             - self.log_std
-            + (tf.square(self.std) + tf.square(self.mean - other.mean))
-            / (2.0 * tf.square(other.std))
+            + 0.5 * (tf.square(self.std / other.std) + tf.square(z))
             - 0.5,
             axis=-1,
         )
@@ -382,8 +404,7 @@ class SquashedGaussian(ActionDistribution):
 
     def _log_det_jacobian(self, u: tf.Tensor) -> tf.Tensor:
         """<float32>[B] sum over d of log|da/du|."""
-        log_one_minus_tanh2 = 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
-        return tf.reduce_sum(log_one_minus_tanh2 + tf.math.log(self._half_range), axis=-1)
+        return tf.reduce_sum(log_one_minus_tanh_squared(u) + tf.math.log(self._half_range), axis=-1)
 
     def entropy(self) -> tf.Tensor:
         """<float32>[B] H(u) + E_u[log|da/du|], the expectation by quadrature."""
@@ -394,7 +415,7 @@ class SquashedGaussian(ActionDistribution):
             * self.gaussian.std[None]
             * tf.constant(nodes, tf.float32)[:, None, None]
         )  # [nodes, B, d]
-        log_det = 2.0 * (math.log(2.0) - u - tf.nn.softplus(-2.0 * u))
+        log_det = log_one_minus_tanh_squared(u)
         expected = tf.tensordot(
             tf.constant(weights / math.sqrt(math.pi), tf.float32), log_det, axes=1
         )  # [B, d]
