@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import spaces
+from policy_service.complex_inputs import ComplexInputEncoder
 from policy_service.config import ConfigError, ModelConfig
 from policy_service.encoders import Encoder, NormcInitializer
 
@@ -111,8 +112,13 @@ def action_head(
 
 def make_encoder(
     obs_space: gym.spaces.Box, config: ModelConfig, prefix: str, kernel_initializer=None
-):
-    """The encoder of a model input space: `Encoder` for a vector or an image."""
+) -> keras.layers.Layer:
+    """The encoder of a model input space: per component (ComplexInputEncoder) when its
+    `original_space` (spaces.model_input_space) is a Dict or Tuple, else `Encoder`."""
+    original = getattr(obs_space, "original_space", None)
+    if isinstance(original, (gym.spaces.Dict, gym.spaces.Tuple)):
+        components = spaces.observation_components(original)
+        return ComplexInputEncoder(components, config, prefix, kernel_initializer)
     return Encoder(obs_space.shape, config, prefix, kernel_initializer)
 
 

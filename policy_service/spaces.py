@@ -19,6 +19,7 @@ What each space becomes, exactly: docs/data.md.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -361,6 +362,76 @@ def make_preprocessor(space: gym.Space) -> ObservationPreprocessor:
             f"supported: {_OBSERVATION_SPACES}"
         )
     raise TypeError(f"expected a gymnasium.spaces.Space, got {type(space).__name__}: {space!r}")
+
+
+# --------------------------------------------------------------------------
+# The structure behind a flattened observation (for models that encode each part)
+
+
+IMAGE, ONE_HOT, VECTOR = "image", "one_hot", "vector"
+
+
+@dataclass(frozen=True)
+class ObservationComponent:
+    """One leaf of an observation space as the model sees it in the flattened input.
+
+    Attributes:
+      path: the leaf's dm-tree path in the observation (() for a flat space).
+      space: the leaf space.
+      start: index of its first value in a preprocessed row (the last axis).
+      shape: its preprocessed shape: [H, W, C] for an image, (n,) otherwise.
+      kind: IMAGE (a rank-3 Box), ONE_HOT (Discrete, MultiDiscrete) or VECTOR.
+    """
+
+    path: tuple
+    space: gym.Space
+    start: int
+    shape: tuple[int, ...]
+    kind: str
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def observation_components(space: gym.Space) -> list[ObservationComponent]:
+    """The leaves of an observation space in dm-tree order (the order a nested
+    preprocessor concatenates them in), each with where it sits in a preprocessed row."""
+    components, start = [], 0
+    for path, leaf in _observation_leaves(space, ()):
+        shape = make_preprocessor(leaf).shape
+        if is_image_space(leaf):
+            kind = IMAGE
+        elif isinstance(leaf, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            kind = ONE_HOT
+        else:
+            kind = VECTOR
+        components.append(ObservationComponent(path, leaf, start, shape, kind))
+        start += int(np.prod(shape, dtype=np.int64))
+    return components
+
+
+def _observation_leaves(space: gym.Space, path: tuple) -> list[tuple[tuple, gym.Space]]:
+    if isinstance(space, gym.spaces.Dict):
+        return [
+            leaf
+            for key in sorted(space.spaces)  # as _NestedPreprocessor: dm-tree order
+            for leaf in _observation_leaves(space[key], (*path, key))
+        ]
+    if isinstance(space, gym.spaces.Tuple):
+        return [
+            leaf for i, s in enumerate(space.spaces) for leaf in _observation_leaves(s, (*path, i))
+        ]
+    return [(path, space)]
+
+
+def model_input_space(preprocessor: ObservationPreprocessor) -> gym.spaces.Box:
+    """The Box a model is built for: the preprocessed shape, with the observation space
+    it came from as `original_space` (RLlib's attribute), so that a model can encode
+    the parts of a Dict or Tuple observation each in its own way."""
+    box = gym.spaces.Box(-np.inf, np.inf, preprocessor.shape, np.float32)
+    box.original_space = preprocessor.space  # type: ignore[attr-defined]
+    return box
 
 
 # --------------------------------------------------------------------------
