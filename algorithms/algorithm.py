@@ -33,6 +33,13 @@ import numpy as np
 
 from algorithms.environments import env_maker
 from policy_service import atari, observation_filters, spaces
+from policy_service.callbacks import (
+    CallbackList,
+    callbacks_classes,
+    callbacks_config_error,
+    callbacks_name,
+    make_callbacks,
+)
 from policy_service.config import (
     ConfigError,
     PolicyConfig,
@@ -49,9 +56,10 @@ from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.io import checkpoints
+from policy_service.metrics_logger import LoggedMetrics
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
-from policy_service.multi_agent.self_play import check_frozen_copies
+from policy_service.multi_agent.self_play import FrozenCopies, check_frozen_copies
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
@@ -132,6 +140,13 @@ class AlgorithmConfig(PolicyConfig):
     )
     ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
+    )
+    callbacks: type | str | list | None = setting(
+        None,
+        doc="The user's hooks (policy_service.Callbacks): a subclass, 'module.Class' of a "
+        "module given to --import, or a list of them; episode and sample hooks run in the "
+        "env runners, the others in the driver.",
+        check=callbacks_config_error,
     )
     tensorboard_histograms_every: int = setting(
         10,
@@ -361,6 +376,23 @@ class Algorithm:
         self._policy_returns: dict[str, collections.deque[float]] = collections.defaultdict(
             lambda: collections.deque(maxlen=window)
         )
+        # what the callbacks gathered: custom metrics over the return window's episodes,
+        # hist data and logged values of this iteration
+        self._custom_metrics: dict[str, collections.deque[float]] = collections.defaultdict(
+            lambda: collections.deque(maxlen=window)
+        )
+        self._hist_data: dict[str, list] = {}
+        self._logged = LoggedMetrics()
+        try:  # the classes go to the env runners; configs and checkpoints name them
+            self.callback_classes = callbacks_classes(self.config.callbacks)
+        except ValueError as err:
+            raise ConfigError(f"config.callbacks: {err}") from None
+        self.config.callbacks = callbacks_name(self.config.callbacks)
+        self.callbacks: CallbackList = make_callbacks(self.callback_classes)
+        if self.config.frozen_copies:
+            self.callbacks.members.append(
+                FrozenCopies(self.config.frozen_copies, self.config.frozen_copies_every)
+            )
         # Fake GPUs must exist before TensorFlow initializes (the local worker's
         # policy initializes it), so the learner's devices are prepared first.
         cfg = self.config
@@ -382,6 +414,7 @@ class Algorithm:
         try:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
+                self.callbacks.call("on_algorithm_init", algorithm=self)
                 return
             if uses_ray:  # every role's sum, before any of them starts
                 from policy_service.distributed.resources import check_cluster_fits
@@ -400,6 +433,7 @@ class Algorithm:
         except BaseException:
             self.stop()
             raise
+        self.callbacks.call("on_algorithm_init", algorithm=self)
 
     # ----- the loop -------------------------------------------------------------------
 
@@ -421,20 +455,22 @@ class Algorithm:
         stats = self.training_step()
         self.sync_learner_filters()
         self.iteration += 1
-        if self.multi_agent is not None and self.config.frozen_copies:
-            self._copy_frozen_when_due()
         elapsed = time.perf_counter() - start
         self.time_total_s += elapsed
-        return self._metrics(stats, elapsed)
+        result = self._metrics(stats, elapsed)
+        self.callbacks.call("on_train_result", algorithm=self, result=result)
+        return result
 
-    def _copy_frozen_when_due(self) -> None:
-        """Self-play: every frozen_copies_every iterations the frozen policies take their
-        sources' weights, and the env runners act with them from the next iteration."""
-        assert self.multi_agent is not None and self.config.frozen_copies
-        if self.iteration % self.config.frozen_copies_every:
-            return
+    def copy_policy_weights(self, targets: dict) -> None:
+        """Each target policy id takes the weights of its source policy id (`targets`:
+        target -> source), and the env runners act with them from the next sample
+        (self-play's frozen copies, policy_service.multi_agent.self_play.FrozenCopies)."""
+        if self.multi_agent is None:
+            raise ValueError(
+                f"copy_policy_weights({targets!r}): this run has one policy (config.policies unset)"
+            )
         runners, learners = self.multi_agent
-        runners.sync_weights(learners.copy_frozen(self.config.frozen_copies))
+        runners.sync_weights(learners.copy_frozen(targets))
         self._iteration_changed_state = True
 
     def training_step(self) -> dict:
@@ -604,6 +640,12 @@ class Algorithm:
         self.agent_timesteps_total += int(metrics.get("agent_steps", steps))
         for policy_id, returns in metrics.get("policy_episode_returns", {}).items():
             self._policy_returns[policy_id].extend(returns)
+        for gathered in metrics.get("callbacks", ()):
+            for key, values in gathered["custom_metrics"].items():
+                self._custom_metrics[key].extend(values)
+            for key, values in gathered["hist_data"].items():
+                self._hist_data.setdefault(key, []).extend(values)
+            self._logged.add(gathered["logged"])
         return steps
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
@@ -644,6 +686,23 @@ class Algorithm:
             }
         # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
         metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
+        metrics.update(self._callback_metrics())
+        return metrics
+
+    def _callback_metrics(self) -> dict:
+        """What the callbacks gathered, RLlib's layout: custom_metrics/<key>_mean|_min|_max
+        over the return window's episodes, hist_stats/<key> of this iteration, and each
+        logged value reduced by its rule."""
+        metrics: dict = {}
+        for key, window in self._custom_metrics.items():
+            in_window = np.asarray(window, np.float64)
+            metrics[f"custom_metrics/{key}_mean"] = float(in_window.mean())
+            metrics[f"custom_metrics/{key}_min"] = float(in_window.min())
+            metrics[f"custom_metrics/{key}_max"] = float(in_window.max())
+        for key, hist in self._hist_data.items():
+            metrics[f"hist_stats/{key}"] = list(hist)
+        self._hist_data = {}
+        metrics.update(self._logged.reduce())
         return metrics
 
     # ----- building blocks ------------------------------------------------------------
@@ -674,6 +733,7 @@ class Algorithm:
             self.policy_class,
             on_cpu(cfg),
             inference_actors=self.learners.actors if self.inference_by_learners() else None,
+            callbacks=self.callback_classes,
             **cfg.env_runner_settings(seed),
         )
 
@@ -705,7 +765,11 @@ class Algorithm:
         # through the learners: then those first
         by_learners = self.inference_by_learners()
         runners = (
-            None if by_learners else multi_agent.multi_agent_env_runners(cfg, policies, cfg.seed)
+            None
+            if by_learners
+            else multi_agent.multi_agent_env_runners(
+                cfg, policies, cfg.seed, callbacks=self.callback_classes
+            )
         )
         learners = None
         try:
@@ -714,7 +778,11 @@ class Algorithm:
                 learners.copy_frozen(cfg.frozen_copies, check=True)
             if runners is None:
                 runners = multi_agent.multi_agent_env_runners(
-                    cfg, policies, cfg.seed, inference_actors=learners.actors
+                    cfg,
+                    policies,
+                    cfg.seed,
+                    inference_actors=learners.actors,
+                    callbacks=self.callback_classes,
                 )
         except BaseException:
             for built in (runners, learners):
@@ -809,6 +877,7 @@ class Algorithm:
                 runners.agent_policies,
                 seed,
                 inference_actors=learners.actors if self.inference_by_learners() else None,
+                callbacks=self.callback_classes,
             )
             self.multi_agent = (runners, learners)
         runners.sync_weights(learners.get_weights(), version=self.iteration)
@@ -896,7 +965,7 @@ class Algorithm:
                 {
                     **self._multi_agent_state(),
                     "algorithm_class": checkpoints.class_path(type(self)),
-                    "config": self._checkpoint_config(),
+                    "config": self.config_json(),
                     "iteration": self.iteration,
                     "timesteps_total": self.timesteps_total,
                     "num_samples_trained_total": self.num_samples_trained_total,
@@ -910,8 +979,9 @@ class Algorithm:
             )
         return str(Path(checkpoint_dir).absolute())
 
-    def _checkpoint_config(self) -> dict:
-        """The config as JSON; with `policies`, their specs and mapping by name."""
+    def config_json(self) -> dict:
+        """The config as JSON (checkpoints, the run directory): callbacks classes and,
+        with `policies`, their specs and mapping function by name."""
         config = self.config.to_dict()
         if self.config.policies is not None:
             from algorithms import multi_agent
@@ -957,6 +1027,7 @@ class Algorithm:
         self._restore_counters(saved)
         self._restart_sampling()
         self._restore_worker_restarts(saved)
+        self.callbacks.call("on_checkpoint_loaded", algorithm=self)
 
     def _restore_worker_restarts(self, saved: dict) -> None:
         """The run's worker restarts count on from the checkpoint's."""
@@ -987,6 +1058,7 @@ class Algorithm:
             self._policy_returns[policy_id].extend(returns)
         self._restart_sampling()
         self._restore_worker_restarts(saved)
+        self.callbacks.call("on_checkpoint_loaded", algorithm=self)
 
     def _restore_counters(self, saved: dict) -> None:
         """The loop's counters and metrics window from algorithm_state.json."""

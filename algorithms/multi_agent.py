@@ -151,17 +151,23 @@ def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> N
 
 
 def multi_agent_env_runners(
-    config, policies: AgentPolicies, seed: int | None, inference_actors: dict | None = None
+    config,
+    policies: AgentPolicies,
+    seed: int | None,
+    inference_actors: dict | None = None,
+    callbacks: list | None = None,
 ) -> MultiAgentEnvRunnerGroup:
     """The run's env runners (AlgorithmConfig.env_runner_settings); `seed` seeds the
     episodes and the acting copies' sampling (None: the policies' config seed);
-    `inference_actors` (MultiAgentLearners.actors): each policy acts through its learners."""
+    `inference_actors` (MultiAgentLearners.actors): each policy acts through its learners;
+    `callbacks`: the classes whose runner hooks run in the env runners."""
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 
     return MultiAgentEnvRunnerGroup(
         multi_agent_env_creator(config.env),
         policies,
         inference_actors=inference_actors,
+        callbacks=callbacks,
         **config.env_runner_settings(seed),
     )
 

@@ -19,6 +19,9 @@ _EXPORTS = {
     "MultiAgentBatch": "policy_service.multi_agent.batch",
     "PolicySpec": "policy_service.policy_spec",
     "register_policy_mapping_fn": "policy_service.multi_agent.policies",
+    "Callbacks": "policy_service.callbacks",
+    "Episode": "policy_service.callbacks",
+    "MetricsLogger": "policy_service.metrics_logger",
 }
 
 __all__ = sorted(_EXPORTS)

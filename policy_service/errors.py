@@ -14,6 +14,10 @@ class UserError(Exception):
     line prints it as that line and exits with status 2."""
 
 
+class TrainingSetupError(UserError):
+    """A run cannot start: a bad flag, config key or value, file or run directory."""
+
+
 class RunFailure(Exception):
     """The run cannot go on, through no fault of its input (a restart budget spent):
     one line saying why. The command line prints it and exits with status 1."""

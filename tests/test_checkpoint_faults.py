@@ -396,7 +396,7 @@ def test_every_corrupted_file_is_refused_before_resume_and_the_one_before_restor
     """What --resume does with each corruption, on one algorithm (the command line
     around it is tested above on a few)."""
     from algorithms.ppo import PPO
-    from policy_service.cli.training import restore_checked
+    from algorithms.run import restore_checked
 
     saved = checkpoints.read_algorithm_state(trained_run / "checkpoints" / "checkpoint_000001")
     algo = PPO(saved["config"])
@@ -753,7 +753,7 @@ def test_restore_refuses_each_checkpoint_that_bends_history_or_defeats_readers(
     trained_run, tmp_path
 ):
     from algorithms.ppo import PPO
-    from policy_service.cli.training import restore_checked
+    from algorithms.run import restore_checked
 
     saved = checkpoints.read_algorithm_state(trained_run / OLDER)
     algo = PPO(saved["config"])

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 from policy_service.cli import commands as cli
-from policy_service.cli.run_display import HistogramWriter, histogram_buckets
+from policy_service.runs.run_display import HistogramWriter, histogram_buckets
 
 
 def read_events(logdir: Path) -> dict:

@@ -4,7 +4,6 @@ config class, the environment and the devices before anything starts."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,7 @@ from algorithms import environments
 from policy_service.cli.run_options import RunOptions, TrainingSetupError
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
+from policy_service.runs.run_directory import json_safe
 
 if TYPE_CHECKING:  # imported where used: the registry loads the algorithms
     from algorithms.algorithm import Algorithm
@@ -210,19 +210,6 @@ def check_devices(config) -> None:
         )
     except ValueError as err:
         raise TrainingSetupError(str(err)) from None
-
-
-def json_safe(value: Any) -> Any:
-    """Plain JSON values: numpy scalars unwrapped, NaN/inf -> None, tuples -> lists."""
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def exponent_floats(value: Any) -> Any:

@@ -1,52 +1,14 @@
-"""What `policy-service train` was asked to do: the options, the stop criteria, and
-the error that ends a run before it starts."""
+"""What `policy-service train` was asked to do: its options (the stop criteria and the
+error that ends a run before it starts are the library's, re-exported here)."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
-from policy_service.errors import UserError
+from policy_service.errors import TrainingSetupError
+from policy_service.runs.stop_criteria import StopCriteria
 
-STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED = (
-    "stop_reward",
-    "stop_timesteps",
-    "stop_iters",
-    "interrupted",
-)
-
-
-class TrainingSetupError(UserError):
-    """The run cannot start: a bad flag, config key or value, file or run directory."""
-
-
-@dataclass
-class StopCriteria:
-    """When a run ends; None means no such limit (no limit at all: until Ctrl-C)."""
-
-    reward: float | None = None  # episode_return_mean at which to stop
-    timesteps: int | None = None  # env steps (timesteps_total) after which to stop
-    iters: int | None = None  # iterations after which to stop
-
-    def reason(self, metrics: dict) -> str | None:
-        """The first criterion `metrics` meets, or None."""
-        ret = metrics.get("episode_return_mean")
-        if self.reward is not None and ret is not None and ret >= self.reward:
-            return STOP_REWARD
-        if self.timesteps is not None and metrics.get("timesteps_total", 0) >= self.timesteps:
-            return STOP_TIMESTEPS
-        if self.iters is not None and metrics.get("iteration", 0) >= self.iters:
-            return STOP_ITERS
-        return None
-
-    def updated(self, other: StopCriteria) -> StopCriteria:
-        """These criteria with every limit `other` sets replaced by its value."""
-        return StopCriteria(
-            **{
-                k: v if v is not None else getattr(self, k)
-                for k, v in dataclasses.asdict(other).items()
-            }
-        )
+__all__ = ["RunOptions", "StopCriteria", "TrainingSetupError"]
 
 
 @dataclass

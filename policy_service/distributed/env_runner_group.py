@@ -164,6 +164,7 @@ class EnvRunnerGroup:
         max_policy_actor_restarts: int = DEFAULT_POLICY_ACTOR_RESTARTS,
         inference_actors: list | dict | None = None,
         sample_while_starting: bool = False,
+        callbacks: type | list | None = None,
     ):
         if num_env_runners < 0:
             raise ValueError(f"num_env_runners must be >= 0, got {num_env_runners}")
@@ -187,6 +188,7 @@ class EnvRunnerGroup:
             seed=seed,
             env_config=env_config,
             custom_models=models.custom_model_registry(),
+            callbacks=callbacks,
         )
         self._num_cpus_per_env_runner = num_cpus_per_env_runner
         # latest weights in the object store, for restarted workers
@@ -766,6 +768,8 @@ def merge_metrics(all_metrics: list[dict]) -> dict:
     versions = [m["weights_version"] for m in all_metrics if m.get("weights_version") is not None]
     merged["weights_version"] = min(versions) if versions else None  # the oldest acting
     merged["worker_sample_time_s"] = max(m.get("sample_time_s", 0.0) for m in all_metrics)
+    # what each worker's callbacks gathered (custom metrics, logged values), reduced later
+    merged["callbacks"] = [c for m in all_metrics for c in m.get("callbacks", ())]
     return merged
 
 

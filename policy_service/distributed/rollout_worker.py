@@ -37,10 +37,12 @@ import numpy as np
 import tree
 
 from policy_service import models, observation_filters, spaces
+from policy_service.callbacks import EPISODE_HOOKS, Episode, make_callbacks
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
+from policy_service.metrics_logger import MetricsLogger
 from policy_service.sample_batch import SampleBatch, concat_samples
 
 VECTORIZE_MODES = ("sync", "async")
@@ -116,6 +118,8 @@ class RolloutWorker(ActingWeights):
     async_context: multiprocessing start method for vectorize_mode="async".
     custom_models: `models.custom_model_registry()` of the process that starts
       the worker, since an actor's process starts with an empty registry.
+    callbacks: config key `callbacks` (classes; policy_service/callbacks.py): their
+      episode, postprocessing and sample hooks run here, on this worker's instances.
     """
 
     def __init__(
@@ -133,8 +137,14 @@ class RolloutWorker(ActingWeights):
         env_config: dict | None = None,
         async_context: str = "spawn",
         custom_models: dict | None = None,
+        callbacks: type | list | None = None,
     ):
         models.register_custom_models(custom_models)
+        self.callbacks = make_callbacks(callbacks)
+        self.metrics_logger = MetricsLogger()
+        # episode objects are kept only for hooks that read them
+        self._episode_hooks = any(map(self.callbacks.overrides, EPISODE_HOOKS))
+        self._episodes: list[Episode | None] = [None] * int(num_envs)
         check_fragment_sizes(num_envs, rollout_fragment_length)
         self.worker_index = int(worker_index)
         self.num_envs = int(num_envs)
@@ -183,6 +193,8 @@ class RolloutWorker(ActingWeights):
         self._timers = {"inference_time_s": 0.0, "env_time_s": 0.0}
         self._episode_returns: list[float] = []
         self._episode_lengths: list[int] = []
+        self._custom_metrics: dict[str, list[float]] = {}
+        self._hist_data: dict[str, list] = {}
         self._versions: set[int] = set()
         records, recorded = [], 0
         while recorded < self.rollout_fragment_length * self.num_envs:
@@ -193,7 +205,7 @@ class RolloutWorker(ActingWeights):
         postprocess_start = time.perf_counter()
         batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
         batch.num_grad_updates = self._num_grad_updates
-        metrics = {
+        metrics: dict[str, Any] = {
             "env_steps": batch.count,
             "episode_returns": self._episode_returns,
             "episode_lengths": self._episode_lengths,
@@ -209,6 +221,21 @@ class RolloutWorker(ActingWeights):
         }
         if self._policy_actor is not None:
             metrics["weights_versions"] = sorted(self._versions)
+        if self.callbacks.members:
+            self.callbacks.call(
+                "on_sample_end",
+                samples=batch,
+                worker=self,
+                env_runner=self,
+                metrics_logger=self.metrics_logger,
+            )
+            metrics["callbacks"] = [
+                {
+                    "custom_metrics": self._custom_metrics,
+                    "hist_data": self._hist_data,
+                    "logged": self.metrics_logger.drain(),
+                }
+            ]
         return batch, metrics
 
     def sample_and_compute_gradients(self) -> tuple[Any, dict]:
@@ -297,6 +324,8 @@ class RolloutWorker(ActingWeights):
         # Action given to sub-envs in their reset step (ignored by them).
         self._env_actions = tree.map_structure(np.asarray, self._venv.action_space.sample())
         self._started = True
+        if self._episode_hooks:
+            self._begin_episodes(np.arange(n))
 
     def _step(self) -> dict | None:
         """One vector step -> the recorded transitions (None if every sub-env was resetting)."""
@@ -310,7 +339,7 @@ class RolloutWorker(ActingWeights):
                 actions = spaces.clip_actions(self.action_space, actions)
             env_actions = _with_rows(env_actions, acting, actions)
         start = time.perf_counter()
-        new_obs, rewards, terminateds, truncateds, _ = self._venv.step(env_actions)
+        new_obs, rewards, terminateds, truncateds, infos = self._venv.step(env_actions)
         self._timers["env_time_s"] += time.perf_counter() - start
         self._check_observations(new_obs)
         new_obs = self.observation_filter(new_obs)
@@ -318,9 +347,13 @@ class RolloutWorker(ActingWeights):
         record = None
         if acted is not None:
             record = self._record(acted, new_obs, rewards, terminateds, truncateds)
+            if self._episode_hooks:
+                self._step_episodes(acted, new_obs, record, infos)
         if len(resetting):
             self._start_episodes(resetting)
         self._obs = new_obs
+        if self._episode_hooks and len(resetting):
+            self._begin_episodes(resetting)
         return record
 
     def _act(self, acting: np.ndarray) -> PolicyStep:
@@ -416,6 +449,52 @@ class RolloutWorker(ActingWeights):
         self._prev_rewards = _with_rows(self._prev_rewards, envs, 0.0)
         self._needs_reset = _with_rows(self._needs_reset, envs, False)
 
+    # ----- episode hooks (only with callbacks that override one) -------------------
+
+    def _hook_arguments(self) -> dict:
+        return {
+            "worker": self,
+            "env_runner": self,
+            "base_env": self._venv,
+            "env": self._venv,
+            "policies": {"default_policy": self.policy},
+            "metrics_logger": self.metrics_logger,
+        }
+
+    def _begin_episodes(self, envs: np.ndarray) -> None:
+        """Episode objects for sub-envs `envs`, whose first observation is in self._obs."""
+        for env_index in envs.tolist():
+            episode = Episode(self._eps_id[env_index], env_index, _take(self._obs, env_index))
+            self._episodes[env_index] = episode
+            self.callbacks.call(
+                "on_episode_start", episode=episode, env_index=env_index, **self._hook_arguments()
+            )
+
+    def _step_episodes(self, acted: PolicyStep, new_obs, record: dict, infos: dict) -> None:
+        """The acting sub-envs' episodes take their step; the finished ones end."""
+        arguments = self._hook_arguments()
+        for row, env_index in enumerate(acted.acting.tolist()):
+            episode = self._episodes[env_index]
+            assert episode is not None  # begun at the reset that started it
+            episode.step(
+                _take(new_obs, env_index),
+                _take(acted.actions, row),
+                record[SampleBatch.REWARDS][row],
+                _sub_env_info(infos, env_index),
+            )
+            self.callbacks.call(
+                "on_episode_step", episode=episode, env_index=env_index, **arguments
+            )
+            if record[SampleBatch.TERMINATEDS][row] or record[SampleBatch.TRUNCATEDS][row]:
+                self.callbacks.call(
+                    "on_episode_end", episode=episode, env_index=env_index, **arguments
+                )
+                for key, value in episode.custom_metrics.items():
+                    self._custom_metrics.setdefault(key, []).append(float(value))
+                for key, values in episode.hist_data.items():
+                    self._hist_data.setdefault(key, []).extend(values)
+                self._episodes[env_index] = None
+
     def _new_episode_ids(self, count: int) -> np.ndarray:
         return self._id_rng.integers(0, 2**62, size=count, dtype=np.int64)
 
@@ -440,8 +519,21 @@ class RolloutWorker(ActingWeights):
 
     def _postprocess(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
         if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.postprocess_trajectories, chunks)
-        return [self.policy.postprocess_trajectory(chunk) for chunk in chunks]
+            done = call_retrying_once(self._policy_actor.postprocess_trajectories, chunks)
+        else:
+            done = [self.policy.postprocess_trajectory(chunk) for chunk in chunks]
+        if self.callbacks.overrides("on_postprocess_trajectory"):
+            for original, chunk in zip(chunks, done):
+                self.callbacks.call(
+                    "on_postprocess_trajectory",
+                    postprocessed_batch=chunk,
+                    original_batches={"default_policy": original},
+                    episode=None,
+                    agent_id=0,
+                    policy_id="default_policy",
+                    **self._hook_arguments(),
+                )
+        return done
 
     # ----- checks ------------------------------------------------------------------
 
@@ -529,6 +621,21 @@ def rollout_policy_config(
         return typed
     base_seed = seed if seed is not None else typed.seed
     return on_cpu(typed, seed=typed.seed if base_seed is None else int(base_seed) + worker_index)
+
+
+def _sub_env_info(infos: dict, env_index: int) -> dict:
+    """One sub-env's entries of a vector env's infos (gymnasium marks which sub-envs
+    set a key with a boolean array under "_key")."""
+    info = {}
+    for key, values in infos.items():
+        if key.startswith("_"):
+            continue
+        present = infos.get(f"_{key}")
+        if present is None or present[env_index]:
+            info[key] = (
+                _sub_env_info(values, env_index) if isinstance(values, dict) else values[env_index]
+            )
+    return info
 
 
 def _take(value, index):

@@ -24,6 +24,7 @@ import numpy as np
 import tree
 
 from policy_service import models
+from policy_service.callbacks import make_callbacks
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.distributed.rollout_worker import (
@@ -32,6 +33,7 @@ from policy_service.distributed.rollout_worker import (
     prepare_acting_threads,
     rollout_policy_config,
 )
+from policy_service.metrics_logger import MetricsLogger
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
@@ -101,9 +103,12 @@ class MultiAgentRolloutWorker(ActingWeights):
         policy_actor=None,
         env_config: dict | None = None,
         custom_models: dict | None = None,
+        callbacks: type | list | None = None,
     ):
         models.register_custom_models(custom_models)
         check_fragment_sizes(num_envs, rollout_fragment_length)
+        self.callbacks = make_callbacks(callbacks)
+        self.metrics_logger = MetricsLogger()
         if vectorize_mode != "sync":
             raise ValueError(
                 f"vectorize_mode: multi-agent sub-envs step in the worker's process ('sync'), "
@@ -166,6 +171,21 @@ class MultiAgentRolloutWorker(ActingWeights):
             worker_index=self.worker_index,
             sample_time_s=time.perf_counter() - start,
         )
+        if self.callbacks.members:
+            self.callbacks.call(
+                "on_sample_end",
+                samples=batch,
+                worker=self,
+                env_runner=self,
+                metrics_logger=self.metrics_logger,
+            )
+            metrics["callbacks"] = [
+                {
+                    "custom_metrics": metrics.pop("custom_metrics", {}),
+                    "hist_data": metrics.pop("hist_data", {}),
+                    "logged": self.metrics_logger.drain(),
+                }
+            ]
         return batch, metrics
 
     def sample_and_compute_gradients(self) -> tuple[dict, dict]:

@@ -1,10 +1,11 @@
 """Self-play against frozen copies (issue 24): `frozen_copies` maps each frozen policy id
 to the trained policy whose weights it takes every `frozen_copies_every` iterations, and
 at the start. A frozen policy is never trained, so the learner meets a fixed past self
-that is replaced in steps; RLlib users write the same as a callback copying weights."""
+that is replaced in steps. It is a callback (FrozenCopies), as RLlib users write it."""
 
 from __future__ import annotations
 
+from policy_service.callbacks import Callbacks
 from policy_service.multi_agent.policies import MultiAgentConfigError
 
 
@@ -57,3 +58,17 @@ def check_same_layout(frozen: str, frozen_weights: dict, source: str, source_wei
         f"{name!r} is {layout.get(name, 'missing')} in {frozen!r} and "
         f"{source_layout.get(name, 'missing')} in {source!r}"
     )
+
+
+class FrozenCopies(Callbacks):
+    """frozen_copies as a callback: after every `every`-th iteration each frozen policy
+    takes its source's weights (Algorithm.copy_policy_weights); the env runners act with
+    them from the next iteration."""
+
+    def __init__(self, frozen_copies: dict, every: int):
+        self.frozen_copies = dict(frozen_copies)
+        self.every = int(every)
+
+    def on_train_result(self, *, algorithm, result, **kwargs) -> None:
+        if algorithm.iteration % self.every == 0:
+            algorithm.copy_policy_weights(self.frozen_copies)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import shutil
 import sys
@@ -12,8 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from policy_service.cli.run_options import TrainingSetupError
-from policy_service.errors import no_space_left, one_line
+from policy_service.errors import TrainingSetupError, no_space_left, one_line
 from policy_service.io import checkpoints
 
 
@@ -173,3 +173,16 @@ def write_json(path: Path, value: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(value, indent=1, sort_keys=True, allow_nan=False) + "\n")
     os.replace(tmp, path)
+
+
+def json_safe(value: Any) -> Any:
+    """Plain JSON values: numpy scalars unwrapped, NaN/inf -> None, tuples -> lists."""
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
