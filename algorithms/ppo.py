@@ -37,7 +37,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn
+from policy_service.train_batches import LossColumn, without_short_minibatch
 
 # ----- config -----------------------------------------------------------------------------
 
@@ -265,6 +265,14 @@ def combined_loss(
     return total, LossExtras(stats={**terms, **coefficients, **stats})
 
 
+def _without_short_minibatch(batch: SampleBatch, config) -> SampleBatch:
+    """The batch less a sliver of a last minibatch, counted in the learner's own
+    minibatch_size and (a recurrent batch: state columns) sequences of max_seq_len."""
+    recurrent = any(k.startswith(("state_in_", "state_out_")) for k in batch)
+    max_seq_len = config.model.max_seq_len if recurrent else None
+    return without_short_minibatch(batch, config.minibatch_size, max_seq_len)
+
+
 def _terminated(batch: SampleBatch) -> bool:
     return bool(np.asarray(batch[SampleBatch.TERMINATEDS])[-1])
 
@@ -309,10 +317,14 @@ class PPO(Algorithm):
     policy_class = PPOPolicy
 
     def update_on_batch(self, learners, train_batch: SampleBatch) -> dict:
-        """Advantages standardized over the whole batch (before it is sharded), then
-        the common update (loaded once, num_epochs of minibatch SGD in one compiled
-        call per learner), then the KL coefficient adapted on every learner alike."""
-        train_batch = standardize_advantages(train_batch.copy(shallow=True))
+        """A last minibatch shorter than half a minibatch dropped
+        (`without_short_minibatch`), advantages standardized over the rest (before it
+        is sharded), then the common update (loaded once, num_epochs of minibatch SGD
+        in one compiled call per learner), then the KL coefficient adapted on every
+        learner alike."""
+        train_batch = standardize_advantages(
+            _without_short_minibatch(train_batch, learners.config).copy(shallow=True)
+        )
         train_batch.pop(SampleBatch.NEXT_OBS, None)  # the loss never reads it: skip the copy
         stats = super().update_on_batch(learners, train_batch)
         if self.config.kl_coeff > 0:  # stats keep the coefficient this update used

@@ -22,7 +22,11 @@ import tree
 from policy_service import spaces
 from policy_service.engine.units import LOSS_MASK, is_sequence_column
 from policy_service.sample_batch import SampleBatch
-from policy_service.sequencing import loss_mask, pad_batch_to_sequences_of_same_size
+from policy_service.sequencing import (
+    chop_into_sequences,
+    loss_mask,
+    pad_batch_to_sequences_of_same_size,
+)
 
 
 class LossColumn(NamedTuple):
@@ -124,6 +128,49 @@ def _sequence_columns(
     columns[SampleBatch.SEQ_LENS] = seq_lens
     columns[LOSS_MASK] = loss_mask(seq_lens, length)
     return TrainColumns(columns, num_seqs, length)
+
+
+def without_short_minibatch(
+    batch: SampleBatch, minibatch_size: int, max_seq_len: int | None = None
+) -> SampleBatch:
+    """`batch` less the rows of its last minibatch when that one would be shorter than
+    half a minibatch: a full optimizer step on a sliver (one real row of 128) weighs
+    it like a whole minibatch. RLlib drops a leftover too. Units are counted as a
+    loaded batch's minibatches are: rows, or, with `max_seq_len` (a recurrent policy),
+    sequences of up to max_seq_len rows (`seq_lens`, else cut by eps_id, unroll_id and
+    agent_index), minibatch_size / max_seq_len of them a minibatch. The last rows go;
+    a batch of at most one minibatch is kept whole."""
+    rows_per_unit = 1 if max_seq_len is None else int(max_seq_len)
+    units_per_minibatch = max(1, minibatch_size // rows_per_unit)
+    unit_rows = _unit_rows(batch, max_seq_len)
+    leftover = len(unit_rows) % units_per_minibatch
+    if len(unit_rows) <= units_per_minibatch or not 0 < 2 * leftover < units_per_minibatch:
+        return batch
+    return batch.slice(0, batch.count - int(unit_rows[-leftover:].sum()))
+
+
+def _unit_rows(batch: SampleBatch, max_seq_len: int | None) -> np.ndarray:
+    """<int>[units]: the rows of each unit, in batch order."""
+    if max_seq_len is None:
+        return np.ones(batch.count, np.int64)
+    if SampleBatch.SEQ_LENS in batch:
+        return np.asarray(batch[SampleBatch.SEQ_LENS], np.int64)
+    id_columns = (SampleBatch.EPS_ID, SampleBatch.UNROLL_ID, SampleBatch.AGENT_INDEX)
+    ids = [batch.get(c) for c in id_columns]
+    if ids[0] is None:
+        raise ValueError(
+            "recurrent train batch needs 'seq_lens' or 'eps_id' to form "
+            f"sequences; columns: {sorted(batch)}"
+        )
+    *_, seq_lens = chop_into_sequences(
+        feature_columns=[],
+        state_columns=[],
+        max_seq_len=int(max_seq_len),
+        episode_ids=ids[0],
+        unroll_ids=ids[1],
+        agent_indices=ids[2],
+    )
+    return np.asarray(seq_lens, np.int64)
 
 
 def check_loss_columns(batch: SampleBatch, loss_columns: dict) -> None:
