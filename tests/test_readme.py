@@ -20,6 +20,7 @@ PAGES = [
     "README.md",
     "BENCHMARKS.md",
     *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")),
+    *sorted(str(p.relative_to(REPO)) for p in (REPO / "benchmarks" / "history").glob("*.md")),
 ]
 
 
