@@ -26,7 +26,6 @@ from policy_service.distributed.policy_actor import (
     PolicyHost,
     hosted_policy_config,
     prepare_tensorflow,
-    restored_weights,
 )
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
@@ -37,7 +36,8 @@ from policy_service.sample_batch import SampleBatch
 
 class MultiPolicyHost:
     """Hosts a PolicyHost per policy id, built from complete PolicySpecs (class, spaces,
-    config); the keyword arguments are PolicyHost's, for every policy."""
+    config); the keyword arguments are PolicyHost's, for every policy (initial_weights:
+    (policy id -> weights, version))."""
 
     def __init__(
         self,
@@ -47,7 +47,7 @@ class MultiPolicyHost:
         batch_wait_timeout_s: float = 0.001,
         intra_op_threads: int | None = None,
         custom_models: dict | None = None,
-        weights_source=None,
+        initial_weights: tuple[dict, int] | None = None,
     ):
         if not specs:
             raise ValueError("MultiPolicyHost needs at least one policy, got {}")
@@ -71,9 +71,8 @@ class MultiPolicyHost:
             for policy_id, spec in specs.items()
         }
         self._weights_version = 0
-        restored = restored_weights(weights_source)
-        if restored is not None:
-            weights, version = restored
+        if initial_weights is not None:
+            weights, version = initial_weights
             self._assign(self._checked_weights(weights), version)
 
     def _host(self, policy_id) -> PolicyHost:

@@ -69,9 +69,8 @@ class PolicyHost:
       to the CPUs Ray assigned the actor.
     custom_models: `models.custom_model_registry()` of the process that starts
       the actor, since an actor's process starts with an empty registry.
-    weights_source: a `restarts.LatestWeights` handle; when Ray restarts this
-      actor (`max_restarts`), the latest weights and version are read from it
-      before anything is served (see restarts.RestartablePolicyActor).
+    initial_weights: (weights, version) to act with from the start instead of the
+      policy's initial weights: a restarted actor's latest (restarts.RestartRecord).
 
     Usable in-process too (its methods are coroutines), which is how its
     batching is unit-tested without Ray.
@@ -88,7 +87,7 @@ class PolicyHost:
         batch_wait_timeout_s: float = 0.001,
         intra_op_threads: int | None = None,
         custom_models: dict | None = None,
-        weights_source=None,
+        initial_weights: tuple[Any, int] | None = None,
     ):
         models.register_custom_models(custom_models)
         ray_gpu_ids, visible_gpus = devices.ray_gpu_ids(), devices.visible_gpus()
@@ -103,10 +102,10 @@ class PolicyHost:
         self.device_note = self.policy.tower_devices.note or unseen_gpus_note(
             ray_gpu_ids, visible_gpus, self.policy.devices
         )
-        restored = restored_weights(weights_source)
-        if restored is not None:
-            weights, self._weights_version = restored
+        if initial_weights is not None:
+            weights, version = initial_weights
             self.policy.set_weights(weights)
+            self._weights_version = int(version)
 
     @classmethod
     def for_policy(
@@ -419,18 +418,6 @@ PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: 
 PolicyActor.__doc__ = PolicyHost.__doc__
 
 
-def restored_weights(weights_source) -> tuple[Any, int] | None:
-    """In an actor Ray restarted: (the weights published last to `weights_source`, a
-    `restarts.LatestWeights` handle, and their version); else, or when none were, None."""
-    if weights_source is None or not ray.get_runtime_context().was_current_actor_reconstructed:
-        return None
-    boxed_ref, version = ray.get(weights_source.restore.remote())
-    if boxed_ref is None:
-        return None
-    logger.warning("PolicyActor restarted; acting with weights version %d", version)
-    return ray.get(boxed_ref[0]), int(version)
-
-
 def broadcast_weights(
     receivers: list,
     weights: dict | ray.ObjectRef,
@@ -442,7 +429,7 @@ def broadcast_weights(
 
     `weights` is put once (unless it already is an ObjectRef); each receiver's
     `set_weights(ref, version)` reads that same copy. With `weights_source` (a
-    restarts.LatestWeights handle) the copy is first published there, for a
+    restarts.RestartRecord handle) the copy is first published there, for a
     PolicyActor that Ray restarts. -> (weights_ref, the set_weights refs), after
     they finished when `wait`.
     """

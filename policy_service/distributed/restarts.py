@@ -7,27 +7,37 @@ backing off between restarts, and a PolicyActor that comes back with its weights
     served.num_restarts()                                   # restarts so far
 
 Ray restarts a PolicyActor made with `max_restarts` by running its `__init__`
-again, which builds a fresh policy with initial weights. So every weight update
-is also published, as an object-store reference the owner keeps alive, to a
-small `LatestWeights` actor; a restarted PolicyActor reads it in `__init__`,
-before it serves anything, and acts with the latest weights and version.
-Callers holding the handle (rollout workers) send a call that was lost with the
-dead process once more (`call_retrying_once`); Ray queues it until the restarted
-actor is up. When the restarts are spent the actor stays dead: a call through
-RestartablePolicyActor then ends in PolicyActorFailure, the env runners' and
-learners' budget line; a caller holding the bare handle gets Ray's error.
+again. Ray keeps the constructor's arguments for that only when they are small
+and hold no handle: larger ones live in the object store, where they may be gone
+by the time of a restart (ray-project/ray#53727; Ray logs an error line when such
+an actor is made). So the arguments are kept by a small `RestartRecord` actor, as
+pickled bytes, and the PolicyActor is given only the record's name: it reads its
+arguments there in `__init__`, on its first start and on every restart. Every
+weight update is published to the record too, as an object-store reference the
+record keeps alive, so a restarted PolicyActor acts with the latest weights and
+version before it serves anything. Callers holding the handle (rollout workers)
+send a call that was lost with the dead process once more (`call_retrying_once`);
+Ray queues it until the restarted actor is up. When the restarts are spent the
+actor stays dead: a call through RestartablePolicyActor then ends in
+PolicyActorFailure, the env runners' and learners' budget line; a caller holding
+the bare handle gets Ray's error.
 """
 
 from __future__ import annotations
 
+import logging
 import time
+import uuid
+from typing import NamedTuple, cast
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
 
-from policy_service.distributed.multi_policy_actor import MultiPolicyActor
-from policy_service.distributed.policy_actor import PolicyActor, broadcast_weights
+from policy_service.distributed.multi_policy_actor import MultiPolicyHost
+from policy_service.distributed.policy_actor import PolicyHost, broadcast_weights
 from policy_service.errors import RunFailure, restart_budget_spent
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_POLICY_ACTOR_RESTARTS = 3
 RESTART_WAIT_S = 120.0  # longest wait for a restarting actor (it rebuilds its policy)
@@ -104,20 +114,81 @@ class PolicyActorFailure(RunFailure, RuntimeError):
 
 
 @ray.remote(num_cpus=0)
-class LatestWeights:
-    """The newest weights (a reference the owner keeps alive) and their version,
-    read by a PolicyActor after Ray restarted it."""
+class RestartRecord:
+    """What a restartable actor is built from, kept outside it: its constructor's
+    arguments (pickled by the driver, so this process never imports what they name)
+    and the newest weights (a reference this record keeps alive) with their version.
+    Named, so that the actor is given a string, not a handle."""
 
-    def __init__(self):
+    def __init__(self, pickled_arguments: bytes):
+        self._arguments = pickled_arguments
         self._boxed_ref: list | None = None  # [ObjectRef], boxed so Ray passes the ref itself
         self._version = 0
+        self._starts = 0
 
     def publish(self, boxed_ref: list, version: int) -> None:
         self._boxed_ref, self._version = boxed_ref, int(version)
 
-    def restore(self) -> tuple[list | None, int]:
-        """-> ([weights ref] or None, version); called once per actor restart."""
-        return self._boxed_ref, self._version
+    def start(self) -> tuple[bytes, list | None, int, int]:
+        """-> (pickled (args, kwargs), [weights ref] or None, version, starts so far,
+        this one included); called once per start of the actor."""
+        self._starts += 1
+        return self._arguments, self._boxed_ref, self._version, self._starts
+
+
+class RecordName(NamedTuple):
+    """Where a RestartRecord is found: a plain value, kept inline by Ray."""
+
+    name: str
+    namespace: str
+
+    @classmethod
+    def new(cls) -> RecordName:
+        return cls(f"policy_service_restart_record_{uuid.uuid4().hex}", _namespace())
+
+
+def recorded_start(record: RecordName) -> tuple[tuple, dict]:
+    """In the actor: the constructor arguments kept by `record`, with initial_weights
+    the latest published there (none on a first start before any were)."""
+    handle = ray.get_actor(record.name, namespace=record.namespace)
+    started = cast(tuple[bytes, list | None, int, int], ray.get(handle.start.remote()))
+    pickled_arguments, boxed_ref, version, starts = started
+    args, kwargs = ray.cloudpickle.loads(pickled_arguments)
+    initial = None if boxed_ref is None else (ray.get(boxed_ref[0]), int(version))
+    if starts > 1:
+        logger.warning(
+            "PolicyActor restarted (start %d); acting with weights version %s",
+            starts,
+            version if initial is not None else "0 (none published)",
+        )
+    return args, {**kwargs, "initial_weights": initial}
+
+
+class RecordedPolicyHost(PolicyHost):
+    """A PolicyHost built from a RestartRecord (restartable without lost arguments)."""
+
+    def __init__(self, record: RecordName):
+        args, kwargs = recorded_start(record)
+        super().__init__(*args, **kwargs)
+
+
+class RecordedMultiPolicyHost(MultiPolicyHost):
+    """A MultiPolicyHost built from a RestartRecord."""
+
+    def __init__(self, record: RecordName):
+        args, kwargs = recorded_start(record)
+        super().__init__(*args, **kwargs)
+
+
+# as PolicyActor and MultiPolicyActor (Ray's stubs list only task options)
+RecordedPolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(RecordedPolicyHost)  # type: ignore[call-overload]
+RecordedMultiPolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(  # type: ignore[call-overload]
+    RecordedMultiPolicyHost
+)
+
+
+def _namespace() -> str:
+    return ray.get_runtime_context().namespace
 
 
 class RestartablePolicyActor:
@@ -125,8 +196,9 @@ class RestartablePolicyActor:
 
     `actor` is the handle to give callers (e.g. rollout workers); weights must go
     through `set_weights` here (or `broadcast_weights(..., weights_source=
-    self.weights_source)`) so a restart can find them. Learning done inside the
-    actor since the last published weights is lost with it.
+    self.weights_source)`) so a restart can find them. Keep this object as long as
+    the actor: its record lives as long as it does. Learning done inside the actor
+    since the last published weights is lost with it.
     """
 
     def __init__(
@@ -141,7 +213,7 @@ class RestartablePolicyActor:
         **host_kwargs,
     ):
         self._start(
-            PolicyActor,
+            RecordedPolicyActor,
             (policy_cls, observation_space, action_space, config),
             max_restarts,
             actor_options,
@@ -160,7 +232,7 @@ class RestartablePolicyActor:
         """A MultiPolicyActor serving the policies of `specs` (policy id -> complete
         PolicySpec), restarted likewise; its weights are a dict by policy id."""
         served = cls.__new__(cls)
-        served._start(MultiPolicyActor, (specs,), max_restarts, actor_options, host_kwargs)
+        served._start(RecordedMultiPolicyActor, (specs,), max_restarts, actor_options, host_kwargs)
         return served
 
     def _start(
@@ -169,16 +241,17 @@ class RestartablePolicyActor:
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_restarts = int(max_restarts)
+        record = RecordName.new()
         # Ray types @ray.remote(options) on a class as the class itself, without .remote
-        self.weights_source = LatestWeights.remote()  # type: ignore[attr-defined]
+        self.weights_source = RestartRecord.options(  # type: ignore[attr-defined]
+            name=record.name, namespace=record.namespace
+        ).remote(ray.cloudpickle.dumps((args, host_kwargs)))
         options = {
             **(actor_options or {}),
             "max_restarts": self.max_restarts,
             "max_task_retries": 0,
         }
-        self.actor = actor_cls.options(**options).remote(
-            *args, weights_source=self.weights_source, **host_kwargs
-        )
+        self.actor = actor_cls.options(**options).remote(record)
 
     def set_weights(self, weights, version: int | None = None) -> int:
         """Publish, then assign: one object-store copy. -> the version in use.
