@@ -8,6 +8,8 @@ on it (registered as "two_maps") with a policy per agent, "pa" and "pb" (`by_age
 rewards a test can check advantages against by hand.
 `TwoCartPoles`: agents "a" and "b" each balance their own CartPole-v1; an agent leaves
 when its pole falls, the episode ends when both have (or at 500 steps).
+`PaidBeforeObservingEnv`: agents paid before they ever observe (RLlib's flex agents'
+case), and an agent terminated in the step that truncates the episode.
 """
 
 from __future__ import annotations
@@ -161,3 +163,38 @@ class TwoCartPoles(MultiAgentEnv):
     def close(self) -> None:
         for env in self.envs.values():
             env.close()
+
+
+class PaidBeforeObservingEnv(MultiAgentEnv):
+    """A 5-step episode, truncated by a time limit at step 5 (steps count from 1):
+    "main" observes and acts at every step, paid 1 each, and is terminated by step 5;
+    "late" is paid 5 by step 1 and 7 by step 2, whose obs is its first; it acts in
+    steps 3 and 4, paid 100 for each, and step 4 terminates it;
+    "ghost" is paid 3 by step 4 and never observes."""
+
+    def __init__(self, config: dict | None = None) -> None:
+        self.possible_agents = ["main", "late", "ghost"]
+        space = gym.spaces.Box(-100.0, 100.0, (2,), np.float32)
+        self.observation_spaces = {a: space for a in self.possible_agents}
+        self.action_spaces = {a: gym.spaces.Discrete(2) for a in self.possible_agents}
+        self.agents = []
+
+    def _obs(self, agents) -> dict:
+        return {a: np.array([self.t, i], np.float32) for i, a in enumerate(agents)}
+
+    def reset(self, *, seed=None, options=None):
+        self.t, self.agents = 0, ["main"]
+        return self._obs(self.agents), {}
+
+    def step(self, action_dict):
+        self.t += 1
+        paid = {1: {"late": 5.0}, 2: {"late": 7.0}, 4: {"ghost": 3.0}}.get(self.t, {})
+        rewards = {"main": 1.0, **paid} | ({"late": 100.0} if "late" in action_dict else {})
+        terminateds, truncateds = {ALL: False}, {ALL: self.t == 5}
+        obs = self._obs(["main", "late"] if 2 <= self.t <= 4 else ["main"])
+        if self.t == 4:
+            terminateds["late"] = True
+        if self.t == 5:
+            terminateds["main"] = True
+        self.agents = [a for a in obs if not terminateds.get(a)] if self.t < 5 else []
+        return obs, rewards, terminateds, truncateds, {}

@@ -3,7 +3,7 @@ its own policy; agents that join late and leave early, checked by hand."""
 
 import numpy as np
 import pytest
-from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv
+from multi_agent_envs import JoinLeaveEnv, PaidBeforeObservingEnv, TwoMapsEnv
 
 from algorithms.ppo import PPOPolicy
 from policy_service import MultiAgentBatch, SampleBatch
@@ -112,3 +112,42 @@ def test_turn_based_players_get_their_own_moves_with_the_game_result_on_their_la
             results.append(rewards[index == player][-1])
         assert sorted(results) in ([-1.0, 1.0], [0.0, 0.0])
         assert 5 <= len(index) <= 9 and abs(sum(index == 0) - sum(index == 1)) <= 1
+
+
+def test_rewards_before_an_agents_first_obs_count_in_the_totals_and_train_no_row():
+    """RLlib's rule (MultiAgentEpisode's hanging rewards): an agent that acted is paid
+    every reward until its next obs on that action's row; what an agent is paid before
+    (or with) its first obs, or without ever observing, belongs to no action of its and
+    counts in the episode's totals only. Sampling this crashed with a KeyError."""
+    worker, _ = sampler(
+        PaidBeforeObservingEnv(), {"shared": None}, lambda agent, episode, **kw: "shared", 5
+    )
+    batch, metrics = worker.sample()
+    rows = batch.policy_batches["shared"]
+    index = np.asarray(rows[SampleBatch.AGENT_INDEX])
+    main, late = (  # possible_agents: main, late, ghost
+        {key: np.asarray(column)[index == i] for key, column in rows.items()} for i in (0, 1)
+    )
+    assert not np.any(index == 2)  # the ghost never acted
+    np.testing.assert_array_equal(late[SampleBatch.OBS][:, 0], [2, 3])
+    np.testing.assert_array_equal(late[SampleBatch.REWARDS], [100.0, 100.0])
+    np.testing.assert_array_equal(late[SampleBatch.T], [0, 1])  # its own steps, not env steps
+    np.testing.assert_array_equal(main[SampleBatch.REWARDS], [1.0] * 5)
+    assert metrics["episode_returns"] == [5.0 + (5 + 7 + 200) + 3.0]
+    assert sorted(metrics["policy_episode_returns"]["shared"]) == [3.0, 5.0, 212.0]
+
+
+def test_a_row_that_ends_the_episode_carries_the_envs_flags_as_rllibs_does():
+    """RLlib: terminateds = the agent's or "__all__"'s, truncateds likewise, both True
+    when an agent is terminated in the step that truncates the episode."""
+    worker, _ = sampler(
+        PaidBeforeObservingEnv(), {"shared": None}, lambda agent, episode, **kw: "shared", 5
+    )
+    rows = worker.sample()[0].policy_batches["shared"]
+    index = np.asarray(rows[SampleBatch.AGENT_INDEX])
+    terminated = np.asarray(rows[SampleBatch.TERMINATEDS])
+    truncated = np.asarray(rows[SampleBatch.TRUNCATEDS])
+    assert list(terminated[index == 0]) == [False] * 4 + [True]
+    assert list(truncated[index == 0]) == [False] * 4 + [True]
+    assert list(terminated[index == 1]) == [False, True]  # its own end, before the time limit
+    assert list(truncated[index == 1]) == [False, False]

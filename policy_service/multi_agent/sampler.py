@@ -4,7 +4,9 @@ policy.
 
 The agents in an obs dict act; an agent's row closes when its next obs arrives (its
 rewards summed until then, so turn-based agents are paid for their own moves), or when
-the episode ends. Each chunk (one agent, one episode, one fragment) goes through its
+the episode ends. A reward before an agent's first obs (or after its end) trains no row
+and counts in the episode's totals (RLlib's rule: docs/multi_agent.md, "Sampling").
+Each chunk (one agent, one episode, one fragment) goes through its
 policy's `postprocess_trajectory` (all of a policy's chunks at once:
 `postprocess_trajectories`), as a single-agent fragment's chunks do, so an
 agent's advantages use only its own rewards and values. A fragment is
@@ -128,15 +130,18 @@ class MultiAgentSampler:
         episode = sub.episode
         episode.length += 1
         for agent, reward in rewards.items():
+            # RLlib's rule: an action's row is paid until the agent's next obs; what an
+            # agent is paid before its first obs (or after its end) counts in the totals
+            self._policy_of(sub, agent)
             episode.agent_returns[agent] += float(reward)
             if agent in sub.open:
                 sub.open[agent][SampleBatch.REWARDS] += float(reward)
         episode_over = bool(terminateds[ALL] or truncateds[ALL])
         for agent in list(sub.open):
-            if agent in new_obs or episode_over:
+            if agent in new_obs or episode_over:  # both flags as the env gave them (RLlib's)
                 done = terminateds.get(agent, False) or terminateds[ALL]
                 cut = truncateds.get(agent, False) or truncateds[ALL]
-                self._close(sub, agent, new_obs.get(agent), bool(done), bool(cut and not done))
+                self._close(sub, agent, new_obs.get(agent), bool(done), bool(cut))
         sub.obs = {
             a: o for a, o in new_obs.items() if not (terminateds.get(a) or truncateds.get(a))
         }
@@ -160,11 +165,8 @@ class MultiAgentSampler:
         by_policy: dict = defaultdict(list)  # policy id -> [(sub-env, agent)]
         for sub in self._sub_envs:
             assert sub.obs is not None
-            policy_of = sub.episode.policy_of
             for agent in sub.obs:
-                if agent not in policy_of:
-                    policy_of[agent] = self.agent_policies.policy_id(agent, sub.episode)
-                by_policy[policy_of[agent]].append((sub, agent))
+                by_policy[self._policy_of(sub, agent)].append((sub, agent))
         action_dicts: dict = {id(sub): {} for sub in self._sub_envs}
         for policy_id, acting in by_policy.items():
             obs = _stack([sub.obs[agent] for sub, agent in acting])
@@ -188,6 +190,14 @@ class MultiAgentSampler:
                     **{k: v[i] for k, v in extra.items()},
                 }
         return [action_dicts[id(sub)] for sub in self._sub_envs]
+
+    def _policy_of(self, sub: _SubEnv, agent) -> str:
+        """The agent's policy id in this episode, mapped when first seen (its first obs
+        or reward, as RLlib's `policy_for`)."""
+        policy_of = sub.episode.policy_of
+        if agent not in policy_of:
+            policy_of[agent] = self.agent_policies.policy_id(agent, sub.episode)
+        return policy_of[agent]
 
     def _close(self, sub: _SubEnv, agent, next_obs, terminated: bool, truncated: bool) -> None:
         row = sub.open.pop(agent)
