@@ -5,9 +5,11 @@ before any test imports TensorFlow ops. A test that needs a different device
 count runs in a subprocess or a Ray actor.
 """
 
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -136,3 +138,83 @@ def start_pg_group(ray_local):
     yield start
     for group in groups:
         group.stop()
+
+
+# ----- the longest test file first --------------------------------------------------
+# `make test` and `make test-slow` hand each of their 2 workers a file at a time; the
+# wall time is how those files pack. xdist hands them out by test count, so a file of
+# a few long learning runs came last and one worker ran it alone. Instead the costliest
+# file left goes next, its cost the sum of its tests' last measured seconds (recorded
+# by every run here, outside the clone: CI starts on a clean one).
+TEST_SECONDS = Path(
+    os.environ.get(
+        "TEST_SECONDS_FILE", Path.home() / ".cache" / "policy_service" / "test_seconds.json"
+    )
+)
+UNMEASURED_TEST_S = 5.0  # a test no run has timed yet
+
+
+def recorded_test_seconds() -> dict[str, float]:
+    try:
+        return json.loads(TEST_SECONDS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class LongestFileFirst:
+    """The plugin that schedules (pytest_xdist_make_scheduler) and records the seconds of
+    every test the run reported (setup, call and teardown), in the controlling process."""
+
+    def __init__(self) -> None:
+        self.seconds = recorded_test_seconds()
+        self.measured: dict[str, float] = {}
+
+    @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+    def pytest_xdist_make_scheduler(self, config, log):
+        if config.getvalue("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        seconds = self.seconds
+
+        class Scheduling(LoadFileScheduling):
+            def _assign_work_unit(self, node) -> None:
+                def cost(scope: str) -> float:
+                    tests = self.workqueue[scope]
+                    return sum(seconds.get(test, UNMEASURED_TEST_S) for test in tests)
+
+                self.workqueue.move_to_end(max(self.workqueue, key=cost), last=False)
+                super()._assign_work_unit(node)
+
+            def _reschedule(self, node) -> None:
+                # a worker takes its next file when it starts its last test, not its
+                # second-to-last (xdist's rule): a long last test holds no file back
+                # from the other worker
+                if not node.shutting_down and self.workqueue:
+                    if self._pending_of(self.assigned_work[node]) > 1:
+                        return
+                super()._reschedule(node)
+
+        return Scheduling(config, log)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.measured[report.nodeid] = self.measured.get(report.nodeid, 0.0) + report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        """Merged into the file under a lock: other checkouts' runs write it too."""
+        if not self.measured:
+            return
+        import fcntl
+
+        TEST_SECONDS.parent.mkdir(parents=True, exist_ok=True)
+        with open(TEST_SECONDS.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = {**recorded_test_seconds(), **self.measured}
+            written = TEST_SECONDS.with_suffix(f".{os.getpid()}.tmp")
+            written.write_text(json.dumps(merged, indent=0, sort_keys=True))
+            os.replace(written, TEST_SECONDS)
+
+
+def pytest_configure(config):
+    if not hasattr(config, "workerinput"):  # the controlling process, or a run without xdist
+        config.pluginmanager.register(LongestFileFirst(), "longest_file_first")
