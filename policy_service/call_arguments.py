@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+INT64_MAX = int(np.iinfo(np.int64).max)  # counts reach the compiled steps as int64
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
@@ -26,9 +28,12 @@ def flag(value: Any, name: str) -> bool:
 
 
 def count(value: Any, name: str) -> int:
-    """An integer >= 0 (a timestep, a row offset)."""
+    """An integer in [0, INT64_MAX] (a timestep, a row offset): beyond it the int64
+    the compiled steps take would fail with Python's OverflowError, naming nothing."""
     if not _is_int(value) or value < 0:
         raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    if int(value) > INT64_MAX:
+        raise ValueError(f"{name} must be at most {INT64_MAX} (int64), got {int(value)}")
     return int(value)
 
 

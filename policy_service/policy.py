@@ -34,6 +34,7 @@ from policy_service import (
     models,
     nests,
     observation_filters,
+    sequencing,
     spaces,
 )
 from policy_service.batch_learning import BatchLearning, sampler_grad_updates
@@ -339,12 +340,20 @@ class TFPolicy(BatchLearning):
         (obs, states, prev_actions, prev_rewards) matching `acting_signature()`:
         missing states are the initial state, missing previous actions and rewards zeros."""
         n = self.num_state_tensors()
+        if state_batches is not None and not isinstance(state_batches, (list, tuple, np.ndarray)):
+            raise ValueError(
+                "state_batches must be a list of arrays, one per state tensor, got "
+                f"{type(state_batches).__name__}"
+            )
         if state_batches is None or len(state_batches) == 0:
             states = [np.tile(s[None], (batch_size, 1)) for s in self._initial_state]
         else:
             if len(state_batches) != n:
                 raise ValueError(f"expected {n} state tensors, got {len(state_batches)}")
-            states = [np.asarray(s, np.float32) for s in state_batches]
+            states = [
+                numeric_array(s, f"state_in_{i}").astype(np.float32)
+                for i, s in enumerate(state_batches)
+            ]
             for i, (s, init) in enumerate(zip(states, self._initial_state)):
                 if s.shape != (batch_size,) + init.shape:
                     raise ValueError(
@@ -357,7 +366,7 @@ class TFPolicy(BatchLearning):
             prev_actions = spaces.zero_actions(self.action_space, batch_size)
         if prev_rewards is None:
             prev_rewards = np.zeros(batch_size, np.float32)
-        prev_rewards = np.asarray(prev_rewards)
+        prev_rewards = numeric_array(prev_rewards, "prev_reward_batch", check_kind=False)
         if prev_rewards.shape not in ((batch_size,), (batch_size, 1)):
             raise ValueError(
                 f"prev_reward_batch has shape {prev_rewards.shape}, expected "
@@ -384,7 +393,7 @@ class TFPolicy(BatchLearning):
         for (path, _), (dtype, shape), value in zip(
             self._action_leaves, self._action_specs, values
         ):
-            array = np.asarray(value)
+            array = numeric_array(value, spaces.action_leaf_column(column, path), check_kind=False)
             rows = array.shape[0] if batch_size is None and array.ndim else batch_size
             if array.shape != (rows, *shape):
                 raise ValueError(
@@ -537,6 +546,9 @@ class TFPolicy(BatchLearning):
         preprocessed, padded columns with "loss_mask" (sequences of max_seq_len
         steps when `fixed_seq_len`). A subclass adds its own checks here: a
         LearnerGroup prepares batches with it in the driver, for any learners."""
+        if isinstance(batch, dict) and SampleBatch.SEQ_LENS in batch:
+            batch = batch if isinstance(batch, SampleBatch) else SampleBatch(batch)
+            sequencing.check_padding_is_empty(batch)
         return prepare_train_columns(
             batch, layout, loss_columns=cls.loss_columns, fixed_seq_len=fixed_seq_len
         )
@@ -969,6 +981,21 @@ def float_observations(batch: dict) -> dict:
         if column in batch and batch[column].dtype.is_integer
     }
     return {**batch, **cast} if cast else batch
+
+
+def numeric_array(value, name: str, check_kind: bool = True) -> np.ndarray:
+    """`value` as one numpy array, or a one-line ValueError naming the argument: a
+    ragged nest cannot be one array; with check_kind, strings and objects are refused
+    (numpy's "could not convert string to float" names nothing)."""
+    try:
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"{name} cannot be read as one array of numbers ({str(err).splitlines()[0]})"
+        ) from None
+    if check_kind and array.dtype.kind not in "biuf":
+        raise ValueError(f"{name} must hold numbers, got dtype {array.dtype}")
+    return array
 
 
 def _checked_rng_state(value, name: str) -> np.ndarray:

@@ -40,6 +40,57 @@ def loss_mask(seq_lens: Sequence[int] | np.ndarray, max_seq_len: int) -> np.ndar
     return (np.arange(max_seq_len)[None, :] < seq_lens[:, None]).reshape(-1)
 
 
+def check_padding_is_empty(batch: SampleBatch) -> None:
+    """A batch whose row columns hold more rows than its seq_lens cover is read as
+    zero-padded (SampleBatch infers it, or it was flagged): then each state_in_* must
+    hold one row per sequence and every padding row zeros, as
+    `pad_batch_to_sequences_of_same_size` writes them; otherwise rows that seq_lens
+    leave out would be masked away in silence. A one-line ValueError naming the column."""
+    if SampleBatch.SEQ_LENS not in batch or not batch.zero_padded:
+        return
+    seq_lens = np.asarray(batch[SampleBatch.SEQ_LENS], np.int64).reshape(-1)
+    num_seqs, covered, padded = len(seq_lens), int(seq_lens.sum()), batch.padded_count
+    length = batch.max_seq_len
+    assert length is not None  # set whenever a batch has seq_lens
+    if padded == covered:  # every sequence fills T: no padding rows
+        return
+    layout = (
+        f"{num_seqs} sequences zero-padded to {length} ({padded} rows, "
+        f"seq_lens {_short(seq_lens)} cover {covered})"
+    )
+    for key in (k for k in batch if is_state_in(k)):
+        for leaf in tree.flatten(batch[key]):
+            rows = np.shape(leaf)[0] if np.ndim(leaf) else 0
+            if rows != num_seqs:
+                raise ValueError(
+                    f"column {key!r} has {rows} rows, expected {num_seqs} (one per sequence, "
+                    f"len(seq_lens)) in a batch of {layout}"
+                )
+    padding_rows = np.flatnonzero(~loss_mask(seq_lens, length))
+    for key in batch:
+        if key == SampleBatch.SEQ_LENS or is_state_in(key):
+            continue
+        value = batch[key]
+        for leaf in [value] if isinstance(value, list) else tree.flatten(value):
+            array = np.asarray(leaf) if not isinstance(leaf, list) else object_array(leaf)
+            if array.ndim == 0 or len(array) != padded or array.dtype.kind not in "biuf":
+                continue
+            holds_data = np.any(array[padding_rows].reshape(len(padding_rows), -1) != 0, axis=1)
+            if holds_data.any():
+                raise ValueError(
+                    f"column {key!r} has {padded} rows where seq_lens {_short(seq_lens)} cover "
+                    f"{covered}: read as {layout}, its padding row "
+                    f"{int(padding_rows[np.argmax(holds_data)])} is not zeros; give it "
+                    "sum(seq_lens) rows, or zeros where it is padded"
+                )
+
+
+def _short(values: np.ndarray, limit: int = 8) -> str:
+    """A list for an error message, its first `limit` items when longer."""
+    items = values.tolist()
+    return str(items) if len(items) <= limit else f"{str(items[:limit])[:-1]}, ...] ({len(items)})"
+
+
 def _as_rows(value: Any) -> Any:
     """Lists become arrays; a list of dicts (infos) becomes an object array."""
     if isinstance(value, list):

@@ -19,6 +19,7 @@ from fakes import (
     OBS_SPACE,
     PGPolicy,
     assert_one_line,
+    mlp_batch,
     sequence_columns,
     small_config,
 )
@@ -132,6 +133,16 @@ BAD_ACTING = {
     "explore_int": ({"explore": 1}, TypeError, "explore must be True, False or None"),
     "timestep_negative": ({"timestep": -3}, ValueError, "timestep must be an integer >= 0"),
     "timestep_float": ({"timestep": 2.5}, ValueError, "timestep must be an integer >= 0"),
+    "timestep_beyond_int64": (
+        {"timestep": 10**30},
+        ValueError,
+        f"timestep must be at most 9223372036854775807 (int64), got {10**30}",
+    ),
+    "timestep_uint64_beyond_int64": (
+        {"timestep": np.uint64(2**64 - 1)},
+        ValueError,
+        "timestep must be at most 9223372036854775807 (int64), got 18446744073709551615",
+    ),
     "prev_reward_length": (
         {"prev_reward_batch": np.zeros(5)},
         ValueError,
@@ -216,12 +227,123 @@ def test_seq_lens_that_do_not_sum_to_the_rows_are_one_line(lstm):
         np.testing.assert_array_equal(value, before[key])
 
 
+@pytest.fixture(scope="module")
+def loadable_lstm():
+    """An LSTM whose minibatch (16 rows) holds whole sequences of max_seq_len 8."""
+    config = small_config(model={"use_lstm": True, "max_seq_len": 8}, minibatch_size=16)
+    return PGPolicy(OBS_SPACE, ACTION_SPACE, config)
+
+
+def rows_with_seq_lens(rows: int, seq_lens: list, state_rows: int, eps_id: bool) -> dict:
+    """`rows` random rows that seq_lens may not cover, state_in_* of `state_rows` rows."""
+    columns = dict(mlp_batch(rows, seed=3))
+    columns[SampleBatch.SEQ_LENS] = np.asarray(seq_lens, np.int32)
+    for i in range(2):
+        columns[f"state_in_{i}"] = np.zeros((state_rows, CELL), np.float32)
+    if eps_id:
+        columns[SampleBatch.EPS_ID] = np.arange(rows) // 5
+    return columns
+
+
+SEQUENCE_ENTRY_POINTS = {
+    "learn_on_batch": lambda p, b: p.learn_on_batch(b),
+    "compute_gradients": lambda p, b: p.compute_gradients(b),
+    "load_batch_into_buffer": lambda p, b: p.load_batch_into_buffer(b),
+}
+UNCOVERED_ROWS = {  # issue 49: 16 rows, seq_lens [5, 5], 2-row states trained
+    "more_rows_than_seq_lens": (
+        (16, [5, 5], 2, False),
+        "column 'obs' has 16 rows where seq_lens [5, 5] cover 10",
+    ),
+    "more_rows_than_seq_lens_with_eps_id": (
+        (16, [5, 5], 2, True),
+        "column 'obs' has 16 rows where seq_lens [5, 5] cover 10",
+    ),
+    "padded_rows_with_a_state_per_row": (
+        (16, [5, 5], 16, False),
+        "column 'state_in_0' has 16 rows, expected 2 (one per sequence, len(seq_lens))",
+    ),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(SEQUENCE_ENTRY_POINTS))
+@pytest.mark.parametrize("case", sorted(UNCOVERED_ROWS))
+@pytest.mark.parametrize("as_sample_batch", [False, True])
+def test_rows_that_seq_lens_do_not_cover_are_one_line_at_every_entry(
+    loadable_lstm, entry, case, as_sample_batch
+):
+    (rows, seq_lens, state_rows, eps_id), message = UNCOVERED_ROWS[case]
+    columns = rows_with_seq_lens(rows, seq_lens, state_rows, eps_id)
+    batch = SampleBatch(columns) if as_sample_batch else columns
+    before = loadable_lstm.get_weights()
+    loaded = loadable_lstm.get_num_samples_loaded_into_buffer()
+    with pytest.raises(ValueError) as err:
+        SEQUENCE_ENTRY_POINTS[entry](loadable_lstm, batch)
+    assert_one_line(err.value, message)
+    for key, value in loadable_lstm.get_weights().items():
+        np.testing.assert_array_equal(value, before[key])
+    assert loadable_lstm.get_num_samples_loaded_into_buffer() == loaded
+
+
+def test_rows_zero_padded_to_a_common_length_still_train(loadable_lstm):
+    """16 rows for seq_lens [5, 5] are two sequences padded to 8 when the padding
+    rows are zeros, as pad_batch_to_sequences_of_same_size writes them."""
+    columns = rows_with_seq_lens(16, [5, 5], 2, eps_id=False)
+    for key in ("obs", "actions", "advantages", "value_targets"):
+        columns[key][5:8] = 0
+        columns[key][13:16] = 0
+    assert loadable_lstm.load_batch_into_buffer(columns) == 16
+    grads, stats = loadable_lstm.compute_gradients(columns)
+    assert stats["valid_rows"] == 10
+
+
 def test_an_lstm_state_with_nan_is_named(lstm):
     states = [np.zeros((3, CELL), np.float32) for _ in range(2)]
     states[0][1, 2] = np.nan
     with pytest.raises(ValueError) as err:
         lstm.compute_actions(np.zeros((3, 4), np.float32), states)
     assert_one_line(err.value, "state_in_0 has NaN or inf (first at row 1)")
+
+
+def _states(first) -> list:
+    return [first, np.zeros((3, CELL), np.float32)]
+
+
+BAD_LSTM_ACTING = {  # issue 49: "could not convert string to float", naming nothing
+    "string_state": (
+        {"state_batches": _states(np.full((3, CELL), "a"))},
+        "state_in_0 must hold numbers, got dtype <U1",
+    ),
+    "ragged_state": (
+        {"state_batches": _states([[0.0] * CELL, [0.0], [0.0] * CELL])},
+        "state_in_0 cannot be read as one array of numbers",
+    ),
+    "dict_state": (
+        {"state_batches": _states({"h": np.zeros((3, CELL))})},
+        "state_in_0 must hold numbers, got dtype object",
+    ),
+    "states_not_a_list": (
+        {"state_batches": "ab"},
+        "state_batches must be a list of arrays, one per state tensor, got str",
+    ),
+    "ragged_prev_actions": (
+        {"prev_action_batch": [0, [1, 2], 0]},
+        "prev_action_batch cannot be read as one array of numbers",
+    ),
+    "ragged_prev_rewards": (
+        {"prev_reward_batch": [0.0, [1.0, 2.0], 0.0]},
+        "prev_reward_batch cannot be read as one array of numbers",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_LSTM_ACTING))
+def test_an_lstm_acting_argument_of_the_wrong_kind_is_named(lstm, name):
+    kwargs, message = BAD_LSTM_ACTING[name]
+    kwargs = {"state_batches": _states(np.zeros((3, CELL), np.float32)), **kwargs}
+    with pytest.raises(ValueError) as err:
+        lstm.compute_actions(np.zeros((3, 4), np.float32), **kwargs)
+    assert_one_line(err.value, message)
 
 
 # ----- the PolicyActor's arguments (its host, in this process) -----------------------------
@@ -261,6 +383,11 @@ def test_policy_actor_set_weights_with_a_bad_version_changes_nothing(host, versi
     [
         ({"explore": "no"}, TypeError, "explore must be True, False or None, got 'no'"),
         ({"timestep": "abc"}, ValueError, "timestep must be an integer >= 0, got 'abc'"),
+        (
+            {"timestep": 10**30},
+            ValueError,
+            f"timestep must be at most 9223372036854775807 (int64), got {10**30}",
+        ),
     ],
 )
 def test_policy_actor_acting_arguments_are_named(host, kwargs, error, message):
