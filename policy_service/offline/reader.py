@@ -1,0 +1,355 @@
+"""Reading experiences: `input` (a directory, a glob, or a list of them and of files;
+Parquet or RLlib's JSON lines, told by extension) -> batches of N rows per policy id.
+
+`open_experiences` finds the files, reads their manifests and checks everything that
+can be checked before any row is handed out: the files are there and readable, the
+columns the caller needs are present, manifest spaces agree with spaces the caller
+gives, and every logged action is inside its action space (for Parquet by reading the
+action columns alone). Each problem is one line naming the file and the column.
+`Experiences.iter_batches` then streams SampleBatches through a shuffle buffer, read in
+process or, with `num_readers` > 0, by that many Ray Data read tasks: one API, two
+sources of the same chunks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import pyarrow as pa  # type: ignore[import-untyped]
+import pyarrow.parquet as pq  # type: ignore[import-untyped]
+
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.columns import (
+    INFOS,
+    LeafSpec,
+    OfflineDataError,
+    columns_from_leaves,
+    leaf_from_arrow,
+    leaf_specs,
+    leaf_value,
+)
+from policy_service.offline.manifest import MANIFEST, PolicyData, differences, read_manifest
+from policy_service.offline.parquet_writer import PARQUET_SUFFIX
+from policy_service.offline.rllib_json import JSON_SUFFIX, parse_line
+from policy_service.offline.shuffle import Rows, rebatch
+from policy_service.offline.space_checks import first_outside
+from policy_service.sample_batch import SampleBatch
+
+REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
+CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
+_GLOB_CHARS = set("*?[")
+
+
+@dataclass
+class PolicyDataset:
+    """One policy's files (all Parquet or all JSON lines), spaces and stored columns."""
+
+    policy_id: str
+    format: str
+    files: list[Path]
+    data: PolicyData
+    num_rows: int = 0
+
+    @property
+    def observation_space(self) -> gym.Space | None:
+        return self.data.observation_space
+
+    @property
+    def action_space(self) -> gym.Space | None:
+        return self.data.action_space
+
+
+def _is_data_file(path: Path) -> bool:
+    return (
+        path.suffix in (PARQUET_SUFFIX, JSON_SUFFIX)
+        and path.name != MANIFEST
+        and not path.name.startswith((".", "_"))  # temp files of a writer at work
+    )
+
+
+def find_files(input: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """The data files `input` names: directories searched recursively, globs expanded,
+    files taken as given. Nothing found, or a named file missing, is an error."""
+    entries = [input] if isinstance(input, str | os.PathLike) else list(input)
+    found: list[Path] = []
+    for entry in entries:
+        text = os.fspath(entry)
+        if _GLOB_CHARS & set(text):
+            matches = [Path(m) for m in sorted(glob.glob(text, recursive=True))]
+            found += [m for m in matches if m.is_file() and _is_data_file(m)]
+        elif Path(text).is_dir():
+            found += sorted(p for p in Path(text).rglob("*") if p.is_file() and _is_data_file(p))
+        elif Path(text).is_file():
+            if Path(text).suffix not in (PARQUET_SUFFIX, JSON_SUFFIX):
+                raise OfflineDataError(f"{text}: expected a .parquet or .json file")
+            found.append(Path(text))
+        else:
+            raise OfflineDataError(f"input {text}: no such file or directory")
+    if not found:
+        raise OfflineDataError(
+            f"input {input}: no Parquet (.parquet) or JSON lines (.json) files found"
+        )
+    return list(dict.fromkeys(found))
+
+
+class Experiences:
+    """A checked dataset: policy id -> PolicyDataset. Use `iter_batches` to read it."""
+
+    def __init__(self, policies: dict[str, PolicyDataset]) -> None:
+        self.policies = policies
+
+    @property
+    def policy_ids(self) -> list[str]:
+        return list(self.policies)
+
+    def __getitem__(self, policy_id: str) -> PolicyDataset:
+        if policy_id not in self.policies:
+            raise OfflineDataError(f"no experiences of policy {policy_id!r}; have "
+                                   f"{self.policy_ids}")  # fmt: skip
+        return self.policies[policy_id]
+
+    def iter_batches(
+        self,
+        batch_size: int,
+        *,
+        policy_id: str = DEFAULT_POLICY_ID,
+        shuffle_buffer_size: int = 0,
+        seed: int | None = None,
+        num_readers: int = 0,
+    ) -> Iterator[SampleBatch]:
+        """One pass over `policy_id`'s rows as SampleBatches of `batch_size` rows (the
+        last may be short). With a shuffle buffer, the file order is shuffled too and
+        each batch is drawn from the buffered rows; `seed` makes it repeatable.
+        `num_readers` > 0 reads through Ray Data with that many read tasks."""
+        dataset = self[policy_id]
+        rng = np.random.default_rng(seed)
+        files = list(dataset.files)
+        if shuffle_buffer_size:
+            files = [files[i] for i in rng.permutation(len(files))]
+        if num_readers > 0 and dataset.format == "parquet":
+            chunks = _ray_parquet_chunks(files, dataset.data.columns, num_readers)
+        elif num_readers > 0:
+            chunks = _ray_json_chunks(files, dataset, num_readers)
+        elif dataset.format == "parquet":
+            chunks = _parquet_chunks(files, dataset.data.columns)
+        else:
+            chunks = _json_chunks(files, dataset)
+        for rows in rebatch(chunks, batch_size, shuffle_buffer_size, rng):
+            yield SampleBatch(columns_from_leaves(rows))
+
+
+def open_experiences(
+    input: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    spaces: Mapping[str, tuple[gym.Space, gym.Space]] | None = None,
+    require: Iterable[str] = (),
+) -> Experiences:
+    """The experiences `input` names, checked whole before any row is read.
+
+    `spaces`: policy id -> (observation space, action space) the caller trains with;
+    they must agree with the manifest's, and stand in where there is none (RLlib's own
+    JSON files). `require`: columns needed beyond obs, actions and rewards (e.g.
+    "action_logp" for MARWIL or an estimator)."""
+    required = tuple(dict.fromkeys((*REQUIRED_COLUMNS, *require)))
+    given = dict(spaces or {})
+    files = find_files(input)
+    policies: dict[str, PolicyDataset] = {}
+    for path in files:
+        if path.suffix == PARQUET_SUFFIX:
+            _add_parquet(policies, path, given)
+        else:
+            _add_json(policies, path, given, required)
+    for dataset in policies.values():
+        if dataset.format == "parquet":
+            _check_parquet(dataset, required)
+    return Experiences(policies)
+
+
+def _manifest_data(manifest_path: Path, given: Mapping) -> dict[str, PolicyData]:
+    manifest = read_manifest(manifest_path)
+    for pid, data in manifest.policies.items():
+        if pid in given:
+            problem = differences(manifest_path, pid, data, PolicyData(*given[pid]))
+            if problem:
+                raise OfflineDataError(problem)
+    return manifest.policies
+
+
+def _dataset(policies: dict, pid: str, fmt: str, data: PolicyData, path: Path) -> PolicyDataset:
+    if pid not in policies:
+        policies[pid] = PolicyDataset(pid, fmt, [], data)
+    dataset = policies[pid]
+    if dataset.format != fmt:
+        raise OfflineDataError(f"{path}: policy {pid!r} has {dataset.format} files too; "
+                               "read one format at a time")  # fmt: skip
+    problem = differences(path, pid, dataset.data, data)
+    if problem:
+        raise OfflineDataError(f"{problem} (beside {dataset.files[0]})")
+    dataset.files.append(path)
+    return dataset
+
+
+def _add_parquet(policies: dict, path: Path, given: Mapping) -> None:
+    manifest_path = path.parent / MANIFEST
+    if not manifest_path.is_file():
+        raise OfflineDataError(f"{path}: no {MANIFEST} beside it (its spaces and columns)")
+    manifest = _manifest_data(manifest_path, given)
+    if len(manifest) != 1:
+        raise OfflineDataError(f"{manifest_path}: expected one policy beside Parquet files, "
+                               f"got {sorted(manifest)}")  # fmt: skip
+    ((pid, data),) = manifest.items()
+    try:
+        metadata = pq.ParquetFile(path).metadata
+    except (pa.ArrowException, OSError) as err:
+        raise OfflineDataError(f"{path}: not a readable Parquet file ({err})") from None
+    dataset = _dataset(policies, pid, "parquet", data, path)
+    dataset.num_rows += metadata.num_rows
+
+
+def _check_parquet(dataset: PolicyDataset, required: tuple[str, ...]) -> None:
+    stored = {spec.path[0] for spec in dataset.data.columns}
+    action_specs = [s for s in dataset.data.columns if s.path[0] == SampleBatch.ACTIONS]
+    for path in dataset.files:
+        for column in required:
+            if column not in stored:
+                raise OfflineDataError(f"{path}: column {column!r} missing (required)")
+        schema = pq.ParquetFile(path).schema_arrow
+        for spec in dataset.data.columns:
+            if spec.name not in schema.names:
+                raise OfflineDataError(f"{path}: column {spec.name!r} missing (in {MANIFEST})")
+        if dataset.action_space is not None:
+            for leaves in _parquet_chunks([path], action_specs):
+                _check_actions(path, dataset.action_space, columns_from_leaves(leaves))
+
+
+def _check_actions(where: Any, space: gym.Space, columns: Mapping[str, Any]) -> None:
+    hit = first_outside(space, columns[SampleBatch.ACTIONS])
+    if hit is not None:
+        row, action = hit
+        action = action.tolist() if isinstance(action, np.ndarray | np.generic) else action
+        raise OfflineDataError(
+            f"{where}: column 'actions': row {row} holds {action!r}, outside {space}"
+        )
+
+
+def _parquet_chunks(files: list[Path], specs: list[LeafSpec]) -> Iterator[Rows]:
+    names = [s.name for s in specs]
+    for path in files:
+        try:
+            for record_batch in pq.ParquetFile(path).iter_batches(CHUNK_ROWS, columns=names):
+                yield _leaves(record_batch, specs, path)
+        except (pa.ArrowException, OSError) as err:
+            raise OfflineDataError(f"{path}: not a readable Parquet file ({err})") from None
+
+
+def _leaves(table: pa.RecordBatch | pa.Table, specs: list[LeafSpec], where: Any) -> Rows:
+    return {spec: leaf_from_arrow(table.column(spec.name), spec, str(where)) for spec in specs}
+
+
+def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) -> Iterator[Rows]:
+    import ray.data  # only when asked: Ray Data is heavy to import
+
+    names = [s.name for s in specs]
+    dataset = ray.data.read_parquet([str(f) for f in files], columns=names, concurrency=readers)
+    for table in dataset.iter_batches(batch_size=CHUNK_ROWS, batch_format="pyarrow"):
+        yield _leaves(table, specs, f"{len(files)} Parquet files")
+
+
+# --------------------------------------------------------------------------------------
+# RLlib's JSON lines
+# --------------------------------------------------------------------------------------
+
+
+def _json_lines(path: Path) -> Iterator[tuple[str, str]]:
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                yield f"{path} line {number}", line
+
+
+def _add_json(policies: dict, path: Path, given: Mapping, required: tuple[str, ...]) -> None:
+    """Parse the whole file once: columns, row counts and actions checked up front.
+    Without a manifest, a policy's columns are those every one of its lines holds."""
+    manifest_path = path.parent / MANIFEST
+    manifest = _manifest_data(manifest_path, given) if manifest_path.is_file() else {}
+    found: dict[str, PolicyData] = {}
+    rows: dict[str, int] = {}
+    for where, line in _json_lines(path):
+        for pid, columns in parse_line(line, where).items():
+            for column in required:
+                if column not in columns:
+                    raise OfflineDataError(f"{where}: column {column!r} missing (required)")
+            data = manifest.get(pid) or PolicyData(*given.get(pid, (None, None)))
+            specs = data.columns or leaf_specs(columns, where)
+            leaves = _json_leaves(columns, specs, data.action_space, where)
+            rows[pid] = rows.get(pid, 0) + len(next(iter(leaves.values())))
+            if pid not in found:
+                found[pid] = PolicyData(data.observation_space, data.action_space, specs,
+                                        data.weights_version)  # fmt: skip
+            elif not data.columns:  # no manifest: keep the columns every line holds
+                found[pid].columns = [s for s in found[pid].columns if s in specs]
+    for pid, data in found.items():
+        _dataset(policies, pid, "rllib_json", data, path).num_rows += rows[pid]
+
+
+def _json_leaves(
+    columns: Mapping[str, Any], specs: list[LeafSpec], space: gym.Space | None, where: str
+) -> Rows:
+    """One line's rows of a policy as the leaves `specs` name, in their dtypes; every
+    leaf must be there, with one count of rows, and actions inside `space`."""
+    leaves: Rows = {}
+    for spec in specs:
+        try:
+            value = leaf_value(columns, spec)
+        except (KeyError, IndexError, TypeError):
+            raise OfflineDataError(f"{where}: column {spec.name!r} missing") from None
+        if spec.name != INFOS:
+            value = np.asarray(value)
+            if value.shape[1:] != spec.shape or not np.can_cast(
+                value.dtype, np.dtype(spec.dtype), "same_kind"
+            ):
+                raise OfflineDataError(
+                    f"{where}: column {spec.name!r}: expected rows of {spec.describe()}, "
+                    f"got {value.dtype}{list(value.shape[1:])}"
+                )
+            value = value.astype(spec.dtype, copy=False)
+        leaves[spec] = value
+    counts = {spec.name: len(v) for spec, v in leaves.items()}
+    if len(set(counts.values())) > 1:
+        raise OfflineDataError(f"{where}: columns of different row counts {counts}")
+    if space is not None and SampleBatch.ACTIONS in columns:
+        _check_actions(where, space, columns)
+    return leaves
+
+
+def _json_chunks(files: list[Path], dataset: PolicyDataset) -> Iterator[Rows]:
+    for path in files:
+        for where, line in _json_lines(path):
+            columns = parse_line(line, where).get(dataset.policy_id)
+            if columns is not None:
+                yield _json_leaves(columns, dataset.data.columns, dataset.action_space, where)
+
+
+def _ray_json_chunks(files: list[Path], dataset: PolicyDataset, readers: int) -> Iterator[Rows]:
+    """JSON lines through Ray Data's read tasks (read_text: Arrow's JSON reader cannot
+    type RLlib's lines, whose columns are packed strings or ragged infos); each line is
+    parsed and checked here with the safe unpickler, as in process."""
+    import ray.data
+
+    lines = ray.data.read_text([str(f) for f in files], concurrency=readers)
+    for batch in lines.iter_batches(batch_size=256, batch_format="pyarrow"):
+        assert isinstance(batch, pa.Table)  # batch_format="pyarrow"
+        for line in batch.column("text").to_pylist():
+            if line.strip():
+                columns = parse_line(line, f"{dataset.policy_id} JSON lines")
+                if dataset.policy_id in columns:
+                    where = f"{len(files)} JSON files"
+                    data = dataset.data
+                    yield _json_leaves(columns[dataset.policy_id], data.columns, None, where)
