@@ -9,13 +9,14 @@ owned by the policy, so a restored policy draws the same actions.
 from __future__ import annotations
 
 import inspect
+import sys
 
 import numpy as np
 import tensorflow as tf
 import tree
 
 from policy_service import action_masks
-from policy_service.config_rules import finite, integer
+from policy_service.config_rules import Rule, finite, integer, is_number
 from policy_service.distributions import stateless_categorical
 
 
@@ -50,6 +51,12 @@ def _check_random_timesteps(action_space, random_timesteps: int) -> None:
         )
 
 
+NUMBER_LIST = Rule(
+    "a list of finite numbers",
+    lambda v: isinstance(v, list) and all(is_number(x) and np.isfinite(x) for x in v),
+)
+
+
 class Exploration:
     """What every exploration shares: its state is its type and its options (the
     keyword arguments it takes besides the action space, kept under the same names),
@@ -57,7 +64,7 @@ class Exploration:
 
     def get_state(self) -> dict:
         options = {name: getattr(self, name) for name in _options(type(self))}
-        return {"type": type(self).__name__, **options}
+        return {"type": exploration_type_name(type(self)), **options}
 
 
 class StochasticSampling(Exploration):
@@ -98,25 +105,124 @@ def _random_before(exploration, actions, logp, explore, timestep, seed):
 
 
 class GaussianNoise(Exploration):
-    """The deterministic action plus N(0, stddev^2) noise, clipped to a bounded Box
-    (RLlib's GaussianNoise, TD3's exploration); uniform random actions during the first
-    `random_timesteps`. logp is 0: the policy itself is deterministic."""
+    """The deterministic action plus scale * N(0, stddev^2) noise, clipped to a bounded
+    Box (RLlib's GaussianNoise, TD3's exploration); uniform random actions during the
+    first `random_timesteps`. logp is 0: the policy itself is deterministic.
 
-    option_rules = {"stddev": finite(ge=0), "random_timesteps": integer(ge=0)}
+    The scale stays at `initial_scale` through random_timesteps, then moves linearly to
+    `final_scale` over `scale_timesteps` (RLlib's schedule). RLlib's defaults are
+    stddev 1.0 and final_scale 0.02; these keep the constant noise TD3 uses (RLlib's TD3
+    sets final_scale 1.0 too), docs/migrating.md."""
 
-    def __init__(self, action_space, stddev: float = 0.1, random_timesteps: int = 1000):
+    option_rules = {
+        "stddev": finite(ge=0),
+        "random_timesteps": integer(ge=0),
+        "initial_scale": finite(ge=0),
+        "final_scale": finite(ge=0),
+        "scale_timesteps": integer(ge=0),
+    }
+
+    def __init__(
+        self,
+        action_space,
+        stddev: float = 0.1,
+        random_timesteps: int = 1000,
+        initial_scale: float = 1.0,
+        final_scale: float = 1.0,
+        scale_timesteps: int = 0,
+    ):
         _check_random_timesteps(action_space, 1)
         self.action_space = action_space
         self.stddev = float(stddev)
         self.random_timesteps = int(random_timesteps)
+        self.initial_scale = float(initial_scale)
+        self.final_scale = float(final_scale)
+        self.scale_timesteps = int(scale_timesteps)
+
+    def scale(self, timestep):
+        """<float32>[] the noise scale at `timestep` (a tensor)."""
+        since = tf.cast(timestep, tf.float32) - float(self.random_timesteps)
+        frac = tf.clip_by_value(since / max(1, self.scale_timesteps), 0.0, 1.0)
+        return self.initial_scale + frac * (self.final_scale - self.initial_scale)
 
     def choose(self, dist, explore, timestep, seed):
         greedy = dist.deterministic_sample()
         noise = self.stddev * tf.random.stateless_normal(tf.shape(greedy), seed)
+        return self._noisy(greedy, self.scale(timestep) * noise, explore, timestep, seed)
+
+    def _noisy(self, greedy, noise, explore, timestep, seed):
+        """(greedy + noise within the bounds when exploring, else greedy; logp 0), with
+        uniform random actions before random_timesteps."""
         noisy = tf.clip_by_value(greedy + noise, self.action_space.low, self.action_space.high)
         actions = tf.where(_broadcastable(explore, greedy), noisy, greedy)
         logp = tf.zeros(tf.shape(greedy)[:1], tf.float32)
         return _random_before(self, actions, logp, explore, timestep, seed)
+
+
+class OrnsteinUhlenbeckNoise(GaussianNoise):
+    """The deterministic action plus temporally correlated noise (RLlib's
+    OrnsteinUhlenbeckNoise, DDPG's): each exploring call past random_timesteps moves
+    the process state x <float32>[d] by
+
+        x <- x + ou_theta * (0 - x) + ou_sigma * N(0, 1)
+
+    and adds scale * ou_base_scale * x * (high - low) to every row's action (an infinite
+    bound counts as a range of 1). As RLlib's, one process serves the policy: every row
+    of a call gets the same noise. Its state is part of the policy state."""
+
+    option_rules = {
+        "ou_theta": finite(ge=0, le=1),
+        "ou_sigma": finite(ge=0),
+        "ou_base_scale": finite(ge=0),
+        "random_timesteps": integer(ge=0),
+        "initial_scale": finite(ge=0),
+        "final_scale": finite(ge=0),
+        "scale_timesteps": integer(ge=0),
+        "ou_state": NUMBER_LIST,
+    }
+
+    def __init__(
+        self,
+        action_space,
+        ou_theta: float = 0.15,
+        ou_sigma: float = 0.2,
+        ou_base_scale: float = 0.1,
+        random_timesteps: int = 1000,
+        initial_scale: float = 1.0,
+        final_scale: float = 0.02,
+        scale_timesteps: int = 10000,
+        ou_state: list | None = None,
+    ):
+        super().__init__(
+            action_space, 1.0, random_timesteps, initial_scale, final_scale, scale_timesteps
+        )
+        self.ou_theta, self.ou_sigma = float(ou_theta), float(ou_sigma)
+        self.ou_base_scale = float(ou_base_scale)
+        size = int(np.prod(action_space.shape))
+        state = np.zeros(size, np.float32) if ou_state is None else np.asarray(ou_state)
+        if state.shape != (size,):
+            raise ValueError(
+                f"OrnsteinUhlenbeckNoise ou_state must hold {size} numbers (the action "
+                f"size), got {ou_state!r}"
+            )
+        span = action_space.high - action_space.low
+        self.range = tf.constant(np.where(np.isinf(span), 1.0, span), tf.float32)
+        self.state = tf.Variable(state.astype(np.float32), trainable=False, name="ou_state")
+
+    @property
+    def ou_state(self) -> list[float]:
+        return [float(x) for x in self.state.numpy()]
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = dist.deterministic_sample()
+        x = self.state
+        moved = (
+            x + self.ou_theta * -x + self.ou_sigma * tf.random.stateless_normal(tf.shape(x), seed)
+        )
+        advance = tf.logical_and(explore, timestep >= self.random_timesteps)
+        x = x.assign(tf.where(advance, moved, x))
+        noise = self.scale(timestep) * self.ou_base_scale * x * self.range
+        return self._noisy(greedy, noise, explore, timestep, seed)
 
 
 class EpsilonGreedy(Exploration):
@@ -192,25 +298,88 @@ def _legal_random(dist_inputs, random_actions, start: int, seed):
     return actions, tf.reduce_sum(tf.cast(legal, tf.float32), axis=1)
 
 
-# by the name a config's (and a state's) "type" gives
-_EXPLORATIONS = {cls.__name__: cls for cls in (StochasticSampling, EpsilonGreedy, GaussianNoise)}
+# by the name a config's (and a state's) "type" gives: the built-in ones and those given
+# to register_exploration
+_EXPLORATIONS: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (StochasticSampling, EpsilonGreedy, GaussianNoise, OrnsteinUhlenbeckNoise)
+}
+
+
+def register_exploration(exploration_class: type, name: str | None = None) -> None:
+    """Make a user's Exploration subclass usable as exploration_config {"type": name}
+    (default: its class name). It is built as `cls(action_space, **options)` and acts
+    with `choose(dist, explore, timestep, seed) -> (actions, logp <float32>[B])` inside
+    the compiled action function (tensors in, tensors out)."""
+    if not (isinstance(exploration_class, type) and issubclass(exploration_class, Exploration)):
+        raise TypeError(
+            f"register_exploration takes a subclass of policy_service.exploration.Exploration, "
+            f"got {exploration_class!r}"
+        )
+    _EXPLORATIONS[name or exploration_class.__name__] = exploration_class
+
+
+def unregister_exploration(name: str) -> None:
+    """Forget a name given to register_exploration (unknown names are ignored)."""
+    _EXPLORATIONS.pop(name, None)
+
+
+def exploration_class(kind) -> type:
+    """The class an exploration_config's "type" names: a registered name, an Exploration
+    subclass, or "module.Class" of a module already imported (e.g. with --import;
+    nothing is imported because a config said so). Raises ValueError saying what it
+    must be."""
+    if isinstance(kind, type) and issubclass(kind, Exploration):
+        return kind
+    if isinstance(kind, str) and kind in _EXPLORATIONS:
+        return _EXPLORATIONS[kind]
+    must = (
+        f"one of {sorted(_EXPLORATIONS)}, an Exploration subclass or 'module.Class' of an "
+        "imported module"
+    )
+    module_name, _, class_name = kind.rpartition(".") if isinstance(kind, str) else ("", "", "")
+    module = sys.modules.get(module_name) if module_name else None
+    if module_name and module is None:
+        raise ValueError(f"{must} (module {module_name!r} is not imported: --import it)")
+    found = getattr(module, class_name, None)
+    if not (isinstance(found, type) and issubclass(found, Exploration)):
+        raise ValueError(must)
+    return found
+
+
+def exploration_type_name(cls: type) -> str:
+    """How a state names an exploration class: its registered name, else "module.Class"."""
+    names = [name for name, registered in _EXPLORATIONS.items() if registered is cls]
+    return names[0] if names else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def named_exploration_config(exploration_config: dict) -> dict:
+    """The config with a class "type" given by name (exploration_type_name), as JSON
+    holds it; a checkpoint's config is read back with that class's module imported."""
+    kind = exploration_config.get("type")
+    if isinstance(kind, type) and issubclass(kind, Exploration):
+        return {**exploration_config, "type": exploration_type_name(kind)}
+    return exploration_config
 
 
 def exploration_config_error(exploration_config: dict) -> str | None:
     """None when the config names a known type and only options that type takes;
     else what the config must be (config.py turns it into a one-line error)."""
     kind = exploration_config.get("type", "StochasticSampling")
-    if not isinstance(kind, str) or kind not in _EXPLORATIONS:
-        return f"a dict whose 'type' is one of {sorted(_EXPLORATIONS)}"
-    takes = _options(_EXPLORATIONS[kind])
+    try:
+        cls = exploration_class(kind)
+    except ValueError as err:
+        return f"a dict whose 'type' is {err}"
+    name = exploration_type_name(cls)
+    takes = _options(cls)
     unknown = sorted(map(str, set(exploration_config) - {"type"} - set(takes)))
     if unknown:
-        return f"'type' plus options from {takes} for {kind} (unknown: {unknown})"
-    rules = getattr(_EXPLORATIONS[kind], "option_rules", {})
-    for name in sorted(set(exploration_config) & set(rules)):
-        expected = rules[name](exploration_config[name])
+        return f"'type' plus options from {takes} for {name} (unknown: {unknown})"
+    rules = getattr(cls, "option_rules", {})
+    for option in sorted(set(exploration_config) & set(rules)):
+        expected = rules[option](exploration_config[option])
         if expected is not None:
-            return f"{kind} options with {name} {expected}"
+            return f"{name} options with {option} {expected}"
     return None
 
 
@@ -220,8 +389,7 @@ def make_exploration(action_space, exploration_config: dict):
     if error is not None:
         raise ValueError(f"exploration_config must be {error}, got {exploration_config!r}")
     options = dict(exploration_config)
-    kind = options.pop("type", "StochasticSampling")
-    return _EXPLORATIONS[kind](action_space, **options)
+    return exploration_class(options.pop("type", "StochasticSampling"))(action_space, **options)
 
 
 def _options(exploration_class: type) -> list[str]:

@@ -200,13 +200,17 @@ OUT_OF_RANGE = [
         PolicyConfig,
         "exploration_config",
         {"type": "Bogus"},
-        "a dict whose 'type' is one of ['EpsilonGreedy', 'GaussianNoise', 'StochasticSampling']",
+        "a dict whose 'type' is one of ['EpsilonGreedy', 'GaussianNoise', "
+        "'OrnsteinUhlenbeckNoise', 'StochasticSampling'], an Exploration subclass or "
+        "'module.Class' of an imported module",
     ),
     (
         PolicyConfig,
         "exploration_config",
         {"type": ["EpsilonGreedy"]},
-        "a dict whose 'type' is one of ['EpsilonGreedy', 'GaussianNoise', 'StochasticSampling']",
+        "a dict whose 'type' is one of ['EpsilonGreedy', 'GaussianNoise', "
+        "'OrnsteinUhlenbeckNoise', 'StochasticSampling'], an Exploration subclass or "
+        "'module.Class' of an imported module",
     ),
     (
         PolicyConfig,

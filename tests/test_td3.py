@@ -111,3 +111,30 @@ def test_td3_on_a_discrete_space_is_one_line_naming_it():
     with pytest.raises(ConfigError, match=r"TD3 needs a 1-D float Box .* got Discrete\(2\)"):
         TD3Policy(OBS, gym.spaces.Discrete(2), TINY)
     assert get_algorithm_class("td3") is TD3
+
+
+@pytest.mark.slow  # builds TD3 (~5 s) and compiles its steps in one iteration: ~10-15 s
+def test_td3_runs_an_iteration_with_ornstein_uhlenbeck_noise():
+    algo = TD3(
+        {
+            "env": "Pendulum-v1",
+            "seed": 0,
+            "actor_hiddens": [16],
+            "critic_hiddens": [16],
+            "train_batch_size": 32,
+            "num_steps_sampled_before_learning_starts": 50,
+            "min_sample_timesteps_per_iteration": 100,
+            "rollout_fragment_length": 25,
+            "exploration_config": {"type": "OrnsteinUhlenbeckNoise", "final_scale": 1.0},
+        }
+    )
+    try:
+        assert algo.config.exploration_config["random_timesteps"] == 50  # the replay loop's
+        result = algo.train()
+        assert result["timesteps_total"] >= 100
+        assert np.isfinite(result["critic_loss"]) and np.isfinite(result["actor_loss"])
+        acting = algo.env_runners.local_worker.policy.exploration
+        assert type(acting).__name__ == "OrnsteinUhlenbeckNoise"
+        assert np.abs(acting.ou_state).max() > 0  # the process moved after step 50
+    finally:
+        algo.stop()
