@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from policy_service.serving import proxy_errors
+from policy_service.serving.body_drain import BodyDrain
 from policy_service.serving.proxy_errors import PROXY_CALLBACK_ENV, JsonErrors
 
 
@@ -81,5 +82,5 @@ def test_install_keeps_a_callback_already_named():
 def test_middlewares_is_what_serve_accepts():
     from ray.serve._private.http_util import validate_http_proxy_callback_return
 
-    (middleware,) = validate_http_proxy_callback_return(proxy_errors.middlewares())
-    assert middleware.cls is JsonErrors
+    json_errors, body_drain = validate_http_proxy_callback_return(proxy_errors.middlewares())
+    assert (json_errors.cls, body_drain.cls) == (JsonErrors, BodyDrain)  # the drain outside

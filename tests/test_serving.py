@@ -21,6 +21,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import gymnasium as gym
@@ -392,6 +394,46 @@ def test_a_40mb_body_is_413_and_the_next_request_is_served(cartpole_server):
     assert json.loads(text)["error"].startswith("body: expected at most 4194304 bytes")
     assert time.monotonic() - started < 30
     assert cartpole_server.actions({"obs": [[0.0] * 4]})["actions"] in ([0], [1])
+
+
+def urllib_post(port: int, body: bytes, token: str) -> tuple[int, str]:
+    """POST as urllib does (the whole body, then the answer; `Connection: close`):
+    (status, text); ConnectionResetError when the server did not let it send the body."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}{http_api.ACTIONS}",
+        data=body,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+@WITH_THE_SERVER
+@pytest.mark.parametrize(
+    "token,status,error",
+    [("default", 413, "body: expected at most 4194304 bytes"), ("wrong", 401, "Authorization:")],
+)
+def test_an_answer_before_a_42mb_body_was_read_reaches_urllib(
+    cartpole_server, token, status, error
+):
+    """The issue's case: refused before its body was read, on a connection the client
+    asked to close: the server reads the rest before it answers and closes."""
+    body = b'{"obs": [' + b"[0.0, 0.0, 0.0, 0.0], " * (42 * 2**20 // 22) + b"[0, 0, 0, 0]]}"
+    got_status, text = urllib_post(
+        cartpole_server.port, body, cartpole_server.token if token == "default" else token
+    )
+    assert got_status == status and json.loads(text)["error"].startswith(error), text
+    assert cartpole_server.actions({"obs": [[0.0] * 4]})["actions"] in ([0], [1])
+
+
+@WITH_THE_SERVER
+def test_a_large_bad_body_is_a_400_that_urllib_reads(cartpole_server):
+    body = b'{"obs": [' + b"[0.0, 0.0, 0.0], " * (3 * 2**20 // 17) + b"[0, 0, 0]]}"
+    status, text = urllib_post(cartpole_server.port, body, cartpole_server.token)
+    assert status == 400 and "got shape" in json.loads(text)["error"], text
 
 
 @WITH_THE_SERVER

@@ -37,10 +37,14 @@ def install(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 def middlewares() -> list:
-    """What Serve's proxy calls at start: its middlewares."""
+    """What Serve's proxy calls at start: its middlewares (the last wraps the others):
+    these JSON errors, and answers sent only once the request's body was read, where
+    the connection closes after them (body_drain)."""
     from starlette.middleware import Middleware
 
-    return [Middleware(JsonErrors)]
+    from policy_service.serving.body_drain import BodyDrain
+
+    return [Middleware(JsonErrors), Middleware(BodyDrain)]
 
 
 class JsonErrors:
