@@ -6,6 +6,7 @@ Three losses on one replayed batch, each a LossGroup that trains only its own
 variables with its own Adam (engine/loss_groups.py), applied together:
 
     critic  sum_i (Q_i(s, a) - y)^2 / 2,   y = R + d (min_i Q'_i(s', a') - alpha logp(a'|s'))
+            (td_error_loss_fn "huber": sum_i Huber(Q_i(s, a) - y) / 2, RLlib's TF SAC)
     actor   alpha logp(a~|s) - min_i Q_i(s, a~)      a~ ~ pi(s), reparameterized: the
                                                      gradient flows through Q into a~
     alpha   -log_alpha (logp(a~|s) + target_entropy)
@@ -26,6 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from algorithms.dqn import huber_loss
 from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
 from policy_service import LossExtras, masked_mean
 from policy_service.config import (
@@ -69,6 +71,8 @@ OPTIMIZATION = Rule(
     f"a dict of {', '.join(LEARNING_RATES)}, each {RATE_EXPECTED}",
     lambda v: set(v) == set(LEARNING_RATES) and all(rate_error(x) is None for x in v.values()),
 )
+TD_ERROR_LOSS_FNS = ("mse", "huber")
+TD_ERROR_LOSS_FN = Rule("'mse' or 'huber'", lambda v: v in TD_ERROR_LOSS_FNS)
 TARGET_ENTROPY = Rule(
     "'auto' or a finite number",
     lambda v: v == "auto" if isinstance(v, str) else math.isfinite(v),
@@ -94,6 +98,12 @@ class SACConfig(ContinuousReplayConfig):
         doc="The policy entropy the alpha loss aims at; 'auto': -dim(A) for a Box, "
         "0.98 log(n) for Discrete(n).",
         check=TARGET_ENTROPY,
+    )
+    td_error_loss_fn: str = setting(
+        "mse",
+        doc="Each critic's loss of its TD error: 'mse', half its square (the SAC paper's, "
+        "SB3's); 'huber', half a Huber loss with delta 1 (RLlib's TF SAC).",
+        check=TD_ERROR_LOSS_FN,
     )
     optimization: dict = setting(
         doc="The Adam learning rate of each loss (RLlib's keys), or a schedule "
@@ -296,7 +306,7 @@ class SACPolicy(ReplayPolicy):
             new_actions, logp = dist_class(logits).sample_with_logp(model.next_seed())
             actor = tf.stop_gradient(alpha) * logp - twin_minimum(model.q_values(obs, new_actions))
         td = [q - y for q in q_taken]
-        critic_loss = tf.add_n([masked_mean(weights * 0.5 * tf.square(e), mask) for e in td])
+        critic_loss = tf.add_n([masked_mean(weights * self.critic_error_loss(e), mask) for e in td])
         alpha_loss = -masked_mean(
             model.log_alpha * tf.stop_gradient(logp + self.target_entropy), mask
         )
@@ -312,6 +322,13 @@ class SACPolicy(ReplayPolicy):
         }
         losses = [masked_mean(actor, mask), critic_loss, alpha_loss]
         return losses, LossExtras(stats, per_row={TD_ERROR: td_error})
+
+    def critic_error_loss(self, td_error: tf.Tensor) -> tf.Tensor:
+        """<float32>[B] a critic's loss per row: half the squared TD error, or half its
+        Huber loss (delta 1), as RLlib's TF SAC; td_error_loss_fn chooses."""
+        if self.config.td_error_loss_fn == "huber":
+            return 0.5 * huber_loss(td_error)
+        return 0.5 * tf.square(td_error)
 
 
 def twin_minimum(values: list) -> tf.Tensor:

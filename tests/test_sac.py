@@ -116,6 +116,33 @@ def test_a_step_moves_the_actor_critics_and_alpha_and_the_target_by_tau(policy):
     assert stats["alpha_value"] == pytest.approx(float(np.exp(before[key(before, "log_alpha")])))
 
 
+def numpy_huber(x: np.ndarray) -> np.ndarray:
+    return np.where(np.abs(x) < 1.0, 0.5 * x**2, np.abs(x) - 0.5)
+
+
+@pytest.mark.parametrize(
+    "loss_fn, of_td_error",
+    [("mse", lambda td: 0.5 * td**2), ("huber", lambda td: 0.5 * numpy_huber(td))],
+)
+def test_the_critic_loss_is_half_the_squared_td_error_or_rllibs_half_huber(loss_fn, of_td_error):
+    """td_error_loss_fn "huber": RLlib's TF SAC, 0.5 * Huber(delta=1) of each TD error;
+    "mse" (the default): 0.5 * its square. One critic, so a row's |TD error| is its own."""
+    config = {**TINY, "twin_q": False, "td_error_loss_fn": loss_fn}
+    sac = SACPolicy(OBS, BOX, config)
+    batch = sac.postprocess_trajectory(trajectory(16, seed=5))
+    batch[SampleBatch.REWARDS] = batch[SampleBatch.REWARDS] * 5.0  # |TD| > 1 on some rows
+    stats = sac.learn_on_batch(batch)  # loss and TD errors of the weights before its step
+    td = stats["per_row"]["td_error"].astype(np.float64)
+    assert (td > 1.0).any() and (td < 1.0).any()
+    np.testing.assert_allclose(stats["critic_loss"], of_td_error(td).mean(), rtol=1e-5)
+
+
+def test_sac_defaults_to_the_squared_td_error_and_names_a_bad_loss_fn():
+    assert from_dict(SACConfig, {}).td_error_loss_fn == "mse"
+    with pytest.raises(ConfigError, match="config.td_error_loss_fn must be 'mse' or 'huber'"):
+        from_dict(SACConfig, {"td_error_loss_fn": "l1"})
+
+
 @pytest.mark.slow  # two more policies: ~5 s loaded
 def test_actions_are_uniform_before_learning_starts_then_from_the_policy():
     delayed = SACPolicy(OBS, BOX, {**TINY, "num_steps_sampled_before_learning_starts": 500})
