@@ -18,6 +18,7 @@ is one line naming the key, what it must be and what it was, e.g.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
@@ -375,8 +376,25 @@ def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(map(str, set(values) - known))
     if unknown:
-        raise ConfigError(f"unknown {where} key(s) {unknown}; known keys: {sorted(known)}")
+        raise ConfigError(unknown_keys_message(where, unknown, known))
     return cls(**values)
+
+
+def unknown_keys_message(where: str, unknown: list[str], known: set[str]) -> str:
+    """One line naming each unknown key with the known keys closest to it (difflib), and
+    the command that lists them all (a list of every key made this line ~1,200 wide)."""
+    named = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.6)
+        guess = (
+            f"did you mean {' or '.join(map(repr, close))}?" if close else "no known key is close"
+        )
+        named.append(f"{key!r} ({guess})")
+    keys = "key" if len(unknown) == 1 else "keys"
+    return (
+        f"unknown {where} {keys} {', '.join(named)}; "
+        "`policy-service config ALGO` lists every key of an algorithm"
+    )
 
 
 def check_fields(config: Config) -> None:

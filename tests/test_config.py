@@ -73,6 +73,28 @@ def test_unknown_key_error_names_the_key():
     assert "unknown config key" in str(err.value)
 
 
+def test_unknown_key_error_names_the_closest_keys_and_the_listing_in_one_short_line():
+    from algorithms.ppo import PPOConfig
+
+    with pytest.raises(ConfigError) as err:
+        from_dict(PPOConfig, {"lr": 0.1, "num_gpu": 1, "entropy_coef": 0.01})
+    message = str(err.value)
+    assert "\n" not in message and len(message) < 300, message
+    assert "'num_gpu' (did you mean 'num_gpus'" in message
+    assert "'entropy_coef' (did you mean 'entropy_coeff'" in message
+    assert "policy-service config ALGO" in message
+    assert "'adam_epsilon'" not in message  # no longer every known key
+
+
+def test_unknown_key_without_a_close_one_says_so():
+    with pytest.raises(ConfigError) as err:
+        from_dict(PolicyConfig, {"zzzz": 1})
+    assert str(err.value) == (
+        "unknown config key 'zzzz' (no known key is close); "
+        "`policy-service config ALGO` lists every key of an algorithm"
+    )
+
+
 def test_several_unknown_keys_are_all_named():
     with pytest.raises(ValueError) as err:
         from_dict(PolicyConfig, {"num_gpu": 1, "fake_gpus": True})
