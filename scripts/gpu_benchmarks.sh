@@ -9,6 +9,10 @@
 #   WITH_RLLIB=1 ...   with --all: also compare_rllib.py (CPU, ~+10 min)
 #   DRY_RUN=1 ...      print the commands instead of running them
 #   NVIDIA_SMI=cmd     how GPUs are listed (default nvidia-smi; `-L` is passed)
+#   PYTHON=path        the Python that runs the benchmarks. Without it: the project's
+#                      .venv/bin/python (what `make` builds), else the python3 on PATH if
+#                      it imports policy_service (a `pip install .` elsewhere); else it
+#                      says so in one line and exits 2.
 #
 # GPUs are counted with `nvidia-smi -L`. With N of them it runs
 #   1. benchmarks/learner.py --learners 1..N --accumulate 1,4: N learner actors, one
@@ -21,7 +25,6 @@
 # MAX_LEARNERS says otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-.venv/bin/python}"
 FAKE=0
 ALL=0
 OUT=""
@@ -29,7 +32,7 @@ for arg in "$@"; do
   case "$arg" in
     --fake-gpus) FAKE=1 ;;
     --all) ALL=1 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
     -*) echo "gpu_benchmarks.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
     *) OUT="$arg" ;;
   esac
@@ -53,6 +56,28 @@ else
        "to measure on GPUs here; pass --fake-gpus to run the same sweep on fake GPUs" >&2
   exit 0
 fi
+# The Python that runs the benchmarks (see PYTHON above): the first that imports
+# policy_service, as the package's own commands run on the Python they were installed in.
+find_python() {
+  if [ -n "${PYTHON:-}" ]; then
+    if command -v "$PYTHON" >/dev/null 2>&1 && "$PYTHON" -c "import policy_service" 2>/dev/null; then
+      command -v "$PYTHON"; return 0
+    fi
+    echo "gpu_benchmarks.sh: PYTHON=$PYTHON cannot run or cannot import policy_service;" \
+         "point PYTHON at the Python the project is installed in" >&2
+    return 1
+  fi
+  if [ -x .venv/bin/python ]; then
+    echo .venv/bin/python; return 0
+  fi
+  if command -v python3 >/dev/null 2>&1 && python3 -c "import policy_service" 2>/dev/null; then
+    command -v python3; return 0
+  fi
+  echo "gpu_benchmarks.sh: no Python with policy_service found (no .venv/bin/python here," \
+       "and python3 on PATH cannot import it); set PYTHON=/path/to/python" >&2
+  return 1
+}
+PY=$(find_python) || exit 2
 LEARNERS=$(seq -s, 1 "$MAX")
 TOWERS=""
 for n in 1 2 4; do

@@ -69,3 +69,75 @@ def test_an_unknown_option_is_one_line_and_exit_2(tmp_path):
     proc = _run(tmp_path, "--fake-gpu", NVIDIA_SMI="false")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "gpu_benchmarks.sh: unknown option --fake-gpu (see --help)"
+
+
+# ----- which Python runs the benchmarks -----------------------------------------------------
+
+
+def _elsewhere(tmp_path, python3: str | None, **env) -> subprocess.CompletedProcess:
+    """The script copied into a project without .venv, with only `python3` (running
+    `python3`, if given) and the shell's tools on PATH; a dry run on fake GPUs."""
+    project, bin_dir = tmp_path / "project", tmp_path / "bin"
+    (project / "scripts").mkdir(parents=True)
+    bin_dir.mkdir()
+    (project / "scripts" / "gpu_benchmarks.sh").write_text(Path(SCRIPT).read_text())
+    if python3 is not None:  # a venv's python finds its packages only from its own path
+        (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {python3} "$@"\n')
+        (bin_dir / "python3").chmod(0o755)
+    return subprocess.run(
+        ["bash", str(project / "scripts" / "gpu_benchmarks.sh"), "--fake-gpus", "out"],
+        env={
+            **os.environ,
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "NVIDIA_SMI": "false",
+            "DRY_RUN": "1",
+            "BENCH_RAY_NUM_CPUS": "2",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def _pythons(proc) -> set[str]:
+    """The interpreters of the dry run's benchmark commands."""
+    commands = [line.split() for line in proc.stderr.splitlines() if line.startswith("+ ")]
+    return {c[1] for c in commands if "-m" in c}
+
+
+def test_outside_a_venv_the_python3_on_path_that_imports_policy_service_runs_it(tmp_path):
+    """Was exit 127: '.venv/bin/python: No such file or directory'."""
+    python = REPO / ".venv" / "bin" / "python"
+    proc = _elsewhere(tmp_path, str(python))
+    assert proc.returncode == 0, proc.stderr
+    assert _pythons(proc) == {str(tmp_path / "bin" / "python3")}
+
+
+def test_python_names_the_interpreter(tmp_path):
+    python = str(REPO / ".venv" / "bin" / "python")
+    proc = _elsewhere(tmp_path, None, PYTHON=python)
+    assert proc.returncode == 0, proc.stderr
+    assert _pythons(proc) == {python}
+
+
+def test_no_python_with_the_project_is_one_line_and_exit_2(tmp_path):
+    proc = _elsewhere(tmp_path, "/bin/false")  # a python3 that cannot import policy_service
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "gpu_benchmarks.sh: no Python with policy_service found (no .venv/bin/python here, "
+        "and python3 on PATH cannot import it); set PYTHON=/path/to/python"
+    )
+    bad = _elsewhere(tmp_path / "again", None, PYTHON="/nope/python")
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1] == (
+        "gpu_benchmarks.sh: PYTHON=/nope/python cannot run or cannot import policy_service; "
+        "point PYTHON at the Python the project is installed in"
+    )
+
+
+def test_help_says_how_the_python_is_found():
+    proc = subprocess.run(["bash", SCRIPT, "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0
+    assert "PYTHON=path" in proc.stdout and "python3 on PATH" in proc.stdout
+    assert "set -euo" not in proc.stdout  # the help ends where the comment does
