@@ -225,6 +225,7 @@ class RunLoop:
         of the last whole iteration is written first when its state is consistent
         (Algorithm.save_after_failure), and the line says which checkpoint holds the run."""
         algo, run_dir = self.algo, self.run_dir
+        failure = RunFailure(one_line(failure))  # a runner's (a RayTaskError) as its own line
         path = run_dir.checkpoint_path(algo.iteration)
         try:
             saved = None if self.checkpoint == path else algo.save_after_failure(str(path))
