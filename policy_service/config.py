@@ -364,7 +364,7 @@ T = typing.TypeVar("T", bound="Config")
 
 def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -> T:
     """Build config dataclass `cls` from a dict, naming any unknown or bad key."""
-    where = where or getattr(cls, "key_prefix", "config")
+    where = where or str(getattr(cls, "key_prefix", "config"))
     if values is None:
         return cls()
     if isinstance(values, cls):
