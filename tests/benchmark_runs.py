@@ -1,15 +1,26 @@
 """Running a benchmark script as the tests do: `python -m benchmarks.<name> --smoke
---out TMP` in a subprocess from the repository, its JSON records checked."""
+--out TMP` in a subprocess from the repository, its JSON records checked; and the
+peers' virtualenvs those scripts use, built once per machine (peer_venv)."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# A peer's virtualenv outlives the clone: CI starts on a clean clone, and building
+# RLlib's (ray[rllib], TensorFlow) takes minutes of the slow group every time.
+VENV_CACHE = Path(
+    os.environ.get("PEER_VENV_CACHE", Path.home() / ".cache" / "policy_service" / "venvs")
+)
+UNUSED_VENV_DAYS = 14  # a cached venv of another key is deleted after this long unused
 
 
 def run_module(module: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -47,3 +58,71 @@ def run_smoke(
 
 def measurements(records: list[dict]) -> list[dict]:
     return [r for r in records if not r.get("summary")]
+
+
+def peer_venv(name: str) -> str:
+    """The python of REPO/<name> (".venv-rllib" or ".venv-rllib-server"), the peer's
+    virtualenv the benchmark scripts and differential tests use.
+
+    A real virtualenv already in the clone is kept (its builder checks it). Otherwise
+    the venv is built (or reused) under VENV_CACHE, keyed by what decides its
+    contents: benchmarks/rllib_env.py (the pins), our library versions and our
+    Python; REPO/<name> becomes a directory of links to it, so the scripts that take
+    REPO/<name> find it and git ignores it as it does the built one. A file lock
+    keeps two pytest workers from building one venv at once."""
+    from benchmarks import harness, rllib_env
+
+    ensure: Callable[[Path], str] = {
+        rllib_env.RLLIB_VENV.name: rllib_env.ensure_rllib_venv,
+        rllib_env.RLLIB_SERVER_VENV.name: rllib_env.ensure_rllib_server_venv,
+    }[name]
+    in_clone = REPO / name
+    if in_clone.exists() and not (in_clone / "pyvenv.cfg").is_symlink():
+        return ensure(in_clone)
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                (REPO / "benchmarks" / "rllib_env.py").read_text(),
+                harness.versions(),
+                sys.version,
+            ]
+        ).encode()
+    ).hexdigest()[:12]
+    cached = VENV_CACHE / f"{name.lstrip('.')}-{key}"
+    VENV_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(VENV_CACHE / f"{cached.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = (cached / "pyvenv.cfg").exists()
+        ensure(cached)
+        (cached / ".used").touch()
+        if not built:
+            _delete_unused(name.lstrip("."), keep=cached)
+        _link_venv(in_clone, cached)
+    return str(in_clone / "bin" / "python")
+
+
+def _link_venv(link: Path, venv: Path) -> None:
+    """`link` as a directory whose entries link to `venv`'s: its bin/python finds
+    link/pyvenv.cfg, so it runs as the venv (a symlinked directory would also do,
+    but git ignores `.venv-rllib/` only when it is a directory)."""
+    link.mkdir(exist_ok=True)
+    for entry in venv.iterdir():
+        if entry.name.startswith("."):
+            continue
+        here = link / entry.name
+        if here.is_symlink() and here.readlink() != entry:
+            here.unlink()
+        if not here.is_symlink():
+            here.symlink_to(entry)
+
+
+def _delete_unused(prefix: str, keep: Path) -> None:
+    """Other keys' venvs of this peer unused for UNUSED_VENV_DAYS (another clone may
+    still use a recent one)."""
+    import shutil
+
+    cutoff = time.time() - UNUSED_VENV_DAYS * 86400
+    for old in VENV_CACHE.glob(f"{prefix}-" + "?" * 12):  # not venv-rllib-server-* for venv-rllib
+        used = old / ".used"
+        if old != keep and old.is_dir() and (not used.exists() or used.stat().st_mtime < cutoff):
+            shutil.rmtree(old, ignore_errors=True)

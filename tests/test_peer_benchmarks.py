@@ -1,21 +1,23 @@
 """The benchmark scripts that run a peer beside us (RLlib's and Stable-Baselines3's,
-each in its own virtualenv, built by the script when missing) at their --smoke size,
-and the peers' settings translations. A file of its own so that pytest-xdist can run
-it beside test_benchmarks.py."""
+each in its own virtualenv: RLlib's built once per machine by benchmark_runs.peer_venv
+and found by the script in the clone) at their --smoke size, and the peers' settings
+translations. A file of its own so that pytest-xdist can run it beside
+test_benchmarks.py."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from benchmark_runs import measurements, run_smoke
+from benchmark_runs import measurements, peer_venv, run_smoke
 
 pytestmark = pytest.mark.slow  # minutes of child processes and virtualenv builds
 
 
 @pytest.mark.slow
 def test_compare_rllib_smoke(tmp_path):
-    """Needs RLlib's own venv; the script creates it (pip) when missing."""
+    """Needs RLlib's own venv (peer_venv)."""
+    peer_venv(".venv-rllib")
     records = run_smoke("compare_rllib", tmp_path, timeout=1800)
     ratios = [r for r in records if r.get("summary")]
     assert {r["workload"] for r in ratios} == {"learner", "sampler", "inference", "e2e"}
@@ -90,6 +92,7 @@ def test_dqn_train_to_target_stops_by_each_rule(
 def test_compare_rllib_dqn_smoke(tmp_path):
     """Both sides of the dqn workload build (RLlib's through its replay buffer patch),
     sample, learn and report; needs RLlib's venv and the tuned DQN config."""
+    peer_venv(".venv-rllib")
     records = run_smoke("compare_rllib", tmp_path, "--workloads", "dqn", timeout=1800)
     runs = [r for r in measurements(records) if r["bench"] == "dqn"]
     assert {r["framework"] for r in runs} == {"ours", "rllib"}
@@ -107,6 +110,7 @@ def test_compare_rllib_dqn_smoke(tmp_path):
 @pytest.mark.slow
 def test_ppo_parity_smoke(tmp_path):
     """Ours (and an ablation) beside RLlib's PPO at its defaults; needs RLlib's venv."""
+    peer_venv(".venv-rllib")
     records = run_smoke("ppo_parity", tmp_path, "--variants", "defaults,keras_init", timeout=1800)
     rows = {r["variant"]: r for r in records if r.get("summary")}
     assert set(rows) == {"defaults", "keras_init", "rllib"}
@@ -116,9 +120,10 @@ def test_ppo_parity_smoke(tmp_path):
 @pytest.mark.rllib
 def test_serve_rllib_smoke(tmp_path):
     """Both training servers and the Serve ceiling serve episodes from client processes;
-    needs the RLlib 2.35 venv (.venv-rllib-server; the script makes it when missing)."""
+    needs the RLlib 2.35 venv (.venv-rllib-server, peer_venv)."""
     from benchmarks import serve_rllib
 
+    peer_venv(".venv-rllib-server")
     records = measurements(run_smoke("serve_rllib", tmp_path, timeout=2400))
     assert {(r["target"], r["clients"]) for r in records} == {
         (t, n) for t in serve_rllib.TARGETS for n in (1, 4)

@@ -1,7 +1,7 @@
 """PPO's loss and postprocessing against RLlib 2.60's old-stack TF PPO, at its defaults.
 
 RLlib's PPOTF1Policy runs in its own virtualenv behind tests/rllib_ppo_oracle.py
-(benchmarks.rllib_env.ensure_rllib_venv builds it when missing). Both policies get
+(benchmark_runs.peer_venv builds it once per machine). Both policies get
 RLlib's default model shape ([256, 256] tanh, separate value branch) and the same
 weights (ours, renamed to RLlib's variables), then see the same batches: the loss
 terms, the gradients of the total loss, GAE advantages and value targets (bootstrapped
@@ -24,6 +24,7 @@ from policy_service.models import weight_names
 from policy_service.sample_batch import SampleBatch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark_runs import peer_venv
 from rllib_wire import Oracle
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
@@ -60,9 +61,10 @@ def rllib_name(our_name: str) -> str:
 @pytest.fixture(scope="module")
 def rllib():
     from benchmarks.harness import child_env
-    from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
+    from benchmarks.rllib_env import RLLIB_ENV, ensure_rllib_venv
 
-    python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
+    given = os.environ.get("RLLIB_VENV")
+    python = ensure_rllib_venv(Path(given)) if given else peer_venv(".venv-rllib")
     oracle = PPOOracle(python, child_env(RLLIB_ENV))
     yield oracle
     oracle.close()

@@ -2,7 +2,7 @@
 
 Hypothesis generates each case here; RLlib answers in ONE long-lived process
 (tests/rllib_oracle.py, started in RLlib's own virtualenv, which
-benchmarks.rllib_env.ensure_rllib_venv builds when missing), so RLlib never
+benchmark_runs.peer_venv builds once per machine), so RLlib never
 enters our environment. Each case is compared column by column.
 
 Where RLlib is defective (docs/migrating.md, "Where we differ from RLlib on
@@ -30,6 +30,7 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.sequencing import chop_into_sequences, pad_batch_to_sequences_of_same_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmark_runs import peer_venv
 from rllib_wire import Oracle, RLlibError
 
 pytestmark = [pytest.mark.rllib, pytest.mark.slow]  # builds RLlib's venv once
@@ -55,9 +56,10 @@ CASES = settings(
 @pytest.fixture(scope="module")
 def rllib():
     from benchmarks.harness import child_env
-    from benchmarks.rllib_env import RLLIB_ENV, RLLIB_VENV, ensure_rllib_venv
+    from benchmarks.rllib_env import RLLIB_ENV, ensure_rllib_venv
 
-    python = ensure_rllib_venv(Path(os.environ.get("RLLIB_VENV", RLLIB_VENV)))
+    given = os.environ.get("RLLIB_VENV")
+    python = ensure_rllib_venv(Path(given)) if given else peer_venv(".venv-rllib")
     oracle = Oracle(python, REPO / "tests" / "rllib_oracle.py", child_env(RLLIB_ENV))
     yield oracle
     oracle.close()
