@@ -159,7 +159,7 @@ class GaussianNoise(Exploration):
         return _random_before(self, actions, logp, explore, timestep, seed)
 
 
-class OrnsteinUhlenbeckNoise(GaussianNoise):
+class OrnsteinUhlenbeckNoise(GaussianNoise, tf.Module):
     """The deterministic action plus temporally correlated noise (RLlib's
     OrnsteinUhlenbeckNoise, DDPG's): each exploring call past random_timesteps moves
     the process state x <float32>[d] by
@@ -168,7 +168,8 @@ class OrnsteinUhlenbeckNoise(GaussianNoise):
 
     and adds scale * ou_base_scale * x * (high - low) to every row's action (an infinite
     bound counts as a range of 1). As RLlib's, one process serves the policy: every row
-    of a call gets the same noise. Its state is part of the policy state."""
+    of a call gets the same noise. Its state is part of the policy state; a tf.Module,
+    so that a SavedModel holding this exploration tracks the state variable."""
 
     option_rules = {
         "ou_theta": finite(ge=0, le=1),
@@ -193,8 +194,9 @@ class OrnsteinUhlenbeckNoise(GaussianNoise):
         scale_timesteps: int = 10000,
         ou_state: list | None = None,
     ):
-        super().__init__(
-            action_space, 1.0, random_timesteps, initial_scale, final_scale, scale_timesteps
+        tf.Module.__init__(self, name="ornstein_uhlenbeck_noise")
+        GaussianNoise.__init__(
+            self, action_space, 1.0, random_timesteps, initial_scale, final_scale, scale_timesteps
         )
         self.ou_theta, self.ou_sigma = float(ou_theta), float(ou_sigma)
         self.ou_base_scale = float(ou_base_scale)
