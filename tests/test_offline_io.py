@@ -124,7 +124,7 @@ def test_parquet_keeps_nested_and_multi_dim_columns(tmp_path):
     got = read_all(tmp_path)
     assert isinstance(got["obs"]["pos"], tuple)
     assert_same_rows(got, batch)
-    table = pq.read_table(next(tmp_path.rglob("*.parquet")))  # plain pyarrow reads it too
+    table = pq.read_table(tmp_path / "default_policy")  # plain pyarrow reads the directory
     assert table.num_rows == n and "obs/image" in table.column_names
 
 
@@ -458,3 +458,72 @@ def test_ray_data_reads_the_same_rows(tmp_path, ray_local):
         in_order = {k: remote[k][order] for k in remote if k != "infos"}
         in_order["infos"] = [remote["infos"][i] for i in order]
         assert_same_rows(SampleBatch(in_order), local)
+
+
+# --------------------------------------------------------------------------------------
+# A file RLlib's own JsonWriter wrote (in RLlib's virtualenv)
+# --------------------------------------------------------------------------------------
+
+RLLIB_WRITER = """
+import json, os, sys
+os.environ["RLLIB_TEST_NO_TF_IMPORT"] = "1"
+os.environ["RLLIB_TEST_NO_TORCH_IMPORT"] = "1"
+import numpy as np
+from ray.rllib.offline.json_writer import JsonWriter
+from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
+
+rng = np.random.default_rng(0)
+def rows(n):
+    return SampleBatch({
+        "obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+        "new_obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
+        "actions": rng.integers(0, 2, n),
+        "rewards": rng.standard_normal(n).astype(np.float32),
+        "terminateds": np.arange(n) % 5 == 4,
+        "truncateds": np.zeros(n, bool),
+        "eps_id": np.arange(n) // 5,
+        "t": np.arange(n) % 5,
+        "action_logp": rng.uniform(-2, 0, n).astype(np.float32),
+        "infos": [{"i": i} for i in range(n)],
+    })
+single, multi = rows(12), rows(7)
+writer = JsonWriter(sys.argv[1])
+writer.write(single)
+writer.write(MultiAgentBatch({"pole": multi}, 7))
+writer.cur_file.close()
+plain = lambda b: {k: (v if k == "infos" else [v.tolist(), str(v.dtype)]) for k, v in b.items()}
+print(json.dumps({"single": plain(single), "multi": plain(multi)}))
+"""
+
+
+@pytest.mark.rllib
+@pytest.mark.slow
+def test_a_file_written_by_rllibs_json_writer_reads_back(tmp_path):
+    from benchmark_runs import peer_venv
+
+    from benchmarks.harness import child_env
+    from benchmarks.rllib_env import RLLIB_ENV
+
+    python = peer_venv(".venv-rllib")
+    out = subprocess.run(
+        [python, "-c", RLLIB_WRITER, str(tmp_path)],
+        env=child_env(RLLIB_ENV),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    written = json.loads(out.stdout.strip().splitlines()[-1])
+    (path,) = tmp_path.glob("output-*.json")
+    assert isinstance(json.loads(path.read_text().splitlines()[0])["obs"], str)  # packed
+    experiences = open_experiences(path, spaces=SPACES, require=["action_logp"])
+    for policy_id, name in (("default_policy", "single"), ("pole", "multi")):
+        got = concat_samples(list(experiences.iter_batches(100, policy_id=policy_id)))
+        want = written[name]
+        assert sorted(got.keys()) == sorted(want.keys())
+        assert got["infos"] == want["infos"]
+        for key in ("obs", "new_obs"):  # packed: the very arrays, dtype and all
+            assert got[key].dtype == np.dtype(want[key][1])
+            np.testing.assert_array_equal(got[key], np.array(want[key][0], want[key][1]))
+        for key in set(want) - {"obs", "new_obs", "infos"}:  # lists: the same values
+            np.testing.assert_array_equal(got[key], np.array(want[key][0], want[key][1]))

@@ -1,10 +1,11 @@
 """The manifest beside experience files: what a reader needs to know without an env.
 
-`manifest.json` holds, per policy id, the observation and action spaces (through the
+`_manifest.json` holds, per policy id, the observation and action spaces (through the
 space codec), the stored columns' dtypes and row shapes, and the writer's weights
 version, plus the format and its version. Parquet files keep it in their policy's
-directory (DIR/<policy id>/manifest.json); RLlib-format JSON files, whose lines hold
-every policy, in their own directory. Written atomically; several writers (env
+directory (DIR/<policy id>/_manifest.json); RLlib-format JSON files, whose lines hold
+every policy, in their own directory, on one line (RLlib's reader, globbing *.json,
+skips it as one record without a "type"). Written atomically; several writers (env
 runners) may share a directory, so a manifest already there must agree.
 """
 
@@ -22,7 +23,7 @@ import gymnasium as gym
 from policy_service.io.space_codec import space_from_json, space_to_json
 from policy_service.offline.columns import LeafSpec, OfflineDataError
 
-MANIFEST = "manifest.json"
+MANIFEST = "_manifest.json"  # "_": pyarrow, pandas and Ray Data skip it in a directory
 FORMAT_VERSION = 1
 FORMATS = ("parquet", "rllib_json")
 
@@ -98,7 +99,7 @@ def write_json_atomically(path: Path, data: dict) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
+            json.dump(data, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,5 +1,5 @@
 """Experiences to Parquet: DIR/<policy id>/part-<writer>-<n>.parquet beside that
-policy's manifest.json, compressed columns in row groups, rotated at `max_file_size`
+policy's _manifest.json, compressed columns in row groups, rotated at `max_file_size`
 bytes, each file renamed into place only once complete (files.py)."""
 
 from __future__ import annotations

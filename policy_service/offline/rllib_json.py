@@ -174,7 +174,7 @@ def batch_line(
 class JsonExperienceWriter:
     """Writes batches as RLlib's JSON lines to `directory`, files rotated at
     `max_file_size` bytes and renamed into place only once complete; the spaces and
-    columns go to directory/manifest.json (RLlib itself ignores that file)."""
+    columns go to directory/_manifest.json (RLlib reads past it: a record without a "type")."""
 
     def __init__(
         self,
