@@ -527,3 +527,49 @@ def test_a_file_written_by_rllibs_json_writer_reads_back(tmp_path):
             np.testing.assert_array_equal(got[key], np.array(want[key][0], want[key][1]))
         for key in set(want) - {"obs", "new_obs", "infos"}:  # lists: the same values
             np.testing.assert_array_equal(got[key], np.array(want[key][0], want[key][1]))
+
+
+# --------------------------------------------------------------------------------------
+# The pieces: action checks and the shuffle buffer
+# --------------------------------------------------------------------------------------
+
+
+def test_actions_are_checked_against_each_kind_of_space():
+    from policy_service.offline.space_checks import first_outside
+
+    box = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    assert first_outside(box, np.array([[0, 1], [-1, 0.5]])) is None
+    row, action = first_outside(box, np.array([[0, 1], [0, np.nan], [2, 0]]))
+    assert row == 1 and np.isnan(action[1])  # NaN is outside any bound
+    assert first_outside(box, np.zeros((3, 3)))[0] == 0  # wrong shape
+    assert first_outside(gym.spaces.Discrete(3, start=1), np.array([1, 3, 0]))[0] == 2
+    assert first_outside(gym.spaces.Discrete(3), np.array([0.0, 1.5]))[0] == 1
+    assert first_outside(gym.spaces.MultiDiscrete([2, 3]), np.array([[1, 2], [1, 3]]))[0] == 1
+    assert first_outside(gym.spaces.MultiBinary(2), np.array([[0, 1], [1, 1]])) is None
+    nested = gym.spaces.Dict({"a": gym.spaces.Discrete(2), "b": box})
+    actions = {"a": np.array([0, 1, 1]), "b": np.array([[0, 0], [0, 0], [5, 0]])}
+    assert first_outside(nested, actions)[0] == 2
+
+
+def test_the_shuffle_buffer_holds_a_bounded_number_of_rows():
+    from policy_service.offline.shuffle import rebatch
+
+    read = [0]
+
+    def chunks():
+        for start in range(0, 10_000, 700):
+            chunk = {"x": np.arange(start, min(start + 700, 10_000))}
+            read[0] += len(chunk["x"])
+            yield chunk
+
+    emitted, behind, xs = 0, [], []
+    for batch in rebatch(chunks(), 100, shuffle_buffer_size=1000, rng=np.random.default_rng(0)):
+        emitted += len(batch["x"])
+        behind.append(read[0] - emitted)  # rows held: read but not yet handed out
+        xs.append(batch["x"])
+    assert max(behind) <= 1000 + 700 + 100
+    assert sorted(np.concatenate(xs)) == list(range(10_000))
+    assert emitted == 10_000 and all(len(x) == 100 for x in xs)
+    in_order = list(rebatch(chunks(), 300))
+    np.testing.assert_array_equal(np.concatenate([b["x"] for b in in_order]), np.arange(10_000))
+    assert [len(b["x"]) for b in in_order][-1] == 10_000 % 300

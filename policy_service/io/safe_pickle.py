@@ -476,6 +476,8 @@ def loads(data: bytes) -> Any:
     if len(vm.stack) != 1 or vm.marks:
         raise UnsafePickleError(f"the pickle ends with {len(vm.stack)} values, not 1")
     result = vm.stack[0]
+    if isinstance(result, _ArrayDraft):
+        raise UnsafePickleError("the pickle's numpy array never receives its data (BUILD)")
     return result.finish() if isinstance(result, _DtypeDraft) else result
 
 
