@@ -299,13 +299,18 @@ class TFPolicy(BatchLearning):
     ):
         """One unbatched observation -> (action, state_out list, extra), unbatched."""
         obs_batch = tree.map_structure(lambda o: np.asarray(o)[None], obs)
-        states = None if state is None else [np.asarray(s)[None] for s in state]
+        if state is not None and not isinstance(state, (list, tuple)):
+            raise ValueError(
+                f"state must be a list of arrays, one per state tensor, got {type(state).__name__}"
+            )
+        # batches of one, converted (and named when they cannot be) by compute_actions
+        states = None if state is None else [[s] for s in state]
         prev_a = (
             None
             if prev_action is None
             else tree.map_structure(lambda a: np.asarray(a)[None], prev_action)
         )
-        prev_r = None if prev_reward is None else np.asarray([prev_reward], np.float32)
+        prev_r = None if prev_reward is None else [prev_reward]
         actions, state_outs, extra = self.compute_actions(
             obs_batch, states, prev_a, prev_r, explore=explore, timestep=timestep
         )

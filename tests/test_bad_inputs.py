@@ -337,6 +337,31 @@ BAD_LSTM_ACTING = {  # issue 49: "could not convert string to float", naming not
 }
 
 
+BAD_SINGLE_ACTION = {
+    "string_state": ({"state": ["a" * CELL, np.zeros(CELL)]}, "state_in_0 must hold numbers"),
+    "ragged_state": (
+        {"state": [[[0.0], [0.0, 1.0]], np.zeros(CELL)]},
+        "state_in_0 cannot be read as one array of numbers",
+    ),
+    "state_not_a_list": (
+        {"state": "ab"},
+        "state must be a list of arrays, one per state tensor, got str",
+    ),
+    "string_prev_reward": (
+        {"prev_reward": "x"},
+        "prev_reward_batch must hold finite numbers, got <U1",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SINGLE_ACTION))
+def test_a_single_action_argument_of_the_wrong_kind_is_named(lstm, name):
+    kwargs, message = BAD_SINGLE_ACTION[name]
+    with pytest.raises(ValueError) as err:
+        lstm.compute_single_action(np.zeros(4, np.float32), **kwargs)
+    assert_one_line(err.value, message)
+
+
 @pytest.mark.parametrize("name", sorted(BAD_LSTM_ACTING))
 def test_an_lstm_acting_argument_of_the_wrong_kind_is_named(lstm, name):
     kwargs, message = BAD_LSTM_ACTING[name]
