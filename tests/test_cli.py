@@ -508,3 +508,35 @@ def test_metrics_become_plain_json():
     assert json_safe(
         {"a": np.float32(1.5), "b": float("nan"), "c": np.int64(3), "d": (1, float("inf"))}
     ) == {"a": 1.5, "b": None, "c": 3, "d": [1, None]}
+
+
+# ----- export: where --out can go --------------------------------------------------------------
+
+
+def _unwritable_dirs(tmp_path) -> list[tuple[Path, Path]]:
+    """(an --out, the directory it cannot be written in): /proc takes no new entries,
+    for root too; without root, neither does a directory of mode 0500."""
+    import os
+
+    cases = [(Path("/proc/nope/x"), Path("/proc"))] if Path("/proc").is_dir() else []
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        cases.append((locked / "deeper" / "model", locked))
+    return cases
+
+
+def test_export_to_an_unwritable_out_is_one_line_naming_it(tmp_path, capsys, cartpole_policy_dir):
+    """Was a FileNotFoundError traceback from checkpoints.atomic_directory; the check runs
+    before the checkpoint is read."""
+    from policy_service.cli import commands
+
+    cases = _unwritable_dirs(tmp_path)
+    if not cases:
+        pytest.skip("needs Linux's /proc, or a user other than root")
+    for out, where in cases:
+        assert commands.main(["export", str(cartpole_policy_dir), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert f"--out {out}: cannot write in {where} (" in err and err.endswith(")")
+        assert not out.exists()

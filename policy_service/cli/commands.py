@@ -14,6 +14,7 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 from policy_service.errors import RunFailure, UserError
 
@@ -107,10 +108,25 @@ def _export(args: argparse.Namespace) -> int:
     from policy_service.cli.user_modules import import_user_modules
 
     import_user_modules(args.imports)
-
+    _check_export_writable(args.out, evaluation.ExportTargetError)
     return evaluation.export(
         args.checkpoint, args.out, onnx_opset=args.onnx, force=args.force, policy_id=args.policy
     )
+
+
+def _check_export_writable(out: str, error: type[Exception]) -> None:
+    """The export can be written beside `out` (it is written in a temp dir there, then
+    renamed): a probe dir made and removed in the nearest directory that exists, as
+    `train --output-dir` checks; a file on the way is left to the export's own check."""
+    existing = Path(out).absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return
+    try:  # permissions, a read-only or full disk, a filesystem that takes no new entries
+        os.rmdir(tempfile.mkdtemp(prefix=".policy-service-probe-", dir=existing))
+    except OSError as err:
+        raise error(f"--out {out}: cannot write in {existing} ({err.strerror or err})") from None
 
 
 def _config(args: argparse.Namespace) -> int:
