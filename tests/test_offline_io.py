@@ -573,3 +573,48 @@ def test_the_shuffle_buffer_holds_a_bounded_number_of_rows():
     in_order = list(rebatch(chunks(), 300))
     np.testing.assert_array_equal(np.concatenate([b["x"] for b in in_order]), np.arange(10_000))
     assert [len(b["x"]) for b in in_order][-1] == 10_000 % 300
+
+
+RLLIB_READER = """
+import json, os, sys
+os.environ["RLLIB_TEST_NO_TF_IMPORT"] = "1"
+os.environ["RLLIB_TEST_NO_TORCH_IMPORT"] = "1"
+from ray.rllib.offline.json_reader import JsonReader
+
+out = []
+for batch in JsonReader(sys.argv[1]).read_all_files():
+    out.append({k: (v if k == "infos" else [v.tolist(), str(v.dtype)]) for k, v in batch.items()})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.rllib
+@pytest.mark.slow
+def test_rllibs_json_reader_reads_our_json_files(tmp_path):
+    from benchmark_runs import peer_venv
+
+    from benchmarks.harness import child_env
+    from benchmarks.rllib_env import RLLIB_ENV
+
+    batches = [cartpole_rows(6), cartpole_rows(4, 6, seed=2)]
+    with JsonExperienceWriter(tmp_path, SPACES) as w:
+        for batch in batches:
+            w.write(batch)
+    (path,) = tmp_path.glob("output-*.json")
+    out = subprocess.run(
+        [peer_venv(".venv-rllib"), "-c", RLLIB_READER, str(path)],
+        env=child_env(RLLIB_ENV),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    read = json.loads(out.stdout.strip().splitlines()[-1])
+    assert len(read) == 2
+    for got, want in zip(read, batches):
+        assert sorted(got) == sorted(want)
+        for key in ("obs", "new_obs"):  # packed by us, unpacked by RLlib: same dtype
+            assert got[key][1] == "float32"
+        for key in set(want) - {"infos"}:
+            np.testing.assert_array_equal(np.array(got[key][0], want[key].dtype), want[key])
+        assert got["infos"] == [{"step": i["step"], "x": 0.5} for i in want["infos"]]
