@@ -280,6 +280,18 @@ class TFPolicy(BatchLearning):
     def compute_actions_from_input_dict(
         self, input_dict: dict, explore=None, timestep=None, **kwargs
     ):
+        """compute_actions on the columns of `input_dict`: one step per row."""
+        if SampleBatch.OBS not in input_dict:
+            raise ValueError(f"input_dict has no 'obs'; it has {sorted(input_dict)}")
+        seq_lens = input_dict.get(SampleBatch.SEQ_LENS)
+        if seq_lens is not None:
+            rows = len(tree.flatten(input_dict[SampleBatch.OBS])[0])
+            lengths = numeric_array(seq_lens, "input_dict['seq_lens']").reshape(-1)
+            if len(lengths) != rows or np.any(lengths != 1):
+                raise ValueError(
+                    f"input_dict['seq_lens'] must be 1 for each of the {rows} rows (acting "
+                    f"takes one step per row), got {lengths.tolist()}"
+                )
         states = [
             input_dict[f"state_in_{i}"]
             for i in range(self.num_state_tensors())

@@ -354,6 +354,27 @@ BAD_SINGLE_ACTION = {
 }
 
 
+def test_an_input_dict_of_sequences_is_refused_by_one_step_acting(lstm):
+    """compute_actions_from_input_dict acts one step per row: seq_lens, when given,
+    must say so, or 10 rows of two sequences would be read as 10 first steps."""
+    states = [np.zeros((10, CELL), np.float32) for _ in range(2)]
+    input_dict = {"obs": np.zeros((10, 4), np.float32), "state_in_0": states[0]}
+    input_dict.update(state_in_1=states[1], seq_lens=np.array([5, 5], np.int32))
+    with pytest.raises(ValueError) as err:
+        lstm.compute_actions_from_input_dict(input_dict)
+    assert_one_line(
+        err.value,
+        "input_dict['seq_lens'] must be 1 for each of the 10 rows (acting takes one step "
+        "per row), got [5, 5]",
+    )
+    input_dict["seq_lens"] = np.ones(10, np.int32)
+    actions, _, _ = lstm.compute_actions_from_input_dict(input_dict)
+    assert actions.shape == (10,)
+    with pytest.raises(ValueError) as err:
+        lstm.compute_actions_from_input_dict({"observations": np.zeros((2, 4))})
+    assert_one_line(err.value, "input_dict has no 'obs'; it has ['observations']")
+
+
 @pytest.mark.parametrize("name", sorted(BAD_SINGLE_ACTION))
 def test_a_single_action_argument_of_the_wrong_kind_is_named(lstm, name):
     kwargs, message = BAD_SINGLE_ACTION[name]
