@@ -31,7 +31,9 @@ from typing import TYPE_CHECKING, ClassVar, cast
 
 import numpy as np
 
+from algorithms.config_builder import ConfigBuilder
 from algorithms.environments import env_maker
+from algorithms.periodic_evaluation import Evaluation, evaluation_config_error
 from policy_service import atari, observation_filters, spaces
 from policy_service.callbacks import (
     CallbackList,
@@ -85,8 +87,14 @@ FRAGMENT_LENGTH = Rule(
 
 
 @dataclass
-class AlgorithmConfig(PolicyConfig):
-    """The loop's keys on top of the policy's (RLlib's names where RLlib has one)."""
+class AlgorithmConfig(PolicyConfig, ConfigBuilder):
+    """The loop's keys on top of the policy's (RLlib's names where RLlib has one), and
+    RLlib's builder methods (`PPOConfig().environment(...).training(...)`,
+    algorithms/config_builder.py)."""
+
+    # RLlib's flat key "callbacks" is the field callbacks_class (the builder's method
+    # `callbacks()` takes the name)
+    KEY_ALIASES: ClassVar[dict[str, str]] = {"callbacks": "callbacks_class"}
 
     # the algorithm's training_step can learn from external_env clients' episodes
     # (ExternalEnvRunners standing in for the EnvRunnerGroup); False: refused in one line
@@ -141,12 +149,51 @@ class AlgorithmConfig(PolicyConfig):
     ray_num_cpus: int | None = setting(
         None, doc="CPUs of the Ray started here when none runs.", check=integer(ge=1)
     )
-    callbacks: type | str | list | None = setting(
+    callbacks_class: type | str | list | None = setting(
         None,
         doc="The user's hooks (policy_service.Callbacks): a subclass, 'module.Class' of a "
         "module given to --import, or a list of them; episode and sample hooks run in the "
         "env runners, the others in the driver.",
         check=callbacks_config_error,
+    )
+    evaluation_interval: int | None = setting(
+        None,
+        doc="Evaluate every this many iterations (results under evaluation/); None: never "
+        "during training (algo.evaluate() still runs one).",
+        check=integer(ge=1),
+    )
+    evaluation_duration: int = setting(
+        10, doc="Episodes (or timesteps) an evaluation plays.", check=integer(ge=1)
+    )
+    evaluation_duration_unit: str = setting(
+        "episodes",
+        doc='What evaluation_duration counts: "episodes", or "timesteps" (whole episodes '
+        "until that many steps).",
+        check=one_of("episodes", "timesteps"),
+    )
+    evaluation_num_env_runners: int = setting(
+        0, doc="Evaluation runner actors; 0: evaluation plays in the driver.", check=integer(ge=0)
+    )
+    evaluation_parallel_to_training: bool = setting(
+        False,
+        doc="Evaluate in the runner actors while the iteration trains, with the weights it "
+        "started with (needs evaluation_num_env_runners >= 1).",
+    )
+    evaluation_config: dict | None = setting(
+        None,
+        doc='Overrides for evaluation: "explore" (e.g. False: greedy actions), "env_config".',
+        check=evaluation_config_error,
+    )
+    evaluation_sample_timeout_s: float = setting(
+        120.0,
+        doc="An evaluation runner that has not answered in this long is counted out (its "
+        "episodes missing; evaluation/timed_out).",
+        check=finite(gt=0),
+    )
+    custom_evaluation_function: Callable | None = setting(
+        None,
+        doc="(algorithm, evaluation) -> metrics dict, instead of the built-in evaluation "
+        "(`evaluation.run()` plays it); its keys go under evaluation/.",
     )
     tensorboard_histograms_every: int = setting(
         10,
@@ -247,6 +294,12 @@ class AlgorithmConfig(PolicyConfig):
             self.train_batch_size * MIN_ROW_BYTES,
             f"{MIN_ROW_BYTES} bytes a row",
         )
+        if self.evaluation_parallel_to_training and self.evaluation_num_env_runners < 1:
+            raise ConfigError(
+                f"{self.key_prefix}.evaluation_parallel_to_training needs evaluation runner "
+                "actors: set evaluation_num_env_runners >= 1, got "
+                f"{self.evaluation_num_env_runners}"
+            )
         if self.external_env and self.observation_filter != "NoFilter":
             raise ConfigError(
                 f"{self.key_prefix}.observation_filter must be 'NoFilter' with external_env: "
@@ -384,10 +437,10 @@ class Algorithm:
         self._hist_data: dict[str, list] = {}
         self._logged = LoggedMetrics()
         try:  # the classes go to the env runners; configs and checkpoints name them
-            self.callback_classes = callbacks_classes(self.config.callbacks)
+            self.callback_classes = callbacks_classes(self.config.callbacks_class)
         except ValueError as err:
             raise ConfigError(f"config.callbacks: {err}") from None
-        self.config.callbacks = callbacks_name(self.config.callbacks)
+        self.config.callbacks_class = callbacks_name(self.config.callbacks_class)
         self.callbacks: CallbackList = make_callbacks(self.callback_classes)
         if self.config.frozen_copies:
             self.callbacks.members.append(
@@ -433,6 +486,7 @@ class Algorithm:
         except BaseException:
             self.stop()
             raise
+        self.evaluation: Evaluation | None = None  # built at the first evaluation
         self.callbacks.call("on_algorithm_init", algorithm=self)
 
     # ----- the loop -------------------------------------------------------------------
@@ -452,14 +506,53 @@ class Algorithm:
         )
         self._iteration_changed_state = False
         start = time.perf_counter()
+        interval = self.config.evaluation_interval
+        evaluating = interval is not None and (self.iteration + 1) % interval == 0
+        parallel = evaluating and self.config.evaluation_parallel_to_training
+        if parallel:  # with the weights this iteration starts with (RLlib's rule)
+            self.callbacks.call("on_evaluate_start", algorithm=self)
+            self._evaluation().start()
         stats = self.training_step()
         self.sync_learner_filters()
         self.iteration += 1
+        result_evaluation = {}
+        if evaluating:
+            result_evaluation = self._evaluation_finished() if parallel else self.evaluate()
         elapsed = time.perf_counter() - start
         self.time_total_s += elapsed
         result = self._metrics(stats, elapsed)
+        result.update(result_evaluation)
         self.callbacks.call("on_train_result", algorithm=self, result=result)
         return result
+
+    def evaluate(self) -> dict:
+        """One evaluation now (periodic_evaluation.py) -> its metrics, under "evaluation/"
+        (or what custom_evaluation_function returns, prefixed so)."""
+        self.callbacks.call("on_evaluate_start", algorithm=self)
+        custom = self.config.custom_evaluation_function
+        if custom is not None:
+            metrics = {f"evaluation/{k}": v for k, v in custom(self, self._evaluation()).items()}
+        else:
+            metrics = self._evaluation().run()
+        self.callbacks.call("on_evaluate_end", algorithm=self, evaluation_metrics=metrics)
+        return metrics
+
+    def _evaluation_finished(self) -> dict:
+        metrics = self._evaluation().finish()
+        self.callbacks.call("on_evaluate_end", algorithm=self, evaluation_metrics=metrics)
+        return metrics
+
+    def _evaluation(self) -> Evaluation:
+        if self.multi_agent is not None:
+            raise ConfigError(
+                "config.evaluation_interval: evaluation during training plays one policy for "
+                "now; with config.policies, evaluate checkpoints with `policy-service evaluate "
+                "--policy ID`"
+            )
+        if self.evaluation is None:
+            self.sync_learner_filters()  # the state evaluation copies holds the statistics
+            self.evaluation = Evaluation(self.config, self.learners.get_state)
+        return self.evaluation
 
     def copy_policy_weights(self, targets: dict) -> None:
         """Each target policy id takes the weights of its source policy id (`targets`:
@@ -1119,6 +1212,9 @@ class Algorithm:
         built both groups)."""
         if not self._stopped:
             self._stopped = True
+            evaluation = getattr(self, "evaluation", None)
+            if evaluation is not None:
+                evaluation.stop()
             # env runners first: ones acting through the learners would fail on them
             groups = (getattr(self, "env_runners", None), getattr(self, "learners", None))
             for group in (*groups, *(getattr(self, "multi_agent", None) or ())):

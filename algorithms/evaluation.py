@@ -109,7 +109,7 @@ def _load(
         return ReadyPolicy(checkpoint, chosen, multi_env, env_name, policies)
     env_id, env_config = environment_of(checkpoint, env)
     preprocessor_pref = (checkpoint.algorithm_config or {}).get("preprocessor_pref", "deepmind")
-    environment = _make_env(env_id, env_config, preprocessor_pref)
+    environment = make_env(env_id, env_config, preprocessor_pref)
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
         check_spaces_fit(
@@ -300,7 +300,7 @@ def check_export_target(out: str, force: bool) -> None:
         raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
-def _make_env(env_id: str, env_config: dict, preprocessor_pref: str | None):
+def make_env(env_id: str, env_config: dict, preprocessor_pref: str | None):
     """The env the checkpoint's policy plays, preprocessed as it was in training."""
     import gymnasium as gym
 

@@ -148,7 +148,11 @@ class Config:
         check_fields(self)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The config as a plain dict, each key as users write it (KEY_ALIASES)."""
+        values = dataclasses.asdict(self)
+        for alias, name in getattr(type(self), "KEY_ALIASES", {}).items():
+            values[alias] = values.pop(name)
+        return values
 
     def check_fits_in_memory(self, key: str, needed_bytes: int, what: str) -> None:
         """A rule across the machine: `key`'s value needs at least `needed_bytes`
@@ -220,12 +224,53 @@ class ModelConfig(Config):
     )
     lstm_use_prev_action: bool = setting(False, doc="Feed the previous action to the LSTM.")
     lstm_use_prev_reward: bool = setting(False, doc="Feed the previous reward to the LSTM.")
+    use_attention: bool = setting(
+        False,
+        doc="A GTrXL (gated transformer) over the encoder, its memory the recurrent state "
+        "(RLlib's; attention.py).",
+    )
+    attention_num_transformer_units: int = setting(
+        1, doc="Transformer units of the GTrXL.", check=integer(ge=1)
+    )
+    attention_dim: int = setting(
+        64, doc="Width of the units' inputs and outputs.", check=integer(ge=1)
+    )
+    attention_num_heads: int = setting(1, doc="Attention heads per unit.", check=integer(ge=1))
+    attention_head_dim: int = setting(32, doc="Width of each attention head.", check=integer(ge=1))
+    attention_memory_inference: int = setting(
+        50,
+        doc="Past inputs per unit held in the state and attended to while acting.",
+        check=integer(ge=1),
+    )
+    attention_memory_training: int = setting(
+        50,
+        doc="Past inputs per unit attended to in training (at most attention_memory_inference).",
+        check=integer(ge=1),
+    )
+    attention_position_wise_mlp_dim: int = setting(
+        32, doc="Hidden width of each unit's position-wise MLP.", check=integer(ge=1)
+    )
+    attention_init_gru_gate_bias: float = setting(
+        2.0,
+        doc="Initial bias of the GRU gates (> 0: each unit starts near the identity).",
+        check=finite(),
+    )
+    attention_use_n_prev_actions: int = setting(
+        0, doc="Feed the previous action to the GTrXL (0 or 1 here).", check=integer(ge=0)
+    )
+    attention_use_n_prev_rewards: int = setting(
+        0, doc="Feed the previous reward to the GTrXL (0 or 1 here).", check=integer(ge=0)
+    )
     use_batch_norm: bool = setting(False, doc="Batch normalization after each hidden dense layer.")
     custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
 
     def __post_init__(self):
         super().__post_init__()
+        if self.use_lstm and self.use_attention:
+            raise ConfigError(
+                "config.model.use_attention and use_lstm are two memories: set one, got both True"
+            )
         sizes = self.fcnet_hiddens
         weights = sum(a * b for a, b in zip(sizes, sizes[1:]))
         self.check_fits_in_memory("fcnet_hiddens", 4 * weights, "4 bytes a weight, layer to layer")
@@ -373,11 +418,34 @@ def from_dict(cls: type[T], values: dict | T | None, where: str | None = None) -
         values = dataclasses.asdict(values)
     if not isinstance(values, dict):
         raise ConfigTypeError(f"{where} must be a dict, got {type(values).__name__}")
+    values = with_field_names(cls, values)
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(map(str, set(values) - known))
     if unknown:
         raise ConfigError(unknown_keys_message(where, unknown, known))
     return cls(**values)
+
+
+def user_key(cls: type, name: str) -> str:
+    """How users write field `name` of config class `cls` (its alias, if it has one)."""
+    aliases = getattr(cls, "KEY_ALIASES", {})
+    return next((alias for alias, field in aliases.items() if field == name), name)
+
+
+def with_field_names(cls: type, values: dict) -> dict:
+    """`values` with each key a config class spells otherwise (its KEY_ALIASES, e.g. RLlib's
+    flat "callbacks" for the field callbacks_class) as its field's name; both at once is
+    an error naming them."""
+    aliases = getattr(cls, "KEY_ALIASES", {})
+    if not any(alias in values for alias in aliases):
+        return values
+    renamed = dict(values)
+    for alias, name in aliases.items():
+        if alias in renamed:
+            if name in renamed:
+                raise ConfigError(f"config keys {alias!r} and {name!r} are one setting: give one")
+            renamed[name] = renamed.pop(alias)
+    return renamed
 
 
 def unknown_keys_message(where: str, unknown: list[str], known: set[str]) -> str:
@@ -405,7 +473,7 @@ def check_fields(config: Config) -> None:
     for f in dataclasses.fields(cls):
         name, annotation = f.name, hints[f.name]
         value = getattr(config, name)
-        key = f"{cls.key_prefix}.{name}"
+        key = f"{cls.key_prefix}.{user_key(cls, name)}"
         if isinstance(annotation, type) and issubclass(annotation, Config):
             if not isinstance(value, annotation):
                 setattr(config, name, from_dict(annotation, value, where=key))

@@ -1,0 +1,224 @@
+"""Evaluation during training, with RLlib's keys (`evaluation_interval`, ...).
+
+    config = {..., "evaluation_interval": 2, "evaluation_duration": 10,
+              "evaluation_config": {"explore": False}}
+    result = algo.train()           # every 2nd iteration: result["evaluation/episode_return_mean"]
+    metrics = algo.evaluate()       # any time
+
+Each evaluation plays whole episodes with a copy of the learner policy's state (weights,
+observation filter statistics, timestep), never changing them. Episode i of an
+evaluation is seeded seed + i (config seed, else 0), the same every time, as
+`policy-service evaluate --seed` seeds its episodes: an evaluation of iteration k
+returns exactly what `evaluate` of iteration k's checkpoint returns. With
+`evaluation_num_env_runners` N >= 1 the episodes are spread over N runner actors (runner
+r plays episodes r, r + N, ...; a dead runner is replaced and its share played again);
+with 0 they are played in the driver. `evaluation_duration_unit: "timesteps"` plays
+whole episodes until that many steps were played. `evaluation_parallel_to_training`
+plays them in the runner actors while the iteration trains, with the weights the
+iteration started with (RLlib's rule).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from algorithms.evaluation import make_env, run_episodes
+from algorithms.saved_policies import policy_from_state
+from policy_service import models
+from policy_service.errors import RunFailure, one_line
+
+# evaluation_config keys that change how evaluation plays; any other is refused
+EVALUATION_OVERRIDES = ("explore", "env_config")
+PREFIX = "evaluation/"
+
+
+class EvaluationPlayer:
+    """A policy copy and its env, playing seeded episodes (in the driver, or as the
+    Ray actor `EvaluationRunner`)."""
+
+    def __init__(
+        self,
+        env_id: str,
+        env_config: dict,
+        preprocessor_pref: str | None,
+        custom_models: dict | None = None,
+    ):
+        models.register_custom_models(custom_models)
+        self._env = make_env(env_id, env_config, preprocessor_pref)
+        self._policy: Any = None
+
+    def play(
+        self, state: dict, seeds: list[int], explore: bool, timesteps: int | None = None
+    ) -> dict:
+        """Episodes seeded `seeds[0]`, `seeds[1]`, ... (all of them; with `timesteps`,
+        until that many steps were played) -> "episode_returns", "episode_lengths"."""
+        if self._policy is None:
+            self._policy = policy_from_state(state)
+        else:
+            self._policy.set_state(state)
+        returns: list[float] = []
+        lengths: list[int] = []
+        for seed in seeds:
+            if timesteps is not None and sum(lengths) >= timesteps:
+                break
+            played = run_episodes(self._policy, self._env, 1, explore, seed)
+            returns += played["episode_returns"]
+            lengths += played["episode_lengths"]
+        return {"episode_returns": returns, "episode_lengths": lengths}
+
+    def ping(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        self._env.close()
+
+
+class Evaluation:
+    """The evaluations of one run: where they play, and their metrics."""
+
+    def __init__(self, config, policy_state: Callable[[], dict]):
+        self.config = config
+        self._state = policy_state
+        overrides = dict(config.evaluation_config or {})
+        self.explore = bool(overrides.get("explore", config.explore))
+        env_config = dict(overrides.get("env_config", config.env_config))
+        self._player_args = (config.env, env_config, config.preprocessor_pref)
+        self.seed = 0 if config.seed is None else int(config.seed)
+        self.num_runner_restarts = 0
+        self._local: EvaluationPlayer | None = None
+        self._runners: list = []
+        self._pending: list | None = None  # a parallel evaluation's requests
+        if config.evaluation_num_env_runners > 0:
+            self._runners = [self._start_runner() for _ in range(config.evaluation_num_env_runners)]
+
+    # ----- one evaluation --------------------------------------------------------------
+
+    def run(self) -> dict:
+        """Play the configured duration now -> metrics under "evaluation/"."""
+        self.start()
+        return self.finish()
+
+    def start(self) -> None:
+        """Start playing in the runner actors (not waiting), with the current state."""
+        state = self._state()
+        if not self._runners:
+            self._pending = [("local", state)]
+            return
+        self._pending = [
+            (slot, state, self._ask(slot, state)) for slot in range(len(self._runners))
+        ]
+
+    def finish(self) -> dict:
+        """Wait for the evaluation `start` began -> its metrics."""
+        assert self._pending is not None, "finish() without start()"
+        pending, self._pending = self._pending, None
+        if not self._runners:
+            played = [self._play_here(pending[0][1])]
+        else:
+            played = [self._result(slot, state, ref) for slot, state, ref in pending]
+        return self._metrics(played)
+
+    # ----- where episodes are played ---------------------------------------------------
+
+    def _seeds(self, slot: int, count: int) -> list[int]:
+        """The seeds of runner `slot` out of `count`: episodes slot, slot + count, ..."""
+        cfg = self.config
+        total = cfg.evaluation_duration if cfg.evaluation_duration_unit == "episodes" else None
+        if total is None:  # timesteps: at most one step per episode, so this many suffice
+            total = cfg.evaluation_duration * count
+        return [self.seed + i for i in range(slot, total, count)]
+
+    def _timesteps(self, count: int) -> int | None:
+        cfg = self.config
+        if cfg.evaluation_duration_unit != "timesteps":
+            return None
+        return math.ceil(cfg.evaluation_duration / count)
+
+    def _play_here(self, state: dict) -> dict:
+        if self._local is None:
+            self._local = EvaluationPlayer(*self._player_args)
+        return self._local.play(state, self._seeds(0, 1), self.explore, self._timesteps(1))
+
+    def _start_runner(self):
+        import ray
+
+        runner_cls = ray.remote(num_cpus=self.config.num_cpus_per_env_runner)(EvaluationPlayer)
+        return runner_cls.remote(*self._player_args, models.custom_model_registry())
+
+    def _ask(self, slot: int, state: dict):
+        count = len(self._runners)
+        return self._runners[slot].play.remote(
+            state, self._seeds(slot, count), self.explore, self._timesteps(count)
+        )
+
+    def _result(self, slot: int, state: dict, ref) -> dict:
+        """Runner `slot`'s episodes; a runner that died is replaced (within the env
+        runners' budget, max_restarts) and plays its share again."""
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        from policy_service.distributed.env_runner_group import DEFAULT_MAX_RESTARTS
+
+        timeout = self.config.evaluation_sample_timeout_s
+        while True:
+            try:
+                return ray.get(ref, timeout=timeout)
+            except GetTimeoutError:
+                ray.cancel(ref, force=True)
+                return {"episode_returns": [], "episode_lengths": [], "timed_out": True}
+            except RayActorError as err:
+                if self.num_runner_restarts >= DEFAULT_MAX_RESTARTS:
+                    raise RunFailure(
+                        f"evaluation env runner {slot + 1} died and the restart budget "
+                        f"({DEFAULT_MAX_RESTARTS} restarts) is spent: {one_line(err)}"
+                    ) from None
+                self.num_runner_restarts += 1
+                self._runners[slot] = self._start_runner()
+                ref = self._ask(slot, state)
+
+    def _metrics(self, played: list[dict]) -> dict:
+        returns = np.asarray([r for p in played for r in p["episode_returns"]], np.float64)
+        lengths = np.asarray([n for p in played for n in p["episode_lengths"]], np.float64)
+        nan = float("nan")
+        return {
+            f"{PREFIX}episode_return_mean": float(returns.mean()) if len(returns) else nan,
+            f"{PREFIX}episode_return_min": float(returns.min()) if len(returns) else nan,
+            f"{PREFIX}episode_return_max": float(returns.max()) if len(returns) else nan,
+            f"{PREFIX}episode_len_mean": float(lengths.mean()) if len(lengths) else nan,
+            f"{PREFIX}num_episodes": len(returns),
+            f"{PREFIX}num_env_steps": int(lengths.sum()),
+            f"{PREFIX}episode_returns": returns.tolist(),
+            f"{PREFIX}num_runner_restarts": self.num_runner_restarts,
+            f"{PREFIX}timed_out": any(p.get("timed_out", False) for p in played),
+        }
+
+    def stop(self) -> None:
+        import ray
+
+        if self._local is not None:
+            self._local.stop()
+        for runner in self._runners:
+            try:
+                ray.kill(runner, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        self._runners = []
+
+
+def evaluation_config_error(overrides: Any) -> str | None:
+    """The rule of `evaluation_config`: a dict of keys that change how evaluation plays."""
+    unknown = sorted(set(overrides) - set(EVALUATION_OVERRIDES))
+    if unknown:
+        return (
+            f"a dict of {', '.join(EVALUATION_OVERRIDES)} (what changes how evaluation "
+            f"plays), not {unknown[0]!r}"
+        )
+    if "explore" in overrides and not isinstance(overrides["explore"], bool):
+        return f"explore: a bool, got {overrides['explore']!r}"
+    if "env_config" in overrides and not isinstance(overrides["env_config"], dict):
+        return f"env_config: a dict, got {overrides['env_config']!r}"
+    return None
