@@ -38,14 +38,18 @@ RUN_TESTS = rc=0; $(PYTEST) -m "$(1)" $(2) || rc=$$?; \
 
 # The suite without the slow group (learning runs, benchmark smoke runs, the
 # RLlib differential test), in two worker processes, a test file per worker at a
-# time (so a module's Ray and built policies are made once), the 25 slowest tests
-# reported to keep the 12-minute budget in view; CI runs both groups.
+# time (so a module's Ray and built policies are made once), the costliest file left
+# first (tests/conftest.py, from the seconds every run records), the 25 slowest tests
+# reported to keep the budget in view (8 minutes quiet, 12 beside a CPU-bound job);
+# CI runs both groups.
 TEST_WORKERS ?= 2
 test: $(STAMP) lint
 	@$(call RUN_TESTS,not slow,-n $(TEST_WORKERS) --dist loadfile --durations 25)
 
 # The slow group the same way: its files' minutes of learning and child processes
-# overlap on the two cores (CI's 90 minutes hold both groups only so).
+# overlap on the two cores, the longest first so that none runs alone at the end; the
+# peers' virtualenvs are built once per machine (tests/benchmark_runs.py). CI's budget
+# for both groups: 45 minutes.
 test-slow: $(STAMP)
 	@$(call RUN_TESTS,slow,-n $(TEST_WORKERS) --dist loadfile --durations 40)
 
