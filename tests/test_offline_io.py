@@ -618,3 +618,14 @@ def test_rllibs_json_reader_reads_our_json_files(tmp_path):
         for key in set(want) - {"infos"}:
             np.testing.assert_array_equal(np.array(got[key][0], want[key].dtype), want[key])
         assert got["infos"] == [{"step": i["step"], "x": 0.5} for i in want["infos"]]
+
+
+def test_a_packed_column_of_anything_but_arrays_is_refused(tmp_path):
+    path = tmp_path / "data.json"
+    for value, what in (({"a": [1]}, "a pickle of dict"), ("text", "a pickle of str")):
+        line = {"type": "SampleBatch", "obs": rllib_pack(value), "actions": [0], "rewards": [1]}
+        path.write_text(json.dumps(line) + "\n")
+        one_line_error(f"column 'obs': the packed value is {what}", open_experiences, path)
+    line = {"type": "SampleBatch", "obs": "bm90IGx6NA==", "actions": [0], "rewards": [1]}
+    path.write_text(json.dumps(line) + "\n")  # base64, but not an LZ4 frame
+    one_line_error("column 'obs': not a packed numpy array", open_experiences, path)

@@ -235,3 +235,9 @@ def test_array_bytes_must_match_the_shape():
     assert data.count(b"K\x04\x85") == 1  # the shape tuple (4,)
     with pytest.raises(UnsafePickleError, match="holds 16 bytes, expected 20"):
         loads(data.replace(b"K\x04\x85", b"K\x05\x85"))
+
+
+def test_numbers_out_of_range_are_one_line_errors():
+    data = pickle.dumps(Reduces(complex, 10**400), protocol=2)  # complex(a 400-digit int)
+    with pytest.raises(UnsafePickleError, match="malformed .*OverflowError"):
+        loads(data)

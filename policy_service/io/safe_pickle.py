@@ -470,8 +470,9 @@ def loads(data: bytes) -> Any:
             raise UnsafePickleError("the pickle ends without a STOP opcode")
     except UnsafePickleError:
         raise
-    except (ValueError, IndexError, TypeError, KeyError, AttributeError) as err:
-        # Truncated or malformed opcodes, a pop from an empty stack, unhashable keys.
+    except (ValueError, IndexError, TypeError, KeyError, AttributeError, ArithmeticError) as err:
+        # Truncated or malformed opcodes, a pop from an empty stack, unhashable keys,
+        # numbers out of range.
         raise UnsafePickleError(f"the pickle is malformed ({type(err).__name__}: {err})") from None
     if len(vm.stack) != 1 or vm.marks:
         raise UnsafePickleError(f"the pickle ends with {len(vm.stack)} values, not 1")

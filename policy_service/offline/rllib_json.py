@@ -44,13 +44,20 @@ def pack(array: np.ndarray) -> str:
 
 
 def _arrays_only(value: Any) -> bool:
-    if isinstance(value, np.ndarray):
-        return True
-    if isinstance(value, Mapping):
-        return all(_arrays_only(v) for v in value.values())
-    if isinstance(value, tuple | list):
-        return all(_arrays_only(v) for v in value)
-    return False
+    """Whether `value` is an array or a nest (dicts, tuples, lists) of arrays only."""
+    todo, seen = [value], set()
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            return False  # a container that holds itself
+        seen.add(id(item))
+        if isinstance(item, Mapping):
+            todo += list(item.values())
+        elif isinstance(item, tuple | list):
+            todo += list(item)
+        elif not isinstance(item, np.ndarray):
+            return False
+    return True
 
 
 def _what(value: Any) -> str:
