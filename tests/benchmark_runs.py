@@ -21,6 +21,7 @@ VENV_CACHE = Path(
     os.environ.get("PEER_VENV_CACHE", Path.home() / ".cache" / "policy_service" / "venvs")
 )
 UNUSED_VENV_DAYS = 14  # a cached venv of another key is deleted after this long unused
+_checked: dict[str, str] = {}  # name -> python, once per pytest process (the check imports TF)
 
 
 def run_module(module: str, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
@@ -70,6 +71,13 @@ def peer_venv(name: str) -> str:
     Python; REPO/<name> becomes a directory of links to it, so the scripts that take
     REPO/<name> find it and git ignores it as it does the built one. A file lock
     keeps two pytest workers from building one venv at once."""
+    if name in _checked:
+        return _checked[name]
+    _checked[name] = _peer_venv(name)
+    return _checked[name]
+
+
+def _peer_venv(name: str) -> str:
     from benchmarks import harness, rllib_env
 
     ensure: Callable[[Path], str] = {
