@@ -23,11 +23,24 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import spaces
+from policy_service.action_features import (
+    action_feature_shape,
+    action_features,
+    action_tensor_specs,
+)
+from policy_service.attention import GTrXLModel
 from policy_service.complex_inputs import ComplexInputEncoder
 from policy_service.config import ConfigError, ModelConfig
 from policy_service.encoders import Encoder, NormcInitializer
 
-__all__ = ["Encoder", "NormcInitializer"]  # re-exported: they lived here
+# re-exported: they lived here
+__all__ = [
+    "Encoder",
+    "NormcInitializer",
+    "action_feature_shape",
+    "action_features",
+    "action_tensor_specs",
+]
 
 _CUSTOM_MODELS: dict[str, Callable] = {}
 
@@ -237,57 +250,10 @@ class LSTMModel(keras.Model):
         return [np.zeros(self.cell_size, np.float32), np.zeros(self.cell_size, np.float32)]
 
 
-def action_tensor_specs(action_space):
-    """TensorSpecs of a batch of actions as the env takes them, nested like the space:
-    <int64>[B] (Discrete), <int64>[B, k] (MultiDiscrete), <float32>[B, d] (Box)."""
-    return spaces.nest_actions(
-        action_space,
-        [
-            tf.TensorSpec((None, *shape), tf.as_dtype(dtype))
-            for dtype, shape in spaces.action_leaf_specs(action_space)
-        ],
-    )
-
-
-def action_feature_shape(action_space) -> tuple:
-    """Shape of one action as a model feature (one-hot for discrete actions, leaves
-    concatenated)."""
-    return (sum(_leaf_feature_size(leaf) for _, leaf in spaces.action_leaves(action_space)),)
-
-
-def _leaf_feature_size(space) -> int:
-    if isinstance(space, gym.spaces.Discrete):
-        return int(space.n)
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return int(np.sum(space.nvec))
-    return int(np.prod(space.shape))
-
-
-def action_features(action_space, actions):
-    """Actions as float features: one-hot for (Multi)Discrete, flattened for Box;
-    the leaves of a nested space concatenated in dm-tree order."""
-    leaves = spaces.action_leaves(action_space)
-    values = spaces.action_leaf_values(action_space, actions, "prev_actions")
-    parts = [_leaf_features(space, value) for (_, space), value in zip(leaves, values)]
-    return parts[0] if len(parts) == 1 else tf.concat(parts, axis=-1)
-
-
-def _leaf_features(action_space, actions):
-    if isinstance(action_space, gym.spaces.Discrete):
-        return tf.one_hot(tf.cast(actions, tf.int32) - int(action_space.start), int(action_space.n))
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
-        actions = tf.cast(actions, tf.int32)
-        return tf.concat(
-            [tf.one_hot(actions[:, i], int(n)) for i, n in enumerate(action_space.nvec.ravel())],
-            axis=-1,
-        )
-    return tf.reshape(tf.cast(actions, tf.float32), [-1, int(np.prod(action_space.shape))])
-
-
 def build_model(
     obs_space: gym.spaces.Box, action_space, num_outputs: int, config: ModelConfig
 ) -> keras.Model:
-    """The model the config asks for: custom, LSTM, or feed-forward."""
+    """The model the config asks for: custom, LSTM, GTrXL (use_attention) or feed-forward."""
     if config.custom_model is not None:
         check_custom_model(config.custom_model)
         return _CUSTOM_MODELS[config.custom_model](
@@ -295,6 +261,8 @@ def build_model(
         )
     if config.use_lstm:
         return LSTMModel(obs_space, action_space, num_outputs, config)
+    if config.use_attention:
+        return GTrXLModel(obs_space, action_space, num_outputs, config)
     return FeedForwardModel(obs_space, action_space, num_outputs, config)
 
 
