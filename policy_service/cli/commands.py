@@ -190,6 +190,94 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
 
+def _tune(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from policy_service.cli.tune_command import TuneOptions, tune
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports, to_ray_workers=True)
+    return tune(
+        TuneOptions(
+            algorithm=args.algorithm,
+            env=args.env,
+            config_file=args.config,
+            search_file=args.search,
+            num_samples=args.num_samples,
+            scheduler=args.scheduler,
+            max_concurrent=args.max_concurrent,
+            resume=args.resume,
+            address=args.address,
+            stop_reward=args.stop_reward,
+            stop_iters=args.stop_iters,
+            stop_timesteps=args.stop_timesteps,
+            output_dir=args.output_dir,
+            metric=args.metric,
+            checkpoint_every=args.checkpoint_every,
+            keep_checkpoints=args.keep_checkpoints,
+            perturbation_interval=args.perturbation_interval,
+        )
+    )
+
+
+def _add_tune_parser(sub) -> None:
+    tune = sub.add_parser(
+        "tune",
+        help="sweep an algorithm's config with Ray Tune (grid, random, ASHA, PBT)",
+        description="Run a Ray Tune sweep of ALGO: the --config keys with the --search "
+        "space's leaves over them (YAML: key: {grid_search|choice: [...]} or "
+        "{uniform|loguniform|randint: [low, high]}). Prints a progress table, then the "
+        "best trial, its config and its checkpoint (which evaluate, export and serve take).",
+    )
+    tune.add_argument(
+        "algorithm", nargs="?", metavar="ALGO", help="e.g. ppo (optional with --resume)"
+    )
+    tune.add_argument("--env", help="gymnasium environment id, e.g. CartPole-v1")
+    tune.add_argument("--config", metavar="FILE", help="YAML or JSON file of fixed config keys")
+    tune.add_argument("--search", metavar="FILE", help="YAML file of the search space")
+    tune.add_argument("--num-samples", type=int, default=1, help="samples of the space (default 1)")
+    tune.add_argument(
+        "--scheduler",
+        default="fifo",
+        help="fifo (default), asha (stops poor trials early) or pbt (population-based "
+        "training over the search space's keys)",
+    )
+    tune.add_argument("--max-concurrent", type=int, metavar="N", help="trials at once")
+    tune.add_argument(
+        "--resume", metavar="D", help="continue the sweep in D (finished trials stay done)"
+    )
+    tune.add_argument("--address", metavar="A", help="join this Ray cluster (default: local)")
+    tune.add_argument("--stop-reward", type=float, help="stop a trial at this --metric")
+    tune.add_argument("--stop-iters", type=int, help="stop a trial after this many iterations")
+    tune.add_argument("--stop-timesteps", type=int, help="stop a trial after this many env steps")
+    tune.add_argument(
+        "--output-dir", metavar="D", help="sweep directory (default runs/tune-ALGO-ENV-TIME)"
+    )
+    tune.add_argument("--metric", default="episode_return_mean", help="what best means (maximized)")
+    tune.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="checkpoint every N iterations (default: at the end)",
+    )
+    tune.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=2,
+        metavar="K",
+        help="best K checkpoints kept per trial",
+    )
+    tune.add_argument(
+        "--perturbation-interval",
+        type=int,
+        default=4,
+        metavar="N",
+        help="pbt: iterations between exploits (default 4)",
+    )
+    _add_import_argument(tune)
+    tune.set_defaults(handler=_tune)
+
+
 def _add_serve_parser(sub) -> None:
     serve = sub.add_parser(
         "serve",
@@ -438,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND...")
     submit.set_defaults(handler=_submit)
     _add_serve_parser(sub)
+    _add_tune_parser(sub)
     return parser
 
 

@@ -1,7 +1,8 @@
 """The two ways a LearnerGroup holds its learners, called alike.
 
 `LocalLearners`: one Learner (learner.py) in this process. `RemoteLearners`: N
-LearnerHost Ray actors, reserved as one placement group before any starts,
+LearnerHost Ray actors, reserved as one placement group before any starts (or, when
+this process runs in one, e.g. a Tune trial's, placed in that group's bundles),
 each called with a deadline; a death or a hang ends the wait at once. The
 group calls either one the same way:
 
@@ -135,19 +136,29 @@ class RemoteLearners:
         num_learners = int(config.num_learners)
         bundle = learner_bundle(config)
         deadline = time.monotonic() + ready_timeout_s
-        check_cluster_fits(learner_asks(config), wait_s=min(ready_timeout_s, AVAILABLE_WAIT_S))
-        if bundle:
-            self._placement_group = reserve_placement_group(
-                bundle,
-                num_learners,
-                config.learner_placement_strategy,
-                max(1.0, round(deadline - time.monotonic(), 1)),
-            )
+        enclosing = ray.util.get_current_placement_group()
+        if enclosing is not None:  # a Tune trial's group: its bundles hold the learners
+            check_group_holds(enclosing, bundle, num_learners)
+        else:
+            check_cluster_fits(learner_asks(config), wait_s=min(ready_timeout_s, AVAILABLE_WAIT_S))
+            if bundle:
+                self._placement_group = reserve_placement_group(
+                    bundle,
+                    num_learners,
+                    config.learner_placement_strategy,
+                    max(1.0, round(deadline - time.monotonic(), 1)),
+                )
         actor_cls = ray.remote(ActingLearnerHost if serves_actions(config) else LearnerHost)
         registry = models.custom_model_registry()
         for rank in range(num_learners):
             options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
-            if self._placement_group is not None:
+            if enclosing is not None:  # any bundle of it: the group's strategy placed them
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    enclosing,
+                    placement_group_bundle_index=-1,
+                    placement_group_capture_child_tasks=True,
+                )
+            elif self._placement_group is not None:
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=rank
                 )
@@ -259,6 +270,23 @@ def learner_asks(config) -> list[RoleAsk]:
     """What the learner actors ask of Ray (none when the learner is in the driver)."""
     keys = {resource: f"num_learners, {key}" for resource, key in _KEY_OF.items()}
     return [RoleAsk("learner", int(config.num_learners), learner_bundle(config), keys)]
+
+
+def check_group_holds(group, bundle: dict, count: int) -> None:
+    """Refuse, in one line, learners started inside a placement group (a Tune trial's)
+    that has fewer than `count` bundles holding a learner's `bundle`: their own group
+    would wait for what the enclosing one holds, and theirs in it would never start."""
+    fitting = [
+        spec
+        for spec in group.bundle_specs
+        if all(spec.get(resource, 0.0) + 1e-9 >= amount for resource, amount in bundle.items())
+    ]
+    if len(fitting) < count:
+        raise LearnerResourcesError(
+            f"{count} learner(s) asking {bundle} each run inside a placement group with "
+            f"{len(fitting)} bundle(s) that hold one (its bundles: {group.bundle_specs}); a "
+            "Tune trial's group has one per learner (algorithms.tune.trial_bundles)"
+        )
 
 
 def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: float):

@@ -1,0 +1,177 @@
+"""Every registered algorithm as a Ray Tune trainable (ray[tune], an extra).
+
+    import algorithms.tune                          # registers "policy_service.PPO", ...
+    tuner = tune.Tuner("policy_service.PPO", param_space={"env": "CartPole-v1",
+                       "lr": tune.grid_search([1e-3, 3e-4])})
+    tuner = tune.Tuner(trainable(PPO), param_space=...)   # the same, by class
+
+A trial is one Algorithm: Tune's `step` is `algo.train()`, its checkpoints are
+`algo.save` directories (what `policy-service evaluate`, `export` and `serve` take),
+and the trial's placement group holds the driver, its learner actors and its env
+runners (`default_resource_request`), so a trial never waits on itself. Checking a
+search space before any trial starts: algorithms/tune_search.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import ClassVar
+
+from ray import tune
+from ray.tune.execution.placement_groups import PlacementGroupFactory
+
+from algorithms import ALGORITHMS, get_algorithm_class
+from algorithms.algorithm import Algorithm, AlgorithmConfig
+from policy_service.config import from_dict
+
+# beside the algorithm's files in each checkpoint: the trials whose training made its state
+LINEAGE_FILE = "tune_lineage.json"
+DRIVER_CPUS = 1.0  # the trial's own actor: it samples (num_env_runners: 0) and may learn
+
+
+class AlgorithmTrainable(tune.Trainable):
+    """A Tune trainable running one algorithm; a subclass per registered algorithm
+    names it (`algorithm_name`), so registering them imports no algorithm module.
+
+    Results carry `checkpoint_lineage`: the trial ids whose training made this trial's
+    state, oldest first (a PBT exploit shows as another trial's id before this one's)."""
+
+    algorithm_name: ClassVar[str]
+
+    @classmethod
+    def algorithm_class(cls) -> type[Algorithm]:
+        return get_algorithm_class(cls.algorithm_name)
+
+    @classmethod
+    def default_resource_request(cls, config: dict) -> PlacementGroupFactory:
+        """The trial's bundles: the driver first (Tune starts this actor in it), then one
+        per learner actor and env runner (the algorithm's `resource_asks`); the learners'
+        `learner_placement_strategy` spreads the group when there are learners."""
+        checked = from_dict(cls.algorithm_class().config_class, _plain(config))
+        return PlacementGroupFactory(
+            trial_bundles(cls.algorithm_class(), checked),
+            strategy=checked.learner_placement_strategy if checked.num_learners else "PACK",
+        )
+
+    def setup(self, config: dict) -> None:
+        self.algo = self.algorithm_class()(_plain(config))
+        self.lineage: list[str] = [self.trial_id]
+        # a checkpoint's optimizer state holds the learning rates it was trained with;
+        # this trial's config (a PBT explore) sets them after a restore
+        self.learning_rates = learning_rates(self.algo)
+
+    def step(self) -> dict:
+        return {**self.algo.train(), "checkpoint_lineage": list(self.lineage)}
+
+    def save_checkpoint(self, checkpoint_dir: str) -> None:
+        self.algo.save(checkpoint_dir)
+        (Path(checkpoint_dir) / LINEAGE_FILE).write_text(json.dumps(self.lineage))
+
+    def load_checkpoint(self, checkpoint: str | dict | None) -> None:
+        directory = Path(str(checkpoint))
+        self.algo.restore(str(directory))
+        set_learning_rates(self.algo, self.learning_rates)
+        lineage_file = directory / LINEAGE_FILE
+        saved = json.loads(lineage_file.read_text()) if lineage_file.exists() else []
+        self.lineage = [*saved, self.trial_id] if saved[-1:] != [self.trial_id] else saved
+
+    def cleanup(self) -> None:
+        self.algo.stop()
+
+
+def _plain(config: dict) -> dict:
+    """The trial's config without Tune's own entries (none today; kept to one place)."""
+    return {k: v for k, v in config.items() if not str(k).startswith("__")}
+
+
+class _ConfigOnly:
+    """What Algorithm.resource_asks reads (only `config`), before any algorithm is built."""
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+
+
+def trial_bundles(algo_cls: type[Algorithm], config: AlgorithmConfig) -> list[dict]:
+    """The driver's bundle (1 CPU, and the learner's GPUs when it learns in the driver),
+    then one bundle per actor the algorithm asks for; empty asks take no bundle."""
+    driver = {"CPU": DRIVER_CPUS}
+    if config.num_learners == 0 and config.num_gpus > 0 and not config._fake_gpus:
+        driver["GPU"] = float(config.num_gpus)
+    asks = algo_cls.resource_asks(_ConfigOnly(config))  # type: ignore[arg-type]
+    bundles = [driver]
+    for ask in asks:
+        bundle = {resource: float(n) for resource, n in ask.bundle.items() if n > 0}
+        if bundle:
+            bundles.extend(dict(bundle) for _ in range(ask.num_actors))
+    return bundles
+
+
+def _learner_groups(algo: Algorithm) -> list:
+    return list(algo.multi_agent[1].groups.values()) if algo.multi_agent else [algo.learners]
+
+
+def _policy_learning_rates(policy) -> list[float]:
+    return [float(optimizer.learning_rate.numpy()) for optimizer in policy.towers.optimizers]
+
+
+def _set_policy_learning_rates(policy, rates: list[float]) -> None:
+    for optimizer, rate in zip(policy.towers.optimizers, rates):
+        optimizer.learning_rate.assign(rate)
+
+
+def learning_rates(algo: Algorithm) -> list[list[float]]:
+    """Each learner group's optimizers' learning rates (every learner holds the same)."""
+    return [group.foreach_policy(_policy_learning_rates)[0] for group in _learner_groups(algo)]
+
+
+def set_learning_rates(algo: Algorithm, rates: list[list[float]]) -> None:
+    """Set what `learning_rates` gave on every learner (a schedule overrides them)."""
+    for group, group_rates in zip(_learner_groups(algo), rates):
+        group.foreach_policy(_set_policy_learning_rates, group_rates)
+
+
+def trainable_name(algorithm: str) -> str:
+    """The name a registered algorithm is known by in Tune: "policy_service.PPO"."""
+    return f"policy_service.{ALGORITHMS[algorithm.lower()].partition(':')[2]}"
+
+
+def trainable(algorithm: str | type[Algorithm]) -> type[AlgorithmTrainable]:
+    """The Tune trainable of a registered algorithm, by name ("ppo") or class (PPO)."""
+    if isinstance(algorithm, str):
+        name = algorithm.lower()
+        if name not in ALGORITHMS:  # the registry's own one-line error
+            get_algorithm_class(name)
+    else:
+        path = f"{algorithm.__module__}:{algorithm.__qualname__}"
+        names = [key for key, registered in ALGORITHMS.items() if registered == path]
+        if not names:
+            known = sorted(ALGORITHMS)
+            raise ValueError(
+                f"{algorithm.__qualname__} is not a registered algorithm; known: {known}"
+            )
+        name = names[0]
+    return _TRAINABLES[name]
+
+
+def _make_trainable(name: str) -> type[AlgorithmTrainable]:
+    class_name = f"{ALGORITHMS[name].partition(':')[2]}Trainable"
+    cls = type(class_name, (AlgorithmTrainable,), {"algorithm_name": name})
+    cls.__module__, cls.__qualname__ = __name__, class_name  # pickled by reference
+    cls.__doc__ = f"Ray Tune trainable of the registered algorithm {name!r}."
+    globals()[class_name] = cls
+    return cls
+
+
+_TRAINABLES: dict[str, type[AlgorithmTrainable]] = {
+    name: _make_trainable(name) for name in ALGORITHMS
+}
+
+
+def register_trainables() -> None:
+    """Register every algorithm with Tune as "policy_service.<Class>" (on import)."""
+    for name, cls in _TRAINABLES.items():
+        tune.register_trainable(trainable_name(name), cls)
+
+
+register_trainables()

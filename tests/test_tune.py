@@ -1,0 +1,369 @@
+"""Ray Tune: every registered algorithm as a trainable (algorithms/tune.py), search
+spaces and PBT mutations checked before any trial (algorithms/tune_search.py), and
+`policy-service tune` (policy_service/cli/tune_command.py).
+
+The sweeps are PPO on CartPole with tiny settings on the module's 2-CPU Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cli_processes import (
+    command_env,
+    kill_group,
+    ray_token,  # noqa: F401 - the module's own Ray token
+)
+
+ray = pytest.importorskip("ray")
+tune = pytest.importorskip("ray.tune")
+
+from algorithms import ALGORITHMS  # noqa: E402
+from algorithms.ppo import PPO  # noqa: E402
+from algorithms.tune import LINEAGE_FILE, trainable, trainable_name  # noqa: E402
+from algorithms.tune_search import (  # noqa: E402
+    ClampToMutations,
+    check_search_space,
+    population_based_training,
+    search_space_from_yaml,
+)
+from policy_service.config import ConfigError  # noqa: E402
+
+TINY = {
+    "env": "CartPole-v1",
+    "seed": 0,
+    "train_batch_size": 512,
+    "minibatch_size": 128,
+    "num_epochs": 2,
+    "lr": 3e-3,
+    "model": {"fcnet_hiddens": [32]},
+    "metrics_num_episodes_for_smoothing": 20,
+}
+RANDOM_RETURN = 22  # a random policy's mean return on CartPole
+TESTS = Path(__file__).parent
+
+
+# ----- without Ray: names, bundles, bad input ---------------------------------------
+
+
+def test_every_registered_algorithm_is_a_named_trainable():
+    from ray.tune.registry import get_trainable_cls
+
+    for name in ALGORITHMS:
+        cls = trainable(name)
+        assert issubclass(cls, tune.Trainable)
+        assert get_trainable_cls(trainable_name(name)) is cls
+    assert trainable(PPO) is trainable("ppo")
+    assert trainable_name("ppo") == "policy_service.PPO"
+
+
+def test_resources_are_the_driver_learner_and_env_runner_bundles():
+    request = trainable(PPO).default_resource_request(
+        {**TINY, "num_learners": 2, "num_cpus_per_learner": 0.5, "num_env_runners": 3}
+    )
+    bundles = request.bundles
+    assert bundles[0] == {"CPU": 1.0}  # the trial's own actor
+    assert sorted(map(json.dumps, bundles[1:])) == sorted(
+        map(json.dumps, [{"CPU": 0.5}] * 3 + [{"CPU": 0.5}] * 2)
+    )
+    assert request.strategy == "PACK"
+    assert trainable(PPO).default_resource_request(TINY).bundles == [{"CPU": 1.0}]
+
+
+@pytest.mark.parametrize(
+    "space, named",
+    [
+        ({"lrr": tune.grid_search([1e-3, 1e-4])}, "'lrr' (did you mean 'lr'?)"),
+        ({"model": {"fcnet_hidens": tune.choice([[8]])}}, "config.model key 'fcnet_hidens'"),
+        ({"lr": tune.grid_search([1e-3, -1.0])}, "config.lr must be"),
+        ({"gamma": tune.uniform(0.9, 1.2)}, "config.gamma must be"),
+        ({"num_epochs": tune.randint(0, 3)}, "config.num_epochs must be"),
+    ],
+)
+def test_a_search_space_out_of_a_keys_range_is_one_line_naming_it(space, named):
+    with pytest.raises(ConfigError) as err:
+        check_search_space(PPO, {**TINY, **space})
+    assert named in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_pbt_mutation_out_of_a_keys_range_is_one_line_naming_it():
+    with pytest.raises(ConfigError) as err:
+        population_based_training(PPO, {"gamma": tune.uniform(0.9, 1.5)}, TINY)
+    message = str(err.value)
+    assert message.startswith("PBT mutation: config.gamma must be") and "\n" not in message
+    with pytest.raises(ConfigError, match="'lrr'"):
+        population_based_training(PPO, {"lrr": [1e-3, 1e-4]}, TINY)
+
+
+def test_pbt_explore_stays_inside_each_mutations_range():
+    clamp = ClampToMutations({"gamma": tune.uniform(0.9, 0.999), "num_epochs": tune.randint(1, 4)})
+    assert clamp({"gamma": 0.999 * 1.2, "num_epochs": 7, "lr": 5.0}) == {
+        "gamma": 0.999,
+        "num_epochs": 3,
+        "lr": 5.0,
+    }
+    assert clamp({"gamma": 0.9 * 0.8, "num_epochs": 0})["gamma"] == 0.9
+
+
+def test_yaml_search_space_words_and_bad_leaves():
+    space = search_space_from_yaml(
+        {
+            "lr": {"loguniform": [1e-4, 1e-2]},
+            "num_epochs": {"grid_search": [1, 2]},
+            "model": {"fcnet_hiddens": {"choice": [[16], [32]]}},
+            "train_batch_size": {"randint": [256, 1024]},
+            "gamma": {"uniform": [0.9, 0.99]},
+        },
+        "--search s.yaml",
+    )
+    assert space["num_epochs"] == {"grid_search": [1, 2]}
+    assert space["lr"].lower == 1e-4 and space["train_batch_size"].upper == 1024
+    check_search_space(PPO, {**TINY, **space})
+    for bad, named in (
+        ({"lr": 0.1}, "--search s.yaml: lr must be a mapping of one of"),
+        ({"lr": {"uniform": [1]}}, "--search s.yaml: lr: uniform takes [low, high]"),
+        ({"model": {"x": {"randint": [1.5, 3]}}}, "--search s.yaml: model.x: randint takes"),
+    ):
+        with pytest.raises(ConfigError) as err:
+            search_space_from_yaml(bad, "--search s.yaml")
+        assert str(err.value).startswith(named)
+
+
+def test_tune_command_refuses_bad_search_before_ray_starts(tmp_path, capsys):
+    from policy_service.cli.commands import main
+
+    search = tmp_path / "space.yaml"
+    search.write_text("lrr:\n  grid_search: [0.001, 0.0001]\n")
+    status = main(["tune", "ppo", "--env", "CartPole-v1", "--search", str(search)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert err.startswith(f"policy-service: error: --search {search}: unknown config key 'lrr'")
+    assert "\n" not in err
+    assert not ray.is_initialized()
+    search.write_text("gamma:\n  uniform: [0.9, 1.1]\n")
+    status = main(
+        ["tune", "ppo", "--env", "CartPole-v1", "--search", str(search), "--scheduler", "pbt"]
+    )
+    assert status == 2 and "config.gamma must be" in capsys.readouterr().err
+
+
+# ----- sweeps on the module's Ray ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tune_ray(ray_local):
+    """The module's Ray, with this module's trainables sent to trials by value."""
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    yield
+    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def _tuner(trainable_cls, space, path: Path, stop: dict, **tune_config) -> tune.Tuner:
+    return tune.Tuner(
+        trainable_cls,
+        param_space=space,
+        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", **tune_config),
+        run_config=tune.RunConfig(
+            storage_path=str(path),
+            name="sweep",
+            stop=stop,
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=1,
+                checkpoint_score_attribute="episode_return_mean",
+                checkpoint_at_end=True,
+            ),
+            verbose=0,
+        ),
+    )
+
+
+@pytest.mark.slow
+def test_a_grid_of_four_trials_and_the_best_checkpoint_evaluates(tune_ray, tmp_path, capsys):
+    from algorithms import evaluation
+
+    space = {**TINY, "lr": tune.grid_search([3e-3, 1e-3]), "num_epochs": tune.grid_search([2, 4])}
+    check_search_space(PPO, space)
+    results = _tuner(
+        "policy_service.PPO",
+        space,
+        tmp_path,
+        stop={"episode_return_mean": 60, "training_iteration": 15},
+    ).fit()
+    assert not results.errors and len(results) == 4
+    grid = sorted((r.config["lr"], r.config["num_epochs"]) for r in results)
+    assert grid == [(1e-3, 2), (1e-3, 4), (3e-3, 2), (3e-3, 4)]
+    best = results.get_best_result()
+    reported = best.metrics["episode_return_mean"]
+    assert reported >= 60  # it learned: a random policy's return is ~22
+    for result in results:  # Tune's loggers: TensorBoard, CSV, JSON
+        names = [p.name for p in Path(result.path).iterdir()]
+        assert "progress.csv" in names and "result.json" in names
+        assert any(name.startswith("events.out.tfevents") for name in names)
+    checkpoint = best.get_best_checkpoint("episode_return_mean", "max")
+    assert (Path(checkpoint.path) / LINEAGE_FILE).exists()
+    capsys.readouterr()
+    evaluation.evaluate(checkpoint.path, episodes=20, explore=True, seed=0)
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    # its last 20 training episodes (exploring) against 20 more of the saved policy
+    assert evaluated["episode_return_mean"] >= 0.5 * reported
+    assert evaluated["episode_return_mean"] > 2 * RANDOM_RETURN
+
+
+@pytest.mark.slow
+def test_asha_stops_the_trial_with_a_bad_lr_early(tune_ray, tmp_path):
+    from ray.tune.schedulers import ASHAScheduler
+
+    # one trial at a time, the good lr first: the bad one meets its rung after it
+    space = {**TINY, "lr": tune.grid_search([3e-3, 1e-8])}
+    scheduler = ASHAScheduler(
+        time_attr="training_iteration", max_t=8, grace_period=4, reduction_factor=2
+    )
+    results = _tuner(
+        trainable(PPO), space, tmp_path, stop={}, scheduler=scheduler, max_concurrent_trials=1
+    ).fit()
+    assert not results.errors
+    iterations = {r.config["lr"]: r.metrics["training_iteration"] for r in results}
+    assert iterations == {3e-3: 8, 1e-8: 4}
+
+
+@pytest.mark.slow
+def test_pbt_exploits_another_trials_checkpoint_and_keeps_lr_in_range(tune_ray, tmp_path):
+    mutations = {"lr": tune.loguniform(1e-5, 1e-2)}
+    space = {**TINY, "lr": tune.grid_search([3e-3, 1e-5])}
+    scheduler = population_based_training(
+        PPO,
+        mutations,
+        space,
+        time_attr="training_iteration",
+        perturbation_interval=2,
+        quantile_fraction=0.5,
+        synch=True,
+    )
+    results = _tuner(
+        trainable(PPO), space, tmp_path, {"training_iteration": 3}, scheduler=scheduler
+    ).fit()
+    assert not results.errors and len(results) == 2
+    ids = {r.metrics["trial_id"] for r in results}
+    exploited = [r for r in results if r.metrics["checkpoint_lineage"][0] != r.metrics["trial_id"]]
+    assert exploited, [r.metrics["checkpoint_lineage"] for r in results]
+    for result in exploited:
+        lineage = result.metrics["checkpoint_lineage"]
+        assert lineage[-1] == result.metrics["trial_id"] and set(lineage) <= ids
+    for result in results:
+        lr = result.config["lr"]
+        assert 1e-5 <= lr <= 1e-2
+        # what the optimizer ran with is the explored lr, not the donor's
+        assert result.metrics["cur_lr"] == pytest.approx(lr, rel=1e-6)
+
+
+class PlacementProbe(trainable(PPO)):  # type: ignore[misc]
+    """PPO's trainable reporting which placement group its learner actor runs in."""
+
+    def step(self):
+        result = super().step()
+        learner = self.algo.learners.actors[0]
+        result["trial_group"] = ray.util.get_current_placement_group().id.hex()
+        result["learner_group"] = ray.get(
+            learner.__ray_call__.remote(
+                lambda _: ray.get_runtime_context().get_placement_group_id()
+            )
+        )
+        return result
+
+
+@pytest.mark.slow
+def test_a_trials_learner_actor_runs_in_the_trials_placement_group(tune_ray, tmp_path):
+    # 0.5 CPU: the driver's bundle (1) and the learner's fit the 2-CPU Ray with room to
+    # spare, which Algorithm's cluster check (resources.check_cluster_fits) still asks for
+    space = {**TINY, "num_learners": 1, "num_cpus_per_learner": 0.5}
+    assert PlacementProbe.default_resource_request(space).bundles == [{"CPU": 1.0}, {"CPU": 0.5}]
+    results = _tuner(PlacementProbe, space, tmp_path, {"training_iteration": 1}).fit()
+    assert not results.errors
+    metrics = results[0].metrics
+    assert metrics["num_learners"] == 1
+    assert metrics["learner_group"] == metrics["trial_group"]
+
+
+def _trial_states(sweep: Path) -> dict[str, str]:
+    """trial id -> status, from Tune's newest experiment state file in `sweep`."""
+    states: dict[str, str] = {}
+    for path in sorted(sweep.glob("experiment_state-*.json")):
+        try:
+            trials = json.loads(path.read_text())["trial_data"]
+        except (ValueError, KeyError):
+            continue  # being written
+        states = {info["trial_id"]: info["status"] for info in (json.loads(t[0]) for t in trials)}
+    return states
+
+
+def _wait_for(condition, process, what: str, limit_s: float = 240.0) -> None:
+    """Poll `condition` while the command runs (a limit only against a hang)."""
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"the sweep ended before {what}: {process.stderr.read()[-3000:]}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {what} within {limit_s} s")
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_and_finished_trials_are_not_rerun(tune_ray, tmp_path, capsys):
+    import subprocess
+
+    from tune_gates import HELD_LR
+
+    from policy_service.cli.commands import main
+
+    config = tmp_path / "base.yaml"
+    config.write_text(
+        "seed: 0\ntrain_batch_size: 256\nminibatch_size: 64\nnum_epochs: 1\n"
+        "model: {fcnet_hiddens: [16]}\ncallbacks: tune_gates.HoldSecondTrial\n"
+    )
+    search = tmp_path / "space.yaml"
+    search.write_text(f"lr:\n  grid_search: [0.003, {HELD_LR}]\n")
+    sweep = tmp_path / "sweep"
+    command = [
+        str(Path(sys.executable).parent / "policy-service"),
+        "tune", "ppo", "--env", "CartPole-v1", "--config", str(config),
+        "--search", str(search), "--max-concurrent", "1", "--stop-iters", "2",
+        "--output-dir", str(sweep), "--import", "tune_gates",
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        cwd=TESTS,
+        env={**command_env(), "TUNE_GATE_DIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _wait_for(lambda: (tmp_path / "held").exists(), process, "second trial")
+        _wait_for(
+            lambda: sorted(_trial_states(sweep).values()) == ["RUNNING", "TERMINATED"],
+            process,
+            "experiment state with the first trial finished",
+        )
+    finally:
+        kill_group(process)
+        process.communicate()
+    finished = next(d for d in sweep.iterdir() if "lr=0.0030" in d.name)
+    rows_before = (finished / "result.json").read_text()
+
+    capsys.readouterr()
+    status = main(["tune", "--resume", str(sweep), "--import", "tune_gates"])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert sorted(_trial_states(sweep).values()) == ["TERMINATED", "TERMINATED"]
+    assert (finished / "result.json").read_text() == rows_before  # not run again
+    held = next(d for d in sweep.iterdir() if d.is_dir() and d != finished)
+    rows = [json.loads(line) for line in (held / "result.json").read_text().splitlines()]
+    assert [row["training_iteration"] for row in rows][-1] == 2
+    best = out.split("checkpoint:")[1].split()[0]
+    assert (Path(best) / "algorithm_state.json").exists()  # what `evaluate` takes
+    assert os.path.commonpath([best, str(sweep)]) == str(sweep)
