@@ -134,10 +134,9 @@ def test_pendulum_improves_clearly():
     [{"num_env_runners": 2}, {"remote_inference": True}],
     ids=["two_remote_workers", "remote_inference"],
 )
-def test_cartpole_with_a_users_lazy_model_in_ray_actors(ray_local, actors):
+def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     """The custom model is registered in this process only: it reaches the rollout
-    worker and PolicyActor processes with them, and learns there (CARTPOLE_LEARNED).
-    Both runs share the module's Ray (conftest.SharedRay): one start, not two."""
+    worker and PolicyActor processes with them, and learns there (CARTPOLE_LEARNED)."""
     import ray
     import user_models
 
@@ -147,6 +146,7 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(ray_local, actors):
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config.update(
         seed=0,
+        ray_num_cpus=2,
         num_envs_per_env_runner=4,
         **actors,
         model={"custom_model": "lazy_mlp", "custom_model_config": {"units": 64}},
