@@ -212,8 +212,15 @@ def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path, algo_nam
         assert only["replay_buffer_size"] == total and only["num_sgd_steps_total"] > 0
 
 
+# A 100-episode mean return of 150: a uniformly random policy's is ~22 (its episodes rarely
+# last 60 steps), so 150 takes a policy that balances the pole, learned from the clients'
+# episodes. The tuned config's full 450 is measured in-process by the benchmarks; here it
+# cost ~3.5x the env steps (in-process, seed 0: 150 at 13k, 450 at 48k).
+CARTPOLE_LEARNED = 150
+
+
 @pytest.mark.parametrize("mode", ["remote", "local"])
-def test_ppo_reaches_450_on_cartpole_played_by_client_processes(tmp_path, mode):
+def test_ppo_learns_cartpole_played_by_client_processes(tmp_path, mode):
     config = yaml.safe_load((REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml").read_text())
     config["num_envs_per_env_runner"] = 1  # fragments of train_batch_size steps
     config_file = tmp_path / "config.yaml"
@@ -231,7 +238,7 @@ def test_ppo_reaches_450_on_cartpole_played_by_client_processes(tmp_path, mode):
             "--output-dir",
             str(run_dir),
             "--stop-reward",
-            "450",
+            str(CARTPOLE_LEARNED),
             "--stop-timesteps",
             "250000",
         ]
@@ -263,7 +270,8 @@ def test_ppo_reaches_450_on_cartpole_played_by_client_processes(tmp_path, mode):
             proc.kill()
     result = json.loads((run_dir / "result.json").read_text())
     print(f"\n{mode}: {result['episode_return_mean']:.1f} after {result['timesteps_total']} steps")
-    assert result["stop_reason"] == "stop_reward" and result["episode_return_mean"] >= 450
+    assert result["stop_reason"] == "stop_reward"
+    assert result["episode_return_mean"] >= CARTPOLE_LEARNED
 
 
 def interrupted(procs: list[subprocess.Popen], timeout_s: float = 120) -> list[dict]:
