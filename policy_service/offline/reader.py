@@ -13,6 +13,7 @@ sources of the same chunks.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -34,6 +35,7 @@ from policy_service.offline.columns import (
     leaf_from_arrow,
     leaf_specs,
     leaf_value,
+    to_arrow,
 )
 from policy_service.offline.manifest import MANIFEST, PolicyData, differences, read_manifest
 from policy_service.offline.parquet_writer import PARQUET_SUFFIX
@@ -338,19 +340,39 @@ def _json_chunks(files: list[Path], dataset: PolicyDataset) -> Iterator[Rows]:
                 yield _json_leaves(columns, dataset.data.columns, dataset.action_space, where)
 
 
+def json_lines_to_arrow(
+    lines: pa.Table, policy_id: str, specs: list[LeafSpec], where: str
+) -> pa.Table:
+    """Ray Data lines of text (column "text") -> `policy_id`'s rows in the stored
+    Arrow layout of `specs`: parsed, unpacked with the safe unpickler and checked in the
+    read task, so the driver only turns columns into arrays, as for Parquet."""
+    tables = [to_arrow(columns_from_leaves(_empty_leaves(specs)), specs)]
+    for line in lines.column("text").to_pylist():
+        if line.strip():
+            columns = parse_line(line, where).get(policy_id)
+            if columns is not None:
+                leaves = _json_leaves(columns, specs, None, where)
+                tables.append(to_arrow(columns_from_leaves(leaves), specs))
+    return pa.concat_tables(tables)
+
+
+def _empty_leaves(specs: list[LeafSpec]) -> Rows:
+    return {s: [] if s.dtype == "json" else np.zeros((0, *s.shape), s.dtype) for s in specs}
+
+
 def _ray_json_chunks(files: list[Path], dataset: PolicyDataset, readers: int) -> Iterator[Rows]:
-    """JSON lines through Ray Data's read tasks (read_text: Arrow's JSON reader cannot
-    type RLlib's lines, whose columns are packed strings or ragged infos); each line is
-    parsed and checked here with the safe unpickler, as in process."""
+    """JSON lines through Ray Data: `read_text` tasks (Arrow's JSON reader cannot type
+    RLlib's lines, whose columns are packed strings or ragged infos), each batch of
+    lines parsed in a task by `json_lines_to_arrow`."""
     import ray.data
 
-    lines = ray.data.read_text([str(f) for f in files], concurrency=readers)
-    for batch in lines.iter_batches(batch_size=256, batch_format="pyarrow"):
-        assert isinstance(batch, pa.Table)  # batch_format="pyarrow"
-        for line in batch.column("text").to_pylist():
-            if line.strip():
-                columns = parse_line(line, f"{dataset.policy_id} JSON lines")
-                if dataset.policy_id in columns:
-                    where = f"{len(files)} JSON files"
-                    data = dataset.data
-                    yield _json_leaves(columns[dataset.policy_id], data.columns, None, where)
+    specs = dataset.data.columns
+    where = f"{dataset.policy_id}'s JSON lines"
+    parse = functools.partial(
+        json_lines_to_arrow, policy_id=dataset.policy_id, specs=specs, where=where
+    )
+    rows = ray.data.read_text([str(f) for f in files], concurrency=readers).map_batches(
+        parse, batch_format="pyarrow", concurrency=readers
+    )
+    for table in rows.iter_batches(batch_size=CHUNK_ROWS, batch_format="pyarrow"):
+        yield _leaves(table, specs, where)
