@@ -14,6 +14,7 @@ from policy_service.io.safe_pickle import (
     PickledCall,
     PickledName,
     UnsafePickleError,
+    load,
     loads,
     pickled_calls,
 )
@@ -241,3 +242,17 @@ def test_numbers_out_of_range_are_one_line_errors():
     data = pickle.dumps(Reduces(complex, 10**400), protocol=2)  # complex(a 400-digit int)
     with pytest.raises(UnsafePickleError, match="malformed .*OverflowError"):
         loads(data)
+
+
+def test_load_names_the_file(tmp_path):
+    path = tmp_path / "policy_state.pkl"
+    state = {"weights": [np.arange(3.0)], "config": Reduces(os.system, "true")}
+    path.write_bytes(pickle.dumps(state, protocol=4))
+    got = load(path)
+    same_array(got["weights"][0], np.arange(3.0))
+    assert [c.args for c in pickled_calls(got)] == [("true",)]
+    path.write_bytes(pickle.dumps(np.array([None]), protocol=4))
+    with pytest.raises(UnsafePickleError, match=f"^{path}: the pickle holds an object dtype"):
+        load(path)
+    with pytest.raises(UnsafePickleError, match="missing.pkl: cannot read"):
+        load(tmp_path / "missing.pkl")

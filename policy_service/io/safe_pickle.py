@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import pickletools
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -480,6 +482,18 @@ def loads(data: bytes) -> Any:
     if isinstance(result, _ArrayDraft):
         raise UnsafePickleError("the pickle's numpy array never receives its data (BUILD)")
     return result.finish() if isinstance(result, _DtypeDraft) else result
+
+
+def load(path: str | os.PathLike) -> Any:
+    """`loads` of a file (a checkpoint's policy_state.pkl); errors name the file."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise UnsafePickleError(f"{path}: cannot read ({err.strerror or err})") from None
+    try:
+        return loads(data)
+    except UnsafePickleError as err:
+        raise UnsafePickleError(f"{path}: {err}") from None
 
 
 def pickled_calls(value: Any) -> Iterator[PickledCall]:
