@@ -39,8 +39,6 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "observation_filter",
         "explore",
         "exploration_config",
-        "max_restarts",
-        "max_restarts_per_sample",
     ),
     "resources": ("num_gpus", "_fake_gpus", "ray_num_cpus"),
     "learners": (
@@ -129,7 +127,7 @@ class ConfigBuilder:
 
     def callbacks(self, callbacks_class: Any):
         """The user's hooks: a policy_service.Callbacks subclass (or a list of them)."""
-        return self._set("callbacks", {"callbacks_class": callbacks_class})
+        return self._set("callbacks", {"callbacks": callbacks_class})
 
     def debugging(self, **kwargs):
         """seed."""

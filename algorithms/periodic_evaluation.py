@@ -95,6 +95,11 @@ class Evaluation:
         if config.evaluation_num_env_runners > 0:
             self._runners = [self._start_runner() for _ in range(config.evaluation_num_env_runners)]
 
+    @property
+    def runners(self) -> list:
+        """The evaluation runner actors (none: evaluation plays in the driver)."""
+        return list(self._runners)
+
     # ----- one evaluation --------------------------------------------------------------
 
     def run(self) -> dict:

@@ -1,0 +1,114 @@
+"""algorithms/periodic_evaluation.py: evaluation during training with RLlib's keys, equal to
+`policy-service evaluate` of the same iteration's checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_processes import TINY, progress, ray_token, run  # noqa: F401
+
+from algorithms.ppo import PPO
+from policy_service.config import ConfigError
+
+TINY_CONFIG = {
+    "env": "CartPole-v1",
+    "seed": 0,
+    "train_batch_size": 256,
+    "minibatch_size": 64,
+    "num_epochs": 2,
+    "model": {"fcnet_hiddens": [32, 32]},
+}
+EVALUATION = [
+    "--set",
+    "evaluation_interval=2",
+    "--set",
+    "evaluation_duration=10",
+    "--set",
+    "evaluation_config={explore: false}",
+]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"evaluation_interval": 0},
+            "config.evaluation_interval must be None or an integer >= 1, got 0",
+        ),
+        ({"evaluation_duration_unit": "days"}, "config.evaluation_duration_unit must be one of"),
+        (
+            {"evaluation_config": {"lr": 1.0}},
+            "config.evaluation_config must be None or a dict of explore",
+        ),
+        (
+            {"evaluation_interval": 1, "evaluation_parallel_to_training": True},
+            "config.evaluation_parallel_to_training needs evaluation runner actors",
+        ),
+    ],
+)
+def test_bad_evaluation_keys_are_one_line_before_anything_starts(changes, message):
+    with pytest.raises(ConfigError) as raised:
+        PPO({**TINY_CONFIG, **changes})
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def evaluate(checkpoint: Path) -> dict:
+    code, out, err = run("evaluate", str(checkpoint), "--episodes", "10", "--seed", "0")
+    assert code == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow  # a 2-iteration `train` and two `evaluate` processes: ~40 s here
+def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    code, _, err = run(
+        "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "4",
+        "--checkpoint-every", "2", "--output-dir", str(run_dir), *EVALUATION, *TINY,
+    )  # fmt: skip
+    assert code == 0, err
+    rows = progress(run_dir)
+    assert ["evaluation/episode_returns" in r for r in rows] == [False, True, False, True]
+    for row in rows[1::2]:
+        assert row["evaluation/num_episodes"] == 10
+        checkpoint = run_dir / "checkpoints" / f"checkpoint_{row['iteration']:06d}"
+        evaluated = evaluate(checkpoint)
+        assert row["evaluation/episode_returns"] == evaluated["episode_returns"]  # bit for bit
+        assert row["evaluation/episode_return_mean"] == evaluated["episode_return_mean"]
+
+
+@pytest.mark.slow  # 2 iterations with an evaluation runner actor: ~40 s here
+def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_path):
+    run_dir = tmp_path / "run"
+    code, _, err = run(
+        "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "2",
+        "--checkpoint-every", "1", "--output-dir", str(run_dir), *EVALUATION,
+        "--set", "evaluation_num_env_runners=2", "--set", "evaluation_parallel_to_training=true",
+        *TINY,
+    )  # fmt: skip
+    assert code == 0, err
+    row = progress(run_dir)[1]
+    # evaluated in the runner actors while iteration 2 trained: iteration 1's weights
+    evaluated = evaluate(run_dir / "checkpoints" / "checkpoint_000001")
+    assert sorted(row["evaluation/episode_returns"]) == sorted(evaluated["episode_returns"])
+
+
+@pytest.mark.slow  # an evaluation runner actor started twice: ~30 s here
+def test_a_killed_evaluation_runner_is_replaced_and_plays_its_share_again():
+    import ray
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    algo = PPO({**TINY_CONFIG, "evaluation_num_env_runners": 1, "evaluation_duration": 4})
+    try:
+        algo.train()
+        first = algo.evaluate()
+        assert algo.evaluation is not None
+        ray.kill(algo.evaluation.runners[0], no_restart=True)
+        second = algo.evaluate()
+        assert second["evaluation/num_runner_restarts"] == 1
+        assert second["evaluation/episode_returns"] == first["evaluation/episode_returns"]
+        assert second["evaluation/num_episodes"] == 4
+    finally:
+        algo.stop()
+        ray.shutdown()
