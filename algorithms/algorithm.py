@@ -771,6 +771,18 @@ class Algorithm:
             "num_learner_restarts": learners.num_restarts,
             "num_learner_towers": learners.num_towers,
         }
+        # RLlib's names for the same figures, so that its users' scripts read them as they do
+        metrics["training_iteration"] = self.iteration
+        metrics["num_env_steps_sampled_lifetime"] = self.timesteps_total
+        metrics["env_runners"] = {
+            key: metrics[key]
+            for key in (
+                "episode_return_mean",
+                "episode_return_min",
+                "episode_return_max",
+                "episode_len_mean",
+            )
+        } | {"num_episodes": counts.episodes}
         if self.multi_agent is not None:
             metrics["agent_timesteps_total"] = self.agent_timesteps_total
             metrics["policy_reward_mean"] = {

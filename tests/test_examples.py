@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 
 from examples import custom_recurrent_policy as example
 from policy_service.sample_batch import SampleBatch
@@ -57,3 +58,13 @@ def test_ported_model_carries_its_state_between_calls():
         out[SampleBatch.ACTION_DIST_INPUTS].numpy()[:5], np.stack(stepwise), rtol=1e-5, atol=1e-6
     )
     np.testing.assert_allclose(out["state_out"][0].numpy(), state[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # PPO to 450 on CartPole: ~50k env steps, ~40 s here
+def test_an_rllib_script_with_only_its_imports_changed_trains_ppo_to_450(tmp_path):
+    from examples import rllib_style_ppo
+
+    result = rllib_style_ppo.main(["--checkpoint-dir", str(tmp_path / "checkpoint")])
+    assert result["env_runners"]["episode_return_mean"] >= 450
+    assert result["num_env_steps_sampled_lifetime"] < 300_000
+    assert (tmp_path / "checkpoint" / "algorithm_state.json").exists()
