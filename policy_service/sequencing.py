@@ -54,17 +54,15 @@ def check_padding_is_empty(batch: SampleBatch) -> None:
     assert length is not None  # set whenever a batch has seq_lens
     if padded == covered:  # every sequence fills T: no padding rows
         return
-    layout = (
-        f"{num_seqs} sequences zero-padded to {length} ({padded} rows, "
-        f"seq_lens {_short(seq_lens)} cover {covered})"
-    )
+    rows_text = f"{padded} rows where seq_lens {_short(seq_lens)} cover {covered}"
+    layout = f"{num_seqs} sequences zero-padded to {length}"
     for key in (k for k in batch if is_state_in(k)):
         for leaf in tree.flatten(batch[key]):
             rows = np.shape(leaf)[0] if np.ndim(leaf) else 0
             if rows != num_seqs:
                 raise ValueError(
                     f"column {key!r} has {rows} rows, expected {num_seqs} (one per sequence, "
-                    f"len(seq_lens)) in a batch of {layout}"
+                    f"len(seq_lens)): a batch of {rows_text} is read as {layout}"
                 )
     padding_rows = np.flatnonzero(~loss_mask(seq_lens, length))
     for key in batch:
@@ -78,8 +76,7 @@ def check_padding_is_empty(batch: SampleBatch) -> None:
             holds_data = np.any(array[padding_rows].reshape(len(padding_rows), -1) != 0, axis=1)
             if holds_data.any():
                 raise ValueError(
-                    f"column {key!r} has {padded} rows where seq_lens {_short(seq_lens)} cover "
-                    f"{covered}: read as {layout}, its padding row "
+                    f"column {key!r} has {rows_text}: read as {layout}, its padding row "
                     f"{int(padding_rows[np.argmax(holds_data)])} is not zeros; give it "
                     "sum(seq_lens) rows, or zeros where it is padded"
                 )

@@ -342,3 +342,36 @@ def test_padded_batch_shards_at_sequence_boundaries():
     assert first["seq_lens"].tolist() == [2, 1] and rest["seq_lens"].tolist() == [2]
     assert first["state_in_0"].tolist() == [[10, 11], [30, 31]]
     assert loss_mask(first["seq_lens"], b.max_seq_len).tolist() == [True, True, True, False]
+
+
+def test_a_batch_padded_by_pad_batch_passes_the_padding_check_and_data_there_does_not():
+    from policy_service.sequencing import check_padding_is_empty
+
+    batch = SampleBatch(
+        {
+            "obs": np.arange(1, 16, dtype=np.float32),
+            "eps_id": np.repeat([0, 1, 2], [5, 3, 7]),
+            "state_in_0": np.ones((15, 2), np.float32),
+        }
+    )
+    pad_batch_to_sequences_of_same_size(batch, 4)
+    check_padding_is_empty(batch)  # zeros where padded, one state per sequence
+    assert batch.padded_count == 20 and batch.count == 15
+    obs = np.array(batch["obs"])
+    row = int(np.flatnonzero(obs == 0)[0])
+    obs[row] = 9.0
+    batch["obs"] = obs
+    with pytest.raises(ValueError, match=rf"its padding row {row} is not zeros"):
+        check_padding_is_empty(batch)
+
+
+def test_the_padding_check_names_a_long_seq_lens_by_its_start_and_count():
+    from policy_service.sequencing import check_padding_is_empty
+
+    seq_lens = np.array([1] * 12, np.int32)
+    batch = SampleBatch({"obs": np.ones(24, np.float32), "seq_lens": seq_lens})
+    with pytest.raises(ValueError) as err:
+        check_padding_is_empty(batch)
+    assert str(err.value).startswith(
+        "column 'obs' has 24 rows where seq_lens [1, 1, 1, 1, 1, 1, 1, 1, ...] (12) cover 12"
+    )
