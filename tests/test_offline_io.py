@@ -390,6 +390,15 @@ def test_manifest_spaces_that_disagree_are_refused(tmp_path):
 
 
 def test_actions_outside_the_space_are_refused(tmp_path):
+    big = cartpole_rows(20_000)
+    big["actions"][12_345] = -1  # in the file's second chunk of rows
+    with ParquetExperienceWriter(tmp_path / "big", SPACES) as w:
+        w.write(big)
+    one_line_error(
+        "parquet: column 'actions': row 12345 holds -1, outside Discrete\\(2\\)",
+        open_experiences,
+        tmp_path / "big",
+    )
     batch = cartpole_rows(40)
     batch["actions"][17] = 2
     with ParquetExperienceWriter(tmp_path / "pq", SPACES) as w:

@@ -228,14 +228,19 @@ def _check_parquet(dataset: PolicyDataset, required: tuple[str, ...]) -> None:
             if spec.name not in schema.names:
                 raise OfflineDataError(f"{path}: column {spec.name!r} missing (in {MANIFEST})")
         if dataset.action_space is not None:
+            offset = 0  # rows of the file before this chunk
             for leaves in _parquet_chunks([path], action_specs):
-                _check_actions(path, dataset.action_space, columns_from_leaves(leaves))
+                columns = columns_from_leaves(leaves)
+                _check_actions(path, dataset.action_space, columns, offset)
+                offset += len(next(iter(leaves.values())))
 
 
-def _check_actions(where: Any, space: gym.Space, columns: Mapping[str, Any]) -> None:
+def _check_actions(
+    where: Any, space: gym.Space, columns: Mapping[str, Any], offset: int = 0
+) -> None:
     hit = first_outside(space, columns[SampleBatch.ACTIONS])
     if hit is not None:
-        row, action = hit
+        row, action = offset + hit[0], hit[1]
         action = action.tolist() if isinstance(action, np.ndarray | np.generic) else action
         raise OfflineDataError(
             f"{where}: column 'actions': row {row} holds {action!r}, outside {space}"
