@@ -417,6 +417,19 @@ def test_actions_outside_the_space_are_refused(tmp_path):
     )
 
 
+def test_observations_of_another_shape_are_refused(tmp_path):
+    path = tmp_path / "data.json"  # RLlib's, no manifest: the given spaces are checked
+    line = {"type": "SampleBatch", "obs": rllib_pack(np.zeros((2, 3), np.float32)),
+            "actions": [0, 1], "rewards": [1.0, 1.0]}  # fmt: skip
+    path.write_text(json.dumps(line) + "\n")
+    one_line_error(
+        f"{path}: column 'obs': rows of shape \\[3\\], observation_space .* shape \\[4\\]",
+        open_experiences,
+        path,
+        spaces=SPACES,
+    )
+
+
 def test_input_pointing_at_nothing_is_refused(tmp_path):
     one_line_error("no such file or directory", open_experiences, tmp_path / "missing")
     one_line_error("no Parquet .* files found", open_experiences, tmp_path)

@@ -170,9 +170,23 @@ def open_experiences(
         else:
             _add_json(policies, path, given, required)
     for dataset in policies.values():
+        _check_observation_shape(dataset)
         if dataset.format == "parquet":
             _check_parquet(dataset, required)
     return Experiences(policies)
+
+
+def _check_observation_shape(dataset: PolicyDataset) -> None:
+    """A Box observation space's shape against the stored obs rows' shape."""
+    space = dataset.observation_space
+    if not isinstance(space, gym.spaces.Box):
+        return
+    for spec in dataset.data.columns:
+        if spec.path in ((SampleBatch.OBS,), (SampleBatch.NEXT_OBS,)) and spec.shape != space.shape:
+            raise OfflineDataError(
+                f"{dataset.files[0]}: column {spec.name!r}: rows of shape {list(spec.shape)}, "
+                f"observation_space {space} has shape {list(space.shape)}"
+            )
 
 
 def _manifest_data(manifest_path: Path, given: Mapping) -> dict[str, PolicyData]:
