@@ -25,29 +25,13 @@ EXIT_INTERRUPTED = 130
 
 
 def import_tensorflow_quietly() -> None:
-    """Import TensorFlow with its native start-up lines kept off stderr.
+    """Import TensorFlow with its native start-up lines kept off stderr ("oneDNN
+    custom operations are on", "Could not find cuda drivers"): they would bury a
+    one-line error. Shown after all if the import fails, and with
+    TF_CPP_MIN_LOG_LEVEL=0 (quiet_tensorflow; Ray workers get the same)."""
+    from policy_service.distributed import quiet_tensorflow
 
-    TF 2.21 prints absl INFO lines ("oneDNN custom operations are on", "Could
-    not find cuda drivers") before it reads TF_CPP_MIN_LOG_LEVEL; they would
-    bury a one-line error. They are shown after all if the import fails, and
-    with TF_CPP_MIN_LOG_LEVEL=0.
-    """
-    if "tensorflow" in sys.modules or os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0") == "0":
-        return
-    sys.stderr.flush()
-    saved_fd = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            import tensorflow  # noqa: F401
-        except BaseException:
-            os.dup2(saved_fd, 2)
-            captured.seek(0)
-            sys.stderr.write(captured.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved_fd, 2)
-            os.close(saved_fd)
+    quiet_tensorflow.import_quietly()
 
 
 def _train(args: argparse.Namespace) -> int:

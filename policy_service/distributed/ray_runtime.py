@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from policy_service.distributed import cluster_watch
+from policy_service.distributed import cluster_watch, quiet_tensorflow
 from policy_service.errors import RunFailure, UserError, one_line
 
 # what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
@@ -106,7 +106,8 @@ def start_ray(
     say so up front, which skips Ray's warning); when joining, a token found
     where Ray looks (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token) is
     sent, as Ray does not for an explicit address. A failed ray.init is a
-    RayStartFailure (one line, exit status 1 on the command line).
+    RayStartFailure (one line, exit status 1 on the command line). Every worker
+    imports TensorFlow without its start-up lines (quiet_tensorflow).
     """
     announce_token_auth(address)
     import ray
@@ -122,7 +123,7 @@ def start_ray(
         init_args = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
         failed = "the embedded Ray did not start"
     try:
-        ray.init(**init_args, **quiet_args)
+        ray.init(**init_args, **quiet_args, runtime_env=quiet_tensorflow.worker_runtime_env())
     # Ray raises Exception ("timed out during startup"), RuntimeError, OSError at start-up
     except Exception as err:  # noqa: BLE001 - any of them: Ray did not start
         raise RayStartFailure(f"{failed}: {type(err).__name__}: {one_line(err)}") from None
