@@ -88,12 +88,12 @@ class Server:
         )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        threading.Thread(
-            target=self._drain, args=(self.proc.stdout, self.stdout), daemon=True
-        ).start()
-        threading.Thread(
-            target=self._drain, args=(self.proc.stderr, self.stderr), daemon=True
-        ).start()
+        self._drains = [
+            threading.Thread(target=self._drain, args=(stream, lines), daemon=True)
+            for stream, lines in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
+        ]
+        for drain in self._drains:
+            drain.start()
         self.token = ""
 
     @staticmethod
@@ -161,6 +161,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=30)
+        for drain in self._drains:  # every line the process wrote, read
+            drain.join(timeout=30)
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return self.proc.returncode
 
@@ -473,6 +475,29 @@ def test_sigterm_stops_the_server_with_status_0(cartpole_server):
     assert "stopping\n" in cartpole_server.stdout
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", cartpole_server.port), timeout=5).close()
+
+
+# what a healthy run must not print: TensorFlow's native start-up lines (absl's, as
+# "(ServeReplica... pid=1) I0000 ... cudart_stub.cc:31] ..." when a replica prints them),
+# and Ray's error lines (C++ "[time E pid tid] file:line", Python "ERROR", a task that
+# "failed" as the driver reports it)
+STARTUP_LINE = re.compile(
+    r"absl::InitializeLog|(^|\s)[IWE]\d{4} \d\d:\d\d:\d+\.\d+\s+\d+ \S+:\d+\]"
+)
+RAY_ERROR_LINE = re.compile(r"^\[[^\]]* E \d+ \d+\]|\bERROR\b|Task \S+ failed|Traceback")
+
+
+def noise(lines: list[str]) -> list[str]:
+    return [line for line in lines if STARTUP_LINE.search(line) or RAY_ERROR_LINE.search(line)]
+
+
+@WITH_THE_SERVER
+def test_the_servers_terminal_holds_no_tensorflow_start_up_or_ray_error_line(cartpole_server):
+    """After the cartpole server's tests (bad requests, 413s and SIGTERM included): its
+    replica imported TensorFlow quietly, and Serve stopped without Ray's lines about
+    calls to the controller it ended."""
+    assert cartpole_server.stop() == 0  # stopped by the test above (or now, alone)
+    assert noise(cartpole_server.stdout + cartpole_server.stderr) == []
 
 
 def local_ipv4_addresses() -> set[str]:

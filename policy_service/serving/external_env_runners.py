@@ -179,6 +179,6 @@ class ExternalEnvRunners:
 
     def stop(self) -> None:
         """Stop the server (Serve and its proxy); open episodes end with it."""
-        from ray import serve
+        from policy_service.serving.serve_shutdown import shutdown_serve
 
-        serve.shutdown()
+        shutdown_serve()

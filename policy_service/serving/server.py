@@ -27,6 +27,7 @@ from policy_service.errors import UserError
 from policy_service.serving import proxy_errors
 from policy_service.serving.deployment import APP_NAME, ServingSettings, policy_app
 from policy_service.serving.http_api import token_digest
+from policy_service.serving.serve_shutdown import shutdown_serve
 
 TOKEN_ENV = "POLICY_SERVICE_TOKEN"
 TOKEN_FILE = "token"
@@ -171,7 +172,6 @@ def run_server(
     proxy_errors.install()  # the proxy's own errors as JSON (the Ray started here)
     start_ray(os.environ.get("RAY_ADDRESS"))  # before Ray is imported: it sets the auth mode
     import ray
-    from ray import serve
 
     try:
         # after ray.init, which installs a SIGTERM handler of its own that ends the process
@@ -188,7 +188,7 @@ def run_server(
         while not stop.wait(0.5):
             pass
         print("stopping", flush=True)
-        serve.shutdown()
+        shutdown_serve()  # without Ray's lines about calls to the controller
     finally:
         ray.shutdown()
     sys.stdout.flush()
