@@ -24,6 +24,7 @@ from ray.tune.execution.placement_groups import PlacementGroupFactory
 from algorithms import ALGORITHMS, get_algorithm_class
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service.config import from_dict
+from policy_service.io import checkpoints
 
 # beside the algorithm's files in each checkpoint: the trials whose training made its state
 LINEAGE_FILE = "tune_lineage.json"
@@ -65,16 +66,28 @@ class AlgorithmTrainable(tune.Trainable):
         return {**self.algo.train(), "checkpoint_lineage": list(self.lineage)}
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
-        self.algo.save(checkpoint_dir)
+        """Tune's directory (numbered by Tune) holds the algorithm's checkpoint, named by
+        its iteration as in a run's checkpoints/ (what evaluate, export, serve take)."""
+        self.algo.save(str(checkpoints.checkpoint_dir(Path(checkpoint_dir), self.algo.iteration)))
         (Path(checkpoint_dir) / LINEAGE_FILE).write_text(json.dumps(self.lineage))
 
     def load_checkpoint(self, checkpoint: str | dict | None) -> None:
         directory = Path(str(checkpoint))
-        self.algo.restore(str(directory))
+        saved = checkpoints.list_checkpoints(directory)
+        if not saved:
+            raise checkpoints.CheckpointFileError(f"{directory}: no algorithm checkpoint in it")
+        self.algo.restore(str(saved[-1]))
         set_learning_rates(self.algo, self.learning_rates)
         lineage_file = directory / LINEAGE_FILE
-        saved = json.loads(lineage_file.read_text()) if lineage_file.exists() else []
-        self.lineage = [*saved, self.trial_id] if saved[-1:] != [self.trial_id] else saved
+        lineage = json.loads(lineage_file.read_text()) if lineage_file.exists() else []
+        self.lineage = [*lineage, self.trial_id] if lineage[-1:] != [self.trial_id] else lineage
+
+    def reset_config(self, new_config: dict) -> bool:
+        """Tune's `reuse_actors` (a PBT exploit, the next trial): a new algorithm in this
+        actor, without a new process and its imports."""
+        self.algo.stop()
+        self.setup(new_config)
+        return True
 
     def cleanup(self) -> None:
         self.algo.stop()

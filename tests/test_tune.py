@@ -32,6 +32,7 @@ from algorithms.tune_search import (  # noqa: E402
     search_space_from_yaml,
 )
 from policy_service.config import ConfigError  # noqa: E402
+from policy_service.io.checkpoints import list_checkpoints  # noqa: E402
 
 TINY = {
     "env": "CartPole-v1",
@@ -162,7 +163,7 @@ def tune_ray(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def _tuner(trainable_cls, space, path: Path, stop: dict, **tune_config) -> tune.Tuner:
+def _tuner(trainable_cls, space, path: Path, stop: dict, keep=1, **tune_config) -> tune.Tuner:
     return tune.Tuner(
         trainable_cls,
         param_space=space,
@@ -172,7 +173,7 @@ def _tuner(trainable_cls, space, path: Path, stop: dict, **tune_config) -> tune.
             name="sweep",
             stop=stop,
             checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=1,
+                num_to_keep=keep,
                 checkpoint_score_attribute="episode_return_mean",
                 checkpoint_at_end=True,
             ),
@@ -203,10 +204,12 @@ def test_a_grid_of_four_trials_and_the_best_checkpoint_evaluates(tune_ray, tmp_p
         names = [p.name for p in Path(result.path).iterdir()]
         assert "progress.csv" in names and "result.json" in names
         assert any(name.startswith("events.out.tfevents") for name in names)
-    checkpoint = best.get_best_checkpoint("episode_return_mean", "max")
-    assert (Path(checkpoint.path) / LINEAGE_FILE).exists()
+    checkpoint = Path(best.get_best_checkpoint("episode_return_mean", "max").path)
+    assert (checkpoint / LINEAGE_FILE).exists()
+    [saved] = list_checkpoints(checkpoint)  # the algorithm's, named by its iteration
+    assert saved.name == f"checkpoint_{best.metrics['training_iteration']:06d}"
     capsys.readouterr()
-    evaluation.evaluate(checkpoint.path, episodes=20, explore=True, seed=0)
+    evaluation.evaluate(str(checkpoint), episodes=20, explore=True, seed=0)  # Tune's directory
     evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     # its last 20 training episodes (exploring) against 20 more of the saved policy
     assert evaluated["episode_return_mean"] >= 0.5 * reported
@@ -244,7 +247,13 @@ def test_pbt_exploits_another_trials_checkpoint_and_keeps_lr_in_range(tune_ray, 
         synch=True,
     )
     results = _tuner(
-        trainable(PPO), space, tmp_path, {"training_iteration": 3}, scheduler=scheduler
+        trainable(PPO),
+        space,
+        tmp_path,
+        {"training_iteration": 3},
+        keep=4,
+        scheduler=scheduler,
+        reuse_actors=True,
     ).fit()
     assert not results.errors and len(results) == 2
     ids = {r.metrics["trial_id"] for r in results}

@@ -133,6 +133,7 @@ def setup_sweep(options: TuneOptions) -> Sweep:
         "mode": "max",
         "num_samples": options.num_samples,
         "max_concurrent_trials": options.max_concurrent,
+        "reuse_actors": True,  # a trial after another, or an exploit, skips the imports
     }
     if options.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
@@ -293,10 +294,13 @@ def report(results, metric: str) -> int:
     except RuntimeError:
         print("no trial reported", metric, file=sys.stderr)
         return 1
+    from policy_service.io.checkpoints import list_checkpoints
+
     checkpoint = best.get_best_checkpoint(metric, "max") or best.checkpoint
+    inside = list_checkpoints(Path(checkpoint.path)) if checkpoint is not None else []
     print(f"best trial:  {Path(best.path).name}  {metric} {best.metrics.get(metric)}")
     print(f"config:      {json.dumps(best.config, default=str, sort_keys=True)}")
-    print(f"checkpoint:  {checkpoint.path if checkpoint else None}")
-    if checkpoint is not None:
-        print(f"evaluate:    policy-service evaluate {checkpoint.path}")
+    print(f"checkpoint:  {inside[-1] if inside else None}")
+    if inside:
+        print(f"evaluate:    policy-service evaluate {inside[-1]}")
     return 1 if results.errors else 0
