@@ -44,6 +44,9 @@ LOG_STD_MAX = 2.0
 # |z| ~ 14); a pre-squash value beyond U_MAX would do the same in log|da/du| ~ -2|u|.
 Z_MAX = 1e15
 U_MAX = 1e30
+# a log-probability below this counts as this: logits further apart than float32's
+# range give log_softmax -inf (then kl inf); a masked logit (tf.float32.min) is below
+LOG_PROB_MIN = -1e37
 
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 _HALF_LOG_2PI_E = 0.5 * math.log(2.0 * math.pi * math.e)
@@ -131,7 +134,8 @@ class Categorical(ActionDistribution):
     actions: <int64>[B] in [action_offset, action_offset + n).
 
     For masked actions use a large negative logit (tf.float32.min) rather than
-    -inf: values stay exact and gradients stay finite.
+    -inf: the other actions' values stay exact and gradients stay finite; a
+    log-probability never goes below LOG_PROB_MIN (a masked action's reads it).
     """
 
     action_offset: int = 0  # the space's `start`; bound by dist_class_for
@@ -139,7 +143,9 @@ class Categorical(ActionDistribution):
     def __init__(self, inputs):
         super().__init__(inputs)
         self.logits = self.inputs
-        self.log_probs = tf.nn.log_softmax(self.logits, axis=-1)  # <float32>[B, n]
+        self.log_probs = tf.maximum(  # <float32>[B, n]
+            tf.nn.log_softmax(self.logits, axis=-1), LOG_PROB_MIN
+        )
 
     @classmethod
     def required_input_dim(cls, action_space: gym.Space) -> int:

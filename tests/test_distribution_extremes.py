@@ -93,7 +93,7 @@ def test_logp_entropy_kl_are_finite_for_any_magnitude(name, values, log_stds, ot
 
 
 @pytest.mark.parametrize("name", sorted(SPACES))
-@pytest.mark.parametrize("scale", [1e30, 1e34, 1e37])
+@pytest.mark.parametrize("scale", [1e30, 1e34, 1e37, float(np.finfo(np.float32).max)])
 def test_the_extremes_a_random_draw_would_miss(name, scale):
     """Means (logits) at +-scale, log_std at both ends, actions at the far side."""
     values = np.array([[1, -1, 1, -1, 1, -1, 1], [-1, 1, -1, 1, -1, 1, -1]], np.float32) * scale
