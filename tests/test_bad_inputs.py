@@ -285,6 +285,22 @@ def test_rows_that_seq_lens_do_not_cover_are_one_line_at_every_entry(
     assert loadable_lstm.get_num_samples_loaded_into_buffer() == loaded
 
 
+def test_a_learner_group_refuses_rows_that_seq_lens_do_not_cover_before_any_learner_trains():
+    from policy_service.distributed.learner_group import LearnerGroup
+
+    config = small_config(model={"use_lstm": True, "max_seq_len": 8}, minibatch_size=16)
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, config)  # num_learners 0
+    try:
+        before = group.get_weights()
+        with pytest.raises(ValueError) as err:
+            group.learn_on_batch(rows_with_seq_lens(16, [5, 5], 2, eps_id=True))
+        assert_one_line(err.value, "column 'obs' has 16 rows where seq_lens [5, 5] cover 10")
+        for key, value in group.get_weights().items():
+            np.testing.assert_array_equal(value, before[key])
+    finally:
+        group.stop()
+
+
 def test_rows_zero_padded_to_a_common_length_still_train(loadable_lstm):
     """16 rows for seq_lens [5, 5] are two sequences padded to 8 when the padding
     rows are zeros, as pad_batch_to_sequences_of_same_size writes them."""
