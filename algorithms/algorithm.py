@@ -396,6 +396,11 @@ class Algorithm:
     # an overridden training_step that trains `policies` (the default one does)
     multi_agent_training_step: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "config_class" in cls.__dict__:  # PPOConfig().build_algo() builds a PPO
+            cls.config_class.algorithm_class = cls
+
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
         if not self.config.env:
@@ -442,6 +447,7 @@ class Algorithm:
             raise ConfigError(f"config.callbacks: {err}") from None
         self.config.callbacks_class = callbacks_name(self.config.callbacks_class)
         self.callbacks: CallbackList = make_callbacks(self.callback_classes)
+        self.evaluation: Evaluation | None = None  # built at the first evaluation
         if self.config.frozen_copies:
             self.callbacks.members.append(
                 FrozenCopies(self.config.frozen_copies, self.config.frozen_copies_every)
@@ -467,6 +473,7 @@ class Algorithm:
         try:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
+                self._attach_batch_hooks()
                 self.callbacks.call("on_algorithm_init", algorithm=self)
                 return
             if uses_ray:  # every role's sum, before any of them starts
@@ -486,7 +493,7 @@ class Algorithm:
         except BaseException:
             self.stop()
             raise
-        self.evaluation: Evaluation | None = None  # built at the first evaluation
+        self._attach_batch_hooks()
         self.callbacks.call("on_algorithm_init", algorithm=self)
 
     # ----- the loop -------------------------------------------------------------------
@@ -553,6 +560,28 @@ class Algorithm:
             self.sync_learner_filters()  # the state evaluation copies holds the statistics
             self.evaluation = Evaluation(self.config, self.learners.get_state)
         return self.evaluation
+
+    def _attach_batch_hooks(self) -> None:
+        """on_learn_on_batch before every batch a learner group learns on, when overridden."""
+        if not self.callbacks.overrides("on_learn_on_batch"):
+            return
+        groups = (
+            self.multi_agent[1].groups if self.multi_agent is not None else {None: self.learners}
+        )
+        for policy_id, learners in groups.items():
+
+            def hook(batch, learners=learners, policy_id=policy_id) -> dict:
+                result: dict = {}
+                self.callbacks.call(
+                    "on_learn_on_batch",
+                    policy=learners.local_policy,
+                    policy_id=policy_id or "default_policy",
+                    train_batch=batch,
+                    result=result,
+                )
+                return result
+
+            learners.batch_hook = hook
 
     def copy_policy_weights(self, targets: dict) -> None:
         """Each target policy id takes the weights of its source policy id (`targets`:

@@ -87,6 +87,8 @@ class ConfigBuilder:
     """RLlib's AlgorithmConfig methods, for a config dataclass (AlgorithmConfig)."""
 
     KEY_ALIASES: ClassVar[dict[str, str]] = {}
+    # the Algorithm subclass whose config_class this is (Algorithm.__init_subclass__)
+    algorithm_class: ClassVar[Any] = None
 
     if TYPE_CHECKING:  # the config dataclass's (policy_service.config.Config)
 
@@ -189,17 +191,15 @@ class ConfigBuilder:
         return copy.deepcopy(self)
 
     def build_algo(self, env: Any = None):
-        """The algorithm registered for this config class, built from a copy of it."""
-        from algorithms import ALGORITHMS, get_algorithm_class
-
+        """The algorithm this config class configures (`algorithm_class`, set when the
+        algorithm's class is defined), built from a copy of this config."""
+        algo_cls = type(self).algorithm_class
+        if algo_cls is None:
+            raise TypeError(f"no algorithm is configured by {type(self).__name__}")
         config = self.copy()
         if env is not None:
             config.environment(env)
-        for name in ALGORITHMS:
-            algo_cls = get_algorithm_class(name)
-            if algo_cls.config_class is type(self):
-                return algo_cls(config)
-        raise TypeError(f"no registered algorithm is configured by {type(self).__name__}")
+        return algo_cls(config)
 
     def build(self, env: Any = None):
         """RLlib's older name of build_algo."""

@@ -1,12 +1,14 @@
 """A run's numbers as JSON, to show a refactor changed no behaviour.
 
-PPO (seeded, driver learner, and 2 fake GPUs) for 3 iterations: each iteration's
-return, losses and a hash of every weight; DQN: save after 2 iterations, restore
-in a new algorithm, and hash the weights after one more iteration in both.
-Run it before and after a change and compare the two files:
+PPO (seeded, driver learner, and 2 fake GPUs), APPO (one env runner actor acting),
+SAC and self-play (PPO on a two-policy env, one a frozen copy) for 3 iterations: each
+iteration's return, losses and a hash of every weight; DQN: save after 2 iterations,
+restore in a new algorithm, and hash the weights after one more iteration in both.
+Run it before and after a change and compare the two files; the script may be this
+tree's while the code is another's (PYTHONPATH=<other tree>):
 
-    python -m benchmarks.fingerprint --out before.json   # on the old commit
-    python -m benchmarks.fingerprint --out after.json
+    PYTHONPATH=/tmp/old python benchmarks/fingerprint.py --out before.json
+    python benchmarks/fingerprint.py --out after.json
     diff before.json after.json
 """
 
@@ -67,6 +69,134 @@ def ppo_fingerprint(num_gpus: int) -> list[dict]:
     return rows
 
 
+def iterations(algo, policy_ids: list | None = None, count: int = 3) -> list[dict]:
+    """`count` iterations: each one's return, losses and weight hashes (per policy)."""
+    rows = []
+    try:
+        for _ in range(count):
+            result = algo.train()
+            weights = {
+                policy_id or "default": weights_hash(algo.get_policy(policy_id).get_weights())
+                for policy_id in (policy_ids or [None])
+            }
+            rows.append(
+                {
+                    "episode_return_mean": result.get("episode_return_mean"),
+                    "timesteps_total": result.get("timesteps_total"),
+                    "losses": {
+                        k: v
+                        for k, v in sorted(result.items())
+                        if "loss" in k or k.endswith(("kl", "entropy"))
+                    },
+                    "weights": weights,
+                }
+            )
+    finally:
+        algo.stop()
+    return rows
+
+
+def appo_fingerprint() -> list[dict]:
+    """APPO with one env runner actor acting with its own weights copy."""
+    import ray
+
+    from algorithms.appo import APPO
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        return iterations(
+            APPO(
+                {
+                    "env": "CartPole-v1",
+                    "seed": 0,
+                    "num_env_runners": 1,
+                    "rollout_fragment_length": 50,
+                    "train_batch_size": 200,
+                    "inference": "env_runners",
+                    "sample_while_env_runners_start": False,
+                    "model": {"fcnet_hiddens": [32]},
+                }
+            )
+        )
+    finally:
+        ray.shutdown()
+
+
+def sac_fingerprint() -> list[dict]:
+    from algorithms.sac import SAC
+
+    return iterations(
+        SAC(
+            {
+                "env": "Pendulum-v1",
+                "seed": 0,
+                "num_steps_sampled_before_learning_starts": 200,
+                "min_sample_timesteps_per_iteration": 200,
+                "model": {"fcnet_hiddens": [32, 32]},
+            }
+        )
+    )
+
+
+def self_play_fingerprint() -> list[dict]:
+    """PPO on two policies of a tiny env, "pb" a frozen copy of "pa" every 2 iterations."""
+    import numpy as np
+
+    from algorithms import register_env
+    from algorithms.ppo import PPO
+    from policy_service.multi_agent.env import MultiAgentEnv
+
+    class TwoAgentCorridor(MultiAgentEnv):
+        """Two agents each guess a bit; paid 1 when it equals the other's last obs."""
+
+        def __init__(self, env_config):
+            import gymnasium as gym
+
+            self.possible_agents = ["a0", "a1"]
+            self.agents = list(self.possible_agents)
+            box = gym.spaces.Box(0, 1, (1,), np.float32)
+            self.observation_spaces = {a: box for a in self.agents}
+            self.action_spaces = {a: gym.spaces.Discrete(2) for a in self.agents}
+            self._rng = np.random.default_rng(0)
+
+        def reset(self, *, seed=None, options=None):
+            if seed is not None:
+                self._rng = np.random.default_rng(seed)
+            self._t = 0
+            self._bits = self._rng.integers(0, 2, 2)
+            return {
+                a: self._bits[i : i + 1].astype(np.float32) for i, a in enumerate(self.agents)
+            }, {}
+
+        def step(self, actions):
+            self._t += 1
+            rewards = {a: float(actions[a] == self._bits[1 - i]) for i, a in enumerate(self.agents)}
+            self._bits = self._rng.integers(0, 2, 2)
+            obs = {a: self._bits[i : i + 1].astype(np.float32) for i, a in enumerate(self.agents)}
+            done = self._t >= 10
+            return obs, rewards, {"__all__": done}, {"__all__": False}, {}
+
+    register_env("fingerprint_corridor", lambda env_config: TwoAgentCorridor(env_config))
+    return iterations(
+        PPO(
+            {
+                "env": "fingerprint_corridor",
+                "seed": 0,
+                "train_batch_size": 128,
+                "minibatch_size": 64,
+                "num_epochs": 1,
+                "policies": {"pa": None, "pb": None},
+                "policy_mapping_fn": {"a0": "pa", "a1": "pb"},
+                "policies_to_train": ["pa"],
+                "frozen_copies": {"pb": "pa"},
+                "frozen_copies_every": 2,
+                "model": {"fcnet_hiddens": [16]},
+            }
+        ),
+        ["pa", "pb"],
+    )
+
+
 def dqn_fingerprint() -> dict:
     from algorithms.dqn import DQN
 
@@ -106,6 +236,9 @@ PARTS = {
     "ppo_1_tower": lambda: ppo_fingerprint(0),
     "ppo_2_fake_gpus": lambda: ppo_fingerprint(2),
     "dqn_restore": dqn_fingerprint,
+    "appo_1_runner": appo_fingerprint,
+    "sac": sac_fingerprint,
+    "self_play": self_play_fingerprint,
 }
 
 
@@ -126,7 +259,7 @@ def main() -> None:
     result = {}
     for part in PARTS:
         out = subprocess.run(
-            [sys.executable, "-m", "benchmarks.fingerprint", "--part", part],
+            [sys.executable, os.path.abspath(__file__), "--part", part],
             check=True,
             capture_output=True,
             text=True,

@@ -8,6 +8,7 @@ A LearnerGroup also overrides `_update`, to replace dead learners and run again.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 
 from policy_service.learning_results import (
     rllib_layout,
@@ -18,7 +19,12 @@ from policy_service.sample_batch import SampleBatch
 
 
 class BatchLearning(abc.ABC):
-    """`update` and `learn_on_batch` over the class's own `_learn`."""
+    """`update` and `learn_on_batch` over the class's own `_learn`.
+
+    `batch_hook` (set by the algorithm: its callbacks' on_learn_on_batch) sees each
+    batch before it is learned on; the statistics it returns join the call's."""
+
+    batch_hook: Callable[[SampleBatch], dict] | None = None
 
     def update(
         self,
@@ -36,13 +42,16 @@ class BatchLearning(abc.ABC):
         num_epochs None: one SGD step on the whole batch. N: the batch loaded onto
         the towers (every learner's) once, then N epochs of `minibatch_size` SGD
         steps in one compiled call (one per learner)."""
+        extra = self.batch_hook(batch) if self.batch_hook is not None else {}
         stats = self._update(batch, num_epochs, shuffle, buffer_index)
-        return with_samples_trained(with_sampler_lead(stats, sampler_grad_updates(batch)))
+        return with_samples_trained(with_sampler_lead(stats, sampler_grad_updates(batch))) | extra
 
     def learn_on_batch(self, batch: SampleBatch) -> dict:
         """One SGD step on the whole batch, over all towers (of all learners) ->
         statistics in RLlib's layout (learning_results.rllib_layout)."""
-        return rllib_layout(self._learn(batch, None, True, 0), sampler_grad_updates(batch))
+        extra = self.batch_hook(batch) if self.batch_hook is not None else {}
+        stats = rllib_layout(self._learn(batch, None, True, 0), sampler_grad_updates(batch))
+        return stats | extra
 
     def _update(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int

@@ -206,7 +206,7 @@ def _callbacks_class(entry: Any) -> type[Callbacks]:
 def callbacks_config_error(value: Any) -> str | None:
     """The config rule of `callbacks` (its shape; the names resolve where the algorithm
     is built, `callbacks_classes`): None when it holds Callbacks classes or names."""
-    entries = value if isinstance(value, list) else [value]
+    entries = [] if value is None else value if isinstance(value, list) else [value]
     for entry in entries:
         named = isinstance(entry, str) and "." in entry.strip(".")
         if not (named or (isinstance(entry, type) and issubclass(entry, Callbacks))):
