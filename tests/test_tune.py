@@ -6,6 +6,7 @@ The sweeps are PPO on CartPole with tiny settings on the module's 2-CPU Ray."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -150,6 +151,19 @@ def test_tune_command_refuses_bad_search_before_ray_starts(tmp_path, capsys):
         ["tune", "ppo", "--env", "CartPole-v1", "--search", str(search), "--scheduler", "pbt"]
     )
     assert status == 2 and "config.gamma must be" in capsys.readouterr().err
+
+
+def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys):
+    from policy_service.cli.commands import main
+
+    if importlib.util.find_spec("mlflow") is not None:
+        pytest.skip("mlflow is installed here")
+    status = main(["tune", "ppo", "--env", "CartPole-v1", "--mlflow-uri", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert status == 2
+    assert (
+        err == "policy-service: error: --mlflow-uri: mlflow is not installed (pip install mlflow)"
+    )
 
 
 # ----- sweeps on the module's Ray ---------------------------------------------------

@@ -199,6 +199,8 @@ def _tune(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
             keep_checkpoints=args.keep_checkpoints,
             perturbation_interval=args.perturbation_interval,
+            mlflow_uri=args.mlflow_uri,
+            wandb_project=args.wandb_project,
         )
     )
 
@@ -258,6 +260,8 @@ def _add_tune_parser(sub) -> None:
         metavar="N",
         help="pbt: iterations between exploits (default 4)",
     )
+    tune.add_argument("--mlflow-uri", metavar="URI", help="also log to MLflow (mlflow installed)")
+    tune.add_argument("--wandb-project", metavar="P", help="also log to W&B (wandb installed)")
     _add_import_argument(tune)
     tune.set_defaults(handler=_tune)
 

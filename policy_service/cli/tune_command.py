@@ -64,6 +64,8 @@ class TuneOptions:
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
     perturbation_interval: int = 4
+    mlflow_uri: str | None = None  # MLflow tracking URI: Tune's MLflowLoggerCallback
+    wandb_project: str | None = None  # W&B project: Tune's WandbLoggerCallback
 
 
 @dataclass
@@ -76,6 +78,7 @@ class Sweep:
     tune_config: dict  # TuneConfig's keywords
     stop: dict
     metric: str
+    loggers: list  # Tune callbacks beside its default CSV, JSON and TensorBoard loggers
 
 
 def tune(options: TuneOptions) -> int:
@@ -161,7 +164,33 @@ def setup_sweep(options: TuneOptions) -> Sweep:
         )
         if value is not None
     }
-    return Sweep(name, directory, param_space, tune_config, stop, options.metric)
+    return Sweep(
+        name, directory, param_space, tune_config, stop, options.metric, logger_callbacks(options)
+    )
+
+
+def logger_callbacks(options: TuneOptions) -> list:
+    """Tune's MLflow and W&B logger callbacks asked for, or one line naming the missing
+    package (Tune writes CSV, JSON and TensorBoard files in any case)."""
+    callbacks = []
+    if options.mlflow_uri:
+        _require("mlflow", "--mlflow-uri")
+        from ray.air.integrations.mlflow import MLflowLoggerCallback
+
+        callbacks.append(MLflowLoggerCallback(tracking_uri=options.mlflow_uri))
+    if options.wandb_project:
+        _require("wandb", "--wandb-project")
+        from ray.air.integrations.wandb import WandbLoggerCallback
+
+        callbacks.append(WandbLoggerCallback(project=options.wandb_project))
+    return callbacks
+
+
+def _require(package: str, flag: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise TrainingSetupError(f"{flag}: {package} is not installed (pip install {package})")
 
 
 def _resolve_callbacks(param_space: dict) -> None:
@@ -247,6 +276,7 @@ def _new_tuner(sweep: Sweep, options: TuneOptions):
                 checkpoint_frequency=options.checkpoint_every,
                 checkpoint_at_end=True,
             ),
+            callbacks=sweep.loggers,
             verbose=1,
         ),
     )
@@ -270,7 +300,7 @@ def _resume_setup(options: TuneOptions) -> Sweep:
             "--resume continues the sweep with its own config and search space; "
             "drop --config, --search and --env"
         )
-    return Sweep(saved["algorithm"], directory, {}, {}, {}, saved["metric"])
+    return Sweep(saved["algorithm"], directory, {}, {}, {}, saved["metric"], [])
 
 
 def _resumed_tuner(sweep: Sweep):
