@@ -172,7 +172,7 @@ def setup_sweep(options: TuneOptions) -> Sweep:
 def logger_callbacks(options: TuneOptions) -> list:
     """Tune's MLflow and W&B logger callbacks asked for, or one line naming the missing
     package (Tune writes CSV, JSON and TensorBoard files in any case)."""
-    callbacks = []
+    callbacks: list = []
     if options.mlflow_uri:
         _require("mlflow", "--mlflow-uri")
         from ray.air.integrations.mlflow import MLflowLoggerCallback
