@@ -99,6 +99,17 @@ def test_workers_get_the_hook_and_the_level_unless_the_job_sets_them(monkeypatch
     assert quiet_tensorflow.worker_runtime_env() == {}  # Ray would refuse the same keys
 
 
+def test_a_local_rays_workers_get_the_hook_from_the_environment_while_it_starts(monkeypatch):
+    monkeypatch.delenv(quiet_tensorflow.SETUP_HOOK_ENV, raising=False)
+    with quiet_tensorflow.hook_in_local_workers():
+        assert os.environ[quiet_tensorflow.SETUP_HOOK_ENV] == quiet_tensorflow.SETUP_HOOK
+    assert quiet_tensorflow.SETUP_HOOK_ENV not in os.environ  # this process: as before
+    monkeypatch.setenv(quiet_tensorflow.SETUP_HOOK_ENV, "mine.hook")
+    with quiet_tensorflow.hook_in_local_workers():
+        assert os.environ[quiet_tensorflow.SETUP_HOOK_ENV] == "mine.hook"
+    assert os.environ[quiet_tensorflow.SETUP_HOOK_ENV] == "mine.hook"
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHONPATH": str(REPO), **env}
     environ.pop("RAY_ADDRESS", None)

@@ -115,15 +115,20 @@ def start_ray(
     quiet_args: dict[str, Any] = (
         {"logging_level": logging.WARNING, "log_to_driver": False} if quiet else {}
     )
+    # TensorFlow imported without its start-up lines in every worker (quiet_tensorflow)
+    local_workers: contextlib.AbstractContextManager = contextlib.nullcontext()
     if address:
-        init_args: dict[str, Any] = {"address": address}
+        runtime_env = quiet_tensorflow.worker_runtime_env()
+        init_args: dict[str, Any] = {"address": address, "runtime_env": runtime_env or None}
         failed = f"could not join the Ray cluster at {address}"
     else:
         bind_to_loopback()
         init_args = {"address": "local", "num_cpus": num_cpus, "include_dashboard": False}
         failed = "the embedded Ray did not start"
+        local_workers = quiet_tensorflow.hook_in_local_workers()
     try:
-        ray.init(**init_args, **quiet_args, runtime_env=quiet_tensorflow.worker_runtime_env())
+        with local_workers:
+            ray.init(**init_args, **quiet_args)
     # Ray raises Exception ("timed out during startup"), RuntimeError, OSError at start-up
     except Exception as err:  # noqa: BLE001 - any of them: Ray did not start
         raise RayStartFailure(f"{failed}: {type(err).__name__}: {one_line(err)}") from None
