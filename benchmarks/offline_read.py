@@ -128,7 +128,9 @@ def measure(mode: str, directory: Path, args: argparse.Namespace) -> dict:
                "--dir", str(directory), "--batch-size", str(args.batch_size),
                "--num-readers", str(args.num_readers)]  # fmt: skip
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    # Ray's workers may print to the driver's stdout too: take our record's line
+    (record,) = [line for line in out.stdout.splitlines() if line.startswith('{"mode"')]
+    return json.loads(record)
 
 
 def main() -> None:
