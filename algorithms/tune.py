@@ -36,7 +36,8 @@ class AlgorithmTrainable(tune.Trainable):
     names it (`algorithm_name`), so registering them imports no algorithm module.
 
     Results carry `checkpoint_lineage`: the trial ids whose training made this trial's
-    state, oldest first (a PBT exploit shows as another trial's id before this one's)."""
+    state, oldest first, joined by "," (a string: Tune's TensorBoard logger takes no
+    lists); a PBT exploit shows as another trial's id before this one's."""
 
     algorithm_name: ClassVar[str]
 
@@ -63,7 +64,7 @@ class AlgorithmTrainable(tune.Trainable):
         self.learning_rates = learning_rates(self.algo)
 
     def step(self) -> dict:
-        return {**self.algo.train(), "checkpoint_lineage": list(self.lineage)}
+        return {**self.algo.train(), "checkpoint_lineage": ",".join(self.lineage)}
 
     def save_checkpoint(self, checkpoint_dir: str) -> None:
         """Tune's directory (numbered by Tune) holds the algorithm's checkpoint, named by

@@ -256,7 +256,7 @@ def test_pbt_exploits_another_trials_checkpoint_and_keeps_lr_in_range(tune_ray, 
         mutations,
         space,
         time_attr="training_iteration",
-        perturbation_interval=2,
+        perturbation_interval=1,
         quantile_fraction=0.5,
         synch=True,
     )
@@ -271,10 +271,11 @@ def test_pbt_exploits_another_trials_checkpoint_and_keeps_lr_in_range(tune_ray, 
     ).fit()
     assert not results.errors and len(results) == 2
     ids = {r.metrics["trial_id"] for r in results}
-    exploited = [r for r in results if r.metrics["checkpoint_lineage"][0] != r.metrics["trial_id"]]
-    assert exploited, [r.metrics["checkpoint_lineage"] for r in results]
+    lineages = {r.metrics["trial_id"]: r.metrics["checkpoint_lineage"].split(",") for r in results}
+    exploited = [r for r in results if lineages[r.metrics["trial_id"]][0] != r.metrics["trial_id"]]
+    assert exploited, lineages
     for result in exploited:
-        lineage = result.metrics["checkpoint_lineage"]
+        lineage = lineages[result.metrics["trial_id"]]
         assert lineage[-1] == result.metrics["trial_id"] and set(lineage) <= ids
     for result in results:
         lr = result.config["lr"]
