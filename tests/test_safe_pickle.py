@@ -2,6 +2,7 @@
 dtypes, scalars and builtin containers come back as pickle.loads would give them."""
 
 import collections
+import json
 import os
 import pickle
 import subprocess
@@ -256,3 +257,62 @@ def test_load_names_the_file(tmp_path):
         load(path)
     with pytest.raises(UnsafePickleError, match="missing.pkl: cannot read"):
         load(tmp_path / "missing.pkl")
+
+
+RLLIB_CHECKPOINT = """
+import hashlib, json, os, sys
+from ray.rllib.algorithms.ppo import PPOConfig
+config = (
+    PPOConfig()
+    .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+    .framework("tf")
+    .environment("CartPole-v1")
+    .env_runners(num_env_runners=0)
+    .training(train_batch_size=200, minibatch_size=100, num_epochs=1)
+)
+algo = config.build()
+algo.train()
+algo.save(sys.argv[1])
+weights = algo.get_policy().get_weights()
+print(json.dumps({k: [str(v.dtype), list(v.shape), hashlib.sha256(v.tobytes()).hexdigest()]
+                  for k, v in weights.items()}))
+algo.stop()
+"""
+
+
+@pytest.mark.rllib
+@pytest.mark.slow
+def test_a_real_rllib_checkpoint_loads_without_importing_rllib(tmp_path):
+    """RLlib 2.60 (old stack, TF) trains PPO one iteration and saves, in its own
+    virtualenv; every pickle of the checkpoint loads here, rllib is never imported,
+    and the policy's weights are the very arrays RLlib had."""
+    import hashlib
+
+    from benchmark_runs import peer_venv
+
+    from benchmarks.harness import child_env
+    from benchmarks.rllib_env import RLLIB_ENV
+
+    out = subprocess.run(
+        [peer_venv(".venv-rllib"), "-c", RLLIB_CHECKPOINT, str(tmp_path)],
+        env=child_env(RLLIB_ENV),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    want = json.loads(out.stdout.strip().splitlines()[-1])
+    pickles = sorted(tmp_path.rglob("*.pkl"))
+    assert pickles
+    before = set(sys.modules)
+    loaded = {p.relative_to(tmp_path).as_posix(): load(p) for p in pickles}
+    assert not [m for m in set(sys.modules) - before if m.startswith(("ray", "tensorflow"))]
+    names = {c.qualified_name for value in loaded.values() for c in pickled_calls(value)}
+    assert any(n.startswith("ray.rllib") for n in names), sorted(names)[:20]
+    (policy_state,) = [v for k, v in loaded.items() if k.endswith("policy_state.pkl")]
+    weights = policy_state["weights"]
+    assert sorted(weights) == sorted(want)
+    for name, array in weights.items():
+        assert isinstance(array, np.ndarray)
+        digest = hashlib.sha256(array.tobytes()).hexdigest()
+        assert [str(array.dtype), list(array.shape), digest] == want[name], name
