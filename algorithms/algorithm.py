@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import json
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import numpy as np
 from algorithms.config_builder import ConfigBuilder
 from algorithms.environments import env_maker
 from algorithms.periodic_evaluation import Evaluation, evaluation_config_error
-from policy_service import atari, observation_filters, spaces
+from policy_service import atari, observation_filters
 from policy_service.callbacks import (
     CallbackList,
     callbacks_classes,
@@ -72,7 +71,6 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.multi_agent.batch import MultiAgentBatch
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
     from policy_service.policy import TFPolicy
-    from policy_service.serving.external_env_runners import ExternalEnvRunners
 
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
@@ -97,7 +95,7 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
     KEY_ALIASES: ClassVar[dict[str, str]] = {"callbacks": "callbacks_class"}
 
     # the algorithm's training_step can learn from external_env clients' episodes
-    # (ExternalEnvRunners standing in for the EnvRunnerGroup); False: refused in one line
+    # (the external_env runner type standing in for env runners); False: refused in one line
     takes_external_episodes: ClassVar[bool] = True
 
     env: str | None = setting(
@@ -466,7 +464,9 @@ class Algorithm:
         if uses_ray:
             self._init_ray()
         # Both are built here and kept for the algorithm's life; stop() ends them.
-        self.env_runners: EnvRunnerGroup | ExternalEnvRunners  # the latter: --external-env
+        # the runner type's runners: an EnvRunnerGroup, or one standing in for it (the
+        # external env's training server); distributed/runner_types.py
+        self.env_runners: EnvRunnerGroup
         self.learners: LearnerGroup
         # with `policies`: the multi-agent env runners and a LearnerGroup per policy
         self.multi_agent: tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners] | None = None
@@ -856,19 +856,17 @@ class Algorithm:
 
         return LearnerGroup(self.policy_class, observation_space, action_space, self.config)
 
-    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup | ExternalEnvRunners:
-        from policy_service.distributed.env_runner_group import EnvRunnerGroup
+    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup:
+        """The runners of the config's runner type (distributed/runner_types.py)."""
+        from policy_service.distributed.runner_types import runner_type, runner_type_module
 
-        cfg = self.config
-        if cfg.external_env:
-            return self._make_external_env_runners()
-        return EnvRunnerGroup(
-            self._env(),
+        return runner_type_module(runner_type(self.config)).build(
+            self.config,
             self.policy_class,
-            on_cpu(cfg),
+            seed,
+            env=self._env(),
             inference_actors=self.learners.actors if self.inference_by_learners() else None,
             callbacks=self.callback_classes,
-            **cfg.env_runner_settings(seed),
         )
 
     def _make_multi_agent(self) -> tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners]:
@@ -930,22 +928,11 @@ class Algorithm:
         """What this run's actors ask of Ray: env runners (or the external env's
         training server), the PolicyActor, learners; their sum is checked before any
         of them starts."""
-        from policy_service.distributed.env_runner_group import (
-            env_runner_asks,
-            policy_actor_ray_options,
-        )
         from policy_service.distributed.learners import learner_asks
-        from policy_service.distributed.resources import RoleAsk
+        from policy_service.distributed.runner_types import runner_type, runner_type_module
 
         cfg = self.config
-        if cfg.external_env:
-            from policy_service.serving.deployment import ServingSettings
-
-            cpus = ServingSettings().num_cpus_per_replica
-            asks = [RoleAsk("training server", 1, {"CPU": cpus}, {"CPU": "external_env"})]
-        else:
-            options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
-            asks = env_runner_asks(cfg.num_env_runners, cfg.num_cpus_per_env_runner, options)
+        asks = runner_type_module(runner_type(cfg)).resource_asks(cfg)
         return asks + learner_asks(cfg)
 
     def inference_by_learners(self) -> bool:
@@ -953,31 +940,6 @@ class Algorithm:
         weights (SEED style), which are then built first; False (default): the
         runners act, or the PolicyActor."""
         return False
-
-    def _make_external_env_runners(self) -> ExternalEnvRunners:
-        """The training server clients send their episodes to (ExternalEnvRunners)."""
-        from policy_service.distributed.env_runner_group import probe_spaces
-        from policy_service.serving.external_env_runners import ExternalEnvRunners
-        from policy_service.serving.server import ServerAddress, read_token
-
-        cfg = self.config
-        observation_space, action_space = probe_spaces(self._env(), dict(cfg.env_config))
-        if spaces.is_nested_action_space(action_space):
-            raise ConfigError(
-                f"config.external_env: the env's action space {action_space} is nested; "
-                "external episodes take flat action spaces (`policy-service serve` serves "
-                "nested ones)"
-            )
-        return ExternalEnvRunners(
-            self.policy_class,
-            observation_space,
-            action_space,
-            on_cpu(cfg),
-            address=ServerAddress(cfg.external_env_host, cfg.external_env_port),
-            token=read_token(cfg.external_env_token_file, os.environ),
-            rollout_fragment_length=cfg.fragment_length(),
-            episode_timeout_s=cfg.episode_timeout_s,
-        )
 
     def _restart_sampling(self) -> None:
         """With a seed: rebuild the env runners seeded from (seed, iteration) (external

@@ -79,7 +79,8 @@ def test_no_module_uses_another_modules_private_names(path):
 LAYERS = [
     ("policy_service", ("algorithms", "scripts", "benchmarks")),
     ("policy_service.cli", ("scripts", "benchmarks")),
-    ("algorithms", ("policy_service.cli", "scripts", "benchmarks")),
+    # the algorithms reach the serving side only through a registered runner type
+    ("algorithms", ("policy_service.cli", "policy_service.serving", "scripts", "benchmarks")),
     (
         "policy_service.engine",
         (
@@ -108,6 +109,31 @@ def test_imports_point_down(layer, forbidden):
             if any(target == f or target.startswith(f + ".") for f in forbidden):
                 wrong.append(f"{module_name(path)}:{line} imports {target}")
     assert wrong == []
+
+
+def method_calls(path: Path, name: str, nargs: int | None = None) -> list[str]:
+    """Lines of `path` that call a method named `name` (`x.name(...)`), with `nargs`
+    positional arguments when given."""
+    return [
+        f"{path.name}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+        and (nargs is None or len(node.args) + len(node.keywords) == nargs)
+    ]
+
+
+def test_the_command_line_holds_no_run_loop():
+    """`train` parses arguments and calls fit() (algorithms/run.py): no module of the
+    command line calls an algorithm's train() or writes a run's progress itself."""
+    calls = [
+        call
+        for path in modules("policy_service/cli")
+        for name, nargs in (("train", 0), ("append_progress", None), ("write_result", None))
+        for call in method_calls(path, name, nargs)
+    ]
+    assert calls == []
 
 
 def test_the_checks_catch_a_private_import(tmp_path):

@@ -1,0 +1,41 @@
+"""The runner type "env": env runners stepping the run's envs (EnvRunnerGroup), in the
+driver or as Ray actors, acting with their own policy copies, a PolicyActor or the
+learners (runner_types.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from policy_service.config import on_cpu
+from policy_service.distributed.resources import RoleAsk
+
+
+def build(
+    config: Any,
+    policy_cls: type,
+    seed: int | None,
+    *,
+    env: Any,
+    inference_actors: list | None = None,
+    callbacks: list | None = None,
+):
+    from policy_service.distributed.env_runner_group import EnvRunnerGroup
+
+    return EnvRunnerGroup(
+        env,
+        policy_cls,
+        on_cpu(config),
+        inference_actors=inference_actors,
+        callbacks=callbacks,
+        **config.env_runner_settings(seed),
+    )
+
+
+def resource_asks(config: Any) -> list[RoleAsk]:
+    from policy_service.distributed.env_runner_group import (
+        env_runner_asks,
+        policy_actor_ray_options,
+    )
+
+    options = policy_actor_ray_options(None, on_cpu(config)) if config.remote_inference else None
+    return env_runner_asks(config.num_env_runners, config.num_cpus_per_env_runner, options)
