@@ -58,7 +58,8 @@ def test_no_transition_spans_a_reset():
         np.testing.assert_array_equal(new_obs[:, 1], obs[:, 1] + 1)
         np.testing.assert_array_equal(batch[SampleBatch.T], obs[:, 1])
         np.testing.assert_array_equal(batch[SampleBatch.REWARDS], obs[:, 1] + 1)
-        assert metrics["env_steps"] == batch.count and 8 <= batch.count <= 9
+        # exactly 4 steps x 2 sub-envs: a last step's row past that starts the next one
+        assert metrics["env_steps"] == batch.count == 8
 
 
 def test_eps_id_t_and_unroll_id_continue_across_fragments():
@@ -305,3 +306,23 @@ def test_sample_and_compute_gradients_is_sample_then_the_policys_gradients():
     finally:
         apart.stop()
         together.stop()
+
+
+def test_a_fragment_is_exactly_its_size_and_the_rows_past_it_start_the_next():
+    """Two CartPoles out of step: a vector step in which one resets records one row, so a
+    fragment could end a row over (65 of 64); that row now starts the next fragment, and
+    no transition is lost (t counts on in every episode)."""
+    worker = RolloutWorker(
+        "CartPole-v1",
+        fakes.ReturnsPGPolicy,
+        MLP_CONFIG,
+        num_envs=2,
+        rollout_fragment_length=32,
+        seed=0,
+    )
+    fragments = _fragments(worker, 8)
+    assert [batch.count for batch, _ in fragments] == [64] * 8
+    assert [metrics["env_steps"] for _, metrics in fragments] == [64] * 8
+    for rows in _rows_by_episode(fragments).values():
+        ts = [int(r[SampleBatch.T]) for _, r in rows]
+        assert ts == list(range(len(ts)))

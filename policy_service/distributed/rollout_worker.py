@@ -13,9 +13,11 @@ The loop it lives in:
 the worker's own policy copy, for a learner that applies them (A3C).
 
 Inference runs on a local copy of the policy (CPU), or on a `PolicyActor`
-(`policy_actor=`: central inference, as in SEED RL). Contract: a fragment holds at
-least `rollout_fragment_length * num_envs` transitions (autoreset steps are never
-recorded); episodes carry over between fragments, `unroll_id` is new per (fragment,
+(`policy_actor=`: central inference, as in SEED RL). Contract: a fragment holds
+exactly `rollout_fragment_length * num_envs` transitions (autoreset steps are never
+recorded, so a last vector step may record more than the fragment lacks: those rows
+start the next fragment); episodes carry over between fragments, `unroll_id` is new
+per (fragment,
 sub-env); each chunk (one sub-env, one episode, one fragment) goes through
 `policy.postprocess_trajectory`, which bootstraps from the last row's new_obs unless
 the episode terminated; every row's "weights_version" is the version that acted, and
@@ -180,6 +182,7 @@ class RolloutWorker(ActingWeights):
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
         self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
         self._started = False
+        self._carried: dict | None = None  # rows of a last step past a fragment: the next's
 
     # ----- public API --------------------------------------------------------------
 
@@ -196,12 +199,15 @@ class RolloutWorker(ActingWeights):
         self._custom_metrics: dict[str, list[float]] = {}
         self._hist_data: dict[str, list] = {}
         self._versions: set[int] = set()
-        records, recorded = [], 0
-        while recorded < self.rollout_fragment_length * self.num_envs:
+        records, recorded = self._carried_records()
+        target = self.rollout_fragment_length * self.num_envs
+        while recorded < target:
             record = self._step()
             if record is not None:
                 records.append(record)
                 recorded += len(record[_ENV_INDEX])
+        if recorded > target:  # a sub-env in its reset step recorded nothing earlier
+            records[-1], self._carried = _split_rows(records[-1], recorded - target)
         postprocess_start = time.perf_counter()
         batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
         batch.num_grad_updates = self._num_grad_updates
@@ -237,6 +243,15 @@ class RolloutWorker(ActingWeights):
                 }
             ]
         return batch, metrics
+
+    def _carried_records(self) -> tuple[list[dict], int]:
+        """The rows the last fragment's final step recorded past its size, first in this
+        fragment (under its unroll ids), so a fragment is exactly its size."""
+        carried, self._carried = self._carried, None
+        if carried is None:
+            return [], 0
+        carried[SampleBatch.UNROLL_ID] = self._unroll_ids[carried[_ENV_INDEX]]
+        return [carried], len(carried[_ENV_INDEX])
 
     def sample_and_compute_gradients(self) -> tuple[Any, dict]:
         """One fragment (`sample`), then this worker's policy's gradients on it
@@ -636,6 +651,15 @@ def _sub_env_info(infos: dict, env_index: int) -> dict:
                 _sub_env_info(values, env_index) if isinstance(values, dict) else values[env_index]
             )
     return info
+
+
+def _split_rows(record: dict, last: int) -> tuple[dict, dict]:
+    """A step's record -> (all but its `last` rows, those rows)."""
+    keep = len(record[_ENV_INDEX]) - last
+    return (
+        {k: tree.map_structure(lambda x: np.asarray(x)[:keep], v) for k, v in record.items()},
+        {k: tree.map_structure(lambda x: np.asarray(x)[keep:], v) for k, v in record.items()},
+    )
 
 
 def _take(value, index):
