@@ -98,3 +98,35 @@ def test_on_learn_on_batch_sees_each_train_batch_and_adds_to_the_statistics():
         algo.stop()
     assert result["hook_rows"] == result["env_steps_this_iter"] >= 256
     assert result["hook_saw_policy"] == 1.0
+
+
+class MultiAgentProbe(Callbacks):
+    def on_episode_start(self, *, episode, **kwargs):
+        episode.user_data["steps"] = 0
+
+    def on_episode_step(self, *, episode, **kwargs):
+        episode.user_data["steps"] += 1
+
+    def on_episode_end(self, *, episode, policies, **kwargs):
+        episode.custom_metrics["total"] = episode.total_reward
+        episode.custom_metrics["steps"] = episode.user_data["steps"]
+        episode.hist_data["policies"] = [len(policies)]
+
+
+@pytest.mark.slow  # one multi-agent PPO iteration: ~10 s here
+def test_episode_hooks_run_in_multi_agent_runs_too():
+    from multi_agent_envs import TwoMapsEnv
+    from multi_agent_envs import two_maps_config as config
+
+    from algorithms import register_env
+    from algorithms.ppo import PPO
+
+    register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+    algo = PPO(config(num_epochs=1, train_batch_size=128, callbacks=MultiAgentProbe))
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["custom_metrics/total_mean"] == pytest.approx(result["episode_return_mean"])
+    assert result["custom_metrics/steps_mean"] == result["episode_len_mean"]
+    assert set(result["hist_stats/policies"]) == {2}

@@ -140,6 +140,14 @@ class MultiAgentRolloutWorker(ActingWeights):
             seed=None if seed is None else seed + self.worker_index,
         )
         self._weights_version = 0
+        if self.callbacks.members:
+            self.sampler.callbacks = self.callbacks
+            self.sampler.hook_arguments = {
+                "worker": self,
+                "env_runner": self,
+                "policies": self.policies,
+                "metrics_logger": self.metrics_logger,
+            }
 
     @property
     def policy(self):

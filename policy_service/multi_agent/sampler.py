@@ -34,13 +34,30 @@ from policy_service.sample_batch import SampleBatch, concat_samples
 
 @dataclass
 class Episode:
-    """One episode's bookkeeping; `policy_mapping_fn` gets it as `episode` (RLlib: `id_`)."""
+    """One episode's bookkeeping; `policy_mapping_fn` gets it as `episode` (RLlib: `id_`),
+    and so do the callbacks' episode hooks (policy_service/callbacks.py), which may write
+    `custom_metrics`, `user_data` and `hist_data`."""
 
     id_: int
+    env_index: int = 0
     policy_of: dict = field(default_factory=dict)  # agent -> policy id, mapped on first obs
     agent_t: dict = field(default_factory=lambda: defaultdict(int))
     agent_returns: dict = field(default_factory=lambda: defaultdict(float))
     length: int = 0
+    last_obs: dict = field(default_factory=dict)  # agent -> its newest observation
+    last_rewards: dict = field(default_factory=dict)  # agent -> its reward of the last step
+    last_infos: dict = field(default_factory=dict)
+    custom_metrics: dict = field(default_factory=dict)
+    user_data: dict = field(default_factory=dict)
+    hist_data: dict = field(default_factory=dict)
+
+    @property
+    def episode_id(self) -> int:
+        return self.id_
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.agent_returns.values()))
 
 
 @dataclass
@@ -63,13 +80,19 @@ class _Fragment:
     returns: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     policy_returns: dict = field(default_factory=lambda: defaultdict(list))
+    custom_metrics: dict = field(default_factory=lambda: defaultdict(list))
+    hist_data: dict = field(default_factory=lambda: defaultdict(list))
 
 
 class MultiAgentSampler:
     """`env`: one MultiAgentEnv or a sequence of copies (sub-envs). `policies`: id -> an
     acting policy (its weights set by the caller): a TFPolicy built here, or one served
     elsewhere with the same `compute_actions` and `postprocess_trajectories` (a
-    fragment's chunks of that policy, together)."""
+    fragment's chunks of that policy, together). `callbacks` (a CallbackList) and
+    `hook_arguments` (what its episode hooks get beside the episode) are the worker's."""
+
+    callbacks: Any = None
+    hook_arguments: dict = {}
 
     def __init__(
         self,
@@ -111,7 +134,7 @@ class MultiAgentSampler:
         for sub in self._sub_envs:
             self._finish_chunks(sub, fragment.chunks)
         batches = {
-            policy_id: concat_samples(self.policies[policy_id].postprocess_trajectories(chunks))
+            policy_id: concat_samples(self._postprocessed(policy_id, chunks))
             for policy_id, chunks in fragment.chunks.items()
         }
         batch = MultiAgentBatch(batches, self.rollout_fragment_length * len(self._sub_envs))
@@ -122,13 +145,45 @@ class MultiAgentSampler:
             "episode_lengths": fragment.lengths,
             "policy_episode_returns": dict(fragment.policy_returns),
         }
+        if self.callbacks is not None:
+            metrics["custom_metrics"] = dict(fragment.custom_metrics)
+            metrics["hist_data"] = dict(fragment.hist_data)
         return batch, metrics
+
+    def _postprocessed(self, policy_id: str, chunks: list) -> list:
+        done = self.policies[policy_id].postprocess_trajectories(chunks)
+        if self.callbacks is not None and self.callbacks.overrides("on_postprocess_trajectory"):
+            for original, chunk in zip(chunks, done):
+                self.callbacks.call(
+                    "on_postprocess_trajectory",
+                    postprocessed_batch=chunk,
+                    original_batches={policy_id: original},
+                    episode=None,
+                    agent_id=None,
+                    policy_id=policy_id,
+                    **self.hook_arguments,
+                )
+        return done
+
+    def _hook(self, hook: str, sub: _SubEnv) -> None:
+        if self.callbacks is not None and self.callbacks.overrides(hook):
+            episode = sub.episode
+            self.callbacks.call(
+                hook,
+                episode=episode,
+                env_index=episode.env_index,
+                base_env=sub.env,
+                env=sub.env,
+                **self.hook_arguments,
+            )
 
     def _step(self, sub: _SubEnv, action_dict: dict, fragment: _Fragment) -> None:
         """One step of `sub`: rewards to the open rows, rows closed, the episode's end."""
-        new_obs, rewards, terminateds, truncateds, _ = checked_step(sub.env, action_dict)
+        new_obs, rewards, terminateds, truncateds, infos = checked_step(sub.env, action_dict)
         episode = sub.episode
         episode.length += 1
+        episode.last_obs.update(new_obs)
+        episode.last_rewards, episode.last_infos = dict(rewards), infos
         for agent, reward in rewards.items():
             # RLlib's rule: an action's row is paid until the agent's next obs; what an
             # agent is paid before its first obs (or after its end) counts in the totals
@@ -145,7 +200,13 @@ class MultiAgentSampler:
         sub.obs = {
             a: o for a, o in new_obs.items() if not (terminateds.get(a) or truncateds.get(a))
         }
+        self._hook("on_episode_step", sub)
         if episode_over:
+            self._hook("on_episode_end", sub)
+            for key, value in episode.custom_metrics.items():
+                fragment.custom_metrics[key].append(float(value))
+            for key, values in episode.hist_data.items():
+                fragment.hist_data[key].extend(values)
             fragment.returns.append(sum(episode.agent_returns.values()))
             fragment.lengths.append(episode.length)
             for agent, value in episode.agent_returns.items():
@@ -156,8 +217,11 @@ class MultiAgentSampler:
     def _start_episode(self, sub: _SubEnv) -> None:
         seed = None if self._seed is None else int(self._rng.integers(2**31))
         sub.obs, _ = sub.env.reset(seed=seed)
-        sub.episode = Episode(int(self._rng.integers(2**62)))
+        env_index = next(i for i, each in enumerate(self._sub_envs) if each is sub)
+        sub.episode = Episode(int(self._rng.integers(2**62)), env_index)
+        sub.episode.last_obs.update(sub.obs)
         sub.open, sub.prev = {}, {}
+        self._hook("on_episode_start", sub)
 
     def _act(self) -> list[dict]:
         """Every agent in each sub-env's last obs dict acts with its policy: one batch
