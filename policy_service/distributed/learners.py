@@ -136,7 +136,7 @@ class RemoteLearners:
         num_learners = int(config.num_learners)
         bundle = learner_bundle(config)
         deadline = time.monotonic() + ready_timeout_s
-        enclosing = ray.util.get_current_placement_group()
+        enclosing = capturing_placement_group()
         if enclosing is not None:  # a Tune trial's group: its bundles hold the learners
             check_group_holds(enclosing, bundle, num_learners)
         else:
@@ -270,6 +270,14 @@ def learner_asks(config) -> list[RoleAsk]:
     """What the learner actors ask of Ray (none when the learner is in the driver)."""
     keys = {resource: f"num_learners, {key}" for resource, key in _KEY_OF.items()}
     return [RoleAsk("learner", int(config.num_learners), learner_bundle(config), keys)]
+
+
+def capturing_placement_group():
+    """The placement group this process runs in when its children go in it too (a Tune
+    trial's: placement_group_capture_child_tasks), else None."""
+    if not ray.get_runtime_context().should_capture_child_tasks_in_placement_group:
+        return None
+    return ray.util.get_current_placement_group()
 
 
 def check_group_holds(group, bundle: dict, count: int) -> None:
