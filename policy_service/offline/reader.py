@@ -46,6 +46,7 @@ from policy_service.sample_batch import SampleBatch
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
+RAY_BLOCK_BYTES = 16 * 2**20  # Ray Data's blocks (default 128 MiB) reach the driver whole
 _GLOB_CHARS = set("*?[")
 
 
@@ -280,6 +281,7 @@ def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) 
 
     names = [s.name for s in specs]
     dataset = ray.data.read_parquet([str(f) for f in files], columns=names, concurrency=readers)
+    dataset.context.target_max_block_size = RAY_BLOCK_BYTES  # this dataset's context only
     for table in dataset.iter_batches(batch_size=CHUNK_ROWS, batch_format="pyarrow"):
         yield _leaves(table, specs, f"{len(files)} Parquet files")
 
