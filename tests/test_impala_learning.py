@@ -32,14 +32,17 @@ MAX_STEPS = {"impala": 1_500_000, "appo": 600_000}
 CARTPOLE_LEARNED = 150
 
 
-def train_until(algo, stop_return: float, max_steps: int, ready=lambda: True) -> tuple[dict, float]:
-    """Train until the return reaches `stop_return` once `ready()` (e.g. a fault has
-    landed: a fast machine may learn before the first), or `max_steps` env steps."""
+def train_until(
+    algo, stop_return: float, max_steps: int, ready=lambda last: True
+) -> tuple[dict, float]:
+    """Train until the return reaches `stop_return` once `ready(last result)` (e.g. a
+    fault has landed and been repaired: a fast machine may learn before the first), or
+    `max_steps` env steps."""
     start = time.perf_counter()
     try:
         while True:
             last = algo.train()
-            reached = last["episode_return_mean"] >= stop_return and ready()
+            reached = last["episode_return_mean"] >= stop_return and ready(last)
             if reached or last["timesteps_total"] >= max_steps:
                 return last, time.perf_counter() - start
     finally:
@@ -120,7 +123,11 @@ def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
     kills = []  # the handles killed; a slot still waiting for its replacement is skipped
 
     def kill_every_10_s():
-        while not stop.wait(10.0):
+        # the first kill 2 s in: a quiet machine learns CARTPOLE_LEARNED within ~10 s, and
+        # the kills are to land while the policy learns, not after
+        wait_s = 2.0
+        while not stop.wait(wait_s):
+            wait_s = 10.0
             worker = algo.env_runners.workers[len(kills) % 2]
             if any(worker is killed for killed in kills):
                 continue  # not replaced yet (a loaded machine): killing it again is no new fault
@@ -131,7 +138,10 @@ def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
     killer.start()
     try:
         last, seconds = train_until(
-            algo, CARTPOLE_LEARNED, MAX_STEPS["appo"], ready=lambda: len(kills) >= 1
+            algo,
+            CARTPOLE_LEARNED,
+            MAX_STEPS["appo"],
+            ready=lambda last: len(kills) >= 1 and last["num_worker_restarts"] >= 1,
         )
     finally:
         stop.set()
@@ -142,4 +152,4 @@ def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
         f"{last['num_worker_restarts']:.0f} restarts"
     )
     assert last["episode_return_mean"] >= CARTPOLE_LEARNED
-    assert len(kills) >= 1 and last["num_worker_restarts"] >= len(kills) - 1  # the last unseen
+    assert len(kills) >= 1 and last["num_worker_restarts"] >= max(1, len(kills) - 1)
