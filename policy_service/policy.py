@@ -205,7 +205,9 @@ class TFPolicy(BatchLearning):
         return distributions.dist_class_for(self.action_space)
 
     def make_model(self) -> keras.Model:
-        obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
+        """The catalog's (or custom) model for the preprocessed observations; the space
+        carries `original_space`, so Dict/Tuple parts get their own encoders."""
+        obs_space = spaces.model_input_space(self.preprocessor)
         return models.build_model(obs_space, self.action_space, self.num_outputs, self.config.model)
 
     def target_network_update(self) -> TargetUpdate | None:

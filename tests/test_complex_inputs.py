@@ -13,6 +13,7 @@ from fakes import (
     small_config,
 )
 
+from algorithms.ppo import PPOPolicy
 from policy_service import models, spaces
 from policy_service.complex_inputs import ComplexInputEncoder
 from policy_service.config import ModelConfig
@@ -24,20 +25,6 @@ IMAGE_AND_VECTOR = gym.spaces.Dict(
         "joints": gym.spaces.Box(-1.0, 1.0, (5,), np.float32),
     }
 )
-
-
-class StructuredPGPolicy(SGDPGPolicy):
-    """SGDPGPolicy (a step is w - lr * grad) whose model is built for
-    spaces.model_input_space, i.e. knows the observation's structure (the line
-    TFPolicy.make_model needs to take)."""
-
-    def make_model(self):
-        return models.build_model(
-            spaces.model_input_space(self.preprocessor),
-            self.action_space,
-            self.num_outputs,
-            self.config.model,
-        )
 
 
 def dict_batch(n, seed=0):
@@ -94,7 +81,7 @@ def test_model_input_space_carries_the_observation_space():
 
 def test_an_image_and_a_vector_train_through_a_cnn_branch():
     config = small_config(model={"post_fcnet_hiddens": [32], "vf_share_layers": True})
-    policy = StructuredPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    policy = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
     encoder = policy.model.policy_trunk
     assert isinstance(encoder, ComplexInputEncoder)
     layers = {layer.name: layer for layer in policy.model._flatten_layers()}
@@ -118,7 +105,7 @@ def test_an_image_and_a_vector_train_through_a_cnn_branch():
 
 def test_conv_filters_set_the_image_branch():
     config = small_config(model={"conv_filters": [[4, [3, 3], 2], [8, [3, 3], 3]]})
-    policy = StructuredPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    policy = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
     shapes = {name: w.shape for name, w in policy.get_weights().items()}
     assert shapes["policy/policy_camera_conv_1/kernel"] == (3, 3, 4, 8)
     # 84 -> 42 -> 14, no post_fcnet_hiddens: the heads sit on the concatenation
@@ -130,8 +117,8 @@ def test_conv_filters_set_the_image_branch():
 @pytest.mark.parametrize("num_towers", [2])
 def test_gradient_on_fake_gpus_equals_one_device(num_towers):
     config = small_config(model={"post_fcnet_hiddens": [16]})
-    one = StructuredPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
-    many = StructuredPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, {**config, **fake_gpus(num_towers)})
+    one = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    many = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, {**config, **fake_gpus(num_towers)})
     assert many.devices == [f"/CPU:{i}" for i in range(num_towers)]
     assert_weights_close(one.get_weights(), many.get_weights(), atol=0, rtol=0)
     batch = dict_batch(7, seed=2)  # 7 rows: uneven towers, one padded row
@@ -147,7 +134,7 @@ def test_gradient_on_fake_gpus_equals_one_device(num_towers):
 def test_tuple_of_discrete_and_vector_is_one_hot_and_dense_by_hand():
     space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(-1.0, 1.0, (2,), np.float32)))
     model = {"fcnet_hiddens": [4], "post_fcnet_hiddens": [3], "vf_share_layers": True}
-    policy = StructuredPGPolicy(space, ACTION_SPACE, small_config(model=model))
+    policy = SGDPGPolicy(space, ACTION_SPACE, small_config(model=model))
     w = policy.get_weights()
     obs = (np.array([0, 2, 1]), np.array([[0.5, -0.5], [0.1, 0.2], [-1.0, 1.0]], np.float32))
 
@@ -168,8 +155,50 @@ def test_tuple_of_discrete_and_vector_is_one_hot_and_dense_by_hand():
 
 def test_dict_observation_through_an_lstm():
     model = {"use_lstm": True, "max_seq_len": 4, "conv_filters": [[4, [3, 3], 4]]}
-    policy = StructuredPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, small_config(model=model))
+    policy = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, small_config(model=model))
     assert isinstance(policy.model.encoder, ComplexInputEncoder)
     obs = dict_batch(3)[SampleBatch.OBS]
     actions, state, _ = policy.compute_actions(obs)
     assert actions.shape == (3,) and [s.shape for s in state] == [(3, 8), (3, 8)]
+
+
+class OriginalSpaceModel(keras.Model):
+    """A custom model that keeps the space it was built for, as RLlib's models read
+    `obs_space.original_space` to split a Dict observation themselves."""
+
+    built_for: list = []
+
+    def __init__(self, obs_space, action_space, num_outputs, model_config):
+        super().__init__()
+        OriginalSpaceModel.built_for.append(obs_space)
+        self.pi = keras.layers.Dense(num_outputs)
+        self.vf = keras.layers.Dense(1)
+
+    def call(self, input_dict, training=None):
+        x = input_dict["obs"]
+        return {
+            "action_dist_inputs": self.pi(x),
+            "vf_preds": keras.ops.squeeze(self.vf(x), -1),
+            "state_out": [],
+        }
+
+
+def test_a_custom_model_gets_the_original_space():
+    models.register_custom_model("original_space_model", OriginalSpaceModel)
+    OriginalSpaceModel.built_for.clear()
+    config = small_config(model={"custom_model": "original_space_model"})
+    SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    assert len(OriginalSpaceModel.built_for) == 1
+    obs_space = OriginalSpaceModel.built_for[0]
+    assert obs_space.shape == (84 * 84 * 3 + 5,)
+    assert obs_space.original_space is IMAGE_AND_VECTOR
+
+
+def test_ppo_policy_encodes_a_dict_observation_per_component():
+    config = small_config(model={"conv_filters": [[4, [3, 3], 4]], "vf_share_layers": True})
+    policy = PPOPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    assert isinstance(policy.model.policy_trunk, ComplexInputEncoder)
+    shapes = {name: w.shape for name, w in policy.get_weights().items()}
+    assert shapes["policy/policy_camera_conv_0/kernel"] == (3, 3, 3, 4)
+    actions, _, _ = policy.compute_actions(dict_batch(2)[SampleBatch.OBS], explore=False)
+    assert actions.shape == (2,)
