@@ -22,7 +22,8 @@ import numpy as np
 import tensorflow as tf
 
 from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig, ReplayPolicy
-from policy_service import LossExtras, masked_mean, models
+from policy_service import LossExtras, masked_mean, models, spaces
+from policy_service.complex_inputs import ComplexInputEncoder
 from policy_service.config import LAYER_SIZES, from_dict, setting
 from policy_service.exploration import EpsilonGreedy, make_exploration
 from policy_service.n_step import BOOTSTRAP_DISCOUNT
@@ -71,7 +72,8 @@ class QModel(keras.Model):
     greedy action is the Categorical's mode; with `dueling`, from a state-value head
     and an advantage head: Q = V + A - mean_a A.
 
-    The features are the default encoder's (conv + `fcnet_hiddens`) on "obs", or the
+    The features are the default encoder's (conv + `fcnet_hiddens`, or one branch per
+    component of a Dict/Tuple observation) on "obs", or the
     "action_dist_inputs" of a user's model built with `feature_size` outputs.
     """
 
@@ -95,7 +97,7 @@ class QModel(keras.Model):
         self.state_value = keras.layers.Dense(1, name="state_value") if dueling else None
 
     def call(self, input_dict, training=False):
-        if isinstance(self.features, models.Encoder):
+        if isinstance(self.features, (models.Encoder, ComplexInputEncoder)):
             x = self.features(
                 input_dict[SampleBatch.OBS], training=training, row_mask=input_dict.get("loss_mask")
             )
@@ -166,9 +168,9 @@ class DQNPolicy(ReplayPolicy):
 
     def make_model(self) -> keras.Model:
         cfg = self.config
-        obs_space = gym.spaces.Box(-np.inf, np.inf, self.preprocessor.shape, np.float32)
+        obs_space = spaces.model_input_space(self.preprocessor)
         if cfg.model.custom_model is None:
-            features = models.Encoder(obs_space.shape, cfg.model, "q_encoder")
+            features = models.make_encoder(obs_space, cfg.model, "q_encoder")
         else:
             feature_size = ([256] + list(cfg.model.fcnet_hiddens))[-1]  # RLlib's choice
             features = models.follow_call_convention(
