@@ -1100,4 +1100,9 @@ def _assign(targets: dict, arrays: dict) -> None:
 
 
 def _config_to_json(config) -> dict:
-    return dataclasses.asdict(config)
+    """The config as JSON holds it: an exploration class given as "type" by its name."""
+    as_dict = dataclasses.asdict(config)
+    as_dict["exploration_config"] = exploration.named_exploration_config(
+        as_dict["exploration_config"]
+    )
+    return as_dict

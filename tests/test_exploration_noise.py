@@ -255,3 +255,21 @@ def test_a_class_type_is_named_for_json():
     assert exploration.named_exploration_config({"type": "GaussianNoise"}) == {
         "type": "GaussianNoise"
     }
+
+
+def test_a_policy_with_a_class_type_checkpoints_and_restores(tmp_path):
+    config = small_config(exploration_config={"type": AlwaysFirstAction, "action": 2})
+    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, config)
+    policy.export_checkpoint(str(tmp_path / "ckpt"))  # was: type is not JSON serializable
+    restored = PGPolicy.from_checkpoint(str(tmp_path / "ckpt"))
+    assert restored.config.exploration_config == {
+        "type": f"{__name__}.AlwaysFirstAction",
+        "action": 2,
+    }
+    assert isinstance(restored.exploration, AlwaysFirstAction)
+    obs = np.random.default_rng(1).uniform(-1, 1, (5, 4)).astype(np.float32)
+    np.testing.assert_array_equal(restored.compute_actions(obs, explore=True)[0], np.full(5, 2))
+    np.testing.assert_array_equal(
+        restored.compute_actions(obs, explore=False)[0],
+        policy.compute_actions(obs, explore=False)[0],
+    )
