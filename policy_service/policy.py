@@ -365,7 +365,7 @@ class TFPolicy(BatchLearning):
                 f"{type(state_batches).__name__}"
             )
         if state_batches is None or len(state_batches) == 0:
-            states = [np.tile(s[None], (batch_size, 1)) for s in self._initial_state]
+            states = [np.repeat(s[None], batch_size, axis=0) for s in self._initial_state]
         else:
             if len(state_batches) != n:
                 raise ValueError(f"expected {n} state tensors, got {len(state_batches)}")

@@ -6,8 +6,10 @@ import re
 from pathlib import Path
 
 import gymnasium as gym
+import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 from fakes import (
     ACTION_SPACE,
     CELL,
@@ -23,7 +25,7 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service import TFPolicy
+from policy_service import TFPolicy, models
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import read_policy_state as load_policy_state
 
@@ -230,6 +232,39 @@ def test_wrong_state_shape_when_acting_names_the_state():
         policy.compute_actions(observations(2), [np.zeros((2, CELL)), np.zeros((2, 3))])
     with pytest.raises(ValueError, match="expected 2 state tensors, got 1"):
         policy.compute_actions(observations(2), [np.zeros((2, CELL))])
+
+
+class MatrixStateModel(keras.Model):
+    """A recurrent custom model whose state is a 2 x 3 matrix per row; each call adds 1
+    to it, and the actions read the state so it is part of the graph."""
+
+    def __init__(self, obs_space, action_space, num_outputs, model_config):
+        super().__init__()
+        self.pi = keras.layers.Dense(num_outputs)
+        self.vf = keras.layers.Dense(1)
+
+    def get_initial_state(self):
+        return [np.arange(6, dtype=np.float32).reshape(2, 3)]
+
+    def call(self, input_dict, training=None):
+        obs, state = input_dict["obs"], input_dict["state_in_0"]  # [B * T, 4], [B, 2, 3]
+        per_row = tf.repeat(state, tf.shape(obs)[0] // tf.shape(state)[0], axis=0)
+        x = tf.concat([obs, tf.reshape(per_row, [-1, 6])], axis=1)
+        return {
+            "action_dist_inputs": self.pi(x),
+            "vf_preds": tf.squeeze(self.vf(x), -1),
+            "state_out": [state + 1.0],
+        }
+
+
+def test_a_multi_dimensional_initial_state_is_repeated_per_row():
+    models.register_custom_model("matrix_state", MatrixStateModel)
+    policy = policy_on(model={"custom_model": "matrix_state", "max_seq_len": 4})
+    initial = np.arange(6, dtype=np.float32).reshape(2, 3)
+    assert [s.shape for s in policy.get_initial_state()] == [(2, 3)]
+    _, states, _ = policy.compute_actions(observations(5))  # no state: the initial one per row
+    assert [s.shape for s in states] == [(5, 2, 3)]
+    np.testing.assert_array_equal(states[0], np.broadcast_to(initial + 1.0, (5, 2, 3)))
 
 
 # ----- weights -------------------------------------------------------------------------------
