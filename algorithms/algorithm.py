@@ -56,6 +56,7 @@ from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
+from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
 from policy_service.metrics_logger import LoggedMetrics
 from policy_service.multi_agent import pettingzoo_env
@@ -446,6 +447,7 @@ class Algorithm:
         self.config.callbacks_class = callbacks_name(self.config.callbacks_class)
         self.callbacks: CallbackList = make_callbacks(self.callback_classes)
         self.evaluation: Evaluation | None = None  # built at the first evaluation
+        self._deferred_failure: RunFailure | None = None  # ending_sync's, raised next train()
         if self.config.frozen_copies:
             self.callbacks.members.append(
                 FrozenCopies(self.config.frozen_copies, self.config.frozen_copies_every)
@@ -512,6 +514,9 @@ class Algorithm:
             {policy_id: list(r) for policy_id, r in self._policy_returns.items()},
         )
         self._iteration_changed_state = False
+        if self._deferred_failure is not None:  # nothing changed yet: a checkpoint holds all
+            failure, self._deferred_failure = self._deferred_failure, None
+            raise failure
         start = time.perf_counter()
         interval = self.config.evaluation_interval
         evaluating = interval is not None and (self.iteration + 1) % interval == 0
@@ -606,12 +611,21 @@ class Algorithm:
             stats = self._counted_update(
                 learners.update_each(self._policy_update, batch, self.timesteps_total), start
             )
-            runners.sync_weights(learners.get_weights())
+            self.ending_sync(lambda: runners.sync_weights(learners.get_weights()))
             return stats
         train_batch = self.sample_env_steps(self.config.train_batch_size)
         stats = self.learner_update(lambda learners: self.update_on_batch(learners, train_batch))
-        self.broadcast_weights()
+        self.ending_sync(self.broadcast_weights)
         return stats
+
+    def ending_sync(self, sync: Callable[[], object]) -> None:
+        """The weight sync that ends an iteration whose learning is done: if it fails
+        for good (a restart budget spent), the iteration still completes (its results
+        and a checkpoint hold it) and the failure ends the run at the next train()."""
+        try:
+            sync()
+        except RunFailure as failure:
+            self._deferred_failure = failure
 
     def _policy_update(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
         """update_on_batch for one policy of a multi-agent run; once it has learned, a

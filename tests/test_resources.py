@@ -35,6 +35,7 @@ def cluster(monkeypatch):
 
     monkeypatch.setattr(ray, "available_resources", available)
     monkeypatch.setattr(resources, "_POLL_S", 0.01)
+    monkeypatch.setattr(resources, "in_capturing_placement_group", lambda: False)
     return views
 
 

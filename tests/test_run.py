@@ -233,3 +233,41 @@ def test_a_hook_that_raises_ends_the_run_in_one_line_after_a_checkpoint(tmp_path
     ), err
     assert (run_dir / "checkpoints" / "checkpoint_000001").is_dir()
     assert os.path.basename(str(run_dir)) in lines[-1]
+
+
+@pytest.mark.slow  # three PPO iterations in this process: ~15 s here
+def test_a_weight_sync_that_fails_for_good_still_leaves_the_iteration_checkpointed(
+    tmp_path, monkeypatch
+):
+    """The sync that ends an iteration fails for good (an env runner's budget spent while
+    its weights were sent): that iteration's learning is kept, written to progress.jsonl
+    and checkpointed, and the run ends in one line at the next iteration."""
+    from policy_service.distributed.env_runner_group import EnvRunnerGroup
+    from policy_service.errors import RunFailure
+
+    calls = []
+    real_sync = EnvRunnerGroup.sync_weights
+
+    def sync_failing_at_the_third_iteration(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:  # the first is the build's (version 0)
+            raise RunFailure("env runner 1 died 4 times during one sync_weights()")
+        return real_sync(self, *args, **kwargs)
+
+    monkeypatch.setattr(EnvRunnerGroup, "sync_weights", sync_failing_at_the_third_iteration)
+    algo = PPO(TINY_CONFIG)
+    run_dir = tmp_path / "run"
+    try:
+        with pytest.raises(RunFailure) as raised:
+            fit(algo, stop={"training_iteration": 5}, checkpoint_every=10, run_dir=run_dir)
+    finally:
+        algo.stop()
+    message = str(raised.value)
+    assert message.startswith("env runner 1 died 4 times during one sync_weights(); a final ")
+    assert f"checkpoint of iteration 3 was written first ({run_dir}/checkpoints/" in message
+    rows = progress(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    from policy_service.io import checkpoints
+
+    saved = checkpoints.read_algorithm_state(run_dir / "checkpoints" / "checkpoint_000003")
+    assert saved["timesteps_total"] == rows[-1]["timesteps_total"]

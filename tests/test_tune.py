@@ -312,6 +312,16 @@ def test_a_trials_learner_actor_runs_in_the_trials_placement_group(tune_ray, tmp
     assert metrics["learner_group"] == metrics["trial_group"]
 
 
+@pytest.mark.slow
+def test_a_trial_whose_bundles_hold_the_whole_cluster_starts_its_env_runner(tune_ray, tmp_path):
+    """The trial's placement group reserved the driver's CPU and the runner's: the
+    algorithm's cluster check must not wait for them to be free again (they never are)."""
+    space = {**TINY, "num_env_runners": 1, "num_cpus_per_env_runner": 1}
+    results = _tuner("policy_service.PPO", space, tmp_path, {"training_iteration": 1}).fit()
+    assert not results.errors
+    assert results[0].metrics["training_iteration"] == 1
+
+
 def _trial_states(sweep: Path) -> dict[str, str]:
     """trial id -> status, from Tune's newest experiment state file in `sweep`."""
     states: dict[str, str] = {}

@@ -107,11 +107,19 @@ def check_cluster_fits(asks: list[RoleAsk], wait_s: float = AVAILABLE_WAIT_S) ->
     total = ray.cluster_resources()
     if _short(needed, total):
         raise ResourcesExceedClusterError(_describe(asks, needed, total, None, wait_s))
+    if in_capturing_placement_group():
+        return  # a Tune trial: its placement group holds these asks already (algorithms/tune.py)
     deadline = time.monotonic() + wait_s
     while _short(needed, available := ray.available_resources()):
         if time.monotonic() >= deadline:
             raise ResourcesNotFreedError(_describe(asks, needed, total, available, wait_s))
         time.sleep(_POLL_S)
+
+
+def in_capturing_placement_group() -> bool:
+    """Whether this process runs in a placement group that takes its children's actors
+    (a Tune trial's), so that what they ask for is reserved already."""
+    return bool(ray.get_runtime_context().should_capture_child_tasks_in_placement_group)
 
 
 def _short(needed: dict, have: dict) -> list[str]:
