@@ -18,6 +18,7 @@ each round, each on a batch of its own buffer, in its own LearnerGroup.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from policy_service.config_rules import MIN_ROW_BYTES
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.engine.units import LOSS_MASK, check_minibatch_size
+from policy_service.exploration import exploration_class
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
@@ -160,7 +162,7 @@ class ContinuousReplayConfig(ReplayConfig):
     """The replay loop's defaults for continuous control (SAC's and TD3's, RLlib's): a
     soft target update, one env step per fragment, a 1M uniform buffer; uniform random
     actions for the first num_steps_sampled_before_learning_starts env steps, unless
-    exploration_config sets its own random_timesteps."""
+    exploration_config sets its own random_timesteps (or its type takes no such option)."""
 
     tau: float = 5e-3
     train_batch_size: int = 256
@@ -170,11 +172,20 @@ class ContinuousReplayConfig(ReplayConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        if "random_timesteps" not in self.exploration_config:
+        if "random_timesteps" not in self.exploration_config and _takes_random_timesteps(
+            self.exploration_config
+        ):
             self.exploration_config = {
                 **self.exploration_config,
                 "random_timesteps": self.num_steps_sampled_before_learning_starts,
             }
+
+
+def _takes_random_timesteps(exploration_config: dict) -> bool:
+    """Whether the exploration type takes a random_timesteps option (the built-in ones
+    do; a user's class may not, and an option it does not take is refused)."""
+    cls = exploration_class(exploration_config.get("type", "StochasticSampling"))
+    return "random_timesteps" in inspect.signature(cls).parameters
 
 
 def sgd_steps_due(

@@ -273,3 +273,40 @@ def test_a_policy_with_a_class_type_checkpoints_and_restores(tmp_path):
         restored.compute_actions(obs, explore=False)[0],
         policy.compute_actions(obs, explore=False)[0],
     )
+
+
+class ShiftedGreedy(Exploration):
+    """Explores by shifting the greedy continuous action by `shift`; takes no
+    random_timesteps (a user's exploration, for the tests)."""
+
+    def __init__(self, action_space, shift: float = 0.5):
+        self.shift = float(shift)
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = dist.deterministic_sample()
+        chosen = tf.where(explore, greedy + self.shift, greedy)
+        return chosen, tf.zeros(tf.shape(greedy)[:1], tf.float32)
+
+
+def td3_config(exploration_config: dict) -> dict:
+    return {
+        "seed": 0,
+        "actor_hiddens": [8],
+        "critic_hiddens": [8],
+        "num_steps_sampled_before_learning_starts": 30,
+        "exploration_config": exploration_config,
+    }
+
+
+def test_replay_random_timesteps_go_only_to_a_type_that_takes_them():
+    policy = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"type": ShiftedGreedy, "shift": 0.25}))
+    assert policy.config.exploration_config == {"type": ShiftedGreedy, "shift": 0.25}
+    obs = np.zeros((2, 3), np.float32)
+    greedy, _, _ = policy.compute_actions(obs, explore=False)
+    shifted, _, _ = policy.compute_actions(obs, explore=True, timestep=0)
+    np.testing.assert_allclose(shifted, greedy + 0.25, rtol=1e-6)
+    gaussian = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"type": "GaussianNoise"}))
+    assert gaussian.config.exploration_config["random_timesteps"] == 30
+    assert gaussian.exploration.random_timesteps == 30
+    own = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"random_timesteps": 5}))
+    assert own.config.exploration_config["random_timesteps"] == 5
