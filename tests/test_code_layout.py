@@ -91,6 +91,8 @@ LAYERS = [
         ),
     ),
     ("policy_service.io", ("policy_service.distributed", "policy_service.policy")),
+    # experiences on disk are data: written and read without the Ray side or the policy
+    ("policy_service.offline", ("policy_service.distributed", "policy_service.policy")),
 ]
 
 
