@@ -363,3 +363,35 @@ def test_onnx_export_without_tf2onnx_is_a_clear_error_and_writes_nothing(
     with pytest.raises(RuntimeError, match=r"policy-service\[onnx\]"):
         policy.export_model(str(tmp_path / "saved"), onnx=OPSET)
     assert list(tmp_path.iterdir()) == []  # neither the target nor a temp dir
+
+
+# ----- an exploration with its own state --------------------------------------------------------
+
+
+def test_a_policy_with_ou_noise_exports_its_noise_state(tmp_path):
+    from algorithms.td3 import TD3Policy
+
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    policy = TD3Policy(
+        obs_space,
+        gym.spaces.Box(-2.0, 2.0, (2,), np.float32),
+        {
+            "seed": 0,
+            "actor_hiddens": [8],
+            "critic_hiddens": [8],
+            "num_steps_sampled_before_learning_starts": 0,
+            "exploration_config": {"type": "OrnsteinUhlenbeckNoise", "final_scale": 1.0},
+        },
+    )
+    obs = np.zeros((2, 3), np.float32)
+    policy.compute_actions(obs, explore=True, timestep=5)  # the OU state moves off zero
+    policy.export_model(str(tmp_path / "saved"))  # was: untracked resource (the OU state)
+    signature = serve(tmp_path / "saved")
+    greedy, _, _ = policy.compute_actions(obs, explore=False)
+    named = {"obs": obs}
+    out = call(signature, {**named, **acting_controls(explore=False)})
+    np.testing.assert_allclose(out["actions"], greedy, rtol=RTOL, atol=ATOL)
+    noisy = call(signature, {**named, **acting_controls(True, timestep=5, seed=(1, 2))})
+    noise = noisy["actions"] - greedy
+    assert np.all(np.abs(noise) > 0)
+    np.testing.assert_allclose(noise[0], noise[1], rtol=1e-5, atol=1e-6)  # one process, all rows

@@ -98,6 +98,8 @@ class ActingModule(tf.Module):
     def __init__(self, policy):
         super().__init__()
         self.model = policy.model
+        # tracked, so that an exploration's own variables (OU noise's state) are saved
+        self.exploration = policy.exploration
         self._policy = policy
         self._all_specs = model_input_specs(policy)
         self._optional = optional_inputs(policy.action_space)
