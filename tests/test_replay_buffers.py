@@ -321,6 +321,23 @@ def test_set_state_checks_everything_before_assigning(tmp_path):
 # ---- bad input -------------------------------------------------------------------
 
 
+def test_uniform_samples_more_rows_than_it_holds_with_replacement_as_rllibs():
+    buffer = ReplayBuffer(100, seed=0)
+    with pytest.raises(ValueError, match=r"^replay buffer: cannot sample from an empty buffer$"):
+        buffer.sample(1)
+    added = cartpole_batch(3)
+    buffer.add(added)
+    batch = buffer.sample(600)  # was: cannot sample 600 rows, it holds 3
+    assert batch.count == 600
+    counts = np.bincount(batch[BATCH_INDEXES], minlength=3)
+    assert counts.sum() == 600 and np.all(counts > 150)  # 200 each expected, sd ~12
+    np.testing.assert_array_equal(batch["obs"], added["obs"][batch[BATCH_INDEXES]])
+    with pytest.raises(ValueError, match=r"^replay buffer: sample size must be an int >= 1"):
+        buffer.sample(0)
+    with pytest.raises(ValueError, match="sample size must be an int >= 1, got True"):
+        buffer.sample(True)
+
+
 def test_prioritized_samples_more_rows_than_it_holds_with_replacement_as_rllibs():
     buffer = PrioritizedReplayBuffer(100, alpha=1.0, seed=0)
     buffer.add(cartpole_batch(3), priorities=np.array([1.0, 2.0, 5.0]))

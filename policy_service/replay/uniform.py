@@ -33,10 +33,12 @@ BATCH_INDEXES = "batch_indexes"  # RLlib's name for the slots a sampled row came
 
 
 def check_sample_size(num_items: int, size: int) -> int:
-    if not isinstance(num_items, (int, np.integer)) or num_items < 1:
+    """A sample size for draws with replacement: any int >= 1 (more than the rows held
+    too, as RLlib's), from a buffer holding at least one row."""
+    if not isinstance(num_items, (int, np.integer)) or isinstance(num_items, bool) or num_items < 1:
         raise ValueError(f"replay buffer: sample size must be an int >= 1, got {num_items!r}")
-    if num_items > size:
-        raise ValueError(f"replay buffer: cannot sample {num_items} rows, it holds {size}")
+    if size == 0:
+        raise ValueError("replay buffer: cannot sample from an empty buffer")
     return int(num_items)
 
 
@@ -83,8 +85,9 @@ class ReplayBuffer:
         self.store.add(batch)
 
     def sample(self, num_items: int) -> SampleBatch:
-        """`num_items` rows drawn uniformly with replacement, plus "batch_indexes"
-        <int64>[num_items], the slots they came from."""
+        """`num_items` rows drawn uniformly with replacement (so num_items may exceed the
+        rows held, as RLlib's), plus "batch_indexes" <int64>[num_items], the slots they
+        came from."""
         num_items = check_sample_size(num_items, self.store.size)
         indexes = self.rng.integers(0, self.store.size, num_items)
         columns = self.store.take(indexes)
