@@ -271,3 +271,30 @@ def test_a_weight_sync_that_fails_for_good_still_leaves_the_iteration_checkpoint
 
     saved = checkpoints.read_algorithm_state(run_dir / "checkpoints" / "checkpoint_000003")
     assert saved["timesteps_total"] == rows[-1]["timesteps_total"]
+
+
+@pytest.mark.slow  # two PPO iterations and a restore in this process: ~15 s here
+def test_resume_skips_a_checkpoint_whose_config_was_edited(tmp_path, capsys):
+    """docs/training_runs.md: an edited checkpoint is skipped with a line naming the key;
+    the run resumes from the newest one that is the run's own."""
+    run_dir = tmp_path / "run"
+    algo = PPO(TINY_CONFIG)
+    try:
+        fit(algo, stop={"training_iteration": 2}, checkpoint_every=1, run_dir=run_dir)
+    finally:
+        algo.stop()
+    state_file = run_dir / "checkpoints" / "checkpoint_000002" / "algorithm_state.json"
+    state = json.loads(state_file.read_text())
+    state["config"]["env"] = "this:CartPole-v1"
+    state_file.write_text(json.dumps(state))
+    capsys.readouterr()
+    algo = PPO(TINY_CONFIG)
+    try:
+        fit(algo, stop={"training_iteration": 2}, run_dir=run_dir, resume=True)
+        resumed_at = [r["iteration"] for r in progress(run_dir)]
+    finally:
+        algo.stop()
+    err = capsys.readouterr().err
+    assert "checkpoint_000002" in err and "config key 'env' is 'this:CartPole-v1' there" in err
+    assert "from checkpoint_000001 (iteration 1)" in err
+    assert resumed_at == [1, 2]  # iteration 2 trained again from checkpoint 1
