@@ -17,7 +17,14 @@ DEVIATIONS = (
     "SAC critic loss",
     "`MeanStdFilter.sync`",
     "`NoFilter` on what is not an array",
-    "prioritized replay `sample(n)`",
+    "replay `sample(n)`",
+    "`GaussianNoise` defaults",
+    "OU noise state advance",
+    "GTrXL memory",
+    "complex-input network and `vf_share_layers`",
+    "multi-agent `truncateds`",
+    "multi-agent `t`",
+    "multi-agent reward before the first observation",
 )
 
 
