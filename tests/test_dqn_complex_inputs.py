@@ -3,6 +3,7 @@ one (ComplexInputEncoder), so an image component goes through conv layers in tra
 
 import gymnasium as gym
 import numpy as np
+import pytest
 
 from algorithms import register_env
 from algorithms.dqn import DQN
@@ -40,6 +41,7 @@ class ImageAndVectorEnv(gym.Env):
 register_env("image_and_vector", lambda env_config: ImageAndVectorEnv(env_config))
 
 
+@pytest.mark.slow  # a DQN run in the driver, one iteration: ~20 s here
 def test_dqn_trains_conv_layers_on_an_image_component():
     algo = DQN(
         {
