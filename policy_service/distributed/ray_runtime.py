@@ -132,8 +132,35 @@ def start_ray(
     # Ray raises Exception ("timed out during startup"), RuntimeError, OSError at start-up
     except Exception as err:  # noqa: BLE001 - any of them: Ray did not start
         raise RayStartFailure(f"{failed}: {type(err).__name__}: {one_line(err)}") from None
+    warning = secure_token_file()
+    if warning is not None:
+        print(warning, file=sys.stderr)
     if address:
         print(f"policy-service: joined the Ray cluster at {address}", file=sys.stderr)
+
+
+def secure_token_file(path: Path | None = None) -> str | None:
+    """Ray writes the token it generates (or finds) to ~/.ray/auth_token readable by every
+    user of the machine (0644): the token this run relies on is made owner-only (0600).
+    -> None, or a one-line warning when the file is not this user's to change."""
+    if path is None:
+        if os.environ.get("RAY_AUTH_TOKEN"):
+            return None  # the token travels in the environment, not in a file
+        path = Path(os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:  # no file: nothing to protect
+        return None
+    if not mode & 0o077:
+        return None
+    try:
+        os.chmod(path, 0o600)
+    except OSError as err:
+        return (
+            f"policy-service: warning: Ray's token file {path} is readable by other users "
+            f"(mode {mode:o}) and could not be made 0600 ({err.strerror or one_line(err)})"
+        )
+    return None
 
 
 def bind_to_loopback() -> None:
