@@ -1090,9 +1090,13 @@ class Algorithm:
         return str(Path(checkpoint_dir).absolute())
 
     def config_json(self) -> dict:
-        """The config as JSON (checkpoints, the run directory): callbacks classes and,
-        with `policies`, their specs and mapping function by name."""
+        """The config as JSON (checkpoints, the run directory): callbacks and exploration
+        classes and, with `policies`, their specs and mapping function by name."""
+        from policy_service.exploration import named_exploration_config
+
         config = self.config.to_dict()
+        if config.get("exploration_config"):
+            config["exploration_config"] = named_exploration_config(config["exploration_config"])
         if self.config.policies is not None:
             from algorithms import multi_agent
 

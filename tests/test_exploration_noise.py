@@ -310,3 +310,23 @@ def test_replay_random_timesteps_go_only_to_a_type_that_takes_them():
     assert gaussian.exploration.random_timesteps == 30
     own = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"random_timesteps": 5}))
     assert own.config.exploration_config["random_timesteps"] == 5
+
+
+def test_an_algorithms_config_names_a_class_type_in_its_json():
+    """The run directory and checkpoints hold the algorithm's config as JSON
+    (Algorithm.config_json): a class type is written by name, as the policy's state does."""
+    import json
+
+    from algorithms.ppo import PPO
+
+    algo = PPO(
+        {"env": "CartPole-v1", "exploration_config": {"type": AlwaysFirstAction, "action": 1}}
+    )
+    try:
+        written = json.loads(json.dumps(algo.config_json()))
+    finally:
+        algo.stop()
+    assert written["exploration_config"] == {
+        "type": f"{__name__}.AlwaysFirstAction",
+        "action": 1,
+    }
