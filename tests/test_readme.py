@@ -1,4 +1,4 @@
-"""README.md's map of the tree matches the tree, and the pages link only inside the repo.
+"""README.md's map matches the tree, it links every docs page, and pages link only inside the repo.
 
 The map is the first fenced block under "## Where things are". A line whose first word
 ends in "/" or ".py" names packages or modules: its leading words that end so. A name is
@@ -98,6 +98,12 @@ def test_every_module_and_package_is_in_the_map():
     paths = set(mapped_paths(map_block((REPO / "README.md").read_text())))
     unnamed = sorted(tree_paths() - paths)
     assert unnamed == [], "add these to README.md's map (## Where things are)"
+
+
+def test_the_readme_links_every_page_of_docs():
+    targets = set(_link_targets((REPO / "README.md").read_text()))
+    pages = sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
+    assert [page for page in pages if page not in targets] == [], "link them in README.md"
 
 
 def _link_targets(text: str) -> list[str]:
