@@ -25,8 +25,9 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from algorithms import environments
 from policy_service.callbacks import RUNNER_HOOKS, Callbacks, overrides
 from policy_service.config import config_for
 from policy_service.errors import RunFailure, TrainingSetupError, one_line
@@ -249,13 +250,15 @@ def restore_checked(algo: Algorithm, checkpoint: Path, run_dir: Path | None = No
     fails part-way is overwritten whole by the next checkpoint tried."""
     checkpoints.refuse_links_out_of(checkpoint, run_dir or checkpoint.absolute().parent.parent)
     saved = checkpoints.read_algorithm_state(checkpoint, type(algo))
-    changed = first_difference(saved["config"], json_safe(algo.config_json()))
-    if changed is not None:
-        key, there, here = changed
-        raise CheckpointFileError(
-            f"{checkpoint / checkpoints.ALGORITHM_STATE}: config key {key!r} is {there!r} "
-            f"there but {here!r} in this run (edited, or another run's checkpoint)"
+    config = saved.get("config")
+    try:  # an env named in the file (an edited one) imports nothing (as `evaluate` checks)
+        environments.check_env_from_file(
+            config.get("env") if isinstance(config, dict) else None,
+            checkpoint / checkpoints.ALGORITHM_STATE,
+            allowed=(str(algo.config.env),),
         )
+    except environments.EnvironmentSetupError as err:
+        raise CheckpointFileError(one_line(err)) from None
     if algo.multi_agent is not None:  # its restore reads and checks every policy first
         _restore_or_refuse(algo, checkpoint)
         return
@@ -278,19 +281,6 @@ def restore_checked(algo: Algorithm, checkpoint: Path, run_dir: Path | None = No
     except (ValueError, TypeError) as err:  # a learner actor's too (a RayTaskError)
         raise CheckpointFileError(f"{policy_file.parent}: {one_line(err)}") from None
     _restore_or_refuse(algo, checkpoint)
-
-
-def first_difference(saved: Any, current: Any, key: str = "") -> tuple[str, Any, Any] | None:
-    """The first config key whose value differs between a checkpoint's config and this
-    run's -> (dotted key, saved, current); keys only one of them has are not compared
-    (a checkpoint from before a key was added still restores)."""
-    if isinstance(saved, dict) and isinstance(current, dict):
-        for name in sorted(set(saved) & set(current)):
-            found = first_difference(saved[name], current[name], f"{key}.{name}" if key else name)
-            if found is not None:
-                return found
-        return None
-    return None if saved == current else (key, saved, current)
 
 
 def _restore_or_refuse(algo: Algorithm, checkpoint: Path) -> None:

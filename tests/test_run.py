@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -275,8 +276,9 @@ def test_a_weight_sync_that_fails_for_good_still_leaves_the_iteration_checkpoint
 
 @pytest.mark.slow  # two PPO iterations and a restore in this process: ~15 s here
 def test_resume_skips_a_checkpoint_whose_config_was_edited(tmp_path, capsys):
-    """docs/training_runs.md: an edited checkpoint is skipped with a line naming the key;
-    the run resumes from the newest one that is the run's own."""
+    """docs/training_runs.md: a checkpoint whose env names a module nothing imported (an
+    edited one) is skipped with a line naming it, as `evaluate` refuses it; the run
+    resumes from the newest one that loads, and nothing is imported for the name."""
     run_dir = tmp_path / "run"
     algo = PPO(TINY_CONFIG)
     try:
@@ -295,6 +297,7 @@ def test_resume_skips_a_checkpoint_whose_config_was_edited(tmp_path, capsys):
     finally:
         algo.stop()
     err = capsys.readouterr().err
-    assert "checkpoint_000002" in err and "config key 'env' is 'this:CartPole-v1' there" in err
+    assert "checkpoint_000002" in err and "environment 'this:CartPole-v1' is not a name" in err
     assert "from checkpoint_000001 (iteration 1)" in err
     assert resumed_at == [1, 2]  # iteration 2 trained again from checkpoint 1
+    assert "this" not in sys.modules
