@@ -183,7 +183,9 @@ _TRAINABLES: dict[str, type[AlgorithmTrainable]] = {
 
 
 def register_trainables() -> None:
-    """Register every algorithm with Tune as "policy_service.<Class>" (on import)."""
+    """Register every algorithm with Tune as "policy_service.<Class>": on import, and
+    again after a Ray started later than the import (Tune keeps registrations in the
+    running cluster's store, so a new cluster starts without them)."""
     for name, cls in _TRAINABLES.items():
         tune.register_trainable(trainable_name(name), cls)
 

@@ -136,7 +136,10 @@ def test_epsilon_falls_with_the_runs_env_steps():
     try:
         steps = history[-1]["timesteps_total"]
         assert history[-1]["cur_epsilon"] == pytest.approx(1.0 - 0.9 * min(1, steps / 256))
-        assert algo.env_runners.local_worker.policy.global_timestep == steps
+        # the driver sets it to its env steps at each sync; rows of a vector step past a
+        # fragment's end (at most num_envs - 1) were acted on but go in the next fragment
+        acted = algo.env_runners.local_worker.policy.global_timestep
+        assert steps - (SMALL["num_envs_per_env_runner"] - 1) <= acted <= steps
     finally:
         algo.stop()
 

@@ -25,7 +25,12 @@ tune = pytest.importorskip("ray.tune")
 
 from algorithms import ALGORITHMS  # noqa: E402
 from algorithms.ppo import PPO  # noqa: E402
-from algorithms.tune import LINEAGE_FILE, trainable, trainable_name  # noqa: E402
+from algorithms.tune import (  # noqa: E402
+    LINEAGE_FILE,
+    register_trainables,
+    trainable,
+    trainable_name,
+)
 from algorithms.tune_search import (  # noqa: E402
     ClampToMutations,
     check_search_space,
@@ -55,6 +60,7 @@ TESTS = Path(__file__).parent
 def test_every_registered_algorithm_is_a_named_trainable():
     from ray.tune.registry import get_trainable_cls
 
+    register_trainables()  # a Ray another test file started and stopped took them with it
     for name in ALGORITHMS:
         cls = trainable(name)
         assert issubclass(cls, tune.Trainable)
@@ -172,6 +178,7 @@ def test_a_logger_whose_package_is_missing_is_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def tune_ray(ray_local):
     """The module's Ray, with this module's trainables sent to trials by value."""
+    register_trainables()  # into this Ray's store (an earlier Ray's went with it)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     yield
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
