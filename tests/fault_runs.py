@@ -33,14 +33,22 @@ def subprocess_env() -> dict:
 RAY_FORWARDED = re.compile(r"^(?:\x1b\[[0-9;]*m)?\((?:raylet|gcs_server|[^)]*pid=\d+)[^)]*\)")
 
 
+# our line for each handled death of an env runner or learner (beside Ray's own)
+REPLACING = re.compile(r"policy-service: (env runner|learner) \d+ died during .*; replacing ")
+
+
 def without_ray_worker_logs(err: str) -> list[str]:
     """stderr lines of this process, less the lines Ray forwards from its workers, raylet
-    and GCS (a warning of theirs, such as a nearly full disk, is not this run's error)
-    and the progress display's "iteration N: ..." lines (stderr when not a terminal)."""
+    and GCS (a warning of theirs, such as a nearly full disk, is not this run's error),
+    the progress display's "iteration N: ..." lines (stderr when not a terminal) and our
+    own line for each replaced env runner or learner (a handled fault, not the error)."""
     return [
         line
         for line in err.splitlines()
-        if line.strip() and not RAY_FORWARDED.match(line) and not re.match(r"iteration \d+: ", line)
+        if line.strip()
+        and not RAY_FORWARDED.match(line)
+        and not re.match(r"iteration \d+: ", line)
+        and not REPLACING.match(line)
     ]
 
 

@@ -108,7 +108,9 @@ def _both_workers(batch) -> set:
 
 
 @pytest.mark.slow  # three env runner start-ups in turn: ~55 s here
-def test_a_worker_killed_twice_is_replaced_and_one_dying_while_starting_is_retried(dying_group):
+def test_a_worker_killed_twice_is_replaced_and_one_dying_while_starting_is_retried(
+    dying_group, capsys
+):
     group = dying_group
     learner = fakes.ReturnsPGPolicy(group.observation_space, group.action_space, CONFIG)
     group.sync_weights(learner.get_weights(), 7)
@@ -123,6 +125,10 @@ def test_a_worker_killed_twice_is_replaced_and_one_dying_while_starting_is_retri
         assert metrics["weights_version"] == 7  # the replacement acts with the latest weights
     assert not group.die_once.exists()
     assert metrics["num_worker_restarts"] == 3  # the one that died starting counts too
+    # each replacement said in a line of ours, beside Ray's "(raylet) A worker died ..."
+    ours = [line for line in capsys.readouterr().err.splitlines() if "replacing it" in line]
+    assert len(ours) == 3, ours
+    assert ours[0].startswith("policy-service: env runner 1 died during sample() (")
 
 
 @pytest.mark.slow  # env runner start-ups in turn: ~20 s here

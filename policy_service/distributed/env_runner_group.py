@@ -24,6 +24,7 @@ The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunn
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -620,6 +621,14 @@ class EnvRunnerGroup:
             ) from None
         time.sleep(restart_delay_s(attempt))
         self.num_restarts += 1
+        # our line beside Ray's "(raylet) A worker died ...": the fault is handled
+        print(
+            f"policy-service: env runner {slot + 1} died during {during} "
+            f"({type(own_error(error)).__name__}); replacing it (restart {self.num_restarts} "
+            f"of at most {self.max_restarts})",
+            file=sys.stderr,
+            flush=True,
+        )
         worker = self._make_worker(slot + 1)
         return Replacement(slot, worker, self._ready(worker), attempt, self._weights_version)
 

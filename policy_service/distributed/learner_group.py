@@ -23,6 +23,7 @@ Sharding, statistics and faults in full: docs/distributed.md, "LearnerGroup".
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -51,7 +52,7 @@ from policy_service.distributed.learners import (
 )
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.units import LOSS_MASK, interleave_minibatches
-from policy_service.errors import restart_budget_spent
+from policy_service.errors import own_error, restart_budget_spent
 from policy_service.io import checkpoints
 from policy_service.learning_results import (
     valid_rows_only,
@@ -214,6 +215,15 @@ class LearnerGroup(BatchLearning):
                         )
                         raise self._failure from None
                     restarts += 1
+                    # our line beside Ray's "(raylet) A worker died ...": the fault is handled
+                    print(
+                        f"policy-service: learner {rank} died during {during} "
+                        f"({type(own_error(error)).__name__}); replacing the learners from "
+                        f"their last state (restart {restarts} of at most "
+                        f"{MAX_RESTARTS_PER_UPDATE} in one call)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     try:
                         self.restart(state)
                         break
