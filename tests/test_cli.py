@@ -9,6 +9,7 @@ The runs themselves: test_training.py, test_run_resources.py, test_jobs.py.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -540,3 +541,16 @@ def test_export_to_an_unwritable_out_is_one_line_naming_it(tmp_path, capsys, car
         assert len(err.splitlines()) == 1 and "Traceback" not in err
         assert f"--out {out}: cannot write in {where} (" in err and err.endswith(")")
         assert not out.exists()
+
+
+def test_an_empty_tf_log_level_is_quiet_too(monkeypatch, capsys):
+    """TF_CPP_MIN_LOG_LEVEL set but empty (`TF_CPP_MIN_LOG_LEVEL= policy-service ...`) is
+    as unset: TensorFlow's start-up lines stay off the terminal."""
+    from policy_service.cli import commands
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "")
+    assert commands.main(["config", "ppo"]) == 0
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "3"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")  # a level the user chose stays
+    assert commands.main(["config", "ppo"]) == 0
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "1"

@@ -519,7 +519,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    if not os.environ.get("TF_CPP_MIN_LOG_LEVEL", "").strip():  # unset or empty: quiet
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
     args = build_parser().parse_args(argv)
     from policy_service.distributed.ray_runtime import announce_token_auth
 
