@@ -171,6 +171,36 @@ class CallbackList(Callbacks):
                     ) from None
 
 
+def gather_episode(episode: Any, custom_metrics: dict, hist_data: dict) -> None:
+    """An ended episode's custom_metrics and hist_data, added to a fragment's (key ->
+    list of values), single- or multi-agent."""
+    for key, value in episode.custom_metrics.items():
+        custom_metrics.setdefault(key, []).append(float(value))
+    for key, values in episode.hist_data.items():
+        hist_data.setdefault(key, []).extend(values)
+
+
+def end_fragment(
+    callbacks: CallbackList,
+    worker: Any,
+    samples: Any,
+    metrics_logger: Any,
+    custom_metrics: dict,
+    hist_data: dict,
+) -> list[dict]:
+    """on_sample_end on a fragment, then what its callbacks gathered, as its metrics'
+    "callbacks" entry (merged across workers, reduced where the results are made)."""
+    callbacks.call(
+        "on_sample_end",
+        samples=samples,
+        worker=worker,
+        env_runner=worker,
+        metrics_logger=metrics_logger,
+    )
+    gathered = {"custom_metrics": custom_metrics, "hist_data": hist_data}
+    return [{**gathered, "logged": metrics_logger.drain()}]
+
+
 def overrides(member: Callbacks, hook: str) -> bool:
     return getattr(type(member), hook) is not getattr(Callbacks, hook)
 

@@ -39,7 +39,13 @@ import numpy as np
 import tree
 
 from policy_service import models, observation_filters, spaces
-from policy_service.callbacks import EPISODE_HOOKS, Episode, make_callbacks
+from policy_service.callbacks import (
+    EPISODE_HOOKS,
+    Episode,
+    end_fragment,
+    gather_episode,
+    make_callbacks,
+)
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
@@ -228,20 +234,14 @@ class RolloutWorker(ActingWeights):
         if self._policy_actor is not None:
             metrics["weights_versions"] = sorted(self._versions)
         if self.callbacks.members:
-            self.callbacks.call(
-                "on_sample_end",
-                samples=batch,
-                worker=self,
-                env_runner=self,
-                metrics_logger=self.metrics_logger,
+            metrics["callbacks"] = end_fragment(
+                self.callbacks,
+                self,
+                batch,
+                self.metrics_logger,
+                self._custom_metrics,
+                self._hist_data,
             )
-            metrics["callbacks"] = [
-                {
-                    "custom_metrics": self._custom_metrics,
-                    "hist_data": self._hist_data,
-                    "logged": self.metrics_logger.drain(),
-                }
-            ]
         return batch, metrics
 
     def _carried_records(self) -> tuple[list[dict], int]:
@@ -504,10 +504,7 @@ class RolloutWorker(ActingWeights):
                 self.callbacks.call(
                     "on_episode_end", episode=episode, env_index=env_index, **arguments
                 )
-                for key, value in episode.custom_metrics.items():
-                    self._custom_metrics.setdefault(key, []).append(float(value))
-                for key, values in episode.hist_data.items():
-                    self._hist_data.setdefault(key, []).extend(values)
+                gather_episode(episode, self._custom_metrics, self._hist_data)
                 self._episodes[env_index] = None
 
     def _new_episode_ids(self, count: int) -> np.ndarray:

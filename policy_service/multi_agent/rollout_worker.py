@@ -24,7 +24,7 @@ import numpy as np
 import tree
 
 from policy_service import models
-from policy_service.callbacks import make_callbacks
+from policy_service.callbacks import end_fragment, make_callbacks
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.distributed.rollout_worker import (
@@ -180,20 +180,14 @@ class MultiAgentRolloutWorker(ActingWeights):
             sample_time_s=time.perf_counter() - start,
         )
         if self.callbacks.members:
-            self.callbacks.call(
-                "on_sample_end",
-                samples=batch,
-                worker=self,
-                env_runner=self,
-                metrics_logger=self.metrics_logger,
+            metrics["callbacks"] = end_fragment(
+                self.callbacks,
+                self,
+                batch,
+                self.metrics_logger,
+                metrics.pop("custom_metrics", {}),
+                metrics.pop("hist_data", {}),
             )
-            metrics["callbacks"] = [
-                {
-                    "custom_metrics": metrics.pop("custom_metrics", {}),
-                    "hist_data": metrics.pop("hist_data", {}),
-                    "logged": self.metrics_logger.drain(),
-                }
-            ]
         return batch, metrics
 
     def sample_and_compute_gradients(self) -> tuple[dict, dict]:

@@ -26,6 +26,7 @@ import numpy as np
 import tree
 
 from policy_service import spaces
+from policy_service.callbacks import gather_episode
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
 from policy_service.multi_agent.policies import AgentPolicies
@@ -80,8 +81,8 @@ class _Fragment:
     returns: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     policy_returns: dict = field(default_factory=lambda: defaultdict(list))
-    custom_metrics: dict = field(default_factory=lambda: defaultdict(list))
-    hist_data: dict = field(default_factory=lambda: defaultdict(list))
+    custom_metrics: dict = field(default_factory=dict)  # key -> values (callbacks)
+    hist_data: dict = field(default_factory=dict)
 
 
 class MultiAgentSampler:
@@ -203,10 +204,7 @@ class MultiAgentSampler:
         self._hook("on_episode_step", sub)
         if episode_over:
             self._hook("on_episode_end", sub)
-            for key, value in episode.custom_metrics.items():
-                fragment.custom_metrics[key].append(float(value))
-            for key, values in episode.hist_data.items():
-                fragment.hist_data[key].extend(values)
+            gather_episode(episode, fragment.custom_metrics, fragment.hist_data)
             fragment.returns.append(sum(episode.agent_returns.values()))
             fragment.lengths.append(episode.length)
             for agent, value in episode.agent_returns.items():
