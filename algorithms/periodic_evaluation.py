@@ -91,7 +91,8 @@ class Evaluation:
         self.num_runner_restarts = 0
         self._local: EvaluationPlayer | None = None
         self._runners: list = []
-        self._pending: list | None = None  # a parallel evaluation's requests
+        # the evaluation start() began: the state it plays and each runner's request
+        self._started: tuple[dict, list] | None = None
         if config.evaluation_num_env_runners > 0:
             self._runners = [self._start_runner() for _ in range(config.evaluation_num_env_runners)]
 
@@ -110,22 +111,15 @@ class Evaluation:
     def start(self) -> None:
         """Start playing in the runner actors (not waiting), with the current state."""
         state = self._state()
-        if not self._runners:
-            self._pending = [("local", state)]
-            return
-        self._pending = [
-            (slot, state, self._ask(slot, state)) for slot in range(len(self._runners))
-        ]
+        self._started = (state, [self._ask(slot, state) for slot in range(len(self._runners))])
 
     def finish(self) -> dict:
         """Wait for the evaluation `start` began -> its metrics."""
-        assert self._pending is not None, "finish() without start()"
-        pending, self._pending = self._pending, None
+        assert self._started is not None, "finish() without start()"
+        (state, requests), self._started = self._started, None
         if not self._runners:
-            played = [self._play_here(pending[0][1])]
-        else:
-            played = [self._result(slot, state, ref) for slot, state, ref in pending]
-        return self._metrics(played)
+            return self._metrics([self._play_here(state)])
+        return self._metrics([self._result(slot, state, ref) for slot, ref in enumerate(requests)])
 
     # ----- where episodes are played ---------------------------------------------------
 
