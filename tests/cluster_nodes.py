@@ -11,7 +11,8 @@ too: nothing is added to the machine's own network, and no packet leaves it.
     cluster.kill_node(2)                # every process of node 2 (its raylet, its actors)
     cluster.stop()                      # what it started, by namespace; then the network
 
-Node i declares the custom resource "node_i" (1 unit) for tests to pin roles, and
+Node i declares the custom resource "node_i" (1 unit), and every node but the head
+"worker_node" (1 unit), for tests to pin roles (asking a fraction: 0.01 each); and
 Ray's token authentication is on with a token of its own (RAY_AUTH_TOKEN_PATH in
 every process's environment: nodes, their workers, drivers). Needs root and `ip`
 (`skip_reason()` says why not). Processes are ended by the namespace they run in
@@ -29,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ GCS_PORT = 6379
 DASHBOARD_PORT = 8265
 START_TIMEOUT_S = 180.0
 OBJECT_STORE_BYTES = 300 * 1024**2
+WORKER_NODE = "worker_node"  # the resource every node but the head declares
 
 
 def skip_reason() -> str | None:
@@ -73,7 +76,13 @@ class Node:
 
     @property
     def resource(self) -> str:
+        """The custom resource only this node has."""
         return f"node_{self.index}"
+
+    @property
+    def resources(self) -> dict:
+        """What the node declares: its own resource, and "worker_node" unless the head."""
+        return {self.resource: 1} | ({WORKER_NODE: 1} if self.index else {})
 
 
 class NamespaceCluster:
@@ -101,6 +110,8 @@ class NamespaceCluster:
         self.cpus_per_node = int(cpus_per_node)
         self.head_gpus = int(head_gpus)
         self.token_path = self.root / "auth_token"
+        # Ray's sockets live under its temp dir, and a socket path has at most 107 bytes
+        self.ray_root = Path(tempfile.mkdtemp(prefix="psray", dir="/tmp"))
         self._made: list[str] = []  # namespaces made, deleted in stop()
 
     # ----- addresses and environment -------------------------------------------------
@@ -143,6 +154,7 @@ class NamespaceCluster:
         alive in the cluster (a driver in node 0 counted them)."""
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
+        self.ray_root.mkdir(exist_ok=True)  # again after a stop()
         try:
             self._make_network()
             self._start_node(self.head)
@@ -178,14 +190,14 @@ class NamespaceCluster:
             _ip("route", "add", "default", "dev", "eth0", netns=node.namespace)
 
     def _start_node(self, node: Node) -> None:
-        temp_dir = self.root / f"ray{node.index}"
+        temp_dir = self.ray_root / str(node.index)
         temp_dir.mkdir(exist_ok=True)
         command = [
             str(BIN / "ray"), "start", "--block", "--disable-usage-stats",
             f"--node-ip-address={node.address}",
             f"--num-cpus={self.cpus_per_node}",
             f"--object-store-memory={OBJECT_STORE_BYTES}",
-            f"--resources={json.dumps({node.resource: 1})}",
+            f"--resources={json.dumps(node.resources)}",
             f"--temp-dir={temp_dir}",
         ]  # fmt: skip
         if node.index == 0:
@@ -308,6 +320,7 @@ class NamespaceCluster:
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         self._made.clear()
+        shutil.rmtree(self.ray_root, ignore_errors=True)
 
     def _terminate(self, node: Node, grace_s: float = 5.0) -> None:
         """SIGTERM to the node's processes (`ray start --block` stops its own), then
