@@ -38,11 +38,11 @@ from policy_service.config import (
     integer,
     setting,
 )
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import by_policy
-from policy_service.engine.units import LOSS_MASK
-from policy_service.sample_batch import SampleBatch
-from policy_service.vtrace_units import bootstrap_values, vtrace_on_units
+from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
 
 _POLL_S = 0.01
 

@@ -33,14 +33,6 @@ import numpy as np
 from algorithms.config_builder import ConfigBuilder
 from algorithms.environments import env_maker
 from algorithms.periodic_evaluation import Evaluation, evaluation_config_error
-from policy_service import atari, observation_filters
-from policy_service.callbacks import (
-    CallbackList,
-    callbacks_classes,
-    callbacks_config_error,
-    callbacks_name,
-    make_callbacks,
-)
 from policy_service.config import (
     ConfigError,
     PolicyConfig,
@@ -53,16 +45,25 @@ from policy_service.config import (
     setting,
 )
 from policy_service.config_rules import MIN_ROW_BYTES
+from policy_service.data import observation_filters
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
+from policy_service.envs import atari
 from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
-from policy_service.metrics_logger import LoggedMetrics
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
 from policy_service.multi_agent.self_play import FrozenCopies, check_frozen_copies
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.runs.callbacks import (
+    CallbackList,
+    callbacks_classes,
+    callbacks_config_error,
+    callbacks_name,
+    make_callbacks,
+)
+from policy_service.runs.metrics_logger import LoggedMetrics
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from algorithms.multi_agent import MultiAgentLearners
@@ -71,7 +72,7 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
 # the registered algorithms whose config takes external episodes, for the refusal's hint
 # (written out: the registry imports this module; tests/test_external_episodes.py checks it)
@@ -106,7 +107,7 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
     preprocessor_pref: str | None = setting(
         "deepmind",
         doc='"deepmind": Atari envs ("ALE/...") get DeepMind\'s preprocessing (4-frame '
-        "skip, 84x84 grayscale, no-op starts, 4 frames stacked: policy_service/atari.py); "
+        "skip, 84x84 grayscale, no-op starts, 4 frames stacked: policy_service/envs/atari.py); "
         "None: the env as gym.make gives it. Other envs are never changed.",
         check=Rule("'deepmind' or None", lambda v: v in ("deepmind", None)),
     )
@@ -694,7 +695,7 @@ class Algorithm:
 
     def _counted_update(self, stats: dict, start: float) -> dict:
         """An update's statistics less the samples it trained on, which are counted."""
-        from policy_service.learning_results import NUM_SAMPLES_TRAINED
+        from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
         stats = dict(stats)
         self._iteration_changed_state = True  # a failed update left the learners as they were
@@ -898,7 +899,12 @@ class Algorithm:
         env.close()  # it only showed the agents and spaces
         options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
         check_cluster_fits(
-            env_runner_asks(cfg.num_env_runners, cfg.num_cpus_per_env_runner, options)
+            env_runner_asks(
+                cfg.num_env_runners,
+                cfg.num_cpus_per_env_runner,
+                options,
+                cfg.custom_resources_per_env_runner,
+            )
             + [
                 ask._replace(role=f"learner of policy {policy_id!r}")
                 for policy_id, spec in policies.specs.items()
@@ -1092,7 +1098,7 @@ class Algorithm:
     def config_json(self) -> dict:
         """The config as JSON (checkpoints, the run directory): callbacks and exploration
         classes and, with `policies`, their specs and mapping function by name."""
-        from policy_service.exploration import named_exploration_config
+        from policy_service.policy.exploration import named_exploration_config
 
         config = self.config.to_dict()
         if config.get("exploration_config"):

@@ -22,13 +22,15 @@ import numpy as np
 import tensorflow as tf
 
 from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig, ReplayPolicy
-from policy_service import LossExtras, masked_mean, models, spaces
-from policy_service.complex_inputs import ComplexInputEncoder
+from policy_service import LossExtras, masked_mean
 from policy_service.config import LAYER_SIZES, from_dict, setting
-from policy_service.exploration import EpsilonGreedy, make_exploration
-from policy_service.n_step import BOOTSTRAP_DISCOUNT
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn
+from policy_service.policy import models
+from policy_service.policy.complex_inputs import ComplexInputEncoder
+from policy_service.policy.exploration import EpsilonGreedy, make_exploration
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
 Q_VALUES = "q_values"  # RLlib's name for the Q-values compute_actions returns
 

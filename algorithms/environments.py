@@ -13,7 +13,7 @@ from collections.abc import Callable
 import gymnasium as gym
 from gymnasium.envs.registration import load_env_creator
 
-from policy_service import atari
+from policy_service.envs import atari
 from policy_service.errors import UserError, one_line
 from policy_service.multi_agent import pettingzoo_env
 

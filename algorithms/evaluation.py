@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imported where used: evaluating needs TensorFlow, checking 
     import gymnasium as gym
 
     from policy_service.multi_agent.env import MultiAgentEnv
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
 from algorithms import multi_agent_evaluation
 from algorithms.saved_policies import (

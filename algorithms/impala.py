@@ -2,7 +2,7 @@
 actor-learner training with V-trace.
 
 Read top to bottom: the config, the train batch (trajectory chunks as units of
-time steps: policy_service.vtrace_units), the loss (V-trace targets and
+time steps: policy_service.returns.vtrace_units), the loss (V-trace targets and
 advantages against the behaviour policy's log-probabilities, on every tower),
 and the training step, which is the asynchronous loop of
 policy_service.distributed.async_learning: env runners sample all the time,
@@ -36,11 +36,11 @@ from policy_service.config import (
     one_of,
     setting,
 )
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn, TrainColumns, TrainLayout
+from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
-from policy_service.engine.units import LOSS_MASK
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, TrainColumns, TrainLayout
-from policy_service.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
+from policy_service.returns.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
 
 INFERENCE_MODES = ("env_runners", "policy_actors", "learners")
 

@@ -20,7 +20,6 @@ from algorithms.environments import env_maker
 from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
-from policy_service.learning_results import NUM_SAMPLES_TRAINED
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv, MultiAgentEnvError
@@ -31,6 +30,7 @@ from policy_service.multi_agent.policies import (
     registered_mapping_name,
 )
 from policy_service.multi_agent.self_play import check_same_layout
+from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 if TYPE_CHECKING:
     from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup

@@ -30,16 +30,16 @@ from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
 from policy_service import TFPolicy
 from policy_service.config import ConfigError, finite, integer, setting
 from policy_service.config_rules import MIN_ROW_BYTES
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn, check_loss_columns
+from policy_service.data.units import LOSS_MASK, check_minibatch_size
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
-from policy_service.engine.units import LOSS_MASK, check_minibatch_size
-from policy_service.exploration import exploration_class
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
+from policy_service.policy.exploration import exploration_class
 from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, check_loss_columns
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
 
 TD_ERROR = "td_error"  # the loss's per-row |TD error| (result["per_row"]["td_error"])
 

@@ -28,8 +28,8 @@ import numpy as np
 
 from algorithms.evaluation import make_env, run_episodes
 from algorithms.saved_policies import policy_from_state
-from policy_service import models
 from policy_service.errors import RunFailure, one_line
+from policy_service.policy import models
 
 # evaluation_config keys that change how evaluation plays; any other is refused
 EVALUATION_OVERRIDES = ("explore", "env_config")

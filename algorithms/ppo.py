@@ -29,15 +29,15 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
-from policy_service.adaptive_kl import AdaptiveKLPolicy
 from policy_service.config import (
     entropy_coeff_schedule_setting,
     entropy_coeff_setting,
     finite,
     setting,
 )
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn, without_short_minibatch
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn, without_short_minibatch
+from policy_service.policy.adaptive_kl import AdaptiveKLPolicy
 
 # ----- config -----------------------------------------------------------------------------
 
@@ -128,7 +128,7 @@ def compute_advantages(
 class PPOPolicy(AdaptiveKLPolicy):
     """Actor-critic policy with PPO's clipped surrogate loss.
 
-    The adaptive KL coefficient and its state entry: policy_service/adaptive_kl.py.
+    The adaptive KL coefficient and its state entry: policy_service/policy/adaptive_kl.py.
     """
 
     config_class = PPOConfig

@@ -28,15 +28,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from algorithms import environments
-from policy_service.callbacks import RUNNER_HOOKS, Callbacks, overrides
 from policy_service.config import config_for
+from policy_service.distributed.run_resources import role_resources
 from policy_service.errors import RunFailure, TrainingSetupError, one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.io.space_codec import space_from_json
+from policy_service.runs.callbacks import RUNNER_HOOKS, Callbacks, overrides
 from policy_service.runs.run_directory import RunDirectory, default_output_dir, json_safe
 from policy_service.runs.run_display import HistogramWriter, ProgressDisplay, ScalarWriter
-from policy_service.runs.run_resources import role_resources
 from policy_service.runs.stop_criteria import INTERRUPTED, STOPPED_BY_CALLBACK, StopCriteria
 from policy_service.runs.stop_request import StopRequest
 

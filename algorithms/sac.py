@@ -39,11 +39,11 @@ from policy_service.config import (
     setting,
 )
 from policy_service.config_rules import RATE_EXPECTED, Rule, rate_error
-from policy_service.distributions import squashed_gaussian_for
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group
-from policy_service.engine.units import LOSS_MASK
-from policy_service.n_step import BOOTSTRAP_DISCOUNT
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy.distributions import squashed_gaussian_for
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
 # ----- config -----------------------------------------------------------------------------
 

@@ -136,7 +136,7 @@ def policy_from_state(state: dict, policy_dir: Path | None = None):
     config or spaces (an unknown config key, arrays of another shape) is a
     CheckpointError naming the policy directory."""
     from policy_service.config import on_cpu
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
     try:
         state = {**state, "config": on_cpu(state["config"])}

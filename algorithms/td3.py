@@ -28,11 +28,11 @@ from algorithms.sac import bootstrapped_targets, check_action_space, flat_obs, m
 from policy_service import LossExtras, masked_mean
 from policy_service.config import LAYER_SIZES, ConfigError, finite, from_dict, integer, setting
 from policy_service.config_rules import rate_error
-from policy_service.distributions import dist_class_for
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group
-from policy_service.engine.units import LOSS_MASK
-from policy_service.n_step import BOOTSTRAP_DISCOUNT
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy.distributions import dist_class_for
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
 # ----- config -----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Pong throughput: APPO's env frames sampled and trained per second, and the costs behind them.
 
 Env frames are emulator frames: one agent step (one row of a train batch) is
-atari.FRAME_SKIP = 4 of them (DeepMind's preprocessing, policy_service/atari.py).
+atari.FRAME_SKIP = 4 of them (DeepMind's preprocessing, policy_service/envs/atari.py).
 Records give both counts. Workloads, each configuration in its own child process:
 - env_step: one preprocessed ALE/Pong-v5 env stepped with random actions in this
   process: wall and CPU seconds per agent step and per frame.
@@ -59,7 +59,7 @@ def _tuned(**overrides) -> dict:
 
 
 def _env_step(spec: dict) -> dict:
-    from policy_service import atari
+    from policy_service.envs import atari
 
     env = atari.AtariEnvCreator(PONG)(_tuned()["env_config"])
     env.reset(seed=spec["seed"])
@@ -86,7 +86,7 @@ def _env_step(spec: dict) -> dict:
 
 def _pong_policy(config: dict):
     from algorithms.appo import APPOPolicy
-    from policy_service import atari
+    from policy_service.envs import atari
 
     env = atari.AtariEnvCreator(PONG)(config["env_config"])
     try:
@@ -118,9 +118,9 @@ def _train(spec: dict) -> dict:
     """The learner's work on one train batch as the async learner does it
     (policy_service/distributed/learner.py, update_on_fragments): the host-side
     preparation (checks, uint8 -> float32), then one SGD step on all rows per pass."""
-    from policy_service import atari
+    from policy_service.data.sample_batch import concat_samples
     from policy_service.distributed.rollout_worker import RolloutWorker
-    from policy_service.sample_batch import concat_samples
+    from policy_service.envs import atari
 
     fragment, envs = spec["fragment"], spec["envs"][-1]
     config = _tuned(
@@ -167,7 +167,7 @@ def _throughput(spec: dict) -> dict:
     import ray
 
     from algorithms.appo import APPO
-    from policy_service import atari
+    from policy_service.envs import atari
 
     mode, fragment, envs = spec["mode"], spec["fragment"], spec["num_envs"]
     config = _tuned(
@@ -305,7 +305,7 @@ def cluster_estimate(records: list[dict], summary: list[dict]) -> dict | None:
     cluster = next((r.get("cluster") for r in records if r.get("cluster")), None)
     if not (env and inference and train and cluster):
         return None
-    from policy_service import atari
+    from policy_service.envs import atari
 
     passes = _tuned()["num_epochs"]
     biggest = max(inference, key=lambda r: r["batch_size"])

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from benchmarks.sac_work import mlp_sizes
 
-LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as policy_service.distributions
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as policy_service.policy.distributions
 
 
 def matmul_flops_of(concrete_function) -> int:

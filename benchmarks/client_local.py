@@ -30,7 +30,7 @@ def measure(spec: dict):
     import tensorflow as tf
 
     from benchmarks import ppo_shaped
-    from policy_service.exported_policy import ExportedPolicy, pack_model
+    from policy_service.client.exported_policy import ExportedPolicy, pack_model
     from policy_service.io.export import export_saved_model
 
     policy = ppo_shaped.make_policy("mlp", 1)

@@ -31,7 +31,7 @@ def client_for(kind: str, address: str):
     while True:
         try:
             if kind == "ours":
-                from policy_service.client import PolicyClient
+                from policy_service.client.policy_client import PolicyClient
 
                 return PolicyClient(address, os.environ["POLICY_SERVICE_TOKEN"], "remote")
             from ray.rllib.env.policy_client import PolicyClient as RLlibClient

@@ -41,8 +41,8 @@ def write_dataset(directory: Path, rows: int, file_mib: int = 64, chunk: int = 1
     import gymnasium as gym
     import numpy as np
 
+    from policy_service.data.sample_batch import SampleBatch
     from policy_service.offline.parquet_writer import ParquetExperienceWriter
-    from policy_service.sample_batch import SampleBatch
 
     spaces = {"default_policy": (gym.spaces.Box(-5, 5, (4,), np.float32), gym.spaces.Discrete(2))}
     rng = np.random.default_rng(0)

@@ -52,7 +52,7 @@ def keras_init_model_class():
     import keras
 
     from policy_service.config import ModelConfig
-    from policy_service.models import FeedForwardModel
+    from policy_service.policy.models import FeedForwardModel
 
     class KerasInitModel(FeedForwardModel):
         def __init__(self, obs_space, action_space, num_outputs, model_config: dict):
@@ -76,7 +76,7 @@ def rllib_minibatch_update(algo, learners, train_batch) -> dict:
     import numpy as np
 
     from algorithms.ppo import standardize_advantages, update_kl_coefficient
-    from policy_service.sample_batch import SampleBatch
+    from policy_service.data.sample_batch import SampleBatch
 
     train_batch = standardize_advantages(train_batch.copy(shallow=True))
     train_batch.pop(SampleBatch.NEXT_OBS, None)
@@ -99,7 +99,7 @@ def measure(spec: dict):
     """Ours through e2e.measure, with the variant's model registered first."""
     spec = dict(spec, overrides=dict(spec["overrides"], **spec.get("config", {})))
     if spec.get("init") == "keras":
-        from policy_service.models import register_custom_model
+        from policy_service.policy.models import register_custom_model
 
         register_custom_model("keras_init_ff", keras_init_model_class())
         spec = dict(

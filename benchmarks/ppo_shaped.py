@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from algorithms.ppo import PPOConfig
 from policy_service import TFPolicy, masked_mean
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
 
 # the loss constants are PPOConfig's defaults (RLlib's), read from it, not copied
 PPO_DEFAULTS = PPOConfig()

@@ -112,8 +112,8 @@ def _bare_modes(obs_dim, low, high, batch, spec, base):
 def _policy_modes(space, batch):
     from algorithms.sac import SACPolicy
     from benchmarks.compare_sb3 import ours_config
-    from policy_service.n_step import BOOTSTRAP_DISCOUNT
-    from policy_service.sample_batch import SampleBatch
+    from policy_service.data.sample_batch import SampleBatch
+    from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
     config = ours_config(dict(env=space.spec.id, seed=0, fragment=1, learning_starts=0, every=1))
     policy = SACPolicy(space.observation_space, space.action_space, config)

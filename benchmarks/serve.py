@@ -160,7 +160,7 @@ def serve_batch_app(policy_state: dict, settings):
         def __init__(self, state: dict, digest: bytes):
             from policy_service.config import on_cpu
             from policy_service.engine import devices
-            from policy_service.policy import TFPolicy
+            from policy_service.policy.tf_policy import TFPolicy
 
             devices.prepare_process(1, intra_op_threads=devices.assigned_cpu_threads())
             self.policy = TFPolicy.from_state({**state, "config": on_cpu(state["config"])})

@@ -5,7 +5,7 @@ Targets, alternating within each round, each in its own child process that start
 server once and drives it with every client count in turn:
   ours   ExternalEnvRunners on Ray Serve, what `policy-service train ppo --external-env`
          serves (token, JSON, one replica answering HTTP itself: Serve's direct
-         ingress); clients: policy_service.client.PolicyClient
+         ingress); clients: policy_service.client.policy_client.PolicyClient
   ceiling  a bare Serve deployment answering the same protocol with constants (it reads
          each body, as any server must), served as ours is (direct ingress): what
          Serve's request path costs per step, the bound on any server on it; the same

@@ -65,9 +65,9 @@ from algorithms.environments import register_env
 from algorithms.ppo import compute_advantages, standardize_advantages
 from policy_service import TFPolicy, masked_mean
 from policy_service.config import finite, setting
-from policy_service.models import register_custom_model
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import LossColumn
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn
+from policy_service.policy.models import register_custom_model
 
 # ----- an environment that needs memory ---------------------------------------------------
 

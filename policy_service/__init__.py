@@ -7,21 +7,21 @@ or a SampleBatch does not pay for importing TensorFlow.
 import importlib
 
 _EXPORTS = {
-    "SampleBatch": "policy_service.sample_batch",
-    "concat_samples": "policy_service.sample_batch",
-    "masked_mean": "policy_service.reductions",
-    "TFPolicy": "policy_service.policy",
+    "SampleBatch": "policy_service.data.sample_batch",
+    "concat_samples": "policy_service.data.sample_batch",
+    "masked_mean": "policy_service.engine.reductions",
+    "TFPolicy": "policy_service.policy.tf_policy",
     "LossExtras": "policy_service.engine.loss_output",
     "LossGroup": "policy_service.engine.loss_groups",
     "PolicyActor": "policy_service.distributed.policy_actor",
     "LearnerGroup": "policy_service.distributed.learner_group",
     "MultiAgentEnv": "policy_service.multi_agent.env",
     "MultiAgentBatch": "policy_service.multi_agent.batch",
-    "PolicySpec": "policy_service.policy_spec",
+    "PolicySpec": "policy_service.policy.policy_spec",
     "register_policy_mapping_fn": "policy_service.multi_agent.policies",
-    "Callbacks": "policy_service.callbacks",
-    "Episode": "policy_service.callbacks",
-    "MetricsLogger": "policy_service.metrics_logger",
+    "Callbacks": "policy_service.runs.callbacks",
+    "Episode": "policy_service.runs.callbacks",
+    "MetricsLogger": "policy_service.runs.metrics_logger",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -38,7 +38,9 @@ from policy_service.config_rules import (
     schedule_error,
 )
 from policy_service.errors import UserError
-from policy_service.observation_filters import FILTERS
+
+# the observation filters (data/observation_filters.py builds them by these names)
+OBSERVATION_FILTERS = ("NoFilter", "MeanStdFilter")
 
 Check = Callable[[Any], str | None]
 """A value's rule: None when the value passes, else what it must be ("an integer >= 1").
@@ -106,7 +108,7 @@ def _is_keras_activation(name: str) -> bool:
 
 def _exploration_config_error(exploration_config: dict) -> str | None:
     """{'type': an exploration of exploration.py, and that type's options}."""
-    from policy_service.exploration import exploration_config_error
+    from policy_service.policy.exploration import exploration_config_error
 
     return exploration_config_error(exploration_config)
 
@@ -334,7 +336,7 @@ class PolicyConfig(Config):
         "NoFilter",
         doc="MeanStdFilter: observations normalized by the running mean and std of all "
         "env runners' observations (RLlib's), saved with the policy and part of exports.",
-        check=one_of(*FILTERS),
+        check=one_of(*OBSERVATION_FILTERS),
     )
     batch_norm_sync: bool = setting(
         True,

@@ -28,7 +28,7 @@ def custom_models_restored():
     """A test module's custom model registrations end with it: actors take a copy of
     the registry, and a model class from tests/ left in it by another module would
     have to be importable in every later module's Ray workers."""
-    from policy_service import models
+    from policy_service.policy import models
 
     before = models.custom_model_registry()
     yield

@@ -1,5 +1,5 @@
 """Simulator processes for the external-env tests: each talks to a training server
-over HTTP only (policy_service.client.PolicyClient), with its token from
+over HTTP only (policy_service.client.policy_client.PolicyClient), with its token from
 $POLICY_SERVICE_TOKEN.
 
     python tests/external_clients.py interleaved ADDRESS --episodes 8 --seed 3
@@ -29,7 +29,7 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from policy_service.client import PolicyClient, PolicyClientError
+from policy_service.client.policy_client import PolicyClient, PolicyClientError
 
 
 def interleaved(client: PolicyClient, episodes: int, seed: int) -> dict:

@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import LossGroup, TFPolicy, masked_mean
-from policy_service.distributions import squashed_gaussian_for
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.target_network import TargetUpdate
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy.distributions import squashed_gaussian_for
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

@@ -17,10 +17,10 @@ from algorithms import get_algorithm_class
 from algorithms.a3c import A3C, A3CConfig, A3CPolicy
 from algorithms.ppo import compute_advantages
 from policy_service.config import ConfigError, from_dict
+from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.engine.units import LOSS_MASK
-from policy_service.sample_batch import SampleBatch, concat_samples
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_a3c.yaml"
 MODEL = {"fcnet_hiddens": [16, 16]}

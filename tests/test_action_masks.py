@@ -1,4 +1,4 @@
-"""Action masks (policy_service/action_masks.py): an "action_mask" entry of a Dict
+"""Action masks (policy_service/policy/action_masks.py): an "action_mask" entry of a Dict
 observation keeps every policy's illegal actions out of sampling, the greedy action and
 EpsilonGreedy's random ones (uniform among the legal), for PPO and DQN acting and
 training on an env that raises on an illegal action, and in an exported model; a mask
@@ -15,9 +15,9 @@ from algorithms import register_env
 from algorithms.dqn import DQN, DQNPolicy
 from algorithms.ppo import PPO, PPOPolicy
 from algorithms.sac import SACPolicy
-from policy_service.action_masks import MASKED, ActionMaskError
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.io.export import SIGNATURE_NAME, export_saved_model
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy.action_masks import MASKED, ActionMaskError
 
 register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
 N = 6

@@ -1,11 +1,11 @@
-"""The adaptive KL coefficient that PPO and APPO share (policy_service/adaptive_kl.py)."""
+"""The adaptive KL coefficient that PPO and APPO share (policy_service/policy/adaptive_kl.py)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from policy_service.adaptive_kl import AdaptiveKLCoefficient
+from policy_service.policy.adaptive_kl import AdaptiveKLCoefficient
 
 
 def test_the_coefficient_follows_the_kl_target_by_hand():

@@ -15,9 +15,9 @@ from algorithms.environments import env_maker
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service.cli import commands as cli
 from policy_service.config import from_dict, on_cpu
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
-from policy_service.sample_batch import SampleBatch, concat_samples
 
 PPO_RUN = {
     "env": "CartPole-v1",

@@ -14,11 +14,11 @@ import pytest
 import ray
 
 from policy_service import LearnerGroup
+from policy_service.data.sample_batch import concat_samples
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread, deal
-from policy_service.sample_batch import concat_samples
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.005}

@@ -1,4 +1,4 @@
-"""policy_service/atari.py on real ALE envs (ale-py, the `atari` extra): DeepMind's
+"""policy_service/envs/atari.py on real ALE envs (ale-py, the `atari` extra): DeepMind's
 preprocessing gives <uint8>[84, 84, 4] frames stacked oldest first, ALE ids resolve
 through algorithms/environments.py with or without it, observations stay uint8 in the
 env runners' fragments, and APPO trains an iteration on Pong in each inference mode."""
@@ -16,11 +16,11 @@ pytest.importorskip("cv2", reason="OpenCV is not installed: pip install -e '.[at
 
 from algorithms import environments
 from algorithms.appo import APPO, APPOPolicy
-from policy_service import atari
 from policy_service.cli.run_config import validate_config
 from policy_service.config import ConfigError
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.sample_batch import SampleBatch
+from policy_service.envs import atari
 
 TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "pong_appo.yaml"
 PONG = "ALE/Pong-v5"

@@ -6,9 +6,9 @@ import pytest
 import tensorflow as tf
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, assert_grads_close, fake_gpus, small_config
 
-from policy_service.attention import GTrXLModel
 from policy_service.config import ConfigError, ModelConfig
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy.attention import GTrXLModel
 
 MEMORY, DIM = 3, 8
 ATTENTION = {

@@ -26,8 +26,8 @@ from fakes import (
 
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed import jobs
-from policy_service.sample_batch import SampleBatch
 
 N = 6
 

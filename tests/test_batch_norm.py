@@ -26,7 +26,8 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service import LearnerGroup, models
+from policy_service import LearnerGroup
+from policy_service.policy import models
 
 TWO_BN = {"custom_model": "two_bn"}
 BN_LSTM = {"custom_model": "bn_lstm", "max_seq_len": 4}

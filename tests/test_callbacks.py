@@ -1,4 +1,4 @@
-"""policy_service/callbacks.py: hooks called by name, errors named by class and hook,
+"""policy_service/runs/callbacks.py: hooks called by name, errors named by class and hook,
 config values resolved without importing anything; on_learn_on_batch in a real run."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from policy_service.callbacks import (
+from policy_service.runs.callbacks import (
     CallbackError,
     CallbackList,
     Callbacks,

@@ -99,7 +99,9 @@ class Saved(TFPolicy):
 def test_class_paths_resolve_only_against_the_allow_list():
     assert checkpoints.class_path(Saved) == "test_checkpoints:Saved"
     assert checkpoints.resolve_class("test_checkpoints:Saved", TFPolicy) is Saved
-    assert checkpoints.resolve_class("policy_service.policy:TFPolicy", TFPolicy) is TFPolicy
+    assert (
+        checkpoints.resolve_class("policy_service.policy.tf_policy:TFPolicy", TFPolicy) is TFPolicy
+    )
     # this package's classes load even when their module was not imported yet
     ppo_policy = checkpoints.resolve_class("algorithms.ppo:PPOPolicy", TFPolicy)
     assert issubclass(ppo_policy, TFPolicy) and ppo_policy.__name__ == "PPOPolicy"

@@ -85,14 +85,14 @@ LAYERS = [
         "policy_service.engine",
         (
             "policy_service.distributed",
-            "policy_service.policy",
+            "policy_service.policy.tf_policy",
             "policy_service.io",
-            "policy_service.train_batches",
+            "policy_service.data.train_batches",
         ),
     ),
-    ("policy_service.io", ("policy_service.distributed", "policy_service.policy")),
+    ("policy_service.io", ("policy_service.distributed", "policy_service.policy.tf_policy")),
     # experiences on disk are data: written and read without the Ray side or the policy
-    ("policy_service.offline", ("policy_service.distributed", "policy_service.policy")),
+    ("policy_service.offline", ("policy_service.distributed", "policy_service.policy.tf_policy")),
 ]
 
 
@@ -141,11 +141,11 @@ def test_the_command_line_holds_no_run_loop():
 def test_the_checks_catch_a_private_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text(
-        "from policy_service.sample_batch import _take\n"
+        "from policy_service.data.sample_batch import _take\n"
         "from policy_service import models\nmodels._CUSTOM_MODELS\n"
     )
     assert private_uses(sample) == [
-        "1: from policy_service.sample_batch import _take",
+        "1: from policy_service.data.sample_batch import _take",
         "3: models._CUSTOM_MODELS",
     ]
 

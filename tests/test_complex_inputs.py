@@ -14,10 +14,11 @@ from fakes import (
 )
 
 from algorithms.ppo import PPOPolicy
-from policy_service import models, spaces
-from policy_service.complex_inputs import ComplexInputEncoder
 from policy_service.config import ModelConfig
-from policy_service.sample_batch import SampleBatch
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy import models
+from policy_service.policy.complex_inputs import ComplexInputEncoder
 
 IMAGE_AND_VECTOR = gym.spaces.Dict(
     {

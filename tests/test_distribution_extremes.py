@@ -1,4 +1,4 @@
-"""Every distribution in policy_service.distributions keeps logp, entropy and kl finite
+"""Every distribution in policy_service.policy.distributions keeps logp, entropy and kl finite
 for finite inputs of any magnitude (issue 49): a hypothesis property over means,
 logits and actions up to +-1e30 and log_std from -1e3 to 1e3, plus the float32
 extremes the property cannot reach by chance."""
@@ -12,8 +12,8 @@ import tensorflow as tf
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policy_service import distributions
-from policy_service.distributions import dist_class_for
+from policy_service.policy import distributions
+from policy_service.policy.distributions import dist_class_for
 
 BIG = float(np.float32(1e30))  # 1e30 as float32 holds it
 BOX = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)

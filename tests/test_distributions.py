@@ -1,4 +1,4 @@
-"""Tests for policy_service.distributions against closed forms computed in numpy."""
+"""Tests for policy_service.policy.distributions against closed forms computed in numpy."""
 
 import math
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service import distributions
-from policy_service.distributions import (
+from policy_service.policy import distributions
+from policy_service.policy.distributions import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     Categorical,

@@ -9,11 +9,11 @@ import user_models
 from fakes import assert_weights_close, fake_gpus
 
 from algorithms.dqn import DQNConfig, DQNPolicy, huber_loss
-from policy_service import models
 from policy_service.config import ConfigError, from_dict
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy import models
 from policy_service.replay import PRIO_WEIGHTS
-from policy_service.sample_batch import SampleBatch
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACTIONS = gym.spaces.Discrete(3)

@@ -387,8 +387,8 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
     from test_dqn import ACTIONS, OBS, TINY, tiny_batch
 
     from policy_service import LearnerGroup
-    from policy_service.n_step import n_step_returns
     from policy_service.replay import PRIO_WEIGHTS
+    from policy_service.returns.n_step import n_step_returns
 
     group = LearnerGroup(
         DQNPolicy,

@@ -7,7 +7,7 @@ import pytest
 
 from algorithms import register_env
 from algorithms.dqn import DQN
-from policy_service.complex_inputs import ComplexInputEncoder
+from policy_service.policy.complex_inputs import ComplexInputEncoder
 
 
 class ImageAndVectorEnv(gym.Env):

@@ -12,9 +12,9 @@ import pytest
 import ray
 from ray.exceptions import ActorDiedError, RayTaskError
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.restarts import backoff_delays, died_of_actor_death, is_actor_death
-from policy_service.sample_batch import SampleBatch
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}

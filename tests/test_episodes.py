@@ -12,9 +12,9 @@ import pytest
 
 from algorithms.dqn import DQNPolicy
 from algorithms.ppo import PPOPolicy
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import PolicyHost
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.sample_batch import SampleBatch
 from policy_service.serving import episode_api
 from policy_service.serving.episodes import EpisodeRecorder
 from policy_service.serving.http_api import HttpError, RequestSchema

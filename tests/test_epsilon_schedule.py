@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from algorithms.dqn import DQN
-from policy_service.exploration import EpsilonGreedy, StochasticSampling
+from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
 
 SPACE = gym.spaces.Discrete(3)
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from examples import custom_recurrent_policy as example
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
 
 
 def test_custom_recurrent_policy_example_trains():

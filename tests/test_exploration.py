@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
-from policy_service import exploration
-from policy_service.exploration import EpsilonGreedy, StochasticSampling
+from policy_service.policy import exploration
+from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
 
 
 def epsilon_greedy_policy(initial, final, timesteps=100, action_space=ACTION_SPACE, **config):

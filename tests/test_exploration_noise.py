@@ -9,10 +9,10 @@ import tensorflow as tf
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 from algorithms.td3 import TD3Policy
-from policy_service import exploration
 from policy_service.config import ConfigError
-from policy_service.distributions import dist_class_for
-from policy_service.exploration import (
+from policy_service.policy import exploration
+from policy_service.policy.distributions import dist_class_for
+from policy_service.policy.exploration import (
     Exploration,
     GaussianNoise,
     OrnsteinUhlenbeckNoise,
@@ -208,7 +208,7 @@ def test_a_registered_user_class_is_named_by_its_name():
     finally:
         exploration.unregister_exploration("AlwaysFirst")
     assert exploration.exploration_config_error({"type": "AlwaysFirst"}) is not None
-    with pytest.raises(TypeError, match="subclass of policy_service.exploration.Exploration"):
+    with pytest.raises(TypeError, match="subclass of policy.exploration.Exploration"):
         exploration.register_exploration(dict)
 
 

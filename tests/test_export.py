@@ -17,8 +17,8 @@ import tensorflow as tf
 import tree
 from fakes import CELL, PGPolicy, fake_gpus, small_config
 
+from policy_service.data.spaces import action_leaf_names, action_leaves, nest_actions
 from policy_service.io.export import ONNX_FILE, SIGNATURE_NAME, ActingModule, convert_to_onnx
-from policy_service.spaces import action_leaf_names, action_leaves, nest_actions
 
 OPSET = 17
 ROWS = 7

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from algorithms.ppo import PPOPolicy
-from policy_service.exported_policy import ExportedModelError, ExportedPolicy, pack_model
+from policy_service.client.exported_policy import ExportedModelError, ExportedPolicy, pack_model
 from policy_service.io.export import export_saved_model
 
 ENV = gym.make("CartPole-v1")

@@ -38,12 +38,12 @@ from ray.exceptions import ActorDiedError, RayTaskError
 
 from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.resources import ResourcesError
 from policy_service.distributed.restarts import PolicyActorFailure, RestartablePolicyActor
 from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
-from policy_service.sample_batch import SampleBatch
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SLOW_SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.02}

@@ -1,4 +1,4 @@
-"""policy_service/http_connection.py against a socket server of the test's own: answers
+"""policy_service/client/http_connection.py against a socket server of the test's own: answers
 that arrive in pieces, chunked or running to the close, kept-alive reuse, and the two
 ways a connection can fail (before any answer: NoAnswer; mid-answer: the bytes got)."""
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from policy_service.http_connection import HttpConnection, NoAnswer
+from policy_service.client.http_connection import HttpConnection, NoAnswer
 
 
 class Server:

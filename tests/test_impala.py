@@ -15,12 +15,12 @@ from algorithms.appo import APPO, APPOConfig, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
 from policy_service import LearnerGroup
 from policy_service.config import ConfigError, from_dict
+from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.data.units import LOSS_MASK
 from policy_service.distributed import learner_group
 from policy_service.distributed.learners import LearnerFailure
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.engine.units import LOSS_MASK
 from policy_service.errors import RunFailure
-from policy_service.sample_batch import SampleBatch, concat_samples
 
 MODEL = {"fcnet_hiddens": [16, 16], "lstm_cell_size": 8, "max_seq_len": 5}
 LSTM = {**MODEL, "use_lstm": True, "lstm_use_prev_action": True}

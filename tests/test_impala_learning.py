@@ -14,8 +14,8 @@ from fakes import assert_weights_close, weights_differ
 from algorithms.appo import APPO, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAPolicy
 from policy_service import LearnerGroup
+from policy_service.data.sample_batch import concat_samples
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.sample_batch import concat_samples
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,9 @@ from fakes import assert_grads_close
 
 from algorithms.appo import APPOPolicy
 from algorithms.impala import IMPALAPolicy
-from policy_service.engine.units import LOSS_MASK
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import TrainColumns
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import TrainColumns
+from policy_service.data.units import LOSS_MASK
 
 CELL = 8
 MAX_SEQ_LEN = 5

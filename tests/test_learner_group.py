@@ -29,8 +29,9 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service import LearnerGroup, models
+from policy_service import LearnerGroup
 from policy_service.io.checkpoints import CheckpointFileError
+from policy_service.policy import models
 
 ray = pytest.importorskip("ray")
 

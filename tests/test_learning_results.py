@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, fake_gpus, mlp_batch, small_config
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.sample_batch import SampleBatch
 
 CLIP = 1e-3
 

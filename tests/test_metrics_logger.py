@@ -1,10 +1,10 @@
-"""policy_service/metrics_logger.py: values reduced by the rule they were logged with."""
+"""policy_service/runs/metrics_logger.py: values reduced by the rule they were logged with."""
 
 from __future__ import annotations
 
 import pytest
 
-from policy_service.metrics_logger import LoggedMetrics, MetricsLogger
+from policy_service.runs.metrics_logger import LoggedMetrics, MetricsLogger
 
 
 def logged(*entries) -> dict:

@@ -16,8 +16,8 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service import models
 from policy_service.config import ModelConfig
+from policy_service.policy import models
 
 
 def shapes(policy):

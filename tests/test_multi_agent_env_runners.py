@@ -18,12 +18,12 @@ from test_multi_agent_ppo import A_MAP, B_MAP, greedy_actions, train_until
 
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service import PolicySpec, SampleBatch
+from policy_service.data.sample_batch import concat_samples
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
-from policy_service.sample_batch import concat_samples
 
 BASE = {"model": {"fcnet_hiddens": [8]}}
 # different seeds: different initial weights, so a row acted by the wrong policy shows

@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.n_step import BOOTSTRAP_DISCOUNT, N_STEP, n_step_returns
-from policy_service.sample_batch import SampleBatch
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, N_STEP, n_step_returns
 
 
 def reference_n_step(batch, gamma, n):

@@ -15,9 +15,9 @@ import tensorflow as tf
 from algorithms.environments import register_env
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service import TFPolicy
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.policy_actor import PolicyActor
-from policy_service.sample_batch import SampleBatch
 
 register_env("target_and_aim", lambda env_config: envs.TargetAndAimEnv(env_config))
 

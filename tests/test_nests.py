@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tree
 
-from policy_service import nests
+from policy_service.data import nests
 
 
 class Pair(NamedTuple):

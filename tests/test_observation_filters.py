@@ -19,14 +19,14 @@ import ray
 import tensorflow as tf
 
 from policy_service.config import ConfigError, PolicyConfig
-from policy_service.distributed.env_runner_group import EnvRunnerGroup
-from policy_service.observation_filters import (
+from policy_service.data.observation_filters import (
     CLIP,
     MeanStdFilter,
     NoFilter,
     RunningStat,
     make_filter,
 )
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
 FILTERED = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "observation_filter": "MeanStdFilter"}
 SCRIPT = {"lengths": [4, 3], "endings": ["terminated", "truncated"], "tag": 5.0}

@@ -19,13 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.offline.columns import OfflineDataError
 from policy_service.offline.manifest import MANIFEST, read_manifest
 from policy_service.offline.parquet_writer import ParquetExperienceWriter
 from policy_service.offline.reader import open_experiences
 from policy_service.offline.rllib_json import JsonExperienceWriter
-from policy_service.sample_batch import SampleBatch, concat_samples
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_SPACE = gym.spaces.Box(-10.0, 10.0, (4,), np.float32)

@@ -25,9 +25,10 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service import TFPolicy, models
+from policy_service import TFPolicy
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import read_policy_state as load_policy_state
+from policy_service.policy import models
 
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
@@ -551,7 +552,7 @@ def test_learning_leaves_the_callers_batch_untouched(model):
 
 
 def test_an_already_padded_sequence_batch_gives_the_same_gradient():
-    from policy_service.sequencing import pad_batch_to_sequences_of_same_size
+    from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
 
     policy = policy_on(2, model=LSTM)
     batch = episode_batch([5, 3, 7])

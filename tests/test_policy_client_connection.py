@@ -8,7 +8,7 @@ import threading
 import gymnasium as gym
 import pytest
 
-from policy_service.client import PolicyClient
+from policy_service.client.policy_client import PolicyClient
 from policy_service.io.space_codec import space_to_json
 
 SPEC = json.dumps(

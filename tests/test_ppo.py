@@ -18,7 +18,7 @@ from algorithms.ppo import (
     compute_advantages,
     discount_cumsum,
 )
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 DISCRETE = gym.spaces.Discrete(3)

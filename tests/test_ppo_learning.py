@@ -140,7 +140,7 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     import ray
     import user_models
 
-    from policy_service import models
+    from policy_service.policy import models
 
     models.register_custom_model("lazy_mlp", user_models.LazyMLP)
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 from algorithms.ppo import PPOPolicy, standardize_advantages
-from policy_service.models import weight_names
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy.models import weight_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_runs import peer_venv

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tree
 
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.io import checkpoints
 from policy_service.replay import (
     BATCH_INDEXES,
@@ -17,7 +18,6 @@ from policy_service.replay import (
     PriorityTree,
     ReplayBuffer,
 )
-from policy_service.sample_batch import SampleBatch, concat_samples
 
 
 def cartpole_batch(rows, seed=0, start_id=0):

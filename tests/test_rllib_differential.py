@@ -26,8 +26,8 @@ import tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policy_service.sample_batch import SampleBatch, concat_samples
-from policy_service.sequencing import chop_into_sequences, pad_batch_to_sequences_of_same_size
+from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.data.sequencing import chop_into_sequences, pad_batch_to_sequences_of_same_size
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchmark_runs import peer_venv

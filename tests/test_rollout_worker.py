@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import ray
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import PolicyActor
 from policy_service.distributed.rollout_worker import RolloutWorker
-from policy_service.sample_batch import SampleBatch
 
 MLP_CONFIG = {"model": {"fcnet_hiddens": [16]}, "seed": 3, "gamma": 0.9}
 LSTM_CONFIG = {

@@ -1,5 +1,5 @@
 """algorithms/run.py: fit(), the run loop of Python users and `policy-service train`, with
-callbacks (policy_service/callbacks.py) at its named moments."""
+callbacks (policy_service/runs/callbacks.py) at its named moments."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""policy_service/runs/run_resources.py: the resources each role of a real
+"""policy_service/distributed/run_resources.py: the resources each role of a real
 `policy-service train` run held, as result.json records them (the driver's own
 learner: test_training.py, beside its run)."""
 

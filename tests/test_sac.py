@@ -11,8 +11,8 @@ from algorithms import get_algorithm_class
 from algorithms.sac import SAC, SACConfig, SACPolicy
 from algorithms.td3 import TD3Config
 from policy_service.config import ConfigError, field_docs, from_dict
-from policy_service.n_step import BOOTSTRAP_DISCOUNT
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 BOX = gym.spaces.Box(np.array([-2.0, 0.0], np.float32), np.array([2.0, 1.0], np.float32))

@@ -5,7 +5,7 @@ import pickle
 import numpy as np
 import pytest
 
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 
 SB = SampleBatch
 

@@ -12,8 +12,8 @@ from fakes import fake_gpus
 
 from algorithms.ppo import PPOConfig, PPOPolicy
 from policy_service.config import ConfigError, from_dict
-from policy_service.sample_batch import SampleBatch
-from policy_service.schedules import schedule_value
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.engine.schedules import schedule_value
 
 LR_SCHEDULE = [[100, 1e-3], [1100, 3e-4], [5100, 5e-5]]
 ENTROPY_SCHEDULE = [[0, 0.02], [2000, 0.01], [4000, 0.0]]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tree
 
-from policy_service.sample_batch import SampleBatch
-from policy_service.sequencing import (
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.sequencing import (
     chop_into_sequences,
     loss_mask,
     pad_batch_to_sequences_of_same_size,
@@ -345,7 +345,7 @@ def test_padded_batch_shards_at_sequence_boundaries():
 
 
 def test_a_batch_padded_by_pad_batch_passes_the_padding_check_and_data_there_does_not():
-    from policy_service.sequencing import check_padding_is_empty
+    from policy_service.data.sequencing import check_padding_is_empty
 
     batch = SampleBatch(
         {
@@ -366,7 +366,7 @@ def test_a_batch_padded_by_pad_batch_passes_the_padding_check_and_data_there_doe
 
 
 def test_the_padding_check_names_a_long_seq_lens_by_its_start_and_count():
-    from policy_service.sequencing import check_padding_is_empty
+    from policy_service.data.sequencing import check_padding_is_empty
 
     seq_lens = np.array([1] * 12, np.int32)
     batch = SampleBatch({"obs": np.ones(24, np.float32), "seq_lens": seq_lens})

@@ -231,7 +231,7 @@ def nested_server(nested_checkpoint, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cartpole_policy(cartpole_checkpoint):
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
     return TFPolicy.from_checkpoint(str(cartpole_checkpoint))
 
@@ -539,7 +539,7 @@ def tcp_listeners() -> list[tuple[str, int]]:
 
 @pytest.mark.slow  # the nested server's start: ~30 s here
 def test_nested_obs_nested_actions_and_state_round_trip(nested_server, nested_checkpoint):
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
     policy = TFPolicy.from_checkpoint(str(nested_checkpoint))
     rng = np.random.default_rng(2)
@@ -666,7 +666,7 @@ def test_a_taken_port_is_a_one_line_error():
 
 
 def test_deeply_nested_json_is_400():
-    from policy_service import spaces
+    from policy_service.data import spaces
 
     space = gym.spaces.Box(-1.0, 1.0, (4,))
     actions = gym.spaces.Discrete(2)
@@ -715,7 +715,7 @@ def test_tokens_compare_by_digest():
 
 
 def test_tuple_obs_parse_as_the_space_has_them():
-    from policy_service import spaces
+    from policy_service.data import spaces
 
     space = gym.spaces.Tuple((gym.spaces.Discrete(3), gym.spaces.Box(0.0, 1.0, (2,))))
     actions = gym.spaces.Discrete(2)
@@ -730,7 +730,7 @@ def test_tuple_obs_parse_as_the_space_has_them():
 
 
 def test_dict_prev_actions_parse_as_the_space_has_them():
-    from policy_service import spaces
+    from policy_service.data import spaces
 
     obs = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
     actions = gym.spaces.Dict(

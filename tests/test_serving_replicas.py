@@ -47,7 +47,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def policy(checkpoint):
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
     return TFPolicy.from_checkpoint(str(checkpoint))
 

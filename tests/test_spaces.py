@@ -1,10 +1,10 @@
-"""Tests for policy_service.spaces: observation preprocessing and action checks."""
+"""Tests for policy_service.data.spaces: observation preprocessing and action checks."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from policy_service.spaces import (
+from policy_service.data.spaces import (
     ObservationPreprocessor,
     action_dtype_and_shape,
     check_actions,
@@ -382,7 +382,7 @@ NESTED = gym.spaces.Dict(
 
 
 def test_nested_action_helpers_follow_dm_tree_order():
-    from policy_service.spaces import action_leaf_specs, action_leaves, zero_actions
+    from policy_service.data.spaces import action_leaf_specs, action_leaves, zero_actions
 
     assert [path for path, _ in action_leaves(NESTED)] == [("move", 0), ("move", 1), ("pick",)]
     assert action_leaf_specs(NESTED) == [

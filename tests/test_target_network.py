@@ -17,8 +17,8 @@ from fakes import (
     small_config,
 )
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.target_network import TargetUpdate
-from policy_service.sample_batch import SampleBatch
 
 
 def target_policy(every_steps: int, tau: float, towers: int = 0, cls=TargetPGPolicy, **config):

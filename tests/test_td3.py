@@ -9,7 +9,7 @@ import tensorflow as tf
 from algorithms import get_algorithm_class
 from algorithms.td3 import TD3, TD3Config, TD3Policy
 from policy_service.config import ConfigError, from_dict
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 BOX = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)

@@ -31,6 +31,8 @@ from fakes import (
 )
 
 from policy_service import masked_mean
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.units import LOSS_MASK, gather_units, pad_units
 from policy_service.engine.devices import FAKE_GPU, GPU, TowerDevices
 from policy_service.engine.finite_guard import (
     NonFiniteGradientError,
@@ -38,8 +40,6 @@ from policy_service.engine.finite_guard import (
     finite_gradients,
 )
 from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gradients
-from policy_service.engine.units import LOSS_MASK, gather_units, pad_units
-from policy_service.sample_batch import SampleBatch
 
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 

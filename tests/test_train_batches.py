@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from policy_service import spaces
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import (
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import (
     TrainLayout,
     flatten_nested_columns,
     leaf_column,

@@ -26,8 +26,8 @@ from fakes import (
 )
 from user_models import ValueOptionalPolicy
 
-from policy_service import models
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy import models
 
 TESTS = Path(__file__).resolve().parent
 

@@ -12,8 +12,8 @@ import pytest
 import user_models
 
 from algorithms.ppo import PPOPolicy
-from policy_service import models
 from policy_service.cli import commands as cli
+from policy_service.policy import models
 
 MODULE = "registers_imported_mlp"
 

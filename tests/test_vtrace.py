@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service import vtrace
+from policy_service.returns import vtrace
 
 
 def paper_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, pg_rho_bar, lam):

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from policy_service.engine.units import LOSS_MASK, SEQ_LENS
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import TrainColumns
-from policy_service.vtrace_units import last_rows, sequence_units, vtrace_on_units
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import TrainColumns
+from policy_service.data.units import LOSS_MASK, SEQ_LENS
+from policy_service.returns.vtrace_units import last_rows, sequence_units, vtrace_on_units
 
 GAMMA = 0.9
 

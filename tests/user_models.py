@@ -12,8 +12,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service import TFPolicy, masked_mean, models
-from policy_service.sample_batch import SampleBatch
+from policy_service import TFPolicy, masked_mean
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy import models
 
 
 class LazyBatchNormModel(keras.Model):

@@ -421,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="train from episodes that clients outside Ray send over HTTP "
-        "(policy_service.client.PolicyClient); --env then only gives the spaces",
+        "(policy_service.client.policy_client.PolicyClient); --env then only gives the spaces",
     )
     train.add_argument(
         "--host", help="with --external-env: address to listen on (default 127.0.0.1)"

@@ -171,7 +171,7 @@ def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
     except environments.EnvironmentSetupError as err:
         raise TrainingSetupError(str(err)) from None
     if typed.model.custom_model is not None:
-        from policy_service import models
+        from policy_service.policy import models
 
         try:
             models.check_custom_model(typed.model.custom_model)
@@ -197,7 +197,7 @@ def check_devices(config) -> None:
         )
     except ValueError as err:
         raise TrainingSetupError(f"config.num_gpus: {err}") from None
-    from policy_service.engine.units import check_minibatch_size
+    from policy_service.data.units import check_minibatch_size
 
     rows_per_sequence = config.model.max_seq_len if config.model.use_lstm else 1
     try:

@@ -196,8 +196,8 @@ def _require(package: str, flag: str) -> None:
 def _resolve_callbacks(param_space: dict) -> None:
     """Config key `callbacks` as classes, not "module.Class" names: a trial's actor has
     not imported the --import modules; the classes travel to it by value."""
-    from policy_service.callbacks import callbacks_classes
     from policy_service.config import ConfigError
+    from policy_service.runs.callbacks import callbacks_classes
 
     named = param_space.get("callbacks")
     if named is None:

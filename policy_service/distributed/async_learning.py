@@ -32,7 +32,7 @@ from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.learning_results import NUM_SAMPLES_TRAINED
+from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 _POLL_S = 0.01
 

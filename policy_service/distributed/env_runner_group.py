@@ -33,8 +33,9 @@ import gymnasium as gym
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from policy_service import models, observation_filters
 from policy_service.config import config_for, config_value
+from policy_service.data import observation_filters
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.resources import RoleAsk, check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -46,7 +47,7 @@ from policy_service.distributed.restarts import (
 )
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.policy import models
 
 DEFAULT_MAX_RESTARTS = 100
 
@@ -67,19 +68,26 @@ class Replacement(NamedTuple):
 
 
 def env_runner_asks(
-    num_env_runners: int, num_cpus_per_env_runner: float, policy_actor_options: dict | None
+    num_env_runners: int,
+    num_cpus_per_env_runner: float,
+    policy_actor_options: dict | None,
+    custom_resources_per_env_runner: dict | None = None,
 ) -> list[RoleAsk]:
-    """What a group asks of Ray: its env runners, and the PolicyActor started with
-    these Ray options (`policy_actor_ray_options`; None: no PolicyActor)."""
+    """What a group asks of Ray: its env runners (CPUs and custom resources each), and
+    the PolicyActor started with these Ray options (`policy_actor_ray_options`; None:
+    no PolicyActor)."""
+    custom = dict(custom_resources_per_env_runner or {})
     asks = [
         RoleAsk(
             "env runner",
             num_env_runners,
-            {"CPU": float(num_cpus_per_env_runner)},
-            {"CPU": "num_env_runners, num_cpus_per_env_runner"},
+            {"CPU": float(num_cpus_per_env_runner), **custom},
+            {"CPU": "num_env_runners, num_cpus_per_env_runner"}
+            | {r: "num_env_runners, custom_resources_per_env_runner" for r in custom},
         )
     ]
     if policy_actor_options is not None:
+        actor_custom = dict(policy_actor_options.get("resources") or {})
         asks.append(
             RoleAsk(
                 "policy actor",
@@ -87,20 +95,35 @@ def env_runner_asks(
                 {
                     "CPU": float(policy_actor_options.get("num_cpus") or 0),
                     "GPU": float(policy_actor_options.get("num_gpus") or 0),
+                    **actor_custom,
                 },
-                {"CPU": "remote_inference", "GPU": "num_gpus_per_policy_actor"},
+                {"CPU": "remote_inference", "GPU": "num_gpus_per_policy_actor"}
+                | {r: "custom_resources_per_policy_actor" for r in actor_custom},
             )
         )
     return asks
 
 
 def policy_actor_ray_options(options: dict | None, policy_config: dict | Any) -> dict:
-    """The PolicyActor's Ray options: `options`, by default 1 CPU and the policy
-    config's num_gpus_per_policy_actor GPUs."""
+    """The PolicyActor's Ray options: `options`, by default 1 CPU, the policy config's
+    num_gpus_per_policy_actor GPUs and custom_resources_per_policy_actor."""
     options = dict(options or {})
     options.setdefault("num_cpus", 1)
     if "num_gpus" not in options:
         options["num_gpus"] = config_value(policy_config, "num_gpus_per_policy_actor", 0)
+    custom = config_value(policy_config, "custom_resources_per_policy_actor", None)
+    if "resources" not in options and custom:
+        options["resources"] = dict(custom)
+    return options
+
+
+def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:
+    """An env runner actor's Ray options: its CPUs and the policy config's
+    custom_resources_per_env_runner (e.g. the node it must run on)."""
+    options: dict[str, Any] = {"num_cpus": num_cpus}
+    custom = config_value(policy_config, "custom_resources_per_env_runner", None)
+    if custom:
+        options["resources"] = dict(custom)
     return options
 
 
@@ -191,7 +214,6 @@ class EnvRunnerGroup:
             custom_models=models.custom_model_registry(),
             callbacks=callbacks,
         )
-        self._num_cpus_per_env_runner = num_cpus_per_env_runner
         # latest weights in the object store, for restarted workers
         self._weights_ref: ray.ObjectRef | None = None
         self._weights_version: int | None = None
@@ -210,8 +232,14 @@ class EnvRunnerGroup:
             if remote_inference
             else None
         )
+        self._runner_options = env_runner_ray_options(num_cpus_per_env_runner, policy_config)
         check_cluster_fits(
-            env_runner_asks(self.num_env_runners, num_cpus_per_env_runner, actor_options)
+            env_runner_asks(
+                self.num_env_runners,
+                num_cpus_per_env_runner,
+                actor_options,
+                self._runner_options.get("resources"),
+            )
         )
         # the workers' spaces (a worker_cls may give them otherwise, e.g. by policy id)
         self.observation_space: Any
@@ -584,7 +612,7 @@ class EnvRunnerGroup:
         return probe_spaces(self._env, self._worker_kwargs["env_config"])
 
     def _make_worker(self, index: int):
-        return self._worker_cls.options(num_cpus=self._num_cpus_per_env_runner).remote(
+        return self._worker_cls.options(**self._runner_options).remote(
             *self._worker_args(),
             worker_index=index,
             policy_actor=self._acting_actor(index),

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import ray
 
+from policy_service.data.sample_batch import concat_samples
+from policy_service.data.train_batches import TrainColumns
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.learning_results import valid_rows_only
-from policy_service.sample_batch import concat_samples
-from policy_service.train_batches import TrainColumns
+from policy_service.policy.learning_results import valid_rows_only
 
 POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS = "policy_lag_sum", "policy_lag_max", "lag_rows"
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import ray
 
-from policy_service import models
 from policy_service.config import config_for
 from policy_service.distributed.learner import Learner
 from policy_service.engine import devices
 from policy_service.engine.collectives import CollectiveGroup
-from policy_service.policy_spec import PolicySpec
+from policy_service.policy import models
+from policy_service.policy.policy_spec import PolicySpec
 
 
 def learner_policy_config(policy_cls: type, config: Any):

@@ -33,9 +33,11 @@ import gymnasium as gym
 import numpy as np
 from ray.exceptions import RayError
 
-from policy_service import call_arguments, spaces
-from policy_service.batch_learning import BatchLearning, sampler_grad_updates
 from policy_service.config import config_for
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import TrainLayout
+from policy_service.data.units import LOSS_MASK, interleave_minibatches
 from policy_service.distributed.acting_learner import serves_actions
 from policy_service.distributed.learner import (
     POLICY_LAG_MAX,
@@ -51,20 +53,19 @@ from policy_service.distributed.learners import (
     RemoteLearners,
 )
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.engine.units import LOSS_MASK, interleave_minibatches
 from policy_service.errors import own_error, restart_budget_spent
 from policy_service.io import checkpoints
-from policy_service.learning_results import (
+from policy_service.policy import call_arguments
+from policy_service.policy.batch_learning import BatchLearning, sampler_grad_updates
+from policy_service.policy.learning_results import (
     valid_rows_only,
     with_sampler_lead,
     with_samples_trained,
 )
-from policy_service.policy_spec import PolicySpec
-from policy_service.sample_batch import SampleBatch
-from policy_service.train_batches import TrainLayout
+from policy_service.policy.policy_spec import PolicySpec
 
 if TYPE_CHECKING:  # for the annotation only: the learners build the policy
-    from policy_service.policy import TFPolicy
+    from policy_service.policy.tf_policy import TFPolicy
 
 READY_TIMEOUT_S = 60.0  # placement group and actors up, or an error naming the resource
 MAX_RESTARTS_PER_UPDATE = 2  # replacements of dead learners one `update` may make

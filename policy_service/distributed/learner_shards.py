@@ -1,7 +1,7 @@
 """A prepared train batch split across learners, at unit boundaries only.
 
 A unit is one row, or one padded sequence of T rows (recurrent models), as in
-`policy_service.train_batches`. Shards get whole units and equal unit counts:
+`policy_service.data.train_batches`. Shards get whole units and equal unit counts:
 the batch is padded with units that count for nothing (loss_mask False,
 seq_lens 0), so every learner runs the same compiled steps, the same number of
 times, and takes part in every collective.
@@ -9,14 +9,14 @@ times, and takes part in every collective.
 
 from __future__ import annotations
 
-from policy_service.engine.units import (
+from policy_service.data.train_batches import TrainColumns
+from policy_service.data.units import (
     arrange_minibatches,
     check_minibatch_size,
     is_sequence_column,
     pad_units,
     round_up,
 )
-from policy_service.train_batches import TrainColumns
 
 
 def split_units(train: TrainColumns, num_shards: int) -> list[TrainColumns]:

@@ -32,7 +32,7 @@ import time
 
 from policy_service.distributed.fragment_stream import Fragment
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.learning_results import NUM_SAMPLES_TRAINED
+from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 _IDLE_POLL_S = 0.05
 

@@ -22,7 +22,6 @@ from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from policy_service import models
 from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
 from policy_service.distributed.learner import Learner
 from policy_service.distributed.learner_actor import LearnerHost
@@ -35,7 +34,8 @@ from policy_service.distributed.resources import (
 )
 from policy_service.engine.collectives import CollectivePeerError
 from policy_service.errors import RunFailure
-from policy_service.policy_spec import PolicySpec
+from policy_service.policy import models
+from policy_service.policy.policy_spec import PolicySpec
 
 CONNECT_TIMEOUT_S = 180.0
 

@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 import ray
 
-from policy_service import call_arguments, models
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import (
     PolicyHost,
     hosted_policy_config,
@@ -30,8 +30,8 @@ from policy_service.distributed.policy_actor import (
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
-from policy_service.policy_spec import PolicySpec
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy import call_arguments, models
+from policy_service.policy.policy_spec import PolicySpec
 
 
 class MultiPolicyHost:

@@ -33,14 +33,15 @@ import numpy as np
 import ray
 import tree
 
-from policy_service import call_arguments, models, nests, spaces
 from policy_service.config import config_for, is_config, on_cpu
+from policy_service.data import nests, spaces
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.engine import devices
 from policy_service.engine.fixed_rows import row_ladder
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy import call_arguments, models
 
 logger = logging.getLogger(__name__)
 

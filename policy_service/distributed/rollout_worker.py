@@ -38,20 +38,21 @@ import gymnasium as gym
 import numpy as np
 import tree
 
-from policy_service import models, observation_filters, spaces
-from policy_service.callbacks import (
+from policy_service.config import config_for, is_config, on_cpu
+from policy_service.data import observation_filters, spaces
+from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.distributed.restarts import call_retrying_once
+from policy_service.engine import devices
+from policy_service.policy import models
+from policy_service.runs.callbacks import (
     EPISODE_HOOKS,
     Episode,
     end_fragment,
     gather_episode,
     make_callbacks,
 )
-from policy_service.config import config_for, is_config, on_cpu
-from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.distributed.restarts import call_retrying_once
-from policy_service.engine import devices
-from policy_service.metrics_logger import MetricsLogger
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.runs.metrics_logger import MetricsLogger
 
 VECTORIZE_MODES = ("sync", "async")
 _ENV_INDEX = "env_index"  # bookkeeping column, dropped before returning a batch
@@ -126,7 +127,7 @@ class RolloutWorker(ActingWeights):
     async_context: multiprocessing start method for vectorize_mode="async".
     custom_models: `models.custom_model_registry()` of the process that starts
       the worker, since an actor's process starts with an empty registry.
-    callbacks: config key `callbacks` (classes; policy_service/callbacks.py): their
+    callbacks: config key `callbacks` (classes; policy_service/runs/callbacks.py): their
       episode, postprocessing and sample hooks run here, on this worker's instances.
     """
 

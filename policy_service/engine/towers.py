@@ -32,15 +32,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service.engine import batch_norm, finite_guard
-from policy_service.engine.batch_norm import BatchNormCapture, batch_norm_layers
-from policy_service.engine.collectives import choose_implementation
-from policy_service.engine.compiled import FlatCall
-from policy_service.engine.devices import TowerDevices
-from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
-from policy_service.engine.loss_groups import LossGroup, resolve_groups
-from policy_service.engine.loss_output import PER_ROW, LossExtras, split_loss_output
-from policy_service.engine.units import (
+from policy_service.data.units import (
     LOSS_MASK,
     SEQ_LENS,
     arrange_minibatches,
@@ -52,7 +44,15 @@ from policy_service.engine.units import (
     round_up,
     rows_per_unit,
 )
-from policy_service.schedules import schedule_value
+from policy_service.engine import batch_norm, finite_guard
+from policy_service.engine.batch_norm import BatchNormCapture, batch_norm_layers
+from policy_service.engine.collectives import choose_implementation
+from policy_service.engine.compiled import FlatCall
+from policy_service.engine.devices import TowerDevices
+from policy_service.engine.finite_guard import NonFiniteGradientError, NonFiniteUpdateError
+from policy_service.engine.loss_groups import LossGroup, resolve_groups
+from policy_service.engine.loss_output import PER_ROW, LossExtras, split_loss_output
+from policy_service.engine.schedules import schedule_value
 
 LossFn = Callable[[dict], object]  # a loss output (engine/loss_output.py)
 StatsFn = Callable[[dict, list, dict], dict]  # (batch, losses, the loss's own stats)

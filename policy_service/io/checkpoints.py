@@ -649,12 +649,23 @@ def class_path(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
+# modules that moved since checkpoints were first written: old name -> today's
+MOVED_MODULES = {"policy_service.policy": "policy_service.policy.tf_policy"}
+
+
+def current_class_path(path: str) -> str:
+    """A class path as written by any version, named by today's module."""
+    module, sep, name = path.partition(":")
+    return f"{MOVED_MODULES.get(module, module)}{sep}{name}"
+
+
 def resolve_class(path: str, base: type) -> type:
     """The class a checkpoint names: `base` or a subclass already defined in this
     process, or one of this package's (whose module may then be imported).
     Any other name is refused before anything is imported."""
     if not isinstance(path, str) or ":" not in path:
         raise ValueError(f"checkpoint names class {path!r}; expected 'module:QualName'")
+    path = current_class_path(path)
     module = path.partition(":")[0]
     found = _known_classes(base).get(path)
     if found is None and module.split(".")[0] in TRUSTED_PACKAGES:

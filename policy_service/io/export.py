@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from policy_service import spaces
+from policy_service.data import spaces
+from policy_service.data.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.compiled import unread_inputs
 from policy_service.io import checkpoints
-from policy_service.observation_filters import CLIP, STD_EPSILON, MeanStdFilter
-from policy_service.sample_batch import SampleBatch
 
 SIGNATURE_NAME = "serving_default"
 ONNX_FILE = "model.onnx"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 
 
 class MultiAgentBatch:

@@ -18,7 +18,7 @@ from typing import Any
 
 from policy_service.config import ConfigError
 from policy_service.io.checkpoints import check_policy_id
-from policy_service.policy_spec import PolicySpec
+from policy_service.policy.policy_spec import PolicySpec
 
 DEFAULT_POLICY_ID = "default_policy"
 

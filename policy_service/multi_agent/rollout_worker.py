@@ -23,8 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import tree
 
-from policy_service import models
-from policy_service.callbacks import end_fragment, make_callbacks
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.distributed.rollout_worker import (
@@ -33,12 +32,13 @@ from policy_service.distributed.rollout_worker import (
     prepare_acting_threads,
     rollout_policy_config,
 )
-from policy_service.metrics_logger import MetricsLogger
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
 from policy_service.multi_agent.sampler import MultiAgentSampler
-from policy_service.sample_batch import SampleBatch
+from policy_service.policy import models
+from policy_service.runs.callbacks import end_fragment, make_callbacks
+from policy_service.runs.metrics_logger import MetricsLogger
 
 
 class ServedPolicy:

@@ -25,18 +25,18 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service import spaces
-from policy_service.callbacks import gather_episode
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
 from policy_service.multi_agent.policies import AgentPolicies
-from policy_service.sample_batch import SampleBatch, concat_samples
+from policy_service.runs.callbacks import gather_episode
 
 
 @dataclass
 class Episode:
     """One episode's bookkeeping; `policy_mapping_fn` gets it as `episode` (RLlib: `id_`),
-    and so do the callbacks' episode hooks (policy_service/callbacks.py), which may write
+    and so do the callbacks' episode hooks (policy_service/runs/callbacks.py), which may write
     `custom_metrics`, `user_data` and `hist_data`."""
 
     id_: int

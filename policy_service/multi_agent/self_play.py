@@ -5,8 +5,8 @@ that is replaced in steps. It is a callback (FrozenCopies), as RLlib users write
 
 from __future__ import annotations
 
-from policy_service.callbacks import Callbacks
 from policy_service.multi_agent.policies import MultiAgentConfigError
+from policy_service.runs.callbacks import Callbacks
 
 
 def check_frozen_copies(

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.offline.columns import OfflineDataError
-from policy_service.sample_batch import SampleBatch
 
 
 def policy_batches(batch: SampleBatch | MultiAgentBatch, where: str) -> dict[str, SampleBatch]:

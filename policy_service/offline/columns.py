@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.errors import UserError
-from policy_service.sample_batch import SampleBatch
 
 INFOS = SampleBatch.INFOS
 SEPARATOR = "/"

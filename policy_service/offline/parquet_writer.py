@@ -13,6 +13,7 @@ import gymnasium as gym
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.offline.batches import policy_batches
 from policy_service.offline.columns import (
@@ -24,7 +25,6 @@ from policy_service.offline.columns import (
 )
 from policy_service.offline.files import DEFAULT_MAX_FILE_SIZE, RotatingFiles
 from policy_service.offline.manifest import MANIFEST, PolicyData, differences, ensure_manifest
-from policy_service.sample_batch import SampleBatch
 
 PARQUET_SUFFIX = ".parquet"
 

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.offline.columns import (
     INFOS,
@@ -42,7 +43,6 @@ from policy_service.offline.parquet_writer import PARQUET_SUFFIX
 from policy_service.offline.rllib_json import JSON_SUFFIX, parse_line
 from policy_service.offline.shuffle import Rows, rebatch
 from policy_service.offline.space_checks import first_outside
-from policy_service.sample_batch import SampleBatch
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)

@@ -23,6 +23,7 @@ import gymnasium as gym
 import lz4.frame  # type: ignore[import-untyped]
 import numpy as np
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.io.safe_pickle import PickledName, UnsafePickleError, loads, pickled_calls
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
@@ -30,7 +31,6 @@ from policy_service.offline.batches import policy_batches
 from policy_service.offline.columns import INFOS, OfflineDataError, leaf_specs
 from policy_service.offline.files import DEFAULT_MAX_FILE_SIZE, RotatingFiles
 from policy_service.offline.manifest import MANIFEST, PolicyData, ensure_manifest
-from policy_service.sample_batch import SampleBatch
 
 JSON_SUFFIX = ".json"
 COMPRESS_COLUMNS = ("obs", "new_obs")  # RLlib's output_compress_columns default

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.replay.priority_tree import PriorityTree
 from policy_service.replay.uniform import BATCH_INDEXES, ReplayBuffer
-from policy_service.sample_batch import SampleBatch
 
 PRIO_WEIGHTS = "weights"  # RLlib's column name for the importance weights
 

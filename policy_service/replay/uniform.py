@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.replay.column_store import ColumnStore
 from policy_service.replay.frame_stack_store import FrameStackStore
-from policy_service.sample_batch import SampleBatch
 
 BATCH_INDEXES = "batch_indexes"  # RLlib's name for the slots a sampled row came from
 

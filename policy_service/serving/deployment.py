@@ -126,7 +126,7 @@ class PolicyDeployment:
     ):
         from policy_service.io.checkpoints import resolve_class
         from policy_service.io.space_codec import space_from_json
-        from policy_service.policy import TFPolicy
+        from policy_service.policy.tf_policy import TFPolicy
 
         self.host = policy_host(
             resolve_class(policy_state["policy_class"], TFPolicy),

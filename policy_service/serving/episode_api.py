@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import gymnasium as gym
 import numpy as np
 
-from policy_service import nests, spaces
+from policy_service.data import nests, spaces
 from policy_service.errors import json_kind
 from policy_service.serving.http_api import (
     HttpError,

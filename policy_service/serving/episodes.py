@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service import nests, spaces
+from policy_service.data import nests, spaces
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.sample_batch import SampleBatch, concat_samples
 from policy_service.serving.episode_api import EpisodeUpload
 from policy_service.serving.http_api import HttpError
 

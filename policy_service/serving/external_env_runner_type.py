@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from policy_service import spaces
 from policy_service.config import ConfigError, on_cpu
+from policy_service.data import spaces
 from policy_service.distributed.resources import RoleAsk
 
 

@@ -16,7 +16,7 @@ It starts the training server (TrainingDeployment on Ray Serve, its one replica
 answering the clients on `address` itself: direct_ingress.py) and talks to that
 replica through a deployment handle. A replica Serve replaced is given the latest
 weights when the driver next asks it for steps (its open episodes are lost: their
-clients get 404). Clients: policy_service.client.PolicyClient.
+clients get 404). Clients: policy_service.client.policy_client.PolicyClient.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import time
 
 import gymnasium as gym
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.restarts import backoff_delays
 from policy_service.errors import RunFailure
-from policy_service.sample_batch import SampleBatch
 from policy_service.serving import direct_ingress
 from policy_service.serving.deployment import APP_NAME, DEPLOYMENT_NAME, ServingSettings
 from policy_service.serving.http_api import token_digest

@@ -127,7 +127,7 @@ class RequestSchema:
 
     @classmethod
     def of(cls, policy) -> RequestSchema:
-        from policy_service import spaces
+        from policy_service.data import spaces
 
         paths = [path for path, _ in spaces.action_leaves(policy.action_space)]
         specs = spaces.action_leaf_specs(policy.action_space)
@@ -224,7 +224,7 @@ def parse_action_request(body: bytes, schema: RequestSchema) -> ActionRequest:
 def _actions(value, schema: RequestSchema, num_rows: int) -> Any:
     """prev_actions -> numpy nested like the action space (lists for a Tuple, objects for
     a Dict), each leaf <dtype>[num_rows, ...]; HttpError 400 naming the leaf otherwise."""
-    from policy_service import spaces
+    from policy_service.data import spaces
 
     leaves = []
     for path, dtype, shape in schema.action_leaves:

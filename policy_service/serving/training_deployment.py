@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
+from policy_service.client.exported_policy import MODEL_DIR, pack_model
 from policy_service.errors import json_kind, one_line
-from policy_service.exported_policy import MODEL_DIR, pack_model
 from policy_service.serving import direct_ingress, episode_api
 from policy_service.serving.deployment import (
     ROUTES,
@@ -66,7 +66,7 @@ def training_app(
     answering HTTP itself (direct_ingress.start serves it)."""
     from ray import serve
 
-    from policy_service import models
+    from policy_service.policy import models
 
     options = deployment_options(settings)
     options.update(

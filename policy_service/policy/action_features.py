@@ -7,7 +7,7 @@ import gymnasium as gym
 import numpy as np
 import tensorflow as tf
 
-from policy_service import spaces
+from policy_service.data import spaces
 
 
 def action_tensor_specs(action_space):

@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import tree
 
-from policy_service import spaces
+from policy_service.data import spaces
 
 MODEL_DIR = "model"
 VERSION_FILE = "weights_version.json"

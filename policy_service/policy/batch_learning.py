@@ -10,12 +10,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable
 
-from policy_service.learning_results import (
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy.learning_results import (
     rllib_layout,
     with_sampler_lead,
     with_samples_trained,
 )
-from policy_service.sample_batch import SampleBatch
 
 
 class BatchLearning(abc.ABC):

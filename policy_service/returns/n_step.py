@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import tree
 
-from policy_service.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch
 
 N_STEP = "n_step"
 BOOTSTRAP_DISCOUNT = "bootstrap_discount"

@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from policy_service.data.sample_batch import SampleBatch
 from policy_service.errors import UserError
-from policy_service.sample_batch import SampleBatch
 
 ACTION_MASK = "action_mask"
 MASKED = float(np.finfo(np.float32).min)

@@ -26,42 +26,39 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import (
-    action_masks,
-    call_arguments,
-    distributions,
-    exploration,
-    models,
-    nests,
-    observation_filters,
-    sequencing,
-    spaces,
-)
-from policy_service.batch_learning import BatchLearning, sampler_grad_updates
 from policy_service.config import ConfigError, PolicyConfig, from_dict
+from policy_service.data import nests, observation_filters, sequencing, spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import (
+    TrainColumns,
+    TrainLayout,
+    nest_columns,
+    prepare_train_columns,
+)
+from policy_service.data.units import LOSS_MASK
 from policy_service.engine import devices
 from policy_service.engine.compiled import FlatCall, VariableWriter
 from policy_service.engine.finite_guard import NonFiniteGradientError
 from policy_service.engine.fixed_rows import FixedRowsCall, XlaTwins, has_convolutions
 from policy_service.engine.optimizers import FusedAdam
+from policy_service.engine.schedules import schedule_value
 from policy_service.engine.target_network import TargetNetwork, TargetUpdate
 from policy_service.engine.towers import TowerStack
-from policy_service.engine.units import LOSS_MASK
 from policy_service.io import checkpoints
 from policy_service.io.space_codec import space_from_json, space_to_json
-from policy_service.learning_results import (
+from policy_service.policy import (
+    action_masks,
+    call_arguments,
+    distributions,
+    exploration,
+    models,
+)
+from policy_service.policy.batch_learning import BatchLearning, sampler_grad_updates
+from policy_service.policy.learning_results import (
     NUM_GRAD_UPDATES_LIFETIME,
     first_rows,
     rllib_layout,
     valid_rows_only,
-)
-from policy_service.sample_batch import SampleBatch
-from policy_service.schedules import schedule_value
-from policy_service.train_batches import (
-    TrainColumns,
-    TrainLayout,
-    nest_columns,
-    prepare_train_columns,
 )
 
 
@@ -854,7 +851,7 @@ class TFPolicy(BatchLearning):
         if missing:
             raise ValueError(f"policy state is missing {missing}")
         named, own = state.get("policy_class"), checkpoints.class_path(type(self))
-        if named is not None and named != own:
+        if named is not None and checkpoints.current_class_path(named) != own:
             raise ValueError(f"policy state is of {named}, not of this policy's class {own}")
         for key in ("global_timestep", "num_grad_updates", "target_age", "steps_applied"):
             value = state.get(key, 0)

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import spaces
+from policy_service.data import spaces
 
 # log_std is clipped to this range: exp(-20) ~ 2e-9 keeps the density finite,
 # exp(2) ~ 7.4 stops one bad update from turning exploration into noise.

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from policy_service.data.train_batches import TrainColumns
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.towers import LOSS_MASK
-from policy_service.train_batches import TrainColumns
 
 NUM_SAMPLES_TRAINED = "num_samples_trained"  # update()'s count of samples trained on
 NUM_GRAD_UPDATES_LIFETIME = "num_grad_updates_lifetime"  # the policy's SGD steps so far

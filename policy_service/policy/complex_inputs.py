@@ -22,8 +22,8 @@ import keras
 import tensorflow as tf
 
 from policy_service.config import ModelConfig
-from policy_service.encoders import conv_stack, dense_stack, run_stack
-from policy_service.spaces import IMAGE, ObservationComponent
+from policy_service.data.spaces import IMAGE, ObservationComponent
+from policy_service.policy.encoders import conv_stack, dense_stack, run_stack
 
 
 def component_name(component: ObservationComponent) -> str:

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from policy_service import vtrace
-from policy_service.engine.units import LOSS_MASK, SEQ_LENS
-from policy_service.sample_batch import SampleBatch
-from policy_service.sequencing import chop_into_sequences, loss_mask
-from policy_service.train_batches import TrainColumns
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.sequencing import chop_into_sequences, loss_mask
+from policy_service.data.train_batches import TrainColumns
+from policy_service.data.units import LOSS_MASK, SEQ_LENS
+from policy_service.returns import vtrace
 
 _CHUNK_IDS = (SampleBatch.EPS_ID, SampleBatch.UNROLL_ID)
 

@@ -19,14 +19,14 @@ import gymnasium as gym
 import numpy as np
 import tree
 
-from policy_service import spaces
-from policy_service.engine.units import LOSS_MASK, is_sequence_column
-from policy_service.sample_batch import SampleBatch
-from policy_service.sequencing import (
+from policy_service.data import spaces
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.sequencing import (
     chop_into_sequences,
     loss_mask,
     pad_batch_to_sequences_of_same_size,
 )
+from policy_service.data.units import LOSS_MASK, is_sequence_column
 
 
 class LossColumn(NamedTuple):

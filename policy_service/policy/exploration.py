@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service import action_masks
 from policy_service.config_rules import Rule, finite, integer, is_number
-from policy_service.distributions import stateless_categorical
+from policy_service.policy import action_masks
+from policy_service.policy.distributions import stateless_categorical
 
 
 def _uniform_actions(action_space, batch, seed) -> tuple[tf.Tensor, tf.Tensor]:
@@ -315,7 +315,7 @@ def register_exploration(exploration_class: type, name: str | None = None) -> No
     the compiled action function (tensors in, tensors out)."""
     if not (isinstance(exploration_class, type) and issubclass(exploration_class, Exploration)):
         raise TypeError(
-            f"register_exploration takes a subclass of policy_service.exploration.Exploration, "
+            f"register_exploration takes a subclass of policy.exploration.Exploration, "
             f"got {exploration_class!r}"
         )
     _EXPLORATIONS[name or exploration_class.__name__] = exploration_class

@@ -19,9 +19,10 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-NO_FILTER = "NoFilter"
-MEAN_STD_FILTER = "MeanStdFilter"
-FILTERS = (NO_FILTER, MEAN_STD_FILTER)
+from policy_service.config import OBSERVATION_FILTERS
+
+FILTERS = OBSERVATION_FILTERS
+NO_FILTER, MEAN_STD_FILTER = FILTERS
 CLIP = 10.0  # RLlib's MeanStdFilter default
 STD_EPSILON = 1e-8  # added to the std before dividing, as RLlib does
 

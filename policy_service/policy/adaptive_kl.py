@@ -12,7 +12,7 @@ from typing import Any
 import tensorflow as tf
 
 from policy_service.config_rules import finite
-from policy_service.policy import TFPolicy
+from policy_service.policy.tf_policy import TFPolicy
 
 STATE_KEY = "kl_coeff"
 NON_NEGATIVE = finite(ge=0)

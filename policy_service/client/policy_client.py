@@ -35,12 +35,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from policy_service import spaces
-from policy_service.http_connection import HttpConnection, NoAnswer
+from policy_service.client.http_connection import HttpConnection, NoAnswer
+from policy_service.data import spaces
 from policy_service.io.space_codec import space_from_json
 
 if TYPE_CHECKING:  # TensorFlow loads in local mode only
-    from policy_service.exported_policy import ExportedPolicy
+    from policy_service.client.exported_policy import ExportedPolicy
 
 REMOTE, LOCAL = "remote", "local"
 
@@ -177,7 +177,7 @@ class PolicyClient:
 
     def update_policy_weights(self) -> None:
         """local: pull the server's model now (remote mode always acts with the newest)."""
-        from policy_service.exported_policy import ExportedPolicy
+        from policy_service.client.exported_policy import ExportedPolicy
 
         body, headers = self._request("GET", "/v1/model", with_headers=True)
         self._local = ExportedPolicy.from_tar(

@@ -1,0 +1,1 @@
+"""Environments made here: Atari with DeepMind's preprocessing."""
