@@ -13,7 +13,6 @@ from fakes import (
     small_config,
 )
 
-from algorithms.ppo import PPOPolicy
 from policy_service.config import ModelConfig
 from policy_service.data import spaces
 from policy_service.data.sample_batch import SampleBatch
@@ -195,9 +194,9 @@ def test_a_custom_model_gets_the_original_space():
     assert obs_space.original_space is IMAGE_AND_VECTOR
 
 
-def test_ppo_policy_encodes_a_dict_observation_per_component():
+def test_the_default_model_encodes_a_dict_observation_per_component():
     config = small_config(model={"conv_filters": [[4, [3, 3], 4]], "vf_share_layers": True})
-    policy = PPOPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
+    policy = SGDPGPolicy(IMAGE_AND_VECTOR, ACTION_SPACE, config)
     assert isinstance(policy.model.policy_trunk, ComplexInputEncoder)
     shapes = {name: w.shape for name, w in policy.get_weights().items()}
     assert shapes["policy/policy_camera_conv_0/kernel"] == (3, 3, 3, 4)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import PGPolicy
 
-from algorithms.ppo import PPOPolicy
 from policy_service.client.exported_policy import ExportedModelError, ExportedPolicy, pack_model
 from policy_service.io.export import export_saved_model
 
@@ -15,7 +15,7 @@ ENV = gym.make("CartPole-v1")
 
 @pytest.fixture(scope="module")
 def policy_and_tar(tmp_path_factory):
-    policy = PPOPolicy(
+    policy = PGPolicy(
         ENV.observation_space, ENV.action_space, {"seed": 0, "model": {"fcnet_hiddens": [16]}}
     )
     directory = tmp_path_factory.mktemp("export")
@@ -58,7 +58,7 @@ def test_a_nested_action_space_comes_back_nested(tmp_path):
     space = gym.spaces.Dict(
         {"move": gym.spaces.Box(-1.0, 1.0, (2,), np.float32), "pick": gym.spaces.Discrete(3)}
     )
-    policy = PPOPolicy(
+    policy = PGPolicy(
         ENV.observation_space,
         space,
         {
