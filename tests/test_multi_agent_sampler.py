@@ -1,22 +1,23 @@
 """MultiAgentSampler and MultiAgentBatch: each agent's own trajectory, postprocessed with
-its own policy; agents that join late and leave early, checked by hand."""
+its own policy (fakes.ReturnsPGPolicy: discounted returns); agents that join late and
+leave early, checked by hand."""
 
 import numpy as np
 import pytest
+from fakes import ReturnsPGPolicy
 from multi_agent_envs import JoinLeaveEnv, PaidBeforeObservingEnv, TwoMapsEnv
 
-from algorithms.ppo import PPOPolicy
 from policy_service import MultiAgentBatch, SampleBatch
 from policy_service.multi_agent.batch import concat_multi_agent
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
 
-GAMMA, LAMBDA = 0.9, 0.8
-CONFIG = {"gamma": GAMMA, "lambda_": LAMBDA, "model": {"fcnet_hiddens": [8]}, "seed": 0}
+GAMMA = 0.9
+CONFIG = {"gamma": GAMMA, "model": {"fcnet_hiddens": [8]}, "seed": 0}
 
 
 def sampler(env, policies, mapping, length):
-    found = agent_policies(policies, mapping, None, env, PPOPolicy, CONFIG)
+    found = agent_policies(policies, mapping, None, env, ReturnsPGPolicy, CONFIG)
     built = {p: spec.build() for p, spec in found.specs.items()}
     return MultiAgentSampler(env, found, built, length, seed=0), built
 
@@ -28,17 +29,14 @@ def join_leave():
     return worker.sample()
 
 
-def gae_by_hand(rewards, values):
-    """GAE of a terminated trajectory, written out step by step."""
-    advantages = []
-    for t in range(len(rewards)):
-        total = 0.0
-        for k in range(t, len(rewards)):
-            next_value = values[k + 1] if k + 1 < len(values) else 0.0
-            delta = rewards[k] + GAMMA * next_value - values[k]
-            total += (GAMMA * LAMBDA) ** (k - t) * delta
-        advantages.append(total)
-    return np.array(advantages)
+def returns_by_hand(rewards):
+    """Discounted return-to-go of a terminated trajectory, written out step by step."""
+    return np.array(
+        [
+            sum(GAMMA ** (k - t) * rewards[k] for k in range(t, len(rewards)))
+            for t in range(len(rewards))
+        ]
+    )
 
 
 def test_a_late_agent_is_trained_on_its_own_steps_and_rewards(join_leave):
@@ -57,8 +55,14 @@ def test_a_late_agent_is_trained_on_its_own_steps_and_rewards(join_leave):
     np.testing.assert_array_equal(late[SampleBatch.TERMINATEDS], [False, False, True])
     np.testing.assert_array_equal(main[SampleBatch.REWARDS], [1.0, 2.0, 3.0, 4.0, 5.0])
     for agent in (late, main):
-        expected = gae_by_hand(agent[SampleBatch.REWARDS], agent[SampleBatch.VF_PREDS])
-        np.testing.assert_allclose(agent[SampleBatch.ADVANTAGES], expected, rtol=1e-5, atol=1e-5)
+        expected = returns_by_hand(agent[SampleBatch.REWARDS])
+        np.testing.assert_allclose(agent[SampleBatch.VALUE_TARGETS], expected, rtol=1e-5)
+        np.testing.assert_allclose(
+            agent[SampleBatch.ADVANTAGES],
+            expected - agent[SampleBatch.VF_PREDS],
+            rtol=1e-5,
+            atol=1e-5,
+        )
     assert metrics["episode_returns"] == [15.0 + 90.0]
     assert sorted(metrics["policy_episode_returns"]["shared"]) == [15.0, 90.0]
 
