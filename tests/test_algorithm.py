@@ -10,7 +10,7 @@ import pytest
 import ray
 
 import algorithms
-from algorithms.algorithm import AlgorithmState
+from algorithms.algorithm import AlgorithmConfig, AlgorithmState
 from algorithms.environments import env_maker
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service.cli import commands as cli
@@ -462,3 +462,47 @@ def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_re
     finally:
         local.stop()
         remote.stop()
+
+
+# ----- the multi-agent keys of the config, checked where the config enters -------------
+
+
+def test_without_policies_the_config_is_single_agent():
+    config = from_dict(AlgorithmConfig, {})
+    assert config.policies is None and config.policy_mapping_fn is None
+    assert config.policies_to_train is None and config.count_steps_by == "env_steps"
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (
+            {"policies_to_train": ["a"]},
+            r"config.policies_to_train is set but config.policies is not",
+        ),
+        (
+            {"policies": {"a": None}, "policies_to_train": ["b"]},
+            r"names 'b', which is no policy in config.policies \['a'\]",
+        ),
+        (
+            {"policies": {"a": "PPO"}},
+            r"config.policies\['a'\] must map a str id to None or a PolicySpec, got str",
+        ),
+        ({"policies": {}}, r"must name at least one policy"),
+        ({"count_steps_by": "steps"}, r"count_steps_by"),
+        (
+            {"policies": {"a": None}, "policy_mapping_fn": {"agent_": "b"}},
+            r"config.policy_mapping_fn maps prefix 'agent_' to 'b', which is no policy in "
+            r"config.policies \['a'\]",
+        ),
+        (
+            {"policies": {"a": None}, "policy_mapping_fn": {"": "a"}},
+            r"config.policy_mapping_fn: an agent-id prefix must be a non-empty str, got ''",
+        ),
+        ({"policies": {"a": None}, "policy_mapping_fn": {}}, r"at least one agent-id prefix"),
+    ],
+)
+def test_bad_multi_agent_keys_are_one_line_naming_the_key(values, message):
+    with pytest.raises(ValueError, match=message) as err:
+        from_dict(AlgorithmConfig, values)
+    assert "\n" not in str(err.value)
