@@ -7,8 +7,8 @@ import logging
 import gymnasium as gym
 import numpy as np
 import tensorflow as tf
+from fakes import PGPolicy
 
-from algorithms.ppo import PPOPolicy
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.engine.fixed_rows import FixedRowsCall, row_ladder
 
@@ -17,7 +17,7 @@ CONFIG = {"model": {"fcnet_hiddens": [16, 16]}, "seed": 3}
 
 
 def policy(**changes):
-    return PPOPolicy(CARTPOLE.observation_space, CARTPOLE.action_space, {**CONFIG, **changes})
+    return PGPolicy(CARTPOLE.observation_space, CARTPOLE.action_space, {**CONFIG, **changes})
 
 
 def observations(rows: int) -> np.ndarray:
@@ -132,7 +132,7 @@ def test_a_model_with_convolutions_keeps_the_executor():
     """XLA's CPU convolutions are slower than oneDNN's (BENCHMARKS.md); an MLP's graph has
     no convolution, a CNN's has them."""
     image = gym.spaces.Box(0, 255, (16, 16, 2), np.uint8)
-    cnn = PPOPolicy(
+    cnn = PGPolicy(
         image, gym.spaces.Discrete(3), {"model": {"conv_filters": [[4, [4, 4], 2], [8, [8, 8], 1]]}}
     )
     assert not cnn.act_with_xla(2) and cnn.xla_twins() == {}
@@ -157,7 +157,7 @@ def test_an_env_runner_acts_through_xla_unless_its_config_says_not():
     def runner(**changes):
         return RolloutWorker(
             "CartPole-v1",
-            PPOPolicy,
+            PGPolicy,
             {**CONFIG, **changes},
             num_envs=3,
             rollout_fragment_length=8,
