@@ -422,6 +422,14 @@ def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
         check_devices(PPOConfig(num_gpus=2))
 
 
+def test_a_run_asking_for_gpus_that_are_not_there_passes_the_start_check():
+    from algorithms.ppo import PPOConfig
+    from policy_service.cli.run_config import check_devices
+    from policy_service.config import from_dict
+
+    check_devices(from_dict(PPOConfig, {"env": "CartPole-v1", "num_gpus": 2}))
+
+
 def test_spaces_are_checked_before_the_policy_is_built():
     import gymnasium as gym
 

@@ -94,14 +94,6 @@ def test_gpus_asked_for_without_fake_gpus_that_are_not_there_give_one_cpu_tower_
     )
 
 
-def test_a_run_asking_for_gpus_that_are_not_there_passes_the_start_check():
-    from algorithms.ppo import PPOConfig
-    from policy_service.cli.run_config import check_devices
-    from policy_service.config import from_dict
-
-    check_devices(from_dict(PPOConfig, {"env": "CartPole-v1", "num_gpus": 2}))
-
-
 @pytest.mark.parametrize("num_gpus, visible", [(2, 1), (4, 2), (3, 2), (2.0, 1)])
 def test_more_gpus_requested_than_found_names_both_numbers(num_gpus, visible):
     with pytest.raises(ValueError) as err:

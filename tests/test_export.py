@@ -369,19 +369,18 @@ def test_onnx_export_without_tf2onnx_is_a_clear_error_and_writes_nothing(
 
 
 def test_a_policy_with_ou_noise_exports_its_noise_state(tmp_path):
-    from algorithms.td3 import TD3Policy
-
-    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-    policy = TD3Policy(
-        obs_space,
+    """The exploration's own state (a tf.Module's variable) goes into the SavedModel.
+    TD3's deterministic actor with the same noise: tests/test_td3.py."""
+    policy = PGPolicy(
+        gym.spaces.Box(-1.0, 1.0, (3,), np.float32),
         gym.spaces.Box(-2.0, 2.0, (2,), np.float32),
-        {
-            "seed": 0,
-            "actor_hiddens": [8],
-            "critic_hiddens": [8],
-            "num_steps_sampled_before_learning_starts": 0,
-            "exploration_config": {"type": "OrnsteinUhlenbeckNoise", "final_scale": 1.0},
-        },
+        small_config(
+            exploration_config={
+                "type": "OrnsteinUhlenbeckNoise",
+                "final_scale": 1.0,
+                "random_timesteps": 0,
+            }
+        ),
     )
     obs = np.zeros((2, 3), np.float32)
     policy.compute_actions(obs, explore=True, timestep=5)  # the OU state moves off zero

@@ -1,5 +1,6 @@
 """algorithms/td3.py: delayed actor and target updates, target policy smoothing against
-a numpy computation, Gaussian exploration within the bounds, and bad input."""
+a numpy computation, Gaussian exploration within the bounds, the exported model with OU
+noise, and bad input."""
 
 import gymnasium as gym
 import numpy as np
@@ -138,3 +139,35 @@ def test_td3_runs_an_iteration_with_ornstein_uhlenbeck_noise():
         assert np.abs(acting.ou_state).max() > 0  # the process moved after step 50
     finally:
         algo.stop()
+
+
+def test_its_exported_model_acts_greedily_and_keeps_the_ou_noise_state(tmp_path):
+    """TD3's deterministic actor, exported with the exploration's own state (the OU
+    process); the library's side of it (any policy): tests/test_export.py."""
+    from policy_service.io.export import SIGNATURE_NAME
+
+    config = {
+        **TINY,
+        "exploration_config": {"type": "OrnsteinUhlenbeckNoise", "final_scale": 1.0},
+    }
+    policy = TD3Policy(OBS, BOX, config)
+    obs = np.zeros((2, 3), np.float32)
+    policy.compute_actions(obs, explore=True, timestep=5)  # the OU state moves off zero
+    policy.export_model(str(tmp_path / "saved"))
+    signature = tf.saved_model.load(str(tmp_path / "saved")).signatures[SIGNATURE_NAME]
+    asked = signature.structured_input_signature[1]
+
+    def act(explore: bool):
+        named = {
+            "obs": obs,
+            "explore": np.bool_(explore),
+            "timestep": np.int64(5),
+            "seed": np.asarray((1, 2), np.int64),
+        }
+        return signature(**{k: tf.constant(named[k]) for k in asked})["actions"].numpy()
+
+    greedy, _, _ = policy.compute_actions(obs, explore=False)
+    np.testing.assert_allclose(act(False), greedy, rtol=1e-5, atol=1e-5)
+    noise = act(True) - greedy
+    assert np.all(np.abs(noise) > 0)
+    np.testing.assert_allclose(noise[0], noise[1], rtol=1e-5, atol=1e-6)  # one process, all rows
