@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
+from policy_service import TFPolicy
 from policy_service.cli import commands as cli
 from policy_service.runs.run_display import HistogramWriter, histogram_buckets
 
@@ -66,11 +67,9 @@ def _small_ppo_run(tmp_path, capsys, iterations: int, histograms_every: int):
 
 @pytest.mark.slow  # a real two-iteration run: ~30 s on this loaded machine
 def test_a_run_writes_histograms_of_every_weight_every_n_iterations(tmp_path, capsys):
-    from algorithms.ppo import PPOPolicy
-
     run = _small_ppo_run(tmp_path, capsys, iterations=2, histograms_every=2)
     events = read_events(run / "tensorboard")
-    weights = PPOPolicy.from_checkpoint(str(run / "checkpoints" / "checkpoint_000002" / "policy"))
+    weights = TFPolicy.from_checkpoint(str(run / "checkpoints" / "checkpoint_000002" / "policy"))
     for name, value in weights.get_weights().items():
         plugin, buckets = events[f"weights/{name}"][2]
         assert plugin == "histograms" and buckets[:, 2].sum() == value.size, name
