@@ -56,6 +56,7 @@ from policy_service.io import checkpoints
 from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import check_policies_config
 from policy_service.multi_agent.self_play import FrozenCopies, check_frozen_copies
+from policy_service.offline import config_keys as offline_keys
 from policy_service.runs.callbacks import (
     CallbackList,
     callbacks_classes,
@@ -223,6 +224,60 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
         check=finite(gt=0),
     )
 
+    # offline data (policy_service/offline/config_keys.py has the rules; docs/offline.md)
+    input: str | list = setting(
+        offline_keys.SAMPLER,
+        doc="Where samples come from: 'sampler' (env runners), or logged experiences: a "
+        "directory, a glob, or a list of files, directories and globs (Parquet, or RLlib's "
+        "JSON lines); their manifest gives the spaces, so `env` is only for evaluation.",
+        check=offline_keys.INPUT,
+    )
+    shuffle_buffer_size: int = setting(
+        0,
+        doc="input: rows each batch is drawn from at random (0: in file order).",
+        check=integer(ge=0),
+    )
+    input_num_readers: int = setting(
+        0,
+        doc="input: Ray Data read tasks when Ray runs and this is > 1; else read here.",
+        check=integer(ge=0),
+    )
+    postprocess_inputs: bool = setting(
+        False,
+        doc="input: each episode's rows go through the policy's postprocess_trajectory "
+        "(e.g. advantages from the rewards read) before the shuffle buffer (RLlib's key).",
+    )
+    output: str | None = setting(
+        None,
+        doc="A directory env runners and the external-env server write what they act "
+        "on to (each runner its own files), with the behaviour policy's action_logp.",
+        check=offline_keys.OUTPUT,
+    )
+    output_format: str = setting(
+        "parquet",
+        doc="output: 'parquet', or 'json' (RLlib's JSON lines).",
+        check=one_of(*offline_keys.OUTPUT_FORMATS),
+    )
+    output_max_file_size: int = setting(
+        offline_keys.DEFAULT_MAX_FILE_SIZE,
+        doc="output: bytes after which the next file starts (each renamed in when complete).",
+        check=integer(ge=1),
+    )
+    off_policy_estimation_methods: dict | list | None = setting(
+        None,
+        doc="Estimators of the trained policy's value on held-out episodes of input, at "
+        "each evaluation (evaluation/off_policy_estimation/<name>/...): {name: {'type': "
+        "'ImportanceSampling' | 'WeightedImportanceSampling' | 'DirectMethod' | "
+        "'DoublyRobust', options}} or a list of types.",
+        check=offline_keys.estimation_methods_error,
+    )
+    off_policy_estimation_held_out: float = setting(
+        offline_keys.DEFAULT_HELD_OUT,
+        doc="With off_policy_estimation_methods: the episodes of input kept out of training "
+        "for the estimators (chosen by a hash of eps_id).",
+        check=offline_keys.HELD_OUT,
+    )
+
     policies: dict | None = setting(
         None,
         doc="Multi-agent: policy id -> None (the algorithm's policy, spaces from its agents) "
@@ -267,6 +322,7 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
         check_frozen_copies(
             self.frozen_copies, self.policies, self.policies_to_train, self.key_prefix
         )
+        offline_keys.check_offline_config(self)
         if self.policies is None and pettingzoo_env.is_pettingzoo_name(self.env):
             raise ConfigError(
                 f"{self.key_prefix}.env {self.env!r} is a multi-agent env: set "

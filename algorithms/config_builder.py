@@ -68,8 +68,17 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "evaluation_sample_timeout_s",
         "custom_evaluation_function",
         "off_policy_estimation_methods",
+        "off_policy_estimation_held_out",
     ),
-    "offline_data": ("input", "output", "output_max_file_size"),
+    "offline_data": (
+        "input",
+        "shuffle_buffer_size",
+        "input_num_readers",
+        "postprocess_inputs",
+        "output",
+        "output_format",
+        "output_max_file_size",
+    ),
     "external_env": (
         "external_env",
         "external_env_host",
