@@ -18,6 +18,8 @@ ALGORITHMS = {
     "a3c": "algorithms.a3c:A3C",
     "sac": "algorithms.sac:SAC",
     "td3": "algorithms.td3:TD3",
+    "bc": "algorithms.bc:BC",
+    "marwil": "algorithms.marwil:MARWIL",
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]

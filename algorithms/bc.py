@@ -1,0 +1,71 @@
+"""Behaviour cloning: the logged actions' log-likelihood, maximized (MARWIL with beta 0,
+as RLlib's BC is).
+
+    loss = -mean(logp(a_t|s_t))      over the logged rows (a_t the behaviour's action)
+
+No returns, no value loss: the policy imitates whatever logged the data, good and bad
+alike (MARWIL weighs the rows by their advantage instead; marwil.py).
+
+    algo = BC({"env": "CartPole-v1", "input": "logged/"})   # the offline `input` key
+    algo.train()                                            # one train batch of rows
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from algorithms.algorithm import Algorithm
+from algorithms.marwil import MARWILConfig
+from policy_service import LossExtras, masked_mean
+from policy_service.config import ConfigError, finite, setting
+from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn
+from policy_service.data.units import LOSS_MASK
+from policy_service.policy.tf_policy import TFPolicy
+
+
+@dataclass
+class BCConfig(MARWILConfig):
+    """MARWIL's keys with beta fixed at 0 (RLlib's BCConfig)."""
+
+    beta: float = setting(0.0, doc="Must be 0: behaviour cloning weighs every row alike.")
+    vf_coeff: float = setting(
+        0.0,
+        doc="Unused by BC (it trains no value head); kept for MARWIL's key set.",
+        check=finite(ge=0),
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.beta != 0:
+            raise ConfigError(
+                f"{self.key_prefix}.beta must be 0 for BC (use marwil for beta > 0), "
+                f"got {self.beta}"
+            )
+
+
+class BCPolicy(TFPolicy):
+    """The catalog's model; its loss reads only the logged observations and actions."""
+
+    config_class = BCConfig
+    config: BCConfig
+    loss_columns = {SampleBatch.ACTIONS: LossColumn("number", None)}
+
+    def loss(self, model, dist_class, train_batch):
+        """-mean(logp(a|s)) over valid rows."""
+        mask = train_batch[LOSS_MASK]
+        out = model(train_batch, training=True)
+        logp = dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).logp(
+            train_batch[SampleBatch.ACTIONS]
+        )
+        policy_loss = -masked_mean(logp, mask)
+        return policy_loss, LossExtras({"policy_loss": policy_loss})
+
+
+class BC(Algorithm):
+    """BC on the common iteration: a train batch of logged rows, num_epochs of
+    minibatch SGD on it, broadcast."""
+
+    config_class = BCConfig
+    config: BCConfig
+    policy_class = BCPolicy
