@@ -20,6 +20,7 @@ ALGORITHMS = {
     "td3": "algorithms.td3:TD3",
     "bc": "algorithms.bc:BC",
     "marwil": "algorithms.marwil:MARWIL",
+    "cql": "algorithms.cql:CQL",
 }
 
 __all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]
