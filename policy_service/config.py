@@ -201,6 +201,12 @@ class ModelConfig(Config):
     conv_activation: str = setting(
         "relu", doc="Activation of the conv layers.", check=KERAS_ACTIVATION
     )
+    conv_last_padding: str = setting(
+        "same",
+        doc='Padding of the last conv layer: "same", or "valid" as in RLlib\'s vision network '
+        "(whose default last filter covers the whole map: 11x11 on 84x84 images).",
+        check=one_of("same", "valid"),
+    )
     post_fcnet_hiddens: list = setting(
         doc="Dense layers after the encoder (RLlib's): after fcnet_hiddens for vectors, "
         "after the conv stack and fcnet_hiddens for images, after the concatenated "

@@ -321,6 +321,44 @@ def _add_serve_parser(sub) -> None:
     serve.set_defaults(handler=_serve)
 
 
+def _import_rllib(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from policy_service.cli.import_command import import_rllib
+    from policy_service.cli.user_modules import import_user_modules
+
+    import_user_modules(args.imports)
+    return import_rllib(
+        args.checkpoint,
+        algo=args.algo,
+        env=args.env,
+        out=args.out,
+        policy_id=args.policy,
+        weight_map_file=args.weight_map,
+    )
+
+
+def _add_import_rllib_parser(sub) -> None:
+    parser = sub.add_parser(
+        "import-rllib",
+        help="an RLlib old-stack checkpoint as a run directory here",
+        description="Read an RLlib (old API stack, TF) checkpoint without running its "
+        "pickles and write DIR as a run directory whose checkpoint evaluate, export, "
+        "serve and train --resume take.",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT")
+    parser.add_argument("--algo", default="ppo", help="algorithm here (default ppo)")
+    parser.add_argument("--env", required=True, help="environment id the policy acts in")
+    parser.add_argument("--out", required=True, metavar="DIR", help="run directory to write")
+    parser.add_argument(
+        "--weight-map",
+        metavar="FILE",
+        help="JSON {RLlib variable name: ours or null}, for a custom model",
+    )
+    _add_policy_argument(parser)
+    _add_import_argument(parser)
+    parser.set_defaults(handler=_import_rllib)
+
+
 def _add_import_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--import",
@@ -360,6 +398,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="algorithm name, e.g. ppo (optional with --resume)",
     )
     train.add_argument("--env", help="gymnasium environment id, e.g. CartPole-v1")
+    train.add_argument(
+        "--input",
+        metavar="DIR",
+        help="train from logged experiences (a directory or glob of Parquet or JSON-lines "
+        "files) instead of env runners; --env is then optional (evaluation only)",
+    )
     train.add_argument("--config", metavar="FILE", help="YAML or JSON file of config keys")
     train.add_argument(
         "--set",
@@ -515,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.set_defaults(handler=_submit)
     _add_serve_parser(sub)
     _add_tune_parser(sub)
+    _add_import_rllib_parser(sub)
     return parser
 
 

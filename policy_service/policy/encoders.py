@@ -71,14 +71,15 @@ def default_conv_filters(image_shape) -> list:
 
 def conv_stack(image_shape, config: ModelConfig, prefix: str) -> list:
     """Conv layers ("{prefix}_conv_{i}", `conv_filters` or the default for the image's
-    size) and a flatten."""
+    size; the last one padded as `conv_last_padding` says) and a flatten."""
     filters = config.conv_filters or default_conv_filters(image_shape)
+    last = len(filters) - 1
     layers: list = [
         keras.layers.Conv2D(
             out,
             kernel,
             strides=stride,
-            padding="same",
+            padding=config.conv_last_padding if i == last else "same",
             activation=config.conv_activation,
             name=f"{prefix}_conv_{i}",
         )

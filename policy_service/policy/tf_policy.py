@@ -964,6 +964,33 @@ class TFPolicy(BatchLearning):
     def from_checkpoint(cls, checkpoint_dir: str) -> TFPolicy:
         return cls.from_state(checkpoints.read_policy_state(checkpoint_dir))
 
+    @classmethod
+    def from_rllib_checkpoint(
+        cls,
+        path: str,
+        policy_id: str | None = None,
+        config: dict | None = None,
+        weight_map: dict[str, str | None] | None = None,
+        observation_space: gym.Space | None = None,
+        action_space: gym.Space | None = None,
+    ) -> TFPolicy:
+        """A policy of this class from an RLlib old-stack checkpoint (algorithm or policy
+        directory), read without running anything in its pickles: RLlib's model and
+        training keys, weights, global timestep and MeanStdFilter statistics.
+        `config` goes over what RLlib's gives; `weight_map` ({RLlib variable: ours})
+        is for a custom model (policy/rllib_import.py maps the catalog models)."""
+        from policy_service.policy.rllib_import import policy_from_rllib
+
+        return policy_from_rllib(
+            cls,
+            path,
+            policy_id=policy_id,
+            config=config,
+            weight_map=weight_map,
+            observation_space=observation_space,
+            action_space=action_space,
+        )
+
     def export_model(self, export_dir: str, onnx: int | None = None) -> None:
         """A SavedModel acting like compute_actions (explore, timestep, state), and
         model.onnx of the deterministic path with `onnx=OPSET` (see io/export.py)."""
