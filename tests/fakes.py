@@ -9,15 +9,19 @@ tower's shard, calls `model(batch, training=True)` and reduces with
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import gymnasium as gym
 import keras
 import numpy as np
 import tensorflow as tf
 
 from policy_service import LossGroup, TFPolicy, masked_mean
+from policy_service.config import PolicyConfig, setting
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.policy.distributions import squashed_gaussian_for
+from policy_service.returns.n_step import n_step_returns
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)
@@ -323,6 +327,28 @@ class ReturnsPGPolicy(TFPolicy):
         batch[SampleBatch.ADVANTAGES] = targets - batch[SampleBatch.VF_PREDS]
         batch["bootstrap_value"] = np.full(len(rewards), bootstrap, np.float32)
         return batch
+
+
+@dataclass
+class NStepConfig(PolicyConfig):
+    """PolicyConfig acting epsilon-greedily (uniformly at random at first), with an n."""
+
+    n_step: int = setting(3, doc="Rows summed per n-step return.")
+    exploration_config: dict = setting(
+        doc="Epsilon-greedy, as DQN's.", factory=lambda: {"type": "EpsilonGreedy"}
+    )
+
+
+class NStepPolicy(PGPolicy):
+    """A replay policy's postprocessing (n-step rewards, new_obs and "bootstrap_discount",
+    as DQN's) with epsilon-greedy acting: the other kind of trajectory beside
+    ReturnsPGPolicy's. Its loss is PGPolicy's: tests of it compare fragments and never
+    train."""
+
+    config_class = NStepConfig
+
+    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
+        return n_step_returns(batch, gamma=self.config.gamma, n=self.config.n_step)
 
 
 POISON = 666.0

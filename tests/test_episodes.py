@@ -9,9 +9,8 @@ import json
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import NStepPolicy, ReturnsPGPolicy
 
-from algorithms.dqn import DQNPolicy
-from algorithms.ppo import PPOPolicy
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import PolicyHost
 from policy_service.distributed.rollout_worker import RolloutWorker
@@ -20,10 +19,9 @@ from policy_service.serving.episodes import EpisodeRecorder
 from policy_service.serving.http_api import HttpError, RequestSchema
 
 SB = SampleBatch
-CONFIGS = {
-    PPOPolicy: {"seed": 0, "model": {"fcnet_hiddens": [16]}, "lambda_": 0.95},
-    DQNPolicy: {"seed": 0, "model": {"fcnet_hiddens": [16]}, "n_step": 3},
-}
+# two kinds of postprocessing: returns bootstrapped from V (ReturnsPGPolicy, as PPO's GAE
+# is) and n-step sums with epsilon-greedy acting (NStepPolicy, as DQN's)
+CONFIG = {"seed": 0, "model": {"fcnet_hiddens": [16]}}
 CARTPOLE_REWARD = 1.0  # every step's
 # differ by construction: ids are drawn anew, and a recorder chunk is one episode
 IDS = (SB.EPS_ID, SB.UNROLL_ID)
@@ -32,42 +30,38 @@ IDS = (SB.EPS_ID, SB.UNROLL_ID)
 def fragment_and_host(policy_cls):
     """A RolloutWorker's fragment (several episodes, the last cut off) and a host
     acting with the worker's weights."""
-    worker = RolloutWorker(
-        "CartPole-v1", policy_cls, CONFIGS[policy_cls], rollout_fragment_length=75, seed=0
-    )
+    worker = RolloutWorker("CartPole-v1", policy_cls, CONFIG, rollout_fragment_length=75, seed=0)
     batch, _ = worker.sample()
-    host = PolicyHost(
-        policy_cls, worker.observation_space, worker.action_space, CONFIGS[policy_cls]
-    )
+    host = PolicyHost(policy_cls, worker.observation_space, worker.action_space, CONFIG)
     asyncio.run(host.set_weights(worker.get_weights(), 1))
     worker.stop()
     return batch, host
 
 
 @pytest.fixture(scope="module")
-def ppo_fragment():
-    return fragment_and_host(PPOPolicy)
+def returns_fragment():
+    return fragment_and_host(ReturnsPGPolicy)
 
 
 @pytest.fixture(scope="module")
-def dqn_fragment():
-    return fragment_and_host(DQNPolicy)
+def n_step_fragment():
+    return fragment_and_host(NStepPolicy)
 
 
-@pytest.fixture(params=["ppo_fragment", "dqn_fragment"], ids=["ppo", "dqn"])
+@pytest.fixture(params=["returns_fragment", "n_step_fragment"], ids=["returns", "n_step"])
 def worker_and_host(request):
     return request.getfixturevalue(request.param)
 
 
 @pytest.fixture(scope="module")
-def ppo_host(ppo_fragment):
-    return ppo_fragment[1]
+def returns_host(returns_fragment):
+    return returns_fragment[1]
 
 
 @pytest.fixture(scope="module")
-def ppo_columns(ppo_fragment):
-    """The columns of a PPO RolloutWorker's fragment."""
-    return set(ppo_fragment[0])
+def returns_columns(returns_fragment):
+    """The columns of a ReturnsPGPolicy RolloutWorker's fragment."""
+    return set(returns_fragment[0])
 
 
 def episodes_of(batch: SampleBatch) -> list[SampleBatch]:
@@ -83,7 +77,7 @@ async def replay_logged(host, batch: SampleBatch) -> tuple[SampleBatch, dict]:
             await recorder.log_action(
                 eid, episode[SB.OBS][i : i + 1], episode[SB.ACTIONS][i : i + 1]
             )
-            recorder.log_returns(eid, CARTPOLE_REWARD)  # the column: DQN's n-step sums
+            recorder.log_returns(eid, CARTPOLE_REWARD)  # the column: n-step sums
         last = episode[SB.NEXT_OBS][-1:]
         await recorder.end(eid, last, truncated=not episode[SB.TERMINATEDS][-1])
     result = await recorder.take(batch.count, wait_s=0)
@@ -107,9 +101,9 @@ def test_logged_steps_make_the_workers_fragment(worker_and_host):
     batch, host = worker_and_host
     assert len(episodes_of(batch)) >= 3
     ours, metrics = asyncio.run(replay_logged(host, batch))
-    # a logged action's logp is the policy distribution's; epsilon-greedy's own (DQN's,
-    # which its loss does not read) would need the exploration schedule
-    epsilon_greedy = isinstance(host.policy, DQNPolicy)
+    # a logged action's logp is the policy distribution's; epsilon-greedy's own (which
+    # DQN's loss does not read) would need the exploration schedule
+    epsilon_greedy = isinstance(host.policy, NStepPolicy)
     logp = (SB.ACTION_LOGP, SB.ACTION_PROB) if epsilon_greedy else ()
     # the version that acted: the server's host holds the learner's weights (version 1),
     # the reference worker never had weights sent (version 0)
@@ -125,8 +119,8 @@ def test_logged_steps_make_the_workers_fragment(worker_and_host):
     assert metrics["weights_version"] == 1
 
 
-def test_an_upload_records_what_logging_step_by_step_does(ppo_fragment):
-    batch, host = ppo_fragment
+def test_an_upload_records_what_logging_step_by_step_does(returns_fragment):
+    batch, host = returns_fragment
     schema = RequestSchema.of(host.policy)
     episodes = episodes_of(batch)
     body = {
@@ -155,11 +149,11 @@ def test_an_upload_records_what_logging_step_by_step_does(ppo_fragment):
     np.testing.assert_array_equal(ours[SB.TRUNCATEDS], logged[SB.TRUNCATEDS])
 
 
-def test_acting_on_a_real_env_keeps_its_episodes_columns_and_flags(ppo_host, ppo_columns):
+def test_acting_on_a_real_env_keeps_its_episodes_columns_and_flags(returns_host, returns_columns):
     env = gym.make("CartPole-v1", max_episode_steps=30)
 
     async def play():
-        recorder = EpisodeRecorder(ppo_host)
+        recorder = EpisodeRecorder(returns_host)
         actions, total = [], 0
         for seed in range(4):
             eid = recorder.start()
@@ -176,7 +170,7 @@ def test_acting_on_a_real_env_keeps_its_episodes_columns_and_flags(ppo_host, ppo
         return await recorder.take(total, wait_s=0), actions
 
     (ours, metrics), actions = asyncio.run(play())
-    assert set(ours) == ppo_columns
+    assert set(ours) == returns_columns
     np.testing.assert_array_equal(ours[SB.ACTIONS], actions)
     for episode in episodes_of(ours):
         np.testing.assert_array_equal(episode[SB.T], np.arange(episode.count))
@@ -186,7 +180,7 @@ def test_acting_on_a_real_env_keeps_its_episodes_columns_and_flags(ppo_host, ppo
     assert metrics["num_episodes"] == 4 and sum(metrics["episode_lengths"]) == ours.count
 
 
-def test_sixty_four_interleaved_episodes_keep_their_own_steps(ppo_host):
+def test_sixty_four_interleaved_episodes_keep_their_own_steps(returns_host):
     rng = np.random.default_rng(0)
     envs = [gym.make("CartPole-v1", max_episode_steps=int(rng.integers(3, 20))) for _ in range(64)]
 
@@ -210,7 +204,7 @@ def test_sixty_four_interleaved_episodes_keep_their_own_steps(ppo_host):
                 return steps
 
     async def play():
-        recorder = EpisodeRecorder(ppo_host)
+        recorder = EpisodeRecorder(returns_host)
         lengths = await asyncio.gather(
             *(one_episode(recorder, env, i, i % 3 == 0) for i, env in enumerate(envs))
         )
@@ -226,12 +220,12 @@ def test_sixty_four_interleaved_episodes_keep_their_own_steps(ppo_host):
         np.testing.assert_array_equal(episode[SB.OBS][1:], episode[SB.NEXT_OBS][:-1])
 
 
-def test_an_idle_episode_is_closed_as_truncated_and_the_others_go_on(ppo_host):
+def test_an_idle_episode_is_closed_as_truncated_and_the_others_go_on(returns_host):
     now = [0.0]
     obs = np.zeros((1, 4), np.float32)
 
     async def play():
-        recorder = EpisodeRecorder(ppo_host, episode_timeout_s=10, clock=lambda: now[0])
+        recorder = EpisodeRecorder(returns_host, episode_timeout_s=10, clock=lambda: now[0])
         gone, alive = recorder.start(), recorder.start()
         for _ in range(3):
             await recorder.act(gone, obs)
@@ -257,9 +251,9 @@ def test_an_idle_episode_is_closed_as_truncated_and_the_others_go_on(ppo_host):
     assert metrics["episode_returns"] == [2.0]  # a timed-out episode's return is not one
 
 
-def test_calls_out_of_order_are_refused_with_what_was_expected(ppo_host):
+def test_calls_out_of_order_are_refused_with_what_was_expected(returns_host):
     async def play():
-        recorder = EpisodeRecorder(ppo_host)
+        recorder = EpisodeRecorder(returns_host)
         eid = recorder.start("client-chosen")
         with pytest.raises(HttpError, match="log_returns: expected an action") as early:
             recorder.log_returns(eid, 1.0)
@@ -291,15 +285,15 @@ def upload(**fields) -> dict:
         ({"episodes": [], "extra": 1}, "unexpected ['extra']"),
     ],
 )
-def test_bad_uploads_are_400_naming_the_field(ppo_host, body, message):
+def test_bad_uploads_are_400_naming_the_field(returns_host, body, message):
     with pytest.raises(HttpError) as err:
-        episode_api.parse_experiences(body, RequestSchema.of(ppo_host.policy))
+        episode_api.parse_experiences(body, RequestSchema.of(returns_host.policy))
     assert err.value.status == 400 and message in str(err.value)
     assert "\n" not in str(err.value)
 
 
-def test_episode_paths_and_single_values_are_checked(ppo_host):
-    schema = RequestSchema.of(ppo_host.policy)
+def test_episode_paths_and_single_values_are_checked(returns_host):
+    schema = RequestSchema.of(returns_host.policy)
     assert episode_api.episode_route("/v1/episodes/abc/log_returns") == ("abc", "log_returns")
     assert episode_api.episode_route("/v1/spec") is None
     with pytest.raises(HttpError) as err:
@@ -317,9 +311,9 @@ def test_box_actions_go_out_clipped_and_are_recorded_as_sampled():
     """As env runners do: the client steps its env with the action clipped to the bounds,
     the fragment keeps the policy's own sample (and its logp); an upload of sampled actions
     outside the bounds is taken as they are, a client's own action outside them is a 400."""
-    env = gym.make("Pendulum-v1")  # actions in [-2, 2]; PPO's Gaussian starts at std 1
+    env = gym.make("Pendulum-v1")  # actions in [-2, 2]; the Gaussian starts at std 1
     config = {"seed": 0, "model": {"fcnet_hiddens": [16]}}
-    host = PolicyHost(PPOPolicy, env.observation_space, env.action_space, config)
+    host = PolicyHost(ReturnsPGPolicy, env.observation_space, env.action_space, config)
     schema = RequestSchema.of(host.policy)
 
     async def play():
