@@ -459,10 +459,10 @@ class Algorithm:
 
     def __init__(self, config: dict | AlgorithmConfig):
         self.config = from_dict(self.config_class, config)
-        if not self.config.env:
+        if not self.config.env and not offline_keys.is_offline(self.config):
             raise ValueError(
                 "config key 'env' is required: a gymnasium id or a name "
-                "given to algorithms.register_env"
+                "given to algorithms.register_env (or 'input': logged experiences)"
             )
         if self.config.policies is not None and not (
             self.multi_agent_training_step or type(self).training_step is Algorithm.training_step
@@ -472,7 +472,7 @@ class Algorithm:
                 f"(multi-agent runs: {', '.join(MULTI_AGENT_RUNS)}), got policies "
                 f"{sorted(self.config.policies)}"
             )
-        self._env_name: str = self.config.env
+        self._env_name: str = self.config.env or ""  # "": an offline run without env
         self._ray_started = False
         self._stopped = False
         self.iteration = 0
@@ -519,6 +519,7 @@ class Algorithm:
             or cfg.remote_inference
             or cfg.num_learners > 0
             or cfg.external_env
+            or (offline_keys.is_offline(cfg) and cfg.input_num_readers > 1)  # Ray Data reads
         )
         if uses_ray:
             self._init_ray()
@@ -935,7 +936,7 @@ class Algorithm:
             self.config,
             self.policy_class,
             seed,
-            env=self._env(),
+            env=self._env() if self.config.env else None,  # none: an offline run's input
             inference_actors=self.learners.actors if self.inference_by_learners() else None,
             callbacks=self.callback_classes,
         )

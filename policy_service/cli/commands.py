@@ -65,6 +65,7 @@ def _train(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         token_file=args.token_file,
+        input=args.input,
     )
     return training.train(options)
 

@@ -160,14 +160,20 @@ def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
         typed = from_dict(algo_cls.config_class, config)
     except (ValueError, TypeError) as err:
         raise TrainingSetupError(f"invalid config: {err}") from None
-    if not typed.env:
+    offline = typed.input != "sampler"  # logged experiences: the env is for evaluation only
+    if not typed.env and not offline:
         raise TrainingSetupError(
             "no environment given: pass --env ENV (e.g. CartPole-v1) "
             "or set 'env' in the config file"
         )
+    if offline:
+        from policy_service.offline.reader import find_files
+
+        find_files(typed.input, "config.input")  # names nothing: one line (OfflineDataError)
     try:
-        environments.check_env_id(typed.env)
-        environments.check_env_config(typed.env, typed.env_config)
+        if typed.env:
+            environments.check_env_id(typed.env)
+            environments.check_env_config(typed.env, typed.env_config)
     except environments.EnvironmentSetupError as err:
         raise TrainingSetupError(str(err)) from None
     if typed.model.custom_model is not None:

@@ -35,6 +35,7 @@ class RunOptions:
     host: str | None = None  # -> config "external_env_host"
     port: int | None = None  # -> config "external_env_port"
     token_file: str | None = None  # -> config "external_env_token_file"
+    input: str | None = None  # -> config "input": logged experiences instead of env runners
 
     def config_flags(self) -> dict:
         """The config keys set by their own flags (they win over the file and --set)."""
@@ -50,6 +51,7 @@ class RunOptions:
             "external_env_host": self.host,
             "external_env_port": self.port,
             "external_env_token_file": self.token_file,
+            "input": self.input,
         }
         return {k: v for k, v in flags.items() if v is not None}
 

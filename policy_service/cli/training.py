@@ -73,7 +73,8 @@ def setup_run(options: RunOptions) -> RunSetup:
     name = algorithm_name(options.algorithm)
     algo_cls = algorithm_class(name)
     config = validate_config(algo_cls, build_config(options))
-    run_dir = RunDirectory(options.output_dir or default_output_dir(name.lower(), config["env"]))
+    env_name = config["env"] or "offline"  # an offline run (input) may have no env
+    run_dir = RunDirectory(options.output_dir or default_output_dir(name.lower(), env_name))
     if run_dir.exists() or run_dir.progress_file.exists():
         raise TrainingSetupError(
             f"{run_dir.path} already holds a run: continue it with "

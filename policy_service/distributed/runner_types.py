@@ -1,6 +1,6 @@
 """Where a run's samples come from: a registered runner type, chosen once from the config.
 
-    kind = runner_type(config)                  # "env" or "external_env"
+    kind = runner_type(config)                  # "env", "external_env" or "offline"
     runners = runner_type_module(kind).build(config, policy_cls, seed, env=..., ...)
     asks = runner_type_module(kind).resource_asks(config)
 
@@ -19,6 +19,7 @@ from typing import Any
 RUNNER_TYPES: dict[str, str] = {
     "env": "policy_service.distributed.env_runner_type",  # envs: in the driver or in actors
     "external_env": "policy_service.serving.external_env_runner_type",  # HTTP clients' episodes
+    "offline": "policy_service.offline.offline_runner_type",  # logged experiences (`input`)
 }
 
 
@@ -31,6 +32,8 @@ def register_runner_type(name: str, module: str) -> None:
 
 def runner_type(config: Any) -> str:
     """The runner type a config asks for."""
+    if getattr(config, "input", "sampler") != "sampler":
+        return "offline"
     return "external_env" if getattr(config, "external_env", False) else "env"
 
 

@@ -124,6 +124,11 @@ def check_offline_config(config: Any) -> None:
             f"{prefix}.output: a run reading input acts in no env, so it has nothing to "
             f"write; unset output or set input to {SAMPLER!r}, got {config.output!r}"
         )
+    if offline and config.observation_filter != "NoFilter":
+        raise ConfigError(
+            f"{prefix}.observation_filter must be 'NoFilter' with input (the logged "
+            f"observations are trained on as they were written), got {config.observation_filter!r}"
+        )
     if offline and config.policies is not None:
         raise ConfigError(
             f"{prefix}.input: offline runs train one policy for now (the dataset's "

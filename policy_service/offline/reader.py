@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,9 +77,12 @@ def _is_data_file(path: Path) -> bool:
     )
 
 
-def find_files(input: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+def find_files(
+    input: str | os.PathLike | Sequence[str | os.PathLike], name: str = "input"
+) -> list[Path]:
     """The data files `input` names: directories searched recursively, globs expanded,
-    files taken as given. Nothing found, or a named file missing, is an error."""
+    files taken as given. Nothing found, or a named file missing, is an error naming
+    `name` (how the caller's user wrote it, e.g. "config.input")."""
     entries = [input] if isinstance(input, str | os.PathLike) else list(input)
     found: list[Path] = []
     for entry in entries:
@@ -94,10 +97,10 @@ def find_files(input: str | os.PathLike | Sequence[str | os.PathLike]) -> list[P
                 raise OfflineDataError(f"{text}: expected a .parquet or .json file")
             found.append(Path(text))
         else:
-            raise OfflineDataError(f"input {text}: no such file or directory")
+            raise OfflineDataError(f"{name} {text}: no such file or directory")
     if not found:
         raise OfflineDataError(
-            f"input {input}: no Parquet (.parquet) or JSON lines (.json) files found"
+            f"{name} {input}: no Parquet (.parquet) or JSON lines (.json) files found"
         )
     return list(dict.fromkeys(found))
 
@@ -126,11 +129,16 @@ class Experiences:
         shuffle_buffer_size: int = 0,
         seed: int | None = None,
         num_readers: int = 0,
+        row_filter: Callable[[SampleBatch], np.ndarray] | None = None,
+        transform: Callable[[SampleBatch], SampleBatch] | None = None,
     ) -> Iterator[SampleBatch]:
         """One pass over `policy_id`'s rows as SampleBatches of `batch_size` rows (the
         last may be short). With a shuffle buffer, the file order is shuffled too and
         each batch is drawn from the buffered rows; `seed` makes it repeatable.
-        `num_readers` > 0 reads through Ray Data with that many read tasks."""
+        `num_readers` > 0 reads through Ray Data with that many read tasks.
+        `row_filter(chunk) -> bool mask` keeps rows, then `transform(chunk) -> batch`
+        (e.g. postprocessing by episode) changes them, each on chunks in file order
+        before the shuffle buffer."""
         dataset = self[policy_id]
         rng = np.random.default_rng(seed)
         files = list(dataset.files)
@@ -144,9 +152,38 @@ class Experiences:
             chunks = _parquet_chunks(files, dataset.data.columns)
         else:
             chunks = _json_chunks(files, dataset)
+        if row_filter is not None or transform is not None:
+            chunks = _changed_chunks(chunks, row_filter, transform, str(files[0].parent))
         for rows in rebatch(chunks, batch_size, shuffle_buffer_size, rng):
             # leaves of one count, dtypes and shapes as stored: checked where they were read
             yield SampleBatch.from_checked_rows(columns_from_leaves(rows))
+
+
+def _changed_chunks(
+    chunks: Iterable[Rows],
+    row_filter: Callable[[SampleBatch], np.ndarray] | None,
+    transform: Callable[[SampleBatch], SampleBatch] | None,
+    where: str,
+) -> Iterator[Rows]:
+    """Each chunk as a SampleBatch, filtered and transformed, back as leaves (a
+    transform may add columns: they are stored leaves from then on)."""
+    for chunk in chunks:
+        batch = SampleBatch.from_checked_rows(columns_from_leaves(chunk))
+        if row_filter is not None:
+            keep = np.asarray(row_filter(batch), bool)
+            if not keep.all():
+                chunk = {spec: _rows_of(leaf, keep) for spec, leaf in chunk.items()}
+                batch = SampleBatch.from_checked_rows(columns_from_leaves(chunk))
+        if not batch.count:
+            continue
+        if transform is not None:
+            batch = transform(batch)
+            chunk = {spec: leaf_value(batch, spec) for spec in leaf_specs(batch, where)}
+        yield chunk
+
+
+def _rows_of(leaf: Any, keep: np.ndarray) -> Any:
+    return [x for x, k in zip(leaf, keep) if k] if isinstance(leaf, list) else leaf[keep]
 
 
 def open_experiences(
@@ -154,6 +191,7 @@ def open_experiences(
     *,
     spaces: Mapping[str, tuple[gym.Space, gym.Space]] | None = None,
     require: Iterable[str] = (),
+    name: str = "input",
 ) -> Experiences:
     """The experiences `input` names, checked whole before any row is read.
 
@@ -163,7 +201,7 @@ def open_experiences(
     "action_logp" for MARWIL or an estimator)."""
     required = tuple(dict.fromkeys((*REQUIRED_COLUMNS, *require)))
     given = dict(spaces or {})
-    files = find_files(input)
+    files = find_files(input, name)
     policies: dict[str, PolicyDataset] = {}
     for path in files:
         if path.suffix == PARQUET_SUFFIX:
@@ -226,7 +264,7 @@ def _add_parquet(policies: dict, path: Path, given: Mapping) -> None:
     try:
         metadata = pq.ParquetFile(path).metadata
     except (pa.ArrowException, OSError) as err:
-        raise OfflineDataError(f"{path}: not a readable Parquet file ({err})") from None
+        raise OfflineDataError(_unreadable(path, [], err)) from None
     dataset = _dataset(policies, pid, "parquet", data, path)
     dataset.num_rows += metadata.num_rows
 
@@ -269,7 +307,19 @@ def _parquet_chunks(files: list[Path], specs: list[LeafSpec]) -> Iterator[Rows]:
             for record_batch in pq.ParquetFile(path).iter_batches(CHUNK_ROWS, columns=names):
                 yield _leaves(record_batch, specs, path)
         except (pa.ArrowException, OSError) as err:
-            raise OfflineDataError(f"{path}: not a readable Parquet file ({err})") from None
+            raise OfflineDataError(_unreadable(path, names, err)) from None
+
+
+def _unreadable(path: Path, names: list[str], err: BaseException) -> str:
+    """One line naming the file and, when one column alone fails to read (a corrupt
+    page under an intact footer), that column."""
+    first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+    for name in names:
+        try:
+            pq.ParquetFile(path).read(columns=[name])
+        except (pa.ArrowException, OSError):
+            return f"{path}: column {name!r}: not readable ({first_line})"
+    return f"{path}: not a readable Parquet file ({first_line})"
 
 
 def _leaves(table: pa.RecordBatch | pa.Table, specs: list[LeafSpec], where: Any) -> Rows:

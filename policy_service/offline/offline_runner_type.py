@@ -1,0 +1,261 @@
+"""The runner type "offline": a run's samples read from logged experiences (`input`)
+instead of stepped envs (policy_service/distributed/runner_types.py).
+
+    config = {"input": "logs/cartpole", "train_batch_size": 2000}   # no env needed
+    runners = build(config, BCPolicy, seed=0, env=None)
+    batch, metrics = runners.sample()     # 2000 logged rows (a SampleBatch), shuffled
+    runners.sync_weights(weights)         # the postprocessing copy's, if any
+
+`build` opens the dataset whole before any row is handed out (open_experiences: the
+files are there and readable, the columns the run needs are in every file, actions
+inside the action space, spaces agreeing with `env` when one is given), each problem
+one line naming the file and the column. The spaces come from the manifest, so `env`
+is only for evaluation. Rows stream in passes over the files, each pass in a new
+order through a shuffle buffer of `shuffle_buffer_size` rows (memory: that buffer,
+one read chunk and one batch), read in this process, or by `input_num_readers` Ray
+Data tasks when Ray runs and that is > 1. With `postprocess_inputs`, each episode's
+rows go through the policy's postprocess_trajectory (a CPU copy here, given the
+learners' weights) before the buffer. With `off_policy_estimation_methods`, the
+held-out episodes (held_out.py) never reach training.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import numpy as np
+
+from policy_service.config import ConfigError, on_cpu
+from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.distributed.resources import RoleAsk
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.columns import INFOS, OfflineDataError
+from policy_service.offline.held_out import held_out
+from policy_service.offline.manifest import PolicyData
+from policy_service.offline.reader import Experiences, PolicyDataset, open_experiences
+from policy_service.runs.callbacks import EPISODE_HOOKS, make_callbacks
+
+# the estimators that weigh each logged action by the behaviour policy's probability
+NEEDS_BEHAVIOUR_LOGP = ("ImportanceSampling", "WeightedImportanceSampling", "DoublyRobust")
+
+
+def build(
+    config: Any,
+    policy_cls: type,
+    seed: int | None,
+    *,
+    env: Any,
+    inference_actors: list | None = None,
+    callbacks: list | None = None,
+) -> OfflineRunners:
+    """The run's OfflineRunners; `env` (a maker, or None) only checks the spaces."""
+    prefix = config.key_prefix
+    if inference_actors:
+        raise ConfigError(f"{prefix}.input: an offline run acts nowhere, not through learners")
+    hooked = [h for h in EPISODE_HOOKS if make_callbacks(callbacks).overrides(h)]
+    if hooked:
+        raise ConfigError(
+            f"{prefix}.callbacks: {hooked[0]} never runs with input (no episode is played); "
+            "use on_train_result / on_learn_on_batch"
+        )
+    given = None
+    if env is not None:
+        from policy_service.distributed.env_runner_group import probe_spaces
+
+        given = probe_spaces(env, dict(config.env_config))
+    experiences = open_experiences(
+        config.input,
+        spaces=None if given is None else {DEFAULT_POLICY_ID: given},
+        require=required_columns(config, policy_cls),
+        name=f"{prefix}.input",
+    )
+    dataset = training_dataset(experiences, prefix)
+    spaces = (dataset.observation_space, dataset.action_space)
+    if None in spaces:
+        if given is None:
+            raise OfflineDataError(
+                f"{dataset.files[0]}: no manifest names the observation and action spaces "
+                f"(RLlib's own JSON files): give {prefix}.env, whose spaces they are"
+            )
+        spaces = given
+    return OfflineRunners(dataset, spaces, config, policy_cls, seed)
+
+
+def resource_asks(config: Any) -> list[RoleAsk]:
+    """Nothing to reserve: rows are read in the driver (Ray Data's read tasks are
+    short and take the CPUs free at the time)."""
+    return []
+
+
+def required_columns(config: Any, policy_cls: type) -> tuple[str, ...]:
+    """Columns beyond obs, actions and rewards: the policy's `offline_columns`, eps_id for
+    a held-out split, the behaviour policy's action_logp for the estimators that weigh by it."""
+    columns = list(getattr(policy_cls, "offline_columns", ()))
+    methods = config.off_policy_estimation_methods or {}
+    if methods:
+        columns.append(SampleBatch.EPS_ID)
+    if any(m["type"] in NEEDS_BEHAVIOUR_LOGP for m in methods.values()):
+        columns.append(SampleBatch.ACTION_LOGP)
+    return tuple(dict.fromkeys(columns))
+
+
+def training_dataset(experiences: Experiences, prefix: str) -> PolicyDataset:
+    """The dataset's one policy, or its default_policy; several others: one line."""
+    ids = experiences.policy_ids
+    if len(ids) == 1:
+        return experiences[ids[0]]
+    if DEFAULT_POLICY_ID in ids:
+        return experiences[DEFAULT_POLICY_ID]
+    raise OfflineDataError(
+        f"{prefix}.input: experiences of policies {sorted(ids)}; an offline run trains one "
+        f"({DEFAULT_POLICY_ID!r}, or the only one): name one policy's files"
+    )
+
+
+def _ray_running() -> bool:
+    ray = sys.modules.get("ray")  # never imported here: a run without Ray has none
+    return bool(ray is not None and ray.is_initialized())
+
+
+class OfflineRunners:
+    """The EnvRunnerGroup of an offline run: sample, sample_async, sync_weights, stop."""
+
+    num_env_runners = 0  # no env runs: the rows were logged
+    local_worker = None
+    policy_actor = None
+    filter_stats = None  # NoFilter only (config_keys.check_offline_config)
+
+    def __init__(
+        self,
+        dataset: PolicyDataset,
+        spaces: tuple,
+        config: Any,
+        policy_cls: type,
+        seed: int | None,
+    ) -> None:
+        self.observation_space, self.action_space = spaces
+        self.workers: list = []
+        self.num_restarts = 0
+        self.policy_id = dataset.policy_id
+        # infos are kept in the files, not read for training (JSON per row is slow)
+        columns = [c for c in dataset.data.columns if c.name != INFOS]
+        self.dataset = PolicyDataset(
+            dataset.policy_id,
+            dataset.format,
+            dataset.files,
+            PolicyData(spaces[0], spaces[1], columns, dataset.data.weights_version),
+            dataset.num_rows,
+        )
+        self.rows_per_sample = (
+            config.fragment_length()
+            * config.num_envs_per_env_runner
+            * max(1, config.num_env_runners)
+        )
+        self.shuffle_buffer_size = int(config.shuffle_buffer_size)
+        self.num_readers = int(config.input_num_readers) if _ray_running() else 0
+        if self.num_readers < 2:
+            self.num_readers = 0
+        self.held_out = (
+            float(config.off_policy_estimation_held_out)
+            if config.off_policy_estimation_methods
+            else None
+        )
+        self._rng = np.random.default_rng(seed)
+        self._weights_version = 0
+        self._num_grad_updates: int | None = None
+        self.policy = None  # the postprocessing copy
+        if config.postprocess_inputs:
+            self.policy = policy_cls(*spaces, on_cpu(config))
+        self.passes = 0  # complete passes over the files so far
+        self._stream = self._batches()
+
+    # ----- sampling ----------------------------------------------------------------
+
+    def sample(self) -> tuple[SampleBatch, dict]:
+        """The next rows_per_sample logged rows -> (batch, metrics); the last batch of a
+        pass may be shorter (the next call starts the next pass)."""
+        start = time.perf_counter()
+        batch = next(self._stream)
+        batch.num_grad_updates = self._num_grad_updates
+        metrics = {
+            "env_steps": batch.count,
+            "episode_returns": [],  # no episode is played: the logged returns are no measure
+            "episode_lengths": [],
+            "num_episodes": 0,
+            "weights_version": self._weights_version,
+            "worker_index": 0,
+            "sample_time_s": time.perf_counter() - start,
+            "num_worker_restarts": 0,
+            "num_env_runners": 0,
+        }
+        return batch, metrics
+
+    def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
+        return [self.sample()]
+
+    def _batches(self) -> Generator[SampleBatch, None, None]:
+        while True:
+            seed = int(self._rng.integers(2**31))
+            yielded = False
+            for batch in self.dataset_batches(seed):
+                yielded = True
+                yield batch
+            if not yielded:
+                raise OfflineDataError(
+                    f"{self.dataset.files[0].parent}: no rows left for training (every "
+                    f"episode held out: off_policy_estimation_held_out {self.held_out})"
+                )
+            self.passes += 1
+
+    def dataset_batches(self, seed: int) -> Iterator[SampleBatch]:
+        """One pass over the training rows, shuffled by `seed`."""
+        experiences = Experiences({self.policy_id: self.dataset})
+        return experiences.iter_batches(
+            self.rows_per_sample,
+            policy_id=self.policy_id,
+            shuffle_buffer_size=self.shuffle_buffer_size,
+            seed=seed,
+            num_readers=self.num_readers,
+            row_filter=None if self.held_out is None else self._training_rows,
+            transform=None if self.policy is None else self._postprocess,
+        )
+
+    def _training_rows(self, chunk: SampleBatch) -> np.ndarray:
+        assert self.held_out is not None
+        return ~held_out(chunk[SampleBatch.EPS_ID], self.held_out)
+
+    def _postprocess(self, chunk: SampleBatch) -> SampleBatch:
+        assert self.policy is not None
+        episodes = chunk.split_by_episode()
+        return concat_samples([self.policy.postprocess_trajectory(e) for e in episodes])
+
+    # ----- weights -----------------------------------------------------------------
+
+    def sync_weights(
+        self,
+        weights: dict,
+        version: int | None = None,
+        wait: bool = True,
+        num_grad_updates: int | None = None,
+    ) -> int:
+        """The postprocessing copy takes them (none: only the version is kept)."""
+        if self.policy is not None:
+            self.policy.set_weights(weights)
+        self._num_grad_updates = num_grad_updates
+        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        return self._weights_version
+
+    def set_global_timestep(self, timestep: int) -> None:
+        """Nothing acts here: no exploration schedule to move."""
+
+    def weights_versions(self) -> list[int]:
+        return [self._weights_version]
+
+    def wait_started(self) -> None:
+        """Nothing to wait for: the files are open already."""
+
+    def stop(self) -> None:
+        self._stream.close()
