@@ -150,9 +150,12 @@ def _read_state(directory: Path, stem: str, *, required: bool):
         if file.is_file():
             value = reader(file)
             if not isinstance(value, dict):
-                raise RLlibCheckpointError(
-                    f"{file}: holds {type(value).__name__}, expected a dict of state"
+                what = (
+                    f"a call of {value.qualified_name} (never run)"
+                    if isinstance(value, PickledCall)
+                    else type(value).__name__
                 )
+                raise RLlibCheckpointError(f"{file}: holds {what}, expected a dict of state")
             return file, value
     if required:
         raise RLlibCheckpointError(f"{directory}: neither {stem}.pkl nor {stem}.msgpack there")
@@ -209,7 +212,11 @@ def _weights(file: Path, weights: Any, policy_id: str) -> dict[str, np.ndarray]:
     named = {}
     for name, value in weights.items():
         if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-            kind = value.qualified_name if isinstance(value, PickledCall) else type(value).__name__
+            kind = (
+                f"a call of {value.qualified_name} (never run)"
+                if isinstance(value, PickledCall)
+                else type(value).__name__
+            )
             raise RLlibCheckpointError(
                 f"{file}: weight {name!r} is {kind}, not a numeric array; weights are taken "
                 "from arrays alone"

@@ -1,0 +1,125 @@
+"""RLlib's old-stack PPO (TF) trained one iteration and saved, with what its policy
+then does on 1,000 observations: for tests/test_rllib_import.py.
+
+Runs in RLlib's own virtualenv (never in ours), with Keras 2 (tf_keras), as RLlib's
+TF stack requires:
+
+    python rllib_checkpoint_oracle.py OUT KIND [KIND ...]
+
+For each KIND (mlp, mlp_shared, lstm, cnn) it writes OUT/KIND/checkpoint (algo.save)
+and OUT/KIND/expected.npz: the observations (raw, as the env gives them; cnn's as
+uint8, each divided by 255 on both sides), the greedy actions and action distribution
+inputs of RLlib's policy on them (after its observation filter, as its env runner
+applies it), and for the LSTM the states, previous actions and rewards fed in and the
+states given back.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import json
+
+import numpy as np
+import rllib_image_env
+from ray.rllib.algorithms.ppo import PPOConfig
+from ray.tune.registry import register_env
+
+ROWS = 1000
+CELL = 32
+KINDS = {
+    "mlp": ("CartPole-v1", {"fcnet_hiddens": [32, 32]}, "MeanStdFilter"),
+    "mlp_shared": ("CartPole-v1", {"fcnet_hiddens": [32, 32], "vf_share_layers": True}, None),
+    "lstm": (
+        "CartPole-v1",
+        {
+            "fcnet_hiddens": [32],
+            "use_lstm": True,
+            "lstm_cell_size": CELL,
+            "lstm_use_prev_action": True,
+            "lstm_use_prev_reward": True,
+            "max_seq_len": 10,
+        },
+        None,
+    ),
+    "cnn": ("ImageTarget", {}, None),
+}
+
+
+def observations(kind: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(what is stored, what the policy sees before its filter)."""
+    if kind == "cnn":
+        raw = rng.integers(0, 256, (ROWS, *rllib_image_env.SHAPE), dtype=np.uint8)
+        return raw, raw.astype(np.float32) / np.float32(255)
+    raw = (rng.standard_normal((ROWS, 4)) * [0.1, 1.0, 0.05, 1.0]).astype(np.float32)
+    return raw, raw
+
+
+def save_one(out: str, kind: str) -> None:
+    env, model, obs_filter = KINDS[kind]
+    config = (
+        PPOConfig()
+        .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
+        .framework("tf")
+        .environment(env)
+        .env_runners(num_env_runners=0, observation_filter=obs_filter or "NoFilter")
+        .training(train_batch_size=200, minibatch_size=100, num_epochs=1, model=model)
+        .debugging(seed=0)
+    )
+    algo = config.build()
+    algo.train()
+    directory = os.path.join(out, kind)
+    algo.save(os.path.join(directory, "checkpoint"))
+    policy = algo.get_policy()
+    rng = np.random.default_rng(1)
+    stored, obs = observations(kind, rng)
+    if obs_filter:
+        obs = algo.env_runner.filters["default_policy"](obs, update=False)
+    expected = {"obs": stored}
+    if kind == "lstm":
+        states = [(rng.standard_normal((ROWS, CELL)) * 0.5).astype(np.float32) for _ in range(2)]
+        prev_actions = rng.integers(0, 2, ROWS)
+        prev_rewards = rng.uniform(0, 1, ROWS).astype(np.float32)
+        actions, state_out, extra = policy.compute_actions(
+            obs,
+            state_batches=states,
+            prev_action_batch=prev_actions,
+            prev_reward_batch=prev_rewards,
+            explore=False,
+        )
+        expected.update(
+            state_in_0=states[0],
+            state_in_1=states[1],
+            prev_actions=prev_actions,
+            prev_rewards=prev_rewards,
+            state_out_0=state_out[0],
+            state_out_1=state_out[1],
+        )
+    else:
+        actions, _, extra = policy.compute_actions(obs, explore=False)
+    expected.update(actions=np.asarray(actions), dist_inputs=extra["action_dist_inputs"])
+    np.savez(os.path.join(directory, "expected.npz"), **expected)
+    with open(os.path.join(directory, "expected.json"), "w") as f:
+        json.dump(
+            {
+                "global_timestep": int(policy.global_timestep),
+                "weights": {k: list(v.shape) for k, v in policy.get_weights().items()},
+            },
+            f,
+        )
+    algo.stop()
+
+
+def main() -> None:
+    register_env("ImageTarget", lambda _: rllib_image_env.ImageTarget())
+    out, kinds = sys.argv[1], sys.argv[2:]
+    for kind in kinds:
+        save_one(out, kind)
+
+
+if __name__ == "__main__":
+    main()
