@@ -48,7 +48,10 @@ Runs only on a value of the field's type, never on None."""
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
-PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
+# Ray's placement group strategies; STRICT_SPREAD: each learner on a node of its own
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+# Ray's own resources, asked for by their own keys (num_cpus_..., num_gpus_...)
+BUILT_IN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
 _DOC, _CHECK = "doc", "check"
 
 
@@ -75,6 +78,28 @@ def setting(
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def _is_custom_resources(value: Any) -> bool:
+    """{name: amount}: names of custom node resources (e.g. `ray start --resources`),
+    amounts finite and >= 0; Ray's own resources have keys of their own."""
+    return isinstance(value, dict) and all(
+        isinstance(name, str)
+        and name
+        and name not in BUILT_IN_RESOURCES
+        and not name.startswith("node:")
+        and is_number(amount)
+        and math.isfinite(amount)
+        and amount >= 0
+        for name, amount in value.items()
+    )
+
+
+CUSTOM_RESOURCES = Rule(
+    "a dict of custom resource name -> amount >= 0 (not CPU, GPU, memory, "
+    "object_store_memory or node:...)",
+    _is_custom_resources,
+)
 
 
 def _is_count(value: Any) -> bool:
@@ -373,9 +398,17 @@ class PolicyConfig(Config):
     num_cpus_per_learner: float = setting(
         1, doc="Ray CPUs reserved per learner actor.", check=finite(ge=0)
     )
+    custom_resources_per_learner: dict = setting(
+        doc="Custom Ray resources reserved per learner actor (e.g. {'node_1': 0.01} to "
+        "put learners on the nodes that declare it); RLlib's key.",
+        factory=dict,
+        check=CUSTOM_RESOURCES,
+    )
     learner_placement_strategy: str = setting(
         "PACK",
-        doc="How the learners' placement group spreads over nodes.",
+        doc="How the learners' placement group spreads over nodes (Ray's strategies): "
+        "PACK, SPREAD (best effort), STRICT_PACK (all on one node), STRICT_SPREAD "
+        "(each on a node of its own: num_learners <= alive nodes).",
         check=one_of(*PLACEMENT_STRATEGIES),
     )
     learner_update_timeout_s: float = setting(
@@ -390,6 +423,19 @@ class PolicyConfig(Config):
         doc="GPUs Ray reserves for the inference PolicyActor (remote_inference): 0, a "
         "fraction (it shares the GPU) or N; the actor acts on the GPUs Ray assigned it.",
         check=GPU_COUNT,
+    )
+    custom_resources_per_policy_actor: dict = setting(
+        doc="Custom Ray resources reserved for the inference PolicyActor, e.g. "
+        "{'node_2': 0.01} to start it on the node that declares node_2.",
+        factory=dict,
+        check=CUSTOM_RESOURCES,
+    )
+    # Read by the EnvRunnerGroup too (beside num_gpus_per_policy_actor): it starts them.
+    custom_resources_per_env_runner: dict = setting(
+        doc="Custom Ray resources reserved per env runner actor (RLlib's key), e.g. "
+        "{'node_1': 0.01} to start the runners on the node that declares node_1.",
+        factory=dict,
+        check=CUSTOM_RESOURCES,
     )
 
 

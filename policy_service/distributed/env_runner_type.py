@@ -38,4 +38,9 @@ def resource_asks(config: Any) -> list[RoleAsk]:
     )
 
     options = policy_actor_ray_options(None, on_cpu(config)) if config.remote_inference else None
-    return env_runner_asks(config.num_env_runners, config.num_cpus_per_env_runner, options)
+    return env_runner_asks(
+        config.num_env_runners,
+        config.num_cpus_per_env_runner,
+        options,
+        config.custom_resources_per_env_runner,
+    )

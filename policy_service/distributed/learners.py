@@ -28,6 +28,7 @@ from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.distributed.resources import (
     AVAILABLE_WAIT_S,
+    ResourcesExceedClusterError,
     ResourcesNotFreedError,
     RoleAsk,
     check_cluster_fits,
@@ -140,6 +141,7 @@ class RemoteLearners:
         if enclosing is not None:  # a Tune trial's group: its bundles hold the learners
             check_group_holds(enclosing, bundle, num_learners)
         else:
+            check_spread_fits(config.learner_placement_strategy, num_learners)
             check_cluster_fits(learner_asks(config), wait_s=min(ready_timeout_s, AVAILABLE_WAIT_S))
             if bundle:
                 self._placement_group = reserve_placement_group(
@@ -152,6 +154,9 @@ class RemoteLearners:
         registry = models.custom_model_registry()
         for rank in range(num_learners):
             options = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
+            custom = {r: a for r, a in bundle.items() if r not in ("CPU", "GPU")}
+            if custom:
+                options["resources"] = custom
             if enclosing is not None:  # any bundle of it: the group's strategy placed them
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     enclosing,
@@ -254,22 +259,42 @@ class RemoteLearners:
 
 
 def learner_bundle(config) -> dict:
-    """Ray resources of one learner: its CPUs, and its GPUs unless they are fake."""
+    """Ray resources of one learner: its CPUs, its GPUs unless they are fake, and its
+    custom resources (custom_resources_per_learner)."""
     bundle = {}
     if config.num_cpus_per_learner > 0:
         bundle["CPU"] = float(config.num_cpus_per_learner)
     if config.num_gpus_per_learner > 0 and not config._fake_gpus:
         bundle["GPU"] = float(config.num_gpus_per_learner)
+    for resource, amount in config.custom_resources_per_learner.items():
+        if amount > 0:
+            bundle[resource] = float(amount)
     return bundle
 
 
 _KEY_OF = {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}
+CUSTOM_KEY = "custom_resources_per_learner"
 
 
 def learner_asks(config) -> list[RoleAsk]:
     """What the learner actors ask of Ray (none when the learner is in the driver)."""
-    keys = {resource: f"num_learners, {key}" for resource, key in _KEY_OF.items()}
-    return [RoleAsk("learner", int(config.num_learners), learner_bundle(config), keys)]
+    bundle = learner_bundle(config)
+    keys = {resource: f"num_learners, {_KEY_OF.get(resource, CUSTOM_KEY)}" for resource in bundle}
+    return [RoleAsk("learner", int(config.num_learners), bundle, keys)]
+
+
+def check_spread_fits(strategy: str, num_learners: int) -> None:
+    """STRICT_SPREAD puts each learner on a node of its own: more learners than alive
+    nodes would wait forever for a placement group Ray cannot place (one line)."""
+    if strategy != "STRICT_SPREAD" or num_learners <= 1:
+        return
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    if num_learners > alive:
+        raise ResourcesExceedClusterError(
+            f"learner_placement_strategy STRICT_SPREAD puts each of num_learners="
+            f"{num_learners} learners on a node of its own, but the cluster has {alive} "
+            f"alive node{'' if alive == 1 else 's'}"
+        )
 
 
 def capturing_placement_group():

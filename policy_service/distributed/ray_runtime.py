@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from policy_service.distributed import cluster_watch, quiet_tensorflow
+from policy_service.distributed.head_watch import head_loss_ends_run
 from policy_service.errors import RunFailure, UserError, one_line
 
 # what ray.init(address=...) joins: a GCS "host:port", Ray Client "ray://host:port"
@@ -185,8 +186,8 @@ def cluster_loss_ends_run(resume_hint: str = "") -> Iterator[None]:
     with one line on stderr and status 1. The line comes from a watcher process
     (cluster_watch), as Ray itself may end a driver whose raylet is gone first, with
     status 1 and no word; a thread here ends the driver when Ray does not (a lost
-    GCS). Leave it before ray.shutdown(), which ends them on purpose. Outside an
-    embedded Ray (none, or a joined cluster): nothing."""
+    GCS). Leave it before ray.shutdown(), which ends them on purpose. A joined
+    cluster: its head's GCS is watched from here (head_watch). No Ray: nothing."""
     ray = sys.modules.get("ray")  # not imported: no Ray runs here
     node = ray._private.worker._global_node if ray else None  # what this driver started
     watched = [
@@ -195,7 +196,10 @@ def cluster_loss_ends_run(resume_hint: str = "") -> Iterator[None]:
         for info in (getattr(node, "all_processes", None) or {}).get(name, [])
     ]
     if not watched:
-        yield
+        gcs_address = getattr(node, "gcs_address", None)  # a joined cluster's head
+        watch = head_loss_ends_run(gcs_address, resume_hint) if gcs_address else None
+        with watch or contextlib.nullcontext():
+            yield
         return
     watcher = subprocess.Popen(
         [sys.executable, "-m", "policy_service.distributed.cluster_watch", resume_hint] + watched,

@@ -136,6 +136,8 @@ def _describe(
         roles = [a for a in asks if a.num_actors > 0 and a.bundle.get(resource, 0) > 0]
         asked = " + ".join(_role_ask(a, resource) for a in roles)
         has = f"the cluster has {_amount(total.get(resource, 0.0), resource)}"
+        if resource not in ("CPU", "GPU") and total.get(resource, 0.0) <= 0:
+            has = f"no node of the cluster has the resource {resource!r}"
         if available is not None:
             has += (
                 f", {available.get(resource, 0.0):g} free after waiting {wait_s:g} s for "

@@ -1,0 +1,427 @@
+"""On a real 3-node Ray cluster (tests/cluster_nodes.py: a network namespace per node,
+token auth on): learners on different nodes give one device's gradient, roles land
+on the nodes asked for, a lost node or head is survived or ends the run in one line,
+and jobs submitted to the head run where they asked.
+
+Every driver runs inside a node's namespace, as a child process: a `*_driver`
+function of this module run by `run_driver_function`, which hands back what it
+returns (JSON). One cluster serves the whole module (it takes ~10 s to start).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from cluster_nodes import WORKER_NODE, NamespaceCluster, skip_reason
+
+pytestmark = pytest.mark.slow
+
+TWO_BY_TWO = {
+    "num_learners": 2,
+    "num_gpus_per_learner": 2,
+    "_fake_gpus": True,
+    "num_cpus_per_learner": 0.5,
+}
+ON_WORKER_NODES = {WORKER_NODE: 0.01}  # a fraction: many actors fit on one node
+RESULT = "RESULT "
+APPO_STOP_REWARD = 450
+NODE_LOSS_STOP_REWARD = 150
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    reason = skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    nodes = NamespaceCluster(tmp_path_factory.mktemp("cluster"), num_nodes=3, cpus_per_node=4)
+    started = time.perf_counter()
+    try:
+        nodes.start()
+        print(f"\n3-node cluster up in {time.perf_counter() - started:.1f} s")
+        yield nodes
+    finally:
+        nodes.stop()
+
+
+def run_driver_function(
+    cluster: NamespaceCluster, name: str, *args, node: int = 0, timeout: float = 600
+):
+    """`name(*args)` of this module in a driver process inside node `node` -> its result."""
+    code = (
+        "import json, sys\n"
+        "sys.path[:0] = ['tests']\n"
+        "import test_cluster\n"
+        f"result = test_cluster.{name}(*json.loads(sys.argv[1]))\n"
+        f"print({RESULT!r} + json.dumps(result))\n"
+    )
+    done = cluster.run_driver(
+        [sys.executable, "-c", code, json.dumps(args)], node=node, timeout=timeout
+    )
+    assert done.returncode == 0, f"{name} failed:\n{done.stderr[-6000:]}"
+    [line] = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
+    return json.loads(line[len(RESULT) :])
+
+
+def join_cluster():
+    """In a driver: join the cluster at RAY_ADDRESS as the command line does, with the
+    shared test modules pickled by value (no node has tests/ on its path)."""
+    import fakes
+    import ray
+
+    from policy_service.distributed.ray_runtime import start_ray
+
+    start_ray(os.environ["RAY_ADDRESS"], quiet=True)
+    ray.cloudpickle.register_pickle_by_value(fakes)
+    return ray
+
+
+def node_of(actor) -> str:
+    """The address of the node a Ray actor runs on, as it sees it."""
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(lambda self: ray.util.get_node_ip_address()))
+
+
+# ----- learners on different nodes ----------------------------------------------------
+
+
+def learners_on_two_nodes_driver(model: dict) -> dict:
+    """2 learners x 2 fake GPUs, STRICT_SPREAD over the worker nodes, against one
+    device in this driver: gradient, step and bit-identical weights."""
+    ray = join_cluster()
+    from fakes import (
+        ACTION_SPACE,
+        OBS_SPACE,
+        PGPolicy,
+        assert_grads_close,
+        assert_weights_close,
+        episode_batch,
+        mlp_batch,
+        one_device,
+        same_start,
+        small_config,
+    )
+
+    from policy_service import LearnerGroup
+
+    config = small_config(
+        model=model,
+        learner_placement_strategy="STRICT_SPREAD",
+        custom_resources_per_learner=ON_WORKER_NODES,
+        **TWO_BY_TWO,
+    )
+    group = LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, config)
+    try:
+        one = one_device(model=model)
+        same_start(group, one)
+        lstm = model.get("use_lstm", False)
+        # MLP: 38 rows after padding to 2 learners, 40 over 4 towers; LSTM: 10 sequences of
+        # at most 4 steps, 5 per learner, padded to 6 over 2 towers
+        batch = episode_batch([5, 3, 7, 2, 4, 6, 1]) if lstm else mlp_batch(37)
+        g1, s1 = one.compute_gradients(batch)
+        g4, s4 = group.compute_gradients(batch)
+        assert_grads_close(g1, g4)
+        for seed in (1, 2):  # the second step from the combined Adam state
+            batch = episode_batch([4, 6, 2, 5], seed=seed) if lstm else mlp_batch(37, seed=seed)
+            one.learn_on_batch(batch)
+            group.learn_on_batch(batch)
+            assert_weights_close(one.get_weights(), group.get_weights())
+        return {
+            "driver": ray.util.get_node_ip_address(),
+            "learner_nodes": [node_of(actor) for actor in group.actors],
+            "collective_addresses": ray.get([actor.address.remote() for actor in group.actors]),
+            "devices": group.devices,
+            "valid_rows": [s1["valid_rows"], s4["valid_rows"]],
+            "identical": group.weights_identical(),
+        }
+    finally:
+        group.stop()
+
+
+@pytest.mark.parametrize("model", [{}, {"use_lstm": True, "max_seq_len": 4}], ids=["mlp", "lstm"])
+def test_two_learners_on_two_nodes_give_one_devices_gradient(cluster, model):
+    result = run_driver_function(cluster, "learners_on_two_nodes_driver", model)
+    workers = {node.address for node in cluster.nodes[1:]}
+    assert result["driver"] == cluster.head.address
+    assert set(result["learner_nodes"]) == workers  # one learner on each worker node
+    # each learner's collective server is at its own node's address, not loopback
+    hosts = [address.rsplit(":", 1)[0] for address in result["collective_addresses"]]
+    assert hosts == result["learner_nodes"]
+    assert result["devices"] == [["/CPU:0", "/CPU:1"]] * 2
+    assert result["valid_rows"][0] == result["valid_rows"][1] > 0
+    assert result["identical"] is True
+
+
+# ----- bad input -------------------------------------------------------------------------
+
+
+def refused_driver(config: dict) -> dict:
+    """A LearnerGroup of `config` -> the one-line error it is refused with, and the
+    actors alive in the cluster right after (none may have started)."""
+    join_cluster()
+    from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+    from ray.util.state import list_actors
+
+    from policy_service import LearnerGroup
+
+    try:
+        LearnerGroup(PGPolicy, OBS_SPACE, ACTION_SPACE, small_config(**config)).stop()
+    except Exception as err:  # noqa: BLE001 - the test reads what it was
+        alive = list_actors(filters=[("state", "=", "ALIVE")])
+        return {"error": f"{type(err).__name__}: {err}", "actors": len(alive)}
+    return {"error": None}
+
+
+def test_strict_spread_over_more_learners_than_nodes_is_one_line(cluster):
+    config = {"num_learners": 4, "learner_placement_strategy": "STRICT_SPREAD"}
+    result = run_driver_function(cluster, "refused_driver", config)
+    assert result["error"] == (
+        "ResourcesExceedClusterError: learner_placement_strategy STRICT_SPREAD puts each "
+        "of num_learners=4 learners on a node of its own, but the cluster has 3 alive nodes"
+    )
+    assert result["actors"] == 0
+
+
+def test_a_resource_no_node_has_is_one_line_naming_it(cluster):
+    config = {"num_learners": 2, "custom_resources_per_learner": {"node_7": 0.5}}
+    result = run_driver_function(cluster, "refused_driver", config)
+    assert "\n" not in result["error"]
+    assert result["error"] == (
+        "ResourcesExceedClusterError: resources: 2 learners x 0.5 node_7 = 1 node_7, no "
+        "node of the cluster has the resource 'node_7' (num_learners, "
+        "custom_resources_per_learner)"
+    )
+    assert result["actors"] == 0
+
+
+# ----- APPO with its roles pinned to nodes -----------------------------------------------
+
+APPO_ARGS = [
+    "train", "appo", "--env", "CartPole-v1",
+    "--config", "algorithms/tuned/cartpole_appo.yaml",
+]  # fmt: skip
+
+
+def train_command(cluster: NamespaceCluster, run_dir: Path, *args: str) -> list[str]:
+    """`policy-service train` joining the cluster (--address), into `run_dir`."""
+    cli = str(Path(sys.executable).parent / "policy-service")
+    return [cli, *APPO_ARGS, "--address", cluster.address, "--output-dir", str(run_dir), *args]
+
+
+def nodes_of(resources: dict) -> dict:
+    """result.json's resources -> each role's node addresses."""
+    return {
+        "driver": resources["driver"]["node_ip"],
+        "learners": [entry["node_ip"] for entry in resources["learners"]],
+        "env_runners": [entry["node_ip"] for entry in resources["env_runners"]],
+        "inference_actor": (resources["inference_actor"] or {}).get("node_ip"),
+    }
+
+
+def test_appo_with_runners_on_node_1_and_the_policy_actor_on_node_2_learns(cluster, tmp_path):
+    started = time.perf_counter()
+    done = cluster.run_driver(
+        train_command(
+            cluster, tmp_path / "run",
+            "--set", "inference=policy_actors",
+            "--set", "custom_resources_per_env_runner={node_1: 0.01}",
+            "--set", "custom_resources_per_policy_actor={node_2: 0.01}",
+            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
+        ),
+        timeout=600,
+    )  # fmt: skip
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    print(
+        f"\nAPPO across nodes: {result['episode_return_mean']:.1f} after "
+        f"{result['timesteps_total']} env steps, {seconds:.0f} s ({result['stop_reason']})"
+    )
+    where = nodes_of(result["resources"])
+    assert where["driver"] == cluster.head.address
+    assert where["env_runners"] == [cluster.nodes[1].address] * 2
+    assert where["inference_actor"] == cluster.nodes[2].address
+    assert result["episode_return_mean"] >= APPO_STOP_REWARD
+
+
+# ----- a job submitted to the head ---------------------------------------------------------
+
+
+def job_actors_driver(submission_id: str) -> dict:
+    """The actors of the job submitted as `submission_id`: class name -> node addresses."""
+    join_cluster()
+    from ray.util.state import list_actors, list_jobs, list_nodes
+
+    [job] = [j for j in list_jobs() if j.submission_id == submission_id]
+    address_of = {node.node_id: node.node_ip for node in list_nodes()}
+    placed: dict[str, list[str]] = {}
+    for actor in list_actors(filters=[("job_id", "=", job.job_id)], detail=True):
+        placed.setdefault(actor.class_name, []).append(address_of[actor.node_id])
+    return {"status": str(job.status), "actors": placed}
+
+
+def test_a_job_submitted_to_the_head_puts_its_actors_where_asked(cluster, tmp_path):
+    cli = str(Path(sys.executable).parent / "policy-service")
+    config = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_appo.yaml"
+    started = time.perf_counter()
+    done = cluster.run_driver(
+        [
+            cli, "submit", "--address", cluster.job_server, "--insecure", "--",
+            cli, "train", "appo", "--env", "CartPole-v1", "--config", str(config),
+            "--output-dir", str(tmp_path / "job"), "--stop-iters", "3",
+            "--num-learners", "1", "--set", "num_cpus_per_learner=0.5",
+            "--set", "custom_resources_per_env_runner={node_1: 0.01}",
+            "--set", "custom_resources_per_learner={node_2: 0.01}",
+        ],
+        timeout=600,
+    )  # fmt: skip
+    print(f"\nAPPO job of 3 iterations: {time.perf_counter() - started:.0f} s")
+    assert done.returncode == 0, done.stderr[-4000:]
+    [submission_id] = set(re.findall(r"raysubmit_\w+", done.stdout + done.stderr))
+    result = run_driver_function(cluster, "job_actors_driver", submission_id)
+    assert result["status"] == "SUCCEEDED"
+    runners = [name for name in result["actors"] if "RolloutWorker" in name]
+    learners = [name for name in result["actors"] if "LearnerHost" in name]
+    assert runners and learners, result["actors"]
+    for name in runners:
+        assert set(result["actors"][name]) == {cluster.nodes[1].address}
+    for name in learners:
+        assert set(result["actors"][name]) == {cluster.nodes[2].address}
+
+
+def test_a_failed_job_exits_with_its_status(cluster):
+    cli = str(Path(sys.executable).parent / "policy-service")
+    done = cluster.run_driver(
+        [cli, "submit", "--address", cluster.job_server, "--insecure", "--",
+         sys.executable, "-c", "raise SystemExit(3)"],
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+
+
+# ----- a worker node lost, the head lost ----------------------------------------------------
+
+
+def roles_on(cluster: NamespaceCluster, node: int) -> list[str]:
+    """The Ray actor processes running on a node, by the class their title names."""
+    roles = []
+    for pid in cluster.pids(node):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        except OSError:  # ended meanwhile
+            continue
+        if title.startswith("ray::") and not title.startswith("ray::IDLE"):
+            roles.append(title.removeprefix("ray::").split(".")[0].split(" ")[0])
+    return roles
+
+
+def iterations_done(run_dir: Path) -> int:
+    try:
+        return len((run_dir / "progress.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def wait_for_iterations(driver, run_dir: Path, count: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while iterations_done(run_dir) < count:
+        if driver.poll() is not None:
+            out, err = driver.communicate()
+            pytest.fail(f"the run ended before iteration {count}: {err[-4000:]}")
+        assert time.monotonic() < deadline, f"no iteration {count} within {timeout_s} s"
+        time.sleep(0.5)
+
+
+def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(cluster, tmp_path):
+    """Runners, the PolicyActor and 2 learners (SPREAD) on the two worker nodes; the node
+    holding the PolicyActor (and so a learner: SPREAD) is killed at iteration 3."""
+    run_dir = tmp_path / "run"
+    driver = cluster.start_driver(
+        train_command(
+            cluster, run_dir,
+            "--set", "inference=policy_actors",
+            "--set", "custom_resources_per_env_runner={worker_node: 0.01}",
+            "--set", "custom_resources_per_policy_actor={worker_node: 0.01}",
+            "--num-learners", "2", "--set", "num_cpus_per_learner=0.5",
+            "--set", "learner_placement_strategy=SPREAD",
+            "--set", "custom_resources_per_learner={worker_node: 0.01}",
+            "--stop-reward", str(NODE_LOSS_STOP_REWARD), "--stop-timesteps", "600000",
+        )
+    )  # fmt: skip
+    started = time.perf_counter()
+    try:
+        wait_for_iterations(driver, run_dir, 3)
+        [victim] = [i for i in (1, 2) if any("PolicyHost" in r for r in roles_on(cluster, i))]
+        lost = roles_on(cluster, victim)
+        cluster.kill_node(victim)
+        _, err = driver.communicate(timeout=600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    seconds = time.perf_counter() - started
+    assert driver.returncode == 0, err[-4000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    print(
+        f"\nnode {victim} lost ({sorted(lost)}): {result['episode_return_mean']:.1f} after "
+        f"{result['timesteps_total']} env steps, {seconds:.0f} s, "
+        f"{result['num_worker_restarts']} runner and {result['num_learner_restarts']} learner "
+        "restart(s)"
+    )
+    assert any("LearnerHost" in role for role in lost), lost
+    assert result["stop_reason"] == "stop_reward"
+    assert result["num_learner_restarts"] >= 1
+    runners_lost = sum("RolloutWorker" in role for role in lost)
+    assert result["num_worker_restarts"] >= runners_lost
+    survivor = cluster.nodes[3 - victim].address
+    where = nodes_of(result["resources"])  # every role now on the nodes left
+    assert set(where["env_runners"]) | set(where["learners"]) | {where["inference_actor"]} == {
+        survivor
+    }
+
+
+def test_the_head_lost_ends_the_run_in_one_line_and_it_resumes_on_a_fresh_cluster(
+    cluster, tmp_path
+):
+    run_dir = tmp_path / "run"
+    args = ["--set", "custom_resources_per_env_runner={worker_node: 0.01}"]
+    # the driver on node 1: the head's node is killed whole
+    driver = cluster.start_driver(
+        train_command(cluster, run_dir, *args, "--checkpoint-every", "2"), node=1
+    )
+    try:
+        wait_for_iterations(driver, run_dir, 4)
+        killed = time.perf_counter()
+        cluster.kill_node(0)
+        _, err = driver.communicate(timeout=300)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+    ended_s = time.perf_counter() - killed
+    print(f"\nthe head lost: the run ended {ended_s:.0f} s after")
+    assert driver.returncode == 1
+    last_line = err.strip().splitlines()[-1]
+    assert last_line == (
+        f"policy-service: error: the Ray cluster went away: its head's GCS at "
+        f"{cluster.address} has not answered for 10 s; continue with --resume {run_dir}"
+    )
+    assert "Traceback" not in err
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    resumed_from = int(checkpoints[-1].rsplit("_", 1)[1])
+    assert resumed_from >= 4
+    cluster.stop()  # a fresh cluster: nothing of the old one's state
+    cluster.start()
+    done = cluster.run_driver(
+        [str(Path(sys.executable).parent / "policy-service"), "train", "--resume", str(run_dir),
+         "--address", cluster.address, "--stop-iters", str(resumed_from + 2)],
+        node=1,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"from {checkpoints[-1]} (iteration {resumed_from})" in done.stderr
+    iterations = [json.loads(line)["iteration"] for line in (run_dir / "progress.jsonl").open()]
+    assert iterations[-2:] == [resumed_from + 1, resumed_from + 2]
