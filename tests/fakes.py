@@ -17,7 +17,12 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import LossGroup, TFPolicy, masked_mean
-from policy_service.config import PolicyConfig, setting
+from policy_service.config import (
+    PolicyConfig,
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+    setting,
+)
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.policy.distributions import squashed_gaussian_for
@@ -58,6 +63,36 @@ class PGPolicy(TFPolicy):
 
     def stats(self, train_batch):
         return {"pg_loss": self._pg_loss, "vf_loss": self._vf_loss}
+
+
+@dataclass
+class EntropyConfig(PolicyConfig):
+    """PolicyConfig with the entropy keys an algorithm with an entropy bonus takes."""
+
+    entropy_coeff: float = entropy_coeff_setting(0.01)
+    entropy_coeff_schedule: list | None = entropy_coeff_schedule_setting()
+
+
+class EntropyPGPolicy(PGPolicy):
+    """PGPolicy minus an entropy bonus weighted by entropy_coeff, or by its schedule
+    read in the compiled step (TFPolicy.scheduled); "entropy_coeff" in the stats."""
+
+    config_class = EntropyConfig
+
+    def loss(self, model, dist_class, train_batch):
+        pg_and_vf = super().loss(model, dist_class, train_batch)
+        out = model(train_batch, training=True)
+        entropy = masked_mean(
+            dist_class(out[SampleBatch.ACTION_DIST_INPUTS]).entropy(), train_batch["loss_mask"]
+        )
+        cfg = self.config
+        self._entropy_coeff = tf.cast(
+            self.scheduled(cfg.entropy_coeff, cfg.entropy_coeff_schedule), tf.float32
+        )
+        return pg_and_vf - self._entropy_coeff * entropy
+
+    def stats(self, train_batch):
+        return {**super().stats(train_batch), "entropy_coeff": self._entropy_coeff}
 
 
 class SGDPGPolicy(PGPolicy):

@@ -464,6 +464,44 @@ def test_a_learner_actor_killed_between_iterations_is_replaced_and_the_update_re
         remote.stop()
 
 
+@pytest.mark.slow  # two PPO runs
+def test_a_resumed_run_continues_the_lr_schedule(tmp_path):
+    from piecewise import rllib_value
+
+    schedule = [[0, 1e-3], [300, 2e-4], [900, 1e-5]]
+    config = {
+        "env": "CartPole-v1",
+        "seed": 0,
+        "train_batch_size": 200,
+        "minibatch_size": 100,
+        "num_epochs": 1,
+        "lr_schedule": schedule,
+        "model": {"fcnet_hiddens": [8]},
+    }
+
+    def lr(algo):
+        return algo.get_policy().towers.optimizers[0].learning_rate.numpy()
+
+    algo = PPO(config)
+    try:
+        algo.train()
+        assert lr(algo) == rllib_value(schedule, algo.timesteps_total)
+        algo.save(str(tmp_path))
+    finally:
+        algo.stop()
+    resumed = PPO(config)
+    try:
+        resumed.restore(str(tmp_path))
+        steps_before = resumed.timesteps_total
+        assert steps_before >= 200
+        resumed.train()
+        # the update ran at the run's timestep, counted on from the checkpoint's
+        assert resumed.timesteps_total >= steps_before + 200
+        assert lr(resumed) == rllib_value(schedule, resumed.timesteps_total)
+    finally:
+        resumed.stop()
+
+
 # ----- the multi-agent keys of the config, checked where the config enters -------------
 
 

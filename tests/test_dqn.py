@@ -357,3 +357,18 @@ def test_the_training_step_returns_each_rows_td_error_in_batch_order(towers):
     stats = epochs.update(batch, num_epochs=2, shuffle=True)
     np.testing.assert_allclose(stats["per_row"]["td_error"], expected, rtol=1e-5, atol=1e-5)
     assert stats["num_sgd_steps"] == 6  # 3 minibatches of 6 (the last padded), 2 epochs
+
+
+@pytest.mark.slow  # another policy to build and trace
+def test_dqn_steps_with_the_scheduled_lr():
+    """lr_schedule (tests/test_schedules.py) on DQN's own optimizer path."""
+    from piecewise import rllib_value
+
+    schedule = [[100, 1e-3], [1100, 3e-4], [5100, 5e-5]]
+    policy = dqn(lr_schedule=schedule)
+    batch = policy.postprocess_trajectory(tiny_batch())
+    for t in (50, 3333):
+        policy.global_timestep = t
+        stats = policy.learn_on_batch(batch)
+        assert policy.towers.optimizers[0].learning_rate.numpy() == rllib_value(schedule, t)
+        assert np.float32(stats["cur_lr"]) == rllib_value(schedule, t)

@@ -287,3 +287,61 @@ def test_last_gradients_name_each_loss_groups_variables_and_leave_the_loss_seeds
     untouched.learn_on_batch(batch)
     for name, value in policy.get_weights().items():
         np.testing.assert_array_equal(value, untouched.get_weights()[name], err_msg=name)
+
+
+def test_each_losss_rate_follows_its_own_schedule():
+    """SAC's rates are per loss (RLlib's keys), each a number or a schedule: each
+    optimizer follows its own, read back at chosen timesteps (tests/test_schedules.py:
+    the policy-wide lr_schedule)."""
+    from piecewise import rllib_value
+
+    actor_schedule = [[100, 1e-3], [1100, 3e-4], [5100, 5e-5]]
+    alpha_schedule = [[0, 3e-4], [2000, 1e-4]]
+    box = gym.spaces.Box(-1, 1, (1,), np.float32)
+    sac = SACPolicy(
+        OBS,
+        box,
+        {
+            "seed": 0,
+            "q_model_config": MLP,
+            "policy_model_config": MLP,
+            "optimization": {
+                "actor_learning_rate": actor_schedule,
+                "critic_learning_rate": 2e-3,
+                "entropy_learning_rate": alpha_schedule,
+            },
+        },
+    )
+    rows = 8
+    rng = np.random.default_rng(0)
+    batch = SampleBatch(
+        {
+            SampleBatch.OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
+            SampleBatch.ACTIONS: rng.uniform(-1, 1, (rows, 1)).astype(np.float32),
+            SampleBatch.REWARDS: rng.normal(size=rows).astype(np.float32),
+            "bootstrap_discount": np.full(rows, 0.99, np.float32),
+        }
+    )
+    for t in [0, 350, 1100, 3333, 9000]:
+        sac.global_timestep = t
+        sac.learn_on_batch(batch)
+        actor, critic, alpha = (o.learning_rate.numpy() for o in sac.towers.optimizers)
+        assert (actor, critic, alpha) == (
+            rllib_value(actor_schedule, t),
+            np.float32(2e-3),
+            rllib_value(alpha_schedule, t),
+        ), t
+
+
+def test_a_bad_per_loss_rate_is_one_line_naming_the_key():
+    value = {
+        "actor_learning_rate": [[0, 1e-3], [10, -1e-3]],
+        "critic_learning_rate": 3e-4,
+        "entropy_learning_rate": 3e-4,
+    }
+    with pytest.raises(ConfigError) as err:
+        from_dict(SACConfig, {"optimization": value})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("config.optimization must be ")
+    assert "each a finite number > 0 or a schedule" in message and f"got {value!r}" in message

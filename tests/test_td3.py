@@ -171,3 +171,39 @@ def test_its_exported_model_acts_greedily_and_keeps_the_ou_noise_state(tmp_path)
     noise = act(True) - greedy
     assert np.all(np.abs(noise) > 0)
     np.testing.assert_allclose(noise[0], noise[1], rtol=1e-5, atol=1e-6)  # one process, all rows
+
+
+def test_each_losss_rate_follows_its_own_schedule():
+    """TD3's rates are per loss (RLlib's keys), each a number or a schedule: each
+    optimizer follows its own, read back at chosen timesteps (tests/test_schedules.py:
+    the policy-wide lr_schedule)."""
+    from piecewise import rllib_value
+
+    schedule = [[100, 1e-3], [1100, 3e-4], [5100, 5e-5]]
+    td3 = TD3Policy(OBS, BOX, {**TINY, "critic_lr": schedule})
+    for t in [0, 350, 1100, 3333, 9000]:
+        td3.global_timestep = t
+        td3.learn_on_batch(batch(8))
+        actor, critic = (o.learning_rate.numpy() for o in td3.towers.optimizers)
+        assert (actor, critic) == (np.float32(1e-3), rllib_value(schedule, t)), t
+
+
+def test_the_policy_wide_lr_schedule_is_refused():
+    """Its optimizers take their own rates (actor_lr, critic_lr), not lr_schedule."""
+    with pytest.raises(ConfigError, match=r"config.lr_schedule is not supported by TD3Policy"):
+        TD3Policy(OBS, BOX, {**TINY, "lr_schedule": [[0, 1e-3]]})
+
+
+@pytest.mark.parametrize(
+    "key, value, what",
+    [
+        ("actor_lr", [[0, 1e-3], [10, 0.0]], "(a rate is 0.0)"),
+        ("critic_lr", [[5, 1e-3], [1, 1e-4]], "entry 1's 1 comes after 5"),
+    ],
+)
+def test_a_bad_per_loss_rate_is_one_line_naming_the_key(key, value, what):
+    with pytest.raises(ConfigError) as err:
+        from_dict(TD3Config, {key: value})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"config.{key} must be ")
+    assert what in message and f"got {value!r}" in message
