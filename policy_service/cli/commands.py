@@ -170,9 +170,16 @@ def _serve(args: argparse.Namespace) -> int:
         fatal=(saved_policies.PolicyChoiceError,),
     )
     token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
-    return server.run_server(
-        state, address, settings, token, announce=f"policy {found}; token from {where}"
-    )
+    announce = f"policy {found}; token from {where}"
+    if args.log_experiences:  # the episode API too, every step written (offline/serve_logging.py)
+        from policy_service.offline import serve_logging
+
+        app, close = serve_logging.from_arguments(args, state, token, settings)
+        announce += f"; logging experiences to {args.log_experiences}"
+        return server.run_server(
+            state, address, settings, token, announce=announce, app=app, before_stop=close
+        )
+    return server.run_server(state, address, settings, token, announce=announce)
 
 
 def _tune(args: argparse.Namespace) -> int:
@@ -318,6 +325,18 @@ def _add_serve_parser(sub) -> None:
         type=int,
         metavar="N",
         help="larger request bodies get 413 (default 4 MiB)",
+    )
+    serve.add_argument(
+        "--log-experiences",
+        metavar="DIR",
+        help="also serve the episode API (policy_service.client.PolicyClient) and write every "
+        "step the clients complete to DIR, with the policy's action_logp (one replica)",
+    )
+    serve.add_argument(
+        "--log-format", default="parquet", help="parquet (default) or json (RLlib's JSON lines)"
+    )
+    serve.add_argument(
+        "--log-max-file-size", type=int, metavar="BYTES", help="start the next file past it"
     )
     serve.set_defaults(handler=_serve)
 

@@ -44,6 +44,8 @@ from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.output import ExperienceOutput, infos_column
 from policy_service.policy import models
 from policy_service.runs.callbacks import (
     EPISODE_HOOKS,
@@ -190,6 +192,8 @@ class RolloutWorker(ActingWeights):
         self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
         self._started = False
         self._carried: dict | None = None  # rows of a last step past a fragment: the next's
+        # config.output: this worker's own writer of what it acts on (offline/output.py)
+        self._output = ExperienceOutput.from_config(config_for(policy_cls, policy_config))
 
     # ----- public API --------------------------------------------------------------
 
@@ -218,6 +222,10 @@ class RolloutWorker(ActingWeights):
         postprocess_start = time.perf_counter()
         batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
         batch.num_grad_updates = self._num_grad_updates
+        if self._output is not None:
+            spaces = {DEFAULT_POLICY_ID: (self.observation_space, self.action_space)}
+            self._output.write(batch, spaces, self.weights_version())
+            batch.pop(SampleBatch.INFOS)  # kept for the files only
         metrics: dict[str, Any] = {
             "env_steps": batch.count,
             "episode_returns": self._episode_returns,
@@ -318,6 +326,8 @@ class RolloutWorker(ActingWeights):
 
     def stop(self) -> None:
         self._venv.close()
+        if self._output is not None:
+            self._output.close()
 
     # ----- stepping ----------------------------------------------------------------
 
@@ -363,6 +373,8 @@ class RolloutWorker(ActingWeights):
         record = None
         if acted is not None:
             record = self._record(acted, new_obs, rewards, terminateds, truncateds)
+            if self._output is not None:
+                record[SampleBatch.INFOS] = infos_column(infos, acting, _sub_env_info)
             if self._episode_hooks:
                 self._step_episodes(acted, new_obs, record, infos)
         if len(resetting):

@@ -36,6 +36,7 @@ from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
 from policy_service.multi_agent.sampler import MultiAgentSampler
+from policy_service.offline.output import ExperienceOutput
 from policy_service.policy import models
 from policy_service.runs.callbacks import end_fragment, make_callbacks
 from policy_service.runs.metrics_logger import MetricsLogger
@@ -140,6 +141,9 @@ class MultiAgentRolloutWorker(ActingWeights):
             seed=None if seed is None else seed + self.worker_index,
         )
         self._weights_version = 0
+        # config.output (each policy's config holds the run's keys): this worker's writer
+        first = next(iter(agent_policies.specs.values()))
+        self._output = ExperienceOutput.from_config(first.config)
         if self.callbacks.members:
             self.sampler.callbacks = self.callbacks
             self.sampler.hook_arguments = {
@@ -179,6 +183,10 @@ class MultiAgentRolloutWorker(ActingWeights):
             worker_index=self.worker_index,
             sample_time_s=time.perf_counter() - start,
         )
+        if self._output is not None:
+            observation_spaces, action_spaces = self.get_spaces()
+            spaces = {p: (observation_spaces[p], action_spaces[p]) for p in observation_spaces}
+            self._output.write(batch, spaces, self.weights_version())
         if self.callbacks.members:
             metrics["callbacks"] = end_fragment(
                 self.callbacks,
@@ -292,3 +300,5 @@ class MultiAgentRolloutWorker(ActingWeights):
     def stop(self) -> None:
         for env in self.envs:
             env.close()
+        if self._output is not None:
+            self._output.close()

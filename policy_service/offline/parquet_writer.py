@@ -39,13 +39,16 @@ class _PolicyFiles:
         self.writer: pq.ParquetWriter | None = None
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+        self.pending_bytes = 0
 
 
 class ParquetExperienceWriter:
     """Writes SampleBatches (the default policy's) and MultiAgentBatches to `directory`.
 
     `spaces`: policy id -> (observation space, action space), kept in each policy's
-    manifest. Rows are buffered up to `row_group_rows` and written as one row group;
+    manifest. Rows are buffered up to `row_group_rows` (or `row_group_bytes` of Arrow
+    data, default min(max_file_size, 32 MiB), so that files rotate near their size) and
+    written as one row group;
     `close()` (or leaving a `with` block) writes the rest and completes the open files.
     """
 
@@ -56,6 +59,7 @@ class ParquetExperienceWriter:
         *,
         max_file_size: int = DEFAULT_MAX_FILE_SIZE,
         row_group_rows: int = 16384,
+        row_group_bytes: int | None = None,
         weights_version: int | None = None,
         compression: str = "zstd",
     ) -> None:
@@ -65,6 +69,9 @@ class ParquetExperienceWriter:
         self.spaces = dict(spaces)
         self.max_file_size = max_file_size
         self.row_group_rows = row_group_rows
+        self.row_group_bytes = (
+            min(max_file_size, 32 * 2**20) if row_group_bytes is None else row_group_bytes
+        )
         self.weights_version = weights_version
         self.compression = compression
         self._policies: dict[str, _PolicyFiles] = {}
@@ -77,7 +84,11 @@ class ParquetExperienceWriter:
             files = self._policies[pid]
             files.pending.append(table)
             files.pending_rows += table.num_rows
-            if files.pending_rows >= self.row_group_rows:
+            files.pending_bytes += table.nbytes
+            if (
+                files.pending_rows >= self.row_group_rows
+                or files.pending_bytes >= self.row_group_bytes
+            ):
                 self._flush(files)
 
     def _table(self, policy_id: str, batch: SampleBatch) -> pa.Table:
@@ -110,7 +121,7 @@ class ParquetExperienceWriter:
         if not files.pending:
             return
         table = pa.concat_tables(files.pending)
-        files.pending, files.pending_rows = [], 0
+        files.pending, files.pending_rows, files.pending_bytes = [], 0, 0
         if files.writer is None:
             out = files.files.open()
             files.writer = pq.ParquetWriter(out.file, table.schema, compression=self.compression)

@@ -24,6 +24,7 @@ def build(
     """The training server; `seed` is the clients' to use, `inference_actors` and
     `callbacks` are refused here (the server acts and records in its own process)."""
     from policy_service.distributed.env_runner_group import probe_spaces
+    from policy_service.offline.output import ExperienceOutput
     from policy_service.serving.external_env_runners import ExternalEnvRunners
     from policy_service.serving.server import ServerAddress, read_token
 
@@ -50,6 +51,7 @@ def build(
         token=read_token(config.external_env_token_file, os.environ),
         rollout_fragment_length=config.fragment_length(),
         episode_timeout_s=config.episode_timeout_s,
+        output=ExperienceOutput.from_config(config),  # config.output: the clients' steps
     )
 
 

@@ -28,6 +28,8 @@ import gymnasium as gym
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.restarts import backoff_delays
 from policy_service.errors import RunFailure
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.output import ExperienceOutput
 from policy_service.serving import direct_ingress
 from policy_service.serving.deployment import APP_NAME, DEPLOYMENT_NAME, ServingSettings
 from policy_service.serving.http_api import token_digest
@@ -61,6 +63,7 @@ class ExternalEnvRunners:
         rollout_fragment_length: int,
         episode_timeout_s: float = 60.0,
         settings: ServingSettings | None = None,
+        output: ExperienceOutput | None = None,
     ):
         from ray import serve
 
@@ -73,6 +76,7 @@ class ExternalEnvRunners:
         self._weights_version = 0
         self._num_grad_updates: int | None = None  # synced with the weights; batches name it
         self._replica_id: str | None = None
+        self._output = output  # config.output: the clients' steps, written here
         check_port_free(address)
         direct_ingress.start(
             address,
@@ -122,6 +126,9 @@ class ExternalEnvRunners:
             return None
         batch, metrics = result
         batch.num_grad_updates = self._num_grad_updates  # as RLlib's server-side collector
+        if self._output is not None:
+            spaces = {DEFAULT_POLICY_ID: (self.observation_space, self.action_space)}
+            self._output.write(batch, spaces, metrics["weights_version"])
         metrics.update(num_worker_restarts=self.num_restarts, num_env_runners=0)
         return batch, metrics
 
@@ -182,3 +189,5 @@ class ExternalEnvRunners:
         from policy_service.serving.serve_shutdown import shutdown_serve
 
         shutdown_serve()
+        if self._output is not None:
+            self._output.close()

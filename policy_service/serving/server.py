@@ -18,7 +18,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -165,8 +165,12 @@ def run_server(
     settings: ServingSettings,
     token: str,
     announce: str = "",
+    app=None,
+    before_stop: Callable[[], object] | None = None,
 ) -> int:
-    """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0."""
+    """Serve until SIGTERM or SIGINT, then stop Serve and Ray and return 0. `app`: the
+    Serve application (default: policy_app of the state); `before_stop` runs before Serve
+    stops (a logging server completes its files)."""
     check_settings(address, settings)
     check_port_free(address)
     proxy_errors.install()  # the proxy's own errors as JSON (the Ray started here)
@@ -179,7 +183,7 @@ def run_server(
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         check_cluster_fits(settings, ray.cluster_resources())
-        start_app(address, policy_app(policy_state, token_digest(token), settings))
+        start_app(address, app or policy_app(policy_state, token_digest(token), settings))
         print(
             f"serving on http://{address.host}:{address.port} ({settings.num_replicas} "
             f"replica(s)); {announce}".rstrip("; "),
@@ -188,6 +192,8 @@ def run_server(
         while not stop.wait(0.5):
             pass
         print("stopping", flush=True)
+        if before_stop is not None:
+            before_stop()
         shutdown_serve()  # without Ray's lines about calls to the controller
     finally:
         ray.shutdown()
