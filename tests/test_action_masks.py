@@ -1,25 +1,21 @@
 """Action masks (policy_service/policy/action_masks.py): an "action_mask" entry of a Dict
-observation keeps every policy's illegal actions out of sampling, the greedy action and
-EpsilonGreedy's random ones (uniform among the legal), for PPO and DQN acting and
-training on an env that raises on an illegal action, and in an exported model; a mask
-a policy cannot apply is refused in one line."""
+observation keeps a policy's illegal actions out of sampling, the greedy action and
+EpsilonGreedy's random ones (uniform among the legal), and out of an exported model; a
+mask a policy cannot apply is refused in one line. PPO and DQN training on an env that
+raises on an illegal action: test_ppo.py and test_dqn_algorithm.py; SAC's refusal:
+test_sac.py."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
 from envs import MaskedPickEnv
-from fakes import assert_one_line
+from fakes import PGPolicy, assert_one_line
 
-from algorithms import register_env
-from algorithms.dqn import DQN, DQNPolicy
-from algorithms.ppo import PPO, PPOPolicy
-from algorithms.sac import SACPolicy
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.io.export import SIGNATURE_NAME, export_saved_model
 from policy_service.policy.action_masks import MASKED, ActionMaskError
 
-register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
 N = 6
 SPACE = MaskedPickEnv().observation_space
 
@@ -33,8 +29,8 @@ def masked_observations(rows: int, seed: int = 0) -> tuple[dict, np.ndarray]:
 
 
 @pytest.mark.parametrize("explore", [True, False])
-def test_ppo_acts_only_legally_and_its_illegal_inputs_are_masked(explore):
-    policy = PPOPolicy(SPACE, gym.spaces.Discrete(N), {"seed": 0})
+def test_a_policy_acts_only_legally_and_its_illegal_inputs_are_masked(explore):
+    policy = PGPolicy(SPACE, gym.spaces.Discrete(N), {"seed": 0})
     obs, legal = masked_observations(2000)
     actions, _, extra = policy.compute_actions(obs, explore=explore)
     assert legal[np.arange(2000), actions].all()
@@ -45,7 +41,7 @@ def test_ppo_acts_only_legally_and_its_illegal_inputs_are_masked(explore):
 
 
 def test_the_exported_model_masks_as_the_policy_does(tmp_path):
-    policy = PPOPolicy(SPACE, gym.spaces.Discrete(N), {"seed": 0})
+    policy = PGPolicy(SPACE, gym.spaces.Discrete(N), {"seed": 0})
     export_saved_model(policy, str(tmp_path / "model"))
     serve = tf.saved_model.load(str(tmp_path / "model")).signatures[SIGNATURE_NAME]
     obs, legal = masked_observations(500)
@@ -60,7 +56,7 @@ def test_the_exported_model_masks_as_the_policy_does(tmp_path):
 
 def test_epsilon_greedy_draws_uniformly_among_the_legal_actions():
     always_random = {"initial_epsilon": 1.0, "final_epsilon": 1.0, "type": "EpsilonGreedy"}
-    policy = DQNPolicy(
+    policy = PGPolicy(
         SPACE, gym.spaces.Discrete(N), {"seed": 0, "exploration_config": always_random}
     )
     rows = 6000
@@ -74,40 +70,16 @@ def test_epsilon_greedy_draws_uniformly_among_the_legal_actions():
     assert set(np.unique(greedy)) <= {0, 3, 4}
 
 
-@pytest.mark.parametrize(
-    "algo_class, changes",
-    [
-        (PPO, {"train_batch_size": 200, "minibatch_size": 50, "num_epochs": 2}),
-        (
-            DQN,
-            {
-                "num_steps_sampled_before_learning_starts": 50,
-                "min_sample_timesteps_per_iteration": 200,
-                "train_batch_size": 16,
-            },
-        ),
-    ],
-)
-def test_training_on_a_masked_env_never_takes_an_illegal_action(algo_class, changes):
-    algo = algo_class(
-        {"env": "masked_pick", "seed": 0, "model": {"fcnet_hiddens": [16]}, **changes}
-    )
-    try:
-        for _ in range(2):  # the env raises on an illegal action
-            result = algo.train()
-        assert result["timesteps_total"] >= 400
-        assert np.isfinite(result["episode_return_mean"])
-    finally:
-        algo.stop()
-
-
 def test_a_mask_a_policy_cannot_apply_is_refused_in_one_line():
+    class ReadsMoreOfTheModel(PGPolicy):
+        takes_action_masks = False
+
     with pytest.raises(ActionMaskError) as refused:
-        SACPolicy(SPACE, gym.spaces.Discrete(N), {})
-    assert_one_line(refused.value, "SACPolicy does not take action masks")
+        ReadsMoreOfTheModel(SPACE, gym.spaces.Discrete(N), {})
+    assert_one_line(refused.value, "ReadsMoreOfTheModel does not take action masks")
     with pytest.raises(ActionMaskError) as refused:
-        PPOPolicy(SPACE, gym.spaces.Box(-1.0, 1.0, (N,), np.float32), {})
+        PGPolicy(SPACE, gym.spaces.Box(-1.0, 1.0, (N,), np.float32), {})
     assert_one_line(refused.value, "masks the actions of a Discrete action space", "Box")
     with pytest.raises(ActionMaskError) as refused:
-        PPOPolicy(SPACE, gym.spaces.Discrete(N + 1), {})
+        PGPolicy(SPACE, gym.spaces.Discrete(N + 1), {})
     assert_one_line(refused.value, "must be a Box or MultiBinary of shape (7,)", "(6,)")

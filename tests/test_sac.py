@@ -345,3 +345,15 @@ def test_a_bad_per_loss_rate_is_one_line_naming_the_key():
     message = str(err.value)
     assert "\n" not in message and message.startswith("config.optimization must be ")
     assert "each a finite number > 0 or a schedule" in message and f"got {value!r}" in message
+
+
+def test_action_masks_are_refused_in_one_line():
+    """Its losses read the model's Q heads, which a mask does not reach."""
+    from envs import MaskedPickEnv
+    from fakes import assert_one_line
+
+    from policy_service.policy.action_masks import ActionMaskError
+
+    with pytest.raises(ActionMaskError) as refused:
+        SACPolicy(MaskedPickEnv().observation_space, gym.spaces.Discrete(6), {})
+    assert_one_line(refused.value, "SACPolicy does not take action masks")
