@@ -138,3 +138,21 @@ def test_a_lost_head_ends_the_process_in_one_line():
     assert " has not answered for " in done.stderr
     assert done.stderr.endswith(" s; continue with X\n")
     assert done.stderr.count("\n") == 1
+
+
+def test_the_config_builder_takes_the_keys_where_rllib_has_them():
+    config = (
+        PPOConfig()
+        .env_runners(
+            custom_resources_per_env_runner={"node_1": 0.01},
+            custom_resources_per_policy_actor={"node_2": 0.01},
+        )
+        .learners(
+            custom_resources_per_learner={"node_2": 0.5}, learner_placement_strategy="STRICT_SPREAD"
+        )
+        .to_dict()
+    )
+    assert config["custom_resources_per_env_runner"] == {"node_1": 0.01}
+    assert config["custom_resources_per_policy_actor"] == {"node_2": 0.01}
+    assert config["custom_resources_per_learner"] == {"node_2": 0.5}
+    assert config["learner_placement_strategy"] == "STRICT_SPREAD"
