@@ -613,15 +613,10 @@ class Algorithm:
         return metrics
 
     def _evaluation(self) -> Evaluation:
-        if self.multi_agent is not None:
-            raise ConfigError(
-                "config.evaluation_interval: evaluation during training plays one policy for "
-                "now; with config.policies, evaluate checkpoints with `policy-service evaluate "
-                "--policy ID`"
-            )
         if self.evaluation is None:
             self.sync_learner_filters()  # the state evaluation copies holds the statistics
-            self.evaluation = Evaluation(self.config, self.learners.get_state)
+            states = self.multi_agent[1].get_states if self.multi_agent else self.learners.get_state
+            self.evaluation = Evaluation(self.config, states)
         return self.evaluation
 
     def _attach_batch_hooks(self) -> None:

@@ -203,7 +203,7 @@ def evaluate(
             assert checkpoint.agent_policy_ids is not None
             played = multi_agent_evaluation.run_multi_agent_episodes(
                 ready.policies,
-                checkpoint.agent_policy_ids,
+                multi_agent_evaluation.recorded_mapping(checkpoint.agent_policy_ids),
                 cast("MultiAgentEnv", environment),
                 episodes,
                 explore,

@@ -21,14 +21,18 @@ iteration started with (RLlib's rule).
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from algorithms.evaluation import make_env, run_episodes
+from algorithms.multi_agent import multi_agent_env_creator
+from algorithms.multi_agent_evaluation import run_multi_agent_episodes
 from algorithms.saved_policies import policy_from_state
 from policy_service.errors import RunFailure, one_line
+from policy_service.multi_agent.policies import mapping_function
 from policy_service.policy import models
 
 # evaluation_config keys that change how evaluation plays; any other is refused
@@ -37,8 +41,10 @@ PREFIX = "evaluation/"
 
 
 class EvaluationPlayer:
-    """A policy copy and its env, playing seeded episodes (in the driver, or as the
-    Ray actor `EvaluationRunner`)."""
+    """Policy copies and their env, playing seeded episodes (in the driver, or as a Ray
+    actor). With `agents` (a run with `policies`: the multi-agent env's creator and the
+    policy_mapping_fn), the env is that multi-agent env and the state it plays is each
+    policy's (policy id -> state)."""
 
     def __init__(
         self,
@@ -46,29 +52,52 @@ class EvaluationPlayer:
         env_config: dict,
         preprocessor_pref: str | None,
         custom_models: dict | None = None,
+        agents: tuple[Callable, Callable] | None = None,
     ):
         models.register_custom_models(custom_models)
-        self._env = make_env(env_id, env_config, preprocessor_pref)
-        self._policy: Any = None
+        self._agents = agents
+        if agents is None:
+            self._env = make_env(env_id, env_config, preprocessor_pref)
+        else:
+            self._env = agents[0](dict(env_config))
+        self._policies: dict = {}
 
     def play(
         self, state: dict, seeds: list[int], explore: bool, timesteps: int | None = None
     ) -> dict:
         """Episodes seeded `seeds[0]`, `seeds[1]`, ... (all of them; with `timesteps`,
-        until that many steps were played) -> "episode_returns", "episode_lengths"."""
-        if self._policy is None:
-            self._policy = policy_from_state(state)
-        else:
-            self._policy.set_state(state)
+        until that many steps were played) -> "episode_returns", "episode_lengths" (and
+        with `policies`, "policy_episode_returns": policy id -> its agents' returns)."""
+        self._load(state)
         returns: list[float] = []
         lengths: list[int] = []
+        policy_returns: dict = defaultdict(list)
         for seed in seeds:
             if timesteps is not None and sum(lengths) >= timesteps:
                 break
-            played = run_episodes(self._policy, self._env, 1, explore, seed)
+            if self._agents is None:
+                played = run_episodes(self._policies[None], self._env, 1, explore, seed)
+            else:
+                played = run_multi_agent_episodes(
+                    self._policies, self._agents[1], self._env, 1, explore, seed
+                )
+                for policy_id, values in played["policy_episode_returns"].items():
+                    policy_returns[policy_id] += values
             returns += played["episode_returns"]
             lengths += played["episode_lengths"]
-        return {"episode_returns": returns, "episode_lengths": lengths}
+        result: dict = {"episode_returns": returns, "episode_lengths": lengths}
+        if self._agents is not None:
+            result["policy_episode_returns"] = dict(policy_returns)
+        return result
+
+    def _load(self, state: dict) -> None:
+        """The policies take `state` (built from it the first time)."""
+        states = state if self._agents is not None else {None: state}
+        for policy_id, policy_state in states.items():
+            if policy_id in self._policies:
+                self._policies[policy_id].set_state(policy_state)
+            else:
+                self._policies[policy_id] = policy_from_state(policy_state)
 
     def ping(self) -> bool:
         return True
@@ -87,6 +116,13 @@ class Evaluation:
         self.explore = bool(overrides.get("explore", config.explore))
         env_config = dict(overrides.get("env_config", config.env_config))
         self._player_args = (config.env, env_config, config.preprocessor_pref)
+        # a run with `policies`: its env's creator and mapping, shipped to the runners
+        self._agents = None
+        if config.policies is not None:
+            self._agents = (
+                multi_agent_env_creator(config.env),
+                mapping_function(config.policy_mapping_fn),
+            )
         self.seed = 0 if config.seed is None else int(config.seed)
         self.num_runner_restarts = 0
         self._local: EvaluationPlayer | None = None
@@ -139,14 +175,14 @@ class Evaluation:
 
     def _play_here(self, state: dict) -> dict:
         if self._local is None:
-            self._local = EvaluationPlayer(*self._player_args)
+            self._local = EvaluationPlayer(*self._player_args, None, self._agents)
         return self._local.play(state, self._seeds(0, 1), self.explore, self._timesteps(1))
 
     def _start_runner(self):
         import ray
 
         runner_cls = ray.remote(num_cpus=self.config.num_cpus_per_env_runner)(EvaluationPlayer)
-        return runner_cls.remote(*self._player_args, models.custom_model_registry())
+        return runner_cls.remote(*self._player_args, models.custom_model_registry(), self._agents)
 
     def _ask(self, slot: int, state: dict):
         count = len(self._runners)
@@ -170,6 +206,10 @@ class Evaluation:
                 ray.cancel(ref, force=True)
                 return {"episode_returns": [], "episode_lengths": [], "timed_out": True}
             except RayActorError as err:
+                if err.actor_init_failed:  # its constructor raised: a new one would too
+                    raise RunFailure(
+                        f"evaluation env runner {slot + 1} could not start: {one_line(err)}"
+                    ) from None
                 if self.num_runner_restarts >= DEFAULT_MAX_RESTARTS:
                     raise RunFailure(
                         f"evaluation env runner {slot + 1} died and the restart budget "
@@ -193,6 +233,22 @@ class Evaluation:
             f"{PREFIX}episode_returns": returns.tolist(),
             f"{PREFIX}num_runner_restarts": self.num_runner_restarts,
             f"{PREFIX}timed_out": any(p.get("timed_out", False) for p in played),
+            **self._policy_metrics(played),
+        }
+
+    def _policy_metrics(self, played: list[dict]) -> dict:
+        """With `policies`: each policy's mean episode return over its agents
+        (RLlib's policy_reward_mean, as in the training results)."""
+        if self._agents is None:
+            return {}
+        returns: dict = defaultdict(list)
+        for p in played:
+            for policy_id, values in p.get("policy_episode_returns", {}).items():
+                returns[policy_id] += values
+        return {
+            f"{PREFIX}policy_reward_mean": {
+                policy_id: float(np.mean(values)) for policy_id, values in returns.items()
+            }
         }
 
     def stop(self) -> None:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import multi_agent_envs
 import pytest
 from cli_processes import TINY, progress, ray_token, run  # noqa: F401
+from multi_agent_envs import TwoMapsEnv, two_maps_config
 
 from algorithms.ppo import PPO
 from policy_service.config import ConfigError
@@ -109,6 +111,77 @@ def test_a_killed_evaluation_runner_is_replaced_and_plays_its_share_again():
         assert second["evaluation/num_runner_restarts"] == 1
         assert second["evaluation/episode_returns"] == first["evaluation/episode_returns"]
         assert second["evaluation/num_episodes"] == 4
+    finally:
+        algo.stop()
+        ray.shutdown()
+
+
+@pytest.mark.parametrize(
+    "runners", [0, pytest.param(1, marks=pytest.mark.slow)], ids=["in the driver", "in a runner"]
+)
+def test_a_run_with_policies_evaluates_every_agent_as_evaluate_of_its_checkpoint(
+    runners, tmp_path, capsys
+):
+    """Each agent plays with the policy the run's mapping gives it; the evaluation of
+    iteration 1 equals `policy-service evaluate` of iteration 1's checkpoint, per policy
+    too (the driver's and a runner actor's alike)."""
+    import ray
+
+    from algorithms import evaluation, register_env
+
+    register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+    if runners:
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+        ray.cloudpickle.register_pickle_by_value(multi_agent_envs)  # a test-only env
+    small = {"train_batch_size": 64, "minibatch_size": 32, "num_epochs": 1}
+    algo = PPO(
+        two_maps_config(
+            **small,
+            model={"fcnet_hiddens": [8]},
+            evaluation_interval=1,
+            evaluation_duration=6,
+            evaluation_num_env_runners=runners,
+            evaluation_config={"explore": False},
+        )
+    )
+    try:
+        result = algo.train()
+        path = algo.save(str(tmp_path / "checkpoint_000001"))
+    finally:
+        algo.stop()
+        if runners:
+            ray.cloudpickle.unregister_pickle_by_value(multi_agent_envs)
+            ray.shutdown()
+    assert result["evaluation/num_episodes"] == 6
+    assert set(result["evaluation/policy_reward_mean"]) == {"pa", "pb"}
+    evaluation.evaluate(path, episodes=6, seed=0, policy_id="pa")
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["episode_returns"] == result["evaluation/episode_returns"]
+    assert report["policy_reward_mean"] == result["evaluation/policy_reward_mean"]
+
+
+@pytest.mark.slow  # one evaluation runner actor: ~10 s here
+def test_an_evaluation_runner_whose_env_cannot_be_made_ends_the_run_in_one_line_at_once():
+    """Its constructor raised, so a replacement would too: no restarts, one line."""
+    import ray
+
+    from policy_service.errors import RunFailure
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    algo = PPO(
+        {
+            **TINY_CONFIG,
+            "evaluation_num_env_runners": 1,
+            "evaluation_config": {"env_config": {"no_such_argument": 1}},
+        }
+    )
+    try:
+        with pytest.raises(RunFailure) as failed:
+            algo.evaluate()
+        assert "\n" not in str(failed.value)
+        assert "evaluation env runner 1 could not start" in str(failed.value)
+        assert "no_such_argument" in str(failed.value)
+        assert algo.evaluation is not None and algo.evaluation.num_runner_restarts == 0
     finally:
         algo.stop()
         ray.shutdown()
