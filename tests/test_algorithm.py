@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 import ray
+import tensorflow as tf
 
 import algorithms
 from algorithms.algorithm import AlgorithmConfig, AlgorithmState
@@ -18,6 +19,7 @@ from policy_service.config import from_dict, on_cpu
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
+from policy_service.policy.exploration import Exploration
 
 PPO_RUN = {
     "env": "CartPole-v1",
@@ -500,6 +502,38 @@ def test_a_resumed_run_continues_the_lr_schedule(tmp_path):
         assert lr(resumed) == rllib_value(schedule, resumed.timesteps_total)
     finally:
         resumed.stop()
+
+
+class FirstActionWhenExploring(Exploration):
+    """A user's exploration class, named by its class in the config."""
+
+    def __init__(self, action_space, action: int = 0):
+        self.action = int(action)
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = tf.cast(dist.deterministic_sample(), tf.int64)
+        chosen = tf.where(explore, tf.fill(tf.shape(greedy), np.int64(self.action)), greedy)
+        return chosen, tf.zeros(tf.shape(greedy), tf.float32)
+
+
+def test_the_config_json_names_an_exploration_class_type_by_name():
+    """The run directory and checkpoints hold the algorithm's config as JSON
+    (Algorithm.config_json): a class type is written by name, as the policy's state does
+    (tests/test_exploration_noise.py)."""
+    algo = PPO(
+        {
+            "env": "CartPole-v1",
+            "exploration_config": {"type": FirstActionWhenExploring, "action": 1},
+        }
+    )
+    try:
+        written = json.loads(json.dumps(algo.config_json()))
+    finally:
+        algo.stop()
+    assert written["exploration_config"] == {
+        "type": f"{__name__}.FirstActionWhenExploring",
+        "action": 1,
+    }
 
 
 # ----- the multi-agent keys of the config, checked where the config enters -------------

@@ -1,6 +1,7 @@
 """exploration.py: RLlib's GaussianNoise schedule and OrnsteinUhlenbeckNoise (checked
 against the OU recursion by hand), and user exploration classes by class, by
-"module.Class" and by registered name."""
+"module.Class" and by registered name. A replay config's random_timesteps (TD3's):
+test_td3.py; an algorithm's config JSON naming a class type: test_algorithm.py."""
 
 import gymnasium as gym
 import numpy as np
@@ -8,7 +9,6 @@ import pytest
 import tensorflow as tf
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
-from algorithms.td3 import TD3Policy
 from policy_service.config import ConfigError
 from policy_service.policy import exploration
 from policy_service.policy.distributions import dist_class_for
@@ -20,8 +20,8 @@ from policy_service.policy.exploration import (
 )
 
 WIDE = gym.spaces.Box(-10.0, 10.0, (2,), np.float32)
-TD3_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-TD3_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
+BOX_OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+BOX_ACTIONS = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
 
 
 def seed(i: int) -> tf.Tensor:
@@ -101,26 +101,25 @@ def lag_one_correlation(series: np.ndarray) -> float:
     return float(np.corrcoef(series[:-1], series[1:])[0, 1])
 
 
-def noise_series(exploration_config: dict, steps: int = 1000) -> np.ndarray:
-    """The first action dimension's noise over `steps` calls of a TD3 policy."""
-    policy = TD3Policy(
-        TD3_OBS,
-        TD3_ACTIONS,
-        {
-            "seed": 0,
-            "actor_hiddens": [8],
-            "critic_hiddens": [8],
-            "num_steps_sampled_before_learning_starts": 0,
-            "exploration_config": exploration_config,
-        },
+def noisy_policy(exploration_config: dict) -> PGPolicy:
+    """A policy on Box actions, exploring from its first step (no random timesteps)."""
+    exploration_config = {"random_timesteps": 0, **exploration_config}
+    return PGPolicy(
+        BOX_OBS, BOX_ACTIONS, small_config(model={}, exploration_config=exploration_config)
     )
+
+
+def noise_series(exploration_config: dict, steps: int = 1000) -> np.ndarray:
+    """The first action dimension's noise over `steps` calls of a policy: its noisy
+    action minus its greedy one (the Gaussian's mean)."""
+    policy = noisy_policy(exploration_config)
     obs = np.zeros((1, 3), np.float32)
     greedy, _, _ = policy.compute_actions(obs, explore=False, timestep=10)
     noisy = [policy.compute_actions(obs, explore=True, timestep=10)[0][0, 0] for _ in range(steps)]
     return np.asarray(noisy) - greedy[0, 0]
 
 
-@pytest.mark.slow  # two TD3 policies and 2,000 acting calls: ~5 s
+@pytest.mark.slow  # two policies and 2,000 acting calls: ~5 s
 def test_ou_noise_is_temporally_correlated_and_gaussian_noise_is_not():
     ou = noise_series({"type": "OrnsteinUhlenbeckNoise", "final_scale": 1.0})
     # an AR(1) process x' = (1 - theta) x + sigma e: lag-one correlation 1 - theta = 0.85
@@ -131,21 +130,15 @@ def test_ou_noise_is_temporally_correlated_and_gaussian_noise_is_not():
 
 
 def test_ou_state_is_part_of_the_policy_state():
-    config = {
-        "seed": 0,
-        "actor_hiddens": [8],
-        "critic_hiddens": [8],
-        "num_steps_sampled_before_learning_starts": 0,
-        "exploration_config": {"type": "OrnsteinUhlenbeckNoise"},
-    }
-    source = TD3Policy(TD3_OBS, TD3_ACTIONS, config)
+    config = {"type": "OrnsteinUhlenbeckNoise"}
+    source = noisy_policy(config)
     obs = np.zeros((2, 3), np.float32)
     for _ in range(5):
         source.compute_actions(obs, explore=True, timestep=50)
     state = source.get_state()
     assert state["exploration"]["type"] == "OrnsteinUhlenbeckNoise"
     assert state["exploration"]["ou_state"] == source.exploration.ou_state != [0.0, 0.0]
-    target = TD3Policy(TD3_OBS, TD3_ACTIONS, config)
+    target = noisy_policy(config)
     target.set_state(state)
     assert target.exploration.ou_state == source.exploration.ou_state
     a, _, _ = source.compute_actions(obs, explore=True, timestep=50)
@@ -273,60 +266,3 @@ def test_a_policy_with_a_class_type_checkpoints_and_restores(tmp_path):
         restored.compute_actions(obs, explore=False)[0],
         policy.compute_actions(obs, explore=False)[0],
     )
-
-
-class ShiftedGreedy(Exploration):
-    """Explores by shifting the greedy continuous action by `shift`; takes no
-    random_timesteps (a user's exploration, for the tests)."""
-
-    def __init__(self, action_space, shift: float = 0.5):
-        self.shift = float(shift)
-
-    def choose(self, dist, explore, timestep, seed):
-        greedy = dist.deterministic_sample()
-        chosen = tf.where(explore, greedy + self.shift, greedy)
-        return chosen, tf.zeros(tf.shape(greedy)[:1], tf.float32)
-
-
-def td3_config(exploration_config: dict) -> dict:
-    return {
-        "seed": 0,
-        "actor_hiddens": [8],
-        "critic_hiddens": [8],
-        "num_steps_sampled_before_learning_starts": 30,
-        "exploration_config": exploration_config,
-    }
-
-
-def test_replay_random_timesteps_go_only_to_a_type_that_takes_them():
-    policy = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"type": ShiftedGreedy, "shift": 0.25}))
-    assert policy.config.exploration_config == {"type": ShiftedGreedy, "shift": 0.25}
-    obs = np.zeros((2, 3), np.float32)
-    greedy, _, _ = policy.compute_actions(obs, explore=False)
-    shifted, _, _ = policy.compute_actions(obs, explore=True, timestep=0)
-    np.testing.assert_allclose(shifted, greedy + 0.25, rtol=1e-6)
-    gaussian = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"type": "GaussianNoise"}))
-    assert gaussian.config.exploration_config["random_timesteps"] == 30
-    assert gaussian.exploration.random_timesteps == 30
-    own = TD3Policy(TD3_OBS, TD3_ACTIONS, td3_config({"random_timesteps": 5}))
-    assert own.config.exploration_config["random_timesteps"] == 5
-
-
-def test_an_algorithms_config_names_a_class_type_in_its_json():
-    """The run directory and checkpoints hold the algorithm's config as JSON
-    (Algorithm.config_json): a class type is written by name, as the policy's state does."""
-    import json
-
-    from algorithms.ppo import PPO
-
-    algo = PPO(
-        {"env": "CartPole-v1", "exploration_config": {"type": AlwaysFirstAction, "action": 1}}
-    )
-    try:
-        written = json.loads(json.dumps(algo.config_json()))
-    finally:
-        algo.stop()
-    assert written["exploration_config"] == {
-        "type": f"{__name__}.AlwaysFirstAction",
-        "action": 1,
-    }

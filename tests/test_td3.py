@@ -11,6 +11,7 @@ from algorithms import get_algorithm_class
 from algorithms.td3 import TD3, TD3Config, TD3Policy
 from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.policy.exploration import Exploration
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 BOX = gym.spaces.Box(-2.0, 2.0, (2,), np.float32)
@@ -207,3 +208,40 @@ def test_a_bad_per_loss_rate_is_one_line_naming_the_key(key, value, what):
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"config.{key} must be ")
     assert what in message and f"got {value!r}" in message
+
+
+class ShiftedGreedy(Exploration):
+    """Explores by shifting the greedy continuous action by `shift`; takes no
+    random_timesteps (a user's exploration, for the tests)."""
+
+    def __init__(self, action_space, shift: float = 0.5):
+        self.shift = float(shift)
+
+    def choose(self, dist, explore, timestep, seed):
+        greedy = dist.deterministic_sample()
+        chosen = tf.where(explore, greedy + self.shift, greedy)
+        return chosen, tf.zeros(tf.shape(greedy)[:1], tf.float32)
+
+
+def test_replay_random_timesteps_go_only_to_a_type_that_takes_them():
+    """num_steps_sampled_before_learning_starts becomes the exploration's random_timesteps
+    where the exploration type takes them (explorations: tests/test_exploration_noise.py)."""
+
+    def config(exploration_config: dict) -> dict:
+        return {
+            **TINY,
+            "num_steps_sampled_before_learning_starts": 30,
+            "exploration_config": exploration_config,
+        }
+
+    policy = TD3Policy(OBS, BOX, config({"type": ShiftedGreedy, "shift": 0.25}))
+    assert policy.config.exploration_config == {"type": ShiftedGreedy, "shift": 0.25}
+    obs = np.zeros((2, 3), np.float32)
+    greedy, _, _ = policy.compute_actions(obs, explore=False)
+    shifted, _, _ = policy.compute_actions(obs, explore=True, timestep=0)
+    np.testing.assert_allclose(shifted, greedy + 0.25, rtol=1e-6)
+    gaussian = TD3Policy(OBS, BOX, config({"type": "GaussianNoise"}))
+    assert gaussian.config.exploration_config["random_timesteps"] == 30
+    assert gaussian.exploration.random_timesteps == 30
+    own = TD3Policy(OBS, BOX, config({"random_timesteps": 5}))
+    assert own.config.exploration_config["random_timesteps"] == 5
