@@ -3,7 +3,11 @@ it is made of, samples-trained metrics, algorithm state in checkpoints, and PPO
 unchanged by the loop it now runs on (against a hand-written loop)."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -534,6 +538,63 @@ def test_the_config_json_names_an_exploration_class_type_by_name():
         "type": f"{__name__}.FirstActionWhenExploring",
         "action": 1,
     }
+
+
+FILTERED_POLICY_IN_A_FRESH_PROCESS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from policy_service import TFPolicy
+    policy = TFPolicy.from_checkpoint(sys.argv[1] + "/policy")
+    obs = np.asarray(json.loads(sys.argv[2]), np.float32)
+    actions, _, extra = policy.compute_actions(obs, explore=False)
+    stats = policy.observation_filter.stats
+    print(json.dumps({"actions": actions.tolist(), "count": stats.count,
+                      "dist": extra["action_dist_inputs"].tolist()}))
+""")
+
+
+@pytest.mark.slow
+def test_a_run_saves_the_merged_observation_filter_and_a_fresh_process_acts_through_it(
+    tmp_path,
+):
+    """PPO with MeanStdFilter for one iteration on Pendulum-v1: the learner policy holds
+    every observation the runner saw, and its checkpoint, restored in a fresh process,
+    gives the same filtered actions (the filter: tests/test_observation_filters.py)."""
+    config = {
+        "model": {"fcnet_hiddens": [8]},
+        "seed": 5,
+        "observation_filter": "MeanStdFilter",
+        "env": "Pendulum-v1",
+        "train_batch_size": 200,
+    }
+    algo = PPO({**config, "minibatch_size": 100, "num_epochs": 1})
+    try:
+        algo.train()
+        checkpoint = algo.save(str(tmp_path / "checkpoint"))
+        policy = algo.get_policy()
+    finally:
+        algo.stop()
+    assert policy.observation_filter.stats.count >= 200
+    obs = np.random.default_rng(1).uniform([-1, -1, -8], [1, 1, 8], (6, 3)).astype(np.float32)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FILTERED_POLICY_IN_A_FRESH_PROCESS,
+            checkpoint,
+            json.dumps(obs.tolist()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    got = json.loads(child.stdout.strip().splitlines()[-1])
+    actions, _, extra = policy.compute_actions(obs, explore=False)
+    assert got["count"] == policy.observation_filter.stats.count
+    np.testing.assert_array_equal(np.asarray(got["dist"], np.float32), extra["action_dist_inputs"])
+    np.testing.assert_array_equal(np.asarray(got["actions"], np.float32), actions)
 
 
 # ----- the multi-agent keys of the config, checked where the config enters -------------

@@ -418,3 +418,33 @@ def test_learners_dead_past_their_budget_end_the_run_in_one_line(
             algo.train()
     assert isinstance(failure.value, RunFailure)
     assert_one_line(failure.value, "learner 0 died 1 times during one", "max_restarts_per_update=0")
+
+
+def test_an_appo_run_syncs_its_runners_filters_with_its_weights():
+    """APPO syncs weights from its learner loop (never through broadcast_weights):
+    the runner's buffer is flushed into the driver's copy, which the runner and the
+    learner policy hold (the filter: tests/test_observation_filters.py)."""
+    algo = APPO(
+        {
+            "model": {"fcnet_hiddens": [8]},
+            "seed": 5,
+            "observation_filter": "MeanStdFilter",
+            "env": "CartPole-v1",
+            "rollout_fragment_length": 10,
+            "train_batch_size": 20,
+            "num_epochs": 1,
+        }
+    )
+    try:
+        for _ in range(2):
+            algo.train()
+        driver = algo.env_runners.filter_stats
+        runner = algo.env_runners.local_worker.observation_filter
+        learner = algo.get_policy().observation_filter.stats
+    finally:
+        algo.stop()
+    assert driver.count > 0
+    # the runner's rows: the merged ones it was given, plus those since (its buffer)
+    assert runner.stats.count == driver.count + runner.buffer.count
+    assert runner.buffer.count < runner.stats.count  # flushed at least once
+    assert (learner.count, learner.mean.tolist()) == (driver.count, driver.mean.tolist())

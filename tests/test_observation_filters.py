@@ -1,14 +1,10 @@
 """observation_filters.py: MeanStdFilter's statistics against numpy's, merged over two
-remote env runners and synced back; the driver's copy in the learner policy, saved in
-its checkpoint, applied by compute_actions in a fresh process and inside model.onnx."""
+remote env runners and synced back; the driver's copy in the learner policy, in its
+state, applied by compute_actions and inside model.onnx. APPO's sync from its learner
+loop: test_impala.py; `evaluate` acting through the filter: test_evaluation.py; a run's
+checkpoint acting through it in a fresh process: test_algorithm.py."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import envs
 import fakes
@@ -199,46 +195,14 @@ def test_a_sync_that_does_not_wait_merges_what_arrived_and_sends_it_back(ray_loc
         group.stop()
 
 
-def test_an_appo_run_syncs_its_runners_filters_with_its_weights():
-    """APPO syncs weights from its learner loop (never through broadcast_weights):
-    the runner's buffer is flushed into the driver's copy, which the runner and the
-    learner policy hold."""
-    from algorithms.appo import APPO
-
-    algo = APPO(
-        {
-            **FILTERED,
-            "env": "CartPole-v1",
-            "rollout_fragment_length": 10,
-            "train_batch_size": 20,
-            "num_epochs": 1,
-        }
-    )
-    try:
-        for _ in range(2):
-            algo.train()
-        driver = algo.env_runners.filter_stats
-        runner = algo.env_runners.local_worker.observation_filter
-        learner = algo.get_policy().observation_filter.stats
-    finally:
-        algo.stop()
-    assert driver.count > 0
-    # the runner's rows: the merged ones it was given, plus those since (its buffer)
-    assert runner.stats.count == driver.count + runner.buffer.count
-    assert runner.buffer.count < runner.stats.count  # flushed at least once
-    assert (learner.count, learner.mean.tolist()) == (driver.count, driver.mean.tolist())
-
-
 # ----- the learner policy's copy: state, ONNX, a real run, a fresh process ------------------
 
 
 @pytest.fixture(scope="module")
 def filter_policy():
-    """A PPO policy whose filter has seen 50 observations of wide, shifted ranges, and
-    raw observations to act on."""
-    from algorithms.ppo import PPOPolicy
-
-    policy = PPOPolicy(OBS_SPACE, gym.spaces.Discrete(3), FILTERED)
+    """A policy whose filter has seen 50 observations of wide, shifted ranges, and raw
+    observations to act on."""
+    policy = fakes.PGPolicy(OBS_SPACE, gym.spaces.Discrete(3), FILTERED)
     rng = np.random.default_rng(2)
     policy.observation_filter(rng.normal([3.0, -2.0, 0.5], [4.0, 0.1, 2.0], (50, 3)))
     return policy, rng.uniform(-6, 6, (8, 3)).astype(np.float32)
@@ -254,10 +218,8 @@ def test_compute_actions_filters_raw_observations_without_updating(filter_policy
 
 
 def test_the_filter_is_in_the_policy_state_and_a_bad_entry_changes_nothing(filter_policy):
-    from algorithms.ppo import PPOPolicy
-
     policy, obs = filter_policy
-    twin = PPOPolicy(OBS_SPACE, gym.spaces.Discrete(3), FILTERED)
+    twin = fakes.PGPolicy(OBS_SPACE, gym.spaces.Discrete(3), FILTERED)
     state = policy.get_state()
     bad = {**state, "observation_filter": {**state["observation_filter"], "m2": -np.ones(3)}}
     with pytest.raises(ValueError, match=r"^policy state observation_filter/m2 must be >= 0$"):
@@ -300,85 +262,3 @@ def test_onnx_and_saved_model_hold_the_filter_their_actions_equal_compute_action
     np.testing.assert_allclose(
         saved["action_dist_inputs"].numpy(), extra["action_dist_inputs"], rtol=1e-5, atol=1e-5
     )
-
-
-class WideObservations(gym.Env):
-    """Ten steps of seeded wide observations in OBS_SPACE; records the actions taken."""
-
-    observation_space, action_space = OBS_SPACE, gym.spaces.Discrete(3)
-
-    def reset(self, *, seed=None, options=None):
-        self.rng, self.seen, self.actions = np.random.default_rng(seed), [], []
-        return self._observe(), {}
-
-    def step(self, action):
-        self.actions.append(int(action))
-        return self._observe(), 0.0, False, len(self.actions) == 10, {}
-
-    def _observe(self):
-        self.seen.append(self.rng.uniform(-6, 6, 3).astype(np.float32))
-        return self.seen[-1]
-
-
-def test_evaluate_acts_on_observations_filtered_as_training_saw_them(filter_policy):
-    """`evaluate`'s episodes pick, at every step, the greedy action of the model on the
-    observation normalized by the filter's statistics (numpy here), and leave those
-    statistics as they were."""
-    from algorithms.evaluation import run_episodes
-
-    policy, _ = filter_policy
-    stats = policy.observation_filter.stats
-    count, env = stats.count, WideObservations()
-    run_episodes(policy, env, episodes=1, explore=False, seed=3)
-    seen = np.stack(env.seen[:-1])  # the last observation is never acted on
-    normalized = np.clip((seen - stats.mean) / (stats.std + 1e-8), -10.0, 10.0)
-    logits = policy.model({"obs": normalized.astype(np.float32)}, training=False)
-    assert env.actions == np.argmax(logits["action_dist_inputs"].numpy(), axis=1).tolist()
-    raw_logits = policy.model({"obs": seen}, training=False)["action_dist_inputs"].numpy()
-    assert env.actions != np.argmax(raw_logits, axis=1).tolist()  # the filter mattered
-    assert policy.observation_filter.stats.count == count
-
-
-FRESH_PROCESS = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    from policy_service import TFPolicy
-    policy = TFPolicy.from_checkpoint(sys.argv[1] + "/policy")
-    obs = np.asarray(json.loads(sys.argv[2]), np.float32)
-    actions, _, extra = policy.compute_actions(obs, explore=False)
-    stats = policy.observation_filter.stats
-    print(json.dumps({"actions": actions.tolist(), "count": stats.count,
-                      "dist": extra["action_dist_inputs"].tolist()}))
-""")
-
-
-@pytest.mark.slow
-def test_a_run_saves_the_merged_filter_and_a_fresh_process_acts_through_it(tmp_path):
-    """PPO with MeanStdFilter for one iteration on Pendulum-v1: the learner policy holds
-    every observation the runner saw, and its checkpoint, restored in a fresh process,
-    gives the same filtered actions."""
-    from algorithms.ppo import PPO
-
-    config = {**FILTERED, "env": "Pendulum-v1", "train_batch_size": 200}
-    algo = PPO({**config, "minibatch_size": 100, "num_epochs": 1})
-    try:
-        algo.train()
-        checkpoint = algo.save(str(tmp_path / "checkpoint"))
-        policy = algo.get_policy()
-    finally:
-        algo.stop()
-    assert policy.observation_filter.stats.count >= 200
-    obs = np.random.default_rng(1).uniform([-1, -1, -8], [1, 1, 8], (6, 3)).astype(np.float32)
-    child = subprocess.run(
-        [sys.executable, "-c", FRESH_PROCESS, checkpoint, json.dumps(obs.tolist())],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    got = json.loads(child.stdout.strip().splitlines()[-1])
-    actions, _, extra = policy.compute_actions(obs, explore=False)
-    assert got["count"] == policy.observation_filter.stats.count
-    np.testing.assert_array_equal(np.asarray(got["dist"], np.float32), extra["action_dist_inputs"])
-    np.testing.assert_array_equal(np.asarray(got["actions"], np.float32), actions)
