@@ -45,7 +45,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.config_rules import MIN_ROW_BYTES
-from policy_service.data import observation_filters
+from policy_service.data import env_actions, observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.ray_runtime import start_ray
 from policy_service.engine import devices
@@ -54,7 +54,7 @@ from policy_service.envs import atari
 from policy_service.errors import RunFailure
 from policy_service.io import checkpoints
 from policy_service.multi_agent import pettingzoo_env
-from policy_service.multi_agent.policies import check_policies_config
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID, check_policies_config
 from policy_service.multi_agent.self_play import FrozenCopies, check_frozen_copies
 from policy_service.offline import config_keys as offline_keys
 from policy_service.runs.callbacks import (
@@ -1284,6 +1284,44 @@ class Algorithm:
                 "(num_learners > 0); use algo.learners (a LearnerGroup) instead"
             )
         return learners.local_policy
+
+    def compute_single_action(
+        self,
+        observation,
+        state: list | None = None,
+        *,
+        prev_action=None,
+        prev_reward=None,
+        policy_id: str = DEFAULT_POLICY_ID,
+        explore: bool | None = None,
+        timestep: int | None = None,
+        full_fetch: bool = False,
+    ):
+        """RLlib's Algorithm.compute_single_action: one raw observation acted on by the
+        learner policy `policy_id` (its observation filter applied, not updated) -> the
+        action, or (action, state_out, extra) for a recurrent policy or with full_fetch.
+        The action is what an env runner sends the env (normalize_actions, clip_actions)."""
+        if self.multi_agent is None and policy_id != DEFAULT_POLICY_ID:
+            raise KeyError(
+                f"compute_single_action: no policy {policy_id!r}; this run has one policy, "
+                f"{DEFAULT_POLICY_ID!r}"
+            )
+        policy = self.get_policy(policy_id if self.multi_agent is not None else None)
+        action, state_out, extra = policy.compute_single_action(
+            observation,
+            state,
+            explore=explore,
+            prev_action=prev_action,
+            prev_reward=prev_reward,
+            timestep=timestep,
+        )
+        config = policy.config
+        action = env_actions.single_to_env(
+            policy.action_space, action, config.normalize_actions, config.clip_actions
+        )
+        if state is not None or full_fetch or policy.is_recurrent():
+            return action, state_out, extra
+        return action
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it

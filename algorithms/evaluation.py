@@ -41,6 +41,7 @@ from algorithms.saved_policies import (
     policy_from_state,
     saved_policy_state,
 )
+from policy_service.data import env_actions
 from policy_service.errors import UserError, one_line
 from policy_service.io.checkpoints import (
     ALGORITHM_STATE,
@@ -167,7 +168,11 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
                 )
             else:
                 action, _, _ = policy.compute_single_action(obs, explore=explore)
-            obs, reward, terminated, truncated, _ = env.step(action)
+            cfg = policy.config  # the env gets what env runners send (env_actions.py)
+            sent = env_actions.single_to_env(
+                policy.action_space, action, cfg.normalize_actions, cfg.clip_actions
+            )
+            obs, reward, terminated, truncated, _ = env.step(sent)
             total += float(reward)
             steps += 1
             prev_action, prev_reward = action, float(reward)

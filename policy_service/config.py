@@ -297,6 +297,9 @@ class ModelConfig(Config):
     use_batch_norm: bool = setting(False, doc="Batch normalization after each hidden dense layer.")
     custom_model: str | None = setting(None, doc="Name given to register_custom_model.")
     custom_model_config: dict = setting(doc="Passed to the custom model.", factory=dict)
+    custom_action_dist: str | None = setting(
+        None, doc="Name given to register_custom_action_dist (RLlib's key)."
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -342,6 +345,16 @@ class PolicyConfig(Config):
     gamma: float = setting(0.99, doc="Discount factor.", check=finite(ge=0, le=1))
     seed: int | None = setting(None, doc="Seed for weights and action sampling.", check=SEED)
     explore: bool = setting(True, doc="Sample (True) or act deterministically (False) by default.")
+    normalize_actions: bool = setting(
+        False,
+        doc="Box actions: the policy acts in [-1, 1] and the env gets low + (a + 1) * "
+        "(high - low) / 2, clipped to the bounds (RLlib's; RLlib's default is True).",
+    )
+    clip_actions: bool = setting(
+        True,
+        doc="Box actions the env gets are clipped to the space's bounds (without "
+        "normalize_actions; RLlib's default is False: raw actions).",
+    )
     acting_xla: bool = setting(
         True,
         doc="Env runners act through an XLA-compiled acting function made for their "

@@ -596,3 +596,37 @@ def dist_class_for(
     if spaces.is_nested_action_space(action_space):
         return _nested_class(action_space, deterministic)
     return _leaf_class(action_space, deterministic)
+
+
+# ----- custom action distributions (RLlib's ModelCatalog.register_custom_action_dist) -----
+
+_CUSTOM_DISTS: dict[str, type[ActionDistribution]] = {}
+
+
+def register_custom_action_dist(name: str, dist_cls: type[ActionDistribution]) -> None:
+    """Make `config["model"]["custom_action_dist"] = name` act and learn with `dist_cls`,
+    an ActionDistribution subclass: built as `dist_cls(inputs)`, sized by
+    `dist_cls.required_input_dim(action_space)` (RLlib's `required_model_output_shape`).
+    Ray actors start with an empty registry: register in a module given to `--import`,
+    which every worker imports too."""
+    if not (isinstance(dist_cls, type) and issubclass(dist_cls, ActionDistribution)):
+        raise TypeError(
+            f"custom action distribution {name!r} must be a subclass of "
+            f"policy_service.policy.distributions.ActionDistribution, got {dist_cls!r}"
+        )
+    _CUSTOM_DISTS[name] = dist_cls
+
+
+def unregister_custom_action_dist(name: str) -> None:
+    """Forget a registered custom action distribution (unknown names are ignored)."""
+    _CUSTOM_DISTS.pop(name, None)
+
+
+def custom_action_dist(name: str) -> type[ActionDistribution]:
+    """The class registered as `name`, else a ValueError listing the registered names."""
+    if name not in _CUSTOM_DISTS:
+        raise ValueError(
+            f"config.model.custom_action_dist {name!r} is not a name given to "
+            f"register_custom_action_dist; registered: {sorted(_CUSTOM_DISTS)}"
+        )
+    return _CUSTOM_DISTS[name]

@@ -51,6 +51,7 @@ from policy_service.policy import (
     call_arguments,
     distributions,
     exploration,
+    model_hooks,
     models,
 )
 from policy_service.policy.batch_learning import BatchLearning, sampler_grad_updates
@@ -198,7 +199,11 @@ class TFPolicy(BatchLearning):
         with its combined statistics, e.g. to adapt a coefficient; default: nothing."""
 
     def make_dist_class(self) -> type[distributions.ActionDistribution]:
-        """The action distribution class; default: the space's (dist_class_for)."""
+        """The action distribution class: config.model.custom_action_dist's when set,
+        else the space's (dist_class_for)."""
+        name = self.config.model.custom_action_dist
+        if name is not None:
+            return distributions.custom_action_dist(name)
         return distributions.dist_class_for(self.action_space)
 
     def make_model(self) -> keras.Model:
@@ -237,6 +242,15 @@ class TFPolicy(BatchLearning):
 
     def get_initial_state(self) -> list[np.ndarray]:
         return [s.copy() for s in self._initial_state]
+
+    def variables(self) -> list[keras.Variable]:
+        """The model's variables, in get_weights() order (RLlib's Policy.variables());
+        Keras 3 variables, each holding its tf.Variable as `.value`."""
+        return list(self._weight_variables)
+
+    def get_exploration_state(self) -> dict:
+        """The exploration's state (RLlib's name): e.g. OU noise's, epsilon's timestep."""
+        return self.exploration.get_state()
 
     def compute_actions(
         self,
@@ -547,10 +561,16 @@ class TFPolicy(BatchLearning):
         return schedule_value(schedule, self.timestep_variable)
 
     def _tower_loss(self, batch):
-        return self.loss(self.model, self.dist_class, _loss_columns(batch))
+        columns = _loss_columns(batch)
+        output = self.loss(self.model, self.dist_class, columns)
+        return model_hooks.with_custom_loss(self.model, output, columns)
 
     def _tower_stats(self, batch, losses, loss_stats: dict) -> dict:
-        stats = {**self.stats(_loss_columns(batch)), **loss_stats}
+        stats = {
+            **self.stats(_loss_columns(batch)),
+            **loss_stats,
+            **model_hooks.model_metrics(self.model),
+        }
         stats.setdefault("total_loss", tf.add_n(losses))
         return stats
 
