@@ -1,13 +1,23 @@
 """attention.py: RLlib's use_attention (GTrXL) keys, acting step by step equal to the
-padded training forward pass, towers equal to one device, and PPO training with it."""
+padded training forward pass, towers equal to one device, and a sampled fragment
+training it."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, assert_grads_close, fake_gpus, small_config
+from fakes import (
+    ACTION_SPACE,
+    OBS_SPACE,
+    PGPolicy,
+    ReturnsPGPolicy,
+    assert_grads_close,
+    fake_gpus,
+    small_config,
+)
 
 from policy_service.config import ConfigError, ModelConfig
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.policy.attention import GTrXLModel
 
 MEMORY, DIM = 3, 8
@@ -142,25 +152,20 @@ def test_gradient_on_two_fake_gpus_equals_one_device():
     assert_grads_close(g1, g2)
 
 
-@pytest.mark.slow  # one PPO iteration, 200 steps through the GTrXL: ~10 s (49 s at load 35)
-def test_ppo_trains_an_iteration_with_attention():
-    from algorithms.ppo import PPO
-
-    algo = PPO(
-        {
-            "env": "CartPole-v1",
-            "seed": 1,
-            "train_batch_size": 200,
-            "minibatch_size": 50,
-            "num_epochs": 1,
-            "model": {"fcnet_hiddens": [16], **ATTENTION, "max_seq_len": 10},
-        }
-    )
+@pytest.mark.slow  # 200 steps through the GTrXL and a step on them: ~10 s
+def test_a_sampled_fragment_trains_the_transformer_units():
+    """Acting in a real env carries each episode's memory, and a step on the fragment
+    (chopped and padded by the policy) moves the units. PPO learning with attention:
+    test_attention_learning.py."""
+    config = {"seed": 1, "model": {"fcnet_hiddens": [16], **ATTENTION, "max_seq_len": 10}}
+    worker = RolloutWorker("CartPole-v1", ReturnsPGPolicy, config, seed=1)
     try:
-        before = algo.get_policy().get_weights()
-        metrics = algo.train()
-        assert np.isfinite(metrics["total_loss"]) and metrics["valid_rows"] > 0
-        after = algo.get_policy().get_weights()
+        batch, _ = worker.sample()
+        policy = worker.policy
+        before = policy.get_weights()
+        stats = policy.learn_on_batch(batch)
+        assert np.isfinite(stats["total_loss"]) and stats["valid_rows"] == batch.count == 200
+        after = policy.get_weights()
         moved = [
             k
             for k in after
@@ -168,4 +173,4 @@ def test_ppo_trains_an_iteration_with_attention():
         ]
         assert moved
     finally:
-        algo.stop()
+        worker.stop()

@@ -10,6 +10,7 @@ from fakes import (
     CELL,
     OBS_SPACE,
     PGPolicy,
+    ReturnsPGPolicy,
     fake_gpus,
     mlp_batch,
     small_config,
@@ -17,6 +18,7 @@ from fakes import (
 )
 
 from policy_service.config import ModelConfig
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.policy import models
 
 
@@ -468,25 +470,19 @@ def test_post_fcnet_layers_of_an_image_encoder_take_post_fcnet_activation():
     assert s["action_dist_inputs/kernel"] == (7, 3)
 
 
-def test_ppo_trains_with_free_log_std_and_post_fcnet_layers():
-    from algorithms.ppo import PPO
-
-    algo = PPO(
-        {
-            "env": "Pendulum-v1",
-            "seed": 1,
-            "train_batch_size": 200,
-            "minibatch_size": 50,
-            "num_epochs": 2,
-            "model": {"fcnet_hiddens": [16], "post_fcnet_hiddens": [8], "free_log_std": True},
-        }
-    )
+def test_a_sampled_fragment_trains_free_log_std_and_post_fcnet_layers():
+    """Acting on Pendulum-v1 and a step on the fragment: the state-independent log std
+    and the post-fcnet layer both learn."""
+    model = {"fcnet_hiddens": [16], "post_fcnet_hiddens": [8], "free_log_std": True}
+    worker = RolloutWorker("Pendulum-v1", ReturnsPGPolicy, {"seed": 1, "model": model}, seed=1)
     try:
-        before = algo.get_policy().get_weights()["log_std/log_std"]
-        metrics = algo.train()
-        assert np.isfinite(metrics["total_loss"])
-        after = algo.get_policy().get_weights()
+        batch, _ = worker.sample()
+        policy = worker.policy
+        before = policy.get_weights()["log_std/log_std"]
+        stats = policy.learn_on_batch(batch)
+        assert np.isfinite(stats["total_loss"])
+        after = policy.get_weights()
         assert after["policy/policy_post_dense_0/kernel"].shape == (16, 8)
         assert not np.array_equal(before, after["log_std/log_std"])
     finally:
-        algo.stop()
+        worker.stop()
