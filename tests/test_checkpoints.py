@@ -259,15 +259,21 @@ def test_newest_loadable_gives_up_in_one_line_or_at_a_fatal_error(tmp_path, caps
     assert capsys.readouterr().err == ""
 
 
-def test_an_algorithm_state_written_by_another_class_is_refused_naming_both(tmp_path):
-    from algorithms.dqn import DQN
-    from algorithms.ppo import PPO
+class Writer:
+    """An algorithm class that wrote a checkpoint (only its class path is read)."""
 
-    (tmp_path / checkpoints.ALGORITHM_STATE).write_text(json.dumps(_algorithm_state()))
-    assert checkpoints.read_algorithm_state(tmp_path, PPO) == _algorithm_state()
+
+class Other:
+    """Another algorithm class."""
+
+
+def test_an_algorithm_state_written_by_another_class_is_refused_naming_both(tmp_path):
+    state = _algorithm_state(algorithm_class="test_checkpoints:Writer")
+    (tmp_path / checkpoints.ALGORITHM_STATE).write_text(json.dumps(state))
+    assert checkpoints.read_algorithm_state(tmp_path, Writer) == state
     with pytest.raises(checkpoints.CheckpointFileError) as err:
-        checkpoints.read_algorithm_state(tmp_path, DQN)
+        checkpoints.read_algorithm_state(tmp_path, Other)
     assert str(err.value) == (
         f"{tmp_path / checkpoints.ALGORITHM_STATE}: written by "
-        "algorithms.ppo:PPO, not algorithms.dqn:DQN"
+        "test_checkpoints:Writer, not test_checkpoints:Other"
     )
