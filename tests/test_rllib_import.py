@@ -127,6 +127,16 @@ def test_a_pickle_that_calls_os_system_is_refused_in_one_line(tmp_path, capsys, 
     assert not (tmp_path / "out").exists()
 
 
+def test_an_env_whose_spaces_differ_is_one_line(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    checkpoint = write_rllib_checkpoint(tmp_path / "rllib", policy_state(fcnet_weights(rng)))
+    out = tmp_path / "out"
+    assert main(["import-rllib", str(checkpoint), "--env", "Pendulum-v1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "observation space" in err, err
+    assert "is not the RLlib policy's Box" in err and not out.exists()
+
+
 def test_weights_that_are_not_named_arrays_are_refused(tmp_path):
     rng = np.random.default_rng(0)
     as_list = list(fcnet_weights(rng).values())
