@@ -93,6 +93,7 @@ def policy_state(weights, model=None) -> dict:
             "config": {
                 "model": {"fcnet_hiddens": [8], "fcnet_activation": "tanh", **(model or {})},
                 "lr": 1e-4,
+                "lambda": 0.9,
                 "class": Reduces(print, "an RLlib class, never called"),
             },
         },
@@ -254,7 +255,8 @@ def test_from_rllib_checkpoint_maps_a_fcnet_by_hand(tmp_path):
     checkpoint = write_rllib_checkpoint(tmp_path, policy_state(weights))
     policy = PPOPolicy.from_rllib_checkpoint(str(checkpoint))
     assert policy.global_timestep == 321
-    assert policy.config.lr == 1e-4 and float(policy.kl_coeff.numpy()) == pytest.approx(0.1)
+    assert policy.config.lr == 1e-4 and policy.config.lambda_ == 0.9
+    assert float(policy.kl_coeff.numpy()) == pytest.approx(0.1)
     obs = rng.standard_normal((5, 4)).astype(np.float32)
     w = {k.split("/", 1)[1]: v for k, v in weights.items()}
     logits = (

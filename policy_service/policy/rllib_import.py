@@ -61,6 +61,8 @@ TRAINING_KEYS = (
     "normalize_actions",
     "clip_actions",
 )
+# RLlib's training keys spelled otherwise here
+RENAMED_KEYS = {"lambda": "lambda_"}
 # RLlib's model switches with no counterpart here: refused when set
 UNMAPPED_SWITCHES = ("no_final_linear", "use_attention")
 # RLlib's get_filter_config: default conv filters by image size
@@ -108,8 +110,12 @@ def config_from_rllib(checkpoint: RLlibPolicyCheckpoint, known_keys, obs_shape) 
     """Our config for the RLlib policy's: its model, observation filter and those
     training keys of RLlib's that `known_keys` (the config class's keys) has."""
     rllib = checkpoint.config
-    config = {k: rllib[k] for k in TRAINING_KEYS if k in known_keys and k in rllib}
-    config = {k: v for k, v in config.items() if isinstance(v, int | float | bool | type(None))}
+    config: dict = {}
+    for key in TRAINING_KEYS:
+        ours = key if key in known_keys else RENAMED_KEYS.get(key)
+        value = rllib.get(key)
+        if key in rllib and ours in known_keys and isinstance(value, int | float | bool | None):
+            config[ours] = value
     model = rllib.get("model")
     config["model"] = model_config_from_rllib(model if isinstance(model, dict) else {}, obs_shape)
     uses_filter = checkpoint.observation_filter is not None
