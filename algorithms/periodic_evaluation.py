@@ -33,6 +33,7 @@ from algorithms.multi_agent_evaluation import run_multi_agent_episodes
 from algorithms.saved_policies import policy_from_state
 from policy_service.errors import RunFailure, one_line
 from policy_service.multi_agent.policies import mapping_function
+from policy_service.offline.estimators import OffPolicyEstimation
 from policy_service.policy import models
 
 # evaluation_config keys that change how evaluation plays; any other is refused
@@ -129,7 +130,9 @@ class Evaluation:
         self._runners: list = []
         # the evaluation start() began: the state it plays and each runner's request
         self._started: tuple[dict, list] | None = None
-        if config.evaluation_num_env_runners > 0:
+        # off_policy_estimation_methods: estimates on input's held-out episodes
+        self.estimation = OffPolicyEstimation.from_config(config, policy_from_state)
+        if config.evaluation_num_env_runners > 0 and config.env:  # no env: estimates only
             self._runners = [self._start_runner() for _ in range(config.evaluation_num_env_runners)]
 
     @property
@@ -153,9 +156,13 @@ class Evaluation:
         """Wait for the evaluation `start` began -> its metrics."""
         assert self._started is not None, "finish() without start()"
         (state, requests), self._started = self._started, None
+        estimates = self.estimation.estimate(state) if self.estimation else {}
+        if not self.config.env:  # an offline run without env: the estimates alone
+            return estimates
         if not self._runners:
-            return self._metrics([self._play_here(state)])
-        return self._metrics([self._result(slot, state, ref) for slot, ref in enumerate(requests)])
+            return self._metrics([self._play_here(state)]) | estimates
+        played = [self._result(slot, state, ref) for slot, ref in enumerate(requests)]
+        return self._metrics(played) | estimates
 
     # ----- where episodes are played ---------------------------------------------------
 

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from algorithms.algorithm import Algorithm
+from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.runner_types import RUNNER_TYPES, runner_type
 from policy_service.offline import WRITERS, OfflineDataError
@@ -64,6 +64,7 @@ class LoggedReturnsPolicy(fakes.ReturnsPGPolicy):
     new_obs (offline_columns: a file without it is refused when the run starts)."""
 
     offline_columns = (SampleBatch.NEXT_OBS,)
+    config_class = AlgorithmConfig  # its saved state (the run's keys) loads back
 
     def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
         batch = batch.copy(shallow=True)

@@ -182,6 +182,13 @@ def _serve(args: argparse.Namespace) -> int:
     return server.run_server(state, address, settings, token, announce=announce)
 
 
+def _estimate(args: argparse.Namespace) -> int:
+    import_tensorflow_quietly()
+    from policy_service.cli import estimate_command
+
+    return estimate_command.run(args)
+
+
 def _tune(args: argparse.Namespace) -> int:
     import_tensorflow_quietly()
     from policy_service.cli.tune_command import TuneOptions, tune
@@ -580,6 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve_parser(sub)
     _add_tune_parser(sub)
     _add_import_rllib_parser(sub)
+    from policy_service.cli import estimate_command  # no TensorFlow until it runs
+
+    estimate_command.add_parser(sub)
+    sub.choices["estimate"].set_defaults(handler=_estimate)
     return parser
 
 
