@@ -135,8 +135,7 @@ def test_a_lost_head_ends_the_process_in_one_line():
     assert done.stderr.startswith(
         "policy-service: error: the Ray cluster went away: its head's GCS at 127.0.0.1:"
     )
-    assert " has not answered for " in done.stderr
-    assert done.stderr.endswith(" s; continue with X\n")
+    assert done.stderr.endswith(" has not answered for 0.5 s; continue with X\n")
     assert done.stderr.count("\n") == 1
 
 

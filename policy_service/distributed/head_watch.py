@@ -64,11 +64,10 @@ def head_loss_ends_run(address: str, resume_hint: str = "") -> Iterator[None]:
     stopping = threading.Event()
 
     def end_when_lost() -> None:
-        silent_s = watch_head(address, stopping)
-        if silent_s is not None and not stopping.is_set():
+        if watch_head(address, stopping) is not None and not stopping.is_set():
             print(
                 f"policy-service: error: the Ray cluster went away: its head's GCS at "
-                f"{address} has not answered for {silent_s:.0f} s{resume_hint}",
+                f"{address} has not answered for {LOST_AFTER_S:g} s{resume_hint}",
                 file=sys.stderr,
                 flush=True,
             )
