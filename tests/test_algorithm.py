@@ -24,6 +24,7 @@ from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.io.checkpoints import ALGORITHM_ARRAYS, ALGORITHM_STATE, CheckpointFileError
 from policy_service.policy.exploration import Exploration
+from policy_service.runs.callbacks import Callbacks
 
 PPO_RUN = {
     "env": "CartPole-v1",
@@ -595,6 +596,68 @@ def test_a_run_saves_the_merged_observation_filter_and_a_fresh_process_acts_thro
     assert got["count"] == policy.observation_filter.stats.count
     np.testing.assert_array_equal(np.asarray(got["dist"], np.float32), extra["action_dist_inputs"])
     np.testing.assert_array_equal(np.asarray(got["actions"], np.float32), actions)
+
+
+# ----- the user's callbacks at the run's moments --------------------------------------
+
+
+class LearnHook(Callbacks):
+    def on_learn_on_batch(self, *, policy, train_batch, result, **kwargs):
+        result["hook_rows"] = train_batch.count
+        result["hook_saw_policy"] = float(policy is not None)
+
+
+@pytest.mark.slow  # one PPO iteration: ~10 s here
+def test_on_learn_on_batch_sees_each_train_batch_and_adds_to_the_statistics():
+    """The run calls the hook before each batch a learner group learns on (the
+    callbacks themselves: tests/test_callbacks.py)."""
+    algo = PPO(
+        {
+            "env": "CartPole-v1",
+            "seed": 0,
+            "train_batch_size": 256,
+            "minibatch_size": 64,
+            "num_epochs": 1,
+            "callbacks": LearnHook,
+        }
+    )
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["hook_rows"] == result["env_steps_this_iter"] >= 256
+    assert result["hook_saw_policy"] == 1.0
+
+
+class MultiAgentProbe(Callbacks):
+    def on_episode_start(self, *, episode, **kwargs):
+        episode.user_data["steps"] = 0
+
+    def on_episode_step(self, *, episode, **kwargs):
+        episode.user_data["steps"] += 1
+
+    def on_episode_end(self, *, episode, policies, **kwargs):
+        episode.custom_metrics["total"] = episode.total_reward
+        episode.custom_metrics["steps"] = episode.user_data["steps"]
+        episode.hist_data["policies"] = [len(policies)]
+
+
+@pytest.mark.slow  # one multi-agent PPO iteration: ~10 s here
+def test_episode_hooks_run_in_multi_agent_runs_too():
+    from multi_agent_envs import TwoMapsEnv
+    from multi_agent_envs import two_maps_config as config
+
+    from algorithms import register_env
+
+    register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+    algo = PPO(config(num_epochs=1, train_batch_size=128, callbacks=MultiAgentProbe))
+    try:
+        result = algo.train()
+    finally:
+        algo.stop()
+    assert result["custom_metrics/total_mean"] == pytest.approx(result["episode_return_mean"])
+    assert result["custom_metrics/steps_mean"] == result["episode_len_mean"]
+    assert set(result["hist_stats/policies"]) == {2}
 
 
 # ----- the multi-agent keys of the config, checked where the config enters -------------

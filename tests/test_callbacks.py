@@ -1,5 +1,6 @@
 """policy_service/runs/callbacks.py: hooks called by name, errors named by class and hook,
-config values resolved without importing anything; on_learn_on_batch in a real run."""
+config values resolved without importing anything. A run calling them (on_learn_on_batch,
+the episode hooks of a multi-agent run): test_algorithm.py."""
 
 from __future__ import annotations
 
@@ -70,63 +71,3 @@ def test_an_episode_counts_its_steps_and_rewards():
     episode.step([2.0], 1, -0.5, {})
     assert (episode.length, episode.total_reward, episode.last_obs) == (2, 1.0, [2.0])
     assert (episode.last_action, episode.last_reward, episode.last_info) == (1, -0.5, {})
-
-
-class LearnHook(Callbacks):
-    def on_learn_on_batch(self, *, policy, train_batch, result, **kwargs):
-        result["hook_rows"] = train_batch.count
-        result["hook_saw_policy"] = float(policy is not None)
-
-
-@pytest.mark.slow  # one PPO iteration: ~10 s here
-def test_on_learn_on_batch_sees_each_train_batch_and_adds_to_the_statistics():
-    from algorithms.ppo import PPO
-
-    algo = PPO(
-        {
-            "env": "CartPole-v1",
-            "seed": 0,
-            "train_batch_size": 256,
-            "minibatch_size": 64,
-            "num_epochs": 1,
-            "callbacks": LearnHook,
-        }
-    )
-    try:
-        result = algo.train()
-    finally:
-        algo.stop()
-    assert result["hook_rows"] == result["env_steps_this_iter"] >= 256
-    assert result["hook_saw_policy"] == 1.0
-
-
-class MultiAgentProbe(Callbacks):
-    def on_episode_start(self, *, episode, **kwargs):
-        episode.user_data["steps"] = 0
-
-    def on_episode_step(self, *, episode, **kwargs):
-        episode.user_data["steps"] += 1
-
-    def on_episode_end(self, *, episode, policies, **kwargs):
-        episode.custom_metrics["total"] = episode.total_reward
-        episode.custom_metrics["steps"] = episode.user_data["steps"]
-        episode.hist_data["policies"] = [len(policies)]
-
-
-@pytest.mark.slow  # one multi-agent PPO iteration: ~10 s here
-def test_episode_hooks_run_in_multi_agent_runs_too():
-    from multi_agent_envs import TwoMapsEnv
-    from multi_agent_envs import two_maps_config as config
-
-    from algorithms import register_env
-    from algorithms.ppo import PPO
-
-    register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
-    algo = PPO(config(num_epochs=1, train_batch_size=128, callbacks=MultiAgentProbe))
-    try:
-        result = algo.train()
-    finally:
-        algo.stop()
-    assert result["custom_metrics/total_mean"] == pytest.approx(result["episode_return_mean"])
-    assert result["custom_metrics/steps_mean"] == result["episode_len_mean"]
-    assert set(result["hist_stats/policies"]) == {2}
