@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -56,6 +57,25 @@ def skip_reason() -> str | None:
         return f"`ip netns add` failed: {made.stderr.strip() or made.returncode}"
     subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
     return None
+
+
+def remove_stale_namespaces() -> list[str]:
+    """Namespaces a cluster of a process that is gone left behind (killed before its
+    stop(): e.g. pytest killed), with whatever still runs in them -> their names. Only
+    names of this module's pattern ("ps<pid>sw", "ps<pid>n<i>") whose process is gone."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    stale = []
+    for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+        match = re.fullmatch(r"ps(\d+)(sw|n\d+)", name)
+        if match is None or Path(f"/proc/{match.group(1)}").exists():
+            continue
+        pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        stale.append(name)
+    return stale
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
@@ -104,7 +124,7 @@ class NamespaceCluster:
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
-        tag = f"ps{os.getpid() % 100000}"  # namespaces are machine-wide: names of our own
+        tag = f"ps{os.getpid()}"  # namespaces are machine-wide: names of our own
         self.switch = f"{tag}sw"
         self.nodes = [Node(i, f"{tag}n{i}", f"{subnet}.{i + 1}") for i in range(int(num_nodes))]
         self.cpus_per_node = int(cpus_per_node)
@@ -155,6 +175,7 @@ class NamespaceCluster:
         self.token_path.write_text(secrets.token_hex(32))
         self.token_path.chmod(0o600)
         self.ray_root.mkdir(exist_ok=True)  # again after a stop()
+        remove_stale_namespaces()
         try:
             self._make_network()
             self._start_node(self.head)
