@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv
 
-from algorithms import environments
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
 from policy_service.multi_agent.pettingzoo_env import (
     PettingZooEnv,
@@ -86,24 +85,6 @@ def test_parallel_env_gets_all_once_no_agent_is_left():
     assert terminateds[ALL] is False and env.agents == ["y"]
     _, _, terminateds, truncateds, _ = checked_step(env, {"y": 1})
     assert terminateds[ALL] is True and truncateds[ALL] is False and env.agents == []
-
-
-def test_pettingzoo_names_resolve_from_the_command_line_only():
-    name = "pettingzoo:test_multi_agent_env.parallel_countdown"
-    environments.check_env_id(name)
-    environments.check_env_config(name, {"steps": 3})
-    with pytest.raises(environments.EnvironmentSetupError, match=r"\['speed'\] are not options"):
-        environments.check_env_config(name, {"speed": 3})
-    assert make_pettingzoo_env(name, {"steps": 3}).env.steps == 3
-    with pytest.raises(
-        environments.EnvironmentSetupError, match="unknown environment 'pettingzoo:no_such"
-    ):
-        environments.check_env_id("pettingzoo:no_such_module.env")
-    with pytest.raises(
-        environments.EnvironmentSetupError, match="a module named in a file is not imported"
-    ):
-        environments.check_env_from_file(name, "run.json")
-    environments.check_env_from_file(name, "run.json", allowed=(name,))
 
 
 def test_aec_envs_go_through_pettingzoos_conversion():
