@@ -280,3 +280,34 @@ def test_env_runners_send_actions_by_the_rule(rule, sent):
     actions, received = batch["actions"][:, 0], batch["new_obs"][:, 0]
     assert np.abs(actions).max() > 1.0  # some actions leave [-1, 1]: each rule differs
     np.testing.assert_allclose(received, sent(actions), rtol=1e-5, atol=1e-6)
+
+
+def test_the_episode_server_hands_out_unsquashed_actions():
+    """`train --external-env`'s episodes follow normalize_actions as env runners do: the
+    client gets the unsquashed action, the fragment keeps the policy's own."""
+    import asyncio
+
+    from fakes import ReturnsPGPolicy
+
+    from policy_service.distributed.policy_actor import PolicyHost
+    from policy_service.serving.episodes import EpisodeRecorder
+
+    env = EchoEnv()
+    config = {"seed": 0, "model": {"fcnet_hiddens": [4]}, "normalize_actions": True}
+    host = PolicyHost(ReturnsPGPolicy, env.observation_space, env.action_space, config)
+
+    async def play():
+        recorder = EpisodeRecorder(host)
+        eid = recorder.start()
+        obs, handed = np.zeros((1, 1), np.float32), []
+        for _ in range(30):
+            action, _ = await recorder.act(eid, obs)
+            handed.append(action)
+            recorder.log_returns(eid, 0.0)
+        await recorder.end(eid, obs, truncated=True)
+        return np.asarray(handed), await recorder.take(30, wait_s=0)
+
+    handed, (batch, _) = asyncio.run(play())
+    sampled = batch["actions"]
+    assert np.abs(sampled).max() > 1.0
+    np.testing.assert_allclose(handed, np.clip(-2.0 + (sampled + 1.0) * 2.0, -2.0, 2.0), rtol=1e-5)

@@ -34,6 +34,7 @@ import numpy as np
 import tree
 
 from policy_service.data import nests, spaces
+from policy_service.data.env_actions import to_env
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.serving.episode_api import EpisodeUpload
@@ -82,7 +83,14 @@ class EpisodeRecorder:
             host.policy.action_space
         )
         self._initial_state = host.policy.get_initial_state()
-        self._clips_actions = spaces.has_box_leaves(host.policy.action_space)
+        config = getattr(host.policy, "config", None)  # as env runners send (env_actions.py)
+        self._action_rule = (
+            bool(getattr(config, "normalize_actions", False)),
+            bool(getattr(config, "clip_actions", True)),
+        )
+        self._changes_actions = spaces.has_box_leaves(host.policy.action_space) and any(
+            self._action_rule
+        )
 
     # ----- the protocol --------------------------------------------------------------
 
@@ -103,12 +111,12 @@ class EpisodeRecorder:
 
     async def act(self, episode_id: str, obs) -> tuple[np.ndarray, int]:
         """The policy's action for one observation (a batch of one row) -> (action, version):
-        recorded as sampled, handed out with Box leaves clipped to their bounds (as env
-        runners record and step)."""
+        recorded as sampled, handed out as env runners send it to their envs
+        (normalize_actions, clip_actions: data/env_actions.py)."""
         async with self._locked(episode_id) as episode:
             actions, version = await self._record_steps(episode, obs, None)
-        if self._clips_actions:
-            actions = spaces.clip_actions(self.host.policy.action_space, actions)
+        if self._changes_actions:
+            actions = to_env(self.host.policy.action_space, actions, *self._action_rule)
         return actions[0], version
 
     async def log_action(self, episode_id: str, obs, action: np.ndarray) -> None:
