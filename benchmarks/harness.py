@@ -193,6 +193,14 @@ def parse_threads(text: str) -> list:
     return [tuple(int(x) for x in pair.split(",")) for pair in text.split(";")]
 
 
+def process_start_time() -> float:
+    """This process's start, as a Unix time (from /proc): a run timed as a user's
+    script is, imports included."""
+    boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
+    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     """A loopback TCP port free now, for a server a benchmark starts."""
     with socket.socket() as s:

@@ -42,13 +42,6 @@ def timed(cls, name: str, phases: dict, key: str) -> None:
     setattr(cls, name, wrapper)
 
 
-def process_start_time() -> float:
-    """This process's start, as a Unix time (from /proc)."""
-    boot = next(int(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
-    ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--algo", choices=("ppo", "appo"), default="ppo")
@@ -62,6 +55,7 @@ def main() -> None:
     import ray
     import yaml
 
+    from benchmarks import harness
     from benchmarks.harness import REPO
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
@@ -101,7 +95,9 @@ def main() -> None:
             algo.train()
             in_driver = bool(workers) and algo.env_runners.local_worker is not None
             iterations.append({"end_s": since_start(), "in_driver": in_driver})
-        starts = ray.get([w.__ray_call__.remote(lambda _: process_start_time()) for w in workers])
+        starts = ray.get(
+            [w.__ray_call__.remote(lambda _: harness.process_start_time()) for w in workers]
+        )
     finally:
         algo.stop()
         ray.shutdown()

@@ -314,3 +314,14 @@ def test_sac_step_smoke(tmp_path):
     # the traced graph holds what the count needs, and the actor loss's unused
     # critic weight gradients
     assert bare["graph_matmul_flops"] >= bare["update_flops"]
+
+
+def test_tune_overhead_smoke(tmp_path):
+    """fit() and one Tune trial run the same iterations to the same return (the same
+    seed), so the wall-time ratio is Tune's own cost."""
+    records = measurements(run_smoke("tune_overhead", tmp_path))
+    by_mode = {r["mode"]: r for r in records}
+    assert set(by_mode) == {"fit", "tune"}
+    assert by_mode["fit"]["env_steps"] == by_mode["tune"]["env_steps"] > 0
+    assert by_mode["fit"]["episode_return_mean"] == by_mode["tune"]["episode_return_mean"]
+    assert all(r["wall_s"] > r["train_s"] > 0 for r in records)
