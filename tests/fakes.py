@@ -24,7 +24,9 @@ from policy_service.config import (
     setting,
 )
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.train_batches import LossColumn
 from policy_service.engine.target_network import TargetUpdate
+from policy_service.policy.adaptive_kl import AdaptiveKLPolicy
 from policy_service.policy.distributions import squashed_gaussian_for
 from policy_service.returns.n_step import n_step_returns
 
@@ -93,6 +95,45 @@ class EntropyPGPolicy(PGPolicy):
 
     def stats(self, train_batch):
         return {**super().stats(train_batch), "entropy_coeff": self._entropy_coeff}
+
+
+@dataclass
+class KLConfig(PolicyConfig):
+    """PolicyConfig with the adaptive KL coefficient's keys."""
+
+    kl_coeff: float = setting(0.2, doc="The KL coefficient's start.")
+    kl_target: float = setting(0.01, doc="The KL the coefficient adapts towards.")
+
+
+class KLPGPolicy(AdaptiveKLPolicy):
+    """An importance-weighted policy gradient plus value regression plus kl_coeff *
+    KL(behaviour || current), the behaviour read from the batch's action_logp and
+    action_dist_inputs: the declared loss columns and the adaptive KL state of a
+    PPO-like policy (policy/adaptive_kl.py), without PPO's clipping."""
+
+    config_class = KLConfig
+    loss_columns = {
+        SampleBatch.ADVANTAGES: LossColumn(),
+        SampleBatch.VALUE_TARGETS: LossColumn(),
+        SampleBatch.ACTION_LOGP: LossColumn(),
+        SampleBatch.ACTION_DIST_INPUTS: LossColumn(shape=None),
+        SampleBatch.ACTIONS: LossColumn("number", None),
+    }
+
+    def loss(self, model, dist_class, train_batch):
+        out = model(train_batch, training=True)
+        mask = train_batch["loss_mask"]
+        current = dist_class(out[SampleBatch.ACTION_DIST_INPUTS])
+        behaviour = dist_class(train_batch[SampleBatch.ACTION_DIST_INPUTS])
+        ratio = tf.exp(
+            current.logp(train_batch[SampleBatch.ACTIONS]) - train_batch[SampleBatch.ACTION_LOGP]
+        )
+        pg_loss = -masked_mean(ratio * train_batch[SampleBatch.ADVANTAGES], mask)
+        vf_loss = masked_mean(
+            tf.square(out[SampleBatch.VF_PREDS] - train_batch[SampleBatch.VALUE_TARGETS]), mask
+        )
+        kl = masked_mean(behaviour.kl(current), mask)
+        return pg_loss + 0.5 * vf_loss + self.kl_coeff * kl
 
 
 class SGDPGPolicy(PGPolicy):

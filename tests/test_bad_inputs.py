@@ -17,6 +17,7 @@ from fakes import (
     ACTION_SPACE,
     CELL,
     OBS_SPACE,
+    KLPGPolicy,
     PGPolicy,
     assert_one_line,
     mlp_batch,
@@ -24,7 +25,6 @@ from fakes import (
     small_config,
 )
 
-from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed import jobs
@@ -33,11 +33,12 @@ N = 6
 
 
 @pytest.fixture(scope="module")
-def ppo():
-    return PPOPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+def kl_policy():
+    """A policy whose loss reads the behaviour's columns and keeps a KL coefficient."""
+    return KLPGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
 
 
-def ppo_batch(n: int = N) -> SampleBatch:
+def behaviour_batch(n: int = N) -> SampleBatch:
     rng = np.random.default_rng(0)
     return SampleBatch(
         {
@@ -118,13 +119,13 @@ BAD_BATCHES = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_BATCHES))
-def test_a_bad_train_batch_is_one_line_naming_the_column(ppo, name):
+def test_a_bad_train_batch_is_one_line_naming_the_column(kl_policy, name):
     make, message = BAD_BATCHES[name]
-    before = ppo.get_weights()
+    before = kl_policy.get_weights()
     with pytest.raises((ValueError, TypeError)) as err:
-        ppo.learn_on_batch(make(ppo_batch()))
+        kl_policy.learn_on_batch(make(behaviour_batch()))
     assert_one_line(err.value, message)
-    for key, value in ppo.get_weights().items():
+    for key, value in kl_policy.get_weights().items():
         np.testing.assert_array_equal(value, before[key])
 
 
@@ -175,12 +176,12 @@ BAD_LEARNING_CALLS = {
         "num_epochs must be None or >= 1, got 0",
     ),
     "buffer_index_negative": (
-        lambda p: p.load_batch_into_buffer(ppo_batch(), buffer_index=-1),
+        lambda p: p.load_batch_into_buffer(behaviour_batch(), buffer_index=-1),
         ValueError,
         "buffer_index must be an integer >= 0, got -1",
     ),
     "buffer_index_text": (
-        lambda p: p.load_batch_into_buffer(ppo_batch(), buffer_index="a"),
+        lambda p: p.load_batch_into_buffer(behaviour_batch(), buffer_index="a"),
         ValueError,
         "buffer_index must be an integer >= 0, got 'a'",
     ),
@@ -199,16 +200,16 @@ BAD_LEARNING_CALLS = {
 
 
 @pytest.mark.parametrize("name", sorted(BAD_LEARNING_CALLS))
-def test_a_bad_learning_argument_is_one_line_and_trains_nothing(ppo, name):
+def test_a_bad_learning_argument_is_one_line_and_trains_nothing(kl_policy, name):
     call, error, message = BAD_LEARNING_CALLS[name]
-    ppo.load_batch_into_buffer(ppo_batch(8))  # a buffer that a wrong call could train on
-    before, loaded = ppo.get_weights(), ppo.get_num_samples_loaded_into_buffer()
+    kl_policy.load_batch_into_buffer(behaviour_batch(8))  # a buffer a wrong call could train on
+    before, loaded = kl_policy.get_weights(), kl_policy.get_num_samples_loaded_into_buffer()
     with pytest.raises(error) as err:
-        call(ppo)
+        call(kl_policy)
     assert_one_line(err.value, message)
-    for key, value in ppo.get_weights().items():
+    for key, value in kl_policy.get_weights().items():
         np.testing.assert_array_equal(value, before[key])
-    assert ppo.get_num_samples_loaded_into_buffer() == loaded
+    assert kl_policy.get_num_samples_loaded_into_buffer() == loaded
 
 
 @pytest.fixture(scope="module")
@@ -503,9 +504,9 @@ def test_set_weights_needs_a_dict_naming_every_variable():
             np.testing.assert_array_equal(value, before[key], err_msg=f"{message}: {key}")
 
 
-def trained_ppo() -> PPOPolicy:
-    policy = PPOPolicy(OBS_SPACE, ACTION_SPACE, small_config())
-    policy.learn_on_batch(ppo_batch())
+def trained_kl_policy() -> KLPGPolicy:
+    policy = KLPGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    policy.learn_on_batch(behaviour_batch())
     return policy
 
 
@@ -577,13 +578,13 @@ BAD_STATES = {
 
 @pytest.fixture(scope="module")
 def trained_state():
-    return trained_ppo().get_state()
+    return trained_kl_policy().get_state()
 
 
 @pytest.fixture(scope="module")
 def target():
     """Shared: a refused state leaves it as it was, which each case checks."""
-    return PPOPolicy(OBS_SPACE, ACTION_SPACE, small_config(seed=1))
+    return KLPGPolicy(OBS_SPACE, ACTION_SPACE, small_config(seed=1))
 
 
 @pytest.mark.parametrize("name", sorted(BAD_STATES))
