@@ -35,6 +35,10 @@ class BCConfig(MARWILConfig):
         check=finite(ge=0),
     )
 
+    postprocess_inputs: bool = setting(
+        False, doc="input: BC reads the logged rows as they are (no returns needed)."
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.beta != 0:

@@ -65,6 +65,11 @@ class MARWILConfig(AlgorithmConfig):
         2000, doc="Rows per SGD step (RLlib: one step on the whole train batch)."
     )
     num_epochs: int = setting(1, doc="Passes of minibatch SGD over each train batch.")
+    postprocess_inputs: bool = setting(
+        True,
+        doc="input: each logged episode's rows get their discounted returns "
+        "(postprocess_trajectory) before the shuffle buffer; MARWIL's loss reads them.",
+    )
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,6 +1,8 @@
 """algorithms/bc.py: the loss is the logged actions' negative log-likelihood (numpy),
 no value or return columns are read, two fake GPUs take one device's step, and a
-beta other than 0 is refused in one line."""
+beta other than 0 is refused in one line. BC's learning tests (logged CartPole steps of a
+trained PPO; BC against MARWIL on a mix) are in test_marwil.py, beside MARWIL's, which
+share their logged data."""
 
 import gymnasium as gym
 import numpy as np

@@ -1,11 +1,17 @@
 """algorithms/marwil.py: logged episode chunks -> discounted returns (bootstrapped when
 not terminated), the advantage-weighted loss against a numpy computation, the moving
 average of squared advantages (updated from the whole batch, saved with the state),
-two fake GPUs taking one device's step, and bad config."""
+two fake GPUs taking one device's step, and bad config. Slow: BC and MARWIL learn from
+logged CartPole steps (a trained PPO's, a random policy's) through `input`, BC's
+learning test included (the same logged data, made once per module)."""
+
+import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
 from fakes import assert_grads_close, assert_weights_close, fake_gpus
 
 from algorithms import get_algorithm_class
@@ -17,8 +23,10 @@ from algorithms.marwil import (
     MARWILPolicy,
     marwil_update,
 )
+from algorithms.ppo import PPO
 from policy_service.config import ConfigError, field_docs, from_dict
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.offline import ParquetExperienceWriter
 
 OBS = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTIONS = gym.spaces.Discrete(3)
@@ -175,3 +183,141 @@ def test_bad_marwil_keys_are_one_line_errors_naming_them(key, value, match):
     with pytest.raises(ConfigError, match=match) as err:
         from_dict(MARWILConfig, {key: value})
     assert "\n" not in str(err.value)
+
+
+# ----- learning from logged CartPole steps (slow) --------------------------------------------
+
+TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned"
+LOGGED_COLUMNS = (
+    SampleBatch.OBS,
+    SampleBatch.NEXT_OBS,
+    SampleBatch.ACTIONS,
+    SampleBatch.REWARDS,
+    SampleBatch.TERMINATEDS,
+    SampleBatch.TRUNCATEDS,
+    SampleBatch.EPS_ID,
+    SampleBatch.T,
+    SampleBatch.ACTION_LOGP,
+)
+LOGGED_STEPS = 10_000  # of each behaviour policy
+_CARTPOLE = gym.make("CartPole-v1")
+CARTPOLE_SPACES = {"default_policy": (_CARTPOLE.observation_space, _CARTPOLE.action_space)}
+
+
+def log_trained_ppo(directory: Path) -> float:
+    """The tuned PPO trained until its last 20 episodes average >= 450, then
+    LOGGED_STEPS of its stochastic steps written -> the mean return of its last 20
+    episodes (all of them logged)."""
+    config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
+    algo = PPO({**config, "seed": 0, "metrics_num_episodes_for_smoothing": 20})
+    try:
+        while algo.train()["episode_return_mean"] < 450:
+            pass
+        with ParquetExperienceWriter(directory, CARTPOLE_SPACES) as writer:
+            written = 0
+            while written < LOGGED_STEPS:
+                batch = algo.sample_env_steps(1000)
+                writer.write(SampleBatch({k: batch[k] for k in LOGGED_COLUMNS}))
+                written += batch.count
+        return float(np.mean(algo.episode_return_window()))
+    finally:
+        algo.stop()
+
+
+def log_uniform_random(directory: Path) -> float:
+    """LOGGED_STEPS of a uniformly random policy -> the mean return of its episodes."""
+    env, rng = gym.make("CartPole-v1"), np.random.default_rng(0)
+    columns: dict = {k: [] for k in LOGGED_COLUMNS}
+    obs, _ = env.reset(seed=0)
+    episode, t, returns, total = 0, 0, [], 0.0
+    for _ in range(LOGGED_STEPS):
+        action = int(rng.integers(2))
+        new_obs, reward, terminated, truncated, _ = env.step(action)
+        row = (obs, new_obs, action, reward, terminated, truncated, episode, t, np.log(0.5))
+        for key, value in zip(LOGGED_COLUMNS, row):
+            columns[key].append(value)
+        obs, t, total = new_obs, t + 1, total + reward
+        if terminated or truncated:
+            (obs, _), episode, t = env.reset(), episode + 1, 0
+            returns.append(total)
+            total = 0.0
+    batch = SampleBatch({k: np.asarray(v) for k, v in columns.items()})
+    for key in (
+        SampleBatch.OBS,
+        SampleBatch.NEXT_OBS,
+        SampleBatch.REWARDS,
+        SampleBatch.ACTION_LOGP,
+    ):
+        batch[key] = batch[key].astype(np.float32)
+    with ParquetExperienceWriter(directory, CARTPOLE_SPACES) as writer:
+        writer.write(batch)
+    return float(np.mean(returns))
+
+
+@pytest.fixture(scope="module")
+def cartpole_logs(tmp_path_factory):
+    """(directory of the trained PPO's steps, of the random policy's, their returns)."""
+    root = tmp_path_factory.mktemp("cartpole_logs")
+    start = time.perf_counter()
+    expert_return = log_trained_ppo(root / "ppo")
+    random_return = log_uniform_random(root / "random")
+    print(f"\nlogged PPO (mean return {expert_return:.0f}) and random ({random_return:.0f}) "
+          f"CartPole steps in {time.perf_counter() - start:.0f} s")  # fmt: skip
+    return root / "ppo", root / "random", expert_return, random_return
+
+
+# Measured 2026-12-06 (one seed, the fixture's logs: PPO's episodes return 500, the random
+# policy's 22; evaluation samples from the learned distribution, 20 episodes):
+#   BC on the PPO steps: 500 after 30 iterations (8 s), 133 after 15
+#   on the 50/50 mix: BC 44-46 (it clones the random half too); MARWIL 438 after 100
+#   iterations (17 s), 500 after 300 (30 s)
+# The module's three runs take 50-90 s on this machine, the fixture 17-58 s of it (load).
+BC_ITERATIONS = 30  # of 8 SGD steps of 250 rows
+BC_LEARNED = 400
+MIX_ITERATIONS = 100
+MARWIL_LEARNED = 300
+MARWIL_MARGIN = 100  # over BC on the same mix
+
+OFFLINE = {
+    "env": "CartPole-v1",  # for evaluation only: the rows come from `input`
+    "lr": 1e-3,
+    "train_batch_size": 2000,
+    "minibatch_size": 250,
+    "shuffle_buffer_size": 10_000,
+    "model": {"fcnet_hiddens": [64, 64]},
+    "evaluation_duration": 20,  # episodes, sampling from the learned distribution
+}
+
+
+def offline_return(name: str, input, iterations: int, **config) -> tuple[float, float]:
+    """`name` trained `iterations` times on `input` -> (its greedy mean return over 20
+    evaluation episodes, seconds)."""
+    start = time.perf_counter()
+    algo = get_algorithm_class(name)({**OFFLINE, "input": input, "seed": 0, **config})
+    try:
+        for _ in range(iterations):
+            algo.train()
+        return algo.evaluate()["evaluation/episode_return_mean"], time.perf_counter() - start
+    finally:
+        algo.stop()
+
+
+@pytest.mark.slow
+def test_bc_clones_a_trained_ppo_policy(cartpole_logs):
+    expert, _, expert_return, _ = cartpole_logs
+    bc_return, seconds = offline_return("bc", str(expert), iterations=BC_ITERATIONS)
+    print(f"\nBC on {LOGGED_STEPS} steps of PPO at {expert_return:.0f}: {bc_return:.0f} "
+          f"({seconds:.0f} s)")  # fmt: skip
+    assert bc_return >= BC_LEARNED
+
+
+@pytest.mark.slow
+def test_marwil_beats_bc_on_half_trained_half_random_steps(cartpole_logs):
+    expert, random, _, random_return = cartpole_logs
+    mix = [str(expert), str(random)]
+    bc_return, bc_s = offline_return("bc", mix, iterations=MIX_ITERATIONS)
+    marwil_return, marwil_s = offline_return("marwil", mix, iterations=MIX_ITERATIONS, beta=1.0)
+    print(f"\non the mix (random's return {random_return:.0f}): BC {bc_return:.0f} ({bc_s:.0f} s), "
+          f"MARWIL {marwil_return:.0f} ({marwil_s:.0f} s)")  # fmt: skip
+    assert marwil_return >= MARWIL_LEARNED
+    assert marwil_return > bc_return + MARWIL_MARGIN
