@@ -279,3 +279,16 @@ def test_the_cli_trains_with_input_and_no_env(tmp_path, logged, capsys):
     assert code == 2 and err == [
         f"policy-service: error: config.input {tmp_path / 'none'}: no such file or directory"
     ]
+
+
+def test_every_sample_is_whole_across_passes(tmp_path):
+    """60 rows in batches of 40: a pass's last 20 rows go out with the next pass's first."""
+    write(tmp_path, [episodes(3)])
+    group = runners(tmp_path, train_batch_size=40, minibatch_size=20)
+    counts, seen = [], []
+    for _ in range(6):
+        batch = group.sample()[0]
+        counts.append(batch.count)
+        seen += sorted(rows(batch))
+    assert counts == [40] * 6 and group.passes == 3  # the 4th pass is read, not left
+    assert all(seen.count(row) == 4 for row in set(seen)) and len(set(seen)) == 60

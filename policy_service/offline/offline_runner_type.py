@@ -175,8 +175,8 @@ class OfflineRunners:
     # ----- sampling ----------------------------------------------------------------
 
     def sample(self) -> tuple[SampleBatch, dict]:
-        """The next rows_per_sample logged rows -> (batch, metrics); the last batch of a
-        pass may be shorter (the next call starts the next pass)."""
+        """The next rows_per_sample logged rows -> (batch, metrics); a pass's last rows
+        go out with the next pass's first."""
         start = time.perf_counter()
         batch = next(self._stream)
         batch.num_grad_updates = self._num_grad_updates
@@ -197,11 +197,21 @@ class OfflineRunners:
         return [self.sample()]
 
     def _batches(self) -> Generator[SampleBatch, None, None]:
+        """Batches of exactly rows_per_sample rows, pass after pass."""
+        rows = self.rows_per_sample
+        carried: SampleBatch | None = None  # the rows a pass ended with, short of a batch
         while True:
             seed = int(self._rng.integers(2**31))
             yielded = False
             for batch in self.dataset_batches(seed):
                 yielded = True
+                if carried is not None:
+                    batch, carried = concat_samples([carried, batch]), None
+                if batch.count < rows:
+                    carried = batch
+                    continue
+                if batch.count > rows:
+                    batch, carried = batch[:rows], batch[rows:]
                 yield batch
             if not yielded:
                 raise OfflineDataError(
