@@ -20,6 +20,7 @@ exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import math
 import time
@@ -1323,6 +1324,137 @@ class Algorithm:
             return action, state_out, extra
         return action
 
+    # ----- policies added and removed during a run (a league) -------------------------
+
+    def add_policy(
+        self,
+        policy_id: str,
+        policy_cls: type | None = None,
+        *,
+        observation_space=None,
+        action_space=None,
+        config: dict | None = None,
+        policy_state: dict | None = None,
+        policy_mapping_fn=None,
+        policies_to_train: list | None = None,
+    ):
+        """RLlib's Algorithm.add_policy: a new policy in this run (its learners, and a copy
+        in every env runner) that acts from the next iteration for the agents
+        `policy_mapping_fn` (the new mapping; None: the run's) gives it, and trains if it
+        is in `policies_to_train` (None: the run's, with it added). `policy_state` (a
+        TFPolicy state, e.g. another policy's get_state()) starts it, else fresh weights;
+        spaces not given are those of the env's agents mapped to it. -> its learner policy
+        when it lives in this process (num_learners: 0), else None."""
+        from policy_service.policy.policy_spec import PolicySpec
+
+        ids = sorted(self._policy_learners("add_policy").groups)
+        if policy_id in ids:
+            raise ConfigError(f"add_policy: policy {policy_id!r} is in this run already ({ids})")
+        cfg = self.config
+        assert cfg.policies is not None  # a run with policies (_policy_learners)
+        trained = policies_to_train
+        if trained is None and cfg.policies_to_train is not None:
+            trained = [*cfg.policies_to_train, policy_id]
+        given = (policy_cls, observation_space, action_space, config)
+        self._change_policies(
+            {**cfg.policies, policy_id: None if given == (None,) * 4 else PolicySpec(*given)},
+            cfg.policy_mapping_fn if policy_mapping_fn is None else policy_mapping_fn,
+            trained,
+            added=(policy_id, policy_state),
+        )
+        return self._policy_learners("add_policy").groups[policy_id].local_policy
+
+    def remove_policy(
+        self, policy_id: str, *, policy_mapping_fn=None, policies_to_train: list | None = None
+    ) -> None:
+        """RLlib's Algorithm.remove_policy: its learners stop and the env runners drop their
+        copy; no agent may map to it any more (give the new `policy_mapping_fn`). Its
+        returns leave the results, and the next checkpoint holds it no more."""
+        ids = sorted(self._policy_learners("remove_policy").groups)
+        if policy_id not in ids:
+            raise ConfigError(f"remove_policy: no policy {policy_id!r} in this run ({ids})")
+        if len(ids) == 1:
+            raise ConfigError(f"remove_policy: {policy_id!r} is the run's only policy")
+        cfg = self.config
+        assert cfg.policies is not None  # a run with policies (_policy_learners)
+        trained = policies_to_train
+        if trained is None and cfg.policies_to_train is not None:
+            trained = [p for p in cfg.policies_to_train if p != policy_id]
+        self._change_policies(
+            {p: spec for p, spec in cfg.policies.items() if p != policy_id},
+            cfg.policy_mapping_fn if policy_mapping_fn is None else policy_mapping_fn,
+            trained,
+            removed=policy_id,
+        )
+
+    def _policy_learners(self, call: str) -> MultiAgentLearners:
+        if self.multi_agent is None:
+            raise ConfigError(
+                f"{call}: this run has one policy ({DEFAULT_POLICY_ID!r}, no config.policies); "
+                "build it with config.policies to add or remove policies during the run"
+            )
+        return self.multi_agent[1]
+
+    def _change_policies(
+        self,
+        policies: dict,
+        policy_mapping_fn,
+        policies_to_train: list | None,
+        added: tuple[str, dict | None] | None = None,
+        removed: str | None = None,
+    ) -> None:
+        """The run's policies become `policies`. The new config and every agent's
+        mapping are checked first (one line; nothing changed), then the learners change,
+        then new env runners act with every policy's weights."""
+        from algorithms import multi_agent
+
+        learners = self._policy_learners("add_policy" if added else "remove_policy")
+        config = dataclasses.replace(
+            self.config,
+            policies=policies,
+            policy_mapping_fn=policy_mapping_fn,
+            policies_to_train=policies_to_train,
+        )
+        # the policies there are keep their specs as resolved (spaces included), even
+        # when no agent maps to them any more
+        assert self.multi_agent is not None
+        resolved = self.multi_agent[0].agent_policies.specs
+        complete = {p: resolved.get(p, spec) for p, spec in policies.items()}
+        env, agent_policies = multi_agent.resolve_policies(
+            dataclasses.replace(config, policies=complete), self.policy_class
+        )
+        env.close()
+        if added is not None:
+            learners.add(added[0], agent_policies.specs[added[0]], added[1])
+        if removed is not None:
+            learners.remove(removed)
+            self._policy_returns.pop(removed, None)
+        learners.policies_to_train = agent_policies.policies_to_train
+        self.config = config
+        if self.evaluation is not None:  # it plays the policies it was made with
+            self.evaluation.stop()
+            self.evaluation = None
+        self._policies_changed(agent_policies)
+
+    def _policies_changed(self, agent_policies) -> None:
+        """New env runners acting with the run's policies as they are now; a subclass
+        keeps what it holds per policy in step (replay buffers)."""
+        from algorithms import multi_agent
+
+        assert self.multi_agent is not None
+        runners, learners = self.multi_agent
+        self._past_worker_restarts += int(runners.num_restarts)
+        runners.stop()
+        runners = multi_agent.multi_agent_env_runners(
+            self.config,
+            agent_policies,
+            iteration_seed(self.config.seed, self.iteration),
+            inference_actors=learners.actors if self.inference_by_learners() else None,
+            callbacks=self.callback_classes,
+        )
+        self.multi_agent = (runners, learners)
+        runners.sync_weights(learners.get_weights(), version=self.iteration)
+
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it
         (idempotent; also cleans up after a failed __init__, which may not have
@@ -1381,6 +1513,14 @@ class AsyncAlgorithm(Algorithm):
 
     def set_algorithm_state(self, state: AlgorithmState) -> None:
         self.set_learner_version(int(state.values.get("learner_version", 0)))
+
+    def _policies_changed(self, agent_policies) -> None:
+        """As every algorithm's, with sampling paused meanwhile."""
+        self.pause_sampling()
+        try:
+            super()._policies_changed(agent_policies)
+        finally:
+            self.resume_sampling()
 
     def save(self, checkpoint_dir: str) -> str:
         """As every algorithm's, with sampling paused meanwhile."""

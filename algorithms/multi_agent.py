@@ -196,6 +196,26 @@ class MultiAgentLearners:
     def num_restarts(self) -> int:
         return sum(group.num_restarts for group in self.groups.values())
 
+    def add(self, policy_id: str, spec, state: dict | None = None) -> None:
+        """A LearnerGroup for a new policy (Algorithm.add_policy), from `state` if given."""
+        from policy_service.distributed.learner_group import LearnerGroup
+
+        assert spec.observation_space is not None and spec.action_space is not None
+        group = LearnerGroup(
+            spec.built_class(), spec.observation_space, spec.action_space, spec.config
+        )
+        try:
+            if state is not None:
+                group.set_state(state)
+        except BaseException:
+            group.stop()
+            raise
+        self.groups[policy_id] = group
+
+    def remove(self, policy_id: str) -> None:
+        """Stop and drop a policy's learners (Algorithm.remove_policy)."""
+        self.groups.pop(policy_id).stop()
+
     @property
     def actors(self) -> dict:
         """policy id -> its learner actors (with inference: learners, they act for it)."""

@@ -331,6 +331,13 @@ class ReplayAlgorithm(Algorithm):
         specs = self.multi_agent[0].agent_policies.specs
         return {p: (spec.observation_space, spec.action_space) for p, spec in specs.items()}
 
+    def _policies_changed(self, agent_policies) -> None:
+        """A policy added or removed: a new trained policy gets an empty replay buffer,
+        the others keep theirs."""
+        super()._policies_changed(agent_policies)
+        fresh = self._make_replays()
+        self.replays = {p: self.replays.get(p, replay) for p, replay in fresh.items()}
+
     def _make_replays(self) -> dict:
         """A new replay buffer per trained policy, each seeded apart."""
         trained = (
