@@ -30,18 +30,16 @@ import tensorflow as tf
 from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from algorithms.impala import ChunkedActorCriticPolicy, actor_critic_loss
 from policy_service import TFPolicy
-from policy_service.config import (
-    ConfigError,
-    entropy_coeff_schedule_setting,
-    entropy_coeff_setting,
-    finite,
-    integer,
-    setting,
-)
+from policy_service.config import ConfigError, setting
+from policy_service.config_rules import finite, integer
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import by_policy
+from policy_service.policy.policy_config import (
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+)
 from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
 
 _POLL_S = 0.01

@@ -34,18 +34,8 @@ import numpy as np
 from algorithms.config_builder import ConfigBuilder
 from algorithms.environments import env_maker
 from algorithms.periodic_evaluation import Evaluation, evaluation_config_error
-from policy_service.config import (
-    ConfigError,
-    PolicyConfig,
-    Rule,
-    finite,
-    from_dict,
-    integer,
-    on_cpu,
-    one_of,
-    setting,
-)
-from policy_service.config_rules import MIN_ROW_BYTES
+from policy_service.config import ConfigError, from_dict, on_cpu, setting
+from policy_service.config_rules import MIN_ROW_BYTES, Rule, finite, integer, one_of
 from policy_service.data import env_actions, observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.ray_runtime import start_ray
@@ -58,6 +48,7 @@ from policy_service.multi_agent import pettingzoo_env
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID, check_policies_config
 from policy_service.multi_agent.self_play import FrozenCopies, check_frozen_copies
 from policy_service.offline import config_keys as offline_keys
+from policy_service.policy.policy_config import PolicyConfig
 from policy_service.runs.callbacks import (
     CallbackList,
     callbacks_classes,

@@ -21,7 +21,8 @@ import tensorflow as tf
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
 from algorithms.ppo import clipped_surrogate_loss, combined_loss
 from policy_service import masked_mean
-from policy_service.config import finite, integer, setting
+from policy_service.config import setting
+from policy_service.config_rules import finite, integer
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.engine.target_network import TargetUpdate

@@ -32,7 +32,8 @@ import tensorflow as tf
 from algorithms.algorithm import Algorithm
 from algorithms.sac import SACConfig, SACModel, SACPolicy, twin_minimum
 from policy_service import LossExtras, masked_mean
-from policy_service.config import finite, integer, setting
+from policy_service.config import setting
+from policy_service.config_rules import finite, integer
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group

@@ -26,20 +26,16 @@ import tensorflow as tf
 
 from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
 from policy_service import LossExtras, TFPolicy, masked_mean
-from policy_service.config import (
-    ConfigError,
-    config_value,
-    entropy_coeff_schedule_setting,
-    entropy_coeff_setting,
-    finite,
-    integer,
-    one_of,
-    setting,
-)
+from policy_service.config import ConfigError, config_value, setting
+from policy_service.config_rules import finite, integer, one_of
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn, TrainColumns, TrainLayout
 from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
+from policy_service.policy.policy_config import (
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+)
 from policy_service.returns.vtrace_units import bootstrap_values, sequence_units, vtrace_on_units
 
 INFERENCE_MODES = ("env_runners", "policy_actors", "learners")

@@ -27,7 +27,8 @@ import tensorflow as tf
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from algorithms.ppo import discount_cumsum
 from policy_service import LossExtras, masked_mean
-from policy_service.config import ConfigError, finite, setting
+from policy_service.config import ConfigError, setting
+from policy_service.config_rules import finite
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
 from policy_service.data.units import LOSS_MASK

@@ -28,8 +28,8 @@ import tensorflow as tf
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig, AlgorithmState
 from policy_service import TFPolicy
-from policy_service.config import ConfigError, finite, integer, setting
-from policy_service.config_rules import MIN_ROW_BYTES
+from policy_service.config import ConfigError, setting
+from policy_service.config_rules import MIN_ROW_BYTES, finite, integer
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn, check_loss_columns
 from policy_service.data.units import LOSS_MASK, check_minibatch_size

@@ -29,15 +29,15 @@ import tree
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service import LossExtras, masked_mean
-from policy_service.config import (
-    entropy_coeff_schedule_setting,
-    entropy_coeff_setting,
-    finite,
-    setting,
-)
+from policy_service.config import setting
+from policy_service.config_rules import finite
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn, without_short_minibatch
 from policy_service.policy.adaptive_kl import AdaptiveKLPolicy
+from policy_service.policy.policy_config import (
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+)
 
 # ----- config -----------------------------------------------------------------------------
 

@@ -30,15 +30,8 @@ import tensorflow as tf
 from algorithms.dqn import huber_loss
 from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
 from policy_service import LossExtras, masked_mean
-from policy_service.config import (
-    KERAS_ACTIVATION,
-    LAYER_SIZES,
-    ConfigError,
-    finite,
-    from_dict,
-    setting,
-)
-from policy_service.config_rules import RATE_EXPECTED, Rule, rate_error
+from policy_service.config import KERAS_ACTIVATION, LAYER_SIZES, ConfigError, from_dict, setting
+from policy_service.config_rules import RATE_EXPECTED, Rule, finite, rate_error
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group

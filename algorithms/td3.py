@@ -26,8 +26,8 @@ import tensorflow as tf
 from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
 from algorithms.sac import bootstrapped_targets, check_action_space, flat_obs, mlp, twin_minimum
 from policy_service import LossExtras, masked_mean
-from policy_service.config import LAYER_SIZES, ConfigError, finite, from_dict, integer, setting
-from policy_service.config_rules import rate_error
+from policy_service.config import LAYER_SIZES, ConfigError, from_dict, setting
+from policy_service.config_rules import finite, integer, rate_error
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group

@@ -51,8 +51,8 @@ def keras_init_model_class():
     """FeedForwardModel re-initialized with the initializers it had before RLlib's."""
     import keras
 
-    from policy_service.config import ModelConfig
     from policy_service.policy.models import FeedForwardModel
+    from policy_service.policy.policy_config import ModelConfig
 
     class KerasInitModel(FeedForwardModel):
         def __init__(self, obs_space, action_space, num_outputs, model_config: dict):

@@ -64,7 +64,8 @@ from algorithms.algorithm import Algorithm, AlgorithmConfig
 from algorithms.environments import register_env
 from algorithms.ppo import compute_advantages, standardize_advantages
 from policy_service import TFPolicy, masked_mean
-from policy_service.config import finite, setting
+from policy_service.config import setting
+from policy_service.config_rules import finite
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
 from policy_service.policy.models import register_custom_model

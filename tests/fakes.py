@@ -17,17 +17,17 @@ import numpy as np
 import tensorflow as tf
 
 from policy_service import LossGroup, TFPolicy, masked_mean
-from policy_service.config import (
-    PolicyConfig,
-    entropy_coeff_schedule_setting,
-    entropy_coeff_setting,
-    setting,
-)
+from policy_service.config import setting
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
 from policy_service.engine.target_network import TargetUpdate
 from policy_service.policy.adaptive_kl import AdaptiveKLPolicy
 from policy_service.policy.distributions import squashed_gaussian_for
+from policy_service.policy.policy_config import (
+    PolicyConfig,
+    entropy_coeff_schedule_setting,
+    entropy_coeff_setting,
+)
 from policy_service.returns.n_step import n_step_returns
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)

@@ -15,10 +15,11 @@ from fakes import (
     small_config,
 )
 
-from policy_service.config import ConfigError, ModelConfig
+from policy_service.config import ConfigError
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.policy.attention import GTrXLModel
+from policy_service.policy.policy_config import ModelConfig
 
 MEMORY, DIM = 3, 8
 ATTENTION = {

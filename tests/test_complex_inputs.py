@@ -13,11 +13,11 @@ from fakes import (
     small_config,
 )
 
-from policy_service.config import ModelConfig
 from policy_service.data import spaces
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.policy import models
 from policy_service.policy.complex_inputs import ComplexInputEncoder
+from policy_service.policy.policy_config import ModelConfig
 
 IMAGE_AND_VECTOR = gym.spaces.Dict(
     {

@@ -16,15 +16,14 @@ from algorithms.ppo import PPOConfig
 from policy_service.config import (
     ConfigError,
     ConfigTypeError,
-    ModelConfig,
-    PolicyConfig,
     config_value,
     field_check,
     field_docs,
     from_dict,
-    integer,
     setting,
 )
+from policy_service.config_rules import integer
+from policy_service.policy.policy_config import ModelConfig, PolicyConfig
 
 
 def test_empty_and_none_give_the_defaults():

@@ -17,9 +17,9 @@ from fakes import (
     weights_differ,
 )
 
-from policy_service.config import ModelConfig
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.policy import models
+from policy_service.policy.policy_config import ModelConfig
 
 
 def shapes(policy):

@@ -14,7 +14,7 @@ import pytest
 import ray
 import tensorflow as tf
 
-from policy_service.config import ConfigError, PolicyConfig
+from policy_service.config import ConfigError
 from policy_service.data.observation_filters import (
     CLIP,
     MeanStdFilter,
@@ -23,6 +23,7 @@ from policy_service.data.observation_filters import (
     make_filter,
 )
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
+from policy_service.policy.policy_config import PolicyConfig
 
 FILTERED = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "observation_filter": "MeanStdFilter"}
 SCRIPT = {"lengths": [4, 3], "endings": ["terminated", "truncated"], "tag": 5.0}

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import ray
 
-from policy_service.config import PolicyConfig
 from policy_service.distributed.policy_actor import (
     PolicyActor,
     PolicyHost,
     hosted_policy_config,
 )
+from policy_service.policy.policy_config import PolicyConfig
 
 OBS_SPACE = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
 ACTION_SPACE = gym.spaces.Discrete(3)

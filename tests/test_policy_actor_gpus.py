@@ -9,9 +9,10 @@ import fakes
 import pytest
 import ray
 
-from policy_service.config import ConfigError, PolicyConfig
+from policy_service.config import ConfigError
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.resources import ResourcesError
+from policy_service.policy.policy_config import PolicyConfig
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 RAY_RESOURCES = {"num_gpus": 1}  # read by conftest.ray_local

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from policy_service.cli.commands import main
-from policy_service.config import ModelConfig
 from policy_service.io.rllib_checkpoint import RLlibCheckpointError, read_rllib_checkpoint
+from policy_service.policy.policy_config import ModelConfig
 from policy_service.policy.rllib_import import RLlibImportError, catalog_mapping, mapped_weights
 
 REPO = Path(__file__).resolve().parents[1]

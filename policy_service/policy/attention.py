@@ -18,9 +18,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service.config import ConfigError, ModelConfig
+from policy_service.config import ConfigError
 from policy_service.policy.action_features import action_features, action_tensor_specs
 from policy_service.policy.encoders import Encoder
+from policy_service.policy.policy_config import ModelConfig
 
 
 def sinusoid_table(length, dim: int) -> tf.Tensor:

@@ -21,9 +21,9 @@ import re
 import keras
 import tensorflow as tf
 
-from policy_service.config import ModelConfig
 from policy_service.data.spaces import IMAGE, ObservationComponent
 from policy_service.policy.encoders import conv_stack, dense_stack, run_stack
+from policy_service.policy.policy_config import ModelConfig
 
 
 def component_name(component: ObservationComponent) -> str:

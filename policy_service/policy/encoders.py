@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keras
 
-from policy_service.config import ModelConfig
+from policy_service.policy.policy_config import ModelConfig
 
 
 class NormcInitializer(keras.initializers.RandomNormal):

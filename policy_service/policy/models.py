@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from policy_service.config import ConfigError, ModelConfig
+from policy_service.config import ConfigError
 from policy_service.data import spaces
 from policy_service.policy.action_features import (
     action_feature_shape,
@@ -32,6 +32,7 @@ from policy_service.policy.action_features import (
 from policy_service.policy.attention import GTrXLModel
 from policy_service.policy.complex_inputs import ComplexInputEncoder
 from policy_service.policy.encoders import Encoder, NormcInitializer
+from policy_service.policy.policy_config import ModelConfig
 
 # re-exported: they lived here
 __all__ = [

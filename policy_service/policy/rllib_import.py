@@ -22,9 +22,10 @@ from dataclasses import fields
 
 import numpy as np
 
-from policy_service.config import ConfigError, ModelConfig, user_key
+from policy_service.config import ConfigError, user_key
 from policy_service.data.observation_filters import MEAN_STD_FILTER, NO_FILTER, STATE_KEY
 from policy_service.io.rllib_checkpoint import RLlibPolicyCheckpoint, read_rllib_checkpoint
+from policy_service.policy.policy_config import ModelConfig
 
 # RLlib's model keys that mean the same here
 MODEL_KEYS = (

@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service.config import ConfigError, PolicyConfig, from_dict
+from policy_service.config import ConfigError, from_dict
 from policy_service.data import nests, observation_filters, sequencing, spaces
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import (
@@ -61,6 +61,7 @@ from policy_service.policy.learning_results import (
     rllib_layout,
     valid_rows_only,
 )
+from policy_service.policy.policy_config import PolicyConfig
 
 
 class TFPolicy(BatchLearning):
