@@ -10,7 +10,7 @@ model, no gradients: the LearnerGroup's per-step all-reduce is compared against 
     python -m benchmarks.collectives --members 2 --sizes 135000
     python -m benchmarks.collectives --smoke
 
-Each target, exactly: BENCHMARKS.md, "What each script measures".
+Each target, exactly: benchmarks/history/methods.md, "What each script measures".
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ dqn (not in the default workloads).
     python -m benchmarks.compare_rllib --workloads dqn --seeds 0,1,2
 
 Ratios are printed as JSON lines with "ratio" and written to
-results/compare_rllib.json. Each workload, exactly: BENCHMARKS.md.
+results/compare_rllib.json. Each workload, exactly: benchmarks/history/methods.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ actor in a closed loop: send one observation, wait for its action, send again.
     python -m benchmarks.inference --callers 1,4,16 --duration 5
 
 The caller and no-op actors import neither TensorFlow nor policy_service, so
-compare_rllib.py runs them against RLlib's policy. Exactly: BENCHMARKS.md.
+compare_rllib.py runs them against RLlib's policy. Exactly: benchmarks/history/methods.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ ceiling/fused_adam_kernel; samples/s counts valid rows trained on.
     python -m benchmarks.learner --learners 1,2 --accumulate 1,4   # the LearnerGroup
     python -m benchmarks.learner --models mlp_bn --towers 2,4 --batch-norm-sync true,false
 
-What each target measures, exactly: BENCHMARKS.md, "What each script measures".
+What each target measures, exactly: benchmarks/history/methods.md, "What each script measures".
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ all-reduce inside the step beside the bare collective between the same processes
     python -m benchmarks.learner --learners 1,2 --accumulate 1,4
 
 Every field (step_ms, local_step_ms, weighted_local_step_ms, group_ms, bare_*_ms,
-the CPU figures) and how K-step accumulation counts: BENCHMARKS.md, "What each
-script measures".
+the CPU figures) and how K-step accumulation counts: benchmarks/history/methods.md,
+"What each script measures".
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ every variant of ours, then RLlib, with the round as the seed. Variants of ours
     python -m benchmarks.ppo_parity --variants defaults,keras_init --rounds 1
     python -m benchmarks.ppo_parity --smoke
 
-The hyperparameters, what each variant changes, and the results: BENCHMARKS.md.
+The hyperparameters, what each variant changes, and the results:
+benchmarks/history/end_to_end.md.
 """
 
 from __future__ import annotations
@@ -206,7 +207,8 @@ def main(argv=None):
     )
     records = harness.run_rounds(args, schedule(args), **harness.TO_TARGET)
     rows = summarize(records)
-    meta["plots"] = []  # the table is the result: BENCHMARKS.md, "PPO at RLlib's defaults"
+    # the table is the result: benchmarks/history/end_to_end.md, "PPO at RLlib's defaults"
+    meta["plots"] = []
     harness.finish(NAME, args.out, records, rows, meta)
 
 

@@ -16,7 +16,7 @@ fixed number of vector steps with a PPO MLP (4 -> 256x256) choosing the actions:
     python -m benchmarks.ray_dag_trial               # ~3 min
     python -m benchmarks.ray_dag_trial --smoke
 
-Results: BENCHMARKS.md, "Ray Compiled Graphs for remote acting".
+Results: benchmarks/history/sampling.md, "Ray Compiled Graphs for remote acting".
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ whole (`--frames-storage whole`, at 50k).
     python -m benchmarks.replay --shapes cartpole --kinds uniform --ops insert --batches 32
 
 The shapes, the stream, the ceiling and the memory figures, exactly, and the
-latest results: BENCHMARKS.md ("What each script measures", "Replay buffers").
+latest results: benchmarks/history/methods.md ("What each script measures") and
+off_policy.md ("Replay buffers").
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ threads) runs in its own process; medians over rounds.
     python -m benchmarks.replica_engine --smoke
     python -m benchmarks.replica_engine --breakdown     # where multi-tower time goes
 
-Each engine, exactly: BENCHMARKS.md; the decision it informed: docs/replica_engine.md.
+Each engine, exactly: benchmarks/history/methods.md; the decision it informed:
+docs/replica_engine.md.
 """
 
 from __future__ import annotations

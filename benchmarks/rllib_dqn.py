@@ -7,7 +7,7 @@ RLlib's DQN from them with `run_to_target`. Translated: target_network_update_fr
 weights, recorded), the replay buffer, exploration and model. Not translatable:
 RLlib's n-step targets bootstrap with gamma^n where ours use gamma^k.
 
-Each setting and where the meanings differ: BENCHMARKS.md, "DQN beside RLlib's
+Each setting and where the meanings differ: benchmarks/history/off_policy.md, "DQN beside RLlib's
 old-stack TF DQN".
 """
 

@@ -9,7 +9,7 @@ observations to a PolicyActor (central inference, batching as EnvRunnerGroup siz
     python -m benchmarks.sampler            # ~2 min
     python -m benchmarks.sampler --smoke
 
-Exactly what is timed: BENCHMARKS.md, "What each script measures".
+Exactly what is timed: benchmarks/history/methods.md, "What each script measures".
 """
 
 from __future__ import annotations

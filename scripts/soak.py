@@ -15,7 +15,8 @@ growth). `ppo`: PPO on CartPole-v1 with rollout worker
 actors and central inference (and learner actors) while workers, the PolicyActor
 (and learners) are SIGKILLed.
 Everything runs on this machine's local Ray; the loops end by themselves.
-What each mode does and reports, exactly: BENCHMARKS.md, "What each script measures".
+What each mode does and reports, exactly: benchmarks/history/methods.md, "What each
+script measures".
 """
 
 from __future__ import annotations

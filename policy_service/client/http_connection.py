@@ -7,9 +7,10 @@ A remote-mode PolicyClient sends one small request per env step and waits for it
 answer, so the client's own cost is on every step's latency. http.client builds a
 request from several calls and parses each answer's headers with the email package:
 ~35% of a CartPole client's CPU in a profile of one client against the training server
-(BENCHMARKS.md). Here a request is one buffer and one send, and an answer is read with
-as few recv calls as it arrives in and split by hand. Answers carry Content-Length or
-chunked bodies (or run to the connection's close); header names come back lower-cased.
+(benchmarks/history/serving.md). Here a request is one buffer and one send, and an
+answer is read with as few recv calls as it arrives in and split by hand. Answers carry
+Content-Length or chunked bodies (or run to the connection's close); header names come
+back lower-cased.
 
 Two ways a request can fail on the connection differ for a caller that may retry:
 NoAnswer (a ConnectionError) when the connection failed or closed before any byte of an

@@ -35,9 +35,9 @@ from typing import Any
 
 RunBatch = Callable[[Any, list], list]  # (a key given to submit, its payloads) -> results
 # Passes shorter than this run on the event loop while the thread is idle: the two
-# hand-offs cost ~0.25 ms of CPU here, more than a 256x256 MLP's pass (BENCHMARKS.md,
-# "Forward passes on the event loop"); a longer pass gains from the loop reading other
-# requests while the thread computes.
+# hand-offs cost ~0.25 ms of CPU here, more than a 256x256 MLP's pass
+# (benchmarks/history/serving.md, "Forward passes on the event loop"); a longer pass
+# gains from the loop reading other requests while the thread computes.
 INLINE_PASS_S = 0.001
 
 

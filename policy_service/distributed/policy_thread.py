@@ -4,7 +4,7 @@ A host (PolicyHost, or several sharing one) sends every forward pass, weight ass
 and learner step here, so none sees another half done. Knowing that no call is queued
 or running lets its event loop run a short forward pass itself instead: the two
 thread hand-offs cost ~0.25 ms of CPU per pass on this machine, more than the pass of a
-256x256 MLP (BENCHMARKS.md, "Forward passes on the event loop").
+256x256 MLP (benchmarks/history/serving.md, "Forward passes on the event loop").
 """
 
 from __future__ import annotations

@@ -236,7 +236,7 @@ class CollectiveGroup:
         When every tensor has the weight's dtype, the weight and the tensors
         travel as one flat buffer [1, t...] that is scaled, and after the sum
         divided, as a whole: three ops where one per tensor cost measurably more
-        (BENCHMARKS.md); per element the same products, sums and quotients as
+        (benchmarks/history/learner.md); per element the same products, sums and quotients as
         scaling each tensor, so the results are bit-identical. Mixed dtypes take
         one collective per dtype."""
         tensors = [tf.convert_to_tensor(t) for t in tensors]

@@ -7,10 +7,11 @@ The loop it lives in (an env runner acts on its vector of N sub-envs every step)
     mine = nests.row_range(numpy_outputs, 0, rows)
 
 XLA fuses the acting graph's ~100 small ops into a few kernels: a CartPole MLP's
-`compute_actions` costs ~0.6x the CPU of TensorFlow's executor here (BENCHMARKS.md, "XLA
-for the env runners' acting"). But XLA compiles once per input shape (~0.35 s here), so
-only a caller of one fixed size gets it; a call with fewer rows (sub-envs resetting) is
-padded with zero rows, whose outputs the caller drops. Convolutions are the exception:
+`compute_actions` costs ~0.6x the CPU of TensorFlow's executor here
+(benchmarks/history/sampling.md, "XLA for the env runners' acting"). But XLA compiles
+once per input shape (~0.35 s here), so only a caller of one fixed size gets it; a call
+with fewer rows (sub-envs resetting) is padded with zero rows, whose outputs the caller
+drops. Convolutions are the exception:
 XLA's CPU kernels for them lack oneDNN's, and an Atari CNN acted 1.5x slower through XLA
 here, so a graph with convolutions keeps the executor (`has_convolutions`).
 """

@@ -9,7 +9,7 @@ coalesced by the host's RequestBatcher into one forward pass (max_batch_size row
 or batch_wait_timeout_s after the first; no wait after a pass of one request, so a
 lone client never pays it), and a batch that fails anyway is rerun
 request by request, so one bad request never fails the others. Measured against
-Serve's own `@serve.batch` in benchmarks/serve.py (BENCHMARKS.md).
+Serve's own `@serve.batch` in benchmarks/serve.py (benchmarks/history/serving.md).
 """
 
 from __future__ import annotations

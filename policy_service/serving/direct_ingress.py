@@ -5,7 +5,7 @@
 
 Through Serve's proxy every request crosses two actors (client -> proxy actor ->
 replica actor and back, the body read by one more call back to the proxy), which on 2
-cores bounds a training server below RLlib's PolicyServerInput (BENCHMARKS.md). With
+cores bounds a training server below RLlib's PolicyServerInput (benchmarks/history/serving.md). With
 Ray 2.60's direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS) an application's ingress
 replica runs its own uvicorn, on the host of Serve's http_options and a port the
 controller hands out from RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT. A range of
