@@ -665,3 +665,12 @@ def test_a_packed_column_of_anything_but_arrays_is_refused(tmp_path):
     line = {"type": "SampleBatch", "obs": "bm90IGx6NA==", "actions": [0], "rewards": [1]}
     path.write_text(json.dumps(line) + "\n")  # base64, but not an LZ4 frame
     one_line_error("column 'obs': not a packed numpy array", open_experiences, path)
+
+
+def test_offline_data_names_the_default_policy_as_the_multi_agent_package_does():
+    """policy_service.offline sits below the multi-agent package (env runners write
+    through it), so it keeps its own copy of the id."""
+    from policy_service.multi_agent import policies
+    from policy_service.offline import batches
+
+    assert batches.DEFAULT_POLICY_ID == policies.DEFAULT_POLICY_ID

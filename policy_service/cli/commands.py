@@ -171,10 +171,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     token, where = server.resolve_token(args.token_file, os.environ, server.serve_directory(found))
     announce = f"policy {found}; token from {where}"
-    if args.log_experiences:  # the episode API too, every step written (offline/serve_logging.py)
-        from policy_service.offline import serve_logging
+    if args.log_experiences:  # the episode API too, every step written (experience_logging)
+        from policy_service.serving import experience_logging
 
-        app, close = serve_logging.from_arguments(args, state, token, settings)
+        app, close = experience_logging.from_arguments(args, state, token, settings)
         announce += f"; logging experiences to {args.log_experiences}"
         return server.run_server(
             state, address, settings, token, announce=announce, app=app, before_stop=close

@@ -45,7 +45,6 @@ from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.engine import devices
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.offline.output import ExperienceOutput, infos_column
 from policy_service.policy import models
 from policy_service.runs.callbacks import (
@@ -229,8 +228,8 @@ class RolloutWorker(ActingWeights):
         batch = concat_samples(self._postprocess(self._split_into_chunks(records)))
         batch.num_grad_updates = self._num_grad_updates
         if self._output is not None:
-            spaces = {DEFAULT_POLICY_ID: (self.observation_space, self.action_space)}
-            self._output.write(batch, spaces, self.weights_version())
+            space = self.observation_space
+            self._output.write_one(batch, space, self.action_space, self.weights_version())
             batch.pop(SampleBatch.INFOS)  # kept for the files only
         metrics: dict[str, Any] = {
             "env_steps": batch.count,

@@ -41,7 +41,7 @@ import gymnasium as gym
 import numpy as np
 
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.batches import DEFAULT_POLICY_ID
 from policy_service.offline.columns import OfflineDataError
 from policy_service.offline.config_keys import Q_MODEL_OPTIONS, estimation_methods
 

@@ -26,17 +26,16 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from policy_service.config import ConfigError, on_cpu
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.distributed.resources import RoleAsk
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.batches import DEFAULT_POLICY_ID
 from policy_service.offline.columns import INFOS, OfflineDataError
 from policy_service.offline.held_out import held_out
 from policy_service.offline.manifest import PolicyData
 from policy_service.offline.reader import Experiences, PolicyDataset, open_experiences
-from policy_service.runs.callbacks import EPISODE_HOOKS, make_callbacks
 
 # the estimators that weigh each logged action by the behaviour policy's probability
 NEEDS_BEHAVIOUR_LOGP = ("ImportanceSampling", "WeightedImportanceSampling", "DoublyRobust")
@@ -51,21 +50,12 @@ def build(
     inference_actors: list | None = None,
     callbacks: list | None = None,
 ) -> OfflineRunners:
-    """The run's OfflineRunners; `env` (a maker, or None) only checks the spaces."""
+    """The run's OfflineRunners; `env` (a maker, or None) only checks the spaces.
+    `callbacks`: their episode and sample hooks never run (no episode is played)."""
     prefix = config.key_prefix
     if inference_actors:
         raise ConfigError(f"{prefix}.input: an offline run acts nowhere, not through learners")
-    hooked = [h for h in EPISODE_HOOKS if make_callbacks(callbacks).overrides(h)]
-    if hooked:
-        raise ConfigError(
-            f"{prefix}.callbacks: {hooked[0]} never runs with input (no episode is played); "
-            "use on_train_result / on_learn_on_batch"
-        )
-    given = None
-    if env is not None:
-        from policy_service.distributed.env_runner_group import probe_spaces
-
-        given = probe_spaces(env, dict(config.env_config))
+    given = None if env is None else env_spaces(env, dict(config.env_config))
     experiences = open_experiences(
         config.input,
         spaces=None if given is None else {DEFAULT_POLICY_ID: given},
@@ -84,10 +74,20 @@ def build(
     return OfflineRunners(dataset, spaces, config, policy_cls, seed)
 
 
-def resource_asks(config: Any) -> list[RoleAsk]:
-    """Nothing to reserve: rows are read in the driver (Ray Data's read tasks are
-    short and take the CPUs free at the time)."""
+def resource_asks(config: Any) -> list:
+    """Nothing to reserve (no RoleAsk): rows are read in the driver (Ray Data's read
+    tasks are short and take the CPUs free at the time)."""
     return []
+
+
+def env_spaces(env: Any, env_config: dict) -> tuple[gym.Space, gym.Space]:
+    """(observation space, action space) of an env maker: a gymnasium id, or a callable
+    env_config -> env (register_env's creators, an Atari creator)."""
+    made = env(env_config) if callable(env) else gym.make(env, **env_config)
+    try:
+        return made.observation_space, made.action_space
+    finally:
+        made.close()
 
 
 def required_columns(config: Any, policy_cls: type) -> tuple[str, ...]:

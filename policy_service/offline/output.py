@@ -25,7 +25,7 @@ from typing import Any
 
 from policy_service.config import config_value
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.multi_agent.batch import MultiAgentBatch
+from policy_service.offline.batches import DEFAULT_POLICY_ID, AnyBatch, is_multi_agent
 from policy_service.offline.config_keys import DEFAULT_MAX_FILE_SIZE, OUTPUT_FORMATS
 
 
@@ -71,7 +71,7 @@ class ExperienceOutput:
 
     def write(
         self,
-        batch: SampleBatch | MultiAgentBatch,
+        batch: AnyBatch,
         spaces: Mapping[str, tuple],
         weights_version: int | None = None,
     ) -> None:
@@ -86,14 +86,19 @@ class ExperienceOutput:
                 max_file_size=self.max_file_size,
                 weights_version=weights_version,
             )
-        if isinstance(batch, MultiAgentBatch):
+        if isinstance(batch, SampleBatch):
+            if batch.count:
+                self._writer.write(_plain_infos(batch))
+                self.rows_written += batch.count
+        elif is_multi_agent(batch):
             parts = {p: _plain_infos(b) for p, b in batch.policy_batches.items() if b.count}
-            if parts:
-                self._writer.write(MultiAgentBatch(parts, batch.env_steps()))
+            if parts:  # a batch of the same class, rows the writer takes
+                self._writer.write(type(batch)(parts, batch.env_steps()))  # type: ignore[call-arg]
                 self.rows_written += sum(b.count for b in parts.values())
-        elif batch.count:
-            self._writer.write(_plain_infos(batch))
-            self.rows_written += batch.count
+
+    def write_one(self, batch: SampleBatch, observation_space, action_space, weights_version=None):
+        """write() of one policy's batch: the default policy's (a single-agent runner's)."""
+        self.write(batch, {DEFAULT_POLICY_ID: (observation_space, action_space)}, weights_version)
 
     def close(self) -> list[Path]:
         """Complete the open file -> every file this output wrote."""

@@ -14,8 +14,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.multi_agent.batch import MultiAgentBatch
-from policy_service.offline.batches import policy_batches
+from policy_service.offline.batches import AnyBatch, policy_batches
 from policy_service.offline.columns import (
     LeafSpec,
     OfflineDataError,
@@ -76,7 +75,7 @@ class ParquetExperienceWriter:
         self.compression = compression
         self._policies: dict[str, _PolicyFiles] = {}
 
-    def write(self, batch: SampleBatch | MultiAgentBatch) -> None:
+    def write(self, batch: AnyBatch) -> None:
         """Add `batch`'s rows; every policy's rows are checked before any is kept."""
         parts = policy_batches(batch, str(self.directory))
         tables = {pid: self._table(pid, rows) for pid, rows in parts.items() if rows.count}

@@ -27,7 +27,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.offline.batches import DEFAULT_POLICY_ID
 from policy_service.offline.columns import (
     INFOS,
     LeafSpec,

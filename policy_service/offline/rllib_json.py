@@ -25,9 +25,11 @@ import numpy as np
 
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.io.safe_pickle import PickledName, UnsafePickleError, loads, pickled_calls
-from policy_service.multi_agent.batch import MultiAgentBatch
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
-from policy_service.offline.batches import policy_batches
+from policy_service.offline.batches import (
+    DEFAULT_POLICY_ID,
+    AnyBatch,
+    policy_batches,
+)
 from policy_service.offline.columns import INFOS, OfflineDataError, leaf_specs
 from policy_service.offline.files import DEFAULT_MAX_FILE_SIZE, RotatingFiles
 from policy_service.offline.manifest import MANIFEST, PolicyData, ensure_manifest
@@ -159,22 +161,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def batch_line(
-    batch: SampleBatch | MultiAgentBatch, compress_columns: tuple[str, ...] = COMPRESS_COLUMNS
-) -> str:
+def batch_line(batch: AnyBatch, compress_columns: tuple[str, ...] = COMPRESS_COLUMNS) -> str:
     """`batch` as one line of RLlib's JSON format (no newline)."""
 
     def columns(sample: SampleBatch) -> dict:
         return {k: _jsonable(k, v, k in compress_columns) for k, v in sample.items()}
 
-    if isinstance(batch, MultiAgentBatch):
+    if isinstance(batch, SampleBatch):
+        out = {"type": "SampleBatch", **columns(batch)}
+    else:
         out = {
             "type": "MultiAgentBatch",
-            "count": batch.count,
+            "count": batch.env_steps(),
             "policy_batches": {p: columns(b) for p, b in batch.policy_batches.items()},
         }
-    else:
-        out = {"type": "SampleBatch", **columns(batch)}
     return json.dumps(out, allow_nan=True)
 
 
@@ -199,7 +199,7 @@ class JsonExperienceWriter:
         self.files = RotatingFiles(self.directory, "output", JSON_SUFFIX, max_file_size)
         self._known: set[str] = set()
 
-    def write(self, batch: SampleBatch | MultiAgentBatch) -> None:
+    def write(self, batch: AnyBatch) -> None:
         parts = policy_batches(batch, str(self.directory))
         new = {}
         for pid, rows in parts.items():

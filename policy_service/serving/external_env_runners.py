@@ -28,7 +28,6 @@ import gymnasium as gym
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.restarts import backoff_delays
 from policy_service.errors import RunFailure
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.offline.output import ExperienceOutput
 from policy_service.serving import direct_ingress
 from policy_service.serving.deployment import APP_NAME, DEPLOYMENT_NAME, ServingSettings
@@ -127,8 +126,8 @@ class ExternalEnvRunners:
         batch, metrics = result
         batch.num_grad_updates = self._num_grad_updates  # as RLlib's server-side collector
         if self._output is not None:
-            spaces = {DEFAULT_POLICY_ID: (self.observation_space, self.action_space)}
-            self._output.write(batch, spaces, metrics["weights_version"])
+            space = self.observation_space
+            self._output.write_one(batch, space, self.action_space, metrics["weights_version"])
         metrics.update(num_worker_restarts=self.num_restarts, num_env_runners=0)
         return batch, metrics
 
