@@ -73,6 +73,11 @@ class CQLConfig(SACConfig):
         5.0, doc="The gap the lagrangian alpha' aims at.", check=finite()
     )
     num_steps_sampled_before_learning_starts: int = 0  # logged data: no warm-up
+    postprocess_inputs: bool = setting(
+        True,
+        doc="input: each logged episode's rows get their (n-step) targets' rewards and "
+        "bootstrap discounts (postprocess_trajectory) before the shuffle buffer.",
+    )
 
 
 # ----- the model and the draws ------------------------------------------------------------
