@@ -340,6 +340,10 @@ def package_graph() -> dict[str, set[str]]:
     return graph
 
 
+def test_no_package_level_circle():
+    assert import_circles(package_graph()) == []
+
+
 def test_the_roots_own_modules_are_the_floor():
     """config, config_rules and errors import no subpackage: every layer may use them."""
     assert package_graph()["policy_service (root)"] == set()
