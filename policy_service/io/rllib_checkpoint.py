@@ -204,6 +204,12 @@ def _msgpack_array(value: dict) -> Any:
 def _weights(file: Path, weights: Any, policy_id: str) -> dict[str, np.ndarray]:
     """RLlib's {"<policy_id>/<layer>/<var>": array}, names without the policy prefix;
     anything else (a list without names, an object that is not an array) is refused."""
+    if isinstance(weights, list):  # framework "tf2": model.variables() order, no names
+        raise RLlibCheckpointError(
+            f"{file}: 'weights' is a list of {len(weights)} arrays without names (RLlib's "
+            "framework 'tf2' saves them so), expected RLlib's dict of variable name -> "
+            "array (framework 'tf')"
+        )
     if not isinstance(weights, dict) or not weights:
         what = f"a {type(weights).__name__}" if weights is not None else "nothing"
         raise RLlibCheckpointError(
