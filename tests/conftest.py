@@ -105,18 +105,19 @@ def shared_ray_stopped_at_the_end():
 @pytest.fixture(scope="module")
 def ray_local(request):
     """A real local Ray for the test module (SharedRay), with the shared test envs
-    and policies pickled by value so Ray workers need not import them. A module may
-    set RAY_RESOURCES, e.g. {"num_gpus": 1}: Ray then advertises a GPU that no
-    device backs."""
+    (single- and multi-agent) and policies pickled by value so Ray workers need not
+    import them. A module may set RAY_RESOURCES, e.g. {"num_gpus": 1}: Ray then
+    advertises a GPU that no device backs."""
     import envs
     import fakes
+    import multi_agent_envs
     import ray
 
     SHARED_RAY.enter(getattr(request.module, "RAY_RESOURCES", {}))
-    for module in (envs, fakes):
+    for module in (envs, fakes, multi_agent_envs):
         ray.cloudpickle.register_pickle_by_value(module)
     yield
-    for module in (envs, fakes):
+    for module in (envs, fakes, multi_agent_envs):
         ray.cloudpickle.unregister_pickle_by_value(module)
 
 

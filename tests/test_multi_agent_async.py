@@ -5,7 +5,6 @@ with `inference: learners` each policy acts through its own learner actors, whic
 replaced after a death; each algorithm's two mapped policies learn their maps on
 TwoMapsEnv with env runner actors, APPO acting on the learners too (slow)."""
 
-import multi_agent_envs
 import numpy as np
 import pytest
 import ray
@@ -173,21 +172,13 @@ def test_counting_agent_steps_an_iteration_samples_train_batch_size_agent_steps(
 # ----- with env runner actors (slow) -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_two_maps(ray_local):
-    """Ray workers unpickle the tests' multi-agent envs by value."""
-    ray.cloudpickle.register_pickle_by_value(multi_agent_envs)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(multi_agent_envs)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "algo_cls, inference",
     [(APPO, "env_runners"), (APPO, "learners"), (IMPALA, "env_runners"), (A3C, "env_runners")],
     ids=["APPO", "APPO-acting-on-learners", "IMPALA", "A3C"],
 )
-def test_two_mapped_policies_each_learn_their_own_map(ray_two_maps, algo_cls, inference):
+def test_two_mapped_policies_each_learn_their_own_map(ray_local, algo_cls, inference):
     learning = two_maps_config(
         num_env_runners=2, rollout_fragment_length=32, num_envs_per_env_runner=4
     )
@@ -230,9 +221,7 @@ def acting_policy(algo, policy_id: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("inference", ["env_runners", "learners"])
-def test_impala_with_learner_actors_saves_and_restores_every_policy(
-    ray_two_maps, tmp_path, inference
-):
+def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, tmp_path, inference):
     run = with_learner_actors(inference=inference)
     algo = IMPALA(run)
     try:
@@ -264,7 +253,7 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(
 
 
 @pytest.fixture(scope="module")
-def appo_acting_on_learners(ray_two_maps):
+def appo_acting_on_learners(ray_local):
     """APPO whose policies act through their own learner actors; "pb" is not trained."""
     algo = APPO(with_learner_actors(inference="learners", policies_to_train=["pa"]))
     yield algo
@@ -329,7 +318,7 @@ def test_a_killed_learner_of_one_policy_is_replaced_and_the_runners_act_through_
 
 
 @pytest.mark.slow  # two learner actors and an env runner
-def test_a_frozen_copy_acting_on_its_learner_takes_the_trained_weights(ray_two_maps):
+def test_a_frozen_copy_acting_on_its_learner_takes_the_trained_weights(ray_local):
     """Self-play with inference: learners: the frozen policy acts through a learner of
     its own, which takes the trained policy's weights at every copy."""
     algo = IMPALA(

@@ -1,24 +1,21 @@
 """Multi-agent sampling beyond the driver: sub-envs stepped in lockstep, env runner
 actors (MultiAgentEnvRunnerGroup: weights by policy id, a dead worker replaced) and
 remote inference through one MultiPolicyActor (batches per policy, each row acted by
-its own policy); PPO learns TwoMapsEnv both ways (slow)."""
+its own policy), with fakes.ReturnsPGPolicy. PPO learning TwoMapsEnv sampled in Ray:
+test_multi_agent_ppo.py."""
 
 import asyncio
 import os
 import signal
 
 import envs
-import multi_agent_envs
 import numpy as np
 import pytest
 import ray
+from fakes import ReturnsPGPolicy
 from multi_agent_envs import TwoMapsEnv, by_agent
-from multi_agent_envs import two_maps_config as config
-from test_multi_agent_ppo import A_MAP, B_MAP, greedy_actions, train_until
 
-from algorithms.ppo import PPO, PPOPolicy
 from policy_service import PolicySpec, SampleBatch
-from policy_service.data.sample_batch import concat_samples
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
@@ -32,15 +29,7 @@ POLICIES = {"pa": PolicySpec(config={"seed": 1}), "pb": PolicySpec(config={"seed
 
 @pytest.fixture(scope="module")
 def two_maps_policies():
-    return agent_policies(POLICIES, by_agent, None, TwoMapsEnv(), PPOPolicy, BASE)
-
-
-@pytest.fixture(scope="module")
-def ray_two_maps(ray_local):
-    """Ray workers unpickle the tests' multi-agent envs by value."""
-    ray.cloudpickle.register_pickle_by_value(multi_agent_envs)
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(multi_agent_envs)
+    return agent_policies(POLICIES, by_agent, None, TwoMapsEnv(), ReturnsPGPolicy, BASE)
 
 
 class CountingPolicy:
@@ -55,20 +44,6 @@ class CountingPolicy:
     def compute_actions(self, obs, *args, **kwargs):
         self.calls.append(len(obs))
         return self.policy.compute_actions(obs, *args, **kwargs)
-
-
-class ChunksKept:
-    """A policy whose postprocess_trajectories inputs are kept in `chunks`."""
-
-    def __init__(self, policy, chunks: list) -> None:
-        self.policy, self.chunks = policy, chunks
-
-    def __getattr__(self, name):
-        return getattr(self.policy, name)
-
-    def postprocess_trajectories(self, chunks):
-        self.chunks.extend(chunks)
-        return self.policy.postprocess_trajectories(chunks)
 
 
 # ----- in this process --------------------------------------------------------------------
@@ -161,7 +136,7 @@ def two_runners(policies, env_creator=TwoMapsEnv, **changes) -> MultiAgentEnvRun
 
 
 @pytest.fixture
-def group(ray_two_maps, two_maps_policies):
+def group(ray_local, two_maps_policies):
     """Per test: its runners hold 1 of the 2 CPUs, which the learning tests need."""
     group = two_runners(two_maps_policies)
     yield group
@@ -207,7 +182,7 @@ def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
 
 @pytest.mark.slow  # two workers started, and replaced twice
 def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them_all_weights(
-    ray_two_maps, two_maps_policies, tmp_path
+    ray_local, two_maps_policies, tmp_path
 ):
     """The workers' envs wait for a file: until it is gone a stand-in worker (the envs
     of both) samples in this process; then every worker acts with each policy's latest
@@ -247,7 +222,7 @@ def test_a_stand_in_samples_every_policy_until_the_workers_start_then_hands_them
 
 
 @pytest.mark.slow  # a group with its PolicyActor: ~19 s here
-def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_maps_policies):
+def test_remote_inference_acts_each_row_with_its_own_policy(ray_local, two_maps_policies):
     served = two_runners(
         two_maps_policies,
         remote_inference=True,
@@ -279,7 +254,7 @@ def test_remote_inference_acts_each_row_with_its_own_policy(ray_two_maps, two_ma
 
 @pytest.mark.slow  # the actor started twice
 def test_a_restarted_multi_policy_actor_acts_with_every_policys_latest_weights(
-    ray_two_maps, two_maps_policies
+    ray_local, two_maps_policies
 ):
     served = RestartablePolicyActor.of_policies(
         two_maps_policies.specs, max_restarts=1, actor_options={"num_cpus": 0}
@@ -302,44 +277,3 @@ def test_a_restarted_multi_policy_actor_acts_with_every_policys_latest_weights(
         assert_weights_equal(ray.get(served.actor.get_weights.remote()), weights)
     finally:
         served.kill()
-
-
-# ----- PPO learning (slow) -----------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "sampling",
-    [
-        {"num_env_runners": 2},
-        {"num_env_runners": 2, "remote_inference": True, "num_cpus_per_env_runner": 0.25},
-    ],
-    ids=["env_runner_actors", "remote_inference"],
-)
-def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_two_maps, sampling):
-    algo = PPO(config(**sampling))
-    try:
-        result = train_until(algo, ["pa", "pb"])
-        assert min(result["policy_reward_mean"].values()) >= 0.8 * 8, result["policy_reward_mean"]
-        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
-        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
-        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
-    finally:
-        algo.stop()
-
-
-def test_a_policys_chunks_postprocessed_together_match_each_alone(two_maps_policies):
-    worker = MultiAgentRolloutWorker(
-        TwoMapsEnv, two_maps_policies, num_envs=2, rollout_fragment_length=12, seed=0
-    )
-    policy = worker.policies["pa"]
-    chunks = []
-    worker.sampler.policies = {**worker.policies, "pa": ChunksKept(policy, chunks)}
-    batch, _ = worker.sample()
-    # 2 sub-envs x (a terminated 8-step episode, 4 steps cut and bootstrapped)
-    assert sorted(c.count for c in chunks) == [4, 4, 8, 8]
-    alone = concat_samples([policy.postprocess_trajectory(c) for c in chunks])
-    together = batch.policy_batches["pa"]
-    for column in (SampleBatch.ADVANTAGES, SampleBatch.VALUE_TARGETS):
-        np.testing.assert_allclose(together[column], alone[column], rtol=1e-5, atol=1e-6)
-    worker.stop()

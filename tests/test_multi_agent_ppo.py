@@ -9,8 +9,12 @@ from multi_agent_envs import two_maps_config as config
 
 from algorithms import register_env
 from algorithms.ppo import PPO, PPOPolicy
+from policy_service import PolicySpec, SampleBatch
 from policy_service.config import ConfigError
+from policy_service.data.sample_batch import concat_samples
 from policy_service.multi_agent.env import MultiAgentEnvError
+from policy_service.multi_agent.policies import agent_policies
+from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
 RANDOM_RETURN = 8 / CUES  # an 8-step episode, one action in CUES paid
@@ -119,3 +123,68 @@ def test_an_algorithm_without_multi_agent_training_refuses_policies_in_one_line(
     message = str(refused.value)
     assert "\n" not in message and "policies" in message, message
     assert "OnePolicyPPO trains one policy" in message, message
+
+
+class ChunksKept:
+    """A policy whose postprocess_trajectories inputs are kept in `chunks`."""
+
+    def __init__(self, policy, chunks: list) -> None:
+        self.policy, self.chunks = policy, chunks
+
+    def __getattr__(self, name):
+        return getattr(self.policy, name)
+
+    def postprocess_trajectories(self, chunks):
+        self.chunks.extend(chunks)
+        return self.policy.postprocess_trajectories(chunks)
+
+
+def test_a_policys_chunks_postprocessed_together_match_each_alone():
+    """PPO's postprocess_trajectories bootstraps a fragment's chunks in one forward pass:
+    the same advantages as each chunk alone."""
+    policies = agent_policies(
+        {"pa": PolicySpec(config={"seed": 1}), "pb": PolicySpec(config={"seed": 2})},
+        by_agent,
+        None,
+        TwoMapsEnv(),
+        PPOPolicy,
+        {"model": {"fcnet_hiddens": [8]}},
+    )
+    worker = MultiAgentRolloutWorker(
+        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=12, seed=0
+    )
+    policy = worker.policies["pa"]
+    chunks = []
+    worker.sampler.policies = {**worker.policies, "pa": ChunksKept(policy, chunks)}
+    batch, _ = worker.sample()
+    # 2 sub-envs x (a terminated 8-step episode, 4 steps cut and bootstrapped)
+    assert sorted(c.count for c in chunks) == [4, 4, 8, 8]
+    alone = concat_samples([policy.postprocess_trajectory(c) for c in chunks])
+    together = batch.policy_batches["pa"]
+    for column in (SampleBatch.ADVANTAGES, SampleBatch.VALUE_TARGETS):
+        np.testing.assert_allclose(together[column], alone[column], rtol=1e-5, atol=1e-6)
+    worker.stop()
+
+
+# ----- sampled in Ray ------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"num_env_runners": 2},
+        {"num_env_runners": 2, "remote_inference": True, "num_cpus_per_env_runner": 0.25},
+    ],
+    ids=["env_runner_actors", "remote_inference"],
+)
+def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_local, sampling):
+    algo = PPO(config(**sampling))
+    try:
+        result = train_until(algo, ["pa", "pb"])
+        assert min(result["policy_reward_mean"].values()) >= 0.8 * 8, result["policy_reward_mean"]
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
+        assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
+        assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+    finally:
+        algo.stop()
