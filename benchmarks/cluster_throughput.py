@@ -163,7 +163,7 @@ def plot(summary: list[dict], out_dir: str):
     placements = [p for p in PLACEMENTS if p in rows]
     return plots.bar_chart(
         f"{out_dir}/{NAME}.png",
-        "APPO CartPole-v1 across Ray nodes on one 2-core machine (network namespaces)",
+        "APPO CartPole-v1: runners across Ray nodes, one 2-core machine",
         "per second (median over rounds)",
         placements,
         {
