@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -48,6 +49,9 @@ ALPHA_PRIME_MAX = 1e6  # RLlib's clip of alpha'
 @dataclass
 class CQLConfig(SACConfig):
     """CQL's keys (RLlib's names and defaults) on top of SAC's."""
+
+    # trained from logged rows (`input`): not from live external episodes
+    takes_external_episodes: ClassVar[bool] = False
 
     bc_iters: int = setting(
         20000,

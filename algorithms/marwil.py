@@ -20,6 +20,7 @@ logged returns less the value head: no behaviour action_logp is needed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import tensorflow as tf
@@ -43,6 +44,9 @@ MEAN_SQD_ADV = "mean_sqd_advantage"  # a step's mean A^2 over all its rows (a st
 @dataclass
 class MARWILConfig(AlgorithmConfig):
     """MARWIL's keys (RLlib's names and defaults) on top of the policy and loop keys."""
+
+    # trained from logged rows (`input`): not from live external episodes
+    takes_external_episodes: ClassVar[bool] = False
 
     lr: float = setting(1e-4, doc="Adam learning rate.")
     beta: float = setting(
