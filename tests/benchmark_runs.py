@@ -62,7 +62,8 @@ def measurements(records: list[dict]) -> list[dict]:
 
 
 def peer_venv(name: str) -> str:
-    """The python of REPO/<name> (".venv-rllib" or ".venv-rllib-server"), the peer's
+    """The python of REPO/<name> (".venv-rllib", ".venv-rllib-server" or
+    ".venv-rllib-torch", RLlib's new stack), the peer's
     virtualenv the benchmark scripts and differential tests use.
 
     A real virtualenv already in the clone is kept (its builder checks it). Otherwise
@@ -83,6 +84,7 @@ def _peer_venv(name: str) -> str:
     ensure: Callable[[Path], str] = {
         rllib_env.RLLIB_VENV.name: rllib_env.ensure_rllib_venv,
         rllib_env.RLLIB_SERVER_VENV.name: rllib_env.ensure_rllib_server_venv,
+        rllib_env.RLLIB_TORCH_VENV.name: rllib_env.ensure_rllib_torch_venv,
     }[name]
     in_clone = REPO / name
     if in_clone.exists() and not (in_clone / "pyvenv.cfg").is_symlink():
