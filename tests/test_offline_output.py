@@ -158,3 +158,34 @@ def test_each_runner_actor_writes_its_own_files(tmp_path):
     written = read_all(tmp_path)
     assert written.count == result["timesteps_total"] == 400
     assert set(written["weights_version"].tolist()) == {0, 1}  # the version that acted
+
+
+@pytest.mark.slow  # ~40 s: a training server (Ray Serve) and 8 client processes
+def test_the_external_env_server_writes_the_clients_steps(tmp_path):
+    from test_external_env import (
+        ONE_ITERATION_OF_ALL,
+        PPO_ARGS,
+        TOTAL_INTERLEAVED,
+        TrainingServer,
+        clients,
+        finished,
+        free_port,
+    )
+
+    port, out = free_port(), tmp_path / "logged"
+    sets = [a for s in ONE_ITERATION_OF_ALL["ppo"] for a in ("--set", s)]
+    server = TrainingServer(
+        [*PPO_ARGS, "--port", str(port), "--output-dir", str(tmp_path / "run"), *sets]
+        + ["--set", f"output={out}", "--set", "output_format=json", "--stop-iters", "1"]
+    )
+    try:
+        server.wait_ready()
+        finished(clients("interleaved", port, 8, "--episodes", "8"), 300)
+        assert server.wait(300) == 0, server.output()
+    finally:
+        server.kill()
+    written = read_all(out)
+    assert written.count == TOTAL_INTERLEAVED  # every step the iteration took, once
+    assert len(np.unique(written[SampleBatch.EPS_ID])) == 64
+    assert np.all(written[SampleBatch.ACTION_LOGP] <= 0)
+    assert [p.suffix for p in out.glob("output-*")] == [".json"]
