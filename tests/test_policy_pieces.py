@@ -146,6 +146,16 @@ def test_a_registered_custom_action_dist_acts():
         distributions.register_custom_action_dist("bad", dict)
 
 
+def test_an_unregistered_custom_action_dist_is_one_line_where_the_config_enters():
+    from algorithms.ppo import PPO
+    from policy_service.cli.run_config import validate_config
+    from policy_service.cli.run_options import TrainingSetupError
+
+    config = {"env": "CartPole-v1", "model": {"custom_action_dist": "pieces_missing"}}
+    with pytest.raises(TrainingSetupError, match="'pieces_missing' is not a name given to"):
+        validate_config(PPO, config)
+
+
 TEMPERED = '''
 import os
 

@@ -183,6 +183,13 @@ def validate_config(algo_cls: type[Algorithm], config: dict) -> dict:
             models.check_custom_model(typed.model.custom_model)
         except ValueError as err:
             raise TrainingSetupError(str(err)) from None
+    if typed.model.custom_action_dist is not None:
+        from policy_service.policy import distributions
+
+        try:
+            distributions.custom_action_dist(typed.model.custom_action_dist)
+        except ValueError as err:
+            raise TrainingSetupError(str(err)) from None
     check_devices(typed)
     return json_safe(typed.to_dict())
 
