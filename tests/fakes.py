@@ -15,6 +15,7 @@ import gymnasium as gym
 import keras
 import numpy as np
 import tensorflow as tf
+import tree
 
 from policy_service import LossGroup, TFPolicy, masked_mean
 from policy_service.config import setting
@@ -388,7 +389,7 @@ class ReturnsPGPolicy(TFPolicy):
             _, _, extra = self.compute_actions(
                 batch[SampleBatch.NEXT_OBS][-1:],
                 states or None,
-                batch[SampleBatch.ACTIONS][-1:],
+                tree.map_structure(lambda x: x[-1:], batch[SampleBatch.ACTIONS]),  # nested too
                 batch[SampleBatch.REWARDS][-1:],
                 explore=False,
             )

@@ -1,6 +1,6 @@
 """Nested (Tuple, Dict) action spaces end to end: sampling in env runners (local, remote,
-and through a PolicyActor), PPO learning an env whose reward needs every leaf, the
-checkpoint and the SavedModel/ONNX export of the learned policy.
+and through a PolicyActor) with fakes.ReturnsPGPolicy, PPO learning an env whose reward
+needs every leaf, the checkpoint and the SavedModel/ONNX export of the learned policy.
 
 Distributions, action checks and train batches of nested spaces are tested with their
 modules (test_distributions.py, test_spaces.py, test_train_batches.py)."""
@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 import ray
 import tensorflow as tf
+from fakes import ReturnsPGPolicy
 
 from algorithms.environments import register_env
-from algorithms.ppo import PPO, PPOPolicy
+from algorithms.ppo import PPO
 from policy_service import TFPolicy
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
@@ -48,7 +49,7 @@ def check_nested_actions(actions, rows: int) -> None:
 def test_env_runners_sample_nested_actions(ray_local, num_env_runners, remote_inference):
     group = EnvRunnerGroup(
         envs.TargetAndAimEnv,
-        PPOPolicy,
+        ReturnsPGPolicy,
         POLICY_CONFIG,
         num_env_runners=num_env_runners,
         num_envs_per_env_runner=2,
@@ -75,7 +76,7 @@ def test_env_runners_sample_nested_actions(ray_local, num_env_runners, remote_in
         batch[SampleBatch.PREV_ACTIONS][0][later], batch[SampleBatch.ACTIONS][0][later - 1]
     )
     # the behaviour logp is the sum over both leaves, as the policy computes it
-    policy = PPOPolicy(OBS, TUPLE, POLICY_CONFIG)
+    policy = ReturnsPGPolicy(OBS, TUPLE, POLICY_CONFIG)
     assert np.all(np.isfinite(batch[SampleBatch.ACTION_LOGP]))
     assert "advantages" in batch  # postprocessed (bootstrapped from nested actions)
     stats = policy.learn_on_batch(batch)
@@ -85,9 +86,9 @@ def test_env_runners_sample_nested_actions(ray_local, num_env_runners, remote_in
 @pytest.mark.slow  # a policy actor and its callers
 def test_policy_actor_serves_each_caller_its_own_nested_rows(ray_local):
     actor = PolicyActor.remote(
-        PPOPolicy, OBS, TUPLE, POLICY_CONFIG, max_batch_size=64, batch_wait_timeout_s=0.05
+        ReturnsPGPolicy, OBS, TUPLE, POLICY_CONFIG, max_batch_size=64, batch_wait_timeout_s=0.05
     )
-    local = PPOPolicy(OBS, TUPLE, POLICY_CONFIG)
+    local = ReturnsPGPolicy(OBS, TUPLE, POLICY_CONFIG)
     ray.get(actor.set_weights.remote(local.get_weights()))
     rng = np.random.default_rng(0)
     requests = [np.eye(3, dtype=np.float32)[rng.integers(3, size=n)] for n in (3, 5)]
@@ -213,7 +214,7 @@ def test_saved_model_and_onnx_act_as_the_policy(trained, tmp_path):
 def test_a_dict_action_space_with_an_unsupported_leaf_is_one_line(ray_local):
     space = gym.spaces.Dict({"move": gym.spaces.Discrete(3), "say": gym.spaces.Text(8)})
     with pytest.raises(NotImplementedError) as raised:
-        PPOPolicy(OBS, space, POLICY_CONFIG)
+        ReturnsPGPolicy(OBS, space, POLICY_CONFIG)
     message = str(raised.value)
     assert "\n" not in message
     assert message == (
