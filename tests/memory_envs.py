@@ -48,3 +48,20 @@ class RecallEnv(gym.Env):
             return self._obs(), reward, True, False, {}
         self._t += 1
         return self._obs(), 0.0, False, False, {}
+
+
+# The PPO run in which a policy with memory (an LSTM or GTrXL, the test's "model") learns
+# RecallEnv, registered as "recall" (test_ppo_learning.py, test_attention_learning.py).
+RECALL = {
+    "env": "recall",
+    "env_config": {"num_cues": 3, "delay": 10},
+    "seed": 0,
+    "lr": 1e-3,
+    "lambda_": 0.95,
+    "entropy_coeff": 0.01,
+    "vf_clip_param": 100.0,
+    "train_batch_size": 2000,
+    "minibatch_size": 240,
+    "num_epochs": 10,
+    "num_envs_per_env_runner": 8,
+}

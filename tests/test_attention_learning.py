@@ -2,7 +2,7 @@
 RecallEnv (memory_envs.py), the task test_ppo_learning.py gives the LSTM."""
 
 import pytest
-from memory_envs import RecallEnv
+from memory_envs import RECALL, RecallEnv
 
 from algorithms import register_env
 from algorithms.ppo import PPO
@@ -11,19 +11,6 @@ pytestmark = pytest.mark.slow
 
 register_env("recall", lambda env_config: RecallEnv(**env_config))
 
-RECALL = {
-    "env": "recall",
-    "env_config": {"num_cues": 3, "delay": 10},
-    "seed": 0,
-    "lr": 1e-3,
-    "lambda_": 0.95,
-    "entropy_coeff": 0.01,
-    "vf_clip_param": 100.0,
-    "train_batch_size": 2000,
-    "minibatch_size": 240,
-    "num_epochs": 10,
-    "num_envs_per_env_runner": 8,
-}
 # the cue is 11 steps back when asked for: a memory of 12 holds it
 GTRXL = {
     "fcnet_hiddens": [32],

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from memory_envs import RecallEnv
+from memory_envs import RECALL, RecallEnv
 
 from algorithms import register_env
 from algorithms.ppo import PPO
@@ -55,20 +55,6 @@ def test_cartpole_learns_within_150k_steps():
 
 
 register_env("recall", lambda env_config: RecallEnv(**env_config))
-
-RECALL = {
-    "env": "recall",
-    "env_config": {"num_cues": 3, "delay": 10},
-    "seed": 0,
-    "lr": 1e-3,
-    "lambda_": 0.95,
-    "entropy_coeff": 0.01,
-    "vf_clip_param": 100.0,
-    "train_batch_size": 2000,
-    "minibatch_size": 240,
-    "num_epochs": 10,
-    "num_envs_per_env_runner": 8,
-}
 
 
 def test_lstm_remembers_what_an_mlp_cannot():
