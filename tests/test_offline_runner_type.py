@@ -292,3 +292,18 @@ def test_every_sample_is_whole_across_passes(tmp_path):
         seen += sorted(rows(batch))
     assert counts == [40] * 6 and group.passes == 3  # the 4th pass is read, not left
     assert all(seen.count(row) == 4 for row in set(seen)) and len(set(seen)) == 60
+
+
+@pytest.mark.slow  # ~20 s: Ray and its Data read tasks
+def test_ray_data_readers_hand_out_the_same_rows(logged, ray_local):
+    """With Ray running and input_num_readers > 1 the rows come through Ray Data's read
+    tasks: the same rows, the same checks; with 1 reader, in this process."""
+    one = runners(logged, input_num_readers=1)
+    two = runners(logged, input_num_readers=2, shuffle_buffer_size=100)
+    assert (one.num_readers, two.num_readers) == (0, 2)
+    seen = set()
+    for _ in range(4):
+        seen |= rows(two.sample()[0])
+    assert len(seen) == 400 and seen == {r for _ in range(4) for r in rows(one.sample()[0])}
+    for group in (one, two):
+        group.stop()
