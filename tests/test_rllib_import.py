@@ -232,6 +232,25 @@ def test_the_catalog_mapping_names_every_layer():
     assert pairs["conv_value_out"] == "vf"
 
 
+def test_rllibs_custom_action_dist_name_carries_over(tmp_path):
+    """The policy's distribution is part of what its weights mean: RLlib's
+    custom_action_dist name must name a registered port here."""
+    from algorithms.ppo import PPOPolicy
+    from policy_service.policy import distributions
+
+    rng = np.random.default_rng(5)
+    state = policy_state(fcnet_weights(rng), {"custom_action_dist": "ported_dist"})
+    checkpoint = write_rllib_checkpoint(tmp_path, state)
+    with pytest.raises(ValueError, match="'ported_dist' is not a name given to register_custom"):
+        PPOPolicy.from_rllib_checkpoint(str(checkpoint))
+    distributions.register_custom_action_dist("ported_dist", distributions.Categorical)
+    try:
+        policy = PPOPolicy.from_rllib_checkpoint(str(checkpoint))
+        assert policy.config.model.custom_action_dist == "ported_dist"
+    finally:
+        distributions.unregister_custom_action_dist("ported_dist")
+
+
 def test_mapping_errors_name_the_weight():
     ours = {"a/kernel": (2, 3), "a/bias": (3,)}
     good = {"x/kernel": np.zeros((2, 3), np.float32), "x/bias": np.zeros(3, np.float32)}

@@ -104,6 +104,8 @@ def model_config_from_rllib(rllib_model: dict, obs_shape: tuple) -> dict:
     if rllib_model.get("custom_model"):
         model["custom_model"] = rllib_model["custom_model"]
         model["custom_model_config"] = dict(rllib_model.get("custom_model_config") or {})
+    if isinstance(rllib_model.get("custom_action_dist"), str):  # its port must be registered
+        model["custom_action_dist"] = rllib_model["custom_action_dist"]
     return model
 
 
