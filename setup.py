@@ -26,6 +26,8 @@ TUNE = ["ray[tune]>=2.40"]
 # offline data: experiences written as Parquet (Arrow) and read through Ray Data; RLlib's
 # JSON lines pack each column as an LZ4 frame, so reading them needs lz4
 OFFLINE = ["ray[data]>=2.40", "pyarrow>=14", "lz4>=4"]
+# Minari datasets as input ("minari:<id>"): its Arrow format, no download client
+MINARI = ["minari[arrow]>=0.5"]
 
 setup(
     name="policy-service",
@@ -64,6 +66,7 @@ setup(
             *ATARI,
             *TUNE,
             *OFFLINE,
+            *MINARI,
         ],
         "onnx": ONNX,
         "serve": SERVE,
@@ -72,6 +75,7 @@ setup(
         "atari": ATARI,
         "tune": TUNE,
         "offline": OFFLINE,
+        "minari": MINARI,
         "bench": ["matplotlib>=3.8"],
         "gpu": ["tensorflow[and-cuda]>=2.16"],
         "compare": ["ray[rllib]>=2.40"],

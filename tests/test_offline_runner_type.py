@@ -307,3 +307,34 @@ def test_ray_data_readers_hand_out_the_same_rows(logged, ray_local):
     assert len(seen) == 400 and seen == {r for _ in range(4) for r in rows(one.sample()[0])}
     for group in (one, two):
         group.stop()
+
+
+@pytest.mark.rllib
+@pytest.mark.slow  # RLlib's virtualenv (built when missing), then a run
+def test_a_run_trains_on_files_rllibs_json_writer_wrote(tmp_path):
+    """RLlib's own files hold no manifest: env names the spaces (without it, one line)."""
+    import subprocess
+
+    from benchmark_runs import peer_venv
+    from test_offline_io import RLLIB_WRITER
+
+    from benchmarks.harness import child_env
+    from benchmarks.rllib_env import RLLIB_ENV
+
+    out = subprocess.run(
+        [peer_venv(".venv-rllib"), "-c", RLLIB_WRITER, str(tmp_path)],
+        env=child_env(RLLIB_ENV),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    with pytest.raises(OfflineDataError) as err:
+        OfflinePG(offline_config(tmp_path))
+    assert one_line(err).endswith("give config.env, whose spaces they are")
+    algo = OfflinePG(offline_config(tmp_path, env="CartPole-v1", postprocess_inputs=True))
+    try:
+        assert algo.env_runners.policy_id == "default_policy"  # beside "pole"'s rows
+        assert algo.train()["env_steps_this_iter"] == 100  # 12 rows, read pass after pass
+    finally:
+        algo.stop()

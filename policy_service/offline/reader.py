@@ -1,5 +1,6 @@
 """Reading experiences: `input` (a directory, a glob, or a list of them and of files;
-Parquet or RLlib's JSON lines, told by extension) -> batches of N rows per policy id.
+Parquet or RLlib's JSON lines, told by extension; "minari:<id>", a Minari dataset:
+minari_input.py) -> batches of N rows per policy id.
 
 `open_experiences` finds the files, reads their manifests and checks everything that
 can be checked before any row is handed out: the files are there and readable, the
@@ -39,6 +40,7 @@ from policy_service.offline.columns import (
     to_arrow,
 )
 from policy_service.offline.manifest import MANIFEST, PolicyData, differences, read_manifest
+from policy_service.offline.minari_input import is_minari, minari_directory
 from policy_service.offline.parquet_writer import PARQUET_SUFFIX
 from policy_service.offline.rllib_json import JSON_SUFFIX, parse_line
 from policy_service.offline.shuffle import Rows, rebatch
@@ -87,7 +89,10 @@ def find_files(
     found: list[Path] = []
     for entry in entries:
         text = os.fspath(entry)
-        if _GLOB_CHARS & set(text):
+        if is_minari(text):  # a Minari dataset, converted once to Parquet
+            directory = minari_directory(text, name)
+            found += sorted(p for p in directory.rglob("*") if p.is_file() and _is_data_file(p))
+        elif _GLOB_CHARS & set(text):
             matches = [Path(m) for m in sorted(glob.glob(text, recursive=True))]
             found += [m for m in matches if m.is_file() and _is_data_file(m)]
         elif Path(text).is_dir():
