@@ -6,12 +6,12 @@ TF stack requires:
 
     python rllib_checkpoint_oracle.py OUT KIND [KIND ...]
 
-For each KIND (mlp, mlp_shared, lstm, cnn) it writes OUT/KIND/checkpoint (algo.save)
-and OUT/KIND/expected.npz: the observations (raw, as the env gives them; cnn's as
-uint8, each divided by 255 on both sides), the greedy actions and action distribution
-inputs of RLlib's policy on them (after its observation filter, as its env runner
-applies it), and for the LSTM the states, previous actions and rewards fed in and the
-states given back.
+For each KIND (mlp, mlp_shared, lstm, cnn; mlp_box: Pendulum, free_log_std) it writes
+OUT/KIND/checkpoint (algo.save) and OUT/KIND/expected.npz: the observations (raw, as
+the env gives them; cnn's as uint8, each divided by 255 on both sides), the greedy
+actions and action distribution inputs of RLlib's policy on them (after its
+observation filter, as its env runner applies it), and for the LSTM the states,
+previous actions and rewards fed in and the states given back.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ KINDS = {
         None,
     ),
     "cnn": ("ImageTarget", {}, None),
+    "mlp_box": ("Pendulum-v1", {"fcnet_hiddens": [32], "free_log_std": True}, None),
 }
 
 
@@ -55,6 +56,11 @@ def observations(kind: str, rng: np.random.Generator) -> tuple[np.ndarray, np.nd
     if kind == "cnn":
         raw = rng.integers(0, 256, (ROWS, *rllib_image_env.SHAPE), dtype=np.uint8)
         return raw, raw.astype(np.float32) / np.float32(255)
+    if kind == "mlp_box":  # Pendulum: cos, sin, angular velocity
+        angle = rng.uniform(-np.pi, np.pi, ROWS)
+        speed = rng.uniform(-8.0, 8.0, ROWS)
+        raw = np.stack([np.cos(angle), np.sin(angle), speed], axis=1).astype(np.float32)
+        return raw, raw
     raw = (rng.standard_normal((ROWS, 4)) * [0.1, 1.0, 0.05, 1.0]).astype(np.float32)
     return raw, raw
 

@@ -2,7 +2,7 @@
 `policy-service import-rllib`): crafted checkpoints here, and in the slow group RLlib's
 own (tests/rllib_checkpoint_oracle.py trains PPO one iteration in RLlib's virtualenv and
 saves, for an MLP, an MLP with vf_share_layers, an LSTM with previous actions and
-rewards, and a CNN on an 84x84x4 Box)."""
+rewards, a CNN on an 84x84x4 Box, and an MLP with free_log_std on Pendulum)."""
 
 from __future__ import annotations
 
@@ -338,8 +338,8 @@ def test_a_custom_model_takes_the_users_weight_map(tmp_path):
 
 # ----- RLlib's own checkpoints (slow) --------------------------------------------------------
 
-KINDS = ("mlp", "mlp_shared", "lstm", "cnn")
-ENVS = {"cnn": "rllib_image_env:ImageTarget-v0"}
+KINDS = ("mlp", "mlp_shared", "lstm", "cnn", "mlp_box")
+ENVS = {"cnn": "rllib_image_env:ImageTarget-v0", "mlp_box": "Pendulum-v1"}
 
 
 @pytest.fixture(scope="session")
@@ -379,7 +379,10 @@ def assert_acts_as_rllib(policy, expected: dict) -> None:
     obs, inputs = acting_inputs(expected)
     assert len(obs) == 1000
     actions, state_out, extra = policy.compute_actions(obs, explore=False, **inputs)
-    np.testing.assert_array_equal(actions, expected["actions"])
+    if expected["actions"].dtype.kind == "f":  # a Box's greedy action: the mean
+        np.testing.assert_allclose(actions, expected["actions"], atol=1e-5, rtol=0)
+    else:
+        np.testing.assert_array_equal(actions, expected["actions"])
     np.testing.assert_allclose(
         extra["action_dist_inputs"], expected["dist_inputs"], atol=1e-5, rtol=0
     )
@@ -408,6 +411,8 @@ def test_an_imported_checkpoint_acts_as_rllib(rllib_checkpoints, tmp_path, kind)
         (out / "checkpoints" / "checkpoint_000001" / "algorithm_state.json").read_text()
     )
     assert (state["iteration"], state["timesteps_total"]) == (1, 200)
+    if kind == "mlp_box":  # RLlib's free_log_std, and its normalize_actions (default True)
+        assert policy.config.model.free_log_std and policy.config.normalize_actions
     if kind == "mlp":
         assert policy.config.observation_filter == "MeanStdFilter"
         assert policy.observation_filter.stats.count == 209  # RLlib's pushes
