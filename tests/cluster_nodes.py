@@ -112,6 +112,8 @@ class NamespaceCluster:
     subnet: the first three octets of the /24 the nodes' addresses come from
       (node i is .i+1); the bridge is private to this cluster, so two clusters may
       use the same one.
+    gpus: node index -> GPUs that node declares (`ray start --num-gpus`); no device backs
+      them, so a role given one finds no GPU in TensorFlow.
     """
 
     def __init__(
@@ -120,7 +122,7 @@ class NamespaceCluster:
         num_nodes: int = 3,
         cpus_per_node: int = 2,
         subnet: str = "10.77.0",
-        head_gpus: int = 0,
+        gpus: dict[int, int] | None = None,
     ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -128,7 +130,7 @@ class NamespaceCluster:
         self.switch = f"{tag}sw"
         self.nodes = [Node(i, f"{tag}n{i}", f"{subnet}.{i + 1}") for i in range(int(num_nodes))]
         self.cpus_per_node = int(cpus_per_node)
-        self.head_gpus = int(head_gpus)
+        self.gpus = dict(gpus or {})  # node index -> GPUs it declares (none backs them)
         self.token_path = self.root / "auth_token"
         # Ray's sockets live under its temp dir, and a socket path has at most 107 bytes
         self.ray_root = Path(tempfile.mkdtemp(prefix="psray", dir="/tmp"))
@@ -223,12 +225,13 @@ class NamespaceCluster:
         ]  # fmt: skip
         if node.index == 0:
             command += [
-                "--head", f"--port={GCS_PORT}", f"--num-gpus={self.head_gpus}",
+                "--head", f"--port={GCS_PORT}",
                 "--include-dashboard=true", f"--dashboard-host={node.address}",
                 f"--dashboard-port={DASHBOARD_PORT}",
             ]  # fmt: skip
         else:
-            command += [f"--address={self.address}", "--num-gpus=0"]
+            command += [f"--address={self.address}"]
+        command.append(f"--num-gpus={self.gpus.get(node.index, 0)}")
         node.log = self.root / f"node{node.index}.log"
         with open(node.log, "ab") as log:
             node.process = subprocess.Popen(

@@ -39,7 +39,10 @@ def cluster(tmp_path_factory):
     reason = skip_reason()
     if reason is not None:
         pytest.skip(reason)
-    nodes = NamespaceCluster(tmp_path_factory.mktemp("cluster"), num_nodes=3, cpus_per_node=4)
+    # node 2 declares a GPU that no device backs, as a GPU host without CUDA TensorFlow
+    nodes = NamespaceCluster(
+        tmp_path_factory.mktemp("cluster"), num_nodes=3, cpus_per_node=4, gpus={2: 1}
+    )
     started = time.perf_counter()
     try:
         nodes.start()
@@ -189,10 +192,15 @@ def refused_driver(configs: list[dict]) -> list[dict]:
     return results
 
 
-def test_strict_spread_beyond_the_nodes_and_a_missing_resource_are_one_line_each(cluster):
+def test_strict_spread_beyond_the_nodes_a_missing_resource_and_an_unseen_gpu_are_one_line(
+    cluster,
+):
     too_spread = {"num_learners": 4, "learner_placement_strategy": "STRICT_SPREAD"}
     missing = {"num_learners": 2, "custom_resources_per_learner": {"node_7": 0.5}}
-    spread, resource = run_driver_function(cluster, "refused_driver", [too_spread, missing])
+    gpu = {"num_learners": 1, "num_gpus_per_learner": 1, "num_cpus_per_learner": 0.5}
+    spread, resource, unseen = run_driver_function(
+        cluster, "refused_driver", [too_spread, missing, gpu]
+    )
     assert spread == {
         "error": "ResourcesExceedClusterError: learner_placement_strategy STRICT_SPREAD puts "
         "each of num_learners=4 learners on a node of its own, but the cluster has 3 alive "
@@ -205,6 +213,13 @@ def test_strict_spread_beyond_the_nodes_and_a_missing_resource_are_one_line_each
         "custom_resources_per_learner)",
         "actors": 0,
     }
+    # the learner asking a GPU went to node 2, the one that declares one (Ray assigned it
+    # GPU 0), where TensorFlow sees none: one line, no retries
+    assert unseen["error"] == (
+        "LearnerStartError: a learner actor could not build its policy where Ray placed it: "
+        "num_gpus=1.0 asks for 1 GPU(s); Ray assigned GPUs [0] but TensorFlow sees no GPU in "
+        "this process (is the CUDA build of TensorFlow installed, extra 'gpu'?)"
+    )
 
 
 # ----- APPO with its roles pinned to nodes -----------------------------------------------

@@ -34,7 +34,7 @@ from policy_service.distributed.resources import (
     check_cluster_fits,
 )
 from policy_service.engine.collectives import CollectivePeerError
-from policy_service.errors import RunFailure
+from policy_service.errors import RunFailure, UserError, one_line, own_error
 from policy_service.policy import models
 from policy_service.policy.policy_spec import PolicySpec
 
@@ -53,6 +53,11 @@ class LearnerDiedError(RuntimeError):
     def __init__(self, message: str, rank: int = 0):
         super().__init__(message)
         self.rank = rank
+
+
+class LearnerStartError(UserError, ValueError):
+    """A learner actor refused its config where it was placed (its node's devices): one
+    line, at the start, before any training (exit 2)."""
 
 
 class LearnerFailure(RunFailure, RuntimeError):
@@ -171,10 +176,19 @@ class RemoteLearners:
         addresses = ray.get(
             [actor.address.remote() for actor in self.actors], timeout=CONNECT_TIMEOUT_S
         )
-        infos = ray.get(
-            [actor.connect.remote(rank, addresses) for rank, actor in enumerate(self.actors)],
-            timeout=CONNECT_TIMEOUT_S,
-        )
+        try:
+            infos = ray.get(
+                [actor.connect.remote(rank, addresses) for rank, actor in enumerate(self.actors)],
+                timeout=CONNECT_TIMEOUT_S,
+            )
+        except RayTaskError as err:
+            if not isinstance(own_error(err), ValueError):
+                raise
+            # what the learner's node gave it cannot build the policy (e.g. a GPU Ray
+            # assigned that TensorFlow does not see): the same on every try, so no restart
+            raise LearnerStartError(
+                f"a learner actor could not build its policy where Ray placed it: {one_line(err)}"
+            ) from None
         if num_learners > 1:  # a seedless config initializes each learner differently
             # the whole state, not only the weights: a target network starts as a copy too
             state = ray.put(ray.get(self.actors[0].get_state.remote()))
