@@ -203,8 +203,8 @@ def test_strict_spread_beyond_the_nodes_a_missing_resource_and_an_unseen_gpu_are
     )
     assert spread == {
         "error": "ResourcesExceedClusterError: learner_placement_strategy STRICT_SPREAD puts "
-        "each of num_learners=4 learners on a node of its own, but the cluster has 3 alive "
-        "nodes",
+        "each of 4 learners on a node of its own, but the cluster has 3 alive nodes "
+        "(num_learners)",
         "actors": 0,
     }
     assert resource == {

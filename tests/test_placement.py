@@ -71,6 +71,7 @@ def test_custom_resources_reach_each_roles_ray_options_and_asks():
 def test_a_resource_no_node_has_is_named(monkeypatch):
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 6.0, "node_1": 1.0})
+    monkeypatch.setattr(resources, "in_capturing_placement_group", lambda: False)
     asks = env_runner_asks(2, 0.5, None, {"node_9": 0.01})
     with pytest.raises(ResourcesExceedClusterError) as refused:
         check_cluster_fits(asks)
@@ -82,14 +83,23 @@ def test_a_resource_no_node_has_is_named(monkeypatch):
 
 def test_strict_spread_over_more_learners_than_alive_nodes_is_one_line(monkeypatch):
     nodes = [{"Alive": True}, {"Alive": True}, {"Alive": False}]
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     monkeypatch.setattr(ray, "nodes", lambda: nodes)
-    learners.check_spread_fits("STRICT_SPREAD", 2)
-    learners.check_spread_fits("SPREAD", 5)  # best effort: Ray packs what it cannot spread
-    with pytest.raises(resources.ResourcesExceedClusterError) as refused:
-        learners.check_spread_fits("STRICT_SPREAD", 3)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0})
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 64.0})
+    monkeypatch.setattr(resources, "in_capturing_placement_group", lambda: False)
+
+    def asks(strategy: str, num_learners: int):
+        config = PPOConfig(num_learners=num_learners, learner_placement_strategy=strategy)
+        return env_runner_asks(2, 1, None) + learners.learner_asks(config)
+
+    check_cluster_fits(asks("STRICT_SPREAD", 2))
+    check_cluster_fits(asks("SPREAD", 5))  # best effort: Ray packs what it cannot spread
+    with pytest.raises(ResourcesExceedClusterError) as refused:
+        check_cluster_fits(asks("STRICT_SPREAD", 3))
     assert str(refused.value) == (
-        "learner_placement_strategy STRICT_SPREAD puts each of num_learners=3 learners on "
-        "a node of its own, but the cluster has 2 alive nodes"
+        "learner_placement_strategy STRICT_SPREAD puts each of 3 learners on a node of its "
+        "own, but the cluster has 2 alive nodes (num_learners)"
     )
 
 

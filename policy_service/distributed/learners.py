@@ -28,7 +28,6 @@ from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.distributed.resources import (
     AVAILABLE_WAIT_S,
-    ResourcesExceedClusterError,
     ResourcesNotFreedError,
     RoleAsk,
     check_cluster_fits,
@@ -146,7 +145,6 @@ class RemoteLearners:
         if enclosing is not None:  # a Tune trial's group: its bundles hold the learners
             check_group_holds(enclosing, bundle, num_learners)
         else:
-            check_spread_fits(config.learner_placement_strategy, num_learners)
             check_cluster_fits(learner_asks(config), wait_s=min(ready_timeout_s, AVAILABLE_WAIT_S))
             if bundle:
                 self._placement_group = reserve_placement_group(
@@ -294,21 +292,9 @@ def learner_asks(config) -> list[RoleAsk]:
     """What the learner actors ask of Ray (none when the learner is in the driver)."""
     bundle = learner_bundle(config)
     keys = {resource: f"num_learners, {_KEY_OF.get(resource, CUSTOM_KEY)}" for resource in bundle}
-    return [RoleAsk("learner", int(config.num_learners), bundle, keys)]
-
-
-def check_spread_fits(strategy: str, num_learners: int) -> None:
-    """STRICT_SPREAD puts each learner on a node of its own: more learners than alive
-    nodes would wait forever for a placement group Ray cannot place (one line)."""
-    if strategy != "STRICT_SPREAD" or num_learners <= 1:
-        return
-    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
-    if num_learners > alive:
-        raise ResourcesExceedClusterError(
-            f"learner_placement_strategy STRICT_SPREAD puts each of num_learners="
-            f"{num_learners} learners on a node of its own, but the cluster has {alive} "
-            f"alive node{'' if alive == 1 else 's'}"
-        )
+    strategy = config.learner_placement_strategy
+    own_nodes = f"learner_placement_strategy {strategy}" if strategy == "STRICT_SPREAD" else None
+    return [RoleAsk("learner", int(config.num_learners), bundle, keys, own_nodes)]
 
 
 def capturing_placement_group():

@@ -78,12 +78,15 @@ class ResourcesNotFreedError(ResourcesError, RunFailure):
 
 class RoleAsk(NamedTuple):
     """`num_actors` actors of `role` ("env runner"), each asking Ray for `bundle`
-    ({"CPU": 1.0, "GPU": 0.5}); `keys`: the config keys that set each resource's ask."""
+    ({"CPU": 1.0, "GPU": 0.5}); `keys`: the config keys that set each resource's ask;
+    `own_nodes`: the setting that puts each actor on a node of its own (e.g.
+    "learner_placement_strategy STRICT_SPREAD"), None when they may share one."""
 
     role: str
     num_actors: int
     bundle: dict
     keys: dict
+    own_nodes: str | None = None
 
 
 AVAILABLE_WAIT_S = 30.0  # for resources held by actors still stopping, or by other jobs
@@ -109,11 +112,29 @@ def check_cluster_fits(asks: list[RoleAsk], wait_s: float = AVAILABLE_WAIT_S) ->
         raise ResourcesExceedClusterError(_describe(asks, needed, total, None, wait_s))
     if in_capturing_placement_group():
         return  # a Tune trial: its placement group holds these asks already (algorithms/tune.py)
+    _check_own_nodes(asks)
     deadline = time.monotonic() + wait_s
     while _short(needed, available := ray.available_resources()):
         if time.monotonic() >= deadline:
             raise ResourcesNotFreedError(_describe(asks, needed, total, available, wait_s))
         time.sleep(_POLL_S)
+
+
+def _check_own_nodes(asks: list[RoleAsk]) -> None:
+    """Roles whose actors each need a node of their own (STRICT_SPREAD) fit the alive
+    nodes; else Ray would wait forever for a placement group it cannot place."""
+    spread = [a for a in asks if a.own_nodes and a.num_actors > 1]
+    if not spread:
+        return
+    alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+    for ask in spread:
+        if ask.num_actors > alive:
+            count_key = next(iter(ask.keys.values()), "").split(",")[0]  # e.g. num_learners
+            raise ResourcesExceedClusterError(
+                f"{ask.own_nodes} puts each of {_counted(ask.num_actors, ask.role)} on a "
+                f"node of its own, but the cluster has {alive} alive "
+                f"node{'' if alive == 1 else 's'} ({count_key})"
+            )
 
 
 def in_capturing_placement_group() -> bool:
