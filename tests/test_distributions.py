@@ -27,11 +27,14 @@ def np_log_softmax(logits):
 
 
 def np_gaussian_logp(x, mean, log_std):
+    log_std = np.clip(log_std, LOG_STD_MIN, LOG_STD_MAX)  # DiagGaussian's documented range
     std = np.exp(log_std)
     return np.sum(-0.5 * ((x - mean) / std) ** 2 - log_std - 0.5 * np.log(2 * np.pi), axis=-1)
 
 
 def np_gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
+    log_std_p = np.clip(log_std_p, LOG_STD_MIN, LOG_STD_MAX)
+    log_std_q = np.clip(log_std_q, LOG_STD_MIN, LOG_STD_MAX)
     var_p, var_q = np.exp(2 * log_std_p), np.exp(2 * log_std_q)
     return np.sum(
         log_std_q - log_std_p + (var_p + (mean_p - mean_q) ** 2) / (2 * var_q) - 0.5, axis=-1
