@@ -251,12 +251,12 @@ def restore_checked(algo: Algorithm, checkpoint: Path, run_dir: Path | None = No
     checkpoints.refuse_links_out_of(checkpoint, run_dir or checkpoint.absolute().parent.parent)
     saved = checkpoints.read_algorithm_state(checkpoint, type(algo))
     config = saved.get("config")
+    saved_env = config.get("env") if isinstance(config, dict) else None
     try:  # an env named in the file (an edited one) imports nothing (as `evaluate` checks)
-        environments.check_env_from_file(
-            config.get("env") if isinstance(config, dict) else None,
-            checkpoint / checkpoints.ALGORITHM_STATE,
-            allowed=(str(algo.config.env),),
-        )
+        if saved_env is not None or algo.config.env is not None:  # none: an offline run's
+            environments.check_env_from_file(
+                saved_env, checkpoint / checkpoints.ALGORITHM_STATE, allowed=(str(algo.config.env),)
+            )
     except environments.EnvironmentSetupError as err:
         raise CheckpointFileError(one_line(err)) from None
     if algo.multi_agent is not None:  # its restore reads and checks every policy first

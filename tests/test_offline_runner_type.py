@@ -273,6 +273,9 @@ def test_the_cli_trains_with_input_and_no_env(tmp_path, logged, capsys):
     )
     assert code == 0, capsys.readouterr().err
     assert (out / "checkpoints").is_dir()
+    # the run resumes without env too (its config and checkpoints name none)
+    assert main(["train", "--resume", str(out), "--stop-iters", "2"]) == 0
+    assert json.loads((out / "result.json").read_text())["timesteps_total"] == 200
     capsys.readouterr()
     code = main(["train", "ppo", "--input", str(tmp_path / "none"), "--stop-iters", "1"])
     err = capsys.readouterr().err.strip().splitlines()

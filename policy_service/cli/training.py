@@ -112,12 +112,15 @@ def _resume_setup(options: RunOptions, resume: str, checkpoint_every, keep) -> R
             f"--resume: the run in {run_dir.path} trains {name!r}, not {options.algorithm!r}"
         )
     algo_cls = algorithm_class(name)
+    saved = saved_config if isinstance(saved_config, dict) else {}
+    offline_without_env = saved.get("env") is None and saved.get("input", "sampler") != "sampler"
     try:  # before validate_config, which imports the module of a "module:EnvId"
-        environments.check_env_from_file(
-            saved_config.get("env") if isinstance(saved_config, dict) else None,
-            run_dir.config_file,
-            allowed=(options.env,) if options.env else (),
-        )
+        if not offline_without_env:  # an offline run (input) may have no env
+            environments.check_env_from_file(
+                saved.get("env") if saved_config is saved else None,
+                run_dir.config_file,
+                allowed=(options.env,) if options.env else (),
+            )
     except environments.EnvironmentSetupError as err:
         raise TrainingSetupError(str(err)) from None
     config = validate_config(algo_cls, saved_config)
