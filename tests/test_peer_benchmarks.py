@@ -151,3 +151,22 @@ def test_compare_sb3_smoke(tmp_path):
         assert run["sgd_steps"] > 0 and [h["env_steps"] for h in run["history"]] == [500, 1000]
     (median,) = [r for r in records if r.get("summary") and r["seed"] == "median"]
     assert median["ours f1_env_steps"] == compare_sb3.SMOKE["env_steps"]
+
+
+@pytest.mark.slow
+def test_tune_sweep_smoke(tmp_path):
+    """Both sides' Tune sweeps run (2 trials x 1 iteration each) and the summary gives
+    the wall ratio; needs RLlib's new-stack venv (.venv-rllib-torch, peer_venv)."""
+    try:
+        peer_venv(".venv-rllib-torch")
+    except Exception as err:  # noqa: BLE001 - no venv, no comparison: say why
+        pytest.skip(f"RLlib's torch virtualenv (.venv-rllib-torch) cannot be built: {err}")
+    records = run_smoke("tune_sweep", tmp_path, timeout=900)
+    sweeps = measurements(records)
+    assert sorted(r["side"] for r in sweeps) == ["ours", "rllib"]
+    for sweep in sweeps:
+        assert [t["iterations"] for t in sweep["trials"]] == [1, 1], sweep["side"]
+        assert all(t["env_steps"] > 0 for t in sweep["trials"])
+        assert sweep["wall_s"] >= sweep["fit_s"] > 0
+    (ratio,) = [r for r in records if r.get("summary") and r["side"] == "ours/rllib"]
+    assert ratio["wall_ratio"] > 0
