@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import ray
 from test_async_learning import CONFIG, SCRIPT, drain
+from waiting import wait_until
 
 from policy_service import LearnerGroup
 from policy_service.distributed.async_learning import AsyncLearning, AsyncSettings
@@ -26,14 +27,7 @@ from policy_service.distributed.rollout_worker import RolloutWorker
 
 FAST_SCRIPT = {**SCRIPT, "step_sleep_s": 0.0}
 RUNNERS_WAIT_S = 0.3  # how long the runners are kept waiting on a full learner queue
-
-
-def wait_until(condition, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waited {timeout_s} s for {what}")
-        time.sleep(0.002)
+POLL_S = 0.002  # the learner thread changes within milliseconds
 
 
 def wait_for_an_update(thread: LearnerThread) -> list[dict]:
@@ -44,7 +38,7 @@ def wait_for_an_update(thread: LearnerThread) -> list[dict]:
         results.extend(thread.take_results())
         return bool(results) or thread.error is not None
 
-    wait_until(updated, "an update")
+    wait_until(updated, "an update", poll_s=POLL_S)
     thread.check()
     return results
 
@@ -54,7 +48,9 @@ def run_to_the_end(thread: LearnerThread) -> list[dict]:
     lets that update finish) -> each update's statistics."""
     thread.start()
     try:
-        wait_until(lambda: thread.batches.empty() or thread.error is not None, "the queue")
+        wait_until(
+            lambda: thread.batches.empty() or thread.error is not None, "the queue", poll_s=POLL_S
+        )
     finally:
         assert thread.stop() == 0  # nothing left in the queue
     thread.check()
@@ -343,6 +339,7 @@ def test_a_batch_queued_behind_the_first_update_is_dropped_counted_and_the_runne
                 training.thread.queue_fill() == 1.0 and training.stream.requests_in_flight() == 0
             ),
             "a full queue and idle runners",
+            poll_s=POLL_S,
         )
         time.sleep(RUNNERS_WAIT_S)
 
@@ -382,7 +379,7 @@ def test_the_learner_thread_is_idle_on_an_empty_queue_and_not_while_it_updates()
     born = time.perf_counter()
     thread.start()
     try:
-        wait_until(lambda: thread.idle_s > 0, "a first poll of the empty queue")
+        wait_until(lambda: thread.idle_s > 0, "a first poll of the empty queue", poll_s=POLL_S)
         before = thread.idle_s
         time.sleep(0.4)  # the queue stays empty
         idle_while_empty = thread.idle_s - before

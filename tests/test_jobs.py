@@ -14,7 +14,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 VENV_BIN = Path(sys.executable).parent
 CLI = str(VENV_BIN / "policy-service")
@@ -30,12 +30,6 @@ RAY = str(VENV_BIN / "ray")
 TIMEOUT_S = 240
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children_of() -> dict[int, list[int]]:
@@ -98,17 +92,17 @@ def ray_head():
     root = Path(tempfile.mkdtemp(prefix="ps-head-", dir="/tmp"))  # short: socket paths
     token_file = root / "token"
     token_file.write_text(secrets.token_hex(32))
-    dashboard_port = _free_port()
+    dashboard_port = free_port()
     ports = {
-        "--port": _free_port(),
+        "--port": free_port(),
         "--dashboard-port": dashboard_port,
-        "--ray-client-server-port": _free_port(),
-        "--node-manager-port": _free_port(),
-        "--object-manager-port": _free_port(),
-        "--metrics-export-port": _free_port(),
-        "--dashboard-agent-listen-port": _free_port(),
-        "--dashboard-agent-grpc-port": _free_port(),
-        "--runtime-env-agent-port": _free_port(),
+        "--ray-client-server-port": free_port(),
+        "--node-manager-port": free_port(),
+        "--object-manager-port": free_port(),
+        "--metrics-export-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(),
+        "--runtime-env-agent-port": free_port(),
     }
     env = {
         **os.environ,

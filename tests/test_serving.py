@@ -28,6 +28,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from ports import free_port
 
 from policy_service.serving import http_api
 from policy_service.serving.deployment import ServingSettings, deployment_options
@@ -44,12 +45,6 @@ from policy_service.serving.server import (
 REPO = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 300
 CARTPOLE_VERSION = 7  # num_grad_updates written into the checkpoint: the weights_version
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # the tests of a running `serve` (a Ray, Serve and a replica in a child process): its
