@@ -384,6 +384,7 @@ class AsyncConfig(AlgorithmConfig):
     sample fragments of a fixed length while it learns."""
 
     takes_external_episodes: ClassVar[bool] = False  # asynchronous sampling: env runner actors
+    takes_input: ClassVar[bool] = False  # the same: no offline runner stands in for them
 
     def __post_init__(self):
         super().__post_init__()

@@ -76,3 +76,13 @@ def test_a_config_naming_missing_input_still_builds():
     """Existence is checked where a run starts: a checkpoint's config must load after its
     data moved (serve, evaluate)."""
     assert config(input="/no/such/dir").input == "/no/such/dir"
+
+
+@pytest.mark.parametrize("algorithm", ["impala", "appo", "a3c"])
+def test_asynchronous_algorithms_refuse_input_in_one_line(algorithm):
+    from algorithms import get_algorithm_class
+
+    config_class = get_algorithm_class(algorithm).config_class
+    with pytest.raises(ConfigError) as err:
+        from_dict(config_class, {"input": "logs/", "rollout_fragment_length": 50})
+    assert str(err.value).startswith("config.input: ") and "asynchronously" in str(err.value)

@@ -95,7 +95,9 @@ def runners(input, **extra) -> OfflineRunners:
     from policy_service.config import from_dict
     from policy_service.offline.offline_runner_type import build
 
-    config = from_dict(AlgorithmConfig, offline_config(input, **extra))
+    config = from_dict(
+        AlgorithmConfig, offline_config(input, **{"postprocess_inputs": True, **extra})
+    )
     return build(config, LoggedReturnsPolicy, 0, env=None)
 
 
@@ -208,7 +210,8 @@ def test_a_truncated_parquet_file(tmp_path, logged):
 
 
 def test_a_corrupt_page_names_its_column(tmp_path):
-    """Under an intact footer a corrupt page shows when its rows are read: the file
+    """Under an intact footer a corrupt page shows when its rows are read (the first
+    ones already when the run starts: the postprocessing check reads them): the file
     and the column, in one line."""
     import pyarrow.parquet as pq
 
@@ -220,9 +223,8 @@ def test_a_corrupt_page_names_its_column(tmp_path):
     start = column.data_page_offset + 20
     data[start : start + 40] = b"\xff" * 40
     path.write_bytes(bytes(data))
-    group = runners(tmp_path)
     with pytest.raises(OfflineDataError) as err:
-        group.sample()
+        runners(tmp_path)
     assert one_line(err).startswith(f"{path}: column 'obs")
 
 
@@ -239,6 +241,15 @@ def test_a_json_line_missing_a_column(tmp_path):
     with pytest.raises(OfflineDataError) as err:
         OfflinePG(offline_config(tmp_path))
     assert one_line(err) == f"{path} line 2: column 'rewards' missing (required)"
+
+
+def test_a_column_the_policy_postprocessing_adds_without_postprocess_inputs(logged):
+    with pytest.raises(OfflineDataError) as err:
+        OfflinePG(offline_config(logged))
+    assert (
+        "column 'advantages' missing, which LoggedReturnsPolicy.postprocess_trajectory "
+        "adds: set config.postprocess_inputs to true" in one_line(err)
+    )
 
 
 def test_a_column_the_policy_reads_offline(tmp_path):

@@ -114,6 +114,13 @@ def check_offline_config(config: Any) -> None:
 
     prefix = config.key_prefix
     offline = is_offline(config)
+    if offline and not getattr(type(config), "takes_input", True):
+        name = type(config).__name__.removesuffix("Config")
+        raise ConfigError(
+            f"{prefix}.input: {name} samples asynchronously from env runner actors, which "
+            "logged experiences do not stand in for; train bc, marwil, cql, ppo, dqn, sac or "
+            f"td3 from input, got {config.input!r}"
+        )
     if offline and config.external_env:
         raise ConfigError(
             f"{prefix}.input: external_env clients give this run its samples; set input "

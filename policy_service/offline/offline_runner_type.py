@@ -169,6 +169,7 @@ class OfflineRunners:
         self.policy = None  # the postprocessing copy
         if config.postprocess_inputs:
             self.policy = policy_cls(*spaces, on_cpu(config))
+        self._check_postprocessing(policy_cls, config)
         self.passes = 0  # complete passes over the files so far
         self._stream = self._batches()
 
@@ -232,6 +233,34 @@ class OfflineRunners:
             row_filter=None if self.held_out is None else self._training_rows,
             transform=None if self.policy is None else self._postprocess,
         )
+
+    def _check_postprocessing(self, policy_cls: type, config: Any) -> None:
+        """The policy's postprocessing of the first logged episode, before any training:
+        with postprocess_inputs it must work; without, the columns it would add must be
+        in the files (e.g. DQN's n-step columns in rows a PPO run logged). One line each."""
+        first = next(Experiences({self.policy_id: self.dataset}).iter_batches(
+            256, policy_id=self.policy_id
+        ))  # fmt: skip
+        probe = first.split_by_episode()[0]
+        policy = self.policy or policy_cls(self.observation_space, self.action_space,
+                                           on_cpu(config))  # fmt: skip
+        where = f"{self.dataset.files[0]}"
+        name = f"{policy_cls.__name__}.postprocess_trajectory"
+        try:
+            added = set(policy.postprocess_trajectory(probe.copy(shallow=True))) - set(probe)
+        except (KeyError, ValueError, TypeError, IndexError) as err:
+            if self.policy is None:
+                return  # it never runs on these rows
+            raise OfflineDataError(
+                f"{where}: {name} fails on the logged rows (postprocess_inputs): "
+                f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from None
+        if self.policy is None and added:
+            raise OfflineDataError(
+                f"{where}: column {sorted(added)[0]!r} missing, which {name} adds: set "
+                f"{config.key_prefix}.postprocess_inputs to true, or log it (columns "
+                f"{sorted(added)})"
+            )
 
     def _training_rows(self, chunk: SampleBatch) -> np.ndarray:
         assert self.held_out is not None
