@@ -155,18 +155,13 @@ def test_compare_sb3_smoke(tmp_path):
 
 @pytest.mark.slow
 def test_tune_sweep_smoke(tmp_path):
-    """Both sides' Tune sweeps run (2 trials x 1 iteration each) and the summary gives
-    the wall ratio; needs RLlib's new-stack venv (.venv-rllib-torch, peer_venv)."""
-    try:
-        peer_venv(".venv-rllib-torch")
-    except Exception as err:  # noqa: BLE001 - no venv, no comparison: say why
-        pytest.skip(f"RLlib's torch virtualenv (.venv-rllib-torch) cannot be built: {err}")
-    records = run_smoke("tune_sweep", tmp_path, timeout=900)
-    sweeps = measurements(records)
-    assert sorted(r["side"] for r in sweeps) == ["ours", "rllib"]
-    for sweep in sweeps:
-        assert [t["iterations"] for t in sweep["trials"]] == [1, 1], sweep["side"]
-        assert all(t["env_steps"] > 0 for t in sweep["trials"])
-        assert sweep["wall_s"] >= sweep["fit_s"] > 0
-    (ratio,) = [r for r in records if r.get("summary") and r["side"] == "ours/rllib"]
-    assert ratio["wall_ratio"] > 0
+    """Our side of the Tune sweep (2 trials x 1 iteration) runs and reports each trial.
+    RLlib's side is left out for CI's ~60 s budget: both sides took 105-113 s at load
+    10-19 (52 s of CPU over all their processes; RLlib's alone 59 s, 20 s of CPU, its
+    venv's import check included), ours alone 47-87 s at load 10-15 (23 s of CPU).
+    `python -m benchmarks.tune_sweep --smoke` runs both sides."""
+    records = run_smoke("tune_sweep", tmp_path, "--sides", "ours", timeout=900)
+    (sweep,) = measurements(records)
+    assert sweep["side"] == "ours" and len(sweep["trials"]) == 2
+    assert all(t["iterations"] == 1 and t["env_steps"] > 0 for t in sweep["trials"])
+    assert sweep["wall_s"] >= sweep["fit_s"] > 0
