@@ -13,7 +13,6 @@ import os
 import runpy
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,7 @@ from fault_runs import (
     one_error_line,
     subprocess_env,
 )
+from ports import free_port
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from algorithms.ppo import PPOPolicy
@@ -638,9 +638,7 @@ def test_ray_that_does_not_start_ends_train_and_serve_in_one_line(tmp_path):
     PPOPolicy(spaces.observation_space, spaces.action_space, CONFIG).export_checkpoint(
         str(tmp_path / "policy")
     )
-    with socket.socket() as probe:  # a free port for serve, which fails before binding it
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # for serve, which fails before binding it
     commands = {
         "train": ["train", "ppo", "--env", "CartPole-v1", "--num-env-runners", "1", *TINY]
         + ["--output-dir", str(tmp_path / "run")],

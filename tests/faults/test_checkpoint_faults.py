@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fault_runs import TINY, one_error_line, subprocess_env, without_ray_worker_logs
+from waiting import wait_until
 
 from policy_service.cli import commands as cli
 from policy_service.io import checkpoints
@@ -70,11 +71,14 @@ def test_a_run_killed_while_writing_a_checkpoint_resumes_from_the_one_before(tmp
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not saving.exists():
-            assert process.poll() is None, process.communicate()[1][-2000:]
-            assert time.monotonic() < deadline, "the second checkpoint was never written"
-            time.sleep(0.05)
+        wait_until(
+            saving.exists,
+            "the second checkpoint's write",
+            120,
+            poll_s=0.05,
+            process=process,
+            output=lambda: process.communicate()[1][-2000:] if process.poll() is not None else "",
+        )
         process.send_signal(signal.SIGKILL)
         process.communicate(timeout=60)
     finally:
