@@ -54,12 +54,17 @@ def test_results_count_agent_steps_twice_the_env_steps(one_policy_trained):
 def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line():
     with pytest.raises(ConfigError, match=r"is a multi-agent env: set config.policies"):
         PPO({"env": "pettingzoo:mpe2.simple_spread_v3"})
-    with pytest.raises(
-        ConfigError,
-        match=r"config.vectorize_mode must keep its default with policies set \(not in "
-        r"multi-agent runs yet\), got 'async'",
+    for key, value in (
+        ("vectorize_mode", "async"),
+        ("observation_filter", "MeanStdFilter"),
+        ("external_env", True),
     ):
-        PPO(config(vectorize_mode="async"))
+        with pytest.raises(
+            ConfigError,
+            match=rf"config.{key} must keep its default with policies set \(not in "
+            rf"multi-agent runs yet\), got {value!r}",
+        ):
+            PPO(config(**{key: value}))
     with pytest.raises(
         MultiAgentEnvError, match=r"needs a multi-agent env, but 'CartPole-v1' made a gymnasium id"
     ):
