@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from cli_processes import TIMEOUT_S, TINY, finish, kill_group, progress, ray_token, run, start  # noqa: F401
+from waiting import wait_until
 
 # every test runs `policy-service train` in child processes with env runner or learner
 # actors: ~35 s here alone, minutes beside a busy job
@@ -171,16 +171,9 @@ def test_evaluate_and_export_the_checkpoint(trained, tmp_path):
 # ----- resume after SIGKILL, then SIGTERM ----------------------------------------------------
 
 
-def _wait_until(condition, process: subprocess.Popen, what: str) -> None:
-    deadline = time.monotonic() + TIMEOUT_S
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(
-                f"run exited ({process.returncode}) before {what}:\n"
-                f"{process.communicate()[1][-3000:]}"
-            )
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+def run_errors(process: subprocess.Popen) -> str:
+    """A run's last error lines, once it has exited."""
+    return process.communicate()[1][-3000:] if process.poll() is not None else ""
 
 
 def _checkpoints(run_dir: Path) -> list[str]:
@@ -206,7 +199,13 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
     ]
     first = start(*args, start_new_session=True)
     try:
-        _wait_until(lambda: _checkpoints(run_dir), first, "the first checkpoint")
+        wait_until(
+            lambda: _checkpoints(run_dir),
+            "the first checkpoint",
+            TIMEOUT_S,
+            process=first,
+            output=lambda: run_errors(first),
+        )
         first.kill()  # SIGKILL: no chance to checkpoint again or write result.json
         first.communicate(timeout=60)
     finally:
@@ -222,8 +221,12 @@ def test_resume_after_sigkill_continues_from_the_last_checkpoint(tmp_path):
     # The same command plus --resume; then SIGTERM once it is past the killed run.
     second = start(*args, "--resume", str(run_dir), start_new_session=True)
     try:
-        _wait_until(
-            lambda: progress(run_dir)[-1]["iteration"] >= target, second, f"iteration {target}"
+        wait_until(
+            lambda: progress(run_dir)[-1]["iteration"] >= target,
+            f"iteration {target}",
+            TIMEOUT_S,
+            process=second,
+            output=lambda: run_errors(second),
         )
         second.send_signal(signal.SIGTERM)
         code, out, err = finish(second)

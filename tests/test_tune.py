@@ -10,7 +10,6 @@ import importlib.util
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from cli_processes import (
     kill_group,
     ray_token,  # noqa: F401 - the module's own Ray token
 )
+from waiting import wait_until
 
 ray = pytest.importorskip("ray")
 tune = pytest.importorskip("ray.tune")
@@ -341,17 +341,6 @@ def _trial_states(sweep: Path) -> dict[str, str]:
     return states
 
 
-def _wait_for(condition, process, what: str, limit_s: float = 240.0) -> None:
-    """Poll `condition` while the command runs (a limit only against a hang)."""
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if process.poll() is not None:
-            pytest.fail(f"the sweep ended before {what}: {process.stderr.read()[-3000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {what} within {limit_s} s")
-        time.sleep(0.2)
-
-
 @pytest.mark.slow
 def test_a_killed_sweep_resumes_and_finished_trials_are_not_rerun(tune_ray, tmp_path, capsys):
     import subprocess
@@ -384,11 +373,25 @@ def test_a_killed_sweep_resumes_and_finished_trials_are_not_rerun(tune_ray, tmp_
         start_new_session=True,
     )
     try:
-        _wait_for(lambda: (tmp_path / "held").exists(), process, "second trial")
-        _wait_for(
+
+        def sweep_errors() -> str:  # read only once the sweep has exited
+            return process.stderr.read()[-3000:] if process.poll() is not None else ""
+
+        wait_until(
+            lambda: (tmp_path / "held").exists(),
+            "the second trial",
+            240.0,
+            poll_s=0.2,
+            process=process,
+            output=sweep_errors,
+        )
+        wait_until(
             lambda: sorted(_trial_states(sweep).values()) == ["RUNNING", "TERMINATED"],
-            process,
             "experiment state with the first trial finished",
+            240.0,
+            poll_s=0.2,
+            process=process,
+            output=sweep_errors,
         )
     finally:
         kill_group(process)
