@@ -4,16 +4,19 @@ termination does not), gradients on 2 fake GPUs equal one device's, and a short
 asynchronous run that trains and checkpoints (the longer ones in the slow group)."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
 import tensorflow as tf
+import yaml
 from fakes import assert_grads_close, assert_one_line
 
 from algorithms.appo import APPO, APPOConfig, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAConfig, IMPALAPolicy
 from policy_service import LearnerGroup
+from policy_service.cli.run_config import validate_config
 from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.data.units import LOSS_MASK
@@ -448,3 +451,63 @@ def test_an_appo_run_syncs_its_runners_filters_with_its_weights():
     assert runner.stats.count == driver.count + runner.buffer.count
     assert runner.buffer.count < runner.stats.count  # flushed at least once
     assert (learner.count, learner.mean.tolist()) == (driver.count, driver.mean.tolist())
+
+
+# ----- APPO on Pong (the ALE envs themselves: test_atari.py) ------------------------------
+
+PONG = "ALE/Pong-v5"
+TUNED_PONG = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "pong_appo.yaml"
+TINY_CNN = {"conv_filters": [[4, [8, 8], 8], [8, [4, 4], 4]], "fcnet_hiddens": [16]}
+
+
+def ale_installed() -> None:
+    pytest.importorskip("ale_py", reason="ale-py is not installed: pip install -e '.[atari]'")
+    pytest.importorskip("cv2", reason="OpenCV is not installed: pip install -e '.[atari]'")
+
+
+def test_a_frameskip_the_preprocessing_would_repeat_is_one_line_naming_the_key():
+    ale_installed()
+    with pytest.raises(ConfigError, match="config.env_config.frameskip") as error:
+        APPO({"env": PONG, "env_config": {"frameskip": 4}})
+    assert "\n" not in str(error.value)
+    with pytest.raises(ConfigError, match="config.preprocessor_pref"):
+        APPO({"env": PONG, "preprocessor_pref": "rllib"})
+
+
+def test_the_tuned_pong_config_is_a_valid_appo_run_config():
+    ale_installed()
+    config = validate_config(APPO, yaml.safe_load(TUNED_PONG.read_text()))
+    assert config["env"] == PONG and config["preprocessor_pref"] == "deepmind"
+    assert config["env_config"]["frameskip"] == 1
+
+
+# A uint8 Box takes integer observations only (spaces.py), at the PolicyActor's and the
+# learners' compute_actions and in every train batch: a run that trains in a mode got
+# its observations there as integers, not as float32.
+@pytest.mark.slow  # 5-12 s each on a quiet 2-core machine, 39-44 s loaded (Ray, a remote runner)
+@pytest.mark.parametrize("inference", ["env_runners", "policy_actors", "learners"])
+def test_appo_trains_an_iteration_on_pong(ray_local, inference):
+    ale_installed()
+    config = {
+        "env": PONG,
+        "env_config": {"repeat_action_probability": 0.0},
+        "seed": 0,
+        "num_env_runners": 1,
+        "num_envs_per_env_runner": 2,
+        "rollout_fragment_length": 10,
+        "train_batch_size": 40,
+        "num_epochs": 1,
+        "inference": inference,
+        "num_learners": 1 if inference == "learners" else 0,
+        "num_cpus_per_learner": 0.5,
+        "model": TINY_CNN,
+    }
+    algo = APPO(config)
+    try:
+        result = algo.train()
+        while result["num_learner_updates"] < 1:
+            result = algo.train()
+        assert np.isfinite(result["policy_loss"]) and np.isfinite(result["vf_loss"])
+        assert result["num_samples_trained_this_iter"] >= 40
+    finally:
+        algo.stop()
