@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ports import free_port, wait_until_port_free
 from test_serving import tcp_listeners
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -28,12 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 TOKEN = "external-env-test-token"
 REPLICA = b"ServeReplica:policy_service"
 START_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def environ(ray_tmp: str) -> dict:
@@ -119,18 +114,6 @@ def session_pids(session: int, marker: bytes = b"") -> list[int]:
         if in_session and marker in cmdline:
             pids.append(int(entry.name))
     return pids
-
-
-def wait_until_port_free(port: int, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return
-            except OSError:
-                assert time.monotonic() < deadline, f"port {port} still held {timeout_s} s on"
-        time.sleep(1)
 
 
 def clients(kind: str, port: int, count: int, *args: str) -> list[subprocess.Popen]:
@@ -298,7 +281,7 @@ def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
         server.wait_ready()
         # the clients outlive the server: each waits up to 10 min for it to come back
         procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
-        wait_for(lambda: len(checkpoints_of(run_dir)) >= 2, server)
+        wait_until_serving(lambda: len(checkpoints_of(run_dir)) >= 2, "two checkpoints", server)
         server.kill()  # SIGKILL to the process and its Ray
         before = progress(run_dir)
         saved = int(checkpoints_of(run_dir)[-1].name.split("_")[1])
@@ -339,18 +322,26 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
         # the dead replica's connections hold the port for TCP's TIME_WAIT (~60 s): the
         # clients wait for its replacement longer than that
         procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
-        wait_for(lambda: progress_exists(run_dir) and progress(run_dir), server)
+        wait_until_serving(
+            lambda: progress_exists(run_dir) and progress(run_dir), "a logged iteration", server
+        )
         (replica,) = session_pids(server.proc.pid, REPLICA)
         # the replica answers the clients itself (no proxy between), on loopback only
         assert listeners_of(port) == [(f"127.0.0.1:{port}", replica)]
         os.kill(replica, signal.SIGKILL)
         killed = time.monotonic()
-        wait_for(lambda: [pid for _, pid in listeners_of(port) if pid != replica], server)
+        wait_until_serving(
+            lambda: [pid for _, pid in listeners_of(port) if pid != replica],
+            "a new replica listening",
+            server,
+        )
         (new_replica,) = session_pids(server.proc.pid, REPLICA)
         assert listeners_of(port) == [(f"127.0.0.1:{port}", new_replica)]
         print(f"\nthe new replica listens {time.monotonic() - killed:.0f} s after the kill")
         # the new replica was given the weights, and an iteration ran on its episodes
-        wait_for(lambda: restarted_iterations(run_dir) >= 2, server)
+        wait_until_serving(
+            lambda: restarted_iterations(run_dir) >= 2, "two iterations after the restart", server
+        )
         server.proc.send_signal(signal.SIGTERM)
         assert server.wait(300) == 0, server.output()
         counts = interrupted(procs)
@@ -373,12 +364,9 @@ def restarted_iterations(run_dir: Path) -> int:
     return sum(m["num_worker_restarts"] >= 1 for m in progress(run_dir))
 
 
-def wait_for(condition, server: TrainingServer, timeout_s: float = 600) -> None:
-    """Until condition() holds; fails with the server's output if it exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline and server.proc.poll() is None, server.output()
-        time.sleep(0.2)
+def wait_until_serving(condition, what: str, server: TrainingServer, timeout_s=600.0) -> None:
+    """Until condition() holds; fails with the server's output if it exits first."""
+    wait_until(condition, what, timeout_s, poll_s=0.2, process=server.proc, output=server.output)
 
 
 def listeners_of(port: int) -> list[tuple[str, int]]:

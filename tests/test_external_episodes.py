@@ -20,7 +20,8 @@ import pytest
 import yaml
 from cli_processes import command_env
 from fakes import assert_one_line, weights_differ
-from test_external_env import REPO, TOKEN, clients, free_port
+from ports import free_port
+from test_external_env import REPO, TOKEN, clients
 
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN

@@ -20,6 +20,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from test_serving import Server, process_tree
+from waiting import wait_until
 
 from policy_service.serving import http_api
 
@@ -174,18 +175,31 @@ def test_a_killed_replica_is_replaced_and_serving_resumes(two_replicas, policy):
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: all(len(a) >= 5 for a in answers), 120, "clients answered")
+        wait_until(lambda: all(len(a) >= 5 for a in answers), "answers", 120, poll_s=0.2)
         os.kill(victim, signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for(
-            lambda: len(replica_pids(two_replicas) - first) == 1, REPLACE_TIMEOUT_S, "a new replica"
+        wait_until(
+            lambda: len(replica_pids(two_replicas) - first) == 1,
+            "a new replica",
+            REPLACE_TIMEOUT_S,
+            poll_s=0.2,
         )
         (new,) = replica_pids(two_replicas) - first
         # served again once the new replica answers: every client's next 20 requests
-        wait_for(lambda: new in replica_stats(two_replicas, 10), REPLACE_TIMEOUT_S, "it serving")
+        wait_until(
+            lambda: new in replica_stats(two_replicas, 10),
+            "the new replica serving",
+            REPLACE_TIMEOUT_S,
+            poll_s=0.2,
+        )
         serving_at = time.monotonic()
         marks = [len(a) for a in answers]
-        wait_for(lambda: all(len(a) >= m + 20 for a, m in zip(answers, marks)), 120, "20 more each")
+        wait_until(
+            lambda: all(len(a) >= m + 20 for a, m in zip(answers, marks)),
+            "20 more answers each",
+            120,
+            poll_s=0.2,
+        )
     finally:
         stop.set()
         for thread in threads:
@@ -202,10 +216,3 @@ def test_a_killed_replica_is_replaced_and_serving_resumes(two_replicas, policy):
         f"{serving_at - killed_at:.1f} s after it; {failed[0].text.strip() if failed else ''}"
     )
     assert replica_pids(two_replicas) == (first - {victim}) | {new}
-
-
-def wait_for(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"no {what} after {timeout_s} s"
-        time.sleep(0.2)
