@@ -1,4 +1,5 @@
-"""policy.py: the public TFPolicy API, bad input, state and checkpoints (export: test_export.py)."""
+"""policy/tf_policy.py: the public TFPolicy API, bad input, state and checkpoints
+(export: test_export.py)."""
 
 import json
 import os
