@@ -2,8 +2,7 @@
 observation keeps a policy's illegal actions out of sampling, the greedy action and
 EpsilonGreedy's random ones (uniform among the legal), and out of an exported model; a
 mask a policy cannot apply is refused in one line. PPO and DQN training on an env that
-raises on an illegal action: test_ppo.py and test_dqn_algorithm.py; SAC's refusal:
-test_sac.py."""
+raises on an illegal action: test_algorithm.py; SAC's refusal: test_sac.py."""
 
 import gymnasium as gym
 import numpy as np

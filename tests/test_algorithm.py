@@ -598,6 +598,39 @@ def test_a_run_saves_the_merged_observation_filter_and_a_fresh_process_acts_thro
     np.testing.assert_array_equal(np.asarray(got["actions"], np.float32), actions)
 
 
+@pytest.mark.parametrize(
+    "algo_name, changes",
+    [
+        ("PPO", {"train_batch_size": 200, "minibatch_size": 50, "num_epochs": 2}),
+        (
+            "DQN",
+            {
+                "num_steps_sampled_before_learning_starts": 50,
+                "min_sample_timesteps_per_iteration": 200,
+                "train_batch_size": 16,
+            },
+        ),
+    ],
+)
+def test_training_on_a_masked_env_never_takes_an_illegal_action(algo_name, changes):
+    """MaskedPickEnv raises on an illegal action, epsilon-greedy's random ones included
+    (the masks themselves: tests/test_action_masks.py)."""
+    from envs import MaskedPickEnv
+
+    algorithms.register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
+    algo_class = algorithms.get_algorithm_class(algo_name)
+    algo = algo_class(
+        {"env": "masked_pick", "seed": 0, "model": {"fcnet_hiddens": [16]}, **changes}
+    )
+    try:
+        for _ in range(2):
+            result = algo.train()
+        assert result["timesteps_total"] >= 400
+        assert np.isfinite(result["episode_return_mean"])
+    finally:
+        algo.stop()
+
+
 # ----- the user's callbacks at the run's moments --------------------------------------
 
 

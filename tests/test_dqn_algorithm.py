@@ -411,30 +411,3 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
         np.testing.assert_allclose(stats["per_row"]["td_error"], before, rtol=1e-5, atol=1e-6)
     finally:
         group.stop()
-
-
-def test_training_on_a_masked_env_never_takes_an_illegal_action():
-    """MaskedPickEnv raises on an illegal action, epsilon-greedy's random ones included
-    (the masks: tests/test_action_masks.py)."""
-    from envs import MaskedPickEnv
-
-    from algorithms import register_env
-
-    register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
-    algo = DQN(
-        {
-            "env": "masked_pick",
-            "seed": 0,
-            "model": {"fcnet_hiddens": [16]},
-            "num_steps_sampled_before_learning_starts": 50,
-            "min_sample_timesteps_per_iteration": 200,
-            "train_batch_size": 16,
-        }
-    )
-    try:
-        for _ in range(2):
-            result = algo.train()
-        assert result["timesteps_total"] >= 400
-        assert np.isfinite(result["episode_return_mean"])
-    finally:
-        algo.stop()

@@ -702,27 +702,3 @@ def test_remote_env_runners_and_who_owns_ray():
         owner.stop()
     assert not ray.is_initialized()
     owner.stop()  # a second stop is harmless
-
-
-def test_training_on_a_masked_env_never_takes_an_illegal_action():
-    """MaskedPickEnv raises on an illegal action (the masks: tests/test_action_masks.py)."""
-    from envs import MaskedPickEnv
-
-    algorithms.register_env("masked_pick", lambda env_config: MaskedPickEnv(env_config))
-    algo = PPO(
-        {
-            "env": "masked_pick",
-            "seed": 0,
-            "model": {"fcnet_hiddens": [16]},
-            "train_batch_size": 200,
-            "minibatch_size": 50,
-            "num_epochs": 2,
-        }
-    )
-    try:
-        for _ in range(2):
-            result = algo.train()
-        assert result["timesteps_total"] >= 400
-        assert np.isfinite(result["episode_return_mean"])
-    finally:
-        algo.stop()
