@@ -57,6 +57,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cartpole-steps", type=int, default=25_000)
     parser.add_argument("--sac-steps", type=int, default=10_000)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases")
+    parser.add_argument(
+        "--mix-iterations", type=int, default=400, help="iterations of bc_mix and marwil_mix"
+    )
 
 
 def configurations(args) -> list[dict]:
@@ -73,11 +76,15 @@ def configurations(args) -> list[dict]:
                 "algo": algo,
                 "tuned": tuned,
                 "inputs": [str(Path(data) / i) for i in inputs],
-                "iterations": 2 if args.smoke else iterations,
+                "iterations": 2 if args.smoke else mix_or(case, iterations, args),
                 "prepare_tf": False,
             }
         )
     return specs
+
+
+def mix_or(case: str, iterations: int, args) -> int:
+    return args.mix_iterations if case.endswith("_mix") else iterations
 
 
 # ----- in a child ---------------------------------------------------------------------------
@@ -257,7 +264,7 @@ def plot(summary: list[dict], out_dir: str) -> list:
         paths.append(
             plots.bar_chart(
                 Path(out_dir) / f"{NAME}_{env.split('-')[0].lower()}.png",
-                f"Offline RL on logged {env} steps: greedy evaluation return, median of seeds",
+                f"Offline RL on logged {env} steps: median return of seeds",
                 "episode return",
                 [r["case"] for r in rows],
                 {"median return": [r["median_return"] for r in rows]},
