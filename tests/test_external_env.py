@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ports import free_port, wait_until_port_free
-from test_serving import tcp_listeners
+from serve_processes import tcp_listeners
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from test_serving import Server, process_tree
+from serve_processes import Server, process_tree
 from waiting import wait_until
 
 from policy_service.serving import http_api
