@@ -32,6 +32,7 @@ from typing import NamedTuple, cast
 
 import ray
 from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.policy_actor import PolicyHost, broadcast_weights
@@ -242,9 +243,12 @@ class RestartablePolicyActor:
             raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_restarts = int(max_restarts)
         record = RecordName.new()
+        # on this (the driver's) node: a record on another node would die with that node,
+        # and the actor restarted elsewhere could then not read what to start from
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         # Ray types @ray.remote(options) on a class as the class itself, without .remote
         self.weights_source = RestartRecord.options(  # type: ignore[attr-defined]
-            name=record.name, namespace=record.namespace
+            name=record.name, namespace=record.namespace, scheduling_strategy=here
         ).remote(ray.cloudpickle.dumps((args, host_kwargs)))
         options = {
             **(actor_options or {}),
