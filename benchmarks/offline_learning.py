@@ -13,7 +13,7 @@ The datasets are made once into --data and kept (a later run reuses them):
                           config, --sac-steps steps: about half of them before it learns
 Cases, each seed (the tuned configs in algorithms/tuned/):
   bc_ppo      BC on ppo_a + ppo_b                     goal >= 400
-  bc_mix      BC on ppo_a + random (a 50/50 mix)
+  bc_mix      BC on ppo_a + random (a 50/50 mix)      --mix-iterations (1000)
   marwil_mix  MARWIL (beta 1) on the same mix         goal >= 300 and > bc_mix
   bc_sac      BC on pendulum/sac
   cql_sac     CQL on pendulum/sac                     goal >= -300 and > bc_sac
@@ -37,7 +37,7 @@ TUNED = harness.REPO / "algorithms" / "tuned"
 DONE = "_complete"  # a dataset directory with this file was written whole
 
 CASES = {
-    # case: (algorithm, tuned config, env, inputs under --data, iterations)
+    # case: (algorithm, tuned config, inputs under --data, iterations; the mix's: a flag)
     "bc_ppo": ("bc", "cartpole_bc.yaml", ["cartpole/ppo_a", "cartpole/ppo_b"], 100),
     "bc_mix": ("bc", "cartpole_bc.yaml", ["cartpole/ppo_a", "cartpole/random"], 200),
     "marwil_mix": ("marwil", "cartpole_marwil.yaml", ["cartpole/ppo_a", "cartpole/random"], 200),
@@ -58,7 +58,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sac-steps", type=int, default=10_000)
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated cases")
     parser.add_argument(
-        "--mix-iterations", type=int, default=400, help="iterations of bc_mix and marwil_mix"
+        "--mix-iterations", type=int, default=1000, help="iterations of bc_mix and marwil_mix"
     )
 
 
