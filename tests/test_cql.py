@@ -220,8 +220,8 @@ def pendulum_return(name: str, input: str, iterations: int, **config) -> tuple[f
 # -1200 to -800 for 4000 steps, then -200; 10 greedy evaluation episodes): BC -1008 after
 # 100 iterations; CQL (these keys) -841 after 100 iterations, -171 after 150. With
 # pendulum_cql.yaml's num_actions 10, critic rate 1e-3 and tau 0.005: -964 after 150,
-# -259 after 300. Wall: 374 s for the fixture (68 s) and both runs at load average
-# 14-19; quiet, the fixture took 36 s and 3000 of these steps (num_actions 10) 47 s.
+# -259 after 300. Wall: 90 s for the fixture (19 s) and both runs at load average 7;
+# 374 s (fixture 68 s) at 14-19.
 CQL_ITERATIONS = 150  # of 10 SGD steps of 256 rows
 CQL_LEARNED = -600
 CQL_MARGIN = 200  # over BC on the same rows

@@ -271,7 +271,7 @@ def cartpole_logs(tmp_path_factory):
 #   BC on the PPO steps: 500 after 30 iterations (8 s), 133 after 15
 #   on the 50/50 mix: BC 44-46 (it clones the random half too); MARWIL 438 after 100
 #   iterations (17 s), 500 after 300 (30 s)
-# The module's three runs take 50-90 s on this machine, the fixture 17-58 s of it (load).
+# The module's slow tests take 39 s at load average 7 (the fixture 15 s), up to 90 s loaded.
 BC_ITERATIONS = 30  # of 8 SGD steps of 250 rows
 BC_LEARNED = 400
 MIX_ITERATIONS = 100
