@@ -411,3 +411,21 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
         np.testing.assert_allclose(stats["per_row"]["td_error"], before, rtol=1e-5, atol=1e-6)
     finally:
         group.stop()
+
+
+def test_dqn_reports_its_explorations_epsilon_with_the_explorations_defaults():
+    """cur_epsilon is the exploration's own schedule (tests/test_epsilon_schedule.py)."""
+    from types import SimpleNamespace
+
+    import gymnasium as gym
+
+    from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
+
+    space = gym.spaces.Discrete(3)
+    run = SimpleNamespace(exploration=EpsilonGreedy(space), timesteps_total=20000)
+    assert DQN.epsilon(run) == EpsilonGreedy(space).epsilon(20000) == pytest.approx(0.05)
+    run.timesteps_total = 5000
+    assert DQN.epsilon(run) == EpsilonGreedy(space).epsilon(5000) == 1.0 + 0.5 * (0.05 - 1.0)
+    assert np.isnan(
+        DQN.epsilon(SimpleNamespace(exploration=StochasticSampling(space), timesteps_total=5000))
+    )

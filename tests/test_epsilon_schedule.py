@@ -1,15 +1,12 @@
 """One epsilon schedule: EpsilonGreedy.epsilon, in the compiled action function (a
-tensor timestep) and for what DQN reports as cur_epsilon (a number)."""
-
-from types import SimpleNamespace
+tensor timestep) and as a number (what DQN reports as cur_epsilon: test_dqn_algorithm.py)."""
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from algorithms.dqn import DQN
-from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
+from policy_service.policy.exploration import EpsilonGreedy
 
 SPACE = gym.spaces.Discrete(3)
 
@@ -33,13 +30,3 @@ def test_the_compiled_schedule_is_traced_once_for_every_timestep():
     values = [float(compiled(tf.constant(t, tf.int64))) for t in (0, 50, 100, 200)]
     assert values == pytest.approx([1.0, 0.55, 0.1, 0.1])
     assert compiled.experimental_get_tracing_count() == 1
-
-
-def test_dqn_reports_its_explorations_epsilon_with_the_explorations_defaults():
-    run = SimpleNamespace(exploration=EpsilonGreedy(SPACE), timesteps_total=20000)
-    assert DQN.epsilon(run) == EpsilonGreedy(SPACE).epsilon(20000) == pytest.approx(0.05)
-    run.timesteps_total = 5000
-    assert DQN.epsilon(run) == EpsilonGreedy(SPACE).epsilon(5000) == 1.0 + 0.5 * (0.05 - 1.0)
-    assert np.isnan(
-        DQN.epsilon(SimpleNamespace(exploration=StochasticSampling(SPACE), timesteps_total=5000))
-    )
