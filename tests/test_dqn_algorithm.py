@@ -6,6 +6,7 @@ take the same steps, remote rollout workers, the command line."""
 import json
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import ray
@@ -417,8 +418,6 @@ def test_dqn_reports_its_explorations_epsilon_with_the_explorations_defaults():
     """cur_epsilon is the exploration's own schedule (tests/test_epsilon_schedule.py)."""
     from types import SimpleNamespace
 
-    import gymnasium as gym
-
     from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
 
     space = gym.spaces.Discrete(3)
@@ -429,3 +428,96 @@ def test_dqn_reports_its_explorations_epsilon_with_the_explorations_defaults():
     assert np.isnan(
         DQN.epsilon(SimpleNamespace(exploration=StochasticSampling(space), timesteps_total=5000))
     )
+
+
+# ---- replay_frame_stack_axis: each frame stored once (the store: test_replay_frames.py) ----
+
+
+STACK = 4
+
+
+def stacked_frame_env(config):
+    from envs import FrameEnv
+
+    return gym.wrappers.FrameStackObservation(FrameEnv(config), STACK)
+
+
+DQN_FRAMES = {
+    "env": "StackedFrames",
+    "seed": 1,
+    "model": {"fcnet_hiddens": [16], "conv_filters": [[4, [3, 3], 2]]},
+    "hiddens": [8],
+    "train_batch_size": 16,
+    "rollout_fragment_length": 4,
+    "num_envs_per_env_runner": 2,
+    "num_steps_sampled_before_learning_starts": 32,
+    "min_sample_timesteps_per_iteration": 64,
+    "replay_buffer_capacity": 100,
+    "replay_frame_stack_axis": 0,
+    "checkpoint_replay_buffer": True,
+}
+
+
+@pytest.fixture(scope="module")
+def frames_env():
+    from algorithms import register_env
+
+    register_env("StackedFrames", stacked_frame_env)
+
+
+def test_dqn_trains_with_frames_stored_once(frames_env, tmp_path):
+    algo = DQN(DQN_FRAMES)
+    try:
+        history = [algo.train() for _ in range(3)]
+        assert history[-1]["num_sgd_steps_total"] > 0
+        assert np.isfinite(history[-1]["mean_q"])
+        replay = algo.replay
+        assert replay.frame_stack_axis == 0 and len(replay) == 100
+        assert replay.store.num_frames < 1.5 * len(replay)  # not 2 x 4 per row
+        batch = replay.sample(8)
+        assert batch["obs"].shape == (8, STACK, 6, 6) and batch["obs"].dtype == np.uint8
+        # with n_step 1 new_obs is the next stack: the frames shift by one (at episode
+        # ends too: the last stack holds the final frame)
+        np.testing.assert_array_equal(batch["obs"][:, 1:], batch["new_obs"][:, :-1])
+        assert (batch["obs"][:, -1] != batch["new_obs"][:, -1]).any(axis=(1, 2)).all()
+        algo.save(str(tmp_path / "ckpt"))
+        after = algo.train()
+    finally:
+        algo.stop()
+    restored = DQN(DQN_FRAMES)
+    try:
+        restored.restore(str(tmp_path / "ckpt"))
+        again = restored.train()
+        for key in ("num_sgd_steps_total", "total_loss", "mean_q", "replay_buffer_size"):
+            assert again[key] == after[key], key
+    finally:
+        restored.stop()
+
+
+@pytest.mark.parametrize("axis, space", [(2, (4, 6)), (0, (6,)), (-3, (4, 6))])
+def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env, axis, space):
+    from algorithms import register_env
+
+    register_env(
+        "BoxOf",
+        lambda config: gym.wrappers.TransformObservation(
+            gym.make("CartPole-v1"),
+            lambda obs: np.zeros(config["shape"], np.float32),
+            gym.spaces.Box(-1, 1, tuple(config["shape"]), np.float32),
+        ),
+    )
+    with pytest.raises(
+        ConfigError,
+        match=f"replay_frame_stack_axis must be an axis of an "
+        f"observation of at least 2 dimensions, got "
+        f"{axis}",
+    ) as err:
+        DQN(
+            dict(
+                DQN_FRAMES,
+                env="BoxOf",
+                env_config={"shape": list(space)},
+                replay_frame_stack_axis=axis,
+            )
+        )
+    assert "\n" not in str(err.value)

@@ -5,17 +5,14 @@ drawn, byte-identical columns) on frame-stacked streams from gymnasium's
 FrameStackObservation, interleaved sub-envs, n-step new_obs, ring wrapped many
 times; memory about one frame per row; reference counts that never leak; hash
 collisions (forced, and real ones of the sampled-word hash) that stay exact;
-state round trips; one-line refusals that change nothing; DQN with the option.
+state round trips; one-line refusals that change nothing. (DQN with the option:
+test_dqn_algorithm.py.)
 """
 
-import gymnasium as gym
 import numpy as np
 import pytest
 from fakes import frame_stack_stream
 
-from algorithms import register_env
-from algorithms.dqn import DQN
-from policy_service.config import ConfigError
 from policy_service.io import checkpoints
 from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer, frame_pool
 
@@ -399,92 +396,6 @@ def test_bad_options_are_refused():
         ReplayBuffer(10, columns=["actions"], frame_stack_axis=0)
     with pytest.raises(ValueError, match="needs a column besides"):
         ReplayBuffer(10, columns=["obs", "new_obs"], frame_stack_axis=0)
-
-
-# ---- DQN -----------------------------------------------------------------------------------
-
-
-def stacked_frame_env(config):
-    from envs import FrameEnv
-
-    return gym.wrappers.FrameStackObservation(FrameEnv(config), STACK)
-
-
-DQN_FRAMES = {
-    "env": "StackedFrames",
-    "seed": 1,
-    "model": {"fcnet_hiddens": [16], "conv_filters": [[4, [3, 3], 2]]},
-    "hiddens": [8],
-    "train_batch_size": 16,
-    "rollout_fragment_length": 4,
-    "num_envs_per_env_runner": 2,
-    "num_steps_sampled_before_learning_starts": 32,
-    "min_sample_timesteps_per_iteration": 64,
-    "replay_buffer_capacity": 100,
-    "replay_frame_stack_axis": 0,
-    "checkpoint_replay_buffer": True,
-}
-
-
-@pytest.fixture(scope="module")
-def frames_env():
-    register_env("StackedFrames", stacked_frame_env)
-
-
-def test_dqn_trains_with_frames_stored_once(frames_env, tmp_path):
-    algo = DQN(DQN_FRAMES)
-    try:
-        history = [algo.train() for _ in range(3)]
-        assert history[-1]["num_sgd_steps_total"] > 0
-        assert np.isfinite(history[-1]["mean_q"])
-        replay = algo.replay
-        assert replay.frame_stack_axis == 0 and len(replay) == 100
-        assert replay.store.num_frames < 1.5 * len(replay)  # not 2 x 4 per row
-        batch = replay.sample(8)
-        assert batch["obs"].shape == (8, STACK, 6, 6) and batch["obs"].dtype == np.uint8
-        # with n_step 1 new_obs is the next stack: the frames shift by one (at episode
-        # ends too: the last stack holds the final frame)
-        np.testing.assert_array_equal(batch["obs"][:, 1:], batch["new_obs"][:, :-1])
-        assert (batch["obs"][:, -1] != batch["new_obs"][:, -1]).any(axis=(1, 2)).all()
-        algo.save(str(tmp_path / "ckpt"))
-        after = algo.train()
-    finally:
-        algo.stop()
-    restored = DQN(DQN_FRAMES)
-    try:
-        restored.restore(str(tmp_path / "ckpt"))
-        again = restored.train()
-        for key in ("num_sgd_steps_total", "total_loss", "mean_q", "replay_buffer_size"):
-            assert again[key] == after[key], key
-    finally:
-        restored.stop()
-
-
-@pytest.mark.parametrize("axis, space", [(2, (4, 6)), (0, (6,)), (-3, (4, 6))])
-def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env, axis, space):
-    register_env(
-        "BoxOf",
-        lambda config: gym.wrappers.TransformObservation(
-            gym.make("CartPole-v1"),
-            lambda obs: np.zeros(config["shape"], np.float32),
-            gym.spaces.Box(-1, 1, tuple(config["shape"]), np.float32),
-        ),
-    )
-    with pytest.raises(
-        ConfigError,
-        match=f"replay_frame_stack_axis must be an axis of an "
-        f"observation of at least 2 dimensions, got "
-        f"{axis}",
-    ) as err:
-        DQN(
-            dict(
-                DQN_FRAMES,
-                env="BoxOf",
-                env_config={"shape": list(space)},
-                replay_frame_stack_axis=axis,
-            )
-        )
-    assert "\n" not in str(err.value)
 
 
 def test_a_batch_longer_than_the_ring_keeps_its_last_rows():
