@@ -105,7 +105,7 @@ class ActingModule(tf.Module):
         self._optional = optional_inputs(policy.action_space)
         self.model_specs = self._read_input_specs()
         self.act_specs = {**self.model_specs, **EXPLORATION_INPUTS}
-        # No AutoGraph, as for the policy's own acting (policy.py): the same model and
+        # No AutoGraph, as for the policy's own acting (policy/tf_policy.py): the same model and
         # exploration, written with tf.where
         self.act = tf.function(
             self._act, input_signature=list(self.act_specs.values()), autograph=False
