@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks import harness, plots, stats
 from benchmarks.async_training import ENVS_PER_RUNNER, FRAGMENT, MODEL, PASSES, TRAIN_BATCH, TUNED
@@ -185,16 +187,17 @@ def main() -> None:
         raise SystemExit(f"{NAME}: {reason}")
     specs = configurations(args)
     meta = harness.start_meta(args, workload=WORKLOAD, cpus_per_node=CPUS_PER_NODE)
-    root = harness.REPO / "runs" / f"{NAME}-cluster"
-    cluster = NamespaceCluster(root, num_nodes=3, cpus_per_node=CPUS_PER_NODE)
     records = []
-    try:
-        cluster.start()
-        for r in range(harness.rounds_of(args)):  # rounds outermost: each meets every load
-            for spec in specs:
-                records += [harness.emit(x) for x in run_in_cluster(cluster, {**spec, "round": r})]
-    finally:
-        cluster.stop()
+    with tempfile.TemporaryDirectory(prefix=NAME) as root:  # its token and nodes' logs
+        cluster = NamespaceCluster(Path(root), num_nodes=3, cpus_per_node=CPUS_PER_NODE)
+        try:
+            cluster.start()
+            for r in range(harness.rounds_of(args)):  # rounds outermost: each meets every load
+                for spec in specs:
+                    run = {**spec, "round": r}
+                    records += [harness.emit(x) for x in run_in_cluster(cluster, run)]
+        finally:
+            cluster.stop()
     summary = summarize(records)
     meta["plots"] = [plot(summary, args.out)]
     harness.finish(NAME, args.out, records, summary, meta)
