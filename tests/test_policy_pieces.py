@@ -321,3 +321,51 @@ def test_the_episode_server_hands_out_unsquashed_actions():
     sampled = batch["actions"]
     assert np.abs(sampled).max() > 1.0
     np.testing.assert_allclose(handed, np.clip(-2.0 + (sampled + 1.0) * 2.0, -2.0, 2.0), rtol=1e-5)
+
+
+CAUTIOUS = '''
+import os
+
+from policy_service.policy.exploration import Exploration, register_exploration
+
+
+class Cautious(Exploration):
+    """Samples as StochasticSampling does; notes each build in $EXPLORATION_MARKER."""
+
+    def __init__(self, action_space, note: str = "built"):
+        self.action_space, self.note = action_space, note
+        with open(os.environ["EXPLORATION_MARKER"], "a") as f:
+            f.write(note + "\\n")
+
+    def choose(self, dist, explore, timestep, seed):
+        actions = dist.sample(seed=seed)
+        return actions, dist.logp(actions)
+
+
+register_exploration(Cautious, "Cautious")
+'''
+
+
+@pytest.mark.slow
+def test_a_custom_exploration_class_trains_ppo_from_the_command_line(tmp_path):
+    """`train ppo --import MODULE --set exploration_config={type: NAME, ...}`: one
+    iteration, the user's class built with its option in the run."""
+    (tmp_path / "cautious_exploration.py").write_text(CAUTIOUS)
+    marker = tmp_path / "built"
+    env = dict(
+        os.environ, TF_CPP_MIN_LOG_LEVEL="3", EXPLORATION_MARKER=str(marker), PYTHONPATH=str(REPO)
+    )
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "policy_service.cli.commands", "train", "ppo", "--env",
+         "CartPole-v1", "--import", "cautious_exploration",
+         "--set", "exploration_config={type: Cautious, note: hello}",
+         "--set", "train_batch_size=200", "--set", "minibatch_size=100", "--set", "num_epochs=1",
+         "--num-env-runners", "0", "--stop-iters", "1", "--output-dir", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((out / "result.json").read_text())["iteration"] == 1
+    assert "hello" in marker.read_text().split()
+    config = json.loads((out / "config.json").read_text())
+    assert config["exploration_config"] == {"type": "Cautious", "note": "hello"}
