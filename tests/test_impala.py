@@ -355,8 +355,10 @@ LEARNERS_ACT = policy_config(
 )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def appo_acting_in_learner(ray_local):
+    """One APPO run for the tests of TestALearnerActorsDeath, stopped after them: its
+    runners and learner hold 1.5 of the 2 CPUs, which later tests of the module need."""
     algo = APPO(LEARNERS_ACT)
     yield algo
     algo.stop()
@@ -372,55 +374,60 @@ def lose_a_fragment_to_the_dead_learner(stream, timeout_s: float = 60.0) -> None
     assert stream.lost_fragments > lost
 
 
-@pytest.mark.slow  # an APPO run, its learner actor started twice: ~30-60 s here
-def test_a_killed_acting_learner_is_replaced_and_every_runner_acts_through_the_new_one(
-    appo_acting_in_learner,
-):
-    algo = appo_acting_in_learner
-    algo.train()
-    [dead] = algo.learners.actors
-    version = algo.async_learning.version
-    ray.kill(dead)
-    stream = algo.async_learning.stream
-    lose_a_fragment_to_the_dead_learner(stream)
-    assert stream.runners_without_acting()  # not asked again until it has a new learner
-    it = algo.async_learning.run(min_steps=40)  # the driver replaces and hands over
-    assert it.learner_stats
-    [new] = algo.learners.actors
-    assert new != dead and algo.env_runners.inference_actors == [new]
-    assert ray.get([w.acting_actor.remote() for w in algo.env_runners.workers]) == [new, new]
-    assert stream.runners_without_acting() == []
-    # the new learner acts under the group's version, not from 0
-    acting = ray.get(new.weights_version.remote())
-    assert all(version <= v <= acting for v in algo.env_runners.weights_versions())
-    before = algo.timesteps_total
-    metrics = [algo.train() for _ in range(2)]
-    assert all(m["num_learner_restarts"] == 1 for m in metrics)  # one, whoever found it
-    assert algo.timesteps_total > before and metrics[-1]["learner_version"] > version
+class TestALearnerActorsDeath:
+    """An APPO run whose runners act through its learner actor, which dies."""
 
+    @pytest.mark.slow  # an APPO run, its learner actor started twice: ~30-60 s here
+    def test_a_killed_acting_learner_is_replaced_and_every_runner_acts_through_the_new_one(
+        self, appo_acting_in_learner
+    ):
+        algo = appo_acting_in_learner
+        algo.train()
+        [dead] = algo.learners.actors
+        version = algo.async_learning.version
+        ray.kill(dead)
+        stream = algo.async_learning.stream
+        lose_a_fragment_to_the_dead_learner(stream)
+        assert stream.runners_without_acting()  # not asked again until it has a new learner
+        it = algo.async_learning.run(min_steps=40)  # the driver replaces and hands over
+        assert it.learner_stats
+        [new] = algo.learners.actors
+        assert new != dead and algo.env_runners.inference_actors == [new]
+        assert ray.get([w.acting_actor.remote() for w in algo.env_runners.workers]) == [new, new]
+        assert stream.runners_without_acting() == []
+        # the new learner acts under the group's version, not from 0
+        acting = ray.get(new.weights_version.remote())
+        assert all(version <= v <= acting for v in algo.env_runners.weights_versions())
+        before = algo.timesteps_total
+        metrics = [algo.train() for _ in range(2)]
+        assert all(m["num_learner_restarts"] == 1 for m in metrics)  # one, whoever found it
+        assert algo.timesteps_total > before and metrics[-1]["learner_version"] > version
 
-@pytest.mark.slow  # continues the run above
-def test_acting_learners_resume_under_the_version_set_while_paused(appo_acting_in_learner):
-    """As a restore does: the learners act under the restored version, not their own."""
-    training = appo_acting_in_learner.async_learning
-    training.pause()
-    training.set_version(training.version + 5)
-    training.resume(appo_acting_in_learner.env_runner_group())
-    assert appo_acting_in_learner.env_runners.weights_versions() == [training.version] * 2
+    @pytest.mark.slow  # continues the run above
+    def test_acting_learners_resume_under_the_version_set_while_paused(
+        self, appo_acting_in_learner
+    ):
+        """As a restore does: the learners act under the restored version, not their own."""
+        training = appo_acting_in_learner.async_learning
+        training.pause()
+        training.set_version(training.version + 5)
+        training.resume(appo_acting_in_learner.env_runner_group())
+        assert appo_acting_in_learner.env_runners.weights_versions() == [training.version] * 2
 
-
-@pytest.mark.slow  # continues the run above
-def test_learners_dead_past_their_budget_end_the_run_in_one_line(
-    appo_acting_in_learner, monkeypatch
-):
-    monkeypatch.setattr(learner_group, "MAX_RESTARTS_PER_UPDATE", 0)
-    algo = appo_acting_in_learner
-    ray.kill(algo.learners.actors[0])
-    with pytest.raises(LearnerFailure) as failure:
-        for _ in range(3):
-            algo.train()
-    assert isinstance(failure.value, RunFailure)
-    assert_one_line(failure.value, "learner 0 died 1 times during one", "max_restarts_per_update=0")
+    @pytest.mark.slow  # continues the run above
+    def test_learners_dead_past_their_budget_end_the_run_in_one_line(
+        self, appo_acting_in_learner, monkeypatch
+    ):
+        monkeypatch.setattr(learner_group, "MAX_RESTARTS_PER_UPDATE", 0)
+        algo = appo_acting_in_learner
+        ray.kill(algo.learners.actors[0])
+        with pytest.raises(LearnerFailure) as failure:
+            for _ in range(3):
+                algo.train()
+        assert isinstance(failure.value, RunFailure)
+        assert_one_line(
+            failure.value, "learner 0 died 1 times during one", "max_restarts_per_update=0"
+        )
 
 
 def test_an_appo_run_syncs_its_runners_filters_with_its_weights():
