@@ -16,7 +16,8 @@ RLlib's PolicyClient methods, over the JSON protocol of serving.episode_api.
 "remote": every call but log_returns is one request on a keep-alive connection
 (http_connection.py); a reward goes with the episode's next call (one request a step).
 "local": the server's acting SavedModel is pulled (ExportedPolicy) and acts here
-(Box actions recorded as sampled, returned clipped to their bounds, as the server does);
+(actions recorded as sampled, returned as env runners send them to their envs: the
+server's normalize_actions / clip_actions, data/env_actions.py);
 steps are uploaded in batches (POST /v1/experiences) once update_interval_s has
 passed at a call, and the model is pulled again when the server's weights moved on.
 The last step of an open episode waits for its next call (its reward may grow),
@@ -37,6 +38,7 @@ import numpy as np
 
 from policy_service.client.http_connection import HttpConnection, NoAnswer
 from policy_service.data import spaces
+from policy_service.data.env_actions import EnvActionRule
 from policy_service.io.space_codec import space_from_json
 
 if TYPE_CHECKING:  # TensorFlow loads in local mode only
@@ -94,13 +96,16 @@ class PolicyClient:
         self.action_space = space_from_json(spec["action_space"])
         self._state_shapes = [tuple(s) for s in spec["state_shapes"]]
         self._action_dtype, self._action_shape = spaces.action_dtype_and_shape(self.action_space)
-        self._clips_actions = spaces.has_box_leaves(self.action_space)
+        self._env_actions: EnvActionRule | None = None  # local mode: the server's rule
         self._episodes: dict[str, _LocalEpisode] = {}
         self._rewards: dict[str, float] = {}  # remote: rewards logged, not yet sent
         self._local: ExportedPolicy | None = None
         self._steps_since_pull = 0
         self._last_upload = time.monotonic()
         if inference_mode == LOCAL:
+            self._env_actions = EnvActionRule(
+                self.action_space, spec["normalize_actions"], spec["clip_actions"]
+            )
             self.update_policy_weights()
 
     # ----- RLlib's PolicyClient methods ----------------------------------------------
@@ -139,9 +144,8 @@ class PolicyClient:
         episode.state = state_out
         self._steps_since_pull += 1
         self._record(episode_id, episode, observation, actions[0])  # as sampled
-        if self._clips_actions:  # the env gets Box actions within bounds, as from env runners
-            actions = spaces.clip_actions(self.action_space, actions)
-        return self._action(actions[0].tolist())
+        assert self._env_actions is not None
+        return self._action(np.asarray(self._env_actions.to_env(actions))[0].tolist())
 
     def log_action(self, episode_id: str, observation, action) -> None:
         """A step whose action the simulator chose itself."""

@@ -7,8 +7,10 @@ For each Box leaf with finite bounds:
   low + (a + 1) * (high - low) / 2, clipped to [low, high] (RLlib's unsquash_action);
 - else clip_actions: the env gets a clipped to [low, high];
 - else the action as it is.
-Discrete and MultiDiscrete leaves pass unchanged. `normalized` is the inverse map, for
-actions logged in the env's units.
+Discrete and MultiDiscrete leaves pass unchanged. `EnvActionRule` is the one place a
+policy's config turns into that step: env runners (single- and multi-agent), the episode
+server, a local-mode PolicyClient and `Algorithm.compute_single_action` go through it.
+`normalized` is the inverse map, for actions logged in the env's units.
 """
 
 from __future__ import annotations
@@ -18,7 +20,44 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from policy_service.data.spaces import action_leaf_values, action_leaves, nest_actions
+from policy_service.config import config_value
+from policy_service.data.spaces import (
+    action_leaf_values,
+    action_leaves,
+    has_box_leaves,
+    nest_actions,
+)
+
+
+class EnvActionRule:
+    """What the env gets for actions of a policy acting in `action_space`."""
+
+    def __init__(self, action_space: gym.Space, normalize: bool = False, clip: bool = True):
+        self.action_space, self.normalize, self.clip = action_space, bool(normalize), bool(clip)
+        # an unsupported leaf is named here, once; only Box leaves change on their way
+        self.changes_actions = has_box_leaves(action_space) and (self.normalize or self.clip)
+
+    @classmethod
+    def of(cls, action_space: gym.Space, config: Any) -> EnvActionRule:
+        """The rule a policy config (a dataclass, a dict or None) sets; a key it lacks
+        takes PolicyConfig's default (normalize_actions False, clip_actions True)."""
+        return cls(
+            action_space,
+            bool(config_value(config, "normalize_actions", False)),
+            bool(config_value(config, "clip_actions", True)),
+        )
+
+    def to_env(self, actions: Any) -> Any:
+        """Batched actions (leaves [B, ...]) as the env gets them."""
+        if not self.changes_actions:
+            return actions
+        return to_env(self.action_space, actions, self.normalize, self.clip)
+
+    def single_to_env(self, action: Any) -> Any:
+        """One unbatched action as the env gets it."""
+        if not self.changes_actions:
+            return action
+        return single_to_env(self.action_space, action, self.normalize, self.clip)
 
 
 def to_env(action_space: gym.Space, actions: Any, normalize: bool, clip: bool) -> Any:

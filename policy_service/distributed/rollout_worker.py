@@ -40,7 +40,7 @@ import tree
 
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.data import observation_filters, spaces
-from policy_service.data.env_actions import to_env
+from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
@@ -186,13 +186,9 @@ class RolloutWorker(ActingWeights):
             self._initial_state = call_retrying_once(policy_actor.get_initial_state)
         self._weights_version = 0
         self._num_grad_updates: int | None = None  # synced with the weights; batches name it
-        # an unsupported leaf is named here, once; only Box leaves change on their way
-        acting = config_for(policy_cls, policy_config)
-        self._action_rule = (
-            bool(getattr(acting, "normalize_actions", False)),
-            bool(getattr(acting, "clip_actions", True)),
+        self._env_actions_rule = EnvActionRule.of(  # an unsupported leaf is named here, once
+            self.action_space, config_for(policy_cls, policy_config)
         )
-        self._changes_actions = spaces.has_box_leaves(self.action_space) and any(self._action_rule)
         self._id_rng = np.random.default_rng()  # episode ids: unique, not reproducible
         self._next_unroll_id = self.worker_index * _UNROLL_IDS_PER_WORKER
         self._started = False
@@ -366,8 +362,7 @@ class RolloutWorker(ActingWeights):
         env_actions = self._env_actions
         if acted is not None:
             actions = acted.actions
-            if self._changes_actions:  # normalize_actions / clip_actions (env_actions.py)
-                actions = to_env(self.action_space, actions, *self._action_rule)
+            actions = self._env_actions_rule.to_env(actions)  # normalize / clip_actions
             env_actions = _with_rows(env_actions, acting, actions)
         start = time.perf_counter()
         new_obs, rewards, terminateds, truncateds, infos = self._venv.step(env_actions)

@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 import tree
 
+from policy_service.config import config_for
 from policy_service.data import spaces
+from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvError, checked_step
@@ -119,6 +121,14 @@ class MultiAgentSampler:
         self._no_action = {
             policy_id: spaces.zero_actions(action_space, 1)[0]
             for policy_id, action_space in agent_policies.spaces()[1].items()
+        }
+        # what each policy's agents send their env (normalize_actions, clip_actions)
+        action_spaces = agent_policies.spaces()[1]
+        self._env_actions = {
+            policy_id: EnvActionRule.of(
+                action_spaces[policy_id], config_for(spec.built_class(), spec.config)
+            )
+            for policy_id, spec in agent_policies.specs.items()
         }
 
     def sample(self) -> tuple[MultiAgentBatch, dict]:
@@ -240,9 +250,10 @@ class MultiAgentSampler:
                 obs, None, prev_actions, prev_rewards
             )
             actions = np.asarray(actions)
+            sent = np.asarray(self._env_actions[policy_id].to_env(actions))
             extra = {k: np.asarray(v) for k, v in extra.items()}
             for i, (sub, agent) in enumerate(acting):
-                action_dicts[id(sub)][agent] = actions[i]
+                action_dicts[id(sub)][agent] = sent[i]
                 sub.open[agent] = {
                     SampleBatch.OBS: _row(obs, i),
                     SampleBatch.ACTIONS: actions[i],

@@ -34,7 +34,7 @@ import numpy as np
 import tree
 
 from policy_service.data import nests, spaces
-from policy_service.data.env_actions import to_env
+from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.serving.episode_api import EpisodeUpload
@@ -83,13 +83,9 @@ class EpisodeRecorder:
             host.policy.action_space
         )
         self._initial_state = host.policy.get_initial_state()
-        config = getattr(host.policy, "config", None)  # as env runners send (env_actions.py)
-        self._action_rule = (
-            bool(getattr(config, "normalize_actions", False)),
-            bool(getattr(config, "clip_actions", True)),
-        )
-        self._changes_actions = spaces.has_box_leaves(host.policy.action_space) and any(
-            self._action_rule
+        # as env runners send (env_actions.py)
+        self._env_actions_rule = EnvActionRule.of(
+            host.policy.action_space, getattr(host.policy, "config", None)
         )
 
     # ----- the protocol --------------------------------------------------------------
@@ -115,8 +111,7 @@ class EpisodeRecorder:
         (normalize_actions, clip_actions: data/env_actions.py)."""
         async with self._locked(episode_id) as episode:
             actions, version = await self._record_steps(episode, obs, None)
-        if self._changes_actions:
-            actions = to_env(self.host.policy.action_space, actions, *self._action_rule)
+        actions = self._env_actions_rule.to_env(actions)
         return actions[0], version
 
     async def log_action(self, episode_id: str, obs, action: np.ndarray) -> None:

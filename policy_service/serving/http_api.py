@@ -378,6 +378,10 @@ def api_spec(policy, weights_version: int, max_request_bytes: int) -> dict:
         "model_outputs": ["actions", *[f"state_out_{i}" for i in range(len(schema.state_shapes))]],
         "request_fields": list(REQUEST_FIELDS),
         "explore_default": bool(policy.config.explore),  # when a request leaves it out
+        # what an env runner sends the env for an action (data/env_actions.py): the episode
+        # server's /action does it, a client acting locally does it itself
+        "normalize_actions": bool(getattr(policy.config, "normalize_actions", False)),
+        "clip_actions": bool(getattr(policy.config, "clip_actions", True)),
         "response_fields": list(RESPONSE_FIELDS),
         # one entry per action leaf: its place in "actions" (a list index or object key
         # per level; [] for a flat space), dtype and per-row shape
