@@ -136,10 +136,10 @@ def check_offline_config(config: Any) -> None:
             f"{prefix}.observation_filter must be 'NoFilter' with input (the logged "
             f"observations are trained on as they were written), got {config.observation_filter!r}"
         )
-    if offline and config.policies is not None:
+    if config.off_policy_estimation_methods is not None and config.policies is not None:
         raise ConfigError(
-            f"{prefix}.input: offline runs train one policy for now (the dataset's "
-            f"default_policy); unset policies, got {sorted(config.policies)}"
+            f"{prefix}.off_policy_estimation_methods: estimates score one policy (no "
+            f"policies); unset one of them, got policies {sorted(config.policies)}"
         )
     if config.off_policy_estimation_methods is not None:
         if not offline:

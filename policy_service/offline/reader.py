@@ -194,7 +194,7 @@ def _rows_of(leaf: Any, keep: np.ndarray) -> Any:
 def open_experiences(
     input: str | os.PathLike | Sequence[str | os.PathLike],
     *,
-    spaces: Mapping[str, tuple[gym.Space, gym.Space]] | None = None,
+    spaces: Mapping[str, tuple[gym.Space | None, gym.Space | None]] | None = None,
     require: Iterable[str] = (),
     name: str = "input",
 ) -> Experiences:
