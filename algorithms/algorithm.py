@@ -940,6 +940,17 @@ class Algorithm:
         from policy_service.distributed.resources import check_cluster_fits
 
         cfg = self.config
+        if offline_keys.is_offline(cfg):  # each policy reads its own logged rows
+            from algorithms.multi_agent_offline import offline_multi_agent_runners
+
+            offline, policies = offline_multi_agent_runners(cfg, self.policy_class, cfg.seed)
+            try:
+                trained = multi_agent.MultiAgentLearners(policies)
+            except BaseException:
+                offline.stop()
+                raise
+            offline.sync_weights(trained.get_weights(), version=0)
+            return cast("MultiAgentEnvRunnerGroup", offline), trained
         env, policies = multi_agent.resolve_policies(cfg, self.policy_class)
         env.close()  # it only showed the agents and spaces
         options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
@@ -1029,7 +1040,7 @@ class Algorithm:
 
         assert self.multi_agent is not None
         runners, learners = self.multi_agent
-        if self.config.seed is not None:
+        if self.config.seed is not None and not offline_keys.is_offline(self.config):
             self._past_worker_restarts += int(runners.num_restarts)
             runners.stop()
             seed = iteration_seed(self.config.seed, self.iteration)
