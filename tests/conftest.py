@@ -40,8 +40,8 @@ def custom_models_restored():
 class SharedRay:
     """One local Ray per pytest worker, shared by the test modules that ask for it
     one after another: starting Ray is seconds per module on 2 cores. A module gets
-    it only clean (every resource free again: no actor or placement group of an
-    earlier module left) and started with its RAY_RESOURCES; else Ray is started
+    it only clean (every resource free again, and no actor of an earlier module
+    alive or waiting to be placed) and started with its RAY_RESOURCES; else Ray is started
     afresh. A module that does not ask for it from its first test on finds no Ray,
     as it would alone (an Algorithm then starts and stops its own)."""
 
@@ -63,11 +63,21 @@ class SharedRay:
         import ray
 
         deadline = time.monotonic() + self.CLEAN_WAIT_S
-        while ray.available_resources() != ray.cluster_resources():
+        while ray.available_resources() != ray.cluster_resources() or self._actors_left():
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.1)
         return True
+
+    @staticmethod
+    def _actors_left() -> bool:
+        """Whether an earlier module's actor is alive or still waiting to be placed: one
+        waiting holds nothing yet, and takes the CPUs of the next module's placement
+        group the moment an actor of that module frees them (a Tune trial then waits
+        forever for its group)."""
+        from ray._private import state
+
+        return any(actor["State"] != "DEAD" for actor in state.actors().values())
 
     def shutdown(self) -> None:
         ray = sys.modules.get("ray")
