@@ -24,6 +24,7 @@ from policy_service.distributed.learner import resolve_fragments
 from policy_service.distributed.learner_thread import LearnerThread
 from policy_service.distributed.policy_actor import PolicyActor
 from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.runs.metrics_logger import Stat
 
 FAST_SCRIPT = {**SCRIPT, "step_sleep_s": 0.0}
 RUNNERS_WAIT_S = 0.3  # how long the runners are kept waiting on a full learner queue
@@ -117,7 +118,11 @@ class CountingLearners:
         self.entered.set()
         assert self.release.wait(60)
         self.updates += 1
-        return {"num_samples_trained": 4, "policy_lag_mean": 0.0, "policy_lag_max": 0}
+        return {
+            "num_samples_trained": Stat(4, "sum"),
+            "policy_lag_mean": Stat(0.0),
+            "policy_lag_max": Stat(0, "max"),
+        }
 
     def get_weights(self):
         return {"w": np.array([self.updates])}
@@ -252,11 +257,11 @@ def test_fragments_older_than_max_policy_lag_are_dropped_counted_and_never_train
     for batch in batches:
         assert thread.offer(batch)
     stats = run_to_the_end(thread)
-    assert [s["policy_lag_max"] for s in stats] == lag_maxes
-    assert all(s["policy_lag_max"] <= (np.inf if max_lag is None else max_lag) for s in stats)
+    assert [s["policy_lag_max"].value for s in stats] == lag_maxes
+    assert all(s["policy_lag_max"].value <= (np.inf if max_lag is None else max_lag) for s in stats)
     assert thread.dropped_fragments == len(dropped) and thread.version == len(lag_maxes)
     trained = [f[i].env_steps for i in range(len(f)) if i not in dropped]
-    assert sum(s["num_samples_trained"] for s in stats) == sum(trained)
+    assert sum(s["num_samples_trained"].value for s in stats) == sum(trained)
 
 
 @pytest.mark.slow  # Ray, 2 env runners and a PolicyActor: ~10-20 s here
@@ -299,7 +304,7 @@ def test_a_fragment_acted_partly_with_older_weights_is_judged_by_its_oldest_rows
     )
     assert thread.offer([fragment])
     stats = run_to_the_end(thread)
-    assert [s["policy_lag_max"] for s in stats] == [0] or not stats  # fails: [4]
+    assert [s["policy_lag_max"].value for s in stats] == [0] or not stats  # fails: [4]
     assert fragment.weights_version == acted.min()  # "the oldest weights version that acted"
 
 

@@ -19,6 +19,7 @@ from policy_service.distributed.async_learning import AsyncLearning, AsyncSettin
 from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread, deal
+from policy_service.runs.metrics_logger import Stat
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.005}
@@ -217,7 +218,12 @@ class RecordingLearners:
     def update_on_fragments(self, shards, version, num_sgd_steps, policy_id):
         self.updates.append((policy_id, shards))
         rows = sum(f["rows"] for shard in shards for f in shard)
-        return {"num_samples_trained": rows, "policy_lag_mean": 1.0, "policy_lag_max": 2, "x": 1.0}
+        return {
+            "num_samples_trained": Stat(rows, "sum"),
+            "policy_lag_mean": Stat(1.0),
+            "policy_lag_max": Stat(2, "max"),
+            "x": Stat(1.0),
+        }
 
     def get_weights(self):
         return {"w": np.zeros(1)}
@@ -257,13 +263,13 @@ def test_each_policy_trains_on_the_fragments_holding_its_rows_or_sits_the_batch_
     assert updates == [("pa", [[fragments[0].batch, fragments[1].batch]])]
     [stats] = thread.take_results()
     assert stats == {
-        "pa/num_samples_trained": 24,
-        "pa/policy_lag_mean": 1.0,
-        "pa/policy_lag_max": 2,
-        "pa/x": 1.0,
-        "num_samples_trained": 24,
-        "policy_lag_mean": 1.0,
-        "policy_lag_max": 2,
+        "pa/num_samples_trained": Stat(24, "sum"),
+        "pa/policy_lag_mean": Stat(1.0),
+        "pa/policy_lag_max": Stat(2, "max"),
+        "pa/x": Stat(1.0),
+        "num_samples_trained": Stat(24, "sum"),
+        "policy_lag_mean": Stat(1.0),
+        "policy_lag_max": Stat(2, "max"),
     }
     assert thread.version == 1 and thread.dropped_fragments == 1  # the batch nobody trained on
     version, weights = thread.take_weights()
@@ -367,9 +373,9 @@ def test_two_learner_actors_train_on_their_own_fragments_as_one_device(runners):
         fakes.assert_weights_close(one.get_weights(), group.get_weights())
         assert group.weights_identical()
         rows = sum(b.count for b in batches)
-        assert stats["num_samples_trained"] == rows
+        assert stats["num_samples_trained"] == Stat(rows, "sum")  # over updates: summed
         lags = np.concatenate([3 - np.asarray(b["weights_version"]) for b in batches])
-        assert stats["policy_lag_mean"] == pytest.approx(lags.mean())
-        assert stats["policy_lag_max"] == lags.max()
+        assert stats["policy_lag_mean"].value == pytest.approx(lags.mean())
+        assert stats["policy_lag_max"] == Stat(lags.max(), "max")
     finally:
         group.stop()

@@ -4,7 +4,7 @@
     while True:
         it = training.run(min_steps=500)       # until >= 500 env steps and >= 1 update
         it.fragment_metrics                    # each fragment's sample() metrics
-        it.learner_stats                       # each update's statistics
+        it.learner_stats                       # each update's Stats (metrics_logger.py)
         it.report                              # policy lag, queue fill, idle times, losses
     training.stop()
 
@@ -31,8 +31,7 @@ from dataclasses import dataclass, field
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread
-from policy_service.engine.loss_output import PER_ROW
-from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
+from policy_service.runs.metrics_logger import reduce_stats, stat_values
 
 _POLL_S = 0.01
 
@@ -64,7 +63,7 @@ class AsyncIteration:
     """What one `run` saw."""
 
     fragment_metrics: list[dict] = field(default_factory=list)
-    learner_stats: list[dict] = field(default_factory=list)
+    learner_stats: list[dict] = field(default_factory=list)  # reduced by their rules
     report: dict = field(default_factory=dict)
 
 
@@ -143,7 +142,7 @@ class AsyncLearning:
             "num_fragments_lost": self.stream.lost_fragments - lost,
             "num_learner_updates": len(it.learner_stats),
             "learner_version": self.version,
-            **combine_update_stats(it.learner_stats),
+            **stat_values(reduce_stats(it.learner_stats)),
         }
         return it
 
@@ -202,21 +201,3 @@ class AsyncLearning:
     def stop(self) -> None:
         self.thread.stop()
         self.stream.forget()
-
-
-def combine_update_stats(stats: list[dict]) -> dict:
-    """Updates' statistics -> one dict: means, a policy lag's max as the max, the
-    last count of updates, and the samples trained summed, each over the updates that
-    have it (a multi-agent policy sits out an update without rows of its own)."""
-    combined: dict = {}
-    for key in dict.fromkeys(k for s in stats for k in s if k != PER_ROW):
-        values = [s[key] for s in stats if key in s]
-        if key.endswith("policy_lag_max"):
-            combined[key] = max(values)
-        elif key.endswith("num_grad_updates_lifetime"):
-            combined[key] = values[-1]
-        elif key.endswith(NUM_SAMPLES_TRAINED):
-            combined[key] = sum(values)
-        else:
-            combined[key] = sum(values) / len(values)
-    return combined

@@ -27,6 +27,7 @@ from policy_service.data.sample_batch import concat_samples
 from policy_service.data.train_batches import TrainColumns
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.policy.learning_results import valid_rows_only
+from policy_service.runs.metrics_logger import Stat
 
 POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS = "policy_lag_sum", "policy_lag_max", "lag_rows"
 
@@ -66,14 +67,14 @@ class FragmentUpdate:
 
     def finish(self) -> dict:
         """The last step's statistics (after_async_update sees them), the steps made
-        and the rows' policy lags."""
+        and the rows' policy lags (Stats: summed, or the max, over the group's learners)."""
         self.learner.policy.after_async_update(self.stats)
         return {
             **valid_rows_only(self.stats, self.train),
             "num_sgd_steps": self.num_sgd_steps,
-            POLICY_LAG_SUM: float(self.lags.sum()),
-            POLICY_LAG_MAX: int(self.lags.max()),
-            POLICY_LAG_ROWS: len(self.lags),
+            POLICY_LAG_SUM: Stat(float(self.lags.sum()), "sum"),
+            POLICY_LAG_MAX: Stat(int(self.lags.max()), "max"),
+            POLICY_LAG_ROWS: Stat(len(self.lags), "sum"),
         }
 
 

@@ -58,11 +58,14 @@ from policy_service.io import checkpoints
 from policy_service.policy import call_arguments
 from policy_service.policy.batch_learning import BatchLearning, sampler_grad_updates
 from policy_service.policy.learning_results import (
+    NUM_GRAD_UPDATES_LIFETIME,
+    NUM_SAMPLES_TRAINED,
+    samples_trained,
     valid_rows_only,
     with_sampler_lead,
-    with_samples_trained,
 )
 from policy_service.policy.policy_spec import PolicySpec
+from policy_service.runs.metrics_logger import Stat, reduce_stats
 
 if TYPE_CHECKING:  # for the annotation only: the learners build the policy
     from policy_service.policy.tf_policy import TFPolicy
@@ -245,11 +248,12 @@ class LearnerGroup(BatchLearning):
     ) -> dict:
         """Asynchronous learning: learner i reads and trains on its own fragments
         (ObjectRefs: no copy passes through the driver), `num_sgd_steps` steps on
-        them all, combined across learners as every step is -> statistics with
-        "num_samples_trained", "policy_lag_mean" and "policy_lag_max" (in updates,
-        learner_version - the version that acted, over every row). Dead learners
-        are replaced as in `update`, and the update run again. policy_id: the
-        fragments are MultiAgentBatches; the policy learns on its rows of them."""
+        them all, combined across learners as every step is -> statistics as Stats
+        (metrics_logger.py) with "num_samples_trained", "policy_lag_mean" and
+        "policy_lag_max" (in updates, learner_version - the version that acted, over
+        every row). Dead learners are replaced as in `update`, and the update run
+        again. policy_id: the fragments are MultiAgentBatches; the policy learns on its
+        rows of them."""
         if len(fragments_per_learner) != self._size or not all(fragments_per_learner):
             raise ValueError(
                 f"update_on_fragments needs fragments for each of {self._size} learner(s), "
@@ -262,15 +266,15 @@ class LearnerGroup(BatchLearning):
         )
         self._acting_version = learner_version + 1  # what the acting learners marked
         self._learners.keep_state_copy()
-        stats = {
-            k: v
-            for k, v in results[0].items()
-            if k not in (POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS)
-        }
-        rows = sum(r[POLICY_LAG_ROWS] for r in results)
-        stats["policy_lag_mean"] = sum(r[POLICY_LAG_SUM] for r in results) / rows
-        stats["policy_lag_max"] = max(r[POLICY_LAG_MAX] for r in results)
-        return with_samples_trained(stats)
+        lag_keys = (POLICY_LAG_SUM, POLICY_LAG_MAX, POLICY_LAG_ROWS)
+        lags = reduce_stats({k: r[k] for k in lag_keys} for r in results)
+        # the policy's statistics, the same on every learner: over updates, their means
+        stats = {k: Stat(v) for k, v in results[0].items() if k not in (*lag_keys, PER_ROW)}
+        stats[NUM_GRAD_UPDATES_LIFETIME] = Stat(results[0][NUM_GRAD_UPDATES_LIFETIME], "last")
+        stats["policy_lag_mean"] = Stat(lags[POLICY_LAG_SUM].value / lags[POLICY_LAG_ROWS].value)
+        stats["policy_lag_max"] = lags[POLICY_LAG_MAX]
+        stats[NUM_SAMPLES_TRAINED] = Stat(samples_trained(results[0]), "sum")
+        return stats
 
     def _learn(
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int

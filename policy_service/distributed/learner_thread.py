@@ -4,7 +4,7 @@
                            broadcast_interval=1, max_policy_lag=None)
     thread.start()
     thread.offer(fragments)        # False when the queue is full: the caller waits
-    thread.take_results()          # statistics of the updates done since the last call
+    thread.take_results()          # each update's Stats since the last call (metrics_logger.py)
     thread.take_weights()          # (version, weights) every broadcast_interval updates
     thread.last_gradients()        # the learners' last gradients, between two updates
     thread.stop()
@@ -31,8 +31,8 @@ import threading
 import time
 
 from policy_service.distributed.fragment_stream import Fragment
-from policy_service.engine.loss_output import PER_ROW
 from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
+from policy_service.runs.metrics_logger import reduce_stats
 
 _IDLE_POLL_S = 0.05
 
@@ -149,7 +149,7 @@ class LearnerThread(threading.Thread):
         if not results:  # nothing to train on
             self.dropped_fragments += len(fresh)
             return
-        stats = combine_policy_stats(results)
+        stats = update_stats(results)
         self.version += 1
         for policy_id, group in self.groups.items():
             if policy_id not in results:  # sat out: its weights are its latest all the same
@@ -188,18 +188,21 @@ def by_policy(results: dict):
     return results[None] if None in results else results
 
 
-def combine_policy_stats(results: dict) -> dict:
-    """One update's statistics from each policy's (policy id -> LearnerGroup stats;
-    None: a single-agent run's, returned as they are): each as "<policy id>/<stat>",
-    plus the samples trained summed and the policy lag over all of their rows."""
+def update_stats(results: dict) -> dict:
+    """One update's Stats from each trained policy's (policy id -> its LearnerGroup's;
+    None: a single-agent run's, as they are): each as "<policy id>/<stat>", and over all
+    policies' rows the samples trained, the policy lag's mean (weighted by them) and max."""
     if None in results:
         return results[None]
-    trained = {p: r[NUM_SAMPLES_TRAINED] for p, r in results.items()}
-    rows = sum(trained.values())
+    rows = [r[NUM_SAMPLES_TRAINED].value for r in results.values()]
+    over_policies = reduce_stats(
+        [
+            {k: r[k] for k in (NUM_SAMPLES_TRAINED, "policy_lag_mean", "policy_lag_max")}
+            for r in results.values()
+        ],
+        weights=rows,
+    )
     return {
-        **{f"{p}/{k}": v for p, r in results.items() for k, v in r.items() if k != PER_ROW},
-        NUM_SAMPLES_TRAINED: rows,
-        "policy_lag_mean": sum(r["policy_lag_mean"] * trained[p] for p, r in results.items())
-        / max(rows, 1),
-        "policy_lag_max": max(r["policy_lag_max"] for r in results.values()),
+        **{f"{p}/{k}": stat for p, r in results.items() for k, stat in r.items()},
+        **over_policies,
     }

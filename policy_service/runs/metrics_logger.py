@@ -8,13 +8,21 @@ with: "mean", "min", "max" over the values of this iteration (or, with `window`,
 the last `window` values logged, across iterations), "sum" of this iteration's values,
 "last" the newest value. The rule travels with the value, so nothing is combined by
 guessing from a key's name. A key logged with two rules is refused in one line.
+
+Statistics the library computes (a learner update's, a policy's, an env runner's)
+travel the same way: each is a `Stat` (value, rule) from where it is computed, and
+`reduce_stats` combines several dicts of them (updates, learners, policies) by those
+rules, the one reduction both paths share (`reduce_values`):
+
+    update = {"total_loss": Stat(0.5), "policy_lag_max": Stat(3, "max")}
+    reduce_stats([update, next_update])  # -> {"total_loss": Stat(mean), ...}
 """
 
 from __future__ import annotations
 
 import collections
-import math
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 REDUCE_RULES = ("mean", "min", "max", "sum", "last")
 
@@ -89,11 +97,47 @@ class LoggedMetrics:
         return reduced
 
 
-def reduce_values(reduce: str, values: list[float]) -> float:
+class Stat(NamedTuple):
+    """A statistic where it was computed: its value and the rule (REDUCE_RULES) that
+    combines it with its key's values from other updates, learners or policies."""
+
+    value: Any
+    reduce: str = "mean"
+
+
+def reduce_stats(
+    stats: Iterable[Mapping[str, Stat]], weights: Sequence[float] | None = None
+) -> dict[str, Stat]:
+    """Each key's Stats over the dicts that hold it (in order), combined by its rule;
+    a "mean" weighted by the dicts' `weights` (default: equal). A key given two rules
+    is refused in one line."""
+    stats = list(stats)
+    weights = [1] * len(stats) if weights is None else list(weights)
+    reduced = {}
+    for key in dict.fromkeys(k for s in stats for k in s):
+        held = [(s[key], w) for s, w in zip(stats, weights) if key in s]
+        rules = {stat.reduce for stat, _ in held}
+        if len(rules) != 1:
+            raise ValueError(f"statistics: {key!r} must have one reduce rule, got {sorted(rules)}")
+        [rule] = rules
+        check_rule(key, rule, None)
+        values = [stat.value for stat, _ in held]
+        reduced[key] = Stat(reduce_values(rule, values, [w for _, w in held]), rule)
+    return reduced
+
+
+def stat_values(stats: Mapping[str, Stat]) -> dict[str, Any]:
+    """The values alone, for results."""
+    return {key: stat.value for key, stat in stats.items()}
+
+
+def reduce_values(reduce: str, values: list, weights: list | None = None):
+    """One key's values by `reduce`; "mean" weighted by `weights` (default: equal)."""
     if reduce == "mean":
-        return math.fsum(values) / len(values)
+        weights = [1] * len(values) if weights is None else weights
+        return sum(v * w for v, w in zip(values, weights)) / sum(weights)
     if reduce == "sum":
-        return math.fsum(values)
+        return sum(values)
     if reduce == "last":
         return values[-1]
     return min(values) if reduce == "min" else max(values)
