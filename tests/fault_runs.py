@@ -59,13 +59,6 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, children first."""
-    children = Path(f"/proc/{pid}/task/{pid}/children")
-    found = [int(c) for c in children.read_text().split()] if children.exists() else []
-    return found + [d for c in found for d in descendants(c)]
-
-
 def error_line(err: str) -> str:
     """The one "policy-service: error:" line of a command run in this process, whose
     stderr also holds what the test's own Ray forwards from its actors."""

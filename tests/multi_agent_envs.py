@@ -20,6 +20,9 @@ import numpy as np
 from policy_service.multi_agent.env import ALL, MultiAgentEnv
 
 CUES = 4
+RANDOM_RETURN = 8 / CUES  # TwoMapsEnv: an 8-step episode, one action in CUES paid
+# agent a's and agent b's paid action for each cue
+A_MAP, B_MAP = list(range(CUES)), [(c + 1) % CUES for c in range(CUES)]
 
 
 def by_agent(agent, episode, **kwargs):
@@ -39,6 +42,24 @@ def two_maps_config(**changes) -> dict:
         "policy_mapping_fn": by_agent,
         **changes,
     }
+
+
+def greedy_actions(policy, agent_index: int) -> list:
+    """The policy's greedy action for each cue, seen as agent `agent_index`."""
+    obs = np.zeros((CUES, CUES + 2), np.float32)
+    obs[np.arange(CUES), np.arange(CUES)] = 1.0
+    obs[:, CUES + agent_index] = 1.0
+    return np.asarray(policy.compute_actions(obs, explore=False)[0]).tolist()
+
+
+def train_until_policies_reach(algo, policy_ids, iterations=20, target=0.8 * 8):
+    """Train until each of `policy_ids` earns `target` of the 8 an episode pays, or for
+    `iterations` iterations -> the last result."""
+    for _ in range(iterations):
+        result = algo.train()
+        if all(result["policy_reward_mean"][p] >= target for p in policy_ids):
+            break
+    return result
 
 
 class TwoMapsEnv(MultiAgentEnv):

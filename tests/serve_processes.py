@@ -135,22 +135,6 @@ class Server:
         return self.proc.returncode
 
 
-def process_tree(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        tree.add(pid)
-        todo.extend(children.get(pid, []))
-    return tree
-
-
 def tcp_listeners() -> list[tuple[str, int]]:
     out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=30).stdout
     found = []

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import yaml
 from fakes import assert_weights_close, weights_differ
-from test_impala_learning import train_until
+from learning_runs import train_until
 
 from algorithms import get_algorithm_class
 from algorithms.a3c import A3C, A3CConfig, A3CPolicy

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import yaml
 from cli_processes import command_env
+from external_env_processes import REPO, TOKEN, clients
 from fakes import assert_one_line, weights_differ
 from ports import free_port
-from test_external_env import REPO, TOKEN, clients
 
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN

@@ -3,13 +3,13 @@ runners (slow: a minute or more each on 2 cores); the gradients of 2 learner act
 equal one device's."""
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import ray
 import yaml
 from fakes import assert_weights_close, weights_differ
+from learning_runs import train_until
 
 from algorithms.appo import APPO, APPOPolicy
 from algorithms.impala import IMPALA, IMPALAPolicy
@@ -30,23 +30,6 @@ MAX_STEPS = {"impala": 1_500_000, "appo": 600_000}
 # command that reproduces it) and APPO's time to it measured by benchmarks/async_training.py;
 # here it cost several times the env steps (IMPALA: 219k-970k) and proved nothing more.
 CARTPOLE_LEARNED = 150
-
-
-def train_until(
-    algo, stop_return: float, max_steps: int, ready=lambda last: True
-) -> tuple[dict, float]:
-    """Train until the return reaches `stop_return` once `ready(last result)` (e.g. a
-    fault has landed and been repaired: a fast machine may learn before the first), or
-    `max_steps` env steps."""
-    start = time.perf_counter()
-    try:
-        while True:
-            last = algo.train()
-            reached = last["episode_return_mean"] >= stop_return and ready(last)
-            if reached or last["timesteps_total"] >= max_steps:
-                return last, time.perf_counter() - start
-    finally:
-        algo.stop()
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from ports import free_port
+from process_trees import descendants
 
 VENV_BIN = Path(sys.executable).parent
 CLI = str(VENV_BIN / "policy-service")
@@ -32,33 +33,10 @@ TIMEOUT_S = 240
 pytestmark = pytest.mark.slow
 
 
-def _children_of() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    tree, found, todo = _children_of(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def _kill_tree(process: subprocess.Popen) -> None:
     """SIGKILL the head, all its descendants (workers start their own sessions)
     and its process group (helpers orphaned earlier)."""
-    for pid in [process.pid] + _descendants(process.pid):
+    for pid in [process.pid] + descendants(process.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

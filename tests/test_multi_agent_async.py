@@ -9,8 +9,16 @@ import numpy as np
 import pytest
 import ray
 from fakes import assert_one_line
-from multi_agent_envs import TwoMapsEnv, by_agent, two_maps_config
-from test_multi_agent_ppo import A_MAP, B_MAP, RANDOM_RETURN, greedy_actions, train_until
+from multi_agent_envs import (
+    A_MAP,
+    B_MAP,
+    RANDOM_RETURN,
+    TwoMapsEnv,
+    by_agent,
+    greedy_actions,
+    train_until_policies_reach,
+    two_maps_config,
+)
 
 from algorithms import register_env
 from algorithms.a3c import A3C
@@ -190,7 +198,7 @@ def test_two_mapped_policies_each_learn_their_own_map(ray_local, algo_cls, infer
         learning["rollout_fragment_length"] = 8
     algo = algo_cls(learning)
     try:
-        result = train_until(algo, list(POLICY_IDS), iterations=40)
+        result = train_until_policies_reach(algo, list(POLICY_IDS), iterations=40)
         assert min(result["policy_reward_mean"].values()) >= 0.8 * 8 > 3 * RANDOM_RETURN, result[
             "policy_reward_mean"
         ]

@@ -4,7 +4,15 @@ return; on TwoMapsEnv two mapped policies, or one shared policy, learn each map.
 
 import numpy as np
 import pytest
-from multi_agent_envs import CUES, TwoMapsEnv, by_agent
+from multi_agent_envs import (
+    A_MAP,
+    B_MAP,
+    RANDOM_RETURN,
+    TwoMapsEnv,
+    by_agent,
+    greedy_actions,
+    train_until_policies_reach,
+)
 from multi_agent_envs import two_maps_config as config
 
 from algorithms import register_env
@@ -17,7 +25,6 @@ from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
-RANDOM_RETURN = 8 / CUES  # an 8-step episode, one action in CUES paid
 
 
 @pytest.fixture(scope="module")
@@ -71,29 +78,11 @@ def test_multi_agent_runs_refuse_what_they_do_not_do_yet_in_one_line():
         PPO(config(env="CartPole-v1"))
 
 
-def greedy_actions(policy, agent_index: int) -> list:
-    obs = np.zeros((CUES, CUES + 2), np.float32)
-    obs[np.arange(CUES), np.arange(CUES)] = 1.0
-    obs[:, CUES + agent_index] = 1.0
-    return np.asarray(policy.compute_actions(obs, explore=False)[0]).tolist()
-
-
-def train_until(algo, policy_ids, iterations=20, target=0.8 * 8):
-    for _ in range(iterations):
-        result = algo.train()
-        if all(result["policy_reward_mean"][p] >= target for p in policy_ids):
-            break
-    return result
-
-
-A_MAP, B_MAP = list(range(CUES)), [(c + 1) % CUES for c in range(CUES)]
-
-
 @pytest.mark.slow
 def test_two_mapped_policies_each_learn_their_own_map():
     algo = PPO(config())
     try:
-        result = train_until(algo, ["pa", "pb"])
+        result = train_until_policies_reach(algo, ["pa", "pb"])
         assert min(result["policy_reward_mean"].values()) >= 0.8 * 8 > 3 * RANDOM_RETURN, result[
             "policy_reward_mean"
         ]
@@ -109,7 +98,7 @@ def test_one_shared_policy_learns_both_maps_from_the_agent_index():
         config(policies={"shared": None}, policy_mapping_fn=lambda agent, episode, **kw: "shared")
     )
     try:
-        result = train_until(algo, ["shared"])
+        result = train_until_policies_reach(algo, ["shared"])
         assert result["policy_reward_mean"]["shared"] >= 0.8 * 8, result["policy_reward_mean"]
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
         shared = algo.get_policy("shared")
@@ -186,7 +175,7 @@ def test_a_policys_chunks_postprocessed_together_match_each_alone():
 def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_local, sampling):
     algo = PPO(config(**sampling))
     try:
-        result = train_until(algo, ["pa", "pb"])
+        result = train_until_policies_reach(algo, ["pa", "pb"])
         assert min(result["policy_reward_mean"].values()) >= 0.8 * 8, result["policy_reward_mean"]
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
         assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from pettingzoo_envs import CONNECT_FOUR, games_won_against_random
 
 from algorithms.ppo import PPO
 from policy_service.multi_agent.env import ALL, checked_step
@@ -16,7 +17,6 @@ from policy_service.multi_agent.pettingzoo_env import make_pettingzoo_env
 pytestmark = pytest.mark.slow
 
 SPREAD = "pettingzoo:mpe2.simple_spread_v3"
-CONNECT_FOUR = "pettingzoo:pettingzoo.classic.connect_four_v3"
 TICTACTOE = "pettingzoo:pettingzoo.classic.tictactoe_v3"
 
 
@@ -77,32 +77,6 @@ def test_simple_spread_beats_a_random_policy_by_a_clear_margin():
     )
     assert result["agent_timesteps_total"] == 3 * result["timesteps_total"]
     assert trained >= random_mean + margin, (trained, random_mean)
-
-
-def games_won_against_random(policy, games: int, seed: int, name: str = CONNECT_FOUR) -> float:
-    """The share of `games` the policy (greedy) wins against a uniformly random legal
-    player, moving first in half of them; an illegal move would end the test."""
-    env = make_pettingzoo_env(name, {})
-    rng = np.random.default_rng(seed)
-    wins = 0
-    for game in range(games):
-        learner = env.possible_agents[game % 2]
-        obs, _ = env.reset(seed=seed + game)
-        result, over = 0.0, False
-        while not over:
-            [(agent, observation)] = obs.items()
-            legal = np.flatnonzero(observation["action_mask"])
-            if agent == learner:
-                move = int(policy.compute_single_action(observation, explore=False)[0])
-                assert move in legal, (move, legal)
-            else:
-                move = int(rng.choice(legal))
-            obs, rewards, terminateds, truncateds, _ = checked_step(env, {agent: move})
-            result += rewards.get(learner, 0.0)
-            over = terminateds[ALL] or truncateds[ALL]
-        wins += result > 0
-    env.close()
-    return wins / games
 
 
 def self_play_won(name: str, moves: int, **changes) -> tuple[float, dict]:

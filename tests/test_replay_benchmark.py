@@ -8,7 +8,7 @@ the ceiling beside ours and the memory ratios.
 import json
 
 import pytest
-from test_benchmarks import measurements, run_smoke
+from benchmark_runs import measurements, run_smoke
 
 pytestmark = pytest.mark.slow  # a benchmark child process; CI runs it (make test-slow)
 

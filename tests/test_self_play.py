@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from multi_agent_envs import TwoMapsEnv
 from multi_agent_envs import two_maps_config as config
-from test_pettingzoo_learning import games_won_against_random
+from pettingzoo_envs import games_won_against_random
 
 from algorithms import register_env
 from algorithms.ppo import PPO

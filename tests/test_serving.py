@@ -28,7 +28,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from ports import free_port
-from serve_processes import REPO, Server, process_tree, tcp_listeners
+from process_trees import process_tree
+from serve_processes import REPO, Server, tcp_listeners
 
 from policy_service.serving import http_api
 from policy_service.serving.deployment import ServingSettings, deployment_options

@@ -19,7 +19,8 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
-from serve_processes import Server, process_tree
+from process_trees import process_tree
+from serve_processes import Server
 from waiting import wait_until
 
 from policy_service.serving import http_api

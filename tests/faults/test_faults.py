@@ -28,12 +28,12 @@ import ray
 from fault_runs import (
     REPO,
     TINY,
-    descendants,
     error_line,
     one_error_line,
     subprocess_env,
 )
 from ports import free_port
+from process_trees import descendants
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from algorithms.ppo import PPOPolicy
