@@ -41,6 +41,7 @@ from policy_service.policy.policy_config import (
     entropy_coeff_setting,
 )
 from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
+from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
 _POLL_S = 0.01
 
@@ -179,7 +180,11 @@ class A3C(AsyncAlgorithm):
             "learner_version": self.version,
             "num_fragments_lost": self.gradients.lost_fragments - lost,
             "env_runner_idle_time_s": self.gradients.env_runner_idle_s - idle,
-            **mean_gradient_stats(arrived),
+            # each fragment's loss statistics (means over its rows): their mean, over
+            # the fragments that have them (a policy gives none without its rows)
+            **stat_values(
+                reduce_stats({k: Stat(v) for k, v in m["gradient_stats"].items()} for m in arrived)
+            ),
         }
 
     def _apply(self, fragment: Fragment) -> int:
@@ -224,11 +229,3 @@ class A3C(AsyncAlgorithm):
         if getattr(self, "gradients", None) is not None:  # a failed setup has none
             self.gradients.forget()  # its requests read, a runner still starting installed
         super().stop()
-
-
-def mean_gradient_stats(metrics: list[dict]) -> dict:
-    """The runners' loss statistics, each averaged over the gradients that have it (a
-    multi-agent policy gives none for a fragment without its rows)."""
-    stats = [m["gradient_stats"] for m in metrics]
-    keys = dict.fromkeys(k for s in stats for k in s)
-    return {k: sum(s[k] for s in stats if k in s) / sum(k in s for s in stats) for k in keys}

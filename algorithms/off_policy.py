@@ -40,6 +40,7 @@ from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.policy.exploration import exploration_class
 from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
+from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
 TD_ERROR = "td_error"  # the loss's per-row |TD error| (result["per_row"]["td_error"])
 
@@ -357,8 +358,8 @@ class ReplayAlgorithm(Algorithm):
     def training_step(self) -> dict:
         cfg = self.config
         steps_before = self.timesteps_total
-        totals: dict[str, float] = {}
-        num_steps = 0
+        calls: list[dict] = []  # each learning call's statistics and its SGD steps
+        steps: list[int] = []
         while self.timesteps_total - steps_before < cfg.min_sample_timesteps_per_iteration:
             self.set_exploration_timestep()
             self._sample_into_replay()
@@ -375,17 +376,20 @@ class ReplayAlgorithm(Algorithm):
             if not self.replays:  # no policy is trained
                 due = 0
             if due:
+                # each call's statistics, over the iteration: their mean weighted by
+                # the call's SGD steps
                 stats = self.learn_on_replay(due)
-                for key, value in stats.items():
-                    totals[key] = totals.get(key, 0.0) + float(value) * due
-                num_steps += due
-        stats = {
-            key: value / num_steps
-            for key, value in totals.items()
-            if key.rpartition("/")[2] != "num_sgd_steps"
-        }
+                calls.append(
+                    {
+                        key: Stat(float(value))
+                        for key, value in stats.items()
+                        if key.rpartition("/")[2] != "num_sgd_steps"  # counted below
+                    }
+                )
+                steps.append(due)
+        stats = stat_values(reduce_stats(calls, weights=steps))
         stats.update(
-            num_sgd_steps_this_iter=num_steps,
+            num_sgd_steps_this_iter=sum(steps),
             num_sgd_steps_total=self.num_sgd_steps_total,
             replay_buffer_size=sum(len(replay) for replay in self.replays.values()),
             **self.exploration_stats(),
