@@ -505,6 +505,8 @@ class Algorithm:
         # Fake GPUs must exist before TensorFlow initializes (the local worker's
         # policy initializes it), so the learner's devices are prepared first.
         cfg = self.config
+        if offline_keys.is_offline(cfg):  # a sample moves the read position a checkpoint keeps
+            self.sampling_changes_state = True
         if cfg._fake_gpus and cfg.num_gpus > 0 and cfg.num_learners == 0:
             devices.prepare_process(max(1, math.ceil(cfg.num_gpus)))
         uses_ray = (
@@ -1024,7 +1026,8 @@ class Algorithm:
         if self.multi_agent is not None:
             self._restart_multi_agent_sampling()
             return
-        if self.config.seed is not None and not self.config.external_env:
+        offline = offline_keys.is_offline(self.config)  # reads on: its position is checkpointed
+        if self.config.seed is not None and not self.config.external_env and not offline:
             stats = self._filter_stats()
             self._past_worker_restarts += int(self.env_runners.num_restarts)
             self.env_runners.stop()
@@ -1132,10 +1135,12 @@ class Algorithm:
             else:
                 self.multi_agent[1].save(tmp, learner_state)
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
+            position = self._save_read_position(tmp)  # an offline run's, to read on from
             checkpoints.save_json(
                 tmp / checkpoints.ALGORITHM_STATE,
                 {
                     **self._multi_agent_state(),
+                    **position,
                     "algorithm_class": checkpoints.class_path(type(self)),
                     "config": self.config_json(),
                     "iteration": self.iteration,
@@ -1194,6 +1199,7 @@ class Algorithm:
             checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
         )
         self.check_algorithm_state(own)
+        position = self._checked_read_position(directory, saved)
         self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
         if self._filter_stats() is not None:
             [self.env_runner_group().filter_stats, *_] = self.learners.foreach_policy(
@@ -1202,6 +1208,7 @@ class Algorithm:
         self.set_algorithm_state(own)
         self._restore_counters(saved)
         self._restart_sampling()
+        self._set_read_position(position)
         self._restore_worker_restarts(saved)
         self.callbacks.call("on_checkpoint_loaded", algorithm=self)
 
@@ -1225,7 +1232,9 @@ class Algorithm:
         )
         self.check_algorithm_state(own)
         learners = self.multi_agent[1]
-        learners.set_states(learners.read_checked(directory, saved))
+        states = learners.read_checked(directory, saved)
+        position = self._checked_read_position(directory, saved)
+        learners.set_states(states)
         self.set_algorithm_state(own)
         self._restore_counters(saved)
         self.agent_timesteps_total = int(saved.get("agent_timesteps_total", 0))
@@ -1233,8 +1242,46 @@ class Algorithm:
         for policy_id, returns in saved.get("policy_episode_returns", {}).items():
             self._policy_returns[policy_id].extend(returns)
         self._restart_sampling()
+        self._set_read_position(position)
         self._restore_worker_restarts(saved)
         self.callbacks.call("on_checkpoint_loaded", algorithm=self)
+
+    def _input_reader(self):
+        """The runners reading `input` (OfflineRunners, or a policy's each), or None."""
+        if not offline_keys.is_offline(self.config):
+            return None
+        return self.multi_agent[0] if self.multi_agent is not None else self.env_runners
+
+    def _save_read_position(self, checkpoint: Path) -> dict:
+        """An offline run's read position into `checkpoint` -> its algorithm_state.json
+        entry ({} for other runs); policy_service/offline/read_position.py."""
+        reader = self._input_reader()
+        if reader is None:
+            return {}
+        from policy_service.offline import read_position
+
+        return read_position.save(reader.read_positions(), checkpoint)
+
+    def _checked_read_position(self, directory: Path, saved: dict) -> dict | None:
+        """The checkpoint's read position, checked against this run's input; None when
+        either keeps none."""
+        from policy_service.offline import read_position
+
+        reader = self._input_reader()
+        positions = read_position.load(directory, saved) if reader is not None else None
+        if positions is not None:
+            try:
+                reader.check_read_positions(positions)
+            except ValueError as err:
+                where = directory / checkpoints.ALGORITHM_STATE
+                raise checkpoints.CheckpointFileError(
+                    f"{where}: {read_position.ENTRY}: {err}"
+                ) from None
+        return positions
+
+    def _set_read_position(self, positions: dict | None) -> None:
+        if positions is not None:
+            self._input_reader().set_read_positions(positions)
 
     def _restore_counters(self, saved: dict) -> None:
         """The loop's counters and metrics window from algorithm_state.json."""

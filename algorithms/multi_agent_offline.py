@@ -24,6 +24,7 @@ from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import AgentPolicies, mapping_function
 from policy_service.offline.columns import OfflineDataError
 from policy_service.offline.offline_runner_type import OfflineRunners, required_columns
+from policy_service.offline.read_position import ReadPosition
 from policy_service.offline.reader import Experiences, open_experiences
 from policy_service.policy.policy_spec import PolicySpec
 from policy_service.policy.tf_policy import TFPolicy
@@ -139,6 +140,23 @@ class OfflineMultiAgentRunners:
             for p, w in weights.items()
         ]
         return max(versions, default=0)
+
+    def read_positions(self) -> dict[str, ReadPosition]:
+        """policy id -> where its reading stands (read_position.py)."""
+        return {p: runners.read_positions()[p] for p, runners in self.runners.items()}
+
+    def check_read_positions(self, positions: dict[str, ReadPosition]) -> None:
+        if set(positions) != set(self.runners):
+            raise ValueError(
+                f"read positions of policies {sorted(positions)}, this run reads "
+                f"{sorted(self.runners)}"
+            )
+        for policy_id, runners in self.runners.items():
+            runners.check_read_positions({policy_id: positions[policy_id]})
+
+    def set_read_positions(self, positions: dict[str, ReadPosition]) -> None:
+        for policy_id, runners in self.runners.items():
+            runners.set_read_positions({policy_id: positions[policy_id]})
 
     def set_global_timestep(self, timestep: int) -> None:
         """Nothing acts here."""

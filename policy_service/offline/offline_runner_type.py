@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Generator, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -32,10 +31,22 @@ import numpy as np
 from policy_service.config import ConfigError, on_cpu
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.offline.batches import DEFAULT_POLICY_ID
-from policy_service.offline.columns import INFOS, OfflineDataError
+from policy_service.offline.columns import (
+    INFOS,
+    OfflineDataError,
+    columns_from_leaves,
+    leaf_specs,
+    leaf_value,
+)
 from policy_service.offline.held_out import held_out
 from policy_service.offline.manifest import PolicyData
-from policy_service.offline.reader import Experiences, PolicyDataset, open_experiences
+from policy_service.offline.read_position import PassPosition, ReadPosition
+from policy_service.offline.reader import (
+    BatchStream,
+    Experiences,
+    PolicyDataset,
+    open_experiences,
+)
 
 # the estimators that weigh each logged action by the behaviour policy's probability
 NEEDS_BEHAVIOUR_LOGP = ("ImportanceSampling", "WeightedImportanceSampling", "DoublyRobust")
@@ -171,7 +182,10 @@ class OfflineRunners:
             self.policy = policy_cls(*spaces, on_cpu(config))
         self._check_postprocessing(policy_cls, config)
         self.passes = 0  # complete passes over the files so far
-        self._stream = self._batches()
+        self._carried: SampleBatch | None = None  # a pass's last rows, short of a sample
+        self._pass_seed = int(self._rng.integers(2**31))
+        self._pass = self.dataset_batches(self._pass_seed)
+        self._pass_rows = False  # the pass has handed out rows
 
     # ----- sampling ----------------------------------------------------------------
 
@@ -179,7 +193,7 @@ class OfflineRunners:
         """The next rows_per_sample logged rows -> (batch, metrics); a pass's last rows
         go out with the next pass's first."""
         start = time.perf_counter()
-        batch = next(self._stream)
+        batch = self._next_sample()
         batch.num_grad_updates = self._num_grad_updates
         metrics = {
             "env_steps": batch.count,
@@ -197,32 +211,91 @@ class OfflineRunners:
     def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
         return [self.sample()]
 
-    def _batches(self) -> Generator[SampleBatch, None, None]:
-        """Batches of exactly rows_per_sample rows, pass after pass."""
+    def _next_sample(self) -> SampleBatch:
+        """Exactly rows_per_sample rows, pass after pass."""
         rows = self.rows_per_sample
-        carried: SampleBatch | None = None  # the rows a pass ended with, short of a batch
         while True:
-            seed = int(self._rng.integers(2**31))
-            yielded = False
-            for batch in self.dataset_batches(seed):
-                yielded = True
-                if carried is not None:
-                    batch, carried = concat_samples([carried, batch]), None
-                if batch.count < rows:
-                    carried = batch
-                    continue
-                if batch.count > rows:
-                    batch, carried = batch[:rows], batch[rows:]
-                yield batch
-            if not yielded:
-                raise OfflineDataError(
-                    f"{self.dataset.files[0].parent}: no rows left for training (every "
-                    f"episode held out: off_policy_estimation_held_out {self.held_out})"
-                )
-            self.passes += 1
+            batch = next(self._pass, None)
+            if batch is None:  # the pass ended: the next one, in a new order
+                if not self._pass_rows:
+                    raise OfflineDataError(
+                        f"{self.dataset.files[0].parent}: no rows left for training (every "
+                        f"episode held out: off_policy_estimation_held_out {self.held_out})"
+                    )
+                self.passes += 1
+                self._pass.close()
+                self._pass_seed = int(self._rng.integers(2**31))
+                self._pass = self.dataset_batches(self._pass_seed)
+                self._pass_rows = False
+                continue
+            self._pass_rows = True
+            if self._carried is not None:
+                batch, self._carried = concat_samples([self._carried, batch]), None
+            if batch.count < rows:
+                self._carried = batch
+                continue
+            if batch.count > rows:
+                batch, self._carried = batch[:rows], batch[rows:]
+            return batch
 
-    def dataset_batches(self, seed: int) -> Iterator[SampleBatch]:
-        """One pass over the training rows, shuffled by `seed`."""
+    # ----- the read position (read_position.py) ------------------------------------
+
+    def read_positions(self) -> dict[str, ReadPosition]:
+        """policy id -> where the reading stands, between two samples."""
+        carried = None
+        if self._carried is not None:
+            where = str(self.dataset.files[0].parent)
+            carried = {s: leaf_value(self._carried, s) for s in leaf_specs(self._carried, where)}
+        position = ReadPosition(
+            self._identity(),
+            self.passes,
+            dict(self._rng.bit_generator.state),
+            self._pass_seed,
+            self._pass_rows,
+            carried,
+            self._pass.position(),
+        )
+        return {self.policy_id: position}
+
+    def check_read_positions(self, positions: dict[str, ReadPosition]) -> None:
+        """ValueError naming what differs, when `positions` are not of this read."""
+        if set(positions) != {self.policy_id}:
+            raise ValueError(f"read position of policies {sorted(positions)}, this run reads "
+                             f"{self.policy_id!r}")  # fmt: skip
+        saved, here = positions[self.policy_id].identity, self._identity()
+        for key in here:
+            if saved.get(key) != here[key]:
+                raise ValueError(
+                    f"the read position is of {key} {saved.get(key)!r}, this run's is "
+                    f"{here[key]!r}: resume with the same input, train_batch_size and "
+                    "shuffle_buffer_size"
+                )
+
+    def set_read_positions(self, positions: dict[str, ReadPosition]) -> None:
+        """Go on from `positions` (checked by check_read_positions)."""
+        position = positions[self.policy_id]
+        self._pass.close()
+        self.passes = position.passes
+        self._rng.bit_generator.state = position.seeds_state
+        self._pass_seed = position.pass_seed
+        self._pass_rows = position.pass_rows
+        self._carried = (
+            None
+            if position.carried is None
+            else SampleBatch.from_checked_rows(columns_from_leaves(position.carried))
+        )
+        self._pass = self.dataset_batches(self._pass_seed, resume=position.in_pass)
+
+    def _identity(self) -> dict:
+        return {
+            "files": [str(f) for f in self.dataset.files],
+            "rows_per_sample": self.rows_per_sample,
+            "shuffle_buffer_size": self.shuffle_buffer_size,
+            "held_out": self.held_out,
+        }
+
+    def dataset_batches(self, seed: int, resume: PassPosition | None = None) -> BatchStream:
+        """One pass over the training rows, shuffled by `seed` (from `resume` on)."""
         experiences = Experiences({self.policy_id: self.dataset})
         return experiences.iter_batches(
             self.rows_per_sample,
@@ -232,6 +305,7 @@ class OfflineRunners:
             num_readers=self.num_readers,
             row_filter=None if self.held_out is None else self._training_rows,
             transform=None if self.policy is None else self._postprocess,
+            resume=resume,
         )
 
     def _check_postprocessing(self, policy_cls: type, config: Any) -> None:
@@ -297,4 +371,4 @@ class OfflineRunners:
         """Nothing to wait for: the files are open already."""
 
     def stop(self) -> None:
-        self._stream.close()
+        self._pass.close()

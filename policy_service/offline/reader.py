@@ -42,8 +42,9 @@ from policy_service.offline.columns import (
 from policy_service.offline.manifest import MANIFEST, PolicyData, differences, read_manifest
 from policy_service.offline.minari_input import is_minari, minari_directory
 from policy_service.offline.parquet_writer import PARQUET_SUFFIX
+from policy_service.offline.read_position import PassPosition
 from policy_service.offline.rllib_json import JSON_SUFFIX, parse_line
-from policy_service.offline.shuffle import Rows, rebatch
+from policy_service.offline.shuffle import Rows, ShuffleBuffer
 from policy_service.offline.space_checks import first_outside
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
@@ -136,14 +137,17 @@ class Experiences:
         num_readers: int = 0,
         row_filter: Callable[[SampleBatch], np.ndarray] | None = None,
         transform: Callable[[SampleBatch], SampleBatch] | None = None,
-    ) -> Iterator[SampleBatch]:
+        resume: PassPosition | None = None,
+    ) -> BatchStream:
         """One pass over `policy_id`'s rows as SampleBatches of `batch_size` rows (the
         last may be short). With a shuffle buffer, the file order is shuffled too and
         each batch is drawn from the buffered rows; `seed` makes it repeatable.
-        `num_readers` > 0 reads through Ray Data with that many read tasks.
+        `num_readers` > 0 reads through Ray Data with that many read tasks (in the
+        order blocks arrive: a resumed read is exact only in process).
         `row_filter(chunk) -> bool mask` keeps rows, then `transform(chunk) -> batch`
         (e.g. postprocessing by episode) changes them, each on chunks in file order
-        before the shuffle buffer."""
+        before the shuffle buffer. `resume`: go on from a BatchStream's `position()`
+        (the same seed, batch size and shuffle buffer size)."""
         dataset = self[policy_id]
         rng = np.random.default_rng(seed)
         files = list(dataset.files)
@@ -157,11 +161,94 @@ class Experiences:
             chunks = _parquet_chunks(files, dataset.data.columns)
         else:
             chunks = _json_chunks(files, dataset)
+        counted = CountedChunks(chunks)
+        buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
+        if resume is not None:
+            counted.skip(resume.chunks_read, str(files[0].parent))
+            rng.bit_generator.state = resume.rng_state
+            buffer.restore(resume.ready, resume.held)
+        changed: Iterator[Rows] = counted
         if row_filter is not None or transform is not None:
-            chunks = _changed_chunks(chunks, row_filter, transform, str(files[0].parent))
-        for rows in rebatch(chunks, batch_size, shuffle_buffer_size, rng):
-            # leaves of one count, dtypes and shapes as stored: checked where they were read
-            yield SampleBatch.from_checked_rows(columns_from_leaves(rows))
+            changed = _changed_chunks(counted, row_filter, transform, str(files[0].parent))
+        return BatchStream(changed, counted, buffer, ended=resume is not None and resume.ended)
+
+
+class CountedChunks:
+    """Chunks of rows, counted as they are taken (a read position's place in a pass)."""
+
+    def __init__(self, chunks: Iterator[Rows]) -> None:
+        self.chunks = chunks
+        self.count = 0
+
+    def __iter__(self) -> Iterator[Rows]:
+        return self
+
+    def __next__(self) -> Rows:
+        chunk = next(self.chunks)
+        self.count += 1
+        return chunk
+
+    def skip(self, count: int, where: str) -> None:
+        """Read past `count` chunks (a resumed pass's, kept or trained on already)."""
+        for _ in range(count):
+            if next(self, None) is None:
+                raise OfflineDataError(
+                    f"{where}: the files end before the resumed read position ({count} "
+                    f"chunks of {CHUNK_ROWS} rows): resume with the input the run read"
+                )
+
+    def close(self) -> None:
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
+
+
+class BatchStream:
+    """One pass's SampleBatches (an iterator), and where it stands between two of them
+    (`position`, a PassPosition) for a read that goes on later."""
+
+    def __init__(
+        self,
+        chunks: Iterator[Rows],
+        counted: CountedChunks,
+        buffer: ShuffleBuffer,
+        ended: bool = False,
+    ) -> None:
+        self._chunks = chunks
+        self._counted = counted
+        self._buffer = buffer
+        self._ended = ended
+
+    def __iter__(self) -> Iterator[SampleBatch]:
+        return self
+
+    def __next__(self) -> SampleBatch:
+        while not self._buffer.ready:
+            if self._ended:
+                raise StopIteration
+            chunk = next(self._chunks, None)
+            if chunk is None:
+                self._buffer.drain()
+                self._ended = True
+            else:
+                self._buffer.add(chunk)
+        # leaves of one count, dtypes and shapes as stored: checked where they were read
+        return SampleBatch.from_checked_rows(columns_from_leaves(self._buffer.ready.pop(0)))
+
+    def position(self) -> PassPosition:
+        return PassPosition(
+            self._counted.count,
+            dict(self._buffer.rng.bit_generator.state),
+            self._ended,
+            list(self._buffer.ready),
+            self._buffer.held_rows(),
+        )
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+        self._counted.close()
 
 
 def _changed_chunks(

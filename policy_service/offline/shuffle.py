@@ -42,41 +42,76 @@ def _take(rows: Rows, index: np.ndarray | slice) -> Rows:
     return out
 
 
+class ShuffleBuffer:
+    """Rows in (`add`, then `drain` at the input's end), batches of `batch_size` rows
+    out (`ready`, in order): in order with no shuffle buffer; else each batch drawn
+    uniformly from the rows buffered (at least shuffle_buffer_size of them until the
+    input ends). Everything it holds is in `ready` and `held_rows()`, so a read can stop
+    between two batches and go on from a copy (`restore`)."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        shuffle_buffer_size: int = 0,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if shuffle_buffer_size < 0:
+            raise ValueError(f"shuffle_buffer_size must be >= 0, got {shuffle_buffer_size}")
+        self.batch_size = batch_size
+        self.shuffle_buffer_size = shuffle_buffer_size
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.ready: list[Rows] = []  # batches made, not yet handed out
+        self._buffer: list[Rows] = []
+        self._held = 0
+
+    def add(self, chunk: Rows) -> None:
+        count = _count(chunk)
+        if not count:
+            return
+        self._buffer.append(chunk)
+        self._held += count
+        if self._held >= self.shuffle_buffer_size + self.batch_size:
+            ready = (self._held - self.shuffle_buffer_size) // self.batch_size * self.batch_size
+            self._split(ready)
+
+    def drain(self) -> None:
+        """The input ended: every row held goes out (the last batch may be short)."""
+        if self._held:
+            self._split(self._held)
+
+    def _split(self, ready: int) -> None:
+        rows = _concat(self._buffer)
+        if self.shuffle_buffer_size:
+            rows = _take(rows, self.rng.permutation(self._held))
+        for start in range(0, ready, self.batch_size):
+            self.ready.append(_take(rows, slice(start, min(start + self.batch_size, ready))))
+        self._buffer = [_take(rows, slice(ready, self._held))] if ready < self._held else []
+        self._held -= ready
+
+    def held_rows(self) -> Rows | None:
+        """The rows buffered and not yet in a batch (None: none)."""
+        return _concat(self._buffer) if self._held else None
+
+    def restore(self, ready: list[Rows], held: Rows | None) -> None:
+        """Hold what `ready` and `held_rows()` of another buffer held."""
+        self.ready = list(ready)
+        self._buffer = [] if held is None else [held]
+        self._held = _count(held) if held is not None else 0
+
+
 def rebatch(
     chunks: Iterable[Rows],
     batch_size: int,
     shuffle_buffer_size: int = 0,
     rng: np.random.Generator | None = None,
 ) -> Iterator[Rows]:
-    """Batches of `batch_size` rows from `chunks`: in order with no shuffle buffer; else
-    each batch drawn uniformly from the rows buffered (at least shuffle_buffer_size of
-    them until the input ends)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if shuffle_buffer_size < 0:
-        raise ValueError(f"shuffle_buffer_size must be >= 0, got {shuffle_buffer_size}")
-    rng = rng if rng is not None else np.random.default_rng()
-    buffer: list[Rows] = []
-    held = 0
+    """Batches of `batch_size` rows from `chunks` through a ShuffleBuffer."""
+    buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
     for chunk in chunks:
-        count = _count(chunk)
-        if not count:
-            continue
-        buffer.append(chunk)
-        held += count
-        if held < shuffle_buffer_size + batch_size:
-            continue
-        rows = _concat(buffer)
-        if shuffle_buffer_size:
-            rows = _take(rows, rng.permutation(held))
-        ready = (held - shuffle_buffer_size) // batch_size * batch_size
-        for start in range(0, ready, batch_size):
-            yield _take(rows, slice(start, start + batch_size))
-        buffer = [_take(rows, slice(ready, held))]
-        held -= ready
-    if held:
-        rows = _concat(buffer)
-        if shuffle_buffer_size:
-            rows = _take(rows, rng.permutation(held))
-        for start in range(0, held, batch_size):
-            yield _take(rows, slice(start, min(start + batch_size, held)))
+        buffer.add(chunk)
+        while buffer.ready:
+            yield buffer.ready.pop(0)
+    buffer.drain()
+    yield from buffer.ready

@@ -1,0 +1,157 @@
+"""An exact resume of an offline run: the checkpoint keeps the read position (pass,
+chunks read, shuffle buffer, generators; policy_service/offline/read_position.py), so
+k iterations, save, restore in a new algorithm and N - k more give the weights of N
+iterations straight, through a shuffle buffer, a pass's end and MARWIL's postprocessing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from test_offline_multi_agent import bc_config, scripted_output
+from test_offline_runner_type import episodes, runners, write
+
+from algorithms.bc import BC
+from algorithms.marwil import MARWIL
+from policy_service.io.checkpoints import CheckpointFileError
+from policy_service.offline import read_position
+
+ITERATIONS, SAVED_AT = 7, 3  # 7 x 64 rows: past the end of the 400 rows' first pass
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory):
+    return write(tmp_path_factory.mktemp("logged"), [episodes(10, 0), episodes(10, 1)])
+
+
+def config(logged, **changes) -> dict:
+    return {
+        "input": str(logged),
+        "train_batch_size": 64,
+        "minibatch_size": 32,
+        "num_epochs": 2,
+        "shuffle_buffer_size": 100,
+        "seed": 0,
+        "model": {"fcnet_hiddens": [8]},
+        **changes,
+    }
+
+
+def weights_after(
+    algo_cls, config: dict, iterations: int, restore: str | None = None, save_at=None, save_to=None
+) -> dict:
+    """Each policy's weights after `iterations` (from `restore` if given), saving to
+    `save_to` after `save_at` of them (a save must not move the reading either)."""
+    algo = algo_cls(config)
+    try:
+        if restore is not None:
+            algo.restore(restore)
+        for iteration in range(1, iterations + 1):
+            algo.train()
+            if iteration == save_at:
+                algo.save(str(save_to))
+        return {p: algo.get_policy(p).get_weights() for p in config.get("policies") or [None]}
+    finally:
+        algo.stop()
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for policy_id in a:
+        assert a[policy_id].keys() == b[policy_id].keys()
+        for name in a[policy_id]:
+            np.testing.assert_array_equal(a[policy_id][name], b[policy_id][name], err_msg=name)
+
+
+@pytest.mark.parametrize("saved_at", [3, 7])  # before a pass's end; with its rows carried
+def test_the_read_goes_on_where_the_checkpoint_left_it(logged, tmp_path, saved_at):
+    """The runners alone: k samples, the position saved and loaded, a new reader set
+    to it gives the rows (and their postprocessed columns) the first one goes on with."""
+    first = runners(logged, shuffle_buffer_size=100, train_batch_size=64)
+    for _ in range(saved_at):
+        first.sample()
+    assert (first.read_positions()["default_policy"].carried is not None) == (saved_at == 7)
+    entry = read_position.save(first.read_positions(), tmp_path)
+    second = runners(logged, shuffle_buffer_size=100, train_batch_size=64)
+    second.set_read_positions(read_position.load(tmp_path, json.loads(json.dumps(entry))))
+    for _ in range(10 - saved_at):  # 640 of the 400 rows: into the second pass
+        expected, got = first.sample()[0], second.sample()[0]
+        assert got.keys() == expected.keys()
+        for column in expected:
+            np.testing.assert_array_equal(got[column], expected[column], err_msg=column)
+    assert first.passes == second.passes == 1
+    first.stop()
+    second.stop()
+
+
+@pytest.mark.slow  # 13 s on 2 busy cores: 3 MARWIL algorithms
+def test_k_iterations_save_restore_and_the_rest_give_the_straight_runs_weights(logged, tmp_path):
+    """MARWIL: a shuffle buffer, postprocessing with the value head of its time, the
+    moving average of squared advantages, a pass's end between the save and the end."""
+    checkpoint = tmp_path / "ckpt"
+    straight = weights_after(MARWIL, config(logged), ITERATIONS, save_at=SAVED_AT,
+                             save_to=checkpoint)  # fmt: skip
+    resumed = weights_after(MARWIL, config(logged), ITERATIONS - SAVED_AT, str(checkpoint))
+    assert_same(straight, resumed)
+    # the same checkpoint without its read position reads from the start: other weights
+    shutil.copytree(checkpoint, tmp_path / "no_position")
+    state_file = tmp_path / "no_position" / "algorithm_state.json"
+    state = json.loads(state_file.read_text())
+    del state["input_position"]
+    state_file.write_text(json.dumps(state))
+    from_start = weights_after(MARWIL, config(logged), ITERATIONS - SAVED_AT,
+                               str(tmp_path / "no_position"))  # fmt: skip
+    with pytest.raises(AssertionError):
+        assert_same(straight, from_start)
+
+
+@pytest.mark.slow  # 10 s on 2 busy cores: 2 BC algorithms of two policies
+def test_a_multi_agent_run_resumes_each_policys_reading(tmp_path):
+    scripted_output(tmp_path / "data", episodes=30, correct=0.5)  # 240 rows per policy
+    ma = bc_config(tmp_path / "data", shuffle_buffer_size=50, num_epochs=2)
+    straight = weights_after(BC, ma, 5, save_at=2, save_to=tmp_path / "ckpt")
+    assert_same(straight, weights_after(BC, ma, 3, str(tmp_path / "ckpt")))
+
+
+def test_a_read_position_of_other_rows_is_one_line(logged, tmp_path):
+    algo = BC(config(logged))
+    try:
+        algo.train()
+        checkpoint = algo.save(str(tmp_path / "ckpt"))
+    finally:
+        algo.stop()
+    algo = BC(config(logged, train_batch_size=50))
+    try:
+        before = algo.get_policy().get_weights()
+        with pytest.raises(CheckpointFileError) as err:
+            algo.restore(checkpoint)
+        after = algo.get_policy().get_weights()
+    finally:
+        algo.stop()
+    assert str(err.value) == (
+        f"{checkpoint}/algorithm_state.json: input_position: the read position is of "
+        "rows_per_sample 64, this run's is 50: resume with the same input, "
+        "train_batch_size and shuffle_buffer_size"
+    )
+    assert_same({"p": before}, {"p": after})  # nothing was assigned
+
+
+def test_an_iteration_that_failed_after_reading_leaves_no_checkpoint(logged, tmp_path):
+    """save_after_failure writes the last whole iteration only when nothing moved since:
+    a sample moved the read position, so it writes none (the run resumes from its last
+    checkpoint, whose position is that iteration's)."""
+    algo = BC(config(logged))
+    try:
+        algo.train()
+
+        def failing_update(learners, batch):
+            raise RuntimeError("the learner failed")
+
+        algo.update_on_batch = failing_update  # type: ignore[method-assign]
+        with pytest.raises(RuntimeError):
+            algo.train()
+        assert algo.save_after_failure(str(tmp_path / "after_failure")) is None
+    finally:
+        algo.stop()
