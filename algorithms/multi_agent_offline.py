@@ -36,8 +36,14 @@ def offline_multi_agent_runners(
     """The runners reading every policy's rows, and the policies, spaces filled in."""
     prefix = config.key_prefix
     if config.env:  # evaluation plays it: its agents' spaces must be the dataset's
-        env, policies = resolve_policies(config, default_class)
+        env, resolved = resolve_policies(config, default_class)
         env.close()
+        policies = AgentPolicies(
+            {p: s._replace(config=_policy_config(s.config)) for p, s in resolved.specs.items()},
+            resolved.mapping_fn,
+            resolved.policies_to_train,
+            resolved.agent_policy_ids,
+        )
         given = {p: (s.observation_space, s.action_space) for p, s in policies.specs.items()}
     else:
         given = {  # a PolicySpec's spaces, checked against the manifest's
@@ -95,10 +101,17 @@ def _policies_from_manifest(config, experiences: Experiences, classes: dict) -> 
                 f"(RLlib's own JSON files): give {config.key_prefix}.env, whose spaces they are"
             )
         own = {} if given is None or given.config is None else given.config
-        specs[policy_id] = PolicySpec(classes[policy_id], *spaces, {**base, **own})
+        specs[policy_id] = PolicySpec(classes[policy_id], *spaces, _policy_config({**base, **own}))
     return AgentPolicies(
         specs, mapping_function(config.policy_mapping_fn), config.policies_to_train
     )
+
+
+def _policy_config(config: dict) -> dict:
+    """A policy's config less the run's evaluation_interval: the run evaluates (in the
+    env it names, which a policy's config leaves out: an offline config evaluating
+    without env is refused)."""
+    return {k: v for k, v in config.items() if k != "evaluation_interval"}
 
 
 class OfflineMultiAgentRunners:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from multi_agent_envs import CUES, TwoMapsEnv, by_agent
 
+from algorithms import register_env
 from algorithms.bc import BC
 from algorithms.marwil import MARWIL
 from policy_service import PolicySpec
@@ -116,7 +117,7 @@ def test_each_policy_trains_on_the_rows_a_multi_agent_run_wrote(tmp_path):
     assert {"pa/policy_loss", "pb/policy_loss"} <= set(result)
 
 
-@pytest.mark.slow  # 6 s: MARWIL's postprocessing copies and learners, two policies
+@pytest.mark.slow  # 6-8 s: MARWIL's postprocessing copies and learners, two policies
 def test_marwil_trains_each_policy_too(tmp_path):
     scripted_output(tmp_path, episodes=20, correct=0.5)
     algo = MARWIL(bc_config(tmp_path))
@@ -155,8 +156,6 @@ def test_spaces_that_disagree_with_the_config_are_one_line(tmp_path):
 
 
 def test_the_env_given_is_checked_against_the_manifest(tmp_path):
-    from algorithms import register_env
-
     scripted_output(tmp_path, episodes=4, correct=1.0)
     register_env("two_maps_continuous", lambda c: TwoMapsEnv({**c, "continuous": True}))
     with pytest.raises(OfflineDataError) as err:
@@ -164,39 +163,33 @@ def test_the_env_given_is_checked_against_the_manifest(tmp_path):
     assert "policy 'pa': action_space is Discrete(4) there" in str(err.value)
 
 
-def greedy_return(algo, episodes: int = 50) -> dict[str, float]:
-    """Each agent's mean return over `episodes` of TwoMapsEnv, its policy acting greedily."""
-    env, totals = TwoMapsEnv({"seed": 123}), {"a": 0.0, "b": 0.0}
-    for _ in range(episodes):
-        obs, _ = env.reset()
-        done = False
-        while not done:
-            actions = {
-                a: int(algo.compute_single_action(o, policy_id=by_agent(a, None), explore=False))
-                for a, o in obs.items()
-            }
-            obs, rewards, terminateds, _, _ = env.step(actions)
-            done = terminateds["__all__"]
-            for a, r in rewards.items():
-                totals[a] += r
-    return {by_agent(a, None): total / episodes for a, total in totals.items()}
-
-
-@pytest.mark.slow  # 7 s on 2 busy cores
+@pytest.mark.slow  # 12 s on 2 busy cores (load 8), 50 evaluation episodes included
 def test_bc_per_policy_learns_each_agents_map(tmp_path):
     """A noisy expert (its agent's target 40% of the time, else uniform: 4.4 of 8 per
-    agent) logs 400 episodes; BC per policy recovers each agent's own map (greedy):
-    measured 8.0 / 8.0 for both policies after 5 and after 10 iterations, seeds 0-2.
-    Threshold 7.5: far above the behaviour, and a policy trained on the other agent's
-    rows would score 0."""
+    agent) logs 400 episodes; BC per policy recovers each agent's own map, evaluated
+    greedily in the env (which the run names for evaluation only): measured 8.0 / 8.0
+    for both policies after 5 and after 10 iterations, seeds 0-2. Threshold 7.5: far
+    above the behaviour, and a policy trained on the other agent's rows would score 0."""
+    register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
     behaviour = scripted_output(tmp_path, episodes=400, correct=0.4)
     assert 4.0 < behaviour < 4.8
-    algo = BC(bc_config(tmp_path, train_batch_size=256, minibatch_size=64, lr=3e-3,
-                        shuffle_buffer_size=2048))  # fmt: skip
+    algo = BC(
+        bc_config(
+            tmp_path,
+            env="two_maps",
+            train_batch_size=256,
+            minibatch_size=64,
+            lr=3e-3,
+            shuffle_buffer_size=2048,
+            evaluation_interval=10,
+            evaluation_duration=50,
+            evaluation_config={"explore": False},
+        )
+    )
     try:
         for _ in range(10):
-            algo.train()
-        returns = greedy_return(algo)
+            result = algo.train()
     finally:
         algo.stop()
+    returns = result["evaluation/policy_reward_mean"]
     assert returns["pa"] >= 7.5 and returns["pb"] >= 7.5, returns

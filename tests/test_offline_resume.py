@@ -86,7 +86,7 @@ def test_the_read_goes_on_where_the_checkpoint_left_it(logged, tmp_path, saved_a
     second.stop()
 
 
-@pytest.mark.slow  # 13 s on 2 busy cores: 3 MARWIL algorithms
+@pytest.mark.slow  # 9-11 s on 2 busy cores (load 7.5): 3 MARWIL algorithms
 def test_k_iterations_save_restore_and_the_rest_give_the_straight_runs_weights(logged, tmp_path):
     """MARWIL: a shuffle buffer, postprocessing with the value head of its time, the
     moving average of squared advantages, a pass's end between the save and the end."""
@@ -107,7 +107,7 @@ def test_k_iterations_save_restore_and_the_rest_give_the_straight_runs_weights(l
         assert_same(straight, from_start)
 
 
-@pytest.mark.slow  # 10 s on 2 busy cores: 2 BC algorithms of two policies
+@pytest.mark.slow  # 9-11 s on 2 busy cores (load 7.5): 2 BC algorithms of two policies
 def test_a_multi_agent_run_resumes_each_policys_reading(tmp_path):
     scripted_output(tmp_path / "data", episodes=30, correct=0.5)  # 240 rows per policy
     ma = bc_config(tmp_path / "data", shuffle_buffer_size=50, num_epochs=2)
