@@ -587,9 +587,20 @@ def test_actions_are_checked_against_each_kind_of_space():
     assert first_outside(nested, actions)[0] == 2
 
 
-def test_the_shuffle_buffer_holds_a_bounded_number_of_rows():
-    from policy_service.offline.shuffle import rebatch
+def rebatch(chunks, batch_size: int, shuffle_buffer_size: int = 0, rng=None):
+    """The batches a ShuffleBuffer makes of `chunks`, as a reader takes them."""
+    from policy_service.offline.shuffle import ShuffleBuffer
 
+    buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
+    for chunk in chunks:
+        buffer.add(chunk)
+        while buffer.ready:
+            yield buffer.ready.pop(0)
+    buffer.drain()
+    yield from buffer.ready
+
+
+def test_the_shuffle_buffer_holds_a_bounded_number_of_rows():
     read = [0]
 
     def chunks():

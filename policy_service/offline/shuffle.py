@@ -7,7 +7,6 @@ shuffle_buffer_size + one chunk + N rows, so memory stays bounded however much i
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -99,19 +98,3 @@ class ShuffleBuffer:
         self.ready = list(ready)
         self._buffer = [] if held is None else [held]
         self._held = _count(held) if held is not None else 0
-
-
-def rebatch(
-    chunks: Iterable[Rows],
-    batch_size: int,
-    shuffle_buffer_size: int = 0,
-    rng: np.random.Generator | None = None,
-) -> Iterator[Rows]:
-    """Batches of `batch_size` rows from `chunks` through a ShuffleBuffer."""
-    buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
-    for chunk in chunks:
-        buffer.add(chunk)
-        while buffer.ready:
-            yield buffer.ready.pop(0)
-    buffer.drain()
-    yield from buffer.ready
