@@ -92,9 +92,10 @@ def import_rllib(
             "imported_from": str(Path(checkpoint).absolute()),
         },
     )
+    count = len(rllib.weights) or len(rllib.ordered_weights or [])
     print(
         f"imported {rllib.policy_id} of {checkpoint} (iteration {rllib.iteration}, "
-        f"{len(rllib.weights)} weights, global timestep {rllib.global_timestep}) into {target}",
+        f"{count} weights, global timestep {rllib.global_timestep}) into {target}",
         file=sys.stderr,
     )
     print(target)

@@ -63,6 +63,21 @@ class RLlibPolicyCheckpoint:
     timesteps_total: int  # env steps sampled (the algorithm's counter; 0 for a bare policy)
     iteration: int  # training iterations (0 for a bare policy)
     extra: dict  # the policy state's other numbers and strings (PPO's "current_kl_coeff")
+    # framework "tf2": the weights as saved, in the model's variable order, without names
+    # (`weights` is then empty; policy/rllib_variable_order.py names them)
+    ordered_weights: list[np.ndarray] | None = None
+    adam: AdamSlots | None = None  # RLlib's Adam state, when saved and readable
+
+
+@dataclass
+class AdamSlots:
+    """RLlib's Adam state: updates applied, and per variable (RLlib's name without the
+    policy prefix) its first and second moments. Names in framework "tf2" come from the
+    slots' own names ("Adam/m/<variable>"), in the order of the variables they belong to."""
+
+    step: int
+    first: dict[str, np.ndarray]
+    second: dict[str, np.ndarray]
 
 
 def read_rllib_checkpoint(
@@ -100,10 +115,14 @@ def read_rllib_checkpoint(
     spec: dict = found if isinstance(found, dict) else {}
     config: dict = spec["config"] if isinstance(spec.get("config"), dict) else {}
     chosen = chosen or str(config.get("__policy_id") or "default_policy")
+    weights = state.get("weights")
+    ordered = _ordered_weights(state_file, weights) if isinstance(weights, list) else None
     return RLlibPolicyCheckpoint(
         path=state_file,
         policy_id=chosen,
-        weights=_weights(state_file, state.get("weights"), chosen),
+        weights={} if ordered is not None else _weights(state_file, weights, chosen),
+        ordered_weights=ordered,
+        adam=_adam_slots(state.get("_optimizer_variables"), chosen),
         global_timestep=_count(state_file, state, "global_timestep"),
         config=config,
         observation_space=_space(spec.get("observation_space")),
@@ -203,13 +222,7 @@ def _msgpack_array(value: dict) -> Any:
 
 def _weights(file: Path, weights: Any, policy_id: str) -> dict[str, np.ndarray]:
     """RLlib's {"<policy_id>/<layer>/<var>": array}, names without the policy prefix;
-    anything else (a list without names, an object that is not an array) is refused."""
-    if isinstance(weights, list):  # framework "tf2": model.variables() order, no names
-        raise RLlibCheckpointError(
-            f"{file}: 'weights' is a list of {len(weights)} arrays without names (RLlib's "
-            "framework 'tf2' saves them so), expected RLlib's dict of variable name -> "
-            "array (framework 'tf')"
-        )
+    anything else (an object that is not an array) is refused."""
     if not isinstance(weights, dict) or not weights:
         what = f"a {type(weights).__name__}" if weights is not None else "nothing"
         raise RLlibCheckpointError(
@@ -217,22 +230,120 @@ def _weights(file: Path, weights: Any, policy_id: str) -> dict[str, np.ndarray]:
         )
     named = {}
     for name, value in weights.items():
-        if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
-            kind = (
-                f"a call of {value.qualified_name} (never run)"
-                if isinstance(value, PickledCall)
-                else type(value).__name__
-            )
-            raise RLlibCheckpointError(
-                f"{file}: weight {name!r} is {kind}, not a numeric array; weights are taken "
-                "from arrays alone"
-            )
-        if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-            raise RLlibCheckpointError(f"{file}: weight {name!r} contains NaN or inf")
-        short = str(name).split(":")[0]
-        prefix = f"{policy_id}/"
-        named[short[len(prefix) :] if short.startswith(prefix) else short] = value
+        named[_short_name(name, policy_id)] = _checked_weight(file, name, value)
     return named
+
+
+def _ordered_weights(file: Path, weights: list) -> list[np.ndarray]:
+    """framework "tf2": RLlib's model.variables() arrays, in that order."""
+    if not weights:
+        raise RLlibCheckpointError(f"{file}: 'weights' is an empty list")
+    return [_checked_weight(file, str(i), value) for i, value in enumerate(weights)]
+
+
+def _checked_weight(file: Path, name: Any, value: Any) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.dtype.kind not in "biuf":
+        kind = (
+            f"a call of {value.qualified_name} (never run)"
+            if isinstance(value, PickledCall)
+            else type(value).__name__
+        )
+        raise RLlibCheckpointError(
+            f"{file}: weight {name!r} is {kind}, not a numeric array; weights are taken "
+            "from arrays alone"
+        )
+    if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+        raise RLlibCheckpointError(f"{file}: weight {name!r} contains NaN or inf")
+    return value
+
+
+def _short_name(name: Any, policy_id: str) -> str:
+    """A variable's name without ":0" and the policy's scope."""
+    short = str(name).split(":")[0]
+    prefix = f"{policy_id}/"
+    return short[len(prefix) :] if short.startswith(prefix) else short
+
+
+# RLlib's Adam: tf1.train.AdamOptimizer (framework "tf") and tf_keras' Adam ("tf2"), both
+# with these betas (RLlib's policies build them with the learning rate alone)
+ADAM_BETAS = (0.9, 0.999)
+
+
+def _adam_slots(saved: Any, policy_id: str) -> AdamSlots | None:
+    """RLlib's `_optimizer_variables`, when they are one Adam's: framework "tf" saves
+    {"<scope>/<variable>/Adam": m, ".../Adam_1": v, "<scope>/beta1_power": b1^(t+1),
+    ...}; "tf2" pickles tf_keras' variables (never rebuilt here: their names and initial
+    values are read from the record of the call): iteration t, then "Adam/m/<variable>"
+    and "Adam/v/<variable>". None for anything else."""
+    if isinstance(saved, dict):
+        return _tf1_adam(saved, policy_id)
+    if isinstance(saved, PickledCall):  # tf_keras' CallableList: the variables are its items
+        saved = saved.list_items
+    if isinstance(saved, list):
+        found = [_pickled_variable(item) for item in saved]
+        if found and all(pair is not None for pair in found):
+            return _tf2_adam(dict(pair for pair in found if pair is not None), policy_id)
+    return None
+
+
+def _tf1_adam(saved: dict, policy_id: str) -> AdamSlots | None:
+    first: dict[str, np.ndarray] = {}
+    second: dict[str, np.ndarray] = {}
+    powers: dict[str, float] = {}
+    for name, value in saved.items():
+        short = str(name).split(":")[0]
+        while short.startswith(f"{policy_id}/"):  # RLlib nests the scope twice
+            short = short[len(policy_id) + 1 :]
+        if short in ("beta1_power", "beta2_power"):
+            powers[short] = float(np.asarray(value))
+        elif isinstance(value, np.ndarray) and short.endswith("/Adam_1"):
+            second[short[: -len("/Adam_1")]] = value
+        elif isinstance(value, np.ndarray) and short.endswith("/Adam"):
+            first[short[: -len("/Adam")]] = value
+        else:
+            return None
+    if set(first) != set(second) or set(powers) != {"beta1_power", "beta2_power"}:
+        return None
+    # beta^(t+1) after t updates; both powers must tell the same t
+    steps = {
+        round(np.log(powers[f"beta{i + 1}_power"]) / np.log(beta)) - 1
+        for i, beta in enumerate(ADAM_BETAS)
+    }
+    if len(steps) != 1 or min(steps) < 0:
+        return None
+    return AdamSlots(int(steps.pop()), first, second)
+
+
+def _tf2_adam(saved: dict, policy_id: str) -> AdamSlots | None:
+    step = saved.pop(f"{policy_id}/iteration", None)
+    first: dict[str, np.ndarray] = {}
+    second: dict[str, np.ndarray] = {}
+    for name, value in saved.items():
+        kind, _, variable = name.partition("/")[2].partition("/")
+        if not name.startswith("Adam/") or kind not in ("m", "v"):
+            return None
+        (first if kind == "m" else second)[_short_name(variable, policy_id)] = value
+    if step is None or step.ndim or list(first) != list(second) or int(step) < 0:
+        return None
+    return AdamSlots(int(step), first, second)
+
+
+def _pickled_variable(item: Any) -> tuple[str, np.ndarray] | None:
+    """(name, value) of a pickled tf.Variable: functools.partial(ResourceVariable,
+    initial_value=..., name=...)() as data, or None."""
+    partial = item.callee if isinstance(item, PickledCall) else None
+    if not isinstance(partial, PickledCall) or partial.qualified_name != "functools.partial":
+        return None
+    state = partial.state
+    if not (isinstance(state, tuple) and len(state) == 4 and isinstance(state[2], dict)):
+        return None
+    name, value = state[2].get("name"), state[2].get("initial_value")
+    if not isinstance(name, str) or not isinstance(value, np.ndarray | np.number):
+        return None
+    value = np.asarray(value)
+    if value.dtype.kind not in "iuf" or (value.dtype.kind == "f" and not np.isfinite(value).all()):
+        return None
+    return name, value
 
 
 def _count(file: Path, state: dict, key: str) -> int:

@@ -12,20 +12,29 @@ config says the same thing (`config_from_rllib`):
   never calls, is left behind.
 A custom model takes the user's mapping {RLlib name: our name, or None to leave it}.
 Every weight of ours must get exactly one array of its shape: anything else is one line
-naming the weight.
+naming the weight. Framework "tf2" saves the weights as a list without names: a catalog
+model's are named by RLlib's variable order (rllib_variable_order.py), a custom model's
+by its Adam slots' names. RLlib's Adam moments and step follow the weights onto our
+Adam's slots, so a resumed run continues RLlib's optimizer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
+from typing import NamedTuple
 
 import numpy as np
 
 from policy_service.config import ConfigError, user_key
 from policy_service.data.observation_filters import MEAN_STD_FILTER, NO_FILTER, STATE_KEY
-from policy_service.io.rllib_checkpoint import RLlibPolicyCheckpoint, read_rllib_checkpoint
+from policy_service.io.rllib_checkpoint import (
+    AdamSlots,
+    RLlibPolicyCheckpoint,
+    read_rllib_checkpoint,
+)
 from policy_service.policy.policy_config import ModelConfig
+from policy_service.policy.rllib_variable_order import rllib_tf2_variable_names
 
 # RLlib's model keys that mean the same here
 MODEL_KEYS = (
@@ -123,6 +132,8 @@ def config_from_rllib(checkpoint: RLlibPolicyCheckpoint, known_keys, obs_shape) 
     config["model"] = model_config_from_rllib(model if isinstance(model, dict) else {}, obs_shape)
     uses_filter = checkpoint.observation_filter is not None
     config["observation_filter"] = MEAN_STD_FILTER if uses_filter else NO_FILTER
+    if "adam_epsilon" in known_keys:  # RLlib's Adam: tf1.train's ("tf"), tf_keras' ("tf2")
+        config["adam_epsilon"] = 1e-7 if checkpoint.ordered_weights is not None else 1e-8
     return config
 
 
@@ -243,15 +254,46 @@ def _shaped(name: str, array: np.ndarray, shape: tuple, target: str) -> np.ndarr
     )
 
 
+def rllib_weights(checkpoint: RLlibPolicyCheckpoint, model: ModelConfig, obs_shape) -> dict:
+    """RLlib's weights by name; framework "tf2"'s list named as module docstring says."""
+    ordered, adam = checkpoint.ordered_weights, checkpoint.adam
+    if ordered is None:
+        return checkpoint.weights
+    if model.custom_model is None:
+        names = rllib_tf2_variable_names(model, obs_shape)
+        slotted = [name for name in names if adam is not None and name in adam.first]
+        if adam is not None and slotted != list(adam.first):
+            raise RLlibImportError(
+                f"RLlib's tf2 Adam slots name {list(adam.first)}, which are not in the order "
+                f"of the catalog model's variables {names}: the configs differ"
+            )
+    elif adam is not None and len(adam.first) == len(ordered):
+        names = list(adam.first)
+    else:
+        raise RLlibImportError(
+            f"RLlib's framework 'tf2' saved the custom model's {len(ordered)} weights "
+            "without names, and no Adam slot names each of them (saved before the first "
+            "update, or with variables no loss reaches)"
+        )
+    if len(names) != len(ordered):
+        raise RLlibImportError(
+            f"RLlib's tf2 checkpoint holds {len(ordered)} weights; the catalog model its "
+            f"config describes has {len(names)}: the configs differ"
+        )
+    return dict(zip(names, ordered))
+
+
 def imported_state(
     checkpoint: RLlibPolicyCheckpoint,
     state: dict,
     model: ModelConfig,
     obs_shape: tuple,
     weight_map: Mapping[str, str | None] | None = None,
+    adam_keys: AdamKeys | None = None,
 ) -> dict:
     """`state` (a policy's get_state()) with RLlib's weights, global timestep, observation
-    filter statistics and PPO's KL coefficient put in."""
+    filter statistics, PPO's KL coefficient and, given `adam_keys` (where the policy's
+    Adam keeps its state), RLlib's Adam state put in."""
     shapes = {name: tuple(np.shape(value)) for name, value in state["weights"].items()}
     if weight_map is not None:
         pairs, unused = dict(weight_map), set[str]()
@@ -262,7 +304,11 @@ def imported_state(
         )
     else:
         pairs, unused = catalog_mapping(model, obs_shape)
-    new = {**state, "weights": mapped_weights(checkpoint.weights, shapes, pairs, unused)}
+    weights = rllib_weights(checkpoint, model, obs_shape)
+    new = {**state, "weights": mapped_weights(weights, shapes, pairs, unused)}
+    if checkpoint.adam is not None and adam_keys is not None:
+        slots = adam_slots(checkpoint.adam, shapes, pairs, unused, adam_keys)
+        new["optimizer_variables"] = {**state["optimizer_variables"], **slots}
     new["global_timestep"] = checkpoint.global_timestep
     stats = checkpoint.observation_filter
     if stats is not None and STATE_KEY in state:
@@ -271,6 +317,51 @@ def imported_state(
     if kl is not None and "kl_coeff" in state:
         new["kl_coeff"] = kl
     return new
+
+
+class AdamKeys(NamedTuple):
+    """Where a policy's one Adam keeps its state in get_state()["optimizer_variables"]:
+    its step counter's key and, per weight name, its moments' keys."""
+
+    step: str
+    moments: dict[str, tuple[str, str]]
+
+
+def adam_keys(policy) -> AdamKeys | None:
+    """The policy's AdamKeys, or None unless it trains with one Adam (then RLlib's Adam
+    state has nowhere to go, and our optimizer starts afresh)."""
+    import keras
+
+    optimizers = policy.towers.optimizers
+    if len(optimizers) != 1 or not isinstance(optimizers[0], keras.optimizers.Adam):
+        return None
+    adam = optimizers[0]
+    position = {id(v): j for j, v in enumerate(adam.variables)}  # get_state's keys: positions
+    key = "optimizer_0/{}".format
+    moments = {}
+    for name, variable in zip(policy.get_weights(), policy.variables()):
+        if variable.trainable:
+            index = adam._get_variable_index(variable)
+            moments[name] = (
+                key(position[id(adam._momentums[index])]),
+                key(position[id(adam._velocities[index])]),
+            )
+    return AdamKeys(key(position[id(adam.iterations)]), moments)
+
+
+def adam_slots(
+    adam: AdamSlots, shapes: Mapping[str, tuple], pairs, unused, keys: AdamKeys
+) -> dict[str, np.ndarray]:
+    """RLlib's Adam state as our optimizer variables: each moment follows its variable
+    through the weights' mapping (both Adams apply the same update: ResourceApplyAdam's
+    and tf_keras' formula, the step counted the same way)."""
+    trained = {name: shapes[name] for name in keys.moments}
+    first = mapped_weights(adam.first, trained, pairs, unused)
+    second = mapped_weights(adam.second, trained, pairs, unused)
+    slots = {keys.step: np.asarray(adam.step, np.int64)}
+    for name, (m_key, v_key) in keys.moments.items():
+        slots[m_key], slots[v_key] = first[name], second[name]
+    return slots
 
 
 def checkpoint_kl_coeff(checkpoint: RLlibPolicyCheckpoint) -> float | None:
@@ -304,7 +395,12 @@ def policy_from_rllib(
     merged = {**merged, **given, "model": {**merged["model"], **dict(given.get("model") or {})}}
     policy = policy_cls(obs_space, act_space, merged)
     state = imported_state(
-        checkpoint, policy.get_state(), policy.config.model, obs_shape, weight_map
+        checkpoint,
+        policy.get_state(),
+        policy.config.model,
+        obs_shape,
+        weight_map,
+        adam_keys(policy),
     )
     policy.set_state(state)
     return policy
