@@ -258,21 +258,25 @@ class OfflineRunners:
         return {self.policy_id: position}
 
     def check_read_positions(self, positions: dict[str, ReadPosition]) -> None:
-        """ValueError naming what differs, when `positions` are not of this read."""
+        """ValueError naming what differs, when `positions` are of other rows (other
+        files, or another held-out fraction)."""
         if set(positions) != {self.policy_id}:
             raise ValueError(f"read position of policies {sorted(positions)}, this run reads "
                              f"{self.policy_id!r}")  # fmt: skip
         saved, here = positions[self.policy_id].identity, self._identity()
-        for key in here:
+        for key in ("files", "held_out"):
             if saved.get(key) != here[key]:
                 raise ValueError(
                     f"the read position is of {key} {saved.get(key)!r}, this run's is "
-                    f"{here[key]!r}: resume with the same input, train_batch_size and "
-                    "shuffle_buffer_size"
+                    f"{here[key]!r}: resume with the input the run read"
                 )
 
     def set_read_positions(self, positions: dict[str, ReadPosition]) -> None:
-        """Go on from `positions` (checked by check_read_positions)."""
+        """Go on from `positions` (checked by check_read_positions). Of another
+        rows_per_sample or shuffle_buffer_size (a changed train_batch_size, a PBT
+        explore), the pass goes on from the same place with the rows kept, cut into
+        samples of this size: no row is lost or read twice, but the read is not the one
+        an uninterrupted run of either size makes."""
         position = positions[self.policy_id]
         self._pass.close()
         self.passes = position.passes
