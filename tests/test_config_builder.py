@@ -130,3 +130,21 @@ def test_build_algo_builds_the_registered_algorithm_from_a_copy():
         assert algo.train()["timesteps_total"] >= 128
     finally:
         algo.stop()
+
+
+def test_the_config_builder_takes_the_keys_where_rllib_has_them():
+    config = (
+        PPOConfig()
+        .env_runners(
+            custom_resources_per_env_runner={"node_1": 0.01},
+            custom_resources_per_policy_actor={"node_2": 0.01},
+        )
+        .learners(
+            custom_resources_per_learner={"node_2": 0.5}, learner_placement_strategy="STRICT_SPREAD"
+        )
+        .to_dict()
+    )
+    assert config["custom_resources_per_env_runner"] == {"node_1": 0.01}
+    assert config["custom_resources_per_policy_actor"] == {"node_2": 0.01}
+    assert config["custom_resources_per_learner"] == {"node_2": 0.5}
+    assert config["learner_placement_strategy"] == "STRICT_SPREAD"

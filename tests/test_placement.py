@@ -12,8 +12,7 @@ import threading
 import pytest
 import ray
 
-from algorithms.ppo import PPOConfig
-from policy_service.config import ConfigError
+from policy_service.config import ConfigError, from_dict
 from policy_service.distributed import head_watch, learners, resources
 from policy_service.distributed.env_runner_group import (
     env_runner_asks,
@@ -21,16 +20,17 @@ from policy_service.distributed.env_runner_group import (
     policy_actor_ray_options,
 )
 from policy_service.distributed.resources import ResourcesExceedClusterError, check_cluster_fits
+from policy_service.policy.policy_config import PolicyConfig
 
 
 @pytest.mark.parametrize("strategy", ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
 def test_every_ray_placement_strategy_is_accepted(strategy):
-    assert PPOConfig(learner_placement_strategy=strategy).learner_placement_strategy == strategy
+    assert PolicyConfig(learner_placement_strategy=strategy).learner_placement_strategy == strategy
 
 
 def test_an_unknown_strategy_is_one_line_naming_the_key():
     with pytest.raises(ConfigError) as refused:
-        PPOConfig.from_dict({"learner_placement_strategy": "SPREAD_THIN"})
+        from_dict(PolicyConfig, {"learner_placement_strategy": "SPREAD_THIN"})
     assert "learner_placement_strategy" in str(refused.value)
     assert "STRICT_SPREAD" in str(refused.value) and "\n" not in str(refused.value)
 
@@ -46,12 +46,12 @@ def test_an_unknown_strategy_is_one_line_naming_the_key():
 @pytest.mark.parametrize("bad", [{"CPU": 1}, {"GPU": 1}, {"node_1": -0.5}, {"x": "a"}])
 def test_custom_resources_are_checked_where_they_enter(key, bad):
     with pytest.raises(ConfigError) as refused:
-        PPOConfig.from_dict({key: bad})
+        from_dict(PolicyConfig, {key: bad})
     assert str(refused.value).startswith(f"config.{key} must be a dict of custom resource")
 
 
 def test_custom_resources_reach_each_roles_ray_options_and_asks():
-    config = PPOConfig(
+    config = PolicyConfig(
         num_learners=2,
         custom_resources_per_learner={"node_2": 0.5},
         custom_resources_per_env_runner={"node_1": 0.01},
@@ -90,7 +90,7 @@ def test_strict_spread_over_more_learners_than_alive_nodes_is_one_line(monkeypat
     monkeypatch.setattr(resources, "in_capturing_placement_group", lambda: False)
 
     def asks(strategy: str, num_learners: int):
-        config = PPOConfig(num_learners=num_learners, learner_placement_strategy=strategy)
+        config = PolicyConfig(num_learners=num_learners, learner_placement_strategy=strategy)
         return env_runner_asks(2, 1, None) + learners.learner_asks(config)
 
     check_cluster_fits(asks("STRICT_SPREAD", 2))
@@ -147,21 +147,3 @@ def test_a_lost_head_ends_the_process_in_one_line():
     )
     assert done.stderr.endswith(" has not answered for 0.5 s; continue with X\n")
     assert done.stderr.count("\n") == 1
-
-
-def test_the_config_builder_takes_the_keys_where_rllib_has_them():
-    config = (
-        PPOConfig()
-        .env_runners(
-            custom_resources_per_env_runner={"node_1": 0.01},
-            custom_resources_per_policy_actor={"node_2": 0.01},
-        )
-        .learners(
-            custom_resources_per_learner={"node_2": 0.5}, learner_placement_strategy="STRICT_SPREAD"
-        )
-        .to_dict()
-    )
-    assert config["custom_resources_per_env_runner"] == {"node_1": 0.01}
-    assert config["custom_resources_per_policy_actor"] == {"node_2": 0.01}
-    assert config["custom_resources_per_learner"] == {"node_2": 0.5}
-    assert config["learner_placement_strategy"] == "STRICT_SPREAD"

@@ -9,7 +9,6 @@ import time
 import pytest
 import ray
 
-from algorithms.ppo import PPOConfig
 from policy_service.distributed import resources
 from policy_service.distributed.env_runner_group import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.learners import learner_asks
@@ -18,6 +17,7 @@ from policy_service.distributed.resources import (
     ResourcesNotFreedError,
     check_cluster_fits,
 )
+from policy_service.policy.policy_config import PolicyConfig
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def cluster(monkeypatch):
 
 def run_asks(num_env_runners, cpus_per_runner, policy_actor_cpus, num_learners, cpus_per_learner):
     options = None if policy_actor_cpus is None else {"num_cpus": policy_actor_cpus}
-    config = PPOConfig(num_learners=num_learners, num_cpus_per_learner=cpus_per_learner)
+    config = PolicyConfig(num_learners=num_learners, num_cpus_per_learner=cpus_per_learner)
     return env_runner_asks(num_env_runners, cpus_per_runner, options) + learner_asks(config)
 
 
@@ -72,7 +72,7 @@ def test_what_fits_exactly_is_accepted(cluster, asks):
 
 def test_every_resource_short_is_named_with_the_roles_asking_for_it(cluster):
     gpu_actor = policy_actor_ray_options(None, {"num_gpus_per_policy_actor": 0.5})
-    config = PPOConfig(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=1)
+    config = PolicyConfig(num_learners=2, num_gpus_per_learner=1, num_cpus_per_learner=1)
     asks = env_runner_asks(1, 0.5, gpu_actor) + learner_asks(config)
     with pytest.raises(ResourcesExceedClusterError) as refused:
         check_cluster_fits(asks)
