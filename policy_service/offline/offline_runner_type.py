@@ -264,7 +264,7 @@ class OfflineRunners:
             raise ValueError(f"read position of policies {sorted(positions)}, this run reads "
                              f"{self.policy_id!r}")  # fmt: skip
         saved, here = positions[self.policy_id].identity, self._identity()
-        for key in ("files", "held_out"):
+        for key in ("files", "rows", "held_out"):
             if saved.get(key) != here[key]:
                 raise ValueError(
                     f"the read position is of {key} {saved.get(key)!r}, this run's is "
@@ -292,7 +292,8 @@ class OfflineRunners:
 
     def _identity(self) -> dict:
         return {
-            "files": [str(f) for f in self.dataset.files],
+            "files": [f.name for f in self.dataset.files],  # the data moved still resumes
+            "rows": self.dataset.num_rows,
             "rows_per_sample": self.rows_per_sample,
             "shuffle_buffer_size": self.shuffle_buffer_size,
             "held_out": self.held_out,
