@@ -10,9 +10,11 @@ import pytest
 from multi_agent_envs import CUES, TwoMapsEnv, by_agent
 
 from algorithms import register_env
-from algorithms.bc import BC
+from algorithms.bc import BC, BCConfig, BCPolicy
 from algorithms.marwil import MARWIL
+from algorithms.multi_agent_offline import offline_multi_agent_runners
 from policy_service import PolicySpec
+from policy_service.config import from_dict
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import agent_policies
@@ -24,13 +26,13 @@ SMALL = {"model": {"fcnet_hiddens": [16]}, "seed": 0}
 TARGETS = {"a": lambda cue: cue, "b": lambda cue: (cue + 1) % CUES}
 
 
-def worker_output(directory, fragments: int = 2) -> MultiAgentBatch:
+def worker_output(directory, fragments: int = 2, fmt: str = "parquet") -> MultiAgentBatch:
     """What a multi-agent run's env runner writes with `output` (PPO acting)."""
     from algorithms.ppo import PPOPolicy
 
     policies = agent_policies(
         {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), PPOPolicy,
-        {**SMALL, "output": str(directory)},
+        {**SMALL, "output": str(directory), "output_format": fmt},
     )  # fmt: skip
     worker = MultiAgentRolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=16)
     try:
@@ -97,24 +99,25 @@ def bc_config(directory, **changes) -> dict:
     }
 
 
-def test_each_policy_trains_on_the_rows_a_multi_agent_run_wrote(tmp_path):
-    written = worker_output(tmp_path)
-    algo = BC(bc_config(tmp_path, shuffle_buffer_size=0))
+@pytest.mark.parametrize("fmt", ["parquet", "json"])  # a directory per policy; one per line
+def test_each_policy_reads_the_rows_a_multi_agent_run_wrote(tmp_path, fmt):
+    """The runners Algorithm builds for `policies` with `input` (the slow tests train)."""
+    written = worker_output(tmp_path, fmt=fmt)
+    config = from_dict(BCConfig, bc_config(tmp_path, shuffle_buffer_size=0))
+    runners, policies = offline_multi_agent_runners(config, BCPolicy, seed=0)
     try:
-        runners = algo.multi_agent[0]
-        batch, _ = runners.sample()
-        for policy_id in ("pa", "pb"):  # its own rows, in the order written
-            mine = written.policy_batches[policy_id]
-            np.testing.assert_array_equal(
-                batch.policy_batches[policy_id][SampleBatch.OBS], mine[SampleBatch.OBS][:64]
-            )
-            policy = algo.get_policy(policy_id)
-            assert policy.observation_space == TwoMapsEnv().observation_spaces["a"]
-        result = algo.train()
+        batch, metrics = runners.sample()
     finally:
-        algo.stop()
-    assert result["num_samples_trained_this_iter"] == 2 * 64
-    assert {"pa/policy_loss", "pb/policy_loss"} <= set(result)
+        runners.stop()
+    assert metrics["env_steps"] == 64 and metrics["agent_steps"] == 2 * 64
+    for policy_id in ("pa", "pb"):  # its own rows, in the order written
+        mine = written.policy_batches[policy_id]
+        np.testing.assert_array_equal(
+            batch.policy_batches[policy_id][SampleBatch.OBS], mine[SampleBatch.OBS][:64]
+        )
+        spec = policies.specs[policy_id]  # spaces from the manifest: no env named
+        assert spec.observation_space == TwoMapsEnv().observation_spaces["a"]
+        assert spec.action_space == TwoMapsEnv().action_spaces["a"]
 
 
 @pytest.mark.slow  # 6-8 s: MARWIL's postprocessing copies and learners, two policies
