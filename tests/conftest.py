@@ -50,10 +50,10 @@ class SharedRay:
     def __init__(self) -> None:
         self.resources: dict | None = None  # what the running Ray was started with
 
-    def enter(self, resources: dict) -> None:
+    def enter(self, resources: dict, fresh: bool = False) -> None:
         import ray
 
-        if ray.is_initialized() and (resources != self.resources or not self._clean()):
+        if ray.is_initialized() and (fresh or resources != self.resources or not self._clean()):
             self.shutdown()
         if not ray.is_initialized():
             ray.init(address="local", num_cpus=2, include_dashboard=False, **resources)
@@ -117,13 +117,16 @@ def ray_local(request):
     """A real local Ray for the test module (SharedRay), with the shared test envs
     (single- and multi-agent) and policies pickled by value so Ray workers need not
     import them. A module may set RAY_RESOURCES, e.g. {"num_gpus": 1}: Ray then
-    advertises a GPU that no device backs."""
+    advertises a GPU that no device backs; FRESH_RAY = True starts a Ray of its own
+    (a module whose placement groups need every CPU of it, as Tune trials do)."""
     import envs
     import fakes
     import multi_agent_envs
     import ray
 
-    SHARED_RAY.enter(getattr(request.module, "RAY_RESOURCES", {}))
+    SHARED_RAY.enter(
+        getattr(request.module, "RAY_RESOURCES", {}), getattr(request.module, "FRESH_RAY", False)
+    )
     for module in (envs, fakes, multi_agent_envs):
         ray.cloudpickle.register_pickle_by_value(module)
     yield

@@ -51,6 +51,7 @@ TINY = {
     "metrics_num_episodes_for_smoothing": 20,
 }
 RANDOM_RETURN = 22  # a random policy's mean return on CartPole
+FRESH_RAY = True  # trials place groups of up to every CPU: nothing of another module may wait
 TESTS = Path(__file__).parent
 
 
