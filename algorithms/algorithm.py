@@ -1443,6 +1443,11 @@ class Algorithm:
                 f"{call}: this run has one policy ({DEFAULT_POLICY_ID!r}, no config.policies); "
                 "build it with config.policies to add or remove policies during the run"
             )
+        if offline_keys.is_offline(self.config):
+            raise ConfigError(
+                f"{call}: an offline run trains the policies of config.policies on their "
+                "rows of config.input, read from its start; build a new run to change them"
+            )
         return self.multi_agent[1]
 
     def _change_policies(

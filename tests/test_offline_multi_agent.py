@@ -14,7 +14,7 @@ from algorithms.bc import BC, BCConfig, BCPolicy
 from algorithms.marwil import MARWIL
 from algorithms.multi_agent_offline import offline_multi_agent_runners
 from policy_service import PolicySpec
-from policy_service.config import from_dict
+from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import agent_policies
@@ -164,6 +164,19 @@ def test_the_env_given_is_checked_against_the_manifest(tmp_path):
     with pytest.raises(OfflineDataError) as err:
         BC(bc_config(tmp_path, env="two_maps_continuous"))
     assert "policy 'pa': action_space is Discrete(4) there" in str(err.value)
+
+
+def test_policies_are_not_added_or_removed_during_an_offline_run(tmp_path):
+    scripted_output(tmp_path, episodes=4, correct=1.0)
+    algo = BC(bc_config(tmp_path))
+    try:
+        for change in (lambda: algo.add_policy("pc"), lambda: algo.remove_policy("pb")):
+            with pytest.raises(ConfigError) as err:
+                change()
+            assert "an offline run trains the policies of config.policies" in str(err.value)
+        assert sorted(algo.multi_agent[1].groups) == ["pa", "pb"]
+    finally:
+        algo.stop()
 
 
 @pytest.mark.slow  # 12 s on 2 busy cores (load 8), 50 evaluation episodes included
