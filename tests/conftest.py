@@ -166,6 +166,9 @@ TEST_SECONDS = Path(
     )
 )
 UNMEASURED_TEST_S = 5.0  # a test no run has timed yet
+# each file's seconds when this machine has measured none of its tests (a clean CI
+# machine): tests/file_seconds.py writes it from a record
+FILE_SECONDS = Path(__file__).with_name("file_seconds.json")
 
 
 def recorded_test_seconds() -> dict[str, float]:
@@ -182,6 +185,10 @@ class LongestFileFirst:
     def __init__(self) -> None:
         self.seconds = recorded_test_seconds()
         self.measured: dict[str, float] = {}
+        try:
+            self.file_seconds: dict[str, float] = json.loads(FILE_SECONDS.read_text())
+        except (OSError, ValueError):
+            self.file_seconds = {}
 
     @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
     def pytest_xdist_make_scheduler(self, config, log):
@@ -189,12 +196,14 @@ class LongestFileFirst:
             return None
         from xdist.scheduler import LoadFileScheduling
 
-        seconds = self.seconds
+        seconds, file_seconds = self.seconds, self.file_seconds
 
         class Scheduling(LoadFileScheduling):
             def _assign_work_unit(self, node) -> None:
                 def cost(scope: str) -> float:
                     tests = self.workqueue[scope]
+                    if scope in file_seconds and not any(test in seconds for test in tests):
+                        return file_seconds[scope]
                     return sum(seconds.get(test, UNMEASURED_TEST_S) for test in tests)
 
                 self.workqueue.move_to_end(max(self.workqueue, key=cost), last=False)
