@@ -108,13 +108,22 @@ def test_a_multi_agent_env_runner_sends_the_rules_action(name):
 
 
 class _Server(BaseHTTPRequestHandler):
-    """GET /v1/spec and /v1/model as a training server answers them; nothing else."""
+    """GET /v1/spec and /v1/model as a training server answers them; POST
+    /v1/experiences kept in `uploads`."""
 
     protocol_version = "HTTP/1.1"
     answers: dict = {}
+    uploads: list = []
 
     def do_GET(self):
-        body, headers = self.answers[self.path]
+        self._answer(*self.answers[self.path])
+
+    def do_POST(self):
+        assert self.path == "/v1/experiences"
+        self.uploads.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self._answer(json.dumps({"weights_version": 1}).encode(), {})
+
+    def _answer(self, body: bytes, headers: dict) -> None:
         self.send_response(200)
         for key, value in {**headers, "Content-Length": str(len(body))}.items():
             self.send_header(key, value)
@@ -138,8 +147,8 @@ def test_a_local_policy_client_returns_the_rules_action(name, tmp_path):
     export_saved_model(policy, str(tmp_path / "model"))
     spec = json.dumps(api_spec(policy, 1, 1 << 20)).encode()
     model = pack_model(tmp_path, weights_version=1, global_timestep=0)
-    handler = type("Server", (_Server,), {})
-    handler.answers = {"/v1/spec": (spec, {}), "/v1/model": (model, {"x-weights-version": "1"})}
+    answers = {"/v1/spec": (spec, {}), "/v1/model": (model, {"x-weights-version": "1"})}
+    handler = type("Server", (_Server,), {"answers": answers, "uploads": []})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -149,8 +158,10 @@ def test_a_local_policy_client_returns_the_rules_action(name, tmp_path):
         episode_id = client.start_episode()
         action = client.get_action(episode_id, np.zeros(2, np.float32))
         np.testing.assert_allclose(action, expected, atol=1e-6)
-        recorded = client._episodes[episode_id].actions  # what the server will train on
-        np.testing.assert_allclose(recorded, [MEAN], atol=1e-6)
+        client.end_episode(episode_id, action, truncated=True)
+        client.close()  # uploads the episode: the server trains on the policy's own action
+        (upload,) = handler.uploads
+        np.testing.assert_allclose(upload["episodes"][0]["actions"], [MEAN], atol=1e-6)
     finally:
         server.shutdown()
         server.server_close()
