@@ -1366,9 +1366,8 @@ class Algorithm:
             prev_reward=prev_reward,
             timestep=timestep,
         )
-        config = policy.config
-        action = env_actions.single_to_env(
-            policy.action_space, action, config.normalize_actions, config.clip_actions
+        action = env_actions.EnvActionRule.of(policy.action_space, policy.config).single_to_env(
+            action
         )
         if state is not None or full_fetch or policy.is_recurrent():
             return action, state_out, extra

@@ -154,6 +154,8 @@ def check_spaces_fit(state: dict, environment, env_id: str, asked_for: bool = Tr
 def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     """Play `episodes` episodes (env seeded seed, seed+1, ...) -> returns and lengths."""
     returns, lengths = [], []
+    # the env gets what env runners send (normalize_actions, clip_actions)
+    to_env = env_actions.EnvActionRule.of(policy.action_space, policy.config)
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         state = policy.get_initial_state() if policy.is_recurrent() else None
@@ -168,11 +170,7 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
                 )
             else:
                 action, _, _ = policy.compute_single_action(obs, explore=explore)
-            cfg = policy.config  # the env gets what env runners send (env_actions.py)
-            sent = env_actions.single_to_env(
-                policy.action_space, action, cfg.normalize_actions, cfg.clip_actions
-            )
-            obs, reward, terminated, truncated, _ = env.step(sent)
+            obs, reward, terminated, truncated, _ = env.step(to_env.single_to_env(action))
             total += float(reward)
             steps += 1
             prev_action, prev_reward = action, float(reward)
