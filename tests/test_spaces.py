@@ -4,11 +4,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
+from policy_service.data.env_actions import EnvActionRule, to_env
 from policy_service.data.spaces import (
     ObservationPreprocessor,
     action_dtype_and_shape,
     check_actions,
-    clip_actions,
     is_image_space,
     make_preprocessor,
 )
@@ -308,7 +308,7 @@ def test_unsupported_action_spaces_are_named(space):
     for function in (
         action_dtype_and_shape,
         lambda s: check_actions(s, np.zeros(1)),
-        lambda s: clip_actions(s, np.zeros(1)),
+        EnvActionRule,
     ):
         with pytest.raises(NotImplementedError, match=type(space).__name__):
             function(space)
@@ -361,15 +361,15 @@ def test_nan_box_action_is_rejected_even_without_bounds_check():
     assert "row 0" in message and "nan" in message
 
 
-def test_clip_actions_returns_a_clipped_copy():
+def test_clipped_env_actions_are_a_clipped_copy():
     space = Box(np.array([-1.0, 0.0], np.float32), np.array([1.0, 2.0], np.float32))
     actions = np.array([[-3.0, 1.0], [0.5, 9.0]])
-    clipped = clip_actions(space, actions)
+    clipped = to_env(space, actions, normalize=False, clip=True)
     assert clipped.dtype == np.float32
     np.testing.assert_array_equal(clipped, [[-1.0, 1.0], [0.5, 2.0]])
     assert actions[0, 0] == -3.0  # the input is untouched
     discrete = np.array([1, 2])
-    copy = clip_actions(Discrete(3), discrete)
+    copy = to_env(Discrete(3), discrete, normalize=False, clip=True)
     np.testing.assert_array_equal(copy, discrete)
     assert copy is not discrete
 
@@ -407,7 +407,7 @@ def test_nested_actions_are_checked_per_leaf_naming_it():
 
 def test_nested_clip_clips_box_leaves_only():
     actions = {"move": (np.array([2]), np.array([[3.0, -3.0]])), "pick": np.array([[1, 0]])}
-    clipped = clip_actions(NESTED, actions)
+    clipped = to_env(NESTED, actions, normalize=False, clip=True)
     np.testing.assert_array_equal(clipped["move"][1], [[1.0, -1.0]])
     assert clipped["move"][0] is not actions["move"][0] and clipped["pick"].tolist() == [[1, 0]]
 

@@ -644,24 +644,6 @@ def _check_leaf_actions(
 
 
 def has_box_leaves(action_space: gym.Space) -> bool:
-    """Whether clip_actions has anything to clip (an unsupported leaf is a ValueError)."""
+    """Whether the action space has a leaf that clipping or normalizing changes (an
+    unsupported leaf is named in a NotImplementedError)."""
     return any(isinstance(leaf, gym.spaces.Box) for _, leaf in action_leaves(action_space))
-
-
-def clip_actions(action_space: gym.Space, actions: Any) -> Any:
-    """A copy of the actions with each Box leaf clipped to its [low, high] (float32).
-
-    Discrete and MultiDiscrete leaves have nothing to clip; they come back as an
-    unchanged copy.
-    """
-    leaves = action_leaves(action_space)
-    values = action_leaf_values(action_space, actions, "actions")
-    return nest_actions(
-        action_space,
-        [
-            np.clip(np.asarray(value, np.float32), space.low, space.high).astype(np.float32)
-            if isinstance(space, gym.spaces.Box)
-            else np.array(value, copy=True)
-            for (_, space), value in zip(leaves, values)
-        ],
-    )

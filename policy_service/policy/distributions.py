@@ -262,8 +262,8 @@ class DiagGaussian(ActionDistribution):
 
     inputs: <float32>[B, 2d] = concat(mean, log_std); log_std is clipped to
     [LOG_STD_MIN, LOG_STD_MAX] = [-20, 2].
-    actions: <float32>[B, d], not clipped to the Box bounds (see
-    spaces.clip_actions). logp and entropy sum over the d dimensions.
+    actions: <float32>[B, d], not clipped to the Box bounds (the env gets them clipped
+    or normalized: data/env_actions.py). logp and entropy sum over the d dimensions.
     """
 
     def __init__(self, inputs):
