@@ -419,13 +419,31 @@ def _leaves(table: pa.RecordBatch | pa.Table, specs: list[LeafSpec], where: Any)
 
 
 def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) -> Iterator[Rows]:
+    """Ray Data's read tasks, one per file, their blocks cut into chunks here (Ray's
+    rebatching copies rows across blocks in a driver thread; slices are views)."""
     import ray.data  # only when asked: Ray Data is heavy to import
 
-    names = [s.name for s in specs]
-    dataset = ray.data.read_parquet([str(f) for f in files], columns=names, concurrency=readers)
+    context = ray.data.DataContext.get_current()
+    datasource_v2 = context.use_datasource_v2
+    # V2 (Ray 2.60's default) runs a ListFiles task before reading, on every pass:
+    # seconds of scheduling on a busy machine for files we have already listed
+    context.use_datasource_v2 = False
+    try:
+        dataset = ray.data.read_parquet(
+            [str(f) for f in files],
+            columns=[s.name for s in specs],
+            concurrency=readers,
+            override_num_blocks=len(files),  # not split into ~200 small blocks
+        )
+    finally:
+        context.use_datasource_v2 = datasource_v2
     dataset.context.target_max_block_size = RAY_BLOCK_BYTES  # this dataset's context only
-    for table in dataset.iter_batches(batch_size=CHUNK_ROWS, batch_format="pyarrow"):
-        yield _leaves(table, specs, f"{len(files)} Parquet files")
+    dataset.context.enable_progress_bars = False
+    where = f"{len(files)} Parquet files"
+    blocks: Iterable[pa.Table] = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+    for block in blocks:
+        for start in range(0, block.num_rows, CHUNK_ROWS):
+            yield _leaves(block.slice(start, CHUNK_ROWS), specs, where)
 
 
 # --------------------------------------------------------------------------------------
