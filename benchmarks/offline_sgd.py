@@ -96,6 +96,13 @@ def add_flags(parser) -> None:
         "the timed steps are rounded up to a multiple of it, both sides",
     )
     parser.add_argument(
+        "--cql-fragment",
+        type=int,
+        default=None,
+        help="ours, CQL: rollout_fragment_length, logged rows per read (default: an "
+        "iteration's rows, as BC's 'auto'; 1 is CQL's own default, from SAC's)",
+    )
+    parser.add_argument(
         "--d3rlpy-threads",
         type=int,
         default=1,
@@ -189,6 +196,9 @@ def ours_config(spec: dict) -> dict:
         "n_step": 1,
         "train_batch_size": batch,
         "min_sample_timesteps_per_iteration": rows,
+        # an iteration's rows read as one sample, as BC's "auto" does: SAC's default of 1
+        # reads the logged rows one at a time (--cql-fragment 1)
+        "rollout_fragment_length": spec.get("fragment") or rows,
         "bc_iters": 0,
         "temperature": 1.0,
         "num_actions": HYPER["num_actions"],
@@ -336,6 +346,7 @@ def measure(spec: dict):
     yield {
         "bench": NAME,
         **{k: spec[k] for k in ("side", "algo", "round", "steps")},
+        **({"fragment": spec["fragment"]} if spec.get("fragment") else {}),
         "batch_size": HYPER["batch_size"],
         **run,
         "samples_per_s": run["samples"] / run["wall_s"],
@@ -392,7 +403,10 @@ def configurations(args) -> list[dict]:
         }
         for side in sides:
             if side == "ours":
-                specs.append(dict(base, side=side, steps_per_iteration=per_iteration))
+                fragment = args.cql_fragment if algo == "cql" else None
+                specs.append(
+                    dict(base, side=side, steps_per_iteration=per_iteration, fragment=fragment)
+                )
             else:
                 specs.append(
                     dict(
