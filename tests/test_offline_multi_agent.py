@@ -7,7 +7,8 @@ from __future__ import annotations
 import gymnasium as gym
 import numpy as np
 import pytest
-from multi_agent_envs import CUES, TwoMapsEnv, by_agent
+from multi_agent_envs import TwoMapsEnv, by_agent
+from offline_datasets import multi_agent_bc_config, scripted_output
 
 from algorithms import register_env
 from algorithms.bc import BC, BCConfig, BCPolicy
@@ -20,10 +21,8 @@ from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 from policy_service.offline import OfflineDataError
-from policy_service.offline.output import ExperienceOutput
 
 SMALL = {"model": {"fcnet_hiddens": [16]}, "seed": 0}
-TARGETS = {"a": lambda cue: cue, "b": lambda cue: (cue + 1) % CUES}
 
 
 def worker_output(directory, fragments: int = 2, fmt: str = "parquet") -> MultiAgentBatch:
@@ -43,67 +42,11 @@ def worker_output(directory, fragments: int = 2, fmt: str = "parquet") -> MultiA
         worker.stop()
 
 
-def scripted_output(directory, episodes: int, correct: float, seed: int = 0) -> float:
-    """TwoMapsEnv played by a noisy expert (its agent's target with probability
-    `correct`, else a uniform action), each agent's rows written under its policy id
-    as a run's `output` writes them -> the behaviour's mean return per agent."""
-    env, rng = TwoMapsEnv({"seed": seed}), np.random.default_rng(seed)
-    rows: dict = {agent: [] for agent in env.possible_agents}
-    returns = []
-    for episode in range(episodes):
-        obs, _ = env.reset()
-        t, done = 0, False
-        while not done:
-            cue = int(env.cue)
-            actions = {
-                a: TARGETS[a](cue) if rng.random() < correct else int(rng.integers(CUES))
-                for a in obs
-            }
-            new_obs, rewards, terminateds, _, _ = env.step(actions)
-            done = terminateds["__all__"]
-            for a in actions:
-                rows[a].append((obs[a], actions[a], rewards[a], new_obs[a], done, episode, t))
-                returns.append(rewards[a])
-            obs, t = new_obs, t + 1
-    batches = {}
-    for agent, agent_rows in rows.items():
-        o, act, r, o2, d, eps, t = (np.asarray(column) for column in zip(*agent_rows))
-        batches[by_agent(agent, None)] = SampleBatch(
-            {
-                SampleBatch.OBS: o.astype(np.float32),
-                SampleBatch.ACTIONS: act.astype(np.int64),
-                SampleBatch.REWARDS: r.astype(np.float32),
-                SampleBatch.NEXT_OBS: o2.astype(np.float32),
-                SampleBatch.TERMINATEDS: d,
-                SampleBatch.TRUNCATEDS: np.zeros(len(d), bool),
-                SampleBatch.EPS_ID: eps.astype(np.int64),
-                SampleBatch.T: t.astype(np.int64),
-            }
-        )
-    spaces = {by_agent(a, None): (env.observation_spaces[a], env.action_spaces[a]) for a in rows}
-    output = ExperienceOutput(directory)
-    output.write(MultiAgentBatch(batches, episodes * env.episode_len), spaces)
-    output.close()
-    return float(np.sum(returns)) / episodes / len(rows)
-
-
-def bc_config(directory, **changes) -> dict:
-    return {
-        "input": str(directory),
-        "policies": {"pa": None, "pb": None},
-        "policy_mapping_fn": by_agent,
-        "train_batch_size": 64,
-        "minibatch_size": 32,
-        **SMALL,
-        **changes,
-    }
-
-
 @pytest.mark.parametrize("fmt", ["parquet", "json"])  # a directory per policy; one per line
 def test_each_policy_reads_the_rows_a_multi_agent_run_wrote(tmp_path, fmt):
     """The runners Algorithm builds for `policies` with `input` (the slow tests train)."""
     written = worker_output(tmp_path, fmt=fmt)
-    config = from_dict(BCConfig, bc_config(tmp_path, shuffle_buffer_size=0))
+    config = from_dict(BCConfig, multi_agent_bc_config(tmp_path, shuffle_buffer_size=0))
     runners, policies = offline_multi_agent_runners(config, BCPolicy, seed=0)
     try:
         batch, metrics = runners.sample()
@@ -123,7 +66,7 @@ def test_each_policy_reads_the_rows_a_multi_agent_run_wrote(tmp_path, fmt):
 @pytest.mark.slow  # 6-8 s: MARWIL's postprocessing copies and learners, two policies
 def test_marwil_trains_each_policy_too(tmp_path):
     scripted_output(tmp_path, episodes=20, correct=0.5)
-    algo = MARWIL(bc_config(tmp_path))
+    algo = MARWIL(multi_agent_bc_config(tmp_path))
     try:
         before = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
         result = algo.train()
@@ -139,7 +82,7 @@ def test_a_policy_without_rows_is_one_line(tmp_path):
     scripted_output(tmp_path, episodes=4, correct=1.0)
     policies = {"pa": None, "pb": None, "pc": None}
     with pytest.raises(OfflineDataError) as err:
-        BC(bc_config(tmp_path, policies=policies))
+        BC(multi_agent_bc_config(tmp_path, policies=policies))
     assert str(err.value) == (
         "config.policies: policy 'pc' has no rows in config.input (its policies: ['pa', 'pb'])"
     )
@@ -150,7 +93,7 @@ def test_spaces_that_disagree_with_the_config_are_one_line(tmp_path):
     other = gym.spaces.Box(0.0, 1.0, (3,), np.float32)
     policies = {"pa": PolicySpec(observation_space=other), "pb": None}
     with pytest.raises(OfflineDataError) as err:
-        BC(bc_config(tmp_path, policies=policies))
+        BC(multi_agent_bc_config(tmp_path, policies=policies))
     message = str(err.value)
     assert "\n" not in message
     assert str(tmp_path / "pa" / "_manifest.json") in message
@@ -162,13 +105,13 @@ def test_the_env_given_is_checked_against_the_manifest(tmp_path):
     scripted_output(tmp_path, episodes=4, correct=1.0)
     register_env("two_maps_continuous", lambda c: TwoMapsEnv({**c, "continuous": True}))
     with pytest.raises(OfflineDataError) as err:
-        BC(bc_config(tmp_path, env="two_maps_continuous"))
+        BC(multi_agent_bc_config(tmp_path, env="two_maps_continuous"))
     assert "policy 'pa': action_space is Discrete(4) there" in str(err.value)
 
 
 def test_policies_are_not_added_or_removed_during_an_offline_run(tmp_path):
     scripted_output(tmp_path, episodes=4, correct=1.0)
-    algo = BC(bc_config(tmp_path))
+    algo = BC(multi_agent_bc_config(tmp_path))
     try:
         for change in (lambda: algo.add_policy("pc"), lambda: algo.remove_policy("pb")):
             with pytest.raises(ConfigError) as err:
@@ -190,7 +133,7 @@ def test_bc_per_policy_learns_each_agents_map(tmp_path):
     behaviour = scripted_output(tmp_path, episodes=400, correct=0.4)
     assert 4.0 < behaviour < 4.8
     algo = BC(
-        bc_config(
+        multi_agent_bc_config(
             tmp_path,
             env="two_maps",
             train_batch_size=256,

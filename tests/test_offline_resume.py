@@ -10,14 +10,15 @@ import shutil
 
 import numpy as np
 import pytest
-from test_offline_multi_agent import bc_config, scripted_output
-from test_offline_runner_type import episodes, runners, write
+from offline_datasets import episodes, multi_agent_bc_config, scripted_output, write
 
 from algorithms.bc import BC
-from algorithms.marwil import MARWIL
+from algorithms.marwil import MARWIL, MARWILConfig, MARWILPolicy
+from policy_service.config import from_dict
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.offline import read_position
+from policy_service.offline.offline_runner_type import build
 
 ITERATIONS, SAVED_AT = 7, 3  # 7 x 64 rows: past the end of the 400 rows' first pass
 
@@ -38,6 +39,12 @@ def config(logged, **changes) -> dict:
         "model": {"fcnet_hiddens": [8]},
         **changes,
     }
+
+
+def runners(logged, **changes):
+    """The runners a MARWIL run reads with: its postprocessing (returns bootstrapped by
+    the value head) runs on each chunk before the shuffle buffer."""
+    return build(from_dict(MARWILConfig, config(logged, **changes)), MARWILPolicy, 0, env=None)
 
 
 def weights_after(
@@ -113,7 +120,7 @@ def test_k_iterations_save_restore_and_the_rest_give_the_straight_runs_weights(l
 @pytest.mark.slow  # 9-11 s on 2 busy cores (load 7.5): 2 BC algorithms of two policies
 def test_a_multi_agent_run_resumes_each_policys_reading(tmp_path):
     scripted_output(tmp_path / "data", episodes=30, correct=0.5)  # 240 rows per policy
-    ma = bc_config(tmp_path / "data", shuffle_buffer_size=50, num_epochs=2)
+    ma = multi_agent_bc_config(tmp_path / "data", shuffle_buffer_size=50, num_epochs=2)
     straight = weights_after(BC, ma, 5, save_at=2, save_to=tmp_path / "ckpt")
     assert_same(straight, weights_after(BC, ma, 3, str(tmp_path / "ckpt")))
 

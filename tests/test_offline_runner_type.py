@@ -8,9 +8,9 @@ import json
 import shutil
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import pytest
+from offline_datasets import CARTPOLE, SPACES, episodes, write
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service.data.sample_batch import SampleBatch
@@ -19,39 +19,6 @@ from policy_service.offline import WRITERS, OfflineDataError
 from policy_service.offline.held_out import held_out
 from policy_service.offline.offline_runner_type import OfflineRunners
 from tests import fakes
-
-CARTPOLE = gym.make("CartPole-v1")
-SPACES = {"default_policy": (CARTPOLE.observation_space, CARTPOLE.action_space)}
-
-
-def episodes(count: int, seed: int = 0, length: int = 20) -> SampleBatch:
-    """`count` CartPole-shaped episodes of `length` rows (random rows, one eps_id each)."""
-    rng = np.random.default_rng(seed)
-    n = count * length
-    t = np.tile(np.arange(length), count)
-    return SampleBatch(
-        {
-            SampleBatch.OBS: rng.uniform(-0.2, 0.2, (n, 4)).astype(np.float32),
-            SampleBatch.NEXT_OBS: rng.uniform(-0.2, 0.2, (n, 4)).astype(np.float32),
-            SampleBatch.ACTIONS: rng.integers(0, 2, n),
-            SampleBatch.REWARDS: np.ones(n, np.float32),
-            SampleBatch.TERMINATEDS: t == length - 1,
-            SampleBatch.TRUNCATEDS: np.zeros(n, bool),
-            SampleBatch.EPS_ID: np.repeat(np.arange(count, dtype=np.int64) + 1000 * seed, length),
-            SampleBatch.T: t,
-            SampleBatch.ACTION_LOGP: np.full(n, np.log(0.5), np.float32),
-            SampleBatch.ACTION_DIST_INPUTS: np.zeros((n, 2), np.float32),  # what PPO reads
-            SampleBatch.VF_PREDS: np.zeros(n, np.float32),
-            SampleBatch.INFOS: [{"step": int(i)} for i in t],
-        }
-    )
-
-
-def write(directory: Path, batches: list[SampleBatch], fmt: str = "parquet") -> Path:
-    with WRITERS[fmt](directory, SPACES, max_file_size=4096) as writer:
-        for batch in batches:
-            writer.write(batch)
-    return directory
 
 
 @pytest.fixture(scope="module")
