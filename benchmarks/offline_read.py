@@ -1,18 +1,20 @@
 """Reading offline experiences: rows/s and peak driver memory, ours beside bare pyarrow.
 
 CartPole-shaped rows (obs and new_obs float32[4], actions, rewards, terminateds,
-truncateds, eps_id, t, action_logp, action_prob) are written once with
-ParquetExperienceWriter (zstd, 64 MiB files), then read whole in a fresh child process
-per measurement, so each peak RSS (`ru_maxrss`) is that reading's alone:
+truncateds, eps_id, t, action_logp, action_prob) are written once per size into --data
+with ParquetExperienceWriter (zstd, 64 MiB files), then read whole in a fresh child
+process per measurement, so each peak RSS (`ru_maxrss`) is that reading's alone:
 - "pyarrow": `pyarrow.parquet.ParquetFile.iter_batches` over the same files, each
   column turned into a numpy array (obs reshaped to [n, 4]): the bare ceiling;
 - "reader_ray": `open_experiences(...).iter_batches(batch_size, num_readers=2)`,
   Ray Data read tasks, SampleBatches out (open's up-front checks included);
 - "reader_local": the same, read in process (num_readers=0).
 Each child reads 4 times: rows_per_s is the best pass after the first (which starts
-thread pools and Ray Data's worker processes: rows_per_s_first_pass). "ratio_*" is a reader's
-rows/s over pyarrow's (the issue's goal: >= 0.7 through Ray). The load average is
-recorded: on a busy machine Ray's start-up and scheduling dominate small reads.
+thread pools and Ray Data's worker processes: rows_per_s_first_pass). Each round runs
+the three modes one after another, so all meet the same load; the summary gives
+medians over rounds and each round's ratio, a reader's rows/s over pyarrow's (the
+issue's goal: >= 0.7 through Ray), and each mode's peak RSS at the larger size over
+that at the smaller (flat: about 1).
 
     python -m benchmarks.offline_read                         # 1M rows, memory at 200k and 1M
     python -m benchmarks.offline_read --rows 5000000 --memory-rows 1000000
@@ -22,19 +24,20 @@ recorded: on a busy machine Ray's start-up and scheduling dominate small reads.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import harness, plots, stats
+
+NAME = "offline_read"
+WORKLOAD = "CartPole rows from Parquet: ours through Ray Data / in process vs bare pyarrow"
 MODES = ("pyarrow", "reader_ray", "reader_local")
 PASSES = 4  # each child reads the files 4 times; rows_per_s is the best after the first
+GOAL = 0.7  # issue 47: through Ray Data, >= 0.7x pyarrow's rows/s
+SMOKE = {"rows": 20_000, "memory_rows": 5_000}
 
 
 def write_dataset(directory: Path, rows: int, file_mib: int = 64, chunk: int = 100_000) -> None:
@@ -93,85 +96,130 @@ def read_ours(directory: Path, batch_size: int, num_readers: int) -> int:
     return sum(b.count for b in experiences.iter_batches(batch_size, num_readers=num_readers))
 
 
-def child(mode: str, directory: Path, batch_size: int, num_readers: int) -> dict:
-    """One reading, timed from after the imports and Ray's start (not part of a read)."""
+def dataset_directory(spec: dict) -> Path:
+    return Path(spec["data"]) / f"rows{spec['rows']}_mib{spec['file_mib']}"
+
+
+def write_once(spec: dict) -> dict:
+    """The size's files, written unless a finished write is there (its marker)."""
+    directory = dataset_directory(spec)
+    done = directory / ".written"
+    if not done.exists():
+        write_dataset(directory, spec["rows"], spec["file_mib"])
+        done.touch()
+    files = list(directory.rglob("*.parquet"))
+    return {
+        "parquet_mib": round(sum(p.stat().st_size for p in files) / 2**20, 1),
+        "files": len(files),
+    }
+
+
+def measure(spec: dict):
+    """In a child: one mode's passes over one size's files (timed from after the imports
+    and Ray's start, not part of a read)."""
     import pyarrow.parquet  # noqa: F401
 
     import policy_service.offline.reader  # noqa: F401
 
-    if mode == "reader_ray":
+    if spec["mode"] == "data":
+        yield {"bench": NAME, "mode": "data", "rows": spec["rows"], **write_once(spec)}
+        return
+    if spec["mode"] == "reader_ray":
         import ray
         import ray.data
 
-        ray.init(address="local", num_cpus=num_readers, include_dashboard=False)
+        ray.init(**dict(harness.RAY_INIT, num_cpus=spec["num_readers"]))
+    directory = dataset_directory(spec)
     seconds = []
     for _ in range(PASSES):  # the first pass starts thread pools (and Ray's workers)
         start = time.perf_counter()
-        if mode == "pyarrow":
-            rows = read_pyarrow(directory, batch_size)
+        if spec["mode"] == "pyarrow":
+            rows = read_pyarrow(directory, spec["batch_size"])
         else:
-            rows = read_ours(directory, batch_size, num_readers if mode == "reader_ray" else 0)
+            readers = spec["num_readers"] if spec["mode"] == "reader_ray" else 0
+            rows = read_ours(directory, spec["batch_size"], readers)
         seconds.append(time.perf_counter() - start)
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {
-        "mode": mode,
+    yield {
+        "bench": NAME,
+        "round": spec["round"],
+        "mode": spec["mode"],
         "rows": rows,
+        "load_average_1m": round(os.getloadavg()[0], 1),
         "seconds_per_pass": [round(s, 3) for s in seconds],
         "rows_per_s": round(rows / min(seconds[1:])),
         "rows_per_s_first_pass": round(rows / seconds[0]),
-        "peak_rss_mib": round(peak_kib / 1024, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
 
 
-def measure(mode: str, directory: Path, args: argparse.Namespace) -> dict:
-    command = [sys.executable, "-m", "benchmarks.offline_read", "--child", mode,
-               "--dir", str(directory), "--batch-size", str(args.batch_size),
-               "--num-readers", str(args.num_readers)]  # fmt: skip
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
-    # Ray's workers may print to the driver's stdout too: take our record's line
-    (record,) = [line for line in out.stdout.splitlines() if line.startswith('{"mode"')]
-    return json.loads(record)
+def configurations(args) -> list[dict]:
+    size = harness.sizes(args, SMOKE)
+    common = {
+        "data": args.data,
+        "file_mib": args.file_mib,
+        "batch_size": args.batch_size,
+        "num_readers": args.num_readers,
+        "prepare_tf": False,
+    }
+    specs = []
+    for rows in sorted({size["memory_rows"], size["rows"]}):
+        specs.append(dict(common, mode="data", rows=rows))
+        specs += [dict(common, mode=mode, rows=rows) for mode in MODES]
+    return specs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def summarize(records: list[dict]) -> list[dict]:
+    """Per size and mode: medians over rounds, each round's ratio to pyarrow, and peak
+    RSS at the largest size over that at the smallest."""
+    ok = [r for r in records if "error" not in r and r.get("mode") in MODES]
+    data = {r["rows"]: r for r in records if r.get("mode") == "data"}
+    summary = stats.summarize_each(ok, ("rows", "mode"), ("rows_per_s", "peak_rss_mib"))
+    sizes = sorted({r["rows"] for r in ok})
+    for row in summary:
+        runs = [r for r in ok if r["rows"] == row["rows"]]
+        per_round = []
+        for n in sorted({r["round"] for r in runs}):
+            got = {r["mode"]: r["rows_per_s"] for r in runs if r["round"] == n}
+            per_round.append(stats.ratio(got.get(row["mode"]), got.get("pyarrow")))
+        row["vs_pyarrow_per_round"] = per_round
+        row["vs_pyarrow"] = stats.vs(summary, "rows_per_s", row, rows=row["rows"], mode="pyarrow")
+        row["loads"] = [r["load_average_1m"] for r in runs if r["mode"] == row["mode"]]
+        row.update({k: data.get(row["rows"], {}).get(k) for k in ("parquet_mib", "files")})
+        if row["mode"] == "reader_ray":
+            row["goal"] = GOAL
+            row["goal_met"] = None if row["vs_pyarrow"] is None else row["vs_pyarrow"] >= GOAL
+        if len(sizes) > 1 and row["rows"] == sizes[-1]:
+            small = stats.find(summary, "peak_rss_mib", rows=sizes[0], mode=row["mode"])
+            row[f"peak_rss_vs_{sizes[0]}_rows"] = stats.ratio(row["peak_rss_mib"], small)
+    return summary
+
+
+def plot(summary: list[dict], out_dir: str) -> str | None:
+    if not summary:
+        return None
+    sizes = sorted({r["rows"] for r in summary})
+    return plots.bar_chart(
+        Path(out_dir) / f"{NAME}.png",
+        "Reading CartPole rows from Parquet (median of rounds)",
+        "rows / s",
+        [f"{n:,} rows" for n in sizes],
+        {
+            mode: [stats.find(summary, "rows_per_s", rows=n, mode=mode) for n in sizes]
+            for mode in MODES
+        },
+    )
+
+
+def add_flags(parser) -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--memory-rows", type=int, default=200_000,
                         help="a second, smaller size for peak memory")  # fmt: skip
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--file-mib", type=int, default=64, help="output_max_file_size")
     parser.add_argument("--num-readers", type=int, default=2)
-    parser.add_argument("--smoke", action="store_true", help="20k and 5k rows")
-    parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
-    parser.add_argument("--dir", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(child(args.child, args.dir, args.batch_size, args.num_readers)))
-        return
-    if args.smoke:
-        args.rows, args.memory_rows = 20_000, 5_000
-    for rows in sorted({args.memory_rows, args.rows}):
-        with tempfile.TemporaryDirectory(prefix="offline-read-") as tmp:
-            directory = Path(tmp)
-            write_dataset(directory, rows, args.file_mib)
-            files = list(directory.rglob("*.parquet"))
-            size = sum(p.stat().st_size for p in files)
-            results = {mode: measure(mode, directory, args) for mode in MODES}
-        ceiling = results["pyarrow"]["rows_per_s"]
-        record = {
-            "benchmark": "offline_read",
-            "load_average_1m": round(os.getloadavg()[0], 1),
-            "rows": rows,
-            "parquet_mib": round(size / 2**20, 1),
-            "files": len(files),
-            "batch_size": args.batch_size,
-            "num_readers": args.num_readers,
-            **results,
-            "ratio_ray": round(results["reader_ray"]["rows_per_s"] / ceiling, 3),
-            "ratio_local": round(results["reader_local"]["rows_per_s"] / ceiling, 3),
-        }
-        print(json.dumps(record), flush=True)
+    parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "offline_read"),
+                        help="where each size's files are written once and kept")  # fmt: skip
 
 
 if __name__ == "__main__":
-    main()
+    harness.main(__name__)
