@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from offline_datasets import RLLIB_WRITER
 
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.multi_agent.batch import MultiAgentBatch
@@ -499,37 +500,6 @@ def test_ray_data_reads_the_same_rows(tmp_path, ray_local):
 # --------------------------------------------------------------------------------------
 # A file RLlib's own JsonWriter wrote (in RLlib's virtualenv)
 # --------------------------------------------------------------------------------------
-
-RLLIB_WRITER = """
-import json, os, sys
-os.environ["RLLIB_TEST_NO_TF_IMPORT"] = "1"
-os.environ["RLLIB_TEST_NO_TORCH_IMPORT"] = "1"
-import numpy as np
-from ray.rllib.offline.json_writer import JsonWriter
-from ray.rllib.policy.sample_batch import MultiAgentBatch, SampleBatch
-
-rng = np.random.default_rng(0)
-def rows(n):
-    return SampleBatch({
-        "obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        "new_obs": rng.uniform(-1, 1, (n, 4)).astype(np.float32),
-        "actions": rng.integers(0, 2, n),
-        "rewards": rng.standard_normal(n).astype(np.float32),
-        "terminateds": np.arange(n) % 5 == 4,
-        "truncateds": np.zeros(n, bool),
-        "eps_id": np.arange(n) // 5,
-        "t": np.arange(n) % 5,
-        "action_logp": rng.uniform(-2, 0, n).astype(np.float32),
-        "infos": [{"i": i} for i in range(n)],
-    })
-single, multi = rows(12), rows(7)
-writer = JsonWriter(sys.argv[1])
-writer.write(single)
-writer.write(MultiAgentBatch({"pole": multi}, 7))
-writer.cur_file.close()
-plain = lambda b: {k: (v if k == "infos" else [v.tolist(), str(v.dtype)]) for k, v in b.items()}
-print(json.dumps({"single": plain(single), "multi": plain(multi)}))
-"""
 
 
 @pytest.mark.rllib

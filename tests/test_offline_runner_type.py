@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from offline_datasets import CARTPOLE, SPACES, episodes, write
+from offline_datasets import CARTPOLE, RLLIB_WRITER, SPACES, episodes, write
 
 from algorithms.algorithm import Algorithm, AlgorithmConfig
 from policy_service.data.sample_batch import SampleBatch
@@ -297,7 +297,6 @@ def test_a_run_trains_on_files_rllibs_json_writer_wrote(tmp_path):
     import subprocess
 
     from benchmark_runs import peer_venv
-    from test_offline_io import RLLIB_WRITER
 
     from benchmarks.harness import child_env
     from benchmarks.rllib_env import RLLIB_ENV
