@@ -20,7 +20,11 @@ import numpy as np
 import pytest
 
 from policy_service.cli.commands import main
-from policy_service.io.rllib_checkpoint import RLlibCheckpointError, read_rllib_checkpoint
+from policy_service.io.rllib_checkpoint import (
+    SATURATED_ADAM_STEP,
+    RLlibCheckpointError,
+    read_rllib_checkpoint,
+)
 from policy_service.policy.policy_config import ModelConfig
 from policy_service.policy.rllib_import import RLlibImportError, catalog_mapping, mapped_weights
 
@@ -448,8 +452,13 @@ def test_a_tf2_checkpoint_maps_by_rllibs_order_with_its_adam_state(tmp_path):
     assert policy.config.adam_epsilon == 1e-7  # tf_keras' Adam's
 
 
-def test_a_tf_checkpoints_adam_state_is_carried_over(tmp_path):
-    """framework "tf": tf1.train.AdamOptimizer's slots by name, its step from beta1^(t+1)."""
+@pytest.mark.parametrize(
+    "powers_of, step",
+    [(5, 4), (5001, 5000), (200_001, SATURATED_ADAM_STEP)],  # 0.9^5001 and 0.999^200001: 0
+)
+def test_a_tf_checkpoints_adam_state_is_carried_over(tmp_path, powers_of, step):
+    """framework "tf": tf1.train.AdamOptimizer's slots by name, its step t from the
+    float32 powers beta^(t+1), also past where they leave float32's normal range."""
     from algorithms.ppo import PPOPolicy
 
     rng = np.random.default_rng(7)
@@ -460,11 +469,11 @@ def test_a_tf_checkpoints_adam_state_is_carried_over(tmp_path):
         moments[short] = (rng.standard_normal(value.shape), rng.random(value.shape))
         slots[f"default_policy/{name}/Adam"] = moments[short][0].astype(np.float32)
         slots[f"default_policy/{name}/Adam_1"] = moments[short][1].astype(np.float32)
-    slots["default_policy/beta1_power"] = np.float32(0.9**5)
-    slots["default_policy/beta2_power"] = np.float32(0.999**5)
+    slots["default_policy/beta1_power"] = np.float32(0.9**powers_of)
+    slots["default_policy/beta2_power"] = np.float32(0.999**powers_of)
     state = {**policy_state(weights), "_optimizer_variables": slots}
     policy = PPOPolicy.from_rllib_checkpoint(str(write_rllib_checkpoint(tmp_path, state)))
-    assert_adam_carried(policy, moments, 4)
+    assert_adam_carried(policy, moments, step)
     assert policy.config.adam_epsilon == 1e-8  # tf1.train.AdamOptimizer's
 
 

@@ -267,6 +267,8 @@ def _short_name(name: Any, policy_id: str) -> str:
 # RLlib's Adam: tf1.train.AdamOptimizer (framework "tf") and tf_keras' Adam ("tf2"), both
 # with these betas (RLlib's policies build them with the learning rate alone)
 ADAM_BETAS = (0.9, 0.999)
+# a step past which 0.999^t is 0 in float32: the bias corrections of any larger one
+SATURATED_ADAM_STEP = 100_000
 
 
 def _adam_slots(saved: Any, policy_id: str) -> AdamSlots | None:
@@ -304,14 +306,27 @@ def _tf1_adam(saved: dict, policy_id: str) -> AdamSlots | None:
             return None
     if set(first) != set(second) or set(powers) != {"beta1_power", "beta2_power"}:
         return None
-    # beta^(t+1) after t updates; both powers must tell the same t
-    steps = {
-        round(np.log(powers[f"beta{i + 1}_power"]) / np.log(beta)) - 1
-        for i, beta in enumerate(ADAM_BETAS)
-    }
-    if len(steps) != 1 or min(steps) < 0:
-        return None
-    return AdamSlots(int(steps.pop()), first, second)
+    step = _tf1_adam_step(powers["beta1_power"], powers["beta2_power"])
+    return None if step is None else AdamSlots(step, first, second)
+
+
+def _tf1_adam_step(beta1_power: float, beta2_power: float) -> int | None:
+    """t, the updates tf1's Adam made, from its float32 powers beta^(t+1): beta2's tells
+    t while 0.999^(t+1) is a normal float32 (t < ~87,000); beta1's (0.9^(t+1) leaves the
+    normal floats after ~830 updates) only confirms it, within one, while it can. Past
+    that both are ~0 and so are Adam's bias corrections' powers: SATURATED_ADAM_STEP
+    then corrects the same. None for powers no Adam saves (> 1, < 0, NaN)."""
+    tiny = float(np.finfo(np.float32).tiny)
+    if not (0.0 <= beta2_power <= 1.0 and 0.0 <= beta1_power <= 1.0):
+        return None  # NaN fails both
+    if beta2_power < tiny:
+        return SATURATED_ADAM_STEP
+    step = round(np.log(beta2_power) / np.log(ADAM_BETAS[1])) - 1
+    if beta1_power >= tiny:
+        told = round(np.log(beta1_power) / np.log(ADAM_BETAS[0])) - 1
+        if abs(told - step) > 1:
+            return None
+    return step if step >= 0 else None
 
 
 def _tf2_adam(saved: dict, policy_id: str) -> AdamSlots | None:
