@@ -37,11 +37,14 @@ def custom_models_restored():
     models.register_custom_models(before)
 
 
+WAITING_ACTOR_STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "RESTARTING")
+
+
 class SharedRay:
     """One local Ray per pytest worker, shared by the test modules that ask for it
     one after another: starting Ray is seconds per module on 2 cores. A module gets
     it only clean (every resource free again, and no actor of an earlier module
-    alive or waiting to be placed) and started with its RAY_RESOURCES; else Ray is started
+    waiting to be placed) and started with its RAY_RESOURCES; else Ray is started
     afresh. A module that does not ask for it from its first test on finds no Ray,
     as it would alone (an Algorithm then starts and stops its own)."""
 
@@ -71,13 +74,15 @@ class SharedRay:
 
     @staticmethod
     def _actors_left() -> bool:
-        """Whether an earlier module's actor is alive or still waiting to be placed: one
-        waiting holds nothing yet, and takes the CPUs of the next module's placement
-        group the moment an actor of that module frees them (a Tune trial then waits
-        forever for its group)."""
+        """Whether an earlier module's actor still waits to be placed (or restarted):
+        it holds nothing yet, so the resources look free, and it takes the CPUs of the
+        next module's placement group the moment an actor of that module frees them (a
+        Tune trial then waits forever for its group). Live actors hold their resources
+        and show there; detached ones that hold none (Ray Data's stats actor, Serve's
+        controller) are no harm."""
         from ray._private import state
 
-        return any(actor["State"] != "DEAD" for actor in state.actors().values())
+        return any(actor["State"] in WAITING_ACTOR_STATES for actor in state.actors().values())
 
     def shutdown(self) -> None:
         ray = sys.modules.get("ray")

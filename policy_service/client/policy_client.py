@@ -103,8 +103,11 @@ class PolicyClient:
         self._steps_since_pull = 0
         self._last_upload = time.monotonic()
         if inference_mode == LOCAL:
+            # a server older than the keys acted with PolicyConfig's defaults
             self._env_actions = EnvActionRule(
-                self.action_space, spec["normalize_actions"], spec["clip_actions"]
+                self.action_space,
+                spec.get("normalize_actions", False),
+                spec.get("clip_actions", True),
             )
             self.update_policy_weights()
 
