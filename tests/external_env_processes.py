@@ -4,6 +4,7 @@ client processes (tests/external_clients.py) that reach it over HTTP only."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -112,3 +113,25 @@ def clients(kind: str, port: int, count: int, *args: str) -> list[subprocess.Pop
         )
         for i in range(count)
     ]
+
+
+def finished(procs: list[subprocess.Popen], timeout_s: float) -> list[dict]:
+    """Each client's JSON line, after it exited 0."""
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=timeout_s)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results
+
+
+PPO_ARGS = ["ppo", "--env", "CartPole-v1", "--external-env"]
+TOTAL_INTERLEAVED = 8 * 24  # client i's 8 episodes last 1 + k % 6 steps: 24 steps each
+ONE_ITERATION_OF_ALL = {  # each algorithm's iteration: every interleaved step, no more
+    "ppo": [f"train_batch_size={TOTAL_INTERLEAVED}", "minibatch_size=64", "num_epochs=1"],
+    "dqn": [  # rounds of any size (1 step at least), learning from the 64th step on
+        f"min_sample_timesteps_per_iteration={TOTAL_INTERLEAVED}",
+        "rollout_fragment_length=1",
+        "num_steps_sampled_before_learning_starts=64",
+    ],
+}

@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import ray
-from test_async_learning import CONFIG, SCRIPT, drain
+from async_runs import CONFIG, SCRIPT, drain
 from waiting import wait_until
 
 from policy_service import LearnerGroup

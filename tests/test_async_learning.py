@@ -12,6 +12,7 @@ import fakes
 import numpy as np
 import pytest
 import ray
+from async_runs import CONFIG, SCRIPT, drain
 
 from policy_service import LearnerGroup
 from policy_service.data.sample_batch import concat_samples
@@ -20,9 +21,6 @@ from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRun
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import LearnerThread, deal
 from policy_service.runs.metrics_logger import Stat
-
-CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
-SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"], "step_sleep_s": 0.005}
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +46,6 @@ def learners(runners):
     )
     yield group
     group.stop()
-
-
-def drain(stream: FragmentStream) -> list[Fragment]:
-    fragments = []
-    while stream.requests_in_flight():
-        fragments += stream.collect(timeout_s=5.0)
-    return fragments
 
 
 @pytest.mark.slow  # Ray and its actors: ~20-40 s on a loaded 2-core machine

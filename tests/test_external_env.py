@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 import yaml
-from external_env_processes import REPO, TrainingServer, clients
+from external_env_processes import (
+    ONE_ITERATION_OF_ALL,
+    PPO_ARGS,
+    REPO,
+    TOTAL_INTERLEAVED,
+    TrainingServer,
+    clients,
+    finished,
+)
 from ports import free_port, wait_until_port_free
 from process_trees import session_pids
 from serve_processes import tcp_listeners
@@ -26,30 +34,8 @@ pytestmark = pytest.mark.slow
 REPLICA = b"ServeReplica:policy_service"
 
 
-def finished(procs: list[subprocess.Popen], timeout_s: float) -> list[dict]:
-    """Each client's JSON line, after it exited 0."""
-    results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=timeout_s)
-        assert proc.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
-
-
 def progress(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
-
-
-PPO_ARGS = ["ppo", "--env", "CartPole-v1", "--external-env"]
-TOTAL_INTERLEAVED = 8 * 24  # client i's 8 episodes last 1 + k % 6 steps: 24 steps each
-ONE_ITERATION_OF_ALL = {  # each algorithm's iteration: every interleaved step, no more
-    "ppo": [f"train_batch_size={TOTAL_INTERLEAVED}", "minibatch_size=64", "num_epochs=1"],
-    "dqn": [  # rounds of any size (1 step at least), learning from the 64th step on
-        f"min_sample_timesteps_per_iteration={TOTAL_INTERLEAVED}",
-        "rollout_fragment_length=1",
-        "num_steps_sampled_before_learning_starts=64",
-    ],
-}
 
 
 @pytest.mark.parametrize("algo_name", sorted(ONE_ITERATION_OF_ALL))

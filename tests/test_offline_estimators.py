@@ -13,11 +13,12 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+from offline_datasets import episodes, write
+from offline_runs import OfflinePG, offline_config
 
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.offline import OfflineDataError
 from policy_service.offline.estimators import Episodes, estimate, logged_episodes
-from tests.test_offline_runner_type import OfflinePG, episodes, offline_config, write
 
 ROOT = Path(__file__).resolve().parent.parent
 

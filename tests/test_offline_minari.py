@@ -78,7 +78,7 @@ def test_a_minari_dataset_reads_as_input(store, tmp_path):
 
 
 def test_an_algorithm_trains_on_a_minari_dataset(store):
-    from tests.test_offline_runner_type import OfflinePG, offline_config
+    from offline_runs import OfflinePG, offline_config
 
     algo = OfflinePG(offline_config(f"minari:{DATASET}", postprocess_inputs=True))
     try:

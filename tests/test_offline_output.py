@@ -162,15 +162,15 @@ def test_each_runner_actor_writes_its_own_files(tmp_path):
 
 @pytest.mark.slow  # ~40 s: a training server (Ray Serve) and 8 client processes
 def test_the_external_env_server_writes_the_clients_steps(tmp_path):
-    from test_external_env import (
+    from external_env_processes import (
         ONE_ITERATION_OF_ALL,
         PPO_ARGS,
         TOTAL_INTERLEAVED,
         TrainingServer,
         clients,
         finished,
-        free_port,
     )
+    from ports import free_port
 
     port, out = free_port(), tmp_path / "logged"
     sets = [a for s in ONE_ITERATION_OF_ALL["ppo"] for a in ("--set", s)]

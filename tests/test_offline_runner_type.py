@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from offline_datasets import CARTPOLE, RLLIB_WRITER, SPACES, episodes, write
+from offline_runs import LoggedReturnsPolicy, OfflinePG, offline_config
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig
+from algorithms.algorithm import AlgorithmConfig
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.runner_types import RUNNER_TYPES, runner_type
 from policy_service.offline import WRITERS, OfflineDataError
 from policy_service.offline.held_out import held_out
 from policy_service.offline.offline_runner_type import OfflineRunners
-from tests import fakes
 
 
 @pytest.fixture(scope="module")
@@ -26,39 +26,7 @@ def logged(tmp_path_factory) -> Path:
     return write(tmp_path_factory.mktemp("logged"), [episodes(10, 0), episodes(10, 1)])
 
 
-class LoggedReturnsPolicy(fakes.ReturnsPGPolicy):
-    """ReturnsPGPolicy's postprocessing on logged rows, which hold no vf_preds; it needs
-    new_obs (offline_columns: a file without it is refused when the run starts)."""
-
-    offline_columns = (SampleBatch.NEXT_OBS,)
-    config_class = AlgorithmConfig  # its saved state (the run's keys) loads back
-
-    def postprocess_trajectory(self, batch, other_agent_batches=None, episode=None):
-        batch = batch.copy(shallow=True)
-        batch[SampleBatch.VF_PREDS] = np.zeros(batch.count, np.float32)
-        return super().postprocess_trajectory(batch, other_agent_batches, episode)
-
-
-class OfflinePG(Algorithm):
-    """Policy gradient on the logged returns: the policy's postprocessing makes the
-    advantages (postprocess_inputs)."""
-
-    policy_class = LoggedReturnsPolicy
-
-
-def offline_config(input, **extra) -> dict:
-    return {
-        "input": str(input),
-        "train_batch_size": 100,
-        "minibatch_size": 50,
-        "seed": 0,
-        "model": {"fcnet_hiddens": [8]},
-        **extra,
-    }
-
-
 def runners(input, **extra) -> OfflineRunners:
-    from algorithms.algorithm import AlgorithmConfig
     from policy_service.config import from_dict
     from policy_service.offline.offline_runner_type import build
 
@@ -74,7 +42,6 @@ def rows(batch: SampleBatch) -> set:
 
 def test_input_picks_the_offline_runner_type():
     assert "offline" in RUNNER_TYPES
-    from algorithms.algorithm import AlgorithmConfig
 
     assert runner_type(AlgorithmConfig(input="logs/")) == "offline"
     assert runner_type(AlgorithmConfig(env="CartPole-v1")) == "env"
