@@ -214,7 +214,7 @@ def test_staleness_is_the_updates_applied_since_each_gradients_weights():
     algo = A3C(small_config(train_batch_size=60))
     try:
         worker = algo.env_runners.local_worker
-        fragments = [Fragment(*worker.sample_and_compute_gradients()) for _ in range(3)]
+        fragments = [Fragment.sampled(*worker.sample_and_compute_gradients()) for _ in range(3)]
         assert [f.weights_version for f in fragments] == [0, 0, 0]
         algo.gradients = ScriptedGradients(fragments)
         result = algo.train()

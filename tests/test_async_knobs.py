@@ -165,7 +165,7 @@ def fragments_acted_with(worker: RolloutWorker, versions: list[int]) -> list[Fra
     fragments = []
     for version in versions:
         worker.set_weights(worker.get_weights(), version)
-        fragments.append(Fragment(*worker.sample()))
+        fragments.append(Fragment.sampled(*worker.sample()))
     return fragments
 
 
@@ -288,7 +288,7 @@ def test_a_fragment_acted_partly_with_older_weights_is_judged_by_its_oldest_rows
             env_config=FAST_SCRIPT,
             policy_actor=actor,
         )
-        fragment = Fragment(*acting.sample())
+        fragment = Fragment.sampled(*acting.sample())
         acting.stop()
     finally:
         ray.kill(actor)

@@ -13,8 +13,13 @@ import ray
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.distributed.env_runner_group import EnvRunnerFailure, EnvRunnerGroup
+from policy_service.distributed.env_runner_group import (
+    EnvRunnerFailure,
+    EnvRunnerGroup,
+    joined_metrics,
+)
 from policy_service.distributed.restarts import backoff_delays, died_of_actor_death, is_actor_death
+from policy_service.runs.metrics_logger import Stat
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}
 SCRIPT = {"lengths": [4, 6], "endings": ["terminated", "truncated"]}
@@ -49,6 +54,28 @@ def _runners_of(batch) -> set:
 
 def _learner(group):
     return fakes.ReturnsPGPolicy(group.observation_space, group.action_space, CONFIG)
+
+
+def test_workers_metrics_join_by_the_rules_they_were_sampled_with():
+    def worker(steps, version, seconds, returns):
+        return {
+            "env_steps": Stat(steps, "sum"),
+            "weights_version": Stat(version, "min"),
+            "sample_time_s": Stat(seconds, "max"),
+            "episode_returns": returns,
+            "episode_lengths": [len(returns)],
+            "worker_index": version,  # one worker's own: not joined
+        }
+
+    joined = joined_metrics([worker(20, 7, 0.5, [1.0, 2.0]), worker(21, 6, 0.25, [3.0])])
+    assert joined == {
+        "env_steps": 41,
+        "weights_version": 6,
+        "worker_sample_time_s": 0.5,
+        "episode_returns": [1.0, 2.0, 3.0],
+        "episode_lengths": [2, 1],
+        "callbacks": [],
+    }
 
 
 def test_local_group_needs_no_ray_actors():

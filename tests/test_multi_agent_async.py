@@ -31,6 +31,7 @@ from policy_service.distributed.fragment_stream import Fragment
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+from policy_service.runs.metrics_logger import Stat
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
 POLICY_IDS = ("pa", "pb")
@@ -124,7 +125,7 @@ def test_every_multi_agent_row_carries_the_weights_version_that_acted():
     batch, metrics = worker.sample()
     for policy_id, rows in batch.policy_batches.items():
         assert rows[WEIGHTS_VERSION].tolist() == [3] * rows.count, policy_id
-    assert metrics["weights_version"] == 3
+    assert metrics["weights_version"] == Stat(3, "min")  # the oldest, over runners
     assert metrics["policy_agent_steps"] == {"pa": 12, "pb": 12}
 
 
@@ -150,7 +151,7 @@ def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
     worker = MultiAgentRolloutWorker(
         TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
     )
-    fragments = [Fragment(*worker.sample()) for _ in range(6)]
+    fragments = [Fragment.sampled(*worker.sample()) for _ in range(6)]
     assert {(f.steps("env_steps"), f.steps("agent_steps")) for f in fragments} == {(12, 24)}
     env_steps = AsyncSettings(train_batch_size=64)
     agent_steps = AsyncSettings(train_batch_size=64, count_steps_by="agent_steps")

@@ -21,6 +21,7 @@ from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
+from policy_service.runs.metrics_logger import Stat
 
 BASE = {"model": {"fcnet_hiddens": [8]}}
 # different seeds: different initial weights, so a row acted by the wrong policy shows
@@ -56,7 +57,8 @@ def test_sub_envs_step_in_lockstep_with_one_forward_pass_per_policy(two_maps_pol
     counted = {p: CountingPolicy(policy) for p, policy in worker.policies.items()}
     worker.sampler.policies = counted
     batch, metrics = worker.sample()
-    assert batch.env_steps() == metrics["env_steps"] == 30 and batch.agent_steps() == 60
+    assert batch.env_steps() == 30 and batch.agent_steps() == 60
+    assert (metrics["env_steps"], metrics["agent_steps"]) == (Stat(30, "sum"), Stat(60, "sum"))
     assert {p: c.calls for p, c in counted.items()} == {"pa": [3] * 10, "pb": [3] * 10}
     rows = batch.policy_batches["pa"]
     steps_by_episode = np.unique(np.asarray(rows[SampleBatch.EPS_ID]), return_counts=True)[1]

@@ -12,6 +12,7 @@ import ray
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import PolicyActor
 from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.runs.metrics_logger import Stat
 
 MLP_CONFIG = {"model": {"fcnet_hiddens": [16]}, "seed": 3, "gamma": 0.9}
 LSTM_CONFIG = {
@@ -59,7 +60,7 @@ def test_no_transition_spans_a_reset():
         np.testing.assert_array_equal(batch[SampleBatch.T], obs[:, 1])
         np.testing.assert_array_equal(batch[SampleBatch.REWARDS], obs[:, 1] + 1)
         # exactly 4 steps x 2 sub-envs: a last step's row past that starts the next one
-        assert metrics["env_steps"] == batch.count == 8
+        assert metrics["env_steps"] == Stat(8, "sum") and batch.count == 8
 
 
 def test_eps_id_t_and_unroll_id_continue_across_fragments():
@@ -198,7 +199,7 @@ def test_gymnasium_id_env_and_prev_columns():
         seed=0,
     )
     batch, metrics = worker.sample()
-    assert metrics["env_steps"] == batch.count and 60 <= batch.count <= 61  # 30 per env, +1
+    assert metrics["env_steps"].value == batch.count and 60 <= batch.count <= 61  # 30 per env, +1
     assert batch[SampleBatch.OBS].shape == (batch.count, 4)
     for chunk in batch.split_by_episode():
         np.testing.assert_array_equal(
@@ -282,7 +283,7 @@ def test_rollout_worker_as_a_ray_actor(ray_local):
         obs_space, _ = ray.get(worker.get_spaces.remote())
         assert obs_space.shape == (3,)
         batch, metrics = ray.get(worker.sample.remote())
-        assert metrics["worker_index"] == 3 and batch.count == metrics["env_steps"] >= 8
+        assert metrics["worker_index"] == 3 and batch.count == metrics["env_steps"].value >= 8
         assert (batch[SampleBatch.UNROLL_ID] >= 3 * 2**32).all()
     finally:
         ray.kill(worker)
@@ -297,7 +298,8 @@ def test_sample_and_compute_gradients_is_sample_then_the_policys_gradients():
         expected, expected_stats = apart.policy.compute_gradients(batch)
         together.set_weights(apart.get_weights(), version=7)
         gradients, metrics = together.sample_and_compute_gradients()
-        assert metrics["env_steps"] == batch.count and metrics["weights_version"] == 7
+        assert metrics["env_steps"] == Stat(batch.count, "sum")
+        assert metrics["weights_version"] == Stat(7, "min")
         assert metrics["gradient_stats"] == pytest.approx(expected_stats)
         assert metrics["gradient_time_s"] > 0
         fakes.assert_grads_close(gradients, expected)
@@ -322,7 +324,7 @@ def test_a_fragment_is_exactly_its_size_and_the_rows_past_it_start_the_next():
     )
     fragments = _fragments(worker, 8)
     assert [batch.count for batch, _ in fragments] == [64] * 8
-    assert [metrics["env_steps"] for _, metrics in fragments] == [64] * 8
+    assert [metrics["env_steps"].value for _, metrics in fragments] == [64] * 8
     for rows in _rows_by_episode(fragments).values():
         ts = [int(r[SampleBatch.T]) for _, r in rows]
         assert ts == list(range(len(ts)))

@@ -45,9 +45,10 @@ from policy_service.distributed.restarts import (
     is_actor_death,
     restart_delay_s,
 )
-from policy_service.distributed.rollout_worker import RolloutWorker
+from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
 from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
 from policy_service.policy import models
+from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
 DEFAULT_MAX_RESTARTS = 100
 
@@ -125,15 +126,6 @@ def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:
     if custom:
         options["resources"] = dict(custom)
     return options
-
-
-_SUMMED_METRICS = (
-    "env_steps",
-    "num_episodes",
-    "inference_time_s",
-    "env_time_s",
-    "postprocess_time_s",
-)
 
 
 class EnvRunnerGroup:
@@ -298,8 +290,8 @@ class EnvRunnerGroup:
         return batch, metrics
 
     def _joined(self, results: list[tuple[SampleBatch, dict]]) -> tuple[SampleBatch, dict]:
-        """The workers' (fragment, metrics) -> one batch and merged metrics."""
-        return concat_samples([b for b, _ in results]), merge_metrics([m for _, m in results])
+        """The workers' (fragment, metrics) -> one batch and joined metrics."""
+        return concat_samples([b for b, _ in results]), joined_metrics([m for _, m in results])
 
     def samples_in_driver(self) -> bool:
         """Whether fragments are sampled in this process now: with no remote workers,
@@ -375,8 +367,8 @@ class EnvRunnerGroup:
 
     def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
         """The fragments of the workers that finished since the last call, as they
-        finished (ray.wait) -> [(batch, metrics)], one per fragment, each metrics
-        as a worker's sample() gives it ("worker_index" included).
+        finished (ray.wait) -> [(batch, metrics)], one per fragment, each a worker's
+        sample() metrics as that fragment's values (`fragment_metrics`).
 
         Waits for the first one, at most `timeout_s` (None: until one is ready;
         a timeout gives []). Every worker that returned is asked for its next
@@ -387,7 +379,7 @@ class EnvRunnerGroup:
         sampled here."""
         local = self._worker_sampling_here()
         if local is not None:
-            return [local.sample()]
+            return [_one_fragment(local.sample())]
         self._check_weight_acks()
         self._request_missing_fragments()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -409,7 +401,7 @@ class EnvRunnerGroup:
         is back; the slot is asked again."""
         slot, asked = self._in_flight.pop(ref)
         try:
-            result = [ray.get(ref)]
+            result = [_one_fragment(ray.get(ref))]
         except (RayActorError, RayTaskError) as error:
             if is_actor_death(error):
                 if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
@@ -797,17 +789,23 @@ def merged_filter_buffers(
     return stats
 
 
-def merge_metrics(all_metrics: list[dict]) -> dict:
-    """Workers' sample() metrics -> one dict: counts and times summed, episodes joined."""
-    merged = {key: sum(m.get(key, 0) for m in all_metrics) for key in _SUMMED_METRICS}
-    merged["episode_returns"] = [r for m in all_metrics for r in m["episode_returns"]]
-    merged["episode_lengths"] = [n for m in all_metrics for n in m["episode_lengths"]]
-    versions = [m["weights_version"] for m in all_metrics if m.get("weights_version") is not None]
-    merged["weights_version"] = min(versions) if versions else None  # the oldest acting
-    merged["worker_sample_time_s"] = max(m.get("sample_time_s", 0.0) for m in all_metrics)
-    # what each worker's callbacks gathered (custom metrics, logged values), reduced later
-    merged["callbacks"] = [c for m in all_metrics for c in m.get("callbacks", ())]
-    return merged
+def joined_metrics(all_metrics: list[dict]) -> dict:
+    """Workers' sample() metrics -> one dict: each Stat reduced by its rule (counts and
+    times summed, the oldest weights version, the slowest worker's time as
+    "worker_sample_time_s"), episodes and callbacks' gatherings joined."""
+    stats = reduce_stats(
+        {key: value for key, value in m.items() if isinstance(value, Stat)} for m in all_metrics
+    )
+    joined = stat_values(stats)
+    joined["worker_sample_time_s"] = joined.pop("sample_time_s")
+    for key in ("episode_returns", "episode_lengths", "callbacks"):
+        joined[key] = [item for m in all_metrics for item in m.get(key, ())]
+    return joined
+
+
+def _one_fragment(result: tuple[Any, dict]) -> tuple[Any, dict]:
+    batch, metrics = result
+    return batch, fragment_metrics(metrics)
 
 
 def probe_spaces(env, env_config: dict | None) -> tuple[gym.Space, gym.Space]:

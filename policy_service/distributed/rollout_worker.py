@@ -5,7 +5,7 @@ The loop it lives in:
     worker = RolloutWorker("CartPole-v1", MyPolicy, config, num_envs=4,
                            rollout_fragment_length=128)        # or ray.remote(RolloutWorker)
     for version in itertools.count(1):
-        batch, metrics = worker.sample()       # SampleBatch, {"env_steps", "episode_returns", ...}
+        batch, metrics = worker.sample()       # SampleBatch, {"env_steps": Stat, ...}
         learner.learn_on_batch(batch)
         worker.set_weights(learner.get_weights(), version)
 
@@ -54,7 +54,7 @@ from policy_service.runs.callbacks import (
     gather_episode,
     make_callbacks,
 )
-from policy_service.runs.metrics_logger import MetricsLogger
+from policy_service.runs.metrics_logger import MetricsLogger, Stat
 
 VECTORIZE_MODES = ("sync", "async")
 _ENV_INDEX = "env_index"  # bookkeeping column, dropped before returning a batch
@@ -199,7 +199,9 @@ class RolloutWorker(ActingWeights):
     # ----- public API --------------------------------------------------------------
 
     def sample(self) -> tuple[SampleBatch, dict]:
-        """One fragment: every chunk postprocessed, then concatenated -> (batch, metrics)."""
+        """One fragment: every chunk postprocessed, then concatenated -> (batch, metrics):
+        counts and times are Stats with the rule that combines workers' fragments
+        (`fragment_metrics` gives one fragment's values), episodes are lists."""
         start = time.perf_counter()
         if not self._started:
             self._reset_all()
@@ -228,18 +230,21 @@ class RolloutWorker(ActingWeights):
             self._output.write_one(batch, space, self.action_space, self.weights_version())
             batch.pop(SampleBatch.INFOS)  # kept for the files only
         metrics: dict[str, Any] = {
-            "env_steps": batch.count,
+            "env_steps": Stat(batch.count, "sum"),
             "episode_returns": self._episode_returns,
             "episode_lengths": self._episode_lengths,
-            "num_episodes": len(self._episode_returns),
+            "num_episodes": Stat(len(self._episode_returns), "sum"),
             # the oldest version that acted: what max_policy_lag judges a fragment by
-            "weights_version": self.weights_version()
-            if self._policy_actor is None
-            else min(self._versions, default=None),
+            "weights_version": Stat(
+                self.weights_version()
+                if self._policy_actor is None
+                else min(self._versions, default=None),
+                "min",
+            ),
             "worker_index": self.worker_index,
-            "sample_time_s": time.perf_counter() - start,
-            "postprocess_time_s": time.perf_counter() - postprocess_start,
-            **self._timers,
+            "sample_time_s": Stat(time.perf_counter() - start, "max"),  # the slowest worker's
+            "postprocess_time_s": Stat(time.perf_counter() - postprocess_start, "sum"),
+            **{timer: Stat(seconds, "sum") for timer, seconds in self._timers.items()},
         }
         if self._policy_actor is not None:
             metrics["weights_versions"] = sorted(self._versions)
@@ -612,6 +617,12 @@ def make_vector_env(
     raise ValueError(
         f"vectorize_mode must be one of {list(VECTORIZE_MODES)}, got {vectorize_mode!r}"
     )
+
+
+def fragment_metrics(metrics: dict) -> dict:
+    """A worker's sample() metrics as one fragment's: each Stat's value (its rule is
+    for combining fragments, EnvRunnerGroup.sample); episodes and the rest as they are."""
+    return {key: v.value if isinstance(v, Stat) else v for key, v in metrics.items()}
 
 
 def env_name(env) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from policy_service.config import on_cpu
 from policy_service.data.observation_filters import RunningStat
-from policy_service.distributed.env_runner_group import EnvRunnerGroup, merge_metrics
+from policy_service.distributed.env_runner_group import EnvRunnerGroup, joined_metrics
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.batch import MultiAgentBatch, concat_multi_agent
 from policy_service.multi_agent.env import MultiAgentEnv
@@ -70,15 +70,15 @@ class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
         return self.agent_policies.spaces()
 
     def _joined(self, results: list) -> tuple[MultiAgentBatch, dict]:  # type: ignore[override]
-        batch = concat_multi_agent(b for b, _ in results)
-        metrics = merge_metrics([m for _, m in results])
-        metrics["agent_steps"] = batch.agent_steps()
+        """joined_metrics (agent steps a summed Stat too), and each policy's returns
+        joined over the workers."""
+        metrics = joined_metrics([m for _, m in results])
         policy_returns: dict = defaultdict(list)
         for _, worker_metrics in results:
             for policy_id, returns in worker_metrics["policy_episode_returns"].items():
                 policy_returns[policy_id].extend(returns)
         metrics["policy_episode_returns"] = dict(policy_returns)
-        return batch, metrics
+        return concat_multi_agent(b for b, _ in results), metrics
 
     def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
         """One MultiPolicyActor serving every policy (acting copies: on the CPU

@@ -39,7 +39,7 @@ from policy_service.multi_agent.sampler import MultiAgentSampler
 from policy_service.offline.output import ExperienceOutput
 from policy_service.policy import models
 from policy_service.runs.callbacks import end_fragment, make_callbacks
-from policy_service.runs.metrics_logger import MetricsLogger
+from policy_service.runs.metrics_logger import MetricsLogger, Stat
 
 
 class ServedPolicy:
@@ -162,7 +162,7 @@ class MultiAgentRolloutWorker(ActingWeights):
         """One fragment of every sub-env -> (MultiAgentBatch, metrics). Every row
         carries the weights version that acted (an asynchronous learner's policy lag),
         the metrics the oldest ("weights_version") and each policy's rows
-        ("policy_agent_steps")."""
+        ("policy_agent_steps"); counts and times are Stats, as RolloutWorker.sample's."""
         start = time.perf_counter()
         batch, metrics = self.sampler.sample()
         for rows in batch.policy_batches.values():
@@ -177,11 +177,13 @@ class MultiAgentRolloutWorker(ActingWeights):
             if policy_id in trained
         ]
         metrics.update(
-            num_episodes=len(metrics["episode_returns"]),
-            weights_version=min(versions, default=self._weights_version),
+            env_steps=Stat(batch.env_steps(), "sum"),
+            agent_steps=Stat(batch.agent_steps(), "sum"),
+            num_episodes=Stat(len(metrics["episode_returns"]), "sum"),
+            weights_version=Stat(min(versions, default=self._weights_version), "min"),
             policy_agent_steps={p: rows.count for p, rows in batch.policy_batches.items()},
             worker_index=self.worker_index,
-            sample_time_s=time.perf_counter() - start,
+            sample_time_s=Stat(time.perf_counter() - start, "max"),  # the slowest worker's
         )
         if self._output is not None:
             observation_spaces, action_spaces = self.get_spaces()

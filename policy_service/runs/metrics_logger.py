@@ -9,11 +9,11 @@ the last `window` values logged, across iterations), "sum" of this iteration's v
 "last" the newest value. The rule travels with the value, so nothing is combined by
 guessing from a key's name. A key logged with two rules is refused in one line.
 
-Statistics the library computes (a learner's policy lags, an asynchronous update's,
-A3C's gradients', the off-policy learning calls') travel the same way: each is a `Stat`
-(value, rule) from where it is computed, and `reduce_stats` combines several dicts of
-them (learners, policies, updates) by those rules, with the one reduction both paths
-share (`reduce_values`):
+Statistics the library computes (an env runner's fragment counts and times, a learner's
+policy lags, an asynchronous update's, A3C's gradients', the off-policy learning calls')
+travel the same way: each is a `Stat` (value, rule) from where it is computed, and
+`reduce_stats` combines several dicts of them (runners, learners, policies, updates) by
+those rules, with the one reduction both paths share (`reduce_values`):
 
     update = {"total_loss": Stat(0.5), "policy_lag_max": Stat(3, "max")}
     reduce_stats([update, next_update])  # -> {"total_loss": Stat(mean), ...}
