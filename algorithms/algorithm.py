@@ -723,12 +723,10 @@ class Algorithm:
         """The fragments of the workers done so far (EnvRunnerGroup.sample_async:
         waits for the first, each worker samples on) -> one batch, counted; an
         empty batch only when `timeout_s` passed first."""
-        from policy_service.distributed.env_runner_group import merge_metrics
-
         start = time.perf_counter()
         results = self.env_runners.sample_async(timeout_s)
-        if results:
-            self._count_sampled(merge_metrics([m for _, m in results]))
+        for _, metrics in results:
+            self._count_sampled(metrics)
         self._counts.sample_time_s += time.perf_counter() - start
         return concat_samples([b for b, _ in results]) if results else SampleBatch({})
 

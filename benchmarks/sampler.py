@@ -27,7 +27,7 @@ WORKLOAD = "CartPole-v1, PPO MLP 256x256 policy"
 def measure(spec: dict):
     from algorithms.ppo import PPOPolicy as policy_cls
     from benchmarks import ppo_shaped
-    from policy_service.distributed.rollout_worker import RolloutWorker
+    from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
 
     config = {"model": dict(ppo_shaped.MODELS["mlp"][2]), "seed": 0}
     remote = spec["inference"] == "remote"
@@ -74,7 +74,7 @@ def measure(spec: dict):
             end = time.perf_counter() + spec["duration"]
             while time.perf_counter() < end:
                 start, cpu_start = time.perf_counter(), time.process_time()
-                _, metrics = worker.sample()
+                metrics = fragment_metrics(worker.sample()[1])
                 seconds += time.perf_counter() - start
                 cpu_s += time.process_time() - cpu_start
                 steps += metrics["env_steps"]

@@ -37,6 +37,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from policy_service.distributed.env_runner_group import EnvRunnerGroup, Replacement
 from policy_service.distributed.restarts import is_actor_death
+from policy_service.distributed.rollout_worker import fragment_metrics
 
 SETTLE_S = 30.0  # longest wait, when forgetting, for the requests in flight to finish
 
@@ -44,10 +45,15 @@ SETTLE_S = 30.0  # longest wait, when forgetting, for the requests in flight to 
 class Fragment(NamedTuple):
     """One sampled fragment: its batch (ObjectRef, or a SampleBatch sampled here;
     with another `request`, that method's first return) and the worker's sample()
-    metrics."""
+    metrics as its values."""
 
     batch: Any
     metrics: dict
+
+    @classmethod
+    def sampled(cls, batch: Any, metrics: dict) -> Fragment:
+        """From a worker's two returns: its Stats as this fragment's values."""
+        return cls(batch, fragment_metrics(metrics))
 
     @property
     def env_steps(self) -> int:
@@ -155,7 +161,7 @@ class FragmentStream:
         if self._local_asked and local is not None:
             self._local_asked = False
             payload, metrics = getattr(local, self.request)()
-            return [Fragment(payload, metrics)]
+            return [Fragment.sampled(payload, metrics)]
         if not self._in_flight:
             time.sleep(timeout_s)  # nothing asked (the learners are full): let them work
             return []
@@ -227,7 +233,7 @@ class FragmentStream:
             metrics = None
         if slot not in self._replacing and all(r.slot != slot for r in self._in_flight.values()):
             self._idle_since.setdefault(slot, time.monotonic())
-        return None if metrics is None else Fragment(batch_ref, metrics)
+        return None if metrics is None else Fragment.sampled(batch_ref, metrics)
 
     def _lost_with_runner(self, slot: int, asked, error: BaseException) -> None:
         """A request of the dead runner `asked` failed: counted, and at the first one
