@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import user_models
+from dqn_batches import ACTIONS, OBS, TINY, tiny_batch
 from fakes import assert_weights_close, fake_gpus
 
 from algorithms.dqn import DQNConfig, DQNPolicy, huber_loss
@@ -14,15 +15,6 @@ from policy_service.data.sample_batch import SampleBatch
 from policy_service.policy import models
 from policy_service.replay import PRIO_WEIGHTS
 from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
-
-OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
-ACTIONS = gym.spaces.Discrete(3)
-TINY = {
-    "seed": 0,
-    "model": {"fcnet_hiddens": [5]},
-    "hiddens": [4],
-    "target_network_update_freq": 1000,
-}
 
 
 def dqn(towers: int = 0, **config) -> DQNPolicy:
@@ -41,24 +33,6 @@ def numpy_q(weights: dict, obs: np.ndarray, dueling: bool) -> np.ndarray:
         return advantages
     value = dense(np.maximum(dense(features, "state_value_hidden_0"), 0), "state_value")
     return value + advantages - advantages.mean(axis=1, keepdims=True)
-
-
-def tiny_batch(rows: int = 8, seed: int = 0) -> SampleBatch:
-    """One fragment of two episodes: the first terminates at row 3, the second is cut."""
-    rng = np.random.default_rng(seed)
-    terminated = np.zeros(rows, bool)
-    terminated[3] = True
-    return SampleBatch(
-        {
-            SampleBatch.OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
-            SampleBatch.NEXT_OBS: rng.uniform(-1, 1, (rows, 3)).astype(np.float32),
-            SampleBatch.ACTIONS: rng.integers(0, 3, rows),
-            SampleBatch.REWARDS: rng.uniform(-3, 3, rows).astype(np.float32),
-            SampleBatch.TERMINATEDS: terminated,
-            SampleBatch.TRUNCATEDS: np.zeros(rows, bool),
-            SampleBatch.EPS_ID: np.repeat([0, 1], [4, rows - 4]),
-        }
-    )
 
 
 def numpy_td(policy, batch, double_q: bool, dueling: bool) -> np.ndarray:

@@ -385,7 +385,7 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
     """DQNPolicy.prepare_train_batch checks the "weights" column; the LearnerGroup
     prepares every batch with it, in the driver, for a learner there or in an actor.
     A good batch's per-row TD errors come back from the training step itself."""
-    from test_dqn import ACTIONS, OBS, TINY, tiny_batch
+    from dqn_batches import ACTIONS, OBS, TINY, tiny_batch
 
     from policy_service import LearnerGroup
     from policy_service.replay import PRIO_WEIGHTS
