@@ -290,7 +290,8 @@ def test_learns_cartpole_with_two_remote_env_runners(ray_local):
     that reproduces it; here it cost several times the env steps for nothing more."""
     config = yaml.safe_load(TUNED.read_text())
     config.update(seed=0, num_env_runners=2)
-    last, seconds = train_until(A3C(config), CARTPOLE_LEARNED, MAX_STEPS)
+    history, seconds = train_until(A3C(config), CARTPOLE_LEARNED, MAX_STEPS)
+    last = history[-1]
     print(
         f"\na3c CartPole-v1: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, staleness mean "

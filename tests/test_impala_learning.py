@@ -39,7 +39,8 @@ CARTPOLE_LEARNED = 150
 def test_learns_cartpole_with_two_remote_env_runners(ray_local, algo_cls, name):
     config = yaml.safe_load((TUNED / f"cartpole_{name}.yaml").read_text())
     config.update(seed=0, num_env_runners=2)
-    last, seconds = train_until(algo_cls(config), CARTPOLE_LEARNED, MAX_STEPS[name])
+    history, seconds = train_until(algo_cls(config), CARTPOLE_LEARNED, MAX_STEPS[name])
+    last = history[-1]
     print(
         f"\n{name} CartPole-v1: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, "
@@ -53,7 +54,8 @@ def test_appo_learns_acting_in_the_learner_actor(ray_local):
     config.update(seed=0, num_env_runners=2, num_learners=1, inference="learners")
     algo = APPO(config)
     assert algo.env_runners.weights_versions() == [0, 0]  # the learner's own version
-    last, seconds = train_until(algo, CARTPOLE_LEARNED, MAX_STEPS["appo"])
+    history, seconds = train_until(algo, CARTPOLE_LEARNED, MAX_STEPS["appo"])
+    last = history[-1]
     print(
         f"\nappo, inference in the learner: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, lag max {last['policy_lag_max']}"
@@ -120,7 +122,7 @@ def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
     killer = threading.Thread(target=kill_every_10_s, daemon=True)
     killer.start()
     try:
-        last, seconds = train_until(
+        history, seconds = train_until(
             algo,
             CARTPOLE_LEARNED,
             MAX_STEPS["appo"],
@@ -129,6 +131,7 @@ def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
     finally:
         stop.set()
         killer.join()
+    last = history[-1]
     print(
         f"\nappo, a runner killed every 10 s: {last['episode_return_mean']:.1f} after "
         f"{last['timesteps_total']} env steps, {seconds:.0f} s, "

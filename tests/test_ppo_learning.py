@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import ray
 import yaml
+from learning_runs import train_until
 from memory_envs import RECALL, RecallEnv
 
 from algorithms import register_env
@@ -26,26 +27,10 @@ TUNED = Path(__file__).resolve().parents[1] / "algorithms" / "tuned"
 CARTPOLE_LEARNED = 150
 
 
-def train_until(config: dict, *, stop_return: float, max_steps: int) -> tuple[list, float]:
-    """Train until the 100-episode mean return reaches stop_return or max_steps pass.
-    -> (metrics of every iteration, seconds spent)."""
-    algo = PPO(config)
-    start = time.perf_counter()
-    history = []
-    try:
-        while True:
-            history.append(algo.train())
-            last = history[-1]
-            if last["episode_return_mean"] >= stop_return or last["timesteps_total"] >= max_steps:
-                return history, time.perf_counter() - start
-    finally:
-        algo.stop()
-
-
 def test_cartpole_learns_within_150k_steps():
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config["seed"] = 0
-    history, seconds = train_until(config, stop_return=CARTPOLE_LEARNED, max_steps=150_000)
+    history, seconds = train_until(PPO(config), stop_return=CARTPOLE_LEARNED, max_steps=150_000)
     last = history[-1]
     print(
         f"\nCartPole-v1: return {last['episode_return_mean']:.1f} after "
@@ -61,20 +46,22 @@ register_env("recall", lambda env_config: RecallEnv(**env_config))
 def test_lstm_remembers_what_an_mlp_cannot():
     """Recall a cue after 10 blank steps: the memoryless bound is 2/3 - 1 = -1/3."""
     lstm, lstm_s = train_until(
-        {
-            **RECALL,
-            "model": {
-                "fcnet_hiddens": [32],
-                "use_lstm": True,
-                "lstm_cell_size": 32,
-                "max_seq_len": 12,
-            },
-        },
+        PPO(
+            {
+                **RECALL,
+                "model": {
+                    "fcnet_hiddens": [32],
+                    "use_lstm": True,
+                    "lstm_cell_size": 32,
+                    "max_seq_len": 12,
+                },
+            }
+        ),
         stop_return=0.9,
         max_steps=40_000,
     )
     mlp, mlp_s = train_until(
-        {**RECALL, "model": {"fcnet_hiddens": [32, 32]}},
+        PPO({**RECALL, "model": {"fcnet_hiddens": [32, 32]}}),
         stop_return=0.9,
         max_steps=lstm[-1]["timesteps_total"],
     )
@@ -105,7 +92,7 @@ def test_pendulum_improves_clearly():
         "num_envs_per_env_runner": 8,
         "model": {"fcnet_hiddens": [64, 64]},
     }
-    history, seconds = train_until(config, stop_return=-600, max_steps=100_000)
+    history, seconds = train_until(PPO(config), stop_return=-600, max_steps=100_000)
     first, last = history[0]["episode_return_mean"], history[-1]["episode_return_mean"]
     print(
         f"\nPendulum-v1: {first:.0f} -> {last:.0f} in {history[-1]['timesteps_total']} "
@@ -141,7 +128,7 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     # pytest's process only), so it travels by value, as a __main__ script's would
     ray.cloudpickle.register_pickle_by_value(user_models)
     try:
-        history, seconds = train_until(config, stop_return=CARTPOLE_LEARNED, max_steps=200_000)
+        history, seconds = train_until(PPO(config), stop_return=CARTPOLE_LEARNED, max_steps=200_000)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(user_models)
     last = history[-1]
