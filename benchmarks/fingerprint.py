@@ -1,9 +1,11 @@
 """A run's numbers as JSON, to show a refactor changed no behaviour.
 
-PPO (seeded, driver learner, and 2 fake GPUs), APPO (one env runner actor acting),
-SAC and self-play (PPO on a two-policy env, one a frozen copy) for 3 iterations: each
-iteration's return, losses and a hash of every weight; DQN: save after 2 iterations,
-restore in a new algorithm, and hash the weights after one more iteration in both.
+PPO (seeded, driver learner, and 2 fake GPUs), SAC and self-play (PPO on a two-policy
+env, one a frozen copy) for 3 iterations: each iteration's return, losses and a hash of
+every weight; DQN: save after 2 iterations, restore in a new algorithm, and hash the
+weights after one more iteration in both; APPO (one env runner actor acting) run so
+that no timing decides what it trains: its first updates' losses and the returns of
+the fragments they trained on. Every section is the same in every run of one tree.
 Run it before and after a change and compare the two files; the script may be this
 tree's while the code is another's (PYTHONPATH=<other tree>):
 
@@ -96,30 +98,68 @@ def iterations(algo, policy_ids: list | None = None, count: int = 3) -> list[dic
     return rows
 
 
-def appo_fingerprint() -> list[dict]:
-    """APPO with one env runner actor acting with its own weights copy."""
+APPO_UPDATES = 6  # learner updates the APPO section records
+
+
+def appo_fingerprint() -> dict:
+    """APPO with one env runner actor acting with its own weights copy, run so that no
+    timing decides what is trained: the runner keeps its first weights
+    (broadcast_interval past the run: which fragment a broadcast reaches is timing),
+    has one request in flight and the learner queue never fills (every train batch is
+    then the next 4 fragments; two arriving at once, or a full queue, make a batch of
+    5). An iteration's end is timing (it lasts until one update finished; the learner
+    thread may have made more), so the section is the first APPO_UPDATES updates'
+    statistics and the returns of the fragments they trained on, not iterations: each
+    update's losses follow from the weights all earlier updates left."""
     import ray
 
     from algorithms.appo import APPO
+    from policy_service.runs.metrics_logger import stat_values
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
-        return iterations(
-            APPO(
-                {
-                    "env": "CartPole-v1",
-                    "seed": 0,
-                    "num_env_runners": 1,
-                    "rollout_fragment_length": 50,
-                    "train_batch_size": 200,
-                    "inference": "env_runners",
-                    "sample_while_env_runners_start": False,
-                    "model": {"fcnet_hiddens": [32]},
-                }
-            )
+        algo = APPO(
+            {
+                "env": "CartPole-v1",
+                "seed": 0,
+                "num_env_runners": 1,
+                "rollout_fragment_length": 50,
+                "train_batch_size": 200,
+                "inference": "env_runners",
+                "sample_while_env_runners_start": False,
+                "broadcast_interval": 10**9,
+                "max_requests_in_flight_per_env_runner": 1,
+                "learner_queue_size": 1000,
+                "model": {"fcnet_hiddens": [32]},
+            }
         )
+        updates, fragments = [], []
+        run = algo.async_learning.run
+
+        def recorded_run(min_steps: int):
+            it = run(min_steps)
+            updates.extend(stat_values(stats) for stats in it.learner_stats)
+            fragments.extend(it.fragment_metrics)
+            return it
+
+        algo.async_learning.run = recorded_run
+        try:
+            while len(updates) < APPO_UPDATES:
+                algo.train()
+        finally:
+            algo.stop()
     finally:
         ray.shutdown()
+    per_batch = 200 // 50
+    return {
+        "updates": [
+            {k: v for k, v in sorted(u.items()) if "loss" in k or k.endswith(("kl", "entropy"))}
+            for u in updates[:APPO_UPDATES]
+        ],
+        "episode_returns": [
+            r for m in fragments[: APPO_UPDATES * per_batch] for r in m["episode_returns"]
+        ],
+    }
 
 
 def sac_fingerprint() -> list[dict]:
