@@ -349,6 +349,22 @@ def test_the_roots_own_modules_are_the_floor():
     assert package_graph()["policy_service (root)"] == set()
 
 
+TEST_FILE_IMPORT = re.compile(r"^\s*(?:from|import)\s+(?:tests\.)?(test_\w+)", re.MULTILINE)
+
+
+def test_no_test_file_imports_another():
+    """What several test files share lives in a helper module of tests/ (fakes, envs,
+    learning_runs, ...): a test file imported by another runs its module-level setup
+    twice, and its tests' names are not its own to change. A script a test file runs may
+    import that same file."""
+    found = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for name in TEST_FILE_IMPORT.findall(path.read_text()):
+            if name != path.stem:
+                found.append(f"{path.relative_to(REPO)} imports {name}")
+    assert found == []
+
+
 def test_only_the_facade_imports_the_facade():
     """Inside the project, modules import a moved module from its package, not through
     the root's public path (which is for users)."""
