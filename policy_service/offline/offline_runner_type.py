@@ -42,6 +42,7 @@ from policy_service.offline.held_out import held_out
 from policy_service.offline.manifest import PolicyData
 from policy_service.offline.read_position import PassPosition, ReadPosition
 from policy_service.offline.reader import (
+    CHUNK_ROWS,
     BatchStream,
     Experiences,
     PolicyDataset,
@@ -264,8 +265,8 @@ class OfflineRunners:
             raise ValueError(f"read position of policies {sorted(positions)}, this run reads "
                              f"{self.policy_id!r}")  # fmt: skip
         saved, here = positions[self.policy_id].identity, self._identity()
-        for key in ("files", "rows", "held_out"):
-            if saved.get(key) != here[key]:
+        for key in ("files", "rows", "held_out", "chunk_rows"):
+            if saved.get(key, here[key] if key == "chunk_rows" else None) != here[key]:
                 raise ValueError(
                     f"the read position is of {key} {saved.get(key)!r}, this run's is "
                     f"{here[key]!r}: resume with the input the run read"
@@ -276,7 +277,10 @@ class OfflineRunners:
         rows_per_sample or shuffle_buffer_size (a changed train_batch_size, a PBT
         explore), the pass goes on from the same place with the rows kept, cut into
         samples of this size: no row is lost or read twice, but the read is not the one
-        an uninterrupted run of either size makes."""
+        an uninterrupted run of either size makes. Read by Ray Data tasks
+        (input_num_readers > 1), a pass's chunks come in the order the tasks finish: a
+        resume inside a pass skips as many chunks as were read, not the same ones, so only
+        the read in this process resumes exactly (docs/offline.md)."""
         position = positions[self.policy_id]
         self._pass.close()
         self.passes = position.passes
@@ -297,6 +301,7 @@ class OfflineRunners:
             "rows_per_sample": self.rows_per_sample,
             "shuffle_buffer_size": self.shuffle_buffer_size,
             "held_out": self.held_out,
+            "chunk_rows": CHUNK_ROWS,  # a pass's position counts chunks of this many rows
         }
 
     def dataset_batches(self, seed: int, resume: PassPosition | None = None) -> BatchStream:
