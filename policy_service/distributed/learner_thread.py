@@ -200,7 +200,7 @@ def update_stats(results: dict) -> dict:
             {k: r[k] for k in (NUM_SAMPLES_TRAINED, "policy_lag_mean", "policy_lag_max")}
             for r in results.values()
         ],
-        weights=rows,
+        weights=rows if sum(rows) else None,  # an update without rows: plain means
     )
     return {
         **{f"{p}/{k}": stat for p, r in results.items() for k, stat in r.items()},
