@@ -344,3 +344,32 @@ def test_box_actions_go_out_clipped_and_are_recorded_as_sampled():
     with pytest.raises(HttpError, match="action") as refused:
         episode_api.actions([sampled[row].tolist()], schema, 1, "action")
     assert refused.value.status == 400
+
+
+def test_a_clients_own_action_is_recorded_in_the_policys_units():
+    """With normalize_actions the policy acts in [-1, 1] and the env gets its bounds'
+    units: an action the client chose (log_action, env units) goes into the batch in the
+    policy's, as a sampled one does; without it, as it came."""
+    env = gym.make("Pendulum-v1")  # actions in [-2, 2]
+    logged = np.array([[2.0], [-1.0], [0.0]], np.float32)
+
+    def recorded(normalize_actions: bool) -> np.ndarray:
+        config = {**CONFIG, "normalize_actions": normalize_actions}
+        host = PolicyHost(ReturnsPGPolicy, env.observation_space, env.action_space, config)
+
+        async def play():
+            recorder = EpisodeRecorder(host)
+            eid = recorder.start()
+            obs, _ = env.reset(seed=0)
+            for action in logged:
+                await recorder.log_action(eid, obs[None], action[None])
+                obs, reward, *_ = env.step(action)
+                recorder.log_returns(eid, float(reward))
+            await recorder.end(eid, obs[None], truncated=True)
+            return await recorder.take(len(logged), wait_s=0)
+
+        batch, _ = asyncio.run(play())
+        return batch[SB.ACTIONS]
+
+    np.testing.assert_allclose(recorded(True), [[1.0], [-0.5], [0.0]])
+    np.testing.assert_array_equal(recorded(False), logged)

@@ -157,6 +157,9 @@ class PolicyClient:
             self._post(f"/v1/episodes/{episode_id}/log_action", self._with_reward(episode_id, body))
             return
         episode = self._local_episode(episode_id)
+        assert self._env_actions is not None
+        # in the policy's units, as a sampled action is recorded (normalize_actions)
+        action = self._env_actions.from_env(np.asarray(action, self._action_dtype)[None])[0]
         self._record(episode_id, episode, observation, np.asarray(action, self._action_dtype))
 
     def log_returns(self, episode_id: str, reward: float, info: dict | None = None) -> None:

@@ -10,7 +10,8 @@ For each Box leaf with finite bounds:
 Discrete and MultiDiscrete leaves pass unchanged. `EnvActionRule` is the one place a
 policy's config turns into that step: env runners (single- and multi-agent), the episode
 server, a local-mode PolicyClient and `Algorithm.compute_single_action` go through it.
-`normalized` is the inverse map, for actions logged in the env's units.
+`normalized` is the inverse map, for actions a client logs in the env's units
+(`EnvActionRule.from_env`, its log_action in both inference modes).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class EnvActionRule:
         if not self.changes_actions:
             return actions
         return to_env(self.action_space, actions, self.normalize, self.clip)
+
+    def from_env(self, actions: Any) -> Any:
+        """Batched actions a client chose in the env's units, as the policy acts (the
+        batch's units): back in [-1, 1] with normalize_actions, else as they are."""
+        return normalized(self.action_space, actions) if self.normalize else actions
 
     def single_to_env(self, action: Any) -> Any:
         """One unbatched action as the env gets it."""

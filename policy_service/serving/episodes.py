@@ -115,9 +115,10 @@ class EpisodeRecorder:
         return actions[0], version
 
     async def log_action(self, episode_id: str, obs, action: np.ndarray) -> None:
-        """A step whose action the client chose (action: [1, ...])."""
+        """A step whose action the client chose (action: [1, ...], in the env's units;
+        recorded in the policy's, as a sampled one is: normalize_actions)."""
         async with self._locked(episode_id) as episode:
-            await self._record_steps(episode, obs, action)
+            await self._record_steps(episode, obs, self._env_actions_rule.from_env(action))
 
     def log_returns(self, episode_id: str, reward: float) -> None:
         """Reward for the last action (summed when logged more than once)."""
