@@ -14,7 +14,8 @@ thread pools and Ray Data's worker processes: rows_per_s_first_pass). Each round
 the three modes one after another, so all meet the same load; the summary gives
 medians over rounds and each round's ratio, a reader's rows/s over pyarrow's (the
 issue's goal: >= 0.7 through Ray), and each mode's peak RSS at the larger size over
-that at the smaller (flat: about 1).
+that at the smaller (flat: about 1); rss_anon_mib and rss_shmem_mib split the resident
+memory at the end into the process's own and shared pages (Ray's object store).
 
     python -m benchmarks.offline_read                         # 1M rows, memory at 200k and 1M
     python -m benchmarks.offline_read --rows 5000000 --memory-rows 1000000
@@ -149,7 +150,20 @@ def measure(spec: dict):
         "rows_per_s": round(rows / min(seconds[1:])),
         "rows_per_s_first_pass": round(rows / seconds[0]),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        **memory_split(),
     }
+
+
+def memory_split() -> dict:
+    """The resident memory at the end, private (RssAnon) and shared (RssShmem: Ray's
+    object store pages the driver has mapped, counted in its RSS too)."""
+    fields = {"RssAnon": "rss_anon_mib", "RssShmem": "rss_shmem_mib"}
+    out = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in fields:
+            out[fields[key]] = round(int(value.split()[0]) / 1024, 1)
+    return out
 
 
 def configurations(args) -> list[dict]:
@@ -173,7 +187,8 @@ def summarize(records: list[dict]) -> list[dict]:
     RSS at the largest size over that at the smallest."""
     ok = [r for r in records if "error" not in r and r.get("mode") in MODES]
     data = {r["rows"]: r for r in records if r.get("mode") == "data"}
-    summary = stats.summarize_each(ok, ("rows", "mode"), ("rows_per_s", "peak_rss_mib"))
+    values = ("rows_per_s", "peak_rss_mib", "rss_anon_mib", "rss_shmem_mib")
+    summary = stats.summarize_each(ok, ("rows", "mode"), values)
     sizes = sorted({r["rows"] for r in ok})
     for row in summary:
         runs = [r for r in ok if r["rows"] == row["rows"]]
@@ -189,8 +204,9 @@ def summarize(records: list[dict]) -> list[dict]:
             row["goal"] = GOAL
             row["goal_met"] = None if row["vs_pyarrow"] is None else row["vs_pyarrow"] >= GOAL
         if len(sizes) > 1 and row["rows"] == sizes[-1]:
-            small = stats.find(summary, "peak_rss_mib", rows=sizes[0], mode=row["mode"])
-            row[f"peak_rss_vs_{sizes[0]}_rows"] = stats.ratio(row["peak_rss_mib"], small)
+            for value in ("peak_rss_mib", "rss_anon_mib"):
+                small = stats.find(summary, value, rows=sizes[0], mode=row["mode"])
+                row[f"{value}_vs_{sizes[0]}_rows"] = stats.ratio(row[value], small)
     return summary
 
 
