@@ -3,9 +3,10 @@
 PPO (seeded, driver learner, and 2 fake GPUs), SAC and self-play (PPO on a two-policy
 env, one a frozen copy) for 3 iterations: each iteration's return, losses and a hash of
 every weight; DQN: save after 2 iterations, restore in a new algorithm, and hash the
-weights after one more iteration in both; APPO (one env runner actor acting) run so
-that no timing decides what it trains: its first updates' losses and the returns of
-the fragments they trained on. Every section is the same in every run of one tree.
+weights after one more iteration in both; APPO (one env runner actor acting with its
+own weights, or through a PolicyActor) run so that no timing decides what it trains:
+its first updates' losses and the returns of the fragments they trained on. Every
+section is the same in every run of one tree.
 Run it before and after a change and compare the two files; the script may be this
 tree's while the code is another's (PYTHONPATH=<other tree>):
 
@@ -101,16 +102,18 @@ def iterations(algo, policy_ids: list | None = None, count: int = 3) -> list[dic
 APPO_UPDATES = 6  # learner updates the APPO section records
 
 
-def appo_fingerprint() -> dict:
-    """APPO with one env runner actor acting with its own weights copy, run so that no
-    timing decides what is trained: the runner keeps its first weights
-    (broadcast_interval past the run: which fragment a broadcast reaches is timing),
-    has one request in flight and the learner queue never fills (every train batch is
-    then the next 4 fragments; two arriving at once, or a full queue, make a batch of
-    5). An iteration's end is timing (it lasts until one update finished; the learner
-    thread may have made more), so the section is the first APPO_UPDATES updates'
-    statistics and the returns of the fragments they trained on, not iterations: each
-    update's losses follow from the weights all earlier updates left."""
+def appo_fingerprint(inference: str) -> dict:
+    """APPO with one env runner actor acting (`inference`: with its own weights copy, or
+    through a PolicyActor), run so that no timing decides what is trained: the acting
+    weights stay the first ones (broadcast_interval past the run: which fragment a
+    broadcast reaches is timing), the runner has one request in flight and the learner
+    queue never fills (every train batch is then the next 4 fragments; two arriving at
+    once, or a full queue, make a batch of 5). An iteration's end is timing (it lasts
+    until one update finished; the learner thread may have made more), so the section
+    is the first APPO_UPDATES updates' statistics and the returns of the fragments they
+    trained on, not iterations: each update's losses follow from the weights all earlier
+    updates left. With inference "learners" the runners act with the learners' current
+    weights, which move whenever an update lands: no such section exists for it."""
     import ray
 
     from algorithms.appo import APPO
@@ -125,7 +128,7 @@ def appo_fingerprint() -> dict:
                 "num_env_runners": 1,
                 "rollout_fragment_length": 50,
                 "train_batch_size": 200,
-                "inference": "env_runners",
+                "inference": inference,
                 "sample_while_env_runners_start": False,
                 "broadcast_interval": 10**9,
                 "max_requests_in_flight_per_env_runner": 1,
@@ -276,7 +279,8 @@ PARTS = {
     "ppo_1_tower": lambda: ppo_fingerprint(0),
     "ppo_2_fake_gpus": lambda: ppo_fingerprint(2),
     "dqn_restore": dqn_fingerprint,
-    "appo_1_runner": appo_fingerprint,
+    "appo_1_runner": lambda: appo_fingerprint("env_runners"),
+    "appo_policy_actor": lambda: appo_fingerprint("policy_actors"),
     "sac": sac_fingerprint,
     "self_play": self_play_fingerprint,
 }
