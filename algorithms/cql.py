@@ -77,6 +77,9 @@ class CQLConfig(SACConfig):
         5.0, doc="The gap the lagrangian alpha' aims at.", check=finite()
     )
     num_steps_sampled_before_learning_starts: int = 0  # logged data: no warm-up
+    # the offline runner reads train batches whole: SAC's 1 made an iteration thousands
+    # of one-row reads (a third of its CPU, benchmarks/offline_sgd.py)
+    rollout_fragment_length: int | str = "auto"
     postprocess_inputs: bool = setting(
         True,
         doc="input: each logged episode's rows get their (n-step) targets' rewards and "
