@@ -944,12 +944,15 @@ class Algorithm:
             from algorithms.multi_agent_offline import offline_multi_agent_runners
 
             offline, policies = offline_multi_agent_runners(cfg, self.policy_class, cfg.seed)
+            trained = None
             try:
                 trained = multi_agent.MultiAgentLearners(policies)
+                offline.sync_weights(trained.get_weights(), version=0)
             except BaseException:
                 offline.stop()
+                if trained is not None:
+                    trained.stop()
                 raise
-            offline.sync_weights(trained.get_weights(), version=0)
             return cast("MultiAgentEnvRunnerGroup", offline), trained
         env, policies = multi_agent.resolve_policies(cfg, self.policy_class)
         env.close()  # it only showed the agents and spaces

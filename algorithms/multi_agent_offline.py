@@ -64,17 +64,22 @@ def offline_multi_agent_runners(
     _check_every_policy_has_rows(experiences, list(config.policies), prefix)
     if not config.env:
         policies = _policies_from_manifest(config, experiences, classes)
-    runners = {}
-    for index, (policy_id, spec) in enumerate(policies.specs.items()):
-        policy_cls = cast("type[TFPolicy]", spec.built_class())
-        policy_config = from_dict(policy_cls.config_class, spec.config)
-        runners[policy_id] = OfflineRunners(
-            experiences[policy_id],
-            (spec.observation_space, spec.action_space),
-            policy_config,
-            policy_cls,
-            None if seed is None else seed + index,
-        )
+    runners: dict[str, OfflineRunners] = {}
+    try:
+        for index, (policy_id, spec) in enumerate(policies.specs.items()):
+            policy_cls = cast("type[TFPolicy]", spec.built_class())
+            policy_config = from_dict(policy_cls.config_class, spec.config)
+            runners[policy_id] = OfflineRunners(
+                experiences[policy_id],
+                (spec.observation_space, spec.action_space),
+                policy_config,
+                policy_cls,
+                None if seed is None else seed + index,
+            )
+    except BaseException:  # a later policy's one-line refusal: the readers built are closed
+        for built in runners.values():
+            built.stop()
+        raise
     return OfflineMultiAgentRunners(runners, policies), policies
 
 
