@@ -155,7 +155,7 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     """Play `episodes` episodes (env seeded seed, seed+1, ...) -> returns and lengths."""
     returns, lengths = [], []
     # the env gets what env runners send (normalize_actions, clip_actions)
-    to_env = env_actions.EnvActionRule.of(policy.action_space, policy.config)
+    env_action_rule = env_actions.EnvActionRule.of(policy.action_space, policy.config)
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         state = policy.get_initial_state() if policy.is_recurrent() else None
@@ -170,7 +170,7 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
                 )
             else:
                 action, _, _ = policy.compute_single_action(obs, explore=explore)
-            obs, reward, terminated, truncated, _ = env.step(to_env.single_to_env(action))
+            obs, reward, terminated, truncated, _ = env.step(env_action_rule.single_to_env(action))
             total += float(reward)
             steps += 1
             prev_action, prev_reward = action, float(reward)

@@ -117,13 +117,13 @@ class MultiAgentSampler:
         self._rng = np.random.default_rng(seed)
         self._seed = seed
         self._sub_envs = [_SubEnv(e) for e in envs]
+        action_spaces = agent_policies.spaces()[1]
         # an agent's previous action before its first: its policy's action space's zero
         self._no_action = {
             policy_id: spaces.zero_actions(action_space, 1)[0]
-            for policy_id, action_space in agent_policies.spaces()[1].items()
+            for policy_id, action_space in action_spaces.items()
         }
         # what each policy's agents send their env (normalize_actions, clip_actions)
-        action_spaces = agent_policies.spaces()[1]
         self._env_actions = {
             policy_id: EnvActionRule.of(
                 action_spaces[policy_id], config_for(spec.built_class(), spec.config)
