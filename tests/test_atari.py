@@ -76,7 +76,7 @@ def test_fragments_keep_observations_uint8_and_the_default_cnn_acts_on_them():
         conv_layers = [layer.name for layer in worker.policy.model.policy_trunk.convs]
     finally:
         worker.stop()
-    assert metrics["env_steps"] == 16
+    assert metrics["env_steps"].value == 16  # a Stat: summed over runners by the group
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
             assert batch[column].dtype == np.uint8 and batch[column].shape[1:] == (84, 84, 4)
