@@ -299,7 +299,8 @@ def test_a_file_being_written_is_not_read(tmp_path):
 
 KILLED_WRITER = """
 import sys
-from tests.test_offline_io import SPACES, cartpole_rows
+sys.path.insert(0, "tests")  # as pytest runs this file: its helper modules import
+from test_offline_io import SPACES, cartpole_rows
 from policy_service.offline.parquet_writer import ParquetExperienceWriter
 writer = ParquetExperienceWriter(sys.argv[1], SPACES, max_file_size=20000, row_group_rows=64)
 i = 0

@@ -131,6 +131,8 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
         history, seconds = train_until(PPO(config), stop_return=CARTPOLE_LEARNED, max_steps=200_000)
     finally:
         ray.cloudpickle.unregister_pickle_by_value(user_models)
+        # every later run's actors get the registry: a model they cannot import must go
+        models.unregister_custom_model("lazy_mlp")
     last = history[-1]
     print(
         f"\nCartPole-v1, lazy custom model, {actors}: return "
