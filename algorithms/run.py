@@ -69,7 +69,8 @@ def fit(
     resume: bool = False,
 ) -> Result:
     """Train `algo` until `stop` (a dict such as {"episode_return_mean": 450,
-    "timesteps_total": 10**6, "training_iteration": 50}; None: until a signal) into
+    "timesteps_total": 10**6, "training_iteration": 50, "time_total_s": 3600}; None:
+    until a signal) into
     `run_dir` (default runs/ALGO-ENV-TIME) -> Result. `checkpoint_every` iterations
     (0: only at the end), the newest `keep` kept. `resume`: continue the run in
     `run_dir` from its newest checkpoint that loads. `callbacks`: objects whose driver

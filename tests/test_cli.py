@@ -329,6 +329,7 @@ MORE_BAD_VALUES = {
     "stop_iters_zero": (["--stop-iters", "0"], "--stop-iters must be >= 1, got 0"),
     "stop_timesteps_negative": (["--stop-timesteps", "-5"], "--stop-timesteps must be >= 1"),
     "stop_reward_nan": (["--stop-reward", "nan"], "--stop-reward must be a finite number"),
+    "stop_time_zero": (["--stop-time", "0"], "--stop-time must be a finite number of seconds > 0"),
 }
 
 
@@ -468,7 +469,7 @@ def test_one_line_tells_a_remote_error_by_the_error_its_code_raised():
 
 
 def test_stop_criteria_name_the_first_limit_reached():
-    from policy_service.cli.run_options import StopCriteria
+    from policy_service.cli.run_options import StopCriteria, TrainingSetupError
 
     stop = StopCriteria(reward=100.0, timesteps=1000, iters=5)
     assert stop.reason({"iteration": 1, "timesteps_total": 10, "episode_return_mean": 20.0}) is None
@@ -481,6 +482,12 @@ def test_stop_criteria_name_the_first_limit_reached():
         == "stop_timesteps"
     )
     assert stop.reason({"iteration": 5, "timesteps_total": 500}) == "stop_iters"
+    timed = StopCriteria.of({"time_total_s": 3600})
+    assert timed.reason({"iteration": 9, "time_total_s": 3599.5}) is None
+    assert timed.reason({"iteration": 9, "time_total_s": 3600.2}) == "stop_time"
+    for seconds in (0, -1.0, float("inf"), "1h"):
+        with pytest.raises(TrainingSetupError, match=r"^stop\['time_total_s'\] must be a finite"):
+            StopCriteria.of({"time_total_s": seconds})
     assert StopCriteria(iters=5).updated(StopCriteria(iters=9, reward=1.0)) == StopCriteria(
         reward=1.0, iters=9
     )

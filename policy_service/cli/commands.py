@@ -54,7 +54,10 @@ def _train(args: argparse.Namespace) -> int:
         gpus_per_learner=args.gpus_per_learner,
         seed=args.seed,
         stop=StopCriteria(
-            reward=args.stop_reward, timesteps=args.stop_timesteps, iters=args.stop_iters
+            reward=args.stop_reward,
+            timesteps=args.stop_timesteps,
+            iters=args.stop_iters,
+            seconds=args.stop_time,
         ),
         output_dir=args.output_dir,
         resume=args.resume,
@@ -460,6 +463,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stop-reward", type=float, help="stop at this episode_return_mean")
     train.add_argument("--stop-timesteps", type=int, help="stop after this many env steps")
     train.add_argument("--stop-iters", type=int, help="stop after this many iterations")
+    train.add_argument(
+        "--stop-time",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this many seconds of training (time_total_s, counted over resumes)",
+    )
     train.add_argument(
         "--output-dir", metavar="D", help="run directory (default runs/ALGO-ENV-TIME)"
     )

@@ -65,7 +65,12 @@ def setup_run(options: RunOptions) -> RunSetup:
     checkpoint_every = _at_least(options.checkpoint_every, 0, "--checkpoint-every")
     keep = _at_least(options.keep_checkpoints, 1, "--keep-checkpoints")
     options.stop.check(
-        {"reward": "--stop-reward", "timesteps": "--stop-timesteps", "iters": "--stop-iters"}
+        {
+            "reward": "--stop-reward",
+            "timesteps": "--stop-timesteps",
+            "iters": "--stop-iters",
+            "seconds": "--stop-time",
+        }
     )
     _check_address(options)
     if options.resume:

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 
 from policy_service.errors import TrainingSetupError
 
-STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, INTERRUPTED, STOPPED_BY_CALLBACK = (
+STOP_REWARD, STOP_TIMESTEPS, STOP_ITERS, STOP_TIME, INTERRUPTED, STOPPED_BY_CALLBACK = (
     "stop_reward",
     "stop_timesteps",
     "stop_iters",
+    "stop_time",
     "interrupted",
     "stopped_by_callback",
 )
@@ -23,6 +24,7 @@ STOP_KEYS = {
     "num_env_steps_sampled_lifetime": "timesteps",
     "iteration": "iters",
     "training_iteration": "iters",
+    "time_total_s": "seconds",
 }
 
 
@@ -33,19 +35,32 @@ class StopCriteria:
     reward: float | None = None  # episode_return_mean at which to stop
     timesteps: int | None = None  # env steps (timesteps_total) after which to stop
     iters: int | None = None  # iterations after which to stop
+    seconds: float | None = None  # training seconds (time_total_s, over resumes) to stop after
 
     def check(self, names: dict | None = None) -> None:
         """Raise TrainingSetupError naming the first limit out of its range; `names`:
         how the caller's user wrote each field (e.g. {"iters": "--stop-iters"})."""
-        names = {"reward": "stop reward", "timesteps": "stop timesteps", "iters": "stop iters"} | (
-            names or {}
-        )
+        names = {
+            "reward": "stop reward",
+            "timesteps": "stop timesteps",
+            "iters": "stop iters",
+            "seconds": "stop time",
+        } | (names or {})
         for name in ("timesteps", "iters"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise TrainingSetupError(f"{names[name]} must be an integer, got {value!r}")
             if value is not None and value < 1:
                 raise TrainingSetupError(f"{names[name]} must be >= 1, got {value}")
+        if self.seconds is not None and not (
+            isinstance(self.seconds, (int, float))
+            and not isinstance(self.seconds, bool)
+            and math.isfinite(self.seconds)
+            and self.seconds > 0
+        ):
+            raise TrainingSetupError(
+                f"{names['seconds']} must be a finite number of seconds > 0, got {self.seconds!r}"
+            )
         if self.reward is not None and not math.isfinite(self.reward):
             raise TrainingSetupError(
                 f"{names['reward']} must be a finite number, got {self.reward}"
@@ -83,6 +98,8 @@ class StopCriteria:
             return STOP_TIMESTEPS
         if self.iters is not None and metrics.get("iteration", 0) >= self.iters:
             return STOP_ITERS
+        if self.seconds is not None and metrics.get("time_total_s", 0.0) >= self.seconds:
+            return STOP_TIME
         return None
 
     def updated(self, other: StopCriteria) -> StopCriteria:
