@@ -39,6 +39,7 @@ from policy_service.config_rules import MIN_ROW_BYTES, Rule, finite, integer, on
 from policy_service.data import env_actions, observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.ray_runtime import start_ray
+from policy_service.distributed.runner_types import policy_actor_restarts
 from policy_service.engine import devices
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.envs import atari
@@ -124,6 +125,13 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
     )
     remote_inference: bool = setting(
         False, doc="Workers act through one PolicyActor (central inference)."
+    )
+    max_num_env_runner_restarts: int = setting(
+        100,
+        doc="Env runners replaced (a death each, those that die starting too) over the "
+        "env runner group's life before the run ends in one line naming the runner "
+        "(RLlib's key); 0: the first death ends it.",
+        check=integer(ge=0),
     )
     sample_while_env_runners_start: bool = setting(
         True,
@@ -375,6 +383,7 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
             "env_config": dict(self.env_config),
             "remote_inference": self.remote_inference,
             "sample_while_starting": self.sample_while_env_runners_start,
+            "max_restarts": self.max_num_env_runner_restarts,
         }
 
 
@@ -475,7 +484,9 @@ class Algorithm:
         self._counts = IterationCounts()
         self._iteration_start: IterationStart | None = None
         self._iteration_changed_state = False  # learned (or kept samples) this iteration
-        self._past_worker_restarts = 0  # restarts counted by env runner groups since replaced
+        # restarts counted by env runner groups since replaced: their workers', PolicyActor's
+        self._past_worker_restarts = 0
+        self._past_policy_actor_restarts = 0
         window = self.config.metrics_num_episodes_for_smoothing
         self._episode_returns: collections.deque[float] = collections.deque(maxlen=window)
         self._episode_lengths: collections.deque[int] = collections.deque(maxlen=window)
@@ -856,6 +867,7 @@ class Algorithm:
             "time_this_iter_s": elapsed_s,
             "time_total_s": self.time_total_s,
             "num_worker_restarts": self._num_worker_restarts(),
+            "num_policy_actor_restarts": self._num_policy_actor_restarts(),
             "num_learners": learners.num_learners,
             "num_learner_restarts": learners.num_restarts,
             "num_learner_towers": learners.num_towers,
@@ -1030,8 +1042,7 @@ class Algorithm:
         offline = offline_keys.is_offline(self.config)  # reads on: its position is checkpointed
         if self.config.seed is not None and not self.config.external_env and not offline:
             stats = self._filter_stats()
-            self._past_worker_restarts += int(self.env_runners.num_restarts)
-            self.env_runners.stop()
+            self._retire_env_runners(self.env_runners)
             self.env_runners = self._make_env_runners(
                 iteration_seed(self.config.seed, self.iteration)
             )
@@ -1045,8 +1056,7 @@ class Algorithm:
         assert self.multi_agent is not None
         runners, learners = self.multi_agent
         if self.config.seed is not None and not offline_keys.is_offline(self.config):
-            self._past_worker_restarts += int(runners.num_restarts)
-            runners.stop()
+            self._retire_env_runners(runners)
             seed = iteration_seed(self.config.seed, self.iteration)
             runners = multi_agent.multi_agent_env_runners(
                 self.config,
@@ -1059,8 +1069,21 @@ class Algorithm:
         runners.sync_weights(learners.get_weights(), version=self.iteration)
 
     def _num_worker_restarts(self) -> int:
-        runners = self.multi_agent[0] if self.multi_agent is not None else self.env_runners
-        return self._past_worker_restarts + int(runners.num_restarts)
+        return self._past_worker_restarts + int(self._current_env_runners().num_restarts)
+
+    def _num_policy_actor_restarts(self) -> int:
+        """Restarts of the PolicyActor acting for the env runners, of any runner type."""
+        runners = self._current_env_runners()
+        return self._past_policy_actor_restarts + policy_actor_restarts(runners)
+
+    def _current_env_runners(self):
+        return self.multi_agent[0] if self.multi_agent is not None else self.env_runners
+
+    def _retire_env_runners(self, runners) -> None:
+        """Stop env runners about to be replaced; their restarts count on."""
+        self._past_worker_restarts += int(runners.num_restarts)
+        self._past_policy_actor_restarts += policy_actor_restarts(runners)
+        runners.stop()
 
     # ----- algorithm state ----------------------------------------------------------
 
@@ -1498,8 +1521,7 @@ class Algorithm:
 
         assert self.multi_agent is not None
         runners, learners = self.multi_agent
-        self._past_worker_restarts += int(runners.num_restarts)
-        runners.stop()
+        self._retire_env_runners(runners)
         runners = multi_agent.multi_agent_env_runners(
             self.config,
             agent_policies,

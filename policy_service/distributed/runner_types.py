@@ -6,8 +6,10 @@
 
 A type is a module with `build(config, policy_cls, seed, *, env, inference_actors,
 callbacks) -> runners` (an EnvRunnerGroup, or an object that samples as one does) and
-`resource_asks(config) -> list[RoleAsk]`. A new source of samples is a module and a line
-in RUNNER_TYPES (or `register_runner_type`); the algorithm does not change.
+`resource_asks(config) -> list[RoleAsk]`; runners that act through a PolicyActor also
+have `num_policy_actor_restarts()` (read by `policy_actor_restarts`). A new source of
+samples is a module and a line in RUNNER_TYPES (or `register_runner_type`); the
+algorithm does not change.
 """
 
 from __future__ import annotations
@@ -41,3 +43,10 @@ def runner_type_module(kind: str) -> ModuleType:
     if kind not in RUNNER_TYPES:
         raise ValueError(f"unknown runner type {kind!r}; known: {sorted(RUNNER_TYPES)}")
     return importlib.import_module(RUNNER_TYPES[kind])
+
+
+def policy_actor_restarts(runners: Any) -> int:
+    """How often Ray restarted the PolicyActor acting for `runners` (a runner type's
+    build()); 0 for the types that act without one (they leave the method out)."""
+    count = getattr(runners, "num_policy_actor_restarts", None)
+    return 0 if count is None else int(count())
