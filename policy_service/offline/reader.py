@@ -49,7 +49,7 @@ from policy_service.offline.space_checks import first_outside
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
-RAY_BLOCK_BYTES = 16 * 2**20  # Ray Data's blocks (default 128 MiB) reach the driver whole
+RAY_BLOCK_BYTES = 8 * 2**20  # a Ray Data block (default 128 MiB) reaches the driver whole
 _GLOB_CHARS = set("*?[")
 
 
@@ -415,35 +415,37 @@ def _unreadable(path: Path, names: list[str], err: BaseException) -> str:
 
 
 def _leaves(table: pa.RecordBatch | pa.Table, specs: list[LeafSpec], where: Any) -> Rows:
-    return {spec: leaf_from_arrow(table.column(spec.name), spec, str(where)) for spec in specs}
+    return {spec: leaf_from_arrow(_one_array(table.column(spec.name)), spec, str(where))
+            for spec in specs}  # fmt: skip
+
+
+def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """A column of one chunk as that chunk (combining even one chunk copies it)."""
+    if isinstance(column, pa.ChunkedArray) and column.num_chunks == 1:
+        return column.chunk(0)
+    return column
 
 
 def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) -> Iterator[Rows]:
-    """Ray Data's read tasks, one per file, their blocks cut into chunks here (Ray's
-    rebatching copies rows across blocks in a driver thread; slices are views)."""
+    """Ray Data's read tasks, each streaming its share of the files' row groups
+    (parquet_row_groups.py) as chunks; a block reaches the driver as the chunks it
+    gathered, each turned into arrays by views where Arrow allows."""
     import ray.data  # only when asked: Ray Data is heavy to import
 
-    context = ray.data.DataContext.get_current()
-    datasource_v2 = context.use_datasource_v2
-    # V2 (Ray 2.60's default) runs a ListFiles task before reading, on every pass:
-    # seconds of scheduling on a busy machine for files we have already listed
-    context.use_datasource_v2 = False
-    try:
-        dataset = ray.data.read_parquet(
-            [str(f) for f in files],
-            columns=[s.name for s in specs],
-            concurrency=readers,
-            override_num_blocks=len(files),  # not split into ~200 small blocks
-        )
-    finally:
-        context.use_datasource_v2 = datasource_v2
+    from policy_service.offline.parquet_row_groups import RowGroupsDatasource
+
+    names = [s.name for s in specs]
+    source = RowGroupsDatasource([str(f) for f in files], names, readers, CHUNK_ROWS)
+    dataset = ray.data.read_datasource(
+        source, override_num_blocks=source.num_tasks, concurrency=source.num_tasks
+    )
     dataset.context.target_max_block_size = RAY_BLOCK_BYTES  # this dataset's context only
     dataset.context.enable_progress_bars = False
     where = f"{len(files)} Parquet files"
     blocks: Iterable[pa.Table] = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
     for block in blocks:
-        for start in range(0, block.num_rows, CHUNK_ROWS):
-            yield _leaves(block.slice(start, CHUNK_ROWS), specs, where)
+        for chunk in block.to_batches():
+            yield _leaves(chunk, specs, where)
 
 
 # --------------------------------------------------------------------------------------
