@@ -1,15 +1,22 @@
-"""Algorithms on the policy_service stack: `get_algorithm_class("ppo")` -> PPO."""
+"""Algorithms on the policy_service stack: `get_algorithm_class("ppo")` -> PPO, and
+`get_config_class("ppo")` -> PPOConfig without loading PPO (nor TensorFlow)."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig
+from algorithms.configs.algorithm import AlgorithmConfig
 from algorithms.environments import register_env
 
+if TYPE_CHECKING:
+    from algorithms.algorithm import Algorithm
+
 # The registry: name -> "module:Class", imported on first use, so `import algorithms`
-# stays light. A new algorithm is a module in algorithms/ and one line here;
-# `policy-service train NAME` finds it through get_algorithm_class.
+# stays light (no TensorFlow). A new algorithm is a module in algorithms/, its config
+# class in algorithms/configs/, and one line in each dict here; `policy-service train
+# NAME` finds it through get_algorithm_class, a Tune driver its config through
+# get_config_class.
 ALGORITHMS = {
     "ppo": "algorithms.ppo:PPO",
     "dqn": "algorithms.dqn:DQN",
@@ -22,14 +29,55 @@ ALGORITHMS = {
     "marwil": "algorithms.marwil:MARWIL",
     "cql": "algorithms.cql:CQL",
 }
+CONFIGS = {
+    "ppo": "algorithms.configs.ppo:PPOConfig",
+    "dqn": "algorithms.configs.dqn:DQNConfig",
+    "impala": "algorithms.configs.impala:IMPALAConfig",
+    "appo": "algorithms.configs.appo:APPOConfig",
+    "a3c": "algorithms.configs.a3c:A3CConfig",
+    "sac": "algorithms.configs.sac:SACConfig",
+    "td3": "algorithms.configs.td3:TD3Config",
+    "bc": "algorithms.configs.bc:BCConfig",
+    "marwil": "algorithms.configs.marwil:MARWILConfig",
+    "cql": "algorithms.configs.cql:CQLConfig",
+}
 
-__all__ = ["ALGORITHMS", "Algorithm", "AlgorithmConfig", "get_algorithm_class", "register_env"]
+__all__ = [
+    "ALGORITHMS",
+    "CONFIGS",
+    "Algorithm",
+    "AlgorithmConfig",
+    "get_algorithm_class",
+    "get_config_class",
+    "register_env",
+]
 
 
 def get_algorithm_class(name: str) -> type[Algorithm]:
     """The Algorithm class registered as `name` (case-insensitive)."""
+    return _load(ALGORITHMS[_registered(name)])
+
+
+def get_config_class(name: str) -> type[AlgorithmConfig]:
+    """The config class of the algorithm registered as `name`, its module free of
+    TensorFlow (the algorithm's `config_class`: tests/test_tune_imports.py checks it)."""
+    return _load(CONFIGS[_registered(name)])
+
+
+def _registered(name: str) -> str:
     key = str(name).lower()
     if key not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")
-    module_name, _, class_name = ALGORITHMS[key].partition(":")
+    return key
+
+
+def _load(path: str) -> Any:
+    module_name, _, class_name = path.partition(":")
     return getattr(importlib.import_module(module_name), class_name)
+
+
+def __getattr__(name: str) -> Any:
+    """`algorithms.Algorithm`: the loop's base class, loaded (with TensorFlow) when asked."""
+    if name == "Algorithm":
+        return _load("algorithms.algorithm:Algorithm")
+    raise AttributeError(f"module 'algorithms' has no attribute {name!r}")

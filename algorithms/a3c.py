@@ -22,71 +22,22 @@ each goes to its policy's learner (docs/multi_agent.md).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import ray
 import tensorflow as tf
 
-from algorithms.algorithm import AsyncAlgorithm, AsyncConfig
+from algorithms.algorithm import AsyncAlgorithm
+from algorithms.configs.a3c import A3CConfig
 from algorithms.impala import ChunkedActorCriticPolicy, actor_critic_loss
 from policy_service import TFPolicy
-from policy_service.config import ConfigError, setting
-from policy_service.config_rules import finite, integer
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import by_policy
-from policy_service.policy.policy_config import (
-    entropy_coeff_schedule_setting,
-    entropy_coeff_setting,
-)
 from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
 _POLL_S = 0.01
-
-# ----- config -----------------------------------------------------------------------------
-
-
-@dataclass
-class A3CConfig(AsyncConfig):
-    """A3C's keys (RLlib's names and defaults where RLlib has them)."""
-
-    lr: float = setting(1e-4, doc="Learning rate of the learner's optimizer.")
-    grad_clip: float | None = setting(
-        40.0, doc="Global-norm clip of each runner's gradient; None: off."
-    )
-    rollout_fragment_length: int | str = setting(
-        10, doc="Steps per sub-env per fragment: one gradient each, its n-step horizon."
-    )
-    train_batch_size: int = setting(
-        500,
-        doc="Env steps (count_steps_by) per training iteration (what one train() reports "
-        "on); every fragment is its own gradient step.",
-    )
-    lambda_: float = setting(
-        1.0,
-        doc="GAE lambda (1.0: n-step returns to the fragment's end, as in the paper).",
-        check=finite(ge=0, le=1),
-    )
-    vf_loss_coeff: float = setting(0.5, doc="Weight of the value loss.", check=finite(ge=0))
-    entropy_coeff: float = entropy_coeff_setting(0.01)
-    entropy_coeff_schedule: list | None = entropy_coeff_schedule_setting()
-    max_requests_in_flight_per_env_runner: int = setting(
-        1,
-        doc="Fragment-and-gradient requests queued on each env runner (1: each one is "
-        "computed with the newest weights the runner was sent).",
-        check=integer(ge=1),
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        prefix = self.key_prefix
-        if self.remote_inference:
-            raise ConfigError(
-                f"{prefix}.remote_inference must be False: each env runner computes "
-                f"gradients with its own copy, got {self.remote_inference!r}"
-            )
 
 
 # ----- the policy: GAE over trajectory chunks, the actor-critic loss ----------------------

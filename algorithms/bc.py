@@ -12,41 +12,13 @@ alike (MARWIL weighs the rows by their advantage instead; marwil.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from algorithms.algorithm import Algorithm
-from algorithms.marwil import MARWILConfig
+from algorithms.configs.bc import BCConfig
 from policy_service import LossExtras, masked_mean
-from policy_service.config import ConfigError, setting
-from policy_service.config_rules import finite
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
 from policy_service.data.units import LOSS_MASK
 from policy_service.policy.tf_policy import TFPolicy
-
-
-@dataclass
-class BCConfig(MARWILConfig):
-    """MARWIL's keys with beta fixed at 0 (RLlib's BCConfig)."""
-
-    beta: float = setting(0.0, doc="Must be 0: behaviour cloning weighs every row alike.")
-    vf_coeff: float = setting(
-        0.0,
-        doc="Unused by BC (it trains no value head); kept for MARWIL's key set.",
-        check=finite(ge=0),
-    )
-
-    postprocess_inputs: bool = setting(
-        False, doc="input: BC reads the logged rows as they are (no returns needed)."
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.beta != 0:
-            raise ConfigError(
-                f"{self.key_prefix}.beta must be 0 for BC (use marwil for beta > 0), "
-                f"got {self.beta}"
-            )
 
 
 class BCPolicy(TFPolicy):

@@ -13,7 +13,6 @@ The target network, checkpointing and the differences in full: docs/algorithms.m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -21,9 +20,10 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayConfig, ReplayPolicy
+from algorithms.configs.dqn import DQNConfig
+from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayPolicy
 from policy_service import LossExtras, masked_mean
-from policy_service.config import LAYER_SIZES, from_dict, setting
+from policy_service.config import from_dict
 from policy_service.data import spaces
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
@@ -33,37 +33,6 @@ from policy_service.policy.exploration import EpsilonGreedy, make_exploration
 from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
 
 Q_VALUES = "q_values"  # RLlib's name for the Q-values compute_actions returns
-
-
-# ----- config -----------------------------------------------------------------------------
-
-
-@dataclass
-class DQNConfig(ReplayConfig):
-    """DQN's keys (RLlib's old-stack names and defaults) on top of the replay loop's."""
-
-    lr: float = setting(5e-4, doc="Adam learning rate.")
-    adam_epsilon: float = 1e-8
-    grad_clip: float | None = setting(40.0, doc="Gradient clip by global norm; None: off.")
-    exploration_config: dict = setting(
-        doc="Epsilon-greedy acting: epsilon falls linearly from initial_epsilon to "
-        "final_epsilon over epsilon_timesteps sampled steps.",
-        factory=lambda: {
-            "type": "EpsilonGreedy",
-            "initial_epsilon": 1.0,
-            "final_epsilon": 0.02,
-            "epsilon_timesteps": 10000,
-        },
-    )
-    double_q: bool = setting(
-        True, doc="Pick the next action with the online network, value it with the target network."
-    )
-    dueling: bool = setting(True, doc="Q = V(s) + A(s, a) - mean_a A(s, a) from two heads.")
-    hiddens: list = setting(
-        doc="Dense ReLU layers of each Q head, on the model's features.",
-        check=LAYER_SIZES,
-        factory=lambda: [256],
-    )
 
 
 # ----- the Q model ----------------------------------------------------------------------

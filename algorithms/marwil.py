@@ -19,72 +19,20 @@ logged returns less the value head: no behaviour action_logp is needed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
-
 import numpy as np
 import tensorflow as tf
 
-from algorithms.algorithm import Algorithm, AlgorithmConfig
+from algorithms.algorithm import Algorithm
+from algorithms.configs.marwil import MARWILConfig
 from algorithms.ppo import discount_cumsum
 from policy_service import LossExtras, masked_mean
-from policy_service.config import ConfigError, setting
-from policy_service.config_rules import finite
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import LossColumn
 from policy_service.data.units import LOSS_MASK
 from policy_service.policy.tf_policy import TFPolicy
 
-# ----- config -----------------------------------------------------------------------------
-
 SQD_ADV_NORM = "moving_average_sqd_adv_norm"  # the policy state entry and statistic
 MEAN_SQD_ADV = "mean_sqd_advantage"  # a step's mean A^2 over all its rows (a statistic)
-
-
-@dataclass
-class MARWILConfig(AlgorithmConfig):
-    """MARWIL's keys (RLlib's names and defaults) on top of the policy and loop keys."""
-
-    # trained from logged rows (`input`): not from live external episodes
-    takes_external_episodes: ClassVar[bool] = False
-
-    lr: float = setting(1e-4, doc="Adam learning rate.")
-    beta: float = setting(
-        1.0,
-        doc="Advantage weighting: exp(beta * A / c) per row; 0 is behaviour cloning.",
-        check=finite(ge=0),
-    )
-    vf_coeff: float = setting(
-        1.0, doc="Weight of the value loss (half the mean squared advantage).", check=finite(ge=0)
-    )
-    moving_average_sqd_adv_norm_start: float = setting(
-        100.0, doc="c^2 at the start: the advantages are divided by c.", check=finite(gt=0)
-    )
-    moving_average_sqd_adv_norm_update_rate: float = setting(
-        1e-8,
-        doc="After each train batch: c^2 += rate * (the batch's mean A^2 - c^2).",
-        check=finite(ge=0, le=1),
-    )
-    train_batch_size: int = setting(2000, doc="Logged rows per training iteration.")
-    minibatch_size: int = setting(
-        2000, doc="Rows per SGD step (RLlib: one step on the whole train batch)."
-    )
-    num_epochs: int = setting(1, doc="Passes of minibatch SGD over each train batch.")
-    postprocess_inputs: bool = setting(
-        True,
-        doc="input: each logged episode's rows get their discounted returns "
-        "(postprocess_trajectory) before the shuffle buffer; MARWIL's loss reads them.",
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.check_at_most("minibatch_size", "train_batch_size")
-        if self.model.use_lstm or self.model.use_attention:
-            raise ConfigError(
-                f"{self.key_prefix}.model: {type(self).__name__.removesuffix('Config')} "
-                "trains feed-forward models only (use_lstm and use_attention False), got "
-                f"use_lstm={self.model.use_lstm}, use_attention={self.model.use_attention}"
-            )
 
 
 # ----- postprocessing: discounted returns of a logged episode chunk -----------------------

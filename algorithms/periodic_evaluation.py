@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -37,7 +36,6 @@ from policy_service.offline.estimators import OffPolicyEstimation
 from policy_service.policy import models
 
 # evaluation_config keys that change how evaluation plays; any other is refused
-EVALUATION_OVERRIDES = ("explore", "env_config")
 PREFIX = "evaluation/"
 
 
@@ -269,18 +267,3 @@ class Evaluation:
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self._runners = []
-
-
-def evaluation_config_error(overrides: Any) -> str | None:
-    """The rule of `evaluation_config`: a dict of keys that change how evaluation plays."""
-    unknown = sorted(set(overrides) - set(EVALUATION_OVERRIDES))
-    if unknown:
-        return (
-            f"a dict of {', '.join(EVALUATION_OVERRIDES)} (what changes how evaluation "
-            f"plays), not {unknown[0]!r}"
-        )
-    if "explore" in overrides and not isinstance(overrides["explore"], bool):
-        return f"explore: a bool, got {overrides['explore']!r}"
-    if "env_config" in overrides and not isinstance(overrides["env_config"], dict):
-        return f"env_config: a dict, got {overrides['env_config']!r}"
-    return None

@@ -16,61 +16,21 @@ Noise scales are in action units, as RLlib's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import gymnasium as gym
 import keras
 import numpy as np
 import tensorflow as tf
 
-from algorithms.off_policy import TD_ERROR, ContinuousReplayConfig, ReplayAlgorithm, ReplayPolicy
+from algorithms.configs.td3 import TD3Config
+from algorithms.off_policy import TD_ERROR, ReplayAlgorithm, ReplayPolicy
 from algorithms.sac import bootstrapped_targets, check_action_space, flat_obs, mlp, twin_minimum
 from policy_service import LossExtras, masked_mean
-from policy_service.config import LAYER_SIZES, ConfigError, from_dict, setting
-from policy_service.config_rules import finite, integer, rate_error
+from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.engine.loss_groups import adam_group
 from policy_service.policy.distributions import dist_class_for
 from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT
-
-# ----- config -----------------------------------------------------------------------------
-
-
-@dataclass
-class TD3Config(ContinuousReplayConfig):
-    """TD3's keys (RLlib's names) on top of the replay loop's, with TD3's defaults."""
-
-    twin_q: bool = setting(True, doc="Two Q networks; the targets take their minimum.")
-    actor_hiddens: list = setting(
-        doc="The actor's ReLU layers.", check=LAYER_SIZES, factory=lambda: [256, 256]
-    )
-    critic_hiddens: list = setting(
-        doc="Each critic's ReLU layers.", check=LAYER_SIZES, factory=lambda: [256, 256]
-    )
-    actor_lr: float | list = setting(
-        1e-3, doc="The actor's Adam learning rate, or a schedule of it.", check=rate_error
-    )
-    critic_lr: float | list = setting(
-        1e-3, doc="The critics' Adam learning rate, or a schedule of it.", check=rate_error
-    )
-    policy_delay: int = setting(
-        2, doc="Critic steps per actor step (the actor's group every N steps).", check=integer(ge=1)
-    )
-    target_noise: float = setting(
-        0.2, doc="Std of the noise on the target action (smoothing).", check=finite(ge=0)
-    )
-    target_noise_clip: float = setting(
-        0.5, doc="That noise is clipped to +-target_noise_clip.", check=finite(ge=0)
-    )
-    target_network_update_freq: int = 2
-    num_steps_sampled_before_learning_starts: int = 10000
-    exploration_config: dict = setting(
-        doc="The action plus N(0, stddev^2) noise, uniform random actions during the "
-        "first num_steps_sampled_before_learning_starts env steps (random_timesteps).",
-        factory=lambda: {"type": "GaussianNoise", "stddev": 0.1},
-    )
-
 
 # ----- the model --------------------------------------------------------------------------
 

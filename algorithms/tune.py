@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
-from algorithms import ALGORITHMS, get_algorithm_class
-from algorithms.algorithm import Algorithm, AlgorithmConfig
+from algorithms import ALGORITHMS, get_algorithm_class, get_config_class
+from algorithms.configs.algorithm import AlgorithmConfig
 from policy_service.config import from_dict
 from policy_service.io import checkpoints
+
+if TYPE_CHECKING:  # the trial's actor loads the algorithm; the driver needs its config
+    from algorithms.algorithm import Algorithm
 
 # beside the algorithm's files in each checkpoint: the trials whose training made its state
 LINEAGE_FILE = "tune_lineage.json"
@@ -50,7 +53,7 @@ class AlgorithmTrainable(tune.Trainable):
         """The trial's bundles: the driver first (Tune starts this actor in it), then one
         per learner actor and env runner (the algorithm's `resource_asks`); the learners'
         `learner_placement_strategy` spreads the group when there are learners."""
-        checked = from_dict(cls.algorithm_class().config_class, _plain(config))
+        checked = from_dict(get_config_class(cls.algorithm_name), _plain(config))
         return PlacementGroupFactory(
             trial_bundles(cls.algorithm_class(), checked),
             strategy=checked.learner_placement_strategy if checked.num_learners else "PACK",

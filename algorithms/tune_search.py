@@ -1,8 +1,8 @@
 """Search spaces and PBT mutations, checked against an algorithm's config before any
 trial starts, and PBT whose explore stays inside each key's declared range.
 
-    check_search_space(PPO, {"env": "CartPole-v1", "lr": tune.loguniform(1e-5, 1e-2)})
-    scheduler = population_based_training(PPO, {"lr": tune.loguniform(1e-5, 1e-2)},
+    check_search_space(PPOConfig, {"env": "CartPole-v1", "lr": tune.loguniform(1e-5, 1e-2)})
+    scheduler = population_based_training(PPOConfig, {"lr": tune.loguniform(1e-5, 1e-2)},
                                           metric="episode_return_mean", mode="max")
 
 Every value a search leaf can take is checked by the config's own rules: each grid or
@@ -21,7 +21,7 @@ from ray import tune
 from ray.tune.schedulers import PopulationBasedTraining
 from ray.tune.search.sample import Categorical, Domain, Float, Integer
 
-from algorithms.algorithm import Algorithm
+from algorithms.configs.algorithm import AlgorithmConfig
 from policy_service.config import Config, ConfigError, from_dict, unknown_keys_message
 
 Path = tuple[str, ...]
@@ -70,34 +70,35 @@ def leaf_values(leaf: Any) -> list | None:
 
 
 def check_search_space(
-    algo_cls: type[Algorithm], param_space: dict, where: str = "param_space"
+    config_class: type[AlgorithmConfig], param_space: dict, where: str = "param_space"
 ) -> None:
-    """Refuse, in one line naming the key, a param space an algorithm's config cannot
-    take for some of its values: an unknown key, a value out of a key's range, no env."""
+    """Refuse, in one line naming the key, a param space an algorithm's config class
+    (e.g. PPOConfig) cannot take for some of its values: an unknown key, a value out of
+    a key's range, no env."""
     leaves = list(search_leaves(param_space))
     for path, _ in leaves:
-        check_key_path(algo_cls.config_class, path, where)
+        check_key_path(config_class, path, where)
     base = _with_values(param_space, {path: _first(leaf) for path, leaf in leaves})
-    _check_config(algo_cls, base, where, "")
+    _check_config(config_class, base, where, "")
     if not base.get("env"):
         raise ConfigError(f"{where}: config key 'env' is required (a gymnasium id)")
     for path, leaf in leaves:
         for value in leaf_values(leaf) or ():
             trial = _with_values(base, {path: value})
-            _check_config(algo_cls, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
+            _check_config(config_class, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
 
 
 def check_mutations(
-    algo_cls: type[Algorithm], mutations: dict, base: dict, where: str = "PBT mutation"
+    config_class: type[AlgorithmConfig], mutations: dict, base: dict, where: str = "PBT mutation"
 ) -> None:
     """Refuse a PBT mutation whose values leave its key's valid range (or name an
     unknown key), in one line; `base`: the param space the trials start from."""
     for path, leaf in _mutation_leaves(mutations):
-        check_key_path(algo_cls.config_class, path, where)
+        check_key_path(config_class, path, where)
         resolved = _with_values(base, {p: _first(v) for p, v in search_leaves(base)})
         for value in leaf_values(leaf) or ():
             trial = _with_values(resolved, {path: value})
-            _check_config(algo_cls, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
+            _check_config(config_class, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
 
 
 def _mutation_leaves(mutations: dict, path: Path = ()) -> Iterator[tuple[Path, Any]]:
@@ -126,9 +127,9 @@ def check_key_path(config_class: type[Config], path: Path, where: str) -> None:
         cls = annotation
 
 
-def _check_config(algo_cls: type[Algorithm], config: dict, where: str, what: str) -> None:
+def _check_config(config_class: type[AlgorithmConfig], config: dict, where: str, what: str) -> None:
     try:
-        from_dict(algo_cls.config_class, config)
+        from_dict(config_class, config)
     except ConfigError as err:
         raise type(err)(f"{where}: {err}{what}") from None
 
@@ -177,11 +178,14 @@ class ClampToMutations:
 
 
 def population_based_training(
-    algo_cls: type[Algorithm], hyperparam_mutations: dict, param_space: dict, **kwargs: Any
+    config_class: type[AlgorithmConfig],
+    hyperparam_mutations: dict,
+    param_space: dict,
+    **kwargs: Any,
 ) -> PopulationBasedTraining:
     """Tune's PopulationBasedTraining with its mutations checked against the algorithm's
-    config first and its explore kept inside each mutation's range."""
-    check_mutations(algo_cls, hyperparam_mutations, param_space)
+    config class first and its explore kept inside each mutation's range."""
+    check_mutations(config_class, hyperparam_mutations, param_space)
     return PopulationBasedTraining(
         hyperparam_mutations=hyperparam_mutations,
         custom_explore_fn=ClampToMutations(hyperparam_mutations),

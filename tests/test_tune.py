@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 tune = pytest.importorskip("ray.tune")
 
 from algorithms import ALGORITHMS  # noqa: E402
-from algorithms.ppo import PPO  # noqa: E402
+from algorithms.ppo import PPO, PPOConfig  # noqa: E402
 from algorithms.tune import (  # noqa: E402
     LINEAGE_FILE,
     register_trainables,
@@ -95,17 +95,17 @@ def test_resources_are_the_driver_learner_and_env_runner_bundles():
 )
 def test_a_search_space_out_of_a_keys_range_is_one_line_naming_it(space, named):
     with pytest.raises(ConfigError) as err:
-        check_search_space(PPO, {**TINY, **space})
+        check_search_space(PPOConfig, {**TINY, **space})
     assert named in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_pbt_mutation_out_of_a_keys_range_is_one_line_naming_it():
     with pytest.raises(ConfigError) as err:
-        population_based_training(PPO, {"gamma": tune.uniform(0.9, 1.5)}, TINY)
+        population_based_training(PPOConfig, {"gamma": tune.uniform(0.9, 1.5)}, TINY)
     message = str(err.value)
     assert message.startswith("PBT mutation: config.gamma must be") and "\n" not in message
     with pytest.raises(ConfigError, match="'lrr'"):
-        population_based_training(PPO, {"lrr": [1e-3, 1e-4]}, TINY)
+        population_based_training(PPOConfig, {"lrr": [1e-3, 1e-4]}, TINY)
 
 
 def test_pbt_explore_stays_inside_each_mutations_range():
@@ -131,7 +131,7 @@ def test_yaml_search_space_words_and_bad_leaves():
     )
     assert space["num_epochs"] == {"grid_search": [1, 2]}
     assert space["lr"].lower == 1e-4 and space["train_batch_size"].upper == 1024
-    check_search_space(PPO, {**TINY, **space})
+    check_search_space(PPOConfig, {**TINY, **space})
     for bad, named in (
         ({"lr": 0.1}, "--search s.yaml: lr must be a mapping of one of"),
         ({"lr": {"uniform": [1]}}, "--search s.yaml: lr: uniform takes [low, high]"),
@@ -209,7 +209,7 @@ def test_a_grid_of_four_trials_and_the_best_checkpoint_evaluates(tune_ray, tmp_p
     from algorithms import evaluation
 
     space = {**TINY, "lr": tune.grid_search([3e-3, 1e-3]), "num_epochs": tune.grid_search([2, 4])}
-    check_search_space(PPO, space)
+    check_search_space(PPOConfig, space)
     results = _tuner(
         "policy_service.PPO",
         space,
@@ -260,7 +260,7 @@ def test_pbt_exploits_another_trials_checkpoint_and_keeps_lr_in_range(tune_ray, 
     mutations = {"lr": tune.loguniform(1e-5, 1e-2)}
     space = {**TINY, "lr": tune.grid_search([3e-3, 1e-5])}
     scheduler = population_based_training(
-        PPO,
+        PPOConfig,
         mutations,
         space,
         time_attr="training_iteration",

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from algorithms import get_config_class
+from algorithms.configs.algorithm import AlgorithmConfig
 from algorithms.tune_search import (
     check_search_space,
     leaf_values,
@@ -27,7 +29,7 @@ from algorithms.tune_search import (
     search_leaves,
     search_space_from_yaml,
 )
-from policy_service.cli.run_config import algorithm_class, algorithm_name, load_config_file
+from policy_service.cli.run_config import algorithm_name, load_config_file
 from policy_service.distributed.ray_runtime import (
     RayAddressError,
     check_address,
@@ -111,7 +113,7 @@ def setup_sweep(options: TuneOptions) -> Sweep:
     if not options.algorithm:
         raise TrainingSetupError("tune: name the algorithm (e.g. `tune ppo`), or --resume DIR")
     name = algorithm_name(options.algorithm).lower()
-    algo_cls = algorithm_class(name)
+    config_class = _config_class(name)
     _check_flags(options)
     config = load_config_file(options.config_file) if options.config_file else {}
     if options.env:
@@ -121,7 +123,7 @@ def setup_sweep(options: TuneOptions) -> Sweep:
     if options.search_file:
         search = search_space_from_yaml(load_config_file(options.search_file), where)
     param_space = _merged(config, search)
-    check_search_space(algo_cls, param_space, where)
+    check_search_space(config_class, param_space, where)
     _resolve_callbacks(param_space)
     directory = Path(
         options.output_dir or default_output_dir(f"tune-{name}", str(param_space["env"]))
@@ -149,7 +151,7 @@ def setup_sweep(options: TuneOptions) -> Sweep:
         if not mutations:
             raise TrainingSetupError("--scheduler pbt: the --search space has no key to perturb")
         tune_config["scheduler"] = population_based_training(
-            algo_cls,
+            config_class,
             mutations,
             param_space,
             time_attr="training_iteration",
@@ -167,6 +169,14 @@ def setup_sweep(options: TuneOptions) -> Sweep:
     return Sweep(
         name, directory, param_space, tune_config, stop, options.metric, logger_callbacks(options)
     )
+
+
+def _config_class(name: str) -> type[AlgorithmConfig]:
+    """The algorithm's config class, from the registry without loading the algorithm."""
+    try:
+        return get_config_class(name)
+    except ValueError as err:
+        raise TrainingSetupError(str(err)) from None
 
 
 def logger_callbacks(options: TuneOptions) -> list:

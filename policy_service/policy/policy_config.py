@@ -7,6 +7,7 @@ policy_service.config, which every layer uses.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,12 +24,30 @@ from policy_service.config import (
     setting,
 )
 from policy_service.config_rules import finite, integer, one_of, schedule_error
-from policy_service.policy.exploration import exploration_config_error
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
 # Ray's placement group strategies; STRICT_SPREAD: each learner on a node of its own
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+# The exploration rules ask the exploration types (TensorFlow classes) what they take:
+# checking a config imports them, as checking an activation name imports Keras
+# (policy_service/config.py), so that importing a config class loads no TensorFlow (a
+# Tune driver reads its config class's resource keys, algorithms/tune.py).
+def exploration_config_error(exploration_config: dict) -> str | None:
+    """The exploration_config rule: exploration.exploration_config_error."""
+    from policy_service.policy import exploration
+
+    return exploration.exploration_config_error(exploration_config)
+
+
+def exploration_takes(exploration_config: dict, option: str) -> bool:
+    """Whether the exploration type the config names takes `option`."""
+    from policy_service.policy import exploration
+
+    cls = exploration.exploration_class(exploration_config.get("type", "StochasticSampling"))
+    return option in inspect.signature(cls).parameters
 
 
 @dataclass
