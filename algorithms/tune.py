@@ -22,7 +22,7 @@ from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from algorithms import ALGORITHMS, get_algorithm_class, get_config_class
-from algorithms.configs.algorithm import AlgorithmConfig
+from algorithms.trial_bundles import trial_bundles
 from policy_service.config import from_dict
 from policy_service.io import checkpoints
 
@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # the trial's actor loads the algorithm; the driver needs its
 
 # beside the algorithm's files in each checkpoint: the trials whose training made its state
 LINEAGE_FILE = "tune_lineage.json"
-DRIVER_CPUS = 1.0  # the trial's own actor: it samples (num_env_runners: 0) and may learn
 
 
 class AlgorithmTrainable(tune.Trainable):
@@ -51,11 +50,13 @@ class AlgorithmTrainable(tune.Trainable):
     @classmethod
     def default_resource_request(cls, config: dict) -> PlacementGroupFactory:
         """The trial's bundles: the driver first (Tune starts this actor in it), then one
-        per learner actor and env runner (the algorithm's `resource_asks`); the learners'
-        `learner_placement_strategy` spreads the group when there are learners."""
+        per learner actor and env runner (algorithms/trial_bundles.py); the learners'
+        `learner_placement_strategy` spreads the group when there are learners. Tune asks
+        in the sweep's driver: the config is checked, and the bundles made, without
+        loading the algorithm or TensorFlow."""
         checked = from_dict(get_config_class(cls.algorithm_name), _plain(config))
         return PlacementGroupFactory(
-            trial_bundles(cls.algorithm_class(), checked),
+            trial_bundles(checked),
             strategy=checked.learner_placement_strategy if checked.num_learners else "PACK",
         )
 
@@ -100,28 +101,6 @@ class AlgorithmTrainable(tune.Trainable):
 def _plain(config: dict) -> dict:
     """The trial's config without Tune's own entries (none today; kept to one place)."""
     return {k: v for k, v in config.items() if not str(k).startswith("__")}
-
-
-class _ConfigOnly:
-    """What Algorithm.resource_asks reads (only `config`), before any algorithm is built."""
-
-    def __init__(self, config: AlgorithmConfig):
-        self.config = config
-
-
-def trial_bundles(algo_cls: type[Algorithm], config: AlgorithmConfig) -> list[dict]:
-    """The driver's bundle (1 CPU, and the learner's GPUs when it learns in the driver),
-    then one bundle per actor the algorithm asks for; empty asks take no bundle."""
-    driver = {"CPU": DRIVER_CPUS}
-    if config.num_learners == 0 and config.num_gpus > 0 and not config._fake_gpus:
-        driver["GPU"] = float(config.num_gpus)
-    asks = algo_cls.resource_asks(_ConfigOnly(config))  # type: ignore[arg-type]
-    bundles = [driver]
-    for ask in asks:
-        bundle = {resource: float(n) for resource, n in ask.bundle.items() if n > 0}
-        if bundle:
-            bundles.extend(dict(bundle) for _ in range(ask.num_actors))
-    return bundles
 
 
 def _learner_groups(algo: Algorithm) -> list:

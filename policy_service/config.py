@@ -113,7 +113,18 @@ def _is_conv_filter(entry: Any) -> bool:
     )
 
 
+# Keras's activations most configs name, known without importing Keras (and TensorFlow):
+# a Tune driver checks a trial's config without loading them (algorithms/tune.py). Any
+# other name is asked to Keras; tests/test_tune_imports.py checks Keras takes these.
+KERAS_BUILT_IN_ACTIVATIONS = frozenset(
+    {"elu", "gelu", "leaky_relu", "linear", "relu", "relu6", "selu", "sigmoid", "silu"}
+    | {"softmax", "softplus", "swish", "tanh"}
+)
+
+
 def _is_keras_activation(name: str) -> bool:
+    if name in KERAS_BUILT_IN_ACTIVATIONS:
+        return True
     import keras  # only when a config is checked: every user of one builds a Keras model
 
     try:

@@ -15,9 +15,9 @@ import numpy as np
 import tensorflow as tf
 import tree
 
-from policy_service.config_rules import Rule, finite, integer, is_number
 from policy_service.policy import action_masks
 from policy_service.policy.distributions import stateless_categorical
+from policy_service.policy.exploration_options import BUILT_IN_OPTIONS, options_error
 
 
 def _uniform_actions(action_space, batch, seed) -> tuple[tf.Tensor, tf.Tensor]:
@@ -51,12 +51,6 @@ def _check_random_timesteps(action_space, random_timesteps: int) -> None:
         )
 
 
-NUMBER_LIST = Rule(
-    "a list of finite numbers",
-    lambda v: isinstance(v, list) and all(is_number(x) and np.isfinite(x) for x in v),
-)
-
-
 class Exploration:
     """What every exploration shares: its state is its type and its options (the
     keyword arguments it takes besides the action space, kept under the same names),
@@ -71,7 +65,7 @@ class StochasticSampling(Exploration):
     """Sample from the distribution when exploring, else take its mode; during the
     first `random_timesteps` (RLlib's option) explore with uniform random actions."""
 
-    option_rules = {"random_timesteps": integer(ge=0)}
+    option_rules = BUILT_IN_OPTIONS["StochasticSampling"]
 
     def __init__(self, action_space, random_timesteps: int = 0):
         _check_random_timesteps(action_space, random_timesteps)
@@ -114,13 +108,7 @@ class GaussianNoise(Exploration):
     stddev 1.0 and final_scale 0.02; these keep the constant noise TD3 uses (RLlib's TD3
     sets final_scale 1.0 too), docs/migrating.md."""
 
-    option_rules = {
-        "stddev": finite(ge=0),
-        "random_timesteps": integer(ge=0),
-        "initial_scale": finite(ge=0),
-        "final_scale": finite(ge=0),
-        "scale_timesteps": integer(ge=0),
-    }
+    option_rules = BUILT_IN_OPTIONS["GaussianNoise"]
 
     def __init__(
         self,
@@ -171,16 +159,7 @@ class OrnsteinUhlenbeckNoise(GaussianNoise, tf.Module):
     of a call gets the same noise. Its state is part of the policy state; a tf.Module,
     so that a SavedModel holding this exploration tracks the state variable."""
 
-    option_rules = {
-        "ou_theta": finite(ge=0, le=1),
-        "ou_sigma": finite(ge=0),
-        "ou_base_scale": finite(ge=0),
-        "random_timesteps": integer(ge=0),
-        "initial_scale": finite(ge=0),
-        "final_scale": finite(ge=0),
-        "scale_timesteps": integer(ge=0),
-        "ou_state": NUMBER_LIST,
-    }
+    option_rules = BUILT_IN_OPTIONS["OrnsteinUhlenbeckNoise"]
 
     def __init__(
         self,
@@ -235,11 +214,7 @@ class EpsilonGreedy(Exploration):
     policy itself (log((1-eps)*[a=greedy] + eps/n)), not a placeholder.
     """
 
-    option_rules = {
-        "initial_epsilon": finite(ge=0, le=1),
-        "final_epsilon": finite(ge=0, le=1),
-        "epsilon_timesteps": integer(ge=0),
-    }
+    option_rules = BUILT_IN_OPTIONS["EpsilonGreedy"]
 
     def __init__(
         self,
@@ -372,17 +347,8 @@ def exploration_config_error(exploration_config: dict) -> str | None:
         cls = exploration_class(kind)
     except ValueError as err:
         return f"a dict whose 'type' is {err}"
-    name = exploration_type_name(cls)
-    takes = _options(cls)
-    unknown = sorted(map(str, set(exploration_config) - {"type"} - set(takes)))
-    if unknown:
-        return f"'type' plus options from {takes} for {name} (unknown: {unknown})"
     rules = getattr(cls, "option_rules", {})
-    for option in sorted(set(exploration_config) & set(rules)):
-        expected = rules[option](exploration_config[option])
-        if expected is not None:
-            return f"{name} options with {option} {expected}"
-    return None
+    return options_error(exploration_type_name(cls), _options(cls), rules, exploration_config)
 
 
 def make_exploration(action_space, exploration_config: dict):

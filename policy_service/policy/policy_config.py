@@ -8,6 +8,7 @@ policy_service.config, which every layer uses.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,6 +25,7 @@ from policy_service.config import (
     setting,
 )
 from policy_service.config_rules import finite, integer, one_of, schedule_error
+from policy_service.policy.exploration_options import BUILT_IN_OPTIONS, options_error
 
 OPTIMIZERS = ("adam", "sgd", "rmsprop")
 GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
@@ -31,12 +33,19 @@ GRAD_CLIP_METHODS = ("global_norm", "value", "norm")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
-# The exploration rules ask the exploration types (TensorFlow classes) what they take:
-# checking a config imports them, as checking an activation name imports Keras
-# (policy_service/config.py), so that importing a config class loads no TensorFlow (a
-# Tune driver reads its config class's resource keys, algorithms/tune.py).
+# The exploration rules: a built-in type's options are known without its class (so a Tune
+# driver checks a config without TensorFlow, algorithms/tune.py); other types are asked to
+# their class, which imports the exploration module (and TensorFlow) when a config is
+# checked, as an activation name not built into Keras imports Keras (policy_service/config.py).
+EXPLORATION_MODULE = "policy_service.policy.exploration"
+
+
 def exploration_config_error(exploration_config: dict) -> str | None:
     """The exploration_config rule: exploration.exploration_config_error."""
+    rules = _built_in_rules(exploration_config)
+    if rules is not None:
+        kind = exploration_config.get("type", "StochasticSampling")
+        return options_error(kind, sorted(rules), rules, exploration_config)
     from policy_service.policy import exploration
 
     return exploration.exploration_config_error(exploration_config)
@@ -44,10 +53,22 @@ def exploration_config_error(exploration_config: dict) -> str | None:
 
 def exploration_takes(exploration_config: dict, option: str) -> bool:
     """Whether the exploration type the config names takes `option`."""
+    rules = _built_in_rules(exploration_config)
+    if rules is not None:
+        return option in rules
     from policy_service.policy import exploration
 
     cls = exploration.exploration_class(exploration_config.get("type", "StochasticSampling"))
     return option in inspect.signature(cls).parameters
+
+
+def _built_in_rules(exploration_config: dict) -> dict | None:
+    """A built-in type's options and rules, while its module is not loaded: until then no
+    register_exploration can have given its name to another class. Else None."""
+    kind = exploration_config.get("type", "StochasticSampling")
+    if EXPLORATION_MODULE in sys.modules or not isinstance(kind, str):
+        return None
+    return BUILT_IN_OPTIONS.get(kind)
 
 
 @dataclass
