@@ -1,5 +1,6 @@
 """Algorithms on the policy_service stack: `get_algorithm_class("ppo")` -> PPO, and
-`get_config_class("ppo")` -> PPOConfig without loading PPO (nor TensorFlow)."""
+`get_config_class("ppo")` -> PPOConfig without loading PPO (nor TensorFlow); by class
+name too, as RLlib's `ray.rllib.algorithms` gives them: `from algorithms import PPOConfig`."""
 
 from __future__ import annotations
 
@@ -76,8 +77,17 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+# RLlib's `from ray.rllib.algorithms import PPO, PPOConfig`: each registered class by its
+# name, loaded when asked (a config class without TensorFlow, an algorithm with it)
+_BY_CLASS_NAME = {
+    path.partition(":")[2]: path
+    for path in (*ALGORITHMS.values(), *CONFIGS.values(), "algorithms.algorithm:Algorithm")
+}
+
+
 def __getattr__(name: str) -> Any:
-    """`algorithms.Algorithm`: the loop's base class, loaded (with TensorFlow) when asked."""
-    if name == "Algorithm":
-        return _load("algorithms.algorithm:Algorithm")
+    """`from algorithms import PPO, PPOConfig, Algorithm`: a registered algorithm, its
+    config class or the loop's base class, loaded when first asked for."""
+    if name in _BY_CLASS_NAME:
+        return _load(_BY_CLASS_NAME[name])
     raise AttributeError(f"module 'algorithms' has no attribute {name!r}")

@@ -53,7 +53,7 @@ def _probe(code: str) -> dict:
 def test_a_tune_driver_imports_checks_configs_and_asks_bundles_without_tensorflow():
     imports = "\n".join(f"import {module}" for module in DRIVER_MODULES)
     code = f"""{imports}
-from algorithms import ALGORITHMS, get_config_class
+from algorithms import ALGORITHMS, PPOConfig, get_config_class
 from algorithms.tune import trainable
 from policy_service.config import ConfigError, from_dict
 envs = {ENVS!r}
@@ -130,3 +130,18 @@ def test_each_registered_config_class_is_its_algorithms_config_class():
         algo_cls = get_algorithm_class(name)
         assert get_config_class(name) is algo_cls.config_class, name
         assert algo_cls.config_class.algorithm_class is algo_cls, name
+
+
+def test_the_package_gives_each_registered_class_by_name_as_rllibs_does():
+    from algorithms import APPO, PPO, Algorithm, PPOConfig, TD3Config
+    from algorithms.algorithm import Algorithm as loop
+    from algorithms.appo import APPO as appo
+
+    assert (PPO, PPOConfig, TD3Config) == (
+        get_algorithm_class("ppo"),
+        get_config_class("ppo"),
+        get_config_class("td3"),
+    )
+    assert (APPO, Algorithm) == (appo, loop)
+    with pytest.raises(ImportError, match="PPOConfg"):
+        from algorithms import PPOConfg  # noqa: F401
