@@ -593,6 +593,21 @@ def test_the_shuffle_buffer_holds_a_bounded_number_of_rows():
     assert [len(b["x"]) for b in in_order][-1] == 10_000 % 300
 
 
+def test_batches_in_order_copy_only_rows_that_span_chunks():
+    """Without a shuffle buffer, a batch inside one chunk is a view of it, however the
+    chunks before ended (a short chunk once made every later batch a copy)."""
+    sizes = [8, 3, 8, 8, 5]
+    starts = np.cumsum([0, *sizes])
+    chunks = [{"x": np.arange(a, b)} for a, b in zip(starts, starts[1:])]
+    batches = [b["x"] for b in rebatch(chunks, 4)]
+    np.testing.assert_array_equal(np.concatenate(batches), np.arange(starts[-1]))
+    assert [len(b) for b in batches] == [4] * 8
+    views = [any(np.shares_memory(b, c["x"]) for c in chunks) for b in batches]
+    # chunks hold rows 0-7, 8-10, 11-18, 19-26, 27-31: batches 8-11, 16-19, 24-27 span two
+    spans = [len({int(np.searchsorted(starts, v, "right")) for v in b}) > 1 for b in batches]
+    assert views == [not s for s in spans] and sum(spans) == 3
+
+
 RLLIB_READER = """
 import json, os, sys
 os.environ["RLLIB_TEST_NO_TF_IMPORT"] = "1"

@@ -1,13 +1,19 @@
 """Ray Data read tasks over Parquet row groups: every row group in exactly one share,
 shares contiguous and of about equal rows, and the tasks' rows (run here, without a
-Ray cluster) the files' rows in order, in batches of the asked size."""
+Ray cluster) the files' rows in order, in blocks of a steady size."""
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from policy_service.offline.parquet_row_groups import RowGroupsDatasource, plan_shares
+from policy_service.offline.parquet_row_groups import (
+    BLOCK_BYTES,
+    RowGroups,
+    RowGroupsDatasource,
+    block_rows,
+    plan_shares,
+)
 
 
 def write_files(directory, groups_per_file, group_rows):
@@ -50,15 +56,19 @@ def test_fewer_shares_than_readers_when_row_groups_are_fewer(tmp_path):
         plan_shares(paths, 0)
 
 
-def test_read_tasks_give_the_files_rows_in_batches_of_the_asked_size(tmp_path):
+def test_read_tasks_give_the_files_rows_in_blocks_of_a_steady_size(tmp_path):
     paths, total = write_files(tmp_path, [4, 3], 25)
-    source = RowGroupsDatasource(paths, ["x"], readers=2, batch_rows=40)
+    source = RowGroupsDatasource(paths, ["x"], readers=2)
     tasks = source.get_read_tasks(parallelism=7)  # the shares' count, not Ray's ask
     assert len(tasks) == source.num_tasks == 2
     assert [t.metadata.num_rows for t in tasks] == [75, 100]  # 3 and 4 groups of 25
-    assert source.estimate_inmemory_data_size() > 0
+    assert source.estimate_inmemory_data_size() == 175 * (8 + 4)  # int64 and float32
     tables = [table for task in tasks for table in task()]
     assert all(t.column_names == ["x"] for t in tables)
-    # a batch spans row groups of one file; a file's share ends with a short one
-    assert [t.num_rows for t in tables] == [40, 35, 25, 40, 35]
+    assert [t.num_rows for t in tables] == [75, 25, 75]  # small files: a block a file part
     np.testing.assert_array_equal(pa.concat_tables(tables).column("x").to_numpy(), np.arange(total))
+    # a block: a bit over BLOCK_BYTES, whole chunks of the reader's rows
+    part = RowGroups("f", (0,), rows=10**6, nbytes=64 * 10**6)
+    rows = block_rows(part, multiple=8192)
+    assert rows % 8192 == 0 and BLOCK_BYTES < rows * 64 < 1.5 * BLOCK_BYTES
+    assert block_rows(RowGroups("f", (0,), 10, 10 * 2**30), multiple=8192) == 8192

@@ -148,8 +148,9 @@ def leaf_from_arrow(column: pa.ChunkedArray | pa.Array, spec: LeafSpec, where: s
                 f"{where}: column {spec.name!r}: expected rows of shape {list(spec.shape)}, "
                 f"got Arrow type {array.type}"
             )
-        values = array.flatten().to_numpy(zero_copy_only=False)
-        out = values.reshape((len(array), *spec.shape))
+        size = math.prod(spec.shape)  # the values of these rows (flatten's kernel, no copy)
+        values = array.values.slice(array.offset * size, len(array) * size)
+        out = values.to_numpy(zero_copy_only=False).reshape((len(array), *spec.shape))
     else:
         out = array.to_numpy(zero_copy_only=False)
     if out.dtype != dtype and not (dtype.kind in "US" and out.dtype.kind == "O"):

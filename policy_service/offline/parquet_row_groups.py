@@ -1,15 +1,14 @@
 """Parquet files as Ray Data read tasks over row groups: `readers` tasks, each streaming
 its own share of the files' row groups (shares of about equal rows, so three files over
-two tasks do not leave one task alone with the last file), in batches of a steady
-number of rows that Ray Data gathers into blocks of a steady size.
+two tasks do not leave one task alone with the last file), in blocks of a steady size,
+each a multiple of the reader's chunk rows.
 
 Ray Data's `read_parquet` splits a read by file and, on every pass, lists and samples
 the files to size its blocks; the footers say all of that, so a pass here starts with
 its read tasks.
 
-    source = RowGroupsDatasource(paths, ["obs", "actions"], readers=2, batch_rows=8192)
-    dataset = ray.data.read_datasource(source, override_num_blocks=source.num_tasks,
-                                       concurrency=source.num_tasks)
+    dataset = read_row_groups(paths, ["obs", "actions"], readers=2, rows_multiple=8192)
+    for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"): ...
 """
 
 from __future__ import annotations
@@ -20,8 +19,15 @@ from dataclasses import dataclass
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
-from ray.data import Datasource, ReadTask
+import ray
+from ray.data import Dataset, Datasource, ReadTask, read_datasource
 from ray.data.block import BlockMetadata
+
+BLOCK_BYTES = 8 * 2**20  # a block reaches the driver whole (Ray Data's default: 128 MiB)
+# Ray Data reserves an operator half of its half of the object store: a pass that fits
+# in that share reads without the reservation (read_row_groups)
+RESERVED_STORE_FRACTION = 0.25
+_VALUE_BYTES = {"BOOLEAN": 1 / 8, "INT32": 4, "FLOAT": 4, "INT64": 8, "DOUBLE": 8}
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def plan_shares(paths: Sequence[str], readers: int) -> list[list[RowGroups]]:
         metadata = pq.read_metadata(path)
         for group in range(metadata.num_row_groups):
             row_group = metadata.row_group(group)
-            pieces.append((path, group, row_group.num_rows, row_group.total_byte_size))
+            pieces.append((path, group, row_group.num_rows, _arrow_bytes(row_group)))
     total = sum(rows for _, _, rows, _ in pieces)
     shares: list[list[RowGroups]] = [[] for _ in range(readers)]
     before = 0  # rows of the pieces before this one
@@ -65,14 +71,36 @@ def plan_shares(paths: Sequence[str], readers: int) -> list[list[RowGroups]]:
     return [share for share in shares if share]
 
 
-def read_share(share: list[RowGroups], columns: list[str], batch_rows: int) -> Iterator[pa.Table]:
-    """In a read task: the share's rows, `columns` only, in tables of `batch_rows` rows
-    (a part's last may be short), decoded on this task's one CPU. Ray Data gathers them
-    into blocks of its `target_max_block_size` without copying (a block's chunks)."""
+def _arrow_bytes(row_group: pq.RowGroupMetaData) -> int:
+    """A row group's size as Arrow arrays, about: fixed-width columns by their width
+    (the footer's sizes are after encoding: a constant column is a few bytes), others
+    by their uncompressed Parquet size."""
+    total = 0.0
+    for j in range(row_group.num_columns):
+        column = row_group.column(j)  # a leaf: a row of obs[4] is 4 values
+        if column.physical_type in _VALUE_BYTES:
+            total += _VALUE_BYTES[column.physical_type] * column.num_values
+        else:
+            total += column.total_uncompressed_size
+    return int(total)
+
+
+def block_rows(part: RowGroups, multiple: int) -> int:
+    """Rows of a block a bit over BLOCK_BYTES (Ray Data then passes it on whole: it
+    merges smaller ones and cuts those over 1.5x), a multiple of `multiple` rows."""
+    row_bytes = max(1.0, part.nbytes / max(1, part.rows))
+    return max(1, round(1.25 * BLOCK_BYTES / row_bytes / multiple)) * multiple
+
+
+def read_share(share: list[RowGroups], columns: list[str], multiple: int) -> Iterator[pa.Table]:
+    """In a read task: the share's rows, `columns` only, as blocks of block_rows rows
+    (a file's last may be short; a block may span its row groups), decoded on this
+    task's one CPU."""
     for part in share:
         batches = pq.ParquetFile(part.path).iter_batches(
-            batch_rows, row_groups=list(part.groups), columns=columns, use_threads=False
-        )
+            block_rows(part, multiple), row_groups=list(part.groups), columns=columns,
+            use_threads=False,
+        )  # fmt: skip
         for batch in batches:
             yield pa.Table.from_batches([batch])
 
@@ -86,12 +114,12 @@ class RowGroupsDatasource(Datasource):
         paths: Sequence[str],
         columns: list[str],
         readers: int,
-        batch_rows: int,
+        rows_multiple: int = 1,
     ) -> None:
         super().__init__()
         self.paths = list(paths)
         self.columns = list(columns)
-        self.batch_rows = batch_rows
+        self.rows_multiple = rows_multiple
         self.shares = plan_shares(self.paths, readers)
 
     @property
@@ -117,6 +145,30 @@ class RowGroupsDatasource(Datasource):
                 input_files=tuple(dict.fromkeys(part.path for part in share)),
                 exec_stats=None,
             )
-            read = functools.partial(read_share, share, self.columns, self.batch_rows)
+            read = functools.partial(read_share, share, self.columns, self.rows_multiple)
             tasks.append(ReadTask(read, metadata, per_task_row_limit=per_task_row_limit))
         return tasks
+
+
+def read_row_groups(
+    paths: Sequence[str], columns: list[str], readers: int, rows_multiple: int = 1
+) -> Dataset:
+    """The files' `columns` as a Ray Data dataset of `readers` read tasks over row
+    groups (fewer when there are fewer row groups), blocks of about BLOCK_BYTES.
+
+    Ray 2.60's executor sees no resources in a run's first second (until its
+    autoscaling coordinator answers), and runs one task at a time meanwhile: a pass
+    that fits in the object-store share it would reserve for this read reads without
+    the reservation, its tasks together; a larger one keeps the reservation, which
+    bounds how far the tasks read ahead of a slow consumer."""
+    source = RowGroupsDatasource(paths, columns, readers, rows_multiple)
+    dataset = read_datasource(
+        source, override_num_blocks=source.num_tasks, concurrency=source.num_tasks
+    )
+    context = dataset.context  # this dataset's own
+    context.target_max_block_size = BLOCK_BYTES
+    context.enable_progress_bars = False
+    store = ray.cluster_resources().get("object_store_memory", 0)
+    if source.estimate_inmemory_data_size() <= RESERVED_STORE_FRACTION * store:
+        context.op_resource_reservation_enabled = False
+    return dataset

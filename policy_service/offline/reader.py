@@ -49,7 +49,6 @@ from policy_service.offline.space_checks import first_outside
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
-RAY_BLOCK_BYTES = 8 * 2**20  # a Ray Data block (default 128 MiB) reaches the driver whole
 _GLOB_CHARS = set("*?[")
 
 
@@ -428,24 +427,27 @@ def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray
 
 def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) -> Iterator[Rows]:
     """Ray Data's read tasks, each streaming its share of the files' row groups
-    (parquet_row_groups.py) as chunks; a block reaches the driver as the chunks it
-    gathered, each turned into arrays by views where Arrow allows."""
-    import ray.data  # only when asked: Ray Data is heavy to import
-
-    from policy_service.offline.parquet_row_groups import RowGroupsDatasource
+    (parquet_row_groups.py); a block's columns turned into arrays once (views where
+    Arrow allows), then cut into chunks by views."""
+    # only when asked: Ray Data is heavy to import
+    from policy_service.offline.parquet_row_groups import read_row_groups
 
     names = [s.name for s in specs]
-    source = RowGroupsDatasource([str(f) for f in files], names, readers, CHUNK_ROWS)
-    dataset = ray.data.read_datasource(
-        source, override_num_blocks=source.num_tasks, concurrency=source.num_tasks
-    )
-    dataset.context.target_max_block_size = RAY_BLOCK_BYTES  # this dataset's context only
-    dataset.context.enable_progress_bars = False
+    dataset = read_row_groups([str(f) for f in files], names, readers, CHUNK_ROWS)
     where = f"{len(files)} Parquet files"
     blocks: Iterable[pa.Table] = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+    grid = 0  # rows handed out, modulo CHUNK_ROWS
     for block in blocks:
-        for chunk in block.to_batches():
-            yield _leaves(chunk, specs, where)
+        for batch in block.to_batches():  # one, unless Ray merged or cut blocks
+            leaves = _leaves(batch, specs, where)
+            start = 0
+            while start < batch.num_rows:
+                # chunks end on multiples of CHUNK_ROWS rows of the whole stream, also
+                # after a short block: batches of a divisor of it stay views of one chunk
+                stop = min(batch.num_rows, start + CHUNK_ROWS - grid)
+                yield {spec: leaf[start:stop] for spec, leaf in leaves.items()}
+                grid = (grid + stop - start) % CHUNK_ROWS
+                start = stop
 
 
 # --------------------------------------------------------------------------------------

@@ -81,12 +81,33 @@ class ShuffleBuffer:
             self._split(self._held)
 
     def _split(self, ready: int) -> None:
+        if not self.shuffle_buffer_size:
+            self._split_in_order(ready)
+            return
         rows = _concat(self._buffer)
         if self.shuffle_buffer_size:
             rows = _take(rows, self.rng.permutation(self._held))
         for start in range(0, ready, self.batch_size):
             self.ready.append(_take(rows, slice(start, min(start + self.batch_size, ready))))
         self._buffer = [_take(rows, slice(ready, self._held))] if ready < self._held else []
+        self._held -= ready
+
+    def _split_in_order(self, ready: int) -> None:
+        """The first `ready` rows held into batches, in order: a batch inside one chunk
+        is a view of it, only one that spans chunks a copy (concatenating all that is
+        held would copy every row once a chunk ends off a batch's edge)."""
+        parts = self._buffer
+        for start in range(0, ready, self.batch_size):
+            size, pieces = min(self.batch_size, ready - start), []
+            while size:
+                count = _count(parts[0])
+                if count <= size:
+                    pieces.append(parts.pop(0))
+                else:
+                    pieces.append(_take(parts[0], slice(0, size)))
+                    parts[0] = _take(parts[0], slice(size, count))
+                size -= min(count, size)
+            self.ready.append(_concat(pieces))
         self._held -= ready
 
     def held_rows(self) -> Rows | None:
