@@ -49,6 +49,7 @@ from policy_service.offline.space_checks import first_outside
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
+CHECK_ROWS = 2**17  # rows of actions checked at a time when a dataset is opened
 _GLOB_CHARS = set("*?[")
 
 
@@ -373,7 +374,7 @@ def _check_parquet(dataset: PolicyDataset, required: tuple[str, ...]) -> None:
                 raise OfflineDataError(f"{path}: column {spec.name!r} missing (in {MANIFEST})")
         if dataset.action_space is not None:
             offset = 0  # rows of the file before this chunk
-            for leaves in _parquet_chunks([path], action_specs):
+            for leaves in _parquet_chunks([path], action_specs, CHECK_ROWS):
                 columns = columns_from_leaves(leaves)
                 _check_actions(path, dataset.action_space, columns, offset)
                 offset += len(next(iter(leaves.values())))
@@ -391,11 +392,13 @@ def _check_actions(
         )
 
 
-def _parquet_chunks(files: list[Path], specs: list[LeafSpec]) -> Iterator[Rows]:
+def _parquet_chunks(
+    files: list[Path], specs: list[LeafSpec], rows: int = CHUNK_ROWS
+) -> Iterator[Rows]:
     names = [s.name for s in specs]
     for path in files:
         try:
-            for record_batch in pq.ParquetFile(path).iter_batches(CHUNK_ROWS, columns=names):
+            for record_batch in pq.ParquetFile(path).iter_batches(rows, columns=names):
                 yield _leaves(record_batch, specs, path)
         except (pa.ArrowException, OSError) as err:
             raise OfflineDataError(_unreadable(path, names, err)) from None
