@@ -8,7 +8,9 @@ process per measurement, so each peak RSS (`ru_maxrss`) is that reading's alone:
   column turned into a numpy array (obs reshaped to [n, 4]): the bare ceiling;
 - "reader_ray": `open_experiences(...).iter_batches(batch_size, num_readers=2)`,
   Ray Data read tasks, SampleBatches out (open's up-front checks included);
-- "reader_local": the same, read in process (num_readers=0).
+- "reader_local": the same, read in process (num_readers=0);
+- "reader_ray_before" (with --before REV): "reader_ray" with the package as it was at
+  git revision REV (exported once into --data), for a before/after in one run.
 Each child reads 4 times: rows_per_s is the best pass after the first (which starts
 thread pools and Ray Data's worker processes: rows_per_s_first_pass). Each round runs
 the three modes one after another, so all meet the same load; the summary gives
@@ -20,6 +22,7 @@ memory at the end into the process's own and shared pages (Ray's object store).
     python -m benchmarks.offline_read                         # 1M rows, memory at 200k and 1M
     python -m benchmarks.offline_read --rows 5000000 --memory-rows 1000000
     python -m benchmarks.offline_read --file-mib 8                # several files, 2 tasks
+    python -m benchmarks.offline_read --rows 5000000 --memory-rows 1000000 --before HEAD~1
     python -m benchmarks.offline_read --smoke
 """
 
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +41,7 @@ from benchmarks import harness, plots, stats
 NAME = "offline_read"
 WORKLOAD = "CartPole rows from Parquet: ours through Ray Data / in process vs bare pyarrow"
 MODES = ("pyarrow", "reader_ray", "reader_local")
+BEFORE = "reader_ray_before"  # reader_ray at an earlier revision (--before)
 PASSES = 4  # each child reads the files 4 times; rows_per_s is the best after the first
 GOAL = 0.7  # issue 47: through Ray Data, >= 0.7x pyarrow's rows/s
 SMOKE = {"rows": 20_000, "memory_rows": 5_000}
@@ -120,12 +126,14 @@ def measure(spec: dict):
     and Ray's start, not part of a read)."""
     import pyarrow.parquet  # noqa: F401
 
+    if spec["mode"] == BEFORE:  # the earlier package first, before anything imports ours
+        sys.path.insert(0, spec["before_dir"])
     import policy_service.offline.reader  # noqa: F401
 
     if spec["mode"] == "data":
         yield {"bench": NAME, "mode": "data", "rows": spec["rows"], **write_once(spec)}
         return
-    if spec["mode"] == "reader_ray":
+    if spec["mode"] in ("reader_ray", BEFORE):
         import ray
         import ray.data
 
@@ -137,7 +145,7 @@ def measure(spec: dict):
         if spec["mode"] == "pyarrow":
             rows = read_pyarrow(directory, spec["batch_size"])
         else:
-            readers = spec["num_readers"] if spec["mode"] == "reader_ray" else 0
+            readers = spec["num_readers"] if spec["mode"] in ("reader_ray", BEFORE) else 0
             rows = read_ours(directory, spec["batch_size"], readers)
         seconds.append(time.perf_counter() - start)
     yield {
@@ -175,17 +183,42 @@ def configurations(args) -> list[dict]:
         "num_readers": args.num_readers,
         "prepare_tf": False,
     }
+    modes = MODES
+    if args.before:
+        common["before_dir"] = str(export_package(args.before, Path(args.data)))
+        common["before"] = args.before
+        modes = (*MODES, BEFORE)
     specs = []
     for rows in sorted({size["memory_rows"], size["rows"]}):
         specs.append(dict(common, mode="data", rows=rows))
-        specs += [dict(common, mode=mode, rows=rows) for mode in MODES]
+        specs += [dict(common, mode=mode, rows=rows) for mode in modes]
     return specs
+
+
+def export_package(revision: str, data: Path) -> Path:
+    """policy_service as it was at git `revision`, exported once under `data` (the
+    directory to put first on a child's path)."""
+    commit = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{revision}^{{commit}}"],
+        cwd=harness.REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    if commit.returncode != 0:
+        raise SystemExit(f"--before {revision}: not a git revision of {harness.REPO}")
+    directory = data / f"package-{commit.stdout.strip()[:12]}"
+    if not (directory / "policy_service").is_dir():
+        directory.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "archive", commit.stdout.strip(), "policy_service"],
+            cwd=harness.REPO, capture_output=True, check=True,
+        )  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(directory)], input=archive.stdout, check=True)
+    return directory
 
 
 def summarize(records: list[dict]) -> list[dict]:
     """Per size and mode: medians over rounds, each round's ratio to pyarrow, and peak
     RSS at the largest size over that at the smallest."""
-    ok = [r for r in records if "error" not in r and r.get("mode") in MODES]
+    ok = [r for r in records if "error" not in r and r.get("mode") in (*MODES, BEFORE)]
     data = {r["rows"]: r for r in records if r.get("mode") == "data"}
     values = ("rows_per_s", "peak_rss_mib", "rss_anon_mib", "rss_shmem_mib")
     summary = stats.summarize_each(ok, ("rows", "mode"), values)
@@ -200,7 +233,7 @@ def summarize(records: list[dict]) -> list[dict]:
         row["vs_pyarrow"] = stats.vs(summary, "rows_per_s", row, rows=row["rows"], mode="pyarrow")
         row["loads"] = [r["load_average_1m"] for r in runs if r["mode"] == row["mode"]]
         row.update({k: data.get(row["rows"], {}).get(k) for k in ("parquet_mib", "files")})
-        if row["mode"] == "reader_ray":
+        if row["mode"] in ("reader_ray", BEFORE):
             row["goal"] = GOAL
             row["goal_met"] = None if row["vs_pyarrow"] is None else row["vs_pyarrow"] >= GOAL
         if len(sizes) > 1 and row["rows"] == sizes[-1]:
@@ -214,6 +247,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
     if not summary:
         return None
     sizes = sorted({r["rows"] for r in summary})
+    modes = [m for m in (*MODES, BEFORE) if any(r["mode"] == m for r in summary)]
     return plots.bar_chart(
         Path(out_dir) / f"{NAME}.png",
         "Reading CartPole rows from Parquet (median of rounds)",
@@ -221,7 +255,7 @@ def plot(summary: list[dict], out_dir: str) -> str | None:
         [f"{n:,} rows" for n in sizes],
         {
             mode: [stats.find(summary, "rows_per_s", rows=n, mode=mode) for n in sizes]
-            for mode in MODES
+            for mode in modes
         },
     )
 
@@ -233,6 +267,9 @@ def add_flags(parser) -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--file-mib", type=int, default=64, help="output_max_file_size")
     parser.add_argument("--num-readers", type=int, default=2)
+    parser.add_argument("--before", default=None, metavar="REV",
+                        help="also read through Ray Data with the package at git "
+                        "revision REV (mode reader_ray_before)")  # fmt: skip
     parser.add_argument("--data", default=str(Path(tempfile.gettempdir()) / "offline_read"),
                         help="where each size's files are written once and kept")  # fmt: skip
 
