@@ -168,7 +168,7 @@ def read_row_groups(
     context = dataset.context  # this dataset's own
     context.target_max_block_size = BLOCK_BYTES
     context.enable_progress_bars = False
-    store = ray.cluster_resources().get("object_store_memory", 0)
+    store = ray.cluster_resources().get("object_store_memory", 0) if ray.is_initialized() else 0
     if source.estimate_inmemory_data_size() <= RESERVED_STORE_FRACTION * store:
         context.op_resource_reservation_enabled = False
     return dataset
