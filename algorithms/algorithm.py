@@ -587,7 +587,7 @@ class Algorithm:
             self._ray_started = True
 
     def _env(self):
-        return env_maker(self._env_name, self.config.preprocessor_pref)
+        return env_maker(self._env_name, self.config.preprocessor_pref, self.config.model.dim)
 
     def _make_learners(self, observation_space, action_space) -> LearnerGroup:
         from policy_service.distributed.learner_group import LearnerGroup

@@ -41,14 +41,17 @@ def is_registered_env(name: str) -> bool:
     return name in _ENV_CREATORS
 
 
-def env_maker(name: str, preprocessor_pref: str | None = "deepmind"):
+def env_maker(name: str, preprocessor_pref: str | None = "deepmind", dim: int = atari.SCREEN_SIZE):
     """What env runners build envs from: the registered creator; for an ALE id an
-    AtariEnvCreator (DeepMind's preprocessing when preprocessor_pref is "deepmind");
-    else the name itself (gym.make)."""
+    AtariEnvCreator (DeepMind's preprocessing into dim x dim frames when
+    preprocessor_pref is "deepmind"; dim: the config's model.dim, as in RLlib); else the
+    name itself (gym.make)."""
     if name in _ENV_CREATORS:
         return _ENV_CREATORS[name]
     if atari.is_atari_id(name):
-        return atari.AtariEnvCreator(name, deepmind=preprocessor_pref == "deepmind")
+        return atari.AtariEnvCreator(
+            name, deepmind=preprocessor_pref == "deepmind", screen_size=dim
+        )
     return name
 
 

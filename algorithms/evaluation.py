@@ -42,6 +42,7 @@ from algorithms.saved_policies import (
     saved_policy_state,
 )
 from policy_service.data import env_actions
+from policy_service.envs.atari import SCREEN_SIZE
 from policy_service.errors import UserError, one_line
 from policy_service.io.checkpoints import (
     ALGORITHM_STATE,
@@ -109,8 +110,13 @@ def _load(
         env_name = env or (checkpoint.algorithm_config or {}).get("env")
         return ReadyPolicy(checkpoint, chosen, multi_env, env_name, policies)
     env_id, env_config = environment_of(checkpoint, env)
-    preprocessor_pref = (checkpoint.algorithm_config or {}).get("preprocessor_pref", "deepmind")
-    environment = make_env(env_id, env_config, preprocessor_pref)
+    trained_with = checkpoint.algorithm_config or {}
+    environment = make_env(
+        env_id,
+        env_config,
+        trained_with.get("preprocessor_pref", "deepmind"),
+        (trained_with.get("model") or {}).get("dim", SCREEN_SIZE),
+    )
     try:
         trained_on = (checkpoint.algorithm_config or {}).get("env")
         check_spaces_fit(
@@ -303,14 +309,14 @@ def check_export_target(out: str, force: bool) -> None:
         raise ExportTargetError(f"--out {out}: {parent} is a file, expected a directory")
 
 
-def make_env(env_id: str, env_config: dict, preprocessor_pref: str | None):
+def make_env(env_id: str, env_config: dict, preprocessor_pref: str | None, dim: int = SCREEN_SIZE):
     """The env the checkpoint's policy plays, preprocessed as it was in training."""
     import gymnasium as gym
 
     from algorithms import environments
 
     try:
-        maker = environments.env_maker(env_id, preprocessor_pref)
+        maker = environments.env_maker(env_id, preprocessor_pref, dim)
         return gym.make(maker, **env_config) if isinstance(maker, str) else maker(env_config)
     except (gym.error.Error, ImportError, ModuleNotFoundError) as err:
         raise CheckpointError(f"unknown environment {env_id!r}: {one_line(err)}") from None

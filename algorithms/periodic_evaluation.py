@@ -50,13 +50,14 @@ class EvaluationPlayer:
         env_id: str,
         env_config: dict,
         preprocessor_pref: str | None,
+        dim: int,
         custom_models: dict | None = None,
         agents: tuple[Callable, Callable] | None = None,
     ):
         models.register_custom_models(custom_models)
         self._agents = agents
         if agents is None:
-            self._env = make_env(env_id, env_config, preprocessor_pref)
+            self._env = make_env(env_id, env_config, preprocessor_pref, dim)
         else:
             self._env = agents[0](dict(env_config))
         self._policies: dict = {}
@@ -114,7 +115,7 @@ class Evaluation:
         overrides = dict(config.evaluation_config or {})
         self.explore = bool(overrides.get("explore", config.explore))
         env_config = dict(overrides.get("env_config", config.env_config))
-        self._player_args = (config.env, env_config, config.preprocessor_pref)
+        self._player_args = (config.env, env_config, config.preprocessor_pref, config.model.dim)
         # a run with `policies`: its env's creator and mapping, shipped to the runners
         self._agents = None
         if config.policies is not None:

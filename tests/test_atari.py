@@ -55,10 +55,23 @@ def test_a_step_is_four_emulator_frames_and_a_life_lost_does_not_end_the_episode
 
 def test_the_creator_travels_by_pickle_and_names_its_env():
     creator = pickle.loads(pickle.dumps(atari.AtariEnvCreator(PONG)))
-    assert creator.__name__ == "ALE/Pong-v5 (deepmind preprocessing)"
+    assert creator.__name__ == "ALE/Pong-v5 (deepmind preprocessing, 84x84)"
     env = creator({})
     try:
         assert env.observation_space.shape == (84, 84, 4)
+    finally:
+        env.close()
+
+
+def test_model_dim_sizes_the_frames_as_rllib_does():
+    """RLlib's model.dim (42 in its tuned Pong APPO) is the side of the preprocessed frames."""
+    from algorithms.environments import env_maker
+
+    env = pickle.loads(pickle.dumps(env_maker(PONG, "deepmind", 42)))({})
+    try:
+        obs, _ = env.reset(seed=0)
+        assert env.observation_space.shape == obs.shape == (42, 42, 4)
+        assert obs.dtype == np.uint8
     finally:
         env.close()
 

@@ -6,7 +6,8 @@
 
 The preprocessing (Mnih et al. 2015, as gymnasium's AtariPreprocessing does it): each
 agent step repeats the action for 4 emulator frames (the env's own frameskip is set to
-1) and max-pools the last two, the screen becomes 84x84 grayscale, up to 30 no-ops
+1) and max-pools the last two, the screen becomes 84x84 grayscale (`screen_size`: RLlib's
+`model.dim`, e.g. 42 for a 4x cheaper CNN), up to 30 no-ops
 start an episode, and a lost life does not end it; the last 4 such frames are stacked
 on the channel axis, channels last as the model's convolutions read images. Observations
 stay uint8 (the policy casts them to float32 where the model takes them).
@@ -89,17 +90,21 @@ class FramesLast(gym.ObservationWrapper):
 
 
 class AtariEnvCreator:
-    """env_config -> the ALE env `env_id`, preprocessed when `deepmind` (the default).
+    """env_config -> the ALE env `env_id`, preprocessed when `deepmind` (the default)
+    into `screen_size` x `screen_size` frames.
 
     Picklable, so it travels to remote env runners, which import ale-py themselves.
     env_config holds the ALE env's own options (repeat_action_probability,
     full_action_space, ...); with the preprocessing its frameskip must be 1 or absent.
     """
 
-    def __init__(self, env_id: str, deepmind: bool = True):
+    def __init__(self, env_id: str, deepmind: bool = True, screen_size: int = SCREEN_SIZE):
         self.env_id = env_id
         self.deepmind = deepmind
-        self.__name__ = env_id + (" (deepmind preprocessing)" if deepmind else "")
+        self.screen_size = screen_size
+        self.__name__ = env_id + (
+            f" (deepmind preprocessing, {screen_size}x{screen_size})" if deepmind else ""
+        )
 
     def __call__(self, env_config: dict) -> gym.Env:
         register_ale_envs(self.env_id)
@@ -108,10 +113,15 @@ class AtariEnvCreator:
             check_env_config(self.env_id, options)
             options["frameskip"] = 1  # the preprocessing skips frames itself, max-pooling
         env = gym.make(self.env_id.rpartition(":")[2], **options)
-        return deepmind_preprocessing(env) if self.deepmind else env
+        if not self.deepmind:
+            return env
+        return deepmind_preprocessing(env, screen_size=self.screen_size)
 
     def __repr__(self) -> str:
-        return f"AtariEnvCreator({self.env_id!r}, deepmind={self.deepmind})"
+        return (
+            f"AtariEnvCreator({self.env_id!r}, deepmind={self.deepmind}, "
+            f"screen_size={self.screen_size})"
+        )
 
 
 def check_env_config(env_id: str, env_config: dict) -> None:
