@@ -93,7 +93,12 @@ def test_fragments_keep_observations_uint8_and_the_default_cnn_acts_on_them():
     for column in (SampleBatch.OBS, SampleBatch.NEXT_OBS):
         if column in batch:
             assert batch[column].dtype == np.uint8 and batch[column].shape[1:] == (84, 84, 4)
-    assert len(conv_layers) == 4  # the Nature-CNN-sized default: 3 convs, then flatten
+    # uint8 pixels scaled to [0, 1], the Nature-CNN-sized default's 3 convs, a flatten
+    assert conv_layers == [
+        "policy_pixels",
+        *(f"policy_conv_{i}" for i in range(3)),
+        "policy_flatten",
+    ]
 
 
 def test_train_batches_keep_frames_uint8_up_to_the_compiled_step():

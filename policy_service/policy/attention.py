@@ -159,7 +159,12 @@ class GTrXLModel(keras.Model):
         self.action_space = action_space
         self.memory = config.attention_memory_inference
         self.dim = config.attention_dim
-        self.encoder = Encoder(obs_space.shape, config, "encoder")
+        self.encoder = Encoder(
+            obs_space.shape,
+            config,
+            "encoder",
+            space=getattr(obs_space, "original_space", obs_space),
+        )
         self.linear = keras.layers.Dense(self.dim, name="linear")
         self.units = [
             TransformerUnit(config, i) for i in range(config.attention_num_transformer_units)

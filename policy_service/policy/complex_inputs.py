@@ -22,7 +22,7 @@ import keras
 import tensorflow as tf
 
 from policy_service.data.spaces import IMAGE, ObservationComponent
-from policy_service.policy.encoders import conv_stack, dense_stack, run_stack
+from policy_service.policy.encoders import conv_stack, dense_stack, run_stack, scales_pixels
 from policy_service.policy.policy_config import ModelConfig
 
 
@@ -50,7 +50,9 @@ class ComplexInputEncoder(keras.layers.Layer):
         for component in components:
             name = f"{prefix}_{component_name(component)}"
             if component.kind == IMAGE:
-                branch = conv_stack(component.shape, config, name)
+                branch = conv_stack(
+                    component.shape, config, name, scales_pixels(component.space, config)
+                )
             else:
                 branch = dense_stack(
                     config.fcnet_hiddens,

@@ -133,7 +133,7 @@ def make_encoder(
     if isinstance(original, (gym.spaces.Dict, gym.spaces.Tuple)):
         components = spaces.observation_components(original)
         return ComplexInputEncoder(components, config, prefix, kernel_initializer)
-    return Encoder(obs_space.shape, config, prefix, kernel_initializer)
+    return Encoder(obs_space.shape, config, prefix, kernel_initializer, original or obs_space)
 
 
 def _run_layers(layers: list, x):

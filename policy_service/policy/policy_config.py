@@ -101,6 +101,12 @@ class ModelConfig(Config):
         "screen (RLlib's; 42 makes a 4x cheaper CNN).",
         check=integer(ge=8),
     )
+    scale_images: bool = setting(
+        True,
+        doc="uint8 image observations enter the conv stack times 1/255, as DQN, IMPALA and "
+        "SB3 take them; RLlib's old-stack vision network takes raw 0-255 values (an "
+        "imported RLlib model sets this off).",
+    )
     conv_last_padding: str = setting(
         "same",
         doc='Padding of the last conv layer: "same", or "valid" as in RLlib\'s vision network '

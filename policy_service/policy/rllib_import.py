@@ -102,6 +102,7 @@ def model_config_from_rllib(rllib_model: dict, obs_shape: tuple) -> dict:
     if len(obs_shape) == 3:  # RLlib's vision network: conv stack, no fcnet stack
         model["fcnet_hiddens"] = []
         model["conv_last_padding"] = "valid"
+        model["scale_images"] = False  # its convs take raw 0-255 pixels
         if not model.get("conv_filters"):
             filters = RLLIB_DEFAULT_FILTERS.get(obs_shape[0])
             if filters is None:
