@@ -120,6 +120,56 @@ def run_rounds(
     return records
 
 
+TOGETHER_MODULE = "benchmarks.together"  # the child that measures a bundle of runs
+
+
+def together(planned: list[Run]) -> list[Run]:
+    """At --smoke: `planned` in as few children as one interpreter (python, env) and
+    one TensorFlow setup (devices, threads) each allow, measured one after another
+    (benchmarks/together.py); the runs keep their order within a child.
+
+    A full run measures each configuration in a fresh child: TensorFlow fixes its
+    devices and threads when it initializes, and no figure should carry another's
+    warm-up. A smoke run only proves that every measurement runs and reports, and
+    there each child's start (importing TensorFlow, and RLlib in its venv: seconds
+    of a 2-core CI machine apiece) was most of the time. A run that does not set up
+    TensorFlow (prepare_tf False) joins its interpreter's first child."""
+    groups: list[dict] = []
+    for run in planned:
+        interpreter = (run.python, json.dumps(run.env, sort_keys=True))
+        setup = None
+        if run.spec.get("prepare_tf", True):
+            setup = [max(1, run.spec.get("devices", 1)), run.spec.get("threads")]
+        fitting = [
+            g
+            for g in groups
+            if g["interpreter"] == interpreter and (setup is None or g["setup"] in (None, setup))
+        ]
+        group = fitting[0] if fitting else None
+        if group is None:
+            group = {"interpreter": interpreter, "setup": None, "runs": []}
+            groups.append(group)
+        group["runs"].append(run)
+        group["setup"] = group["setup"] or setup
+    bundles = []
+    for group in groups:
+        runs, setup = group["runs"], group["setup"]
+        spec: dict = {
+            "parts": [[run.module, run.spec, run.tags or {}] for run in runs],
+            "prepare_tf": setup is not None,
+        }
+        if setup is not None:
+            spec["devices"], spec["threads"] = setup
+        bundles.append(Run(TOGETHER_MODULE, spec, python=runs[0].python, env=runs[0].env))
+    return bundles
+
+
+def timeout_of(timeout: Callable[[dict], float]) -> Callable[[dict], float]:
+    """A script's seconds per child (of a run's spec) as seconds per bundle: the sum
+    over its parts."""
+    return lambda spec: sum(timeout(part) for _, part, _ in spec["parts"])
+
+
 class Benchmark(NamedTuple):
     """A benchmark script's parts, as `run` puts them together (`of`: a script
     module's own, by their names)."""
@@ -136,12 +186,14 @@ class Benchmark(NamedTuple):
     meta: Callable[[argparse.Namespace, list[dict]], dict] = lambda args, specs: {}
     # the interpreter a spec's child runs under (another project's virtualenv), None: ours
     python: Callable[[dict], str | None] = lambda spec: None
+    # at --smoke, one child per interpreter for all the specs (together)
+    together_at_smoke: bool = False
 
     @classmethod
     def of(cls, script: ModuleType, **options) -> Benchmark:
         """The parts a script module names NAME, configurations, measure, summarize,
         plot and WORKLOAD, its children run as that module; options: the fields
-        after those (seeded, timeout, meta, python)."""
+        after those (seeded, timeout, meta, python, together_at_smoke)."""
         return cls(
             script.NAME,
             script.__spec__.name,
@@ -172,7 +224,10 @@ def run(args: argparse.Namespace, benchmark: Benchmark) -> Path | None:
     specs = benchmark.configurations(args)
     meta = start_meta(args, workload=benchmark.workload, **benchmark.meta(args, specs))
     planned = [Run(benchmark.module, spec, python=benchmark.python(spec)) for spec in specs]
-    records = run_rounds(args, planned, seeded=benchmark.seeded, timeout=benchmark.timeout)
+    timeout = benchmark.timeout
+    if args.smoke and benchmark.together_at_smoke:
+        planned, timeout = together(planned), timeout_of(timeout)
+    records = run_rounds(args, planned, seeded=benchmark.seeded, timeout=timeout)
     summary = benchmark.summarize(records)
     plots = benchmark.plot(summary, args.out)
     meta["plots"] = plots if isinstance(plots, list) else [plots]
