@@ -319,9 +319,15 @@ def test_sac_step_smoke(tmp_path):
 def test_tune_overhead_smoke(tmp_path):
     """fit() and one Tune trial run the same iterations to the same return (the same
     seed), so the wall-time ratio is Tune's own cost."""
+    from benchmarks import tune_overhead
+
     records = measurements(run_smoke("tune_overhead", tmp_path))
     by_mode = {r["mode"]: r for r in records}
     assert set(by_mode) == {"fit", "tune"}
     assert by_mode["fit"]["env_steps"] == by_mode["tune"]["env_steps"] > 0
     assert by_mode["fit"]["episode_return_mean"] == by_mode["tune"]["episode_return_mean"]
     assert all(r["wall_s"] > r["train_s"] > 0 for r in records)
+    for record in records:  # the phases split the whole wall time, each one a time
+        phases = [record[p] for p in tune_overhead.PHASES if p in record]
+        assert len(phases) == 5 and min(phases) >= 0
+        assert sum(phases) == pytest.approx(record["wall_s"], abs=0.01)
