@@ -31,7 +31,6 @@ TWO_BY_TWO = {
 ON_WORKER_NODES = {WORKER_NODE: 0.01}  # a fraction: many actors fit on one node
 RESULT = "RESULT "
 APPO_STOP_REWARD = 450
-NODE_LOSS_STOP_REWARD = 150
 
 
 @pytest.fixture(scope="module")
@@ -222,7 +221,7 @@ def test_strict_spread_beyond_the_nodes_a_missing_resource_and_an_unseen_gpu_are
     )
 
 
-# ----- APPO with its roles pinned to nodes -----------------------------------------------
+# ----- APPO with its roles pinned to nodes, as a job submitted to the head -----------------
 
 APPO_ARGS = [
     "train", "appo", "--env", "CartPole-v1",
@@ -246,35 +245,6 @@ def nodes_of(resources: dict) -> dict:
     }
 
 
-def test_appo_with_runners_on_node_1_and_the_policy_actor_on_node_2_learns(cluster, tmp_path):
-    started = time.perf_counter()
-    done = cluster.run_driver(
-        train_command(
-            cluster, tmp_path / "run",
-            "--set", "inference=policy_actors",
-            "--set", "custom_resources_per_env_runner={node_1: 0.01}",
-            "--set", "custom_resources_per_policy_actor={node_2: 0.01}",
-            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
-        ),
-        timeout=600,
-    )  # fmt: skip
-    seconds = time.perf_counter() - started
-    assert done.returncode == 0, done.stderr[-4000:]
-    result = json.loads((tmp_path / "run" / "result.json").read_text())
-    print(
-        f"\nAPPO across nodes: {result['episode_return_mean']:.1f} after "
-        f"{result['timesteps_total']} env steps, {seconds:.0f} s ({result['stop_reason']})"
-    )
-    where = nodes_of(result["resources"])
-    assert where["driver"] == cluster.head.address
-    assert where["env_runners"] == [cluster.nodes[1].address] * 2
-    assert where["inference_actor"] == cluster.nodes[2].address
-    assert result["episode_return_mean"] >= APPO_STOP_REWARD
-
-
-# ----- a job submitted to the head ---------------------------------------------------------
-
-
 def job_actors_driver(submission_id: str) -> dict:
     """The actors of the job submitted as `submission_id`: class name -> node addresses."""
     join_cluster()
@@ -288,33 +258,53 @@ def job_actors_driver(submission_id: str) -> dict:
     return {"status": str(job.status), "actors": placed}
 
 
-def test_a_job_submitted_to_the_head_puts_its_actors_where_asked(cluster, tmp_path):
+def test_appo_submitted_to_the_head_runs_where_asked_across_nodes_and_learns(cluster, tmp_path):
+    """One job: runners on node 1 act through the PolicyActor on node 2, whose node
+    also holds the learner; `submit` waits for it to reach 450 and exits with its
+    status, and Ray's state API shows every actor where it was asked."""
     cli = str(Path(sys.executable).parent / "policy-service")
     config = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_appo.yaml"
+    run_dir = tmp_path / "job"
     started = time.perf_counter()
     done = cluster.run_driver(
         [
             cli, "submit", "--address", cluster.job_server, "--insecure", "--",
             cli, "train", "appo", "--env", "CartPole-v1", "--config", str(config),
-            "--output-dir", str(tmp_path / "job"), "--stop-iters", "3",
+            "--output-dir", str(run_dir),
+            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
+            "--set", "inference=policy_actors",
             "--num-learners", "1", "--set", "num_cpus_per_learner=0.5",
             "--set", "custom_resources_per_env_runner={node_1: 0.01}",
+            "--set", "custom_resources_per_policy_actor={node_2: 0.01}",
             "--set", "custom_resources_per_learner={node_2: 0.01}",
         ],
         timeout=600,
     )  # fmt: skip
-    print(f"\nAPPO job of 3 iterations: {time.perf_counter() - started:.0f} s")
-    assert done.returncode == 0, done.stderr[-4000:]
+    seconds = time.perf_counter() - started
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    result = json.loads((run_dir / "result.json").read_text())
+    print(
+        f"\nAPPO job across nodes: {result['episode_return_mean']:.1f} after "
+        f"{result['timesteps_total']} env steps, {seconds:.0f} s ({result['stop_reason']})"
+    )
+    where = nodes_of(result["resources"])
+    assert where["driver"] == cluster.head.address  # a job's driver runs on the head
+    assert where["env_runners"] == [cluster.nodes[1].address] * 2
+    assert where["inference_actor"] == cluster.nodes[2].address
+    assert where["learners"] == [cluster.nodes[2].address]
+    assert result["episode_return_mean"] >= APPO_STOP_REWARD
     [submission_id] = set(re.findall(r"raysubmit_\w+", done.stdout + done.stderr))
-    result = run_driver_function(cluster, "job_actors_driver", submission_id)
-    assert result["status"] == "SUCCEEDED"
-    runners = [name for name in result["actors"] if "RolloutWorker" in name]
-    learners = [name for name in result["actors"] if "LearnerHost" in name]
-    assert runners and learners, result["actors"]
-    for name in runners:
-        assert set(result["actors"][name]) == {cluster.nodes[1].address}
-    for name in learners:
-        assert set(result["actors"][name]) == {cluster.nodes[2].address}
+    job = run_driver_function(cluster, "job_actors_driver", submission_id)
+    assert job["status"] == "SUCCEEDED"
+    placed = {
+        role: {node for name, nodes in job["actors"].items() if role in name for node in nodes}
+        for role in ("RolloutWorker", "LearnerHost", "PolicyHost")
+    }
+    assert placed == {
+        "RolloutWorker": {cluster.nodes[1].address},
+        "LearnerHost": {cluster.nodes[2].address},
+        "PolicyHost": {cluster.nodes[2].address},
+    }, job["actors"]
 
 
 def test_a_failed_job_exits_with_its_status(cluster):
@@ -360,9 +350,16 @@ def wait_for_iterations(driver, run_dir: Path, count: int, timeout_s: float = 30
         time.sleep(0.5)
 
 
+def around(text: str, word: str, chars: int = 3000) -> str:
+    """The text about the first `word` in it (where a failure starts)."""
+    at = text.find(word)
+    return text[max(0, at - chars) : at + chars]
+
+
 def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(cluster, tmp_path):
     """Runners, the PolicyActor and 2 learners (SPREAD) on the two worker nodes; the node
-    holding the PolicyActor (and so a learner: SPREAD) is killed at iteration 3."""
+    holding the PolicyActor (and so a learner: SPREAD) is killed at iteration 3. The
+    run reaches 450 on the node left, its losses counted, with no traceback."""
     run_dir = tmp_path / "run"
     driver = cluster.start_driver(
         train_command(
@@ -373,7 +370,7 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(clu
             "--num-learners", "2", "--set", "num_cpus_per_learner=0.5",
             "--set", "learner_placement_strategy=SPREAD",
             "--set", "custom_resources_per_learner={worker_node: 0.01}",
-            "--stop-reward", str(NODE_LOSS_STOP_REWARD), "--stop-timesteps", "600000",
+            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
         )
     )  # fmt: skip
     started = time.perf_counter()
@@ -381,8 +378,9 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(clu
         wait_for_iterations(driver, run_dir, 3)
         [victim] = [i for i in (1, 2) if any("PolicyHost" in r for r in roles_on(cluster, i))]
         lost = roles_on(cluster, victim)
+        killed_at = iterations_done(run_dir)
         cluster.kill_node(victim)
-        _, err = driver.communicate(timeout=600)
+        out, err = driver.communicate(timeout=600)
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -390,14 +388,18 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(clu
     assert driver.returncode == 0, err[-4000:]
     result = json.loads((run_dir / "result.json").read_text())
     print(
-        f"\nnode {victim} lost ({sorted(lost)}): {result['episode_return_mean']:.1f} after "
-        f"{result['timesteps_total']} env steps, {seconds:.0f} s, "
-        f"{result['num_worker_restarts']} runner and {result['num_learner_restarts']} learner "
-        "restart(s)"
+        f"\nnode {victim} lost at iteration {killed_at} ({sorted(lost)}): "
+        f"{result['episode_return_mean']:.1f} after {result['timesteps_total']} env steps, "
+        f"{seconds:.0f} s, {result['num_worker_restarts']} runner, "
+        f"{result['num_policy_actor_restarts']} PolicyActor and "
+        f"{result['num_learner_restarts']} learner restart(s)"
     )
+    assert "Traceback" not in out + err, around(out + err, "Traceback")
     assert any("LearnerHost" in role for role in lost), lost
     assert result["stop_reason"] == "stop_reward"
+    assert result["episode_return_mean"] >= APPO_STOP_REWARD
     assert result["num_learner_restarts"] >= 1
+    assert result["num_policy_actor_restarts"] >= 1
     runners_lost = sum("RolloutWorker" in role for role in lost)
     assert result["num_worker_restarts"] >= runners_lost
     survivor = cluster.nodes[3 - victim].address
@@ -407,16 +409,18 @@ def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(clu
     }
 
 
-def test_the_head_lost_ends_the_run_in_one_line_and_it_resumes_on_a_fresh_cluster(
+def test_the_head_lost_ends_the_run_in_one_line_it_resumes_and_a_spent_budget_ends_it(
     cluster, tmp_path
 ):
+    """The head killed: one line, exit 1, a checkpoint. Resumed on a fresh cluster, the
+    run goes on; with no env runner restart allowed (max_num_env_runner_restarts=0),
+    killing its runner's node then ends it in one line naming the runner, exit 1."""
     run_dir = tmp_path / "run"
     args = [
-        "--num-env-runners",
-        "1",
-        "--set",
-        "custom_resources_per_env_runner={worker_node: 0.01}",
-    ]
+        "--num-env-runners", "1",
+        "--set", "custom_resources_per_env_runner={worker_node: 0.01}",
+        "--set", "max_num_env_runner_restarts=0",
+    ]  # fmt: skip
     # the driver on node 1: the head's node is killed whole
     driver = cluster.start_driver(
         train_command(cluster, run_dir, *args, "--checkpoint-every", "2"), node=1
@@ -443,12 +447,39 @@ def test_the_head_lost_ends_the_run_in_one_line_and_it_resumes_on_a_fresh_cluste
     assert resumed_from >= 2  # every 2 iterations; the 4th's may be cut by the kill
     cluster.stop()  # a fresh cluster: nothing of the old one's state
     cluster.start()
-    done = cluster.run_driver(
+    # the driver on the head now: the runner's node (a worker) is killed next
+    resumed = cluster.start_driver(
         [str(Path(sys.executable).parent / "policy-service"), "train", "--resume", str(run_dir),
-         "--address", cluster.address, "--stop-iters", str(resumed_from + 2)],
-        node=1,
+         "--address", cluster.address, "--stop-iters", str(resumed_from + 1000)],
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert f"from {checkpoints[-1]} (iteration {resumed_from})" in done.stderr
+    prefix, digits = checkpoints[-1].rsplit("_", 1)
+    # progress.jsonl may hold iterations past the checkpoint until the resume cuts them:
+    # the checkpoint 2 iterations on says the resumed run made them
+    next_checkpoint = run_dir / "checkpoints" / f"{prefix}_{resumed_from + 2:0{len(digits)}d}"
+    try:
+        deadline = time.monotonic() + 300
+        runner_nodes: list[int] = []  # empty while the driver's stand-in samples for it
+        while not (next_checkpoint.exists() and runner_nodes):
+            assert resumed.poll() is None, resumed.communicate()[1][-4000:]
+            assert time.monotonic() < deadline, f"no {next_checkpoint.name} and runner in 300 s"
+            time.sleep(0.5)
+            runner_nodes = [
+                i for i in (1, 2) if any("RolloutWorker" in r for r in roles_on(cluster, i))
+            ]
+        [runner_node] = runner_nodes
+        cluster.kill_node(runner_node)
+        _, err = resumed.communicate(timeout=300)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert f"from {checkpoints[-1]} (iteration {resumed_from})" in err
     iterations = [json.loads(line)["iteration"] for line in (run_dir / "progress.jsonl").open()]
-    assert iterations[-2:] == [resumed_from + 1, resumed_from + 2]
+    after = iterations[iterations.index(resumed_from) + 1 :]
+    assert after[:2] == [resumed_from + 1, resumed_from + 2]  # the curve goes on
+    assert resumed.returncode == 1, err[-4000:]
+    assert "Traceback" not in err, around(err, "Traceback")
+    last_line = err.strip().splitlines()[-1]
+    assert last_line.startswith(
+        "policy-service: error: env runner 1 died 1 times during one async sampling "
+        "(0 restarts in all; budgets: max_restarts_per_sample=3, max_restarts=0); last: "
+    ), last_line
