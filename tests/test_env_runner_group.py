@@ -421,7 +421,7 @@ def test_async_sampling_ends_in_one_line_when_the_restart_budget_is_spent(ray_lo
         with pytest.raises(
             EnvRunnerFailure,
             match=r"^env runner 1 died 1 times during one "
-            r"sample_async\(\) .*max_restarts=0\)",
+            r"sample_async\(\) .*max_num_env_runner_restarts=0\)",
         ) as info:
             collect_until(group, from_worker(1))
         assert "\n" not in str(info.value)

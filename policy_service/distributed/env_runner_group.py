@@ -634,7 +634,7 @@ class EnvRunnerGroup:
                     self.num_restarts,
                     {
                         "max_restarts_per_sample": self.max_restarts_per_sample,
-                        "max_restarts": self.max_restarts,
+                        "max_num_env_runner_restarts": self.max_restarts,  # the config key
                     },
                     error,
                 )
