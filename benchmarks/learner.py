@@ -402,4 +402,5 @@ GROUP = harness.Benchmark(
 
 if __name__ == "__main__":
     args = harness.parse_args(__doc__, add_flags)
-    harness.run(args, GROUP if args.learners else harness.Benchmark.of(sys.modules[__name__]))
+    towers = harness.Benchmark.of(sys.modules[__name__], together_at_smoke=True)
+    harness.run(args, GROUP if args.learners else towers)

@@ -110,22 +110,26 @@ def measure(spec: dict):
                 model=dict(spec["overrides"]["model"], custom_model="keras_init_ff"),
             ),
         )
+    from algorithms.ppo import PPO
+
+    update = PPO.update_on_batch  # put back after: a smoke measures variants in one process
     if spec.get("minibatches") == "rllib":
         import numpy as np
 
-        from algorithms.ppo import PPO
-
         np.random.seed(spec["seed"])
         PPO.update_on_batch = rllib_minibatch_update
-    for record in e2e.measure(spec):
-        yield dict(record, bench=NAME, variant=spec["variant"])
+    try:
+        for record in e2e.measure(spec):
+            yield dict(record, bench=NAME, variant=spec["variant"])
+    finally:
+        PPO.update_on_batch = update
 
 
 # ----- the side-by-side schedule ------------------------------------------------------------
 
 
-def schedule(args) -> list[harness.Run]:
-    rllib_python = rllib_env.ensure_rllib_venv()
+def schedule(args, rllib_python: str) -> list[harness.Run]:
+    """Each variant of ours, then RLlib's e2e under `rllib_python` (its venv's)."""
     overrides = dict(RLLIB_DEFAULTS, **(SMOKE if args.smoke else {}))
     base = dict(
         num_gpus=0,
@@ -205,7 +209,10 @@ def main(argv=None):
         rllib_versions=harness.versions(rllib_python),
         hyperparameters=RLLIB_DEFAULTS,
     )
-    records = harness.run_rounds(args, schedule(args), **harness.TO_TARGET)
+    runs, timeout = schedule(args, rllib_python), harness.TO_TARGET["timeout"]
+    if args.smoke:  # ours' variants in one child
+        runs, timeout = harness.together(runs), harness.timeout_of(timeout)
+    records = harness.run_rounds(args, runs, seeded=True, timeout=timeout)
     rows = summarize(records)
     # the table is the result: benchmarks/history/end_to_end.md, "PPO at RLlib's defaults"
     meta["plots"] = []

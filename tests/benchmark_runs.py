@@ -71,7 +71,8 @@ def peer_venv(name: str) -> str:
     contents: benchmarks/rllib_env.py (the pins), our library versions and our
     Python; REPO/<name> becomes a directory of links to it, so the scripts that take
     REPO/<name> find it and git ignores it as it does the built one. A file lock
-    keeps two pytest workers from building one venv at once."""
+    keeps two pytest workers from building one venv at once; a venv checked once is
+    not checked again until its packages change."""
     if name in _checked:
         return _checked[name]
     _checked[name] = _peer_venv(name)
@@ -103,12 +104,38 @@ def _peer_venv(name: str) -> str:
     with open(VENV_CACHE / f"{cached.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         built = (cached / "pyvenv.cfg").exists()
-        ensure(cached)
+        if not (built and _unchanged_since_checked(cached)):
+            ensure(cached)  # builds, repairs, or checks that it imports (seconds: TF, RLlib)
+            _record_checked(cached)
         (cached / ".used").touch()
         if not built:
             _delete_unused(name.lstrip("."), keep=cached)
         _link_venv(in_clone, cached)
     return str(in_clone / "bin" / "python")
+
+
+CHECKED = ".checked"  # the venv's packages' state when its builder last checked it
+
+
+def _packages_state(venv: Path) -> list[int]:
+    """The venv's site-packages folders' modification times: installing, upgrading or
+    removing a distribution adds or removes entries there, which changes them."""
+    return [p.stat().st_mtime_ns for p in sorted(venv.glob("lib*/python*/site-packages"))]
+
+
+def _unchanged_since_checked(venv: Path) -> bool:
+    """Whether the venv's builder passed it and nothing was installed or removed since.
+    Its import check (TF and RLlib: seconds of every test file that uses it) is then
+    not run again here: a benchmark script checks again itself, and a test that runs
+    its python sees an import error in its own output."""
+    try:
+        return json.loads((venv / CHECKED).read_text()) == _packages_state(venv)
+    except (OSError, ValueError):
+        return False
+
+
+def _record_checked(venv: Path) -> None:
+    (venv / CHECKED).write_text(json.dumps(_packages_state(venv)))
 
 
 def _link_venv(link: Path, venv: Path) -> None:
