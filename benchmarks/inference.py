@@ -310,4 +310,4 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, timeout=lambda spec: 1800)
+    harness.main(__name__, timeout=lambda spec: 1800, together_at_smoke=True)

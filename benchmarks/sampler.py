@@ -136,4 +136,4 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__)
+    harness.main(__name__, together_at_smoke=True)
