@@ -3,8 +3,8 @@
 RLlib runs in its own virtualenv (.venv-rllib, created on first use by
 rllib_env.ensure_rllib_venv with ray[rllib] at our Ray and TF versions, Keras 2),
 so its pins never touch ours; every measurement is a child process, ours and
-RLlib's alternating per round. Workloads: learner, sampler, inference, e2e, and
-dqn (not in the default workloads).
+RLlib's alternating per round (at --smoke one child per side: harness.together).
+Workloads: learner, sampler, inference, e2e, and dqn (not in the default workloads).
 
     python -m benchmarks.compare_rllib                      # ~20 min
     python -m benchmarks.compare_rllib --workloads learner,sampler --rounds 3
@@ -793,13 +793,16 @@ def main(argv=None):
         for side, module, spec in schedule(args)
     ]
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-    records = harness.run_rounds(
-        args,
-        planned,
-        seeded=True,
-        seeds=seeds,
-        timeout=lambda spec: spec.get("max_seconds", 600) + 600,
+
+    def child_timeout(spec: dict) -> float:
+        return spec.get("max_seconds", 600) + 600
+
+    runs, timeout = (
+        (harness.together(planned), harness.timeout_of(child_timeout))  # a child per side
+        if args.smoke
+        else (planned, child_timeout)
     )
+    records = harness.run_rounds(args, runs, seeded=True, seeds=seeds, timeout=timeout)
     rows = ratios(records)
     meta["plots"] = [plot(rows, args.out), *plot_dqn(rows, args.out)]
     harness.finish(NAME, args.out, records, rows, meta)

@@ -2,7 +2,8 @@
 N client processes, ours beside RLlib's old-stack PolicyServerInput.
 
 Targets, alternating within each round, each in its own child process that starts its
-server once and drives it with every client count in turn:
+server once and drives it with every client count in turn (at --smoke ours, ceiling and
+uvicorn take turns in one child: harness.together):
   ours   ExternalEnvRunners on Ray Serve, what `policy-service train ppo --external-env`
          serves (token, JSON, one replica answering HTTP itself: Serve's direct
          ingress); clients: policy_service.client.policy_client.PolicyClient
@@ -309,7 +310,8 @@ def measure(spec: dict):
 
 
 def configurations(args) -> list[dict]:
-    clients = [int(c) for c in (args.clients or ("1,4" if args.smoke else "1,4,16")).split(",")]
+    # smoke: two counts prove the loop over counts; each RLlib client process imports RLlib
+    clients = [int(c) for c in (args.clients or ("1,2" if args.smoke else "1,4,16")).split(",")]
     return [
         dict(
             target=target,
@@ -362,4 +364,4 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, python=rllib_python, timeout=lambda spec: 3600)
+    harness.main(__name__, python=rllib_python, timeout=lambda spec: 3600, together_at_smoke=True)
