@@ -344,5 +344,8 @@ def python_of(spec: dict) -> str | None:
 
 if __name__ == "__main__":
     harness.main(
-        __name__, python=python_of, timeout=lambda spec: spec.get("max_seconds", 300) + 300
+        __name__,
+        python=python_of,
+        timeout=lambda spec: spec.get("max_seconds", 300) + 300,
+        together_at_smoke=True,
     )

@@ -390,4 +390,4 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, timeout=lambda spec: 900)
+    harness.main(__name__, timeout=lambda spec: 900, together_at_smoke=True)

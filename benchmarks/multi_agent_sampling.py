@@ -172,7 +172,7 @@ def configurations(args) -> list[dict]:
     runners = [int(r) for r in (args.runners or ("1" if args.smoke else "1,2")).split(",")]
     envs = [int(e) for e in (args.envs or ("2" if args.smoke else "1,8")).split(",")]
     common = {"prepare_tf": False, "fragment": 10 if args.smoke else args.fragment}
-    seconds = 3.0 if args.smoke else args.seconds
+    seconds = 1.0 if args.smoke else args.seconds  # smoke: one sampling phase at least
     return [
         dict(common, side=side, num_env_runners=r, num_envs=e, seconds=seconds)
         for r in runners
@@ -230,4 +230,9 @@ def python_of(spec: dict) -> str | None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, python=python_of, timeout=lambda spec: spec["seconds"] + 600)
+    harness.main(
+        __name__,
+        python=python_of,
+        timeout=lambda spec: spec["seconds"] + 600,
+        together_at_smoke=True,
+    )
