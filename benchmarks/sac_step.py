@@ -368,4 +368,9 @@ def add_flags(parser) -> None:
 
 
 if __name__ == "__main__":
-    harness.main(__name__, timeout=lambda spec: 1800, python=lambda spec: spec.get("python"))
+    harness.main(
+        __name__,
+        timeout=lambda spec: 1800,
+        python=lambda spec: spec.get("python"),
+        together_at_smoke=True,
+    )
