@@ -18,6 +18,8 @@ It is a Ray async actor: its other (plain) methods run on the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from policy_service.distributed.learner import FragmentUpdate
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.policy_actor import PolicyHost
@@ -28,27 +30,32 @@ def serves_actions(config) -> bool:
     return getattr(config, "inference", None) == "learners"
 
 
-def _acting(name: str):
-    """An async actor method that awaits the PolicyHost method `name` of self.acting."""
-    served = getattr(PolicyHost, name)
+def _acting(served: Callable):
+    """An async actor method, of the same name, that awaits the PolicyHost method
+    `served` of self.acting."""
 
     async def method(self, *args, **kwargs):
         return await served(self.acting, *args, **kwargs)
 
-    method.__name__, method.__qualname__, method.__doc__ = name, name, served.__doc__
-    return method
+    return _named_as(method, served)
 
 
-def _between_steps(name: str):
-    """An async actor method running LearnerHost's `name` in the policy thread, so it
-    reads or writes the weights between SGD steps and forward passes, never beside one
-    (a frozen self-play copy is set while the runners act through it)."""
-    learner_method = getattr(LearnerHost, name)
+def _between_steps(learner_method: Callable):
+    """An async actor method, of the same name, running the LearnerHost method
+    `learner_method` in the policy thread, so it reads or writes the weights between
+    SGD steps and forward passes, never beside one (a frozen self-play copy is set
+    while the runners act through it)."""
 
     async def method(self, *args, **kwargs):
         return await self.acting.in_policy_thread(lambda: learner_method(self, *args, **kwargs))
 
-    method.__name__, method.__qualname__, method.__doc__ = name, name, learner_method.__doc__
+    return _named_as(method, learner_method)
+
+
+def _named_as(method: Callable, source: Callable) -> Callable:
+    """`method` under `source`'s name (what Ray calls it by) and docstring."""
+    name = source.__name__
+    method.__name__, method.__qualname__, method.__doc__ = name, name, source.__doc__
     return method
 
 
@@ -89,14 +96,14 @@ class ActingLearnerHost(LearnerHost):
         self.acting.mark_version(version)
 
     # the acting side of a PolicyHost, answered by this learner's own policy
-    compute_actions = _acting("compute_actions")
-    postprocess_trajectories = _acting("postprocess_trajectories")
-    get_initial_state = _acting("get_initial_state")
-    get_spaces = _acting("get_spaces")
-    weights_version = _acting("weights_version")
+    compute_actions = _acting(PolicyHost.compute_actions)
+    postprocess_trajectories = _acting(PolicyHost.postprocess_trajectories)
+    get_initial_state = _acting(PolicyHost.get_initial_state)
+    get_spaces = _acting(PolicyHost.get_spaces)
+    weights_version = _acting(PolicyHost.weights_version)
 
     # the learner's weights and state, touched only between steps
-    get_weights = _between_steps("get_weights")
-    set_weights = _between_steps("set_weights")
-    get_state = _between_steps("get_state")
-    set_state = _between_steps("set_state")
+    get_weights = _between_steps(LearnerHost.get_weights)
+    set_weights = _between_steps(LearnerHost.set_weights)
+    get_state = _between_steps(LearnerHost.get_state)
+    set_state = _between_steps(LearnerHost.set_state)

@@ -136,7 +136,7 @@ class Learner:
         self.policy.apply_gradients(gradients)
 
     def load_batch_into_buffer(
-        self, train: TrainColumns, buffer_index: int, minibatch_size: int
+        self, train: TrainColumns, buffer_index: int, minibatch_size: int | None
     ) -> int:
         return self.policy.load_train_columns_into_buffer(train, buffer_index, minibatch_size)
 

@@ -27,7 +27,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import gymnasium as gym
 import numpy as np
@@ -38,11 +38,12 @@ from policy_service.data import spaces
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import TrainLayout
 from policy_service.data.units import LOSS_MASK, interleave_minibatches
-from policy_service.distributed.acting_learner import serves_actions
+from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
 from policy_service.distributed.learner import (
     POLICY_LAG_MAX,
     POLICY_LAG_ROWS,
     POLICY_LAG_SUM,
+    Learner,
 )
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import (
@@ -72,6 +73,9 @@ if TYPE_CHECKING:  # for the annotation only: the learners build the policy
 
 READY_TIMEOUT_S = 60.0  # placement group and actors up, or an error naming the resource
 MAX_RESTARTS_PER_UPDATE = 2  # replacements of dead learners one `update` may make
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class LearnerGroup(BatchLearning):
@@ -178,20 +182,19 @@ class LearnerGroup(BatchLearning):
         self, batch: SampleBatch, num_epochs: int | None, shuffle: bool, buffer_index: int
     ) -> dict:
         """`update`, with dead learners replaced as `_surviving` says."""
-        return self._surviving(
-            "update()", lambda: self._learn(batch, num_epochs, shuffle, buffer_index)
-        )
+        return self._surviving("update()", self._learn, batch, num_epochs, shuffle, buffer_index)
 
-    def _surviving(self, during: str, call: Callable[[], Any]) -> Any:
-        """call() -> its result. Dead learners are replaced from the last copy of
-        their state and the call made again, MAX_RESTARTS_PER_UPDATE times in one
-        call (a replacement that dies starting counts); then LearnerFailure, the
-        env runners' budget line."""
+    def _surviving(self, during: str, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        """call(*args, **kwargs) -> its result. Dead learners are replaced from the
+        last copy of their state and the call made again, MAX_RESTARTS_PER_UPDATE
+        times in one call (a replacement that dies starting counts); then
+        LearnerFailure, the env runners' budget line. `call` reads `self._learners`
+        each time (a lambda, or a method of this group), not learners bound before."""
         restarts, state = 0, None
         while True:
             called = self._learners
             try:
-                return call()
+                return call(*args, **kwargs)
             except (LearnerDiedError, LearnersStoppedError) as failed:
                 error: BaseException = failed
             with self._replacing:
@@ -237,7 +240,7 @@ class LearnerGroup(BatchLearning):
     def replace_dead_learners(self) -> None:
         """Every learner answers, or dead ones are replaced as in `update`: for a caller
         that found one dead elsewhere (an env runner acting through it)."""
-        self._surviving("replace_dead_learners()", lambda: self._learners.call_all("info"))
+        self._surviving("replace_dead_learners()", lambda: self._learners.call_all(Learner.info))
 
     def update_on_fragments(
         self,
@@ -259,10 +262,15 @@ class LearnerGroup(BatchLearning):
                 f"update_on_fragments needs fragments for each of {self._size} learner(s), "
                 f"got {[len(f) for f in fragments_per_learner]}"
             )
-        args = [(f, learner_version, num_sgd_steps, policy_id) for f in fragments_per_learner]
         results = self._surviving(
             "update_on_fragments()",
-            lambda: self._learners.call_each("update_on_fragments", args),
+            lambda: self._learners.call_each(
+                Learner.update_on_fragments,
+                fragments_per_learner,
+                learner_version,
+                num_sgd_steps,
+                policy_id,
+            ),
         )
         self._acting_version = learner_version + 1  # what the acting learners marked
         self._learners.keep_state_copy()
@@ -287,8 +295,7 @@ class LearnerGroup(BatchLearning):
         train = self._prepare(batch, fixed_seq_len=num_epochs is not None)
         shards, minibatch_size = self._shards(train, loaded=num_epochs is not None)
         results = self._learners.call_each(
-            "update",
-            [(shard, num_epochs, shuffle, buffer_index, minibatch_size) for shard in shards],
+            Learner.update, shards, num_epochs, shuffle, buffer_index, minibatch_size
         )
         if num_epochs is not None:
             self._loaded_rows[buffer_index] = sum(len(s.columns[LOSS_MASK]) for s in shards)
@@ -311,10 +318,10 @@ class LearnerGroup(BatchLearning):
     def compute_gradients(self, batch: SampleBatch):
         """-> (the group's combined, clipped gradients, statistics); no weights change."""
         shards, _ = self._shards(self._prepare(batch), loaded=False)
-        return self._learners.call_each("compute_gradients", [(s,) for s in shards])[0]
+        return self._learners.call_each(Learner.compute_gradients, shards)[0]
 
     def apply_gradients(self, gradients) -> None:
-        self._learners.call_all("apply_gradients", call_arguments.gradient_lists(gradients))
+        self._learners.call_all(Learner.apply_gradients, call_arguments.gradient_lists(gradients))
         self._learners.keep_state_copy()
 
     def load_batch_into_buffer(self, batch: SampleBatch, buffer_index: int = 0) -> int:
@@ -324,7 +331,7 @@ class LearnerGroup(BatchLearning):
         shards, minibatch_size = self._shards(self._prepare(batch, fixed_seq_len=True), loaded=True)
         rows = sum(
             self._learners.call_each(
-                "load_batch_into_buffer", [(s, buffer_index, minibatch_size) for s in shards]
+                Learner.load_batch_into_buffer, shards, buffer_index, minibatch_size
             )
         )
         self._loaded_rows[buffer_index] = rows
@@ -334,7 +341,8 @@ class LearnerGroup(BatchLearning):
     def get_num_samples_loaded_into_buffer(self, buffer_index: int = 0) -> int:
         return sum(
             self._learners.call_all(
-                "get_num_samples_loaded_into_buffer", call_arguments.buffer_index(buffer_index)
+                Learner.get_num_samples_loaded_into_buffer,
+                call_arguments.buffer_index(buffer_index),
             )
         )
 
@@ -351,7 +359,7 @@ class LearnerGroup(BatchLearning):
                 f"rows loaded into buffer {buffer_index}"
             )
         stats = self._learners.call_all(
-            "learn_on_loaded_batch", offset // self._size, buffer_index
+            Learner.learn_on_loaded_batch, offset // self._size, buffer_index
         )[0]
         self._learners.keep_state_copy()
         # the learners were handed prepared columns: the batch's sampler is known here
@@ -363,7 +371,7 @@ class LearnerGroup(BatchLearning):
         """All epochs of minibatch SGD over the loaded batch, in one compiled call
         per learner; the all-reduce of every step sits inside it."""
         stats = self._learners.call_all(
-            "learn_on_loaded_epochs",
+            Learner.learn_on_loaded_epochs,
             call_arguments.num_epochs(num_epochs, self.config.num_epochs),
             call_arguments.buffer_index(buffer_index),
             shuffle,
@@ -374,33 +382,35 @@ class LearnerGroup(BatchLearning):
     # ----- weights and state ----------------------------------------------------------
 
     def get_weights(self) -> dict:
-        return self._surviving("get_weights()", lambda: self._learners.call_first("get_weights"))
+        return self._surviving(
+            "get_weights()", lambda: self._learners.call_first(Learner.get_weights)
+        )
 
     def weights_for_runners(self) -> tuple[dict, int]:
         """(weights, the learners' num_grad_updates): what env runners are synced with,
         and the count their batches then name (SampleBatch.num_grad_updates)."""
         return self._surviving(
-            "weights_for_runners()", lambda: self._learners.call_first("weights_for_runners")
+            "weights_for_runners()", lambda: self._learners.call_first(Learner.weights_for_runners)
         )
 
     def last_gradients(self) -> dict:
         """Policy.last_gradients, combined over the learners (each its own shard)."""
         return self._surviving(
-            "last_gradients()", lambda: self._learners.call_all("last_gradients")[0]
+            "last_gradients()", lambda: self._learners.call_all(Learner.last_gradients)[0]
         )
 
     def set_weights(self, weights: dict, new_rate: float = 1.0) -> None:
         """new_rate * weights + (1 - new_rate) * current on every learner (TFPolicy's)."""
-        self._learners.call_all("set_weights", weights, new_rate)
+        self._learners.call_all(Learner.set_weights, weights, new_rate)
         self._learners.keep_state_copy()
 
     def get_state(self) -> dict:
         """Weights, optimizer variables, RNG and counters (learner 0's: all are equal)."""
-        return self._learners.call_first("get_state")
+        return self._learners.call_first(Learner.get_state)
 
     def set_state(self, state: dict) -> None:
         self._global_timestep = None  # the state's
-        self._learners.call_all("set_state", state)
+        self._learners.call_all(Learner.set_state, state)
         self._learners.keep_state_copy()
 
     def newest_state(self) -> dict | None:
@@ -426,7 +436,7 @@ class LearnerGroup(BatchLearning):
     def weights_identical(self) -> bool:
         """Whether every learner holds bit-identical weights (checked by fingerprints
         over the collective group, not by moving the weights)."""
-        return all(self._learners.call_all("weights_identical"))
+        return all(self._learners.call_all(Learner.weights_identical))
 
     def set_global_timestep(self, timestep: int) -> None:
         """Every learner's global timestep (RLlib's global var "timestep", which
@@ -436,7 +446,7 @@ class LearnerGroup(BatchLearning):
         if timestep != self._global_timestep:
             self._surviving(
                 "set_global_timestep()",
-                lambda: self._learners.call_all("set_global_timestep", timestep),
+                lambda: self._learners.call_all(Learner.set_global_timestep, timestep),
             )
             self._global_timestep = timestep
 
@@ -445,14 +455,16 @@ class LearnerGroup(BatchLearning):
         from now on (a restored run's; replacements go on from the last one set or
         reached by `update_on_fragments`). Learners that do not act: kept only."""
         self._acting_version = call_arguments.count(version, "version")
-        if serves_actions(self.config):
-            self._learners.call_all("mark_version", self._acting_version)
+        if serves_actions(self.config):  # learner actors (the config asks num_learners >= 1)
+            learners = self._learners
+            assert isinstance(learners, RemoteLearners)
+            learners.call_all(ActingLearnerHost.mark_version, self._acting_version)
 
     def foreach_policy(self, fn: Callable, *args) -> list:
         """fn(policy, *args) on every learner's policy -> the results, by rank. For
         state an algorithm keeps in the policy (PPO's KL coefficient): every learner
         must change it alike."""
-        results = self._learners.call_all("foreach_policy", fn, *args)
+        results = self._learners.call_all(Learner.foreach_policy, fn, *args)
         self._learners.keep_state_copy()
         return results
 

@@ -8,7 +8,7 @@ learner serializes it while the driver samples, and the driver fetches it
 when the next copy is asked for (finished by then) or when a replacement
 needs it. `RemoteLearners` (learners.py) keeps one:
 
-    copy = LearnerStateCopy(actors[0].get_state.remote)  # asks at once, does not wait
+    copy = LearnerStateCopy(partial(remote_call, actors[0], Learner.get_state))  # asks now
     copy.refresh(timeout_s)              # after every change; does not wait
     restart from copy.latest(timeout_s)  # a learner died
 """

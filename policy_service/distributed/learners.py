@@ -4,10 +4,11 @@
 LearnerHost Ray actors, reserved as one placement group before any starts (or, when
 this process runs in one, e.g. a Tune trial's, placed in that group's bundles),
 each called with a deadline; a death or a hang ends the wait at once. The
-group calls either one the same way:
+group calls either one the same way, naming a Learner method itself (not a string),
+so a type checker sees the method and its arguments:
 
-    results = learners.call_each("update", [(shard, ...) for shard in shards])
-    learners.call_all("set_state", state); learners.call_first("get_weights")
+    results = learners.call_each(Learner.update, shards, num_epochs, ...)  # shard i: learner i
+    learners.call_all(Learner.set_state, state); learners.call_first(Learner.get_weights)
     learners.keep_state_copy()          # after a call that changed the state
     learners.latest_state()             # the state to restart from after a death
     learners.stop()
@@ -15,7 +16,10 @@ group calls either one the same way:
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable, Sequence
+from typing import Concatenate, ParamSpec, TypeVar
 
 import ray
 from ray.exceptions import RayActorError, RayTaskError
@@ -38,6 +42,11 @@ from policy_service.policy import models
 from policy_service.policy.policy_spec import PolicySpec
 
 CONNECT_TIMEOUT_S = 180.0
+
+L = TypeVar("L", bound=Learner)  # the learner class whose method is called
+A = TypeVar("A")  # call_each: the argument that differs between learners
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class LearnerResourcesError(ResourcesNotFreedError):
@@ -88,15 +97,25 @@ class LocalLearners:
     def actors(self) -> list:
         return []
 
-    def call_each(self, method: str, args_per_learner: list) -> list:
-        [args] = args_per_learner
-        return [getattr(self.learner, method)(*args)]
+    def call_each(
+        self,
+        method: Callable[Concatenate[Learner, A, P], R],
+        firsts: Sequence[A],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list[R]:
+        [first] = firsts
+        return [method(self.learner, first, *args, **kwargs)]
 
-    def call_all(self, method: str, *args) -> list:
-        return [getattr(self.learner, method)(*args)]
+    def call_all(
+        self, method: Callable[Concatenate[Learner, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
+        return [method(self.learner, *args, **kwargs)]
 
-    def call_first(self, method: str, *args):
-        return getattr(self.learner, method)(*args)
+    def call_first(
+        self, method: Callable[Concatenate[Learner, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
+        return method(self.learner, *args, **kwargs)
 
     def keep_state_copy(self) -> None:
         """Nothing to copy: the state lives here."""
@@ -130,7 +149,9 @@ class RemoteLearners:
         self._placement_group = None
         try:
             self.info = self._start(spec, ready_timeout_s)
-            self._state_copy = LearnerStateCopy(self.actors[0].get_state.remote)
+            self._state_copy = LearnerStateCopy(
+                functools.partial(remote_call, self.actors[0], Learner.get_state)
+            )
         except BaseException:
             self.stop()
             raise
@@ -172,11 +193,15 @@ class RemoteLearners:
                 )
             self.actors.append(actor_cls.options(**options).remote(spec, registry))
         addresses = ray.get(
-            [actor.address.remote() for actor in self.actors], timeout=CONNECT_TIMEOUT_S
+            [remote_call(actor, LearnerHost.address) for actor in self.actors],
+            timeout=CONNECT_TIMEOUT_S,
         )
         try:
             infos = ray.get(
-                [actor.connect.remote(rank, addresses) for rank, actor in enumerate(self.actors)],
+                [
+                    remote_call(actor, LearnerHost.connect, rank, addresses)
+                    for rank, actor in enumerate(self.actors)
+                ],
                 timeout=CONNECT_TIMEOUT_S,
             )
         except RayTaskError as err:
@@ -189,27 +214,40 @@ class RemoteLearners:
             ) from None
         if num_learners > 1:  # a seedless config initializes each learner differently
             # the whole state, not only the weights: a target network starts as a copy too
-            state = ray.put(ray.get(self.actors[0].get_state.remote()))
-            ray.get([actor.set_state.remote(state) for actor in self.actors[1:]])
+            state = ray.put(ray.get(remote_call(self.actors[0], Learner.get_state)))
+            # an ObjectRef argument reaches the actor as its value
+            ray.get([remote_call(a, Learner.set_state, state) for a in self.actors[1:]])  # type: ignore[arg-type]
         return {**infos[0], "devices": [info["devices"] for info in infos]}
 
-    def call_each(self, method: str, args_per_learner: list) -> list:
-        """Learner i's `method(*args_per_learner[i])` -> the results, by rank."""
+    def call_each(
+        self,
+        method: Callable[Concatenate[L, A, P], R],
+        firsts: Sequence[A],
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> list[R]:
+        """Learner i's `method(firsts[i], *args, **kwargs)` -> the results, by rank."""
         return self._results(
             [
-                getattr(actor, method).remote(*args)
-                for actor, args in zip(self.actors, args_per_learner)
+                remote_call(actor, method, first, *args, **kwargs)
+                for actor, first in zip(self.actors, firsts)
             ]
         )
 
-    def call_all(self, method: str, *args) -> list:
-        """The same call on every learner (arguments put in the object store once)."""
+    def call_all(
+        self, method: Callable[Concatenate[L, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> list[R]:
+        """The same call on every learner (dict arguments put in the object store once)."""
         shared = [ray.put(a) if isinstance(a, dict) else a for a in args]
-        return self._results([getattr(actor, method).remote(*shared) for actor in self.actors])
+        # an ObjectRef reaches the actors as its value: the arguments' types hold
+        calls = [remote_call(a, method, *shared, **kwargs) for a in self.actors]  # type: ignore[arg-type]
+        return self._results(calls)
 
-    def call_first(self, method: str, *args):
+    def call_first(
+        self, method: Callable[Concatenate[L, P], R], *args: P.args, **kwargs: P.kwargs
+    ) -> R:
         """Learner 0's `method` (for what every learner holds alike)."""
-        return self._results([getattr(self.actors[0], method).remote(*args)])[0]
+        return self._results([remote_call(self.actors[0], method, *args, **kwargs)])[0]
 
     def keep_state_copy(self) -> None:
         self._state_copy.refresh(self.call_timeout_s)
@@ -229,7 +267,7 @@ class RemoteLearners:
             remove_placement_group(self._placement_group)
             self._placement_group = None
 
-    def _results(self, refs: list) -> list:
+    def _results(self, refs: list[ray.ObjectRef[R]]) -> list[R]:
         """Every learner's result, by rank; the first death seen ends the wait (the
         others may be blocked in a collective with the dead one), and so does
         `call_timeout_s` without all results (LearnerTimeoutError)."""
@@ -265,6 +303,14 @@ class RemoteLearners:
                     ) from err
                 raise
         return [results[ref] for ref in refs]
+
+
+def remote_call(
+    actor, method: Callable[Concatenate[L, P], R], *args: P.args, **kwargs: P.kwargs
+) -> ray.ObjectRef[R]:
+    """`method` (a Learner class's, e.g. `Learner.set_state`) on a learner actor: Ray
+    calls an actor's method by its name, the caller names the method itself."""
+    return getattr(actor, method.__name__).remote(*args, **kwargs)
 
 
 # ----- reserving the learners' resources -------------------------------------------------
