@@ -481,5 +481,6 @@ def test_the_head_lost_ends_the_run_in_one_line_it_resumes_and_a_spent_budget_en
     last_line = err.strip().splitlines()[-1]
     assert last_line.startswith(
         "policy-service: error: env runner 1 died 1 times during one async sampling "
-        "(0 restarts in all; budgets: max_restarts_per_sample=3, max_num_env_runner_restarts=0); last: "
+        "(0 restarts in all; budgets: max_restarts_per_sample=3, "
+        "max_num_env_runner_restarts=0); last: "
     ), last_line
