@@ -203,11 +203,9 @@ class ConfigBuilder:
         return copy.deepcopy(self)
 
     def build_algo(self, env: Any = None):
-        """The algorithm this config class configures (`algorithm_class`, set when the
-        algorithm's class is defined), built from a copy of this config."""
-        algo_cls = type(self).algorithm_class
-        if algo_cls is None:
-            raise TypeError(f"no algorithm is configured by {type(self).__name__}")
+        """The algorithm this config class configures, built from a copy of this config
+        (`configured_algorithm`)."""
+        algo_cls = configured_algorithm(type(self))
         config = self.copy()
         if env is not None:
             config.environment(env)
@@ -255,3 +253,23 @@ class ConfigBuilder:
         """Every field of `checked` (a config of this class, fully checked) into self."""
         for f in dataclasses.fields(checked):
             setattr(self, f.name, getattr(checked, f.name))
+
+
+def configured_algorithm(config_cls: type) -> Any:
+    """The algorithm a config class configures: the nearest class in its MRO that
+    either names its own `algorithm_class` (set when that algorithm is defined) or is
+    a registered config class, whose algorithm the registry then loads. A config class
+    loads without its algorithm (`from algorithms import PPOConfig` imports no
+    TensorFlow), so an inherited `algorithm_class` could name a parent's algorithm
+    (APPOConfig's IMPALA) or none yet."""
+    from algorithms import CONFIGS, get_algorithm_class
+
+    registered = {path: name for name, path in CONFIGS.items()}
+    for cls in config_cls.__mro__:
+        own = cls.__dict__.get("algorithm_class")
+        if own is not None:
+            return own
+        name = registered.get(f"{cls.__module__}:{cls.__qualname__}")
+        if name is not None:
+            return get_algorithm_class(name)
+    raise TypeError(f"no algorithm is configured by {config_cls.__name__}")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -148,3 +151,27 @@ def test_the_config_builder_takes_the_keys_where_rllib_has_them():
     assert config["custom_resources_per_policy_actor"] == {"node_2": 0.01}
     assert config["custom_resources_per_learner"] == {"node_2": 0.5}
     assert config["learner_placement_strategy"] == "STRICT_SPREAD"
+
+
+def test_a_config_class_loaded_without_its_algorithm_builds_its_own():
+    """`from algorithms import PPOConfig` loads no algorithm; APPOConfig and BCConfig
+    inherit IMPALA's and MARWIL's `algorithm_class` once those are defined: each still
+    builds its own algorithm (a fresh interpreter, where nothing else was imported)."""
+    code = (
+        "from algorithms import APPOConfig, BCConfig, PPOConfig\n"
+        "from algorithms.config_builder import configured_algorithm\n"
+        "first = configured_algorithm(PPOConfig).__name__\n"
+        "import algorithms.impala, algorithms.marwil\n"
+        "class MyPPOConfig(PPOConfig): pass\n"
+        "print(first, *(configured_algorithm(c).__name__ for c in "
+        "(APPOConfig, BCConfig, MyPPOConfig)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["PPO", "APPO", "BC", "PPO"]
