@@ -120,3 +120,27 @@ def test_train_batches_keep_frames_uint8_up_to_the_compiled_step():
     assert train.columns[SampleBatch.OBS].dtype == np.uint8
     assert train.columns[SampleBatch.NEXT_OBS].dtype == np.uint8
     assert np.isfinite(stats["total_loss"]) and stats["valid_rows"] == 16
+
+
+def test_a_policy_state_written_before_scale_images_restores_with_raw_pixels():
+    """States and run configs written before model.scale_images existed fed the convs
+    raw 0-255 pixels: restored, they still do (io/checkpoints.stored_config), and act
+    bit-identically; a state written today keeps its scaling."""
+    from algorithms.appo import APPOPolicy
+    from policy_service.policy.tf_policy import TFPolicy
+
+    space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
+    frames = np.random.default_rng(0).integers(0, 256, (5, 84, 84, 4), dtype=np.uint8)
+    for scaled in (False, True):
+        old = APPOPolicy(
+            space, gym.spaces.Discrete(6), {"model": {**TINY_CNN, "scale_images": scaled}}
+        )
+        state = old.get_state()
+        if not scaled:  # as written before the key existed
+            del state["config"]["model"]["scale_images"]
+        restored = TFPolicy.from_state(state)
+        layers = [layer.name for layer in restored.model.policy_trunk.convs]
+        assert ("policy_pixels" in layers) is scaled
+        ours = restored.compute_actions(frames, explore=False)[2]["action_dist_inputs"]
+        theirs = old.compute_actions(frames, explore=False)[2]["action_dist_inputs"]
+        np.testing.assert_array_equal(ours, theirs)

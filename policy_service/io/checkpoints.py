@@ -652,6 +652,27 @@ def class_path(cls: type) -> str:
 # modules that moved since checkpoints were first written: old name -> today's
 MOVED_MODULES = {"policy_service.policy": "policy_service.policy.tf_policy"}
 
+# config keys whose default changed after runs and checkpoints were written: where the
+# key sits -> the value a stored config without it meant (uint8 pixels went into the
+# convolutions raw until model.scale_images came, 2026-12-06)
+CHANGED_DEFAULTS = {("model", "scale_images"): False}
+
+
+def stored_config(config: dict) -> dict:
+    """A config read back from a run directory or a policy state, with each key whose
+    default changed since set to what its absence meant when it was written: a policy
+    restored from it acts bit-identically."""
+    if not isinstance(config, dict):
+        return config
+    config = dict(config)
+    for (section, key), then in CHANGED_DEFAULTS.items():
+        part = config.get(section)
+        if part is None or isinstance(part, dict):
+            part = dict(part or {})
+            part.setdefault(key, then)
+            config[section] = part
+    return config
+
 
 def current_class_path(path: str) -> str:
     """A class path as written by any version, named by today's module."""

@@ -971,7 +971,7 @@ class TFPolicy(BatchLearning):
         policy = named(
             space_from_json(state["observation_space"]),
             space_from_json(state["action_space"]),
-            state["config"],
+            checkpoints.stored_config(state["config"]),
         )
         policy.set_state(state)
         return policy

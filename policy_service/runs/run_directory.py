@@ -60,7 +60,8 @@ class RunDirectory:
     def read(self) -> tuple[dict, dict]:
         """(config, run settings) of an existing run."""
         try:
-            return (checkpoints.load_json(self.config_file), checkpoints.load_json(self.run_file))
+            config = checkpoints.stored_config(checkpoints.load_json(self.config_file))
+            return config, checkpoints.load_json(self.run_file)
         except checkpoints.CheckpointFileError as err:
             raise TrainingSetupError(
                 f"{self.path} is not a readable run directory: {one_line(err)}"
