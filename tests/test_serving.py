@@ -522,6 +522,23 @@ def test_a_taken_port_is_a_one_line_error():
     check_port_free(ServerAddress("127.0.0.1", port))
 
 
+def test_a_port_held_only_by_a_stopped_servers_connections_is_free():
+    """TCP's TIME_WAIT after a server closed its connections first (a killed server):
+    no plain bind for up to 60 s, but nothing listens, so a restarted server may go on
+    (its replica waits for the port before binding)."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = server.accept()
+            accepted.close()  # the server's side closes first: it enters TIME_WAIT
+            client.recv(1)
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))
+    check_port_free(ServerAddress("127.0.0.1", port))
+
+
 def test_deeply_nested_json_is_400():
     from policy_service.data import spaces
 

@@ -12,6 +12,7 @@ returns 0.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import signal
@@ -70,14 +71,29 @@ def check_settings(address: ServerAddress, settings: ServingSettings) -> None:
 
 
 def check_port_free(address: ServerAddress) -> None:
-    """Fail at once when the port is taken (Serve's proxy would fail to start, out of sight)."""
-    with socket.socket(socket.AF_INET6 if ":" in address.host else socket.AF_INET) as probe:
+    """Fail at once when the address cannot be bound or something listens on the port
+    (Serve's proxy would fail to start, out of sight). A port held only by a stopped
+    server's connections in TCP's TIME_WAIT passes: the replica that binds it waits for
+    it (direct_ingress.port_released), so a crashed server restarts at once."""
+    family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+    with socket.socket(family) as probe:
         try:
             probe.bind((address.host, address.port))
         except OSError as err:
-            raise ServeSetupError(
-                f"--host {address.host} --port {address.port}: cannot listen there ({err.strerror})"
-            ) from None
+            if err.errno != errno.EADDRINUSE or _listened_on(family, address):
+                raise ServeSetupError(
+                    f"--host {address.host} --port {address.port}: cannot listen there "
+                    f"({err.strerror})"
+                ) from None
+
+
+def _listened_on(family: int, address: ServerAddress) -> bool:
+    """Whether a server accepts connections on the address (an unspecified host, as
+    0.0.0.0, is reached through loopback)."""
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(address.host, address.host)
+    with socket.socket(family) as client:
+        client.settimeout(1.0)
+        return client.connect_ex((host, address.port)) == 0
 
 
 def resolve_token(
