@@ -30,6 +30,7 @@ from benchmarks import harness
 NAME = "atari_hour"
 TUNED = harness.REPO / "algorithms" / "tuned" / "pong_appo.yaml"
 WINDOW_S = 60.0  # frames/s are given per this much training time
+SEGMENTS_FILE = "atari_hour_segments.json"  # in the run directory: where the resume began
 
 
 def train_commands(run_dir: Path, minutes: float, resume_minutes: float, seed: int) -> list:
@@ -48,23 +49,36 @@ def train_commands(run_dir: Path, minutes: float, resume_minutes: float, seed: i
 
 
 def train(run_dir: Path, minutes: float, resume_minutes: float, seed: int) -> None:
+    """The segments one after another; the first one's last iteration is written to
+    SEGMENTS_FILE (a resume goes on from the checkpoint taken at the stop, so the
+    iteration numbers alone do not show where it began)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    for command in train_commands(run_dir, minutes, resume_minutes, seed):
+    for index, command in enumerate(train_commands(run_dir, minutes, resume_minutes, seed)):
         print("#", " ".join(command), file=sys.stderr)
         done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, text=True)
         if done.returncode != 0:
             raise SystemExit(f"atari_hour: {command[1:3]} exited with {done.returncode}")
+        if index == 0:
+            last = json.loads((run_dir / "result.json").read_text())["iteration"]
+            (run_dir / SEGMENTS_FILE).write_text(json.dumps({"first_segment_ends": last}))
 
 
-def read_progress(run_dir: Path) -> list[dict]:
+def first_segment_end(run_dir: Path, given: int | None) -> int | None:
+    """The first segment's last iteration: `given` (--resumed-after), else the one
+    train() wrote, else None (one segment)."""
+    if given is not None:
+        return given
+    path = run_dir / SEGMENTS_FILE
+    return json.loads(path.read_text())["first_segment_ends"] if path.exists() else None
+
+
+def read_progress(run_dir: Path, resumed_after: int | None = None) -> list[dict]:
     """progress.jsonl's iterations, with the segment each belongs to (0: the first run,
-    1: after the resume: an iteration whose number does not follow the one before)."""
-    rows, segment, last = [], 0, None
+    1: the iterations after `resumed_after`, the resumed run's)."""
+    rows = []
     for line in (run_dir / "progress.jsonl").read_text().splitlines():
         row = json.loads(line)
-        if last is not None and row["iteration"] != last + 1:
-            segment += 1
-        last = row["iteration"]
+        segment = int(resumed_after is not None and row["iteration"] > resumed_after)
         rows.append(
             {
                 "iteration": row["iteration"],
@@ -209,6 +223,12 @@ def main(argv=None) -> Path:
     parser.add_argument("--from-run", default=None, help="read this run; train nothing")
     parser.add_argument("--random-episodes", type=int, default=10)
     parser.add_argument("--load-log", default=None, help="'unix_time load1 ...' lines")
+    parser.add_argument(
+        "--resumed-after",
+        type=int,
+        default=None,
+        help="with --from-run: the iteration the first segment ended at",
+    )
     args = parser.parse_args(argv)
     meta = harness.start_meta(args, workload="APPO ALE/Pong-v5 for an hour: return and frames/s")
     if args.from_run:
@@ -218,7 +238,7 @@ def main(argv=None) -> Path:
         train(run_dir, args.minutes, args.resume_minutes, args.seed)
     from policy_service.envs import atari
 
-    rows = read_progress(run_dir)
+    rows = read_progress(run_dir, first_segment_end(run_dir, args.resumed_after))
     random_return = random_policy_return(args.random_episodes, args.seed)
     summary = summarize(rows, atari.FRAME_SKIP, random_return)
     load = read_load(args.load_log, run_dir)
