@@ -73,8 +73,9 @@ def check_search_space(
     config_class: type[AlgorithmConfig], param_space: dict, where: str = "param_space"
 ) -> None:
     """Refuse, in one line naming the key, a param space an algorithm's config class
-    (e.g. PPOConfig) cannot take for some of its values: an unknown key, a value out of
-    a key's range, no env."""
+    (e.g. PPOConfig; an Algorithm class, e.g. PPO, stands for its own) cannot take for
+    some of its values: an unknown key, a value out of a key's range, no env."""
+    config_class = config_class_of(config_class)
     leaves = list(search_leaves(param_space))
     for path, _ in leaves:
         check_key_path(config_class, path, where)
@@ -93,12 +94,19 @@ def check_mutations(
 ) -> None:
     """Refuse a PBT mutation whose values leave its key's valid range (or name an
     unknown key), in one line; `base`: the param space the trials start from."""
+    config_class = config_class_of(config_class)
     for path, leaf in _mutation_leaves(mutations):
         check_key_path(config_class, path, where)
         resolved = _with_values(base, {p: _first(v) for p, v in search_leaves(base)})
         for value in leaf_values(leaf) or ():
             trial = _with_values(resolved, {path: value})
             _check_config(config_class, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
+
+
+def config_class_of(cls: type) -> Any:
+    """A config class as given, or an Algorithm class's `config_class` (these functions
+    took the Algorithm class until the config classes could load without TensorFlow)."""
+    return getattr(cls, "config_class", cls)
 
 
 def _mutation_leaves(mutations: dict, path: Path = ()) -> Iterator[tuple[Path, Any]]:

@@ -108,6 +108,17 @@ def test_a_pbt_mutation_out_of_a_keys_range_is_one_line_naming_it():
         population_based_training(PPOConfig, {"lrr": [1e-3, 1e-4]}, TINY)
 
 
+def test_an_algorithm_class_stands_for_its_config_class():
+    """Both took the Algorithm class (PPO) before the config classes loaded without
+    TensorFlow; callers written then still get the one-line refusal."""
+    from algorithms.ppo import PPO
+
+    with pytest.raises(ConfigError, match="config.gamma must be"):
+        check_search_space(PPO, {**TINY, "gamma": tune.uniform(0.9, 1.2)})
+    with pytest.raises(ConfigError, match="^PBT mutation: config.gamma must be"):
+        population_based_training(PPO, {"gamma": tune.uniform(0.9, 1.5)}, TINY)
+
+
 def test_pbt_explore_stays_inside_each_mutations_range():
     clamp = ClampToMutations({"gamma": tune.uniform(0.9, 0.999), "num_epochs": tune.randint(1, 4)})
     assert clamp({"gamma": 0.999 * 1.2, "num_epochs": 7, "lr": 5.0}) == {
