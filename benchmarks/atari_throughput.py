@@ -5,7 +5,8 @@ atari.FRAME_SKIP = 4 of them (DeepMind's preprocessing, policy_service/envs/atar
 Records give both counts. Workloads, each configuration in its own child process:
 - env_step: one preprocessed ALE/Pong-v5 env stepped with random actions in this
   process: wall and CPU seconds per agent step and per frame.
-- inference: the default CNN (84x84x4 uint8 in; 16-32-64 convs, 256 dense) acting through
+- inference: the tuned config's CNN (model.dim x model.dim x 4 uint8 frames in: 42x42,
+  16-32 convs and 256 dense, RLlib's 42x42 vision net) acting through
   APPOPolicy.compute_actions at several batch sizes: seconds per call and per sample.
 - train: one learner (a policy in this process) on a train batch of real Pong fragments
   (algorithms/tuned/pong_appo.yaml: 2 fragments of 50 steps x 8 envs = 800 rows): the
@@ -61,7 +62,7 @@ def _tuned(**overrides) -> dict:
 def _env_step(spec: dict) -> dict:
     from policy_service.envs import atari
 
-    env = atari.AtariEnvCreator(PONG)(_tuned()["env_config"])
+    env = _pong_env(_tuned())(_tuned()["env_config"])
     env.reset(seed=spec["seed"])
     env.action_space.seed(spec["seed"])
     chunk = 100
@@ -84,11 +85,17 @@ def _env_step(spec: dict) -> dict:
     }
 
 
+def _pong_env(config: dict):
+    """The env maker the tuned config's runs use: frames of its model.dim."""
+    from algorithms.environments import env_maker
+
+    return env_maker(PONG, config["preprocessor_pref"], config["model"]["dim"])
+
+
 def _pong_policy(config: dict):
     from algorithms.appo import APPOPolicy
-    from policy_service.envs import atari
 
-    env = atari.AtariEnvCreator(PONG)(config["env_config"])
+    env = _pong_env(config)(config["env_config"])
     try:
         return APPOPolicy(env.observation_space, env.action_space, config)
     finally:
@@ -120,7 +127,6 @@ def _train(spec: dict) -> dict:
     preparation (checks, uint8 -> float32), then one SGD step on all rows per pass."""
     from policy_service.data.sample_batch import concat_samples
     from policy_service.distributed.rollout_worker import RolloutWorker
-    from policy_service.envs import atari
 
     fragment, envs = spec["fragment"], spec["envs"][-1]
     config = _tuned(
@@ -130,7 +136,7 @@ def _train(spec: dict) -> dict:
     )
     policy = _pong_policy(config)
     worker = RolloutWorker(
-        atari.AtariEnvCreator(PONG),
+        _pong_env(config),
         type(policy),
         config,
         num_envs=envs,
