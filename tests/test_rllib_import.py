@@ -403,6 +403,16 @@ def test_rllibs_tf2_variable_order_is_reproduced(rllib_model, obs_shape, layers)
     assert names == expected
 
 
+def test_rllibs_vision_model_keeps_its_frame_size_and_raw_pixels():
+    """RLlib's tuned Pong trains on 42x42 frames (model.dim) fed raw 0-255 pixels: the
+    imported config makes its env's frames that size and keeps the pixels unscaled."""
+    from policy_service.policy.rllib_import import model_config_from_rllib
+
+    model = model_config_from_rllib({"dim": 42}, (42, 42, 4))
+    assert model["dim"] == 42 and model["scale_images"] is False
+    assert model["conv_filters"] == [[16, [4, 4], 2], [32, [4, 4], 2], [256, [11, 11], 1]]
+
+
 def tf2_state(rng) -> tuple[dict, dict, dict]:
     """A framework "tf2" policy state of RLlib's fcnet [8] on CartPole, 3 Adam updates
     done: (state, weights by name, Adam's moments by name)."""

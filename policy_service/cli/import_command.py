@@ -20,6 +20,7 @@ from pathlib import Path
 from algorithms.evaluation import make_env
 from policy_service.cli.run_config import algorithm_class, validate_config
 from policy_service.cli.training import DEFAULT_CHECKPOINT_EVERY, DEFAULT_KEEP_CHECKPOINTS
+from policy_service.envs.atari import SCREEN_SIZE
 from policy_service.errors import UserError, one_line
 from policy_service.io import checkpoints
 from policy_service.io.rllib_checkpoint import read_rllib_checkpoint
@@ -49,7 +50,9 @@ def import_rllib(
     weight_map = read_weight_map(weight_map_file)
     rllib = read_rllib_checkpoint(checkpoint, policy_id)
     defaults = validate_config(algo_cls, {"env": env})
-    environment = make_env(env, {}, defaults.get("preprocessor_pref"))
+    rllib_model = rllib.config.get("model")
+    dim = rllib_model.get("dim") if isinstance(rllib_model, dict) else None
+    environment = make_env(env, {}, defaults.get("preprocessor_pref"), dim or SCREEN_SIZE)
     obs_space, act_space = environment.observation_space, environment.action_space
     environment.close()
     derived = config_from_rllib(rllib, set(defaults), tuple(obs_space.shape or ()))

@@ -51,6 +51,7 @@ MODEL_KEYS = (
     "max_seq_len",
     "lstm_use_prev_action",
     "lstm_use_prev_reward",
+    "dim",  # the side of an ALE env's preprocessed frames (RLlib's tuned Pong: 42)
 )
 # RLlib's training keys taken over where the policy's config has the key
 TRAINING_KEYS = (
