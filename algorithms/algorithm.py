@@ -838,6 +838,7 @@ class Algorithm:
                     "num_samples_trained_total": self.num_samples_trained_total,
                     "time_total_s": self.time_total_s,
                     "num_worker_restarts": self._num_worker_restarts(),
+                    "num_policy_actor_restarts": self._num_policy_actor_restarts(),
                     "episode_returns": [float(r) for r in self._episode_returns],
                     "episode_lengths": [int(n) for n in self._episode_lengths],
                     "algorithm_values": own.values,
@@ -903,9 +904,12 @@ class Algorithm:
         self.callbacks.call("on_checkpoint_loaded", algorithm=self)
 
     def _restore_worker_restarts(self, saved: dict) -> None:
-        """The run's worker restarts count on from the checkpoint's."""
+        """The run's worker and PolicyActor restarts count on from the checkpoint's
+        (a checkpoint older than the PolicyActor's count holds none)."""
         saved_restarts = int(saved["num_worker_restarts"])
         self._past_worker_restarts += saved_restarts - self._num_worker_restarts()
+        saved_actor = int(saved.get("num_policy_actor_restarts", 0))
+        self._past_policy_actor_restarts += saved_actor - self._num_policy_actor_restarts()
 
     def _restore_multi_agent(self, directory: Path, saved: dict) -> None:
         """restore() with `policies`: the checkpoint's policy ids must be this run's

@@ -438,8 +438,9 @@ def read_algorithm_state(
     checkpoint: str | os.PathLike, algorithm_class: type | None = None
 ) -> dict:
     """algorithm_state.json of a checkpoint, every key Algorithm.restore reads checked
-    (those added since, "num_samples_trained_total", "algorithm_values" and
-    "algorithm_arrays", are optional: older checkpoints have none); with
+    (those added since, "num_samples_trained_total", "num_policy_actor_restarts",
+    "algorithm_values" and "algorithm_arrays", are optional: older checkpoints have
+    none); with
     `algorithm_class`, the checkpoint must have been written by that class."""
     path = Path(checkpoint) / ALGORITHM_STATE
     state = load_json_object(path, _ALGORITHM_STATE_KEYS)
@@ -460,17 +461,20 @@ def read_algorithm_state(
         raise CheckpointFileError(
             f"{path}: 'time_total_s' must be a finite number >= 0, got {state['time_total_s']}"
         )
-    for key, kind in (("num_samples_trained_total", int), ("algorithm_values", dict)):
+    optional = (
+        ("num_samples_trained_total", int),
+        ("num_policy_actor_restarts", int),
+        ("algorithm_values", dict),
+    )
+    for key, kind in optional:
         if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
             raise CheckpointFileError(
                 f"{path}: {key!r} must be {_type_names((kind,))}, got "
                 f"{json_kind(state[key])} {_short(state[key])}"
             )
-    if state.get("num_samples_trained_total", 0) < 0:
-        raise CheckpointFileError(
-            f"{path}: 'num_samples_trained_total' must be >= 0, "
-            f"got {state['num_samples_trained_total']}"
-        )
+    for key in ("num_samples_trained_total", "num_policy_actor_restarts"):
+        if state.get(key, 0) < 0:
+            raise CheckpointFileError(f"{path}: {key!r} must be >= 0, got {state[key]}")
     _check_array_manifest(path, state.get("algorithm_arrays", {}))
     for key, numbers in (("episode_returns", (int, float)), ("episode_lengths", (int,))):
         _check_numbers(path, key, state[key], numbers)

@@ -31,15 +31,23 @@ def test_runners_without_a_policy_actor_count_none():
 
 
 @pytest.mark.slow  # a PolicyActor started twice: 18 s here while an Atari run was going
-def test_appo_through_a_killed_policy_actor_counts_its_restart_and_trains_on(ray_local):
+def test_appo_through_a_killed_policy_actor_counts_its_restart_and_trains_on(ray_local, tmp_path):
     algo = APPO(APPO_THROUGH_A_POLICY_ACTOR)
     try:
         before = algo.train()
         assert before["num_policy_actor_restarts"] == 0
         ray.kill(algo.env_runners.policy_actor, no_restart=False)  # Ray restarts it
         after = [algo.train() for _ in range(2)]
+        checkpoint = algo.save(str(tmp_path / "checkpoint"))
     finally:
         algo.stop()
+    resumed = APPO(APPO_THROUGH_A_POLICY_ACTOR)
+    try:
+        resumed.restore(checkpoint)
+        after_restore = resumed.train()
+    finally:
+        resumed.stop()
+    assert after_restore["num_policy_actor_restarts"] == 1  # counts on from the checkpoint
     assert [result["num_policy_actor_restarts"] for result in after] == [1, 1]
     assert after[-1]["timesteps_total"] > after[0]["timesteps_total"] > before["timesteps_total"]
     assert after[-1]["num_worker_restarts"] == 0  # the driver's runner retried its call
