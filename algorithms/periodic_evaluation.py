@@ -35,7 +35,6 @@ from policy_service.multi_agent.policies import mapping_function
 from policy_service.offline.estimators import OffPolicyEstimation
 from policy_service.policy import models
 
-# evaluation_config keys that change how evaluation plays; any other is refused
 PREFIX = "evaluation/"
 
 

@@ -364,7 +364,7 @@ def check_group_holds(group, bundle: dict, count: int) -> None:
         raise LearnerResourcesError(
             f"{count} learner(s) asking {bundle} each run inside a placement group with "
             f"{len(fitting)} bundle(s) that hold one (its bundles: {group.bundle_specs}); a "
-            "Tune trial's group has one per learner (algorithms.tune.trial_bundles)"
+            "Tune trial's group has one per learner (algorithms.trial_bundles)"
         )
 
 

@@ -84,9 +84,7 @@ class ShuffleBuffer:
         if not self.shuffle_buffer_size:
             self._split_in_order(ready)
             return
-        rows = _concat(self._buffer)
-        if self.shuffle_buffer_size:
-            rows = _take(rows, self.rng.permutation(self._held))
+        rows = _take(_concat(self._buffer), self.rng.permutation(self._held))
         for start in range(0, ready, self.batch_size):
             self.ready.append(_take(rows, slice(start, min(start + self.batch_size, ready))))
         self._buffer = [_take(rows, slice(ready, self._held))] if ready < self._held else []
