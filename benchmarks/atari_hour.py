@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,12 +56,31 @@ def train(run_dir: Path, minutes: float, resume_minutes: float, seed: int) -> No
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     for index, command in enumerate(train_commands(run_dir, minutes, resume_minutes, seed)):
         print("#", " ".join(command), file=sys.stderr)
-        done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, text=True)
-        if done.returncode != 0:
-            raise SystemExit(f"atari_hour: {command[1:3]} exited with {done.returncode}")
+        returncode = run_segment(command, env)
+        if returncode != 0:
+            raise SystemExit(f"atari_hour: {command[1:3]} exited with {returncode}")
         if index == 0:
             last = json.loads((run_dir / "result.json").read_text())["iteration"]
             (run_dir / SEGMENTS_FILE).write_text(json.dumps({"first_segment_ends": last}))
+
+
+def run_segment(command: list, env: dict) -> int:
+    """One training command to its end. Interrupted (SIGINT or SIGTERM to this script
+    alone), the run is asked to stop as Ctrl-C would (it checkpoints) and no later
+    segment starts."""
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+
+    def stop(signum, frame):
+        child.send_signal(signal.SIGINT)
+        child.wait()
+        raise SystemExit(f"atari_hour: stopped by signal {signum}; the run checkpointed")
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def first_segment_end(run_dir: Path, given: int | None) -> int | None:
