@@ -69,18 +69,21 @@ def run_segment(command: list, env: dict) -> int:
     alone), the run is asked to stop as Ctrl-C would (it checkpoints) and no later
     segment starts."""
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    stopped_by: list[int] = []
 
-    def stop(signum, frame):
+    def stop(signum, frame):  # forwarded only: the wait below goes on until the run ends
+        stopped_by.append(signum)
         child.send_signal(signal.SIGINT)
-        child.wait()
-        raise SystemExit(f"atari_hour: stopped by signal {signum}; the run checkpointed")
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        return child.wait()
+        returncode = child.wait()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if stopped_by:
+        raise SystemExit(f"atari_hour: stopped by signal {stopped_by[0]}; the run checkpointed")
+    return returncode
 
 
 def first_segment_end(run_dir: Path, given: int | None) -> int | None:
