@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from algorithms.registry import CONFIGS, get_algorithm_class
 from policy_service.config import ConfigError, from_dict, user_key
 
 # The keys each method sets (by their flat names); `training` takes every key of the
@@ -262,8 +263,6 @@ def configured_algorithm(config_cls: type) -> Any:
     loads without its algorithm (`from algorithms import PPOConfig` imports no
     TensorFlow), so an inherited `algorithm_class` could name a parent's algorithm
     (APPOConfig's IMPALA) or none yet."""
-    from algorithms import CONFIGS, get_algorithm_class
-
     registered = {path: name for name, path in CONFIGS.items()}
     for cls in config_cls.__mro__:
         own = cls.__dict__.get("algorithm_class")

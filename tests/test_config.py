@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 import pytest
+from config_ranges import assert_out_of_range_is_one_line, assert_taken
 from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
 
 from policy_service.config import (
@@ -277,20 +278,13 @@ OUT_OF_RANGE = [
 ]
 
 
-def _built(cls, key, value):
-    return from_dict(cls, {key: value})
-
-
 @pytest.mark.parametrize(
     "cls, key, value, expected",
     OUT_OF_RANGE,
     ids=[f"{c.__name__}.{k}={v!r}" for c, k, v, _ in OUT_OF_RANGE],
 )
 def test_out_of_range_value_is_one_line_naming_key_range_and_value(cls, key, value, expected):
-    with pytest.raises(ConfigError) as err:
-        _built(cls, key, value)
-    assert str(err.value) == f"{cls.key_prefix}.{key} must be {expected}, got {value!r}"
-    assert "\n" not in str(err.value)
+    assert_out_of_range_is_one_line(cls, key, value, expected)
 
 
 def test_the_nan_learning_rate_of_the_issue_says_what_lr_must_be():
@@ -354,7 +348,7 @@ IN_RANGE = [
     "cls, key, value", IN_RANGE, ids=[f"{c.__name__}.{k}={v!r}" for c, k, v in IN_RANGE]
 )
 def test_values_at_the_edge_of_their_range_are_taken(cls, key, value):
-    assert getattr(_built(cls, key, value), key) == value
+    assert_taken(cls, key, value)
 
 
 def test_an_int_for_a_float_is_reported_as_given_and_stored_as_a_float():
