@@ -450,7 +450,7 @@ def test_the_head_lost_ends_the_run_in_one_line_it_resumes_and_a_spent_budget_en
     # the driver on the head now: the runner's node (a worker) is killed next
     resumed = cluster.start_driver(
         [str(Path(sys.executable).parent / "policy-service"), "train", "--resume", str(run_dir),
-         "--address", cluster.address, "--stop-iters", str(resumed_from + 1000)],
+         "--address", cluster.address, "--stop-iters", str(resumed_from + 10**7)],
     )  # fmt: skip
     prefix, digits = checkpoints[-1].rsplit("_", 1)
     # progress.jsonl may hold iterations past the checkpoint until the resume cuts them:
