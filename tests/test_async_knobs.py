@@ -223,7 +223,10 @@ def test_runners_act_only_with_the_weights_of_every_third_update(runners, learne
         training.stop()
     assert training.version >= 7
     every_third = set(range(0, training.version + 1, 3))
-    assert {0, 3, 6} <= recorded.acted_versions() <= every_third
+    acted = recorded.acted_versions()
+    # which broadcasts a runner catches depends on its speed (a slow one may act with 0 until
+    # 6 arrives): never one between them, and the runners did get newer weights
+    assert 0 in acted and max(acted) >= 6 and acted <= every_third
     assert fragment_versions <= every_third
     assert set(acting) <= every_third
 

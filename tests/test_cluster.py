@@ -340,6 +340,16 @@ def iterations_done(run_dir: Path) -> int:
         return 0
 
 
+def newest_checkpoint(run_dir: Path) -> int:
+    """The iteration of the newest finished checkpoint (names end in _<iteration>)."""
+    numbers = [
+        int(tail)
+        for p in (run_dir / "checkpoints").iterdir()
+        if (tail := p.name.rsplit("_", 1)[-1]).isdigit()
+    ]
+    return max(numbers, default=0)
+
+
 def wait_for_iterations(driver, run_dir: Path, count: int, timeout_s: float = 300) -> None:
     deadline = time.monotonic() + timeout_s
     while iterations_done(run_dir) < count:
@@ -452,16 +462,17 @@ def test_the_head_lost_ends_the_run_in_one_line_it_resumes_and_a_spent_budget_en
         [str(Path(sys.executable).parent / "policy-service"), "train", "--resume", str(run_dir),
          "--address", cluster.address, "--stop-iters", str(resumed_from + 10**7)],
     )  # fmt: skip
-    prefix, digits = checkpoints[-1].rsplit("_", 1)
     # progress.jsonl may hold iterations past the checkpoint until the resume cuts them:
-    # the checkpoint 2 iterations on says the resumed run made them
-    next_checkpoint = run_dir / "checkpoints" / f"{prefix}_{resumed_from + 2:0{len(digits)}d}"
+    # a checkpoint 2 or more iterations on says the resumed run made them (only the newest 3
+    # are kept, so the one exactly 2 on may be gone by the time it is looked for)
     try:
         deadline = time.monotonic() + 300
         runner_nodes: list[int] = []  # empty while the driver's stand-in samples for it
-        while not (next_checkpoint.exists() and runner_nodes):
+        while not (newest_checkpoint(run_dir) >= resumed_from + 2 and runner_nodes):
             assert resumed.poll() is None, resumed.communicate()[1][-4000:]
-            assert time.monotonic() < deadline, f"no {next_checkpoint.name} and runner in 300 s"
+            assert time.monotonic() < deadline, (
+                f"no checkpoint after iteration {resumed_from + 1} and runner in 300 s"
+            )
             time.sleep(0.5)
             runner_nodes = [
                 i for i in (1, 2) if any("RolloutWorker" in r for r in roles_on(cluster, i))
