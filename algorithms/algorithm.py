@@ -610,12 +610,12 @@ class Algorithm:
     def _make_multi_agent(self) -> tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners]:
         """The multi-agent env runners and the policies' learners, weights synced."""
         from algorithms import multi_agent
-        from policy_service.distributed.env_runner_group import (
+        from policy_service.distributed.resources import check_cluster_fits
+        from policy_service.distributed.role_asks import (
             env_runner_asks,
+            learner_asks,
             policy_actor_ray_options,
         )
-        from policy_service.distributed.learners import learner_asks
-        from policy_service.distributed.resources import check_cluster_fits
 
         cfg = self.config
         if offline_keys.is_offline(cfg):  # each policy reads its own logged rows
@@ -685,7 +685,7 @@ class Algorithm:
         """What this run's actors ask of Ray: env runners (or the external env's
         training server), the PolicyActor, learners; their sum is checked before any
         of them starts."""
-        from policy_service.distributed.learners import learner_asks
+        from policy_service.distributed.role_asks import learner_asks
         from policy_service.distributed.runner_types import runner_type, runner_type_module
 
         cfg = self.config

@@ -13,13 +13,10 @@ import pytest
 import ray
 
 from policy_service.config import ConfigError, from_dict
-from policy_service.distributed import head_watch, learners, resources
-from policy_service.distributed.env_runner_group import (
-    env_runner_asks,
-    env_runner_ray_options,
-    policy_actor_ray_options,
-)
+from policy_service.distributed import head_watch, resources, role_asks
+from policy_service.distributed.env_runner_group import env_runner_ray_options
 from policy_service.distributed.resources import ResourcesExceedClusterError, check_cluster_fits
+from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 from policy_service.policy.policy_config import PolicyConfig
 
 
@@ -57,8 +54,8 @@ def test_custom_resources_reach_each_roles_ray_options_and_asks():
         custom_resources_per_env_runner={"node_1": 0.01},
         custom_resources_per_policy_actor={"node_2": 0.01},
     )
-    assert learners.learner_bundle(config) == {"CPU": 1.0, "node_2": 0.5}
-    [learner] = learners.learner_asks(config)
+    assert role_asks.learner_bundle(config) == {"CPU": 1.0, "node_2": 0.5}
+    [learner] = role_asks.learner_asks(config)
     assert learner.keys["node_2"] == "num_learners, custom_resources_per_learner"
     assert env_runner_ray_options(0.5, config) == {"num_cpus": 0.5, "resources": {"node_1": 0.01}}
     actor = policy_actor_ray_options(None, config)
@@ -91,7 +88,7 @@ def test_strict_spread_over_more_learners_than_alive_nodes_is_one_line(monkeypat
 
     def asks(strategy: str, num_learners: int):
         config = PolicyConfig(num_learners=num_learners, learner_placement_strategy=strategy)
-        return env_runner_asks(2, 1, None) + learners.learner_asks(config)
+        return env_runner_asks(2, 1, None) + role_asks.learner_asks(config)
 
     check_cluster_fits(asks("STRICT_SPREAD", 2))
     check_cluster_fits(asks("SPREAD", 5))  # best effort: Ray packs what it cannot spread

@@ -10,12 +10,15 @@ import pytest
 import ray
 
 from policy_service.distributed import resources
-from policy_service.distributed.env_runner_group import env_runner_asks, policy_actor_ray_options
-from policy_service.distributed.learners import learner_asks
 from policy_service.distributed.resources import (
     ResourcesExceedClusterError,
     ResourcesNotFreedError,
     check_cluster_fits,
+)
+from policy_service.distributed.role_asks import (
+    env_runner_asks,
+    learner_asks,
+    policy_actor_ray_options,
 )
 from policy_service.policy.policy_config import PolicyConfig
 

@@ -36,7 +36,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_service.config import config_for, config_value
 from policy_service.data import observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.distributed.resources import RoleAsk, check_cluster_fits
+from policy_service.distributed.resources import check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
     PolicyActorFailure,
@@ -45,6 +45,7 @@ from policy_service.distributed.restarts import (
     is_actor_death,
     restart_delay_s,
 )
+from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
 from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
 from policy_service.policy import models
@@ -66,56 +67,6 @@ class Replacement(NamedTuple):
     ready: ray.ObjectRef
     attempt: int
     weights_version: int | None
-
-
-def env_runner_asks(
-    num_env_runners: int,
-    num_cpus_per_env_runner: float,
-    policy_actor_options: dict | None,
-    custom_resources_per_env_runner: dict | None = None,
-) -> list[RoleAsk]:
-    """What a group asks of Ray: its env runners (CPUs and custom resources each), and
-    the PolicyActor started with these Ray options (`policy_actor_ray_options`; None:
-    no PolicyActor)."""
-    custom = dict(custom_resources_per_env_runner or {})
-    asks = [
-        RoleAsk(
-            "env runner",
-            num_env_runners,
-            {"CPU": float(num_cpus_per_env_runner), **custom},
-            {"CPU": "num_env_runners, num_cpus_per_env_runner"}
-            | {r: "num_env_runners, custom_resources_per_env_runner" for r in custom},
-        )
-    ]
-    if policy_actor_options is not None:
-        actor_custom = dict(policy_actor_options.get("resources") or {})
-        asks.append(
-            RoleAsk(
-                "policy actor",
-                1,
-                {
-                    "CPU": float(policy_actor_options.get("num_cpus") or 0),
-                    "GPU": float(policy_actor_options.get("num_gpus") or 0),
-                    **actor_custom,
-                },
-                {"CPU": "remote_inference", "GPU": "num_gpus_per_policy_actor"}
-                | {r: "custom_resources_per_policy_actor" for r in actor_custom},
-            )
-        )
-    return asks
-
-
-def policy_actor_ray_options(options: dict | None, policy_config: dict | Any) -> dict:
-    """The PolicyActor's Ray options: `options`, by default 1 CPU, the policy config's
-    num_gpus_per_policy_actor GPUs and custom_resources_per_policy_actor."""
-    options = dict(options or {})
-    options.setdefault("num_cpus", 1)
-    if "num_gpus" not in options:
-        options["num_gpus"] = config_value(policy_config, "num_gpus_per_policy_actor", 0)
-    custom = config_value(policy_config, "custom_resources_per_policy_actor", None)
-    if "resources" not in options and custom:
-        options["resources"] = dict(custom)
-    return options
 
 
 def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:

@@ -8,6 +8,7 @@ from typing import Any
 
 from policy_service.config import on_cpu
 from policy_service.distributed.resources import RoleAsk
+from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 
 
 def build(
@@ -32,11 +33,6 @@ def build(
 
 
 def resource_asks(config: Any) -> list[RoleAsk]:
-    from policy_service.distributed.env_runner_group import (
-        env_runner_asks,
-        policy_actor_ray_options,
-    )
-
     options = policy_actor_ray_options(None, on_cpu(config)) if config.remote_inference else None
     return env_runner_asks(
         config.num_env_runners,

@@ -33,9 +33,9 @@ from policy_service.distributed.learner_state_copy import LearnerStateCopy
 from policy_service.distributed.resources import (
     AVAILABLE_WAIT_S,
     ResourcesNotFreedError,
-    RoleAsk,
     check_cluster_fits,
 )
+from policy_service.distributed.role_asks import learner_asks, learner_bundle, learner_key
 from policy_service.engine.collectives import CollectivePeerError
 from policy_service.errors import RunFailure, UserError, one_line, own_error
 from policy_service.policy import models
@@ -316,33 +316,6 @@ def remote_call(
 # ----- reserving the learners' resources -------------------------------------------------
 
 
-def learner_bundle(config) -> dict:
-    """Ray resources of one learner: its CPUs, its GPUs unless they are fake, and its
-    custom resources (custom_resources_per_learner)."""
-    bundle = {}
-    if config.num_cpus_per_learner > 0:
-        bundle["CPU"] = float(config.num_cpus_per_learner)
-    if config.num_gpus_per_learner > 0 and not config._fake_gpus:
-        bundle["GPU"] = float(config.num_gpus_per_learner)
-    for resource, amount in config.custom_resources_per_learner.items():
-        if amount > 0:
-            bundle[resource] = float(amount)
-    return bundle
-
-
-_KEY_OF = {"CPU": "num_cpus_per_learner", "GPU": "num_gpus_per_learner"}
-CUSTOM_KEY = "custom_resources_per_learner"
-
-
-def learner_asks(config) -> list[RoleAsk]:
-    """What the learner actors ask of Ray (none when the learner is in the driver)."""
-    bundle = learner_bundle(config)
-    keys = {resource: f"num_learners, {_KEY_OF.get(resource, CUSTOM_KEY)}" for resource in bundle}
-    strategy = config.learner_placement_strategy
-    own_nodes = f"learner_placement_strategy {strategy}" if strategy == "STRICT_SPREAD" else None
-    return [RoleAsk("learner", int(config.num_learners), bundle, keys, own_nodes)]
-
-
 def capturing_placement_group():
     """The placement group this process runs in when its children go in it too (a Tune
     trial's: placement_group_capture_child_tasks), else None."""
@@ -377,9 +350,7 @@ def reserve_placement_group(bundle: dict, count: int, strategy: str, timeout_s: 
         return group
     remove_placement_group(group)
     available = ray.available_resources()
-    asked = ", ".join(
-        f"{r} {a * count:g} ({_KEY_OF.get(r, r)}={a:g} each)" for r, a in bundle.items()
-    )
+    asked = ", ".join(f"{r} {a * count:g} ({learner_key(r)}={a:g} each)" for r, a in bundle.items())
     have = ", ".join(f"{r} {available.get(r, 0.0):g}" for r in bundle)
     raise LearnerResourcesError(
         f"{count} learner(s) ({strategy}) not placed within {timeout_s:g} s: asked {asked}; "
