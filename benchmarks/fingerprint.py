@@ -1,11 +1,12 @@
 """A run's numbers as JSON, to show a refactor changed no behaviour.
 
-PPO (seeded, driver learner, and 2 fake GPUs), SAC and self-play (PPO on a two-policy
-env, one a frozen copy) for 3 iterations: each iteration's return, losses and a hash of
-every weight; DQN: save after 2 iterations, restore in a new algorithm, and hash the
-weights after one more iteration in both; APPO (one env runner actor acting with its
-own weights, or through a PolicyActor) run so that no timing decides what it trains:
-its first updates' losses and the returns of the fragments they trained on. Every
+PPO (seeded: driver learner, 2 fake GPUs, 2 learner actors), SAC and self-play (PPO on
+a two-policy env, one a frozen copy) for 3 iterations: each iteration's return, losses
+and a hash of every weight; DQN: save after 2 iterations, restore in a new algorithm,
+and hash the weights after one more iteration in both; APPO (one env runner actor
+acting with its own weights, or through a PolicyActor) run so that no timing decides
+what it trains: its first updates' losses and the returns of the fragments they trained
+on; A3C (one env runner actor, one request in flight) for 3 iterations as PPO. Every
 section is the same in every run of one tree.
 Run it before and after a change and compare the two files; the script may be this
 tree's while the code is another's (PYTHONPATH=<other tree>):
@@ -72,14 +73,79 @@ def ppo_fingerprint(num_gpus: int) -> list[dict]:
     return rows
 
 
-def iterations(algo, policy_ids: list | None = None, count: int = 3) -> list[dict]:
-    """`count` iterations: each one's return, losses and weight hashes (per policy)."""
+def ppo_learner_actors_fingerprint() -> list[dict]:
+    """PPO with 2 learner actors (the driver samples): 3 iterations as ppo_fingerprint,
+    the weights read from the learner group (every learner holds the same ones)."""
+    import ray
+
+    from algorithms.ppo import PPO
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        algo = PPO(
+            {
+                "env": "CartPole-v1",
+                "seed": 0,
+                "train_batch_size": 1000,
+                "minibatch_size": 128,
+                "num_epochs": 3,
+                "lr": 3e-4,
+                "num_learners": 2,
+                "model": {"fcnet_hiddens": [32, 32]},
+            }
+        )
+        return iterations(algo, weights_of=lambda _: algo.learners.get_weights())
+    finally:
+        ray.shutdown()
+
+
+def a3c_fingerprint() -> list[dict]:
+    """A3C with one env runner actor, run so that no timing decides what is trained: one
+    request in flight (each gradient is computed on the weights of every gradient
+    applied before it: the driver sends them to the runner before it asks again, and
+    a Ray actor runs one caller's calls in order), and the driver never samples while
+    the runner starts. Each iteration then applies the same fragments' gradients, so
+    each row is as in ppo_fingerprint; grad staleness is 0 throughout."""
+    import ray
+
+    from algorithms.a3c import A3C
+
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        algo = A3C(
+            {
+                "env": "CartPole-v1",
+                "seed": 0,
+                "num_env_runners": 1,
+                "num_envs_per_env_runner": 2,
+                "rollout_fragment_length": 10,
+                "train_batch_size": 200,
+                "max_requests_in_flight_per_env_runner": 1,
+                "sample_while_env_runners_start": False,
+                "model": {"fcnet_hiddens": [32]},
+            }
+        )
+        return iterations(algo, stats=("num_grads_applied", "grad_staleness_max"))
+    finally:
+        ray.shutdown()
+
+
+def iterations(
+    algo,
+    policy_ids: list | None = None,
+    count: int = 3,
+    weights_of=None,
+    stats: tuple = (),
+) -> list[dict]:
+    """`count` iterations: each one's return, losses, `stats` and weight hashes (per
+    policy; `weights_of(policy_id)` -> its weights, by default its get_policy's)."""
+    weights_of = weights_of or (lambda policy_id: algo.get_policy(policy_id).get_weights())
     rows = []
     try:
         for _ in range(count):
             result = algo.train()
             weights = {
-                policy_id or "default": weights_hash(algo.get_policy(policy_id).get_weights())
+                policy_id or "default": weights_hash(weights_of(policy_id))
                 for policy_id in (policy_ids or [None])
             }
             rows.append(
@@ -91,6 +157,7 @@ def iterations(algo, policy_ids: list | None = None, count: int = 3) -> list[dic
                         for k, v in sorted(result.items())
                         if "loss" in k or k.endswith(("kl", "entropy"))
                     },
+                    **{k: result.get(k) for k in stats},
                     "weights": weights,
                 }
             )
@@ -278,9 +345,11 @@ def dqn_fingerprint() -> dict:
 PARTS = {
     "ppo_1_tower": lambda: ppo_fingerprint(0),
     "ppo_2_fake_gpus": lambda: ppo_fingerprint(2),
+    "ppo_2_learner_actors": ppo_learner_actors_fingerprint,
     "dqn_restore": dqn_fingerprint,
     "appo_1_runner": lambda: appo_fingerprint("env_runners"),
     "appo_policy_actor": lambda: appo_fingerprint("policy_actors"),
+    "a3c_1_runner": a3c_fingerprint,
     "sac": sac_fingerprint,
     "self_play": self_play_fingerprint,
 }
