@@ -486,3 +486,45 @@ def test_a_sampled_fragment_trains_free_log_std_and_post_fcnet_layers():
         assert not np.array_equal(before, after["log_std/log_std"])
     finally:
         worker.stop()
+
+
+def _screens(rng, n):
+    """<uint8>[n, 42, 42, 4] Pong-like stacked frames: one flat background, a paddle and
+    a ball at random places (a few pixels of 1764 differ between screens)."""
+    frames = np.full((n, 42, 42, 4), 87, np.uint8)
+    for i in range(n):
+        y, bx, by = rng.integers(2, 36, size=3)
+        frames[i, y : y + 4, 38, :] = 147  # the paddle
+        frames[i, by, bx, :] = 236  # the ball
+    return frames
+
+
+def test_image_logits_start_as_rllibs_vision_net_and_train_the_shared_trunk():
+    """RLlib's vision network starts its logits glorot-uniform, its fully connected one
+    normc(0.01). With logits 100x smaller than that, the policy gradient reached a shared
+    conv trunk ~100x weaker than the value loss's, so the trunk learned only the value
+    and the policy stayed the same on every screen (APPO never learned Pong, issue 48)."""
+    image = gym.spaces.Box(0, 255, (42, 42, 4), np.uint8)
+    config = ModelConfig(
+        conv_filters=[[16, [4, 4], 2], [32, [4, 4], 2]], fcnet_hiddens=[64], vf_share_layers=True
+    )
+    keras.utils.set_random_seed(0)
+    model = models.build_model(image, gym.spaces.Discrete(6), 6, config)
+    mlp = models.build_model(OBS_SPACE, ACTION_SPACE, 3, ModelConfig(fcnet_hiddens=[16]))
+    column_norms = lambda m: np.linalg.norm(m.logits[0].kernel.numpy(), axis=0)  # noqa: E731
+    assert np.allclose(column_norms(mlp), 0.01, rtol=1e-3)
+    assert column_norms(model).min() > 0.3  # glorot-uniform over 64 -> 6: ~1.3
+
+    rng = np.random.default_rng(0)
+    obs = tf.constant(_screens(rng, 64), tf.float32)
+    actions = tf.constant(rng.integers(0, 6, 64))
+    advantages = tf.constant(rng.normal(-0.5, 0.5, 64), tf.float32)  # Pong's: mostly < 0
+    trunk = model.policy_trunk.convs[1].kernel  # policy_conv_0 (after the pixel scaling)
+    with tf.GradientTape(persistent=True) as tape:
+        out = model({"obs": obs}, training=True)
+        logp = tf.nn.log_softmax(out["action_dist_inputs"])
+        policy_loss = -tf.reduce_mean(tf.gather(logp, actions, batch_dims=1) * advantages)
+        value_loss = 0.5 * tf.reduce_mean(tf.square(out["vf_preds"] + 0.5))
+    policy_grad = float(tf.norm(tape.gradient(policy_loss, trunk)))
+    value_grad = float(tf.norm(tape.gradient(value_loss, trunk)))
+    assert policy_grad > value_grad, (policy_grad, value_grad)
