@@ -3,10 +3,11 @@ tests/fixtures/make_checkpoints.py) still restore with this tree's code, the two
 user restores: `Algorithm.from_checkpoint` gives back every policy's weights bit for bit
 and trains on; `policy-service train --resume RUN_DIR` continues the run directory.
 
-Slow: APPO (its env runner is a Ray actor) and the resumes but one (their checkpoints
-are read fast by from_checkpoint); PPO's two policies resume fast: a multi-agent run
-directory is what issue 42 changes most. A failure here is a user's old checkpoint that
-no longer loads: fix the reader, never the fixtures.
+Slow: APPO (its env runner is a Ray actor). One case resumes through the command line,
+PPO's two policies: a multi-agent run directory is what issue 42 changes most, and the
+other cases' checkpoints are read by from_checkpoint, the reader a resume calls too.
+A failure here is a user's old checkpoint that no longer loads: fix the reader, never
+the fixtures.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def test_from_checkpoint_gives_back_the_saved_weights_exactly_and_trains_on(
     assert all(np.isfinite(w).all() for ws in weights for w in ws.values())
 
 
-@pytest.mark.parametrize("name", cases({"ppo_two_policies"}))
+@pytest.mark.parametrize("name", ["ppo_two_policies"])
 def test_train_resume_continues_the_run_directory(name, tmp_path, request):
     from policy_service.cli import commands
 
