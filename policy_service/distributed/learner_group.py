@@ -23,15 +23,12 @@ Sharding, statistics and faults in full: docs/distributed.md, "LearnerGroup".
 
 from __future__ import annotations
 
-import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import gymnasium as gym
 import numpy as np
-from ray.exceptions import RayError
 
 from policy_service.config import config_for
 from policy_service.data import spaces
@@ -39,6 +36,7 @@ from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.train_batches import TrainLayout
 from policy_service.data.units import LOSS_MASK, interleave_minibatches
 from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
+from policy_service.distributed.actor_pool import ActorPool, RestartBudget
 from policy_service.distributed.learner import (
     POLICY_LAG_MAX,
     POLICY_LAG_ROWS,
@@ -47,14 +45,11 @@ from policy_service.distributed.learner import (
 )
 from policy_service.distributed.learner_shards import split_minibatches, split_units
 from policy_service.distributed.learners import (
-    LearnerDiedError,
     LearnerFailure,
-    LearnersStoppedError,
     LocalLearners,
     RemoteLearners,
 )
 from policy_service.engine.loss_output import PER_ROW
-from policy_service.errors import own_error, restart_budget_spent
 from policy_service.io import checkpoints
 from policy_service.policy import call_arguments
 from policy_service.policy.batch_learning import BatchLearning, sampler_grad_updates
@@ -98,18 +93,20 @@ class LearnerGroup(BatchLearning):
         self.observation_space = observation_space
         self.action_space = action_space
         self.num_learners = int(self.config.num_learners)
-        self.num_restarts = 0
         self._ready_timeout_s = ready_timeout_s
         self._loaded_rows: dict[int, int] = {}
         self._loaded_sampler_counts: dict[int, float | None] = {}  # by buffer, of its batch
-        self._state_after_failure: dict | None = None  # set when the restart budget is spent
-        self._failure: LearnerFailure | None = None  # the budget line, for every later call
         self._global_timestep: int | None = None  # the learners' last set, None: unknown
         self._acting_version = 0  # inference: learners -- the version their actions carry
-        # held while learners are replaced: a caller on another thread (the async
-        # learner thread, the driver) waits for the new ones instead of the stopped ones
-        self._replacing = threading.RLock()
-        self._current = self._start(float(self.config.learner_update_timeout_s))
+        self._call_timeout_s = float(self.config.learner_update_timeout_s)
+        # one member: the learners share a collective, so one death replaces them all
+        self._pool = ActorPool(
+            [self._start()],
+            lambda _: self._start(),
+            lambda learners: learners.stop(),
+            LearnerFailure,
+            "replacing the learners from their last state",
+        )
         info = self._learners.info
         self.num_towers = info["num_towers"]
         self.devices = info["devices"]
@@ -123,17 +120,21 @@ class LearnerGroup(BatchLearning):
 
     # ----- starting and stopping ----------------------------------------------------
 
-    def _start(self, call_timeout_s: float):
+    def _start(self) -> LocalLearners | RemoteLearners:
         spec = PolicySpec(self.policy_cls, self.observation_space, self.action_space, self.config)
         if self.num_learners == 0:
-            return LocalLearners(spec, call_timeout_s)
-        return RemoteLearners(spec, call_timeout_s, self._ready_timeout_s)
+            return LocalLearners(spec, self._call_timeout_s)
+        return RemoteLearners(spec, self._call_timeout_s, self._ready_timeout_s)
 
     @property
     def _learners(self) -> LocalLearners | RemoteLearners:
         """The learners now; while another thread replaces them, the new ones."""
-        with self._replacing:
-            return self._current
+        return self._pool.member()
+
+    @property
+    def num_restarts(self) -> int:
+        """Replacements of the learners so far (one that died starting counts)."""
+        return self._pool.num_restarts
 
     @property
     def local_policy(self):
@@ -151,30 +152,25 @@ class LearnerGroup(BatchLearning):
 
     @call_timeout_s.setter
     def call_timeout_s(self, value: float) -> None:
+        self._call_timeout_s = float(value)  # replacements' too
         self._learners.call_timeout_s = float(value)
 
     def restart(self, state: dict) -> None:
         """Replace every learner with a fresh one holding `state` (a `get_state()`
         copy: weights, optimizer variables, RNG, counters); loaded buffers are gone."""
-        with self._replacing:
-            timeout = self.call_timeout_s
-            self._current.stop()
-            self._loaded_rows.clear()
-            self._loaded_sampler_counts.clear()
-            self._global_timestep = None  # the new learners hold the state's
-            self._failure = None
-            self.num_restarts += 1  # an attempt counts, as one that dies starting does
-            self._current = self._start(timeout)
-            try:
-                self.set_state(state)
-                self.set_acting_version(self._acting_version)  # not from 0
-            except BaseException:
-                self.stop()
-                raise
+        self._pool.replace(0, lambda _: self._install(state))
+
+    def _install(self, state: dict) -> None:
+        """What new learners hold: `state`, and the acting version (not from 0)."""
+        self._loaded_rows.clear()
+        self._loaded_sampler_counts.clear()
+        self._global_timestep = None  # the new learners hold the state's
+        self.set_state(state)
+        self.set_acting_version(self._acting_version)
 
     def stop(self) -> None:
         """End the learner actors and free their reservation (idempotent)."""
-        self._learners.stop()
+        self._pool.stop()
 
     # ----- learning -----------------------------------------------------------------
 
@@ -185,57 +181,17 @@ class LearnerGroup(BatchLearning):
         return self._surviving("update()", self._learn, batch, num_epochs, shuffle, buffer_index)
 
     def _surviving(self, during: str, call: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        """call(*args, **kwargs) -> its result. Dead learners are replaced from the
-        last copy of their state and the call made again, MAX_RESTARTS_PER_UPDATE
-        times in one call (a replacement that dies starting counts); then
-        LearnerFailure, the env runners' budget line. `call` reads `self._learners`
-        each time (a lambda, or a method of this group), not learners bound before."""
-        restarts, state = 0, None
-        while True:
-            called = self._learners
-            try:
-                return call(*args, **kwargs)
-            except (LearnerDiedError, LearnersStoppedError) as failed:
-                error: BaseException = failed
-            with self._replacing:
-                if self._failure is not None:  # spent by a call on another thread
-                    raise LearnerFailure(str(self._failure)) from None
-                if self._current is not called:  # replaced meanwhile by another thread
-                    continue
-                if not isinstance(error, LearnerDiedError):  # stopped by this group's caller
-                    raise error
-                rank = error.rank
-                if state is None:  # taken once: a failed replacement has a fresh state
-                    state = self._current.latest_state()
-                while True:
-                    if restarts == MAX_RESTARTS_PER_UPDATE:
-                        self._state_after_failure = state  # what every replacement was to hold
-                        self._failure = LearnerFailure(
-                            restart_budget_spent(
-                                f"learner {rank}",
-                                restarts + 1,
-                                during,
-                                self.num_restarts,
-                                {"max_restarts_per_update": MAX_RESTARTS_PER_UPDATE},
-                                error,
-                            )
-                        )
-                        raise self._failure from None
-                    restarts += 1
-                    # our line beside Ray's "(raylet) A worker died ...": the fault is handled
-                    print(
-                        f"policy-service: learner {rank} died during {during} "
-                        f"({type(own_error(error)).__name__}); replacing the learners from "
-                        f"their last state (restart {restarts} of at most "
-                        f"{MAX_RESTARTS_PER_UPDATE} in one call)",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    try:
-                        self.restart(state)
-                        break
-                    except (LearnerDiedError, RayError) as died_starting:
-                        error = died_starting
+        """call(*args, **kwargs) -> its result; dead learners are replaced from the last
+        copy of their state and the call made again, MAX_RESTARTS_PER_UPDATE times in
+        one call (ActorPool.call); then LearnerFailure, the budget line. `call` reads
+        `self._learners` each time (a lambda, or a method of this group)."""
+        return self._pool.call(
+            during,
+            lambda: call(*args, **kwargs),
+            RestartBudget(per_call=MAX_RESTARTS_PER_UPDATE, per_call_key="max_restarts_per_update"),
+            snapshot=lambda learners: learners.latest_state(),
+            install=lambda state, _: self._install(state),
+        )
 
     def replace_dead_learners(self) -> None:
         """Every learner answers, or dead ones are replaced as in `update`: for a caller
@@ -416,8 +372,8 @@ class LearnerGroup(BatchLearning):
     def newest_state(self) -> dict | None:
         """The learners' state after their last change, from this process's copy
         (dead learner actors need not serve it); None when that copy is lost."""
-        if self._state_after_failure is not None:
-            return self._state_after_failure
+        if self._pool.spent_snapshot is not None:  # what every replacement was to hold
+            return self._pool.spent_snapshot
         return self._learners.newest_state()
 
     def save(self, directory: str, state: dict | None = None) -> str:

@@ -22,11 +22,12 @@ from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, TypeVar
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayTaskError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from policy_service.distributed.acting_learner import ActingLearnerHost, serves_actions
+from policy_service.distributed.actor_pool import ActorDied, Outcome, PoolStopped, gather
 from policy_service.distributed.learner import Learner
 from policy_service.distributed.learner_actor import LearnerHost
 from policy_service.distributed.learner_state_copy import LearnerStateCopy
@@ -54,12 +55,12 @@ class LearnerResourcesError(ResourcesNotFreedError):
     cluster, but not as placed, e.g. PACK on no node big enough): exit 1."""
 
 
-class LearnerDiedError(RuntimeError):
+class LearnerDiedError(ActorDied):
     """A learner actor died, or a collective with a dead one failed: the group
     must be restarted (`LearnerGroup.restart`). `rank`: the learner seen first."""
 
     def __init__(self, message: str, rank: int = 0):
-        super().__init__(message)
+        super().__init__(message, f"learner {rank}")
         self.rank = rank
 
 
@@ -72,7 +73,7 @@ class LearnerFailure(RunFailure, RuntimeError):
     """The learners' restart budget is spent: the run cannot go on (one line)."""
 
 
-class LearnersStoppedError(RuntimeError):
+class LearnersStoppedError(PoolStopped):
     """A call on learners already stopped (by the caller, or replaced by another thread)."""
 
 
@@ -274,35 +275,27 @@ class RemoteLearners:
         if not self.actors:
             raise LearnersStoppedError("this LearnerGroup is stopped")
         count = len(self.actors)
-        rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        results, pending = {}, list(refs)
-        deadline = time.monotonic() + self.call_timeout_s
-        while pending:
-            ready, pending = ray.wait(
-                pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic())
-            )
-            if not ready:
-                hung = ", ".join(str(rank_of[ref]) for ref in pending)
-                raise LearnerTimeoutError(
-                    f"learner(s) {hung} of {count} gave no result within "
-                    f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
-                    "collective with a stopped peer); the group must be restarted",
-                    rank_of[pending[0]],
-                )
-            try:
-                results[ready[0]] = ray.get(ready[0])
-            except RayActorError as err:
+        results = gather(refs, self.call_timeout_s, stop_at_failure=True)
+        for result in results:
+            rank, error = result.slot, result.error
+            if result.outcome is Outcome.DIED:
                 raise LearnerDiedError(
-                    f"learner {rank_of[ready[0]]} of {count} died: {type(err).__name__}",
-                    rank_of[ready[0]],
-                ) from err
-            except RayTaskError as err:
-                if isinstance(err.cause, CollectivePeerError):
-                    raise LearnerDiedError(
-                        f"learner {rank_of[ready[0]]} of {count}: {err.cause}", rank_of[ready[0]]
-                    ) from err
-                raise
-        return [results[ref] for ref in refs]
+                    f"learner {rank} of {count} died: {type(error).__name__}", rank
+                ) from error
+            if result.outcome is Outcome.RAISED:
+                cause = getattr(error, "cause", None)
+                if isinstance(cause, CollectivePeerError):
+                    raise LearnerDiedError(f"learner {rank} of {count}: {cause}", rank) from error
+                result.get()
+        hung = [result.slot for result in results if result.outcome is Outcome.HUNG]
+        if hung:
+            raise LearnerTimeoutError(
+                f"learner(s) {', '.join(map(str, hung))} of {count} gave no result within "
+                f"learner_update_timeout_s={self.call_timeout_s:g} s: hung (e.g. in a "
+                "collective with a stopped peer); the group must be restarted",
+                hung[0],
+            )
+        return [result.value for result in results]
 
 
 def remote_call(

@@ -1,5 +1,5 @@
-"""Surviving dead actors: telling a death from an error, retrying a call once,
-backing off between restarts, and a PolicyActor that comes back with its weights.
+"""A PolicyActor that Ray restarts, and that comes back with its weights (the death
+test, the retry and the budget line are the actor pool's: actor_pool.py).
 
     served = RestartablePolicyActor(MyPolicy, obs_space, act_space, config, max_restarts=3)
     served.set_weights(learner.get_weights(), version=7)   # also kept for a restart
@@ -26,82 +26,38 @@ the bare handle gets Ray's error.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import NamedTuple, cast
 
 import ray
-from ray.exceptions import ActorUnavailableError, RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+# the names marked re-exported moved to actor_pool and are imported from here (the env
+# runners, the rollout workers, the fragment stream, the external env runners, tests)
+from policy_service.distributed.actor_pool import (
+    RESTART_WAIT_S,  # noqa: F401 - re-exported
+    Outcome,
+    RestartBudget,
+    backoff_delays,  # noqa: F401 - re-exported
+    call_retrying_once,
+    died_of_actor_death,  # noqa: F401 - re-exported
+    gather,
+    is_actor_death,
+    restart_delay_s,  # noqa: F401 - re-exported
+    restarted_in_place_failure,
+    restarts_by_ray,
+)
+from policy_service.distributed.actor_pool import (
+    gcs_actor_info as _gcs_actor_info,
+)  # tests patch it
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.policy_actor import PolicyHost, broadcast_weights
-from policy_service.errors import RunFailure, restart_budget_spent
+from policy_service.errors import RunFailure
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_POLICY_ACTOR_RESTARTS = 3
-RESTART_WAIT_S = 120.0  # longest wait for a restarting actor (it rebuilds its policy)
-
-
-def is_actor_death(error: BaseException) -> bool:
-    """True when the actor's process is gone; False for an error its own code raised."""
-    return isinstance(error, RayActorError) and not isinstance(error, RayTaskError)
-
-
-def died_of_actor_death(error: BaseException) -> bool:
-    """True when a task's code failed because an actor *it* called died."""
-    cause = getattr(error, "cause", None) if isinstance(error, RayTaskError) else None
-    return cause is not None and (is_actor_death(cause) or died_of_actor_death(cause))
-
-
-def call_retrying_once(method, *args, **kwargs):
-    """ray.get(method.remote(*args, **kwargs)), sent once more if the actor died meanwhile
-    (a restartable actor serves the second call after its restart).
-
-    While Ray restarts the actor, calls fail at once with ActorUnavailableError
-    without running; the second call is re-sent, with backoff, until the actor is
-    up or RESTART_WAIT_S passed. An actor dead for good raises ActorDiedError.
-    """
-    try:
-        return ray.get(method.remote(*args, **kwargs))
-    except RayActorError as error:
-        if not is_actor_death(error):
-            raise
-    deadline = time.monotonic() + RESTART_WAIT_S
-    delay = 0.05
-    while True:
-        try:
-            return ray.get(method.remote(*args, **kwargs))
-        except ActorUnavailableError:
-            if time.monotonic() + delay > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
-
-
-def restart_delay_s(attempt: int, first_s: float = 0.25, longest_s: float = 4.0) -> float:
-    """The wait before restart attempt `attempt` (1, 2, ...): none, then doubling, capped."""
-    return 0.0 if attempt <= 1 else min(longest_s, first_s * 2 ** (attempt - 2))
-
-
-def backoff_delays(attempts: int) -> list[float]:
-    """The waits before each of `attempts` restart attempts (restart_delay_s)."""
-    return [restart_delay_s(attempt) for attempt in range(1, attempts + 1)]
-
-
-def _gcs_actor_info(actor) -> dict:
-    """What the GCS holds on `actor` ("State", "NumRestarts", ...). Read from the GCS
-    itself: Ray's public state API goes through the dashboard, which is off."""
-    from ray._private import state
-
-    return state.actors(actor_id=actor._actor_id.hex()) or {}
-
-
-def restarts_by_ray(actor) -> int:
-    """How often Ray restarted `actor`, as the GCS counts it (also the restarts that
-    died before running any code)."""
-    return int(_gcs_actor_info(actor).get("NumRestarts", 0))
 
 
 class PolicyActorFailure(RunFailure, RuntimeError):
@@ -265,11 +221,9 @@ class RestartablePolicyActor:
         _, pending = broadcast_weights(
             [self.actor], weights, version, wait=False, weights_source=self.weights_source
         )
-        try:
-            return ray.get(pending[0])
-        except RayActorError as error:
-            if not is_actor_death(error):
-                raise
+        [result] = gather(pending)
+        if result.outcome is not Outcome.DIED:
+            return result.get()
         # restored from the source, when Ray restarted it
         return self._call("set_weights()", self.actor.weights_version)
 
@@ -286,32 +240,19 @@ class RestartablePolicyActor:
         return self._call("weights_version()", self.actor.weights_version)
 
     def _call(self, during: str, method, *args, **kwargs):
+        """method(*args, **kwargs), sent once more after Ray restarts the actor
+        (actor_pool.call_retrying_once); found gone again: PolicyActorFailure, the
+        pool's line for an actor Ray restarts in place."""
         try:
             return call_retrying_once(method, *args, **kwargs)
         except RayActorError as error:
             if not is_actor_death(error):
                 raise
-            info = _gcs_actor_info(self.actor)
-            restarts = int(info.get("NumRestarts", 0))
-            if info.get("State") != "DEAD":  # the retry failed too, Ray not done with it
-                raise PolicyActorFailure(
-                    f"the PolicyActor did not answer after restart {restarts} (found gone "
-                    f"by {during}, retried for up to {RESTART_WAIT_S:g} s; Ray state "
-                    f"{info.get('State', 'unknown')}); last: {type(error).__name__}",
-                    error,
-                ) from None
-            # the budget is for the actor's whole run: every restart followed a death
-            raise PolicyActorFailure(
-                restart_budget_spent(
-                    "the PolicyActor",
-                    restarts + 1,
-                    f"run, found dead by {during}",
-                    restarts,
-                    {"max_restarts": self.max_restarts},
-                    error,
-                ),
-                error,
-            ) from None
+            budget = RestartBudget(in_all=self.max_restarts, in_all_key="max_restarts")
+            line = restarted_in_place_failure(
+                "the PolicyActor", _gcs_actor_info(self.actor), budget, during, error
+            )
+            raise PolicyActorFailure(line, error) from None
 
     def num_restarts(self) -> int:
         return restarts_by_ray(self.actor)
