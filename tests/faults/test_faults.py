@@ -778,16 +778,18 @@ def test_soak_rss_growth_is_measured_from_the_end_of_the_warm_up():
 
 @pytest.mark.slow
 def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row():
+    # callers still blocked on the restart when the time is up finish their calls (and
+    # have them checked) before soak.py reads its counts: 12 s prove what 20 did
     code, records = _soak(
         "callers",
         "--callers",
         "3",
         "--seconds",
-        "20",
+        "12",
         "--report-every",
         "2",
         "--kill-actor-at",
-        "4",
+        "3",
     )
     result = records[-1]
     assert code == 0 and result["summary"], records
@@ -798,11 +800,13 @@ def test_soak_callers_with_the_actor_killed_once_sees_no_error_and_no_wrong_row(
 
 
 @pytest.mark.slow
-def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_every_60s():
+def test_soak_ppo_learns_while_env_runners_the_policy_actor_and_the_learner_are_killed():
     """PPO learns CartPole through the kills: a 100-episode mean return of 150 (a uniformly
     random policy's is ~22), reached only once every kind of kill has landed (soak.py
     waits for them). The tuned config's full 450 is the benchmarks' target; under these
-    kills it cost several minutes more and proved nothing more."""
+    kills it cost several minutes more and proved nothing more. The kills come early (an
+    env runner every 10 s, the PolicyActor at 15 s, the learner every 25 s): with the
+    first learner kill at 60 s, the run went on long after PPO had reached 150."""
     code, records = _soak(
         "ppo",
         "--stop-reward",
@@ -810,9 +814,11 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
         "--learners",
         "1",
         "--kill-worker-every",
-        "20",
+        "10",
+        "--kill-actor-at",
+        "15",
         "--kill-learner-every",
-        "60",
+        "25",
         "--max-seconds",
         "780",  # within pytest's 900 s
         timeout_s=850,
@@ -820,7 +826,9 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
     result = records[-1]
     assert code == 0 and result["summary"] and result["stop_reason"] == "reward", records
     assert result["episode_return_mean"] >= 150
-    assert result["workers_killed"] >= 1 and result["learners_killed"] >= 1
+    assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
+    assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
+    assert result["learners_killed"] >= 1
     assert result["num_learner_restarts"] >= result["learners_killed"]
 
 
@@ -829,18 +837,18 @@ def test_soak_ppo_survives_worker_and_actor_kills():
     code, records = _soak(
         "ppo",
         "--stop-iters",
-        "4",
+        "3",
         "--kill-worker-every",
-        "6",
+        "3",
         "--kill-actor-at",
-        "8",
+        "4",
         "--max-seconds",
         "240",
     )
     result = records[-1]
     assert code == 0 and result["summary"] and result["stop_reason"] == "iters", records
     assert [r["iteration"] for r in records[:-1]] == list(range(1, len(records)))
-    assert result["iteration"] >= 4
+    assert result["iteration"] >= 3
     assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
     assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
     assert np.isfinite(result["episode_return_mean"])
