@@ -143,63 +143,30 @@ def checkpoints_of(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "checkpoints").glob("checkpoint_*"))
 
 
-def test_a_killed_training_server_resumes_from_its_checkpoint(tmp_path):
+def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_checkpoint(tmp_path):
+    """One training server and its four clients through two faults in turn (one server
+    start fewer than a test for each): its replica SIGKILLed, replaced on the same port,
+    and training goes on; then the whole server SIGKILLed and started again with --resume,
+    which goes on from its newest checkpoint until a SIGTERM stops it. Every client sees
+    each fault and comes back (a reconnect each, at least)."""
     port, run_dir = free_port(), tmp_path / "run"
     small = ["train_batch_size=200", "minibatch_size=50", "num_epochs=1"]
-    # no stop before the kill, whatever the machine's speed: the resumed run is given one
-    args = [*PPO_ARGS, "--port", str(port), "--output-dir", str(run_dir), "--stop-iters", "1000"]
+    # no stop the run could reach before either kill, however fast the clients fill its
+    # queue: the test ends it with SIGTERM once an iteration after the resume is logged
+    args = [*PPO_ARGS, "--port", str(port), "--output-dir", str(run_dir), "--stop-iters", "100000"]
     args += ["--checkpoint-every", "1", *[a for s in small for a in ("--set", s)]]
     server = TrainingServer(args)
     procs = []
     try:
         server.wait_ready()
-        # the clients outlive the server: each waits up to 10 min for it to come back
-        procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
-        wait_until_serving(lambda: len(checkpoints_of(run_dir)) >= 2, "two checkpoints", server)
-        server.kill()  # SIGKILL to the process and its Ray
-        before = progress(run_dir)
-        saved = int(checkpoints_of(run_dir)[-1].name.split("_")[1])
-        # started while the killed server's connections may still hold its port (TCP's
-        # TIME_WAIT): its replica waits for the port itself, while the rest starts
-        server = TrainingServer(["--resume", str(run_dir), "--stop-iters", str(saved + 2)])
-        server.wait_ready()
-        assert server.wait(900) == 0, server.output()
-        counts = interrupted(procs)
-    finally:
-        server.kill()
-        for proc in procs:
-            proc.kill()
-    assert f"from checkpoint_{saved:06d} (iteration {saved})" in "".join(server.stderr)
-    after = progress(run_dir)
-    assert [m["iteration"] for m in after] == list(range(1, saved + 3))
-    assert after[:saved] == before[:saved]  # kept, not trained again
-    for previous, resumed in zip(after[saved - 1 :], after[saved:]):  # timesteps go on
-        assert resumed["timesteps_total"] == (
-            previous["timesteps_total"] + resumed["env_steps_this_iter"]
-        )
-        assert resumed["env_steps_this_iter"] >= 200 and resumed["episodes_this_iter"] > 0
-    print(f"\nresumed from checkpoint {saved}; clients: {counts}")
-    # every client saw the server go, came back to the resumed one, and played on
-    assert all(c["reconnects"] >= 1 for c in counts), counts
-    assert sum(c["episodes"] for c in counts) >= sum(m["episodes_this_iter"] for m in after)
-
-
-def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
-    port, run_dir = free_port(), tmp_path / "run"
-    small = ["train_batch_size=200", "minibatch_size=50", "num_epochs=1"]
-    # no stop the run could reach before the kill, however fast the clients fill its queue:
-    # the test ends it with SIGTERM once an iteration after the replacement is logged
-    args = [*PPO_ARGS, "--port", str(port), "--output-dir", str(run_dir), "--stop-iters", "100000"]
-    server = TrainingServer([*args, *[a for s in small for a in ("--set", s)]])
-    procs = []
-    try:
-        server.wait_ready()
-        # the dead replica's connections hold the port for TCP's TIME_WAIT (~60 s): the
-        # clients wait for its replacement longer than that
+        # the clients outlive both faults: each waits up to 10 min for the server to come
+        # back (the dead replica's connections hold the port for TCP's TIME_WAIT, ~60 s)
         procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
         wait_until_serving(
             lambda: progress_exists(run_dir) and progress(run_dir), "a logged iteration", server
         )
+
+        # 1. the replica killed: Serve replaces it, on the same port
         (replica,) = session_pids(server.proc.pid, REPLICA)
         # the replica answers the clients itself (no proxy between), on loopback only
         assert listeners_of(port) == [(f"127.0.0.1:{port}", replica)]
@@ -217,6 +184,25 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
         wait_until_serving(
             lambda: restarted_iterations(run_dir) >= 2, "two iterations after the restart", server
         )
+
+        # 2. the whole server killed, then resumed from its newest checkpoint
+        server.kill()  # SIGKILL to the process and its Ray
+        before = progress(run_dir)
+        saved = int(checkpoints_of(run_dir)[-1].name.split("_")[1])
+        # started while the killed server's connections may still hold its port (TCP's
+        # TIME_WAIT): its replica waits for the port itself, while the rest starts
+        server = TrainingServer(["--resume", str(run_dir)])
+        server.wait_ready()
+        # a row the killed run logged after its last checkpoint is dropped at the resume:
+        # more rows than it left are the resumed run's
+        wait_until_serving(
+            lambda: (
+                "from checkpoint_" in "".join(server.stderr)
+                and len(progress(run_dir)) > len(before)
+            ),
+            "an iteration after the resume",
+            server,
+        )
         server.proc.send_signal(signal.SIGTERM)
         assert server.wait(300) == 0, server.output()
         counts = interrupted(procs)
@@ -224,10 +210,20 @@ def test_a_killed_replica_is_replaced_and_training_goes_on(tmp_path):
         server.kill()
         for proc in procs:
             proc.kill()
-    history = progress(run_dir)
-    assert [m["iteration"] for m in history] == list(range(1, len(history) + 1))
-    assert history[-1]["num_worker_restarts"] >= 1
-    assert all(c["reconnects"] >= 1 for c in counts), counts  # the clients found it
+    assert before[-1]["num_worker_restarts"] >= 1  # the replica's replacement, counted
+    assert f"from checkpoint_{saved:06d} (iteration {saved})" in "".join(server.stderr)
+    after = progress(run_dir)
+    assert [m["iteration"] for m in after] == list(range(1, len(after) + 1))
+    assert len(after) > saved and after[:saved] == before[:saved]  # kept, not trained again
+    for previous, resumed in zip(after[saved - 1 :], after[saved:]):  # timesteps go on
+        assert resumed["timesteps_total"] == (
+            previous["timesteps_total"] + resumed["env_steps_this_iter"]
+        )
+        assert resumed["env_steps_this_iter"] >= 200 and resumed["episodes_this_iter"] > 0
+    print(f"\nresumed from checkpoint {saved}; clients: {counts}")
+    # every client saw the replica and then the server go, and came back each time
+    assert all(c["reconnects"] >= 2 for c in counts), counts
+    assert sum(c["episodes"] for c in counts) >= sum(m["episodes_this_iter"] for m in after)
 
 
 def progress_exists(run_dir: Path) -> bool:
