@@ -142,23 +142,10 @@ def _run_layers(layers: list, x):
     return x
 
 
-def vision_logits_initializer() -> keras.initializers.Initializer:
-    """The logits' kernel of an image model: RLlib's vision network's (its `conv_out`,
-    Keras' default glorot-uniform; the fully connected model's normc(0.01) is for
-    vector inputs). On a shared trunk, logits 100x smaller than that make the policy
-    gradient reaching the trunk ~100x smaller than the value loss's: the trunk learns
-    only the value, whose target on Pong is about a constant, and the policy on top
-    of it stays the same on every screen (APPO on Pong, issue 48: no learning in 2M
-    steps, at init policy:value gradient on the trunk 1:100 here, 50:1 in RLlib's)."""
-    return keras.initializers.GlorotUniform()
-
-
 class FeedForwardModel(keras.Model):
     """MLP (or CNN + MLP) policy with a value head, shared or on its own branch.
 
-    Dense layers start as RLlib's fully connected model does (NormcInitializer); the
-    logits of an image model start as RLlib's vision network's (Keras' glorot-uniform,
-    `vision_logits_initializer`)."""
+    Dense layers start as RLlib's fully connected model does (NormcInitializer)."""
 
     def __init__(
         self, obs_space: gym.spaces.Box, action_space, num_outputs: int, config: ModelConfig
@@ -171,9 +158,7 @@ class FeedForwardModel(keras.Model):
             if config.vf_share_layers
             else make_encoder(obs_space, config, "value", NormcInitializer(1.0))
         )
-        is_image = isinstance(self.policy_trunk, Encoder) and bool(self.policy_trunk.convs)
-        logits_init = vision_logits_initializer() if is_image else NormcInitializer(0.01)
-        self.logits = action_head(action_space, num_outputs, config, logits_init)
+        self.logits = action_head(action_space, num_outputs, config, NormcInitializer(0.01))
         self.value = keras.layers.Dense(1, kernel_initializer=NormcInitializer(0.01), name="vf")
         self.build_for(obs_space.shape)
 
