@@ -5,14 +5,16 @@ the dead, and ends the run in one line when the budget is spent.
 Why one pool: learners, env runners, the fragment stream, the PolicyActor and the
 external env runners each grew their own death test, budget, backoff and failure
 line; a fix to one missed the others. RLlib's FaultTolerantActorManager is the
-shape: a call gives every actor's result or error, and the caller never catches
-Ray's errors itself.
+shape: a call gives every actor's result or error, so that its callers need not
+catch Ray's errors themselves.
 
     results = gather(refs, timeout_s)         # one CallResult per actor: OK, RAISED
     [r.get() for r in results]                # (its own code), DIED, HUNG, UNWAITED
     pool = ActorPool([start(0)], start, stop, LearnerFailure, "replacing the learners")
     pool.call("update()", update, budget, snapshot=..., install=...)  # dead: replaced
     pool.replace(0, install)                  # a fresh member, made whole by `install`
+    new = pool.start_replacement(slot, attempt, "sample()", error, budget, "env runner 2")
+    pool.install(slot, new)                   # once it is up; the caller went on meanwhile
     pool.num_restarts                         # attempts in all, failed starts included
 
 What it owns:
@@ -21,9 +23,10 @@ What it owns:
   `gather`, which sorts every call's outcome;
 - the budget (`RestartBudget`: per call, in all, the config keys that set them) and
   the backoff between attempts of one call (`restart_delay_s`: none, then doubling);
-- replacement (`ActorPool.replace`): the old member stopped, a new one started and
-  made whole, one thread at a time; a call that failed on a member another thread
-  replaced meanwhile is made again, not counted;
+- replacement: the old member stopped, a new one started and made whole (`replace`,
+  `call`), one thread at a time; or started in the background (`start_replacement`)
+  and installed when ready (`install`); a call that failed on a member another
+  thread replaced meanwhile is made again, not counted;
 - the "budget spent" line (errors.restart_budget_spent), raised as the role's own
   RunFailure, and raised again by every later call once spent;
 - actors Ray restarts in place (`max_restarts`: the PolicyActor, whose handle callers
@@ -32,8 +35,8 @@ What it owns:
 
 A member is what dies and is replaced as one: the whole learner group (its actors
 share a collective: one death restarts all of them, from the driver's copy of
-their state), or one env runner per slot (replaced alone: next, with the replacement
-started in the background and installed when ready).
+their state), or one env runner per slot (replaced alone, in the background, while
+the others sample; the fragment stream's replacements are the env runners').
 
 What it does not own: what a member is and how it is started (`start`), how a
 replacement is made whole (the caller's `install`: a state, weights), when calls
@@ -44,7 +47,6 @@ death the learners tell the pool of, as ActorDied).
 from __future__ import annotations
 
 import enum
-import functools
 import sys
 import threading
 import time
@@ -190,8 +192,10 @@ class PoolStopped(RuntimeError):
 class ActorPool(Generic[M]):
     """Members by slot, each replaced when a call finds it dead, within a budget.
 
-    start(slot) -> a new member; stop(member) ends one (idempotent); failure(line)
-    -> the role's RunFailure; replacing: what the pool's log line says it does."""
+    members: the caller's list by slot, kept (not copied: the pool replaces members in
+    it, the caller reads it); start(slot) -> a new member; stop(member) ends one
+    (idempotent); failure(line) -> the role's RunFailure; replacing: what the pool's
+    log line says it does."""
 
     def __init__(
         self,
@@ -201,7 +205,7 @@ class ActorPool(Generic[M]):
         failure: Callable[[str], RunFailure],
         replacing: str,
     ):
-        self._members = list(members)
+        self._members = members
         self._start, self._stop, self._failure_type = start, stop, failure
         self._replacing = replacing
         self.num_restarts = 0  # attempts in all: one that died starting counts
@@ -229,6 +233,38 @@ class ActorPool(Generic[M]):
             except BaseException:
                 self._stop(self._members[slot])
                 raise
+
+    def start_replacement(
+        self,
+        slot: int,
+        attempt: int,
+        during: str,
+        error: BaseException,
+        budget: RestartBudget,
+        who: str,
+    ) -> M:
+        """Attempt `attempt` (1, 2, ... within one call) at replacing the dead member in
+        `slot`, not waited for: the dead one is stopped; the budget spent -> the role's
+        RunFailure (the line); else, after the attempt's backoff, a new member starts
+        and is returned. The caller goes on with the others and `install`s it once up."""
+        with self._lock:
+            self._stop(self._members[slot])
+            if not budget.allows(attempt, self.num_restarts):
+                self._failure = self._failure_type(
+                    restart_budget_spent(
+                        who, attempt, during, self.num_restarts, budget.keys(), error
+                    )
+                )
+                raise self._failure from None
+            time.sleep(restart_delay_s(attempt))
+            self._announce(who, during, error, attempt, budget)
+            self.num_restarts += 1
+            return self._start(slot)
+
+    def install(self, slot: int, member: M) -> None:
+        """A started replacement takes its slot."""
+        with self._lock:
+            self._members[slot] = member
 
     def call(
         self,
@@ -267,19 +303,14 @@ class ActorPool(Generic[M]):
                 while True:
                     attempts += 1
                     if not budget.allows(attempts, self.num_restarts):
-                        self.spent_snapshot = taken[0]
-                        self._failure = self._failure_type(
-                            restart_budget_spent(
-                                who, attempts, during, self.num_restarts, budget.keys(), error
-                            )
-                        )
-                        raise self._failure from None
-                    self._announce(who, during, error, attempts, budget)
-                    time.sleep(restart_delay_s(attempts))
-                    try:
-                        self.replace(slot, functools.partial(install, taken[0]))
+                        self.spent_snapshot = taken[0]  # what every replacement was to hold
+                    try:  # the budget spent: the line
+                        member = self.start_replacement(slot, attempts, during, error, budget, who)
+                        self.install(slot, member)
+                        install(taken[0], member)
                         break
                     except (ActorDied, RayError) as died_starting:
+                        self._stop(self._members[slot])
                         error = died_starting
 
     def _announce(

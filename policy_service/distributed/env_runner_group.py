@@ -24,7 +24,6 @@ The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunn
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -36,6 +35,7 @@ from ray.exceptions import RayActorError, RayTaskError
 from policy_service.config import config_for, config_value
 from policy_service.data import observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
+from policy_service.distributed.actor_pool import ActorPool, RestartBudget
 from policy_service.distributed.resources import check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
@@ -43,11 +43,10 @@ from policy_service.distributed.restarts import (
     RestartablePolicyActor,
     died_of_actor_death,
     is_actor_death,
-    restart_delay_s,
 )
 from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
-from policy_service.errors import RunFailure, one_line, own_error, restart_budget_spent
+from policy_service.errors import RunFailure, one_line, own_error
 from policy_service.policy import models
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
@@ -143,7 +142,6 @@ class EnvRunnerGroup:
             if value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.num_env_runners = int(num_env_runners)
-        self.num_restarts = 0
         self.max_restarts_per_sample = int(max_restarts_per_sample)
         self.max_restarts = int(max_restarts)
         self.max_policy_actor_restarts = int(max_policy_actor_restarts)
@@ -201,7 +199,14 @@ class EnvRunnerGroup:
             )
             self.policy_actor = self._served_policy.actor
         self.local_worker: RolloutWorker | None = None  # the one sampling in this process
-        self.workers: list = []
+        self.workers: list = []  # by slot; the pool replaces them there
+        self._pool = ActorPool(
+            self.workers,
+            lambda slot: self._make_worker(slot + 1),
+            _kill_quietly,
+            EnvRunnerFailure,
+            "replacing it",
+        )
         self._starting: list | None = None  # the remote workers' first pings, until all answer
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
         # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
@@ -216,7 +221,7 @@ class EnvRunnerGroup:
             self.observation_space, self.action_space = self.local_worker.get_spaces()
         else:
             self._worker_cls: Any = ray.remote(self.worker_cls)
-            self.workers = [self._make_worker(index) for index in self._worker_indices()]
+            self.workers += [self._make_worker(index) for index in self._worker_indices()]
             self._starting = [worker.ping.remote() for worker in self.workers]
             if sample_while_starting and self.policy_actor is None and not self._inference_actors:
                 self.local_worker = self._stand_in()
@@ -575,39 +580,29 @@ class EnvRunnerGroup:
         waited for: the caller keeps sampling with the others (async sampling) and
         `install`s it once `ready` resolves. Budgets spent -> EnvRunnerFailure; else,
         after the attempt's backoff (none at the first), the new worker starts."""
-        _kill_quietly(self.workers[slot])
-        if attempt > self.max_restarts_per_sample or self.num_restarts >= self.max_restarts:
-            raise EnvRunnerFailure(
-                restart_budget_spent(
-                    f"env runner {slot + 1}",
-                    attempt,
-                    during,
-                    self.num_restarts,
-                    {
-                        "max_restarts_per_sample": self.max_restarts_per_sample,
-                        "max_num_env_runner_restarts": self.max_restarts,  # the config key
-                    },
-                    error,
-                )
-            ) from None
-        time.sleep(restart_delay_s(attempt))
-        self.num_restarts += 1
-        # our line beside Ray's "(raylet) A worker died ...": the fault is handled
-        print(
-            f"policy-service: env runner {slot + 1} died during {during} "
-            f"({type(own_error(error)).__name__}); replacing it (restart {self.num_restarts} "
-            f"of at most {self.max_restarts})",
-            file=sys.stderr,
-            flush=True,
+        worker = self._pool.start_replacement(
+            slot, attempt, during, error, self._restart_budget(), f"env runner {slot + 1}"
         )
-        worker = self._make_worker(slot + 1)
         return Replacement(slot, worker, self._ready(worker), attempt, self._weights_version)
 
     def install(self, replacement: Replacement) -> None:
         """A started replacement takes its slot, given the weights sent since it started."""
-        self.workers[replacement.slot] = replacement.worker
+        self._pool.install(replacement.slot, replacement.worker)
         if replacement.weights_version != self._weights_version and self._weights_ref is not None:
             self._unacked_weights += self._set_weights_on([replacement.worker])
+
+    @property
+    def num_restarts(self) -> int:
+        """Replacements of workers so far (one that died starting counts)."""
+        return self._pool.num_restarts
+
+    def _restart_budget(self) -> RestartBudget:
+        return RestartBudget(
+            per_call=self.max_restarts_per_sample,
+            per_call_key="max_restarts_per_sample",
+            in_all=self.max_restarts,
+            in_all_key="max_num_env_runner_restarts",  # the config key
+        )
 
     def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
         """Replace the dead worker in `slot` now, with the latest weights, trying again
@@ -717,7 +712,7 @@ class EnvRunnerGroup:
                 pass
             for worker in self.workers:
                 ray.kill(worker, no_restart=True)
-            self.workers = []
+            self.workers.clear()
         if self._served_policy is not None:
             self._served_policy.kill()
             self._served_policy = None
