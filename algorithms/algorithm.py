@@ -59,9 +59,9 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from algorithms.multi_agent import MultiAgentLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
+    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
     from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
-    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
     from policy_service.policy.tf_policy import TFPolicy
 
 # the registered algorithms that train `policies`, for the refusal's hint (written out, as

@@ -33,7 +33,7 @@ from policy_service.multi_agent.self_play import check_same_layout
 from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 if TYPE_CHECKING:
-    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
+    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
 
 MULTI_AGENT_KEYS = (
     "policies",
@@ -161,7 +161,7 @@ def multi_agent_env_runners(
     episodes and the acting copies' sampling (None: the policies' config seed);
     `inference_actors` (MultiAgentLearners.actors): each policy acts through its learners;
     `callbacks`: the classes whose runner hooks run in the env runners."""
-    from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
+    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
 
     return MultiAgentEnvRunnerGroup(
         multi_agent_env_creator(config.env),

@@ -122,7 +122,12 @@ LAYERS = [
     # env runners write what they act on (offline.output: below them, it imports no Ray side)
     (
         "policy_service.distributed",
-        above("data", "engine", "returns", "io", "policy", "runs", "offline"),
+        above("data", "engine", "returns", "io", "policy", "runs", "offline", "multi_agent"),
+    ),
+    # multi-agent envs, policies and the sampler: below the Ray side that runs them
+    (
+        "policy_service.multi_agent",
+        above("data", "engine", "returns", "io", "policy", "runs"),
     ),
     # experiences on disk are data: written and read without the Ray side or the policy
     (

@@ -92,8 +92,8 @@ def test_a_single_agent_env_runner_sends_the_rules_action(name):
 
 @pytest.mark.parametrize("name", RULES)
 def test_a_multi_agent_env_runner_sends_the_rules_action(name):
+    from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
     from policy_service.multi_agent.policies import agent_policies
-    from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
     rule, expected = RULES[name]
     found = agent_policies(

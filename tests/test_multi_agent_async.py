@@ -28,9 +28,9 @@ from policy_service import PolicySpec
 from policy_service.config import ConfigError
 from policy_service.distributed.async_learning import AsyncSettings, makes_train_batch
 from policy_service.distributed.fragment_stream import Fragment
+from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.multi_agent.policies import agent_policies
-from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 from policy_service.runs.metrics_logger import Stat
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))

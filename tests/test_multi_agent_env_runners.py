@@ -16,11 +16,11 @@ from fakes import ReturnsPGPolicy
 from multi_agent_envs import TwoMapsEnv, by_agent
 
 from policy_service import PolicySpec, SampleBatch
+from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
+from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.restarts import RestartablePolicyActor
-from policy_service.multi_agent.env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.policies import agent_policies
-from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 from policy_service.runs.metrics_logger import Stat
 
 BASE = {"model": {"fcnet_hiddens": [8]}}

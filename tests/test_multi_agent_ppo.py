@@ -20,9 +20,9 @@ from algorithms.ppo import PPO, PPOPolicy
 from policy_service import PolicySpec, SampleBatch
 from policy_service.config import ConfigError
 from policy_service.data.sample_batch import concat_samples
+from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.multi_agent.env import MultiAgentEnvError
 from policy_service.multi_agent.policies import agent_policies
-from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
 register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
 

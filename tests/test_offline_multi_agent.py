@@ -17,9 +17,9 @@ from algorithms.multi_agent_offline import offline_multi_agent_runners
 from policy_service import PolicySpec
 from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import agent_policies
-from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 from policy_service.offline import OfflineDataError
 
 SMALL = {"model": {"fcnet_hiddens": [16]}, "seed": 0}

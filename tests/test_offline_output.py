@@ -112,8 +112,8 @@ def test_a_multi_agent_worker_writes_each_policy_apart(tmp_path):
     from multi_agent_envs import TwoMapsEnv, by_agent
 
     from policy_service import PolicySpec
+    from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
     from policy_service.multi_agent.policies import agent_policies
-    from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
     policies = agent_policies(
         {"pa": PolicySpec(config={"seed": 1}), "pb": PolicySpec(config={"seed": 2})},

@@ -23,11 +23,11 @@ from collections.abc import Callable
 from policy_service.config import on_cpu
 from policy_service.data.observation_filters import RunningStat
 from policy_service.distributed.env_runner_group import EnvRunnerGroup, joined_metrics
+from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.batch import MultiAgentBatch, concat_multi_agent
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
-from policy_service.multi_agent.rollout_worker import MultiAgentRolloutWorker
 
 
 class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
