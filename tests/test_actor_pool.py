@@ -167,6 +167,21 @@ def test_a_replacement_dying_as_it_starts_is_counted_and_tried_again(ray_pool):
         pool.stop()
 
 
+def test_a_replacement_waited_for_that_dies_starting_is_the_next_attempt(ray_pool):
+    pool = counters_pool(deaths_starting=1)
+    try:
+        dead = pool.member()
+        kill(dead)
+        error = gather([dead.get.remote()])[0].error
+        assert error is not None
+        attempt = pool.replace_when_up(
+            0, 1, "read()", error, PER_CALL, "counter 0", lambda _, new: new.set.remote(6)
+        )
+        assert attempt == 2 and pool.num_restarts == 2 and read(pool) == 6
+    finally:
+        pool.stop()
+
+
 def test_a_spent_budget_is_one_line_naming_the_actor_its_deaths_and_the_key(ray_pool):
     pool = counters_pool(deaths_starting=5)  # every replacement dies starting
     try:

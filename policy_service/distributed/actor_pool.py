@@ -15,6 +15,7 @@ catch Ray's errors themselves.
     pool.replace(0, install)                  # a fresh member, made whole by `install`
     new = pool.start_replacement(slot, attempt, "sample()", error, budget, "env runner 2")
     pool.install(slot, new)                   # once it is up; the caller went on meanwhile
+    pool.replace_when_up(slot, 1, "sample()", error, budget, "env runner 2", up)  # waited for
     pool.num_restarts                         # attempts in all, failed starts included
 
 What it owns:
@@ -24,8 +25,8 @@ What it owns:
 - the budget (`RestartBudget`: per call, in all, the config keys that set them) and
   the backoff between attempts of one call (`restart_delay_s`: none, then doubling);
 - replacement: the old member stopped, a new one started and made whole (`replace`,
-  `call`), one thread at a time; or started in the background (`start_replacement`)
-  and installed when ready (`install`); a call that failed on a member another
+  `call`, `replace_when_up`), one thread at a time; or started in the background
+  (`start_replacement`) and installed when ready (`install`); a call that failed on a member another
   thread replaced meanwhile is made again, not counted;
 - the "budget spent" line (errors.restart_budget_spent), raised as the role's own
   RunFailure, and raised again by every later call once spent;
@@ -137,6 +138,14 @@ def gather(
     for ref in pending:
         results[index_of[ref]] = CallResult(index_of[ref], left)
     return [results[index] for index in range(len(refs))]
+
+
+def raise_own_error(results: Sequence[CallResult]) -> None:
+    """Raise the first error an actor's own code raised among `results`; deaths, hangs
+    and calls not waited for are left to the caller."""
+    for result in results:
+        if result.outcome is Outcome.RAISED:
+            result.get()
 
 
 # ----- the budget ----------------------------------------------------------------------
@@ -265,6 +274,30 @@ class ActorPool(Generic[M]):
         """A started replacement takes its slot."""
         with self._lock:
             self._members[slot] = member
+
+    def replace_when_up(
+        self,
+        slot: int,
+        attempt: int,
+        during: str,
+        error: BaseException,
+        budget: RestartBudget,
+        who: str,
+        up: Callable[[int, M], ray.ObjectRef],
+    ) -> int:
+        """Replace the dead member in `slot` now: attempt `attempt` (start_replacement),
+        installed once `up(slot, new member)` resolves; one that dies starting is
+        stopped and the next attempt made, within `budget`. -> the attempt that took
+        the slot."""
+        while True:
+            member = self.start_replacement(slot, attempt, during, error, budget, who)
+            [started] = gather([up(slot, member)])
+            if started.outcome is not Outcome.DIED:
+                started.get()  # its own code's error raised
+                self.install(slot, member)
+                return attempt
+            self._stop(member)
+            attempt, error = attempt + 1, started.error or error
 
     def call(
         self,

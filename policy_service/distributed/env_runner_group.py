@@ -30,19 +30,25 @@ from typing import Any, NamedTuple
 
 import gymnasium as gym
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import RayActorError
 
 from policy_service.config import config_for, config_value
 from policy_service.data import observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.distributed.actor_pool import ActorPool, RestartBudget
+from policy_service.distributed.actor_pool import (
+    ActorPool,
+    CallResult,
+    Outcome,
+    RestartBudget,
+    died_of_actor_death,
+    gather,
+    raise_own_error,
+)
 from policy_service.distributed.resources import check_cluster_fits
 from policy_service.distributed.restarts import (
     DEFAULT_POLICY_ACTOR_RESTARTS,
     PolicyActorFailure,
     RestartablePolicyActor,
-    died_of_actor_death,
-    is_actor_death,
 )
 from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
@@ -304,22 +310,35 @@ class EnvRunnerGroup:
         )
 
     def _sample_remote(self) -> list[tuple[SampleBatch, dict]]:
+        """One fragment from every worker; a worker's failed call is made again once it
+        is replaced (died) or the PolicyActor it met dead is back, stopping at the first
+        failure so that a dead worker's replacement starts while the others sample."""
         self._check_weight_acks()
-        pending = {worker.sample.remote(): slot for slot, worker in enumerate(self.workers)}
+        pending = {slot: worker.sample.remote() for slot, worker in enumerate(self.workers)}
         results: dict[int, tuple] = {}
         restarts = [0] * len(self.workers)
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            slot = pending.pop(ready[0])
-            try:
-                results[slot] = ray.get(ready[0])
-            except (RayActorError, RayTaskError) as error:
-                if is_actor_death(error):
-                    self._restart(slot, restarts, "sample()", error)
-                elif not self.policy_actor_is_back(error):
-                    raise  # the worker's own code raised
-                pending[self.workers[slot].sample.remote()] = slot
+            slots = list(pending)
+            for slot, result in zip(slots, gather(list(pending.values()), stop_at_failure=True)):
+                if result.outcome is Outcome.UNWAITED:
+                    continue
+                del pending[slot]
+                if result.ok:
+                    results[slot] = result.value
+                    continue
+                self._recover(slot, result, restarts, "sample()")
+                pending[slot] = self.workers[slot].sample.remote()
         return [results[slot] for slot in range(len(self.workers))]
+
+    def _recover(self, slot: int, result: CallResult, restarts: list[int], during: str) -> None:
+        """After the failed call `result` of the worker in `slot`: a dead worker replaced
+        (`restarts[slot]`: its attempts within the current call); a call lost with the
+        PolicyActor, once Ray restarted it, left to be made again; else the worker's
+        own error raised."""
+        if result.outcome is Outcome.DIED:
+            self._replace(slot, restarts, during, result.error)
+        elif result.error is None or not self.policy_actor_is_back(result.error):
+            result.get()  # the worker's own code raised
 
     def sample_async(self, timeout_s: float | None = None) -> list[tuple[SampleBatch, dict]]:
         """The fragments of the workers that finished since the last call, as they
@@ -356,17 +375,16 @@ class EnvRunnerGroup:
         worker died (replaced unless that was done already), or the PolicyActor did and
         is back; the slot is asked again."""
         slot, asked = self._in_flight.pop(ref)
-        try:
-            result = [_one_fragment(ray.get(ref))]
-        except (RayActorError, RayTaskError) as error:
-            if is_actor_death(error):
-                if self.workers[slot] is asked:  # else a sample()/sync_weights() replaced it
-                    self._restart(slot, restarts, "sample_async()", error)
-            elif not self.policy_actor_is_back(error):
-                raise  # the worker's own code raised; its slot is asked again next call
-            result = []
+        [result] = gather([ref])
+        if result.ok:
+            self._ask_for_fragment(slot)
+            return [_one_fragment(result.value)]
+        # a worker's own error is raised; its slot is asked again next call
+        if result.outcome is not Outcome.DIED or self.workers[slot] is asked:
+            self._recover(slot, result, restarts, "sample_async()")
+        # else a sample()/sync_weights() replaced it
         self._ask_for_fragment(slot)
-        return result
+        return []
 
     def _request_missing_fragments(self) -> None:
         """One sample request in flight for every worker."""
@@ -456,28 +474,22 @@ class EnvRunnerGroup:
             self._unacked_weights.extend(pending)
             return
         restarts = [0] * len(self.workers)
-        for slot, ref in enumerate(pending):
-            try:
-                ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
-                self._restart(slot, restarts, "sync_weights()", error)  # gets the weights just put
+        for slot, result in enumerate(gather(pending)):
+            if result.outcome is Outcome.DIED:  # its replacement gets the weights just put
+                self._replace(slot, restarts, "sync_weights()", result.error)
+            else:
+                result.get()  # the worker's own code raised
 
     def _check_weight_acks(self) -> None:
         """Weights sent without waiting: raise what a worker's code raised on them (a
         death is left to the next sample, which replaces the worker)."""
         if not self._unacked_weights:
             return
-        ready, self._unacked_weights = ray.wait(
-            self._unacked_weights, num_returns=len(self._unacked_weights), timeout=0
-        )
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
+        results = gather(self._unacked_weights, timeout_s=0)  # not done yet: HUNG
+        self._unacked_weights = [
+            ref for ref, r in zip(self._unacked_weights, results) if r.outcome is Outcome.HUNG
+        ]
+        raise_own_error(results)
 
     def set_global_timestep(self, timestep: int) -> None:
         """Every worker's exploration schedule to `timestep` (RLlib's global timestep); remote
@@ -503,13 +515,10 @@ class EnvRunnerGroup:
         died starting (sampling replaces it; the caller's sync gives them weights)."""
         if self._inference_actors:
             return
-        try:
-            weights = ray.get(self.workers[0].get_weights.remote())
-        except RayActorError as error:
-            if not is_actor_death(error):
-                raise
+        [first] = gather([self.workers[0].get_weights.remote()])
+        if first.outcome is Outcome.DIED:
             return
-        self._weights_ref = ray.put(weights)
+        self._weights_ref = ray.put(first.get())
         self._weights_version = 0
         self._unacked_weights += self._set_weights_on(self.workers[1:])
 
@@ -583,7 +592,7 @@ class EnvRunnerGroup:
         worker = self._pool.start_replacement(
             slot, attempt, during, error, self._restart_budget(), f"env runner {slot + 1}"
         )
-        return Replacement(slot, worker, self._ready(worker), attempt, self._weights_version)
+        return Replacement(slot, worker, self._ready(slot, worker), attempt, self._weights_version)
 
     def install(self, replacement: Replacement) -> None:
         """A started replacement takes its slot, given the weights sent since it started."""
@@ -604,26 +613,23 @@ class EnvRunnerGroup:
             in_all_key="max_num_env_runner_restarts",  # the config key
         )
 
-    def _restart(self, slot: int, restarts: list[int], during: str, error: BaseException) -> None:
-        """Replace the dead worker in `slot` now, with the latest weights, trying again
-        with backoff while replacements die starting; `restarts[slot]` counts them
-        within the current call. Budgets spent -> EnvRunnerFailure."""
-        while True:
-            restarts[slot] += 1
-            replacement = self.start_replacement(slot, restarts[slot], during, error)
-            try:
-                ray.get(replacement.ready)
-            except RayActorError as start_error:
-                if not is_actor_death(start_error):
-                    raise
-                _kill_quietly(replacement.worker)
-                error = start_error
-                continue
-            self.install(replacement)
-            return
+    def _replace(self, slot: int, restarts: list[int], during: str, error) -> None:
+        """Replace the dead worker in `slot` now, with the latest weights (the pool tries
+        again with backoff while replacements die starting); `restarts[slot]` counts the
+        attempts within the current call. Budgets spent -> EnvRunnerFailure."""
+        restarts[slot] = self._pool.replace_when_up(
+            slot,
+            restarts[slot] + 1,
+            during,
+            error,
+            self._restart_budget(),
+            f"env runner {slot + 1}",
+            self._ready,
+        )
 
-    def _ready(self, worker) -> ray.ObjectRef:
-        """A ref that resolves once a new worker is up and acting with the latest weights."""
+    def _ready(self, slot: int, worker) -> ray.ObjectRef:
+        """A ref that resolves once the new worker in `slot` is up and acting with the
+        latest weights."""
         if self.policy_actor is None and self._weights_ref is not None:
             return self._set_weights_on([worker])[0]
         return worker.ping.remote()
@@ -691,12 +697,7 @@ class EnvRunnerGroup:
             stats, [worker.flush_filter_buffer.remote() for worker in self.workers]
         )
         merged_ref = ray.put(merged)
-        for ref in [worker.sync_filter.remote(merged_ref) for worker in self.workers]:
-            try:
-                ray.get(ref)
-            except RayActorError as error:
-                if not is_actor_death(error):
-                    raise
+        raise_own_error(gather([worker.sync_filter.remote(merged_ref) for worker in self.workers]))
         return merged
 
     def stop(self) -> None:
@@ -724,14 +725,10 @@ def merged_filter_buffers(
 ) -> observation_filters.RunningStat:
     """`stats` merged with the workers' flush_filter_buffer results these refs give (a
     worker that died meanwhile adds nothing)."""
-    for ref in refs:
-        try:
-            buffer = ray.get(ref)
-        except RayActorError as error:
-            if not is_actor_death(error):
-                raise
-            continue
-        stats = stats if buffer is None else stats.merge(buffer)
+    for result in gather(refs):
+        if result.outcome is not Outcome.DIED:
+            buffer = result.get()  # or the worker's own error
+            stats = stats if buffer is None else stats.merge(buffer)
     return stats
 
 
