@@ -135,21 +135,25 @@ def test_a_killed_member_is_replaced_made_whole_and_the_call_made_again(ray_pool
         pool.stop()
 
 
-def test_a_replacement_started_in_the_background_takes_its_slot_when_installed(ray_pool):
-    budget = RestartBudget(per_call=1, per_call_key="max_restarts_per_read")
-    pool = counters_pool()
+def test_a_replacement_started_in_the_background_is_kept_by_the_pool_until_up(ray_pool):
+    budget = RestartBudget(per_call=2, per_call_key="max_restarts_per_read")
+    pool = counters_pool(deaths_starting=1)
     try:
         dead = pool.member()
         kill(dead)
         error = gather([dead.get.remote()])[0].error
         assert error is not None
-        new = pool.start_replacement(0, 1, "read()", error, budget, "counter 0")
-        assert pool.member() is dead and pool.num_restarts == 1  # the caller goes on meanwhile
-        ray.get(new.set.remote(4))  # up
-        pool.install(0, new)
-        assert read(pool) == 4
-        with pytest.raises(CounterFailure, match=r"^counter 0 died 2 times during one read\(\)"):
-            pool.start_replacement(0, 2, "read()", error, budget, "counter 0")
+
+        def up(_, new):
+            return new.set.remote(4)
+
+        pool.replace_in_background(0, "read()", error, budget, "counter 0", up)
+        assert pool.member() is dead and pool.starting() == [0]  # the caller goes on meanwhile
+        # the first replacement died starting: the pool started the next attempt, installed
+        assert pool.install_started(wait=True) == [0]
+        assert pool.num_restarts == 2 and pool.starting() == [] and read(pool) == 4
+        with pytest.raises(CounterFailure, match=r"^counter 0 died 3 times during one read\(\)"):
+            pool.replace_in_background(0, "read()", error, budget, "counter 0", up, attempt=3)
     finally:
         pool.stop()
 

@@ -16,6 +16,8 @@ catch Ray's errors themselves.
     new = pool.start_replacement(slot, attempt, "sample()", error, budget, "env runner 2")
     pool.install(slot, new)                   # once it is up; the caller went on meanwhile
     pool.replace_when_up(slot, 1, "sample()", error, budget, "env runner 2", up)  # waited for
+    pool.replace_in_background(slot, "sampling", error, budget, "env runner 2", up)
+    pool.install_started(wait=False)          # those up (up(slot, new) resolved) installed
     pool.num_restarts                         # attempts in all, failed starts included
 
 What it owns:
@@ -26,7 +28,8 @@ What it owns:
   the backoff between attempts of one call (`restart_delay_s`: none, then doubling);
 - replacement: the old member stopped, a new one started and made whole (`replace`,
   `call`, `replace_when_up`), one thread at a time; or started in the background
-  (`start_replacement`) and installed when ready (`install`); a call that failed on a member another
+  and installed once up (`replace_in_background`, `install_started`; the pool keeps
+  them meanwhile); a call that failed on a member another
   thread replaced meanwhile is made again, not counted;
 - the "budget spent" line (errors.restart_budget_spent), raised as the role's own
   RunFailure, and raised again by every later call once spent;
@@ -198,6 +201,18 @@ class PoolStopped(RuntimeError):
     by another thread)."""
 
 
+class _Starting(NamedTuple):
+    """A replacement started in the background: installed once `ready` resolves."""
+
+    member: Any
+    ready: ray.ObjectRef
+    attempt: int
+    during: str
+    budget: RestartBudget
+    who: str
+    up: Callable[[int, Any], ray.ObjectRef]
+
+
 class ActorPool(Generic[M]):
     """Members by slot, each replaced when a call finds it dead, within a budget.
 
@@ -220,6 +235,7 @@ class ActorPool(Generic[M]):
         self.num_restarts = 0  # attempts in all: one that died starting counts
         self.spent_snapshot: Any = None  # what the last replacement was to hold, once spent
         self._failure: RunFailure | None = None  # the budget line, for every later call
+        self._starting: dict[int, _Starting] = {}  # replacements started in the background
         # held while a member is replaced: a caller on another thread (the async learner
         # thread, the driver) waits for the new one instead of calling the stopped one
         self._lock = threading.RLock()
@@ -258,6 +274,8 @@ class ActorPool(Generic[M]):
         and is returned. The caller goes on with the others and `install`s it once up."""
         with self._lock:
             self._stop(self._members[slot])
+            if slot in self._starting:  # replaced now: the one still starting is not needed
+                self._stop(self._starting.pop(slot).member)
             if not budget.allows(attempt, self.num_restarts):
                 self._failure = self._failure_type(
                     restart_budget_spent(
@@ -298,6 +316,58 @@ class ActorPool(Generic[M]):
                 return attempt
             self._stop(member)
             attempt, error = attempt + 1, started.error or error
+
+    def replace_in_background(
+        self,
+        slot: int,
+        during: str,
+        error: BaseException,
+        budget: RestartBudget,
+        who: str,
+        up: Callable[[int, M], ray.ObjectRef],
+        attempt: int = 1,
+    ) -> None:
+        """Start replacing the dead member in `slot` (start_replacement), not waited for:
+        the caller goes on with the others; `install_started` puts it in its slot once
+        `up(slot, new member)` resolves."""
+        member = self.start_replacement(slot, attempt, during, error, budget, who)
+        self._starting[slot] = _Starting(member, up(slot, member), attempt, during, budget, who, up)
+
+    def starting(self) -> list[int]:
+        """The slots whose replacement is starting in the background."""
+        return sorted(self._starting)
+
+    def install_started(self, wait: bool) -> list[int]:
+        """The replacements started in the background that are up take their slots
+        (`wait`: all of them, waiting for those starting); one that died starting is
+        stopped and the next attempt started, within its budget. -> the slots filled."""
+        filled: list[int] = []
+        while self._starting:
+            starting = list(self._starting.items())
+            results = gather([started.ready for _, started in starting], None if wait else 0)
+            if all(result.outcome is Outcome.HUNG for result in results):
+                break
+            for (slot, started), result in zip(starting, results):
+                if result.outcome is Outcome.HUNG:  # still starting
+                    continue
+                del self._starting[slot]
+                if result.outcome is Outcome.DIED:
+                    assert result.error is not None
+                    self._stop(started.member)
+                    self.replace_in_background(
+                        slot,
+                        started.during,
+                        result.error,
+                        started.budget,
+                        started.who,
+                        started.up,
+                        started.attempt + 1,
+                    )
+                    continue
+                result.get()  # its own code's error raised
+                self.install(slot, started.member)
+                filled.append(slot)
+        return filled
 
     def call(
         self,
@@ -362,10 +432,13 @@ class ActorPool(Generic[M]):
         )
 
     def stop(self) -> None:
-        """End every member (idempotent)."""
+        """End every member, and the replacements starting (idempotent)."""
         with self._lock:
             for member in self._members:
                 self._stop(member)
+            for started in self._starting.values():
+                self._stop(started.member)
+            self._starting.clear()
 
 
 # ----- actors Ray restarts in place ------------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import gymnasium as gym
 import ray
@@ -61,17 +61,6 @@ DEFAULT_MAX_RESTARTS = 100
 
 class EnvRunnerFailure(RunFailure, RuntimeError):
     """A restart budget is spent: the run cannot go on (one line: which actor, why)."""
-
-
-class Replacement(NamedTuple):
-    """A worker started in place of the dead one in `slot`: up once `ready` resolves;
-    the weights version it was started with (newer ones go to it when installed)."""
-
-    slot: int
-    worker: Any
-    ready: ray.ObjectRef
-    attempt: int
-    weights_version: int | None
 
 
 def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:
@@ -215,6 +204,7 @@ class EnvRunnerGroup:
         )
         self._starting: list | None = None  # the remote workers' first pings, until all answer
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
+        self._started_with: dict[int, int | None] = {}  # a replacement's weights version
         # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
         self._unacked_weights: list = []
         if self.num_env_runners == 0:
@@ -582,23 +572,29 @@ class EnvRunnerGroup:
             return _actor_of_worker(self._inference_actors, index)
         return self.policy_actor
 
-    def start_replacement(
-        self, slot: int, attempt: int, during: str, error: BaseException
-    ) -> Replacement:
-        """Attempt `attempt` (1, 2, ...) at replacing the dead worker in `slot`, not
-        waited for: the caller keeps sampling with the others (async sampling) and
-        `install`s it once `ready` resolves. Budgets spent -> EnvRunnerFailure; else,
-        after the attempt's backoff (none at the first), the new worker starts."""
-        worker = self._pool.start_replacement(
-            slot, attempt, during, error, self._restart_budget(), f"env runner {slot + 1}"
+    def replace_in_background(self, slot: int, during: str, error: BaseException) -> None:
+        """Start replacing the dead worker in `slot`, not waited for: the caller keeps
+        sampling with the others (async sampling) and `install_started` puts it in its
+        slot once up. Budgets spent -> EnvRunnerFailure; a replacement that dies
+        starting is tried again (after the attempt's backoff) by `install_started`."""
+        self._pool.replace_in_background(
+            slot, during, error, self._restart_budget(), f"env runner {slot + 1}", self._ready
         )
-        return Replacement(slot, worker, self._ready(slot, worker), attempt, self._weights_version)
 
-    def install(self, replacement: Replacement) -> None:
-        """A started replacement takes its slot, given the weights sent since it started."""
-        self._pool.install(replacement.slot, replacement.worker)
-        if replacement.weights_version != self._weights_version and self._weights_ref is not None:
-            self._unacked_weights += self._set_weights_on([replacement.worker])
+    def install_started(self, wait: bool) -> list[int]:
+        """The replacements started in the background that are up take their slots
+        (`wait`: all of them, waiting for those starting), each given the weights sent
+        since it started. -> the slots filled."""
+        filled = self._pool.install_started(wait)
+        for slot in filled:
+            started_with = self._started_with.pop(slot, None)
+            if started_with != self._weights_version and self._weights_ref is not None:
+                self._unacked_weights += self._set_weights_on([self.workers[slot]])
+        return filled
+
+    def runners_starting(self) -> list[int]:
+        """Slots whose dead worker's replacement is starting in the background."""
+        return self._pool.starting()
 
     @property
     def num_restarts(self) -> int:
@@ -629,7 +625,8 @@ class EnvRunnerGroup:
 
     def _ready(self, slot: int, worker) -> ray.ObjectRef:
         """A ref that resolves once the new worker in `slot` is up and acting with the
-        latest weights."""
+        latest weights (their version kept: newer ones go to it when installed)."""
+        self._started_with[slot] = self._weights_version
         if self.policy_actor is None and self._weights_ref is not None:
             return self._set_weights_on([worker])[0]
         return worker.ping.remote()
@@ -711,9 +708,8 @@ class EnvRunnerGroup:
                 ray.get([w.stop.remote() for w in self.workers], timeout=10)
             except Exception:  # noqa: BLE001 - a dead worker has nothing to close
                 pass
-            for worker in self.workers:
-                ray.kill(worker, no_restart=True)
-            self.workers.clear()
+        self._pool.stop()  # the workers, and replacements still starting
+        self.workers.clear()
         if self._served_policy is not None:
             self._served_policy.kill()
             self._served_policy = None

@@ -33,10 +33,9 @@ import time
 from typing import Any, NamedTuple
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
 
-from policy_service.distributed.env_runner_group import EnvRunnerGroup, Replacement
-from policy_service.distributed.restarts import is_actor_death
+from policy_service.distributed.actor_pool import CallResult, Outcome, gather
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.rollout_worker import fragment_metrics
 
 SETTLE_S = 30.0  # longest wait, when forgetting, for the requests in flight to finish
@@ -113,13 +112,12 @@ class FragmentStream:
         self.env_runner_idle_s = 0.0
         self._in_flight: dict[ray.ObjectRef, _Request] = {}  # by the metrics' ref
         self._without_acting: set[int] = set()  # slots that found their acting actor dead
-        self._replacing: dict[int, Replacement] = {}  # slots whose new runner is starting
         now = time.monotonic()
         self._idle_since: dict[int, float] = {s: now for s in range(len(env_runners.workers))}
 
     def runners_starting(self) -> list[int]:
         """Slots whose dead runner's replacement is starting (not asked until it is up)."""
-        return sorted(self._replacing)
+        return self.env_runners.runners_starting()
 
     def requests_in_flight(self) -> int:
         return len(self._in_flight) + int(self._local_asked)
@@ -138,7 +136,7 @@ class FragmentStream:
         """Ask every remote runner for fragments until it has the maximum in flight
         (the worker in this process, when it samples: for one, sampled by the next
         `collect`); not those waiting for a new acting actor or starting."""
-        self._install_replacements(wait=False)
+        self._install_started(wait=False)
         self._local_asked = self.env_runners.samples_in_driver()
         now = time.monotonic()
         if self._local_asked:  # no remote runners, or they are starting: not idle
@@ -147,8 +145,9 @@ class FragmentStream:
         counts = [0] * len(self.env_runners.workers)
         for request in self._in_flight.values():
             counts[request.slot] += 1
+        starting = self.env_runners.runners_starting()
         for slot, count in enumerate(counts):
-            if slot in self._without_acting or slot in self._replacing:
+            if slot in self._without_acting or slot in starting:
                 continue
             for _ in range(self.max_in_flight - count):
                 self._ask(slot)
@@ -182,7 +181,7 @@ class FragmentStream:
         ended) -> how many. A runner still starting is waited for, so that every slot
         holds a live one, and so are the requests in flight (at most SETTLE_S): Ray
         logs the traceback of a request that fails after it was dropped."""
-        self._install_replacements(wait=True)
+        self._install_started(wait=True)
         count = self.requests_in_flight()
         self._settle_requests()
         self._in_flight.clear()
@@ -216,67 +215,49 @@ class FragmentStream:
 
     def _receive(self, ref: ray.ObjectRef) -> Fragment | None:
         slot, asked, batch_ref, acting = self._in_flight.pop(ref)
-        try:
-            metrics = ray.get(ref)
-        except (RayActorError, RayTaskError) as error:
+        [result] = gather([ref])
+        if result.error is not None:
             _read_error(batch_ref)
-            if self.env_runners.acting_actor_died(error):
-                self.lost_fragments += 1
-                if acting == self.env_runners.inference_actors:  # none handed over since
-                    self._without_acting.add(slot)
-            elif not is_actor_death(error):
-                if not self.env_runners.policy_actor_is_back(error):
-                    raise  # the worker's own code raised
-                self.lost_fragments += 1  # lost with the PolicyActor, which Ray restarted
-            else:
-                self._lost_with_runner(slot, asked, error)
-            metrics = None
-        if slot not in self._replacing and all(r.slot != slot for r in self._in_flight.values()):
+            self._lost(slot, asked, acting, result)
+        starting = slot in self.env_runners.runners_starting()
+        if not starting and all(r.slot != slot for r in self._in_flight.values()):
             self._idle_since.setdefault(slot, time.monotonic())
-        return None if metrics is None else Fragment.sampled(batch_ref, metrics)
+        return Fragment.sampled(batch_ref, result.value) if result.ok else None
+
+    def _lost(self, slot: int, asked, acting: list | dict, result: CallResult) -> None:
+        """The failed request `result` of the runner `asked` in `slot`: counted lost
+        with its acting actor, the PolicyActor (once Ray restarted it) or the runner
+        (replaced); else the runner's own error raised."""
+        error = result.error
+        assert error is not None
+        if self.env_runners.acting_actor_died(error):
+            self.lost_fragments += 1
+            if acting == self.env_runners.inference_actors:  # none handed over since
+                self._without_acting.add(slot)
+        elif result.outcome is Outcome.DIED:
+            self._lost_with_runner(slot, asked, error)
+        elif self.env_runners.policy_actor_is_back(error):
+            self.lost_fragments += 1  # lost with the PolicyActor, which Ray restarted
+        else:
+            result.get()  # the worker's own code raised
 
     def _lost_with_runner(self, slot: int, asked, error: BaseException) -> None:
         """A request of the dead runner `asked` failed: counted, and at the first one
         its replacement starts and its other requests are counted lost at once."""
         self.lost_fragments += 1
-        if self.env_runners.workers[slot] is asked and slot not in self._replacing:
-            self._start_replacement(slot, 1, error)
+        if self.env_runners.workers[slot] is asked and slot not in self.runners_starting():
+            self.env_runners.replace_in_background(slot, "async sampling", error)
+            self._idle_since.pop(slot, None)  # starting, not idle
             for key, request in list(self._in_flight.items()):
                 if request.slot == slot and request.worker is asked:  # lost with it
                     del self._in_flight[key]
                     self.lost_fragments += 1
 
-    def _start_replacement(self, slot: int, attempt: int, error: BaseException) -> None:
-        self._replacing[slot] = self.env_runners.start_replacement(
-            slot, attempt, "async sampling", error
-        )
-        self._idle_since.pop(slot, None)  # starting, not idle
-
-    def _install_replacements(self, wait: bool) -> None:
-        """The replacements that are up take their slots (all of them, `wait`ing for
-        those starting); one that died starting is tried again within the budgets."""
-        while self._replacing:
-            replacements = list(self._replacing.values())
-            ready, _ = ray.wait(
-                [r.ready for r in replacements],
-                num_returns=len(replacements),
-                timeout=None if wait else 0,
-            )
-            if not ready:
-                return
-            for replacement in replacements:
-                if replacement.ready not in ready:
-                    continue
-                del self._replacing[replacement.slot]
-                try:
-                    ray.get(replacement.ready)
-                except RayActorError as error:
-                    if not is_actor_death(error):
-                        raise
-                    self._start_replacement(replacement.slot, replacement.attempt + 1, error)
-                    continue
-                self.env_runners.install(replacement)
-                self._idle_since.setdefault(replacement.slot, time.monotonic())
+    def _install_started(self, wait: bool) -> None:
+        """The runners' replacements that are up take their slots (the env runners'
+        pool: all of them when `wait`ing), idle from now until asked."""
+        for slot in self.env_runners.install_started(wait):
+            self._idle_since.setdefault(slot, time.monotonic())
 
 
 def _read_error(ref: ray.ObjectRef) -> None:
