@@ -28,6 +28,7 @@ OUT_OF_RANGE = [
     (AlgorithmConfig, "train_batch_size", 0, "an integer >= 1"),
     (AlgorithmConfig, "metrics_num_episodes_for_smoothing", 0, "an integer >= 1"),
     (AlgorithmConfig, "ray_num_cpus", 0, "None or an integer >= 1"),
+    (AlgorithmConfig, "max_policy_actor_restarts", -1, "an integer >= 0"),
     (PPOConfig, "lr", -1, POSITIVE),  # redeclared with PPO's default, the check kept
     (PPOConfig, "gamma", 1.01, UNIT_INTERVAL),
     (PPOConfig, "num_epochs", 0, "an integer >= 1"),
@@ -58,6 +59,7 @@ IN_RANGE = [
     (AlgorithmConfig, "rollout_fragment_length", 1),
     (AlgorithmConfig, "num_cpus_per_env_runner", 0),
     (AlgorithmConfig, "ray_num_cpus", None),
+    (AlgorithmConfig, "max_policy_actor_restarts", 0),
     (PPOConfig, "lambda_", 0),
     (PPOConfig, "lambda_", 1),
     (PPOConfig, "kl_coeff", 0),

@@ -100,6 +100,14 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
         "(RLlib's key); 0: the first death ends it.",
         check=integer(ge=0),
     )
+    max_policy_actor_restarts: int = setting(
+        3,
+        doc="Times Ray restarts the PolicyActor (remote_inference, inference: "
+        '"policy_actors"), with its latest weights, over the run before a death ends the '
+        "run in one line naming this key (no RLlib analogue: its env runners act "
+        "themselves); 0: the first death ends it.",
+        check=integer(ge=0),
+    )
     sample_while_env_runners_start: bool = setting(
         True,
         doc="Until the remote env runners are up (at the start, and when a seeded save "
@@ -351,6 +359,7 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
             "remote_inference": self.remote_inference,
             "sample_while_starting": self.sample_while_env_runners_start,
             "max_restarts": self.max_num_env_runner_restarts,
+            "max_policy_actor_restarts": self.max_policy_actor_restarts,
         }
 
 
