@@ -699,9 +699,10 @@ class Algorithm:
         return False
 
     def _restart_sampling(self) -> None:
-        """With a seed: rebuild the env runners seeded from (seed, iteration) (external
-        episodes are their clients' to seed). Either way the runners then act with the
-        learner's current weights."""
+        """After a restore, with a seed: rebuild the env runners seeded from (seed,
+        iteration), so every restore of one checkpoint samples the same episodes
+        (external episodes are their clients' to seed). Either way the runners then act
+        with the restored weights."""
         if self.multi_agent is not None:
             self._restart_multi_agent_sampling()
             return
@@ -769,15 +770,13 @@ class Algorithm:
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory;
-        with `policies`, every policy's state (algorithms/multi_agent.py)."""
+        with `policies`, every policy's state (algorithms/multi_agent.py). Sampling
+        goes on untouched: a run that saves equals one that does not, and no episode
+        in flight is cut."""
         if self.multi_agent is not None:
-            path = self._write_checkpoint(checkpoint_dir, self.multi_agent[1].get_states())
-            self._restart_sampling()
-            return path
+            return self._write_checkpoint(checkpoint_dir, self.multi_agent[1].get_states())
         self.sync_learner_filters()
-        path = self._write_checkpoint(checkpoint_dir, self.learners.get_state())
-        self._restart_sampling()
-        return path
+        return self._write_checkpoint(checkpoint_dir, self.learners.get_state())
 
     def save_after_failure(self, checkpoint_dir: str) -> str | None:
         """After `train()` raised: write the state of the last whole iteration when

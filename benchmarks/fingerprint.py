@@ -2,8 +2,8 @@
 
 PPO (seeded: driver learner, 2 fake GPUs, 2 learner actors), SAC and self-play (PPO on
 a two-policy env, one a frozen copy) for 3 iterations: each iteration's return, losses
-and a hash of every weight; DQN: save after 2 iterations, restore in a new algorithm,
-and hash the weights after one more iteration in both; APPO (one env runner actor
+and a hash of every weight; DQN: save after 2 iterations, restore in a new algorithm and
+in the saved one, and hash the weights after one more iteration in both; APPO (one env runner actor
 acting with its own weights, or through a PolicyActor) run so that no timing decides
 what it trains: its first updates' losses and the returns of the fragments they trained
 on; A3C (one env runner actor, one request in flight) for 3 iterations as PPO. Every
@@ -328,6 +328,7 @@ def dqn_fingerprint() -> dict:
             for _ in range(2):
                 algo.train()
             algo.save(tmp)
+            algo.restore(tmp)  # continued from its own checkpoint: sampling restarts as below
             algo.train()
             continued = weights_hash(algo.get_policy().get_weights())
         finally:

@@ -238,12 +238,14 @@ REPLAY_RUN = {
 
 @pytest.fixture(scope="module")
 def replay_run(tmp_path_factory):
-    """Two iterations, a save, a third: the saved checkpoint and what followed it."""
+    """Two iterations, a save, a restore of it and a third: the saved checkpoint and
+    what followed the restore (every restore of it trains on alike)."""
     path = tmp_path_factory.mktemp("replay") / "ckpt"
     algo = FifoReplayPPO(REPLAY_RUN)
     try:
         algo.train(), algo.train()
         algo.save(str(path))
+        algo.restore(str(path))
         third = algo.train()
         after = {
             "weights": algo.get_policy().get_weights(),

@@ -150,11 +150,13 @@ def test_epsilon_falls_with_the_runs_env_steps():
 
 @pytest.fixture(scope="module")
 def mid_run(tmp_path_factory):
-    """Two iterations, a save, a third: the checkpoint and what followed it."""
+    """Two iterations, a save, a restore of it and a third: the checkpoint and what
+    followed the restore (every restore of it trains on alike)."""
     path = tmp_path_factory.mktemp("dqn") / "ckpt"
     algo, _ = run(SMALL, 2)
     try:
         algo.save(str(path))
+        algo.restore(str(path))
         third = algo.train()
         after = {
             "weights": algo.get_policy().get_weights(),
@@ -481,6 +483,7 @@ def test_dqn_trains_with_frames_stored_once(frames_env, tmp_path):
         np.testing.assert_array_equal(batch["obs"][:, 1:], batch["new_obs"][:, :-1])
         assert (batch["obs"][:, -1] != batch["new_obs"][:, -1]).any(axis=(1, 2)).all()
         algo.save(str(tmp_path / "ckpt"))
+        algo.restore(str(tmp_path / "ckpt"))  # as the fresh run below: sampling restarts
         after = algo.train()
     finally:
         algo.stop()

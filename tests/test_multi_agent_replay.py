@@ -128,11 +128,12 @@ def test_a_checkpoint_holds_every_policy_and_buffer_and_resumes_exactly(tmp_path
             assert sorted(saved) == sorted(restored)
             assert all(np.array_equal(saved[k], restored[k]) for k in saved), policy_id
         assert fresh.num_sgd_steps_total == trained.num_sgd_steps_total > 0
-        continued, resumed = trained.train(), fresh.train()
+        trained.restore(path)  # a second restore: both sample from (seed, iteration) on
+        again, resumed = trained.train(), fresh.train()
         assert_states_equal(states(fresh), states(trained))
         for key in ("timesteps_total", "num_sgd_steps_total", "pa/mean_q", "pb/mean_q"):
-            assert resumed[key] == continued[key], key
-        assert resumed["policy_reward_mean"] == continued["policy_reward_mean"]
+            assert resumed[key] == again[key], key
+        assert resumed["policy_reward_mean"] == again["policy_reward_mean"]
     finally:
         trained.stop()
         fresh.stop()

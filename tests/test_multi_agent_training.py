@@ -5,6 +5,7 @@ agent-id prefix from --set, resumed bit-identically; simple_spread from mpe2."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -83,23 +84,28 @@ def test_a_pettingzoo_env_trains_with_policies_mapped_by_agent_id_prefix(straigh
     assert saved["config"]["policy_mapping_fn"] == {"a": "pa", "b": "pb"}
 
 
-@pytest.mark.slow  # two more training runs: ~16 s beside a busy job
+@pytest.mark.slow  # three more training runs: ~25 s beside a busy job
 def test_a_stopped_run_resumes_from_its_iteration_bit_identically(straight_run, tmp_path, capsys):
-    run_dir = tmp_path / "resumed"
+    """Stopped at 2, its checkpoint is the straight run's; every resume of it then trains
+    the same third iteration (sampling restarts from (seed, 2); the straight run, which
+    never restarted, samples others)."""
+    run_dir, again_dir = tmp_path / "resumed", tmp_path / "resumed_again"
     assert main(["train", "ppo", *TWO_MAPS, "--stop-iters", "2", "--output-dir", str(run_dir)]) == 0
     at_stop = policy_weights(run_dir / "checkpoints" / "checkpoint_000002")
+    assert_same_weights(at_stop, policy_weights(straight_run / "checkpoints" / "checkpoint_000002"))
+    shutil.copytree(run_dir, again_dir)
     capsys.readouterr()
     env = ["--env", "pettingzoo:pettingzoo_envs.parallel_two_maps"]  # never imported from a file
-    assert main(["train", "--resume", str(run_dir), *env, "--stop-iters", "3"]) == 0
-    assert "from checkpoint_000002 (iteration 2)" in capsys.readouterr().err
-    assert_same_weights(at_stop, policy_weights(straight_run / "checkpoints" / "checkpoint_000002"))
+    for directory in (run_dir, again_dir):
+        assert main(["train", "--resume", str(directory), *env, "--stop-iters", "3"]) == 0
+        assert "from checkpoint_000002 (iteration 2)" in capsys.readouterr().err
     assert_same_weights(
         policy_weights(run_dir / "checkpoints" / "checkpoint_000003"),
-        policy_weights(straight_run / "checkpoints" / "checkpoint_000003"),
+        policy_weights(again_dir / "checkpoints" / "checkpoint_000003"),
     )
-    assert [without_times(r) for r in progress(run_dir)] == [
-        without_times(r) for r in progress(straight_run)
-    ]
+    rows = [without_times(r) for r in progress(run_dir)]
+    assert rows == [without_times(r) for r in progress(again_dir)]
+    assert rows[:2] == [without_times(r) for r in progress(straight_run)[:2]]
 
 
 def test_simple_spread_from_mpe2_trains_from_the_command_line(tmp_path):  # 3 agents, 25 steps

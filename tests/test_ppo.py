@@ -558,12 +558,14 @@ def test_save_replaces_an_existing_checkpoint_atomically(trained, tmp_path):
 
 
 def test_resume_gives_the_same_next_iteration(tmp_path):
-    """2 iterations, save, a 3rd; a fresh PPO restored from the save runs the same 3rd."""
+    """2 iterations, save, a restore of the save, a 3rd; a fresh PPO restored from the
+    save runs the same 3rd."""
     config = algo_config(seed=7)
     algo = PPO(config)
     algo.train()
     algo.train()
     algo.save(str(tmp_path / "ckpt"))
+    algo.restore(str(tmp_path / "ckpt"))
     expected = algo.train()
     weights_after = algo.get_policy().get_weights()
     algo.stop()

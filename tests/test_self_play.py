@@ -65,6 +65,7 @@ def test_a_resumed_run_copies_on_the_same_iterations(tmp_path):
     try:
         whole.train()
         checkpoint = whole.save(str(tmp_path / "at_1"))
+        whole.restore(checkpoint)  # as `resumed`: sampling restarts from (seed, 1)
         whole.train()
         resumed.restore(checkpoint)
         resumed.train()  # its iteration 2: the copy is due
