@@ -20,6 +20,7 @@ from policy_service.distributed.actor_pool import (
     Outcome,
     PoolStopped,
     RestartBudget,
+    call_while_restarted,
     gather,
 )
 from policy_service.errors import RunFailure
@@ -237,3 +238,21 @@ def test_the_budget_in_all_counts_across_calls_and_a_stopped_pool_is_no_death(ra
         )
     finally:
         pool.stop()
+
+
+def test_a_call_is_made_again_while_its_actor_restarts_then_ends_in_the_callers_line(ray_pool):
+    def gone(error: BaseException) -> CounterFailure:
+        return CounterFailure(f"the counter did not answer in 3 attempts: {type(error).__name__}")
+
+    restarted = Counter.options(max_restarts=1).remote()
+    ray.get(restarted.set.remote(3))
+    ray.kill(restarted, no_restart=False)  # Ray restarts it: a fresh counter
+    assert call_while_restarted(lambda: ray.get(restarted.get.remote()), 20, gone) == 0
+    with pytest.raises(ValueError, match="the actor's own error"):  # at once, not retried
+        call_while_restarted(lambda: ray.get(restarted.fail.remote()), 3, gone)
+    dead = Counter.remote()
+    kill(dead)
+    with pytest.raises(CounterFailure) as failure:
+        call_while_restarted(lambda: ray.get(dead.get.remote()), 3, gone)
+    assert_one_line(failure.value, "the counter did not answer in 3 attempts: ActorDiedError")
+    ray.kill(restarted)

@@ -35,7 +35,8 @@ What it owns:
   RunFailure, and raised again by every later call once spent;
 - actors Ray restarts in place (`max_restarts`: the PolicyActor, whose handle callers
   hold): `call_retrying_once` waits for the restart, `restarted_in_place_failure`
-  words the end from Ray's own count (`gcs_actor_info`).
+  words the end from Ray's own count (`gcs_actor_info`); actors someone else replaces
+  (Serve's replicas: the external env runners): `call_while_restarted`.
 
 A member is what dies and is replaced as one: the whole learner group (its actors
 share a collective: one death restarts all of them, from the driver's copy of
@@ -467,6 +468,25 @@ def call_retrying_once(method, *args, **kwargs):
                 raise
             time.sleep(delay)
             delay = min(1.0, delay * 2)
+
+
+def call_while_restarted(
+    call: Callable[[], R], attempts: int, failure: Callable[[BaseException], Exception]
+) -> R:
+    """call(), made again while someone else restarts the actor it reaches (Serve
+    replacing a dead replica): a RayActorError (dead, or unavailable while restarting)
+    is waited out with the pool's backoff (restart_delay_s), `attempts` calls at most;
+    then failure(the last error) is raised. The actor's own errors are raised at once."""
+    last: RayActorError | None = None
+    for delay in backoff_delays(attempts):
+        time.sleep(delay)
+        try:
+            return call()
+        except RayActorError as error:
+            last = error
+    if last is None:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    raise failure(last) from None
 
 
 def gcs_actor_info(actor) -> dict:

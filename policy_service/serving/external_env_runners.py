@@ -26,7 +26,7 @@ import time
 import gymnasium as gym
 
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.distributed.restarts import backoff_delays
+from policy_service.distributed.actor_pool import call_while_restarted
 from policy_service.errors import RunFailure
 from policy_service.offline.output import ExperienceOutput
 from policy_service.serving import direct_ingress
@@ -166,19 +166,20 @@ class ExternalEnvRunners:
 
     def _call(self, method: str, *args):
         """replica.method(*args), sent again while Serve replaces a replica that died
-        (REPLICA_RESTART_ATTEMPTS, with backoff); then ExternalEnvFailure, one line."""
-        from ray.exceptions import ActorUnavailableError, RayActorError
+        (the actor pool's backoff, REPLICA_RESTART_ATTEMPTS attempts); then
+        ExternalEnvFailure, one line."""
 
-        for delay in backoff_delays(REPLICA_RESTART_ATTEMPTS):
-            time.sleep(delay)
-            try:
-                return getattr(self._replica, method).remote(*args).result()
-            except (RayActorError, ActorUnavailableError) as err:
-                error = err
-        raise ExternalEnvFailure(
-            f"the training server's replica did not answer {method}() in "
-            f"{REPLICA_RESTART_ATTEMPTS} attempts: {type(error).__name__}"
-        ) from None
+        def failure(error: BaseException) -> ExternalEnvFailure:
+            return ExternalEnvFailure(
+                f"the training server's replica did not answer {method}() in "
+                f"{REPLICA_RESTART_ATTEMPTS} attempts: {type(error).__name__}"
+            )
+
+        return call_while_restarted(
+            lambda: getattr(self._replica, method).remote(*args).result(),
+            REPLICA_RESTART_ATTEMPTS,
+            failure,
+        )
 
     def wait_started(self) -> None:
         """Nothing to wait for: the clients run their own envs."""
