@@ -13,12 +13,16 @@ import ray
 from ray.exceptions import ActorDiedError, RayTaskError
 
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.distributed.actor_pool import (
+    backoff_delays,
+    died_of_actor_death,
+    is_actor_death,
+)
 from policy_service.distributed.env_runner_group import (
     EnvRunnerFailure,
     EnvRunnerGroup,
     joined_metrics,
 )
-from policy_service.distributed.restarts import backoff_delays, died_of_actor_death, is_actor_death
 from policy_service.runs.metrics_logger import Stat
 
 CONFIG = {"model": {"fcnet_hiddens": [8]}, "seed": 5, "lr": 0.01}

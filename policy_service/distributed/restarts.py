@@ -33,18 +33,14 @@ import ray
 from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-# the names marked re-exported moved to actor_pool and are imported from here (the env
-# runners, the rollout workers, the fragment stream, the external env runners, tests)
+# RESTART_WAIT_S moved to actor_pool: the fault tests read it here, beside the line it is in
 from policy_service.distributed.actor_pool import (
     RESTART_WAIT_S,  # noqa: F401 - re-exported
     Outcome,
     RestartBudget,
-    backoff_delays,  # noqa: F401 - re-exported
     call_retrying_once,
-    died_of_actor_death,  # noqa: F401 - re-exported
     gather,
     is_actor_death,
-    restart_delay_s,  # noqa: F401 - re-exported
     restarted_in_place_failure,
     restarts_by_ray,
 )
