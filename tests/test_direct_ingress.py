@@ -71,3 +71,44 @@ def test_the_wait_gives_up_after_its_timeout():
         port = holder.getsockname()[1]
         asyncio.run(direct_ingress.port_released("127.0.0.1", port, 0.0))
         assert not direct_ingress.can_bind("127.0.0.1", port)  # Serve's bind fails then
+
+
+async def answer_ok(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def test_a_replacement_binds_at_once_over_time_wait_but_never_beside_a_listener():
+    """Serve's own start of a replica's HTTP server, as a replica runs it: the first
+    server's connection is closed by the server (as a killed replica's are), which leaves
+    it in TCP's TIME_WAIT on the port, where a plain bind fails; the next server binds
+    there at once. A second server while one listens is refused."""
+    from ray.serve._private import replica
+    from ray.serve.config import HTTPOptions
+
+    direct_ingress.bind_reusing_address()
+    start = replica.start_asgi_http_server
+    options = HTTPOptions(host="127.0.0.1", port=direct_ingress.free_port("127.0.0.1"))
+
+    async def serve_until_stopped(connect: bool) -> None:
+        loop = asyncio.get_running_loop()
+        task, server = await start(answer_ok, options, event_loop=loop, enable_so_reuseport=False)
+        while not server.started:
+            await asyncio.sleep(0.01)
+        with pytest.raises(RuntimeError, match="Failed to bind"):
+            await start(answer_ok, options, event_loop=loop, enable_so_reuseport=False)
+        if connect:
+            reader, writer = await asyncio.open_connection(options.host, options.port)
+            writer.write(b"GET / HTTP/1.1\r\nHost: test\r\n\r\n")
+            await reader.readuntil(b"ok")
+        server.should_exit = True  # it closes the kept-alive connection first
+        await task
+        if connect:
+            await reader.read()  # to the end: the server closed first
+            writer.close()
+
+    asyncio.run(serve_until_stopped(connect=True))
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind((options.host, options.port))  # TIME_WAIT: Serve's bind without the option
+    assert direct_ingress.can_bind(options.host, options.port)
+    asyncio.run(serve_until_stopped(connect=False))

@@ -160,7 +160,8 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
     try:
         server.wait_ready()
         # the clients outlive both faults: each waits up to 10 min for the server to come
-        # back (the dead replica's connections hold the port for TCP's TIME_WAIT, ~60 s)
+        # back (a replica binds its port over the dead one's connections in TCP's
+        # TIME_WAIT: direct_ingress.bind_reusing_address)
         procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
         wait_until_serving(
             lambda: progress_exists(run_dir) and progress(run_dir), "a logged iteration", server
@@ -189,8 +190,8 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
         server.kill()  # SIGKILL to the process and its Ray
         before = progress(run_dir)
         saved = int(checkpoints_of(run_dir)[-1].name.split("_")[1])
-        # started while the killed server's connections may still hold its port (TCP's
-        # TIME_WAIT): its replica waits for the port itself, while the rest starts
+        # started while the killed server's connections still hold its port in TCP's
+        # TIME_WAIT: its replica binds over them (direct_ingress.bind_reusing_address)
         server = TrainingServer(["--resume", str(run_dir)])
         server.wait_ready()
         # a row the killed run logged after its last checkpoint is dropped at the resume:

@@ -14,6 +14,13 @@ exactly the server's port makes that port the replica's, so clients keep one add
 free again at once (no quarantine), so the replica Serve starts in place of a dead one
 takes it. The proxy, which Serve still starts, goes to a free port of the same host.
 
+A killed replica leaves its connections in TCP's TIME_WAIT on that port (60 s on Linux),
+and Serve binds a replica's port with no socket option, so its replacement could not
+bind for a minute. Linux lets a socket bind over TIME_WAIT connections when it and the
+socket they were accepted on both set SO_REUSEADDR, and never lets a second socket listen
+where one listens (only SO_REUSEPORT would, and it is not set): each replica's Serve binds
+with SO_REUSEADDR (bind_reusing_address), so a replacement binds at once.
+
 The flags go to the processes that read them: the controller through serve.start's
 controller_options, the replica through its runtime_env; so they hold on a cluster
 this process joins too. The replica also runs the deployment's code on the event loop
@@ -38,7 +45,7 @@ MAX_PORT = "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"  # exclusive when ports are 
 QUARANTINE = "RAY_SERVE_PORT_QUARANTINE_S"
 DRAIN = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
 USER_CODE_THREAD = "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"
-REBIND_TIMEOUT_S = 120.0  # TIME_WAIT's 60 s, twice
+REBIND_TIMEOUT_S = 120.0  # a listener ending; TIME_WAIT (60 s) a socket without SO_REUSEADDR left
 
 
 def controller_env(port: int) -> dict[str, str]:
@@ -75,19 +82,48 @@ def start(address, app, app_name: str) -> None:
     serve.run(app, name=app_name, route_prefix="/")
 
 
+def bind_reusing_address() -> None:
+    """In this replica's process, have Serve bind the replica's port with SO_REUSEADDR
+    (never SO_REUSEPORT) -- see the module's docstring. Called in the replica's
+    constructor: Serve binds once it returns. Ray's direct ingress calls its
+    start_asgi_http_server with enable_so_reuseport=False, and that option's setter would
+    also set SO_REUSEPORT: both are replaced here, for this process only (a replica)."""
+    from ray.serve._private import http_util, replica
+
+    serve_start = replica.start_asgi_http_server
+    if getattr(serve_start, "reuses_address", False):
+        return
+
+    async def start_asgi_http_server(app, http_options, *, event_loop, enable_so_reuseport=False):
+        return await serve_start(app, http_options, event_loop=event_loop, enable_so_reuseport=True)
+
+    start_asgi_http_server.reuses_address = True  # type: ignore[attr-defined]
+    http_util.set_socket_reuse_port = reuse_address
+    replica.start_asgi_http_server = start_asgi_http_server
+
+
+def reuse_address(sock: socket.socket) -> bool:
+    """SO_REUSEADDR on a socket about to be bound (in place of Serve's setter of
+    SO_REUSEADDR and SO_REUSEPORT, whose name and return it keeps)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return True
+
+
 async def port_released(host: str, port: int, timeout_s: float = REBIND_TIMEOUT_S) -> None:
-    """Wait (up to timeout_s) until the port can be bound as Serve binds it, without
-    SO_REUSEADDR. The connections of a replica that was killed hold its port for TCP's
-    TIME_WAIT (60 s on Linux); a replica that cannot bind it is given up by Serve and
-    another started, each building its policy again. Called at the end of the replica's
-    constructor, just before Serve binds."""
+    """Wait (up to timeout_s) until the port can be bound as Serve binds it
+    (bind_reusing_address): while something listens there, a replica of a server killed
+    just now whose process is still ending, say. A replica that cannot bind is given up
+    by Serve and another started, each building its policy again. Called at the end of
+    the replica's constructor, just before Serve binds."""
     deadline = time.monotonic() + timeout_s
     while not can_bind(host, port) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
 
 
 def can_bind(host: str, port: int) -> bool:
+    """Whether a socket set up as Serve's is (reuse_address) can bind (host, port) now."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        reuse_address(probe)
         try:
             probe.bind((host, port))
         except OSError:

@@ -101,6 +101,7 @@ class TrainingDeployment(PolicyDeployment):
         self.episodes = EpisodeRecorder(self.host, episode_timeout_s)
         self._model_tar: tuple[int, bytes] | None = None
         self._export_lock = asyncio.Lock()
+        direct_ingress.bind_reusing_address()
         await direct_ingress.port_released(address.host, address.port)
 
     # ----- the driver's calls (a deployment handle) -------------------------------------
