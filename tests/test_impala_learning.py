@@ -100,42 +100,56 @@ def test_two_learner_actors_give_one_devices_step(ray_local, policy_cls):
         group.stop()
 
 
-def test_appo_learns_with_an_env_runner_killed_every_10_s(ray_local):
+def test_appo_learns_with_a_runner_the_policy_actor_and_the_learner_killed(ray_local):
+    """One APPO run acting through its PolicyActor (inference: policy_actors) with a
+    learner actor (issue 43): an env runner, the PolicyActor and the learner are each
+    killed once, a few seconds apart, each replaced through the actor pool (the runner
+    and the learner by the driver, the PolicyActor by Ray, with its latest weights),
+    and the run still learns. It took the place of a run killing only runners."""
     config = yaml.safe_load((TUNED / "cartpole_appo.yaml").read_text())
-    config.update(seed=1, num_env_runners=2)
+    config.update(
+        seed=1,
+        num_env_runners=2,
+        inference="policy_actors",
+        num_learners=1,
+        num_cpus_per_learner=0,  # two cores: the learner shares them with the actors
+    )
     algo = APPO(config)
     stop = threading.Event()
-    kills = []  # the handles killed; a slot still waiting for its replacement is skipped
+    kills: list[str] = []
 
-    def kill_every_10_s():
-        # the first kill 2 s in: a quiet machine learns CARTPOLE_LEARNED within ~10 s, and
-        # the kills are to land while the policy learns, not after
-        wait_s = 2.0
-        while not stop.wait(wait_s):
-            wait_s = 10.0
-            worker = algo.env_runners.workers[len(kills) % 2]
-            if any(worker is killed for killed in kills):
-                continue  # not replaced yet (a loaded machine): killing it again is no new fault
-            ray.kill(worker, no_restart=True)
-            kills.append(worker)
+    def kill_each_once():
+        # the first kill 2 s in: a quiet machine learns CARTPOLE_LEARNED within ~10 s
+        # acting in the runners, and the kills are to land while the policy learns
+        victims = [
+            ("runner", lambda: algo.env_runners.workers[0], True),
+            ("policy actor", lambda: algo.env_runners.policy_actor, False),  # Ray restarts it
+            ("learner", lambda: algo.learners.actors[0], True),
+        ]
+        for wait_s, (name, victim, for_good) in zip((2.0, 3.0, 3.0), victims):
+            if stop.wait(wait_s):
+                return
+            ray.kill(victim(), no_restart=for_good)
+            kills.append(name)
 
-    killer = threading.Thread(target=kill_every_10_s, daemon=True)
+    def repaired(last: dict) -> bool:
+        restarts = ("num_worker_restarts", "num_policy_actor_restarts", "num_learner_restarts")
+        return len(kills) == 3 and all(last[key] >= 1 for key in restarts)
+
+    killer = threading.Thread(target=kill_each_once, daemon=True)
     killer.start()
     try:
-        history, seconds = train_until(
-            algo,
-            CARTPOLE_LEARNED,
-            MAX_STEPS["appo"],
-            ready=lambda last: len(kills) >= 1 and last["num_worker_restarts"] >= 1,
-        )
+        history, seconds = train_until(algo, CARTPOLE_LEARNED, MAX_STEPS["appo"], ready=repaired)
     finally:
         stop.set()
         killer.join()
     last = history[-1]
     print(
-        f"\nappo, a runner killed every 10 s: {last['episode_return_mean']:.1f} after "
-        f"{last['timesteps_total']} env steps, {seconds:.0f} s, "
-        f"{last['num_worker_restarts']:.0f} restarts"
+        f"\nappo, a runner, the PolicyActor and the learner killed: "
+        f"{last['episode_return_mean']:.1f} after {last['timesteps_total']} env steps, "
+        f"{seconds:.0f} s"
     )
+    assert kills == ["runner", "policy actor", "learner"]
     assert last["episode_return_mean"] >= CARTPOLE_LEARNED
-    assert len(kills) >= 1 and last["num_worker_restarts"] >= max(1, len(kills) - 1)
+    assert last["num_worker_restarts"] == 1 and last["num_policy_actor_restarts"] == 1
+    assert last["num_learner_restarts"] == 1

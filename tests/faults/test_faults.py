@@ -833,25 +833,3 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
     assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
     assert result["learners_killed"] >= 1
     assert result["num_learner_restarts"] >= result["learners_killed"]
-
-
-@pytest.mark.slow
-def test_soak_ppo_survives_worker_and_actor_kills():
-    code, records = _soak(
-        "ppo",
-        "--stop-iters",
-        "3",
-        "--kill-worker-every",
-        "3",
-        "--kill-actor-at",
-        "4",
-        "--max-seconds",
-        "240",
-    )
-    result = records[-1]
-    assert code == 0 and result["summary"] and result["stop_reason"] == "iters", records
-    assert [r["iteration"] for r in records[:-1]] == list(range(1, len(records)))
-    assert result["iteration"] >= 3
-    assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
-    assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
-    assert np.isfinite(result["episode_return_mean"])
