@@ -19,7 +19,6 @@ exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import math
@@ -35,6 +34,7 @@ from algorithms.configs.algorithm import EXTERNAL_ENV_RUNS as EXTERNAL_ENV_RUNS 
 from algorithms.configs.algorithm import AlgorithmConfig
 from algorithms.environments import env_maker
 from algorithms.periodic_evaluation import Evaluation
+from algorithms.run_counters import RunCounters
 from policy_service.config import ConfigError, from_dict, on_cpu
 from policy_service.data import env_actions, observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
@@ -53,7 +53,6 @@ from policy_service.runs.callbacks import (
     callbacks_name,
     make_callbacks,
 )
-from policy_service.runs.metrics_logger import LoggedMetrics
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from algorithms.multi_agent import MultiAgentLearners
@@ -77,33 +76,6 @@ class AlgorithmState:
 
     values: dict = field(default_factory=dict)
     arrays: dict = field(default_factory=dict)
-
-
-@dataclass
-class IterationCounts:
-    """What one training_step did, counted by the sampling, learning and broadcast
-    steps it is made of; train() turns it into metrics."""
-
-    env_steps: int = 0
-    episodes: int = 0
-    samples_trained: int = 0
-    sample_time_s: float = 0.0
-    learn_time_s: float = 0.0
-    sync_time_s: float = 0.0
-
-
-@dataclass
-class IterationStart:
-    """The counters as a training iteration found them: what a checkpoint written
-    after that iteration failed holds (`Algorithm.save_after_failure`)."""
-
-    timesteps_total: int
-    num_samples_trained_total: int
-    time_total_s: float
-    episode_returns: list
-    episode_lengths: list
-    agent_timesteps_total: int = 0  # multi-agent runs: agent steps, each policy's returns
-    policy_returns: dict = field(default_factory=dict)
 
 
 class Algorithm:
@@ -143,30 +115,11 @@ class Algorithm:
         self._env_name: str = self.config.env or ""  # "": an offline run without env
         self._ray_started = False
         self._stopped = False
-        self.iteration = 0
-        self.timesteps_total = 0
-        self.num_samples_trained_total = 0
-        self.time_total_s = 0.0
-        self._counts = IterationCounts()
-        self._iteration_start: IterationStart | None = None
+        self.counters = RunCounters(self.config.metrics_num_episodes_for_smoothing)
         self._iteration_changed_state = False  # learned (or kept samples) this iteration
         # restarts counted by env runner groups since replaced: their workers', PolicyActor's
         self._past_worker_restarts = 0
         self._past_policy_actor_restarts = 0
-        window = self.config.metrics_num_episodes_for_smoothing
-        self._episode_returns: collections.deque[float] = collections.deque(maxlen=window)
-        self._episode_lengths: collections.deque[int] = collections.deque(maxlen=window)
-        self.agent_timesteps_total = 0  # multi-agent: rows of all agents; else env steps
-        self._policy_returns: dict[str, collections.deque[float]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=window)
-        )
-        # what the callbacks gathered: custom metrics over the return window's episodes,
-        # hist data and logged values of this iteration
-        self._custom_metrics: dict[str, collections.deque[float]] = collections.defaultdict(
-            lambda: collections.deque(maxlen=window)
-        )
-        self._hist_data: dict[str, list] = {}
-        self._logged = LoggedMetrics()
         try:  # the classes go to the env runners; configs and checkpoints name them
             self.callback_classes = callbacks_classes(self.config.callbacks_class)
         except ValueError as err:
@@ -233,16 +186,7 @@ class Algorithm:
     def train(self) -> dict:
         """One iteration (`training_step`) -> metrics: its statistics, counts,
         times and the return window."""
-        self._counts = IterationCounts()
-        self._iteration_start = IterationStart(
-            self.timesteps_total,
-            self.num_samples_trained_total,
-            self.time_total_s,
-            list(self._episode_returns),
-            list(self._episode_lengths),
-            self.agent_timesteps_total,
-            {policy_id: list(r) for policy_id, r in self._policy_returns.items()},
-        )
+        self.counters.start_iteration()
         self._iteration_changed_state = False
         if self._deferred_failure is not None:  # nothing changed yet: a checkpoint holds all
             failure, self._deferred_failure = self._deferred_failure, None
@@ -256,12 +200,12 @@ class Algorithm:
             self._evaluation().start()
         stats = self.training_step()
         self.sync_learner_filters()
-        self.iteration += 1
+        self.counters.iteration += 1
         result_evaluation = {}
         if evaluating:
             result_evaluation = self._evaluation_finished() if parallel else self.evaluate()
         elapsed = time.perf_counter() - start
-        self.time_total_s += elapsed
+        self.counters.time_total_s += elapsed
         result = self._metrics(stats, elapsed)
         result.update(result_evaluation)
         self.callbacks.call("on_train_result", algorithm=self, result=result)
@@ -376,7 +320,7 @@ class Algorithm:
             batch, metrics = self.env_runners.sample()
             batches.append(batch)
             steps += self._count_sampled(metrics)
-        self._counts.sample_time_s += time.perf_counter() - start
+        self.counters.this_iteration.sample_time_s += time.perf_counter() - start
         return concat_samples(batches)
 
     def _sample_multi_agent(self, min_steps: int) -> MultiAgentBatch:
@@ -393,7 +337,7 @@ class Algorithm:
             self._count_sampled(metrics)
             by_agents = self.config.count_steps_by == "agent_steps"
             steps += batch.agent_steps() if by_agents else batch.env_steps()
-        self._counts.sample_time_s += time.perf_counter() - start
+        self.counters.this_iteration.sample_time_s += time.perf_counter() - start
         return concat_multi_agent(batches)
 
     def sample_ready(self, timeout_s: float | None = None) -> SampleBatch:
@@ -404,7 +348,7 @@ class Algorithm:
         results = self.env_runners.sample_async(timeout_s)
         for _, metrics in results:
             self._count_sampled(metrics)
-        self._counts.sample_time_s += time.perf_counter() - start
+        self.counters.this_iteration.sample_time_s += time.perf_counter() - start
         return concat_samples([b for b, _ in results]) if results else SampleBatch({})
 
     def learner_update(self, update: Callable[[LearnerGroup], dict]) -> dict:
@@ -426,10 +370,8 @@ class Algorithm:
                 f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
                 f"{sorted(stats)}); LearnerGroup.update reports it"
             )
-        trained = stats.pop(NUM_SAMPLES_TRAINED)
-        self._counts.samples_trained += int(trained)
-        self.num_samples_trained_total += int(trained)
-        self._counts.learn_time_s += time.perf_counter() - start
+        self.counters.count_trained(stats.pop(NUM_SAMPLES_TRAINED))
+        self.counters.this_iteration.learn_time_s += time.perf_counter() - start
         return stats
 
     def broadcast_weights(self, wait: bool = True) -> None:
@@ -439,7 +381,7 @@ class Algorithm:
         without the driver waiting (EnvRunnerGroup.sync_weights)."""
         start = time.perf_counter()
         self.sync_env_runners(wait=wait)
-        self._counts.sync_time_s += time.perf_counter() - start
+        self.counters.this_iteration.sync_time_s += time.perf_counter() - start
 
     def sync_env_runners(self, version: int | None = None, wait: bool = True) -> None:
         """The learners' weights to the env runners, with the SGD steps that made them,
@@ -481,101 +423,47 @@ class Algorithm:
         samples its updates trained on, both over all of `time_s` (they overlap)."""
         for metrics in fragment_metrics:
             self._count_sampled(metrics)
-        self._counts.samples_trained += samples_trained
-        self.num_samples_trained_total += samples_trained
-        self._counts.sample_time_s += time_s
-        self._counts.learn_time_s += time_s
+        self.counters.count_trained(samples_trained)
+        self.counters.this_iteration.sample_time_s += time_s
+        self.counters.this_iteration.learn_time_s += time_s
 
     def _count_sampled(self, metrics: dict) -> int:
-        """Sample metrics counted -> their env steps; multi-agent ones' agent steps
-        and each policy's returns too."""
-        steps = int(metrics["env_steps"])
+        """Sample metrics counted (RunCounters.count_sampled) -> their env steps."""
         self._iteration_changed_state |= self.sampling_changes_state
-        self._episode_returns.extend(metrics["episode_returns"])
-        self._episode_lengths.extend(metrics["episode_lengths"])
-        self._counts.env_steps += steps
-        self._counts.episodes += len(metrics["episode_returns"])
-        self.timesteps_total += steps
-        self.agent_timesteps_total += int(metrics.get("agent_steps", steps))
-        for policy_id, returns in metrics.get("policy_episode_returns", {}).items():
-            self._policy_returns[policy_id].extend(returns)
-        for gathered in metrics.get("callbacks", ()):
-            for key, values in gathered["custom_metrics"].items():
-                self._custom_metrics[key].extend(values)
-            for key, values in gathered["hist_data"].items():
-                self._hist_data.setdefault(key, []).extend(values)
-            self._logged.add(gathered["logged"])
-        return steps
+        return self.counters.count_sampled(metrics)
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
-        counts = self._counts
         learners = self.multi_agent[1] if self.multi_agent else self.learners
-        returns = np.asarray(self._episode_returns, np.float64)
-        nan = float("nan")
-        metrics = {
-            "iteration": self.iteration,
-            "timesteps_total": self.timesteps_total,
-            "env_steps_this_iter": counts.env_steps,
-            "episodes_this_iter": counts.episodes,
-            "num_samples_trained_this_iter": counts.samples_trained,
-            "num_samples_trained_total": self.num_samples_trained_total,
-            "episode_return_mean": float(returns.mean()) if len(returns) else nan,
-            "episode_return_min": float(returns.min()) if len(returns) else nan,
-            "episode_return_max": float(returns.max()) if len(returns) else nan,
-            "episode_len_mean": (
-                float(np.mean(self._episode_lengths)) if self._episode_lengths else nan
-            ),
-            "num_env_steps_sampled_per_s": counts.env_steps / max(counts.sample_time_s, 1e-9),
-            "num_samples_trained_per_s": (counts.samples_trained / max(counts.learn_time_s, 1e-9)),
-            "sample_time_s": counts.sample_time_s,
-            "learn_time_s": counts.learn_time_s,
-            "sync_time_s": counts.sync_time_s,
-            "time_this_iter_s": elapsed_s,
-            "time_total_s": self.time_total_s,
-            "num_worker_restarts": self._num_worker_restarts(),
-            "num_policy_actor_restarts": self._num_policy_actor_restarts(),
-            "num_learners": learners.num_learners,
-            "num_learner_restarts": learners.num_restarts,
-            "num_learner_towers": learners.num_towers,
-        }
-        # RLlib's names for the same figures, so that its users' scripts read them as they do
-        metrics["training_iteration"] = self.iteration
-        metrics["num_env_steps_sampled_lifetime"] = self.timesteps_total
-        metrics["env_runners"] = {
-            key: metrics[key]
-            for key in (
-                "episode_return_mean",
-                "episode_return_min",
-                "episode_return_max",
-                "episode_len_mean",
-            )
-        } | {"num_episodes": counts.episodes}
-        if self.multi_agent is not None:
-            metrics["agent_timesteps_total"] = self.agent_timesteps_total
-            metrics["policy_reward_mean"] = {
-                policy_id: float(np.mean(returns))
-                for policy_id, returns in self._policy_returns.items()
-            }
+        metrics = self.counters.results(elapsed_s, multi_agent=self.multi_agent is not None)
+        metrics["num_worker_restarts"] = self._num_worker_restarts()
+        metrics["num_policy_actor_restarts"] = self._num_policy_actor_restarts()
+        metrics["num_learners"] = learners.num_learners
+        metrics["num_learner_restarts"] = learners.num_restarts
+        metrics["num_learner_towers"] = learners.num_towers
         # per-row outputs are the algorithm's to use (DQN's priorities), not metrics
         metrics.update({k: float(v) for k, v in stats.items() if k != PER_ROW})
-        metrics.update(self._callback_metrics())
+        metrics.update(self.counters.callback_results())
         return metrics
 
-    def _callback_metrics(self) -> dict:
-        """What the callbacks gathered, RLlib's layout: custom_metrics/<key>_mean|_min|_max
-        over the return window's episodes, hist_stats/<key> of this iteration, and each
-        logged value reduced by its rule."""
-        metrics: dict = {}
-        for key, window in self._custom_metrics.items():
-            in_window = np.asarray(window, np.float64)
-            metrics[f"custom_metrics/{key}_mean"] = float(in_window.mean())
-            metrics[f"custom_metrics/{key}_min"] = float(in_window.min())
-            metrics[f"custom_metrics/{key}_max"] = float(in_window.max())
-        for key, hist in self._hist_data.items():
-            metrics[f"hist_stats/{key}"] = list(hist)
-        self._hist_data = {}
-        metrics.update(self._logged.reduce())
-        return metrics
+    # ----- the run's counters (algorithms/run_counters.py) ----------------------------
+
+    @property
+    def iteration(self) -> int:
+        return self.counters.iteration
+
+    @property
+    def timesteps_total(self) -> int:
+        """Env steps sampled over the run."""
+        return self.counters.timesteps_total
+
+    @property
+    def num_samples_trained_total(self) -> int:
+        return self.counters.num_samples_trained_total
+
+    @property
+    def agent_timesteps_total(self) -> int:
+        """Rows of all agents sampled over the run (env steps with one policy)."""
+        return self.counters.agent_timesteps_total
 
     # ----- building blocks ------------------------------------------------------------
 
@@ -784,28 +672,15 @@ class Algorithm:
         learning; the failed iteration's sample counts are dropped) -> the
         directory, else None and nothing is written. Needs no live actor: the
         learner state is the driver's copy (None if its newest is lost)."""
-        start = self._iteration_start
-        if start is None or self._iteration_changed_state or self.iteration == 0:
+        if self._iteration_changed_state or self.iteration == 0:
             return None
         learner_state = (
             self.learners.newest_state()
             if self.multi_agent is None
             else self.multi_agent[1].newest_states()
         )
-        if learner_state is None:
+        if learner_state is None or not self.counters.rewind_to_iteration_start():
             return None
-        self.agent_timesteps_total = start.agent_timesteps_total
-        self._policy_returns.clear()
-        for policy_id, returns in start.policy_returns.items():
-            self._policy_returns[policy_id].extend(returns)
-        self.timesteps_total = start.timesteps_total
-        self.num_samples_trained_total = start.num_samples_trained_total
-        self.time_total_s = start.time_total_s
-        self._episode_returns.clear()
-        self._episode_returns.extend(start.episode_returns)
-        self._episode_lengths.clear()
-        self._episode_lengths.extend(start.episode_lengths)
-        self._iteration_start = None
         return self._write_checkpoint(checkpoint_dir, learner_state)
 
     def _write_checkpoint(self, checkpoint_dir: str, learner_state: dict) -> str:
@@ -832,14 +707,9 @@ class Algorithm:
                     **position,
                     "algorithm_class": checkpoints.class_path(type(self)),
                     "config": self.config_json(),
-                    "iteration": self.iteration,
-                    "timesteps_total": self.timesteps_total,
-                    "num_samples_trained_total": self.num_samples_trained_total,
-                    "time_total_s": self.time_total_s,
+                    **self.counters.checkpoint_entries(self.multi_agent is not None),
                     "num_worker_restarts": self._num_worker_restarts(),
                     "num_policy_actor_restarts": self._num_policy_actor_restarts(),
-                    "episode_returns": [float(r) for r in self._episode_returns],
-                    "episode_lengths": [int(n) for n in self._episode_lengths],
                     "algorithm_values": own.values,
                     "algorithm_arrays": manifest,
                 },
@@ -868,11 +738,6 @@ class Algorithm:
         return {
             "policy_ids": list(learners.groups),
             "agent_policy_ids": runners.agent_policies.agent_policy_ids,
-            "agent_timesteps_total": self.agent_timesteps_total,
-            "policy_episode_returns": {
-                policy_id: [float(r) for r in returns]
-                for policy_id, returns in self._policy_returns.items()
-            },
         }
 
     def restore(self, checkpoint_dir: str) -> None:
@@ -896,7 +761,7 @@ class Algorithm:
                 observation_filters.policy_filter_stats
             )
         self.set_algorithm_state(own)
-        self._restore_counters(saved)
+        self.counters.restore(saved)
         self._restart_sampling()
         self._set_read_position(position)
         self._restore_worker_restarts(saved)
@@ -929,11 +794,7 @@ class Algorithm:
         position = self._checked_read_position(directory, saved)
         learners.set_states(states)
         self.set_algorithm_state(own)
-        self._restore_counters(saved)
-        self.agent_timesteps_total = int(saved.get("agent_timesteps_total", 0))
-        self._policy_returns.clear()
-        for policy_id, returns in saved.get("policy_episode_returns", {}).items():
-            self._policy_returns[policy_id].extend(returns)
+        self.counters.restore(saved)
         self._restart_sampling()
         self._set_read_position(position)
         self._restore_worker_restarts(saved)
@@ -976,17 +837,6 @@ class Algorithm:
         if positions is not None:
             self._input_reader().set_read_positions(positions)
 
-    def _restore_counters(self, saved: dict) -> None:
-        """The loop's counters and metrics window from algorithm_state.json."""
-        self.iteration = int(saved["iteration"])
-        self.timesteps_total = int(saved["timesteps_total"])
-        self.num_samples_trained_total = int(saved.get("num_samples_trained_total", 0))
-        self.time_total_s = float(saved["time_total_s"])
-        self._episode_returns.clear()
-        self._episode_returns.extend(saved["episode_returns"])
-        self._episode_lengths.clear()
-        self._episode_lengths.extend(saved["episode_lengths"])
-
     @classmethod
     def from_checkpoint(cls, checkpoint_dir: str) -> Algorithm:
         """A new algorithm with the saved config, restored from the checkpoint."""
@@ -1008,7 +858,7 @@ class Algorithm:
     def episode_return_window(self) -> np.ndarray:
         """<float64>[n] the returns of the last metrics_num_episodes_for_smoothing
         episodes, oldest first (what episode_return_mean averages)."""
-        return np.asarray(self._episode_returns, np.float64)
+        return np.asarray(self.counters.episode_returns, np.float64)
 
     def get_policy(self, policy_id: str | None = None):
         """The learner policy (with `policies`: policy_id's), when it lives in this
@@ -1175,7 +1025,7 @@ class Algorithm:
             learners.add(added[0], agent_policies.specs[added[0]], added[1])
         if removed is not None:
             learners.remove(removed)
-            self._policy_returns.pop(removed, None)
+            self.counters.policy_returns.pop(removed, None)
         learners.policies_to_train = agent_policies.policies_to_train
         self.config = config
         if self.evaluation is not None:  # it plays the policies it was made with

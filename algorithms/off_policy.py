@@ -304,7 +304,7 @@ class ReplayAlgorithm(Algorithm):
         start = time.perf_counter()
         trained = {p: learners.groups[p].get_weights() for p in self.replays}
         runners.sync_weights(trained, wait=False)
-        self._counts.sync_time_s += time.perf_counter() - start
+        self.counters.this_iteration.sync_time_s += time.perf_counter() - start
 
     @property
     def num_env_steps_for_learning(self) -> int:

@@ -456,7 +456,7 @@ def test_train_reports_the_loop_metrics(trained):
 
 def test_return_window_holds_the_last_episodes(trained):
     algo, (_, second) = trained
-    window = list(algo._episode_returns)
+    window = list(algo.counters.episode_returns)
     assert len(window) == 5
     assert second["episode_return_mean"] == pytest.approx(np.mean(window))
     assert second["episode_return_max"] == max(window)
