@@ -246,7 +246,7 @@ def test_a_killed_worker_is_replaced_and_training_goes_on(group):
 @WITH_THE_GROUP
 def test_an_error_raised_by_a_worker_is_raised_not_restarted(group):
     # started first: the first sample gives every worker worker 1's initial weights,
-    # which the stand-in (no set_weights) would fail on (it did when run alone)
+    # which the broken worker (no set_weights) would fail on (it did when run alone)
     group.wait_started()
     healthy = group.workers[1]
     group.workers[1] = ray.remote(envs.BrokenEnvWorker).options(num_cpus=0).remote()
