@@ -9,6 +9,7 @@ from multi_agent_envs import JoinLeaveEnv, PaidBeforeObservingEnv, TwoMapsEnv
 
 from policy_service import MultiAgentBatch, SampleBatch
 from policy_service.multi_agent.batch import concat_multi_agent
+from policy_service.multi_agent.env import MultiAgentEnvError
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
 
@@ -17,7 +18,9 @@ CONFIG = {"gamma": GAMMA, "model": {"fcnet_hiddens": [8]}, "seed": 0}
 
 
 def sampler(env, policies, mapping, length):
-    found = agent_policies(policies, mapping, None, env, ReturnsPGPolicy, CONFIG)
+    """`env`: one env or a list of sub-envs."""
+    first = env[0] if isinstance(env, list) else env
+    found = agent_policies(policies, mapping, None, first, ReturnsPGPolicy, CONFIG)
     built = {p: spec.build() for p, spec in found.specs.items()}
     return MultiAgentSampler(env, found, built, length, seed=0), built
 
@@ -155,3 +158,55 @@ def test_a_row_that_ends_the_episode_carries_the_envs_flags_as_rllibs_does():
     assert list(truncated[index == 0]) == [False] * 4 + [True]
     assert list(terminated[index == 1]) == [False, True]  # its own end, before the time limit
     assert list(truncated[index == 1]) == [False, False]
+
+
+def test_a_policys_rows_come_by_sub_env_then_episode_then_agent_each_in_time_order():
+    """The single-agent order: two sub-envs of 8-step episodes, 12 steps each: sub-env 0's
+    first episode (agent a's 8 rows, then b's), its second (4 each, cut), then sub-env 1's."""
+    worker, _ = sampler(
+        [TwoMapsEnv(), TwoMapsEnv()], {"shared": None}, lambda a, e, **kw: "shared", 12
+    )
+    rows = worker.sample()[0].policy_batches["shared"]
+    key = np.stack([rows[SampleBatch.EPS_ID], rows[SampleBatch.AGENT_INDEX]], axis=1)
+    starts = np.flatnonzero(np.any(key[1:] != key[:-1], axis=1)) + 1
+    runs = np.split(np.arange(rows.count), starts)
+    assert [len(run) for run in runs] == [8, 8, 4, 4] * 2
+    assert [int(key[run[0], 1]) for run in runs] == [0, 1] * 4
+    episodes = [int(key[run[0], 0]) for run in runs]
+    assert episodes[0::2] == episodes[1::2] and len(set(episodes)) == 4
+    for run in runs:
+        np.testing.assert_array_equal(rows[SampleBatch.T][run], np.arange(len(run)))
+
+
+def test_an_agent_outside_possible_agents_is_one_line_naming_it():
+    class StrayRewardEnv(TwoMapsEnv):
+        def step(self, action_dict):
+            obs, rewards, *rest = super().step(action_dict)
+            return (obs, {**rewards, "stray": 1.0}, *rest)
+
+    worker, _ = sampler(StrayRewardEnv(), {"shared": None}, lambda a, e, **kw: "shared", 4)
+    with pytest.raises(MultiAgentEnvError, match="agent 'stray' is not one of its possible_agents"):
+        worker.sample()
+
+
+def test_a_fragment_that_raised_goes_on_in_the_next_sample():
+    """An acting call that fails mid-fragment (an actor that died) raises; the next
+    sample() goes on from there: every agent's rows of an episode are its steps 0, 1, ..."""
+    worker, built = sampler(TwoMapsEnv(), {"pa": None, "pb": None}, lambda a, e, **kw: "p" + a, 12)
+    act, calls = built["pb"].compute_actions, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 7:
+            raise RuntimeError("the actor died")
+        return act(*args, **kwargs)
+
+    built["pb"].compute_actions = failing_once
+    with pytest.raises(RuntimeError, match="the actor died"):
+        worker.sample()
+    rows = concat_multi_agent([worker.sample()[0], worker.sample()[0]])
+    for policy_rows in rows.policy_batches.values():
+        episodes = np.asarray(policy_rows[SampleBatch.EPS_ID])
+        for episode in np.unique(episodes):
+            t = np.asarray(policy_rows[SampleBatch.T])[episodes == episode]
+            np.testing.assert_array_equal(t, np.arange(t[0], t[0] + len(t)))
