@@ -133,10 +133,10 @@ def _rllib_counters(algo, result: dict) -> dict:
 
 
 def measure(spec: dict):
-    import ray
-
     start = time.perf_counter()
-    ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    harness.ray_init(
+        address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False
+    )
     ours = spec["side"] == "ours"
     build, counters = (_our_algo, our_counters) if ours else (_rllib_algo, _rllib_counters)
     algo = build(spec)
@@ -148,7 +148,7 @@ def measure(spec: dict):
             record = train_algo_to_target(algo, counters, spec, start)
     finally:
         algo.stop()
-        ray.shutdown()
+        harness.ray_shutdown()
     yield {
         "bench": NAME,
         **{k: spec.get(k) for k in ("workload", "side", "mode", "num_env_runners", "seed")},
@@ -212,7 +212,7 @@ def configurations(args) -> list[dict]:
     workloads = args.workloads.split(",")
     runners = [int(r) for r in (args.runners or ("1" if args.smoke else "1,2,4")).split(",")]
     modes = args.modes.split(",") if args.modes else (["env_runners"] if args.smoke else MODES)
-    seconds = 5.0 if args.smoke else args.seconds
+    seconds = 2.0 if args.smoke else args.seconds
     common = {"prepare_tf": False, "seed": 0}
     specs = []
     if "throughput" in workloads:

@@ -44,7 +44,7 @@ SMOKE = {
     "envs": [2],
     "runners": [1],
     "modes": ["env_runners"],
-    "seconds": 5.0,
+    "seconds": 2.0,
 }
 
 

@@ -45,10 +45,8 @@ PPO_CONFIG, ENVS_PER_RUNNER = load_ppo_config()
 
 
 def measure(spec: dict):
-    import ray
-
     start = time.perf_counter()
-    ray.init(**harness.RAY_INIT, log_to_driver=False)
+    harness.ray_init(**harness.RAY_INIT, log_to_driver=False)
     from algorithms.ppo import PPO
 
     config = dict(PPO_CONFIG, **spec.get("overrides", {}))
@@ -89,7 +87,7 @@ def measure(spec: dict):
                 break
     finally:
         algo.stop()
-        ray.shutdown()
+        harness.ray_shutdown()
     end = time.perf_counter()
     sampled = [h["num_env_steps_sampled_per_s"] for h in history]
     trained = [h["num_samples_trained_per_s"] for h in history]

@@ -164,6 +164,86 @@ def together(planned: list[Run]) -> list[Run]:
     return bundles
 
 
+# In a bundle child (benchmarks/together.py) consecutive runs of one script may share one
+# local Ray: its start and stop (GCS, raylet, agents, workers) are seconds apiece on a
+# 2-core machine, and a smoke run only proves that each measurement runs and reports. A
+# script starts and stops its Ray with ray_init and ray_shutdown; outside a bundle child
+# these are ray.init and ray.shutdown.
+_shared_ray: dict = {"on": False, "settings": None}
+RAY_IDLE_WAIT_S = 10.0  # a finished run's actors give their resources back asynchronously
+
+
+def ray_init(**settings) -> None:
+    """ray.init(**settings); in a bundle child, the Ray the run before left instead, if it
+    was started with the same settings and holds nothing of that run (ray_idle); else that
+    Ray is stopped first."""
+    import ray
+
+    if _shared_ray["on"] and ray.is_initialized():
+        if _shared_ray["settings"] == settings and ray_idle(RAY_IDLE_WAIT_S):
+            return
+        stop_ray()
+    ray.init(**settings)
+    _shared_ray["settings"] = settings
+
+
+def ray_shutdown() -> None:
+    """ray.shutdown(); in a bundle child, nothing: the script's next run may take this Ray
+    (ray_init), and together.py stops it before any other script's run."""
+    import ray
+
+    if not _shared_ray["on"]:
+        ray.shutdown()
+
+
+def share_ray(on: bool) -> None:
+    """Whether ray_shutdown leaves the Ray up for ray_init's next call (together.py)."""
+    _shared_ray["on"] = on
+
+
+def shared_ray_up() -> bool:
+    """Whether a Ray that ray_init started is up here (one its script's next run may take;
+    a Ray a run started with ray.init and left is not)."""
+    ray = sys.modules.get("ray")
+    return _shared_ray["settings"] is not None and ray is not None and ray.is_initialized()
+
+
+def stop_ray() -> None:
+    """Shut down whatever Ray this process has up (a run's, or one Ray started on first
+    use), its settings forgotten."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+    _shared_ray["settings"] = None
+
+
+def ray_idle(wait_s: float) -> bool:
+    """Whether the Ray up here holds nothing a run left, waiting up to wait_s for it: no
+    actor alive or waiting to start (a named one, Serve's controller say, would be joined
+    by the next run's serve.start), no placement group, every resource free. A run that
+    takes this Ray then meets nothing of the run before but warm worker processes."""
+    import gc
+
+    import ray
+    from ray._private import state
+    from ray.util import placement_group_table
+
+    gc.collect()  # actor handles held in reference cycles: their actors end when freed
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = [a["State"] for a in state.actors().values() if a["State"] != "DEAD"]
+        left += [g["state"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
+        if not left and ray.available_resources() == ray.cluster_resources():
+            return True
+        if time.monotonic() > deadline:
+            print(
+                f"harness: Ray not idle after {wait_s:.0f} s ({left}): started anew",
+                file=sys.stderr,
+            )
+            return False
+        time.sleep(0.1)
+
+
 def timeout_of(timeout: Callable[[dict], float]) -> Callable[[dict], float]:
     """A script's seconds per child (of a run's spec) as seconds per bundle: the sum
     over its parts."""

@@ -156,6 +156,9 @@ def configurations(args) -> list[dict]:
     size = harness.sizes(args, {"epochs": 2, "num_samples": 512, "repeats": 1})
     towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
+    # --smoke: every child set up with the most fake devices (a run on fewer uses the
+    # first ones), so that harness.together measures the sweep in one child
+    smoke_devices = max(towers) if args.smoke and not args.real_gpus else None
     configs = []
     for model in models.split(","):
         for threads in harness.parse_threads(args.threads):
@@ -166,7 +169,9 @@ def configurations(args) -> list[dict]:
                 threads=threads,
                 real_gpus=args.real_gpus,
             )
-            configs.append(dict(common_spec, engine="ceiling", towers=1, devices=1))
+            configs.append(
+                dict(common_spec, engine="ceiling", towers=1, devices=smoke_devices or 1)
+            )
             for n in towers:
                 for sync in args.batch_norm_sync.split(","):
                     configs.append(
@@ -174,7 +179,7 @@ def configurations(args) -> list[dict]:
                             common_spec,
                             engine="ours",
                             towers=n,
-                            devices=1 if args.real_gpus else n,
+                            devices=smoke_devices or (1 if args.real_gpus else n),
                             batch_norm_sync=sync == "true",
                         )
                     )

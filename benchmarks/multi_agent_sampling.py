@@ -131,10 +131,10 @@ def _tree_cpu_s(root: int) -> float | None:
 def measure(spec: dict):
     import os
 
-    import ray
-
     start = time.perf_counter()
-    ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+    harness.ray_init(
+        address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False
+    )
     rllib = spec["side"] == "rllib"
     build, sample = (_rllib_algo, _rllib_sample) if rllib else (_our_algo, _our_sample)
     algo = build(spec)
@@ -149,7 +149,7 @@ def measure(spec: dict):
         elapsed, cpu_end = time.perf_counter() - begin, _tree_cpu_s(os.getpid())
     finally:
         algo.stop()
-        ray.shutdown()
+        harness.ray_shutdown()
     yield {
         "bench": NAME,
         **{k: spec[k] for k in ("side", "num_env_runners", "num_envs", "fragment", "round")},
@@ -172,7 +172,7 @@ def configurations(args) -> list[dict]:
     runners = [int(r) for r in (args.runners or ("1" if args.smoke else "1,2")).split(",")]
     envs = [int(e) for e in (args.envs or ("2" if args.smoke else "1,8")).split(",")]
     common = {"prepare_tf": False, "fragment": 10 if args.smoke else args.fragment}
-    seconds = 1.0 if args.smoke else args.seconds  # smoke: one sampling phase at least
+    seconds = 0.3 if args.smoke else args.seconds  # smoke: one sampling phase at least
     return [
         dict(common, side=side, num_env_runners=r, num_envs=e, seconds=seconds)
         for r in runners

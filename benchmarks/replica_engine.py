@@ -4,7 +4,8 @@ All three run the identical model, loss and data (31 x 128 rows, 10 epochs of
 shuffled minibatches of 128 inside ONE tf.function call), so only the replica
 engine differs: bare (one device), mirrored (MirroredStrategy over N logical CPU
 devices), towers (our TowerStack over N logical CPU devices). Each (engine, N,
-threads) runs in its own process; medians over rounds.
+threads) runs in its own process (at --smoke all share one: harness.together);
+medians over rounds.
 
     python -m benchmarks.replica_engine                 # full sweep, ~15 min
     python -m benchmarks.replica_engine --smoke
@@ -329,6 +330,9 @@ def configurations(args) -> list[dict]:
     replicas = [int(x) for x in (args.replicas or ("2" if args.smoke else "1,2,4")).split(",")]
     threads = harness.parse_threads(args.threads or ("1,2" if args.smoke else DEFAULT_THREADS))
     engines = (args.engines or "bare,mirrored,towers").split(",")
+    # --smoke: every child set up with the most fake devices (bare uses /CPU:0, the others
+    # the first N), so that harness.together measures them in one child per thread setting
+    smoke_devices = max(replicas) if args.smoke and not args.real_gpus else None
     configs = []
     for t in threads:
         for engine in engines:
@@ -339,7 +343,7 @@ def configurations(args) -> list[dict]:
                         engine=engine,
                         replicas=n,
                         threads=t,
-                        devices=1 if args.real_gpus else n,
+                        devices=smoke_devices or (1 if args.real_gpus else n),
                         real_gpus=args.real_gpus,
                         minibatch=args.minibatch,
                     )
@@ -428,7 +432,10 @@ def main(argv=None):
     if args.breakdown:
         specs = [dict(spec, breakdown=True) for spec in specs if spec["engine"] == "towers"]
     planned = [harness.Run("benchmarks.replica_engine", spec) for spec in specs]
-    records = harness.run_rounds(args, planned)
+    timeout = lambda spec: 900  # noqa: E731 - seconds per child
+    if args.smoke and not args.breakdown:  # one child (see smoke_devices)
+        planned, timeout = harness.together(planned), harness.timeout_of(timeout)
+    records = harness.run_rounds(args, planned, timeout=timeout)
     name = NAME + ("_breakdown" if args.breakdown else "")
     if args.breakdown:
         summary = []

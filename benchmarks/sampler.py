@@ -108,7 +108,7 @@ def configurations(args) -> list[dict]:
     size = dict(
         num_envs_list=num_envs,
         fragment=50 if args.smoke else args.fragment,
-        duration=1.0 if args.smoke else args.duration,
+        duration=0.3 if args.smoke else args.duration,  # smoke: one fragment at least
         devices=1,
     )
     return [dict(size, inference=kind) for kind in args.inference.split(",")]

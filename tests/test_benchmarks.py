@@ -293,9 +293,9 @@ def test_start_cpu_counts_the_processes_ray_started():
 
 
 def test_sac_step_smoke(tmp_path):
-    """The bare TF SAC update, our policy's, our loop's and (when its virtualenv
-    exists) SB3's are timed at k = 1 and 8 SGD steps per call, each with the
-    update's FLOP count."""
+    """The bare TF SAC update and (when its virtualenv exists) SB3's are timed at k = 1
+    and 8 SGD steps per call, our policy's and our loop's at k = 8 (each k compiles its
+    own update), each with the update's FLOP count."""
     from benchmarks import compare_sb3
 
     runs = measurements(run_smoke("sac_step", tmp_path))

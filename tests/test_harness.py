@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import types
 
+import pytest
+
 from benchmarks import harness, together
 
 
@@ -82,3 +84,41 @@ def test_the_bundle_child_measures_each_part_and_goes_on_after_one_that_fails(mo
     assert failed["error"] == "RuntimeError: part broke"
     assert "part broke" in failed["stderr_tail"]
     assert last == {"bench": "fake", "round": 4, "seed": 7, "n": 3}
+
+
+LEFT_ALIVE: list = []  # actor handles a fake run leaves alive after it ends
+
+
+@pytest.mark.slow  # two local Rays started, a 1 s wait: 37 s at load 37 here
+def test_a_scripts_next_run_takes_its_ray_only_when_the_run_before_left_nothing(monkeypatch):
+    """In a bundle child, a run of the same script with the same settings takes the Ray
+    the run before left, unless that run left an actor alive (one holding no resource:
+    a Serve controller would be joined by the next serve.start); the child stops its
+    Ray at the end."""
+    import ray
+
+    monkeypatch.setattr(harness, "RAY_IDLE_WAIT_S", 1.0)
+
+    @ray.remote(num_cpus=0)
+    class Left:
+        def ready(self) -> bool:
+            return True
+
+    def measure(spec):
+        harness.ray_init(address="local", num_cpus=1, include_dashboard=False)
+        try:
+            if spec["leave_actor"]:
+                LEFT_ALIVE.append(Left.remote())
+                ray.get(LEFT_ALIVE[-1].ready.remote())
+            yield {"node": ray.get_runtime_context().get_node_id()}
+        finally:
+            harness.ray_shutdown()
+
+    monkeypatch.setitem(sys.modules, "fake_ray_bench", types.SimpleNamespace(measure=measure))
+    parts = [["fake_ray_bench", {"leave_actor": leave}, {}] for leave in (False, True, False)]
+    try:
+        first, second, third = together.measure({"parts": parts, "round": 0})
+    finally:
+        LEFT_ALIVE.clear()
+    assert first["node"] == second["node"] != third["node"]
+    assert not ray.is_initialized()
