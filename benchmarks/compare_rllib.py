@@ -177,9 +177,7 @@ def rllib_learner(spec: dict):
 
 def rllib_sampler(spec: dict):
     """One local RLlib rollout worker (local inference): env steps/s of sample()."""
-    import ray
-
-    ray.init(**harness.RAY_INIT)
+    harness.ray_init(**harness.RAY_INIT)
     try:
         for num_envs in spec["num_envs_list"]:
             rows = spec["fragment"] * num_envs  # RLlib checks the batch against the fragments
@@ -210,7 +208,7 @@ def rllib_sampler(spec: dict):
                 "env_steps_per_s": steps / seconds,
             }
     finally:
-        ray.shutdown()
+        harness.ray_shutdown()
 
 
 def rllib_server_class():
@@ -238,7 +236,7 @@ def rllib_inference(spec: dict):
 
     from benchmarks import inference
 
-    ray.init(**harness.RAY_INIT)
+    harness.ray_init(**harness.RAY_INIT)
     try:
         callers = inference.start_callers(max(spec["callers"]))
         server = rllib_server_class().remote(workload_hyper(spec, "mlp"), spec.get("threads"))
@@ -257,14 +255,12 @@ def rllib_inference(spec: dict):
             },
         )
     finally:
-        ray.shutdown()
+        harness.ray_shutdown()
 
 
 def rllib_e2e(spec: dict):
-    import ray
-
     start = time.perf_counter()
-    ray.init(**harness.RAY_INIT, log_to_driver=False)
+    harness.ray_init(**harness.RAY_INIT, log_to_driver=False)
     record = {
         "bench": "e2e",
         "framework": "rllib",
@@ -320,7 +316,7 @@ def rllib_e2e(spec: dict):
         )
         return
     finally:
-        ray.shutdown()
+        harness.ray_shutdown()
     end = time.perf_counter()
     steps = history[-1]["timesteps_total"] if history else None
     sample_s = sum((h["sample_time_ms"] or 0) for h in history) / 1e3
@@ -345,8 +341,6 @@ def rllib_e2e(spec: dict):
 
 def rllib_dqn_run(spec: dict):
     """RLlib's DQN to the target with spec["settings"] (rllib_dqn.rllib_settings)."""
-    import ray
-
     record = {
         "bench": "dqn",
         "framework": "rllib",
@@ -356,7 +350,7 @@ def rllib_dqn_run(spec: dict):
         "max_env_steps": spec["max_env_steps"],
         "settings": spec["settings"],
     }
-    ray.init(**harness.RAY_INIT, log_to_driver=False)
+    harness.ray_init(**harness.RAY_INIT, log_to_driver=False)
     try:
         outcome = rllib_dqn.run_to_target(
             spec["settings"],
@@ -375,7 +369,7 @@ def rllib_dqn_run(spec: dict):
         )
         return
     finally:
-        ray.shutdown()
+        harness.ray_shutdown()
     yield dict(record, **outcome)
 
 
@@ -440,7 +434,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
         size = dict(
             num_envs_list=[1] if smoke else [1, 8, 32],
             fragment=50 if smoke else 200,
-            duration=1.0 if smoke else 5.0,
+            duration=0.3 if smoke else 5.0,  # smoke: one sample() at least, on each side
         )
         out.append(("ours", "benchmarks.sampler", dict(size, inference="local", devices=1)))
         out.append(rllib("sampler", size))
@@ -775,10 +769,16 @@ def main(argv=None):
         default=None,
         help="one round per seed, e.g. 0,1,2 (default: the round is the seed)",
     )
+    parser.add_argument(
+        "--rllib-python",
+        default=None,
+        help="RLlib's python, used as given: no import check (its caller checked the venv, "
+        "as the tests do); default: .venv-rllib's, made or checked first",
+    )
     args = parser.parse_args(argv)
     if args.child:
         return harness.child_main(args, measure)
-    rllib_python = rllib_env.ensure_rllib_venv()
+    rllib_python = args.rllib_python or rllib_env.ensure_rllib_venv()
     meta = harness.start_meta(
         args, rllib_python=rllib_python, rllib_versions=harness.versions(rllib_python)
     )

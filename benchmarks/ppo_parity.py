@@ -196,13 +196,19 @@ def main(argv=None):
     )
     parser.add_argument("--target", type=float, default=e2e.TARGET_RETURN)
     parser.add_argument("--max-seconds", type=float, default=900)
+    parser.add_argument(
+        "--rllib-python",
+        default=None,
+        help="RLlib's python, used as given: no import check (its caller checked the venv, "
+        "as the tests do); default: .venv-rllib's, made or checked first",
+    )
     args = parser.parse_args(argv)
     if args.child:
         return harness.child_main(args, measure)
     unknown = set(args.variants.split(",")) - set(VARIANTS)
     if unknown:
         parser.error(f"--variants: unknown {sorted(unknown)}; expected some of {list(VARIANTS)}")
-    rllib_python = rllib_env.ensure_rllib_venv()
+    rllib_python = args.rllib_python or rllib_env.ensure_rllib_venv()
     meta = harness.start_meta(
         args,
         rllib_python=rllib_python,

@@ -3,7 +3,7 @@ N client processes, ours beside RLlib's old-stack PolicyServerInput.
 
 Targets, alternating within each round, each in its own child process that starts its
 server once and drives it with every client count in turn (at --smoke ours, ceiling and
-uvicorn take turns in one child: harness.together):
+uvicorn take turns in one child and one Ray: harness.together):
   ours   ExternalEnvRunners on Ray Serve, what `policy-service train ppo --external-env`
          serves (token, JSON, one replica answering HTTP itself: Serve's direct
          ingress); clients: policy_service.client.policy_client.PolicyClient
@@ -60,13 +60,12 @@ READY_TIMEOUT_S = 600  # N client processes importing their libraries on a loade
 def start_ours(port: int):
     """ExternalEnvRunners on this port, and a thread taking its fragments -> stop()."""
     import gymnasium as gym
-    import ray
 
     from algorithms.ppo import PPOPolicy
     from policy_service.serving.external_env_runners import ExternalEnvRunners
     from policy_service.serving.server import ServerAddress
 
-    ray.init(**harness.RAY_INIT)
+    harness.ray_init(**harness.RAY_INIT)
     env = gym.make("CartPole-v1")
     config = {"model": {"fcnet_hiddens": HIDDENS, "fcnet_activation": "tanh"}}
     runners = ExternalEnvRunners(
@@ -91,7 +90,7 @@ def start_ours(port: int):
         done.set()
         taker.join()
         runners.stop()
-        ray.shutdown()
+        harness.ray_shutdown()
 
     return stop
 
@@ -99,7 +98,6 @@ def start_ours(port: int):
 def start_ceiling(port: int):
     """The constant-answer Serve deployment on this port -> stop()."""
     import gymnasium as gym
-    import ray
     from ray import serve
     from starlette.responses import Response
 
@@ -129,12 +127,12 @@ def start_ceiling(port: int):
             body = answers.get(path) or answers.get(path.rsplit("/", 1)[-1], b"{}")
             return Response(body, media_type="application/json")
 
-    ray.init(**harness.RAY_INIT)
+    harness.ray_init(**harness.RAY_INIT)
     direct_ingress.start(ServerAddress("127.0.0.1", port), EpisodeCeiling.bind(), NAME)
 
     def stop():
         serve.shutdown()
-        ray.shutdown()
+        harness.ray_shutdown()
 
     return stop
 
@@ -195,11 +193,10 @@ def start_uvicorn(port: int):
 def start_rllib(port: int):
     """RLlib's PPO with PolicyServerInput on this port (its threads serve) -> stop()."""
     import gymnasium as gym
-    import ray
     from ray.rllib.algorithms.ppo import PPOConfig
     from ray.rllib.env.policy_server_input import PolicyServerInput
 
-    ray.init(**harness.RAY_INIT)
+    harness.ray_init(**harness.RAY_INIT)
     env = gym.make("CartPole-v1")
     config = (
         PPOConfig()
@@ -221,7 +218,7 @@ def start_rllib(port: int):
 
     def stop():
         algo.stop()
-        ray.shutdown()
+        harness.ray_shutdown()
 
     return stop
 
@@ -229,10 +226,24 @@ def start_rllib(port: int):
 # ----- the clients -----------------------------------------------------------------------------
 
 
-def drive(target: str, port: int, clients: int, duration_s: float) -> dict:
-    """`clients` processes, started together once all are warm -> throughput and latency."""
+# At --smoke RLlib's clients skip RLlib's TensorFlow import (RLlib's own switch for its
+# tests): a remote-mode PolicyClient sends requests and never runs a model, and each
+# client process paid seconds of CPU importing TF before it could connect.
+SMOKE_RLLIB_CLIENT_ENV = {"RLLIB_TEST_NO_TF_IMPORT": "1", "RLLIB_TEST_NO_TORCH_IMPORT": "1"}
+
+
+def drive(
+    target: str,
+    port: int,
+    clients: int,
+    duration_s: float,
+    lead_s: float = 1.0,
+    client_env: dict | None = None,
+) -> dict:
+    """`clients` processes (client_env added to their environment), started together
+    once all are warm, the start time sent lead_s ahead -> throughput and latency."""
     kind = "rllib" if target == "rllib" else "ours"  # the ceiling speaks our protocol
-    env = dict(os.environ, POLICY_SERVICE_TOKEN=TOKEN)
+    env = dict(os.environ, POLICY_SERVICE_TOKEN=TOKEN, **(client_env or {}))
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "benchmarks.episode_clients", kind, f"http://127.0.0.1:{port}"]
@@ -252,7 +263,7 @@ def drive(target: str, port: int, clients: int, duration_s: float) -> dict:
             line = proc.stdout.readline()
             if line.strip() != "ready" or time.monotonic() > deadline:
                 raise RuntimeError(f"client not ready: {line!r} {proc.stderr.read()[-2000:]}")
-        start_at = time.time() + 1.0
+        start_at = time.time() + lead_s
         for proc in procs:
             proc.stdin.write(f"{start_at}\n")
             proc.stdin.flush()
@@ -292,7 +303,14 @@ def measure(spec: dict):
     stop = starts[spec["target"]](port)
     try:
         for clients in spec["clients"]:
-            result = drive(spec["target"], port, clients, spec["duration"])
+            result = drive(
+                spec["target"],
+                port,
+                clients,
+                spec["duration"],
+                spec.get("lead_s", 1.0),
+                spec.get("client_env"),
+            )
             yield {
                 "bench": NAME,
                 "round": spec["round"],
@@ -316,17 +334,25 @@ def configurations(args) -> list[dict]:
         dict(
             target=target,
             clients=clients,
-            duration=3.0 if args.smoke else args.duration,
+            # smoke: one second timed per count (an RLlib client makes ~100 calls in it
+            # at load 20), the start sent 0.2 s ahead
+            duration=1.0 if args.smoke else args.duration,
+            lead_s=0.2 if args.smoke else 1.0,
+            client_env=SMOKE_RLLIB_CLIENT_ENV if args.smoke and target == "rllib" else {},
             prepare_tf=False,
+            **({"rllib_python": args.rllib_python} if target == "rllib" else {}),
         )
         for target in (args.targets.split(",") if args.targets else TARGETS)
     ]
 
 
 def rllib_python(spec: dict) -> str | None:
-    """RLlib's target runs under its own virtualenv's interpreter."""
+    """RLlib's target runs under its own virtualenv's interpreter (--rllib-python as
+    given, else .venv-rllib-server's, made or checked here)."""
     if spec["target"] != "rllib":
         return None
+    if spec.get("rllib_python"):
+        return spec["rllib_python"]
     from benchmarks import rllib_env
 
     return rllib_env.ensure_rllib_server_venv()
@@ -361,6 +387,12 @@ def add_flags(parser) -> None:
     parser.add_argument("--clients", default=None, help="client processes, default 1,4,16")
     parser.add_argument("--duration", type=float, default=15.0, help="seconds timed per count")
     parser.add_argument("--targets", default=None, help=f"default {','.join(TARGETS)}")
+    parser.add_argument(
+        "--rllib-python",
+        default=None,
+        help="RLlib 2.35's python, used as given: no import check (its caller checked the "
+        "venv, as the tests do); default: .venv-rllib-server's, made or checked first",
+    )
 
 
 if __name__ == "__main__":

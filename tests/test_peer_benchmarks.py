@@ -18,12 +18,21 @@ pytestmark = pytest.mark.slow  # minutes of child processes and virtualenv build
 def compare_rllib(tmp_path_factory) -> list[dict]:
     """compare_rllib.py --smoke with every workload, the dqn one too: one run for the
     two tests below, whose script start, RLlib venv check and children (one per side)
-    each cost tens of seconds. Needs RLlib's own venv (peer_venv)."""
+    each cost tens of seconds. Needs RLlib's own venv (peer_venv, which checked it: the
+    script takes its python as given)."""
     from benchmarks.compare_rllib import WORKLOADS
 
-    peer_venv(".venv-rllib")
+    python = peer_venv(".venv-rllib")
     out = tmp_path_factory.mktemp("compare_rllib")
-    return run_smoke("compare_rllib", out, "--workloads", ",".join(WORKLOADS), timeout=1800)
+    return run_smoke(
+        "compare_rllib",
+        out,
+        "--workloads",
+        ",".join(WORKLOADS),
+        "--rllib-python",
+        python,
+        timeout=1800,
+    )
 
 
 @pytest.mark.slow
@@ -119,8 +128,16 @@ def test_compare_rllib_dqn_smoke(compare_rllib):
 @pytest.mark.slow
 def test_ppo_parity_smoke(tmp_path):
     """Ours (and an ablation) beside RLlib's PPO at its defaults; needs RLlib's venv."""
-    peer_venv(".venv-rllib")
-    records = run_smoke("ppo_parity", tmp_path, "--variants", "defaults,keras_init", timeout=1800)
+    python = peer_venv(".venv-rllib")
+    records = run_smoke(
+        "ppo_parity",
+        tmp_path,
+        "--variants",
+        "defaults,keras_init",
+        "--rllib-python",
+        python,
+        timeout=1800,
+    )
     rows = {r["variant"]: r for r in records if r.get("summary")}
     assert set(rows) == {"defaults", "keras_init", "rllib"}
     assert all(r["reached"] == "1/1" and r["env_steps"] > 0 for r in rows.values())
@@ -132,8 +149,10 @@ def test_serve_rllib_smoke(tmp_path):
     needs the RLlib 2.35 venv (.venv-rllib-server, peer_venv)."""
     from benchmarks import serve_rllib
 
-    peer_venv(".venv-rllib-server")
-    records = measurements(run_smoke("serve_rllib", tmp_path, timeout=2400))
+    python = peer_venv(".venv-rllib-server")
+    records = measurements(
+        run_smoke("serve_rllib", tmp_path, "--rllib-python", python, timeout=2400)
+    )
     assert {(r["target"], r["clients"]) for r in records} == {
         (t, n) for t in serve_rllib.TARGETS for n in (1, 2)
     }
