@@ -19,6 +19,7 @@ exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -461,6 +462,11 @@ class Algorithm:
         return self.counters.num_samples_trained_total
 
     @property
+    def time_total_s(self) -> float:
+        """Seconds of train() over the run (resumed runs included)."""
+        return self.counters.time_total_s
+
+    @property
     def agent_timesteps_total(self) -> int:
         """Rows of all agents sampled over the run (env steps with one policy)."""
         return self.counters.agent_timesteps_total
@@ -672,7 +678,8 @@ class Algorithm:
         learning; the failed iteration's sample counts are dropped) -> the
         directory, else None and nothing is written. Needs no live actor: the
         learner state is the driver's copy (None if its newest is lost)."""
-        if self._iteration_changed_state or self.iteration == 0:
+        started = self.counters.iteration_start is not None
+        if not started or self._iteration_changed_state or self.iteration == 0:
             return None
         learner_state = (
             self.learners.newest_state()
@@ -1077,8 +1084,9 @@ class AsyncAlgorithm(Algorithm):
 
     Its state is the learner version: updates applied so far, what a fragment's
     policy lag or a gradient's staleness is taken against. Sampling pauses while it
-    saves or restores (requests in flight are dropped) and resumes with the learners'
-    weights under that version. A subclass gives the four methods below."""
+    restores (requests in flight are dropped) and resumes with the learners' weights
+    under that version; a save only waits for the update running. A subclass gives
+    the four methods below."""
 
     def learner_version(self) -> int:
         raise NotImplementedError
@@ -1118,12 +1126,17 @@ class AsyncAlgorithm(Algorithm):
         finally:
             self.resume_sampling()
 
+    def updates_held(self) -> contextlib.AbstractContextManager:
+        """A context in which no learner update runs: where updates run beside the
+        driver (IMPALA's learner thread), between two of them; else nothing to do
+        (A3C applies gradients in train() only)."""
+        return contextlib.nullcontext()
+
     def save(self, checkpoint_dir: str) -> str:
-        """As every algorithm's, with sampling paused meanwhile."""
-        self.pause_sampling()
-        path = super().save(checkpoint_dir)
-        self.resume_sampling()
-        return path
+        """As every algorithm's, between two learner updates: sampling, the requests
+        in flight and the queued batches go on untouched."""
+        with self.updates_held():
+            return super().save(checkpoint_dir)
 
     def restore(self, checkpoint_dir: str) -> None:
         self.pause_sampling()
@@ -1134,7 +1147,7 @@ class AsyncAlgorithm(Algorithm):
 
 
 def iteration_seed(seed: int | None, iteration: int) -> int | None:
-    """The sampling seed after a save/restore at `iteration` (the seed itself at 0)."""
+    """The sampling seed after a restore at `iteration` (the seed itself at 0)."""
     if seed is None or iteration == 0:
         return seed
     return int(np.random.SeedSequence([int(seed), int(iteration)]).generate_state(1)[0] >> 1)

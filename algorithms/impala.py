@@ -168,6 +168,9 @@ class IMPALA(AsyncAlgorithm):
     def last_gradients(self) -> dict:
         return self.async_learning.last_gradients()  # between the learner thread's updates
 
+    def updates_held(self):
+        return self.async_learning.updates_held()
+
     def pause_sampling(self) -> None:
         """Learning pauses too; queued fragments are dropped."""
         self.async_learning.pause()

@@ -327,9 +327,9 @@ class ReplayAlgorithm(Algorithm):
     def set_exploration_timestep(self) -> None:
         """Every round, each env runner's exploration schedule is set to the run's env
         steps (RLlib's global timestep): it moves with the steps of all workers
-        together, and a worker rebuilt at a save, a restore or a restart goes on from
-        there. Remote calls are not waited for: an actor runs its calls in order, so
-        the timestep is set before its next fragment; a dead worker is replaced by
+        together, and a worker rebuilt at a restore or a restart goes on from there.
+        Remote calls are not waited for: an actor runs its calls in order, so the
+        timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
         runners = self.env_runners if self.multi_agent is None else self.multi_agent[0]
         runners.set_global_timestep(self.timesteps_total)

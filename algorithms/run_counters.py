@@ -190,8 +190,9 @@ class RunCounters:
 
     def restore(self, saved: dict) -> None:
         """The counters and windows from algorithm_state.json (checked when read:
-        io/checkpoints.read_algorithm_state); entries older checkpoints lack start
-        from nothing."""
+        io/checkpoints.read_algorithm_state). A checkpoint without agent steps (one
+        policy's, or older) counts its env steps as such; other entries older ones lack
+        start from nothing."""
         self.iteration = int(saved["iteration"])
         timesteps = int(saved["timesteps_total"])
         self._set_totals(

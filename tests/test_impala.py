@@ -24,6 +24,7 @@ from policy_service.distributed import learner_group
 from policy_service.distributed.learners import LearnerFailure
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.errors import RunFailure
+from policy_service.io import checkpoints
 
 MODEL = {"fcnet_hiddens": [16, 16], "lstm_cell_size": 8, "max_seq_len": 5}
 LSTM = {**MODEL, "use_lstm": True, "lstm_use_prev_action": True}
@@ -288,10 +289,17 @@ def test_a_local_run_trains_reports_lag_and_resumes_from_a_checkpoint(algo_cls, 
         assert second["num_samples_trained_this_iter"] >= 2 * 40 * second["num_learner_updates"]
         assert 0 <= second["policy_lag_mean"] <= second["policy_lag_max"]
         algo.save(str(tmp_path / "ckpt"))
-        weights = algo.get_policy().get_weights()
-        version = algo.async_learning.version
+        # a save waits between two updates: learning and sampling go on, nothing dropped
+        assert algo.async_learning.thread.is_alive()
+        assert algo.async_learning.dropped_fragments == 0
     finally:
         algo.stop()
+    # what was saved (the learner thread may have learned on since)
+    weights = checkpoints.read_policy_state(tmp_path / "ckpt" / checkpoints.POLICY_SUBDIR)[
+        "weights"
+    ]
+    saved = checkpoints.read_algorithm_state(tmp_path / "ckpt")
+    version = saved["algorithm_values"]["learner_version"]
     resumed = algo_cls.from_checkpoint(str(tmp_path / "ckpt"))
     try:
         restored = resumed.get_policy().get_weights()

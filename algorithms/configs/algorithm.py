@@ -103,14 +103,15 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
     max_policy_actor_restarts: int = setting(
         3,
         doc="Times Ray restarts the PolicyActor (remote_inference, inference: "
-        '"policy_actors"), with its latest weights, over the run before a death ends the '
-        "run in one line naming this key (no RLlib analogue: its env runners act "
-        "themselves); 0: the first death ends it.",
+        '"policy_actors"), with its latest weights, before a death ends the run in one '
+        "line naming this key; a budget per PolicyActor (a seeded restore or a change of "
+        "policies builds a new one), while num_policy_actor_restarts counts over the run "
+        "(no RLlib analogue: its env runners act themselves); 0: the first death ends it.",
         check=integer(ge=0),
     )
     sample_while_env_runners_start: bool = setting(
         True,
-        doc="Until the remote env runners are up (at the start, and when a seeded save "
+        doc="Until the remote env runners are up (at the start, and when a seeded restore "
         "rebuilds them), the driver samples with its own copy of their envs and policy "
         "instead of waiting; how many iterations it samples depends on their start-up "
         "time. False: wait for them (a seeded run is then the same every time). Runners "

@@ -173,9 +173,14 @@ class AsyncLearning:
         """The learners' last gradients (LearnerThread.last_gradients)."""
         return self.thread.last_gradients()
 
+    def updates_held(self):
+        """A context in which no learner update runs (LearnerThread.updates_held):
+        sampling, the fragments in flight and the queue go on untouched (a save)."""
+        return self.thread.updates_held()
+
     def pause(self) -> None:
-        """Stop learning and forget the requests in flight (before a checkpoint, or
-        env runners rebuilt); the updates made so far are kept."""
+        """Stop learning and forget the requests in flight (before a restore, or env
+        runners rebuilt); the updates made so far are kept."""
         self.dropped_fragments += self.thread.stop() + len(self._pending)
         self.stream.forget()
         self._pending = []

@@ -77,7 +77,7 @@ class EnvRunnerGroup:
     """Creates, syncs, samples from and replaces rollout workers.
 
     `worker_cls` is what each worker is (RolloutWorker; a subclass may run others
-    with the same methods: multi_agent/env_runner_group.py), built from
+    with the same methods: multi_agent_env_runner_group.py), built from
     `_worker_args()` and the keyword arguments every worker takes.
 
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two

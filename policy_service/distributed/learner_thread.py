@@ -26,6 +26,7 @@ and raised by `check()`.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -97,6 +98,13 @@ class LearnerThread(threading.Thread):
         for at most one."""
         with self._updating:
             return by_policy({p: group.last_gradients() for p, group in self.groups.items()})
+
+    @contextlib.contextmanager
+    def updates_held(self):
+        """No update runs inside (a consistent learner state and version to save);
+        queued batches wait, none is dropped. Waits for the update running, if any."""
+        with self._updating:
+            yield
 
     def check(self) -> None:
         """Raise what stopped the thread, if anything did."""
