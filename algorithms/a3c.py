@@ -177,6 +177,8 @@ class A3C(AsyncAlgorithm):
         self.gradients = self._gradient_stream()
 
     def stop(self) -> None:
-        if getattr(self, "gradients", None) is not None:  # a failed setup has none
-            self.gradients.forget()  # its requests read, a runner still starting installed
-        super().stop()
+        try:
+            if getattr(self, "gradients", None) is not None:  # a failed setup has none
+                self.gradients.forget(install=False)  # its requests read
+        finally:
+            super().stop()

@@ -179,6 +179,8 @@ class IMPALA(AsyncAlgorithm):
         self.async_learning.resume(self.env_runner_group())
 
     def stop(self) -> None:
-        if getattr(self, "async_learning", None) is not None:
-            self.async_learning.stop()
-        super().stop()
+        try:
+            if getattr(self, "async_learning", None) is not None:
+                self.async_learning.stop()
+        finally:
+            super().stop()

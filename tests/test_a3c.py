@@ -178,7 +178,7 @@ class ScriptedGradients:
         fragments, self.fragments = self.fragments, []
         return fragments
 
-    def forget(self):
+    def forget(self, install: bool = True):
         return 0
 
 

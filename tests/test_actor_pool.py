@@ -53,6 +53,10 @@ class Counter:
     def fail(self) -> None:
         raise ValueError("the actor's own error")
 
+    def exit(self) -> None:
+        """The process ends: calls sent after this one meet the death, or the restart."""
+        os._exit(1)
+
     def sleep(self, seconds: float) -> None:
         import time
 
@@ -246,7 +250,8 @@ def test_a_call_is_made_again_while_its_actor_restarts_then_ends_in_the_callers_
 
     restarted = Counter.options(max_restarts=1).remote()
     ray.get(restarted.set.remote(3))
-    ray.kill(restarted, no_restart=False)  # Ray restarts it: a fresh counter
+    restarted.exit.remote()  # Ray restarts it: a fresh counter (ray.kill is asynchronous:
+    # a call sent right after it may still reach the old one)
     assert call_while_restarted(lambda: ray.get(restarted.get.remote()), 20, gone) == 0
     with pytest.raises(ValueError, match="the actor's own error"):  # at once, not retried
         call_while_restarted(lambda: ray.get(restarted.fail.remote()), 3, gone)

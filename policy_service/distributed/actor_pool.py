@@ -312,6 +312,8 @@ class ActorPool(Generic[M]):
             member = self.start_replacement(slot, attempt, during, error, budget, who)
             [started] = gather([up(slot, member)])
             if started.outcome is not Outcome.DIED:
+                if started.outcome is Outcome.RAISED:  # reachable from nowhere else
+                    self._stop(member)
                 started.get()  # its own code's error raised
                 self.install(slot, member)
                 return attempt
@@ -365,6 +367,8 @@ class ActorPool(Generic[M]):
                         started.attempt + 1,
                     )
                     continue
+                if result.outcome is Outcome.RAISED:  # reachable from nowhere else
+                    self._stop(started.member)
                 result.get()  # its own code's error raised
                 self.install(slot, started.member)
                 filled.append(slot)

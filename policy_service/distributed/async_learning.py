@@ -204,5 +204,7 @@ class AsyncLearning:
         self.thread = self._start_thread(version=self.version)
 
     def stop(self) -> None:
+        """End learning and read the requests in flight; runners still starting are
+        left to the env runners' stop."""
         self.thread.stop()
-        self.stream.forget()
+        self.stream.forget(install=False)

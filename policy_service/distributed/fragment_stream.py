@@ -176,12 +176,14 @@ class FragmentStream:
                 fragments.append(fragment)
         return fragments
 
-    def forget(self) -> int:
+    def forget(self, install: bool = True) -> int:
         """Drop every request in flight (runners rebuilt, training paused, or the run
         ended) -> how many. A runner still starting is waited for, so that every slot
-        holds a live one, and so are the requests in flight (at most SETTLE_S): Ray
+        holds a live one (`install`; False when the run ends: the pool's stop ends the
+        ones starting), and so are the requests in flight (at most SETTLE_S): Ray
         logs the traceback of a request that fails after it was dropped."""
-        self._install_started(wait=True)
+        if install:
+            self._install_started(wait=True)
         count = self.requests_in_flight()
         self._settle_requests()
         self._in_flight.clear()
