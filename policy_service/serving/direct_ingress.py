@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import time
 
 from policy_service.serving import proxy_errors
@@ -87,15 +88,19 @@ def bind_reusing_address() -> None:
     (never SO_REUSEPORT) -- see the module's docstring. Called in the replica's
     constructor: Serve binds once it returns. Ray's direct ingress calls its
     start_asgi_http_server with enable_so_reuseport=False, and that option's setter would
-    also set SO_REUSEPORT: both are replaced here, for this process only (a replica)."""
+    also set SO_REUSEPORT: both are replaced here, for this process only (a replica).
+    Linux only: there SO_REUSEADDR never lets a second socket listen beside a live one;
+    on macOS and the BSDs it lets a bind to one address sit beside a wildcard listener."""
+    if sys.platform != "linux":
+        return
     from ray.serve._private import http_util, replica
 
     serve_start = replica.start_asgi_http_server
     if getattr(serve_start, "reuses_address", False):
         return
 
-    async def start_asgi_http_server(app, http_options, *, event_loop, enable_so_reuseport=False):
-        return await serve_start(app, http_options, event_loop=event_loop, enable_so_reuseport=True)
+    async def start_asgi_http_server(*args, **kwargs):
+        return await serve_start(*args, **{**kwargs, "enable_so_reuseport": True})
 
     start_asgi_http_server.reuses_address = True  # type: ignore[attr-defined]
     http_util.set_socket_reuse_port = reuse_address
@@ -121,9 +126,11 @@ async def port_released(host: str, port: int, timeout_s: float = REBIND_TIMEOUT_
 
 
 def can_bind(host: str, port: int) -> bool:
-    """Whether a socket set up as Serve's is (reuse_address) can bind (host, port) now."""
+    """Whether a socket set up as Serve's is (bind_reusing_address) can bind (host, port)
+    now."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        reuse_address(probe)
+        if sys.platform == "linux":
+            reuse_address(probe)
         try:
             probe.bind((host, port))
         except OSError:
