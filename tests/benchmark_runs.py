@@ -126,10 +126,12 @@ def _packages_state(venv: Path) -> list[int]:
 def _unchanged_since_checked(venv: Path) -> bool:
     """Whether the venv's builder passed it and nothing was installed or removed since.
     Its import check (TF and RLlib: seconds of every test file that uses it) is then
-    not run again here: a benchmark script checks again itself, and a test that runs
-    its python sees an import error in its own output."""
+    not run again here: a test that runs its python (a benchmark script given it as
+    --rllib-python takes it as given) sees an import error in its own output. A venv
+    without site-packages is never taken as checked."""
+    state = _packages_state(venv)
     try:
-        return json.loads((venv / CHECKED).read_text()) == _packages_state(venv)
+        return bool(state) and json.loads((venv / CHECKED).read_text()) == state
     except (OSError, ValueError):
         return False
 
