@@ -86,14 +86,14 @@ class _Fragment:
 
 @dataclass
 class _StepFlags:
-    """One vector step's env results by slot: the rewards paid, which agents got an obs,
-    their done flags (each agent's or "__all__"'s) and which sub-envs' episodes ended."""
+    """One vector step's env results by slot: which agents got an obs, their done flags
+    (each agent's or "__all__"'s) and which sub-envs' episodes ended."""
 
-    paid: np.ndarray  # <float64>[slots]
     has_obs: np.ndarray  # <bool>[slots]
     terminated: np.ndarray  # <bool>[slots]
     truncated: np.ndarray  # <bool>[slots]
-    over: np.ndarray  # <bool>[sub-envs]
+    over: list[bool]  # by sub-env
+    over_slots: list[int]  # the slots of the sub-envs whose episode ended
 
 
 class _PolicyRows:
@@ -310,7 +310,8 @@ class MultiAgentSampler:
         paid: list = []
         obs_slots: list[int] = []
         done_slots: tuple[list[int], list[int]] = ([], [])  # terminated, truncated
-        all_done = np.zeros((2, len(self.envs)), bool)  # "__all__": terminated, truncated
+        over: list[bool] = []
+        over_slots: list[int] = []
         results = []
         for env_index, (env, action_dict) in enumerate(zip(self.envs, action_dicts)):
             new_obs, rewards, terminateds, truncateds, infos = checked_step(env, action_dict)
@@ -330,44 +331,54 @@ class MultiAgentSampler:
                 paid.append(reward)
             obs_slots.extend(self._slot(env_index, agent) for agent in new_obs)
             # both flags as the env gave them (RLlib's): the agent's, or "__all__"'s
+            slots = range(env_index * len(self.agents), (env_index + 1) * len(self.agents))
             for kind, dones in enumerate((terminateds, truncateds)):
-                for agent, done in dones.items():
-                    if done and agent != ALL:
-                        done_slots[kind].append(self._slot(env_index, agent))
-                all_done[kind, env_index] = bool(dones[ALL])
+                if dones[ALL]:
+                    done_slots[kind].extend(slots)
+                else:
+                    done_slots[kind].extend(
+                        self._slot(env_index, agent)
+                        for agent, done in dones.items()
+                        if done and agent != ALL
+                    )
+            over.append(bool(terminateds[ALL] or truncateds[ALL]))
+            if over[-1]:
+                over_slots.extend(slots)
             results.append((new_obs, terminateds, truncateds))
         num_slots = len(self._policy)
         flags = _StepFlags(
-            np.zeros(num_slots),
             np.zeros(num_slots, bool),
             np.zeros(num_slots, bool),
             np.zeros(num_slots, bool),
-            all_done[0] | all_done[1],
+            over,
+            over_slots,
         )
-        flags.paid[paid_slots] = paid
         flags.has_obs[obs_slots] = True
-        for kind, column in enumerate((flags.terminated, flags.truncated)):
-            column[done_slots[kind]] = True
-            column |= np.repeat(all_done[kind], len(self.agents))
-        self._return += flags.paid
-        self._reward += flags.paid
+        flags.terminated[done_slots[0]] = True
+        flags.truncated[done_slots[1]] = True
+        if paid_slots:  # (a sub-env's agents are paid once a step: the slots differ)
+            self._return[paid_slots] += paid
+            self._reward[paid_slots] += paid
         return results, flags
 
     def _close_rows(self, results: list, flags: _StepFlags) -> None:
         """The open rows whose agent got its next obs, or whose episode ended, close:
         their columns go to their policy's rows."""
-        over = np.repeat(flags.over, len(self.agents))
-        closing = np.flatnonzero(self._open & (flags.has_obs | over))
+        closes = flags.has_obs.copy()
+        closes[flags.over_slots] = True
+        closing = np.flatnonzero(self._open & closes)
         if not len(closing):
             return
         first = closing[self._chunk[closing] < 0]  # the first row of its chunk
-        self._chunk[first] = len(self._unroll_ids) + np.arange(len(first))
-        self._unroll_ids.extend([0] * len(first))
+        if len(first):
+            self._chunk[first] = len(self._unroll_ids) + np.arange(len(first))
+            self._unroll_ids.extend([0] * len(first))
         policies = self._policy[closing]
         num_agents = len(self.agents)
-        for policy in np.unique(policies).tolist():
-            slots = closing[policies == policy]
-            given = slots[flags.has_obs[slots]].tolist()
+        for policy in [0] if len(self._policy_ids) == 1 else np.unique(policies).tolist():
+            slots = closing if len(self._policy_ids) == 1 else closing[policies == policy]
+            has_next, env_of = flags.has_obs[slots], self._slot_env[slots]
+            given = slots[has_next].tolist()
             next_obs = None
             if given:
                 next_obs = _stack(
@@ -379,13 +390,13 @@ class MultiAgentSampler:
             columns = {
                 _ROW: self._open_row[slots],
                 _SLOT: slots,
-                _EPISODE: self._episodes_started[self._slot_env[slots]],
+                _EPISODE: self._episodes_started[env_of],
                 _CHUNK: self._chunk[slots],
-                _HAS_NEXT: flags.has_obs[slots],
+                _HAS_NEXT: has_next,
                 SampleBatch.REWARDS: self._reward[slots],
                 SampleBatch.TERMINATEDS: flags.terminated[slots],
                 SampleBatch.TRUNCATEDS: flags.truncated[slots],
-                SampleBatch.EPS_ID: self._eps_id[self._slot_env[slots]],
+                SampleBatch.EPS_ID: self._eps_id[env_of],
                 SampleBatch.T: self._t[slots],
             }
             self._rows[policy].add_closed(columns, next_obs)
