@@ -210,3 +210,18 @@ def test_a_fragment_that_raised_goes_on_in_the_next_sample():
         for episode in np.unique(episodes):
             t = np.asarray(policy_rows[SampleBatch.T])[episodes == episode]
             np.testing.assert_array_equal(t, np.arange(t[0], t[0] + len(t)))
+
+
+def test_a_mapping_function_sees_the_returns_paid_so_far():
+    """The late agent is mapped at its first obs, after main's reward 1 for step 0."""
+    seen = {}
+
+    def mapping(agent, episode, **kw):
+        if episode is not None:  # None: the mapping probed as the policies are built
+            seen[agent] = (dict(episode.agent_returns), episode.total_reward)
+        return "shared"
+
+    worker, _ = sampler(JoinLeaveEnv(), {"shared": None}, mapping, 5)
+    worker.sample()
+    assert seen["main"] == ({}, 0.0)
+    assert seen["late"] == ({"main": 1.0}, 1.0)

@@ -50,7 +50,8 @@ class Episode:
     """One episode's bookkeeping; `policy_mapping_fn` gets it as `episode` (RLlib: `id_`),
     and so do the callbacks' episode hooks (policy_service/runs/callbacks.py), which may write
     `custom_metrics`, `user_data` and `hist_data`. The sampler keeps `agent_returns`
-    current for every hook and at the episode's end (between them, in its arrays)."""
+    current for every hook, every mapping and at the episode's end (between them, in its
+    arrays)."""
 
     id_: int
     env_index: int = 0
@@ -522,6 +523,7 @@ class MultiAgentSampler:
         or reward, as RLlib's `policy_for`)."""
         slot = self._slot(env_index, agent)
         episode = self._episodes[env_index]
+        self._update_returns(env_index)  # what a mapping function may read
         episode.policy_of[agent] = policy_id = self.agent_policies.policy_id(agent, episode)
         self._policy[slot] = self._policy_index[policy_id]
         return policy_id
