@@ -89,10 +89,7 @@ def bind_reusing_address() -> None:
     constructor: Serve binds once it returns. Ray's direct ingress calls its
     start_asgi_http_server with enable_so_reuseport=False, and that option's setter would
     also set SO_REUSEPORT: both are replaced here, for this process only (a replica).
-    Linux only: there SO_REUSEADDR never lets a second socket listen beside a live one;
-    on macOS and the BSDs it lets a bind to one address sit beside a wildcard listener."""
-    if sys.platform != "linux":
-        return
+    The option itself is Linux's only (reuse_address)."""
     from ray.serve._private import http_util, replica
 
     serve_start = replica.start_asgi_http_server
@@ -109,8 +106,11 @@ def bind_reusing_address() -> None:
 
 def reuse_address(sock: socket.socket) -> bool:
     """SO_REUSEADDR on a socket about to be bound (in place of Serve's setter of
-    SO_REUSEADDR and SO_REUSEPORT, whose name and return it keeps)."""
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    SO_REUSEADDR and SO_REUSEPORT, whose name and return it keeps). Linux only: there
+    it never lets a second socket listen beside a live one; on macOS and the BSDs it
+    lets a bind to one address sit beside a wildcard listener, so nothing is set."""
+    if sys.platform == "linux":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     return True
 
 
@@ -129,8 +129,7 @@ def can_bind(host: str, port: int) -> bool:
     """Whether a socket set up as Serve's is (bind_reusing_address) can bind (host, port)
     now."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        if sys.platform == "linux":
-            reuse_address(probe)
+        reuse_address(probe)
         try:
             probe.bind((host, port))
         except OSError:
