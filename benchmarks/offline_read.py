@@ -8,12 +8,15 @@ process per measurement, so each peak RSS (`ru_maxrss`) is that reading's alone:
   column turned into a numpy array (obs reshaped to [n, 4]): the bare ceiling;
 - "reader_ray": `open_experiences(...).iter_batches(batch_size, num_readers=2)`,
   Ray Data read tasks, SampleBatches out (open's up-front checks included);
-- "reader_local": the same, read in process (num_readers=0);
+- "reader_ray_passes": the files opened once, then `iter_passes` over them: each pass's
+  Ray Data read started as the pass before it begins, so its start overlaps that pass
+  (a pass is timed from the end of the one before; the first includes the open);
+- "reader_local": the same as "reader_ray", read in process (num_readers=0);
 - "reader_ray_before" (with --before REV): "reader_ray" with the package as it was at
   git revision REV (exported once into --data), for a before/after in one run.
 Each child reads 4 times: rows_per_s is the best pass after the first (which starts
 thread pools and Ray Data's worker processes: rows_per_s_first_pass). Each round runs
-the three modes one after another, so all meet the same load; the summary gives
+the modes one after another, so all meet the same load; the summary gives
 medians over rounds and each round's ratio, a reader's rows/s over pyarrow's (the
 issue's goal: >= 0.7 through Ray), and each mode's peak RSS at the larger size over
 that at the smaller (flat: about 1); rss_anon_mib and rss_shmem_mib split the resident
@@ -40,8 +43,9 @@ from benchmarks import harness, plots, stats
 
 NAME = "offline_read"
 WORKLOAD = "CartPole rows from Parquet: ours through Ray Data / in process vs bare pyarrow"
-MODES = ("pyarrow", "reader_ray", "reader_local")
+MODES = ("pyarrow", "reader_ray", "reader_ray_passes", "reader_local")
 BEFORE = "reader_ray_before"  # reader_ray at an earlier revision (--before)
+RAY_MODES = ("reader_ray", "reader_ray_passes", BEFORE)
 PASSES = 4  # each child reads the files 4 times; rows_per_s is the best after the first
 GOAL = 0.7  # issue 47: through Ray Data, >= 0.7x pyarrow's rows/s
 SMOKE = {"rows": 20_000, "memory_rows": 5_000}
@@ -103,6 +107,23 @@ def read_ours(directory: Path, batch_size: int, num_readers: int) -> int:
     return sum(b.count for b in experiences.iter_batches(batch_size, num_readers=num_readers))
 
 
+def read_passes(directory: Path, batch_size: int, num_readers: int, passes: int) -> list:
+    """(rows, seconds) of each pass of one `iter_passes`, a pass timed from the end of
+    the one before (the first from before the open)."""
+    from policy_service.offline.reader import open_experiences
+
+    out = []
+    start = time.perf_counter()
+    experiences = open_experiences(directory)
+    for stream in experiences.iter_passes(batch_size, seeds=[None] * passes,
+                                          num_readers=num_readers):  # fmt: skip
+        rows = sum(b.count for b in stream)
+        end = time.perf_counter()
+        out.append((rows, end - start))
+        start = end
+    return out
+
+
 def dataset_directory(spec: dict) -> Path:
     return Path(spec["data"]) / f"rows{spec['rows']}_mib{spec['file_mib']}"
 
@@ -133,19 +154,22 @@ def measure(spec: dict):
     if spec["mode"] == "data":
         yield {"bench": NAME, "mode": "data", "rows": spec["rows"], **write_once(spec)}
         return
-    if spec["mode"] in ("reader_ray", BEFORE):
+    if spec["mode"] in RAY_MODES:
         import ray
         import ray.data
 
         ray.init(**dict(harness.RAY_INIT, num_cpus=spec["num_readers"]))
     directory = dataset_directory(spec)
+    readers = spec["num_readers"] if spec["mode"] in RAY_MODES else 0
     seconds = []
-    for _ in range(PASSES):  # the first pass starts thread pools (and Ray's workers)
+    if spec["mode"] == "reader_ray_passes":
+        passes = read_passes(directory, spec["batch_size"], readers, PASSES)
+        rows, seconds = passes[-1][0], [s for _, s in passes]
+    for _ in range(PASSES if not seconds else 0):  # the first starts pools, Ray's workers
         start = time.perf_counter()
         if spec["mode"] == "pyarrow":
             rows = read_pyarrow(directory, spec["batch_size"])
         else:
-            readers = spec["num_readers"] if spec["mode"] in ("reader_ray", BEFORE) else 0
             rows = read_ours(directory, spec["batch_size"], readers)
         seconds.append(time.perf_counter() - start)
     yield {
@@ -233,7 +257,7 @@ def summarize(records: list[dict]) -> list[dict]:
         row["vs_pyarrow"] = stats.vs(summary, "rows_per_s", row, rows=row["rows"], mode="pyarrow")
         row["loads"] = [r["load_average_1m"] for r in runs if r["mode"] == row["mode"]]
         row.update({k: data.get(row["rows"], {}).get(k) for k in ("parquet_mib", "files")})
-        if row["mode"] in ("reader_ray", BEFORE):
+        if row["mode"] in RAY_MODES:
             row["goal"] = GOAL
             row["goal_met"] = None if row["vs_pyarrow"] is None else row["vs_pyarrow"] >= GOAL
         if len(sizes) > 1 and row["rows"] == sizes[-1]:

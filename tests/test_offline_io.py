@@ -181,6 +181,34 @@ def test_shuffle_buffer_mixes_rows_and_keeps_every_row(tmp_path):
         )
 
 
+def keys_of(batches):
+    return [(b["eps_id"] * 10 + b["t"]).tolist() for b in batches]
+
+
+def test_passes_are_iter_batches_passes_and_resume_the_first(tmp_path):
+    """iter_passes gives, seed by seed, the batches iter_batches gives; a position taken
+    in a pass resumes there, the next passes following."""
+    with ParquetExperienceWriter(tmp_path, SPACES, row_group_rows=100) as w:
+        for i in range(5):
+            w.write(cartpole_rows(100, 100 * i, seed=i))
+            w.flush()  # a file each: the file order is shuffled too
+    experiences = open_experiences(tmp_path)
+    kwargs = {"shuffle_buffer_size": 150}
+    want = [keys_of(experiences.iter_batches(64, seed=s, **kwargs)) for s in (1, 2, 3)]
+    assert want[0] != want[1] and sorted(sum(want[0], [])) == list(range(500))
+    passes = experiences.iter_passes(64, seeds=[1, 2, 3], **kwargs)
+    assert [keys_of(stream) for stream in passes] == want
+    passes = experiences.iter_passes(64, seeds=[1, 2, 3], **kwargs)
+    first = next(passes)
+    head = keys_of([next(first), next(first), next(first)])
+    position = first.position()
+    passes.close()
+    resumed = experiences.iter_passes(64, seeds=[1, 2, 3], resume=position, **kwargs)
+    got = [keys_of(stream) for stream in resumed]
+    assert [head + got[0], *got[1:]] == want
+    assert list(experiences.iter_passes(64, seeds=[])) == []
+
+
 def test_a_batch_with_other_columns_is_refused(tmp_path):
     with ParquetExperienceWriter(tmp_path, SPACES) as w:
         w.write(cartpole_rows(5))
@@ -496,6 +524,40 @@ def test_ray_data_reads_the_same_rows(tmp_path, ray_local):
         in_order = {k: remote[k][order] for k in remote if k != "infos"}
         in_order["infos"] = [remote["infos"][i] for i in order]
         assert_same_rows(SampleBatch(in_order), local)
+
+
+@pytest.mark.slow
+def test_ray_data_passes_read_ahead_and_stop_their_reads(tmp_path, ray_local):
+    """Through Ray Data, each pass of iter_passes holds every row once (its read started
+    during the pass before); closed mid-pass, the pass's read and the one read ahead
+    are stopped: no thread left waiting, the CPUs free again."""
+    import threading
+
+    import ray
+
+    with ParquetExperienceWriter(tmp_path, SPACES, row_group_rows=50) as w:
+        for i in range(4):
+            w.write(cartpole_rows(100, 100 * i, seed=i))
+            w.flush()
+    experiences = open_experiences(tmp_path)
+    keys = []
+    for stream in experiences.iter_passes(64, seeds=[5, 6, 7], num_readers=2,
+                                          shuffle_buffer_size=100):  # fmt: skip
+        keys.append(sorted(sum(keys_of(stream), [])))
+    assert keys == [list(range(400))] * 3
+    passes = experiences.iter_passes(64, seeds=[None] * 3, num_readers=2)
+    stream = next(passes)
+    next(stream)
+    reads = [stream._read, passes.gi_frame.f_locals["ahead"][2]]
+    assert all(read._blocks.gi_frame is not None for read in reads)  # both executions open
+    passes.close()
+    for read in reads:
+        assert not read._thread.is_alive() and read._blocks.gi_frame is None  # closed
+    assert not [t for t in threading.enumerate() if t.name == "StartedRead"]
+    deadline = time.monotonic() + 60  # cancelled tasks give their CPUs back
+    while ray.available_resources().get("CPU", 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU", 0) == 2
 
 
 # --------------------------------------------------------------------------------------

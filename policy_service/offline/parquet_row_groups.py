@@ -9,13 +9,19 @@ its read tasks.
 
     dataset = read_row_groups(paths, ["obs", "actions"], readers=2, rows_multiple=8192)
     for block in dataset.iter_batches(batch_size=None, batch_format="pyarrow"): ...
+
+`StartedRead` starts such a read at once, in a thread, so that its fixed start (the
+executor's, the tasks' dispatch, the first block) overlaps what the caller does
+meanwhile, e.g. the end of the pass before (reader.py's `iter_passes`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import pyarrow as pa  # type: ignore[import-untyped]
 import pyarrow.parquet as pq  # type: ignore[import-untyped]
@@ -172,3 +178,43 @@ def read_row_groups(
     if source.estimate_inmemory_data_size() <= RESERVED_STORE_FRACTION * store:
         context.op_resource_reservation_enabled = False
     return dataset
+
+
+class StartedRead:
+    """read_row_groups' blocks (Arrow tables), the read started on creation: a thread
+    asks for the first block, which starts Ray Data's execution and waits for it. Read
+    it once (`for block in read`); `close()` stops the execution, read or not (its
+    tasks cancelled), after the first block came or the read failed."""
+
+    def __init__(
+        self, paths: Sequence[str], columns: list[str], readers: int, rows_multiple: int = 1
+    ) -> None:
+        dataset = read_row_groups(paths, columns, readers, rows_multiple)
+        # no prefetch thread: blocks are mapped from the object store as they are read
+        blocks = dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=0)
+        self._blocks = cast(Generator[pa.Table, None, None], iter(blocks))
+        self._first: list[pa.Table] = []
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._start, name="StartedRead", daemon=True)
+        self._thread.start()
+
+    def _start(self) -> None:
+        try:
+            self._first.append(next(self._blocks))
+        except StopIteration:
+            pass
+        except Exception as err:  # noqa: BLE001 - raised where the blocks are read
+            self._error = err
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        while self._first:
+            yield self._first.pop()
+        yield from self._blocks
+
+    def close(self) -> None:
+        self._thread.join()
+        self._first.clear()
+        self._blocks.close()  # Ray Data's generator: its end shuts the execution down

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
@@ -46,6 +46,9 @@ from policy_service.offline.read_position import PassPosition
 from policy_service.offline.rllib_json import JSON_SUFFIX, parse_line
 from policy_service.offline.shuffle import Rows, ShuffleBuffer
 from policy_service.offline.space_checks import first_outside
+
+if TYPE_CHECKING:  # Ray Data is heavy to import: only for a read through it
+    from policy_service.offline.parquet_row_groups import StartedRead
 
 REQUIRED_COLUMNS = (SampleBatch.OBS, SampleBatch.ACTIONS, SampleBatch.REWARDS)
 CHUNK_ROWS = 8192  # rows read at a time from a file (or a Ray Data block)
@@ -149,28 +152,110 @@ class Experiences:
         before the shuffle buffer. `resume`: go on from a BatchStream's `position()`
         (the same seed, batch size and shuffle buffer size)."""
         dataset = self[policy_id]
-        rng = np.random.default_rng(seed)
-        files = list(dataset.files)
-        if shuffle_buffer_size:
-            files = [files[i] for i in rng.permutation(len(files))]
-        if num_readers > 0 and dataset.format == "parquet":
-            chunks = _ray_parquet_chunks(files, dataset.data.columns, num_readers)
-        elif num_readers > 0:
-            chunks = _ray_json_chunks(files, dataset, num_readers)
-        elif dataset.format == "parquet":
-            chunks = _parquet_chunks(files, dataset.data.columns)
-        else:
-            chunks = _json_chunks(files, dataset)
-        counted = CountedChunks(chunks)
-        buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
-        if resume is not None:
-            counted.skip(resume.chunks_read, str(files[0].parent))
-            rng.bit_generator.state = resume.rng_state
-            buffer.restore(resume.ready, resume.held)
-        changed: Iterator[Rows] = counted
-        if row_filter is not None or transform is not None:
-            changed = _changed_chunks(counted, row_filter, transform, str(files[0].parent))
-        return BatchStream(changed, counted, buffer, ended=resume is not None and resume.ended)
+        rng, files, read = _start_pass(dataset, seed, shuffle_buffer_size, num_readers)
+        return _batch_stream(dataset, files, rng, read, batch_size, shuffle_buffer_size,
+                             num_readers, row_filter, transform, resume)  # fmt: skip
+
+    def iter_passes(
+        self,
+        batch_size: int,
+        *,
+        seeds: Iterable[int | None],
+        policy_id: str = DEFAULT_POLICY_ID,
+        shuffle_buffer_size: int = 0,
+        num_readers: int = 0,
+        row_filter: Callable[[SampleBatch], np.ndarray] | None = None,
+        transform: Callable[[SampleBatch], SampleBatch] | None = None,
+        resume: PassPosition | None = None,
+    ) -> Iterator[BatchStream]:
+        """Pass after pass, one per seed: each the BatchStream `iter_batches` gives for
+        it (`resume`: the first's). Through Ray Data (Parquet, `num_readers` > 0) a
+        pass's read starts when the pass before it is handed out, so that its fixed
+        start (Ray Data's executor, the tasks' dispatch, the first blocks) overlaps that
+        pass; its tasks wait for the CPUs the pass before holds. One pass is read ahead
+        at most. A pass is closed when the next is asked for; the read ahead, when the
+        iterator is closed (or garbage collected)."""
+        dataset = self[policy_id]
+        upcoming = iter(seeds)
+        seed = next(upcoming, _NO_SEED)
+        ahead = None
+        if seed is not _NO_SEED:
+            ahead = _start_pass(dataset, seed, shuffle_buffer_size, num_readers)
+        stream: BatchStream | None = None
+        try:
+            while ahead is not None:
+                rng, files, read = ahead
+                stream = _batch_stream(dataset, files, rng, read, batch_size,
+                                       shuffle_buffer_size, num_readers, row_filter,
+                                       transform, resume)  # fmt: skip
+                resume, ahead = None, None
+                seed = next(upcoming, _NO_SEED)
+                if seed is not _NO_SEED:  # the next pass's read starts now
+                    ahead = _start_pass(dataset, seed, shuffle_buffer_size, num_readers)
+                yield stream
+                stream.close()
+        finally:
+            if stream is not None:
+                stream.close()
+            if ahead is not None and ahead[2] is not None:
+                ahead[2].close()
+
+
+_NO_SEED = object()  # the seeds ended
+
+
+def _start_pass(
+    dataset: PolicyDataset, seed: Any, shuffle_buffer_size: int, num_readers: int
+) -> tuple[np.random.Generator, list[Path], StartedRead | None]:
+    """A pass's generator (file order, shuffle draws) and file order; through Ray Data
+    (Parquet), its read, started."""
+    rng = np.random.default_rng(seed)
+    files = list(dataset.files)
+    if shuffle_buffer_size:
+        files = [files[i] for i in rng.permutation(len(files))]
+    read = None
+    if num_readers > 0 and dataset.format == "parquet":
+        # only when asked: Ray Data is heavy to import
+        from policy_service.offline.parquet_row_groups import StartedRead
+
+        names = [s.name for s in dataset.data.columns]
+        read = StartedRead([str(f) for f in files], names, num_readers, CHUNK_ROWS)
+    return rng, files, read
+
+
+def _batch_stream(
+    dataset: PolicyDataset,
+    files: list[Path],
+    rng: np.random.Generator,
+    read: StartedRead | None,
+    batch_size: int,
+    shuffle_buffer_size: int,
+    num_readers: int,
+    row_filter: Callable[[SampleBatch], np.ndarray] | None,
+    transform: Callable[[SampleBatch], SampleBatch] | None,
+    resume: PassPosition | None,
+) -> BatchStream:
+    """One pass over `files` in this order (iter_batches): its chunks from `read`, from
+    Ray Data's JSON read or from this process, then the shuffle buffer."""
+    if read is not None:
+        chunks = _ray_parquet_chunks(read, dataset.data.columns, f"{len(files)} Parquet files")
+    elif num_readers > 0:
+        chunks = _ray_json_chunks(files, dataset, num_readers)
+    elif dataset.format == "parquet":
+        chunks = _parquet_chunks(files, dataset.data.columns)
+    else:
+        chunks = _json_chunks(files, dataset)
+    counted = CountedChunks(chunks)
+    buffer = ShuffleBuffer(batch_size, shuffle_buffer_size, rng)
+    if resume is not None:
+        counted.skip(resume.chunks_read, str(files[0].parent))
+        rng.bit_generator.state = resume.rng_state
+        buffer.restore(resume.ready, resume.held)
+    changed: Iterator[Rows] = counted
+    if row_filter is not None or transform is not None:
+        changed = _changed_chunks(counted, row_filter, transform, str(files[0].parent))
+    ended = resume is not None and resume.ended
+    return BatchStream(changed, counted, buffer, ended=ended, read=read)
 
 
 class CountedChunks:
@@ -213,11 +298,13 @@ class BatchStream:
         counted: CountedChunks,
         buffer: ShuffleBuffer,
         ended: bool = False,
+        read: StartedRead | None = None,
     ) -> None:
         self._chunks = chunks
         self._counted = counted
         self._buffer = buffer
         self._ended = ended
+        self._read = read  # Ray Data's execution, stopped by close()
 
     def __iter__(self) -> Iterator[SampleBatch]:
         return self
@@ -249,6 +336,8 @@ class BatchStream:
         if close is not None:
             close()
         self._counted.close()
+        if self._read is not None:
+            self._read.close()
 
 
 def _changed_chunks(
@@ -428,17 +517,12 @@ def _one_array(column: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray
     return column
 
 
-def _ray_parquet_chunks(files: list[Path], specs: list[LeafSpec], readers: int) -> Iterator[Rows]:
-    """Ray Data's read tasks, each streaming its share of the files' row groups
-    (parquet_row_groups.py); a block's columns turned into arrays once (views where
+def _ray_parquet_chunks(
+    blocks: Iterable[pa.Table], specs: list[LeafSpec], where: str
+) -> Iterator[Rows]:
+    """Ray Data's blocks (parquet_row_groups.py's read tasks, each streaming its share
+    of the files' row groups), a block's columns turned into arrays once (views where
     Arrow allows), then cut into chunks by views."""
-    # only when asked: Ray Data is heavy to import
-    from policy_service.offline.parquet_row_groups import read_row_groups
-
-    names = [s.name for s in specs]
-    dataset = read_row_groups([str(f) for f in files], names, readers, CHUNK_ROWS)
-    where = f"{len(files)} Parquet files"
-    blocks: Iterable[pa.Table] = dataset.iter_batches(batch_size=None, batch_format="pyarrow")
     grid = 0  # rows handed out, modulo CHUNK_ROWS
     for block in blocks:
         for batch in block.to_batches():  # one, unless Ray merged or cut blocks
