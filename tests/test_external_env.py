@@ -69,11 +69,13 @@ def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path, algo_nam
         assert only["replay_buffer_size"] == total and only["num_sgd_steps_total"] > 0
 
 
-# A 100-episode mean return of 150: a uniformly random policy's is ~22 (its episodes rarely
-# last 60 steps), so 150 takes a policy that balances the pole, learned from the clients'
-# episodes. The tuned config's full 450 is measured in-process by the benchmarks; here it
-# cost ~3.5x the env steps (in-process, seed 0: 150 at 13k, 450 at 48k).
-CARTPOLE_LEARNED = 150
+# A 100-episode mean return of 100: a uniformly random policy's is ~22 (its episodes rarely
+# last 60 steps), so 100 takes a policy that balances the pole, learned from the clients'
+# episodes: the smallest target that still proves learning, reached in ~0.55x (remote) and
+# ~0.75x (local) the env steps of the 150 it was (runs here: 100 at 8.2k and 15.3k steps,
+# 150 at 15.4k and 20.3k). The tuned config's full 450 is measured in-process by the
+# benchmarks (in-process, seed 0: 150 at 13k, 450 at 48k).
+CARTPOLE_LEARNED = 100
 
 
 @pytest.mark.parametrize("mode", ["remote", "local"])
