@@ -52,6 +52,7 @@ from policy_service.distributed.restarts import (
 )
 from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
+from policy_service.distributed.weight_sync import WeightSync
 from policy_service.errors import RunFailure, one_line, own_error
 from policy_service.policy import models
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
@@ -103,6 +104,7 @@ class EnvRunnerGroup:
     """
 
     worker_cls: type = RolloutWorker
+    weights_by_policy = False  # whether weights are policy id -> weights (WeightSync)
 
     def __init__(
         self,
@@ -150,10 +152,8 @@ class EnvRunnerGroup:
             custom_models=models.custom_model_registry(),
             callbacks=callbacks,
         )
-        # latest weights in the object store, for restarted workers
-        self._weights_ref: ray.ObjectRef | None = None
-        self._weights_version: int | None = None
-        self._num_grad_updates: int | None = None  # synced with the weights, for their batches
+        # the latest weights, their version and the calls sent with them, for replacements
+        self.weight_sync = WeightSync(by_policy=self.weights_by_policy)
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
@@ -204,9 +204,6 @@ class EnvRunnerGroup:
         )
         self._starting: list | None = None  # the remote workers' first pings, until all answer
         self._in_flight: dict = {}  # sample_async's requests: ref -> (slot, worker asked)
-        self._started_with: dict[int, int | None] = {}  # a replacement's weights version
-        # refs of calls not waited for: set_weights/sync_filter, set_acting_actor
-        self._unacked_weights: list = []
         if self.num_env_runners == 0:
             self.local_worker = self.worker_cls(
                 *self._worker_args(),
@@ -272,19 +269,19 @@ class EnvRunnerGroup:
             return
         self._starting = None
         stand_in, self.local_worker = self.local_worker, None
+        sync = self.weight_sync
         if stand_in is None:
-            if self._weights_version is None and self.policy_actor is None:
+            if sync.version is None and self.policy_actor is None:
                 self._share_initial_weights()
             return
-        self._weights_version = self._weights_version or 0
-        self._weights_ref = ray.put(stand_in.get_weights())
-        self._unacked_weights += self._set_weights_on(self.workers)
+        sync.take(stand_in.get_weights(), sync.version or 0, sync.num_grad_updates)
+        sync.expect(sync.send(self.workers))
         if self.filter_stats is not None:
             buffer = stand_in.flush_filter_buffer()
             if buffer is not None:
                 self.filter_stats = self.filter_stats.merge(buffer)
             stats_ref = ray.put(self.filter_stats)
-            self._unacked_weights += [w.sync_filter.remote(stats_ref) for w in self.workers]
+            sync.expect([w.sync_filter.remote(stats_ref) for w in self.workers])
         stand_in.stop()
 
     def _stand_in(self) -> RolloutWorker:
@@ -303,7 +300,7 @@ class EnvRunnerGroup:
         """One fragment from every worker; a worker's failed call is made again once it
         is replaced (died) or the PolicyActor it met dead is back, stopping at the first
         failure so that a dead worker's replacement starts while the others sample."""
-        self._check_weight_acks()
+        self.weight_sync.check_acks()
         pending = {slot: worker.sample.remote() for slot, worker in enumerate(self.workers)}
         results: dict[int, tuple] = {}
         restarts = [0] * len(self.workers)
@@ -345,7 +342,7 @@ class EnvRunnerGroup:
         local = self._worker_sampling_here()
         if local is not None:
             return [_one_fragment(local.sample())]
-        self._check_weight_acks()
+        self.weight_sync.check_acks()
         self._request_missing_fragments()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         restarts = [0] * len(self.workers)
@@ -424,8 +421,8 @@ class EnvRunnerGroup:
         wait: bool = True,
         num_grad_updates: int | None = None,
     ) -> int:
-        """Give every worker (or the policy actor) these weights: one ray.put in all;
-        then the workers' observation filters are synced (sync_filters).
+        """Give every worker (or the policy actor) these weights: one ray.put in all
+        (`WeightSync`); then the workers' observation filters are synced (sync_filters).
 
         `version` defaults to the last one + 1. -> the version now in use.
         num_grad_updates: the SGD steps that made the weights; the batches of workers
@@ -436,32 +433,29 @@ class EnvRunnerGroup:
         caller waiting for it. An error a worker's code raised on them is raised
         by the next call here; a worker that died is replaced by the next sample.
         """
-        self._check_weight_acks()
-        version = (self._weights_version or 0) + 1 if version is None else int(version)
-        self._weights_version = version
-        self._num_grad_updates = num_grad_updates
-        self._send_weights(weights, version, wait)
+        self.weight_sync.check_acks()
+        version = self.weight_sync.take(weights, version, num_grad_updates)
+        if not self._inference_actors:  # else they act with the learner's own weights
+            self._send_weights(wait)
         self.sync_filters(wait)
         return version
 
-    def _send_weights(self, weights: dict, version: int, wait: bool) -> None:
-        if self._inference_actors:  # they act with the learner's own weights
-            return
+    def _send_weights(self, wait: bool) -> None:
+        sync = self.weight_sync
         if self.policy_actor is None and self.local_worker is not None:
-            self.local_worker.set_weights(weights, version, self._num_grad_updates)
+            self.local_worker.set_weights(sync.weights, sync.version, sync.num_grad_updates)
             return
-        self._weights_ref = weights_ref = ray.put(weights)
         if self._served_policy is not None:
             try:
-                self._served_policy.set_weights(weights_ref, version)
+                self._served_policy.set_weights(sync.ref(), sync.version)
             except RayActorError as error:
                 raise self._policy_actor_failure(error) from None
             except PolicyActorFailure as failure:  # told in this group's terms
                 raise self._policy_actor_failure(failure.death) from None
             return
-        pending = self._set_weights_on(self.workers)
+        pending = sync.send(self.workers)
         if not wait:
-            self._unacked_weights.extend(pending)
+            sync.expect(pending)
             return
         restarts = [0] * len(self.workers)
         for slot, result in enumerate(gather(pending)):
@@ -469,17 +463,6 @@ class EnvRunnerGroup:
                 self._replace(slot, restarts, "sync_weights()", result.error)
             else:
                 result.get()  # the worker's own code raised
-
-    def _check_weight_acks(self) -> None:
-        """Weights sent without waiting: raise what a worker's code raised on them (a
-        death is left to the next sample, which replaces the worker)."""
-        if not self._unacked_weights:
-            return
-        results = gather(self._unacked_weights, timeout_s=0)  # not done yet: HUNG
-        self._unacked_weights = [
-            ref for ref, r in zip(self._unacked_weights, results) if r.outcome is Outcome.HUNG
-        ]
-        raise_own_error(results)
 
     def set_global_timestep(self, timestep: int) -> None:
         """Every worker's exploration schedule to `timestep` (RLlib's global timestep); remote
@@ -508,19 +491,9 @@ class EnvRunnerGroup:
         [first] = gather([self.workers[0].get_weights.remote()])
         if first.outcome is Outcome.DIED:
             return
-        self._weights_ref = ray.put(first.get())
-        self._weights_version = 0
-        self._unacked_weights += self._set_weights_on(self.workers[1:])
-
-    def _set_weights_on(self, workers: list) -> list:
-        """The latest weights (one object-store copy), version and count to `workers`
-        -> their set_weights refs, not waited for."""
-        return [
-            worker.set_weights.remote(
-                self._weights_ref, self._weights_version, self._num_grad_updates
-            )
-            for worker in workers
-        ]
+        sync = self.weight_sync
+        sync.take(first.get(), 0, sync.num_grad_updates)
+        sync.expect(sync.send(self.workers[1:]))
 
     # ----- inference actors ---------------------------------------------------------
 
@@ -539,10 +512,12 @@ class EnvRunnerGroup:
                 f"inference actor(s) this group was built with, got {_counts(actors)}"
             )
         self._inference_actors = _copied(actors)
-        self._unacked_weights += [
-            worker.set_acting_actor.remote(self._acting_actor(slot + 1))
-            for slot, worker in enumerate(self.workers)
-        ]
+        self.weight_sync.expect(
+            [
+                worker.set_acting_actor.remote(self._acting_actor(slot + 1))
+                for slot, worker in enumerate(self.workers)
+            ]
+        )
 
     # ----- workers -----------------------------------------------------------------
 
@@ -587,9 +562,7 @@ class EnvRunnerGroup:
         since it started. -> the slots filled."""
         filled = self._pool.install_started(wait)
         for slot in filled:
-            started_with = self._started_with.pop(slot, None)
-            if started_with != self._weights_version and self._weights_ref is not None:
-                self._unacked_weights += self._set_weights_on([self.workers[slot]])
+            self.weight_sync.catch_up(slot, self.workers[slot])
         return filled
 
     def runners_starting(self) -> list[int]:
@@ -626,10 +599,11 @@ class EnvRunnerGroup:
     def _ready(self, slot: int, worker) -> ray.ObjectRef:
         """A ref that resolves once the new worker in `slot` is up and acting with the
         latest weights (their version kept: newer ones go to it when installed)."""
-        self._started_with[slot] = self._weights_version
-        if self.policy_actor is None and self._weights_ref is not None:
-            return self._set_weights_on([worker])[0]
-        return worker.ping.remote()
+        if self.policy_actor is not None:
+            self.weight_sync.replacement_started(slot)
+            return worker.ping.remote()
+        sent = self.weight_sync.send_to_replacement(slot, worker)
+        return worker.ping.remote() if sent is None else sent
 
     def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
         """The PolicyActor acting for the workers (Ray `options`, PolicyHost's kwargs)."""
@@ -674,7 +648,7 @@ class EnvRunnerGroup:
         if merged.count > self.filter_stats.count:  # new rows: back to every worker
             self.filter_stats = merged
             merged_ref = ray.put(merged)
-            self._unacked_weights += [w.sync_filter.remote(merged_ref) for w in self.workers]
+            self.weight_sync.expect([w.sync_filter.remote(merged_ref) for w in self.workers])
         if not self._filter_flushes:
             self._filter_flushes = [w.flush_filter_buffer.remote() for w in self.workers]
 
@@ -702,7 +676,7 @@ class EnvRunnerGroup:
         if self.local_worker is not None:
             self.local_worker.stop()
         self._in_flight.clear()
-        self._unacked_weights = []
+        self.weight_sync.drop_acks()
         if self.workers:
             try:
                 ray.get([w.stop.remote() for w in self.workers], timeout=10)

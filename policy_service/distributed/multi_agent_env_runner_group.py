@@ -32,10 +32,14 @@ from policy_service.multi_agent.policies import AgentPolicies
 
 class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
     """EnvRunnerGroup's keyword arguments (`inference_actors` by policy id); the weights
-    it syncs are a dict of policy id -> weights. The PolicyActor's GPUs are the first
+    it syncs are a dict of policy id -> weights, some or all policies': every send holds
+    each policy's latest, so a replaced worker or a restarted MultiPolicyActor acts with
+    all of them, not only the ones just sent. Multi-agent fragments name no
+    num_grad_updates (each policy has its own). The PolicyActor's GPUs are the first
     policy's config's num_gpus_per_policy_actor."""
 
     worker_cls = MultiAgentRolloutWorker
+    weights_by_policy = True  # a sync of some policies sends every policy's latest
 
     def __init__(
         self,
@@ -44,23 +48,8 @@ class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
         **kwargs,
     ):
         self.agent_policies = agent_policies
-        self._latest_weights: dict = {}  # policy id -> the weights synced last
         first = next(iter(agent_policies.specs.values()))
         super().__init__(env_creator, first.built_class(), first.config, **kwargs)
-
-    def sync_weights(
-        self,
-        weights: dict,
-        version: int | None = None,
-        wait: bool = True,
-        num_grad_updates: int | None = None,
-    ) -> int:
-        """EnvRunnerGroup.sync_weights of some or all policies' weights (policy id ->
-        weights): every send holds each policy's latest, so a replaced worker or a
-        restarted MultiPolicyActor acts with all of them, not only the ones just sent.
-        Multi-agent fragments name no num_grad_updates (each policy has its own)."""
-        self._latest_weights = {**self._latest_weights, **weights}
-        return super().sync_weights(self._latest_weights, version, wait, num_grad_updates)
 
     def _worker_args(self) -> tuple:
         return self._env, self.agent_policies

@@ -29,8 +29,9 @@ from policy_service.distributed.policy_actor import (
 )
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
+from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
-from policy_service.policy import call_arguments, models
+from policy_service.policy import models
 from policy_service.policy.policy_spec import PolicySpec
 
 
@@ -120,9 +121,8 @@ class MultiPolicyHost:
         """policy id -> weights, for some or all policies; `version` (default: the
         current one + 1) is every policy's from now on. -> the version. An unknown id
         or a bad version is refused before any weights change."""
-        checked = call_arguments.weights_version(version)
+        new_version = next_version(self._weights_version, version)
         weights = self._checked_weights(weights)
-        new_version = self._weights_version + 1 if checked is None else checked
         await self.hosts[next(iter(self.hosts))].in_policy_thread(
             lambda: self._assign(weights, new_version)
         )

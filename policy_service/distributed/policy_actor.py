@@ -8,7 +8,7 @@ The loop it lives in (central inference, as in SEED RL):
     actions, state_outs, extra = ray.get(actor.compute_actions.remote(obs, states))
     extra["weights_version"]                      # version of the weights that acted
     # the learner, once per update (one object-store copy for every receiver):
-    broadcast_weights([actor, *workers], learner.get_weights(), version=k)
+    weight_sync.broadcast_weights([actor, *workers], learner.get_weights(), version=k)
 
 Concurrent calls with the same (explore, timestep) become one forward pass
 (`RequestBatcher`); every caller gets back exactly its own rows, and an error reaches
@@ -39,6 +39,7 @@ from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
+from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
 from policy_service.engine.fixed_rows import row_ladder
 from policy_service.policy import call_arguments, models
@@ -274,13 +275,14 @@ class PolicyHost:
     # ----- weights, learning, state --------------------------------------------------
 
     async def set_weights(self, weights: dict, version: int | None = None) -> int:
-        """Replace the weights; `version` defaults to the current one + 1. -> the version.
-        A bad version is refused before the weights change."""
+        """Replace the weights; `version` defaults to the current one + 1
+        (weight_sync.next_version). -> the version. A bad version is refused before
+        the weights change."""
         checked = call_arguments.weights_version(version)
 
         def assign():
             self.policy.set_weights(weights)
-            self._weights_version = self._weights_version + 1 if checked is None else checked
+            self._weights_version = next_version(self._weights_version, checked)
             return self._weights_version
 
         return await self.in_policy_thread(assign)
@@ -322,7 +324,7 @@ class PolicyHost:
 
         def assign():
             self.policy.set_state(state)
-            self._weights_version = self._weights_version + 1 if checked is None else checked
+            self._weights_version = next_version(self._weights_version, checked)
 
         await self.in_policy_thread(assign)
         self._batcher.forget_pass_times()  # its XLA twins may compile anew, off the loop
@@ -417,32 +419,6 @@ class PolicyHost:
 # Ray's stubs list only task options for ray.remote(...); max_concurrency is an actor's
 PolicyActor = ray.remote(num_cpus=1, max_concurrency=1000)(PolicyHost)  # type: ignore[call-overload]
 PolicyActor.__doc__ = PolicyHost.__doc__
-
-
-def broadcast_weights(
-    receivers: list,
-    weights: dict | ray.ObjectRef,
-    version: int | None = None,
-    wait: bool = True,
-    weights_source=None,
-):
-    """Send one set of weights to many actors through a single object-store copy.
-
-    `weights` is put once (unless it already is an ObjectRef); each receiver's
-    `set_weights(ref, version)` reads that same copy. With `weights_source` (a
-    restarts.RestartRecord handle) the copy is first published there, for a
-    PolicyActor that Ray restarts. -> (weights_ref, the set_weights refs), after
-    they finished when `wait`.
-    """
-    weights_ref = weights if isinstance(weights, ray.ObjectRef) else ray.put(weights)
-    if weights_source is not None:
-        if version is None:
-            raise ValueError("broadcast_weights with a weights_source needs an explicit version")
-        ray.get(weights_source.publish.remote([weights_ref], version))
-    pending = [receiver.set_weights.remote(weights_ref, version) for receiver in receivers]
-    if wait:
-        ray.get(pending)
-    return weights_ref, pending
 
 
 # ----- devices and threads in the hosting process ---------------------------------------

@@ -48,7 +48,8 @@ from policy_service.distributed.actor_pool import (
     gcs_actor_info as _gcs_actor_info,
 )  # tests patch it
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
-from policy_service.distributed.policy_actor import PolicyHost, broadcast_weights
+from policy_service.distributed.policy_actor import PolicyHost
+from policy_service.distributed.weight_sync import broadcast_weights
 from policy_service.errors import RunFailure
 
 logger = logging.getLogger(__name__)

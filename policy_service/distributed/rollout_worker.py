@@ -44,6 +44,7 @@ from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
+from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
 from policy_service.offline.output import ExperienceOutput, infos_column
 from policy_service.policy import models
@@ -102,7 +103,7 @@ class ActingWeights:
             )
             return self._weights_version
         self.set_own_weights(weights)
-        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        self._weights_version = next_version(self._weights_version, version)
         self._num_grad_updates = num_grad_updates
         return self._weights_version
 
