@@ -13,13 +13,14 @@ fragment is `rollout_fragment_length` steps of every sub-env (a reset is not a s
 open trajectories are cut there and bootstrapped, and a row whose agent still waits for
 its next obs carries over into the next fragment.
 
-The sub-envs step in lockstep. Each (sub-env, agent) pair is a slot, and what the
-sampler keeps of an agent (its open row, the rewards paid to it, its step count, its
-previous action and reward) lives in arrays indexed by slot: a vector step is one
-`compute_actions` per policy for that policy's agents of all sub-envs, whose arrays are
-kept as they are until the fragment ends, and a few array operations, not Python work
-per agent and row. A policy's rows come out in the single-agent order: by sub-env,
-then episode (in time), then agent, each chunk in time order.
+The sub-envs step in lockstep: a vector step is one `compute_actions` per policy for that
+policy's agents of all sub-envs. Each (sub-env, agent) pair is a slot; what the sampler
+keeps of an agent between steps (its open row, the rewards paid to it, its step count,
+its previous reward) is a number by slot, and each row that closes leaves one tuple. The
+acting calls' arrays and those tuples are joined into columns once, when the fragment
+ends, so a step costs no array work beyond its acting calls and an agent costs a few
+Python operations. A policy's rows come out in the single-agent order: by sub-env, then
+episode (in time), then agent, each chunk in time order.
 """
 
 from __future__ import annotations
@@ -41,8 +42,21 @@ from policy_service.multi_agent.env import ALL, MultiAgentEnv, MultiAgentEnvErro
 from policy_service.multi_agent.policies import AgentPolicies
 from policy_service.runs.callbacks import gather_episode
 
-# bookkeeping columns of the rows closed in a step (never in a returned batch)
-_ROW, _SLOT, _EPISODE, _CHUNK, _HAS_NEXT = "row", "slot", "episode", "chunk", "has_next_obs"
+# what a closed row leaves, one tuple each; joined as columns when the fragment ends (the
+# bookkeeping ones, row to has_next_obs, never reach a returned batch)
+_CLOSED = (
+    "row",  # its number in its policy's acted rows
+    "slot",
+    "episode",  # its sub-env's episodes started before it, its own included
+    "chunk",
+    "has_next_obs",
+    SampleBatch.REWARDS,
+    SampleBatch.TERMINATEDS,
+    SampleBatch.TRUNCATEDS,
+    SampleBatch.EPS_ID,
+    SampleBatch.T,
+)
+_ROW, _SLOT, _EPISODE, _CHUNK, _HAS_NEXT = _CLOSED[:5]
 
 
 @dataclass
@@ -50,8 +64,8 @@ class Episode:
     """One episode's bookkeeping; `policy_mapping_fn` gets it as `episode` (RLlib: `id_`),
     and so do the callbacks' episode hooks (policy_service/runs/callbacks.py), which may write
     `custom_metrics`, `user_data` and `hist_data`. The sampler keeps `agent_returns`
-    current for every hook, every mapping and at the episode's end (between them, in its
-    arrays)."""
+    current for every hook, every mapping and at the episode's end (between them, by
+    slot)."""
 
     id_: int
     env_index: int = 0
@@ -85,51 +99,35 @@ class _Fragment:
     hist_data: dict = field(default_factory=dict)
 
 
-@dataclass
-class _StepFlags:
-    """One vector step's env results by slot: which agents got an obs, their done flags
-    (each agent's or "__all__"'s) and which sub-envs' episodes ended."""
-
-    has_obs: np.ndarray  # <bool>[slots]
-    terminated: np.ndarray  # <bool>[slots]
-    truncated: np.ndarray  # <bool>[slots]
-    over: list[bool]  # by sub-env
-    over_slots: list[int]  # the slots of the sub-envs whose episode ended
-
-
 class _PolicyRows:
     """One policy's rows of the fragment being sampled: the arrays each acting call gave
-    (rows numbered in order) and, per step, the columns of the rows that closed (each
-    naming its acted row, slot and chunk) with the next obs the env gave them."""
+    (rows numbered in order), a tuple (`_CLOSED`) for each row that closed, and the next
+    obs the env gave the closed rows that got one."""
 
     def __init__(self) -> None:
         self.acted: list[dict] = []
         self.num_acted = 0
-        self.closed: list[dict] = []
+        self.closed: list[tuple] = []
         self.next_obs: list = []
 
-    def add_acted(self, columns: dict, count: int) -> np.ndarray:
-        """-> the new rows' numbers."""
-        numbers = np.arange(self.num_acted, self.num_acted + count)
+    def add_acted(self, columns: dict, count: int) -> int:
+        """-> the first new row's number."""
         self.acted.append(columns)
         self.num_acted += count
-        return numbers
+        return self.num_acted - count
 
-    def add_closed(self, columns: dict, next_obs) -> None:
-        self.closed.append(columns)
-        if next_obs is not None:
-            self.next_obs.append(next_obs)
-
-    def take(self, still_open: np.ndarray) -> tuple[dict | None, dict | None, Any]:
+    def take(self, still_open: list[int]) -> tuple[dict | None, dict | None, Any]:
         """-> (acted columns, closed columns, next obs given), each joined over the
         fragment's steps (None: no such rows); the acted rows `still_open` (numbers) are
         kept, numbered 0, 1, ... in that order, to close in the next fragment."""
         if not self.acted:
             return None, None, None
         acted = _joined(self.acted)
-        closed = _joined(self.closed) if self.closed else None
-        next_obs = _joined_leaves(self.next_obs) if self.next_obs else None
-        self.acted = [_take(acted, still_open)] if len(still_open) else []
+        closed = None
+        if self.closed:
+            closed = {key: np.asarray(values) for key, values in zip(_CLOSED, zip(*self.closed))}
+        next_obs = _stack(self.next_obs) if self.next_obs else None
+        self.acted = [_take(acted, np.asarray(still_open, np.int64))] if still_open else []
         self.num_acted, self.closed, self.next_obs = len(still_open), [], []
         return acted, closed, next_obs
 
@@ -168,29 +166,28 @@ class MultiAgentSampler:
         num_slots = len(envs) * len(self.agents)
         self._slot_env = np.repeat(np.arange(len(envs)), len(self.agents))
         self._slot_agent_index = np.tile(np.arange(len(self.agents), dtype=np.int64), len(envs))
-        # each slot's state; a sub-env's slots are reset when its episode starts
-        self._policy = np.full(num_slots, -1)  # its policy's index in this episode (-1: none)
-        self._open = np.zeros(num_slots, bool)  # an acted row awaits the agent's next obs
-        self._open_row = np.zeros(num_slots, np.int64)  # that row's number in its policy's rows
-        self._reward = np.zeros(num_slots)  # paid to the open row so far
-        self._t = np.zeros(num_slots, np.int64)  # the agent's rows so far in its episode
-        self._return = np.zeros(num_slots)  # the agent's episode return
+        # each slot's state, a number by slot; a sub-env's slots are reset when its episode
+        # starts
+        self._policy = [-1] * num_slots  # its policy's index in this episode (-1: none)
+        self._open_row = [-1] * num_slots  # its acted row awaiting its next obs (-1: none)
+        self._reward = [0.0] * num_slots  # paid to the slot since it last acted
+        self._t = [0] * num_slots  # the agent's rows so far in its episode
+        self._return = [0.0] * num_slots  # the agent's episode return
+        self._prev_reward = [0.0] * num_slots  # its last closed row's reward
+        self._chunk = [-1] * num_slots  # its chunk in this fragment (-1: no row yet)
         # each sub-env's agents paid in its episode -> their slots, in the order first paid
         self._paid_first: list[dict] = [{} for _ in envs]
         self._slot_of = [  # each sub-env's agents -> their slots
             {agent: i * len(self.agents) + j for j, agent in enumerate(self.agents)}
             for i in range(len(envs))
         ]
-        self._chunk = np.full(num_slots, -1)  # its chunk in this fragment (-1: no row yet)
-        self._prev_reward = np.zeros(num_slots)
         action_spaces = agent_policies.spaces()[1]
-        # an agent's previous action before its first: its policy's action space's zero
-        self._prev_action = [
+        # each policy's slots' last action in this episode (the previous action of their
+        # next row); before the first, its action space's zero
+        self._action = [
             np.asarray(spaces.zero_actions(action_spaces[p], num_slots)) for p in self._policy_ids
         ]
-        self._action = [np.array(zeros) for zeros in self._prev_action]  # the open row's
-        self._eps_id = np.zeros(len(envs), np.int64)
-        self._episodes_started = np.zeros(len(envs), np.int64)  # orders a sub-env's chunks
+        self._episodes_started = [0] * len(envs)  # orders a sub-env's chunks
         self._obs: list[dict | None] = [None] * len(envs)  # None: the sub-env needs a reset
         self._episodes = [Episode(0, i) for i in range(len(envs))]
         self._rows = [_PolicyRows() for _ in self._policy_ids]
@@ -212,9 +209,7 @@ class MultiAgentSampler:
             for env_index, obs in enumerate(self._obs):
                 if obs is None:
                     self._start_episode(env_index)
-            results, flags = self._step_envs(self._act())
-            self._close_rows(results, flags)
-            self._end_step(results, flags, fragment)
+            self._end_step(self._step_envs(self._act()), fragment)
         for env_index in range(len(self.envs)):
             self._finish_chunks(env_index)
         batches = {}
@@ -246,23 +241,21 @@ class MultiAgentSampler:
         self._obs[env_index] = obs
         episode = Episode(int(self._rng.integers(2**62)), env_index)
         episode.last_obs.update(obs)
-        self._episodes[env_index], self._eps_id[env_index] = episode, episode.id_
+        self._episodes[env_index] = episode
         self._episodes_started[env_index] += 1
         slots = self._slots_of(env_index)
-        for array, value in (
-            (self._policy, -1),
-            (self._t, 0),
-            (self._return, 0.0),
-            (self._prev_reward, 0.0),
-            *((prev_action, 0) for prev_action in self._prev_action),
-        ):
-            array[slots] = value
+        num_agents = len(self.agents)
+        self._policy[slots], self._t[slots] = [-1] * num_agents, [0] * num_agents
+        self._return[slots] = self._prev_reward[slots] = [0.0] * num_agents
+        for action in self._action:
+            action[slots] = 0
         self._paid_first[env_index] = {}
         self._hook("on_episode_start", env_index)
 
     def _act(self) -> list[dict]:
         """Every agent in each sub-env's last obs dict acts with its policy: one batch
-        per policy over all sub-envs -> an action dict per sub-env."""
+        per policy over all sub-envs -> an action dict per sub-env. Nothing is kept of a
+        step whose acting call raised."""
         action_dicts: list[dict] = [{} for _ in self.envs]
         acting: dict[str, tuple[list, list, list]] = {}  # policy id -> (slots, obs, agents)
         for env_index, obs in enumerate(self._obs):
@@ -279,18 +272,16 @@ class MultiAgentSampler:
                 entry[0].append(slot_of[agent])
                 entry[1].append(agent_obs)
                 entry[2].append((actions_to, agent))
-        for policy_id, (slot_list, observations, agents) in acting.items():
+        acted = []
+        for policy_id, (slots, observations, _) in acting.items():
             policy = self._policy_index[policy_id]
-            slots, obs = np.asarray(slot_list), _stack(observations)
-            prev_actions = self._prev_action[policy][slots]
-            prev_rewards = self._prev_reward[slots].astype(np.float32)
+            obs = _stack(observations)
+            prev_actions = self._action[policy][slots]
+            prev_rewards = np.asarray([self._prev_reward[slot] for slot in slots], np.float32)
             actions, _, extra = self.policies[policy_id].compute_actions(
                 obs, None, prev_actions, prev_rewards
             )
             actions = np.asarray(actions)
-            sent = np.asarray(self._env_actions[policy_id].to_env(actions))
-            for (actions_to, agent), action in zip(agents, sent):
-                actions_to[agent] = action
             columns = {
                 SampleBatch.OBS: obs,
                 SampleBatch.ACTIONS: actions,
@@ -298,21 +289,23 @@ class MultiAgentSampler:
                 SampleBatch.PREV_REWARDS: prev_rewards,
                 **{k: np.asarray(v) for k, v in extra.items()},
             }
-            self._open[slots] = True
-            self._open_row[slots] = self._rows[policy].add_acted(columns, len(slot_list))
-            self._reward[slots] = 0.0
+            acted.append((policy_id, policy, columns))
+        for policy_id, policy, columns in acted:
+            slots, _, agents = acting[policy_id]
+            actions = columns[SampleBatch.ACTIONS]
+            sent = np.asarray(self._env_actions[policy_id].to_env(actions))
+            row = self._rows[policy].add_acted(columns, len(slots))
+            open_row, reward = self._open_row, self._reward
+            for slot, (actions_to, agent), action in zip(slots, agents, sent):
+                actions_to[agent] = action
+                open_row[slot], reward[slot] = row, 0.0
+                row += 1
             self._action[policy][slots] = actions
         return action_dicts
 
-    def _step_envs(self, action_dicts: list[dict]) -> tuple[list, _StepFlags]:
-        """Every sub-env takes its step -> ((new obs, terminateds, truncateds) per
-        sub-env, the step's flags by slot); the rewards are paid to the slots."""
-        paid_slots: list[int] = []
-        paid: list = []
-        obs_slots: list[int] = []
-        done_slots: tuple[list[int], list[int]] = ([], [])  # terminated, truncated
-        over: list[bool] = []
-        over_slots: list[int] = []
+    def _step_envs(self, action_dicts: list[dict]) -> list[tuple[dict, dict, dict, bool]]:
+        """Every sub-env takes its step: rewards paid to its slots, its rows closed ->
+        (new obs, terminateds, truncateds, whether its episode ended) per sub-env."""
         results = []
         for env_index, (env, action_dict) in enumerate(zip(self.envs, action_dicts)):
             new_obs, rewards, terminateds, truncateds, infos = checked_step(env, action_dict)
@@ -321,100 +314,77 @@ class MultiAgentSampler:
             episode.last_obs.update(new_obs)
             episode.last_rewards, episode.last_infos = dict(rewards), infos
             slot_of, paid_first = self._slot_of[env_index], self._paid_first[env_index]
+            paid = []
             for agent, reward in rewards.items():
                 # RLlib's rule: an action's row is paid until the agent's next obs; what an
                 # agent is paid before its first obs (or after its end) counts in the totals
                 if agent not in episode.policy_of:
                     self._map(env_index, agent)
+                slot = slot_of[agent]
                 if agent not in paid_first:
-                    paid_first[agent] = slot_of[agent]
-                paid_slots.append(slot_of[agent])
-                paid.append(reward)
-            obs_slots.extend(self._slot(env_index, agent) for agent in new_obs)
-            # both flags as the env gave them (RLlib's): the agent's, or "__all__"'s
-            slots = range(env_index * len(self.agents), (env_index + 1) * len(self.agents))
-            for kind, dones in enumerate((terminateds, truncateds)):
-                if dones[ALL]:
-                    done_slots[kind].extend(slots)
-                else:
-                    done_slots[kind].extend(
-                        self._slot(env_index, agent)
-                        for agent, done in dones.items()
-                        if done and agent != ALL
-                    )
-            over.append(bool(terminateds[ALL] or truncateds[ALL]))
-            if over[-1]:
-                over_slots.extend(slots)
-            results.append((new_obs, terminateds, truncateds))
-        num_slots = len(self._policy)
-        flags = _StepFlags(
-            np.zeros(num_slots, bool),
-            np.zeros(num_slots, bool),
-            np.zeros(num_slots, bool),
-            over,
-            over_slots,
-        )
-        flags.has_obs[obs_slots] = True
-        flags.terminated[done_slots[0]] = True
-        flags.truncated[done_slots[1]] = True
-        if paid_slots:  # (a sub-env's agents are paid once a step: the slots differ)
-            self._return[paid_slots] += paid
-            self._reward[paid_slots] += paid
-        return results, flags
+                    paid_first[agent] = slot
+                paid.append((slot, float(reward)))
+            for slot, value in paid:  # (after the mappings: they see the returns before)
+                self._return[slot] += value
+                self._reward[slot] += value
+            over = bool(terminateds[ALL] or truncateds[ALL])
+            for agent in new_obs:
+                if agent not in slot_of:
+                    self._slot(env_index, agent)  # raises
+            self._close_rows(env_index, new_obs, terminateds, truncateds, over)
+            results.append((new_obs, terminateds, truncateds, over))
+        return results
 
-    def _close_rows(self, results: list, flags: _StepFlags) -> None:
-        """The open rows whose agent got its next obs, or whose episode ended, close:
-        their columns go to their policy's rows."""
-        closes = flags.has_obs.copy()
-        closes[flags.over_slots] = True
-        closing = np.flatnonzero(self._open & closes)
-        if not len(closing):
-            return
-        first = closing[self._chunk[closing] < 0]  # the first row of its chunk
-        if len(first):
-            self._chunk[first] = len(self._unroll_ids) + np.arange(len(first))
-            self._unroll_ids.extend([0] * len(first))
-        policies = self._policy[closing]
-        num_agents = len(self.agents)
-        for policy in [0] if len(self._policy_ids) == 1 else np.unique(policies).tolist():
-            slots = closing if len(self._policy_ids) == 1 else closing[policies == policy]
-            has_next, env_of = flags.has_obs[slots], self._slot_env[slots]
-            given = slots[has_next].tolist()
-            next_obs = None
-            if given:
-                next_obs = _stack(
-                    [
-                        results[slot // num_agents][0][self.agents[slot % num_agents]]
-                        for slot in given
-                    ]
+    def _close_rows(
+        self, env_index: int, new_obs: dict, terminateds: dict, truncateds: dict, over: bool
+    ) -> None:
+        """The sub-env's open rows whose agent got its next obs, or all of them when its
+        episode ended, close: a tuple each to their policy's rows (both done flags as the
+        env gave them, RLlib's: the agent's, or "__all__"'s)."""
+        slot_of, open_row = self._slot_of[env_index], self._open_row
+        episode, eps_id = self._episodes_started[env_index], self._episodes[env_index].id_
+        all_terminated, all_truncated = bool(terminateds[ALL]), bool(truncateds[ALL])
+        for agent in self.agents if over else new_obs:
+            slot = slot_of[agent]
+            row = open_row[slot]
+            if row < 0:
+                continue
+            chunk = self._chunk[slot]
+            if chunk < 0:
+                chunk = self._chunk[slot] = len(self._unroll_ids)
+                self._unroll_ids.append(0)
+            rows = self._rows[self._policy[slot]]
+            has_next = agent in new_obs
+            if has_next:
+                rows.next_obs.append(new_obs[agent])
+            reward = self._reward[slot]
+            rows.closed.append(
+                (
+                    row,
+                    slot,
+                    episode,
+                    chunk,
+                    has_next,
+                    reward,
+                    all_terminated or bool(terminateds.get(agent, False)),
+                    all_truncated or bool(truncateds.get(agent, False)),
+                    eps_id,
+                    self._t[slot],
                 )
-            columns = {
-                _ROW: self._open_row[slots],
-                _SLOT: slots,
-                _EPISODE: self._episodes_started[env_of],
-                _CHUNK: self._chunk[slots],
-                _HAS_NEXT: has_next,
-                SampleBatch.REWARDS: self._reward[slots],
-                SampleBatch.TERMINATEDS: flags.terminated[slots],
-                SampleBatch.TRUNCATEDS: flags.truncated[slots],
-                SampleBatch.EPS_ID: self._eps_id[env_of],
-                SampleBatch.T: self._t[slots],
-            }
-            self._rows[policy].add_closed(columns, next_obs)
-            self._prev_action[policy][slots] = self._action[policy][slots]
-        self._t[closing] += 1
-        self._prev_reward[closing] = self._reward[closing]
-        self._open[closing] = False
+            )
+            self._t[slot] += 1
+            self._prev_reward[slot] = reward
+            open_row[slot] = -1
 
-    def _end_step(self, results: list, flags: _StepFlags, fragment: _Fragment) -> None:
+    def _end_step(self, results: list, fragment: _Fragment) -> None:
         """Each sub-env's agents that go on act next; its episode hooks; a finished
         episode counted, its chunks ended and its sub-env left for a reset."""
-        for env_index, (new_obs, terminateds, truncateds) in enumerate(results):
+        for env_index, (new_obs, terminateds, truncateds, over) in enumerate(results):
             self._obs[env_index] = {
                 a: o for a, o in new_obs.items() if not (terminateds.get(a) or truncateds.get(a))
             }
             self._hook("on_episode_step", env_index)
-            if flags.over[env_index]:
+            if over:
                 episode = self._episodes[env_index]
                 self._update_returns(env_index)
                 self._hook("on_episode_end", env_index)
@@ -440,9 +410,16 @@ class MultiAgentSampler:
     def _chunks(self, policy: int) -> list[SampleBatch]:
         """The policy's rows closed in this fragment as chunks (one agent, one episode),
         by sub-env, episode and agent; its rows still open are kept for the next."""
-        still_open = np.flatnonzero(self._open & (self._policy == policy))
-        acted, closed, next_obs = self._rows[policy].take(self._open_row[still_open])
-        self._open_row[still_open] = np.arange(len(still_open))
+        still_open = [
+            slot
+            for slot, row in enumerate(self._open_row)
+            if row >= 0 and self._policy[slot] == policy
+        ]
+        acted, closed, next_obs = self._rows[policy].take(
+            [self._open_row[slot] for slot in still_open]
+        )
+        for number, slot in enumerate(still_open):
+            self._open_row[slot] = number
         if acted is None or closed is None:
             return []
         # an agent with no obs when its episode ended: its row's next obs is its own obs
