@@ -27,6 +27,7 @@ import gymnasium as gym
 
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.actor_pool import call_while_restarted
+from policy_service.distributed.weight_sync import WeightSync
 from policy_service.errors import RunFailure
 from policy_service.offline.output import ExperienceOutput
 from policy_service.serving import direct_ingress
@@ -71,9 +72,9 @@ class ExternalEnvRunners:
         self.num_restarts = 0  # replicas Serve replaced (seen by a weights version gone back)
         self.address = address
         self.rollout_fragment_length = int(rollout_fragment_length)
-        self._weights: dict | None = None
-        self._weights_version = 0
-        self._num_grad_updates: int | None = None  # synced with the weights; batches name it
+        # the latest weights and their version, for a replica Serve replaced (a Serve
+        # handle call, not an actor's: they go as they are, to the one replica)
+        self.weight_sync = WeightSync()
         self._replica_id: str | None = None
         self._output = output  # config.output: the clients' steps, written here
         check_port_free(address)
@@ -124,7 +125,8 @@ class ExternalEnvRunners:
         if result is None:
             return None
         batch, metrics = result
-        batch.num_grad_updates = self._num_grad_updates  # as RLlib's server-side collector
+        # as RLlib's server-side collector
+        batch.num_grad_updates = self.weight_sync.num_grad_updates
         if self._output is not None:
             space = self.observation_space
             self._output.write_one(batch, space, self.action_space, metrics["weights_version"])
@@ -142,14 +144,12 @@ class ExternalEnvRunners:
     ) -> int:
         """Clients are served these weights from the next action on -> their version.
         num_grad_updates: the SGD steps that made them, named by the batches taken next."""
-        self._weights = weights
-        self._num_grad_updates = num_grad_updates
-        self._weights_version = self._weights_version + 1 if version is None else int(version)
+        version = self.weight_sync.take(weights, version, num_grad_updates)
         if wait:
-            self._call("set_weights", weights, self._weights_version)
+            self._call("set_weights", weights, version)
         else:
-            self._replica.set_weights.remote(weights, self._weights_version)
-        return self._weights_version
+            self._replica.set_weights.remote(weights, version)
+        return version
 
     def set_global_timestep(self, timestep: int) -> None:
         """Where the served policy's exploration schedule stands (the run's env steps)."""
@@ -161,8 +161,9 @@ class ExternalEnvRunners:
     def _replica_replaced(self) -> None:
         """A new replica acts with its initial weights: give it the latest."""
         self.num_restarts += 1
-        if self._weights is not None:
-            self._call("set_weights", self._weights, self._weights_version)
+        sync = self.weight_sync
+        if sync.weights is not None:
+            self._call("set_weights", sync.weights, sync.version)
 
     def _call(self, method: str, *args):
         """replica.method(*args), sent again while Serve replaces a replica that died
