@@ -6,6 +6,7 @@ in-process (num_env_runners=0)."""
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -44,20 +45,27 @@ def test_pendulum_reaches_minus_200_over_the_last_10_episodes(algorithm, max_ste
 EVAL_SEEDS = tuple(range(1000, 1010))
 
 
-def episode_return(act, seed: int) -> float:
-    """One HalfCheetah-v5 episode (1,000 steps) from reset(seed), act(obs) -> action."""
+def episode_returns(act, seeds) -> list[float]:
+    """One HalfCheetah-v5 episode (1,000 steps) from reset(seed) per seed, the episodes
+    stepped together: act(obs [n, 17], envs) -> actions [n, 6], a row per episode (one
+    policy call a step for all of them: 1,000 calls, not 10,000)."""
     import gymnasium as gym
 
-    env = gym.make("HalfCheetah-v5")
-    obs, _ = env.reset(seed=seed)
-    env.action_space.seed(seed)
-    total, done = 0.0, False
-    while not done:
-        obs, reward, terminated, truncated, _ = env.step(act(obs, env))
-        total += float(reward)
-        done = terminated or truncated
-    env.close()
-    return total
+    envs = [gym.make("HalfCheetah-v5") for _ in seeds]
+    obs = np.stack([env.reset(seed=seed)[0] for env, seed in zip(envs, seeds)])
+    for env, seed in zip(envs, seeds):
+        env.action_space.seed(seed)
+    totals, done = np.zeros(len(envs)), np.zeros(len(envs), bool)
+    while not done.all():
+        actions = act(obs, envs)
+        for i, env in enumerate(envs):
+            if not done[i]:
+                obs[i], reward, terminated, truncated, _ = env.step(actions[i])
+                totals[i] += float(reward)
+                done[i] = terminated or truncated
+    for env in envs:
+        env.close()
+    return totals.tolist()
 
 
 def halfcheetah_margin(seed: int, env_steps: int = 20_000, **overrides) -> dict:
@@ -72,13 +80,14 @@ def halfcheetah_margin(seed: int, env_steps: int = 20_000, **overrides) -> dict:
         while algo.timesteps_total < env_steps:
             algo.train()
         policy = algo.get_policy()
-        learned = [
-            episode_return(lambda obs, env: policy.compute_single_action(obs, explore=False)[0], s)
-            for s in EVAL_SEEDS
-        ]
+        learned = episode_returns(
+            lambda obs, envs: policy.compute_actions(obs, explore=False)[0], EVAL_SEEDS
+        )
     finally:
         algo.stop()
-    random = [episode_return(lambda obs, env: env.action_space.sample(), s) for s in EVAL_SEEDS]
+    random = episode_returns(
+        lambda obs, envs: np.stack([env.action_space.sample() for env in envs]), EVAL_SEEDS
+    )
     learned_mean, random_mean = sum(learned) / len(learned), sum(random) / len(random)
     return {
         "seed": seed,
