@@ -20,7 +20,11 @@ its previous reward) is a number by slot, and each row that closes leaves one tu
 acting calls' arrays and those tuples are joined into columns once, when the fragment
 ends, so a step costs no array work beyond its acting calls and an agent costs a few
 Python operations. A policy's rows come out in the single-agent order: by sub-env, then
-episode (in time), then agent, each chunk in time order.
+episode (in time), then agent, each chunk in time order. A recurrent policy's state is
+kept by slot (an array per state tensor), set to the policy's initial state when the
+slot's episode starts, so each agent carries its own; rows carry `state_in_i` and
+`state_out_i` as a single-agent fragment's do, and a learner cuts sequences where the
+agent, episode or chunk changes (policy_service/data/sequencing.py).
 """
 
 from __future__ import annotations
@@ -150,11 +154,6 @@ class MultiAgentSampler:
         rollout_fragment_length: int,
         seed: int | None = None,
     ) -> None:
-        for policy_id, policy in policies.items():
-            if policy.is_recurrent():
-                raise MultiAgentEnvError(
-                    f"policy {policy_id!r}: multi-agent sampling takes no recurrent policy yet"
-                )
         envs = list(env) if isinstance(env, Sequence) else [env]
         self.envs, self.agent_policies, self.policies = envs, agent_policies, policies
         self.rollout_fragment_length = rollout_fragment_length
@@ -186,6 +185,12 @@ class MultiAgentSampler:
         # next row); before the first, its action space's zero
         self._action = [
             np.asarray(spaces.zero_actions(action_spaces[p], num_slots)) for p in self._policy_ids
+        ]
+        # each recurrent policy's state tensors by slot: its initial state at an episode's start
+        self._initial_state = [_initial_state(policies[p], p) for p in self._policy_ids]
+        self._state = [
+            [np.repeat(tensor[None], num_slots, axis=0) for tensor in initial]
+            for initial in self._initial_state
         ]
         self._episodes_started = [0] * len(envs)  # orders a sub-env's chunks
         self._obs: list[dict | None] = [None] * len(envs)  # None: the sub-env needs a reset
@@ -249,6 +254,9 @@ class MultiAgentSampler:
         self._return[slots] = self._prev_reward[slots] = [0.0] * num_agents
         for action in self._action:
             action[slots] = 0
+        for states, initial in zip(self._state, self._initial_state):
+            for state, tensor in zip(states, initial):
+                state[slots] = tensor
         self._paid_first[env_index] = {}
         self._hook("on_episode_start", env_index)
 
@@ -278,8 +286,9 @@ class MultiAgentSampler:
             obs = _stack(observations)
             prev_actions = self._action[policy][slots]
             prev_rewards = np.asarray([self._prev_reward[slot] for slot in slots], np.float32)
-            actions, _, extra = self.policies[policy_id].compute_actions(
-                obs, None, prev_actions, prev_rewards
+            states = [state[slots] for state in self._state[policy]]
+            actions, state_outs, extra = self.policies[policy_id].compute_actions(
+                obs, states or None, prev_actions, prev_rewards
             )
             actions = np.asarray(actions)
             columns = {
@@ -289,6 +298,11 @@ class MultiAgentSampler:
                 SampleBatch.PREV_REWARDS: prev_rewards,
                 **{k: np.asarray(v) for k, v in extra.items()},
             }
+            for i, (state_in, state_out) in enumerate(zip(states, state_outs)):
+                columns[f"state_in_{i}"], columns[f"state_out_{i}"] = (
+                    state_in,
+                    np.asarray(state_out),
+                )
             acted.append((policy_id, policy, columns))
         for policy_id, policy, columns in acted:
             slots, _, agents = acting[policy_id]
@@ -301,6 +315,8 @@ class MultiAgentSampler:
                 open_row[slot], reward[slot] = row, 0.0
                 row += 1
             self._action[policy][slots] = actions
+            for i, state in enumerate(self._state[policy]):
+                state[slots] = columns[f"state_out_{i}"]
         return action_dicts
 
     def _step_envs(self, action_dicts: list[dict]) -> list[tuple[dict, dict, dict, bool]]:
@@ -523,6 +539,19 @@ class MultiAgentSampler:
                 env=env,
                 **self.hook_arguments,
             )
+
+
+def _initial_state(policy, policy_id: str) -> list[np.ndarray]:
+    """A recurrent policy's initial state tensors (none for another)."""
+    if not policy.is_recurrent():
+        return []
+    if not hasattr(policy, "get_initial_state"):
+        raise MultiAgentEnvError(
+            f"policy {policy_id!r} is recurrent, but its acting copy ({type(policy).__name__}) "
+            f"gives no get_initial_state to start its agents' states from: a recurrent "
+            f"multi-agent policy acts in the env runner, not served by an actor, yet"
+        )
+    return [np.asarray(tensor) for tensor in policy.get_initial_state()]
 
 
 def _stack(values: list):

@@ -1,0 +1,154 @@
+"""Recurrent policies in multi-agent sampling: each (sub-env, agent) slot carries its own
+state, the policy's initial state at each episode's start; the learner's sequences never
+cross agents or episodes; PPO with an LSTM trains on a multi-agent env."""
+
+import numpy as np
+import pytest
+from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv, by_agent
+from multi_agent_envs import two_maps_config as config
+
+from algorithms import register_env
+from algorithms.ppo import PPO, PPOPolicy
+from policy_service import SampleBatch
+from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
+from policy_service.multi_agent.batch import concat_multi_agent
+from policy_service.multi_agent.env import MultiAgentEnvError
+from policy_service.multi_agent.policies import agent_policies
+from policy_service.multi_agent.sampler import MultiAgentSampler
+
+register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
+
+MAX_SEQ_LEN = 3
+LSTM = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 4, "max_seq_len": MAX_SEQ_LEN}
+
+
+def sampled(envs: list, policies: dict, mapping, length: int, fragments: int):
+    """`fragments` samples of LSTM PPO policies -> (their batches joined, the policies)."""
+    found = agent_policies(policies, mapping, None, envs[0], PPOPolicy, {"model": LSTM, "seed": 0})
+    built = {p: spec.build() for p, spec in found.specs.items()}
+    sampler = MultiAgentSampler(envs, found, built, length, seed=0)
+    return concat_multi_agent([sampler.sample()[0] for _ in range(fragments)]), built
+
+
+@pytest.fixture(scope="module")
+def two_maps_by_agent():
+    """2 sub-envs of TwoMapsEnv (5-step episodes), a policy per agent; fragments of 4
+    steps, so episodes and their agents' states cross fragments."""
+    envs = [TwoMapsEnv({"episode_len": 5}) for _ in range(2)]
+    return sampled(envs, {"pa": None, "pb": None}, by_agent, 4, 5)
+
+
+@pytest.fixture(scope="module")
+def join_leave_shared():
+    """2 sub-envs of JoinLeaveEnv ("late" joins at t=1, leaves after t=3), both agents on
+    one shared policy."""
+    envs = [JoinLeaveEnv(), JoinLeaveEnv()]
+    return sampled(envs, {"shared": None}, lambda agent, episode, **kw: "shared", 3, 4)
+
+
+def assert_each_state_continues_its_agents_last(rows: SampleBatch, initial: list) -> int:
+    """Each row's state_in is its agent's state_out of the row before in the same episode,
+    or the initial state at the agent's first row -> the rows checked."""
+    eps, agents, t = (np.asarray(rows[c]) for c in ("eps_id", "agent_index", "t"))
+    checked = 0
+    for episode, agent in sorted(set(zip(eps.tolist(), agents.tolist()))):
+        mine = np.flatnonzero((eps == episode) & (agents == agent))
+        mine = mine[np.argsort(t[mine], kind="stable")]
+        assert t[mine].tolist() == list(range(t[mine][0], t[mine][0] + len(mine)))
+        for i, init in enumerate(initial):
+            state_in, state_out = (
+                np.asarray(rows[f"{k}_{i}"])[mine] for k in ("state_in", "state_out")
+            )
+            if t[mine][0] == 0:
+                np.testing.assert_array_equal(state_in[0], init)
+            np.testing.assert_array_equal(state_in[1:], state_out[:-1])
+        checked += len(mine)
+    return checked
+
+
+def test_each_agents_state_in_is_its_state_out_of_its_row_before(two_maps_by_agent):
+    batch, built = two_maps_by_agent
+    for policy_id in ("pa", "pb"):
+        rows = batch.policy_batches[policy_id]
+        initial = built[policy_id].get_initial_state()
+        assert len(initial) == 2  # the LSTM's h and c
+        assert np.any(np.asarray(rows["state_out_0"]) != 0)  # a state that carries something
+        assert assert_each_state_continues_its_agents_last(rows, initial) == rows.count == 20 * 2
+
+
+def test_a_shared_policy_keeps_a_state_per_agent_and_a_late_agent_starts_fresh(
+    join_leave_shared,
+):
+    batch, built = join_leave_shared
+    rows = batch.policy_batches["shared"]
+    index, t = np.asarray(rows[SampleBatch.AGENT_INDEX]), np.asarray(rows[SampleBatch.T])
+    initial = built["shared"].get_initial_state()
+    late_first = (index == 1) & (t == 0)  # possible_agents: main, late
+    assert late_first.sum() >= 2  # late's first row in each sub-env's first episode at least
+    for i, init in enumerate(initial):
+        np.testing.assert_array_equal(
+            np.asarray(rows[f"state_in_{i}"])[late_first],
+            np.repeat(init[None], late_first.sum(), 0),
+        )
+    assert assert_each_state_continues_its_agents_last(rows, initial) == rows.count
+
+
+@pytest.mark.parametrize("fixture", ["two_maps_by_agent", "join_leave_shared"])
+def test_the_learners_sequences_never_cross_agents_or_episodes(fixture, request):
+    batch, _ = request.getfixturevalue(fixture)
+    for rows in batch.policy_batches.values():
+        state_in = np.asarray(rows["state_in_0"])
+        padded = rows.copy()
+        pad_batch_to_sequences_of_same_size(padded, MAX_SEQ_LEN)
+        seq_lens = np.asarray(padded[SampleBatch.SEQ_LENS])
+        assert seq_lens.sum() == rows.count and seq_lens.max() <= MAX_SEQ_LEN
+        first = np.concatenate([[0], np.cumsum(seq_lens)[:-1]])
+        for start, length, state in zip(first, seq_lens, np.asarray(padded["state_in_0"])):
+            for column in (SampleBatch.EPS_ID, SampleBatch.AGENT_INDEX):
+                values = np.asarray(rows[column])[start : start + length]
+                assert len(set(values.tolist())) == 1, (column, values)
+            np.testing.assert_array_equal(state, state_in[start])  # the state it starts from
+        # one sequence a chunk at least: as many as the runs of one agent in one episode
+        ids = np.stack([np.asarray(rows[c]) for c in ("eps_id", "agent_index", "unroll_id")])
+        runs = 1 + int(np.any(ids[:, 1:] != ids[:, :-1], axis=0).sum())
+        assert len(seq_lens) >= runs
+
+
+def test_ppo_with_an_lstm_trains_on_a_multi_agent_env():
+    algo = PPO(
+        config(
+            model={**LSTM, "lstm_cell_size": 8, "max_seq_len": 4},  # minibatches of 8 sequences
+            num_envs_per_env_runner=2,
+            rollout_fragment_length=16,
+            train_batch_size=64,
+            minibatch_size=32,
+            num_epochs=2,
+        )
+    )
+    try:
+        before = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
+        for _ in range(2):
+            result = algo.train()
+        for policy_id in ("pa", "pb"):
+            for loss in ("total_loss", "policy_loss", "vf_loss"):
+                assert np.isfinite(result[f"{policy_id}/{loss}"]), (policy_id, loss)
+            after = algo.get_policy(policy_id).get_weights()
+            assert any(not np.array_equal(before[policy_id][k], after[k]) for k in after)
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"] == 2 * 128
+    finally:
+        algo.stop()
+
+
+def test_a_recurrent_policy_without_an_initial_state_is_one_line_naming_it():
+    """An acting copy that says it is recurrent but gives no initial state (an actor's
+    stand-in) is refused when the sampler is built."""
+
+    class Served:
+        def is_recurrent(self) -> bool:
+            return True
+
+    env = TwoMapsEnv()
+    found = agent_policies({"pa": None, "pb": None}, by_agent, None, env, PPOPolicy, {})
+    policies = {"pa": Served(), "pb": Served()}
+    with pytest.raises(MultiAgentEnvError, match=r"^policy 'pa' is recurrent, but its acting copy"):
+        MultiAgentSampler([env], found, policies, 4)
