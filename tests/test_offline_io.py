@@ -198,11 +198,10 @@ def test_passes_are_iter_batches_passes_and_resume_the_first(tmp_path):
     assert want[0] != want[1] and sorted(sum(want[0], [])) == list(range(500))
     passes = experiences.iter_passes(64, seeds=[1, 2, 3], **kwargs)
     assert [keys_of(stream) for stream in passes] == want
-    passes = experiences.iter_passes(64, seeds=[1, 2, 3], **kwargs)
-    first = next(passes)
+    first = next(experiences.iter_passes(64, seeds=[1, 2, 3], **kwargs))  # the caller's
     head = keys_of([next(first), next(first), next(first)])
     position = first.position()
-    passes.close()
+    first.close()
     resumed = experiences.iter_passes(64, seeds=[1, 2, 3], resume=position, **kwargs)
     got = [keys_of(stream) for stream in resumed]
     assert [head + got[0], *got[1:]] == want
@@ -529,8 +528,8 @@ def test_ray_data_reads_the_same_rows(tmp_path, ray_local):
 @pytest.mark.slow
 def test_ray_data_passes_read_ahead_and_stop_their_reads(tmp_path, ray_local):
     """Through Ray Data, each pass of iter_passes holds every row once (its read started
-    during the pass before); closed mid-pass, the pass's read and the one read ahead
-    are stopped: no thread left waiting, the CPUs free again."""
+    during the pass before); a pass closed mid-way and the iterator closed, the pass's
+    read and the one read ahead are stopped: no thread left waiting, the CPUs free."""
     import threading
 
     import ray
@@ -550,6 +549,7 @@ def test_ray_data_passes_read_ahead_and_stop_their_reads(tmp_path, ray_local):
     next(stream)
     reads = [stream._read, passes.gi_frame.f_locals["ahead"][2]]
     assert all(read._blocks.gi_frame is not None for read in reads)  # both executions open
+    stream.close()
     passes.close()
     for read in reads:
         assert not read._thread.is_alive() and read._blocks.gi_frame is None  # closed

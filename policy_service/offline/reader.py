@@ -173,15 +173,15 @@ class Experiences:
         pass's read starts when the pass before it is handed out, so that its fixed
         start (Ray Data's executor, the tasks' dispatch, the first blocks) overlaps that
         pass; its tasks wait for the CPUs the pass before holds. One pass is read ahead
-        at most. A pass is closed when the next is asked for; the read ahead, when the
-        iterator is closed (or garbage collected)."""
+        at most. A pass handed out is the caller's to close, as iter_batches' is, and is
+        closed when the next is asked for; the read ahead is closed with the iterator
+        (or when it is garbage collected)."""
         dataset = self[policy_id]
         upcoming = iter(seeds)
         seed = next(upcoming, _NO_SEED)
         ahead = None
         if seed is not _NO_SEED:
             ahead = _start_pass(dataset, seed, shuffle_buffer_size, num_readers)
-        stream: BatchStream | None = None
         try:
             while ahead is not None:
                 rng, files, read = ahead
@@ -195,8 +195,6 @@ class Experiences:
                 yield stream
                 stream.close()
         finally:
-            if stream is not None:
-                stream.close()
             if ahead is not None and ahead[2] is not None:
                 ahead[2].close()
 
