@@ -15,7 +15,7 @@ pytest.importorskip("cv2", reason="OpenCV is not installed: pip install -e '.[at
 
 from fakes import ReturnsPGPolicy
 
-from policy_service.data.sample_batch import SampleBatch
+from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.envs import atari
 
@@ -144,3 +144,42 @@ def test_a_policy_state_written_before_scale_images_restores_with_raw_pixels():
         ours = restored.compute_actions(frames, explore=False)[2]["action_dist_inputs"]
         theirs = old.compute_actions(frames, explore=False)[2]["action_dist_inputs"]
         np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_vector_fragment_lines_up_each_sub_env_s_frames_actions_and_rewards():
+    """What a learner reads of Pong, row by row (issue 48's data check): 2 sub-envs at 42x42,
+    two fragments of 100 steps. Within a sub-env's episode, each row's new_obs is the next
+    row's obs, the next stack is this one shifted by one frame, the next row's previous
+    action and reward are this row's, and the points lost under random play are rewards of
+    -1 on their own rows; the action_logp acting recorded is what the policy computes
+    again from the row's frames."""
+    from algorithms.environments import env_maker
+
+    worker = RolloutWorker(
+        env_maker(PONG, "deepmind", 42),
+        ReturnsPGPolicy,
+        {"model": TINY_CNN},
+        num_envs=2,
+        rollout_fragment_length=100,
+        seed=0,
+        env_config={"repeat_action_probability": 0.0},
+    )
+    try:
+        batch = concat_samples([worker.sample()[0] for _ in range(2)])
+        again = worker.policy.compute_log_likelihoods(batch[SampleBatch.ACTIONS], batch["obs"])
+    finally:
+        worker.stop()
+    obs, new_obs = batch[SampleBatch.OBS], batch[SampleBatch.NEXT_OBS]
+    same = (batch["unroll_id"][1:] == batch["unroll_id"][:-1]) & (
+        batch[SampleBatch.EPS_ID][1:] == batch[SampleBatch.EPS_ID][:-1]
+    )
+    assert same.sum() >= 390  # 400 rows, a few cuts between fragments and sub-envs
+    for i in np.flatnonzero(same):
+        assert batch["t"][i + 1] == batch["t"][i] + 1
+        np.testing.assert_array_equal(new_obs[i], obs[i + 1])
+        np.testing.assert_array_equal(obs[i + 1][..., :3], obs[i][..., 1:])
+        assert batch[SampleBatch.PREV_ACTIONS][i + 1] == batch[SampleBatch.ACTIONS][i]
+        assert batch[SampleBatch.PREV_REWARDS][i + 1] == batch[SampleBatch.REWARDS][i]
+    rewards = batch[SampleBatch.REWARDS]
+    assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0} and (rewards == -1).sum() >= 2
+    np.testing.assert_allclose(again, batch[SampleBatch.ACTION_LOGP], atol=1e-5)
