@@ -11,8 +11,8 @@ from algorithms import register_env
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service import SampleBatch
 from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
+from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
 from policy_service.multi_agent.batch import concat_multi_agent
-from policy_service.multi_agent.env import MultiAgentEnvError
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
 
@@ -139,16 +139,35 @@ def test_ppo_with_an_lstm_trains_on_a_multi_agent_env():
         algo.stop()
 
 
-def test_a_recurrent_policy_without_an_initial_state_is_one_line_naming_it():
-    """An acting copy that says it is recurrent but gives no initial state (an actor's
-    stand-in) is refused when the sampler is built."""
-
-    class Served:
-        def is_recurrent(self) -> bool:
-            return True
-
-    env = TwoMapsEnv()
-    found = agent_policies({"pa": None, "pb": None}, by_agent, None, env, PPOPolicy, {})
-    policies = {"pa": Served(), "pb": Served()}
-    with pytest.raises(MultiAgentEnvError, match=r"^policy 'pa' is recurrent, but its acting copy"):
-        MultiAgentSampler([env], found, policies, 4)
+@pytest.mark.slow  # an env runner actor and its MultiPolicyActor
+def test_a_recurrent_policy_served_by_an_actor_carries_each_agents_state(ray_local):
+    """remote_inference: the MultiPolicyActor acts, and the env runner's stand-in for each
+    policy (ServedPolicy) gives the sampler the served policy's initial state, so each agent's
+    state starts there and carries from row to row as it does acting locally."""
+    found = agent_policies(
+        {"pa": None, "pb": None},
+        by_agent,
+        None,
+        TwoMapsEnv(),
+        PPOPolicy,
+        {"model": LSTM, "seed": 0},
+    )
+    served = MultiAgentEnvRunnerGroup(
+        lambda env_config: TwoMapsEnv({"episode_len": 5}),
+        found,
+        num_env_runners=1,
+        num_envs_per_env_runner=2,
+        rollout_fragment_length=4,
+        seed=0,
+        remote_inference=True,
+        num_cpus_per_env_runner=0.25,
+        policy_actor_options={"num_cpus": 0.5},
+    )
+    try:
+        batches = concat_multi_agent([served.sample()[0] for _ in range(3)])
+    finally:
+        served.stop()
+    initial = found.specs["pa"].build().get_initial_state()
+    for policy_id in ("pa", "pb"):
+        rows = batches.policy_batches[policy_id]
+        assert assert_each_state_continues_its_agents_last(rows, initial) == len(rows["t"]) == 24

@@ -51,12 +51,18 @@ class ServedPolicy:
     def __init__(self, actor, policy_id: str | None = None) -> None:
         self.actor = actor
         self._named = {} if policy_id is None else {"policy_id": policy_id}
-        self._recurrent = bool(
-            call_retrying_once(actor.get_initial_state, **self._named)
-        )  # state tensors: recurrent
+        # the served policy's initial state tensors (none: not recurrent), which the
+        # sampler gives each agent at its episode's start
+        self._initial_state = [
+            np.asarray(tensor)
+            for tensor in call_retrying_once(actor.get_initial_state, **self._named)
+        ]
 
     def is_recurrent(self) -> bool:
-        return self._recurrent
+        return bool(self._initial_state)
+
+    def get_initial_state(self) -> list[np.ndarray]:
+        return list(self._initial_state)
 
     def compute_actions(
         self, obs_batch, state_batches=None, prev_action_batch=None, prev_reward_batch=None

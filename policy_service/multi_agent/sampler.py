@@ -187,7 +187,7 @@ class MultiAgentSampler:
             np.asarray(spaces.zero_actions(action_spaces[p], num_slots)) for p in self._policy_ids
         ]
         # each recurrent policy's state tensors by slot: its initial state at an episode's start
-        self._initial_state = [_initial_state(policies[p], p) for p in self._policy_ids]
+        self._initial_state = [_initial_state(policies[p]) for p in self._policy_ids]
         self._state = [
             [np.repeat(tensor[None], num_slots, axis=0) for tensor in initial]
             for initial in self._initial_state
@@ -541,16 +541,10 @@ class MultiAgentSampler:
             )
 
 
-def _initial_state(policy, policy_id: str) -> list[np.ndarray]:
+def _initial_state(policy) -> list[np.ndarray]:
     """A recurrent policy's initial state tensors (none for another)."""
     if not policy.is_recurrent():
         return []
-    if not hasattr(policy, "get_initial_state"):
-        raise MultiAgentEnvError(
-            f"policy {policy_id!r} is recurrent, but its acting copy ({type(policy).__name__}) "
-            f"gives no get_initial_state to start its agents' states from: a recurrent "
-            f"multi-agent policy acts in the env runner, not served by an actor, yet"
-        )
     return [np.asarray(tensor) for tensor in policy.get_initial_state()]
 
 
