@@ -14,9 +14,7 @@ side's median over the rounds and its ratio to the first ref's.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import json
 import os
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from types import ModuleType
 import gymnasium as gym
 import numpy as np
 
+from benchmarks import harness, plots
 from benchmarks.stats import median
 from policy_service.multi_agent.env import ALL, MultiAgentEnv
 from policy_service.multi_agent.policies import agent_policies
@@ -118,22 +117,26 @@ def us_per_env_step(sampler, fragments: int) -> float:
     return (time.process_time() - cpu) / steps * 1e6
 
 
+NAME = "multi_agent_sampler_cpu"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.base_parser(__doc__.splitlines()[0])
     parser.add_argument("--refs", nargs="+", default=["27ce9b1"], help="commits to compare")
     parser.add_argument("--envs", type=int, nargs="+", default=[1, 8], help="sub-env counts")
     parser.add_argument("--agents", type=int, default=3)
     parser.add_argument("--episode-len", type=int, default=50)
     parser.add_argument("--fragment", type=int, default=200, help="env steps per sub-env")
     parser.add_argument("--env-steps", type=int, default=20000, help="timed per side a round")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes: 2 rounds, 400 steps")
     args = parser.parse_args()
+    rounds = args.rounds or (2 if args.smoke else 7)
     if args.smoke:
-        args.rounds, args.env_steps = 2, 400
+        args.env_steps = 400
+    meta = harness.start_meta(args, refs=args.refs)
     sides = [*args.refs, "work"]
     modules = {side: sampler_module(side) for side in sides}
     load = [os.getloadavg()[0]]
+    records = []
     for envs in args.envs:
         samplers = {
             side: build(modules[side], envs, args.agents, args.episode_len, args.fragment)
@@ -143,20 +146,21 @@ def main() -> None:
         for sampler in samplers.values():
             sampler.sample()  # warm-up
         timed: dict[str, list[float]] = {side: [] for side in sides}
-        for r in range(args.rounds):
+        for r in range(rounds):
             for i in range(len(sides)):
                 side = sides[(i + r) % len(sides)]
                 timed[side].append(us_per_env_step(samplers[side], fragments))
         load.append(os.getloadavg()[0])
         medians = {side: median(values) for side, values in timed.items()}
-        print(
-            json.dumps(
+        records.append(
+            harness.emit(
                 {
+                    "bench": NAME,
                     "envs": envs,
                     "agents": args.agents,
                     "episode_len": args.episode_len,
                     "fragment": args.fragment,
-                    "rounds": args.rounds,
+                    "rounds": rounds,
                     "env_steps_per_round": fragments * envs * args.fragment,
                     "load_1min": load[-2:],
                     "us_per_env_step": {s: round(v, 2) for s, v in medians.items()},
@@ -165,9 +169,21 @@ def main() -> None:
                     },
                     "rounds_us": {s: [round(v, 1) for v in vs] for s, vs in timed.items()},
                 }
-            ),
-            flush=True,
+            )
         )
+    meta["plots"] = [plot(records, sides, args.out)]
+    harness.finish(NAME, args.out, records, [], meta)
+
+
+def plot(records: list[dict], sides: list[str], out_dir: str) -> str | None:
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return plots.bar_chart(
+        Path(out_dir) / f"{NAME}.png",
+        "MultiAgentSampler: CPU per env step (constant env, zero-cost policy)",
+        "microseconds per env step",
+        [f"{r['envs']} sub-envs" for r in records],
+        {side: [r["us_per_env_step"][side] for r in records] for side in sides},
+    )
 
 
 if __name__ == "__main__":

@@ -125,6 +125,17 @@ def test_multi_agent_sampling_smoke_ours(tmp_path):
         assert record["agent_steps_per_s"] == pytest.approx(3 * record["env_steps_per_s"])
 
 
+def test_multi_agent_sampler_cpu_smoke(tmp_path):
+    """The sampler in this checkout beside HEAD's, loaded from git (a ref the clone has)."""
+    records = measurements(
+        run_smoke("multi_agent_sampler_cpu", tmp_path, "--refs", "HEAD", "--envs", "1", "2")
+    )
+    assert [r["envs"] for r in records] == [1, 2]
+    for record in records:
+        assert set(record["us_per_env_step"]) == {"HEAD", "work"}
+        assert all(v > 0 for v in record["us_per_env_step"].values())
+
+
 @pytest.mark.slow
 def test_atari_throughput_smoke(tmp_path):
     pytest.importorskip("ale_py", reason="ale-py is not installed: pip install -e '.[atari]'")
