@@ -127,8 +127,14 @@ def ceiling_app(read_body: bool):
     from ray import serve
     from starlette.responses import Response
 
+    from policy_service.serving.deployment import SHUTDOWN_CHECK_PERIOD_S
+
     @serve.deployment(
-        name="Ceiling", num_replicas=1, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 1}
+        name="Ceiling",
+        num_replicas=1,
+        max_ongoing_requests=1000,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_CHECK_PERIOD_S,
+        ray_actor_options={"num_cpus": 1},
     )
     class Ceiling:
         """Answers every request with the same body, reading nothing else (or its body)."""
@@ -149,11 +155,13 @@ def serve_batch_app(policy_state: dict, settings):
     from starlette.responses import Response
 
     from policy_service.serving import http_api
+    from policy_service.serving.deployment import SHUTDOWN_CHECK_PERIOD_S
 
     @serve.deployment(
         name="ServeBatch",
         num_replicas=1,
         max_ongoing_requests=1000,
+        graceful_shutdown_wait_loop_s=SHUTDOWN_CHECK_PERIOD_S,
         ray_actor_options={"num_cpus": 1},
     )
     class ServeBatch:
@@ -245,7 +253,7 @@ def measure(spec: dict):
     ray.init(**harness.RAY_INIT)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port}, proxy_location="HeadOnly")
-        for target in spec["targets"]:
+        for i, target in enumerate(spec["targets"]):
             serve.run(start_target(target, policy_state, settings), name=NAME, route_prefix="/")
             for clients in spec["clients"]:
                 before = server_stats(port) if target == "policy/batcher" else None
@@ -257,7 +265,8 @@ def measure(spec: dict):
                     rows = after["num_rows"] - before["num_rows"]
                     extra = {"mean_batch_size": rows / passes if passes else None}
                 yield dict(base, target=target, clients=clients, **result, **extra)
-            serve.delete(NAME)
+            if i < len(spec["targets"]) - 1:  # serve.shutdown deletes the last
+                serve.delete(NAME)
         serve.shutdown()
     finally:
         ray.shutdown()
