@@ -96,6 +96,34 @@ def test_the_read_goes_on_where_the_checkpoint_left_it(logged, tmp_path, saved_a
     second.stop()
 
 
+def test_a_resume_in_a_later_pass_reads_the_passes_the_run_went_on_with(logged, tmp_path):
+    """The reader asks for the next pass's seed one pass early (its read starts as the
+    pass before begins): positions saved in passes 1 and 2 and at pass 3's very end,
+    restored, give the rows the run went on with, across the ends of passes after it."""
+    first = runners(logged, shuffle_buffer_size=100, train_batch_size=64)
+    saved_at = {7: 1, 13: 2, 25: 3}  # sample -> its pass (400 rows: 25 x 64 end pass 3)
+    straight, entries = [], {}
+    for i in range(28):
+        if i in saved_at:
+            assert first.passes == saved_at[i]
+            (tmp_path / str(i)).mkdir()
+            entries[i] = json.dumps(read_position.save(first.read_positions(), tmp_path / str(i)))
+        straight.append(first.sample()[0])
+    first.stop()
+    assert first.passes == 4
+    for i in saved_at:
+        second = runners(logged, shuffle_buffer_size=100, train_batch_size=64)
+        second.sample()  # a runner reading already, its pass read ahead
+        second.set_read_positions(read_position.load(tmp_path / str(i), json.loads(entries[i])))
+        for expected in straight[i:]:
+            got = second.sample()[0]
+            assert got.keys() == expected.keys()
+            for column in expected:
+                np.testing.assert_array_equal(got[column], expected[column], err_msg=column)
+        assert second.passes == 4
+        second.stop()
+
+
 @pytest.mark.slow  # 9-11 s on 2 busy cores (load 7.5): 3 MARWIL algorithms
 def test_k_iterations_save_restore_and_the_rest_give_the_straight_runs_weights(logged, tmp_path):
     """MARWIL: a shuffle buffer, postprocessing with the value head of its time, the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -255,6 +256,29 @@ def test_ray_data_readers_hand_out_the_same_rows(logged, ray_local):
     assert len(seen) == 400 and seen == {r for _ in range(4) for r in rows(one.sample()[0])}
     for group in (one, two):
         group.stop()
+
+
+@pytest.mark.slow  # Ray and its Data read tasks
+def test_stop_leaves_no_read_running(logged, ray_local):
+    """Through Ray Data the next pass's read starts as a pass begins (iter_passes):
+    stopped mid-pass, both reads are ended, no reader thread left and the CPUs free."""
+    import threading
+
+    import ray
+
+    group = runners(logged, input_num_readers=2, shuffle_buffer_size=100)
+    group.sample()
+    reads = [group._pass._read, group._passes.gi_frame.f_locals["ahead"][2]]
+    assert all(read._blocks.gi_frame is not None for read in reads)  # both executions open
+    group.stop()
+    for read in reads:
+        assert not read._thread.is_alive() and read._blocks.gi_frame is None  # ended
+    assert not [t for t in threading.enumerate() if t.name == "StartedRead"]
+    cpus = ray.cluster_resources()["CPU"]
+    deadline = time.monotonic() + 60  # cancelled tasks give their CPUs back
+    while ray.available_resources().get("CPU", 0) < cpus and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ray.available_resources().get("CPU", 0) == cpus
 
 
 @pytest.mark.rllib

@@ -13,7 +13,8 @@ one line naming the file and the column. The spaces come from the manifest, so `
 is only for evaluation. Rows stream in passes over the files, each pass in a new
 order through a shuffle buffer of `shuffle_buffer_size` rows (memory: that buffer,
 one read chunk and one batch), read in this process, or by `input_num_readers` Ray
-Data tasks when Ray runs and that is > 1. With `postprocess_inputs`, each episode's
+Data tasks when Ray runs and that is > 1 (each pass's read started as the pass before
+begins: Experiences.iter_passes). With `postprocess_inputs`, each episode's
 rows go through the policy's postprocess_trajectory (a CPU copy here, given the
 learners' weights) before the buffer. With `off_policy_estimation_methods`, the
 held-out episodes (held_out.py) never reach training.
@@ -21,8 +22,10 @@ held-out episodes (held_out.py) never reach training.
 
 from __future__ import annotations
 
+import copy
 import sys
 import time
+from collections.abc import Generator, Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -185,8 +188,8 @@ class OfflineRunners:
         self.passes = 0  # complete passes over the files so far
         self._carried: SampleBatch | None = None  # a pass's last rows, short of a sample
         self._pass_seed = int(self._rng.integers(2**31))
-        self._pass = self.dataset_batches(self._pass_seed)
         self._pass_rows = False  # the pass has handed out rows
+        self._passes, self._pass = self._read_passes()
 
     # ----- sampling ----------------------------------------------------------------
 
@@ -225,8 +228,8 @@ class OfflineRunners:
                     )
                 self.passes += 1
                 self._pass.close()
-                self._pass_seed = int(self._rng.integers(2**31))
-                self._pass = self.dataset_batches(self._pass_seed)
+                self._pass_seed = int(self._rng.integers(2**31))  # the seed of the pass next
+                self._pass = next(self._passes)
                 self._pass_rows = False
                 continue
             self._pass_rows = True
@@ -283,6 +286,7 @@ class OfflineRunners:
         the read in this process resumes exactly (docs/offline.md)."""
         position = positions[self.policy_id]
         self._pass.close()
+        self._passes.close()
         self.passes = position.passes
         self._rng.bit_generator.state = position.seeds_state
         self._pass_seed = position.pass_seed
@@ -292,7 +296,7 @@ class OfflineRunners:
             if position.carried is None
             else SampleBatch.from_checked_rows(columns_from_leaves(position.carried))
         )
-        self._pass = self.dataset_batches(self._pass_seed, resume=position.in_pass)
+        self._passes, self._pass = self._read_passes(resume=position.in_pass)
 
     def _identity(self) -> dict:
         return {
@@ -304,19 +308,24 @@ class OfflineRunners:
             "chunk_rows": CHUNK_ROWS,  # a pass's position counts chunks of this many rows
         }
 
-    def dataset_batches(self, seed: int, resume: PassPosition | None = None) -> BatchStream:
-        """One pass over the training rows, shuffled by `seed` (from `resume` on)."""
+    def _read_passes(
+        self, resume: PassPosition | None = None
+    ) -> tuple[Generator[BatchStream, None, None], BatchStream]:
+        """(the passes over the training rows, the first of them): one iter_passes from
+        the pass of _pass_seed (from `resume` on), each next pass shuffled by the seed
+        _rng draws when that pass starts."""
         experiences = Experiences({self.policy_id: self.dataset})
-        return experiences.iter_batches(
+        passes = experiences.iter_passes(
             self.rows_per_sample,
+            seeds=_seeds_ahead(self._pass_seed, copy.deepcopy(self._rng)),
             policy_id=self.policy_id,
             shuffle_buffer_size=self.shuffle_buffer_size,
-            seed=seed,
             num_readers=self.num_readers,
             row_filter=None if self.held_out is None else self._training_rows,
             transform=None if self.policy is None else self._postprocess,
             resume=resume,
         )
+        return passes, next(passes)
 
     def _check_postprocessing(self, policy_cls: type, config: Any) -> None:
         """The policy's postprocessing of the first logged episode, before any training:
@@ -381,4 +390,16 @@ class OfflineRunners:
         """Nothing to wait for: the files are open already."""
 
     def stop(self) -> None:
+        """Closes the pass and the one read ahead: no read left running."""
         self._pass.close()
+        self._passes.close()
+
+
+def _seeds_ahead(seed: int, ahead: np.random.Generator) -> Iterator[int]:
+    """`seed`, then the seeds the run's generator draws at each pass's start, drawn from
+    `ahead`, a copy of it: iter_passes asks for a pass's seed one pass early (to start
+    its read), while the run's generator, which a read position keeps, must stand where
+    it stood in that pass (resume: the next pass's seed drawn from it again)."""
+    while True:
+        yield seed
+        seed = int(ahead.integers(2**31))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import glob
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -167,7 +167,7 @@ class Experiences:
         row_filter: Callable[[SampleBatch], np.ndarray] | None = None,
         transform: Callable[[SampleBatch], SampleBatch] | None = None,
         resume: PassPosition | None = None,
-    ) -> Iterator[BatchStream]:
+    ) -> Generator[BatchStream, None, None]:
         """Pass after pass, one per seed: each the BatchStream `iter_batches` gives for
         it (`resume`: the first's). Through Ray Data (Parquet, `num_readers` > 0) a
         pass's read starts when the pass before it is handed out, so that its fixed
