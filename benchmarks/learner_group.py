@@ -70,6 +70,8 @@ def measure(spec: dict, base: dict):
         )
         valid = batch.count * epochs
         last = {}
+        if spec["learners"] > 1:  # before the step's first trace, so the probe need not retrace it
+            ray.get([a.foreach_policy.remote(record_all_reduces) for a in group.actors])
 
         def whole_epochs():
             group.load_batch_into_buffer(batch)
@@ -102,6 +104,43 @@ def measure(spec: dict, base: dict):
         ray.shutdown()
 
 
+# In a learner's process: per collective group, the tensors its step sums across
+# learners (as the step's last all-reduce packs them), recorded while the step is traced
+SUMMED_AT_TRACE: dict[int, list] = {}
+
+
+def record_all_reduces(policy) -> list:
+    """From now until stop_recording, every trace of the policy's step records the
+    tensors it all-reduces in SUMMED_AT_TRACE (the list returned). Only the group
+    instance changes, and only at trace time: the compiled step is the same."""
+    import tensorflow as tf
+
+    group = policy.towers.collective_group
+    summed = SUMMED_AT_TRACE.setdefault(id(group), [])
+
+    def sum_recorded(tensors):
+        if tf.inside_function():
+            summed[:] = list(tensors)
+        return type(group).all_reduce_sum(group, tensors)
+
+    def weighted_mean_recorded(tensors, weight):
+        if tf.inside_function():
+            summed[:] = [tf.reshape(weight, [1])] + list(tensors)  # the buffer it packs
+        return type(group).all_reduce_weighted_mean(group, tensors, weight)
+
+    # on this instance only (the step calls one or the other)
+    group.all_reduce_sum = sum_recorded
+    group.all_reduce_weighted_mean = weighted_mean_recorded
+    return summed
+
+
+def stop_recording(group) -> None:
+    """The group's own all-reduces again (for copies of it and later traces)."""
+    for name in ("all_reduce_sum", "all_reduce_weighted_mean"):
+        group.__dict__.pop(name, None)
+    SUMMED_AT_TRACE.pop(id(group), None)
+
+
 def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     """Inside one learner (every learner runs it at once, in step): per round, ms per
     all-reduce of the whole-epoch loop with the collective, of the same loop on a
@@ -111,22 +150,13 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
 
     towers = policy.towers
     group = towers.collective_group
-    summed: list = []  # at trace time: the tensors the step sums across learners
-
-    def sum_recorded(tensors):
-        summed[:] = list(tensors)
-        return type(group).all_reduce_sum(group, tensors)
-
-    def weighted_mean_recorded(tensors, weight):
-        summed[:] = [tf.reshape(weight, [1])] + list(tensors)  # the buffer it packs
-        return type(group).all_reduce_weighted_mean(group, tensors, weight)
-
-    # on this instance only, for the next trace (the step calls one or the other)
-    group.all_reduce_sum = sum_recorded
-    group.all_reduce_weighted_mean = weighted_mean_recorded
-    towers.set_collective_group(group)
+    summed = SUMMED_AT_TRACE.pop(id(group), [])
+    retraced = not summed
+    if retraced:  # the step was traced before record_all_reduces: trace it again
+        summed = record_all_reduces(policy)
+        towers.set_collective_group(group)
     steps = policy.learn_on_loaded_epochs(num_epochs)["num_sgd_steps"]
-    del group.all_reduce_sum, group.all_reduce_weighted_mean
+    stop_recording(group)
     if not summed:
         raise RuntimeError("the step ran no all-reduce this probe could see")
     solo = type(policy)(policy.observation_space, policy.action_space, policy.config)
@@ -175,6 +205,7 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
         tensors=len(summed),
         dtypes=sorted({t.dtype.name for t in summed}),
         cpu_by_thread=cpu_by_thread,
+        retraced_step=retraced,  # False: recorded at the step's first trace, as measure() asks
     )
 
 

@@ -194,6 +194,10 @@ def test_gpu_benchmarks_script_smoke(tmp_path):
         assert printed[name] and not [r for r in printed[name] if "error" in r], name
         assert json.loads((tmp_path / f"{name}.json").read_text())["meta"]["smoke"] is True
     assert {"mlp", "lstm", "cnn"} <= {r.get("model") for r in printed["learner"]}
+    # the all-reduce probe found the step's collective tensors at its first trace
+    (probe,) = [r for r in printed["learner_group"] if "per_learner" in r]
+    assert probe["tensors"] > 0 and probe["elements"] > 0
+    assert [p["retraced_step"] for p in probe["per_learner"]] == [False, False]
 
 
 @pytest.mark.slow
