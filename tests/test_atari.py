@@ -183,3 +183,20 @@ def test_a_vector_fragment_lines_up_each_sub_env_s_frames_actions_and_rewards():
     rewards = batch[SampleBatch.REWARDS]
     assert set(np.unique(rewards)) <= {-1.0, 0.0, 1.0} and (rewards == -1).sum() >= 2
     np.testing.assert_allclose(again, batch[SampleBatch.ACTION_LOGP], atol=1e-5)
+
+
+def test_the_tuned_pong_ppo_config_is_a_valid_ppo_run_config():
+    """algorithms/tuned/pong_ppo.yaml (the Pong config that learned here) parses as a PPO run
+    on the 42x42 frames, sampling in the driver."""
+    from pathlib import Path
+
+    import yaml
+
+    from algorithms.ppo import PPO
+    from policy_service.cli.run_config import validate_config
+
+    path = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "pong_ppo.yaml"
+    config = validate_config(PPO, yaml.safe_load(path.read_text()))
+    assert config["env"] == PONG and config["preprocessor_pref"] == "deepmind"
+    assert config["env_config"]["frameskip"] == 1 and config["model"]["dim"] == 42
+    assert config["train_batch_size"] == 8 * config["rollout_fragment_length"]
