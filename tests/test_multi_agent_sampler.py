@@ -178,6 +178,33 @@ def test_a_policys_rows_come_by_sub_env_then_episode_then_agent_each_in_time_ord
         np.testing.assert_array_equal(rows[SampleBatch.T][run], np.arange(len(run)))
 
 
+class ReusedArraysEnv(TwoMapsEnv):
+    """TwoMapsEnv writing each agent's obs into the same array every step, as envs that
+    keep a buffer do."""
+
+    def _obs(self) -> dict:
+        fresh = super()._obs()
+        if not hasattr(self, "_buffers"):
+            self._buffers = {agent: np.zeros_like(o) for agent, o in fresh.items()}
+        for agent, o in fresh.items():
+            self._buffers[agent][:] = o
+        return {agent: self._buffers[agent] for agent in fresh}
+
+
+def test_next_obs_is_each_steps_own_when_the_env_reuses_its_arrays():
+    """Each row's new_obs is the obs the env gave at that step, kept before the env writes
+    the next one over it: within an episode it equals the next row's obs."""
+    worker, _ = sampler(ReusedArraysEnv(), {"shared": None}, lambda a, e, **kw: "shared", 6)
+    rows = worker.sample()[0].policy_batches["shared"]
+    same = (rows[SampleBatch.EPS_ID][1:] == rows[SampleBatch.EPS_ID][:-1]) & (
+        rows[SampleBatch.AGENT_INDEX][1:] == rows[SampleBatch.AGENT_INDEX][:-1]
+    )
+    assert same.sum() >= 8
+    for i in np.flatnonzero(same):
+        np.testing.assert_array_equal(rows[SampleBatch.NEXT_OBS][i], rows[SampleBatch.OBS][i + 1])
+    assert len({row.tobytes() for row in rows[SampleBatch.NEXT_OBS]}) > 2  # cues vary
+
+
 def test_an_agent_outside_possible_agents_is_one_line_naming_it():
     class StrayRewardEnv(TwoMapsEnv):
         def step(self, action_dict):

@@ -371,8 +371,8 @@ class MultiAgentSampler:
                 self._unroll_ids.append(0)
             rows = self._rows[self._policy[slot]]
             has_next = agent in new_obs
-            if has_next:
-                rows.next_obs.append(new_obs[agent])
+            if has_next:  # a copy: an env may write its next obs into the same arrays
+                rows.next_obs.append(tree.map_structure(np.array, new_obs[agent]))
             reward = self._reward[slot]
             rows.closed.append(
                 (
