@@ -99,6 +99,7 @@ def test_a_replacement_gets_the_latest_and_then_only_what_it_missed(ray_sync):
     sync.take({"w": np.full(1, 5.0)}, 5)
     sync.ref()
     sync.catch_up("slot", receiver)  # started with 4, now 5: sent
+    sync.catch_up("acts elsewhere", receiver)  # never recorded (acting through a PolicyActor)
     sync.check_acks()
     versions = [version for _, version, _ in ray.get(receiver.received.remote())]
     assert versions == [3, 5]

@@ -598,9 +598,10 @@ class EnvRunnerGroup:
 
     def _ready(self, slot: int, worker) -> ray.ObjectRef:
         """A ref that resolves once the new worker in `slot` is up and acting with the
-        latest weights (their version kept: newer ones go to it when installed)."""
+        latest weights (their version kept: newer ones go to it when installed). Acting
+        through the PolicyActor, it is sent none: that actor holds them, and a copy
+        passed on by the worker could land after a newer sync."""
         if self.policy_actor is not None:
-            self.weight_sync.replacement_started(slot)
             return worker.ping.remote()
         sent = self.weight_sync.send_to_replacement(slot, worker)
         return worker.ping.remote() if sent is None else sent

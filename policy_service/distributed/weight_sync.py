@@ -53,11 +53,11 @@ class WeightSync:
     def take(self, weights: Any, version: Any = None, num_grad_updates: int | None = None) -> int:
         """These weights are the latest from now on -> their version (`next_version`
         of the last; 0 before any). Nothing is sent or put yet."""
-        self.version = next_version(self.version or 0, version)
-        self.weights = {**(self.weights or {}), **weights} if self.by_policy else weights
-        self.num_grad_updates = num_grad_updates
+        new_version = next_version(self.version or 0, version)
+        latest = {**(self.weights or {}), **weights} if self.by_policy else weights
+        self.version, self.weights, self.num_grad_updates = new_version, latest, num_grad_updates
         self._ref = None
-        return self.version
+        return new_version
 
     def ref(self) -> ray.ObjectRef | None:
         """The latest weights in the object store, put once per `take` (None: none yet)."""
@@ -107,7 +107,9 @@ class WeightSync:
     def catch_up(self, key: Any, receiver) -> None:
         """The replacement for `key` takes its place: weights taken since it started go
         to it, not waited for."""
-        started_with = self._started_with.pop(key, None)
+        if key not in self._started_with:  # none recorded: it needs none (acting elsewhere)
+            return
+        started_with = self._started_with.pop(key)
         if started_with != self.version and self._ref is not None:
             self.expect(self.send([receiver]))
 

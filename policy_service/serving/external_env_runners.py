@@ -69,7 +69,7 @@ class ExternalEnvRunners:
 
         self.observation_space, self.action_space = observation_space, action_space
         self.workers: list = []
-        self.num_restarts = 0  # replicas Serve replaced (seen by a weights version gone back)
+        self.num_restarts = 0  # replicas Serve replaced (seen by a new replica id)
         self.address = address
         self.rollout_fragment_length = int(rollout_fragment_length)
         # the latest weights and their version, for a replica Serve replaced (a Serve
