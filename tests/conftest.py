@@ -123,7 +123,9 @@ def ray_local(request):
     (single- and multi-agent) and policies pickled by value so Ray workers need not
     import them. A module may set RAY_RESOURCES, e.g. {"num_gpus": 1}: Ray then
     advertises a GPU that no device backs; FRESH_RAY = True starts a Ray of its own
-    (a module whose placement groups need every CPU of it, as Tune trials do)."""
+    (a module whose placement groups need every CPU of it, as Tune trials do);
+    PICKLE_BY_VALUE = True sends the module's own actors and functions by value too
+    (workers cannot import a test module)."""
     import envs
     import fakes
     import multi_agent_envs
@@ -132,10 +134,13 @@ def ray_local(request):
     SHARED_RAY.enter(
         getattr(request.module, "RAY_RESOURCES", {}), getattr(request.module, "FRESH_RAY", False)
     )
-    for module in (envs, fakes, multi_agent_envs):
+    by_value = [envs, fakes, multi_agent_envs]
+    if getattr(request.module, "PICKLE_BY_VALUE", False):
+        by_value.append(request.module)
+    for module in by_value:
         ray.cloudpickle.register_pickle_by_value(module)
     yield
-    for module in (envs, fakes, multi_agent_envs):
+    for module in by_value:
         ray.cloudpickle.unregister_pickle_by_value(module)
 
 

@@ -8,7 +8,6 @@ and a spent budget one line naming the actor, its deaths and the budget's key.
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 import ray
@@ -25,13 +24,8 @@ from policy_service.distributed.actor_pool import (
 )
 from policy_service.errors import RunFailure
 
-
-@pytest.fixture(scope="module")
-def ray_pool(ray_local):
-    """Ray with this module's actor pickled by value (workers cannot import it)."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+# ray_local sends this module's actors by value: workers cannot import it
+PICKLE_BY_VALUE = True
 
 
 @ray.remote(num_cpus=0)
@@ -101,7 +95,7 @@ def set_value(value: int, member) -> None:
 PER_CALL = RestartBudget(per_call=2, per_call_key="max_restarts_per_read")
 
 
-def test_gather_tells_a_death_from_the_actors_own_error_and_a_hang(ray_pool):
+def test_gather_tells_a_death_from_the_actors_own_error_and_a_hang(ray_local):
     alive, dead, hung = Counter.remote(), Counter.remote(), Counter.remote()
     ray.get([alive.set.remote(3), dead.get.remote(), hung.get.remote()])
     kill(dead)
@@ -119,7 +113,7 @@ def test_gather_tells_a_death_from_the_actors_own_error_and_a_hang(ray_pool):
         ray.kill(actor)
 
 
-def test_a_killed_member_is_replaced_made_whole_and_the_call_made_again(ray_pool):
+def test_a_killed_member_is_replaced_made_whole_and_the_call_made_again(ray_local):
     pool = counters_pool()
     try:
         ray.get(pool.member().set.remote(7))
@@ -140,7 +134,7 @@ def test_a_killed_member_is_replaced_made_whole_and_the_call_made_again(ray_pool
         pool.stop()
 
 
-def test_a_replacement_started_in_the_background_is_kept_by_the_pool_until_up(ray_pool):
+def test_a_replacement_started_in_the_background_is_kept_by_the_pool_until_up(ray_local):
     budget = RestartBudget(per_call=2, per_call_key="max_restarts_per_read")
     pool = counters_pool(deaths_starting=1)
     try:
@@ -163,7 +157,7 @@ def test_a_replacement_started_in_the_background_is_kept_by_the_pool_until_up(ra
         pool.stop()
 
 
-def test_a_replacement_dying_as_it_starts_is_counted_and_tried_again(ray_pool):
+def test_a_replacement_dying_as_it_starts_is_counted_and_tried_again(ray_local):
     pool = counters_pool(deaths_starting=1)
     try:
         kill(pool.member())
@@ -176,7 +170,7 @@ def test_a_replacement_dying_as_it_starts_is_counted_and_tried_again(ray_pool):
         pool.stop()
 
 
-def test_a_replacement_waited_for_that_dies_starting_is_the_next_attempt(ray_pool):
+def test_a_replacement_waited_for_that_dies_starting_is_the_next_attempt(ray_local):
     pool = counters_pool(deaths_starting=1)
     try:
         dead = pool.member()
@@ -191,7 +185,7 @@ def test_a_replacement_waited_for_that_dies_starting_is_the_next_attempt(ray_poo
         pool.stop()
 
 
-def test_a_spent_budget_is_one_line_naming_the_actor_its_deaths_and_the_key(ray_pool):
+def test_a_spent_budget_is_one_line_naming_the_actor_its_deaths_and_the_key(ray_local):
     pool = counters_pool(deaths_starting=5)  # every replacement dies starting
     try:
         kill(pool.member())
@@ -214,7 +208,7 @@ def test_a_spent_budget_is_one_line_naming_the_actor_its_deaths_and_the_key(ray_
         pool.stop()
 
 
-def test_the_budget_in_all_counts_across_calls_and_a_stopped_pool_is_no_death(ray_pool):
+def test_the_budget_in_all_counts_across_calls_and_a_stopped_pool_is_no_death(ray_local):
     budget = RestartBudget(
         per_call=2, per_call_key="max_restarts_per_read", in_all=1, in_all_key="max_reads_in_all"
     )
@@ -244,7 +238,7 @@ def test_the_budget_in_all_counts_across_calls_and_a_stopped_pool_is_no_death(ra
         pool.stop()
 
 
-def test_a_call_is_made_again_while_its_actor_restarts_then_ends_in_the_callers_line(ray_pool):
+def test_a_call_is_made_again_while_its_actor_restarts_then_ends_in_the_callers_line(ray_local):
     def gone(error: BaseException) -> CounterFailure:
         return CounterFailure(f"the counter did not answer in 3 attempts: {type(error).__name__}")
 

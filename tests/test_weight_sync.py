@@ -7,21 +7,14 @@ the weights it missed.
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 import pytest
 import ray
 
 from policy_service.distributed.weight_sync import WeightSync, next_version
 
-
-@pytest.fixture(scope="module")
-def ray_sync(ray_local):
-    """Ray with this module's actor pickled by value (workers cannot import it)."""
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    yield
-    ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+# ray_local sends this module's actors by value: workers cannot import it
+PICKLE_BY_VALUE = True
 
 
 @ray.remote(num_cpus=0)
@@ -49,7 +42,7 @@ def test_next_version_takes_the_given_one_or_adds_one():
         next_version(4, -1)
 
 
-def test_every_receiver_reads_one_object_store_copy(ray_sync, monkeypatch):
+def test_every_receiver_reads_one_object_store_copy(ray_local, monkeypatch):
     sync = WeightSync()
     assert sync.take({"w": np.ones(3)}) == 1 and sync.take({"w": np.full(3, 2.0)}, 7, 40) == 7
     puts = []
@@ -71,7 +64,7 @@ def test_policy_weights_merge_into_the_latest():
     assert sync.weights == {"a": {"w": 1}, "b": {"w": 3}}
 
 
-def test_a_receivers_error_is_raised_by_the_next_check(ray_sync):
+def test_a_receivers_error_is_raised_by_the_next_check(ray_local):
     sync = WeightSync()
     sync.take({"w": np.zeros(2)}, 13)
     refs = sync.send([Receiver.remote()])
@@ -82,7 +75,7 @@ def test_a_receivers_error_is_raised_by_the_next_check(ray_sync):
     sync.check_acks()  # raised once: nothing left to raise
 
 
-def test_a_replacement_gets_the_latest_and_then_only_what_it_missed(ray_sync):
+def test_a_replacement_gets_the_latest_and_then_only_what_it_missed(ray_local):
     sync = WeightSync()
     receiver = Receiver.remote()
     sync.replacement_started("slot")
