@@ -236,6 +236,7 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, t
     try:
         result = algo.train()
         assert all(f"{p}/total_loss" in result for p in POLICY_IDS), sorted(result)
+        algo.pause_sampling()  # no update between the save and reading what it saved
         algo.save(str(tmp_path))
         groups = algo.async_learners().groups
         saved = {p: groups[p].get_weights() for p in POLICY_IDS}
