@@ -142,18 +142,20 @@ def test_cartpole_with_a_users_lazy_model_in_ray_actors(actors):
     assert last["episode_return_mean"] >= CARTPOLE_LEARNED
 
 
-def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead_one():
+def test_ppo_with_two_learner_actors_learns_cartpole_and_survives_a_dead_one():
     """The tuned CartPole config, its learner split over two actors: each step's
-    gradient is the whole minibatch's, so it learns as one learner does; a
+    gradient is the whole minibatch's, so it learns as one learner does (to
+    CARTPOLE_LEARNED within 150k steps, as test_cartpole_learns_within_150k_steps); a
     learner killed mid-run is replaced from the driver's copy and the iteration
-    retried."""
+    retried, and the run reaches the return after the replacement."""
     config = yaml.safe_load((TUNED / "cartpole_ppo.yaml").read_text())
     config.update(seed=0, num_learners=2, num_cpus_per_learner=0.5)
     algo = PPO(config)
     start, history = time.perf_counter(), []
     try:
         while not history or (
-            history[-1]["episode_return_mean"] < 450 and history[-1]["timesteps_total"] < 150_000
+            (history[-1]["episode_return_mean"] < CARTPOLE_LEARNED or len(history) <= 5)
+            and history[-1]["timesteps_total"] < 150_000
         ):
             if len(history) == 5:
                 ray.kill(algo.learners.actors[1])
@@ -169,5 +171,5 @@ def test_ppo_with_two_learner_actors_reaches_450_on_cartpole_and_survives_a_dead
     )
     assert last["num_learners"] == 2
     assert history[4]["num_learner_restarts"] == 0 and last["num_learner_restarts"] == 1
-    assert last["episode_return_mean"] >= 450
+    assert last["episode_return_mean"] >= CARTPOLE_LEARNED
     assert last["timesteps_total"] <= 150_000
