@@ -712,53 +712,48 @@ def _is_loopback(host: str) -> bool:
     )
 
 
-@pytest.mark.slow  # a whole run with three kinds of actors
-def test_a_run_with_env_runners_a_learner_and_the_policy_actor_listens_on_loopback_only(
-    tmp_path,
-):
-    run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "policy_service.cli.commands", "train", "ppo", "--env"]
-        + ["CartPole-v1", "--num-env-runners", "1", "--num-learners", "1", "--set"]
-        + ["remote_inference=true", "--set", "num_cpus_per_learner=0.5", "--stop-iters", "2"]
-        + [*TINY, "--output-dir", str(run_dir)],  # 0.5 + 1 + 0.5 CPUs: the 2 cores held
-        env=subprocess_env(),
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        progress = run_dir / "progress.jsonl"
-        while not (progress.exists() and progress.read_text().strip()):
-            assert process.poll() is None, process.communicate()[1][-2000:]
-            time.sleep(0.1)
-        sockets = _listening_sockets([process.pid, *descendants(process.pid)])
-        _, err = process.communicate(timeout=300)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 0, err[-2000:]
-    names = {name for _, _, name in sockets}
-    assert {"gcs_server", "raylet"} <= names and len(sockets) >= 5, sockets
-    assert [s for s in sockets if not _is_loopback(s[0])] == []
-
-
 # ----- scripts/soak.py at a tiny size ------------------------------------------------------
 
 
-def _soak(*args: str, timeout_s: float = 600) -> tuple[int, list]:
-    """(exit code, JSON records, then the last lines of stderr when it failed)."""
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "soak.py"), *args],
-        cwd=REPO,
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-    )
-    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode:
-        records.append({"stderr": done.stderr.splitlines()[-5:]})
-    return done.returncode, records
+def _soak(*args: str, timeout_s: float = 600, at_first_record=None) -> tuple[int, list]:
+    """(exit code, JSON records, then the last lines of stderr when it failed).
+    at_first_record(pid) is called when soak.py (process pid) prints its first record."""
+    with tempfile.TemporaryFile("w+") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, str(REPO / "scripts" / "soak.py"), *args],
+            cwd=REPO,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+        timed_out = threading.Event()
+
+        def time_out() -> None:
+            timed_out.set()
+            process.kill()
+
+        timer = threading.Timer(timeout_s, time_out)
+        timer.start()
+        try:
+            assert process.stdout is not None
+            records = []
+            for line in process.stdout:
+                if line.startswith("{"):
+                    records.append(json.loads(line))
+                    if at_first_record is not None and len(records) == 1:
+                        at_first_record(process.pid)
+            code = process.wait()
+        finally:
+            timer.cancel()
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        assert not timed_out.is_set(), f"soak.py still running after {timeout_s} s: {records}"
+        if code:
+            stderr.seek(0)
+            records.append({"stderr": stderr.read().splitlines()[-5:]})
+    return code, records
 
 
 def test_soak_rss_growth_is_measured_from_the_end_of_the_warm_up():
@@ -809,7 +804,11 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
     kills it cost several minutes more and proved nothing more. The learner's first kill
     comes with the PolicyActor's at 40 s: at 60 s, it kept the run going long after PPO
     had reached 150. Shorter periods kill in every iteration of a slow machine, each
-    restart making the next iteration slower."""
+    restart making the next iteration slower.
+    The run's processes (Ray's, the env runners, the learner and the PolicyActor) listen
+    on loopback only, seen once its first iteration is logged (a run of these actors
+    once had a test of its own for it, 31 s in CI)."""
+    sockets: list[tuple[str, int, str]] = []
     code, records = _soak(
         "ppo",
         "--stop-reward",
@@ -825,7 +824,11 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
         "--max-seconds",
         "780",  # within pytest's 900 s
         timeout_s=850,
+        at_first_record=lambda pid: sockets.extend(_listening_sockets([pid, *descendants(pid)])),
     )
+    names = {name for _, _, name in sockets}
+    assert {"gcs_server", "raylet"} <= names and len(sockets) >= 5, sockets
+    assert [s for s in sockets if not _is_loopback(s[0])] == []
     result = records[-1]
     assert code == 0 and result["summary"] and result["stop_reason"] == "reward", records
     assert result["episode_return_mean"] >= 150
