@@ -141,16 +141,6 @@ def one_iteration(algo, config: dict) -> tuple[dict, dict, dict]:
 
 
 @pytest.mark.slow
-def test_one_dqn_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
-    config = dqn_config(tmp_path, **ONE_ITERATION)
-    result, before, after = one_iteration(DQN(config), config)
-    assert result["timesteps_total"] >= 300 and result["episodes_this_iter"] >= 1
-    assert result["replay_buffer_size"] == result["timesteps_total"]  # every step kept
-    assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
-    assert result["cur_epsilon"] < 1.0  # the server's schedule moved with the steps
-
-
-@pytest.mark.slow
 def test_one_td3_iteration_learns_on_replayed_client_steps(ray_local, tmp_path):
     """TD3 (deterministic actions plus clipped noise, Box) from a Pendulum client."""
     small = {"actor_hiddens": [32], "critic_hiddens": [32]}
@@ -176,7 +166,10 @@ def random_policy_return(env_id: str = "CartPole-v1", episodes: int = 100) -> fl
 
 
 @pytest.mark.slow
-def test_dqn_learns_cartpole_from_four_client_processes(ray_local, tmp_path):
+def test_dqn_learns_cartpole_from_four_client_processes_replaying_every_step(ray_local, tmp_path):
+    """DQN's replay buffer holds every step the clients played, it learns on them, its
+    epsilon schedule moves with them, and it learns CartPole. (A test of one iteration
+    from one client checked the first three apart, building the same DQN and server.)"""
     random_return = random_policy_return()  # ~22
     target = 4 * random_return
     # the tuned CartPole config (algorithms/tuned/cartpole_dqn.yaml), its 256-step rounds
@@ -198,24 +191,30 @@ def test_dqn_learns_cartpole_from_four_client_processes(ray_local, tmp_path):
             "epsilon_timesteps": 5000,
         },
     )
-    result = trained_by_four_clients(DQN(config), config, target, 15_000)
+    result, before, after = trained_by_four_clients(DQN(config), config, target, 15_000)
     print(
         f"\nexternal DQN: 20-episode mean {result['episode_return_mean']:.1f} after "
         f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
         f"random policy {random_return:.1f}"
     )
+    assert result["replay_buffer_size"] == result["timesteps_total"]  # every step kept
+    assert result["num_sgd_steps_total"] > 0 and weights_differ(before, after)
+    assert result["cur_epsilon"] < 1.0  # the server's schedule moved with the steps
     assert result["episode_return_mean"] >= target
 
 
-def trained_by_four_clients(algo, config: dict, target: float, max_steps: int) -> dict:
+def trained_by_four_clients(
+    algo, config: dict, target: float, max_steps: int
+) -> tuple[dict, dict, dict]:
     """algo trained from 4 client processes until its mean return reaches target or
-    max_steps env steps -> its last result."""
+    max_steps env steps -> (its last result, its weights before, after)."""
     procs = playing(config, 4)
     try:
+        before = algo.get_policy().get_weights()
         while True:
             result = algo.train()
             if result["episode_return_mean"] >= target or result["timesteps_total"] >= max_steps:
-                return result
+                return result, before, algo.get_policy().get_weights()
     finally:
         for proc in procs:
             proc.kill()
@@ -232,7 +231,7 @@ def test_sac_learns_pendulum_from_four_client_processes(ray_local, tmp_path):
     # the tuned config (algorithms/tuned/pendulum_sac.yaml: -133 after 8k env steps)
     tuned = yaml.safe_load((REPO / "algorithms" / "tuned" / "pendulum_sac.yaml").read_text())
     config = external_config(tmp_path, **tuned)
-    result = trained_by_four_clients(SAC(config), config, target, 20_000)
+    result, _, _ = trained_by_four_clients(SAC(config), config, target, 20_000)
     print(
         f"\nexternal SAC: 10-episode mean {result['episode_return_mean']:.1f} after "
         f"{result['timesteps_total']} steps ({result['time_total_s']:.0f} s); "
