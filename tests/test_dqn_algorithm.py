@@ -151,10 +151,12 @@ def test_epsilon_falls_with_the_runs_env_steps():
 @pytest.fixture(scope="module")
 def mid_run(tmp_path_factory):
     """Two iterations, a save, a restore of it and a third: the checkpoint and what
-    followed the restore (every restore of it trains on alike)."""
+    followed the restore (every restore of it trains on alike), and the weights after
+    the two iterations (one device's, for the towers test)."""
     path = tmp_path_factory.mktemp("dqn") / "ckpt"
     algo, _ = run(SMALL, 2)
     try:
+        two_iterations = algo.get_policy().get_weights()
         algo.save(str(path))
         algo.restore(str(path))
         third = algo.train()
@@ -164,6 +166,7 @@ def mid_run(tmp_path_factory):
             "replay": algo.replay.get_state(),
             "metrics": third,
             "timestep": algo.env_runners.local_worker.policy.global_timestep,
+            "two_iterations": two_iterations,
         }
         after["replay"] = {
             "meta": after["replay"]["meta"],
@@ -246,12 +249,10 @@ def test_a_replay_state_that_does_not_fit_is_one_line_and_changes_nothing(mid_ru
 # ----- towers, workers, config --------------------------------------------------------------
 
 
-def test_two_fake_gpu_towers_take_the_steps_of_one_device():
-    one, _ = run(dict(SMALL, **fake_gpus(0)), 2)
-    try:
-        weights = one.get_policy().get_weights()
-    finally:
-        one.stop()
+def test_two_fake_gpu_towers_take_the_steps_of_one_device(mid_run):
+    _, one = mid_run  # SMALL's run: one device, the same seed
+    assert one["metrics"]["num_learner_towers"] == 1
+    weights = one["two_iterations"]
     two, history = run(dict(SMALL, **fake_gpus(2)), 2)
     try:
         assert history[-1]["num_learner_towers"] == 2
