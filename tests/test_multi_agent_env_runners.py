@@ -156,8 +156,13 @@ def assert_weights_equal(got: dict, want: dict) -> None:
             np.testing.assert_array_equal(got[policy_id][name], value)
 
 
-@pytest.mark.slow  # two multi-agent runner actors: ~12 s here
-def test_env_runner_actors_sample_every_policy_and_take_weights_by_policy(group):
+@pytest.mark.slow  # two multi-agent runner actors, one started again: ~30 s here
+def test_env_runner_actors_sample_every_policy_take_weights_by_policy_and_are_replaced_with_them(
+    group,
+):
+    """One group for both claims (each group start costs its two actors): the runners
+    sample every policy and take weights by policy; then a killed one is replaced
+    with every policy's latest weights."""
     batch, metrics = group.sample()
     assert batch.env_steps() == metrics["env_steps"] == 2 * 2 * 8
     assert metrics["agent_steps"] == batch.agent_steps() == 2 * 32
@@ -169,10 +174,8 @@ def test_env_runner_actors_sample_every_policy_and_take_weights_by_policy(group)
     for got in ray.get([w.get_weights.remote() for w in group.workers]):
         assert_weights_equal(got, weights)
 
-
-@pytest.mark.slow  # a killed runner's replacement starts: ~21 s here
-def test_a_dead_env_runner_is_replaced_with_every_policys_latest_weights(group):
-    weights = shifted(ray.get(group.workers[0].get_weights.remote()), 0.25)
+    # a dead runner is replaced with every policy's latest weights
+    weights = shifted(weights, 0.25)
     group.sync_weights(weights, 8)
     before, victim = group.num_restarts, group.workers[1]
     ray.kill(victim)
