@@ -128,8 +128,14 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_pg_group
     assert group.weights_identical()
 
 
-@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
-def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(start_pg_group):
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs, saved and restored: ~30 s here
+def test_loaded_epochs_step_through_every_learner_and_update_reports_saves_and_restores(
+    start_pg_group, tmp_path
+):
+    """One group of minibatches of 16 for both (each start costs two learner actors):
+    loaded epochs step through the group's minibatches in every learner as one device
+    does; then update reports the valid samples it trained on, and the group saves
+    and restores."""
     group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
     one = one_device()
     same_start(group, one)
@@ -154,33 +160,9 @@ def test_loaded_epochs_step_through_the_groups_minibatches_in_every_learner(star
     state = group.get_state()
     assert state["num_grad_updates"] == 17
 
-
-@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
-def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_pg_group):
-    group = start_pg_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
-    one = one_device()
-    same_start(group, one)
-    batch = mlp_batch(30, seed=4)
-    assert group.load_batch_into_buffer(batch) == 32  # 4 minibatches of 8: 2 steps
-    for offset in (0, 16):
-        s_group = group.learn_on_loaded_batch(offset)
-        s_one = one.learn_on_batch(batch[offset : offset + 16])
-        assert s_group["valid_rows"] == s_one["valid_rows"]
-        assert_weights_close(one.get_weights(), group.get_weights())
-    stats = group.learn_on_loaded_epochs(1, shuffle=False)
-    assert stats["num_sgd_steps"] == 2
-    for offset in (0, 16):
-        one.learn_on_batch(batch[offset : offset + 16])
-    assert_weights_close(one.get_weights(), group.get_weights())
-
-
-@pytest.mark.slow  # 2 learner actors x 2 fake GPUs, saved and restored: ~25 s here
-def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
-    start_pg_group, tmp_path
-):
-    group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
+    # update: from the group's state now, optimizer included, in a one-device policy
     one = one_device(minibatch_size=16)
-    same_start(group, one)
+    one.set_state(state)
     batch = mlp_batch(60)  # 64 rows loaded: 4 padded ones are stepped over, not counted
     stats = group.update(batch)
     assert stats["num_samples_trained"] == 60
@@ -204,6 +186,25 @@ def test_update_reports_the_valid_samples_it_trained_on_and_saves_and_restores(
         group.restore(str(tmp_path / "learner"))
     with pytest.raises(ValueError, match="num_epochs must be None or >= 1, got 0"):
         group.update(batch, num_epochs=0)
+
+
+@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
+def test_accumulated_minibatches_equal_one_step_on_them_concatenated(start_pg_group):
+    group = start_pg_group(minibatch_size=8, num_grad_accumulation_steps=2, **TWO_BY_TWO)
+    one = one_device()
+    same_start(group, one)
+    batch = mlp_batch(30, seed=4)
+    assert group.load_batch_into_buffer(batch) == 32  # 4 minibatches of 8: 2 steps
+    for offset in (0, 16):
+        s_group = group.learn_on_loaded_batch(offset)
+        s_one = one.learn_on_batch(batch[offset : offset + 16])
+        assert s_group["valid_rows"] == s_one["valid_rows"]
+        assert_weights_close(one.get_weights(), group.get_weights())
+    stats = group.learn_on_loaded_epochs(1, shuffle=False)
+    assert stats["num_sgd_steps"] == 2
+    for offset in (0, 16):
+        one.learn_on_batch(batch[offset : offset + 16])
+    assert_weights_close(one.get_weights(), group.get_weights())
 
 
 @pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
