@@ -336,26 +336,27 @@ class NamespaceCluster:
                 node.process.wait(timeout=10)
 
     def stop(self) -> None:
-        """End every process of every node (workers first, head last), then delete the
-        namespaces, which takes their veths and the bridge with them. Idempotent."""
-        for node in reversed(self.nodes):
-            if node.namespace in self._made:
-                self._terminate(node)
+        """End every process of every node, then delete the namespaces, which takes
+        their veths and the bridge with them. Idempotent."""
+        self._terminate([node for node in self.nodes if node.namespace in self._made])
         for name in reversed(self._made):
             subprocess.run(["ip", "netns", "delete", name], capture_output=True)
         self._made.clear()
         shutil.rmtree(self.ray_root, ignore_errors=True)
 
-    def _terminate(self, node: Node, grace_s: float = 5.0) -> None:
-        """SIGTERM to the node's processes (`ray start --block` stops its own), then
-        SIGKILL to whatever is left in the namespace."""
-        for pid in self.pids(node):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+    def _terminate(self, nodes: list[Node], grace_s: float = 5.0) -> None:
+        """SIGTERM to the nodes' processes, all nodes at once (`ray start --block` stops
+        its own; one grace period for all, not one per node), then SIGKILL to whatever
+        is left in their namespaces."""
+        for node in nodes:
+            for pid in self.pids(node):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while self.pids(node) and time.monotonic() < deadline:
+        while any(self.pids(node) for node in nodes) and time.monotonic() < deadline:
             time.sleep(0.2)
-        self.kill_node(node.index)
+        for node in nodes:
+            self.kill_node(node.index)
 
     def tail(self, node: Node, chars: int = 1500) -> str:
         """The end of the node's `ray start` output, for errors."""

@@ -31,6 +31,12 @@ TWO_BY_TWO = {
 ON_WORKER_NODES = {WORKER_NODE: 0.01}  # a fraction: many actors fit on one node
 RESULT = "RESULT "
 APPO_STOP_REWARD = 450
+MODELS = [{}, {"use_lstm": True, "max_seq_len": 4}]  # the learners' test
+REFUSED = [  # the refusals' test: STRICT_SPREAD beyond the nodes, a missing resource, a GPU
+    {"num_learners": 4, "learner_placement_strategy": "STRICT_SPREAD"},
+    {"num_learners": 2, "custom_resources_per_learner": {"node_7": 0.5}},
+    {"num_learners": 1, "num_gpus_per_learner": 1, "num_cpus_per_learner": 0.5},
+]
 
 
 @pytest.fixture(scope="module")
@@ -93,11 +99,22 @@ def node_of(actor) -> str:
 # ----- learners on different nodes ----------------------------------------------------
 
 
-def learners_on_two_nodes_driver(models: list[dict]) -> list[dict]:
+def learners_and_refusals_driver(models: list[dict], configs: list[dict]) -> dict:
+    """The two tests below in one driver (joining and importing TensorFlow cost ~20 s a
+    driver here): the refusals first, while no actor of ours is alive, then the learners."""
+    join_cluster()
+    return {"refused": refused(configs), "learners": learners_on_two_nodes(models)}
+
+
+@pytest.fixture(scope="module")
+def learners_and_refusals(cluster) -> dict:
+    return run_driver_function(cluster, "learners_and_refusals_driver", MODELS, REFUSED)
+
+
+def learners_on_two_nodes(models: list[dict]) -> list[dict]:
     """For each model: 2 learners x 2 fake GPUs, STRICT_SPREAD over the worker nodes,
-    against one device in this driver: gradient, two steps, bit-identical weights.
-    (One driver for all: joining and importing TensorFlow cost ~20 s a driver here.)"""
-    ray = join_cluster()
+    against one device in this driver: gradient, two steps, bit-identical weights."""
+    import ray
     from fakes import (
         ACTION_SPACE,
         OBS_SPACE,
@@ -153,10 +170,13 @@ def learners_on_two_nodes_driver(models: list[dict]) -> list[dict]:
     return results
 
 
-def test_two_learners_on_two_nodes_give_one_devices_gradient_mlp_and_lstm(cluster):
-    models = [{}, {"use_lstm": True, "max_seq_len": 4}]
+def test_two_learners_on_two_nodes_give_one_devices_gradient_mlp_and_lstm(
+    cluster, learners_and_refusals
+):
     workers = {node.address for node in cluster.nodes[1:]}
-    for result in run_driver_function(cluster, "learners_on_two_nodes_driver", models):
+    results = learners_and_refusals["learners"]
+    assert len(results) == len(MODELS)
+    for result in results:
         assert result["driver"] == cluster.head.address
         assert set(result["learner_nodes"]) == workers  # one learner on each worker node
         # each learner's collective server is at its own node's address, not loopback
@@ -170,10 +190,9 @@ def test_two_learners_on_two_nodes_give_one_devices_gradient_mlp_and_lstm(cluste
 # ----- bad input -------------------------------------------------------------------------
 
 
-def refused_driver(configs: list[dict]) -> list[dict]:
+def refused(configs: list[dict]) -> list[dict]:
     """For each config, a LearnerGroup of it -> the one-line error it is refused with,
     and the actors alive in the cluster right after (none may have started)."""
-    join_cluster()
     from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
     from ray.util.state import list_actors
 
@@ -192,14 +211,9 @@ def refused_driver(configs: list[dict]) -> list[dict]:
 
 
 def test_strict_spread_beyond_the_nodes_a_missing_resource_and_an_unseen_gpu_are_one_line(
-    cluster,
+    learners_and_refusals,
 ):
-    too_spread = {"num_learners": 4, "learner_placement_strategy": "STRICT_SPREAD"}
-    missing = {"num_learners": 2, "custom_resources_per_learner": {"node_7": 0.5}}
-    gpu = {"num_learners": 1, "num_gpus_per_learner": 1, "num_cpus_per_learner": 0.5}
-    spread, resource, unseen = run_driver_function(
-        cluster, "refused_driver", [too_spread, missing, gpu]
-    )
+    spread, resource, unseen = learners_and_refusals["refused"]
     assert spread == {
         "error": "ResourcesExceedClusterError: learner_placement_strategy STRICT_SPREAD puts "
         "each of 4 learners on a node of its own, but the cluster has 3 alive nodes "
@@ -221,103 +235,7 @@ def test_strict_spread_beyond_the_nodes_a_missing_resource_and_an_unseen_gpu_are
     )
 
 
-# ----- APPO with its roles pinned to nodes, as a job submitted to the head -----------------
-
-APPO_ARGS = [
-    "train", "appo", "--env", "CartPole-v1",
-    "--config", "algorithms/tuned/cartpole_appo.yaml",
-]  # fmt: skip
-
-
-def train_command(cluster: NamespaceCluster, run_dir: Path, *args: str) -> list[str]:
-    """`policy-service train` joining the cluster (--address), into `run_dir`."""
-    cli = str(Path(sys.executable).parent / "policy-service")
-    return [cli, *APPO_ARGS, "--address", cluster.address, "--output-dir", str(run_dir), *args]
-
-
-def nodes_of(resources: dict) -> dict:
-    """result.json's resources -> each role's node addresses."""
-    return {
-        "driver": resources["driver"]["node_ip"],
-        "learners": [entry["node_ip"] for entry in resources["learners"]],
-        "env_runners": [entry["node_ip"] for entry in resources["env_runners"]],
-        "inference_actor": (resources["inference_actor"] or {}).get("node_ip"),
-    }
-
-
-def job_actors_driver(submission_id: str) -> dict:
-    """The actors of the job submitted as `submission_id`: class name -> node addresses."""
-    join_cluster()
-    from ray.util.state import list_actors, list_jobs, list_nodes
-
-    [job] = [j for j in list_jobs() if j.submission_id == submission_id]
-    address_of = {node.node_id: node.node_ip for node in list_nodes()}
-    placed: dict[str, list[str]] = {}
-    for actor in list_actors(filters=[("job_id", "=", job.job_id)], detail=True):
-        placed.setdefault(actor.class_name, []).append(address_of[actor.node_id])
-    return {"status": str(job.status), "actors": placed}
-
-
-def test_appo_submitted_to_the_head_runs_where_asked_across_nodes_and_learns(cluster, tmp_path):
-    """One job: runners on node 1 act through the PolicyActor on node 2, whose node
-    also holds the learner; `submit` waits for it to reach 450 and exits with its
-    status, and Ray's state API shows every actor where it was asked."""
-    cli = str(Path(sys.executable).parent / "policy-service")
-    config = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_appo.yaml"
-    run_dir = tmp_path / "job"
-    started = time.perf_counter()
-    done = cluster.run_driver(
-        [
-            cli, "submit", "--address", cluster.job_server, "--insecure", "--",
-            cli, "train", "appo", "--env", "CartPole-v1", "--config", str(config),
-            "--output-dir", str(run_dir),
-            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
-            "--set", "inference=policy_actors",
-            "--num-learners", "1", "--set", "num_cpus_per_learner=0.5",
-            "--set", "custom_resources_per_env_runner={node_1: 0.01}",
-            "--set", "custom_resources_per_policy_actor={node_2: 0.01}",
-            "--set", "custom_resources_per_learner={node_2: 0.01}",
-        ],
-        timeout=600,
-    )  # fmt: skip
-    seconds = time.perf_counter() - started
-    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    result = json.loads((run_dir / "result.json").read_text())
-    print(
-        f"\nAPPO job across nodes: {result['episode_return_mean']:.1f} after "
-        f"{result['timesteps_total']} env steps, {seconds:.0f} s ({result['stop_reason']})"
-    )
-    where = nodes_of(result["resources"])
-    assert where["driver"] == cluster.head.address  # a job's driver runs on the head
-    assert where["env_runners"] == [cluster.nodes[1].address] * 2
-    assert where["inference_actor"] == cluster.nodes[2].address
-    assert where["learners"] == [cluster.nodes[2].address]
-    assert result["episode_return_mean"] >= APPO_STOP_REWARD
-    [submission_id] = set(re.findall(r"raysubmit_\w+", done.stdout + done.stderr))
-    job = run_driver_function(cluster, "job_actors_driver", submission_id)
-    assert job["status"] == "SUCCEEDED"
-    placed = {
-        role: {node for name, nodes in job["actors"].items() if role in name for node in nodes}
-        for role in ("RolloutWorker", "LearnerHost", "PolicyHost")
-    }
-    assert placed == {
-        "RolloutWorker": {cluster.nodes[1].address},
-        "LearnerHost": {cluster.nodes[2].address},
-        "PolicyHost": {cluster.nodes[2].address},
-    }, job["actors"]
-
-
-def test_a_failed_job_exits_with_its_status(cluster):
-    cli = str(Path(sys.executable).parent / "policy-service")
-    done = cluster.run_driver(
-        [cli, "submit", "--address", cluster.job_server, "--insecure", "--",
-         sys.executable, "-c", "raise SystemExit(3)"],
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 1, done.stderr[-2000:]
-
-
-# ----- a worker node lost, the head lost ----------------------------------------------------
+# ----- roles on nodes, runs in progress --------------------------------------------------
 
 
 def roles_on(cluster: NamespaceCluster, node: int) -> list[str]:
@@ -366,57 +284,135 @@ def around(text: str, word: str, chars: int = 3000) -> str:
     return text[max(0, at - chars) : at + chars]
 
 
-def test_a_worker_node_lost_mid_run_is_replaced_and_the_run_reaches_its_stop(cluster, tmp_path):
-    """Runners, the PolicyActor and 2 learners (SPREAD) on the two worker nodes; the node
-    holding the PolicyActor (and so a learner: SPREAD) is killed at iteration 3. The
-    run reaches 450 on the node left, its losses counted, with no traceback."""
-    run_dir = tmp_path / "run"
-    driver = cluster.start_driver(
-        train_command(
-            cluster, run_dir,
+# ----- APPO as a job submitted to the head, a worker node lost mid-run --------------------
+
+APPO_ARGS = [
+    "train", "appo", "--env", "CartPole-v1",
+    "--config", "algorithms/tuned/cartpole_appo.yaml",
+]  # fmt: skip
+
+
+def train_command(cluster: NamespaceCluster, run_dir: Path, *args: str) -> list[str]:
+    """`policy-service train` joining the cluster (--address), into `run_dir`."""
+    cli = str(Path(sys.executable).parent / "policy-service")
+    return [cli, *APPO_ARGS, "--address", cluster.address, "--output-dir", str(run_dir), *args]
+
+
+def nodes_of(resources: dict) -> dict:
+    """result.json's resources -> each role's node addresses."""
+    return {
+        "driver": resources["driver"]["node_ip"],
+        "learners": [entry["node_ip"] for entry in resources["learners"]],
+        "env_runners": [entry["node_ip"] for entry in resources["env_runners"]],
+        "inference_actor": (resources["inference_actor"] or {}).get("node_ip"),
+    }
+
+
+def job_actors_driver(submission_id: str) -> dict:
+    """The actors of the job submitted as `submission_id`: class name -> node addresses."""
+    join_cluster()
+    from ray.util.state import list_actors, list_jobs, list_nodes
+
+    [job] = [j for j in list_jobs() if j.submission_id == submission_id]
+    address_of = {node.node_id: node.node_ip for node in list_nodes()}  # dead ones too
+    placed: dict[str, list[str]] = {}
+    for actor in list_actors(filters=[("job_id", "=", job.job_id)], detail=True):
+        placed.setdefault(actor.class_name, []).append(address_of.get(actor.node_id, "?"))
+    return {"status": str(job.status), "actors": placed}
+
+
+def test_appo_submitted_to_the_head_loses_a_worker_node_mid_run_replaces_it_and_learns(
+    cluster, tmp_path
+):
+    """One job, submitted to the head: runners, the PolicyActor and 2 learners (SPREAD)
+    on the two worker nodes. At iteration 3 the node holding the PolicyActor (and so a
+    learner) is killed; the run reaches 450 on the node left, its losses counted, with
+    no traceback; `submit` exits with the job's status, and Ray's state API shows every
+    actor of the job, the lost ones and their replacements, where it was asked."""
+    cli = str(Path(sys.executable).parent / "policy-service")
+    config = Path(__file__).resolve().parents[1] / "algorithms" / "tuned" / "cartpole_appo.yaml"
+    run_dir = tmp_path / "job"
+    submitter = cluster.start_driver(
+        [
+            cli, "submit", "--address", cluster.job_server, "--insecure", "--",
+            cli, "train", "appo", "--env", "CartPole-v1", "--config", str(config),
+            "--output-dir", str(run_dir),
+            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
             "--set", "inference=policy_actors",
             "--set", "custom_resources_per_env_runner={worker_node: 0.01}",
             "--set", "custom_resources_per_policy_actor={worker_node: 0.01}",
             "--num-learners", "2", "--set", "num_cpus_per_learner=0.5",
             "--set", "learner_placement_strategy=SPREAD",
             "--set", "custom_resources_per_learner={worker_node: 0.01}",
-            "--stop-reward", str(APPO_STOP_REWARD), "--stop-timesteps", "600000",
-        )
+        ],
     )  # fmt: skip
     started = time.perf_counter()
     try:
-        wait_for_iterations(driver, run_dir, 3)
-        [victim] = [i for i in (1, 2) if any("PolicyHost" in r for r in roles_on(cluster, i))]
-        lost = roles_on(cluster, victim)
+        wait_for_iterations(submitter, run_dir, 3)
+        before = {i: roles_on(cluster, i) for i in range(3)}
+        [victim] = [i for i in (1, 2) if any("PolicyHost" in r for r in before[i])]
         killed_at = iterations_done(run_dir)
         cluster.kill_node(victim)
-        out, err = driver.communicate(timeout=600)
+        out, err = submitter.communicate(timeout=600)
     finally:
-        if driver.poll() is None:
-            driver.kill()
+        if submitter.poll() is None:
+            submitter.kill()
     seconds = time.perf_counter() - started
-    assert driver.returncode == 0, err[-4000:]
+    lost = before[victim]
+    print(
+        f"\nAPPO job, node {victim} lost at iteration {killed_at} ({sorted(lost)}), {seconds:.0f} s"
+    )
+    assert submitter.returncode == 0, (out + err)[-4000:]
+    assert "Traceback" not in out + err, around(out + err, "Traceback")
     result = json.loads((run_dir / "result.json").read_text())
     print(
-        f"\nnode {victim} lost at iteration {killed_at} ({sorted(lost)}): "
-        f"{result['episode_return_mean']:.1f} after {result['timesteps_total']} env steps, "
-        f"{seconds:.0f} s, {result['num_worker_restarts']} runner, "
+        f"{result['episode_return_mean']:.1f} after {result['timesteps_total']} env steps "
+        f"({result['stop_reason']}), {result['num_worker_restarts']} runner, "
         f"{result['num_policy_actor_restarts']} PolicyActor and "
         f"{result['num_learner_restarts']} learner restart(s)"
     )
-    assert "Traceback" not in out + err, around(out + err, "Traceback")
-    assert any("LearnerHost" in role for role in lost), lost
+    roles = ("RolloutWorker", "LearnerHost", "PolicyHost")
+    # before the loss: nothing of the run on the head, a learner on each worker node
+    assert not [r for r in before[0] if r.startswith(roles)], before[0]
+    assert all(any("LearnerHost" in r for r in before[i]) for i in (1, 2)), before
     assert result["stop_reason"] == "stop_reward"
     assert result["episode_return_mean"] >= APPO_STOP_REWARD
     assert result["num_learner_restarts"] >= 1
     assert result["num_policy_actor_restarts"] >= 1
     runners_lost = sum("RolloutWorker" in role for role in lost)
     assert result["num_worker_restarts"] >= runners_lost
-    survivor = cluster.nodes[3 - victim].address
-    where = nodes_of(result["resources"])  # every role now on the nodes left
+    head, survivor = cluster.head.address, cluster.nodes[3 - victim].address
+    where = nodes_of(result["resources"])  # at the end: every role on the node left
+    assert where["driver"] == head  # a job's driver runs on the head
     assert set(where["env_runners"]) | set(where["learners"]) | {where["inference_actor"]} == {
         survivor
     }
+    [submission_id] = set(re.findall(r"raysubmit_\w+", out + err))
+    job = run_driver_function(cluster, "job_actors_driver", submission_id)
+    assert job["status"] == "SUCCEEDED"
+    placed = {
+        role: {node for name, nodes in job["actors"].items() if role in name for node in nodes}
+        for role in roles
+    }
+    # the lost learner on the victim, its replacements on the survivor; the PolicyActor
+    # is restarted by Ray (one actor, where it last ran)
+    workers = {node.address for node in cluster.nodes[1:]}
+    assert placed["LearnerHost"] == workers, job["actors"]
+    assert placed["PolicyHost"] == {survivor}, job["actors"]
+    assert placed["RolloutWorker"] and placed["RolloutWorker"] <= workers, job["actors"]
+
+
+def test_a_failed_job_exits_with_its_status(cluster):
+    cli = str(Path(sys.executable).parent / "policy-service")
+    done = cluster.run_driver(
+        [cli, "submit", "--address", cluster.job_server, "--insecure", "--",
+         sys.executable, "-c", "raise SystemExit(3)"],
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+
+
+# ----- the head lost ----------------------------------------------------------------------
 
 
 def test_the_head_lost_ends_the_run_in_one_line_it_resumes_and_a_spent_budget_ends_it(
