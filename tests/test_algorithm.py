@@ -100,14 +100,24 @@ def hand_written_ppo(config: dict, iterations: int) -> tuple[list[dict], dict]:
     return rows, policy.get_weights()
 
 
-def test_ppo_on_training_step_is_bitwise_the_hand_written_iteration():
-    expected, expected_weights = hand_written_ppo(PPO_RUN, 3)
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    """PPO_RUN's three iterations (metrics, weights after them) and the checkpoint it
+    saved after the first: one run for the two tests that train PPO_RUN."""
+    path = tmp_path_factory.mktemp("ppo_run") / "ckpt"
     algo = PPO(PPO_RUN)
     try:
-        got = [algo.train() for _ in range(3)]
-        weights = algo.get_policy().get_weights()
+        got = [algo.train()]
+        algo.save(str(path))
+        got += [algo.train() for _ in range(2)]
+        return path, got, algo.get_policy().get_weights()
     finally:
         algo.stop()
+
+
+def test_ppo_on_training_step_is_bitwise_the_hand_written_iteration(ppo_run):
+    expected, expected_weights = hand_written_ppo(PPO_RUN, 3)
+    _, got, weights = ppo_run  # a save after the first iteration changes nothing
     for want, have in zip(expected, got):
         assert have["episode_return_mean"] == want["episode_return_mean"]
         assert have["env_steps_this_iter"] == want["timesteps"]
@@ -380,25 +390,20 @@ def test_values_that_are_not_json_are_refused_at_save(tmp_path):
         algo.stop()
 
 
-def test_a_checkpoint_from_before_algorithm_state_restores(tmp_path):
+def test_a_checkpoint_from_before_algorithm_state_restores(ppo_run, tmp_path):
     """Older checkpoints have no samples-trained count and no algorithm state."""
-    algo = PPO(PPO_RUN)
+    shutil.copytree(ppo_run[0], tmp_path / "ckpt")  # saved after one iteration
+    saved = json.loads((tmp_path / "ckpt" / ALGORITHM_STATE).read_text())
+    for key in ("num_samples_trained_total", "algorithm_values", "algorithm_arrays"):
+        del saved[key]
+    (tmp_path / "ckpt" / ALGORITHM_STATE).write_text(json.dumps(saved))
+    fresh = PPO(PPO_RUN)
     try:
-        algo.train()
-        algo.save(str(tmp_path / "ckpt"))
-        saved = json.loads((tmp_path / "ckpt" / ALGORITHM_STATE).read_text())
-        for key in ("num_samples_trained_total", "algorithm_values", "algorithm_arrays"):
-            del saved[key]
-        (tmp_path / "ckpt" / ALGORITHM_STATE).write_text(json.dumps(saved))
-        fresh = PPO(PPO_RUN)
-        try:
-            fresh.restore(str(tmp_path / "ckpt"))
-            assert (fresh.iteration, fresh.num_samples_trained_total) == (1, 0)
-            assert fresh.train()["iteration"] == 2
-        finally:
-            fresh.stop()
+        fresh.restore(str(tmp_path / "ckpt"))
+        assert (fresh.iteration, fresh.num_samples_trained_total) == (1, 0)
+        assert fresh.train()["iteration"] == 2
     finally:
-        algo.stop()
+        fresh.stop()
 
 
 def test_a_registered_algorithm_trains_and_resumes_through_the_command_line(
