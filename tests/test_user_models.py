@@ -166,7 +166,7 @@ def bn_policy(num_towers: int) -> PGPolicy:
     return PGPolicy(OBS_SPACE, ACTION_SPACE, style_config("lazy_bn", **fake_gpus(num_towers)))
 
 
-@pytest.mark.parametrize("num_towers", [1, 2, 4])
+@pytest.mark.parametrize("num_towers", [1, 4])  # 10 rows on 4 towers: 2 of padding
 def test_batch_norm_moving_statistics_from_the_whole_batch(num_towers):
     """momentum 0.5: moving = 0.5 * moving + 0.5 * moment of all 10 rows (not a
     multiple of the towers: padding rows must not count), after one step and two."""
