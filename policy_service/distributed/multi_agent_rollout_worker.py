@@ -21,9 +21,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-import tree
 
-from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.distributed.rollout_worker import (
@@ -32,6 +30,7 @@ from policy_service.distributed.rollout_worker import (
     prepare_acting_threads,
     rollout_policy_config,
 )
+from policy_service.distributed.served_policy import ServedPolicy
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv
 from policy_service.multi_agent.policies import AgentPolicies
@@ -40,50 +39,6 @@ from policy_service.offline.output import ExperienceOutput
 from policy_service.policy import models
 from policy_service.runs.callbacks import end_fragment, make_callbacks
 from policy_service.runs.metrics_logger import MetricsLogger, Stat
-
-
-class ServedPolicy:
-    """One policy served by an actor, called as the sampler calls an acting policy: of a
-    MultiPolicyActor (named by `policy_id`), or an actor serving that policy alone (an
-    acting learner: `policy_id` None). A call lost with a dead actor is sent once more
-    (Ray restarts a PolicyActor with its weights; a learner is replaced by the driver)."""
-
-    def __init__(self, actor, policy_id: str | None = None) -> None:
-        self.actor = actor
-        self._named = {} if policy_id is None else {"policy_id": policy_id}
-        # the served policy's initial state tensors (none: not recurrent), which the
-        # sampler gives each agent at its episode's start
-        self._initial_state = [
-            np.asarray(tensor)
-            for tensor in call_retrying_once(actor.get_initial_state, **self._named)
-        ]
-
-    def is_recurrent(self) -> bool:
-        return bool(self._initial_state)
-
-    def get_initial_state(self) -> list[np.ndarray]:
-        return list(self._initial_state)
-
-    def compute_actions(
-        self, obs_batch, state_batches=None, prev_action_batch=None, prev_reward_batch=None
-    ):
-        actions, state_outs, extra = call_retrying_once(
-            self.actor.compute_actions,
-            obs_batch,
-            state_batches,
-            **self._named,
-            prev_action_batch=prev_action_batch,
-            prev_reward_batch=prev_reward_batch,
-        )
-        extra = dict(extra)  # the actor's version, as a column: its weights may change mid-fragment
-        extra[WEIGHTS_VERSION] = np.full(
-            len(tree.flatten(obs_batch)[0]), int(extra[WEIGHTS_VERSION]), np.int64
-        )
-        return actions, state_outs, extra
-
-    def postprocess_trajectories(self, chunks: list[SampleBatch]) -> list[SampleBatch]:
-        """Every chunk of this policy in one call."""
-        return call_retrying_once(self.actor.postprocess_trajectories, chunks, **self._named)
 
 
 class MultiAgentRolloutWorker(ActingWeights):
