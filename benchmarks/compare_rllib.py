@@ -131,10 +131,21 @@ def rllib_batch(model: str, num_rows: int):
     return SampleBatch(columns)
 
 
+def rllib_ray(spec: dict, **settings) -> None:
+    """The local Ray of one of RLlib's runs, with its own settings; at --smoke
+    (spec "one_ray") every RLlib run asks the same ones, so that the one bundle child
+    (harness.together) starts one Ray for all, not one per change of settings."""
+    if spec.get("one_ray"):
+        settings = {"log_to_driver": False}
+    harness.ray_init(**harness.RAY_INIT, **settings)
+
+
 def rllib_learner(spec: dict):
     """RLlib's multi_gpu_train_one_step loop on the policy, timed like ours."""
     from benchmarks.learner import NAME as LEARNER
 
+    if spec.get("one_ray"):  # else RLlib's Algorithm starts a Ray of its own settings
+        rllib_ray(spec)
     algo = rllib_config(
         workload_hyper(spec, spec["model"]), num_gpus=spec["towers"], threads=spec["threads"]
     ).build_algo()
@@ -177,7 +188,7 @@ def rllib_learner(spec: dict):
 
 def rllib_sampler(spec: dict):
     """One local RLlib rollout worker (local inference): env steps/s of sample()."""
-    harness.ray_init(**harness.RAY_INIT)
+    rllib_ray(spec)
     try:
         for num_envs in spec["num_envs_list"]:
             rows = spec["fragment"] * num_envs  # RLlib checks the batch against the fragments
@@ -236,7 +247,7 @@ def rllib_inference(spec: dict):
 
     from benchmarks import inference
 
-    harness.ray_init(**harness.RAY_INIT)
+    rllib_ray(spec)
     try:
         callers = inference.start_callers(max(spec["callers"]))
         server = rllib_server_class().remote(workload_hyper(spec, "mlp"), spec.get("threads"))
@@ -260,7 +271,7 @@ def rllib_inference(spec: dict):
 
 def rllib_e2e(spec: dict):
     start = time.perf_counter()
-    harness.ray_init(**harness.RAY_INIT, log_to_driver=False)
+    rllib_ray(spec, log_to_driver=False)
     record = {
         "bench": "e2e",
         "framework": "rllib",
@@ -350,7 +361,7 @@ def rllib_dqn_run(spec: dict):
         "max_env_steps": spec["max_env_steps"],
         "settings": spec["settings"],
     }
-    harness.ray_init(**harness.RAY_INIT, log_to_driver=False)
+    rllib_ray(spec, log_to_driver=False)
     try:
         outcome = rllib_dqn.run_to_target(
             spec["settings"],
@@ -401,7 +412,11 @@ def schedule(args) -> list[tuple[str, str, dict]]:
 
     def rllib(workload: str, spec: dict) -> tuple[str, str, dict]:
         """RLlib's side of a workload, its PPO loss settings beside the spec."""
-        return ("rllib", NAME_MODULE, dict(spec, workload=workload, prepare_tf=False, ppo=ppo))
+        return (
+            "rllib",
+            NAME_MODULE,
+            dict(spec, workload=workload, prepare_tf=False, ppo=ppo, one_ray=smoke),
+        )
 
     if "learner" in workloads:
         size = (
@@ -484,7 +499,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                         max_seconds=args.e2e_max_seconds,
                     )
                 out.append(("ours", "benchmarks.e2e", spec))
-                out.append(("rllib", NAME_MODULE, dict(spec, workload="e2e")))
+                out.append(("rllib", NAME_MODULE, dict(spec, workload="e2e", one_ray=smoke)))
     if "dqn" in workloads:
         out.extend(dqn_schedule(args))
     return out
@@ -510,7 +525,7 @@ def dqn_schedule(args) -> list[tuple[str, str, dict]]:
         out.append(("ours", "benchmarks.dqn_e2e", spec))
     if "rllib" in sides:
         rllib_spec = {k: v for k, v in spec.items() if k != "config"}
-        out.append(("rllib", NAME_MODULE, dict(rllib_spec, settings=settings)))
+        out.append(("rllib", NAME_MODULE, dict(rllib_spec, settings=settings, one_ray=args.smoke)))
     return out
 
 
