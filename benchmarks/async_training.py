@@ -71,6 +71,8 @@ def _our_algo(spec: dict):
             inference=mode,
             num_learners=1 if mode == "learners" else 0,
         )
+    else:  # the tuned config's own, but for its runners (2; --smoke: 1)
+        config.update(num_env_runners=spec["num_env_runners"])
     return APPO(config)
 
 
@@ -105,7 +107,9 @@ def _rllib_algo(spec: dict):
         config = config.training(train_batch_size_per_learner=TRAIN_BATCH, grad_clip=40.0)
         config = config.rl_module(model_config=DefaultModelConfig(**MODEL, vf_share_layers=False))
     else:  # its tuned CartPole example
-        config = config.env_runners(num_env_runners=2, num_envs_per_env_runner=8)
+        config = config.env_runners(
+            num_env_runners=spec["num_env_runners"], num_envs_per_env_runner=8
+        )
         config = config.training(vf_loss_coeff=0.05, entropy_coeff=0.0)
         config = config.rl_module(model_config=DefaultModelConfig(vf_share_layers=True))
     return config.build_algo()
@@ -238,7 +242,8 @@ def configurations(args) -> list[dict]:
                     workload="to_450",
                     side=side,
                     mode="env_runners",
-                    num_env_runners=2,
+                    # both sides' tuned runs have 2; --smoke: 1, a process start less
+                    num_env_runners=1 if args.smoke else 2,
                     target=target,
                     max_seconds=60 if args.smoke else args.max_seconds,
                 )

@@ -247,7 +247,8 @@ def _in_process(spec, base):
 
 
 def configurations(args) -> list[dict]:
-    callers = [int(c) for c in (args.callers or ("1,2" if args.smoke else "1,4,16,64")).split(",")]
+    # --smoke: one count, of concurrent callers (what the batcher batches)
+    callers = [int(c) for c in (args.callers or ("2" if args.smoke else "1,4,16,64")).split(",")]
     duration = 0.5 if args.smoke else args.duration
     remote = dict(
         target="remote",
@@ -302,7 +303,7 @@ def add_batching_flags(parser) -> None:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 1,4)")
+    parser.add_argument("--callers", default=None, help="default 1,4,16,64 (smoke 2)")
     add_batching_flags(parser)
     parser.add_argument(
         "--num-gpus", type=float, default=0, help="GPUs for the PolicyActor (real GPUs only)"

@@ -89,9 +89,10 @@ def _measure_ours(spec, batch, base, ppo_shaped):
         load()
         policy.learn_on_loaded_epochs(epochs)
 
-    load_s = stats.median(stats.timed(load, repeats, warmup=1))
+    warmup = spec.get("warmup", 1)
+    load_s = stats.median(stats.timed(load, repeats, warmup=warmup))
     modes = (("minibatch", per_minibatch), ("epoch", whole_epochs))
-    yield from _timed_modes(base, modes, repeats, valid, epochs * num_steps, load_s)
+    yield from _timed_modes(base, modes, repeats, valid, epochs * num_steps, load_s, warmup)
 
 
 def _measure_ceiling(spec, batch, base, ppo_shaped):
@@ -126,14 +127,17 @@ def _measure_ceiling(spec, batch, base, ppo_shaped):
         ("fused", lambda: learner.run_fused(epochs)),
         ("fused_adam_kernel", lambda: kernel_adam.run_fused(epochs)),
     )
-    yield from _timed_modes(base, modes, repeats, valid, epochs * learner.num_minibatches, 0.0)
+    sgd_steps = epochs * learner.num_minibatches
+    yield from _timed_modes(base, modes, repeats, valid, sgd_steps, 0.0, spec.get("warmup", 1))
 
 
-def _timed_modes(base: dict, modes, repeats: int, valid: int, sgd_steps: int, load_s: float):
+def _timed_modes(
+    base: dict, modes, repeats: int, valid: int, sgd_steps: int, load_s: float, warmup: int
+):
     """A record per (mode, fn): its calls timed, wall and CPU, the median of `repeats`
-    after one warm-up; load_s: the part of a call that loads the batch (0: none)."""
+    after `warmup` untimed calls; load_s: the part of a call that loads the batch (0: none)."""
     for mode, fn in modes:
-        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=1)
+        walls, cpus = stats.timed_with_cpu(fn, repeats, warmup=warmup)
         seconds = stats.median(walls)
         yield dict(
             base,
@@ -153,7 +157,10 @@ def _timed_modes(base: dict, modes, repeats: int, valid: int, sgd_steps: int, lo
 
 def configurations(args) -> list[dict]:
     """Every child to run in one round, ceiling first within each model."""
-    size = harness.sizes(args, {"epochs": 2, "num_samples": 512, "repeats": 1})
+    # --smoke: two minibatches an epoch (of 4 LSTM sequences, whole on 1, 2 or 4 towers),
+    # and no warm-up call: the timed call is the first, so each path is traced and run once
+    size = harness.sizes(args, {"epochs": 2, "num_samples": 128, "minibatch": 64, "repeats": 1})
+    size["warmup"] = 0 if args.smoke else 1
     towers = [int(t) for t in (args.towers or ("1,2" if args.smoke else "1,2,4")).split(",")]
     models = args.models or ("mlp" if args.smoke else "mlp,lstm")
     # --smoke: every child set up with the most fake devices (a run on fewer uses the
@@ -165,7 +172,6 @@ def configurations(args) -> list[dict]:
             common_spec = dict(
                 size,
                 model=model,
-                minibatch=args.minibatch,
                 threads=threads,
                 real_gpus=args.real_gpus,
             )
@@ -191,6 +197,7 @@ def group_configurations(args) -> list[dict]:
     size = harness.sizes(
         args, {"epochs": 2, "num_samples": 512, "repeats": 1, "probe_rounds": 1, "probe_epochs": 1}
     )
+    size["warmup"] = 0 if args.smoke else 1  # --smoke: no untimed call or probe round
     towers = int((args.towers or "1").split(",")[0])
     return [
         dict(

@@ -77,7 +77,7 @@ def measure(spec: dict, base: dict):
             group.load_batch_into_buffer(batch)
             last.update(group.learn_on_loaded_epochs(epochs))
 
-        walls, cpus = stats.timed_with_cpu(whole_epochs, repeats, warmup=1)
+        walls, cpus = stats.timed_with_cpu(whole_epochs, repeats, warmup=spec.get("warmup", 1))
         seconds = stats.median(walls)
         yield dict(
             base,
@@ -92,7 +92,10 @@ def measure(spec: dict, base: dict):
             per_learner = ray.get(
                 [
                     a.foreach_policy.remote(
-                        probe_all_reduce, spec["probe_epochs"], spec["probe_rounds"]
+                        probe_all_reduce,
+                        spec["probe_epochs"],
+                        spec["probe_rounds"],
+                        spec.get("warmup", 1),
                     )
                     for a in group.actors
                 ],
@@ -141,11 +144,12 @@ def stop_recording(group) -> None:
     SUMMED_AT_TRACE.pop(id(group), None)
 
 
-def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
+def probe_all_reduce(policy, num_epochs: int, rounds: int, untimed_rounds: int = 1) -> dict:
     """Inside one learner (every learner runs it at once, in step): per round, ms per
     all-reduce of the whole-epoch loop with the collective, of the same loop on a
     solo copy of the policy (no collective; the same loaded buffer), and of the bare
-    collective on the step's tensors, flat and as the step's list; in turn, A/B."""
+    collective on the step's tensors, flat and as the step's list; in turn, A/B, after
+    `untimed_rounds` rounds not timed."""
     import tensorflow as tf
 
     towers = policy.towers
@@ -175,7 +179,7 @@ def probe_all_reduce(policy, num_epochs: int, rounds: int) -> dict:
     barrier = tf.zeros([1])
     out = {name: [] for name in PROBE_MS + PROBE_CPU_MS}
     by_thread = {name: Counter() for name in PROBE_MS}  # CPU ms by thread name, all rounds
-    for timed in [False] + [True] * rounds:  # an untimed round first: the first call
+    for timed in [False] * untimed_rounds + [True] * rounds:  # untimed first: the first call
         # with the collective after tracing costs ~1 s once (seen: 895 ms/step, then ~10)
         for name, run in (
             ("step_ms", lambda: policy.learn_on_loaded_epochs(num_epochs)),
