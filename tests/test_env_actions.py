@@ -92,7 +92,7 @@ def test_a_single_agent_env_runner_sends_the_rules_action(name):
 
 @pytest.mark.parametrize("name", RULES)
 def test_a_multi_agent_env_runner_sends_the_rules_action(name):
-    from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
+    from policy_service.distributed.rollout_worker import RolloutWorker
     from policy_service.multi_agent.policies import agent_policies
 
     rule, expected = RULES[name]
@@ -100,7 +100,7 @@ def test_a_multi_agent_env_runner_sends_the_rules_action(name):
         {"shared": None}, lambda agent, episode, **kw: "shared", None, TwoEchoes(), PGPolicy,
         config(rule),
     )  # fmt: skip
-    worker = MultiAgentRolloutWorker(TwoEchoes, found, rollout_fragment_length=4, seed=0)
+    worker = RolloutWorker(TwoEchoes, found, rollout_fragment_length=4, seed=0)
     worker.set_weights({"shared": fixed_weights(worker.policies["shared"])})
     rows = worker.sample()[0].policy_batches["shared"]
     np.testing.assert_allclose(rows["actions"], np.tile(MEAN, (8, 1)), atol=1e-6)

@@ -28,8 +28,8 @@ from policy_service import PolicySpec
 from policy_service.config import ConfigError
 from policy_service.distributed.async_learning import AsyncSettings, makes_train_batch
 from policy_service.distributed.fragment_stream import Fragment
-from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.policy_actor import WEIGHTS_VERSION
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.runs.metrics_logger import Stat
 
@@ -118,9 +118,7 @@ def test_every_multi_agent_row_carries_the_weights_version_that_acted():
     policies = agent_policies(
         {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), IMPALAPolicy, {"seed": 0}
     )
-    worker = MultiAgentRolloutWorker(
-        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
-    )
+    worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0)
     worker.set_weights(worker.get_weights(), version=3)
     batch, metrics = worker.sample()
     for policy_id, rows in batch.policy_batches.items():
@@ -148,9 +146,7 @@ def test_a_train_batch_holds_train_batch_size_steps_counted_as_count_steps_by():
     policies = agent_policies(
         {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), IMPALAPolicy, {"seed": 0}
     )
-    worker = MultiAgentRolloutWorker(
-        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0
-    )
+    worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=6, seed=0)
     fragments = [Fragment.sampled(*worker.sample()) for _ in range(6)]
     assert {(f.steps("env_steps"), f.steps("agent_steps")) for f in fragments} == {(12, 24)}
     env_steps = AsyncSettings(train_batch_size=64)

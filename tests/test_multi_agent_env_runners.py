@@ -17,9 +17,9 @@ from multi_agent_envs import TwoMapsEnv, by_agent
 
 from policy_service import PolicySpec, SampleBatch
 from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
-from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.restarts import RestartablePolicyActor
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.runs.metrics_logger import Stat
 
@@ -51,7 +51,7 @@ class CountingPolicy:
 
 
 def test_sub_envs_step_in_lockstep_with_one_forward_pass_per_policy(two_maps_policies):
-    worker = MultiAgentRolloutWorker(
+    worker = RolloutWorker(
         TwoMapsEnv, two_maps_policies, num_envs=3, rollout_fragment_length=10, seed=0
     )
     counted = {p: CountingPolicy(policy) for p, policy in worker.policies.items()}

@@ -20,7 +20,7 @@ from algorithms.ppo import PPO, PPOPolicy
 from policy_service import PolicySpec, SampleBatch
 from policy_service.config import ConfigError
 from policy_service.data.sample_batch import concat_samples
-from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.multi_agent.env import MultiAgentEnvError
 from policy_service.multi_agent.policies import agent_policies
 
@@ -144,9 +144,7 @@ def test_a_policys_chunks_postprocessed_together_match_each_alone():
         PPOPolicy,
         {"model": {"fcnet_hiddens": [8]}},
     )
-    worker = MultiAgentRolloutWorker(
-        TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=12, seed=0
-    )
+    worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=12, seed=0)
     policy = worker.policies["pa"]
     chunks = []
     worker.sampler.policies = {**worker.policies, "pa": ChunksKept(policy, chunks)}

@@ -17,7 +17,7 @@ from algorithms.multi_agent_offline import offline_multi_agent_runners
 from policy_service import PolicySpec
 from policy_service.config import ConfigError, from_dict
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
+from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.offline import OfflineDataError
@@ -33,7 +33,7 @@ def worker_output(directory, fragments: int = 2, fmt: str = "parquet") -> MultiA
         {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), PPOPolicy,
         {**SMALL, "output": str(directory), "output_format": fmt},
     )  # fmt: skip
-    worker = MultiAgentRolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=16)
+    worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=16)
     try:
         from policy_service.multi_agent.batch import concat_multi_agent
 

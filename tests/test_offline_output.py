@@ -112,7 +112,6 @@ def test_a_multi_agent_worker_writes_each_policy_apart(tmp_path):
     from multi_agent_envs import TwoMapsEnv, by_agent
 
     from policy_service import PolicySpec
-    from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
     from policy_service.multi_agent.policies import agent_policies
 
     policies = agent_policies(
@@ -123,7 +122,7 @@ def test_a_multi_agent_worker_writes_each_policy_apart(tmp_path):
         PPOPolicy,
         {"model": {"fcnet_hiddens": [8]}, "output": str(tmp_path)},
     )
-    worker = MultiAgentRolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=10)
+    worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=10)
     batch, _ = worker.sample()
     worker.stop()
     experiences = open_experiences(tmp_path)

@@ -77,9 +77,9 @@ def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:
 class EnvRunnerGroup:
     """Creates, syncs, samples from and replaces rollout workers.
 
-    `worker_cls` is what each worker is (RolloutWorker; a subclass may run others
-    with the same methods: multi_agent_env_runner_group.py), built from
-    `_worker_args()` and the keyword arguments every worker takes.
+    `worker_cls` is what each worker is (RolloutWorker), built from `_worker_args()`
+    (a multi-agent group's: the env creator and the AgentPolicies) and the keyword
+    arguments every worker takes.
 
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).

@@ -1,4 +1,4 @@
-"""MultiAgentEnvRunnerGroup: an EnvRunnerGroup of MultiAgentRolloutWorkers.
+"""MultiAgentEnvRunnerGroup: an EnvRunnerGroup of RolloutWorkers on a multi-agent env.
 
     group = MultiAgentEnvRunnerGroup(make_env, agent_policies, num_env_runners=2,
                                      num_envs_per_env_runner=4, rollout_fragment_length=50)
@@ -23,7 +23,6 @@ from collections.abc import Callable
 from policy_service.config import on_cpu
 from policy_service.data.observation_filters import RunningStat
 from policy_service.distributed.env_runner_group import EnvRunnerGroup, joined_metrics
-from policy_service.distributed.multi_agent_rollout_worker import MultiAgentRolloutWorker
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.multi_agent.batch import MultiAgentBatch, concat_multi_agent
 from policy_service.multi_agent.env import MultiAgentEnv
@@ -38,7 +37,6 @@ class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
     num_grad_updates (each policy has its own). The PolicyActor's GPUs are the first
     policy's config's num_gpus_per_policy_actor."""
 
-    worker_cls = MultiAgentRolloutWorker
     weights_by_policy = True  # a sync of some policies sends every policy's latest
 
     def __init__(
@@ -55,7 +53,7 @@ class MultiAgentEnvRunnerGroup(EnvRunnerGroup):
         return self._env, self.agent_policies
 
     def _driver_spaces(self) -> tuple[dict, dict]:
-        """By policy id, as each worker gives them (MultiAgentRolloutWorker.get_spaces)."""
+        """By policy id, as each worker gives them (RolloutWorker.get_spaces)."""
         return self.agent_policies.spaces()
 
     def _joined(self, results: list) -> tuple[MultiAgentBatch, dict]:  # type: ignore[override]

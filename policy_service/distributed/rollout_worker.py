@@ -1,4 +1,7 @@
-"""RolloutWorker: steps a gymnasium vector env with a policy, returns postprocessed fragments.
+"""RolloutWorker: steps copies of an env with one policy or several, returns postprocessed
+fragments: a gymnasium vector env with one policy (VectorEnvSampler), or multi-agent envs
+with a policy per agent by the mapping (MultiAgentSampler; weights, spaces and gradients
+by policy id, fragments as MultiAgentBatches: docs/multi_agent.md).
 
 The loop it lives in:
 
@@ -15,7 +18,7 @@ the worker's own policy copy, for a learner that applies them (A3C).
 Inference runs on a local copy of the policy (CPU), or on a `PolicyActor`
 (`policy_actor=`: central inference, as in SEED RL, through a ServedPolicy). The
 worker holds the weights, the output writer, the callbacks and the metrics; its
-VectorEnvSampler (vector_env_sampler.py) steps the envs. Contract: a fragment holds
+sampler steps the envs. A vector env's contract: a fragment holds
 exactly `rollout_fragment_length * num_envs` transitions (autoreset steps are never
 recorded, so a last vector step may record more than the fragment lacks: those rows
 start the next fragment); episodes carry over between fragments, `unroll_id` is new
@@ -36,17 +39,21 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from policy_service.config import config_for, is_config, on_cpu
 from policy_service.data import observation_filters
 from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch
+from policy_service.distributed.policy_actor import WEIGHTS_VERSION
 from policy_service.distributed.restarts import call_retrying_once
 from policy_service.distributed.served_policy import ServedPolicy
 from policy_service.distributed.vector_env_sampler import VectorEnvSampler
 from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
+from policy_service.multi_agent.batch import MultiAgentBatch
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID, AgentPolicies
+from policy_service.multi_agent.sampler import MultiAgentSampler
 from policy_service.offline.output import ExperienceOutput
 from policy_service.policy import models
 from policy_service.runs.callbacks import end_fragment, make_callbacks
@@ -98,14 +105,23 @@ class ActingWeights:
 
 
 class RolloutWorker(ActingWeights):
-    """Samples fragments of experience from `num_envs` copies of an env.
+    """Samples fragments of experience from `num_envs` copies of an env, with one policy
+    or several.
 
-    env: a gymnasium id ("CartPole-v1", made with `gym.make(id, **env_config)`)
+    env, policy_cls: a gymnasium env and the TFPolicy class acting in it (one policy,
+      "default_policy"; a VectorEnvSampler steps them), or a MultiAgentEnv creator
+      (`env_config -> MultiAgentEnv`, resolved in the process that starts the worker)
+      and an AgentPolicies: every policy's spec and the mapping from agents to them (a
+      MultiAgentSampler steps them; weights, spaces and gradients are by policy id).
+      A gymnasium env is an id ("CartPole-v1", made with `gym.make(id, **env_config)`)
       or a callable `env_config -> gymnasium.Env`.
-    policy_cls, policy_config: the TFPolicy class and config acting here (or
-      describing the remote policy when `policy_actor` is given).
-    seed: seeds the sub-envs (seed + worker_index * num_envs + i) and the
-      policy's action sampling (seed + worker_index).
+    policy_config: the one policy's config (or the remote policy's, when `policy_actor`
+      is given); an AgentPolicies holds each policy's.
+    policy_actor: who acts instead of copies here: a PolicyActor or an acting learner
+      (one policy), a MultiPolicyActor, or policy id -> its acting learner.
+    seed: seeds the sub-envs (a vector env: seed + worker_index * num_envs + i; a
+      multi-agent env: each reset, from seed + worker_index) and the acting copies'
+      sampling (seed + worker_index).
     async_context: multiprocessing start method for vectorize_mode="async".
     custom_models: `models.custom_model_registry()` of the process that starts
       the worker, since an actor's process starts with an empty registry.
@@ -115,8 +131,8 @@ class RolloutWorker(ActingWeights):
 
     def __init__(
         self,
-        env: str | Callable[[dict], gym.Env],
-        policy_cls: type,
+        env: str | Callable[[dict], Any],
+        policy_cls: type | AgentPolicies,
         policy_config: dict | Any = None,
         *,
         worker_index: int = 0,
@@ -138,10 +154,28 @@ class RolloutWorker(ActingWeights):
         self.num_envs = int(num_envs)
         self.rollout_fragment_length = int(rollout_fragment_length)
         self.env_name = env_name(env)
-        venv = make_vector_env(env, env_config or {}, num_envs, vectorize_mode, async_context)
+        self._policy_actor = policy_actor
+        self._weights_version = 0
+        self._num_grad_updates: int | None = None  # synced with the weights; batches name it
+        # one policy of a gymnasium env: weights, spaces and gradients are that policy's
+        # (not by policy id) for the EnvRunnerGroup and PolicyActor that speak so
+        self._one_policy = not isinstance(policy_cls, AgentPolicies)
+        self.policies: dict  # policy id -> the acting policy (a copy here or a ServedPolicy)
+        self.sampler: VectorEnvSampler | MultiAgentSampler
+        if isinstance(policy_cls, AgentPolicies):
+            self._sample_multi_agent_env(env, policy_cls, env_config, vectorize_mode, seed)
+        else:
+            self._sample_vector_env(
+                env, policy_cls, policy_config, env_config, vectorize_mode, async_context, seed
+            )
+
+    def _sample_vector_env(
+        self, env, policy_cls, policy_config, env_config, vectorize_mode, async_context, seed
+    ) -> None:
+        """A VectorEnvSampler of `num_envs` copies of a gymnasium env, one policy."""
+        venv = make_vector_env(env, env_config or {}, self.num_envs, vectorize_mode, async_context)
         self.observation_space = venv.single_observation_space
         self.action_space = venv.single_action_space
-        self._policy_actor = policy_actor
         # this runner's own statistics (observation_filters.py); its acting policy,
         # local or remote, gets observations filtered already
         self.observation_filter = observation_filters.make_filter(
@@ -149,26 +183,27 @@ class RolloutWorker(ActingWeights):
             self.observation_space,
         )
         acting: Any
-        if policy_actor is None:
+        if self._policy_actor is None:
             prepare_acting_threads()
             acting_config = rollout_policy_config(
                 policy_cls, policy_config, seed, self.worker_index
             )
-            self.policy = acting = policy_cls(
-                self.observation_space, self.action_space, acting_config
-            )
-            self.policy.act_with_xla(self.num_envs)  # every step acts on <= num_envs rows
+            acting = policy_cls(self.observation_space, self.action_space, acting_config)
+            acting.act_with_xla(self.num_envs)  # every step acts on <= num_envs rows
         else:
-            self.policy = None
-            self._check_remote_spaces(call_retrying_once(policy_actor.get_spaces))
-            acting = ServedPolicy(policy_actor)
-        self._weights_version = 0
-        self._num_grad_updates: int | None = None  # synced with the weights; batches name it
+            self._check_remote_spaces(call_retrying_once(self._policy_actor.get_spaces))
+            acting = ServedPolicy(self._policy_actor)
+        self.policies = {DEFAULT_POLICY_ID: acting}
+        self._policies_to_train = [DEFAULT_POLICY_ID]
+        self._spaces = (
+            {DEFAULT_POLICY_ID: self.observation_space},
+            {DEFAULT_POLICY_ID: self.action_space},
+        )
         # config.output: this worker's own writer of what it acts on (offline/output.py)
         self._output = ExperienceOutput.from_config(config_for(policy_cls, policy_config))
         self.sampler = VectorEnvSampler(
             venv,
-            {DEFAULT_POLICY_ID: acting},
+            self.policies,
             rollout_fragment_length=self.rollout_fragment_length,
             acting_version=lambda: self._weights_version,
             env_actions_rule=EnvActionRule.of(  # an unsupported leaf is named here, once
@@ -188,14 +223,89 @@ class RolloutWorker(ActingWeights):
             },
         )
 
+    def _sample_multi_agent_env(
+        self, env_creator, agent_policies: AgentPolicies, env_config, vectorize_mode, seed
+    ) -> None:
+        """A MultiAgentSampler of `num_envs` copies of a MultiAgentEnv, a policy per
+        agent by the mapping; no observation filter (refused with `policies`)."""
+        if vectorize_mode != "sync":
+            raise ValueError(
+                f"vectorize_mode: multi-agent sub-envs step in the worker's process ('sync'), "
+                f"got {vectorize_mode!r}"
+            )
+        envs = [env_creator(dict(env_config or {})) for _ in range(self.num_envs)]
+        policy_actor = self._policy_actor
+        if policy_actor is None:
+            prepare_acting_threads()
+            self.policies = {
+                policy_id: spec._replace(
+                    config=rollout_policy_config(
+                        spec.built_class(), spec.config, seed, self.worker_index
+                    )
+                ).build()
+                for policy_id, spec in agent_policies.specs.items()
+            }
+        elif isinstance(policy_actor, dict):  # policy id -> its acting learner
+            self.policies = {p: ServedPolicy(policy_actor[p]) for p in agent_policies.specs}
+        else:
+            self.policies = {p: ServedPolicy(policy_actor, p) for p in agent_policies.specs}
+        self.observation_filter = observation_filters.NoFilter()
+        self._policies_to_train = list(agent_policies.policies_to_train)
+        self._spaces = agent_policies.spaces()
+        self.sampler = MultiAgentSampler(
+            envs,
+            agent_policies,
+            self.policies,
+            self.rollout_fragment_length,
+            seed=None if seed is None else seed + self.worker_index,
+        )
+        # config.output (each policy's config holds the run's keys): this worker's writer
+        first = next(iter(agent_policies.specs.values()))
+        self._output = ExperienceOutput.from_config(first.config)
+        if self.callbacks.members:
+            self.sampler.callbacks = self.callbacks
+            self.sampler.hook_arguments = {
+                "worker": self,
+                "env_runner": self,
+                "policies": self.policies,
+                "metrics_logger": self.metrics_logger,
+            }
+
+    @property
+    def policy(self):
+        """A policy acting here, whose devices are this worker's (None: an actor acts):
+        the one policy's copy, or the first policy's."""
+        return None if self._policy_actor is not None else next(iter(self.policies.values()))
+
     # ----- public API --------------------------------------------------------------
 
-    def sample(self) -> tuple[SampleBatch, dict]:
+    def sample(self) -> tuple[Any, dict]:
         """One fragment: every chunk postprocessed, then concatenated -> (batch, metrics):
-        counts and times are Stats with the rule that combines workers' fragments
-        (`fragment_metrics` gives one fragment's values), episodes are lists."""
+        a SampleBatch (one policy) or a MultiAgentBatch; counts and times are Stats with
+        the rule that combines workers' fragments (`fragment_metrics` gives one
+        fragment's values), episodes are lists. Every row carries the weights version
+        that acted; "weights_version" is the oldest (of the trained policies' rows)."""
         start = time.perf_counter()
+        batch: Any  # a SampleBatch from a VectorEnvSampler, a MultiAgentBatch from the other
         batch, sampled = self.sampler.sample()
+        if self._one_policy:
+            metrics = self._one_policy_metrics(batch, sampled, start)
+        else:
+            metrics = self._policies_metrics(batch, sampled, start)
+        if self.callbacks.members:
+            metrics["callbacks"] = end_fragment(
+                self.callbacks,
+                self,
+                batch,
+                self.metrics_logger,
+                metrics.pop("custom_metrics", {}),
+                metrics.pop("hist_data", {}),
+            )
+        return batch, metrics
+
+    def _one_policy_metrics(self, batch: SampleBatch, sampled: dict, start: float) -> dict:
+        """A vector env's fragment: its num_grad_updates, its rows written (infos too),
+        and the acted versions (with an actor acting: each, and the oldest)."""
         batch.num_grad_updates = self._num_grad_updates
         if self._output is not None:
             space = self.observation_space
@@ -224,66 +334,165 @@ class RolloutWorker(ActingWeights):
         if self._policy_actor is not None:
             metrics["weights_versions"] = sorted(versions)
         if self.callbacks.members:
-            metrics["callbacks"] = end_fragment(
-                self.callbacks,
-                self,
-                batch,
-                self.metrics_logger,
-                sampled["custom_metrics"],
-                sampled["hist_data"],
-            )
-        return batch, metrics
+            metrics["custom_metrics"] = sampled["custom_metrics"]
+            metrics["hist_data"] = sampled["hist_data"]
+        return metrics
+
+    def _policies_metrics(self, batch: MultiAgentBatch, sampled: dict, start: float) -> dict:
+        """A multi-agent fragment: acting copies' rows get the version set between
+        fragments; agent steps, each policy's rows; the batch written."""
+        for rows in batch.policy_batches.values():
+            if WEIGHTS_VERSION not in rows:  # acting copies: weights set between fragments
+                rows[WEIGHTS_VERSION] = np.full(rows.count, self._weights_version, np.int64)
+        # the lag that matters is the trained rows' (a policy not trained may act through
+        # a learner of its own whose version never moves)
+        versions = [
+            int(rows[WEIGHTS_VERSION].min())
+            for policy_id, rows in batch.policy_batches.items()
+            if policy_id in self._policies_to_train
+        ]
+        metrics = dict(sampled)
+        metrics.update(
+            env_steps=Stat(batch.env_steps(), "sum"),
+            agent_steps=Stat(batch.agent_steps(), "sum"),
+            num_episodes=Stat(len(metrics["episode_returns"]), "sum"),
+            weights_version=Stat(min(versions, default=self._weights_version), "min"),
+            policy_agent_steps={p: rows.count for p, rows in batch.policy_batches.items()},
+            worker_index=self.worker_index,
+            sample_time_s=Stat(time.perf_counter() - start, "max"),  # the slowest worker's
+        )
+        if self._output is not None:
+            observation_spaces, action_spaces = self._spaces
+            spaces = {p: (observation_spaces[p], action_spaces[p]) for p in observation_spaces}
+            self._output.write(batch, spaces, self.weights_version())
+        return metrics
 
     def sample_and_compute_gradients(self) -> tuple[Any, dict]:
-        """One fragment (`sample`), then this worker's policy's gradients on it
-        (`TFPolicy.compute_gradients`: combined, clipped, no weights changed) ->
-        (gradients, metrics): `sample`'s metrics, whose "weights_version" is the
-        version the gradients were computed with, plus "gradient_stats" (the loss
-        statistics) and "gradient_time_s". For learners that apply gradients computed
-        where the data is (A3C); the worker must act with its own policy copy."""
-        if self.policy is None:
+        """One fragment (`sample`), then each trained policy's gradients on its own rows
+        of it, computed by its copy here (`TFPolicy.compute_gradients`: combined, clipped,
+        no weights changed; a policy without rows in the fragment gives none) ->
+        (gradients, metrics): `sample`'s metrics, whose "weights_version" is the version
+        the gradients were computed with, plus "gradient_stats" (the loss statistics;
+        by policy id: "<policy id>/<stat>") and "gradient_time_s". For learners that
+        apply gradients computed where the data is (A3C); the worker must act with its
+        own policy copies."""
+        if self._policy_actor is not None:
             raise RuntimeError(
                 f"worker {self.worker_index} acts through a remote policy actor: "
                 "sample_and_compute_gradients needs its own policy copy (no remote inference)"
             )
         batch, metrics = self.sample()
         start = time.perf_counter()
-        gradients, stats = self.policy.compute_gradients(batch)
-        metrics["gradient_stats"] = stats
+        policy_batches = {DEFAULT_POLICY_ID: batch} if self._one_policy else batch.policy_batches
+        gradients, stats = {}, {}
+        for policy_id in self._policies_to_train:
+            rows = policy_batches.get(policy_id)
+            if rows is None or not rows.count:
+                continue
+            gradients[policy_id], policy_stats = self.policies[policy_id].compute_gradients(rows)
+            stats[policy_id] = policy_stats
+        if self._one_policy:
+            metrics["gradient_stats"] = stats[DEFAULT_POLICY_ID]
+        else:
+            metrics["gradient_stats"] = {
+                f"{p}/{k}": v for p, policy_stats in stats.items() for k, v in policy_stats.items()
+            }
         metrics["gradient_time_s"] = time.perf_counter() - start
-        return gradients, metrics
+        return self._keyed(gradients), metrics
 
     def own_weights(self) -> dict:
-        return self.policy.get_weights()
+        """The acting copies' weights (by policy id, or the one policy's)."""
+        return self._keyed({p: policy.get_weights() for p, policy in self.policies.items()})
 
     def set_own_weights(self, weights: dict) -> None:
-        self.policy.set_weights(weights)
+        """Weights for some or all acting copies (by policy id, or the one policy's); an
+        unknown id changes none."""
+        by_id = {DEFAULT_POLICY_ID: weights} if self._one_policy else weights
+        unknown = sorted(set(by_id) - set(self.policies))
+        if unknown:
+            raise ValueError(
+                f"weights for policies {unknown}, which are not among {sorted(self.policies)}"
+            )
+        for policy_id, policy_weights in by_id.items():
+            self.policies[policy_id].set_weights(policy_weights)
+
+    def get_weights(self) -> dict:
+        """The weights acting here (with acting learners by policy id: theirs)."""
+        if isinstance(self._policy_actor, dict):
+            return {
+                policy_id: call_retrying_once(actor.get_weights)
+                for policy_id, actor in self._policy_actor.items()
+            }
+        return super().get_weights()
+
+    def weights_version(self) -> int:
+        """The version acting here; with acting learners by policy id, the oldest
+        trained policy's."""
+        if isinstance(self._policy_actor, dict):
+            return min(
+                (
+                    call_retrying_once(self._policy_actor[policy_id].weights_version)
+                    for policy_id in self._policies_to_train
+                ),
+                default=self._weights_version,
+            )
+        return super().weights_version()
+
+    def set_weights(
+        self, weights: dict, version: int | None = None, num_grad_updates: int | None = None
+    ) -> int:
+        """ActingWeights.set_weights; refused with acting learners by policy id, which act
+        with the weights they train (nothing is sent to such a worker)."""
+        if isinstance(self._policy_actor, dict):
+            raise ValueError(
+                f"worker {self.worker_index} acts through each policy's learners, which "
+                "hold their own weights: set them on the learners"
+            )
+        return super().set_weights(weights, version, num_grad_updates)
 
     def set_acting_actor(self, actor: Any) -> None:
-        """Act through `actor` from now on: the one that acted is gone and this one
-        serves the same policy and spaces (a learner actor replaced after a death).
-        The episodes in progress go on; a fragment lost with the old actor is the
-        caller's to count."""
+        """Act through `actor` from now on (policy id -> actor when built so): the one
+        that acted is gone and this one serves the same policies and spaces (learner
+        actors replaced after a death). The episodes in progress go on; a fragment lost
+        with the old actor is the caller's to count."""
         if self._policy_actor is None:
             raise ValueError(
                 f"worker {self.worker_index} acts with its own policy copy: "
                 "set_acting_actor needs a worker built with a policy_actor"
             )
-        self._policy_actor = self.sampler.policy.actor = actor
+        by_policy = isinstance(self._policy_actor, dict)
+        if isinstance(actor, dict) != by_policy:
+            raise ValueError(
+                f"worker {self.worker_index} acts through "
+                + ("an actor per policy" if by_policy else "one actor")
+                + f": set_acting_actor got {type(actor).__name__}"
+            )
+        if isinstance(actor, dict):
+            for policy_id, one in actor.items():
+                self.policies[policy_id].actor = one
+            self._policy_actor = dict(actor)
+        else:
+            for policy in self.policies.values():
+                policy.actor = actor
+            self._policy_actor = actor
 
     def acting_actor(self) -> Any:
-        """The actor acting for this worker (None: its own policy copy acts)."""
+        """Who acts for this worker: a PolicyActor or learner, a MultiPolicyActor,
+        policy id -> actor, or None (its own policy copies act)."""
         return self._policy_actor
 
     def set_global_timestep(self, timestep: int) -> None:
-        """Where the local policy's exploration schedule stands (RLlib's
+        """Where the acting copies' exploration schedules stand (RLlib's
         global_vars["timestep"]), e.g. the run's env steps for workers rebuilt at a
         restore; a remote policy keeps its own count."""
-        if self.policy is not None:
-            self.policy.global_timestep = int(timestep)
+        if self._policy_actor is None:
+            for policy in self.policies.values():
+                policy.global_timestep = int(timestep)
 
-    def get_spaces(self) -> tuple[gym.Space, gym.Space]:
-        return self.observation_space, self.action_space
+    def get_spaces(self) -> tuple[Any, Any]:
+        """(observation space, action space): the one policy's, or by policy id."""
+        observation_spaces, action_spaces = self._spaces
+        return self._keyed(observation_spaces), self._keyed(action_spaces)
 
     def flush_filter_buffer(self) -> observation_filters.RunningStat | None:
         """The observation statistics gathered since the last flush (None: NoFilter)."""
@@ -300,6 +509,10 @@ class RolloutWorker(ActingWeights):
         self.sampler.close()
         if self._output is not None:
             self._output.close()
+
+    def _keyed(self, by_id: dict) -> Any:
+        """A value by policy id as this worker's callers take it: the one policy's alone."""
+        return by_id[DEFAULT_POLICY_ID] if self._one_policy else by_id
 
     def _check_remote_spaces(self, remote_spaces) -> None:
         obs_space, action_space = remote_spaces

@@ -238,6 +238,10 @@ class MultiAgentSampler:
             metrics["hist_data"] = dict(fragment.hist_data)
         return batch, metrics
 
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
     # ----- a vector step -----------------------------------------------------------
 
     def _start_episode(self, env_index: int) -> None:
