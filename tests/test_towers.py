@@ -44,10 +44,37 @@ from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gr
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
 
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_built_policies():
+    yield
+    _BUILT.clear()
+
+
+def built(cls=PGPolicy, towers=0, copy=0, **config):
+    """A `cls` on `towers` fake GPUs (0: one CPU) with small_config(**config), in the
+    state it was built in. Building and tracing cost seconds a policy, so the module
+    builds each (class, towers, config, copy) once and sets its first get_state() back
+    on every later call: weights, optimizer slots, RNGs and counters, exactly
+    (tests/test_tf_policy.py's set_state tests). A loaded buffer is not state: a test
+    about buffers never loaded builds its own policy."""
+    key = (cls, towers, copy, repr(sorted(config.items())))
+    if key not in _BUILT:
+        policy = cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(towers)))
+        _BUILT[key] = policy, policy.get_state()
+    policy, state = _BUILT[key]
+    policy.set_state(state)
+    return policy
+
+
 def pair(num_towers, cls=PGPolicy, **config):
-    """(one-device policy, policy on `num_towers` fake GPUs), same seed and config."""
-    one = cls(OBS_SPACE, ACTION_SPACE, small_config(**config))
-    many = cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(num_towers)))
+    """(one-device policy, policy on `num_towers` fake GPUs), same seed and config;
+    the one-device policy without minibatch_size, which only loading reads (it is
+    compared by learn_on_batch and compute_gradients), so tests share it."""
+    one = built(cls, 0, **{k: v for k, v in config.items() if k != "minibatch_size"})
+    many = built(cls, num_towers, **config)
     assert one.devices == ["/CPU:0"]
     assert many.devices == [f"/CPU:{i}" for i in range(num_towers)]
     assert_weights_close(one.get_weights(), many.get_weights(), atol=0, rtol=0)
@@ -149,7 +176,7 @@ def test_apply_gradients_of_compute_gradients_equals_learn_on_batch():
 
 
 def test_apply_gradients_checks_shapes_and_count():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    policy = built()
     grads, _ = policy.compute_gradients(mlp_batch(8))
     before = policy.get_weights()
     with pytest.raises(ValueError, match="entries"):
@@ -250,7 +277,7 @@ def test_clip_gradients_hand_values():
 @pytest.mark.parametrize("towers", [0, 4])
 def test_policy_clips_the_combined_gradient_on_every_path(method, clip, towers):
     batch = mlp_batch(37)
-    plain = SGDPGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(towers)))
+    plain = built(SGDPGPolicy, towers)
     raw, _ = plain.compute_gradients(batch)
     expected = _np_clip(raw, clip, method)
     assert not all(np.allclose(r, e) for r, e in zip(raw, expected))  # clipping bites
@@ -271,7 +298,7 @@ def test_policy_clips_the_combined_gradient_on_every_path(method, clip, towers):
 
 def test_l2_adds_l2_times_weight_to_kernel_gradients_only():
     batch = mlp_batch(37)
-    raw, _ = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config()).compute_gradients(batch)
+    raw, _ = built().compute_gradients(batch)
     for towers in (0, 4):
         policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(l2_coeff=0.1, **fake_gpus(towers)))
         got, _ = policy.compute_gradients(batch)
@@ -382,9 +409,7 @@ def test_batch_norm_statistics_from_a_padded_loaded_minibatch():
 
 
 def test_compute_gradients_leaves_batch_norm_statistics_alone():
-    four = PGPolicy(
-        OBS_SPACE, ACTION_SPACE, small_config(model={"use_batch_norm": True}, **fake_gpus(4))
-    )
+    four = built(PGPolicy, 4, model={"use_batch_norm": True})
     before = four.get_weights()
     four.compute_gradients(mlp_batch(16))
     assert_weights_close(before, four.get_weights(), atol=0, rtol=0)
@@ -409,10 +434,7 @@ def test_loaded_minibatches_equal_one_device_learn_on_batch_in_order(towers):
 
 
 def test_loaded_epochs_without_shuffle_equal_the_offset_loop():
-    looped, fused = [
-        PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=16, **fake_gpus(4)))
-        for _ in range(2)
-    ]
+    looped, fused = [built(PGPolicy, 4, copy, minibatch_size=16) for copy in range(2)]
     batch = mlp_batch(60)
     looped.load_batch_into_buffer(batch)
     fused.load_batch_into_buffer(batch)
@@ -427,12 +449,8 @@ def test_loaded_epochs_without_shuffle_equal_the_offset_loop():
 
 
 def test_loaded_epochs_with_shuffle_run_every_minibatch_of_every_epoch():
-    a, b, ordered = [
-        PGPolicy(
-            OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=16, num_epochs=3, **fake_gpus(4))
-        )
-        for _ in range(3)
-    ]
+    a, b = [built(PGPolicy, 4, copy, minibatch_size=16, num_epochs=3) for copy in range(2)]
+    ordered = built(PGPolicy, 4, minibatch_size=16)  # given its 3 epochs below
     batch = mlp_batch(60)
     for policy in (a, b, ordered):
         policy.load_batch_into_buffer(batch)
@@ -446,7 +464,10 @@ def test_loaded_epochs_with_shuffle_run_every_minibatch_of_every_epoch():
 
 
 def test_two_loaded_buffers_stay_independent():
-    one, four = pair(4, minibatch_size=8)
+    one = built()  # only learns on batches: no minibatch_size (see pair)
+    # built here: buffer 2 must be one never loaded
+    four = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
+    assert_weights_close(one.get_weights(), four.get_weights(), atol=0, rtol=0)
     a, b = mlp_batch(24, seed=1), mlp_batch(10, seed=2)
     assert four.load_batch_into_buffer(a, buffer_index=0) == 24
     assert four.load_batch_into_buffer(b, buffer_index=1) == 16
@@ -570,7 +591,7 @@ def test_finite_gradients_are_told_from_the_norms_and_exactly_when_a_norm_is_not
 
 @pytest.mark.parametrize("towers", [0, 4])
 def test_nan_gradient_raises_and_changes_nothing(towers):
-    policy = LogColumnPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(towers)))
+    policy = built(LogColumnPolicy, towers)
     policy.learn_on_batch(_log_batch(16))  # a finite step first: Adam has state
     weights, opt = policy.get_weights(), optimizer_state(policy)
     bad = _log_batch(16, negative_row=11)
@@ -586,16 +607,14 @@ def test_nan_gradient_raises_and_changes_nothing(towers):
 
 
 def test_nan_gradient_error_names_the_variables():
-    policy = LogColumnPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    policy = built(LogColumnPolicy, 2)
     with pytest.raises(NonFiniteGradientError) as err:
         policy.learn_on_batch(_log_batch(8, negative_row=0))
     assert "policy_dense_0/kernel" in str(err.value)
 
 
 def test_nan_gradient_in_a_loaded_minibatch_keeps_the_weights():
-    policy = LogColumnPolicy(
-        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
-    )
+    policy = built(LogColumnPolicy, 4, minibatch_size=8)
     policy.load_batch_into_buffer(_log_batch(24, negative_row=13))  # in minibatch 1
     policy.learn_on_loaded_batch(0)
     weights = policy.get_weights()
@@ -608,12 +627,7 @@ def test_nan_gradient_in_a_loaded_minibatch_keeps_the_weights():
 
 
 def test_nan_gradient_stops_loaded_epochs_after_the_good_steps():
-    reference = LogColumnPolicy(
-        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
-    )
-    policy = LogColumnPolicy(
-        OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4))
-    )
+    reference, policy = [built(LogColumnPolicy, 4, copy, minibatch_size=8) for copy in range(2)]
     batch = _log_batch(24, negative_row=13)
     reference.load_batch_into_buffer(batch)
     policy.load_batch_into_buffer(batch)
@@ -625,7 +639,7 @@ def test_nan_gradient_stops_loaded_epochs_after_the_good_steps():
 
 
 def test_nan_or_inf_gradient_given_to_apply_gradients_is_refused():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    policy = built(PGPolicy, 2)
     grads, _ = policy.compute_gradients(mlp_batch(8))
     weights = policy.get_weights()
     for value in (np.nan, np.inf):
@@ -658,7 +672,7 @@ def _assert_unchanged(policy, weights, opt, steps):
 
 @pytest.mark.parametrize("towers", [0, 4])
 def test_an_update_that_overflows_the_optimizer_is_rolled_back(towers):
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(towers)))
+    policy = built(PGPolicy, towers)
     policy.learn_on_batch(mlp_batch(16))  # a finite step first: Adam has state
     weights, opt = policy.get_weights(), optimizer_state(policy)
     with pytest.raises(NonFiniteUpdateError, match="rolled back, weights unchanged") as err:
@@ -672,7 +686,7 @@ def test_an_update_that_overflows_the_optimizer_is_rolled_back(towers):
 
 
 def test_huge_finite_gradients_given_to_apply_gradients_are_rolled_back():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    policy = built(PGPolicy, 2)
     grads, _ = policy.compute_gradients(mlp_batch(8))
     weights, opt = policy.get_weights(), optimizer_state(policy)
     with pytest.raises(NonFiniteUpdateError):
@@ -681,7 +695,7 @@ def test_huge_finite_gradients_given_to_apply_gradients_are_rolled_back():
 
 
 def test_an_overflowing_update_rolls_back_the_whole_loaded_epochs_call():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(minibatch_size=8, **fake_gpus(4)))
+    policy = built(PGPolicy, 4, minibatch_size=8)
     policy.load_batch_into_buffer(mlp_batch(24))
     policy.learn_on_loaded_epochs(1)
     weights, opt = policy.get_weights(), optimizer_state(policy)
@@ -795,7 +809,7 @@ def _without_value_targets(n):
 
 
 def test_missing_loss_column_names_it_and_leaves_the_weights():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(4)))
+    policy = built(PGPolicy, 4)
     weights = policy.get_weights()
     for call in (policy.learn_on_batch, policy.compute_gradients):
         with pytest.raises(Exception) as err:
@@ -808,7 +822,7 @@ def test_missing_loss_column_names_it_and_leaves_the_weights():
 
 
 def test_missing_loss_column_raises_missing_column_error():
-    policy = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config(**fake_gpus(2)))
+    policy = built(PGPolicy, 2)
     with pytest.raises(MissingColumnError) as err:
         policy.learn_on_batch(_without_value_targets(12))
     assert isinstance(err.value, KeyError) and "'value_targets'" in str(err.value)
@@ -820,9 +834,11 @@ def test_missing_loss_column_raises_missing_column_error():
 @pytest.mark.parametrize("towers", [0, 4])
 @pytest.mark.parametrize("n", [30, 20])  # 20: the last of 4 minibatches is all padding
 def test_accumulated_minibatches_equal_one_step_on_them_concatenated(towers, n):
-    config = small_config(minibatch_size=8, num_grad_accumulation_steps=2, **fake_gpus(towers))
-    accumulating, fused = [PGPolicy(OBS_SPACE, ACTION_SPACE, config) for _ in range(2)]
-    one = PGPolicy(OBS_SPACE, ACTION_SPACE, small_config())
+    accumulating, fused = [
+        built(PGPolicy, towers, copy, minibatch_size=8, num_grad_accumulation_steps=2)
+        for copy in range(2)
+    ]
+    one = built()
     batch = mlp_batch(n, seed=n)
     assert accumulating.load_batch_into_buffer(batch) == 32  # minibatches rounded up to 2 x 2
     for offset in (0, 16):
