@@ -83,10 +83,9 @@ def test_ppo_learns_cartpole_played_by_local_mode_client_processes(tmp_path):
     or so behind the learner, and PPO still learns from their episodes. Remote mode (the
     server acts, with its newest policy) is the simpler path, and each part of it runs in
     other tests: learning from remote-mode clients in test_external_episodes (DQN and SAC
-    from four client processes), PPO iterations on their episodes here (exact counts in
-    test_sixty_four_interleaved_episodes_from_eight_processes[ppo], an iteration after
-    each fault in the killed-replica test); its own PPO learning run (67 s in CI) was a
-    parametrization of this test."""
+    from four client processes), PPO iterations on their episodes in the killed-replica
+    test (the first exactly 64 interleaved episodes, then one after each fault); its own
+    PPO learning run (67 s in CI) was a parametrization of this test."""
     config = yaml.safe_load((REPO / "algorithms" / "tuned" / "cartpole_ppo.yaml").read_text())
     config["num_envs_per_env_runner"] = 1  # fragments of train_batch_size steps
     config_file = tmp_path / "config.yaml"
