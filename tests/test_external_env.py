@@ -38,9 +38,10 @@ def progress(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algo_name", ["dqn"])  # PPO's: in the killed-replica test
-def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path, algo_name):
-    port, total = free_port(), TOTAL_INTERLEAVED
+def test_sixty_four_interleaved_episodes_from_eight_processes_are_one_dqn_iteration(tmp_path):
+    """Every step replayed from and learned on (PPO's interleaved iteration: the first of
+    the killed-replica test)."""
+    algo_name, port, total = "dqn", free_port(), TOTAL_INTERLEAVED
     sets = [arg for setting in ONE_ITERATION_OF_ALL[algo_name] for arg in ("--set", setting)]
     server = TrainingServer(
         [
@@ -65,8 +66,8 @@ def test_sixty_four_interleaved_episodes_from_eight_processes(tmp_path, algo_nam
     (only,) = progress(tmp_path / "run")
     assert only["env_steps_this_iter"] == total and only["episodes_this_iter"] == 64
     assert only["episode_return_mean"] == total / 64  # a reward of 1 a step
-    if algo_name == "dqn":  # every step replayed from, and learned on
-        assert only["replay_buffer_size"] == total and only["num_sgd_steps_total"] > 0
+    # every step replayed from, and learned on
+    assert only["replay_buffer_size"] == total and only["num_sgd_steps_total"] > 0
 
 
 # A 100-episode mean return of 100: a uniformly random policy's is ~22 (its episodes rarely
@@ -143,8 +144,10 @@ def checkpoints_of(run_dir: Path) -> list[Path]:
 
 
 def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_checkpoint(tmp_path):
-    """One training server and its four clients through two faults in turn (one server
-    start fewer than a test for each): its replica SIGKILLed, replaced on the same port,
+    """PPO's first iteration is exactly the 64 episodes of 8 interleaved client processes
+    (the steps and episodes counted, a return of 1 a step). Then the same training server
+    and four clients go through two faults in turn (one server start fewer than a test
+    for each): its replica SIGKILLed, replaced on the same port,
     and training goes on; then the whole server SIGKILLed and started again with --resume,
     which goes on from its newest checkpoint until a SIGTERM stops it. Every client sees
     each fault and comes back (a reconnect each, at least)."""

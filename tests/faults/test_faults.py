@@ -826,11 +826,11 @@ def test_soak_ppo_learns_with_an_env_runner_killed_every_20s_and_the_learner_eve
         timeout_s=850,
         at_first_record=lambda pid: sockets.extend(_listening_sockets([pid, *descendants(pid)])),
     )
+    result = records[-1]
+    assert code == 0 and result["summary"] and result["stop_reason"] == "reward", records
     names = {name for _, _, name in sockets}
     assert {"gcs_server", "raylet"} <= names and len(sockets) >= 5, sockets
     assert [s for s in sockets if not _is_loopback(s[0])] == []
-    result = records[-1]
-    assert code == 0 and result["summary"] and result["stop_reason"] == "reward", records
     assert result["episode_return_mean"] >= 150
     assert result["workers_killed"] >= 1 and result["num_worker_restarts"] >= 1
     assert result["policy_actor_killed"] == result["num_policy_actor_restarts"] == 1
