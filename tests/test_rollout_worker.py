@@ -328,3 +328,74 @@ def test_a_fragment_is_exactly_its_size_and_the_rows_past_it_start_the_next():
     for rows in _rows_by_episode(fragments).values():
         ts = [int(r[SampleBatch.T]) for _, r in rows]
         assert ts == list(range(len(ts)))
+
+
+class AnsweringMethod:
+    """An actor method answering at once: `remote` puts its answer in Ray's store."""
+
+    def __init__(self, answer) -> None:
+        self.answer = answer
+
+    def remote(self, *args, **kwargs):
+        return ray.put(self.answer)
+
+
+class ActingActorStandIn:
+    """What a worker asks of the actor it acts through when built (its spaces and its
+    policies' initial state); no test here makes it act."""
+
+    def __init__(self, spaces=None) -> None:
+        self.get_spaces = AnsweringMethod(spaces)
+        self.get_initial_state = AnsweringMethod([])
+
+
+@pytest.mark.slow  # 0.2 s, but it needs Ray, which only this file's slow tests start
+def test_a_replaced_acting_actor_must_be_of_the_kind_the_worker_was_built_with(ray_local):
+    """One actor for a gymnasium env's policy; for a multi-agent env, an actor per policy
+    (acting learners) or one serving them all (a MultiPolicyActor): a replacement of the
+    other kind is refused in one line, and one of the same kind acts for every policy."""
+    from multi_agent_envs import TwoMapsEnv, by_agent
+
+    from policy_service.multi_agent.policies import agent_policies
+
+    probe = envs.ScriptedEpisodesEnv(SCRIPT)
+    spaces = (probe.observation_space, probe.action_space)
+    one = _worker(policy_actor=ActingActorStandIn(spaces))
+    replacement = ActingActorStandIn(spaces)
+    with pytest.raises(ValueError, match="acts through one actor: set_acting_actor got dict$"):
+        one.set_acting_actor({"default_policy": replacement})
+    one.set_acting_actor(replacement)
+    assert one.acting_actor() is replacement and one.sampler.policy.actor is replacement
+    one.stop()
+
+    policies = agent_policies(
+        {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), fakes.ReturnsPGPolicy, MLP_CONFIG
+    )
+    learners = RolloutWorker(
+        TwoMapsEnv, policies, policy_actor={p: ActingActorStandIn() for p in ("pa", "pb")}
+    )
+    with pytest.raises(ValueError, match="an actor per policy: set_acting_actor got Acting"):
+        learners.set_acting_actor(ActingActorStandIn())
+    new_learners = {p: ActingActorStandIn() for p in ("pa", "pb")}
+    learners.set_acting_actor(new_learners)
+    assert {p: learners.sampler.policies[p].actor for p in new_learners} == new_learners
+    learners.stop()
+
+    served = RolloutWorker(TwoMapsEnv, policies, policy_actor=ActingActorStandIn())
+    restarted = ActingActorStandIn()
+    served.set_acting_actor(restarted)
+    assert all(served.sampler.policies[p].actor is restarted for p in ("pa", "pb"))
+    served.stop()
+
+
+def test_a_config_beside_an_agent_policies_is_refused_in_one_line():
+    """Each policy's config is its spec's: a second one for the worker would be ignored."""
+    from multi_agent_envs import TwoMapsEnv, by_agent
+
+    from policy_service.multi_agent.policies import agent_policies
+
+    policies = agent_policies(
+        {"pa": None, "pb": None}, by_agent, None, TwoMapsEnv(), fakes.ReturnsPGPolicy, MLP_CONFIG
+    )
+    with pytest.raises(ValueError, match="^policy_config: an AgentPolicies holds each policy"):
+        RolloutWorker(TwoMapsEnv, policies, MLP_CONFIG)

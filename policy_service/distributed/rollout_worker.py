@@ -163,6 +163,11 @@ class RolloutWorker(ActingWeights):
         self.policies: dict  # policy id -> the acting policy (a copy here or a ServedPolicy)
         self.sampler: VectorEnvSampler | MultiAgentSampler
         if isinstance(policy_cls, AgentPolicies):
+            if policy_config is not None:
+                raise ValueError(
+                    "policy_config: an AgentPolicies holds each policy's config, got "
+                    f"one for the worker too ({type(policy_config).__name__})"
+                )
             self._sample_multi_agent_env(env, policy_cls, env_config, vectorize_mode, seed)
         else:
             self._sample_vector_env(

@@ -87,7 +87,6 @@ class VectorEnvSampler:
                 f"a vector env acts with one policy, got {len(policies)}: {sorted(policies)}"
             )
         ((self.policy_id, self.policy),) = policies.items()
-        self.policies = policies
         self._venv = venv
         self.num_envs = venv.num_envs
         self.observation_space = venv.single_observation_space
