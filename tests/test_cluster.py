@@ -317,7 +317,8 @@ def job_actors_driver(submission_id: str) -> dict:
     address_of = {node.node_id: node.node_ip for node in list_nodes()}  # dead ones too
     placed: dict[str, list[str]] = {}
     for actor in list_actors(filters=[("job_id", "=", job.job_id)], detail=True):
-        placed.setdefault(actor.class_name, []).append(address_of.get(actor.node_id, "?"))
+        if actor.node_id:  # else never placed (a replacement the run gave up on): ran nowhere
+            placed.setdefault(actor.class_name, []).append(address_of.get(actor.node_id, "?"))
     return {"status": str(job.status), "actors": placed}
 
 
