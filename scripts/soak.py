@@ -5,6 +5,8 @@
     python scripts/soak.py callers --callers 64 --seconds 300 --bare
     python scripts/soak.py ppo --stop-reward 450 --kill-worker-every 20 --kill-actor-at 40
     python scripts/soak.py ppo --learners 1 --kill-worker-every 20 --kill-learner-every 60
+    python scripts/soak.py ppo --learners 1 --kill-worker-every-iters 3 --kill-actor-at-iter 2 \
+        --kill-learner-every-iters 5
 
 `callers`: N threads call one restartable PolicyActor's `compute_actions` and check
 every row against a local policy with the same weights ("wrong rows"), optionally
@@ -359,9 +361,9 @@ def run_ppo(args) -> dict:
     asked = [
         kind
         for kind, makes in (
-            ("workers", bool(args.kill_worker_every)),
-            ("policy_actor", args.kill_actor_at is not None),
-            ("learners", bool(args.kill_learner_every)),
+            ("workers", bool(args.kill_worker_every or args.kill_worker_every_iters)),
+            ("policy_actor", args.kill_actor_at is not None or args.kill_actor_at_iter is not None),
+            ("learners", bool(args.kill_learner_every or args.kill_learner_every_iters)),
         )
         if makes
     ]
@@ -370,17 +372,18 @@ def run_ppo(args) -> dict:
 
     def killer() -> None:
         start = time.monotonic()
-        next_worker_kill = args.kill_worker_every
-        next_learner_kill = args.kill_learner_every
+        next_worker_kill = args.kill_worker_every or args.kill_worker_every_iters
+        next_learner_kill = args.kill_learner_every or args.kill_learner_every_iters
         while not stop.wait(0.5):
             elapsed = time.monotonic() - start
+            # the iteration running now (algo.iteration counts the finished ones)
+            running = algo.iteration + 1
             group = algo.env_runners
             if group is None:
                 continue
-            if (
-                args.kill_actor_at is not None
-                and not kills["policy_actor"]
-                and elapsed >= args.kill_actor_at
+            if not kills["policy_actor"] and (
+                (args.kill_actor_at is not None and elapsed >= args.kill_actor_at)
+                or (args.kill_actor_at_iter is not None and running >= args.kill_actor_at_iter)
             ):
                 try:
                     os.kill(_actor_pid(group.policy_actor), signal.SIGKILL)
@@ -390,8 +393,8 @@ def run_ppo(args) -> dict:
             # at most one worker kill per iteration: on a slow machine a fixed period
             # would spend a sample's restart budget, which test_faults tests apart
             if (
-                args.kill_worker_every
-                and elapsed >= next_worker_kill
+                next_worker_kill
+                and (elapsed if args.kill_worker_every else running) >= next_worker_kill
                 and group.workers
                 and algo.iteration > last_kill_iteration[0]
             ):
@@ -401,11 +404,14 @@ def run_ppo(args) -> dict:
                     last_kill_iteration[0] = algo.iteration
                 except Exception:  # noqa: BLE001 - a worker being replaced right now
                     pass
-                next_worker_kill = elapsed + args.kill_worker_every
+                if args.kill_worker_every:
+                    next_worker_kill = elapsed + args.kill_worker_every
+                else:
+                    next_worker_kill = running + args.kill_worker_every_iters
             # likewise at most one learner kill per iteration (one update's budget is 2)
             if (
                 next_learner_kill
-                and elapsed >= next_learner_kill
+                and (elapsed if args.kill_learner_every else running) >= next_learner_kill
                 and algo.learners.actors
                 and algo.iteration > last_learner_kill_iteration[0]
             ):
@@ -415,7 +421,10 @@ def run_ppo(args) -> dict:
                     last_learner_kill_iteration[0] = algo.iteration
                 except Exception:  # noqa: BLE001 - a learner being replaced right now
                     pass
-                next_learner_kill = elapsed + args.kill_learner_every
+                if args.kill_learner_every:
+                    next_learner_kill = elapsed + args.kill_learner_every
+                else:
+                    next_learner_kill = running + args.kill_learner_every_iters
 
     thread = threading.Thread(target=killer, daemon=True)
     start = time.monotonic()
@@ -504,11 +513,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ppo.add_argument("--max-seconds", type=float, default=1200.0)
     ppo.add_argument("--workers", type=int, default=2)
-    ppo.add_argument("--kill-worker-every", type=float, default=20.0)
-    ppo.add_argument("--kill-actor-at", type=float, default=40.0)
+    # each kill by seconds (a soak's clock) or by iterations (a run of known length)
+    worker_kills = ppo.add_mutually_exclusive_group()
+    worker_kills.add_argument(
+        "--kill-worker-every", type=float, help="SIGKILL a worker every S s (default 20)"
+    )
+    worker_kills.add_argument(
+        "--kill-worker-every-iters", type=int, help="SIGKILL a worker in iterations N, 2N, ..."
+    )
+    actor_kills = ppo.add_mutually_exclusive_group()
+    actor_kills.add_argument(
+        "--kill-actor-at", type=float, help="SIGKILL the PolicyActor once, at S s (default 40)"
+    )
+    actor_kills.add_argument(
+        "--kill-actor-at-iter", type=int, help="SIGKILL the PolicyActor once, in iteration N"
+    )
     ppo.add_argument("--learners", type=int, default=0, help="learner actors (0: the driver)")
-    ppo.add_argument(
+    learner_kills = ppo.add_mutually_exclusive_group()
+    learner_kills.add_argument(
         "--kill-learner-every", type=float, help="SIGKILL learner 0 every S s (with --learners)"
+    )
+    learner_kills.add_argument(
+        "--kill-learner-every-iters", type=int, help="SIGKILL learner 0 in iterations N, 2N, ..."
     )
     ppo.add_argument("--seed", type=int, default=0)
     return parser
@@ -518,6 +544,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     args = build_parser().parse_args(argv)
+    if args.kind == "ppo":  # the seconds are the defaults when no iteration was asked
+        if args.kill_worker_every is None and args.kill_worker_every_iters is None:
+            args.kill_worker_every = 20.0
+        if args.kill_actor_at is None and args.kill_actor_at_iter is None:
+            args.kill_actor_at = 40.0
     import ray
 
     from policy_service.distributed.ray_runtime import start_ray
