@@ -160,11 +160,31 @@ def test_the_run_ends_in_one_line_when_the_restart_budget_is_spent(
     assert one_error_line(capsys.readouterr().err) == f"policy-service: error: {message}"
 
 
-@pytest.mark.slow  # a policy actor started twice: ~30 s here
-def test_the_policy_actor_killed_while_sampling_comes_back_with_the_latest_weights(ray_faults):
+class PolicyActorDyingStarting(fakes.ReturnsPGPolicy):
+    """Dies while it is built when the file `die_file` exists: a PolicyActor whose
+    every restart dies before it runs any of its own code."""
+
+    die_file = ""
+
+    def __init__(self, *args, **kwargs):
+        if self.die_file and Path(self.die_file).exists():
+            os._exit(1)
+        super().__init__(*args, **kwargs)
+
+
+@pytest.mark.slow  # a policy actor started four times: ~35 s here
+def test_a_killed_policy_actor_comes_back_with_the_latest_weights_and_dying_restarts_are_counted(
+    ray_faults, tmp_path, monkeypatch
+):
+    """Killed while the runners sample, the PolicyActor comes back with the latest
+    weights and goes on taking weights; a runner's call lost with it is asked again.
+    Then its restarts die while they are built: the group's one line counts the
+    restarts, the one that died starting included."""
+    die = tmp_path / "die"
+    monkeypatch.setattr(PolicyActorDyingStarting, "die_file", str(die))
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,
-        fakes.ReturnsPGPolicy,
+        PolicyActorDyingStarting,
         CONFIG,
         num_env_runners=2,
         num_envs_per_env_runner=2,
@@ -198,8 +218,18 @@ def test_the_policy_actor_killed_while_sampling_comes_back_with_the_latest_weigh
         assert group.policy_actor_is_back(RayTaskError("sample", "...", ActorDiedError()))
         assert group.num_policy_actor_restarts() == 2
         assert not group.policy_actor_is_back(RayTaskError("sample", "...", ValueError()))
+
+        die.touch()  # from now on the PolicyActor dies while it is being built
+        os.kill(ray.get(group.policy_actor.stats.remote())["pid"], signal.SIGKILL)
+        with pytest.raises(EnvRunnerFailure) as failure:
+            group.sample()
     finally:
         group.stop()
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "the PolicyActor is gone: Ray restarted it 3 times (max_policy_actor_restarts=3); last: "
+    ), message
 
 
 @pytest.mark.slow  # a policy actor started twice: ~27 s here
@@ -324,52 +354,6 @@ def test_a_learner_that_keeps_dying_ends_in_the_budget_line_after_a_final_checkp
     assert saved["timesteps_total"] == rows[-1]["timesteps_total"]  # iteration 4's dropped
 
     assert [r["iteration"] for r in rows] == [1, 2, 3] and saved["iteration"] == 3
-
-
-class PolicyActorDyingStarting(fakes.ReturnsPGPolicy):
-    """Dies while it is built when the file `die_file` exists: a PolicyActor whose
-    every restart dies before it runs any of its own code."""
-
-    die_file = ""
-
-    def __init__(self, *args, **kwargs):
-        if self.die_file and Path(self.die_file).exists():
-            os._exit(1)
-        super().__init__(*args, **kwargs)
-
-
-@pytest.mark.slow  # four policy actor start-ups: ~25 s here
-def test_a_policy_actor_whose_restarts_die_starting_ends_in_a_line_that_counts_them(
-    ray_faults, tmp_path, monkeypatch
-):
-    die = tmp_path / "die"
-    monkeypatch.setattr(PolicyActorDyingStarting, "die_file", str(die))
-    group = EnvRunnerGroup(
-        envs.ScriptedEpisodesEnv,
-        PolicyActorDyingStarting,
-        CONFIG,
-        num_env_runners=1,
-        rollout_fragment_length=8,
-        env_config=SLOW_SCRIPT,
-        seed=0,
-        remote_inference=True,
-        num_cpus_per_env_runner=0.25,
-        policy_actor_options={"num_cpus": 0.25},
-        max_policy_actor_restarts=1,
-    )
-    try:
-        group.sample()
-        die.touch()  # from now on the PolicyActor dies while it is being built
-        os.kill(ray.get(group.policy_actor.stats.remote())["pid"], signal.SIGKILL)
-        with pytest.raises(EnvRunnerFailure) as failure:
-            group.sample()
-    finally:
-        group.stop()
-    message = str(failure.value)
-    assert "\n" not in message
-    assert message.startswith(
-        "the PolicyActor is gone: Ray restarted it 1 times (max_policy_actor_restarts=1); last: "
-    ), message
 
 
 # An APPO run (the command line, in its own process) whose PolicyActor dies at its 21st
