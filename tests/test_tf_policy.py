@@ -38,6 +38,31 @@ def policy_on(towers=0, cls=PGPolicy, **config):
     return cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(towers)))
 
 
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_built_policies():
+    yield
+    _BUILT.clear()
+
+
+def built(towers=0, **config):
+    """policy_on(towers, **config) in the state it was built in. Building and tracing
+    cost seconds a policy, so the module builds each (towers, config) once and sets its
+    first get_state() back on every later call: weights, optimizer slots, RNGs and
+    counters, exactly (the set_state tests below). A loaded buffer is not state: a test
+    that loads one successfully builds its own policy, or shares it only with tests that
+    load the same way."""
+    key = (towers, repr(sorted(config.items())))
+    if key not in _BUILT:
+        policy = policy_on(towers, **config)
+        _BUILT[key] = policy, policy.get_state()
+    policy, state = _BUILT[key]
+    policy.set_state(state)
+    return policy
+
+
 def observations(n, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
 
@@ -46,7 +71,7 @@ def observations(n, seed=0):
 
 
 def test_compute_actions_shapes_dtypes_and_extras():
-    policy = policy_on()
+    policy = built()
     actions, states, extra = policy.compute_actions(observations(7))
     assert actions.shape == (7,) and actions.dtype == np.int64
     assert all(ACTION_SPACE.contains(int(a)) for a in actions)
@@ -58,7 +83,7 @@ def test_compute_actions_shapes_dtypes_and_extras():
 
 
 def test_compute_single_action_and_input_dict_agree_with_compute_actions():
-    policy = policy_on()
+    policy = built()
     obs = observations(3)
     batch_actions, _, batch_extra = policy.compute_actions(obs, explore=False)
     action, state, extra = policy.compute_single_action(obs[1], explore=False)
@@ -74,7 +99,7 @@ def test_compute_single_action_and_input_dict_agree_with_compute_actions():
 
 
 def test_compute_actions_from_input_dict_carries_recurrent_state():
-    policy = policy_on(model=LSTM)
+    policy = built(model=LSTM)
     obs = observations(2)
     state = [np.full((2, CELL), 0.5, np.float32), np.full((2, CELL), -0.5, np.float32)]
     _, direct, extra = policy.compute_actions(obs, state, explore=False)
@@ -89,7 +114,7 @@ def test_compute_actions_from_input_dict_carries_recurrent_state():
 
 
 def test_compute_log_likelihoods_is_the_log_softmax_of_the_logits():
-    policy = policy_on()
+    policy = built()
     obs = observations(9)
     actions = np.arange(9) % 3
     logp = policy.compute_log_likelihoods(actions, obs)
@@ -111,7 +136,7 @@ def _unchanged(policy, weights):
 
 @pytest.mark.parametrize("towers", [0, 4])
 def test_wrong_obs_shape_names_the_column_and_both_shapes(towers):
-    policy = policy_on(towers)
+    policy = built(towers)
     weights = policy.get_weights()
     batch = mlp_batch(8)
     batch["obs"] = np.zeros((8, 5), np.float32)
@@ -127,7 +152,7 @@ def test_wrong_obs_shape_names_the_column_and_both_shapes(towers):
 
 
 def test_wrong_obs_dtype_names_the_column_and_dtype():
-    policy = policy_on()
+    policy = built()
     weights = policy.get_weights()
     batch = mlp_batch(4)
     batch["obs"] = np.full((4, 4), "x")
@@ -144,7 +169,7 @@ def test_wrong_obs_dtype_names_the_column_and_dtype():
 
 
 def test_wrong_new_obs_shape_names_that_column():
-    policy = policy_on()
+    policy = built()
     batch = mlp_batch(4)
     batch["new_obs"] = np.zeros((4, 3), np.float32)
     with pytest.raises(ValueError, match=r"new_obs: expected shape \(B, 4\)"):
@@ -157,7 +182,7 @@ def test_wrong_new_obs_shape_names_that_column():
 )
 @pytest.mark.parametrize("towers", [0, 4])
 def test_nan_or_inf_in_a_batch_names_the_column_and_row(column, value, towers):
-    policy = policy_on(towers)
+    policy = built(towers)
     weights = policy.get_weights()
     batch = mlp_batch(8)
     if column == "obs":
@@ -173,7 +198,7 @@ def test_nan_or_inf_in_a_batch_names_the_column_and_row(column, value, towers):
 
 
 def test_nan_observation_when_acting_is_an_error():
-    policy = policy_on()
+    policy = built()
     obs = observations(3)
     obs[1, 0] = np.nan
     with pytest.raises(ValueError, match="obs.*row 1"):
@@ -190,7 +215,7 @@ def test_nan_observation_when_acting_is_an_error():
     ],
 )
 def test_actions_outside_the_space_name_the_column(actions, message):
-    policy = policy_on(2)
+    policy = built(2)
     weights = policy.get_weights()
     batch = mlp_batch(4)
     batch["actions"] = actions
@@ -202,7 +227,7 @@ def test_actions_outside_the_space_name_the_column(actions, message):
 
 
 def test_untrainable_column_dtype_is_an_error_naming_it():
-    policy = policy_on()
+    policy = built()
     batch = mlp_batch(4)
     batch["advantages"] = np.zeros(4, np.complex64)
     with pytest.raises(ValueError, match="column 'advantages' has dtype complex64"):
@@ -210,13 +235,13 @@ def test_untrainable_column_dtype_is_an_error_naming_it():
 
 
 def test_empty_batch_is_an_error():
-    policy = policy_on()
+    policy = built()
     with pytest.raises(ValueError, match="empty"):
         policy.learn_on_batch(mlp_batch(0))
 
 
 def test_recurrent_batch_without_state_or_sequence_columns_names_them():
-    policy = policy_on(model=LSTM)
+    policy = built(model=LSTM)
     batch = episode_batch([3, 2])
     del batch["state_in_1"]
     with pytest.raises(ValueError, match="'state_in_1'"):
@@ -229,7 +254,7 @@ def test_recurrent_batch_without_state_or_sequence_columns_names_them():
 
 
 def test_wrong_state_shape_when_acting_names_the_state():
-    policy = policy_on(model=LSTM)
+    policy = built(model=LSTM)
     with pytest.raises(ValueError, match=r"state_in_1 has shape \(2, 3\), expected \(2, 8\)"):
         policy.compute_actions(observations(2), [np.zeros((2, CELL)), np.zeros((2, 3))])
     with pytest.raises(ValueError, match="expected 2 state tensors, got 1"):
@@ -273,7 +298,7 @@ def test_a_multi_dimensional_initial_state_is_repeated_per_row():
 
 
 def test_weight_names_are_unique_stable_and_cover_every_variable():
-    a, b = policy_on(), policy_on(4, model={"fcnet_hiddens": [16, 16]})
+    a, b = built(), built(4, model={"fcnet_hiddens": [16, 16]})
     assert list(a.get_weights()) == list(b.get_weights())
     names = list(a.get_weights())
     assert len(set(names)) == len(names) == len(a.model.variables)
@@ -281,7 +306,7 @@ def test_weight_names_are_unique_stable_and_cover_every_variable():
 
 
 def test_set_weights_round_trip_and_checks_everything_first():
-    source, target = policy_on(seed=1), policy_on(seed=2)
+    source, target = built(seed=1), built(seed=2)
     assert weights_differ(source.get_weights(), target.get_weights())
     target.set_weights(source.get_weights())
     assert_weights_close(source.get_weights(), target.get_weights(), atol=0, rtol=0)
@@ -300,7 +325,7 @@ def test_set_weights_round_trip_and_checks_everything_first():
 
 
 def test_import_model_from_h5(tmp_path):
-    source, target = policy_on(seed=1), policy_on(seed=2)
+    source, target = built(seed=1), built(seed=2)
     path = str(tmp_path / "model.weights.h5")
     source.model.save_weights(path)
     target.import_model_from_h5(path)
@@ -351,8 +376,8 @@ def _assert_same_behaviour(a, b):
 
 @pytest.mark.parametrize("model", [{}, LSTM])
 def test_get_state_set_state_round_trip_is_exact(model):
-    source = _trained(policy_on(2, model=model, seed=1))
-    target = policy_on(2, model=model, seed=2)
+    source = _trained(built(2, model=model, seed=1))
+    target = built(2, model=model, seed=2)
     target.set_state(source.get_state())
     assert_weights_close(source.get_weights(), target.get_weights(), atol=0, rtol=0)
     assert iterations(target) == iterations(source) == [2]
@@ -360,7 +385,7 @@ def test_get_state_set_state_round_trip_is_exact(model):
 
 
 def test_set_state_rewinds_the_same_policy_exactly():
-    policy = _trained(policy_on(2, model=LSTM))
+    policy = _trained(built(2, model=LSTM, seed=1))
     snapshot = policy.get_state()
     obs = observations(16, seed=2)
     first = [policy.compute_actions(obs, explore=e)[0] for e in (True, False, True)]
@@ -378,7 +403,7 @@ def test_set_state_rewinds_the_same_policy_exactly():
 
 
 def test_set_state_checks_before_changing_anything():
-    policy = _trained(policy_on())
+    policy = _trained(built())
     state = policy.get_state()
     policy.learn_on_batch(mlp_batch(8))
     weights, timestep = policy.get_weights(), policy.global_timestep
@@ -408,8 +433,8 @@ def test_exploration_state_travels_with_the_policy_state():
             "epsilon_timesteps": 50,
         }
     }
-    source = _trained(policy_on(**config))
-    target = policy_on()  # stochastic sampling until the state arrives
+    source = _trained(built(**config))
+    target = policy_on()  # stochastic sampling until the state arrives (a policy of its own)
     target.set_state(source.get_state())
     assert target.exploration.get_state() == source.exploration.get_state()
     _assert_same_behaviour(source, target)
@@ -417,7 +442,7 @@ def test_exploration_state_travels_with_the_policy_state():
 
 @pytest.mark.parametrize("model", [{}, LSTM])
 def test_checkpoint_round_trip_is_exact_and_pickle_free(tmp_path, model):
-    source = _trained(policy_on(2, model=model, minibatch_size=8))
+    source = _trained(built(2, model=model, minibatch_size=8))
     source.export_checkpoint(str(tmp_path / "ckpt"))
     files = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert files and all(name.endswith((".npz", ".json")) for name in files), files
@@ -449,7 +474,7 @@ def _file_bytes(directory):
 
 
 def test_failure_while_writing_a_checkpoint_leaves_the_old_one(tmp_path, monkeypatch):
-    policy = _trained(policy_on())
+    policy = _trained(built())
     path = tmp_path / "ckpt"
     policy.export_checkpoint(str(path))
     old = _file_bytes(path)
@@ -468,7 +493,7 @@ def test_failure_while_writing_a_checkpoint_leaves_the_old_one(tmp_path, monkeyp
 
 
 def test_failure_while_swapping_in_a_checkpoint_leaves_the_old_one(tmp_path, monkeypatch):
-    policy = _trained(policy_on())
+    policy = _trained(built())
     path = tmp_path / "ckpt"
     policy.export_checkpoint(str(path))
     old = _file_bytes(path)
@@ -489,7 +514,7 @@ def test_failure_while_swapping_in_a_checkpoint_leaves_the_old_one(tmp_path, mon
 
 
 def test_loading_a_checkpoint_never_unpickles(tmp_path):
-    policy = policy_on()
+    policy = built()
     path = tmp_path / "ckpt"
     policy.export_checkpoint(str(path))
     with np.load(path / "policy_arrays.npz") as data:
@@ -541,7 +566,7 @@ def test_missing_checkpoint_is_a_clear_error(tmp_path):
 
 @pytest.mark.parametrize("model", [{}, LSTM])
 def test_learning_leaves_the_callers_batch_untouched(model):
-    policy = policy_on(2, model=model, minibatch_size=8)
+    policy = built(2, model=model, minibatch_size=8)
     batch = episode_batch([5, 3, 7]) if model else mlp_batch(13)
     snapshot = {k: np.array(v, copy=True) for k, v in batch.items()}
     policy.learn_on_batch(batch)
@@ -555,7 +580,7 @@ def test_learning_leaves_the_callers_batch_untouched(model):
 def test_an_already_padded_sequence_batch_gives_the_same_gradient():
     from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
 
-    policy = policy_on(2, model=LSTM)
+    policy = built(2, model=LSTM, seed=1)
     batch = episode_batch([5, 3, 7])
     padded = batch.copy()
     pad_batch_to_sequences_of_same_size(padded, 4)
