@@ -39,9 +39,9 @@ def random_returns(name: str, episodes: int, seed: int) -> list[float]:
 
 
 def train_shared(
-    name: str, mapping: dict, env_steps: int, until=lambda result: False, **changes
+    name: str, mapping: dict, env_steps: int, until=lambda algo, result: False, **changes
 ) -> tuple[PPO, dict]:
-    """Train one shared policy for `env_steps` env steps, or until `until(result)`."""
+    """Train one shared policy for `env_steps` env steps, or until `until(algo, result)`."""
     algo = PPO(
         {
             "env": name,
@@ -57,7 +57,7 @@ def train_shared(
     )
     while True:
         result = algo.train()
-        if result["timesteps_total"] >= env_steps or until(result):
+        if result["timesteps_total"] >= env_steps or until(algo, result):
             return algo, result
 
 
@@ -79,7 +79,7 @@ def test_simple_spread_beats_a_random_policy_by_a_clear_margin():
         {"agent_": "shared"},
         30_000,
         # a full window: 100 episodes of 25 env steps
-        until=lambda r: (
+        until=lambda _, r: (
             r["timesteps_total"] >= 100 * 25
             and r["episode_return_mean"] >= random_mean + stop_margin
         ),
@@ -96,16 +96,31 @@ def test_simple_spread_beats_a_random_policy_by_a_clear_margin():
     assert trained >= random_mean + margin, (trained, random_mean)
 
 
-def self_play_won(name: str, moves: int, **changes) -> tuple[float, dict]:
+def self_play_won(
+    name: str, moves: int, checks: tuple[int, ...] = (), stop_won: float = 1.0, **changes
+) -> tuple[float, dict]:
     """One policy plays both seats of a classic game (its illegal moves masked by the
     observations' action_mask) for `moves` moves with lambda 0.95, no KL term and a
     128x128 MLP, then 200 greedy games against a uniformly random legal player ->
-    (the share won, the last result)."""
+    (the share won, the last result). Also played after the first iteration past each
+    of `checks` moves: training stops at the first that wins `stop_won` or more."""
     start = time.perf_counter()
+    pending, shares = sorted(checks), {}
+
+    def won_enough(algo, result) -> bool:
+        if not pending or result["timesteps_total"] < pending[0]:
+            return False
+        while pending and result["timesteps_total"] >= pending[0]:
+            pending.pop(0)
+        share = games_won_against_random(algo.get_policy("shared"), 200, seed=10_000, name=name)
+        shares[result["timesteps_total"]] = share
+        return share >= stop_won
+
     algo, result = train_shared(
         name,
         {"player_": "shared"},
         moves,
+        won_enough,
         lambda_=0.95,
         kl_coeff=0.0,
         vf_clip_param=100.0,
@@ -113,21 +128,31 @@ def self_play_won(name: str, moves: int, **changes) -> tuple[float, dict]:
         **changes,
     )
     try:
-        won = games_won_against_random(algo.get_policy("shared"), 200, seed=10_000, name=name)
+        won = shares.get(result["timesteps_total"])
+        if won is None:
+            won = games_won_against_random(algo.get_policy("shared"), 200, seed=10_000, name=name)
     finally:
         algo.stop()
     print(
         f"\n{name} self-play: {won:.1%} of 200 games won against random after "
-        f"{result['timesteps_total']} moves, {time.perf_counter() - start:.0f} s"
+        f"{result['timesteps_total']} moves (checked on the way: {shares}), "
+        f"{time.perf_counter() - start:.0f} s"
     )
     return won, result
 
 
 def test_connect_four_self_play_wins_80_percent_against_a_random_player():
-    """15 iterations of 2000 moves, lr 3e-4. Measured (seeds 0 / 1 / 2): 87.5% / 89.5% /
-    94.0% of the games won (load 15-30 on 2 cores, 88 / 131 / 186 s of training). With
-    the KL term, lr 1e-3 and entropy 0.01: 89.5% / 81.5% / 92.5%."""
-    won, result = self_play_won(CONNECT_FOUR, 30_000, train_batch_size=2000, lr=3e-4)
+    """Iterations of 2000 moves, lr 3e-4, at most 15 (30,000 moves). Measured at 15
+    (seeds 0 / 1 / 2): 87.5% / 89.5% / 94.0% of the games won (load 15-30 on 2 cores,
+    88 / 131 / 186 s of training). With the KL term, lr 1e-3 and entropy 0.01: 89.5% /
+    81.5% / 92.5%. Played at 10k / 16k / 22k / 30k moves on the way (seeds 0 / 1 / 2,
+    load 12-15): 90.5 / 88.5 / 89.5 / 89.5%, 89.0 / 81.0 / 84.5 / 86.0%, 86.0 / 88.5 /
+    84.0 / 89.5%; untrained 79.5 / 85.5 / 77.5% (the untrained greedy policy stacks one
+    column). So training stops at the first of 10k / 20k moves that wins 86% or more,
+    6 points over the bar (a 200-game share's standard error is ~2.5 points)."""
+    won, result = self_play_won(
+        CONNECT_FOUR, 30_000, (10_000, 20_000), 0.86, train_batch_size=2000, lr=3e-4
+    )
     assert result["agent_timesteps_total"] <= result["timesteps_total"]  # one mover a step
     assert won >= 0.8
 
