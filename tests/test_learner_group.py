@@ -52,29 +52,6 @@ def user_models_in_actors(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(user_models)
 
 
-@pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~24 s here
-def test_two_learners_of_two_fake_gpus_give_the_gradient_and_steps_of_one_device(start_pg_group):
-    group = start_pg_group(**TWO_BY_TWO)
-    assert group.devices == [["/CPU:0", "/CPU:1"]] * 2 and group.num_towers == 2
-    one = one_device()
-    same_start(group, one)
-    batch = mlp_batch(37)  # 38 rows after padding to 2 learners, 40 over 4 towers
-    g1, s1 = one.compute_gradients(batch)
-    g4, s4 = group.compute_gradients(batch)
-    assert_grads_close(g1, g4)
-    assert s4["valid_rows"] == s1["valid_rows"] == 37
-    for key in ("total_loss", "pg_loss", "vf_loss"):
-        assert s4[key] == pytest.approx(s1[key], rel=1e-5, abs=1e-6)
-    before = one.get_weights()
-    for seed in (1, 2):  # the second step from the combined Adam state
-        batch = mlp_batch(37, seed=seed)
-        stats1, stats4 = one.learn_on_batch(batch), group.learn_on_batch(batch)
-        assert stats4["total_loss"] == pytest.approx(stats1["total_loss"], rel=1e-5)
-        assert_weights_close(one.get_weights(), group.get_weights())
-    assert weights_differ(before, group.get_weights())
-    assert group.weights_identical()
-
-
 @pytest.mark.slow  # 2 learner actors x 2 fake GPUs: ~20 s here
 def test_an_lstm_with_uneven_episodes_gives_the_one_device_gradient_and_step(start_pg_group):
     group = start_pg_group(model=LSTM, **TWO_BY_TWO)
@@ -129,14 +106,16 @@ def test_a_users_batch_norm_model_gets_the_whole_batch_statistics(start_pg_group
 
 
 @pytest.mark.slow  # 2 learner actors x 2 fake GPUs, saved and restored: ~30 s here
-def test_loaded_epochs_step_through_every_learner_and_update_reports_saves_and_restores(
+def test_two_learners_of_two_fake_gpus_step_load_update_save_and_restore_as_one_device(
     start_pg_group, tmp_path
 ):
-    """One group of minibatches of 16 for both (each start costs two learner actors):
+    """One group of minibatches of 16 for all (each start costs two learner actors):
     loaded epochs step through the group's minibatches in every learner as one device
     does; then update reports the valid samples it trained on, and the group saves
-    and restores."""
+    and restores; then one SGD step on a whole batch gives one device's gradient and
+    step (minibatch_size plays no part in it)."""
     group = start_pg_group(minibatch_size=16, **TWO_BY_TWO)
+    assert group.devices == [["/CPU:0", "/CPU:1"]] * 2 and group.num_towers == 2
     one = one_device()
     same_start(group, one)
     batch = mlp_batch(60)
@@ -181,6 +160,25 @@ def test_loaded_epochs_step_through_every_learner_and_update_reports_saves_and_r
     assert not weights_differ(
         saved, PGPolicy.from_checkpoint(str(tmp_path / "learner")).get_weights()
     )
+
+    # whole-batch steps, from the restored state (optimizer included) in a one-device policy
+    one = one_device()
+    one.set_state(group.get_state())
+    batch = mlp_batch(37)  # 38 rows after padding to 2 learners, 40 over 4 towers
+    g1, s1 = one.compute_gradients(batch)
+    g4, s4 = group.compute_gradients(batch)
+    assert_grads_close(g1, g4)
+    assert s4["valid_rows"] == s1["valid_rows"] == 37
+    for key in ("total_loss", "pg_loss", "vf_loss"):
+        assert s4[key] == pytest.approx(s1[key], rel=1e-5, abs=1e-6)
+    before = one.get_weights()
+    for seed in (1, 2):  # the second step from the combined Adam state
+        batch = mlp_batch(37, seed=seed)
+        stats1, stats4 = one.learn_on_batch(batch), group.learn_on_batch(batch)
+        assert stats4["total_loss"] == pytest.approx(stats1["total_loss"], rel=1e-5)
+        assert_weights_close(one.get_weights(), group.get_weights())
+    assert weights_differ(before, group.get_weights())
+    assert group.weights_identical()
     (tmp_path / "learner" / "policy_arrays.npz").write_bytes(b"")
     with pytest.raises(CheckpointFileError, match=r"policy_arrays\.npz: empty file"):
         group.restore(str(tmp_path / "learner"))
