@@ -104,7 +104,9 @@ def measure(spec: dict):
 
 
 def configurations(args) -> list[dict]:
-    num_envs = [int(n) for n in (args.num_envs or ("1,8" if args.smoke else "1,8,32")).split(",")]
+    # --smoke: one count, local and remote (a remote worker of 1 env is a PolicyActor
+    # batching nothing: test_inference_smoke's policy/off path)
+    num_envs = [int(n) for n in (args.num_envs or ("8" if args.smoke else "1,8,32")).split(",")]
     size = dict(
         num_envs_list=num_envs,
         fragment=50 if args.smoke else args.fragment,
@@ -129,7 +131,7 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def add_flags(parser) -> None:
-    parser.add_argument("--num-envs", default=None, help="default 1,8,32 (smoke 1,8)")
+    parser.add_argument("--num-envs", default=None, help="default 1,8,32 (smoke 8)")
     parser.add_argument("--inference", default="local,remote")
     parser.add_argument("--fragment", type=int, default=200, help="steps per sub-env per sample()")
     parser.add_argument("--duration", type=float, default=5.0)

@@ -81,12 +81,7 @@ def test_inference_smoke(tmp_path):
 
 def test_sampler_smoke(tmp_path):
     records = measurements(run_smoke("sampler", tmp_path))
-    assert {(r["inference"], r["num_envs"]) for r in records} == {
-        ("local", 1),
-        ("local", 8),
-        ("remote", 1),
-        ("remote", 8),
-    }
+    assert {(r["inference"], r["num_envs"]) for r in records} == {("local", 8), ("remote", 8)}
     assert all(r["env_steps"] > 0 for r in records)
 
 
