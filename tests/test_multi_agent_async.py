@@ -227,8 +227,11 @@ def acting_policy(algo, policy_id: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("inference", ["env_runners", "learners"])
 def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, tmp_path, inference):
-    run = with_learner_actors(inference=inference)
-    algo = IMPALA(run)
+    """Saved after an iteration, trained on, then restored: every policy's learners
+    hold the saved weights and version again, and train on from them. Restored into
+    the run that saved it (restore pauses its sampling, as a resume's fallback does):
+    a second run's start-up, three TF processes, was most of this test's minute."""
+    algo = IMPALA(with_learner_actors(inference=inference))
     try:
         result = algo.train()
         assert all(f"{p}/total_loss" in result for p in POLICY_IDS), sorted(result)
@@ -237,22 +240,24 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, t
         groups = algo.async_learners().groups
         saved = {p: groups[p].get_weights() for p in POLICY_IDS}
         version = algo.learner_version()
-    finally:
-        algo.stop()
-    restored = IMPALA(run)
-    try:
-        restored.restore(str(tmp_path))
-        assert restored.learner_version() == version
-        groups = restored.async_learners().groups
+        algo.resume_sampling()
+        while algo.learner_version() <= version:  # trained past the checkpoint
+            algo.train()
+        algo.pause_sampling()
+        assert all(changed(saved[p], groups[p].get_weights()) for p in POLICY_IDS)
+        algo.resume_sampling()
+        algo.restore(str(tmp_path))
+        assert algo.learner_version() == version
+        groups = algo.async_learners().groups
         for p in POLICY_IDS:
             assert not changed(saved[p], groups[p].get_weights()), p
-        result = restored.train()
+        result = algo.train()
         assert result["learner_version"] > version
         if inference == "learners":  # the runner acts through the restored learners
-            assert acting_actors(restored) == [{p: groups[p].actors[0] for p in POLICY_IDS}]
+            assert acting_actors(algo) == [{p: groups[p].actors[0] for p in POLICY_IDS}]
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
     finally:
-        restored.stop()
+        algo.stop()
 
 
 # ----- acting on the learners (inference: learners) -------------------------------------------
