@@ -61,12 +61,14 @@ def _local_copy(actor):
     return policy
 
 
-@pytest.fixture
-def fresh_mlp(ray_local):
-    """(a new served MLP, a local copy of its policy), for a test that counts forward
-    passes: a new batcher waits for company. One that earlier tests left after a lone
-    pass runs the next lone requests at once, on its event loop (batching.py), which
-    would split a burst's first request from the rest."""
+@pytest.fixture(scope="module")
+def bursts_only_mlp(ray_local):
+    """(a served MLP, a local copy of its policy) for the tests that count forward
+    passes of a burst: its batcher must wait for company, as a new one does. A batcher
+    left after a lone pass runs the next lone requests at once (batching.py), which
+    would split a burst's first request from the rest; so only these tests use it,
+    each of whose passes serves several requests (a malformed request fails before
+    the batcher), which keeps it waiting for company; nor do they change its weights."""
     actor = _serve_mlp(WAIT_S)
     yield actor, _local_copy(actor)
     ray.kill(actor)
@@ -131,6 +133,7 @@ def test_host_without_batching_runs_one_pass_per_request():
 def test_sixteen_concurrent_callers_get_their_own_deterministic_actions(served_mlp, local_mlp):
     rng = np.random.default_rng(1)
     observations = [_obs(rng, 1 + i % 3) for i in range(16)]  # 31 rows: >1 batch of 16
+    local_mlp.set_weights(ray.get(served_mlp.get_weights.remote()))  # learned on elsewhere
     before = ray.get(served_mlp.stats.remote())
     refs = [served_mlp.compute_actions.remote(o, explore=False) for o in observations]
     results = ray.get(refs)
@@ -166,8 +169,8 @@ def test_a_full_batch_runs_without_waiting_for_the_window(ray_local):
         ray.kill(actor)
 
 
-def test_explore_and_timestep_settings_never_share_a_forward_pass(fresh_mlp):
-    served_mlp, local_mlp = fresh_mlp
+def test_explore_and_timestep_settings_never_share_a_forward_pass(bursts_only_mlp):
+    served_mlp, local_mlp = bursts_only_mlp
     rng = np.random.default_rng(3)
     settings = [(False, None)] * 3 + [(True, None)] * 3 + [(False, 5)] * 2
     observations = [_obs(rng, 1) for _ in settings]
@@ -188,8 +191,8 @@ def test_explore_and_timestep_settings_never_share_a_forward_pass(fresh_mlp):
             assert extra["action_logp"][0] < 0.0  # sampled: log pi of the drawn action
 
 
-def test_a_malformed_request_fails_for_its_caller_alone(fresh_mlp):
-    served_mlp, local_mlp = fresh_mlp
+def test_a_malformed_request_fails_for_its_caller_alone(bursts_only_mlp):
+    served_mlp, local_mlp = bursts_only_mlp
     rng = np.random.default_rng(4)
     good = [_obs(rng, 1) for _ in range(8)]
     before = ray.get(served_mlp.stats.remote())
@@ -233,8 +236,8 @@ def test_explore_is_keyword_only_where_tfpolicy_takes_prev_actions_third(served_
         ray.get(served_mlp.compute_actions.remote(obs, None, False))
 
 
-def test_a_request_that_breaks_the_forward_pass_fails_alone(fresh_mlp):
-    served_mlp, local_mlp = fresh_mlp
+def test_a_request_that_breaks_the_forward_pass_fails_alone(bursts_only_mlp):
+    served_mlp, local_mlp = bursts_only_mlp
     rng = np.random.default_rng(5)
     good = [_obs(rng, 1) for _ in range(6)]
     poisoned = np.full((1, 4), fakes.POISON, np.float32)  # valid shape, but kills the pass
