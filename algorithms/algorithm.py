@@ -59,7 +59,6 @@ if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
     from algorithms.multi_agent import MultiAgentLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
-    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
     from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
     from policy_service.policy.tf_policy import TFPolicy
@@ -155,7 +154,7 @@ class Algorithm:
         self.env_runners: EnvRunnerGroup
         self.learners: LearnerGroup
         # with `policies`: the multi-agent env runners and a LearnerGroup per policy
-        self.multi_agent: tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners] | None = None
+        self.multi_agent: tuple[EnvRunnerGroup, MultiAgentLearners] | None = None
         try:
             if cfg.policies is not None:
                 self.multi_agent = self._make_multi_agent()
@@ -501,7 +500,7 @@ class Algorithm:
             callbacks=self.callback_classes,
         )
 
-    def _make_multi_agent(self) -> tuple[MultiAgentEnvRunnerGroup, MultiAgentLearners]:
+    def _make_multi_agent(self) -> tuple[EnvRunnerGroup, MultiAgentLearners]:
         """The multi-agent env runners and the policies' learners, weights synced."""
         from algorithms import multi_agent
         from policy_service.distributed.resources import check_cluster_fits
@@ -525,7 +524,7 @@ class Algorithm:
                 if trained is not None:
                     trained.stop()
                 raise
-            return cast("MultiAgentEnvRunnerGroup", offline), trained
+            return cast("EnvRunnerGroup", offline), trained
         env, policies = multi_agent.resolve_policies(cfg, self.policy_class)
         env.close()  # it only showed the agents and spaces
         options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
@@ -619,6 +618,7 @@ class Algorithm:
         if self.config.seed is not None and not offline_keys.is_offline(self.config):
             self._retire_env_runners(runners)
             seed = iteration_seed(self.config.seed, self.iteration)
+            assert runners.agent_policies is not None  # built with them
             runners = multi_agent.multi_agent_env_runners(
                 self.config,
                 runners.agent_policies,
@@ -742,6 +742,7 @@ class Algorithm:
         if self.multi_agent is None:
             return {}
         runners, learners = self.multi_agent
+        assert runners.agent_policies is not None  # built with them
         return {
             "policy_ids": list(learners.groups),
             "agent_policy_ids": runners.agent_policies.agent_policy_ids,
@@ -1021,7 +1022,7 @@ class Algorithm:
         )
         # the policies there are keep their specs as resolved (spaces included), even
         # when no agent maps to them any more
-        assert self.multi_agent is not None
+        assert self.multi_agent is not None and self.multi_agent[0].agent_policies is not None
         resolved = self.multi_agent[0].agent_policies.specs
         complete = {p: resolved.get(p, spec) for p, spec in policies.items()}
         env, agent_policies = multi_agent.resolve_policies(

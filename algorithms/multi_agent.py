@@ -1,5 +1,5 @@
 """A multi-agent run's two halves, called as the loop calls an EnvRunnerGroup and a
-LearnerGroup: `multi_agent_env_runners` builds its MultiAgentEnvRunnerGroup (sampling in
+LearnerGroup: `multi_agent_env_runners` builds its EnvRunnerGroup (sampling in
 the driver, or in env runner actors each acting with a CPU copy of every policy, or
 through one MultiPolicyActor), `MultiAgentLearners` holds a LearnerGroup per policy
 (each policy its own learner role; num_learners: 0 puts them in the driver) and updates
@@ -33,7 +33,7 @@ from policy_service.multi_agent.self_play import check_same_layout
 from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 if TYPE_CHECKING:
-    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
+    from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
 MULTI_AGENT_KEYS = (
     "policies",
@@ -156,14 +156,14 @@ def multi_agent_env_runners(
     seed: int | None,
     inference_actors: dict | None = None,
     callbacks: list | None = None,
-) -> MultiAgentEnvRunnerGroup:
+) -> EnvRunnerGroup:
     """The run's env runners (AlgorithmConfig.env_runner_settings); `seed` seeds the
     episodes and the acting copies' sampling (None: the policies' config seed);
     `inference_actors` (MultiAgentLearners.actors): each policy acts through its learners;
     `callbacks`: the classes whose runner hooks run in the env runners."""
-    from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
+    from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
-    return MultiAgentEnvRunnerGroup(
+    return EnvRunnerGroup(
         multi_agent_env_creator(config.env),
         policies,
         inference_actors=inference_actors,

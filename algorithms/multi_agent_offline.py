@@ -120,7 +120,7 @@ def _policy_config(config: dict) -> dict:
 
 
 class OfflineMultiAgentRunners:
-    """The MultiAgentEnvRunnerGroup of an offline run: a policy's OfflineRunners each."""
+    """The multi-agent env runners of an offline run: a policy's OfflineRunners each."""
 
     num_env_runners = 0
     num_restarts = 0

@@ -190,7 +190,9 @@ class ReplayAlgorithm(Algorithm):
         if self.multi_agent is None:
             runners = self.env_runners
             return {DEFAULT_POLICY_ID: (runners.observation_space, runners.action_space)}
-        specs = self.multi_agent[0].agent_policies.specs
+        built = self.multi_agent[0].agent_policies
+        assert built is not None  # a multi-agent run's runners are built with them
+        specs = built.specs
         return {p: (spec.observation_space, spec.action_space) for p, spec in specs.items()}
 
     def _policies_changed(self, agent_policies) -> None:

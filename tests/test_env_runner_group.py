@@ -82,6 +82,15 @@ def test_workers_metrics_join_by_the_rules_they_were_sampled_with():
     }
 
 
+def test_each_policys_episode_returns_join_by_policy_id():
+    def worker(returns_of: dict):
+        return {"sample_time_s": Stat(0.1, "max"), "policy_episode_returns": returns_of}
+
+    joined = joined_metrics([worker({"pa": [1.0], "pb": [2.0]}), worker({"pa": [3.0]})])
+    assert joined["policy_episode_returns"] == {"pa": [1.0, 3.0], "pb": [2.0]}
+    assert joined_metrics([worker({}), worker({})])["policy_episode_returns"] == {}
+
+
 def test_local_group_needs_no_ray_actors():
     group = EnvRunnerGroup(
         envs.ScriptedEpisodesEnv,

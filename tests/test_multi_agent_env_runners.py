@@ -1,5 +1,5 @@
 """Multi-agent sampling beyond the driver: sub-envs stepped in lockstep, env runner
-actors (MultiAgentEnvRunnerGroup: weights by policy id, a dead worker replaced) and
+actors (EnvRunnerGroup: weights by policy id, a dead worker replaced) and
 remote inference through one MultiPolicyActor (batches per policy, each row acted by
 its own policy), with fakes.ReturnsPGPolicy. PPO learning TwoMapsEnv sampled in Ray:
 test_multi_agent_ppo.py."""
@@ -16,7 +16,7 @@ from fakes import ReturnsPGPolicy
 from multi_agent_envs import TwoMapsEnv, by_agent
 
 from policy_service import PolicySpec, SampleBatch
-from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.distributed.multi_policy_actor import MultiPolicyHost
 from policy_service.distributed.restarts import RestartablePolicyActor
 from policy_service.distributed.rollout_worker import RolloutWorker
@@ -68,6 +68,36 @@ def test_sub_envs_step_in_lockstep_with_one_forward_pass_per_policy(two_maps_pol
         len(metrics["episode_returns"]) == 3 and len(metrics["policy_episode_returns"]["pb"]) == 3
     )
     worker.stop()
+
+
+def test_a_group_built_with_agent_policies_samples_and_syncs_by_policy_id(two_maps_policies):
+    """The one EnvRunnerGroup, given an AgentPolicies, runs its worker here on them:
+    fragments by policy id, each policy's returns joined, weights by policy id (some
+    policies' sync keeps the others' latest), no observation filter; a policy_config
+    beside them is refused in one line."""
+    group = EnvRunnerGroup(
+        TwoMapsEnv, two_maps_policies, num_envs_per_env_runner=2, rollout_fragment_length=8
+    )
+    try:
+        batch, metrics = group.sample()
+        assert {p: rows.count for p, rows in batch.policy_batches.items()} == {"pa": 16, "pb": 16}
+        assert metrics["env_steps"] == batch.env_steps() == 16
+        assert {p: len(r) for p, r in metrics["policy_episode_returns"].items()} == {
+            "pa": 2,
+            "pb": 2,
+        }
+        assert group.filter_stats is None and group.observation_space == {
+            p: spec.observation_space for p, spec in two_maps_policies.specs.items()
+        }
+        weights = shifted(group.local_worker.get_weights(), 1.0)
+        group.sync_weights({"pa": weights["pa"]}, 3)
+        group.sync_weights({"pb": weights["pb"]}, 4)
+        assert_weights_equal(group.local_worker.get_weights(), weights)
+        assert group.weight_sync.weights.keys() == {"pa", "pb"}
+    finally:
+        group.stop()
+    with pytest.raises(ValueError, match="an AgentPolicies holds each policy's config"):
+        EnvRunnerGroup(TwoMapsEnv, two_maps_policies, BASE)
 
 
 def test_a_multi_policy_host_batches_per_policy_as_each_policy_computes_alone(two_maps_policies):
@@ -124,9 +154,9 @@ def test_a_multi_policy_host_refuses_an_unknown_policy_in_one_line_changing_noth
 # ----- env runner actors and the MultiPolicyActor ------------------------------------------
 
 
-def two_runners(policies, env_creator=TwoMapsEnv, **changes) -> MultiAgentEnvRunnerGroup:
+def two_runners(policies, env_creator=TwoMapsEnv, **changes) -> EnvRunnerGroup:
     """2 env runner actors x 2 TwoMapsEnv copies, fragments of 8 steps (one episode)."""
-    return MultiAgentEnvRunnerGroup(
+    return EnvRunnerGroup(
         env_creator,
         policies,
         num_env_runners=2,

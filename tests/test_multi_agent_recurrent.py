@@ -11,7 +11,7 @@ from algorithms import register_env
 from algorithms.ppo import PPO, PPOPolicy
 from policy_service import SampleBatch
 from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
-from policy_service.distributed.multi_agent_env_runner_group import MultiAgentEnvRunnerGroup
+from policy_service.distributed.env_runner_group import EnvRunnerGroup
 from policy_service.multi_agent.batch import concat_multi_agent
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
@@ -152,7 +152,7 @@ def test_a_recurrent_policy_served_by_an_actor_carries_each_agents_state(ray_loc
         PPOPolicy,
         {"model": LSTM, "seed": 0},
     )
-    served = MultiAgentEnvRunnerGroup(
+    served = EnvRunnerGroup(
         lambda env_config: TwoMapsEnv({"episode_len": 5}),
         found,
         num_env_runners=1,

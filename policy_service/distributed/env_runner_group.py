@@ -11,9 +11,13 @@ The loop it lives in:
     group.stop()
 
 `sample_async()` yields the fragments of the workers done so far (off-policy).
+The workers step a gymnasium env with one policy (a class and its config), or a
+multi-agent env with the policies of an AgentPolicies (weights by policy id, fragments as
+MultiAgentBatches: docs/multi_agent.md), as RolloutWorker does.
 `num_env_runners=0` runs one worker in this process (no Ray); `remote_inference=True`
-adds one `PolicyActor`. Remote workers are started, not waited for: they import
-TensorFlow and build their policies while the caller builds its own; with
+adds one `PolicyActor` (a `MultiPolicyActor` serving every policy of an AgentPolicies).
+Remote workers are started, not waited for: they import TensorFlow and build their
+policies while the caller builds its own; with
 `sample_while_starting`, a stand-in worker in this process samples until all are up,
 then hands them its weights and filter statistics. A worker that dies is
 recreated with the same index and the latest weights and asked again, within
@@ -25,6 +29,7 @@ The asynchronous loop, faults and budgets in full: docs/distributed.md, "EnvRunn
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +37,7 @@ import gymnasium as gym
 import ray
 from ray.exceptions import RayActorError
 
-from policy_service.config import config_for, config_value
+from policy_service.config import config_for, config_value, on_cpu
 from policy_service.data import observation_filters
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.actor_pool import (
@@ -54,10 +59,13 @@ from policy_service.distributed.role_asks import env_runner_asks, policy_actor_r
 from policy_service.distributed.rollout_worker import RolloutWorker, fragment_metrics
 from policy_service.distributed.weight_sync import WeightSync
 from policy_service.errors import RunFailure, one_line, own_error
+from policy_service.multi_agent.batch import concat_multi_agent
+from policy_service.multi_agent.policies import AgentPolicies
 from policy_service.policy import models
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
 DEFAULT_MAX_RESTARTS = 100
+POLICY_RETURNS = "policy_episode_returns"  # a multi-agent fragment's, by policy id
 
 
 class EnvRunnerFailure(RunFailure, RuntimeError):
@@ -77,9 +85,15 @@ def env_runner_ray_options(num_cpus: float, policy_config: dict | Any) -> dict:
 class EnvRunnerGroup:
     """Creates, syncs, samples from and replaces rollout workers.
 
-    `worker_cls` is what each worker is (RolloutWorker), built from `_worker_args()`
-    (a multi-agent group's: the env creator and the AgentPolicies) and the keyword
-    arguments every worker takes.
+    env, policies, policy_config: what every worker (`worker_cls`, RolloutWorker) is
+      built from: a gymnasium env, the policy class acting in it and its config (one
+      policy; its weights and spaces are that policy's alone, as its workers and the
+      PolicyActor give them); or a MultiAgentEnv creator and an AgentPolicies (no
+      policy_config: each policy's is its spec's), whose weights are a dict of policy
+      id -> weights, some or all policies': every send holds each policy's latest, so
+      a replaced worker or a restarted MultiPolicyActor acts with all of them. The run's
+      keys (runner resources, the PolicyActor's GPUs) are read from the one policy's
+      config, or the first policy's.
 
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
@@ -98,18 +112,17 @@ class EnvRunnerGroup:
       for workers acting with their own policy copies (no PolicyActor, no inference
       actors). Which calls it serves depends on how fast the workers start.
     inference_actors: actors that act for the workers with their own weights (learner
-      actors, SEED style: worker i through actor (i - 1) % N; a multi-agent group's
-      are a dict of policy id -> such a list); no weights are sent. Replaced ones (the
+      actors, SEED style: worker i through actor (i - 1) % N; with an AgentPolicies
+      a dict of policy id -> such a list); no weights are sent. Replaced ones (the
       learners restarted) are handed over by `set_inference_actors`.
     """
 
     worker_cls: type = RolloutWorker
-    weights_by_policy = False  # whether weights are policy id -> weights (WeightSync)
 
     def __init__(
         self,
         env: str | Callable[[dict], Any],
-        policy_cls: type,
+        policies: type | AgentPolicies,
         policy_config: dict | Any = None,
         *,
         num_env_runners: int = 0,
@@ -142,7 +155,20 @@ class EnvRunnerGroup:
         self.max_restarts_per_sample = int(max_restarts_per_sample)
         self.max_restarts = int(max_restarts)
         self.max_policy_actor_restarts = int(max_policy_actor_restarts)
-        self._env, self._policy_cls, self._policy_config = env, policy_cls, policy_config
+        self._env, self._policies, self._policy_config = env, policies, policy_config
+        # None: one policy of a gymnasium env, whose weights and spaces are not by policy
+        # id (the edge its workers and the PolicyActor have, until they speak policy ids)
+        self.agent_policies = policies if isinstance(policies, AgentPolicies) else None
+        if isinstance(policies, AgentPolicies):
+            if policy_config is not None:
+                raise ValueError(
+                    "policy_config: an AgentPolicies holds each policy's config, got "
+                    f"one for the group too ({type(policy_config).__name__})"
+                )
+            first = next(iter(policies.specs.values()))
+            self._config_class, self._run_config = first.built_class(), first.config
+        else:
+            self._config_class, self._run_config = policies, policy_config
         self._worker_kwargs: dict[str, Any] = dict(
             num_envs=num_envs_per_env_runner,
             rollout_fragment_length=rollout_fragment_length,
@@ -153,7 +179,7 @@ class EnvRunnerGroup:
             callbacks=callbacks,
         )
         # the latest weights, their version and the calls sent with them, for replacements
-        self.weight_sync = WeightSync(by_policy=self.weights_by_policy)
+        self.weight_sync = WeightSync(by_policy=self.agent_policies is not None)
         self.policy_actor = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
@@ -164,11 +190,11 @@ class EnvRunnerGroup:
                 "and no remote_inference"
             )
         actor_options = (
-            policy_actor_ray_options(policy_actor_options, policy_config)
+            policy_actor_ray_options(policy_actor_options, self._run_config)
             if remote_inference
             else None
         )
-        self._runner_options = env_runner_ray_options(num_cpus_per_env_runner, policy_config)
+        self._runner_options = env_runner_ray_options(num_cpus_per_env_runner, self._run_config)
         check_cluster_fits(
             env_runner_asks(
                 self.num_env_runners,
@@ -177,7 +203,7 @@ class EnvRunnerGroup:
                 self._runner_options.get("resources"),
             )
         )
-        # the workers' spaces (a worker_cls may give them otherwise, e.g. by policy id)
+        # the workers' spaces: the one policy's, or by policy id
         self.observation_space: Any
         self.action_space: Any
         if self.num_env_runners > 0 or actor_options is not None:  # the driver's spec
@@ -238,9 +264,11 @@ class EnvRunnerGroup:
         metrics["sample_time_s"] = time.perf_counter() - start
         return batch, metrics
 
-    def _joined(self, results: list[tuple[SampleBatch, dict]]) -> tuple[SampleBatch, dict]:
-        """The workers' (fragment, metrics) -> one batch and joined metrics."""
-        return concat_samples([b for b, _ in results]), joined_metrics([m for _, m in results])
+    def _joined(self, results: list[tuple[Any, dict]]) -> tuple[Any, dict]:
+        """The workers' (fragment, metrics) -> one batch (a SampleBatch, or a
+        MultiAgentBatch by policy id) and joined metrics."""
+        concat = concat_samples if self.agent_policies is None else concat_multi_agent
+        return concat([b for b, _ in results]), joined_metrics([m for _, m in results])
 
     def samples_in_driver(self) -> bool:
         """Whether fragments are sampled in this process now: with no remote workers,
@@ -526,11 +554,13 @@ class EnvRunnerGroup:
 
     def _worker_args(self) -> tuple:
         """The leading arguments of every worker (`worker_cls`)."""
-        return self._env, self._policy_cls, self._policy_config
+        return self._env, self._policies, self._policy_config
 
     def _driver_spaces(self) -> tuple:
-        """The workers' spaces, known in this process without waiting for a worker
-        (the env's, made here once)."""
+        """The workers' spaces, known in this process without waiting for a worker: the
+        env's (made here once), or by policy id from the policies' specs."""
+        if self.agent_policies is not None:
+            return self.agent_policies.spaces()
         return probe_spaces(self._env, self._worker_kwargs["env_config"])
 
     def _make_worker(self, index: int):
@@ -607,20 +637,34 @@ class EnvRunnerGroup:
         return worker.ping.remote() if sent is None else sent
 
     def _start_policy_actor(self, options: dict, host_kwargs: dict) -> RestartablePolicyActor:
-        """The PolicyActor acting for the workers (Ray `options`, PolicyHost's kwargs)."""
+        """The PolicyActor acting for the workers (Ray `options`, PolicyHost's kwargs),
+        or with an AgentPolicies one MultiPolicyActor serving every policy (acting
+        copies on the CPU unless Ray gives the actor GPUs, as the PolicyActor's)."""
+        restarts = {
+            "max_restarts": self.max_policy_actor_restarts,
+            "actor_options": options,
+            **host_kwargs,
+        }
+        if self.agent_policies is not None:
+            specs = {
+                policy_id: spec._replace(config=on_cpu(spec.config))
+                for policy_id, spec in self.agent_policies.specs.items()
+            }
+            return RestartablePolicyActor.of_policies(specs, **restarts)
         return RestartablePolicyActor(
-            self._policy_cls,
+            self._config_class,
             self.observation_space,
             self.action_space,
-            observation_filters.unfiltered(config_for(self._policy_cls, self._policy_config)),
-            max_restarts=self.max_policy_actor_restarts,
-            actor_options=options,
-            **host_kwargs,
+            observation_filters.unfiltered(config_for(self._config_class, self._run_config)),
+            **restarts,
         )
 
     def _empty_filter_stats(self) -> observation_filters.RunningStat | None:
-        """No rows yet with a MeanStdFilter; None with NoFilter (nothing to sync)."""
-        config = config_for(self._policy_cls, self._policy_config)
+        """No rows yet with a MeanStdFilter; None with NoFilter (nothing to sync), as
+        with an AgentPolicies (multi-agent workers filter nothing)."""
+        if self.agent_policies is not None:
+            return None
+        config = config_for(self._config_class, self._run_config)
         name = getattr(config, "observation_filter", observation_filters.NO_FILTER)
         observation_filter = observation_filters.make_filter(name, self.observation_space)
         if isinstance(observation_filter, observation_filters.MeanStdFilter):
@@ -706,7 +750,8 @@ def merged_filter_buffers(
 def joined_metrics(all_metrics: list[dict]) -> dict:
     """Workers' sample() metrics -> one dict: each Stat reduced by its rule (counts and
     times summed, the oldest weights version, the slowest worker's time as
-    "worker_sample_time_s"), episodes and callbacks' gatherings joined."""
+    "worker_sample_time_s"), episodes and callbacks' gatherings joined, and each
+    policy's episode returns joined when the workers give them by policy id."""
     stats = reduce_stats(
         {key: value for key, value in m.items() if isinstance(value, Stat)} for m in all_metrics
     )
@@ -714,6 +759,13 @@ def joined_metrics(all_metrics: list[dict]) -> dict:
     joined["worker_sample_time_s"] = joined.pop("sample_time_s")
     for key in ("episode_returns", "episode_lengths", "callbacks"):
         joined[key] = [item for m in all_metrics for item in m.get(key, ())]
+    by_policy = [m[POLICY_RETURNS] for m in all_metrics if POLICY_RETURNS in m]
+    if by_policy:
+        policy_returns: dict = defaultdict(list)
+        for returns_of in by_policy:
+            for policy_id, returns in returns_of.items():
+                policy_returns[policy_id].extend(returns)
+        joined[POLICY_RETURNS] = dict(policy_returns)
     return joined
 
 
