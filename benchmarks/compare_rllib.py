@@ -455,7 +455,10 @@ def schedule(args) -> list[tuple[str, str, dict]]:
         out.append(rllib("sampler", size))
     if "inference" in workloads:
         callers = [2] if smoke else [16]
-        duration = 1.0 if smoke else 5.0
+        duration = 0.5 if smoke else 5.0
+        # smoke: ours' PolicyActor alone; the no-op ceilings' runs are inference.py's own
+        # (test_inference_smoke), and their ratios here are None at this size
+        servers = ["policy/on"] if smoke else ["noop", "noop_serial", "policy/on"]
         out.append(
             (
                 "ours",
@@ -464,7 +467,7 @@ def schedule(args) -> list[tuple[str, str, dict]]:
                     target="remote",
                     callers=callers,
                     duration=duration,
-                    servers=["noop", "noop_serial", "policy/on"],
+                    servers=servers,
                     max_batch_size=32,
                     wait_ms=1.0,
                     prepare_tf=False,
