@@ -52,6 +52,26 @@ def non_rng_variables(model) -> list:
     return [v for v in model.variables if not v.path.endswith("seed_generator_state")]
 
 
+_TRAINED: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_trained_policies():
+    yield
+    _TRAINED.clear()
+
+
+def trained(style: str) -> ValueOptionalPolicy:
+    """A one-device policy of `style` after one learn_on_batch on style_batch, built
+    once per module (a build and a trace cost seconds): the tests that use it only
+    read its weights and act greedily, which changes neither."""
+    if style not in _TRAINED:
+        policy = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style))
+        policy.learn_on_batch(style_batch(policy))
+        _TRAINED[style] = policy
+    return _TRAINED[style]
+
+
 @pytest.mark.parametrize("style", sorted(user_models.STYLES))
 def test_learn_on_batch_changes_every_trainable_variable(style):
     policy = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style, **fake_gpus(2)))
@@ -66,10 +86,9 @@ def test_learn_on_batch_changes_every_trainable_variable(style):
 def test_an_env_runners_xla_twin_acts_as_the_model_does_after_training_and_a_sync(style):
     """The twin (TFPolicy.act_with_xla) traces the user's model once it is built; it
     must read the weights a learner trained and sent, as the executor's function does."""
-    learner = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style))
+    learner = trained(style)
     runner = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style, seed=1))
     assert runner.act_with_xla(4)
-    learner.learn_on_batch(style_batch(learner))
     runner.set_weights(learner.get_weights())
     for rows in (4, 3):
         obs = np.random.default_rng(rows).uniform(-1, 1, (rows, 4)).astype(np.float32)
@@ -88,8 +107,7 @@ def test_an_env_runners_xla_twin_acts_as_the_model_does_after_training_and_a_syn
 
 @pytest.mark.parametrize("style", sorted(user_models.STYLES))
 def test_weights_hold_every_variable_and_round_trip(style):
-    source = ValueOptionalPolicy(OBS_SPACE, ACTION_SPACE, style_config(style))
-    source.learn_on_batch(style_batch(source))
+    source = trained(style)
     weights = source.get_weights()
     assert len(weights) == len(non_rng_variables(source.model))
     if style in ("lazy_bn", "nested"):
