@@ -368,16 +368,10 @@ def test_a_corrupted_checkpoint_is_one_line_and_evaluate_falls_back(corrupted_ru
     assert result["checkpoint"].endswith("checkpoint_000001") and result["episodes"] == 1
 
 
-QUICK_CLI_RESUME = ("npz_truncated", "state_changed_space", "algorithm_state_list")
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(name, marks=() if name in QUICK_CLI_RESUME else pytest.mark.slow)
-        for name in sorted(CORRUPTIONS)
-    ],
-)
+# One corruption of each file kind: --resume tries each checkpoint with restore_checked,
+# whose refusal of every corruption test_every_corrupted_file_is_refused_before_resume_and_
+# the_one_before_restores checks on one algorithm (the other 14 here: ~50 s in CI, no more).
+@pytest.mark.parametrize("case", ["npz_truncated", "state_changed_space", "algorithm_state_list"])
 def test_resume_skips_a_corrupted_checkpoint_and_says_why(case, trained_run, tmp_path, capsys):
     run_dir, _, reason = _corrupted_copy(case, trained_run, tmp_path)
     assert cli.main(["train", "--resume", str(run_dir), "--stop-iters", "3"]) == 0
