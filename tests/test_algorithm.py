@@ -129,7 +129,8 @@ def test_ppo_on_training_step_is_bitwise_the_hand_written_iteration(ppo_run):
 
 def test_samples_trained_come_from_the_learner_not_from_epochs_times_rows():
     """An LSTM batch is padded to whole sequences: the learner counts only valid rows,
-    once per epoch; the epochs' padding never counts."""
+    once per epoch; the epochs' padding never counts. (The LSTM PPO's training test:
+    a finite loss on valid rows each iteration.)"""
     config = dict(
         PPO_RUN,
         train_batch_size=100,
@@ -143,6 +144,7 @@ def test_samples_trained_come_from_the_learner_not_from_epochs_times_rows():
     finally:
         algo.stop()
     for metrics in (first, second):
+        assert np.isfinite(metrics["total_loss"]) and metrics["valid_rows"] > 0
         assert metrics["num_samples_trained_this_iter"] == 2 * metrics["env_steps_this_iter"]
         # padded rows were stepped over too: more rows per step than valid ones
         assert metrics["num_sgd_steps"] * 10 > metrics["num_samples_trained_this_iter"]
@@ -342,6 +344,16 @@ def corrupt_values(path):
     (path / ALGORITHM_STATE).write_text(json.dumps(saved))
 
 
+@pytest.fixture(scope="module")
+def untrained_replay_algo():
+    """A FifoReplayPPO never trained and its initial weights, for the refused restores:
+    each test checks it is still exactly that, so one refusal that changed something
+    fails its own test (the next ones too), never passes."""
+    algo = FifoReplayPPO(REPLAY_RUN)
+    yield algo, algo.get_policy().get_weights()
+    algo.stop()
+
+
 @pytest.mark.parametrize(
     "corrupt, error, message",
     [
@@ -358,22 +370,18 @@ def corrupt_values(path):
     ids=["missing", "truncated", "wrong_shape", "bad_manifest", "refused_by_the_algorithm"],
 )
 def test_a_bad_algorithm_state_is_one_line_and_changes_nothing(
-    replay_run, tmp_path, corrupt, error, message
+    replay_run, untrained_replay_algo, tmp_path, corrupt, error, message
 ):
     path = tmp_path / "ckpt"
     shutil.copytree(replay_run[0], path)
     corrupt(path)
-    algo = FifoReplayPPO(REPLAY_RUN)
-    try:
-        weights = algo.get_policy().get_weights()
-        with pytest.raises(error, match=message) as info:
-            algo.restore(str(path))
-        assert "\n" not in str(info.value)
-        assert (algo.iteration, algo.updates, algo.replay) == (0, 0, {})
-        for name, value in algo.get_policy().get_weights().items():
-            np.testing.assert_array_equal(value, weights[name])
-    finally:
-        algo.stop()
+    algo, weights = untrained_replay_algo
+    with pytest.raises(error, match=message) as info:
+        algo.restore(str(path))
+    assert "\n" not in str(info.value)
+    assert (algo.iteration, algo.updates, algo.replay) == (0, 0, {})
+    for name, value in algo.get_policy().get_weights().items():
+        np.testing.assert_array_equal(value, weights[name])
 
 
 def test_values_that_are_not_json_are_refused_at_save(tmp_path):
