@@ -56,14 +56,18 @@ def test_bad_evaluation_keys_are_one_line_before_anything_starts(changes, messag
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
-def evaluate(checkpoint: Path) -> dict:
-    code, out, err = run("evaluate", str(checkpoint), "--episodes", "10", "--seed", "0")
-    assert code == 0, err
-    return json.loads(out.strip().splitlines()[-1])
+def evaluate(checkpoint: Path, capsys) -> dict:
+    """`policy-service evaluate CHECKPOINT --episodes 10 --seed 0`'s report, from the
+    function the command runs, in this process (no TensorFlow import per checkpoint)."""
+    from algorithms import evaluation
+
+    capsys.readouterr()
+    assert evaluation.evaluate(str(checkpoint), episodes=10, seed=0) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # a 2-iteration `train` and two `evaluate` processes: ~40 s here
-def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path):
+@pytest.mark.slow  # a 4-iteration `train` process, then two evaluations here: ~25 s here
+def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code, _, err = run(
         "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "4",
@@ -75,13 +79,13 @@ def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path):
     for row in rows[1::2]:
         assert row["evaluation/num_episodes"] == 10
         checkpoint = run_dir / "checkpoints" / f"checkpoint_{row['iteration']:06d}"
-        evaluated = evaluate(checkpoint)
+        evaluated = evaluate(checkpoint, capsys)
         assert row["evaluation/episode_returns"] == evaluated["episode_returns"]  # bit for bit
         assert row["evaluation/episode_return_mean"] == evaluated["episode_return_mean"]
 
 
 @pytest.mark.slow  # 2 iterations with an evaluation runner actor: ~40 s here
-def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_path):
+def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code, _, err = run(
         "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "2",
@@ -92,7 +96,7 @@ def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_pa
     assert code == 0, err
     row = progress(run_dir)[1]
     # evaluated in the runner actors while iteration 2 trained: iteration 1's weights
-    evaluated = evaluate(run_dir / "checkpoints" / "checkpoint_000001")
+    evaluated = evaluate(run_dir / "checkpoints" / "checkpoint_000001", capsys)
     assert sorted(row["evaluation/episode_returns"]) == sorted(evaluated["episode_returns"])
 
 
