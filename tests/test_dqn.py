@@ -211,8 +211,10 @@ def test_the_loss_decreases_on_cartpole_transitions():
     )
     batch = policy.postprocess_trajectory(cartpole_transitions(256))
     first = policy.learn_on_batch(batch)["total_loss"]
-    for _ in range(150):
+    for _ in range(150):  # until the loss is down to 30%: at most 150 steps
         last = policy.learn_on_batch(batch)["total_loss"]
+        if last < 0.3 * first:
+            break
     assert last < 0.3 * first, (first, last)
 
 
@@ -319,8 +321,8 @@ def test_the_training_step_returns_each_rows_td_error_in_batch_order(towers):
     """update() gives the |TD errors| its own loss computed, one per row of the
     batch in order (towers concatenated back, padding dropped): one SGD step on
     the whole batch, and minibatches of a loaded batch (each row's from its step)."""
-    batch = dqn().postprocess_trajectory(tiny_batch(13))  # 13 rows: towers pad
     policy = dqn(towers, minibatch_size=6, train_batch_size=6)
+    batch = policy.postprocess_trajectory(tiny_batch(13))  # 13 rows: towers pad
     expected = np.abs(numpy_td(policy, batch, double_q=True, dueling=True))
     stats = policy.update(batch)
     np.testing.assert_allclose(stats["per_row"]["td_error"], expected, rtol=1e-5, atol=1e-5)
