@@ -4,6 +4,7 @@ the same next iteration (replay buffer checkpointed), 1 and 2 fake-GPU towers
 take the same steps, remote rollout workers, the command line."""
 
 import json
+import re
 from pathlib import Path
 
 import gymnasium as gym
@@ -15,7 +16,7 @@ from fakes import assert_weights_close, fake_gpus
 
 from algorithms import get_algorithm_class
 from algorithms.dqn import DQN, DQNPolicy
-from algorithms.off_policy import sgd_steps_due
+from algorithms.off_policy import check_frame_stack_axis, sgd_steps_due
 from policy_service.cli import commands as cli
 from policy_service.config import ConfigError
 from policy_service.io.checkpoints import ALGORITHM_STATE
@@ -382,9 +383,7 @@ def test_train_and_evaluate_dqn_on_the_command_line_with_the_tuned_config(tmp_pa
     "num_learners",
     [0, pytest.param(1, marks=pytest.mark.slow)],  # a learner actor: ~7 s here
 )
-def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
-    ray_local, num_learners
-):
+def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(request, num_learners):
     """DQNPolicy.prepare_train_batch checks the "weights" column; the LearnerGroup
     prepares every batch with it, in the driver, for a learner there or in an actor.
     A good batch's per-row TD errors come back from the training step itself."""
@@ -394,6 +393,8 @@ def test_a_bad_priority_weight_column_is_refused_in_one_line_by_any_learners(
     from policy_service.replay import PRIO_WEIGHTS
     from policy_service.returns.n_step import n_step_returns
 
+    if num_learners:  # Ray for the learner actor only: a learner in the driver needs none
+        request.getfixturevalue("ray_local")
     group = LearnerGroup(
         DQNPolicy,
         OBS,
@@ -499,8 +500,28 @@ def test_dqn_trains_with_frames_stored_once(frames_env, tmp_path):
 
 
 @pytest.mark.parametrize("axis, space", [(2, (4, 6)), (0, (6,)), (-3, (4, 6))])
-def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env, axis, space):
+def test_a_frame_stack_axis_the_observation_lacks_is_one_line_naming_it(axis, space):
+    """The check DQN runs on each policy's observation space (below, end to end)."""
+    cfg = DQN.config_class(**dict(DQN_FRAMES, replay_frame_stack_axis=axis))
+    observation_space = gym.spaces.Box(-1, 1, space, np.float32)
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "replay_frame_stack_axis must be an axis of an observation of at least 2 "
+            f"dimensions, got {axis} for the observation space {observation_space}"
+        ),
+    ) as err:
+        check_frame_stack_axis(cfg, observation_space)
+    assert "\n" not in str(err.value)
+    check_frame_stack_axis(cfg, gym.spaces.Box(-1, 1, (4, 6, 6), np.float32))  # has the axis
+
+
+def test_dqn_refuses_a_frame_stack_axis_the_observation_lacks(frames_env):
+    """One DQN built on an observation of one dimension: the check above runs on its
+    policy's space (the check's other cases need no DQN built)."""
     from algorithms import register_env
+
+    axis, space = 0, (6,)
 
     register_env(
         "BoxOf",
