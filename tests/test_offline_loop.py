@@ -1,7 +1,8 @@
 """docs/offline.md's loop, each step one command run as a process, and what each one
-leaves behind: serve a checkpoint with --log-experiences; two client processes play
-episodes (PolicyClient); train marwil on the log (no env); estimate the new
-checkpoint from the log; serve the new checkpoint, logging again."""
+leaves behind: serve a checkpoint (one PPO iteration saved by this process) with
+--log-experiences; two client processes play episodes (PolicyClient); train marwil on
+the log (no env); estimate the new checkpoint from the log while serving it, logging
+again."""
 
 from __future__ import annotations
 
@@ -19,13 +20,13 @@ import pytest
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.offline import open_experiences
 from policy_service.offline.manifest import MANIFEST, read_manifest
-from tests.cli_processes import TINY, command_env, finish, ray_token, run, start
+from tests.cli_processes import command_env, finish, ray_token, run, start
 
 __all__ = ["ray_token"]  # the module's own Ray token (autouse)
 
 CLIENTS = str(Path(__file__).with_name("external_clients.py"))
 TOKEN = "offline-loop-token"
-pytestmark = pytest.mark.slow  # ~2 min: two servers, two runs, the estimate, three clients
+pytestmark = pytest.mark.slow  # ~1.5 min: two servers, a run, the estimate, three clients
 
 
 def free_port() -> int:
@@ -91,12 +92,30 @@ def discounted_returns(batch: SampleBatch, gamma: float) -> np.ndarray:
     return np.array([values[eps == e].sum() for e in np.unique(eps)])
 
 
+def first_checkpoint(directory: Path) -> Path:
+    """One PPO iteration on CartPole (the CLI tests' TINY settings), saved: the first policy,
+    trained in this process (no Ray, no `train` process: the loop starts at serving)."""
+    from algorithms.ppo import PPO
+
+    algo = PPO(
+        {
+            "env": "CartPole-v1",
+            "train_batch_size": 256,
+            "minibatch_size": 64,
+            "num_epochs": 2,
+            "model": {"fcnet_hiddens": [32, 32]},
+        }
+    )
+    try:
+        algo.train()
+        return Path(algo.save(str(directory)))
+    finally:
+        algo.stop()
+
+
 def test_serve_log_train_estimate_serve(tmp_path, monkeypatch):
     monkeypatch.setenv("POLICY_SERVICE_TOKEN", TOKEN)
-    first = tmp_path / "ppo"
-    code, _, err = run("train", "ppo", "--env", "CartPole-v1", "--stop-iters", "1",
-                       "--output-dir", str(first), *TINY)  # fmt: skip
-    assert code == 0, err[-2000:]
+    first = first_checkpoint(tmp_path / "ppo" / "checkpoint_000001")
     steps = {}
 
     # 1. serve the checkpoint, logging; 2. two clients play
@@ -132,10 +151,16 @@ def test_serve_log_train_estimate_serve(tmp_path, monkeypatch):
     result = json.loads((second / "result.json").read_text())
     assert result["timesteps_total"] == 1000 and result["iteration"] == 2
 
-    # 4. estimate the new checkpoint from the log
+    # 4. estimate the new checkpoint from the log, while 5. serves it (both only read it)
     start_s = time.perf_counter()
-    code, out, err = run("estimate", str(second), "--input", str(log), "--methods", "is,wis,dr")
-    steps["estimate_s"] = time.perf_counter() - start_s
+    estimating = start("estimate", str(second), "--input", str(log), "--methods", "is,wis,dr")
+    log2 = tmp_path / "log2"
+    port = free_port()
+    server = serving(second, log2, port)
+    (count,) = play(port, 3, seeds=[3])
+    stop(server)
+    code, out, err = finish(estimating)
+    steps["estimate_and_serve_again_s"] = time.perf_counter() - start_s
     assert code == 0, err[-2000:]
     report = json.loads(out.strip().splitlines()[-1])
     assert report["episodes"] == len(np.unique(batch[SampleBatch.EPS_ID]))
@@ -146,14 +171,7 @@ def test_serve_log_train_estimate_serve(tmp_path, monkeypatch):
         assert estimate["v_behavior"] == pytest.approx(v_behavior)
         assert np.isfinite(estimate["v_target"]) and estimate["v_target"] >= 0
 
-    # 5. serve the new checkpoint (logging again: the loop goes on)
-    start_s = time.perf_counter()
-    log2 = tmp_path / "log2"
-    port = free_port()
-    server = serving(second, log2, port)
-    (count,) = play(port, 3, seeds=[3])
-    stop(server)
-    steps["serve_again_s"] = time.perf_counter() - start_s
+    # 5. the new checkpoint served (logging again: the loop goes on)
     again = logged(log2)
     assert count["episodes"] >= 1 and again.count > 0
     manifest2 = read_manifest(log2 / "default_policy" / MANIFEST).policies["default_policy"]
