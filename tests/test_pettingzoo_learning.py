@@ -1,8 +1,8 @@
 """PPO learns PettingZoo games with one policy shared by every agent (slow, in CI):
 simple_spread's return beats a random policy's, measured in the same test, by a clear
 margin; the self-play learners of tictactoe and connect four beat a uniformly random
-legal player in at least 80% of 200 games. Each records its figures for three seeds in
-its docstring."""
+legal player in at least 80% of 200 games, and clearly more often than untrained. Each
+records its figures for three seeds in its docstring."""
 
 import time
 
@@ -39,9 +39,15 @@ def random_returns(name: str, episodes: int, seed: int) -> list[float]:
 
 
 def train_shared(
-    name: str, mapping: dict, env_steps: int, until=lambda algo, result: False, **changes
+    name: str,
+    mapping: dict,
+    env_steps: int,
+    until=lambda algo, result: False,
+    built=lambda algo: None,
+    **changes,
 ) -> tuple[PPO, dict]:
-    """Train one shared policy for `env_steps` env steps, or until `until(algo, result)`."""
+    """Train one shared policy for `env_steps` env steps, or until `until(algo, result)`;
+    `built(algo)` sees it before its first iteration."""
     algo = PPO(
         {
             "env": name,
@@ -55,6 +61,7 @@ def train_shared(
             **changes,
         }
     )
+    built(algo)
     while True:
         result = algo.train()
         if result["timesteps_total"] >= env_steps or until(algo, result):
@@ -97,15 +104,19 @@ def test_simple_spread_beats_a_random_policy_by_a_clear_margin():
 
 
 def self_play_won(
-    name: str, moves: int, checks: tuple[int, ...] = (), stop_won: float = 1.0, **changes
-) -> tuple[float, dict]:
+    name: str, moves: int, checks: tuple[int, ...] = (), stop_gain: float = 1.0, **changes
+) -> tuple[float, float, dict]:
     """One policy plays both seats of a classic game (its illegal moves masked by the
     observations' action_mask) for `moves` moves with lambda 0.95, no KL term and a
     128x128 MLP, then 200 greedy games against a uniformly random legal player ->
-    (the share won, the last result). Also played after the first iteration past each
-    of `checks` moves: training stops at the first that wins `stop_won` or more."""
+    (the share won, the untrained policy's share of the same games, the last result).
+    Also played after the first iteration past each of `checks` moves: training stops
+    at the first that wins `stop_gain` more than the untrained policy."""
     start = time.perf_counter()
     pending, shares = sorted(checks), {}
+
+    def untrained(algo) -> None:
+        shares[0] = games_won_against_random(algo.get_policy("shared"), 200, seed=10_000, name=name)
 
     def won_enough(algo, result) -> bool:
         if not pending or result["timesteps_total"] < pending[0]:
@@ -114,13 +125,14 @@ def self_play_won(
             pending.pop(0)
         share = games_won_against_random(algo.get_policy("shared"), 200, seed=10_000, name=name)
         shares[result["timesteps_total"]] = share
-        return share >= stop_won
+        return share >= shares[0] + stop_gain
 
     algo, result = train_shared(
         name,
         {"player_": "shared"},
         moves,
         won_enough,
+        untrained,
         lambda_=0.95,
         kl_coeff=0.0,
         vf_clip_param=100.0,
@@ -138,29 +150,34 @@ def self_play_won(
         f"{result['timesteps_total']} moves (checked on the way: {shares}), "
         f"{time.perf_counter() - start:.0f} s"
     )
-    return won, result
+    return won, shares[0], result
 
 
-def test_connect_four_self_play_wins_80_percent_against_a_random_player():
-    """Iterations of 2000 moves, lr 3e-4, at most 15 (30,000 moves). Measured at 15
+def test_connect_four_self_play_wins_more_than_untrained_against_a_random_player():
+    """Iterations of 2000 moves, lr 3e-4, at most 15 (30,000 moves). Against a uniformly
+    random player, the untrained greedy policy already wins 79.5% / 85.5% / 77.5% (seeds
+    0 / 1 / 2: it stacks one column), so the claim is the gain over the untrained share
+    of the same 200 games, measured in the test, and 80% at least. Measured at 15
     (seeds 0 / 1 / 2): 87.5% / 89.5% / 94.0% of the games won (load 15-30 on 2 cores,
     88 / 131 / 186 s of training). With the KL term, lr 1e-3 and entropy 0.01: 89.5% /
     81.5% / 92.5%. Played at 10k / 16k / 22k / 30k moves on the way (seeds 0 / 1 / 2,
     load 12-15): 90.5 / 88.5 / 89.5 / 89.5%, 89.0 / 81.0 / 84.5 / 86.0%, 86.0 / 88.5 /
-    84.0 / 89.5%; untrained 79.5 / 85.5 / 77.5% (the untrained greedy policy stacks one
-    column). So training stops at the first of 10k / 20k moves that wins 86% or more,
-    6 points over the bar (a 200-game share's standard error is ~2.5 points)."""
-    won, result = self_play_won(
-        CONNECT_FOUR, 30_000, (10_000, 20_000), 0.86, train_batch_size=2000, lr=3e-4
+    84.0 / 89.5%. Seed 1 gains little over its untrained 85.5%: the test runs seed 0,
+    whose gain is 9-11 points from 10k moves on. Training stops at the first of 10k / 20k
+    moves that wins 10 points over untrained, and 7 are asserted (a 200-game share's
+    standard error is ~2.5 points)."""
+    won, untrained, result = self_play_won(
+        CONNECT_FOUR, 30_000, (10_000, 20_000), 0.10, train_batch_size=2000, lr=3e-4
     )
     assert result["agent_timesteps_total"] <= result["timesteps_total"]  # one mover a step
-    assert won >= 0.8
+    assert won >= max(0.8, untrained + 0.07), (won, untrained)
 
 
 def test_tictactoe_self_play_wins_80_percent_against_a_random_player():
     """As for connect four, with larger batches (4000 moves, minibatches of 500), lr 1e-3
     and an entropy bonus of 0.01; 8 iterations (32,000 moves). Untrained, the greedy
-    policy wins 51.5% / 54.5% / 41.0% (seeds 0 / 1 / 2) of these games. Measured at
+    policy wins 34.5% (seed 0, today's tree; 51.5% / 54.5% / 41.0% for seeds 0 / 1 / 2
+    on an older one) of these games; 86.0% at 32k. Measured at
     60,000 moves (load ~2-3 on 2 cores, ~60 s each): 86.5% / 91.5% / 87.5%; on the way
     (12k / 20k / 32k / 40k / 52k moves): 67.5 / 82.5 / 87.5 / 89.5 / 86.0%, 74.0 / 84.5 /
     86.5 / 89.0 / 91.0%, 75.0 / 84.5 / 85.0 / 86.0 / 85.0%. The test stops at 32k, where
@@ -168,7 +185,7 @@ def test_tictactoe_self_play_wins_80_percent_against_a_random_player():
     32k under load ~27: 86.0%). With connect four's settings (2000-move batches, lr 3e-4,
     no entropy bonus) it peaked at 77-80% and fell back; a frozen copy of the learner as
     the opponent (test_self_play.py) rises as far but swings more between iterations."""
-    won, _ = self_play_won(
+    won, untrained, _ = self_play_won(
         TICTACTOE, 32_000, train_batch_size=4000, minibatch_size=500, lr=1e-3, entropy_coeff=0.01
     )
-    assert won >= 0.8
+    assert won >= max(0.8, untrained + 0.15), (won, untrained)
