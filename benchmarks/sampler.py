@@ -104,8 +104,8 @@ def measure(spec: dict):
 
 
 def configurations(args) -> list[dict]:
-    # --smoke: one count, local and remote (a remote worker of 1 env is a PolicyActor
-    # batching nothing: test_inference_smoke's policy/off path)
+    # --smoke: one count, local and remote: each count runs the same code, so the smoke
+    # runs the largest of the full run's first two
     num_envs = [int(n) for n in (args.num_envs or ("8" if args.smoke else "1,8,32")).split(",")]
     size = dict(
         num_envs_list=num_envs,

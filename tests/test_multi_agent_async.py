@@ -225,13 +225,19 @@ def acting_policy(algo, policy_id: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("inference", ["env_runners", "learners"])
-def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, tmp_path, inference):
-    """Saved after an iteration, trained on, then restored: every policy's learners
-    hold the saved weights and version again, and train on from them. Restored into
-    the run that saved it (restore pauses its sampling, as a resume's fallback does):
-    a second run's start-up, three TF processes, was most of this test's minute."""
-    algo = IMPALA(with_learner_actors(inference=inference))
+@pytest.mark.parametrize(
+    "inference, into", [("env_runners", "the_same_run"), ("learners", "a_fresh_run")]
+)
+def test_impala_with_learner_actors_saves_and_restores_every_policy(
+    ray_local, tmp_path, inference, into
+):
+    """Saved after an iteration, then restored: every policy's learners hold the saved
+    weights and version again, and train on from them. With the env runners acting, the
+    run that saved it trains past the checkpoint and restores it (restore pauses its
+    sampling, as a resume's fallback does); with the learners acting, a fresh run
+    restores it, as a resume does, and its runner acts through the restored learners."""
+    run = with_learner_actors(inference=inference)
+    algo = IMPALA(run)
     try:
         result = algo.train()
         assert all(f"{p}/total_loss" in result for p in POLICY_IDS), sorted(result)
@@ -240,12 +246,16 @@ def test_impala_with_learner_actors_saves_and_restores_every_policy(ray_local, t
         groups = algo.async_learners().groups
         saved = {p: groups[p].get_weights() for p in POLICY_IDS}
         version = algo.learner_version()
-        algo.resume_sampling()
-        while algo.learner_version() <= version:  # trained past the checkpoint
-            algo.train()
-        algo.pause_sampling()
-        assert all(changed(saved[p], groups[p].get_weights()) for p in POLICY_IDS)
-        algo.resume_sampling()
+        if into == "the_same_run":
+            algo.resume_sampling()
+            while algo.learner_version() <= version:  # trained past the checkpoint
+                algo.train()
+            algo.pause_sampling()
+            assert all(changed(saved[p], groups[p].get_weights()) for p in POLICY_IDS)
+            algo.resume_sampling()
+        else:
+            algo.stop()
+            algo = IMPALA(run)  # stop() is idempotent: the finally may meet either run
         algo.restore(str(tmp_path))
         assert algo.learner_version() == version
         groups = algo.async_learners().groups

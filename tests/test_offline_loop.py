@@ -151,13 +151,14 @@ def test_serve_log_train_estimate_serve(tmp_path, monkeypatch):
     result = json.loads((second / "result.json").read_text())
     assert result["timesteps_total"] == 1000 and result["iteration"] == 2
 
-    # 4. estimate the new checkpoint from the log, while 5. serves it (both only read it)
+    # 5. serve the new checkpoint, then 4. estimate it from the log while the server
+    # stops (both only read it; the client's 3 s of play do not share the cores with it)
     start_s = time.perf_counter()
-    estimating = start("estimate", str(second), "--input", str(log), "--methods", "is,wis,dr")
     log2 = tmp_path / "log2"
     port = free_port()
     server = serving(second, log2, port)
     (count,) = play(port, 3, seeds=[3])
+    estimating = start("estimate", str(second), "--input", str(log), "--methods", "is,wis,dr")
     stop(server)
     code, out, err = finish(estimating)
     steps["estimate_and_serve_again_s"] = time.perf_counter() - start_s

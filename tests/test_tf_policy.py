@@ -51,9 +51,9 @@ def built(towers=0, **config):
     """policy_on(towers, **config) in the state it was built in. Building and tracing
     cost seconds a policy, so the module builds each (towers, config) once and sets its
     first get_state() back on every later call: weights, optimizer slots, RNGs and
-    counters, exactly (the set_state tests below). A loaded buffer is not state: a test
-    that loads one successfully builds its own policy, or shares it only with tests that
-    load the same way."""
+    counters, exactly (the set_state tests below). A loaded buffer is not state, so a
+    test that loads one shares its policy only with tests that load before they read
+    the buffer or never read it (learning, state and checkpoints do not)."""
     key = (towers, repr(sorted(config.items())))
     if key not in _BUILT:
         policy = policy_on(towers, **config)

@@ -91,9 +91,10 @@ class EnvRunnerGroup:
       PolicyActor give them); or a MultiAgentEnv creator and an AgentPolicies (no
       policy_config: each policy's is its spec's), whose weights are a dict of policy
       id -> weights, some or all policies': every send holds each policy's latest, so
-      a replaced worker or a restarted MultiPolicyActor acts with all of them. The run's
-      keys (runner resources, the PolicyActor's GPUs) are read from the one policy's
-      config, or the first policy's.
+      a replaced worker or a restarted MultiPolicyActor acts with all of them, and the
+      fragments name no num_grad_updates (each policy has its own). The run's keys
+      (runner resources, the PolicyActor's GPUs) are read from the one policy's config,
+      or the first policy's.
 
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
