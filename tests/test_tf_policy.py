@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from built_policies import BuiltPolicies
 from fakes import (
     ACTION_SPACE,
     CELL,
@@ -38,7 +39,7 @@ def policy_on(towers=0, cls=PGPolicy, **config):
     return cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(towers)))
 
 
-_BUILT: dict = {}
+_BUILT = BuiltPolicies()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -54,13 +55,7 @@ def built(towers=0, **config):
     counters, exactly (the set_state tests below). A loaded buffer is not state, so a
     test that loads one shares its policy only with tests that load before they read
     the buffer or never read it (learning, state and checkpoints do not)."""
-    key = (towers, repr(sorted(config.items())))
-    if key not in _BUILT:
-        policy = policy_on(towers, **config)
-        _BUILT[key] = policy, policy.get_state()
-    policy, state = _BUILT[key]
-    policy.set_state(state)
-    return policy
+    return _BUILT.get((towers, repr(sorted(config.items()))), lambda: policy_on(towers, **config))
 
 
 def observations(n, seed=0):

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import tensorflow as tf
+from built_policies import BuiltPolicies
 from fakes import (
     ACTION_SPACE,
     OBS_SPACE,
@@ -44,7 +45,7 @@ from policy_service.engine.towers import MissingColumnError, TowerStack, clip_gr
 LSTM = {"use_lstm": True, "max_seq_len": 4}
 
 
-_BUILT: dict = {}
+_BUILT = BuiltPolicies()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,13 +61,10 @@ def built(cls=PGPolicy, towers=0, copy=0, **config):
     on every later call: weights, optimizer slots, RNGs and counters, exactly
     (tests/test_tf_policy.py's set_state tests). A loaded buffer is not state: a test
     about buffers never loaded builds its own policy."""
-    key = (cls, towers, copy, repr(sorted(config.items())))
-    if key not in _BUILT:
-        policy = cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(towers)))
-        _BUILT[key] = policy, policy.get_state()
-    policy, state = _BUILT[key]
-    policy.set_state(state)
-    return policy
+    return _BUILT.get(
+        (cls, towers, copy, repr(sorted(config.items()))),
+        lambda: cls(OBS_SPACE, ACTION_SPACE, small_config(**config, **fake_gpus(towers))),
+    )
 
 
 def pair(num_towers, cls=PGPolicy, **config):

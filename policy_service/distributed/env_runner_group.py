@@ -60,7 +60,7 @@ from policy_service.distributed.rollout_worker import RolloutWorker, fragment_me
 from policy_service.distributed.weight_sync import WeightSync
 from policy_service.errors import RunFailure, one_line, own_error
 from policy_service.multi_agent.batch import concat_multi_agent
-from policy_service.multi_agent.policies import AgentPolicies
+from policy_service.multi_agent.policies import AgentPolicies, refuse_policy_config_beside
 from policy_service.policy import models
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
@@ -161,11 +161,7 @@ class EnvRunnerGroup:
         # id (the edge its workers and the PolicyActor have, until they speak policy ids)
         self.agent_policies = policies if isinstance(policies, AgentPolicies) else None
         if isinstance(policies, AgentPolicies):
-            if policy_config is not None:
-                raise ValueError(
-                    "policy_config: an AgentPolicies holds each policy's config, got "
-                    f"one for the group too ({type(policy_config).__name__})"
-                )
+            refuse_policy_config_beside(policy_config, "group")
             first = next(iter(policies.specs.values()))
             self._config_class, self._run_config = first.built_class(), first.config
         else:

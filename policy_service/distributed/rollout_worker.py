@@ -52,7 +52,11 @@ from policy_service.distributed.vector_env_sampler import VectorEnvSampler
 from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
 from policy_service.multi_agent.batch import MultiAgentBatch
-from policy_service.multi_agent.policies import DEFAULT_POLICY_ID, AgentPolicies
+from policy_service.multi_agent.policies import (
+    DEFAULT_POLICY_ID,
+    AgentPolicies,
+    refuse_policy_config_beside,
+)
 from policy_service.multi_agent.sampler import MultiAgentSampler
 from policy_service.offline.output import ExperienceOutput
 from policy_service.policy import models
@@ -163,11 +167,7 @@ class RolloutWorker(ActingWeights):
         self.policies: dict  # policy id -> the acting policy (a copy here or a ServedPolicy)
         self.sampler: VectorEnvSampler | MultiAgentSampler
         if isinstance(policy_cls, AgentPolicies):
-            if policy_config is not None:
-                raise ValueError(
-                    "policy_config: an AgentPolicies holds each policy's config, got "
-                    f"one for the worker too ({type(policy_config).__name__})"
-                )
+            refuse_policy_config_beside(policy_config, "worker")
             self._sample_multi_agent_env(env, policy_cls, env_config, vectorize_mode, seed)
         else:
             self._sample_vector_env(

@@ -192,6 +192,16 @@ class AgentPolicies:
         )
 
 
+def refuse_policy_config_beside(policy_config: Any, holder: str) -> None:
+    """An AgentPolicies holds each policy's config: one more, given to the `holder` built
+    from it (a worker, a group), would be ignored, so it is refused in one line."""
+    if policy_config is not None:
+        raise ValueError(
+            "policy_config: an AgentPolicies holds each policy's config, got "
+            f"one for the {holder} too ({type(policy_config).__name__})"
+        )
+
+
 def agent_policies(
     policies: dict[str, PolicySpec | None],
     policy_mapping_fn: Callable | dict | str | None,
