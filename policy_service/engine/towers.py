@@ -712,7 +712,15 @@ class TowerStack:
         if self.num_learners == 1:
             return grads, stats, moments, total
         shifted, shifts = batch_norm.shifted_for_sum(moments)
-        local = [g for per_var in grads for g in per_var if g is not None] + [stats] + shifted
+        # the all-reduce needs static shapes: a gradient's is its variable's (a model that
+        # flattens with reshape(x, [B, -1]), as SAC's does, leaves a kernel's first dim unknown)
+        local = [
+            tf.ensure_shape(tf.convert_to_tensor(g), var.shape)
+            for per_var in grads
+            for g, var in zip(per_var, self.variables)
+            if g is not None
+        ]
+        local += [stats] + shifted
         means, total = self.collective_group.all_reduce_weighted_mean(local, total)
         summed = iter(means)
         grads = [[None if g is None else next(summed) for g in per_var] for per_var in grads]
