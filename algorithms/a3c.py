@@ -34,6 +34,7 @@ from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
 from policy_service.distributed.learner_thread import by_policy
+from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
@@ -142,11 +143,11 @@ class A3C(AsyncAlgorithm):
         """The fragment's gradients applied to the learner (with `policies`: each
         trained policy's with rows in it to its learner), then the weights they changed
         (the next version) sent to every runner without waiting -> the rows trained on."""
-        gradients = fragment.batch
+        gradients = fragment.batch  # by policy id (RolloutWorker.sample_and_compute_gradients)
         if isinstance(gradients, ray.ObjectRef):
             gradients = ray.get(gradients)
         if self.multi_agent is None:
-            gradients, groups = {None: gradients}, {None: self.learners}
+            gradients, groups = {None: gradients[DEFAULT_POLICY_ID]}, {None: self.learners}
         else:
             groups = self.multi_agent[1].groups
         for policy_id, policy_gradients in gradients.items():

@@ -105,7 +105,7 @@ def worker(config: dict, weights: dict, seed: int, **changes):
     runner = RolloutWorker(
         "CartPole-v1", PPOPolicy, typed, num_envs=8, rollout_fragment_length=250, seed=seed
     )
-    runner.set_weights(weights, version=1)
+    runner.set_weights({"default_policy": weights}, version=1)
     return runner
 
 

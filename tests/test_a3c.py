@@ -146,13 +146,14 @@ def test_a_runners_gradient_applied_by_the_learner_is_one_sgd_step_on_its_fragme
         "CartPole-v1", A3CPolicy, config, num_envs=2, rollout_fragment_length=10, seed=0
     )
     try:
-        learner = A3CPolicy(*worker.get_spaces(), config)
-        one_step = A3CPolicy(*worker.get_spaces(), config)
-        for policy in (worker, reference, one_step):
-            policy.set_weights(learner.get_weights())
+        learner = A3CPolicy(worker.observation_space, worker.action_space, config)
+        one_step = A3CPolicy(worker.observation_space, worker.action_space, config)
+        for runner in (worker, reference):
+            runner.set_weights({"default_policy": learner.get_weights()})
+        one_step.set_weights(learner.get_weights())
         before = learner.get_weights()
         gradients, metrics = worker.sample_and_compute_gradients()
-        learner.apply_gradients(gradients)
+        learner.apply_gradients(gradients["default_policy"])
         one_step.learn_on_batch(reference.sample()[0])  # the same fragment, learned here
         assert weights_differ(before, learner.get_weights())
         assert_weights_close(learner.get_weights(), one_step.get_weights())
@@ -192,7 +193,7 @@ def test_runners_losses_and_the_learners_optimizer_follow_the_schedules():
         "CartPole-v1", A3CPolicy, config, num_envs=2, rollout_fragment_length=10, seed=0
     )
     try:
-        learner = A3CPolicy(*worker.get_spaces(), config)
+        learner = A3CPolicy(worker.observation_space, worker.action_space, config)
         for timestep in (0, 250, 5000):
             worker.set_global_timestep(timestep)
             gradients, metrics = worker.sample_and_compute_gradients()
@@ -203,7 +204,7 @@ def test_runners_losses_and_the_learners_optimizer_follow_the_schedules():
             ), timestep
             assert seen >= timestep + 20  # set, then moved on by the fragment's 2 x 10 env steps
             learner.global_timestep = timestep
-            learner.apply_gradients(gradients)
+            learner.apply_gradients(gradients["default_policy"])
             rate = learner.towers.optimizers[0].learning_rate.numpy()
             assert rate == pytest.approx(np.float32(np.interp(timestep, *zip(*lr))), rel=1e-6)
     finally:

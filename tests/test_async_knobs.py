@@ -77,7 +77,9 @@ def worker():
 @pytest.fixture(scope="module")
 def learners(worker):
     """The learner in this process (num_learners=0)."""
-    group = LearnerGroup(fakes.ReturnsPGPolicy, *worker.get_spaces(), CONFIG)
+    group = LearnerGroup(
+        fakes.ReturnsPGPolicy, worker.observation_space, worker.action_space, CONFIG
+    )
     yield group
     group.stop()
 

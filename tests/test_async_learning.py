@@ -179,7 +179,7 @@ def test_a_stream_of_another_request_delivers_its_payload_by_reference(runners, 
     for fragment in fragments:
         assert isinstance(fragment.batch, ray.ObjectRef) and fragment.weights_version == 4
         assert fragment.env_steps >= 20 and "total_loss" in fragment.metrics["gradient_stats"]
-        gradients = ray.get(fragment.batch)
+        gradients = ray.get(fragment.batch)["default_policy"]
         assert len(gradients) == len(learners.get_weights())  # an MLP: every weight trained
         assert any(g is not None and np.abs(g).sum() > 0 for g in gradients)
 

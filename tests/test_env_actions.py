@@ -84,7 +84,7 @@ def test_a_single_agent_env_runner_sends_the_rules_action(name):
 
     rule, expected = RULES[name]
     worker = RolloutWorker(EchoEnv, PGPolicy, config(rule), rollout_fragment_length=8, seed=0)
-    worker.set_weights(fixed_weights(worker.policy))
+    worker.set_weights({"default_policy": fixed_weights(worker.policy)})
     batch, _ = worker.sample()
     np.testing.assert_allclose(batch["actions"], np.tile(MEAN, (8, 1)), atol=1e-6)  # as sampled
     np.testing.assert_allclose(batch["new_obs"], np.tile(expected, (8, 1)), atol=1e-6)

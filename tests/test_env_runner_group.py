@@ -105,11 +105,12 @@ def test_local_group_needs_no_ray_actors():
     assert group.workers == [] and group.local_worker is not None
     assert batch.count == metrics["env_steps"] >= 10
     assert metrics["num_worker_restarts"] == 0 and metrics["num_env_runners"] == 0
-    weights = {k: v + 1.0 for k, v in group.local_worker.get_weights().items()}
+    weights = {k: v + 1.0 for k, v in group.local_worker.get_weights()["default_policy"].items()}
     assert group.sync_weights(weights, 4) == 4
     assert group.weights_versions() == [4]
     np.testing.assert_array_equal(
-        next(iter(group.local_worker.get_weights().values())), next(iter(weights.values()))
+        next(iter(group.local_worker.get_weights()["default_policy"].values())),
+        next(iter(weights.values())),
     )
     group.stop()
 
@@ -138,7 +139,9 @@ def test_a_stand_in_samples_until_the_workers_start_then_hands_them_weights_and_
         for _ in range(2):
             batch, metrics = group.sample()
             assert _runners_of(batch) == {3} and batch.count == metrics["env_steps"] == 20
-        weights = {k: v + 1.0 for k, v in group.local_worker.get_weights().items()}
+        weights = {
+            k: v + 1.0 for k, v in group.local_worker.get_weights()["default_policy"].items()
+        }
         assert group.sync_weights(weights, 5) == 5
         seen = group.filter_stats.count  # the stand-in's observations, merged
         assert seen >= 40
@@ -148,7 +151,8 @@ def test_a_stand_in_samples_until_the_workers_start_then_hands_them_weights_and_
         kept = group.workers[0]
         filter_count = kept.__ray_call__.remote(lambda w: w.observation_filter.stats.count)
         assert ray.get(filter_count) == seen
-        fakes.assert_weights_close(ray.get(kept.get_weights.remote()), weights, atol=0, rtol=0)
+        kept_weights = ray.get(kept.get_weights.remote())["default_policy"]
+        fakes.assert_weights_close(kept_weights, weights, atol=0, rtol=0)
         batch, metrics = group.sample()
         assert _runners_of(batch) == {1, 2} and metrics["weights_version"] == 5
         assert metrics["num_worker_restarts"] == 1
@@ -176,7 +180,9 @@ def test_only_a_group_acting_through_inference_actors_can_be_handed_new_ones():
 @WITH_THE_GROUP
 def test_workers_start_with_the_same_weights_and_sample_in_parallel(group, monkeypatch):
     batch, metrics = group.sample()  # the first sample waits for both to start
-    first, second = ray.get([w.get_weights.remote() for w in group.workers])
+    first, second = [
+        w["default_policy"] for w in ray.get([w.get_weights.remote() for w in group.workers])
+    ]
     for name in first:
         np.testing.assert_array_equal(first[name], second[name])
     assert batch.count == metrics["env_steps"] and 80 <= batch.count <= 82
@@ -206,7 +212,7 @@ def test_sync_weights_puts_the_weights_in_the_object_store_once(group, monkeypat
     assert group.weights_versions() == [11, 11]
     for got in ray.get([w.get_weights.remote() for w in group.workers]):
         for name, value in weights.items():
-            np.testing.assert_array_equal(got[name], value)
+            np.testing.assert_array_equal(got["default_policy"][name], value)
     _, metrics = group.sample()
     assert metrics["weights_version"] == 11
 
@@ -247,7 +253,7 @@ def test_a_killed_worker_is_replaced_and_training_goes_on(group):
     assert group.num_restarts == restarts_before + 1
     assert group.workers[0] != victim
     assert group.weights_versions() == [version, version]
-    replaced = ray.get(group.workers[0].get_weights.remote())
+    replaced = ray.get(group.workers[0].get_weights.remote())["default_policy"]
     for name, value in learner.get_weights().items():
         np.testing.assert_array_equal(replaced[name], value)
 
@@ -388,7 +394,7 @@ def test_a_worker_killed_during_async_sampling_is_replaced_with_the_latest_weigh
     assert group.num_restarts == before + 1 and group.workers[0] is not victim
     results = collect_until(group, from_worker(1))
     assert all(m["weights_version"] == 60 for _, m in results)
-    replaced = ray.get(group.workers[0].get_weights.remote())
+    replaced = ray.get(group.workers[0].get_weights.remote())["default_policy"]
     for name, value in learner.get_weights().items():
         np.testing.assert_array_equal(replaced[name], value)
 

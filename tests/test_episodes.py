@@ -33,7 +33,7 @@ def fragment_and_host(policy_cls):
     worker = RolloutWorker("CartPole-v1", policy_cls, CONFIG, rollout_fragment_length=75, seed=0)
     batch, _ = worker.sample()
     host = PolicyHost(policy_cls, worker.observation_space, worker.action_space, CONFIG)
-    asyncio.run(host.set_weights(worker.get_weights(), 1))
+    asyncio.run(host.set_weights(worker.get_weights()["default_policy"], 1))
     worker.stop()
     return batch, host
 

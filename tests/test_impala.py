@@ -330,7 +330,7 @@ def test_an_acting_learner_answers_between_the_sgd_steps_of_an_update(ray_local)
     )
     worker = RolloutWorker("CartPole-v1", IMPALAPolicy, config, num_envs=2)
     fragment, _ = worker.sample()
-    spaces = worker.get_spaces()
+    spaces = (worker.observation_space, worker.action_space)
     worker.stop()
     group = LearnerGroup(SlowSteps, *spaces, config)
     try:

@@ -77,7 +77,7 @@ def test_two_learner_actors_give_one_devices_step(ray_local, policy_cls):
         "CartPole-v1", policy_cls, config, num_envs=2, rollout_fragment_length=10
     )
     fragments = [worker.sample()[0] for _ in range(4)]
-    spaces = worker.get_spaces()
+    spaces = (worker.observation_space, worker.action_space)
     worker.stop()
     one = policy_cls(*spaces, config)
     group = LearnerGroup(

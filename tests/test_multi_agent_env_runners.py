@@ -86,7 +86,7 @@ def test_a_group_built_with_agent_policies_samples_and_syncs_by_policy_id(two_ma
             "pa": 2,
             "pb": 2,
         }
-        assert group.filter_stats is None and group.observation_space == {
+        assert group.filter_stats is None and group.observation_spaces == {
             p: spec.observation_space for p, spec in two_maps_policies.specs.items()
         }
         weights = shifted(group.local_worker.get_weights(), 1.0)

@@ -181,7 +181,7 @@ def test_a_sync_that_does_not_wait_merges_what_arrived_and_sends_it_back(ray_loc
     group = two_filtered_runners()
     try:
         batch, _ = group.sample()
-        weights = ray.get(group.workers[0].get_weights.remote())
+        weights = ray.get(group.workers[0].get_weights.remote())["default_policy"]
         group.sync_weights(weights, wait=False)  # asks for the buffers
         assert group.filter_stats.count == 0
         ray.get(list(group._filter_flushes))  # both buffers have arrived

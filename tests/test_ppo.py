@@ -688,7 +688,7 @@ def test_remote_env_runners_and_who_owns_ray():
                 )
             )
         )
-        spaces = (owner.env_runners.observation_space, owner.env_runners.action_space)
+        spaces = (owner.env_runners.observation_spaces, owner.env_runners.action_spaces)
         assert built[0] == spaces and built[1:] == (1, 1, 3)
         guest = PPO(algo_config(num_env_runners=1, sample_while_env_runners_start=False))
         assert guest.env_runners.local_worker is None

@@ -234,7 +234,7 @@ def test_remote_inference_matches_local_inference(ray_local):
         batch_wait_timeout_s=0.002,
     )
     try:
-        ray.get(actor.set_weights.remote(local_worker.get_weights(), 3))
+        ray.get(actor.set_weights.remote(local_worker.get_weights()["default_policy"], 3))
         remote_worker = _worker(config, rollout_fragment_length=5, policy_actor=actor)
         for _ in range(2):
             local_batch, _ = local_worker.sample()
@@ -280,8 +280,8 @@ def test_rollout_worker_as_a_ray_actor(ray_local):
         )
     )
     try:
-        obs_space, _ = ray.get(worker.get_spaces.remote())
-        assert obs_space.shape == (3,)
+        obs_spaces, _ = ray.get(worker.get_spaces.remote())
+        assert obs_spaces["default_policy"].shape == (3,)
         batch, metrics = ray.get(worker.sample.remote())
         assert metrics["worker_index"] == 3 and batch.count == metrics["env_steps"].value >= 8
         assert (batch[SampleBatch.UNROLL_ID] >= 3 * 2**32).all()
@@ -302,9 +302,11 @@ def test_sample_and_compute_gradients_is_sample_then_the_policys_gradients():
         assert metrics["weights_version"] == Stat(7, "min")
         assert metrics["gradient_stats"] == pytest.approx(expected_stats)
         assert metrics["gradient_time_s"] > 0
-        fakes.assert_grads_close(gradients, expected)
+        fakes.assert_grads_close(gradients["default_policy"], expected)
         assert together.weights_version() == 7  # nothing was applied
-        fakes.assert_weights_close(together.get_weights(), apart.get_weights())
+        fakes.assert_weights_close(
+            together.get_weights()["default_policy"], apart.get_weights()["default_policy"]
+        )
     finally:
         apart.stop()
         together.stop()

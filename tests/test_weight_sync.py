@@ -58,7 +58,7 @@ def test_every_receiver_reads_one_object_store_copy(ray_local, monkeypatch):
 
 
 def test_policy_weights_merge_into_the_latest():
-    sync = WeightSync(by_policy=True)
+    sync = WeightSync()
     sync.take({"a": {"w": 1}, "b": {"w": 2}}, 0)
     assert sync.take({"b": {"w": 3}}) == 1
     assert sync.weights == {"a": {"w": 1}, "b": {"w": 3}}

@@ -60,7 +60,11 @@ from policy_service.distributed.rollout_worker import RolloutWorker, fragment_me
 from policy_service.distributed.weight_sync import WeightSync
 from policy_service.errors import RunFailure, one_line, own_error
 from policy_service.multi_agent.batch import concat_multi_agent
-from policy_service.multi_agent.policies import AgentPolicies, refuse_policy_config_beside
+from policy_service.multi_agent.policies import (
+    DEFAULT_POLICY_ID,
+    AgentPolicies,
+    refuse_policy_config_beside,
+)
 from policy_service.policy import models
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
 
@@ -87,14 +91,15 @@ class EnvRunnerGroup:
 
     env, policies, policy_config: what every worker (`worker_cls`, RolloutWorker) is
       built from: a gymnasium env, the policy class acting in it and its config (one
-      policy; its weights and spaces are that policy's alone, as its workers and the
-      PolicyActor give them); or a MultiAgentEnv creator and an AgentPolicies (no
-      policy_config: each policy's is its spec's), whose weights are a dict of policy
-      id -> weights, some or all policies': every send holds each policy's latest, so
-      a replaced worker or a restarted MultiPolicyActor acts with all of them, and the
-      fragments name no num_grad_updates (each policy has its own). The run's keys
-      (runner resources, the PolicyActor's GPUs) are read from the one policy's config,
-      or the first policy's.
+      policy, "default_policy"); or a MultiAgentEnv creator and an AgentPolicies (no
+      policy_config: each policy's is its spec's), whose fragments name no
+      num_grad_updates (each policy has its own). The workers' weights and spaces are
+      by policy id either way (`observation_spaces`, `action_spaces`); weights synced
+      are some or all policies': every send holds each policy's latest, so a replaced
+      worker or a restarted MultiPolicyActor acts with all of them. `sync_weights`
+      takes one policy's weights alone (its entry puts them under "default_policy").
+      The run's keys (runner resources, the PolicyActor's GPUs) are read from the one
+      policy's config, or the first policy's.
 
     num_cpus_per_env_runner: Ray CPUs reserved per worker actor (0.5 lets two
       workers and a policy actor share two cores).
@@ -157,8 +162,8 @@ class EnvRunnerGroup:
         self.max_restarts = int(max_restarts)
         self.max_policy_actor_restarts = int(max_policy_actor_restarts)
         self._env, self._policies, self._policy_config = env, policies, policy_config
-        # None: one policy of a gymnasium env, whose weights and spaces are not by policy
-        # id (the edge its workers and the PolicyActor have, until they speak policy ids)
+        # None: one policy of a gymnasium env (its fragments SampleBatches; weights
+        # synced are that policy's alone, put under DEFAULT_POLICY_ID by sync_weights)
         self.agent_policies = policies if isinstance(policies, AgentPolicies) else None
         if isinstance(policies, AgentPolicies):
             refuse_policy_config_beside(policy_config, "group")
@@ -176,8 +181,11 @@ class EnvRunnerGroup:
             callbacks=callbacks,
         )
         # the latest weights, their version and the calls sent with them, for replacements
-        self.weight_sync = WeightSync(by_policy=self.agent_policies is not None)
+        self.weight_sync = WeightSync()
         self.policy_actor = None
+        # the one policy a PolicyActor serves alone, whose weights are not by id (None:
+        # no PolicyActor, or a MultiPolicyActor serving by policy id)
+        self._served_alone: str | None = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
         self._inference_actors = _copied(inference_actors or [])
@@ -200,11 +208,11 @@ class EnvRunnerGroup:
                 self._runner_options.get("resources"),
             )
         )
-        # the workers' spaces: the one policy's, or by policy id
-        self.observation_space: Any
-        self.action_space: Any
+        # the workers' spaces by policy id
+        self.observation_spaces: dict
+        self.action_spaces: dict
         if self.num_env_runners > 0 or actor_options is not None:  # the driver's spec
-            self.observation_space, self.action_space = self._driver_spaces()
+            self.observation_spaces, self.action_spaces = self._driver_spaces()
         if actor_options is not None:
             self._served_policy = self._start_policy_actor(
                 actor_options,
@@ -234,7 +242,7 @@ class EnvRunnerGroup:
                 policy_actor=self.policy_actor,
                 **self._worker_kwargs,
             )
-            self.observation_space, self.action_space = self.local_worker.get_spaces()
+            self.observation_spaces, self.action_spaces = self.local_worker.get_spaces()
         else:
             self._worker_cls: Any = ray.remote(self.worker_cls)
             self.workers += [self._make_worker(index) for index in self._worker_indices()]
@@ -243,6 +251,17 @@ class EnvRunnerGroup:
                 self.local_worker = self._stand_in()
         self.filter_stats = self._empty_filter_stats()
         self._filter_flushes: list = []  # flush_filter_buffer refs of sync_weights(wait=False)
+
+    @property
+    def observation_space(self) -> Any:
+        """The one policy's observation space (DEFAULT_POLICY_ID's; None without a policy
+        of that id: `observation_spaces` has every policy's)."""
+        return self.observation_spaces.get(DEFAULT_POLICY_ID)
+
+    @property
+    def action_space(self) -> Any:
+        """The one policy's action space (as `observation_space`)."""
+        return self.action_spaces.get(DEFAULT_POLICY_ID)
 
     # ----- sampling ----------------------------------------------------------------
 
@@ -448,6 +467,8 @@ class EnvRunnerGroup:
     ) -> int:
         """Give every worker (or the policy actor) these weights: one ray.put in all
         (`WeightSync`); then the workers' observation filters are synced (sync_filters).
+        `weights`: policy id -> weights (some or all policies'), or with one policy of a
+        gymnasium env its weights alone.
 
         `version` defaults to the last one + 1. -> the version now in use.
         num_grad_updates: the SGD steps that made the weights; the batches of workers
@@ -459,6 +480,8 @@ class EnvRunnerGroup:
         by the next call here; a worker that died is replaced by the next sample.
         """
         self.weight_sync.check_acks()
+        if self.agent_policies is None:  # one policy's weights alone: by policy id from here on
+            weights = {DEFAULT_POLICY_ID: weights}
         version = self.weight_sync.take(weights, version, num_grad_updates)
         if not self._inference_actors:  # else they act with the learner's own weights
             self._send_weights(wait)
@@ -471,8 +494,9 @@ class EnvRunnerGroup:
             self.local_worker.set_weights(sync.weights, sync.version, sync.num_grad_updates)
             return
         if self._served_policy is not None:
+            served = sync.ref() if self._served_alone is None else sync.weights[self._served_alone]
             try:
-                self._served_policy.set_weights(sync.ref(), sync.version)
+                self._served_policy.set_weights(served, sync.version)
             except RayActorError as error:
                 raise self._policy_actor_failure(error) from None
             except PolicyActorFailure as failure:  # told in this group's terms
@@ -554,11 +578,12 @@ class EnvRunnerGroup:
         return self._env, self._policies, self._policy_config
 
     def _driver_spaces(self) -> tuple:
-        """The workers' spaces, known in this process without waiting for a worker: the
-        env's (made here once), or by policy id from the policies' specs."""
+        """The workers' spaces by policy id, known in this process without waiting for a
+        worker: the env's (made here once) for the one policy, or the policies' specs'."""
         if self.agent_policies is not None:
             return self.agent_policies.spaces()
-        return probe_spaces(self._env, self._worker_kwargs["env_config"])
+        observation_space, action_space = probe_spaces(self._env, self._worker_kwargs["env_config"])
+        return {DEFAULT_POLICY_ID: observation_space}, {DEFAULT_POLICY_ID: action_space}
 
     def _make_worker(self, index: int):
         return self._worker_cls.options(**self._runner_options).remote(
@@ -648,6 +673,7 @@ class EnvRunnerGroup:
                 for policy_id, spec in self.agent_policies.specs.items()
             }
             return RestartablePolicyActor.of_policies(specs, **restarts)
+        self._served_alone = DEFAULT_POLICY_ID  # a PolicyActor's weights are its policy's alone
         return RestartablePolicyActor(
             self._config_class,
             self.observation_space,

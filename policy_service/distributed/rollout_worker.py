@@ -1,7 +1,8 @@
 """RolloutWorker: steps copies of an env with one policy or several, returns postprocessed
 fragments: a gymnasium vector env with one policy (VectorEnvSampler), or multi-agent envs
-with a policy per agent by the mapping (MultiAgentSampler; weights, spaces and gradients
-by policy id, fragments as MultiAgentBatches: docs/multi_agent.md).
+with a policy per agent by the mapping (MultiAgentSampler; fragments as MultiAgentBatches:
+docs/multi_agent.md). Weights, spaces and gradients are by policy id, for one policy too
+("default_policy").
 
 The loop it lives in:
 
@@ -10,7 +11,7 @@ The loop it lives in:
     for version in itertools.count(1):
         batch, metrics = worker.sample()       # SampleBatch, {"env_steps": Stat, ...}
         learner.learn_on_batch(batch)
-        worker.set_weights(learner.get_weights(), version)
+        worker.set_weights({"default_policy": learner.get_weights()}, version)
 
 `sample_and_compute_gradients()` returns a fragment's gradients instead, computed by
 the worker's own policy copy, for a learner that applies them (A3C).
@@ -67,10 +68,14 @@ VECTORIZE_MODES = ("sync", "async")
 
 
 class ActingWeights:
-    """A worker's weights and their version: its own policy copy's (`own_weights`,
-    `set_own_weights`), or those of the PolicyActor acting for it (`_policy_actor`)."""
+    """A worker's weights (policy id -> weights) and their version: its own policy
+    copies' (`own_weights`, `set_own_weights`), or those of the actor acting for it
+    (`_policy_actor`). An actor serving one policy alone (a PolicyActor, an acting
+    learner) takes and gives that policy's weights, not by id: `_served_alone` names
+    it (None: the actor's weights are by policy id, or no actor acts)."""
 
     _policy_actor: Any
+    _served_alone: str | None = None
     _weights_version: int
     _num_grad_updates: int | None
 
@@ -88,8 +93,9 @@ class ActingWeights:
         name from now on (SampleBatch.num_grad_updates); not through a policy actor,
         whose weights change apart from this call."""
         if self._policy_actor is not None:
+            served = weights if self._served_alone is None else weights[self._served_alone]
             self._weights_version = call_retrying_once(
-                self._policy_actor.set_weights, weights, version
+                self._policy_actor.set_weights, served, version
             )
             return self._weights_version
         self.set_own_weights(weights)
@@ -99,7 +105,8 @@ class ActingWeights:
 
     def get_weights(self) -> dict:
         if self._policy_actor is not None:
-            return call_retrying_once(self._policy_actor.get_weights)
+            served = call_retrying_once(self._policy_actor.get_weights)
+            return served if self._served_alone is None else {self._served_alone: served}
         return self.own_weights()
 
     def weights_version(self) -> int:
@@ -116,7 +123,8 @@ class RolloutWorker(ActingWeights):
       "default_policy"; a VectorEnvSampler steps them), or a MultiAgentEnv creator
       (`env_config -> MultiAgentEnv`, resolved in the process that starts the worker)
       and an AgentPolicies: every policy's spec and the mapping from agents to them (a
-      MultiAgentSampler steps them; weights, spaces and gradients are by policy id).
+      MultiAgentSampler steps them). Weights, spaces and gradients are by policy id
+      either way.
       A gymnasium env is an id ("CartPole-v1", made with `gym.make(id, **env_config)`)
       or a callable `env_config -> gymnasium.Env`.
     policy_config: the one policy's config (or the remote policy's, when `policy_actor`
@@ -161,8 +169,8 @@ class RolloutWorker(ActingWeights):
         self._policy_actor = policy_actor
         self._weights_version = 0
         self._num_grad_updates: int | None = None  # synced with the weights; batches name it
-        # one policy of a gymnasium env: weights, spaces and gradients are that policy's
-        # (not by policy id) for the EnvRunnerGroup and PolicyActor that speak so
+        # one policy of a gymnasium env: its fragments are SampleBatches (with their
+        # metrics and gradient statistics not by policy id)
         self._one_policy = not isinstance(policy_cls, AgentPolicies)
         self.policies: dict  # policy id -> the acting policy (a copy here or a ServedPolicy)
         self.sampler: VectorEnvSampler | MultiAgentSampler
@@ -198,6 +206,7 @@ class RolloutWorker(ActingWeights):
         else:
             self._check_remote_spaces(call_retrying_once(self._policy_actor.get_spaces))
             acting = ServedPolicy(self._policy_actor)
+            self._served_alone = DEFAULT_POLICY_ID
         self.policies = {DEFAULT_POLICY_ID: acting}
         self._policies_to_train = [DEFAULT_POLICY_ID]
         self._spaces = (
@@ -372,15 +381,15 @@ class RolloutWorker(ActingWeights):
             self._output.write(batch, spaces, self.weights_version())
         return metrics
 
-    def sample_and_compute_gradients(self) -> tuple[Any, dict]:
+    def sample_and_compute_gradients(self) -> tuple[dict, dict]:
         """One fragment (`sample`), then each trained policy's gradients on its own rows
         of it, computed by its copy here (`TFPolicy.compute_gradients`: combined, clipped,
         no weights changed; a policy without rows in the fragment gives none) ->
-        (gradients, metrics): `sample`'s metrics, whose "weights_version" is the version
-        the gradients were computed with, plus "gradient_stats" (the loss statistics;
-        by policy id: "<policy id>/<stat>") and "gradient_time_s". For learners that
-        apply gradients computed where the data is (A3C); the worker must act with its
-        own policy copies."""
+        (policy id -> gradients, metrics): `sample`'s metrics, whose "weights_version" is
+        the version the gradients were computed with, plus "gradient_stats" (the loss
+        statistics; with an AgentPolicies "<policy id>/<stat>") and "gradient_time_s".
+        For learners that apply gradients computed where the data is (A3C); the worker
+        must act with its own policy copies."""
         if self._policy_actor is not None:
             raise RuntimeError(
                 f"worker {self.worker_index} acts through a remote policy actor: "
@@ -403,22 +412,20 @@ class RolloutWorker(ActingWeights):
                 f"{p}/{k}": v for p, policy_stats in stats.items() for k, v in policy_stats.items()
             }
         metrics["gradient_time_s"] = time.perf_counter() - start
-        return self._keyed(gradients), metrics
+        return gradients, metrics
 
     def own_weights(self) -> dict:
-        """The acting copies' weights (by policy id, or the one policy's)."""
-        return self._keyed({p: policy.get_weights() for p, policy in self.policies.items()})
+        """The acting copies' weights by policy id."""
+        return {p: policy.get_weights() for p, policy in self.policies.items()}
 
     def set_own_weights(self, weights: dict) -> None:
-        """Weights for some or all acting copies (by policy id, or the one policy's); an
-        unknown id changes none."""
-        by_id = {DEFAULT_POLICY_ID: weights} if self._one_policy else weights
-        unknown = sorted(set(by_id) - set(self.policies))
+        """Weights for some or all acting copies, by policy id; an unknown id changes none."""
+        unknown = sorted(set(weights) - set(self.policies))
         if unknown:
             raise ValueError(
                 f"weights for policies {unknown}, which are not among {sorted(self.policies)}"
             )
-        for policy_id, policy_weights in by_id.items():
+        for policy_id, policy_weights in weights.items():
             self.policies[policy_id].set_weights(policy_weights)
 
     def get_weights(self) -> dict:
@@ -494,10 +501,10 @@ class RolloutWorker(ActingWeights):
             for policy in self.policies.values():
                 policy.global_timestep = int(timestep)
 
-    def get_spaces(self) -> tuple[Any, Any]:
-        """(observation space, action space): the one policy's, or by policy id."""
+    def get_spaces(self) -> tuple[dict, dict]:
+        """(observation spaces, action spaces), each by policy id."""
         observation_spaces, action_spaces = self._spaces
-        return self._keyed(observation_spaces), self._keyed(action_spaces)
+        return dict(observation_spaces), dict(action_spaces)
 
     def flush_filter_buffer(self) -> observation_filters.RunningStat | None:
         """The observation statistics gathered since the last flush (None: NoFilter)."""
@@ -514,10 +521,6 @@ class RolloutWorker(ActingWeights):
         self.sampler.close()
         if self._output is not None:
             self._output.close()
-
-    def _keyed(self, by_id: dict) -> Any:
-        """A value by policy id as this worker's callers take it: the one policy's alone."""
-        return by_id[DEFAULT_POLICY_ID] if self._one_policy else by_id
 
     def _check_remote_spaces(self, remote_spaces) -> None:
         obs_space, action_space = remote_spaces

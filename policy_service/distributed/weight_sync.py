@@ -3,16 +3,16 @@
 The loop it lives in (EnvRunnerGroup.sync_weights):
 
     sync = WeightSync()
-    version = sync.take(learner.get_weights(), version, num_grad_updates)
+    version = sync.take({"default_policy": learner.get_weights()}, version, num_grad_updates)
     sync.expect(sync.send(runners))     # one ray.put; each runner's set_weights reads it
     ...
     sync.check_acks()                   # what a runner's code raised on them, once done
     ready = sync.send_to_replacement(slot, new_runner)   # a replacement starts on the latest
     sync.catch_up(slot, new_runner)     # installed: it gets what was sent since it started
 
-What is sent: the weights (policy id -> weights where there are several: a send of
-some policies then holds every policy's latest, so a replacement acts with all),
-their version and the learner's num_grad_updates that made them. One object-store
+What is sent: the weights (policy id -> weights: a send of some policies then holds
+every policy's latest, so a replacement acts with all), their version and the learner's
+num_grad_updates that made them. One object-store
 copy per broadcast, its ref handed to every receiver. A version is the learner
 updates made when the weights were taken (docs/glossary.md, "weights version"): the
 sender names it; a receiver's `set_weights(weights, version)` takes it, or its
@@ -38,11 +38,11 @@ def next_version(current: int, given: Any = None) -> int:
 
 class WeightSync:
     """The latest weights of one set of receivers, their version and the calls sent
-    with them not yet acknowledged. by_policy: weights are policy id -> weights, and
-    `take` merges a partial dict into the latest."""
+    with them not yet acknowledged. Weights are a dict, policy id -> weights, and
+    `take` merges a partial one into the latest (a dict of one policy's own variables,
+    as the external env's replicas take, is taken whole each time: merged alike)."""
 
-    def __init__(self, by_policy: bool = False):
-        self.by_policy = by_policy
+    def __init__(self):
         self.weights: Any = None  # the latest, in this process; None before the first
         self.version: int | None = None  # None: nothing taken yet
         self.num_grad_updates: int | None = None  # the SGD steps that made them
@@ -54,7 +54,7 @@ class WeightSync:
         """These weights are the latest from now on -> their version (`next_version`
         of the last; 0 before any). Nothing is sent or put yet."""
         new_version = next_version(self.version or 0, version)
-        latest = {**(self.weights or {}), **weights} if self.by_policy else weights
+        latest = {**(self.weights or {}), **weights}
         self.version, self.weights, self.num_grad_updates = new_version, latest, num_grad_updates
         self._ref = None
         return new_version
