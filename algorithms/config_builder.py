@@ -94,6 +94,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
 # RLlib's names for the API stacks: this project is RLlib's old stack (TFPolicy,
 # RolloutWorker) rebuilt, so only the old stack's settings are accepted
 OLD_API_STACK = {"enable_rl_module_and_learner": False, "enable_env_runner_and_connector_v2": False}
+# callbacks() without a class changes nothing (RLlib's NotProvided)
+_NOT_GIVEN: Any = object()
 
 
 class ConfigBuilder:
@@ -140,8 +142,13 @@ class ConfigBuilder:
             kwargs["policies"] = {policy_id: None for policy_id in policies}
         return self._set("multi_agent", kwargs)
 
-    def callbacks(self, callbacks_class: Any):
-        """The user's hooks: a policy_service.Callbacks subclass (or a list of them)."""
+    def callbacks(self, callbacks_class: Any = _NOT_GIVEN, **kwargs):
+        """The user's hooks: a policy_service.Callbacks subclass (or a list of them).
+        RLlib's new stack's on_* keywords are refused like any unknown keyword."""
+        if kwargs:
+            raise ConfigError(self._unknown("callbacks", sorted(kwargs)[0], ["callbacks_class"]))
+        if callbacks_class is _NOT_GIVEN:
+            return self
         return self._set("callbacks", {"callbacks": callbacks_class})
 
     def debugging(self, **kwargs):

@@ -25,11 +25,17 @@ METHODS = {
     "multi_agent": {"count_steps_by": "env_steps"},
     "debugging": {"seed": 3},
     "reporting": {"metrics_num_episodes_for_smoothing": 20},
+    "offline_data": {"output_max_file_size": 1 << 20},
+    "framework": {"framework": "tf2"},
+    "api_stack": {"enable_rl_module_and_learner": False},
 }
 
 
 class Probe(Callbacks):
     pass
+
+
+METHODS["callbacks"] = {"callbacks_class": Probe}
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -61,6 +67,7 @@ def test_the_builder_sets_the_keys_rllib_names_and_round_trips():
     assert config.model.fcnet_hiddens == [32] and config.env_config == {"max_episode_steps": 100}
     assert config.policies == {"a": None, "b": None}
     assert config.callbacks_class is Probe
+    assert config.callbacks() is config and config.callbacks_class is Probe  # RLlib: no change
     flat = config.to_dict()
     assert flat["callbacks"] is Probe and "callbacks_class" not in flat  # RLlib's flat key
     again = PPOConfig.from_dict(flat)
@@ -80,6 +87,14 @@ def test_every_method_refuses_an_unknown_keyword_in_one_line_naming_it(method):
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(f"PPOConfig.{method}(): unknown keyword 'not_a_key'")
+    # with the method's known keywords: its own, not another method's
+    head, _, known = message.partition(" (its keywords: ")
+    assert known.endswith(")")
+    known_keywords = set(known[:-1].split(", "))
+    assert set(METHODS[method]) <= known_keywords
+    for other, keywords in METHODS.items():
+        if other != method:
+            assert not set(keywords) & known_keywords, other
     assert config.to_dict() == before  # nothing was set
     getattr(config, method)(**METHODS[method])  # its own keywords are taken
 
