@@ -1,8 +1,9 @@
 """policy_service/cli/training.py: `policy-service train` end to end, as subprocesses.
 
 Tiny budgets: PPO on CartPole-v1 with 256-step train batches. The first run
-uses two fake GPUs and is then evaluated and exported; the resume tests (slow)
-run on an embedded Ray and are SIGKILLed with Ray's processes around it.
+uses two fake GPUs and is then evaluated and exported. The runs with actors join
+this pytest worker's shared Ray (cli_processes' `joined`): what they test is not
+the embedded Ray's start, which test_run_resources' runs check.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+def trained(tmp_path_factory, ray_local) -> Path:
     run_dir = tmp_path_factory.mktemp("runs") / "cartpole"
     code, out, err = run(
         "train",
@@ -43,6 +44,7 @@ def trained(tmp_path_factory) -> Path:
         "--output-dir",
         str(run_dir),
         *TINY,
+        joined=True,
     )
     assert code == 0, err
     assert str(run_dir / "checkpoints" / "checkpoint_000002") in out
@@ -77,7 +79,7 @@ def test_result_records_the_resources_of_the_driver_learner_and_the_env_runner(t
     assert resources["learners"] == [] and resources["inference_actor"] is None
 
 
-def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tmp_path):
+def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tmp_path, ray_local):
     """The checkpoint is checked against the learner actor's policy (there is no
     local one) before the run goes on from it."""
     run_dir = tmp_path / "run"
@@ -95,7 +97,7 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
         *TINY,
     )
     run = ("--stop-iters", "2", "--checkpoint-every", "1", "--output-dir", str(run_dir))
-    code, _, err = finish(start(*args, *run))
+    code, _, err = finish(start(*args, *run, joined=True))
     assert code == 0, err
     # a state only the policy can refuse (a weight of another shape): the learner actor's
     # check names it in one line, and the resume goes on from the checkpoint before
@@ -113,7 +115,7 @@ def test_resume_with_a_learner_actor_checks_the_checkpoint_against_its_policy(tm
     arrays = checkpoints.load_arrays(arrays_file)
     weight = sorted(k for k in arrays if k.startswith("weights/"))[0]
     checkpoints.save_arrays(arrays_file, {**arrays, weight: np.zeros((3, 3), np.float32)})
-    code, _, err = finish(start(*args, "--stop-iters", "3", "--resume", str(run_dir)))
+    code, _, err = finish(start(*args, "--stop-iters", "3", "--resume", str(run_dir), joined=True))
     assert code == 0, err
     [skipped] = [line for line in err.splitlines() if "skipped" in line]
     assert (
