@@ -189,3 +189,61 @@ def test_an_evaluation_runner_whose_env_cannot_be_made_ends_the_run_in_one_line_
     finally:
         algo.stop()
         ray.shutdown()
+
+
+def test_a_custom_evaluation_function_replaces_the_evaluation_its_metrics_under_evaluation():
+    """custom_evaluation_function(algorithm, evaluation) -> metrics: called instead of the
+    built-in evaluation (which it may run itself), its keys under evaluation/, in train()'s
+    result and evaluate()'s."""
+    calls = []
+
+    def custom(algorithm, evaluation):
+        calls.append((algorithm, evaluation))
+        played = evaluation.run()
+        return {"my_metric": len(calls), "mean": played["evaluation/episode_return_mean"]}
+
+    small = {"train_batch_size": 64, "minibatch_size": 32, "num_epochs": 1}
+    algo = PPO(
+        {
+            **TINY_CONFIG,
+            **small,
+            "evaluation_interval": 1,
+            "evaluation_duration": 2,
+            "evaluation_config": {"explore": False},
+            "custom_evaluation_function": custom,
+        }
+    )
+    try:
+        result = algo.train()
+        assert calls == [(algo, algo.evaluation)]
+        assert result["evaluation/my_metric"] == 1
+        assert result["evaluation/mean"] > 0  # CartPole: every episode returns >= 1
+        assert {k for k in result if k.startswith("evaluation/")} == {
+            "evaluation/my_metric",
+            "evaluation/mean",
+        }  # the built-in evaluation's metrics only as the function returns them
+        again = algo.evaluate()  # the same weights, greedy, the same seeds
+        assert again == {"evaluation/my_metric": 2, "evaluation/mean": result["evaluation/mean"]}
+    finally:
+        algo.stop()
+
+
+def test_a_timesteps_duration_plays_whole_episodes_until_that_many_steps():
+    """evaluation_duration_unit "timesteps": the episodes an "episodes" evaluation plays
+    (the same seeds, in order), whole, up to the first that reaches the duration."""
+    from algorithms.periodic_evaluation import Evaluation
+
+    algo = PPO({**TINY_CONFIG, "evaluation_duration": 4, "evaluation_config": {"explore": False}})
+    try:
+        by_episodes = algo.evaluate()
+        lengths = [int(n) for n in by_episodes["evaluation/episode_returns"]]  # CartPole
+        duration = lengths[0] + 1  # the first episode falls short by one step
+        config = algo.config.copy().evaluation(
+            evaluation_duration_unit="timesteps", evaluation_duration=duration
+        )
+        by_steps = Evaluation(config, algo.learners.get_state).run()
+    finally:
+        algo.stop()
+    assert by_steps["evaluation/episode_returns"] == by_episodes["evaluation/episode_returns"][:2]
+    assert by_steps["evaluation/num_episodes"] == 2
+    assert by_steps["evaluation/num_env_steps"] == lengths[0] + lengths[1] > duration
