@@ -91,6 +91,16 @@ def test_resources_are_the_driver_learner_and_env_runner_bundles():
         ({"lr": tune.grid_search([1e-3, -1.0])}, "config.lr must be"),
         ({"gamma": tune.uniform(0.9, 1.2)}, "config.gamma must be"),
         ({"num_epochs": tune.randint(0, 3)}, "config.num_epochs must be"),
+        ({"evaluation_interval": -1}, "config.evaluation_interval must be None or an integer >= 1"),
+        ({"evaluation_interval": tune.grid_search([2, 0])}, "config.evaluation_interval must be"),
+        (
+            {"evaluation_interval": tune.choice([1, -2])},
+            "evaluation_interval must be None or an integer >= 1, got -2",
+        ),
+        (
+            {"evaluation_duration_unit": tune.choice(["episodes", "days"])},
+            "config.evaluation_duration_unit must be one of",
+        ),
     ],
 )
 def test_a_search_space_out_of_a_keys_range_is_one_line_naming_it(space, named):
