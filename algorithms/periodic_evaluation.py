@@ -197,7 +197,8 @@ class Evaluation:
 
     def _result(self, slot: int, state: dict, ref) -> dict:
         """Runner `slot`'s episodes; a runner that died is replaced (within the env
-        runners' budget, max_restarts) and plays its share again."""
+        runners' budget, max_restarts) and plays its share again; one that has not
+        answered in evaluation_sample_timeout_s is replaced, its share missing."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -207,8 +208,10 @@ class Evaluation:
         while True:
             try:
                 return ray.get(ref, timeout=timeout)
-            except GetTimeoutError:
-                ray.cancel(ref, force=True)
+            except GetTimeoutError:  # counted out: stopped (an actor's running task
+                # cannot be cancelled) and replaced, so the next evaluation does not wait
+                ray.kill(self._runners[slot], no_restart=True)
+                self._runners[slot] = self._start_runner()
                 return {"episode_returns": [], "episode_lengths": [], "timed_out": True}
             except RayActorError as err:
                 if err.actor_init_failed:  # its constructor raised: a new one would too

@@ -39,6 +39,10 @@ EVALUATION = [
             {"evaluation_interval": 0},
             "config.evaluation_interval must be None or an integer >= 1, got 0",
         ),
+        (
+            {"evaluation_interval": -1},
+            "config.evaluation_interval must be None or an integer >= 1, got -1",
+        ),
         ({"evaluation_duration_unit": "days"}, "config.evaluation_duration_unit must be one of"),
         (
             {"evaluation_config": {"lr": 1.0}},
@@ -100,8 +104,11 @@ def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_pa
     assert sorted(row["evaluation/episode_returns"]) == sorted(evaluated["episode_returns"])
 
 
-@pytest.mark.slow  # an evaluation runner actor started twice: ~30 s here
+@pytest.mark.slow  # an evaluation runner actor started three times: ~35 s here
 def test_a_killed_evaluation_runner_is_replaced_and_plays_its_share_again():
+    """... and one past evaluation_sample_timeout_s is counted out: its episodes are
+    missing (evaluation/timed_out), the run goes on, and it is stopped and replaced, so
+    the next evaluation does not wait behind what it was playing."""
     import ray
 
     ray.init(address="local", num_cpus=2, include_dashboard=False)
@@ -115,6 +122,25 @@ def test_a_killed_evaluation_runner_is_replaced_and_plays_its_share_again():
         assert second["evaluation/num_runner_restarts"] == 1
         assert second["evaluation/episode_returns"] == first["evaluation/episode_returns"]
         assert second["evaluation/num_episodes"] == 4
+        assert second["evaluation/timed_out"] is False
+
+        [busy] = algo.evaluation.runners
+        # kept busy (a million episodes) past a timeout of 1 s
+        hog = busy.play.remote(algo.learners.get_state(), list(range(10**6)), False)
+        config = algo.evaluation.config
+        algo.evaluation.config = config.copy().evaluation(evaluation_sample_timeout_s=1.0)
+        timed_out = algo.evaluate()
+        assert timed_out["evaluation/timed_out"] is True
+        assert timed_out["evaluation/num_episodes"] == 0
+        assert timed_out["evaluation/episode_returns"] == []
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(hog, timeout=60)  # the runner counted out was stopped
+        [replacement] = algo.evaluation.runners
+        assert replacement is not busy
+        algo.evaluation.config = config  # 120 s: the replacement plays its share
+        third = algo.evaluate()
+        assert third["evaluation/timed_out"] is False
+        assert third["evaluation/episode_returns"] == first["evaluation/episode_returns"]
     finally:
         algo.stop()
         ray.shutdown()
