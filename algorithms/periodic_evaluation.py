@@ -23,9 +23,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
+from algorithms.environments import env_maker, is_registered_env
 from algorithms.evaluation import make_env, run_episodes
 from algorithms.multi_agent import multi_agent_env_creator
 from algorithms.multi_agent_evaluation import run_multi_agent_episodes
@@ -42,7 +44,9 @@ class EvaluationPlayer:
     """Policy copies and their env, playing seeded episodes (in the driver, or as a Ray
     actor). With `agents` (a run with `policies`: the multi-agent env's creator and the
     policy_mapping_fn), the env is that multi-agent env and the state it plays is each
-    policy's (policy id -> state)."""
+    policy's (policy id -> state). With `creator` (the one register_env gave env_id in
+    the driver, whose registry a runner actor's process does not have), the env is
+    creator(env_config)."""
 
     def __init__(
         self,
@@ -52,10 +56,14 @@ class EvaluationPlayer:
         dim: int,
         custom_models: dict | None = None,
         agents: tuple[Callable, Callable] | None = None,
+        creator: Callable[[dict], object] | None = None,
     ):
         models.register_custom_models(custom_models)
         self._agents = agents
-        if agents is None:
+        self._env: Any
+        if agents is None and creator is not None:
+            self._env = creator(dict(env_config))
+        elif agents is None:
             self._env = make_env(env_id, env_config, preprocessor_pref, dim)
         else:
             self._env = agents[0](dict(env_config))
@@ -122,6 +130,9 @@ class Evaluation:
                 multi_agent_env_creator(config.env),
                 mapping_function(config.policy_mapping_fn),
             )
+        self._creator = None  # a register_env name's creator, shipped to the runners
+        if self._agents is None and config.env and is_registered_env(config.env):
+            self._creator = env_maker(config.env)
         self.seed = 0 if config.seed is None else int(config.seed)
         self.num_runner_restarts = 0
         self._local: EvaluationPlayer | None = None
@@ -180,14 +191,16 @@ class Evaluation:
 
     def _play_here(self, state: dict) -> dict:
         if self._local is None:
-            self._local = EvaluationPlayer(*self._player_args, None, self._agents)
+            self._local = EvaluationPlayer(*self._player_args, None, self._agents, self._creator)
         return self._local.play(state, self._seeds(0, 1), self.explore, self._timesteps(1))
 
     def _start_runner(self):
         import ray
 
         runner_cls = ray.remote(num_cpus=self.config.num_cpus_per_env_runner)(EvaluationPlayer)
-        return runner_cls.remote(*self._player_args, models.custom_model_registry(), self._agents)
+        return runner_cls.remote(
+            *self._player_args, models.custom_model_registry(), self._agents, self._creator
+        )
 
     def _ask(self, slot: int, state: dict):
         count = len(self._runners)

@@ -108,11 +108,23 @@ def test_parallel_evaluation_plays_the_weights_the_iteration_started_with(tmp_pa
 def test_a_killed_evaluation_runner_is_replaced_and_plays_its_share_again():
     """... and one past evaluation_sample_timeout_s is counted out: its episodes are
     missing (evaluation/timed_out), the run goes on, and it is stopped and replaced, so
-    the next evaluation does not wait behind what it was playing."""
+    the next evaluation does not wait behind what it was playing. The env is a name
+    given to register_env in this process: the runners get its creator."""
+    import gymnasium as gym
     import ray
 
+    from algorithms import register_env
+
+    register_env("cartpole_by_creator", lambda env_config: gym.make("CartPole-v1"))
     ray.init(address="local", num_cpus=2, include_dashboard=False)
-    algo = PPO({**TINY_CONFIG, "evaluation_num_env_runners": 1, "evaluation_duration": 4})
+    algo = PPO(
+        {
+            **TINY_CONFIG,
+            "env": "cartpole_by_creator",
+            "evaluation_num_env_runners": 1,
+            "evaluation_duration": 4,
+        }
+    )
     try:
         algo.train()
         first = algo.evaluate()
