@@ -86,7 +86,7 @@ def check_search_space(
     for path, leaf in leaves:
         for value in leaf_values(leaf) or ():
             trial = _with_values(base, {path: value})
-            _check_config(config_class, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
+            _check_config(config_class, trial, where, _which(path, value, leaf))
 
 
 def check_mutations(
@@ -100,7 +100,24 @@ def check_mutations(
         resolved = _with_values(base, {p: _first(v) for p, v in search_leaves(base)})
         for value in leaf_values(leaf) or ():
             trial = _with_values(resolved, {path: value})
-            _check_config(config_class, trial, where, f" ({'.'.join(path)} = {value!r} of {leaf})")
+            _check_config(config_class, trial, where, _which(path, value, leaf))
+
+
+def describe(leaf: Any) -> str:
+    """A search leaf as Tune's call that makes it, e.g. choice([1, -2]), loguniform(1e-05,
+    0.01), for messages (Tune's domains print as <... object at 0x...>)."""
+    if isinstance(leaf, dict) and GRID in leaf:
+        return f"grid_search({leaf[GRID]!r})"
+    if isinstance(leaf, Categorical):
+        return f"choice({list(leaf.categories)!r})"
+    if isinstance(leaf, Float | Integer):
+        sampler = leaf.get_sampler()
+        q = getattr(sampler, "q", None)  # tune.quniform and the like
+        log = "LogUniform" in type(getattr(sampler, "sampler", sampler)).__name__
+        name = ("q" if q else "") + ("log" if log else "")
+        name += "uniform" if isinstance(leaf, Float) else "randint"
+        return f"{name}({leaf.lower!r}, {leaf.upper!r}{f', {q!r}' if q else ''})"
+    return repr(leaf)
 
 
 def config_class_of(cls: type) -> Any:
@@ -140,6 +157,10 @@ def _check_config(config_class: type[AlgorithmConfig], config: dict, where: str,
         from_dict(config_class, config)
     except ConfigError as err:
         raise type(err)(f"{where}: {err}{what}") from None
+
+
+def _which(path: Path, value: Any, leaf: Any) -> str:
+    return f" ({'.'.join(path)} = {value!r} of {describe(leaf)})"
 
 
 def _first(leaf: Any) -> Any:

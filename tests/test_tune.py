@@ -89,13 +89,14 @@ def test_resources_are_the_driver_learner_and_env_runner_bundles():
         ({"lrr": tune.grid_search([1e-3, 1e-4])}, "'lrr' (did you mean 'lr'?)"),
         ({"model": {"fcnet_hidens": tune.choice([[8]])}}, "config.model key 'fcnet_hidens'"),
         ({"lr": tune.grid_search([1e-3, -1.0])}, "config.lr must be"),
-        ({"gamma": tune.uniform(0.9, 1.2)}, "config.gamma must be"),
+        ({"gamma": tune.uniform(0.9, 1.2)}, "(gamma = 1.2 of uniform(0.9, 1.2))"),
         ({"num_epochs": tune.randint(0, 3)}, "config.num_epochs must be"),
         ({"evaluation_interval": -1}, "config.evaluation_interval must be None or an integer >= 1"),
         ({"evaluation_interval": tune.grid_search([2, 0])}, "config.evaluation_interval must be"),
         (
             {"evaluation_interval": tune.choice([1, -2])},
-            "evaluation_interval must be None or an integer >= 1, got -2",
+            "config.evaluation_interval must be None or an integer >= 1, got -2 "
+            "(evaluation_interval = -2 of choice([1, -2]))",
         ),
         (
             {"evaluation_duration_unit": tune.choice(["episodes", "days"])},
