@@ -146,7 +146,8 @@ class ConfigBuilder:
         """The user's hooks: a policy_service.Callbacks subclass (or a list of them).
         RLlib's new stack's on_* keywords are refused like any unknown keyword."""
         if kwargs:
-            raise ConfigError(self._unknown("callbacks", sorted(kwargs)[0], ["callbacks_class"]))
+            known = sorted(self._group_keys("callbacks", set()))
+            raise ConfigError(self._unknown("callbacks", sorted(kwargs)[0], known))
         if callbacks_class is _NOT_GIVEN:
             return self
         return self._set("callbacks", {"callbacks": callbacks_class})

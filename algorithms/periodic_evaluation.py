@@ -21,13 +21,14 @@ iteration started with (RLlib's rule).
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from algorithms.environments import env_maker, is_registered_env
+from algorithms.environments import env_maker, is_registered_env, register_env
 from algorithms.evaluation import make_env, run_episodes
 from algorithms.multi_agent import multi_agent_env_creator
 from algorithms.multi_agent_evaluation import run_multi_agent_episodes
@@ -44,9 +45,9 @@ class EvaluationPlayer:
     """Policy copies and their env, playing seeded episodes (in the driver, or as a Ray
     actor). With `agents` (a run with `policies`: the multi-agent env's creator and the
     policy_mapping_fn), the env is that multi-agent env and the state it plays is each
-    policy's (policy id -> state). With `creator` (the one register_env gave env_id in
-    the driver, whose registry a runner actor's process does not have), the env is
-    creator(env_config)."""
+    policy's (policy id -> state). `creator`: the one register_env gave env_id in the
+    driver, registered here too (a runner actor's process does not have the driver's
+    registry)."""
 
     def __init__(
         self,
@@ -59,14 +60,14 @@ class EvaluationPlayer:
         creator: Callable[[dict], object] | None = None,
     ):
         models.register_custom_models(custom_models)
+        if creator is not None:  # a register_env name, registered in this process too
+            register_env(env_id, creator)
         self._agents = agents
-        self._env: Any
-        if agents is None and creator is not None:
-            self._env = creator(dict(env_config))
-        elif agents is None:
-            self._env = make_env(env_id, env_config, preprocessor_pref, dim)
-        else:
-            self._env = agents[0](dict(env_config))
+        self._env: Any = (
+            make_env(env_id, env_config, preprocessor_pref, dim)
+            if agents is None
+            else agents[0](dict(env_config))
+        )
         self._policies: dict = {}
 
     def play(
@@ -170,7 +171,8 @@ class Evaluation:
             return estimates
         if not self._runners:
             return self._metrics([self._play_here(state)]) | estimates
-        played = [self._result(slot, state, ref) for slot, ref in enumerate(requests)]
+        deadline = time.monotonic() + self.config.evaluation_sample_timeout_s
+        played = [self._result(slot, state, ref, deadline) for slot, ref in enumerate(requests)]
         return self._metrics(played) | estimates
 
     # ----- where episodes are played ---------------------------------------------------
@@ -208,19 +210,19 @@ class Evaluation:
             state, self._seeds(slot, count), self.explore, self._timesteps(count)
         )
 
-    def _result(self, slot: int, state: dict, ref) -> dict:
+    def _result(self, slot: int, state: dict, ref, deadline: float) -> dict:
         """Runner `slot`'s episodes; a runner that died is replaced (within the env
         runners' budget, max_restarts) and plays its share again; one that has not
-        answered in evaluation_sample_timeout_s is replaced, its share missing."""
+        answered by `deadline` (time.monotonic(), one for every runner of the
+        evaluation) is replaced, its share missing."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
         from policy_service.distributed.env_runner_group import DEFAULT_MAX_RESTARTS
 
-        timeout = self.config.evaluation_sample_timeout_s
         while True:
             try:
-                return ray.get(ref, timeout=timeout)
+                return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
             except GetTimeoutError:  # counted out: stopped (an actor's running task
                 # cannot be cancelled) and replaced, so the next evaluation does not wait
                 ray.kill(self._runners[slot], no_restart=True)

@@ -14,6 +14,7 @@ one line naming the key. A PBT mutation is checked the same way, and its explore
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -54,8 +55,8 @@ def search_leaves(space: dict, path: Path = ()) -> Iterator[tuple[Path, Any]]:
 
 def leaf_values(leaf: Any) -> list | None:
     """The values a leaf's checks cover: each grid or choice value, the ends of a
-    range (randint's high is exclusive); None when they cannot be listed (sample_from,
-    a function)."""
+    range (randint's high is exclusive; randn's mean, then -inf and inf); None when they
+    cannot be listed (sample_from, a function)."""
     if isinstance(leaf, dict):
         return list(leaf[GRID])
     if isinstance(leaf, list | tuple):
@@ -65,8 +66,18 @@ def leaf_values(leaf: Any) -> list | None:
     if isinstance(leaf, Integer):
         return [leaf.lower, leaf.upper - 1]
     if isinstance(leaf, Float):
+        normal = _normal(leaf)
+        if normal is not None:  # any value at all: its mean first, the base trial's
+            return [normal.mean, -math.inf, math.inf]
         return [leaf.lower, leaf.upper]
     return None
+
+
+def _normal(leaf: Any) -> Any:
+    """The normal sampler of a tune.randn / qrandn leaf (its mean and sd), else None."""
+    sampler = leaf.get_sampler()
+    inner = getattr(sampler, "sampler", sampler)  # quantized: the sampler it rounds
+    return inner if "Normal" in type(inner).__name__ else None
 
 
 def check_search_space(
@@ -113,8 +124,12 @@ def describe(leaf: Any) -> str:
     if isinstance(leaf, Float | Integer):
         sampler = leaf.get_sampler()
         q = getattr(sampler, "q", None)  # tune.quniform and the like
-        log = "LogUniform" in type(getattr(sampler, "sampler", sampler)).__name__
-        name = ("q" if q else "") + ("log" if log else "")
+        normal = _normal(leaf) if isinstance(leaf, Float) else None
+        if normal is not None:
+            args = f"{normal.mean!r}, {normal.sd!r}{f', {q!r}' if q else ''}"
+            return f"{'q' if q else ''}randn({args})"
+        kind = type(getattr(sampler, "sampler", sampler)).__name__
+        name = ("q" if q else "") + ("log" if "LogUniform" in kind else "")
         name += "uniform" if isinstance(leaf, Float) else "randint"
         return f"{name}({leaf.lower!r}, {leaf.upper!r}{f', {q!r}' if q else ''})"
     return repr(leaf)

@@ -66,11 +66,11 @@ def command_env(joined: bool = False) -> dict:
 
 
 def shared_ray_token() -> str:
-    """The token this process's Ray was started with, found where Ray looks for it."""
-    if os.environ.get("RAY_AUTH_TOKEN"):
-        return os.environ["RAY_AUTH_TOKEN"]
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token"
-    return Path(path).read_text().strip()
+    """The token this process's Ray was started with, read by Ray's own loader (as
+    `policy-service submit` reads it: jobs.auth_headers)."""
+    from policy_service.distributed.jobs import auth_headers
+
+    return auth_headers()["authorization"].removeprefix("Bearer ")
 
 
 def shared_ray_address() -> list[str]:
@@ -82,9 +82,11 @@ def shared_ray_address() -> list[str]:
 
 
 def start(*args: str, joined: bool = False, **kwargs) -> subprocess.Popen:
-    """The command `args` started; `joined`: in this process's Ray (shared_ray_address)."""
+    """The command `args` started; `joined`: in this process's Ray (shared_ray_address,
+    right after the subcommand, so it never lands in a `submit -- COMMAND`)."""
+    command, *rest = args
     return subprocess.Popen(
-        [CLI, *args, *(shared_ray_address() if joined else [])],
+        [CLI, command, *(shared_ray_address() if joined else []), *rest],
         env=command_env(joined),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -117,8 +117,10 @@ def assert_same_state(one, learner, path: str = "") -> None:
 @pytest.mark.parametrize("name", ["bc", "marwil", "cql"])
 def test_two_learners_of_two_fake_gpus_train_as_one_device(ray_local, logged, name):
     config = {"input": str(logged), "seed": 0, **CONFIGS[name]}
+    one = LearnerGroup(  # the driver's, one device; first, so nothing is left if it fails
+        get_algorithm_class(name).policy_class, OBS, BOX, config
+    )
     algo = get_algorithm_class(name)({**config, **TWO_BY_TWO})
-    one = LearnerGroup(algo.policy_class, OBS, BOX, config)  # the driver's, one device
     try:
         group = algo.learners
         assert (group.num_learners, group.num_towers) == (2, 2)

@@ -229,10 +229,17 @@ def test_an_evaluation_runner_whose_env_cannot_be_made_ends_the_run_in_one_line_
         ray.shutdown()
 
 
-def test_a_custom_evaluation_function_replaces_the_evaluation_its_metrics_under_evaluation():
+def test_a_custom_evaluation_function_replaces_the_evaluation_its_metrics_under_evaluation(
+    monkeypatch,
+):
     """custom_evaluation_function(algorithm, evaluation) -> metrics: called instead of the
     built-in evaluation (which it may run itself), its keys under evaluation/, in train()'s
     result and evaluate()'s."""
+    from algorithms.periodic_evaluation import Evaluation
+
+    finished = []  # every evaluation played, the built-in's or the function's
+    finish = Evaluation.finish
+    monkeypatch.setattr(Evaluation, "finish", lambda self: finished.append(1) or finish(self))
     calls = []
 
     def custom(algorithm, evaluation):
@@ -254,6 +261,7 @@ def test_a_custom_evaluation_function_replaces_the_evaluation_its_metrics_under_
     try:
         result = algo.train()
         assert calls == [(algo, algo.evaluation)]
+        assert len(finished) == 1  # the function's own run, no built-in one beside it
         assert result["evaluation/my_metric"] == 1
         assert result["evaluation/mean"] > 0  # CartPole: every episode returns >= 1
         assert {k for k in result if k.startswith("evaluation/")} == {
@@ -262,6 +270,7 @@ def test_a_custom_evaluation_function_replaces_the_evaluation_its_metrics_under_
         }  # the built-in evaluation's metrics only as the function returns them
         again = algo.evaluate()  # the same weights, greedy, the same seeds
         assert again == {"evaluation/my_metric": 2, "evaluation/mean": result["evaluation/mean"]}
+        assert len(finished) == 2
     finally:
         algo.stop()
 
@@ -279,7 +288,11 @@ def test_a_timesteps_duration_plays_whole_episodes_until_that_many_steps():
         config = algo.config.copy().evaluation(
             evaluation_duration_unit="timesteps", evaluation_duration=duration
         )
-        by_steps = Evaluation(config, algo.learners.get_state).run()
+        by_timesteps = Evaluation(config, algo.learners.get_state)
+        try:
+            by_steps = by_timesteps.run()
+        finally:
+            by_timesteps.stop()
     finally:
         algo.stop()
     assert by_steps["evaluation/episode_returns"] == by_episodes["evaluation/episode_returns"][:2]

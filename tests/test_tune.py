@@ -90,6 +90,7 @@ def test_resources_are_the_driver_learner_and_env_runner_bundles():
         ({"model": {"fcnet_hidens": tune.choice([[8]])}}, "config.model key 'fcnet_hidens'"),
         ({"lr": tune.grid_search([1e-3, -1.0])}, "config.lr must be"),
         ({"gamma": tune.uniform(0.9, 1.2)}, "(gamma = 1.2 of uniform(0.9, 1.2))"),
+        ({"gamma": tune.randn(0.99, 0.01)}, "got -inf (gamma = -inf of randn(0.99, 0.01))"),
         ({"num_epochs": tune.randint(0, 3)}, "config.num_epochs must be"),
         ({"evaluation_interval": -1}, "config.evaluation_interval must be None or an integer >= 1"),
         ({"evaluation_interval": tune.grid_search([2, 0])}, "config.evaluation_interval must be"),

@@ -163,8 +163,9 @@ class AlgorithmConfig(PolicyConfig, ConfigBuilder):
     )
     evaluation_sample_timeout_s: float = setting(
         120.0,
-        doc="An evaluation runner actor that has not answered in this long is counted out "
-        "(its episodes missing; evaluation/timed_out) and replaced; evaluation in the driver "
+        doc="Seconds an evaluation waits for its runner actors, all together, from when it "
+        "starts waiting: a runner that has not answered by then is counted out (its episodes "
+        "missing; evaluation/timed_out) and replaced; evaluation in the driver "
         "(evaluation_num_env_runners 0) has no timeout.",
         check=finite(gt=0),
     )

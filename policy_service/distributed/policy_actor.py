@@ -8,7 +8,7 @@ The loop it lives in (central inference, as in SEED RL):
     actions, state_outs, extra = ray.get(actor.compute_actions.remote(obs, states))
     extra["weights_version"]                      # version of the weights that acted
     # the learner, once per update (one object-store copy for every receiver):
-    weight_sync.broadcast_weights([actor, *workers], learner.get_weights(), version=k)
+    weight_sync.broadcast_weights([actor], learner.get_weights(), version=k)
 
 Concurrent calls with the same (explore, timestep) become one forward pass
 (`RequestBatcher`); every caller gets back exactly its own rows, and an error reaches

@@ -93,7 +93,7 @@ class ActingWeights:
         name from now on (SampleBatch.num_grad_updates); not through a policy actor,
         whose weights change apart from this call."""
         if self._policy_actor is not None:
-            served = weights if self._served_alone is None else weights[self._served_alone]
+            served = weights if self._served_alone is None else self._served_weights(weights)
             self._weights_version = call_retrying_once(
                 self._policy_actor.set_weights, served, version
             )
@@ -102,6 +102,16 @@ class ActingWeights:
         self._weights_version = next_version(self._weights_version, version)
         self._num_grad_updates = num_grad_updates
         return self._weights_version
+
+    def _served_weights(self, weights: dict) -> dict:
+        """The served policy's weights out of `weights` (by policy id), or a ValueError
+        naming the id expected and the keys that came."""
+        if self._served_alone not in weights:
+            raise ValueError(
+                f"weights must be by policy id, with {self._served_alone!r}; got keys "
+                f"{sorted(map(str, weights))[:5]}"
+            )
+        return weights[self._served_alone]
 
     def get_weights(self) -> dict:
         if self._policy_actor is not None:

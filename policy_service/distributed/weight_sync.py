@@ -39,8 +39,9 @@ def next_version(current: int, given: Any = None) -> int:
 class WeightSync:
     """The latest weights of one set of receivers, their version and the calls sent
     with them not yet acknowledged. Weights are a dict, policy id -> weights, and
-    `take` merges a partial one into the latest (a dict of one policy's own variables,
-    as the external env's replicas take, is taken whole each time: merged alike)."""
+    `take` merges a partial one into the latest. The external env's replicas take one
+    policy's own variables instead (variable name -> value, not by id); each of their
+    sends holds every variable, so merging replaces them all."""
 
     def __init__(self):
         self.weights: Any = None  # the latest, in this process; None before the first
