@@ -183,9 +183,6 @@ class EnvRunnerGroup:
         # the latest weights, their version and the calls sent with them, for replacements
         self.weight_sync = WeightSync()
         self.policy_actor = None
-        # the one policy a PolicyActor serves alone, whose weights are not by id (None:
-        # no PolicyActor, or a MultiPolicyActor serving by policy id)
-        self._served_alone: str | None = None
         self._served_policy: RestartablePolicyActor | None = None
         # acting served by actors that hold the learner's weights (ActingLearnerHost)
         self._inference_actors = _copied(inference_actors or [])
@@ -494,7 +491,10 @@ class EnvRunnerGroup:
             self.local_worker.set_weights(sync.weights, sync.version, sync.num_grad_updates)
             return
         if self._served_policy is not None:
-            served = sync.ref() if self._served_alone is None else sync.weights[self._served_alone]
+            # a MultiPolicyActor takes them by policy id; a PolicyActor its one policy's alone
+            served = (
+                sync.ref() if self.agent_policies is not None else sync.weights[DEFAULT_POLICY_ID]
+            )
             try:
                 self._served_policy.set_weights(served, sync.version)
             except RayActorError as error:
@@ -673,7 +673,6 @@ class EnvRunnerGroup:
                 for policy_id, spec in self.agent_policies.specs.items()
             }
             return RestartablePolicyActor.of_policies(specs, **restarts)
-        self._served_alone = DEFAULT_POLICY_ID  # a PolicyActor's weights are its policy's alone
         return RestartablePolicyActor(
             self._config_class,
             self.observation_space,
