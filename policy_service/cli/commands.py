@@ -35,6 +35,10 @@ def import_tensorflow_quietly() -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from policy_service.cli.run_config import check_algorithm_name
+
+    if not args.resume:  # a resumed run names its algorithm in its directory
+        check_algorithm_name(args.algorithm)
     import_tensorflow_quietly()
     from policy_service.cli import training
     from policy_service.cli.run_options import RunOptions, StopCriteria

@@ -143,6 +143,17 @@ def algorithm_name(name: str | None) -> str:
     return name
 
 
+def check_algorithm_name(name: str | None) -> None:
+    """The algorithm is registered: checked from the registry, which loads no TensorFlow,
+    so a misspelt name is one line before the seconds TensorFlow takes to load."""
+    from algorithms import get_config_class
+
+    try:
+        get_config_class(algorithm_name(name))
+    except ValueError as err:
+        raise TrainingSetupError(str(err)) from None
+
+
 def algorithm_class(name: str | None) -> type[Algorithm]:
     from algorithms import get_algorithm_class
 

@@ -4,11 +4,14 @@ or written: config files, the run directory, addresses, export and submit argume
 options: test_cli.py.)"""
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from algorithms.registry import ALGORITHMS
 from policy_service.cli import commands as cli
 from policy_service.distributed import jobs
 
@@ -383,3 +386,21 @@ def test_submit_says_which_host_it_sends_the_token_to(monkeypatch, capsys):
         "policy-service: sending the Ray cluster token to "
         "127.0.0.1 (http://127.0.0.1:8265, unencrypted)\n"
     )
+
+
+def test_an_unknown_algorithm_is_one_line_before_tensorflow_loads():
+    """The registry names the known algorithms without loading any (nor TensorFlow, the
+    seconds of a training command's start), so a typo is answered at once."""
+    script = (
+        "import sys\n"
+        "from policy_service.cli.commands import main\n"
+        "status = main(['train', 'ppoo', '--env', 'CartPole-v1'])\n"
+        "print(status, 'tensorflow' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.split() == ["2", "False"]
+    assert done.stderr.strip().splitlines() == [
+        f"policy-service: error: unknown algorithm 'ppoo'; known algorithms: {sorted(ALGORITHMS)}"
+    ]
