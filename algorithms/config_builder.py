@@ -91,6 +91,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "episode_timeout_s",
     ),
 }
+# keywords RLlib spells otherwise (`input` is a Python builtin there): taken as the key
+KEYWORD_SPELLINGS = {"offline_data": {"input_": "input"}}
 # RLlib's names for the API stacks: this project is RLlib's old stack (TFPolicy,
 # RolloutWorker) rebuilt, so only the old stack's settings are accepted
 OLD_API_STACK = {"enable_rl_module_and_learner": False, "enable_env_runner_and_connector_v2": False}
@@ -162,8 +164,6 @@ class ConfigBuilder:
 
     def offline_data(self, **kwargs):
         """input_ (RLlib's spelling of input), output, output_max_file_size."""
-        if "input_" in kwargs:
-            kwargs["input"] = kwargs.pop("input_")
         return self._set("offline_data", kwargs)
 
     def framework(self, framework: str = "tf2", **kwargs):
@@ -229,7 +229,9 @@ class ConfigBuilder:
     def _set(self, method: str, kwargs: dict):
         fields = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
         allowed = self._group_keys(method, fields)
-        named = {user_key(type(self), name) for name in allowed}
+        spellings = KEYWORD_SPELLINGS.get(method, {})
+        named = {user_key(type(self), name) for name in allowed} | set(spellings)
+        kwargs = {spellings.get(key, key): value for key, value in kwargs.items()}
         for key in kwargs:
             if key not in named and key not in allowed:
                 raise ConfigError(self._unknown(method, key, sorted(named)))

@@ -25,7 +25,7 @@ METHODS = {
     "multi_agent": {"count_steps_by": "env_steps"},
     "debugging": {"seed": 3},
     "reporting": {"metrics_num_episodes_for_smoothing": 20},
-    "offline_data": {"output_max_file_size": 1 << 20},
+    "offline_data": {"input_": "sampler", "output_max_file_size": 1 << 20},  # RLlib's input_
     "framework": {"framework": "tf2"},
     "api_stack": {"enable_rl_module_and_learner": False},
 }
@@ -148,6 +148,13 @@ def test_build_algo_builds_the_registered_algorithm_from_a_copy():
         assert algo.train()["timesteps_total"] >= 128
     finally:
         algo.stop()
+
+
+def test_offline_data_takes_rllibs_input_spelling_for_input(tmp_path):
+    (tmp_path / "part.json").write_text("")
+    config = PPOConfig().offline_data(input_=str(tmp_path)).to_dict()
+    assert config["input"] == str(tmp_path)
+    assert "input_" not in config
 
 
 def test_the_config_builder_takes_the_keys_where_rllib_has_them():
