@@ -50,7 +50,6 @@ TINY = {
     "model": {"fcnet_hiddens": [32]},
     "metrics_num_episodes_for_smoothing": 20,
 }
-RANDOM_RETURN = 22  # a random policy's mean return on CartPole
 FRESH_RAY = True  # trials place groups of up to every CPU: nothing of another module may wait
 TESTS = Path(__file__).parent
 
@@ -208,18 +207,26 @@ def tune_ray(ray_local):
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
 
 
-def _tuner(trainable_cls, space, path: Path, stop: dict, keep=1, **tune_config) -> tune.Tuner:
+def _tuner(
+    trainable_cls,
+    space,
+    path: Path,
+    stop: dict,
+    keep=1,
+    metric="episode_return_mean",
+    **tune_config,
+) -> tune.Tuner:
     return tune.Tuner(
         trainable_cls,
         param_space=space,
-        tune_config=tune.TuneConfig(metric="episode_return_mean", mode="max", **tune_config),
+        tune_config=tune.TuneConfig(metric=metric, mode="max", **tune_config),
         run_config=tune.RunConfig(
             storage_path=str(path),
             name="sweep",
             stop=stop,
             checkpoint_config=tune.CheckpointConfig(
                 num_to_keep=keep,
-                checkpoint_score_attribute="episode_return_mean",
+                checkpoint_score_attribute=metric,
                 checkpoint_at_end=True,
             ),
             verbose=0,
@@ -227,38 +234,58 @@ def _tuner(trainable_cls, space, path: Path, stop: dict, keep=1, **tune_config) 
     )
 
 
+EVALUATED = "evaluation/episode_return_mean"  # the greedy evaluation's mean return
+EVALUATING = {  # each iteration ends with an evaluation, greedy, episodes seeded seed + i
+    "evaluation_interval": 1,
+    "evaluation_duration": 3,
+    "evaluation_config": {"explore": False},
+}
+
+
 @pytest.mark.slow
-def test_a_grid_of_four_trials_and_the_best_checkpoint_evaluates(tune_ray, tmp_path, capsys):
+def test_a_grid_of_four_trials_and_the_best_checkpoint_evaluates_to_its_return(
+    tune_ray, tmp_path, capsys
+):
+    """The sweep chooses by the evaluation return, and `policy-service evaluate` of the
+    best checkpoint (the config's seed, as many episodes, greedy) gives exactly it."""
     from algorithms import evaluation
 
-    space = {**TINY, "lr": tune.grid_search([3e-3, 1e-3]), "num_epochs": tune.grid_search([2, 4])}
+    space = {
+        **TINY,
+        **EVALUATING,
+        "lr": tune.grid_search([3e-3, 1e-3]),
+        "num_epochs": tune.grid_search([2, 4]),
+    }
     check_search_space(PPOConfig, space)
     results = _tuner(
         "policy_service.PPO",
         space,
         tmp_path,
-        stop={"episode_return_mean": 60, "training_iteration": 15},
+        stop={EVALUATED: 100, "training_iteration": 15},
+        metric=EVALUATED,
     ).fit()
     assert not results.errors and len(results) == 4
     grid = sorted((r.config["lr"], r.config["num_epochs"]) for r in results)
     assert grid == [(1e-3, 2), (1e-3, 4), (3e-3, 2), (3e-3, 4)]
     best = results.get_best_result()
-    reported = best.metrics["episode_return_mean"]
-    assert reported >= 60  # it learned: a random policy's return is ~22
+    assert best.metrics[EVALUATED] == max(r.metrics[EVALUATED] for r in results)
+    assert best.metrics[EVALUATED] >= 100  # it learned: a random policy's return is ~22
     for result in results:  # Tune's loggers: TensorBoard, CSV, JSON
         names = [p.name for p in Path(result.path).iterdir()]
         assert "progress.csv" in names and "result.json" in names
         assert any(name.startswith("events.out.tfevents") for name in names)
-    checkpoint = Path(best.get_best_checkpoint("episode_return_mean", "max").path)
-    assert (checkpoint / LINEAGE_FILE).exists()
-    [saved] = list_checkpoints(checkpoint)  # the algorithm's, named by its iteration
-    assert saved.name == f"checkpoint_{best.metrics['training_iteration']:06d}"
-    capsys.readouterr()
-    evaluation.evaluate(str(checkpoint), episodes=20, explore=True, seed=0)  # Tune's directory
-    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    # its last 20 training episodes (exploring) against 20 more of the saved policy
-    assert evaluated["episode_return_mean"] >= 0.5 * reported
-    assert evaluated["episode_return_mean"] > 2 * RANDOM_RETURN
+    [(checkpoint, reported)] = best.best_checkpoints  # keep=1: the best by EVALUATED
+    assert checkpoint.path == best.get_best_checkpoint(EVALUATED, "max").path
+    assert (Path(checkpoint.path) / LINEAGE_FILE).exists()
+    [saved] = list_checkpoints(Path(checkpoint.path))  # the algorithm's, named by its iteration
+    assert saved.name == f"checkpoint_{reported['training_iteration']:06d}"
+    for path in (checkpoint.path, saved):  # Tune's directory, and the algorithm's in it
+        capsys.readouterr()
+        episodes = EVALUATING["evaluation_duration"]
+        evaluation.evaluate(str(path), episodes=episodes, seed=TINY["seed"])
+        evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert evaluated["episode_returns"] == reported["evaluation/episode_returns"]
+        assert evaluated["episode_return_mean"] == reported[EVALUATED]  # bit for bit
 
 
 @pytest.mark.slow
