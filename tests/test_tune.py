@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -380,6 +381,88 @@ def test_a_trial_whose_bundles_hold_the_whole_cluster_starts_its_env_runner(tune
     results = _tuner("policy_service.PPO", space, tmp_path, {"training_iteration": 1}).fit()
     assert not results.errors
     assert results[0].metrics["training_iteration"] == 1
+
+
+@pytest.mark.slow
+def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_commands_take(
+    tune_ray, tmp_path, capsys, monkeypatch
+):
+    """`policy-service tune` in the module's Ray: --num-samples 2 trials, --scheduler asha,
+    Tune's progress table; the best trial, config and checkpoint it prints at the end,
+    and `evaluate`, `export` and `serve` (its checkpoint loading) take that checkpoint."""
+    from cli_processes import finish, start
+
+    from policy_service.cli.commands import main
+    from policy_service.serving import server
+
+    config = tmp_path / "base.yaml"
+    config.write_text(
+        "seed: 0\ntrain_batch_size: 256\nminibatch_size: 64\nnum_epochs: 1\n"
+        "model: {fcnet_hiddens: [16]}\n"
+    )
+    search = tmp_path / "space.yaml"
+    search.write_text("lr: {loguniform: [1.0e-4, 1.0e-2]}\n")
+    sweep = tmp_path / "sweep"
+    code, out, err = finish(
+        start(
+            "tune",
+            "ppo",
+            "--env",
+            "CartPole-v1",
+            "--config",
+            str(config),
+            "--search",
+            str(search),
+            "--num-samples",
+            "2",
+            "--scheduler",
+            "asha",
+            "--stop-iters",
+            "2",
+            "--output-dir",
+            str(sweep),
+            joined=True,
+        )  # fmt: skip
+    )
+    assert code == 0, err[-3000:]
+    # Tune's box and progress table: the scheduler, the trials sampled, their states
+    assert re.search(r"Scheduler +AsyncHyperBandScheduler", out), out[-3000:]
+    assert re.search(r"Number of trials +2\b", out), out[-3000:]
+    assert "Trial status: 2 TERMINATED" in out, out[-3000:]
+    trials = sorted(d for d in sweep.iterdir() if d.is_dir())
+    assert len(trials) == 2
+    for trial in trials:
+        assert 1e-4 <= json.loads((trial / "params.json").read_text())["lr"] <= 1e-2
+    printed = dict(
+        line.split(":", 1) for line in out.splitlines()[-4:] if line.split(":", 1)[0].strip()
+    )
+    best_name, metric, value = printed["best trial"].split()
+    [best] = [trial for trial in trials if trial.name == best_name]
+    assert metric == "episode_return_mean" and float(value) > 0
+    assert json.loads(printed["config"]) == json.loads((best / "params.json").read_text())
+    checkpoint = printed["checkpoint"].strip()
+    assert Path(checkpoint).parent.parent == best  # Tune's checkpoint_*/ holds the algorithm's
+    assert Path(checkpoint).name == "checkpoint_000002"
+    assert printed["evaluate"].strip() == f"policy-service evaluate {checkpoint}"
+
+    capsys.readouterr()
+    assert main(["evaluate", checkpoint, "--episodes", "1"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == checkpoint
+    exported = tmp_path / "exported"
+    assert main(["export", checkpoint, "--out", str(exported)]) == 0
+    assert (exported / "saved_model.pb").exists()
+    served = []  # serve loads the policy, then run_server would start Ray Serve: stopped there
+    monkeypatch.setattr(
+        server,
+        "run_server",
+        lambda state, *args, announce="", **kwargs: served.append((state, announce)) or 0,
+    )
+    token = tmp_path / "token"
+    token.write_text("a-token\n")
+    assert main(["serve", checkpoint, "--token-file", str(token)]) == 0
+    [(state, announce)] = served
+    assert announce.startswith(f"policy {checkpoint};")
+    assert state["config"]["lr"] == json.loads(printed["config"])["lr"]  # the best trial's
 
 
 def _trial_states(sweep: Path) -> dict[str, str]:
