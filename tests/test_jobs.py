@@ -142,6 +142,11 @@ def submissions(ray_head, tmp_path_factory):
     url, token_file = ray_head
     home = tmp_path_factory.mktemp("home")
     job_run_dir = tmp_path_factory.mktemp("job") / "run"
+    sweep_files = tmp_path_factory.mktemp("sweep")
+    (sweep_files / "base.yaml").write_text(
+        "train_batch_size: 128\nminibatch_size: 64\nnum_epochs: 1\nmodel: {fcnet_hiddens: [16]}\n"
+    )
+    (sweep_files / "space.yaml").write_text("lr: {grid_search: [0.003, 0.001]}\n")
     python = sys.executable
     cases = {
         "hello": ([python, "-c", "print('hi from the job')"], token_file, []),
@@ -198,6 +203,27 @@ def submissions(ray_head, tmp_path_factory):
             token_file,
             [],
         ),
+        # A Tune sweep as a job: its trials are actors of the cluster, one at a time on
+        # its one CPU; the sweep's best trial is printed in the job's log.
+        "tune": (
+            [
+                CLI,
+                "tune",
+                "ppo",
+                "--env",
+                "CartPole-v1",
+                "--config",
+                str(sweep_files / "base.yaml"),
+                "--search",
+                str(sweep_files / "space.yaml"),
+                "--stop-iters",
+                "2",
+                "--output-dir",
+                str(sweep_files / "sweep"),
+            ],
+            token_file,
+            [],
+        ),
     }
     running = {}
     for name, (job, token, flags) in cases.items():
@@ -218,6 +244,7 @@ def submissions(ray_head, tmp_path_factory):
             if process.poll() is None:
                 process.kill()
     results["train_run_dir"] = job_run_dir
+    results["sweep_dir"] = sweep_files / "sweep"
     return results
 
 
@@ -277,3 +304,22 @@ def test_learners_asking_for_more_gpus_than_the_cluster_has_fail_fast(submission
         "(num_learners, num_gpus_per_learner)" in out
     )
     assert "Traceback" not in out
+
+
+def test_a_tune_sweep_submitted_as_a_job_runs_its_trials_on_the_cluster(submissions):
+    code, out, err = submissions["tune"]
+    assert code == 0, out[-3000:] + err[-3000:]
+    assert re.search(r"Number of trials +2\b", out), out[-3000:]  # Tune's box, in the job's log
+    assert "Trial status: 2 TERMINATED" in out, out[-3000:]
+    sweep = submissions["sweep_dir"]
+    trials = [d for d in sweep.iterdir() if d.is_dir()]
+    assert len(trials) == 2
+    for trial in trials:  # each trial trained its 2 iterations
+        rows = (trial / "result.json").read_text().splitlines()
+        assert [json.loads(row)["training_iteration"] for row in rows] == [1, 2]
+    best = re.search(r"^best trial: +(\S+) +episode_return_mean ", out, re.MULTILINE)
+    assert best and (sweep / best.group(1)).is_dir(), out[-3000:]
+    checkpoint = re.search(r"^checkpoint: +(\S+)$", out, re.MULTILINE)
+    assert checkpoint, out[-3000:]
+    assert Path(checkpoint.group(1)).parent.parent == sweep / best.group(1)
+    assert (Path(checkpoint.group(1)) / "algorithm_state.json").exists()  # what evaluate takes
