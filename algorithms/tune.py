@@ -8,21 +8,27 @@
 A trial is one Algorithm: Tune's `step` is `algo.train()`, its checkpoints are
 `algo.save` directories (what `policy-service evaluate`, `export` and `serve` take),
 and the trial's placement group holds the driver, its learner actors and its env
-runners (`default_resource_request`), so a trial never waits on itself. Checking a
-search space before any trial starts: algorithms/tune_search.py.
+runners (`default_resource_request`), so a trial never waits on itself.
+
+`tune.Tuner` with one of these trainables checks its param space when it is made, before
+any trial starts (algorithms/tune_search.py): a key the algorithm does not have, or a
+value some leaf can take out of a key's range, is one line naming it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ray import tune
 from ray.tune.execution.placement_groups import PlacementGroupFactory
 
 from algorithms import ALGORITHMS, get_algorithm_class, get_config_class
 from algorithms.trial_bundles import trial_bundles
+from algorithms.tune_search import check_search_space
 from policy_service.config import from_dict
 from policy_service.io import checkpoints
 
@@ -162,6 +168,39 @@ def _make_trainable(name: str) -> type[AlgorithmTrainable]:
 _TRAINABLES: dict[str, type[AlgorithmTrainable]] = {
     name: _make_trainable(name) for name in ALGORITHMS
 }
+
+
+def algorithm_of(trainable: Any) -> str | None:
+    """The registered algorithm a Tuner's trainable runs: one of these trainables (or a
+    subclass of one), or its name in Tune ("policy_service.PPO"); else None."""
+    if isinstance(trainable, type) and issubclass(trainable, AlgorithmTrainable):
+        return trainable.algorithm_name
+    if isinstance(trainable, str):
+        return _NAMES.get(trainable)
+    return None
+
+
+_NAMES = {trainable_name(name): name for name in ALGORITHMS}
+
+
+def _checking_param_space(init: Callable) -> Callable:
+    """tune.Tuner's __init__, refusing first a param space that one of these trainables
+    cannot take for some of its values (Tune resolves it trial by trial, so each trial's
+    own check, in default_resource_request, would catch a bad value only when drawn)."""
+
+    @functools.wraps(init)
+    def __init__(self, trainable=None, *args, param_space=None, **kwargs):
+        name = algorithm_of(trainable)
+        if name is not None and isinstance(param_space, dict):
+            check_search_space(get_config_class(name), _plain(param_space))
+        init(self, trainable, *args, param_space=param_space, **kwargs)
+
+    __init__.checks_param_space = True  # type: ignore[attr-defined]
+    return __init__
+
+
+if not getattr(tune.Tuner.__init__, "checks_param_space", False):  # once per process
+    tune.Tuner.__init__ = _checking_param_space(tune.Tuner.__init__)  # type: ignore[method-assign]
 
 
 def register_trainables() -> None:

@@ -111,6 +111,34 @@ def test_a_search_space_out_of_a_keys_range_is_one_line_naming_it(space, named):
     assert named in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("by", ["name", "class", "subclass"])
+@pytest.mark.parametrize(
+    "space, named",
+    [
+        ({"lrr": tune.grid_search([1e-3, 1e-4])}, "param_space: unknown config key 'lrr'"),
+        # a range drawn trial by trial: only some of its values are out of gamma's range
+        ({"gamma": tune.uniform(0.9, 1.2)}, "param_space: config.gamma must be"),
+    ],
+)
+def test_a_tuner_of_an_algorithm_refuses_a_bad_param_space_when_made(by, space, named, tmp_path):
+    """tune.Tuner itself, before any trial (no Ray is running here): one line naming
+    the key; a space that fits makes a Tuner, and other trainables are left alone."""
+    register_trainables()
+    trainable_cls = {
+        "name": "policy_service.PPO",
+        "class": trainable(PPO),
+        "subclass": PlacementProbe,
+    }[by]
+    run_config = tune.RunConfig(storage_path=str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        tune.Tuner(trainable_cls, param_space={**TINY, **space}, run_config=run_config)
+    assert str(err.value).startswith(named) and "\n" not in str(err.value)
+    assert not ray.is_initialized()
+    fits = {**TINY, "gamma": tune.uniform(0.9, 0.99)}
+    tune.Tuner(trainable_cls, param_space=fits, run_config=run_config)
+    tune.Tuner(lambda config: None, param_space={"lrr": 1}, run_config=run_config)
+
+
 def test_a_pbt_mutation_out_of_a_keys_range_is_one_line_naming_it():
     with pytest.raises(ConfigError) as err:
         population_based_training(PPOConfig, {"gamma": tune.uniform(0.9, 1.5)}, TINY)
