@@ -416,8 +416,9 @@ def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_comm
     tune_ray, tmp_path, capsys, monkeypatch
 ):
     """`policy-service tune` in the module's Ray: --num-samples 2 trials, --scheduler asha,
-    Tune's progress table; the best trial, config and checkpoint it prints at the end,
-    and `evaluate`, `export` and `serve` (its checkpoint loading) take that checkpoint."""
+    Tune's progress table; the best trial (by --metric, the greedy evaluation's return),
+    config and checkpoint it prints at the end; `evaluate` of that checkpoint gives the
+    printed return, and `export` and `serve` (its checkpoint loading) take it."""
     from cli_processes import finish, start
 
     from policy_service.cli.commands import main
@@ -427,6 +428,7 @@ def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_comm
     config.write_text(
         "seed: 0\ntrain_batch_size: 256\nminibatch_size: 64\nnum_epochs: 1\n"
         "model: {fcnet_hiddens: [16]}\n"
+        "evaluation_interval: 1\nevaluation_duration: 3\nevaluation_config: {explore: false}\n"
     )
     search = tmp_path / "space.yaml"
     search.write_text("lr: {loguniform: [1.0e-4, 1.0e-2]}\n")
@@ -447,10 +449,12 @@ def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_comm
             "asha",
             "--stop-iters",
             "2",
+            "--metric",
+            EVALUATED,
             "--output-dir",
             str(sweep),
             joined=True,
-        )  # fmt: skip
+        )
     )
     assert code == 0, err[-3000:]
     # Tune's box and progress table: the scheduler, the trials sampled, their states
@@ -466,7 +470,10 @@ def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_comm
     )
     best_name, metric, value = printed["best trial"].split()
     [best] = [trial for trial in trials if trial.name == best_name]
-    assert metric == "episode_return_mean" and float(value) > 0
+    assert metric == EVALUATED
+    # the metric its checkpoint (the last iteration's: Tune's checkpoint at the end) reported
+    last = json.loads((best / "result.json").read_text().splitlines()[-1])
+    assert (last["training_iteration"], last[EVALUATED]) == (2, float(value))
     assert json.loads(printed["config"]) == json.loads((best / "params.json").read_text())
     checkpoint = printed["checkpoint"].strip()
     assert Path(checkpoint).parent.parent == best  # Tune's checkpoint_*/ holds the algorithm's
@@ -474,8 +481,10 @@ def test_the_tune_command_samples_with_asha_and_its_best_checkpoint_is_what_comm
     assert printed["evaluate"].strip() == f"policy-service evaluate {checkpoint}"
 
     capsys.readouterr()
-    assert main(["evaluate", checkpoint, "--episodes", "1"]) == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["checkpoint"] == checkpoint
+    assert main(["evaluate", checkpoint, "--episodes", "3", "--seed", "0"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluated["checkpoint"] == checkpoint
+    assert evaluated["episode_return_mean"] == float(value)  # exactly what it reported
     exported = tmp_path / "exported"
     assert main(["export", checkpoint, "--out", str(exported)]) == 0
     assert (exported / "saved_model.pb").exists()

@@ -326,7 +326,8 @@ def _resumed_tuner(sweep: Sweep):
 
 
 def report(results, metric: str) -> int:
-    """Print the best trial (its return, config and checkpoint) -> exit status."""
+    """Print the best trial (the metric its checkpoint was saved with, its config and
+    that checkpoint) -> exit status."""
     for error in results.errors:
         print(f"a trial failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr)
     try:
@@ -336,9 +337,12 @@ def report(results, metric: str) -> int:
         return 1
     from policy_service.io.checkpoints import list_checkpoints
 
-    checkpoint = best.get_best_checkpoint(metric, "max") or best.checkpoint
+    scored = [kept for kept in best.best_checkpoints if kept[1].get(metric) is not None]
+    checkpoint, reported = (
+        max(scored, key=lambda kept: kept[1][metric]) if scored else (best.checkpoint, best.metrics)
+    )
     inside = list_checkpoints(Path(checkpoint.path)) if checkpoint is not None else []
-    print(f"best trial:  {Path(best.path).name}  {metric} {best.metrics.get(metric)}")
+    print(f"best trial:  {Path(best.path).name}  {metric} {reported.get(metric)}")
     print(f"config:      {json.dumps(best.config, default=str, sort_keys=True)}")
     print(f"checkpoint:  {inside[-1] if inside else None}")
     if inside:
