@@ -33,7 +33,6 @@ from policy_service import TFPolicy
 from policy_service.data.sample_batch import SampleBatch
 from policy_service.data.units import LOSS_MASK
 from policy_service.distributed.fragment_stream import Fragment, FragmentStream
-from policy_service.distributed.learner_thread import by_policy
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.returns.vtrace_units import bootstrap_values, vtrace_on_units
 from policy_service.runs.metrics_logger import Stat, reduce_stats, stat_values
@@ -146,17 +145,18 @@ class A3C(AsyncAlgorithm):
         gradients = fragment.batch  # by policy id (RolloutWorker.sample_and_compute_gradients)
         if isinstance(gradients, ray.ObjectRef):
             gradients = ray.get(gradients)
-        if self.multi_agent is None:
-            gradients, groups = {None: gradients[DEFAULT_POLICY_ID]}, {None: self.learners}
-        else:
-            groups = self.multi_agent[1].groups
+        learners = self.policy_learners
         for policy_id, policy_gradients in gradients.items():
-            groups[policy_id].apply_gradients(policy_gradients)
+            learners.groups[policy_id].apply_gradients(policy_gradients)
         self._iteration_changed_state = True
         self.version += 1
-        weights = by_policy({policy_id: groups[policy_id].get_weights() for policy_id in gradients})
+        weights = {policy_id: learners.groups[policy_id].get_weights() for policy_id in gradients}
+        if learners.keyed:
+            rows = sum(fragment.rows(policy_id) for policy_id in gradients)
+        else:  # one policy of a gymnasium env: its weights alone, every row its own
+            weights, rows = weights[DEFAULT_POLICY_ID], fragment.rows(None)
         self.env_runner_group().sync_weights(weights, version=self.version, wait=False)
-        return sum(fragment.rows(policy_id) for policy_id in gradients)
+        return rows
 
     # ----- AsyncAlgorithm: the version goes on; requests in flight are dropped ---------
 

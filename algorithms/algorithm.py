@@ -56,11 +56,12 @@ from policy_service.runs.callbacks import (
 )
 
 if TYPE_CHECKING:  # imported where used: Ray loads only when the loop starts
-    from algorithms.multi_agent import MultiAgentLearners
+    from algorithms.policy_learners import PolicyLearners
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
     from policy_service.distributed.learner_group import LearnerGroup
     from policy_service.distributed.resources import RoleAsk
     from policy_service.multi_agent.batch import MultiAgentBatch
+    from policy_service.multi_agent.policies import AgentPolicies
     from policy_service.policy.tf_policy import TFPolicy
 
 # the registered algorithms that train `policies`, for the refusal's hint (written out, as
@@ -152,34 +153,25 @@ class Algorithm:
         # the runner type's runners: an EnvRunnerGroup, or one standing in for it (the
         # external env's training server); distributed/runner_types.py
         self.env_runners: EnvRunnerGroup
-        self.learners: LearnerGroup
-        # with `policies`: the multi-agent env runners and a LearnerGroup per policy
-        self.multi_agent: tuple[EnvRunnerGroup, MultiAgentLearners] | None = None
+        # a LearnerGroup per policy id (one policy of a gymnasium env: DEFAULT_POLICY_ID's)
+        self.policy_learners: PolicyLearners
         try:
             if cfg.policies is not None:
-                self.multi_agent = self._make_multi_agent()
-                self._attach_batch_hooks()
-                self.callbacks.call("on_algorithm_init", algorithm=self)
-                return
-            if uses_ray:  # every role's sum, before any of them starts
-                from policy_service.distributed.resources import check_cluster_fits
-
-                check_cluster_fits(self.resource_asks())
-            if self.inference_by_learners():  # the runners act through the learners: those first
-                from policy_service.distributed.env_runner_group import probe_spaces
-
-                self.learners = self._make_learners(*probe_spaces(self._env(), cfg.env_config))
-                self.env_runners = self._make_env_runners(cfg.seed)
-            else:  # the runner actors start while the driver builds its learner
-                self.env_runners = self._make_env_runners(cfg.seed)
-                runners = self.env_runners
-                self.learners = self._make_learners(runners.observation_space, runners.action_space)
+                self._build_policies()
+            else:
+                self._build_one_policy(uses_ray)
             self.sync_env_runners(version=0)
         except BaseException:
             self.stop()
             raise
         self._attach_batch_hooks()
         self.callbacks.call("on_algorithm_init", algorithm=self)
+
+    @property
+    def learners(self) -> LearnerGroup:
+        """The LearnerGroup of the run's one policy (what one policy's training steps
+        update); with several policies, policy_learners.groups[policy_id] instead."""
+        return self.policy_learners.only_group()
 
     # ----- the loop -------------------------------------------------------------------
 
@@ -231,25 +223,21 @@ class Algorithm:
     def _evaluation(self) -> Evaluation:
         if self.evaluation is None:
             self.sync_learner_filters()  # the state evaluation copies holds the statistics
-            states = self.multi_agent[1].get_states if self.multi_agent else self.learners.get_state
-            self.evaluation = Evaluation(self.config, states)
+            self.evaluation = Evaluation(self.config, self.policy_learners.get_state)
         return self.evaluation
 
     def _attach_batch_hooks(self) -> None:
         """on_learn_on_batch before every batch a learner group learns on, when overridden."""
         if not self.callbacks.overrides("on_learn_on_batch"):
             return
-        groups = (
-            self.multi_agent[1].groups if self.multi_agent is not None else {None: self.learners}
-        )
-        for policy_id, learners in groups.items():
+        for policy_id, learners in self.policy_learners.groups.items():
 
             def hook(batch, learners=learners, policy_id=policy_id) -> dict:
                 result: dict = {}
                 self.callbacks.call(
                     "on_learn_on_batch",
                     policy=learners.local_policy,
-                    policy_id=policy_id or "default_policy",
+                    policy_id=policy_id,
                     train_batch=batch,
                     result=result,
                 )
@@ -261,29 +249,23 @@ class Algorithm:
         """Each target policy id takes the weights of its source policy id (`targets`:
         target -> source), and the env runners act with them from the next sample
         (self-play's frozen copies, policy_service.multi_agent.self_play.FrozenCopies)."""
-        if self.multi_agent is None:
+        if not self.policy_learners.keyed:
             raise ValueError(
                 f"copy_policy_weights({targets!r}): this run has one policy (config.policies unset)"
             )
-        runners, learners = self.multi_agent
-        runners.sync_weights(learners.copy_frozen(targets))
+        self.env_runners.sync_weights(self.policy_learners.copy_frozen(targets))
         self._iteration_changed_state = True
 
     def training_step(self) -> dict:
         """One iteration's work -> learner statistics. This default is the on-policy
         iteration: >= train_batch_size env steps, `update_on_batch`, broadcast; with
         `policies`, `update_on_batch` for each trained policy on its own rows."""
-        if self.multi_agent is not None:
-            runners, learners = self.multi_agent
-            batch = self._sample_multi_agent(self.config.train_batch_size)
-            start = time.perf_counter()
-            stats = self._counted_update(
-                learners.update_each(self._policy_update, batch, self.timesteps_total), start
-            )
-            self.ending_sync(lambda: runners.sync_weights(learners.get_weights()))
-            return stats
-        train_batch = self.sample_env_steps(self.config.train_batch_size)
-        stats = self.learner_update(lambda learners: self.update_on_batch(learners, train_batch))
+        rows = self.sample_policy_rows(self.config.train_batch_size)
+        start = time.perf_counter()
+        stats = self._counted_update(
+            self.policy_learners.update_each(self._policy_update, rows, self.timesteps_total),
+            start,
+        )
         self.ending_sync(self.broadcast_weights)
         return stats
 
@@ -297,8 +279,8 @@ class Algorithm:
             self._deferred_failure = failure
 
     def _policy_update(self, learners: LearnerGroup, train_batch: SampleBatch) -> dict:
-        """update_on_batch for one policy of a multi-agent run; once it has learned, a
-        later policy's failed update no longer leaves the run as the iteration found it."""
+        """update_on_batch for one policy; once it has learned, a later policy's failed
+        update no longer leaves the run as the iteration found it."""
         stats = self.update_on_batch(learners, train_batch)
         self._iteration_changed_state = True
         return stats
@@ -323,15 +305,21 @@ class Algorithm:
         self.counters.this_iteration.sample_time_s += time.perf_counter() - start
         return concat_samples(batches)
 
-    def _sample_multi_agent(self, min_steps: int) -> MultiAgentBatch:
+    def sample_policy_rows(self, min_steps: int) -> dict:
+        """Fragments until >= min_steps -> policy id -> its rows (one policy of a
+        gymnasium env: DEFAULT_POLICY_ID's, `sample_env_steps`)."""
+        if not self.policy_learners.keyed:
+            return {DEFAULT_POLICY_ID: self.sample_env_steps(min_steps)}
+        return self.sample_multi_agent(min_steps).policy_batches
+
+    def sample_multi_agent(self, min_steps: int) -> MultiAgentBatch:
         """Multi-agent fragments until >= min_steps, counted by `count_steps_by`."""
         from policy_service.multi_agent.batch import concat_multi_agent
 
-        assert self.multi_agent is not None
         start = time.perf_counter()
         batches, steps = [], 0
         while steps < min_steps:
-            sampled, metrics = self.multi_agent[0].sample()
+            sampled, metrics = self.env_runners.sample()
             batch = cast("MultiAgentBatch", sampled)  # EnvRunnerGroup.sample, multi-agent rows
             batches.append(batch)
             self._count_sampled(metrics)
@@ -386,7 +374,7 @@ class Algorithm:
     def sync_env_runners(self, version: int | None = None, wait: bool = True) -> None:
         """The learners' weights to the env runners, with the SGD steps that made them,
         which the batches sampled with them name (diff_num_grad_updates_vs_sampler_policy)."""
-        weights, num_grad_updates = self.learners.weights_for_runners()
+        weights, num_grad_updates = self.policy_learners.weights_for_runners()
         self.env_runners.sync_weights(
             weights, version=version, wait=wait, num_grad_updates=num_grad_updates
         )
@@ -412,8 +400,6 @@ class Algorithm:
         keep such runs off the paths that call this)."""
         from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
-        if self.multi_agent is not None:
-            return self.multi_agent[0]
         if not isinstance(self.env_runners, EnvRunnerGroup):
             raise TypeError(f"{type(self).__name__} needs env runners, not an external env")
         return self.env_runners
@@ -433,8 +419,8 @@ class Algorithm:
         return self.counters.count_sampled(metrics)
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
-        learners = self.multi_agent[1] if self.multi_agent else self.learners
-        metrics = self.counters.results(elapsed_s, multi_agent=self.multi_agent is not None)
+        learners = self.policy_learners
+        metrics = self.counters.results(elapsed_s, multi_agent=learners.keyed)
         metrics["num_worker_restarts"] = self._num_worker_restarts()
         metrics["num_policy_actor_restarts"] = self._num_policy_actor_restarts()
         metrics["num_learners"] = learners.num_learners
@@ -482,27 +468,37 @@ class Algorithm:
     def _env(self):
         return env_maker(self._env_name, self.config.preprocessor_pref, self.config.model.dim)
 
-    def _make_learners(self, observation_space, action_space) -> LearnerGroup:
+    def _build_one_policy(self, uses_ray: bool) -> None:
+        """The env runners of the config's runner type and one policy's learners."""
+        from algorithms.policy_learners import PolicyLearners
         from policy_service.distributed.learner_group import LearnerGroup
 
-        return LearnerGroup(self.policy_class, observation_space, action_space, self.config)
+        cfg = self.config
+        if uses_ray:  # every role's sum, before any of them starts
+            from policy_service.distributed.resources import check_cluster_fits
 
-    def _make_env_runners(self, seed: int | None) -> EnvRunnerGroup:
-        """The runners of the config's runner type (distributed/runner_types.py)."""
-        from policy_service.distributed.runner_types import runner_type, runner_type_module
+            check_cluster_fits(self.resource_asks())
 
-        return runner_type_module(runner_type(self.config)).build(
-            self.config,
-            self.policy_class,
-            seed,
-            env=self._env() if self.config.env else None,  # none: an offline run's input
-            inference_actors=self.learners.actors if self.inference_by_learners() else None,
-            callbacks=self.callback_classes,
-        )
+        def learners(observation_space, action_space) -> PolicyLearners:
+            return PolicyLearners.single(
+                LearnerGroup(self.policy_class, observation_space, action_space, cfg)
+            )
 
-    def _make_multi_agent(self) -> tuple[EnvRunnerGroup, MultiAgentLearners]:
-        """The multi-agent env runners and the policies' learners, weights synced."""
+        if self.inference_by_learners():  # the runners act through the learners: those first
+            from policy_service.distributed.env_runner_group import probe_spaces
+
+            self.policy_learners = learners(*probe_spaces(self._env(), cfg.env_config))
+            self.env_runners = self._make_env_runners(cfg.seed)
+        else:  # the runner actors start while the driver builds its learner
+            self.env_runners = self._make_env_runners(cfg.seed)
+            runners = self.env_runners
+            self.policy_learners = learners(runners.observation_space, runners.action_space)
+
+    def _build_policies(self) -> None:
+        """A run with `policies`: its multi-agent env runners (or each policy's offline
+        rows) and a LearnerGroup per policy."""
         from algorithms import multi_agent
+        from algorithms.policy_learners import PolicyLearners
         from policy_service.distributed.resources import check_cluster_fits
         from policy_service.distributed.role_asks import (
             env_runner_asks,
@@ -515,16 +511,9 @@ class Algorithm:
             from algorithms.multi_agent_offline import offline_multi_agent_runners
 
             offline, policies = offline_multi_agent_runners(cfg, self.policy_class, cfg.seed)
-            trained = None
-            try:
-                trained = multi_agent.MultiAgentLearners(policies)
-                offline.sync_weights(trained.get_weights(), version=0)
-            except BaseException:
-                offline.stop()
-                if trained is not None:
-                    trained.stop()
-                raise
-            return cast("EnvRunnerGroup", offline), trained
+            self.env_runners = cast("EnvRunnerGroup", offline)
+            self.policy_learners = PolicyLearners.of_policies(policies)
+            return
         env, policies = multi_agent.resolve_policies(cfg, self.policy_class)
         env.close()  # it only showed the agents and spaces
         options = policy_actor_ray_options(None, on_cpu(cfg)) if cfg.remote_inference else None
@@ -545,34 +534,40 @@ class Algorithm:
         )
         # the runner actors start while the driver builds the learners, unless they act
         # through the learners: then those first
+        if not self.inference_by_learners():
+            self.env_runners = self._make_env_runners(cfg.seed, policies)
+        self.policy_learners = PolicyLearners.of_policies(policies)
+        if cfg.frozen_copies:
+            self.policy_learners.copy_frozen(cfg.frozen_copies, check=True)
+        if self.inference_by_learners():
+            self.env_runners = self._make_env_runners(cfg.seed, policies)
+
+    def _make_env_runners(
+        self, seed: int | None, agent_policies: AgentPolicies | None = None
+    ) -> EnvRunnerGroup:
+        """The runners of the config's runner type (distributed/runner_types.py); with
+        `agent_policies` (a run with `policies`), its multi-agent env runners."""
+        from policy_service.distributed.runner_types import runner_type, runner_type_module
+
         by_learners = self.inference_by_learners()
-        runners = (
-            None
-            if by_learners
-            else multi_agent.multi_agent_env_runners(
-                cfg, policies, cfg.seed, callbacks=self.callback_classes
+        if agent_policies is not None:
+            from algorithms import multi_agent
+
+            return multi_agent.multi_agent_env_runners(
+                self.config,
+                agent_policies,
+                seed,
+                inference_actors=self.policy_learners.actors if by_learners else None,
+                callbacks=self.callback_classes,
             )
+        return runner_type_module(runner_type(self.config)).build(
+            self.config,
+            self.policy_class,
+            seed,
+            env=self._env() if self.config.env else None,  # none: an offline run's input
+            inference_actors=self.learners.actors if by_learners else None,
+            callbacks=self.callback_classes,
         )
-        learners = None
-        try:
-            learners = multi_agent.MultiAgentLearners(policies)
-            if cfg.frozen_copies:
-                learners.copy_frozen(cfg.frozen_copies, check=True)
-            if runners is None:
-                runners = multi_agent.multi_agent_env_runners(
-                    cfg,
-                    policies,
-                    cfg.seed,
-                    inference_actors=learners.actors,
-                    callbacks=self.callback_classes,
-                )
-        except BaseException:
-            for built in (runners, learners):
-                if built is not None:
-                    built.stop()
-            raise
-        runners.sync_weights(learners.get_weights(), version=0)
-        return runners, learners
 
     def resource_asks(self) -> list[RoleAsk]:
         """What this run's actors ask of Ray: env runners (or the external env's
@@ -596,49 +591,23 @@ class Algorithm:
         iteration), so every restore of one checkpoint samples the same episodes
         (external episodes are their clients' to seed). Either way the runners then act
         with the restored weights."""
-        if self.multi_agent is not None:
-            self._restart_multi_agent_sampling()
-            return
         offline = offline_keys.is_offline(self.config)  # reads on: its position is checkpointed
         if self.config.seed is not None and not self.config.external_env and not offline:
             stats = self._filter_stats()
+            agent_policies = self.env_runner_group().agent_policies
             self._retire_env_runners(self.env_runners)
             self.env_runners = self._make_env_runners(
-                iteration_seed(self.config.seed, self.iteration)
+                iteration_seed(self.config.seed, self.iteration), agent_policies
             )
             self.env_runner_group().filter_stats = stats  # the new runners go on from them
         self.sync_env_runners(version=self.iteration)
 
-    def _restart_multi_agent_sampling(self) -> None:
-        """_restart_sampling with `policies`: new env runners, seeded from (seed, iteration)."""
-        from algorithms import multi_agent
-
-        assert self.multi_agent is not None
-        runners, learners = self.multi_agent
-        if self.config.seed is not None and not offline_keys.is_offline(self.config):
-            self._retire_env_runners(runners)
-            seed = iteration_seed(self.config.seed, self.iteration)
-            assert runners.agent_policies is not None  # built with them
-            runners = multi_agent.multi_agent_env_runners(
-                self.config,
-                runners.agent_policies,
-                seed,
-                inference_actors=learners.actors if self.inference_by_learners() else None,
-                callbacks=self.callback_classes,
-            )
-            self.multi_agent = (runners, learners)
-        runners.sync_weights(learners.get_weights(), version=self.iteration)
-
     def _num_worker_restarts(self) -> int:
-        return self._past_worker_restarts + int(self._current_env_runners().num_restarts)
+        return self._past_worker_restarts + int(self.env_runners.num_restarts)
 
     def _num_policy_actor_restarts(self) -> int:
         """Restarts of the PolicyActor acting for the env runners, of any runner type."""
-        runners = self._current_env_runners()
-        return self._past_policy_actor_restarts + policy_actor_restarts(runners)
-
-    def _current_env_runners(self):
-        return self.multi_agent[0] if self.multi_agent is not None else self.env_runners
+        return self._past_policy_actor_restarts + policy_actor_restarts(self.env_runners)
 
     def _retire_env_runners(self, runners) -> None:
         """Stop env runners about to be replaced; their restarts count on."""
@@ -664,13 +633,11 @@ class Algorithm:
 
     def save(self, checkpoint_dir: str) -> str:
         """Write the algorithm atomically (npz + JSON, no pickle) -> the directory;
-        with `policies`, every policy's state (algorithms/multi_agent.py). Sampling
+        with `policies`, every policy's state (algorithms/policy_learners.py). Sampling
         goes on untouched: a run that saves equals one that does not, and no episode
         in flight is cut."""
-        if self.multi_agent is not None:
-            return self._write_checkpoint(checkpoint_dir, self.multi_agent[1].get_states())
         self.sync_learner_filters()
-        return self._write_checkpoint(checkpoint_dir, self.learners.get_state())
+        return self._write_checkpoint(checkpoint_dir, self.policy_learners.get_state())
 
     def save_after_failure(self, checkpoint_dir: str) -> str | None:
         """After `train()` raised: write the state of the last whole iteration when
@@ -681,17 +648,13 @@ class Algorithm:
         started = self.counters.iteration_start is not None
         if not started or self._iteration_changed_state or self.iteration == 0:
             return None
-        learner_state = (
-            self.learners.newest_state()
-            if self.multi_agent is None
-            else self.multi_agent[1].newest_states()
-        )
+        learner_state = self.policy_learners.newest_state()
         if learner_state is None or not self.counters.rewind_to_iteration_start():
             return None
         return self._write_checkpoint(checkpoint_dir, learner_state)
 
     def _write_checkpoint(self, checkpoint_dir: str, learner_state: dict) -> str:
-        """`learner_state`: the learners' state; with `policies`, policy id -> state."""
+        """`learner_state`: the learners' state (PolicyLearners.get_state's layout)."""
         own = self.get_algorithm_state()
         try:
             json.dumps(own.values, allow_nan=False)
@@ -701,20 +664,17 @@ class Algorithm:
                 f"JSON (numbers, strings, lists, dicts): {err}"
             ) from None
         with checkpoints.atomic_directory(checkpoint_dir) as tmp:
-            if self.multi_agent is None:
-                self.learners.save(str(tmp / checkpoints.POLICY_SUBDIR), learner_state)
-            else:
-                self.multi_agent[1].save(tmp, learner_state)
+            self.policy_learners.save(tmp, learner_state)
             manifest = checkpoints.write_algorithm_arrays(tmp, own.arrays)
             position = self._save_read_position(tmp)  # an offline run's, to read on from
             checkpoints.save_json(
                 tmp / checkpoints.ALGORITHM_STATE,
                 {
-                    **self._multi_agent_state(),
+                    **self._policy_ids_state(),
                     **position,
                     "algorithm_class": checkpoints.class_path(type(self)),
                     "config": self.config_json(),
-                    **self.counters.checkpoint_entries(self.multi_agent is not None),
+                    **self.counters.checkpoint_entries(self.policy_learners.keyed),
                     "num_worker_restarts": self._num_worker_restarts(),
                     "num_policy_actor_restarts": self._num_policy_actor_restarts(),
                     "algorithm_values": own.values,
@@ -737,34 +697,37 @@ class Algorithm:
             config.update(multi_agent.json_config(self.config))
         return config
 
-    def _multi_agent_state(self) -> dict:
-        """A multi-agent run's entries of algorithm_state.json ({} for one policy)."""
-        if self.multi_agent is None:
+    def _policy_ids_state(self) -> dict:
+        """A run with `policies`: its entries of algorithm_state.json ({} for one policy
+        of a gymnasium env)."""
+        if not self.policy_learners.keyed:
             return {}
-        runners, learners = self.multi_agent
-        assert runners.agent_policies is not None  # built with them
+        agent_policies = self.env_runners.agent_policies
+        assert agent_policies is not None  # built with them
         return {
-            "policy_ids": list(learners.groups),
-            "agent_policy_ids": runners.agent_policies.agent_policy_ids,
+            "policy_ids": list(self.policy_learners.groups),
+            "agent_policy_ids": agent_policies.agent_policy_ids,
         }
 
     def restore(self, checkpoint_dir: str) -> None:
         """Continue from a save: learner state, algorithm state, counters, metrics
         window, sampling seed. Every file is read and checked first
-        (CheckpointFileError, one line naming it); a bad checkpoint changes nothing."""
+        (CheckpointFileError, one line naming it); a bad checkpoint changes nothing.
+        The checkpoint's policy ids must be this run's (one line naming both, before
+        anything is read further)."""
         directory = Path(checkpoint_dir)
         saved = checkpoints.read_algorithm_state(directory, type(self))
-        if self.multi_agent is not None or "policy_ids" in saved:
-            self._restore_multi_agent(directory, saved)
-            return
+        learners = self.policy_learners
+        learners.check_policy_ids(directory, saved)
         own = AlgorithmState(
             saved.get("algorithm_values", {}),
             checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
         )
         self.check_algorithm_state(own)
+        state = learners.read_checked(directory, saved)
         position = self._checked_read_position(directory, saved)
-        self.learners.restore(str(directory / checkpoints.POLICY_SUBDIR))
-        if self._filter_stats() is not None:
+        learners.set_state(state)
+        if self._filter_stats() is not None:  # NoFilter with `policies`
             [self.env_runner_group().filter_stats, *_] = self.learners.foreach_policy(
                 observation_filters.policy_filter_stats
             )
@@ -783,36 +746,11 @@ class Algorithm:
         saved_actor = int(saved.get("num_policy_actor_restarts", 0))
         self._past_policy_actor_restarts += saved_actor - self._num_policy_actor_restarts()
 
-    def _restore_multi_agent(self, directory: Path, saved: dict) -> None:
-        """restore() with `policies`: the checkpoint's policy ids must be this run's
-        (one line naming both, before anything is read further); every policy's files
-        are read and its state checked before any is set."""
-        from algorithms.multi_agent import check_policy_ids
-
-        expected = None if self.multi_agent is None else list(self.multi_agent[1].groups)
-        check_policy_ids(directory, saved.get("policy_ids"), expected)
-        assert self.multi_agent is not None  # a single-agent run was refused just now
-        own = AlgorithmState(
-            saved.get("algorithm_values", {}),
-            checkpoints.read_algorithm_arrays(directory, saved.get("algorithm_arrays", {})),
-        )
-        self.check_algorithm_state(own)
-        learners = self.multi_agent[1]
-        states = learners.read_checked(directory, saved)
-        position = self._checked_read_position(directory, saved)
-        learners.set_states(states)
-        self.set_algorithm_state(own)
-        self.counters.restore(saved)
-        self._restart_sampling()
-        self._set_read_position(position)
-        self._restore_worker_restarts(saved)
-        self.callbacks.call("on_checkpoint_loaded", algorithm=self)
-
     def _input_reader(self):
         """The runners reading `input` (OfflineRunners, or a policy's each), or None."""
         if not offline_keys.is_offline(self.config):
             return None
-        return self.multi_agent[0] if self.multi_agent is not None else self.env_runners
+        return self.env_runners
 
     def _save_read_position(self, checkpoint: Path) -> dict:
         """An offline run's read position into `checkpoint` -> its algorithm_state.json
@@ -871,15 +809,12 @@ class Algorithm:
     def get_policy(self, policy_id: str | None = None):
         """The learner policy (with `policies`: policy_id's), when it lives in this
         process (num_learners: 0)."""
-        if self.multi_agent is not None:
-            groups = self.multi_agent[1].groups
-            if policy_id not in groups:
-                raise KeyError(
-                    f"get_policy: no policy {policy_id!r}; policies are {sorted(groups)}"
-                )
-            learners = groups[policy_id]
-        else:
-            learners = self.learners
+        groups = self.policy_learners.groups
+        if not self.policy_learners.keyed:  # its one policy, whichever id is asked for
+            policy_id = DEFAULT_POLICY_ID
+        if policy_id not in groups:
+            raise KeyError(f"get_policy: no policy {policy_id!r}; policies are {sorted(groups)}")
+        learners = groups[policy_id]
         if learners.local_policy is None:
             raise RuntimeError(
                 f"the learner policy lives in {learners.num_learners} learner actors "
@@ -903,12 +838,12 @@ class Algorithm:
         learner policy `policy_id` (its observation filter applied, not updated) -> the
         action, or (action, state_out, extra) for a recurrent policy or with full_fetch.
         The action is what an env runner sends the env (normalize_actions, clip_actions)."""
-        if self.multi_agent is None and policy_id != DEFAULT_POLICY_ID:
+        if not self.policy_learners.keyed and policy_id != DEFAULT_POLICY_ID:
             raise KeyError(
                 f"compute_single_action: no policy {policy_id!r}; this run has one policy, "
                 f"{DEFAULT_POLICY_ID!r}"
             )
-        policy = self.get_policy(policy_id if self.multi_agent is not None else None)
+        policy = self.get_policy(policy_id)
         action, state_out, extra = policy.compute_single_action(
             observation,
             state,
@@ -987,8 +922,8 @@ class Algorithm:
             removed=policy_id,
         )
 
-    def _policy_learners(self, call: str) -> MultiAgentLearners:
-        if self.multi_agent is None:
+    def _policy_learners(self, call: str) -> PolicyLearners:
+        if not self.policy_learners.keyed:
             raise ConfigError(
                 f"{call}: this run has one policy ({DEFAULT_POLICY_ID!r}, no config.policies); "
                 "build it with config.policies to add or remove policies during the run"
@@ -998,7 +933,7 @@ class Algorithm:
                 f"{call}: an offline run trains the policies of config.policies on their "
                 "rows of config.input, read from its start; build a new run to change them"
             )
-        return self.multi_agent[1]
+        return self.policy_learners
 
     def _change_policies(
         self,
@@ -1022,8 +957,8 @@ class Algorithm:
         )
         # the policies there are keep their specs as resolved (spaces included), even
         # when no agent maps to them any more
-        assert self.multi_agent is not None and self.multi_agent[0].agent_policies is not None
-        resolved = self.multi_agent[0].agent_policies.specs
+        assert self.env_runners.agent_policies is not None  # a run with policies
+        resolved = self.env_runners.agent_policies.specs
         complete = {p: resolved.get(p, spec) for p, spec in policies.items()}
         env, agent_policies = multi_agent.resolve_policies(
             dataclasses.replace(config, policies=complete), self.policy_class
@@ -1044,20 +979,11 @@ class Algorithm:
     def _policies_changed(self, agent_policies) -> None:
         """New env runners acting with the run's policies as they are now; a subclass
         keeps what it holds per policy in step (replay buffers)."""
-        from algorithms import multi_agent
-
-        assert self.multi_agent is not None
-        runners, learners = self.multi_agent
-        self._retire_env_runners(runners)
-        runners = multi_agent.multi_agent_env_runners(
-            self.config,
-            agent_policies,
-            iteration_seed(self.config.seed, self.iteration),
-            inference_actors=learners.actors if self.inference_by_learners() else None,
-            callbacks=self.callback_classes,
+        self._retire_env_runners(self.env_runners)
+        self.env_runners = self._make_env_runners(
+            iteration_seed(self.config.seed, self.iteration), agent_policies
         )
-        self.multi_agent = (runners, learners)
-        runners.sync_weights(learners.get_weights(), version=self.iteration)
+        self.sync_env_runners(version=self.iteration)
 
     def stop(self) -> None:
         """End the env runners and learners, and Ray if this algorithm started it
@@ -1069,8 +995,10 @@ class Algorithm:
             if evaluation is not None:
                 evaluation.stop()
             # env runners first: ones acting through the learners would fail on them
-            groups = (getattr(self, "env_runners", None), getattr(self, "learners", None))
-            for group in (*groups, *(getattr(self, "multi_agent", None) or ())):
+            for group in (
+                getattr(self, "env_runners", None),
+                getattr(self, "policy_learners", None),
+            ):
                 if group is not None:
                     group.stop()
         if self._ray_started:
@@ -1092,9 +1020,9 @@ class AsyncAlgorithm(Algorithm):
     def learner_version(self) -> int:
         raise NotImplementedError
 
-    def async_learners(self) -> LearnerGroup | MultiAgentLearners:
+    def async_learners(self) -> LearnerGroup | PolicyLearners:
         """The learners: the LearnerGroup, or with `policies` every policy's."""
-        return self.learners if self.multi_agent is None else self.multi_agent[1]
+        return self.policy_learners if self.policy_learners.keyed else self.learners
 
     def set_learner_version(self, version: int) -> None:
         """Called with sampling paused (restore)."""

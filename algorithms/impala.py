@@ -139,7 +139,7 @@ class IMPALA(AsyncAlgorithm):
                 self.env_runner_group(),
                 self.async_learners(),
                 settings,
-                trained=None if self.multi_agent is None else self.multi_agent[1].trained(),
+                trained=self.policy_learners.trained() if self.policy_learners.keyed else None,
             )
         except BaseException:
             self.stop()

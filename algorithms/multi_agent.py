@@ -1,9 +1,8 @@
-"""A multi-agent run's two halves, called as the loop calls an EnvRunnerGroup and a
-LearnerGroup: `multi_agent_env_runners` builds its EnvRunnerGroup (sampling in
-the driver, or in env runner actors each acting with a CPU copy of every policy, or
-through one MultiPolicyActor), `MultiAgentLearners` holds a LearnerGroup per policy
-(each policy its own learner role; num_learners: 0 puts them in the driver) and updates
-only the policies in `policies_to_train` on their own rows.
+"""A run with `policies`: its multi-agent env, every policy's spec resolved against the
+env's agents, and `multi_agent_env_runners`, its EnvRunnerGroup (sampling in the driver,
+or in env runner actors each acting with a CPU copy of every policy, or through one
+MultiPolicyActor). Its learners are algorithms/policy_learners.py's, a LearnerGroup per
+policy.
 
 A checkpoint of such a run holds policies/<policy id>/ for every policy (each as a
 single-agent checkpoint's policy/) and, in algorithm_state.json, "policy_ids" and
@@ -13,15 +12,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from algorithms.environments import env_maker
-from policy_service.errors import one_line
 from policy_service.io import checkpoints
 from policy_service.io.checkpoints import CheckpointFileError
 from policy_service.multi_agent import pettingzoo_env
-from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.env import MultiAgentEnv, MultiAgentEnvError
 from policy_service.multi_agent.policies import (
     AgentPolicies,
@@ -29,8 +25,6 @@ from policy_service.multi_agent.policies import (
     mapping_function_registered,
     registered_mapping_name,
 )
-from policy_service.multi_agent.self_play import check_same_layout
-from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
 
 if TYPE_CHECKING:
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
@@ -132,24 +126,6 @@ def loadable_config(config: dict, checkpoint: str) -> dict:
     return config
 
 
-class PolicyIdsMismatch(CheckpointFileError):
-    """A checkpoint's policies are not the ones of the algorithm restoring it."""
-
-
-def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> None:
-    """The checkpoint's policy ids (None: a single-agent checkpoint) are the run's
-    (None: a single-agent run); else PolicyIdsMismatch naming both."""
-    if (found is None) == (expected is None) and sorted(found or []) == sorted(expected or []):
-        return
-
-    def named(ids):
-        return "one policy (no config.policies)" if ids is None else f"policies {sorted(ids)}"
-
-    raise PolicyIdsMismatch(
-        f"{checkpoint}: holds {named(found)}, but this run's config expects {named(expected)}"
-    )
-
-
 def multi_agent_env_runners(
     config,
     policies: AgentPolicies,
@@ -170,148 +146,3 @@ def multi_agent_env_runners(
         callbacks=callbacks,
         **config.env_runner_settings(seed),
     )
-
-
-class MultiAgentLearners:
-    """A LearnerGroup per policy id; `update_each` updates the trained ones only."""
-
-    def __init__(self, policies: AgentPolicies) -> None:
-        from policy_service.distributed.learner_group import LearnerGroup
-
-        self.policies_to_train = policies.policies_to_train
-        self.groups: dict = {}
-        try:
-            for policy_id, spec in policies.specs.items():
-                assert spec.observation_space is not None and spec.action_space is not None
-                self.groups[policy_id] = LearnerGroup(
-                    spec.built_class(), spec.observation_space, spec.action_space, spec.config
-                )
-        except BaseException:
-            self.stop()
-            raise
-        first = next(iter(self.groups.values()))
-        self.num_learners, self.num_towers = first.num_learners, first.num_towers
-
-    @property
-    def num_restarts(self) -> int:
-        return sum(group.num_restarts for group in self.groups.values())
-
-    def add(self, policy_id: str, spec, state: dict | None = None) -> None:
-        """A LearnerGroup for a new policy (Algorithm.add_policy), from `state` if given."""
-        from policy_service.distributed.learner_group import LearnerGroup
-
-        assert spec.observation_space is not None and spec.action_space is not None
-        group = LearnerGroup(
-            spec.built_class(), spec.observation_space, spec.action_space, spec.config
-        )
-        try:
-            if state is not None:
-                group.set_state(state)
-        except BaseException:
-            group.stop()
-            raise
-        self.groups[policy_id] = group
-
-    def remove(self, policy_id: str) -> None:
-        """Stop and drop a policy's learners (Algorithm.remove_policy)."""
-        self.groups.pop(policy_id).stop()
-
-    @property
-    def actors(self) -> dict:
-        """policy id -> its learner actors (with inference: learners, they act for it)."""
-        return {policy_id: group.actors for policy_id, group in self.groups.items()}
-
-    def replace_dead_learners(self) -> None:
-        """LearnerGroup.replace_dead_learners of every policy's learners."""
-        for group in self.groups.values():
-            group.replace_dead_learners()
-
-    def trained(self) -> dict:
-        """policy id -> LearnerGroup, of the policies in policies_to_train."""
-        return {policy_id: self.groups[policy_id] for policy_id in self.policies_to_train}
-
-    def set_global_timestep(self, timestep: int) -> None:
-        """Every policy's learners at the run's env steps (what schedules read)."""
-        for group in self.groups.values():
-            group.set_global_timestep(timestep)
-
-    def set_acting_version(self, version: int) -> None:
-        """LearnerGroup.set_acting_version of every policy's learners."""
-        for group in self.groups.values():
-            group.set_acting_version(version)
-
-    def update_each(self, update: Callable, batch: MultiAgentBatch, timestep: int) -> dict:
-        """update(group, rows) for every trained policy with rows, each group at the
-        global `timestep` (what schedules read) -> stats as "<policy id>/<stat>", and
-        the samples trained summed."""
-        stats: dict = {NUM_SAMPLES_TRAINED: 0}
-        for policy_id in self.policies_to_train:
-            rows = batch.policy_batches.get(policy_id)
-            if rows is None or not rows.count:
-                continue
-            self.groups[policy_id].set_global_timestep(timestep)
-            result = dict(update(self.groups[policy_id], rows))
-            stats[NUM_SAMPLES_TRAINED] += int(result.pop(NUM_SAMPLES_TRAINED))
-            stats.update({f"{policy_id}/{k}": v for k, v in result.items()})
-        return stats
-
-    def get_weights(self) -> dict:
-        return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
-
-    def copy_frozen(self, frozen_copies: dict, check: bool = False) -> dict:
-        """Each frozen policy id of `frozen_copies` takes its source's weights (in order)
-        -> frozen id -> the weights it took; `check`: first that both have the same
-        weight names and shapes."""
-        copied = {}
-        for frozen, source in frozen_copies.items():
-            weights = self.groups[source].get_weights()
-            if check:
-                check_same_layout(frozen, self.groups[frozen].get_weights(), source, weights)
-            self.groups[frozen].set_weights(weights)
-            copied[frozen] = weights
-        return copied
-
-    def last_gradients(self) -> dict:
-        """policy id -> LearnerGroup.last_gradients."""
-        return {policy_id: group.last_gradients() for policy_id, group in self.groups.items()}
-
-    def get_states(self) -> dict:
-        """policy id -> its learners' state (TFPolicy.get_state)."""
-        return {policy_id: group.get_state() for policy_id, group in self.groups.items()}
-
-    def newest_states(self) -> dict | None:
-        """policy id -> LearnerGroup.newest_state; None when any of them is lost."""
-        states = {policy_id: group.newest_state() for policy_id, group in self.groups.items()}
-        return None if any(s is None for s in states.values()) else states
-
-    def save(self, checkpoint: Path, states: dict) -> None:
-        """Write each policy's state into checkpoint/policies/<policy id>/ (a new dir)."""
-        for policy_id, state in states.items():
-            checkpoints.write_policy_state(
-                checkpoints.policy_state_dir(checkpoint, policy_id), state
-            )
-
-    def read_checked(self, checkpoint: Path, saved: dict) -> dict:
-        """Every policy's state of `checkpoint` (`saved`: its algorithm_state.json),
-        files read and each state checked against its policy; nothing is assigned.
-        Ids other than this run's are a PolicyIdsMismatch, before any file is read."""
-        check_policy_ids(checkpoint, saved.get("policy_ids"), list(self.groups))
-        states = checkpoints.read_policy_states(checkpoint, saved["policy_ids"])
-        for policy_id, state in states.items():
-            try:  # names the entry; a learner actor's error too (a RayTaskError)
-                self.groups[policy_id].foreach_policy(
-                    lambda policy, s: policy.check_state(s), state
-                )
-            except (ValueError, TypeError, KeyError) as err:
-                where = checkpoints.policy_state_dir(checkpoint, policy_id)
-                raise CheckpointFileError(f"{where}: {one_line(err)}") from None
-        return states
-
-    def set_states(self, states: dict) -> None:
-        """Set states read_checked returned on every policy's learners."""
-        for policy_id, state in states.items():
-            self.groups[policy_id].set_state(state)
-
-    def stop(self) -> None:
-        for group in self.groups.values():
-            group.stop()

@@ -33,7 +33,6 @@ from policy_service.data.train_batches import LossColumn, check_loss_columns
 from policy_service.data.units import LOSS_MASK, check_minibatch_size
 from policy_service.engine.loss_output import PER_ROW
 from policy_service.engine.target_network import TargetUpdate
-from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import DEFAULT_POLICY_ID
 from policy_service.replay import BATCH_INDEXES, PRIO_WEIGHTS, PrioritizedReplayBuffer, ReplayBuffer
 from policy_service.returns.n_step import BOOTSTRAP_DISCOUNT, n_step_returns
@@ -167,13 +166,12 @@ class ReplayAlgorithm(Algorithm):
         try:
             for observation_space, _ in self.policy_spaces().values():
                 check_frame_stack_axis(cfg, observation_space)
-            learners = self.learners if self.multi_agent is None else self.multi_agent[1]
             try:
                 check_minibatch_size(
                     f"{cfg.key_prefix}.train_batch_size",
                     cfg.train_batch_size,
                     learners=max(1, cfg.num_learners),
-                    towers=learners.num_towers,
+                    towers=self.policy_learners.num_towers,
                     unit_rows=1,
                 )
             except ValueError as err:
@@ -187,12 +185,11 @@ class ReplayAlgorithm(Algorithm):
     def policy_spaces(self) -> dict[str, tuple]:
         """Each policy's (observation space, action space); one policy:
         DEFAULT_POLICY_ID's, the env's."""
-        if self.multi_agent is None:
-            runners = self.env_runners
+        runners = self.env_runners
+        if not self.policy_learners.keyed:
             return {DEFAULT_POLICY_ID: (runners.observation_space, runners.action_space)}
-        built = self.multi_agent[0].agent_policies
-        assert built is not None  # a multi-agent run's runners are built with them
-        specs = built.specs
+        assert runners.agent_policies is not None  # a run with policies is built with them
+        specs = runners.agent_policies.specs
         return {p: (spec.observation_space, spec.action_space) for p, spec in specs.items()}
 
     def _policies_changed(self, agent_policies) -> None:
@@ -204,11 +201,7 @@ class ReplayAlgorithm(Algorithm):
 
     def _make_replays(self) -> dict:
         """A new replay buffer per trained policy, each seeded apart."""
-        trained = (
-            [DEFAULT_POLICY_ID]
-            if self.multi_agent is None
-            else self.multi_agent[1].policies_to_train
-        )
+        trained = self.policy_learners.policies_to_train
         return {p: make_replay_buffer(self.config, index) for index, p in enumerate(trained)}
 
     @property
@@ -261,14 +254,13 @@ class ReplayAlgorithm(Algorithm):
 
     def _sample_into_replay(self) -> None:
         """One round of sampling, each trained policy's rows into its buffer."""
-        if self.multi_agent is None:
-            batch = self.sample_ready()
-            if batch.count:
-                self.replay.add(batch)
-            return
-        for policy_id, rows in self._sample_multi_agent(1).policy_batches.items():
-            if policy_id in self.replays and rows.count:
-                self.replays[policy_id].add(rows)
+        if not self.policy_learners.keyed:  # whatever fragments are ready
+            rows = {DEFAULT_POLICY_ID: self.sample_ready()}
+        else:  # one multi-agent fragment per env runner
+            rows = self.sample_multi_agent(1).policy_batches
+        for policy_id, policy_rows in rows.items():
+            if policy_id in self.replays and policy_rows.count:
+                self.replays[policy_id].add(policy_rows)
 
     def learn_on_replay(self, num_steps: int) -> dict:
         """num_steps SGD steps on batches replayed now, in one compiled call (per
@@ -276,20 +268,12 @@ class ReplayAlgorithm(Algorithm):
         computed, and the weights broadcast."""
         size = num_steps * self.config.train_batch_size
         replayed = {policy_id: replay.sample(size) for policy_id, replay in self.replays.items()}
-        if self.multi_agent is None:
-            batch = replayed[DEFAULT_POLICY_ID]
-            stats = self.learner_update(lambda learners: replay_update(learners, batch))
-            td_errors = {DEFAULT_POLICY_ID: stats.pop(PER_ROW)[TD_ERROR]}
-        else:
-            learners = self.multi_agent[1]
-            start = time.perf_counter()
-            stats = self._counted_update(
-                learners.update_each(
-                    replay_update, MultiAgentBatch(replayed, 0), self.timesteps_total
-                ),
-                start,
-            )
-            td_errors = {p: stats.pop(f"{p}/{PER_ROW}")[TD_ERROR] for p in replayed}
+        learners = self.policy_learners
+        start = time.perf_counter()
+        stats = self._counted_update(
+            learners.update_each(replay_update, replayed, self.timesteps_total), start
+        )
+        td_errors = {p: stats.pop(learners.stat_name(p, PER_ROW))[TD_ERROR] for p in replayed}
         self.num_sgd_steps_total += num_steps
         for policy_id, replay in self.replays.items():
             if isinstance(replay, PrioritizedReplayBuffer):  # from the steps themselves
@@ -299,13 +283,13 @@ class ReplayAlgorithm(Algorithm):
 
     def _broadcast_trained_weights(self) -> None:
         """The learners' weights to the acting copies, not waited for by remote workers."""
-        if self.multi_agent is None:
+        if not self.policy_learners.keyed:
             self.broadcast_weights(wait=False)
             return
-        runners, learners = self.multi_agent
         start = time.perf_counter()
-        trained = {p: learners.groups[p].get_weights() for p in self.replays}
-        runners.sync_weights(trained, wait=False)
+        groups = self.policy_learners.groups
+        trained = {p: groups[p].get_weights() for p in self.replays}
+        self.env_runners.sync_weights(trained, wait=False)
         self.counters.this_iteration.sync_time_s += time.perf_counter() - start
 
     @property
@@ -333,15 +317,14 @@ class ReplayAlgorithm(Algorithm):
         Remote calls are not waited for: an actor runs its calls in order, so the
         timestep is set before its next fragment; a dead worker is replaced by
         sampling, as always."""
-        runners = self.env_runners if self.multi_agent is None else self.multi_agent[0]
-        runners.set_global_timestep(self.timesteps_total)
+        self.env_runners.set_global_timestep(self.timesteps_total)
 
     # ----- state saved with the algorithm ------------------------------------------------
 
     def _replay_names(self) -> dict[str, str]:
         """policy id -> the name its buffer is saved under: "replay" for one policy,
         "replay/<policy id>" with `policies`; values "<name>_meta", arrays "<name>/..."."""
-        if self.multi_agent is None:
+        if not self.policy_learners.keyed:
             return {DEFAULT_POLICY_ID: "replay"}
         return {policy_id: f"replay/{policy_id}" for policy_id in self.replays}
 

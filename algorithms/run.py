@@ -260,7 +260,7 @@ def restore_checked(algo: Algorithm, checkpoint: Path, run_dir: Path | None = No
             )
     except environments.EnvironmentSetupError as err:
         raise CheckpointFileError(one_line(err)) from None
-    if algo.multi_agent is not None:  # its restore reads and checks every policy first
+    if algo.policy_learners.keyed:  # its restore reads and checks every policy first
         _restore_or_refuse(algo, checkpoint)
         return
     _, policy_state = checkpoints.read_checkpoint(checkpoint, type(algo))
@@ -296,8 +296,8 @@ def run_distributions(algo: Algorithm) -> dict:
     `policies`, "weights/<policy id>/<name>"), the gradients of its last learning
     call ("gradients/...", Policy.last_gradients) and the episode returns of the
     metrics window."""
-    if algo.multi_agent is not None:
-        learners = algo.multi_agent[1]
+    if algo.policy_learners.keyed:
+        learners = algo.policy_learners
         per_policy = {"weights": learners.get_weights(), "gradients": learners.last_gradients()}
         distributions = {
             f"{kind}/{policy_id}/{name}": value

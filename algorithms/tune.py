@@ -110,7 +110,7 @@ def _plain(config: dict) -> dict:
 
 
 def _learner_groups(algo: Algorithm) -> list:
-    return list(algo.multi_agent[1].groups.values()) if algo.multi_agent else [algo.learners]
+    return list(algo.policy_learners.groups.values())
 
 
 def _policy_learning_rates(policy) -> list[float]:

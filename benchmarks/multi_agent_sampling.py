@@ -8,7 +8,7 @@ runners (1 CPU asked each) x E copies of the env each, fragments of F env steps 
 copy, the same model on both sides (MLP 64x64 tanh, the value function on its own
 branch). The algorithm is built, sampled once to warm up, then for `--seconds` the
 sampling phase of a PPO iteration runs again and again:
-- ours: `algo.multi_agent[0].sample()`, every runner's fragment, each agent's
+- ours: `algo.env_runners.sample()`, every runner's fragment, each agent's
   trajectory already postprocessed (GAE, with the value bootstrap) in the runner;
 - RLlib: `synchronous_parallel_sample(max_env_steps=R*E*F)`, as its
   PPO.training_step calls it (episodes; its GAE runs later, in the learner connector,
@@ -68,7 +68,7 @@ def _our_algo(spec: dict):
 
 def _our_sample(algo) -> tuple[int, int]:
     """One sampling phase -> (env steps, agent steps)."""
-    _, metrics = algo.multi_agent[0].sample()
+    _, metrics = algo.env_runners.sample()
     return metrics["env_steps"], metrics["agent_steps"]
 
 

@@ -89,7 +89,7 @@ def test_bad_changes_are_one_line_and_leave_the_run_as_it_was():
             algo.remove_policy("pb")
         assert_one_line(err.value, "'pb'")
         assert sorted(algo.config.policies) == ["pa", "pb"]
-        assert sorted(algo.multi_agent[1].groups) == ["pa", "pb"]
+        assert sorted(algo.policy_learners.groups) == ["pa", "pb"]
         assert all(unchanged(before[p], weights(algo, p)) for p in before)
         algo.train()  # the run goes on
     finally:

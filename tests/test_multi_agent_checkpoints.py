@@ -16,7 +16,7 @@ from multi_agent_envs import CUES, TwoMapsEnv, two_maps_config
 
 import algorithms.evaluation
 from algorithms import register_env
-from algorithms.multi_agent import PolicyIdsMismatch
+from algorithms.policy_learners import PolicyIdsMismatch
 from algorithms.ppo import PPO
 from policy_service.cli.commands import EXIT_BAD_INPUT, main
 from policy_service.errors import RunFailure
@@ -254,7 +254,7 @@ def test_a_failure_before_any_policy_learned_leaves_a_final_checkpoint_of_the_la
         failing: list = []
 
         def update_on_batch(learners, train_batch):
-            if learners is algo.multi_agent[1].groups[failing[0]]:
+            if learners is algo.policy_learners.groups[failing[0]]:
                 raise RunFailure(f"{failing[0]}'s learners are gone")
             return PPO.update_on_batch(algo, learners, train_batch)
 

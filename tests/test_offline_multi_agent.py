@@ -117,7 +117,7 @@ def test_policies_are_not_added_or_removed_during_an_offline_run(tmp_path):
             with pytest.raises(ConfigError) as err:
                 change()
             assert "an offline run trains the policies of config.policies" in str(err.value)
-        assert sorted(algo.multi_agent[1].groups) == ["pa", "pb"]
+        assert sorted(algo.policy_learners.groups) == ["pa", "pb"]
     finally:
         algo.stop()
 

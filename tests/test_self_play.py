@@ -26,7 +26,7 @@ def same(a: dict, b: dict) -> bool:
 
 def acting_weights(algo, policy_id: str) -> dict:
     """The weights the driver's env runner acts with for `policy_id`."""
-    return algo.multi_agent[0].local_worker.get_weights()[policy_id]
+    return algo.env_runners.local_worker.get_weights()[policy_id]
 
 
 def pb_frozen_every_2() -> dict:

@@ -26,8 +26,8 @@ ANSWER_TIMEOUT_S = 30.0
 
 def role_resources(algo) -> dict:
     """What the driver, each learner actor, each env runner and the inference actor held."""
-    if algo.multi_agent is not None:
-        return _multi_agent_resources(*algo.multi_agent)
+    if algo.policy_learners.keyed:
+        return _multi_agent_resources(algo.env_runners, algo.policy_learners)
     learner_group, runner_group = algo.learners, algo.env_runners
     local = learner_group.local_policy if learner_group is not None else None
     driver = (
