@@ -33,6 +33,7 @@ from algorithms.evaluation import make_env, run_episodes
 from algorithms.multi_agent import multi_agent_env_creator
 from algorithms.multi_agent_evaluation import run_multi_agent_episodes
 from algorithms.saved_policies import policy_from_state
+from policy_service.engine import devices
 from policy_service.errors import RunFailure, one_line
 from policy_service.multi_agent.policies import mapping_function
 from policy_service.offline.estimators import OffPolicyEstimation
@@ -60,6 +61,9 @@ class EvaluationPlayer:
         creator: Callable[[dict], object] | None = None,
     ):
         models.register_custom_models(custom_models)
+        if devices.in_ray_worker():  # TF's thread pools sized to its CPUs, as env runners'
+            threads = devices.assigned_cpu_threads()
+            devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)
         if creator is not None:  # a register_env name, registered in this process too
             register_env(env_id, creator)
         self._agents = agents
@@ -97,6 +101,11 @@ class EvaluationPlayer:
         if self._agents is not None:
             result["policy_episode_returns"] = dict(policy_returns)
         return result
+
+    @property
+    def policies(self) -> dict:
+        """The policy copies it plays, by policy id (None: a single-agent run's)."""
+        return dict(self._policies)
 
     def _load(self, state: dict) -> None:
         """The policies take `state` (built from it the first time)."""

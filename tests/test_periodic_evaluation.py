@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import multi_agent_envs
+import numpy as np
 import pytest
 from cli_processes import TINY, progress, ray_token, run  # noqa: F401
 from multi_agent_envs import TwoMapsEnv, two_maps_config
@@ -60,6 +61,31 @@ def test_bad_evaluation_keys_are_one_line_before_anything_starts(changes, messag
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+EVALUATION_SCALARS = [
+    f"evaluation/{name}"
+    for name in (
+        "episode_return_mean",
+        "episode_return_min",
+        "episode_return_max",
+        "episode_len_mean",
+        "num_episodes",
+        "num_env_steps",
+    )
+]
+
+
+def tensorboard_scalars(run_dir: Path) -> dict:
+    """tag -> {step: value} of the run's TensorBoard event files, read as TensorBoard does."""
+    import tensorflow as tf
+
+    scalars: dict = {}
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor)
+    return scalars
+
+
 def evaluate(checkpoint: Path, capsys) -> dict:
     """`policy-service evaluate CHECKPOINT --episodes 10 --seed 0`'s report, from the
     function the command runs, in this process (no TensorFlow import per checkpoint)."""
@@ -72,6 +98,7 @@ def evaluate(checkpoint: Path, capsys) -> dict:
 
 @pytest.mark.slow  # a 4-iteration `train` process, then two evaluations here: ~25 s here
 def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path, capsys):
+    """... and its metrics are in progress.jsonl, TensorBoard and result.json."""
     run_dir = tmp_path / "run"
     code, _, err = run(
         "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "4",
@@ -86,6 +113,14 @@ def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path, c
         evaluated = evaluate(checkpoint, capsys)
         assert row["evaluation/episode_returns"] == evaluated["episode_returns"]  # bit for bit
         assert row["evaluation/episode_return_mean"] == evaluated["episode_return_mean"]
+    # the same figures in TensorBoard (at step = iteration) and, the last, in result.json
+    scalars = tensorboard_scalars(run_dir)
+    for key in EVALUATION_SCALARS:
+        assert scalars[key] == {r["iteration"]: np.float32(r[key]) for r in rows[1::2]}, key
+    result = json.loads((run_dir / "result.json").read_text())
+    assert {k: v for k, v in result.items() if k.startswith("evaluation/")} == {
+        k: v for k, v in rows[-1].items() if k.startswith("evaluation/")
+    }
 
 
 @pytest.mark.slow  # 2 iterations with an evaluation runner actor: ~40 s here
@@ -298,3 +333,123 @@ def test_a_timesteps_duration_plays_whole_episodes_until_that_many_steps():
     assert by_steps["evaluation/episode_returns"] == by_episodes["evaluation/episode_returns"][:2]
     assert by_steps["evaluation/num_episodes"] == 2
     assert by_steps["evaluation/num_env_steps"] == lengths[0] + lengths[1] > duration
+
+
+def filter_stats(stat) -> tuple:
+    """A RunningStat as plain values, compared exactly."""
+    return stat.count, stat.mean.tolist(), stat.m2.tolist()
+
+
+def training_state(algo) -> tuple:
+    """What evaluation must never change: the env runners' merged filter statistics, the
+    learner policy's copy of them, and the learner's weights."""
+    from policy_service.data import observation_filters
+
+    [learner_stats] = algo.learners.foreach_policy(observation_filters.policy_filter_stats)
+    weights = {name: value.tolist() for name, value in algo.learners.get_weights().items()}
+    return filter_stats(algo.env_runner_group().filter_stats), filter_stats(learner_stats), weights
+
+
+@pytest.mark.parametrize(
+    "runners, parallel",
+    [(0, False), pytest.param(1, True, marks=pytest.mark.slow)],
+    ids=["in the driver", "in a runner, parallel"],
+)
+def test_evaluation_plays_the_training_filter_statistics_and_never_writes_them(
+    runners, parallel, tmp_path, capsys, monkeypatch
+):
+    """With a MeanStdFilter: the evaluation's policy copies hold the learner's filter
+    statistics of the moment the evaluation starts (after the iteration; in parallel,
+    before it) and keep them while playing (no update); the training after it is exactly
+    a run's without evaluation (filter statistics and weights, the same seed); and the
+    returns equal `evaluate` of the checkpoint of those statistics, which applies them."""
+    import ray
+    import tensorflow as tf
+
+    from algorithms.periodic_evaluation import EvaluationPlayer
+    from policy_service.data import observation_filters
+
+    played = []  # in the driver: each evaluation's statistics, given and held after play
+    play = EvaluationPlayer.play
+
+    def recorded_play(self, state, *args, **kwargs):
+        result = play(self, state, *args, **kwargs)
+        given = observation_filters.RunningStat.from_arrays(
+            state[observation_filters.STATE_KEY], (4,), "the state played"
+        )
+        held = self.policies[None].observation_filter.stats
+        played.append((filter_stats(given), filter_stats(held)))
+        return result
+
+    if runners:  # the runner actor's class is shipped as it is: asked directly instead
+        ray.init(address="local", num_cpus=2, include_dashboard=False)
+    else:
+        monkeypatch.setattr(EvaluationPlayer, "play", recorded_play)
+    config = {
+        **TINY_CONFIG,
+        "train_batch_size": 128,
+        "minibatch_size": 64,
+        "num_epochs": 1,
+        "observation_filter": "MeanStdFilter",
+    }
+    evaluated = {
+        **config,
+        "evaluation_interval": 1,
+        "evaluation_duration": 10,
+        "evaluation_num_env_runners": runners,
+        "evaluation_parallel_to_training": parallel,
+        "evaluation_config": {"explore": False},
+    }
+    states = {}
+    try:
+        for name, run_config in (("plain", config), ("evaluated", evaluated)):
+            algo = PPO(run_config)
+            try:
+                algo.train()
+                checkpoint = algo.save(str(tmp_path / name / "checkpoint_000001"))
+                at_start = training_state(algo)  # what a parallel evaluation starts from
+                result = algo.train()
+                if name == "evaluated":
+                    [learner_stats] = algo.learners.foreach_policy(
+                        observation_filters.policy_filter_stats
+                    )
+                    if runners:
+                        [runner] = algo.evaluation.runners
+                        held = filter_stats(
+                            ray.get(
+                                runner.__ray_call__.remote(
+                                    lambda player: player.policies[None].observation_filter.stats
+                                )
+                            )
+                        )
+                        # its TF thread pools sized to its CPUs (0.5: 1 each), as an env
+                        # runner's, so it does not crowd the training it runs beside
+                        threads = runner.__ray_call__.remote(
+                            lambda _: (
+                                tf.config.threading.get_intra_op_parallelism_threads(),
+                                tf.config.threading.get_inter_op_parallelism_threads(),
+                            )
+                        )
+                        assert ray.get(threads) == (1, 1)
+                    else:
+                        assert [g == h for g, h in played] == [True, True]  # play kept them
+                        held = played[-1][1]
+                    # the statistics of the moment the evaluation started
+                    started = at_start[1] if parallel else filter_stats(learner_stats)
+                    assert held == started and held[0] > 0
+                    if parallel:  # iteration 2 sampled more: the evaluation did not take them
+                        assert held[0] < filter_stats(learner_stats)[0]
+                    else:
+                        checkpoint = algo.save(str(tmp_path / name / "checkpoint_000002"))
+                    # evaluate applies the checkpoint's statistics, as the evaluation did
+                    evaluated_again = evaluate(Path(checkpoint), capsys)
+                    assert (
+                        evaluated_again["episode_returns"] == result["evaluation/episode_returns"]
+                    )
+                states[name] = training_state(algo)
+            finally:
+                algo.stop()
+    finally:
+        if runners:
+            ray.shutdown()
+    assert states["evaluated"] == states["plain"]  # nothing came back from the evaluation
