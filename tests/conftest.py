@@ -14,8 +14,11 @@ from pathlib import Path
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
+from policy_service.distributed import quiet_tensorflow
 from policy_service.engine import devices
 
+# as the command line and Ray workers import it: quietly, and frozen out of collections
+quiet_tensorflow.import_quietly()
 NUM_FAKE_GPUS = 4
 devices.prepare_process(NUM_FAKE_GPUS)
 
@@ -59,7 +62,8 @@ class SharedRay:
         if ray.is_initialized() and (fresh or resources != self.resources or not self._clean()):
             self.shutdown()
         if not ray.is_initialized():
-            ray.init(address="local", num_cpus=2, include_dashboard=False, **resources)
+            with quiet_tensorflow.hook_in_local_workers():  # workers import TF as a run's do
+                ray.init(address="local", num_cpus=2, include_dashboard=False, **resources)
             self.resources = dict(resources)
 
     def _clean(self) -> bool:
