@@ -4,6 +4,7 @@ shown when the import fails."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -81,6 +82,22 @@ def test_import_quietly_filters_and_level_0_shows_all(tmp_path, monkeypatch, cap
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
     quiet_tensorflow.import_quietly(name)
     assert capfd.readouterr().err == STARTUP + PYTHON_LINE
+
+
+@pytest.mark.parametrize("through", ["import_quietly", "the import hook"])
+def test_what_the_import_made_is_frozen_out_of_the_collectors_way(through, tmp_path, monkeypatch):
+    name = noisy_module(tmp_path, monkeypatch, f"noisy_{through.replace(' ', '_')}")
+    with open(tmp_path / f"{name}.py", "a") as module:
+        module.write("MADE = [[]]\n")  # an object the cycle collector tracks
+    if through == "import_quietly":
+        quiet_tensorflow.import_quietly(name)
+    else:
+        QuietImport.install(name)
+        __import__(name)
+    made = sys.modules[name].MADE
+    assert not any(obj is made for obj in gc.get_objects())  # frozen: no collection sees it
+    after = [[]]
+    assert any(obj is after for obj in gc.get_objects())  # what comes later is collected
 
 
 def test_workers_get_the_hook_and_the_level_unless_the_job_sets_them(monkeypatch):
