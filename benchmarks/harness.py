@@ -412,8 +412,10 @@ def child_main(args, measure: Callable[[dict], Iterable[dict]]) -> None:
     each record `measure(spec)` yields."""
     spec = json.loads(args.child)
     if spec.get("prepare_tf", True):
+        from policy_service.distributed import quiet_tensorflow
         from policy_service.engine import devices
 
+        quiet_tensorflow.import_quietly()  # as a run's processes import it (frozen heap)
         threads = spec.get("threads") or (None, None)
         devices.prepare_process(max(1, spec.get("devices", 1)), *threads)
     for record in measure(spec):
