@@ -6,7 +6,8 @@
   I/O never import the Ray side or the policy. No two modules import each other,
   however indirectly.
 - An install adds exactly the packages `policy_service` and `algorithms`.
-- `policy-service submit` does not import TensorFlow.
+- `policy-service submit` does not import TensorFlow, nor does what an env runner acting
+  through a PolicyActor loads.
 """
 
 import ast
@@ -206,6 +207,32 @@ print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
 def test_submit_does_not_import_tensorflow():
     out = subprocess.run(
         [sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]"
+
+
+# what an env runner acting through a PolicyActor loads: its own modules and, with the
+# actor's handle, the actor's class (restarts.RecordedPolicyActor, or a MultiPolicyActor's)
+ACTING_THROUGH_AN_ACTOR = (
+    "policy_service.distributed.rollout_worker",
+    "policy_service.distributed.lazy_policy_class",
+    "policy_service.distributed.restarts",
+    "policy_service.distributed.policy_actor",
+    "policy_service.distributed.multi_policy_actor",
+    "policy_service.engine.devices",
+)
+
+
+def test_an_env_runner_acting_through_an_actor_imports_no_tensorflow():
+    imports = "".join(f"import {module}\n" for module in ACTING_THROUGH_AN_ACTOR)
+    probe = 'import sys\nprint(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))'
+    out = subprocess.run(
+        [sys.executable, "-c", imports + probe],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -3,6 +3,7 @@ the V-trace targets against the learner's own values (truncation bootstraps,
 termination does not), gradients on 2 fake GPUs equal one device's, and a short
 asynchronous run that trains and checkpoints (the longer ones in the slow group)."""
 
+import sys
 import time
 from pathlib import Path
 
@@ -524,5 +525,15 @@ def test_appo_trains_an_iteration_on_pong(ray_local, inference):
             result = algo.train()
         assert np.isfinite(result["policy_loss"]) and np.isfinite(result["vf_loss"])
         assert result["num_samples_trained_this_iter"] >= 40
+        # a runner acting through the PolicyActor builds no model: no TensorFlow there
+        # (one acting through a learner still loads it: the learner's class, with its handle)
+        if inference != "learners":
+            [loaded] = ray.get(
+                [
+                    runner.__ray_call__.remote(lambda _: "tensorflow" in sys.modules)
+                    for runner in algo.env_runners.workers
+                ]
+            )
+            assert loaded == (inference == "env_runners")
     finally:
         algo.stop()

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from policy_service.config import on_cpu
+from policy_service.distributed.lazy_policy_class import LazyPolicyClass
 from policy_service.distributed.resources import RoleAsk
 from policy_service.distributed.role_asks import env_runner_asks, policy_actor_ray_options
 
@@ -22,9 +23,10 @@ def build(
 ):
     from policy_service.distributed.env_runner_group import EnvRunnerGroup
 
+    # loaded where a policy is built: a runner acting through an actor loads no TensorFlow
     return EnvRunnerGroup(
         env,
-        policy_cls,
+        LazyPolicyClass(policy_cls),  # type: ignore[arg-type]  # builds as the class does
         on_cpu(config),
         inference_actors=inference_actors,
         callbacks=callbacks,

@@ -31,7 +31,6 @@ from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
 from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
-from policy_service.policy import models
 from policy_service.policy.policy_spec import PolicySpec
 
 
@@ -52,6 +51,8 @@ class MultiPolicyHost:
     ):
         if not specs:
             raise ValueError("MultiPolicyHost needs at least one policy, got {}")
+        from policy_service.policy import models  # here: as PolicyHost's (no TF at import)
+
         models.register_custom_models(custom_models)
         ray_gpu_ids, visible_gpus = devices.ray_gpu_ids(), devices.visible_gpus()
         configs = {

@@ -39,14 +39,13 @@ from policy_service.data.sample_batch import SampleBatch
 from policy_service.distributed.batching import RequestBatcher
 from policy_service.distributed.policy_thread import PolicyThread
 from policy_service.distributed.resources import process_resources
+from policy_service.distributed.served_policy import WEIGHTS_VERSION
 from policy_service.distributed.weight_sync import next_version
 from policy_service.engine import devices
-from policy_service.engine.fixed_rows import row_ladder
-from policy_service.policy import call_arguments, models
+from policy_service.policy import call_arguments
 
 logger = logging.getLogger(__name__)
 
-WEIGHTS_VERSION = "weights_version"
 _LATENCY_WINDOW = 100_000  # latencies kept for the percentiles
 
 
@@ -91,6 +90,11 @@ class PolicyHost:
         custom_models: dict | None = None,
         initial_weights: tuple[Any, int] | None = None,
     ):
+        # here, not at import: a process given this actor's handle (an env runner acting
+        # through it) loads this module, and no TensorFlow with it
+        from policy_service.engine.fixed_rows import row_ladder
+        from policy_service.policy import models
+
         models.register_custom_models(custom_models)
         ray_gpu_ids, visible_gpus = devices.ray_gpu_ids(), devices.visible_gpus()
         policy_config = hosted_policy_config(

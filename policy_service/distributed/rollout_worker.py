@@ -46,12 +46,10 @@ from policy_service.config import config_for, is_config, on_cpu
 from policy_service.data import observation_filters
 from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.distributed.restarts import call_retrying_once
-from policy_service.distributed.served_policy import ServedPolicy
+from policy_service.distributed.actor_pool import call_retrying_once
+from policy_service.distributed.served_policy import WEIGHTS_VERSION, ServedPolicy
 from policy_service.distributed.vector_env_sampler import VectorEnvSampler
 from policy_service.distributed.weight_sync import next_version
-from policy_service.engine import devices
 from policy_service.multi_agent.batch import MultiAgentBatch
 from policy_service.multi_agent.policies import (
     DEFAULT_POLICY_ID,
@@ -60,7 +58,6 @@ from policy_service.multi_agent.policies import (
 )
 from policy_service.multi_agent.sampler import MultiAgentSampler
 from policy_service.offline.output import ExperienceOutput
-from policy_service.policy import models
 from policy_service.runs.callbacks import end_fragment, make_callbacks
 from policy_service.runs.metrics_logger import MetricsLogger, Stat
 
@@ -168,7 +165,8 @@ class RolloutWorker(ActingWeights):
         custom_models: dict | None = None,
         callbacks: type | list | None = None,
     ):
-        models.register_custom_models(custom_models)
+        if policy_actor is None:  # acting copies here; else no model and no TensorFlow
+            prepare_acting_copies(custom_models)
         self.callbacks = make_callbacks(callbacks)
         self.metrics_logger = MetricsLogger()
         check_fragment_sizes(num_envs, rollout_fragment_length)
@@ -207,7 +205,6 @@ class RolloutWorker(ActingWeights):
         )
         acting: Any
         if self._policy_actor is None:
-            prepare_acting_threads()
             acting_config = rollout_policy_config(
                 policy_cls, policy_config, seed, self.worker_index
             )
@@ -260,7 +257,6 @@ class RolloutWorker(ActingWeights):
         envs = [env_creator(dict(env_config or {})) for _ in range(self.num_envs)]
         policy_actor = self._policy_actor
         if policy_actor is None:
-            prepare_acting_threads()
             self.policies = {
                 policy_id: spec._replace(
                     config=rollout_policy_config(
@@ -587,9 +583,15 @@ def check_fragment_sizes(num_envs: int, rollout_fragment_length: int) -> None:
         raise ValueError(f"rollout_fragment_length must be >= 1, got {rollout_fragment_length}")
 
 
-def prepare_acting_threads() -> None:
-    """In a Ray actor, TensorFlow's thread pools sized to the CPUs Ray assigned it
-    (before a policy acting there initializes TensorFlow)."""
+def prepare_acting_copies(custom_models: dict | None) -> None:
+    """Before this process builds acting policy copies: the run's custom models registered
+    and, in a Ray actor, TensorFlow's thread pools sized to the CPUs Ray assigned it.
+    Imported here: a worker acting through an actor builds no model and loads no
+    TensorFlow."""
+    from policy_service.engine import devices
+    from policy_service.policy import models
+
+    models.register_custom_models(custom_models)
     if devices.in_ray_worker():
         threads = devices.assigned_cpu_threads()
         devices.prepare_process(1, intra_op_threads=threads, inter_op_threads=threads)

@@ -14,8 +14,10 @@ import numpy as np
 import tree
 
 from policy_service.data.sample_batch import SampleBatch
-from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.distributed.restarts import call_retrying_once
+from policy_service.distributed.actor_pool import call_retrying_once
+
+# the column of the weights version that acted on each row (an actor's reply names it too)
+WEIGHTS_VERSION = "weights_version"
 
 
 class ServedPolicy:

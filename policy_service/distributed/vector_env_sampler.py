@@ -27,8 +27,7 @@ import tree
 from policy_service.data import observation_filters, spaces
 from policy_service.data.env_actions import EnvActionRule
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.distributed.policy_actor import WEIGHTS_VERSION
-from policy_service.distributed.served_policy import ServedPolicy
+from policy_service.distributed.served_policy import WEIGHTS_VERSION, ServedPolicy
 from policy_service.offline.output import infos_column
 from policy_service.runs.callbacks import (
     EPISODE_HOOKS,

@@ -7,6 +7,8 @@ parallel, which is what the multi-GPU path needs to be tested honestly.
 `_fake_gpus` gives them even where real GPUs exist (as RLlib does): real GPUs
 override nothing a config asked for. GPUs asked for with `_fake_gpus` off that
 this process cannot see give one CPU tower and a one-line note (docs/towers.md).
+TensorFlow is imported by the functions that configure it: a process that imports this
+module and hosts no policy (an env runner acting through an actor) loads none.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import logging
 import math
 import os
 from dataclasses import dataclass, field
-
-import tensorflow as tf
 
 GPU = "gpu"
 FAKE_GPU = "fake_gpu"
@@ -129,6 +129,8 @@ def assigned_cpu_threads() -> int:
 
 def visible_gpus() -> int:
     """GPUs TensorFlow sees in this process (Ray's assignment, inside an actor)."""
+    import tensorflow as tf  # here, not at import: a process hosting no policy loads none
+
     return len(tf.config.list_physical_devices("GPU"))
 
 
@@ -155,6 +157,8 @@ def prepare_process(
     device (1 on 2 cores) and one inter-op thread per core. A later call may only
     add devices; it keeps the first call's thread choice.
     """
+    import tensorflow as tf
+
     global _prepared_devices
     if _tf_initialized():
         have = len(tf.config.list_logical_devices("CPU"))
