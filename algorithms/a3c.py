@@ -92,7 +92,7 @@ class A3C(AsyncAlgorithm):
     config_class = A3CConfig
     config: A3CConfig
     policy_class: type[TFPolicy] = A3CPolicy
-    multi_agent_training_step = True  # with `policies`: each trained one's own gradients
+    trains_policies = True  # with `policies`: each trained one's own gradients
 
     def __init__(self, config):
         super().__init__(config)

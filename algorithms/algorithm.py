@@ -11,7 +11,10 @@ and `broadcast_weights()`. The default is the on-policy iteration (sample,
 `update_on_batch`, broadcast; PPO overrides only `update_on_batch`); an
 off-policy algorithm overrides `training_step` and keeps its own state in
 `get_algorithm_state()` -> `AlgorithmState`, saved and restored exactly.
-The learner is a LearnerGroup, in the driver by default (`num_learners: 0`).
+A run's learners are `policy_learners`, a LearnerGroup per policy id (one policy of a
+gymnasium env: `default_policy`'s, which `learners` gives), each in the driver by
+default (`num_learners: 0`); with `policies` the default iteration updates each
+trained policy on its own rows.
 
 The loop in full, adding an algorithm, where the learner lives and why, and
 exact resume with a seed: docs/algorithms.md (measurements: BENCHMARKS.md).
@@ -91,7 +94,7 @@ class Algorithm:
     policy_class: type[TFPolicy]  # set by each subclass
     sampling_changes_state: bool = False
     # an overridden training_step that trains `policies` (the default one does)
-    multi_agent_training_step: ClassVar[bool] = False
+    trains_policies: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -106,7 +109,7 @@ class Algorithm:
                 "given to algorithms.register_env (or 'input': logged experiences)"
             )
         if self.config.policies is not None and not (
-            self.multi_agent_training_step or type(self).training_step is Algorithm.training_step
+            self.trains_policies or type(self).training_step is Algorithm.training_step
         ):
             raise ConfigError(
                 f"config.policies: {type(self).__name__} trains one policy for now "
@@ -306,16 +309,13 @@ class Algorithm:
         return concat_samples(batches)
 
     def sample_policy_rows(self, min_steps: int) -> dict:
-        """Fragments until >= min_steps -> policy id -> its rows (one policy of a
-        gymnasium env: DEFAULT_POLICY_ID's, `sample_env_steps`)."""
-        if not self.policy_learners.keyed:
-            return {DEFAULT_POLICY_ID: self.sample_env_steps(min_steps)}
-        return self.sample_multi_agent(min_steps).policy_batches
-
-    def sample_multi_agent(self, min_steps: int) -> MultiAgentBatch:
-        """Multi-agent fragments until >= min_steps, counted by `count_steps_by`."""
+        """Fragments until >= min_steps steps -> policy id -> its rows. One policy of a
+        gymnasium env: DEFAULT_POLICY_ID's (`sample_env_steps`); else multi-agent
+        fragments, their steps counted by `count_steps_by`."""
         from policy_service.multi_agent.batch import concat_multi_agent
 
+        if not self.policy_learners.keyed:
+            return {DEFAULT_POLICY_ID: self.sample_env_steps(min_steps)}
         start = time.perf_counter()
         batches, steps = [], 0
         while steps < min_steps:
@@ -326,7 +326,7 @@ class Algorithm:
             by_agents = self.config.count_steps_by == "agent_steps"
             steps += batch.agent_steps() if by_agents else batch.env_steps()
         self.counters.this_iteration.sample_time_s += time.perf_counter() - start
-        return concat_multi_agent(batches)
+        return concat_multi_agent(batches).policy_batches
 
     def sample_ready(self, timeout_s: float | None = None) -> SampleBatch:
         """The fragments of the workers done so far (EnvRunnerGroup.sample_async:
@@ -349,16 +349,11 @@ class Algorithm:
 
     def _counted_update(self, stats: dict, start: float) -> dict:
         """An update's statistics less the samples it trained on, which are counted."""
-        from policy_service.policy.learning_results import NUM_SAMPLES_TRAINED
+        from algorithms.policy_learners import pop_samples_trained
 
         stats = dict(stats)
         self._iteration_changed_state = True  # a failed update left the learners as they were
-        if NUM_SAMPLES_TRAINED not in stats:
-            raise KeyError(
-                f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
-                f"{sorted(stats)}); LearnerGroup.update reports it"
-            )
-        self.counters.count_trained(stats.pop(NUM_SAMPLES_TRAINED))
+        self.counters.count_trained(pop_samples_trained(stats))
         self.counters.this_iteration.learn_time_s += time.perf_counter() - start
         return stats
 
@@ -420,7 +415,7 @@ class Algorithm:
 
     def _metrics(self, stats: dict, elapsed_s: float) -> dict:
         learners = self.policy_learners
-        metrics = self.counters.results(elapsed_s, multi_agent=learners.keyed)
+        metrics = self.counters.results(elapsed_s, by_policy=learners.keyed)
         metrics["num_worker_restarts"] = self._num_worker_restarts()
         metrics["num_policy_actor_restarts"] = self._num_policy_actor_restarts()
         metrics["num_learners"] = learners.num_learners

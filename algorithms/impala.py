@@ -120,7 +120,7 @@ class IMPALA(AsyncAlgorithm):
     config_class = IMPALAConfig
     config: IMPALAConfig
     policy_class: type[TFPolicy] = IMPALAPolicy
-    multi_agent_training_step = True  # with `policies`: each trained one on its own rows
+    trains_policies = True  # with `policies`: each trained one on its own rows
 
     def __init__(self, config):
         super().__init__(config)

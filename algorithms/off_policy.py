@@ -158,7 +158,7 @@ class ReplayAlgorithm(Algorithm):
     config_class = ReplayConfig
     config: ReplayConfig
     sampling_changes_state = True  # the replay buffer keeps every sample
-    multi_agent_training_step = True
+    trains_policies = True
 
     def __init__(self, config: dict | ReplayConfig):
         super().__init__(config)
@@ -257,7 +257,7 @@ class ReplayAlgorithm(Algorithm):
         if not self.policy_learners.keyed:  # whatever fragments are ready
             rows = {DEFAULT_POLICY_ID: self.sample_ready()}
         else:  # one multi-agent fragment per env runner
-            rows = self.sample_multi_agent(1).policy_batches
+            rows = self.sample_policy_rows(1)
         for policy_id, policy_rows in rows.items():
             if policy_id in self.replays and policy_rows.count:
                 self.replays[policy_id].add(policy_rows)

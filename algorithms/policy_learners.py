@@ -48,6 +48,16 @@ def check_policy_ids(checkpoint, found: list | None, expected: list | None) -> N
     )
 
 
+def pop_samples_trained(stats: dict) -> int:
+    """The samples an update trained on, taken out of its statistics."""
+    if NUM_SAMPLES_TRAINED not in stats:
+        raise KeyError(
+            f"the learner update returned no {NUM_SAMPLES_TRAINED!r} (have "
+            f"{sorted(stats)}); LearnerGroup.update reports it"
+        )
+    return int(stats.pop(NUM_SAMPLES_TRAINED))
+
+
 def _learner_group(spec) -> LearnerGroup:
     """A policy's LearnerGroup from its complete PolicySpec."""
     from policy_service.distributed.learner_group import LearnerGroup
@@ -156,7 +166,7 @@ class PolicyLearners:
                 continue
             self.groups[policy_id].set_global_timestep(timestep)
             result = dict(update(self.groups[policy_id], policy_rows))
-            stats[NUM_SAMPLES_TRAINED] += int(result.pop(NUM_SAMPLES_TRAINED))
+            stats[NUM_SAMPLES_TRAINED] += pop_samples_trained(result)
             stats.update({self.stat_name(policy_id, k): v for k, v in result.items()})
         return stats
 

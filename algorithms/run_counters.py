@@ -105,9 +105,10 @@ class RunCounters:
 
     # ----- results --------------------------------------------------------------------
 
-    def results(self, elapsed_s: float, multi_agent: bool) -> dict:
+    def results(self, elapsed_s: float, by_policy: bool) -> dict:
         """The iteration's counts, the totals and the return window, by our names and
-        RLlib's; with `multi_agent`, agent steps and each policy's mean return."""
+        RLlib's; with `by_policy` (a run with `policies`), agent steps and each policy's
+        mean return."""
         counts = self.this_iteration
         returns = np.asarray(self.episode_returns, np.float64)
         nan = float("nan")
@@ -144,7 +145,7 @@ class RunCounters:
                 "episode_len_mean",
             )
         } | {"num_episodes": counts.episodes}
-        if multi_agent:
+        if by_policy:
             results["agent_timesteps_total"] = self.agent_timesteps_total
             results["policy_reward_mean"] = {
                 policy_id: float(np.mean(returns))
@@ -170,7 +171,7 @@ class RunCounters:
 
     # ----- checkpoints ----------------------------------------------------------------
 
-    def checkpoint_entries(self, multi_agent: bool) -> dict:
+    def checkpoint_entries(self, by_policy: bool) -> dict:
         """The counters' entries of algorithm_state.json."""
         entries = {
             "iteration": self.iteration,
@@ -180,7 +181,7 @@ class RunCounters:
             "episode_returns": [float(r) for r in self.episode_returns],
             "episode_lengths": [int(n) for n in self.episode_lengths],
         }
-        if multi_agent:
+        if by_policy:
             entries["agent_timesteps_total"] = self.agent_timesteps_total
             entries["policy_episode_returns"] = {
                 policy_id: [float(r) for r in returns]

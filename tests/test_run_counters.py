@@ -26,7 +26,7 @@ def test_counts_and_windows_give_the_iterations_results():
     counters.count_sampled(sampled(50, [3.0, 4.0]))
     counters.count_trained(150)
     counters.iteration += 1
-    results = counters.results(elapsed_s=1.0, multi_agent=True)
+    results = counters.results(elapsed_s=1.0, by_policy=True)
     assert (results["timesteps_total"], results["env_steps_this_iter"]) == (150, 150)
     assert results["episodes_this_iter"] == 4
     assert results["episode_return_mean"] == 3.0  # the window keeps the last 3: 2, 3, 4
@@ -34,11 +34,11 @@ def test_counts_and_windows_give_the_iterations_results():
     assert results["agent_timesteps_total"] == 300
     assert results["policy_reward_mean"] == {"pa": 1.0, "pb": 5.0}
     assert results["training_iteration"] == results["iteration"] == 1
-    assert "agent_timesteps_total" not in counters.results(1.0, multi_agent=False)
+    assert "agent_timesteps_total" not in counters.results(1.0, by_policy=False)
 
 
 def test_no_episode_yet_is_nan():
-    results = RunCounters(window=5).results(elapsed_s=0.0, multi_agent=False)
+    results = RunCounters(window=5).results(elapsed_s=0.0, by_policy=False)
     assert math.isnan(results["episode_return_mean"]) and math.isnan(results["episode_len_mean"])
 
 
@@ -48,12 +48,12 @@ def test_a_rewind_sets_back_the_totals_and_windows_the_iteration_found():
     counters.start_iteration()
     counters.count_sampled(sampled(10, [1.0], {"pa": [1.0]}))
     counters.count_trained(10)
-    before = counters.checkpoint_entries(multi_agent=True)
+    before = counters.checkpoint_entries(by_policy=True)
     counters.start_iteration()
     counters.count_sampled(sampled(20, [7.0, 8.0], {"pa": [7.0], "pb": [8.0]}))
     counters.count_trained(20)
     assert counters.rewind_to_iteration_start()
-    assert counters.checkpoint_entries(multi_agent=True) == before
+    assert counters.checkpoint_entries(by_policy=True) == before
     assert not counters.rewind_to_iteration_start()  # once per iteration
 
 
@@ -63,13 +63,13 @@ def test_checkpoint_entries_are_json_and_restore_to_the_same():
     counters.count_sampled(sampled(30, [1.5, 2.5, 3.5], {"pa": [1.5]}))
     counters.count_trained(30)
     counters.iteration, counters.time_total_s = 4, 12.5
-    saved = json.loads(json.dumps(counters.checkpoint_entries(multi_agent=True)))
+    saved = json.loads(json.dumps(counters.checkpoint_entries(by_policy=True)))
     restored = RunCounters(window=2)
     restored.restore(saved)
     assert restored.iteration == 4
-    assert restored.checkpoint_entries(multi_agent=True) == saved
+    assert restored.checkpoint_entries(by_policy=True) == saved
     assert list(restored.episode_returns) == [2.5, 3.5]
     # a single-agent checkpoint holds no agent steps: they are its env steps
     single = RunCounters(window=2)
-    single.restore(counters.checkpoint_entries(multi_agent=False))
+    single.restore(counters.checkpoint_entries(by_policy=False))
     assert single.agent_timesteps_total == single.timesteps_total == 30
