@@ -1,17 +1,20 @@
 """The ranges of the algorithm loop's keys (AlgorithmConfig) and PPO's (PPOConfig):
 each value out of range is one line naming the key, the range and the value; each
-value at the edge of its range is taken; every field has a doc. The machinery and the
-policy's and model's ranges: test_config.py."""
+value at the edge of its range is taken; every field has a doc; the config chooses the
+runner type and refuses, in one line, what multi-agent runs do not take yet. The
+machinery and the policy's and model's ranges: test_config.py."""
 
 import dataclasses
 import math
 
 import pytest
 from config_ranges import assert_out_of_range_is_one_line, assert_taken
+from multi_agent_envs import two_maps_config
 
 from algorithms.algorithm import AlgorithmConfig
 from algorithms.ppo import PPOConfig
 from policy_service.config import ConfigError, ConfigTypeError, field_docs, from_dict
+from policy_service.distributed import runner_types
 
 POSITIVE = "a finite number > 0"
 NON_NEGATIVE = "a finite number >= 0"
@@ -88,6 +91,26 @@ def test_an_algorithm_config_built_directly_or_replaced_is_checked_too():
         PPOConfig(num_epochs=2.5)
     with pytest.raises(ConfigError, match="config.num_env_runners"):
         dataclasses.replace(PPOConfig(), num_env_runners=-1)
+
+
+def test_an_algorithm_config_chooses_its_runner_type_and_holds_what_it_reads():
+    assert runner_types.runner_type(PPOConfig()) == "env"
+    assert runner_types.runner_type(PPOConfig(external_env=True)) == "external_env"
+    module = runner_types.runner_type_module("env")
+    asks = module.resource_asks(PPOConfig(num_env_runners=2))
+    assert [(a.role, a.num_actors) for a in asks] == [("env runner", 2)]
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("observation_filter", "MeanStdFilter"), ("vectorize_mode", "async"), ("external_env", True)],
+)
+def test_what_multi_agent_runs_do_not_take_yet_is_one_line_naming_it(key, value):
+    with pytest.raises(ConfigError) as raised:
+        from_dict(PPOConfig, two_maps_config(**{key: value}))
+    message = str(raised.value)
+    assert message.startswith(f"config.{key} must keep its default with policies set")
+    assert "\n" not in message
 
 
 def test_ppo_names_its_own_keys_when_a_key_is_misspelt():
