@@ -750,3 +750,33 @@ def test_bad_multi_agent_keys_are_one_line_naming_the_key(values, message):
     with pytest.raises(ValueError, match=message) as err:
         from_dict(AlgorithmConfig, values)
     assert "\n" not in str(err.value)
+
+
+def test_algorithm_compute_single_action_acts_as_its_env_runners_send():
+    """PPO on Pendulum with normalize_actions: the learner policy's greedy action (its
+    mean, in [-1, 1] units) unsquashed into the env's [-2, 2]; full_fetch gives
+    (action, [], extra); another policy id is a KeyError naming it."""
+    from algorithms.ppo import PPO
+
+    config = {
+        "env": "Pendulum-v1",
+        "num_env_runners": 0,
+        "normalize_actions": True,
+        "train_batch_size": 64,
+        "minibatch_size": 32,
+        "model": {"fcnet_hiddens": [8]},
+        "seed": 0,
+    }
+    algo = PPO(config)
+    try:
+        obs = np.array([0.6, 0.8, -0.5], np.float32)
+        policy = algo.get_policy()
+        own, _, _ = policy.compute_single_action(obs, explore=False)
+        action = algo.compute_single_action(obs, explore=False)
+        np.testing.assert_allclose(action, np.clip(-2.0 + (own + 1.0) * 2.0, -2.0, 2.0), rtol=1e-6)
+        action, state, extra = algo.compute_single_action(obs, explore=False, full_fetch=True)
+        assert state == [] and "action_dist_inputs" in extra
+        with pytest.raises(KeyError, match="no policy 'other'; this run has one policy"):
+            algo.compute_single_action(obs, policy_id="other")
+    finally:
+        algo.stop()

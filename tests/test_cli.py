@@ -423,6 +423,16 @@ def test_more_towers_than_visible_gpus_is_a_setup_error(monkeypatch):
         check_devices(PPOConfig(num_gpus=2))
 
 
+def test_an_unregistered_custom_action_dist_is_one_line_where_the_config_enters():
+    from algorithms.ppo import PPO
+    from policy_service.cli.run_config import validate_config
+    from policy_service.cli.run_options import TrainingSetupError
+
+    config = {"env": "CartPole-v1", "model": {"custom_action_dist": "pieces_missing"}}
+    with pytest.raises(TrainingSetupError, match="'pieces_missing' is not a name given to"):
+        validate_config(PPO, config)
+
+
 def test_a_run_asking_for_gpus_that_are_not_there_passes_the_start_check():
     from algorithms.ppo import PPOConfig
     from policy_service.cli.run_config import check_devices

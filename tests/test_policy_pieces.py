@@ -1,7 +1,8 @@
 """The pieces a policy or model ported from RLlib needs, by RLlib's names (issue 46):
 TFPolicy.variables() and get_exploration_state(), a model's custom_loss and metrics,
-custom action distributions, normalize_actions / clip_actions (data/env_actions.py) and
-Algorithm.compute_single_action."""
+custom action distributions, normalize_actions / clip_actions (data/env_actions.py).
+Algorithm.compute_single_action: test_algorithm.py; a custom action dist named in a
+run's config: test_cli.py."""
 
 from __future__ import annotations
 
@@ -146,16 +147,6 @@ def test_a_registered_custom_action_dist_acts():
         distributions.register_custom_action_dist("bad", dict)
 
 
-def test_an_unregistered_custom_action_dist_is_one_line_where_the_config_enters():
-    from algorithms.ppo import PPO
-    from policy_service.cli.run_config import validate_config
-    from policy_service.cli.run_options import TrainingSetupError
-
-    config = {"env": "CartPole-v1", "model": {"custom_action_dist": "pieces_missing"}}
-    with pytest.raises(TrainingSetupError, match="'pieces_missing' is not a name given to"):
-        validate_config(PPO, config)
-
-
 TEMPERED = '''
 import os
 
@@ -223,36 +214,6 @@ def test_discrete_leaves_pass_unchanged():
     np.testing.assert_allclose(got[1], [[0.0, 5.0], [2.0, 10.0]])
     one = env_actions.single_to_env(BOX, np.array([0.0, 0.0], np.float32), True, False)
     np.testing.assert_allclose(one, [0.0, 5.0])
-
-
-def test_algorithm_compute_single_action_acts_as_its_env_runners_send():
-    """PPO on Pendulum with normalize_actions: the learner policy's greedy action (its
-    mean, in [-1, 1] units) unsquashed into the env's [-2, 2]; full_fetch gives
-    (action, [], extra); another policy id is a KeyError naming it."""
-    from algorithms.ppo import PPO
-
-    config = {
-        "env": "Pendulum-v1",
-        "num_env_runners": 0,
-        "normalize_actions": True,
-        "train_batch_size": 64,
-        "minibatch_size": 32,
-        "model": {"fcnet_hiddens": [8]},
-        "seed": 0,
-    }
-    algo = PPO(config)
-    try:
-        obs = np.array([0.6, 0.8, -0.5], np.float32)
-        policy = algo.get_policy()
-        own, _, _ = policy.compute_single_action(obs, explore=False)
-        action = algo.compute_single_action(obs, explore=False)
-        np.testing.assert_allclose(action, np.clip(-2.0 + (own + 1.0) * 2.0, -2.0, 2.0), rtol=1e-6)
-        action, state, extra = algo.compute_single_action(obs, explore=False, full_fetch=True)
-        assert state == [] and "action_dist_inputs" in extra
-        with pytest.raises(KeyError, match="no policy 'other'; this run has one policy"):
-            algo.compute_single_action(obs, policy_id="other")
-    finally:
-        algo.stop()
 
 
 class EchoEnv(gym.Env):
