@@ -1,5 +1,6 @@
 """The run's offline keys: input, output, output_format, output_max_file_size,
-off_policy_estimation_methods; each bad value is one line naming the key."""
+off_policy_estimation_methods; each bad value is one line naming the key; a run with
+`output` set writes each runner actor's files (what a worker writes: test_offline_output)."""
 
 from __future__ import annotations
 
@@ -86,3 +87,34 @@ def test_asynchronous_algorithms_refuse_input_in_one_line(algorithm):
     with pytest.raises(ConfigError) as err:
         from_dict(config_class, {"input": "logs/", "rollout_fragment_length": 50})
     assert str(err.value).startswith("config.input: ") and "asynchronously" in str(err.value)
+
+
+@pytest.mark.slow  # ~30 s: Ray and two runner actors
+def test_each_runner_actor_writes_its_own_files(tmp_path):
+    from algorithms.ppo import PPO
+    from policy_service.data.sample_batch import concat_samples
+    from policy_service.offline import open_experiences
+
+    algo = PPO(
+        {
+            "env": "CartPole-v1",
+            "num_env_runners": 2,
+            "sample_while_env_runners_start": False,
+            "train_batch_size": 200,
+            "minibatch_size": 100,
+            "output": str(tmp_path),
+            "model": {"fcnet_hiddens": [8]},
+            "seed": 0,
+        }
+    )
+    try:
+        for _ in range(2):
+            result = algo.train()
+    finally:
+        algo.stop()
+    files = list((tmp_path / "default_policy").glob("*.parquet"))
+    writers = {f.name.rsplit("-", 1)[0] for f in files}
+    assert len(writers) == 2
+    written = concat_samples(list(open_experiences(tmp_path).iter_batches(100_000)))
+    assert written.count == result["timesteps_total"] == 400
+    assert set(written["weights_version"].tolist()) == {0, 1}  # the version that acted

@@ -1,20 +1,25 @@
 """`output`: env runners write what they act on (each runner its own files, rotated at
 output_max_file_size, each renamed in when complete), with the behaviour policy's
 action_logp and action_prob, eps_id, t, new_obs and JSON-safe infos; the manifest
-names the spaces, the policy id and the weights version."""
+names the spaces, the policy id and the weights version. The policy is a test policy
+whose config takes the run's output keys; a training run with `output` set:
+test_offline_config.py."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 import pytest
+from fakes import ReturnsPGPolicy
 
-from algorithms.ppo import PPO, PPOConfig, PPOPolicy
-from policy_service.config import from_dict
+from policy_service.config import from_dict, setting
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.distributed.rollout_worker import RolloutWorker
 from policy_service.offline import open_experiences
 from policy_service.offline.manifest import MANIFEST, read_manifest
+from policy_service.policy.policy_config import PolicyConfig
 
 SMALL = {"model": {"fcnet_hiddens": [8]}, "seed": 0}
 LOGGED = (
@@ -29,6 +34,20 @@ LOGGED = (
     "weights_version",
     SampleBatch.INFOS,
 )
+
+
+@dataclass
+class OutputConfig(PolicyConfig):
+    """PolicyConfig with the run's output keys (AlgorithmConfig's), which a worker reads
+    from its policy's config."""
+
+    output: str | None = setting(None, doc="The directory a worker writes what it acts on to.")
+    output_format: str = setting("parquet", doc="'parquet' or 'json'.")
+    output_max_file_size: int = setting(64 * 2**20, doc="Bytes after which a file rotates.")
+
+
+class OutputPolicy(ReturnsPGPolicy):
+    config_class = OutputConfig
 
 
 class InfoCartPole(gym.Wrapper):
@@ -62,10 +81,11 @@ def keyed(batch: SampleBatch) -> dict:
 
 def test_a_worker_writes_each_fragment_it_returns(tmp_path):
     config = from_dict(
-        PPOConfig,
-        {"env": "CartPole-v1", "output": str(tmp_path), "output_max_file_size": 20_000, **SMALL},
+        OutputConfig, {"output": str(tmp_path), "output_max_file_size": 20_000, **SMALL}
     )
-    worker = RolloutWorker(InfoCartPole, PPOPolicy, config, num_envs=2, rollout_fragment_length=150)
+    worker = RolloutWorker(
+        InfoCartPole, OutputPolicy, config, num_envs=2, rollout_fragment_length=150
+    )
     returned = concat_samples([worker.sample()[0] for _ in range(3)])
     assert SampleBatch.INFOS not in returned  # kept for the files, not handed to training
     worker.stop()
@@ -95,11 +115,8 @@ def test_a_worker_writes_each_fragment_it_returns(tmp_path):
 
 
 def test_json_output_reads_back_the_same(tmp_path):
-    config = from_dict(
-        PPOConfig,
-        {"env": "CartPole-v1", "output": str(tmp_path), "output_format": "json", **SMALL},
-    )
-    worker = RolloutWorker("CartPole-v1", PPOPolicy, config, rollout_fragment_length=100)
+    config = from_dict(OutputConfig, {"output": str(tmp_path), "output_format": "json", **SMALL})
+    worker = RolloutWorker("CartPole-v1", OutputPolicy, config, rollout_fragment_length=100)
     returned = worker.sample()[0]
     worker.stop()
     assert [p.suffix for p in tmp_path.glob("output-*")] == [".json"]
@@ -119,7 +136,7 @@ def test_a_multi_agent_worker_writes_each_policy_apart(tmp_path):
         by_agent,
         None,
         TwoMapsEnv(),
-        PPOPolicy,
+        OutputPolicy,
         {"model": {"fcnet_hiddens": [8]}, "output": str(tmp_path)},
     )
     worker = RolloutWorker(TwoMapsEnv, policies, num_envs=2, rollout_fragment_length=10)
@@ -131,32 +148,6 @@ def test_a_multi_agent_worker_writes_each_policy_apart(tmp_path):
         data = experiences[policy_id]
         assert data.num_rows == batch.policy_batches[policy_id].count
         assert data.observation_space == policies.specs[policy_id].observation_space
-
-
-@pytest.mark.slow  # ~30 s: Ray and two runner actors
-def test_each_runner_actor_writes_its_own_files(tmp_path):
-    algo = PPO(
-        {
-            "env": "CartPole-v1",
-            "num_env_runners": 2,
-            "sample_while_env_runners_start": False,
-            "train_batch_size": 200,
-            "minibatch_size": 100,
-            "output": str(tmp_path),
-            **SMALL,
-        }
-    )
-    try:
-        for _ in range(2):
-            result = algo.train()
-    finally:
-        algo.stop()
-    files = list((tmp_path / "default_policy").glob("*.parquet"))
-    writers = {f.name.rsplit("-", 1)[0] for f in files}
-    assert len(writers) == 2
-    written = read_all(tmp_path)
-    assert written.count == result["timesteps_total"] == 400
-    assert set(written["weights_version"].tolist()) == {0, 1}  # the version that acted
 
 
 @pytest.mark.slow  # ~40 s: a training server (Ray Serve) and 8 client processes
