@@ -186,17 +186,27 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     return {"episode_returns": returns, "episode_lengths": lengths}
 
 
+def evaluation_seed(trained_with: dict) -> int:
+    """The seed of episode 0 of a run's evaluations (algorithms/periodic_evaluation.py):
+    the run's seed, else 0."""
+    seed = trained_with.get("seed")
+    return 0 if seed is None else int(seed)
+
+
 def evaluate(
     path: str,
     episodes: int = 10,
     env: str | None = None,
     explore: bool = False,
-    seed: int = 0,
+    seed: int | None = None,
     policy_id: str | None = None,
 ) -> int:
     """Run episodes with the checkpoint's policy; print one JSON line of statistics.
-    A multi-agent checkpoint plays every agent with its policy; `policy_id` (required
-    there) is the one reported, beside each policy's mean return (policy_reward_mean)."""
+    Episode i is seeded seed + i; without `seed`, the seed the run's evaluations used
+    (evaluation_seed), so a greedy evaluate of an evaluated iteration's checkpoint gives
+    that evaluation's returns. A multi-agent checkpoint plays every agent with its
+    policy; `policy_id` (required there) is the one reported, beside each policy's mean
+    return (policy_reward_mean)."""
     if episodes < 1:
         raise CheckpointError(f"--episodes must be >= 1, got {episodes}")
     if env is not None:  # named once here, not blamed on each checkpoint in turn
@@ -206,6 +216,8 @@ def evaluate(
     ready = load_newest_valid(path, env, policy_id=policy_id)
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
     assert environment is not None  # loaded with_env
+    if seed is None:
+        seed = evaluation_seed(checkpoint.algorithm_config or {})
     multi_agent = {}
     try:
         if ready.policies is not None:
@@ -241,6 +253,7 @@ def evaluate(
                 "env": env_id,
                 "episodes": episodes,
                 "explore": explore,
+                "seed": seed,
                 "episode_return_mean": float(returns.mean()),
                 "episode_return_min": float(returns.min()),
                 "episode_return_max": float(returns.max()),

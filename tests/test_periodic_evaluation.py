@@ -87,12 +87,13 @@ def tensorboard_scalars(run_dir: Path) -> dict:
 
 
 def evaluate(checkpoint: Path, capsys) -> dict:
-    """`policy-service evaluate CHECKPOINT --episodes 10 --seed 0`'s report, from the
-    function the command runs, in this process (no TensorFlow import per checkpoint)."""
+    """`policy-service evaluate CHECKPOINT --episodes 10`'s report (seeded as the run's
+    evaluations are, by default), from the function the command runs, in this process
+    (no TensorFlow import per checkpoint)."""
     from algorithms import evaluation
 
     capsys.readouterr()
-    assert evaluation.evaluate(str(checkpoint), episodes=10, seed=0) == 0
+    assert evaluation.evaluate(str(checkpoint), episodes=10) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 
@@ -101,7 +102,8 @@ def test_evaluation_at_iteration_k_equals_evaluate_of_its_checkpoint(tmp_path, c
     """... and its metrics are in progress.jsonl, TensorBoard and result.json."""
     run_dir = tmp_path / "run"
     code, _, err = run(
-        "train", "ppo", "--env", "CartPole-v1", "--seed", "0", "--stop-iters", "4",
+        # evaluate's default seed is the run's: 3 here, not 0
+        "train", "ppo", "--env", "CartPole-v1", "--seed", "3", "--stop-iters", "4",
         "--checkpoint-every", "2", "--output-dir", str(run_dir), *EVALUATION, *TINY,
     )  # fmt: skip
     assert code == 0, err

@@ -533,7 +533,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument(
         "--explore", action="store_true", help="sample actions instead of acting deterministically"
     )
-    evaluate.add_argument("--seed", type=int, default=0, help="environment seed (default 0)")
+    evaluate.add_argument(
+        "--seed",
+        type=int,
+        help="episode i's environment seed is SEED + i (default: the run's seed, as its "
+        "evaluations during training use, else 0)",
+    )
     _add_policy_argument(evaluate)
     _add_import_argument(evaluate)
     evaluate.set_defaults(handler=_evaluate)
