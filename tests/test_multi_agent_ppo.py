@@ -1,6 +1,7 @@
 """PPO with `policies`: each trained policy learns on its own rows, an untrained one
 keeps its weights bit-identical, results count env and agent steps and each policy's
-return; on TwoMapsEnv two mapped policies, or one shared policy, learn each map."""
+return; on TwoMapsEnv two mapped policies, or one shared policy, learn each map; PPO with
+an LSTM trains on it (recurrent multi-agent sampling: test_multi_agent_recurrent.py)."""
 
 import numpy as np
 import pytest
@@ -178,5 +179,31 @@ def test_two_mapped_policies_learn_their_maps_sampled_in_ray(ray_local, sampling
         assert result["agent_timesteps_total"] == 2 * result["timesteps_total"]
         assert greedy_actions(algo.get_policy("pa"), 0) == A_MAP
         assert greedy_actions(algo.get_policy("pb"), 1) == B_MAP
+    finally:
+        algo.stop()
+
+
+def test_ppo_with_an_lstm_trains_on_a_multi_agent_env():
+    algo = PPO(
+        config(
+            # minibatches of 8 sequences
+            model={"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 8, "max_seq_len": 4},
+            num_envs_per_env_runner=2,
+            rollout_fragment_length=16,
+            train_batch_size=64,
+            minibatch_size=32,
+            num_epochs=2,
+        )
+    )
+    try:
+        before = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
+        for _ in range(2):
+            result = algo.train()
+        for policy_id in ("pa", "pb"):
+            for loss in ("total_loss", "policy_loss", "vf_loss"):
+                assert np.isfinite(result[f"{policy_id}/{loss}"]), (policy_id, loss)
+            after = algo.get_policy(policy_id).get_weights()
+            assert any(not np.array_equal(before[policy_id][k], after[k]) for k in after)
+        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"] == 2 * 128
     finally:
         algo.stop()

@@ -1,14 +1,13 @@
 """Recurrent policies in multi-agent sampling: each (sub-env, agent) slot carries its own
 state, the policy's initial state at each episode's start; the learner's sequences never
-cross agents or episodes; PPO with an LSTM trains on a multi-agent env."""
+cross agents or episodes. The policies: fakes.ReturnsPGPolicy with an LSTM. PPO with an
+LSTM training on a multi-agent env: test_multi_agent_ppo.py."""
 
 import numpy as np
 import pytest
+from fakes import ReturnsPGPolicy
 from multi_agent_envs import JoinLeaveEnv, TwoMapsEnv, by_agent
-from multi_agent_envs import two_maps_config as config
 
-from algorithms import register_env
-from algorithms.ppo import PPO, PPOPolicy
 from policy_service import SampleBatch
 from policy_service.data.sequencing import pad_batch_to_sequences_of_same_size
 from policy_service.distributed.env_runner_group import EnvRunnerGroup
@@ -16,15 +15,15 @@ from policy_service.multi_agent.batch import concat_multi_agent
 from policy_service.multi_agent.policies import agent_policies
 from policy_service.multi_agent.sampler import MultiAgentSampler
 
-register_env("two_maps", lambda env_config: TwoMapsEnv(env_config))
-
 MAX_SEQ_LEN = 3
 LSTM = {"fcnet_hiddens": [8], "use_lstm": True, "lstm_cell_size": 4, "max_seq_len": MAX_SEQ_LEN}
 
 
 def sampled(envs: list, policies: dict, mapping, length: int, fragments: int):
-    """`fragments` samples of LSTM PPO policies -> (their batches joined, the policies)."""
-    found = agent_policies(policies, mapping, None, envs[0], PPOPolicy, {"model": LSTM, "seed": 0})
+    """`fragments` samples of LSTM policies -> (their batches joined, the policies)."""
+    found = agent_policies(
+        policies, mapping, None, envs[0], ReturnsPGPolicy, {"model": LSTM, "seed": 0}
+    )
     built = {p: spec.build() for p, spec in found.specs.items()}
     sampler = MultiAgentSampler(envs, found, built, length, seed=0)
     return concat_multi_agent([sampler.sample()[0] for _ in range(fragments)]), built
@@ -114,31 +113,6 @@ def test_the_learners_sequences_never_cross_agents_or_episodes(fixture, request)
         assert len(seq_lens) >= runs
 
 
-def test_ppo_with_an_lstm_trains_on_a_multi_agent_env():
-    algo = PPO(
-        config(
-            model={**LSTM, "lstm_cell_size": 8, "max_seq_len": 4},  # minibatches of 8 sequences
-            num_envs_per_env_runner=2,
-            rollout_fragment_length=16,
-            train_batch_size=64,
-            minibatch_size=32,
-            num_epochs=2,
-        )
-    )
-    try:
-        before = {p: algo.get_policy(p).get_weights() for p in ("pa", "pb")}
-        for _ in range(2):
-            result = algo.train()
-        for policy_id in ("pa", "pb"):
-            for loss in ("total_loss", "policy_loss", "vf_loss"):
-                assert np.isfinite(result[f"{policy_id}/{loss}"]), (policy_id, loss)
-            after = algo.get_policy(policy_id).get_weights()
-            assert any(not np.array_equal(before[policy_id][k], after[k]) for k in after)
-        assert result["agent_timesteps_total"] == 2 * result["timesteps_total"] == 2 * 128
-    finally:
-        algo.stop()
-
-
 @pytest.mark.slow  # an env runner actor and its MultiPolicyActor
 def test_a_recurrent_policy_served_by_an_actor_carries_each_agents_state(ray_local):
     """remote_inference: the MultiPolicyActor acts, and the env runner's stand-in for each
@@ -149,7 +123,7 @@ def test_a_recurrent_policy_served_by_an_actor_carries_each_agents_state(ray_loc
         by_agent,
         None,
         TwoMapsEnv(),
-        PPOPolicy,
+        ReturnsPGPolicy,
         {"model": LSTM, "seed": 0},
     )
     served = EnvRunnerGroup(
