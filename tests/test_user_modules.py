@@ -10,8 +10,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import user_models
+from fakes import PGPolicy
 
-from algorithms.ppo import PPOPolicy
 from policy_service.cli import commands as cli
 from policy_service.policy import models
 
@@ -24,7 +24,7 @@ def checkpoint_of_an_unregistered_model(tmp_path, monkeypatch):
     knows, and beside it a module that registers it; the cwd is that directory."""
     models.register_custom_model("imported_mlp", user_models.LazyMLP)
     config = {"model": {"custom_model": "imported_mlp", "custom_model_config": {"units": 8}}}
-    policy = PPOPolicy(gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2), config)
+    policy = PGPolicy(gym.spaces.Box(-1, 1, (3,), np.float32), gym.spaces.Discrete(2), config)
     policy.export_checkpoint(str(tmp_path / "policy"))
     models.unregister_custom_model("imported_mlp")
     (tmp_path / f"{MODULE}.py").write_text(
