@@ -262,6 +262,11 @@ def box_batch(n: int, seed: int = 0) -> SampleBatch:
     )
 
 
+def observations(n: int, seed: int = 0) -> np.ndarray:
+    """n random observations of OBS_SPACE."""
+    return np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
+
+
 def mlp_batch(n: int, seed: int = 0, obs_dim: int = 4, num_actions: int = 3) -> SampleBatch:
     """n random rows with the columns PGPolicy's loss reads."""
     rng = np.random.default_rng(seed)

@@ -8,6 +8,7 @@ import pytest
 import user_models
 from dqn_batches import ACTIONS, OBS, TINY, tiny_batch
 from fakes import assert_weights_close, fake_gpus
+from numpy_losses import numpy_huber
 
 from algorithms.dqn import DQNConfig, DQNPolicy, huber_loss
 from policy_service.config import ConfigError, from_dict
@@ -44,10 +45,6 @@ def numpy_td(policy, batch, double_q: bool, dueling: bool) -> np.ndarray:
     best = q_next[np.arange(len(q_next)), chooser.argmax(axis=1)]
     y = batch[SampleBatch.REWARDS] + batch[BOOTSTRAP_DISCOUNT] * best
     return q_selected - y
-
-
-def numpy_huber(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < 1.0, 0.5 * x**2, np.abs(x) - 0.5)
 
 
 def test_huber_loss_against_numpy():

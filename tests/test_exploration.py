@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
-from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, small_config
+from fakes import ACTION_SPACE, OBS_SPACE, PGPolicy, observations, small_config
 
 from policy_service.policy import exploration
 from policy_service.policy.exploration import EpsilonGreedy, StochasticSampling
@@ -24,10 +24,6 @@ def epsilon_greedy_policy(initial, final, timesteps=100, action_space=ACTION_SPA
             **config,
         ),
     )
-
-
-def observations(n, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tree
+from replay_checkpoints import save_and_load
 
 from policy_service.data.sample_batch import SampleBatch, concat_samples
-from policy_service.io import checkpoints
 from policy_service.replay import (
     BATCH_INDEXES,
     PRIO_WEIGHTS,
@@ -254,15 +254,6 @@ def nested_batch(rows, start=0):
         },
         "actions": rng.integers(0, 4, rows),
         "id": np.arange(start, start + rows),
-    }
-
-
-def save_and_load(state, tmp_path):
-    checkpoints.save_arrays(tmp_path / "replay.npz", state["arrays"])
-    checkpoints.save_json(tmp_path / "replay.json", state["meta"])
-    return {
-        "arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
-        "meta": checkpoints.load_json(tmp_path / "replay.json"),
     }
 
 

@@ -12,8 +12,8 @@ test_dqn_algorithm.py.)
 import numpy as np
 import pytest
 from fakes import frame_stack_stream
+from replay_checkpoints import save_and_load
 
-from policy_service.io import checkpoints
 from policy_service.replay import PrioritizedReplayBuffer, ReplayBuffer, frame_pool
 
 STACK, ENVS = 4, 4
@@ -176,15 +176,6 @@ def test_frames_differing_only_outside_the_hashed_words_are_both_kept():
 
 
 # ---- state -------------------------------------------------------------------------------
-
-
-def save_and_load(state, tmp_path):
-    checkpoints.save_arrays(tmp_path / "replay.npz", state["arrays"])
-    checkpoints.save_json(tmp_path / "replay.json", state["meta"])
-    return {
-        "arrays": checkpoints.load_arrays(tmp_path / "replay.npz"),
-        "meta": checkpoints.load_json(tmp_path / "replay.json"),
-    }
 
 
 @pytest.mark.parametrize("cls", [ReplayBuffer, PrioritizedReplayBuffer])

@@ -6,6 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import tensorflow as tf
+from numpy_losses import numpy_huber
 
 from algorithms import get_algorithm_class
 from algorithms.sac import SAC, SACConfig, SACPolicy
@@ -114,10 +115,6 @@ def test_a_step_moves_the_actor_critics_and_alpha_and_the_target_by_tau(policy):
         assert np.isfinite(stats[name]), name
     # the alpha the losses saw: the one before the step
     assert stats["alpha_value"] == pytest.approx(float(np.exp(before[key(before, "log_alpha")])))
-
-
-def numpy_huber(x: np.ndarray) -> np.ndarray:
-    return np.where(np.abs(x) < 1.0, 0.5 * x**2, np.abs(x) - 0.5)
 
 
 @pytest.mark.parametrize(

@@ -23,6 +23,7 @@ from fakes import (
     fake_gpus,
     iterations,
     mlp_batch,
+    observations,
     small_config,
     weights_differ,
 )
@@ -56,10 +57,6 @@ def built(towers=0, **config):
     test that loads one shares its policy only with tests that load before they read
     the buffer or never read it (learning, state and checkpoints do not)."""
     return _BUILT.get((towers, repr(sorted(config.items()))), lambda: policy_on(towers, **config))
-
-
-def observations(n, seed=0):
-    return np.random.default_rng(seed).uniform(-1, 1, (n, 4)).astype(np.float32)
 
 
 # ----- acting ---------------------------------------------------------------------------
