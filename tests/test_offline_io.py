@@ -498,15 +498,6 @@ def test_a_glob_and_a_list_name_the_same_files(tmp_path):
 # --------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
 @pytest.mark.slow
 def test_ray_data_reads_the_same_rows(tmp_path, ray_local):
     with ParquetExperienceWriter(tmp_path / "pq", SPACES, max_file_size=5000) as w:

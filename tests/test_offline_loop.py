@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from ports import free_port
 
 from policy_service.data.sample_batch import SampleBatch, concat_samples
 from policy_service.offline import open_experiences
@@ -27,12 +27,6 @@ __all__ = ["ray_token"]  # the module's own Ray token (autouse)
 CLIENTS = str(Path(__file__).with_name("external_clients.py"))
 TOKEN = "offline-loop-token"
 pytestmark = pytest.mark.slow  # ~1.5 min: two servers, a run, the estimate, three clients
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def serving(checkpoint: Path, log: Path, port: int) -> subprocess.Popen:
