@@ -41,16 +41,18 @@ CONFIGS = {
 
 def get_algorithm_class(name: str) -> Any:
     """The Algorithm class registered as `name` (case-insensitive)."""
-    return load_class(ALGORITHMS[_registered(name)])
+    return load_class(ALGORITHMS[registered_name(name)])
 
 
 def get_config_class(name: str) -> Any:
     """The config class of the algorithm registered as `name`, its module free of
     TensorFlow (the algorithm's `config_class`: tests/test_tune_imports.py checks it)."""
-    return load_class(CONFIGS[_registered(name)])
+    return load_class(CONFIGS[registered_name(name)])
 
 
-def _registered(name: str) -> str:
+def registered_name(name: str) -> str:
+    """`name` as the registry holds it (lower case), or the error naming the known ones;
+    nothing is loaded."""
     key = str(name).lower()
     if key not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known algorithms: {sorted(ALGORITHMS)}")

@@ -146,10 +146,10 @@ def algorithm_name(name: str | None) -> str:
 def check_algorithm_name(name: str | None) -> None:
     """The algorithm is registered: checked from the registry, which loads no TensorFlow,
     so a misspelt name is one line before the seconds TensorFlow takes to load."""
-    from algorithms import get_config_class
+    from algorithms.registry import registered_name
 
     try:
-        get_config_class(algorithm_name(name))
+        registered_name(algorithm_name(name))
     except ValueError as err:
         raise TrainingSetupError(str(err)) from None
 
