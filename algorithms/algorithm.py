@@ -357,19 +357,23 @@ class Algorithm:
         self.counters.this_iteration.learn_time_s += time.perf_counter() - start
         return stats
 
-    def broadcast_weights(self, wait: bool = True) -> None:
+    def broadcast_weights(self, wait: bool = True, policy_ids: list | None = None) -> None:
         """The learner's weights to every worker (or the policy actor), one ray.put;
         their version counts broadcasts (the iteration, in the default loop).
         wait=False: workers busy with a `sample_ready` request set them after it,
-        without the driver waiting (EnvRunnerGroup.sync_weights)."""
+        without the driver waiting (EnvRunnerGroup.sync_weights). `policy_ids`: only
+        theirs (None: every policy's)."""
         start = time.perf_counter()
-        self.sync_env_runners(wait=wait)
+        self.sync_env_runners(wait=wait, policy_ids=policy_ids)
         self.counters.this_iteration.sync_time_s += time.perf_counter() - start
 
-    def sync_env_runners(self, version: int | None = None, wait: bool = True) -> None:
-        """The learners' weights to the env runners, with the SGD steps that made them,
-        which the batches sampled with them name (diff_num_grad_updates_vs_sampler_policy)."""
-        weights, num_grad_updates = self.policy_learners.weights_for_runners()
+    def sync_env_runners(
+        self, version: int | None = None, wait: bool = True, policy_ids: list | None = None
+    ) -> None:
+        """The learners' weights (PolicyLearners.weights_for_runners) to the env runners,
+        with the SGD steps that made them, which the batches sampled with them name
+        (diff_num_grad_updates_vs_sampler_policy)."""
+        weights, num_grad_updates = self.policy_learners.weights_for_runners(policy_ids)
         self.env_runners.sync_weights(
             weights, version=version, wait=wait, num_grad_updates=num_grad_updates
         )

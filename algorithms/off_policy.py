@@ -282,15 +282,9 @@ class ReplayAlgorithm(Algorithm):
         return stats
 
     def _broadcast_trained_weights(self) -> None:
-        """The learners' weights to the acting copies, not waited for by remote workers."""
-        if not self.policy_learners.keyed:
-            self.broadcast_weights(wait=False)
-            return
-        start = time.perf_counter()
-        groups = self.policy_learners.groups
-        trained = {p: groups[p].get_weights() for p in self.replays}
-        self.env_runners.sync_weights(trained, wait=False)
-        self.counters.this_iteration.sync_time_s += time.perf_counter() - start
+        """The trained policies' weights to the acting copies, not waited for by remote
+        workers."""
+        self.broadcast_weights(wait=False, policy_ids=list(self.replays))
 
     @property
     def num_env_steps_for_learning(self) -> int:

@@ -173,13 +173,15 @@ class PolicyLearners:
     def get_weights(self) -> dict:
         return {policy_id: group.get_weights() for policy_id, group in self.groups.items()}
 
-    def weights_for_runners(self) -> tuple[dict, int | None]:
+    def weights_for_runners(self, policy_ids: list | None = None) -> tuple[dict, int | None]:
         """(weights, num_grad_updates) the env runners are synced with: one policy's
         weights and the SGD steps that made them (LearnerGroup.weights_for_runners), or,
-        keyed, policy id -> weights and None (the batches name no SGD steps)."""
+        keyed, policy id -> weights of `policy_ids` (None: every policy's) and None (the
+        batches name no SGD steps)."""
         if not self.keyed:
             return self.only_group().weights_for_runners()
-        return self.get_weights(), None
+        ids = self.groups if policy_ids is None else policy_ids
+        return {policy_id: self.groups[policy_id].get_weights() for policy_id in ids}, None
 
     def copy_frozen(self, frozen_copies: dict, check: bool = False) -> dict:
         """Each frozen policy id of `frozen_copies` takes its source's weights (in order)
