@@ -121,6 +121,11 @@ def progress(run_dir: Path) -> list[dict]:
     return rows or [{"iteration": 0}]
 
 
+def progress_rows(run_dir: Path) -> list[dict]:
+    """Every row of progress.jsonl, each line read whole (none is being written)."""
+    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
+
+
 def kill_group(process: subprocess.Popen) -> None:
     """SIGKILL what is left of a run started in its own session (Ray's helpers)."""
     try:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_processes import progress_rows
 from external_env_processes import (
     ONE_ITERATION_OF_ALL,
     PPO_ARGS,
@@ -32,10 +33,6 @@ from waiting import wait_until
 pytestmark = pytest.mark.slow
 
 REPLICA = b"ServeReplica:policy_service"
-
-
-def progress(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
 def test_sixty_four_interleaved_episodes_from_eight_processes_are_one_dqn_iteration(tmp_path):
@@ -63,7 +60,7 @@ def test_sixty_four_interleaved_episodes_from_eight_processes_are_one_dqn_iterat
     finally:
         server.kill()
     assert sum(c["steps"] for c in counts) == total
-    (only,) = progress(tmp_path / "run")
+    (only,) = progress_rows(tmp_path / "run")
     assert only["env_steps_this_iter"] == total and only["episodes_this_iter"] == 64
     assert only["episode_return_mean"] == total / 64  # a reward of 1 a step
     # every step replayed from, and learned on
@@ -166,9 +163,11 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
         interleaved = finished(clients("interleaved", port, 8, "--episodes", "8"), 300)
         assert sum(c["steps"] for c in interleaved) == TOTAL_INTERLEAVED
         wait_until_serving(
-            lambda: progress_exists(run_dir) and progress(run_dir), "a logged iteration", server
+            lambda: progress_exists(run_dir) and progress_rows(run_dir),
+            "a logged iteration",
+            server,
         )
-        first = progress(run_dir)[0]
+        first = progress_rows(run_dir)[0]
         assert first["env_steps_this_iter"] == TOTAL_INTERLEAVED
         assert first["episodes_this_iter"] == 64
         assert first["episode_return_mean"] == TOTAL_INTERLEAVED / 64  # a reward of 1 a step
@@ -176,7 +175,9 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
         # back (a replica binds its port over the dead one's connections in TCP's
         # TIME_WAIT: direct_ingress.bind_reusing_address)
         procs = clients("play", port, 4, "--seconds", "1800", "--reconnect-s", "600")
-        wait_until_serving(lambda: len(progress(run_dir)) >= 2, "an iteration of theirs", server)
+        wait_until_serving(
+            lambda: len(progress_rows(run_dir)) >= 2, "an iteration of theirs", server
+        )
 
         # 1. the replica killed: Serve replaces it, on the same port
         (replica,) = session_pids(server.proc.pid, REPLICA)
@@ -199,7 +200,7 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
 
         # 2. the whole server killed, then resumed from its newest checkpoint
         server.kill()  # SIGKILL to the process and its Ray
-        before = progress(run_dir)
+        before = progress_rows(run_dir)
         saved = int(checkpoints_of(run_dir)[-1].name.split("_")[1])
         # started while the killed server's connections still hold its port in TCP's
         # TIME_WAIT: its replica binds over them (direct_ingress.bind_reusing_address)
@@ -210,7 +211,7 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
         wait_until_serving(
             lambda: (
                 "from checkpoint_" in "".join(server.stderr)
-                and len(progress(run_dir)) > len(before)
+                and len(progress_rows(run_dir)) > len(before)
             ),
             "an iteration after the resume",
             server,
@@ -224,7 +225,7 @@ def test_a_killed_replica_is_replaced_then_a_killed_server_resumes_from_its_chec
             proc.kill()
     assert before[-1]["num_worker_restarts"] >= 1  # the replica's replacement, counted
     assert f"from checkpoint_{saved:06d} (iteration {saved})" in "".join(server.stderr)
-    after = progress(run_dir)
+    after = progress_rows(run_dir)
     assert [m["iteration"] for m in after] == list(range(1, len(after) + 1))
     assert len(after) > saved and after[:saved] == before[:saved]  # kept, not trained again
     for previous, resumed in zip(after[saved - 1 :], after[saved:]):  # timesteps go on
@@ -244,7 +245,7 @@ def progress_exists(run_dir: Path) -> bool:
 
 def restarted_iterations(run_dir: Path) -> int:
     """How many logged iterations ran after the server counted a replica restart."""
-    return sum(m["num_worker_restarts"] >= 1 for m in progress(run_dir))
+    return sum(m["num_worker_restarts"] >= 1 for m in progress_rows(run_dir))
 
 
 def wait_until_serving(condition, what: str, server: TrainingServer, timeout_s=600.0) -> None:

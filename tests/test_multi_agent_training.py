@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_processes import progress_rows
 
 from policy_service.cli.commands import main
 from policy_service.io import checkpoints
@@ -36,10 +37,6 @@ TWO_MAPS = [
     "--checkpoint-every",
     "1",
 ]
-
-
-def progress(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]
 
 
 def policy_weights(checkpoint: Path) -> dict:
@@ -71,7 +68,7 @@ def straight_run(tmp_path_factory) -> Path:
 
 
 def test_a_pettingzoo_env_trains_with_policies_mapped_by_agent_id_prefix(straight_run):
-    rows = progress(straight_run)
+    rows = progress_rows(straight_run)
     assert [r["iteration"] for r in rows] == [1, 2, 3]
     assert all(r["agent_timesteps_total"] == 2 * r["timesteps_total"] for r in rows)
     assert set(rows[-1]["policy_reward_mean"]) == {"pa", "pb"}
@@ -103,9 +100,9 @@ def test_a_stopped_run_resumes_from_its_iteration_bit_identically(straight_run, 
         policy_weights(run_dir / "checkpoints" / "checkpoint_000003"),
         policy_weights(again_dir / "checkpoints" / "checkpoint_000003"),
     )
-    rows = [without_times(r) for r in progress(run_dir)]
-    assert rows == [without_times(r) for r in progress(again_dir)]
-    assert rows[:2] == [without_times(r) for r in progress(straight_run)[:2]]
+    rows = [without_times(r) for r in progress_rows(run_dir)]
+    assert rows == [without_times(r) for r in progress_rows(again_dir)]
+    assert rows[:2] == [without_times(r) for r in progress_rows(straight_run)[:2]]
 
 
 def test_simple_spread_from_mpe2_trains_from_the_command_line(tmp_path):  # 3 agents, 25 steps
@@ -115,7 +112,7 @@ def test_simple_spread_from_mpe2_trains_from_the_command_line(tmp_path):  # 3 ag
     args += ["--set", "policy_mapping_fn={agent_: shared}", "--set", "train_batch_size=100"]
     args += ["--set", "minibatch_size=50", "--set", "num_epochs=1", "--stop-iters", "1"]
     assert main(["train", "ppo", *args, "--output-dir", str(run_dir)]) == 0
-    [row] = progress(run_dir)
+    [row] = progress_rows(run_dir)
     assert row["timesteps_total"] == 100 and row["agent_timesteps_total"] == 300
     assert set(row["policy_reward_mean"]) == {"shared"} and row["episode_len_mean"] == 25
 
