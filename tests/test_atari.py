@@ -126,13 +126,12 @@ def test_a_policy_state_written_before_scale_images_restores_with_raw_pixels():
     """States and run configs written before model.scale_images existed fed the convs
     raw 0-255 pixels: restored, they still do (io/checkpoints.stored_config), and act
     bit-identically; a state written today keeps its scaling."""
-    from algorithms.appo import APPOPolicy
     from policy_service.policy.tf_policy import TFPolicy
 
     space = gym.spaces.Box(0, 255, (84, 84, 4), np.uint8)
     frames = np.random.default_rng(0).integers(0, 256, (5, 84, 84, 4), dtype=np.uint8)
     for scaled in (False, True):
-        old = APPOPolicy(
+        old = ReturnsPGPolicy(
             space, gym.spaces.Discrete(6), {"model": {**TINY_CNN, "scale_images": scaled}}
         )
         state = old.get_state()
