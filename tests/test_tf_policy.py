@@ -41,12 +41,7 @@ def policy_on(towers=0, cls=PGPolicy, **config):
 
 
 _BUILT = BuiltPolicies()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_built_policies():
-    yield
-    _BUILT.clear()
+_forget_built_policies = _BUILT.forget_at_module_end()
 
 
 def built(towers=0, **config):

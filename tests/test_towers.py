@@ -46,12 +46,7 @@ LSTM = {"use_lstm": True, "max_seq_len": 4}
 
 
 _BUILT = BuiltPolicies()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_built_policies():
-    yield
-    _BUILT.clear()
+_forget_built_policies = _BUILT.forget_at_module_end()
 
 
 def built(cls=PGPolicy, towers=0, copy=0, **config):
