@@ -110,7 +110,7 @@ class A3C(AsyncAlgorithm):
         start = time.perf_counter()
         # what schedules read: the runners' losses (entropy), the learner's optimizer (lr)
         self.env_runner_group().set_global_timestep(self.timesteps_total)
-        self.async_learners().set_global_timestep(self.timesteps_total)
+        self.policy_learners.set_global_timestep(self.timesteps_total)
         arrived: list[dict] = []
         staleness: list[int] = []
         lost = self.gradients.lost_fragments

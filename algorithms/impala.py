@@ -150,7 +150,7 @@ class IMPALA(AsyncAlgorithm):
 
     def training_step(self) -> dict:
         start = time.perf_counter()
-        self.async_learners().set_global_timestep(self.timesteps_total)  # what schedules read
+        self.policy_learners.set_global_timestep(self.timesteps_total)  # what schedules read
         it = self.async_learning.run(min_steps=self.config.train_batch_size)
         report = dict(it.report)
         trained = int(report.pop("num_samples_trained", 0))
