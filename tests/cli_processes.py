@@ -121,6 +121,18 @@ def progress(run_dir: Path) -> list[dict]:
     return rows or [{"iteration": 0}]
 
 
+def tensorboard_scalars(run_dir: Path) -> dict:
+    """tag -> {step: value} of the run's TensorBoard event files, read as TensorBoard does."""
+    import tensorflow as tf
+
+    scalars: dict = {}
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor)
+    return scalars
+
+
 def progress_rows(run_dir: Path) -> list[dict]:
     """Every row of progress.jsonl, each line read whole (none is being written)."""
     return [json.loads(line) for line in (run_dir / "progress.jsonl").read_text().splitlines()]

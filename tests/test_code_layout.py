@@ -204,16 +204,21 @@ print(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))
 """
 
 
-def test_submit_does_not_import_tensorflow():
+def printed_in_a_fresh_process(script: str) -> str:
+    """What `script` prints, run in a new interpreter at the repository's root."""
     out = subprocess.run(
-        [sys.executable, "-c", SUBMIT_WITHOUT_TENSORFLOW],
+        [sys.executable, "-c", script],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
     )
-    assert out.stdout.strip() == "[]"
+    return out.stdout.strip()
+
+
+def test_submit_does_not_import_tensorflow():
+    assert printed_in_a_fresh_process(SUBMIT_WITHOUT_TENSORFLOW) == "[]"
 
 
 # what an env runner acting through a PolicyActor loads: its own modules and, with the
@@ -231,15 +236,7 @@ ACTING_THROUGH_AN_ACTOR = (
 def test_an_env_runner_acting_through_an_actor_imports_no_tensorflow():
     imports = "".join(f"import {module}\n" for module in ACTING_THROUGH_AN_ACTOR)
     probe = 'import sys\nprint(sorted(m for m in ("tensorflow", "keras") if m in sys.modules))'
-    out = subprocess.run(
-        [sys.executable, "-c", imports + probe],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert out.stdout.strip() == "[]"
+    assert printed_in_a_fresh_process(imports + probe) == "[]"
 
 
 def import_graph(*roots: str) -> dict[str, set[str]]:

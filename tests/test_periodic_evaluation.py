@@ -9,7 +9,7 @@ from pathlib import Path
 import multi_agent_envs
 import numpy as np
 import pytest
-from cli_processes import TINY, progress, ray_token, run  # noqa: F401
+from cli_processes import TINY, progress, ray_token, run, tensorboard_scalars  # noqa: F401
 from multi_agent_envs import TwoMapsEnv, two_maps_config
 
 from algorithms.ppo import PPO
@@ -72,18 +72,6 @@ EVALUATION_SCALARS = [
         "num_env_steps",
     )
 ]
-
-
-def tensorboard_scalars(run_dir: Path) -> dict:
-    """tag -> {step: value} of the run's TensorBoard event files, read as TensorBoard does."""
-    import tensorflow as tf
-
-    scalars: dict = {}
-    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor)
-    return scalars
 
 
 def evaluate(checkpoint: Path, capsys) -> dict:

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from cli_processes import TINY, finish, progress, ray_token, run, start  # noqa: F401
+from cli_processes import (  # noqa: F401
+    TINY,
+    finish,
+    progress,
+    ray_token,
+    run,
+    start,
+    tensorboard_scalars,
+)
 from user_callbacks import RunProbe
 
 from algorithms.ppo import PPO
@@ -125,17 +133,6 @@ def train(*args: str, cwd: Path = TESTS, **env: str) -> tuple[int, str, str]:
         timeout=TIMEOUT_S,
     )
     return out.returncode, out.stdout, out.stderr
-
-
-def tensorboard_scalars(run_dir: Path) -> dict:
-    import tensorflow as tf
-
-    scalars: dict = {}
-    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
-        for event in tf.compat.v1.train.summary_iterator(str(path)):
-            for value in event.summary.value:
-                scalars.setdefault(value.tag, {})[event.step] = tf.make_ndarray(value.tensor)
-    return scalars
 
 
 @pytest.mark.slow  # two `train` processes with 2 env runner actors: ~60 s here
