@@ -186,11 +186,10 @@ def run_episodes(policy, env, episodes: int, explore: bool, seed: int) -> dict:
     return {"episode_returns": returns, "episode_lengths": lengths}
 
 
-def evaluation_seed(trained_with: dict) -> int:
-    """The seed of episode 0 of a run's evaluations (algorithms/periodic_evaluation.py):
-    the run's seed, else 0."""
-    seed = trained_with.get("seed")
-    return 0 if seed is None else int(seed)
+def evaluation_seed(run_seed: int | None) -> int:
+    """The seed of episode 0 of a run's evaluations (algorithms/periodic_evaluation.py)
+    and of evaluate's without --seed: the run's seed, else 0."""
+    return 0 if run_seed is None else int(run_seed)
 
 
 def evaluate(
@@ -217,7 +216,7 @@ def evaluate(
     checkpoint, env_id, environment = ready.checkpoint, ready.env_id, ready.environment
     assert environment is not None  # loaded with_env
     if seed is None:
-        seed = evaluation_seed(checkpoint.algorithm_config or {})
+        seed = evaluation_seed((checkpoint.algorithm_config or {}).get("seed"))
     multi_agent = {}
     try:
         if ready.policies is not None:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from algorithms.environments import env_maker, is_registered_env, register_env
-from algorithms.evaluation import make_env, run_episodes
+from algorithms.evaluation import evaluation_seed, make_env, run_episodes
 from algorithms.multi_agent import multi_agent_env_creator
 from algorithms.multi_agent_evaluation import run_multi_agent_episodes
 from algorithms.saved_policies import policy_from_state
@@ -143,7 +143,7 @@ class Evaluation:
         self._creator = None  # a register_env name's creator, shipped to the runners
         if self._agents is None and config.env and is_registered_env(config.env):
             self._creator = env_maker(config.env)
-        self.seed = 0 if config.seed is None else int(config.seed)
+        self.seed = evaluation_seed(config.seed)
         self.num_runner_restarts = 0
         self._local: EvaluationPlayer | None = None
         self._runners: list = []
